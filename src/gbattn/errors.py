@@ -1,0 +1,17 @@
+"""Error types for user mistakes. The CLI prints their message on one line and exits 2."""
+
+
+class UserError(Exception):
+    """A mistake the user can fix (bad option, missing file); never a bug."""
+
+
+class ConfigError(UserError, ValueError):
+    """A bad configuration value: the message names the field and the allowed values."""
+
+
+class DataError(UserError, ValueError):
+    """Data that cannot be found or read."""
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A run directory or checkpoint that is missing, truncated or corrupted."""

@@ -1,0 +1,6 @@
+"""The GPT language model, its residual streams and its size accounting."""
+
+from gbattn.model.gpt import GPT, Block, lm_loss
+from gbattn.model.params import count_params, flops_per_token, param_matched_width
+
+__all__ = ["GPT", "Block", "lm_loss", "count_params", "flops_per_token", "param_matched_width"]

@@ -1,0 +1,54 @@
+"""Parameter counts, forward FLOPs (measured by ``torch.utils.flop_counter``) and the
+parameter-matched width solver ("param-fair" baseline, SPEC.md section 1)."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from gbattn.config import ModelConfig
+
+
+def count_params(cfg: ModelConfig) -> int:
+    """Exact parameter count (tied weights counted once), built on the meta device: no memory."""
+    from gbattn.model.gpt import GPT
+
+    with torch.device("meta"):
+        return GPT(cfg).num_params()
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool = False) -> float:
+    """Forward (or forward + backward) FLOPs per token at ``seq_len`` (default block_size),
+    counted by ``torch.utils.flop_counter`` on the meta device (matmuls and SDPA)."""
+    from gbattn.model.gpt import GPT, lm_loss
+
+    T = seq_len or cfg.block_size
+    with torch.device("meta"):
+        model = GPT(cfg)
+        idx = torch.zeros(1, T, dtype=torch.long)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            logits = model(idx)
+            if backward:
+                lm_loss(logits, idx).backward()
+    return counter.get_total_flops() / T
+
+
+def param_matched_width(cfg: ModelConfig, target_params: int) -> tuple[int, int]:
+    """Smallest ``d_model`` (a multiple of n_heads) whose STANDARD model with ``cfg``'s other
+    settings has at least ``target_params`` parameters. Returns (width, its parameter count)."""
+    step = cfg.n_heads
+    base = cfg.replace(attn="standard", attn_options={})
+    # Parameter count grows monotonically with width: double to bracket, then bisect.
+    hi = max(step, (cfg.d_model // step) * step)
+    while count_params(base.replace(d_model=hi)) < target_params:
+        hi *= 2
+    lo = step
+    while lo < hi:
+        mid = ((lo + hi) // 2 // step) * step
+        mid = max(mid, lo)
+        if count_params(base.replace(d_model=mid)) >= target_params:
+            hi = mid
+        else:
+            lo = mid + step
+    return lo, count_params(base.replace(d_model=lo))

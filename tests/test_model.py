@@ -1,0 +1,165 @@
+"""The GPT model: exact parameter counts, presets, causality, cached decoding, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gbattn.config import PRESETS, ConfigError, ModelConfig, preset_config
+from gbattn.model import GPT, count_params, flops_per_token, lm_loss, param_matched_width
+
+
+def tiny_config(variant_case, **kw) -> ModelConfig:
+    name, opts = variant_case
+    base = dict(vocab_size=37, block_size=24, d_model=16, n_layers=2, n_heads=4, dropout=0.0, attn=name, attn_options=opts)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def tiny_model(variant_case, **kw) -> GPT:
+    model = GPT(tiny_config(variant_case, **kw)).double()
+    with torch.no_grad():  # weights large enough that attention is far from uniform
+        for p in model.parameters():
+            p.mul_(8.0) if p.dim() > 1 else None
+    return model.eval()
+
+
+# ---- SPEC.md's table: these counts must come out exactly -----------------------------
+
+
+@pytest.mark.parametrize(
+    "attn,overrides,expected",
+    [
+        ("standard", {}, 7_419_392),
+        ("twicing", {}, 7_419_392),
+        ("boosted", {"attn.rounds": 2}, 8_734_208),
+        ("standard", {"d_model": 288}, 8_789_184),
+    ],
+)
+def test_paper_parameter_counts(attn, overrides, expected):
+    cfg = preset_config("paper-small", attn, overrides)
+    assert count_params(cfg) == expected
+    assert GPT(cfg).num_params() == expected  # the real module, not only the meta build
+
+
+def test_param_matched_width_is_288():
+    cfg = preset_config("paper-small", "boosted")
+    assert param_matched_width(cfg, count_params(cfg)) == (288, 8_789_184)
+    assert count_params(cfg.replace(attn="standard", attn_options={}, d_model=284)) < 8_734_208
+
+
+def test_flops_boosted_more_than_standard():
+    std = flops_per_token(preset_config("paper-small", "standard"))
+    gba = flops_per_token(preset_config("paper-small", "boosted"))
+    assert 1.1 < gba / std < 1.5
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_builds_forward_backward(preset):
+    cfg = preset_config(preset, "boosted")
+    if count_params(cfg) > 20_000_000:  # large presets: shapes and autograd on the meta device
+        with torch.device("meta"):
+            model = GPT(cfg)
+            idx = torch.zeros(2, 16, dtype=torch.long)
+            lm_loss(model(idx), idx).backward()
+        assert model.wte.weight.grad is not None
+        return
+    model = GPT(cfg)
+    idx = torch.randint(0, cfg.vocab_size, (2, 16))
+    loss = lm_loss(model(idx), idx)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in model.parameters())
+
+
+# ---- behaviour over every variant -----------------------------------------------------
+
+
+@pytest.mark.parametrize("norm,pos", [("pre", "learned"), ("post", "rope")])
+def test_model_causality(variant_case, norm, pos):
+    model = tiny_model(variant_case, norm=norm, pos=pos)
+    idx = torch.randint(0, 37, (2, 12))
+    idx2 = idx.clone()
+    idx2[:, 6:] = (idx2[:, 6:] + 5) % 37
+    a, b = model(idx), model(idx2)
+    torch.testing.assert_close(a[:, :6], b[:, :6], rtol=0, atol=1e-12)
+    assert (a[:, 6:] - b[:, 6:]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_cached_decode_equals_full_forward(variant_case, pos):
+    model = tiny_model(variant_case, pos=pos)
+    idx = torch.randint(0, 37, (2, 11))
+    full = model(idx)
+    model.setup_cache(batch=2, max_len=16)
+    prefill = 4
+    step_logits = [model(idx[:, :prefill], input_pos=torch.arange(prefill))]
+    for t in range(prefill, idx.shape[1]):
+        step_logits.append(model(idx[:, t : t + 1], input_pos=torch.tensor([t])))
+    cached = torch.cat(step_logits, dim=1)
+    torch.testing.assert_close(cached, full, rtol=1e-10, atol=1e-10)
+    model.clear_cache()
+    torch.testing.assert_close(model(idx), full, rtol=0, atol=0)
+
+
+def test_naive_model_path_equals_fast(variant_case):
+    model = tiny_model(variant_case)
+    idx = torch.randint(0, 37, (2, 10))
+    torch.testing.assert_close(model(idx, naive=True), model(idx), rtol=1e-10, atol=1e-10)
+    logits, record = model(idx, return_intermediates=True)
+    assert len(record) == 2
+    torch.testing.assert_close(logits, model(idx), rtol=1e-10, atol=1e-10)
+
+
+def test_same_seed_same_model(variant_case):
+    cfg = tiny_config(variant_case)
+    torch.manual_seed(5)
+    a = GPT(cfg)
+    torch.manual_seed(5)
+    b = GPT(cfg)
+    idx = torch.randint(0, 37, (2, 8))
+    torch.testing.assert_close(a(idx), b(idx), rtol=0, atol=0)
+
+
+def test_init_follows_paper():
+    model = GPT(preset_config("paper-small", "boosted"))
+    w = model.blocks[0].attn.qkv.weight
+    assert abs(w.std().item() - 0.02) < 0.001
+    assert model.blocks[0].attn.qkv.bias.abs().max() == 0
+    assert model.lm_head.weight is model.wte.weight
+    gate = model.blocks[0].attn.corrections[0].gate.proj
+    x = torch.randn(4, 512)
+    assert (torch.sigmoid(gate(x)) - 0.5).abs().mean() < 0.1  # the linear gate starts near 0.5
+
+
+# ---- clear errors -----------------------------------------------------------------------
+
+
+def test_sequence_longer_than_position_table():
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=8, n_heads=2, n_layers=1))
+    with pytest.raises(ValueError, match="exceeds block_size=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(attn="nope"), r"attn='nope' is not allowed; choose one of standard, boosted"),
+        (dict(attn="boosted", attn_options={"rounds": 0}), r"attn.rounds=0 must be an integer >= 1"),
+        (dict(attn="boosted", attn_options={"gate": "relu"}), r"attn.gate='relu' is not allowed; choose one of linear, mlp"),
+        (dict(attn="boosted", attn_options={"kv_source": "x"}), r"attn.kv_source='x' is not allowed; choose one of residual"),
+        (dict(attn="boosted", attn_options={"round": 2}), r"has no option\(s\) \['round'\]; its options are: rounds"),
+        (dict(d_model=30, n_heads=4), r"d_model=30 is not divisible by n_heads=4"),
+        (dict(attn="differential", n_heads=3, d_model=30), r"needs an even n_heads"),
+        (dict(norm="middle"), r"norm='middle' is not allowed; choose one of pre, post"),
+    ],
+)
+def test_config_errors_name_the_field(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        ModelConfig(**kwargs)
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="preset='huge' is not allowed; choose one of paper-small"):
+        preset_config("huge")
