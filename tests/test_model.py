@@ -163,3 +163,13 @@ def test_config_errors_name_the_field(kwargs, match):
 def test_unknown_preset():
     with pytest.raises(ValueError, match="preset='huge' is not allowed; choose one of paper-small"):
         preset_config("huge")
+
+
+def test_chunked_loss_equals_full_cross_entropy():
+    model = tiny_model(("boosted", {}))
+    idx = torch.randint(0, 37, (3, 10))
+    targets = torch.randint(0, 37, (3, 10))
+    targets[0, :4] = -100
+    full = lm_loss(model(idx), targets)
+    for chunk in (1, 7, 30, None):
+        torch.testing.assert_close(model.loss(idx, targets, chunk_tokens=chunk), full, rtol=1e-10, atol=1e-10)

@@ -139,6 +139,34 @@ class GPT(nn.Module):
         ``input_pos`` (T,): absolute positions of the tokens (default 0..T-1; required with a
         cache). ``key_padding_mask`` (B, S): True for real tokens. ``naive``: reference path.
         """
+        h_BTD, record = self.hidden(idx_BT, input_pos, key_padding_mask, naive, return_intermediates)
+        logits = self.lm_head(h_BTD)
+        return (logits, record) if return_intermediates else logits
+
+    def loss(self, idx_BT: Tensor, targets_BT: Tensor, chunk_tokens: int | None = None, **kwargs) -> Tensor:
+        """Mean next-token cross-entropy, computed over chunks of ``chunk_tokens`` rows of the LM
+        head so no (B*T, V) logits tensor is held at once. On CPU the default keeps each chunk
+        near 16 MB: large fresh allocations are page-faulted on every step and measured 1.7x
+        slower end to end (README, "Choosing cpu-proxy"). ``-100`` targets are ignored."""
+        h_ND = self.hidden(idx_BT, **kwargs)[0].flatten(0, 1)
+        y_N = targets_BT.flatten()
+        if chunk_tokens is None:
+            chunk_tokens = max(64, (4 << 20) // self.cfg.vocab_size) if h_ND.device.type == "cpu" else h_ND.shape[0]
+        total = 0.0
+        for start in range(0, h_ND.shape[0], chunk_tokens):
+            logits = _upcast(self.lm_head(h_ND[start : start + chunk_tokens]))
+            total = total + F.cross_entropy(logits, y_N[start : start + chunk_tokens], reduction="sum")
+        return total / (y_N != -100).sum().clamp_min(1)
+
+    def hidden(
+        self,
+        idx_BT: Tensor,
+        input_pos: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        naive: bool = False,
+        return_intermediates: bool = False,
+    ) -> tuple[Tensor, list[Intermediates] | None]:
+        """Final hidden states (after the final norm), (B, T, D), and the intermediates record."""
         B, T = idx_BT.shape
         if input_pos is None:
             if self.has_cache:
@@ -161,8 +189,7 @@ class GPT(nn.Module):
                 h_BTD = block(h_BTD, record, **attn_kwargs)
         else:
             h_BTD = self.residual(h_BTD, self.blocks, record, attn_kwargs)
-        logits = self.lm_head(self.ln_f(h_BTD))
-        return (logits, record) if return_intermediates else logits
+        return self.ln_f(h_BTD), record
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -173,6 +200,11 @@ def _init_weights(module: nn.Module) -> None:
             nn.init.zeros_(module.bias)
 
 
+def _upcast(x: Tensor) -> Tensor:
+    """Low-precision logits (bf16/fp16 under autocast) to float32 for the loss."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def lm_loss(logits_BTV: Tensor, targets_BT: Tensor, ignore_index: int = -100) -> Tensor:
     """Mean next-token cross-entropy (float32 for stability under autocast)."""
-    return F.cross_entropy(logits_BTV.float().flatten(0, 1), targets_BT.flatten(), ignore_index=ignore_index)
+    return F.cross_entropy(_upcast(logits_BTV).flatten(0, 1), targets_BT.flatten(), ignore_index=ignore_index)

@@ -1,0 +1,76 @@
+"""The command line: `gbattn list`, `gbattn params`, and one-line errors with status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gbattn.cli import main
+
+
+def run_cli(capsys, *argv):
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse usage errors
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_params_paper_counts(capsys):
+    code, out, _ = run_cli(capsys, "params", "paper-small", "--attn", "boosted")
+    assert code == 0 and "8,734,208" in out
+    code, out, _ = run_cli(capsys, "params", "paper-small", "--attn", "standard")
+    assert code == 0 and "7,419,392" in out
+
+
+def test_params_fair(capsys):
+    code, out, _ = run_cli(capsys, "params", "paper-small", "--attn", "boosted", "--fair", "--json")
+    assert code == 0
+    assert "d_model=288" in out and "8,789,184" in out
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["fair_width"] == 288 and record["parameters"] == 8_734_208
+    assert record["forward_flops_per_token"] > 0
+
+
+def test_params_set_override(capsys):
+    code, out, _ = run_cli(capsys, "params", "paper-small", "--attn", "boosted", "--set", "attn.rounds=1")
+    assert code == 0 and "7,419,392" in out  # M = 1 is standard attention
+
+
+def test_list_shows_variants_and_presets(capsys):
+    code, out, _ = run_cli(capsys, "list")
+    assert code == 0
+    for name in ("standard", "boosted", "twicing", "gated", "differential", "paper-small", "cpu-proxy", "attn.kv_source"):
+        assert name in out
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["params", "huge"], "preset='huge' is not allowed"),
+        (["params", "paper-small", "--attn", "nope"], "attn='nope' is not allowed"),
+        (["params", "paper-small", "--attn", "boosted", "--set", "attn.rounds=0"], "attn.rounds=0 must be an integer >= 1"),
+        (["params", "paper-small", "--set", "d_model=30"], "d_model=30 is not divisible by n_heads=4"),
+        (["params", "paper-small", "--attn", "boosted", "--set", "attn.gate=relu"], "attn.gate='relu' is not allowed"),
+        (["params", "paper-small", "--attn", "boosted", "--set", "attn.kv_source=x"], "attn.kv_source='x' is not allowed"),
+        (["params", "paper-small", "--set", "d_model"], "expected key=value"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_user_errors_one_line_status_2(capsys, argv, message):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_console_script_exit_status():
+    proc = subprocess.run([sys.executable, "-m", "gbattn.cli", "params", "paper-small", "--attn", "bogus"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "gbattn: error: attn='bogus' is not allowed; choose one of standard, boosted, twicing, gated, differential"
+    )
