@@ -172,4 +172,4 @@ def test_chunked_loss_equals_full_cross_entropy():
     targets[0, :4] = -100
     full = lm_loss(model(idx), targets)
     for chunk in (1, 7, 30, None):
-        torch.testing.assert_close(model.loss(idx, targets, chunk_tokens=chunk), full, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(model(idx, targets, loss_chunk=chunk), full, rtol=1e-10, atol=1e-10)

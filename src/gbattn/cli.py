@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except UserError as e:
         print(f"gbattn: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)
     except KeyboardInterrupt:
         print("gbattn: interrupted", file=sys.stderr)
         return 130

@@ -128,28 +128,30 @@ class GPT(nn.Module):
     def forward(
         self,
         idx_BT: Tensor,
+        targets_BT: Tensor | None = None,
         *,
         input_pos: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         naive: bool = False,
         return_intermediates: bool = False,
+        loss_chunk: int | None = None,
     ):
-        """Logits (B, T, V); with ``return_intermediates`` also one :class:`Intermediates` per layer.
+        """Logits (B, T, V), or with ``targets_BT`` the mean next-token cross-entropy; with
+        ``return_intermediates`` also one :class:`Intermediates` per layer.
 
         ``input_pos`` (T,): absolute positions of the tokens (default 0..T-1; required with a
         cache). ``key_padding_mask`` (B, S): True for real tokens. ``naive``: reference path.
         """
         h_BTD, record = self.hidden(idx_BT, input_pos, key_padding_mask, naive, return_intermediates)
-        logits = self.lm_head(h_BTD)
-        return (logits, record) if return_intermediates else logits
+        out = self.lm_head(h_BTD) if targets_BT is None else self.chunked_loss(h_BTD, targets_BT, loss_chunk)
+        return (out, record) if return_intermediates else out
 
-    def loss(self, idx_BT: Tensor, targets_BT: Tensor, chunk_tokens: int | None = None, **kwargs) -> Tensor:
-        """Mean next-token cross-entropy, computed over chunks of ``chunk_tokens`` rows of the LM
-        head so no (B*T, V) logits tensor is held at once. On CPU the default keeps each chunk
-        near 16 MB: large fresh allocations are page-faulted on every step and measured 1.7x
-        slower end to end (README, "Choosing cpu-proxy"). ``-100`` targets are ignored."""
-        h_ND = self.hidden(idx_BT, **kwargs)[0].flatten(0, 1)
-        y_N = targets_BT.flatten()
+    def chunked_loss(self, h_BTD: Tensor, targets_BT: Tensor, chunk_tokens: int | None = None) -> Tensor:
+        """Mean cross-entropy of the LM head over chunks of ``chunk_tokens`` rows, so no (B*T, V)
+        logits tensor is held at once. On CPU the default keeps each chunk near 16 MB: large
+        fresh allocations are page-faulted on every step, and this measured 1.7x faster end to
+        end (README, "Choosing cpu-proxy"). Targets of -100 are ignored."""
+        h_ND, y_N = h_BTD.flatten(0, 1), targets_BT.flatten()
         if chunk_tokens is None:
             chunk_tokens = max(64, (4 << 20) // self.cfg.vocab_size) if h_ND.device.type == "cpu" else h_ND.shape[0]
         total = 0.0

@@ -1,0 +1,128 @@
+"""Token ids as numpy memmaps, cached by (corpus content, tokenizer, caps) and reused by later
+runs; and the batches the trainer and evaluator read from them.
+
+Training reads either the paper's non-overlapping rows of ``seq_len + 1`` tokens, shuffled per
+epoch (``rows``), or nanoGPT's random windows (``random``). Both are pure functions of
+(seed, epoch or step), so a resumed run sees exactly the batches an uninterrupted run sees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from gbattn.data.corpus import SPLITS, Corpus
+from gbattn.data.tokenizer import Tokenizer, atomic_write_text, cache_dir
+
+
+def tokens_dtype(vocab_size: int):
+    return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
+
+
+def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | None, path: Path, progress: bool) -> int:
+    """Stream-encode ``split`` into ``path`` (raw ids), stopping at ``cap`` tokens."""
+    dtype = tokens_dtype(tokenizer.vocab_size)
+    n = 0
+    bar = tqdm(desc=f"tokenizing {split}", unit="tok", unit_scale=True, disable=not progress, leave=False)
+    with open(path, "wb") as f:
+        batch: list[str] = []
+
+        def flush() -> bool:
+            nonlocal n
+            ids = [i for seq in tokenizer.encode_batch(batch) for i in seq]
+            if cap is not None:
+                ids = ids[: cap - n]
+            np.asarray(ids, dtype=dtype).tofile(f)
+            n += len(ids)
+            bar.update(len(ids))
+            batch.clear()
+            return cap is not None and n >= cap
+
+        for line in corpus.lines(split):
+            if not line.strip() and tokenizer.kind != "char":
+                continue
+            batch.append(line)
+            if len(batch) >= 4096 and flush():
+                break
+        else:
+            if batch:
+                flush()
+    bar.close()
+    return n
+
+
+def tokenize_corpus(
+    corpus: Corpus,
+    tokenizer: Tokenizer,
+    caps: dict[str, int | None] | None = None,
+    progress: bool = True,
+) -> dict[str, np.memmap]:
+    """Token ids of every split as read-only memmaps (built once, then read from the cache).
+
+    ``caps`` limits tokens per split (the paper: train 10M, valid/test 1M), taken from the start.
+    """
+    caps = {s: (caps or {}).get(s) for s in SPLITS}
+    key_src = f"{corpus.fingerprint}|{tokenizer.fingerprint}|{json.dumps(caps, sort_keys=True)}"
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
+    directory = cache_dir() / "tokens" / key
+    meta_path = directory / "meta.json"
+    if not meta_path.is_file():
+        tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        counts = {s: _encode_split(corpus, s, tokenizer, caps[s], tmp / f"{s}.bin", progress) for s in SPLITS}
+        meta = {"dtype": np.dtype(tokens_dtype(tokenizer.vocab_size)).name, "counts": counts, "caps": caps,
+                "corpus": corpus.name, "tokenizer": tokenizer.fingerprint}
+        atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=1))
+        if directory.exists():  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            os.replace(tmp, directory)
+    meta = json.loads(meta_path.read_text())
+    out = {}
+    for s in SPLITS:
+        count = meta["counts"][s]
+        out[s] = (
+            np.memmap(directory / f"{s}.bin", dtype=meta["dtype"], mode="r", shape=(count,))
+            if count
+            else np.zeros(0, dtype=meta["dtype"])
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Batches
+# --------------------------------------------------------------------------------------
+
+
+def num_rows(tokens: np.ndarray, seq_len: int) -> int:
+    """Non-overlapping rows of ``seq_len + 1`` tokens (inputs and targets shifted by one)."""
+    return len(tokens) // (seq_len + 1)
+
+
+def rows_batch(tokens: np.ndarray, seq_len: int, row_ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``row_ids`` as (inputs, targets), each (len(row_ids), seq_len) int64."""
+    L = seq_len + 1
+    data = np.stack([np.asarray(tokens[r * L : (r + 1) * L], dtype=np.int64) for r in row_ids])
+    data_t = torch.from_numpy(data)
+    return data_t[:, :-1], data_t[:, 1:]
+
+
+def epoch_permutation(n_rows: int, seed: int, epoch: int) -> np.ndarray:
+    """The row order of an epoch: a pure function of (seed, epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(n_rows)
+
+
+def random_windows(tokens: np.ndarray, seq_len: int, batch: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """nanoGPT's sampling: ``batch`` windows at random offsets; a pure function of (seed, step)."""
+    offsets = np.random.default_rng([seed, step, 1]).integers(0, len(tokens) - seq_len - 1, size=batch)
+    data = np.stack([np.asarray(tokens[o : o + seq_len + 1], dtype=np.int64) for o in offsets])
+    data_t = torch.from_numpy(data)
+    return data_t[:, :-1], data_t[:, 1:]

@@ -1,0 +1,48 @@
+"""Progress display: a tqdm bar on a terminal, one plain line every ``interval`` seconds
+otherwise (log files and CI stay readable)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tqdm.auto import tqdm
+
+
+class Progress:
+    def __init__(self, total: int, desc: str, initial: int = 0, unit: str = "step", disable: bool = False,
+                 interval: float = 30.0) -> None:
+        self.total, self.desc, self.n, self.unit = total, desc, initial, unit
+        self.disable = disable
+        self.interval = interval
+        self.postfix = ""
+        self._last = time.monotonic()
+        self._bar = None
+        if not disable and sys.stderr.isatty():
+            self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True)
+
+    def update(self, n: int = 1, **postfix) -> None:
+        self.n += n
+        if postfix:
+            self.postfix = " ".join(f"{k}={v}" for k, v in postfix.items())
+        if self.disable:
+            return
+        if self._bar is not None:
+            if postfix:
+                self._bar.set_postfix_str(self.postfix, refresh=False)
+            self._bar.update(n)
+        elif time.monotonic() - self._last >= self.interval or self.n >= self.total:
+            self._last = time.monotonic()
+            print(f"{self.desc}: {self.n}/{self.total} {self.unit}s {self.postfix}", file=sys.stderr, flush=True)
+
+    def write(self, message: str) -> None:
+        if self.disable:
+            return
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,260 @@
+"""Language-modelling pipeline: data caches, trainer, resume, DDP, checkpoints, NaN stop, eval."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gbattn.cli import main as cli_main
+from gbattn.data import tokenizer as tokenizer_mod
+from gbattn.data.corpus import load_corpus
+from gbattn.data.tokenizer import get_tokenizer
+from gbattn.data.tokens import tokenize_corpus
+from gbattn.errors import CheckpointError
+from gbattn.train import checkpoint as ckpt
+from gbattn.train.config import build_configs
+from gbattn.train.trainer import Trainer, TrainingDiverged, train
+
+WORDS = "the a cat dog sat on mat ran far near house tree bird sang loud soft red blue green small big".split()
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+
+
+def write_corpus(directory: Path, lines_per_split=(600, 60, 60), seed=0) -> Path:
+    """A small WikiText-layout corpus of random sentences, made here (no downloads)."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in zip(("train", "valid", "test"), lines_per_split):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) + " .\n" for _ in range(n)]
+        (directory / f"wiki.{split}.tokens").write_text("".join(lines))
+    return directory
+
+
+TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 33, "log_every": 1, "eval_batch_size": 16}
+
+
+def tiny_configs(data, attn="boosted", **sets):
+    s = dict(TINY)
+    s.update(tokenizer="char", batch_size=8, max_steps=12, eval_every=4, warmup_steps=3, lr=3e-3, dropout=0.1,
+             train_tokens=None, eval_tokens=None)
+    s.update(sets)
+    return build_configs("paper-small", attn, str(data), s)
+
+
+def final_weights(run_dir: Path) -> dict:
+    return ckpt.load_checkpoint(run_dir / ckpt.CHECKPOINT)["model"]
+
+
+# ---- data --------------------------------------------------------------------------------
+
+
+def test_tokenizer_is_trained_once_and_cached(tmp_path, monkeypatch):
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    first = get_tokenizer("bpe", corpus, vocab_size=120, verbose=False)
+    monkeypatch.setattr(tokenizer_mod, "_train_bpe", lambda *a, **k: pytest.fail("retrained instead of cached"))
+    second = get_tokenizer("bpe", load_corpus(str(tmp_path / "c")), vocab_size=120, verbose=False)
+    assert second.fingerprint == first.fingerprint
+    # A different corpus content is a different cache entry.
+    write_corpus(tmp_path / "c2", seed=1)
+    with pytest.raises(pytest.fail.Exception):
+        get_tokenizer("bpe", load_corpus(str(tmp_path / "c2")), vocab_size=120, verbose=False)
+
+
+def test_token_memmap_round_trip_and_reuse(tmp_path, monkeypatch):
+    text = "".join(f"line {i}: to be or not to be\n" for i in range(300))
+    (tmp_path / "t.txt").write_text(text)
+    corpus = load_corpus(str(tmp_path / "t.txt"), (0.8, 0.1, 0.1))
+    tok = get_tokenizer("char", corpus)
+    splits = tokenize_corpus(corpus, tok, progress=False)
+    assert isinstance(splits["train"], np.memmap) and splits["train"].dtype == np.uint16
+    assert tok.decode(splits["train"]) + tok.decode(splits["valid"]) + tok.decode(splits["test"]) == text
+    from gbattn.data import tokens as tokens_mod
+
+    monkeypatch.setattr(tokens_mod, "_encode_split", lambda *a, **k: pytest.fail("re-encoded instead of cached"))
+    again = tokenize_corpus(corpus, tok, progress=False)
+    for s in splits:
+        np.testing.assert_array_equal(again[s], splits[s])
+
+
+def test_caps_take_the_first_tokens(tmp_path):
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    tok = get_tokenizer("char", corpus)
+    full = tokenize_corpus(corpus, tok, progress=False)
+    capped = tokenize_corpus(corpus, tok, {"train": 1000, "valid": 100, "test": 100}, progress=False)
+    assert len(capped["train"]) == 1000 and len(capped["valid"]) == 100
+    np.testing.assert_array_equal(capped["train"], full["train"][:1000])
+
+
+def test_hf_name_offline_is_one_clear_line(capsys, tmp_path):
+    code = cli_main(["train", "--data", "wikitext-103-raw-v1", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "wikitext-103-raw-v1" in err and "point --data at a local copy" in err
+
+
+def test_bad_data_path_exits_2_with_one_line(capsys, tmp_path):
+    code = cli_main(["train", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "no such file or directory" in err
+    (tmp_path / "empty").mkdir()
+    code = cli_main(["train", "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "expected WikiText layout" in err
+
+
+# ---- training ----------------------------------------------------------------------------
+
+
+def test_train_writes_a_self_describing_run(tmp_path):
+    data = write_corpus(tmp_path / "c")
+    result = train(tmp_path / "run", *tiny_configs(data), quiet=True)
+    for name in (ckpt.CONFIG, ckpt.TOKENIZER, ckpt.CHECKPOINT, ckpt.BEST, ckpt.METRICS, ckpt.RESULT):
+        assert (tmp_path / "run" / name).is_file(), name
+    events = [json.loads(l) for l in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "eval"] == [4, 8, 12]
+    assert result["steps"] == 12 and result["test_ppl"] < 30  # learned something (char vocab ~30)
+    assert [p["step"] for p in result["curve"]] == [4, 8, 12]
+    # `gbattn eval` on the run gives the same test perplexity as the trainer's final record.
+    from gbattn.eval.load import load_run
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.train.trainer import prepare_data
+
+    run = load_run(tmp_path / "run")
+    d = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
+    assert evaluate(run.model, d.splits["test"], run.seq_len).ppl == pytest.approx(result["test_ppl"], rel=1e-6)
+
+
+@pytest.mark.parametrize("sampling", ["rows", "random"])
+def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling):
+    """Crash at step 7 (last checkpoint: step 4), resume: same final loss and weights."""
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data, sampling=sampling, epochs=3)
+    ref = train(tmp_path / "ref", *configs, quiet=True)
+
+    original = Trainer._train_step
+
+    def crash_at_7(self, step):
+        if step == 7:
+            raise RuntimeError("simulated kill")
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", crash_at_7)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        train(tmp_path / "crashed", *configs, quiet=True)
+    assert ckpt.load_checkpoint(tmp_path / "crashed" / ckpt.CHECKPOINT)["step"] == 4
+    monkeypatch.setattr(Trainer, "_train_step", original)
+    resumed = train(tmp_path / "crashed", resume=True, quiet=True)
+
+    assert resumed["test_loss"] == ref["test_loss"]
+    assert resumed["valid_loss"] == ref["valid_loss"]
+    a, b = final_weights(tmp_path / "ref"), final_weights(tmp_path / "crashed")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    train_losses = lambda p: [e["loss"] for e in map(json.loads, (p / ckpt.METRICS).read_text().splitlines()) if e["event"] == "train"]  # noqa: E731
+    assert train_losses(tmp_path / "ref") == train_losses(tmp_path / "crashed")  # no duplicated or lost events
+
+
+def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch):
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data)
+    ref = train(tmp_path / "ref", *configs, quiet=True)
+    monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: self.step == 6)
+    with pytest.raises(Exception, match="interrupted at step 6"):
+        train(tmp_path / "int", *configs, quiet=True)
+    monkeypatch.undo()
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    assert train(tmp_path / "int", resume=True, quiet=True)["test_loss"] == ref["test_loss"]
+
+
+def test_existing_run_needs_resume(tmp_path, capsys):
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    code = cli_main(["train", "--data", str(data), "--out", str(tmp_path / "run")])
+    assert code == 2 and "pass --resume" in capsys.readouterr().err
+
+
+def test_corrupted_checkpoint_is_a_clear_error(tmp_path, capsys):
+    data = write_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    train(run, *tiny_configs(data, max_steps=4, eval_every=2), quiet=True)
+    (run / ckpt.RESULT).unlink()  # pretend it did not finish
+    blob = (run / ckpt.CHECKPOINT).read_bytes()
+    (run / ckpt.CHECKPOINT).write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        train(run, resume=True, quiet=True)
+    code = cli_main(["train", "--resume", "--out", str(run)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "truncated or corrupted" in err
+
+
+def test_atomic_save_keeps_previous_file_on_crash(tmp_path, monkeypatch):
+    path = tmp_path / "x.pt"
+    ckpt.atomic_torch_save({"model": {"w": torch.ones(2)}}, path)
+
+    def broken_save(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError):
+        ckpt.atomic_torch_save({"model": {"w": torch.zeros(2)}}, path)
+    monkeypatch.undo()
+    assert torch.equal(ckpt.load_checkpoint(path)["model"]["w"], torch.ones(2))
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    data = write_corpus(tmp_path / "c")
+    original = Trainer._train_step
+
+    def poison_at_6(self, step):
+        if step == 6:
+            with torch.no_grad():
+                self.model.wte.weight[0, 0] = float("nan")
+                self.model.wte.weight[1:, 0] = float("nan")
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", poison_at_6)
+    with pytest.raises(TrainingDiverged, match="loss became nan at step 6"):
+        train(tmp_path / "run", *tiny_configs(data), quiet=True)
+    state = ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)
+    assert state["step"] == 4
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+    events = [json.loads(l) for l in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
+    assert events[-1]["event"] == "stop" and events[-1]["reason"] == "non-finite loss"
+
+
+def test_ddp_two_gloo_processes_match_one_process(tmp_path):
+    """2 processes x 4 rows == 1 process x 8 rows (same global batch), dropout off."""
+    data = write_corpus(tmp_path / "c")
+    common = ["--preset", "paper-small", "--attn", "boosted", "--data", str(data), "--tokenizer", "char", "--quiet",
+              "--set", "dropout=0.0", "--set", "batch_size=8", "--set", "max_steps=6", "--set", "eval_every=3",
+              "--set", "warmup_steps=2", "--set", "lr=3e-3", "--set", "train_tokens=null", "--set", "eval_tokens=null"]
+    for k, v in TINY.items():
+        common += ["--set", f"{k}={v}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    single = subprocess.run([sys.executable, "-m", "gbattn.cli", "train", "--out", str(tmp_path / "one"), *common],
+                            capture_output=True, text=True, env=env)
+    assert single.returncode == 0, single.stderr
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+                          "-m", "gbattn.cli", "train", "--out", str(tmp_path / "two"), *common],
+                         capture_output=True, text=True, env=env)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    one = json.loads((tmp_path / "one" / ckpt.RESULT).read_text())
+    two = json.loads((tmp_path / "two" / ckpt.RESULT).read_text())
+    assert two["processes"] == 2 and one["processes"] == 1
+    # Stated tolerance: float32 gradient all-reduce sums in a different order.
+    assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
+    a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-5)
