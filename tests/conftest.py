@@ -35,6 +35,8 @@ def variant_case(request):
 
 
 @pytest.fixture(autouse=True)
-def _deterministic():
+def _deterministic_and_isolated(tmp_path, monkeypatch):
+    """Seeded RNG, and a per-test cache directory (tokenizers and token memmaps)."""
     torch.manual_seed(0)
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "gbattn-cache"))
     yield

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -22,27 +21,7 @@ from gbattn.errors import CheckpointError
 from gbattn.train import checkpoint as ckpt
 from gbattn.train.config import build_configs
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
-
-WORDS = "the a cat dog sat on mat ran far near house tree bird sang loud soft red blue green small big".split()
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
-
-
-def write_corpus(directory: Path, lines_per_split=(600, 60, 60), seed=0) -> Path:
-    """A small WikiText-layout corpus of random sentences, made here (no downloads)."""
-    rng = random.Random(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, n in zip(("train", "valid", "test"), lines_per_split):
-        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) + " .\n" for _ in range(n)]
-        (directory / f"wiki.{split}.tokens").write_text("".join(lines))
-    return directory
-
-
-TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 33, "log_every": 1, "eval_batch_size": 16}
-
+from helpers import TINY, write_corpus
 
 def tiny_configs(data, attn="boosted", **sets):
     s = dict(TINY)
@@ -172,8 +151,7 @@ def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: self.step == 6)
     with pytest.raises(Exception, match="interrupted at step 6"):
         train(tmp_path / "int", *configs, quiet=True)
-    monkeypatch.undo()
-    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: False)
     assert train(tmp_path / "int", resume=True, quiet=True)["test_loss"] == ref["test_loss"]
 
 
@@ -200,6 +178,7 @@ def test_corrupted_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 def test_atomic_save_keeps_previous_file_on_crash(tmp_path, monkeypatch):
     path = tmp_path / "x.pt"
+    original_save = torch.save
     ckpt.atomic_torch_save({"model": {"w": torch.ones(2)}}, path)
 
     def broken_save(obj, f):
@@ -209,7 +188,7 @@ def test_atomic_save_keeps_previous_file_on_crash(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(OSError):
         ckpt.atomic_torch_save({"model": {"w": torch.zeros(2)}}, path)
-    monkeypatch.undo()
+    monkeypatch.setattr(torch, "save", original_save)
     assert torch.equal(ckpt.load_checkpoint(path)["model"]["w"], torch.ones(2))
 
 

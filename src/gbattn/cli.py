@@ -64,6 +64,11 @@ def cmd_list(args) -> None:
             f"block_size {p['block_size']}, vocab {p['vocab_size']}, dropout {p['dropout']}"
         )
     print("\nResidual streams (--residual): plain (default), attnres-full, attnres-block (--set attnres_block=S)")
+    from gbattn.experiments.recipes import RECIPES
+
+    print("\nComparison recipes (gbattn compare --recipe NAME):")
+    for name, r in RECIPES.items():
+        print(f"  {name:<13} {r.description}")
 
 
 def cmd_params(args) -> None:

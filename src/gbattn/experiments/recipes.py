@@ -1,0 +1,122 @@
+"""Named comparison recipes: which models, at which preset, on which data, with which seeds.
+
+Every recipe follows SPEC.md section 4: the same data, tokenizer, steps, batch, schedule and
+seeds for every model; a parameter-matched standard baseline for the mechanism that adds
+parameters; and a compute-matched standard row (trained for as many FLOPs as GBA used).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gbattn.errors import ConfigError
+
+
+@dataclass
+class ModelSpec:
+    label: str
+    attn: str = "standard"
+    attn_options: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)  # model-config overrides (norm, residual, ...)
+    param_matched_to: str | None = None  # solve d_model: smallest standard width >= that model's parameters
+    compute_matched_to: str | None = None  # train for as many FLOPs as that model (more steps)
+
+
+@dataclass
+class Recipe:
+    name: str
+    description: str
+    preset: str
+    models: list[ModelSpec]
+    seeds: list[int] = field(default_factory=lambda: [42])
+    default_data: str | None = None
+    train: dict = field(default_factory=dict)  # training overrides on top of the preset's recipe
+    published: dict = field(default_factory=dict)  # label -> published perplexity (mean, std or None)
+    published_source: str = ""
+
+
+GBA = dict(attn="boosted", attn_options={"rounds": 2})
+
+
+def four_models(extra: dict | None = None, suffix: str = "") -> list[ModelSpec]:
+    """The paper's table: standard, twicing, parameter-matched standard, GBA M=2, plus the
+    compute-matched standard row (listed in display order; see :func:`training_order`)."""
+    m = dict(extra or {})
+    return [
+        ModelSpec("standard" + suffix, model=m),
+        ModelSpec("twicing" + suffix, attn="twicing", model=m),
+        ModelSpec("param-fair" + suffix, model=m, param_matched_to="gba-m2" + suffix),
+        ModelSpec("compute-matched" + suffix, model=m, compute_matched_to="gba-m2" + suffix),
+        ModelSpec("gba-m2" + suffix, model=m, **GBA),
+    ]
+
+
+def training_order(specs: list[ModelSpec]) -> list[ModelSpec]:
+    """Display order, except that a compute-matched model trains after the model it matches."""
+    return [s for s in specs if not s.compute_matched_to] + [s for s in specs if s.compute_matched_to]
+
+
+RECIPES: dict[str, Recipe] = {}
+
+
+def _add(recipe: Recipe) -> None:
+    RECIPES[recipe.name] = recipe
+
+
+_add(Recipe(
+    name="paper-wt103",
+    description="SPEC.md table: standard, twicing, param-fair, GBA M=2 at paper-small on 10M WikiText-103 tokens, 15 epochs",
+    preset="paper-small",
+    models=four_models(),
+    seeds=[42, 123],
+    default_data="wikitext-103-raw-v1",
+    published={"standard": (72.2, 0.3), "twicing": (69.6, 0.1), "param-fair": (69.0, 0.1), "gba-m2": (67.9, 0.1)},
+    published_source="arXiv 2604.03190, WikiText-103 (10M tokens), test perplexity, 2 seeds",
+))
+_add(Recipe(
+    name="paper-owt",
+    description="the same four models on 10M OpenWebText tokens",
+    preset="paper-small",
+    models=four_models(),
+    seeds=[42, 123],
+    default_data="openwebtext",
+    published={"standard": (114.94, 0.55), "twicing": (110.71, 0.28), "param-fair": (110.21, 0.48), "gba-m2": (108.54, 0.89)},
+    published_source="arXiv 2604.03190, OpenWebText (10M tokens), test perplexity, 2 seeds",
+))
+_add(Recipe(
+    name="paper-postln",
+    description="Post-LN: standard, GBA M=2 and param-fair (does GBA need Pre-LN's additive residual stream?)",
+    preset="paper-small",
+    models=[
+        ModelSpec("gba-m2-postln", model={"norm": "post"}, **GBA),
+        ModelSpec("standard-postln", model={"norm": "post"}),
+        ModelSpec("param-fair-postln", model={"norm": "post"}, param_matched_to="gba-m2-postln"),
+    ],
+    seeds=[42],
+    default_data="wikitext-103-raw-v1",
+    published={"standard-postln": (77.20, None), "gba-m2-postln": (84.60, None), "param-fair-postln": (71.81, None)},
+    published_source="arXiv 2604.03190 (revision), WikiText-103 small, Post-LN, 1 seed",
+))
+_add(Recipe(
+    name="cpu-proxy",
+    description="the paper-wt103 models at the cpu-proxy preset on WikiText-2, 1,200 steps (about an hour on 2 CPU cores)",
+    preset="cpu-proxy",
+    models=four_models(),
+    seeds=[42],
+    train=dict(max_steps=1200, eval_every=300),
+))
+_add(Recipe(
+    name="cpu-char",
+    description="the same models, character-level tiny-shakespeare at nanoGPT's CPU configuration (2,000 steps)",
+    preset="cpu-char",
+    models=four_models(),
+    seeds=[42],
+    published={"standard": (6.55, None)},
+    published_source="nanoGPT README (shakespeare_char on CPU): validation loss ~1.88 = perplexity ~6.55 for standard",
+))
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise ConfigError(f"recipe={name!r} is not allowed; choose one of {', '.join(RECIPES)}")
+    return RECIPES[name]

@@ -1,0 +1,23 @@
+"""Helpers shared by the tests (importable because pytest puts tests/ on sys.path)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+WORDS = "the a cat dog sat on mat ran far near house tree bird sang loud soft red blue green small big".split()
+
+
+def write_corpus(directory: Path, lines_per_split=(600, 60, 60), seed=0) -> Path:
+    """A small WikiText-layout corpus of random sentences, made here (no downloads)."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in zip(("train", "valid", "test"), lines_per_split):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) + " .\n" for _ in range(n)]
+        (directory / f"wiki.{split}.tokens").write_text("".join(lines))
+    return directory
+
+
+TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 33, "log_every": 1, "eval_batch_size": 16}
+
+

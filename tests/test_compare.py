@@ -1,0 +1,61 @@
+"""The comparison runner: every model and seed, matched widths and compute, skip finished runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gbattn.experiments import compare as compare_mod
+from gbattn.experiments.compare import run_compare
+from gbattn.experiments.recipes import RECIPES, get_recipe
+from gbattn.model.params import count_params
+from gbattn.train.config import build_configs
+
+from helpers import TINY, write_corpus
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_builds_its_models(name):
+    """Every shipped recipe's model configs validate and build (litgpt's config-hub test)."""
+    recipe = get_recipe(name)
+    for spec in recipe.models:
+        sets = {**recipe.train, **spec.model, **{f"attn.{k}": v for k, v in spec.attn_options.items()}}
+        model_cfg, _ = build_configs(recipe.preset, spec.attn, recipe.default_data or "x", sets)
+        assert count_params(model_cfg) > 0
+
+
+def test_compare_runs_matches_and_resumes(tmp_path, monkeypatch):
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=6, eval_every=3, tokenizer="char", batch_size=8, seq_len=32, sampling="rows",
+                train_tokens=None, eval_tokens=None, warmup_steps=2)
+    report = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1, 2], sets=sets, quiet=True)
+    assert report["complete"]
+    rows = {r["label"]: r for r in report["models"]}
+    assert list(rows) == ["standard", "twicing", "param-fair", "compute-matched", "gba-m2"]
+    assert rows["param-fair"]["parameters"] >= rows["gba-m2"]["parameters"] > rows["standard"]["parameters"]
+    assert rows["param-fair"]["d_model"] > 32
+    # Compute-matched: more steps for the cheaper model, about the same training FLOPs.
+    cm, gba = rows["compute-matched"], rows["gba-m2"]
+    assert cm["steps"] > gba["steps"]
+    assert cm["train_flops"] == pytest.approx(gba["train_flops"], rel=1 / gba["steps"])
+    for r in rows.values():
+        assert set(r["test_ppl"]) == {"1", "2"} and r["test_ppl_std"] is not None
+        assert [p["step"] for p in r["curves"]["1"]][-1] == r["steps"]
+    md = (tmp_path / "cmp" / "results.md").read_text()
+    assert "| gba-m2 |" in md and "Validation perplexity during training" in md
+    json.loads((tmp_path / "cmp" / "results.json").read_text())
+
+    # A second invocation trains nothing: every run is finished.
+    monkeypatch.setattr(compare_mod, "train", lambda *a, **k: pytest.fail("retrained a finished run"))
+    again = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1, 2], sets=sets, quiet=True)
+    assert [r["test_ppl"] for r in again["models"]] == [r["test_ppl"] for r in report["models"]]
+
+
+def test_compare_refuses_other_settings_in_same_dir(tmp_path):
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
+                eval_tokens=None, warmup_steps=1)
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    with pytest.raises(Exception, match="holds a comparison with sets"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets={**sets, "lr": 0.5}, only=["standard"], quiet=True)
