@@ -123,7 +123,8 @@ def _command_modules():
     """Commands defined next to the code they drive (each module has ``register(subparsers)``)."""
     import importlib
 
-    names = ["gbattn.train.cli", "gbattn.eval.cli", "gbattn.experiments.cli", "gbattn.analysis.cli", "gbattn.bench.cli"]
+    names = ["gbattn.train.cli", "gbattn.eval.cli", "gbattn.experiments.cli", "gbattn.experiments.denoise",
+             "gbattn.analysis.cli", "gbattn.bench.cli"]
     for name in names:
         try:
             module = importlib.import_module(name)
