@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,8 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
     """Stream-encode ``split`` into ``path`` (raw ids), stopping at ``cap`` tokens."""
     dtype = tokens_dtype(tokenizer.vocab_size)
     n = 0
-    bar = tqdm(desc=f"tokenizing {split}", unit="tok", unit_scale=True, disable=not progress, leave=False)
+    bar = tqdm(desc=f"tokenizing {split}", unit="tok", unit_scale=True, leave=False,
+               disable=not progress or not sys.stderr.isatty())
     with open(path, "wb") as f:
         batch: list[str] = []
 

@@ -88,9 +88,12 @@ _add(Recipe(
     description="Post-LN: standard, GBA M=2 and param-fair (does GBA need Pre-LN's additive residual stream?)",
     preset="paper-small",
     models=[
-        ModelSpec("gba-m2-postln", model={"norm": "post"}, **GBA),
         ModelSpec("standard-postln", model={"norm": "post"}),
         ModelSpec("param-fair-postln", model={"norm": "post"}, param_matched_to="gba-m2-postln"),
+        ModelSpec("gba-m2-postln", model={"norm": "post"}, **GBA),
+        # The third residual stream: attention over depth (Pre-LN sublayers, SPEC.md section 3).
+        ModelSpec("standard-attnres", model={"residual": "attnres-block"}),
+        ModelSpec("gba-m2-attnres", model={"residual": "attnres-block"}, **GBA),
     ],
     seeds=[42],
     default_data="wikitext-103-raw-v1",
@@ -113,6 +116,49 @@ _add(Recipe(
     seeds=[42],
     published={"standard": (6.55, None)},
     published_source="nanoGPT README (shakespeare_char on CPU): validation loss ~1.88 = perplexity ~6.55 for standard",
+))
+
+
+_add(Recipe(
+    name="cpu-postln",
+    description="Post-LN standard, GBA M=2 and param-fair at cpu-proxy on WikiText-2 (same steps as cpu-proxy)",
+    preset="cpu-proxy",
+    models=[
+        ModelSpec("standard-postln", model={"norm": "post"}),
+        ModelSpec("param-fair-postln", model={"norm": "post"}, param_matched_to="gba-m2-postln"),
+        ModelSpec("gba-m2-postln", model={"norm": "post"}, **GBA),
+    ],
+    seeds=[42],
+    train=dict(max_steps=1200, eval_every=300),
+))
+
+
+def depth_models() -> list[ModelSpec]:
+    """Does GBA (inside a layer) combine with AttnRes (across layers)? SPEC.md section 3."""
+    block = {"residual": "attnres-block"}
+    return [
+        ModelSpec("standard"),
+        ModelSpec("standard-attnres", model=block),
+        ModelSpec("gba-m2", **GBA),
+        ModelSpec("gba-m2-attnres", model=block, **GBA),
+    ]
+
+
+_add(Recipe(
+    name="depth",
+    description="standard, GBA M=2, each with plain and AttnRes-block residuals, at cpu-proxy on WikiText-2",
+    preset="cpu-proxy",
+    models=depth_models(),
+    seeds=[42],
+    train=dict(max_steps=1200, eval_every=300),
+))
+_add(Recipe(
+    name="depth-paper",
+    description="the depth recipe at paper-small on 10M WikiText-103 tokens (GPU scale)",
+    preset="paper-small",
+    models=depth_models(),
+    seeds=[42, 123],
+    default_data="wikitext-103-raw-v1",
 ))
 
 

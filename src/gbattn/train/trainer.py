@@ -364,7 +364,8 @@ class Trainer:
             return ckpt.read_json(result_path)
         self._setup()
         cfg = self.train_cfg
-        self.bar = Progress(self.total_steps, desc=f"train {self.run_dir.name}", initial=self.step, disable=not self.show)
+        name = f"{self.extra['label']}/{self.run_dir.name}" if "label" in self.extra else self.run_dir.name
+        self.bar = Progress(self.total_steps, desc=f"train {name}", initial=self.step, disable=not self.show)
         tokens_per_step = cfg.batch_size * self.seq_len
         last_ckpt = time.monotonic()
         window_loss, window_n, window_t0, window_tokens = 0.0, 0, time.perf_counter(), 0

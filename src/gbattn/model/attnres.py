@@ -1,0 +1,56 @@
+"""Attention Residuals (Kimi Team, arXiv 2603.15031; SPEC.md section 3): attention over depth
+instead of the plain residual sum.
+
+Sublayers (each attention and each FFN counts once) are numbered l = 0 .. 2L-1. Sources:
+v_0 = the embedding (tokens + positions), v_i = the raw output of a sublayer. The input of
+sublayer l is ``h_l = sum_i softmax_i(w_l . RMSNorm_l(v_i)) v_i`` with a zero-initialised
+pseudo-query ``w_l`` (uniform weights at the start), one RMSNorm with gain per sublayer and no
+1/sqrt(d); the sublayer still applies its own pre-norm to h_l. A last aggregation with its own
+w feeds the final norm. Block AttnRes sums the outputs inside a block of S sublayers into a
+partial b_n; the sources are [embedding, completed blocks, the partial block if non-empty].
+S = 1 is Full AttnRes. The mixing is per position, so causality and KV caching are unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from gbattn.config import ModelConfig
+
+
+class AttnResStream(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_sublayers = 2 * cfg.n_layers
+        self.block_size = 1 if cfg.residual == "attnres-full" else cfg.attnres_block
+        # One pseudo-query and one key norm per sublayer, plus one for the final aggregation.
+        self.queries = nn.Parameter(torch.zeros(self.n_sublayers + 1, cfg.d_model))
+        self.norms = nn.ModuleList(nn.RMSNorm(cfg.d_model) for _ in range(self.n_sublayers + 1))
+
+    def depth_weights(self, index: int, sources: list[Tensor]) -> Tensor:
+        """Softmax over the sources, per position: (N, B, T)."""
+        keys_NBTD = self.norms[index](torch.stack(sources))
+        return torch.softmax(keys_NBTD @ self.queries[index], dim=0)
+
+    def mix(self, index: int, sources: list[Tensor]) -> Tensor:
+        """h = sum_i alpha_i v_i for aggregation ``index`` (a sublayer, or the final one)."""
+        if len(sources) == 1:
+            return sources[0]  # softmax over one source is exactly 1
+        alpha_NBT = self.depth_weights(index, sources)
+        return torch.einsum("nbt,nbtd->btd", alpha_NBT, torch.stack(sources))
+
+    def forward(self, emb_BTD: Tensor, blocks: nn.ModuleList, record: list | None, attn_kwargs: dict) -> Tensor:
+        completed: list[Tensor] = [emb_BTD]
+        partial: Tensor | None = None
+        in_block = 0
+        for sub in range(self.n_sublayers):
+            h_BTD = self.mix(sub, completed + ([partial] if partial is not None else []))
+            block = blocks[sub // 2]
+            v_BTD = block.attn_branch(h_BTD, record, **attn_kwargs) if sub % 2 == 0 else block.ffn_branch(h_BTD)
+            partial = v_BTD if partial is None else partial + v_BTD
+            in_block += 1
+            if in_block == self.block_size:
+                completed.append(partial)
+                partial, in_block = None, 0
+        return self.mix(self.n_sublayers, completed + ([partial] if partial is not None else []))

@@ -1,0 +1,92 @@
+"""Attention Residuals (SPEC.md section 3): identities, causality, parity and caching."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gbattn.config import ModelConfig, preset_config
+from gbattn.model import GPT, count_params
+from gbattn.model.attnres import AttnResStream
+
+from test_model import tiny_model
+
+
+def test_depth_weights_uniform_at_init():
+    stream = AttnResStream(ModelConfig(d_model=16, n_heads=2, n_layers=2, residual="attnres-full"))
+    sources = [torch.randn(2, 5, 16) * (i + 1) for i in range(4)]
+    torch.testing.assert_close(stream.depth_weights(3, sources), torch.full((4, 2, 5), 0.25))
+
+
+def test_mixing_one_source_returns_it():
+    stream = AttnResStream(ModelConfig(d_model=16, n_heads=2, n_layers=2, residual="attnres-full"))
+    with torch.no_grad():
+        stream.queries.normal_()
+    v = torch.randn(2, 5, 16)
+    assert torch.equal(stream.mix(0, [v]), v)
+    torch.testing.assert_close(stream.depth_weights(0, [v]), torch.ones(1, 2, 5))
+
+
+def test_mix_is_softmax_weighted_sum_of_normalised_keys():
+    stream = AttnResStream(ModelConfig(d_model=8, n_heads=2, n_layers=1, residual="attnres-full")).double()
+    with torch.no_grad():
+        stream.queries.normal_()
+        stream.norms[1].weight.uniform_(0.5, 1.5)
+    v = [torch.randn(1, 3, 8, dtype=torch.float64) for _ in range(3)]
+    w, g = stream.queries[1], stream.norms[1].weight
+    logits = torch.stack([((x / torch.sqrt((x**2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)) * g) @ w for x in v])
+    expected = sum(a[..., None] * x for a, x in zip(torch.softmax(logits, 0), v))
+    torch.testing.assert_close(stream.mix(1, v), expected)
+
+
+def test_block_size_one_equals_full():
+    torch.manual_seed(1)
+    full = tiny_model(("boosted", {}), residual="attnres-full")
+    block = GPT(full.cfg.replace(residual="attnres-block", attnres_block=1)).double().eval()
+    block.load_state_dict(full.state_dict())
+    with torch.no_grad():
+        full.residual.queries.normal_()
+        block.residual.queries.copy_(full.residual.queries)
+    idx = torch.randint(0, 37, (2, 9))
+    torch.testing.assert_close(block(idx), full(idx), rtol=0, atol=0)
+
+
+def test_block_mode_sources():
+    """S = 2 with 2 layers: the final aggregation sees [embedding, block 1, block 2]."""
+    model = tiny_model(("standard", {}), residual="attnres-block", attnres_block=2)
+    seen = []
+    original = model.residual.mix
+    model.residual.mix = lambda i, sources: seen.append((i, len(sources))) or original(i, sources)
+    model(torch.randint(0, 37, (1, 4)))
+    assert seen == [(0, 1), (1, 2), (2, 2), (3, 3), (4, 3)]
+
+
+def test_parameter_counts():
+    base = count_params(preset_config("paper-small", "boosted"))
+    cfg = preset_config("paper-small", "boosted", {"residual": "attnres-block", "attnres_block": 2})
+    assert count_params(cfg) == base + 9 * 2 * 256  # 2L + 1 pseudo-queries and RMSNorm gains
+
+
+@pytest.mark.parametrize("residual", ["attnres-full", "attnres-block"])
+def test_causality_parity_and_cache_inside_attnres(variant_case, residual):
+    model = tiny_model(variant_case, residual=residual, attnres_block=3)
+    with torch.no_grad():
+        model.residual.queries.normal_(0, 1.0)
+    idx = torch.randint(0, 37, (2, 10))
+    full = model(idx)
+    # fast path == naive path
+    torch.testing.assert_close(model(idx, naive=True), full, rtol=1e-10, atol=1e-10)
+    # causality
+    idx2 = idx.clone()
+    idx2[:, 5:] = (idx2[:, 5:] + 3) % 37
+    torch.testing.assert_close(model(idx2)[:, :5], full[:, :5], rtol=0, atol=1e-12)
+    # cached decoding == full forward (prefill 3, then one token at a time)
+    model.setup_cache(batch=2, max_len=12)
+    steps = [model(idx[:, :3], input_pos=torch.arange(3))]
+    steps += [model(idx[:, t : t + 1], input_pos=torch.tensor([t])) for t in range(3, 10)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-10)
+
+
+def test_attnres_needs_pre_ln():
+    with pytest.raises(ValueError, match="defined for norm='pre' only"):
+        ModelConfig(residual="attnres-full", norm="post")
