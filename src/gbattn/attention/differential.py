@@ -65,7 +65,11 @@ class DifferentialAttention(StandardAttention):
         v = self.split_heads(proj[..., 2 * d :], self.n_heads // 2)  # (B, H/2, S, 2E)
         k, v = self.cached_kv(0, pos_T, k, v)
         lam = self.lambda_full()
-        # Every query half of head h uses head h's 2E-wide values.
+        # Every query half of head h uses head h's 2E-wide values. SDPA's fused CPU/GPU kernels
+        # need one head width for q, k and v: zero-padding q and k to 2E leaves the scores
+        # (and the explicit 1/sqrt(E) scale) unchanged, and keeps the T x S matrix unmaterialised.
+        if not naive:
+            q, k = F.pad(q, (0, self.d_head)), F.pad(k, (0, self.d_head))
         o_BHTF, probs = self.attend(q, k, v.repeat_interleave(2, dim=1), mask, naive)
         o_BGTF = o_BHTF[:, 0::2] - lam * o_BHTF[:, 1::2]  # (B, H/2, T, 2E)
         o_BGTF = self.subln(o_BGTF) * (1.0 - self.lambda_init)

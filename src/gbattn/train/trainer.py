@@ -409,7 +409,10 @@ class Trainer:
                     self._save()
                     self._log({"event": "interrupted", "step": self.step})
                     self.bar.close()
-                    raise TrainingInterrupted(f"interrupted at step {self.step}; checkpoint saved in {self.run_dir}, continue with --resume")
+                    raise TrainingInterrupted(
+                        f"interrupted at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
+                        f"`gbattn train --resume --out {self.run_dir}` (or rerun the same `gbattn compare` command)"
+                    )
         self.bar.close()
         return self._finish()
 

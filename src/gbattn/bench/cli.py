@@ -1,0 +1,36 @@
+"""``gbattn bench``."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    from gbattn.bench.speed import DEFAULT_VARIANTS
+
+    p = sub.add_parser("bench", help="speed, memory and FLOPs of each variant next to standard (one interleaved run)")
+    p.add_argument("--preset", default="paper-small")
+    p.add_argument("--attn", nargs="+", default=None, metavar="VARIANT",
+                   help=f"variants, name or name:key=value,... (default: {' '.join(DEFAULT_VARIANTS)})")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--batch", type=int, default=None, help="rows per training step (default 8 on CPU, 32 on CUDA)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per row (default block_size - 1)")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (median reported)")
+    p.add_argument("--steps", type=int, default=3, help="training steps per timing round")
+    p.add_argument("--decode", type=int, default=64, help="cached decode steps after the prefill")
+    p.add_argument("--sweep", type=int, nargs="*", default=None, metavar="T",
+                   help="sequence lengths for the sweep (e.g. 256 512 1024 2048 4096); none by default")
+    p.add_argument("--sweep-attn", nargs="+", default=None, metavar="VARIANT", help="default: standard boosted")
+    p.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")
+    p.add_argument("--compile", action="store_true", help="torch.compile the training step (CUDA)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default=None, help="write bench.json and bench.md here")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args) -> None:
+    from gbattn.bench.speed import bench_markdown, run_bench
+
+    report = run_bench(args.preset, args.attn, args.device, args.batch, args.seq_len, args.repeats, args.steps,
+                       None, args.decode, args.sweep, args.sweep_attn, not args.no_amp, args.compile, args.threads,
+                       args.out, args.quiet)
+    print(bench_markdown(report))

@@ -1,0 +1,313 @@
+"""``gbattn bench``: what each attention variant costs next to standard, measured in one run.
+
+Timings are interleaved (variant A, B, C, A, B, C, ...) and summarised by the median, because
+machines are noisy; CUDA timings synchronise and warm up first. Reported per variant: training
+step time and tokens/s, peak memory of a training step, forward FLOPs per token
+(``torch.utils.flop_counter``), prefill time and cached decode tokens/s, and the ratios to
+standard, including (step-time ratio) / (training-FLOP ratio): 1.0 means the variant costs
+exactly its extra arithmetic. Plus a sequence-length sweep of time and peak memory.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gbattn.config import ModelConfig, parse_value, preset_config
+from gbattn.errors import UserError
+from gbattn.model.gpt import GPT
+from gbattn.model.params import flops_per_token
+from gbattn.progress import Progress
+
+DEFAULT_VARIANTS = ["standard", "boosted", "boosted:kv_source=shared", "twicing", "gated", "differential"]
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``name`` or ``name:key=value,key=value`` -> (name, options)."""
+    name, _, rest = spec.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        if "=" not in item:
+            raise UserError(f"--attn {spec!r}: options are key=value, e.g. boosted:rounds=3,kv_source=shared")
+        key, value = item.split("=", 1)
+        options[key] = parse_value(value)
+    return name, options
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Case:
+    label: str
+    cfg: ModelConfig
+    model: GPT = None
+    optimizer: torch.optim.Optimizer = None
+    step_times: list = field(default_factory=list)
+    prefill_times: list = field(default_factory=list)
+    decode_times: list = field(default_factory=list)
+
+
+def train_step(case: Case, x, y, autocast) -> None:
+    with autocast():
+        loss = case.model(x, y)
+    loss.backward()
+    case.optimizer.step()
+    case.optimizer.zero_grad(set_to_none=True)
+
+
+@torch.no_grad()
+def prefill_and_decode(model: GPT, prompt, n_decode: int, device, autocast) -> tuple[float, float]:
+    """Seconds for one prefill of ``prompt`` and for ``n_decode`` single-token cached steps."""
+    model.eval()
+    T = prompt.shape[1]
+    model.setup_cache(prompt.shape[0], max_len=T + n_decode)
+    sync(device)
+    t0 = time.perf_counter()
+    with autocast():
+        logits = model(prompt, input_pos=torch.arange(T, device=device))
+    sync(device)
+    t1 = time.perf_counter()
+    nxt = logits[:, -1:].argmax(-1)
+    for i in range(n_decode):
+        with autocast():
+            logits = model(nxt, input_pos=torch.tensor([T + i], device=device))
+        nxt = logits[:, -1:].argmax(-1)
+    sync(device)
+    t2 = time.perf_counter()
+    model.clear_cache()
+    model.train()
+    return t1 - t0, t2 - t1
+
+
+def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, amp: bool) -> float:
+    """Peak memory (bytes) of a steady-state training step: parameters, gradients, AdamW state
+    and activations. CUDA: ``max_memory_allocated``. CPU: the peak resident-set growth of a
+    fresh subprocess (the CPU allocator keeps no statistics)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        _run_steps(cfg, batch, seq_len, device, amp, steps=2)
+        return torch.cuda.max_memory_allocated(device) - base
+    payload = json.dumps({"cfg": cfg.to_dict(), "batch": batch, "seq_len": seq_len})
+    proc = subprocess.run([sys.executable, "-m", "gbattn.bench.speed", payload], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory probe failed: {proc.stderr[-500:]}")
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def _run_steps(cfg, batch, seq_len, device, amp, steps):
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device)
+    case = Case("probe", cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    x = torch.randint(0, cfg.vocab_size, (batch, seq_len), device=device)
+    autocast = _autocast(device, amp)
+    for _ in range(steps):
+        train_step(case, x, x, autocast)
+    sync(device)
+    del case, model
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _memory_probe_main(payload: str) -> None:
+    import resource
+
+    d = json.loads(payload)
+    cfg = ModelConfig.from_dict(d["cfg"])
+    base = _rss_bytes()
+    _run_steps(cfg, d["batch"], d["seq_len"], torch.device("cpu"), False, steps=2)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(max(0, peak - base))
+
+
+def _autocast(device: torch.device, amp: bool):
+    import contextlib
+
+    if amp and device.type == "cuda":
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def run_bench(preset: str, variants: list[str] | None = None, device: str = "auto", batch: int | None = None,
+              seq_len: int | None = None, repeats: int = 5, steps: int = 3, prefill: int | None = None,
+              decode: int = 64, sweep: list[int] | None = None, sweep_variants: list[str] | None = None,
+              amp: bool = True, compile: bool = False, threads: int | None = None, out: str | None = None,
+              quiet: bool = False) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but CUDA is not available here")
+    variants = list(variants or DEFAULT_VARIANTS)
+    if variants[0] != "standard":  # every ratio is against standard
+        variants = ["standard"] + [v for v in variants if v != "standard"]
+    base_cfg = preset_config(preset, "standard")
+    seq_len = seq_len or base_cfg.block_size - 1
+    batch = batch or (32 if dev.type == "cuda" else 8)
+    prefill = prefill or min(128, base_cfg.block_size - decode)
+    autocast = _autocast(dev, amp)
+    torch.backends.cuda.matmul.allow_tf32 = True
+
+    cases = []
+    for spec in variants:
+        name, options = parse_variant(spec)
+        cfg = preset_config(preset, name, {f"attn.{k}": v for k, v in options.items()})
+        torch.manual_seed(0)
+        model = GPT(cfg).to(dev)
+        step_model = torch.compile(model) if compile else model
+        case = Case(spec, cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda"))
+        case.step_model = step_model
+        cases.append(case)
+
+    x = torch.randint(0, base_cfg.vocab_size, (batch, seq_len), device=dev)
+    prompt = torch.randint(0, base_cfg.vocab_size, (1, prefill), device=dev)
+    total = len(cases) * (repeats + 1)
+    bar = Progress(total, desc=f"bench {preset} on {dev.type}", unit="round", disable=quiet, interval=15)
+    for rep in range(repeats + 1):  # round 0 is the warm-up
+        for case in cases:
+            runner = Case(case.label, case.cfg, case.step_model, case.optimizer)
+            sync(dev)
+            t0 = time.perf_counter()
+            for _ in range(steps if rep else 2):
+                train_step(runner, x, x, autocast)
+            sync(dev)
+            if rep:
+                case.step_times.append((time.perf_counter() - t0) / steps)
+            p, d = prefill_and_decode(case.model, prompt, decode, dev, autocast)
+            if rep:
+                case.prefill_times.append(p)
+                case.decode_times.append(d)
+            bar.update(1)
+    bar.close()
+
+    rows = []
+    for case in cases:
+        step = statistics.median(case.step_times)
+        rows.append({
+            "variant": case.label,
+            "parameters": case.model.num_params(),
+            "step_s": step,
+            "step_s_all": case.step_times,
+            "tokens_per_s": batch * seq_len / step,
+            "peak_memory_bytes": peak_memory_train_step(case.cfg, batch, seq_len, dev, amp),
+            "forward_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len),
+            "train_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len, backward=True),
+            "prefill_s": statistics.median(case.prefill_times),
+            "decode_tokens_per_s": decode / statistics.median(case.decode_times),
+        })
+    base = rows[0]
+    for r in rows:
+        r["step_ratio"] = r["step_s"] / base["step_s"]
+        r["flop_ratio"] = r["train_flops_per_token"] / base["train_flops_per_token"]
+        r["step_over_flop_ratio"] = r["step_ratio"] / r["flop_ratio"]
+        r["memory_ratio"] = r["peak_memory_bytes"] / base["peak_memory_bytes"] if base["peak_memory_bytes"] else None
+        r["decode_ratio"] = base["decode_tokens_per_s"] / r["decode_tokens_per_s"]
+    for case in cases:
+        case.model = case.step_model = case.optimizer = None
+
+    sweep_rows = _sweep(preset, sweep or [], sweep_variants or ["standard", "boosted"], dev, amp, quiet)
+    report = {
+        "preset": preset, "device": _device_name(dev), "batch": batch, "seq_len": seq_len, "repeats": repeats,
+        "steps_per_repeat": steps, "prefill_tokens": prefill, "decode_tokens": decode, "amp_bf16": amp and dev.type == "cuda",
+        "compile": compile, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "command": "gbattn " + " ".join(sys.argv[1:]), "variants": rows, "sweep": sweep_rows,
+    }
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "bench.json").write_text(json.dumps(report, indent=1))
+        (Path(out) / "bench.md").write_text(bench_markdown(report))
+    return report
+
+
+def _sweep(preset, lengths, variants, dev, amp, quiet) -> list[dict]:
+    """Forward + backward time and peak memory against sequence length (batch 1)."""
+    rows = []
+    if not lengths:
+        return rows
+    autocast = _autocast(dev, amp)
+    bar = Progress(len(lengths) * len(variants), desc="sequence-length sweep", unit="case", disable=quiet, interval=15)
+    for T in lengths:
+        for spec in variants:
+            name, options = parse_variant(spec)
+            cfg = preset_config(preset, name, {f"attn.{k}": v for k, v in options.items()}).replace(block_size=T)
+            torch.manual_seed(0)
+            model = GPT(cfg).to(dev)
+            case = Case(spec, cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+            x = torch.randint(0, cfg.vocab_size, (1, T), device=dev)
+            train_step(case, x, x, autocast)  # warm-up
+            times = []
+            for _ in range(3):
+                sync(dev)
+                t0 = time.perf_counter()
+                train_step(case, x, x, autocast)
+                sync(dev)
+                times.append(time.perf_counter() - t0)
+            del case, model
+            rows.append({"seq_len": T, "variant": spec, "step_s": statistics.median(times),
+                         "peak_memory_bytes": peak_memory_train_step(cfg, 1, T, dev, amp),
+                         "attention_matrix_bytes_per_head": 4 * T * T})
+            bar.update(1)
+    bar.close()
+    return rows
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"CPU, {torch.get_num_threads()} threads ({platform.machine()})"
+
+
+def bench_markdown(report: dict) -> str:
+    mib = 1 << 20
+    lines = [
+        f"# gbattn bench: {report['preset']} on {report['device']}",
+        "",
+        f"Command: `{report['command']}` · torch {report['torch']} · batch {report['batch']} x {report['seq_len']} tokens · "
+        f"median of {report['repeats']} interleaved repeats of {report['steps_per_repeat']} steps"
+        f"{' · bf16 autocast' if report['amp_bf16'] else ''}{' · torch.compile' if report['compile'] else ''}",
+        "",
+        "| variant | parameters | step (ms) | tokens/s | peak memory (MiB) | fwd MFLOP/token | step ratio | FLOP ratio | "
+        "step / FLOP ratio | memory ratio | prefill (ms) | decode tokens/s | decode cost ratio |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in report["variants"]:
+        mem_ratio = f"{r['memory_ratio']:.2f}" if r["memory_ratio"] else "—"
+        lines.append(
+            f"| {r['variant']} | {r['parameters']:,} | {1000 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
+            f"{r['peak_memory_bytes'] / mib:,.0f} | {r['forward_flops_per_token'] / 1e6:.2f} | {r['step_ratio']:.3f} | "
+            f"{r['flop_ratio']:.3f} | {r['step_over_flop_ratio']:.3f} | {mem_ratio} | {1000 * r['prefill_s']:.1f} | "
+            f"{r['decode_tokens_per_s']:,.0f} | {r['decode_ratio']:.2f} |"
+        )
+    lines += ["", "FLOP ratio: training (forward + backward) FLOPs per token from torch.utils.flop_counter. "
+              "Step / FLOP ratio 1.00 = the variant costs exactly its extra arithmetic. Decode cost ratio: "
+              "time per decoded token relative to standard (prefill of "
+              f"{report['prefill_tokens']} tokens, then {report['decode_tokens']} cached steps, batch 1)."]
+    if report["sweep"]:
+        lines += ["", "## Sequence-length sweep (batch 1, one training step)", "",
+                  "| T | variant | step (ms) | peak memory (MiB) | one T x T fp32 matrix (MiB) |",
+                  "| ---: | --- | ---: | ---: | ---: |"]
+        for r in report["sweep"]:
+            lines.append(f"| {r['seq_len']:,} | {r['variant']} | {1000 * r['step_s']:.1f} | "
+                         f"{r['peak_memory_bytes'] / mib:,.0f} | {r['attention_matrix_bytes_per_head'] / mib:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # the CPU memory probe runs in a fresh process
+    _memory_probe_main(sys.argv[1])
