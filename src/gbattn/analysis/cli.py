@@ -1,0 +1,346 @@
+"""``gbattn analyze`` (statistics and figures of a trained run's attention, SPEC.md section 1,
+"Analysis reported on the trained GBA model") and ``gbattn plot`` (the results chart and the
+training curves of a comparison directory)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+
+def register(sub) -> None:
+    p = sub.add_parser("analyze", help="gates, attention entropy per round, norms (and per-token gains with --against) "
+                                       "of a trained run; summary.json + PNG figures")
+    p.add_argument("run_dir", help="a trained run directory (GBA for gates and corrections; any run for entropy)")
+    p.add_argument("--against", metavar="STANDARD_RUN_DIR",
+                   help="a run with the same tokenizer and seq_len: per-token loss difference and example figure")
+    p.add_argument("--split", default="test", choices=["valid", "test"], help="held-out split (default test)")
+    p.add_argument("--out", default=None, help="output directory (default RUN_DIR/analysis)")
+    p.add_argument("--max-rows", type=int, default=64, help="held-out rows to analyse, evenly spaced (default 64)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--layer", type=int, default=-1, help="layer of the example figure (default -1: the last)")
+    p.add_argument("--top", type=int, default=20, help="tokens with the largest gain listed in summary.json")
+    p.add_argument("--examples", type=int, default=3, help="positions drawn in examples.png")
+    p.add_argument("--checkpoint", default="best", choices=["best", "last"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--pdf", action="store_true", help="also write every figure as PDF")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("plot", help="results chart and training curves of a `gbattn compare` directory")
+    p.add_argument("compare_dir")
+    p.add_argument("--out", default=None, help="output directory (default COMPARE_DIR/figures)")
+    p.add_argument("--pdf", action="store_true", help="also write PDFs")
+    p.set_defaults(func=cmd_plot)
+
+
+# --------------------------------------------------------------------------------------
+# analyze
+# --------------------------------------------------------------------------------------
+
+
+def select_rows(n_rows: int, max_rows: int) -> np.ndarray:
+    """``max_rows`` row indices spread evenly over the split (all rows if fewer)."""
+    return np.unique(np.linspace(0, n_rows - 1, min(max_rows, n_rows)).round().astype(np.int64))
+
+
+def _describe(run) -> str:
+    opts = ", ".join(f"{k}={v}" for k, v in run.model_cfg.attn_options.items())
+    return run.model_cfg.attn + (f" ({opts})" if opts else "")
+
+
+def _short_name(run) -> str:
+    label = run.config.get("extra", {}).get("label")
+    if label:
+        return label
+    cfg = run.model_cfg
+    if cfg.attn == "boosted":
+        return f"GBA M={cfg.attn_options.get('rounds', 2)}"
+    return cfg.attn
+
+
+def _check_against(run, other, run_dir, against_dir) -> list[str]:
+    from gbattn.errors import UserError
+
+    if run.tokenizer.fingerprint != other.tokenizer.fingerprint:
+        raise UserError(f"--against {against_dir}: its tokenizer ({other.tokenizer.fingerprint}) differs from "
+                        f"{run_dir}'s ({run.tokenizer.fingerprint}); compare runs trained with the same tokenizer")
+    if run.seq_len != other.seq_len:
+        raise UserError(f"--against {against_dir}: seq_len {other.seq_len} differs from {run_dir}'s {run.seq_len}; "
+                        f"compare runs with the same sequence length")
+    notes = []
+    mine, theirs = run.config.get("data", {}).get("fingerprint"), other.config.get("data", {}).get("fingerprint")
+    if mine and theirs and mine != theirs:
+        notes.append(f"{against_dir} was trained on another corpus; both models are evaluated on {run_dir}'s rows")
+    return notes
+
+
+def _context_text(tokenizer, ids: list[int], keep: int = 24) -> str:
+    return tokenizer.decode(ids[-keep:])
+
+
+def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: int = 64, batch_size: int = 8,
+                layer: int = -1, top: int = 20, examples: int = 3, checkpoint: str = "best", device: str = "auto",
+                pdf: bool = False, quiet: bool = False) -> dict:
+    """Analyse ``run_dir`` and write ``summary.json`` and the figures into ``out``
+    (default ``run_dir/analysis``); returns the summary."""
+    from gbattn.analysis import figures, stats
+    from gbattn.errors import UserError
+    from gbattn.eval.load import load_run
+    from gbattn.progress import Progress
+    from gbattn.train import checkpoint as ckpt
+    from gbattn.train.trainer import prepare_data, resolve_device
+
+    figures.require_matplotlib()  # fail before the slow part
+    if max_rows < 1 or batch_size < 1:
+        raise UserError(f"--max-rows ({max_rows}) and --batch-size ({batch_size}) must be >= 1")
+    run_dir = Path(run_dir)
+    out = Path(out) if out else run_dir / "analysis"
+    dev = resolve_device(device)
+    run = load_run(run_dir, checkpoint, dev)
+    L = run.model_cfg.n_layers
+    if not -L <= layer < L:
+        raise UserError(f"--layer {layer}: the model has {L} layers (use 0..{L - 1}, or -1 for the last)")
+    layer = layer % L
+    notes = []
+    other = None
+    if against:
+        other = load_run(against, checkpoint, dev)
+        notes += _check_against(run, other, run_dir, against)
+
+    data = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
+    tokens = data.splits[split]
+    n_rows = len(tokens) // (run.seq_len + 1)
+    if n_rows == 0:
+        raise UserError(f"the {split} split of {run_dir} has {len(tokens):,} tokens: "
+                        f"fewer than one row of {run.seq_len + 1}")
+    row_ids = select_rows(n_rows, max_rows)
+
+    bar = Progress(len(row_ids), desc=f"analyze {run_dir.name}", unit="row", disable=quiet)
+    collected = stats.collect(run.model, tokens, run.seq_len, row_ids, batch_size, dev,
+                              against=other.model if other else None, progress=bar)
+    bar.close()
+    st = collected.stats
+    mean_loss = float(collected.loss_NT.mean())
+    summary = {
+        "run_dir": str(run_dir),
+        "attention": _describe(run),
+        "checkpoint": checkpoint,
+        "step": run.step,
+        "split": split,
+        "rows": len(row_ids),
+        "row_ids": row_ids.tolist(),
+        "seq_len": run.seq_len,
+        "tokens": int(collected.loss_NT.size),
+        "n_layers": L,
+        "n_heads": run.model_cfg.n_heads,
+        "d_model": run.model_cfg.d_model,
+        "rounds": st.rounds,
+        "loss": {"mean_nats": mean_loss, "ppl": math.exp(mean_loss) if mean_loss < 50 else float("inf")},
+        "paper": stats.PAPER,
+    }
+    no_boost = (f"{_describe(run)} attention has no boosting rounds: gates and corrections do not exist "
+                f"(GBA runs only); only round-0 entropy is reported")
+    gates = st.gate_summary()
+    if gates is None:
+        notes.append(no_boost)
+        summary["gates"] = {"available": False, "reason": no_boost}
+    else:
+        summary["gates"] = {"available": True, **gates, "paper_mean_per_layer": stats.PAPER["gate_mean_per_layer"],
+                            "paper_mean_per_layer_revised": stats.PAPER["gate_mean_per_layer_revised"]}
+    entropy = st.entropy_summary()
+    entropy["paper"] = {k: stats.PAPER[k] for k in ("entropy_round0_nats", "entropy_correction_nats",
+                                                    "entropy_relative_drop", "entropy_note")}
+    entropy["paper"]["seq_len"] = 256
+    summary["entropy"] = entropy
+    norms = st.norm_summary()
+    summary["norms"] = {"available": False, "reason": no_boost} if norms is None else {"available": True, **norms}
+
+    written: list[Path] = []
+    title = f"{_short_name(run)} ({run_dir.name}, {split}, {len(row_ids)} rows × {run.seq_len} tokens)"
+    if gates is not None:
+        written += figures.save(figures.gates_figure(gates, stats.PAPER, f"GBA gates g_m — {title}"), out, "gates", pdf)
+    written += figures.save(figures.entropy_figure(entropy, stats.PAPER if st.boosted else None,
+                                                   f"Attention entropy per round — {title}"), out, "entropy", pdf)
+    if norms is not None:
+        fig = figures.norms_figure(norms, f"Residual and gated-correction norms — {title}")
+        written += figures.save(fig, out, "norms", pdf)
+
+    if other is not None:
+        summary["loss_diff"], more = _loss_difference(run, other, collected, tokens, row_ids, layer, top, examples,
+                                                      dev, out, pdf)
+        written += more
+    summary["notes"] = notes
+    summary["figures"] = [str(p) for p in written]
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt.atomic_json(_finite(summary), out / "summary.json")
+    print_summary(summary, out / "summary.json")
+    return summary
+
+
+def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examples, dev, out, pdf):
+    """Per-token loss difference (other − this run), its top tokens and the example figure."""
+    from gbattn.analysis import figures, stats
+    from gbattn.data.tokens import rows_batch
+
+    diff_NT = collected.against_loss_NT - collected.loss_NT
+    flat = diff_NT.ravel()
+    this_name, other_name = _short_name(run), _short_name(other)
+    if this_name == other_name:
+        other_name += " (against)"
+    counts, edges = np.histogram(flat, bins=60)
+    tok = run.tokenizer
+    top_list = []
+    for r, t in stats.top_gains(diff_NT, top):
+        x, y = rows_batch(tokens, run.seq_len, row_ids[r : r + 1])
+        ids = x[0, : t + 1].tolist()
+        top_list.append({"row": int(row_ids[r]), "position": t, "token": tok.decode([int(y[0, t])]),
+                         "context": _context_text(tok, ids), "loss": float(collected.loss_NT[r, t]),
+                         "against_loss": float(collected.against_loss_NT[r, t]), "diff": float(diff_NT[r, t])})
+    min_position = min(8, run.seq_len // 4)
+    picks = stats.top_gains(diff_NT, n_examples, min_position=min_position, one_per_row=True)
+    found = stats.attention_examples(run.model, tokens, run.seq_len, row_ids, picks, layer, dev)
+    drawn = []
+    for (r, t), ex in zip(picks, found):
+        drawn.append({**ex, "tokens": [tok.decode([i]) for i in ex["input_ids"]], "target": tok.decode([ex["target_id"]]),
+                      "loss": float(collected.loss_NT[r, t]), "against_loss": float(collected.against_loss_NT[r, t])})
+    written = figures.save(figures.loss_diff_figure(diff_NT, this_name, other_name), out, "loss_diff", pdf)
+    written += figures.save(figures.examples_figure(drawn, layer, title=f"Where {this_name} gains most over {other_name}: "
+                                                                         f"layer {layer} attention, head-averaged"),
+                            out, "examples", pdf)
+    against_loss = float(collected.against_loss_NT.mean())
+    summary = {
+        "against": str(other.run_dir),
+        "against_attention": _describe(other),
+        "definition": "per token: loss of the --against run − loss of this run, nats; positive = this run better",
+        "mean": float(flat.mean()),
+        "median": float(np.median(flat)),
+        "std": float(flat.std()),
+        "fraction_positive": float((flat > 0).mean()),
+        "loss": float(collected.loss_NT.mean()),
+        "against_loss": against_loss,
+        "against_ppl": math.exp(against_loss) if against_loss < 50 else float("inf"),
+        "histogram": {"edges": edges.tolist(), "counts": counts.tolist()},
+        "mean_by_position": diff_NT.mean(0).tolist(),
+        "top_tokens": top_list,
+        "examples": {"layer": layer, "min_position": min_position,
+                     "positions": [{"row": ex["row"], "position": ex["position"], "target": ex["target"],
+                                    "attention_per_round": ex["attention"].tolist()} for ex in drawn]},
+    }
+    return summary, written
+
+
+def _finite(obj):
+    """JSON-safe: NaN and infinities become None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _join(values, fmt="{:.2f}", sep=" / ") -> str:
+    return sep.join(fmt.format(v) for v in values)
+
+
+def print_summary(summary: dict, summary_path: Path) -> None:
+    """A few lines: ours beside the paper's numbers, and the files written."""
+    paper = summary["paper"]
+    print(f"analyzed {summary['run_dir']} ({summary['attention']}, {summary['checkpoint']} checkpoint at step "
+          f"{summary['step']}) on {summary['rows']} {summary['split']} rows x {summary['seq_len']} tokens: "
+          f"loss {summary['loss']['mean_nats']:.4f} nats, ppl {summary['loss']['ppl']:.2f}")
+    g = summary["gates"]
+    if g["available"]:
+        per = [f"{r['mean']:.2f}±{r['std']:.2f}" for r in g["per_layer"]]
+        print(f"  gates, mean±std per layer:   {' / '.join(per)}    paper: {_join(paper['gate_mean_per_layer'])} "
+              f"(revision {_join(paper['gate_mean_per_layer_revised'])})")
+    else:
+        print(f"  gates: {g['reason']}")
+    e = summary["entropy"]
+    means = e["mean_per_round"]
+    line = "  entropy, nats (bound log(t+1), max {:.2f}): ".format(e["max_possible"])
+    line += " -> ".join(f"round {m} {v:.2f}" for m, v in enumerate(means))
+    if e.get("relative_drop") is not None:
+        per_layer = ", ".join(f"L{r['layer']} {-100 * r['relative_drop']:+.0f}%" for r in e["per_layer"])
+        line += (f" ({100 * e['relative_drop']:.0f}% lower; change per layer {per_layer})    "
+                 f"paper: {paper['entropy_round0_nats']:.2f} -> {paper['entropy_correction_nats']:.2f} "
+                 f"({100 * paper['entropy_relative_drop']:.0f}% lower, layer 0 the exception, T=256)")
+    print(line)
+    n = summary["norms"]
+    if n["available"]:
+        print("  norms per layer, |r| -> |g*c| -> |x-F after|: " + " / ".join(
+            f"{r['residual']:.2f}->{r['gated_correction']:.2f}->{r['residual_after']:.2f}" for r in n["per_layer"]))
+    d = summary.get("loss_diff")
+    if d:
+        best = d["top_tokens"][0] if d["top_tokens"] else None
+        print(f"  vs {d['against']} ({d['against_attention']}): loss {d['against_loss']:.4f} -> {d['loss']:.4f} nats; "
+              f"per-token gain mean {d['mean']:+.4f}, median {d['median']:+.4f}, this run better on "
+              f"{100 * d['fraction_positive']:.0f}% of tokens"
+              + (f"; largest gain {best['diff']:+.2f} on {best['token']!r}" if best else ""))
+    for note in summary.get("notes", []):
+        if not note.startswith(summary["attention"]):
+            print(f"  note: {note}")
+    print("  figures: " + ", ".join(summary["figures"]))
+    print(f"  summary: {summary_path}")
+
+
+def cmd_analyze(args) -> None:
+    analyze_run(args.run_dir, against=args.against, split=args.split, out=args.out, max_rows=args.max_rows,
+                batch_size=args.batch_size, layer=args.layer, top=args.top, examples=args.examples,
+                checkpoint=args.checkpoint, device=args.device, pdf=args.pdf, quiet=args.quiet)
+
+
+# --------------------------------------------------------------------------------------
+# plot
+# --------------------------------------------------------------------------------------
+
+
+def read_curves(compare_dir: Path, report: dict) -> dict:
+    """label -> seed -> {"train": [(tokens, loss)], "valid": [(tokens, ppl)]} from every
+    ``<label>/seed<S>/metrics.jsonl`` (finished runs in results.json order, then unfinished ones)."""
+    from gbattn.train import checkpoint as ckpt
+
+    labels = [r["label"] for r in report.get("models", [])]
+    found = sorted(compare_dir.glob("*/seed*/" + ckpt.METRICS))
+    for path in found:
+        if path.parent.parent.name not in labels:
+            labels.append(path.parent.parent.name)
+    curves: dict = {}
+    for label in labels:
+        for path in sorted((compare_dir / label).glob("seed*/" + ckpt.METRICS)):
+            seed = path.parent.name[len("seed"):]
+            events = ckpt.read_jsonl(path)
+            train = [(e["tokens"], e["loss"]) for e in events if e.get("event") == "train" and "loss" in e]
+            valid = [(e["tokens"], e["valid_ppl"]) for e in events
+                     if e.get("event") == "eval" and e.get("valid_ppl") is not None]
+            if train or valid:
+                curves.setdefault(label, {})[seed] = {"train": train, "valid": valid}
+    return curves
+
+
+def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
+    """results.png and curves.png of a comparison directory, from results.json and each run's
+    metrics.jsonl only (no model is loaded)."""
+    from gbattn.analysis import figures
+    from gbattn.errors import UserError
+    from gbattn.train import checkpoint as ckpt
+
+    figures.require_matplotlib()
+    compare_dir = Path(compare_dir)
+    if not (compare_dir / "results.json").is_file():
+        raise UserError(f"{compare_dir / 'results.json'} not found: is {compare_dir} a `gbattn compare` directory?")
+    report = ckpt.read_json(compare_dir / "results.json")
+    out = Path(out) if out else compare_dir / "figures"
+    curves = read_curves(compare_dir, report)
+    written = figures.save(figures.results_figure(report), out, "results", pdf)
+    written += figures.save(figures.curves_figure(curves), out, "curves", pdf)
+    return written
+
+
+def cmd_plot(args) -> None:
+    written = plot_compare(args.compare_dir, args.out, args.pdf)
+    print("figures: " + ", ".join(str(p) for p in written))

@@ -1,0 +1,416 @@
+"""Figures of the analysis (SPEC.md section 1, "Analysis reported on the trained GBA model")
+and of a comparison directory, drawn with matplotlib's Agg canvas (no display, no pyplot
+global state). Every function takes plain numbers (the JSON summary, numpy arrays) and
+returns a :class:`matplotlib.figure.Figure`; :func:`save` writes it as PNG (and PDF).
+
+Figures are sized for a README (about 1000 px wide, shown at ~800 px): titles, axis labels
+with units, legends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+
+import numpy as np
+
+from gbattn.errors import UserError
+
+DPI = 100
+STYLE = {
+    "font.size": 12,
+    "axes.titlesize": 13,
+    "axes.labelsize": 12,
+    "legend.fontsize": 10,
+    "xtick.labelsize": 10,
+    "ytick.labelsize": 10,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "text.parse_math": False,  # token strings may hold '$'
+}
+ROUND_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]  # round 0 blue, corrections red, ...
+
+
+def require_matplotlib():
+    """The matplotlib module, or a one-line UserError saying how to install it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("figures need matplotlib: pip install 'gbattn[plot]'") from None
+    return matplotlib
+
+
+def new_figure(figsize: tuple[float, float]):
+    """A Figure on the Agg canvas (PNG/PDF without a display)."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def style():
+    """A context manager applying :data:`STYLE` while a figure is drawn and saved."""
+    matplotlib = require_matplotlib()
+    known = {k: v for k, v in STYLE.items() if k in matplotlib.rcParams}
+    return matplotlib.rc_context(known)
+
+
+def save(fig, out_dir: Path, name: str, pdf: bool = False) -> list[Path]:
+    """Write ``out_dir/name.png`` (and ``.pdf``); returns the paths written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png"] + ([out_dir / f"{name}.pdf"] if pdf else [])
+    with style():
+        for path in paths:
+            fig.savefig(path, dpi=DPI)
+    return paths
+
+
+def round_name(m: int) -> str:
+    return "round 0 (attention)" if m == 0 else f"round {m} (correction)"
+
+
+def token_label(text: str) -> str:
+    """A token made visible on an axis: spaces and newlines drawn, long tokens cut."""
+    text = text.replace("\n", "↵").replace("\t", "⇥")
+    if text.strip() == "":
+        text = "␣" * max(1, len(text))
+    return text if len(text) <= 12 else text[:11] + "…"
+
+
+def _drawing(figsize):
+    """(figure, context manager) so that STYLE applies while axes are created."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(style())
+    return new_figure(figsize), stack
+
+
+# --------------------------------------------------------------------------------------
+# gbattn analyze
+# --------------------------------------------------------------------------------------
+
+
+def gates_figure(gates: dict, paper: dict, title: str = ""):
+    """Per-layer, per-dimension mean gate (heatmap) and each layer's mean ± std, with the
+    paper's per-layer means as markers."""
+    per_dim = np.asarray(gates["per_dimension"])  # (L, C, D)
+    L, C, D = per_dim.shape
+    fig, ctx = _drawing((11, 4.6))
+    with ctx:
+        heat_ax, bar_ax = fig.subplots(1, 2, width_ratios=[2.2, 1])
+        rows = per_dim.reshape(L * C, D)
+        image = heat_ax.imshow(rows, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        names = [f"layer {li}" + (f" g{c + 1}" if C > 1 else "") for li in range(L) for c in range(C)]
+        heat_ax.set_yticks(range(L * C), names)
+        heat_ax.set_xlabel("model dimension")
+        heat_ax.set_title("mean gate per dimension (held-out tokens)")
+        heat_ax.grid(False)
+        fig.colorbar(image, ax=heat_ax, label="gate value g (0 = drop correction, 1 = keep)")
+
+        width = 0.8 / C
+        for c in range(C):
+            layer_rows = [r for r in gates["per_layer"] if r["round"] == c + 1]
+            xs = np.arange(L) + (c - (C - 1) / 2) * width
+            bar_ax.bar(xs, [r["mean"] for r in layer_rows], width, yerr=[r["std"] for r in layer_rows], capsize=4,
+                       color=ROUND_COLORS[(c + 1) % len(ROUND_COLORS)], alpha=0.8,
+                       label="ours: mean ± std" + (f" (g{c + 1})" if C > 1 else ""))
+        paper_markers = (("gate_mean_per_layer", "D", "paper"), ("gate_mean_per_layer_revised", "x", "paper (revision)"))
+        for key, marker, label in paper_markers:
+            values = paper.get(key) or []
+            n = min(len(values), L)
+            if n:
+                bar_ax.plot(range(n), values[:n], marker, color="black", markersize=7, linestyle="none", label=label)
+        bar_ax.set_xticks(range(L), [str(i) for i in range(L)])
+        bar_ax.set_xlabel("layer")
+        bar_ax.set_ylabel("gate value")
+        bar_ax.set_ylim(0, 1)
+        bar_ax.set_title("gate per layer")
+        bar_ax.legend(loc="upper left")
+        fig.suptitle(title or "GBA gates g_m: shrinkage of the correction round")
+    return fig
+
+
+def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
+    """Distribution of per-query attention entropy per round, per-layer (and per-head) means,
+    and mean entropy by position against the bound log(t + 1)."""
+    edges = np.asarray(entropy["histogram"]["edges"])
+    counts = np.asarray(entropy["histogram"]["counts_per_round"])  # (M, K)
+    M = counts.shape[0]
+    layers = entropy["per_layer"]
+    L = len(layers)
+    fig, ctx = _drawing((11, 8.4))
+    with ctx:
+        grid = fig.add_gridspec(2, 2)
+        hist_ax, layer_ax, pos_ax = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
+        widths = np.diff(edges)
+        for m in range(M):
+            density = counts[m] / max(counts[m].sum(), 1) / widths
+            mean = entropy["mean_per_round"][m]
+            hist_ax.stairs(density, edges, color=ROUND_COLORS[m], fill=True, alpha=0.35)
+            hist_ax.stairs(density, edges, color=ROUND_COLORS[m], linewidth=1.5, label=f"{round_name(m)}: mean {mean:.2f}")
+            hist_ax.axvline(mean, color=ROUND_COLORS[m], linestyle="--", linewidth=1.2)
+        hist_ax.axvline(edges[-1], color="gray", linestyle=":", label=f"max log T = {edges[-1]:.2f}")
+        hist_ax.set_xlabel("attention entropy per query (nats)")
+        hist_ax.set_ylabel("density (per nat)")
+        hist_ax.set_title("distribution (all layers, heads, positions)")
+        hist_ax.legend(loc="upper left")
+
+        width = 0.8 / M
+        for m in range(M):
+            xs = np.arange(L) + (m - (M - 1) / 2) * width
+            layer_ax.bar(xs, [r["mean_per_round"][m] for r in layers], width, color=ROUND_COLORS[m], alpha=0.8,
+                         label=round_name(m))
+            for li, r in enumerate(layers):
+                heads = r["per_head"][m]
+                layer_ax.plot([xs[li]] * len(heads), heads, "o", color="black", markersize=3, alpha=0.6,
+                              label="per head" if (li == 0 and m == 0) else None)
+        if paper and M > 1:
+            layer_ax.axhline(paper["entropy_round0_nats"], color=ROUND_COLORS[0], linestyle=":", linewidth=1.5,
+                             label=f"paper round 0 ({paper['entropy_round0_nats']:.2f}, T=256)")
+            layer_ax.axhline(paper["entropy_correction_nats"], color=ROUND_COLORS[1], linestyle=":", linewidth=1.5,
+                             label=f"paper correction ({paper['entropy_correction_nats']:.2f}, T=256)")
+        for li, r in enumerate(layers):
+            if r.get("relative_drop") is not None:  # the correction's entropy change, inside the bars
+                layer_ax.annotate(f"{-100 * r['relative_drop']:+.0f}%", (li, 0), textcoords="offset points",
+                                  xytext=(0, 6), ha="center", fontsize=10,
+                                  bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85, "linewidth": 0})
+        tops = [max(max(h) for h in r["per_head"]) for r in layers]
+        if paper and M > 1:
+            tops.append(paper["entropy_round0_nats"])
+        layer_ax.set_ylim(0, 1.1 * max(tops + [1e-3]))
+        layer_ax.set_xticks(range(L), [str(i) for i in range(L)])
+        layer_ax.set_xlabel("layer")
+        layer_ax.set_ylabel("mean entropy (nats)")
+        drop = entropy.get("relative_drop")
+        layer_ax.set_title("per layer" + (f" (correction {100 * drop:.0f}% lower overall; change per layer in boxes)"
+                                          if drop is not None else ""), fontsize=11)
+        layer_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=9)
+
+        profile = np.asarray(entropy["per_position_mean"])  # (M, T)
+        positions = np.arange(profile.shape[1])
+        for m in range(M):
+            pos_ax.plot(positions, profile[m], color=ROUND_COLORS[m], linewidth=1.8, label=round_name(m))
+        pos_ax.plot(positions, np.log(positions + 1), color="gray", linestyle=":", linewidth=1.5,
+                    label="bound log(t+1) (uniform attention)")
+        pos_ax.set_xlabel("query position t (tokens)")
+        pos_ax.set_ylabel("mean entropy (nats)")
+        pos_ax.set_title("by position: a causal row at t can reach at most log(t+1) nats")
+        pos_ax.legend(loc="upper left")
+        fig.suptitle(title or "Attention entropy per round")
+    return fig
+
+
+NORM_KEYS = [
+    ("x", "x (sublayer input)"),
+    ("round0_output", "F_0 (round 0)"),
+    ("residual", "r = x − F before the correction"),
+    ("correction", "c (correction)"),
+    ("gated_correction", "g ⊙ c (gated correction)"),
+    ("residual_after", "x − F after the correction"),
+]
+
+
+def norms_figure(norms: dict, title: str = ""):
+    """Mean per-token L2 norms per layer: input, round-0 output, residual x − F, correction,
+    gated correction and what is left after it."""
+    rows = norms["per_layer"]
+    rounds = sorted({r["round"] for r in rows})
+    fig, ctx = _drawing((11, 4.8))
+    with ctx:
+        ax = fig.subplots()
+        groups = [(r["layer"], r["round"]) for r in rows]
+        width = 0.8 / len(NORM_KEYS)
+        colors = ["#7f7f7f", "#1f77b4", "#ff7f0e", "#9467bd", "#d62728", "#2ca02c"]
+        for k, (key, label) in enumerate(NORM_KEYS):
+            xs = np.arange(len(groups)) + (k - (len(NORM_KEYS) - 1) / 2) * width
+            ax.bar(xs, [r[key] for r in rows], width, color=colors[k], label=label)
+        for i, r in enumerate(rows):
+            ax.annotate(f"|gc|/|r| = {r['gated_over_residual']:.2f}", (i, max(r[k] for k, _ in NORM_KEYS)),
+                        textcoords="offset points", xytext=(0, 4), ha="center", fontsize=9)
+        names = [f"layer {li}" + (f", round {m}" if len(rounds) > 1 else "") for li, m in groups]
+        ax.set_xticks(range(len(groups)), names)
+        ax.set_ylabel("mean L2 norm per token (model units)")
+        ax.set_title(title or "Residual and gated correction norms per layer")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.margins(y=0.12)
+    return fig
+
+
+def loss_diff_figure(diff_NT: np.ndarray, this_name: str, against_name: str, title: str = ""):
+    """Distribution of the per-token loss difference (against − this run; positive = this
+    run better) and its mean by position."""
+    diff = np.asarray(diff_NT, dtype=np.float64)
+    flat = diff.ravel()
+    fig, ctx = _drawing((11, 4.6))
+    with ctx:
+        hist_ax, pos_ax = fig.subplots(1, 2, width_ratios=[1.3, 1])
+        lo, hi = np.percentile(flat, [0.5, 99.5]) if flat.size else (-1.0, 1.0)
+        lo, hi = min(lo, -1e-3), max(hi, 1e-3)
+        hist_ax.hist(np.clip(flat, lo, hi), bins=80, range=(lo, hi), color="#7f7f7f", alpha=0.85)
+        hist_ax.axvline(0, color="black", linewidth=1)
+        mean = float(flat.mean()) if flat.size else 0.0
+        hist_ax.axvline(mean, color="#d62728", linestyle="--", linewidth=1.5, label=f"mean {mean:+.3f} nats")
+        share = float((flat > 0).mean()) if flat.size else 0.0
+        hist_ax.set_xlabel(f"loss({against_name}) − loss({this_name})  (nats per token)")
+        hist_ax.set_ylabel("tokens")
+        hist_ax.set_title(f"{this_name} better on {100 * share:.0f}% of tokens (right of 0)")
+        hist_ax.legend(loc="upper left")
+        positions = np.arange(diff.shape[1])
+        pos_ax.plot(positions, diff.mean(0), color="#d62728", linewidth=1.5)
+        pos_ax.axhline(0, color="black", linewidth=1)
+        pos_ax.set_xlabel("position in the row (tokens)")
+        pos_ax.set_ylabel("mean difference (nats)")
+        pos_ax.set_title("mean by position")
+        fig.suptitle(title or f"Per-token loss difference: {against_name} − {this_name}")
+    return fig
+
+
+def examples_figure(examples: list[dict], layer: int, context: int = 24, title: str = ""):
+    """For each example, the head-averaged attention of every round of layer ``layer`` over
+    the last ``context`` tokens it can see (the paper's example figure).
+
+    Each example: ``attention`` (rounds, t + 1), ``tokens`` (t + 1 strings), ``target``
+    (string), ``loss``, ``against_loss``."""
+    n = max(len(examples), 1)
+    fig, ctx = _drawing((11, 2.9 * n + 0.6))
+    with ctx:
+        axes = np.atleast_1d(fig.subplots(n, 1, squeeze=False)[:, 0])
+        for ax, ex in zip(axes, examples):
+            att = np.asarray(ex["attention"])
+            keep = min(context, att.shape[1])
+            att, tokens = att[:, -keep:], ex["tokens"][-keep:]
+            M = att.shape[0]
+            width = 0.8 / M
+            for m in range(M):
+                xs = np.arange(keep) + (m - (M - 1) / 2) * width
+                ax.bar(xs, att[m], width, color=ROUND_COLORS[m], label=round_name(m))
+            ax.set_xticks(range(keep), [token_label(t) for t in tokens], rotation=60 if max(map(len, tokens)) > 2 else 0,
+                          ha="right" if max(map(len, tokens)) > 2 else "center")
+            ax.set_xlim(-0.6, keep - 0.4)
+            ax.get_xticklabels()[-1].set_fontweight("bold")  # the query's own token
+            ax.set_ylabel("attention weight\n(mean over heads)")
+            ax.set_title(f"row {ex['row']}, position {ex['position']}: predicting {token_label(ex['target'])!r} — loss "
+                         f"{ex['loss']:.2f} vs {ex['against_loss']:.2f} nats for the other model "
+                         f"(gain {ex['against_loss'] - ex['loss']:+.2f})", fontsize=11)
+        if examples:
+            fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=M, frameon=False)
+        else:
+            axes[0].text(0.5, 0.5, "no example positions", ha="center", va="center", transform=axes[0].transAxes)
+        axes[-1].set_xlabel(f"context tokens (at most the last {context}; bold = the query's own token, "
+                            f"which predicts the next one)")
+        fig.suptitle(title or f"Where the boosted model gains most: layer {layer} attention, head-averaged")
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# gbattn plot
+# --------------------------------------------------------------------------------------
+
+
+def _tokens_axis(max_tokens: float) -> tuple[float, str]:
+    if max_tokens >= 1e6:
+        return 1e6, "tokens seen (millions)"
+    if max_tokens >= 1e3:
+        return 1e3, "tokens seen (thousands)"
+    return 1.0, "tokens seen"
+
+
+def results_figure(report: dict):
+    """Test perplexity per model: mean ± std over seeds (each seed as a dot), published
+    numbers as markers; the y axis is zoomed to the values (it does not start at 0)."""
+    rows = report.get("models", [])
+    fig, ctx = _drawing((10, 4.8))
+    with ctx:
+        ax = fig.subplots()
+        values = []
+        base = next((r for r in rows if r["label"].startswith("standard") and r.get("test_ppl_mean")), None)
+        if base is not None:
+            ax.axhline(base["test_ppl_mean"], color="gray", linestyle="--", linewidth=1, label=f"{base['label']} mean")
+        for i, r in enumerate(rows):
+            seeds = [v for v in r.get("test_ppl", {}).values() if v is not None and math.isfinite(v)]
+            mean, std = r.get("test_ppl_mean"), r.get("test_ppl_std")
+            if mean is None:
+                continue
+            ax.errorbar([i], [mean], yerr=[std or 0.0], fmt="o", color="#1f77b4", markersize=9, capsize=6,
+                        elinewidth=2, label="ours: mean ± std over seeds" if not values else None)
+            ax.plot([i] * len(seeds), seeds, ".", color="#1f77b4", alpha=0.5, markersize=7,
+                    label="ours: each seed" if not values else None)
+            delta = f" ({100 * (mean / base['test_ppl_mean'] - 1):+.1f}%)" if base is not None and r is not base else ""
+            ax.annotate(f"{mean:.2f}{delta}", (i, mean), textcoords="offset points", xytext=(-12, -4), ha="right",
+                        fontsize=10)
+            values += seeds + [mean - (std or 0), mean + (std or 0)]
+        published_drawn = False
+        for i, r in enumerate(rows):
+            pub = r.get("published")
+            if pub and pub[0] is not None:
+                ax.errorbar([i + 0.18], [pub[0]], yerr=[pub[1] or 0.0], fmt="D", color="black", mfc="white",
+                            markersize=7, capsize=4, label="published" if not published_drawn else None)
+                values += [pub[0] - (pub[1] or 0), pub[0] + (pub[1] or 0)]
+                published_drawn = True
+        if values:
+            lo, hi = min(values), max(values)
+            pad = max(0.15 * (hi - lo), 0.01 * hi, 1e-3)
+            ax.set_ylim(lo - pad, hi + pad)
+        ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=20 if len(rows) > 4 else 0)
+        ax.set_xlim(-0.6, len(rows) - 0.4)
+        ax.set_ylabel("test perplexity (lower is better)")
+        seeds = ", ".join(map(str, report.get("seeds", [])))
+        ax.set_title(f"{report.get('recipe', '')}: test perplexity, seeds {seeds} (zoomed axis, not from 0)")
+        if rows:
+            ax.legend(loc="best")
+        if report.get("published_source"):
+            fig.supxlabel(f"published: {report['published_source']}", fontsize=9)
+    return fig
+
+
+LINESTYLES = ["-", "--", ":", "-."]
+
+
+def curves_figure(curves: dict):
+    """Training loss and validation perplexity against tokens seen, one line per run.
+
+    ``curves``: label -> seed -> {"train": [(tokens, loss)], "valid": [(tokens, ppl)]}."""
+    require_matplotlib()
+    from matplotlib.lines import Line2D
+
+    fig, ctx = _drawing((11, 4.8))
+    with ctx:
+        train_ax, valid_ax = fig.subplots(1, 2)
+        all_tokens = [t for runs in curves.values() for c in runs.values() for t, _ in c["train"] + c["valid"]]
+        scale, xlabel = _tokens_axis(max(all_tokens, default=0))
+        seeds = sorted({s for runs in curves.values() for s in runs})
+        colors = [f"C{i % 10}" for i in range(len(curves))]
+        valid_values = []
+        for color, (label, runs) in zip(colors, curves.items()):
+            for seed, c in runs.items():
+                style = LINESTYLES[seeds.index(seed) % len(LINESTYLES)]
+                if c["train"]:
+                    t, v = np.asarray(c["train"], dtype=float).T
+                    train_ax.plot(t / scale, v, style, color=color, linewidth=1.2, alpha=0.9)
+                if c["valid"]:
+                    t, v = np.asarray(c["valid"], dtype=float).T
+                    valid_ax.plot(t / scale, v, style, color=color, marker="o", markersize=4, linewidth=1.5)
+                    valid_values += list(v)
+        finite = [v for v in valid_values if math.isfinite(v)]
+        if finite and max(finite) / max(min(finite), 1e-9) > 3:
+            valid_ax.set_yscale("log")
+        train_ax.set_xlabel(xlabel)
+        train_ax.set_ylabel("training loss (nats per token)")
+        train_ax.set_title("training loss")
+        valid_ax.set_xlabel(xlabel)
+        valid_ax.set_ylabel("validation perplexity")
+        valid_ax.set_title("validation perplexity (every evaluation)")
+        handles = [Line2D([], [], color=c, linewidth=2, label=label) for c, label in zip(colors, curves)]
+        if len(seeds) > 1:
+            handles += [Line2D([], [], color="gray", linestyle=LINESTYLES[i % len(LINESTYLES)], label=f"seed {s}")
+                        for i, s in enumerate(seeds)]
+        if handles:
+            valid_ax.legend(handles=handles, loc="upper right")
+        fig.suptitle("Training and validation curves of every run")
+    return fig

@@ -1,0 +1,344 @@
+"""Statistics of a trained model's attention intermediates (SPEC.md section 1, "Analysis
+reported on the trained GBA model").
+
+Everything here reads what the attention modules themselves record
+(:class:`gbattn.attention.core.Intermediates`, via ``model(x, return_intermediates=True)``);
+nothing re-implements attention. Pure functions on tensors come first, then
+:class:`IntermediateStats`, which accumulates them over batches of held-out rows, and
+:func:`collect`, the loop that feeds it (and, with a second model, the per-token loss
+difference).
+
+Shapes: B rows, T positions (queries), S keys, H heads, D model width, L layers,
+M attention rounds (round 0 = ordinary attention, rounds >= 1 = GBA corrections).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gbattn.attention.core import Intermediates
+from gbattn.data.tokens import rows_batch
+
+# The paper's numbers (SPEC.md section 1), printed and stored beside ours.
+PAPER = {
+    "source": "arXiv 2604.03190, trained GBA (M=2) paper-small model on WikiText-103, seq_len 256",
+    "gate_mean_per_layer": [0.35, 0.48, 0.41, 0.43],
+    "gate_mean_per_layer_revised": [0.33, 0.49, 0.39, 0.36],
+    "entropy_round0_nats": 3.31,
+    "entropy_correction_nats": 2.58,
+    "entropy_relative_drop": 0.22,
+    "entropy_note": "average over layers; layer 0 is the exception (its correction round is not sharper)",
+}
+
+ENTROPY_BINS = 60
+
+
+# --------------------------------------------------------------------------------------
+# Pure functions on one layer's record
+# --------------------------------------------------------------------------------------
+
+
+def has_corrections(inter: Intermediates) -> bool:
+    """True when the layer ran GBA correction rounds (it recorded residuals and gates)."""
+    return len(inter.residuals) > 0 and len(inter.gates) == len(inter.residuals)
+
+
+def analysed_rounds(inter: Intermediates) -> int:
+    """Rounds whose attention maps are analysed: every round of a GBA layer, else round 0 only
+    (other variants record maps that are not boosting rounds, e.g. differential's two halves)."""
+    return len(inter.entropies) if has_corrections(inter) else min(1, len(inter.entropies))
+
+
+def round_entropies(inter: Intermediates) -> Tensor:
+    """Entropy in nats of every query's attention in every analysed round, (M, B, H, T),
+    as recorded by the attention module (``Intermediates.entropies``)."""
+    return torch.stack(inter.entropies[: analysed_rounds(inter)])
+
+
+def entropy_bound(T: int, device=None) -> Tensor:
+    """Largest possible entropy of a causal attention row at each position, log(t + 1), (T,).
+    The bound depends on the position: the query at t sees t + 1 keys."""
+    return torch.log(torch.arange(1, T + 1, device=device, dtype=torch.float64))
+
+
+def normalised_entropy(entropy_BHT: Tensor) -> Tensor:
+    """Entropy divided by its position's bound log(t + 1), in [0, 1]; position 0 (a single
+    visible key, bound 0) is NaN. Shape as the input (last dim = T)."""
+    bound_T = entropy_bound(entropy_BHT.shape[-1], entropy_BHT.device).to(entropy_BHT.dtype)
+    return entropy_BHT / bound_T.where(bound_T > 0, torch.full_like(bound_T, float("nan")))
+
+
+def gates(inter: Intermediates) -> list[Tensor]:
+    """The gates g_m of rounds m >= 1, each expanded to (B, T, D)."""
+    return [g.expand_as(c) for g, c in zip(inter.gates, inter.outputs[1:])]
+
+
+def gated_corrections(inter: Intermediates) -> list[Tensor]:
+    """g_m * c_m of rounds m >= 1, each (B, T, D): what round m adds to F."""
+    return [g * c for g, c in zip(gates(inter), inter.outputs[1:])]
+
+
+def layer_input(inter: Intermediates) -> Tensor:
+    """x of the attention sublayer, (B, T, D): r_1 + F_0 (r_1 = x - F_0 is recorded)."""
+    return inter.residuals[0] + inter.outputs[0]
+
+
+def token_norms(v_BTD: Tensor) -> Tensor:
+    """L2 norm of every token's vector, (B, T)."""
+    return torch.linalg.vector_norm(v_BTD.double(), dim=-1)
+
+
+def per_token_loss(logits_BTV: Tensor, targets_BT: Tensor) -> Tensor:
+    """Next-token cross-entropy of every position, nats, (B, T)."""
+    nll = F.cross_entropy(logits_BTV.float().flatten(0, 1), targets_BT.flatten(), reduction="none")
+    return nll.view(targets_BT.shape)
+
+
+def top_gains(diff_NT: np.ndarray, k: int, min_position: int = 0, one_per_row: bool = False) -> list[tuple[int, int]]:
+    """(row, position) of the ``k`` largest values of ``diff_NT`` at positions >= ``min_position``,
+    largest first; with ``one_per_row`` at most one position from each row."""
+    masked = np.array(diff_NT, dtype=np.float64, copy=True)
+    masked[:, :min_position] = -np.inf
+    picked, rows = [], set()
+    for j in np.argsort(-masked, axis=None, kind="stable"):
+        if len(picked) == k or not np.isfinite(masked.flat[j]):
+            break
+        row, t = (int(i) for i in np.unravel_index(j, masked.shape))
+        if one_per_row and row in rows:
+            continue
+        picked.append((row, t))
+        rows.add(row)
+    return picked
+
+
+def _mean_std(total: float, total_sq: float, count: float) -> tuple[float, float]:
+    mean = total / max(count, 1)
+    return mean, math.sqrt(max(total_sq / max(count, 1) - mean * mean, 0.0))
+
+
+# --------------------------------------------------------------------------------------
+# Accumulating over batches
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class IntermediateStats:
+    """Running sums over held-out rows of every statistic the analysis reports.
+
+    ``update(record)`` takes the list of per-layer :class:`Intermediates` of one batch;
+    ``summary()`` gives plain numbers (JSON-ready).
+    """
+
+    n_layers: int
+    n_heads: int
+    d_model: int
+    seq_len: int
+    rounds: int = 0  # analysed rounds (set by the first update)
+    boosted: bool = False
+    rows: int = 0
+    _ent: dict = field(default_factory=dict)
+
+    def _init(self, record: list[Intermediates]) -> None:
+        first = record[0]
+        self.boosted = has_corrections(first)
+        self.rounds = analysed_rounds(first)
+        L, H, T, M, D = self.n_layers, self.n_heads, self.seq_len, self.rounds, self.d_model
+        z = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
+        self.entropy_sum_LMH, self.entropy_sq_LM = z(L, M, H), z(L, M)
+        self.entropy_pos_sum_LMT = z(L, M, T)
+        self.norm_entropy_sum_LM, self.norm_entropy_count = z(L, M), 0
+        self.entropy_hist_LMK = z(L, M, ENTROPY_BINS)
+        self.entropy_max = 0.0
+        if self.boosted:
+            C = M - 1
+            self.gate_sum_LCD, self.gate_sq_LC = z(L, C, D), z(L, C)
+            self.gate_min, self.gate_max = float("inf"), float("-inf")
+            self.norm_sums = {key: z(L, C) for key in ("x", "round0_output", "residual", "correction",
+                                                       "gated_correction", "residual_after")}
+
+    @property
+    def entropy_edges(self) -> np.ndarray:
+        """Histogram bin edges in nats: 0 .. log(T), the largest possible entropy."""
+        return np.linspace(0.0, math.log(self.seq_len), ENTROPY_BINS + 1)
+
+    def update(self, record: list[Intermediates]) -> None:
+        if not self.rows:
+            self._init(record)
+        B, T = record[0].entropies[0].shape[0], record[0].entropies[0].shape[-1]
+        if T != self.seq_len:
+            raise ValueError(f"rows of {T} positions, expected {self.seq_len}")
+        self.rows += B
+        hi = math.log(self.seq_len)
+        for li, inter in enumerate(record):
+            ent_MBHT = round_entropies(inter).double()
+            self.entropy_sum_LMH[li] += ent_MBHT.sum(dim=(1, 3))
+            self.entropy_sq_LM[li] += (ent_MBHT**2).sum(dim=(1, 2, 3))
+            self.entropy_pos_sum_LMT[li] += ent_MBHT.sum(dim=(1, 2))
+            self.norm_entropy_sum_LM[li] += normalised_entropy(ent_MBHT)[..., 1:].sum(dim=(1, 2, 3))
+            self.entropy_max = max(self.entropy_max, float(ent_MBHT.max()))
+            for m in range(self.rounds):
+                self.entropy_hist_LMK[li, m] += torch.histc(ent_MBHT[m].clamp(0, hi), ENTROPY_BINS, 0.0, hi)
+            if not self.boosted:
+                continue
+            x_BTD = layer_input(inter)
+            for c, (g_BTD, gc_BTD) in enumerate(zip(gates(inter), gated_corrections(inter))):
+                g = g_BTD.double()
+                self.gate_sum_LCD[li, c] += g.sum(dim=(0, 1))
+                self.gate_sq_LC[li, c] += (g**2).sum()
+                self.gate_min, self.gate_max = min(self.gate_min, float(g.min())), max(self.gate_max, float(g.max()))
+                sums = self.norm_sums
+                sums["x"][li, c] += token_norms(x_BTD).sum()
+                sums["round0_output"][li, c] += token_norms(inter.outputs[0]).sum()
+                sums["residual"][li, c] += token_norms(inter.residuals[c]).sum()
+                sums["correction"][li, c] += token_norms(inter.outputs[c + 1]).sum()
+                sums["gated_correction"][li, c] += token_norms(gc_BTD).sum()
+                sums["residual_after"][li, c] += token_norms(inter.residuals[c] - gc_BTD).sum()
+        self.norm_entropy_count += B * self.n_heads * (T - 1)
+
+    # -- results -------------------------------------------------------------------
+    def entropy_summary(self) -> dict:
+        """Mean entropy (nats) per round, layer and head, normalised entropy, the position
+        profile, the histogram, and the correction round's relative drop (paper: 22%)."""
+        tokens = self.rows * self.seq_len
+        per_query = tokens * self.n_heads
+        mean_LMH = self.entropy_sum_LMH / tokens
+        mean_LM = self.entropy_sum_LMH.sum(-1) / per_query
+        std_LM = (self.entropy_sq_LM / per_query - mean_LM**2).clamp_min(0).sqrt()
+        norm_LM = self.norm_entropy_sum_LM / max(self.norm_entropy_count, 1)
+        mean_M = mean_LM.mean(0)
+        out = {
+            "units": "nats",
+            "bound": f"a causal row at position t has at most log(t+1) nats; largest log({self.seq_len}) = "
+                     f"{math.log(self.seq_len):.3f} at the last position",
+            "max_possible": math.log(self.seq_len),
+            "max_observed": self.entropy_max,
+            "mean_per_round": mean_M.tolist(),
+            "normalised_mean_per_round": norm_LM.mean(0).tolist(),
+            "per_layer": [],
+            "per_position_mean": (self.entropy_pos_sum_LMT.sum(0) / (self.n_layers * self.rows * self.n_heads)).tolist(),
+            "histogram": {"edges": self.entropy_edges.tolist(), "counts_per_round": self.entropy_hist_LMK.sum(0).tolist()},
+            "relative_drop": None,
+        }
+        for li in range(self.n_layers):
+            row = {"layer": li, "mean_per_round": mean_LM[li].tolist(), "std_per_round": std_LM[li].tolist(),
+                   "normalised_mean_per_round": norm_LM[li].tolist(), "per_head": mean_LMH[li].tolist(),
+                   "histogram_counts_per_round": self.entropy_hist_LMK[li].tolist()}
+            if self.rounds > 1:
+                row["relative_drop"] = float(1 - mean_LM[li, 1] / mean_LM[li, 0])
+            out["per_layer"].append(row)
+        if self.rounds > 1:
+            out["relative_drop"] = float(1 - mean_M[1] / mean_M[0])
+            out["relative_drop_definition"] = ("1 - mean entropy of round 1 / mean entropy of round 0 "
+                                               "(positive = correction sharper)")
+        return out
+
+    def gate_summary(self) -> dict | None:
+        """Gate values per layer and dimension (averaged over rows and positions) and each
+        layer's mean and std over every (token, dimension) entry; None without corrections."""
+        if not self.boosted:
+            return None
+        count = self.rows * self.seq_len
+        per_dim_LCD = self.gate_sum_LCD / count
+        layers = []
+        for li in range(self.n_layers):
+            for c in range(self.rounds - 1):
+                mean, std = _mean_std(float(self.gate_sum_LCD[li, c].sum()), float(self.gate_sq_LC[li, c]),
+                                      count * self.d_model)
+                dims = per_dim_LCD[li, c]
+                layers.append({"layer": li, "round": c + 1, "mean": mean, "std": std,
+                               "std_of_dimension_means": float(dims.std()) if self.d_model > 1 else 0.0,
+                               "dimension_mean_min": float(dims.min()), "dimension_mean_max": float(dims.max())})
+        return {
+            "per_layer": layers,
+            "mean_per_layer": [r["mean"] for r in layers if r["round"] == 1],
+            "per_dimension": per_dim_LCD.tolist(),
+            "min": self.gate_min,
+            "max": self.gate_max,
+            "std_definition": "std over every token and dimension of the layer's gate g_m (pooled over held-out rows)",
+        }
+
+    def norm_summary(self) -> dict | None:
+        """Mean per-token L2 norms of x, F_0, the residual r_m = x - F, the correction c_m, the
+        gated correction g_m * c_m and the residual left after round m; None without corrections."""
+        if not self.boosted:
+            return None
+        count = self.rows * self.seq_len
+        layers = []
+        for li in range(self.n_layers):
+            for c in range(self.rounds - 1):
+                row = {"layer": li, "round": c + 1}
+                row.update({key: float(total[li, c]) / count for key, total in self.norm_sums.items()})
+                row["gated_over_residual"] = row["gated_correction"] / max(row["residual"], 1e-12)
+                layers.append(row)
+        return {"units": "mean L2 norm per token (model units, LayerNorm-scale inputs)", "per_layer": layers,
+                "definitions": {"x": "attention sublayer input (after ln1)", "round0_output": "F_0",
+                                "residual": "r_m = x - F before round m", "correction": "c_m",
+                                "gated_correction": "g_m * c_m", "residual_after": "x - F after round m"}}
+
+
+# --------------------------------------------------------------------------------------
+# The loop over held-out rows
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Collected:
+    stats: IntermediateStats
+    loss_NT: np.ndarray  # this model's per-token loss (nats) on the analysed rows
+    against_loss_NT: np.ndarray | None = None  # the other model's, same rows
+
+
+@torch.no_grad()
+def collect(model, tokens: np.ndarray, seq_len: int, row_ids: np.ndarray, batch_size: int = 8,
+            device="cpu", against=None, progress=None) -> Collected:
+    """Run ``model`` (eval mode) over rows ``row_ids`` of ``tokens`` with intermediates and
+    accumulate the statistics; with ``against`` (another model) also its per-token loss."""
+    cfg = model.cfg
+    stats = IntermediateStats(cfg.n_layers, cfg.n_heads, cfg.d_model, seq_len)
+    losses, other = [], []
+    model.eval()
+    if against is not None:
+        against.eval()
+    for start in range(0, len(row_ids), batch_size):
+        x, y = rows_batch(tokens, seq_len, row_ids[start : start + batch_size])
+        x, y = x.to(device), y.to(device)
+        logits, record = model(x, return_intermediates=True)
+        stats.update([_to_cpu(inter) for inter in record])
+        losses.append(per_token_loss(logits, y).cpu().numpy())
+        if against is not None:
+            other.append(per_token_loss(against(x), y).cpu().numpy())
+        if progress is not None:
+            progress.update(len(x))
+    return Collected(stats, np.concatenate(losses), np.concatenate(other) if other else None)
+
+
+def _to_cpu(inter: Intermediates) -> Intermediates:
+    """The record without its attention maps (not needed for the running sums), on the CPU."""
+    move = lambda ts: [t.detach().float().cpu() for t in ts]  # noqa: E731
+    return Intermediates(probs=[], outputs=move(inter.outputs), residuals=move(inter.residuals),
+                         gates=move(inter.gates), entropies=move(inter.entropies))
+
+
+@torch.no_grad()
+def attention_examples(model, tokens: np.ndarray, seq_len: int, row_ids: np.ndarray,
+                       positions: list[tuple[int, int]], layer: int, device="cpu") -> list[dict]:
+    """Round-by-round attention of layer ``layer`` at each (row index, position) of
+    ``positions``, head-averaged, over the visible context 0..t (the paper's example figure).
+
+    Returns one dict per position: ``attention`` (rounds, t + 1) and the input/target ids."""
+    out = []
+    model.eval()
+    for row_index, t in positions:
+        x, y = rows_batch(tokens, seq_len, row_ids[row_index : row_index + 1])
+        _, record = model(x.to(device), return_intermediates=True)
+        inter = record[layer]
+        maps = [p[0, :, t, : t + 1].mean(0).double().cpu().numpy() for p in inter.probs[: analysed_rounds(inter)]]
+        out.append({"row": int(row_ids[row_index]), "position": int(t), "attention": np.stack(maps),
+                    "input_ids": x[0, : t + 1].tolist(), "target_id": int(y[0, t])})
+    return out

@@ -1,0 +1,276 @@
+"""`gbattn analyze` and `gbattn plot` (SPEC.md section 1, "Analysis reported on the trained GBA
+model"): every figure written, JSON values in range, entropy from the intermediates equal to a
+direct computation with the layer's own weights, clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("matplotlib")
+
+from gbattn.analysis import stats  # noqa: E402
+from gbattn.analysis.cli import analyze_run, plot_compare, select_rows  # noqa: E402
+from gbattn.analysis.figures import require_matplotlib  # noqa: E402
+from gbattn.cli import main as cli_main  # noqa: E402
+from gbattn.data.tokens import rows_batch  # noqa: E402
+from gbattn.errors import UserError  # noqa: E402
+from gbattn.eval.load import load_run  # noqa: E402
+from gbattn.train.config import build_configs  # noqa: E402
+from gbattn.train.trainer import prepare_data, train  # noqa: E402
+from helpers import TINY, write_corpus  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SEQ_LEN = TINY["block_size"] - 1
+
+
+def tiny_configs(data, attn, **sets):
+    s = dict(TINY, tokenizer="char", batch_size=8, max_steps=8, eval_every=4, warmup_steps=2, lr=3e-3,
+             train_tokens=None, eval_tokens=None, threads=1)
+    s.update(sets)
+    return build_configs("paper-small", attn, str(data), s)
+
+
+@pytest.fixture
+def one_thread():
+    """Training with threads=1 (fast on a busy 2-core machine) sets torch's global thread count:
+    put it back for the tests that follow."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A tiny GBA run and a tiny standard run on the same corpus, trained once for the module."""
+    root = tmp_path_factory.mktemp("analysis-runs")
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GBATTN_CACHE", str(root / "cache"))
+        torch.manual_seed(0)
+        data = write_corpus(root / "corpus")
+        train(root / "gba", *tiny_configs(data, "boosted"), quiet=True)
+        train(root / "std", *tiny_configs(data, "standard"), quiet=True)
+    torch.set_num_threads(threads)
+    return {"gba": root / "gba", "std": root / "std", "data": data}
+
+
+def assert_png(path):
+    assert path.is_file(), path
+    blob = path.read_bytes()
+    assert len(blob) > 1000 and blob[:8] == PNG_MAGIC, path
+
+
+# ---- gbattn analyze ----------------------------------------------------------------------
+
+
+def test_analyze_against_writes_every_figure_and_values_in_range(runs, tmp_path, capsys):
+    out = tmp_path / "analysis"
+    code = cli_main(["analyze", str(runs["gba"]), "--against", str(runs["std"]), "--out", str(out),
+                     "--max-rows", "8", "--top", "5", "--examples", "2", "--pdf", "--quiet", "--device", "cpu"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    for name in ("gates", "entropy", "norms", "loss_diff", "examples"):
+        assert_png(out / f"{name}.png")
+        assert (out / f"{name}.pdf").stat().st_size > 0
+    assert "paper: 0.35 / 0.48 / 0.41 / 0.43" in printed and "3.31 -> 2.58" in printed and "figures:" in printed
+
+    s = json.loads((out / "summary.json").read_text())
+    L, H, rounds = TINY["n_layers"], TINY["n_heads"], 2
+    assert s["rounds"] == rounds and s["seq_len"] == SEQ_LEN and s["tokens"] == s["rows"] * SEQ_LEN
+    # Gates: every value, per-dimension mean and per-layer mean in [0, 1].
+    g = s["gates"]
+    assert g["available"] and 0 <= g["min"] <= g["max"] <= 1
+    per_dim = np.asarray(g["per_dimension"])
+    assert per_dim.shape == (L, rounds - 1, TINY["d_model"]) and ((per_dim >= 0) & (per_dim <= 1)).all()
+    assert len(g["per_layer"]) == L and all(0 <= r["mean"] <= 1 and 0 <= r["std"] <= 0.5 for r in g["per_layer"])
+    assert g["paper_mean_per_layer"] == [0.35, 0.48, 0.41, 0.43]
+    # Entropies: between 0 and log of the context length; the histogram holds every query.
+    e, bound = s["entropy"], math.log(SEQ_LEN)
+    assert e["max_possible"] == pytest.approx(bound) and 0 <= e["max_observed"] <= bound + 1e-6
+    assert all(0 <= v <= bound for v in e["mean_per_round"]) and all(0 <= v <= 1 for v in e["normalised_mean_per_round"])
+    for row in e["per_layer"]:
+        assert np.asarray(row["per_head"]).shape == (rounds, H)
+        assert all(0 <= v <= bound for head in row["per_head"] for v in head)
+        assert all(0 <= v <= 1 for v in row["normalised_mean_per_round"])
+    counts = np.asarray(e["histogram"]["counts_per_round"])
+    assert counts.shape[0] == rounds and (counts.sum(1) == s["rows"] * SEQ_LEN * H * L).all()
+    assert e["relative_drop"] == pytest.approx(1 - e["mean_per_round"][1] / e["mean_per_round"][0])
+    assert e["paper"]["entropy_round0_nats"] == 3.31 and e["paper"]["entropy_correction_nats"] == 2.58
+    # Norms: non-negative, and x - F after the correction is exactly r - g*c (so within the triangle inequality).
+    for r in s["norms"]["per_layer"]:
+        assert all(r[k] >= 0 for k in ("x", "round0_output", "residual", "correction", "gated_correction"))
+        assert r["residual_after"] <= r["residual"] + r["gated_correction"] + 1e-6
+    # Per-token loss difference against the standard run.
+    d = s["loss_diff"]
+    assert d["mean"] == pytest.approx(d["against_loss"] - d["loss"], abs=1e-5)
+    assert 0 <= d["fraction_positive"] <= 1 and sum(d["histogram"]["counts"]) == s["tokens"]
+    assert len(d["top_tokens"]) == 5 and d["top_tokens"][0]["diff"] == pytest.approx(max(t["diff"] for t in d["top_tokens"]))
+    assert all(isinstance(t["token"], str) and t["context"] for t in d["top_tokens"])
+    examples = d["examples"]["positions"]
+    assert len(examples) == 2 and d["examples"]["layer"] == L - 1
+    for ex in examples:
+        att = np.asarray(ex["attention_per_round"])
+        assert att.shape == (rounds, ex["position"] + 1)
+        np.testing.assert_allclose(att.sum(1), 1.0, atol=1e-5)  # head mean of probability rows
+
+
+def test_entropy_from_intermediates_matches_direct_computation(runs):
+    """Entropy per round as stats.py reads it == softmax entropy computed here by hand from each
+    layer's own weights (round 0 from x, round 1 from the residual r = x - F_0)."""
+    run = load_run(runs["gba"])
+    model = run.model
+    data = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
+    rows = np.arange(3)
+    x_BT, _ = rows_batch(data.splits["test"], run.seq_len, rows)
+    with torch.no_grad():
+        _, record = model(x_BT, return_intermediates=True)
+        B, T = x_BT.shape
+        d, H = model.cfg.d_model, model.cfg.n_heads
+        E = d // H
+        causal_TT = torch.ones(T, T, dtype=torch.bool).tril()
+
+        def heads(t_BTD):
+            return t_BTD.view(B, T, H, E).transpose(1, 2)
+
+        def attention(q_BTD, k_BTD, v_BTD):
+            scores = heads(q_BTD) @ heads(k_BTD).transpose(-1, -2) / math.sqrt(E)
+            p_BHTS = torch.softmax(scores.masked_fill(~causal_TT, float("-inf")), dim=-1)
+            ent_BHT = -(p_BHTS * torch.log(p_BHTS.clamp_min(1e-30))).sum(-1)
+            out_BTD = (p_BHTS @ heads(v_BTD)).transpose(1, 2).reshape(B, T, d)
+            return ent_BHT, out_BTD
+
+        h_BTD = model.wte(x_BT) + model.wpe(torch.arange(T))
+        acc = stats.IntermediateStats(model.cfg.n_layers, H, d, T)
+        acc.update(record)
+        summary = acc.entropy_summary()
+        for li, block in enumerate(model.blocks):
+            attn = block.attn
+            x_BTD = block.ln1(h_BTD)
+            q, k, v = attn.qkv(x_BTD).split(d, dim=-1)
+            ent0_BHT, f0_BTD = attention(q, k, v)
+            q1, k1, v1 = attn.corrections[0].proj(x_BTD - f0_BTD).split(d, dim=-1)
+            ent1_BHT, _ = attention(q1, k1, v1)
+            from_stats_MBHT = stats.round_entropies(record[li])
+            torch.testing.assert_close(from_stats_MBHT[0], ent0_BHT, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(from_stats_MBHT[1], ent1_BHT, rtol=1e-4, atol=1e-5)
+            assert summary["per_layer"][li]["mean_per_round"] == pytest.approx(
+                [ent0_BHT.mean().item(), ent1_BHT.mean().item()], rel=1e-5)
+            h_BTD = block(h_BTD)
+        # And the recorded entropy is the entropy of the recorded probabilities.
+        for inter in record:
+            for p_BHTS, ent_BHT in zip(inter.probs, stats.round_entropies(inter)):
+                expected = -(p_BHTS * torch.log(p_BHTS.clamp_min(1e-30))).sum(-1)
+                torch.testing.assert_close(ent_BHT, expected, rtol=1e-5, atol=1e-6)
+                assert (ent_BHT <= stats.entropy_bound(T).float() + 1e-5).all()
+
+
+def test_analyze_standard_run_reports_entropy_and_says_gates_do_not_exist(runs, tmp_path, capsys):
+    out = tmp_path / "std-analysis"
+    summary = analyze_run(runs["std"], out=out, max_rows=4, device="cpu", quiet=True)
+    printed = capsys.readouterr().out
+    assert summary["rounds"] == 1 and not summary["gates"]["available"] and not summary["norms"]["available"]
+    assert "gates and corrections do not exist" in printed
+    assert_png(out / "entropy.png")
+    assert not (out / "gates.png").exists() and not (out / "norms.png").exists()
+    assert 0 <= summary["entropy"]["mean_per_round"][0] <= math.log(SEQ_LEN)
+    assert summary["entropy"]["relative_drop"] is None
+
+
+def test_against_with_another_tokenizer_or_seq_len_is_one_line(runs, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(runs["std"], other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    payload = json.loads(tok["payload"])
+    payload["chars"] = payload["chars"][::-1]  # same size, different tokenizer
+    tok["payload"] = json.dumps(payload)
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    code = cli_main(["analyze", str(runs["gba"]), "--against", str(other), "--out", str(tmp_path / "a"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "tokenizer" in err and "--against" in err
+
+    shutil.copy(runs["std"] / "tokenizer.json", other / "tokenizer.json")
+    config = json.loads((other / "config.json").read_text())
+    config["seq_len"] = SEQ_LEN // 2
+    (other / "config.json").write_text(json.dumps(config))
+    code = cli_main(["analyze", str(runs["gba"]), "--against", str(other), "--out", str(tmp_path / "a"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "seq_len" in err
+    assert not (tmp_path / "a").exists()
+
+
+def test_bad_layer_is_one_line(runs, tmp_path, capsys):
+    code = cli_main(["analyze", str(runs["gba"]), "--layer", "7", "--out", str(tmp_path / "a"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--layer 7" in err
+
+
+def test_missing_matplotlib_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    with pytest.raises(UserError, match=r"pip install 'gbattn\[plot\]'"):
+        require_matplotlib()
+
+
+# ---- pure statistics ---------------------------------------------------------------------
+
+
+def test_uniform_attention_has_normalised_entropy_one_and_bound_log_t_plus_1():
+    T = 6
+    p_BHTS = torch.ones(1, 1, T, T).tril()
+    p_BHTS = p_BHTS / p_BHTS.sum(-1, keepdim=True)
+    ent_BHT = -(p_BHTS * torch.log(p_BHTS.clamp_min(1e-30))).sum(-1)
+    torch.testing.assert_close(ent_BHT[0, 0].double(), stats.entropy_bound(T))
+    norm = stats.normalised_entropy(ent_BHT)
+    assert torch.isnan(norm[..., 0]).all()
+    torch.testing.assert_close(norm[..., 1:], torch.ones(1, 1, T - 1))
+
+
+def test_top_gains_and_row_selection():
+    diff = np.array([[0.0, 5.0, 1.0], [4.0, 3.0, 2.0]])
+    assert stats.top_gains(diff, 3) == [(0, 1), (1, 0), (1, 1)]
+    assert stats.top_gains(diff, 3, min_position=1, one_per_row=True) == [(0, 1), (1, 1)]
+    assert select_rows(10, 4).tolist() == [0, 3, 6, 9] and select_rows(3, 64).tolist() == [0, 1, 2]
+
+
+# ---- gbattn plot -------------------------------------------------------------------------
+
+
+def test_plot_compare_dir_from_results_and_metrics_only(tmp_path, monkeypatch, capsys, one_thread):
+    from gbattn.experiments.compare import run_compare
+    from gbattn.train import checkpoint as ckpt
+
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=4, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
+                eval_tokens=None, warmup_steps=1, threads=1)
+    cmp_dir = tmp_path / "cmp"
+    run_compare("cpu-proxy", cmp_dir, data=str(data), seeds=[1, 2], sets=sets, only=["standard", "gba-m2"], quiet=True)
+
+    # No model or checkpoint is read: only results.json and metrics.jsonl.
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("plot loaded a checkpoint"))
+    monkeypatch.setattr(ckpt, "load_checkpoint", lambda *a, **k: pytest.fail("plot loaded a checkpoint"))
+    assert cli_main(["plot", str(cmp_dir), "--pdf"]) == 0
+    assert "figures:" in capsys.readouterr().out
+    for name in ("results", "curves"):
+        assert_png(cmp_dir / "figures" / f"{name}.png")
+        assert (cmp_dir / "figures" / f"{name}.pdf").stat().st_size > 0
+
+    # Published numbers (when results.json has them) are drawn as markers.
+    report = json.loads((cmp_dir / "results.json").read_text())
+    report["models"][0]["published"] = [report["models"][0]["test_ppl_mean"] * 1.01, 0.1]
+    report["published_source"] = "a test"
+    (cmp_dir / "results.json").write_text(json.dumps(report))
+    written = plot_compare(cmp_dir, tmp_path / "figs")
+    assert [p.name for p in written] == ["results.png", "curves.png"]
+    for p in written:
+        assert_png(p)
+
+
+def test_plot_needs_a_compare_directory(tmp_path, capsys):
+    assert cli_main(["plot", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "results.json" in err

@@ -1,0 +1,164 @@
+"""`gbattn denoise`: the synthetic pattern-denoising task (SPEC.md section 2)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from gbattn.cli import main
+from gbattn.errors import UserError
+from gbattn.experiments.denoise import (
+    EquilibriumDenoiser,
+    PatternDenoiser,
+    Protocol,
+    Setting,
+    bayes_optimal_accuracy,
+    boosted_run,
+    denoise_loss,
+    fixed_point,
+    make_patterns,
+    plot_rounds,
+    sample_queries,
+    train_run,
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_bayes_optimal_antipodal_patterns_is_phi_of_one_over_sigma():
+    # Patterns +e1 and -e1: the nearest one is right iff 1 + sigma * n_1 > 0, so accuracy = Phi(1 / sigma).
+    patterns_KD = torch.tensor([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
+    for sigma in (0.5, 1.0, 2.0):
+        accuracy, stderr = bayes_optimal_accuracy(patterns_KD, sigma, 200_000, seed=1)
+        exact = 0.5 * (1 + math.erf(1 / sigma / math.sqrt(2)))
+        assert abs(accuracy - exact) < 4 * stderr + 1e-4, (sigma, accuracy, exact)
+
+
+def test_bayes_optimal_limits():
+    patterns_KD = make_patterns(Setting(16, 8, 0.0))
+    assert bayes_optimal_accuracy(patterns_KD, 1e-3, 20_000)[0] == 1.0
+    accuracy, stderr = bayes_optimal_accuracy(patterns_KD, 1e3, 100_000)
+    assert abs(accuracy - 1 / 8) < 4 * stderr
+
+
+def test_patterns_fixed_unit_norm():
+    a, b = make_patterns(Setting(64, 16, 0.5)), make_patterns(Setting(64, 16, 0.8))
+    assert torch.equal(a, b) and torch.allclose(a.norm(dim=-1), torch.ones(16))
+
+
+def test_wrapper_uses_gbattn_layer_and_broadcast_memory_matches_expanded():
+    from gbattn.attention.boosted import BoostedAttention
+
+    model = PatternDenoiser(32, rounds=3, gate="mlp")
+    assert isinstance(model.attn, BoostedAttention)
+    patterns_KD = make_patterns(Setting(32, 8, 0.5))
+    query_BD, _ = sample_queries(patterns_KD, 0.5, 6, torch.Generator().manual_seed(0))
+    out_BD, probs_BK = model(query_BD, patterns_KD)
+    y_B1D, record = model.attn(query_BD[:, None], memory=patterns_KD.expand(6, 8, 32), causal=False,
+                               return_intermediates=True)
+    torch.testing.assert_close(out_BD, y_B1D[:, 0])
+    torch.testing.assert_close(probs_BK, record.probs[0][:, 0, 0])
+    assert probs_BK.shape == (6, 8) and len(record.gates) == 2
+
+
+def test_loss_uses_probabilities_as_logits():
+    patterns_KD = torch.eye(3)
+    probs_BK = torch.tensor([[1.0, 0.0, 0.0]])
+    loss = denoise_loss(patterns_KD[:1], probs_BK, torch.tensor([0]), patterns_KD)
+    # cosine term 0; cross-entropy of logits (1, 0, 0): log(e + 2) - 1
+    assert loss.item() == pytest.approx(0.5 * (math.log(math.e + 2) - 1), rel=1e-6)
+
+
+def test_two_rounds_beat_one_after_short_training():
+    protocol = Protocol(steps=60, eval_queries=2000)
+    setting = Setting(64, 16, 0.5)
+    one = train_run(boosted_run(setting, 1, None, seed=0), protocol)
+    two = train_run(boosted_run(setting, 2, "mlp", seed=0), protocol)
+    assert two["accuracy"] > one["accuracy"] + 0.02, (one["accuracy"], two["accuracy"])
+    assert sorted(two["evals"]) == [20, 40, 60]
+
+
+def hopfield_deq(d: int, beta: float) -> EquilibriumDenoiser:
+    """A DEQ whose fixed points depend on the query: W_Q = W_K = W_V = I (plus a little noise)
+    and a sharp beta make f a Hopfield retrieval step with one attractor near each pattern."""
+    model = EquilibriumDenoiser(d, beta_init=beta, tol=1e-12, max_iter=500).double()
+    with torch.no_grad():
+        weight = model.step.attn.qkv.weight
+        weight.copy_(torch.eye(d, dtype=weight.dtype).repeat(3, 1) + 0.05 * torch.randn_like(weight))
+    return model
+
+
+def test_deq_fixed_point_satisfies_its_equation():
+    torch.manual_seed(0)
+    model = hopfield_deq(8, beta=6.0)
+    patterns_KD = make_patterns(Setting(8, 3, 0.3)).double()
+    query_BD, target_B = sample_queries(patterns_KD, 0.3, 64, torch.Generator().manual_seed(0))
+    query_BD = query_BD.double()
+    f = lambda z: model.step(z, patterns_KD)[0]  # noqa: E731
+    with torch.no_grad():
+        z_star_BD, stats = fixed_point(f, query_BD, tol=1e-12, max_iter=500)
+        residual_B = (f(z_star_BD) - z_star_BD).norm(dim=-1)
+    assert stats.converged == 1.0 and stats.iterations < 500
+    assert residual_B.max() <= 1e-10 * z_star_BD.norm(dim=-1).max()
+    assert len({tuple(z.round(decimals=6).tolist()) for z in z_star_BD}) > 1  # not one global fixed point
+    # the model's own forward returns the same fixed point
+    model.eval()
+    with torch.no_grad():
+        out_BD, probs_BK = model(query_BD, patterns_KD)
+    torch.testing.assert_close(out_BD, z_star_BD)
+    assert model.last_stats.residual_max <= 1e-10
+
+
+def test_implicit_gradient_matches_unrolled_iteration():
+    torch.manual_seed(0)
+    model = hopfield_deq(8, beta=4.0)
+    patterns_KD = make_patterns(Setting(8, 3, 0.3)).double()
+    query_BD, target_B = sample_queries(patterns_KD, 0.3, 32, torch.Generator().manual_seed(1))
+    query_BD = query_BD.double()
+
+    out_BD, probs_BK = model(query_BD, patterns_KD)  # implicit gradient through the hook
+    implicit = torch.autograd.grad(denoise_loss(out_BD, probs_BK, target_B, patterns_KD), list(model.parameters()))
+
+    z_BD = query_BD  # unrolled: backpropagate through 300 plain iterations
+    for _ in range(300):
+        z_BD = model.step(z_BD, patterns_KD)[0]
+    out_BD, probs_BK = model.step(z_BD, patterns_KD)
+    unrolled = torch.autograd.grad(denoise_loss(out_BD, probs_BK, target_B, patterns_KD), list(model.parameters()))
+    for a, b in zip(implicit, unrolled):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+    assert any(g.abs().max() > 1e-4 for g in implicit)
+
+
+def test_cli_tiny_run_writes_tables_and_figure(tmp_path, capsys):
+    out = tmp_path / "denoise"
+    code = main(["denoise", "--quick", "--out", str(out), "--steps", "2", "--seeds", "0", "1",
+                 "--eval-queries", "100", "--quiet"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    for heading in ("Accuracy vs rounds", "Gate ablation", "Difficulty scaling", "fixed point (DEQ)", "wall-clock"):
+        assert heading.lower() in printed.lower()
+    report = json.loads((out / "results.json").read_text())
+    assert set(report["tables"]) == {"rounds", "gates", "difficulty", "deq"}
+    rows = report["tables"]["rounds"]["rows"]
+    assert [r["rounds"] for r in rows] == [1, 2, 3, 4, 5] and rows[0]["ours"]["n"] == 2
+    assert report["tables"]["rounds"]["bayes"] == pytest.approx(58.1, abs=1.5)  # the paper's ceiling
+    markdown = (out / "results.md").read_text()
+    assert "| Bayes-optimal" in markdown and "| chance (1/K)" in markdown and "41.3" in markdown
+    assert (out / "rounds.png").stat().st_size > 10_000
+
+
+def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    table = {"rows": [], "bayes": 58.0, "chance": 6.25}
+    with pytest.raises(UserError, match="matplotlib"):
+        plot_rounds(table, tmp_path / "rounds.png")
