@@ -74,3 +74,10 @@ def test_console_script_exit_status():
     assert proc.stderr.strip() == (
         "gbattn: error: attn='bogus' is not allowed; choose one of standard, boosted, twicing, gated, differential"
     )
+
+
+def test_command_line_records_the_cli_arguments(capsys):
+    from gbattn.config import command_line
+
+    assert main(["params", "paper-small", "--attn", "twicing"]) == 0
+    assert command_line() == "gbattn params paper-small --attn twicing"

@@ -136,8 +136,11 @@ def _command_modules():
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gbattn.config import set_invocation
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    set_invocation(sys.argv[1:] if argv is None else argv)
     try:
         args.func(args)
     except UserError as e:

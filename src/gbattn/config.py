@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +33,31 @@ def check_positive(field_name: str, value: Any, minimum: int | float = 1) -> Non
         raise ConfigError(f"{field_name}={value!r} must be a number >= {minimum}")
 
 
+class SerialisableConfig:
+    """JSON round trip for the config dataclasses; unknown fields are a :class:`ConfigError`."""
+
+    kind = "config"  # how error messages name this config
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown {cls.kind} field(s) {unknown}; allowed: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def replace(self, **changes: Any):
+        return type(self).from_dict({**self.to_dict(), **changes})
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(SerialisableConfig):
     """The GPT language model (SPEC.md section 1, "Paper configuration")."""
+
+    kind = "model config"
 
     vocab_size: int = 16384
     block_size: int = 256  # size of the position table = longest sequence the model accepts
@@ -80,21 +104,6 @@ class ModelConfig:
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown model config field(s) {unknown}; allowed: {', '.join(sorted(known))}")
-        return cls(**d)
-
-    def replace(self, **changes: Any) -> "ModelConfig":
-        d = self.to_dict()
-        d.update(changes)
-        return ModelConfig.from_dict(d)
 
 
 # --------------------------------------------------------------------------------------
@@ -137,6 +146,20 @@ def parse_value(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def command_line() -> str:
+    """The command that is running, as a user would type it (recorded in results files)."""
+    argv = _INVOCATION or sys.argv[1:]
+    return "gbattn " + " ".join(shlex.quote(a) for a in argv)
+
+
+_INVOCATION: list[str] = []
+
+
+def set_invocation(argv: list[str]) -> None:
+    """Called by the CLI so that ``command_line`` reports its arguments (also under pytest)."""
+    _INVOCATION[:] = list(argv)
 
 
 def parse_sets(items: list[str] | None) -> dict[str, Any]:

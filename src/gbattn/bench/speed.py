@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from gbattn.config import ModelConfig, parse_value, preset_config
+from gbattn.config import ModelConfig, command_line, parse_value, preset_config
 from gbattn.errors import UserError
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
@@ -227,7 +227,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         "preset": preset, "device": _device_name(dev), "batch": batch, "seq_len": seq_len, "repeats": repeats,
         "steps_per_repeat": steps, "prefill_tokens": prefill, "decode_tokens": decode, "amp_bf16": amp and dev.type == "cuda",
         "compile": compile, "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "command": "gbattn " + " ".join(sys.argv[1:]), "variants": rows, "sweep": sweep_rows,
+        "command": command_line(), "variants": rows, "sweep": sweep_rows,
     }
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

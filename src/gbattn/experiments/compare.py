@@ -8,11 +8,10 @@ each), ``OUT/results.json`` and ``OUT/results.md`` (rewritten after every finish
 from __future__ import annotations
 
 import math
-import shlex
 import statistics
-import sys
 from pathlib import Path
 
+from gbattn.config import command_line
 from gbattn.errors import UserError
 from gbattn.experiments.recipes import ModelSpec, Recipe, get_recipe, training_order
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
@@ -45,7 +44,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     request = {"recipe": recipe.name, "data": data, "seeds": seeds, "sets": sets,
-               "command": "gbattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""}
+               "command": command_line()}
     _check_request(out / "recipe.json", request)
 
     specs = [s for s in recipe.models if not only or s.label in only]

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -38,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gbattn.attention import AttnArgs, build_attention
+from gbattn.config import command_line
 from gbattn.errors import UserError
 from gbattn.progress import Progress
 
@@ -634,7 +633,7 @@ def cmd_denoise(args) -> None:
         protocol = replace(protocol, steps=args.steps)
     if args.eval_queries is not None:
         protocol = replace(protocol, eval_queries=args.eval_queries)
-    command = "gbattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
+    command = command_line()
     report = run_denoise(args.out, experiments, seeds, protocol, args.device, args.quiet, command)
     print(f"Wrote {Path(args.out) / 'results.json'}, results.md"
           + (", rounds.png" if "rounds" in report["tables"] else ""))

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from gbattn.config import ModelConfig, check_choice, check_positive, preset_config, set_path
+from gbattn.config import ModelConfig, SerialisableConfig, check_choice, check_positive, preset_config, set_path
 from gbattn.errors import ConfigError
 
 SAMPLINGS = ("rows", "random")
@@ -19,7 +19,11 @@ SCHEDULES = ("cosine", "constant")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(SerialisableConfig):
+    """Training recipe; the defaults are the paper's (SPEC.md section 1)."""
+
+    kind = "training"
+
     data: str = ""
     tokenizer: str = "bpe"  # bpe (paper) | gpt2 | gpt2=PATH | char
     split: list = field(default_factory=lambda: [0.9, 0.05, 0.05])  # single-file rule train/valid/test
@@ -67,16 +71,6 @@ class TrainConfig:
         if not (isinstance(self.split, (list, tuple)) and len(self.split) == 3):
             raise ConfigError(f"split={self.split!r} must be three fractions train,valid,test")
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown training field(s) {unknown}; allowed: {', '.join(sorted(known))}")
-        return cls(**d)
 
 
 PAPER_RECIPE: dict[str, Any] = dict(

@@ -362,6 +362,13 @@ class Trainer:
         result_path = self.run_dir / ckpt.RESULT
         if self.resume and result_path.exists():
             return ckpt.read_json(result_path)
+        threads = torch.get_num_threads()
+        try:
+            return self._run()
+        finally:
+            torch.set_num_threads(threads)  # `threads` applies to this run only
+
+    def _run(self) -> dict:
         self._setup()
         cfg = self.train_cfg
         name = f"{self.extra['label']}/{self.run_dir.name}" if "label" in self.extra else self.run_dir.name
