@@ -125,14 +125,7 @@ def _command_modules():
 
     names = ["gbattn.train.cli", "gbattn.eval.cli", "gbattn.experiments.cli", "gbattn.experiments.denoise",
              "gbattn.analysis.cli", "gbattn.bench.cli"]
-    for name in names:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue
-            raise
-        yield module.register
+    return [importlib.import_module(name).register for name in names]
 
 
 def main(argv: list[str] | None = None) -> int:
