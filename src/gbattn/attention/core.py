@@ -155,9 +155,9 @@ def fast_attention(q_BHTE: Tensor, k_BHSE: Tensor, v_BHSF: Tensor, mask: MaskInf
 
 def chunked_entropy(q_BHTE: Tensor, k_BHSE: Tensor, mask: MaskInfo, scale: float, chunk: int | None = None) -> Tensor:
     """Entropy of each query's attention (B, H, T) without holding the T x S matrix at once:
-    query chunks of at most 2^19 scores (B * H * chunk * S) at a time."""
+    query chunks of at most 2^17 scores (B * H * chunk * S) at a time."""
     B, H, _, _ = q_BHTE.shape
-    chunk = chunk or max(1, (1 << 19) // (B * H * k_BHSE.shape[-2]))
+    chunk = chunk or max(1, (1 << 17) // (B * H * k_BHSE.shape[-2]))
     out = []
     for start in range(0, q_BHTE.shape[-2], chunk):
         q = q_BHTE[..., start : start + chunk, :]
