@@ -14,6 +14,8 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="comparison directory (a killed comparison resumes from it)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the recipe's (paper: 42 123)")
     p.add_argument("--only", nargs="+", default=None, metavar="LABEL", help="train only these models of the recipe")
+    p.add_argument("--residual", default=None,
+                   help="residual stream for every model: plain, attnres-full or attnres-block (default: the recipe's)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override for every model, e.g. --set device=cuda --set compile=true")
     p.add_argument("--quiet", action="store_true")
@@ -23,7 +25,10 @@ def register(sub) -> None:
 def cmd_compare(args) -> None:
     from gbattn.experiments.compare import run_compare
 
-    report = run_compare(args.recipe, args.out, data=args.data, seeds=args.seeds, sets=parse_sets(args.sets),
+    sets = parse_sets(args.sets)
+    if args.residual:
+        sets["residual"] = args.residual
+    report = run_compare(args.recipe, args.out, data=args.data, seeds=args.seeds, sets=sets,
                          only=args.only, quiet=args.quiet)
     print((__import__("pathlib").Path(args.out) / "results.md").read_text())
     if not report["complete"]:
