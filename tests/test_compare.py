@@ -25,6 +25,18 @@ def test_every_recipe_builds_its_models(name):
         assert count_params(model_cfg) > 0
 
 
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_judges_gba_at_equal_parameters_and_equal_compute(name):
+    """Issue 3: each recipe with a GBA model has a param-matched or compute-matched standard row
+    pointing at it, and every recipe has at least one compute-matched standard row."""
+    specs = {s.label: s for s in get_recipe(name).models}
+    matched = [s for s in specs.values() if s.compute_matched_to]
+    assert matched, f"{name} has no compute-matched row"
+    for s in matched:
+        assert s.attn == "standard" and specs[s.compute_matched_to].attn == "boosted"
+        assert s.model == specs[s.compute_matched_to].model  # same norm and residual stream
+
+
 def test_compare_runs_matches_and_resumes(tmp_path, monkeypatch):
     data = write_corpus(tmp_path / "c")
     sets = dict(TINY, max_steps=6, eval_every=3, tokenizer="char", batch_size=8, seq_len=32, sampling="rows",

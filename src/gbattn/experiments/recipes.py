@@ -90,6 +90,7 @@ _add(Recipe(
     models=[
         ModelSpec("standard-postln", model={"norm": "post"}),
         ModelSpec("param-fair-postln", model={"norm": "post"}, param_matched_to="gba-m2-postln"),
+        ModelSpec("compute-matched-postln", model={"norm": "post"}, compute_matched_to="gba-m2-postln"),
         ModelSpec("gba-m2-postln", model={"norm": "post"}, **GBA),
         # The third residual stream: attention over depth (Pre-LN sublayers, SPEC.md section 3).
         ModelSpec("standard-attnres", model={"residual": "attnres-block"}),
@@ -121,11 +122,12 @@ _add(Recipe(
 
 _add(Recipe(
     name="cpu-postln",
-    description="Post-LN standard, GBA M=2 and param-fair at cpu-proxy on WikiText-2 (same steps as cpu-proxy)",
+    description="Post-LN standard, param-fair, compute-matched and GBA M=2 at cpu-proxy on WikiText-2 (same steps as cpu-proxy)",
     preset="cpu-proxy",
     models=[
         ModelSpec("standard-postln", model={"norm": "post"}),
         ModelSpec("param-fair-postln", model={"norm": "post"}, param_matched_to="gba-m2-postln"),
+        ModelSpec("compute-matched-postln", model={"norm": "post"}, compute_matched_to="gba-m2-postln"),
         ModelSpec("gba-m2-postln", model={"norm": "post"}, **GBA),
     ],
     seeds=[42],
@@ -139,6 +141,7 @@ def depth_models() -> list[ModelSpec]:
     return [
         ModelSpec("standard"),
         ModelSpec("standard-attnres", model=block),
+        ModelSpec("compute-matched", compute_matched_to="gba-m2"),
         ModelSpec("gba-m2", **GBA),
         ModelSpec("gba-m2-attnres", model=block, **GBA),
     ]
