@@ -119,20 +119,23 @@ def _run_steps(cfg, batch, seq_len, device, amp, steps):
     del case, model
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+def _status_bytes(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (VmRSS, VmHWM) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field} (the CPU memory probe needs Linux)")
 
 
 def _memory_probe_main(payload: str) -> None:
-    import resource
-
+    # VmHWM is this process's own resident high-water mark. Not getrusage's ru_maxrss: Linux
+    # carries that across fork/exec, so a child would report its (large) parent's RSS.
     d = json.loads(payload)
     cfg = ModelConfig.from_dict(d["cfg"])
-    base = _rss_bytes()
+    base = _status_bytes("VmRSS")
     _run_steps(cfg, d["batch"], d["seq_len"], torch.device("cpu"), False, steps=2)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(max(0, peak - base))
+    print(max(0, _status_bytes("VmHWM") - base))
 
 
 def _autocast(device: torch.device, amp: bool):
