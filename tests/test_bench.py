@@ -80,16 +80,23 @@ def test_bench_command_report(tmp_path, capsys, monkeypatch):
     from gbattn.bench import speed
 
     # The CPU memory probe (a subprocess per case) is tested above; here it is stubbed for speed.
-    monkeypatch.setattr(speed, "peak_memory_train_step", lambda cfg, batch, seq_len, dev, amp: 1e6 * cfg.d_model)
-    code = cli_main(["bench", "--preset", "cpu-char", "--attn", "standard", "boosted", "--repeats", "1", "--steps", "1",
-                     "--decode", "4", "--batch", "2", "--sweep", "32", "64", "--out", str(tmp_path), "--quiet"])
+    probed = []
+    monkeypatch.setattr(speed, "peak_memory_train_step",
+                        lambda cfg, batch, seq_len, dev, amp: probed.append(cfg) or 1e6 * cfg.d_model)
+    code = cli_main(["bench", "--preset", "cpu-char", "--attn", "standard", "boosted:gate=vector", "--repeats", "1",
+                     "--steps", "1", "--decode", "4", "--batch", "2", "--sweep", "32", "64", "--set", "dropout=0.05",
+                     "--out", str(tmp_path), "--quiet"])
     assert code == 0
+    # --set reaches every variant and the sweep; a variant's own options still apply.
+    assert len(probed) == 6 and all(cfg.dropout == 0.05 for cfg in probed)
+    assert probed[1].attn_options["gate"] == "vector"
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {r["variant"]: r for r in report["variants"]}
-    assert rows["standard"]["step_ratio"] == 1.0
-    gba = rows["boosted"]
+    assert rows["standard"]["step_ratio"] == 1.0 and report["dropout"] == 0.05
+    gba = rows["boosted:gate=vector"]
     assert gba["flop_ratio"] > 1.0 and gba["parameters"] > rows["standard"]["parameters"]
     assert gba["step_over_flop_ratio"] == pytest.approx(gba["step_ratio"] / gba["flop_ratio"])
     assert all(r["peak_memory_bytes"] > 0 and r["decode_tokens_per_s"] > 0 for r in rows.values())
     assert [(r["seq_len"], r["variant"]) for r in report["sweep"]] == [(32, "standard"), (32, "boosted"), (64, "standard"), (64, "boosted")]
+    assert "dropout 0.05" in (tmp_path / "bench.md").read_text()
     assert "step / FLOP ratio" in capsys.readouterr().out

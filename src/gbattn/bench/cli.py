@@ -21,6 +21,8 @@ def register(sub) -> None:
     p.add_argument("--sweep-attn", nargs="+", default=None, metavar="VARIANT", help="default: standard boosted")
     p.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")
     p.add_argument("--compile", action="store_true", help="torch.compile the training step (CUDA)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                   help="model-config override for every variant, e.g. --set dropout=0")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None, help="write bench.json and bench.md here")
     p.add_argument("--quiet", action="store_true")
@@ -29,8 +31,9 @@ def register(sub) -> None:
 
 def cmd_bench(args) -> None:
     from gbattn.bench.speed import bench_markdown, run_bench
+    from gbattn.config import parse_sets
 
     report = run_bench(args.preset, args.attn, args.device, args.batch, args.seq_len, args.repeats, args.steps,
                        None, args.decode, args.sweep, args.sweep_attn, not args.no_amp, args.compile, args.threads,
-                       args.out, args.quiet)
+                       args.out, args.quiet, parse_sets(args.sets))
     print(bench_markdown(report))

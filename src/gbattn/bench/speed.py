@@ -150,7 +150,10 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
               seq_len: int | None = None, repeats: int = 5, steps: int = 3, prefill: int | None = None,
               decode: int = 64, sweep: list[int] | None = None, sweep_variants: list[str] | None = None,
               amp: bool = True, compile: bool = False, threads: int | None = None, out: str | None = None,
-              quiet: bool = False) -> dict:
+              quiet: bool = False, sets: dict | None = None) -> dict:
+    """``sets``: model-config overrides for every variant (``{"dropout": 0.0}``); a variant's own
+    options (``boosted:rounds=3``) apply on top."""
+    sets = dict(sets or {})
     if threads:
         torch.set_num_threads(threads)
     if device == "auto":
@@ -161,7 +164,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     variants = list(variants or DEFAULT_VARIANTS)
     if variants[0] != "standard":  # every ratio is against standard
         variants = ["standard"] + [v for v in variants if v != "standard"]
-    base_cfg = preset_config(preset, "standard")
+    base_cfg = _variant_config(preset, "standard", sets)
     seq_len = seq_len or base_cfg.block_size - 1
     batch = batch or (32 if dev.type == "cuda" else 8)
     prefill = prefill or min(128, base_cfg.block_size - decode)
@@ -170,8 +173,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
 
     cases = []
     for spec in variants:
-        name, options = parse_variant(spec)
-        cfg = preset_config(preset, name, {f"attn.{k}": v for k, v in options.items()})
+        cfg = _variant_config(preset, spec, sets)
         torch.manual_seed(0)
         model = GPT(cfg).to(dev)
         step_model = torch.compile(model) if compile else model
@@ -225,9 +227,9 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     for case in cases:
         case.model = case.step_model = case.optimizer = None
 
-    sweep_rows = _sweep(preset, sweep or [], sweep_variants or ["standard", "boosted"], dev, amp, quiet)
+    sweep_rows = _sweep(preset, sweep or [], sweep_variants or ["standard", "boosted"], dev, amp, quiet, sets)
     report = {
-        "preset": preset, "device": _device_name(dev), "batch": batch, "seq_len": seq_len, "repeats": repeats,
+        "preset": preset, "sets": sets, "dropout": base_cfg.dropout, "device": _device_name(dev), "batch": batch, "seq_len": seq_len, "repeats": repeats,
         "steps_per_repeat": steps, "prefill_tokens": prefill, "decode_tokens": decode, "amp_bf16": amp and dev.type == "cuda",
         "compile": compile, "torch": torch.__version__, "threads": torch.get_num_threads(),
         "command": command_line(), "variants": rows, "sweep": sweep_rows,
@@ -239,7 +241,12 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     return report
 
 
-def _sweep(preset, lengths, variants, dev, amp, quiet) -> list[dict]:
+def _variant_config(preset: str, spec: str, sets: dict) -> ModelConfig:
+    name, options = parse_variant(spec)
+    return preset_config(preset, name, {**sets, **{f"attn.{k}": v for k, v in options.items()}})
+
+
+def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
     """Forward + backward time and peak memory against sequence length (batch 1)."""
     rows = []
     if not lengths:
@@ -248,8 +255,7 @@ def _sweep(preset, lengths, variants, dev, amp, quiet) -> list[dict]:
     bar = Progress(len(lengths) * len(variants), desc="sequence-length sweep", unit="case", disable=quiet, interval=15)
     for T in lengths:
         for spec in variants:
-            name, options = parse_variant(spec)
-            cfg = preset_config(preset, name, {f"attn.{k}": v for k, v in options.items()}).replace(block_size=T)
+            cfg = _variant_config(preset, spec, sets).replace(block_size=T)
             torch.manual_seed(0)
             model = GPT(cfg).to(dev)
             case = Case(spec, cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-4))
@@ -283,7 +289,8 @@ def bench_markdown(report: dict) -> str:
         f"# gbattn bench: {report['preset']} on {report['device']}",
         "",
         f"Command: `{report['command']}` · torch {report['torch']} · batch {report['batch']} x {report['seq_len']} tokens · "
-        f"median of {report['repeats']} interleaved repeats of {report['steps_per_repeat']} steps"
+        f"median of {report['repeats']} interleaved repeats of {report['steps_per_repeat']} steps · "
+        f"dropout {report['dropout']:g}"
         f"{' · bf16 autocast' if report['amp_bf16'] else ''}{' · torch.compile' if report['compile'] else ''}",
         "",
         "| variant | parameters | step (ms) | tokens/s | peak memory (MiB) | fwd MFLOP/token | step ratio | FLOP ratio | "
