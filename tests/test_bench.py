@@ -96,6 +96,8 @@ def test_bench_command_report(tmp_path, capsys, monkeypatch):
     gba = rows["boosted:gate=vector"]
     assert gba["flop_ratio"] > 1.0 and gba["parameters"] > rows["standard"]["parameters"]
     assert gba["step_over_flop_ratio"] == pytest.approx(gba["step_ratio"] / gba["flop_ratio"])
+    assert gba["step_ratio"] == pytest.approx(gba["step_s_all"][0] / rows["standard"]["step_s_all"][0])  # one repeat
+    assert gba["step_ratio_range"] == [gba["step_ratio"]] * 2
     assert all(r["peak_memory_bytes"] > 0 and r["decode_tokens_per_s"] > 0 for r in rows.values())
     assert [(r["seq_len"], r["variant"]) for r in report["sweep"]] == [(32, "standard"), (32, "boosted"), (64, "standard"), (64, "boosted")]
     assert "dropout 0.05" in (tmp_path / "bench.md").read_text()

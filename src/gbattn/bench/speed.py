@@ -219,7 +219,11 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         })
     base = rows[0]
     for r in rows:
-        r["step_ratio"] = r["step_s"] / base["step_s"]
+        # Paired: each repeat's time over standard's in the same repeat (they ran back to back), so
+        # a machine that slows down for a while moves both; the median and range of those ratios.
+        paired = sorted(t / t0 for t, t0 in zip(r["step_s_all"], base["step_s_all"]))
+        r["step_ratio"] = statistics.median(paired)
+        r["step_ratio_range"] = [paired[0], paired[-1]]
         r["flop_ratio"] = r["train_flops_per_token"] / base["train_flops_per_token"]
         r["step_over_flop_ratio"] = r["step_ratio"] / r["flop_ratio"]
         r["memory_ratio"] = r["peak_memory_bytes"] / base["peak_memory_bytes"] if base["peak_memory_bytes"] else None
@@ -293,19 +297,22 @@ def bench_markdown(report: dict) -> str:
         f"dropout {report['dropout']:g}"
         f"{' · bf16 autocast' if report['amp_bf16'] else ''}{' · torch.compile' if report['compile'] else ''}",
         "",
-        "| variant | parameters | step (ms) | tokens/s | peak memory (MiB) | fwd MFLOP/token | step ratio | FLOP ratio | "
+        "| variant | parameters | step (ms) | tokens/s | peak memory (MiB) | fwd MFLOP/token | step ratio (range) | FLOP ratio | "
         "step / FLOP ratio | memory ratio | prefill (ms) | decode tokens/s | decode cost ratio |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in report["variants"]:
         mem_ratio = f"{r['memory_ratio']:.2f}" if r["memory_ratio"] else "—"
+        lo, hi = r["step_ratio_range"]
         lines.append(
             f"| {r['variant']} | {r['parameters']:,} | {1000 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
-            f"{r['peak_memory_bytes'] / mib:,.0f} | {r['forward_flops_per_token'] / 1e6:.2f} | {r['step_ratio']:.3f} | "
+            f"{r['peak_memory_bytes'] / mib:,.0f} | {r['forward_flops_per_token'] / 1e6:.2f} | {r['step_ratio']:.3f} ({lo:.2f}–{hi:.2f}) | "
             f"{r['flop_ratio']:.3f} | {r['step_over_flop_ratio']:.3f} | {mem_ratio} | {1000 * r['prefill_s']:.1f} | "
             f"{r['decode_tokens_per_s']:,.0f} | {r['decode_ratio']:.2f} |"
         )
-    lines += ["", "FLOP ratio: training (forward + backward) FLOPs per token from torch.utils.flop_counter. "
+    lines += ["", "Step ratio: median over repeats of the variant's step time over standard's in the same repeat "
+              "(range: lowest and highest of those ratios). "
+              "FLOP ratio: training (forward + backward) FLOPs per token from torch.utils.flop_counter. "
               "Step / FLOP ratio 1.00 = the variant costs exactly its extra arithmetic. Decode cost ratio: "
               "time per decoded token relative to standard (prefill of "
               f"{report['prefill_tokens']} tokens, then {report['decode_tokens']} cached steps, batch 1)."]
