@@ -98,12 +98,17 @@ def hopfield_deq(d: int, beta: float) -> EquilibriumDenoiser:
     return model
 
 
-def test_deq_fixed_point_satisfies_its_equation():
+def deq_case(beta: float, n_queries: int, seed: int):
+    """A float64 DEQ model on 3 patterns in R^8 and noisy queries of them."""
     torch.manual_seed(0)
-    model = hopfield_deq(8, beta=6.0)
+    model = hopfield_deq(8, beta=beta)
     patterns_KD = make_patterns(Setting(8, 3, 0.3)).double()
-    query_BD, target_B = sample_queries(patterns_KD, 0.3, 64, torch.Generator().manual_seed(0))
-    query_BD = query_BD.double()
+    query_BD, target_B = sample_queries(patterns_KD, 0.3, n_queries, torch.Generator().manual_seed(seed))
+    return model, patterns_KD, query_BD.double(), target_B
+
+
+def test_deq_fixed_point_satisfies_its_equation():
+    model, patterns_KD, query_BD, target_B = deq_case(beta=6.0, n_queries=64, seed=0)
     f = lambda z: model.step(z, patterns_KD)[0]  # noqa: E731
     with torch.no_grad():
         z_star_BD, stats = fixed_point(f, query_BD, tol=1e-12, max_iter=500)
@@ -120,11 +125,7 @@ def test_deq_fixed_point_satisfies_its_equation():
 
 
 def test_implicit_gradient_matches_unrolled_iteration():
-    torch.manual_seed(0)
-    model = hopfield_deq(8, beta=4.0)
-    patterns_KD = make_patterns(Setting(8, 3, 0.3)).double()
-    query_BD, target_B = sample_queries(patterns_KD, 0.3, 32, torch.Generator().manual_seed(1))
-    query_BD = query_BD.double()
+    model, patterns_KD, query_BD, target_B = deq_case(beta=4.0, n_queries=32, seed=1)
 
     out_BD, probs_BK = model(query_BD, patterns_KD)  # implicit gradient through the hook
     implicit = torch.autograd.grad(denoise_loss(out_BD, probs_BK, target_B, patterns_KD), list(model.parameters()))
