@@ -233,7 +233,8 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
 
     sweep_rows = _sweep(preset, sweep or [], sweep_variants or ["standard", "boosted"], dev, amp, quiet, sets)
     report = {
-        "preset": preset, "sets": sets, "dropout": base_cfg.dropout, "device": _device_name(dev), "batch": batch, "seq_len": seq_len, "repeats": repeats,
+        "preset": preset, "sets": sets, "dropout": base_cfg.dropout, "device": _device_name(dev), "batch": batch,
+        "seq_len": seq_len, "repeats": repeats,
         "steps_per_repeat": steps, "prefill_tokens": prefill, "decode_tokens": decode, "amp_bf16": amp and dev.type == "cuda",
         "compile": compile, "torch": torch.__version__, "threads": torch.get_num_threads(),
         "command": command_line(), "variants": rows, "sweep": sweep_rows,
