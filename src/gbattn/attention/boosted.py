@@ -16,6 +16,7 @@ is standard attention, with the same parameter names.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ class BoostedOptions:
     gate_hidden: int = 32  # hidden width of the mlp gate
     learned_beta: float | None = None  # if set: learned inverse temperature per round, init beta (synthetic task)
     out_proj: bool = True  # W_out after the last round (False in the synthetic task)
+    layers: list | None = None  # layer indices with correction rounds (negative counts from the end); None = all
 
     def __post_init__(self) -> None:
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
@@ -46,6 +48,10 @@ class BoostedOptions:
         check_choice("attn.kv_source", self.kv_source, KV_SOURCES)
         if not isinstance(self.gate_hidden, int) or self.gate_hidden < 1:
             raise ConfigError(f"attn.gate_hidden={self.gate_hidden!r} must be an integer >= 1")
+        if self.layers is not None and not (
+            isinstance(self.layers, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in self.layers)
+        ):
+            raise ConfigError(f"attn.layers={self.layers!r} must be null or a list of layer indices, e.g. [2, 3]")
         if self.learned_beta is not None and not self.learned_beta > 0:
             raise ConfigError(f"attn.learned_beta={self.learned_beta!r} must be > 0 or null")
 
@@ -142,6 +148,10 @@ class BoostedAttention(AttentionBase):
 
     def __init__(self, args: AttnArgs, options: BoostedOptions) -> None:
         super().__init__(args, options)
+        n = args.n_layers
+        if options.layers is not None and args.layer_idx not in {i % n for i in options.layers}:
+            options = dataclasses.replace(options, rounds=1)  # a layer without corrections: standard attention
+            self.options = options
         d, M = args.d_model, options.rounds
         # One fused projection of x: round-0 Q/K/V, plus round-m K/V when they come from x.
         extra = 2 * d * (M - 1) if options.kv_source == "input" else 0

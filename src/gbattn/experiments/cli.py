@@ -18,6 +18,8 @@ def register(sub) -> None:
                    help="residual stream for every model: plain, attnres-full or attnres-block (default: the recipe's)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override for every model, e.g. --set device=cuda --set compile=true")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads per run (default: torch's choice, one per core); see README, 'Threads'")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_compare)
 
@@ -29,7 +31,7 @@ def cmd_compare(args) -> None:
     if args.residual:
         sets["residual"] = args.residual
     report = run_compare(args.recipe, args.out, data=args.data, seeds=args.seeds, sets=sets,
-                         only=args.only, quiet=args.quiet)
+                         only=args.only, quiet=args.quiet, threads=args.threads)
     print((__import__("pathlib").Path(args.out) / "results.md").read_text())
     if not report["complete"]:
         print("(incomplete: some runs are missing)")

@@ -34,13 +34,17 @@ def spec_configs(recipe: Recipe, spec: ModelSpec, data: str, seed: int, sets: di
 
 
 def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, seeds: list[int] | None = None,
-                sets: dict | None = None, only: list[str] | None = None, quiet: bool = False) -> dict:
+                sets: dict | None = None, only: list[str] | None = None, quiet: bool = False,
+                threads: int | None = None) -> dict:
+    """``threads``: CPU threads of every run (not part of the comparison's identity: it changes
+    speed, not results)."""
     recipe = get_recipe(recipe_name)
     data = data or recipe.default_data
     if not data:
         raise UserError(f"recipe {recipe.name!r} needs --data (see README, 'Reproducing the tables')")
     seeds = seeds or recipe.seeds
     sets = dict(sets or {})
+    run_sets = {**sets, "threads": threads} if threads else sets
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     request = {"recipe": recipe.name, "data": data, "seeds": seeds, "sets": sets,
@@ -52,7 +56,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     if unknown:
         raise UserError(f"--only {unknown}: not in recipe {recipe.name!r} ({', '.join(s.label for s in recipe.models)})")
     # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
-    probe_model, probe_train = spec_configs(recipe, specs[0], data, seeds[0], sets, None)
+    probe_model, probe_train = spec_configs(recipe, specs[0], data, seeds[0], run_sets, None)
     vocab = prepare_data(probe_train, probe_model.vocab_size, progress=not quiet).tokenizer.vocab_size
 
     bar = Progress(len(specs) * len(seeds), desc=f"compare {recipe.name}", unit="run", disable=quiet, interval=0)
@@ -64,7 +68,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
                 results[spec.label][seed] = ckpt.read_json(run_dir / ckpt.RESULT)
                 bar.update(1, last=f"{spec.label}/seed{seed} (done before)")
                 continue
-            model_cfg, train_cfg = _matched_configs(recipe, spec, data, seed, sets, vocab, results, out)
+            model_cfg, train_cfg = _matched_configs(recipe, spec, data, seed, run_sets, vocab, results, out)
             resume = (run_dir / ckpt.CONFIG).exists()
             bar.write(f"{'resuming' if resume else 'training'} {spec.label} seed {seed}: attn={model_cfg.attn} "
                       f"d_model={model_cfg.d_model} steps={train_cfg.max_steps or 'epochs'} -> {run_dir}")

@@ -119,6 +119,47 @@ _add(Recipe(
     published_source="nanoGPT README (shakespeare_char on CPU): validation loss ~1.88 = perplexity ~6.55 for standard",
 ))
 
+_add(Recipe(
+    name="cpu-char-long",
+    description="training length: cpu-char's standard, param-fair, compute-matched and GBA M=2 at 8,000 steps "
+                "(4x cpu-char, the same schedule stretched)",
+    preset="cpu-char",
+    models=[m for m in four_models() if m.label != "twicing"],
+    seeds=[42, 123],
+    train=dict(max_steps=8000),
+))
+
+
+def design_models() -> list[ModelSpec]:
+    """Which GBA configuration earns its FLOPs? Each row changes one option of GBA M=2
+    (kv_source residual, linear gate, every layer); param-fair and compute-matched are matched
+    to the default GBA M=2."""
+    def gba(label: str, **options) -> ModelSpec:
+        return ModelSpec(label, attn="boosted", attn_options={"rounds": 2, **options})
+
+    return [
+        ModelSpec("standard"),
+        ModelSpec("param-fair", param_matched_to="gba-m2"),
+        ModelSpec("compute-matched", compute_matched_to="gba-m2"),
+        gba("gba-m2"),
+        gba("gba-kv-input", kv_source="input"),
+        gba("gba-kv-shared", kv_source="shared"),
+        gba("gba-m3", rounds=3),
+        gba("gba-gate-vector", gate="vector"),
+        gba("gba-gate-scalar", gate="scalar"),
+        gba("gba-upper-half", layers=[2, 3]),
+    ]
+
+
+_add(Recipe(
+    name="gba-design",
+    description="GBA design study at cpu-char (2,000 steps): kv_source, rounds, gate and which layers, "
+                "against standard, param-fair and compute-matched",
+    preset="cpu-char",
+    models=design_models(),
+    seeds=[42, 123, 7],
+))
+
 
 _add(Recipe(
     name="cpu-postln",
