@@ -31,6 +31,13 @@ HF_NAMES = {
     "openwebtext": ("Skylion007/openwebtext", None),
 }
 DEFAULT_SPLIT = (0.9, 0.05, 0.05)
+# Corpora shipped inside the package (``--data NAME``), read as single text files.
+BUNDLED = {"tiny-shakespeare": "tiny-shakespeare.txt.gz"}
+
+
+def bundled_path(name: str) -> Path:
+    """Path of a corpus shipped with gbattn (see ``data/corpora/SOURCE.md``)."""
+    return Path(__file__).parent / "corpora" / BUNDLED[name]
 
 
 @dataclass
@@ -98,7 +105,7 @@ def _local_directory(path: Path) -> Corpus:
     return Corpus(name=str(path), fingerprint=fingerprint, reader=reader, notes=notes)
 
 
-def _single_file(path: Path, split: tuple[float, float, float]) -> Corpus:
+def _single_file(path: Path, split: tuple[float, float, float], name: str | None = None) -> Corpus:
     if abs(sum(split) - 1.0) > 1e-9 or min(split) < 0 or split[0] <= 0 or split[1] <= 0:
         raise DataError(f"split={split}: expected train,valid,test fractions summing to 1 with train and valid > 0")
     with open_text(path) as f:
@@ -116,7 +123,7 @@ def _single_file(path: Path, split: tuple[float, float, float]) -> Corpus:
         # keepends: the character tokenizer must see newlines; BPE strips them anyway
         yield from parts[s].splitlines(keepends=True)
 
-    return Corpus(name=str(path), fingerprint=fingerprint, reader=reader, notes=notes)
+    return Corpus(name=name or str(path), fingerprint=fingerprint, reader=reader, notes=notes)
 
 
 def _hugging_face(name: str, split_rule: tuple[float, float, float]) -> Corpus:
@@ -164,6 +171,8 @@ def _hugging_face(name: str, split_rule: tuple[float, float, float]) -> Corpus:
 
 def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) -> Corpus:
     """Resolve ``--data``: a Hugging Face name, a local directory or a single text file."""
+    if data in BUNDLED:
+        return _single_file(bundled_path(data), split, name=data)
     if data in HF_NAMES:
         return _hugging_face(data, split)
     path = Path(os.path.expanduser(data))
@@ -173,5 +182,5 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
         return _single_file(path, split)
     raise DataError(
         f"--data {data!r}: no such file or directory, and not a known dataset name "
-        f"({', '.join(HF_NAMES)})"
+        f"({', '.join([*BUNDLED, *HF_NAMES])})"
     )

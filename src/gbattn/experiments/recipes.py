@@ -115,6 +115,7 @@ _add(Recipe(
     preset="cpu-char",
     models=four_models(),
     seeds=[42],
+    default_data="tiny-shakespeare",
     published={"standard": (6.55, None)},
     published_source="nanoGPT README (shakespeare_char on CPU): validation loss ~1.88 = perplexity ~6.55 for standard",
 ))
@@ -126,6 +127,7 @@ _add(Recipe(
     preset="cpu-char",
     models=[m for m in four_models() if m.label != "twicing"],
     seeds=[42, 123],
+    default_data="tiny-shakespeare",
     train=dict(max_steps=8000),
 ))
 
@@ -158,6 +160,7 @@ _add(Recipe(
     preset="cpu-char",
     models=design_models(),
     seeds=[42, 123, 7],
+    default_data="tiny-shakespeare",
 ))
 
 
