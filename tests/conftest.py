@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from gbattn.attention.registry import VARIANTS
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 # (variant, options) pairs that the shared tests run over. Every registry entry must appear.
 VARIANT_CASES = [
@@ -15,6 +20,7 @@ VARIANT_CASES = [
     ("boosted", {"rounds": 3, "gate": "vector", "kv_source": "input"}),
     ("boosted", {"gate": "scalar", "kv_source": "shared"}),
     ("boosted", {"gate": "none"}),
+    ("boosted", {"gate": "tanh", "layers": [-1]}),
     ("twicing", {}),
     ("twicing", {"layers": [-1]}),
     ("gated", {"mode": "elementwise"}),
@@ -36,7 +42,10 @@ def variant_case(request):
 
 @pytest.fixture(autouse=True)
 def _deterministic_and_isolated(tmp_path, monkeypatch):
-    """Seeded RNG, and a per-test cache directory (tokenizers and token memmaps)."""
+    """Seeded RNG, a per-test cache directory (tokenizers and token memmaps), and torch's thread
+    count put back after tests that train with a thread count of their own."""
     torch.manual_seed(0)
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "gbattn-cache"))
+    threads = torch.get_num_threads()
     yield
+    torch.set_num_threads(threads)

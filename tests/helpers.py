@@ -5,7 +5,29 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-WORDS = "the a cat dog sat on mat ran far near house tree bird sang loud soft red blue green small big".split()
+WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "on",
+    "mat",
+    "ran",
+    "far",
+    "near",
+    "house",
+    "tree",
+    "bird",
+    "sang",
+    "loud",
+    "soft",
+    "red",
+    "blue",
+    "green",
+    "small",
+    "big",
+]
 
 
 def write_corpus(directory: Path, lines_per_split=(600, 60, 60), seed=0) -> Path:

@@ -1,59 +1,86 @@
-"""Attention variants: fast path vs naive reference, causality, masks, determinism."""
+"""Attention variants against their independent references (gbattn.attention.reference): both
+paths of every module, outputs and all gradients, in float64, with grouped K/V, RoPE and left
+padding; causality; padding that matters; dropout; the analysis record."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from conftest import VARIANT_CASES, case_id
 from gbattn.attention import AttnArgs, build_attention
-from gbattn.attention.core import entropy
+from gbattn.attention.reference import REFERENCES, RefSpec
+from gbattn.attention.registry import VARIANTS
 
-D, H = 16, 4
+D, B, T = 16, 2, 7
+HEADS = {"mha": (4, 4, None), "gqa-rope": (4, 2, 10000.0), "mqa-rope": (4, 1, 500.0)}
 
 
-def make(variant_case, layer_idx=1, dropout=0.0, dtype=torch.float64):
+def test_every_variant_has_a_reference():
+    assert set(REFERENCES) == set(VARIANTS)
+
+
+def make(variant_case, heads="mha", layer_idx=1, dropout=0.0, bias=True):
     name, opts = variant_case
-    args = AttnArgs(d_model=D, n_heads=H, dropout=dropout, layer_idx=layer_idx, n_layers=2)
-    module = build_attention(name, args, opts).to(dtype)
-    # Larger weights than the N(0, 0.02) LM init so attention is far from uniform.
-    with torch.no_grad():
+    H, G, base = HEADS[heads]
+    args = AttnArgs(d_model=D, n_heads=H, n_kv_heads=G, dropout=dropout, bias=bias, layer_idx=layer_idx, n_layers=2,
+                    rope_base=base)
+    module = build_attention(name, args, opts).double()
+    with torch.no_grad():  # larger weights than the LM init, so attention is far from uniform
         for p in module.parameters():
             p.normal_(0, 0.5)
     return module
 
 
-def test_fast_matches_naive_outputs_and_all_gradients(variant_case):
-    attn = make(variant_case)
-    x = torch.randn(2, 7, D, dtype=torch.float64, requires_grad=True)
-    outs, grads = [], []
-    for naive in (False, True):
-        attn.zero_grad()
-        x.grad = None
-        y = attn(x, naive=naive)
-        (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
-        outs.append(y.detach())
-        grads.append([x.grad.clone()] + [p.grad.clone() for p in attn.parameters()])
-    torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-10)
-    assert len(grads[0]) == len(grads[1])
-    for g_fast, g_naive in zip(*grads):
-        torch.testing.assert_close(g_fast, g_naive, rtol=1e-9, atol=1e-10)
+def left_padded():
+    """Row 0 starts with two padding tokens; RoPE positions count real tokens only."""
+    keep = torch.ones(B, T, dtype=torch.bool)
+    keep[0, :2] = False
+    positions = (keep.long().cumsum(1) - 1).clamp_min(0)
+    return keep, positions
 
 
-def test_fast_matches_naive_with_dropout_on_cpu(variant_case):
-    """Both paths draw the same dropout mask for the same RNG state on CPU."""
-    attn = make(variant_case, dropout=0.3).train()
-    x = torch.randn(2, 6, D, dtype=torch.float64)
-    torch.manual_seed(7)
-    y_fast = attn(x)
-    torch.manual_seed(7)
-    y_naive = attn(x, naive=True)
-    torch.testing.assert_close(y_fast, y_naive, rtol=1e-10, atol=1e-10)
+# Differential attention pairs K/V heads, so it has no one-K/V-head case (its refusal is tested below).
+REFERENCE_CASES = [(case, heads) for case in VARIANT_CASES for heads in HEADS
+                   if not (case[0] == "differential" and HEADS[heads][1] % 2)]
 
 
-@pytest.mark.parametrize("naive", [False, True])
+@pytest.mark.parametrize("variant_case,heads", REFERENCE_CASES, ids=[f"{case_id(c)}-{h}" for c, h in REFERENCE_CASES])
+@pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
+def test_module_equals_reference_outputs_and_all_gradients(variant_case, heads, naive):
+    name, opts = variant_case
+    attn = make(variant_case, heads)
+    keep, positions = left_padded()
+    x = torch.randn(B, T, D, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(B, T, D, dtype=torch.float64)
+
+    y = attn(x, key_padding_mask=keep, positions=positions, naive=naive)
+    (y * weight).sum().backward()
+    grads = {"x": x.grad.clone(), **{n: p.grad.clone() for n, p in attn.named_parameters()}}
+
+    params = {n: p.detach().clone().requires_grad_() for n, p in attn.state_dict().items()}
+    x_ref = x.detach().clone().requires_grad_()
+    H, G, base = HEADS[heads]
+    spec = RefSpec(H, G, opts, layer_idx=1, n_layers=2, key_padding_BT=keep, positions_BT=positions, rope_base=base)
+    y_ref = REFERENCES[name](params, x_ref, spec)
+    (y_ref * weight).sum().backward()
+    ref_grads = {"x": x_ref.grad, **{n: params[n].grad for n, _ in attn.named_parameters()}}
+
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    for key, g in grads.items():
+        assert ref_grads[key] is not None, key
+        torch.testing.assert_close(g, ref_grads[key], rtol=1e-9, atol=1e-10, msg=lambda m, k=key: f"{k}: {m}")
+
+
+def test_differential_refuses_an_odd_number_of_kv_heads():
+    with pytest.raises(ValueError, match="n_kv_heads \\(1\\) must be even"):
+        build_attention("differential", AttnArgs(d_model=D, n_heads=4, n_kv_heads=1))
+
+
+@pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
 def test_causality(variant_case, naive):
-    attn = make(variant_case)
-    x = torch.randn(2, 9, D, dtype=torch.float64)
+    attn = make(variant_case, "gqa-rope" if variant_case[0] != "differential" else "mha")
+    x = torch.randn(B, 9, D, dtype=torch.float64)
     t = 4
     x2 = x.clone()
     x2[:, t + 1 :] = torch.randn_like(x2[:, t + 1 :])
@@ -62,54 +89,118 @@ def test_causality(variant_case, naive):
     assert (y1[:, t + 1 :] - y2[:, t + 1 :]).abs().max() > 1e-6  # the change is seen later on
 
 
-@pytest.mark.parametrize("naive", [False, True])
-def test_key_padding_mask_hides_padded_keys(variant_case, naive):
-    """Changing a padded token's input changes no output at real positions (right padding)."""
+@pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
+def test_left_padding_is_hidden_and_matters(variant_case, naive):
+    """Changing the padding tokens changes no real output; and the mask does something: without it
+    the same inputs give other outputs at the real positions of the padded row."""
     attn = make(variant_case)
-    x = torch.randn(2, 8, D, dtype=torch.float64)
-    keep = torch.ones(2, 8, dtype=torch.bool)
-    keep[0, 5:] = False
-    keep[1, 7:] = False
+    keep, _ = left_padded()
+    x = torch.randn(B, T, D, dtype=torch.float64)
     x2 = x.clone()
-    x2[0, 5:] += 3.0
-    x2[1, 7:] -= 3.0
+    x2[0, :2] += 3.0
     y1 = attn(x, key_padding_mask=keep, naive=naive)
     y2 = attn(x2, key_padding_mask=keep, naive=naive)
     torch.testing.assert_close(y1[keep], y2[keep], rtol=0, atol=1e-12)
+    assert (attn(x, naive=naive)[0, 2:] - y1[0, 2:]).abs().max() > 1e-6
 
 
-def test_key_padding_fast_matches_naive_left_padding(variant_case):
-    """Left padding: rows with no visible key give 0 attention (no NaN) on both paths."""
+def test_non_causal_with_padding_equals_reference(variant_case):
+    """causal=False (a bidirectional encoder) with a key padding mask."""
+    name, opts = variant_case
     attn = make(variant_case)
-    x = torch.randn(2, 6, D, dtype=torch.float64)
-    keep = torch.ones(2, 6, dtype=torch.bool)
-    keep[0, :2] = False
-    y_fast = attn(x, key_padding_mask=keep)
-    y_naive = attn(x, key_padding_mask=keep, naive=True)
-    assert torch.isfinite(y_fast).all()
+    keep, _ = left_padded()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    spec = RefSpec(4, 4, opts, layer_idx=1, n_layers=2, causal=False, key_padding_BT=keep)
+    y_ref = REFERENCES[name](attn.state_dict(), x, spec)
+    for naive in (False, True):
+        torch.testing.assert_close(attn(x, key_padding_mask=keep, causal=False, naive=naive), y_ref, rtol=1e-10,
+                                   atol=1e-10)
+
+
+def test_fast_matches_naive_with_dropout_on_cpu(variant_case):
+    """Both paths draw the same dropout masks for the same RNG state on CPU, and dropout does
+    something."""
+    attn = make(variant_case, dropout=0.3).train()
+    x = torch.randn(B, 6, D, dtype=torch.float64)
+    torch.manual_seed(7)
+    y_fast = attn(x)
+    torch.manual_seed(7)
+    y_naive = attn(x, naive=True)
     torch.testing.assert_close(y_fast, y_naive, rtol=1e-10, atol=1e-10)
+    assert (y_fast - attn.eval()(x)).abs().max() > 1e-6
+
+
+def test_twicing_uses_one_dropout_mask_for_both_products():
+    """With dropout, A is dropped out once: 2 (A' V) - A' (A' V) for one mask A' (Twicing's
+    definition), which a second independent mask would not give."""
+    attn = make(("twicing", {}), dropout=0.5).train()
+    x = torch.randn(1, 5, D, dtype=torch.float64)
+    torch.manual_seed(3)
+    y, record = attn(x, return_intermediates=True)
+    first, second = record.rounds
+    # Recover the dropped-out A' from the first product: A' V = first.output; the same A' gives the second.
+    q, k, v = (attn.qkv(x)[..., i * D : (i + 1) * D] for i in range(3))
+    torch.manual_seed(3)
+    A = torch.softmax((q.view(1, 5, 4, 4).transpose(1, 2) @ k.view(1, 5, 4, 4).transpose(1, 2).transpose(-1, -2)) / 2
+                      + torch.full((5, 5), float("-inf")).triu(1), -1)
+    dropped = torch.nn.functional.dropout(A, 0.5)
+    av = dropped @ v.view(1, 5, 4, 4).transpose(1, 2)
+    torch.testing.assert_close(first.output_BTD, av.transpose(1, 2).reshape(1, 5, D))
+    torch.testing.assert_close(second.output_BTD, (dropped @ av).transpose(1, 2).reshape(1, 5, D))
 
 
 def test_same_seed_same_output(variant_case):
     x = torch.randn(2, 5, D)
     torch.manual_seed(3)
-    a = make(variant_case, dtype=torch.float32)
+    a = make(variant_case).float()
     torch.manual_seed(3)
-    b = make(variant_case, dtype=torch.float32)
+    b = make(variant_case).float()
     torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)
 
 
-def test_intermediates_record(variant_case):
-    attn = make(variant_case)
-    x = torch.randn(2, 6, D, dtype=torch.float64)
-    y, rec = attn(x, return_intermediates=True)
-    torch.testing.assert_close(y, attn(x, naive=True))
-    assert rec.probs and len(rec.probs) == len(rec.entropies)
-    for p, ent in zip(rec.probs, rec.entropies):
-        assert p.shape[-2:] == (6, 6)
-        torch.testing.assert_close(p.sum(-1), torch.ones_like(p.sum(-1)))
-        assert torch.all(torch.triu(p, diagonal=1) == 0)  # causal
-        torch.testing.assert_close(ent, entropy(p))
-        assert (ent >= -1e-12).all() and (ent <= torch.log(torch.arange(1, 7, dtype=ent.dtype)) + 1e-9).all()
-    for g in rec.gates:
-        assert ((g >= 0) & (g <= 1)).all()
+EXPECTED_KINDS = {
+    "standard": ["attention"],
+    "twicing": ["attention", "second-pass"],
+    "gated": ["attention"],
+    "differential": ["attention", "negative-map"],
+}
+
+
+def test_record_schema_and_consistency(variant_case):
+    """The record's kinds per variant, its maps equal the reference's explicit attention matrix,
+    and its rounds rebuild the layer's output."""
+    name, opts = variant_case
+    attn = make(variant_case, layer_idx=1)
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    y, record = attn(x, return_intermediates=True)
+    kinds = [r.kind for r in record.rounds]
+    if name == "boosted":
+        rounds = 1 if opts.get("layers") == [0] else opts.get("rounds", 2)
+        assert kinds == ["attention"] + ["correction"] * (rounds - 1)
+    elif name == "twicing" and opts.get("layers") == [0]:
+        assert kinds == ["attention"]
+    else:
+        assert kinds == EXPECTED_KINDS[name]
+    for r in record.rounds:
+        assert r.output_BTD.shape == (B, T, D)
+        assert r.entropy_BHT.shape == r.probs_BHTS.shape[:3]
+    out = attn.out
+    if name == "boosted":
+        F = record.rounds[0].output_BTD
+        for c in record.of_kind("correction"):
+            torch.testing.assert_close(c.residual_BTD, x - F)
+            F = F + c.gate * c.output_BTD
+        torch.testing.assert_close(out(F), y)
+    elif name == "twicing" and len(record.rounds) == 2:
+        torch.testing.assert_close(out(2 * record.rounds[0].output_BTD - record.rounds[1].output_BTD), y)
+    elif name in ("standard", "twicing"):
+        torch.testing.assert_close(out(record.rounds[0].output_BTD), y)
+    elif name == "gated":
+        g = record.rounds[0].gate
+        o = record.rounds[0].output_BTD
+        gated_o = o * g if g.shape[-1] == D else (o.view(B, T, 4, 4) * g[..., None]).reshape(B, T, D)
+        torch.testing.assert_close(out(gated_o), y)
+    else:  # differential
+        pos, neg = (r.output_BTD.view(B, T, 2, 8) for r in record.rounds)
+        o = attn.subln(pos - attn.lambda_full() * neg) * (1 - attn.lambda_init)
+        torch.testing.assert_close(out(o.reshape(B, T, D)), y)

@@ -8,7 +8,6 @@ import torch
 from gbattn.config import ModelConfig, preset_config
 from gbattn.model import GPT, count_params
 from gbattn.model.attnres import AttnResStream
-
 from test_model import tiny_model
 
 
@@ -34,7 +33,9 @@ def test_mix_is_softmax_weighted_sum_of_normalised_keys():
         stream.norms[1].weight.uniform_(0.5, 1.5)
     v = [torch.randn(1, 3, 8, dtype=torch.float64) for _ in range(3)]
     w, g = stream.queries[1], stream.norms[1].weight
-    logits = torch.stack([((x / torch.sqrt((x**2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)) * g) @ w for x in v])
+    logits = torch.stack(
+        [((x / torch.sqrt((x**2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)) * g) @ w for x in v]
+    )
     expected = sum(a[..., None] * x for a, x in zip(torch.softmax(logits, 0), v))
     torch.testing.assert_close(stream.mix(1, v), expected)
 

@@ -55,8 +55,8 @@ def test_fast_path_peak_memory_at_2048_far_below_a_t_by_t_matrix(variant_case, n
     with torch.no_grad(), LiveMemory() as probe:
         attn(x, naive=naive)
     one_head_tt_bytes = 4 * T * T  # one fp32 T x T matrix for ONE head
-    if naive:  # the reference path holds the scores of every head: the probe sees them
-        assert probe.peak >= H * one_head_tt_bytes and probe.largest >= H * T * T
+    if naive:  # the reference path holds the scores of every head of a call: the probe sees them
+        assert probe.peak >= H // 2 * one_head_tt_bytes and probe.largest >= H // 2 * T * T
     else:
         assert probe.peak <= one_head_tt_bytes / 4, probe.peak / one_head_tt_bytes
         assert probe.largest <= T * T // 8
@@ -99,6 +99,11 @@ def test_bench_command_report(tmp_path, capsys, monkeypatch):
     assert gba["step_ratio"] == pytest.approx(gba["step_s_all"][0] / rows["standard"]["step_s_all"][0])  # one repeat
     assert gba["step_ratio_range"] == [gba["step_ratio"]] * 2
     assert all(r["peak_memory_bytes"] > 0 and r["decode_tokens_per_s"] > 0 for r in rows.values())
-    assert [(r["seq_len"], r["variant"]) for r in report["sweep"]] == [(32, "standard"), (32, "boosted"), (64, "standard"), (64, "boosted")]
+    assert [(r["seq_len"], r["variant"]) for r in report["sweep"]] == [
+        (32, "standard"),
+        (32, "boosted"),
+        (64, "standard"),
+        (64, "boosted"),
+    ]
     assert "dropout 0.05" in (tmp_path / "bench.md").read_text()
     assert "step / FLOP ratio" in capsys.readouterr().out

@@ -44,7 +44,16 @@ def test_params_set_override(capsys):
 def test_list_shows_variants_and_presets(capsys):
     code, out, _ = run_cli(capsys, "list")
     assert code == 0
-    for name in ("standard", "boosted", "twicing", "gated", "differential", "paper-small", "cpu-proxy", "attn.kv_source"):
+    for name in (
+        "standard",
+        "boosted",
+        "twicing",
+        "gated",
+        "differential",
+        "paper-small",
+        "cpu-proxy",
+        "attn.kv_source",
+    ):
         assert name in out
 
 
@@ -53,10 +62,16 @@ def test_list_shows_variants_and_presets(capsys):
     [
         (["params", "huge"], "preset='huge' is not allowed"),
         (["params", "paper-small", "--attn", "nope"], "attn='nope' is not allowed"),
-        (["params", "paper-small", "--attn", "boosted", "--set", "attn.rounds=0"], "attn.rounds=0 must be an integer >= 1"),
+        (
+            ["params", "paper-small", "--attn", "boosted", "--set", "attn.rounds=0"],
+            "attn.rounds=0 must be an integer >= 1",
+        ),
         (["params", "paper-small", "--set", "d_model=30"], "d_model=30 is not divisible by n_heads=4"),
         (["params", "paper-small", "--attn", "boosted", "--set", "attn.gate=relu"], "attn.gate='relu' is not allowed"),
-        (["params", "paper-small", "--attn", "boosted", "--set", "attn.kv_source=x"], "attn.kv_source='x' is not allowed"),
+        (
+            ["params", "paper-small", "--attn", "boosted", "--set", "attn.kv_source=x"],
+            "attn.kv_source='x' is not allowed",
+        ),
         (["params", "paper-small", "--set", "d_model"], "expected key=value"),
         (["frobnicate"], "invalid choice"),
     ],
@@ -69,7 +84,9 @@ def test_user_errors_one_line_status_2(capsys, argv, message):
 
 
 def test_console_script_exit_status():
-    proc = subprocess.run([sys.executable, "-m", "gbattn.cli", "params", "paper-small", "--attn", "bogus"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gbattn.cli", "params", "paper-small", "--attn", "bogus"], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "gbattn: error: attn='bogus' is not allowed; choose one of standard, boosted, twicing, gated, differential"
@@ -77,7 +94,7 @@ def test_console_script_exit_status():
 
 
 def test_command_line_records_the_cli_arguments(capsys):
-    from gbattn.config import command_line
+    from gbattn.runtime import command_line
 
     assert main(["params", "paper-small", "--attn", "twicing"]) == 0
     assert command_line() == "gbattn params paper-small --attn twicing"

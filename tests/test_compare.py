@@ -6,12 +6,11 @@ import json
 
 import pytest
 
+from gbattn.config import build_configs
 from gbattn.experiments import compare as compare_mod
 from gbattn.experiments.compare import run_compare
 from gbattn.experiments.recipes import RECIPES, get_recipe
 from gbattn.model.params import count_params
-from gbattn.train.config import build_configs
-
 from helpers import TINY, write_corpus
 
 
@@ -70,4 +69,6 @@ def test_compare_refuses_other_settings_in_same_dir(tmp_path):
                 eval_tokens=None, warmup_steps=1)
     run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
     with pytest.raises(Exception, match="holds a comparison with sets"):
-        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets={**sets, "lr": 0.5}, only=["standard"], quiet=True)
+        run_compare(
+            "cpu-proxy", tmp_path / "cmp", data=str(data), sets={**sets, "lr": 0.5}, only=["standard"], quiet=True
+        )

@@ -1,4 +1,4 @@
-"""`gbattn denoise`: the synthetic pattern-denoising task (SPEC.md section 2)."""
+"""`gbattn denoise`: the synthetic pattern-denoising task (docs/method.md, "The synthetic task")."""
 
 from __future__ import annotations
 
@@ -11,20 +11,10 @@ import torch
 
 from gbattn.cli import main
 from gbattn.errors import UserError
-from gbattn.experiments.denoise import (
-    EquilibriumDenoiser,
-    PatternDenoiser,
-    Protocol,
-    Setting,
-    bayes_optimal_accuracy,
-    boosted_run,
-    denoise_loss,
-    fixed_point,
-    make_patterns,
-    plot_rounds,
-    sample_queries,
-    train_run,
-)
+from gbattn.synthetic.models import EquilibriumDenoiser, PatternDenoiser, fixed_point
+from gbattn.synthetic.tables import plot_rounds
+from gbattn.synthetic.task import Protocol, Setting, bayes_optimal_accuracy, make_patterns, sample_queries
+from gbattn.synthetic.training import boosted_run, denoise_loss, train_run
 
 
 @pytest.fixture(autouse=True)
@@ -56,19 +46,42 @@ def test_patterns_fixed_unit_norm():
     assert torch.equal(a, b) and torch.allclose(a.norm(dim=-1), torch.ones(16))
 
 
-def test_wrapper_uses_gbattn_layer_and_broadcast_memory_matches_expanded():
-    from gbattn.attention.boosted import BoostedAttention
+def test_denoiser_equals_the_equations_written_out():
+    """Three rounds with the mlp gate, against the task's equations written with explicit weights."""
+    torch.manual_seed(0)
+    d, K = 8, 5
+    model = PatternDenoiser(d, rounds=3, gate="mlp").double()
+    patterns_KD = make_patterns(Setting(d, K, 0.5)).double()
+    query_BD = sample_queries(patterns_KD, 0.5, 4, torch.Generator().manual_seed(0))[0].double()
+    W = model.qkv.weight
+    beta = model.log_beta.exp()
 
-    model = PatternDenoiser(32, rounds=3, gate="mlp")
-    assert isinstance(model.attn, BoostedAttention)
-    patterns_KD = make_patterns(Setting(32, 8, 0.5))
-    query_BD, _ = sample_queries(patterns_KD, 0.5, 6, torch.Generator().manual_seed(0))
+    def attend(m, q_BD, k_KD, v_KD):
+        probs = torch.softmax(beta[m] * q_BD @ k_KD.T, dim=-1)
+        return probs @ v_KD, probs
+
+    F, probs0 = attend(0, query_BD @ W[:d].T, patterns_KD @ W[d : 2 * d].T, patterns_KD @ W[2 * d : 3 * d].T)
+    ent = -(probs0 * probs0.log()).sum(-1, keepdim=True)
+    for m, corr in enumerate(model.corrections, start=1):
+        lo = d + 2 * d * m
+        c, _ = attend(m, (query_BD - F) @ corr.proj.weight.T, patterns_KD @ W[lo : lo + d].T,
+                      patterns_KD @ W[lo + d : lo + 2 * d].T)
+        net = corr.gate.net
+        g = torch.sigmoid(net[2](torch.nn.functional.gelu(net[0](torch.cat([F, c, ent], -1)))))
+        F = F + g * c
     out_BD, probs_BK = model(query_BD, patterns_KD)
-    y_B1D, record = model.attn(query_BD[:, None], memory=patterns_KD.expand(6, 8, 32), causal=False,
-                               return_intermediates=True)
-    torch.testing.assert_close(out_BD, y_B1D[:, 0])
-    torch.testing.assert_close(probs_BK, record.probs[0][:, 0, 0])
-    assert probs_BK.shape == (6, 8) and len(record.gates) == 2
+    torch.testing.assert_close(out_BD, F)
+    torch.testing.assert_close(probs_BK, probs0)
+
+
+def test_denoiser_initial_weights_are_the_published_tables_ones():
+    """Seed 0's initial weights, pinned from the GBA layer the published denoise tables were measured
+    with (before the task got its own model): the same draws in the same order."""
+    torch.manual_seed(0)
+    model = PatternDenoiser(16, rounds=2, gate="linear")
+    sums = {n: round(float(p.detach().double().sum()), 9) for n, p in model.named_parameters()}
+    assert sums == {"log_beta": 1.386294365, "qkv.weight": -3.061667293, "corrections.0.proj.weight": 0.478265882,
+                    "corrections.0.gate.proj.weight": 1.320846456, "corrections.0.gate.proj.bias": 0.147056774}
 
 
 def test_loss_uses_probabilities_as_logits():
@@ -93,7 +106,7 @@ def hopfield_deq(d: int, beta: float) -> EquilibriumDenoiser:
     and a sharp beta make f a Hopfield retrieval step with one attractor near each pattern."""
     model = EquilibriumDenoiser(d, beta_init=beta, tol=1e-12, max_iter=500).double()
     with torch.no_grad():
-        weight = model.step.attn.qkv.weight
+        weight = model.step.qkv.weight
         weight.copy_(torch.eye(d, dtype=weight.dtype).repeat(3, 1) + 0.05 * torch.randn_like(weight))
     return model
 
@@ -109,7 +122,9 @@ def deq_case(beta: float, n_queries: int, seed: int):
 
 def test_deq_fixed_point_satisfies_its_equation():
     model, patterns_KD, query_BD, target_B = deq_case(beta=6.0, n_queries=64, seed=0)
-    f = lambda z: model.step(z, patterns_KD)[0]  # noqa: E731
+    def f(z):
+        return model.step(z, patterns_KD)[0]
+
     with torch.no_grad():
         z_star_BD, stats = fixed_point(f, query_BD, tol=1e-12, max_iter=500)
         residual_B = (f(z_star_BD) - z_star_BD).norm(dim=-1)

@@ -76,7 +76,11 @@ def test_boosted_two_rounds_equals_hand_written(kv_source, gate):
     else:  # shared: exactly round 0's keys and values
         k1, v1 = k0, v0
     c1 = merge(softmax_attention_matrix(q1, k1) @ heads(v1))
-    g = torch.ones(()) if gate == "none" else torch.sigmoid(torch.cat([F0, c1], -1) @ corr.gate.proj.weight.T + corr.gate.proj.bias)
+    g = (
+        torch.ones(())
+        if gate == "none"
+        else torch.sigmoid(torch.cat([F0, c1], -1) @ corr.gate.proj.weight.T + corr.gate.proj.bias)
+    )
     expected = linear(F0 + g * c1, gba.out)
     for naive in (False, True):
         torch.testing.assert_close(gba(x, naive=naive), expected, rtol=1e-12, atol=1e-12)
@@ -85,7 +89,9 @@ def test_boosted_two_rounds_equals_hand_written(kv_source, gate):
 def test_shared_kv_source_has_no_round_kv_parameters():
     shared = build_attention("boosted", args(), {"kv_source": "shared", "gate": "none"})
     residual = build_attention("boosted", args(), {"kv_source": "residual", "gate": "none"})
-    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    def n(m):
+        return sum(p.numel() for p in m.parameters())
+
     assert n(residual) - n(shared) == 2 * (D * D + D)  # the round's W_K, W_V and biases
 
 
@@ -126,7 +132,11 @@ def test_differential_equals_hand_written():
     W, b = d.qkv.weight, d.qkv.bias
     q, k, v = (x @ W[i * 16 : (i + 1) * 16].T + b[i * 16 : (i + 1) * 16] for i in range(3))
     with torch.no_grad():
-        lam = math.exp((d.lambda_q1 @ d.lambda_k1).item()) - math.exp((d.lambda_q2 @ d.lambda_k2).item()) + (0.8 - 0.6 * math.exp(-0.6))
+        lam = (
+            math.exp((d.lambda_q1 @ d.lambda_k1).item())
+            - math.exp((d.lambda_q2 @ d.lambda_k2).item())
+            + (0.8 - 0.6 * math.exp(-0.6))
+        )
     outs = []
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
     for h in range(Hd // 2):

@@ -1,4 +1,5 @@
-"""The GPT model: exact parameter counts, presets, causality, cached decoding, errors."""
+"""The GPT model: exact parameter counts, presets, block options (GPT-2 and Llama style), causality,
+cached decoding, dropout sites, errors."""
 
 from __future__ import annotations
 
@@ -8,11 +9,21 @@ import torch
 from gbattn.config import PRESETS, ConfigError, ModelConfig, preset_config
 from gbattn.model import GPT, count_params, flops_per_token, lm_loss, param_matched_width
 
+BLOCKS = {
+    "gpt2": {},
+    "llama": dict(norm_type="rmsnorm", ffn="swiglu", bias=False, pos="rope", rope_base=500.0, n_kv_heads=2),
+    "post-gelu-tanh-mqa": dict(norm="post", ffn="gelu-tanh", pos="rope", n_kv_heads=1),
+}
+
 
 def tiny_config(variant_case, **kw) -> ModelConfig:
     name, opts = variant_case
-    base = dict(vocab_size=37, block_size=24, d_model=16, n_layers=2, n_heads=4, dropout=0.0, attn=name, attn_options=opts)
+    base = dict(
+        vocab_size=37, block_size=24, d_model=16, n_layers=2, n_heads=4, dropout=0.0, attn=name, attn_options=opts
+    )
     base.update(kw)
+    if name == "differential" and base.get("n_kv_heads") == 1:
+        base["n_kv_heads"] = 2  # differential attention pairs K/V heads
     return ModelConfig(**base)
 
 
@@ -24,7 +35,7 @@ def tiny_model(variant_case, **kw) -> GPT:
     return model.eval()
 
 
-# ---- SPEC.md's table: these counts must come out exactly -----------------------------
+# ---- The paper's table (docs/paper.md): these counts must come out exactly -----------
 
 
 @pytest.mark.parametrize(
@@ -40,6 +51,22 @@ def test_paper_parameter_counts(attn, overrides, expected):
     cfg = preset_config("paper-small", attn, overrides)
     assert count_params(cfg) == expected
     assert GPT(cfg).num_params() == expected  # the real module, not only the meta build
+
+
+@pytest.mark.parametrize(
+    "preset,attn,expected",
+    [
+        # Llama-style at paper-small's size: embeddings 4,194,304; per layer Q/K/V 131,072 (2 K/V heads),
+        # W_out 65,536, SwiGLU 3 x 256 x 688 = 528,384, two RMSNorm gains 512; final RMSNorm 256.
+        ("llama-small", "standard", 7_096_576),
+        # + per layer: the correction's Q/K/V 131,072 and the gate 2d -> d with its bias 131,328.
+        ("llama-small", "boosted", 8_146_176),
+        ("cpu-llama", "standard", 1_262_720),
+        ("cpu-llama", "boosted", 1_525_376),
+    ],
+)
+def test_llama_preset_parameter_counts(preset, attn, expected):
+    assert count_params(preset_config(preset, attn)) == expected
 
 
 def test_param_matched_width_is_288():
@@ -75,9 +102,9 @@ def test_every_preset_builds_forward_backward(preset):
 # ---- behaviour over every variant -----------------------------------------------------
 
 
-@pytest.mark.parametrize("norm,pos", [("pre", "learned"), ("post", "rope")])
-def test_model_causality(variant_case, norm, pos):
-    model = tiny_model(variant_case, norm=norm, pos=pos)
+@pytest.mark.parametrize("block", list(BLOCKS))
+def test_model_causality(variant_case, block):
+    model = tiny_model(variant_case, **BLOCKS[block])
     idx = torch.randint(0, 37, (2, 12))
     idx2 = idx.clone()
     idx2[:, 6:] = (idx2[:, 6:] + 5) % 37
@@ -86,9 +113,9 @@ def test_model_causality(variant_case, norm, pos):
     assert (a[:, 6:] - b[:, 6:]).abs().max() > 1e-6
 
 
-@pytest.mark.parametrize("pos", ["learned", "rope"])
-def test_cached_decode_equals_full_forward(variant_case, pos):
-    model = tiny_model(variant_case, pos=pos)
+@pytest.mark.parametrize("block", list(BLOCKS))
+def test_cached_decode_equals_full_forward(variant_case, block):
+    model = tiny_model(variant_case, **BLOCKS[block])
     idx = torch.randint(0, 37, (2, 11))
     full = model(idx)
     model.setup_cache(batch=2, max_len=16)
@@ -102,8 +129,9 @@ def test_cached_decode_equals_full_forward(variant_case, pos):
     torch.testing.assert_close(model(idx), full, rtol=0, atol=0)
 
 
-def test_naive_model_path_equals_fast(variant_case):
-    model = tiny_model(variant_case)
+@pytest.mark.parametrize("block", list(BLOCKS))
+def test_naive_model_path_equals_fast(variant_case, block):
+    model = tiny_model(variant_case, **BLOCKS[block])
     idx = torch.randint(0, 37, (2, 10))
     torch.testing.assert_close(model(idx, naive=True), model(idx), rtol=1e-10, atol=1e-10)
     logits, record = model(idx, return_intermediates=True)
@@ -128,8 +156,7 @@ def test_init_follows_paper():
     assert model.blocks[0].attn.qkv.bias.abs().max() == 0
     assert model.lm_head.weight is model.wte.weight
     gate = model.blocks[0].attn.corrections[0].gate.proj
-    x = torch.randn(4, 512)
-    assert (torch.sigmoid(gate(x)) - 0.5).abs().mean() < 0.1  # the linear gate starts near 0.5
+    assert gate.weight.std().item() == pytest.approx(0.02, abs=0.001) and gate.bias.abs().max() == 0
 
 
 # ---- clear errors -----------------------------------------------------------------------
@@ -146,11 +173,21 @@ def test_sequence_longer_than_position_table():
     [
         (dict(attn="nope"), r"attn='nope' is not allowed; choose one of standard, boosted"),
         (dict(attn="boosted", attn_options={"rounds": 0}), r"attn.rounds=0 must be an integer >= 1"),
-        (dict(attn="boosted", attn_options={"gate": "relu"}), r"attn.gate='relu' is not allowed; choose one of linear, mlp"),
-        (dict(attn="boosted", attn_options={"kv_source": "x"}), r"attn.kv_source='x' is not allowed; choose one of residual"),
+        (
+            dict(attn="boosted", attn_options={"gate": "relu"}),
+            r"attn.gate='relu' is not allowed; choose one of linear, mlp",
+        ),
+        (
+            dict(attn="boosted", attn_options={"kv_source": "x"}),
+            r"attn.kv_source='x' is not allowed; choose one of residual",
+        ),
         (dict(attn="boosted", attn_options={"round": 2}), r"has no option\(s\) \['round'\]; its options are: rounds"),
         (dict(d_model=30, n_heads=4), r"d_model=30 is not divisible by n_heads=4"),
-        (dict(attn="differential", n_heads=3, d_model=30), r"needs an even n_heads"),
+        (dict(attn="differential", n_heads=3, d_model=30), r"n_heads \(3\) and n_kv_heads \(3\) must be even"),
+        (dict(n_kv_heads=3), r"n_kv_heads=3 must divide n_heads=4"),
+        (dict(d_model=128.5), r"d_model=128.5 must be an integer"),
+        (dict(dropout_sites=["embedding", "somewhere"]), r"dropout_sites entry='somewhere' is not allowed"),
+        (dict(ffn="relu"), r"ffn='relu' is not allowed; choose one of gelu, gelu-tanh, swiglu"),
         (dict(norm="middle"), r"norm='middle' is not allowed; choose one of pre, post"),
     ],
 )

@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 import torch
 
+from gbattn import rundir as ckpt
 from gbattn.cli import main as cli_main
+from gbattn.config import build_configs
 from gbattn.data import tokenizer as tokenizer_mod
 from gbattn.data.corpus import load_corpus
 from gbattn.data.tokenizer import get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError
-from gbattn.train import checkpoint as ckpt
-from gbattn.train.config import build_configs
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
 from helpers import TINY, write_corpus
+
 
 def tiny_configs(data, attn="boosted", **sets):
     s = dict(TINY)
@@ -89,7 +90,7 @@ def test_bad_data_path_exits_2_with_one_line(capsys, tmp_path):
     (tmp_path / "empty").mkdir()
     code = cli_main(["train", "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and "expected WikiText layout" in err
+    assert code == 2 and len(err.splitlines()) == 1 and "files seen: none" in err
 
 
 # ---- training ----------------------------------------------------------------------------
@@ -100,14 +101,14 @@ def test_train_writes_a_self_describing_run(tmp_path):
     result = train(tmp_path / "run", *tiny_configs(data), quiet=True)
     for name in (ckpt.CONFIG, ckpt.TOKENIZER, ckpt.CHECKPOINT, ckpt.BEST, ckpt.METRICS, ckpt.RESULT):
         assert (tmp_path / "run" / name).is_file(), name
-    events = [json.loads(l) for l in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
+    events = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
     assert [e["step"] for e in events if e["event"] == "eval"] == [4, 8, 12]
     assert result["steps"] == 12 and result["test_ppl"] < 30  # learned something (char vocab ~30)
     assert [p["step"] for p in result["curve"]] == [4, 8, 12]
     # `gbattn eval` on the run gives the same test perplexity as the trainer's final record.
-    from gbattn.eval.load import load_run
+    from gbattn.data.prepare import prepare_data
     from gbattn.eval.perplexity import evaluate
-    from gbattn.train.trainer import prepare_data
+    from gbattn.rundir import load_run
 
     run = load_run(tmp_path / "run")
     d = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
@@ -140,7 +141,10 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
     a, b = final_weights(tmp_path / "ref"), final_weights(tmp_path / "crashed")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
-    train_losses = lambda p: [e["loss"] for e in map(json.loads, (p / ckpt.METRICS).read_text().splitlines()) if e["event"] == "train"]  # noqa: E731
+    def train_losses(run: Path) -> list[float]:
+        events = map(json.loads, (run / ckpt.METRICS).read_text().splitlines())
+        return [e["loss"] for e in events if e["event"] == "train"]
+
     assert train_losses(tmp_path / "ref") == train_losses(tmp_path / "crashed")  # no duplicated or lost events
 
 
@@ -179,7 +183,7 @@ def test_corrupted_checkpoint_is_a_clear_error(tmp_path, capsys):
 def test_atomic_save_keeps_previous_file_on_crash(tmp_path, monkeypatch):
     path = tmp_path / "x.pt"
     original_save = torch.save
-    ckpt.atomic_torch_save({"model": {"w": torch.ones(2)}}, path)
+    ckpt.save_checkpoint({"model": {"w": torch.ones(2)}}, path)
 
     def broken_save(obj, f):
         f.write(b"partial")
@@ -187,7 +191,7 @@ def test_atomic_save_keeps_previous_file_on_crash(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(OSError):
-        ckpt.atomic_torch_save({"model": {"w": torch.zeros(2)}}, path)
+        ckpt.save_checkpoint({"model": {"w": torch.zeros(2)}}, path)
     monkeypatch.setattr(torch, "save", original_save)
     assert torch.equal(ckpt.load_checkpoint(path)["model"]["w"], torch.ones(2))
 
@@ -209,7 +213,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     state = ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)
     assert state["step"] == 4
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
-    events = [json.loads(l) for l in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
+    events = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
     assert events[-1]["event"] == "stop" and events[-1]["reason"] == "non-finite loss"
 
 
@@ -225,9 +229,26 @@ def test_ddp_two_gloo_processes_match_one_process(tmp_path):
     single = subprocess.run([sys.executable, "-m", "gbattn.cli", "train", "--out", str(tmp_path / "one"), *common],
                             capture_output=True, text=True, env=env)
     assert single.returncode == 0, single.stderr
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-                          "-m", "gbattn.cli", "train", "--out", str(tmp_path / "two"), *common],
-                         capture_output=True, text=True, env=env)
+    ddp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29517",
+            "-m",
+            "gbattn.cli",
+            "train",
+            "--out",
+            str(tmp_path / "two"),
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     one = json.loads((tmp_path / "one" / ckpt.RESULT).read_text())
     two = json.loads((tmp_path / "two" / ckpt.RESULT).read_text())

@@ -1,26 +1,45 @@
-"""gbattn: gradient-boosted attention (arXiv 2604.03190) and the baselines it is compared with."""
+"""gbattn: gradient-boosted attention (arXiv 2604.03190) and the baselines it is compared with.
 
-from gbattn.attention import VARIANTS, AttnArgs, Intermediates, build_attention
-from gbattn.config import PRESETS, ModelConfig, preset_config
-from gbattn.errors import CheckpointError, ConfigError, DataError, UserError
-from gbattn.model import GPT, count_params, flops_per_token, param_matched_width
+The names below load on first use, so ``import gbattn`` (and ``gbattn --help``) stays fast and
+never imports ``transformers`` (that is ``gbattn.hf``)."""
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-__all__ = [
-    "VARIANTS",
-    "AttnArgs",
-    "Intermediates",
-    "build_attention",
-    "PRESETS",
-    "ModelConfig",
-    "preset_config",
-    "GPT",
-    "count_params",
-    "flops_per_token",
-    "param_matched_width",
-    "UserError",
-    "ConfigError",
-    "DataError",
-    "CheckpointError",
-]
+import importlib
+
+__version__ = "0.2.0"
+
+_EXPORTS = {
+    "VARIANTS": "gbattn.attention.registry",
+    "AttnArgs": "gbattn.attention.core",
+    "Record": "gbattn.attention.core",
+    "Round": "gbattn.attention.core",
+    "build_attention": "gbattn.attention.registry",
+    "PRESETS": "gbattn.config",
+    "ModelConfig": "gbattn.config",
+    "TrainConfig": "gbattn.config",
+    "preset_config": "gbattn.config",
+    "GPT": "gbattn.model.gpt",
+    "generate": "gbattn.model.generate",
+    "count_params": "gbattn.model.params",
+    "flops_per_token": "gbattn.model.params",
+    "param_matched_width": "gbattn.model.params",
+    "load_run": "gbattn.rundir",
+    "LoadedRun": "gbattn.rundir",
+    "UserError": "gbattn.errors",
+    "ConfigError": "gbattn.errors",
+    "DataError": "gbattn.errors",
+    "CheckpointError": "gbattn.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'gbattn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,165 +1,319 @@
-"""Model configuration, presets and ``--set key=value`` overrides.
+"""Model and training configurations, presets, and ``--set key=value`` overrides.
 
-Configs are plain dataclasses, serialisable to JSON and validated on construction: a bad
-value raises :class:`ConfigError` (a ``ValueError``) that names the field and the allowed
-values. The attention variant's own options live in ``attn_options`` and are validated by
-that variant's ``Options`` dataclass (see :mod:`gbattn.attention.registry`).
+Both configs are typed records (:class:`gbattn.checks.Typed`): a value of the wrong type or out of
+range is refused where it enters, with a message naming the field. A preset is one record holding
+a model and its training recipe (docs/paper.md for the paper's). The attention variant's own
+options live in ``attn_options`` and are checked by that variant's ``Options`` record.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import shlex
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from gbattn.attention.registry import variant_options
+from gbattn.checks import (
+    Typed,
+    at_least,
+    each_one_of,
+    fraction,
+    greater_than,
+    one_of,
+    parse_value,
+)
 from gbattn.errors import ConfigError
 
-
-NORMS = ("pre", "post")
-POSITIONS = ("learned", "rope")
-RESIDUALS = ("plain", "attnres-full", "attnres-block")
-
-
-def check_choice(field_name: str, value: Any, allowed: tuple | list) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{field_name}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
-
-
-def check_positive(field_name: str, value: Any, minimum: int | float = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise ConfigError(f"{field_name}={value!r} must be a number >= {minimum}")
-
-
-class SerialisableConfig:
-    """JSON round trip for the config dataclasses; unknown fields are a :class:`ConfigError`."""
-
-    kind = "config"  # how error messages name this config
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict):
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown {cls.kind} field(s) {unknown}; allowed: {', '.join(sorted(known))}")
-        return cls(**d)
-
-    def replace(self, **changes: Any):
-        return type(self).from_dict({**self.to_dict(), **changes})
+# Where dropout can be applied (docs/paper.md, "The authors' training loop"). The default is the
+# authors' set: no dropout on the attention sublayer's output.
+DROPOUT_SITES = ("embedding", "attention", "attn-output", "ffn-hidden", "ffn-output")
+AUTHORS_DROPOUT_SITES = ["embedding", "attention", "ffn-hidden", "ffn-output"]
 
 
 @dataclass
-class ModelConfig(SerialisableConfig):
-    """The GPT language model (SPEC.md section 1, "Paper configuration")."""
+class ModelConfig(Typed):
+    """The language model: a GPT-2-style block by default (the paper's), Llama-style with
+    ``norm_type=rmsnorm, ffn=swiglu, bias=false, pos=rope, n_kv_heads=...`` (docs/baselines.md)."""
 
     kind = "model config"
 
-    vocab_size: int = 16384
-    block_size: int = 256  # size of the position table = longest sequence the model accepts
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    ffn_mult: int = 4  # FFN is d -> ffn_mult*d -> d
-    dropout: float = 0.1  # embedding, attention probabilities, sublayer outputs, FFN
-    norm: str = "pre"  # "pre" (Pre-LN, paper) or "post" (Post-LN)
-    pos: str = "learned"  # "learned" absolute positions (paper) or "rope"
-    rope_base: float = 10000.0
-    bias: bool = True
+    vocab_size: int = field(default=16384, metadata=at_least(1))
+    block_size: int = field(default=256, metadata=at_least(1))  # longest sequence (learned position table)
+    d_model: int = field(default=256, metadata=at_least(1))
+    n_layers: int = field(default=4, metadata=at_least(1))
+    n_heads: int = field(default=4, metadata=at_least(1))
+    n_kv_heads: int | None = field(default=None, metadata=at_least(1))  # grouped-query attention; None = n_heads
+    ffn: str = field(default="gelu", metadata=one_of("gelu", "gelu-tanh", "swiglu"))
+    ffn_mult: int = field(default=4, metadata=at_least(1))  # hidden width ffn_mult * d_model (GELU)
+    ffn_hidden: int | None = field(default=None, metadata=at_least(1))  # explicit hidden width
+    dropout: float = field(default=0.1, metadata=fraction())
+    dropout_sites: list[str] = field(default_factory=lambda: list(AUTHORS_DROPOUT_SITES),
+                                     metadata=each_one_of(*DROPOUT_SITES))
+    norm: str = field(default="pre", metadata=one_of("pre", "post"))  # Pre-LN (paper) or Post-LN
+    norm_type: str = field(default="layernorm", metadata=one_of("layernorm", "rmsnorm"))
+    norm_eps: float = field(default=1e-5, metadata=greater_than(0))
+    pos: str = field(default="learned", metadata=one_of("learned", "rope"))
+    rope_base: float = field(default=10000.0, metadata=greater_than(0))
+    bias: bool = True  # biases of every Linear and LayerNorm
     tie_embeddings: bool = True
     attn: str = "standard"  # a name from gbattn.attention.registry
     attn_options: dict = field(default_factory=dict)  # the variant's own options
-    residual: str = "plain"  # "plain", "attnres-full" or "attnres-block" (SPEC.md section 3)
-    attnres_block: int = 2  # block size S in sublayers for "attnres-block"
+    residual: str = field(default="plain", metadata=one_of("plain", "attnres-full", "attnres-block"))
+    attnres_block: int = field(default=2, metadata=at_least(1))  # block size S in sublayers
 
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "d_model", "n_layers", "n_heads", "ffn_mult", "attnres_block"):
-            check_positive(name, getattr(self, name))
+    def validate(self) -> None:
         if self.d_model % self.n_heads:
-            raise ConfigError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                f"choose d_model as a multiple of {self.n_heads}"
-            )
-        if not (0.0 <= self.dropout < 1.0):
-            raise ConfigError(f"dropout={self.dropout!r} must be in [0, 1)")
-        check_choice("norm", self.norm, NORMS)
-        check_choice("pos", self.pos, POSITIONS)
-        check_choice("residual", self.residual, RESIDUALS)
-        if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ConfigError(f"pos='rope' needs an even head width; d_model/n_heads = {self.d_model // self.n_heads}")
+            raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                              f"choose d_model as a multiple of {self.n_heads}")
+        if self.n_heads % self.kv_heads:
+            raise ConfigError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+        if self.pos == "rope" and self.d_head % 2:
+            raise ConfigError(f"pos='rope' needs an even head width; d_model/n_heads = {self.d_head}")
         if self.residual != "plain" and self.norm != "pre":
-            raise ConfigError(f"residual={self.residual!r} is defined for norm='pre' only (SPEC.md section 3)")
-        if not isinstance(self.attn_options, dict):
-            raise ConfigError("attn_options must be a mapping of the variant's options")
-        # Validates the variant name and its options; imported here to avoid an import cycle.
-        from gbattn.attention.registry import variant_options
-
-        variant_options(self.attn, self.attn_options, n_heads=self.n_heads)
+            raise ConfigError(f"residual={self.residual!r} is defined for norm='pre' only (docs/baselines.md)")
+        options = variant_options(self.attn, self.attn_options, n_heads=self.n_heads, n_kv_heads=self.kv_heads)
+        self.attn_options = {k: v for k, v in dataclasses.asdict(options).items() if k in self.attn_options}
 
     @property
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def ffn_width(self) -> int:
+        """FFN hidden width: explicit, else ffn_mult * d (GELU) or 2/3 of that rounded up to 16 (SwiGLU,
+        which has three matrices instead of two)."""
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        width = self.ffn_mult * self.d_model
+        if self.ffn != "swiglu":
+            return width
+        return -(-(2 * width // 3) // 16) * 16
+
+    def dropout_at(self, site: str) -> float:
+        """Dropout probability at ``site`` (0 where the site is off)."""
+        return self.dropout if site in self.dropout_sites else 0.0
+
+
+@dataclass
+class TrainConfig(Typed):
+    """A training recipe; the defaults are the paper's (docs/paper.md)."""
+
+    kind = "training config"
+
+    data: str = ""
+    tokenizer: str = "bpe"  # bpe (paper) | gpt2 | gpt2=PATH | char
+    split: list[float] = field(default_factory=lambda: [0.9, 0.05, 0.05])  # single-file rule train/valid/test
+    train_tokens: int | None = field(default=10_000_000, metadata=at_least(1))  # first N training tokens
+    eval_tokens: int | None = field(default=1_000_000, metadata=at_least(1))  # valid/test caps
+    seq_len: int | None = field(default=None, metadata=at_least(1))  # input tokens per row; None: block_size - 1
+    sampling: str = field(default="rows", metadata=one_of("rows", "random"))
+    batch_size: int = field(default=32, metadata=at_least(1))  # global rows per optimizer step
+    grad_accum: int = field(default=1, metadata=at_least(1))
+    epochs: float = field(default=15.0, metadata=greater_than(0))
+    max_steps: int | None = field(default=None, metadata=at_least(1))  # overrides epochs
+    lr: float = field(default=3e-4, metadata=greater_than(0))
+    min_lr: float = field(default=0.0, metadata=at_least(0))
+    warmup_steps: int = field(default=1500, metadata=at_least(0))
+    fit_warmup: bool = True  # shorten a warmup longer than half the run to a tenth of it (and say so)
+    warmup_from_zero: bool = True  # lr = peak*step/W (the authors': first update at 0); false: (step+1)/W
+    schedule: str = field(default="cosine", metadata=one_of("cosine", "constant"))
+    weight_decay: float = field(default=0.01, metadata=at_least(0))
+    decay_matrices_only: bool = False  # nanoGPT: decay only weights with >= 2 dims
+    beta1: float = field(default=0.9, metadata=fraction())
+    beta2: float = field(default=0.999, metadata=fraction())
+    grad_clip: float = field(default=1.0, metadata=at_least(0))  # 0 = no clipping
+    eval_every: int | None = field(default=None, metadata=at_least(1))  # also every N steps (None: each epoch)
+    eval_batch_size: int = field(default=32, metadata=at_least(1))
+    seed: int = 42
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    amp: str = field(default="auto", metadata=one_of("auto", "bf16", "off"))
+    compile: bool | None = None  # torch.compile the model; None = where it was measured faster (README)
+    parallel: str = field(default="ddp", metadata=one_of("ddp", "fsdp2"))  # under torchrun
+    checkpoint_minutes: float = field(default=5.0, metadata=greater_than(0))
+    log_every: int = field(default=10, metadata=at_least(1))
+    threads: int | None = field(default=None, metadata=at_least(1))  # CPU threads (None: see runtime.py)
+    init_from: str | None = None  # start from this run directory's weights (fresh optimizer), e.g. upcycled
+
+    # Fields that change how fast a run goes or where it runs, not what it computes.
+    RESULT_NEUTRAL = ("device", "compile", "checkpoint_minutes", "log_every", "threads", "eval_batch_size")
+
+    def validate(self) -> None:
+        if len(self.split) != 3 or abs(sum(self.split) - 1) > 1e-9 or min(self.split) < 0 or min(self.split[:2]) <= 0:
+            raise ConfigError(f"split={self.split!r} must be three fractions train,valid,test summing to 1 "
+                              f"with train and valid > 0")
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}")
+        if self.sampling == "random" and self.max_steps is None:
+            raise ConfigError("sampling='random' has no epochs: set max_steps")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"min_lr={self.min_lr} is above lr={self.lr}")
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        if isinstance(d, dict) and d.get("eval_every") == 0:  # run directories before issue 12: 0 meant "off"
+            d = {**d, "eval_every": None}
+        return super().from_dict(d)
 
 
 # --------------------------------------------------------------------------------------
-# Presets. `paper-small` is the exact configuration of SPEC.md; `cpu-proxy` was chosen by
-# profiling on 2 CPU cores (see README, "Choosing cpu-proxy").
+# Presets: one record each, a model and its training recipe.
 # --------------------------------------------------------------------------------------
 
-PRESETS: dict[str, dict] = {
-    "paper-small": dict(vocab_size=16384, block_size=256, d_model=256, n_layers=4, n_heads=4, dropout=0.1),
-    "paper-medium": dict(vocab_size=16384, block_size=256, d_model=384, n_layers=6, n_heads=6, dropout=0.1),
-    "owt-125m": dict(vocab_size=50257, block_size=1024, d_model=768, n_layers=12, n_heads=12, dropout=0.0),
-    "owt-350m": dict(vocab_size=50257, block_size=1024, d_model=1024, n_layers=24, n_heads=16, dropout=0.0),
-    # Profiled on 2 CPU cores (README, "Choosing cpu-proxy"): ~10k train tokens/s for standard.
-    "cpu-proxy": dict(vocab_size=4096, block_size=128, d_model=128, n_layers=4, n_heads=4, dropout=0.0),
-    # nanoGPT's CPU configuration for character-level tiny-shakespeare (vocab set from the data).
-    "cpu-char": dict(vocab_size=65, block_size=64, d_model=128, n_layers=4, n_heads=4, dropout=0.0),
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    model: dict
+    train: dict
+
+
+PAPER_RECIPE: dict[str, Any] = dict(
+    tokenizer="bpe", train_tokens=10_000_000, eval_tokens=1_000_000, batch_size=32, epochs=15.0, lr=3e-4,
+    min_lr=0.0, warmup_steps=1500, warmup_from_zero=True, weight_decay=0.01, grad_clip=1.0,
+)
+# The paper's recipe scaled to 2 CPU cores (README, "Choosing cpu-proxy"): all of WikiText-2, a short
+# warmup, a higher lr; a compare recipe sets the length (max_steps).
+CPU_PROXY_RECIPE: dict[str, Any] = dict(
+    tokenizer="bpe", train_tokens=None, eval_tokens=None, batch_size=32, epochs=2.0, lr=1e-3, min_lr=0.0,
+    warmup_steps=100, warmup_from_zero=False, weight_decay=0.01, grad_clip=1.0,
+)
+OWT_RECIPE: dict[str, Any] = dict(
+    tokenizer="gpt2", train_tokens=None, eval_tokens=1_000_000, batch_size=32, epochs=1.0, lr=6e-4, min_lr=6e-5,
+    warmup_steps=2000, warmup_from_zero=False, weight_decay=0.1, decay_matrices_only=True, beta2=0.95, grad_clip=1.0,
+)
+LLAMA_BLOCK = dict(norm_type="rmsnorm", ffn="swiglu", bias=False, pos="rope", rope_base=10000.0)
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset(
+            "paper-small",
+            "the paper's model and recipe (docs/paper.md)",
+            dict(vocab_size=16384, block_size=256, d_model=256, n_layers=4, n_heads=4, dropout=0.1),
+            dict(PAPER_RECIPE),
+        ),
+        Preset(
+            "paper-medium",
+            "the authors' medium model and recipe (no published results)",
+            dict(vocab_size=16384, block_size=256, d_model=384, n_layers=6, n_heads=6, dropout=0.1),
+            dict(PAPER_RECIPE, lr=2e-4, batch_size=24, epochs=10.0, warmup_steps=2000, train_tokens=30_000_000),
+        ),
+        Preset(
+            "llama-small",
+            "paper-small's size and recipe in a Llama-style block (RMSNorm, SwiGLU, RoPE, no biases, GQA)",
+            dict(
+                vocab_size=16384,
+                block_size=256,
+                d_model=256,
+                n_layers=4,
+                n_heads=4,
+                n_kv_heads=2,
+                dropout=0.1,
+                **LLAMA_BLOCK,
+            ),
+            dict(PAPER_RECIPE),
+        ),
+        Preset(
+            "owt-125m",
+            "GPT-2 small size on OpenWebText (GPT-2 tokenizer; not from the paper)",
+            dict(vocab_size=50257, block_size=1024, d_model=768, n_layers=12, n_heads=12, dropout=0.0),
+            dict(OWT_RECIPE),
+        ),
+        Preset(
+            "owt-350m",
+            "GPT-2 medium size on OpenWebText (not from the paper)",
+            dict(vocab_size=50257, block_size=1024, d_model=1024, n_layers=24, n_heads=16, dropout=0.0),
+            dict(OWT_RECIPE, lr=3e-4, min_lr=3e-5),
+        ),
+        Preset(
+            "cpu-proxy",
+            "the paper's model scaled to 2 CPU cores (README, 'Choosing cpu-proxy')",
+            dict(vocab_size=4096, block_size=128, d_model=128, n_layers=4, n_heads=4, dropout=0.0),
+            dict(CPU_PROXY_RECIPE),
+        ),
+        Preset(
+            "cpu-llama",
+            "cpu-proxy's size in a Llama-style block",
+            dict(
+                vocab_size=4096,
+                block_size=128,
+                d_model=128,
+                n_layers=4,
+                n_heads=4,
+                n_kv_heads=2,
+                dropout=0.0,
+                **LLAMA_BLOCK,
+            ),
+            dict(CPU_PROXY_RECIPE),
+        ),
+        # nanoGPT's CPU run of shakespeare_char: batch 12, 2,000 steps, lr 1e-3 cosine to 1e-4, 100 warmup,
+        # betas (0.9, 0.99), weight decay 0.1 on matrices, random windows, 90/10 split (vocab set by the data).
+        Preset(
+            "cpu-char",
+            "nanoGPT's CPU configuration for character-level tiny-shakespeare",
+            dict(vocab_size=65, block_size=64, d_model=128, n_layers=4, n_heads=4, dropout=0.0),
+            dict(
+                tokenizer="char",
+                split=[0.9, 0.1, 0.0],
+                train_tokens=None,
+                eval_tokens=None,
+                seq_len=64,
+                sampling="random",
+                batch_size=12,
+                max_steps=2000,
+                lr=1e-3,
+                min_lr=1e-4,
+                warmup_steps=100,
+                warmup_from_zero=False,
+                weight_decay=0.1,
+                decay_matrices_only=True,
+                beta2=0.99,
+                grad_clip=1.0,
+                eval_every=250,
+            ),
+        ),
+    ]
 }
 
 
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ConfigError(f"preset={name!r} is not allowed; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
 def preset_config(name: str, attn: str = "standard", overrides: dict | None = None) -> ModelConfig:
-    """Build a :class:`ModelConfig` from a preset name, an attention variant and overrides."""
-    check_choice("preset", name, tuple(PRESETS))
-    d = dict(PRESETS[name])
-    d["attn"] = attn
+    """A :class:`ModelConfig` from a preset name, an attention variant and model overrides."""
+    d = dict(get_preset(name).model, attn=attn)
     for key, value in (overrides or {}).items():
         set_path(d, key, value)
     return ModelConfig.from_dict(d)
 
 
+def build_configs(
+    preset: str, attn: str, data: str, sets: dict[str, Any], **train_kwargs
+) -> tuple[ModelConfig, TrainConfig]:
+    """Model and training configs: the preset's record, then keyword values, then ``--set`` overrides.
+    A warmup the user sets explicitly is kept as given (``fit_warmup`` off)."""
+    train_sets, model_sets = split_overrides(sets)
+    train_d = dict(get_preset(preset).train)
+    train_d.update({k: v for k, v in train_kwargs.items() if v is not None})
+    train_d["data"] = data
+    for key, value in train_sets.items():
+        train_d[key] = value
+    if "warmup_steps" in train_sets and "fit_warmup" not in train_sets:
+        train_d["fit_warmup"] = False
+    return preset_config(preset, attn, model_sets), TrainConfig.from_dict(train_d)
+
+
 # --------------------------------------------------------------------------------------
-# `--set key=value` overrides: `d_model=288`, `attn.rounds=3`, `attn.gate=mlp`.
+# `--set key=value`: `d_model=288`, `attn.rounds=3`, `lr=1e-3`.
 # --------------------------------------------------------------------------------------
-
-_ALIASES = {"attn.": "attn_options."}
-
-
-def parse_value(text: str) -> Any:
-    """JSON where it parses (numbers, true/false, null, lists), else the raw string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def command_line() -> str:
-    """The command that is running, as a user would type it (recorded in results files)."""
-    argv = _INVOCATION or sys.argv[1:]
-    return "gbattn " + " ".join(shlex.quote(a) for a in argv)
-
-
-_INVOCATION: list[str] = []
-
-
-def set_invocation(argv: list[str]) -> None:
-    """Called by the CLI so that ``command_line`` reports its arguments (also under pytest)."""
-    _INVOCATION[:] = list(argv)
 
 
 def parse_sets(items: list[str] | None) -> dict[str, Any]:
@@ -173,10 +327,9 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
 
 
 def set_path(d: dict, key: str, value: Any) -> None:
-    """Set ``d[a][b] = value`` for ``key = "a.b"`` (``attn.x`` is short for ``attn_options.x``)."""
-    for short, full in _ALIASES.items():
-        if key.startswith(short):
-            key = full + key[len(short):]
+    """``d[a][b] = value`` for ``key = "a.b"`` (``attn.x`` is short for ``attn_options.x``)."""
+    if key.startswith("attn."):
+        key = "attn_options." + key[len("attn."):]
     parts = key.split(".")
     target = d
     for part in parts[:-1]:
@@ -184,3 +337,19 @@ def set_path(d: dict, key: str, value: Any) -> None:
             target[part] = dict(target.get(part) or {})
         target = target[part]
     target[parts[-1]] = value
+
+
+def split_overrides(sets: dict[str, Any]) -> tuple[dict, dict]:
+    """Route ``--set`` keys to the training config or the model config."""
+    train_fields, model_fields = set(TrainConfig.field_names()), set(ModelConfig.field_names())
+    train, model = {}, {}
+    for key, value in sets.items():
+        head = key.split(".", 1)[0]
+        if key in train_fields:
+            train[key] = value
+        elif head in model_fields or head == "attn":
+            model[key] = value
+        else:
+            raise ConfigError(f"--set {key}: unknown field; model fields: {', '.join(sorted(model_fields))}; "
+                              f"training fields: {', '.join(sorted(train_fields))}")
+    return train, model

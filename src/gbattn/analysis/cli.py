@@ -1,6 +1,6 @@
-"""``gbattn analyze`` (statistics and figures of a trained run's attention, SPEC.md section 1,
-"Analysis reported on the trained GBA model") and ``gbattn plot`` (the results chart and the
-training curves of a comparison directory)."""
+"""``gbattn analyze`` (statistics and figures of a trained run's attention, docs/paper.md,
+"Analysis") and ``gbattn plot`` (the results chart and the training curves of a comparison
+directory)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 
 import numpy as np
+
+from gbattn import arguments
 
 
 def register(sub) -> None:
@@ -18,15 +20,19 @@ def register(sub) -> None:
                    help="a run with the same tokenizer and seq_len: per-token loss difference and example figure")
     p.add_argument("--split", default="test", choices=["valid", "test"], help="held-out split (default test)")
     p.add_argument("--out", default=None, help="output directory (default RUN_DIR/analysis)")
-    p.add_argument("--max-rows", type=int, default=64, help="held-out rows to analyse, evenly spaced (default 64)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-rows", type=arguments.at_least(1), default=64,
+                   help="held-out rows to analyse, evenly spaced (default 64)")
+    p.add_argument("--batch-size", type=arguments.at_least(1), default=8)
     p.add_argument("--layer", type=int, default=-1, help="layer of the example figure (default -1: the last)")
-    p.add_argument("--top", type=int, default=20, help="tokens with the largest gain listed in summary.json")
-    p.add_argument("--examples", type=int, default=3, help="positions drawn in examples.png")
-    p.add_argument("--checkpoint", default="best", choices=["best", "last"])
-    p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--top", type=arguments.at_least(0), default=20, help="tokens with the largest gain listed in summary.json"
+    )
+    p.add_argument("--examples", type=arguments.at_least(0), default=3, help="positions drawn in examples.png")
+    arguments.checkpoint(p)
+    arguments.device(p)
+    arguments.threads(p)
     p.add_argument("--pdf", action="store_true", help="also write every figure as PDF")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    arguments.quiet(p)
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("plot", help="results chart and training curves of a `gbattn compare` directory")
@@ -87,17 +93,19 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     """Analyse ``run_dir`` and write ``summary.json`` and the figures into ``out``
     (default ``run_dir/analysis``); returns the summary."""
     from gbattn.analysis import figures, stats
+    from gbattn.data.prepare import prepare_data
     from gbattn.errors import UserError
-    from gbattn.eval.load import load_run
+    from gbattn.files import check_writable_dir, relative_path, write_json
     from gbattn.progress import Progress
-    from gbattn.train import checkpoint as ckpt
-    from gbattn.train.trainer import prepare_data, resolve_device
+    from gbattn.rundir import load_run
+    from gbattn.runtime import resolve_device
 
     figures.require_matplotlib()  # fail before the slow part
     if max_rows < 1 or batch_size < 1:
         raise UserError(f"--max-rows ({max_rows}) and --batch-size ({batch_size}) must be >= 1")
     run_dir = Path(run_dir)
     out = Path(out) if out else run_dir / "analysis"
+    check_writable_dir(out, "--out", create=False)
     dev = resolve_device(device)
     run = load_run(run_dir, checkpoint, dev)
     L = run.model_cfg.n_layers
@@ -125,7 +133,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     st = collected.stats
     mean_loss = float(collected.loss_NT.mean())
     summary = {
-        "run_dir": str(run_dir),
+        "run_dir": relative_path(run_dir, out.parent),
         "attention": _describe(run),
         "checkpoint": checkpoint,
         "step": run.step,
@@ -173,9 +181,8 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
                                                       dev, out, pdf)
         written += more
     summary["notes"] = notes
-    summary["figures"] = [str(p) for p in written]
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt.atomic_json(_finite(summary), out / "summary.json")
+    summary["figures"] = [relative_path(p, out) for p in written]
+    write_json(summary, out / "summary.json")
     print_summary(summary, out / "summary.json")
     return summary
 
@@ -184,6 +191,7 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
     """Per-token loss difference (other − this run), its top tokens and the example figure."""
     from gbattn.analysis import figures, stats
     from gbattn.data.tokens import rows_batch
+    from gbattn.files import relative_path
 
     diff_NT = collected.against_loss_NT - collected.loss_NT
     flat = diff_NT.ravel()
@@ -204,15 +212,29 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
     found = stats.attention_examples(run.model, tokens, run.seq_len, row_ids, picks, layer, dev)
     drawn = []
     for (r, t), ex in zip(picks, found):
-        drawn.append({**ex, "tokens": [tok.decode([i]) for i in ex["input_ids"]], "target": tok.decode([ex["target_id"]]),
-                      "loss": float(collected.loss_NT[r, t]), "against_loss": float(collected.against_loss_NT[r, t])})
+        drawn.append(
+            {
+                **ex,
+                "tokens": [tok.decode([i]) for i in ex["input_ids"]],
+                "target": tok.decode([ex["target_id"]]),
+                "loss": float(collected.loss_NT[r, t]),
+                "against_loss": float(collected.against_loss_NT[r, t]),
+            }
+        )
     written = figures.save(figures.loss_diff_figure(diff_NT, this_name, other_name), out, "loss_diff", pdf)
-    written += figures.save(figures.examples_figure(drawn, layer, title=f"Where {this_name} gains most over {other_name}: "
-                                                                         f"layer {layer} attention, head-averaged"),
-                            out, "examples", pdf)
+    written += figures.save(
+        figures.examples_figure(
+            drawn,
+            layer,
+            title=f"Where {this_name} gains most over {other_name}: layer {layer} attention, head-averaged",
+        ),
+        out,
+        "examples",
+        pdf,
+    )
     against_loss = float(collected.against_loss_NT.mean())
     summary = {
-        "against": str(other.run_dir),
+        "against": relative_path(other.run_dir, out.parent),
         "against_attention": _describe(other),
         "definition": "per token: loss of the --against run − loss of this run, nats; positive = this run better",
         "mean": float(flat.mean()),
@@ -232,23 +254,15 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
     return summary, written
 
 
-def _finite(obj):
-    """JSON-safe: NaN and infinities become None."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def _join(values, fmt="{:.2f}", sep=" / ") -> str:
     return sep.join(fmt.format(v) for v in values)
 
 
 def print_summary(summary: dict, summary_path: Path) -> None:
-    """A few lines: ours beside the paper's numbers, and the files written."""
+    """A few lines: ours beside the paper's numbers, and the files written (figure names in
+    summary.json are relative to its folder; the terminal gets the full paths)."""
+    from gbattn.analysis import figures
+
     paper = summary["paper"]
     print(f"analyzed {summary['run_dir']} ({summary['attention']}, {summary['checkpoint']} checkpoint at step "
           f"{summary['step']}) on {summary['rows']} {summary['split']} rows x {summary['seq_len']} tokens: "
@@ -266,9 +280,9 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     line += " -> ".join(f"round {m} {v:.2f}" for m, v in enumerate(means))
     if e.get("relative_drop") is not None:
         per_layer = ", ".join(f"L{r['layer']} {-100 * r['relative_drop']:+.0f}%" for r in e["per_layer"])
-        line += (f" ({100 * e['relative_drop']:.0f}% lower; change per layer {per_layer})    "
+        line += (f" ({figures.change_words(e['relative_drop'])}; change per layer {per_layer})    "
                  f"paper: {paper['entropy_round0_nats']:.2f} -> {paper['entropy_correction_nats']:.2f} "
-                 f"({100 * paper['entropy_relative_drop']:.0f}% lower, layer 0 the exception, T=256)")
+                 f"({figures.change_words(paper['entropy_relative_drop'])}, layer 0 the exception, T=256)")
     print(line)
     n = summary["norms"]
     if n["available"]:
@@ -284,14 +298,17 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     for note in summary.get("notes", []):
         if not note.startswith(summary["attention"]):
             print(f"  note: {note}")
-    print("  figures: " + ", ".join(summary["figures"]))
+    print("  figures: " + ", ".join(str(Path(summary_path).parent / name) for name in summary["figures"]))
     print(f"  summary: {summary_path}")
 
 
 def cmd_analyze(args) -> None:
+    from gbattn.runtime import set_threads
+
+    set_threads(args.threads)
     analyze_run(args.run_dir, against=args.against, split=args.split, out=args.out, max_rows=args.max_rows,
                 batch_size=args.batch_size, layer=args.layer, top=args.top, examples=args.examples,
-                checkpoint=args.checkpoint, device=args.device, pdf=args.pdf, quiet=args.quiet)
+                checkpoint=args.checkpoint, device=args.device or "auto", pdf=args.pdf, quiet=args.quiet)
 
 
 # --------------------------------------------------------------------------------------
@@ -302,18 +319,19 @@ def cmd_analyze(args) -> None:
 def read_curves(compare_dir: Path, report: dict) -> dict:
     """label -> seed -> {"train": [(tokens, loss)], "valid": [(tokens, ppl)]} from every
     ``<label>/seed<S>/metrics.jsonl`` (finished runs in results.json order, then unfinished ones)."""
-    from gbattn.train import checkpoint as ckpt
+    from gbattn.files import read_jsonl
+    from gbattn.rundir import METRICS
 
     labels = [r["label"] for r in report.get("models", [])]
-    found = sorted(compare_dir.glob("*/seed*/" + ckpt.METRICS))
+    found = sorted(compare_dir.glob("*/seed*/" + METRICS))
     for path in found:
         if path.parent.parent.name not in labels:
             labels.append(path.parent.parent.name)
     curves: dict = {}
     for label in labels:
-        for path in sorted((compare_dir / label).glob("seed*/" + ckpt.METRICS)):
+        for path in sorted((compare_dir / label).glob("seed*/" + METRICS)):
             seed = path.parent.name[len("seed"):]
-            events = ckpt.read_jsonl(path)
+            events = read_jsonl(path)
             train = [(e["tokens"], e["loss"]) for e in events if e.get("event") == "train" and "loss" in e]
             valid = [(e["tokens"], e["valid_ppl"]) for e in events
                      if e.get("event") == "eval" and e.get("valid_ppl") is not None]
@@ -324,18 +342,38 @@ def read_curves(compare_dir: Path, report: dict) -> dict:
 
 def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     """results.png and curves.png of a comparison directory, from results.json and each run's
-    metrics.jsonl only (no model is loaded)."""
+    metrics.jsonl only (no model is loaded). A UserError names every run that results.json lists
+    but whose curves are missing (a copied results.json without its run directories)."""
     from gbattn.analysis import figures
     from gbattn.errors import UserError
-    from gbattn.train import checkpoint as ckpt
+    from gbattn.files import read_json
+    from gbattn.rundir import METRICS
 
     figures.require_matplotlib()
     compare_dir = Path(compare_dir)
     if not (compare_dir / "results.json").is_file():
         raise UserError(f"{compare_dir / 'results.json'} not found: is {compare_dir} a `gbattn compare` directory?")
-    report = ckpt.read_json(compare_dir / "results.json")
+    report = read_json(compare_dir / "results.json")
     out = Path(out) if out else compare_dir / "figures"
     curves = read_curves(compare_dir, report)
+    missing = []  # runs results.json lists whose curves cannot be read: a partial figure would mislead
+    for row in report.get("models", []):
+        for seed in row.get("seeds", []):
+            if str(seed) in curves.get(row["label"], {}):
+                continue
+            run = f"{row['label']}/seed{seed}"
+            if not (compare_dir / run).is_dir():
+                missing.append(f"{run}/ (no directory)")
+            elif not (compare_dir / run / METRICS).is_file():
+                missing.append(f"{run}/{METRICS} (no file)")
+            else:
+                missing.append(f"{run}/{METRICS} (no train or eval events)")
+    if missing:
+        raise UserError(f"cannot plot {compare_dir}: results.json lists runs whose curves are missing: "
+                        f"{', '.join(missing)}; copy every run directory along with results.json")
+    if not curves:
+        raise UserError(f"cannot plot {compare_dir}: no run has curves (results.json lists no finished run and no "
+                        f"<label>/seed<S>/{METRICS} holds train or eval events)")
     written = figures.save(figures.results_figure(report), out, "results", pdf)
     written += figures.save(figures.curves_figure(curves), out, "curves", pdf)
     return written

@@ -1,4 +1,4 @@
-"""Figures of the analysis (SPEC.md section 1, "Analysis reported on the trained GBA model")
+"""Figures of the analysis (docs/paper.md, "Analysis")
 and of a comparison directory, drawn with matplotlib's Agg canvas (no display, no pyplot
 global state). Every function takes plain numbers (the JSON summary, numpy arrays) and
 returns a :class:`matplotlib.figure.Figure`; :func:`save` writes it as PNG (and PDF).
@@ -16,6 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from gbattn.errors import UserError
+from gbattn.experiments.report import (
+    compared_values,
+    mean_std,
+    published_omitted_note,
+    published_value,
+    relative_change,
+    run_steps_text,
+    seed_values,
+    seeds_sentence,
+)
 
 DPI = 100
 STYLE = {
@@ -31,7 +41,12 @@ STYLE = {
     "axes.spines.right": False,
     "text.parse_math": False,  # token strings may hold '$'
 }
-ROUND_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]  # round 0 blue, corrections red, ...
+ROUND_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+
+
+def round_color(m: int) -> str:
+    """Round 0 blue, round 1 red, ...: any number of rounds (colours repeat after eight)."""
+    return ROUND_COLORS[m % len(ROUND_COLORS)]
 
 
 def require_matplotlib():
@@ -70,6 +85,30 @@ def save(fig, out_dir: Path, name: str, pdf: bool = False) -> list[Path]:
         for path in paths:
             fig.savefig(path, dpi=DPI)
     return paths
+
+
+def change_words(relative_drop: float) -> str:
+    """A relative drop in words, right for both signs: 0.22 -> '22% lower', -0.03 -> '3% higher'."""
+    return f"{abs(100 * relative_drop):.0f}% {'lower' if relative_drop >= 0 else 'higher'}"
+
+
+def plain_number(value: float, _pos=None) -> str:
+    """A tick label without mathtext: 5, 0.5, 1,000, 50,000."""
+    return f"{value:,.12g}"
+
+
+def plain_log_axis(axis) -> None:
+    """Plain tick labels (100, 200, 1,000) on a log axis (``ax.yaxis``): STYLE turns mathtext off
+    for token strings, so matplotlib's default labels would print as raw ``$\\mathdefault{10^{3}}$``.
+    Call after the data are drawn: the ticks per decade follow the span of the view."""
+    from matplotlib import ticker
+
+    lo, hi = sorted(axis.get_view_interval())
+    decades = math.log10(hi / lo) if lo > 0 else 3.0
+    subs = (1.0,) if decades > 2.5 else (1.0, 2.0, 5.0) if decades > 1 else tuple(float(k) for k in range(1, 10))
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(ticker.FuncFormatter(plain_number))
+    axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def round_name(m: int) -> str:
@@ -118,9 +157,12 @@ def gates_figure(gates: dict, paper: dict, title: str = ""):
             layer_rows = [r for r in gates["per_layer"] if r["round"] == c + 1]
             xs = np.arange(L) + (c - (C - 1) / 2) * width
             bar_ax.bar(xs, [r["mean"] for r in layer_rows], width, yerr=[r["std"] for r in layer_rows], capsize=4,
-                       color=ROUND_COLORS[(c + 1) % len(ROUND_COLORS)], alpha=0.8,
+                       color=round_color(c + 1), alpha=0.8,
                        label="ours: mean ± std" + (f" (g{c + 1})" if C > 1 else ""))
-        paper_markers = (("gate_mean_per_layer", "D", "paper"), ("gate_mean_per_layer_revised", "x", "paper (revision)"))
+        paper_markers = (
+            ("gate_mean_per_layer", "D", "paper"),
+            ("gate_mean_per_layer_revised", "x", "paper (revision)"),
+        )
         for key, marker, label in paper_markers:
             values = paper.get(key) or []
             n = min(len(values), L)
@@ -147,14 +189,20 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
     fig, ctx = _drawing((11, 8.4))
     with ctx:
         grid = fig.add_gridspec(2, 2)
-        hist_ax, layer_ax, pos_ax = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
+        hist_ax, layer_ax, pos_ax = (
+            fig.add_subplot(grid[0, 0]),
+            fig.add_subplot(grid[0, 1]),
+            fig.add_subplot(grid[1, :]),
+        )
         widths = np.diff(edges)
         for m in range(M):
             density = counts[m] / max(counts[m].sum(), 1) / widths
             mean = entropy["mean_per_round"][m]
-            hist_ax.stairs(density, edges, color=ROUND_COLORS[m], fill=True, alpha=0.35)
-            hist_ax.stairs(density, edges, color=ROUND_COLORS[m], linewidth=1.5, label=f"{round_name(m)}: mean {mean:.2f}")
-            hist_ax.axvline(mean, color=ROUND_COLORS[m], linestyle="--", linewidth=1.2)
+            hist_ax.stairs(density, edges, color=round_color(m), fill=True, alpha=0.35)
+            hist_ax.stairs(
+                density, edges, color=round_color(m), linewidth=1.5, label=f"{round_name(m)}: mean {mean:.2f}"
+            )
+            hist_ax.axvline(mean, color=round_color(m), linestyle="--", linewidth=1.2)
         hist_ax.axvline(edges[-1], color="gray", linestyle=":", label=f"max log T = {edges[-1]:.2f}")
         hist_ax.set_xlabel("attention entropy per query (nats)")
         hist_ax.set_ylabel("density (per nat)")
@@ -164,16 +212,16 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
         width = 0.8 / M
         for m in range(M):
             xs = np.arange(L) + (m - (M - 1) / 2) * width
-            layer_ax.bar(xs, [r["mean_per_round"][m] for r in layers], width, color=ROUND_COLORS[m], alpha=0.8,
+            layer_ax.bar(xs, [r["mean_per_round"][m] for r in layers], width, color=round_color(m), alpha=0.8,
                          label=round_name(m))
             for li, r in enumerate(layers):
                 heads = r["per_head"][m]
                 layer_ax.plot([xs[li]] * len(heads), heads, "o", color="black", markersize=3, alpha=0.6,
                               label="per head" if (li == 0 and m == 0) else None)
         if paper and M > 1:
-            layer_ax.axhline(paper["entropy_round0_nats"], color=ROUND_COLORS[0], linestyle=":", linewidth=1.5,
+            layer_ax.axhline(paper["entropy_round0_nats"], color=round_color(0), linestyle=":", linewidth=1.5,
                              label=f"paper round 0 ({paper['entropy_round0_nats']:.2f}, T=256)")
-            layer_ax.axhline(paper["entropy_correction_nats"], color=ROUND_COLORS[1], linestyle=":", linewidth=1.5,
+            layer_ax.axhline(paper["entropy_correction_nats"], color=round_color(1), linestyle=":", linewidth=1.5,
                              label=f"paper correction ({paper['entropy_correction_nats']:.2f}, T=256)")
         for li, r in enumerate(layers):
             if r.get("relative_drop") is not None:  # the correction's entropy change, inside the bars
@@ -188,14 +236,14 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
         layer_ax.set_xlabel("layer")
         layer_ax.set_ylabel("mean entropy (nats)")
         drop = entropy.get("relative_drop")
-        layer_ax.set_title("per layer" + (f" (correction {100 * drop:.0f}% lower overall; change per layer in boxes)"
+        layer_ax.set_title("per layer" + (f" (correction {change_words(drop)} overall; change per layer in boxes)"
                                           if drop is not None else ""), fontsize=11)
         layer_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=9)
 
         profile = np.asarray(entropy["per_position_mean"])  # (M, T)
         positions = np.arange(profile.shape[1])
         for m in range(M):
-            pos_ax.plot(positions, profile[m], color=ROUND_COLORS[m], linewidth=1.8, label=round_name(m))
+            pos_ax.plot(positions, profile[m], color=round_color(m), linewidth=1.8, label=round_name(m))
         pos_ax.plot(positions, np.log(positions + 1), color="gray", linestyle=":", linewidth=1.5,
                     label="bound log(t+1) (uniform attention)")
         pos_ax.set_xlabel("query position t (tokens)")
@@ -289,9 +337,13 @@ def examples_figure(examples: list[dict], layer: int, context: int = 24, title: 
             width = 0.8 / M
             for m in range(M):
                 xs = np.arange(keep) + (m - (M - 1) / 2) * width
-                ax.bar(xs, att[m], width, color=ROUND_COLORS[m], label=round_name(m))
-            ax.set_xticks(range(keep), [token_label(t) for t in tokens], rotation=60 if max(map(len, tokens)) > 2 else 0,
-                          ha="right" if max(map(len, tokens)) > 2 else "center")
+                ax.bar(xs, att[m], width, color=round_color(m), label=round_name(m))
+            ax.set_xticks(
+                range(keep),
+                [token_label(t) for t in tokens],
+                rotation=60 if max(map(len, tokens)) > 2 else 0,
+                ha="right" if max(map(len, tokens)) > 2 else "center",
+            )
             ax.set_xlim(-0.6, keep - 0.4)
             ax.get_xticklabels()[-1].set_fontweight("bold")  # the query's own token
             ax.set_ylabel("attention weight\n(mean over heads)")
@@ -322,33 +374,46 @@ def _tokens_axis(max_tokens: float) -> tuple[float, str]:
 
 
 def results_figure(report: dict):
-    """Test perplexity per model: mean ± std over seeds (each seed as a dot), published
-    numbers as markers; the y axis is zoomed to the values (it does not start at 0)."""
+    """Test perplexity per model: mean ± std (each seed as a dot), published numbers as markers;
+    the y axis is zoomed to the values (it does not start at 0).
+
+    Like with like: when the models have different seeds, each mean (and its Δ vs standard) is
+    over the seeds all models share (:func:`compared_values`); "n=" under each model says how
+    many seeds its mean has. Published numbers only for runs as long as the published ones
+    (:func:`published_value`)."""
     rows = report.get("models", [])
-    fig, ctx = _drawing((10, 4.8))
+    compared = compared_values(rows)
+    fig, ctx = _drawing((10, 5.2))
     with ctx:
         ax = fig.subplots()
         values = []
-        base = next((r for r in rows if r["label"].startswith("standard") and r.get("test_ppl_mean")), None)
+        base = next((r for r in rows if r["label"].startswith("standard") and compared[r["label"]]), None)
         if base is not None:
-            ax.axhline(base["test_ppl_mean"], color="gray", linestyle="--", linewidth=1, label=f"{base['label']} mean")
+            base_mean, _ = mean_std(compared[base["label"]])
+            ax.axhline(base_mean, color="gray", linestyle="--", linewidth=1, label=f"{base['label']} mean")
+        tick_labels = []
         for i, r in enumerate(rows):
-            seeds = [v for v in r.get("test_ppl", {}).values() if v is not None and math.isfinite(v)]
-            mean, std = r.get("test_ppl_mean"), r.get("test_ppl_std")
+            every_seed = seed_values(r)
+            mean, std = mean_std(compared[r["label"]])
             if mean is None:
+                tick_labels.append(f"{r['label']}\nno result")
                 continue
+            n_mean, n_all = len(compared[r["label"]]), len(every_seed)
+            tick_labels.append(f"{r['label']}\nn={n_mean}" + (f" (dots n={n_all})" if n_all != n_mean else ""))
+            mean_label = "ours: mean ± std over n seeds (n under each model)"
             ax.errorbar([i], [mean], yerr=[std or 0.0], fmt="o", color="#1f77b4", markersize=9, capsize=6,
-                        elinewidth=2, label="ours: mean ± std over seeds" if not values else None)
-            ax.plot([i] * len(seeds), seeds, ".", color="#1f77b4", alpha=0.5, markersize=7,
-                    label="ours: each seed" if not values else None)
-            delta = f" ({100 * (mean / base['test_ppl_mean'] - 1):+.1f}%)" if base is not None and r is not base else ""
+                        elinewidth=2, label=mean_label if not values else None)
+            ax.plot([i] * n_all, list(every_seed.values()), ".", color="#1f77b4", alpha=0.5, markersize=7,
+                    label="ours: all seeds (one dot each)" if not values else None)
+            change = relative_change(compared[r["label"]], compared[base["label"]]) if base and r is not base else None
+            delta = f" ({100 * change:+.1f}%)" if change is not None else ""
             ax.annotate(f"{mean:.2f}{delta}", (i, mean), textcoords="offset points", xytext=(-12, -4), ha="right",
                         fontsize=10)
-            values += seeds + [mean - (std or 0), mean + (std or 0)]
+            values += list(every_seed.values()) + [mean - (std or 0), mean + (std or 0)]
         published_drawn = False
         for i, r in enumerate(rows):
-            pub = r.get("published")
-            if pub and pub[0] is not None:
+            pub = published_value(report, r)
+            if pub is not None:
                 ax.errorbar([i + 0.18], [pub[0]], yerr=[pub[1] or 0.0], fmt="D", color="black", mfc="white",
                             markersize=7, capsize=4, label="published" if not published_drawn else None)
                 values += [pub[0] - (pub[1] or 0), pub[0] + (pub[1] or 0)]
@@ -357,15 +422,20 @@ def results_figure(report: dict):
             lo, hi = min(values), max(values)
             pad = max(0.15 * (hi - lo), 0.01 * hi, 1e-3)
             ax.set_ylim(lo - pad, hi + pad)
-        ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=20 if len(rows) > 4 else 0)
+        ax.set_xticks(range(len(rows)), tick_labels, rotation=20 if len(rows) > 4 else 0)
         ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_ylabel("test perplexity (lower is better)")
-        seeds = ", ".join(map(str, report.get("seeds", [])))
-        ax.set_title(f"{report.get('recipe', '')}: test perplexity, seeds {seeds} (zoomed axis, not from 0)")
+        ax.set_title(f"{report.get('recipe', '')} ({run_steps_text(rows)}): test perplexity (zoomed axis, not from 0)\n"
+                     f"{seeds_sentence(rows)}", fontsize=12)
         if rows:
             ax.legend(loc="best")
-        if report.get("published_source"):
-            fig.supxlabel(f"published: {report['published_source']}", fontsize=9)
+        source = report.get("published_source")
+        footer = [f"published: {source}"] if published_drawn and source else []
+        omitted = published_omitted_note(report)
+        if omitted:
+            footer.append(omitted)
+        if footer:
+            fig.supxlabel("\n".join(footer), fontsize=9)
     return fig
 
 
@@ -387,7 +457,7 @@ def curves_figure(curves: dict):
         seeds = sorted({s for runs in curves.values() for s in runs})
         colors = [f"C{i % 10}" for i in range(len(curves))]
         valid_values = []
-        for color, (label, runs) in zip(colors, curves.items()):
+        for color, (_label, runs) in zip(colors, curves.items()):
             for seed, c in runs.items():
                 style = LINESTYLES[seeds.index(seed) % len(LINESTYLES)]
                 if c["train"]:
@@ -400,6 +470,7 @@ def curves_figure(curves: dict):
         finite = [v for v in valid_values if math.isfinite(v)]
         if finite and max(finite) / max(min(finite), 1e-9) > 3:
             valid_ax.set_yscale("log")
+            plain_log_axis(valid_ax.yaxis)
         train_ax.set_xlabel(xlabel)
         train_ax.set_ylabel("training loss (nats per token)")
         train_ax.set_title("training loss")

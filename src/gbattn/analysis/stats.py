@@ -1,12 +1,11 @@
-"""Statistics of a trained model's attention intermediates (SPEC.md section 1, "Analysis
-reported on the trained GBA model").
+"""Statistics of a trained model's attention (docs/paper.md, "Analysis").
 
-Everything here reads what the attention modules themselves record
-(:class:`gbattn.attention.core.Intermediates`, via ``model(x, return_intermediates=True)``);
-nothing re-implements attention. Pure functions on tensors come first, then
-:class:`IntermediateStats`, which accumulates them over batches of held-out rows, and
-:func:`collect`, the loop that feeds it (and, with a second model, the per-token loss
-difference).
+Everything here reads what the attention modules themselves record (the
+:class:`gbattn.attention.core.Record` of each layer, via ``model(x, return_intermediates=True)``),
+by the kind of each round; nothing re-implements attention. :func:`layer_sample` reduces one
+layer's record to what the statistics need, :class:`IntermediateStats` accumulates it over
+batches of held-out rows, and :func:`collect` is the loop that feeds it (and, with a second
+model, the per-token loss difference).
 
 Shapes: B rows, T positions (queries), S keys, H heads, D model width, L layers,
 M attention rounds (round 0 = ordinary attention, rounds >= 1 = GBA corrections).
@@ -22,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gbattn.attention.core import Intermediates
+from gbattn.attention.core import Record
 from gbattn.data.tokens import rows_batch
 
-# The paper's numbers (SPEC.md section 1), printed and stored beside ours.
+# The paper's numbers (docs/paper.md), printed and stored beside ours.
 PAPER = {
     "source": "arXiv 2604.03190, trained GBA (M=2) paper-small model on WikiText-103, seq_len 256",
     "gate_mean_per_layer": [0.35, 0.48, 0.41, 0.43],
@@ -44,21 +43,34 @@ ENTROPY_BINS = 60
 # --------------------------------------------------------------------------------------
 
 
-def has_corrections(inter: Intermediates) -> bool:
-    """True when the layer ran GBA correction rounds (it recorded residuals and gates)."""
-    return len(inter.residuals) > 0 and len(inter.gates) == len(inter.residuals)
+@dataclass
+class LayerSample:
+    """One layer's record reduced to what the statistics need, on the CPU in float64.
+
+    ``entropies``: (B, H, T) per analysed map: the ``attention`` round and, for GBA, every
+    ``correction`` round (Twicing's second pass reuses A; differential's negative map is not a
+    boosting round). ``corrections``: (c_m, r_m, g_m expanded to (B, T, D)) of each correction.
+    """
+
+    entropies: list[Tensor]
+    attention_output: Tensor
+    corrections: list[tuple[Tensor, Tensor, Tensor]]
+
+    @property
+    def boosted(self) -> bool:
+        return bool(self.corrections)
 
 
-def analysed_rounds(inter: Intermediates) -> int:
-    """Rounds whose attention maps are analysed: every round of a GBA layer, else round 0 only
-    (other variants record maps that are not boosting rounds, e.g. differential's two halves)."""
-    return len(inter.entropies) if has_corrections(inter) else min(1, len(inter.entropies))
+def layer_sample(record: Record) -> LayerSample:
+    corrections = record.of_kind("correction")
+    maps = record.of_kind("attention")[:1] + corrections
+    def cpu(t: Tensor) -> Tensor:
+        return t.detach().double().cpu()
 
-
-def round_entropies(inter: Intermediates) -> Tensor:
-    """Entropy in nats of every query's attention in every analysed round, (M, B, H, T),
-    as recorded by the attention module (``Intermediates.entropies``)."""
-    return torch.stack(inter.entropies[: analysed_rounds(inter)])
+    return LayerSample(entropies=[cpu(r.entropy_BHT) for r in maps],
+                       attention_output=cpu(record.of_kind("attention")[0].output_BTD),
+                       corrections=[(cpu(r.output_BTD), cpu(r.residual_BTD), cpu(r.gate.expand_as(r.output_BTD)))
+                                    for r in corrections])
 
 
 def entropy_bound(T: int, device=None) -> Tensor:
@@ -72,21 +84,6 @@ def normalised_entropy(entropy_BHT: Tensor) -> Tensor:
     visible key, bound 0) is NaN. Shape as the input (last dim = T)."""
     bound_T = entropy_bound(entropy_BHT.shape[-1], entropy_BHT.device).to(entropy_BHT.dtype)
     return entropy_BHT / bound_T.where(bound_T > 0, torch.full_like(bound_T, float("nan")))
-
-
-def gates(inter: Intermediates) -> list[Tensor]:
-    """The gates g_m of rounds m >= 1, each expanded to (B, T, D)."""
-    return [g.expand_as(c) for g, c in zip(inter.gates, inter.outputs[1:])]
-
-
-def gated_corrections(inter: Intermediates) -> list[Tensor]:
-    """g_m * c_m of rounds m >= 1, each (B, T, D): what round m adds to F."""
-    return [g * c for g, c in zip(gates(inter), inter.outputs[1:])]
-
-
-def layer_input(inter: Intermediates) -> Tensor:
-    """x of the attention sublayer, (B, T, D): r_1 + F_0 (r_1 = x - F_0 is recorded)."""
-    return inter.residuals[0] + inter.outputs[0]
 
 
 def token_norms(v_BTD: Tensor) -> Tensor:
@@ -131,8 +128,8 @@ def _mean_std(total: float, total_sq: float, count: float) -> tuple[float, float
 class IntermediateStats:
     """Running sums over held-out rows of every statistic the analysis reports.
 
-    ``update(record)`` takes the list of per-layer :class:`Intermediates` of one batch;
-    ``summary()`` gives plain numbers (JSON-ready).
+    ``update(samples)`` takes the :class:`LayerSample` of every layer of one batch; the
+    ``*_summary`` methods give plain numbers (JSON-ready).
     """
 
     n_layers: int
@@ -144,12 +141,13 @@ class IntermediateStats:
     rows: int = 0
     _ent: dict = field(default_factory=dict)
 
-    def _init(self, record: list[Intermediates]) -> None:
-        first = record[0]
-        self.boosted = has_corrections(first)
-        self.rounds = analysed_rounds(first)
+    def _init(self, first: LayerSample) -> None:
+        self.boosted = first.boosted
+        self.rounds = len(first.entropies)
         L, H, T, M, D = self.n_layers, self.n_heads, self.seq_len, self.rounds, self.d_model
-        z = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
+        def z(*shape: int) -> Tensor:
+            return torch.zeros(*shape, dtype=torch.float64)
+
         self.entropy_sum_LMH, self.entropy_sq_LM = z(L, M, H), z(L, M)
         self.entropy_pos_sum_LMT = z(L, M, T)
         self.norm_entropy_sum_LM, self.norm_entropy_count = z(L, M), 0
@@ -167,16 +165,16 @@ class IntermediateStats:
         """Histogram bin edges in nats: 0 .. log(T), the largest possible entropy."""
         return np.linspace(0.0, math.log(self.seq_len), ENTROPY_BINS + 1)
 
-    def update(self, record: list[Intermediates]) -> None:
+    def update(self, samples: list[LayerSample]) -> None:
         if not self.rows:
-            self._init(record)
-        B, T = record[0].entropies[0].shape[0], record[0].entropies[0].shape[-1]
-        if T != self.seq_len:
+            self._init(samples[0])
+        B, T = samples[0].entropies[0].shape[0], samples[0].entropies[0].shape[-1]
+        if self.seq_len != T:
             raise ValueError(f"rows of {T} positions, expected {self.seq_len}")
         self.rows += B
         hi = math.log(self.seq_len)
-        for li, inter in enumerate(record):
-            ent_MBHT = round_entropies(inter).double()
+        for li, sample in enumerate(samples):
+            ent_MBHT = torch.stack(sample.entropies)
             self.entropy_sum_LMH[li] += ent_MBHT.sum(dim=(1, 3))
             self.entropy_sq_LM[li] += (ent_MBHT**2).sum(dim=(1, 2, 3))
             self.entropy_pos_sum_LMT[li] += ent_MBHT.sum(dim=(1, 2))
@@ -186,19 +184,22 @@ class IntermediateStats:
                 self.entropy_hist_LMK[li, m] += torch.histc(ent_MBHT[m].clamp(0, hi), ENTROPY_BINS, 0.0, hi)
             if not self.boosted:
                 continue
-            x_BTD = layer_input(inter)
-            for c, (g_BTD, gc_BTD) in enumerate(zip(gates(inter), gated_corrections(inter))):
-                g = g_BTD.double()
-                self.gate_sum_LCD[li, c] += g.sum(dim=(0, 1))
-                self.gate_sq_LC[li, c] += (g**2).sum()
-                self.gate_min, self.gate_max = min(self.gate_min, float(g.min())), max(self.gate_max, float(g.max()))
+            x_BTD = sample.corrections[0][1] + sample.attention_output  # r_1 + F_0
+            for c, (c_BTD, r_BTD, g_BTD) in enumerate(sample.corrections):
+                gc_BTD = g_BTD * c_BTD
+                self.gate_sum_LCD[li, c] += g_BTD.sum(dim=(0, 1))
+                self.gate_sq_LC[li, c] += (g_BTD**2).sum()
+                self.gate_min, self.gate_max = (
+                    min(self.gate_min, float(g_BTD.min())),
+                    max(self.gate_max, float(g_BTD.max())),
+                )
                 sums = self.norm_sums
                 sums["x"][li, c] += token_norms(x_BTD).sum()
-                sums["round0_output"][li, c] += token_norms(inter.outputs[0]).sum()
-                sums["residual"][li, c] += token_norms(inter.residuals[c]).sum()
-                sums["correction"][li, c] += token_norms(inter.outputs[c + 1]).sum()
+                sums["round0_output"][li, c] += token_norms(sample.attention_output).sum()
+                sums["residual"][li, c] += token_norms(r_BTD).sum()
+                sums["correction"][li, c] += token_norms(c_BTD).sum()
                 sums["gated_correction"][li, c] += token_norms(gc_BTD).sum()
-                sums["residual_after"][li, c] += token_norms(inter.residuals[c] - gc_BTD).sum()
+                sums["residual_after"][li, c] += token_norms(r_BTD - gc_BTD).sum()
         self.norm_entropy_count += B * self.n_heads * (T - 1)
 
     # -- results -------------------------------------------------------------------
@@ -215,14 +216,19 @@ class IntermediateStats:
         out = {
             "units": "nats",
             "bound": f"a causal row at position t has at most log(t+1) nats; largest log({self.seq_len}) = "
-                     f"{math.log(self.seq_len):.3f} at the last position",
+            f"{math.log(self.seq_len):.3f} at the last position",
             "max_possible": math.log(self.seq_len),
             "max_observed": self.entropy_max,
             "mean_per_round": mean_M.tolist(),
             "normalised_mean_per_round": norm_LM.mean(0).tolist(),
             "per_layer": [],
-            "per_position_mean": (self.entropy_pos_sum_LMT.sum(0) / (self.n_layers * self.rows * self.n_heads)).tolist(),
-            "histogram": {"edges": self.entropy_edges.tolist(), "counts_per_round": self.entropy_hist_LMK.sum(0).tolist()},
+            "per_position_mean": (
+                self.entropy_pos_sum_LMT.sum(0) / (self.n_layers * self.rows * self.n_heads)
+            ).tolist(),
+            "histogram": {
+                "edges": self.entropy_edges.tolist(),
+                "counts_per_round": self.entropy_hist_LMK.sum(0).tolist(),
+            },
             "relative_drop": None,
         }
         for li in range(self.n_layers):
@@ -308,21 +314,14 @@ def collect(model, tokens: np.ndarray, seq_len: int, row_ids: np.ndarray, batch_
     for start in range(0, len(row_ids), batch_size):
         x, y = rows_batch(tokens, seq_len, row_ids[start : start + batch_size])
         x, y = x.to(device), y.to(device)
-        logits, record = model(x, return_intermediates=True)
-        stats.update([_to_cpu(inter) for inter in record])
+        logits, records = model(x, return_intermediates=True)
+        stats.update([layer_sample(record) for record in records])
         losses.append(per_token_loss(logits, y).cpu().numpy())
         if against is not None:
             other.append(per_token_loss(against(x), y).cpu().numpy())
         if progress is not None:
             progress.update(len(x))
     return Collected(stats, np.concatenate(losses), np.concatenate(other) if other else None)
-
-
-def _to_cpu(inter: Intermediates) -> Intermediates:
-    """The record without its attention maps (not needed for the running sums), on the CPU."""
-    move = lambda ts: [t.detach().float().cpu() for t in ts]  # noqa: E731
-    return Intermediates(probs=[], outputs=move(inter.outputs), residuals=move(inter.residuals),
-                         gates=move(inter.gates), entropies=move(inter.entropies))
 
 
 @torch.no_grad()
@@ -336,9 +335,9 @@ def attention_examples(model, tokens: np.ndarray, seq_len: int, row_ids: np.ndar
     model.eval()
     for row_index, t in positions:
         x, y = rows_batch(tokens, seq_len, row_ids[row_index : row_index + 1])
-        _, record = model(x.to(device), return_intermediates=True)
-        inter = record[layer]
-        maps = [p[0, :, t, : t + 1].mean(0).double().cpu().numpy() for p in inter.probs[: analysed_rounds(inter)]]
+        _, records = model(x.to(device), return_intermediates=True)
+        rounds = records[layer].of_kind("attention")[:1] + records[layer].of_kind("correction")
+        maps = [r.probs_BHTS[0, :, t, : t + 1].mean(0).double().cpu().numpy() for r in rounds]
         out.append({"row": int(row_ids[row_index]), "position": int(t), "attention": np.stack(maps),
                     "input_ids": x[0, : t + 1].tolist(), "target_id": int(y[0, t])})
     return out

@@ -1,19 +1,25 @@
-"""Shared pieces of every attention variant.
+"""The attention core: everything an attention variant needs that is not its own equations.
 
-* :func:`naive_attention` — the reference path: explicit scores, mask, softmax, dropout.
-  It also returns the probabilities, so it is the path used for analysis (intermediates).
-* :func:`fast_attention` — ``F.scaled_dot_product_attention`` with the same semantics
-  (on CPU the same dropout mask for the same RNG state; rows with no visible key give 0).
-* :class:`AttentionBase` — head split/merge, RoPE, the KV cache and path selection, so a
-  variant file only writes its own equations.
-* :class:`Intermediates` — what a variant returns on request for analysis (SPEC.md, GBA
-  analysis: gates, per-round attention and entropies).
+A variant subclasses :class:`AttentionBase` and writes only ``compute(x_BTD, call) -> y_BTD`` with
+the methods of :class:`Call`::
 
-Shapes: B batch, T queries, S keys, H heads, D model width, E head width.
+    q_BHTE = call.queries(q_BTX)                         # split into heads, RoPE
+    k_BGSE, v_BGSE = call.keys_values("kv", k_BTX, v_BTX)  # grouped K/V heads, RoPE, named cache entry
+    o_BHTE = call.attend(q_BHTE, k_BGSE, v_BGSE)         # mask, path, dropout, GQA, analysis record
+    y_BTX = call.merge(o_BHTE)
+
+The core owns head splitting with RoPE, grouped-query attention, the KV cache (entries are named),
+the choice between the reference path (explicit T x S scores) and the fast path
+(``F.scaled_dot_product_attention``), dropout on the attention probabilities (also one mask used
+twice, :meth:`Call.shared_dropout`) and the analysis :class:`Record`.
+
+Shapes: B batch, T queries, S keys, H query heads, G key/value heads, E head width, D model width.
+Methods and equations: docs/method.md, docs/baselines.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -21,45 +27,83 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gbattn.checks import Typed
+from gbattn.runtime import rng_state, set_rng_state
 
-@dataclass
+
+@dataclass(frozen=True)
 class AttnArgs:
     """What the model tells every attention variant (the variant's own options are separate)."""
 
     d_model: int
     n_heads: int
-    dropout: float = 0.0  # dropout on attention probabilities
+    n_kv_heads: int | None = None  # grouped-query attention; None = n_heads
+    dropout: float = 0.0  # on attention probabilities
     bias: bool = True
     layer_idx: int = 0
     n_layers: int = 1
+    rope_base: float | None = None  # RoPE in a module used on its own (a model passes its own tables)
 
     @property
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
 
 @dataclass
-class Intermediates:
-    """Per-round record of one attention layer's forward pass (naive path only).
+class NoOptions(Typed):
+    """This variant has no options."""
 
-    ``probs[m]``: attention probabilities of round m, (B, H, T, S), before dropout.
-    ``outputs[m]``: round m's head-concatenated attention output, (B, T, D) (F_0, c_1, ...).
-    ``residuals[m-1]``: the residual r_m = x - F that round m >= 1 attends with, (B, T, D).
-    ``gates[m-1]``: the gate g_m, broadcastable to (B, T, D).
-    ``entropies[m]``: entropy in nats of each query's attention, (B, H, T).
+    prefix = "attn."
+
+
+# --------------------------------------------------------------------------------------
+# The analysis record
+# --------------------------------------------------------------------------------------
+
+KINDS = ("attention", "correction", "second-pass", "negative-map")
+
+
+@dataclass
+class Round:
+    """One attention call of a layer, in call order (docs/method.md, "Analysis record").
+
+    ``kind``:
+
+    * ``attention``: the layer's first softmax attention. ``probs_BHTS`` (B, H, T, S) before dropout
+      (differential: the H/2 positive maps); ``output_BTD`` its head-merged output (GBA: F_0;
+      gated: before the gate; differential: A_1 V). Gated attention also sets ``gate`` (B, T, D) or
+      (B, T, H) for the headwise gate.
+    * ``correction``: GBA round m >= 1. ``probs_BHTS``, ``output_BTD`` = c_m, ``residual_BTD`` = r_m,
+      ``gate`` = g_m broadcastable to (B, T, D).
+    * ``second-pass``: Twicing's A (A V): ``probs_BHTS`` = A again, ``output_BTD`` = A (A V).
+    * ``negative-map``: differential attention's second map: ``probs_BHTS`` (B, H/2, T, S),
+      ``output_BTD`` = A_2 V.
     """
 
-    probs: list[Tensor] = field(default_factory=list)
-    outputs: list[Tensor] = field(default_factory=list)
-    residuals: list[Tensor] = field(default_factory=list)
-    gates: list[Tensor] = field(default_factory=list)
-    entropies: list[Tensor] = field(default_factory=list)
+    kind: str
+    output_BTD: Tensor
+    probs_BHTS: Tensor | None = None
+    residual_BTD: Tensor | None = None
+    gate: Tensor | None = None
 
-    def add_round(self, probs_BHTS: Tensor | None, out_BTD: Tensor) -> None:
-        if probs_BHTS is not None:
-            self.probs.append(probs_BHTS)
-            self.entropies.append(entropy(probs_BHTS))
-        self.outputs.append(out_BTD)
+    @property
+    def entropy_BHT(self) -> Tensor | None:
+        """Entropy in nats of every query's attention, (B, H, T)."""
+        return None if self.probs_BHTS is None else entropy(self.probs_BHTS)
+
+
+@dataclass
+class Record:
+    """Every :class:`Round` of one layer's forward pass."""
+
+    rounds: list[Round] = field(default_factory=list)
+
+    def of_kind(self, *kinds: str) -> list[Round]:
+        return [r for r in self.rounds if r.kind in kinds]
 
 
 def entropy(probs: Tensor) -> Tensor:
@@ -68,128 +112,20 @@ def entropy(probs: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------
-# Masks
+# RoPE tables
 # --------------------------------------------------------------------------------------
 
 
-def dense_mask(
-    T: int, S: int, device: torch.device, q_pos_T: Tensor | None, key_padding_mask_BS: Tensor | None, causal: bool
-) -> Tensor | None:
-    """Boolean mask, True where query t may attend to key s; shape (B or 1, 1, T, S) or None.
-
-    Query t sits at absolute position ``q_pos_T[t]`` (default ``S - T + t``: the last T of S
-    positions); key s sits at position s. ``key_padding_mask_BS`` is True for real tokens.
-    """
-    mask = None
-    if causal:
-        q_pos = q_pos_T if q_pos_T is not None else torch.arange(S - T, S, device=device)
-        mask = (torch.arange(S, device=device)[None, :] <= q_pos[:, None])[None, None]
-    if key_padding_mask_BS is not None:
-        if key_padding_mask_BS.shape[-1] != S:
-            raise ValueError(f"key_padding_mask has {key_padding_mask_BS.shape[-1]} keys, expected {S}")
-        pad = key_padding_mask_BS.bool()[:, None, None, :]
-        mask = pad if mask is None else mask & pad
-    return mask
-
-
-@dataclass
-class MaskInfo:
-    """How to mask one attention call: built once per layer call, used by every round."""
-
-    T: int
-    S: int
-    q_pos_T: Tensor | None
-    key_padding_mask_BS: Tensor | None
-    causal: bool
-    device: torch.device
-    _dense: Tensor | None = None
-    _built: bool = False
-
-    @property
-    def square_causal(self) -> bool:
-        """True when SDPA's own ``is_causal`` is exactly our mask (no T x S mask needed)."""
-        return self.causal and self.q_pos_T is None and self.key_padding_mask_BS is None and self.T == self.S
-
-    def dense(self) -> Tensor | None:
-        if not self._built:
-            self._dense = dense_mask(self.T, self.S, self.device, self.q_pos_T, self.key_padding_mask_BS, self.causal)
-            self._built = True
-        return self._dense
-
-
-# --------------------------------------------------------------------------------------
-# The two paths
-# --------------------------------------------------------------------------------------
-
-
-def attention_scores(q_BHTE: Tensor, k_BHSE: Tensor, mask: MaskInfo, scale: float) -> Tensor:
-    """Masked scores (masked entries are -inf), (B, H, T, S)."""
-    scores = torch.matmul(q_BHTE, k_BHSE.transpose(-1, -2)) * scale
-    allowed = mask.dense()
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return scores
-
-
-def masked_softmax(scores_BHTS: Tensor) -> Tensor:
-    """Softmax over keys; a row with no visible key gives all zeros (as SDPA does)."""
-    probs = torch.softmax(scores_BHTS, dim=-1)
-    return torch.nan_to_num(probs, nan=0.0)
-
-
-def naive_attention(
-    q_BHTE: Tensor, k_BHSE: Tensor, v_BHSF: Tensor, mask: MaskInfo, dropout_p: float, scale: float
-) -> tuple[Tensor, Tensor]:
-    """Reference attention: returns (output (B, H, T, F), probabilities before dropout (B, H, T, S))."""
-    probs = masked_softmax(attention_scores(q_BHTE, k_BHSE, mask, scale))
-    dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
-    return torch.matmul(dropped, v_BHSF), probs
-
-
-def fast_attention(q_BHTE: Tensor, k_BHSE: Tensor, v_BHSF: Tensor, mask: MaskInfo, dropout_p: float, scale: float) -> Tensor:
-    """``F.scaled_dot_product_attention``; uses ``is_causal`` (no mask tensor) when it can."""
-    if mask.square_causal:
-        return F.scaled_dot_product_attention(q_BHTE, k_BHSE, v_BHSF, dropout_p=dropout_p, is_causal=True, scale=scale)
-    return F.scaled_dot_product_attention(q_BHTE, k_BHSE, v_BHSF, attn_mask=mask.dense(), dropout_p=dropout_p, scale=scale)
-
-
-def chunked_entropy(q_BHTE: Tensor, k_BHSE: Tensor, mask: MaskInfo, scale: float, chunk: int | None = None) -> Tensor:
-    """Entropy of each query's attention (B, H, T) without holding the T x S matrix at once:
-    query chunks of at most 2^17 scores (B * H * chunk * S) at a time."""
-    B, H, _, _ = q_BHTE.shape
-    chunk = chunk or max(1, (1 << 17) // (B * H * k_BHSE.shape[-2]))
-    out = []
-    for start in range(0, q_BHTE.shape[-2], chunk):
-        q = q_BHTE[..., start : start + chunk, :]
-        sub = MaskInfo(
-            T=q.shape[-2],
-            S=mask.S,
-            q_pos_T=_q_positions(mask)[start : start + chunk] if mask.causal else None,
-            key_padding_mask_BS=mask.key_padding_mask_BS,
-            causal=mask.causal,
-            device=mask.device,
-        )
-        out.append(entropy(masked_softmax(attention_scores(q, k_BHSE, sub, scale))))
-    return torch.cat(out, dim=-1)
-
-
-def _q_positions(mask: MaskInfo) -> Tensor:
-    if mask.q_pos_T is not None:
-        return mask.q_pos_T
-    return torch.arange(mask.S - mask.T, mask.S, device=mask.device)
-
-
-# --------------------------------------------------------------------------------------
-# RoPE and the KV cache
-# --------------------------------------------------------------------------------------
-
-
-def rope_tables(pos_T: Tensor, d_head: int, base: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and sin tables (T, E) for rotary position embeddings (rotate-half layout)."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, device=pos_T.device, dtype=torch.float64) / d_head))
-    angles = pos_T.to(torch.float64)[:, None] * inv_freq[None, :]
+def rope_for(positions: Tensor, d_head: int, base: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin of rotary position embeddings (rotate-half layout) at ``positions``: (T,) -> (T, E),
+    (B, T) -> (B, 1, T, E); computed in float64, returned in ``dtype``."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, device=positions.device, dtype=torch.float64) / d_head))
+    angles = positions.to(torch.float64)[..., None] * inv_freq
     angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    if positions.dim() == 2:
+        cos, sin = cos[:, None], sin[:, None]
+    return cos, sin
 
 
 def apply_rope(x_BHTE: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
@@ -201,44 +137,314 @@ def apply_rope(x_BHTE: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
     return x_BHTE * cos + rotated * sin
 
 
-class KVCache(nn.Module):
-    """A fixed-size key/value cache (gpt-fast style): ``update`` writes at ``pos_T`` and returns
-    the whole cache, so prefill and decode are the same code. A cache with ``d_key = 0`` keeps
-    values only (twicing keeps A·V of every past position that way)."""
+# --------------------------------------------------------------------------------------
+# What every layer of one forward call shares: shapes, cache slots, positions, mask, path
+# --------------------------------------------------------------------------------------
 
-    def __init__(self, batch: int, shape: "CacheShape", max_len: int, dtype, device) -> None:
-        super().__init__()
-        kh, dk, vh, dv = shape
-        self.register_buffer("k", torch.zeros(batch, kh, max_len, dk, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(batch, vh, max_len, dv, dtype=dtype, device=device), persistent=False)
+
+@dataclass
+class AttnContext:
+    """Built once per forward call of a model (or of a module used on its own).
+
+    Query t sits in cache slot ``slots_T[t]`` (default: the last T of S slots); key s sits in slot
+    s. Causal attention lets a query see keys in slots up to its own. ``key_padding_BS`` is True
+    for real tokens. ``rope`` holds cos/sin at the queries' positions (the new keys share them).
+    """
+
+    T: int
+    S: int
+    device: torch.device
+    slots_T: Tensor | None = None
+    key_padding_BS: Tensor | None = None
+    causal: bool = True
+    naive: bool = False
+    rope: tuple[Tensor, Tensor] | None = None
+    _mask: Tensor | None = None
+    _built: bool = False
+
+    def __post_init__(self) -> None:
+        if self.key_padding_BS is not None and self.key_padding_BS.shape[-1] != self.S:
+            raise ValueError(f"key_padding_mask has {self.key_padding_BS.shape[-1]} keys, expected {self.S}")
 
     @property
-    def max_len(self) -> int:
-        return self.v.shape[2]
+    def square_causal(self) -> bool:
+        """True when SDPA's own ``is_causal`` is exactly the mask (no T x S mask tensor needed)."""
+        return self.causal and self.slots_T is None and self.key_padding_BS is None and self.T == self.S
 
-    def update(self, pos_T: Tensor, k_BHTE: Tensor | None, v_BHTF: Tensor) -> tuple[Tensor, Tensor]:
-        if k_BHTE is not None:
-            self.k[:, :, pos_T] = k_BHTE.to(self.k.dtype)
-        self.v[:, :, pos_T] = v_BHTF.to(self.v.dtype)
-        return self.k, self.v
+    def query_slots(self) -> Tensor:
+        if self.slots_T is not None:
+            return self.slots_T
+        return torch.arange(self.S - self.T, self.S, device=self.device)
+
+    def mask(self) -> Tensor | None:
+        """Boolean (B or 1, 1, T, S), True where a query may attend to a key; None if all may."""
+        if not self._built:
+            mask = None
+            if self.causal:
+                mask = (torch.arange(self.S, device=self.device)[None, :] <= self.query_slots()[:, None])[None, None]
+            if self.key_padding_BS is not None:
+                pad = self.key_padding_BS.bool()[:, None, None, :]
+                mask = pad if mask is None else mask & pad
+            self._mask, self._built = mask, True
+        return self._mask
+
+    def chunk(self, start: int, stop: int) -> AttnContext:
+        """The same call restricted to queries start..stop-1 (for chunked statistics)."""
+        return AttnContext(T=min(stop, self.T) - start, S=self.S, device=self.device,
+                           slots_T=self.query_slots()[start:stop], key_padding_BS=self.key_padding_BS,
+                           causal=self.causal, naive=True)
 
 
-CacheShape = tuple  # (key heads, key width, value heads, value width)
+# --------------------------------------------------------------------------------------
+# The two paths
+# --------------------------------------------------------------------------------------
 
 
-class PackedLinear(nn.Linear):
-    """``nn.Linear`` whose bias covers only its first ``n_biased`` outputs: one fused matmul for
-    projections of the same input where some have a bias and some have none."""
+def _grouped(q_BHTE: Tensor, t_BGSX: Tensor) -> Tensor:
+    """K or V heads repeated to the query heads (grouped-query attention: query head h uses
+    key/value head h // (H / G))."""
+    H, G = q_BHTE.shape[1], t_BGSX.shape[1]
+    return t_BGSX if G == H else t_BGSX.repeat_interleave(H // G, dim=1)
 
-    def __init__(self, d_in: int, n_biased: int, n_unbiased: int, bias: bool = True) -> None:
-        super().__init__(d_in, n_biased + n_unbiased, bias=bias)
-        self.n_unbiased = n_unbiased
-        if bias:
-            self.bias = nn.Parameter(torch.zeros(n_biased))
 
-    def forward(self, x: Tensor) -> Tensor:
-        bias = None if self.bias is None else torch.cat([self.bias, self.bias.new_zeros(self.n_unbiased)])
-        return F.linear(x, self.weight, bias)
+def masked_softmax(scores_BHTS: Tensor) -> Tensor:
+    """Softmax over keys; a row with no visible key gives all zeros (as SDPA does)."""
+    return torch.nan_to_num(torch.softmax(scores_BHTS, dim=-1), nan=0.0)
+
+
+def attention_probs(q_BHTE: Tensor, k_BGSE: Tensor, ctx: AttnContext, scale: float) -> Tensor:
+    """Explicit masked softmax(q k^T * scale), (B, H, T, S)."""
+    scores = torch.matmul(q_BHTE, _grouped(q_BHTE, k_BGSE).transpose(-1, -2)) * scale
+    allowed = ctx.mask()
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return masked_softmax(scores)
+
+
+def reference_path(q_BHTE: Tensor, k_BGSE: Tensor, v_BGSF: Tensor, ctx: AttnContext, dropout_p: float,
+                   scale: float) -> tuple[Tensor, Tensor]:
+    """Explicit scores, mask, softmax and dropout: (output (B, H, T, F), probabilities before dropout)."""
+    probs = attention_probs(q_BHTE, k_BGSE, ctx, scale)
+    dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
+    return torch.matmul(dropped, _grouped(q_BHTE, v_BGSF)), probs
+
+
+def fast_path(
+    q_BHTE: Tensor, k_BGSE: Tensor, v_BGSF: Tensor, ctx: AttnContext, dropout_p: float, scale: float
+) -> Tensor:
+    """``F.scaled_dot_product_attention`` with the same semantics (on CPU the same dropout mask for
+    the same RNG state): ``is_causal`` without a mask tensor when possible, SDPA's own grouped
+    heads when keys and values share them, and q/k zero-padded to the value width when that is
+    wider (the scores and the explicit scale are unchanged, and the fused kernels still run)."""
+    H, G, Gv = q_BHTE.shape[1], k_BGSE.shape[1], v_BGSF.shape[1]
+    gqa = G != H and Gv == G
+    if not gqa:
+        k_BGSE, v_BGSF = _grouped(q_BHTE, k_BGSE), _grouped(q_BHTE, v_BGSF)
+    # The fused kernels take contiguous inputs only (a strided view, like every other head, would
+    # fall back to the math path and its T x S matrix).
+    q_BHTE, k_BGSE, v_BGSF = q_BHTE.contiguous(), k_BGSE.contiguous(), v_BGSF.contiguous()
+    pad = v_BGSF.shape[-1] - q_BHTE.shape[-1]
+    if pad > 0:
+        q_BHTE, k_BGSE = F.pad(q_BHTE, (0, pad)), F.pad(k_BGSE, (0, pad))
+    kwargs = dict(dropout_p=dropout_p, scale=scale, enable_gqa=gqa)
+    if ctx.square_causal:
+        return F.scaled_dot_product_attention(q_BHTE, k_BGSE, v_BGSF, is_causal=True, **kwargs)
+    return F.scaled_dot_product_attention(q_BHTE, k_BGSE, v_BGSF, attn_mask=ctx.mask(), **kwargs)
+
+
+def chunked_entropy(q_BHTE: Tensor, k_BGSE: Tensor, ctx: AttnContext, scale: float) -> Tensor:
+    """Entropy of each query's attention (B, H, T) without holding the T x S matrix at once:
+    query chunks of at most 2^17 scores (B * H * chunk * S) at a time."""
+    B, H, T, _ = q_BHTE.shape
+    chunk = max(1, (1 << 17) // (B * H * k_BGSE.shape[-2]))
+    out = []
+    for start in range(0, T, chunk):
+        out.append(
+            entropy(
+                attention_probs(q_BHTE[..., start : start + chunk, :], k_BGSE, ctx.chunk(start, start + chunk), scale)
+            )
+        )
+    return torch.cat(out, dim=-1)
+
+
+# --------------------------------------------------------------------------------------
+# KV caches: entries are named ("kv0", "kv1", "av", ...), one set per layer
+# --------------------------------------------------------------------------------------
+
+
+class StaticLayerCache(nn.Module):
+    """A fixed-size cache (gpt-fast style): each entry is a key and a value buffer of ``max_len``
+    slots, allocated at its first write with the written heads and widths. ``update`` writes at
+    ``slots_T`` and returns the whole buffers, so prefill and decode are the same code and shapes
+    stay fixed (``torch.compile``, CUDA graphs). A value-only entry has no key buffer."""
+
+    def __init__(self, batch: int, max_len: int, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.batch, self.max_len, self.dtype, self.device = batch, max_len, dtype, torch.device(device)
+
+    def key_length(self, T: int) -> int:
+        return self.max_len
+
+    def _buffer(self, name: str, like: Tensor) -> Tensor:
+        if not hasattr(self, name):
+            B, heads, _, width = like.shape
+            self.register_buffer(name, torch.zeros(B, heads, self.max_len, width, dtype=self.dtype, device=self.device),
+                                 persistent=False)
+        return getattr(self, name)
+
+    def update(self, name: str, slots_T: Tensor, k_BGTE: Tensor | None, v_BGTF: Tensor) -> tuple[Tensor | None, Tensor]:
+        k_all = None
+        if k_BGTE is not None:
+            k_all = self._buffer(f"{name}_k", k_BGTE)
+            k_all.index_copy_(2, slots_T, k_BGTE.to(self.dtype))
+        v_all = self._buffer(f"{name}_v", v_BGTF)
+        v_all.index_copy_(2, slots_T, v_BGTF.to(self.dtype))
+        return k_all, v_all
+
+
+class DynamicLayerCache:
+    """A growing cache (for Hugging Face ``generate``): new keys and values are appended."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[Tensor | None, Tensor]] = {}
+
+    @property
+    def length(self) -> int:
+        return next(iter(self.entries.values()))[1].shape[2] if self.entries else 0
+
+    def key_length(self, T: int) -> int:
+        return self.length + T
+
+    def update(self, name: str, slots_T: Tensor | None, k_BGTE: Tensor | None, v_BGTF: Tensor):
+        if name in self.entries:
+            k_old, v_old = self.entries[name]
+            k_BGTE = None if k_BGTE is None else torch.cat([k_old, k_BGTE], dim=2)
+            v_BGTF = torch.cat([v_old, v_BGTF], dim=2)
+        self.entries[name] = (k_BGTE, v_BGTF)
+        return k_BGTE, v_BGTF
+
+    def select(self, rows: Tensor) -> None:
+        """Keep batch rows ``rows`` (beam search reordering)."""
+        self.entries = {n: (None if k is None else k[rows], v[rows]) for n, (k, v) in self.entries.items()}
+
+
+class StaticCache(nn.Module):
+    """One :class:`StaticLayerCache` per layer (``GPT.setup_cache``)."""
+
+    def __init__(self, n_layers: int, batch: int, max_len: int, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.layers = nn.ModuleList(StaticLayerCache(batch, max_len, dtype, device) for _ in range(n_layers))
+
+    def key_length(self, T: int) -> int:
+        return self.max_len
+
+
+class DynamicCache:
+    """One :class:`DynamicLayerCache` per layer."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [DynamicLayerCache() for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def key_length(self, T: int) -> int:
+        return self.length + T
+
+
+# --------------------------------------------------------------------------------------
+# One forward call of one layer
+# --------------------------------------------------------------------------------------
+
+
+class Call:
+    """What a variant's ``compute`` may use; see the module docstring."""
+
+    def __init__(self, module: AttentionBase, ctx: AttnContext, cache=None, record: Record | None = None) -> None:
+        self.module, self.ctx, self.cache, self.record = module, ctx, cache, record
+        self.naive = ctx.naive or record is not None
+        self.dropout_p = module.dropout_p if module.training else 0.0
+        self._replay: Tensor | None = None  # RNG state that every attend inside shared_dropout restarts from
+        self._after: Tensor | None = None
+        self._last_probs: Tensor | None = None
+
+    @staticmethod
+    def split(x_BTX: Tensor, heads: int) -> Tensor:
+        B, T, X = x_BTX.shape
+        return x_BTX.view(B, T, heads, X // heads).transpose(1, 2)
+
+    @staticmethod
+    def merge(x_BHTF: Tensor) -> Tensor:
+        B, H, T, Fw = x_BHTF.shape
+        return x_BHTF.transpose(1, 2).reshape(B, T, H * Fw)
+
+    def queries(self, q_BTX: Tensor) -> Tensor:
+        """Queries split into the n_heads query heads, with RoPE: (B, H, T, E)."""
+        return apply_rope(self.split(q_BTX, self.module.n_heads), self.ctx.rope)
+
+    def keys_values(
+        self, name: str, k_BTX: Tensor, v_BTX: Tensor, value_heads: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Keys (n_kv_heads, with RoPE) and values (``value_heads``, default n_kv_heads) of the new
+        tokens, written to cache entry ``name``; returns every cached slot when a cache is set up."""
+        k = apply_rope(self.split(k_BTX, self.module.n_kv_heads), self.ctx.rope)
+        v = self.split(v_BTX, value_heads or self.module.n_kv_heads)
+        if self.cache is None:
+            return k, v
+        return self.cache.update(name, self.ctx.slots_T, k, v)
+
+    def cached(self, name: str, v_BHTF: Tensor) -> Tensor:
+        """A value-only cache entry (Twicing's A V of every past position): (B, H, S, F)."""
+        return v_BHTF if self.cache is None else self.cache.update(name, self.ctx.slots_T, None, v_BHTF)[1]
+
+    def attend(self, q_BHTE: Tensor, k_BGSE: Tensor, v_BGSF: Tensor, kind: str = "attention",
+               scale: float | None = None) -> Tensor:
+        """Softmax attention of the queries over the keys: (B, H, T, F). Recorded as a :class:`Round`
+        of ``kind`` when the analysis record is on."""
+        scale = self.module.scale if scale is None else scale
+        if self._replay is not None:
+            set_rng_state(q_BHTE.device, self._replay)
+        if self.naive:
+            o_BHTF, probs = reference_path(q_BHTE, k_BGSE, v_BGSF, self.ctx, self.dropout_p, scale)
+        else:
+            o_BHTF, probs = fast_path(q_BHTE, k_BGSE, v_BGSF, self.ctx, self.dropout_p, scale), None
+        if self._replay is not None and self._after is None:
+            self._after = rng_state(q_BHTE.device)
+        self._last_probs = probs
+        if self.record is not None:
+            self.record.rounds.append(Round(kind, self.merge(o_BHTF), probs))
+        return o_BHTF
+
+    @contextlib.contextmanager
+    def shared_dropout(self):
+        """Every :meth:`attend` inside draws the same dropout mask (one draw of the RNG in all)."""
+        if not self.dropout_p:
+            yield
+            return
+        device = self.ctx.device
+        self._replay, self._after = rng_state(device), None
+        try:
+            yield
+        finally:
+            if self._after is not None:
+                set_rng_state(device, self._after)
+            self._replay = self._after = None
+
+    def note(self, residual_BTD: Tensor | None = None, gate: Tensor | None = None) -> None:
+        """Add the residual or gate of the last attention call to the record (if it is on)."""
+        if self.record is not None:
+            last = self.record.rounds[-1]
+            last.residual_BTD = residual_BTD if residual_BTD is not None else last.residual_BTD
+            last.gate = gate if gate is not None else last.gate
+
+    def entropy(self, q_BHTE: Tensor, k_BGSE: Tensor) -> Tensor:
+        """Entropy (B, H, T) of the last attend's map of these queries and keys (recomputed in
+        chunks on the fast path, which keeps no probabilities)."""
+        if self._last_probs is not None:
+            return entropy(self._last_probs)
+        return chunked_entropy(q_BHTE, k_BGSE, self.ctx, self.module.scale)
 
 
 # --------------------------------------------------------------------------------------
@@ -247,112 +453,49 @@ class PackedLinear(nn.Linear):
 
 
 class AttentionBase(nn.Module):
-    """Common machinery. A variant implements :meth:`compute` (its equations) and
-    :meth:`cache_shapes` (one (heads, d_key, d_value) per cache it keeps).
+    """An attention layer. Subclasses define :attr:`Options` (a typed record of the variant's own
+    options, or :class:`NoOptions`), may define :meth:`check_heads`, and implement :meth:`compute`.
 
-    Calling convention of every variant::
+    Calling convention of every variant (a model passes ``context``, ``cache`` and ``record``)::
 
         y_BTD = attn(x_BTD)                                    # causal, fast path
-        y_BTD, inter = attn(x_BTD, return_intermediates=True)  # naive path + record
-        attn(x_BTD, key_padding_mask=mask_BT, naive=True)      # reference path
-        attn(x_BTD, input_pos=pos_T)                           # with a KV cache set up
+        y_BTD, record = attn(x_BTD, return_intermediates=True)  # reference path + analysis record
+        attn(x_BTD, key_padding_mask=keep_BT, causal=False, naive=True)
     """
 
-    Options = None  # the variant's own options dataclass
-    supports_memory = False  # accepts keys/values from another sequence (cross-attention)
+    Options: type = NoOptions
+
+    @classmethod
+    def check_heads(cls, n_heads: int, n_kv_heads: int) -> str | None:
+        """An error message when this variant cannot use these head counts (else None)."""
+        return None
 
     def __init__(self, args: AttnArgs, options) -> None:
         super().__init__()
-        self.args = args
-        self.options = options
-        self.n_heads = args.n_heads
-        self.d_head = args.d_head
+        self.args, self.options = args, options
+        self.n_heads, self.n_kv_heads, self.d_head = args.n_heads, args.kv_heads, args.d_head
+        self.q_width, self.kv_width = args.n_heads * args.d_head, args.kv_heads * args.d_head
         self.dropout_p = args.dropout
         self.scale = 1.0 / math.sqrt(args.d_head)
-        self.caches = nn.ModuleList()
 
-    # -- heads ---------------------------------------------------------------------
-    def split_heads(self, x_BTD: Tensor, heads: int | None = None) -> Tensor:
-        B, T, D = x_BTD.shape
-        heads = heads or self.n_heads
-        return x_BTD.view(B, T, heads, D // heads).transpose(1, 2)
-
-    @staticmethod
-    def merge_heads(x_BHTE: Tensor) -> Tensor:
-        B, H, T, E = x_BHTE.shape
-        return x_BHTE.transpose(1, 2).reshape(B, T, H * E)
-
-    # -- cache ---------------------------------------------------------------------
-    def cache_shapes(self) -> list[CacheShape]:
-        """(key heads, key width, value heads, value width) of each cache this variant keeps."""
-        return [(self.n_heads, self.d_head, self.n_heads, self.d_head)]
-
-    def setup_cache(self, batch: int, max_len: int, dtype, device) -> None:
-        self.caches = nn.ModuleList(KVCache(batch, shape, max_len, dtype, device) for shape in self.cache_shapes())
-
-    def clear_cache(self) -> None:
-        self.caches = nn.ModuleList()
-
-    def cached_kv(self, index: int, pos_T: Tensor | None, k: Tensor | None, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write k/v to cache ``index`` and return the full cache; pass-through without a cache."""
-        if pos_T is None or len(self.caches) == 0:
-            return k, v
-        return self.caches[index].update(pos_T, k, v)
-
-    # -- one attention call ----------------------------------------------------------
-    def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: MaskInfo, naive: bool, scale: float | None = None
-    ) -> tuple[Tensor, Tensor | None]:
-        """Softmax attention through the chosen path: (output, probabilities or None)."""
-        p = self.dropout_p if self.training else 0.0
-        scale = self.scale if scale is None else scale
-        if naive:
-            return naive_attention(q, k, v, mask, p, scale)
-        return fast_attention(q, k, v, mask, p, scale), None
-
-    # -- entry point -------------------------------------------------------------------
-    def forward(
-        self,
-        x_BTD: Tensor,
-        *,
-        key_padding_mask: Tensor | None = None,
-        input_pos: Tensor | None = None,
-        rope: tuple[Tensor, Tensor] | None = None,
-        causal: bool = True,
-        naive: bool = False,
-        return_intermediates: bool = False,
-        memory: Tensor | None = None,
-    ):
-        """``key_padding_mask`` (B, S) is True for real tokens (S = T, or the cache length
-        when a cache is set up); ``input_pos`` (T,) are the absolute positions of x's tokens
-        (required with a cache); ``rope`` are cos/sin tables for those positions.
-        ``memory`` (B, S, D): keys/values from another sequence (cross-attention, non-causal;
-        variants with ``supports_memory`` only)."""
-        B, T, _ = x_BTD.shape
-        extra = {}
-        if memory is not None:
-            if not self.supports_memory:
-                raise ValueError(f"{type(self).__name__} does not take a memory (cross-attention)")
-            if causal or len(self.caches):
-                raise ValueError("cross-attention with a memory is non-causal and uncached: pass causal=False")
-            S, q_pos, extra = memory.shape[1], None, {"memory_BSD": memory}
-        elif input_pos is not None and len(self.caches):
-            S = self.caches[0].max_len
-            q_pos = input_pos
-        else:
-            S, q_pos = T, None
-        mask = MaskInfo(T, S, q_pos, key_padding_mask, causal, x_BTD.device)
-        record = Intermediates() if return_intermediates else None
-        y_BTD = self.compute(
-            x_BTD,
-            mask=mask,
-            pos_T=input_pos if len(self.caches) else None,
-            rope=rope,
-            naive=naive or return_intermediates,
-            record=record,
-            **extra,
-        )
-        return (y_BTD, record) if return_intermediates else y_BTD
-
-    def compute(self, x_BTD, *, mask, pos_T, rope, naive, record) -> Tensor:  # pragma: no cover - abstract
+    def compute(self, x_BTD: Tensor, call: Call) -> Tensor:
         raise NotImplementedError
+
+    def forward(self, x_BTD: Tensor, *, key_padding_mask: Tensor | None = None, causal: bool = True,
+                positions: Tensor | None = None, naive: bool = False, return_intermediates: bool = False,
+                context: AttnContext | None = None, cache=None, record: Record | None = None):
+        """``key_padding_mask`` (B, T): True for real tokens; ``positions`` (T,) or (B, T) for RoPE
+        (``AttnArgs.rope_base``). A model passes its shared ``context``, this layer's ``cache``
+        and ``record`` instead."""
+        if context is None:
+            T = x_BTD.shape[1]
+            rope = None
+            if self.args.rope_base is not None:
+                pos = positions if positions is not None else torch.arange(T, device=x_BTD.device)
+                rope = rope_for(pos, self.d_head, self.args.rope_base, x_BTD.dtype)
+            context = AttnContext(T=T, S=T, device=x_BTD.device, key_padding_BS=key_padding_mask, causal=causal,
+                                  naive=naive, rope=rope)
+        if return_intermediates and record is None:
+            record = Record()
+        y_BTD = self.compute(x_BTD, Call(self, context, cache, record))
+        return (y_BTD, record) if return_intermediates else y_BTD

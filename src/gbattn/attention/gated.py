@@ -1,51 +1,60 @@
-"""Gated attention, Qwen's G1 gate (Qiu et al., NeurIPS 2025; SPEC.md section 3).
+"""Gated attention, Qwen's G1 gate (Qiu et al., NeurIPS 2025; docs/baselines.md)::
 
-``Y' = SDPA(Q, K, V) * sigmoid(x W_theta)`` after SDPA and before W_out, where x is the same
-normalised input that feeds Q/K/V. ``elementwise``: W_theta d -> H*E; ``headwise``: d -> H.
-No bias on W_theta; it is fused with the QKV projection into one matmul.
+    y = W_out (SDPA(Q, K, V) * sigmoid(x W_theta))
+
+after SDPA and before W_out; x is the normalised input that feeds Q/K/V. ``elementwise``: W_theta
+d -> H*E; ``headwise``: d -> H. No bias on W_theta; it is fused with the QKV projection.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from gbattn.attention.core import PackedLinear
+from gbattn.attention.core import AttnArgs, Call
 from gbattn.attention.standard import StandardAttention
-from gbattn.config import check_choice
-
-GATE_MODES = ("elementwise", "headwise")
+from gbattn.checks import Typed, one_of
 
 
 @dataclass
-class GatedOptions:
-    mode: str = "elementwise"  # elementwise | headwise
+class GatedOptions(Typed):
+    prefix = "attn."
 
-    def __post_init__(self) -> None:
-        check_choice("attn.mode", self.mode, GATE_MODES)
+    mode: str = field(default="elementwise", metadata=one_of("elementwise", "headwise"))
+
+
+class PackedLinear(nn.Linear):
+    """``nn.Linear`` whose bias covers only its first ``n_biased`` outputs: one matmul for the
+    biased Q/K/V projection and the bias-free gate projection."""
+
+    def __init__(self, d_in: int, n_biased: int, n_unbiased: int, bias: bool = True) -> None:
+        super().__init__(d_in, n_biased + n_unbiased, bias=bias)
+        self.n_unbiased = n_unbiased
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(n_biased))
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = None if self.bias is None else torch.cat([self.bias, self.bias.new_zeros(self.n_unbiased)])
+        return F.linear(x, self.weight, bias)
 
 
 class GatedAttention(StandardAttention):
     Options = GatedOptions
 
-    def __init__(self, args, options: GatedOptions) -> None:
+    def __init__(self, args: AttnArgs, options: GatedOptions) -> None:
         super().__init__(args, options)
-        d = args.d_model
-        self.gate_width = d if options.mode == "elementwise" else args.n_heads
-        self.qkv = PackedLinear(d, 3 * d, self.gate_width, bias=args.bias)
+        self.gate_width = self.q_width if options.mode == "elementwise" else args.n_heads
+        self.qkv = PackedLinear(args.d_model, self.q_width + 2 * self.kv_width, self.gate_width, bias=args.bias)
 
-    def compute(self, x_BTD, *, mask, pos_T, rope, naive, record) -> Tensor:
-        proj_BTX = self.qkv(x_BTD)
-        q, k, v = self.qkv_heads(proj_BTX, rope, pos_T)
-        o_BHTE, probs = self.attend(q, k, v, mask, naive)
-        gate_BTG = torch.sigmoid(proj_BTX[..., 3 * self.args.d_model :])
+    def compute(self, x_BTD: Tensor, call: Call) -> Tensor:
+        widths = [self.q_width, self.kv_width, self.kv_width, self.gate_width]
+        q_BTX, k_BTX, v_BTX, gate_BTX = self.qkv(x_BTD).split(widths, dim=-1)
+        o_BHTE = call.attend(call.queries(q_BTX), *call.keys_values("kv", k_BTX, v_BTX))
+        gate = torch.sigmoid(gate_BTX)
+        call.note(gate=gate)
         if self.options.mode == "elementwise":
-            o_BTD = self.merge_heads(o_BHTE) * gate_BTG
-        else:
-            o_BTD = self.merge_heads(o_BHTE * gate_BTG.transpose(1, 2).unsqueeze(-1))
-        if record is not None:
-            record.add_round(probs, o_BTD)
-            record.gates.append(gate_BTG)
-        return self.out(o_BTD)
+            return self.out(call.merge(o_BHTE) * gate)
+        return self.out(call.merge(o_BHTE * gate.transpose(1, 2).unsqueeze(-1)))

@@ -1,8 +1,10 @@
-"""Attention variants by name. A new variant is one file plus one line in ``VARIANTS``."""
+"""Attention variants by name. A new variant is one file, one line in ``VARIANTS`` and one
+reference function in ``reference.py`` (the tests fail without it)."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from gbattn.attention.boosted import BoostedAttention
 from gbattn.attention.core import AttentionBase, AttnArgs
@@ -10,7 +12,8 @@ from gbattn.attention.differential import DifferentialAttention
 from gbattn.attention.gated import GatedAttention
 from gbattn.attention.standard import StandardAttention
 from gbattn.attention.twicing import TwicingAttention
-from gbattn.config import ConfigError, check_choice
+from gbattn.checks import check_choice
+from gbattn.errors import ConfigError
 
 VARIANTS: dict[str, type[AttentionBase]] = {
     "standard": StandardAttention,
@@ -21,33 +24,33 @@ VARIANTS: dict[str, type[AttentionBase]] = {
 }
 
 
-def variant_options(name: str, options: dict | None = None, n_heads: int | None = None):
-    """Validate a variant name and its options; return the variant's Options instance."""
+def variant_options(name: str, options: dict | None = None, n_heads: int | None = None, n_kv_heads: int | None = None):
+    """Check a variant name, its options and head counts; return the variant's Options record."""
     check_choice("attn", name, tuple(VARIANTS))
     cls = VARIANTS[name]
     options = dict(options or {})
     allowed = [f.name for f in dataclasses.fields(cls.Options)]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        hint = ", ".join(allowed) if allowed else "none"
-        raise ConfigError(f"attention {name!r} has no option(s) {unknown}; its options are: {hint}")
-    check_heads = getattr(cls, "check_heads", None)
-    if check_heads is not None and n_heads is not None and (msg := check_heads(n_heads)):
+        raise ConfigError(
+            f"attention {name!r} has no option(s) {unknown}; its options are: {', '.join(allowed) or 'none'}"
+        )
+    if n_heads is not None and (msg := cls.check_heads(n_heads, n_kv_heads or n_heads)):
         raise ConfigError(msg)
     return cls.Options(**options)
 
 
 def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> AttentionBase:
-    """Instantiate variant ``name`` for one layer."""
-    return VARIANTS[name](args, variant_options(name, options, args.n_heads))
+    """Variant ``name`` for one layer."""
+    return VARIANTS[name](args, variant_options(name, options, args.n_heads, args.kv_heads))
 
 
 def describe_variants() -> list[dict]:
     """Name, one-line description and options (with defaults) of every variant."""
     rows = []
     for name, cls in VARIANTS.items():
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        mod_doc = (__import__(cls.__module__, fromlist=["_"]).__doc__ or "").strip().splitlines()[0]
-        opts = {f.name: (f.default if f.default is not dataclasses.MISSING else None) for f in dataclasses.fields(cls.Options)}
-        rows.append({"name": name, "description": mod_doc or doc, "options": opts})
+        doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip().splitlines()[0].rstrip(":.") + "."
+        opts = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+                for f in dataclasses.fields(cls.Options)}
+        rows.append({"name": name, "description": doc, "options": opts})
     return rows

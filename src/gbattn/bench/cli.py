@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+DEFAULT_VARIANTS = ["standard", "boosted", "boosted:kv_source=shared", "twicing", "gated", "differential"]
+
 
 def register(sub) -> None:
-    from gbattn.bench.speed import DEFAULT_VARIANTS
-
     p = sub.add_parser("bench", help="speed, memory and FLOPs of each variant next to standard (one interleaved run)")
     p.add_argument("--preset", default="paper-small")
     p.add_argument("--attn", nargs="+", default=None, metavar="VARIANT",

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import torch
 
-from gbattn.config import ModelConfig, command_line, parse_value, preset_config
+from gbattn.bench.cli import DEFAULT_VARIANTS
+from gbattn.checks import parse_value
+from gbattn.config import ModelConfig, preset_config
 from gbattn.errors import UserError
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
-
-DEFAULT_VARIANTS = ["standard", "boosted", "boosted:kv_source=shared", "twicing", "gated", "differential"]
+from gbattn.runtime import command_line
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -233,11 +234,23 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
 
     sweep_rows = _sweep(preset, sweep or [], sweep_variants or ["standard", "boosted"], dev, amp, quiet, sets)
     report = {
-        "preset": preset, "sets": sets, "dropout": base_cfg.dropout, "device": _device_name(dev), "batch": batch,
-        "seq_len": seq_len, "repeats": repeats,
-        "steps_per_repeat": steps, "prefill_tokens": prefill, "decode_tokens": decode, "amp_bf16": amp and dev.type == "cuda",
-        "compile": compile, "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "command": command_line(), "variants": rows, "sweep": sweep_rows,
+        "preset": preset,
+        "sets": sets,
+        "dropout": base_cfg.dropout,
+        "device": _device_name(dev),
+        "batch": batch,
+        "seq_len": seq_len,
+        "repeats": repeats,
+        "steps_per_repeat": steps,
+        "prefill_tokens": prefill,
+        "decode_tokens": decode,
+        "amp_bf16": amp and dev.type == "cuda",
+        "compile": compile,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "command": command_line(portable=True),
+        "variants": rows,
+        "sweep": sweep_rows,
     }
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
@@ -293,13 +306,14 @@ def bench_markdown(report: dict) -> str:
     lines = [
         f"# gbattn bench: {report['preset']} on {report['device']}",
         "",
-        f"Command: `{report['command']}` · torch {report['torch']} · batch {report['batch']} x {report['seq_len']} tokens · "
+        f"Command: `{report['command']}` · torch {report['torch']} · "
+        f"batch {report['batch']} x {report['seq_len']} tokens · "
         f"median of {report['repeats']} interleaved repeats of {report['steps_per_repeat']} steps · "
         f"dropout {report['dropout']:g}"
         f"{' · bf16 autocast' if report['amp_bf16'] else ''}{' · torch.compile' if report['compile'] else ''}",
         "",
-        "| variant | parameters | step (ms) | tokens/s | peak memory (MiB) | fwd MFLOP/token | step ratio (range) | FLOP ratio | "
-        "step / FLOP ratio | memory ratio | prefill (ms) | decode tokens/s | decode cost ratio |",
+        "| variant | parameters | step (ms) | tokens/s | peak memory (MiB) | fwd MFLOP/token | step ratio (range) | "
+        "FLOP ratio | step / FLOP ratio | memory ratio | prefill (ms) | decode tokens/s | decode cost ratio |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in report["variants"]:
@@ -307,7 +321,8 @@ def bench_markdown(report: dict) -> str:
         lo, hi = r["step_ratio_range"]
         lines.append(
             f"| {r['variant']} | {r['parameters']:,} | {1000 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
-            f"{r['peak_memory_bytes'] / mib:,.0f} | {r['forward_flops_per_token'] / 1e6:.2f} | {r['step_ratio']:.3f} ({lo:.2f}–{hi:.2f}) | "
+            f"{r['peak_memory_bytes'] / mib:,.0f} | {r['forward_flops_per_token'] / 1e6:.2f} | "
+            f"{r['step_ratio']:.3f} ({lo:.2f}–{hi:.2f}) | "
             f"{r['flop_ratio']:.3f} | {r['step_over_flop_ratio']:.3f} | {mem_ratio} | {1000 * r['prefill_s']:.1f} | "
             f"{r['decode_tokens_per_s']:,.0f} | {r['decode_ratio']:.2f} |"
         )

@@ -1,24 +1,31 @@
 """Text corpora, chosen with ``--data``.
 
+* a corpus shipped with gbattn: ``tiny-shakespeare`` (data/corpora/SOURCE.md);
 * a Hugging Face datasets name: ``wikitext-103-raw-v1``, ``wikitext-2-raw-v1``, ``openwebtext``
   (through the ``datasets`` library when the hub is reachable or the data is cached);
-* a local directory in WikiText layout (``wiki.{train,valid,test}.{raw,tokens}``, optionally
-  ``.gz``), or with ``train/valid/test`` text files (``.txt`` optional; ``validation`` also
-  accepted);
+* a local directory with one text file per split, optionally ``.gz``: WikiText's
+  ``wiki.{train,valid,test}.{raw,tokens}``, ``train.txt``/``valid.txt``/``test.txt``, or any names
+  containing ``train``, ``valid`` (or ``val``) and ``test``, as in Mikolov's ``ptb.train.txt``;
 * a single text file, split by characters: the first 90% train, the next 5% valid, the last 5%
-  test (``split=(0.9, 0.1, 0.0)`` gives nanoGPT's 90/10 rule; then test is the valid split).
+  test (``split=[0.9, 0.1, 0]`` gives nanoGPT's 90/10 rule; then test is the valid split).
 
-A corpus yields lines per split; the fingerprint identifies its content for the token cache.
+Every local file is checked before use: UTF-8 text (the error names the file and the byte offset of
+the first bad byte, or of a NUL byte in a binary file), real gzip data behind a ``.gz`` name, not
+empty. A corpus yields lines per split; its fingerprint identifies the content for the caches.
 """
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
+import logging
 import os
+import re
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from gbattn.errors import DataError
 
@@ -31,8 +38,7 @@ HF_NAMES = {
     "openwebtext": ("Skylion007/openwebtext", None),
 }
 DEFAULT_SPLIT = (0.9, 0.05, 0.05)
-# Corpora shipped inside the package (``--data NAME``), read as single text files.
-BUNDLED = {"tiny-shakespeare": "tiny-shakespeare.txt.gz"}
+BUNDLED = {"tiny-shakespeare": "tiny-shakespeare.txt.gz"}  # shipped inside the package
 
 
 def bundled_path(name: str) -> Path:
@@ -44,7 +50,7 @@ def bundled_path(name: str) -> Path:
 class Corpus:
     """Lines of text per split, newlines kept. ``lines(split)`` can be called repeatedly."""
 
-    name: str
+    name: str  # how results files name it: a bundled or HF name, or the path as given
     fingerprint: str  # changes whenever the content changes
     reader: Callable[[str], Iterator[str]]
     notes: list[str] = field(default_factory=list)
@@ -61,53 +67,95 @@ def open_text(path: Path):
     return open(path, encoding="utf-8")
 
 
-def file_digest(path: Path) -> str:
+def checked_digest(path: Path) -> str:
+    """SHA-256 of the (decompressed) content, after checking it is non-empty UTF-8 text."""
     h = hashlib.sha256()
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                nul = chunk.find(b"\x00")
+                if nul >= 0:
+                    raise DataError(f"--data file {path} looks binary (NUL byte at byte offset {offset + nul}); "
+                                    f"give a UTF-8 text file")
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as e:
+                    raise DataError(f"--data file {path} is not UTF-8 text (invalid byte at byte offset "
+                                    f"{offset + e.start}{' of the decompressed data' if path.suffix == '.gz' else ''})"
+                                    ) from None
+                h.update(chunk)
+                offset += len(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise DataError(
+            f"--data file {path} is not UTF-8 text (it ends inside a character at byte offset {offset})"
+        ) from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise DataError(f"--data file {path} is named .gz but is not complete gzip data ({e})") from None
+    except OSError as e:
+        raise DataError(f"--data file {path} cannot be read ({e.strerror or e})") from None
+    if offset == 0:
+        raise DataError(f"--data file {path} is empty")
     return h.hexdigest()
 
 
-def _find(directory: Path, stems: list[str]) -> Path | None:
-    for stem in stems:
-        for suffix in ("", ".gz"):
-            p = directory / (stem + suffix)
-            if p.is_file():
-                return p
-    return None
+# --------------------------------------------------------------------------------------
+# Local directories
+# --------------------------------------------------------------------------------------
+
+EXACT_NAMES = {
+    "train": ["wiki.train.raw", "wiki.train.tokens", "train.txt", "train"],
+    "valid": ["wiki.valid.raw", "wiki.valid.tokens", "valid.txt", "valid", "validation.txt", "validation"],
+    "test": ["wiki.test.raw", "wiki.test.tokens", "test.txt", "test"],
+}
+NAME_PATTERNS = {"train": r"train", "valid": r"valid|(?<![a-z])val(?![a-z])|dev", "test": r"test"}
+TEXT_SUFFIXES = ("", ".txt", ".raw", ".tokens")
+
+
+def _is_text_name(name: str) -> bool:
+    stem = name[:-3] if name.endswith(".gz") else name
+    return Path(stem).suffix in TEXT_SUFFIXES or not Path(stem).suffix.strip(".").isalpha()
+
+
+def _find_split_files(path: Path) -> dict[str, Path | None]:
+    names = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    found: dict[str, Path | None] = {}
+    for split in SPLITS:
+        exact = [n + gz for n in EXACT_NAMES[split] for gz in ("", ".gz") if n + gz in names]
+        if exact:
+            found[split] = path / exact[0]
+            continue
+        matches = [n for n in names if _is_text_name(n) and re.search(NAME_PATTERNS[split], n.lower())]
+        if len(matches) > 1:
+            raise DataError(f"--data {path}: several files could be the {split} split ({', '.join(matches)}); "
+                            f"keep one, or name it {split}.txt")
+        found[split] = path / matches[0] if matches else None
+    return found
 
 
 def _local_directory(path: Path) -> Corpus:
-    layouts = {
-        "train": ["wiki.train.raw", "wiki.train.tokens", "train.txt", "train"],
-        "valid": ["wiki.valid.raw", "wiki.valid.tokens", "valid.txt", "valid", "validation.txt", "validation"],
-        "test": ["wiki.test.raw", "wiki.test.tokens", "test.txt", "test"],
-    }
-    files = {split: _find(path, stems) for split, stems in layouts.items()}
+    files = _find_split_files(path)
     missing = [s for s, f in files.items() if f is None]
     if missing:
-        raise DataError(
-            f"--data {path}: no {'/'.join(missing)} file found; expected WikiText layout "
-            f"(wiki.train.raw or wiki.train.tokens, optionally .gz, likewise valid/test) or train.txt/valid.txt/test.txt"
-        )
-    kinds = {f.name.split(".")[-1] if f.suffix != ".gz" else f.name.split(".")[-2] for f in files.values()}
-    notes = []
-    if len(kinds) > 1:
-        notes.append(f"mixed file kinds across splits: {sorted(kinds)}")
-    fingerprint = hashlib.sha256("|".join(f"{s}:{file_digest(files[s])}" for s in SPLITS).encode()).hexdigest()
+        seen = sorted(p.name for p in path.iterdir())
+        shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "") if seen else "none"
+        raise DataError(f"--data {path}: no {'/'.join(missing)} file found (files seen: {shown}); expected one text "
+                        f"file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)")
+    digests = {s: checked_digest(files[s]) for s in SPLITS}
+    fingerprint = hashlib.sha256("|".join(f"{s}:{digests[s]}" for s in SPLITS).encode()).hexdigest()
 
     def reader(split: str) -> Iterator[str]:
         with open_text(files[split]) as f:
             yield from f
 
+    notes = [f"{s}: {files[s].name}" for s in SPLITS]
     return Corpus(name=str(path), fingerprint=fingerprint, reader=reader, notes=notes)
 
 
 def _single_file(path: Path, split: tuple[float, float, float], name: str | None = None) -> Corpus:
-    if abs(sum(split) - 1.0) > 1e-9 or min(split) < 0 or split[0] <= 0 or split[1] <= 0:
-        raise DataError(f"split={split}: expected train,valid,test fractions summing to 1 with train and valid > 0")
+    digest = checked_digest(path)
     with open_text(path) as f:
         text = f.read()
     n = len(text)
@@ -117,7 +165,7 @@ def _single_file(path: Path, split: tuple[float, float, float], name: str | None
     notes = [f"single file split by characters {split[0]:.2f}/{split[1]:.2f}/{split[2]:.2f}"]
     if split[2] == 0:
         notes.append("no separate test split: test = valid")
-    fingerprint = hashlib.sha256(f"{file_digest(path)}|{split}".encode()).hexdigest()
+    fingerprint = hashlib.sha256(f"{digest}|{tuple(split)}".encode()).hexdigest()
 
     def reader(s: str) -> Iterator[str]:
         # keepends: the character tokenizer must see newlines; BPE strips them anyway
@@ -126,19 +174,24 @@ def _single_file(path: Path, split: tuple[float, float, float], name: str | None
     return Corpus(name=name or str(path), fingerprint=fingerprint, reader=reader, notes=notes)
 
 
-def _hugging_face(name: str, split_rule: tuple[float, float, float]) -> Corpus:
+# --------------------------------------------------------------------------------------
+# Hugging Face datasets
+# --------------------------------------------------------------------------------------
+
+
+def _hugging_face(name: str) -> Corpus:
     dataset, config = HF_NAMES[name]
-    hint = (
-        f"could not load {name!r} from the Hugging Face hub ({{why}}); download it once where the hub is "
-        f"reachable, or point --data at a local copy: a directory with wiki.train.raw/wiki.valid.raw/wiki.test.raw "
-        f"(or train.txt/valid.txt/test.txt), or a single text file"
-    )
+    hint = (f"could not load {name!r} from the Hugging Face hub ({{why}}); download it once where the hub is "
+            f"reachable, or point --data at a local copy: a directory with wiki.train.raw/wiki.valid.raw/wiki.test.raw "
+            f"(or train.txt/valid.txt/test.txt), or a single text file (README, 'Data')")
     try:
-        import datasets  # noqa: F401
+        import datasets
     except ImportError:
         raise DataError(hint.format(why="the `datasets` package is not installed: pip install 'gbattn[hf]'")) from None
-    import datasets
-
+    quiet = [logging.getLogger(n) for n in ("huggingface_hub", "datasets", "fsspec", "urllib3")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:  # connection retries would print a dozen warnings before our one line
+        logger.setLevel(logging.CRITICAL)
     try:
         if config is None:  # openwebtext: one train split, streamed; valid/test by document index
             ds = datasets.load_dataset(dataset, split="train", streaming=True)
@@ -146,6 +199,9 @@ def _hugging_face(name: str, split_rule: tuple[float, float, float]) -> Corpus:
             ds = datasets.load_dataset(dataset, config)
     except Exception as e:  # network, cache or hub errors all mean the same to the user
         raise DataError(hint.format(why=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")) from None
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
 
     if config is None:
         # Deterministic rule: document i goes to valid if i % 200 == 0, to test if i % 200 == 1.
@@ -170,17 +226,21 @@ def _hugging_face(name: str, split_rule: tuple[float, float, float]) -> Corpus:
 
 
 def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) -> Corpus:
-    """Resolve ``--data``: a Hugging Face name, a local directory or a single text file."""
+    """Resolve ``--data``: a bundled corpus, a Hugging Face name, a local directory or a text file."""
+    if not data:
+        raise DataError("--data is empty: give a corpus name (tiny-shakespeare, wikitext-103-raw-v1, ...), "
+                        "a directory or a text file")
     if data in BUNDLED:
-        return _single_file(bundled_path(data), split, name=data)
+        return _single_file(bundled_path(data), tuple(split), name=data)
     if data in HF_NAMES:
-        return _hugging_face(data, split)
+        return _hugging_face(data)
     path = Path(os.path.expanduser(data))
     if path.is_dir():
-        return _local_directory(path)
+        try:
+            return _local_directory(path)
+        except PermissionError as e:
+            raise DataError(f"--data {path} cannot be read ({e.strerror})") from None
     if path.is_file():
-        return _single_file(path, split)
-    raise DataError(
-        f"--data {data!r}: no such file or directory, and not a known dataset name "
-        f"({', '.join([*BUNDLED, *HF_NAMES])})"
-    )
+        return _single_file(path, tuple(split))
+    raise DataError(f"--data {data!r}: no such file or directory, and not a known corpus name "
+                    f"({', '.join([*BUNDLED, *HF_NAMES])})")

@@ -1,11 +1,14 @@
-"""Tokenizers: the paper's BPE, GPT-2 byte-level, and characters. Trained once, cached by
-content hash under ``$GBATTN_CACHE`` (default ``~/.cache/gbattn``).
+"""Tokenizers: the paper's BPE, GPT-2 byte-level, and characters. Trained once, cached by content
+hash under ``$GBATTN_CACHE`` (default ``~/.cache/gbattn``).
 
-* ``bpe`` (paper, SPEC.md section 1): HF ``tokenizers`` BPE, Whitespace pre-tokenizer,
-  specials ``<pad>`` ``<unk>``, trained on the first 100k non-empty training lines.
+* ``bpe`` (the paper's, docs/paper.md): HF ``tokenizers`` BPE, Whitespace pre-tokenizer, specials
+  ``<pad>`` ``<unk>``, trained on the first 100k non-empty training lines. Unlike the authors'
+  tokenizer it keeps an ``<unk>`` token for characters unseen in training (docs/deviations.md).
 * ``gpt2``: GPT-2's byte-level BPE (50,257 tokens) from the Hugging Face hub, or any
-  ``tokenizer.json`` file given by path.
+  ``tokenizer.json`` file given by path (``gpt2=PATH``).
 * ``char``: one token per character of the corpus (nanoGPT's shakespeare_char).
+
+A tokenizer file (``tokenizer.json`` in a run directory) is validated when read.
 """
 
 from __future__ import annotations
@@ -13,36 +16,46 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
-from typing import Iterable
 
-from gbattn.errors import DataError
+from gbattn.errors import CheckpointError, DataError, UserError
+from gbattn.files import atomic_write
 
 BPE_TRAIN_LINES = 100_000
 SPECIALS = ["<pad>", "<unk>"]
+KINDS = ("bpe", "gpt2", "char")
 
 
 def cache_dir() -> Path:
+    """``$GBATTN_CACHE`` (default ``~/.cache/gbattn``), created and checked writable."""
     path = Path(os.environ.get("GBATTN_CACHE", Path.home() / ".cache" / "gbattn"))
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test.tmp{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"the cache directory {path} is not writable ({e.strerror or e}); set GBATTN_CACHE to a "
+                        f"writable directory") from None
     return path
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 class Tokenizer:
     """A trained tokenizer: ``encode(text) -> ids``, ``decode(ids) -> text``, JSON-serialisable."""
 
     def __init__(self, kind: str, payload: str) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"tokenizer kind {kind!r}; expected one of {', '.join(KINDS)}")
         self.kind = kind
         self.payload = payload  # HF tokenizer JSON, or {"chars": [...]} for char
         if kind == "char":
-            self.chars = json.loads(payload)["chars"]
+            chars = json.loads(payload)["chars"]
+            if not (isinstance(chars, list) and chars and all(isinstance(c, str) and len(c) == 1 for c in chars)
+                    and len(set(chars)) == len(chars)):
+                raise ValueError("a char tokenizer's payload must list distinct single characters")
+            self.chars = chars
             self.stoi = {c: i for i, c in enumerate(self.chars)}
             self._hf = None
         else:
@@ -81,16 +94,28 @@ class Tokenizer:
         return json.dumps({"kind": self.kind, "payload": self.payload})
 
     @classmethod
-    def from_json(cls, text: str) -> "Tokenizer":
+    def from_json(cls, text: str) -> Tokenizer:
         d = json.loads(text)
         return cls(d["kind"], d["payload"])
 
-    def save(self, path: Path) -> None:
-        atomic_write_text(Path(path), self.to_json())
+    def save(self, path: str | Path) -> None:
+        atomic_write(path, self.to_json())
 
     @classmethod
-    def load(cls, path: Path) -> "Tokenizer":
-        return cls.from_json(Path(path).read_text(encoding="utf-8"))
+    def load(cls, path: str | Path, expected_vocab: int | None = None) -> Tokenizer:
+        """Read and validate a tokenizer file; ``expected_vocab``: the model's vocabulary size."""
+        path = Path(path)
+        if not path.is_file():
+            raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
+        try:
+            tok = cls.from_json(path.read_text(encoding="utf-8"))
+        except Exception as e:  # JSON, key, type or HF tokenizers errors: all mean a bad file
+            raise CheckpointError(f"{path} is not a valid gbattn tokenizer file ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:80] if str(e) else 'malformed'})") from None
+        if expected_vocab is not None and tok.vocab_size != expected_vocab:
+            raise CheckpointError(f"{path} has {tok.vocab_size:,} tokens but the model's vocabulary is "
+                                  f"{expected_vocab:,}: the tokenizer does not belong to this model")
+        return tok
 
 
 def _train_bpe(lines: Iterable[str], vocab_size: int) -> str:
@@ -109,40 +134,48 @@ def _gpt2_payload(spec: str) -> str:
     if path is not None:
         if not path.is_file():
             raise DataError(f"--tokenizer {spec}: no such tokenizer.json file")
-        return path.read_text(encoding="utf-8")
+        try:
+            payload = path.read_text(encoding="utf-8")
+            Tokenizer("gpt2", payload)
+        except Exception as e:
+            raise DataError(f"--tokenizer {spec}: not a valid tokenizer.json ({type(e).__name__})") from None
+        return payload
     try:
         from tokenizers import Tokenizer as HFTokenizer
 
         return HFTokenizer.from_pretrained("gpt2").to_str()
     except Exception as e:
-        raise DataError(
-            f"could not fetch the GPT-2 tokenizer from the Hugging Face hub ({type(e).__name__}); "
-            f"pass a local file instead: --tokenizer gpt2=/path/to/tokenizer.json"
-        ) from None
-
-
-TOKENIZER_KINDS = ("bpe", "gpt2", "char")
+        raise DataError(f"could not fetch the GPT-2 tokenizer from the Hugging Face hub ({type(e).__name__}); "
+                        f"pass a local file instead: --tokenizer gpt2=/path/to/tokenizer.json") from None
 
 
 def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: bool = True) -> Tokenizer:
     """Train (or fetch from the cache) the tokenizer of ``kind`` for ``corpus``."""
     base = kind.split("=", 1)[0]
-    if base not in TOKENIZER_KINDS:
-        raise DataError(f"--tokenizer {kind!r} is not allowed; choose one of {', '.join(TOKENIZER_KINDS)} (or gpt2=PATH)")
+    if base not in KINDS or ("=" in kind and base != "gpt2"):
+        raise DataError(f"--tokenizer {kind!r} is not allowed; choose one of {', '.join(KINDS)} (or gpt2=PATH)")
     if base == "gpt2":
         return Tokenizer("gpt2", _gpt2_payload(kind))
     key = hashlib.sha256(f"{base}|{vocab_size}|{BPE_TRAIN_LINES}|{corpus.fingerprint}".encode()).hexdigest()[:20]
     path = cache_dir() / "tokenizers" / f"{base}-{key}.json"
     if path.is_file():
-        return Tokenizer.load(path)
+        try:
+            return Tokenizer.load(path)
+        except CheckpointError:
+            path.unlink(missing_ok=True)  # a damaged cache entry: train again
     path.parent.mkdir(parents=True, exist_ok=True)
     if base == "char":
         chars = sorted({c for split in ("train", "valid", "test") for line in corpus.lines(split) for c in line})
+        if not chars:
+            raise DataError(f"--data {corpus.name} holds no text")
         tok = Tokenizer("char", json.dumps({"chars": chars}))
     else:
         if verbose:
-            print(f"training BPE tokenizer (vocabulary {vocab_size}) on the first {BPE_TRAIN_LINES:,} non-empty lines")
+            print(f"training a BPE tokenizer of up to {vocab_size:,} tokens on the first {BPE_TRAIN_LINES:,} "
+                  f"non-empty training lines")
         lines = islice((line for line in corpus.lines("train") if line.strip()), BPE_TRAIN_LINES)
         tok = Tokenizer("bpe", _train_bpe(lines, vocab_size))
+        if tok.vocab_size < 3:
+            raise DataError(f"--data {corpus.name}: the training split holds no text to train a tokenizer on")
     tok.save(path)
     return tok

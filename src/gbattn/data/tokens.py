@@ -20,7 +20,8 @@ import torch
 from tqdm.auto import tqdm
 
 from gbattn.data.corpus import SPLITS, Corpus
-from gbattn.data.tokenizer import Tokenizer, atomic_write_text, cache_dir
+from gbattn.data.tokenizer import Tokenizer, cache_dir
+from gbattn.files import atomic_write
 
 
 def tokens_dtype(vocab_size: int):
@@ -82,12 +83,12 @@ def tokenize_corpus(
         counts = {s: _encode_split(corpus, s, tokenizer, caps[s], tmp / f"{s}.bin", progress) for s in SPLITS}
         meta = {"dtype": np.dtype(tokens_dtype(tokenizer.vocab_size)).name, "counts": counts, "caps": caps,
                 "corpus": corpus.name, "tokenizer": tokenizer.fingerprint}
-        atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=1))
+        atomic_write(tmp / "meta.json", json.dumps(meta, indent=1))
         if directory.exists():  # another process finished first
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             os.replace(tmp, directory)
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
     out = {}
     for s in SPLITS:
         count = meta["counts"][s]
@@ -122,7 +123,9 @@ def epoch_permutation(n_rows: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n_rows)
 
 
-def random_windows(tokens: np.ndarray, seq_len: int, batch: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def random_windows(
+    tokens: np.ndarray, seq_len: int, batch: int, seed: int, step: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """nanoGPT's sampling: ``batch`` windows at random offsets; a pure function of (seed, step)."""
     offsets = np.random.default_rng([seed, step, 1]).integers(0, len(tokens) - seq_len - 1, size=batch)
     data = np.stack([np.asarray(tokens[o : o + seq_len + 1], dtype=np.int64) for o in offsets])

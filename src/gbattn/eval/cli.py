@@ -4,48 +4,64 @@ from __future__ import annotations
 
 import json
 
+from gbattn import arguments
+
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="perplexity of a trained run on its valid or test split")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run directory or a directory written by `gbattn export`")
     p.add_argument("--split", default="test", choices=["valid", "test"])
-    p.add_argument("--checkpoint", default="best", choices=["best", "last"])
+    arguments.checkpoint(p)
     p.add_argument("--per-token", metavar="FILE", help="also write every token's loss (nats) to FILE (.npy or .txt)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--batch-size", type=arguments.at_least(1), default=32)
+    p.add_argument("--allow-other-data", action="store_true",
+                   help="evaluate even if the data at the run's --data path changed since training")
+    arguments.device(p)
+    arguments.threads(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("generate", help="generate text from a trained run (KV-cached decoding)")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run directory or a directory written by `gbattn export`")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=100)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=200)
+    p.add_argument("--max-new-tokens", type=arguments.at_least(0), default=100)
+    p.add_argument("--temperature", type=arguments.non_negative_number, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=arguments.at_least(1), default=200)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--checkpoint", default="best", choices=["best", "last"])
+    p.add_argument("--num-samples", type=arguments.at_least(1), default=1)
+    arguments.checkpoint(p)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
-    p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--no-compile", action="store_true", help="decode eagerly (README, 'Compiled training and decoding')"
+    )
+    arguments.device(p)
+    arguments.threads(p)
     p.set_defaults(func=cmd_generate)
 
 
 def cmd_eval(args) -> None:
     import numpy as np
-    import torch
 
-    from gbattn.eval.load import load_run
+    from gbattn.data.prepare import prepare_data
+    from gbattn.errors import UserError
     from gbattn.eval.perplexity import evaluate
-    from gbattn.train.trainer import prepare_data, resolve_device
+    from gbattn.files import check_writable_file
+    from gbattn.rundir import load_run
+    from gbattn.runtime import autocast, resolve_device, set_threads
 
-    device = resolve_device(args.device)
+    if args.per_token:
+        check_writable_file(args.per_token, "--per-token")
+    set_threads(args.threads)
+    device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)
     data = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
-    autocast = None
-    if device.type == "cuda":
-        autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
-    res = evaluate(run.model, data.splits[args.split], run.seq_len, args.batch_size, device, autocast,
+    recorded = run.config.get("data", {}).get("fingerprint")
+    if recorded and recorded != data.corpus_fingerprint and not args.allow_other_data:
+        raise UserError(f"the data at {run.train_cfg.data} is not what {args.run_dir} was trained on (fingerprint "
+                        f"{recorded[:16]} recorded, {data.corpus_fingerprint[:16]} now); pass --allow-other-data to "
+                        f"evaluate on it anyway")
+    res = evaluate(run.model, data.splits[args.split], run.seq_len, args.batch_size, device, autocast(device),
                    per_token=bool(args.per_token))
-    out = {"run_dir": str(run.run_dir), "split": args.split, "checkpoint": args.checkpoint, "step": run.step,
+    out = {"run_dir": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint, "step": run.step,
            "loss": res.loss, "ppl": res.ppl, "tokens": res.tokens}
     if args.per_token:
         if args.per_token.endswith(".npy"):
@@ -54,7 +70,7 @@ def cmd_eval(args) -> None:
             np.savetxt(args.per_token, res.per_token, fmt="%.6f")
         out["per_token_file"] = args.per_token
     print(f"{args.split} perplexity {res.ppl:.3f} (loss {res.loss:.4f} nats) over {res.tokens:,} tokens, "
-          f"{args.checkpoint} checkpoint at step {run.step}")
+          f"{run.checkpoint} weights at step {run.step}")
     print(json.dumps(out))
 
 
@@ -64,21 +80,26 @@ def cmd_generate(args) -> None:
     import torch
 
     from gbattn.errors import UserError
-    from gbattn.eval.generate import generate
-    from gbattn.eval.load import load_run
-    from gbattn.train.trainer import resolve_device
+    from gbattn.model.compiled import decoder_for
+    from gbattn.rundir import load_run
+    from gbattn.runtime import resolve_device, set_threads
 
-    device = resolve_device(args.device)
+    set_threads(args.threads)
+    device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)
     ids = run.tokenizer.encode(args.prompt)
     if not ids:
         raise UserError("the prompt encodes to no tokens")
     idx = torch.tensor([ids] * args.num_samples, device=device)
+    step, how = decoder_for(run.model, compile=not args.no_compile and not args.no_cache,
+                            max_new_tokens=args.max_new_tokens)
     t0 = time.perf_counter()
-    out = generate(run.model, idx, args.max_new_tokens, args.temperature, args.top_k, args.seed, not args.no_cache)
+    out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
+                             use_cache=not args.no_cache, decode_step=step)
     dt = time.perf_counter() - t0
     for row in out.tolist():
         print(run.tokenizer.decode(row))
         print("---")
-    print(f"{args.num_samples} x {args.max_new_tokens} tokens in {dt:.2f} s "
-          f"({args.num_samples * args.max_new_tokens / dt:,.0f} tokens/s, {'no cache' if args.no_cache else 'KV cache'})")
+    tokens = args.num_samples * args.max_new_tokens
+    print(f"{args.num_samples} x {args.max_new_tokens} tokens in {dt:.2f} s ({tokens / max(dt, 1e-9):,.0f} tokens/s, "
+          f"{'no cache' if args.no_cache else how})")

@@ -1,4 +1,4 @@
-"""Perplexity over non-overlapping rows (the paper's evaluation: SPEC.md section 1)."""
+"""Perplexity over non-overlapping rows (the paper's evaluation: docs/paper.md)."""
 
 from __future__ import annotations
 
@@ -41,22 +41,28 @@ def evaluate(
     was_training = model.training
     model.eval()
     rows = np.arange(num_rows(tokens, seq_len))
+    n_batches = math.ceil(len(rows) / batch_size)
     if dist_env is not None and dist_env.enabled:
+        # Every process runs the same number of forward passes (FSDP2 gathers parameters in each);
+        # a process out of rows repeats one with weight 0.
+        n_batches = math.ceil(math.ceil(len(rows) / dist_env.world) / batch_size)
         rows = rows[dist_env.rank :: dist_env.world]
     total, count, losses = 0.0, 0, []
     autocast = autocast or contextlib.nullcontext
-    for start in range(0, len(rows), batch_size):
-        x, y = rows_batch(tokens, seq_len, rows[start : start + batch_size])
+    for b in range(n_batches):
+        batch_rows = rows[b * batch_size : (b + 1) * batch_size]
+        weight = 1.0 if len(batch_rows) else 0.0
+        x, y = rows_batch(tokens, seq_len, batch_rows if len(batch_rows) else np.arange(1))
         x, y = x.to(device), y.to(device)
         with autocast():
             logits = model(x)
         nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
-        total += nll.sum().item()
-        count += nll.numel()
-        if per_token:
+        total += weight * nll.sum().item()
+        count += int(weight * nll.numel())
+        if per_token and weight:
             losses.append(nll.cpu().numpy())
         if progress is not None:
-            progress(len(x))
+            progress(len(batch_rows))
     if dist_env is not None and dist_env.enabled:
         total, count = dist_env.all_sum([total, float(count)])
     model.train(was_training)

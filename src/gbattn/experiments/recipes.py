@@ -1,6 +1,6 @@
 """Named comparison recipes: which models, at which preset, on which data, with which seeds.
 
-Every recipe follows SPEC.md section 4: the same data, tokenizer, steps, batch, schedule and
+Every recipe follows the comparison rules of docs/baselines.md: the same data, tokenizer, steps, batch, schedule and
 seeds for every model; a parameter-matched standard baseline for the mechanism that adds
 parameters; and a compute-matched standard row (trained for as many FLOPs as GBA used).
 """
@@ -63,26 +63,36 @@ def _add(recipe: Recipe) -> None:
     RECIPES[recipe.name] = recipe
 
 
-_add(Recipe(
-    name="paper-wt103",
-    description="SPEC.md table: standard, twicing, param-fair, GBA M=2 at paper-small on 10M WikiText-103 tokens, 15 epochs",
-    preset="paper-small",
-    models=four_models(),
-    seeds=[42, 123],
-    default_data="wikitext-103-raw-v1",
-    published={"standard": (72.2, 0.3), "twicing": (69.6, 0.1), "param-fair": (69.0, 0.1), "gba-m2": (67.9, 0.1)},
-    published_source="arXiv 2604.03190, WikiText-103 (10M tokens), test perplexity, 2 seeds",
-))
-_add(Recipe(
-    name="paper-owt",
-    description="the same four models on 10M OpenWebText tokens",
-    preset="paper-small",
-    models=four_models(),
-    seeds=[42, 123],
-    default_data="openwebtext",
-    published={"standard": (114.94, 0.55), "twicing": (110.71, 0.28), "param-fair": (110.21, 0.48), "gba-m2": (108.54, 0.89)},
-    published_source="arXiv 2604.03190, OpenWebText (10M tokens), test perplexity, 2 seeds",
-))
+_add(
+    Recipe(
+        name="paper-wt103",
+        description="the paper's table: standard, twicing, param-fair, GBA M=2 at paper-small on 10M WikiText-103 "
+        "tokens, 15 epochs",
+        preset="paper-small",
+        models=four_models(),
+        seeds=[42, 123],
+        default_data="wikitext-103-raw-v1",
+        published={"standard": (72.2, 0.3), "twicing": (69.6, 0.1), "param-fair": (69.0, 0.1), "gba-m2": (67.9, 0.1)},
+        published_source="arXiv 2604.03190, WikiText-103 (10M tokens), test perplexity, 2 seeds",
+    )
+)
+_add(
+    Recipe(
+        name="paper-owt",
+        description="the same four models on 10M OpenWebText tokens",
+        preset="paper-small",
+        models=four_models(),
+        seeds=[42, 123],
+        default_data="openwebtext",
+        published={
+            "standard": (114.94, 0.55),
+            "twicing": (110.71, 0.28),
+            "param-fair": (110.21, 0.48),
+            "gba-m2": (108.54, 0.89),
+        },
+        published_source="arXiv 2604.03190, OpenWebText (10M tokens), test perplexity, 2 seeds",
+    )
+)
 _add(Recipe(
     name="paper-postln",
     description="Post-LN: standard, GBA M=2 and param-fair (does GBA need Pre-LN's additive residual stream?)",
@@ -92,7 +102,7 @@ _add(Recipe(
         ModelSpec("param-fair-postln", model={"norm": "post"}, param_matched_to="gba-m2-postln"),
         ModelSpec("compute-matched-postln", model={"norm": "post"}, compute_matched_to="gba-m2-postln"),
         ModelSpec("gba-m2-postln", model={"norm": "post"}, **GBA),
-        # The third residual stream: attention over depth (Pre-LN sublayers, SPEC.md section 3).
+        # The third residual stream: attention over depth (Pre-LN sublayers, docs/baselines.md).
         ModelSpec("standard-attnres", model={"residual": "attnres-block"}),
         ModelSpec("gba-m2-attnres", model={"residual": "attnres-block"}, **GBA),
     ],
@@ -101,14 +111,17 @@ _add(Recipe(
     published={"standard-postln": (77.20, None), "gba-m2-postln": (84.60, None), "param-fair-postln": (71.81, None)},
     published_source="arXiv 2604.03190 (revision), WikiText-103 small, Post-LN, 1 seed",
 ))
-_add(Recipe(
-    name="cpu-proxy",
-    description="the paper-wt103 models at the cpu-proxy preset on WikiText-2, 1,200 steps (about an hour on 2 CPU cores)",
-    preset="cpu-proxy",
-    models=four_models(),
-    seeds=[42],
-    train=dict(max_steps=1200, eval_every=300),
-))
+_add(
+    Recipe(
+        name="cpu-proxy",
+        description="the paper-wt103 models at the cpu-proxy preset on WikiText-2, 1,200 steps (about an hour on 2 "
+        "CPU cores)",
+        preset="cpu-proxy",
+        models=four_models(),
+        seeds=[42],
+        train=dict(max_steps=1200, eval_every=300),
+    )
+)
 _add(Recipe(
     name="cpu-char",
     description="the same models, character-level tiny-shakespeare at nanoGPT's CPU configuration (2,000 steps)",
@@ -164,23 +177,26 @@ _add(Recipe(
 ))
 
 
-_add(Recipe(
-    name="cpu-postln",
-    description="Post-LN standard, param-fair, compute-matched and GBA M=2 at cpu-proxy on WikiText-2 (same steps as cpu-proxy)",
-    preset="cpu-proxy",
-    models=[
-        ModelSpec("standard-postln", model={"norm": "post"}),
-        ModelSpec("param-fair-postln", model={"norm": "post"}, param_matched_to="gba-m2-postln"),
-        ModelSpec("compute-matched-postln", model={"norm": "post"}, compute_matched_to="gba-m2-postln"),
-        ModelSpec("gba-m2-postln", model={"norm": "post"}, **GBA),
-    ],
-    seeds=[42],
-    train=dict(max_steps=1200, eval_every=300),
-))
+_add(
+    Recipe(
+        name="cpu-postln",
+        description="Post-LN standard, param-fair, compute-matched and GBA M=2 at cpu-proxy on WikiText-2 (same steps "
+        "as cpu-proxy)",
+        preset="cpu-proxy",
+        models=[
+            ModelSpec("standard-postln", model={"norm": "post"}),
+            ModelSpec("param-fair-postln", model={"norm": "post"}, param_matched_to="gba-m2-postln"),
+            ModelSpec("compute-matched-postln", model={"norm": "post"}, compute_matched_to="gba-m2-postln"),
+            ModelSpec("gba-m2-postln", model={"norm": "post"}, **GBA),
+        ],
+        seeds=[42],
+        train=dict(max_steps=1200, eval_every=300),
+    )
+)
 
 
 def depth_models() -> list[ModelSpec]:
-    """Does GBA (inside a layer) combine with AttnRes (across layers)? SPEC.md section 3."""
+    """Does GBA (inside a layer) combine with AttnRes (across layers)? docs/baselines.md."""
     block = {"residual": "attnres-block"}
     return [
         ModelSpec("standard"),

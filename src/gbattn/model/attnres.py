@@ -1,4 +1,4 @@
-"""Attention Residuals (Kimi Team, arXiv 2603.15031; SPEC.md section 3): attention over depth
+"""Attention Residuals (Kimi Team, arXiv 2603.15031; docs/baselines.md): attention over depth
 instead of the plain residual sum.
 
 Sublayers (each attention and each FFN counts once) are numbered l = 0 .. 2L-1. Sources:
@@ -40,14 +40,19 @@ class AttnResStream(nn.Module):
         alpha_NBT = self.depth_weights(index, sources)
         return torch.einsum("nbt,nbtd->btd", alpha_NBT, torch.stack(sources))
 
-    def forward(self, emb_BTD: Tensor, blocks: nn.ModuleList, record: list | None, attn_kwargs: dict) -> Tensor:
+    def forward(self, emb_BTD: Tensor, blocks: nn.ModuleList, ctx, caches: list, records: list) -> Tensor:
+        """The stream through every sublayer of ``blocks``; ``caches`` and ``records`` one per block."""
         completed: list[Tensor] = [emb_BTD]
         partial: Tensor | None = None
         in_block = 0
         for sub in range(self.n_sublayers):
             h_BTD = self.mix(sub, completed + ([partial] if partial is not None else []))
-            block = blocks[sub // 2]
-            v_BTD = block.attn_branch(h_BTD, record, **attn_kwargs) if sub % 2 == 0 else block.ffn_branch(h_BTD)
+            i = sub // 2
+            v_BTD = (
+                blocks[i].attn_branch(h_BTD, ctx, caches[i], records[i])
+                if sub % 2 == 0
+                else blocks[i].ffn_branch(h_BTD)
+            )
             partial = v_BTD if partial is None else partial + v_BTD
             in_block += 1
             if in_block == self.block_size:

@@ -1,9 +1,11 @@
-"""The GPT language model with the transformer block written once (SPEC.md section 1).
+"""The GPT language model with the transformer block written once (docs/paper.md, docs/baselines.md).
 
-Pre-LN (default, paper) or Post-LN; learned absolute positions (default, paper) or RoPE;
-tied input/output embeddings; dropout on the embeddings, attention probabilities, sublayer
-outputs; every Linear and Embedding initialised N(0, 0.02) with zero biases. The attention
-sublayer is any registered variant; the residual stream is ``plain`` or Attention Residuals.
+Pre-LN (the paper's) or Post-LN; LayerNorm or RMSNorm; a GELU, GELU-tanh or SwiGLU FFN; learned
+absolute positions or RoPE; biases on or off; grouped-query attention; tied or separate output
+embeddings; dropout at the sites the config names (the authors' by default: embeddings, attention
+probabilities, FFN hidden, FFN output). Every Linear and Embedding is initialised N(0, 0.02) with
+zero biases. The attention sublayer is any registered variant; the residual stream is ``plain`` or
+Attention Residuals.
 """
 
 from __future__ import annotations
@@ -12,22 +14,45 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gbattn.attention.core import AttnArgs, Intermediates, rope_tables
+from gbattn.attention.core import AttnArgs, AttnContext, Record, StaticCache, rope_for
 from gbattn.attention.registry import build_attention
 from gbattn.config import ModelConfig
+from gbattn.model.attnres import AttnResStream
+from gbattn.model.generate import generate
 
 
-class MLP(nn.Module):
-    """FFN d -> 4d -> d with GELU."""
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm_type == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def make_dropout(cfg: ModelConfig, site: str) -> nn.Module:
+    """Dropout at ``site`` if the config names it, else nothing."""
+    p = cfg.dropout_at(site)
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
+class FeedForward(nn.Module):
+    """d -> hidden -> d: ``proj(drop(gelu(fc(x))))`` or SwiGLU ``proj(drop(silu(x W_g) * x W_u))``
+    (the gate and up projections are one fused ``fc``)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        hidden = cfg.ffn_mult * cfg.d_model
-        self.fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+        hidden = cfg.ffn_width
+        self.kind = cfg.ffn
+        self.fc = nn.Linear(cfg.d_model, (2 if cfg.ffn == "swiglu" else 1) * hidden, bias=cfg.bias)
         self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
+        self.drop_hidden = make_dropout(cfg, "ffn-hidden")
 
     def forward(self, x_BTD: Tensor) -> Tensor:
-        return self.proj(F.gelu(self.fc(x_BTD)))
+        h = self.fc(x_BTD)
+        if self.kind == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate="tanh" if self.kind == "gelu-tanh" else "none")
+        return self.proj(self.drop_hidden(h))
 
 
 class Block(nn.Module):
@@ -40,40 +65,37 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        args = AttnArgs(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias, layer_idx, cfg.n_layers)
+        self.ln1 = make_norm(cfg)
+        args = AttnArgs(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dropout_at("attention"), cfg.bias, layer_idx,
+                        cfg.n_layers)
         self.attn = build_attention(cfg.attn, args, cfg.attn_options)
-        self.ln2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.mlp = MLP(cfg)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.ln2 = make_norm(cfg)
+        self.mlp = FeedForward(cfg)
+        self.drop_attn = make_dropout(cfg, "attn-output")
+        self.drop_ffn = make_dropout(cfg, "ffn-output")
 
-    def attn_branch(self, h_BTD: Tensor, record: list | None, **attn_kwargs) -> Tensor:
+    def attn_branch(self, h_BTD: Tensor, ctx: AttnContext, cache=None, record: Record | None = None) -> Tensor:
         """The attention sublayer's output (before it is added to the stream)."""
         x = self.ln1(h_BTD) if self.pre_norm else h_BTD
-        if record is not None:
-            y, inter = self.attn(x, return_intermediates=True, **attn_kwargs)
-            record.append(inter)
-        else:
-            y = self.attn(x, **attn_kwargs)
-        return self.drop(y)
+        return self.drop_attn(self.attn(x, context=ctx, cache=cache, record=record))
 
     def ffn_branch(self, h_BTD: Tensor) -> Tensor:
         x = self.ln2(h_BTD) if self.pre_norm else h_BTD
-        return self.drop(self.mlp(x))
+        return self.drop_ffn(self.mlp(x))
 
-    def forward(self, h_BTD: Tensor, record: list | None = None, **attn_kwargs) -> Tensor:
+    def forward(self, h_BTD: Tensor, ctx: AttnContext, cache=None, record: Record | None = None) -> Tensor:
         if self.pre_norm:
-            h_BTD = h_BTD + self.attn_branch(h_BTD, record, **attn_kwargs)
+            h_BTD = h_BTD + self.attn_branch(h_BTD, ctx, cache, record)
             return h_BTD + self.ffn_branch(h_BTD)
-        h_BTD = self.ln1(h_BTD + self.attn_branch(h_BTD, record, **attn_kwargs))
+        h_BTD = self.ln1(h_BTD + self.attn_branch(h_BTD, ctx, cache, record))
         return self.ln2(h_BTD + self.ffn_branch(h_BTD))
 
 
 class GPT(nn.Module):
     """Decoder-only language model. ``forward(idx_BT) -> logits_BTV``.
 
-    With a cache set up (:meth:`setup_cache`), pass ``input_pos`` (T,) and the same call does
-    prefill (T > 1) and decode (T = 1).
+    With a cache set up (:meth:`setup_cache`), pass ``input_pos`` (T,), the cache slots of these
+    tokens, and the same call does prefill (T > 1) and decode (T = 1).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -81,18 +103,15 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.pos == "learned" else None
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = make_dropout(cfg, "embedding")
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias) if cfg.norm == "pre" else nn.Identity()
+        self.ln_f = make_norm(cfg) if cfg.norm == "pre" else nn.Identity()  # Post-LN blocks end in a norm
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        self.residual = None
-        if cfg.residual != "plain":
-            from gbattn.model.attnres import AttnResStream
-
-            self.residual = AttnResStream(cfg)
-        self.apply(_init_weights)
+        self.residual = AttnResStream(cfg) if cfg.residual != "plain" else None
+        self.kv_cache: StaticCache | None = None
+        self.apply(init_weights)
 
     # -- sizes ---------------------------------------------------------------------
     def num_params(self, non_embedding: bool = False) -> int:
@@ -103,110 +122,110 @@ class GPT(nn.Module):
 
     # -- cache ---------------------------------------------------------------------
     def setup_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> None:
+        """A fixed-size KV cache of ``max_len`` slots (default block_size) for ``batch`` rows."""
         max_len = max_len or self.cfg.block_size
-        self._check_length(max_len)
+        self.check_length(max_len)
         ref = self.wte.weight
-        for block in self.blocks:
-            block.attn.setup_cache(batch, max_len, dtype or ref.dtype, device or ref.device)
+        self.kv_cache = StaticCache(self.cfg.n_layers, batch, max_len, dtype or ref.dtype, device or ref.device)
 
     def clear_cache(self) -> None:
-        for block in self.blocks:
-            block.attn.clear_cache()
+        self.kv_cache = None
 
     @property
     def has_cache(self) -> bool:
-        return len(self.blocks[0].attn.caches) > 0
+        return self.kv_cache is not None
 
-    def _check_length(self, length: int) -> None:
+    def check_length(self, length: int) -> None:
         if length > self.cfg.block_size:
             raise ValueError(
-                f"sequence length {length} exceeds block_size={self.cfg.block_size} (the position table); "
-                f"use at most {self.cfg.block_size} tokens or a model with a larger block_size"
-            )
+                f"sequence length {length} exceeds block_size={self.cfg.block_size} (the longest sequence the model "
+                f"takes); use at most {self.cfg.block_size} tokens or a model with a larger block_size")
 
     # -- forward -------------------------------------------------------------------
-    def forward(
-        self,
-        idx_BT: Tensor,
-        targets_BT: Tensor | None = None,
-        *,
-        input_pos: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-        naive: bool = False,
-        return_intermediates: bool = False,
-        loss_chunk: int | None = None,
-    ):
-        """Logits (B, T, V), or with ``targets_BT`` the mean next-token cross-entropy; with
-        ``return_intermediates`` also one :class:`Intermediates` per layer.
+    def forward(self, idx_BT: Tensor, targets_BT: Tensor | None = None, *, input_pos: Tensor | None = None,
+                position_ids: Tensor | None = None, key_padding_mask: Tensor | None = None, cache=None,
+                naive: bool = False, return_intermediates: bool = False, loss_chunk: int | None = None):
+        """Logits (B, T, V), or with ``targets_BT`` the mean next-token cross-entropy (-100 ignored);
+        with ``return_intermediates`` also one :class:`Record` per layer.
 
-        ``input_pos`` (T,): absolute positions of the tokens (default 0..T-1; required with a
-        cache). ``key_padding_mask`` (B, S): True for real tokens. ``naive``: reference path.
+        ``input_pos`` (T,): cache slots of the tokens (required with a cache; also their positions
+        unless ``position_ids`` (B, T) is given, as with left padding). ``key_padding_mask`` (B, S):
+        True for real tokens over every key slot. ``cache``: a cache object other than the one
+        :meth:`setup_cache` makes (e.g. the Hugging Face wrapper's). ``naive``: the reference path.
         """
-        h_BTD, record = self.hidden(idx_BT, input_pos, key_padding_mask, naive, return_intermediates)
+        h_BTD, records = self.hidden(idx_BT, input_pos=input_pos, position_ids=position_ids,
+                                     key_padding_mask=key_padding_mask, cache=cache, naive=naive,
+                                     return_intermediates=return_intermediates)
         out = self.lm_head(h_BTD) if targets_BT is None else self.chunked_loss(h_BTD, targets_BT, loss_chunk)
-        return (out, record) if return_intermediates else out
+        return (out, records) if return_intermediates else out
+
+    def generate(self, idx_BT: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+        """Continue ``idx_BT`` by ``max_new_tokens`` tokens; see :func:`gbattn.model.generate.generate`."""
+        return generate(self, idx_BT, max_new_tokens, **kwargs)
 
     def chunked_loss(self, h_BTD: Tensor, targets_BT: Tensor, chunk_tokens: int | None = None) -> Tensor:
         """Mean cross-entropy of the LM head over chunks of ``chunk_tokens`` rows, so no (B*T, V)
-        logits tensor is held at once. On CPU the default keeps each chunk near 16 MB: large
-        fresh allocations are page-faulted on every step, and this measured 1.7x faster end to
-        end (README, "Choosing cpu-proxy"). Targets of -100 are ignored."""
+        logits tensor is held at once. On CPU the default keeps each chunk near 16 MB: large fresh
+        allocations are page-faulted on every step, and this measured 1.7x faster end to end
+        (README, "Choosing cpu-proxy"). Targets of -100 are ignored."""
         h_ND, y_N = h_BTD.flatten(0, 1), targets_BT.flatten()
         if chunk_tokens is None:
             chunk_tokens = max(64, (4 << 20) // self.cfg.vocab_size) if h_ND.device.type == "cpu" else h_ND.shape[0]
         total = 0.0
         for start in range(0, h_ND.shape[0], chunk_tokens):
-            logits = _upcast(self.lm_head(h_ND[start : start + chunk_tokens]))
+            logits = upcast(self.lm_head(h_ND[start : start + chunk_tokens]))
             total = total + F.cross_entropy(logits, y_N[start : start + chunk_tokens], reduction="sum")
         return total / (y_N != -100).sum().clamp_min(1)
 
-    def hidden(
-        self,
-        idx_BT: Tensor,
-        input_pos: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-        naive: bool = False,
-        return_intermediates: bool = False,
-    ) -> tuple[Tensor, list[Intermediates] | None]:
-        """Final hidden states (after the final norm), (B, T, D), and the intermediates record."""
+    def hidden(self, idx_BT: Tensor, *, input_pos: Tensor | None = None, position_ids: Tensor | None = None,
+               key_padding_mask: Tensor | None = None, cache=None, naive: bool = False,
+               return_intermediates: bool = False) -> tuple[Tensor, list[Record] | None]:
+        """Final hidden states (after the final norm), (B, T, D), and the per-layer records."""
         B, T = idx_BT.shape
-        if input_pos is None:
-            if self.has_cache:
-                raise ValueError("a KV cache is set up: pass input_pos (positions of these tokens)")
-            self._check_length(T)
-            pos_T = torch.arange(T, device=idx_BT.device)
+        cache = self.kv_cache if cache is None else cache
+        if cache is not None and input_pos is None:
+            raise ValueError("a KV cache is set up: pass input_pos (the cache slots of these tokens)")
+        if position_ids is not None:
+            positions = position_ids
+        elif input_pos is not None:
+            positions = input_pos
         else:
-            pos_T = input_pos
-            if pos_T.numel() and int(pos_T.max()) >= self.cfg.block_size:
-                self._check_length(int(pos_T.max()) + 1)
+            self.check_length(T)
+            positions = torch.arange(T, device=idx_BT.device)
+        if (input_pos is not None or position_ids is not None) and not torch.compiler.is_compiling():
+            self.check_length(int(positions.max()) + 1)  # (a host sync: skipped in compiled decoding)
         h_BTD = self.wte(idx_BT)
         if self.wpe is not None:
-            h_BTD = h_BTD + self.wpe(pos_T)
+            h_BTD = h_BTD + self.wpe(positions)
         h_BTD = self.drop(h_BTD)
-        rope = rope_tables(pos_T, self.cfg.d_head, self.cfg.rope_base, h_BTD.dtype) if self.cfg.pos == "rope" else None
-        attn_kwargs = dict(key_padding_mask=key_padding_mask, input_pos=input_pos, rope=rope, naive=naive)
-        record: list[Intermediates] | None = [] if return_intermediates else None
+        rope = rope_for(positions, self.cfg.d_head, self.cfg.rope_base, h_BTD.dtype) if self.cfg.pos == "rope" else None
+        ctx = AttnContext(T=T, S=cache.key_length(T) if cache is not None else T, device=idx_BT.device,
+                          slots_T=input_pos if cache is not None else None, key_padding_BS=key_padding_mask,
+                          causal=True, naive=naive, rope=rope)
+        records = [Record() for _ in self.blocks] if return_intermediates else None
+        layer_caches = cache.layers if cache is not None else [None] * len(self.blocks)
+        layer_records = records or [None] * len(self.blocks)
         if self.residual is None:
-            for block in self.blocks:
-                h_BTD = block(h_BTD, record, **attn_kwargs)
+            for block, layer_cache, record in zip(self.blocks, layer_caches, layer_records):
+                h_BTD = block(h_BTD, ctx, layer_cache, record)
         else:
-            h_BTD = self.residual(h_BTD, self.blocks, record, attn_kwargs)
-        return self.ln_f(h_BTD), record
+            h_BTD = self.residual(h_BTD, self.blocks, ctx, layer_caches, layer_records)
+        return self.ln_f(h_BTD), records
 
 
-def _init_weights(module: nn.Module) -> None:
-    """SPEC.md: every Linear and Embedding N(0, 0.02), biases 0."""
+def init_weights(module: nn.Module) -> None:
+    """docs/paper.md: every Linear and Embedding N(0, 0.02), biases 0."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if getattr(module, "bias", None) is not None:
             nn.init.zeros_(module.bias)
 
 
-def _upcast(x: Tensor) -> Tensor:
+def upcast(x: Tensor) -> Tensor:
     """Low-precision logits (bf16/fp16 under autocast) to float32 for the loss."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def lm_loss(logits_BTV: Tensor, targets_BT: Tensor, ignore_index: int = -100) -> Tensor:
     """Mean next-token cross-entropy (float32 for stability under autocast)."""
-    return F.cross_entropy(_upcast(logits_BTV).flatten(0, 1), targets_BT.flatten(), ignore_index=ignore_index)
+    return F.cross_entropy(upcast(logits_BTV).flatten(0, 1), targets_BT.flatten(), ignore_index=ignore_index)

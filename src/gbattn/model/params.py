@@ -1,5 +1,5 @@
 """Parameter counts, forward FLOPs (measured by ``torch.utils.flop_counter``) and the
-parameter-matched width solver ("param-fair" baseline, SPEC.md section 1)."""
+parameter-matched width solver ("param-fair" baseline, docs/baselines.md)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gbattn.config import ModelConfig
+from gbattn.model.gpt import GPT, lm_loss
 
 
 def count_params(cfg: ModelConfig) -> int:
     """Exact parameter count (tied weights counted once), built on the meta device: no memory."""
-    from gbattn.model.gpt import GPT
-
     with torch.device("meta"):
         return GPT(cfg).num_params()
 
@@ -20,8 +19,6 @@ def count_params(cfg: ModelConfig) -> int:
 def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool = False) -> float:
     """Forward (or forward + backward) FLOPs per token at ``seq_len`` (default block_size),
     counted by ``torch.utils.flop_counter`` on the meta device (matmuls and SDPA)."""
-    from gbattn.model.gpt import GPT, lm_loss
-
     T = seq_len or cfg.block_size
     with torch.device("meta"):
         model = GPT(cfg)

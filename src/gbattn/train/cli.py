@@ -3,46 +3,133 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from gbattn.config import parse_sets
+from gbattn import arguments
 
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train one model into a run directory (resumable)")
-    p.add_argument("--preset", default="paper-small", help="model preset; its training recipe is the default")
-    p.add_argument("--attn", default="standard", help="attention variant (see `gbattn list`)")
-    p.add_argument("--residual", default=None, help="residual stream: plain, attnres-full or attnres-block")
-    p.add_argument("--data", default=None, help="HF name (wikitext-103-raw-v1, ...), a local directory, or a text file")
+    arguments.preset(p)
+    arguments.model(p)
+    p.add_argument("--data", default=None, help="a corpus: tiny-shakespeare (shipped), an HF name "
+                   "(wikitext-103-raw-v1, ...), a local directory or a text file (README, 'Data')")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--tokenizer", default=None, help="bpe (paper), char, gpt2 or gpt2=PATH/tokenizer.json")
-    p.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N")
-    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (CUDA)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model or training field: --set lr=1e-3 --set d_model=288 --set attn.rounds=3")
+    arguments.device(p)
+    arguments.threads(p)
+    p.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="torch.compile the model (default: on CUDA; README, 'Compiled training and decoding')")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="never torch.compile")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--restart", action="store_true", help="discard the run in --out and start a new one in it")
+    p.add_argument("--init-from", default=None, metavar="RUN_DIR",
+                   help="start from this run's weights with a fresh optimizer (e.g. a `gbattn upcycle` directory); "
+                        "the model is that run's")
+    arguments.quiet(p)
     p.set_defaults(func=cmd_train)
 
 
+# Options that select the run; on --resume they must equal the recorded ones.
+RUN_OPTIONS = ("preset", "attn", "residual", "data", "seed", "tokenizer")
+
+
+def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
+    """The options of ``train --resume`` that would change the recorded run, as 'option (recorded: value)'."""
+    from gbattn.config import (
+        ModelConfig,
+        TrainConfig,
+        parse_sets,
+        set_path,
+        split_overrides,
+    )
+
+    recorded = {"preset": saved.get("preset"), "attn": model_cfg.attn, "residual": model_cfg.residual,
+                "data": train_cfg.data, "seed": train_cfg.seed, "tokenizer": train_cfg.tokenizer}
+    differ = [
+        f"--{name} {getattr(args, name)} (recorded: {recorded[name]})"
+        for name in RUN_OPTIONS
+        if getattr(args, name) is not None and recorded[name] is not None and getattr(args, name) != recorded[name]
+    ]
+    train_sets, model_sets = split_overrides(parse_sets(args.sets))
+    for key, value in model_sets.items():
+        d = model_cfg.to_dict()
+        set_path(d, key, value)
+        if ModelConfig.from_dict(d) != model_cfg:
+            differ.append(f"--set {key}={value} (recorded: {_recorded(model_cfg.to_dict(), key)})")
+    for key, value in train_sets.items():
+        if key not in TrainConfig.RESULT_NEUTRAL and train_cfg.replace(**{key: value}) != train_cfg:
+            differ.append(f"--set {key}={value} (recorded: {getattr(train_cfg, key)})")
+    return differ
+
+
+def _recorded(d: dict, key: str):
+    for part in key.replace("attn.", "attn_options.", 1).split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
 def cmd_train(args) -> None:
-    from gbattn.train.config import build_configs
-    from gbattn.train.trainer import train
+    from gbattn import rundir
+    from gbattn.config import build_configs, parse_sets
+    from gbattn.errors import UserError
+    from gbattn.train.trainer import Trainer
 
+    if args.resume and args.restart:
+        raise UserError("--resume continues the run in --out and --restart replaces it: give one of them")
     if args.resume:
-        result = train(args.out, resume=True, quiet=args.quiet)
+        if args.init_from:
+            raise UserError("--init-from starts a new run: it does not go with --resume")
+        config_path = Path(args.out) / rundir.CONFIG
+        saved = rundir.read_json(config_path)
+        model_cfg, train_cfg = rundir.read_configs(saved, config_path)
+        differ = resume_conflicts(args, saved, model_cfg, train_cfg)
+        if differ:
+            raise UserError(f"train --resume continues {args.out} as it was started; these options would change it: "
+                            f"{'; '.join(differ)}. Leave them out, or start a new run (another --out, or --restart)")
+        neutral = {k: v for k, v in parse_sets(args.sets).items() if k in ("threads", "device", "compile", "log_every")}
+        neutral.update({k: v for k, v in (("threads", args.threads), ("device", args.device), ("compile", args.compile))
+                        if v is not None})
+        trainer = Trainer(args.out, resume=True, quiet=args.quiet, overrides=neutral)
     else:
-        if not args.data:
-            from gbattn.errors import UserError
-
-            raise UserError("--data is required for a new run (an HF name, a local directory or a text file)")
         sets = parse_sets(args.sets)
         if args.residual:
             sets["residual"] = args.residual
-        model_cfg, train_cfg = build_configs(
-            args.preset, args.attn, args.data, sets, seed=args.seed, tokenizer=args.tokenizer, device=args.device,
-            compile=args.compile,
-        )
-        result = train(args.out, model_cfg, train_cfg, quiet=args.quiet)
+        if args.init_from:
+            trainer = _init_from_trainer(args, sets)
+        else:
+            if not args.data:
+                raise UserError("--data is required for a new run: tiny-shakespeare, an HF name, a local directory or "
+                                "a text file (README, 'Data')")
+            preset = args.preset or "paper-small"
+            model_cfg, train_cfg = build_configs(preset, args.attn or "standard", args.data, sets, seed=args.seed,
+                                                 tokenizer=args.tokenizer, device=args.device, compile=args.compile,
+                                                 threads=args.threads)
+            trainer = Trainer(args.out, model_cfg, train_cfg, quiet=args.quiet, preset=preset, restart=args.restart)
+    result = trainer.run()
     summary = {k: result[k] for k in ("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s")}
     print(json.dumps(summary))
+
+
+def _init_from_trainer(args, sets: dict):
+    """A new run whose model (and default data and recipe) is the one in ``--init-from``."""
+    from gbattn import rundir
+    from gbattn.config import build_configs, split_overrides
+    from gbattn.errors import UserError
+    from gbattn.train.trainer import Trainer
+
+    source = rundir.read_json(Path(args.init_from) / rundir.CONFIG)
+    source = source.get("gbattn", source)  # an exported directory keeps the run's config in a section
+    model_cfg, source_train = rundir.read_configs(source, args.init_from)
+    train_sets, model_sets = split_overrides(sets)
+    if args.attn or args.preset and args.preset != source.get("preset") or model_sets:
+        raise UserError(f"--init-from trains the model of {args.init_from} as it is: leave out --attn, --preset and "
+                        f"model --set values (upcycle first to change the model: `gbattn upcycle`)")
+    preset = source.get("preset") or "paper-small"
+    _, train_cfg = build_configs(preset, model_cfg.attn, args.data or source_train.data, train_sets, seed=args.seed,
+                                 tokenizer=source_train.tokenizer, device=args.device, compile=args.compile,
+                                 threads=args.threads)
+    train_cfg = train_cfg.replace(init_from=str(args.init_from), split=source_train.split)
+    return Trainer(args.out, model_cfg, train_cfg, quiet=args.quiet, preset=preset, restart=args.restart,
+                   extra={"init_from": str(args.init_from)})

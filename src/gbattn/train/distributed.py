@@ -1,12 +1,21 @@
-"""Multi-process data parallel through ``torchrun`` (PyTorch DDP; gloo on CPU, NCCL on CUDA)."""
+"""Several processes through ``torchrun``: PyTorch's DDP (the default: every process holds the whole
+model) or FSDP2 (``fully_shard``: parameters, gradients and optimizer state sharded over the
+processes, each block a unit), with gloo on CPU and NCCL on CUDA. Checkpoints are always full
+(one file, loadable by any number of processes) and keyed by parameter name."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 
 @dataclass
@@ -36,6 +45,17 @@ class DistEnv:
         dist.all_reduce(t)
         return t.cpu().tolist()
 
+    def no_sync(self, model: torch.nn.Module, last_micro_step: bool, parallel: str):
+        """Skip the gradient all-reduce on all but the last micro-step of gradient accumulation."""
+        if not self.enabled or last_micro_step:
+            if self.enabled and parallel == "fsdp2":
+                model.set_requires_gradient_sync(True)
+            return contextlib.nullcontext()
+        if parallel == "fsdp2":
+            model.set_requires_gradient_sync(False)
+            return contextlib.nullcontext()
+        return model.no_sync()
+
 
 def init_distributed(device_type: str) -> DistEnv:
     """Join the process group that ``torchrun`` describes in the environment (if any)."""
@@ -43,11 +63,61 @@ def init_distributed(device_type: str) -> DistEnv:
     if world <= 1:
         return DistEnv()
     if not dist.is_initialized():
-        backend = "nccl" if device_type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
     return DistEnv(rank=dist.get_rank(), local_rank=int(os.environ.get("LOCAL_RANK", "0")), world=dist.get_world_size())
 
 
 def shutdown_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def wrap_model(model: torch.nn.Module, parallel: str, env: DistEnv, device: torch.device) -> torch.nn.Module:
+    """The module the training step calls: the model itself (one process), DDP, or the model with
+    every block and then the root sharded by FSDP2 (tied embeddings and the AttnRes stream live in
+    the root unit). On CUDA FSDP2 computes in bf16 and reduces gradients in float32."""
+    if not env.enabled:
+        return model
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy()
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def _inner(step_model: torch.nn.Module) -> torch.nn.Module:
+    return step_model.module if hasattr(step_model, "module") else step_model
+
+
+def full_state(step_model: torch.nn.Module, optimizer=None) -> tuple[dict, dict | None]:
+    """Full (unsharded) model and optimizer state dicts, keyed by parameter name, on the CPU.
+    A collective under FSDP2: every process calls it."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if optimizer is None:
+        return get_state_dict(_inner(step_model), [], options=options)[0], None
+    return get_state_dict(_inner(step_model), optimizer, options=options)
+
+
+def load_full_state(
+    step_model: torch.nn.Module, model_state: dict, optimizer=None, optim_state: dict | None = None
+) -> None:
+    """Load :func:`full_state`'s dicts into a (possibly sharded) model and optimizer. An optimizer
+    state keyed by parameter index (checkpoints before issue 15) is loaded as such."""
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False, strict=True)
+    if optim_state is not None and any(isinstance(k, int) for k in optim_state.get("state", {})):
+        _inner(step_model).load_state_dict(model_state)
+        optimizer.load_state_dict(optim_state)
+        return
+    if optimizer is None or optim_state is None:
+        set_state_dict(_inner(step_model), [], model_state_dict=model_state, optim_state_dict={}, options=options)
+        return
+    set_state_dict(_inner(step_model), optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+                   options=options)

@@ -1,7 +1,7 @@
-"""The one training loop: AdamW, warmup + cosine, clipping, gradient accumulation, bf16 autocast
-and ``torch.compile`` on CUDA, DDP through ``torchrun``, evaluation every epoch (and every N
-steps), best-validation checkpoint, final test perplexity from the best checkpoint, exact
-resume on CPU, atomic checkpoints, and a stop on a non-finite loss.
+"""The one training loop: AdamW, warmup + cosine, clipping, gradient accumulation, bf16 autocast and
+``torch.compile``, DDP or FSDP2 through ``torchrun``, evaluation every epoch (and every N steps),
+best-validation checkpoint, final test perplexity from the best checkpoint, exact resume, atomic
+checkpoints, one writer per run directory, and a stop on a non-finite loss.
 """
 
 from __future__ import annotations
@@ -11,25 +11,39 @@ import math
 import platform
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from gbattn import __version__
-from gbattn.config import ModelConfig
-from gbattn.data.corpus import load_corpus
-from gbattn.data.tokenizer import Tokenizer, get_tokenizer
-from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch, tokenize_corpus
+from gbattn import __version__, rundir
+from gbattn.config import ModelConfig, TrainConfig
+from gbattn.data.prepare import Data, prepare_data
+from gbattn.data.tokenizer import Tokenizer
+from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
 from gbattn.errors import CheckpointError, DataError, UserError
 from gbattn.eval.perplexity import evaluate
+from gbattn.files import append_jsonl, write_json
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
-from gbattn.train import checkpoint as ckpt
-from gbattn.train.config import TrainConfig
-from gbattn.train.distributed import DistEnv, init_distributed
+from gbattn.runtime import (
+    all_rng_states,
+    autocast,
+    resolve_device,
+    restore_rng_states,
+    set_threads,
+)
+from gbattn.train.distributed import (
+    DistEnv,
+    full_state,
+    init_distributed,
+    load_full_state,
+    wrap_model,
+)
+
+WARMUP_FIT_LIMIT = 0.5  # a default warmup longer than this fraction of the run is fitted ...
+WARMUP_FIT_TO = 0.1  # ... to this fraction of it
+FREQUENT_EVAL_STEPS = 50  # an epoch shorter than this: say how often evaluations run
 
 
 class TrainingDiverged(UserError):
@@ -44,74 +58,44 @@ class TrainingInterrupted(UserError):
     exit_code = 130
 
 
-# --------------------------------------------------------------------------------------
-# Pieces
-# --------------------------------------------------------------------------------------
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        name = f"cuda:{local_rank}"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device={name!r} but CUDA is not available here; use --device cpu")
-    return torch.device(name)
-
-
-def learning_rate(step: int, cfg: TrainConfig, total_steps: int) -> float:
-    """Linear warmup to ``lr`` over ``warmup_steps``, then cosine to ``min_lr`` at the last step."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
+def learning_rate(step: int, cfg: TrainConfig, total_steps: int, warmup: int) -> float:
+    """Linear warmup to ``lr`` over ``warmup`` steps (the authors': ``lr * step / warmup``, so the
+    first update has lr 0; or ``lr * (step + 1) / warmup``), then cosine to ``min_lr`` at the end."""
+    if step < warmup:
+        return cfg.lr * (step + (0 if cfg.warmup_from_zero else 1)) / warmup
     if cfg.schedule == "constant":
         return cfg.lr
-    span = max(1, total_steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def fitted_warmup(cfg: TrainConfig, total_steps: int) -> tuple[int, str | None]:
+    """The warmup this run uses, and a one-line note when it differs from the config's or is suspect."""
+    w = cfg.warmup_steps
+    if cfg.fit_warmup and w > WARMUP_FIT_LIMIT * total_steps:
+        fitted = max(1, round(WARMUP_FIT_TO * total_steps))
+        return fitted, (f"warmup_steps={w:,} is longer than half of this {total_steps:,}-step run: using {fitted:,} "
+                        f"(a tenth of the run); --set warmup_steps=N keeps a warmup as given")
+    if w >= total_steps:
+        return w, (f"warning: warmup_steps={w:,} >= the run's {total_steps:,} steps: the learning rate never reaches "
+                   f"lr={cfg.lr:g}")
+    return w, None
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.decay_matrices_only:
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     else:
         groups = [{"params": params, "weight_decay": cfg.weight_decay}]
-    fused = device.type == "cuda"
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
 
 
-def rng_state(device: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-@dataclass
-class Data:
-    tokenizer: Tokenizer
-    splits: dict  # split -> np.ndarray of token ids
-    corpus_name: str
-    corpus_fingerprint: str
-    notes: list
-
-
-def prepare_data(cfg: TrainConfig, vocab_size: int, tokenizer: Tokenizer | None = None, progress: bool = True) -> Data:
-    """Corpus -> tokenizer (trained once, cached) -> token memmaps (cached)."""
-    corpus = load_corpus(cfg.data, tuple(cfg.split))
-    tok = tokenizer or get_tokenizer(cfg.tokenizer, corpus, vocab_size=vocab_size, verbose=progress)
-    caps = {"train": cfg.train_tokens, "valid": cfg.eval_tokens, "test": cfg.eval_tokens}
-    splits = tokenize_corpus(corpus, tok, caps, progress=progress)
-    return Data(tok, splits, corpus.name, corpus.fingerprint, corpus.notes)
+def compile_by_default(device: torch.device) -> bool:
+    """Whether ``compile`` unset means on: where the benchmark measured compiled training faster
+    (README, "Compiled training and decoding")."""
+    return device.type == "cuda"
 
 
 class _StopFlag:
@@ -128,10 +112,8 @@ class _StopFlag:
             self.requested = True
 
         for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread
                 self._old[sig] = signal.signal(sig, handler)
-            except ValueError:  # not the main thread
-                pass
         return self
 
     def __exit__(self, *exc):
@@ -139,64 +121,81 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
-# --------------------------------------------------------------------------------------
-# The trainer
-# --------------------------------------------------------------------------------------
-
-
 class Trainer:
-    """Train one model into ``run_dir``. ``Trainer(...).run()`` returns the result record."""
+    """Train one model into ``run_dir``. ``Trainer(...).run()`` returns the result record.
+
+    ``preset`` is recorded (``train --resume`` refuses another); ``extra`` too (e.g. compare's labels).
+    """
 
     def __init__(self, run_dir: str | Path, model_cfg: ModelConfig | None = None, train_cfg: TrainConfig | None = None,
-                 resume: bool = False, quiet: bool = False, extra: dict | None = None) -> None:
+                 resume: bool = False, quiet: bool = False, extra: dict | None = None, preset: str | None = None,
+                 restart: bool = False, overrides: dict | None = None) -> None:
         self.run_dir = Path(run_dir)
-        self.resume = resume
-        self.quiet = quiet
-        self.extra = extra or {}  # recorded in config.json (e.g. the compare runner's labels)
-        config_path = self.run_dir / ckpt.CONFIG
+        self.resume, self.quiet, self.restart = resume, quiet, restart
+        self.extra, self.preset = extra or {}, preset
+        config_path = self.run_dir / rundir.CONFIG
         if resume:
-            saved = ckpt.read_json(config_path)
-            self.model_cfg = ModelConfig.from_dict(saved["model"])
-            self.train_cfg = TrainConfig.from_dict(saved["train"])
-            self.extra = saved.get("extra", {})
+            self.saved = rundir.read_json(config_path)
+            self.model_cfg, self.train_cfg = rundir.read_configs(self.saved, config_path)
+            self.train_cfg = self.train_cfg.replace(**(overrides or {}))  # result-neutral: threads, device, ...
+            self.extra, self.preset = self.saved.get("extra", {}), self.saved.get("preset")
         else:
-            if (self.run_dir / ckpt.CHECKPOINT).exists() or config_path.exists():
-                raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it, or choose another --out")
             if model_cfg is None or train_cfg is None:
                 raise ValueError("model_cfg and train_cfg are required for a new run")
-            self.model_cfg, self.train_cfg = model_cfg, train_cfg
+            self.saved, self.model_cfg, self.train_cfg = None, model_cfg, train_cfg
         if not self.train_cfg.data:
             raise UserError("no --data given")
 
     # -- setup ---------------------------------------------------------------------
     def _setup(self) -> None:
         cfg = self.train_cfg
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        self.threads = set_threads(cfg.threads)
         requested = resolve_device(cfg.device)
         self.dist: DistEnv = init_distributed(requested.type)
         self.device = resolve_device(cfg.device, self.dist.local_rank)
+        self.main = self.dist.is_main
+        self.show = self.main and not self.quiet
+        if self.main:  # one writer per run directory, taken before any long work
+            self.lock = rundir.RunLock(self.run_dir)
+            if self.restart:
+                rundir.discard_run(self.run_dir)
+            elif not self.resume and (
+                (self.run_dir / rundir.CHECKPOINT).exists() or (self.run_dir / rundir.CONFIG).exists()
+            ):
+                raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it, --restart to "
+                                f"replace it, or choose another --out")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        use_bf16 = cfg.amp == "bf16" or (cfg.amp == "auto" and self.device.type == "cuda")
-        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
-        self.main = self.dist.is_main
-        self.show = self.main and not self.quiet
+        self.autocast = autocast(self.device, cfg.amp)
 
-        # Data: the main process builds the caches first, the others then read them.
-        saved_tok = self.run_dir / ckpt.TOKENIZER
-        tokenizer = Tokenizer.load(saved_tok) if self.resume and saved_tok.is_file() else None
+        # Data: the main process builds the caches first, the others then read them. A resumed run
+        # keeps its tokenizer; a run started from another run's weights takes that run's.
+        tokenizer, self.start = None, None
+        if self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
+            tokenizer = Tokenizer.load(self.run_dir / rundir.TOKENIZER, expected_vocab=self.model_cfg.vocab_size)
+        elif cfg.init_from and not self.resume:
+            self.start = rundir.load_run(cfg.init_from, "best", "cpu")
+            tokenizer = self.start.tokenizer
+        self.requested_vocab = self.model_cfg.vocab_size
         if not self.main:
             self.dist.barrier()
-        self.data = prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show)
+        self.data: Data = prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show)
         if self.main:
             self.dist.barrier()
-        if self.data.tokenizer.vocab_size != self.model_cfg.vocab_size:
+        if self.resume:
+            recorded = self.saved.get("data", {}).get("fingerprint")
+            if recorded and recorded != self.data.corpus_fingerprint:
+                raise UserError(
+                    f"--data {cfg.data} has changed since this run started (its fingerprint was "
+                    f"{recorded[:16]}, now {self.data.corpus_fingerprint[:16]}): refusing to resume on other data"
+                )
+        vocab = self.data.tokenizer.vocab_size
+        if vocab != self.model_cfg.vocab_size:
             if self.resume:
                 raise CheckpointError("the tokenizer's vocabulary no longer matches the saved model config")
-            self.model_cfg = self.model_cfg.replace(vocab_size=self.data.tokenizer.vocab_size)
+            self.model_cfg = self.model_cfg.replace(vocab_size=vocab)
         self.seq_len = cfg.seq_len or self.model_cfg.block_size - 1
         if self.seq_len > self.model_cfg.block_size:
             raise UserError(f"seq_len={self.seq_len} exceeds block_size={self.model_cfg.block_size}")
@@ -204,116 +203,143 @@ class Trainer:
         train = self.data.splits["train"]
         per_rank, rem = divmod(cfg.batch_size, self.dist.world * cfg.grad_accum)
         if rem or per_rank == 0:
-            raise UserError(
-                f"batch_size={cfg.batch_size} must be divisible by processes x grad_accum = {self.dist.world} x {cfg.grad_accum}"
-            )
+            raise UserError(f"batch_size={cfg.batch_size} must be divisible by processes x grad_accum = "
+                            f"{self.dist.world} x {cfg.grad_accum}")
         self.micro_batch = per_rank
         if cfg.sampling == "rows":
             self.n_rows = num_rows(train, self.seq_len)
             self.steps_per_epoch = self.n_rows // cfg.batch_size
             if self.steps_per_epoch == 0:
-                raise DataError(
-                    f"the training split has {len(train):,} tokens: fewer than one batch of "
-                    f"{cfg.batch_size} rows of {self.seq_len + 1} tokens"
-                )
+                raise DataError(f"the training split has {len(train):,} tokens: fewer than one batch of "
+                                f"{cfg.batch_size} rows of {self.seq_len + 1} tokens")
             self.total_steps = cfg.max_steps or math.ceil(cfg.epochs * self.steps_per_epoch)
         else:
             if len(train) <= self.seq_len + 1:
-                raise DataError(f"the training split has {len(train)} tokens: fewer than one window of {self.seq_len + 1}")
+                raise DataError(
+                    f"the training split has {len(train)} tokens: fewer than one window of {self.seq_len + 1}"
+                )
             self.steps_per_epoch = None
             self.total_steps = cfg.max_steps
+        for split in ("valid", "test"):
+            if num_rows(self.data.splits[split], self.seq_len) == 0:
+                raise DataError(f"the {split} split has {len(self.data.splits[split]):,} tokens: fewer than one row of "
+                                f"{self.seq_len + 1}; use a longer file or a smaller seq_len")
+        self.warmup, warmup_note = fitted_warmup(cfg, self.total_steps)
 
         torch.manual_seed(cfg.seed)  # identical initial weights on every process
         self.model = GPT(self.model_cfg).to(self.device)
-        self.optimizer = make_optimizer(self.model, cfg, self.device)
-        self.step_model = self.model
-        if self.dist.enabled:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.step_model = DDP(self.model, device_ids=ids)
-        if cfg.compile:
-            self.step_model = torch.compile(self.step_model)
+        if self.start is not None:
+            self._init_from(self.start)
+        self.wrapped = wrap_model(self.model, cfg.parallel, self.dist, self.device)  # DDP, FSDP2 or the model
+        self.optimizer = make_optimizer(self.wrapped, cfg, self.device)
+        self.compiled = cfg.compile if cfg.compile is not None else compile_by_default(self.device)
+        self.step_model = torch.compile(self.wrapped) if self.compiled else self.wrapped
         torch.manual_seed(cfg.seed + 1000 * self.dist.rank)  # dropout streams differ across processes
         self.flops_per_token = flops_per_token(self.model_cfg, seq_len=self.seq_len, backward=True)
 
         # State that a checkpoint carries.
-        self.step = 0
-        self.best_valid = float("inf")
-        self.best_step = None
+        self.step, self.best_valid, self.best_step = 0, float("inf"), None
         self.elapsed = 0.0  # wall-clock seconds of training and evaluation, across resumes
         self.train_seconds = 0.0  # of training steps only (for tokens/s)
         self.tokens_seen = 0
         self.curve: list[dict] = []
-        if self.resume and (self.run_dir / ckpt.CHECKPOINT).exists():
-            self._load(self.run_dir / ckpt.CHECKPOINT)
+        if self.resume and (self.run_dir / rundir.CHECKPOINT).exists():
+            self._load(self.run_dir / rundir.CHECKPOINT)
         if self.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
             self._write_config()
             if self.resume:
-                ckpt.truncate_metrics(self.run_dir / ckpt.METRICS, self.step)
+                rundir.truncate_metrics(self.run_dir / rundir.METRICS, self.step)
                 self._log({"event": "resume", "step": self.step})
+        if self.show:
+            for line in self._plan(warmup_note):
+                print(line)
+
+    def _plan(self, warmup_note: str | None) -> list[str]:
+        """What this run will do, in a few lines (vocabulary, steps, warmup, evaluations)."""
+        cfg, v = self.train_cfg, self.data.tokenizer.vocab_size
+        lines = [f"{self.data.tokenizer.kind} tokenizer: {v:,} tokens"
+                 + (f" (the model config asked for {self.requested_vocab:,}; the vocabulary is the tokenizer's)"
+                    if v != self.requested_vocab else "")]
+        epochs = (
+            f" ({self.total_steps / self.steps_per_epoch:.3g} epochs of {self.steps_per_epoch:,})"
+            if self.steps_per_epoch
+            else ""
+        )
+        evals = []
+        if self.steps_per_epoch and not cfg.eval_every:
+            evals.append(f"every epoch = every {self.steps_per_epoch:,} steps")
+        if cfg.eval_every:
+            evals.append(f"every {cfg.eval_every:,} steps")
+        n_evals = sum(self._is_eval_step(s) for s in range(1, self.total_steps + 1))
+        lines.append(f"{self.total_steps:,} steps{epochs} of {cfg.batch_size} x {self.seq_len} tokens, warmup "
+                     f"{self.warmup:,}, evaluation {' and '.join(evals) or 'at the end'} ({n_evals:,} in all), "
+                     f"{self.device.type}{f' with {self.threads} threads' if self.device.type == 'cpu' else ''}")
+        if self.steps_per_epoch and self.steps_per_epoch < FREQUENT_EVAL_STEPS and not cfg.eval_every:
+            lines[-1] += "; --set eval_every=N evaluates less often"
+        if warmup_note:
+            lines.append(warmup_note)
+        return lines
+
+    def _init_from(self, start: rundir.LoadedRun) -> None:
+        """Start from another run's weights (e.g. ``gbattn upcycle``); the optimizer starts fresh."""
+        if start.model_cfg != self.model_cfg:
+            raise UserError(f"init_from={start.run_dir}: its model config differs from this run's; leave out --preset, "
+                            f"--attn and model --set values to train the model as {start.run_dir}/config.json has it")
+        rundir.load_weights(self.model, start.model.state_dict(), start.run_dir)
 
     def _write_config(self) -> None:
-        ckpt.atomic_json(
-            {
-                "model": self.model_cfg.to_dict(),
-                "train": self.train_cfg.to_dict(),
-                "extra": self.extra,
-                "data": {"corpus": self.data.corpus_name, "fingerprint": self.data.corpus_fingerprint,
-                         "tokenizer": self.data.tokenizer.fingerprint, "notes": self.data.notes,
-                         "tokens": {s: int(len(v)) for s, v in self.data.splits.items()}},
-                "seq_len": self.seq_len,
-                "steps": self.total_steps,
-                "steps_per_epoch": self.steps_per_epoch,
-                "parameters": self.model.num_params(),
-                "flops_per_token_train": self.flops_per_token,
-                "versions": {"gbattn": __version__, "torch": torch.__version__, "python": platform.python_version()},
-            },
-            self.run_dir / ckpt.CONFIG,
-        )
-        if not (self.run_dir / ckpt.TOKENIZER).exists():
-            self.data.tokenizer.save(self.run_dir / ckpt.TOKENIZER)
+        write_json({
+            "preset": self.preset,
+            "model": self.model_cfg.to_dict(),
+            "train": self.train_cfg.to_dict(),
+            "extra": self.extra,
+            "data": {"corpus": self.data.corpus_name, "fingerprint": self.data.corpus_fingerprint,
+                     "tokenizer": self.data.tokenizer.fingerprint, "notes": self.data.notes,
+                     "tokens": {s: int(len(v)) for s, v in self.data.splits.items()}},
+            "seq_len": self.seq_len,
+            "steps": self.total_steps,
+            "steps_per_epoch": self.steps_per_epoch,
+            "warmup_steps": self.warmup,
+            "parameters": self.model.num_params(),
+            "flops_per_token_train": self.flops_per_token,
+            "versions": {"gbattn": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        }, self.run_dir / rundir.CONFIG)
+        if not (self.run_dir / rundir.TOKENIZER).exists():
+            self.data.tokenizer.save(self.run_dir / rundir.TOKENIZER)
 
     # -- checkpoints ---------------------------------------------------------------
     def _state(self) -> dict:
-        return {
-            "format": 1,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "step": self.step,
-            "best_valid": self.best_valid,
-            "best_step": self.best_step,
-            "elapsed": self.elapsed,
-            "train_seconds": self.train_seconds,
-            "tokens_seen": self.tokens_seen,
-            "curve": self.curve,
-            "rng": rng_state(self.device),
-        }
+        model_state, optim_state = full_state(self.wrapped, self.optimizer)
+        return {"format": 2, "model": model_state, "optimizer": optim_state, "step": self.step,
+                "best_valid": self.best_valid, "best_step": self.best_step, "elapsed": self.elapsed,
+                "train_seconds": self.train_seconds, "tokens_seen": self.tokens_seen, "curve": self.curve,
+                "rng": all_rng_states(self.device)}
 
     def _save(self) -> None:
+        state = self._state()
         if self.main:
-            ckpt.atomic_torch_save(self._state(), self.run_dir / ckpt.CHECKPOINT)
+            rundir.save_checkpoint(state, self.run_dir / rundir.CHECKPOINT)
         self.dist.barrier()
 
     def _load(self, path: Path) -> None:
-        state = ckpt.load_checkpoint(path, map_location=self.device)
+        state = rundir.load_checkpoint(path, map_location=self.device)
         try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise CheckpointError(f"checkpoint {path} does not match this run's model ({str(e).splitlines()[0][:120]})") from None
-        self.step = state["step"]
-        self.best_valid, self.best_step = state["best_valid"], state["best_step"]
-        self.elapsed, self.train_seconds = state["elapsed"], state["train_seconds"]
-        self.tokens_seen, self.curve = state["tokens_seen"], state["curve"]
-        set_rng_state(state["rng"], self.device)
+            load_full_state(self.wrapped, state["model"], self.optimizer, state["optimizer"])
+            self.step = int(state["step"])
+            self.best_valid, self.best_step = float(state["best_valid"]), state["best_step"]
+            self.elapsed, self.train_seconds = float(state["elapsed"]), float(state["train_seconds"])
+            self.tokens_seen, self.curve = int(state["tokens_seen"]), list(state["curve"])
+            restore_rng_states(state["rng"], self.device)
+        except (RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise CheckpointError(
+                f"checkpoint {path} does not match this run ({str(e).splitlines()[0][:120]})"
+            ) from None
         if self.dist.rank:  # dropout streams differ across processes
             torch.manual_seed(self.train_cfg.seed + 1000 * self.dist.rank + self.step)
 
     def _log(self, record: dict) -> None:
         if self.main:
-            ckpt.append_jsonl(self.run_dir / ckpt.METRICS, record)
+            append_jsonl(self.run_dir / rundir.METRICS, record)
 
     # -- batches -------------------------------------------------------------------
     def _global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -328,11 +354,9 @@ class Trainer:
     def _is_eval_step(self, step: int) -> bool:
         """Evaluate after ``step`` (1-based count of finished steps)?"""
         cfg = self.train_cfg
-        if step == self.total_steps:
+        if step == self.total_steps or (cfg.eval_every and step % cfg.eval_every == 0):
             return True
-        if cfg.eval_every and step % cfg.eval_every == 0:
-            return True
-        return self.steps_per_epoch is not None and step % self.steps_per_epoch == 0
+        return self.steps_per_epoch is not None and not cfg.eval_every and step % self.steps_per_epoch == 0
 
     # -- evaluation ----------------------------------------------------------------
     def _evaluate(self, split: str):
@@ -345,28 +369,38 @@ class Trainer:
         improved = res.loss < self.best_valid
         if improved:
             self.best_valid, self.best_step = res.loss, self.step
+            best = {"model": full_state(self.wrapped)[0], "step": self.step, "valid_loss": res.loss}
             if self.main:
-                ckpt.atomic_torch_save({"model": self.model.state_dict(), "step": self.step, "valid_loss": res.loss},
-                                       self.run_dir / ckpt.BEST)
+                rundir.save_checkpoint(best, self.run_dir / rundir.BEST)
         epoch = self.step / self.steps_per_epoch if self.steps_per_epoch else None
-        point = {"step": self.step, "tokens": self.tokens_seen, "epoch": epoch, "valid_loss": res.loss, "valid_ppl": res.ppl}
+        point = {
+            "step": self.step,
+            "tokens": self.tokens_seen,
+            "epoch": epoch,
+            "valid_loss": res.loss,
+            "valid_ppl": res.ppl,
+        }
         self.curve.append(point)
         self.elapsed += time.perf_counter() - t0
         self._log({"event": "eval", "split": "valid", **point, "best": improved, "elapsed": self.elapsed})
         if self.show:
-            self.bar.write(f"step {self.step}: valid loss {res.loss:.4f} ppl {res.ppl:.2f}{' (best)' if improved else ''}")
+            self.bar.write(
+                f"step {self.step}: valid loss {res.loss:.4f} ppl {res.ppl:.2f}{' (best)' if improved else ''}"
+            )
         self._save()
 
     # -- the loop ------------------------------------------------------------------
     def run(self) -> dict:
-        result_path = self.run_dir / ckpt.RESULT
+        result_path = self.run_dir / rundir.RESULT
         if self.resume and result_path.exists():
-            return ckpt.read_json(result_path)
+            return rundir.read_json(result_path)
         threads = torch.get_num_threads()
         try:
             return self._run()
         finally:
             torch.set_num_threads(threads)  # `threads` applies to this run only
+            if getattr(self, "lock", None) is not None:
+                self.lock.release()
 
     def _run(self) -> dict:
         self._setup()
@@ -380,17 +414,14 @@ class Trainer:
         with _StopFlag() as stop:
             while self.step < self.total_steps:
                 t0 = time.perf_counter()
-                lr = learning_rate(self.step, cfg, self.total_steps)
+                lr = learning_rate(self.step, cfg, self.total_steps, self.warmup)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 loss = self._train_step(self.step)
                 if not math.isfinite(loss):
                     self._log({"event": "stop", "reason": "non-finite loss", "step": self.step, "loss": str(loss)})
                     self.bar.close()
-                    raise TrainingDiverged(
-                        f"loss became {loss} at step {self.step}: stopped; the last good checkpoint "
-                        f"(step {self._checkpoint_step()}) is kept in {self.run_dir}"
-                    )
+                    raise TrainingDiverged(self._diverged_message(loss))
                 self.step += 1
                 self.tokens_seen += tokens_per_step
                 dt = time.perf_counter() - t0
@@ -400,8 +431,15 @@ class Trainer:
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     now = time.perf_counter()
                     tok_s = window_tokens / max(now - window_t0, 1e-9)
-                    rec = {"event": "train", "step": self.step, "tokens": self.tokens_seen, "loss": window_loss / window_n,
-                           "lr": lr, "tok_s": tok_s, "elapsed": self.elapsed}
+                    rec = {
+                        "event": "train",
+                        "step": self.step,
+                        "tokens": self.tokens_seen,
+                        "loss": window_loss / window_n,
+                        "lr": lr,
+                        "tok_s": tok_s,
+                        "elapsed": self.elapsed,
+                    }
                     self._log(rec)
                     self.bar.update(window_n, loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
                     window_loss, window_n, window_t0, window_tokens = 0.0, 0, now, 0
@@ -418,21 +456,30 @@ class Trainer:
                     self.bar.close()
                     raise TrainingInterrupted(
                         f"interrupted at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
-                        f"`gbattn train --resume --out {self.run_dir}` (or rerun the same `gbattn compare` command)"
-                    )
+                        f"`gbattn train --resume --out {self.run_dir}` (or rerun the same `gbattn compare` command)")
         self.bar.close()
         return self._finish()
+
+    def _diverged_message(self, loss: float) -> str:
+        kept = self._checkpoint_step()
+        if kept is None:
+            return (
+                f"loss became {loss} at step {self.step}, before the first checkpoint: nothing to keep; start again "
+                f"with corrected settings: gbattn train ... --out {self.run_dir} --restart"
+            )
+        return (f"loss became {loss} at step {self.step}: stopped; the last good checkpoint (step {kept}) is kept in "
+                f"{self.run_dir}; to start again with other settings: gbattn train ... --out {self.run_dir} --restart")
 
     def _should_stop(self, requested: bool) -> bool:
         if not self.dist.enabled:
             return requested
         return self.dist.all_sum([float(requested)])[0] > 0
 
-    def _checkpoint_step(self) -> int | str:
+    def _checkpoint_step(self) -> int | None:
         try:
-            return ckpt.load_checkpoint(self.run_dir / ckpt.CHECKPOINT)["step"]
+            return int(rundir.load_checkpoint(self.run_dir / rundir.CHECKPOINT)["step"])
         except CheckpointError:
-            return "none"
+            return None
 
     def _train_step(self, step: int) -> float:
         """One optimizer step over the global batch; returns the mean loss (all processes)."""
@@ -444,15 +491,16 @@ class Trainer:
         for micro in range(cfg.grad_accum):
             xs = x[micro * self.micro_batch : (micro + 1) * self.micro_batch].to(self.device, non_blocking=True)
             ys = y[micro * self.micro_batch : (micro + 1) * self.micro_batch].to(self.device, non_blocking=True)
-            sync = micro == cfg.grad_accum - 1 or not self.dist.enabled
-            ctx = contextlib.nullcontext() if sync else self.step_model.no_sync()
-            with ctx:
+            last = micro == cfg.grad_accum - 1
+            with self.dist.no_sync(self.wrapped, last, cfg.parallel):
                 with self.autocast():
                     loss = self.step_model(xs, ys) / cfg.grad_accum
                 loss.backward()
             total += loss.detach()
         if cfg.grad_clip:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), cfg.grad_clip)
+            if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
+                norm = norm.full_tensor()
             total = total + 0.0 * norm  # a non-finite gradient norm also stops the run
         value = float(total)
         if self.dist.enabled:
@@ -464,13 +512,13 @@ class Trainer:
 
     def _finish(self) -> dict:
         """Test perplexity from the best-validation checkpoint; write result.json."""
-        best_path = self.run_dir / ckpt.BEST
+        best_path = self.run_dir / rundir.BEST
         if best_path.exists():
-            self.model.load_state_dict(ckpt.load_checkpoint(best_path, map_location=self.device)["model"])
+            load_full_state(self.wrapped, rundir.load_checkpoint(best_path, self.device)["model"])
         test = self._evaluate("test")
         valid_best = math.exp(self.best_valid) if self.best_valid < 50 else float("inf")
         result = {
-            "run_dir": str(self.run_dir),
+            "run_dir": self.run_dir.name,
             "attn": self.model_cfg.attn,
             "attn_options": self.model_cfg.attn_options,
             "residual": self.model_cfg.residual,
@@ -491,26 +539,32 @@ class Trainer:
             "test_tokens": test.tokens,
             "wall_clock_s": self.elapsed,
             "train_tokens_per_s": self.tokens_seen / max(self.train_seconds, 1e-9),
-            "device": _device_name(self.device),
+            "device": device_name(self.device),
             "processes": self.dist.world,
             "curve": self.curve,
             "extra": self.extra,
         }
-        self._log({"event": "test", "step": self.step, "test_loss": test.loss, "test_ppl": test.ppl, "tokens": test.tokens})
+        self._log(
+            {"event": "test", "step": self.step, "test_loss": test.loss, "test_ppl": test.ppl, "tokens": test.tokens}
+        )
         if self.main:
-            ckpt.atomic_json(result, self.run_dir / ckpt.RESULT)
+            write_json(result, self.run_dir / rundir.RESULT)
             if self.show:
-                print(f"{self.run_dir}: best valid ppl {valid_best:.2f} (step {self.best_step}), test ppl {test.ppl:.2f}")
+                print(
+                    f"{self.run_dir}: best valid ppl {valid_best:.2f} (step {self.best_step}), test ppl {test.ppl:.2f}"
+                )
         self.dist.barrier()
         return result
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({torch.get_num_threads()} threads, {platform.processor() or platform.machine()})"
 
 
-def train(run_dir, model_cfg=None, train_cfg=None, resume=False, quiet=False, extra=None) -> dict:
+def train(run_dir, model_cfg=None, train_cfg=None, resume=False, quiet=False, extra=None, preset=None,
+          overrides=None) -> dict:
     """Train (or resume) one run; returns its result record."""
-    return Trainer(run_dir, model_cfg, train_cfg, resume=resume, quiet=quiet, extra=extra).run()
+    return Trainer(run_dir, model_cfg, train_cfg, resume=resume, quiet=quiet, extra=extra, preset=preset,
+                   overrides=overrides).run()

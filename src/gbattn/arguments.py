@@ -1,0 +1,74 @@
+"""Command-line arguments shared by several commands, defined once. Imports nothing but argparse, so
+``gbattn --help`` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"gbattn: error: {message} (see: {self.prog} --help)\n")
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def non_negative_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def preset(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--preset", default=None, required=required,
+                   help="model preset; its training recipe is the default (see `gbattn list`; default paper-small)")
+
+
+def model(p: argparse.ArgumentParser) -> None:
+    """--attn, --residual and --set, for every command that builds a model."""
+    p.add_argument("--attn", default=None, help="attention variant (see `gbattn list`; default standard)")
+    p.add_argument("--residual", default=None, help="residual stream: plain, attnres-full or attnres-block")
+    sets(p)
+
+
+def sets(p: argparse.ArgumentParser, what: str = "a model or training field") -> None:
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override {what}, e.g. --set lr=1e-3 --set d_model=288 --set attn.rounds=3")
+
+
+def device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="auto (default: CUDA if available), cpu, cuda or cuda:N")
+
+
+def threads(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=at_least(1), default=None,
+                   help="CPU threads (default: the cores not busy with other work; README, 'Threads')")
+
+
+def checkpoint(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", default="best", choices=["best", "last"],
+                   help="best-validation weights (default) or the last checkpoint")
+
+
+def quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress display")

@@ -1,0 +1,200 @@
+"""Typed configuration records: every field is coerced to its declared type where a value enters
+(JSON from a run directory, ``--set key=value`` from the command line, Python keyword arguments)
+and checked against its declared range, with an error that names the field.
+
+Rules: an ``int`` field takes an integer or an integral float (``128.0`` -> 128), never a string or
+a bool; a ``float`` field takes a finite number; a ``bool`` field takes true/false; a ``str`` field a
+string; a list field a JSON list or a comma-separated string; ``X | None`` also takes null. Nothing
+here imports the rest of gbattn, so any module may use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from typing import Any
+
+from gbattn.errors import ConfigError
+
+
+def check_choice(name: str, value: Any, allowed) -> None:
+    """``value`` must be one of ``allowed``."""
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+
+
+# --------------------------------------------------------------------------------------
+# Range checks, attached to fields as ``field(metadata=check(...))``
+# --------------------------------------------------------------------------------------
+
+
+def at_least(minimum: float) -> dict:
+    def test(name: str, value: Any) -> None:
+        if value < minimum:
+            kind = "an integer " if isinstance(value, int) else ""
+            raise ConfigError(f"{name}={value!r} must be {kind}>= {minimum}")
+
+    return {"check": test}
+
+
+def greater_than(minimum: float) -> dict:
+    def test(name: str, value: Any) -> None:
+        if not value > minimum:
+            raise ConfigError(f"{name}={value!r} must be > {minimum}")
+
+    return {"check": test}
+
+
+def fraction(upper_open: bool = True) -> dict:
+    """A value in [0, 1) (or [0, 1])."""
+
+    def test(name: str, value: Any) -> None:
+        if not (0.0 <= value < 1.0 if upper_open else 0.0 <= value <= 1.0):
+            raise ConfigError(f"{name}={value!r} must be in [0, 1{')' if upper_open else ']'}")
+
+    return {"check": test}
+
+
+def one_of(*allowed: str) -> dict:
+    def test(name: str, value: Any) -> None:
+        check_choice(name, value, allowed)
+
+    return {"check": test, "choices": allowed}
+
+
+def each_one_of(*allowed: str) -> dict:
+    """Every element of a list is one of ``allowed`` (and none repeats)."""
+
+    def test(name: str, value: list) -> None:
+        for item in value:
+            check_choice(f"{name} entry", item, allowed)
+        if len(set(value)) != len(value):
+            raise ConfigError(f"{name}={value!r} lists an entry twice")
+
+    return {"check": test, "choices": allowed}
+
+
+# --------------------------------------------------------------------------------------
+# Coercion by declared type
+# --------------------------------------------------------------------------------------
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: JSON where it parses (numbers, true/false, null, lists), else the raw string.
+    ``NaN`` and ``Infinity`` stay strings (and are refused by number fields)."""
+    try:
+        return json.loads(text, parse_constant=lambda name: name)
+    except json.JSONDecodeError:
+        return text
+
+
+def _type_name(tp) -> str:
+    if tp is type(None):
+        return "null"
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        args = typing.get_args(tp)
+        return f"a list of {_type_name(args[0])}s" if args else "a list"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
+            list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def coerce(name: str, value: Any, tp) -> Any:
+    """``value`` as type ``tp`` (see the module docstring), or a ConfigError naming ``name``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce(name, value, option)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{name}={value!r} must be {_type_name(tp)}")
+    if origin is list or tp is list:
+        args = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [item.strip() for item in value.strip("[]").split(",") if item.strip()]
+            if args and args[0] is not str:
+                value = [parse_value(item) for item in value]
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}={value!r} must be {_type_name(tp)}")
+        return [coerce(f"{name}[{i}]", item, args[0]) for i, item in enumerate(value)] if args else value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}={value!r} must be true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name}={value!r} must be an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{name}={value!r} must be an integer")
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name}={value!r} must be a number")
+        if not math.isfinite(value):
+            raise ConfigError(f"{name}={value!r} must be a finite number")
+        return float(value)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{name}={value!r} must be a string")
+    if tp is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(f"{name}={value!r} must be a mapping")
+    return value
+
+
+class Typed:
+    """Base of the config dataclasses: fields coerced and range-checked on construction, a JSON
+    round trip, and ``replace``. Subclasses may add cross-field checks in ``validate``."""
+
+    kind = "config"  # how error messages name this record
+    prefix = ""  # prepended to field names in error messages (e.g. "attn.")
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            name = self.prefix + f.name
+            value = coerce(name, getattr(self, f.name), hints[f.name])
+            if value is not None and "check" in f.metadata:
+                f.metadata["check"](name, value)
+            object.__setattr__(self, f.name, value)
+        self.validate()
+
+    def validate(self) -> None:
+        """Checks that involve several fields (override)."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        if not isinstance(d, dict):
+            raise ConfigError(f"a {cls.kind} must be a mapping, got {type(d).__name__}")
+        known = set(cls.field_names())
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown {cls.kind} field(s) {unknown}; allowed: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def replace(self, **changes: Any):
+        return type(self).from_dict({**self.to_dict(), **changes})

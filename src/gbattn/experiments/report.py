@@ -1,0 +1,336 @@
+"""What a comparison reports: ``results.json`` and ``results.md`` from the finished runs, and the
+like-with-like rules the table and the results chart share (docs/baselines.md, "Comparison rules"):
+means over the seeds every model has, paired per-seed differences, and published numbers only for
+runs as long as the published ones."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from pathlib import Path
+
+from gbattn.experiments.recipes import ModelSpec, Recipe
+from gbattn.files import atomic_write, write_json
+
+# Like with like: results.json rows can hold different seeds (a budget that ran out) and runs
+# shorter than the published ones (--set max_steps=...). results.md uses these rules too.
+
+TRAINING_LENGTH_KEYS = ("max_steps", "epochs", "batch_size", "seq_len", "lr", "warmup_steps")
+
+
+def seed_key(seed: str):
+    """Sort key of a results.json seed ("42", "123"): numeric when it is a number."""
+    return (0, int(seed), "") if str(seed).lstrip("-").isdigit() else (1, 0, str(seed))
+
+
+def seed_values(row: dict) -> dict[str, float]:
+    """seed -> test perplexity of a results.json model row (finite values only)."""
+    values = row.get("test_ppl") or {}
+    return {str(s): v for s, v in values.items() if v is not None and math.isfinite(v)}
+
+
+def common_seeds(rows: list[dict]) -> list[str] | None:
+    """None when every row with a result has the same seeds; else the seeds all of them share
+    (possibly none)."""
+    seed_sets = [set(seed_values(r)) for r in rows if seed_values(r)]
+    if not seed_sets or all(s == seed_sets[0] for s in seed_sets):
+        return None
+    return sorted(set.intersection(*seed_sets), key=seed_key)
+
+
+def compared_values(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """label -> the per-seed values each model is shown with: the seeds all models share when
+    their seed sets differ and some seed is shared; otherwise every seed of the model."""
+    common = common_seeds(rows)
+    compared = {}
+    for r in rows:
+        values = seed_values(r)
+        compared[r["label"]] = {s: values[s] for s in common} if common and values else values
+    return compared
+
+
+def mean_std(values: dict[str, float]) -> tuple[float | None, float | None]:
+    """Mean and sample std (None for one value) of per-seed values."""
+    if not values:
+        return None, None
+    xs = list(values.values())
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
+
+
+def relative_change(values: dict[str, float], base_values: dict[str, float]) -> float | None:
+    """mean(values) / mean(base) - 1 over the seeds both have; None when they share none."""
+    shared = set(values) & set(base_values)
+    if not shared:
+        return None
+    return statistics.fmean(values[s] for s in shared) / statistics.fmean(base_values[s] for s in shared) - 1
+
+
+def seeds_sentence(rows: list[dict]) -> str:
+    """Which seeds the means (and Δ vs standard) are over, in words."""
+    common = common_seeds(rows)
+    if common is None:
+        seeds = sorted({s for r in rows for s in seed_values(r)}, key=seed_key)
+        return f"means over seed{'s' if len(seeds) != 1 else ''} {', '.join(seeds)} (every model)"
+    if common:
+        return (f"means over the {len(common)} seed{'s' if len(common) > 1 else ''} all models share "
+                f"({', '.join(common)}); 'all seeds' dots show the rest")
+    return "means over different seeds (no seed is shared by all models); Δ vs standard over the seeds both share"
+
+
+def described_steps(description: str) -> int | None:
+    """The step count a recipe description mentions ("... (2,000 steps)"), or None."""
+    found = re.search(r"(\d[\d,]*) steps", description or "")
+    return int(found.group(1).replace(",", "")) if found else None
+
+
+def length_overrides(report: dict) -> dict:
+    """The report's ``--set`` values that change how long or how the runs trained."""
+    sets = report.get("sets") or {}
+    return {k: sets[k] for k in TRAINING_LENGTH_KEYS if k in sets}
+
+
+def published_value(report: dict, row: dict):
+    """The row's published (mean, std), or None when the runs did not train for the steps the
+    published number is for: ``sets`` overrides one of :data:`TRAINING_LENGTH_KEYS`, or the
+    recipe description names a step count other than the row's ``steps``."""
+    pub = row.get("published")
+    if not pub or pub[0] is None or length_overrides(report):
+        return None
+    described = described_steps(report.get("description", ""))
+    return None if described is not None and row.get("steps") != described else pub
+
+
+def published_omitted_note(report: dict) -> str | None:
+    """A line saying why published numbers are left out, or None when none is."""
+    rows = report.get("models", [])
+    if not any(r.get("published") and r["published"][0] is not None and published_value(report, r) is None
+               for r in rows):
+        return None
+    overrides = length_overrides(report)
+    if overrides:
+        what = "length" if set(overrides) <= {"max_steps", "epochs", "batch_size", "seq_len"} else "length or schedule"
+        return (f"published numbers omitted: this comparison overrides the recipe's training {what} "
+                f"({', '.join(f'{k}={v}' for k, v in overrides.items())})")
+    return (f"published numbers omitted: these runs trained for {run_steps_text(rows)}, not the "
+            f"{described_steps(report.get('description', '')):,} steps the published numbers are for")
+
+
+def run_steps_text(rows: list[dict]) -> str:
+    """The rows' training steps in words: "200 steps, compute-matched 291"."""
+    plain = sorted({r["steps"] for r in rows if r.get("steps") and not r.get("compute_matched_to")})
+    matched = sorted({r["steps"] for r in rows if r.get("steps") and r.get("compute_matched_to")})
+    if not plain and not matched:
+        return "steps unknown"
+    text = " / ".join(f"{s:,}" for s in plain or matched) + " steps"
+    if plain and matched:
+        text += ", compute-matched " + " / ".join(f"{s:,}" for s in matched)
+    return text
+
+
+def steps_differ_from_description(report: dict) -> bool:
+    """True when the description names no step count, or one other than the rows' (compute-
+    matched rows aside): the heading then states the steps of this run."""
+    rows = [r for r in report.get("models", []) if r.get("steps")]
+    if not rows:
+        return False
+    described = described_steps(report.get("description", ""))
+    plain = {r["steps"] for r in rows if not r.get("compute_matched_to")}
+    return described is None or plain != {described}
+
+
+# --------------------------------------------------------------------------------------
+# Aggregation
+# --------------------------------------------------------------------------------------
+
+
+def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dict]:
+    rows = []
+    for spec in specs:
+        runs = results.get(spec.label, {})
+        if not runs:
+            continue
+        any_run = next(iter(runs.values()))
+        test_mean, test_std = _mean_std([r["test_ppl"] for r in runs.values()])
+        valid_mean, valid_std = _mean_std([r["valid_ppl"] for r in runs.values()])
+        rows.append({
+            "label": spec.label,
+            "attn": any_run["attn"],
+            "attn_options": any_run["attn_options"],
+            "norm": any_run.get("norm", "pre"),
+            "residual": any_run.get("residual", "plain"),
+            "d_model": any_run["d_model"],
+            "parameters": any_run["parameters"],
+            "param_matched_to": spec.param_matched_to,
+            "compute_matched_to": spec.compute_matched_to,
+            "flops_per_token_train": any_run["flops_per_token_train"],
+            "seeds": sorted(runs),
+            "test_ppl": {str(s): r["test_ppl"] for s, r in sorted(runs.items())},
+            "valid_ppl": {str(s): r["valid_ppl"] for s, r in sorted(runs.items())},
+            "valid_loss": {str(s): r["valid_loss"] for s, r in sorted(runs.items())},
+            "test_ppl_mean": test_mean, "test_ppl_std": test_std,
+            "valid_ppl_mean": valid_mean, "valid_ppl_std": valid_std,
+            "steps": any_run["steps"],
+            "train_tokens": any_run["train_tokens_seen"],
+            "tokens_per_parameter": any_run["tokens_per_parameter"],
+            "train_flops": any_run["train_flops"],
+            "wall_clock_s": statistics.fmean(r["wall_clock_s"] for r in runs.values()),
+            "tokens_per_s": statistics.fmean(r["train_tokens_per_s"] for r in runs.values()),
+            "device": any_run["device"],
+            "curves": {str(s): r["curve"] for s, r in sorted(runs.items())},
+            "published": recipe.published.get(spec.label),
+        })
+    return rows
+
+
+def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpec], results: dict) -> dict:
+    rows = aggregate(recipe, specs, results)
+    complete = all(len(results.get(s.label, {})) == len(request["seeds"]) for s in specs)
+    report = {
+        "recipe": recipe.name,
+        "description": recipe.description,
+        "preset": recipe.preset,
+        "data": request["data"],
+        "seeds": request["seeds"],
+        "sets": request["sets"],
+        "command": request.get("command", ""),
+        "complete": complete,
+        "published_source": recipe.published_source,
+        "models": rows,
+    }
+    write_json(report, out / "results.json")
+    atomic_write(out / "results.md", results_markdown(report))
+    return report
+
+
+def _fmt(mean, std, digits=2) -> str:
+    if mean is None:
+        return "—"
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
+def results_markdown(report: dict) -> str:
+    """results.md: the table, then validation perplexity during training.
+
+    Like with like (rules shared with the results figure):
+
+    - Δ vs standard: when the models have different seeds, over the seeds all models share (or,
+      if none is, the seeds each model shares with standard); a line below the table says so.
+    - published: shown for a row only when its runs trained for the steps the published number is
+      for: not when ``sets`` overrides one of max_steps, epochs, batch_size, seq_len, lr or
+      warmup_steps, nor when the recipe description names a step count other than the row's
+      ``steps``; a line says why they are left out.
+    - the heading states this run's steps when the description names none or another count.
+    """
+    rows = report["models"]
+    base = next((r for r in rows if r["label"].startswith("standard")), None)
+    compared = compared_values(rows)
+    heading = f"# {report['recipe']}: {report['description']}"
+    if steps_differ_from_description(report):
+        heading += f" (this run: {run_steps_text(rows)})"
+    lines = [
+        heading,
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Data: `{report['data']}` · seeds {', '.join(map(str, report['seeds']))} · hardware: "
+        f"{rows[0]['device'] if rows else '—'}{'' if report['complete'] else ' · INCOMPLETE (runs missing)'}",
+        "",
+        "| model | attention | d | parameters | test ppl | Δ vs standard | valid ppl | published | steps | "
+        "train tokens | tokens/param | train PFLOP | tokens/s | wall-clock |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        delta = "—"
+        if base and r is not base:
+            change = relative_change(compared[r["label"]], compared[base["label"]])
+            delta = f"{100 * change:+.1f}%" if change is not None else "—"
+        opts = ", ".join(f"{k}={v}" for k, v in r["attn_options"].items())
+        attn = r["attn"] + (f" ({opts})" if opts else "")
+        if r["norm"] != "pre":
+            attn += ", Post-LN"
+        if r["residual"] != "plain":
+            attn += f", {r['residual']}"
+        pub = published_value(report, r)
+        lines.append(
+            f"| {r['label']} | {attn} | {r['d_model']} | {r['parameters']:,} | "
+            f"{_fmt(r['test_ppl_mean'], r['test_ppl_std'])} | {delta} | "
+            f"{_fmt(r['valid_ppl_mean'], r['valid_ppl_std'])} | "
+            f"{_fmt(*pub) if pub else '—'} | {r['steps']:,} | "
+            f"{r['train_tokens'] / 1e6:.2f}M | {r['tokens_per_parameter']:.3g} | {r['train_flops'] / 1e15:.3g} | "
+            f"{r['tokens_per_s']:,.0f} | {r['wall_clock_s'] / 60:.1f} min |"
+        )
+    common = common_seeds(rows)
+    if common is not None:
+        over = (f"the seed{'s' if len(common) > 1 else ''} all models share ({', '.join(common)})" if common
+                else "the seeds each model shares with standard (no seed is shared by all models)")
+        seeds_per_model = "; ".join(f"{r['label']}: {', '.join(seed_values(r)) or 'none'}" for r in rows)
+        lines += ["", f"Seeds differ between models ({seeds_per_model}): test ppl is each model's mean over its own "
+                      f"seeds; Δ vs standard is over {over}."]
+    omitted = published_omitted_note(report)
+    if omitted:
+        lines += ["", omitted + "."]
+    if report.get("published_source") and any(published_value(report, r) for r in rows):
+        lines += ["", f"Published: {report['published_source']}."]
+    lines += paired_table(rows)
+    lines += ["", "Test perplexity from the best-validation checkpoint; mean ± sample std over seeds.",
+              "`param-fair`: the smallest standard width with at least GBA's parameters; `compute-matched`: standard "
+              "trained for as many training FLOPs (torch.utils.flop_counter, forward + backward) as GBA used."]
+    lines += ["", "## Validation perplexity during training (seed mean)", ""]
+    steps = sorted({p["step"] for r in rows for c in r["curves"].values() for p in c})
+    if steps:
+        lines.append("| step | " + " | ".join(r["label"] for r in rows) + " |")
+        lines.append("| ---: | " + " | ".join("---:" for _ in rows) + " |")
+        for step in steps:
+            cells = []
+            for r in rows:
+                vals = [p["valid_ppl"] for c in r["curves"].values() for p in c if p["step"] == step]
+                cells.append(f"{statistics.fmean(vals):.2f}" if vals else "")
+            lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def paired_differences(row: dict, reference: dict) -> dict[str, float]:
+    """seed -> validation loss of ``row`` minus that of ``reference`` (nats), over the seeds both have."""
+    mine, theirs = row.get("valid_loss") or {}, reference.get("valid_loss") or {}
+    return {s: mine[s] - theirs[s] for s in sorted(set(mine) & set(theirs), key=seed_key)
+            if mine[s] is not None and theirs[s] is not None}
+
+
+def paired_cell(diffs: dict[str, float]) -> str:
+    """'-0.021 (-0.030 / -0.015 / -0.019) real' : mean, each seed, and whether every seed agrees in sign."""
+    if not diffs:
+        return "—"
+    values = list(diffs.values())
+    agree = len(values) > 1 and (all(v < 0 for v in values) or all(v > 0 for v in values))
+    per_seed = " / ".join(f"{v:+.3f}" for v in values)
+    return f"{statistics.fmean(values):+.3f} ({per_seed}){' **real**' if agree else ''}"
+
+
+def paired_table(rows: list[dict]) -> list[str]:
+    """Paired per-seed differences of validation loss to standard and to compute-matched, when the
+    runs have more than one seed: a difference is called real only when every seed agrees in sign."""
+    base = next((r for r in rows if r["label"].startswith("standard")), None)
+    matched = next((r for r in rows if r.get("compute_matched_to")), None)
+    if base is None or len(base.get("valid_loss") or {}) < 2:
+        return []
+    lines = ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
+             f"Each cell: the mean over seeds of (model − reference) on the same seed, then each seed's difference "
+             f"({', '.join(sorted(base['valid_loss'], key=seed_key))}); **real** = every seed agrees in sign.", "",
+             "| model | parameters | train PFLOP | valid loss | Δ vs standard | Δ vs compute-matched |",
+             "| --- | ---: | ---: | ---: | --- | --- |"]
+    for r in rows:
+        losses = [v for v in (r.get("valid_loss") or {}).values() if v is not None]
+        mean = statistics.fmean(losses) if losses else None
+        std = statistics.stdev(losses) if len(losses) > 1 else None
+        vs_base = paired_cell(paired_differences(r, base)) if r is not base else "—"
+        vs_matched = paired_cell(paired_differences(r, matched)) if matched and r is not matched else "—"
+        lines.append(f"| {r['label']} | {r['parameters']:,} | {r['train_flops'] / 1e15:.3g} | {_fmt(mean, std, 3)} | "
+                     f"{vs_base} | {vs_matched} |")
+    return lines

@@ -1,0 +1,142 @@
+"""Files gbattn writes and reads: one atomic-write helper (temporary file, fsync, rename) used by
+every writer (run directories, tokenizer and token caches, results), and JSON readers that turn a
+bad file into a one-line error naming it. Nothing here imports the rest of gbattn but its errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gbattn.errors import CheckpointError, UserError
+
+
+def atomic_write(path: str | Path, write: Callable[[Any], None] | bytes | str) -> None:
+    """Write ``path`` through a temporary file in the same directory, then rename it into place.
+    ``write`` is the content (bytes or text) or a function that writes to a binary file. On any
+    failure (a full disk, a kill) the previous file stays and the temporary file is removed."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            if callable(write):
+                write(f)
+            else:
+                f.write(write.encode("utf-8") if isinstance(write, str) else write)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(obj: Any, path: str | Path) -> None:
+    """JSON (NaN and infinities written as null) through :func:`atomic_write`."""
+    atomic_write(path, json.dumps(finite(obj), indent=1) + "\n")
+
+
+def finite(obj: Any) -> Any:
+    """JSON-safe: NaN and infinities become None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def append_jsonl(path: str | Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(finite(record)) + "\n")
+        f.flush()
+
+
+def check_writable_dir(path: str | Path, what: str = "--out", create: bool = True) -> Path:
+    """Prove a file can be written in directory ``path`` before long work starts: create it and
+    write a probe file, or (``create=False``) probe the nearest existing parent without creating anything."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{what} {path} is a file, not a directory")
+    target = path
+    if not create:
+        while not target.exists() and target != target.parent:
+            target = target.parent
+        if not target.is_dir():
+            raise UserError(f"{what} {path}: {target} is a file, not a directory")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe = target / f".write-test.tmp{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{what} {path} is not writable ({e.strerror or e})") from None
+    return path
+
+
+def check_writable_file(path: str | Path, what: str) -> Path:
+    """The parent directory of ``path`` exists and is writable, and ``path`` is not a directory."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a directory; give a file name")
+    check_writable_dir(path.parent if str(path.parent) else Path("."), what, create=False)
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# Reading: validate before use
+# --------------------------------------------------------------------------------------
+
+
+def read_json(path: str | Path, what: str | None = None) -> dict:
+    """A JSON object from ``path``, or a one-line :class:`CheckpointError` naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({str(e).splitlines()[0][:80]})") from None
+    except OSError as e:
+        raise CheckpointError(f"{path} cannot be read ({e.strerror or e})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(
+            f"{path} holds {type(obj).__name__}, expected a JSON object{f' ({what})' if what else ''}"
+        )
+    return obj
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def relative_path(path, base) -> str:
+    """``path`` as a relative POSIX path for a results file: relative to ``base`` when it lies
+    inside it, else its last two parts (``standard/seed42``). Never absolute: results files must
+    not hold the paths of the machine that wrote them."""
+    path, base = Path(path).resolve(), Path(base).resolve()
+    if path != base and path.is_relative_to(base):
+        return path.relative_to(base).as_posix()
+    parts = path.relative_to(path.anchor).parts
+    return Path(*parts[-2:]).as_posix() if parts else "."
+
+
+def portable_path(text: str) -> str:
+    """A path for a results file: as given when relative or a name (``tiny-shakespeare``); an
+    absolute path becomes its last component, so results files hold no paths of this machine."""
+    return Path(text).name if os.path.isabs(text) else text

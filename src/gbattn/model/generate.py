@@ -1,0 +1,106 @@
+"""Text generation with the fixed-size KV cache: one prefill of the prompt, then one decode step per
+token through the same forward signature (gpt-fast style). Works on any model with GPT's
+``setup_cache`` / ``forward(idx, input_pos=...)`` interface."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
+    """Next token ids (B, 1): greedy at temperature 0, else softmax sampling with optional top-k."""
+    if temperature <= 0:
+        return logits_BV.argmax(-1, keepdim=True)
+    logits_BV = logits_BV.float() / temperature
+    if top_k is not None and top_k < logits_BV.shape[-1]:
+        kth = torch.topk(logits_BV, top_k, dim=-1).values[:, -1:]
+        logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits_BV, dim=-1), 1, generator=generator)
+
+
+def eager_decode_step(model):
+    """The one-token cached forward: ``step(token_B1, slot_1, position_B1, key_padding_BS) -> logits_BV``."""
+
+    def step(token_B1: Tensor, slot_1: Tensor, position_B1: Tensor | None, key_padding_BS: Tensor | None) -> Tensor:
+        return model(token_B1, input_pos=slot_1, position_ids=position_B1, key_padding_mask=key_padding_BS)[:, -1]
+
+    return step
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k} must be >= 1 (or None for no top-k)")
+
+
+@torch.no_grad()
+def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             seed: int | None = None, use_cache: bool = True, prompt_mask: Tensor | None = None,
+             decode_step=None) -> Tensor:
+    """Continue ``idx_BT`` by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens).
+
+    ``prompt_mask`` (B, T): True for real prompt tokens, for a left-padded batch (each row then
+    continues as it would alone). ``decode_step``: a replacement for the one-token cached forward
+    ``step(token_B1, slot_1, position_B1, key_padding_BS) -> logits_BV`` (e.g. the compiled one of
+    :mod:`gbattn.model.compiled`). Once the sequence fills the model's
+    ``block_size``, later tokens are predicted from the last ``block_size`` tokens without a cache,
+    as nanoGPT does.
+    """
+    check_sampling(max_new_tokens, temperature, top_k)
+    was_training = model.training
+    model.eval()
+    device = idx_BT.device
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    block = model.cfg.block_size
+    B, T = idx_BT.shape
+    if T == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if prompt_mask is not None and block < T:
+        raise ValueError(f"a padded prompt of {T} tokens is longer than block_size={block}")
+    if block < T:
+        idx_BT, T = idx_BT[:, -block:], block
+    mask_BT = prompt_mask.bool() if prompt_mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
+    out, cached = idx_BT, use_cache and block > T
+    max_len = min(block, T + max_new_tokens)
+    try:
+        if cached:
+            model.setup_cache(B, max_len=max_len)
+            key_padding = torch.ones(B, max_len, dtype=torch.bool, device=device)
+            key_padding[:, :T] = mask_BT
+            key_padding = key_padding if prompt_mask is not None else None
+            offset_B1 = (~mask_BT).sum(1, keepdim=True)  # left padding: row b's first real token is at slot offset_b
+            positions = (torch.arange(T, device=device) - offset_B1).clamp_min(0) if prompt_mask is not None else None
+            logits = model(out, input_pos=torch.arange(T, device=device), position_ids=positions,
+                           key_padding_mask=key_padding)[:, -1]
+            step = decode_step or eager_decode_step(model)
+        for _ in range(max_new_tokens):
+            if not cached:
+                window = out[:, -block:]
+                logits = model(window, **_padded_window(mask_BT, out.shape[1], window.shape[1], prompt_mask))[:, -1]
+            nxt = sample_next(logits, temperature, top_k, generator)
+            out = torch.cat([out, nxt], dim=1)
+            slot = out.shape[1] - 1
+            if cached and slot < max_len:
+                pos = None if prompt_mask is None else torch.full((B, 1), slot, device=device) - offset_B1
+                logits = step(nxt, torch.tensor([slot], device=device), pos, key_padding)
+            elif cached:
+                model.clear_cache()
+                cached = False
+    finally:
+        model.clear_cache()
+        model.train(was_training)
+    return out
+
+
+def _padded_window(mask_BT: Tensor, length: int, window: int, prompt_mask: Tensor | None) -> dict:
+    """Keyword arguments of an uncached forward over the last ``window`` of ``length`` tokens."""
+    if prompt_mask is None:
+        return {}
+    B = mask_BT.shape[0]
+    full = torch.cat([mask_BT, mask_BT.new_ones(B, length - mask_BT.shape[1])], dim=1)[:, -window:]
+    positions = (full.long().cumsum(1) - 1).clamp_min(0)
+    return {"key_padding_mask": full, "position_ids": positions}

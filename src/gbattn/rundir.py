@@ -1,0 +1,271 @@
+"""Run directories: the one module that reads and writes them.
+
+A run directory describes itself::
+
+    config.json      model config, training config, preset, data fingerprint, versions
+    tokenizer.json   the tokenizer (a run directory alone can encode and decode text)
+    checkpoint.pt    latest state: weights, optimizer, step, RNG states, best validation so far
+    best.pt          weights of the best-validation model
+    metrics.jsonl    one JSON event per line (train, eval, test, resume, stop)
+    result.json      the final record (written last: its presence means "finished")
+    .lock            held by the one process writing the run
+
+Every file is written to a temporary name and renamed, so a crash leaves the
+previous file (``gbattn.files.atomic_write``); temporary files of a killed write are removed the
+next time the run is opened.
+Checkpoints are read with ``torch.load(weights_only=True)``: a file that needs arbitrary unpickling
+(it could run code) is refused. An exported Hugging Face directory (``config.json`` with a
+``gbattn`` section, ``model.safetensors``) loads through :func:`load_run` too.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import pickle
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gbattn.config import ModelConfig, TrainConfig
+from gbattn.data.tokenizer import Tokenizer
+from gbattn.errors import CheckpointError, ConfigError, UserError
+from gbattn.files import atomic_write, check_writable_dir, read_json, read_jsonl
+from gbattn.model.gpt import GPT
+
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+CHECKPOINT = "checkpoint.pt"
+BEST = "best.pt"
+METRICS = "metrics.jsonl"
+RESULT = "result.json"
+LOCK = ".lock"
+SAFETENSORS = "model.safetensors"
+RUN_FILES = (CONFIG, TOKENIZER, CHECKPOINT, BEST, METRICS, RESULT)
+
+
+# --------------------------------------------------------------------------------------
+# Checkpoints and metrics
+# --------------------------------------------------------------------------------------
+
+
+def save_checkpoint(state: dict, path: str | Path) -> None:
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def remove_debris(directory: str | Path) -> list[str]:
+    """Delete temporary files that a killed or failed write left (``*.tmp<pid>``); returns their names."""
+    removed = []
+    for path in Path(directory).glob("*.tmp*"):
+        if path.is_file() and path.name.rsplit(".tmp", 1)[-1].isdigit():
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
+def discard_run(directory: str | Path) -> list[str]:
+    """Delete a run's own files (``--restart``); other files in the directory stay."""
+    removed = []
+    for name in RUN_FILES:
+        if (Path(directory) / name).is_file():
+            (Path(directory) / name).unlink()
+            removed.append(name)
+    return removed
+
+
+def truncate_metrics(path: str | Path, step: int) -> None:
+    """On resume, drop events logged after the checkpoint's step (they will be logged again)."""
+    kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step and r.get("event") != "stop"]
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
+    """A checkpoint's state, read with ``weights_only=True`` (tensors and plain containers only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights_only" in str(e) or "Weights only load failed" in str(e):
+            raise CheckpointError(f"{path} holds Python objects beyond tensors (loading it could run code): refused; "
+                                  f"only gbattn checkpoints of tensors and plain values are read") from None
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupted ({str(e).splitlines()[0][:80]}); "
+                              f"delete it to start over, or restore a copy") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupted ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:80]}); delete it to start over, or restore a copy") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise CheckpointError(f"checkpoint {path} is not a gbattn checkpoint (no model weights in it)")
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state["model"].items()):
+        raise CheckpointError(f"checkpoint {path} is not a gbattn checkpoint (its weights are not named tensors)")
+    return state
+
+
+# --------------------------------------------------------------------------------------
+# One writer per run directory
+# --------------------------------------------------------------------------------------
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``DIR/.lock``, held until :meth:`release` or the process ends (the
+    OS releases it on kill -9, so a killed run can be resumed at once)."""
+
+    _held: dict[str, RunLock] = {}
+
+    def __init__(self, directory: str | Path, what: str = "run") -> None:
+        self.directory = Path(directory)
+        key = str(self.directory.resolve())
+        if key in RunLock._held:  # this process already holds it (e.g. compare, then its runs)
+            self.fd = None
+            return
+        check_writable_dir(self.directory, "--out")
+        self.fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(self.fd)
+            self.fd = None
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise UserError(f"{self.directory} is in use by another gbattn process (its {what} is being written); "
+                                f"wait for it to finish or choose another --out") from None
+            raise
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"{os.getpid()}\n".encode())
+        RunLock._held[key] = self
+        self.key = key
+        remove_debris(self.directory)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            RunLock._held.pop(self.key, None)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+# --------------------------------------------------------------------------------------
+# Configs of a run, and old run directories
+# --------------------------------------------------------------------------------------
+
+# What a field meant in run directories written before it existed (issue 12 added them).
+_OLD_MODEL_DEFAULTS = {"dropout_sites": ["embedding", "attention", "attn-output", "ffn-output"]}
+_OLD_TRAIN_DEFAULTS = {"warmup_from_zero": False, "fit_warmup": False}
+
+
+def read_configs(config: dict, where: str | Path):
+    """(ModelConfig, TrainConfig) of a ``config.json`` dict; fields it predates keep their old meaning."""
+    try:
+        model_d, train_d = config["model"], config["train"]
+        if not isinstance(model_d, dict) or not isinstance(train_d, dict):
+            raise TypeError
+        model_d = {**_OLD_MODEL_DEFAULTS, **model_d}
+        train_d = {**_OLD_TRAIN_DEFAULTS, **train_d}
+        return ModelConfig.from_dict(model_d), TrainConfig.from_dict(train_d)
+    except (KeyError, TypeError):
+        raise CheckpointError(f"{where} has no model and train sections: is it a gbattn run directory?") from None
+    except ConfigError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
+# --------------------------------------------------------------------------------------
+# Loading a trained run (Python API: gbattn.load_run)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedRun:
+    """A trained model with its tokenizer and configs (``gbattn.load_run``)."""
+
+    run_dir: Path
+    model: Any  # gbattn.model.GPT, in eval mode
+    model_cfg: Any  # ModelConfig
+    train_cfg: Any  # TrainConfig
+    tokenizer: Any  # gbattn.data.tokenizer.Tokenizer
+    config: dict  # config.json as written
+    step: int
+    checkpoint: str  # which weights: best, last or exported
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.get("seq_len") or self.model_cfg.block_size - 1
+
+    def generate(self, prompt: str, max_new_tokens: int = 100, **kwargs) -> str:
+        """Text continuing ``prompt`` (see :func:`gbattn.model.generate.generate` for the options)."""
+        ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise UserError("the prompt encodes to no tokens")
+        device = next(self.model.parameters()).device
+        out = self.model.generate(torch.tensor([ids], device=device), max_new_tokens, **kwargs)
+        return self.tokenizer.decode(out[0].tolist())
+
+
+WHICH = ("best", "last")
+
+
+def is_exported(path: str | Path) -> bool:
+    """An exported Hugging Face directory (``gbattn export``)."""
+    return (Path(path) / SAFETENSORS).is_file() and not (Path(path) / CHECKPOINT).is_file()
+
+
+def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.device = "cpu") -> LoadedRun:
+    """The model of a run directory (best-validation or last weights) or of an exported directory,
+    with its tokenizer and configs, in eval mode on ``device``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)")
+    if checkpoint not in WHICH:
+        raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")
+    config = read_json(path / CONFIG)
+    exported = is_exported(path)
+    if exported:
+        if not isinstance(config.get("gbattn"), dict):
+            raise CheckpointError(f"{path / CONFIG} has no gbattn section: not a directory exported by gbattn")
+        config = config["gbattn"]
+    model_cfg, train_cfg = read_configs(config, path / CONFIG)
+    tokenizer = Tokenizer.load(path / TOKENIZER, expected_vocab=model_cfg.vocab_size)
+    device = torch.device(device)
+    if exported:
+        state, step, which = {"model": read_safetensors(path / SAFETENSORS, device)}, config.get("step", 0), "exported"
+    else:
+        weights = path / (BEST if checkpoint == "best" else CHECKPOINT)
+        if checkpoint == "best" and not weights.exists():
+            weights = path / CHECKPOINT  # no evaluation happened yet
+        state, which = load_checkpoint(weights, map_location=device), checkpoint
+        step = state.get("step", 0)
+    model = GPT(model_cfg).to(device)
+    load_weights(model, state["model"], path)
+    model.eval()
+    return LoadedRun(path, model, model_cfg, train_cfg, tokenizer, config, int(step) if isinstance(step, int) else 0,
+                     which)
+
+
+def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> None:
+    """``model.load_state_dict(weights)`` with a one-line error when they do not fit the config."""
+    try:
+        model.load_state_dict(weights)
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise CheckpointError(
+            f"the weights in {where} do not match its config ({str(e).splitlines()[0][:120]})"
+        ) from None
+
+
+def read_safetensors(path: str | Path, device) -> dict:
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise UserError("reading an exported directory needs safetensors: pip install 'gbattn[transformers]'") from None
+    try:
+        return load_file(str(path), device=str(device))
+    except Exception as e:  # safetensors raises its own error types for any malformed file
+        raise CheckpointError(f"{path} is not a valid safetensors file ({str(e).splitlines()[0][:100]})") from None

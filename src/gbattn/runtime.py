@@ -1,0 +1,110 @@
+"""Process-level helpers: devices, autocast, random-number state, CPU threads and the command line
+being run. Nothing here imports the rest of gbattn."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+
+import torch
+
+from gbattn.errors import UserError
+
+
+def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cuda`` -> this process's GPU under torchrun."""
+    if not isinstance(name, str) or not (name in ("auto", "cpu") or name.startswith("cuda")):
+        raise UserError(f"device={name!r} is not allowed; choose auto, cpu, cuda or cuda:N")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device={name!r} but CUDA is not available here; use --device cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device={name!r} is not a device name; choose auto, cpu, cuda or cuda:N") from None
+
+
+def autocast(device: torch.device, amp: str = "auto"):
+    """A context-manager factory: bf16 autocast on CUDA under ``auto`` or ``bf16``, else nothing."""
+    if amp == "bf16" or (amp == "auto" and device.type == "cuda"):
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def rng_state(device: torch.device) -> torch.Tensor:
+    """The generator state that dropout on ``device`` draws from."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+def all_rng_states(device: torch.device) -> dict:
+    """Every generator a training step draws from (checkpointed for exact resume)."""
+    states = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def restore_rng_states(states: dict, device: torch.device) -> None:
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and "cuda" in states:
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+# --------------------------------------------------------------------------------------
+# CPU threads (README, "Threads")
+# --------------------------------------------------------------------------------------
+
+
+def free_cores() -> int:
+    """Cores not busy with other work: the cores this process may use minus the 1-minute load
+    average of the machine (at least 1). Oversubscribing a busy CPU slows PyTorch by 10-40x
+    (README, "Threads"), so gbattn defaults to this rather than to every core."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return max(1, min(cores, round(cores - load)))
+
+
+def set_threads(threads: int | None) -> int:
+    """Use ``threads`` CPU threads (None: :func:`free_cores`); returns the number set."""
+    n = threads or free_cores()
+    torch.set_num_threads(n)
+    return n
+
+
+# --------------------------------------------------------------------------------------
+# The command being run (recorded in results files)
+# --------------------------------------------------------------------------------------
+
+_INVOCATION: list[str] = []
+
+
+def set_invocation(argv: list[str]) -> None:
+    """Called by the CLI so that :func:`command_line` reports its arguments (also under pytest)."""
+    _INVOCATION[:] = list(argv)
+
+
+def command_line(portable: bool = False) -> str:
+    """The command that is running, as a user would type it; ``portable``: absolute paths in it
+    shortened to their last component (for results files)."""
+    argv = _INVOCATION or sys.argv[1:]
+    if portable:
+        argv = [os.path.basename(a.rstrip("/")) if os.path.isabs(a) else a for a in argv]
+    return "gbattn " + " ".join(shlex.quote(a) for a in argv)

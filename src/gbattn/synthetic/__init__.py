@@ -1,0 +1,1 @@
+"""The paper's synthetic pattern-denoising experiments (docs/method.md, "The synthetic task")."""

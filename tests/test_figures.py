@@ -1,0 +1,206 @@
+"""Figures and reports of `gbattn plot` / `gbattn analyze` / results.md from hand-made inputs
+(no training): like-with-like seeds on the results chart, plain tick labels on log axes, missing
+runs named, published numbers only for runs as long as the published ones, wording of a rise,
+and no absolute paths in what is stored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gbattn.analysis import figures
+from gbattn.analysis.cli import plot_compare, print_summary
+from gbattn.cli import main as cli_main
+from gbattn.errors import UserError
+from gbattn.experiments.report import results_markdown
+from gbattn.files import relative_path
+
+pytest.importorskip("matplotlib")  # the modules above import it only when a figure is drawn
+
+
+def model_row(label: str, test_ppl: dict, steps: int = 2000, published=None, compute_matched_to=None) -> dict:
+    """A results.json model row with the fields results.md and the results chart read."""
+    values = list(test_ppl.values())
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else None
+    return {
+        "label": label, "attn": "boosted" if label.startswith("gba") else "standard", "attn_options": {},
+        "norm": "pre", "residual": "plain", "d_model": 128, "parameters": 800_000, "param_matched_to": None,
+        "compute_matched_to": compute_matched_to, "flops_per_token_train": 5e6,
+        "seeds": sorted(int(s) for s in test_ppl), "test_ppl": test_ppl, "valid_ppl": test_ppl,
+        "test_ppl_mean": mean, "test_ppl_std": std, "valid_ppl_mean": mean, "valid_ppl_std": std,
+        "steps": steps, "train_tokens": 1_536_000, "tokens_per_parameter": 1.9, "train_flops": 8e12,
+        "wall_clock_s": 170.0, "tokens_per_s": 10_000.0, "device": "cpu",
+        "curves": {s: [{"step": steps, "tokens": 1_536_000, "valid_ppl": v}] for s, v in test_ppl.items()},
+        "published": published,
+    }
+
+
+def report_of(rows: list[dict], sets: dict | None = None) -> dict:
+    return {"recipe": "cpu-char", "description": "tiny-shakespeare at nanoGPT's CPU configuration (2,000 steps)",
+            "preset": "cpu-char", "data": "tiny-shakespeare", "seeds": [42, 123], "sets": sets or {},
+            "command": "gbattn compare --recipe cpu-char", "complete": False,
+            "published_source": "nanoGPT README", "models": rows}
+
+
+def drawn_texts(fig) -> dict:
+    """The text of a drawn figure: title, tick labels, legend entries, annotations, and all of
+    its text (the footer included)."""
+    from matplotlib.text import Text
+
+    with figures.style():
+        fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    return {"title": ax.get_title(), "ticks": [t.get_text() for t in ax.get_xticklabels()],
+            "legend": [t.get_text() for t in legend.get_texts()] if legend else [],
+            "annotations": [t.get_text() for t in ax.texts],
+            "all": "\n".join(t.get_text() for t in fig.findobj(Text))}
+
+
+# ---- results chart -------------------------------------------------------------------------
+
+
+def test_results_figure_marks_seed_counts_and_compares_on_the_shared_seed():
+    """One seed beside two: every mean is over the shared seed 42, so param-fair (95 on seed 42)
+    is drawn ahead of GBA (96), although its two-seed mean (99) is behind; n= under each model."""
+    rows = [model_row("standard", {"42": 100.0, "123": 110.0}),
+            model_row("param-fair", {"42": 95.0, "123": 103.0}),
+            model_row("gba-m2", {"42": 96.0})]
+    texts = drawn_texts(figures.results_figure(report_of(rows)))
+    assert texts["ticks"] == ["standard\nn=1 (dots n=2)", "param-fair\nn=1 (dots n=2)", "gba-m2\nn=1"]
+    assert "means over the 1 seed all models share (42); 'all seeds' dots show the rest" in texts["title"]
+    assert "ours: mean ± std over n seeds (n under each model)" in texts["legend"]
+    # Means and Δ vs standard over seed 42 only: 95 / 100 and 96 / 100.
+    assert texts["annotations"] == ["100.00", "95.00 (-5.0%)", "96.00 (-4.0%)"]
+
+    same = [model_row("standard", {"42": 100.0, "123": 110.0}), model_row("gba-m2", {"42": 96.0, "123": 98.0})]
+    texts = drawn_texts(figures.results_figure(report_of(same)))
+    assert texts["ticks"] == ["standard\nn=2", "gba-m2\nn=2"] and "seeds 42, 123 (every model)" in texts["title"]
+    assert texts["annotations"] == ["105.00", "97.00 (-7.6%)"]
+
+    disjoint = [model_row("standard", {"42": 100.0}), model_row("gba-m2", {"123": 96.0})]
+    texts = drawn_texts(figures.results_figure(report_of(disjoint)))
+    assert "means over different seeds" in texts["title"]
+    assert texts["annotations"] == ["100.00", "96.00"]  # no seed shared with standard: no Δ
+
+
+def test_results_figure_and_markdown_omit_published_numbers_of_a_shorter_run():
+    """--set max_steps=200 on a recipe whose published number is for 2,000 steps: no published
+    value, a line saying why, and the steps of this run in the heading and the chart's title."""
+    rows = [model_row("standard", {"42": 9.0}, steps=200, published=[6.55, None]),
+            model_row("compute-matched", {"42": 8.5}, steps=291, compute_matched_to="gba-m2"),
+            model_row("gba-m2", {"42": 8.8}, steps=200)]
+    report = report_of(rows, sets={"max_steps": 200})
+    md = results_markdown(report)
+    heading, table_row = md.splitlines()[0], next(line for line in md.splitlines() if line.startswith("| standard"))
+    assert heading.endswith("(2,000 steps) (this run: 200 steps, compute-matched 291)")
+    assert "6.55" not in md and table_row.split(" | ")[7] == "—"
+    assert "published numbers omitted: this comparison overrides the recipe's training length (max_steps=200)" in md
+    texts = drawn_texts(figures.results_figure(report))
+    assert "published" not in texts["legend"] and "200 steps" in texts["title"]
+    assert "published numbers omitted: this comparison overrides" in texts["all"]
+
+    # The same rows at the recipe's 2,000 steps and no --set: the published value is shown.
+    for r in rows:
+        r["steps"] = 2914 if r["compute_matched_to"] else 2000
+    report = report_of(rows)
+    md = results_markdown(report)
+    assert "| 6.55 |" in md and "omitted" not in md and "this run" not in md.splitlines()[0]
+    assert "published" in drawn_texts(figures.results_figure(report))["legend"]
+    # A row whose steps differ from the described 2,000 loses its published value without any --set.
+    rows[0]["steps"] = 1000
+    assert "6.55" not in results_markdown(report_of(rows))
+
+
+# ---- curves --------------------------------------------------------------------------------
+
+
+def test_curves_on_a_log_axis_have_plain_tick_labels():
+    """Validation perplexity from 5 to 50,000 (four decades): a log axis whose tick labels are
+    plain numbers, not mathtext that STYLE's parse_math=False would print raw."""
+    points = [(1_000 * k, v) for k, v in enumerate([50_000.0, 5_000.0, 500.0, 50.0, 5.0], start=1)]
+    curves = {"standard": {"42": {"train": [(t, 3.0) for t, _ in points], "valid": points}},
+              "gba-m2": {"42": {"train": [(t, 2.5) for t, _ in points], "valid": [(t, v * 1.1) for t, v in points]}}}
+    fig = figures.curves_figure(curves)
+    with figures.style():
+        fig.canvas.draw()
+    valid_ax = fig.axes[1]
+    assert valid_ax.get_yscale() == "log"
+    labels = [t.get_text() for t in valid_ax.get_yticklabels() + valid_ax.get_yticklabels(minor=True)]
+    assert "1,000" in labels and "10,000" in labels
+    assert not [text for text in labels if "$" in text or "mathdefault" in text]
+
+
+# ---- gbattn plot on a copied comparison ----------------------------------------------------
+
+
+def write_run(compare_dir, label: str, seed: int, events: bool = True) -> None:
+    run_dir = compare_dir / label / f"seed{seed}"
+    run_dir.mkdir(parents=True)
+    lines = [{"event": "train", "step": 1, "tokens": 100, "loss": 4.0},
+             {"event": "eval", "step": 2, "tokens": 200, "valid_ppl": 50.0}] if events else [{"event": "start"}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+
+def test_plot_names_the_runs_whose_curves_are_missing(tmp_path, capsys):
+    compare_dir = tmp_path / "copied"
+    compare_dir.mkdir()
+    rows = [model_row("standard", {"42": 100.0}), model_row("twicing", {"42": 98.0}), model_row("gba-m2", {"42": 96.0})]
+    (compare_dir / "results.json").write_text(json.dumps(report_of(rows)))
+    write_run(compare_dir, "standard", 42)
+    write_run(compare_dir, "twicing", 42, events=False)  # gba-m2/seed42 not copied at all
+
+    with pytest.raises(UserError) as caught:
+        plot_compare(compare_dir)
+    message = str(caught.value)
+    assert "gba-m2/seed42/ (no directory)" in message and "twicing/seed42/metrics.jsonl" in message
+    assert "standard/seed42" not in message
+    assert not (compare_dir / "figures").exists()
+
+    assert cli_main(["plot", str(compare_dir)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "gba-m2/seed42" in err
+
+    # Every listed run present: both figures are written.
+    write_run(compare_dir, "gba-m2", 42)
+    (compare_dir / "twicing" / "seed42" / "metrics.jsonl").unlink()
+    (compare_dir / "twicing" / "seed42").rmdir()
+    write_run(compare_dir, "twicing", 42)
+    assert [p.name for p in plot_compare(compare_dir)] == ["results.png", "curves.png"]
+
+
+# ---- gbattn analyze: wording and stored paths ----------------------------------------------
+
+
+def analysis_summary(relative_drop: float) -> dict:
+    return {
+        "run_dir": "gba-m2/seed42", "attention": "boosted (rounds=2)", "checkpoint": "best", "step": 8,
+        "rows": 4, "split": "test", "seq_len": 31, "loss": {"mean_nats": 2.0, "ppl": 7.39},
+        "paper": {"gate_mean_per_layer": [0.35], "gate_mean_per_layer_revised": [0.3], "entropy_round0_nats": 3.31,
+                  "entropy_correction_nats": 2.58, "entropy_relative_drop": 0.22},
+        "gates": {"available": False, "reason": "no gates"},
+        "entropy": {"mean_per_round": [2.0, 2.0 * (1 - relative_drop)], "max_possible": 3.43,
+                    "relative_drop": relative_drop, "per_layer": [{"layer": 0, "relative_drop": relative_drop}]},
+        "norms": {"available": False}, "notes": [], "figures": ["entropy.png"],
+    }
+
+
+def test_print_summary_says_higher_for_a_rise_in_entropy(tmp_path, capsys):
+    print_summary(analysis_summary(-0.03), tmp_path / "summary.json")
+    printed = capsys.readouterr().out
+    assert "(3% higher; change per layer L0 +3%)" in printed and "% lower;" not in printed
+    assert "paper: 3.31 -> 2.58 (22% lower" in printed
+    assert f"figures: {tmp_path / 'entropy.png'}" in printed
+    print_summary(analysis_summary(0.22), tmp_path / "summary.json")
+    assert "(22% lower; change per layer L0 -22%)" in capsys.readouterr().out
+
+
+def test_relative_path_is_never_absolute(tmp_path):
+    out = tmp_path / "work" / "analysis"
+    assert relative_path(out / "gates.png", out) == "gates.png"
+    assert relative_path(tmp_path / "work" / "cmp" / "gba-m2" / "seed42", out.parent) == "cmp/gba-m2/seed42"
+    # Outside the base (or the base itself): the last two parts.
+    assert relative_path(tmp_path / "runs" / "standard" / "seed42", out.parent) == "standard/seed42"
+    assert relative_path(out.parent, out.parent) == f"{tmp_path.name}/work"
