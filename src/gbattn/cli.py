@@ -14,8 +14,8 @@ import sys
 
 from gbattn import arguments
 
-COMMAND_MODULES = ["gbattn.train.cli", "gbattn.eval.cli", "gbattn.experiments.cli", "gbattn.synthetic.cli",
-                   "gbattn.analysis.cli", "gbattn.bench.cli"]
+COMMAND_MODULES = ["gbattn.train.cli", "gbattn.eval.cli", "gbattn.hf_cli", "gbattn.experiments.cli",
+                   "gbattn.synthetic.cli", "gbattn.analysis.cli", "gbattn.bench.cli", "gbattn.upcycle"]
 
 
 def model_config_from_args(args):

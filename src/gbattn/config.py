@@ -152,12 +152,6 @@ class TrainConfig(Typed):
         if self.min_lr > self.lr:
             raise ConfigError(f"min_lr={self.min_lr} is above lr={self.lr}")
 
-    @classmethod
-    def from_dict(cls, d: dict):
-        if isinstance(d, dict) and d.get("eval_every") == 0:  # run directories before issue 12: 0 meant "off"
-            d = {**d, "eval_every": None}
-        return super().from_dict(d)
-
 
 # --------------------------------------------------------------------------------------
 # Presets: one record each, a model and its training recipe.

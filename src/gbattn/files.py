@@ -4,6 +4,7 @@ bad file into a one-line error naming it. Nothing here imports the rest of gbatt
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -29,8 +30,10 @@ def atomic_write(path: str | Path, write: Callable[[Any], None] | bytes | str) -
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise UserError(f"could not write {path} ({e.strerror}); the previous {path.name} is kept") from None
         raise
 
 

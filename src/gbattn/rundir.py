@@ -40,6 +40,7 @@ from gbattn.model.gpt import GPT
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
+EXPORTED_TOKENIZER = "gbattn-tokenizer.json"  # in an exported directory, tokenizer.json is transformers' form
 CHECKPOINT = "checkpoint.pt"
 BEST = "best.pt"
 METRICS = "metrics.jsonl"
@@ -171,6 +172,8 @@ def read_configs(config: dict, where: str | Path):
             raise TypeError
         model_d = {**_OLD_MODEL_DEFAULTS, **model_d}
         train_d = {**_OLD_TRAIN_DEFAULTS, **train_d}
+        if train_d.get("eval_every") == 0:  # before issue 12, 0 meant "every epoch only"
+            train_d["eval_every"] = None
         return ModelConfig.from_dict(model_d), TrainConfig.from_dict(train_d)
     except (KeyError, TypeError):
         raise CheckpointError(f"{where} has no model and train sections: is it a gbattn run directory?") from None
@@ -233,10 +236,16 @@ def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.dev
             raise CheckpointError(f"{path / CONFIG} has no gbattn section: not a directory exported by gbattn")
         config = config["gbattn"]
     model_cfg, train_cfg = read_configs(config, path / CONFIG)
-    tokenizer = Tokenizer.load(path / TOKENIZER, expected_vocab=model_cfg.vocab_size)
+    tokenizer_file = path / (EXPORTED_TOKENIZER if exported else TOKENIZER)
+    tokenizer = Tokenizer.load(tokenizer_file, expected_vocab=model_cfg.vocab_size)
     device = torch.device(device)
     if exported:
-        state, step, which = {"model": read_safetensors(path / SAFETENSORS, device)}, config.get("step", 0), "exported"
+        weights = read_safetensors(path / SAFETENSORS, device)
+        if weights and all(k.startswith("model.") for k in weights):  # the transformers wrapper's names
+            weights = {k.removeprefix("model."): v for k, v in weights.items()}
+        if model_cfg.tie_embeddings and "lm_head.weight" not in weights and "wte.weight" in weights:
+            weights["lm_head.weight"] = weights["wte.weight"]  # a tied weight is saved once
+        state, step, which = {"model": weights}, config.get("step", 0), "exported"
     else:
         weights = path / (BEST if checkpoint == "best" else CHECKPOINT)
         if checkpoint == "best" and not weights.exists():

@@ -6,6 +6,7 @@ hash under ``$GBATTN_CACHE`` (default ``~/.cache/gbattn``).
   tokenizer it keeps an ``<unk>`` token for characters unseen in training (docs/deviations.md).
 * ``gpt2``: GPT-2's byte-level BPE (50,257 tokens) from the Hugging Face hub, or any
   ``tokenizer.json`` file given by path (``gpt2=PATH``).
+* ``hf``: any Hugging Face ``tokenizer.json`` (``hf=PATH``), e.g. a converted checkpoint's (``gbattn upcycle``).
 * ``char``: one token per character of the corpus (nanoGPT's shakespeare_char).
 
 A tokenizer file (``tokenizer.json`` in a run directory) is validated when read.
@@ -25,7 +26,8 @@ from gbattn.files import atomic_write
 
 BPE_TRAIN_LINES = 100_000
 SPECIALS = ["<pad>", "<unk>"]
-KINDS = ("bpe", "gpt2", "char")
+KINDS = ("bpe", "gpt2", "char", "hf")
+FILE_KINDS = ("gpt2", "hf")  # HF tokenizer JSON; also from a file with KIND=PATH
 
 
 def cache_dir() -> Path:
@@ -152,10 +154,10 @@ def _gpt2_payload(spec: str) -> str:
 def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: bool = True) -> Tokenizer:
     """Train (or fetch from the cache) the tokenizer of ``kind`` for ``corpus``."""
     base = kind.split("=", 1)[0]
-    if base not in KINDS or ("=" in kind and base != "gpt2"):
-        raise DataError(f"--tokenizer {kind!r} is not allowed; choose one of {', '.join(KINDS)} (or gpt2=PATH)")
-    if base == "gpt2":
-        return Tokenizer("gpt2", _gpt2_payload(kind))
+    if base not in KINDS or ("=" in kind and base not in FILE_KINDS) or kind == "hf":
+        raise DataError(f"--tokenizer {kind!r} is not allowed; choose one of bpe, char, gpt2, gpt2=PATH or hf=PATH")
+    if base in FILE_KINDS:
+        return Tokenizer(base, _gpt2_payload(kind))
     key = hashlib.sha256(f"{base}|{vocab_size}|{BPE_TRAIN_LINES}|{corpus.fingerprint}".encode()).hexdigest()[:20]
     path = cache_dir() / "tokenizers" / f"{base}-{key}.json"
     if path.is_file():

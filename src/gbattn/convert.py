@@ -1,0 +1,320 @@
+"""Hugging Face checkpoints as gbattn models, read offline (docs/method.md, "Upcycling").
+
+:func:`load_source` reads a model directory: a Hugging Face ``GPT2LMHeadModel`` or
+``LlamaForCausalLM`` checkpoint (``config.json``, ``model.safetensors`` or shards with an index, a
+``pytorch_model.bin`` read with ``weights_only=True``, ``tokenizer.json``), or a gbattn run
+directory. It returns a :class:`Source`: a gbattn :class:`ModelConfig`, a :class:`GPT` state dict
+with the same function, and the tokenizer. What cannot be converted exactly (RoPE scaling, a head
+width other than hidden/heads, other activations and model types) is refused with one line.
+
+Parameter layouts (gbattn's :class:`StandardAttention` and :class:`FeedForward`):
+
+* GPT-2: Conv1D weights are stored (in, out) and transposed; ``c_attn`` is already ``qkv`` with
+  rows [Q; K; V]; ``c_proj`` -> ``out``; ``mlp.c_fc`` -> ``mlp.fc``; ``mlp.c_proj`` -> ``mlp.proj``.
+* Llama: ``q_proj``, ``k_proj``, ``v_proj`` stacked into ``qkv`` rows [Q; K; V] (K and V with the
+  grouped heads); ``o_proj`` -> ``out``; ``gate_proj``, ``up_proj`` stacked into ``mlp.fc`` rows
+  [gate; up]; ``down_proj`` -> ``mlp.proj``. HF's RoPE is the rotate-half layout, as gbattn's.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from gbattn import rundir
+from gbattn.config import ModelConfig, TrainConfig
+from gbattn.data.tokenizer import Tokenizer
+from gbattn.errors import CheckpointError, ConfigError
+from gbattn.files import portable_path, read_json
+from gbattn.model.gpt import GPT
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN = "pytorch_model.bin"
+TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+HF_TOKENIZER = "tokenizer.json"
+# GPT-2 activations gbattn computes exactly ("gelu_new" is GELU's tanh approximation).
+GPT2_ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu"}
+# Buffers older checkpoints carry that hold no parameters (causal masks, RoPE frequencies).
+IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+
+
+@dataclass
+class Source:
+    """A model to upcycle: its config, a :class:`GPT` state dict and its tokenizer."""
+
+    model_cfg: ModelConfig
+    state: dict[str, Tensor]
+    tokenizer: Tokenizer
+    kind: str  # gpt2 | llama | gbattn
+    name: str  # a portable name of the source (no absolute path)
+    preset: str | None = None  # a gbattn source's preset
+    train_cfg: TrainConfig | None = None  # a gbattn source's training config
+    config: dict = field(default_factory=dict)  # a gbattn source's config.json
+    notes: list[str] = field(default_factory=list)  # what the conversion could not keep exactly
+
+    def build_model(self) -> GPT:
+        """A :class:`GPT` holding these weights, in eval mode."""
+        model = GPT(self.model_cfg)
+        rundir.load_weights(model, self.state, self.name)
+        return model.eval()
+
+
+def load_source(path: str | Path) -> Source:
+    """A gbattn run directory (or one written by ``gbattn export``) or a Hugging Face checkpoint directory."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory (a Hugging Face checkpoint or a gbattn run directory)")
+    config = read_json(path / rundir.CONFIG)
+    if isinstance(config.get("gbattn"), dict) or ("model" in config and "train" in config):
+        run = rundir.load_run(path)
+        saved = config.get("gbattn", config)
+        return Source(run.model_cfg, run.model.state_dict(), run.tokenizer, "gbattn", portable_path(str(path)),
+                      preset=saved.get("preset"), train_cfg=run.train_cfg, config=saved)
+    return convert_hf(path)
+
+
+def convert_hf(path: str | Path) -> Source:
+    """A Hugging Face GPT-2 or Llama checkpoint directory as a gbattn :class:`Source`."""
+    path = Path(path)
+    hf = read_json(path / rundir.CONFIG)
+    model_type = hf.get("model_type")
+    if model_type == "gpt2":
+        model_cfg, notes = gpt2_config(hf, path)
+        convert = gpt2_state
+    elif model_type == "llama":
+        model_cfg, notes = llama_config(hf, path), []
+        convert = llama_state
+    else:
+        raise CheckpointError(f"{path}: model_type={model_type!r} cannot be converted; gbattn converts gpt2 "
+                              f"(GPT2LMHeadModel) and llama (LlamaForCausalLM) checkpoints and gbattn run directories")
+    state = convert(read_hf_weights(path), model_cfg, path)
+    tokenizer = hf_tokenizer(path, model_cfg.vocab_size)
+    return Source(model_cfg, state, tokenizer, model_type, portable_path(str(path)), notes=notes)
+
+
+# --------------------------------------------------------------------------------------
+# Configs
+# --------------------------------------------------------------------------------------
+
+
+def _sizes(hf: dict, where: Path, *names: str) -> list[int]:
+    missing = [n for n in names if not isinstance(hf.get(n), int)]
+    if missing:
+        raise CheckpointError(f"{where / rundir.CONFIG} lacks {', '.join(missing)}: not a complete model config")
+    return [hf[n] for n in names]
+
+
+def _model_config(d: dict, where: Path) -> ModelConfig:
+    try:
+        return ModelConfig.from_dict(d)
+    except ConfigError as e:
+        raise CheckpointError(f"{where}: cannot be converted ({e})") from None
+
+
+def gpt2_config(hf: dict, where: Path) -> tuple[ModelConfig, list[str]]:
+    """The gbattn config of a GPT-2 ``config.json`` (with a note where dropout rates differ)."""
+    vocab, block, d, layers, heads = _sizes(hf, where, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+    act = hf.get("activation_function", "gelu_new")
+    if act not in GPT2_ACTIVATIONS:
+        raise CheckpointError(f"{where}: activation_function={act!r} cannot be converted exactly; gbattn has "
+                              f"{', '.join(GPT2_ACTIVATIONS)}")
+    for key, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                      ("add_cross_attention", False)):
+        if hf.get(key, want) != want:
+            raise CheckpointError(f"{where}: {key}={hf[key]} cannot be converted exactly (gbattn needs {want})")
+    # GPT-2's dropout sites: embeddings, attention probabilities, both sublayer outputs ("resid").
+    rates = {"embedding": hf.get("embd_pdrop", 0.1), "attention": hf.get("attn_pdrop", 0.1),
+             "attn-output": hf.get("resid_pdrop", 0.1), "ffn-output": hf.get("resid_pdrop", 0.1)}
+    p = max(rates.values())
+    notes = []
+    if len({r for r in rates.values() if r > 0}) > 1:
+        notes.append(f"dropout rates differ ({rates}); gbattn has one rate: {p} at every site that has one")
+    d_cfg = dict(vocab_size=vocab, block_size=block, d_model=d, n_layers=layers, n_heads=heads,
+                 ffn=GPT2_ACTIVATIONS[act], ffn_hidden=hf.get("n_inner") or 4 * d, dropout=p,
+                 dropout_sites=[s for s, r in rates.items() if r > 0], norm="pre", norm_type="layernorm",
+                 norm_eps=hf.get("layer_norm_epsilon", 1e-5), pos="learned", bias=True,
+                 tie_embeddings=hf.get("tie_word_embeddings", True), attn="standard")
+    return _model_config(d_cfg, where), notes
+
+
+def llama_rope_base(hf: dict, where: Path) -> float:
+    """RoPE base of a Llama config; RoPE scaling of any kind is refused (gbattn's RoPE has none)."""
+    params = hf.get("rope_parameters")  # transformers >= 5
+    if isinstance(params, dict):
+        if params.get("rope_type", "default") != "default" or params.get("partial_rotary_factor", 1.0) != 1.0:
+            raise CheckpointError(f"{where}: rope_parameters={json.dumps(params)} (RoPE scaling) cannot be converted "
+                                  f"exactly: gbattn's RoPE has no scaling")
+        return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if hf.get("rope_scaling"):
+        raise CheckpointError(f"{where}: rope_scaling={json.dumps(hf['rope_scaling'])} cannot be converted exactly: "
+                              f"gbattn's RoPE has no scaling")
+    return float(hf.get("rope_theta", 10000.0))
+
+
+def llama_config(hf: dict, where: Path) -> ModelConfig:
+    """The gbattn config of a Llama ``config.json``."""
+    vocab, d, layers, heads, hidden = _sizes(hf, where, "vocab_size", "hidden_size", "num_hidden_layers",
+                                             "num_attention_heads", "intermediate_size")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{where}: hidden_act={hf['hidden_act']!r} cannot be converted exactly; gbattn's "
+                              f"SwiGLU uses silu")
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and head_dim * heads != d:
+        raise CheckpointError(f"{where}: head_dim={head_dim} is not hidden_size/num_attention_heads = {d}/{heads}; "
+                              f"gbattn's heads are d_model/n_heads wide")
+    attn_bias, mlp_bias = bool(hf.get("attention_bias", False)), bool(hf.get("mlp_bias", False))
+    if attn_bias != mlp_bias:
+        raise CheckpointError(f"{where}: attention_bias={attn_bias} and mlp_bias={mlp_bias} differ; gbattn's bias "
+                              f"flag covers both")
+    kv = hf.get("num_key_value_heads") or heads
+    d_cfg = dict(vocab_size=vocab, block_size=hf.get("max_position_embeddings", 2048), d_model=d, n_layers=layers,
+                 n_heads=heads, n_kv_heads=None if kv == heads else kv, ffn="swiglu", ffn_hidden=hidden,
+                 dropout=hf.get("attention_dropout", 0.0), dropout_sites=["attention"], norm="pre",
+                 norm_type="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6), pos="rope",
+                 rope_base=llama_rope_base(hf, where), bias=attn_bias,
+                 tie_embeddings=hf.get("tie_word_embeddings", False), attn="standard")
+    return _model_config(d_cfg, where)
+
+
+# --------------------------------------------------------------------------------------
+# Weights
+# --------------------------------------------------------------------------------------
+
+
+def read_hf_weights(path: str | Path) -> dict[str, Tensor]:
+    """Every tensor of a checkpoint directory: ``model.safetensors``, safetensors shards with their
+    index, or ``pytorch_model.bin`` (and shards) read with ``torch.load(weights_only=True)``, which
+    refuses a file that would unpickle arbitrary objects."""
+    path = Path(path)
+    if (path / rundir.SAFETENSORS).is_file():
+        return rundir.read_safetensors(path / rundir.SAFETENSORS, "cpu")
+    if (path / SAFETENSORS_INDEX).is_file():
+        return _read_shards(path, SAFETENSORS_INDEX, lambda p: rundir.read_safetensors(p, "cpu"))
+    if (path / TORCH_BIN).is_file():
+        return read_torch_weights(path / TORCH_BIN)
+    if (path / TORCH_BIN_INDEX).is_file():
+        return _read_shards(path, TORCH_BIN_INDEX, read_torch_weights)
+    raise CheckpointError(f"{path} has no {rundir.SAFETENSORS}, {SAFETENSORS_INDEX}, {TORCH_BIN} or {TORCH_BIN_INDEX}")
+
+
+def _read_shards(path: Path, index: str, read) -> dict[str, Tensor]:
+    weight_map = read_json(path / index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{path / index} has no weight_map of tensor names to shard files")
+    weights: dict[str, Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        if Path(shard).name != shard or not (path / shard).is_file():
+            raise CheckpointError(f"{path / index} names shard {shard!r}, which is not a file in {path}")
+        weights.update(read(path / shard))
+    missing = sorted(set(weight_map) - set(weights))
+    if missing:
+        raise CheckpointError(f"{path / index}: the shards lack {', '.join(missing[:5])}")
+    return weights
+
+
+def read_torch_weights(path: Path) -> dict[str, Tensor]:
+    """A ``torch.save``'d state dict of tensors only; anything that needs arbitrary unpickling is refused."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path} holds Python objects beyond tensors (loading it could run code): refused; "
+                              f"convert it to safetensors first") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError) as e:
+        raise CheckpointError(f"{path} is truncated or corrupted ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:80] if str(e) else 'malformed'})") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
+        raise CheckpointError(f"{path} is not a state dict of named tensors")
+    return state
+
+
+class _Weights:
+    """Named tensors taken one by one; what is missing or left over is an error naming it."""
+
+    def __init__(self, weights: dict[str, Tensor], prefix: str, where: Path) -> None:
+        self.where = where
+        self.weights = {k.removeprefix(prefix): v for k, v in weights.items() if not k.endswith(IGNORED_SUFFIXES)}
+
+    def take(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        if name not in self.weights:
+            raise CheckpointError(f"{self.where}: the checkpoint lacks the weight {name}")
+        w = self.weights.pop(name)
+        if tuple(w.shape) != shape:
+            raise CheckpointError(f"{self.where}: weight {name} has shape {tuple(w.shape)}, the config implies {shape}")
+        return w.to(torch.float32) if w.is_floating_point() else w
+
+    def finish(self, optional: tuple[str, ...] = ()) -> None:
+        left = sorted(set(self.weights) - set(optional))
+        if left:
+            raise CheckpointError(f"{self.where}: the checkpoint holds weights gbattn does not convert "
+                                  f"({', '.join(left[:5])}{', ...' if len(left) > 5 else ''})")
+
+
+def gpt2_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dict[str, Tensor]:
+    """A :class:`GPT` state dict from GPT-2 weights (with or without the ``transformer.`` prefix)."""
+    w = _Weights(weights, "transformer.", where)
+    d, h, V = cfg.d_model, cfg.ffn_width, cfg.vocab_size
+    out = {"wte.weight": w.take("wte.weight", (V, d)), "wpe.weight": w.take("wpe.weight", (cfg.block_size, d))}
+    for i in range(cfg.n_layers):
+        src, dst = f"h.{i}.", f"blocks.{i}."
+        for name, (hf_name, d_in, d_out) in {"attn.qkv": ("attn.c_attn", d, 3 * d), "attn.out": ("attn.c_proj", d, d),
+                                             "mlp.fc": ("mlp.c_fc", d, h), "mlp.proj": ("mlp.c_proj", h, d)}.items():
+            out[dst + name + ".weight"] = w.take(src + hf_name + ".weight", (d_in, d_out)).t().contiguous()
+            out[dst + name + ".bias"] = w.take(src + hf_name + ".bias", (d_out,))
+        for name, hf_name in (("ln1", "ln_1"), ("ln2", "ln_2")):
+            out[dst + name + ".weight"] = w.take(src + hf_name + ".weight", (d,))
+            out[dst + name + ".bias"] = w.take(src + hf_name + ".bias", (d,))
+    out["ln_f.weight"], out["ln_f.bias"] = w.take("ln_f.weight", (d,)), w.take("ln_f.bias", (d,))
+    out["lm_head.weight"] = out["wte.weight"] if cfg.tie_embeddings else w.take("lm_head.weight", (V, d))
+    w.finish(optional=("lm_head.weight",))
+    return out
+
+
+def llama_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dict[str, Tensor]:
+    """A :class:`GPT` state dict from Llama weights."""
+    w = _Weights(weights, "", where)
+    d, h, V, kv = cfg.d_model, cfg.ffn_width, cfg.vocab_size, cfg.kv_heads * cfg.d_head
+    out = {"wte.weight": w.take("model.embed_tokens.weight", (V, d))}
+    for i in range(cfg.n_layers):
+        src, dst = f"model.layers.{i}.", f"blocks.{i}."
+        stacks = {"attn.qkv": [("self_attn.q_proj", d), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)],
+                  "attn.out": [("self_attn.o_proj", d)], "mlp.fc": [("mlp.gate_proj", h), ("mlp.up_proj", h)],
+                  "mlp.proj": [("mlp.down_proj", d)]}
+        for name, parts in stacks.items():
+            d_in = h if name == "mlp.proj" else d
+            out[dst + name + ".weight"] = torch.cat([w.take(src + p + ".weight", (n, d_in)) for p, n in parts])
+            if cfg.bias:
+                out[dst + name + ".bias"] = torch.cat([w.take(src + p + ".bias", (n,)) for p, n in parts])
+        out[dst + "ln1.weight"] = w.take(src + "input_layernorm.weight", (d,))
+        out[dst + "ln2.weight"] = w.take(src + "post_attention_layernorm.weight", (d,))
+    out["ln_f.weight"] = w.take("model.norm.weight", (d,))
+    out["lm_head.weight"] = out["wte.weight"] if cfg.tie_embeddings else w.take("lm_head.weight", (V, d))
+    w.finish(optional=("lm_head.weight",))  # a tied checkpoint may still store the head
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------
+
+
+def hf_tokenizer(path: Path, vocab_size: int) -> Tokenizer:
+    """The directory's ``tokenizer.json`` as a gbattn tokenizer of kind ``hf``, with the model's vocabulary size."""
+    file = path / HF_TOKENIZER
+    if not file.is_file():
+        raise CheckpointError(f"{path} has no {HF_TOKENIZER} (the Hugging Face tokenizers file); write one with "
+                              f"AutoTokenizer.from_pretrained(...).save_pretrained('{path}')")
+    try:
+        tok = Tokenizer("hf", file.read_text(encoding="utf-8"))
+    except Exception as e:  # JSON or HF tokenizers errors: all mean a bad file
+        raise CheckpointError(f"{file} is not a valid tokenizer.json ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:80] if str(e) else 'malformed'})") from None
+    if tok.vocab_size != vocab_size:
+        raise CheckpointError(f"{file} has {tok.vocab_size:,} tokens but the model's vocab_size is {vocab_size:,}: "
+                              f"a padded embedding table cannot be converted exactly")
+    return tok

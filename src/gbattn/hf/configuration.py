@@ -1,0 +1,89 @@
+"""The Hugging Face config of a gbattn model: gbattn's own config.json under one key, ``gbattn``.
+
+``config.gbattn["model"]`` is the whole :class:`gbattn.config.ModelConfig` as a dict (the one
+source of truth for the architecture); an exported run also keeps its training config, preset,
+data record, ``seq_len`` and ``step`` there, so gbattn itself can load the directory
+(``gbattn.rundir.load_run``). The standard names that other tools read are properties over that
+dict, readable and writable:
+
+=========================  ==========================
+``hidden_size``            ``d_model``
+``num_hidden_layers``      ``n_layers``
+``num_attention_heads``    ``n_heads``
+``num_key_value_heads``    ``n_kv_heads`` (None: ``n_heads``)
+``max_position_embeddings``  ``block_size``
+``vocab_size``             ``vocab_size``
+``tie_word_embeddings``    ``tie_embeddings``
+=========================  ==========================
+
+A classic ``__init__`` works with transformers 4.x and 5.x alike (5.x wraps config subclasses in
+``@dataclass`` but keeps an explicit ``__init__``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from transformers import PretrainedConfig
+
+from gbattn.config import ModelConfig
+from gbattn.errors import ConfigError
+
+
+def _model_field(name: str, doc: str) -> property:
+    def get(self):
+        return self.gbattn["model"][name]
+
+    def set_(self, value):
+        self.gbattn["model"][name] = value
+
+    return property(get, set_, doc=doc)
+
+
+class GbattnConfig(PretrainedConfig):
+    """``GbattnConfig(gbattn={"model": {...}, ...})``, or :meth:`from_model_config`."""
+
+    model_type = "gbattn"
+
+    hidden_size = _model_field("d_model", "width of the residual stream (d_model)")
+    num_hidden_layers = _model_field("n_layers", "number of blocks (n_layers)")
+    num_attention_heads = _model_field("n_heads", "query heads (n_heads)")
+    max_position_embeddings = _model_field("block_size", "longest sequence (block_size)")
+    vocab_size = _model_field("vocab_size", "vocabulary size")
+    tie_word_embeddings = _model_field("tie_embeddings", "output embedding tied to the input embedding")
+
+    @property
+    def num_key_value_heads(self) -> int:
+        """Key/value heads (grouped-query attention); n_heads when n_kv_heads is None."""
+        model = self.gbattn["model"]
+        return model.get("n_kv_heads") or model["n_heads"]
+
+    @num_key_value_heads.setter
+    def num_key_value_heads(self, value: int | None) -> None:
+        self.gbattn["model"]["n_kv_heads"] = value
+
+    def __init__(self, gbattn: dict | None = None, use_cache: bool = True, pad_token_id: int | None = None,
+                 bos_token_id: int | None = None, eos_token_id: int | None = None, **kwargs) -> None:
+        section = copy.deepcopy(gbattn) if gbattn is not None else {}
+        if not isinstance(section, dict) or not isinstance(section.get("model", {}), dict):
+            raise ConfigError("GbattnConfig(gbattn=...) takes gbattn's config.json content: a dict with a model dict")
+        section["model"] = ModelConfig.from_dict(section.get("model", {})).to_dict()
+        self.gbattn = section
+        self.use_cache = use_cache
+        # Passed THROUGH super().__init__: 4.x sets the token ids and tie_word_embeddings from its own
+        # keyword arguments (overwriting what was set before); 5.x sets unknown keywords as attributes.
+        # Standard names given as keywords (hidden_size=..., tie_word_embeddings=...) land in the
+        # model dict through the properties above.
+        kwargs.setdefault("tie_word_embeddings", section["model"]["tie_embeddings"])
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)
+        self.gbattn["model"] = ModelConfig.from_dict(self.gbattn["model"]).to_dict()
+
+    @classmethod
+    def from_model_config(cls, model_cfg: ModelConfig, run: dict | None = None, **kwargs) -> GbattnConfig:
+        """The config of a gbattn model; ``run``: the rest of a run's config.json (train, preset, data, ...)."""
+        return cls(gbattn={**(run or {}), "model": model_cfg.to_dict()}, **kwargs)
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The gbattn :class:`ModelConfig` (a fresh, validated record)."""
+        return ModelConfig.from_dict(self.gbattn["model"])

@@ -1,0 +1,53 @@
+"""``gbattn export``: a run directory as a Hugging Face model directory.
+
+The directory holds what ``save_pretrained`` writes (``config.json``, ``generation_config.json``,
+``model.safetensors``: no pickle) and the tokenizer in transformers' form (``tokenizer.json``,
+``tokenizer_config.json``), so that after ``import gbattn.hf`` the Auto classes load it offline;
+plus gbattn's own tokenizer file, ``gbattn-tokenizer.json``. ``config.json`` carries gbattn's own
+config.json content (model, train, preset, data, seq_len, ...) and the exported ``step`` under the
+key ``gbattn``, so ``gbattn eval | generate | analyze`` take the directory too
+(``gbattn.rundir.load_run``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gbattn import rundir
+from gbattn.errors import UserError
+from gbattn.files import check_writable_dir
+from gbattn.hf.modeling import GbattnForCausalLM
+from gbattn.hf.tokenization import hf_tokenizer, is_end_of_text
+from gbattn.rundir import CHECKPOINT, LoadedRun, load_run
+
+GBATTN_TOKENIZER = rundir.EXPORTED_TOKENIZER
+
+
+def wrap_run(run: LoadedRun):
+    """(model, tokenizer) in transformers' form of a loaded run; the model shares the run's GPT."""
+    tokenizer = hf_tokenizer(run.tokenizer, run.model_cfg.block_size)
+    section = {k: v for k, v in run.config.items() if k != "model"}
+    section["step"] = run.step
+    if run.checkpoint != "exported":
+        section["checkpoint"] = run.checkpoint
+    # generate() stops at eos_token_id: only at a real end-of-text token (not the bpe or char stand-ins).
+    eos = tokenizer.eos_token_id if is_end_of_text(tokenizer) else None
+    model = GbattnForCausalLM.from_gpt(run.model, run=section, pad_token_id=tokenizer.pad_token_id,
+                                       eos_token_id=eos)
+    return model, tokenizer
+
+
+def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -> Path:
+    """Write the exported directory ``out`` for run ``run_dir`` (``best`` or ``last`` weights)."""
+    run_dir, out = Path(run_dir), Path(out)
+    if out.exists() and run_dir.exists() and out.resolve() == run_dir.resolve():
+        raise UserError(f"--out {out} is the run directory itself; export to another directory")
+    if (out / CHECKPOINT).exists():
+        raise UserError(f"--out {out} holds a run ({CHECKPOINT}); export to another directory")
+    run = load_run(run_dir, checkpoint, "cpu")
+    check_writable_dir(out, "--out")
+    model, tokenizer = wrap_run(run)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    run.tokenizer.save(out / GBATTN_TOKENIZER)
+    return out

@@ -1,0 +1,130 @@
+"""``gbattn lm-eval``: lm-evaluation-harness tasks on a run or an exported directory, through the
+harness's own Hugging Face wrapper (``HFLM``) with the model in memory.
+
+A run directory is wrapped in memory (:func:`gbattn.hf.export.wrap_run`); an exported directory is
+loaded with the Auto classes, as any user of it would. ``max_length`` is the model's
+``block_size``: longer inputs keep their last ``block_size`` tokens (lm-eval's rule), and a
+rolling log-likelihood (perplexity tasks) is summed over windows of ``block_size`` tokens, the
+first one after the end-of-text token (:mod:`gbattn.hf.tokenization`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+from lm_eval import simple_evaluate
+from lm_eval.models.huggingface import HFLM
+from lm_eval.tasks import TaskManager
+from lm_eval.utils import handle_non_serializable, make_table
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from gbattn.errors import UserError
+from gbattn.files import atomic_write, relative_path
+from gbattn.hf.export import wrap_run
+from gbattn.rundir import is_exported, load_run
+
+
+class GbattnLM(HFLM):
+    """``HFLM`` that decodes generations with special tokens kept: a char model's end-of-text token
+    is ``"\\n"``, which ``skip_special_tokens=True`` would delete from the text before the harness
+    cuts it at its stop strings (which include the end-of-text token)."""
+
+    def tok_decode(self, tokens, skip_special_tokens: bool = False):
+        return super().tok_decode(tokens, skip_special_tokens=skip_special_tokens)
+
+
+def load_model(model_dir: str | Path, checkpoint: str, device: torch.device):
+    """(model in eval mode on ``device``, tokenizer, block_size, step) of a run or exported directory."""
+    if is_exported(model_dir):
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        step = model.config.gbattn.get("step", 0)
+    else:
+        run = load_run(model_dir, checkpoint, "cpu")
+        model, tokenizer = wrap_run(run)
+        step = run.step
+    return model.to(device).eval(), tokenizer, model.config.max_position_embeddings, step
+
+
+def task_manager(tasks: list[str], include_path: str | None) -> TaskManager:
+    """The harness's task index: the include path alone when it has every task (fast), else with the
+    harness's own tasks; unknown names are a one-line error."""
+    manager = None
+    if include_path:
+        if not Path(include_path).is_dir():
+            raise UserError(f"--include-path {include_path} is not a directory")
+        manager = TaskManager(include_path=include_path, include_defaults=False)
+        if any(not manager.match_tasks([t]) for t in tasks):
+            manager = None
+    manager = manager or TaskManager(include_path=include_path)
+    unknown = [t for t in tasks if not manager.match_tasks([t])]
+    if unknown:
+        raise UserError(f"unknown lm-eval task(s) {unknown}: see `lm-eval ls tasks`, or pass --include-path DIR "
+                        f"with the task's YAML")
+    return manager
+
+
+def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | None = None, limit: float | None = None,
+                batch_size: int = 8, device: torch.device | str = "cpu", checkpoint: str = "best",
+                num_fewshot: int | None = None, log_samples: bool = False) -> dict:
+    """The harness's results dict (``samples`` in it with ``log_samples``)."""
+    manager = task_manager(tasks, include_path)
+    model, tokenizer, block_size, step = load_model(model_dir, checkpoint, torch.device(device))
+    lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+                  max_length=block_size)
+    results = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
+                              log_samples=log_samples)
+    results["gbattn"] = {"step": step, "block_size": block_size}
+    return results
+
+
+def results_stem(tasks: list[str], limit: float | None, num_fewshot: int | None) -> str:
+    """``hellaswag+piqa[-limit100][-5shot]``, safe as a file name."""
+    stem = "+".join(re.sub(r"[^\w.+-]", "_", t) for t in tasks)
+    if limit is not None:
+        stem += f"-limit{limit:g}"
+    if num_fewshot is not None:
+        stem += f"-{num_fewshot}shot"
+    return stem
+
+
+def portable(obj, roots: list[Path]):
+    """``obj`` with every string that is an absolute path made relative: to the parent of the first of
+    ``roots`` holding it, else to the working directory, else its last two parts (results files hold
+    no paths of the machine that wrote them)."""
+    if isinstance(obj, dict):
+        return {k: portable(v, roots) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [portable(v, roots) for v in obj]
+    if isinstance(obj, str) and os.path.isabs(obj) and not any(c.isspace() for c in obj):
+        base = next((root.parent for root in roots if Path(obj).is_relative_to(root)), Path.cwd())
+        return relative_path(obj, base)
+    return obj
+
+
+def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
+    """``out`` (the results, without samples) and, with samples, ``samples-<task>.jsonl`` beside it."""
+    samples = results.pop("samples", None)
+    results.pop("pretty_env_info", None)  # the machine's description
+    written = [out]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, json.dumps(portable(results, roots), indent=2, default=handle_non_serializable,
+                                 ensure_ascii=False) + "\n")
+    for task, rows in (samples or {}).items():
+        path = out.with_name(f"samples-{task}-{out.stem.removeprefix('results-')}.jsonl")
+        lines = (json.dumps(portable(r, roots), default=handle_non_serializable, ensure_ascii=False) for r in rows)
+        atomic_write(path, "".join(line + "\n" for line in lines))
+        written.append(path)
+    if samples is not None:
+        results["samples"] = samples
+    return written
+
+
+def print_tables(results: dict) -> None:
+    print(make_table(results))
+    if results.get("groups"):
+        print(make_table(results, "groups"))

@@ -1,0 +1,330 @@
+"""gbattn's GPT as a transformers causal LM: ``generate()``, ``Trainer``, ``from_pretrained``.
+
+:class:`GbattnForCausalLM` holds gbattn's :class:`~gbattn.model.gpt.GPT` as ``self.model``, so the
+weights keep gbattn's names (``model.blocks.0.attn.qkv.weight``) and every attention variant,
+residual stream and block option (docs/baselines.md) runs through gbattn's own code.
+:class:`GbattnCache` is the ``Cache`` that ``generate()`` drives: per layer, one named key/value
+entry per attention call (GBA's ``kv0``, ``kv1``, ...; Twicing's value-only ``av``; differential
+attention's grouped ``kv``), grown by concatenation (gbattn's ``DynamicLayerCache``).
+Written for transformers >= 4.53, < 6 (tested: the installed version).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import transformers
+from torch import Tensor, nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from gbattn.attention.boosted import ScalarGate, VectorGate
+from gbattn.attention.core import DynamicLayerCache
+from gbattn.attention.differential import DifferentialAttention
+from gbattn.hf.configuration import GbattnConfig
+from gbattn.model.attnres import AttnResStream
+from gbattn.model.gpt import GPT, upcast
+
+try:  # 5.x: init functions that leave tensors loaded from a checkpoint alone (``_is_hf_initialized``)
+    from transformers import initialization as hf_init
+except ImportError:  # 4.x
+    from torch.nn import init as hf_init
+
+TF_MAJOR = int(transformers.__version__.split(".")[0])
+# transformers 5.24 renamed the forward/generate keyword and the output field ``past_key_values`` to
+# ``cache`` (the old name is accepted with a warning until 5.40); earlier versions use the old name.
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+# --------------------------------------------------------------------------------------
+# The cache
+# --------------------------------------------------------------------------------------
+
+
+class GbattnLayerCache(DynamicLayerCache):
+    """One layer's named entries (gbattn's ``DynamicLayerCache``) with the methods transformers calls."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+    supports_early_init = False
+    is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def _map(self, fn) -> None:
+        self.entries = {n: (None if k is None else fn(k), fn(v)) for n, (k, v) in self.entries.items()}
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self.select(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def reset(self) -> None:
+        self.entries = {}
+
+    def offload(self) -> None:  # kept where it is
+        pass
+
+    def prefetch(self) -> None:
+        pass
+
+
+class GbattnCache(Cache):
+    """A transformers ``Cache`` holding one :class:`GbattnLayerCache` per block; also gbattn's cache
+    interface (``layers``, ``key_length``), so ``GPT.forward(..., cache=...)`` writes to it.
+
+    Every method ``generate()`` may call is defined here, as the base class changed between
+    versions (4.53: no-argument ``__init__``; 4.56+: ``layers=``; 5.x: ``get_max_length``). Not
+    compileable and not croppable (no assisted decoding).
+    """
+
+    is_compileable = False  # a class attribute shadows the base property: generate() builds no 4D mask
+
+    def __init__(self, n_layers: int) -> None:
+        layers = [GbattnLayerCache() for _ in range(n_layers)]
+        try:
+            super().__init__(layers=layers)
+        except TypeError:  # transformers <= 4.55
+            super().__init__()
+        self.layers = layers
+
+    # gbattn's interface ---------------------------------------------------------------
+    def key_length(self, T: int) -> int:
+        return self.get_seq_length() + T
+
+    # transformers' interface ----------------------------------------------------------
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].length if layer_idx < len(self.layers) else 0
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:  # 5.x
+        return -1
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:  # 4.x
+        return -1
+
+    @property
+    def is_linear(self) -> list[bool]:  # 5.x slices generate()'s inputs to the new tokens unless all linear
+        return [False] * len(self.layers)
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * len(self.layers)
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    def update(self, *args, **kwargs):
+        raise NotImplementedError("GbattnCache is written by gbattn's attention layers (cache.layers[i].update)")
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("GbattnCache cannot be cropped (assisted decoding is not supported)")
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        for layer in self.layers:
+            layer.reorder_cache(beam_idx)
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        for layer in self.layers:
+            layer.batch_select_indices(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        for layer in self.layers:
+            layer.batch_repeat_interleave(repeats)
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.reset()
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __repr__(self) -> str:
+        names = sorted(self.layers[0].entries) if self.layers else []
+        return f"GbattnCache(layers={len(self.layers)}, length={self.get_seq_length()}, entries={names})"
+
+
+# --------------------------------------------------------------------------------------
+# Initialisation
+# --------------------------------------------------------------------------------------
+
+
+def init_module(module: nn.Module, init=hf_init) -> None:
+    """gbattn's initialisation of ``module``'s own parameters (docs/method.md, "Initialisation";
+    docs/baselines.md): Linear and Embedding N(0, 0.02) with zero biases, norms 1 and 0,
+    differential attention's lambda vectors N(0, 0.1), AttnRes queries 0, vector gate logits 0,
+    scalar gate logits 0.5. Each parameter belongs to one of these module types (tests/test_hf.py)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        init.normal_(module.weight, mean=0.0, std=0.02)
+        if getattr(module, "bias", None) is not None:
+            init.zeros_(module.bias)
+    elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        if module.weight is not None:
+            init.ones_(module.weight)
+        if getattr(module, "bias", None) is not None:
+            init.zeros_(module.bias)
+    elif isinstance(module, DifferentialAttention):
+        for p in (module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2):
+            init.normal_(p, mean=0.0, std=0.1)
+    elif isinstance(module, AttnResStream):
+        init.zeros_(module.queries)
+    elif isinstance(module, VectorGate):
+        init.zeros_(module.logit)
+    elif isinstance(module, ScalarGate):
+        init.constant_(module.logit, 0.5)
+
+
+INIT_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm, DifferentialAttention, AttnResStream, VectorGate,
+              ScalarGate)
+
+
+# --------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------
+
+
+class GbattnPreTrainedModel(PreTrainedModel):
+    """Initialisation: a model built here keeps the init of gbattn's own constructor (the same
+    weights as ``GPT(cfg)`` under the same seed): its parameters are marked initialised, so
+    ``post_init()`` draws nothing again. ``_init_weights`` is a faithful replica
+    (:func:`init_module`) for what ``from_pretrained`` builds on the meta device and finds missing
+    in a checkpoint."""
+
+    config_class = GbattnConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["Block"]
+    _supports_cache_class = True  # <= 4.55: lets generate() take a Cache instance
+
+    def _init_weights(self, module: nn.Module) -> None:
+        init_module(module)
+
+
+class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
+    """gbattn's GPT behind the transformers causal-LM interface.
+
+    ``forward(input_ids, attention_mask, position_ids, cache | past_key_values, labels, use_cache,
+    logits_to_keep)``: ``attention_mask`` (B, past + T) is 1 for real tokens (left padding works);
+    positions come from ``position_ids``, else ``cumsum(attention_mask) - 1``, else past..past+T-1.
+    ``labels`` are the input ids (-100 = ignored), shifted here: the loss is gbattn's
+    ``GPT(idx[:, :-1], idx[:, 1:])``; with ``num_items_in_batch`` (``Trainer``) it is the summed
+    cross-entropy divided by that count.
+    """
+
+    # 5.x: {tied: source} (applied when config.tie_word_embeddings); 4.x: the list of tied keys.
+    _tied_weights_keys = {"model.lm_head.weight": "model.wte.weight"} if TF_MAJOR >= 5 else ["model.lm_head.weight"]
+
+    def __init__(self, config: GbattnConfig) -> None:
+        super().__init__(config)
+        self.model = GPT(config.model_config)
+        if self.model.wte.weight.device.type != "meta":  # built for use, not by from_pretrained: keep GPT's init
+            mark_initialised(self.model)
+        self.post_init()
+
+    @classmethod
+    def from_gpt(cls, gpt: GPT, **config_kwargs) -> GbattnForCausalLM:
+        """Wrap an existing GPT (its parameters are shared, not copied); ``config_kwargs`` go to the
+        config (``run=`` the rest of a run's config.json, ``eos_token_id=``, ...)."""
+        config = GbattnConfig.from_model_config(gpt.cfg, **config_kwargs)
+        with torch.device("meta"):
+            model = cls(config)
+        model.model = mark_initialised(gpt)
+        return model.train(gpt.training)
+
+    # embeddings: tie_weights (4.x), resize_token_embeddings, PEFT ...
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.wte = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.model.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.model.lm_head = value
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        """generate() makes no DynamicCache: forward() makes a :class:`GbattnCache`."""
+        return False
+
+    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None, cache: Cache | None = None, past_key_values: Cache | None = None,
+                inputs_embeds: Tensor | None = None, labels: Tensor | None = None, use_cache: bool | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, cache_position: Tensor | None = None,
+                logits_to_keep: int | Tensor = 0, **kwargs):
+        if inputs_embeds is not None or input_ids is None:
+            raise ValueError("GbattnForCausalLM takes input_ids (inputs_embeds are not supported)")
+        if output_attentions or output_hidden_states:
+            raise ValueError("GbattnForCausalLM returns no attentions or hidden states; use gbattn's "
+                             "GPT(idx, return_intermediates=True) for the per-layer records")
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and not isinstance(cache, GbattnCache):
+            if cache.get_seq_length() > 0:
+                raise TypeError(f"GbattnForCausalLM needs a GbattnCache, got a filled {type(cache).__name__}")
+            cache = None  # an empty cache of another kind (made by generate()): replaced by ours
+        if use_cache is None:
+            use_cache = cache is not None or (self.config.use_cache and not self.training)
+        if use_cache and cache is None:
+            cache = GbattnCache(len(self.model.blocks))
+        if not use_cache:
+            cache = None
+        B, T = input_ids.shape
+        past = cache.get_seq_length() if cache is not None else 0
+        key_padding_BS = None
+        if attention_mask is not None:
+            if attention_mask.shape != (B, past + T):
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, past + "
+                                 f"new tokens) = ({B}, {past + T})")
+            if not bool(attention_mask.all()):
+                key_padding_BS = attention_mask.bool()
+        if position_ids is None and key_padding_BS is not None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -T:]
+        input_pos = torch.arange(past, past + T, device=input_ids.device) if cache is not None else None
+        h_BTD, _ = self.model.hidden(input_ids, input_pos=input_pos, position_ids=position_ids,
+                                     key_padding_mask=key_padding_BS, cache=cache)
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            h_BTD = h_BTD[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, Tensor):
+            h_BTD = h_BTD[:, logits_to_keep]
+        logits_BTV = self.model.lm_head(h_BTD)
+
+        loss = None
+        if labels is not None:
+            loss = shifted_loss(logits_BTV, labels.to(logits_BTV.device), kwargs.get("num_items_in_batch"))
+        out = CausalLMOutputWithPast(loss=loss, logits=logits_BTV, **{CACHE_FIELD: cache})
+        return out.to_tuple() if return_dict is False else out
+
+
+def mark_initialised(gpt: GPT) -> GPT:
+    """Flag every module and parameter as initialised, so transformers' init passes leave them alone."""
+    for module in gpt.modules():
+        module._is_hf_initialized = True
+        for p in module.parameters(recurse=False):
+            p._is_hf_initialized = True
+    return gpt
+
+
+def shifted_loss(logits_BTV: Tensor, labels_BT: Tensor, num_items_in_batch=None) -> Tensor:
+    """Next-token cross-entropy of ``logits[:, t]`` against ``labels[:, t + 1]`` (-100 ignored): the
+    mean, or the sum divided by ``num_items_in_batch`` (``Trainer`` with gradient accumulation)."""
+    logits_ND = upcast(logits_BTV[:, :-1]).flatten(0, 1)
+    targets_N = labels_BT[:, 1:].flatten()
+    total = F.cross_entropy(logits_ND, targets_N, ignore_index=-100, reduction="sum")
+    if num_items_in_batch is None:
+        num_items_in_batch = (targets_N != -100).sum().clamp_min(1)
+    if isinstance(num_items_in_batch, Tensor):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch

@@ -1,0 +1,73 @@
+"""gbattn's tokenizer as a transformers ``PreTrainedTokenizerFast`` (what ``AutoTokenizer`` loads).
+
+The token ids are gbattn's, one for one: no token is added, so the model's embedding rows do not
+change. ``eos_token`` (which lm-eval uses as end of text, as a stop string and as the prefix of a
+rolling log-likelihood) is an existing token:
+
+* ``gpt2``, ``hf``: the vocabulary's end-of-text token (:data:`EOS_NAMES`: GPT-2's ``<|endoftext|>``,
+  Llama's ``</s>``, ...).
+* ``bpe`` (the paper's, docs/paper.md): it has no end-of-text token; ``<pad>`` stands in (a token
+  the model never saw in training).
+* ``char``: ``"\\n"``; it is also the padding token. Decoding with ``skip_special_tokens=True``
+  drops it, as any special token (``gbattn lm-eval`` decodes generations with it kept).
+
+Only a real end-of-text token becomes the model's ``eos_token_id`` (where ``generate()`` stops):
+a char model's generations do not end at the first newline. Padding uses ``<pad>`` where the
+vocabulary has it, else the end-of-text token; ``<unk>`` is the unknown token where present (a char
+tokenizer has none: unseen characters are an error, as in gbattn).
+"""
+
+from __future__ import annotations
+
+import json
+
+from tokenizers import Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as BackendTokenizer
+from transformers import PreTrainedTokenizerFast
+
+from gbattn.data.tokenizer import Tokenizer
+from gbattn.errors import CheckpointError
+
+EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")  # real end-of-text tokens, by convention
+
+
+def backend_tokenizer(tok: Tokenizer) -> BackendTokenizer:
+    """The ``tokenizers`` object with gbattn's ids: the stored JSON (bpe, gpt2), or one WordLevel
+    token per character, every character its own piece (spaces and newlines included)."""
+    if tok.kind != "char":
+        return BackendTokenizer.from_str(tok.payload)
+    backend = BackendTokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(tok.chars)}, unk_token=None))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # "." would skip "\n"
+    backend.decoder = decoders.Fuse()
+    return backend
+
+
+def special_tokens(tok: Tokenizer, vocab: dict[str, int]) -> dict[str, str]:
+    """eos, pad and unk tokens (existing tokens only; see the module docstring)."""
+    candidates = ("\n",) if tok.kind == "char" else (*EOS_NAMES, "<pad>")
+    eos = next((t for t in candidates if t in vocab), None)
+    if eos is None:  # none of the usual names (a tokenizer given by path, a corpus without newlines): token 0
+        eos = min(vocab, key=vocab.get)
+    out = {"eos_token": eos, "pad_token": "<pad>" if "<pad>" in vocab else eos}
+    if "<unk>" in vocab:
+        out["unk_token"] = "<unk>"
+    return out
+
+
+def hf_tokenizer(tok: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
+    """gbattn's tokenizer ``tok`` as a ``PreTrainedTokenizerFast`` with the same ids."""
+    backend = backend_tokenizer(tok)
+    specials = special_tokens(tok, backend.get_vocab(with_added_tokens=True))
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=backend, model_max_length=model_max_length, clean_up_tokenization_spaces=False,
+        model_input_names=["input_ids", "attention_mask"],  # 4.x would add token_type_ids, which forward() ignores
+        **specials)
+    if len(hf) != tok.vocab_size:
+        raise CheckpointError(f"the {tok.kind} tokenizer has {tok.vocab_size:,} tokens but its transformers form has "
+                              f"{len(hf):,}; special tokens {json.dumps(specials)} must be tokens of the vocabulary")
+    return hf
+
+
+def is_end_of_text(tokenizer: PreTrainedTokenizerFast) -> bool:
+    """Whether the tokenizer's eos token really ends a text (not the bpe or char stand-in)."""
+    return tokenizer.eos_token in EOS_NAMES

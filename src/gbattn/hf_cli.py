@@ -1,0 +1,87 @@
+"""``gbattn export`` and ``gbattn lm-eval`` (the transformers and lm-evaluation-harness extras)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from gbattn import arguments
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="write a run as a Hugging Face model directory (safetensors, config, tokenizer)")
+    p.add_argument("run_dir", help="a run directory")
+    p.add_argument("--out", required=True, help="the directory to write (AutoModelForCausalLM loads it after "
+                   "`import gbattn.hf`)")
+    arguments.checkpoint(p)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks on a run or an exported directory")
+    p.add_argument("model", help="a run directory or a directory written by `gbattn export`")
+    p.add_argument("--tasks", required=True, help="comma-separated task names, e.g. hellaswag,piqa")
+    p.add_argument("--include-path", default=None, help="a directory of extra task YAML files")
+    p.add_argument("--limit", type=float, default=None,
+                   help="at most N documents per task (a fraction < 1: that share of each task)")
+    p.add_argument("--num-fewshot", type=arguments.at_least(0), default=None)
+    p.add_argument("--batch-size", type=arguments.at_least(1), default=8)
+    p.add_argument("--log-samples", action="store_true", help="also write every document's requests and answers")
+    p.add_argument("--output", default=None,
+                   help="results file (default MODEL/lm-eval/results-<tasks>.json; samples-<task>-... beside it)")
+    arguments.checkpoint(p)
+    arguments.device(p)
+    arguments.threads(p)
+    p.set_defaults(func=cmd_lm_eval)
+
+
+def require(module: str, extra: str) -> None:
+    """A one-line error when an optional dependency is not installed."""
+    from gbattn.errors import UserError
+
+    if importlib.util.find_spec(module) is None:
+        raise UserError(f"this command needs {module}, which is not installed: pip install 'gbattn[{extra}]'")
+
+
+def cmd_export(args) -> None:
+    require("transformers", "transformers")
+    require("safetensors", "transformers")
+    from gbattn.hf.export import export_run
+
+    out = export_run(args.run_dir, args.out, args.checkpoint)
+    print(f"exported {args.run_dir} ({args.checkpoint} weights) to {out}; load it with `import gbattn.hf` and "
+          f"AutoModelForCausalLM.from_pretrained({str(out)!r})")
+
+
+def cmd_lm_eval(args) -> None:
+    from pathlib import Path
+
+    from gbattn.errors import UserError
+
+    require("transformers", "lm-eval")
+    require("lm_eval", "lm-eval")
+    from gbattn.files import check_writable_file, relative_path
+    from gbattn.hf.lmeval import print_tables, results_stem, run_lm_eval, write_results
+    from gbattn.runtime import command_line, resolve_device, set_threads
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise UserError("--tasks names no task; e.g. --tasks hellaswag,piqa")
+    if args.limit is not None and not args.limit > 0:
+        raise UserError(f"--limit {args.limit:g} must be > 0")
+    model = Path(args.model)
+    if not model.is_dir():
+        raise UserError(f"{model} is not a directory (a gbattn run directory or an exported one)")
+    stem = results_stem(tasks, args.limit, args.num_fewshot)
+    out = Path(args.output) if args.output else model / "lm-eval" / f"results-{stem}.json"
+    check_writable_file(out, "--output")
+    set_threads(args.threads)
+    device = resolve_device(args.device or "auto")
+    results = run_lm_eval(model, tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,
+                          device=device, checkpoint=args.checkpoint, num_fewshot=args.num_fewshot,
+                          log_samples=args.log_samples)
+    if results is None:  # the harness returns nothing on non-zero ranks of a distributed run
+        return
+    print_tables(results)
+    results["gbattn"].update(model=relative_path(model, Path.cwd()), checkpoint=args.checkpoint,
+                             command=command_line(portable=True))
+    roots = [model.resolve()] + ([Path(args.include_path).resolve()] if args.include_path else [])
+    written = write_results(results, out, roots)
+    print(f"wrote {', '.join(str(p) for p in written)}")

@@ -1,0 +1,230 @@
+"""``gbattn upcycle``: a trained standard-attention model (a Hugging Face GPT-2 or Llama checkpoint,
+or a gbattn run) as a model of another attention variant that computes exactly the same function
+(docs/method.md, "Upcycling").
+
+Every weight of the source is copied; the new parameters start where the new layer equals the old
+one, and where they still receive gradient (never two zero factors of one product):
+
+* ``boosted``, ``kv_source=residual`` or ``input``: the value rows W_V^m (and their bias) of every
+  correction round are zero, so c_m = A_m V_m = 0 and F_m = F_0. W_Q^m, W_K^m and the gate keep
+  their normal init; W_V^m gets gradient g_m * A_m^T dL/dF from the first step.
+* ``boosted``, ``kv_source=shared``: c_m = A_m V_0 reuses round 0's values and cannot be zeroed, so
+  the gate must be exactly 0: the ``tanh`` gate tanh(W_g [F; c] + b) with W_g = 0, b = 0. Its
+  parameters get gradient c_m * dL/dF from the first step.
+* ``gated``: W_theta = 0 makes every gate sigmoid(0) = 0.5, and W_out's weight is doubled (its bias
+  is not): W_out' (0.5 o) = W_out o, exact in floating point. W_theta gets gradient.
+* ``standard``: a copy (a conversion to a gbattn run directory).
+
+``twicing`` (2AV - A(AV) is not AV, and it has no parameters to start at zero) and
+``differential`` (another parameterisation) are refused. Command modules import torch only when
+the command runs, so ``gbattn --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REFUSED = {
+    "twicing": "twicing cannot be upcycled exactly: its output 2AV - A(AV) differs from the source's AV and it has no "
+               "parameters that could start at zero; train it from scratch, or upcycle to boosted or gated",
+    "differential": "differential attention cannot be upcycled exactly: it has another parameterisation (paired "
+                    "query/key halves, values twice as wide, a per-head norm) that a standard layer does not map onto; "
+                    "train it from scratch, or upcycle to boosted or gated",
+}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("upcycle", help="a trained standard model (HF GPT-2/Llama or a gbattn run) as an exactly "
+                       "equal model of another attention variant, for `gbattn train --init-from`")
+    p.add_argument("source", help="a Hugging Face checkpoint directory (GPT2LMHeadModel or LlamaForCausalLM, "
+                   "with tokenizer.json) or a gbattn run directory of a standard-attention model")
+    p.add_argument("--attn", required=True, help="the new attention variant: boosted, gated (or standard: a copy)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="attn.KEY=VALUE",
+                   help="an option of the new attention variant, e.g. --set attn.rounds=3 --set attn.kv_source=input")
+    p.add_argument("--out", required=True, help="the new run directory")
+    p.add_argument("--seed", type=int, default=0, help="seed of the new parameters' initialisation (default 0)")
+    p.set_defaults(func=cmd_upcycle)
+
+
+def cmd_upcycle(args) -> None:
+    from gbattn.config import parse_sets
+
+    sets = parse_sets(args.sets)
+    result = upcycle(args.source, args.attn, attn_options(sets), seed=args.seed)
+    write_run(result, args.out)
+    for note in result.notes:
+        print(note)
+    print(result.summary(args.out))
+
+
+def attn_options(sets: dict[str, Any]) -> dict[str, Any]:
+    """The attention options of ``--set attn.KEY=VALUE``; any other field is refused (the block is the source's)."""
+    from gbattn.errors import ConfigError
+
+    other = [k for k in sets if not k.startswith("attn.")]
+    if other:
+        raise ConfigError(f"--set {other[0]}: upcycle keeps the source's block and changes only the attention "
+                          f"variant; give its options as attn.KEY=VALUE")
+    return {k[len("attn."):]: v for k, v in sets.items()}
+
+
+@dataclass
+class Upcycled:
+    """An upcycled model: config, weights and tokenizer, and what was done."""
+
+    source: Any  # gbattn.convert.Source
+    model_cfg: Any  # ModelConfig of the new model
+    state: dict
+    rule: str  # how the new parameters were initialised
+    copied: int  # parameters copied from the source
+    new: int  # new parameters
+    notes: list[str]
+
+    def summary(self, out: str | Path) -> str:
+        opts = ", ".join(f"{k}={json.dumps(v)}" for k, v in self.model_cfg.attn_options.items())
+        return (f"upcycled {self.source.kind} {self.source.name} into {out}: {self.copied:,} parameters copied, "
+                f"{self.new:,} new; attn={self.model_cfg.attn}{f' ({opts})' if opts else ''}: {self.rule}")
+
+
+def upcycle(source, attn: str, options: dict | None = None, seed: int = 0) -> Upcycled:
+    """``source`` (a path, or a :class:`gbattn.convert.Source`) as a model of attention ``attn`` with
+    ``options`` that computes the same function; see the module docstring for the rules."""
+    from gbattn.config import ModelConfig
+    from gbattn.convert import Source, load_source
+    from gbattn.errors import UserError
+
+    if attn in REFUSED:
+        raise UserError(REFUSED[attn])
+    if attn not in ("standard", "boosted", "gated"):
+        raise UserError(f"--attn {attn!r} cannot be upcycled to; choose boosted, gated or standard (a copy)")
+    src = source if isinstance(source, Source) else load_source(source)
+    if src.model_cfg.attn != "standard":
+        raise UserError(f"{src.name} has attn={src.model_cfg.attn!r}: upcycling starts from a standard-attention model")
+    options, notes = dict(options or {}), list(src.notes)
+    if attn == "boosted" and options.get("kv_source") == "shared":
+        if "gate" not in options:
+            options["gate"] = "tanh"
+            notes.append("kv_source=shared: the tanh gate (exactly 0 at the start) is used, as attn.gate was not set")
+        elif options["gate"] != "tanh":
+            raise UserError(f"kv_source=shared reuses round 0's values, so only a gate that starts at exactly 0 keeps "
+                            f"the function: use --set attn.gate=tanh (not {options['gate']!r})")
+    model_cfg = ModelConfig.from_dict({**src.model_cfg.to_dict(), "attn": attn, "attn_options": options})
+    model, copied = _copy(src, model_cfg, seed)
+    rule = _initialise(model, model_cfg)
+    new = sum(p.numel() for p in model.parameters()) - copied
+    return Upcycled(src, model_cfg, model.state_dict(), rule, copied, new, notes)
+
+
+def _copy(src, model_cfg, seed: int):
+    """A new :class:`GPT` (new parameters at their normal init, seeded) holding every source weight;
+    a fused projection that gained rows (boosted ``input``, gated) takes the source's as its first rows."""
+    import torch
+
+    from gbattn.errors import CheckpointError
+    from gbattn.model.gpt import GPT
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT(model_cfg)
+    target = model.state_dict()
+    copied = 0
+    with torch.no_grad():
+        for key, value in src.state.items():
+            dst = target.get(key)
+            if dst is None or dst.shape[1:] != value.shape[1:] or dst.shape[0] < value.shape[0]:
+                raise CheckpointError(f"{src.name}: weight {key} has no place in the {model_cfg.attn} model")
+            if dst.shape != value.shape and not key.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
+                raise CheckpointError(f"{src.name}: weight {key} has shape {tuple(value.shape)}, the {model_cfg.attn} "
+                                      f"model's is {tuple(dst.shape)}")
+            dst[: value.shape[0]].copy_(value)
+        missing = sorted(k for k in target if k.rsplit(".", 1)[0] not in _new_modules(model) and k not in src.state)
+        if missing:
+            raise CheckpointError(f"{src.name}: the source lacks {', '.join(missing[:5])}")
+        seen = set()
+        for name, p in model.named_parameters():
+            if name in src.state and id(p) not in seen:
+                seen.add(id(p))
+                copied += src.state[name].numel()
+    return model, copied
+
+
+def _new_modules(model) -> set[str]:
+    """Names of the modules that only the new variant has (the correction rounds)."""
+    return {name for name, _ in model.named_modules() if ".corrections." in name}
+
+
+def _zero_rows(linear, rows: slice) -> None:
+    linear.weight[rows] = 0
+    if linear.bias is not None and rows.start < linear.bias.shape[0]:
+        linear.bias[rows] = 0
+
+
+def _initialise(model, cfg) -> str:
+    """Apply the function-preserving start of ``cfg.attn`` to the new parameters; returns its description."""
+    import torch
+
+    from gbattn.attention.registry import variant_options
+
+    options = variant_options(cfg.attn, cfg.attn_options, cfg.n_heads, cfg.kv_heads)
+    with torch.no_grad():
+        for block in model.blocks:
+            attn = block.attn
+            q, kv = attn.q_width, attn.kv_width
+            if cfg.attn == "gated":
+                attn.qkv.weight[q + 2 * kv:] = 0  # W_theta (no bias): every gate sigmoid(0) = 0.5
+                attn.out.weight.mul_(2)  # W_out (0.5 o) * 2 = W_out o, exactly
+            for m, correction in enumerate(getattr(attn, "corrections", []), start=1):
+                if options.kv_source == "residual":
+                    _zero_rows(correction.proj, slice(q + kv, q + 2 * kv))
+                elif options.kv_source == "input":
+                    lo = q + 2 * kv + 2 * kv * (m - 1)
+                    _zero_rows(attn.qkv, slice(lo + kv, lo + 2 * kv))
+                else:
+                    correction.gate.proj.weight.zero_()
+                    correction.gate.proj.bias.zero_()
+    if cfg.attn == "gated":
+        return "gate projection W_theta zeroed (every gate sigmoid(0) = 0.5) and W_out's weight doubled"
+    if cfg.attn == "standard":
+        return "a copy (no new parameters)"
+    if options.kv_source == "shared":
+        return ("tanh gates zeroed (W_g = 0, b = 0: g_m = 0, gradient c_m * dL/dF); the correction queries W_Q^m "
+                "at their normal init")
+    where = "correction projections" if options.kv_source == "residual" else "fused input projection"
+    return (f"value rows W_V^m of the {where} zeroed (c_m = 0); W_Q^m, W_K^m and the {options.gate} gates at their "
+            f"normal init")
+
+
+def write_run(result: Upcycled, out: str | Path) -> Path:
+    """The run directory of an upcycled model: ``tokenizer.json``, ``best.pt`` ({"model", "step": 0};
+    no ``checkpoint.pt``, so ``train --init-from`` takes these weights) and ``config.json`` last,
+    each written atomically."""
+    from gbattn import rundir
+    from gbattn.config import TrainConfig
+    from gbattn.errors import UserError
+    from gbattn.files import check_writable_dir, write_json
+
+    out = check_writable_dir(out)
+    src = result.source
+    if src.train_cfg is not None:
+        train_cfg = src.train_cfg.replace(init_from=None)
+    else:
+        train_cfg = TrainConfig(tokenizer=src.tokenizer.kind)
+    with rundir.RunLock(out, "upcycled model"):
+        if any((out / name).exists() for name in (rundir.CONFIG, rundir.CHECKPOINT, rundir.BEST)):
+            raise UserError(f"{out} already holds a run; choose another --out")
+        src.tokenizer.save(out / rundir.TOKENIZER)
+        rundir.save_checkpoint({"model": result.state, "step": 0}, out / rundir.BEST)
+        write_json({
+            "preset": src.preset,
+            "model": result.model_cfg.to_dict(),
+            "train": train_cfg.to_dict(),
+            "extra": {"upcycled_from": src.name, "source_kind": src.kind, "rule": result.rule},
+            "data": src.config.get("data", {"tokenizer": src.tokenizer.fingerprint}),
+            "seq_len": src.config.get("seq_len") or train_cfg.seq_len or result.model_cfg.block_size - 1,
+            "steps": 0,
+            "parameters": result.copied + result.new,
+        }, out / rundir.CONFIG)
+    return out

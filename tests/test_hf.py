@@ -1,0 +1,554 @@
+"""The Hugging Face integration (gbattn.hf): config names, logits and loss equal to gbattn's for every
+variant and layout, generate() parity with gbattn's own decoding, the cache, initialisation, export
+and the Auto classes, Trainer, and lm-evaluation-harness on local tasks. Offline, CPU, tiny models."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+from gbattn import rundir
+from gbattn.cli import main as cli_main
+from gbattn.data.corpus import load_corpus
+from gbattn.data.tokenizer import Tokenizer, get_tokenizer
+from gbattn.hf import GbattnCache, GbattnConfig, GbattnForCausalLM, hf_tokenizer
+from gbattn.hf.modeling import CACHE_FIELD, INIT_TYPES, init_module
+from gbattn.model.gpt import GPT
+from gbattn.train.trainer import train
+from helpers import write_corpus
+from test_model import BLOCKS, tiny_config
+from test_pipeline import tiny_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+LMEVAL_DATA = ROOT / "tests" / "data" / "lmeval"
+
+# Block layouts: residual stream x norm placement x block style (attnres is Pre-LN only).
+ATTNRES = dict(residual="attnres-block", attnres_block=3)
+LAYOUTS = {
+    "gpt2-pre": {},
+    "gpt2-post": dict(norm="post"),
+    "gpt2-attnres": ATTNRES,
+    "llama-pre": BLOCKS["llama"],
+    "llama-post": dict(BLOCKS["llama"], norm="post"),
+    "llama-attnres": dict(BLOCKS["llama"], **ATTNRES),
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one thread is many times faster than several competing for busy cores (conftest
+    puts the thread count back)."""
+    torch.set_num_threads(1)
+
+
+def tiny_pair(variant_case, layout: dict, seed: int = 0):
+    """(gbattn GPT, the wrapper sharing its weights), float64, weights scaled so attention is far from uniform."""
+    torch.manual_seed(seed)
+    gpt = GPT(tiny_config(variant_case, **layout)).double()
+    with torch.no_grad():
+        for name, p in gpt.named_parameters():
+            if p.dim() > 1:
+                p.mul_(8.0)
+            elif name.endswith("queries"):  # AttnRes pseudo-queries start at 0: give the depth mixing a shape
+                p.normal_(0.0, 1.0)
+    gpt.eval()
+    return gpt, GbattnForCausalLM.from_gpt(gpt).eval()
+
+
+def left_pad(prompts: list[torch.Tensor], pad: int = 0):
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = p
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+# ---- import hygiene and the config ---------------------------------------------------
+
+
+def test_bare_import_does_not_import_transformers():
+    code = "import sys, gbattn, gbattn.rundir; gbattn.load_run; assert 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_config_standard_names_map_both_ways(tmp_path):
+    cfg = GbattnConfig.from_model_config(tiny_config(("boosted", {}), n_kv_heads=2), run={"step": 7})
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (16, 2, 4)
+    assert (cfg.num_key_value_heads, cfg.max_position_embeddings, cfg.vocab_size) == (2, 24, 37)
+    assert cfg.tie_word_embeddings is True and cfg.model_type == "gbattn"
+    cfg.vocab_size, cfg.num_key_value_heads, cfg.hidden_size = 40, 4, 32  # as resize_token_embeddings does
+    assert cfg.gbattn["model"]["vocab_size"] == 40 and cfg.gbattn["model"]["n_kv_heads"] == 4
+    assert cfg.model_config.d_model == 32
+    assert GbattnConfig(gbattn={"model": {"n_heads": 4}}).num_key_value_heads == 4  # n_kv_heads None -> n_heads
+    made = GbattnConfig(hidden_size=64, num_attention_heads=8, tie_word_embeddings=False)
+    assert made.model_config.d_model == 64 and made.model_config.n_heads == 8 and not made.model_config.tie_embeddings
+    cfg.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "gbattn" and saved["gbattn"]["step"] == 7 and "hidden_size" not in saved
+    back = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(back, GbattnConfig) and back.gbattn == cfg.gbattn and back.vocab_size == 40
+    with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4"):
+        GbattnConfig(gbattn={"model": {"d_model": 30, "n_heads": 4}})
+
+
+# ---- forward: logits, loss, cache, padding equal gbattn's ---------------------------------
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_logits_and_loss_equal_gbattn(variant_case, layout):
+    """float64: full logits, the shifted loss, cached prefill + decode, and a left-padded batch all
+    equal gbattn's own forward, for every variant, residual stream, norm placement and block style."""
+    gpt, hf = tiny_pair(variant_case, LAYOUTS[layout])
+    idx = torch.randint(0, 37, (2, 11))
+    full = gpt(idx)
+    torch.testing.assert_close(hf(idx).logits, full, rtol=1e-10, atol=1e-10)
+    labels = idx.clone()
+    labels[0, :3] = -100
+    torch.testing.assert_close(hf(idx, labels=labels).loss, gpt(idx[:, :-1], labels[:, 1:]), rtol=1e-10, atol=1e-12)
+    # cached: prefill 4 tokens, then one token at a time, through the cache object
+    out = hf(idx[:, :4], use_cache=True)
+    cache, steps = getattr(out, CACHE_FIELD), [out.logits]
+    assert isinstance(cache, GbattnCache) and cache.get_seq_length() == 4
+    for t in range(4, idx.shape[1]):
+        out = hf(idx[:, t:t + 1], cache=cache)
+        steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-10)
+    # left padding: each row's logits are those of the row alone
+    rows = [idx[0, :9], idx[1, :5]]
+    ids, mask = left_pad(rows)
+    padded = hf(ids, attention_mask=mask).logits
+    for i, row in enumerate(rows):
+        torch.testing.assert_close(padded[i, ids.shape[1] - len(row):], gpt(row[None])[0], rtol=1e-10, atol=1e-10)
+
+
+def test_past_key_values_keyword_and_tuple_output():
+    gpt, hf = tiny_pair(("boosted", {"rounds": 3, "gate": "mlp"}), {})
+    idx = torch.randint(0, 37, (2, 6))
+    first = hf(idx[:, :4], use_cache=True)
+    cache = getattr(first, CACHE_FIELD)
+    a = hf(idx[:, 4:], past_key_values=cache).logits  # the name before transformers 5.24
+    torch.testing.assert_close(a, gpt(idx)[:, 4:], rtol=1e-10, atol=1e-10)
+    logits, = hf(idx, use_cache=False, return_dict=False)
+    torch.testing.assert_close(logits, gpt(idx), rtol=0, atol=0)
+    torch.testing.assert_close(hf(idx, logits_to_keep=1).logits, gpt(idx)[:, -1:], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        hf(idx, attention_mask=torch.ones(2, 3, dtype=torch.long))
+    kw = dict(attention_mask=torch.ones_like(idx), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    ref = hf.generate(idx, **kw)
+    assert torch.equal(hf.generate(idx, cache=GbattnCache(2), **kw), ref)  # a cache the caller makes
+    with warnings.catch_warnings():  # the name before transformers 5.24 (deprecated there)
+        warnings.simplefilter("ignore", FutureWarning)
+        assert torch.equal(hf.generate(idx, past_key_values=GbattnCache(2), **kw), ref)
+
+
+@pytest.mark.parametrize(
+    "case,names,value_only",
+    [
+        (("boosted", {"rounds": 3, "gate": "mlp"}), ["kv0", "kv1", "kv2"], []),
+        (("boosted", {"gate": "scalar", "kv_source": "shared"}), ["kv0"], []),
+        (("twicing", {}), ["av", "kv"], ["av"]),
+        (("differential", {}), ["kv"], []),
+    ],
+    ids=["boosted-3", "boosted-shared", "twicing", "differential"],
+)
+def test_cache_holds_every_attention_call(case, names, value_only):
+    """generate() returns the GbattnCache: every GBA round's K/V, Twicing's value-only A V, and
+    differential attention's grouped entry (values 2E wide over half the K/V heads), per layer."""
+    gpt, hf = tiny_pair(case, {})
+    prompt = torch.randint(1, 37, (2, 5))
+    out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False,
+                      pad_token_id=0, return_dict_in_generate=True)
+    cache = getattr(out, CACHE_FIELD)
+    assert isinstance(cache, GbattnCache) and len(cache) == 2
+    for layer in cache.layers:
+        assert sorted(layer.entries) == names
+        for name, (k, v) in layer.entries.items():
+            assert (k is None) == (name in value_only) and v.shape[:3] == (2, v.shape[1], 8)  # 5 + 4 - 1 slots
+    if case[0] == "differential":
+        k, v = cache.layers[0].entries["kv"]
+        assert k.shape[1] == 4 and v.shape[1] == 2 and v.shape[-1] == 2 * k.shape[-1]
+
+
+# ---- generate(): parity with gbattn's decoding ------------------------------------------
+
+
+@pytest.mark.parametrize("block", ["gpt2", "llama"])
+@pytest.mark.parametrize("residual", ["plain", "attnres-block"])
+def test_generate_matches_gbattn(variant_case, residual, block):
+    """Greedy generate() gives gbattn's GPT.generate(temperature=0) tokens; with and without the
+    cache; a left-padded batch gives every row the continuation it gets alone."""
+    layout = dict(BLOCKS[block] if block == "llama" else {}, **(ATTNRES if residual != "plain" else {}))
+    gpt, hf = tiny_pair(variant_case, layout)
+    prompts = [torch.randint(1, 37, (n,)) for n in (6, 3, 5)]
+    new = 9
+    alone = []
+    for p in prompts:
+        ours = gpt.generate(p[None], new, temperature=0)[0, len(p):]
+        for use_cache in (True, False):
+            theirs = hf.generate(p[None], attention_mask=torch.ones(1, len(p), dtype=torch.long), max_new_tokens=new,
+                                 do_sample=False, use_cache=use_cache, pad_token_id=0)[0, len(p):]
+            assert theirs.tolist() == ours.tolist(), f"use_cache={use_cache}"
+        alone.append(ours)
+    ids, mask = left_pad(prompts)
+    for use_cache in (True, False):
+        together = hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, use_cache=use_cache,
+                               pad_token_id=0)[:, ids.shape[1]:]
+        for i in range(len(prompts)):
+            assert together[i].tolist() == alone[i].tolist(), f"row {i}, use_cache={use_cache}"
+
+
+def test_beam_search_and_sampling_run_through_the_cache():
+    gpt, hf = tiny_pair(("twicing", {}), BLOCKS["llama"])
+    ids, mask = left_pad([torch.randint(1, 37, (n,)) for n in (5, 3)])
+    kw = dict(attention_mask=mask, max_new_tokens=5, pad_token_id=0)
+    beams = hf.generate(ids, num_beams=3, do_sample=False, **kw)
+    assert torch.equal(beams, hf.generate(ids, num_beams=3, do_sample=False, use_cache=False, **kw))
+    torch.manual_seed(3)
+    a = hf.generate(ids, do_sample=True, top_k=5, num_return_sequences=2, **kw)
+    torch.manual_seed(3)
+    b = hf.generate(ids, do_sample=True, top_k=5, num_return_sequences=2, use_cache=False, **kw)
+    assert a.shape == (4, ids.shape[1] + 5) and torch.equal(a, b)
+
+
+# ---- initialisation ---------------------------------------------------------------------
+
+
+def test_fresh_model_keeps_gbattn_init():
+    cfg = tiny_config(("differential", {}), **ATTNRES)
+    torch.manual_seed(5)
+    gpt = GPT(cfg)
+    torch.manual_seed(5)
+    hf = GbattnForCausalLM(GbattnConfig.from_model_config(cfg))
+    for (name, a), b in zip(gpt.state_dict().items(), hf.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert hf.model.lm_head.weight is hf.model.wte.weight
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_init_replica_covers_every_parameter(variant_case, layout):
+    """_init_weights (for weights missing from a checkpoint) knows every module that owns a parameter,
+    and gives gbattn's values where they are constants."""
+    gpt = GPT(tiny_config(variant_case, **LAYOUTS[layout]))
+    for module in gpt.modules():
+        if any(True for _ in module.parameters(recurse=False)):
+            assert isinstance(module, INIT_TYPES), type(module).__name__
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.fill_(float("nan"))
+    gpt.apply(lambda m: init_module(m, torch.nn.init))
+    assert all(torch.isfinite(p).all() for p in gpt.parameters())
+    fresh = GPT(tiny_config(variant_case, **LAYOUTS[layout]))
+    for (name, a), b in zip(gpt.named_parameters(), fresh.parameters()):
+        if torch.all(b == b.flatten()[0]):  # constants (norm gains, biases, AttnRes queries, gate logits)
+            assert torch.equal(a, b), name
+
+
+def test_missing_weights_are_initialised_like_gbattn(tmp_path):
+    gpt, hf = tiny_pair(("differential", {}), ATTNRES)
+    hf.float().save_pretrained(tmp_path)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(tmp_path / "model.safetensors")
+    dropped = ["model.residual.queries", "model.blocks.0.ln1.weight", "model.blocks.0.attn.qkv.bias",
+               "model.blocks.1.attn.lambda_q1"]
+    save_file({k: v for k, v in weights.items() if k not in dropped}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    back, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert sorted(info["missing_keys"]) == sorted(dropped)
+    m = back.model
+    assert m.residual.queries.abs().max() == 0 and torch.equal(m.blocks[0].ln1.weight, torch.ones(16))
+    assert m.blocks[0].attn.qkv.bias.abs().max() == 0 and torch.isfinite(m.blocks[1].attn.lambda_q1).all()
+    assert 0 < m.blocks[1].attn.lambda_q1.abs().max() < 1
+    for name in ("blocks.0.attn.qkv.weight", "blocks.1.attn.lambda_k1", "residual.norms.0.weight"):  # loaded
+        assert torch.equal(m.get_parameter(name), weights["model." + name]), name
+
+
+# ---- tokenizers -------------------------------------------------------------------------
+
+
+def test_bpe_and_byte_level_tokenizers_keep_gbattn_ids(tmp_path):
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    bpe = get_tokenizer("bpe", corpus, vocab_size=120, verbose=False)
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    byte_level = Backend(models.BPE())
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level.decoder = decoders.ByteLevel()
+    byte_level.train_from_iterator(corpus.lines("train"), trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    gpt2 = Tokenizer("gpt2", byte_level.to_str())
+    text = "the cat sat on the mat . a big red bird"
+    for tok, eos, pad in ((bpe, "<pad>", "<pad>"), (gpt2, "<|endoftext|>", "<|endoftext|>")):
+        hf = hf_tokenizer(tok, 64)
+        assert len(hf) == tok.vocab_size and hf.eos_token == eos and hf.pad_token == pad
+        hf.save_pretrained(tmp_path / tok.kind)
+        back = AutoTokenizer.from_pretrained(tmp_path / tok.kind)
+        assert back.encode(text) == tok.encode(text) and back.decode(tok.encode(text)) == tok.decode(tok.encode(text))
+        assert back.eos_token_id == tok.encode(eos)[0]
+
+
+# ---- a trained run, exported ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny GBA model trained for a few steps on tiny-shakespeare (char tokenizer), and its export."""
+    root = tmp_path_factory.mktemp("hf-run")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GBATTN_CACHE", str(root / "cache"))
+        torch.manual_seed(0)
+        model_cfg, train_cfg = tiny_configs("tiny-shakespeare", max_steps=30, eval_every=30, eval_tokens=4096,
+                                            batch_size=16)
+        train(root / "run", model_cfg, train_cfg, quiet=True)
+        assert cli_main(["export", str(root / "run"), "--out", str(root / "export")]) == 0
+    return root / "run", root / "export"
+
+
+def test_export_writes_safetensors_config_and_tokenizers(trained):
+    run_dir, out = trained
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["config.json", "gbattn-tokenizer.json", "generation_config.json", "model.safetensors",
+                     "tokenizer.json", "tokenizer_config.json"]
+    config = json.loads((out / "config.json").read_text())
+    source = json.loads((run_dir / "config.json").read_text())
+    assert config["model_type"] == "gbattn" and config["architectures"] == ["GbattnForCausalLM"]
+    for key in ("model", "train", "preset", "data", "seq_len"):
+        assert config["gbattn"][key] == source[key], key
+    assert config["gbattn"]["step"] == rundir.load_run(run_dir).step and config["gbattn"]["checkpoint"] == "best"
+    with safe_open(out / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    assert "model.wte.weight" in keys and "model.lm_head.weight" not in keys  # tied: stored once
+
+
+def test_export_loads_with_auto_classes_in_a_fresh_process(trained):
+    """Offline, in a new interpreter: the Auto classes need `import gbattn.hf`, then load the model
+    (same logits as the run, tie kept) and the tokenizer (gbattn's ids)."""
+    run_dir, out = trained
+    run = rundir.load_run(run_dir)
+    text = "First Citizen:\nBefore we proceed"
+    ids = run.tokenizer.encode(text)
+    torch.save({"logits": run.model(torch.tensor([ids]))}, out.parent / "ref.pt")
+    code = f"""
+import sys, torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+try:
+    AutoConfig.from_pretrained({str(out)!r})
+    sys.exit("loaded without import gbattn.hf")
+except ValueError as e:
+    assert "gbattn" in str(e)
+import gbattn.hf
+model, tok = AutoModelForCausalLM.from_pretrained({str(out)!r}), AutoTokenizer.from_pretrained({str(out)!r})
+assert type(model).__name__ == "GbattnForCausalLM" and not model.training
+assert model.model.lm_head.weight is model.model.wte.weight
+ids = tok.encode({text!r})
+assert ids == {ids!r}, ids
+assert tok.decode(ids) == {text!r} and tok.eos_token == "\\n" and len(tok) == {run.tokenizer.vocab_size}
+ref = torch.load({str(out.parent / "ref.pt")!r})["logits"]
+assert torch.allclose(model(torch.tensor([ids])).logits, ref, rtol=0, atol=1e-6)
+print("ok")
+"""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-3000:]
+
+
+def test_gbattn_commands_take_the_exported_directory(trained, capsys):
+    run_dir, out = trained
+    a, b = rundir.load_run(run_dir), rundir.load_run(out)
+    assert b.checkpoint == "exported" and b.step == a.step and b.model_cfg == a.model_cfg
+    assert b.train_cfg == a.train_cfg and b.tokenizer.fingerprint == a.tokenizer.fingerprint
+    idx = torch.tensor([a.tokenizer.encode("All:\nSpeak, speak.")])
+    torch.testing.assert_close(b.model(idx), a.model(idx), rtol=0, atol=0)
+    assert b.model.lm_head.weight is b.model.wte.weight
+    outputs = []
+    for model_dir in (run_dir, out):
+        assert cli_main(["eval", str(model_dir), "--split", "valid"]) == 0
+        assert cli_main(["generate", str(model_dir), "--prompt", "First", "--max-new-tokens", "12",
+                         "--temperature", "0", "--no-compile"]) == 0
+        outputs.append(capsys.readouterr().out)
+    evals = [json.loads(o.splitlines()[1]) for o in outputs]
+    assert evals[0]["loss"] == pytest.approx(evals[1]["loss"], rel=1e-6) and evals[1]["checkpoint"] == "exported"
+    assert outputs[0].split("---")[0].splitlines()[2:] == outputs[1].split("---")[0].splitlines()[2:]
+
+
+def test_export_errors_are_one_line(trained, tmp_path, capsys):
+    run_dir, out = trained
+    assert cli_main(["export", str(run_dir), "--out", str(run_dir)]) == 2
+    assert "is the run directory itself" in capsys.readouterr().err
+    assert cli_main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    (broken / "gbattn-tokenizer.json").unlink()
+    assert cli_main(["generate", str(broken), "--prompt", "a"]) == 2
+    assert "gbattn-tokenizer.json not found" in capsys.readouterr().err
+
+
+# ---- transformers.Trainer ----------------------------------------------------------------
+
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):  # labels are the inputs: the model shifts them
+        return {"input_ids": self.rows[i], "labels": self.rows[i].clone()}
+
+
+def test_trainer_lowers_the_loss_and_its_checkpoint_loads(trained, tmp_path):
+    run_dir, _ = trained
+    run = rundir.load_run(run_dir)
+    tokenizer = hf_tokenizer(run.tokenizer, run.model_cfg.block_size)
+    text = ROOT.joinpath("tests/data/lmeval/gbattn_toy_ppl.jsonl").read_text()
+    text = "".join(json.loads(line)["text"] + "\n\n" for line in text.splitlines()) * 8
+    ids = torch.tensor(run.tokenizer.encode(text))
+    rows = ids[: len(ids) // 32 * 32].view(-1, 32)
+    train_rows, held = rows[:-4], rows[-4:]
+    torch.manual_seed(0)
+    model = GbattnForCausalLM(GbattnConfig.from_model_config(run.model_cfg, pad_token_id=tokenizer.pad_token_id))
+
+    def held_loss(m):
+        m.eval()
+        with torch.no_grad():
+            return float(m(held, labels=held).loss)
+
+    before = held_loss(model)
+    seen = []
+    model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("num_items_in_batch")), with_kwargs=True)
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=10, per_device_train_batch_size=4,
+                             gradient_accumulation_steps=2, learning_rate=3e-3, warmup_steps=1, logging_steps=5,
+                             save_steps=10, report_to="none", use_cpu=True, dataloader_num_workers=0,
+                             disable_tqdm=True, seed=0)
+    Trainer(model=model, args=args, train_dataset=Rows(train_rows), processing_class=tokenizer).train()
+    after = held_loss(model)
+    assert after < before - 0.3, (before, after)
+    assert int(seen[0]) == 2 * 4 * 31  # the shifted labels of one optimizer step (2 micro-batches of 4 rows)
+    checkpoint = tmp_path / "checkpoint-10"
+    back = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    assert back.model.lm_head.weight is back.model.wte.weight
+    torch.testing.assert_close(back(held).logits, model(held).logits, rtol=0, atol=1e-6)
+    assert AutoTokenizer.from_pretrained(checkpoint).encode("Speak") == run.tokenizer.encode("Speak")
+
+
+def test_loss_with_num_items_in_batch_is_the_sum_over_that_count():
+    gpt, hf = tiny_pair(("standard", {}), {})
+    idx = torch.randint(0, 37, (2, 8))
+    total = F.cross_entropy(gpt(idx)[:, :-1].flatten(0, 1), idx[:, 1:].flatten(), reduction="sum")
+    torch.testing.assert_close(hf(idx, labels=idx, num_items_in_batch=torch.tensor(50)).loss, total / 50)
+
+
+# ---- lm-evaluation-harness ------------------------------------------------------------------
+
+
+def local_tasks(directory: Path) -> Path:
+    """tests/data/lmeval's task YAMLs with absolute data paths (the harness reads them relative to the
+    working directory) and the datasets cache in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for yaml in LMEVAL_DATA.glob("*.yaml"):
+        text = yaml.read_text()
+        rel = f"tests/data/lmeval/{yaml.stem}.jsonl"
+        assert rel in text
+        text = text.replace(rel, str(ROOT / rel)).replace("  data_files:", f"  cache_dir: {directory / 'hf'}\n"
+                                                                              "  data_files:")
+        (directory / yaml.name).write_text(text)
+    return directory
+
+
+def gbattn_loglikelihood(model: GPT, ids: list[int], n_target: int, max_len: int) -> float:
+    """Sum of log p of the last ``n_target`` tokens of ``ids``, each given the tokens before it, from
+    an input of at most ``max_len`` tokens ending just before the last token."""
+    window = ids[-(max_len + 1):]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([window[:-1]]))[0].double(), -1)
+    targets = torch.tensor(window[1:])
+    return float(logp[torch.arange(len(targets)), targets][-n_target:].sum())
+
+
+def gbattn_rolling(model: GPT, ids: list[int], prefix: int, max_len: int) -> float:
+    """A document's log-likelihood in lm-eval's windows: the first max_len tokens after ``prefix``, then
+    each next max_len tokens given the max_len tokens before the last of them (no token scored twice)."""
+    total = gbattn_loglikelihood(model, [prefix] + ids[:max_len], min(max_len, len(ids)), max_len)
+    for start in range(max_len, len(ids), max_len):
+        end = min(start + max_len, len(ids))
+        total += gbattn_loglikelihood(model, ids[:end], end - start, max_len)
+    return total
+
+
+def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, capsys):
+    run_dir, out = trained
+    tasks = local_tasks(tmp_path / "tasks")
+    run = rundir.load_run(run_dir)
+    L, eos = run.model_cfg.block_size, run.tokenizer.encode("\n")[0]
+    argv = ["--tasks", "gbattn_toy_mc,gbattn_toy_ppl", "--include-path", str(tasks), "--batch-size", "4",
+            "--log-samples", "--device", "cpu"]
+    results = {}
+    for model_dir in (run_dir, out):
+        assert cli_main(["lm-eval", str(model_dir), *argv]) == 0
+        printed = capsys.readouterr().out
+        assert "|gbattn_toy_mc " in printed and "bits_per_byte" in printed and "acc_norm" in printed
+        folder = model_dir / "lm-eval"
+        results[model_dir] = json.loads((folder / "results-gbattn_toy_mc+gbattn_toy_ppl.json").read_text())
+        assert '"/' not in json.dumps(results[model_dir]) and "samples" not in results[model_dir]  # no absolute path
+        assert results[model_dir]["gbattn"]["step"] == run.step
+        samples = {t: [json.loads(line) for line in (folder / f"samples-{t}-gbattn_toy_mc+gbattn_toy_ppl.jsonl")
+                       .read_text().splitlines()] for t in ("gbattn_toy_mc", "gbattn_toy_ppl")}
+        assert len(samples["gbattn_toy_mc"]) == 6 and len(samples["gbattn_toy_ppl"]) == 4
+        for s in samples["gbattn_toy_mc"]:
+            context = run.tokenizer.encode(s["doc"]["question"])
+            for choice, (ll, _) in zip(s["doc"]["choices"], s["filtered_resps"]):
+                cont = run.tokenizer.encode(" " + choice)
+                assert ll == pytest.approx(gbattn_loglikelihood(run.model, context + cont, len(cont), L), rel=1e-5)
+        windows = 0
+        for s in samples["gbattn_toy_ppl"]:
+            ids = run.tokenizer.encode(s["doc"]["text"])
+            windows += -(-len(ids) // L)
+            got = s["filtered_resps"][0] if isinstance(s["filtered_resps"], list) else s["filtered_resps"]
+            assert got == pytest.approx(gbattn_rolling(run.model, ids, eos, L), rel=1e-5)
+        assert windows > 6  # documents longer than block_size: several windows each
+    from gbattn.hf.lmeval import GbattnLM, load_model
+
+    model, tokenizer, block_size, _ = load_model(out, "best", torch.device("cpu"))
+    lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=1, max_length=block_size)
+    assert lm.prefix_token_id == eos and lm.tok_decode(tokenizer.encode("All:\nSpeak")) == "All:\nSpeak"
+    a, b = (results[d]["results"] for d in (run_dir, out))
+    for task in ("gbattn_toy_mc", "gbattn_toy_ppl"):
+        for key, value in a[task].items():
+            if isinstance(value, float):
+                assert b[task][key] == pytest.approx(value, rel=1e-5), (task, key)
+
+
+def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys):
+    run_dir, _ = trained
+    assert cli_main(["lm-eval", str(run_dir), "--tasks", "no_such_task_xyz", "--include-path",
+                     str(LMEVAL_DATA)]) == 2
+    assert "unknown lm-eval task(s) ['no_such_task_xyz']" in capsys.readouterr().err
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    assert cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc"]) == 2
+    assert "pip install 'gbattn[lm-eval]'" in capsys.readouterr().err
+

@@ -1,0 +1,468 @@
+"""Issue 11, trust: no code runs from a run directory, one writer per run directory, provenance
+checks, compare reuses only runs it checked, no debris, the data layouts users have, and one
+line with exit status 2 for every bad input (a table of them, run through the CLI)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gbattn import rundir
+from gbattn.cli import main as cli_main
+from gbattn.config import build_configs
+from gbattn.data.corpus import load_corpus
+from gbattn.errors import UserError
+from gbattn.train.trainer import train
+from helpers import TINY, write_corpus
+
+GBATTN = [sys.executable, "-m", "gbattn.cli"]
+
+
+def tiny_configs(data, **sets):
+    s = dict(TINY, tokenizer="char", batch_size=8, max_steps=4, eval_every=2, warmup_steps=1, lr=3e-3,
+             train_tokens=None, eval_tokens=None, threads=1)
+    s.update(sets)
+    return build_configs("paper-small", "boosted", str(data), s)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny finished run (char tokenizer) and its corpus, trained once for the module."""
+    root = tmp_path_factory.mktemp("trust")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GBATTN_CACHE", str(root / "cache"))
+        data = write_corpus(root / "corpus")
+        train(root / "run", *tiny_configs(data), quiet=True, preset="paper-small")
+    return {"root": root, "run": root / "run", "data": data, "cache": root / "cache"}
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != rundir.LOCK}
+
+
+def run_cli(capsys, argv) -> tuple[int, str, str]:
+    try:
+        code = cli_main([str(a) for a in argv])
+    except SystemExit as e:  # argparse usage errors
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_line(code: int, err: str) -> str:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# --------------------------------------------------------------------------------------
+# 1. Safe loading: a checkpoint whose pickle would run code is refused everywhere
+# --------------------------------------------------------------------------------------
+
+
+class _Plant:
+    """Unpickling this creates the marker file (what arbitrary code in a checkpoint could do)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def plant(path: Path, marker: Path) -> None:
+    with open(path, "wb") as f:
+        pickle.dump({"model": {"wte.weight": torch.zeros(1)}, "x": _Plant(str(marker))}, f, protocol=2)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_by_every_command(trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.RESULT).unlink()  # so that --resume reads the checkpoint
+    marker = tmp_path / "marker"
+    for name in (rundir.CHECKPOINT, rundir.BEST):
+        plant(run / name, marker)
+    with pytest.raises(pickle.UnpicklingError):  # the plant is real: weights_only refuses it ...
+        torch.load(run / rundir.BEST, weights_only=True)
+    commands = [["eval", run], ["generate", run, "--prompt", "the", "--max-new-tokens", "2"],
+                ["analyze", run, "--out", tmp_path / "a", "--quiet"], ["train", "--resume", "--out", run, "--quiet"]]
+    for argv in commands:
+        code, _, err = run_cli(capsys, argv)
+        line = one_line(code, err)
+        assert "Python objects beyond tensors" in line and "refused" in line, line
+        assert not marker.exists(), f"{argv[0]} ran code from the checkpoint"
+
+
+# --------------------------------------------------------------------------------------
+# 2. One writer per run directory (two real processes)
+# --------------------------------------------------------------------------------------
+
+
+def hold_lock(directory: Path) -> subprocess.Popen:
+    """Another process holding the directory's lock until it is killed."""
+    code = (f"from gbattn.rundir import RunLock; import time; lock = RunLock({str(directory)!r}); "
+            f"print('locked', flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_second_writer_is_refused_and_a_killed_one_releases_the_lock(trained, tmp_path):
+    env = dict(os.environ, GBATTN_CACHE=str(trained["cache"]), OMP_NUM_THREADS="1")
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.RESULT).unlink()
+    before = snapshot(run)
+    holder = hold_lock(run)
+    try:
+        for argv in (["train", "--resume", "--out", run], ["train", "--out", run, "--data", trained["data"],
+                                                           "--restart"]):
+            proc = subprocess.run([*GBATTN, *map(str, argv), "--quiet"], capture_output=True, text=True, env=env)
+            assert proc.returncode == 2 and "in use by another gbattn process" in proc.stderr, proc.stderr
+            assert len(proc.stderr.strip().splitlines()) == 1
+        assert snapshot(run) == before  # the refused writers changed nothing
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # kill -9 released the lock: the run resumes at once
+    proc = subprocess.run([*GBATTN, "train", "--resume", "--out", str(run), "--quiet"], capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (run / rundir.RESULT).exists()
+
+
+def test_a_real_training_process_holds_its_run_and_compare_its_directory(trained, tmp_path):
+    env = dict(os.environ, GBATTN_CACHE=str(trained["cache"]), OMP_NUM_THREADS="1")
+    run = tmp_path / "long"
+    sets = [*sum((["--set", f"{k}={v}"] for k, v in TINY.items()), []), "--set", "max_steps=100000",
+            "--set", "train_tokens=null", "--set", "eval_tokens=null"]
+    first = subprocess.Popen([*GBATTN, "train", "--out", str(run), "--data", str(trained["data"]),
+                              "--tokenizer", "char", "--threads", "1", "--quiet", *sets],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):  # until it holds the lock and has written its config
+            if (run / rundir.CONFIG).exists():
+                break
+            assert first.poll() is None, first.stderr.read()
+            time.sleep(0.1)
+        second = subprocess.run([*GBATTN, "train", "--resume", "--out", str(run), "--quiet"], capture_output=True,
+                                text=True, env=env)
+        assert second.returncode == 2 and "in use by another gbattn process" in second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    cmp = tmp_path / "cmp"
+    holder = hold_lock(cmp)
+    try:
+        proc = subprocess.run([*GBATTN, "compare", "--recipe", "cpu-char", "--out", str(cmp), "--quiet"],
+                              capture_output=True, text=True, env=env)
+        assert proc.returncode == 2 and "in use by another gbattn process" in proc.stderr, proc.stderr
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+
+# --------------------------------------------------------------------------------------
+# 3. Provenance
+# --------------------------------------------------------------------------------------
+
+
+def test_resume_and_eval_refuse_other_data(trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    data = write_corpus(tmp_path / "corpus")
+    run = tmp_path / "run"
+    model_cfg, train_cfg = tiny_configs(data)
+    train(run, model_cfg, train_cfg, quiet=True)
+    recorded = json.loads((run / rundir.CONFIG).read_text())["data"]["fingerprint"]
+    (data / "wiki.test.tokens").write_text("the cat sat on the mat .\n" * 300)  # same characters, other text
+    code, _, err = run_cli(capsys, ["eval", run])
+    line = one_line(code, err)
+    assert "not what" in line and recorded[:16] in line and "--allow-other-data" in line
+    code, out, _ = run_cli(capsys, ["eval", run, "--allow-other-data"])
+    assert code == 0 and "test perplexity" in out
+    (run / rundir.RESULT).unlink()
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run])
+    line = one_line(code, err)
+    assert "has changed since this run started" in line and recorded[:16] in line
+
+
+def test_resume_refuses_options_that_would_change_the_run(trained, capsys, monkeypatch):
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = trained["run"]
+    before = snapshot(run)
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--attn", "standard", "--seed", "7", "--set",
+                                    "lr=0.5", "--set", "d_model=64", "--preset", "cpu-proxy", "--data", "elsewhere"])
+    line = one_line(code, err)
+    for part in ("--attn standard (recorded: boosted)", "--seed 7 (recorded: 42)", "--set lr=0.5 (recorded: 0.003)",
+                 "--set d_model=64 (recorded: 32)", "--preset cpu-proxy (recorded: paper-small)", "--data elsewhere"):
+        assert part in line, part
+    # values equal to the recorded ones change nothing and are accepted (the run is finished: returns its result)
+    code, out, _ = run_cli(capsys, ["train", "--resume", "--out", run, "--attn", "boosted", "--set", "lr=0.003"])
+    assert code == 0 and '"steps": 4' in out
+    assert snapshot(run) == before
+
+
+# --------------------------------------------------------------------------------------
+# 4. compare trusts nothing it did not check
+# --------------------------------------------------------------------------------------
+
+
+def test_compare_refuses_a_run_recorded_with_another_config(trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    cmp = tmp_path / "cmp"
+    (cmp / "standard").mkdir(parents=True)
+    shutil.copytree(trained["run"], cmp / "standard" / "seed42")  # a boosted char run where standard goes
+    code, _, err = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", cmp, "--quiet", "--only", "standard",
+                                    "--data", trained["data"]])
+    line = one_line(code, err)
+    assert f"{cmp / 'standard' / 'seed42'} holds another run than this recipe asks for" in line
+    assert "model.attn: recorded 'boosted', asked 'standard'" in line
+
+
+# --------------------------------------------------------------------------------------
+# 6. No debris; 7. data layouts
+# --------------------------------------------------------------------------------------
+
+
+def test_temporary_files_of_a_killed_write_are_removed_when_the_run_is_opened(trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / "checkpoint.pt.tmp12345").write_bytes(b"half a checkpoint")
+    (run / "notes.tmpfile").write_text("mine")  # not a gbattn temporary file: kept
+    with rundir.RunLock(run):
+        pass
+    assert not (run / "checkpoint.pt.tmp12345").exists() and (run / "notes.tmpfile").exists()
+
+
+def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
+    path = tmp_path / rundir.CHECKPOINT
+    rundir.save_checkpoint({"model": {"w": torch.ones(2)}}, path)
+
+    def full(obj, f):
+        f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(UserError, match="No space left on device.*previous checkpoint.pt is kept"):
+        rundir.save_checkpoint({"model": {"w": torch.zeros(2)}}, path)
+    monkeypatch.undo()
+    assert torch.equal(rundir.load_checkpoint(path)["model"]["w"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == [rundir.CHECKPOINT]
+
+
+def test_a_run_that_diverged_before_its_first_checkpoint_restarts_in_place(tmp_path, capsys, monkeypatch):
+    data = write_corpus(tmp_path / "corpus")
+    argv = ["train", "--out", tmp_path / "run", "--data", data, "--tokenizer", "char", "--threads", "1", "--quiet",
+            *sum((["--set", f"{k}={v}"] for k, v in TINY.items()), []), "--set", "max_steps=4",
+            "--set", "train_tokens=null", "--set", "eval_tokens=null"]
+    code, _, err = run_cli(capsys, [*argv, "--set", "lr=1e30", "--set", "warmup_steps=0"])
+    assert code == 3 and "before the first checkpoint" in err and "--restart" in err
+    code, _, err = run_cli(capsys, argv)
+    assert code == 2 and "already holds a run" in err and "--restart" in err
+    code, out, err = run_cli(capsys, [*argv, "--restart"])
+    assert code == 0 and '"steps": 4' in out, err
+
+
+@pytest.mark.parametrize("names", [
+    ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"),
+    ("train.txt.gz", "val.txt", "test.txt"),
+    ("corpus-train.raw", "corpus-dev.raw", "corpus-test.raw"),
+])
+def test_directory_layouts(tmp_path, names):
+    d = tmp_path / "d"
+    d.mkdir()
+    for name, text in zip(names, ("train text\n", "valid text\n", "test text\n")):
+        if name.endswith(".gz"):
+            with gzip.open(d / name, "wt", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            (d / name).write_text(text)
+    corpus = load_corpus(str(d))
+    assert [next(iter(corpus.lines(s))) for s in ("train", "valid", "test")] == ["train text\n", "valid text\n",
+                                                                              "test text\n"]
+
+
+# --------------------------------------------------------------------------------------
+# 5 and 8. Every bad input: exit 2, one line, no traceback, nothing in the run directory changed
+# --------------------------------------------------------------------------------------
+
+
+def _bad_files(root: Path) -> dict[str, Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    files = {}
+    (root / "binary.txt").write_bytes(b"hello\x00world" * 10)
+    (root / "latin1.txt").write_bytes(b"ok line\n" * 5 + "caf\xe9\n".encode("latin-1"))
+    (root / "fake.txt.gz").write_text("not gzip at all\n")
+    with gzip.open(root / "cut.txt.gz", "wb") as f:
+        f.write(b"some text\n" * 1000)
+    (root / "cut.txt.gz").write_bytes((root / "cut.txt.gz").read_bytes()[:40])
+    (root / "empty.txt").write_bytes(b"")
+    (root / "nosplits").mkdir(exist_ok=True)
+    (root / "nosplits" / "readme.md").write_text("x")
+    (root / "twotrain").mkdir(exist_ok=True)
+    for name in ("a.train.txt", "b.train.txt", "valid.txt", "test.txt"):
+        (root / "twotrain" / name).write_text("text\n")
+    (root / "binsplit").mkdir(exist_ok=True)
+    (root / "binsplit" / "train.txt").write_bytes(b"\x00\x01\x02")
+    (root / "binsplit" / "valid.txt").write_text("v\n")
+    (root / "binsplit" / "test.txt").write_text("t\n")
+    (root / "a-file").write_text("x")
+    for name in ("binary.txt", "latin1.txt", "fake.txt.gz", "cut.txt.gz", "empty.txt", "nosplits", "twotrain",
+                 "binsplit", "a-file"):
+        files[name] = root / name
+    return files
+
+
+def _broken_runs(trained, root: Path) -> dict[str, Path]:
+    """Copies of the trained run, each with one broken file."""
+    runs = {}
+
+    def copy(name: str) -> Path:
+        target = root / name
+        shutil.copytree(trained["run"], target)
+        runs[name] = target
+        return target
+
+    blob = (trained["run"] / rundir.BEST).read_bytes()
+    (copy("truncated") / rundir.BEST).write_bytes(blob[: len(blob) // 2])
+    torch.save([1, 2, 3], copy("not-a-dict") / rundir.BEST)
+    (copy("bad-tokenizer") / rundir.TOKENIZER).write_text("{this is not json")
+    tok = json.loads((trained["run"] / rundir.TOKENIZER).read_text())
+    payload = json.loads(tok["payload"])
+    payload["chars"] = payload["chars"][:-1]
+    (copy("small-tokenizer") / rundir.TOKENIZER).write_text(json.dumps({**tok, "payload": json.dumps(payload)}))
+    (copy("bad-config") / rundir.CONFIG).write_text("{ not json")
+    (copy("no-sections") / rundir.CONFIG).write_text(json.dumps({"hello": 1}))
+    config = json.loads((trained["run"] / rundir.CONFIG).read_text())
+    config["model"]["d_model"] = "abc"
+    (copy("typed-config") / rundir.CONFIG).write_text(json.dumps(config))
+    return runs
+
+
+def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
+    """(name, argv, a piece of the one line) for 40+ bad inputs."""
+    f = _bad_files(tmp_path / "files")
+    broken = _broken_runs(trained, tmp_path / "broken")
+    run, data = trained["run"], trained["data"]
+    new_run = ["train", "--out", tmp_path / "new", "--data", data, "--tokenizer", "char", "--quiet"]
+    cases = [
+        ("binary data file", ["train", "--out", tmp_path / "o1", "--data", f["binary.txt"]],
+         "NUL byte at byte offset 5"),
+        ("non-UTF-8 data file", ["train", "--out", tmp_path / "o2", "--data", f["latin1.txt"]],
+         "not UTF-8 text (invalid byte at byte offset 43"),
+        ("fake .gz data file", ["train", "--out", tmp_path / "o3", "--data", f["fake.txt.gz"]],
+         "not complete gzip data"),
+        ("truncated .gz data file", ["train", "--out", tmp_path / "o4", "--data", f["cut.txt.gz"]],
+         "not complete gzip data"),
+        ("empty data file", ["train", "--out", tmp_path / "o5", "--data", f["empty.txt"]], "empty.txt is empty"),
+        ("directory without splits", ["train", "--out", tmp_path / "o6", "--data", f["nosplits"]],
+         "files seen: readme.md"),
+        ("two train files", ["train", "--out", tmp_path / "o7", "--data", f["twotrain"]],
+         "several files could be the train split"),
+        ("binary split file", ["train", "--out", tmp_path / "o8", "--data", f["binsplit"]], "train.txt looks binary"),
+        ("missing data", ["train", "--out", tmp_path / "o9", "--data", tmp_path / "nope"], "no such file or directory"),
+        ("empty --data", ["train", "--out", tmp_path / "o10", "--data", ""], "--data"),
+        ("--out is a file", ["train", "--out", f["a-file"], "--data", data], "is a file, not a directory"),
+        ("--out under a file", ["train", "--out", f["a-file"] / "sub", "--data", data], "not writable"),
+        ("--per-token under a file", ["eval", run, "--per-token", f["a-file"] / "x.npy"], "a-file is a file"),
+        ("--per-token is a directory", ["eval", run, "--per-token", tmp_path], "is a directory"),
+        ("truncated checkpoint", ["eval", broken["truncated"]], "truncated or corrupted"),
+        ("checkpoint not a dict", ["eval", broken["not-a-dict"]], "not a gbattn checkpoint"),
+        ("invalid tokenizer.json", ["eval", broken["bad-tokenizer"]], "not a valid gbattn tokenizer file"),
+        ("tokenizer of another model", ["generate", broken["small-tokenizer"], "--prompt", "a"],
+         "does not belong to this model"),
+        ("invalid config.json", ["eval", broken["bad-config"]], "is not valid JSON"),
+        ("config.json without sections", ["eval", broken["no-sections"]], "no model and train sections"),
+        ("config.json wrong type", ["eval", broken["typed-config"]], "d_model='abc' must be an integer"),
+        ("run dir is a file", ["eval", f["a-file"]], "is not a directory"),
+        ("resume without a run", ["train", "--resume", "--out", tmp_path / "empty-dir"], "not found"),
+        ("--resume and --restart", ["train", "--resume", "--restart", "--out", run], "give one of them"),
+        ("generate --max-new-tokens -1", ["generate", run, "--prompt", "a", "--max-new-tokens", "-1"], "must be >= 0"),
+        ("generate --top-k 0", ["generate", run, "--prompt", "a", "--top-k", "0"], "must be >= 1"),
+        ("generate --num-samples 0", ["generate", run, "--prompt", "a", "--num-samples", "0"], "must be >= 1"),
+        ("generate --temperature -1", ["generate", run, "--prompt", "a", "--temperature", "-1"], "must be >= 0"),
+        ("generate --temperature nan", ["generate", run, "--prompt", "a", "--temperature", "nan"], "must be >= 0"),
+        ("generate unknown characters", ["generate", run, "--prompt", "Ω"], "characters not in the tokenizer"),
+        ("eval --batch-size 0", ["eval", run, "--batch-size", "0"], "must be >= 1"),
+        ("--set lr=NaN", [*new_run, "--set", "lr=NaN"], "lr='NaN' must be a number"),
+        ("--set lr=abc", [*new_run, "--set", "lr=abc"], "lr='abc' must be a number"),
+        ("--set lr=0", [*new_run, "--set", "lr=0"], "lr=0.0 must be > 0"),
+        ("--set beta1=1", [*new_run, "--set", "beta1=1"], "beta1=1.0 must be in [0, 1)"),
+        ("--set beta2=-0.1", [*new_run, "--set", "beta2=-0.1"], "beta2=-0.1 must be in [0, 1)"),
+        ("--set weight_decay=-1", [*new_run, "--set", "weight_decay=-1"], "weight_decay=-1.0 must be >= 0"),
+        ("--set seq_len=0", [*new_run, "--set", "seq_len=0"], "seq_len=0 must be an integer >= 1"),
+        ("--set threads=0", [*new_run, "--set", "threads=0"], "threads=0 must be an integer >= 1"),
+        ("--set d_model=128.5", [*new_run, "--set", "d_model=128.5"], "d_model=128.5 must be an integer"),
+        ("--set d_model=abc", [*new_run, "--set", "d_model=abc"], "d_model='abc' must be an integer"),
+        ("--set eval_every=0", [*new_run, "--set", "eval_every=0"], "eval_every=0 must be an integer >= 1"),
+        ("--set batch_size=x", [*new_run, "--set", "batch_size=x"], "batch_size='x' must be an integer"),
+        ("--set dropout=1.5", [*new_run, "--set", "dropout=1.5"], "dropout=1.5 must be in [0, 1)"),
+        ("--set attn.rounds=two", [*new_run, "--set", "attn.rounds=two", "--attn", "boosted"],
+         "attn.rounds='two' must be an integer"),
+        ("--set n_heads=true", [*new_run, "--set", "n_heads=true"], "n_heads=True must be an integer"),
+        ("--set unknown field", [*new_run, "--set", "colour=red"], "--set colour: unknown field"),
+        ("--set warmup_steps=-5", [*new_run, "--set", "warmup_steps=-5"], "warmup_steps=-5 must be an integer >= 0"),
+        ("--set max_steps=0", [*new_run, "--set", "max_steps=0"], "max_steps=0 must be an integer >= 1"),
+        ("--set epochs=0", [*new_run, "--set", "epochs=0"], "epochs=0.0 must be > 0"),
+        ("--set grad_clip=-1", [*new_run, "--set", "grad_clip=-1"], "grad_clip=-1.0 must be >= 0"),
+        ("--set split", [*new_run, "--set", "split=[0.5,0.6,0]"], "summing to 1"),
+        ("--set tokenizer=5", [*new_run, "--set", "tokenizer=5"], "tokenizer=5 must be a string"),
+        ("--set without =", [*new_run, "--set", "lr"], "expected key=value"),
+        ("unknown preset", [*new_run, "--preset", "huge"], "preset='huge' is not allowed"),
+        ("unknown attention", ["params", "--attn", "nope"], "attn='nope' is not allowed"),
+        ("unknown recipe", ["compare", "--recipe", "nope", "--out", tmp_path / "c"], "recipe='nope' is not allowed"),
+        ("unknown tokenizer", ["train", "--out", tmp_path / "o11", "--data", data, "--tokenizer", "words"],
+         "--tokenizer 'words' is not allowed"),
+        ("odd kv heads for differential", ["params", "--attn", "differential", "--set", "n_kv_heads=1"],
+         "must be even"),
+        ("bad device", [*new_run, "--device", "tpu"], "device='tpu' is not allowed"),
+    ]
+    return cases
+
+
+def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    cases = bad_inputs(trained, tmp_path)
+    assert len(cases) >= 40
+    (tmp_path / "empty-dir").mkdir()
+    before = snapshot(trained["run"])
+    report = []
+    for name, argv, expected in cases:
+        code, out, err = run_cli(capsys, argv)
+        assert code == 2, f"{name}: exit {code}: {err or out}"
+        line = one_line(code, err)
+        assert expected in line, f"{name}: {line}"
+        report.append(f"{name}: {line}")
+    assert snapshot(trained["run"]) == before  # nothing in the run directory changed
+    (tmp_path / "bad-inputs.txt").write_text("\n".join(report) + "\n")
+
+
+def test_unwritable_cache_directory_is_one_line(trained, tmp_path, capsys, monkeypatch):
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "a-file" / "cache"))
+    code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "o", "--data", trained["data"], "--tokenizer", "char"])
+    assert "cache directory" in one_line(code, err) and "GBATTN_CACHE" in err
+
+
+def test_output_piped_into_head_ends_quietly(trained):
+    env = dict(os.environ, GBATTN_CACHE=str(trained["cache"]))
+    proc = subprocess.Popen([*GBATTN, "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # the reader left before anything was written (like `| head -0`)
+    _, err = proc.communicate()
+    assert b"Traceback" not in err and err == b"", err

@@ -1,0 +1,416 @@
+"""Conversion of Hugging Face checkpoints and upcycling (gbattn.convert, gbattn.upcycle; docs/method.md,
+"Upcycling"): converted models compute transformers' logits, upcycled models compute their source's
+logits exactly (float64), the new parameters receive gradient, refusals are one line, and the run
+directory ``gbattn upcycle`` writes is continued by ``gbattn train --init-from``. Offline: tiny
+random models built from configs, no hub."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers
+
+from gbattn import rundir
+from gbattn.cli import main
+from gbattn.config import build_configs
+from gbattn.convert import load_source
+from gbattn.data.corpus import load_corpus
+from gbattn.data.tokenizer import get_tokenizer
+from gbattn.errors import CheckpointError, UserError
+from gbattn.model.gpt import GPT
+from gbattn.upcycle import upcycle
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 50
+EXACT = dict(rtol=1e-12, atol=1e-12)  # float64 logits: equal up to summation order
+
+
+def perturb(model: torch.nn.Module) -> None:
+    """Random biases and norm gains too (a fresh model has zeros and ones, which hide mapping errors)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+
+
+def save_hf(model, directory: Path) -> Path:
+    model.save_pretrained(directory)
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, VOCAB)}}
+    tok = HFTokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def gpt2_model():
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    perturb(model)
+    return model.eval()
+
+
+def llama_model():
+    torch.manual_seed(2)
+    cfg = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                   num_hidden_layers=2, vocab_size=VOCAB, rope_theta=500.0, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(cfg)
+    perturb(model)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    return save_hf(gpt2_model(), tmp_path_factory.mktemp("gpt2"))
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return save_hf(llama_model(), tmp_path_factory.mktemp("llama"))
+
+
+def write_gbattn_run(directory: Path) -> Path:
+    """A gbattn run directory of a tiny standard model (GQA, char tokenizer of tiny-shakespeare), written by hand."""
+    tok = get_tokenizer("char", load_corpus("tiny-shakespeare", (0.9, 0.1, 0.0)), verbose=False)
+    sets = {"d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "block_size": 33, "vocab_size": tok.vocab_size}
+    model_cfg, train_cfg = build_configs("cpu-char", "standard", "tiny-shakespeare", sets)
+    torch.manual_seed(3)
+    model = GPT(model_cfg)
+    perturb(model)
+    directory.mkdir(parents=True)
+    tok.save(directory / rundir.TOKENIZER)
+    rundir.save_checkpoint({"model": model.state_dict(), "step": 7}, directory / rundir.BEST)
+    config = {"preset": "cpu-char", "model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "extra": {},
+              "data": {"corpus": "tiny-shakespeare"}, "seq_len": 32, "steps": 7, "parameters": model.num_params()}
+    (directory / rundir.CONFIG).write_text(json.dumps(config))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def gbattn_dir(tmp_path_factory):
+    return write_gbattn_run(tmp_path_factory.mktemp("gbattn") / "run")
+
+
+@pytest.fixture(params=["gbattn", "gpt2", "llama"])
+def source_dir(request):
+    return request.getfixturevalue(f"{request.param}_dir")
+
+
+def tokens(seed: int = 0, batch: int = 3, length: int = 17):
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def logits64(model: torch.nn.Module, idx_BT: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model.double().eval()(idx_BT)
+
+
+def upcycled_model(up) -> GPT:
+    model = GPT(up.model_cfg)
+    model.load_state_dict(up.state)
+    return model.eval()
+
+
+# --------------------------------------------------------------------------------------
+# Conversion
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def float64_llama(monkeypatch):
+    """transformers computes Llama's RMSNorm and RoPE angles in float32 even in a float64 model;
+    patched here to float64 (as gbattn computes them) so the comparison can be exact."""
+    from transformers.models.llama import modeling_llama as ml
+
+    def rms_norm(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rope(self, x, position_ids):
+        dim = 2 * self.inv_freq.shape[0]
+        base = self.config.rope_parameters["rope_theta"]
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        angles = position_ids[..., None].double() * inv_freq
+        angles = torch.cat([angles, angles], dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+    monkeypatch.setattr(ml.LlamaRMSNorm, "forward", rms_norm)
+    monkeypatch.setattr(ml.LlamaRotaryEmbedding, "forward", rope)
+
+
+@pytest.mark.parametrize("make", [gpt2_model, llama_model], ids=["gpt2", "llama-gqa"])
+def test_converted_logits_equal_transformers(make, tmp_path, float64_llama):
+    hf = make()
+    source = load_source(save_hf(hf, tmp_path / "hf"))
+    idx = tokens()
+    with torch.no_grad():
+        expected = hf.double()(idx).logits
+    torch.testing.assert_close(logits64(source.build_model(), idx), expected, rtol=1e-10, atol=1e-10)
+    assert source.tokenizer.kind == "hf" and source.tokenizer.encode("w3 w7 zzz") == [3, 7, 0]
+
+
+def test_converted_llama_matches_transformers_as_shipped_in_float32(llama_dir):
+    """Without the float64 patch: transformers' float32 norms and RoPE agree to float32 rounding."""
+    hf = transformers.LlamaForCausalLM.from_pretrained(llama_dir).eval()
+    idx = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(load_source(llama_dir).build_model()(idx), hf(idx).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_converted_configs(gpt2_dir, llama_dir):
+    gpt2, llama = load_source(gpt2_dir).model_cfg, load_source(llama_dir).model_cfg
+    assert (gpt2.ffn, gpt2.norm_type, gpt2.pos, gpt2.bias, gpt2.tie_embeddings, gpt2.block_size) == (
+        "gelu-tanh", "layernorm", "learned", True, True, 64)
+    assert (llama.ffn, llama.norm_type, llama.pos, llama.bias, llama.tie_embeddings, llama.n_kv_heads) == (
+        "swiglu", "rmsnorm", "rope", False, False, 2)
+    assert (llama.rope_base, llama.norm_eps, llama.ffn_width) == (500.0, 1e-6, 64)
+
+
+def test_sharded_safetensors_and_torch_bin(tmp_path, float64_llama):
+    """Shards with an index, and a plain ``pytorch_model.bin`` (tensors only), convert to the same model."""
+    hf = llama_model()
+    sharded = tmp_path / "sharded"
+    hf.save_pretrained(sharded, max_shard_size="20KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    save_hf(hf, tmp_path / "single")
+    binary = tmp_path / "bin"
+    binary.mkdir()
+    shutil.copy(tmp_path / "single" / "config.json", binary)
+    torch.save(hf.state_dict(), binary / "pytorch_model.bin")
+    idx = tokens()
+    expected = logits64(load_source(tmp_path / "single").build_model(), idx)
+    for directory in (sharded, binary):
+        shutil.copy(tmp_path / "single" / "tokenizer.json", directory)
+        torch.testing.assert_close(logits64(load_source(directory).build_model(), idx), expected, **EXACT)
+
+
+class _RunsCode:
+    """Unpickling this calls ``open(marker, "w")``: a stand-in for a checkpoint that runs code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_pickle_that_would_run_code_is_refused(gpt2_dir, tmp_path):
+    directory = tmp_path / "evil"
+    directory.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(gpt2_dir / name, directory)
+    marker = tmp_path / "ran"
+    torch.save({"transformer.wte.weight": torch.zeros(VOCAB, 32), "payload": _RunsCode(marker)},
+               directory / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="could run code"):
+        load_source(directory)
+    assert not marker.exists()
+
+
+def _edit_config(source: Path, directory: Path, **changes) -> Path:
+    shutil.copytree(source, directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **changes}))
+    return directory
+
+
+@pytest.mark.parametrize("which,changes,message", [
+    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "RoPE scaling"),
+    ("llama", {"rope_parameters": None, "rope_theta": 500.0, "rope_scaling": {"type": "dynamic"}}, "rope_scaling"),
+    ("llama", {"head_dim": 16}, "head_dim=16"),
+    ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("gpt2", {"activation_function": "relu"}, "activation_function='relu'"),
+    ("gpt2", {"model_type": "bert"}, "model_type='bert'"),
+])
+def test_inexact_conversions_refused_in_one_line(which, changes, message, request, tmp_path):
+    directory = _edit_config(request.getfixturevalue(f"{which}_dir"), tmp_path / "edited", **changes)
+    with pytest.raises(CheckpointError, match=message.replace("(", r"\(")) as e:
+        load_source(directory)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_or_mismatched_tokenizer_refused(gpt2_dir, tmp_path):
+    directory = tmp_path / "copy"
+    shutil.copytree(gpt2_dir, directory)
+    (directory / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="no tokenizer.json"):
+        load_source(directory)
+    small = HFTokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    small.save(str(directory / "tokenizer.json"))
+    with pytest.raises(CheckpointError, match="2 tokens but the model's vocab_size is 50"):
+        load_source(directory)
+
+
+# --------------------------------------------------------------------------------------
+# Upcycling: the same function
+# --------------------------------------------------------------------------------------
+
+FUNCTION_PRESERVING = [
+    ("boosted", {}),
+    ("boosted", {"kv_source": "input", "rounds": 3}),
+    ("boosted", {"kv_source": "shared"}),  # the tanh gate, chosen since attn.gate is not set
+    ("boosted", {"kv_source": "shared", "gate": "tanh", "rounds": 3}),
+    ("boosted", {"gate": "mlp", "layers": [-1]}),
+    ("boosted", {"gate": "vector", "rounds": 3}),
+    ("boosted", {"gate": "tanh"}),
+    ("boosted", {"gate": "none", "kv_source": "input"}),
+    ("gated", {}),
+    ("gated", {"mode": "headwise"}),
+    ("standard", {}),
+]
+
+
+@pytest.mark.parametrize("attn,options", FUNCTION_PRESERVING,
+                         ids=[f"{a}-{json.dumps(o, separators=(',', '='))}" for a, o in FUNCTION_PRESERVING])
+def test_upcycled_logits_equal_the_source(source_dir, attn, options):
+    source = load_source(source_dir)
+    up = upcycle(source, attn, options)
+    assert up.model_cfg.attn == attn and (up.new > 0) == (attn != "standard")
+    idx = tokens(seed=1)
+    torch.testing.assert_close(logits64(upcycled_model(up), idx), logits64(source.build_model(), idx), **EXACT)
+
+
+def test_shared_without_a_gate_takes_tanh_and_says_so(gpt2_dir):
+    up = upcycle(gpt2_dir, "boosted", {"kv_source": "shared"})
+    assert up.model_cfg.attn_options["gate"] == "tanh"
+    assert any("tanh gate" in note for note in up.notes)
+
+
+def test_layers_option_puts_rounds_only_there(gpt2_dir):
+    model = upcycled_model(upcycle(gpt2_dir, "boosted", {"layers": [-1]}))
+    assert [len(b.attn.corrections) for b in model.blocks] == [0, 1]
+
+
+# --------------------------------------------------------------------------------------
+# Upcycling: the new parameters learn
+# --------------------------------------------------------------------------------------
+
+
+def new_parameter_grads(model: GPT, attn: str, options: dict) -> dict[str, torch.Tensor]:
+    """The gradient of every new parameter group, by name: each correction round's W_Q^m, W_K^m, W_V^m
+    rows (and biases) and gate parameters; gated attention's W_theta rows."""
+    groups = {}
+    for i, block in enumerate(model.blocks):
+        a = block.attn
+        q, kv = a.q_width, a.kv_width
+        if attn == "gated":
+            groups[f"{i}.W_theta"] = a.qkv.weight.grad[q + 2 * kv:]
+        for m, c in enumerate(getattr(a, "corrections", []), start=1):
+            kv_source = options.get("kv_source", "residual")
+            groups[f"{i}.{m}.W_Q"] = c.proj.weight.grad[:q]
+            if kv_source == "residual":
+                groups[f"{i}.{m}.W_K"] = c.proj.weight.grad[q : q + kv]
+                groups[f"{i}.{m}.W_V"] = c.proj.weight.grad[q + kv :]
+            elif kv_source == "input":
+                lo = q + 2 * kv + 2 * kv * (m - 1)
+                groups[f"{i}.{m}.W_K"] = a.qkv.weight.grad[lo : lo + kv]
+                groups[f"{i}.{m}.W_V"] = a.qkv.weight.grad[lo + kv : lo + 2 * kv]
+            for name, p in c.gate.named_parameters():
+                groups[f"{i}.{m}.gate.{name}"] = p.grad
+    return groups
+
+
+def backward(model: GPT, seed: int) -> None:
+    model.zero_grad()
+    idx = tokens(seed=seed, length=18)
+    model(idx[:, :-1], idx[:, 1:]).backward()
+
+
+# (attn, options, the new groups with gradient at the first step: the zeroed factor's partner)
+LEARNING = [
+    ("boosted", {"kv_source": "residual", "rounds": 3}, ("W_V",)),
+    ("boosted", {"kv_source": "residual", "gate": "tanh"}, ("W_V",)),
+    ("boosted", {"kv_source": "input", "rounds": 3, "gate": "mlp"}, ("W_V",)),
+    ("boosted", {"kv_source": "shared", "gate": "tanh"}, ("gate.",)),
+    ("gated", {}, ("W_theta",)),
+]
+
+
+@pytest.mark.parametrize("attn,options,live", LEARNING,
+                         ids=[f"{a}-{json.dumps(o, separators=(',', '='))}" for a, o, _ in LEARNING])
+def test_new_parameters_get_gradient(gpt2_dir, attn, options, live):
+    """First backward: gradient exactly where the rule says (the zeroed factor's partner), none elsewhere
+    (those wait for the first step). After one AdamW step and a second backward, every new parameter
+    group has gradient: the start is not a dead saddle."""
+    model = upcycled_model(upcycle(gpt2_dir, attn, options)).double()
+    backward(model, seed=2)
+    first = new_parameter_grads(model, attn, options)
+    assert first
+    for name, grad in first.items():
+        expect_live = any(f".{tag}" in name or name.endswith(tag) for tag in live)
+        assert (grad.abs().max().item() > 0) == expect_live, f"{name}: gradient {grad.abs().max().item()} at step 1"
+    torch.optim.AdamW(model.parameters(), lr=1e-2).step()
+    backward(model, seed=3)
+    dead = [name for name, grad in new_parameter_grads(model, attn, options).items() if not grad.abs().max() > 0]
+    assert not dead, f"no gradient after one step: {dead}"
+
+
+# --------------------------------------------------------------------------------------
+# Refusals and the command line
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attn,sets,message", [
+    ("twicing", [], "twicing cannot be upcycled exactly"),
+    ("differential", [], "differential attention cannot be upcycled exactly"),
+    ("boosted", ["attn.kv_source=shared", "attn.gate=linear"], "--set attn.gate=tanh"),
+    ("boosted", ["d_model=64"], "attn.KEY=VALUE"),
+    ("boosted", ["attn.rounds=0"], "attn.rounds"),
+])
+def test_refusals_are_one_line_exit_2(gbattn_dir, tmp_path, capsys, attn, sets, message):
+    argv = ["upcycle", str(gbattn_dir), "--attn", attn, "--out", str(tmp_path / "out")]
+    for item in sets:
+        argv += ["--set", item]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "out" / rundir.CONFIG).exists()
+
+
+def test_upcycling_a_non_standard_run_refused(gbattn_dir, tmp_path):
+    up_dir = tmp_path / "up"
+    assert main(["upcycle", str(gbattn_dir), "--attn", "boosted", "--out", str(up_dir)]) == 0
+    with pytest.raises(UserError, match="starts from a standard-attention model"):
+        upcycle(up_dir, "gated")
+
+
+@pytest.mark.parametrize("which", ["gbattn", "gpt2"])
+def test_cli_upcycle_then_train_init_from(which, request, tmp_path, capsys):
+    """``gbattn upcycle`` writes a run directory (config, tokenizer, best.pt at step 0; no checkpoint.pt)
+    whose model is the source's function, and ``gbattn train --init-from`` continues it for 3 steps."""
+    source = request.getfixturevalue(f"{which}_dir")
+    up_dir = tmp_path / "up"
+    assert main(["upcycle", str(source), "--attn", "boosted", "--set", "attn.rounds=3", "--out", str(up_dir)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "parameters copied" in out[0] and "W_V^m" in out[0]
+    assert sorted(p.name for p in up_dir.iterdir() if not p.name.startswith(".")) == [
+        "best.pt", "config.json", "tokenizer.json"]
+    config = json.loads((up_dir / "config.json").read_text())
+    assert config["extra"]["upcycled_from"] == source.name and config["preset"] == (
+        "cpu-char" if which == "gbattn" else None)
+    run = rundir.load_run(up_dir)
+    assert run.step == 0 and run.model_cfg.attn_options == {"rounds": 3}
+    idx = torch.randint(0, run.model_cfg.vocab_size, (2, 16))
+    torch.testing.assert_close(logits64(run.model, idx), logits64(load_source(source).build_model(), idx), **EXACT)
+
+    train_dir = tmp_path / "train"
+    argv = ["train", "--init-from", str(up_dir), "--out", str(train_dir), "--data", "tiny-shakespeare", "--quiet",
+            "--threads", "1", "--no-compile", "--set", "max_steps=3", "--set", "batch_size=4",
+            "--set", "eval_tokens=2000", "--set", "seq_len=32"]
+    assert main(argv) == 0, capsys.readouterr().err
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["attn"] == "boosted"
+    trained = json.loads((train_dir / "config.json").read_text())
+    assert trained["model"] == config["model"] and trained["train"]["init_from"] == str(up_dir)
+
+
+def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys):
+    assert main(["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(tmp_path / "up")]) == 0
+    capsys.readouterr()
+    assert main(["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(tmp_path / "up")]) == 2
+    assert "already holds a run" in capsys.readouterr().err
