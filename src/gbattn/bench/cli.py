@@ -20,10 +20,11 @@ def register(sub) -> None:
                    help="sequence lengths for the sweep (e.g. 256 512 1024 2048 4096); none by default")
     p.add_argument("--sweep-attn", nargs="+", default=None, metavar="VARIANT", help="default: standard boosted")
     p.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")
-    p.add_argument("--compile", action="store_true", help="torch.compile the training step (CUDA)")
+    p.add_argument("--compile", default="off", choices=["off", "on", "both"],
+                   help="torch.compile the training and decode steps: off, on, or both side by side (default off)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                    help="model-config override for every variant, e.g. --set dropout=0")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, one per core)")
     p.add_argument("--out", default=None, help="write bench.json and bench.md here")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_bench)

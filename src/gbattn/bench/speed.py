@@ -25,6 +25,8 @@ from gbattn.bench.cli import DEFAULT_VARIANTS
 from gbattn.checks import parse_value
 from gbattn.config import ModelConfig, preset_config
 from gbattn.errors import UserError
+from gbattn.model.compiled import compiled_decode_step
+from gbattn.model.generate import eager_decode_step
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
@@ -57,6 +59,10 @@ class Case:
     step_times: list = field(default_factory=list)
     prefill_times: list = field(default_factory=list)
     decode_times: list = field(default_factory=list)
+    compiled: bool = False
+    step_model: object = None
+    decode_step: object = None
+    warmup_s: dict = field(default_factory=dict)
 
 
 def train_step(case: Case, x, y, autocast) -> None:
@@ -68,11 +74,13 @@ def train_step(case: Case, x, y, autocast) -> None:
 
 
 @torch.no_grad()
-def prefill_and_decode(model: GPT, prompt, n_decode: int, device, autocast) -> tuple[float, float]:
-    """Seconds for one prefill of ``prompt`` and for ``n_decode`` single-token cached steps."""
+def prefill_and_decode(model: GPT, prompt, n_decode: int, device, autocast, step=None) -> tuple[float, float]:
+    """Seconds for one prefill of ``prompt`` and for ``n_decode`` single-token cached steps (through
+    ``step``, e.g. the compiled one, or the model's eager forward)."""
     model.eval()
     T = prompt.shape[1]
     model.setup_cache(prompt.shape[0], max_len=T + n_decode)
+    step = step or eager_decode_step(model)
     sync(device)
     t0 = time.perf_counter()
     with autocast():
@@ -82,8 +90,8 @@ def prefill_and_decode(model: GPT, prompt, n_decode: int, device, autocast) -> t
     nxt = logits[:, -1:].argmax(-1)
     for i in range(n_decode):
         with autocast():
-            logits = model(nxt, input_pos=torch.tensor([T + i], device=device))
-        nxt = logits[:, -1:].argmax(-1)
+            logits_BV = step(nxt, torch.tensor([T + i], device=device), None, None)
+        nxt = logits_BV.argmax(-1, keepdim=True)
     sync(device)
     t2 = time.perf_counter()
     model.clear_cache()
@@ -150,10 +158,11 @@ def _autocast(device: torch.device, amp: bool):
 def run_bench(preset: str, variants: list[str] | None = None, device: str = "auto", batch: int | None = None,
               seq_len: int | None = None, repeats: int = 5, steps: int = 3, prefill: int | None = None,
               decode: int = 64, sweep: list[int] | None = None, sweep_variants: list[str] | None = None,
-              amp: bool = True, compile: bool = False, threads: int | None = None, out: str | None = None,
+              amp: bool = True, compile: str = "off", threads: int | None = None, out: str | None = None,
               quiet: bool = False, sets: dict | None = None) -> dict:
     """``sets``: model-config overrides for every variant (``{"dropout": 0.0}``); a variant's own
-    options (``boosted:rounds=3``) apply on top."""
+    options (``boosted:rounds=3``) apply on top. ``compile``: off (eager), on, or both side by side
+    (each variant eager and ``torch.compile``d, training step and decode step, same repeats)."""
     sets = dict(sets or {})
     if threads:
         torch.set_num_threads(threads)
@@ -172,21 +181,24 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     autocast = _autocast(dev, amp)
     torch.backends.cuda.matmul.allow_tf32 = True
 
+    modes = {"off": [False], "on": [True], "both": [False, True]}[compile]
     cases = []
     for spec in variants:
         cfg = _variant_config(preset, spec, sets)
-        torch.manual_seed(0)
-        model = GPT(cfg).to(dev)
-        step_model = torch.compile(model) if compile else model
-        case = Case(spec, cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda"))
-        case.step_model = step_model
-        cases.append(case)
+        for compiled in modes:
+            torch.manual_seed(0)
+            model = GPT(cfg).to(dev)
+            case = Case(spec + (" · compiled" if compiled else ""), cfg, model,
+                        torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda"), compiled=compiled)
+            case.step_model = torch.compile(model) if compiled else model
+            case.decode_step = compiled_decode_step(model) if compiled else None
+            cases.append(case)
 
     x = torch.randint(0, base_cfg.vocab_size, (batch, seq_len), device=dev)
     prompt = torch.randint(0, base_cfg.vocab_size, (1, prefill), device=dev)
     total = len(cases) * (repeats + 1)
     bar = Progress(total, desc=f"bench {preset} on {dev.type}", unit="round", disable=quiet, interval=15)
-    for rep in range(repeats + 1):  # round 0 is the warm-up
+    for rep in range(repeats + 1):  # round 0 is the warm-up (and the compilation)
         for case in cases:
             runner = Case(case.label, case.cfg, case.step_model, case.optimizer)
             sync(dev)
@@ -194,12 +206,14 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             for _ in range(steps if rep else 2):
                 train_step(runner, x, x, autocast)
             sync(dev)
+            elapsed = time.perf_counter() - t0
+            p, d = prefill_and_decode(case.model, prompt, decode, dev, autocast, case.decode_step)
             if rep:
-                case.step_times.append((time.perf_counter() - t0) / steps)
-            p, d = prefill_and_decode(case.model, prompt, decode, dev, autocast)
-            if rep:
+                case.step_times.append(elapsed / steps)
                 case.prefill_times.append(p)
                 case.decode_times.append(d)
+            else:
+                case.warmup_s = {"train_2_steps": elapsed, "decode": d}
             bar.update(1)
     bar.close()
 
@@ -212,11 +226,14 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             "step_s": step,
             "step_s_all": case.step_times,
             "tokens_per_s": batch * seq_len / step,
-            "peak_memory_bytes": peak_memory_train_step(case.cfg, batch, seq_len, dev, amp),
+            # (measured eagerly, in a fresh process: a compiled row shows its variant's eager value)
+            "peak_memory_bytes": None if case.compiled else peak_memory_train_step(case.cfg, batch, seq_len, dev, amp),
             "forward_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len),
             "train_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len, backward=True),
             "prefill_s": statistics.median(case.prefill_times),
             "decode_tokens_per_s": decode / statistics.median(case.decode_times),
+            "compiled": case.compiled,
+            "warmup_s": case.warmup_s,
         })
     base = rows[0]
     for r in rows:
@@ -227,10 +244,21 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         r["step_ratio_range"] = [paired[0], paired[-1]]
         r["flop_ratio"] = r["train_flops_per_token"] / base["train_flops_per_token"]
         r["step_over_flop_ratio"] = r["step_ratio"] / r["flop_ratio"]
-        r["memory_ratio"] = r["peak_memory_bytes"] / base["peak_memory_bytes"] if base["peak_memory_bytes"] else None
+        memory = r["peak_memory_bytes"]
+        r["memory_ratio"] = memory / base["peak_memory_bytes"] if memory and base["peak_memory_bytes"] else None
         r["decode_ratio"] = base["decode_tokens_per_s"] / r["decode_tokens_per_s"]
+    eager = {r["variant"]: r for r in rows if not r["compiled"]}
+    for r in rows:
+        if r["compiled"]:  # against the same variant, eager, in the same repeats
+            own = eager.get(r["variant"].replace(" · compiled", ""))
+            if own is not None:
+                paired = [t0 / t for t, t0 in zip(r["step_s_all"], own["step_s_all"])]
+                r["compiled_step_speedup"] = statistics.median(paired)
+                r["compiled_decode_speedup"] = r["decode_tokens_per_s"] / own["decode_tokens_per_s"]
+                r["compile_s"] = {"train": max(0.0, r["warmup_s"]["train_2_steps"] - 2 * r["step_s"]),
+                                  "decode": max(0.0, r["warmup_s"]["decode"] - decode / r["decode_tokens_per_s"])}
     for case in cases:
-        case.model = case.step_model = case.optimizer = None
+        case.model = case.step_model = case.optimizer = case.decode_step = None
 
     sweep_rows = _sweep(preset, sweep or [], sweep_variants or ["standard", "boosted"], dev, amp, quiet, sets)
     report = {
@@ -310,7 +338,8 @@ def bench_markdown(report: dict) -> str:
         f"batch {report['batch']} x {report['seq_len']} tokens · "
         f"median of {report['repeats']} interleaved repeats of {report['steps_per_repeat']} steps · "
         f"dropout {report['dropout']:g}"
-        f"{' · bf16 autocast' if report['amp_bf16'] else ''}{' · torch.compile' if report['compile'] else ''}",
+        f"{' · bf16 autocast' if report['amp_bf16'] else ''}"
+        f"{'' if report['compile'] == 'off' else ' · torch.compile: ' + report['compile']}",
         "",
         "| variant | parameters | step (ms) | tokens/s | peak memory (MiB) | fwd MFLOP/token | step ratio (range) | "
         "FLOP ratio | step / FLOP ratio | memory ratio | prefill (ms) | decode tokens/s | decode cost ratio |",
@@ -318,10 +347,11 @@ def bench_markdown(report: dict) -> str:
     ]
     for r in report["variants"]:
         mem_ratio = f"{r['memory_ratio']:.2f}" if r["memory_ratio"] else "—"
+        memory = f"{r['peak_memory_bytes'] / mib:,.0f}" if r["peak_memory_bytes"] else "—"
         lo, hi = r["step_ratio_range"]
         lines.append(
             f"| {r['variant']} | {r['parameters']:,} | {1000 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
-            f"{r['peak_memory_bytes'] / mib:,.0f} | {r['forward_flops_per_token'] / 1e6:.2f} | "
+            f"{memory} | {r['forward_flops_per_token'] / 1e6:.2f} | "
             f"{r['step_ratio']:.3f} ({lo:.2f}–{hi:.2f}) | "
             f"{r['flop_ratio']:.3f} | {r['step_over_flop_ratio']:.3f} | {mem_ratio} | {1000 * r['prefill_s']:.1f} | "
             f"{r['decode_tokens_per_s']:,.0f} | {r['decode_ratio']:.2f} |"
@@ -332,6 +362,21 @@ def bench_markdown(report: dict) -> str:
               "Step / FLOP ratio 1.00 = the variant costs exactly its extra arithmetic. Decode cost ratio: "
               "time per decoded token relative to standard (prefill of "
               f"{report['prefill_tokens']} tokens, then {report['decode_tokens']} cached steps, batch 1)."]
+    compiled = [r for r in report["variants"] if r.get("compiled_step_speedup")]
+    if compiled:
+        lines += ["", "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)", "",
+                  "| variant | step eager (ms) | step compiled (ms) | step speedup | decode eager (tokens/s) | "
+                  "decode compiled (tokens/s) | decode speedup | compile time: train / decode (s) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        eager = {r["variant"]: r for r in report["variants"] if not r["compiled"]}
+        for r in compiled:
+            e = eager[r["variant"].replace(" · compiled", "")]
+            lines.append(f"| {e['variant']} | {1000 * e['step_s']:.1f} | {1000 * r['step_s']:.1f} | "
+                         f"{r['compiled_step_speedup']:.2f} | {e['decode_tokens_per_s']:,.0f} | "
+                         f"{r['decode_tokens_per_s']:,.0f} | {r['compiled_decode_speedup']:.2f} | "
+                         f"{r['compile_s']['train']:.0f} / {r['compile_s']['decode']:.0f} |")
+        lines += ["", "Speedups: the variant's eager time over its compiled time in the same repeats (step: median "
+                  "of the paired ratios). Compile time: the warm-up round's extra time over the measured steps."]
     if report["sweep"]:
         lines += ["", "## Sequence-length sweep (batch 1, one training step)", "",
                   "| T | variant | step (ms) | peak memory (MiB) | one T x T fp32 matrix (MiB) |",

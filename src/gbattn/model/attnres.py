@@ -27,6 +27,9 @@ class AttnResStream(nn.Module):
         # One pseudo-query and one key norm per sublayer, plus one for the final aggregation.
         self.queries = nn.Parameter(torch.zeros(self.n_sublayers + 1, cfg.d_model))
         self.norms = nn.ModuleList(nn.RMSNorm(cfg.d_model) for _ in range(self.n_sublayers + 1))
+        # Sublayer 0 mixes one source (the embedding) in every mode: its norm never gets a gradient.
+        # Not trained, so optimizers and sharded checkpoints hold no state for it.
+        self.norms[0].weight.requires_grad_(False)
 
     def depth_weights(self, index: int, sources: list[Tensor]) -> Tensor:
         """Softmax over the sources, per position: (N, B, T)."""

@@ -16,8 +16,11 @@ MIN_TOKENS_TO_COMPILE = {"cpu": 2000, "cuda": 64}
 def compiled_decode_step(model, mode: str | None = None):
     """``step(token_B1, slot_1, position_B1 or None, key_padding_BS or None) -> logits_BV`` compiled."""
     device = next(model.parameters()).device
-    mode = mode or ("reduce-overhead" if device.type == "cuda" else "default")
-    return torch.compile(eager_decode_step(model), mode=mode, fullgraph=True, dynamic=False)
+    # CUDA graphs on CUDA (what mode="reduce-overhead" turns on). In-place buffer reuse off: with it,
+    # PyTorch 2.13's inductor miscompiles this step for a model with several layers of 3-round GBA with
+    # the mlp gate (NaN logits; tests/test_compiled.py::test_compiled_decoding_inside_attention_residuals).
+    options = {"inplace_buffers": False, "triton.cudagraphs": device.type == "cuda" and mode != "default"}
+    return torch.compile(eager_decode_step(model), options=options, fullgraph=True, dynamic=False)
 
 
 def decoder_for(model, compile: bool = True, max_new_tokens: int = 0) -> tuple[object | None, str]:

@@ -1,6 +1,6 @@
 """Several processes through ``torchrun``: PyTorch's DDP (the default: every process holds the whole
 model) or FSDP2 (``fully_shard``: parameters, gradients and optimizer state sharded over the
-processes, each block a unit), with gloo on CPU and NCCL on CUDA. Checkpoints are always full
+processes, each attention and FFN sublayer a unit), with gloo on CPU and NCCL on CUDA. Checkpoints are always full
 (one file, loadable by any number of processes) and keyed by parameter name."""
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ def shutdown_distributed() -> None:
 
 def wrap_model(model: torch.nn.Module, parallel: str, env: DistEnv, device: torch.device) -> torch.nn.Module:
     """The module the training step calls: the model itself (one process), DDP, or the model with
-    every block and then the root sharded by FSDP2 (tied embeddings and the AttnRes stream live in
-    the root unit). On CUDA FSDP2 computes in bf16 and reduces gradients in float32."""
+    every attention and FFN sublayer and then the root sharded by FSDP2 (embeddings, tied head, norms
+    and the AttnRes stream live in the root unit). On CUDA FSDP2 computes in bf16 and reduces
+    gradients in float32."""
     if not env.enabled:
         return model
     if parallel == "ddp":
@@ -87,8 +88,9 @@ def wrap_model(model: torch.nn.Module, parallel: str, env: DistEnv, device: torc
     policy = MixedPrecisionPolicy()
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, mp_policy=policy)
+    for block in model.blocks:  # the sublayers, not the block: Attention Residuals call them one at a time
+        fully_shard(block.attn, mp_policy=policy)
+        fully_shard(block.mlp, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model
 

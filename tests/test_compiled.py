@@ -1,0 +1,107 @@
+"""torch.compile (issue 15): compiled decoding gives the eager tokens for every variant (greedy and
+sampled, inductor on CPU), compiled training gives the eager losses for every variant and residual
+stream, and a compiled run resumes exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gbattn.model.compiled import compiled_decode_step, decoder_for
+from gbattn.model.generate import generate
+from gbattn.train.trainer import Trainer, train
+from helpers import write_corpus
+from test_model import tiny_model
+from test_pipeline import tiny_configs
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compile_state():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_compiled_decoding_gives_the_eager_tokens(variant_case):
+    """Inductor-compiled decode step (fixed-size cache, fixed shapes, no graph break: fullgraph) vs
+    the eager one: the same tokens, greedy and sampled with the same seed, in float32."""
+    model = tiny_model(variant_case).float()
+    prompt = torch.randint(0, 37, (2, 5))
+    step = compiled_decode_step(model)
+    for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=10, seed=3)):
+        eager = generate(model, prompt, 14, **kwargs)
+        compiled = generate(model, prompt, 14, decode_step=step, **kwargs)
+        assert torch.equal(compiled, eager), kwargs
+
+
+@pytest.mark.parametrize("residual", ["attnres-full", "attnres-block"])
+def test_compiled_decoding_inside_attention_residuals(residual):
+    model = tiny_model(("boosted", {"rounds": 3, "gate": "mlp"}), residual=residual, attnres_block=3).float()
+    with torch.no_grad():
+        model.residual.queries.normal_()
+    prompt = torch.randint(0, 37, (1, 4))
+    step = compiled_decode_step(model)
+    assert torch.equal(generate(model, prompt, 12, temperature=0, decode_step=step),
+                       generate(model, prompt, 12, temperature=0))
+
+
+def test_decoding_compiles_only_where_it_pays():
+    model = tiny_model(("standard", {})).float()
+    assert decoder_for(model, compile=True, max_new_tokens=10)[0] is None  # compiling would cost more than it saves
+    assert decoder_for(model, compile=False, max_new_tokens=10**6)[0] is None
+    step, how = decoder_for(model, compile=True, max_new_tokens=10**6)
+    assert step is not None and "compiled" in how
+
+
+def _aot_eager(monkeypatch):
+    """torch.compile with the aot_eager backend: the same graph capture and autograd as inductor
+    (so graph breaks, guards and the training step are exercised) without its minutes of C++
+    code generation per model on a CPU; test_compiled_run_resumes_exactly uses inductor."""
+    original = torch.compile
+
+    def compile_aot_eager(model, **kwargs):
+        return original(model, backend="aot_eager", **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_aot_eager)
+
+
+@pytest.mark.parametrize("residual", ["plain", "attnres-block"])
+def test_compiled_training_gives_the_eager_losses(variant_case, residual, tmp_path, monkeypatch):
+    name, opts = variant_case
+    data = write_corpus(tmp_path / "c", lines_per_split=(200, 30, 30))
+    sets = {"max_steps": 3, "eval_every": 3, "dropout": 0.0, "residual": residual, "threads": 1,
+            **{f"attn.{k}": v for k, v in opts.items()}}
+    eager = train(tmp_path / "eager", *tiny_configs(data, attn=name, compile=False, **sets), quiet=True)
+    _aot_eager(monkeypatch)
+    compiled = train(tmp_path / "compiled", *tiny_configs(data, attn=name, compile=True, **sets), quiet=True)
+    assert compiled["test_loss"] == pytest.approx(eager["test_loss"], rel=1e-5)
+
+
+def test_compiled_run_resumes_exactly(tmp_path, monkeypatch):
+    """Inductor, dropout on: a compiled run killed at step 5 (checkpoint at 4) and resumed ends with
+    the weights and losses of an uninterrupted compiled run."""
+    data = write_corpus(tmp_path / "c", lines_per_split=(200, 30, 30))
+    configs = tiny_configs(data, compile=True, max_steps=8, eval_every=4, threads=1)
+    ref = train(tmp_path / "ref", *configs, quiet=True)
+
+    original = Trainer._train_step
+
+    def crash_at_5(self, step):
+        if step == 5:
+            raise RuntimeError("simulated kill")
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", crash_at_5)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        train(tmp_path / "crashed", *configs, quiet=True)
+    monkeypatch.setattr(Trainer, "_train_step", original)
+    resumed = train(tmp_path / "crashed", resume=True, quiet=True)
+    assert resumed["test_loss"] == ref["test_loss"]
+
+    def losses(run):
+        return [e["loss"] for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if e["event"] == "train"]
+
+    assert losses(tmp_path / "crashed") == losses(tmp_path / "ref")

@@ -1,0 +1,126 @@
+"""The paper presets train as the authors' code does (docs/paper.md, "The authors' training loop"):
+their warmup formula and their dropout sites; and defaults that fit the data (warmup fitted to a
+short run, the real vocabulary, how often evaluations run)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gbattn.config import PRESETS, build_configs, preset_config
+from gbattn.model import GPT
+from gbattn.train.trainer import fitted_warmup, learning_rate, train
+from helpers import TINY, write_corpus
+
+
+def authors_lr(step: int, peak: float, warmup: int, total: int) -> float:
+    """Their schedule, written out: lr = peak * step / W during warmup (0 at the first update), then
+    cosine from peak to 0 over the remaining steps."""
+    if step < warmup:
+        return peak * step / warmup
+    return 0.5 * peak * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+
+@pytest.mark.parametrize("preset", ["paper-small", "paper-medium", "llama-small"])
+def test_paper_presets_use_the_authors_warmup(preset):
+    _, cfg = build_configs(preset, "boosted", "data", {})
+    total, W = 18_375, cfg.warmup_steps
+    for step in (0, 1, 2, 749, W - 1, W, W + 1, 9_000, total - 1):
+        assert learning_rate(step, cfg, total, W) == pytest.approx(authors_lr(step, cfg.lr, W, total), rel=1e-12, abs=0)
+    assert learning_rate(0, cfg, total, W) == 0.0
+
+
+def test_cpu_presets_keep_their_measured_warmup():
+    """cpu-char and cpu-proxy results were measured with lr * (step + 1) / W (README)."""
+    for preset in ("cpu-char", "cpu-proxy", "cpu-llama"):
+        _, cfg = build_configs(preset, "standard", "data", {})
+        assert learning_rate(0, cfg, 2000, cfg.warmup_steps) == pytest.approx(cfg.lr / cfg.warmup_steps)
+
+
+def count_dropout(model: GPT, idx_BT: torch.Tensor) -> dict[str, int]:
+    """Dropout calls in one training-mode forward, by what they drop: the embedding sum or a
+    sublayer output (B, T, D), the FFN hidden layer (B, T, hidden), attention maps (B, H, T, T)."""
+    cfg = model.cfg
+    counts = {"width d": 0, "ffn hidden": 0, "attention maps": 0}
+    original = F.dropout
+
+    def counting(x, p=0.5, training=True, inplace=False):
+        if training and p > 0:
+            if x.dim() == 4:
+                counts["attention maps"] += 1
+            elif x.shape[-1] == cfg.d_model:
+                counts["width d"] += 1
+            elif x.shape[-1] == cfg.ffn_width:
+                counts["ffn hidden"] += 1
+        return original(x, p, training, inplace)
+
+    F.dropout = counting
+    try:
+        model.train()(idx_BT, naive=True)  # the reference path draws attention dropout through F.dropout
+    finally:
+        F.dropout = original
+    return counts
+
+
+# Attention-map dropout calls per layer: one per attention map (Twicing draws one mask and applies it to
+# both of its products: two calls replaying one RNG state, tests/test_attention.py).
+MAPS = {"standard": 1, "boosted": 2, "twicing": 2, "gated": 1, "differential": 2}
+
+
+@pytest.mark.parametrize("preset", ["paper-small", "paper-medium", "llama-small"])
+@pytest.mark.parametrize("attn", list(MAPS))
+def test_paper_presets_drop_out_where_the_authors_do(preset, attn):
+    """Embedding sum once; every attention map; the FFN hidden layer and the FFN output once per layer;
+    never the attention sublayer's output."""
+    cfg = preset_config(preset, attn, {"n_layers": 2, "vocab_size": 50, "d_model": 96})
+    assert cfg.dropout == 0.1
+    counts = count_dropout(GPT(cfg), torch.randint(0, 50, (2, 9)))
+    assert counts == {"width d": 1 + 2, "ffn hidden": 2, "attention maps": 2 * MAPS[attn]}
+
+
+def test_dropout_sites_are_a_model_option():
+    cfg = preset_config("paper-small", "standard", {"n_layers": 2, "vocab_size": 50, "d_model": 64,
+                                                    "dropout_sites": ["embedding", "attention", "attn-output",
+                                                                      "ffn-output"]})
+    counts = count_dropout(GPT(cfg), torch.randint(0, 50, (2, 9)))
+    assert counts == {"width d": 1 + 2 * 2, "ffn hidden": 0, "attention maps": 2}  # gbattn's sites before issue 12
+
+
+def test_every_preset_names_its_full_recipe():
+    """A preset is one record: model and training defaults, no fallback to another recipe."""
+    for name, preset in PRESETS.items():
+        model_cfg, train_cfg = build_configs(name, "standard", "data", {})
+        assert {"lr", "batch_size", "warmup_steps", "tokenizer", "weight_decay"} <= set(preset.train), name
+
+
+# --------------------------------------------------------------------------------------
+# Defaults that fit the data (issue 17)
+# --------------------------------------------------------------------------------------
+
+
+def test_a_default_warmup_longer_than_half_the_run_is_fitted_and_said():
+    _, cfg = build_configs("paper-small", "standard", "data", {})
+    warmup, note = fitted_warmup(cfg, 135)
+    assert warmup == 14 and "warmup_steps=1,500 is longer than half of this 135-step run: using 14" in note
+    assert fitted_warmup(cfg, 18_375) == (1500, None)
+
+
+def test_an_explicit_warmup_is_kept_and_warned_about_when_longer_than_the_run():
+    _, cfg = build_configs("paper-small", "standard", "data", {"warmup_steps": 200})
+    assert cfg.fit_warmup is False
+    warmup, note = fitted_warmup(cfg, 135)
+    assert warmup == 200 and note.startswith("warning: warmup_steps=200 >= the run's 135 steps")
+
+
+def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_path, capsys):
+    data = write_corpus(tmp_path / "c", lines_per_split=(300, 40, 40))
+    sets = dict(TINY, tokenizer="bpe", batch_size=4, epochs=3, train_tokens=None, eval_tokens=None, threads=1)
+    train(tmp_path / "run", *build_configs("paper-small", "standard", str(data), sets))
+    printed = capsys.readouterr().out
+    assert "bpe tokenizer: " in printed
+    assert "(the model config asked for 16,384; the vocabulary is the tokenizer's)" in printed
+    assert "warmup_steps=1,500 is longer than half of this" in printed
+    assert "evaluation every epoch = every" in printed and "--set eval_every=N evaluates less often" in printed

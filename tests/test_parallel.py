@@ -1,0 +1,169 @@
+"""Several runs per device and several devices per run (issue 15): `compare --jobs 2` gives the
+results of running the runs one after another; FSDP2 on 2 gloo processes computes the gradients of
+one process on the same global batch (averaged, not summed) for every variant, and trains to the
+same losses with full, exact checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from gbattn import rundir
+from gbattn.experiments.compare import run_compare
+from helpers import TINY, write_corpus
+
+
+def test_compare_with_two_jobs_equals_one_after_another(tmp_path, monkeypatch):
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=6, eval_every=3, tokenizer="char", batch_size=8, seq_len=32, sampling="rows",
+                train_tokens=None, eval_tokens=None, warmup_steps=2)
+    one = run_compare("cpu-proxy", tmp_path / "one", data=str(data), seeds=[1], sets=sets, quiet=True, threads=1)
+    two = run_compare("cpu-proxy", tmp_path / "two", data=str(data), seeds=[1], sets=sets, quiet=True, threads=2,
+                      jobs=2)
+    assert [r["label"] for r in two["models"]] == [r["label"] for r in one["models"]]
+    for a, b in zip(one["models"], two["models"]):
+        assert a["test_ppl"] == b["test_ppl"] and a["steps"] == b["steps"], a["label"]
+    for label in ("gba-m2", "compute-matched"):  # the compute-matched run waited for GBA's result
+        wa = rundir.load_checkpoint(tmp_path / "one" / label / "seed1" / rundir.CHECKPOINT)["model"]
+        wb = rundir.load_checkpoint(tmp_path / "two" / label / "seed1" / rundir.CHECKPOINT)["model"]
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    # A second invocation reuses every (checked) run: nothing is trained again.
+    again = run_compare("cpu-proxy", tmp_path / "two", data=str(data), seeds=[1], sets=sets, quiet=True, jobs=2)
+    assert [r["test_ppl"] for r in again["models"]] == [r["test_ppl"] for r in two["models"]]
+
+
+GRADIENT_WORKER = textwrap.dedent('''
+    """Under torchrun: each process takes half of a global batch; FSDP2's full gradients (rank 0)
+    are written for the test to compare with one process on the whole batch."""
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+    from gbattn.config import ModelConfig
+    from gbattn.model import GPT
+    from gbattn.train.distributed import init_distributed, wrap_model
+
+    cases = json.loads(sys.argv[2])
+    env = init_distributed("cpu") if "WORLD_SIZE" in os.environ else None
+    out = {}
+    for key, cfg_d in cases.items():
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(**cfg_d))
+        idx = torch.randint(0, cfg_d["vocab_size"], (4, 11), generator=torch.Generator().manual_seed(1))
+        if env is not None:
+            model = wrap_model(model, "fsdp2", env, torch.device("cpu"))
+            idx = idx[2 * env.rank : 2 * env.rank + 2]
+        model(idx[:, :-1], idx[:, 1:]).backward()
+        grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).tolist()
+                 for n, p in model.named_parameters() if p.grad is not None}  # AttnRes: sublayer 0 mixes nothing
+        out[key] = grads
+    if env is None or env.rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(out, f)
+    if env is not None:
+        dist.destroy_process_group()
+''')
+
+
+def _fsdp_cases() -> dict[str, dict]:
+    from conftest import VARIANT_CASES, case_id
+
+    base = dict(vocab_size=23, block_size=16, d_model=16, n_layers=2, n_heads=4, dropout=0.0)
+    cases = {case_id(c): dict(base, attn=c[0], attn_options=c[1]) for c in VARIANT_CASES}
+    cases["attnres-block-gqa-rope"] = dict(base, attn="boosted", residual="attnres-block", n_kv_heads=2, pos="rope")
+    cases["untied-llama"] = dict(base, attn="boosted", norm_type="rmsnorm", ffn="swiglu", bias=False,
+                                 tie_embeddings=False)
+    return cases
+
+
+def test_fsdp2_gradients_are_the_single_process_average(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(GRADIENT_WORKER)
+    cases = json.dumps(_fsdp_cases())
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    single = subprocess.run([sys.executable, str(worker), str(tmp_path / "one.json"), cases], capture_output=True,
+                            text=True, env=env)
+    assert single.returncode == 0, single.stderr[-2000:]
+    sharded = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                              "--master_port", "29531", str(worker), str(tmp_path / "two.json"), cases],
+                             capture_output=True, text=True, env=env)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    one, two = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
+    for case, grads in one.items():
+        assert grads.keys() == two[case].keys() and len(grads) > 10, case
+        for name, g in grads.items():
+            torch.testing.assert_close(torch.tensor(two[case][name]), torch.tensor(g), rtol=1e-4, atol=1e-6,
+                                       msg=lambda m, c=case, n=name: f"{c} {n}: {m}")
+
+
+def _train_argv(data, steps: int) -> list[str]:
+    argv = ["--preset", "paper-small", "--attn", "boosted", "--residual", "attnres-block", "--data", str(data),
+            "--tokenizer", "char", "--quiet", "--set", "dropout=0.0", "--set", "batch_size=8",
+            "--set", f"max_steps={steps}", "--set", "eval_every=3", "--set", "warmup_steps=2", "--set", "lr=3e-3",
+            "--set", "train_tokens=null", "--set", "eval_tokens=null", "--set", "attn.gate=scalar"]
+    for k, v in TINY.items():
+        argv += ["--set", f"{k}={v}"]
+    return argv
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29537",
+            "-m", "gbattn.cli", "train"]
+
+
+def test_fsdp2_training_matches_one_process_with_full_checkpoints(tmp_path):
+    """2 processes x 4 rows under FSDP2 == 1 process x 8 rows (dropout off), AttnRes, a scalar gate and
+    tied embeddings included; the checkpoint holds the full weights, loadable by one process."""
+    data = write_corpus(tmp_path / "c")
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    single = subprocess.run([sys.executable, "-m", "gbattn.cli", "train", "--out", str(tmp_path / "one"),
+                             *_train_argv(data, 6)], capture_output=True, text=True, env=env)
+    assert single.returncode == 0, single.stderr
+    fsdp = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "two"), *_train_argv(data, 6), "--set", "parallel=fsdp2"],
+                          capture_output=True, text=True, env=env)
+    assert fsdp.returncode == 0, fsdp.stderr[-3000:]
+    one = json.loads((tmp_path / "one" / rundir.RESULT).read_text())
+    two = json.loads((tmp_path / "two" / rundir.RESULT).read_text())
+    assert two["processes"] == 2
+    assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)  # float32 reductions in another order
+    a = rundir.load_checkpoint(tmp_path / "one" / rundir.CHECKPOINT)["model"]
+    b = rundir.load_checkpoint(tmp_path / "two" / rundir.CHECKPOINT)["model"]
+    assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)  # full, not sharded
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-5)
+
+
+def test_an_interrupted_fsdp2_run_resumes_exactly(tmp_path):
+    """SIGTERM after the first checkpoint: both processes agree on a step, save one full checkpoint and
+    stop; the resumed run ends with the weights and losses of an uninterrupted FSDP2 run."""
+    data = write_corpus(tmp_path / "c")
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    argv = [*_train_argv(data, 40), "--set", "parallel=fsdp2"]
+    ref = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "ref"), *argv], capture_output=True, text=True, env=env)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run = tmp_path / "run"
+    proc = subprocess.Popen([*TORCHRUN, "--out", str(run), *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    for _ in range(1200):
+        if (run / rundir.CHECKPOINT).exists() or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    state = rundir.load_checkpoint(run / rundir.CHECKPOINT)
+    assert 3 <= state["step"] < 40 and not (run / rundir.RESULT).exists(), state["step"]
+    resumed = subprocess.run([*TORCHRUN, "--out", str(run), "--resume", "--quiet"], capture_output=True, text=True,
+                             env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = rundir.load_checkpoint(tmp_path / "ref" / rundir.CHECKPOINT)["model"]
+    b = rundir.load_checkpoint(run / rundir.CHECKPOINT)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (json.loads((run / rundir.RESULT).read_text())["test_loss"]
+            == json.loads((tmp_path / "ref" / rundir.RESULT).read_text())["test_loss"])
