@@ -32,7 +32,8 @@ def test_every_recipe_judges_gba_at_equal_parameters_and_equal_compute(name):
     matched = [s for s in specs.values() if s.compute_matched_to]
     assert matched, f"{name} has no compute-matched row"
     for s in matched:
-        assert s.attn == "standard" and specs[s.compute_matched_to].attn == "boosted"
+        ref = specs[s.compute_matched_to]
+        assert s.attn == "standard" and (ref.upcycle or {"attn": ref.attn})["attn"] == "boosted"
         assert s.model == specs[s.compute_matched_to].model  # same norm and residual stream
 
 
@@ -72,3 +73,31 @@ def test_compare_refuses_other_settings_in_same_dir(tmp_path):
         run_compare(
             "cpu-proxy", tmp_path / "cmp", data=str(data), sets={**sets, "lr": 0.5}, only=["standard"], quiet=True
         )
+
+
+def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):
+    """The upcycle recipe: continuations start from the base run's weights (upcycled ones compute the
+    base's function), the compute-matched continuation gets GBA's continuation FLOPs."""
+    import torch
+
+    from gbattn import rundir
+
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=4, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
+                eval_tokens=None, warmup_steps=1, threads=1)
+    report = run_compare("upcycle", tmp_path / "cmp", data=str(data), sets=sets, quiet=True)
+    rows = {r["label"]: r for r in report["models"]}
+    assert set(rows) == {"base", "standard-continued", "gba-upcycled", "gba-shared-upcycled",
+                         "standard-continued-compute-matched", "gba-scratch", "standard-scratch"}
+    out = tmp_path / "cmp"
+    base = rundir.load_run(out / "base" / "seed42")
+    for label in ("gba-upcycled", "gba-shared-upcycled"):
+        config = json.loads((out / label / "seed42" / rundir.CONFIG).read_text())
+        assert config["train"]["init_from"] == str(out / label / "seed42-start")
+        start = rundir.load_run(out / label / "seed42-start")
+        idx = torch.randint(0, base.model_cfg.vocab_size, (2, 20))
+        torch.testing.assert_close(start.model(idx), base.model(idx), rtol=1e-5, atol=1e-5)
+    assert json.loads((out / "standard-continued" / "seed42" / rundir.CONFIG).read_text())["train"]["init_from"] == str(
+        out / "base" / "seed42")
+    cm, gba = rows["standard-continued-compute-matched"], rows["gba-upcycled"]
+    assert cm["steps"] > gba["steps"] and cm["train_flops"] == pytest.approx(gba["train_flops"], rel=1 / gba["steps"])

@@ -21,7 +21,7 @@ from gbattn import rundir
 from gbattn.config import TrainConfig, build_configs
 from gbattn.data.prepare import prepare_data
 from gbattn.errors import UserError
-from gbattn.experiments.recipes import ModelSpec, Recipe, get_recipe, training_order
+from gbattn.experiments.recipes import ModelSpec, Recipe, depends_on, get_recipe, training_order
 from gbattn.experiments.report import write_results
 from gbattn.files import portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
@@ -33,6 +33,7 @@ from gbattn.train.trainer import train
 def spec_configs(recipe: Recipe, spec: ModelSpec, data: str, seed: int, sets: dict, vocab_size: int | None):
     """Model and training configs of one model of a recipe (before width/step matching)."""
     merged = dict(recipe.train)
+    merged.update(spec.train)
     merged.update(sets)
     merged.update(spec.model)
     for key, value in spec.attn_options.items():
@@ -147,13 +148,14 @@ class _Runner:
         return write_results(self.out, self.recipe, self.request, self.specs, self.results)
 
     def _ready(self, spec: ModelSpec, seed: int) -> bool:
-        """A compute-matched run waits for the run it is matched to."""
-        ref = spec.compute_matched_to
-        if ref is None:
-            return True
-        if ref in self.results:
-            return seed in self.results[ref]
-        return (self.out / ref / f"seed{seed}" / rundir.RESULT).exists()  # --only left the reference out
+        """A run waits for the runs it starts from or is matched to."""
+        for ref in depends_on(spec):
+            if ref in self.results:
+                if seed not in self.results[ref]:
+                    return False
+            elif not (self.out / ref / f"seed{seed}" / rundir.RESULT).exists():  # --only left it out
+                return False
+        return True
 
     def _start(self, spec: ModelSpec, seed: int) -> subprocess.Popen | None:
         """Reuse a finished run, or train it (here with one job, else in a child process)."""
@@ -225,6 +227,8 @@ def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
         ref_model, _ = spec_configs(recipe, ref, data, seed, sets, vocab)
         width, _ = param_matched_width(model_cfg, count_params(ref_model))
         model_cfg = model_cfg.replace(d_model=width)
+    if spec.init_from:
+        model_cfg, train_cfg = _continuation(spec, seed, model_cfg, train_cfg, out)
     if spec.compute_matched_to:
         ref_result = results.get(spec.compute_matched_to, {}).get(seed)
         if ref_result is None:
@@ -237,6 +241,23 @@ def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
         steps = round(ref_result["train_flops"] / (per_token * train_cfg.batch_size * seq_len))
         train_cfg = train_cfg.replace(max_steps=steps)
     return model_cfg, train_cfg
+
+
+def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
+    """A run that starts from ``spec.init_from``'s trained weights, upcycled first if the spec says
+    so (the upcycled run directory is written once, next to the run)."""
+    source = out / spec.init_from / f"seed{seed}"
+    if not (source / rundir.RESULT).exists():
+        raise UserError(f"{spec.label} starts from {spec.init_from}'s trained weights: train that model first")
+    start = source
+    if spec.upcycle:
+        from gbattn.upcycle import upcycle, write_run  # the upcycling machinery is loaded only when used
+
+        start = out / spec.label / f"seed{seed}-start"
+        if not (start / rundir.CONFIG).exists():
+            write_run(upcycle(source, spec.upcycle["attn"], spec.upcycle.get("attn_options")), start)
+    start_cfg, _ = rundir.read_configs(rundir.read_json(start / rundir.CONFIG), start)
+    return start_cfg, train_cfg.replace(init_from=str(start))
 
 
 def _check_request(path: Path, request: dict) -> None:

@@ -1,8 +1,10 @@
 """Named comparison recipes: which models, at which preset, on which data, with which seeds.
 
-Every recipe follows the comparison rules of docs/baselines.md: the same data, tokenizer, steps, batch, schedule and
-seeds for every model; a parameter-matched standard baseline for the mechanism that adds
-parameters; and a compute-matched standard row (trained for as many FLOPs as GBA used).
+Every recipe follows the comparison rules of docs/baselines.md: the same data, tokenizer, steps,
+batch, schedule and seeds for every model; a parameter-matched standard baseline for the mechanism
+that adds parameters; and a compute-matched standard row (trained for as many FLOPs as GBA used).
+The CPU recipes name their data as a Hugging Face name (``wikitext-2-v1``) or the corpus shipped
+with gbattn (``tiny-shakespeare``); ``--data DIR`` points them at a local copy (README, "Data").
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ class ModelSpec:
     model: dict = field(default_factory=dict)  # model-config overrides (norm, residual, ...)
     param_matched_to: str | None = None  # solve d_model: smallest standard width >= that model's parameters
     compute_matched_to: str | None = None  # train for as many FLOPs as that model (more steps)
+    init_from: str | None = None  # continue from that model's trained weights (fresh optimizer and schedule) ...
+    upcycle: dict | None = None  # ... upcycled first to this attention: {"attn": "boosted", "attn_options": {...}}
+    train: dict = field(default_factory=dict)  # this model's own training overrides (e.g. a shorter run)
 
 
 @dataclass
@@ -52,8 +57,21 @@ def four_models(extra: dict | None = None, suffix: str = "") -> list[ModelSpec]:
 
 
 def training_order(specs: list[ModelSpec]) -> list[ModelSpec]:
-    """Display order, except that a compute-matched model trains after the model it matches."""
-    return [s for s in specs if not s.compute_matched_to] + [s for s in specs if s.compute_matched_to]
+    """Display order, except that a model trains after the ones it starts from or is matched to."""
+    done: list[ModelSpec] = []
+    waiting = list(specs)
+    while waiting:
+        ready = [s for s in waiting if all(d not in {w.label for w in waiting} for d in depends_on(s))]
+        if not ready:
+            raise ConfigError(f"models {[s.label for s in waiting]} depend on each other")
+        done += ready
+        waiting = [s for s in waiting if s not in ready]
+    return done
+
+
+def depends_on(spec: ModelSpec) -> list[str]:
+    """The models whose results ``spec`` needs before it can train."""
+    return [label for label in (spec.compute_matched_to, spec.init_from) if label]
 
 
 RECIPES: dict[str, Recipe] = {}
@@ -63,92 +81,35 @@ def _add(recipe: Recipe) -> None:
     RECIPES[recipe.name] = recipe
 
 
-_add(
-    Recipe(
-        name="paper-wt103",
-        description="the paper's table: standard, twicing, param-fair, GBA M=2 at paper-small on 10M WikiText-103 "
-        "tokens, 15 epochs",
-        preset="paper-small",
-        models=four_models(),
-        seeds=[42, 123],
-        default_data="wikitext-103-raw-v1",
-        published={"standard": (72.2, 0.3), "twicing": (69.6, 0.1), "param-fair": (69.0, 0.1), "gba-m2": (67.9, 0.1)},
-        published_source="arXiv 2604.03190, WikiText-103 (10M tokens), test perplexity, 2 seeds",
-    )
-)
-_add(
-    Recipe(
-        name="paper-owt",
-        description="the same four models on 10M OpenWebText tokens",
-        preset="paper-small",
-        models=four_models(),
-        seeds=[42, 123],
-        default_data="openwebtext",
-        published={
-            "standard": (114.94, 0.55),
-            "twicing": (110.71, 0.28),
-            "param-fair": (110.21, 0.48),
-            "gba-m2": (108.54, 0.89),
-        },
-        published_source="arXiv 2604.03190, OpenWebText (10M tokens), test perplexity, 2 seeds",
-    )
-)
-_add(Recipe(
-    name="paper-postln",
-    description="Post-LN: standard, GBA M=2 and param-fair (does GBA need Pre-LN's additive residual stream?)",
-    preset="paper-small",
-    models=[
-        ModelSpec("standard-postln", model={"norm": "post"}),
-        ModelSpec("param-fair-postln", model={"norm": "post"}, param_matched_to="gba-m2-postln"),
-        ModelSpec("compute-matched-postln", model={"norm": "post"}, compute_matched_to="gba-m2-postln"),
-        ModelSpec("gba-m2-postln", model={"norm": "post"}, **GBA),
-        # The third residual stream: attention over depth (Pre-LN sublayers, docs/baselines.md).
-        ModelSpec("standard-attnres", model={"residual": "attnres-block"}),
-        ModelSpec("gba-m2-attnres", model={"residual": "attnres-block"}, **GBA),
-    ],
-    seeds=[42],
-    default_data="wikitext-103-raw-v1",
-    published={"standard-postln": (77.20, None), "gba-m2-postln": (84.60, None), "param-fair-postln": (71.81, None)},
-    published_source="arXiv 2604.03190 (revision), WikiText-103 small, Post-LN, 1 seed",
-))
-_add(
-    Recipe(
-        name="cpu-proxy",
-        description="the paper-wt103 models at the cpu-proxy preset on WikiText-2, 1,200 steps (about an hour on 2 "
-        "CPU cores)",
-        preset="cpu-proxy",
-        models=four_models(),
-        seeds=[42],
-        train=dict(max_steps=1200, eval_every=300),
-    )
-)
-_add(Recipe(
-    name="cpu-char",
-    description="the same models, character-level tiny-shakespeare at nanoGPT's CPU configuration (2,000 steps)",
-    preset="cpu-char",
-    models=four_models(),
-    seeds=[42],
-    default_data="tiny-shakespeare",
-    published={"standard": (6.55, None)},
-    published_source="nanoGPT README (shakespeare_char on CPU): validation loss ~1.88 = perplexity ~6.55 for standard",
-))
+CPU_STEPS = dict(max_steps=1200, eval_every=300)  # the cpu-proxy budget: 4.9M tokens, about an hour on 2 cores
+POST_LN = {"norm": "post"}
 
-_add(Recipe(
-    name="cpu-char-long",
-    description="training length: cpu-char's standard, param-fair, compute-matched and GBA M=2 at 8,000 steps "
-                "(4x cpu-char, the same schedule stretched)",
-    preset="cpu-char",
-    models=[m for m in four_models() if m.label != "twicing"],
-    seeds=[42, 123],
-    default_data="tiny-shakespeare",
-    train=dict(max_steps=8000),
-))
+
+def postln_models() -> list[ModelSpec]:
+    return [
+        ModelSpec("standard-postln", model=POST_LN),
+        ModelSpec("param-fair-postln", model=POST_LN, param_matched_to="gba-m2-postln"),
+        ModelSpec("compute-matched-postln", model=POST_LN, compute_matched_to="gba-m2-postln"),
+        ModelSpec("gba-m2-postln", model=POST_LN, **GBA),
+    ]
+
+
+def depth_models() -> list[ModelSpec]:
+    """Does GBA (inside a layer) combine with AttnRes (across layers)? docs/baselines.md."""
+    block = {"residual": "attnres-block"}
+    return [
+        ModelSpec("standard"),
+        ModelSpec("standard-attnres", model=block),
+        ModelSpec("compute-matched", compute_matched_to="gba-m2"),
+        ModelSpec("gba-m2", **GBA),
+        ModelSpec("gba-m2-attnres", model=block, **GBA),
+    ]
 
 
 def design_models() -> list[ModelSpec]:
-    """Which GBA configuration earns its FLOPs? Each row changes one option of GBA M=2
-    (kv_source residual, linear gate, every layer); param-fair and compute-matched are matched
-    to the default GBA M=2."""
+    """Which GBA configuration earns its FLOPs? Each row changes one option of GBA M=2 (kv_source
+    residual, linear gate, every layer); param-fair and compute-matched are matched to GBA M=2."""
+
     def gba(label: str, **options) -> ModelSpec:
         return ModelSpec(label, attn="boosted", attn_options={"rounds": 2, **options})
 
@@ -166,54 +127,62 @@ def design_models() -> list[ModelSpec]:
     ]
 
 
-_add(Recipe(
-    name="gba-design",
-    description="GBA design study at cpu-char (2,000 steps): kv_source, rounds, gate and which layers, "
-                "against standard, param-fair and compute-matched",
-    preset="cpu-char",
-    models=design_models(),
-    seeds=[42, 123, 7],
-    default_data="tiny-shakespeare",
-))
-
-
-_add(
-    Recipe(
-        name="cpu-postln",
-        description="Post-LN standard, param-fair, compute-matched and GBA M=2 at cpu-proxy on WikiText-2 (same steps "
-        "as cpu-proxy)",
-        preset="cpu-proxy",
-        models=[
-            ModelSpec("standard-postln", model={"norm": "post"}),
-            ModelSpec("param-fair-postln", model={"norm": "post"}, param_matched_to="gba-m2-postln"),
-            ModelSpec("compute-matched-postln", model={"norm": "post"}, compute_matched_to="gba-m2-postln"),
-            ModelSpec("gba-m2-postln", model={"norm": "post"}, **GBA),
-        ],
-        seeds=[42],
-        train=dict(max_steps=1200, eval_every=300),
-    )
-)
-
-
-def depth_models() -> list[ModelSpec]:
-    """Does GBA (inside a layer) combine with AttnRes (across layers)? docs/baselines.md."""
-    block = {"residual": "attnres-block"}
+def upcycle_models() -> list[ModelSpec]:
+    """Add GBA rounds to a trained standard model (docs/method.md, "Upcycling"): a standard model trained
+    for half the budget, then continued for the other half as itself, as upcycled GBA (residual and
+    shared K/V), and as itself for GBA's continuation FLOPs; and GBA trained from scratch for all of it."""
+    half = {"max_steps": CPU_STEPS["max_steps"] // 2, "eval_every": CPU_STEPS["eval_every"]}
     return [
-        ModelSpec("standard"),
-        ModelSpec("standard-attnres", model=block),
-        ModelSpec("compute-matched", compute_matched_to="gba-m2"),
-        ModelSpec("gba-m2", **GBA),
-        ModelSpec("gba-m2-attnres", model=block, **GBA),
+        ModelSpec("base", train=half),
+        ModelSpec("standard-continued", init_from="base", train=half),
+        ModelSpec("gba-upcycled", init_from="base", upcycle=dict(attn="boosted", attn_options={"rounds": 2}),
+                  train=half),
+        ModelSpec("gba-shared-upcycled", init_from="base", train=half,
+                  upcycle=dict(attn="boosted", attn_options={"rounds": 2, "kv_source": "shared", "gate": "tanh"})),
+        ModelSpec("standard-continued-compute-matched", init_from="base", compute_matched_to="gba-upcycled",
+                  train=half),
+        ModelSpec("gba-scratch", **GBA),
+        ModelSpec("standard-scratch"),
     ]
 
 
+# -- GPU scale: the paper's tables ---------------------------------------------------------------
+
 _add(Recipe(
-    name="depth",
-    description="standard, GBA M=2, each with plain and AttnRes-block residuals, at cpu-proxy on WikiText-2",
-    preset="cpu-proxy",
-    models=depth_models(),
+    name="paper-wt103",
+    description="the paper's table: standard, twicing, param-fair, GBA M=2 at paper-small on 10M WikiText-103 "
+                "tokens, 15 epochs",
+    preset="paper-small",
+    models=four_models(),
+    seeds=[42, 123],
+    default_data="wikitext-103-raw-v1",
+    published={"standard": (72.2, 0.3), "twicing": (69.6, 0.1), "param-fair": (69.0, 0.1), "gba-m2": (67.9, 0.1)},
+    published_source="arXiv 2604.03190, WikiText-103 (10M tokens), test perplexity, 2 seeds",
+))
+_add(Recipe(
+    name="paper-owt",
+    description="the same four models on 10M OpenWebText tokens",
+    preset="paper-small",
+    models=four_models(),
+    seeds=[42, 123],
+    default_data="openwebtext",
+    published={"standard": (114.94, 0.55), "twicing": (110.71, 0.28), "param-fair": (110.21, 0.48),
+               "gba-m2": (108.54, 0.89)},
+    published_source="arXiv 2604.03190, OpenWebText (10M tokens), test perplexity, 2 seeds",
+))
+_add(Recipe(
+    name="paper-postln",
+    description="Post-LN: standard, GBA M=2 and param-fair (does GBA need Pre-LN's additive residual stream?)",
+    preset="paper-small",
+    models=postln_models() + [
+        # The third residual stream: attention over depth (Pre-LN sublayers, docs/baselines.md).
+        ModelSpec("standard-attnres", model={"residual": "attnres-block"}),
+        ModelSpec("gba-m2-attnres", model={"residual": "attnres-block"}, **GBA),
+    ],
     seeds=[42],
-    train=dict(max_steps=1200, eval_every=300),
+    default_data="wikitext-103-raw-v1",
+    published={"standard-postln": (77.20, None), "gba-m2-postln": (84.60, None), "param-fair-postln": (71.81, None)},
+    published_source="arXiv 2604.03190 (revision), WikiText-103 small, Post-LN, 1 seed",
 ))
 _add(Recipe(
     name="depth-paper",
@@ -222,6 +191,81 @@ _add(Recipe(
     models=depth_models(),
     seeds=[42, 123],
     default_data="wikitext-103-raw-v1",
+))
+
+# -- CPU proxies -------------------------------------------------------------------------------
+
+_add(Recipe(
+    name="cpu-proxy",
+    description="the paper-wt103 models at the cpu-proxy preset on WikiText-2, 1,200 steps (about an hour on 2 "
+                "CPU cores)",
+    preset="cpu-proxy",
+    models=four_models(),
+    default_data="wikitext-2-v1",
+    train=dict(CPU_STEPS),
+))
+_add(Recipe(
+    name="cpu-modern",
+    description="the cpu-proxy models in a Llama-style block (cpu-llama: RMSNorm, SwiGLU, RoPE, no biases, 2 K/V "
+                "heads) on WikiText-2, 1,200 steps",
+    preset="cpu-llama",
+    models=four_models(),
+    default_data="wikitext-2-v1",
+    train=dict(CPU_STEPS),
+))
+_add(Recipe(
+    name="upcycle",
+    description="upcycling at cpu-proxy on WikiText-2: standard for 600 steps, then 600 more as standard, upcycled "
+                "GBA (residual and shared K/V) or standard for GBA's FLOPs; GBA and standard from scratch for 1,200",
+    preset="cpu-proxy",
+    models=upcycle_models(),
+    default_data="wikitext-2-v1",
+    train=dict(CPU_STEPS),
+))
+_add(Recipe(
+    name="cpu-postln",
+    description="Post-LN standard, param-fair, compute-matched and GBA M=2 at cpu-proxy on WikiText-2 (same steps "
+                "as cpu-proxy)",
+    preset="cpu-proxy",
+    models=postln_models(),
+    default_data="wikitext-2-v1",
+    train=dict(CPU_STEPS),
+))
+_add(Recipe(
+    name="depth",
+    description="standard, GBA M=2, each with plain and AttnRes-block residuals, at cpu-proxy on WikiText-2",
+    preset="cpu-proxy",
+    models=depth_models(),
+    default_data="wikitext-2-v1",
+    train=dict(CPU_STEPS),
+))
+_add(Recipe(
+    name="cpu-char",
+    description="the same models, character-level tiny-shakespeare at nanoGPT's CPU configuration (2,000 steps)",
+    preset="cpu-char",
+    models=four_models(),
+    default_data="tiny-shakespeare",
+    published={"standard": (6.55, None)},
+    published_source="nanoGPT README (shakespeare_char on CPU): validation loss ~1.88 = perplexity ~6.55 for standard",
+))
+_add(Recipe(
+    name="cpu-char-long",
+    description="training length: cpu-char's standard, param-fair, compute-matched and GBA M=2 at 8,000 steps "
+                "(4x cpu-char, the same schedule stretched)",
+    preset="cpu-char",
+    models=[m for m in four_models() if m.label != "twicing"],
+    seeds=[42, 123],
+    default_data="tiny-shakespeare",
+    train=dict(max_steps=8000),
+))
+_add(Recipe(
+    name="gba-design",
+    description="GBA design study at cpu-char (2,000 steps): kv_source, rounds, gate and which layers, "
+                "against standard, param-fair and compute-matched",
+    preset="cpu-char",
+    models=design_models(),
+    seeds=[42, 123, 7],
+    default_data="tiny-shakespeare",
 ))
 
 

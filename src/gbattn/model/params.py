@@ -32,9 +32,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool
 
 
 def param_matched_width(cfg: ModelConfig, target_params: int) -> tuple[int, int]:
-    """Smallest ``d_model`` (a multiple of n_heads) whose STANDARD model with ``cfg``'s other
+    """Smallest ``d_model`` (a multiple of n_heads, of 2 n_heads with RoPE) whose STANDARD model with ``cfg``'s other
     settings has at least ``target_params`` parameters. Returns (width, its parameter count)."""
-    step = cfg.n_heads
+    step = cfg.n_heads * (2 if cfg.pos == "rope" else 1)  # RoPE rotates pairs: an even head width
     base = cfg.replace(attn="standard", attn_options={})
     # Parameter count grows monotonically with width: double to bracket, then bisect.
     hi = max(step, (cfg.d_model // step) * step)
