@@ -214,6 +214,15 @@ _add(Recipe(
     train=dict(CPU_STEPS),
 ))
 _add(Recipe(
+    name="gba-design-proxy",
+    description="the two best GBA configurations of gba-design (M=2 and M=3, residual K/V, linear gate) at cpu-proxy "
+                "on WikiText-2, 1,200 steps, against standard, param-fair and compute-matched",
+    preset="cpu-proxy",
+    models=[m for m in design_models() if m.label in ("standard", "param-fair", "compute-matched", "gba-m2", "gba-m3")],
+    default_data="wikitext-2-v1",
+    train=dict(CPU_STEPS),
+))
+_add(Recipe(
     name="upcycle",
     description="upcycling at cpu-proxy on WikiText-2: standard for 600 steps, then 600 more as standard, upcycled "
                 "GBA (residual and shared K/V) or standard for GBA's FLOPs; GBA and standard from scratch for 1,200",

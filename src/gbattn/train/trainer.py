@@ -273,12 +273,17 @@ class Trainer:
         n_evals = sum(self._is_eval_step(s) for s in range(1, self.total_steps + 1))
         lines.append(f"{self.total_steps:,} steps{epochs} of {cfg.batch_size} x {self.seq_len} tokens, warmup "
                      f"{self.warmup:,}, evaluation {' and '.join(evals) or 'at the end'} ({n_evals:,} in all), "
-                     f"{self.device.type}{f' with {self.threads} threads' if self.device.type == 'cpu' else ''}")
+                     f"{self.device.type}{self._threads_text()}")
         if self.steps_per_epoch and self.steps_per_epoch < FREQUENT_EVAL_STEPS and not cfg.eval_every:
             lines[-1] += "; --set eval_every=N evaluates less often"
         if warmup_note:
             lines.append(warmup_note)
         return lines
+
+    def _threads_text(self) -> str:
+        if self.device.type != "cpu":
+            return ""
+        return f" with {self.threads} thread{'s' if self.threads > 1 else ''}"
 
     def _init_from(self, start: rundir.LoadedRun) -> None:
         """Start from another run's weights (e.g. ``gbattn upcycle``); the optimizer starts fresh."""
