@@ -204,3 +204,38 @@ def test_relative_path_is_never_absolute(tmp_path):
     # Outside the base (or the base itself): the last two parts.
     assert relative_path(tmp_path / "runs" / "standard" / "seed42", out.parent) == "standard/seed42"
     assert relative_path(out.parent, out.parent) == f"{tmp_path.name}/work"
+
+
+def _gap_dir(root, steps: int, seeds=(1, 2)):
+    """A comparison directory with two models' eval events, for --gap."""
+    root.mkdir(parents=True)
+    rows = []
+    for label, params, offset in (("gba-m2", 100, -0.01), ("standard", 80, 0.0)):
+        for seed in seeds:
+            run = root / label / f"seed{seed}"
+            run.mkdir(parents=True)
+            events = [{"event": "eval", "step": s, "tokens": 10 * s, "valid_loss": 2.0 - s / steps + offset * s / steps}
+                      for s in range(steps // 4, steps + 1, steps // 4)]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        rows.append({"label": label, "parameters": params, "steps": steps, "seeds": list(seeds)})
+    (root / "results.json").write_text(json.dumps({"recipe": "x", "models": rows}))
+    return root
+
+
+def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
+    short, long = _gap_dir(tmp_path / "short", 400), _gap_dir(tmp_path / "long", 1600)
+    code = cli_main(["plot", str(short), str(long), "--gap", "gba-m2", "--against", "standard",
+                     "--out", str(tmp_path / "fig")])
+    assert code == 0
+    gap = json.loads((tmp_path / "fig" / "gap.json").read_text())
+    ends = {s["steps"]: s["points"][-1] for s in gap["series"]}
+    assert ends[400]["difference"] == pytest.approx(-0.01) and ends[1600]["difference"] == pytest.approx(-0.01)
+    assert ends[1600]["tokens_per_parameter"] == pytest.approx(160.0) and ends[400]["seeds"] == 2
+    fig = figures.gap_figure(gap["series"], "gba-m2", ["standard"])
+    texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert texts == ["400-step runs (short, 2 seeds)", "1,600-step runs (long, 2 seeds)"]
+    code = cli_main(["plot", str(short), str(long)])  # several directories need --gap
+    err = capsys.readouterr().err
+    assert code == 2 and "several comparison directories go with --gap" in err
+    code = cli_main(["plot", str(short), "--gap", "gba-m3", "--out", str(tmp_path / "fig2")])
+    assert code == 2 and "has no finished 'gba-m3' runs" in capsys.readouterr().err

@@ -5,6 +5,7 @@ directory)."""
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +36,14 @@ def register(sub) -> None:
     arguments.quiet(p)
     p.set_defaults(func=cmd_analyze)
 
-    p = sub.add_parser("plot", help="results chart and training curves of a `gbattn compare` directory")
-    p.add_argument("compare_dir")
+    p = sub.add_parser("plot", help="results chart and training curves of `gbattn compare` directories, or the "
+                                    "loss gap between two models against training length (--gap)")
+    p.add_argument("compare_dir", nargs="+", help="one comparison directory (several with --gap)")
     p.add_argument("--out", default=None, help="output directory (default COMPARE_DIR/figures)")
+    p.add_argument("--gap", default=None, metavar="MODEL",
+                   help="draw MODEL's validation loss minus each --against model's, paired by seed and step, against "
+                        "tokens per parameter of MODEL, one line per comparison directory (gap.png, gap.json)")
+    p.add_argument("--against", nargs="+", default=["standard"], metavar="MODEL", help="default: standard")
     p.add_argument("--pdf", action="store_true", help="also write PDFs")
     p.set_defaults(func=cmd_plot)
 
@@ -379,6 +385,58 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     return written
 
 
+def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
+    """``model``'s validation loss minus ``reference``'s at every evaluation both ran (same seed and
+    step), averaged over seeds, against the tokens per parameter ``model`` had seen."""
+    from gbattn.errors import UserError
+    from gbattn.files import read_json, read_jsonl
+    from gbattn.rundir import METRICS
+
+    report = read_json(compare_dir / "results.json")
+    rows = {r["label"]: r for r in report.get("models", [])}
+    for label in (model, reference):
+        if label not in rows:
+            raise UserError(f"{compare_dir} has no finished {label!r} runs (it has {', '.join(rows) or 'none'})")
+    losses: dict[str, dict[tuple[str, int], tuple[int, float]]] = {}
+    for label in (model, reference):
+        for path in sorted((compare_dir / label).glob("seed*/" + METRICS)):
+            for e in read_jsonl(path):
+                if e.get("event") == "eval" and e.get("valid_loss") is not None:
+                    losses.setdefault(label, {})[(path.parent.name, e["step"])] = (e["tokens"], e["valid_loss"])
+    paired: dict[int, list[tuple[int, float]]] = {}
+    for key, (tokens, loss) in losses.get(model, {}).items():
+        if key in losses.get(reference, {}):
+            paired.setdefault(key[1], []).append((tokens, loss - losses[reference][key][1]))
+    if not paired:
+        raise UserError(f"{compare_dir}: {model} and {reference} share no evaluation (same seed and step)")
+    parameters = rows[model]["parameters"]
+    points = [{"step": step, "tokens_per_parameter": statistics.fmean(t for t, _ in v) / parameters,
+               "difference": statistics.fmean(d for _, d in v), "seeds": len(v)} for step, v in sorted(paired.items())]
+    return {"directory": compare_dir.name, "steps": rows[model]["steps"], "model": model, "reference": reference,
+            "points": points}
+
+
+def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bool = False) -> list[Path]:
+    """gap.png and gap.json: ``model`` minus each reference against training length, one line per directory."""
+    from gbattn.analysis import figures
+    from gbattn.files import write_json
+
+    figures.require_matplotlib()
+    series = [gap_series(Path(d), model, ref) for ref in references for d in compare_dirs]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json({"model": model, "references": references, "series": series}, out / "gap.json")
+    return figures.save(figures.gap_figure(series, model, references), out, "gap", pdf) + [out / "gap.json"]
+
+
 def cmd_plot(args) -> None:
-    written = plot_compare(args.compare_dir, args.out, args.pdf)
+    from gbattn.errors import UserError
+
+    if args.gap:
+        written = plot_gap(args.compare_dir, args.gap, args.against, args.out or Path(args.compare_dir[0]) / "figures",
+                           args.pdf)
+    elif len(args.compare_dir) > 1:
+        raise UserError("several comparison directories go with --gap MODEL; plot them one at a time otherwise")
+    else:
+        written = plot_compare(args.compare_dir[0], args.out, args.pdf)
     print("figures: " + ", ".join(str(p) for p in written))

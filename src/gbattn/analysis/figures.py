@@ -485,3 +485,27 @@ def curves_figure(curves: dict):
             valid_ax.legend(handles=handles, loc="upper right")
         fig.suptitle("Training and validation curves of every run")
     return fig
+
+
+def gap_figure(series: list[dict], model: str, references: list[str]):
+    """One panel per reference: ``model``'s validation loss minus the reference's (mean over seeds,
+    paired by seed and step) against the tokens per parameter ``model`` has seen, one line per run
+    length; below 0 the model is better."""
+    fig, ctx = _drawing((5.5 * len(references), 4.6))
+    with ctx:
+        axes = np.atleast_1d(fig.subplots(1, len(references), squeeze=False)[0])
+        for ax, ref in zip(axes, references):
+            for i, s in enumerate(x for x in series if x["reference"] == ref):
+                xs = [p["tokens_per_parameter"] for p in s["points"]]
+                ys = [p["difference"] for p in s["points"]]
+                seeds = max(p["seeds"] for p in s["points"])
+                ax.plot(xs, ys, marker="o", markersize=3, color=f"C{i}",
+                        label=f"{s['steps']:,}-step runs ({s['directory']}, {seeds} seed{'s' if seeds > 1 else ''})")
+                ax.plot(xs[-1:], ys[-1:], marker="D", markersize=8, color=f"C{i}")
+            ax.axhline(0, color="black", linewidth=1)
+            ax.set_xlabel(f"training tokens per parameter of {model}")
+            ax.set_ylabel(f"validation loss, {model} − {ref} (nats)")
+            ax.set_title(f"{model} − {ref} (below 0: {model} better)", fontsize=11)
+            ax.legend(loc="best", fontsize=9)
+        fig.suptitle("How the gap moves with training length (diamonds: end of each run's schedule)")
+    return fig
