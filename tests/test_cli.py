@@ -98,3 +98,13 @@ def test_command_line_records_the_cli_arguments(capsys):
 
     assert main(["params", "paper-small", "--attn", "twicing"]) == 0
     assert command_line() == "gbattn params paper-small --attn twicing"
+
+
+def test_help_imports_nothing_heavy():
+    """`gbattn --help` and every command's --help: no torch, numpy, transformers or matplotlib."""
+    code = ("import sys\nfrom gbattn.cli import main\nfor argv in (['--help'], ['train', '--help'], "
+            "['lm-eval', '--help'], ['analyze', '--help']):\n    try:\n        main(argv)\n    except SystemExit:\n"
+            "        pass\nheavy = [m for m in ('torch', 'numpy', 'transformers', 'matplotlib') if m in sys.modules]\n"
+            "print('HEAVY', heavy, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "HEAVY []" in proc.stderr, proc.stderr[-500:]

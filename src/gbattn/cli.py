@@ -97,10 +97,11 @@ def build_parser() -> arguments.Parser:
 
 def main(argv: list[str] | None = None) -> int:
     from gbattn.errors import UserError
-    from gbattn.runtime import set_invocation
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # --help and usage errors end here, before anything heavy is imported
+    from gbattn.runtime import set_invocation  # torch
+
     set_invocation(sys.argv[1:] if argv is None else argv)
     try:
         args.func(args)

@@ -8,8 +8,6 @@ import math
 import statistics
 from pathlib import Path
 
-import numpy as np
-
 from gbattn import arguments
 
 
@@ -53,8 +51,10 @@ def register(sub) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def select_rows(n_rows: int, max_rows: int) -> np.ndarray:
-    """``max_rows`` row indices spread evenly over the split (all rows if fewer)."""
+def select_rows(n_rows: int, max_rows: int):
+    """``max_rows`` row indices spread evenly over the split (all rows if fewer), a numpy array."""
+    import numpy as np  # the command modules import nothing heavy at load time (fast --help)
+
     return np.unique(np.linspace(0, n_rows - 1, min(max_rows, n_rows)).round().astype(np.int64))
 
 
@@ -195,6 +195,8 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
 
 def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examples, dev, out, pdf):
     """Per-token loss difference (other − this run), its top tokens and the example figure."""
+    import numpy as np
+
     from gbattn.analysis import figures, stats
     from gbattn.data.tokens import rows_batch
     from gbattn.files import relative_path

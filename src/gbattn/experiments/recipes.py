@@ -185,6 +185,15 @@ _add(Recipe(
     published_source="arXiv 2604.03190 (revision), WikiText-103 small, Post-LN, 1 seed",
 ))
 _add(Recipe(
+    name="gba-design-paper",
+    description="the design study's two best GBA configurations (M=2 and M=3) at paper-small, against standard, "
+                "param-fair and compute-matched, 15 epochs",
+    preset="paper-small",
+    models=[m for m in design_models() if m.label in ("standard", "param-fair", "compute-matched", "gba-m2", "gba-m3")],
+    seeds=[42, 123, 7],
+    default_data="wikitext-103-raw-v1",
+))
+_add(Recipe(
     name="depth-paper",
     description="the depth recipe at paper-small on 10M WikiText-103 tokens (GPU scale)",
     preset="paper-small",
