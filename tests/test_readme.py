@@ -1,0 +1,35 @@
+"""The README's Python snippets run verbatim (so they cannot drift from the code), in a directory
+where the Quickstart's run `runs/char-gba` exists (a tiny one, trained here)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gbattn.config import build_configs
+from gbattn.train.trainer import train
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_the_readme_has_python_snippets():
+    assert len(SNIPPETS) >= 3
+    assert any("load_run" in s for s in SNIPPETS) and any("causal=False" in s for s in SNIPPETS)
+
+
+@pytest.mark.parametrize("index", range(len(SNIPPETS)))
+def test_readme_snippet_runs(index, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    model_cfg, train_cfg = build_configs("cpu-char", "boosted", "tiny-shakespeare",
+                                         {"max_steps": 2, "eval_every": 2, "threads": 1, "d_model": 32})
+    train("runs/char-gba", model_cfg, train_cfg, quiet=True)
+    capsys.readouterr()
+    exec(compile(SNIPPETS[index], f"README.md snippet {index}", "exec"), {})
+    printed = capsys.readouterr().out
+    if "record.rounds" in SNIPPETS[index]:
+        assert "['attention', 'correction']" in printed
+    if "load_run" in SNIPPETS[index]:
+        assert printed.startswith("boosted 2\nROMEO:")
