@@ -9,8 +9,7 @@ import json
 import pytest
 import torch
 
-from gbattn.model.compiled import compiled_decode_step, decoder_for
-from gbattn.model.generate import generate
+from gbattn.model.generate import compiled_decode_step, decoder_for, generate
 from gbattn.train.trainer import Trainer, train
 from helpers import write_corpus
 from test_model import tiny_model
@@ -47,12 +46,18 @@ def test_compiled_decoding_inside_attention_residuals(residual):
                        generate(model, prompt, 12, temperature=0))
 
 
-def test_decoding_compiles_only_where_it_pays():
+def test_decoding_compiles_only_where_it_pays(monkeypatch):
+    from gbattn.model import generate as generate_mod
+
     model = tiny_model(("standard", {})).float()
-    assert decoder_for(model, compile=True, max_new_tokens=10)[0] is None  # compiling would cost more than it saves
+    monkeypatch.setitem(generate_mod.MIN_TOKENS_TO_COMPILE, "cpu", 500)
+    assert decoder_for(model, compile=None, max_new_tokens=100)[0] is None  # compiling would cost more than it saves
     assert decoder_for(model, compile=False, max_new_tokens=10**6)[0] is None
-    step, how = decoder_for(model, compile=True, max_new_tokens=10**6)
+    step, how = decoder_for(model, compile=None, max_new_tokens=500)
     assert step is not None and "compiled" in how
+    assert decoder_for(model, compile=True, max_new_tokens=1)[0] is not None  # asked for
+    monkeypatch.setitem(generate_mod.MIN_TOKENS_TO_COMPILE, "cpu", None)  # not measured: only when asked
+    assert decoder_for(model, compile=None, max_new_tokens=10**6)[0] is None
 
 
 def _aot_eager(monkeypatch):

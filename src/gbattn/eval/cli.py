@@ -80,7 +80,7 @@ def cmd_generate(args) -> None:
     import torch
 
     from gbattn.errors import UserError
-    from gbattn.model.compiled import decoder_for
+    from gbattn.model.generate import decoder_for
     from gbattn.rundir import load_run
     from gbattn.runtime import resolve_device, set_threads
 
@@ -91,7 +91,7 @@ def cmd_generate(args) -> None:
     if not ids:
         raise UserError("the prompt encodes to no tokens")
     idx = torch.tensor([ids] * args.num_samples, device=device)
-    step, how = decoder_for(run.model, compile=not args.no_compile and not args.no_cache,
+    step, how = decoder_for(run.model, compile=False if args.no_compile or args.no_cache else None,
                             max_new_tokens=args.max_new_tokens)
     t0 = time.perf_counter()
     out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,

@@ -1,6 +1,12 @@
 """Text generation with the fixed-size KV cache: one prefill of the prompt, then one decode step per
-token through the same forward signature (gpt-fast style). Works on any model with GPT's
-``setup_cache`` / ``forward(idx, input_pos=...)`` interface."""
+token through the same forward signature (gpt-fast style), eager or compiled. Works on any model
+with GPT's ``setup_cache`` / ``forward(idx, input_pos=...)`` interface.
+
+The compiled decode step runs through ``torch.compile`` with fixed shapes and no host-device sync
+per token (CUDA graphs on CUDA) and gives the eager tokens (tests/test_compiled.py). Compiling
+takes seconds, so it is used by default only where it was measured to save more time than it
+costs for the number of tokens asked for (:data:`MIN_TOKENS_TO_COMPILE`, README "Speed").
+"""
 
 from __future__ import annotations
 
@@ -28,6 +34,33 @@ def eager_decode_step(model):
     return step
 
 
+# Fewest new tokens for which compiling the decode step is faster end to end (compile time over the
+# time it saves per token), measured by `gbattn bench --compile both` (README, "Speed"). None: not
+# measured on that device, so not compiled unless asked for.
+MIN_TOKENS_TO_COMPILE: dict[str, int | None] = {"cpu": None, "cuda": None}
+
+
+def compiled_decode_step(model, mode: str | None = None):
+    """:func:`eager_decode_step`, compiled (``mode``: ``reduce-overhead`` = CUDA graphs, the default
+    on CUDA)."""
+    device = next(model.parameters()).device
+    # In-place buffer reuse off: with it, PyTorch 2.13's inductor miscompiles this step for a model with
+    # several layers of 3-round GBA with the mlp gate (NaN logits; tests/test_compiled.py).
+    cudagraphs = device.type == "cuda" and (mode or "reduce-overhead") == "reduce-overhead"
+    options = {"inplace_buffers": False, "triton.cudagraphs": cudagraphs}
+    return torch.compile(eager_decode_step(model), options=options, fullgraph=True, dynamic=False)
+
+
+def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0) -> tuple[object | None, str]:
+    """The decode step to use and how to describe it: compiled when asked (``compile=True``), or by
+    default (``None``) where compiling was measured faster for this many tokens on this device."""
+    device = next(model.parameters()).device
+    threshold = MIN_TOKENS_TO_COMPILE.get(device.type)
+    if compile or (compile is None and threshold is not None and max_new_tokens >= threshold):
+        return compiled_decode_step(model), "KV cache, compiled decode step"
+    return None, "KV cache"
+
+
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
@@ -40,13 +73,14 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -
 @torch.no_grad()
 def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              seed: int | None = None, use_cache: bool = True, prompt_mask: Tensor | None = None,
-             decode_step=None) -> Tensor:
+             decode_step=None, compile: bool | None = None) -> Tensor:
     """Continue ``idx_BT`` by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens).
 
     ``prompt_mask`` (B, T): True for real prompt tokens, for a left-padded batch (each row then
     continues as it would alone). ``decode_step``: a replacement for the one-token cached forward
-    ``step(token_B1, slot_1, position_B1, key_padding_BS) -> logits_BV`` (e.g. the compiled one of
-    :mod:`gbattn.model.compiled`). Once the sequence fills the model's
+    ``step(token_B1, slot_1, position_B1, key_padding_BS) -> logits_BV``; by default the compiled one
+    where that is faster (``compile=None``, :func:`decoder_for`), ``compile=False`` never. Once the
+    sequence fills the model's
     ``block_size``, later tokens are predicted from the last ``block_size`` tokens without a cache,
     as nanoGPT does.
     """
@@ -76,7 +110,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             positions = (torch.arange(T, device=device) - offset_B1).clamp_min(0) if prompt_mask is not None else None
             logits = model(out, input_pos=torch.arange(T, device=device), position_ids=positions,
                            key_padding_mask=key_padding)[:, -1]
-            step = decode_step or eager_decode_step(model)
+            step = decode_step or decoder_for(model, compile, max_new_tokens)[0] or eager_decode_step(model)
         for _ in range(max_new_tokens):
             if not cached:
                 window = out[:, -block:]

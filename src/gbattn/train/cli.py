@@ -20,7 +20,7 @@ def register(sub) -> None:
     arguments.device(p)
     arguments.threads(p)
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
-                   help="torch.compile the model (default: on CUDA; README, 'Compiled training and decoding')")
+                   help="torch.compile the model (default: where measured faster: nowhere yet; README, 'Speed')")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="never torch.compile")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--restart", action="store_true", help="discard the run in --out and start a new one in it")

@@ -92,10 +92,13 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
 
 
+# Whether `compile` unset means on, per device: where `gbattn bench --compile both` measured compiled
+# training faster (README, "Speed"). CPU: measured slower; CUDA: not measured yet (no GPU was lent).
+COMPILE_BY_DEFAULT = {"cpu": False, "cuda": False}
+
+
 def compile_by_default(device: torch.device) -> bool:
-    """Whether ``compile`` unset means on: where the benchmark measured compiled training faster
-    (README, "Compiled training and decoding")."""
-    return device.type == "cuda"
+    return COMPILE_BY_DEFAULT.get(device.type, False)
 
 
 class _StopFlag:
