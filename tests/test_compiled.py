@@ -4,6 +4,7 @@ stream, and a compiled run resumes exactly."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -47,7 +48,7 @@ def test_compiled_decoding_inside_attention_residuals(residual):
 
 
 def test_decoding_compiles_only_where_it_pays(monkeypatch):
-    from gbattn.model import generate as generate_mod
+    generate_mod = importlib.import_module("gbattn.model.generate")  # the package exports the function
 
     model = tiny_model(("standard", {})).float()
     monkeypatch.setitem(generate_mod.MIN_TOKENS_TO_COMPILE, "cpu", 500)
