@@ -74,6 +74,7 @@ def cmd_train(args) -> None:
     from gbattn import rundir
     from gbattn.config import build_configs, parse_sets
     from gbattn.errors import UserError
+    from gbattn.train.distributed import shutdown_distributed
     from gbattn.train.trainer import Trainer
 
     if args.resume and args.restart:
@@ -107,7 +108,10 @@ def cmd_train(args) -> None:
                                                  tokenizer=args.tokenizer, device=args.device, compile=args.compile,
                                                  threads=args.threads)
             trainer = Trainer(args.out, model_cfg, train_cfg, quiet=args.quiet, preset=preset, restart=args.restart)
-    result = trainer.run()
+    try:
+        result = trainer.run()
+    finally:
+        shutdown_distributed()  # under torchrun: leave the process group cleanly
     summary = {k: result[k] for k in ("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s")}
     print(json.dumps(summary))
 
