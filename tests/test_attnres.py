@@ -1,4 +1,4 @@
-"""Attention Residuals (SPEC.md section 3): identities, causality, parity and caching."""
+"""Attention Residuals (docs/baselines.md): identities, causality, parity and caching."""
 
 from __future__ import annotations
 

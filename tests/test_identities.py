@@ -1,4 +1,4 @@
-"""Identities that pin the equations down (SPEC.md sections 1 and 3)."""
+"""Identities that pin the equations down (docs/method.md, docs/baselines.md)."""
 
 from __future__ import annotations
 
