@@ -25,6 +25,7 @@ from gbattn.bench.cli import DEFAULT_VARIANTS
 from gbattn.checks import parse_value
 from gbattn.config import ModelConfig, preset_config
 from gbattn.errors import UserError
+from gbattn.files import atomic_write, write_json
 from gbattn.model.generate import compiled_decode_step, eager_decode_step
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
@@ -281,8 +282,8 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     }
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "bench.json").write_text(json.dumps(report, indent=1))
-        (Path(out) / "bench.md").write_text(bench_markdown(report))
+        write_json(report, Path(out) / "bench.json")
+        atomic_write(Path(out) / "bench.md", bench_markdown(report))
     return report
 
 

@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
 
-from gbattn.errors import CheckpointError, DataError, UserError
-from gbattn.files import atomic_write
+from gbattn.errors import CheckpointError, DataError
+from gbattn.files import atomic_write, check_writable_dir
 
 BPE_TRAIN_LINES = 100_000
 SPECIALS = ["<pad>", "<unk>"]
@@ -33,15 +33,7 @@ FILE_KINDS = ("gpt2", "hf")  # HF tokenizer JSON; also from a file with KIND=PAT
 def cache_dir() -> Path:
     """``$GBATTN_CACHE`` (default ``~/.cache/gbattn``), created and checked writable."""
     path = Path(os.environ.get("GBATTN_CACHE", Path.home() / ".cache" / "gbattn"))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test.tmp{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"the cache directory {path} is not writable ({e.strerror or e}); set GBATTN_CACHE to a "
-                        f"writable directory") from None
-    return path
+    return check_writable_dir(path, "the cache directory (set GBATTN_CACHE to another)")
 
 
 class Tokenizer:
