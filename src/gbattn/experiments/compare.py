@@ -28,6 +28,7 @@ from gbattn.model.params import count_params, flops_per_token, param_matched_wid
 from gbattn.progress import Progress
 from gbattn.runtime import command_line, free_cores
 from gbattn.train.trainer import train
+from gbattn.upcycle import upcycle, write_run
 
 
 def spec_configs(recipe: Recipe, spec: ModelSpec, data: str, seed: int, sets: dict, vocab_size: int | None):
@@ -251,8 +252,6 @@ def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
         raise UserError(f"{spec.label} starts from {spec.init_from}'s trained weights: train that model first")
     start = source
     if spec.upcycle:
-        from gbattn.upcycle import upcycle, write_run  # the upcycling machinery is loaded only when used
-
         start = out / spec.label / f"seed{seed}-start"
         if not (start / rundir.CONFIG).exists():
             write_run(upcycle(source, spec.upcycle["attn"], spec.upcycle.get("attn_options")), start)
