@@ -43,6 +43,27 @@ def test_generate_cli(tmp_path, capsys):
     assert capsys.readouterr().out.split("---")[0] == out.split("---")[0]
 
 
+@pytest.mark.parametrize("flags, asked", [([], None), (["--compile"], True), (["--no-compile"], False),
+                                          (["--compile", "--no-cache"], False)])
+def test_generate_cli_passes_the_compile_choice(tmp_path, capsys, monkeypatch, flags, asked):
+    """`--compile` forces the compiled decode step, `--no-compile` and `--no-cache` never compile, and
+    no flag leaves it to the measured threshold (tests/test_compiled.py checks the decisions)."""
+    import importlib
+
+    generate_mod = importlib.import_module("gbattn.model.generate")  # the package exports the function
+    seen = []
+
+    def record(model, compile, max_new_tokens):
+        seen.append(compile)
+        return None, "KV cache"
+
+    monkeypatch.setattr(generate_mod, "decoder_for", record)
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the", "--max-new-tokens", "3", *flags]) == 0
+    assert seen[0] == asked  # the command's own choice (generate() is then handed its decode step)
+
+
 @pytest.mark.parametrize("block", ["gpt2", "llama"])
 def test_left_padded_cached_batch_equals_each_row_alone(variant_case, block):
     """fla's model test: a left-padded batch, decoded with the cache, gives every row the tokens it
