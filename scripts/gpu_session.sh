@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # One short GPU session (one H200, about 12 minutes of device time), in priority order: what no CPU
 # can reach. Each stage runs under a deadline; its results are copied to $OUT as soon as it ends, so
-# a session cut short still returns what finished. README, "Reproducing the tables" and "Speed".
+# a session cut short still returns what finished. README, "Reproducing the paper's tables" and "Speed and memory".
 #
 #   bash scripts/gpu_session.sh DATA_DIR [OUT]     # DATA_DIR: a local WikiText copy (wiki.train.tokens, ...)
 #   TINY=1 bash scripts/gpu_session.sh             # the same stages at a toy size on a CPU (its test)
 #
-# Stages: 1. paper-small bench, eager and compiled, every variant (issue 15); 2. owt-125m bench,
-# standard and GBA (step and FLOP ratios); 3. compare paper-wt103, seeds 42 123 7, five models
-# (issue 16); 4. if time is left: paper-postln, gba-design-paper, depth-paper (seed 42).
+# Stages: 1. paper-small bench, eager and compiled, every variant (compiled speedups on CUDA);
+# 2. owt-125m bench, standard and GBA (step and FLOP ratios); 3. compare paper-wt103, seeds 42 123 7,
+# five models (the paper table over three seeds); 4. if time is left: paper-postln, gba-design-paper,
+# depth-paper (seed 42). DATA_DIR defaults to .device/data/wikitext-2, a git-ignored copy that the
+# device tool carries.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DATA=${1:-.device/data/wikitext-2}
@@ -18,7 +20,7 @@ WORK=${WORK:-/tmp/gbattn-gpu}
 start=$(date +%s)
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 GBATTN_CACHE="$WORK/cache"
-PY=${PY:-python3}  # the device machine's torch lives in /opt/torch/.venv
+PY=${PY:-python3}  # or the Python that has torch; a device image that keeps it in /opt/torch/.venv is found
 [ "$PY" = python3 ] && [ -x /opt/torch/.venv/bin/python ] && PY=/opt/torch/.venv/bin/python
 log() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUT/log.txt"; }
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
