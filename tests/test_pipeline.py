@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from gbattn import files
 from gbattn import rundir as ckpt
 from gbattn.cli import main as cli_main
 from gbattn.config import build_configs
@@ -180,20 +182,23 @@ def test_corrupted_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "truncated or corrupted" in err
 
 
+class _Interrupted(io.FileIO):
+    """A file whose first write lands half its bytes, then the process is interrupted (Ctrl-C)."""
+
+    def write(self, data) -> int:
+        super().write(memoryview(data)[: len(data) // 2])
+        raise KeyboardInterrupt
+
+
 def test_atomic_save_keeps_previous_file_on_crash(tmp_path, monkeypatch):
     path = tmp_path / "x.pt"
-    original_save = torch.save
     ckpt.save_checkpoint({"model": {"w": torch.ones(2)}}, path)
-
-    def broken_save(obj, f):
-        f.write(b"partial")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError):
+    monkeypatch.setattr(files, "open", lambda name, mode: _Interrupted(name, "w"), raising=False)
+    with pytest.raises(KeyboardInterrupt):
         ckpt.save_checkpoint({"model": {"w": torch.zeros(2)}}, path)
-    monkeypatch.setattr(torch, "save", original_save)
+    monkeypatch.undo()
     assert torch.equal(ckpt.load_checkpoint(path)["model"]["w"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no half-written temporary file
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):

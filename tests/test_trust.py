@@ -4,8 +4,10 @@ line with exit status 2 for every bad input (a table of them, run through the CL
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gbattn import rundir
+from gbattn import files, rundir
 from gbattn.cli import main as cli_main
 from gbattn.config import build_configs
 from gbattn.data.corpus import load_corpus
@@ -250,17 +252,27 @@ def test_temporary_files_of_a_killed_write_are_removed_when_the_run_is_opened(tr
     assert not (run / "checkpoint.pt.tmp12345").exists() and (run / "notes.tmpfile").exists()
 
 
+class _FullDisk(io.FileIO):
+    """A real file on a disk with ``room`` bytes left: a write beyond them is cut short, and the next
+    one fails with ENOSPC, as the operating system reports a full disk."""
+
+    room = 5000
+
+    def write(self, data) -> int:
+        if self.room <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written = super().write(memoryview(data)[: self.room])
+        self.room -= written
+        return written
+
+
 def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
     path = tmp_path / rundir.CHECKPOINT
     rundir.save_checkpoint({"model": {"w": torch.ones(2)}}, path)
-
-    def full(obj, f):
-        f.write(b"partial")
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(files, "open", lambda name, mode: io.BufferedWriter(_FullDisk(name, "w")), raising=False)
+    big = {"model": {"w": torch.zeros(1 << 20)}}  # 4 MB: the disk fills in the middle of it
     with pytest.raises(UserError, match="No space left on device.*previous checkpoint.pt is kept"):
-        rundir.save_checkpoint({"model": {"w": torch.zeros(2)}}, path)
+        rundir.save_checkpoint(big, path)
     monkeypatch.undo()
     assert torch.equal(rundir.load_checkpoint(path)["model"]["w"], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == [rundir.CHECKPOINT]

@@ -8,25 +8,23 @@ import errno
 import json
 import math
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gbattn.errors import CheckpointError, UserError
 
 
-def atomic_write(path: str | Path, write: Callable[[Any], None] | bytes | str) -> None:
-    """Write ``path`` through a temporary file in the same directory, then rename it into place.
-    ``write`` is the content (bytes or text) or a function that writes to a binary file. On any
-    failure (a full disk, a kill) the previous file stays and the temporary file is removed."""
+def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
+    """Write ``content`` (bytes, or text as UTF-8) to ``path`` through a temporary file in the same
+    directory, then rename it into place. On any failure (a full disk, a kill) the previous file
+    stays and the temporary file is removed; a full disk is a one-line :class:`UserError`. Callers
+    serialize first (``torch.save`` into ``io.BytesIO``, see ``rundir.save_checkpoint``): a library
+    writing into the file itself could report the failed write as another exception."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            if callable(write):
-                write(f)
-            else:
-                f.write(write.encode("utf-8") if isinstance(write, str) else write)
+            f.write(content.encode("utf-8") if isinstance(content, str) else content)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

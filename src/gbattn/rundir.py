@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import json
 import os
 import pickle
@@ -56,7 +57,12 @@ RUN_FILES = (CONFIG, TOKENIZER, CHECKPOINT, BEST, METRICS, RESULT)
 
 
 def save_checkpoint(state: dict, path: str | Path) -> None:
-    atomic_write(path, lambda f: torch.save(state, f))
+    """``torch.save`` into memory, then :func:`atomic_write` the bytes: ``torch.save`` into a file
+    reports a failed write (a full disk) as a ``RuntimeError``, which would bypass the one-line error."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    with buffer.getbuffer() as content:
+        atomic_write(path, content)
 
 
 def remove_debris(directory: str | Path) -> list[str]:
