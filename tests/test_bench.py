@@ -84,7 +84,7 @@ def test_bench_command_report(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(speed, "peak_memory_train_step",
                         lambda cfg, batch, seq_len, dev, amp: probed.append(cfg) or 1e6 * cfg.d_model)
     code = cli_main(["bench", "--preset", "cpu-char", "--attn", "standard", "boosted:gate=vector", "--repeats", "1",
-                     "--steps", "1", "--decode", "4", "--batch", "2", "--sweep", "32", "64", "--set", "dropout=0.05",
+                     "--steps", "1", "--batch", "2", "--sweep", "32", "64", "--set", "dropout=0.05",
                      "--out", str(tmp_path), "--quiet"])
     assert code == 0
     # --set reaches every variant and the sweep; a variant's own options still apply.
@@ -93,6 +93,8 @@ def test_bench_command_report(tmp_path, capsys, monkeypatch):
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {r["variant"]: r for r in report["variants"]}
     assert rows["standard"]["step_ratio"] == 1.0 and report["dropout"] == 0.05
+    # the default decode fits the block size (64 in cpu-char): half of it decoded, after a prompt of the rest
+    assert (report["prefill_tokens"], report["decode_tokens"]) == (32, 32)
     gba = rows["boosted:gate=vector"]
     assert gba["flop_ratio"] > 1.0 and gba["parameters"] > rows["standard"]["parameters"]
     assert gba["step_over_flop_ratio"] == pytest.approx(gba["step_ratio"] / gba["flop_ratio"])

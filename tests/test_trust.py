@@ -444,6 +444,15 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("odd kv heads for differential", ["params", "--attn", "differential", "--set", "n_kv_heads=1"],
          "must be even"),
         ("bad device", [*new_run, "--device", "tpu"], "device='tpu' is not allowed"),
+        ("bench --repeats 0", ["bench", "--preset", "cpu-char", "--repeats", "0"], "0 must be >= 1"),
+        ("bench --threads 0", ["bench", "--preset", "cpu-char", "--threads", "0"], "0 must be >= 1"),
+        ("bench --decode 0", ["bench", "--preset", "cpu-char", "--decode", "0"], "0 must be >= 1"),
+        ("bench --decode beyond the block size", ["bench", "--preset", "cpu-char", "--decode", "64"],
+         "--decode 64 leaves no room for a prompt within the block size 64"),
+        ("bench --seq-len beyond the block size", ["bench", "--preset", "cpu-char", "--seq-len", "65"],
+         "--seq-len 65 exceeds the block size 64"),
+        ("bench --out is a file", ["bench", "--preset", "cpu-char", "--out", f["a-file"]],
+         "is a file, not a directory"),
     ]
     return cases
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gbattn.arguments import at_least
+
 DEFAULT_VARIANTS = ["standard", "boosted", "boosted:kv_source=shared", "twicing", "gated", "differential"]
 
 
@@ -11,12 +13,15 @@ def register(sub) -> None:
     p.add_argument("--attn", nargs="+", default=None, metavar="VARIANT",
                    help=f"variants, name or name:key=value,... (default: {' '.join(DEFAULT_VARIANTS)})")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch", type=int, default=None, help="rows per training step (default 8 on CPU, 32 on CUDA)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per row (default block_size - 1)")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (median reported)")
-    p.add_argument("--steps", type=int, default=3, help="training steps per timing round")
-    p.add_argument("--decode", type=int, default=64, help="cached decode steps after the prefill")
-    p.add_argument("--sweep", type=int, nargs="*", default=None, metavar="T",
+    p.add_argument("--batch", type=at_least(1), default=None,
+                   help="rows per training step (default 8 on CPU, 32 on CUDA)")
+    p.add_argument("--seq-len", type=at_least(1), default=None, help="tokens per row (default block_size - 1)")
+    p.add_argument("--repeats", type=at_least(1), default=5, help="interleaved timing rounds (median reported)")
+    p.add_argument("--steps", type=at_least(1), default=3, help="training steps per timing round")
+    p.add_argument("--decode", type=at_least(1), default=None,
+                   help="cached decode steps after the prefill (default 64, or half the block size when smaller); "
+                        "the prefill is up to 128 tokens, within the block size")
+    p.add_argument("--sweep", type=at_least(1), nargs="*", default=None, metavar="T",
                    help="sequence lengths for the sweep (e.g. 256 512 1024 2048 4096); none by default")
     p.add_argument("--sweep-attn", nargs="+", default=None, metavar="VARIANT", help="default: standard boosted")
     p.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")
@@ -24,7 +29,7 @@ def register(sub) -> None:
                    help="torch.compile the training and decode steps: off, on, or both side by side (default off)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                    help="model-config override for every variant, e.g. --set dropout=0")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, one per core)")
+    p.add_argument("--threads", type=at_least(1), default=None, help="CPU threads (default: torch's, one per core)")
     p.add_argument("--out", default=None, help="write bench.json and bench.md here")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_bench)

@@ -25,7 +25,7 @@ from gbattn.bench.cli import DEFAULT_VARIANTS
 from gbattn.checks import parse_value
 from gbattn.config import ModelConfig, preset_config
 from gbattn.errors import UserError
-from gbattn.files import atomic_write, write_json
+from gbattn.files import atomic_write, check_writable_dir, write_json
 from gbattn.model.generate import compiled_decode_step, eager_decode_step
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
@@ -157,14 +157,18 @@ def _autocast(device: torch.device, amp: bool):
 
 def run_bench(preset: str, variants: list[str] | None = None, device: str = "auto", batch: int | None = None,
               seq_len: int | None = None, repeats: int = 5, steps: int = 3, prefill: int | None = None,
-              decode: int = 64, sweep: list[int] | None = None, sweep_variants: list[str] | None = None,
+              decode: int | None = None, sweep: list[int] | None = None, sweep_variants: list[str] | None = None,
               amp: bool = True, compile: str = "off", threads: int | None = None, out: str | None = None,
               quiet: bool = False, sets: dict | None = None) -> dict:
     """``sets``: model-config overrides for every variant (``{"dropout": 0.0}``); a variant's own
     options (``boosted:rounds=3``) apply on top. ``compile``: off (eager), on, or both side by side
-    (each variant eager and ``torch.compile``d, training step and decode step, same repeats)."""
+    (each variant eager and ``torch.compile``d, training step and decode step, same repeats).
+    ``decode``: cached decode steps (default 64, or half the block size when smaller) after a prefill
+    of ``prefill`` tokens (default up to 128, what the block size leaves)."""
     sets = dict(sets or {})
-    if threads:
+    if out:
+        check_writable_dir(out, "--out")
+    if threads is not None:
         torch.set_num_threads(threads)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -177,7 +181,9 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     base_cfg = _variant_config(preset, "standard", sets)
     seq_len = seq_len or base_cfg.block_size - 1
     batch = batch or (32 if dev.type == "cuda" else 8)
-    prefill = prefill or min(128, base_cfg.block_size - decode)
+    prefill, decode = _prefill_and_decode_lengths(preset, base_cfg.block_size, prefill, decode)
+    if seq_len > base_cfg.block_size:
+        raise UserError(f"--seq-len {seq_len} exceeds the block size {base_cfg.block_size} of preset {preset}")
     autocast = _autocast(dev, amp)
     torch.backends.cuda.matmul.allow_tf32 = True
 
@@ -281,10 +287,23 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         "sweep": sweep_rows,
     }
     if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
         write_json(report, Path(out) / "bench.json")
         atomic_write(Path(out) / "bench.md", bench_markdown(report))
     return report
+
+
+def _prefill_and_decode_lengths(preset: str, block_size: int, prefill: int | None,
+                                decode: int | None) -> tuple[int, int]:
+    """(prefill, decode) tokens that fit the block size together, or a one-line error."""
+    decode = decode or max(1, min(64, block_size // 2))
+    if decode >= block_size:
+        raise UserError(f"--decode {decode} leaves no room for a prompt within the block size {block_size} of preset "
+                        f"{preset}; use at most --decode {block_size - 1}")
+    prefill = prefill or min(128, block_size - decode)
+    if prefill + decode > block_size:
+        raise UserError(f"a prefill of {prefill} tokens and {decode} decode steps exceed the block size {block_size} "
+                        f"of preset {preset}")
+    return prefill, decode
 
 
 def _variant_config(preset: str, spec: str, sets: dict) -> ModelConfig:
