@@ -69,6 +69,42 @@ def test_token_memmap_round_trip_and_reuse(tmp_path, monkeypatch):
         np.testing.assert_array_equal(again[s], splits[s])
 
 
+def _damage_meta(entry: Path) -> None:
+    (entry / "meta.json").write_text("{ not json")
+
+
+def _damage_meta_type(entry: Path) -> None:
+    (entry / "meta.json").write_text("[1, 2]")
+
+
+def _damage_count(entry: Path) -> None:  # a count larger than its file: the memmap would read past the end
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["counts"]["train"] += 1000
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
+def _damage_size(entry: Path) -> None:  # a file cut short (a full disk, a kill while copying the cache)
+    path = entry / "train.bin"
+    path.write_bytes(path.read_bytes()[:-10])
+
+
+def _damage_missing(entry: Path) -> None:
+    (entry / "valid.bin").unlink()
+
+
+@pytest.mark.parametrize("damage", [_damage_meta, _damage_meta_type, _damage_count, _damage_size, _damage_missing])
+def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, damage):
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    tok = get_tokenizer("char", corpus)
+    splits = {s: np.array(ids) for s, ids in tokenize_corpus(corpus, tok, progress=False).items()}
+    (entry,) = (Path(os.environ["GBATTN_CACHE"]) / "tokens").iterdir()
+    damage(entry)
+    again = tokenize_corpus(corpus, tok, progress=False)
+    for s in splits:
+        np.testing.assert_array_equal(again[s], splits[s])
+    assert json.loads((entry / "meta.json").read_text())["counts"] == {s: len(v) for s, v in splits.items()}
+
+
 def test_caps_take_the_first_tokens(tmp_path):
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     tok = get_tokenizer("char", corpus)

@@ -278,6 +278,24 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, m
     assert [p.name for p in tmp_path.iterdir()] == [rundir.CHECKPOINT]
 
 
+def test_a_damaged_token_cache_is_rebuilt_and_the_run_still_works(trained, tmp_path, capsys, monkeypatch):
+    cache = tmp_path / "cache"
+    shutil.copytree(trained["cache"], cache)
+    monkeypatch.setenv("GBATTN_CACHE", str(cache))
+    code, expected, err = run_cli(capsys, ["eval", trained["run"]])
+    assert code == 0 and "test perplexity" in expected, err
+    entries = [p for p in (cache / "tokens").iterdir() if p.is_dir()]
+    assert entries
+    damages = [lambda e: (e / "meta.json").write_text('{"dtype": "uint16", "counts": '),
+               lambda e: (e / "test.bin").write_bytes((e / "test.bin").read_bytes()[:-2])]
+    for damage in damages:
+        for entry in entries:
+            damage(entry)
+        code, out, err = run_cli(capsys, ["eval", trained["run"]])
+        assert code == 0 and out == expected, err
+    assert all(json.loads((e / "meta.json").read_text())["counts"]["test"] > 0 for e in entries)
+
+
 def test_a_run_that_diverged_before_its_first_checkpoint_restarts_in_place(tmp_path, capsys, monkeypatch):
     data = write_corpus(tmp_path / "corpus")
     argv = ["train", "--out", tmp_path / "run", "--data", data, "--tokenizer", "char", "--threads", "1", "--quiet",

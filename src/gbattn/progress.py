@@ -10,7 +10,9 @@ from tqdm.auto import tqdm
 
 
 class Progress:
-    def __init__(self, total: int, desc: str, initial: int = 0, unit: str = "step", disable: bool = False,
+    """``total``: the count when known; None shows the count so far (e.g. tokens of a file being read)."""
+
+    def __init__(self, total: int | None, desc: str, initial: int = 0, unit: str = "step", disable: bool = False,
                  interval: float = 30.0) -> None:
         self.total, self.desc, self.n, self.unit = total, desc, initial, unit
         self.disable = disable
@@ -31,9 +33,10 @@ class Progress:
             if postfix:
                 self._bar.set_postfix_str(self.postfix, refresh=False)
             self._bar.update(n)
-        elif time.monotonic() - self._last >= self.interval or self.n >= self.total:
+        elif time.monotonic() - self._last >= self.interval or (self.total is not None and self.n >= self.total):
             self._last = time.monotonic()
-            print(f"{self.desc}: {self.n}/{self.total} {self.unit}s {self.postfix}", file=sys.stderr, flush=True)
+            of = "" if self.total is None else f"/{self.total}"
+            print(f"{self.desc}: {self.n}{of} {self.unit}s {self.postfix}", file=sys.stderr, flush=True)
 
     def write(self, message: str) -> None:
         if self.disable:

@@ -12,16 +12,16 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from gbattn.data.corpus import SPLITS, Corpus
 from gbattn.data.tokenizer import Tokenizer, cache_dir
+from gbattn.errors import DataError
 from gbattn.files import atomic_write
+from gbattn.progress import Progress
 
 
 def tokens_dtype(vocab_size: int):
@@ -32,8 +32,7 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
     """Stream-encode ``split`` into ``path`` (raw ids), stopping at ``cap`` tokens."""
     dtype = tokens_dtype(tokenizer.vocab_size)
     n = 0
-    bar = tqdm(desc=f"tokenizing {split}", unit="tok", unit_scale=True, leave=False,
-               disable=not progress or not sys.stderr.isatty())
+    bar = Progress(cap, desc=f"tokenizing {split}", unit="token", disable=not progress)
     with open(path, "wb") as f:
         batch: list[str] = []
 
@@ -75,29 +74,45 @@ def tokenize_corpus(
     key_src = f"{corpus.fingerprint}|{tokenizer.fingerprint}|{json.dumps(caps, sort_keys=True)}"
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
     directory = cache_dir() / "tokens" / key
-    meta_path = directory / "meta.json"
-    if not meta_path.is_file():
-        tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    dtype = np.dtype(tokens_dtype(tokenizer.vocab_size))
+    if directory.exists():
+        cached = _read_cache(directory, dtype)
+        if cached is not None:
+            return cached
+        shutil.rmtree(directory, ignore_errors=True)  # a damaged cache entry: build it again
+    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    counts = {s: _encode_split(corpus, s, tokenizer, caps[s], tmp / f"{s}.bin", progress) for s in SPLITS}
+    meta = {"dtype": dtype.name, "counts": counts, "caps": caps, "corpus": corpus.name,
+            "tokenizer": tokenizer.fingerprint}
+    atomic_write(tmp / "meta.json", json.dumps(meta, indent=1))
+    if directory.exists():  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        counts = {s: _encode_split(corpus, s, tokenizer, caps[s], tmp / f"{s}.bin", progress) for s in SPLITS}
-        meta = {"dtype": np.dtype(tokens_dtype(tokenizer.vocab_size)).name, "counts": counts, "caps": caps,
-                "corpus": corpus.name, "tokenizer": tokenizer.fingerprint}
-        atomic_write(tmp / "meta.json", json.dumps(meta, indent=1))
-        if directory.exists():  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            os.replace(tmp, directory)
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    out = {}
-    for s in SPLITS:
-        count = meta["counts"][s]
-        out[s] = (
-            np.memmap(directory / f"{s}.bin", dtype=meta["dtype"], mode="r", shape=(count,))
-            if count
-            else np.zeros(0, dtype=meta["dtype"])
-        )
-    return out
+    else:
+        os.replace(tmp, directory)
+    cached = _read_cache(directory, dtype)
+    if cached is None:
+        raise DataError(f"the token cache {directory} cannot be read back after writing it; delete it and try again")
+    return cached
+
+
+def _read_cache(directory: Path, dtype: np.dtype) -> dict[str, np.ndarray] | None:
+    """The token ids of a cache entry as read-only memmaps, or None when the entry is damaged: its
+    ``meta.json`` unreadable or not what this module writes, or a split's file not of the size it records."""
+    try:
+        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+        if meta["dtype"] != dtype.name:
+            return None
+        out = {}
+        for s in SPLITS:
+            count, path = meta["counts"][s], directory / f"{s}.bin"
+            if type(count) is not int or count < 0 or path.stat().st_size != count * dtype.itemsize:
+                return None
+            out[s] = np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype=dtype)
+        return out
+    except (OSError, ValueError, KeyError, TypeError):  # ValueError: also invalid JSON or UTF-8
+        return None
 
 
 # --------------------------------------------------------------------------------------
