@@ -219,6 +219,29 @@ def test_resume_refuses_options_that_would_change_the_run(trained, capsys, monke
     assert snapshot(run) == before
 
 
+def test_resume_applies_every_result_neutral_set(trained, tmp_path, capsys, monkeypatch):
+    """Each field of TrainConfig.RESULT_NEUTRAL given with --set on --resume reaches the resumed run."""
+    from gbattn.config import TrainConfig
+    from gbattn.train.trainer import Trainer
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.RESULT).unlink()
+    new = {"device": "cpu", "compile": False, "checkpoint_minutes": 7.5, "log_every": 3, "threads": 1,
+           "eval_batch_size": 5}
+    assert set(new) == set(TrainConfig.RESULT_NEUTRAL)
+    recorded = rundir.read_configs(json.loads((run / rundir.CONFIG).read_text()), run)[1]
+    assert recorded.checkpoint_minutes != 7.5 and recorded.log_every != 3 and recorded.eval_batch_size != 5
+    seen = []
+    summary = dict.fromkeys(("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s"))
+    monkeypatch.setattr(Trainer, "run", lambda self: seen.append(self.train_cfg) or summary)
+    sets = sum((["--set", f"{k}={json.dumps(v).strip(chr(34))}"] for k, v in new.items()), [])
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet", *sets])
+    assert code == 0, err
+    assert {k: getattr(seen[0], k) for k in new} == new
+
+
 # --------------------------------------------------------------------------------------
 # 4. compare trusts nothing it did not check
 # --------------------------------------------------------------------------------------

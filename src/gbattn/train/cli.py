@@ -72,7 +72,7 @@ def _recorded(d: dict, key: str):
 
 def cmd_train(args) -> None:
     from gbattn import rundir
-    from gbattn.config import build_configs, parse_sets
+    from gbattn.config import TrainConfig, build_configs, parse_sets
     from gbattn.errors import UserError
     from gbattn.train.distributed import shutdown_distributed
     from gbattn.train.trainer import Trainer
@@ -89,7 +89,7 @@ def cmd_train(args) -> None:
         if differ:
             raise UserError(f"train --resume continues {args.out} as it was started; these options would change it: "
                             f"{'; '.join(differ)}. Leave them out, or start a new run (another --out, or --restart)")
-        neutral = {k: v for k, v in parse_sets(args.sets).items() if k in ("threads", "device", "compile", "log_every")}
+        neutral = {k: v for k, v in parse_sets(args.sets).items() if k in TrainConfig.RESULT_NEUTRAL}
         neutral.update({k: v for k, v in (("threads", args.threads), ("device", args.device), ("compile", args.compile))
                         if v is not None})
         trainer = Trainer(args.out, resume=True, quiet=args.quiet, overrides=neutral)
