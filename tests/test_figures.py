@@ -239,3 +239,22 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
     assert code == 2 and "several comparison directories go with --gap" in err
     code = cli_main(["plot", str(short), "--gap", "gba-m3", "--out", str(tmp_path / "fig2")])
     assert code == 2 and "has no finished 'gba-m3' runs" in capsys.readouterr().err
+
+
+def test_plot_out_that_is_a_file_or_under_one_is_one_line(tmp_path, capsys):
+    gap = _gap_dir(tmp_path / "gap", 400)
+    compare_dir = tmp_path / "copied"
+    compare_dir.mkdir()
+    (compare_dir / "results.json").write_text(json.dumps(report_of([model_row("standard", {"42": 100.0})])))
+    write_run(compare_dir, "standard", 42)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [(["plot", compare_dir], "is a file, not a directory", a_file),
+             (["plot", compare_dir], "is not writable", a_file / "sub"),
+             (["plot", gap, "--gap", "gba-m2", "--against", "standard"], "is a file, not a directory", a_file),
+             (["plot", gap, "--gap", "gba-m2", "--against", "standard"], "is not writable", a_file / "sub")]
+    for argv, expected, out in cases:
+        code = cli_main([*map(str, argv), "--out", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and f"--out {out} {expected}" in err, (argv, err)
+    assert a_file.read_text() == "x"

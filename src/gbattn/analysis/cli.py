@@ -354,7 +354,7 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     but whose curves are missing (a copied results.json without its run directories)."""
     from gbattn.analysis import figures
     from gbattn.errors import UserError
-    from gbattn.files import read_json
+    from gbattn.files import check_writable_dir, read_json
     from gbattn.rundir import METRICS
 
     figures.require_matplotlib()
@@ -382,6 +382,7 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     if not curves:
         raise UserError(f"cannot plot {compare_dir}: no run has curves (results.json lists no finished run and no "
                         f"<label>/seed<S>/{METRICS} holds train or eval events)")
+    check_writable_dir(out, "--out", create=True)
     written = figures.save(figures.results_figure(report), out, "results", pdf)
     written += figures.save(figures.curves_figure(curves), out, "curves", pdf)
     return written
@@ -421,12 +422,11 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
 def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bool = False) -> list[Path]:
     """gap.png and gap.json: ``model`` minus each reference against training length, one line per directory."""
     from gbattn.analysis import figures
-    from gbattn.files import write_json
+    from gbattn.files import check_writable_dir, write_json
 
     figures.require_matplotlib()
     series = [gap_series(Path(d), model, ref) for ref in references for d in compare_dirs]
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_writable_dir(out, "--out", create=True)
     write_json({"model": model, "references": references, "series": series}, out / "gap.json")
     return figures.save(figures.gap_figure(series, model, references), out, "gap", pdf) + [out / "gap.json"]
 
