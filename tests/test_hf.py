@@ -349,7 +349,7 @@ def test_export_loads_with_auto_classes_in_a_fresh_process(trained):
     run = rundir.load_run(run_dir)
     text = "First Citizen:\nBefore we proceed"
     ids = run.tokenizer.encode(text)
-    torch.save({"logits": run.model(torch.tensor([ids]))}, out.parent / "ref.pt")
+    torch.save({"logits": run.model(torch.tensor([ids])).detach()}, out.parent / "ref.pt")
     code = f"""
 import sys, torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -365,7 +365,7 @@ assert model.model.lm_head.weight is model.model.wte.weight
 ids = tok.encode({text!r})
 assert ids == {ids!r}, ids
 assert tok.decode(ids) == {text!r} and tok.eos_token == "\\n" and len(tok) == {run.tokenizer.vocab_size}
-ref = torch.load({str(out.parent / "ref.pt")!r})["logits"]
+ref = torch.load({str(out.parent / "ref.pt")!r}, weights_only=True)["logits"]
 assert torch.allclose(model(torch.tensor([ids])).logits, ref, rtol=0, atol=1e-6)
 print("ok")
 """
