@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from matplotlib.text import Text
 
 from gbattn.analysis import figures
 from gbattn.analysis.cli import plot_compare, print_summary
@@ -15,8 +16,6 @@ from gbattn.cli import main as cli_main
 from gbattn.errors import UserError
 from gbattn.experiments.report import results_markdown
 from gbattn.files import relative_path
-
-pytest.importorskip("matplotlib")  # the modules above import it only when a figure is drawn
 
 
 def model_row(label: str, test_ppl: dict, steps: int = 2000, published=None, compute_matched_to=None) -> dict:
@@ -47,8 +46,6 @@ def report_of(rows: list[dict], sets: dict | None = None) -> dict:
 def drawn_texts(fig) -> dict:
     """The text of a drawn figure: title, tick labels, legend entries, annotations, and all of
     its text (the footer included)."""
-    from matplotlib.text import Text
-
     with figures.style():
         fig.canvas.draw()
     ax = fig.axes[0]

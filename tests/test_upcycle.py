@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
@@ -24,8 +25,6 @@ from gbattn.data.tokenizer import get_tokenizer
 from gbattn.errors import CheckpointError, UserError
 from gbattn.model.gpt import GPT
 from gbattn.upcycle import upcycle
-
-transformers = pytest.importorskip("transformers")
 
 VOCAB = 50
 EXACT = dict(rtol=1e-12, atol=1e-12)  # float64 logits: equal up to summation order
