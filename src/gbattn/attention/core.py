@@ -64,9 +64,6 @@ class NoOptions(Typed):
 # The analysis record
 # --------------------------------------------------------------------------------------
 
-KINDS = ("attention", "correction", "second-pass", "negative-map")
-
-
 @dataclass
 class Round:
     """One attention call of a layer, in call order (docs/method.md, "Analysis record").
@@ -282,9 +279,6 @@ class StaticLayerCache(nn.Module):
         super().__init__()
         self.batch, self.max_len, self.dtype, self.device = batch, max_len, dtype, torch.device(device)
 
-    def key_length(self, T: int) -> int:
-        return self.max_len
-
     def _buffer(self, name: str, like: Tensor) -> Tensor:
         if not hasattr(self, name):
             B, heads, _, width = like.shape
@@ -312,9 +306,6 @@ class DynamicLayerCache:
     def length(self) -> int:
         return next(iter(self.entries.values()))[1].shape[2] if self.entries else 0
 
-    def key_length(self, T: int) -> int:
-        return self.length + T
-
     def update(self, name: str, slots_T: Tensor | None, k_BGTE: Tensor | None, v_BGTF: Tensor):
         if name in self.entries:
             k_old, v_old = self.entries[name]
@@ -338,20 +329,6 @@ class StaticCache(nn.Module):
 
     def key_length(self, T: int) -> int:
         return self.max_len
-
-
-class DynamicCache:
-    """One :class:`DynamicLayerCache` per layer."""
-
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [DynamicLayerCache() for _ in range(n_layers)]
-
-    @property
-    def length(self) -> int:
-        return self.layers[0].length
-
-    def key_length(self, T: int) -> int:
-        return self.length + T
 
 
 # --------------------------------------------------------------------------------------
