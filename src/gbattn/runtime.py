@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shlex
 import sys
 
@@ -34,6 +35,14 @@ def autocast(device: torch.device, amp: str = "auto"):
     if amp == "bf16" or (amp == "auto" and device.type == "cuda"):
         return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext
+
+
+def device_name(device: torch.device) -> str:
+    """The hardware a run or a benchmark ran on, for results files: the GPU's name, or the CPU's
+    with the thread count in use."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} threads, {platform.processor() or platform.machine()})"
 
 
 def rng_state(device: torch.device) -> torch.Tensor:

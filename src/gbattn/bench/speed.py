@@ -11,7 +11,6 @@ exactly its extra arithmetic. Plus a sequence-length sweep of time and peak memo
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,8 @@ from gbattn.model.generate import compiled_decode_step, eager_decode_step
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
-from gbattn.runtime import command_line
+from gbattn.runtime import autocast as bf16_autocast
+from gbattn.runtime import command_line, device_name
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -121,7 +121,7 @@ def _run_steps(cfg, batch, seq_len, device, amp, steps):
     model = GPT(cfg).to(device)
     case = Case("probe", cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-4))
     x = torch.randint(0, cfg.vocab_size, (batch, seq_len), device=device)
-    autocast = _autocast(device, amp)
+    autocast = bf16_autocast(device, "auto" if amp else "off")
     for _ in range(steps):
         train_step(case, x, x, autocast)
     sync(device)
@@ -145,14 +145,6 @@ def _memory_probe_main(payload: str) -> None:
     base = _status_bytes("VmRSS")
     _run_steps(cfg, d["batch"], d["seq_len"], torch.device("cpu"), False, steps=2)
     print(max(0, _status_bytes("VmHWM") - base))
-
-
-def _autocast(device: torch.device, amp: bool):
-    import contextlib
-
-    if amp and device.type == "cuda":
-        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext
 
 
 def run_bench(preset: str, variants: list[str] | None = None, device: str = "auto", batch: int | None = None,
@@ -184,7 +176,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     prefill, decode = _prefill_and_decode_lengths(preset, base_cfg.block_size, prefill, decode)
     if seq_len > base_cfg.block_size:
         raise UserError(f"--seq-len {seq_len} exceeds the block size {base_cfg.block_size} of preset {preset}")
-    autocast = _autocast(dev, amp)
+    autocast = bf16_autocast(dev, "auto" if amp else "off")
     torch.backends.cuda.matmul.allow_tf32 = True
 
     modes = {"off": [False], "on": [True], "both": [False, True]}[compile]
@@ -271,7 +263,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         "preset": preset,
         "sets": sets,
         "dropout": base_cfg.dropout,
-        "device": _device_name(dev),
+        "device": device_name(dev),
         "batch": batch,
         "seq_len": seq_len,
         "repeats": repeats,
@@ -316,7 +308,7 @@ def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
     rows = []
     if not lengths:
         return rows
-    autocast = _autocast(dev, amp)
+    autocast = bf16_autocast(dev, "auto" if amp else "off")
     bar = Progress(len(lengths) * len(variants), desc="sequence-length sweep", unit="case", disable=quiet, interval=15)
     for T in lengths:
         for spec in variants:
@@ -340,12 +332,6 @@ def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
             bar.update(1)
     bar.close()
     return rows
-
-
-def _device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    return f"CPU, {torch.get_num_threads()} threads ({platform.machine()})"
 
 
 def bench_markdown(report: dict) -> str:

@@ -29,6 +29,7 @@ from gbattn.progress import Progress
 from gbattn.runtime import (
     all_rng_states,
     autocast,
+    device_name,
     resolve_device,
     restore_rng_states,
     set_threads,
@@ -563,12 +564,6 @@ class Trainer:
                 )
         self.dist.barrier()
         return result
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({torch.get_num_threads()} threads, {platform.processor() or platform.machine()})"
 
 
 def train(run_dir, model_cfg=None, train_cfg=None, resume=False, quiet=False, extra=None, preset=None,
