@@ -389,12 +389,12 @@ def results_figure(report: dict):
         values = []
         base = next((r for r in rows if r["label"].startswith("standard") and compared[r["label"]]), None)
         if base is not None:
-            base_mean, _ = mean_std(compared[base["label"]])
+            base_mean, _ = mean_std(compared[base["label"]].values())
             ax.axhline(base_mean, color="gray", linestyle="--", linewidth=1, label=f"{base['label']} mean")
         tick_labels = []
         for i, r in enumerate(rows):
             every_seed = seed_values(r)
-            mean, std = mean_std(compared[r["label"]])
+            mean, std = mean_std(compared[r["label"]].values())
             if mean is None:
                 tick_labels.append(f"{r['label']}\nno result")
                 continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
 
 from gbattn.experiments.recipes import ModelSpec, Recipe
@@ -50,11 +51,12 @@ def compared_values(rows: list[dict]) -> dict[str, dict[str, float]]:
     return compared
 
 
-def mean_std(values: dict[str, float]) -> tuple[float | None, float | None]:
-    """Mean and sample std (None for one value) of per-seed values."""
-    if not values:
+def mean_std(values: Iterable[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (n - 1; None for one value) of the finite values: None and
+    non-finite values (a run that diverged) are left out; (None, None) when none is left."""
+    xs = [v for v in values if v is not None and math.isfinite(v)]
+    if not xs:
         return None, None
-    xs = list(values.values())
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
 
 
@@ -144,13 +146,6 @@ def steps_differ_from_description(report: dict) -> bool:
 # --------------------------------------------------------------------------------------
 
 
-def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
-
-
 def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dict]:
     rows = []
     for spec in specs:
@@ -158,8 +153,8 @@ def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dic
         if not runs:
             continue
         any_run = next(iter(runs.values()))
-        test_mean, test_std = _mean_std([r["test_ppl"] for r in runs.values()])
-        valid_mean, valid_std = _mean_std([r["valid_ppl"] for r in runs.values()])
+        test_mean, test_std = mean_std([r["test_ppl"] for r in runs.values()])
+        valid_mean, valid_std = mean_std([r["valid_ppl"] for r in runs.values()])
         rows.append({
             "label": spec.label,
             "attn": any_run["attn"],

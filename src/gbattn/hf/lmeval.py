@@ -23,7 +23,7 @@ from lm_eval.utils import handle_non_serializable, make_table
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gbattn.errors import UserError
-from gbattn.files import atomic_write, relative_path
+from gbattn.files import atomic_write, finite, relative_path, write_json
 from gbattn.hf.export import wrap_run
 from gbattn.rundir import is_exported, load_run
 
@@ -93,9 +93,10 @@ def results_stem(tasks: list[str], limit: float | None, num_fewshot: int | None)
 
 
 def portable(obj, roots: list[Path]):
-    """``obj`` with every string that is an absolute path made relative: to the parent of the first of
-    ``roots`` holding it, else to the working directory, else its last two parts (results files hold
-    no paths of the machine that wrote them)."""
+    """``obj`` as JSON values, with every string that is an absolute path made relative: to the
+    parent of the first of ``roots`` holding it, else to the working directory, else its last two
+    parts (results files hold no paths of the machine that wrote them). Values JSON has no type for
+    (numpy numbers, sets, ...) become what lm-evaluation-harness writes for them."""
     if isinstance(obj, dict):
         return {k: portable(v, roots) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -103,7 +104,9 @@ def portable(obj, roots: list[Path]):
     if isinstance(obj, str) and os.path.isabs(obj) and not any(c.isspace() for c in obj):
         base = next((root.parent for root in roots if Path(obj).is_relative_to(root)), Path.cwd())
         return relative_path(obj, base)
-    return obj
+    if obj is None or isinstance(obj, (str, int, float)):
+        return obj
+    return portable(handle_non_serializable(obj), roots)
 
 
 def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
@@ -112,11 +115,10 @@ def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
     results.pop("pretty_env_info", None)  # the machine's description
     written = [out]
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, json.dumps(portable(results, roots), indent=2, default=handle_non_serializable,
-                                 ensure_ascii=False) + "\n")
+    write_json(portable(results, roots), out)
     for task, rows in (samples or {}).items():
         path = out.with_name(f"samples-{task}-{out.stem.removeprefix('results-')}.jsonl")
-        lines = (json.dumps(portable(r, roots), default=handle_non_serializable, ensure_ascii=False) for r in rows)
+        lines = (json.dumps(finite(portable(r, roots)), ensure_ascii=False) for r in rows)
         atomic_write(path, "".join(line + "\n" for line in lines))
         written.append(path)
     if samples is not None:

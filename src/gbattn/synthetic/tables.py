@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import statistics
 import time
 from dataclasses import asdict
@@ -12,7 +11,8 @@ from pathlib import Path
 import torch
 
 from gbattn.errors import UserError
-from gbattn.files import atomic_write
+from gbattn.experiments.report import mean_std
+from gbattn.files import atomic_write, write_json
 from gbattn.progress import Progress
 from gbattn.synthetic.task import (
     DEQ_SETTINGS,
@@ -40,10 +40,12 @@ FULL_SEEDS = (0, 1, 2)
 SECONDS_PER_RUN = 2.5  # measured: one 150-step run, averaged over the full run's models, one CPU thread
 
 
-def mean_std(values: list[float]) -> dict:
-    """Mean and sample std (None with one value), in percent."""
+def percent_cell(values: list[float]) -> dict:
+    """A table cell: mean and sample std (:func:`gbattn.experiments.report.mean_std`) of the values
+    in percent, and their count."""
     pct = [100 * v for v in values]
-    return {"mean": statistics.fmean(pct), "std": statistics.stdev(pct) if len(pct) > 1 else None, "n": len(pct)}
+    mean, std = mean_std(pct)
+    return {"mean": mean, "std": std, "n": len(pct)}
 
 
 def fmt(cell: dict | float | None, digits: int = 1, sign: bool = False) -> str:
@@ -58,7 +60,7 @@ def fmt(cell: dict | float | None, digits: int = 1, sign: bool = False) -> str:
 def summarise(name: str, runs: dict, bayes: dict, seeds) -> dict:
     """One experiment's table data from the finished runs."""
     def acc(spec_list) -> dict:
-        return mean_std([runs[s.key]["accuracy"] for s in spec_list])
+        return percent_cell([runs[s.key]["accuracy"] for s in spec_list])
 
     def ceiling(st: Setting) -> dict:
         return {"chance": 100 * st.chance, "bayes": 100 * bayes[st.key]["accuracy"],
@@ -79,8 +81,8 @@ def summarise(name: str, runs: dict, bayes: dict, seeds) -> dict:
         for st in DIFFICULTY_SETTINGS:
             one = [runs[boosted_run(st, 1, None, s).key]["accuracy"] for s in seeds]
             two = [runs[boosted_run(st, 2, DEFAULT_GATE, s).key]["accuracy"] for s in seeds]
-            columns.append({"setting": asdict(st), "key": st.key, "m1": mean_std(one), "m2": mean_std(two),
-                            "delta": mean_std([b - a for a, b in zip(one, two)]),  # paired by seed
+            columns.append({"setting": asdict(st), "key": st.key, "m1": percent_cell(one), "m2": percent_cell(two),
+                            "delta": percent_cell([b - a for a, b in zip(one, two)]),  # paired by seed
                             "paper_delta": PAPER["difficulty_delta"][st.key], **ceiling(st)})
         return {"gate": DEFAULT_GATE, "columns": columns}
     if name == "deq":
@@ -89,7 +91,7 @@ def summarise(name: str, runs: dict, bayes: dict, seeds) -> dict:
             deq = [runs[RunSpec(st, kind="deq", seed=s).key] for s in seeds]
             columns.append({"setting": asdict(st), "key": st.key,
                             "one_step": acc([boosted_run(st, 1, None, s) for s in seeds]),
-                            "converged": mean_std([r["accuracy"] for r in deq]),
+                            "converged": percent_cell([r["accuracy"] for r in deq]),
                             "paper_one_step": PAPER["deq_one_step"][st.key],
                             "paper_converged": PAPER["deq_converged"][st.key],
                             "residual_max": max(r["fixed_point"]["residual_max"] for r in deq),
@@ -247,7 +249,7 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
 
 
 def write_results(out: Path, report: dict) -> None:
-    atomic_write(out / "results.json", json.dumps(report, indent=1, default=str))
+    write_json(report, out / "results.json")
     atomic_write(out / "results.md", results_markdown(report))
 
 
