@@ -19,8 +19,6 @@ Parameter layouts (gbattn's :class:`StandardAttention` and :class:`FeedForward`)
 from __future__ import annotations
 
 import json
-import pickle
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,15 +217,8 @@ def _read_shards(path: Path, index: str, read) -> dict[str, Tensor]:
 
 
 def read_torch_weights(path: Path) -> dict[str, Tensor]:
-    """A ``torch.save``'d state dict of tensors only; anything that needs arbitrary unpickling is refused."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise CheckpointError(f"{path} holds Python objects beyond tensors (loading it could run code): refused; "
-                              f"convert it to safetensors first") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError) as e:
-        raise CheckpointError(f"{path} is truncated or corrupted ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:80] if str(e) else 'malformed'})") from None
+    """A ``torch.save``'d state dict of tensors only (:func:`gbattn.rundir.read_torch_file`)."""
+    state = rundir.read_torch_file(path)
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
         raise CheckpointError(f"{path} is not a state dict of named tensors")
     return state

@@ -91,22 +91,28 @@ def truncate_metrics(path: str | Path, step: int) -> None:
     atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
-def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """A checkpoint's state, read with ``weights_only=True`` (tensors and plain containers only)."""
+def read_torch_file(path: str | Path, map_location="cpu"):
+    """What ``torch.save`` wrote to ``path``, read with ``weights_only=True`` (tensors and plain
+    containers only): the one reader of such files (checkpoints, ``pytorch_model.bin``). A file that
+    needs arbitrary unpickling (it could run code) is refused; a damaged one is a one-line error."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
+        raise CheckpointError(f"no such file: {path}")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         if "weights_only" in str(e) or "Weights only load failed" in str(e):
             raise CheckpointError(f"{path} holds Python objects beyond tensors (loading it could run code): refused; "
-                                  f"only gbattn checkpoints of tensors and plain values are read") from None
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupted ({str(e).splitlines()[0][:80]}); "
-                              f"delete it to start over, or restore a copy") from None
+                                  f"only files of tensors and plain values are read") from None
+        detail = str(e).splitlines()[0][:80] if str(e) else "malformed"
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError) as e:
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupted ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:80]}); delete it to start over, or restore a copy") from None
+        detail = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else 'malformed'}"
+    raise CheckpointError(f"{path} is truncated or corrupted ({detail}); restore a copy of it")
+
+
+def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
+    """A checkpoint's state (:func:`read_torch_file`), checked to hold named weight tensors."""
+    state = read_torch_file(path, map_location)
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise CheckpointError(f"checkpoint {path} is not a gbattn checkpoint (no model weights in it)")
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state["model"].items()):
