@@ -143,9 +143,7 @@ class BoostedAttention(AttentionBase):
 
     def __init__(self, args: AttnArgs, options: BoostedOptions) -> None:
         super().__init__(args, options)
-        n = args.n_layers
-        active = options.layers is None or args.layer_idx in {i % n for i in options.layers}
-        self.rounds = options.rounds if active else 1
+        self.rounds = options.rounds if args.in_layers(options.layers) else 1
         # One fused projection of x: round-0 Q/K/V, plus every round's K/V when they come from x.
         self.input_kv_width = 2 * self.kv_width * (self.rounds - 1) if options.kv_source == "input" else 0
         self.qkv = nn.Linear(args.d_model, self.q_width + 2 * self.kv_width + self.input_kv_width, bias=args.bias)

@@ -52,6 +52,11 @@ class AttnArgs:
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
 
+    def in_layers(self, layers: list[int] | None) -> bool:
+        """Whether this layer is one of ``layers`` (indices, negative ones counted from the end;
+        None: every layer): a variant option such as ``attn.layers``."""
+        return layers is None or self.layer_idx in {i % self.n_layers for i in layers}
+
 
 @dataclass
 class NoOptions(Typed):

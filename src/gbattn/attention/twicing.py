@@ -31,8 +31,7 @@ class TwicingAttention(StandardAttention):
 
     def __init__(self, args: AttnArgs, options: TwicingOptions) -> None:
         super().__init__(args, options)
-        n = args.n_layers
-        self.active = options.layers is None or args.layer_idx in {i % n for i in options.layers}
+        self.active = args.in_layers(options.layers)
 
     def compute(self, x_BTD: Tensor, call: Call) -> Tensor:
         if not self.active:
