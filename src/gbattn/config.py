@@ -93,6 +93,11 @@ class ModelConfig(Typed):
             return width
         return -(-(2 * width // 3) // 16) * 16
 
+    def input_length(self, seq_len: int | None) -> int:
+        """Input tokens per row: ``seq_len``, or ``block_size - 1`` when it is None (the default of
+        ``TrainConfig.seq_len``, and of ``gbattn bench --seq-len``)."""
+        return seq_len or self.block_size - 1
+
     def dropout_at(self, site: str) -> float:
         """Dropout probability at ``site`` (0 where the site is off)."""
         return self.dropout if site in self.dropout_sites else 0.0

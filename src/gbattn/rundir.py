@@ -213,7 +213,7 @@ class LoadedRun:
 
     @property
     def seq_len(self) -> int:
-        return self.config.get("seq_len") or self.model_cfg.block_size - 1
+        return self.config.get("seq_len") or self.model_cfg.input_length(self.train_cfg.seq_len)
 
     def generate(self, prompt: str, max_new_tokens: int = 100, **kwargs) -> str:
         """Text continuing ``prompt`` (see :func:`gbattn.model.generate.generate` for the options)."""

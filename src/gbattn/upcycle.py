@@ -223,7 +223,7 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
             "train": train_cfg.to_dict(),
             "extra": {"upcycled_from": src.name, "source_kind": src.kind, "rule": result.rule},
             "data": src.config.get("data", {"tokenizer": src.tokenizer.fingerprint}),
-            "seq_len": src.config.get("seq_len") or train_cfg.seq_len or result.model_cfg.block_size - 1,
+            "seq_len": src.config.get("seq_len") or result.model_cfg.input_length(train_cfg.seq_len),
             "steps": 0,
             "parameters": result.copied + result.new,
         }, out / rundir.CONFIG)

@@ -171,7 +171,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     if variants[0] != "standard":  # every ratio is against standard
         variants = ["standard"] + [v for v in variants if v != "standard"]
     base_cfg = _variant_config(preset, "standard", sets)
-    seq_len = seq_len or base_cfg.block_size - 1
+    seq_len = base_cfg.input_length(seq_len)
     batch = batch or (32 if dev.type == "cuda" else 8)
     prefill, decode = _prefill_and_decode_lengths(preset, base_cfg.block_size, prefill, decode)
     if seq_len > base_cfg.block_size:

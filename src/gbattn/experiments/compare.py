@@ -237,7 +237,7 @@ def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
             if not path.exists():
                 raise UserError(f"{spec.label} is matched to {spec.compute_matched_to}'s compute: run that model first")
             ref_result = rundir.read_json(path)
-        seq_len = train_cfg.seq_len or model_cfg.block_size - 1
+        seq_len = model_cfg.input_length(train_cfg.seq_len)
         per_token = flops_per_token(model_cfg, seq_len=seq_len, backward=True)
         steps = round(ref_result["train_flops"] / (per_token * train_cfg.batch_size * seq_len))
         train_cfg = train_cfg.replace(max_steps=steps)

@@ -200,7 +200,7 @@ class Trainer:
             if self.resume:
                 raise CheckpointError("the tokenizer's vocabulary no longer matches the saved model config")
             self.model_cfg = self.model_cfg.replace(vocab_size=vocab)
-        self.seq_len = cfg.seq_len or self.model_cfg.block_size - 1
+        self.seq_len = self.model_cfg.input_length(cfg.seq_len)
         if self.seq_len > self.model_cfg.block_size:
             raise UserError(f"seq_len={self.seq_len} exceeds block_size={self.model_cfg.block_size}")
 
