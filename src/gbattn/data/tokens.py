@@ -20,7 +20,7 @@ import torch
 from gbattn.data.corpus import SPLITS, Corpus
 from gbattn.data.tokenizer import Tokenizer, cache_dir
 from gbattn.errors import DataError
-from gbattn.files import atomic_write
+from gbattn.files import write_json
 from gbattn.progress import Progress
 
 
@@ -86,7 +86,7 @@ def tokenize_corpus(
     counts = {s: _encode_split(corpus, s, tokenizer, caps[s], tmp / f"{s}.bin", progress) for s in SPLITS}
     meta = {"dtype": dtype.name, "counts": counts, "caps": caps, "corpus": corpus.name,
             "tokenizer": tokenizer.fingerprint}
-    atomic_write(tmp / "meta.json", json.dumps(meta, indent=1))
+    write_json(meta, tmp / "meta.json")
     if directory.exists():  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
     else:
