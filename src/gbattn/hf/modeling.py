@@ -24,7 +24,7 @@ from gbattn.attention.core import DynamicLayerCache
 from gbattn.attention.differential import DifferentialAttention
 from gbattn.hf.configuration import GbattnConfig
 from gbattn.model.attnres import AttnResStream
-from gbattn.model.gpt import GPT, upcast
+from gbattn.model.gpt import GPT, init_weights, upcast
 
 try:  # 5.x: init functions that leave tensors loaded from a checkpoint alone (``_is_hf_initialized``)
     from transformers import initialization as hf_init
@@ -163,11 +163,12 @@ def init_module(module: nn.Module, init=hf_init) -> None:
     """gbattn's initialisation of ``module``'s own parameters (docs/method.md, "Initialisation";
     docs/baselines.md): Linear and Embedding N(0, 0.02) with zero biases, norms 1 and 0,
     differential attention's lambda vectors N(0, 0.1), AttnRes queries 0, vector gate logits 0,
-    scalar gate logits 0.5. Each parameter belongs to one of these module types (tests/test_hf.py)."""
+    scalar gate logits 0.5. Each parameter belongs to one of these module types (tests/test_hf.py).
+    Linear and Embedding: GPT's own :func:`gbattn.model.gpt.init_weights`; the rest repeats what
+    gbattn's modules set when they are made (GPT does not re-initialise them: differential
+    attention's lambdas drawn again would change the random draws of every later weight)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
-        init.normal_(module.weight, mean=0.0, std=0.02)
-        if getattr(module, "bias", None) is not None:
-            init.zeros_(module.bias)
+        init_weights(module, init)
     elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
         if module.weight is not None:
             init.ones_(module.weight)

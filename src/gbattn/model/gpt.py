@@ -213,12 +213,14 @@ class GPT(nn.Module):
         return self.ln_f(h_BTD), records
 
 
-def init_weights(module: nn.Module) -> None:
-    """docs/paper.md: every Linear and Embedding N(0, 0.02), biases 0."""
+def init_weights(module: nn.Module, init=nn.init) -> None:
+    """docs/paper.md: every Linear and Embedding N(0, 0.02), biases 0. Every other parameter gets its
+    initial value where its module makes it. ``init``: the init functions to use (the Hugging Face
+    wrapper's ``init_module`` passes transformers' own, which leave weights loaded from a checkpoint alone)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        init.normal_(module.weight, mean=0.0, std=0.02)
         if getattr(module, "bias", None) is not None:
-            nn.init.zeros_(module.bias)
+            init.zeros_(module.bias)
 
 
 def upcast(x: Tensor) -> Tensor:
