@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -184,6 +185,39 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
         return [e["loss"] for e in events if e["event"] == "train"]
 
     assert train_losses(tmp_path / "ref") == train_losses(tmp_path / "crashed")  # no duplicated or lost events
+
+
+def test_continuation_killed_before_its_first_checkpoint_resumes_from_its_start(tmp_path, monkeypatch):
+    """A run started from another run's weights (``init_from``) that has no checkpoint yet, because it
+    was killed before its first evaluation or planned by ``compare --jobs N`` (which trains every run
+    with ``train --resume``), starts from those weights on resume: it ends as the uninterrupted run."""
+    data = write_corpus(tmp_path / "c")
+    base_model, base_train = tiny_configs(data, attn="standard", max_steps=4)
+    train(tmp_path / "base", base_model, base_train, quiet=True)
+    recorded = ckpt.load_run(tmp_path / "base").model_cfg  # as compare does: the start's model config
+    configs = (recorded, dataclasses.replace(base_train, init_from=str(tmp_path / "base"), seed=7))
+    ref = train(tmp_path / "ref", *configs, quiet=True)
+
+    original = Trainer._train_step
+
+    def crash_at_2(self, step):
+        if step == 2:
+            raise RuntimeError("simulated kill")
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", crash_at_2)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        train(tmp_path / "crashed", *configs, quiet=True)
+    assert not (tmp_path / "crashed" / ckpt.CHECKPOINT).exists()
+    monkeypatch.setattr(Trainer, "_train_step", original)
+    resumed = train(tmp_path / "crashed", resume=True, quiet=True)
+    assert resumed["test_loss"] == ref["test_loss"]
+
+    # compare --jobs N: config.json written first, then `train --resume`.
+    (tmp_path / "planned").mkdir()
+    files.write_json({"preset": None, "model": configs[0].to_dict(), "train": configs[1].to_dict(), "planned": True},
+                     tmp_path / "planned" / ckpt.CONFIG)
+    assert train(tmp_path / "planned", resume=True, quiet=True)["test_loss"] == ref["test_loss"]
 
 
 def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch):

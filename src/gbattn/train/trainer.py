@@ -175,13 +175,16 @@ class Trainer:
         self.autocast = autocast(self.device, cfg.amp)
 
         # Data: the main process builds the caches first, the others then read them. A resumed run
-        # keeps its tokenizer; a run started from another run's weights takes that run's.
+        # keeps its tokenizer; a run started from another run's weights takes that run's. A run with
+        # no checkpoint yet (planned by `compare --jobs N`, or killed before its first evaluation)
+        # starts from those weights too, as a fresh one does.
         tokenizer, self.start = None, None
-        if self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
-            tokenizer = Tokenizer.load(self.run_dir / rundir.TOKENIZER, expected_vocab=self.model_cfg.vocab_size)
-        elif cfg.init_from and not self.resume:
+        has_checkpoint = self.resume and (self.run_dir / rundir.CHECKPOINT).exists()
+        if cfg.init_from and not has_checkpoint:
             self.start = rundir.load_run(cfg.init_from, "best", "cpu")
             tokenizer = self.start.tokenizer
+        if self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
+            tokenizer = Tokenizer.load(self.run_dir / rundir.TOKENIZER, expected_vocab=self.model_cfg.vocab_size)
         self.requested_vocab = self.model_cfg.vocab_size
         if not self.main:
             self.dist.barrier()
@@ -247,7 +250,7 @@ class Trainer:
         self.train_seconds = 0.0  # of training steps only (for tokens/s)
         self.tokens_seen = 0
         self.curve: list[dict] = []
-        if self.resume and (self.run_dir / rundir.CHECKPOINT).exists():
+        if has_checkpoint:
             self._load(self.run_dir / rundir.CHECKPOINT)
         if self.main:
             self._write_config()
