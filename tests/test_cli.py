@@ -100,6 +100,19 @@ def test_command_line_records_the_cli_arguments(capsys):
     assert command_line() == "gbattn params paper-small --attn twicing"
 
 
+def test_portable_command_line_holds_no_path_outside_the_working_directory():
+    """Results files record the command with absolute paths and paths that climb out (``../``)
+    shortened to their last component; names and paths inside stay as typed."""
+    from gbattn.runtime import command_line, set_invocation
+
+    set_invocation(["compare", "--data", "../shared/data/wikitext-2", "--out", "runs/x", "--tokenizer", "/tmp/t/",
+                    "--recipe", "cpu-char"])
+    assert command_line(portable=True) == (
+        "gbattn compare --data wikitext-2 --out runs/x --tokenizer t --recipe cpu-char")
+    assert "../shared" in command_line()
+    set_invocation([])
+
+
 def test_help_imports_nothing_heavy():
     """`gbattn --help` and every command's --help: no torch, numpy, transformers or matplotlib."""
     code = ("import sys\nfrom gbattn.cli import main\nfor argv in (['--help'], ['train', '--help'], "

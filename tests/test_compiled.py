@@ -1,4 +1,4 @@
-"""torch.compile (issue 15): compiled decoding gives the eager tokens for every variant (greedy and
+"""torch.compile: compiled decoding gives the eager tokens for every variant (greedy and
 sampled, inductor on CPU), compiled training gives the eager losses for every variant and residual
 stream, and a compiled run resumes exactly."""
 

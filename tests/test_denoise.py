@@ -1,4 +1,4 @@
-"""`gbattn denoise`: the synthetic pattern-denoising task (docs/method.md, "The synthetic task")."""
+"""`gbattn denoise`: the synthetic pattern-denoising task (docs/method.md §9)."""
 
 from __future__ import annotations
 

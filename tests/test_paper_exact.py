@@ -86,7 +86,7 @@ def test_dropout_sites_are_a_model_option():
                                                     "dropout_sites": ["embedding", "attention", "attn-output",
                                                                       "ffn-output"]})
     counts = count_dropout(GPT(cfg), torch.randint(0, 50, (2, 9)))
-    assert counts == {"width d": 1 + 2 * 2, "ffn hidden": 0, "attention maps": 2}  # gbattn's sites before issue 12
+    assert counts == {"width d": 1 + 2 * 2, "ffn hidden": 0, "attention maps": 2}  # gbattn's earlier sites
 
 
 def test_every_preset_names_its_full_recipe():
@@ -97,7 +97,7 @@ def test_every_preset_names_its_full_recipe():
 
 
 # --------------------------------------------------------------------------------------
-# Defaults that fit the data (issue 17)
+# Defaults that fit the data
 # --------------------------------------------------------------------------------------
 
 

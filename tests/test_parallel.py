@@ -1,4 +1,4 @@
-"""Several runs per device and several devices per run (issue 15): `compare --jobs 2` gives the
+"""Several runs per device and several devices per run: `compare --jobs 2` gives the
 results of running the runs one after another; FSDP2 on 2 gloo processes computes the gradients of
 one process on the same global batch (averaged, not summed) for every variant, and trains to the
 same losses with full, exact checkpoints."""

@@ -110,7 +110,7 @@ class TrainConfig(Typed):
     kind = "training config"
 
     data: str = ""
-    tokenizer: str = "bpe"  # bpe (paper) | gpt2 | gpt2=PATH | char
+    tokenizer: str = "bpe"  # bpe (paper) | gpt2 | gpt2=PATH | char | hf=PATH
     split: list[float] = field(default_factory=lambda: [0.9, 0.05, 0.05])  # single-file rule train/valid/test
     train_tokens: int | None = field(default=10_000_000, metadata=at_least(1))  # first N training tokens
     eval_tokens: int | None = field(default=1_000_000, metadata=at_least(1))  # valid/test caps

@@ -138,6 +138,7 @@ def relative_path(path, base) -> str:
 
 
 def portable_path(text: str) -> str:
-    """A path for a results file: as given when relative or a name (``tiny-shakespeare``); an
-    absolute path becomes its last component, so results files hold no paths of this machine."""
-    return Path(text).name if os.path.isabs(text) else text
+    """A path for a results file: as given when a name (``tiny-shakespeare``) or a path inside the
+    working directory; an absolute path, or one that climbs out (``../data/wikitext-2``), becomes its
+    last component, so results files hold no paths of this machine."""
+    return Path(text).name if os.path.isabs(text) or ".." in Path(text).parts else text

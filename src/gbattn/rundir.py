@@ -171,7 +171,7 @@ class RunLock:
 # Configs of a run, and old run directories
 # --------------------------------------------------------------------------------------
 
-# What a field meant in run directories written before it existed (issue 12 added them).
+# What a field meant in run directories written before it existed (the paper-exact dropout sites and warmup added them).
 _OLD_MODEL_DEFAULTS = {"dropout_sites": ["embedding", "attention", "attn-output", "ffn-output"]}
 _OLD_TRAIN_DEFAULTS = {"warmup_from_zero": False, "fit_warmup": False}
 
@@ -184,7 +184,7 @@ def read_configs(config: dict, where: str | Path):
             raise TypeError
         model_d = {**_OLD_MODEL_DEFAULTS, **model_d}
         train_d = {**_OLD_TRAIN_DEFAULTS, **train_d}
-        if train_d.get("eval_every") == 0:  # before issue 12, 0 meant "every epoch only"
+        if train_d.get("eval_every") == 0:  # in older runs, 0 meant "every epoch only"
             train_d["eval_every"] = None
         return ModelConfig.from_dict(model_d), TrainConfig.from_dict(train_d)
     except (KeyError, TypeError):

@@ -12,6 +12,7 @@ import sys
 import torch
 
 from gbattn.errors import UserError
+from gbattn.files import portable_path
 
 
 def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
@@ -78,8 +79,8 @@ def restore_rng_states(states: dict, device: torch.device) -> None:
 
 def free_cores() -> int:
     """Cores not busy with other work: the cores this process may use minus the 1-minute load
-    average of the machine (at least 1). Oversubscribing a busy CPU slows PyTorch by 10-40x
-    (README, "Threads"), so gbattn defaults to this rather than to every core."""
+    average of the machine (at least 1). Oversubscribing a busy CPU slowed PyTorch 3.4-4.0x
+    here (README, "Threads"), so gbattn defaults to this rather than to every core."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -111,9 +112,9 @@ def set_invocation(argv: list[str]) -> None:
 
 
 def command_line(portable: bool = False) -> str:
-    """The command that is running, as a user would type it; ``portable``: absolute paths in it
-    shortened to their last component (for results files)."""
+    """The command that is running, as a user would type it; ``portable``: paths in it as
+    :func:`gbattn.files.portable_path` writes them (for results files)."""
     argv = _INVOCATION or sys.argv[1:]
     if portable:
-        argv = [os.path.basename(a.rstrip("/")) if os.path.isabs(a) else a for a in argv]
+        argv = [portable_path(a.rstrip("/") or a) for a in argv]
     return "gbattn " + " ".join(shlex.quote(a) for a in argv)

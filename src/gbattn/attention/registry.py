@@ -1,5 +1,6 @@
-"""Attention variants by name. A new variant is one file, one line in ``VARIANTS`` and one
-reference function in ``reference.py`` (the tests fail without it)."""
+"""Attention variants by name. A new variant touches 4 files: its own file, one line in ``VARIANTS``,
+its reference function in ``reference.py`` and its cases in ``tests/conftest.py`` (the tests fail
+without the last two; README, "Design notes and deviations")."""
 
 from __future__ import annotations
 

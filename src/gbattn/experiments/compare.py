@@ -74,7 +74,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     recipe = get_recipe(recipe_name)
     data = data or recipe.default_data
     if not data:
-        raise UserError(f"recipe {recipe.name!r} needs --data (README, 'Reproducing the tables')")
+        raise UserError(f'recipe {recipe.name!r} needs --data (README, section "Reproducing the paper\'s tables")')
     seeds = seeds or recipe.seeds
     sets = dict(sets or {})
     out = Path(out_dir)

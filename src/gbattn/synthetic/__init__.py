@@ -1,1 +1,1 @@
-"""The paper's synthetic pattern-denoising experiments (docs/method.md, "The synthetic task")."""
+"""The paper's synthetic pattern-denoising experiments (docs/method.md §9)."""

@@ -1,4 +1,4 @@
-"""Models of the synthetic task (docs/method.md, "The synthetic task"), built from gbattn's public
+"""Models of the synthetic task (docs/method.md §9), built from gbattn's public
 pieces: the GBA gates of :mod:`gbattn.attention.boosted`. The task's attention is single-head
 cross-attention from the query to the K patterns, with bias-free W_Q, W_K, W_V per round, a learned
 inverse temperature beta per round instead of 1/sqrt(d), and no output projection; K/V of every round
@@ -118,7 +118,7 @@ def attach_implicit_gradient(f, z_star_BD: Tensor, tol: float, max_iter: int) ->
 
 
 class EquilibriumDenoiser(nn.Module):
-    """The negative result's model (docs/method.md, "The synthetic task"): f(z) = the same one-round attention with
+    """The negative result's model (docs/method.md §9): f(z) = the same one-round attention with
     query z (memory = the patterns), iterated from z0 = the noisy query to its fixed point z* = f(z*),
     trained as a deep-equilibrium model with implicit gradients (:func:`attach_implicit_gradient`).
 

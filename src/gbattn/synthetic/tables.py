@@ -255,7 +255,7 @@ def write_results(out: Path, report: dict) -> None:
 
 def results_markdown(report: dict) -> str:
     p = report["protocol"]
-    lines = ["# Synthetic pattern denoising (docs/method.md, \"The synthetic task\")", "",
+    lines = ["# Synthetic pattern denoising (docs/method.md §9)", "",
              f"Command: `{report['command']}`  ",
              f"Seeds {', '.join(map(str, report['seeds']))} · {p['steps']} steps of {p['batch']} fresh queries · "
              f"best of evaluations at steps {', '.join(map(str, report['eval_steps']))} on {p['eval_queries']:,} "

@@ -1,4 +1,4 @@
-"""The synthetic pattern-denoising task (docs/method.md, "The synthetic task"): K unit-norm patterns
+"""The synthetic pattern-denoising task (docs/method.md §9): K unit-norm patterns
 in R^d (fixed, seed 42), a query is a pattern plus N(0, sigma^2 I) noise, and a model must return
 (something nearest to) the clean pattern; the Bayes-optimal decoder is the ceiling."""
 
@@ -54,7 +54,7 @@ PAPER = {
 
 @dataclass(frozen=True)
 class Protocol:
-    """Training and evaluation settings (docs/method.md, "The synthetic task" unless marked)."""
+    """Training and evaluation settings (docs/method.md §9 unless marked)."""
 
     steps: int = 150
     batch: int = 512
@@ -96,7 +96,7 @@ def nearest_pattern(x_BD: Tensor, patterns_KD: Tensor) -> Tensor:
 def bayes_optimal_accuracy(patterns_KD: Tensor, sigma: float, n_queries: int, seed: int = 0,
                            chunk: int = 50_000) -> tuple[float, float]:
     """Monte Carlo accuracy of the Bayes-optimal decoder: with known patterns, equal priors and
-    isotropic Gaussian noise it is the nearest pattern to the noisy query itself (docs/method.md, "The synthetic task").
+    isotropic Gaussian noise it is the nearest pattern to the noisy query itself (docs/method.md §9).
     Returns (accuracy, its Monte Carlo standard error)."""
     generator = torch.Generator().manual_seed(seed)
     correct = 0

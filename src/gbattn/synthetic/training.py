@@ -1,5 +1,5 @@
 """Training and evaluating one model of the synthetic task with the authors' protocol
-(docs/method.md, "The synthetic task"), and the runs each experiment needs."""
+(docs/method.md §9), and the runs each experiment needs."""
 
 from __future__ import annotations
 

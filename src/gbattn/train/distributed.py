@@ -112,7 +112,7 @@ def load_full_state(
     step_model: torch.nn.Module, model_state: dict, optimizer=None, optim_state: dict | None = None
 ) -> None:
     """Load :func:`full_state`'s dicts into a (possibly sharded) model and optimizer. An optimizer
-    state keyed by parameter index (checkpoints before issue 15) is loaded as such."""
+    state keyed by parameter index (checkpoints written before FSDP2 support) is loaded as such."""
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False, strict=True)
     if optim_state is not None and any(isinstance(k, int) for k in optim_state.get("state", {})):
         _inner(step_model).load_state_dict(model_state)
