@@ -16,12 +16,19 @@ from helpers import TINY, write_corpus
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_recipe_builds_its_models(name):
-    """Every shipped recipe's model configs validate and build (litgpt's config-hub test)."""
+    """Every shipped recipe's model configs validate and build (litgpt's config-hub test), on the meta
+    device, with exactly the parameters that the FLOP and parameter-matching arithmetic counts."""
+    import torch
+
+    from gbattn.model import GPT
+
     recipe = get_recipe(name)
     for spec in recipe.models:
         sets = {**recipe.train, **spec.model, **{f"attn.{k}": v for k, v in spec.attn_options.items()}}
         model_cfg, _ = build_configs(recipe.preset, spec.attn, recipe.default_data or "x", sets)
-        assert count_params(model_cfg) > 0
+        with torch.device("meta"):
+            model = GPT(model_cfg)
+        assert sum(p.numel() for p in model.parameters()) == count_params(model_cfg), spec.label
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

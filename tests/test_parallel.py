@@ -93,7 +93,7 @@ def test_fsdp2_gradients_are_the_single_process_average(tmp_path):
                             text=True, env=env)
     assert single.returncode == 0, single.stderr[-2000:]
     sharded = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                              "--master_port", "29531", str(worker), str(tmp_path / "two.json"), cases],
+                              "--standalone", str(worker), str(tmp_path / "two.json"), cases],
                              capture_output=True, text=True, env=env)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     one, two = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
@@ -114,7 +114,7 @@ def _train_argv(data, steps: int) -> list[str]:
     return argv
 
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29537",
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
             "-m", "gbattn.cli", "train"]
 
 
@@ -151,10 +151,10 @@ def test_an_interrupted_fsdp2_run_resumes_exactly(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([*TORCHRUN, "--out", str(run), *argv], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=env)
-    for _ in range(1200):
-        if (run / rundir.CHECKPOINT).exists() or proc.poll() is not None:
-            break
+    deadline = time.monotonic() + 600  # a busy machine is slow, not wrong
+    while not (run / rundir.CHECKPOINT).exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert proc.poll() is None and (run / rundir.CHECKPOINT).exists(), "no checkpoint before the run ended"
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=120)
     state = rundir.load_checkpoint(run / rundir.CHECKPOINT)
