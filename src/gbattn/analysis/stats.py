@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from gbattn.attention.core import Record
 from gbattn.data.tokens import rows_batch
+from gbattn.model.gpt import lm_loss
 
 # The paper's numbers (docs/paper.md), printed and stored beside ours.
 PAPER = {
@@ -89,12 +89,6 @@ def normalised_entropy(entropy_BHT: Tensor) -> Tensor:
 def token_norms(v_BTD: Tensor) -> Tensor:
     """L2 norm of every token's vector, (B, T)."""
     return torch.linalg.vector_norm(v_BTD.double(), dim=-1)
-
-
-def per_token_loss(logits_BTV: Tensor, targets_BT: Tensor) -> Tensor:
-    """Next-token cross-entropy of every position, nats, (B, T)."""
-    nll = F.cross_entropy(logits_BTV.float().flatten(0, 1), targets_BT.flatten(), reduction="none")
-    return nll.view(targets_BT.shape)
 
 
 def top_gains(diff_NT: np.ndarray, k: int, min_position: int = 0, one_per_row: bool = False) -> list[tuple[int, int]]:
@@ -316,9 +310,9 @@ def collect(model, tokens: np.ndarray, seq_len: int, row_ids: np.ndarray, batch_
         x, y = x.to(device), y.to(device)
         logits, records = model(x, return_intermediates=True)
         stats.update([layer_sample(record) for record in records])
-        losses.append(per_token_loss(logits, y).cpu().numpy())
+        losses.append(lm_loss(logits, y, reduction="none").cpu().numpy())
         if against is not None:
-            other.append(per_token_loss(against(x), y).cpu().numpy())
+            other.append(lm_loss(against(x), y, reduction="none").cpu().numpy())
         if progress is not None:
             progress.update(len(x))
     return Collected(stats, np.concatenate(losses), np.concatenate(other) if other else None)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from gbattn.data.tokens import num_rows, rows_batch
+from gbattn.model.gpt import lm_loss
 
 
 @dataclass
@@ -56,7 +56,7 @@ def evaluate(
         x, y = x.to(device), y.to(device)
         with autocast():
             logits = model(x)
-        nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+        nll = lm_loss(logits, y, reduction="none")
         total += weight * nll.sum().item()
         count += int(weight * nll.numel())
         if per_token and weight:

@@ -12,7 +12,6 @@ Written for transformers >= 4.53, < 6 (tested: the installed version).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import transformers
 from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
@@ -24,7 +23,7 @@ from gbattn.attention.core import DynamicLayerCache
 from gbattn.attention.differential import DifferentialAttention
 from gbattn.hf.configuration import GbattnConfig
 from gbattn.model.attnres import AttnResStream
-from gbattn.model.gpt import GPT, init_weights, upcast
+from gbattn.model.gpt import GPT, init_weights, lm_loss
 
 try:  # 5.x: init functions that leave tensors loaded from a checkpoint alone (``_is_hf_initialized``)
     from transformers import initialization as hf_init
@@ -321,9 +320,8 @@ def mark_initialised(gpt: GPT) -> GPT:
 def shifted_loss(logits_BTV: Tensor, labels_BT: Tensor, num_items_in_batch=None) -> Tensor:
     """Next-token cross-entropy of ``logits[:, t]`` against ``labels[:, t + 1]`` (-100 ignored): the
     mean, or the sum divided by ``num_items_in_batch`` (``Trainer`` with gradient accumulation)."""
-    logits_ND = upcast(logits_BTV[:, :-1]).flatten(0, 1)
     targets_N = labels_BT[:, 1:].flatten()
-    total = F.cross_entropy(logits_ND, targets_N, ignore_index=-100, reduction="sum")
+    total = lm_loss(logits_BTV[:, :-1], labels_BT[:, 1:], reduction="sum")
     if num_items_in_batch is None:
         num_items_in_batch = (targets_N != -100).sum().clamp_min(1)
     if isinstance(num_items_in_batch, Tensor):

@@ -173,8 +173,8 @@ class GPT(nn.Module):
             chunk_tokens = max(64, (4 << 20) // self.cfg.vocab_size) if h_ND.device.type == "cpu" else h_ND.shape[0]
         total = 0.0
         for start in range(0, h_ND.shape[0], chunk_tokens):
-            logits = upcast(self.lm_head(h_ND[start : start + chunk_tokens]))
-            total = total + F.cross_entropy(logits, y_N[start : start + chunk_tokens], reduction="sum")
+            logits_1NV = self.lm_head(h_ND[None, start : start + chunk_tokens])
+            total = total + lm_loss(logits_1NV, y_N[None, start : start + chunk_tokens], reduction="sum")
         return total / (y_N != -100).sum().clamp_min(1)
 
     def hidden(self, idx_BT: Tensor, *, input_pos: Tensor | None = None, position_ids: Tensor | None = None,
@@ -228,6 +228,10 @@ def upcast(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def lm_loss(logits_BTV: Tensor, targets_BT: Tensor, ignore_index: int = -100) -> Tensor:
-    """Mean next-token cross-entropy (float32 for stability under autocast)."""
-    return F.cross_entropy(upcast(logits_BTV).flatten(0, 1), targets_BT.flatten(), ignore_index=ignore_index)
+def lm_loss(logits_BTV: Tensor, targets_BT: Tensor, reduction: str = "mean") -> Tensor:
+    """Next-token cross-entropy, nats, in float32 or wider (stable under autocast); targets of -100
+    are ignored. ``reduction``: "mean" over counted targets, "sum", or "none" (B, T). The one loss
+    of training, evaluation, analysis and the Hugging Face wrapper."""
+    nll = F.cross_entropy(upcast(logits_BTV).flatten(0, 1), targets_BT.flatten(), ignore_index=-100,
+                          reduction=reduction)
+    return nll.view(targets_BT.shape) if reduction == "none" else nll

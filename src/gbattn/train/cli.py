@@ -16,7 +16,7 @@ def register(sub) -> None:
                    "(wikitext-103-raw-v1, ...), a local directory or a text file (README, 'Data')")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--tokenizer", default=None, help="bpe (paper), char, gpt2, gpt2=PATH/tokenizer.json or hf=PATH/tokenizer.json")
+    p.add_argument("--tokenizer", default=None, help="bpe (paper), char, gpt2, gpt2=PATH or hf=PATH (a tokenizer.json)")
     arguments.device(p)
     arguments.threads(p)
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
