@@ -105,11 +105,11 @@ def test_portable_command_line_holds_no_path_outside_the_working_directory():
     shortened to their last component; names and paths inside stay as typed."""
     from gbattn.runtime import command_line, set_invocation
 
-    set_invocation(["compare", "--data", "../shared/data/wikitext-2", "--out", "runs/x", "--tokenizer", "/tmp/t/",
+    set_invocation(["compare", "--data", "../corpora/wikitext-2", "--out", "runs/x", "--tokenizer", "/tmp/t/",
                     "--recipe", "cpu-char"])
     assert command_line(portable=True) == (
         "gbattn compare --data wikitext-2 --out runs/x --tokenizer t --recipe cpu-char")
-    assert "../shared" in command_line()
+    assert "../corpora" in command_line()
     set_invocation([])
 
 
