@@ -65,7 +65,10 @@ def test_compare_runs_matches_and_resumes(tmp_path, monkeypatch):
     assert "| gba-m2 |" in md and "Validation perplexity during training" in md
     json.loads((tmp_path / "cmp" / "results.json").read_text())
 
-    # A second invocation trains nothing: every run is finished.
+    # A second invocation trains nothing: every run is finished. (Its recipe.json as gbattn wrote it
+    # before data paths that climb out of the working directory were recorded by their last component.)
+    recipe_json = tmp_path / "cmp" / "recipe.json"
+    recipe_json.write_text(json.dumps({**json.loads(recipe_json.read_text()), "data": f"../elsewhere/{data.name}"}))
     monkeypatch.setattr(compare_mod, "train", lambda *a, **k: pytest.fail("retrained a finished run"))
     again = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1, 2], sets=sets, quiet=True)
     assert [r["test_ppl"] for r in again["models"]] == [r["test_ppl"] for r in report["models"]]

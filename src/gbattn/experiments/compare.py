@@ -262,6 +262,8 @@ def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
 def _check_request(path: Path, request: dict) -> None:
     if path.exists():
         before = rundir.read_json(path)
+        if isinstance(before.get("data"), str):  # written before data paths were made portable
+            before["data"] = portable_path(before["data"])
         for key in ("recipe", "data", "sets"):
             if before.get(key) != request[key]:
                 raise UserError(
