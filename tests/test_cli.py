@@ -121,3 +121,24 @@ def test_help_imports_nothing_heavy():
             "print('HEAVY', heavy, file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "HEAVY []" in proc.stderr, proc.stderr[-500:]
+
+
+@pytest.mark.parametrize("busy_ticks, loadavg, expected", [
+    (0, 2.0, 2),     # idle now, although the 1-minute load average still counts a run that just ended
+    (50, 0.0, 1),    # one of two cores busy now
+    (100, 0.0, 1),   # both busy: still 1
+    (None, 2.0, 1),  # /proc/stat unreadable: the load average decides
+    (None, 0.3, 2),
+])
+def test_default_threads_are_the_cores_free_now(monkeypatch, busy_ticks, loadavg, expected):
+    """The default CPU threads (README, "Threads"): the cores this process may use minus those busy
+    over the last moment, measured from /proc/stat; the load average only where that is unreadable."""
+    from gbattn import runtime
+
+    samples = iter([(0.0, 0.0), (float(busy_ticks or 0), 100.0)])
+    monkeypatch.setattr(runtime, "_cpu_times", lambda: None if busy_ticks is None else next(samples))
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (loadavg, loadavg, loadavg))
+    assert runtime.free_cores() == expected

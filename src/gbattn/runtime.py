@@ -8,6 +8,7 @@ import os
 import platform
 import shlex
 import sys
+import time
 
 import torch
 
@@ -78,18 +79,43 @@ def restore_rng_states(states: dict, device: torch.device) -> None:
 
 
 def free_cores() -> int:
-    """Cores not busy with other work: the cores this process may use minus the 1-minute load
-    average of the machine (at least 1). Oversubscribing a busy CPU slowed PyTorch 3.4-4.0x
-    here (README, "Threads"), so gbattn defaults to this rather than to every core."""
+    """Cores not busy with other work: the cores this process may use minus :func:`busy_cores`
+    (at least 1). Oversubscribing a busy CPU slowed PyTorch 3.4-4.0x here (README, "Threads"),
+    so gbattn defaults to this rather than to every core."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
+    return max(1, min(cores, round(cores - busy_cores())))
+
+
+def busy_cores(interval: float = 0.2) -> float:
+    """How many of the machine's cores are busy now: its CPU use over ``interval`` seconds
+    (``/proc/stat``) times its core count. Where that cannot be read, the 1-minute load average,
+    which lags: it still counts work that ended up to a few minutes ago."""
+    first = _cpu_times()
+    if first is not None:
+        time.sleep(interval)
+        second = _cpu_times()
+        if second is not None and second[1] > first[1]:
+            return (second[0] - first[0]) / (second[1] - first[1]) * (os.cpu_count() or 1)
     try:
-        load = os.getloadavg()[0]
+        return os.getloadavg()[0]
     except OSError:
-        load = 0.0
-    return max(1, min(cores, round(cores - load)))
+        return 0.0
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """(busy, total) CPU time of the whole machine since boot, from ``/proc/stat`` (Linux), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            ticks = [float(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    if len(ticks) < 5:
+        return None
+    total = sum(ticks)
+    return total - ticks[3] - ticks[4], total
 
 
 def set_threads(threads: int | None) -> int:
