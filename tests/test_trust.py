@@ -301,6 +301,21 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, m
     assert [p.name for p in tmp_path.iterdir()] == [rundir.CHECKPOINT]
 
 
+def test_eval_per_token_files_hold_one_loss_per_scored_token(trained, tmp_path, capsys, monkeypatch):
+    """``eval --per-token F`` (.txt: one loss per line; .npy: a flat array): as many losses as the
+    tokens scored, whose mean is the loss printed."""
+    import numpy as np
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    for name, read in (("losses.txt", np.loadtxt), ("losses.npy", np.load)):
+        code, out, err = run_cli(capsys, ["eval", trained["run"], "--per-token", tmp_path / name])
+        assert code == 0, err
+        record = json.loads(out.strip().splitlines()[-1])
+        losses = read(tmp_path / name)
+        assert losses.shape == (record["tokens"],)
+        assert losses.mean() == pytest.approx(record["loss"], rel=1e-5)
+
+
 def test_a_damaged_token_cache_is_rebuilt_and_the_run_still_works(trained, tmp_path, capsys, monkeypatch):
     cache = tmp_path / "cache"
     shutil.copytree(trained["cache"], cache)

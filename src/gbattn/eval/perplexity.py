@@ -60,7 +60,7 @@ def evaluate(
         total += weight * nll.sum().item()
         count += int(weight * nll.numel())
         if per_token and weight:
-            losses.append(nll.cpu().numpy())
+            losses.append(nll.flatten().cpu().numpy())
         if progress is not None:
             progress(len(batch_rows))
     if dist_env is not None and dist_env.enabled:
