@@ -43,3 +43,31 @@ def write_corpus(directory: Path, lines_per_split=(600, 60, 60), seed=0) -> Path
 TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 33, "log_every": 1, "eval_batch_size": 16}
 
 
+
+
+def train_killed_at(step: int, run_dir: Path, model_cfg, train_cfg, monkeypatch) -> None:
+    """Train into ``run_dir`` until a simulated kill at the start of ``step`` (the trainer's step is
+    restored afterwards), leaving whatever a killed run leaves."""
+    import pytest
+
+    from gbattn.train.trainer import Trainer, train
+
+    original = Trainer._train_step
+
+    def crash(self, s):
+        if s == step:
+            raise RuntimeError("simulated kill")
+        return original(self, s)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "_train_step", crash)
+        with pytest.raises(RuntimeError, match="simulated kill"):
+            train(run_dir, model_cfg, train_cfg, quiet=True)
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    """The training losses a run logged, in order (metrics.jsonl)."""
+    import json
+
+    events = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    return [e["loss"] for e in events if e["event"] == "train"]

@@ -5,14 +5,13 @@ stream, and a compiled run resumes exactly."""
 from __future__ import annotations
 
 import importlib
-import json
 
 import pytest
 import torch
 
 from gbattn.model.generate import compiled_decode_step, decoder_for, generate
-from gbattn.train.trainer import Trainer, train
-from helpers import write_corpus
+from gbattn.train.trainer import train
+from helpers import train_killed_at, train_losses, write_corpus
 from test_model import tiny_model
 from test_pipeline import tiny_configs
 
@@ -91,23 +90,7 @@ def test_compiled_run_resumes_exactly(tmp_path, monkeypatch):
     data = write_corpus(tmp_path / "c", lines_per_split=(200, 30, 30))
     configs = tiny_configs(data, compile=True, max_steps=8, eval_every=4, threads=1)
     ref = train(tmp_path / "ref", *configs, quiet=True)
-
-    original = Trainer._train_step
-
-    def crash_at_5(self, step):
-        if step == 5:
-            raise RuntimeError("simulated kill")
-        return original(self, step)
-
-    monkeypatch.setattr(Trainer, "_train_step", crash_at_5)
-    with pytest.raises(RuntimeError, match="simulated kill"):
-        train(tmp_path / "crashed", *configs, quiet=True)
-    monkeypatch.setattr(Trainer, "_train_step", original)
+    train_killed_at(5, tmp_path / "crashed", *configs, monkeypatch)
     resumed = train(tmp_path / "crashed", resume=True, quiet=True)
     assert resumed["test_loss"] == ref["test_loss"]
-
-    def losses(run):
-        return [e["loss"] for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                if e["event"] == "train"]
-
-    assert losses(tmp_path / "crashed") == losses(tmp_path / "ref")
+    assert train_losses(tmp_path / "crashed") == train_losses(tmp_path / "ref")

@@ -24,7 +24,7 @@ from gbattn.data.tokenizer import get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
-from helpers import TINY, write_corpus
+from helpers import TINY, train_killed_at, train_losses, write_corpus
 
 
 def tiny_configs(data, attn="boosted", **sets):
@@ -160,19 +160,8 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
     data = write_corpus(tmp_path / "c")
     configs = tiny_configs(data, sampling=sampling, epochs=3)
     ref = train(tmp_path / "ref", *configs, quiet=True)
-
-    original = Trainer._train_step
-
-    def crash_at_7(self, step):
-        if step == 7:
-            raise RuntimeError("simulated kill")
-        return original(self, step)
-
-    monkeypatch.setattr(Trainer, "_train_step", crash_at_7)
-    with pytest.raises(RuntimeError, match="simulated kill"):
-        train(tmp_path / "crashed", *configs, quiet=True)
+    train_killed_at(7, tmp_path / "crashed", *configs, monkeypatch)
     assert ckpt.load_checkpoint(tmp_path / "crashed" / ckpt.CHECKPOINT)["step"] == 4
-    monkeypatch.setattr(Trainer, "_train_step", original)
     resumed = train(tmp_path / "crashed", resume=True, quiet=True)
 
     assert resumed["test_loss"] == ref["test_loss"]
@@ -180,10 +169,6 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
     a, b = final_weights(tmp_path / "ref"), final_weights(tmp_path / "crashed")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
-    def train_losses(run: Path) -> list[float]:
-        events = map(json.loads, (run / ckpt.METRICS).read_text().splitlines())
-        return [e["loss"] for e in events if e["event"] == "train"]
-
     assert train_losses(tmp_path / "ref") == train_losses(tmp_path / "crashed")  # no duplicated or lost events
 
 
@@ -197,19 +182,8 @@ def test_continuation_killed_before_its_first_checkpoint_resumes_from_its_start(
     recorded = ckpt.load_run(tmp_path / "base").model_cfg  # as compare does: the start's model config
     configs = (recorded, dataclasses.replace(base_train, init_from=str(tmp_path / "base"), seed=7))
     ref = train(tmp_path / "ref", *configs, quiet=True)
-
-    original = Trainer._train_step
-
-    def crash_at_2(self, step):
-        if step == 2:
-            raise RuntimeError("simulated kill")
-        return original(self, step)
-
-    monkeypatch.setattr(Trainer, "_train_step", crash_at_2)
-    with pytest.raises(RuntimeError, match="simulated kill"):
-        train(tmp_path / "crashed", *configs, quiet=True)
+    train_killed_at(2, tmp_path / "crashed", *configs, monkeypatch)
     assert not (tmp_path / "crashed" / ckpt.CHECKPOINT).exists()
-    monkeypatch.setattr(Trainer, "_train_step", original)
     resumed = train(tmp_path / "crashed", resume=True, quiet=True)
     assert resumed["test_loss"] == ref["test_loss"]
 
