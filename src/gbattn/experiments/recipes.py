@@ -127,6 +127,12 @@ def design_models() -> list[ModelSpec]:
     ]
 
 
+def best_design_models() -> list[ModelSpec]:
+    """The design study's two best GBA configurations (M=2 and M=3) with standard, param-fair and
+    compute-matched (README, "GBA design study")."""
+    return [m for m in design_models() if m.label in ("standard", "param-fair", "compute-matched", "gba-m2", "gba-m3")]
+
+
 def upcycle_models() -> list[ModelSpec]:
     """Add GBA rounds to a trained standard model (docs/method.md, "Upcycling"): a standard model trained
     for half the budget, then continued for the other half as itself, as upcycled GBA (residual and
@@ -189,7 +195,7 @@ _add(Recipe(
     description="the design study's two best GBA configurations (M=2 and M=3) at paper-small, against standard, "
                 "param-fair and compute-matched, 15 epochs",
     preset="paper-small",
-    models=[m for m in design_models() if m.label in ("standard", "param-fair", "compute-matched", "gba-m2", "gba-m3")],
+    models=best_design_models(),
     seeds=[42, 123, 7],
     default_data="wikitext-103-raw-v1",
 ))
@@ -204,58 +210,46 @@ _add(Recipe(
 
 # -- CPU proxies -------------------------------------------------------------------------------
 
-_add(Recipe(
-    name="cpu-proxy",
-    description="the paper-wt103 models at the cpu-proxy preset on WikiText-2, 1,200 steps (about an hour on 2 "
-                "CPU cores)",
-    preset="cpu-proxy",
-    models=four_models(),
-    default_data="wikitext-2-v1",
-    train=dict(CPU_STEPS),
+
+def cpu_recipe(name: str, description: str, models: list[ModelSpec], preset: str = "cpu-proxy") -> Recipe:
+    """A CPU recipe on WikiText-2 (BPE 4,096) at the cpu-proxy budget (:data:`CPU_STEPS`), seed 42."""
+    return Recipe(name=name, description=description, preset=preset, models=models, default_data="wikitext-2-v1",
+                  train=dict(CPU_STEPS))
+
+
+_add(cpu_recipe(
+    "cpu-proxy",
+    "the paper-wt103 models at the cpu-proxy preset on WikiText-2, 1,200 steps (about an hour on 2 CPU cores)",
+    four_models(),
 ))
-_add(Recipe(
-    name="cpu-modern",
-    description="the cpu-proxy models in a Llama-style block (cpu-llama: RMSNorm, SwiGLU, RoPE, no biases, 2 K/V "
-                "heads) on WikiText-2, 1,200 steps",
+_add(cpu_recipe(
+    "cpu-modern",
+    "the cpu-proxy models in a Llama-style block (cpu-llama: RMSNorm, SwiGLU, RoPE, no biases, 2 K/V heads) on "
+    "WikiText-2, 1,200 steps",
+    four_models(),
     preset="cpu-llama",
-    models=four_models(),
-    default_data="wikitext-2-v1",
-    train=dict(CPU_STEPS),
 ))
-_add(Recipe(
-    name="gba-design-proxy",
-    description="the two best GBA configurations of gba-design (M=2 and M=3, residual K/V, linear gate) at cpu-proxy "
-                "on WikiText-2, 1,200 steps, against standard, param-fair and compute-matched",
-    preset="cpu-proxy",
-    models=[m for m in design_models() if m.label in ("standard", "param-fair", "compute-matched", "gba-m2", "gba-m3")],
-    default_data="wikitext-2-v1",
-    train=dict(CPU_STEPS),
+_add(cpu_recipe(
+    "gba-design-proxy",
+    "the two best GBA configurations of gba-design (M=2 and M=3, residual K/V, linear gate) at cpu-proxy on "
+    "WikiText-2, 1,200 steps, against standard, param-fair and compute-matched",
+    best_design_models(),
 ))
-_add(Recipe(
-    name="upcycle",
-    description="upcycling at cpu-proxy on WikiText-2: standard for 600 steps, then 600 more as standard, upcycled "
-                "GBA (residual and shared K/V) or standard for GBA's FLOPs; GBA and standard from scratch for 1,200",
-    preset="cpu-proxy",
-    models=upcycle_models(),
-    default_data="wikitext-2-v1",
-    train=dict(CPU_STEPS),
+_add(cpu_recipe(
+    "upcycle",
+    "upcycling at cpu-proxy on WikiText-2: standard for 600 steps, then 600 more as standard, upcycled GBA (residual "
+    "and shared K/V) or standard for GBA's FLOPs; GBA and standard from scratch for 1,200",
+    upcycle_models(),
 ))
-_add(Recipe(
-    name="cpu-postln",
-    description="Post-LN standard, param-fair, compute-matched and GBA M=2 at cpu-proxy on WikiText-2 (same steps "
-                "as cpu-proxy)",
-    preset="cpu-proxy",
-    models=postln_models(),
-    default_data="wikitext-2-v1",
-    train=dict(CPU_STEPS),
+_add(cpu_recipe(
+    "cpu-postln",
+    "Post-LN standard, param-fair, compute-matched and GBA M=2 at cpu-proxy on WikiText-2 (same steps as cpu-proxy)",
+    postln_models(),
 ))
-_add(Recipe(
-    name="depth",
-    description="standard, GBA M=2, each with plain and AttnRes-block residuals, at cpu-proxy on WikiText-2",
-    preset="cpu-proxy",
-    models=depth_models(),
-    default_data="wikitext-2-v1",
-    train=dict(CPU_STEPS),
+_add(cpu_recipe(
+    "depth",
+    "standard, GBA M=2, each with plain and AttnRes-block residuals, at cpu-proxy on WikiText-2",
+    depth_models(),
 ))
 _add(Recipe(
     name="cpu-char",
