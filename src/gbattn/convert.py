@@ -29,7 +29,7 @@ from gbattn import rundir
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError, ConfigError
-from gbattn.files import portable_path, read_json
+from gbattn.files import error_detail, portable_path, read_json
 from gbattn.model.gpt import GPT
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -303,8 +303,7 @@ def hf_tokenizer(path: Path, vocab_size: int) -> Tokenizer:
     try:
         tok = Tokenizer("hf", file.read_text(encoding="utf-8"))
     except Exception as e:  # JSON or HF tokenizers errors: all mean a bad file
-        raise CheckpointError(f"{file} is not a valid tokenizer.json ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:80] if str(e) else 'malformed'})") from None
+        raise CheckpointError(f"{file} is not a valid tokenizer.json ({error_detail(e, with_type=True)})") from None
     if tok.vocab_size != vocab_size:
         raise CheckpointError(f"{file} has {tok.vocab_size:,} tokens but the model's vocab_size is {vocab_size:,}: "
                               f"a padded embedding table cannot be converted exactly")

@@ -14,6 +14,14 @@ from typing import Any
 from gbattn.errors import CheckpointError, UserError
 
 
+def error_detail(e: BaseException, limit: int = 80, with_type: bool = False) -> str:
+    """The first line of an exception's message, at most ``limit`` characters ("malformed" when it
+    has none), with its type name in front if ``with_type``: the detail of a one-line error."""
+    lines = str(e).splitlines()
+    text = lines[0][:limit] if lines else "malformed"
+    return f"{type(e).__name__}: {text}" if with_type else text
+
+
 def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     """Write ``content`` (bytes, or text as UTF-8) to ``path`` through a temporary file in the same
     directory, then rename it into place. On any failure (a full disk, a kill) the previous file
@@ -101,7 +109,7 @@ def read_json(path: str | Path, what: str | None = None) -> dict:
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON ({str(e).splitlines()[0][:80]})") from None
+        raise CheckpointError(f"{path} is not valid JSON ({error_detail(e)})") from None
     except OSError as e:
         raise CheckpointError(f"{path} cannot be read ({e.strerror or e})") from None
     if not isinstance(obj, dict):

@@ -36,7 +36,7 @@ import torch
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError, ConfigError, UserError
-from gbattn.files import atomic_write, check_writable_dir, read_json, read_jsonl
+from gbattn.files import atomic_write, check_writable_dir, error_detail, read_json, read_jsonl
 from gbattn.model.gpt import GPT
 
 CONFIG = "config.json"
@@ -104,9 +104,9 @@ def read_torch_file(path: str | Path, map_location="cpu"):
         if "weights_only" in str(e) or "Weights only load failed" in str(e):
             raise CheckpointError(f"{path} holds Python objects beyond tensors (loading it could run code): refused; "
                                   f"only files of tensors and plain values are read") from None
-        detail = str(e).splitlines()[0][:80] if str(e) else "malformed"
+        detail = error_detail(e)
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError) as e:
-        detail = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else 'malformed'}"
+        detail = error_detail(e, with_type=True)
     raise CheckpointError(f"{path} is truncated or corrupted ({detail}); restore a copy of it")
 
 
@@ -277,7 +277,7 @@ def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> No
         model.load_state_dict(weights)
     except (RuntimeError, KeyError, ValueError) as e:
         raise CheckpointError(
-            f"the weights in {where} do not match its config ({str(e).splitlines()[0][:120]})"
+            f"the weights in {where} do not match its config ({error_detail(e, 120)})"
         ) from None
 
 
@@ -289,4 +289,4 @@ def read_safetensors(path: str | Path, device) -> dict:
     try:
         return load_file(str(path), device=str(device))
     except Exception as e:  # safetensors raises its own error types for any malformed file
-        raise CheckpointError(f"{path} is not a valid safetensors file ({str(e).splitlines()[0][:100]})") from None
+        raise CheckpointError(f"{path} is not a valid safetensors file ({error_detail(e, 100)})") from None

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gbattn.errors import DataError
+from gbattn.files import error_detail
 
 SPLITS = ("train", "valid", "test")
 HF_NAMES = {
@@ -198,7 +199,7 @@ def _hugging_face(name: str) -> Corpus:
         else:
             ds = datasets.load_dataset(dataset, config)
     except Exception as e:  # network, cache or hub errors all mean the same to the user
-        raise DataError(hint.format(why=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")) from None
+        raise DataError(hint.format(why=error_detail(e, 120, with_type=True))) from None
     finally:
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)

@@ -22,7 +22,7 @@ from itertools import islice
 from pathlib import Path
 
 from gbattn.errors import CheckpointError, DataError
-from gbattn.files import atomic_write, check_writable_dir
+from gbattn.files import atomic_write, check_writable_dir, error_detail
 
 BPE_TRAIN_LINES = 100_000
 SPECIALS = ["<pad>", "<unk>"]
@@ -104,8 +104,8 @@ class Tokenizer:
         try:
             tok = cls.from_json(path.read_text(encoding="utf-8"))
         except Exception as e:  # JSON, key, type or HF tokenizers errors: all mean a bad file
-            raise CheckpointError(f"{path} is not a valid gbattn tokenizer file ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0][:80] if str(e) else 'malformed'})") from None
+            raise CheckpointError(f"{path} is not a valid gbattn tokenizer file "
+                                  f"({error_detail(e, with_type=True)})") from None
         if expected_vocab is not None and tok.vocab_size != expected_vocab:
             raise CheckpointError(f"{path} has {tok.vocab_size:,} tokens but the model's vocabulary is "
                                   f"{expected_vocab:,}: the tokenizer does not belong to this model")

@@ -22,7 +22,7 @@ from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
 from gbattn.errors import CheckpointError, DataError, UserError
 from gbattn.eval.perplexity import evaluate
-from gbattn.files import append_jsonl, write_json
+from gbattn.files import append_jsonl, error_detail, write_json
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
@@ -344,7 +344,7 @@ class Trainer:
             restore_rng_states(state["rng"], self.device)
         except (RuntimeError, KeyError, ValueError, TypeError) as e:
             raise CheckpointError(
-                f"checkpoint {path} does not match this run ({str(e).splitlines()[0][:120]})"
+                f"checkpoint {path} does not match this run ({error_detail(e, 120)})"
             ) from None
         if self.dist.rank:  # dropout streams differ across processes
             torch.manual_seed(self.train_cfg.seed + 1000 * self.dist.rank + self.step)
