@@ -32,6 +32,8 @@ from gbattn.progress import Progress
 from gbattn.runtime import autocast as bf16_autocast
 from gbattn.runtime import command_line, device_name
 
+COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
+
 
 def parse_variant(spec: str) -> tuple[str, dict]:
     """``name`` or ``name:key=value,key=value`` -> (name, options)."""
@@ -186,7 +188,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         for compiled in modes:
             torch.manual_seed(0)
             model = GPT(cfg).to(dev)
-            case = Case(spec + (" · compiled" if compiled else ""), cfg, model,
+            case = Case(spec + (COMPILED if compiled else ""), cfg, model,
                         torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda"), compiled=compiled)
             case.step_model = torch.compile(model) if compiled else model
             case.decode_step = compiled_decode_step(model) if compiled else None
@@ -248,7 +250,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     eager = {r["variant"]: r for r in rows if not r["compiled"]}
     for r in rows:
         if r["compiled"]:  # against the same variant, eager, in the same repeats
-            own = eager.get(r["variant"].replace(" · compiled", ""))
+            own = eager.get(r["variant"].removesuffix(COMPILED))
             if own is not None:
                 paired = [t0 / t for t, t0 in zip(r["step_s_all"], own["step_s_all"])]
                 r["compiled_step_speedup"] = statistics.median(paired)
@@ -375,7 +377,7 @@ def bench_markdown(report: dict) -> str:
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         eager = {r["variant"]: r for r in report["variants"] if not r["compiled"]}
         for r in compiled:
-            e = eager[r["variant"].replace(" · compiled", "")]
+            e = eager[r["variant"].removesuffix(COMPILED)]
             lines.append(f"| {e['variant']} | {1000 * e['step_s']:.1f} | {1000 * r['step_s']:.1f} | "
                          f"{r['compiled_step_speedup']:.2f} | {e['decode_tokens_per_s']:,.0f} | "
                          f"{r['decode_tokens_per_s']:,.0f} | {r['compiled_decode_speedup']:.2f} | "
