@@ -40,6 +40,13 @@ def variant_case(request):
     return request.param
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for a module of tiny models: many times faster than several threads
+    competing for busy cores (``_deterministic_and_isolated`` puts the count back)."""
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_and_isolated(tmp_path, monkeypatch):
     """Seeded RNG, a per-test cache directory (tokenizers and token memmaps), and torch's thread

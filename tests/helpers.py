@@ -71,3 +71,15 @@ def train_losses(run_dir: Path) -> list[float]:
 
     events = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
     return [e["loss"] for e in events if e["event"] == "train"]
+
+
+def run_cli(capsys, argv) -> tuple[int, str, str]:
+    """``gbattn ARGV`` in this process (arguments may be paths): exit status, stdout, stderr."""
+    from gbattn.cli import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse usage errors
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

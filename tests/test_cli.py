@@ -9,26 +9,18 @@ import sys
 import pytest
 
 from gbattn.cli import main
-
-
-def run_cli(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as e:  # argparse usage errors
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from helpers import run_cli
 
 
 def test_params_paper_counts(capsys):
-    code, out, _ = run_cli(capsys, "params", "paper-small", "--attn", "boosted")
+    code, out, _ = run_cli(capsys, ["params", "paper-small", "--attn", "boosted"])
     assert code == 0 and "8,734,208" in out
-    code, out, _ = run_cli(capsys, "params", "paper-small", "--attn", "standard")
+    code, out, _ = run_cli(capsys, ["params", "paper-small", "--attn", "standard"])
     assert code == 0 and "7,419,392" in out
 
 
 def test_params_fair(capsys):
-    code, out, _ = run_cli(capsys, "params", "paper-small", "--attn", "boosted", "--fair", "--json")
+    code, out, _ = run_cli(capsys, ["params", "paper-small", "--attn", "boosted", "--fair", "--json"])
     assert code == 0
     assert "d_model=288" in out and "8,789,184" in out
     record = json.loads(out.strip().splitlines()[-1])
@@ -37,12 +29,12 @@ def test_params_fair(capsys):
 
 
 def test_params_set_override(capsys):
-    code, out, _ = run_cli(capsys, "params", "paper-small", "--attn", "boosted", "--set", "attn.rounds=1")
+    code, out, _ = run_cli(capsys, ["params", "paper-small", "--attn", "boosted", "--set", "attn.rounds=1"])
     assert code == 0 and "7,419,392" in out  # M = 1 is standard attention
 
 
 def test_list_shows_variants_and_presets(capsys):
-    code, out, _ = run_cli(capsys, "list")
+    code, out, _ = run_cli(capsys, ["list"])
     assert code == 0
     for name in (
         "standard",
@@ -77,7 +69,7 @@ def test_list_shows_variants_and_presets(capsys):
     ],
 )
 def test_user_errors_one_line_status_2(capsys, argv, message):
-    code, _, err = run_cli(capsys, *argv)
+    code, _, err = run_cli(capsys, argv)
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

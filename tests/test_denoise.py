@@ -16,13 +16,7 @@ from gbattn.synthetic.tables import plot_rounds
 from gbattn.synthetic.task import Protocol, Setting, bayes_optimal_accuracy, make_patterns, sample_queries
 from gbattn.synthetic.training import boosted_run, denoise_loss, train_run
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_bayes_optimal_antipodal_patterns_is_phi_of_one_over_sigma():

@@ -52,11 +52,7 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one thread is many times faster than several competing for busy cores (conftest
-    puts the thread count back)."""
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_pair(variant_case, layout: dict, seed: int = 0):

@@ -22,12 +22,11 @@ import pytest
 import torch
 
 from gbattn import files, rundir
-from gbattn.cli import main as cli_main
 from gbattn.config import build_configs
 from gbattn.data.corpus import load_corpus
 from gbattn.errors import UserError
 from gbattn.train.trainer import train
-from helpers import TINY, write_corpus
+from helpers import TINY, run_cli, write_corpus
 
 GBATTN = [sys.executable, "-m", "gbattn.cli"]
 
@@ -53,15 +52,6 @@ def trained(tmp_path_factory):
 def snapshot(directory: Path) -> dict[str, str]:
     return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != rundir.LOCK}
-
-
-def run_cli(capsys, argv) -> tuple[int, str, str]:
-    try:
-        code = cli_main([str(a) for a in argv])
-    except SystemExit as e:  # argparse usage errors
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def one_line(code: int, err: str) -> str:
