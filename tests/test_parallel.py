@@ -142,10 +142,11 @@ def test_fsdp2_training_matches_one_process_with_full_checkpoints(tmp_path):
 
 def test_an_interrupted_fsdp2_run_resumes_exactly(tmp_path):
     """SIGTERM after the first checkpoint: both processes agree on a step, save one full checkpoint and
-    stop; the resumed run ends with the weights and losses of an uninterrupted FSDP2 run."""
+    stop; the resumed run ends with the weights and losses of an uninterrupted FSDP2 run, dropout on
+    (every process resumes its own random stream)."""
     data = write_corpus(tmp_path / "c")
     env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
-    argv = [*_train_argv(data, 40), "--set", "parallel=fsdp2"]
+    argv = [*_train_argv(data, 40), "--set", "parallel=fsdp2", "--set", "dropout=0.1"]  # each rank its own stream
     ref = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "ref"), *argv], capture_output=True, text=True, env=env)
     assert ref.returncode == 0, ref.stderr[-3000:]
     run = tmp_path / "run"

@@ -45,6 +45,14 @@ class DistEnv:
         dist.all_reduce(t)
         return t.cpu().tolist()
 
+    def gather(self, obj) -> list:
+        """``obj`` from every process, in rank order (a one-item list in one process)."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
     def no_sync(self, model: torch.nn.Module, last_micro_step: bool, parallel: str):
         """Skip the gradient all-reduce on all but the last micro-step of gradient accumulation."""
         if not self.enabled or last_micro_step:
