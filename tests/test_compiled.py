@@ -4,12 +4,11 @@ stream, and a compiled run resumes exactly."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
-from gbattn.model.generate import compiled_decode_step, decoder_for, generate
+from gbattn.model import decoding
+from gbattn.model.decoding import compiled_decode_step, decoder_for, generate
 from gbattn.train.trainer import train
 from helpers import train_killed_at, train_losses, write_corpus
 from test_model import tiny_model
@@ -47,16 +46,15 @@ def test_compiled_decoding_inside_attention_residuals(residual):
 
 
 def test_decoding_compiles_only_where_it_pays(monkeypatch):
-    generate_mod = importlib.import_module("gbattn.model.generate")  # the package exports the function
 
     model = tiny_model(("standard", {})).float()
-    monkeypatch.setitem(generate_mod.MIN_TOKENS_TO_COMPILE, "cpu", 500)
+    monkeypatch.setitem(decoding.MIN_TOKENS_TO_COMPILE, "cpu", 500)
     assert decoder_for(model, compile=None, max_new_tokens=100)[0] is None  # compiling would cost more than it saves
     assert decoder_for(model, compile=False, max_new_tokens=10**6)[0] is None
     step, how = decoder_for(model, compile=None, max_new_tokens=500)
     assert step is not None and "compiled" in how
     assert decoder_for(model, compile=True, max_new_tokens=1)[0] is not None  # asked for
-    monkeypatch.setitem(generate_mod.MIN_TOKENS_TO_COMPILE, "cpu", None)  # not measured: only when asked
+    monkeypatch.setitem(decoding.MIN_TOKENS_TO_COMPILE, "cpu", None)  # not measured: only when asked
     assert decoder_for(model, compile=None, max_new_tokens=10**6)[0] is None
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gbattn.cli import main as cli_main
-from gbattn.model.generate import generate
+from gbattn.model import decoding
+from gbattn.model.decoding import generate
 from gbattn.train.trainer import train
 from helpers import write_corpus
 from test_model import tiny_model
@@ -48,16 +49,13 @@ def test_generate_cli(tmp_path, capsys):
 def test_generate_cli_passes_the_compile_choice(tmp_path, capsys, monkeypatch, flags, asked):
     """`--compile` forces the compiled decode step, `--no-compile` and `--no-cache` never compile, and
     no flag leaves it to the measured threshold (tests/test_compiled.py checks the decisions)."""
-    import importlib
-
-    generate_mod = importlib.import_module("gbattn.model.generate")  # the package exports the function
     seen = []
 
     def record(model, compile, max_new_tokens):
         seen.append(compile)
         return None, "KV cache"
 
-    monkeypatch.setattr(generate_mod, "decoder_for", record)
+    monkeypatch.setattr(decoding, "decoder_for", record)
     data = write_corpus(tmp_path / "c")
     train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
     assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the", "--max-new-tokens", "3", *flags]) == 0

@@ -20,7 +20,7 @@ _EXPORTS = {
     "TrainConfig": "gbattn.config",
     "preset_config": "gbattn.config",
     "GPT": "gbattn.model.gpt",
-    "generate": "gbattn.model.generate",
+    "generate": "gbattn.model.decoding",
     "count_params": "gbattn.model.params",
     "flops_per_token": "gbattn.model.params",
     "param_matched_width": "gbattn.model.params",

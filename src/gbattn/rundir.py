@@ -216,7 +216,7 @@ class LoadedRun:
         return self.config.get("seq_len") or self.model_cfg.input_length(self.train_cfg.seq_len)
 
     def generate(self, prompt: str, max_new_tokens: int = 100, **kwargs) -> str:
-        """Text continuing ``prompt`` (see :func:`gbattn.model.generate.generate` for the options)."""
+        """Text continuing ``prompt`` (see :func:`gbattn.model.decoding.generate` for the options)."""
         ids = self.tokenizer.encode(prompt)
         if not ids:
             raise UserError("the prompt encodes to no tokens")

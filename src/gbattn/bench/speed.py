@@ -25,7 +25,7 @@ from gbattn.checks import parse_value
 from gbattn.config import ModelConfig, preset_config
 from gbattn.errors import UserError
 from gbattn.files import atomic_write, check_writable_dir, write_json
-from gbattn.model.generate import compiled_decode_step, eager_decode_step
+from gbattn.model.decoding import compiled_decode_step, eager_decode_step
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress

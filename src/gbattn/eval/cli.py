@@ -81,7 +81,7 @@ def cmd_generate(args) -> None:
     import torch
 
     from gbattn.errors import UserError
-    from gbattn.model.generate import decoder_for
+    from gbattn.model.decoding import decoder_for
     from gbattn.rundir import load_run
     from gbattn.runtime import resolve_device, set_threads
 

@@ -18,7 +18,7 @@ from gbattn.attention.core import AttnArgs, AttnContext, Record, StaticCache, ro
 from gbattn.attention.registry import build_attention
 from gbattn.config import ModelConfig
 from gbattn.model.attnres import AttnResStream
-from gbattn.model.generate import generate
+from gbattn.model.decoding import generate
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -160,7 +160,7 @@ class GPT(nn.Module):
         return (out, records) if return_intermediates else out
 
     def generate(self, idx_BT: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
-        """Continue ``idx_BT`` by ``max_new_tokens`` tokens; see :func:`gbattn.model.generate.generate`."""
+        """Continue ``idx_BT`` by ``max_new_tokens`` tokens; see :func:`gbattn.model.decoding.generate`."""
         return generate(self, idx_BT, max_new_tokens, **kwargs)
 
     def chunked_loss(self, h_BTD: Tensor, targets_BT: Tensor, chunk_tokens: int | None = None) -> Tensor:
