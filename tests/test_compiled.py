@@ -45,6 +45,18 @@ def test_compiled_decoding_inside_attention_residuals(residual):
                        generate(model, prompt, 12, temperature=0))
 
 
+def test_decoding_between_compiled_training_steps_does_not_recompile_them():
+    """Setting up and clearing a KV cache (as generation does between evaluations) leaves the
+    compiled training forward's guards intact: no recompile afterwards."""
+    model = tiny_model(("boosted", {})).float()
+    forward = torch.compile(model, backend="eager")
+    idx = torch.randint(0, 37, (2, 6))
+    forward(idx, idx)
+    generate(model, idx[:1, :3], 4, temperature=0)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        forward(idx, idx)
+
+
 def test_decoding_compiles_only_where_it_pays(monkeypatch):
 
     model = tiny_model(("standard", {})).float()

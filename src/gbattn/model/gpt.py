@@ -110,7 +110,9 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.residual = AttnResStream(cfg) if cfg.residual != "plain" else None
-        self.kv_cache: StaticCache | None = None
+        # A submodule slot from the start, so setting up and clearing a cache never changes where the
+        # attribute lives (that would make a compiled training step recompile after a decode).
+        self.register_module("kv_cache", None)
         self.apply(init_weights)
 
     # -- sizes ---------------------------------------------------------------------
