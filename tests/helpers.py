@@ -43,6 +43,15 @@ def write_corpus(directory: Path, lines_per_split=(600, 60, 60), seed=0) -> Path
 TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 33, "log_every": 1, "eval_batch_size": 16}
 
 
+def tiny_configs(data, attn="boosted", **sets):
+    """(model, train) configs of a tiny character-level run of ``paper-small`` on ``data`` (TINY's
+    sizes, 12 steps, dropout 0.1); ``sets``: further ``--set`` values."""
+    from gbattn.config import build_configs
+
+    s = dict(TINY, tokenizer="char", batch_size=8, max_steps=12, eval_every=4, warmup_steps=3, lr=3e-3,
+             dropout=0.1, train_tokens=None, eval_tokens=None)
+    s.update(sets)
+    return build_configs("paper-small", attn, str(data), s)
 
 
 def train_killed_at(step: int, run_dir: Path, model_cfg, train_cfg, monkeypatch) -> None:

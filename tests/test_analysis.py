@@ -17,23 +17,19 @@ from gbattn.analysis.cli import analyze_run, plot_compare, select_rows
 from gbattn.analysis.figures import require_matplotlib
 from gbattn.attention.core import AttnContext
 from gbattn.cli import main as cli_main
-from gbattn.config import build_configs
 from gbattn.data.prepare import prepare_data
 from gbattn.data.tokens import rows_batch
 from gbattn.errors import UserError
 from gbattn.rundir import load_run
 from gbattn.train.trainer import train
-from helpers import TINY, write_corpus
+from helpers import TINY, tiny_configs, write_corpus
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SEQ_LEN = TINY["block_size"] - 1
 
 
-def tiny_configs(data, attn, **sets):
-    s = dict(TINY, tokenizer="char", batch_size=8, max_steps=8, eval_every=4, warmup_steps=2, lr=3e-3,
-             train_tokens=None, eval_tokens=None, threads=1)
-    s.update(sets)
-    return build_configs("paper-small", attn, str(data), s)
+# The analysed runs: tiny_configs' run, 8 steps, one thread.
+SHORT = {"max_steps": 8, "warmup_steps": 2, "threads": 1}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +41,8 @@ def runs(tmp_path_factory):
         mp.setenv("GBATTN_CACHE", str(root / "cache"))
         torch.manual_seed(0)
         data = write_corpus(root / "corpus")
-        train(root / "gba", *tiny_configs(data, "boosted"), quiet=True)
-        train(root / "std", *tiny_configs(data, "standard"), quiet=True)
+        train(root / "gba", *tiny_configs(data, "boosted", **SHORT), quiet=True)
+        train(root / "std", *tiny_configs(data, "standard", **SHORT), quiet=True)
     torch.set_num_threads(threads)
     return {"gba": root / "gba", "std": root / "std", "data": data}
 
@@ -308,8 +304,8 @@ def test_analyze_handles_any_number_of_rounds(tmp_path, monkeypatch):
     colour list): every figure is drawn, with one entropy curve and one gate row per round."""
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
     data = write_corpus(tmp_path / "corpus")
-    train(tmp_path / "m6", *tiny_configs(data, "boosted", **{"attn.rounds": 6, "max_steps": 2, "eval_every": 2}),
-          quiet=True)
+    sets = {**SHORT, "attn.rounds": 6, "max_steps": 2, "eval_every": 2}
+    train(tmp_path / "m6", *tiny_configs(data, "boosted", **sets), quiet=True)
     summary = analyze_run(tmp_path / "m6", out=tmp_path / "a", max_rows=2, device="cpu", quiet=True)
     assert summary["rounds"] == 6 and len(summary["gates"]["per_layer"]) == TINY["n_layers"] * 5
     assert len(summary["entropy"]["mean_per_round"]) == 6

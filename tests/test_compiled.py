@@ -10,9 +10,8 @@ import torch
 from gbattn.model import decoding
 from gbattn.model.decoding import compiled_decode_step, decoder_for, generate
 from gbattn.train.trainer import train
-from helpers import train_killed_at, train_losses, write_corpus
+from helpers import tiny_configs, train_killed_at, train_losses, write_corpus
 from test_model import tiny_model
-from test_pipeline import tiny_configs
 
 
 @pytest.fixture(autouse=True)

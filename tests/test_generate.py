@@ -9,9 +9,8 @@ from gbattn.cli import main as cli_main
 from gbattn.model import decoding
 from gbattn.model.decoding import generate
 from gbattn.train.trainer import train
-from helpers import write_corpus
+from helpers import tiny_configs, write_corpus
 from test_model import tiny_model
-from test_pipeline import tiny_configs
 
 
 def test_greedy_cached_equals_uncached(variant_case):

@@ -33,9 +33,8 @@ from gbattn.hf import GbattnCache, GbattnConfig, GbattnForCausalLM, hf_tokenizer
 from gbattn.hf.modeling import CACHE_FIELD, INIT_TYPES, init_module
 from gbattn.model.gpt import GPT
 from gbattn.train.trainer import train
-from helpers import write_corpus
+from helpers import tiny_configs, write_corpus
 from test_model import BLOCKS, tiny_config
-from test_pipeline import tiny_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 LMEVAL_DATA = ROOT / "tests" / "data" / "lmeval"

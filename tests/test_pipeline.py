@@ -17,22 +17,13 @@ import torch
 from gbattn import files
 from gbattn import rundir as ckpt
 from gbattn.cli import main as cli_main
-from gbattn.config import build_configs
 from gbattn.data import tokenizer as tokenizer_mod
 from gbattn.data.corpus import load_corpus
 from gbattn.data.tokenizer import get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
-from helpers import TINY, train_killed_at, train_losses, write_corpus
-
-
-def tiny_configs(data, attn="boosted", **sets):
-    s = dict(TINY)
-    s.update(tokenizer="char", batch_size=8, max_steps=12, eval_every=4, warmup_steps=3, lr=3e-3, dropout=0.1,
-             train_tokens=None, eval_tokens=None)
-    s.update(sets)
-    return build_configs("paper-small", attn, str(data), s)
+from helpers import TINY, tiny_configs, train_killed_at, train_losses, write_corpus
 
 
 def final_weights(run_dir: Path) -> dict:

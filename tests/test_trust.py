@@ -22,20 +22,16 @@ import pytest
 import torch
 
 from gbattn import files, rundir
-from gbattn.config import build_configs
 from gbattn.data.corpus import load_corpus
 from gbattn.errors import UserError
 from gbattn.train.trainer import train
-from helpers import TINY, run_cli, write_corpus
+from helpers import TINY, run_cli, tiny_configs, write_corpus
 
 GBATTN = [sys.executable, "-m", "gbattn.cli"]
 
 
-def tiny_configs(data, **sets):
-    s = dict(TINY, tokenizer="char", batch_size=8, max_steps=4, eval_every=2, warmup_steps=1, lr=3e-3,
-             train_tokens=None, eval_tokens=None, threads=1)
-    s.update(sets)
-    return build_configs("paper-small", "boosted", str(data), s)
+# The trusted run: tiny_configs' GBA run, 4 steps, one thread.
+SHORT = {"max_steps": 4, "eval_every": 2, "warmup_steps": 1, "threads": 1}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +41,7 @@ def trained(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GBATTN_CACHE", str(root / "cache"))
         data = write_corpus(root / "corpus")
-        train(root / "run", *tiny_configs(data), quiet=True, preset="paper-small")
+        train(root / "run", *tiny_configs(data, **SHORT), quiet=True, preset="paper-small")
     return {"root": root, "run": root / "run", "data": data, "cache": root / "cache"}
 
 
@@ -178,7 +174,7 @@ def test_resume_and_eval_refuse_other_data(trained, tmp_path, capsys, monkeypatc
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
     data = write_corpus(tmp_path / "corpus")
     run = tmp_path / "run"
-    model_cfg, train_cfg = tiny_configs(data)
+    model_cfg, train_cfg = tiny_configs(data, **SHORT)
     train(run, model_cfg, train_cfg, quiet=True)
     recorded = json.loads((run / rundir.CONFIG).read_text())["data"]["fingerprint"]
     (data / "wiki.test.tokens").write_text("the cat sat on the mat .\n" * 300)  # same characters, other text
