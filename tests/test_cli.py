@@ -134,3 +134,26 @@ def test_default_threads_are_the_cores_free_now(monkeypatch, busy_ticks, loadavg
     monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(runtime.os, "getloadavg", lambda: (loadavg, loadavg, loadavg))
     assert runtime.free_cores() == expected
+
+
+@pytest.mark.parametrize("omp, local_world, free, expected", [
+    (None, None, 2, 2),  # nothing set: the free cores
+    ("1", "2", 2, 1),    # torchrun's OMP_NUM_THREADS=1 for each of several processes is kept
+    ("3", None, 2, 3),   # an explicit OMP_NUM_THREADS is kept
+    (None, "2", 2, 1),   # torchrun without it: the free cores shared among this machine's processes
+    (None, "4", 2, 1),   # at least 1
+    ("0", None, 2, 2),   # not a thread count: ignored
+    ("x", None, 2, 2),
+])
+def test_default_threads_keep_the_launchers_choice(monkeypatch, omp, local_world, free, expected):
+    """Without --threads, OMP_NUM_THREADS (set by torchrun, by a job script) decides; under torchrun
+    without it, each process takes its share of the free cores, not all of them."""
+    from gbattn import runtime
+
+    for name, value in (("OMP_NUM_THREADS", omp), ("LOCAL_WORLD_SIZE", local_world)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    monkeypatch.setattr(runtime, "free_cores", lambda: free)
+    assert runtime.default_threads() == expected

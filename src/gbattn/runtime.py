@@ -118,9 +118,20 @@ def _cpu_times() -> tuple[float, float] | None:
     return total - ticks[3] - ticks[4], total
 
 
+def default_threads() -> int:
+    """CPU threads when none are asked for: ``OMP_NUM_THREADS`` where it is set (``torchrun`` sets it
+    to 1 for each of several processes per machine), else :func:`free_cores` shared among this
+    machine's processes of one ``torchrun`` (``LOCAL_WORLD_SIZE``)."""
+    asked = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if asked.isdigit() and int(asked) > 0:
+        return int(asked)
+    local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    return max(1, free_cores() // (int(local) if local.isdigit() and int(local) > 0 else 1))
+
+
 def set_threads(threads: int | None) -> int:
-    """Use ``threads`` CPU threads (None: :func:`free_cores`); returns the number set."""
-    n = threads or free_cores()
+    """Use ``threads`` CPU threads (None: :func:`default_threads`); returns the number set."""
+    n = threads or default_threads()
     torch.set_num_threads(n)
     return n
 

@@ -26,7 +26,7 @@ from gbattn.experiments.report import write_results
 from gbattn.files import portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
 from gbattn.progress import Progress
-from gbattn.runtime import command_line, free_cores
+from gbattn.runtime import command_line, default_threads
 from gbattn.train.trainer import train
 from gbattn.upcycle import upcycle, write_run
 
@@ -89,7 +89,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         request = {"recipe": recipe.name, "data": portable_path(data), "seeds": seeds, "sets": sets,
                    "command": command_line(portable=True)}
         _check_request(out / "recipe.json", request)
-        per_run_threads = max(1, (threads or free_cores()) // jobs) if jobs > 1 else threads
+        per_run_threads = max(1, (threads or default_threads()) // jobs) if jobs > 1 else threads
         run_sets = {**sets, "threads": per_run_threads} if per_run_threads else sets
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
         probe_model, probe_train = spec_configs(recipe, specs[0], data, seeds[0], run_sets, None)
