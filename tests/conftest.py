@@ -49,10 +49,13 @@ def one_thread():
 
 @pytest.fixture(autouse=True)
 def _deterministic_and_isolated(tmp_path, monkeypatch):
-    """Seeded RNG, a per-test cache directory (tokenizers and token memmaps), and torch's thread
-    count put back after tests that train with a thread count of their own."""
+    """Seeded RNG, a per-test cache directory (tokenizers and token memmaps), the default thread
+    count pinned (``OMP_NUM_THREADS``: two runs compared in one test must not pick different counts
+    from a momentarily busy machine, since the count changes float sums), and torch's thread count
+    put back after tests that train with a thread count of their own."""
     torch.manual_seed(0)
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "gbattn-cache"))
     threads = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
     yield
     torch.set_num_threads(threads)
