@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
@@ -323,7 +324,7 @@ def trained(tmp_path_factory):
 
 def test_export_writes_safetensors_config_and_tokenizers(trained):
     run_dir, out = trained
-    names = sorted(p.name for p in out.iterdir())
+    names = sorted(p.name for p in out.iterdir() if p.name != "special_tokens_map.json")  # transformers 4.x adds it
     assert names == ["config.json", "gbattn-tokenizer.json", "generation_config.json", "model.safetensors",
                      "tokenizer.json", "tokenizer_config.json"]
     config = json.loads((out / "config.json").read_text())
@@ -442,7 +443,11 @@ def test_trainer_lowers_the_loss_and_its_checkpoint_loads(trained, tmp_path):
     Trainer(model=model, args=args, train_dataset=Rows(train_rows), processing_class=tokenizer).train()
     after = held_loss(model)
     assert after < before - 0.3, (before, after)
-    assert int(seen[0]) == 2 * 4 * 31  # the shifted labels of one optimizer step (2 micro-batches of 4 rows)
+    # The loss is divided by the Trainer's count of one optimizer step's labels (2 micro-batches of 4
+    # rows): transformers 5 counts the shifted labels (31 a row), 4.x every label (32 a row), as it
+    # does for its own causal LMs.
+    per_row = 31 if int(transformers.__version__.split(".")[0]) >= 5 else 32
+    assert int(seen[0]) == 2 * 4 * per_row
     checkpoint = tmp_path / "checkpoint-10"
     back = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
     assert back.model.lm_head.weight is back.model.wte.weight

@@ -132,7 +132,8 @@ def float64_llama(monkeypatch):
 
     def rope(self, x, position_ids):
         dim = 2 * self.inv_freq.shape[0]
-        base = self.config.rope_parameters["rope_theta"]
+        params = getattr(self.config, "rope_parameters", None)  # transformers 5; 4.x: rope_theta
+        base = params["rope_theta"] if params else self.config.rope_theta
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
         angles = position_ids[..., None].double() * inv_freq
         angles = torch.cat([angles, angles], dim=-1)
