@@ -6,7 +6,7 @@ residual stream and block option (docs/baselines.md) runs through gbattn's own c
 :class:`GbattnCache` is the ``Cache`` that ``generate()`` drives: per layer, one named key/value
 entry per attention call (GBA's ``kv0``, ``kv1``, ...; Twicing's value-only ``av``; differential
 attention's grouped ``kv``), grown by concatenation (gbattn's ``DynamicLayerCache``).
-Written for transformers >= 4.53, < 6 (tested: the installed version).
+Written for transformers >= 4.57, < 6 (tested: 4.57.6 and 5.24.0).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class GbattnCache(Cache):
     interface (``layers``, ``key_length``), so ``GPT.forward(..., cache=...)`` writes to it.
 
     Every method ``generate()`` may call is defined here, as the base class changed between
-    versions (4.53: no-argument ``__init__``; 4.56+: ``layers=``; 5.x: ``get_max_length``). Not
+    versions (5.x: ``get_max_length``). Not
     compileable and not croppable (no assisted decoding).
     """
 
@@ -91,10 +91,7 @@ class GbattnCache(Cache):
 
     def __init__(self, n_layers: int) -> None:
         layers = [GbattnLayerCache() for _ in range(n_layers)]
-        try:
-            super().__init__(layers=layers)
-        except TypeError:  # transformers <= 4.55
-            super().__init__()
+        super().__init__(layers=layers)
         self.layers = layers
 
     # gbattn's interface ---------------------------------------------------------------
