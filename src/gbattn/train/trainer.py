@@ -183,7 +183,7 @@ class Trainer:
         if cfg.init_from and not has_checkpoint:
             self.start = rundir.load_run(cfg.init_from, "best", "cpu")
             tokenizer = self.start.tokenizer
-        if self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
+        elif self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
             tokenizer = Tokenizer.load(self.run_dir / rundir.TOKENIZER, expected_vocab=self.model_cfg.vocab_size)
         self.requested_vocab = self.model_cfg.vocab_size
         if not self.main:
