@@ -140,13 +140,14 @@ def test_fsdp2_training_matches_one_process_with_full_checkpoints(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-5)
 
 
-def test_an_interrupted_fsdp2_run_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_an_interrupted_run_of_two_processes_resumes_exactly(tmp_path, parallel):
     """SIGTERM after the first checkpoint: both processes agree on a step, save one full checkpoint and
-    stop; the resumed run ends with the weights and losses of an uninterrupted FSDP2 run, dropout on
+    stop; the resumed run ends with the weights and losses of an uninterrupted run, dropout on
     (every process resumes its own random stream)."""
     data = write_corpus(tmp_path / "c")
     env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
-    argv = [*_train_argv(data, 40), "--set", "parallel=fsdp2", "--set", "dropout=0.1"]  # each rank its own stream
+    argv = [*_train_argv(data, 40), "--set", f"parallel={parallel}", "--set", "dropout=0.1"]
     ref = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "ref"), *argv], capture_output=True, text=True, env=env)
     assert ref.returncode == 0, ref.stderr[-3000:]
     run = tmp_path / "run"
