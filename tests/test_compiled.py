@@ -44,6 +44,24 @@ def test_compiled_decoding_inside_attention_residuals(residual):
                        generate(model, prompt, 12, temperature=0))
 
 
+@pytest.mark.parametrize("block", ["gpt2", "llama"])
+def test_compiled_decoding_of_a_left_padded_batch_gives_the_eager_tokens(block):
+    """The compiled step with per-row positions and a key padding mask (its own graph): a left-padded
+    GBA batch gets the eager tokens, with learned positions and with RoPE and grouped K/V."""
+    from test_model import BLOCKS
+
+    model = tiny_model(("boosted", {"rounds": 3}), **BLOCKS[block]).float()
+    prompts = [torch.randint(0, 37, (n,)) for n in (6, 2, 4)]
+    batch = torch.zeros(3, 6, dtype=torch.long)
+    mask = torch.zeros(3, 6, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        batch[i, 6 - len(p):], mask[i, 6 - len(p):] = p, True
+    step = compiled_decode_step(model)
+    for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=10, seed=3)):
+        eager = generate(model, batch, 10, prompt_mask=mask, **kwargs)
+        assert torch.equal(generate(model, batch, 10, prompt_mask=mask, decode_step=step, **kwargs), eager), kwargs
+
+
 def test_decoding_between_compiled_training_steps_does_not_recompile_them():
     """Setting up and clearing a KV cache (as generation does between evaluations) leaves the
     compiled training forward's guards intact: no recompile afterwards."""
