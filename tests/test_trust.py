@@ -443,7 +443,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("truncated checkpoint", ["eval", broken["truncated"]], "truncated or corrupted"),
         ("checkpoint not a dict", ["eval", broken["not-a-dict"]], "not a gbattn checkpoint"),
         ("checkpoint with malformed RNG states", ["train", "--resume", "--out", broken["bad-rng"], "--quiet"],
-         "does not match this run"),
+         "random number generator states are malformed"),
         ("invalid tokenizer.json", ["eval", broken["bad-tokenizer"]], "not a valid gbattn tokenizer file"),
         ("tokenizer of another model", ["generate", broken["small-tokenizer"], "--prompt", "a"],
          "does not belong to this model"),

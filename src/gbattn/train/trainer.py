@@ -342,6 +342,8 @@ class Trainer:
             self.elapsed, self.train_seconds = float(state["elapsed"]), float(state["train_seconds"])
             self.tokens_seen, self.curve = int(state["tokens_seen"]), list(state["curve"])
             per_rank = state.get("rng_per_rank") or [state["rng"]]
+            if not all(isinstance(r, dict) and isinstance(r.get("torch"), torch.Tensor) for r in per_rank):
+                raise ValueError("its random number generator states are malformed")
             if len(per_rank) == self.dist.world:  # every process resumes its own random stream
                 restore_rng_states(per_rank[self.dist.rank], self.device)
             else:  # saved by another number of processes: fresh, distinct dropout streams
