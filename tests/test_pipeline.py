@@ -163,6 +163,22 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
     assert train_losses(tmp_path / "ref") == train_losses(tmp_path / "crashed")  # no duplicated or lost events
 
 
+def test_a_checkpoint_with_the_older_single_rng_state_resumes_exactly(tmp_path, monkeypatch):
+    """Checkpoints written before every process's RNG state was kept hold one state, "rng": a run
+    killed with such a checkpoint still resumes to the uninterrupted run's weights (dropout on)."""
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data)
+    train(tmp_path / "ref", *configs, quiet=True)
+    train_killed_at(7, tmp_path / "crashed", *configs, monkeypatch)
+    path = tmp_path / "crashed" / ckpt.CHECKPOINT
+    state = ckpt.load_checkpoint(path)
+    state["rng"] = state.pop("rng_per_rank")[0]
+    torch.save(state, path)
+    train(tmp_path / "crashed", resume=True, quiet=True)
+    a, b = final_weights(tmp_path / "ref"), final_weights(tmp_path / "crashed")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_continuation_killed_before_its_first_checkpoint_resumes_from_its_start(tmp_path, monkeypatch):
     """A run started from another run's weights (``init_from``) that has no checkpoint yet, because it
     was killed before its first evaluation or planned by ``compare --jobs N`` (which trains every run

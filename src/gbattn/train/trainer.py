@@ -325,7 +325,7 @@ class Trainer:
         return {"format": 2, "model": model_state, "optimizer": optim_state, "step": self.step,
                 "best_valid": self.best_valid, "best_step": self.best_step, "elapsed": self.elapsed,
                 "train_seconds": self.train_seconds, "tokens_seen": self.tokens_seen, "curve": self.curve,
-                "rng": all_rng_states(self.device), "rng_per_rank": self.dist.gather(all_rng_states(self.device))}
+                "rng_per_rank": self.dist.gather(all_rng_states(self.device))}
 
     def _save(self) -> None:
         state = self._state()
@@ -341,16 +341,18 @@ class Trainer:
             self.best_valid, self.best_step = float(state["best_valid"]), state["best_step"]
             self.elapsed, self.train_seconds = float(state["elapsed"]), float(state["train_seconds"])
             self.tokens_seen, self.curve = int(state["tokens_seen"]), list(state["curve"])
-            per_rank = state.get("rng_per_rank") or [state["rng"]]
-            if not all(isinstance(r, dict) and isinstance(r.get("torch"), torch.Tensor) for r in per_rank):
+            # Checkpoints written before every process's state was kept hold rank 0's alone, as "rng".
+            per_rank = state["rng_per_rank"] if "rng_per_rank" in state else [state["rng"]]
+            if not (isinstance(per_rank, list) and per_rank and all(
+                    isinstance(r, dict) and isinstance(r.get("torch"), torch.Tensor) for r in per_rank)):
                 raise ValueError("its random number generator states are malformed")
             if len(per_rank) == self.dist.world:  # every process resumes its own random stream
                 restore_rng_states(per_rank[self.dist.rank], self.device)
-            else:  # saved by another number of processes: fresh, distinct dropout streams
-                restore_rng_states(state["rng"], self.device)
+            else:  # saved by another number of processes: rank 0's stream, distinct ones for the others
+                restore_rng_states(per_rank[0], self.device)
                 if self.dist.rank:
                     torch.manual_seed(self.train_cfg.seed + 1000 * self.dist.rank + self.step)
-        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+        except (RuntimeError, KeyError, ValueError, TypeError) as e:
             raise CheckpointError(
                 f"checkpoint {path} does not match this run ({error_detail(e, 120)})"
             ) from None
