@@ -54,6 +54,18 @@ def tiny_configs(data, attn="boosted", **sets):
     return build_configs("paper-small", attn, str(data), s)
 
 
+def left_pad(prompts):
+    """A left-padded batch of 1-D token tensors: (tokens (B, W), mask (B, W), True on real tokens)."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    batch = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        batch[i, width - len(p):], mask[i, width - len(p):] = p, True
+    return batch, mask
+
+
 def train_killed_at(step: int, run_dir: Path, model_cfg, train_cfg, monkeypatch) -> None:
     """Train into ``run_dir`` until a simulated kill at the start of ``step`` (the trainer's step is
     restored afterwards), leaving whatever a killed run leaves."""

@@ -47,11 +47,16 @@ def runs(tmp_path_factory):
     return {"gba": root / "gba", "std": root / "std", "data": data}
 
 
+def split_rows(run, row_ids):
+    """(inputs, targets) of the given rows of a loaded run's test split, as analyze reads them."""
+    data = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
+    return rows_batch(data.splits["test"], run.seq_len, np.asarray(row_ids))
+
+
 def token_losses(run_dir, row_ids) -> torch.Tensor:
     """Per-token next-token loss (N, T) of a run on the given test rows, computed here."""
     run = load_run(run_dir)
-    data = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
-    x_BT, y_BT = rows_batch(data.splits["test"], run.seq_len, np.asarray(row_ids))
+    x_BT, y_BT = split_rows(run, row_ids)
     with torch.no_grad():
         logits_BTV = run.model(x_BT).double()
     return -torch.log_softmax(logits_BTV, -1).gather(-1, y_BT[..., None])[..., 0]
@@ -62,8 +67,7 @@ def standard_entropy_by_hand(run_dir, row_ids) -> float:
     layer's own q/k weights (causal softmax rows)."""
     run = load_run(run_dir)
     model = run.model
-    data = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
-    x_BT, _ = rows_batch(data.splits["test"], run.seq_len, np.asarray(row_ids))
+    x_BT, _ = split_rows(run, row_ids)
     B, T = x_BT.shape
     d, H = model.cfg.d_model, model.cfg.n_heads
     E = d // H
@@ -144,9 +148,7 @@ def test_statistics_match_a_computation_by_hand(runs):
     here by hand from each layer's own weights (round 0 from x, round 1 from the residual r = x - F_0)."""
     run = load_run(runs["gba"])
     model = run.model
-    data = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
-    rows = np.arange(3)
-    x_BT, _ = rows_batch(data.splits["test"], run.seq_len, rows)
+    x_BT, _ = split_rows(run, np.arange(3))
     with torch.no_grad():
         _, record = model(x_BT, return_intermediates=True)
         B, T = x_BT.shape

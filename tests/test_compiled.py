@@ -10,7 +10,7 @@ import torch
 from gbattn.model import decoding
 from gbattn.model.decoding import compiled_decode_step, decoder_for, generate
 from gbattn.train.trainer import train
-from helpers import tiny_configs, train_killed_at, train_losses, write_corpus
+from helpers import left_pad, tiny_configs, train_killed_at, train_losses, write_corpus
 from test_model import tiny_model
 
 
@@ -51,11 +51,7 @@ def test_compiled_decoding_of_a_left_padded_batch_gives_the_eager_tokens(block):
     from test_model import BLOCKS
 
     model = tiny_model(("boosted", {"rounds": 3}), **BLOCKS[block]).float()
-    prompts = [torch.randint(0, 37, (n,)) for n in (6, 2, 4)]
-    batch = torch.zeros(3, 6, dtype=torch.long)
-    mask = torch.zeros(3, 6, dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        batch[i, 6 - len(p):], mask[i, 6 - len(p):] = p, True
+    batch, mask = left_pad([torch.randint(0, 37, (n,)) for n in (6, 2, 4)])
     step = compiled_decode_step(model)
     for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=10, seed=3)):
         eager = generate(model, batch, 10, prompt_mask=mask, **kwargs)

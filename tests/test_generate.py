@@ -9,7 +9,7 @@ from gbattn.cli import main as cli_main
 from gbattn.model import decoding
 from gbattn.model.decoding import generate
 from gbattn.train.trainer import train
-from helpers import tiny_configs, write_corpus
+from helpers import left_pad, tiny_configs, write_corpus
 from test_model import tiny_model
 
 
@@ -69,12 +69,8 @@ def test_left_padded_cached_batch_equals_each_row_alone(variant_case, block):
 
     model = tiny_model(variant_case, **BLOCKS[block])
     prompts = [torch.randint(0, 37, (n,)) for n in (6, 3, 5)]
-    width = max(len(p) for p in prompts)
-    batch = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        batch[i, width - len(p):] = p
-        mask[i, width - len(p):] = True
+    batch, mask = left_pad(prompts)
+    width = batch.shape[1]
     together = generate(model, batch, 9, temperature=0, prompt_mask=mask)
     for i, p in enumerate(prompts):
         alone = generate(model, p[None], 9, temperature=0)
