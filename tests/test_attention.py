@@ -32,9 +32,9 @@ def make(variant_case, heads="mha", layer_idx=1, dropout=0.0, bias=True):
     return module
 
 
-def left_padded():
+def left_padded(length: int = T):
     """Row 0 starts with two padding tokens; RoPE positions count real tokens only."""
-    keep = torch.ones(B, T, dtype=torch.bool)
+    keep = torch.ones(B, length, dtype=torch.bool)
     keep[0, :2] = False
     positions = (keep.long().cumsum(1) - 1).clamp_min(0)
     return keep, positions
@@ -45,14 +45,14 @@ REFERENCE_CASES = [(case, heads) for case in VARIANT_CASES for heads in HEADS
                    if not (case[0] == "differential" and HEADS[heads][1] % 2)]
 
 
-@pytest.mark.parametrize("variant_case,heads", REFERENCE_CASES, ids=[f"{case_id(c)}-{h}" for c, h in REFERENCE_CASES])
-@pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
-def test_module_equals_reference_outputs_and_all_gradients(variant_case, heads, naive):
+def assert_equals_reference(variant_case, heads: str, naive: bool, length: int = T, layer_idx: int = 1) -> None:
+    """The module's output and every gradient (input and parameters) equal the reference's, in
+    float64, on a left-padded batch of ``length`` tokens, in layer ``layer_idx`` of 2."""
     name, opts = variant_case
-    attn = make(variant_case, heads)
-    keep, positions = left_padded()
-    x = torch.randn(B, T, D, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(B, T, D, dtype=torch.float64)
+    attn = make(variant_case, heads, layer_idx=layer_idx)
+    keep, positions = left_padded(length)
+    x = torch.randn(B, length, D, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(B, length, D, dtype=torch.float64)
 
     y = attn(x, key_padding_mask=keep, positions=positions, naive=naive)
     (y * weight).sum().backward()
@@ -61,7 +61,8 @@ def test_module_equals_reference_outputs_and_all_gradients(variant_case, heads, 
     params = {n: p.detach().clone().requires_grad_() for n, p in attn.state_dict().items()}
     x_ref = x.detach().clone().requires_grad_()
     H, G, base = HEADS[heads]
-    spec = RefSpec(H, G, opts, layer_idx=1, n_layers=2, key_padding_BT=keep, positions_BT=positions, rope_base=base)
+    spec = RefSpec(H, G, opts, layer_idx=layer_idx, n_layers=2, key_padding_BT=keep, positions_BT=positions,
+                   rope_base=base)
     y_ref = REFERENCES[name](params, x_ref, spec)
     (y_ref * weight).sum().backward()
     ref_grads = {"x": x_ref.grad, **{n: params[n].grad for n, _ in attn.named_parameters()}}
@@ -70,6 +71,30 @@ def test_module_equals_reference_outputs_and_all_gradients(variant_case, heads, 
     for key, g in grads.items():
         assert ref_grads[key] is not None, key
         torch.testing.assert_close(g, ref_grads[key], rtol=1e-9, atol=1e-10, msg=lambda m, k=key: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("variant_case,heads", REFERENCE_CASES, ids=[f"{case_id(c)}-{h}" for c, h in REFERENCE_CASES])
+@pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
+def test_module_equals_reference_outputs_and_all_gradients(variant_case, heads, naive):
+    assert_equals_reference(variant_case, heads, naive)
+
+
+LAYER_SELECTING_CASES = [(name, opts) for name, opts in VARIANT_CASES if "layers" in opts]
+
+
+@pytest.mark.parametrize("variant_case", LAYER_SELECTING_CASES, ids=[case_id(c) for c in LAYER_SELECTING_CASES])
+@pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
+def test_layer_outside_the_chosen_layers_equals_reference(variant_case, naive):
+    """The shared cases put a ``layers`` variant in a chosen layer (1 of 2); in layer 0 it must be
+    the reference's plain attention there."""
+    assert LAYER_SELECTING_CASES
+    assert_equals_reference(variant_case, "gqa-rope", naive, layer_idx=0)
+
+
+def test_entropy_gate_in_several_query_chunks_equals_reference():
+    """The fast path keeps no probabilities, so the mlp gate's entropy is recomputed in query
+    chunks of at most 2^17 scores: at 160 tokens (B * H * T * S = 204,800) that is two chunks."""
+    assert_equals_reference(("boosted", {"rounds": 3, "gate": "mlp"}), "gqa-rope", naive=False, length=160)
 
 
 def test_differential_refuses_an_odd_number_of_kv_heads():
@@ -166,18 +191,21 @@ EXPECTED_KINDS = {
 }
 
 
-def test_record_schema_and_consistency(variant_case):
-    """The record's kinds per variant, its maps equal the reference's explicit attention matrix,
-    and its rounds rebuild the layer's output."""
+@pytest.mark.parametrize("layer_idx", [0, 1])
+def test_record_schema_and_consistency(variant_case, layer_idx):
+    """The record's kinds per variant (a ``layers`` variant is plain attention outside its layers:
+    the shared cases choose layer 1 of 2), its maps equal the reference's explicit attention
+    matrix, and its rounds rebuild the layer's output."""
     name, opts = variant_case
-    attn = make(variant_case, layer_idx=1)
+    attn = make(variant_case, layer_idx=layer_idx)
     x = torch.randn(B, T, D, dtype=torch.float64)
     y, record = attn(x, return_intermediates=True)
     kinds = [r.kind for r in record.rounds]
+    chosen = opts.get("layers") is None or layer_idx == 1
     if name == "boosted":
-        rounds = 1 if opts.get("layers") == [0] else opts.get("rounds", 2)
+        rounds = opts.get("rounds", 2) if chosen else 1
         assert kinds == ["attention"] + ["correction"] * (rounds - 1)
-    elif name == "twicing" and opts.get("layers") == [0]:
+    elif name == "twicing" and not chosen:
         assert kinds == ["attention"]
     else:
         assert kinds == EXPECTED_KINDS[name]
