@@ -94,6 +94,24 @@ def train_losses(run_dir: Path) -> list[float]:
     return [e["loss"] for e in events if e["event"] == "train"]
 
 
+# Fields of result.json and metrics.jsonl that measure time, not the computation.
+TIMING_FIELDS = {"elapsed", "tok_s", "wall_clock_s", "train_tokens_per_s"}
+
+
+def run_record(run_dir: Path) -> tuple[dict, list[dict]]:
+    """What a run computed, without its timings: (result.json, the metrics events other than a
+    resume's or an interruption's own)."""
+    import json
+
+    def untimed(record: dict) -> dict:
+        return {k: v for k, v in record.items() if k not in TIMING_FIELDS}
+
+    result = untimed(json.loads((run_dir / "result.json").read_text()))
+    result["curve"] = [untimed(p) for p in result["curve"]]
+    events = [untimed(json.loads(line)) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return result, [e for e in events if e["event"] not in ("resume", "interrupted")]
+
+
 def run_cli(capsys, argv) -> tuple[int, str, str]:
     """``gbattn ARGV`` in this process (arguments may be paths): exit status, stdout, stderr."""
     from gbattn.cli import main

@@ -23,7 +23,7 @@ from gbattn.data.tokenizer import get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
-from helpers import TINY, tiny_configs, train_killed_at, train_losses, write_corpus
+from helpers import TINY, run_record, tiny_configs, train_killed_at, train_losses, write_corpus
 
 
 def final_weights(run_dir: Path) -> dict:
@@ -161,6 +161,41 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
     assert train_losses(tmp_path / "ref") == train_losses(tmp_path / "crashed")  # no duplicated or lost events
+    # Everything else it records too (tokens seen, FLOPs, curve, events), timings apart.
+    ref_result, ref_events = run_record(tmp_path / "ref")
+    resumed_result, resumed_events = run_record(tmp_path / "crashed")
+    assert resumed_result == {**ref_result, "run_dir": "crashed"}
+    assert resumed_events == ref_events
+
+
+def test_resume_keeps_the_best_validation_so_far(tmp_path, monkeypatch):
+    """The best validation loss and its step survive a resume: with validation losses that rise
+    after the last checkpoint (step 4), best.pt and best_step stay at step 4."""
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data)
+    original = Trainer._evaluate
+
+    def rising_valid(self, split):
+        res = original(self, split)
+        return dataclasses.replace(res, loss=float(self.step)) if split == "valid" else res
+
+    monkeypatch.setattr(Trainer, "_evaluate", rising_valid)
+    ref = train(tmp_path / "ref", *configs, quiet=True)
+    train_killed_at(7, tmp_path / "crashed", *configs, monkeypatch)
+    resumed = train(tmp_path / "crashed", resume=True, quiet=True)
+    assert ref["best_step"] == resumed["best_step"] == 4
+    assert ckpt.load_checkpoint(tmp_path / "crashed" / ckpt.BEST)["step"] == 4
+    assert run_record(tmp_path / "crashed")[1] == run_record(tmp_path / "ref")[1]  # the events' "best" flags
+
+
+def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
+    """grad_accum=2 (two micro-batches of 4 rows) trains the same weights as one batch of 8."""
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "one", *tiny_configs(data, dropout=0.0, max_steps=6), quiet=True)
+    train(tmp_path / "two", *tiny_configs(data, dropout=0.0, max_steps=6, grad_accum=2), quiet=True)
+    a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
 
 
 def test_a_checkpoint_with_the_older_single_rng_state_resumes_exactly(tmp_path, monkeypatch):

@@ -399,6 +399,9 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     bad_rng = copy("bad-rng")
     (bad_rng / rundir.RESULT).unlink(missing_ok=True)  # so that --resume reads the checkpoint
     torch.save({**state, "rng_per_rank": ["not an RNG state"]}, bad_rng / rundir.CHECKPOINT)
+    bad_curve = copy("bad-curve")
+    (bad_curve / rundir.RESULT).unlink(missing_ok=True)
+    torch.save({**state, "curve": "not a list of points"}, bad_curve / rundir.CHECKPOINT)
     torch.save([1, 2, 3], copy("not-a-dict") / rundir.BEST)
     (copy("bad-tokenizer") / rundir.TOKENIZER).write_text("{this is not json")
     tok = json.loads((trained["run"] / rundir.TOKENIZER).read_text())
@@ -414,7 +417,7 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
 
 
 def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
-    """(name, argv, a piece of the one line) for 67 bad inputs."""
+    """(name, argv, a piece of the one line) for 68 bad inputs."""
     f = _bad_files(tmp_path / "files")
     broken = _broken_runs(trained, tmp_path / "broken")
     run, data = trained["run"], trained["data"]
@@ -444,6 +447,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("checkpoint not a dict", ["eval", broken["not-a-dict"]], "not a gbattn checkpoint"),
         ("checkpoint with malformed RNG states", ["train", "--resume", "--out", broken["bad-rng"], "--quiet"],
          "random number generator states are malformed"),
+        ("checkpoint with a malformed validation curve", ["train", "--resume", "--out", broken["bad-curve"], "--quiet"],
+         "validation curve is malformed"),
         ("invalid tokenizer.json", ["eval", broken["bad-tokenizer"]], "not a valid gbattn tokenizer file"),
         ("tokenizer of another model", ["generate", broken["small-tokenizer"], "--prompt", "a"],
          "does not belong to this model"),
@@ -508,7 +513,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
 def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     cases = bad_inputs(trained, tmp_path)
-    assert len(cases) >= 67
+    assert len(cases) >= 68
     (tmp_path / "empty-dir").mkdir()
     before = snapshot(trained["run"])
     report = []

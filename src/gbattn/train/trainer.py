@@ -338,9 +338,13 @@ class Trainer:
         try:
             load_full_state(self.wrapped, state["model"], self.optimizer, state["optimizer"])
             self.step = int(state["step"])
-            self.best_valid, self.best_step = float(state["best_valid"]), state["best_step"]
+            best_step, curve = state["best_step"], state["curve"]
+            if not (best_step is None or isinstance(best_step, int)) or not (
+                    isinstance(curve, list) and all(isinstance(p, dict) for p in curve)):
+                raise ValueError("its best step or validation curve is malformed")
+            self.best_valid, self.best_step = float(state["best_valid"]), best_step
             self.elapsed, self.train_seconds = float(state["elapsed"]), float(state["train_seconds"])
-            self.tokens_seen, self.curve = int(state["tokens_seen"]), list(state["curve"])
+            self.tokens_seen, self.curve = int(state["tokens_seen"]), curve
             # Checkpoints written before every process's state was kept hold rank 0's alone, as "rng".
             per_rank = state["rng_per_rank"] if "rng_per_rank" in state else [state["rng"]]
             if not (isinstance(per_rank, list) and per_rank and all(
