@@ -198,17 +198,39 @@ def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
 
 
-def test_a_checkpoint_with_the_older_single_rng_state_resumes_exactly(tmp_path, monkeypatch):
-    """Checkpoints written before every process's RNG state was kept hold one state, "rng": a run
-    killed with such a checkpoint still resumes to the uninterrupted run's weights (dropout on)."""
+def older_checkpoint_format(state: dict) -> dict:
+    """A checkpoint as gbattn wrote it before FSDP2 support: one RNG state ("rng"), the optimizer
+    keyed by parameter index, and the scalar gate's logit and its AdamW moments 0-dim."""
+    optim = state["optimizer"]
+    names = [name for group in optim["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(names)}
+
+    def zero_dim(name: str, value):
+        return value.reshape(()) if name.endswith("gate.logit") else value
+
+    return {
+        **{k: v for k, v in state.items() if k != "rng_per_rank"},
+        "rng": state["rng_per_rank"][0],
+        "model": {name: zero_dim(name, v) for name, v in state["model"].items()},
+        "optimizer": {
+            "state": {index[name]: {k: zero_dim(name, v) if k != "step" else v for k, v in s.items()}
+                      for name, s in optim["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in optim["param_groups"]],
+        },
+    }
+
+
+def test_a_checkpoint_in_the_older_format_resumes_exactly(tmp_path, monkeypatch):
+    """A run killed with a checkpoint in the format written before FSDP2 support (see
+    :func:`older_checkpoint_format`) still resumes to the uninterrupted run's weights (dropout on)."""
     data = write_corpus(tmp_path / "c")
-    configs = tiny_configs(data)
+    configs = tiny_configs(data, **{"attn.gate": "scalar"})
     train(tmp_path / "ref", *configs, quiet=True)
     train_killed_at(7, tmp_path / "crashed", *configs, monkeypatch)
     path = tmp_path / "crashed" / ckpt.CHECKPOINT
-    state = ckpt.load_checkpoint(path)
-    state["rng"] = state.pop("rng_per_rank")[0]
-    torch.save(state, path)
+    older = older_checkpoint_format(ckpt.load_checkpoint(path))
+    assert [v.dim() for k, v in older["model"].items() if k.endswith("gate.logit")] == [0, 0]  # 2 layers
+    torch.save(older, path)
     train(tmp_path / "crashed", resume=True, quiet=True)
     a, b = final_weights(tmp_path / "ref"), final_weights(tmp_path / "crashed")
     assert all(torch.equal(a[k], b[k]) for k in a)

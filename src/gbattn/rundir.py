@@ -117,7 +117,25 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
         raise CheckpointError(f"checkpoint {path} is not a gbattn checkpoint (no model weights in it)")
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state["model"].items()):
         raise CheckpointError(f"checkpoint {path} is not a gbattn checkpoint (its weights are not named tensors)")
+    _upgrade_scalar_gates(state)
     return state
+
+
+def _upgrade_scalar_gates(state: dict) -> None:
+    """Checkpoints written before every parameter had a dimension (FSDP2 shards dimension 0) hold
+    the scalar gate's logit as a 0-dim tensor, and so its AdamW moments: they become shape (1,).
+    No parameter is 0-dim now, so every 0-dim moment belongs to such a gate."""
+    weights = state["model"]
+    for name, value in weights.items():
+        if name.endswith("gate.logit") and value.dim() == 0:
+            weights[name] = value.reshape(1)
+    optim_state = state.get("optimizer")
+    moments = optim_state.get("state") if isinstance(optim_state, dict) else None
+    for param_state in moments.values() if isinstance(moments, dict) else ():
+        for key in ("exp_avg", "exp_avg_sq"):
+            value = param_state.get(key) if isinstance(param_state, dict) else None
+            if isinstance(value, torch.Tensor) and value.dim() == 0:
+                param_state[key] = value.reshape(1)
 
 
 # --------------------------------------------------------------------------------------

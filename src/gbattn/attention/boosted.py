@@ -105,12 +105,6 @@ class ScalarGate(Gate):
     def forward(self, f_BTD: Tensor, c_BTD: Tensor, entropy_BT1: Tensor | None) -> Tensor:
         return torch.sigmoid(self.logit)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        key = prefix + "logit"
-        if key in state_dict and state_dict[key].dim() == 0:  # saved before the logit had a dimension (FSDP2)
-            state_dict[key] = state_dict[key].reshape(1)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
 
 class NoGate(Gate):
     """g = 1: plain boosting without shrinkage."""
