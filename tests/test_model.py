@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gbattn.attention.core import AttnContext, rope_for
 from gbattn.config import PRESETS, ConfigError, ModelConfig, preset_config
 from gbattn.model import GPT, count_params, flops_per_token, lm_loss, param_matched_width
 
@@ -157,6 +158,74 @@ def test_init_follows_paper():
     assert model.lm_head.weight is model.wte.weight
     gate = model.blocks[0].attn.corrections[0].gate.proj
     assert gate.weight.std().item() == pytest.approx(0.02, abs=0.001) and gate.bias.abs().max() == 0
+
+
+BLOCK_EQUATION_CASES = {
+    "pre-layernorm-gelu-learned": dict(norm="pre", ffn="gelu"),
+    "post-layernorm-gelu-tanh-learned": dict(norm="post", ffn="gelu-tanh"),
+    "pre-rmsnorm-swiglu-rope-untied": dict(norm_type="rmsnorm", ffn="swiglu", bias=False, pos="rope",
+                                           tie_embeddings=False),
+    "post-rmsnorm-swiglu-rope": dict(norm="post", norm_type="rmsnorm", ffn="swiglu", pos="rope"),
+}
+
+
+@pytest.mark.parametrize("kw", BLOCK_EQUATION_CASES.values(), ids=BLOCK_EQUATION_CASES)
+def test_model_equals_its_equations_written_out(kw):
+    """The whole model against its equations (the module docstrings, docs/baselines.md), written
+    out here from the weights, with the attention module as the one black box (it has its own
+    references): embeddings, Pre-LN ``h + attn(ln1 h)``, ``h + ffn(ln2 h)`` or Post-LN
+    ``ln1(h + attn h)``, ``ln2(h + ffn h)``, GELU / GELU-tanh / SwiGLU, LayerNorm / RMSNorm, the
+    final norm (Pre-LN only) and the head."""
+    cfg = tiny_config(("boosted", {}), **kw)
+    model = tiny_model(("boosted", {}), **kw)
+    with torch.no_grad():  # norm gains and biases that differ from layer to layer
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3) if p.dim() == 1 else None
+    idx = torch.randint(0, cfg.vocab_size, (2, 9))
+    eps = cfg.norm_eps
+
+    def norm(x, module):
+        w = module.weight
+        if cfg.norm_type == "rmsnorm":
+            return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+        mu, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)
+        b = module.bias if module.bias is not None else 0.0
+        return (x - mu) / torch.sqrt(var + eps) * w + b
+
+    def linear(x, layer):
+        return x @ layer.weight.T + (layer.bias if layer.bias is not None else 0.0)
+
+    def ffn(x, mlp):
+        h = linear(x, mlp.fc)
+        if cfg.ffn == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = gate * torch.sigmoid(gate) * up
+        elif cfg.ffn == "gelu-tanh":
+            h = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h**3)))
+        else:
+            h = 0.5 * h * (1 + torch.erf(h / 2**0.5))
+        return linear(h, mlp.proj)
+
+    rope = rope_for(torch.arange(9), cfg.d_head, cfg.rope_base, torch.float64) if cfg.pos == "rope" else None
+
+    def attn(x, block):
+        return block.attn(x, context=AttnContext(T=9, S=9, device=x.device, rope=rope))
+
+    h = model.wte.weight[idx]
+    if cfg.pos == "learned":
+        h = h + model.wpe.weight[:9]
+    for block in model.blocks:
+        if cfg.norm == "pre":
+            h = h + attn(norm(h, block.ln1), block)
+            h = h + ffn(norm(h, block.ln2), block.mlp)
+        else:
+            h = norm(h + attn(h, block), block.ln1)
+            h = norm(h + ffn(h, block.mlp), block.ln2)
+    if cfg.norm == "pre":
+        h = norm(h, model.ln_f)
+    head = model.wte.weight if cfg.tie_embeddings else model.lm_head.weight
+    assert (model.lm_head.weight is model.wte.weight) == cfg.tie_embeddings
+    torch.testing.assert_close(model(idx), h @ head.T, rtol=1e-10, atol=1e-10)
 
 
 # ---- clear errors -----------------------------------------------------------------------
