@@ -10,7 +10,8 @@ A run directory describes itself::
     result.json      the final record (written last: its presence means "finished")
     .lock            held by the one process writing the run
 
-Every file is written to a temporary name and renamed, so a crash leaves the
+Its files are written here (:func:`write_config`, :func:`save_checkpoint`, :func:`append_event`,
+:func:`write_result`; the tokenizer saves itself). Every file is written to a temporary name and renamed, so a crash leaves the
 previous file (``gbattn.files.atomic_write``); temporary files of a killed write are removed the
 next time the run is opened.
 Checkpoints are read with ``torch.load(weights_only=True)``: a file that needs arbitrary unpickling
@@ -36,7 +37,7 @@ import torch
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError, ConfigError, UserError
-from gbattn.files import atomic_write, check_writable_dir, error_detail, read_json, read_jsonl
+from gbattn.files import append_jsonl, atomic_write, check_writable_dir, error_detail, read_json, read_jsonl, write_json
 from gbattn.model.gpt import GPT
 
 CONFIG = "config.json"
@@ -192,6 +193,24 @@ class RunLock:
 # What a field meant in run directories written before it existed (the paper-exact dropout sites and warmup added them).
 _OLD_MODEL_DEFAULTS = {"dropout_sites": ["embedding", "attention", "attn-output", "ffn-output"]}
 _OLD_TRAIN_DEFAULTS = {"warmup_from_zero": False, "fit_warmup": False}
+
+
+def write_config(directory: str | Path, preset: str | None, model_cfg: ModelConfig, train_cfg: TrainConfig,
+                 extra: dict | None = None, **details: Any) -> None:
+    """``config.json``, in the one layout every writer uses (trainer, upcycle, a planned run of
+    ``compare``): preset, model, train, extra, then what the writer knows (data, steps, ...)."""
+    write_json({"preset": preset, "model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "extra": extra or {},
+                **details}, Path(directory) / CONFIG)
+
+
+def write_result(directory: str | Path, result: dict) -> None:
+    """``result.json``, the final record: written last, its presence means the run finished."""
+    write_json(result, Path(directory) / RESULT)
+
+
+def append_event(directory: str | Path, event: dict) -> None:
+    """One event (train, eval, test, resume, stop) appended to ``metrics.jsonl``."""
+    append_jsonl(Path(directory) / METRICS, event)
 
 
 def read_configs(config: dict, where: str | Path):

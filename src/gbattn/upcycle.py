@@ -204,7 +204,7 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
     from gbattn import rundir
     from gbattn.config import TrainConfig
     from gbattn.errors import UserError
-    from gbattn.files import check_writable_dir, write_json
+    from gbattn.files import check_writable_dir
 
     out = check_writable_dir(out)
     src = result.source
@@ -217,14 +217,12 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
             raise UserError(f"{out} already holds a run; choose another --out")
         src.tokenizer.save(out / rundir.TOKENIZER)
         rundir.save_checkpoint({"model": result.state, "step": 0}, out / rundir.BEST)
-        write_json({
-            "preset": src.preset,
-            "model": result.model_cfg.to_dict(),
-            "train": train_cfg.to_dict(),
-            "extra": {"upcycled_from": src.name, "source_kind": src.kind, "rule": result.rule},
-            "data": src.config.get("data", {"tokenizer": src.tokenizer.fingerprint}),
-            "seq_len": src.config.get("seq_len") or result.model_cfg.input_length(train_cfg.seq_len),
-            "steps": 0,
-            "parameters": result.copied + result.new,
-        }, out / rundir.CONFIG)
+        rundir.write_config(
+            out, src.preset, result.model_cfg, train_cfg,
+            {"upcycled_from": src.name, "source_kind": src.kind, "rule": result.rule},
+            data=src.config.get("data", {"tokenizer": src.tokenizer.fingerprint}),
+            seq_len=src.config.get("seq_len") or result.model_cfg.input_length(train_cfg.seq_len),
+            steps=0,
+            parameters=result.copied + result.new,
+        )
     return out

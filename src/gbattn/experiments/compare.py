@@ -181,8 +181,7 @@ class _Runner:
             return None
         if not existing:  # a planned run: config.json now, trained by `gbattn train --resume`
             run_dir.mkdir(parents=True, exist_ok=True)
-            write_json({"preset": self.recipe.preset, "model": model_cfg.to_dict(), "train": train_cfg.to_dict(),
-                        "extra": extra, "planned": True}, run_dir / rundir.CONFIG)
+            rundir.write_config(run_dir, self.recipe.preset, model_cfg, train_cfg, extra, planned=True)
         cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", str(run_dir), "--quiet"]
         if train_cfg.threads:
             cmd += ["--threads", str(train_cfg.threads)]

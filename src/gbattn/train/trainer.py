@@ -22,7 +22,7 @@ from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
 from gbattn.errors import CheckpointError, DataError, UserError
 from gbattn.eval.perplexity import evaluate
-from gbattn.files import append_jsonl, error_detail, write_json
+from gbattn.files import error_detail
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
@@ -300,22 +300,19 @@ class Trainer:
         rundir.load_weights(self.model, start.model.state_dict(), start.run_dir)
 
     def _write_config(self) -> None:
-        write_json({
-            "preset": self.preset,
-            "model": self.model_cfg.to_dict(),
-            "train": self.train_cfg.to_dict(),
-            "extra": self.extra,
-            "data": {"corpus": self.data.corpus_name, "fingerprint": self.data.corpus_fingerprint,
-                     "tokenizer": self.data.tokenizer.fingerprint, "notes": self.data.notes,
-                     "tokens": {s: int(len(v)) for s, v in self.data.splits.items()}},
-            "seq_len": self.seq_len,
-            "steps": self.total_steps,
-            "steps_per_epoch": self.steps_per_epoch,
-            "warmup_steps": self.warmup,
-            "parameters": self.model.num_params(),
-            "flops_per_token_train": self.flops_per_token,
-            "versions": {"gbattn": __version__, "torch": torch.__version__, "python": platform.python_version()},
-        }, self.run_dir / rundir.CONFIG)
+        rundir.write_config(
+            self.run_dir, self.preset, self.model_cfg, self.train_cfg, self.extra,
+            data={"corpus": self.data.corpus_name, "fingerprint": self.data.corpus_fingerprint,
+                  "tokenizer": self.data.tokenizer.fingerprint, "notes": self.data.notes,
+                  "tokens": {s: int(len(v)) for s, v in self.data.splits.items()}},
+            seq_len=self.seq_len,
+            steps=self.total_steps,
+            steps_per_epoch=self.steps_per_epoch,
+            warmup_steps=self.warmup,
+            parameters=self.model.num_params(),
+            flops_per_token_train=self.flops_per_token,
+            versions={"gbattn": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        )
         if not (self.run_dir / rundir.TOKENIZER).exists():
             self.data.tokenizer.save(self.run_dir / rundir.TOKENIZER)
 
@@ -363,7 +360,7 @@ class Trainer:
 
     def _log(self, record: dict) -> None:
         if self.main:
-            append_jsonl(self.run_dir / rundir.METRICS, record)
+            rundir.append_event(self.run_dir, record)
 
     # -- batches -------------------------------------------------------------------
     def _global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -572,7 +569,7 @@ class Trainer:
             {"event": "test", "step": self.step, "test_loss": test.loss, "test_ppl": test.ppl, "tokens": test.tokens}
         )
         if self.main:
-            write_json(result, self.run_dir / rundir.RESULT)
+            rundir.write_result(self.run_dir, result)
             if self.show:
                 print(
                     f"{self.run_dir}: best valid ppl {valid_best:.2f} (step {self.best_step}), test ppl {test.ppl:.2f}"
