@@ -11,9 +11,9 @@ A run directory describes itself::
     .lock            held by the one process writing the run
 
 Its files are written here (:func:`write_config`, :func:`save_checkpoint`, :func:`append_event`,
-:func:`write_result`; the tokenizer saves itself). Every file is written to a temporary name and renamed, so a crash leaves the
-previous file (``gbattn.files.atomic_write``); temporary files of a killed write are removed the
-next time the run is opened.
+:func:`write_result`; the tokenizer saves itself). Every file is written to a temporary name and
+renamed, so a crash leaves the previous file (``gbattn.files.atomic_write``); temporary files of a
+killed write are removed the next time the run is opened.
 Checkpoints are read with ``torch.load(weights_only=True)``: a file that needs arbitrary unpickling
 (it could run code) is refused. An exported Hugging Face directory (``config.json`` with a
 ``gbattn`` section, ``model.safetensors``) loads through :func:`load_run` too.

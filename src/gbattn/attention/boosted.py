@@ -24,21 +24,6 @@ from torch import Tensor, nn
 from gbattn.attention.core import AttentionBase, AttnArgs, Call
 from gbattn.checks import Typed, at_least, one_of
 
-GATES = ("linear", "mlp", "vector", "scalar", "tanh", "none")
-KV_SOURCES = ("residual", "input", "shared")
-
-
-@dataclass
-class BoostedOptions(Typed):
-    prefix = "attn."
-
-    rounds: int = field(default=2, metadata=at_least(1))  # M; M = 1 is standard attention
-    gate: str = field(default="linear", metadata=one_of(*GATES))
-    kv_source: str = field(default="residual", metadata=one_of(*KV_SOURCES))
-    gate_hidden: int = field(default=32, metadata=at_least(1))  # hidden width of the mlp gate
-    layers: list[int] | None = None  # layer indices with correction rounds (negative from the end); None = all
-
-
 # --------------------------------------------------------------------------------------
 # Gates g_m(F, c_m): the shrinkage of the boosting step
 # --------------------------------------------------------------------------------------
@@ -118,6 +103,19 @@ class NoGate(Gate):
 
 GATE_CLASSES = {"linear": LinearGate, "mlp": MLPGate, "vector": VectorGate, "scalar": ScalarGate,
                 "tanh": TanhGate, "none": NoGate}
+
+KV_SOURCES = ("residual", "input", "shared")
+
+
+@dataclass
+class BoostedOptions(Typed):
+    prefix = "attn."
+
+    rounds: int = field(default=2, metadata=at_least(1))  # M; M = 1 is standard attention
+    gate: str = field(default="linear", metadata=one_of(*GATE_CLASSES))
+    kv_source: str = field(default="residual", metadata=one_of(*KV_SOURCES))
+    gate_hidden: int = field(default=32, metadata=at_least(1))  # hidden width of the mlp gate
+    layers: list[int] | None = None  # layer indices with correction rounds (negative from the end); None = all
 
 
 class CorrectionRound(nn.Module):

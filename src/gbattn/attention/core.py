@@ -130,6 +130,12 @@ def rope_for(positions: Tensor, d_head: int, base: float, dtype: torch.dtype) ->
     return cos, sin
 
 
+def positions_of(mask_BT: Tensor) -> Tensor:
+    """Positions (B, T) of a padded batch: each real token's index among its row's real tokens (what
+    it would have alone); padding at 0. ``mask_BT`` is True on real tokens."""
+    return (mask_BT.long().cumsum(-1) - 1).clamp_min(0)
+
+
 def apply_rope(x_BHTE: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
     if rope is None:
         return x_BHTE
@@ -427,6 +433,26 @@ class Call:
         if self._last_probs is not None:
             return entropy(self._last_probs)
         return chunked_entropy(q_BHTE, k_BGSE, self.ctx, self.module.scale)
+
+
+# --------------------------------------------------------------------------------------
+# Layers a variant may build from
+# --------------------------------------------------------------------------------------
+
+
+class PackedLinear(nn.Linear):
+    """``nn.Linear`` whose bias covers only its first ``n_biased`` outputs: one matmul for the
+    biased Q/K/V projection and the bias-free gate projection."""
+
+    def __init__(self, d_in: int, n_biased: int, n_unbiased: int, bias: bool = True) -> None:
+        super().__init__(d_in, n_biased + n_unbiased, bias=bias)
+        self.n_unbiased = n_unbiased
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(n_biased))
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = None if self.bias is None else torch.cat([self.bias, self.bias.new_zeros(self.n_unbiased)])
+        return F.linear(x, self.weight, bias)
 
 
 # --------------------------------------------------------------------------------------

@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from gbattn.attention.core import AttnArgs, Call
+from gbattn.attention.core import AttnArgs, Call, PackedLinear
 from gbattn.attention.standard import StandardAttention
 from gbattn.checks import Typed, one_of
 
@@ -24,21 +23,6 @@ class GatedOptions(Typed):
     prefix = "attn."
 
     mode: str = field(default="elementwise", metadata=one_of("elementwise", "headwise"))
-
-
-class PackedLinear(nn.Linear):
-    """``nn.Linear`` whose bias covers only its first ``n_biased`` outputs: one matmul for the
-    biased Q/K/V projection and the bias-free gate projection."""
-
-    def __init__(self, d_in: int, n_biased: int, n_unbiased: int, bias: bool = True) -> None:
-        super().__init__(d_in, n_biased + n_unbiased, bias=bias)
-        self.n_unbiased = n_unbiased
-        if bias:
-            self.bias = nn.Parameter(torch.zeros(n_biased))
-
-    def forward(self, x: Tensor) -> Tensor:
-        bias = None if self.bias is None else torch.cat([self.bias, self.bias.new_zeros(self.n_unbiased)])
-        return F.linear(x, self.weight, bias)
 
 
 class GatedAttention(StandardAttention):

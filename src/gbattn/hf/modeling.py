@@ -19,7 +19,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from gbattn.attention.boosted import ScalarGate, VectorGate
-from gbattn.attention.core import DynamicLayerCache
+from gbattn.attention.core import DynamicLayerCache, positions_of
 from gbattn.attention.differential import DifferentialAttention
 from gbattn.hf.configuration import GbattnConfig
 from gbattn.model.attnres import AttnResStream
@@ -288,7 +288,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             if not bool(attention_mask.all()):
                 key_padding_BS = attention_mask.bool()
         if position_ids is None and key_padding_BS is not None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -T:]
+            position_ids = positions_of(attention_mask)[:, -T:]
         input_pos = torch.arange(past, past + T, device=input_ids.device) if cache is not None else None
         h_BTD, _ = self.model.hidden(input_ids, input_pos=input_pos, position_ids=position_ids,
                                      key_padding_mask=key_padding_BS, cache=cache)

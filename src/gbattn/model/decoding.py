@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gbattn.attention.core import positions_of
+
 
 def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
     """Next token ids (B, 1): greedy at temperature 0, else softmax sampling with optional top-k."""
@@ -112,8 +114,8 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             key_padding = torch.ones(B, max_len, dtype=torch.bool, device=device)
             key_padding[:, :T] = mask_BT
             key_padding = key_padding if prompt_mask is not None else None
-            offset_B1 = (~mask_BT).sum(1, keepdim=True)  # left padding: row b's first real token is at slot offset_b
-            positions = (torch.arange(T, device=device) - offset_B1).clamp_min(0) if prompt_mask is not None else None
+            real_B1 = mask_BT.sum(1, keepdim=True)  # a new token at slot s has position real_b + s - T
+            positions = positions_of(mask_BT) if prompt_mask is not None else None
             logits = model(out, input_pos=torch.arange(T, device=device), position_ids=positions,
                            key_padding_mask=key_padding)[:, -1]
             step = decode_step or decoder_for(model, compile, max_new_tokens)[0] or eager_decode_step(model)
@@ -125,7 +127,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             out = torch.cat([out, nxt], dim=1)
             slot = out.shape[1] - 1
             if cached and slot < max_len:
-                pos = None if prompt_mask is None else torch.full((B, 1), slot, device=device) - offset_B1
+                pos = None if prompt_mask is None else real_B1 + (slot - T)
                 logits = step(nxt, torch.tensor([slot], device=device), pos, key_padding)
             elif cached:
                 model.clear_cache()
@@ -142,5 +144,4 @@ def _padded_window(mask_BT: Tensor, length: int, window: int, prompt_mask: Tenso
         return {}
     B = mask_BT.shape[0]
     full = torch.cat([mask_BT, mask_BT.new_ones(B, length - mask_BT.shape[1])], dim=1)[:, -window:]
-    positions = (full.long().cumsum(1) - 1).clamp_min(0)
-    return {"key_padding_mask": full, "position_ids": positions}
+    return {"key_padding_mask": full, "position_ids": positions_of(full)}

@@ -116,11 +116,9 @@ class GPT(nn.Module):
         self.apply(init_weights)
 
     # -- sizes ---------------------------------------------------------------------
-    def num_params(self, non_embedding: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
-        return n
+    def num_params(self) -> int:
+        """Every parameter, a tied embedding once (the paper's counts, docs/paper.md)."""
+        return sum(p.numel() for p in self.parameters())
 
     # -- cache ---------------------------------------------------------------------
     def setup_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> None:
