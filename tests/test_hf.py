@@ -24,7 +24,14 @@ import torch
 import torch.nn.functional as F
 import transformers
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Trainer,
+    TrainingArguments,
+    default_data_collator,
+)
 
 from gbattn import rundir
 from gbattn.cli import main as cli_main
@@ -370,6 +377,28 @@ print("ok")
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-3000:]
 
 
+def test_a_char_export_pads_with_no_token_of_its_text(trained):
+    """A char tokenizer's only candidate, the newline, occurs in text: it must not be the padding
+    token, or generate() without an attention_mask masks the prompt's newlines and the standard
+    collator never trains on them. Greedy generate() of a prompt with newlines, mask given or not,
+    continues it as gbattn does."""
+    run_dir, out = trained
+    model, tok = AutoModelForCausalLM.from_pretrained(out).eval(), AutoTokenizer.from_pretrained(out)
+    assert tok.pad_token is None and model.config.pad_token_id is None and model.generation_config.pad_token_id is None
+    run = rundir.load_run(run_dir)
+    prompt = "ROMEO:\nWhat say you\n"
+    ids = torch.tensor([run.tokenizer.encode(prompt)])
+    want = run.model.generate(ids, max_new_tokens=8, temperature=0, compile=False)[0, ids.shape[1]:]
+    with torch.no_grad():
+        want_first_logits = run.model(ids)[0, -1]
+    enc = tok(prompt, return_tensors="pt")
+    for kwargs in ({"input_ids": enc.input_ids}, dict(enc)):
+        got = model.generate(**kwargs, max_new_tokens=8, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+        assert got.sequences[0, ids.shape[1]:].tolist() == want.tolist(), kwargs.keys()
+        torch.testing.assert_close(got.logits[0][0], want_first_logits, rtol=0, atol=1e-5)
+
+
 def test_gbattn_commands_take_the_exported_directory(trained, capsys):
     run_dir, out = trained
     a, b = rundir.load_run(run_dir), rundir.load_run(out)
@@ -440,7 +469,9 @@ def test_trainer_lowers_the_loss_and_its_checkpoint_loads(trained, tmp_path):
                              gradient_accumulation_steps=2, learning_rate=3e-3, warmup_steps=1, logging_steps=5,
                              save_steps=10, report_to="none", use_cpu=True, dataloader_num_workers=0,
                              disable_tqdm=True, seed=0)
-    Trainer(model=model, args=args, train_dataset=Rows(train_rows), processing_class=tokenizer).train()
+    # Rows of one length: no padding (a char tokenizer has no padding token, see tokenization.py).
+    Trainer(model=model, args=args, train_dataset=Rows(train_rows), processing_class=tokenizer,
+            data_collator=default_data_collator).train()
     after = held_loss(model)
     assert after < before - 0.3, (before, after)
     # The loss is divided by the Trainer's count of one optimizer step's labels (2 micro-batches of 4

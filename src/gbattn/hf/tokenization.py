@@ -8,13 +8,17 @@ rolling log-likelihood) is an existing token:
   Llama's ``</s>``, ...).
 * ``bpe`` (the paper's, docs/paper.md): it has no end-of-text token; ``<pad>`` stands in (a token
   the model never saw in training).
-* ``char``: ``"\\n"``; it is also the padding token. Decoding with ``skip_special_tokens=True``
-  drops it, as any special token (``gbattn lm-eval`` decodes generations with it kept).
+* ``char``: ``"\\n"``. Decoding with ``skip_special_tokens=True`` drops it, as any special token
+  (``gbattn lm-eval`` decodes generations with it kept).
 
 Only a real end-of-text token becomes the model's ``eos_token_id`` (where ``generate()`` stops):
-a char model's generations do not end at the first newline. Padding uses ``<pad>`` where the
-vocabulary has it, else the end-of-text token; ``<unk>`` is the unknown token where present (a char
-tokenizer has none: unseen characters are an error, as in gbattn).
+a char model's generations do not end at the first newline. The padding token is ``<pad>`` where
+the vocabulary has it, else a real end-of-text token, else none: a token that occurs in text (a char
+tokenizer's newline) must not pad, because transformers treats every padding token in a batch as
+padding (``generate()`` without an ``attention_mask`` would mask the prompt's newlines, and
+``DataCollatorForLanguageModeling`` would never train on them). Pad a char model's batch by giving
+``pad_token_id`` and the ``attention_mask`` yourself. ``<unk>`` is the unknown token where present
+(a char tokenizer has none: unseen characters are an error, as in gbattn).
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ def special_tokens(tok: Tokenizer, vocab: dict[str, int]) -> dict[str, str]:
     eos = next((t for t in candidates if t in vocab), None)
     if eos is None:  # none of the usual names (a tokenizer given by path, a corpus without newlines): token 0
         eos = min(vocab, key=vocab.get)
-    out = {"eos_token": eos, "pad_token": "<pad>" if "<pad>" in vocab else eos}
+    out = {"eos_token": eos}
+    if "<pad>" in vocab or eos in EOS_NAMES:
+        out["pad_token"] = "<pad>" if "<pad>" in vocab else eos
     if "<unk>" in vocab:
         out["unk_token"] = "<unk>"
     return out
