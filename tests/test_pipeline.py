@@ -19,7 +19,7 @@ from gbattn import rundir as ckpt
 from gbattn.cli import main as cli_main
 from gbattn.data import tokenizer as tokenizer_mod
 from gbattn.data.corpus import load_corpus
-from gbattn.data.tokenizer import get_tokenizer
+from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
@@ -43,6 +43,27 @@ def test_tokenizer_is_trained_once_and_cached(tmp_path, monkeypatch):
     write_corpus(tmp_path / "c2", seed=1)
     with pytest.raises(pytest.fail.Exception):
         get_tokenizer("bpe", load_corpus(str(tmp_path / "c2")), vocab_size=120, verbose=False)
+
+
+def test_corpus_lines_get_no_special_tokens_from_a_post_processor(tmp_path):
+    """A Llama-style tokenizer (an upcycled model's) adds a start token to what it encodes: a prompt
+    keeps it, but the corpus's lines do not get one each."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers, processors
+
+    text = "".join(f"to be or not {i % 7}\n" for i in range(200))
+    (tmp_path / "t.txt").write_text(text)
+    corpus = load_corpus(str(tmp_path / "t.txt"), (0.8, 0.1, 0.1))
+    vocab = {"<s>": 0, **{c: i + 1 for i, c in enumerate(sorted(set(text)))}}
+    backend = Backend(models.WordLevel(vocab, unk_token=None))
+    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tok = Tokenizer("hf", backend.to_str())
+    assert tok.encode("to be") == [0, *(vocab[c] for c in "to be")]
+    splits = tokenize_corpus(corpus, tok, progress=False)
+    assert all(0 not in splits[s] for s in splits)
+    characters = sum(len(line) for s in splits for line in corpus.lines(s) if line.strip())
+    assert sum(len(splits[s]) for s in splits) == characters
 
 
 def test_token_memmap_round_trip_and_reuse(tmp_path, monkeypatch):

@@ -74,9 +74,11 @@ class Tokenizer:
         return self._hf.encode(text).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Lines of a corpus: their tokens only. Unlike :meth:`encode` (a prompt), no special token
+        the tokenizer's post-processor would add (a Llama tokenizer's start token before every line)."""
         if self.kind == "char":
             return [self.encode(t) for t in texts]
-        return [e.ids for e in self._hf.encode_batch(texts)]
+        return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = [int(i) for i in ids]

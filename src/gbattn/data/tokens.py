@@ -71,7 +71,8 @@ def tokenize_corpus(
     ``caps`` limits tokens per split (the paper: train 10M, valid/test 1M), taken from the start.
     """
     caps = {s: (caps or {}).get(s) for s in SPLITS}
-    key_src = f"{corpus.fingerprint}|{tokenizer.fingerprint}|{json.dumps(caps, sort_keys=True)}"
+    # "lines-only": corpus lines encoded without special tokens (caches from before it may hold a start token per line).
+    key_src = f"{corpus.fingerprint}|{tokenizer.fingerprint}|{json.dumps(caps, sort_keys=True)}|lines-only"
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
     directory = cache_dir() / "tokens" / key
     dtype = np.dtype(tokens_dtype(tokenizer.vocab_size))
