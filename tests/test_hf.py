@@ -573,11 +573,26 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
                 assert b[task][key] == pytest.approx(value, rel=1e-5), (task, key)
 
 
-def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys):
-    run_dir, _ = trained
+def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
+    run_dir, out = trained
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "no_such_task_xyz", "--include-path",
                      str(LMEVAL_DATA)]) == 2
     assert "unknown lm-eval task(s) ['no_such_task_xyz']" in capsys.readouterr().err
+    # The task YAMLs' data paths are relative to the repository root: from elsewhere they are missing.
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
+    err = capsys.readouterr().err
+    assert "could not find a task's data" in err and len(err.strip().splitlines()) == 1, err
+    # An exported directory whose config names a layer its weights lack (the Auto classes alone would
+    # initialise that layer at random and go on).
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    config = json.loads((damaged / "config.json").read_text())
+    config["gbattn"]["model"]["n_layers"] += 1
+    (damaged / "config.json").write_text(json.dumps(config))
+    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
+    err = capsys.readouterr().err
+    assert "do not match its config (missing keys: model.blocks." in err and len(err.strip().splitlines()) == 1, err
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc"]) == 2

@@ -11,7 +11,10 @@ key ``gbattn``, so ``gbattn eval | generate | analyze`` take the directory too
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+
+from transformers.utils import logging as hf_logging
 
 from gbattn import rundir
 from gbattn.errors import UserError
@@ -21,6 +24,20 @@ from gbattn.hf.tokenization import hf_tokenizer, is_end_of_text
 from gbattn.rundir import CHECKPOINT, LoadedRun, load_run
 
 GBATTN_TOKENIZER = rundir.EXPORTED_TOKENIZER
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' progress bars and load reports off: gbattn reports what went wrong itself."""
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def wrap_run(run: LoadedRun):
@@ -47,7 +64,8 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -
     run = load_run(run_dir, checkpoint, "cpu")
     check_writable_dir(out, "--out")
     model, tokenizer = wrap_run(run)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with quiet_transformers():
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
     run.tokenizer.save(out / GBATTN_TOKENIZER)
     return out

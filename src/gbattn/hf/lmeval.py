@@ -22,9 +22,9 @@ from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable, make_table
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gbattn.errors import UserError
-from gbattn.files import atomic_write, finite, relative_path, write_json
-from gbattn.hf.export import wrap_run
+from gbattn.errors import CheckpointError, UserError
+from gbattn.files import atomic_write, error_detail, finite, relative_path, write_json
+from gbattn.hf.export import quiet_transformers, wrap_run
 from gbattn.rundir import is_exported, load_run
 
 
@@ -40,7 +40,13 @@ class GbattnLM(HFLM):
 def load_model(model_dir: str | Path, checkpoint: str, device: torch.device):
     """(model in eval mode on ``device``, tokenizer, block_size, step) of a run or exported directory."""
     if is_exported(model_dir):
-        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        with quiet_transformers():
+            model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True)
+        wrong = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+        if wrong:  # the Auto classes would go on with freshly initialised weights
+            detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v, key=str)[:3]))}"
+                               for k, v in wrong.items())
+            raise CheckpointError(f"the weights in {model_dir} do not match its config ({detail})")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         step = model.config.gbattn.get("step", 0)
     else:
@@ -76,8 +82,12 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
     model, tokenizer, block_size, step = load_model(model_dir, checkpoint, torch.device(device))
     lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
                   max_length=block_size)
-    results = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
-                              log_samples=log_samples)
+    try:
+        results = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
+                                  log_samples=log_samples)
+    except FileNotFoundError as e:  # a task's data files (local paths are relative to the working directory)
+        raise UserError(f"lm-eval could not find a task's data ({error_detail(e, 160)}); a task YAML's local data "
+                        f"paths are read relative to the working directory") from None
     results["gbattn"] = {"step": step, "block_size": block_size}
     return results
 
