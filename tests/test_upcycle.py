@@ -222,6 +222,9 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
 @pytest.mark.parametrize("which,changes,message", [
     ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "RoPE scaling"),
     ("llama", {"rope_parameters": None, "rope_theta": 500.0, "rope_scaling": {"type": "dynamic"}}, "rope_scaling"),
+    # Both keys: transformers applies the older rope_scaling's llama3 scaling on top of rope_parameters.
+    ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+               "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
     ("llama", {"head_dim": 16}, "head_dim=16"),
     ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ("gpt2", {"activation_function": "relu"}, "activation_function='relu'"),
@@ -232,6 +235,16 @@ def test_inexact_conversions_refused_in_one_line(which, changes, message, reques
     with pytest.raises(CheckpointError, match=message.replace("(", r"\(")) as e:
         load_source(directory)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("changes,base", [
+    ({"rope_parameters": None, "rope_theta": 500.0, "rope_scaling": {"rope_type": "default"}}, 500.0),
+    ({"rope_parameters": None, "rope_theta": 500.0, "rope_scaling": {"type": "default", "factor": 1.0}}, 500.0),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 250.0}, "rope_scaling": None}, 250.0),
+])
+def test_rope_entries_without_scaling_are_accepted(changes, base, llama_dir, tmp_path):
+    """A ``default`` RoPE entry (what older configs write for no scaling) converts, with its base."""
+    assert load_source(_edit_config(llama_dir, tmp_path / "edited", **changes)).model_cfg.rope_base == base
 
 
 def test_missing_or_mismatched_tokenizer_refused(gpt2_dir, tmp_path):

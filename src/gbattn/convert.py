@@ -141,18 +141,30 @@ def gpt2_config(hf: dict, where: Path) -> tuple[ModelConfig, list[str]]:
     return _model_config(d_cfg, where), notes
 
 
+def _scales(rope: dict) -> bool:
+    """Whether a ``rope_parameters`` / ``rope_scaling`` dict changes RoPE (a type other than
+    ``default``, under either key name, or a partial rotation)."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    return kind != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0
+
+
 def llama_rope_base(hf: dict, where: Path) -> float:
-    """RoPE base of a Llama config; RoPE scaling of any kind is refused (gbattn's RoPE has none)."""
-    params = hf.get("rope_parameters")  # transformers >= 5
-    if isinstance(params, dict):
-        if params.get("rope_type", "default") != "default" or params.get("partial_rotary_factor", 1.0) != 1.0:
-            raise CheckpointError(f"{where}: rope_parameters={json.dumps(params)} (RoPE scaling) cannot be converted "
-                                  f"exactly: gbattn's RoPE has no scaling")
-        return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    if hf.get("rope_scaling"):
-        raise CheckpointError(f"{where}: rope_scaling={json.dumps(hf['rope_scaling'])} cannot be converted exactly: "
-                              f"gbattn's RoPE has no scaling")
-    return float(hf.get("rope_theta", 10000.0))
+    """RoPE base of a Llama config; RoPE scaling of any kind, in ``rope_parameters`` (transformers
+    >= 5) or the older ``rope_scaling`` (which transformers still applies when both are present), is
+    refused: gbattn's RoPE has none. A ``default`` entry is no scaling."""
+    base = float(hf.get("rope_theta", 10000.0))
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = hf.get(key)
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            raise CheckpointError(f"{where}: {key}={json.dumps(rope)} is not a dict of RoPE parameters")
+        if _scales(rope):
+            raise CheckpointError(f"{where}: {key}={json.dumps(rope)} (RoPE scaling) cannot be converted exactly: "
+                                  f"gbattn's RoPE has no scaling")
+        if key == "rope_parameters":
+            base = float(rope.get("rope_theta", base))
+    return base
 
 
 def llama_config(hf: dict, where: Path) -> ModelConfig:
