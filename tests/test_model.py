@@ -258,6 +258,8 @@ def test_sequence_longer_than_position_table():
         (dict(dropout_sites=["embedding", "somewhere"]), r"dropout_sites entry='somewhere' is not allowed"),
         (dict(ffn="relu"), r"ffn='relu' is not allowed; choose one of gelu, gelu-tanh, swiglu"),
         (dict(norm="middle"), r"norm='middle' is not allowed; choose one of pre, post"),
+        (dict(n_layers=2, attn="boosted", attn_options={"layers": [5]}), r"layers=\[5\]: \[5\] outside the model's 2"),
+        (dict(n_layers=2, attn="twicing", attn_options={"layers": [0, -3]}), r"\[-3\] outside the model's 2 layers"),
     ],
 )
 def test_config_errors_name_the_field(kwargs, match):

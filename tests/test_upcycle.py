@@ -299,6 +299,11 @@ def test_layers_option_puts_rounds_only_there(gpt2_dir):
     assert [len(b.attn.corrections) for b in model.blocks] == [0, 1]
 
 
+def test_no_correction_round_is_a_copy_and_says_so(gpt2_dir):
+    up = upcycle(gpt2_dir, "boosted", {"rounds": 1})
+    assert up.new == 0 and up.rule.startswith("a copy: no layer has a correction round")
+
+
 # --------------------------------------------------------------------------------------
 # Upcycling: the new parameters learn
 # --------------------------------------------------------------------------------------
@@ -374,6 +379,7 @@ def test_new_parameters_get_gradient(gpt2_dir, attn, options, live):
     ("boosted", ["attn.kv_source=shared", "attn.gate=linear"], "--set attn.gate=tanh"),
     ("boosted", ["d_model=64"], "attn.KEY=VALUE"),
     ("boosted", ["attn.rounds=0"], "attn.rounds"),
+    ("boosted", ["attn.layers=[5]"], "[5] outside the model's 2 layers"),
 ])
 def test_refusals_are_one_line_exit_2(gbattn_dir, tmp_path, capsys, attn, sets, message):
     argv = ["upcycle", str(gbattn_dir), "--attn", attn, "--out", str(tmp_path / "out")]

@@ -71,7 +71,8 @@ class ModelConfig(Typed):
             raise ConfigError(f"pos='rope' needs an even head width; d_model/n_heads = {self.d_head}")
         if self.residual != "plain" and self.norm != "pre":
             raise ConfigError(f"residual={self.residual!r} is defined for norm='pre' only (docs/baselines.md)")
-        options = variant_options(self.attn, self.attn_options, n_heads=self.n_heads, n_kv_heads=self.kv_heads)
+        options = variant_options(self.attn, self.attn_options, n_heads=self.n_heads, n_kv_heads=self.kv_heads,
+                                  n_layers=self.n_layers)
         self.attn_options = {k: v for k, v in dataclasses.asdict(options).items() if k in self.attn_options}
 
     @property

@@ -168,7 +168,7 @@ def _initialise(model, cfg) -> str:
 
     from gbattn.attention.registry import variant_options
 
-    options = variant_options(cfg.attn, cfg.attn_options, cfg.n_heads, cfg.kv_heads)
+    options = variant_options(cfg.attn, cfg.attn_options, cfg.n_heads, cfg.kv_heads, cfg.n_layers)
     with torch.no_grad():
         for block in model.blocks:
             attn = block.attn
@@ -189,6 +189,8 @@ def _initialise(model, cfg) -> str:
         return "gate projection W_theta zeroed (every gate sigmoid(0) = 0.5) and W_out's weight doubled"
     if cfg.attn == "standard":
         return "a copy (no new parameters)"
+    if not any(getattr(block.attn, "corrections", None) for block in model.blocks):
+        return "a copy: no layer has a correction round (attn.rounds=1 or no attn.layers), so no new parameters"
     if options.kv_source == "shared":
         return ("tanh gates zeroed (W_g = 0, b = 0: g_m = 0, gradient c_m * dL/dF); the correction queries W_Q^m "
                 "at their normal init")

@@ -27,8 +27,9 @@ VARIANTS: dict[str, type[AttentionBase]] = {
 }
 
 
-def variant_options(name: str, options: dict | None = None, n_heads: int | None = None, n_kv_heads: int | None = None):
-    """Check a variant name, its options and head counts; return the variant's Options record."""
+def variant_options(name: str, options: dict | None = None, n_heads: int | None = None, n_kv_heads: int | None = None,
+                    n_layers: int | None = None):
+    """Check a variant name, its options, head counts and layer indices; return the variant's Options record."""
     check_choice("attn", name, tuple(VARIANTS))
     cls = VARIANTS[name]
     options = dict(options or {})
@@ -40,12 +41,19 @@ def variant_options(name: str, options: dict | None = None, n_heads: int | None 
         )
     if n_heads is not None and (msg := cls.check_heads(n_heads, n_kv_heads or n_heads)):
         raise ConfigError(msg)
-    return cls.Options(**options)
+    record = cls.Options(**options)
+    layers = getattr(record, "layers", None)
+    if n_layers is not None and layers is not None:
+        outside = [i for i in layers if not -n_layers <= i < n_layers]
+        if outside:
+            raise ConfigError(f"attn.layers={layers}: {outside} outside the model's {n_layers} layers (indices "
+                              f"{-n_layers}..{n_layers - 1}, negative ones from the end)")
+    return record
 
 
 def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> AttentionBase:
     """Variant ``name`` for one layer."""
-    return VARIANTS[name](args, variant_options(name, options, args.n_heads, args.kv_heads))
+    return VARIANTS[name](args, variant_options(name, options, args.n_heads, args.kv_heads, args.n_layers))
 
 
 def describe_variants() -> list[dict]:
