@@ -426,9 +426,22 @@ def test_export_errors_are_one_line(trained, tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
     broken = tmp_path / "broken"
     shutil.copytree(out, broken)
-    (broken / "gbattn-tokenizer.json").unlink()
+    (broken / "gbattn-tokenizer.json").unlink()  # as in a directory written by save_pretrained or Trainer
     assert cli_main(["generate", str(broken), "--prompt", "a"]) == 2
-    assert "gbattn-tokenizer.json not found" in capsys.readouterr().err
+    assert "has no gbattn-tokenizer.json" in capsys.readouterr().err
+    no_weights = tmp_path / "no-weights"
+    shutil.copytree(out, no_weights)
+    (no_weights / "model.safetensors").unlink()
+    assert cli_main(["eval", str(no_weights)]) == 2
+    assert "has no model.safetensors" in capsys.readouterr().err
+    wider = tmp_path / "wider"
+    shutil.copytree(out, wider)
+    config = json.loads((wider / "config.json").read_text())
+    config["gbattn"]["model"]["block_size"] += 1  # the position table gets one more row than its weights
+    (wider / "config.json").write_text(json.dumps(config))
+    assert cli_main(["eval", str(wider)]) == 2
+    err = capsys.readouterr().err
+    assert "do not match its config (size mismatch for wpe.weight" in err and len(err.strip().splitlines()) == 1, err
 
 
 # ---- transformers.Trainer ----------------------------------------------------------------

@@ -433,3 +433,22 @@ def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(tmp_path / "up")]) == 2
     assert "already holds a run" in capsys.readouterr().err
+
+
+def test_sources_that_are_not_what_a_command_wants_get_a_line_that_says_so(gpt2_dir, tmp_path, capsys):
+    """A config field of the wrong type, a directory without config.json, and a Hugging Face
+    checkpoint given to ``train --init-from`` (which wants a gbattn run): each one line, exit 2,
+    saying what is wrong and what to do."""
+    typed = _edit_config(gpt2_dir, tmp_path / "typed", n_embd="32")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        (["upcycle", typed, "--attn", "boosted", "--out", tmp_path / "o1"], "n_embd='32' must be a positive integer"),
+        (["upcycle", empty, "--attn", "boosted", "--out", tmp_path / "o2"], "has no config.json: neither a Hugging"),
+        (["train", "--init-from", gpt2_dir, "--out", tmp_path / "o3", "--data", "tiny-shakespeare"],
+         "is a Hugging Face checkpoint (gpt2), not a gbattn run: convert it first with `gbattn upcycle"),
+    ]
+    for argv, message in cases:
+        assert main([str(a) for a in argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err

@@ -68,6 +68,9 @@ def load_source(path: str | Path) -> Source:
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (a Hugging Face checkpoint or a gbattn run directory)")
+    if not (path / rundir.CONFIG).is_file():
+        raise CheckpointError(f"{path} has no {rundir.CONFIG}: neither a Hugging Face checkpoint directory nor a "
+                              f"gbattn run directory")
     config = read_json(path / rundir.CONFIG)
     if isinstance(config.get("gbattn"), dict) or ("model" in config and "train" in config):
         run = rundir.load_run(path)
@@ -102,9 +105,13 @@ def convert_hf(path: str | Path) -> Source:
 
 
 def _sizes(hf: dict, where: Path, *names: str) -> list[int]:
-    missing = [n for n in names if not isinstance(hf.get(n), int)]
+    missing = [n for n in names if n not in hf]
     if missing:
         raise CheckpointError(f"{where / rundir.CONFIG} lacks {', '.join(missing)}: not a complete model config")
+    wrong = [n for n in names if not isinstance(hf[n], int) or isinstance(hf[n], bool) or hf[n] < 1]
+    if wrong:
+        raise CheckpointError(f"{where / rundir.CONFIG}: " + ", ".join(f"{n}={hf[n]!r}" for n in wrong)
+                              + " must be a positive integer")
     return [hf[n] for n in names]
 
 

@@ -266,8 +266,17 @@ WHICH = ("best", "last")
 
 
 def is_exported(path: str | Path) -> bool:
-    """An exported Hugging Face directory (``gbattn export``)."""
-    return (Path(path) / SAFETENSORS).is_file() and not (Path(path) / CHECKPOINT).is_file()
+    """An exported Hugging Face directory (``gbattn export``, or a transformers ``save_pretrained`` of
+    one): weights in ``model.safetensors``, or a ``config.json`` of model_type ``gbattn``."""
+    path = Path(path)
+    if (path / CHECKPOINT).is_file():
+        return False
+    if (path / SAFETENSORS).is_file():
+        return True
+    try:
+        return json.loads((path / CONFIG).read_text(encoding="utf-8")).get("model_type") == "gbattn"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.device = "cpu") -> LoadedRun:
@@ -286,9 +295,15 @@ def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.dev
         config = config["gbattn"]
     model_cfg, train_cfg = read_configs(config, path / CONFIG)
     tokenizer_file = path / (EXPORTED_TOKENIZER if exported else TOKENIZER)
+    if exported and not tokenizer_file.is_file():
+        raise CheckpointError(f"{path} has no {EXPORTED_TOKENIZER} (gbattn's own tokenizer file, which `gbattn export` "
+                              f"writes and transformers' save_pretrained does not): copy it from the exported "
+                              f"directory this model came from")
     tokenizer = Tokenizer.load(tokenizer_file, expected_vocab=model_cfg.vocab_size)
     device = torch.device(device)
     if exported:
+        if not (path / SAFETENSORS).is_file():
+            raise CheckpointError(f"{path} has no {SAFETENSORS}: an exported directory keeps its weights there")
         weights = read_safetensors(path / SAFETENSORS, device)
         if weights and all(k.startswith("model.") for k in weights):  # the transformers wrapper's names
             weights = {k.removeprefix("model."): v for k, v in weights.items()}
@@ -313,9 +328,10 @@ def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> No
     try:
         model.load_state_dict(weights)
     except (RuntimeError, KeyError, ValueError) as e:
-        raise CheckpointError(
-            f"the weights in {where} do not match its config ({error_detail(e, 120)})"
-        ) from None
+        # torch's message starts "Error(s) in loading state_dict for GPT:"; what went wrong is on the next lines
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else error_detail(e)
+        raise CheckpointError(f"the weights in {where} do not match its config ({detail[:160]})") from None
 
 
 def read_safetensors(path: str | Path, device) -> dict:

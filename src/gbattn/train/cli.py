@@ -125,6 +125,10 @@ def _init_from_trainer(args, sets: dict):
 
     source = rundir.read_json(Path(args.init_from) / rundir.CONFIG)
     source = source.get("gbattn", source)  # an exported directory keeps the run's config in a section
+    if "model_type" in source and not ("model" in source and "train" in source):
+        raise UserError(f"--init-from {args.init_from} is a Hugging Face checkpoint ({source['model_type']}), not a "
+                        f"gbattn run: convert it first with `gbattn upcycle {args.init_from} --attn standard --out "
+                        f"DIR` (or --attn boosted), then --init-from DIR")
     model_cfg, source_train = rundir.read_configs(source, args.init_from)
     train_sets, model_sets = split_overrides(sets)
     if args.attn or args.preset and args.preset != source.get("preset") or model_sets:
