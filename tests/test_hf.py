@@ -418,6 +418,25 @@ def test_gbattn_commands_take_the_exported_directory(trained, capsys):
     assert outputs[0].split("---")[0].splitlines()[2:] == outputs[1].split("---")[0].splitlines()[2:]
 
 
+def test_an_export_holds_no_path_of_this_machine_and_eval_takes_data(tmp_path, capsys):
+    """A run trained on a file given by absolute path: its export names the file only, and
+    ``gbattn eval EXPORT --data PATH`` evaluates it where the file is (fingerprint checked)."""
+    data = write_corpus(tmp_path / "corpus")
+    train(tmp_path / "run", *tiny_configs(str(data), max_steps=4), quiet=True)
+    assert cli_main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export")]) == 0
+    capsys.readouterr()
+    exported = (tmp_path / "export" / "config.json").read_text()
+    assert str(tmp_path) not in exported and json.loads(exported)["gbattn"]["train"]["data"] == data.name
+    results = []
+    for argv in (["eval", tmp_path / "run"], ["eval", tmp_path / "export", "--data", data]):
+        assert cli_main([str(a) for a in argv]) == 0
+        results.append(json.loads(capsys.readouterr().out.splitlines()[-1]))
+    assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-6)
+    other = write_corpus(tmp_path / "other", seed=1)
+    assert cli_main(["eval", str(tmp_path / "export"), "--data", str(other)]) == 2
+    assert "is not what" in capsys.readouterr().err
+
+
 def test_export_errors_are_one_line(trained, tmp_path, capsys):
     run_dir, out = trained
     assert cli_main(["export", str(run_dir), "--out", str(run_dir)]) == 2

@@ -14,8 +14,11 @@ def register(sub) -> None:
     arguments.checkpoint(p)
     p.add_argument("--per-token", metavar="FILE", help="also write every token's loss (nats) to FILE (.npy or .txt)")
     p.add_argument("--batch-size", type=arguments.at_least(1), default=32)
+    p.add_argument("--data", default=None,
+                   help="the corpus (a name, file or directory) when it is not where the run recorded it, e.g. "
+                        "for a run or export made on another machine (default: the run's --data)")
     p.add_argument("--allow-other-data", action="store_true",
-                   help="evaluate even if the data at the run's --data path changed since training")
+                   help="evaluate even if the data differs from what the run was trained on (its fingerprint)")
     arguments.device(p)
     arguments.threads(p)
     p.set_defaults(func=cmd_eval)
@@ -54,10 +57,11 @@ def cmd_eval(args) -> None:
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)
-    data = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
+    train_cfg = run.train_cfg.replace(data=args.data) if args.data else run.train_cfg
+    data = prepare_data(train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
     recorded = run.config.get("data", {}).get("fingerprint")
     if recorded and recorded != data.corpus_fingerprint and not args.allow_other_data:
-        raise UserError(f"the data at {run.train_cfg.data} is not what {args.run_dir} was trained on (fingerprint "
+        raise UserError(f"the data at {train_cfg.data} is not what {args.run_dir} was trained on (fingerprint "
                         f"{recorded[:16]} recorded, {data.corpus_fingerprint[:16]} now); pass --allow-other-data to "
                         f"evaluate on it anyway")
     res = evaluate(run.model, data.splits[args.split], run.seq_len, args.batch_size, device, autocast(device),

@@ -12,13 +12,14 @@ key ``gbattn``, so ``gbattn eval | generate | analyze`` take the directory too
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
 from gbattn import rundir
 from gbattn.errors import UserError
-from gbattn.files import check_writable_dir
+from gbattn.files import check_writable_dir, portable_path
 from gbattn.hf.modeling import GbattnForCausalLM
 from gbattn.hf.tokenization import hf_tokenizer, is_end_of_text
 from gbattn.rundir import CHECKPOINT, LoadedRun, load_run
@@ -40,10 +41,22 @@ def quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
+def portable_paths(section: dict) -> dict:
+    """The run's config without the paths of this machine (a directory to share): the data path,
+    a start run's path and the corpus name become their last component (``files.portable_path``);
+    ``gbattn eval EXPORT --data PATH`` names the data where it is elsewhere."""
+    section = json.loads(json.dumps(section))
+    for part, key in (("train", "data"), ("train", "init_from"), ("data", "corpus"), ("extra", "init_from")):
+        record = section.get(part)
+        if isinstance(record, dict) and isinstance(record.get(key), str):
+            record[key] = portable_path(record[key])
+    return section
+
+
 def wrap_run(run: LoadedRun):
     """(model, tokenizer) in transformers' form of a loaded run; the model shares the run's GPT."""
     tokenizer = hf_tokenizer(run.tokenizer, run.model_cfg.block_size)
-    section = {k: v for k, v in run.config.items() if k != "model"}
+    section = portable_paths({k: v for k, v in run.config.items() if k != "model"})
     section["step"] = run.step
     if run.checkpoint != "exported":
         section["checkpoint"] = run.checkpoint
