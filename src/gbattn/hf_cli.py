@@ -44,9 +44,11 @@ def cmd_export(args) -> None:
     require("transformers", "transformers")
     require("safetensors", "transformers")
     from gbattn.hf.export import export_run
+    from gbattn.rundir import is_exported
 
+    which = "its weights" if is_exported(args.run_dir) else f"{args.checkpoint} weights"
     out = export_run(args.run_dir, args.out, args.checkpoint)
-    print(f"exported {args.run_dir} ({args.checkpoint} weights) to {out}; load it with `import gbattn.hf` and "
+    print(f"exported {args.run_dir} ({which}) to {out}; load it with `import gbattn.hf` and "
           f"AutoModelForCausalLM.from_pretrained({str(out)!r})")
 
 
