@@ -148,25 +148,25 @@ class BoostedAttention(AttentionBase):
     def compute(self, x_BTD: Tensor, call: Call) -> Tensor:
         widths = [self.q_width, self.kv_width, self.kv_width, self.input_kv_width]
         q_BTX, k_BTX, v_BTX, input_kv_BTX = self.qkv(x_BTD).split(widths, dim=-1)
-        q0 = call.queries(q_BTX)
-        k0, v0 = call.keys_values("kv0", k_BTX, v_BTX)
-        f_BTD = call.merge(call.attend(q0, k0, v0))
-        entropy_BT1 = call.entropy(q0, k0).mean(dim=1).unsqueeze(-1) if self.needs_entropy else None
+        q0_BHTE = call.queries(q_BTX)
+        k0_BGSE, v0_BGSE = call.keys_values("kv0", k_BTX, v_BTX)
+        f_BTD = call.merge(call.attend(q0_BHTE, k0_BGSE, v0_BGSE))
+        entropy_BT1 = call.entropy(q0_BHTE, k0_BGSE).mean(dim=1).unsqueeze(-1) if self.needs_entropy else None
         kv_source = self.options.kv_source
         for m, correction in enumerate(self.corrections, start=1):
             r_BTD = x_BTD - f_BTD
             proj_BTX = correction.proj(r_BTD)
-            q = call.queries(proj_BTX[..., : self.q_width])
+            q_BHTE = call.queries(proj_BTX[..., : self.q_width])
             if kv_source == "residual":
-                k, v = call.keys_values(f"kv{m}", *proj_BTX[..., self.q_width :].split(self.kv_width, dim=-1))
+                k_BGSE, v_BGSE = call.keys_values(f"kv{m}", *proj_BTX[..., self.q_width :].split(self.kv_width, dim=-1))
             elif kv_source == "input":
                 lo = 2 * self.kv_width * (m - 1)
-                k_m, v_m = input_kv_BTX[..., lo : lo + 2 * self.kv_width].split(self.kv_width, dim=-1)
-                k, v = call.keys_values(f"kv{m}", k_m, v_m)
+                k_BTX, v_BTX = input_kv_BTX[..., lo : lo + 2 * self.kv_width].split(self.kv_width, dim=-1)
+                k_BGSE, v_BGSE = call.keys_values(f"kv{m}", k_BTX, v_BTX)
             else:  # shared: round 0's keys and values, exactly
-                k, v = k0, v0
-            c_BTD = call.merge(call.attend(q, k, v, kind="correction"))
-            g = correction.gate(f_BTD, c_BTD, entropy_BT1)
-            call.note(residual_BTD=r_BTD, gate=g)
-            f_BTD = f_BTD + g * c_BTD
+                k_BGSE, v_BGSE = k0_BGSE, v0_BGSE
+            c_BTD = call.merge(call.attend(q_BHTE, k_BGSE, v_BGSE, kind="correction"))
+            gate = correction.gate(f_BTD, c_BTD, entropy_BT1)  # broadcasts to (B, T, D)
+            call.note(residual_BTD=r_BTD, gate=gate)
+            f_BTD = f_BTD + gate * c_BTD
         return self.out(f_BTD)

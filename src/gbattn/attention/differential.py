@@ -52,9 +52,10 @@ class DifferentialAttention(StandardAttention):
 
     def compute(self, x_BTD: Tensor, call: Call) -> Tensor:
         q_BTX, k_BTX, v_BTX = self.qkv(x_BTD).split([self.q_width, self.kv_width, self.kv_width], dim=-1)
-        q = call.queries(q_BTX)  # (B, H, T, E): head h/2's halves at 2(h/2) and 2(h/2)+1
-        k, v = call.keys_values("kv", k_BTX, v_BTX, value_heads=self.n_kv_heads // 2)  # v: (B, G/2, S, 2E)
-        positive_BHTF = call.attend(q[:, 0::2], k[:, 0::2], v)
-        negative_BHTF = call.attend(q[:, 1::2], k[:, 1::2], v, kind="negative-map")
+        q_BHTE = call.queries(q_BTX)  # (B, H, T, E): head h/2's halves at 2(h/2) and 2(h/2)+1
+        # values: G/2 heads of width F = 2E
+        k_BGSE, v_BGSF = call.keys_values("kv", k_BTX, v_BTX, value_heads=self.n_kv_heads // 2)
+        positive_BHTF = call.attend(q_BHTE[:, 0::2], k_BGSE[:, 0::2], v_BGSF)
+        negative_BHTF = call.attend(q_BHTE[:, 1::2], k_BGSE[:, 1::2], v_BGSF, kind="negative-map")
         o_BHTF = self.subln(positive_BHTF - self.lambda_full() * negative_BHTF) * (1.0 - self.lambda_init)
         return self.out(call.merge(o_BHTF))

@@ -36,9 +36,9 @@ class TwicingAttention(StandardAttention):
     def compute(self, x_BTD: Tensor, call: Call) -> Tensor:
         if not self.active:
             return super().compute(x_BTD, call)
-        q, k, v = self.project(x_BTD, call)
+        q_BHTE, k_BGSE, v_BGSE = self.project(x_BTD, call)
         with call.shared_dropout():
-            av_BHTE = call.attend(q, k, v)
+            av_BHTE = call.attend(q_BHTE, k_BGSE, v_BGSE)
             av_BHSE = call.cached("av", av_BHTE)  # A (A V) needs A V at every visible position
-            aav_BHTE = call.attend(q, k, av_BHSE, kind="second-pass")
+            aav_BHTE = call.attend(q_BHTE, k_BGSE, av_BHSE, kind="second-pass")
         return self.out(call.merge(2 * av_BHTE - aav_BHTE))
