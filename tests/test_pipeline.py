@@ -277,9 +277,11 @@ def test_continuation_killed_before_its_first_checkpoint_resumes_from_its_start(
     files.write_json({"preset": None, "model": configs[0].to_dict(), "train": configs[1].to_dict(), "planned": True},
                      tmp_path / "planned" / ckpt.CONFIG)
     assert train(tmp_path / "planned", resume=True, quiet=True)["test_loss"] == ref["test_loss"]
+    events = [json.loads(line)["event"] for line in (tmp_path / "planned" / ckpt.METRICS).read_text().splitlines()]
+    assert "resume" not in events  # it started, nothing was resumed
 
 
-def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch):
+def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
     data = write_corpus(tmp_path / "c")
     configs = tiny_configs(data)
     ref = train(tmp_path / "ref", *configs, quiet=True)
@@ -287,7 +289,9 @@ def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch):
     with pytest.raises(Exception, match="interrupted at step 6"):
         train(tmp_path / "int", *configs, quiet=True)
     monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: False)
-    assert train(tmp_path / "int", resume=True, quiet=True)["test_loss"] == ref["test_loss"]
+    capsys.readouterr()
+    assert train(tmp_path / "int", resume=True)["test_loss"] == ref["test_loss"]
+    assert "resuming at step 6 of 12, the last checkpoint" in capsys.readouterr().out
 
 
 def test_existing_run_needs_resume(tmp_path, capsys):

@@ -151,8 +151,17 @@ def test_a_real_training_process_holds_its_run_and_compare_its_directory(trained
         second = subprocess.run([*GBATTN, "train", "--resume", "--out", str(run), "--quiet"], capture_output=True,
                                 text=True, env=env)
         assert second.returncode == 2 and "in use by another gbattn process" in second.stderr
+        for _ in range(600):  # until it trains (its stop flag is set up)
+            if (run / rundir.METRICS).exists():
+                break
+            time.sleep(0.1)
+        first.send_signal(signal.SIGTERM)  # checkpoint, one line, and SIGTERM's exit status 143
+        _, err = first.communicate(timeout=120)
+        assert first.returncode == 143 and err.strip().splitlines()[-1].startswith("gbattn: error: terminated at step")
+        assert (run / rundir.CHECKPOINT).exists()
     finally:
-        first.send_signal(signal.SIGKILL)
+        if first.poll() is None:
+            first.send_signal(signal.SIGKILL)
         first.wait()
     cmp = tmp_path / "cmp"
     holder = hold_lock(cmp)
@@ -540,3 +549,4 @@ def test_output_piped_into_head_ends_quietly(trained):
     proc.stdout.close()  # the reader left before anything was written (like `| head -0`)
     _, err = proc.communicate()
     assert b"Traceback" not in err and err == b"", err
+    assert proc.returncode == 141  # SIGPIPE's status, as `yes | head` ends

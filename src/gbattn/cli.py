@@ -112,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gbattn: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `gbattn ... | head`: the reader left; end quietly
+    except BrokenPipeError:  # `gbattn ... | head`: the reader left; end quietly, with SIGPIPE's status
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return 141
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from gbattn import arguments
 
@@ -107,4 +108,4 @@ def cmd_generate(args) -> None:
         print("---")
     tokens = args.num_samples * args.max_new_tokens
     print(f"{args.num_samples} x {args.max_new_tokens} tokens in {dt:.2f} s ({tokens / max(dt, 1e-9):,.0f} tokens/s, "
-          f"{'no cache' if args.no_cache else how})")
+          f"{'no cache' if args.no_cache else how})", file=sys.stderr)  # stdout holds the text alone

@@ -10,6 +10,7 @@ import contextlib
 import math
 import platform
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -107,13 +108,14 @@ class _StopFlag:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signum = signal.SIGINT  # the signal that asked (exit status 128 + it)
         self._old = {}
 
     def __enter__(self):
         def handler(signum, frame):
             if self.requested:  # a second Ctrl-C: stop now
                 raise KeyboardInterrupt
-            self.requested = True
+            self.requested, self.signum = True, signum
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(ValueError):  # not the main thread
@@ -254,14 +256,19 @@ class Trainer:
             self._load(self.run_dir / rundir.CHECKPOINT)
         if self.main:
             self._write_config()
-            if self.resume:
+            if has_checkpoint:  # (a planned run of compare --jobs, trained with --resume, starts at step 0)
                 rundir.truncate_metrics(self.run_dir / rundir.METRICS, self.step)
                 self._log({"event": "resume", "step": self.step})
         if self.show:
-            for line in self._plan(warmup_note):
+            for line in self._plan():
                 print(line)
+            if has_checkpoint:
+                print(f"resuming at step {self.step:,} of {self.total_steps:,}, the last checkpoint (work after it "
+                      f"is redone, exactly)")
+        if warmup_note and self.show:  # a warning or a changed setting: stderr, apart from the output
+            print(warmup_note, file=sys.stderr)
 
-    def _plan(self, warmup_note: str | None) -> list[str]:
+    def _plan(self) -> list[str]:
         """What this run will do, in a few lines (vocabulary, steps, warmup, evaluations)."""
         cfg, v = self.train_cfg, self.data.tokenizer.vocab_size
         lines = [f"{self.data.tokenizer.kind} tokenizer: {v:,} tokens"
@@ -283,8 +290,6 @@ class Trainer:
                      f"{self.device.type}{self._threads_text()}")
         if self.steps_per_epoch and self.steps_per_epoch < FREQUENT_EVAL_STEPS and not cfg.eval_every:
             lines[-1] += "; --set eval_every=N evaluates less often"
-        if warmup_note:
-            lines.append(warmup_note)
         return lines
 
     def _threads_text(self) -> str:
@@ -475,9 +480,12 @@ class Trainer:
                     self._save()
                     self._log({"event": "interrupted", "step": self.step})
                     self.bar.close()
-                    raise TrainingInterrupted(
-                        f"interrupted at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
+                    how = "terminated" if stop.signum == signal.SIGTERM else "interrupted"
+                    error = TrainingInterrupted(
+                        f"{how} at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
                         f"`gbattn train --resume --out {self.run_dir}` (or rerun the same `gbattn compare` command)")
+                    error.exit_code = 128 + int(stop.signum)  # 130 for SIGINT, 143 for SIGTERM, as shells report
+                    raise error
         self.bar.close()
         return self._finish()
 
