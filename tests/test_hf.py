@@ -434,7 +434,7 @@ def test_an_export_holds_no_path_of_this_machine_and_eval_takes_data(tmp_path, c
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-6)
     other = write_corpus(tmp_path / "other", seed=1)
     assert cli_main(["eval", str(tmp_path / "export"), "--data", str(other)]) == 2
-    assert "is not what" in capsys.readouterr().err
+    assert "is not the data the run was trained on" in capsys.readouterr().err
 
 
 def test_export_errors_are_one_line(trained, tmp_path, capsys):

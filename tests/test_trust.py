@@ -186,16 +186,50 @@ def test_resume_and_eval_refuse_other_data(trained, tmp_path, capsys, monkeypatc
     model_cfg, train_cfg = tiny_configs(data, **SHORT)
     train(run, model_cfg, train_cfg, quiet=True)
     recorded = json.loads((run / rundir.CONFIG).read_text())["data"]["fingerprint"]
+    # The same corpus by another path (here: relative to another working directory) is the same data.
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(capsys, ["eval", run, "--data", "corpus"])
+    assert code == 0 and "test perplexity" in out
     (data / "wiki.test.tokens").write_text("the cat sat on the mat .\n" * 300)  # same characters, other text
     code, _, err = run_cli(capsys, ["eval", run])
     line = one_line(code, err)
-    assert "not what" in line and recorded[:16] in line and "--allow-other-data" in line
+    assert "is not the data the run was trained on" in line and recorded[:16] in line and "--allow-other-data" in line
     code, out, _ = run_cli(capsys, ["eval", run, "--allow-other-data"])
     assert code == 0 and "test perplexity" in out
+    code, _, err = run_cli(capsys, ["analyze", run, "--out", tmp_path / "an", "--max-rows", "2"])
+    assert "is not the data the run was trained on" in one_line(code, err)
     (run / rundir.RESULT).unlink()
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", run])
     line = one_line(code, err)
     assert "has changed since this run started" in line and recorded[:16] in line
+    # A new character in the changed data: still the fingerprint's line, not the tokenizer's.
+    (data / "wiki.test.tokens").write_text("a new character: ~\n" * 300)
+    code, _, err = run_cli(capsys, ["eval", run])
+    assert "is not the data the run was trained on" in one_line(code, err)
+
+
+def test_a_run_started_elsewhere_finds_its_data_by_another_path(trained, tmp_path, capsys, monkeypatch):
+    """A run trained on a relative --data path, used from another working directory: eval says how
+    to name the corpus, and eval --data and train --resume --data take another path to it."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    write_corpus(tmp_path / "corpus")
+    model_cfg, train_cfg = tiny_configs("corpus", **SHORT)
+    train(tmp_path / "run", model_cfg, train_cfg.replace(max_steps=2), quiet=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, _, err = run_cli(capsys, ["eval", tmp_path / "run"])
+    assert "pass --data PATH where the corpus is now" in one_line(code, err)
+    code, out, _ = run_cli(capsys, ["eval", tmp_path / "run", "--data", tmp_path / "corpus"])
+    assert code == 0, out
+    (tmp_path / "run" / rundir.RESULT).unlink()
+    code, out, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--data", tmp_path / "corpus",
+                                      "--quiet"])
+    assert code == 0, err
+    other = write_corpus(tmp_path / "other", seed=1)
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--data", other])
+    assert "--data" in one_line(code, err)  # another corpus is still refused
 
 
 def test_resume_refuses_options_that_would_change_the_run(trained, capsys, monkeypatch):

@@ -18,6 +18,9 @@ def register(sub) -> None:
     p.add_argument("--against", metavar="STANDARD_RUN_DIR",
                    help="a run with the same tokenizer and seq_len: per-token loss difference and example figure")
     p.add_argument("--split", default="test", choices=["valid", "test"], help="held-out split (default test)")
+    p.add_argument("--data", default=None, help="the corpus where it is now, if not where the run recorded it")
+    p.add_argument("--allow-other-data", action="store_true",
+                   help="analyse even if the data differs from what the run was trained on (its fingerprint)")
     p.add_argument("--out", default=None, help="output directory (default RUN_DIR/analysis)")
     p.add_argument("--max-rows", type=arguments.at_least(1), default=64,
                    help="held-out rows to analyse, evenly spaced (default 64)")
@@ -95,11 +98,12 @@ def _context_text(tokenizer, ids: list[int], keep: int = 24) -> str:
 
 def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: int = 64, batch_size: int = 8,
                 layer: int = -1, top: int = 20, examples: int = 3, checkpoint: str = "best", device: str = "auto",
-                pdf: bool = False, quiet: bool = False) -> dict:
+                pdf: bool = False, quiet: bool = False, data: str | None = None,
+                allow_other_data: bool = False) -> dict:
     """Analyse ``run_dir`` and write ``summary.json`` and the figures into ``out``
     (default ``run_dir/analysis``); returns the summary."""
     from gbattn.analysis import figures, stats
-    from gbattn.data.prepare import prepare_data
+    from gbattn.data.prepare import prepare_run_data
     from gbattn.errors import UserError
     from gbattn.files import check_writable_dir, relative_path, write_json
     from gbattn.progress import Progress
@@ -124,7 +128,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         other = load_run(against, checkpoint, dev)
         notes += _check_against(run, other, run_dir, against)
 
-    data = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
+    data = prepare_run_data(run, data, allow_other_data)
     tokens = data.splits[split]
     n_rows = len(tokens) // (run.seq_len + 1)
     if n_rows == 0:
@@ -316,7 +320,8 @@ def cmd_analyze(args) -> None:
     set_threads(args.threads)
     analyze_run(args.run_dir, against=args.against, split=args.split, out=args.out, max_rows=args.max_rows,
                 batch_size=args.batch_size, layer=args.layer, top=args.top, examples=args.examples,
-                checkpoint=args.checkpoint, device=args.device or "auto", pdf=args.pdf, quiet=args.quiet)
+                checkpoint=args.checkpoint, device=args.device or "auto", pdf=args.pdf, quiet=args.quiet,
+                data=args.data, allow_other_data=args.allow_other_data)
 
 
 # --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from gbattn.config import TrainConfig
 from gbattn.data.corpus import load_corpus
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
+from gbattn.errors import DataError, UserError
 
 
 @dataclass
@@ -21,10 +22,33 @@ class Data:
     notes: list[str]
 
 
-def prepare_data(cfg: TrainConfig, vocab_size: int, tokenizer: Tokenizer | None = None, progress: bool = True) -> Data:
-    """The training config's corpus as token ids, with ``tokenizer`` (default: trained for it)."""
+def prepare_data(cfg: TrainConfig, vocab_size: int, tokenizer: Tokenizer | None = None, progress: bool = True,
+                 trained_on: str | None = None, mismatch: str = "") -> Data:
+    """The training config's corpus as token ids, with ``tokenizer`` (default: trained for it).
+
+    ``trained_on``: the fingerprint a run recorded; other data is refused before it is tokenized (a
+    new character would otherwise fail first), with ``mismatch`` (what to do) ending the line."""
     corpus = load_corpus(cfg.data, tuple(cfg.split))
+    if trained_on and corpus.fingerprint != trained_on:
+        raise UserError(f"--data {cfg.data} is not the data the run was trained on (fingerprint {trained_on[:16]} "
+                        f"recorded, {corpus.fingerprint[:16]} now){mismatch}")
     tok = tokenizer or get_tokenizer(cfg.tokenizer, corpus, vocab_size=vocab_size, verbose=progress)
     caps = {"train": cfg.train_tokens, "valid": cfg.eval_tokens, "test": cfg.eval_tokens}
     splits = tokenize_corpus(corpus, tok, caps, progress=progress)
     return Data(tok, splits, corpus.name, corpus.fingerprint, corpus.notes)
+
+
+def prepare_run_data(run, data: str | None, allow_other_data: bool):
+    """A trained run's (:class:`gbattn.rundir.LoadedRun`) corpus as token ids (``eval``,
+    ``analyze``): at ``data`` if given, else where the run recorded it; data other than the run's
+    (its fingerprint) is refused unless allowed."""
+    train_cfg = run.train_cfg.replace(data=data) if data else run.train_cfg
+    recorded = None if allow_other_data else run.config.get("data", {}).get("fingerprint")
+    try:
+        return prepare_data(train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False, trained_on=recorded,
+                            mismatch="; pass --allow-other-data to evaluate on it anyway")
+    except DataError as e:
+        if data or "no such file or directory" not in str(e):
+            raise
+        raise DataError(f"{e}; that is the path {run.run_dir} recorded (relative to where it was trained): pass "
+                        f"--data PATH where the corpus is now") from None

@@ -46,8 +46,7 @@ def register(sub) -> None:
 def cmd_eval(args) -> None:
     import numpy as np
 
-    from gbattn.data.prepare import prepare_data
-    from gbattn.errors import UserError
+    from gbattn.data.prepare import prepare_run_data
     from gbattn.eval.perplexity import evaluate
     from gbattn.files import check_writable_file
     from gbattn.rundir import load_run
@@ -58,13 +57,7 @@ def cmd_eval(args) -> None:
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)
-    train_cfg = run.train_cfg.replace(data=args.data) if args.data else run.train_cfg
-    data = prepare_data(train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
-    recorded = run.config.get("data", {}).get("fingerprint")
-    if recorded and recorded != data.corpus_fingerprint and not args.allow_other_data:
-        raise UserError(f"the data at {train_cfg.data} is not what {args.run_dir} was trained on (fingerprint "
-                        f"{recorded[:16]} recorded, {data.corpus_fingerprint[:16]} now); pass --allow-other-data to "
-                        f"evaluate on it anyway")
+    data = prepare_run_data(run, args.data, args.allow_other_data)
     res = evaluate(run.model, data.splits[args.split], run.seq_len, args.batch_size, device, autocast(device),
                    per_token=bool(args.per_token))
     out = {"run_dir": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint, "step": run.step,

@@ -51,6 +51,7 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
         f"--{name} {getattr(args, name)} (recorded: {recorded[name]})"
         for name in RUN_OPTIONS
         if getattr(args, name) is not None and recorded[name] is not None and getattr(args, name) != recorded[name]
+        and not (name == "data" and _same_corpus(args.data, saved, train_cfg))
     ]
     train_sets, model_sets = split_overrides(parse_sets(args.sets))
     for key, value in model_sets.items():
@@ -62,6 +63,19 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
         if key not in TrainConfig.RESULT_NEUTRAL and train_cfg.replace(**{key: value}) != train_cfg:
             differ.append(f"--set {key}={value} (recorded: {getattr(train_cfg, key)})")
     return differ
+
+
+def _same_corpus(data: str, saved: dict, train_cfg) -> bool:
+    """Whether ``--data`` names the recorded corpus by another path (the recorded one may be relative
+    to where the run was started): the same fingerprint."""
+    from gbattn.data.corpus import load_corpus
+    from gbattn.errors import UserError
+
+    recorded = saved.get("data", {}).get("fingerprint")
+    try:
+        return recorded is not None and load_corpus(data, tuple(train_cfg.split)).fingerprint == recorded
+    except UserError:
+        return False
 
 
 def _recorded(d: dict, key: str):
@@ -92,6 +106,8 @@ def cmd_train(args) -> None:
         neutral = {k: v for k, v in parse_sets(args.sets).items() if k in TrainConfig.RESULT_NEUTRAL}
         neutral.update({k: v for k, v in (("threads", args.threads), ("device", args.device), ("compile", args.compile))
                         if v is not None})
+        if args.data and args.data != train_cfg.data:  # the same corpus at another path (resume_conflicts)
+            neutral["data"] = args.data
         trainer = Trainer(args.out, resume=True, quiet=args.quiet, overrides=neutral)
     else:
         sets = parse_sets(args.sets)

@@ -190,16 +190,12 @@ class Trainer:
         self.requested_vocab = self.model_cfg.vocab_size
         if not self.main:
             self.dist.barrier()
-        self.data: Data = prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show)
+        recorded = self.saved.get("data", {}).get("fingerprint") if self.resume else None
+        self.data: Data = prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show,
+                                       trained_on=recorded, mismatch=": it has changed since this run started, and "
+                                       "a run does not resume on other data")
         if self.main:
             self.dist.barrier()
-        if self.resume:
-            recorded = self.saved.get("data", {}).get("fingerprint")
-            if recorded and recorded != self.data.corpus_fingerprint:
-                raise UserError(
-                    f"--data {cfg.data} has changed since this run started (its fingerprint was "
-                    f"{recorded[:16]}, now {self.data.corpus_fingerprint[:16]}): refusing to resume on other data"
-                )
         vocab = self.data.tokenizer.vocab_size
         if vocab != self.model_cfg.vocab_size:
             if self.resume:
