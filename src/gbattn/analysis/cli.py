@@ -207,13 +207,14 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
 
     diff_NT = collected.against_loss_NT - collected.loss_NT
     flat = diff_NT.ravel()
+    better, worse = flat > stats.TIE_NATS, flat < -stats.TIE_NATS
     this_name, other_name = _short_name(run), _short_name(other)
     if this_name == other_name:
         other_name += " (against)"
     counts, edges = np.histogram(flat, bins=60)
     tok = run.tokenizer
     top_list = []
-    for r, t in stats.top_gains(diff_NT, top):
+    for r, t in stats.top_gains(np.where(diff_NT > stats.TIE_NATS, diff_NT, -np.inf), top):
         x, y = rows_batch(tokens, run.seq_len, row_ids[r : r + 1])
         ids = x[0, : t + 1].tolist()
         top_list.append({"row": int(row_ids[r]), "position": t, "token": tok.decode([int(y[0, t])]),
@@ -233,7 +234,8 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
                 "against_loss": float(collected.against_loss_NT[r, t]),
             }
         )
-    written = figures.save(figures.loss_diff_figure(diff_NT, this_name, other_name), out, "loss_diff", pdf)
+    written = figures.save(figures.loss_diff_figure(diff_NT, this_name, other_name, tie_nats=stats.TIE_NATS), out,
+                           "loss_diff", pdf)
     written += figures.save(
         figures.examples_figure(
             drawn,
@@ -252,7 +254,10 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
         "mean": float(flat.mean()),
         "median": float(np.median(flat)),
         "std": float(flat.std()),
-        "fraction_positive": float((flat > 0).mean()),
+        "tie_nats": stats.TIE_NATS,
+        "fraction_positive": float(better.mean()),  # this run better by more than tie_nats
+        "fraction_negative": float(worse.mean()),
+        "fraction_tied": float(1.0 - better.mean() - worse.mean()),
         "loss": float(collected.loss_NT.mean()),
         "against_loss": against_loss,
         "against_ppl": math.exp(against_loss) if against_loss < 50 else float("inf"),
@@ -304,8 +309,9 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     if d:
         best = d["top_tokens"][0] if d["top_tokens"] else None
         print(f"  vs {d['against']} ({d['against_attention']}): loss {d['against_loss']:.4f} -> {d['loss']:.4f} nats; "
-              f"per-token gain mean {d['mean']:+.4f}, median {d['median']:+.4f}, this run better on "
-              f"{100 * d['fraction_positive']:.0f}% of tokens"
+              f"per-token gain mean {d['mean']:+.4f}, median {d['median']:+.4f}; this run better on "
+              f"{100 * d['fraction_positive']:.0f}% of tokens, worse on {100 * d['fraction_negative']:.0f}%, "
+              f"within {d['tie_nats']:g} nats on {100 * d['fraction_tied']:.0f}%"
               + (f"; largest gain {best['diff']:+.2f} on {best['token']!r}" if best else ""))
     for note in summary.get("notes", []):
         if not note.startswith(summary["attention"]):

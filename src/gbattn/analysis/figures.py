@@ -290,7 +290,8 @@ def norms_figure(norms: dict, title: str = ""):
     return fig
 
 
-def loss_diff_figure(diff_NT: np.ndarray, this_name: str, against_name: str, title: str = ""):
+def loss_diff_figure(diff_NT: np.ndarray, this_name: str, against_name: str, title: str = "",
+                     tie_nats: float = 1e-4):
     """Distribution of the per-token loss difference (against − this run; positive = this
     run better) and its mean by position."""
     diff = np.asarray(diff_NT, dtype=np.float64)
@@ -304,10 +305,12 @@ def loss_diff_figure(diff_NT: np.ndarray, this_name: str, against_name: str, tit
         hist_ax.axvline(0, color="black", linewidth=1)
         mean = float(flat.mean()) if flat.size else 0.0
         hist_ax.axvline(mean, color="#d62728", linestyle="--", linewidth=1.5, label=f"mean {mean:+.3f} nats")
-        share = float((flat > 0).mean()) if flat.size else 0.0
+        better = float((flat > tie_nats).mean()) if flat.size else 0.0
+        worse = float((flat < -tie_nats).mean()) if flat.size else 0.0
         hist_ax.set_xlabel(f"loss({against_name}) − loss({this_name})  (nats per token)")
         hist_ax.set_ylabel("tokens")
-        hist_ax.set_title(f"{this_name} better on {100 * share:.0f}% of tokens (right of 0)")
+        hist_ax.set_title(f"{this_name} better on {100 * better:.0f}% of tokens, worse on {100 * worse:.0f}% "
+                          f"(ties: within {tie_nats:g})")
         hist_ax.legend(loc="upper left")
         positions = np.arange(diff.shape[1])
         pos_ax.plot(positions, diff.mean(0), color="#d62728", linewidth=1.5)

@@ -91,6 +91,11 @@ def token_norms(v_BTD: Tensor) -> Tensor:
     return torch.linalg.vector_norm(v_BTD.double(), dim=-1)
 
 
+# Per-token loss differences within this many nats are ties: two evaluations of the same weights on
+# different code paths (the analysis record's explicit path, SDPA) differ by float32 rounding, about 1e-6.
+TIE_NATS = 1e-4
+
+
 def top_gains(diff_NT: np.ndarray, k: int, min_position: int = 0, one_per_row: bool = False) -> list[tuple[int, int]]:
     """(row, position) of the ``k`` largest values of ``diff_NT`` at positions >= ``min_position``,
     largest first; with ``one_per_row`` at most one position from each row."""
