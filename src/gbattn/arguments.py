@@ -13,6 +13,14 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"gbattn: error: {message} (see: {self.prog} --help)\n")
 
 
+def directory(text: str) -> str:
+    """An argparse type: a directory path that is not empty (``--out ""`` would mean the working
+    directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: name a directory")
+    return text
+
+
 def at_least(minimum: int):
     """An argparse type: an integer >= ``minimum``."""
 

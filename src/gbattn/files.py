@@ -68,6 +68,8 @@ def append_jsonl(path: str | Path, record: dict) -> None:
 def check_writable_dir(path: str | Path, what: str = "--out", create: bool = True) -> Path:
     """Prove a file can be written in directory ``path`` before long work starts: create it and
     write a probe file, or (``create=False``) probe the nearest existing parent without creating anything."""
+    if not str(path).strip():
+        raise UserError(f"{what} is empty: name a directory")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"{what} {path} is a file, not a directory")

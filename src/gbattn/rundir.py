@@ -21,6 +21,7 @@ Checkpoints are read with ``torch.load(weights_only=True)``: a file that needs a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import io
@@ -156,6 +157,7 @@ class RunLock:
         if key in RunLock._held:  # this process already holds it (e.g. compare, then its runs)
             self.fd = None
             return
+        self.created = not self.directory.exists()
         check_writable_dir(self.directory, "--out")
         self.fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -174,8 +176,14 @@ class RunLock:
         remove_debris(self.directory)
 
     def release(self) -> None:
+        """Unlock; a directory this lock created that holds nothing else (the work failed before
+        writing anything, e.g. on bad --data) is removed, so a typo leaves no stray directory."""
         if self.fd is not None:
             RunLock._held.pop(self.key, None)
+            if self.created and [p.name for p in self.directory.iterdir()] == [LOCK]:
+                with contextlib.suppress(OSError):
+                    (self.directory / LOCK).unlink()
+                    self.directory.rmdir()
             os.close(self.fd)
             self.fd = None
 

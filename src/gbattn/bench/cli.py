@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gbattn.arguments import at_least
+from gbattn.arguments import at_least, directory
 
 DEFAULT_VARIANTS = ["standard", "boosted", "boosted:kv_source=shared", "twicing", "gated", "differential"]
 
@@ -30,7 +30,7 @@ def register(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                    help="model-config override for every variant, e.g. --set dropout=0")
     p.add_argument("--threads", type=at_least(1), default=None, help="CPU threads (default: torch's, one per core)")
-    p.add_argument("--out", default=None, help="write bench.json and bench.md here")
+    p.add_argument("--out", type=directory, default=None, help="write bench.json and bench.md here")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_bench)
 
