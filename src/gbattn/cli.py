@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 
 from gbattn import arguments
 
@@ -95,13 +97,27 @@ def build_parser() -> arguments.Parser:
     return parser
 
 
+def _interrupted_while_starting(signum, frame) -> None:
+    print("gbattn: interrupted", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def main(argv: list[str] | None = None) -> int:
     from gbattn.errors import UserError
 
     parser = build_parser()
     args = parser.parse_args(argv)  # --help and usage errors end here, before anything heavy is imported
+    # Ctrl-C while torch is imported: torch's import can swallow the KeyboardInterrupt (the command
+    # then ran to its end) or fail oddly, and nothing has started yet, so leave at once.
+    previous = signal.signal(signal.SIGINT, _interrupted_while_starting) if _main_thread() else None
     from gbattn.runtime import set_invocation  # torch
 
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
     set_invocation(sys.argv[1:] if argv is None else argv)
     try:
         args.func(args)
