@@ -44,7 +44,8 @@ def device_name(device: torch.device) -> str:
     with the thread count in use."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({torch.get_num_threads()} threads, {platform.processor() or platform.machine()})"
+    threads = torch.get_num_threads()
+    return f"cpu ({threads} thread{'s' if threads != 1 else ''}, {platform.processor() or platform.machine()})"
 
 
 def rng_state(device: torch.device) -> torch.Tensor:

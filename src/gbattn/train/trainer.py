@@ -221,7 +221,8 @@ class Trainer:
         else:
             if len(train) <= self.seq_len + 1:
                 raise DataError(
-                    f"the training split has {len(train)} tokens: fewer than one window of {self.seq_len + 1}"
+                    f"the training split has {len(train):,} tokens: fewer than one row of {self.seq_len + 1}; use a "
+                    f"longer file or a smaller seq_len"
                 )
             self.steps_per_epoch = None
             self.total_steps = cfg.max_steps
@@ -281,7 +282,8 @@ class Trainer:
         if cfg.eval_every:
             evals.append(f"every {cfg.eval_every:,} steps")
         n_evals = sum(self._is_eval_step(s) for s in range(1, self.total_steps + 1))
-        lines.append(f"{self.total_steps:,} steps{epochs} of {cfg.batch_size} x {self.seq_len} tokens, warmup "
+        steps = f"{self.total_steps:,} step{'s' if self.total_steps != 1 else ''}"
+        lines.append(f"{steps}{epochs} of {cfg.batch_size} x {self.seq_len} tokens, warmup "
                      f"{self.warmup:,}, evaluation {' and '.join(evals) or 'at the end'} ({n_evals:,} in all), "
                      f"{self.device.type}{self._threads_text()}")
         if self.steps_per_epoch and self.steps_per_epoch < FREQUENT_EVAL_STEPS and not cfg.eval_every:
