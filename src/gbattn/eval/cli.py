@@ -99,6 +99,9 @@ def cmd_generate(args) -> None:
     for row in out.tolist():
         print(run.tokenizer.decode(row))
         print("---")
+    if run.tokenizer.kind == "bpe":
+        print("note: the paper's BPE keeps no word boundaries, so its pieces are shown separated by spaces "
+              "(README, 'Data')", file=sys.stderr)
     tokens = args.num_samples * args.max_new_tokens
     print(f"{args.num_samples} x {args.max_new_tokens} tokens in {dt:.2f} s ({tokens / max(dt, 1e-9):,.0f} tokens/s, "
           f"{'no cache' if args.no_cache else how})", file=sys.stderr)  # stdout holds the text alone
