@@ -47,8 +47,10 @@ def cmd_eval(args) -> None:
     import numpy as np
 
     from gbattn.data.prepare import prepare_run_data
+    from gbattn.data.tokens import num_rows
     from gbattn.eval.perplexity import evaluate
     from gbattn.files import check_writable_file
+    from gbattn.progress import Progress
     from gbattn.rundir import load_run
     from gbattn.runtime import autocast, resolve_device, set_threads
 
@@ -58,8 +60,11 @@ def cmd_eval(args) -> None:
     device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)
     data = prepare_run_data(run, args.data, args.allow_other_data)
-    res = evaluate(run.model, data.splits[args.split], run.seq_len, args.batch_size, device, autocast(device),
-                   per_token=bool(args.per_token))
+    tokens = data.splits[args.split]
+    bar = Progress(num_rows(tokens, run.seq_len), desc=f"eval {args.split}", unit="row")
+    res = evaluate(run.model, tokens, run.seq_len, args.batch_size, device, autocast(device),
+                   per_token=bool(args.per_token), progress=bar.update)
+    bar.close()
     out = {"run_dir": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint, "step": run.step,
            "loss": res.loss, "ppl": res.ppl, "tokens": res.tokens}
     if args.per_token:
@@ -80,6 +85,7 @@ def cmd_generate(args) -> None:
 
     from gbattn.errors import UserError
     from gbattn.model.decoding import decoder_for
+    from gbattn.progress import Progress
     from gbattn.rundir import load_run
     from gbattn.runtime import resolve_device, set_threads
 
@@ -92,10 +98,13 @@ def cmd_generate(args) -> None:
     idx = torch.tensor([ids] * args.num_samples, device=device)
     step, how = decoder_for(run.model, compile=False if args.no_cache else args.compile,
                             max_new_tokens=args.max_new_tokens)
+    # A bar for long generations only (one token per step for the whole batch).
+    bar = Progress(args.max_new_tokens, desc="generating", unit="token", disable=args.max_new_tokens < 1000)
     t0 = time.perf_counter()
     out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
-                             use_cache=not args.no_cache, decode_step=step)
+                             use_cache=not args.no_cache, decode_step=step, progress=bar.update)
     dt = time.perf_counter() - t0
+    bar.close()
     for row in out.tolist():
         print(run.tokenizer.decode(row))
         print("---")

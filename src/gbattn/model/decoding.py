@@ -81,7 +81,7 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -
 @torch.no_grad()
 def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              seed: int | None = None, use_cache: bool = True, prompt_mask: Tensor | None = None,
-             decode_step=None, compile: bool | None = None) -> Tensor:
+             decode_step=None, compile: bool | None = None, progress=None) -> Tensor:
     """Continue ``idx_BT`` by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens).
 
     ``prompt_mask`` (B, T): True for real prompt tokens, for a left-padded batch (each row then
@@ -90,7 +90,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     where that is faster (``compile=None``, :func:`decoder_for`), ``compile=False`` never. Once the
     sequence fills the model's
     ``block_size``, later tokens are predicted from the last ``block_size`` tokens without a cache,
-    as nanoGPT does.
+    as nanoGPT does. ``progress(1)`` is called after each new token (e.g. a progress bar's update).
     """
     check_sampling(max_new_tokens, temperature, top_k)
     was_training = model.training
@@ -125,6 +125,8 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
                 logits = model(window, **_padded_window(mask_BT, out.shape[1], window.shape[1], prompt_mask))[:, -1]
             nxt = sample_next(logits, temperature, top_k, generator)
             out = torch.cat([out, nxt], dim=1)
+            if progress is not None:
+                progress(1)
             slot = out.shape[1] - 1
             if cached and slot < max_len:
                 pos = None if prompt_mask is None else real_B1 + (slot - T)
