@@ -460,7 +460,7 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
 
 
 def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
-    """(name, argv, a piece of the one line) for 69 bad inputs."""
+    """(name, argv, a piece of the one line) for 70 bad inputs."""
     f = _bad_files(tmp_path / "files")
     broken = _broken_runs(trained, tmp_path / "broken")
     run, data = trained["run"], trained["data"]
@@ -550,6 +550,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("bench --out is a file", ["bench", "--preset", "cpu-char", "--out", f["a-file"]],
          "is a file, not a directory"),
         ("empty --out", ["train", "--out", "", "--data", data, "--tokenizer", "char"], "--out: is empty"),
+        ("--data is a device", ["train", "--out", tmp_path / "o11", "--data", "/dev/null"],
+         "is neither a regular file nor a directory"),
     ]
     return cases
 
@@ -557,7 +559,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
 def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     cases = bad_inputs(trained, tmp_path)
-    assert len(cases) >= 69
+    assert len(cases) >= 70
     (tmp_path / "empty-dir").mkdir()
     before = snapshot(trained["run"])
     report = []
@@ -569,7 +571,7 @@ def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, mo
         report.append(f"{name}: {line}")
     assert snapshot(trained["run"]) == before  # nothing in the run directory changed
     # A new run that failed before writing anything leaves no directory behind (a typo in --data).
-    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 11)), sorted(tmp_path.glob("o*"))
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 12)), sorted(tmp_path.glob("o*"))
     (tmp_path / "bad-inputs.txt").write_text("\n".join(report) + "\n")
 
 

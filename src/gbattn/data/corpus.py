@@ -243,5 +243,7 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
             raise DataError(f"--data {path} cannot be read ({e.strerror})") from None
     if path.is_file():
         return _single_file(path, tuple(split))
+    if path.exists():
+        raise DataError(f"--data {data!r} is neither a regular file nor a directory (a device or a pipe)")
     raise DataError(f"--data {data!r}: no such file or directory, and not a known corpus name "
                     f"({', '.join([*BUNDLED, *HF_NAMES])})")
