@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gbattn.config import build_configs
+from gbattn.errors import UserError
 from gbattn.experiments import compare as compare_mod
 from gbattn.experiments.compare import run_compare
 from gbattn.experiments.recipes import RECIPES, get_recipe
@@ -83,6 +84,25 @@ def test_compare_refuses_other_settings_in_same_dir(tmp_path):
         run_compare(
             "cpu-proxy", tmp_path / "cmp", data=str(data), sets={**sets, "lr": 0.5}, only=["standard"], quiet=True
         )
+
+
+def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_path):
+    """--set seed (every 'seed' would be that one), --set of a key the recipe sets per model (it
+    would be overridden), and a finished run reused after its data changed under the same name."""
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
+                eval_tokens=None, warmup_steps=1)
+    with pytest.raises(UserError, match="use --seeds"):
+        run_compare("cpu-proxy", tmp_path / "a", data=str(data), sets={**sets, "seed": 7}, quiet=True)
+    with pytest.raises(UserError, match=r"--set attn.rounds: the recipe sets it per model"):
+        run_compare("cpu-proxy", tmp_path / "b", data=str(data), sets={**sets, "attn.rounds": 3}, only=["gba-m2"],
+                    quiet=True)
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    train_file = data / "wiki.train.tokens"
+    train_file.write_text("".join(reversed(train_file.read_text().splitlines(keepends=True))))
+    with pytest.raises(UserError, match="was trained on other data"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard", "gba-m2"],
+                    quiet=True)
 
 
 def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):

@@ -109,6 +109,13 @@ def test_results_figure_and_markdown_omit_published_numbers_of_a_shorter_run():
     # A row whose steps differ from the described 2,000 loses its published value without any --set.
     rows[0]["steps"] = 1000
     assert "6.55" not in results_markdown(report_of(rows))
+    rows[0]["steps"] = 2000
+    # Other data than the recipe's, or a changed model: the published number is for another setting.
+    other_data = {**report_of(rows), "data": "wikitext-2"}
+    assert "6.55" not in results_markdown(other_data)
+    assert "published numbers omitted: these runs trained on wikitext-2, not tiny-shakespeare" in results_markdown(
+        other_data)
+    assert "6.55" not in results_markdown(report_of(rows, sets={"d_model": 32}))
 
 
 # ---- curves --------------------------------------------------------------------------------

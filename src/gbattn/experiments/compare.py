@@ -53,10 +53,16 @@ def comparable(model_cfg, train_cfg) -> dict:
     return {"model": model_d, "train": train_d}
 
 
-def check_run(run_dir: Path, model_cfg, train_cfg) -> None:
-    """Refuse a run directory whose recorded configs are not the ones asked for."""
+def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = None) -> None:
+    """Refuse a run directory whose recorded configs are not the ones asked for, or that trained on
+    other data (its recorded fingerprint differs from ``fingerprint``, the data's now)."""
     config_path = run_dir / rundir.CONFIG
-    recorded_model, recorded_train = rundir.read_configs(rundir.read_json(config_path), config_path)
+    config = rundir.read_json(config_path)
+    recorded = (config.get("data") or {}).get("fingerprint") if isinstance(config.get("data"), dict) else None
+    if fingerprint and recorded and recorded != fingerprint:
+        raise UserError(f"{run_dir} was trained on other data than {train_cfg.data} holds now (fingerprint "
+                        f"{recorded[:16]} recorded, {fingerprint[:16]} now); move it away or use another --out")
+    recorded_model, recorded_train = rundir.read_configs(config, config_path)
     want, have = comparable(model_cfg, train_cfg), comparable(recorded_model, recorded_train)
     differ = [f"{part}.{k}: recorded {have[part].get(k)!r}, asked {want[part].get(k)!r}"
               for part in ("model", "train") for k in sorted(set(want[part]) | set(have[part]))
@@ -77,6 +83,8 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         raise UserError(f'recipe {recipe.name!r} needs --data (README, section "Reproducing the paper\'s tables")')
     seeds = seeds or recipe.seeds
     sets = dict(sets or {})
+    if "seed" in sets:
+        raise UserError("--set seed=... would give every run of the comparison that one seed: use --seeds")
     out = Path(out_dir)
     lock = rundir.RunLock(out, what="comparison")
     try:
@@ -86,6 +94,12 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
             raise UserError(
                 f"--only {unknown}: not in recipe {recipe.name!r} ({', '.join(s.label for s in recipe.models)})"
             )
+        # Model keys a recipe sets per model are applied after --set (spec_configs): refuse them.
+        per_model = sorted({key for spec in specs for key in (*spec.model, *(f"attn.{k}" for k in spec.attn_options))}
+                           & set(sets))
+        if per_model:
+            raise UserError(f"--set {', '.join(per_model)}: the recipe sets {'it' if len(per_model) == 1 else 'them'} "
+                            f"per model, so the value would be overridden; train such a model with `gbattn train`")
         request = {"recipe": recipe.name, "data": portable_path(data), "seeds": seeds, "sets": sets,
                    "command": command_line(portable=True)}
         _check_request(out / "recipe.json", request)
@@ -93,8 +107,10 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         run_sets = {**sets, "threads": per_run_threads} if per_run_threads else sets
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
         probe_model, probe_train = spec_configs(recipe, specs[0], data, seeds[0], run_sets, None)
-        vocab = prepare_data(probe_train, probe_model.vocab_size, progress=not quiet).tokenizer.vocab_size
-        runner = _Runner(recipe, specs, seeds, data, run_sets, vocab, out, request, quiet, jobs)
+        prepared = prepare_data(probe_train, probe_model.vocab_size, progress=not quiet)
+        vocab = prepared.tokenizer.vocab_size
+        runner = _Runner(recipe, specs, seeds, data, run_sets, vocab, out, request, quiet, jobs,
+                         prepared.corpus_fingerprint)
         return runner.run()
     finally:
         lock.release()
@@ -103,8 +119,9 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
 class _Runner:
     """Schedules the runs of a comparison: in this process (one job) or as child processes."""
 
-    def __init__(self, recipe, specs, seeds, data, sets, vocab, out, request, quiet, jobs) -> None:
+    def __init__(self, recipe, specs, seeds, data, sets, vocab, out, request, quiet, jobs, fingerprint=None) -> None:
         self.recipe, self.specs, self.seeds, self.data, self.sets = recipe, specs, seeds, data, sets
+        self.fingerprint = fingerprint
         self.vocab, self.out, self.request, self.quiet, self.jobs = vocab, out, request, quiet, jobs
         self.results: dict[str, dict[int, dict]] = {s.label: {} for s in specs}
         self.bar = Progress(
@@ -165,7 +182,7 @@ class _Runner:
                                                self.results, self.out)
         existing = (run_dir / rundir.CONFIG).exists()
         if existing:
-            check_run(run_dir, model_cfg, train_cfg)
+            check_run(run_dir, model_cfg, train_cfg, self.fingerprint)
         if (run_dir / rundir.RESULT).exists():
             self.results[spec.label][seed] = rundir.read_json(run_dir / rundir.RESULT)
             self.bar.update(1, last=f"{spec.label}/seed{seed} (done before)")

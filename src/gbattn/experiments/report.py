@@ -92,12 +92,41 @@ def length_overrides(report: dict) -> dict:
     return {k: sets[k] for k in TRAINING_LENGTH_KEYS if k in sets}
 
 
+def corpus_family(data: str) -> str:
+    """The corpus a --data value names, for telling corpora apart: a local copy's folder or a file in
+    it and the Hugging Face name alike (``wikitext-103``, ``wikitext-103-raw-v1``,
+    ``wikitext-103/wiki.train.tokens``; ``tiny-shakespeare/input.txt``)."""
+    parts = [p for p in Path(data).parts if p not in (".", "..", "/")]
+    first = parts[0] if parts else data
+    return re.sub(r"(-raw)?(-v\d+)?$", "", first)
+
+
+def other_setting(report: dict) -> str | None:
+    """Why the runs are not the published ones' setting, or None: data other than the recipe's
+    (e.g. WikiText-2 for a WikiText-103 recipe), or ``--set`` values that change the model."""
+    from gbattn.config import ModelConfig
+    from gbattn.experiments.recipes import RECIPES
+    from gbattn.files import portable_path
+
+    recipe = RECIPES.get(report.get("recipe"))
+    if recipe is not None and recipe.default_data and (corpus_family(str(report.get("data")))
+                                                       != corpus_family(portable_path(recipe.default_data))):
+        return f"these runs trained on {report.get('data')}, not {recipe.default_data}"
+    model_fields = set(ModelConfig.__dataclass_fields__)
+    changed = {k: v for k, v in (report.get("sets") or {}).items() if k.split(".")[0] in model_fields
+               or k.startswith("attn.")}
+    if changed:
+        return "this comparison changes the model (" + ", ".join(f"{k}={v}" for k, v in changed.items()) + ")"
+    return None
+
+
 def published_value(report: dict, row: dict):
-    """The row's published (mean, std), or None when the runs did not train for the steps the
-    published number is for: ``sets`` overrides one of :data:`TRAINING_LENGTH_KEYS`, or the
-    recipe description names a step count other than the row's ``steps``."""
+    """The row's published (mean, std), or None when the runs are not what the published number is
+    for: other data or another model (:func:`other_setting`), ``sets`` overriding one of
+    :data:`TRAINING_LENGTH_KEYS`, or a recipe description naming a step count other than the row's
+    ``steps``."""
     pub = row.get("published")
-    if not pub or pub[0] is None or length_overrides(report):
+    if not pub or pub[0] is None or length_overrides(report) or other_setting(report):
         return None
     described = described_steps(report.get("description", ""))
     return None if described is not None and row.get("steps") != described else pub
@@ -110,6 +139,8 @@ def published_omitted_note(report: dict) -> str | None:
                for r in rows):
         return None
     overrides = length_overrides(report)
+    if other_setting(report):
+        return f"published numbers omitted: {other_setting(report)}"
     if overrides:
         what = "length" if set(overrides) <= {"max_steps", "epochs", "batch_size", "seq_len"} else "length or schedule"
         return (f"published numbers omitted: this comparison overrides the recipe's training {what} "
