@@ -262,3 +262,18 @@ def test_plot_out_that_is_a_file_or_under_one_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1 and f"--out {out} {expected}" in err, (argv, err)
     assert a_file.read_text() == "x"
+
+
+def test_paired_differences_with_a_missing_seed_name_their_seeds_and_are_not_called_real():
+    """Standard on seeds 1, 2, 3 and GBA on 1 and 2 (its seed 3 failed): GBA's cell names each
+    value's seed, says seed 3 is missing, and is not **real** although both seeds agree in sign."""
+    rows = [model_row("standard", {"1": 9.0, "2": 9.1, "3": 9.2}), model_row("gba-m2", {"1": 8.8, "2": 8.9})]
+    rows[0]["valid_loss"] = {"1": 2.20, "2": 2.21, "3": 2.22}
+    rows[1]["valid_loss"] = {"1": 2.17, "2": 2.18}
+    md = results_markdown({**report_of(rows), "seeds": [1, 2, 3]})
+    gba = next(line for line in md.splitlines() if line.startswith("| gba-m2 | 800,000 | 0.008 |"))
+    assert "1: -0.030 / 2: -0.030; seed 3 missing" in gba and "**real**" not in gba
+    rows[1]["valid_loss"]["3"] = 2.19
+    gba = next(line for line in results_markdown(report_of(rows)).splitlines()
+               if line.startswith("| gba-m2 | 800,000 | 0.008 |"))
+    assert "(-0.030 / -0.030 / -0.030) **real**" in gba

@@ -329,13 +329,19 @@ def paired_differences(row: dict, reference: dict) -> dict[str, float]:
             if mine[s] is not None and theirs[s] is not None}
 
 
-def paired_cell(diffs: dict[str, float]) -> str:
-    """'-0.021 (-0.030 / -0.015 / -0.019) real' : mean, each seed, and whether every seed agrees in sign."""
+def paired_cell(diffs: dict[str, float], seeds: list[str] | None = None) -> str:
+    """'-0.021 (-0.030 / -0.015 / -0.019) real' : mean, each seed, and whether every seed agrees in
+    sign. When a seed of ``seeds`` (the table's) is missing, each value is named by its seed and the
+    difference is not called real (not every seed was seen)."""
     if not diffs:
         return "—"
     values = list(diffs.values())
-    agree = len(values) > 1 and (all(v < 0 for v in values) or all(v > 0 for v in values))
-    per_seed = " / ".join(f"{v:+.3f}" for v in values)
+    missing = [s for s in (seeds or []) if s not in diffs]
+    agree = not missing and len(values) > 1 and (all(v < 0 for v in values) or all(v > 0 for v in values))
+    if missing:
+        per_seed = " / ".join(f"{s}: {v:+.3f}" for s, v in diffs.items()) + f"; seed {', '.join(missing)} missing"
+    else:
+        per_seed = " / ".join(f"{v:+.3f}" for v in values)
     return f"{statistics.fmean(values):+.3f} ({per_seed}){' **real**' if agree else ''}"
 
 
@@ -346,17 +352,18 @@ def paired_table(rows: list[dict]) -> list[str]:
     matched = next((r for r in rows if r.get("compute_matched_to")), None)
     if base is None or len(base.get("valid_loss") or {}) < 2:
         return []
+    seeds = sorted(base["valid_loss"], key=seed_key)
     lines = ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
              f"Each cell: the mean over seeds of (model − reference) on the same seed, then each seed's difference "
-             f"({', '.join(sorted(base['valid_loss'], key=seed_key))}); **real** = every seed agrees in sign.", "",
+             f"({', '.join(seeds)}); **real** = every seed agrees in sign.", "",
              "| model | parameters | train PFLOP | valid loss | Δ vs standard | Δ vs compute-matched |",
              "| --- | ---: | ---: | ---: | --- | --- |"]
     for r in rows:
         losses = [v for v in (r.get("valid_loss") or {}).values() if v is not None]
         mean = statistics.fmean(losses) if losses else None
         std = statistics.stdev(losses) if len(losses) > 1 else None
-        vs_base = paired_cell(paired_differences(r, base)) if r is not base else "—"
-        vs_matched = paired_cell(paired_differences(r, matched)) if matched and r is not matched else "—"
+        vs_base = paired_cell(paired_differences(r, base), seeds) if r is not base else "—"
+        vs_matched = paired_cell(paired_differences(r, matched), seeds) if matched and r is not matched else "—"
         lines.append(f"| {r['label']} | {r['parameters']:,} | {r['train_flops'] / 1e15:.3g} | {_fmt(mean, std, 3)} | "
                      f"{vs_base} | {vs_matched} |")
     return lines
