@@ -277,3 +277,13 @@ def test_paired_differences_with_a_missing_seed_name_their_seeds_and_are_not_cal
     gba = next(line for line in results_markdown(report_of(rows)).splitlines()
                if line.startswith("| gba-m2 | 800,000 | 0.008 |"))
     assert "(-0.030 / -0.030 / -0.030) **real**" in gba
+
+
+def test_results_say_when_test_is_validation_and_how_far_param_fair_is_above_gba():
+    rows = [model_row("standard", {"42": 9.0}), model_row("param-fair", {"42": 8.6}), model_row("gba-m2", {"42": 8.8})]
+    rows[1].update(param_matched_to="gba-m2", parameters=840_000)
+    md = results_markdown(report_of(rows))
+    assert "no test split: test perplexity is the validation perplexity" in md
+    assert "(+5.0% parameters against gba-m2)" in md
+    rows[0]["valid_ppl"] = {"42": 9.5}  # a real test split: test and validation differ
+    assert "no test split" not in results_markdown(report_of(rows))

@@ -305,8 +305,12 @@ def results_markdown(report: dict) -> str:
     if report.get("published_source") and any(published_value(report, r) for r in rows):
         lines += ["", f"Published: {report['published_source']}."]
     lines += paired_table(rows)
-    lines += ["", "Test perplexity from the best-validation checkpoint; mean ± sample std over seeds.",
-              "`param-fair`: the smallest standard width with at least GBA's parameters; `compute-matched`: standard "
+    test_is_valid = rows and all(r.get("test_ppl") and r.get("test_ppl") == r.get("valid_ppl") for r in rows)
+    lines += ["", "Test perplexity from the best-validation checkpoint; mean ± sample std over seeds."
+              + (" This data has no test split: test perplexity is the validation perplexity of the checkpoint "
+                 "chosen on it." if test_is_valid else ""),
+              "`param-fair`: the smallest standard width with at least GBA's parameters"
+              + param_gap_text(rows) + "; `compute-matched`: standard "
               "trained for as many training FLOPs (torch.utils.flop_counter, forward + backward) as GBA used."]
     lines += ["", "## Validation perplexity during training (seed mean)", ""]
     steps = sorted({p["step"] for r in rows for c in r["curves"].values() for p in c})
@@ -320,6 +324,15 @@ def results_markdown(report: dict) -> str:
                 cells.append(f"{statistics.fmean(vals):.2f}" if vals else "")
             lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def param_gap_text(rows: list[dict]) -> str:
+    """' (+5.0% parameters against gba-m2)': how far each param-fair row is above its model."""
+    by_label = {r["label"]: r for r in rows}
+    gaps = [f"{100 * (r['parameters'] / by_label[r['param_matched_to']]['parameters'] - 1):+.1f}% parameters "
+            f"against {r['param_matched_to']}" for r in rows
+            if r.get("param_matched_to") in by_label and by_label[r["param_matched_to"]].get("parameters")]
+    return f" ({'; '.join(gaps)})" if gaps else ""
 
 
 def paired_differences(row: dict, reference: dict) -> dict[str, float]:
