@@ -105,6 +105,21 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
                     quiet=True)
 
 
+def test_a_rerun_of_a_subset_keeps_every_finished_run_in_the_report(tmp_path):
+    """Standard and GBA on seeds 1 and 2, then a rerun asking for standard on seed 1 only: the
+    report still holds both models on both seeds (it held only what the rerun asked for)."""
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
+                eval_tokens=None, warmup_steps=1)
+    first = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1, 2], sets=sets,
+                        only=["standard", "gba-m2"], quiet=True)
+    again = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets, only=["standard"],
+                        quiet=True)
+    assert [r["label"] for r in again["models"]] == ["standard", "gba-m2"] and again["seeds"] == [1, 2]
+    assert [r["test_ppl"] for r in again["models"]] == [r["test_ppl"] for r in first["models"]]
+    assert again["complete"]
+
+
 def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):
     """The upcycle recipe: continuations start from the base run's weights (upcycled ones compute the
     base's function), the compute-matched continuation gets GBA's continuation FLOPs."""

@@ -163,7 +163,23 @@ class _Runner:
         self.bar.close()
         if failed:
             raise UserError(f"{len(failed)} run(s) failed: {'; '.join(failed)}; rerun the same command to retry them")
-        return write_results(self.out, self.recipe, self.request, self.specs, self.results)
+        return self._report()
+
+    def _report(self) -> dict:
+        """results.json and results.md over every finished run of this comparison: the ones asked for
+        now, and those an earlier invocation trained for other models (--only) or seeds (--seeds),
+        each checked as a reused run is (its configs and data), so a rerun of a subset keeps them."""
+        for seed in self.request["seeds"]:
+            for spec in training_order(self.recipe.models):
+                run_dir = self.out / spec.label / f"seed{seed}"
+                if seed in self.results.get(spec.label, {}) or not (run_dir / rundir.RESULT).exists():
+                    continue
+                model_cfg, train_cfg = matched_configs(self.recipe, spec, self.data, seed, self.sets, self.vocab,
+                                                       self.results, self.out)
+                check_run(run_dir, model_cfg, train_cfg, self.fingerprint)
+                self.results.setdefault(spec.label, {})[seed] = rundir.read_json(run_dir / rundir.RESULT)
+        specs = [s for s in self.recipe.models if self.results.get(s.label)]
+        return write_results(self.out, self.recipe, self.request, specs, self.results)
 
     def _ready(self, spec: ModelSpec, seed: int) -> bool:
         """A run waits for the runs it starts from or is matched to."""
