@@ -120,6 +120,18 @@ def test_a_rerun_of_a_subset_keeps_every_finished_run_in_the_report(tmp_path):
     assert again["complete"]
 
 
+def test_only_a_matched_model_says_what_it_needs_and_seeds_count_once(tmp_path):
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
+                eval_tokens=None, warmup_steps=1)
+    with pytest.raises(UserError, match="it needs gba-m2 seed 1, which is neither finished here nor asked for"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets, only=["compute-matched"],
+                    quiet=True)
+    report = run_compare("cpu-proxy", tmp_path / "two", data=str(data), seeds=[1, 1], sets=sets, only=["standard"],
+                         quiet=True)
+    assert report["seeds"] == [1] and report["complete"]
+
+
 def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):
     """The upcycle recipe: continuations start from the base run's weights (upcycled ones compute the
     base's function), the compute-matched continuation gets GBA's continuation FLOPs."""

@@ -81,7 +81,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     data = data or recipe.default_data
     if not data:
         raise UserError(f'recipe {recipe.name!r} needs --data (README, section "Reproducing the paper\'s tables")')
-    seeds = seeds or recipe.seeds
+    seeds = list(dict.fromkeys(seeds or recipe.seeds))  # each seed once, in the order given
     sets = dict(sets or {})
     if "seed" in sets:
         raise UserError("--set seed=... would give every run of the comparison that one seed: use --seeds")
@@ -150,10 +150,8 @@ class _Runner:
                             running[(spec.label, seed)] = proc
                 if running:
                     time.sleep(0.5)
-                elif todo and not started:  # what is left waits for a run that failed
-                    failed += [
-                        f"{s.label}/seed{seed} (not trained: the run it is matched to failed)" for s, seed in todo
-                    ]
+                elif todo and not started:  # what is left waits for a run that failed or was not asked for
+                    failed += [f"{s.label}/seed{seed} (not trained: {self._waits_for(s, seed)})" for s, seed in todo]
                     break
         finally:
             for proc in running.values():  # this process is stopping: stop the children cleanly
@@ -180,6 +178,17 @@ class _Runner:
                 self.results.setdefault(spec.label, {})[seed] = rundir.read_json(run_dir / rundir.RESULT)
         specs = [s for s in self.recipe.models if self.results.get(s.label)]
         return write_results(self.out, self.recipe, self.request, specs, self.results)
+
+    def _waits_for(self, spec: ModelSpec, seed: int) -> str:
+        """Why a run cannot start: the run it starts from or is matched to failed, or is not part of
+        this invocation (--only) and not finished in the directory."""
+        asked = {s.label for s in self.specs}
+        missing = [ref for ref in depends_on(spec) if ref not in asked
+                   and not (self.out / ref / f"seed{seed}" / rundir.RESULT).exists()]
+        if missing:
+            return f"it needs {', '.join(missing)} seed {seed}, which is neither finished here nor asked for: add it " \
+                   f"to --only"
+        return "the run it starts from or is matched to failed"
 
     def _ready(self, spec: ModelSpec, seed: int) -> bool:
         """A run waits for the runs it starts from or is matched to."""
