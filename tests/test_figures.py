@@ -287,3 +287,10 @@ def test_results_say_when_test_is_validation_and_how_far_param_fair_is_above_gba
     assert "(+5.0% parameters against gba-m2)" in md
     rows[0]["valid_ppl"] = {"42": 9.5}  # a real test split: test and validation differ
     assert "no test split" not in results_markdown(report_of(rows))
+
+
+def test_the_validation_curve_table_averages_the_seeds_all_models_share():
+    rows = [model_row("standard", {"42": 9.0, "123": 11.0}), model_row("gba-m2", {"42": 8.8})]
+    md = results_markdown(report_of(rows))
+    assert "## Validation perplexity during training (mean over seed 42, the ones all models share)" in md
+    assert "| 2,000 | 9.00 | 8.80 |" in md  # standard over seed 42 alone, not (9 + 11) / 2

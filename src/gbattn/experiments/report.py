@@ -312,7 +312,11 @@ def results_markdown(report: dict) -> str:
               "`param-fair`: the smallest standard width with at least GBA's parameters"
               + param_gap_text(rows) + "; `compute-matched`: standard "
               "trained for as many training FLOPs (torch.utils.flop_counter, forward + backward) as GBA used."]
-    lines += ["", "## Validation perplexity during training (seed mean)", ""]
+    # Like the Δ column: over the seeds all models share when their seed sets differ.
+    common = common_seeds(rows)
+    curve_seeds = (f"mean over seed{'s' if len(common) > 1 else ''} {', '.join(common)}, the ones all models share"
+                   if common else "seed mean")
+    lines += ["", f"## Validation perplexity during training ({curve_seeds})", ""]
     steps = sorted({p["step"] for r in rows for c in r["curves"].values() for p in c})
     if steps:
         lines.append("| step | " + " | ".join(r["label"] for r in rows) + " |")
@@ -320,7 +324,8 @@ def results_markdown(report: dict) -> str:
         for step in steps:
             cells = []
             for r in rows:
-                vals = [p["valid_ppl"] for c in r["curves"].values() for p in c if p["step"] == step]
+                curves = [c for seed, c in r["curves"].items() if not common or str(seed) in common]
+                vals = [p["valid_ppl"] for c in curves for p in c if p["step"] == step]
                 cells.append(f"{statistics.fmean(vals):.2f}" if vals else "")
             lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
