@@ -13,5 +13,9 @@ class DataError(UserError, ValueError):
     """Data that cannot be found or read."""
 
 
+class DataNotFound(DataError):
+    """``--data`` names no file, directory or known corpus."""
+
+
 class CheckpointError(UserError, RuntimeError):
     """A run directory or checkpoint that is missing, truncated or corrupted."""

@@ -277,14 +277,18 @@ def is_exported(path: str | Path) -> bool:
     """An exported Hugging Face directory (``gbattn export``, or a transformers ``save_pretrained`` of
     one): weights in ``model.safetensors``, or a ``config.json`` of model_type ``gbattn``."""
     path = Path(path)
+    try:
+        config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = None
+    return _exported(path, config)
+
+
+def _exported(path: Path, config) -> bool:
+    """:func:`is_exported` with ``config.json`` already read (anything, or None)."""
     if (path / CHECKPOINT).is_file():
         return False
-    if (path / SAFETENSORS).is_file():
-        return True
-    try:
-        return json.loads((path / CONFIG).read_text(encoding="utf-8")).get("model_type") == "gbattn"
-    except (OSError, ValueError, AttributeError):
-        return False
+    return (path / SAFETENSORS).is_file() or (isinstance(config, dict) and config.get("model_type") == "gbattn")
 
 
 def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.device = "cpu") -> LoadedRun:
@@ -296,7 +300,7 @@ def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.dev
     if checkpoint not in WHICH:
         raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")
     config = read_json(path / CONFIG)
-    exported = is_exported(path)
+    exported = _exported(path, config)
     if exported:
         if not isinstance(config.get("gbattn"), dict):
             raise CheckpointError(f"{path / CONFIG} has no gbattn section: not a directory exported by gbattn")

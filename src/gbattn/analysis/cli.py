@@ -235,7 +235,7 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
                 "against_loss": float(collected.against_loss_NT[r, t]),
             }
         )
-    written = figures.save(figures.loss_diff_figure(diff_NT, this_name, other_name, tie_nats=stats.TIE_NATS), out,
+    written = figures.save(figures.loss_diff_figure(diff_NT, this_name, other_name, stats.TIE_NATS), out,
                            "loss_diff", pdf)
     written += figures.save(
         figures.examples_figure(

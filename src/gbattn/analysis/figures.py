@@ -290,10 +290,9 @@ def norms_figure(norms: dict, title: str = ""):
     return fig
 
 
-def loss_diff_figure(diff_NT: np.ndarray, this_name: str, against_name: str, title: str = "",
-                     tie_nats: float = 1e-4):
+def loss_diff_figure(diff_NT: np.ndarray, this_name: str, against_name: str, tie_nats: float, title: str = ""):
     """Distribution of the per-token loss difference (against − this run; positive = this
-    run better) and its mean by position."""
+    run better; within ``tie_nats`` a tie, ``stats.TIE_NATS``) and its mean by position."""
     diff = np.asarray(diff_NT, dtype=np.float64)
     flat = diff.ravel()
     fig, ctx = _drawing((11, 4.6))

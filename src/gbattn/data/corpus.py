@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gbattn.errors import DataError
+from gbattn.errors import DataError, DataNotFound
 from gbattn.files import error_detail
 
 SPLITS = ("train", "valid", "test")
@@ -245,5 +245,5 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
         return _single_file(path, tuple(split))
     if path.exists():
         raise DataError(f"--data {data!r} is neither a regular file nor a directory (a device or a pipe)")
-    raise DataError(f"--data {data!r}: no such file or directory, and not a known corpus name "
+    raise DataNotFound(f"--data {data!r}: no such file or directory, and not a known corpus name "
                     f"({', '.join([*BUNDLED, *HF_NAMES])})")

@@ -10,7 +10,7 @@ from gbattn.config import TrainConfig
 from gbattn.data.corpus import load_corpus
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
-from gbattn.errors import DataError, UserError
+from gbattn.errors import DataNotFound, UserError
 
 
 @dataclass
@@ -47,8 +47,8 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
     try:
         return prepare_data(train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False, trained_on=recorded,
                             mismatch="; pass --allow-other-data to evaluate on it anyway")
-    except DataError as e:
-        if data or "no such file or directory" not in str(e):
+    except DataNotFound as e:
+        if data:
             raise
-        raise DataError(f"{e}; that is the path {run.run_dir} recorded (relative to where it was trained): pass "
+        raise DataNotFound(f"{e}; that is the path {run.run_dir} recorded (relative to where it was trained): pass "
                         f"--data PATH where the corpus is now") from None

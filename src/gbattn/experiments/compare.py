@@ -58,7 +58,8 @@ def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = Non
     other data (its recorded fingerprint differs from ``fingerprint``, the data's now)."""
     config_path = run_dir / rundir.CONFIG
     config = rundir.read_json(config_path)
-    recorded = (config.get("data") or {}).get("fingerprint") if isinstance(config.get("data"), dict) else None
+    data = config.get("data")
+    recorded = data.get("fingerprint") if isinstance(data, dict) else None
     if fingerprint and recorded and recorded != fingerprint:
         raise UserError(f"{run_dir} was trained on other data than {train_cfg.data} holds now (fingerprint "
                         f"{recorded[:16]} recorded, {fingerprint[:16]} now); move it away or use another --out")
@@ -186,8 +187,8 @@ class _Runner:
         missing = [ref for ref in depends_on(spec) if ref not in asked
                    and not (self.out / ref / f"seed{seed}" / rundir.RESULT).exists()]
         if missing:
-            return f"it needs {', '.join(missing)} seed {seed}, which is neither finished here nor asked for: add it " \
-                   f"to --only"
+            return (f"it needs {', '.join(missing)} seed {seed}, which is neither finished here nor asked for: add it "
+                    f"to --only")
         return "the run it starts from or is matched to failed"
 
     def _ready(self, spec: ModelSpec, seed: int) -> bool:

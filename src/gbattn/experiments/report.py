@@ -138,9 +138,9 @@ def published_omitted_note(report: dict) -> str | None:
     if not any(r.get("published") and r["published"][0] is not None and published_value(report, r) is None
                for r in rows):
         return None
-    overrides = length_overrides(report)
-    if other_setting(report):
-        return f"published numbers omitted: {other_setting(report)}"
+    overrides, other = length_overrides(report), other_setting(report)
+    if other:
+        return f"published numbers omitted: {other}"
     if overrides:
         what = "length" if set(overrides) <= {"max_steps", "epochs", "batch_size", "seq_len"} else "length or schedule"
         return (f"published numbers omitted: this comparison overrides the recipe's training {what} "
