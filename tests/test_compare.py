@@ -45,6 +45,12 @@ def test_every_recipe_judges_gba_at_equal_parameters_and_equal_compute(name):
         assert s.model == specs[s.compute_matched_to].model  # same norm and residual stream
 
 
+def tiny_sets(**overrides) -> dict:
+    """--set values of a 2-step character-level comparison at TINY's sizes."""
+    return dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
+                eval_tokens=None, warmup_steps=1, **overrides)
+
+
 def test_compare_runs_matches_and_resumes(tmp_path, monkeypatch):
     data = write_corpus(tmp_path / "c")
     sets = dict(TINY, max_steps=6, eval_every=3, tokenizer="char", batch_size=8, seq_len=32, sampling="rows",
@@ -77,8 +83,7 @@ def test_compare_runs_matches_and_resumes(tmp_path, monkeypatch):
 
 def test_compare_refuses_other_settings_in_same_dir(tmp_path):
     data = write_corpus(tmp_path / "c")
-    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
-                eval_tokens=None, warmup_steps=1)
+    sets = tiny_sets()
     run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
     with pytest.raises(Exception, match="holds a comparison with sets"):
         run_compare(
@@ -90,8 +95,7 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
     """--set seed (every 'seed' would be that one), --set of a key the recipe sets per model (it
     would be overridden), and a finished run reused after its data changed under the same name."""
     data = write_corpus(tmp_path / "c")
-    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
-                eval_tokens=None, warmup_steps=1)
+    sets = tiny_sets()
     with pytest.raises(UserError, match="use --seeds"):
         run_compare("cpu-proxy", tmp_path / "a", data=str(data), sets={**sets, "seed": 7}, quiet=True)
     with pytest.raises(UserError, match=r"--set attn.rounds: the recipe sets it per model"):
@@ -109,8 +113,7 @@ def test_a_rerun_of_a_subset_keeps_every_finished_run_in_the_report(tmp_path):
     """Standard and GBA on seeds 1 and 2, then a rerun asking for standard on seed 1 only: the
     report still holds both models on both seeds (it held only what the rerun asked for)."""
     data = write_corpus(tmp_path / "c")
-    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
-                eval_tokens=None, warmup_steps=1)
+    sets = tiny_sets()
     first = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1, 2], sets=sets,
                         only=["standard", "gba-m2"], quiet=True)
     again = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets, only=["standard"],
@@ -122,8 +125,7 @@ def test_a_rerun_of_a_subset_keeps_every_finished_run_in_the_report(tmp_path):
 
 def test_only_a_matched_model_says_what_it_needs_and_seeds_count_once(tmp_path):
     data = write_corpus(tmp_path / "c")
-    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
-                eval_tokens=None, warmup_steps=1)
+    sets = tiny_sets()
     with pytest.raises(UserError, match="it needs gba-m2 seed 1, which is neither finished here nor asked for"):
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets, only=["compute-matched"],
                     quiet=True)
