@@ -294,3 +294,11 @@ def test_the_validation_curve_table_averages_the_seeds_all_models_share():
     md = results_markdown(report_of(rows))
     assert "## Validation perplexity during training (mean over seed 42, the ones all models share)" in md
     assert "| 2,000 | 9.00 | 8.80 |" in md  # standard over seed 42 alone, not (9 + 11) / 2
+
+
+def test_the_hardware_line_names_every_device_the_runs_used_once():
+    rows = [model_row("standard", {"42": 9.0}), model_row("gba-m2", {"42": 8.8})]
+    rows[1]["device"] = "cuda (NVIDIA H200); cpu (1 thread, x86_64)"
+    rows[0]["device"] = "cpu (1 thread, x86_64)"
+    line = next(x for x in results_markdown(report_of(rows)).splitlines() if x.startswith("Data:"))
+    assert line.endswith("· hardware: cpu (1 thread, x86_64); cuda (NVIDIA H200) · INCOMPLETE (runs missing)")

@@ -161,6 +161,11 @@ def run_steps_text(rows: list[dict]) -> str:
     return text
 
 
+def devices_text(rows: list[dict]) -> str:
+    """The devices the rows' runs ran on, each named once, in order of appearance ("—" for none)."""
+    return "; ".join(dict.fromkeys(d for r in rows for d in r["device"].split("; "))) or "—"
+
+
 def steps_differ_from_description(report: dict) -> bool:
     """True when the description names no step count, or one other than the rows' (compute-
     matched rows aside): the heading then states the steps of this run."""
@@ -209,7 +214,7 @@ def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dic
             "train_flops": any_run["train_flops"],
             "wall_clock_s": statistics.fmean(r["wall_clock_s"] for r in runs.values()),
             "tokens_per_s": statistics.fmean(r["train_tokens_per_s"] for r in runs.values()),
-            "device": any_run["device"],
+            "device": "; ".join(dict.fromkeys(r["device"] for r in runs.values())),
             "curves": {str(s): r["curve"] for s, r in sorted(runs.items())},
             "published": recipe.published.get(spec.label),
         })
@@ -266,7 +271,7 @@ def results_markdown(report: dict) -> str:
         "",
         f"Command: `{report['command']}`  ",
         f"Data: `{report['data']}` · seeds {', '.join(map(str, report['seeds']))} · hardware: "
-        f"{rows[0]['device'] if rows else '—'}{'' if report['complete'] else ' · INCOMPLETE (runs missing)'}",
+        f"{devices_text(rows)}{'' if report['complete'] else ' · INCOMPLETE (runs missing)'}",
         "",
         "| model | attention | d | parameters | test ppl | Δ vs standard | valid ppl | published | steps | "
         "train tokens | tokens/param | train PFLOP | tokens/s | wall-clock |",
