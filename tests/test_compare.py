@@ -160,3 +160,10 @@ def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):
         out / "base" / "seed42")
     cm, gba = rows["standard-continued-compute-matched"], rows["gba-upcycled"]
     assert cm["steps"] > gba["steps"] and cm["train_flops"] == pytest.approx(gba["train_flops"], rel=1 / gba["steps"])
+    # The same comparison moved elsewhere: every continuation is reused (its recorded start path is
+    # the old one), nothing trains again.
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    monkeypatch.setattr("gbattn.experiments.compare.train", lambda *a, **k: pytest.fail("a finished run retrained"))
+    again = run_compare("upcycle", moved, data=str(data), sets=sets, quiet=True)
+    assert [r["test_ppl"] for r in again["models"]] == [r["test_ppl"] for r in report["models"]]

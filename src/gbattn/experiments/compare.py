@@ -45,8 +45,12 @@ def spec_configs(recipe: Recipe, spec: ModelSpec, data: str, seed: int, sets: di
 
 
 def comparable(model_cfg, train_cfg) -> dict:
-    """What must match for a run to count as the recipe's: every field that changes the result."""
+    """What must match for a run to count as the recipe's: every field that changes the result. A
+    continuation's start is named within the comparison (``<label>/seed<N>``), so a comparison
+    directory reached by another path, or moved, keeps its finished runs."""
     train_d = {k: v for k, v in train_cfg.to_dict().items() if k not in (*TrainConfig.RESULT_NEUTRAL, "fit_warmup")}
+    if train_d.get("init_from"):
+        train_d["init_from"] = "/".join(Path(train_d["init_from"]).parts[-2:])
     model_d = model_cfg.to_dict()
     if model_cfg.dropout == 0:
         model_d.pop("dropout_sites")  # no dropout anywhere: the sites change nothing
