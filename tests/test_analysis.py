@@ -110,9 +110,9 @@ def test_analyze_against_writes_every_figure_and_values_in_range(runs, tmp_path,
     assert s["rounds"] == rounds and s["seq_len"] == SEQ_LEN and s["tokens"] == s["rows"] * SEQ_LEN
     # Shapes and counts (the values themselves are checked against a hand computation below).
     g = s["gates"]
-    per_dim = np.asarray(g["per_dimension"])
-    assert g["available"] and per_dim.shape == (L, rounds - 1, TINY["d_model"]) and len(g["per_layer"]) == L
-    assert g["mean_per_layer"] == pytest.approx(per_dim[:, 0].mean(-1).tolist())
+    per_dim = np.asarray([r["per_dimension"] for r in g["per_layer"]])
+    assert g["available"] and per_dim.shape == (L * (rounds - 1), TINY["d_model"]) and len(g["per_layer"]) == L
+    assert g["mean_per_layer"] == pytest.approx(per_dim.mean(-1).tolist())
     assert g["paper_mean_per_layer"] == [0.35, 0.48, 0.41, 0.43]
     e = s["entropy"]
     assert e["max_possible"] == pytest.approx(math.log(SEQ_LEN))
@@ -326,3 +326,39 @@ def test_analyze_handles_any_number_of_rounds(tmp_path, monkeypatch):
     assert len(summary["entropy"]["mean_per_round"]) == 6
     for name in ("gates", "entropy", "norms"):
         assert_png(tmp_path / "a" / f"{name}.png")
+
+
+@pytest.mark.parametrize("layers", [[0], [1]])
+def test_analyze_gba_in_some_layers_only(tmp_path, monkeypatch, layers):
+    """GBA in one of two layers (attn.layers): each layer lists its own rounds, gates and norms exist
+    for the corrected layer only, and the round-1 means and the relative drop are that layer's
+    (the accumulators were sized by layer 0 and broke either way)."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    data = write_corpus(tmp_path / "corpus")
+    sets = {**SHORT, "attn.layers": layers, "max_steps": 2, "eval_every": 2}
+    train(tmp_path / "run", *tiny_configs(data, "boosted", **sets), quiet=True)
+    s = analyze_run(tmp_path / "run", out=tmp_path / "a", max_rows=2, device="cpu", quiet=True)
+    (boosted,) = layers
+    e = s["entropy"]
+    assert [len(r["mean_per_round"]) for r in e["per_layer"]] == [2 if li == boosted else 1 for li in range(2)]
+    assert e["layers_per_round"] == [2, 1]
+    assert e["mean_per_round"][1] == pytest.approx(e["per_layer"][boosted]["mean_per_round"][1])
+    assert e["mean_per_round"][0] == pytest.approx(np.mean([r["mean_per_round"][0] for r in e["per_layer"]]))
+    assert e["relative_drop"] == pytest.approx(e["per_layer"][boosted]["relative_drop"])
+    assert [r["layer"] for r in s["gates"]["per_layer"]] == [boosted] == [r["layer"] for r in s["norms"]["per_layer"]]
+    for name in ("gates", "entropy", "norms"):
+        assert_png(tmp_path / "a" / f"{name}.png")
+
+
+def test_analyze_differential_counts_its_half_as_many_maps(tmp_path, monkeypatch):
+    """Differential attention records H/2 maps per round: per-head entropies come in H/2 (they were
+    broadcast onto H, or failed for H > 2), and the mean is over those maps."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    data = write_corpus(tmp_path / "corpus")
+    sets = {**SHORT, "n_heads": 4, "max_steps": 2, "eval_every": 2}
+    train(tmp_path / "run", *tiny_configs(data, "differential", **sets), quiet=True)
+    s = analyze_run(tmp_path / "run", out=tmp_path / "a", max_rows=2, device="cpu", quiet=True)
+    for row in s["entropy"]["per_layer"]:
+        assert np.asarray(row["per_head"]).shape == (1, 2)
+        assert row["mean_per_round"][0] == pytest.approx(np.mean(row["per_head"][0]))
+    assert not s["gates"]["available"]

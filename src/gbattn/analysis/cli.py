@@ -287,7 +287,9 @@ def print_summary(summary: dict, summary_path: Path) -> None:
           f"loss {summary['loss']['mean_nats']:.4f} nats, ppl {summary['loss']['ppl']:.2f}")
     g = summary["gates"]
     if g["available"]:
-        per = [f"{r['mean']:.2f}±{r['std']:.2f}" for r in g["per_layer"]]
+        several = any(r["round"] > 1 for r in g["per_layer"])
+        names = [f"L{r['layer']}" + (f" g{r['round']}" if several else "") for r in g["per_layer"]]
+        per = [f"{name} {r['mean']:.2f}±{r['std']:.2f}" for name, r in zip(names, g["per_layer"])]
         print(f"  gates, mean±std per layer:   {' / '.join(per)}    paper: {_join(paper['gate_mean_per_layer'])} "
               f"(revision {_join(paper['gate_mean_per_layer_revised'])})")
     else:
@@ -297,7 +299,8 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     line = "  entropy, nats (bound log(t+1), max {:.2f}): ".format(e["max_possible"])
     line += " -> ".join(f"round {m} {v:.2f}" for m, v in enumerate(means))
     if e.get("relative_drop") is not None:
-        per_layer = ", ".join(f"L{r['layer']} {-100 * r['relative_drop']:+.0f}%" for r in e["per_layer"])
+        per_layer = ", ".join(f"L{r['layer']} {-100 * r['relative_drop']:+.0f}%" for r in e["per_layer"]
+                              if "relative_drop" in r)
         line += (f" ({figures.change_words(e['relative_drop'])}; change per layer {per_layer})    "
                  f"paper: {paper['entropy_round0_nats']:.2f} -> {paper['entropy_correction_nats']:.2f} "
                  f"({figures.change_words(paper['entropy_relative_drop'])}, layer 0 the exception, T=256)")

@@ -136,17 +136,18 @@ def _drawing(figsize):
 
 
 def gates_figure(gates: dict, paper: dict, title: str = ""):
-    """Per-layer, per-dimension mean gate (heatmap) and each layer's mean ± std, with the
-    paper's per-layer means as markers."""
-    per_dim = np.asarray(gates["per_dimension"])  # (L, C, D)
-    L, C, D = per_dim.shape
+    """Per-layer, per-dimension mean gate (heatmap, one row per corrected layer and round) and each
+    layer's mean ± std, with the paper's per-layer means as markers."""
+    rows = gates["per_layer"]
+    C = max(r["round"] for r in rows)
+    layers = sorted({r["layer"] for r in rows})
     fig, ctx = _drawing((11, 4.6))
     with ctx:
         heat_ax, bar_ax = fig.subplots(1, 2, width_ratios=[2.2, 1])
-        rows = per_dim.reshape(L * C, D)
-        image = heat_ax.imshow(rows, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-        names = [f"layer {li}" + (f" g{c + 1}" if C > 1 else "") for li in range(L) for c in range(C)]
-        heat_ax.set_yticks(range(L * C), names)
+        image = heat_ax.imshow(np.asarray([r["per_dimension"] for r in rows]), aspect="auto", cmap="viridis",
+                               vmin=0, vmax=1, interpolation="nearest")
+        names = [f"layer {r['layer']}" + (f" g{r['round']}" if C > 1 else "") for r in rows]
+        heat_ax.set_yticks(range(len(rows)), names)
         heat_ax.set_xlabel("model dimension")
         heat_ax.set_title("mean gate per dimension (held-out tokens)")
         heat_ax.grid(False)
@@ -154,9 +155,9 @@ def gates_figure(gates: dict, paper: dict, title: str = ""):
 
         width = 0.8 / C
         for c in range(C):
-            layer_rows = [r for r in gates["per_layer"] if r["round"] == c + 1]
-            xs = np.arange(L) + (c - (C - 1) / 2) * width
-            bar_ax.bar(xs, [r["mean"] for r in layer_rows], width, yerr=[r["std"] for r in layer_rows], capsize=4,
+            round_rows = [r for r in rows if r["round"] == c + 1]
+            xs = np.asarray([layers.index(r["layer"]) for r in round_rows]) + (c - (C - 1) / 2) * width
+            bar_ax.bar(xs, [r["mean"] for r in round_rows], width, yerr=[r["std"] for r in round_rows], capsize=4,
                        color=round_color(c + 1), alpha=0.8,
                        label="ours: mean ± std" + (f" (g{c + 1})" if C > 1 else ""))
         paper_markers = (
@@ -165,10 +166,10 @@ def gates_figure(gates: dict, paper: dict, title: str = ""):
         )
         for key, marker, label in paper_markers:
             values = paper.get(key) or []
-            n = min(len(values), L)
-            if n:
-                bar_ax.plot(range(n), values[:n], marker, color="black", markersize=7, linestyle="none", label=label)
-        bar_ax.set_xticks(range(L), [str(i) for i in range(L)])
+            at = [(i, values[layer]) for i, layer in enumerate(layers) if layer < len(values)]
+            if at:
+                bar_ax.plot(*zip(*at), marker, color="black", markersize=7, linestyle="none", label=label)
+        bar_ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
         bar_ax.set_xlabel("layer")
         bar_ax.set_ylabel("gate value")
         bar_ax.set_ylim(0, 1)
@@ -212,9 +213,11 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
         width = 0.8 / M
         for m in range(M):
             xs = np.arange(L) + (m - (M - 1) / 2) * width
-            layer_ax.bar(xs, [r["mean_per_round"][m] for r in layers], width, color=round_color(m), alpha=0.8,
-                         label=round_name(m))
+            layer_ax.bar(xs, [r["mean_per_round"][m] if m < len(r["mean_per_round"]) else np.nan for r in layers],
+                         width, color=round_color(m), alpha=0.8, label=round_name(m))
             for li, r in enumerate(layers):
+                if m >= len(r["per_head"]):  # a layer without this round (GBA in some layers only)
+                    continue
                 heads = r["per_head"][m]
                 layer_ax.plot([xs[li]] * len(heads), heads, "o", color="black", markersize=3, alpha=0.6,
                               label="per head" if (li == 0 and m == 0) else None)

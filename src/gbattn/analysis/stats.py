@@ -128,21 +128,29 @@ class IntermediateStats:
     """Running sums over held-out rows of every statistic the analysis reports.
 
     ``update(samples)`` takes the :class:`LayerSample` of every layer of one batch; the
-    ``*_summary`` methods give plain numbers (JSON-ready).
+    ``*_summary`` methods give plain numbers (JSON-ready). Layers may differ in their number of
+    rounds (GBA in some layers only, ``attn.layers``): a layer's entries list its own rounds, and
+    the means over layers of a round are over the layers that have it. ``n_heads`` is the number of
+    maps per round, set from the first batch (differential attention records H/2 maps).
     """
 
     n_layers: int
     n_heads: int
     d_model: int
     seq_len: int
-    rounds: int = 0  # analysed rounds (set by the first update)
-    boosted: bool = False
+    rounds: int = 0  # analysed rounds of the layer with the most (set by the first update)
+    layer_rounds: list[int] = field(default_factory=list)  # analysed rounds of each layer
     rows: int = 0
-    _ent: dict = field(default_factory=dict)
 
-    def _init(self, first: LayerSample) -> None:
-        self.boosted = first.boosted
-        self.rounds = len(first.entropies)
+    @property
+    def boosted(self) -> bool:
+        """Whether some layer has a correction round (gates and norms exist)."""
+        return self.rounds > 1
+
+    def _init(self, samples: list[LayerSample]) -> None:
+        self.layer_rounds = [len(s.entropies) for s in samples]
+        self.rounds = max(self.layer_rounds)
+        self.n_heads = samples[0].entropies[0].shape[1]
         L, H, T, M, D = self.n_layers, self.n_heads, self.seq_len, self.rounds, self.d_model
         def z(*shape: int) -> Tensor:
             return torch.zeros(*shape, dtype=torch.float64)
@@ -164,9 +172,15 @@ class IntermediateStats:
         """Histogram bin edges in nats: 0 .. log(T), the largest possible entropy."""
         return np.linspace(0.0, math.log(self.seq_len), ENTROPY_BINS + 1)
 
+    def _corrected(self) -> list[tuple[int, int]]:
+        """(layer, correction index) of every correction round, in order."""
+        return [(li, c) for li, m in enumerate(self.layer_rounds) for c in range(m - 1)]
+
     def update(self, samples: list[LayerSample]) -> None:
         if not self.rows:
-            self._init(samples[0])
+            self._init(samples)
+        if [len(s.entropies) for s in samples] != self.layer_rounds:
+            raise ValueError(f"layers with {[len(s.entropies) for s in samples]} rounds, expected {self.layer_rounds}")
         B, T = samples[0].entropies[0].shape[0], samples[0].entropies[0].shape[-1]
         if self.seq_len != T:
             raise ValueError(f"rows of {T} positions, expected {self.seq_len}")
@@ -174,14 +188,15 @@ class IntermediateStats:
         hi = math.log(self.seq_len)
         for li, sample in enumerate(samples):
             ent_MBHT = torch.stack(sample.entropies)
-            self.entropy_sum_LMH[li] += ent_MBHT.sum(dim=(1, 3))
-            self.entropy_sq_LM[li] += (ent_MBHT**2).sum(dim=(1, 2, 3))
-            self.entropy_pos_sum_LMT[li] += ent_MBHT.sum(dim=(1, 2))
-            self.norm_entropy_sum_LM[li] += normalised_entropy(ent_MBHT)[..., 1:].sum(dim=(1, 2, 3))
+            M = len(ent_MBHT)
+            self.entropy_sum_LMH[li, :M] += ent_MBHT.sum(dim=(1, 3))
+            self.entropy_sq_LM[li, :M] += (ent_MBHT**2).sum(dim=(1, 2, 3))
+            self.entropy_pos_sum_LMT[li, :M] += ent_MBHT.sum(dim=(1, 2))
+            self.norm_entropy_sum_LM[li, :M] += normalised_entropy(ent_MBHT)[..., 1:].sum(dim=(1, 2, 3))
             self.entropy_max = max(self.entropy_max, float(ent_MBHT.max()))
-            for m in range(self.rounds):
+            for m in range(M):
                 self.entropy_hist_LMK[li, m] += torch.histc(ent_MBHT[m].clamp(0, hi), ENTROPY_BINS, 0.0, hi)
-            if not self.boosted:
+            if not sample.boosted:
                 continue
             x_BTD = sample.corrections[0][1] + sample.attention_output  # r_1 + F_0
             for c, (c_BTD, r_BTD, g_BTD) in enumerate(sample.corrections):
@@ -204,14 +219,21 @@ class IntermediateStats:
     # -- results -------------------------------------------------------------------
     def entropy_summary(self) -> dict:
         """Mean entropy (nats) per round, layer and head, normalised entropy, the position
-        profile, the histogram, and the correction round's relative drop (paper: 22%)."""
+        profile, the histogram, and the correction round's relative drop (paper: 22%) over the
+        layers that have a correction."""
         tokens = self.rows * self.seq_len
         per_query = tokens * self.n_heads
         mean_LMH = self.entropy_sum_LMH / tokens
         mean_LM = self.entropy_sum_LMH.sum(-1) / per_query
         std_LM = (self.entropy_sq_LM / per_query - mean_LM**2).clamp_min(0).sqrt()
         norm_LM = self.norm_entropy_sum_LM / max(self.norm_entropy_count, 1)
-        mean_M = mean_LM.mean(0)
+        has_LM = torch.tensor([[m < rounds for m in range(self.rounds)] for rounds in self.layer_rounds])
+        layers_M = has_LM.sum(0)  # layers that have round m
+
+        def over_layers(v_LM: Tensor) -> Tensor:
+            return (v_LM * has_LM).sum(0) / layers_M
+
+        mean_M = over_layers(mean_LM)
         out = {
             "units": "nats",
             "bound": f"a causal row at position t has at most log(t+1) nats; largest log({self.seq_len}) = "
@@ -219,10 +241,11 @@ class IntermediateStats:
             "max_possible": math.log(self.seq_len),
             "max_observed": self.entropy_max,
             "mean_per_round": mean_M.tolist(),
-            "normalised_mean_per_round": norm_LM.mean(0).tolist(),
+            "layers_per_round": layers_M.tolist(),
+            "normalised_mean_per_round": over_layers(norm_LM).tolist(),
             "per_layer": [],
             "per_position_mean": (
-                self.entropy_pos_sum_LMT.sum(0) / (self.n_layers * self.rows * self.n_heads)
+                self.entropy_pos_sum_LMT.sum(0) / (layers_M[:, None] * self.rows * self.n_heads)
             ).tolist(),
             "histogram": {
                 "edges": self.entropy_edges.tolist(),
@@ -230,39 +253,39 @@ class IntermediateStats:
             },
             "relative_drop": None,
         }
-        for li in range(self.n_layers):
-            row = {"layer": li, "mean_per_round": mean_LM[li].tolist(), "std_per_round": std_LM[li].tolist(),
-                   "normalised_mean_per_round": norm_LM[li].tolist(), "per_head": mean_LMH[li].tolist(),
-                   "histogram_counts_per_round": self.entropy_hist_LMK[li].tolist()}
-            if self.rounds > 1:
+        for li, M in enumerate(self.layer_rounds):
+            row = {"layer": li, "mean_per_round": mean_LM[li, :M].tolist(), "std_per_round": std_LM[li, :M].tolist(),
+                   "normalised_mean_per_round": norm_LM[li, :M].tolist(), "per_head": mean_LMH[li, :M].tolist(),
+                   "histogram_counts_per_round": self.entropy_hist_LMK[li, :M].tolist()}
+            if M > 1:
                 row["relative_drop"] = float(1 - mean_LM[li, 1] / mean_LM[li, 0])
             out["per_layer"].append(row)
-        if self.rounds > 1:
-            out["relative_drop"] = float(1 - mean_M[1] / mean_M[0])
-            out["relative_drop_definition"] = ("1 - mean entropy of round 1 / mean entropy of round 0 "
-                                               "(positive = correction sharper)")
+        if self.boosted:
+            corrected_L = has_LM[:, 1]
+            out["relative_drop"] = float(1 - mean_LM[corrected_L, 1].mean() / mean_LM[corrected_L, 0].mean())
+            out["relative_drop_definition"] = ("1 - mean entropy of round 1 / mean entropy of round 0, over the "
+                                               "layers with a correction (positive = correction sharper)")
         return out
 
     def gate_summary(self) -> dict | None:
-        """Gate values per layer and dimension (averaged over rows and positions) and each
-        layer's mean and std over every (token, dimension) entry; None without corrections."""
+        """Gate values per corrected layer and dimension (averaged over rows and positions) and each
+        one's mean and std over every (token, dimension) entry; None without corrections."""
         if not self.boosted:
             return None
         count = self.rows * self.seq_len
         per_dim_LCD = self.gate_sum_LCD / count
         layers = []
-        for li in range(self.n_layers):
-            for c in range(self.rounds - 1):
-                mean, std = _mean_std(float(self.gate_sum_LCD[li, c].sum()), float(self.gate_sq_LC[li, c]),
-                                      count * self.d_model)
-                dims = per_dim_LCD[li, c]
-                layers.append({"layer": li, "round": c + 1, "mean": mean, "std": std,
-                               "std_of_dimension_means": float(dims.std()) if self.d_model > 1 else 0.0,
-                               "dimension_mean_min": float(dims.min()), "dimension_mean_max": float(dims.max())})
+        for li, c in self._corrected():
+            mean, std = _mean_std(float(self.gate_sum_LCD[li, c].sum()), float(self.gate_sq_LC[li, c]),
+                                  count * self.d_model)
+            dims = per_dim_LCD[li, c]
+            layers.append({"layer": li, "round": c + 1, "mean": mean, "std": std,
+                           "std_of_dimension_means": float(dims.std()) if self.d_model > 1 else 0.0,
+                           "dimension_mean_min": float(dims.min()), "dimension_mean_max": float(dims.max()),
+                           "per_dimension": dims.tolist()})
         return {
             "per_layer": layers,
             "mean_per_layer": [r["mean"] for r in layers if r["round"] == 1],
-            "per_dimension": per_dim_LCD.tolist(),
             "min": self.gate_min,
             "max": self.gate_max,
             "std_definition": "std over every token and dimension of the layer's gate g_m (pooled over held-out rows)",
@@ -275,15 +298,14 @@ class IntermediateStats:
             return None
         count = self.rows * self.seq_len
         layers = []
-        for li in range(self.n_layers):
-            for c in range(self.rounds - 1):
-                row = {"layer": li, "round": c + 1}
-                row.update({key: float(total[li, c]) / count for key, total in self.norm_sums.items()})
-                row["gated_over_residual"] = row["gated_correction"] / max(row["residual"], 1e-12)
-                layers.append(row)
+        for li, c in self._corrected():
+            row = {"layer": li, "round": c + 1}
+            row.update({key: float(total[li, c]) / count for key, total in self.norm_sums.items()})
+            row["gated_over_residual"] = row["gated_correction"] / max(row["residual"], 1e-12)
+            layers.append(row)
         return {"units": "mean L2 norm per token (model units, LayerNorm-scale inputs)", "per_layer": layers,
                 "definitions": {"x": "attention sublayer input (after ln1)", "round0_output": "F_0",
-                                "residual": "r_m = x - F before round m", "correction": "c_m",
+                                "residual": "r = x - F before round m", "correction": "c_m",
                                 "gated_correction": "g_m * c_m", "residual_after": "x - F after round m"}}
 
 
