@@ -167,3 +167,21 @@ def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):
     monkeypatch.setattr("gbattn.experiments.compare.train", lambda *a, **k: pytest.fail("a finished run retrained"))
     again = run_compare("upcycle", moved, data=str(data), sets=sets, quiet=True)
     assert [r["test_ppl"] for r in again["models"]] == [r["test_ppl"] for r in report["models"]]
+
+
+def test_a_damaged_result_of_a_finished_run_is_one_line(tmp_path):
+    """A finished run whose result.json lost a field the report reads, or holds it as text: the
+    comparison names the file and the field (it ended in a KeyError or TypeError in the report)."""
+    from gbattn import rundir
+    from gbattn.errors import CheckpointError
+
+    data = write_corpus(tmp_path / "c")
+    sets = tiny_sets()
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    path = tmp_path / "cmp" / "standard" / "seed42" / rundir.RESULT
+    result = json.loads(path.read_text())
+    for damaged, expected in (({k: v for k, v in result.items() if k != "train_flops"}, "has no 'train_flops'"),
+                              ({**result, "test_ppl": "12.3"}, "test_ppl='12.3' must be a number")):
+        path.write_text(json.dumps(damaged))
+        with pytest.raises(CheckpointError, match=expected):
+            run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)

@@ -456,11 +456,17 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     config = json.loads((trained["run"] / rundir.CONFIG).read_text())
     config["model"]["d_model"] = "abc"
     (copy("typed-config") / rundir.CONFIG).write_text(json.dumps(config))
+    config = json.loads((trained["run"] / rundir.CONFIG).read_text())
+    for name, key, value in (("data-not-object", "data", "oops"), ("extra-not-object", "extra", [1]),
+                             ("seq-len-zero", "seq_len", 0), ("fingerprint-number", "data", {"fingerprint": 5})):
+        target = copy(name)
+        (target / rundir.RESULT).unlink(missing_ok=True)  # so that --resume reads the config
+        (target / rundir.CONFIG).write_text(json.dumps({**config, key: value}))
     return runs
 
 
 def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
-    """(name, argv, a piece of the one line) for 70 bad inputs."""
+    """(name, argv, a piece of the one line) for 74 bad inputs."""
     f = _bad_files(tmp_path / "files")
     broken = _broken_runs(trained, tmp_path / "broken")
     run, data = trained["run"], trained["data"]
@@ -498,6 +504,12 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("invalid config.json", ["eval", broken["bad-config"]], "is not valid JSON"),
         ("config.json without sections", ["eval", broken["no-sections"]], "no model and train sections"),
         ("config.json wrong type", ["eval", broken["typed-config"]], "d_model='abc' must be an integer"),
+        ("config.json data not an object", ["eval", broken["data-not-object"]], "data='oops' must be a JSON object"),
+        ("config.json extra not an object", ["train", "--resume", "--out", broken["extra-not-object"], "--quiet"],
+         "extra=[1] must be a JSON object"),
+        ("config.json seq_len 0", ["analyze", broken["seq-len-zero"]], "seq_len=0 must be >= 1"),
+        ("config.json fingerprint a number", ["generate", broken["fingerprint-number"], "--prompt", "a"],
+         "(data): fingerprint=5 must be a string"),
         ("run dir is a file", ["eval", f["a-file"]], "is not a directory"),
         ("resume without a run", ["train", "--resume", "--out", tmp_path / "empty-dir"], "not found"),
         ("--resume and --restart", ["train", "--resume", "--restart", "--out", run], "give one of them"),
@@ -559,7 +571,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
 def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     cases = bad_inputs(trained, tmp_path)
-    assert len(cases) >= 70
+    assert len(cases) >= 74
     (tmp_path / "empty-dir").mkdir()
     before = snapshot(trained["run"])
     report = []

@@ -221,6 +221,63 @@ def append_event(directory: str | Path, event: dict) -> None:
     append_jsonl(Path(directory) / METRICS, event)
 
 
+_JSON_KIND = {int: "an integer", float: "a number", str: "a string", dict: "a JSON object", list: "a JSON list"}
+
+
+def _check_fields(record: dict, kinds: dict[str, tuple[type, ...]], where: str | Path, required=()) -> None:
+    """One-line error for the first field of ``record`` that is missing (``required``) or of
+    another type than ``kinds`` says (a bool is not a number; None is allowed where not required)."""
+    for key, kind in kinds.items():
+        value = record.get(key)
+        if value is None:
+            if key in required:
+                raise CheckpointError(f"{where} has no {key!r}: not a complete gbattn record")
+            continue
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in kind):
+            names = "a number" if float in kind else " or ".join(_JSON_KIND[k] for k in kind)
+            raise CheckpointError(f"{where}: {key}={value!r} must be {names}")
+
+
+_CONFIG_FIELDS = {"preset": (str,), "data": (dict,), "extra": (dict,), "seq_len": (int,), "step": (int,),
+                  "gbattn": (dict,)}
+_DATA_FIELDS = {"corpus": (str,), "fingerprint": (str,), "tokenizer": (str,)}
+
+
+def check_config(config: dict, where: str | Path) -> dict:
+    """``config`` (a run's ``config.json``, or an exported one's gbattn section) with the fields
+    gbattn reads checked: a damaged file is a one-line :class:`CheckpointError`, not a traceback later."""
+    _check_fields(config, _CONFIG_FIELDS, where)
+    _check_fields(config.get("data") or {}, _DATA_FIELDS, f"{where} (data)")
+    if isinstance(config.get("seq_len"), int) and config["seq_len"] < 1:
+        raise CheckpointError(f"{where}: seq_len={config['seq_len']} must be >= 1")
+    return config
+
+
+def read_config(path: str | Path) -> dict:
+    """``config.json`` of a run (or exported) directory, checked (:func:`check_config`)."""
+    return check_config(read_json(path), path)
+
+
+def recorded_fingerprint(config: dict) -> str | None:
+    """The data fingerprint a run recorded (None if it recorded none); ``config`` from :func:`read_config`."""
+    return (config.get("data") or {}).get("fingerprint")
+
+
+_NUMBER = (int, float)
+_RESULT_FIELDS = {"attn": (str,), "attn_options": (dict,), "d_model": (int,), "parameters": (int,),
+                  "flops_per_token_train": _NUMBER, "test_ppl": _NUMBER, "valid_ppl": _NUMBER, "valid_loss": _NUMBER,
+                  "steps": (int,), "train_tokens_seen": (int,), "tokens_per_parameter": _NUMBER,
+                  "train_flops": _NUMBER, "wall_clock_s": _NUMBER, "train_tokens_per_s": _NUMBER, "device": (str,),
+                  "curve": (list,)}
+
+
+def read_result(path: str | Path) -> dict:
+    """``result.json`` of a finished run with every field a comparison reads checked."""
+    result = read_json(path)
+    _check_fields(result, _RESULT_FIELDS, path, required=tuple(_RESULT_FIELDS))
+    return result
+
+
 def read_configs(config: dict, where: str | Path):
     """(ModelConfig, TrainConfig) of a ``config.json`` dict; fields it predates keep their old meaning."""
     try:
@@ -259,6 +316,11 @@ class LoadedRun:
     @property
     def seq_len(self) -> int:
         return self.config.get("seq_len") or self.model_cfg.input_length(self.train_cfg.seq_len)
+
+    @property
+    def data_fingerprint(self) -> str | None:
+        """The fingerprint of the corpus the run trained on (None if it recorded none)."""
+        return recorded_fingerprint(self.config)
 
     def generate(self, prompt: str, max_new_tokens: int = 100, **kwargs) -> str:
         """Text continuing ``prompt`` (see :func:`gbattn.model.decoding.generate` for the options)."""
@@ -299,12 +361,12 @@ def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.dev
         raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)")
     if checkpoint not in WHICH:
         raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")
-    config = read_json(path / CONFIG)
+    config = read_config(path / CONFIG)
     exported = _exported(path, config)
     if exported:
         if not isinstance(config.get("gbattn"), dict):
             raise CheckpointError(f"{path / CONFIG} has no gbattn section: not a directory exported by gbattn")
-        config = config["gbattn"]
+        config = check_config(config["gbattn"], f"{path / CONFIG} (gbattn)")
     model_cfg, train_cfg = read_configs(config, path / CONFIG)
     tokenizer_file = path / (EXPORTED_TOKENIZER if exported else TOKENIZER)
     if exported and not tokenizer_file.is_file():

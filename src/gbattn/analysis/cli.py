@@ -68,7 +68,7 @@ def _describe(run) -> str:
 
 
 def _short_name(run) -> str:
-    label = run.config.get("extra", {}).get("label")
+    label = (run.config.get("extra") or {}).get("label")
     if label:
         return label
     cfg = run.model_cfg
@@ -87,7 +87,7 @@ def _check_against(run, other, run_dir, against_dir) -> list[str]:
         raise UserError(f"--against {against_dir}: seq_len {other.seq_len} differs from {run_dir}'s {run.seq_len}; "
                         f"compare runs with the same sequence length")
     notes = []
-    mine, theirs = run.config.get("data", {}).get("fingerprint"), other.config.get("data", {}).get("fingerprint")
+    mine, theirs = run.data_fingerprint, other.data_fingerprint
     if mine and theirs and mine != theirs:
         notes.append(f"{against_dir} was trained on another corpus; both models are evaluated on {run_dir}'s rows")
     return notes

@@ -43,7 +43,7 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
     ``analyze``): at ``data`` if given, else where the run recorded it; data other than the run's
     (its fingerprint) is refused unless allowed."""
     train_cfg = run.train_cfg.replace(data=data) if data else run.train_cfg
-    recorded = None if allow_other_data else run.config.get("data", {}).get("fingerprint")
+    recorded = None if allow_other_data else run.data_fingerprint
     try:
         return prepare_data(train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False, trained_on=recorded,
                             mismatch="; pass --allow-other-data to evaluate on it anyway")

@@ -61,9 +61,8 @@ def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = Non
     """Refuse a run directory whose recorded configs are not the ones asked for, or that trained on
     other data (its recorded fingerprint differs from ``fingerprint``, the data's now)."""
     config_path = run_dir / rundir.CONFIG
-    config = rundir.read_json(config_path)
-    data = config.get("data")
-    recorded = data.get("fingerprint") if isinstance(data, dict) else None
+    config = rundir.read_config(config_path)
+    recorded = rundir.recorded_fingerprint(config)
     if fingerprint and recorded and recorded != fingerprint:
         raise UserError(f"{run_dir} was trained on other data than {train_cfg.data} holds now (fingerprint "
                         f"{recorded[:16]} recorded, {fingerprint[:16]} now); move it away or use another --out")
@@ -180,7 +179,7 @@ class _Runner:
                 model_cfg, train_cfg = matched_configs(self.recipe, spec, self.data, seed, self.sets, self.vocab,
                                                        self.results, self.out)
                 check_run(run_dir, model_cfg, train_cfg, self.fingerprint)
-                self.results.setdefault(spec.label, {})[seed] = rundir.read_json(run_dir / rundir.RESULT)
+                self.results.setdefault(spec.label, {})[seed] = rundir.read_result(run_dir / rundir.RESULT)
         specs = [s for s in self.recipe.models if self.results.get(s.label)]
         return write_results(self.out, self.recipe, self.request, specs, self.results)
 
@@ -214,7 +213,7 @@ class _Runner:
         if existing:
             check_run(run_dir, model_cfg, train_cfg, self.fingerprint)
         if (run_dir / rundir.RESULT).exists():
-            self.results[spec.label][seed] = rundir.read_json(run_dir / rundir.RESULT)
+            self.results[spec.label][seed] = rundir.read_result(run_dir / rundir.RESULT)
             self.bar.update(1, last=f"{spec.label}/seed{seed} (done before)")
             return None
         self.bar.write(f"{'resuming' if existing else 'training'} {spec.label} seed {seed}: attn={model_cfg.attn} "
@@ -238,7 +237,7 @@ class _Runner:
     def _collect(self, label: str, seed: int, returncode: int, failed: list[str]) -> None:
         run_dir = self.out / label / f"seed{seed}"
         if returncode == 0 and (run_dir / rundir.RESULT).exists():
-            self.results[label][seed] = rundir.read_json(run_dir / rundir.RESULT)
+            self.results[label][seed] = rundir.read_result(run_dir / rundir.RESULT)
             self._finished(label, seed)
             return
         tail = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
@@ -282,7 +281,7 @@ def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
             path = out / spec.compute_matched_to / f"seed{seed}" / rundir.RESULT
             if not path.exists():
                 raise UserError(f"{spec.label} is matched to {spec.compute_matched_to}'s compute: run that model first")
-            ref_result = rundir.read_json(path)
+            ref_result = rundir.read_result(path)
         seq_len = model_cfg.input_length(train_cfg.seq_len)
         per_token = flops_per_token(model_cfg, seq_len=seq_len, backward=True)
         steps = round(ref_result["train_flops"] / (per_token * train_cfg.batch_size * seq_len))
@@ -301,7 +300,7 @@ def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
         start = out / spec.label / f"seed{seed}-start"
         if not (start / rundir.CONFIG).exists():
             write_run(upcycle(source, spec.upcycle["attn"], spec.upcycle.get("attn_options")), start)
-    start_cfg, _ = rundir.read_configs(rundir.read_json(start / rundir.CONFIG), start)
+    start_cfg, _ = rundir.read_configs(rundir.read_config(start / rundir.CONFIG), start)
     return start_cfg, train_cfg.replace(init_from=str(start))
 
 

@@ -68,10 +68,11 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
 def _same_corpus(data: str, saved: dict, train_cfg) -> bool:
     """Whether ``--data`` names the recorded corpus by another path (the recorded one may be relative
     to where the run was started): the same fingerprint."""
+    from gbattn import rundir
     from gbattn.data.corpus import load_corpus
     from gbattn.errors import UserError
 
-    recorded = saved.get("data", {}).get("fingerprint")
+    recorded = rundir.recorded_fingerprint(saved)
     try:
         return recorded is not None and load_corpus(data, tuple(train_cfg.split)).fingerprint == recorded
     except UserError:
@@ -97,7 +98,7 @@ def cmd_train(args) -> None:
         if args.init_from:
             raise UserError("--init-from starts a new run: it does not go with --resume")
         config_path = Path(args.out) / rundir.CONFIG
-        saved = rundir.read_json(config_path)
+        saved = rundir.read_config(config_path)
         model_cfg, train_cfg = rundir.read_configs(saved, config_path)
         differ = resume_conflicts(args, saved, model_cfg, train_cfg)
         if differ:
@@ -139,8 +140,9 @@ def _init_from_trainer(args, sets: dict):
     from gbattn.errors import UserError
     from gbattn.train.trainer import Trainer
 
-    source = rundir.read_json(Path(args.init_from) / rundir.CONFIG)
-    source = source.get("gbattn", source)  # an exported directory keeps the run's config in a section
+    source = rundir.read_config(Path(args.init_from) / rundir.CONFIG)
+    if "gbattn" in source:  # an exported directory keeps the run's config in a section
+        source = rundir.check_config(source["gbattn"], f"{args.init_from}/{rundir.CONFIG} (gbattn)")
     if "model_type" in source and not ("model" in source and "train" in source):
         raise UserError(f"--init-from {args.init_from} is a Hugging Face checkpoint ({source['model_type']}), not a "
                         f"gbattn run: convert it first with `gbattn upcycle {args.init_from} --attn standard --out "

@@ -141,10 +141,10 @@ class Trainer:
         self.extra, self.preset = extra or {}, preset
         config_path = self.run_dir / rundir.CONFIG
         if resume:
-            self.saved = rundir.read_json(config_path)
+            self.saved = rundir.read_config(config_path)
             self.model_cfg, self.train_cfg = rundir.read_configs(self.saved, config_path)
             self.train_cfg = self.train_cfg.replace(**(overrides or {}))  # result-neutral: threads, device, ...
-            self.extra, self.preset = self.saved.get("extra", {}), self.saved.get("preset")
+            self.extra, self.preset = self.saved.get("extra") or {}, self.saved.get("preset")
         else:
             if model_cfg is None or train_cfg is None:
                 raise ValueError("model_cfg and train_cfg are required for a new run")
@@ -190,7 +190,7 @@ class Trainer:
         self.requested_vocab = self.model_cfg.vocab_size
         if not self.main:
             self.dist.barrier()
-        recorded = self.saved.get("data", {}).get("fingerprint") if self.resume else None
+        recorded = rundir.recorded_fingerprint(self.saved) if self.resume else None
         self.data: Data = prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show,
                                        trained_on=recorded, mismatch=": it has changed since this run started, and "
                                        "a run does not resume on other data")
@@ -417,7 +417,7 @@ class Trainer:
     def run(self) -> dict:
         result_path = self.run_dir / rundir.RESULT
         if self.resume and result_path.exists():
-            return rundir.read_json(result_path)
+            return rundir.read_result(result_path)
         threads = torch.get_num_threads()
         try:
             return self._run()
