@@ -291,10 +291,12 @@ class StaticLayerCache(nn.Module):
         self.batch, self.max_len, self.dtype, self.device = batch, max_len, dtype, torch.device(device)
 
     def _buffer(self, name: str, like: Tensor) -> Tensor:
+        rows, heads, _, width = like.shape
+        if self.batch != rows:
+            raise ValueError(f"a batch of {rows} rows written to a KV cache set up for {self.batch} (setup_cache)")
         if not hasattr(self, name):
-            B, heads, _, width = like.shape
-            self.register_buffer(name, torch.zeros(B, heads, self.max_len, width, dtype=self.dtype, device=self.device),
-                                 persistent=False)
+            empty = torch.zeros(rows, heads, self.max_len, width, dtype=self.dtype, device=self.device)
+            self.register_buffer(name, empty, persistent=False)
         return getattr(self, name)
 
     def update(self, name: str, slots_T: Tensor, k_BGTE: Tensor | None, v_BGTF: Tensor) -> tuple[Tensor | None, Tensor]:
