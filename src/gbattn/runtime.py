@@ -1,5 +1,5 @@
 """Process-level helpers: devices, autocast, random-number state, CPU threads and the command line
-being run. Nothing here imports the rest of gbattn."""
+being run. It imports only gbattn's errors and file helpers."""
 
 from __future__ import annotations
 

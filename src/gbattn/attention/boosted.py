@@ -36,7 +36,8 @@ class Gate(nn.Module):
 
 
 class LinearGate(Gate):
-    """Paper gate: ``sigmoid(W_g [F ; c] + b)``, W_g: 2d -> d (starts near 0.5 with N(0, 0.02) init)."""
+    """Paper gate: ``sigmoid(W_g [F ; c] + b)``, W_g: 2d -> d (near 0.5 at the model's init, N(0, 0.02)
+    weights and zero bias; a module built alone has PyTorch's default init)."""
 
     def __init__(self, d: int, options: BoostedOptions) -> None:
         super().__init__()

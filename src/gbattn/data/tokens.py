@@ -142,7 +142,9 @@ def epoch_permutation(n_rows: int, seed: int, epoch: int) -> np.ndarray:
 def random_windows(
     tokens: np.ndarray, seq_len: int, batch: int, seed: int, step: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """nanoGPT's sampling: ``batch`` windows at random offsets; a pure function of (seed, step)."""
+    """nanoGPT's sampling: ``batch`` windows at random offsets; a pure function of (seed, step).
+    Offsets are drawn from 0 .. N - seq_len - 2, one fewer than nanoGPT's: the window ending at the
+    last token is never drawn (docs/deviations.md, section 7; kept so published tables reproduce)."""
     offsets = np.random.default_rng([seed, step, 1]).integers(0, len(tokens) - seq_len - 1, size=batch)
     data = np.stack([np.asarray(tokens[o : o + seq_len + 1], dtype=np.int64) for o in offsets])
     data_t = torch.from_numpy(data)
