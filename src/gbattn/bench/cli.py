@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from gbattn import arguments
 from gbattn.arguments import at_least, directory
-
-DEFAULT_VARIANTS = ["standard", "boosted", "boosted:kv_source=shared", "twicing", "gated", "differential"]
+from gbattn.bench import DEFAULT_VARIANTS
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="speed, memory and FLOPs of each variant next to standard (one interleaved run)")
-    p.add_argument("--preset", default="paper-small")
+    arguments.preset(p)
     p.add_argument("--attn", nargs="+", default=None, metavar="VARIANT",
                    help=f"variants, name or name:key=value,... (default: {' '.join(DEFAULT_VARIANTS)})")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    arguments.device(p)
     p.add_argument("--batch", type=at_least(1), default=None,
                    help="rows per training step (default 8 on CPU, 32 on CUDA)")
     p.add_argument("--seq-len", type=at_least(1), default=None, help="tokens per row (default block_size - 1)")
@@ -27,19 +27,19 @@ def register(sub) -> None:
     p.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")
     p.add_argument("--compile", default="off", choices=["off", "on", "both"],
                    help="torch.compile the training and decode steps: off, on, or both side by side (default off)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
-                   help="model-config override for every variant, e.g. --set dropout=0")
-    p.add_argument("--threads", type=at_least(1), default=None, help="CPU threads (default: torch's, one per core)")
+    arguments.sets(p, "a model field for every variant")
+    arguments.threads(p)
     p.add_argument("--out", type=directory, default=None, help="write bench.json and bench.md here")
-    p.add_argument("--quiet", action="store_true")
+    arguments.quiet(p)
     p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args) -> None:
     from gbattn.bench.speed import bench_markdown, run_bench
     from gbattn.config import parse_sets
+    from gbattn.runtime import default_threads
 
-    report = run_bench(args.preset, args.attn, args.device, args.batch, args.seq_len, args.repeats, args.steps,
-                       None, args.decode, args.sweep, args.sweep_attn, not args.no_amp, args.compile, args.threads,
-                       args.out, args.quiet, parse_sets(args.sets))
+    report = run_bench(args.preset or "paper-small", args.attn, args.device or "auto", args.batch, args.seq_len,
+                       args.repeats, args.steps, None, args.decode, args.sweep, args.sweep_attn, not args.no_amp,
+                       args.compile, args.threads or default_threads(), args.out, args.quiet, parse_sets(args.sets))
     print(bench_markdown(report))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from gbattn.bench.cli import DEFAULT_VARIANTS
+from gbattn.bench import DEFAULT_VARIANTS
 from gbattn.checks import parse_value
 from gbattn.config import ModelConfig, preset_config
 from gbattn.errors import UserError
@@ -30,7 +30,7 @@ from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
 from gbattn.runtime import autocast as bf16_autocast
-from gbattn.runtime import command_line, device_name
+from gbattn.runtime import command_line, device_name, resolve_device
 
 COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
 
@@ -164,11 +164,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         check_writable_dir(out, "--out")
     if threads is not None:
         torch.set_num_threads(threads)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda but CUDA is not available here")
+    dev = resolve_device(device)
     variants = list(variants or DEFAULT_VARIANTS)
     if variants[0] != "standard":  # every ratio is against standard
         variants = ["standard"] + [v for v in variants if v != "standard"]
