@@ -34,6 +34,10 @@ class Gate(nn.Module):
 
     needs_entropy = False
 
+    def init_own_parameters(self, init=nn.init) -> None:
+        """Initialise the parameters the gate holds itself (its Linear layers are the model's to
+        initialise); called by the constructor and the Hugging Face wrapper."""
+
 
 class LinearGate(Gate):
     """Paper gate: ``sigmoid(W_g [F ; c] + b)``, W_g: 2d -> d (near 0.5 at the model's init, N(0, 0.02)
@@ -75,7 +79,11 @@ class VectorGate(Gate):
 
     def __init__(self, d: int, options: BoostedOptions) -> None:
         super().__init__()
-        self.logit = nn.Parameter(torch.zeros(d))
+        self.logit = nn.Parameter(torch.empty(d))
+        self.init_own_parameters()
+
+    def init_own_parameters(self, init=nn.init) -> None:
+        init.zeros_(self.logit)
 
     def forward(self, f_BTD: Tensor, c_BTD: Tensor, entropy_BT1: Tensor | None) -> Tensor:
         return torch.sigmoid(self.logit)
@@ -86,7 +94,11 @@ class ScalarGate(Gate):
 
     def __init__(self, d: int, options: BoostedOptions) -> None:
         super().__init__()
-        self.logit = nn.Parameter(torch.full((1,), 0.5))
+        self.logit = nn.Parameter(torch.empty(1))
+        self.init_own_parameters()
+
+    def init_own_parameters(self, init=nn.init) -> None:
+        init.constant_(self.logit, 0.5)
 
     def forward(self, f_BTD: Tensor, c_BTD: Tensor, entropy_BT1: Tensor | None) -> Tensor:
         return torch.sigmoid(self.logit)

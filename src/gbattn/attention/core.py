@@ -489,6 +489,11 @@ class AttentionBase(nn.Module):
         self.dropout_p = args.dropout
         self.scale = 1.0 / math.sqrt(args.d_head)
 
+    def init_own_parameters(self, init=nn.init) -> None:
+        """Initialise the parameters this layer holds itself (not those of its Linear and norm
+        submodules, which the model initialises). Called by the constructor and by the Hugging
+        Face wrapper's ``_init_weights``; ``init``: ``torch.nn.init`` or transformers' equivalent."""
+
     def compute(self, x_BTD: Tensor, call: Call) -> Tensor:
         raise NotImplementedError
 

@@ -1,8 +1,8 @@
 """Attention variants by name. A new variant touches 4 files: its own file, one line in ``VARIANTS``,
 its reference function in ``reference.py`` and its cases in ``tests/conftest.py``; its golden losses
-are then pinned by ``python tests/test_golden.py --add``, and a parameter that is not a Linear,
-Embedding or norm weight needs its initialisation in ``hf/modeling.py``'s ``init_module``. The tests
-fail when any of these is missing (README, "Design notes and deviations")."""
+are then pinned by ``python tests/test_golden.py --add``. A parameter the variant holds itself is
+initialised in its own ``init_own_parameters`` (declared on ``AttentionBase``). The tests fail when
+any of these is missing (README, "Design notes and deviations")."""
 
 from __future__ import annotations
 

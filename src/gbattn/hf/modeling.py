@@ -18,9 +18,8 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from gbattn.attention.boosted import ScalarGate, VectorGate
-from gbattn.attention.core import DynamicLayerCache, positions_of
-from gbattn.attention.differential import DifferentialAttention
+from gbattn.attention.boosted import Gate
+from gbattn.attention.core import AttentionBase, DynamicLayerCache, positions_of
 from gbattn.hf.configuration import GbattnConfig
 from gbattn.model.attnres import AttnResStream
 from gbattn.model.gpt import GPT, init_weights, lm_loss
@@ -157,12 +156,10 @@ class GbattnCache(Cache):
 
 def init_module(module: nn.Module, init=hf_init) -> None:
     """gbattn's initialisation of ``module``'s own parameters (docs/method.md, "Initialisation";
-    docs/baselines.md): Linear and Embedding N(0, 0.02) with zero biases, norms 1 and 0,
-    differential attention's lambda vectors N(0, 0.1), AttnRes queries 0, vector gate logits 0,
-    scalar gate logits 0.5. Each parameter belongs to one of these module types (tests/test_hf.py).
-    Linear and Embedding: GPT's own :func:`gbattn.model.gpt.init_weights`; the rest repeats what
-    gbattn's modules set when they are made (GPT does not re-initialise them: differential
-    attention's lambdas drawn again would change the random draws of every later weight)."""
+    docs/baselines.md): Linear and Embedding N(0, 0.02) with zero biases (GPT's own
+    :func:`gbattn.model.gpt.init_weights`), norms 1 and 0, and what an attention layer, a gate or the
+    AttnRes stream sets for the parameters it holds itself (their ``init_own_parameters``, which
+    their constructors call too). Each parameter belongs to one of these module types (tests/test_hf.py)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         init_weights(module, init)
     elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
@@ -170,19 +167,12 @@ def init_module(module: nn.Module, init=hf_init) -> None:
             init.ones_(module.weight)
         if getattr(module, "bias", None) is not None:
             init.zeros_(module.bias)
-    elif isinstance(module, DifferentialAttention):
-        for p in (module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2):
-            init.normal_(p, mean=0.0, std=0.1)
-    elif isinstance(module, AttnResStream):
-        init.zeros_(module.queries)
-    elif isinstance(module, VectorGate):
-        init.zeros_(module.logit)
-    elif isinstance(module, ScalarGate):
-        init.constant_(module.logit, 0.5)
+    elif isinstance(module, OWN_PARAMETERS):
+        module.init_own_parameters(init)
 
 
-INIT_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm, DifferentialAttention, AttnResStream, VectorGate,
-              ScalarGate)
+OWN_PARAMETERS = (AttentionBase, Gate, AttnResStream)  # modules that initialise the parameters they hold
+INIT_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm, *OWN_PARAMETERS)
 
 
 # --------------------------------------------------------------------------------------

@@ -25,11 +25,16 @@ class AttnResStream(nn.Module):
         self.n_sublayers = 2 * cfg.n_layers
         self.block_size = 1 if cfg.residual == "attnres-full" else cfg.attnres_block
         # One pseudo-query and one key norm per sublayer, plus one for the final aggregation.
-        self.queries = nn.Parameter(torch.zeros(self.n_sublayers + 1, cfg.d_model))
+        self.queries = nn.Parameter(torch.empty(self.n_sublayers + 1, cfg.d_model))
+        self.init_own_parameters()
         self.norms = nn.ModuleList(nn.RMSNorm(cfg.d_model) for _ in range(self.n_sublayers + 1))
         # Sublayer 0 mixes one source (the embedding) in every mode: its norm never gets a gradient.
         # Not trained, so optimizers and sharded checkpoints hold no state for it.
         self.norms[0].weight.requires_grad_(False)
+
+    def init_own_parameters(self, init=nn.init) -> None:
+        """The pseudo-queries start at 0 (every depth mixture starts uniform)."""
+        init.zeros_(self.queries)
 
     def depth_weights(self, index: int, sources: list[Tensor]) -> Tensor:
         """Softmax over the sources, per position: (N, B, T)."""
