@@ -105,6 +105,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     (default ``run_dir/analysis``); returns the summary."""
     from gbattn.analysis import figures, stats
     from gbattn.data.prepare import prepare_run_data
+    from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
     from gbattn.files import check_writable_dir, relative_path, write_json
     from gbattn.progress import Progress
@@ -131,7 +132,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
 
     data = prepare_run_data(run, data, allow_other_data)
     tokens = data.splits[split]
-    n_rows = len(tokens) // (run.seq_len + 1)
+    n_rows = num_rows(tokens, run.seq_len)
     if n_rows == 0:
         raise UserError(f"the {split} split of {run_dir} has {len(tokens):,} tokens: "
                         f"fewer than one row of {run.seq_len + 1}")

@@ -167,8 +167,8 @@ class AttnContext:
     causal: bool = True
     naive: bool = False
     rope: tuple[Tensor, Tensor] | None = None
-    _mask: Tensor | None = None
-    _built: bool = False
+    _mask: Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    _built: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.key_padding_BS is not None and self.key_padding_BS.shape[-1] != self.S:

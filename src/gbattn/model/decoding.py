@@ -119,7 +119,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             logits = model(out, input_pos=torch.arange(T, device=device), position_ids=positions,
                            key_padding_mask=key_padding)[:, -1]
             step = decode_step or decoder_for(model, compile, max_new_tokens)[0] or eager_decode_step(model)
-        for _ in range(max_new_tokens):
+        for i in range(max_new_tokens):
             if not cached:
                 window = out[:, -block:]
                 logits = model(window, **_padded_window(mask_BT, out.shape[1], window.shape[1], prompt_mask))[:, -1]
@@ -128,6 +128,8 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             if progress is not None:
                 progress(1)
             slot = out.shape[1] - 1
+            if i == max_new_tokens - 1:
+                break  # the last token's logits would go unused
             if cached and slot < max_len:
                 pos = None if prompt_mask is None else real_B1 + (slot - T)
                 logits = step(nxt, torch.tensor([slot], device=device), pos, key_padding)
