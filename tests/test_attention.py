@@ -175,12 +175,19 @@ def test_twicing_uses_one_dropout_mask_for_both_products():
 
 
 def test_same_seed_same_output(variant_case):
+    """Construction draws its parameters from the global RNG only: the same seed gives the same
+    module (and output), another seed another."""
     x = torch.randn(2, 5, D)
-    torch.manual_seed(3)
-    a = make(variant_case).float()
-    torch.manual_seed(3)
-    b = make(variant_case).float()
+    name, opts = variant_case
+    args = AttnArgs(d_model=D, n_heads=4, n_kv_heads=4, dropout=0.0, bias=True, layer_idx=1, n_layers=2)
+
+    def built(seed):
+        torch.manual_seed(seed)
+        return build_attention(name, args, opts)
+
+    a, b, c = built(3), built(3), built(4)
     torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)
+    assert not torch.equal(a(x), c(x))
 
 
 EXPECTED_KINDS = {
@@ -212,6 +219,19 @@ def test_record_schema_and_consistency(variant_case, layer_idx):
     for r in record.rounds:
         assert r.output_BTD.shape == (B, T, D)
         assert r.entropy_BHT.shape == r.probs_BHTS.shape[:3]
+    # Each round's map == the matrix the reference forms for it (differential: one per head pair,
+    # positive then negative; Twicing's second pass reuses A).
+    spec = RefSpec(4, 4, opts, layer_idx=layer_idx, n_layers=2, maps=[])
+    REFERENCES[name](attn.state_dict(), x, spec)
+    if name == "differential":
+        expected = [torch.cat(spec.maps[0::2], dim=1), torch.cat(spec.maps[1::2], dim=1)]
+    elif name == "twicing":
+        expected = spec.maps * len(record.rounds)
+    else:
+        expected = spec.maps
+    assert len(expected) == len(record.rounds)
+    for r, probs_BHTS in zip(record.rounds, expected):
+        torch.testing.assert_close(r.probs_BHTS, probs_BHTS, rtol=1e-10, atol=1e-12, msg=lambda m, k=r.kind: f"{k} {m}")
     out = attn.out
     if name == "boosted":
         F = record.rounds[0].output_BTD

@@ -39,6 +39,7 @@ class RefSpec:
     key_padding_BT: Tensor | None = None  # True for real tokens
     positions_BT: Tensor | None = None  # RoPE positions (default 0..T-1)
     rope_base: float | None = None
+    maps: list | None = None  # when a list: every attention matrix the reference forms, in order
 
 
 # --------------------------------------------------------------------------------------
@@ -101,7 +102,10 @@ def attention_matrix(q_BHTE: Tensor, k_BGSE: Tensor, spec: RefSpec) -> Tensor:
     probs = torch.exp(scores - scores.amax(-1, keepdim=True).clamp_min(-1e300))
     probs = probs.masked_fill(~ok, 0.0)
     total = probs.sum(-1, keepdim=True)
-    return probs / torch.where(total > 0, total, torch.ones_like(total))
+    probs = probs / torch.where(total > 0, total, torch.ones_like(total))
+    if spec.maps is not None:
+        spec.maps.append(probs)
+    return probs
 
 
 def grouped(v_BGSF: Tensor, H: int) -> Tensor:
