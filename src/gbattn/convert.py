@@ -71,10 +71,9 @@ def load_source(path: str | Path) -> Source:
     if not (path / rundir.CONFIG).is_file():
         raise CheckpointError(f"{path} has no {rundir.CONFIG}: neither a Hugging Face checkpoint directory nor a "
                               f"gbattn run directory")
-    config = read_json(path / rundir.CONFIG)
-    if isinstance(config.get("gbattn"), dict) or ("model" in config and "train" in config):
+    saved = rundir.gbattn_section(rundir.read_config(path / rundir.CONFIG), path / rundir.CONFIG)
+    if saved is not None:
         run = rundir.load_run(path)
-        saved = config.get("gbattn", config)
         return Source(run.model_cfg, run.model.state_dict(), run.tokenizer, "gbattn", portable_path(str(path)),
                       preset=saved.get("preset"), train_cfg=run.train_cfg, config=saved)
     return convert_hf(path)

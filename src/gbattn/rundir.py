@@ -258,6 +258,15 @@ def read_config(path: str | Path) -> dict:
     return check_config(read_json(path), path)
 
 
+def gbattn_section(config: dict, where: str | Path) -> dict | None:
+    """The run's own config in a ``config.json`` (from :func:`read_config`): the file itself for a
+    run directory, its checked ``gbattn`` section for an exported one; None for another model's
+    config (a Hugging Face checkpoint)."""
+    if isinstance(config.get("gbattn"), dict):
+        return check_config(config["gbattn"], f"{where} (gbattn)")
+    return config if "model" in config and "train" in config else None
+
+
 def recorded_fingerprint(config: dict) -> str | None:
     """The data fingerprint a run recorded (None if it recorded none); ``config`` from :func:`read_config`."""
     return (config.get("data") or {}).get("fingerprint")
@@ -366,7 +375,7 @@ def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.dev
     if exported:
         if not isinstance(config.get("gbattn"), dict):
             raise CheckpointError(f"{path / CONFIG} has no gbattn section: not a directory exported by gbattn")
-        config = check_config(config["gbattn"], f"{path / CONFIG} (gbattn)")
+        config = gbattn_section(config, path / CONFIG)
     model_cfg, train_cfg = read_configs(config, path / CONFIG)
     tokenizer_file = path / (EXPORTED_TOKENIZER if exported else TOKENIZER)
     if exported and not tokenizer_file.is_file():

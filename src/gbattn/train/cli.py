@@ -140,13 +140,14 @@ def _init_from_trainer(args, sets: dict):
     from gbattn.errors import UserError
     from gbattn.train.trainer import Trainer
 
-    source = rundir.read_config(Path(args.init_from) / rundir.CONFIG)
-    if "gbattn" in source:  # an exported directory keeps the run's config in a section
-        source = rundir.check_config(source["gbattn"], f"{args.init_from}/{rundir.CONFIG} (gbattn)")
-    if "model_type" in source and not ("model" in source and "train" in source):
-        raise UserError(f"--init-from {args.init_from} is a Hugging Face checkpoint ({source['model_type']}), not a "
+    path = Path(args.init_from) / rundir.CONFIG
+    config = rundir.read_config(path)
+    source = rundir.gbattn_section(config, path)
+    if source is None and "model_type" in config:
+        raise UserError(f"--init-from {args.init_from} is a Hugging Face checkpoint ({config['model_type']}), not a "
                         f"gbattn run: convert it first with `gbattn upcycle {args.init_from} --attn standard --out "
                         f"DIR` (or --attn boosted), then --init-from DIR")
+    source = source if source is not None else config  # read_configs names what is missing
     model_cfg, source_train = rundir.read_configs(source, args.init_from)
     train_sets, model_sets = split_overrides(sets)
     if args.attn or args.preset and args.preset != source.get("preset") or model_sets:
