@@ -21,7 +21,7 @@ from gbattn.experiments.compare import run_compare
 from helpers import TINY, write_corpus
 
 
-def test_compare_with_two_jobs_equals_one_after_another(tmp_path, monkeypatch):
+def test_compare_with_two_jobs_equals_one_after_another(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
     data = write_corpus(tmp_path / "c")
     sets = dict(TINY, max_steps=6, eval_every=3, tokenizer="char", batch_size=8, seq_len=32, sampling="rows",
@@ -36,9 +36,12 @@ def test_compare_with_two_jobs_equals_one_after_another(tmp_path, monkeypatch):
         wa = rundir.load_checkpoint(tmp_path / "one" / label / "seed1" / rundir.CHECKPOINT)["model"]
         wb = rundir.load_checkpoint(tmp_path / "two" / label / "seed1" / rundir.CHECKPOINT)["model"]
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    # A second invocation reuses every (checked) run: nothing is trained again.
-    again = run_compare("cpu-proxy", tmp_path / "two", data=str(data), seeds=[1], sets=sets, quiet=True, jobs=2)
+    # A second invocation reuses every (checked) run: nothing is trained again. Asked for 2 jobs on
+    # 1 thread, it says that each run takes a thread of its own.
+    capsys.readouterr()
+    again = run_compare("cpu-proxy", tmp_path / "two", data=str(data), seeds=[1], sets=sets, jobs=2, threads=1)
     assert [r["test_ppl"] for r in again["models"]] == [r["test_ppl"] for r in two["models"]]
+    assert "note: --jobs 2 with 1 CPU thread(s): each run takes 1 thread, 2 in all" in capsys.readouterr().err
 
 
 GRADIENT_WORKER = textwrap.dedent('''

@@ -182,9 +182,10 @@ def _single_file(path: Path, split: tuple[float, float, float], name: str | None
 
 def _hugging_face(name: str) -> Corpus:
     dataset, config = HF_NAMES[name]
+    suffix = "tokens" if name.startswith("wikitext") and "raw" not in name else "raw"  # -v1: <unk>-tokenized
     hint = (f"could not load {name!r} from the Hugging Face hub ({{why}}); download it once where the hub is "
-            f"reachable, or point --data at a local copy: a directory with wiki.train.raw/wiki.valid.raw/wiki.test.raw "
-            f"(or train.txt/valid.txt/test.txt), or a single text file (README, 'Data')")
+            f"reachable, or point --data at a local copy: a directory with wiki.train.{suffix}/wiki.valid.{suffix}/"
+            f"wiki.test.{suffix} (or train.txt/valid.txt/test.txt), or a single text file (README, 'Data')")
     try:
         import datasets
     except ImportError:

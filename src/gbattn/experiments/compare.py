@@ -108,6 +108,9 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
                    "command": command_line(portable=True)}
         _check_request(out / "recipe.json", request)
         per_run_threads = max(1, (threads or default_threads()) // jobs) if jobs > 1 else threads
+        if jobs > 1 and (threads or default_threads()) < jobs and not quiet:  # a warning: stderr, apart from the output
+            print(f"note: --jobs {jobs} with {threads or default_threads()} CPU thread(s): each run takes 1 thread, "
+                  f"{jobs} in all (on a CPU, more runs than cores only slows each down)", file=sys.stderr)
         run_sets = {**sets, "threads": per_run_threads} if per_run_threads else sets
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
         probe_model, probe_train = spec_configs(recipe, specs[0], data, seeds[0], run_sets, None)

@@ -43,7 +43,7 @@ class Recipe:
 GBA = dict(attn="boosted", attn_options={"rounds": 2})
 
 
-def four_models(extra: dict | None = None, suffix: str = "") -> list[ModelSpec]:
+def paper_models(extra: dict | None = None, suffix: str = "") -> list[ModelSpec]:
     """The paper's table: standard, twicing, parameter-matched standard, GBA M=2, plus the
     compute-matched standard row (listed in display order; see :func:`training_order`)."""
     m = dict(extra or {})
@@ -156,10 +156,10 @@ def upcycle_models() -> list[ModelSpec]:
 
 _add(Recipe(
     name="paper-wt103",
-    description="the paper's table: standard, twicing, param-fair, GBA M=2 at paper-small on 10M WikiText-103 "
-                "tokens, 15 epochs",
+    description="the paper's table: standard, twicing, param-fair, compute-matched and GBA M=2 at paper-small on "
+                "10M WikiText-103 tokens, 15 epochs",
     preset="paper-small",
-    models=four_models(),
+    models=paper_models(),
     seeds=[42, 123],
     default_data="wikitext-103-raw-v1",
     published={"standard": (72.2, 0.3), "twicing": (69.6, 0.1), "param-fair": (69.0, 0.1), "gba-m2": (67.9, 0.1)},
@@ -167,9 +167,9 @@ _add(Recipe(
 ))
 _add(Recipe(
     name="paper-owt",
-    description="the same four models on 10M OpenWebText tokens",
+    description="the same five models on 10M OpenWebText tokens",
     preset="paper-small",
-    models=four_models(),
+    models=paper_models(),
     seeds=[42, 123],
     default_data="openwebtext",
     published={"standard": (114.94, 0.55), "twicing": (110.71, 0.28), "param-fair": (110.21, 0.48),
@@ -178,7 +178,8 @@ _add(Recipe(
 ))
 _add(Recipe(
     name="paper-postln",
-    description="Post-LN: standard, GBA M=2 and param-fair (does GBA need Pre-LN's additive residual stream?)",
+    description="Post-LN standard, param-fair, compute-matched and GBA M=2, and standard and GBA M=2 with AttnRes "
+                "(does GBA need Pre-LN's additive residual stream?)",
     preset="paper-small",
     models=postln_models() + [
         # The third residual stream: attention over depth (Pre-LN sublayers, docs/baselines.md).
@@ -220,13 +221,13 @@ def cpu_recipe(name: str, description: str, models: list[ModelSpec], preset: str
 _add(cpu_recipe(
     "cpu-proxy",
     "the paper-wt103 models at the cpu-proxy preset on WikiText-2, 1,200 steps (about an hour on 2 CPU cores)",
-    four_models(),
+    paper_models(),
 ))
 _add(cpu_recipe(
     "cpu-modern",
     "the cpu-proxy models in a Llama-style block (cpu-llama: RMSNorm, SwiGLU, RoPE, no biases, 2 K/V heads) on "
     "WikiText-2, 1,200 steps",
-    four_models(),
+    paper_models(),
     preset="cpu-llama",
 ))
 _add(cpu_recipe(
@@ -255,7 +256,7 @@ _add(Recipe(
     name="cpu-char",
     description="the same models, character-level tiny-shakespeare at nanoGPT's CPU configuration (2,000 steps)",
     preset="cpu-char",
-    models=four_models(),
+    models=paper_models(),
     default_data="tiny-shakespeare",
     published={"standard": (6.55, None)},
     published_source="nanoGPT README (shakespeare_char on CPU): validation loss ~1.88 = perplexity ~6.55 for standard",
@@ -265,7 +266,7 @@ _add(Recipe(
     description="training length: cpu-char's standard, param-fair, compute-matched and GBA M=2 at 8,000 steps "
                 "(4x cpu-char, the same schedule stretched)",
     preset="cpu-char",
-    models=[m for m in four_models() if m.label != "twicing"],
+    models=[m for m in paper_models() if m.label != "twicing"],
     seeds=[42, 123],
     default_data="tiny-shakespeare",
     train=dict(max_steps=8000),

@@ -13,7 +13,7 @@ def register(sub) -> None:
     p = sub.add_parser("denoise", help="the paper's synthetic pattern-denoising tables (docs/method.md)",
                        description="Train GBA on the synthetic pattern-denoising task and print the paper's tables "
                        "(rounds, gate ablation, difficulty, DEQ) with chance and the Bayes-optimal ceiling. The full "
-                       "run (72 training runs: 3 seeds x 24 models) takes about 2.5 minutes on 2 CPU cores; --quick "
+                       "run (72 training runs: 3 seeds x 24 models) takes about 40 seconds on one CPU thread; --quick "
                        "(1 seed, 24 runs) about 15 seconds.")
     p.add_argument("--quick", action="store_true",
                    help=f"seed {QUICK_SEEDS[0]} only, 1,000 queries per evaluation, 20,000 Bayes queries")
