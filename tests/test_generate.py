@@ -80,3 +80,12 @@ def test_left_padded_cached_batch_equals_each_row_alone(variant_case, block):
     positions = (mask.long().cumsum(1) - 1).clamp_min(0)
     masked = model(batch, key_padding_mask=mask, position_ids=positions)[:, -1]
     assert (model(batch)[:2, -1] - masked[:2]).abs().max() > 1e-6
+
+
+def test_a_tiny_temperature_samples_the_largest_logit():
+    """logits / 1e-45 overflows to inf (softmax of inf - inf is NaN, and multinomial failed); the row
+    is then shifted by its largest logit first, which samples it."""
+    from gbattn.model.decoding import sample_next
+
+    logits = torch.randn(3, 20)
+    assert torch.equal(sample_next(logits, 1e-45, None, torch.Generator().manual_seed(0)), logits.argmax(-1, True))

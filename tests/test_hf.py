@@ -630,3 +630,26 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc"]) == 2
     assert "pip install 'gbattn[lm-eval]'" in capsys.readouterr().err
 
+
+
+def test_export_and_restart_leave_other_model_directories_alone(trained, tmp_path, capsys):
+    """--out of export may hold an earlier gbattn export (replaced), never a run or a Hugging Face
+    checkpoint; train --restart refuses a directory holding another kind of model (both wrote over
+    its config.json and tokenizer.json)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    run_dir, out = trained
+    hf_dir = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=40, n_positions=32)).save_pretrained(hf_dir)
+    before = {p.name: p.read_bytes() for p in hf_dir.iterdir()}
+    assert cli_main(["export", str(run_dir), "--out", str(hf_dir)]) == 2
+    assert "holds a Hugging Face checkpoint (gpt2); export to another directory" in capsys.readouterr().err
+    upcycled = tmp_path / "upcycled"
+    shutil.copytree(run_dir, upcycled, ignore=shutil.ignore_patterns("checkpoint.pt"))
+    assert cli_main(["export", str(run_dir), "--out", str(upcycled)]) == 2
+    assert "holds a run" in capsys.readouterr().err
+    assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0  # an earlier export is replaced
+    capsys.readouterr()
+    assert cli_main(["train", "--out", str(hf_dir), "--restart", "--data", "tiny-shakespeare", "--quiet"]) == 2
+    assert "holds a Hugging Face checkpoint (gpt2), not a gbattn run" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in hf_dir.iterdir() if p.name != ".lock"} == before

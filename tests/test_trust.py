@@ -462,14 +462,27 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
         target = copy(name)
         (target / rundir.RESULT).unlink(missing_ok=True)  # so that --resume reads the config
         (target / rundir.CONFIG).write_text(json.dumps({**config, key: value}))
+    best = rundir.load_checkpoint(trained["run"] / rundir.BEST)
+    torch.save({**best, "model": {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                                  for k, v in best["model"].items()}}, copy("nan-weights") / rundir.BEST)
+    (copy("text-best") / rundir.BEST).write_text("0.1 0.2\n")
+    (copy("deep-config") / rundir.CONFIG).write_text('{"a":' + "[" * 100_000 + "]" * 100_000 + "}")
+    resume_state = rundir.load_checkpoint(trained["run"] / rundir.CHECKPOINT)
+    for name, changed in (("negative-step", {"step": -10}),):
+        target = copy(name)
+        (target / rundir.RESULT).unlink(missing_ok=True)
+        torch.save({**resume_state, **changed}, target / rundir.CHECKPOINT)
     return runs
 
 
 def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
-    """(name, argv, a piece of the one line) for 74 bad inputs."""
+    """(name, argv, a piece of the one line) for 80 bad inputs."""
     f = _bad_files(tmp_path / "files")
     broken = _broken_runs(trained, tmp_path / "broken")
     run, data = trained["run"], trained["data"]
+    short_test = tmp_path / "short-test"  # the run's corpus with a test split of 3 characters
+    shutil.copytree(data, short_test)
+    (short_test / "wiki.test.tokens").write_text((data / "wiki.test.tokens").read_text()[:3])
     new_run = ["train", "--out", tmp_path / "new", "--data", data, "--tokenizer", "char", "--quiet"]
     cases = [
         ("binary data file", ["train", "--out", tmp_path / "o1", "--data", f["binary.txt"]],
@@ -510,6 +523,16 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("config.json seq_len 0", ["analyze", broken["seq-len-zero"]], "seq_len=0 must be >= 1"),
         ("config.json fingerprint a number", ["generate", broken["fingerprint-number"], "--prompt", "a"],
          "(data): fingerprint=5 must be a string"),
+        ("checkpoint with NaN weights", ["generate", broken["nan-weights"], "--prompt", "a"],
+         "hold NaN or infinite values"),
+        ("checkpoint that is a text file", ["eval", broken["text-best"]], "is not a torch.save file"),
+        ("config.json nested too deeply", ["eval", broken["deep-config"]], "nested too deeply"),
+        ("checkpoint with a negative step", ["train", "--resume", "--out", broken["negative-step"], "--quiet"],
+         "step=-10"),
+        ("eval --per-token onto the run's checkpoint", ["eval", run, "--per-token", run / rundir.BEST],
+         "is one of the run's own files"),
+        ("eval of a split shorter than one row", ["eval", run, "--data", short_test, "--allow-other-data"],
+         "fewer than one row"),
         ("run dir is a file", ["eval", f["a-file"]], "is not a directory"),
         ("resume without a run", ["train", "--resume", "--out", tmp_path / "empty-dir"], "not found"),
         ("--resume and --restart", ["train", "--resume", "--restart", "--out", run], "give one of them"),
@@ -571,7 +594,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
 def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     cases = bad_inputs(trained, tmp_path)
-    assert len(cases) >= 74
+    assert len(cases) >= 80
     (tmp_path / "empty-dir").mkdir()
     before = snapshot(trained["run"])
     report = []
@@ -601,3 +624,19 @@ def test_output_piped_into_head_ends_quietly(trained):
     _, err = proc.communicate()
     assert b"Traceback" not in err and err == b"", err
     assert proc.returncode == 141  # SIGPIPE's status, as `yes | head` ends
+
+
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_untouched(trained, tmp_path, capsys, monkeypatch):
+    """The lock is opened without following links: a .lock symlink got the process id written into
+    whatever file it pointed at."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.RESULT).unlink()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (run / rundir.LOCK).unlink(missing_ok=True)
+    (run / rundir.LOCK).symlink_to(victim)
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
+    assert "cannot be opened as the lock file" in one_line(code, err)
+    assert victim.read_text() == "precious\n"

@@ -112,6 +112,8 @@ def read_json(path: str | Path, what: str | None = None) -> dict:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON ({error_detail(e)})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path} is not a gbattn file (its JSON is nested too deeply to read)") from None
     except OSError as e:
         raise CheckpointError(f"{path} cannot be read ({e.strerror or e})") from None
     if not isinstance(obj, dict):
@@ -129,8 +131,8 @@ def read_jsonl(path: str | Path) -> list[dict]:
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill
+        except (json.JSONDecodeError, RecursionError):
+            continue  # a line cut short by a kill, or damaged
         if isinstance(record, dict):
             out.append(record)
     return out

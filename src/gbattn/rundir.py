@@ -28,6 +28,7 @@ import io
 import json
 import os
 import pickle
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,7 @@ RESULT = "result.json"
 LOCK = ".lock"
 SAFETENSORS = "model.safetensors"
 RUN_FILES = (CONFIG, TOKENIZER, CHECKPOINT, BEST, METRICS, RESULT)
+OWN_FILES = (*RUN_FILES, LOCK, SAFETENSORS, EXPORTED_TOKENIZER)  # every file gbattn reads in a run or exported dir
 
 
 # --------------------------------------------------------------------------------------
@@ -77,8 +79,31 @@ def remove_debris(directory: str | Path) -> list[str]:
     return removed
 
 
+def foreign_model(directory: str | Path) -> str | None:
+    """What a directory holds when it is a model directory other than a gbattn run (a Hugging Face
+    checkpoint, a gbattn export), in words; None otherwise (a run, an empty or unrelated directory,
+    or a run whose config.json is damaged)."""
+    directory = Path(directory)
+    try:
+        config = json.loads((directory / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        config = None
+    if isinstance(config, dict) and config.get("model_type") == "gbattn":
+        return "a gbattn export"
+    if isinstance(config, dict) and "model_type" in config:
+        return f"a Hugging Face checkpoint ({config['model_type']})"
+    if (directory / SAFETENSORS).exists():
+        return f"a model directory ({SAFETENSORS})"
+    return None
+
+
 def discard_run(directory: str | Path) -> list[str]:
-    """Delete a run's own files (``--restart``); other files in the directory stay."""
+    """Delete a run's own files (``--restart``); other files in the directory stay. A directory
+    holding another kind of model is refused (its config.json and tokenizer.json would go)."""
+    held = foreign_model(directory)
+    if held:
+        raise UserError(f"{directory} holds {held}, not a gbattn run: --restart replaces only a run; choose "
+                        f"another --out")
     removed = []
     for name in RUN_FILES:
         if (Path(directory) / name).is_file():
@@ -89,7 +114,11 @@ def discard_run(directory: str | Path) -> list[str]:
 
 def truncate_metrics(path: str | Path, step: int) -> None:
     """On resume, drop events logged after the checkpoint's step (they will be logged again)."""
-    kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step and r.get("event") != "stop"]
+    def kept_event(r: dict) -> bool:  # a line with a damaged step is dropped, as a line cut short is
+        at = r.get("step", 0)
+        return isinstance(at, int) and not isinstance(at, bool) and at <= step and r.get("event") != "stop"
+
+    kept = [r for r in read_jsonl(path) if kept_event(r)]
     atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
@@ -103,6 +132,9 @@ def read_torch_file(path: str | Path, map_location="cpu"):
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
+        if not zipfile.is_zipfile(path) and not _starts_as_pickle(path):  # torch.save writes one of these
+            raise CheckpointError(f"{path} is not a torch.save file (another kind of file, or corrupted): restore "
+                                  f"a copy of it") from None
         if "weights_only" in str(e) or "Weights only load failed" in str(e):
             raise CheckpointError(f"{path} holds Python objects beyond tensors (loading it could run code): refused; "
                                   f"only files of tensors and plain values are read") from None
@@ -110,6 +142,13 @@ def read_torch_file(path: str | Path, map_location="cpu"):
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError) as e:
         detail = error_detail(e, with_type=True)
     raise CheckpointError(f"{path} is truncated or corrupted ({detail}); restore a copy of it")
+
+
+def _starts_as_pickle(path: Path) -> bool:
+    """Whether the file begins with a pickle's PROTO opcode (protocol 2 or later), as torch.save's
+    legacy format and plain pickles do."""
+    with open(path, "rb") as f:
+        return f.read(1) == b"\x80"
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
@@ -159,7 +198,14 @@ class RunLock:
             return
         self.created = not self.directory.exists()
         check_writable_dir(self.directory, "--out")
-        self.fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link: a .lock symlink would have the pid written into its target
+            self.fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            raise UserError(f"{self.directory / LOCK} cannot be opened as the lock file ({e.strerror or e}; a link or "
+                            f"a non-file is refused): remove it") from None
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):  # a FIFO, a device
+            os.close(self.fd)
+            raise UserError(f"{self.directory / LOCK} is not a regular file: remove it")
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -272,6 +318,18 @@ def recorded_fingerprint(config: dict) -> str | None:
     return (config.get("data") or {}).get("fingerprint")
 
 
+def valid_curve(curve) -> bool:
+    """Whether ``curve`` is a validation curve as the trainer writes it: a list of points, each with
+    an integer step, a token count and a numeric validation loss and perplexity."""
+    def point(p) -> bool:
+        return (isinstance(p, dict) and all(isinstance(p.get(k), int) and not isinstance(p.get(k), bool)
+                                            for k in ("step", "tokens"))
+                and all(isinstance(p.get(k), (int, float)) and not isinstance(p.get(k), bool)
+                        for k in ("valid_loss", "valid_ppl")))
+
+    return isinstance(curve, list) and all(point(p) for p in curve)
+
+
 _NUMBER = (int, float)
 _RESULT_FIELDS = {"attn": (str,), "attn_options": (dict,), "d_model": (int,), "parameters": (int,),
                   "flops_per_token_train": _NUMBER, "test_ppl": _NUMBER, "valid_ppl": _NUMBER, "valid_loss": _NUMBER,
@@ -284,6 +342,9 @@ def read_result(path: str | Path) -> dict:
     """``result.json`` of a finished run with every field a comparison reads checked."""
     result = read_json(path)
     _check_fields(result, _RESULT_FIELDS, path, required=tuple(_RESULT_FIELDS))
+    if not valid_curve(result["curve"]):
+        raise CheckpointError(f"{path}: its validation curve is malformed (points need step, tokens, valid_loss and "
+                              f"valid_ppl)")
     return result
 
 
@@ -407,14 +468,21 @@ def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.dev
 
 
 def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> None:
-    """``model.load_state_dict(weights)`` with a one-line error when they do not fit the config."""
+    """``model.load_state_dict(weights)`` with a one-line error when they do not fit the config or
+    are not finite (a trained model never is: the trainer does not step on a non-finite loss)."""
+    damaged = [name for name, w in weights.items()
+               if isinstance(w, torch.Tensor) and w.is_floating_point() and not torch.isfinite(w).all()]
+    if damaged:
+        raise CheckpointError(f"the weights in {where} hold NaN or infinite values ({', '.join(damaged[:3])}"
+                              f"{', ...' if len(damaged) > 3 else ''}): the file is damaged; restore a copy of it")
     try:
         model.load_state_dict(weights)
     except (RuntimeError, KeyError, ValueError) as e:
         # torch's message starts "Error(s) in loading state_dict for GPT:"; what went wrong is on the next lines
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else error_detail(e)
-        raise CheckpointError(f"the weights in {where} do not match its config ({detail[:160]})") from None
+        detail = detail if len(detail) <= 240 else detail[:240].rsplit(", ", 1)[0] + ", ..."
+        raise CheckpointError(f"the weights in {where} do not match its config ({detail})") from None
 
 
 def read_safetensors(path: str | Path, device) -> dict:

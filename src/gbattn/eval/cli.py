@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from gbattn import arguments
 
@@ -48,19 +49,26 @@ def cmd_eval(args) -> None:
 
     from gbattn.data.prepare import prepare_run_data
     from gbattn.data.tokens import num_rows
+    from gbattn.errors import UserError
     from gbattn.eval.perplexity import evaluate
     from gbattn.files import check_writable_file
     from gbattn.progress import Progress
-    from gbattn.rundir import load_run
+    from gbattn.rundir import OWN_FILES, load_run
     from gbattn.runtime import autocast, resolve_device, set_threads
 
     if args.per_token:
         check_writable_file(args.per_token, "--per-token")
+        target = Path(args.per_token).resolve()
+        if target.parent == Path(args.run_dir).resolve() and target.name in OWN_FILES:
+            raise UserError(f"--per-token {args.per_token} is one of the run's own files: write the losses elsewhere")
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)
     data = prepare_run_data(run, args.data, args.allow_other_data)
     tokens = data.splits[args.split]
+    if num_rows(tokens, run.seq_len) == 0:
+        raise UserError(f"the {args.split} split has {len(tokens):,} tokens: fewer than one row of {run.seq_len + 1}, "
+                        f"so there is nothing to evaluate")
     bar = Progress(num_rows(tokens, run.seq_len), desc=f"eval {args.split}", unit="row")
     res = evaluate(run.model, tokens, run.seq_len, args.batch_size, device, autocast(device),
                    per_token=bool(args.per_token), progress=bar.update)

@@ -22,7 +22,7 @@ from gbattn.errors import UserError
 from gbattn.files import check_writable_dir, portable_path
 from gbattn.hf.modeling import GbattnForCausalLM
 from gbattn.hf.tokenization import hf_tokenizer, is_end_of_text
-from gbattn.rundir import CHECKPOINT, LoadedRun, load_run
+from gbattn.rundir import BEST, CHECKPOINT, LoadedRun, foreign_model, load_run
 
 GBATTN_TOKENIZER = rundir.EXPORTED_TOKENIZER
 
@@ -72,8 +72,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -
     run_dir, out = Path(run_dir), Path(out)
     if out.exists() and run_dir.exists() and out.resolve() == run_dir.resolve():
         raise UserError(f"--out {out} is the run directory itself; export to another directory")
-    if (out / CHECKPOINT).exists():
-        raise UserError(f"--out {out} holds a run ({CHECKPOINT}); export to another directory")
+    held = "a run" if any((out / name).exists() for name in (CHECKPOINT, BEST)) else foreign_model(out)
+    if held and held != "a gbattn export":  # an earlier export of a model is replaced; nothing else is
+        raise UserError(f"--out {out} holds {held}; export to another directory")
     run = load_run(run_dir, checkpoint, "cpu")
     check_writable_dir(out, "--out")
     model, tokenizer = wrap_run(run)

@@ -20,7 +20,11 @@ def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, genera
     """Next token ids (B, 1): greedy at temperature 0, else softmax sampling with optional top-k."""
     if temperature <= 0:
         return logits_BV.argmax(-1, keepdim=True)
-    logits_BV = logits_BV.float() / temperature
+    scaled_BV = logits_BV.float() / temperature
+    # A tiny temperature overflows the division; shifted by the row's largest logit first it cannot
+    # (the same distribution; chosen per row without a host sync, so other rows keep their bits).
+    shifted_BV = (logits_BV.float() - logits_BV.float().amax(-1, keepdim=True)) / temperature
+    logits_BV = torch.where(torch.isfinite(scaled_BV).all(-1, keepdim=True), scaled_BV, shifted_BV)
     if top_k is not None and top_k < logits_BV.shape[-1]:
         kth = torch.topk(logits_BV, top_k, dim=-1).values[:, -1:]
         logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))

@@ -336,11 +336,13 @@ class Trainer:
     def _load(self, path: Path) -> None:
         state = rundir.load_checkpoint(path, map_location=self.device)
         try:
+            check_optimizer_moments(state["model"], state["optimizer"])
             load_full_state(self.wrapped, state["model"], self.optimizer, state["optimizer"])
             self.step = int(state["step"])
+            if self.step < 0 or int(state["tokens_seen"]) < 0:
+                raise ValueError(f"step={self.step} and tokens_seen={state['tokens_seen']} must be >= 0")
             best_step, curve = state["best_step"], state["curve"]
-            if not (best_step is None or isinstance(best_step, int)) or not (
-                    isinstance(curve, list) and all(isinstance(p, dict) for p in curve)):
+            if not (best_step is None or isinstance(best_step, int)) or not rundir.valid_curve(curve):
                 raise ValueError("its best step or validation curve is malformed")
             self.best_valid, self.best_step = float(state["best_valid"]), best_step
             self.elapsed, self.train_seconds = float(state["elapsed"]), float(state["train_seconds"])
@@ -582,6 +584,21 @@ class Trainer:
                 )
         self.dist.barrier()
         return result
+
+
+def check_optimizer_moments(model_state: dict, optim_state) -> None:
+    """Refuse an optimizer state whose AdamW moments do not have their parameter's shape (a damaged
+    checkpoint would otherwise fail at the first step, after the run's files were touched)."""
+    moments = optim_state.get("state") if isinstance(optim_state, dict) else None
+    if not isinstance(moments, dict):
+        raise ValueError("its optimizer state is malformed")
+    for name, param_state in moments.items():
+        weight = model_state.get(name) if isinstance(name, str) else None
+        for key in ("exp_avg", "exp_avg_sq"):
+            value = param_state.get(key) if isinstance(param_state, dict) else None
+            if weight is not None and isinstance(value, torch.Tensor) and value.shape != weight.shape:
+                raise ValueError(f"the optimizer's {key} of {name} has shape {tuple(value.shape)}, "
+                                 f"the weight {tuple(weight.shape)}")
 
 
 def train(run_dir, model_cfg=None, train_cfg=None, resume=False, quiet=False, extra=None, preset=None,
