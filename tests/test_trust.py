@@ -476,7 +476,7 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
 
 
 def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
-    """(name, argv, a piece of the one line) for 80 bad inputs."""
+    """(name, argv, a piece of the one line) for 85 bad inputs."""
     f = _bad_files(tmp_path / "files")
     broken = _broken_runs(trained, tmp_path / "broken")
     run, data = trained["run"], trained["data"]
@@ -567,6 +567,14 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("--set split", [*new_run, "--set", "split=[0.5,0.6,0]"], "summing to 1"),
         ("--set tokenizer=5", [*new_run, "--set", "tokenizer=5"], "tokenizer=5 must be a string"),
         ("--set without =", [*new_run, "--set", "lr"], "expected key=value"),
+        ("--seed negative", [*new_run, "--seed", "-5"], "argument --seed: -5 must be >= 0"),
+        ("generate --seed beyond 2**63", ["generate", run, "--prompt", "a", "--seed", "1" + "0" * 22],
+         "must be <= 9223372036854775807"),
+        ("--set seed=1e30", [*new_run, "--set", "seed=1e30"], "is out of range (at most 2**63 - 1)"),
+        ("--set block_size=1e9", ["params", "cpu-char", "--set", "block_size=1e9"],
+         "block_size=1000000000 must be an integer in [1, 16777216]"),
+        ("generate --threads 3e9", ["generate", run, "--prompt", "a", "--threads", "3000000000"],
+         "must be <= 2147483647"),
         ("unknown preset", [*new_run, "--preset", "huge"], "preset='huge' is not allowed"),
         ("unknown attention", ["params", "--attn", "nope"], "attn='nope' is not allowed"),
         ("unknown recipe", ["compare", "--recipe", "nope", "--out", tmp_path / "c"], "recipe='nope' is not allowed"),
@@ -594,7 +602,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
 def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     cases = bad_inputs(trained, tmp_path)
-    assert len(cases) >= 80
+    assert len(cases) >= 85
     (tmp_path / "empty-dir").mkdir()
     before = snapshot(trained["run"])
     report = []

@@ -21,8 +21,11 @@ def directory(text: str) -> str:
     return text
 
 
-def at_least(minimum: int):
-    """An argparse type: an integer >= ``minimum``."""
+MAX_COUNT = 2**31 - 1  # counts (threads, steps, tokens, rows) beyond this are typos, and overflow C ints
+
+
+def at_least(minimum: int, maximum: int = MAX_COUNT):
+    """An argparse type: an integer >= ``minimum`` (and <= ``maximum``)."""
 
     def parse(text: str) -> int:
         try:
@@ -31,10 +34,16 @@ def at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"{value} must be <= {maximum}")
         return value
 
     parse.__name__ = f"integer >= {minimum}"
     return parse
+
+
+SEED = at_least(0, 2**63 - 1)  # what torch.manual_seed and numpy's generators take
+SEED.__name__ = "seed (an integer in [0, 2**63 - 1])"
 
 
 def non_negative_number(text: str) -> float:

@@ -19,6 +19,17 @@ from typing import Any
 
 from gbattn.errors import ConfigError
 
+MAX_INT = 2**63 - 1  # the largest integer torch, numpy and the C libraries below take
+
+
+def between(minimum: int, maximum: int) -> dict:
+    """An integer in [minimum, maximum]."""
+    def test(name: str, value: Any) -> None:
+        if not minimum <= value <= maximum:
+            raise ConfigError(f"{name}={value!r} must be an integer in [{minimum}, {maximum}]")
+
+    return {"check": test}
+
 
 def check_choice(name: str, value: Any, allowed) -> None:
     """``value`` must be one of ``allowed``."""
@@ -137,11 +148,13 @@ def coerce(name: str, value: Any, tp) -> Any:
     if tp is int:
         if isinstance(value, bool):
             raise ConfigError(f"{name}={value!r} must be an integer")
-        if isinstance(value, int):
-            return value
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{name}={value!r} must be an integer")
+            value = int(value)
+        if not isinstance(value, int):
+            raise ConfigError(f"{name}={value!r} must be an integer")
+        if abs(value) > MAX_INT:
+            raise ConfigError(f"{name}={value!r} is out of range (at most 2**63 - 1)")
+        return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{name}={value!r} must be a number")

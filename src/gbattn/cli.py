@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C while torch is imported: torch's import can swallow the KeyboardInterrupt (the command
     # then ran to its end) or fail oddly, and nothing has started yet, so leave at once.
     previous = signal.signal(signal.SIGINT, _interrupted_while_starting) if _main_thread() else None
-    from gbattn.runtime import set_invocation  # torch
+    import torch
+
+    from gbattn.runtime import set_invocation
 
     if previous is not None:
         signal.signal(signal.SIGINT, previous)
@@ -128,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gbattn: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, torch.OutOfMemoryError) as e:  # sizes a machine cannot hold (batch, width, samples)
+        detail = " ".join(str(e).split())[:200]
+        print(f"gbattn: error: out of memory{f' ({detail})' if detail else ''}: choose smaller sizes (batch_size, "
+              f"seq_len, d_model, --num-samples, ...)", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `gbattn ... | head`: the reader left; end quietly, with SIGPIPE's status
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

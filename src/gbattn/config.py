@@ -14,8 +14,10 @@ from typing import Any
 
 from gbattn.attention.registry import variant_options
 from gbattn.checks import (
+    MAX_INT,
     Typed,
     at_least,
+    between,
     each_one_of,
     fraction,
     greater_than,
@@ -37,15 +39,17 @@ class ModelConfig(Typed):
 
     kind = "model config"
 
-    vocab_size: int = field(default=16384, metadata=at_least(1))
-    block_size: int = field(default=256, metadata=at_least(1))  # longest sequence (learned position table)
-    d_model: int = field(default=256, metadata=at_least(1))
-    n_layers: int = field(default=4, metadata=at_least(1))
-    n_heads: int = field(default=4, metadata=at_least(1))
+    # Sizes are bounded far above any model that fits a machine (beyond them tensor sizes overflow).
+
+    vocab_size: int = field(default=16384, metadata=between(1, 2**24))
+    block_size: int = field(default=256, metadata=between(1, 2**24))  # longest sequence (learned position table)
+    d_model: int = field(default=256, metadata=between(1, 2**20))
+    n_layers: int = field(default=4, metadata=between(1, 4096))
+    n_heads: int = field(default=4, metadata=between(1, 4096))
     n_kv_heads: int | None = field(default=None, metadata=at_least(1))  # grouped-query attention; None = n_heads
     ffn: str = field(default="gelu", metadata=one_of("gelu", "gelu-tanh", "swiglu"))
-    ffn_mult: int = field(default=4, metadata=at_least(1))  # hidden width ffn_mult * d_model (GELU)
-    ffn_hidden: int | None = field(default=None, metadata=at_least(1))  # explicit hidden width
+    ffn_mult: int = field(default=4, metadata=between(1, 1024))  # hidden width ffn_mult * d_model (GELU)
+    ffn_hidden: int | None = field(default=None, metadata=between(1, 2**24))  # explicit hidden width
     dropout: float = field(default=0.1, metadata=fraction())
     dropout_sites: list[str] = field(default_factory=lambda: list(AUTHORS_DROPOUT_SITES),
                                      metadata=each_one_of(*DROPOUT_SITES))
@@ -134,7 +138,7 @@ class TrainConfig(Typed):
     grad_clip: float = field(default=1.0, metadata=at_least(0))  # 0 = no clipping
     eval_every: int | None = field(default=None, metadata=at_least(1))  # also every N steps (None: each epoch)
     eval_batch_size: int = field(default=32, metadata=at_least(1))
-    seed: int = 42
+    seed: int = field(default=42, metadata=between(0, MAX_INT))
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: str = field(default="auto", metadata=one_of("auto", "bf16", "off"))
     compile: bool | None = None  # torch.compile the model; None = where it was measured faster (README)

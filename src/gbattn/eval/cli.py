@@ -31,7 +31,7 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=arguments.at_least(0), default=100)
     p.add_argument("--temperature", type=arguments.non_negative_number, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=arguments.at_least(1), default=200)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=arguments.SEED, default=None)
     p.add_argument("--num-samples", type=arguments.at_least(1), default=1)
     arguments.checkpoint(p)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")

@@ -19,7 +19,7 @@ def register(sub) -> None:
                    help=f"seed {QUICK_SEEDS[0]} only, 1,000 queries per evaluation, 20,000 Bayes queries")
     p.add_argument("--out", type=arguments.directory,
                    default="runs/denoise", help="output directory (default runs/denoise)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None,
+    p.add_argument("--seeds", type=arguments.SEED, nargs="+", default=None,
                    help=f"default {list(FULL_SEEDS)} ({list(QUICK_SEEDS)} with --quick)")
     p.add_argument("--experiments", nargs="+", choices=EXPERIMENTS, default=None, help="default: all")
     p.add_argument("--steps", type=arguments.at_least(1), default=None,
