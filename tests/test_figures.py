@@ -302,3 +302,22 @@ def test_the_hardware_line_names_every_device_the_runs_used_once():
     rows[0]["device"] = "cpu (1 thread, x86_64)"
     line = next(x for x in results_markdown(report_of(rows)).splitlines() if x.startswith("Data:"))
     assert line.endswith("· hardware: cpu (1 thread, x86_64); cuda (NVIDIA H200) · INCOMPLETE (runs missing)")
+
+
+def test_plot_of_a_damaged_comparison_is_one_line_and_skips_damaged_metrics(tmp_path, capsys):
+    """results.json whose rows are not rows, or lack a label, is named in one line (tracebacks
+    before); a metrics line with a non-numeric loss or no token count is skipped like a cut one."""
+    compare_dir = tmp_path / "cmp"
+    compare_dir.mkdir()
+    write_run(compare_dir, "standard", 42)
+    with open(compare_dir / "standard" / "seed42" / "metrics.jsonl", "a") as f:
+        f.write('{"event": "train", "loss": 1.0}\n{"event": "train", "step": 9, "tokens": 9, "loss": "x"}\n')
+    report = report_of([model_row("standard", {"42": 100.0})])
+    for models, expected in ((5, "models must be a list of rows"), ([{"x": 1}], "a row has label=None"),
+                             ([{**report["models"][0], "seeds": "42"}], "seeds='42' must be a list of integers")):
+        (compare_dir / "results.json").write_text(json.dumps({**report, "models": models}))
+        code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "results.json is damaged" in err and expected in err, err
+    (compare_dir / "results.json").write_text(json.dumps(report))
+    assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 0

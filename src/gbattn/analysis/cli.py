@@ -340,6 +340,11 @@ def cmd_analyze(args) -> None:
 # --------------------------------------------------------------------------------------
 
 
+def numbers(event: dict, *keys: str) -> bool:
+    """Whether every key of a metrics event holds a number (a damaged line is skipped like a cut one)."""
+    return all(isinstance(event.get(k), (int, float)) and not isinstance(event.get(k), bool) for k in keys)
+
+
 def read_curves(compare_dir: Path, report: dict) -> dict:
     """label -> seed -> {"train": [(tokens, loss)], "valid": [(tokens, ppl)]} from every
     ``<label>/seed<S>/metrics.jsonl`` (finished runs in results.json order, then unfinished ones)."""
@@ -356,9 +361,10 @@ def read_curves(compare_dir: Path, report: dict) -> dict:
         for path in sorted((compare_dir / label).glob("seed*/" + METRICS)):
             seed = path.parent.name[len("seed"):]
             events = read_jsonl(path)
-            train = [(e["tokens"], e["loss"]) for e in events if e.get("event") == "train" and "loss" in e]
+            train = [(e["tokens"], e["loss"]) for e in events
+                     if e.get("event") == "train" and numbers(e, "tokens", "loss")]
             valid = [(e["tokens"], e["valid_ppl"]) for e in events
-                     if e.get("event") == "eval" and e.get("valid_ppl") is not None]
+                     if e.get("event") == "eval" and numbers(e, "tokens", "valid_ppl")]
             if train or valid:
                 curves.setdefault(label, {})[seed] = {"train": train, "valid": valid}
     return curves
@@ -370,14 +376,15 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     but whose curves are missing (a copied results.json without its run directories)."""
     from gbattn.analysis import figures
     from gbattn.errors import UserError
-    from gbattn.files import check_writable_dir, read_json
+    from gbattn.experiments.report import read_report
+    from gbattn.files import check_writable_dir
     from gbattn.rundir import METRICS
 
     figures.require_matplotlib()
     compare_dir = Path(compare_dir)
     if not (compare_dir / "results.json").is_file():
         raise UserError(f"{compare_dir / 'results.json'} not found: is {compare_dir} a `gbattn compare` directory?")
-    report = read_json(compare_dir / "results.json")
+    report = read_report(compare_dir / "results.json")
     out = Path(out) if out else compare_dir / "figures"
     curves = read_curves(compare_dir, report)
     missing = []  # runs results.json lists whose curves cannot be read: a partial figure would mislead
@@ -408,10 +415,11 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     """``model``'s validation loss minus ``reference``'s at every evaluation both ran (same seed and
     step), averaged over seeds, against the tokens per parameter ``model`` had seen."""
     from gbattn.errors import UserError
-    from gbattn.files import read_json, read_jsonl
+    from gbattn.experiments.report import read_report
+    from gbattn.files import read_jsonl
     from gbattn.rundir import METRICS
 
-    report = read_json(compare_dir / "results.json")
+    report = read_report(compare_dir / "results.json")
     rows = {r["label"]: r for r in report.get("models", [])}
     for label in (model, reference):
         if label not in rows:
@@ -420,7 +428,7 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     for label in (model, reference):
         for path in sorted((compare_dir / label).glob("seed*/" + METRICS)):
             for e in read_jsonl(path):
-                if e.get("event") == "eval" and e.get("valid_loss") is not None:
+                if e.get("event") == "eval" and numbers(e, "step", "tokens", "valid_loss"):
                     losses.setdefault(label, {})[(path.parent.name, e["step"])] = (e["tokens"], e["valid_loss"])
     paired: dict[int, list[tuple[int, float]]] = {}
     for key, (tokens, loss) in losses.get(model, {}).items():

@@ -20,7 +20,7 @@ from pathlib import Path
 from gbattn import rundir
 from gbattn.config import TrainConfig, build_configs
 from gbattn.data.prepare import prepare_data
-from gbattn.errors import UserError
+from gbattn.errors import CheckpointError, UserError
 from gbattn.experiments.recipes import ModelSpec, Recipe, depends_on, get_recipe, training_order
 from gbattn.experiments.report import write_results
 from gbattn.files import portable_path, write_json
@@ -318,5 +318,9 @@ def _check_request(path: Path, request: dict) -> None:
                     f"{path.parent} holds a comparison with {key}={before.get(key)!r}, not {request[key]!r}; "
                     f"use another --out or the same settings"
                 )
-        request["seeds"] = sorted(set(before.get("seeds", [])) | set(request["seeds"]))
+        seeds = before.get("seeds", [])
+        if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+            raise CheckpointError(f"{path}: seeds={seeds!r} must be a list of integers; restore the file or use "
+                                  f"another --out")
+        request["seeds"] = sorted(set(seeds) | set(request["seeds"]))
     write_json(request, path)

@@ -11,8 +11,9 @@ import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
+from gbattn.errors import CheckpointError
 from gbattn.experiments.recipes import ModelSpec, Recipe
-from gbattn.files import atomic_write, write_json
+from gbattn.files import atomic_write, read_json, write_json
 
 # Like with like: results.json rows can hold different seeds (a budget that ran out) and runs
 # shorter than the published ones (--set max_steps=...). results.md uses these rules too.
@@ -219,6 +220,45 @@ def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dic
             "published": recipe.published.get(spec.label),
         })
     return rows
+
+
+def read_report(path: str | Path) -> dict:
+    """A comparison's ``results.json`` with what the figures and gaps read checked: a damaged file is
+    one line (:class:`CheckpointError`) naming the file and the field."""
+    report = read_json(path)
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path} is damaged: {what}; rerun `gbattn compare` with the same arguments to "
+                               f"write it again")
+
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_number(v) -> bool:
+        return is_int(v) or isinstance(v, float)
+
+    rows = report.get("models")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise bad("models must be a list of rows")
+    for r in rows:
+        label = r.get("label")
+        if not isinstance(label, str):
+            raise bad(f"a row has label={label!r}")
+        for key in ("parameters", "steps"):
+            if not is_int(r.get(key)):
+                raise bad(f"{label}: {key}={r.get(key)!r} must be an integer")
+        if not isinstance(r.get("seeds"), list) or not all(is_int(s) for s in r["seeds"]):
+            raise bad(f"{label}: seeds={r.get('seeds')!r} must be a list of integers")
+        for key in ("test_ppl", "valid_ppl", "valid_loss"):
+            values = r.get(key, {})
+            if not isinstance(values, dict) or not all(v is None or is_number(v) for v in values.values()):
+                raise bad(f"{label}: {key} must map seeds to numbers")
+        for key in ("published", "compute_matched_to", "param_matched_to"):
+            if r.get(key) is not None and not isinstance(r[key], list if key == "published" else str):
+                raise bad(f"{label}: {key}={r[key]!r} is of the wrong type")
+    if not isinstance(report.get("seeds", []), list) or not isinstance(report.get("sets", {}), dict):
+        raise bad("seeds must be a list and sets a mapping")
+    return report
 
 
 def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpec], results: dict) -> dict:
