@@ -648,3 +648,26 @@ def test_a_lock_file_that_is_a_link_is_refused_and_its_target_untouched(trained,
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
     assert "cannot be opened as the lock file" in one_line(code, err)
     assert victim.read_text() == "precious\n"
+
+
+def test_a_tokenizer_with_unused_ids_counts_up_to_its_largest_id(tmp_path, capsys, monkeypatch):
+    """A vocabulary of 3 entries with ids 0, 1 and 100: the model needs 101 rows (its size counted 3,
+    so id 100 indexed past the embedding, and token storage overflowed); a tiny run trains with it."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    hf = HFTokenizer(models.WordLevel({"a": 0, "b": 1, "<unk>": 100}, unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "gaps.json"
+    path.write_text(hf.to_str())
+    from gbattn.data.tokenizer import Tokenizer
+
+    tok = Tokenizer("hf", hf.to_str())
+    assert tok.vocab_size == 101 and tok.encode("a b c") == [0, 1, 100]
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "text.txt").write_text("a b c a b\n" * 400)
+    code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "run", "--data", tmp_path / "text.txt", "--tokenizer",
+                                    f"hf={path}", "--preset", "cpu-char", "--set", "max_steps=2", "--set",
+                                    "d_model=16", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "seq_len=8",
+                                    "--threads", "1", "--quiet"])
+    assert code == 0, err

@@ -438,6 +438,9 @@ def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.dev
             raise CheckpointError(f"{path / CONFIG} has no gbattn section: not a directory exported by gbattn")
         config = gbattn_section(config, path / CONFIG)
     model_cfg, train_cfg = read_configs(config, path / CONFIG)
+    if (config.get("seq_len") or 0) > model_cfg.block_size:
+        raise CheckpointError(f"{path / CONFIG}: seq_len={config['seq_len']} exceeds the model's block_size="
+                              f"{model_cfg.block_size}: the file is damaged")
     tokenizer_file = path / (EXPORTED_TOKENIZER if exported else TOKENIZER)
     if exported and not tokenizer_file.is_file():
         raise CheckpointError(f"{path} has no {EXPORTED_TOKENIZER} (gbattn's own tokenizer file, which `gbattn export` "

@@ -56,10 +56,13 @@ class Tokenizer:
             from tokenizers import Tokenizer as HFTokenizer
 
             self._hf = HFTokenizer.from_str(payload)
+            self._size = max(self._hf.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     @property
     def vocab_size(self) -> int:
-        return len(self.chars) if self.kind == "char" else self._hf.get_vocab_size()
+        """The ids it can produce: 0 .. vocab_size - 1 (one past the largest id, so a vocabulary with
+        unused ids still fits the embedding table)."""
+        return len(self.chars) if self.kind == "char" else self._size
 
     @property
     def fingerprint(self) -> str:
