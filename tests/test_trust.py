@@ -623,6 +623,10 @@ def test_unwritable_cache_directory_is_one_line(trained, tmp_path, capsys, monke
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "a-file" / "cache"))
     code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "o", "--data", trained["data"], "--tokenizer", "char"])
     assert "cache directory" in one_line(code, err) and "GBATTN_CACHE" in err
+    monkeypatch.setenv("GBATTN_CACHE", "")  # was the working directory, silently
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "o", "--data", trained["data"], "--tokenizer", "char"])
+    assert "GBATTN_CACHE is set but empty" in one_line(code, err) and not (tmp_path / "tokens").exists()
 
 
 def test_output_piped_into_head_ends_quietly(trained):
@@ -671,3 +675,34 @@ def test_a_tokenizer_with_unused_ids_counts_up_to_its_largest_id(tmp_path, capsy
                                     "d_model=16", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "seq_len=8",
                                     "--threads", "1", "--quiet"])
     assert code == 0, err
+
+
+def test_an_interrupted_tokenization_leaves_no_cache_debris(tmp_path, monkeypatch):
+    """Ctrl-C while the token cache is built removes the half-written entry; one abandoned by a
+    process that no longer exists (kill -9) is removed by the next build. Both stayed forever."""
+    from gbattn.data import tokens
+    from gbattn.data.corpus import load_corpus
+    from gbattn.data.tokenizer import Tokenizer
+
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    data = write_corpus(tmp_path / "corpus")
+    corpus = load_corpus(str(data))
+    tok = Tokenizer("char", json.dumps({"chars": sorted(set((data / "wiki.train.tokens").read_text())
+                                                          | set((data / "wiki.valid.tokens").read_text())
+                                                          | set((data / "wiki.test.tokens").read_text()))}))
+    real = tokens._encode_split
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tokens, "_encode_split", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tokens.tokenize_corpus(corpus, tok, progress=False)
+    cache = tmp_path / "cache" / "tokens"
+    assert list(cache.iterdir()) == []
+    abandoned = cache / "0123456789abcdef0123.tmp999999999"  # no process has this id
+    abandoned.mkdir()
+    (abandoned / "train.bin").write_bytes(b"\0" * 10)
+    monkeypatch.setattr(tokens, "_encode_split", real)
+    tokens.tokenize_corpus(corpus, tok, progress=False)
+    assert [p.name for p in cache.iterdir() if ".tmp" in p.name] == []

@@ -32,7 +32,10 @@ FILE_KINDS = ("gpt2", "hf")  # HF tokenizer JSON; also from a file with KIND=PAT
 
 def cache_dir() -> Path:
     """``$GBATTN_CACHE`` (default ``~/.cache/gbattn``), created and checked writable."""
-    path = Path(os.environ.get("GBATTN_CACHE", Path.home() / ".cache" / "gbattn"))
+    value = os.environ.get("GBATTN_CACHE")
+    if value is not None and not value.strip():  # Path("") would be the working directory
+        raise DataError("GBATTN_CACHE is set but empty: set it to a directory, or unset it for ~/.cache/gbattn")
+    path = Path(value) if value is not None else Path.home() / ".cache" / "gbattn"
     return check_writable_dir(path, "the cache directory (set GBATTN_CACHE to another)")
 
 

@@ -60,6 +60,21 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
     return n
 
 
+def remove_abandoned(directory: Path) -> None:
+    """Delete cache entries being built (``KEY.tmp<pid>``) by processes that no longer exist (killed
+    with -9: a Ctrl-C or an error removes its own)."""
+    for path in directory.glob("*.tmp*") if directory.is_dir() else ():
+        pid = path.name.rsplit(".tmp", 1)[-1]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            pass  # alive under another user, or not a pid
+
+
 def tokenize_corpus(
     corpus: Corpus,
     tokenizer: Tokenizer,
@@ -81,13 +96,18 @@ def tokenize_corpus(
         if cached is not None:
             return cached
         shutil.rmtree(directory, ignore_errors=True)  # a damaged cache entry: build it again
+    remove_abandoned(directory.parent)
     tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    counts = {s: _encode_split(corpus, s, tokenizer, caps[s], tmp / f"{s}.bin", progress) for s in SPLITS}
-    meta = {"dtype": dtype.name, "counts": counts, "caps": caps, "corpus": corpus.name,
-            "tokenizer": tokenizer.fingerprint}
-    write_json(meta, tmp / "meta.json")
+    try:
+        counts = {s: _encode_split(corpus, s, tokenizer, caps[s], tmp / f"{s}.bin", progress) for s in SPLITS}
+        meta = {"dtype": dtype.name, "counts": counts, "caps": caps, "corpus": corpus.name,
+                "tokenizer": tokenizer.fingerprint}
+        write_json(meta, tmp / "meta.json")
+    except BaseException:  # Ctrl-C, a bad file, a full disk: no half-written entry stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if directory.exists():  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
     else:
