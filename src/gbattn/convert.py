@@ -114,6 +114,21 @@ def _sizes(hf: dict, where: Path, *names: str) -> list[int]:
     return [hf[n] for n in names]
 
 
+_KIND_WORDS = {str: "a string", bool: "true or false", int: "an integer", float: "a number", dict: "a mapping"}
+
+
+def _field(hf: dict, where: Path, key: str, default, *kinds: type):
+    """``hf[key]`` (``default`` when absent or null), refused in one line when not of ``kinds`` (a
+    bool is no number)."""
+    value = hf.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise CheckpointError(f"{where}: {key}={json.dumps(value)} must be "
+                              f"{' or '.join(_KIND_WORDS.get(k, k.__name__) for k in kinds)}")
+    return value
+
+
 def _model_config(d: dict, where: Path) -> ModelConfig:
     try:
         return ModelConfig.from_dict(d)
@@ -124,7 +139,7 @@ def _model_config(d: dict, where: Path) -> ModelConfig:
 def gpt2_config(hf: dict, where: Path) -> tuple[ModelConfig, list[str]]:
     """The gbattn config of a GPT-2 ``config.json`` (with a note where dropout rates differ)."""
     vocab, block, d, layers, heads = _sizes(hf, where, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
-    act = hf.get("activation_function", "gelu_new")
+    act = _field(hf, where, "activation_function", "gelu_new", str)
     if act not in GPT2_ACTIVATIONS:
         raise CheckpointError(f"{where}: activation_function={act!r} cannot be converted exactly; gbattn has "
                               f"{', '.join(GPT2_ACTIVATIONS)}")
@@ -133,17 +148,17 @@ def gpt2_config(hf: dict, where: Path) -> tuple[ModelConfig, list[str]]:
         if hf.get(key, want) != want:
             raise CheckpointError(f"{where}: {key}={hf[key]} cannot be converted exactly (gbattn needs {want})")
     # GPT-2's dropout sites: embeddings, attention probabilities, both sublayer outputs ("resid").
-    rates = {"embedding": hf.get("embd_pdrop", 0.1), "attention": hf.get("attn_pdrop", 0.1),
-             "attn-output": hf.get("resid_pdrop", 0.1), "ffn-output": hf.get("resid_pdrop", 0.1)}
+    embd, attn, resid = (_field(hf, where, key, 0.1, int, float) for key in ("embd_pdrop", "attn_pdrop", "resid_pdrop"))
+    rates = {"embedding": embd, "attention": attn, "attn-output": resid, "ffn-output": resid}
     p = max(rates.values())
     notes = []
     if len({r for r in rates.values() if r > 0}) > 1:
         notes.append(f"dropout rates differ ({rates}); gbattn has one rate: {p} at every site that has one")
     d_cfg = dict(vocab_size=vocab, block_size=block, d_model=d, n_layers=layers, n_heads=heads,
-                 ffn=GPT2_ACTIVATIONS[act], ffn_hidden=hf.get("n_inner") or 4 * d, dropout=p,
+                 ffn=GPT2_ACTIVATIONS[act], ffn_hidden=_field(hf, where, "n_inner", 4 * d, int), dropout=p,
                  dropout_sites=[s for s, r in rates.items() if r > 0], norm="pre", norm_type="layernorm",
-                 norm_eps=hf.get("layer_norm_epsilon", 1e-5), pos="learned", bias=True,
-                 tie_embeddings=hf.get("tie_word_embeddings", True), attn="standard")
+                 norm_eps=_field(hf, where, "layer_norm_epsilon", 1e-5, int, float), pos="learned", bias=True,
+                 tie_embeddings=_field(hf, where, "tie_word_embeddings", True, bool), attn="standard")
     return _model_config(d_cfg, where), notes
 
 
@@ -158,7 +173,7 @@ def llama_rope_base(hf: dict, where: Path) -> float:
     """RoPE base of a Llama config; RoPE scaling of any kind, in ``rope_parameters`` (transformers
     >= 5) or the older ``rope_scaling`` (which transformers still applies when both are present), is
     refused: gbattn's RoPE has none. A ``default`` entry is no scaling."""
-    base = float(hf.get("rope_theta", 10000.0))
+    base = float(_field(hf, where, "rope_theta", 10000.0, int, float))
     for key in ("rope_parameters", "rope_scaling"):
         rope = hf.get(key)
         if rope is None:
@@ -169,7 +184,7 @@ def llama_rope_base(hf: dict, where: Path) -> float:
             raise CheckpointError(f"{where}: {key}={json.dumps(rope)} (RoPE scaling) cannot be converted exactly: "
                                   f"gbattn's RoPE has no scaling")
         if key == "rope_parameters":
-            base = float(rope.get("rope_theta", base))
+            base = float(_field(rope, where, "rope_theta", base, int, float))
     return base
 
 
@@ -177,24 +192,25 @@ def llama_config(hf: dict, where: Path) -> ModelConfig:
     """The gbattn config of a Llama ``config.json``."""
     vocab, d, layers, heads, hidden = _sizes(hf, where, "vocab_size", "hidden_size", "num_hidden_layers",
                                              "num_attention_heads", "intermediate_size")
-    if hf.get("hidden_act", "silu") != "silu":
+    if _field(hf, where, "hidden_act", "silu", str) != "silu":
         raise CheckpointError(f"{where}: hidden_act={hf['hidden_act']!r} cannot be converted exactly; gbattn's "
                               f"SwiGLU uses silu")
-    head_dim = hf.get("head_dim")
+    head_dim = _field(hf, where, "head_dim", None, int)
     if head_dim is not None and head_dim * heads != d:
         raise CheckpointError(f"{where}: head_dim={head_dim} is not hidden_size/num_attention_heads = {d}/{heads}; "
                               f"gbattn's heads are d_model/n_heads wide")
-    attn_bias, mlp_bias = bool(hf.get("attention_bias", False)), bool(hf.get("mlp_bias", False))
+    attn_bias, mlp_bias = (_field(hf, where, key, False, bool) for key in ("attention_bias", "mlp_bias"))
     if attn_bias != mlp_bias:
         raise CheckpointError(f"{where}: attention_bias={attn_bias} and mlp_bias={mlp_bias} differ; gbattn's bias "
                               f"flag covers both")
-    kv = hf.get("num_key_value_heads") or heads
-    d_cfg = dict(vocab_size=vocab, block_size=hf.get("max_position_embeddings", 2048), d_model=d, n_layers=layers,
+    kv = _field(hf, where, "num_key_value_heads", heads, int)
+    block = _field(hf, where, "max_position_embeddings", 2048, int)
+    d_cfg = dict(vocab_size=vocab, block_size=block, d_model=d, n_layers=layers,
                  n_heads=heads, n_kv_heads=None if kv == heads else kv, ffn="swiglu", ffn_hidden=hidden,
-                 dropout=hf.get("attention_dropout", 0.0), dropout_sites=["attention"], norm="pre",
-                 norm_type="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6), pos="rope",
-                 rope_base=llama_rope_base(hf, where), bias=attn_bias,
-                 tie_embeddings=hf.get("tie_word_embeddings", False), attn="standard")
+                 dropout=_field(hf, where, "attention_dropout", 0.0, int, float), dropout_sites=["attention"],
+                 norm="pre", norm_type="rmsnorm", norm_eps=_field(hf, where, "rms_norm_eps", 1e-6, int, float),
+                 pos="rope", rope_base=llama_rope_base(hf, where), bias=attn_bias,
+                 tie_embeddings=_field(hf, where, "tie_word_embeddings", False, bool), attn="standard")
     return _model_config(d_cfg, where)
 
 
