@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from gbattn.attention.core import AttentionBase, AttnArgs, Call
-from gbattn.checks import Typed, at_least, one_of
+from gbattn.checks import Typed, at_least, between, one_of
 
 # --------------------------------------------------------------------------------------
 # Gates g_m(F, c_m): the shrinkage of the boosting step
@@ -124,7 +124,7 @@ KV_SOURCES = ("residual", "input", "shared")
 class BoostedOptions(Typed):
     prefix = "attn."
 
-    rounds: int = field(default=2, metadata=at_least(1))  # M; M = 1 is standard attention
+    rounds: int = field(default=2, metadata=between(1, 1024))  # M; M = 1 is standard attention
     gate: str = field(default="linear", metadata=one_of(*GATE_CLASSES))
     kv_source: str = field(default="residual", metadata=one_of(*KV_SOURCES))
     gate_hidden: int = field(default=32, metadata=at_least(1))  # hidden width of the mlp gate

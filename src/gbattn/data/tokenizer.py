@@ -140,7 +140,8 @@ def _gpt2_payload(spec: str) -> str:
             payload = path.read_text(encoding="utf-8")
             Tokenizer("gpt2", payload)
         except Exception as e:
-            raise DataError(f"--tokenizer {spec}: not a valid tokenizer.json ({type(e).__name__})") from None
+            detail = error_detail(e, with_type=True)
+            raise DataError(f"--tokenizer {spec}: not a valid tokenizer.json ({detail})") from None
         return payload
     try:
         from tokenizers import Tokenizer as HFTokenizer

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 from transformers.utils import logging as hf_logging
@@ -82,4 +83,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
     run.tokenizer.save(out / GBATTN_TOKENIZER)
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in out.iterdir():  # as every other file is written (transformers writes the weights 0600)
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
     return out
