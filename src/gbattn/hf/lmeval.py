@@ -11,6 +11,7 @@ first one after the end-of-text token (:mod:`gbattn.hf.tokenization`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -82,14 +83,24 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
     model, tokenizer, block_size, step = load_model(model_dir, checkpoint, torch.device(device))
     lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
                   max_length=block_size)
+    # The harness encodes whole documents and cuts them into windows of block_size itself, so the
+    # tokenizer's warning that a text is longer than the model takes (with "indexing errors") is untrue here.
+    tokenizer_log = logging.getLogger("transformers.tokenization_utils_base")
+    tokenizer_log.addFilter(_windowed_by_the_harness)
     try:
         results = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
                                   log_samples=log_samples)
     except FileNotFoundError as e:  # a task's data files (local paths are relative to the working directory)
         raise UserError(f"lm-eval could not find a task's data ({error_detail(e, 160)}); a task YAML's local data "
                         f"paths are read relative to the working directory") from None
+    finally:
+        tokenizer_log.removeFilter(_windowed_by_the_harness)
     results["gbattn"] = {"step": step, "block_size": block_size}
     return results
+
+
+def _windowed_by_the_harness(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Token indices sequence length is longer than")
 
 
 def results_stem(tasks: list[str], limit: float | None, num_fewshot: int | None) -> str:
