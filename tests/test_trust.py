@@ -420,8 +420,11 @@ def _bad_files(root: Path) -> dict[str, Path]:
     (root / "binsplit" / "valid.txt").write_text("v\n")
     (root / "binsplit" / "test.txt").write_text("t\n")
     (root / "a-file").write_text("x")
+    (root / "dirsplit" / "train.txt").mkdir(parents=True, exist_ok=True)
+    (root / "dirsplit" / "valid.txt").write_text("v\n")
+    (root / "dirsplit" / "test.txt").write_text("t\n")
     for name in ("binary.txt", "latin1.txt", "fake.txt.gz", "cut.txt.gz", "empty.txt", "nosplits", "twotrain",
-                 "binsplit", "a-file"):
+                 "binsplit", "a-file", "dirsplit"):
         files[name] = root / name
     return files
 
@@ -476,7 +479,7 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
 
 
 def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
-    """(name, argv, a piece of the one line) for 85 bad inputs."""
+    """(name, argv, a piece of the one line) for 86 bad inputs."""
     f = _bad_files(tmp_path / "files")
     broken = _broken_runs(trained, tmp_path / "broken")
     run, data = trained["run"], trained["data"]
@@ -496,6 +499,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("empty data file", ["train", "--out", tmp_path / "o5", "--data", f["empty.txt"]], "empty.txt is empty"),
         ("directory without splits", ["train", "--out", tmp_path / "o6", "--data", f["nosplits"]],
          "files seen: readme.md"),
+        ("a split that is a directory", ["train", "--out", tmp_path / "o12", "--data", f["dirsplit"]],
+         "files seen: test.txt, train.txt (a directory), valid.txt"),
         ("two train files", ["train", "--out", tmp_path / "o7", "--data", f["twotrain"]],
          "several files could be the train split"),
         ("binary split file", ["train", "--out", tmp_path / "o8", "--data", f["binsplit"]], "train.txt looks binary"),
@@ -602,7 +607,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
 def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     cases = bad_inputs(trained, tmp_path)
-    assert len(cases) >= 85
+    assert len(cases) >= 86
     (tmp_path / "empty-dir").mkdir()
     before = snapshot(trained["run"])
     report = []
@@ -614,7 +619,7 @@ def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, mo
         report.append(f"{name}: {line}")
     assert snapshot(trained["run"]) == before  # nothing in the run directory changed
     # A new run that failed before writing anything leaves no directory behind (a typo in --data).
-    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 12)), sorted(tmp_path.glob("o*"))
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 13)), sorted(tmp_path.glob("o*"))
     (tmp_path / "bad-inputs.txt").write_text("\n".join(report) + "\n")
 
 

@@ -140,7 +140,8 @@ def _local_directory(path: Path) -> Corpus:
     files = _find_split_files(path)
     missing = [s for s, f in files.items() if f is None]
     if missing:
-        seen = sorted(p.name for p in path.iterdir())
+        seen = sorted(p.name + ("" if p.is_file() else " (a directory)" if p.is_dir() else " (not a regular file)")
+                      for p in path.iterdir())
         shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "") if seen else "none"
         raise DataError(f"--data {path}: no {'/'.join(missing)} file found (files seen: {shown}); expected one text "
                         f"file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)")
