@@ -56,7 +56,7 @@ def test_list_shows_variants_and_presets(capsys):
         (["params", "paper-small", "--attn", "nope"], "attn='nope' is not allowed"),
         (
             ["params", "paper-small", "--attn", "boosted", "--set", "attn.rounds=0"],
-            "attn.rounds=0 must be an integer >= 1",
+            "attn.rounds=0 must be an integer in [1, 1024]",
         ),
         (["params", "paper-small", "--set", "d_model=30"], "d_model=30 is not divisible by n_heads=4"),
         (["params", "paper-small", "--attn", "boosted", "--set", "attn.gate=relu"], "attn.gate='relu' is not allowed"),

@@ -88,4 +88,6 @@ def test_a_tiny_temperature_samples_the_largest_logit():
     from gbattn.model.decoding import sample_next
 
     logits = torch.randn(3, 20)
-    assert torch.equal(sample_next(logits, 1e-45, None, torch.Generator().manual_seed(0)), logits.argmax(-1, True))
+    for temperature in (1e-45, 1e-50):  # 1e-50 is 0 in float32: greedy
+        assert torch.equal(sample_next(logits, temperature, None, torch.Generator().manual_seed(0)),
+                           logits.argmax(-1, True))

@@ -658,8 +658,17 @@ def test_export_and_restart_leave_other_model_directories_alone(trained, tmp_pat
     shutil.copytree(run_dir, upcycled, ignore=shutil.ignore_patterns("checkpoint.pt"))
     assert cli_main(["export", str(run_dir), "--out", str(upcycled)]) == 2
     assert "holds a run" in capsys.readouterr().err
+    (out / "notes.sh").write_text("#!/bin/sh\n")
+    (out / "notes.sh").chmod(0o700)
     assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0  # an earlier export is replaced
+    assert (out / "notes.sh").stat().st_mode & 0o777 == 0o700  # a file export did not write keeps its mode
+    (out / "notes.sh").unlink()
     capsys.readouterr()
+    fine_tuned = tmp_path / "checkpoint-500"  # transformers' Trainer output for a gbattn model
+    shutil.copytree(out, fine_tuned)
+    (fine_tuned / "trainer_state.json").write_text("{}")
+    assert cli_main(["export", str(run_dir), "--out", str(fine_tuned)]) == 2
+    assert "holds a transformers checkpoint of a gbattn model" in capsys.readouterr().err
     assert cli_main(["train", "--out", str(hf_dir), "--restart", "--data", "tiny-shakespeare", "--quiet"]) == 2
     assert "holds a Hugging Face checkpoint (gpt2), not a gbattn run" in capsys.readouterr().err
-    assert {p.name: p.read_bytes() for p in hf_dir.iterdir() if p.name != ".lock"} == before
+    assert {p.name: p.read_bytes() for p in hf_dir.iterdir()} == before  # not even a lock file left

@@ -244,7 +244,7 @@ def test_sequence_longer_than_position_table():
     "kwargs,match",
     [
         (dict(attn="nope"), r"attn='nope' is not allowed; choose one of standard, boosted"),
-        (dict(attn="boosted", attn_options={"rounds": 0}), r"attn.rounds=0 must be an integer >= 1"),
+        (dict(attn="boosted", attn_options={"rounds": 0}), r"attn.rounds=0 must be an integer in \[1, 1024\]"),
         (
             dict(attn="boosted", attn_options={"gate": "relu"}),
             r"attn.gate='relu' is not allowed; choose one of linear, mlp",

@@ -705,9 +705,41 @@ def test_an_interrupted_tokenization_leaves_no_cache_debris(tmp_path, monkeypatc
         tokens.tokenize_corpus(corpus, tok, progress=False)
     cache = tmp_path / "cache" / "tokens"
     assert list(cache.iterdir()) == []
-    abandoned = cache / "0123456789abcdef0123.tmp999999999"  # no process has this id
+    import socket
+
+    abandoned = cache / f"0123456789abcdef0123.tmp999999999@{socket.gethostname()}"  # no process has this id
     abandoned.mkdir()
+    elsewhere = cache / "0123456789abcdef0123.tmp999999999@another-host"  # a build on a machine sharing the cache
+    elsewhere.mkdir()
     (abandoned / "train.bin").write_bytes(b"\0" * 10)
     monkeypatch.setattr(tokens, "_encode_split", real)
     tokens.tokenize_corpus(corpus, tok, progress=False)
-    assert [p.name for p in cache.iterdir() if ".tmp" in p.name] == []
+    assert [p.name for p in cache.iterdir() if ".tmp" in p.name] == [elsewhere.name]
+
+
+def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path):
+    """What the stricter readers must keep accepting: a finished run whose perplexities were infinite
+    (write_json stores them as null), a curve point with a NaN loss, sparse weights refused in one
+    line (not a traceback from the NaN check), and a run whose tokenizer has unused ids, trained
+    when sizes were counted (its model has as many rows as the tokenizer has entries)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    from gbattn.data.tokenizer import Tokenizer
+    from gbattn.errors import CheckpointError
+
+    result = dict.fromkeys(("d_model", "parameters", "steps", "train_tokens_seen"), 1)
+    result.update(attn="standard", attn_options={}, flops_per_token_train=1.0, tokens_per_parameter=1.0,
+                  train_flops=1.0, wall_clock_s=1.0, train_tokens_per_s=1.0, device="cpu", test_ppl=float("inf"),
+                  valid_ppl=float("inf"), valid_loss=float("nan"),
+                  curve=[{"step": 1, "tokens": 8, "epoch": None, "valid_loss": float("nan"),
+                          "valid_ppl": float("inf")}])
+    rundir.write_result(tmp_path, result)
+    assert rundir.read_result(tmp_path / rundir.RESULT)["test_ppl"] is None
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(CheckpointError, match="do not match its config"):
+        rundir.load_weights(model, {"weight": torch.eye(2).to_sparse(), "bias": torch.zeros(2)}, "x")
+    hf = HFTokenizer(models.WordLevel({"a": 0, "b": 1, "<unk>": 100}, unk_token="<unk>"))
+    path = tmp_path / "tokenizer.json"
+    path.write_text(Tokenizer("hf", hf.to_str()).to_json())
+    assert Tokenizer.load(path, expected_vocab=3).vocab_size == 3 and Tokenizer.load(path).vocab_size == 101

@@ -232,8 +232,8 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     ("gpt2", {"model_type": "bert"}, "model_type='bert'"),
     # Fields of the wrong type (tracebacks before):
     ("gpt2", {"activation_function": ["gelu"]}, 'activation_function=["gelu"] must be a string'),
-    ("gpt2", {"embd_pdrop": "0.1"}, 'embd_pdrop="0.1" must be an integer or a number'),
-    ("llama", {"rope_theta": "abc", "rope_parameters": None}, 'rope_theta="abc" must be an integer or a number'),
+    ("gpt2", {"embd_pdrop": "0.1"}, 'embd_pdrop="0.1" must be a number'),
+    ("llama", {"rope_theta": "abc", "rope_parameters": None}, 'rope_theta="abc" must be a number'),
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": [1]}}, "rope_theta=[1] must be"),
     ("llama", {"max_position_embeddings": 10**13}, "block_size=10000000000000 must be an integer in"),
     ("llama", {"head_dim": "16"}, 'head_dim="16" must be an integer'),

@@ -124,8 +124,8 @@ def _field(hf: dict, where: Path, key: str, default, *kinds: type):
     if value is None:
         return default
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        raise CheckpointError(f"{where}: {key}={json.dumps(value)} must be "
-                              f"{' or '.join(_KIND_WORDS.get(k, k.__name__) for k in kinds)}")
+        words = "a number" if float in kinds else " or ".join(_KIND_WORDS.get(k, k.__name__) for k in kinds)
+        raise CheckpointError(f"{where}: {key}={json.dumps(value)} must be {words}")
     return value
 
 

@@ -89,7 +89,9 @@ def foreign_model(directory: str | Path) -> str | None:
     except (OSError, ValueError, RecursionError):
         config = None
     if isinstance(config, dict) and config.get("model_type") == "gbattn":
-        return "a gbattn export"
+        trained_on = any((directory / n).exists() for n in ("trainer_state.json", "optimizer.pt"))
+        return ("a gbattn export" if (directory / EXPORTED_TOKENIZER).is_file() and not trained_on
+                else "a transformers checkpoint of a gbattn model")
     if isinstance(config, dict) and "model_type" in config:
         return f"a Hugging Face checkpoint ({config['model_type']})"
     if (directory / SAFETENSORS).exists():
@@ -97,13 +99,17 @@ def foreign_model(directory: str | Path) -> str | None:
     return None
 
 
-def discard_run(directory: str | Path) -> list[str]:
-    """Delete a run's own files (``--restart``); other files in the directory stay. A directory
-    holding another kind of model is refused (its config.json and tokenizer.json would go)."""
+def check_restartable(directory: str | Path) -> None:
+    """``--restart`` replaces a run only: a directory holding another kind of model is refused
+    (its config.json and tokenizer.json would go). Checked before the run lock is taken."""
     held = foreign_model(directory)
     if held:
         raise UserError(f"{directory} holds {held}, not a gbattn run: --restart replaces only a run; choose "
                         f"another --out")
+
+
+def discard_run(directory: str | Path) -> list[str]:
+    """Delete a run's own files (``--restart``, after :func:`check_restartable`); other files stay."""
     removed = []
     for name in RUN_FILES:
         if (Path(directory) / name).is_file():
@@ -320,12 +326,13 @@ def recorded_fingerprint(config: dict) -> str | None:
 
 def valid_curve(curve) -> bool:
     """Whether ``curve`` is a validation curve as the trainer writes it: a list of points, each with
-    an integer step, a token count and a numeric validation loss and perplexity."""
+    an integer step, a token count and a validation loss and perplexity (numbers, or null where they
+    were not finite)."""
     def point(p) -> bool:
         return (isinstance(p, dict) and all(isinstance(p.get(k), int) and not isinstance(p.get(k), bool)
                                             for k in ("step", "tokens"))
-                and all(isinstance(p.get(k), (int, float)) and not isinstance(p.get(k), bool)
-                        for k in ("valid_loss", "valid_ppl")))
+                and all(p.get(k) is None or isinstance(p.get(k), (int, float)) and not isinstance(p.get(k), bool)
+                        for k in ("valid_loss", "valid_ppl")))  # null: a non-finite value, as write_json stores it
 
     return isinstance(curve, list) and all(point(p) for p in curve)
 
@@ -341,7 +348,9 @@ _RESULT_FIELDS = {"attn": (str,), "attn_options": (dict,), "d_model": (int,), "p
 def read_result(path: str | Path) -> dict:
     """``result.json`` of a finished run with every field a comparison reads checked."""
     result = read_json(path)
-    _check_fields(result, _RESULT_FIELDS, path, required=tuple(_RESULT_FIELDS))
+    # Perplexities and losses may be null: write_json stores an infinite one (a loss >= 50) or NaN so.
+    _check_fields(result, _RESULT_FIELDS, path, required=tuple(k for k in _RESULT_FIELDS
+                                                                 if k not in ("test_ppl", "valid_ppl", "valid_loss")))
     if not valid_curve(result["curve"]):
         raise CheckpointError(f"{path}: its validation curve is malformed (points need step, tokens, valid_loss and "
                               f"valid_ppl)")
@@ -474,7 +483,8 @@ def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> No
     """``model.load_state_dict(weights)`` with a one-line error when they do not fit the config or
     are not finite (a trained model never is: the trainer does not step on a non-finite loss)."""
     damaged = [name for name, w in weights.items()
-               if isinstance(w, torch.Tensor) and w.is_floating_point() and not torch.isfinite(w).all()]
+               if isinstance(w, torch.Tensor) and w.layout == torch.strided and w.is_floating_point()
+               and not torch.isfinite(w).all()]
     if damaged:
         raise CheckpointError(f"the weights in {where} hold NaN or infinite values ({', '.join(damaged[:3])}"
                               f"{', ...' if len(damaged) > 3 else ''}): the file is damaged; restore a copy of it")

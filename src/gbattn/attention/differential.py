@@ -38,14 +38,15 @@ class DifferentialAttention(StandardAttention):
         super().__init__(args, options)
         E = args.d_head
         self.lambda_init = lambda_init_for(args.layer_idx)
+        # N(0, 0.1) as init_own_parameters draws it, computed as randn * 0.1 in float32 (normal_'s
+        # double-precision path for fewer than 16 values rounds differently, by an ulp).
         self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
-            nn.Parameter(torch.empty(E)) for _ in range(4)
+            nn.Parameter(torch.randn(E) * 0.1) for _ in range(4)
         )
-        self.init_own_parameters()
         self.subln = nn.RMSNorm(2 * E, eps=1e-5, elementwise_affine=True)
 
     def init_own_parameters(self, init=nn.init) -> None:
-        """The lambda vectors: N(0, 0.1)."""
+        """The lambda vectors: N(0, 0.1) (the constructor draws them itself, see there)."""
         for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
             init.normal_(p, mean=0.0, std=0.1)
 

@@ -114,6 +114,9 @@ class Tokenizer:
         except Exception as e:  # JSON, key, type or HF tokenizers errors: all mean a bad file
             raise CheckpointError(f"{path} is not a valid gbattn tokenizer file "
                                   f"({error_detail(e, with_type=True)})") from None
+        if expected_vocab is not None and tok.kind != "char" and tok.vocab_size != expected_vocab and (
+                tok._hf.get_vocab_size() == expected_vocab):
+            tok._size = expected_vocab  # a run from before sizes counted up to the largest id: the count it used
         if expected_vocab is not None and tok.vocab_size != expected_vocab:
             raise CheckpointError(f"{path} has {tok.vocab_size:,} tokens but the model's vocabulary is "
                                   f"{expected_vocab:,}: the tokenizer does not belong to this model")

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -60,12 +61,18 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
     return n
 
 
+def _building_suffix() -> str:
+    """The name suffix of an entry this process builds: ``.tmp<pid>@<host>`` (a cache shared between
+    machines holds other hosts' builds, whose pids mean nothing here)."""
+    return f".tmp{os.getpid()}@{socket.gethostname()}"
+
+
 def remove_abandoned(directory: Path) -> None:
-    """Delete cache entries being built (``KEY.tmp<pid>``) by processes that no longer exist (killed
-    with -9: a Ctrl-C or an error removes its own)."""
+    """Delete cache entries being built on this host (``KEY.tmp<pid>@<host>``) by processes that no
+    longer exist (killed with -9: a Ctrl-C or an error removes its own)."""
     for path in directory.glob("*.tmp*") if directory.is_dir() else ():
-        pid = path.name.rsplit(".tmp", 1)[-1]
-        if not pid.isdigit():
+        pid, _, host = path.name.rsplit(".tmp", 1)[-1].partition("@")
+        if not pid.isdigit() or host != socket.gethostname():
             continue
         try:
             os.kill(int(pid), 0)
@@ -97,7 +104,7 @@ def tokenize_corpus(
             return cached
         shutil.rmtree(directory, ignore_errors=True)  # a damaged cache entry: build it again
     remove_abandoned(directory.parent)
-    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    tmp = directory.with_name(directory.name + _building_suffix())
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:

@@ -237,6 +237,8 @@ def read_report(path: str | Path) -> dict:
     def is_number(v) -> bool:
         return is_int(v) or isinstance(v, float)
 
+    if "models" not in report:
+        raise CheckpointError(f"{path} is not the results.json of a `gbattn compare` directory (it has no models)")
     rows = report.get("models")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise bad("models must be a list of rows")

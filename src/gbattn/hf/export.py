@@ -23,7 +23,7 @@ from gbattn.errors import UserError
 from gbattn.files import check_writable_dir, portable_path
 from gbattn.hf.modeling import GbattnForCausalLM
 from gbattn.hf.tokenization import hf_tokenizer, is_end_of_text
-from gbattn.rundir import BEST, CHECKPOINT, LoadedRun, foreign_model, load_run
+from gbattn.rundir import BEST, CHECKPOINT, SAFETENSORS, LoadedRun, foreign_model, load_run
 
 GBATTN_TOKENIZER = rundir.EXPORTED_TOKENIZER
 
@@ -83,9 +83,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
     run.tokenizer.save(out / GBATTN_TOKENIZER)
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in out.iterdir():  # as every other file is written (transformers writes the weights 0600)
-        if path.is_file():
-            path.chmod(0o666 & ~umask)
+    weights = out / SAFETENSORS
+    if weights.is_file() and not weights.is_symlink():  # transformers writes it 0600; the other files get the umask's
+        umask = os.umask(0)
+        os.umask(umask)
+        weights.chmod(0o666 & ~umask)
     return out

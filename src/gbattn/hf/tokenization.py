@@ -63,13 +63,14 @@ def special_tokens(tok: Tokenizer, vocab: dict[str, int]) -> dict[str, str]:
 def hf_tokenizer(tok: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
     """gbattn's tokenizer ``tok`` as a ``PreTrainedTokenizerFast`` with the same ids."""
     backend = backend_tokenizer(tok)
+    entries = len(backend.get_vocab(with_added_tokens=True))
     specials = special_tokens(tok, backend.get_vocab(with_added_tokens=True))
     hf = PreTrainedTokenizerFast(
         tokenizer_object=backend, model_max_length=model_max_length, clean_up_tokenization_spaces=False,
         model_input_names=["input_ids", "attention_mask"],  # 4.x would add token_type_ids, which forward() ignores
         **specials)
-    if len(hf) != tok.vocab_size:
-        raise CheckpointError(f"the {tok.kind} tokenizer has {tok.vocab_size:,} tokens but its transformers form has "
+    if len(hf) != entries:  # a special token missing from the vocabulary was added as a new one
+        raise CheckpointError(f"the {tok.kind} tokenizer has {entries:,} tokens but its transformers form has "
                               f"{len(hf):,}; special tokens {json.dumps(specials)} must be tokens of the vocabulary")
     return hf
 

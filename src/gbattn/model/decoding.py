@@ -18,7 +18,7 @@ from gbattn.attention.core import positions_of
 
 def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
     """Next token ids (B, 1): greedy at temperature 0, else softmax sampling with optional top-k."""
-    if temperature <= 0:
+    if temperature <= 0 or float(torch.tensor(temperature, dtype=torch.float32)) == 0:  # 0 in float32: greedy
         return logits_BV.argmax(-1, keepdim=True)
     scaled_BV = logits_BV.float() / temperature
     # A tiny temperature overflows the division; shifted by the row's largest logit first it cannot

@@ -163,6 +163,8 @@ class Trainer:
         self.main = self.dist.is_main
         self.show = self.main and not self.quiet
         if self.main:  # one writer per run directory, taken before any long work
+            if self.restart:
+                rundir.check_restartable(self.run_dir)
             self.lock = rundir.RunLock(self.run_dir)
             if self.restart:
                 rundir.discard_run(self.run_dir)
