@@ -321,3 +321,14 @@ def test_plot_of_a_damaged_comparison_is_one_line_and_skips_damaged_metrics(tmp_
         assert code == 2 and len(err.splitlines()) == 1 and "results.json is damaged" in err and expected in err, err
     (compare_dir / "results.json").write_text(json.dumps(report))
     assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 0
+
+
+def test_gate_figure_shows_negative_tanh_gates():
+    """A tanh gate (upcycled models) can be negative: the axes reach -1 instead of cutting it at 0."""
+    rows = [{"layer": 0, "round": 1, "mean": -0.2, "std": 0.1, "per_dimension": [-0.3, -0.1]},
+            {"layer": 1, "round": 1, "mean": 0.4, "std": 0.1, "per_dimension": [0.3, 0.5]}]
+    fig = figures.gates_figure({"per_layer": rows}, {})
+    heat_ax, bar_ax = fig.axes[0], fig.axes[1]
+    assert bar_ax.get_ylim() == (-1.0, 1.0) and heat_ax.images[0].get_clim() == (-1.0, 1.0)
+    fig = figures.gates_figure({"per_layer": [{**r, "mean": 0.5, "per_dimension": [0.5, 0.5]} for r in rows]}, {})
+    assert fig.axes[1].get_ylim() == (0.0, 1.0)

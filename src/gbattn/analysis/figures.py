@@ -144,8 +144,9 @@ def gates_figure(gates: dict, paper: dict, title: str = ""):
     fig, ctx = _drawing((11, 4.6))
     with ctx:
         heat_ax, bar_ax = fig.subplots(1, 2, width_ratios=[2.2, 1])
-        image = heat_ax.imshow(np.asarray([r["per_dimension"] for r in rows]), aspect="auto", cmap="viridis",
-                               vmin=0, vmax=1, interpolation="nearest")
+        per_dim = np.asarray([r["per_dimension"] for r in rows])
+        low = -1.0 if per_dim.min() < 0 else 0.0  # a tanh gate (upcycling) lies in (-1, 1)
+        image = heat_ax.imshow(per_dim, aspect="auto", cmap="viridis", vmin=low, vmax=1, interpolation="nearest")
         names = [f"layer {r['layer']}" + (f" g{r['round']}" if C > 1 else "") for r in rows]
         heat_ax.set_yticks(range(len(rows)), names)
         heat_ax.set_xlabel("model dimension")
@@ -172,7 +173,7 @@ def gates_figure(gates: dict, paper: dict, title: str = ""):
         bar_ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
         bar_ax.set_xlabel("layer")
         bar_ax.set_ylabel("gate value")
-        bar_ax.set_ylim(0, 1)
+        bar_ax.set_ylim(low, 1)
         bar_ax.set_title("gate per layer")
         bar_ax.legend(loc="upper left")
         fig.suptitle(title or "GBA gates g_m: shrinkage of the correction round")
