@@ -44,6 +44,22 @@ def test_generate_cli(tmp_path, capsys):
     assert capsys.readouterr().out.split("---")[0] == out.split("---")[0]
 
 
+def test_a_prompt_longer_than_the_context_is_returned_whole(tmp_path, capsys):
+    """The output keeps every prompt token (the model sees the last block_size) and the CLI prints the
+    whole prompt and says no cache was used."""
+    model = tiny_model(("boosted", {}))  # block_size 24
+    prompt = torch.randint(0, 37, (2, 30))
+    out = generate(model, prompt, 5, temperature=0)
+    assert out.shape == (2, 35) and torch.equal(out[:, :30], prompt)
+    assert torch.equal(out[:, 30:], generate(model, prompt[:, -24:], 5, temperature=0)[:, 24:])
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    long_prompt = "the cat sat on the mat " * 4
+    assert cli_main(["generate", str(tmp_path / "run"), "--prompt", long_prompt, "--max-new-tokens", "3"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.startswith(long_prompt) and "no cache: the prompt fills block_size" in printed.err
+
+
 @pytest.mark.parametrize("flags, asked", [([], None), (["--compile"], True), (["--no-compile"], False),
                                           (["--compile", "--no-cache"], False)])
 def test_generate_cli_passes_the_compile_choice(tmp_path, capsys, monkeypatch, flags, asked):
@@ -51,7 +67,7 @@ def test_generate_cli_passes_the_compile_choice(tmp_path, capsys, monkeypatch, f
     no flag leaves it to the measured threshold (tests/test_compiled.py checks the decisions)."""
     seen = []
 
-    def record(model, compile, max_new_tokens):
+    def record(model, compile, max_new_tokens, prompt_length=0):
         seen.append(compile)
         return None, "KV cache"
 

@@ -105,7 +105,7 @@ def cmd_generate(args) -> None:
         raise UserError("the prompt encodes to no tokens")
     idx = torch.tensor([ids] * args.num_samples, device=device)
     step, how = decoder_for(run.model, compile=False if args.no_cache else args.compile,
-                            max_new_tokens=args.max_new_tokens)
+                            max_new_tokens=args.max_new_tokens, prompt_length=len(ids))
     # A bar for long generations only (one token per step for the whole batch).
     bar = Progress(args.max_new_tokens, desc="generating", unit="token", disable=args.max_new_tokens < 1000)
     t0 = time.perf_counter()

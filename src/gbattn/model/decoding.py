@@ -63,9 +63,13 @@ def compiled_decode_step(model, mode: str | None = None):
     return torch.compile(eager_decode_step(model), options=options, fullgraph=True, dynamic=False)
 
 
-def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0) -> tuple[object | None, str]:
+def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0,
+                prompt_length: int = 0) -> tuple[object | None, str]:
     """The decode step to use and how to describe it: compiled when asked (``compile=True``), or by
-    default (``None``) where compiling was measured faster for this many tokens on this device."""
+    default (``None``) where compiling was measured faster for this many tokens on this device. A
+    prompt of ``prompt_length`` that fills ``block_size`` decodes without a cache, so with no step."""
+    if prompt_length >= model.cfg.block_size:
+        return None, "no cache: the prompt fills block_size"
     device = next(model.parameters()).device
     threshold = MIN_TOKENS_TO_COMPILE.get(device.type)
     if compile or (compile is None and threshold is not None and max_new_tokens >= threshold):
@@ -94,7 +98,8 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     where that is faster (``compile=None``, :func:`decoder_for`), ``compile=False`` never. Once the
     sequence fills the model's
     ``block_size``, later tokens are predicted from the last ``block_size`` tokens without a cache,
-    as nanoGPT does. ``progress(1)`` is called after each new token (e.g. a progress bar's update).
+    as nanoGPT does; a prompt longer than ``block_size`` is returned whole, the model seeing its end.
+    ``progress(1)`` is called after each new token (e.g. a progress bar's update).
     """
     check_sampling(max_new_tokens, temperature, top_k)
     was_training = model.training
@@ -107,6 +112,8 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
         raise ValueError("the prompt is empty: give at least one token")
     if prompt_mask is not None and block < T:
         raise ValueError(f"a padded prompt of {T} tokens is longer than block_size={block}")
+    # A prompt longer than the model's context is kept whole in the output; the model sees its end.
+    kept_BT = idx_BT[:, :-block] if block < T else idx_BT[:, :0]
     if block < T:
         idx_BT, T = idx_BT[:, -block:], block
     mask_BT = prompt_mask.bool() if prompt_mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
@@ -143,7 +150,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     finally:
         model.clear_cache()
         model.train(was_training)
-    return out
+    return torch.cat([kept_BT, out], dim=1)
 
 
 def _padded_window(mask_BT: Tensor, length: int, window: int, prompt_mask: Tensor | None) -> dict:
