@@ -237,13 +237,16 @@ def test_resume_refuses_options_that_would_change_the_run(trained, capsys, monke
     run = trained["run"]
     before = snapshot(run)
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--attn", "standard", "--seed", "7", "--set",
-                                    "lr=0.5", "--set", "d_model=64", "--preset", "cpu-proxy", "--data", "elsewhere"])
+                                    "lr=0.5", "--set", "d_model=64", "--preset", "cpu-proxy", "--data", "elsewhere",
+                                    "--compile"])
     line = one_line(code, err)
     for part in ("--attn standard (recorded: boosted)", "--seed 7 (recorded: 42)", "--set lr=0.5 (recorded: 0.003)",
-                 "--set d_model=64 (recorded: 32)", "--preset cpu-proxy (recorded: paper-small)", "--data elsewhere"):
+                 "--set d_model=64 (recorded: 32)", "--preset cpu-proxy (recorded: paper-small)", "--data elsewhere",
+                 "--compile (recorded: trained eager; with dropout"):
         assert part in line, part
     # values equal to the recorded ones change nothing and are accepted (the run is finished: returns its result)
-    code, out, _ = run_cli(capsys, ["train", "--resume", "--out", run, "--attn", "boosted", "--set", "lr=0.003"])
+    code, out, _ = run_cli(capsys, ["train", "--resume", "--out", run, "--attn", "boosted", "--set", "lr=0.003",
+                                    "--no-compile"])
     assert code == 0 and '"steps": 4' in out
     assert snapshot(run) == before
 
