@@ -153,6 +153,7 @@ def test_an_interrupted_run_of_two_processes_resumes_exactly(tmp_path, parallel)
     argv = [*_train_argv(data, 40), "--set", f"parallel={parallel}", "--set", "dropout=0.1"]
     ref = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "ref"), *argv], capture_output=True, text=True, env=env)
     assert ref.returncode == 0, ref.stderr[-3000:]
+    assert ref.stdout.count('"test_ppl"') == 1, ref.stdout  # one summary, not one per process
     run = tmp_path / "run"
     proc = subprocess.Popen([*TORCHRUN, "--out", str(run), *argv], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=env)

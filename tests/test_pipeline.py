@@ -168,9 +168,10 @@ def test_train_writes_a_self_describing_run(tmp_path):
 
 @pytest.mark.parametrize("sampling", ["rows", "random"])
 def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling):
-    """Crash at step 7 (last checkpoint: step 4), resume: same final loss and weights."""
+    """Crash at step 7 (last checkpoint: step 4), resume: same final loss and weights, and the same
+    training-loss records (log_every=3: the one at step 6 averages steps 4-6 in both)."""
     data = write_corpus(tmp_path / "c")
-    configs = tiny_configs(data, sampling=sampling, epochs=3)
+    configs = tiny_configs(data, sampling=sampling, epochs=3, log_every=3)
     ref = train(tmp_path / "ref", *configs, quiet=True)
     train_killed_at(7, tmp_path / "crashed", *configs, monkeypatch)
     assert ckpt.load_checkpoint(tmp_path / "crashed" / ckpt.CHECKPOINT)["step"] == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from gbattn import arguments
@@ -149,7 +150,8 @@ def cmd_train(args) -> None:
     finally:
         shutdown_distributed()  # under torchrun: leave the process group cleanly
     summary = {k: result[k] for k in ("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s")}
-    print(json.dumps(summary))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun: one summary, from the first process
+        print(json.dumps(summary))
 
 
 def _init_from_trainer(args, sets: dict):

@@ -252,6 +252,9 @@ class Trainer:
         self.train_seconds = 0.0  # of training steps only (for tokens/s)
         self.tokens_seen = 0
         self.curve: list[dict] = []
+        # The training losses since the last "train" record (sum, steps): a record after a resume
+        # averages the same steps as the uninterrupted run's.
+        self.window_loss, self.window_n = 0.0, 0
         if has_checkpoint:
             self._load(self.run_dir / rundir.CHECKPOINT)
         if self.main:
@@ -328,6 +331,7 @@ class Trainer:
         return {"format": 2, "model": model_state, "optimizer": optim_state, "step": self.step,
                 "best_valid": self.best_valid, "best_step": self.best_step, "elapsed": self.elapsed,
                 "train_seconds": self.train_seconds, "tokens_seen": self.tokens_seen, "curve": self.curve,
+                "train_window": [self.window_loss, self.window_n],
                 "rng_per_rank": self.dist.gather(all_rng_states(self.device))}
 
     def _save(self) -> None:
@@ -350,6 +354,11 @@ class Trainer:
             self.best_valid, self.best_step = float(state["best_valid"]), best_step
             self.elapsed, self.train_seconds = float(state["elapsed"]), float(state["train_seconds"])
             self.tokens_seen, self.curve = int(state["tokens_seen"]), curve
+            window = state.get("train_window", [0.0, 0])  # (checkpoints from before it was kept: none)
+            if not (isinstance(window, list) and len(window) == 2 and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf") for v in window)):
+                raise ValueError("its training-loss window is malformed")
+            self.window_loss, self.window_n = float(window[0]), int(window[1])
             # Checkpoints written before every process's state was kept hold rank 0's alone, as "rng".
             per_rank = state["rng_per_rank"] if "rng_per_rank" in state else [state["rng"]]
             if not (isinstance(per_rank, list) and per_rank and all(
@@ -438,7 +447,7 @@ class Trainer:
         self.bar = Progress(self.total_steps, desc=f"train {name}", initial=self.step, disable=not self.show)
         tokens_per_step = cfg.batch_size * self.seq_len
         last_ckpt = time.monotonic()
-        window_loss, window_n, window_t0, window_tokens = 0.0, 0, time.perf_counter(), 0
+        window_t0, window_steps, window_tokens = time.perf_counter(), 0, 0  # this process's, for speed
         self.model.train()
         with _StopFlag() as stop:
             while self.step < self.total_steps:
@@ -456,7 +465,8 @@ class Trainer:
                 dt = time.perf_counter() - t0
                 self.train_seconds += dt
                 self.elapsed += dt
-                window_loss, window_n, window_tokens = window_loss + loss, window_n + 1, window_tokens + tokens_per_step
+                self.window_loss, self.window_n = self.window_loss + loss, self.window_n + 1
+                window_steps, window_tokens = window_steps + 1, window_tokens + tokens_per_step
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     now = time.perf_counter()
                     tok_s = window_tokens / max(now - window_t0, 1e-9)
@@ -464,14 +474,14 @@ class Trainer:
                         "event": "train",
                         "step": self.step,
                         "tokens": self.tokens_seen,
-                        "loss": window_loss / window_n,
+                        "loss": self.window_loss / self.window_n,
                         "lr": lr,
                         "tok_s": tok_s,
                         "elapsed": self.elapsed,
                     }
                     self._log(rec)
-                    self.bar.update(window_n, loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
-                    window_loss, window_n, window_t0, window_tokens = 0.0, 0, now, 0
+                    self.bar.update(window_steps, loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
+                    self.window_loss, self.window_n, window_steps, window_tokens, window_t0 = 0.0, 0, 0, 0, now
                 if self._is_eval_step(self.step):
                     self._eval_and_checkpoint()
                     last_ckpt = time.monotonic()
