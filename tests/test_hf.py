@@ -164,6 +164,31 @@ def test_past_key_values_keyword_and_tuple_output():
         assert torch.equal(hf.generate(idx, past_key_values=GbattnCache(2), **kw), ref)
 
 
+def test_misuses_are_clear_errors():
+    """A cache of another kind (it would never be written: the next call would silently see no past),
+    hidden states or attentions asked for by the config, and positions past block_size each raise an
+    error that names the cause."""
+    from transformers import DynamicCache
+
+    gpt, hf = tiny_pair(("boosted", {}), {})
+    idx = torch.randint(0, 37, (1, 6))
+    with pytest.raises(TypeError, match="GbattnCache, not a DynamicCache"):
+        hf(idx, past_key_values=DynamicCache())
+    with pytest.raises(TypeError, match="GbattnCache, not a tuple"):
+        hf(idx, past_key_values=((torch.zeros(1), torch.zeros(1)),))
+    hf.config.output_hidden_states = True
+    with pytest.raises(ValueError, match="output_hidden_states asked for, by argument or config"):
+        hf(idx)
+    hf.config.output_hidden_states = False
+    block = gpt.cfg.block_size
+    with pytest.raises(ValueError, match=f"position_ids reach {block}; the model's positions are 0 .. {block - 1}"):
+        hf(idx, position_ids=torch.arange(block - 5, block + 1)[None])
+    torch.testing.assert_close(hf(idx).logits, gpt(idx), rtol=0, atol=0)
+    hf.resize_token_embeddings(40)  # gbattn's own config follows, and the head stays tied
+    assert hf.model.cfg.vocab_size == hf.config.vocab_size == hf.config.model_config.vocab_size == 40
+    assert hf.model.lm_head.weight is hf.model.wte.weight and hf(idx).logits.shape[-1] == 40
+
+
 @pytest.mark.parametrize(
     "case,names,value_only",
     [

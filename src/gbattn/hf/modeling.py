@@ -241,6 +241,13 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.model.lm_head = value
 
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """transformers' resize (tied head included), with gbattn's own config kept in step."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        self.model.cfg = self.model.cfg.replace(vocab_size=embeddings.num_embeddings)
+        self.config.vocab_size = embeddings.num_embeddings
+        return embeddings
+
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         """generate() makes no DynamicCache: forward() makes a :class:`GbattnCache`."""
@@ -254,14 +261,20 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                 logits_to_keep: int | Tensor = 0, **kwargs):
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("GbattnForCausalLM takes input_ids (inputs_embeds are not supported)")
-        if output_attentions or output_hidden_states:
-            raise ValueError("GbattnForCausalLM returns no attentions or hidden states; use gbattn's "
-                             "GPT(idx, return_intermediates=True) for the per-layer records")
+        asked = {name: value if value is not None else getattr(self.config, name, False)
+                 for name, value in (("output_attentions", output_attentions),
+                                     ("output_hidden_states", output_hidden_states))}
+        if any(asked.values()):
+            names = ", ".join(name for name, value in asked.items() if value)
+            raise ValueError(f"GbattnForCausalLM returns no attentions or hidden states ({names} asked for, by "
+                             "argument or config); use gbattn's GPT(idx, return_intermediates=True) for the "
+                             "per-layer records")
         cache = cache if cache is not None else past_key_values
         if cache is not None and not isinstance(cache, GbattnCache):
-            if cache.get_seq_length() > 0:
-                raise TypeError(f"GbattnForCausalLM needs a GbattnCache, got a filled {type(cache).__name__}")
-            cache = None  # an empty cache of another kind (made by generate()): replaced by ours
+            # Another kind of cache would not be written (every GBA round keeps its own keys and values).
+            raise TypeError(f"GbattnForCausalLM keeps its keys and values in a GbattnCache, not a "
+                            f"{type(cache).__name__}: pass None (forward() makes one and returns it) or "
+                            f"gbattn.hf.GbattnCache(config.num_hidden_layers)")
         if use_cache is None:
             use_cache = cache is not None or (self.config.use_cache and not self.training)
         if use_cache and cache is None:

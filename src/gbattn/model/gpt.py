@@ -193,7 +193,11 @@ class GPT(nn.Module):
             self.check_length(T)
             positions = torch.arange(T, device=idx_BT.device)
         if (input_pos is not None or position_ids is not None) and not torch.compiler.is_compiling():
-            self.check_length(int(positions.max()) + 1)  # (a host sync: skipped in compiled decoding)
+            last = int(positions.max())  # (a host sync: skipped in compiled decoding)
+            if position_ids is not None and last >= self.cfg.block_size:
+                raise ValueError(f"position_ids reach {last}; the model's positions are 0 .. {self.cfg.block_size - 1} "
+                                 f"(block_size={self.cfg.block_size})")
+            self.check_length(last + 1)
         h_BTD = self.wte(idx_BT)
         if self.wpe is not None:
             h_BTD = h_BTD + self.wpe(positions)
