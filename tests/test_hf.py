@@ -184,6 +184,8 @@ def test_misuses_are_clear_errors():
     with pytest.raises(ValueError, match=f"position_ids reach {block}; the model's positions are 0 .. {block - 1}"):
         hf(idx, position_ids=torch.arange(block - 5, block + 1)[None])
     torch.testing.assert_close(hf(idx).logits, gpt(idx), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
+        hf.generate(idx, prompt_lookup_num_tokens=2, max_new_tokens=2, do_sample=False, pad_token_id=0)
     hf.resize_token_embeddings(40)  # gbattn's own config follows, and the head stays tied
     assert hf.model.cfg.vocab_size == hf.config.vocab_size == hf.config.model_config.vocab_size == 40
     assert hf.model.lm_head.weight is hf.model.wte.weight and hf(idx).logits.shape[-1] == 40

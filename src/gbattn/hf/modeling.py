@@ -241,6 +241,15 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.model.lm_head = value
 
+    def generate(self, *args, **kwargs):
+        """transformers' ``generate()``; assisted decoding is refused up front (it crops the cache,
+        and :class:`GbattnCache` is not croppable; transformers' own message says a cache is missing)."""
+        assisted = [k for k in ASSISTED if kwargs.get(k) is not None]
+        if assisted:
+            raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
+                             f"rolls back the cache, and GbattnCache cannot be cropped")
+        return super().generate(*args, **kwargs)
+
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
         """transformers' resize (tied head included), with gbattn's own config kept in step."""
         embeddings = super().resize_token_embeddings(*args, **kwargs)
@@ -306,6 +315,9 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             loss = shifted_loss(logits_BTV, labels.to(logits_BTV.device), kwargs.get("num_items_in_batch"))
         out = CausalLMOutputWithPast(loss=loss, logits=logits_BTV, **{CACHE_FIELD: cache})
         return out.to_tuple() if return_dict is False else out
+
+
+ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")  # generate()'s assisted decoding
 
 
 def mark_initialised(gpt: GPT) -> GPT:
