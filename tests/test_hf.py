@@ -191,6 +191,20 @@ def test_misuses_are_clear_errors():
     assert hf.model.lm_head.weight is hf.model.wte.weight and hf(idx).logits.shape[-1] == 40
 
 
+def test_attn_implementation_sdpa_and_eager_load_the_same_model(tmp_path):
+    """gbattn runs its own attention (F.scaled_dot_product_attention on the fast path) whatever
+    attn_implementation says: "sdpa" and "eager" load, with gbattn's logits."""
+    from transformers import AutoModelForCausalLM
+
+    gpt, hf = tiny_pair(("boosted", {}), {})
+    hf.save_pretrained(tmp_path)
+    idx = torch.randint(0, 37, (1, 6))
+    for implementation in ("sdpa", "eager"):
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=implementation,
+                                                      dtype=torch.float64).eval()
+        torch.testing.assert_close(loaded(idx).logits, gpt(idx), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize(
     "case,names,value_only",
     [

@@ -192,6 +192,9 @@ class GbattnPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = False
     _no_split_modules = ["Block"]
     _supports_cache_class = True  # <= 4.55: lets generate() take a Cache instance
+    # gbattn's fast path is F.scaled_dot_product_attention already: attn_implementation="sdpa" (the
+    # default) and "eager" both run gbattn's own attention code.
+    _supports_sdpa = True
 
     def _init_weights(self, module: nn.Module) -> None:
         init_module(module)
