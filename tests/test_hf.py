@@ -142,6 +142,10 @@ def test_logits_and_loss_equal_gbattn(variant_case, layout):
     padded = hf(ids, attention_mask=mask).logits
     for i, row in enumerate(rows):
         torch.testing.assert_close(padded[i, ids.shape[1] - len(row):], gpt(row[None])[0], rtol=1e-10, atol=1e-10)
+    # ... and called directly (no generate(): positions from the mask), a cached step after a padded prefill
+    prefill = hf(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
+    step = hf(ids[:, -1:], attention_mask=mask, cache=getattr(prefill, CACHE_FIELD)).logits
+    torch.testing.assert_close(step[:, -1], padded[:, -1], rtol=1e-10, atol=1e-10)
 
 
 def test_past_key_values_keyword_and_tuple_output():

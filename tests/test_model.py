@@ -82,6 +82,19 @@ def test_flops_boosted_more_than_standard():
     assert 1.1 < gba / std < 1.5
 
 
+def test_flops_per_token_by_hand():
+    """paper-small standard (d 256, 4 layers, vocab 16,384, context 256), counted by hand: 2 FLOPs per
+    weight of the attention (4d^2), FFN (8d^2) and LM-head matmuls, plus QK^T and AV (2 x 2Td per
+    layer); training (forward and backward) is 3x the forward."""
+    cfg = preset_config("paper-small", "standard")
+    d, layers, vocab, context = 256, 4, 16_384, 256
+    forward = 2 * (layers * 12 * d * d + vocab * d) + layers * 4 * context * d
+    assert flops_per_token(cfg) == forward == 15_728_640
+    for attn in ("standard", "boosted"):
+        cfg = preset_config("paper-small", attn)
+        assert flops_per_token(cfg, backward=True) == 3 * flops_per_token(cfg)
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_builds_forward_backward(preset):
     cfg = preset_config(preset, "boosted")

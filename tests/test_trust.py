@@ -471,6 +471,10 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     best = rundir.load_checkpoint(trained["run"] / rundir.BEST)
     torch.save({**best, "model": {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
                                   for k, v in best["model"].items()}}, copy("nan-weights") / rundir.BEST)
+    one_gain = next(k for k, v in best["model"].items() if v.dim() == 1 and k.endswith("weight"))  # a norm's gain
+    gain = best["model"][one_gain].clone()
+    gain[0] = float("inf")
+    torch.save({**best, "model": {**best["model"], one_gain: gain}}, copy("inf-norm-gain") / rundir.BEST)
     (copy("text-best") / rundir.BEST).write_text("0.1 0.2\n")
     (copy("deep-config") / rundir.CONFIG).write_text('{"a":' + "[" * 100_000 + "]" * 100_000 + "}")
     resume_state = rundir.load_checkpoint(trained["run"] / rundir.CHECKPOINT)
@@ -482,7 +486,7 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
 
 
 def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
-    """(name, argv, a piece of the one line) for 86 bad inputs."""
+    """(name, argv, a piece of the one line) for 87 bad inputs."""
     f = _bad_files(tmp_path / "files")
     broken = _broken_runs(trained, tmp_path / "broken")
     run, data = trained["run"], trained["data"]
@@ -533,6 +537,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "(data): fingerprint=5 must be a string"),
         ("checkpoint with NaN weights", ["generate", broken["nan-weights"], "--prompt", "a"],
          "hold NaN or infinite values"),
+        ("checkpoint with one infinite norm gain", ["eval", broken["inf-norm-gain"]], "hold NaN or infinite values"),
         ("checkpoint that is a text file", ["eval", broken["text-best"]], "is not a torch.save file"),
         ("config.json nested too deeply", ["eval", broken["deep-config"]], "nested too deeply"),
         ("checkpoint with a negative step", ["train", "--resume", "--out", broken["negative-step"], "--quiet"],
@@ -610,7 +615,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
 def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     cases = bad_inputs(trained, tmp_path)
-    assert len(cases) >= 86
+    assert len(cases) >= 87
     (tmp_path / "empty-dir").mkdir()
     before = snapshot(trained["run"])
     report = []
