@@ -328,10 +328,6 @@ class DynamicLayerCache:
         self.entries[name] = (k_BGTE, v_BGTF)
         return k_BGTE, v_BGTF
 
-    def select(self, rows: Tensor) -> None:
-        """Keep batch rows ``rows`` (beam search reordering)."""
-        self.entries = {n: (None if k is None else k[rows], v[rows]) for n, (k, v) in self.entries.items()}
-
 
 class StaticCache(nn.Module):
     """One :class:`StaticLayerCache` per layer (``GPT.setup_cache``)."""
