@@ -218,6 +218,7 @@ def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
     a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)  # the mean
 
 
 def older_checkpoint_format(state: dict) -> dict:
