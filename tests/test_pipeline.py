@@ -357,6 +357,30 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     assert events[-1]["event"] == "stop" and events[-1]["reason"] == "non-finite loss"
 
 
+def test_an_infinite_gradient_with_a_finite_loss_also_stops(tmp_path, monkeypatch):
+    """A gradient that overflows while the loss stays finite stops the run before the optimizer steps
+    on it (the gradient norm joins the checked value)."""
+    data = write_corpus(tmp_path / "c")
+    original, seen = Trainer._train_step, []
+
+    def overflow_at_6(self, step):
+        if step != 6:
+            return original(self, step)
+        hook = self.model.wte.weight.register_hook(lambda g: g * float("inf"))
+        before = self.model.wte.weight.detach().clone()
+        try:
+            value = original(self, step)
+        finally:
+            hook.remove()
+        seen.append(torch.equal(before, self.model.wte.weight.detach()))  # not stepped
+        return value
+
+    monkeypatch.setattr(Trainer, "_train_step", overflow_at_6)
+    with pytest.raises(TrainingDiverged, match="at step 6"):
+        train(tmp_path / "run", *tiny_configs(data), quiet=True)
+    assert seen == [True]
+
+
 def test_ddp_two_gloo_processes_match_one_process(tmp_path):
     """2 processes x 4 rows == 1 process x 8 rows (same global batch), dropout off."""
     data = write_corpus(tmp_path / "c")
