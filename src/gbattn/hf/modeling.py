@@ -62,7 +62,7 @@ class GbattnLayerCache(DynamicLayerCache):
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
     def batch_select_indices(self, indices: Tensor) -> None:
-        self._map(lambda t: t[indices.to(t.device)])
+        self.reorder_cache(indices)  # the same row selection
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._map(lambda t: t.repeat_interleave(repeats, dim=0))

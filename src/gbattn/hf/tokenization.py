@@ -63,8 +63,8 @@ def special_tokens(tok: Tokenizer, vocab: dict[str, int]) -> dict[str, str]:
 def hf_tokenizer(tok: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
     """gbattn's tokenizer ``tok`` as a ``PreTrainedTokenizerFast`` with the same ids."""
     backend = backend_tokenizer(tok)
-    entries = len(backend.get_vocab(with_added_tokens=True))
-    specials = special_tokens(tok, backend.get_vocab(with_added_tokens=True))
+    vocab = backend.get_vocab(with_added_tokens=True)
+    entries, specials = len(vocab), special_tokens(tok, vocab)
     hf = PreTrainedTokenizerFast(
         tokenizer_object=backend, model_max_length=model_max_length, clean_up_tokenization_spaces=False,
         model_input_names=["input_ids", "attention_mask"],  # 4.x would add token_type_ids, which forward() ignores

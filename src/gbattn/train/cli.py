@@ -66,23 +66,22 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
             differ.append(f"--set {key}={value} (recorded: {getattr(train_cfg, key)})")
     # Compiled and eager training draw different dropout masks: switching changes the run's path.
     asked = args.compile if args.compile is not None else train_sets.get("compile")
-    if asked is not None and model_cfg.dropout > 0 and model_cfg.dropout_sites and bool(asked) != _compiled(train_cfg):
-        recorded_way = "compiled" if _compiled(train_cfg) else "eager"
-        differ.append(f"--{'' if asked else 'no-'}compile (recorded: trained {recorded_way}; with dropout the two "
-                      f"draw different masks)")
+    if asked is not None and model_cfg.dropout > 0 and model_cfg.dropout_sites:
+        recorded = _recorded_compiled(train_cfg)
+        if bool(asked) != recorded:
+            differ.append(f"--{'' if asked else 'no-'}compile (recorded: trained {'compiled' if recorded else 'eager'}"
+                          f"; with dropout the two draw different masks)")
     return differ
 
 
-def _compiled(train_cfg) -> bool:
-    """Whether the recorded run trains compiled (its setting, or the default on its device)."""
+def _recorded_compiled(train_cfg) -> bool:
+    """Whether the recorded run trains compiled, on the kind of device it names (no GPU need be here)."""
     import torch
 
-    from gbattn.train.trainer import compile_by_default
+    from gbattn.train.trainer import trains_compiled
 
-    if train_cfg.compile is not None:
-        return bool(train_cfg.compile)
     cuda = str(train_cfg.device).startswith("cuda") or (train_cfg.device == "auto" and torch.cuda.is_available())
-    return compile_by_default(torch.device("cuda" if cuda else "cpu"))
+    return trains_compiled(train_cfg, torch.device("cuda" if cuda else "cpu"))
 
 
 def _same_corpus(data: str, saved: dict, train_cfg) -> bool:

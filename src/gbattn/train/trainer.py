@@ -104,6 +104,11 @@ def compile_by_default(device: torch.device) -> bool:
     return COMPILE_BY_DEFAULT.get(device.type, False)
 
 
+def trains_compiled(cfg: TrainConfig, device: torch.device) -> bool:
+    """Whether a run of ``cfg`` on ``device`` trains compiled: its setting, else the device's default."""
+    return bool(cfg.compile) if cfg.compile is not None else compile_by_default(device)
+
+
 class _StopFlag:
     """SIGINT/SIGTERM ask the loop to checkpoint and stop at the next step boundary."""
 
@@ -241,7 +246,7 @@ class Trainer:
             self._init_from(self.start)
         self.wrapped = wrap_model(self.model, cfg.parallel, self.dist, self.device)  # DDP, FSDP2 or the model
         self.optimizer = make_optimizer(self.wrapped, cfg, self.device)
-        self.compiled = cfg.compile if cfg.compile is not None else compile_by_default(self.device)
+        self.compiled = trains_compiled(cfg, self.device)
         self.step_model = torch.compile(self.wrapped) if self.compiled else self.wrapped
         torch.manual_seed(cfg.seed + 1000 * self.dist.rank)  # dropout streams differ across processes
         self.flops_per_token = flops_per_token(self.model_cfg, seq_len=self.seq_len, backward=True)
