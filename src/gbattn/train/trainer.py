@@ -377,7 +377,7 @@ class Trainer:
                     torch.manual_seed(self.train_cfg.seed + 1000 * self.dist.rank + self.step)
         except (RuntimeError, KeyError, ValueError, TypeError) as e:
             raise CheckpointError(
-                f"checkpoint {path} does not match this run ({error_detail(e, 120)})"
+                f"checkpoint {path} is malformed or does not match this run ({error_detail(e, 120)})"
             ) from None
 
     def _log(self, record: dict) -> None:
