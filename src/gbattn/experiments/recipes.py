@@ -81,7 +81,7 @@ def _add(recipe: Recipe) -> None:
     RECIPES[recipe.name] = recipe
 
 
-CPU_STEPS = dict(max_steps=1200, eval_every=300)  # the cpu-proxy budget: 4.9M tokens, about an hour on 2 cores
+CPU_STEPS = dict(max_steps=1200, eval_every=300)  # the cpu-proxy budget: 4.9M tokens, about 75 minutes on 2 cores
 POST_LN = {"norm": "post"}
 
 
@@ -220,7 +220,7 @@ def cpu_recipe(name: str, description: str, models: list[ModelSpec], preset: str
 
 _add(cpu_recipe(
     "cpu-proxy",
-    "the paper-wt103 models at the cpu-proxy preset on WikiText-2, 1,200 steps (about an hour on 2 CPU cores)",
+    "the paper-wt103 models at the cpu-proxy preset on WikiText-2, 1,200 steps (about 75 minutes on 2 CPU cores)",
     paper_models(),
 ))
 _add(cpu_recipe(
