@@ -157,3 +157,26 @@ def test_default_threads_keep_the_launchers_choice(monkeypatch, omp, local_world
             monkeypatch.setenv(name, value)
     monkeypatch.setattr(runtime, "free_cores", lambda: free)
     assert runtime.default_threads() == expected
+
+
+@pytest.mark.parametrize("command, takes_training_fields", [
+    ("params", False), ("bench", False), ("train", True), ("compare", True)])
+def test_set_example_in_help_is_accepted(capsys, command, takes_training_fields):
+    """The `--set` example each command's --help shows builds a config there (`params --set lr=...`
+    is refused, so its help must not suggest it)."""
+    import re
+
+    from gbattn.config import build_configs, parse_sets, preset_config, split_overrides
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    example = re.search(r"override [^,]*, e\.g\. (.*?)(?:\s+--[a-z-]+ [A-Z]|\s+--[a-z-]+\s{2}|$)", help_text).group(1)
+    sets = parse_sets(re.findall(r"--set (\S+)", example))
+    assert sets, help_text
+    train_sets, _ = split_overrides(sets)
+    if takes_training_fields:
+        build_configs("cpu-char", "boosted", "tiny-shakespeare", sets)
+    else:
+        assert not train_sets, f"{command} --help suggests training fields {sorted(train_sets)}"
+        preset_config("cpu-char", "boosted", sets)

@@ -61,16 +61,23 @@ def preset(p: argparse.ArgumentParser, required: bool = False) -> None:
                    help="model preset; its training recipe is the default (see `gbattn list`; default paper-small)")
 
 
-def model(p: argparse.ArgumentParser) -> None:
-    """--attn, --residual and --set, for every command that builds a model."""
+MODEL_SET_EXAMPLE = "--set d_model=288 --set attn.rounds=3"
+
+
+def model(p: argparse.ArgumentParser, training: bool = True) -> None:
+    """--attn, --residual and --set, for every command that builds a model (``training``: --set also
+    takes the training fields)."""
     p.add_argument("--attn", default=None, help="attention variant (see `gbattn list`; default standard)")
     p.add_argument("--residual", default=None, help="residual stream: plain, attnres-full or attnres-block")
-    sets(p)
+    if training:
+        sets(p, "a model or training field", f"--set lr=1e-3 {MODEL_SET_EXAMPLE}")
+    else:
+        sets(p, "a model field", MODEL_SET_EXAMPLE)
 
 
-def sets(p: argparse.ArgumentParser, what: str = "a model or training field") -> None:
+def sets(p: argparse.ArgumentParser, what: str, example: str) -> None:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"override {what}, e.g. --set lr=1e-3 --set d_model=288 --set attn.rounds=3")
+                   help=f"override {what}, e.g. {example}")
 
 
 def device(p: argparse.ArgumentParser) -> None:

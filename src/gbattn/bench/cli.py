@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")
     p.add_argument("--compile", default="off", choices=["off", "on", "both"],
                    help="torch.compile the training and decode steps: off, on, or both side by side (default off)")
-    arguments.sets(p, "a model field for every variant")
+    arguments.sets(p, "a model field for every variant", arguments.MODEL_SET_EXAMPLE)
     arguments.threads(p)
     p.add_argument("--out", type=directory, default=None, help="write bench.json and bench.md here")
     arguments.quiet(p)

@@ -20,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--only", nargs="+", default=None, metavar="LABEL", help="train only these models of the recipe")
     p.add_argument("--residual", default=None,
                    help="residual stream for every model: plain, attnres-full or attnres-block (default: the recipe's)")
-    arguments.sets(p, "a field for every model (e.g. --set device=cuda)")
+    arguments.sets(p, "a model or training field for every run", "--set device=cuda --set lr=1e-3")
     p.add_argument("--jobs", type=arguments.at_least(1), default=1,
                    help="train this many runs at once, as separate processes (CPU threads divided between them)")
     p.add_argument("--threads", type=arguments.at_least(1), default=None,
