@@ -185,3 +185,17 @@ def test_a_damaged_result_of_a_finished_run_is_one_line(tmp_path):
         path.write_text(json.dumps(damaged))
         with pytest.raises(CheckpointError, match=expected):
             run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+
+
+def test_a_rerun_of_a_subset_checks_the_finished_runs_it_reports(tmp_path):
+    """A rerun asking for standard only still reports gba-m2's finished run, and so checks it as a reused
+    run is checked: one whose recorded config is not the recipe's is refused, not reported."""
+    data = write_corpus(tmp_path / "c")
+    sets = tiny_sets()
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard", "gba-m2"], quiet=True)
+    path = tmp_path / "cmp" / "gba-m2" / "seed42" / "config.json"
+    config = json.loads(path.read_text())
+    config["model"]["attn_options"]["rounds"] = 3
+    path.write_text(json.dumps(config))
+    with pytest.raises(UserError, match=r"gba-m2/seed42 holds another run than this recipe asks for"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)

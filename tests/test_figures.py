@@ -332,3 +332,24 @@ def test_gate_figure_shows_negative_tanh_gates():
     assert bar_ax.get_ylim() == (-1.0, 1.0) and heat_ax.images[0].get_clim() == (-1.0, 1.0)
     fig = figures.gates_figure({"per_layer": [{**r, "mean": 0.5, "per_dimension": [0.5, 0.5]} for r in rows]}, {})
     assert fig.axes[1].get_ylim() == (0.0, 1.0)
+
+
+def test_report_change_vs_standard_is_over_the_seeds_both_have():
+    from gbattn.experiments.report import relative_change
+
+    gba = {"1": 90.0, "2": 110.0, "3": 500.0}  # seed 3: GBA only
+    standard = {"1": 100.0, "2": 100.0, "4": 1.0}  # seed 4: standard only
+    assert relative_change(gba, standard) == pytest.approx(0.0)
+    assert relative_change({"1": 95.0}, {"1": 100.0}) == pytest.approx(-0.05)
+    assert relative_change({"1": 90.0}, {"2": 100.0}) is None
+
+
+def test_report_std_is_the_sample_standard_deviation_of_the_finite_values():
+    import math
+
+    from gbattn.experiments.report import mean_std
+
+    mean, std = mean_std([10.0, 12.0, None, float("inf"), float("nan")])  # a diverged seed is left out
+    assert mean == 11.0 and std == pytest.approx(math.sqrt(2.0))  # n - 1: sqrt(((-1)**2 + 1**2) / 1)
+    assert mean_std([10.0, 12.0, 14.0])[1] == pytest.approx(2.0)
+    assert mean_std([10.0]) == (10.0, None) and mean_std([None, float("inf")]) == (None, None)

@@ -733,3 +733,57 @@ def test_export_and_restart_leave_other_model_directories_alone(trained, tmp_pat
     assert cli_main(["train", "--out", str(hf_dir), "--restart", "--data", "tiny-shakespeare", "--quiet"]) == 2
     assert "holds a Hugging Face checkpoint (gpt2), not a gbattn run" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in hf_dir.iterdir()} == before  # not even a lock file left
+
+
+def test_a_bpe_tokenizers_unk_token_is_its_own(tmp_path):
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    bpe = get_tokenizer("bpe", corpus, vocab_size=120, verbose=False)
+    hf = hf_tokenizer(bpe, 64)
+    unk = bpe.encode("<unk>")
+    assert hf.unk_token == "<unk>" and [hf.unk_token_id] == unk and len(hf) == bpe.vocab_size
+    assert hf.encode("the \u00e9 cat") == bpe.encode("the \u00e9 cat") and unk[0] in hf.encode("\u00e9")
+    char = get_tokenizer("char", corpus)
+    assert hf_tokenizer(char, 64).unk_token is None  # unseen characters are an error, as in gbattn
+
+
+def test_a_char_export_names_no_eos_so_generate_runs_past_newlines(trained):
+    """A char model's "\\n" is eos only for lm-eval's windows: neither the exported config nor its
+    generation config names an eos_token_id, and sampled generations go on after the newlines they hold."""
+    run_dir, out = trained
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert model.config.eos_token_id is None and model.generation_config.eos_token_id is None
+    run = rundir.load_run(run_dir)
+    ids = torch.tensor([run.tokenizer.encode("A:\n")] * 16)
+    torch.manual_seed(0)
+    got = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=True,
+                         temperature=1.5, top_k=0)
+    assert got.shape == (16, 3 + 30)
+    texts = [run.tokenizer.decode(row[3:].tolist()) for row in got]
+    assert any(text.rstrip("\n") != text.split("\n")[0] for text in texts), texts  # text after a newline
+
+
+def test_exported_weights_get_the_same_permissions_as_the_other_files(trained):
+    _, out = trained
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert modes["config.json"] == 0o666 & ~umask
+    assert modes["model.safetensors"] == modes["config.json"], modes
+
+
+def test_lm_eval_results_name_paths_relative_to_the_model_directorys_parent(tmp_path):
+    """A path inside a root (the model directory, the --include-path) is written relative to that root's
+    parent, so the results file still says which model and task files it used; other values pass through."""
+    from gbattn.hf.lmeval import portable
+
+    run, tasks = (tmp_path / "runs" / "gba").resolve(), (tmp_path / "my-tasks").resolve()
+    results = {"model": str(run), "files": [str(run / "lm-eval" / "x.jsonl"), str(tasks / "toy" / "t.yaml")],
+               "text": "a b", "n": 3, "ok": True, "none": None}
+    assert portable(results, [run, tasks]) == {
+        "model": "gba", "files": ["gba/lm-eval/x.jsonl", "my-tasks/toy/t.yaml"],
+        "text": "a b", "n": 3, "ok": True, "none": None}
+    spaced = (tmp_path / "A User" / "gba").resolve()  # a home directory with a space in its name
+    spaced.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(spaced)  # the same directory reached through a symlink
+    assert portable({"model": str(spaced), "via": str(tmp_path / "link" / "x.json"), "text": "/ not a path"},
+                    [spaced]) == {"model": "gba", "via": "gba/x.json", "text": "/ not a path"}

@@ -36,6 +36,9 @@ def test_compare_with_two_jobs_equals_one_after_another(tmp_path, monkeypatch, c
         wa = rundir.load_checkpoint(tmp_path / "one" / label / "seed1" / rundir.CHECKPOINT)["model"]
         wb = rundir.load_checkpoint(tmp_path / "two" / label / "seed1" / rundir.CHECKPOINT)["model"]
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    for result in two["models"]:  # 2 threads between 2 jobs: each run trained on 1
+        config = rundir.read_config(tmp_path / "two" / result["label"] / "seed1" / rundir.CONFIG)
+        assert config["train"]["threads"] == 1, result["label"]
     # A second invocation reuses every (checked) run: nothing is trained again. Asked for 2 jobs on
     # 1 thread, it says that each run takes a thread of its own.
     capsys.readouterr()

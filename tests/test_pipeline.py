@@ -421,3 +421,129 @@ def test_ddp_two_gloo_processes_match_one_process(tmp_path):
     a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-5)
+
+
+def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
+    text = "".join(f"{i:03d}\n" for i in range(250))  # 1,000 characters
+    path = tmp_path / "t.txt"
+    path.write_text(text)
+    corpus = load_corpus(str(path), (0.9, 0.05, 0.05))
+    parts = {s: "".join(corpus.lines(s)) for s in ("train", "valid", "test")}
+    assert (parts["train"], parts["valid"], parts["test"]) == (text[:900], text[900:950], text[950:])
+    nano = load_corpus(str(path), (0.9, 0.1, 0.0))  # nanoGPT's 90/10: test is the valid split
+    assert "".join(nano.lines("valid")) == "".join(nano.lines("test")) == text[900:]
+    assert "".join(nano.lines("train")) == text[:900]
+
+
+def test_a_tokenizer_of_another_vocabulary_size_is_not_taken_from_the_cache(tmp_path):
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    small = get_tokenizer("bpe", corpus, vocab_size=40, verbose=False)
+    large = get_tokenizer("bpe", corpus, vocab_size=60, verbose=False)
+    assert (small.vocab_size, large.vocab_size) == (40, 60)
+    assert get_tokenizer("bpe", corpus, vocab_size=40, verbose=False).fingerprint == small.fingerprint
+
+
+def test_atomic_write_syncs_the_file_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.fstat(fd).st_ino))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", os.stat(src).st_ino))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    monkeypatch.setattr(files.os, "replace", replace)
+    target = tmp_path / "config.json"
+    files.atomic_write(target, '{"a": 1}')
+    assert [kind for kind, _ in events] == ["fsync", "replace", "fsync"], events
+    assert events[0][1] == events[1][1] == target.stat().st_ino  # the file synced is the one renamed into place
+    assert events[2][1] == tmp_path.stat().st_ino  # then its directory, so the rename survives a crash
+    assert target.read_text() == '{"a": 1}' and [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+
+def test_char_tokens_keep_blank_lines(tmp_path):
+    """BPE tokenizers skip blank lines (they would encode to nothing); a char tokenizer keeps every
+    character, blank and whitespace-only lines included."""
+    text = "".join(f"line {i}\n" + ("\n" if i % 3 else " \n") for i in range(300))
+    (tmp_path / "t.txt").write_text(text)
+    corpus = load_corpus(str(tmp_path / "t.txt"), (0.8, 0.1, 0.1))
+    tok = get_tokenizer("char", corpus)
+    splits = tokenize_corpus(corpus, tok, progress=False)
+    assert "".join(tok.decode(splits[s]) for s in ("train", "valid", "test")) == text
+
+
+def test_evaluate_scores_every_non_overlapping_row_once():
+    """7 rows of 9 tokens (5 left over, too few for a row), in batches of 3: 56 tokens scored, each
+    loss the model's own for its row, the mean their mean."""
+    from gbattn.config import ModelConfig
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT, lm_loss
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2, dropout=0.0)).eval()
+    tokens = np.random.default_rng(0).integers(0, 11, size=7 * 9 + 5).astype(np.uint16)
+    res = evaluate(model, tokens, seq_len=8, batch_size=3, per_token=True)
+    rows = torch.from_numpy(tokens[: 7 * 9].astype(np.int64)).view(7, 9)
+    with torch.no_grad():
+        want = lm_loss(model(rows[:, :-1]), rows[:, 1:], reduction="none").flatten()
+    assert res.tokens == 7 * 8 and res.per_token.shape == (7 * 8,)
+    np.testing.assert_allclose(res.per_token, want.numpy(), rtol=1e-5, atol=1e-6)
+    assert res.loss == pytest.approx(float(want.mean()), rel=1e-5)
+
+
+def test_evaluate_under_ddp_counts_no_tokens_of_a_repeated_row():
+    from gbattn.config import ModelConfig
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT
+
+    class SecondOfTwo:  # rank 1 of 2; all_sum as in a world where the other rank contributed nothing
+        enabled, world, rank = True, 2, 1
+
+        def all_sum(self, values):
+            return values
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2, dropout=0.0)).eval()
+    tokens = np.random.default_rng(0).integers(0, 11, size=3 * 9).astype(np.uint16)  # 3 rows: rank 1 gets row 1
+    res = evaluate(model, tokens, seq_len=8, batch_size=1, dist_env=SecondOfTwo())
+    alone = evaluate(model, tokens[9:18], seq_len=8)  # row 1 by itself
+    assert res.tokens == 8  # 2 forward passes (as rank 0), the second a repeated row of weight 0
+    assert res.loss == pytest.approx(alone.loss, rel=1e-6)
+
+
+def test_perplexity_of_a_loss_of_50_or_more_is_infinite():
+    import math
+
+    from gbattn.eval.perplexity import EvalResult
+
+    assert EvalResult(loss=49.0, tokens=1).ppl == pytest.approx(math.exp(49.0))
+    assert EvalResult(loss=50.0, tokens=1).ppl == float("inf")
+    assert EvalResult(loss=1e4, tokens=1).ppl == float("inf")  # math.exp would raise OverflowError
+
+
+def test_random_windows_never_draw_the_window_ending_at_the_last_token():
+    from gbattn.data.tokens import random_windows
+
+    tokens = np.arange(12, dtype=np.uint16)  # windows of 9 tokens: offsets 0..3; offset 3 ends at the last token
+    starts = set()
+    for step in range(100):
+        x, y = random_windows(tokens, 8, 4, seed=0, step=step)
+        assert x.shape == y.shape == (4, 8) and torch.equal(y - x, torch.ones_like(x))
+        starts |= set(x[:, 0].tolist())
+    assert starts == {0, 1, 2}
+    again, _ = random_windows(tokens, 8, 4, seed=0, step=7)
+    assert torch.equal(again, random_windows(tokens, 8, 4, seed=0, step=7)[0])  # a pure function of (seed, step)
+
+
+def test_swapping_two_split_files_changes_the_corpus_fingerprint(tmp_path):
+    data = write_corpus(tmp_path / "c")
+    before = load_corpus(str(data)).fingerprint
+    valid, test = (data / "wiki.valid.tokens").read_text(), (data / "wiki.test.tokens").read_text()
+    (data / "wiki.valid.tokens").write_text(test)
+    (data / "wiki.test.tokens").write_text(valid)
+    assert load_corpus(str(data)).fingerprint != before
+    (data / "wiki.valid.tokens").write_text(valid)
+    (data / "wiki.test.tokens").write_text(test)
+    assert load_corpus(str(data)).fingerprint == before

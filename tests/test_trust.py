@@ -751,3 +751,27 @@ def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path
     path = tmp_path / "tokenizer.json"
     path.write_text(Tokenizer("hf", hf.to_str()).to_json())
     assert Tokenizer.load(path, expected_vocab=3).vocab_size == 3 and Tokenizer.load(path).vocab_size == 101
+
+
+def test_a_config_whose_seq_len_exceeds_the_block_size_is_one_line(trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    config = json.loads((run / rundir.CONFIG).read_text())
+    config["seq_len"] = config["model"]["block_size"] + 1
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    with pytest.raises(rundir.CheckpointError, match="exceeds the model's block_size"):
+        rundir.load_run(run)
+    code, _, err = run_cli(capsys, ["eval", run])
+    assert f"seq_len={config['seq_len']} exceeds the model's block_size" in one_line(code, err)
+
+
+def test_a_run_directory_with_a_stray_safetensors_file_is_still_a_run(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.SAFETENSORS).write_bytes(b"weights someone saved beside the run")
+    assert not rundir.is_exported(run)
+    loaded, original = rundir.load_run(run), rundir.load_run(trained["run"])
+    assert loaded.checkpoint == "best" and loaded.step == original.step
+    assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(),
+                                                 original.model.state_dict().values()))

@@ -133,8 +133,8 @@ def float64_llama(monkeypatch):
 
     def rope(self, x, position_ids):
         dim = 2 * self.inv_freq.shape[0]
-        params = getattr(self.config, "rope_parameters", None)  # transformers 5; 4.x: rope_theta
-        base = params["rope_theta"] if params else self.config.rope_theta
+        params = getattr(self.config, "rope_parameters", None) or {}  # transformers 5; 4.x: rope_theta
+        base = params.get("rope_theta", getattr(self.config, "rope_theta", None))
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
         angles = position_ids[..., None].double() * inv_freq
         angles = torch.cat([angles, angles], dim=-1)
@@ -292,6 +292,9 @@ def test_upcycled_logits_equal_the_source(source_dir, attn, options):
     source = load_source(source_dir)
     up = upcycle(source, attn, options)
     assert up.model_cfg.attn == attn and (up.new > 0) == (attn != "standard")
+    # every source parameter copied, a tied one counted once; the rest are new
+    assert up.copied == sum(p.numel() for p in source.build_model().parameters())
+    assert up.copied + up.new == sum(p.numel() for p in upcycled_model(up).parameters())
     idx = tokens(seed=1)
     torch.testing.assert_close(logits64(upcycled_model(up), idx), logits64(source.build_model(), idx), **EXACT)
 
@@ -460,3 +463,109 @@ def test_sources_that_are_not_what_a_command_wants_get_a_line_that_says_so(gpt2_
         assert main([str(a) for a in argv]) == 2, argv
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_shard_index_naming_a_weight_no_shard_holds_is_refused(llama_dir, tmp_path):
+    """A sharded checkpoint whose index names a tensor that none of its shards holds (a shard from another
+    save, a download cut short) is refused, naming the tensor."""
+    sharded = tmp_path / "sharded"
+    llama_model().save_pretrained(sharded, max_shard_size="20KB")
+    shutil.copy(llama_dir / "tokenizer.json", sharded)
+    index_path = sharded / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"]["model.layers.9.mlp.up_proj.weight"] = next(iter(index["weight_map"].values()))
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=re.escape("the shards lack model.layers.9.mlp.up_proj.weight")):
+        load_source(sharded)
+
+
+def test_differing_gpt2_dropout_rates_are_noted(gpt2_dir, tmp_path):
+    """GPT-2 has a rate per site, gbattn one rate: the largest is used at every site with a non-zero rate,
+    and the conversion says so in a note that the upcycled model keeps; equal rates give no note."""
+    directory = _edit_config(gpt2_dir, tmp_path / "edited", embd_pdrop=0.1, attn_pdrop=0.0, resid_pdrop=0.2)
+    source = load_source(directory)
+    assert source.model_cfg.dropout == 0.2
+    assert source.model_cfg.dropout_sites == ["embedding", "attn-output", "ffn-output"]
+    assert len(source.notes) == 1 and source.notes[0].startswith("dropout rates differ")
+    assert upcycle(source, "boosted").notes == source.notes
+    assert load_source(gpt2_dir).notes == []
+
+
+def test_rope_parameters_without_a_base_take_the_top_level_rope_theta(llama_dir, tmp_path, float64_llama):
+    """A config with rope_theta at the top level and a rope_parameters entry that names no base (hand-edited,
+    or written between transformers versions): transformers uses the top-level base, and so does the
+    conversion, so the logits still equal transformers'."""
+    directory = _edit_config(llama_dir, tmp_path / "edited", rope_theta=500.0,
+                             rope_parameters={"rope_type": "default"})
+    source = load_source(directory)
+    assert source.model_cfg.rope_base == 500.0
+    hf = transformers.LlamaForCausalLM.from_pretrained(directory).eval().double()
+    idx = tokens()
+    with torch.no_grad():
+        expected = hf(idx).logits
+    torch.testing.assert_close(logits64(source.build_model(), idx), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_upcycle_seed_draws_only_the_new_parameters(gpt2_dir):
+    """The same seed gives the same model; another seed other W_Q^m, W_K^m and gates, the same copied
+    weights; the caller's random state is left as it was."""
+    source = load_source(gpt2_dir)
+    a, b, c = (upcycle(source, "boosted", {"rounds": 2}, seed=s).state for s in (0, 0, 1))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(a[k], c[k]) for k in source.state)
+    redrawn = [k for k in a if ".corrections." in k and not torch.equal(a[k], c[k])]
+    assert redrawn and all(".corrections." in k for k in a if not torch.equal(a[k], c[k]))
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    upcycle(source, "boosted", seed=3)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_upcycled_run_keeps_the_source_runs_data_record(gbattn_dir, gpt2_dir, tmp_path):
+    """A gbattn source's data record (corpus and fingerprint) is the upcycled run's, so `gbattn eval` of the
+    upcycled run still refuses other data; a Hugging Face source records its tokenizer."""
+    from gbattn.upcycle import write_run
+
+    source = tmp_path / "source"
+    shutil.copytree(gbattn_dir, source)
+    config = json.loads((source / rundir.CONFIG).read_text())
+    config["data"] = {"corpus": "tiny-shakespeare", "fingerprint": "f" * 64}
+    (source / rundir.CONFIG).write_text(json.dumps(config))
+    write_run(upcycle(source, "boosted"), tmp_path / "up")
+    assert rundir.read_config(tmp_path / "up" / rundir.CONFIG)["data"] == config["data"]
+    assert rundir.load_run(tmp_path / "up").data_fingerprint == "f" * 64
+    write_run(upcycle(gpt2_dir, "gated"), tmp_path / "hf")
+    assert rundir.read_config(tmp_path / "hf" / rundir.CONFIG)["data"] == {
+        "tokenizer": load_source(gpt2_dir).tokenizer.fingerprint}
+
+
+def test_upcycling_a_continuation_records_no_start_of_its_own(gbattn_dir, tmp_path):
+    """A gbattn source that was itself continued from another run (train.init_from set): the upcycled run's
+    weights are the upcycled ones, so its config records no init_from; the rest of the training config is kept."""
+    from gbattn.upcycle import write_run
+
+    source = tmp_path / "continued"
+    shutil.copytree(gbattn_dir, source)
+    config = json.loads((source / rundir.CONFIG).read_text())
+    config["train"]["init_from"] = "runs/base/seed42"
+    (source / rundir.CONFIG).write_text(json.dumps(config))
+    write_run(upcycle(source, "boosted"), tmp_path / "up")
+    recorded = rundir.read_config(tmp_path / "up" / rundir.CONFIG)["train"]
+    assert recorded["init_from"] is None
+    assert {k: v for k, v in recorded.items() if k != "init_from"} == {
+        k: v for k, v in config["train"].items() if k != "init_from"}
+
+
+def test_weights_gbattn_does_not_convert_are_refused(gpt2_dir, llama_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    for name, source in (("gpt2", gpt2_dir), ("llama", llama_dir)):
+        directory = tmp_path / name
+        shutil.copytree(source, directory)
+        weights = load_file(directory / "model.safetensors")
+        weights["extra.adapter.weight"] = torch.zeros(2, 2)
+        save_file(weights, directory / "model.safetensors")
+        with pytest.raises(CheckpointError, match=re.escape("holds weights gbattn does not convert "
+                                                            "(extra.adapter.weight)")):
+            load_source(directory)
