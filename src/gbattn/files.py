@@ -24,7 +24,7 @@ def error_detail(e: BaseException, limit: int = 80, with_type: bool = False) -> 
 
 def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     """Write ``content`` (bytes, or text as UTF-8) to ``path`` through a temporary file in the same
-    directory, then rename it into place. On any failure (a full disk, a kill) the previous file
+    directory, then rename it into place and sync the directory. On any failure (a full disk, a kill) the previous file
     stays and the temporary file is removed; a full disk is a one-line :class:`UserError`. Callers
     serialize first (``torch.save`` into ``io.BytesIO``, see ``rundir.save_checkpoint``): a library
     writing into the file itself could report the failed write as another exception."""
@@ -36,11 +36,28 @@ def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        sync_directory(path.parent)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             raise UserError(f"could not write {path} ({e.strerror}); the previous {path.name} is kept") from None
         raise
+
+
+def sync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (a crash after it keeps the new name). Filesystems that
+    cannot sync a directory are left as they are."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.EBADF, errno.EACCES):
+            raise
+    finally:
+        os.close(fd)
 
 
 def write_json(obj: Any, path: str | Path) -> None:

@@ -133,7 +133,6 @@ def _copy(src, model_cfg, seed: int):
         torch.manual_seed(seed)
         model = GPT(model_cfg)
     target = model.state_dict()
-    copied = 0
     with torch.no_grad():
         for key, value in src.state.items():
             dst = target.get(key)
@@ -146,12 +145,8 @@ def _copy(src, model_cfg, seed: int):
         missing = sorted(k for k in target if k.rsplit(".", 1)[0] not in _new_modules(model) and k not in src.state)
         if missing:
             raise CheckpointError(f"{src.name}: the source lacks {', '.join(missing[:5])}")
-        seen = set()
-        for name, p in model.named_parameters():
-            if name in src.state and id(p) not in seen:
-                seen.add(id(p))
-                copied += src.state[name].numel()
-    return model, copied
+    # named_parameters() names a tied parameter once
+    return model, sum(src.state[name].numel() for name, _ in model.named_parameters() if name in src.state)
 
 
 def _new_modules(model) -> set[str]:

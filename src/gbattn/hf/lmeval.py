@@ -113,6 +113,13 @@ def results_stem(tasks: list[str], limit: float | None, num_fewshot: int | None)
     return stem
 
 
+def is_machine_path(text: str) -> bool:
+    """An absolute path of one line: without whitespace, or (``/home/A User/...``) one that exists.
+    Document text that merely starts with ``/`` is neither."""
+    return os.path.isabs(text) and "\n" not in text and (
+        not any(c.isspace() for c in text) or os.path.exists(text))
+
+
 def portable(obj, roots: list[Path]):
     """``obj`` as JSON values, with every string that is an absolute path made relative: to the
     parent of the first of ``roots`` holding it, else to the working directory, else its last two
@@ -122,9 +129,10 @@ def portable(obj, roots: list[Path]):
         return {k: portable(v, roots) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [portable(v, roots) for v in obj]
-    if isinstance(obj, str) and os.path.isabs(obj) and not any(c.isspace() for c in obj):
-        base = next((root.parent for root in roots if Path(obj).is_relative_to(root)), Path.cwd())
-        return relative_path(obj, base)
+    if isinstance(obj, str) and is_machine_path(obj):
+        resolved = Path(obj).resolve()  # through symlinks, as the roots are
+        base = next((root.parent for root in roots if resolved.is_relative_to(root.resolve())), Path.cwd())
+        return relative_path(resolved, base)
     if obj is None or isinstance(obj, (str, int, float)):
         return obj
     return portable(handle_non_serializable(obj), roots)
