@@ -398,6 +398,8 @@ def test_export_writes_safetensors_config_and_tokenizers(trained):
     config = json.loads((out / "config.json").read_text())
     source = json.loads((run_dir / "config.json").read_text())
     assert config["model_type"] == "gbattn" and config["architectures"] == ["GbattnForCausalLM"]
+    # a class every supported transformers version loads (5.x would write its own TokenizersBackend)
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
     for key in ("model", "train", "preset", "data", "seq_len"):
         assert config["gbattn"][key] == source[key], key
     assert config["gbattn"]["step"] == rundir.load_run(run_dir).step and config["gbattn"]["checkpoint"] == "best"
@@ -696,6 +698,27 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
     err = capsys.readouterr().err
     assert "do not match its config (missing keys: model.blocks." in err and len(err.strip().splitlines()) == 1, err
+    # A fine-tuned model saved by transformers alone (no tokenizer files beside it).
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out).save_pretrained(tmp_path / "saved")
+    capsys.readouterr()
+    assert cli_main(["lm-eval", str(tmp_path / "saved"), "--tasks", "gbattn_toy_mc", "--include-path",
+                     str(LMEVAL_DATA)]) == 2
+    err = capsys.readouterr().err
+    assert "has no tokenizer.json" in err and len(err.strip().splitlines()) == 1, err
+    # A generation task asking for more tokens than the model's block size (the harness's check).
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "toy_gen.jsonl").write_text('{"q": "A:", "a": "b"}\n')
+    (tasks / "toy_gen.yaml").write_text(
+        f"task: toy_gen\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tasks / 'toy_gen.jsonl'}\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n"
+        "generation_kwargs:\n  until: ['\\n\\n']\nmetric_list:\n  - metric: exact_match\n")
+    assert cli_main(["lm-eval", str(out), "--tasks", "toy_gen", "--include-path", str(tasks)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(  # after the data's loading bar
+        "gbattn: error: lm-eval refused the task for this model (Invalid configuration: requested max tokens"), err
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc"]) == 2

@@ -20,7 +20,7 @@ from transformers.utils import logging as hf_logging
 
 from gbattn import rundir
 from gbattn.errors import UserError
-from gbattn.files import check_writable_dir, portable_path
+from gbattn.files import check_writable_dir, portable_path, write_json
 from gbattn.hf.modeling import GbattnForCausalLM
 from gbattn.hf.tokenization import hf_tokenizer, is_end_of_text
 from gbattn.rundir import BEST, CHECKPOINT, SAFETENSORS, LoadedRun, foreign_model, load_run
@@ -68,6 +68,15 @@ def wrap_run(run: LoadedRun):
     return model, tokenizer
 
 
+def portable_tokenizer_class(config_path: Path) -> None:
+    """Name the tokenizer class every supported transformers version has: 5.x writes its own
+    ``TokenizersBackend``, which ``AutoTokenizer`` of 4.x cannot load; both load the fast tokenizer."""
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if config.get("tokenizer_class") != "PreTrainedTokenizerFast":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        write_json(config, config_path)
+
+
 def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -> Path:
     """Write the exported directory ``out`` for run ``run_dir`` (``best`` or ``last`` weights)."""
     run_dir, out = Path(run_dir), Path(out)
@@ -82,6 +91,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -
     with quiet_transformers():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
+    portable_tokenizer_class(out / "tokenizer_config.json")
     run.tokenizer.save(out / GBATTN_TOKENIZER)
     weights = out / SAFETENSORS
     if weights.is_file() and not weights.is_symlink():  # transformers writes it 0600; the other files get the umask's

@@ -41,6 +41,10 @@ class GbattnLM(HFLM):
 def load_model(model_dir: str | Path, checkpoint: str, device: torch.device):
     """(model in eval mode on ``device``, tokenizer, block_size, step) of a run or exported directory."""
     if is_exported(model_dir):
+        if not (Path(model_dir) / "tokenizer.json").is_file():
+            raise CheckpointError(f"{model_dir} has no tokenizer.json (`gbattn export` writes it, transformers' "
+                                  f"save_pretrained of the model does not): copy the tokenizer files from the "
+                                  f"exported directory")
         with quiet_transformers():
             model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True)
         wrong = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
@@ -48,13 +52,24 @@ def load_model(model_dir: str | Path, checkpoint: str, device: torch.device):
             detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v, key=str)[:3]))}"
                                for k, v in wrong.items())
             raise CheckpointError(f"the weights in {model_dir} do not match its config ({detail})")
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        except (ValueError, OSError) as e:
+            raise CheckpointError(f"the tokenizer in {model_dir} does not load ({error_detail(e, 160)})") from None
         step = model.config.gbattn.get("step", 0)
     else:
         run = load_run(model_dir, checkpoint, "cpu")
         model, tokenizer = wrap_run(run)
         step = run.step
     return model.to(device).eval(), tokenizer, model.config.max_position_embeddings, step
+
+
+def close_progress_bars() -> None:
+    """Close the tqdm bars a failing harness call left open."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
 
 
 def task_manager(tasks: list[str], include_path: str | None) -> TaskManager:
@@ -90,6 +105,9 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
     try:
         results = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
                                   log_samples=log_samples)
+    except AssertionError as e:  # the harness checks a task against the model so (max_gen_toks < block size)
+        close_progress_bars()  # the harness's bar, left open by the failed check, would print after the error
+        raise UserError(f"lm-eval refused the task for this model ({error_detail(e, 200)})") from None
     except FileNotFoundError as e:  # a task's data files (local paths are relative to the working directory)
         raise UserError(f"lm-eval could not find a task's data ({error_detail(e, 160)}); a task YAML's local data "
                         f"paths are read relative to the working directory") from None
