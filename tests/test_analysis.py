@@ -362,3 +362,42 @@ def test_analyze_differential_counts_its_half_as_many_maps(tmp_path, monkeypatch
         assert np.asarray(row["per_head"]).shape == (1, 2)
         assert row["mean_per_round"][0] == pytest.approx(np.mean(row["per_head"][0]))
     assert not s["gates"]["available"]
+
+
+def test_example_positions_skip_the_first_tokens(runs, tmp_path):
+    """The example figure draws positions with some context: at least min(8, seq_len // 4), one per row,
+    the largest gains there."""
+    summary = analyze_run(runs["gba"], against=runs["std"], out=tmp_path / "a", max_rows=8, examples=4,
+                          device="cpu", quiet=True)
+    examples = summary["loss_diff"]["examples"]
+    assert examples["min_position"] == min(8, SEQ_LEN // 4) > 0
+    rows = [ex["row"] for ex in examples["positions"]]
+    assert len(rows) == len(set(rows)) == 4
+    assert all(ex["position"] >= examples["min_position"] for ex in examples["positions"])
+    diff_NT = np.asarray(token_losses(runs["std"], summary["row_ids"]) - token_losses(runs["gba"], summary["row_ids"]))
+    index = {r: i for i, r in enumerate(summary["row_ids"])}
+    picked = [(index[ex["row"]], ex["position"]) for ex in examples["positions"]]
+    assert picked == stats.top_gains(diff_NT, 4, min_position=examples["min_position"], one_per_row=True)
+
+
+def test_summaries_of_hand_made_records():
+    """Uniform causal attention (entropy log(t+1) at position t) has normalised entropy exactly 1,
+    the histogram spans 0 .. log(T) nats, and mean_per_layer (the paper's g_1 per layer) holds the
+    first correction's gate of each layer even with three rounds."""
+    B, H, T, D, L = 2, 3, 7, 4, 2
+    uniform_BHT = stats.entropy_bound(T).expand(B, H, T).clone()
+    zeros_BTD = torch.zeros(B, T, D, dtype=torch.float64)
+
+    def correction(gate):
+        return (torch.ones(B, T, D, dtype=torch.float64), zeros_BTD, torch.full((B, T, D), gate, dtype=torch.float64))
+
+    samples = [stats.LayerSample(entropies=[uniform_BHT] * 3, attention_output=zeros_BTD,
+                                 corrections=[correction(0.2 + li / 10), correction(0.9)]) for li in range(L)]
+    acc = stats.IntermediateStats(L, H, D, T)
+    acc.update(samples)
+    e = acc.entropy_summary()
+    assert e["normalised_mean_per_round"] == pytest.approx([1.0] * 3)
+    assert e["histogram"]["edges"][0] == 0.0 and e["histogram"]["edges"][-1] == pytest.approx(math.log(T))
+    gates = acc.gate_summary()
+    assert gates["mean_per_layer"] == pytest.approx([0.2, 0.3])
+    assert [(r["layer"], r["round"]) for r in gates["per_layer"]] == [(0, 1), (0, 2), (1, 1), (1, 2)]

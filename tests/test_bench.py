@@ -109,3 +109,32 @@ def test_bench_command_report(tmp_path, capsys, monkeypatch):
     ]
     assert "dropout 0.05" in (tmp_path / "bench.md").read_text()
     assert "step / FLOP ratio" in capsys.readouterr().out
+
+
+def test_bench_ratios_follow_their_definitions(monkeypatch):
+    """Every ratio in the report recomputed from the report's own raw numbers, with several repeats
+    (a single repeat hides which ratios are paired) and a stubbed compile (the side-by-side columns)."""
+    import statistics
+
+    from gbattn.bench import speed
+    from gbattn.model.decoding import eager_decode_step
+
+    monkeypatch.setattr(speed, "peak_memory_train_step",
+                        lambda cfg, batch, seq_len, dev, amp: 3e6 if cfg.attn == "boosted" else 2e6)
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    monkeypatch.setattr(speed, "compiled_decode_step", eager_decode_step)
+    report = speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=2, seq_len=16, repeats=3,
+                             steps=1, decode=4, compile="both", threads=1, quiet=True, sets={"n_layers": 1})
+    rows = {r["variant"]: r for r in report["variants"]}
+    base, gba = rows["standard"], rows["boosted"]
+    paired = sorted(t / t0 for t, t0 in zip(gba["step_s_all"], base["step_s_all"]))
+    assert gba["step_ratio"] == pytest.approx(statistics.median(paired))
+    assert gba["step_ratio_range"] == pytest.approx([paired[0], paired[-1]])
+    assert gba["flop_ratio"] == pytest.approx(gba["train_flops_per_token"] / base["train_flops_per_token"])
+    assert gba["memory_ratio"] == pytest.approx(1.5)
+    assert gba["decode_ratio"] == pytest.approx(base["decode_tokens_per_s"] / gba["decode_tokens_per_s"])
+    compiled = next(r for r in report["variants"] if r["variant"].startswith("boosted") and r["compiled"])
+    assert compiled["compiled_decode_speedup"] == pytest.approx(
+        compiled["decode_tokens_per_s"] / gba["decode_tokens_per_s"])
+    assert compiled["compiled_step_speedup"] == pytest.approx(
+        statistics.median(t0 / t for t, t0 in zip(compiled["step_s_all"], gba["step_s_all"])))

@@ -180,3 +180,83 @@ def test_set_example_in_help_is_accepted(capsys, command, takes_training_fields)
     else:
         assert not train_sets, f"{command} --help suggests training fields {sorted(train_sets)}"
         preset_config("cpu-char", "boosted", sets)
+
+
+def test_autocast_and_explicit_threads(monkeypatch):
+    """amp=auto is bf16 on CUDA only (a CPU run stays float32); amp=bf16 asks for it anywhere. An
+    explicit thread count is used as given, whatever the default would be."""
+    import contextlib
+
+    import torch
+
+    from gbattn import runtime
+
+    assert runtime.autocast(torch.device("cpu"), "auto") is contextlib.nullcontext
+    assert runtime.autocast(torch.device("cuda"), "off") is contextlib.nullcontext
+    assert runtime.autocast(torch.device("cuda"), "auto") is not contextlib.nullcontext
+    with runtime.autocast(torch.device("cpu"), "bf16")():
+        assert torch.is_autocast_enabled("cpu")
+    with runtime.autocast(torch.device("cpu"), "auto")():
+        assert not torch.is_autocast_enabled("cpu")
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(runtime, "default_threads", lambda: 2)
+    try:
+        assert runtime.set_threads(1) == 1 and torch.get_num_threads() == 1
+        assert runtime.set_threads(None) == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_count_and_directory_arguments_at_their_limits():
+    import argparse
+
+    from gbattn import arguments
+
+    count = arguments.at_least(1)
+    assert count("1") == 1 and count(str(2**31 - 1)) == 2**31 - 1
+    for text in ("0", str(2**31)):
+        with pytest.raises(argparse.ArgumentTypeError):
+            count(text)
+    assert arguments.SEED(str(2**63 - 1)) == 2**63 - 1
+    with pytest.raises(argparse.ArgumentTypeError, match="must be <= 9223372036854775807"):
+        arguments.SEED(str(2**63))
+    for blank in ("", "   ", "\t"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is empty"):
+            arguments.directory(blank)
+    assert arguments.directory("out") == "out"
+
+
+def test_cpu_busy_time_is_read_from_proc_stat_deltas(monkeypatch):
+    """/proc/stat's first line: busy = total - idle - iowait (a core waiting on the disk is free to
+    compute), and the busy share is that of the interval between two readings, not since boot."""
+    import io
+
+    from gbattn import runtime
+
+    line = "cpu  100 5 50 800 40 3 2 0 0 0\n"  # user nice system idle iowait irq softirq steal ...
+    monkeypatch.setattr(runtime, "open", lambda *a, **k: io.StringIO(line), raising=False)
+    assert runtime._cpu_times() == (160.0, 1000.0)
+
+    samples = iter([(1000.0, 5000.0), (1050.0, 5100.0)])  # half the interval busy, a long uptime before it
+    monkeypatch.setattr(runtime, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 4)
+    assert runtime.busy_cores() == pytest.approx(2.0)
+
+
+def test_progress_lines_off_a_terminal(capsys):
+    """Off a terminal: a line every `interval` seconds and one when the count reaches the total,
+    with the count so far and the latest postfix."""
+    from gbattn.progress import Progress
+
+    bar = Progress(3, desc="train", unit="step", interval=1e9)
+    bar.update(1, loss=2.5)
+    bar.update(1)
+    assert capsys.readouterr().err == ""  # not yet: the interval has not passed
+    bar.update(1)
+    assert capsys.readouterr().err == "train: 3/3 steps loss=2.5\n"
+    bar.close()
+    quiet = Progress(2, desc="q", disable=True)
+    quiet.update(2)
+    assert quiet.n == 2 and capsys.readouterr().err == ""

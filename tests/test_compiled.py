@@ -117,3 +117,11 @@ def test_compiled_run_resumes_exactly(tmp_path, monkeypatch):
     resumed = train(tmp_path / "crashed", resume=True, quiet=True)
     assert resumed["test_loss"] == ref["test_loss"]
     assert train_losses(tmp_path / "crashed") == train_losses(tmp_path / "ref")
+
+
+def test_a_prompt_that_fills_the_block_gets_no_decode_step():
+    model = tiny_model(("standard", {})).float()  # block_size 24
+    step, how = decoder_for(model, compile=True, max_new_tokens=5, prompt_length=24)
+    assert step is None and "no cache" in how
+    step, how = decoder_for(model, compile=False, max_new_tokens=5, prompt_length=23)
+    assert step is None and how == "KV cache"

@@ -172,3 +172,45 @@ def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):
     table = {"rows": [], "bayes": 58.0, "chance": 6.25}
     with pytest.raises(UserError, match="matplotlib"):
         plot_rounds(table, tmp_path / "rounds.png")
+
+
+def test_a_run_reports_its_best_evaluation_on_held_out_queries(monkeypatch):
+    """The protocol reports the best of its evaluations (not the last), each on queries of their own
+    stream: never the queries the model was trained on."""
+    from gbattn.synthetic import training
+
+    drawn = []
+    real_sample = training.sample_queries
+    monkeypatch.setattr(training, "sample_queries", lambda *a: drawn.append(real_sample(*a)) or drawn[-1])
+    protocol = Protocol(steps=3, batch=8, eval_queries=8, n_evals=3)
+    result = train_run(boosted_run(Setting(8, 4, 0.5), 1, None, 0), protocol)
+    assert len(drawn) == 6  # step 1, eval, step 2, eval, step 3, eval
+    train_queries = [drawn[i][0] for i in (0, 2, 4)]
+    for q_eval in (drawn[i][0] for i in (1, 3, 5)):
+        assert not any(torch.equal(q_eval, q) for q in train_queries)
+    assert result["accuracy"] == max(result["evals"].values())
+
+    scores = iter([0.5, 0.4, 0.3])
+    monkeypatch.setattr(training, "evaluate", lambda *a: next(scores))
+    result = train_run(boosted_run(Setting(8, 4, 0.5), 1, None, 0), protocol)
+    assert result["evals"] == {1: 0.5, 2: 0.4, 3: 0.3} and result["accuracy"] == 0.5
+
+
+def test_difficulty_delta_is_paired_by_seed():
+    """The gain of the second round is M=2 minus M=1 of the same seed: here +10 points for every
+    seed, so its std is 0 (pairing across seeds would give a spread)."""
+    from gbattn.synthetic.tables import summarise
+    from gbattn.synthetic.task import DIFFICULTY_SETTINGS
+
+    seeds = (0, 1, 2)
+    runs, bayes = {}, {}
+    for st in DIFFICULTY_SETTINGS:
+        bayes[st.key] = {"accuracy": 0.9, "stderr": 0.001}
+        for s, acc in zip(seeds, (0.1, 0.3, 0.6)):
+            runs[boosted_run(st, 1, None, s).key] = {"accuracy": acc}
+            runs[boosted_run(st, 2, "mlp", s).key] = {"accuracy": acc + 0.1}
+    table = summarise("difficulty", runs, bayes, seeds)
+    for column in table["columns"]:
+        assert column["delta"]["mean"] == pytest.approx(10.0)
+        assert column["delta"]["std"] == pytest.approx(0.0, abs=1e-9)
+        assert column["m1"]["mean"] == pytest.approx(100 / 3)

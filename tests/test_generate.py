@@ -107,3 +107,51 @@ def test_a_tiny_temperature_samples_the_largest_logit():
     for temperature in (1e-45, 1e-50):  # 1e-50 is 0 in float32: greedy
         assert torch.equal(sample_next(logits, temperature, None, torch.Generator().manual_seed(0)),
                            logits.argmax(-1, True))
+
+
+def test_sampling_draws_from_softmax_of_logits_over_temperature():
+    """At temperature t (not 1) the draws are exactly multinomial(softmax(logits / t)) with the same
+    generator: the temperature divides the logits once."""
+    from gbattn.model.decoding import sample_next
+
+    logits = torch.randn(64, 37, generator=torch.Generator().manual_seed(0)) * 3
+    for temperature in (0.5, 2.0, 3.0):
+        drawn = sample_next(logits, temperature, None, torch.Generator().manual_seed(1))
+        probs = torch.softmax(logits / temperature, -1)
+        expected = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(1))
+        assert torch.equal(drawn, expected), temperature
+
+
+def test_seed_zero_is_a_seed():
+    """seed=0 fixes the draws like any other seed: the global RNG's state does not matter."""
+    model = tiny_model(("standard", {}))
+    prompt = torch.randint(0, 37, (2, 4))
+    torch.manual_seed(1)
+    a = generate(model, prompt, 12, temperature=1.0, seed=0)
+    torch.manual_seed(2)
+    b = generate(model, prompt, 12, temperature=1.0, seed=0)
+    assert torch.equal(a, b)
+
+
+def test_the_cache_is_used_up_to_its_last_slot():
+    """Past block_size generation goes on uncached; until then every new token is one cached decode
+    step, the last one filling slot block_size - 1 (no full-window forward before the cache is full)."""
+    model = tiny_model(("standard", {}))  # block_size 24
+    step = decoding.eager_decode_step(model)
+    calls = []
+    prompt = torch.randint(0, 37, (1, 5))
+    out = generate(model, prompt, 30, temperature=0, decode_step=lambda *a: calls.append(int(a[1])) or step(*a))
+    assert calls == list(range(5, 24))
+    assert torch.equal(out, generate(model, prompt, 30, temperature=0, use_cache=False))
+
+
+def test_top_k_samples_only_the_k_largest_logits():
+    """top_k=k: every draw is one of the row's k largest logits, and over many draws each of them
+    appears (the logits are close, so without the cut every token would come up), up to k = V - 1."""
+    from gbattn.model.decoding import sample_next
+
+    logits = torch.tensor([[0.0, 0.3, 0.1, 0.2, -0.1, 0.25]]).repeat(4000, 1)
+    for k in (1, 2, 3, 5):
+        drawn = sample_next(logits, 1.0, k, torch.Generator().manual_seed(k)).flatten()
+        allowed = set(torch.topk(logits[0], k).indices.tolist())
+        assert set(drawn.tolist()) == allowed, (k, sorted(set(drawn.tolist())), sorted(allowed))

@@ -297,3 +297,66 @@ def test_chunked_loss_equals_full_cross_entropy():
     full = lm_loss(model(idx), targets)
     for chunk in (1, 7, 30, None):
         torch.testing.assert_close(model(idx, targets, loss_chunk=chunk), full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("block", ["gpt2", "llama"])
+def test_a_cache_slot_past_the_block_is_a_clear_error(block):
+    """input_pos reaching block_size (24 here) is refused with the block_size message, with or
+    without a cache, for learned positions and for RoPE (which has no table to overflow)."""
+    model = tiny_model(("standard", {}), **BLOCKS[block])
+    idx = torch.randint(0, 37, (1, 1))
+    model(idx, input_pos=torch.tensor([23]))  # the last position is fine
+    with pytest.raises(ValueError, match="exceeds block_size=24"):
+        model(idx, input_pos=torch.tensor([24]))
+    model.setup_cache(1)
+    with pytest.raises(ValueError, match="exceeds block_size=24"):
+        model(idx, input_pos=torch.tensor([24]))
+    model.clear_cache()
+
+
+def test_dropout_sites_listed_twice_are_refused():
+    twice = r"dropout_sites=\['embedding', 'attention', 'embedding'\] lists an entry twice"
+    with pytest.raises(ConfigError, match=twice):
+        ModelConfig(dropout_sites=["embedding", "attention", "embedding"])
+    assert ModelConfig(dropout_sites="embedding,attention").dropout_sites == ["embedding", "attention"]
+
+
+@pytest.mark.parametrize("field_name", ["lr", "epochs", "weight_decay", "checkpoint_minutes"])
+def test_number_fields_refuse_infinity(field_name):
+    """A float field takes a finite number only: json.loads reads `Infinity` in a config.json as
+    float('inf'), which every range check (> 0, >= 0) would let through."""
+    from gbattn.config import TrainConfig
+
+    with pytest.raises(ConfigError, match=rf"{field_name}=inf must be a finite number"):
+        TrainConfig(**{field_name: float("inf")})
+    with pytest.raises(ConfigError, match=r"norm_eps=inf must be a finite number"):
+        ModelConfig(norm_eps=float("inf"))
+
+
+def test_several_attn_sets_all_apply():
+    """`--set attn.rounds=3 --set attn.gate=scalar`: both options reach the variant (each --set adds
+    to attn_options; none replaces the ones before it)."""
+    from gbattn.config import set_path
+
+    cfg = preset_config("paper-small", "boosted", {"attn.rounds": 3, "attn.gate": "scalar"})
+    assert cfg.attn_options == {"rounds": 3, "gate": "scalar"}
+    d = {"attn_options": {"rounds": 2}}
+    set_path(d, "attn.gate", "vector")
+    assert d == {"attn_options": {"rounds": 2, "gate": "vector"}}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(bias=1), r"bias=1 must be true or false"),
+    (dict(tie_embeddings=0), r"tie_embeddings=0 must be true or false"),
+    (dict(d_model="256"), r"d_model='256' must be an integer"),
+    (dict(n_kv_heads="2"), r"n_kv_heads='2' must be an integer or null"),
+])
+def test_typed_fields_refuse_a_string_int_and_an_int_bool(kwargs, match):
+    """checks.py's rules: an int field never takes a string (config.json "d_model": "256", or
+    --set d_model='"256"'), a bool field only true/false (not 1 or 0, which JSON keeps as numbers)."""
+    from gbattn.config import TrainConfig
+
+    with pytest.raises(ConfigError, match=match):
+        ModelConfig(**kwargs)
+    with pytest.raises(ConfigError, match=r"fit_warmup=1 must be true or false"):
+        TrainConfig(fit_warmup=1)
