@@ -72,12 +72,16 @@ def test_decoding_between_compiled_training_steps_does_not_recompile_them():
 
 def test_decoding_compiles_only_where_it_pays(monkeypatch):
 
-    model = tiny_model(("standard", {})).float()
-    monkeypatch.setitem(decoding.MIN_TOKENS_TO_COMPILE, "cpu", 500)
-    assert decoder_for(model, compile=None, max_new_tokens=100)[0] is None  # compiling would cost more than it saves
+    model = tiny_model(("standard", {})).float()  # block_size 24
+    monkeypatch.setitem(decoding.MIN_TOKENS_TO_COMPILE, "cpu", 20)
+    assert decoder_for(model, compile=None, max_new_tokens=19)[0] is None  # compiling would cost more than it saves
     assert decoder_for(model, compile=False, max_new_tokens=10**6)[0] is None
-    step, how = decoder_for(model, compile=None, max_new_tokens=500)
+    step, how = decoder_for(model, compile=None, max_new_tokens=20)
     assert step is not None and "compiled" in how
+    # Only the steps before the sequence fills block_size use the cache (and so the compiled step):
+    # from a 5-token prompt that is 19, however many tokens are asked for.
+    assert decoder_for(model, compile=None, max_new_tokens=10**6, prompt_length=5)[0] is None
+    assert decoder_for(model, compile=None, max_new_tokens=10**6, prompt_length=4)[0] is not None
     assert decoder_for(model, compile=True, max_new_tokens=1)[0] is not None  # asked for
     monkeypatch.setitem(decoding.MIN_TOKENS_TO_COMPILE, "cpu", None)  # not measured: only when asked
     assert decoder_for(model, compile=None, max_new_tokens=10**6)[0] is None

@@ -5,7 +5,7 @@ with GPT's ``setup_cache`` / ``forward(idx, input_pos=...)`` interface.
 The compiled decode step runs through ``torch.compile`` with fixed shapes and no host-device sync
 per token (CUDA graphs on CUDA) and gives the eager tokens (tests/test_compiled.py). Compiling
 takes seconds, so it is used by default only where it was measured to save more time than it
-costs for the number of tokens asked for (:data:`MIN_TOKENS_TO_COMPILE`, README "Speed").
+costs for the cached steps asked for (:data:`MIN_TOKENS_TO_COMPILE`, README "Speed").
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def eager_decode_step(model):
     return step
 
 
-# Fewest new tokens for which compiling the decode step is faster end to end (compile time over the
-# time it saves per token), measured by `gbattn bench --compile both` (README, "Compiled vs eager").
+# Fewest cached decode steps for which compiling the step is faster end to end (compile time over the
+# time it saves per step, a step being one new token of every row), measured by
+# `gbattn bench --compile both` (README, "Compiled vs eager").
 # CPU, paper-small, 2 threads, no compile cache: compiling took 7-8 s and saved 0.67 ms (standard) to
 # 1.36 ms (GBA) per token, so it pays from 5,900 (GBA) to 10,400 (standard) tokens; the larger figure,
 # rounded up, is the default. None: not measured on that device, so not compiled unless asked for.
@@ -66,13 +67,15 @@ def compiled_decode_step(model, mode: str | None = None):
 def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0,
                 prompt_length: int = 0) -> tuple[object | None, str]:
     """The decode step to use and how to describe it: compiled when asked (``compile=True``), or by
-    default (``None``) where compiling was measured faster for this many tokens on this device. A
-    prompt of ``prompt_length`` that fills ``block_size`` decodes without a cache, so with no step."""
+    default (``None``) where compiling was measured faster for the steps it would run on this device:
+    one per new token while the sequence fits in ``block_size`` (later tokens are decoded without the
+    cache). A prompt of ``prompt_length`` that fills ``block_size`` decodes without a cache, so with no step."""
     if prompt_length >= model.cfg.block_size:
         return None, "no cache: the prompt fills block_size"
     device = next(model.parameters()).device
     threshold = MIN_TOKENS_TO_COMPILE.get(device.type)
-    if compile or (compile is None and threshold is not None and max_new_tokens >= threshold):
+    cached_steps = min(max_new_tokens, model.cfg.block_size - prompt_length)
+    if compile or (compile is None and threshold is not None and cached_steps >= threshold):
         return compiled_decode_step(model), "KV cache, compiled decode step"
     return None, "KV cache"
 
@@ -129,7 +132,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             positions = positions_of(mask_BT) if prompt_mask is not None else None
             logits = model(out, input_pos=torch.arange(T, device=device), position_ids=positions,
                            key_padding_mask=key_padding)[:, -1]
-            step = decode_step or decoder_for(model, compile, max_new_tokens)[0] or eager_decode_step(model)
+            step = decode_step or decoder_for(model, compile, max_new_tokens, T)[0] or eager_decode_step(model)
         for i in range(max_new_tokens):
             if not cached:
                 window = out[:, -block:]
