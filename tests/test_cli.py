@@ -128,7 +128,7 @@ def test_default_threads_are_the_cores_free_now(monkeypatch, busy_ticks, loadavg
     from gbattn import runtime
 
     samples = iter([(0.0, 0.0), (float(busy_ticks or 0), 100.0)])
-    monkeypatch.setattr(runtime, "_cpu_times", lambda: None if busy_ticks is None else next(samples))
+    monkeypatch.setattr(runtime, "_cpu_times", lambda cpus=None: None if busy_ticks is None else next(samples))
     monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
     monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
@@ -239,10 +239,32 @@ def test_cpu_busy_time_is_read_from_proc_stat_deltas(monkeypatch):
     assert runtime._cpu_times() == (160.0, 1000.0)
 
     samples = iter([(1000.0, 5000.0), (1050.0, 5100.0)])  # half the interval busy, a long uptime before it
-    monkeypatch.setattr(runtime, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(runtime, "_cpu_times", lambda cpus=None: next(samples))
     monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
     monkeypatch.setattr(runtime.os, "cpu_count", lambda: 4)
     assert runtime.busy_cores() == pytest.approx(2.0)
+
+
+def test_free_cores_count_only_the_cpus_this_process_may_use(monkeypatch):
+    """Pinned to cpus 2 and 3 (a cgroup, Slurm) of a machine whose cpus 0 and 1 are busy: both of
+    ours are free. /proc/stat's per-cpu lines are read, not the machine's total."""
+    import io
+
+    from gbattn import runtime
+
+    readings = iter([
+        "cpu  200 0 0 200 0 0 0 0\ncpu0 100 0 0 0 0 0 0 0\ncpu1 100 0 0 0 0 0 0 0\n"
+        "cpu2 0 0 0 100 0 0 0 0\ncpu3 0 0 0 100 0 0 0 0\nintr 0\n",
+        "cpu  400 0 0 400 0 0 0 0\ncpu0 200 0 0 0 0 0 0 0\ncpu1 200 0 0 0 0 0 0 0\n"
+        "cpu2 0 0 0 200 0 0 0 0\ncpu3 0 0 0 200 0 0 0 0\nintr 0\n",
+    ])
+    monkeypatch.setattr(runtime, "open", lambda *a, **k: io.StringIO(next(readings)), raising=False)
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {2, 3})
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 4)
+    assert runtime.free_cores() == 2  # the whole machine is half busy: 2 of 4, which once left ours 1 thread
+    monkeypatch.setattr(runtime, "open", lambda *a, **k: io.StringIO("cpu0 1 0 0 1 0\n"), raising=False)
+    assert runtime._cpu_times({0}) == (1.0, 2.0) and runtime._cpu_times({5}) is None
 
 
 def test_progress_lines_off_a_terminal(capsys):

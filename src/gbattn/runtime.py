@@ -83,40 +83,56 @@ def free_cores() -> int:
     """Cores not busy with other work: the cores this process may use minus :func:`busy_cores`
     (at least 1). Oversubscribing a busy CPU slowed PyTorch 3.4-4.0x here (README, "Threads"),
     so gbattn defaults to this rather than to every core."""
+    cpus = usable_cpus()
+    cores = len(cpus) if cpus else os.cpu_count() or 1
+    return max(1, min(cores, round(cores - busy_cores(cpus))))
+
+
+def usable_cpus() -> set[int] | None:
+    """The CPUs this process may run on (its affinity: a cgroup or a scheduler such as Slurm may
+    grant fewer than the machine has); None where that cannot be read (not Linux)."""
     try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, round(cores - busy_cores())))
+        return set(os.sched_getaffinity(0))
+    except AttributeError:
+        return None
 
 
-def busy_cores(interval: float = 0.2) -> float:
-    """How many of the machine's cores are busy now: its CPU use over ``interval`` seconds
-    (``/proc/stat``) times its core count. Where that cannot be read, the 1-minute load average,
-    which lags: it still counts work that ended up to a few minutes ago."""
-    first = _cpu_times()
+def busy_cores(cpus: set[int] | None = None, interval: float = 0.2) -> float:
+    """How many of ``cpus`` (None: all the machine's) are busy now: their CPU use over ``interval``
+    seconds (``/proc/stat``) times their count, so that work on other cores of a shared machine does
+    not count. Where that cannot be read, the 1-minute load average, which lags (it still counts work
+    that ended up to a few minutes ago) and is the whole machine's."""
+    first = _cpu_times(cpus)
     if first is not None:
         time.sleep(interval)
-        second = _cpu_times()
+        second = _cpu_times(cpus)
         if second is not None and second[1] > first[1]:
-            return (second[0] - first[0]) / (second[1] - first[1]) * (os.cpu_count() or 1)
+            return (second[0] - first[0]) / (second[1] - first[1]) * (len(cpus) if cpus else os.cpu_count() or 1)
     try:
         return os.getloadavg()[0]
     except OSError:
         return 0.0
 
 
-def _cpu_times() -> tuple[float, float] | None:
-    """(busy, total) CPU time of the whole machine since boot, from ``/proc/stat`` (Linux), or None."""
+def _cpu_times(cpus: set[int] | None = None) -> tuple[float, float] | None:
+    """(busy, total) CPU time since boot, from ``/proc/stat`` (Linux): of the whole machine (its
+    ``cpu`` line), or summed over the ``cpuN`` lines of ``cpus``; None if unreadable."""
+    busy = total = 0.0
+    found = False
     try:
         with open("/proc/stat", encoding="ascii") as f:
-            ticks = [float(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+            for line in f:
+                name, *fields = line.split()
+                if not name.startswith("cpu"):
+                    break  # the cpu lines come first
+                if (name == "cpu") if cpus is None else (name[3:].isdigit() and int(name[3:]) in cpus):
+                    ticks = [float(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+                    if len(ticks) < 5:
+                        return None
+                    busy, total, found = busy + sum(ticks) - ticks[3] - ticks[4], total + sum(ticks), True
     except (OSError, ValueError):
         return None
-    if len(ticks) < 5:
-        return None
-    total = sum(ticks)
-    return total - ticks[3] - ticks[4], total
+    return (busy, total) if found else None
 
 
 def default_threads() -> int:
