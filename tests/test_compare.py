@@ -199,3 +199,77 @@ def test_a_rerun_of_a_subset_checks_the_finished_runs_it_reports(tmp_path):
     path.write_text(json.dumps(config))
     with pytest.raises(UserError, match=r"gba-m2/seed42 holds another run than this recipe asks for"):
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+
+
+def test_compute_matched_steps_round_the_reference_flops(tmp_path):
+    """Steps = the reference's training FLOPs / (forward+backward FLOPs per token x batch x seq_len), to the
+    nearest step: 10.6 steps' worth trains 11 steps, 10.4 trains 10."""
+    from gbattn.experiments.compare import matched_configs, spec_configs
+    from gbattn.model.params import flops_per_token
+
+    recipe = get_recipe("cpu-proxy")
+    spec = next(s for s in recipe.models if s.label == "compute-matched")
+    sets = tiny_sets()  # batch 8 x seq_len 32 (block_size 33)
+    model_cfg, train_cfg = spec_configs(recipe, spec, "data", 1, sets, 50)
+    assert train_cfg.seq_len == 32 and model_cfg.block_size == 33
+    per_step = flops_per_token(model_cfg, seq_len=32, backward=True) * 8 * 32
+    for exact, expected in ((10.6, 11), (10.4, 10)):
+        results = {"gba-m2": {1: {"train_flops": exact * per_step}}}
+        _, matched = matched_configs(recipe, spec, "data", 1, sets, 50, results, tmp_path)
+        assert matched.max_steps == expected, exact
+
+
+def test_cpu_char_long_is_cpu_char_stretched_four_times():
+    """Same preset, data and schedule settings as cpu-char; 4x the steps (the cosine stretched over them)."""
+    from gbattn.experiments.compare import spec_configs
+
+    short, long = get_recipe("cpu-char"), get_recipe("cpu-char-long")
+    assert long.preset == short.preset and long.default_data == short.default_data
+    spec = next(s for s in long.models if s.label == "standard")
+    _, a = spec_configs(short, spec, "data", 42, {}, 65)
+    _, b = spec_configs(long, spec, "data", 42, {}, 65)
+    assert b.max_steps == 4 * a.max_steps == 8000
+    assert {k: v for k, v in b.to_dict().items() if k != "max_steps"} == {
+        k: v for k, v in a.to_dict().items() if k != "max_steps"}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_seeds_are_distinct_and_as_many_as_published(name):
+    """A recipe compared with published numbers runs as many seeds as they were reported over."""
+    import re
+
+    recipe = get_recipe(name)
+    assert recipe.seeds and len(set(recipe.seeds)) == len(recipe.seeds)
+    said = re.search(r"(\d+) seeds?\b", recipe.published_source)
+    if said:
+        assert len(recipe.seeds) == int(said.group(1)), recipe.published_source
+
+
+def test_upcycle_recipe_continuations_are_what_their_labels_say():
+    """Each continuation starts from base and trains after it; the upcycled ones are GBA M=2, "shared"
+    with shared K/V, the other with the default (residual) K/V."""
+    from gbattn.experiments.recipes import depends_on, training_order
+
+    specs = get_recipe("upcycle").models
+    for spec in specs:
+        if spec.init_from:
+            assert spec.init_from == "base" and "base" in depends_on(spec), spec.label
+    order = [s.label for s in training_order(list(reversed(specs)))]
+    assert all(order.index(d) < order.index(s.label) for s in specs for d in depends_on(s))
+    upcycled = {s.label: s.upcycle for s in specs if s.upcycle}
+    assert set(upcycled) == {"gba-upcycled", "gba-shared-upcycled"}
+    for label, up in upcycled.items():
+        assert up["attn"] == "boosted" and up["attn_options"]["rounds"] == 2
+        assert up["attn_options"].get("kv_source", "residual") == ("shared" if "shared" in label else "residual")
+
+
+def test_upcycle_recipe_splits_the_scratch_budget_in_halves():
+    """base and every continuation train half of the from-scratch runs' steps: base + continuation
+    = scratch (docs/method.md, "Upcycling")."""
+    from gbattn.experiments.compare import spec_configs
+
+    recipe = get_recipe("upcycle")
+    steps = {s.label: spec_configs(recipe, s, "data", 42, {}, 64)[1].max_steps for s in recipe.models}
+    scratch = steps.pop("gba-scratch")
+    assert steps.pop("standard-scratch") == scratch == 1200
+    assert set(steps.values()) == {scratch // 2}, steps

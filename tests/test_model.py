@@ -360,3 +360,14 @@ def test_typed_fields_refuse_a_string_int_and_an_int_bool(kwargs, match):
         ModelConfig(**kwargs)
     with pytest.raises(ConfigError, match=r"fit_warmup=1 must be true or false"):
         TrainConfig(fit_warmup=1)
+
+
+def test_param_matched_width_with_rope_keeps_an_even_head_width():
+    """RoPE rotates pairs: the solver steps by 2 n_heads and returns the smallest such width that
+    reaches the target (cpu-modern's param-fair row, matched to GBA M=2 at cpu-llama)."""
+    cfg = preset_config("cpu-llama", "boosted", {"vocab_size": 4096})
+    target = count_params(cfg)
+    width, n = param_matched_width(cfg.replace(attn="standard", attn_options={}), target)
+    step = 2 * cfg.n_heads
+    assert width % step == 0 and n >= target
+    assert count_params(cfg.replace(attn="standard", attn_options={}, d_model=width - step)) < target

@@ -125,3 +125,25 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
     assert "(the model config asked for 16,384; the vocabulary is the tokenizer's)" in printed
     assert "warmup_steps=1,500 is longer than half of this" in warned and "warmup_steps" not in printed
     assert "evaluation every epoch = every" in printed and "--set eval_every=N evaluates less often" in printed
+
+
+def test_a_default_warmup_over_half_the_run_is_fitted():
+    """The limit is half the run: 1,500 warmup steps in a 2,999-step run become 300; in 3,000, kept."""
+    _, cfg = build_configs("paper-small", "standard", "data", {})
+    warmup, note = fitted_warmup(cfg, 2_999)
+    assert warmup == 300 and "longer than half of this 2,999-step run" in note
+    assert fitted_warmup(cfg, 3_000) == (1500, None)
+
+
+def test_cosine_decays_to_min_lr_and_constant_holds():
+    """cpu-char (nanoGPT): cosine from lr to min_lr=lr/10 after the warmup, halfway at the middle;
+    schedule=constant stays at lr after the warmup."""
+    _, cfg = build_configs("cpu-char", "standard", "data", {})
+    assert cfg.min_lr > 0 and cfg.min_lr == pytest.approx(cfg.lr / 10)
+    W, total = cfg.warmup_steps, cfg.warmup_steps + 2000
+    assert learning_rate(W, cfg, total, W) == pytest.approx(cfg.lr, rel=1e-12)
+    assert learning_rate(W + 1000, cfg, total, W) == pytest.approx((cfg.lr + cfg.min_lr) / 2, rel=1e-12)
+    assert learning_rate(total, cfg, total, W) == pytest.approx(cfg.min_lr, rel=1e-12)
+    assert min(learning_rate(s, cfg, total, W) for s in range(W, total)) >= cfg.min_lr
+    flat = cfg.replace(schedule="constant")
+    assert [learning_rate(s, flat, total, W) for s in (W, W + 1000, total - 1)] == [cfg.lr] * 3

@@ -176,3 +176,26 @@ def test_an_interrupted_run_of_two_processes_resumes_exactly(tmp_path, parallel)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert (json.loads((run / rundir.RESULT).read_text())["test_loss"]
             == json.loads((tmp_path / "ref" / rundir.RESULT).read_text())["test_loss"])
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_processes_with_gradient_accumulation_match_one_process(tmp_path, parallel):
+    """2 processes x 2 micro-batches of 2 rows == 1 process x 8 rows: gradients are reduced once per step,
+    after the last micro-batch, and averaged; metrics.jsonl holds the global batch's mean loss, once."""
+    from helpers import train_losses
+
+    data = write_corpus(tmp_path / "c")
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    single = subprocess.run([sys.executable, "-m", "gbattn.cli", "train", "--out", str(tmp_path / "one"),
+                             *_train_argv(data, 3)], capture_output=True, text=True, env=env)
+    assert single.returncode == 0, single.stderr
+    two = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "two"), *_train_argv(data, 3), "--set",
+                          f"parallel={parallel}", "--set", "grad_accum=2"], capture_output=True, text=True, env=env)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a = rundir.load_checkpoint(tmp_path / "one" / rundir.CHECKPOINT)["model"]
+    b = rundir.load_checkpoint(tmp_path / "two" / rundir.CHECKPOINT)["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+    one_losses, two_losses = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert len(two_losses) == len(one_losses) == 3
+    assert two_losses == pytest.approx(one_losses, rel=1e-4)

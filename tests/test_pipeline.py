@@ -547,3 +547,48 @@ def test_swapping_two_split_files_changes_the_corpus_fingerprint(tmp_path):
     (data / "wiki.valid.tokens").write_text(valid)
     (data / "wiki.test.tokens").write_text(test)
     assert load_corpus(str(data)).fingerprint == before
+
+
+def test_clipping_uses_grad_clip_on_the_accumulated_gradient(tmp_path, monkeypatch):
+    """grad_clip is the threshold, applied once per step to the whole batch's gradient: with clipping
+    active (0.05), grad_accum=2 still trains the weights of one batch of 8."""
+    data = write_corpus(tmp_path / "c")
+    original, seen = torch.nn.utils.clip_grad_norm_, []
+
+    def spy(parameters, max_norm, *args, **kwargs):
+        seen.append(max_norm)
+        return original(parameters, max_norm, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    train(tmp_path / "one", *tiny_configs(data, dropout=0.0, max_steps=4, grad_clip=0.05), quiet=True)
+    assert seen == [0.05] * 4
+    train(tmp_path / "two", *tiny_configs(data, dropout=0.0, max_steps=4, grad_clip=0.05, grad_accum=2), quiet=True)
+    a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("preset", ["cpu-char", "paper-small"])
+def test_weight_decay_groups_and_betas_follow_the_preset(preset):
+    """decay_matrices_only (nanoGPT, cpu-char): weight decay on every >= 2-dim weight (embeddings
+    included), none on biases, norm gains or scalar gates; otherwise (the authors', paper-small) decay on
+    every parameter. betas are the preset's."""
+    from gbattn.config import build_configs
+    from gbattn.model import GPT
+    from gbattn.train.trainer import make_optimizer
+
+    sets = dict(TINY, vocab_size=40, **{"attn.gate": "scalar"})
+    model_cfg, train_cfg = build_configs(preset, "boosted", "data", sets)
+    model = GPT(model_cfg)
+    opt = make_optimizer(model, train_cfg, torch.device("cpu"))
+    decay = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert len(decay) == sum(1 for _ in model.parameters())
+    names = {id(p): n for n, p in model.named_parameters()}
+    small = [n for n, p in model.named_parameters() if p.dim() < 2]  # biases, norm gains, the gate's logit
+    assert any(n.endswith("bias") for n in small) and any("gate" in n for n in small), small
+    for p in model.parameters():
+        expected = train_cfg.weight_decay if p.dim() >= 2 or not train_cfg.decay_matrices_only else 0.0
+        assert decay[id(p)] == expected, (names[id(p)], decay[id(p)])
+    assert train_cfg.decay_matrices_only == (preset == "cpu-char") and train_cfg.weight_decay > 0
+    assert all(g["betas"] == (train_cfg.beta1, train_cfg.beta2) for g in opt.param_groups)
+    assert (train_cfg.beta1, train_cfg.beta2) == ((0.9, 0.99) if preset == "cpu-char" else (0.9, 0.999))
