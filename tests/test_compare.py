@@ -273,3 +273,6 @@ def test_upcycle_recipe_splits_the_scratch_budget_in_halves():
     scratch = steps.pop("gba-scratch")
     assert steps.pop("standard-scratch") == scratch == 1200
     assert set(steps.values()) == {scratch // 2}, steps
+    # a shorter run asked for with --set keeps the split (it once gave every model the whole 40)
+    short = {s.label: spec_configs(recipe, s, "data", 42, {"max_steps": 40}, 64)[1].max_steps for s in recipe.models}
+    assert short.pop("gba-scratch") == short.pop("standard-scratch") == 40 and set(short.values()) == {20}, short

@@ -41,6 +41,11 @@ def spec_configs(recipe: Recipe, spec: ModelSpec, data: str, seed: int, sets: di
         merged[f"attn.{key}"] = value
     if vocab_size is not None:
         merged["vocab_size"] = vocab_size
+    if spec.steps_share is not None:
+        steps = merged.get("max_steps")
+        if steps is None:
+            raise UserError(f"recipe {recipe.name}: {spec.label} trains a share of max_steps, which is not set")
+        merged["max_steps"] = max(1, round(steps * spec.steps_share))
     return build_configs(recipe.preset, spec.attn, data, merged, seed=seed)
 
 

@@ -24,7 +24,8 @@ class ModelSpec:
     compute_matched_to: str | None = None  # train for as many FLOPs as that model (more steps)
     init_from: str | None = None  # continue from that model's trained weights (fresh optimizer and schedule) ...
     upcycle: dict | None = None  # ... upcycled first to this attention: {"attn": "boosted", "attn_options": {...}}
-    train: dict = field(default_factory=dict)  # this model's own training overrides (e.g. a shorter run)
+    train: dict = field(default_factory=dict)  # this model's own training overrides
+    steps_share: float | None = None  # this share of the run's max_steps (after --set: a split budget stays split)
 
 
 @dataclass
@@ -137,16 +138,15 @@ def upcycle_models() -> list[ModelSpec]:
     """Add GBA rounds to a trained standard model (docs/method.md, "Upcycling"): a standard model trained
     for half the budget, then continued for the other half as itself, as upcycled GBA (residual and
     shared K/V), and as itself for GBA's continuation FLOPs; and GBA trained from scratch for all of it."""
-    half = {"max_steps": CPU_STEPS["max_steps"] // 2, "eval_every": CPU_STEPS["eval_every"]}
     return [
-        ModelSpec("base", train=half),
-        ModelSpec("standard-continued", init_from="base", train=half),
+        ModelSpec("base", steps_share=0.5),
+        ModelSpec("standard-continued", init_from="base", steps_share=0.5),
         ModelSpec("gba-upcycled", init_from="base", upcycle=dict(attn="boosted", attn_options={"rounds": 2}),
-                  train=half),
-        ModelSpec("gba-shared-upcycled", init_from="base", train=half,
+                  steps_share=0.5),
+        ModelSpec("gba-shared-upcycled", init_from="base", steps_share=0.5,
                   upcycle=dict(attn="boosted", attn_options={"rounds": 2, "kv_source": "shared", "gate": "tanh"})),
         ModelSpec("standard-continued-compute-matched", init_from="base", compute_matched_to="gba-upcycled",
-                  train=half),
+                  steps_share=0.5),
         ModelSpec("gba-scratch", **GBA),
         ModelSpec("standard-scratch"),
     ]
