@@ -102,10 +102,13 @@ def test_every_preset_names_its_full_recipe():
 
 
 def test_a_default_warmup_longer_than_half_the_run_is_fitted_and_said():
+    """The limit is half the run: 1,500 warmup steps in a 2,999-step run become 300; in 3,000, kept."""
     _, cfg = build_configs("paper-small", "standard", "data", {})
     warmup, note = fitted_warmup(cfg, 135)
     assert warmup == 14 and "warmup_steps=1,500 is longer than half of this 135-step run: using 14" in note
-    assert fitted_warmup(cfg, 18_375) == (1500, None)
+    warmup, note = fitted_warmup(cfg, 2_999)
+    assert warmup == 300 and "longer than half of this 2,999-step run" in note
+    assert fitted_warmup(cfg, 3_000) == fitted_warmup(cfg, 18_375) == (1500, None)
 
 
 def test_an_explicit_warmup_is_kept_and_warned_about_when_longer_than_the_run():
@@ -125,14 +128,6 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
     assert "(the model config asked for 16,384; the vocabulary is the tokenizer's)" in printed
     assert "warmup_steps=1,500 is longer than half of this" in warned and "warmup_steps" not in printed
     assert "evaluation every epoch = every" in printed and "--set eval_every=N evaluates less often" in printed
-
-
-def test_a_default_warmup_over_half_the_run_is_fitted():
-    """The limit is half the run: 1,500 warmup steps in a 2,999-step run become 300; in 3,000, kept."""
-    _, cfg = build_configs("paper-small", "standard", "data", {})
-    warmup, note = fitted_warmup(cfg, 2_999)
-    assert warmup == 300 and "longer than half of this 2,999-step run" in note
-    assert fitted_warmup(cfg, 3_000) == (1500, None)
 
 
 def test_cosine_decays_to_min_lr_and_constant_holds():
