@@ -24,8 +24,8 @@ def error_detail(e: BaseException, limit: int = 80, with_type: bool = False) -> 
 
 def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     """Write ``content`` (bytes, or text as UTF-8) to ``path`` through a temporary file in the same
-    directory, then rename it into place and sync the directory. On any failure (a full disk, a kill) the previous file
-    stays and the temporary file is removed; a full disk is a one-line :class:`UserError`. Callers
+    directory, then rename it into place and sync the directory. On any failure (a full disk, a kill)
+    the previous file stays and the temporary file is removed; a full disk is a one-line :class:`UserError`. Callers
     serialize first (``torch.save`` into ``io.BytesIO``, see ``rundir.save_checkpoint``): a library
     writing into the file itself could report the failed write as another exception."""
     path = Path(path)

@@ -34,7 +34,6 @@ from gbattn.upcycle import upcycle, write_run
 def spec_configs(recipe: Recipe, spec: ModelSpec, data: str, seed: int, sets: dict, vocab_size: int | None):
     """Model and training configs of one model of a recipe (before width/step matching)."""
     merged = dict(recipe.train)
-    merged.update(spec.train)
     merged.update(sets)
     merged.update(spec.model)
     for key, value in spec.attn_options.items():

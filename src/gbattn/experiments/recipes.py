@@ -24,7 +24,6 @@ class ModelSpec:
     compute_matched_to: str | None = None  # train for as many FLOPs as that model (more steps)
     init_from: str | None = None  # continue from that model's trained weights (fresh optimizer and schedule) ...
     upcycle: dict | None = None  # ... upcycled first to this attention: {"attn": "boosted", "attn_options": {...}}
-    train: dict = field(default_factory=dict)  # this model's own training overrides
     steps_share: float | None = None  # this share of the run's max_steps (after --set: a split budget stays split)
 
 
