@@ -97,6 +97,43 @@ def test_entropy_gate_in_several_query_chunks_equals_reference():
     assert_equals_reference(("boosted", {"rounds": 3, "gate": "mlp"}), "gqa-rope", naive=False, length=160)
 
 
+@pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
+def test_rope_positions_with_gaps_equal_reference(variant_case, naive):
+    """RoPE at the ``positions`` given, not 0..T-1: positions with gaps (not a shift of 0..T-1, which
+    RoPE's relative scores could not tell apart) give the reference's output at those positions."""
+    name, opts = variant_case
+    attn = make(variant_case, "gqa-rope")
+    positions = torch.tensor([[0, 3, 4, 9, 10, 11, 15], [2, 2, 5, 6, 8, 13, 14]])
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    spec = RefSpec(4, 2, opts, layer_idx=1, n_layers=2, positions_BT=positions, rope_base=HEADS["gqa-rope"][2])
+    torch.testing.assert_close(attn(x, positions=positions, naive=naive), REFERENCES[name](attn.state_dict(), x, spec),
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_queries_default_to_the_last_slots_of_the_keys():
+    """A context with T queries over S > T keys and no slots: query t sits in slot S - T + t and sees
+    keys 0 .. S - T + t (the docstring's default), as with those slots given explicitly."""
+    from gbattn.attention.core import AttnContext
+
+    ctx = AttnContext(T=2, S=5, device=torch.device("cpu"))
+    expected = torch.tensor([[True, True, True, True, False], [True, True, True, True, True]])
+    assert torch.equal(ctx.mask()[0, 0], expected)
+    explicit = AttnContext(T=2, S=5, device=torch.device("cpu"), slots_T=torch.tensor([3, 4]))
+    assert torch.equal(explicit.mask(), ctx.mask())
+    assert torch.equal(ctx.chunk(1, 2).mask()[0, 0], expected[1:])
+
+
+def test_no_attention_dropout_in_eval_mode(variant_case):
+    """A module built with dropout gives, in eval mode, the reference's dropout-free output on both
+    paths."""
+    name, opts = variant_case
+    attn = make(variant_case, dropout=0.5).eval()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    y_ref = REFERENCES[name](attn.state_dict(), x, RefSpec(4, 4, opts, layer_idx=1, n_layers=2))
+    for naive in (False, True):
+        torch.testing.assert_close(attn(x, naive=naive), y_ref, rtol=1e-10, atol=1e-10)
+
+
 def test_differential_refuses_an_odd_number_of_kv_heads():
     with pytest.raises(ValueError, match="n_kv_heads \\(1\\) must be even"):
         build_attention("differential", AttnArgs(d_model=D, n_heads=4, n_kv_heads=1))

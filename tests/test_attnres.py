@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gbattn.attention.core import AttnContext
 from gbattn.config import ModelConfig, preset_config
 from gbattn.model import GPT, count_params
 from gbattn.model.attnres import AttnResStream
@@ -60,6 +61,35 @@ def test_block_mode_sources():
     model.residual.mix = lambda i, sources: seen.append((i, len(sources))) or original(i, sources)
     model(torch.randint(0, 37, (1, 4)))
     assert seen == [(0, 1), (1, 2), (2, 2), (3, 3), (4, 3)]
+
+
+def test_block_attnres_equals_its_equations_written_out():
+    """Block AttnRes with S = 3 over 2 layers (sublayers attn 0, FFN 0, attn 1, FFN 1), written out with
+    the sublayers as black boxes: each input mixes [embedding, completed blocks, the partial block's
+    sum] with softmax(w_l . RMSNorm_l(v)) weights; the final norm gets the last mix (docs/baselines.md)."""
+    model = tiny_model(("standard", {}), residual="attnres-block", attnres_block=3)
+    stream = model.residual
+    with torch.no_grad():
+        stream.queries.normal_()
+        for norm in stream.norms:
+            norm.weight.uniform_(0.5, 1.5)
+    idx = torch.randint(0, 37, (2, 9))
+    ctx = AttnContext(T=9, S=9, device=idx.device)
+    eps = torch.finfo(torch.float64).eps
+
+    def mix(index, sources):
+        w, g = stream.queries[index], stream.norms[index].weight
+        logits = torch.stack([(v / torch.sqrt((v * v).mean(-1, keepdim=True) + eps) * g) @ w for v in sources])
+        return sum(a[..., None] * v for a, v in zip(torch.softmax(logits, 0), sources))
+
+    first, second = model.blocks
+    emb = model.wte.weight[idx] + model.wpe.weight[:9]
+    a0 = first.attn_branch(emb, ctx)  # sublayer 0 sees the embedding alone
+    f0 = first.ffn_branch(mix(1, [emb, a0]))  # the partial block so far: a0
+    a1 = second.attn_branch(mix(2, [emb, a0 + f0]), ctx)  # partial: a0 + f0
+    f1 = second.ffn_branch(mix(3, [emb, a0 + f0 + a1]))  # block 1 (3 sublayers) completed
+    h = mix(4, [emb, a0 + f0 + a1, f1])  # the final mix: block 1 and the partial block 2
+    torch.testing.assert_close(model(idx), model.lm_head(model.ln_f(h)), rtol=1e-10, atol=1e-10)
 
 
 def test_parameter_counts():

@@ -23,6 +23,19 @@ def test_greedy_cached_equals_uncached(variant_case):
     assert not model.has_cache
 
 
+def test_generate_runs_in_eval_mode_and_restores_the_mode():
+    """A model in training mode with dropout generates what it generates in eval mode (no dropout while
+    decoding) and is back in its own mode afterwards (eval stays eval, training stays training)."""
+    model = tiny_model(("boosted", {}), dropout=0.5)
+    prompt = torch.randint(0, 37, (2, 5))
+    expected = generate(model, prompt, 12, temperature=0)
+    assert not model.training
+    model.train()
+    for use_cache in (True, False):
+        assert torch.equal(generate(model, prompt, 12, temperature=0, use_cache=use_cache), expected)
+        assert model.training
+
+
 def test_sampling_reproducible_with_seed():
     model = tiny_model(("boosted", {}))
     prompt = torch.randint(0, 37, (3, 4))
@@ -96,6 +109,23 @@ def test_left_padded_cached_batch_equals_each_row_alone(variant_case, block):
     positions = (mask.long().cumsum(1) - 1).clamp_min(0)
     masked = model(batch, key_padding_mask=mask, position_ids=positions)[:, -1]
     assert (model(batch)[:2, -1] - masked[:2]).abs().max() > 1e-6
+
+
+def test_a_left_padded_batch_past_block_size_sees_each_windows_own_padding():
+    """Past block_size a left-padded batch goes on uncached (nanoGPT's window), written out here: each
+    new token is the argmax of a forward over the last block_size tokens with those tokens' padding
+    mask and positions counting their real tokens; with the cache (until it is full) or without."""
+    model = tiny_model(("standard", {}))  # block_size 24
+    batch, mask = left_pad([torch.randint(0, 37, (n,)) for n in (20, 14, 17)])
+    seq, keep = batch, mask
+    for _ in range(12):
+        window, window_keep = seq[:, -24:], keep[:, -24:]
+        positions = (window_keep.long().cumsum(1) - 1).clamp_min(0)
+        logits = model(window, key_padding_mask=window_keep, position_ids=positions)
+        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        keep = torch.cat([keep, torch.ones(3, 1, dtype=torch.bool)], dim=1)
+    for use_cache in (False, True):
+        assert torch.equal(generate(model, batch, 12, temperature=0, prompt_mask=mask, use_cache=use_cache), seq)
 
 
 def test_a_tiny_temperature_samples_the_largest_logit():

@@ -3,6 +3,8 @@ cached decoding, dropout sites, errors."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -166,6 +168,16 @@ def test_same_seed_same_model(variant_case):
     torch.testing.assert_close(a(idx), b(idx), rtol=0, atol=0)
 
 
+def test_each_block_is_built_for_its_own_layer():
+    """Block i's attention is layer i of n_layers: ``attn.layers=[-1]`` puts correction rounds in the
+    last layer only, and differential attention's lambda_init is 0.8 - 0.6 exp(-0.3 i) per layer."""
+    model = GPT(tiny_config(("boosted", {"layers": [-1]}), n_layers=3))
+    assert [len(block.attn.corrections) for block in model.blocks] == [0, 0, 1]
+    model = GPT(tiny_config(("differential", {}), n_layers=3))
+    expected = [0.8 - 0.6 * math.exp(-0.3 * i) for i in range(3)]
+    assert [block.attn.lambda_init for block in model.blocks] == pytest.approx(expected, rel=1e-12)
+
+
 def test_init_follows_paper():
     model = GPT(preset_config("paper-small", "boosted"))
     w = model.blocks[0].attn.qkv.weight
@@ -182,6 +194,8 @@ BLOCK_EQUATION_CASES = {
     "pre-rmsnorm-swiglu-rope-untied": dict(norm_type="rmsnorm", ffn="swiglu", bias=False, pos="rope",
                                            tie_embeddings=False),
     "post-rmsnorm-swiglu-rope": dict(norm="post", norm_type="rmsnorm", ffn="swiglu", pos="rope"),
+    # a RoPE base and a norm eps other than the defaults (10,000 and 1e-5: what a model ignoring them uses)
+    "pre-layernorm-rope500-gqa-eps0.01": dict(pos="rope", rope_base=500.0, n_kv_heads=2, norm_eps=1e-2),
 }
 
 
