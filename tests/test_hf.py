@@ -206,6 +206,19 @@ def test_misuses_are_clear_errors():
     torch.testing.assert_close(hf(idx).logits, gpt(idx), rtol=0, atol=0)
     with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
         hf.generate(idx, prompt_lookup_num_tokens=2, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    # A cache with fewer layers than blocks would skip the blocks past its end (wrong logits, no error).
+    for layers in (1, 3):
+        with pytest.raises(ValueError, match=f"a KV cache of {layers} layers for a model of 2"):
+            hf(idx, cache=GbattnCache(layers))
+    with pytest.raises(ValueError, match=r"input_ids of shape \(6,\): expected \(batch, tokens\)"):
+        hf(idx[0])
+    with pytest.raises(ValueError, match=r"token ids of shape \(1, 0\)"):
+        hf.generate(idx[:, :0], max_new_tokens=2, do_sample=False, pad_token_id=0)
+    hf.config.return_dict = False  # the config's choice holds when forward() is given none
+    logits, cache = hf(idx)
+    torch.testing.assert_close(logits, gpt(idx), rtol=0, atol=0)
+    assert isinstance(cache, GbattnCache) and not isinstance(hf(idx, return_dict=True), tuple)
+    hf.config.return_dict = True
     hf.resize_token_embeddings(40)  # gbattn's own config follows, and the head stays tied
     assert hf.model.cfg.vocab_size == hf.config.vocab_size == hf.config.model_config.vocab_size == 40
     assert hf.model.lm_head.weight is hf.model.wte.weight and hf(idx).logits.shape[-1] == 40
@@ -371,6 +384,11 @@ def test_bpe_and_byte_level_tokenizers_keep_gbattn_ids(tmp_path):
         back = AutoTokenizer.from_pretrained(tmp_path / tok.kind)
         assert back.encode(text) == tok.encode(text) and back.decode(tok.encode(text)) == tok.decode(tok.encode(text))
         assert back.eos_token_id == tok.encode(eos)[0]
+        # A padded batch is padded on the left, as generate() needs (each row's last token is its own).
+        batch = back(["the cat", text], padding=True, return_tensors="pt")
+        short = len(tok.encode("the cat"))
+        assert batch.input_ids[0, -short:].tolist() == tok.encode("the cat") and batch.attention_mask[0, -1] == 1
+        assert batch.attention_mask[0, 0] == 0 and set(batch.input_ids[0, :-short].tolist()) == {back.pad_token_id}
 
 
 # ---- a trained run, exported ---------------------------------------------------------------
@@ -479,6 +497,42 @@ def test_gbattn_commands_take_the_exported_directory(trained, capsys):
     evals = [json.loads(o.splitlines()[1]) for o in outputs]
     assert evals[0]["loss"] == pytest.approx(evals[1]["loss"], rel=1e-6) and evals[1]["checkpoint"] == "exported"
     assert outputs[0].split("---")[0].splitlines()[2:] == outputs[1].split("---")[0].splitlines()[2:]
+    # An export holds the run's best weights: asking it for the last ones is an error, not ignored.
+    for argv in (["eval", out, "--checkpoint", "last"], ["generate", out, "--prompt", "F", "--checkpoint", "last"],
+                 ["analyze", out, "--checkpoint", "last"], ["lm-eval", out, "--tasks", "gbattn_toy_mc",
+                                                            "--include-path", LMEVAL_DATA, "--checkpoint", "last"]):
+        assert cli_main([str(a) for a in argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.strip().splitlines() == [f"gbattn: error: {out} is an exported directory holding its run's best "
+                                            f"weights: --checkpoint last does not apply (export the run's last "
+                                            f"weights with `gbattn export RUN --checkpoint last`)"], argv
+    assert rundir.load_run(out, "best").checkpoint == "exported"  # the one it holds may be named
+
+
+def test_gbattn_commands_take_a_sharded_save(trained, tmp_path, capsys):
+    """A model saved by transformers in shards (``model.safetensors.index.json``), with the exported
+    tokenizer files beside it, evaluates as the export it came from."""
+    from transformers import AutoModelForCausalLM
+
+    _, out = trained
+    sharded = tmp_path / "sharded"
+    AutoModelForCausalLM.from_pretrained(out).save_pretrained(sharded, max_shard_size="100KB")
+    assert not (sharded / "model.safetensors").exists() and len(list(sharded.glob("model-*.safetensors"))) >= 2
+    for name in ("tokenizer.json", "tokenizer_config.json", "gbattn-tokenizer.json"):
+        shutil.copy(out / name, sharded / name)
+    a, b = rundir.load_run(out), rundir.load_run(sharded)
+    for name, tensor in a.model.state_dict().items():
+        assert torch.equal(b.model.state_dict()[name], tensor), name
+    losses = []
+    for model_dir in (out, sharded):
+        assert cli_main(["eval", str(model_dir), "--split", "valid"]) == 0
+        losses.append(json.loads(capsys.readouterr().out.splitlines()[1])["loss"])
+    assert losses[0] == losses[1]
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    shard = sorted(set(index["weight_map"].values()))[0]
+    (sharded / shard).unlink()
+    assert cli_main(["eval", str(sharded)]) == 2
+    assert f"names shard '{shard}', which is not a file in" in capsys.readouterr().err
 
 
 def test_an_export_holds_no_path_of_this_machine_and_eval_takes_data(tmp_path, capsys):
@@ -719,6 +773,16 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(  # after the data's loading bar
         "gbattn: error: lm-eval refused the task for this model (Invalid configuration: requested max tokens"), err
+    # A task's text with a character the char tokenizer never saw (the tokenizers library's own error).
+    (tasks / "toy_mc2.jsonl").write_text('{"q": "What is 2+2?", "choices": ["four", "five"], "label": 0}\n')
+    (tasks / "toy_mc2.yaml").write_text(
+        f"task: toy_mc2\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tasks / 'toy_mc2.jsonl'}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{q}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: label\nmetric_list:\n  - metric: acc\n")
+    assert cli_main(["lm-eval", str(out), "--tasks", "toy_mc2", "--include-path", str(tasks)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "gbattn: error: a task's text has a character this model's tokenizer cannot encode"), err
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc"]) == 2

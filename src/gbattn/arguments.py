@@ -90,8 +90,9 @@ def threads(p: argparse.ArgumentParser) -> None:
 
 
 def checkpoint(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", default="best", choices=["best", "last"],
-                   help="best-validation weights (default) or the last checkpoint")
+    p.add_argument("--checkpoint", default=None, choices=["best", "last"],
+                   help="a run directory's best-validation weights (default) or its last checkpoint (an exported "
+                        "directory holds the one it was exported with)")
 
 
 def quiet(p: argparse.ArgumentParser) -> None:

@@ -32,7 +32,6 @@ from gbattn.errors import CheckpointError, ConfigError
 from gbattn.files import error_detail, portable_path, read_json
 from gbattn.model.gpt import GPT
 
-SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
 TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
 HF_TOKENIZER = "tokenizer.json"
@@ -226,28 +225,14 @@ def read_hf_weights(path: str | Path) -> dict[str, Tensor]:
     path = Path(path)
     if (path / rundir.SAFETENSORS).is_file():
         return rundir.read_safetensors(path / rundir.SAFETENSORS, "cpu")
-    if (path / SAFETENSORS_INDEX).is_file():
-        return _read_shards(path, SAFETENSORS_INDEX, lambda p: rundir.read_safetensors(p, "cpu"))
+    if (path / rundir.SAFETENSORS_INDEX).is_file():
+        return rundir.read_shards(path, rundir.SAFETENSORS_INDEX, lambda p: rundir.read_safetensors(p, "cpu"))
     if (path / TORCH_BIN).is_file():
         return read_torch_weights(path / TORCH_BIN)
     if (path / TORCH_BIN_INDEX).is_file():
-        return _read_shards(path, TORCH_BIN_INDEX, read_torch_weights)
-    raise CheckpointError(f"{path} has no {rundir.SAFETENSORS}, {SAFETENSORS_INDEX}, {TORCH_BIN} or {TORCH_BIN_INDEX}")
-
-
-def _read_shards(path: Path, index: str, read) -> dict[str, Tensor]:
-    weight_map = read_json(path / index).get("weight_map")
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"{path / index} has no weight_map of tensor names to shard files")
-    weights: dict[str, Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
-        if Path(shard).name != shard or not (path / shard).is_file():
-            raise CheckpointError(f"{path / index} names shard {shard!r}, which is not a file in {path}")
-        weights.update(read(path / shard))
-    missing = sorted(set(weight_map) - set(weights))
-    if missing:
-        raise CheckpointError(f"{path / index}: the shards lack {', '.join(missing[:5])}")
-    return weights
+        return rundir.read_shards(path, TORCH_BIN_INDEX, read_torch_weights)
+    raise CheckpointError(f"{path} has no {rundir.SAFETENSORS}, {rundir.SAFETENSORS_INDEX}, {TORCH_BIN} or "
+                          f"{TORCH_BIN_INDEX}")
 
 
 def read_torch_weights(path: Path) -> dict[str, Tensor]:

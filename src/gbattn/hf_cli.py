@@ -47,7 +47,7 @@ def cmd_export(args) -> None:
     from gbattn.hf.export import export_run
     from gbattn.rundir import is_exported
 
-    which = "its weights" if is_exported(args.run_dir) else f"{args.checkpoint} weights"
+    which = "its weights" if is_exported(args.run_dir) else f"{args.checkpoint or 'best'} weights"
     out = export_run(args.run_dir, args.out, args.checkpoint)
     print(f"exported {args.run_dir} ({which}) to {out}; load it with `import gbattn.hf` and "
           f"AutoModelForCausalLM.from_pretrained({str(out)!r})")
@@ -83,8 +83,7 @@ def cmd_lm_eval(args) -> None:
     if results is None:  # the harness returns nothing on non-zero ranks of a distributed run
         return
     print_tables(results)
-    results["gbattn"].update(model=relative_path(model, Path.cwd()), checkpoint=args.checkpoint,
-                             command=command_line(portable=True))
+    results["gbattn"].update(model=relative_path(model, Path.cwd()), command=command_line(portable=True))
     roots = [model.resolve()] + ([Path(args.include_path).resolve()] if args.include_path else [])
     written = write_results(results, out, roots)
     print(f"wrote {', '.join(str(p) for p in written)}")

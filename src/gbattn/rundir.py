@@ -51,6 +51,7 @@ METRICS = "metrics.jsonl"
 RESULT = "result.json"
 LOCK = ".lock"
 SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"  # transformers' shards
 RUN_FILES = (CONFIG, TOKENIZER, CHECKPOINT, BEST, METRICS, RESULT)
 OWN_FILES = (*RUN_FILES, LOCK, SAFETENSORS, EXPORTED_TOKENIZER)  # every file gbattn reads in a run or exported dir
 
@@ -432,13 +433,22 @@ def _exported(path: Path, config) -> bool:
     return (path / SAFETENSORS).is_file() or (isinstance(config, dict) and config.get("model_type") == "gbattn")
 
 
-def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.device = "cpu") -> LoadedRun:
-    """The model of a run directory (best-validation or last weights) or of an exported directory,
-    with its tokenizer and configs, in eval mode on ``device``."""
+def check_exported_checkpoint(path: Path, checkpoint: str | None, recorded) -> None:
+    """An exported directory holds the one set of weights it was exported with (``recorded``): asking
+    for the run's other checkpoint is a one-line error, not silently ignored."""
+    if checkpoint is not None and checkpoint != recorded:
+        held = f"its run's {recorded} weights" if recorded in WHICH else "one set of weights"
+        raise UserError(f"{path} is an exported directory holding {held}: --checkpoint {checkpoint} does not apply "
+                        f"(export the run's {checkpoint} weights with `gbattn export RUN --checkpoint {checkpoint}`)")
+
+
+def load_run(path: str | Path, checkpoint: str | None = None, device: str | torch.device = "cpu") -> LoadedRun:
+    """The model of a run directory (``checkpoint``: best-validation weights, the default, or
+    ``last``) or of an exported directory, with its tokenizer and configs, in eval mode on ``device``."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)")
-    if checkpoint not in WHICH:
+    if checkpoint is not None and checkpoint not in WHICH:
         raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")
     config = read_config(path / CONFIG)
     exported = _exported(path, config)
@@ -446,6 +456,7 @@ def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.dev
         if not isinstance(config.get("gbattn"), dict):
             raise CheckpointError(f"{path / CONFIG} has no gbattn section: not a directory exported by gbattn")
         config = gbattn_section(config, path / CONFIG)
+        check_exported_checkpoint(path, checkpoint, config.get("checkpoint"))
     model_cfg, train_cfg = read_configs(config, path / CONFIG)
     if (config.get("seq_len") or 0) > model_cfg.block_size:
         raise CheckpointError(f"{path / CONFIG}: seq_len={config['seq_len']} exceeds the model's block_size="
@@ -458,15 +469,14 @@ def load_run(path: str | Path, checkpoint: str = "best", device: str | torch.dev
     tokenizer = Tokenizer.load(tokenizer_file, expected_vocab=model_cfg.vocab_size)
     device = torch.device(device)
     if exported:
-        if not (path / SAFETENSORS).is_file():
-            raise CheckpointError(f"{path} has no {SAFETENSORS}: an exported directory keeps its weights there")
-        weights = read_safetensors(path / SAFETENSORS, device)
+        weights = read_exported_weights(path, device)
         if weights and all(k.startswith("model.") for k in weights):  # the transformers wrapper's names
             weights = {k.removeprefix("model."): v for k, v in weights.items()}
         if model_cfg.tie_embeddings and "lm_head.weight" not in weights and "wte.weight" in weights:
             weights["lm_head.weight"] = weights["wte.weight"]  # a tied weight is saved once
         state, step, which = {"model": weights}, config.get("step", 0), "exported"
     else:
+        checkpoint = checkpoint or "best"
         weights = path / (BEST if checkpoint == "best" else CHECKPOINT)
         if checkpoint == "best" and not weights.exists():
             weights = path / CHECKPOINT  # no evaluation happened yet
@@ -496,6 +506,34 @@ def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> No
         detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else error_detail(e)
         detail = detail if len(detail) <= 240 else detail[:240].rsplit(", ", 1)[0] + ", ..."
         raise CheckpointError(f"the weights in {where} do not match its config ({detail})") from None
+
+
+def read_exported_weights(path: Path, device) -> dict:
+    """The weights of an exported directory: ``model.safetensors``, or the shards that transformers'
+    ``save_pretrained(max_shard_size=...)`` lists in ``model.safetensors.index.json``."""
+    if (path / SAFETENSORS).is_file():
+        return read_safetensors(path / SAFETENSORS, device)
+    if (path / SAFETENSORS_INDEX).is_file():
+        return read_shards(path, SAFETENSORS_INDEX, lambda shard: read_safetensors(shard, device))
+    raise CheckpointError(f"{path} has no {SAFETENSORS} (nor {SAFETENSORS_INDEX} and its shards): an exported "
+                          f"directory keeps its weights there")
+
+
+def read_shards(path: Path, index: str, read) -> dict:
+    """The tensors of every shard the index file ``path / index`` names (``weight_map``: tensor name ->
+    a file beside it), each read with ``read``; a shard elsewhere or a tensor no shard holds is an error."""
+    weight_map = read_json(path / index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{path / index} has no weight_map of tensor names to shard files")
+    weights: dict = {}
+    for shard in sorted(set(weight_map.values())):
+        if Path(shard).name != shard or not (path / shard).is_file():
+            raise CheckpointError(f"{path / index} names shard {shard!r}, which is not a file in {path}")
+        weights.update(read(path / shard))
+    missing = sorted(set(weight_map) - set(weights))
+    if missing:
+        raise CheckpointError(f"{path / index}: the shards lack {', '.join(missing[:5])}")
+    return weights
 
 
 def read_safetensors(path: str | Path, device) -> dict:

@@ -98,7 +98,7 @@ def _context_text(tokenizer, ids: list[int], keep: int = 24) -> str:
 
 
 def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: int = 64, batch_size: int = 8,
-                layer: int = -1, top: int = 20, examples: int = 3, checkpoint: str = "best", device: str = "auto",
+                layer: int = -1, top: int = 20, examples: int = 3, checkpoint: str | None = None, device: str = "auto",
                 pdf: bool = False, quiet: bool = False, data: str | None = None,
                 allow_other_data: bool = False) -> dict:
     """Analyse ``run_dir`` and write ``summary.json`` and the figures into ``out``
@@ -147,7 +147,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     summary = {
         "run_dir": relative_path(run_dir, out.parent),
         "attention": _describe(run),
-        "checkpoint": checkpoint,
+        "checkpoint": run.checkpoint,
         "step": run.step,
         "split": split,
         "rows": len(row_ids),

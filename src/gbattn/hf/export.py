@@ -77,8 +77,8 @@ def portable_tokenizer_class(config_path: Path) -> None:
         write_json(config, config_path)
 
 
-def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -> Path:
-    """Write the exported directory ``out`` for run ``run_dir`` (``best`` or ``last`` weights)."""
+def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = None) -> Path:
+    """Write the exported directory ``out`` for run ``run_dir`` (``best`` weights, the default, or ``last``)."""
     run_dir, out = Path(run_dir), Path(out)
     if out.exists() and run_dir.exists() and out.resolve() == run_dir.resolve():
         raise UserError(f"--out {out} is the run directory itself; export to another directory")

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from gbattn.errors import CheckpointError, UserError
 from gbattn.files import atomic_write, error_detail, finite, relative_path, write_json
 from gbattn.hf.export import quiet_transformers, wrap_run
-from gbattn.rundir import is_exported, load_run
+from gbattn.rundir import check_exported_checkpoint, is_exported, load_run
 
 
 class GbattnLM(HFLM):
@@ -38,7 +38,7 @@ class GbattnLM(HFLM):
         return super().tok_decode(tokens, skip_special_tokens=skip_special_tokens)
 
 
-def load_model(model_dir: str | Path, checkpoint: str, device: torch.device):
+def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.device):
     """(model in eval mode on ``device``, tokenizer, block_size, step) of a run or exported directory."""
     if is_exported(model_dir):
         if not (Path(model_dir) / "tokenizer.json").is_file():
@@ -56,6 +56,7 @@ def load_model(model_dir: str | Path, checkpoint: str, device: torch.device):
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except (ValueError, OSError) as e:
             raise CheckpointError(f"the tokenizer in {model_dir} does not load ({error_detail(e, 160)})") from None
+        check_exported_checkpoint(Path(model_dir), checkpoint, model.config.gbattn.get("checkpoint"))
         step = model.config.gbattn.get("step", 0)
     else:
         run = load_run(model_dir, checkpoint, "cpu")
@@ -91,7 +92,7 @@ def task_manager(tasks: list[str], include_path: str | None) -> TaskManager:
 
 
 def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | None = None, limit: float | None = None,
-                batch_size: int = 8, device: torch.device | str = "cpu", checkpoint: str = "best",
+                batch_size: int = 8, device: torch.device | str = "cpu", checkpoint: str | None = None,
                 num_fewshot: int | None = None, log_samples: bool = False) -> dict:
     """The harness's results dict (``samples`` in it with ``log_samples``)."""
     manager = task_manager(tasks, include_path)
@@ -111,9 +112,17 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
     except FileNotFoundError as e:  # a task's data files (local paths are relative to the working directory)
         raise UserError(f"lm-eval could not find a task's data ({error_detail(e, 160)}); a task YAML's local data "
                         f"paths are read relative to the working directory") from None
+    except Exception as e:
+        if "Missing [UNK] token" not in str(e):
+            raise
+        # The tokenizers library's error for a character a character-level vocabulary lacks.
+        close_progress_bars()
+        raise UserError(f"a task's text has a character this model's tokenizer cannot encode (a character-level "
+                        f"tokenizer knows only the characters of its training text; {error_detail(e, 120)})") from None
     finally:
         tokenizer_log.removeFilter(_windowed_by_the_harness)
-    results["gbattn"] = {"step": step, "block_size": block_size}
+    which = "exported" if is_exported(model_dir) else checkpoint or "best"
+    results["gbattn"] = {"step": step, "block_size": block_size, "checkpoint": which}
     return results
 
 

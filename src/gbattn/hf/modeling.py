@@ -273,6 +273,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                 logits_to_keep: int | Tensor = 0, **kwargs):
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("GbattnForCausalLM takes input_ids (inputs_embeds are not supported)")
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids of shape {tuple(input_ids.shape)}: expected (batch, tokens)")
         asked = {name: value if value is not None else getattr(self.config, name, False)
                  for name, value in (("output_attentions", output_attentions),
                                      ("output_hidden_states", output_hidden_states))}
@@ -317,7 +319,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = shifted_loss(logits_BTV, labels.to(logits_BTV.device), kwargs.get("num_items_in_batch"))
         out = CausalLMOutputWithPast(loss=loss, logits=logits_BTV, **{CACHE_FIELD: cache})
-        return out.to_tuple() if return_dict is False else out
+        return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
+        return out if return_dict else out.to_tuple()
 
 
 ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")  # generate()'s assisted decoding

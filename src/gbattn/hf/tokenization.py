@@ -68,6 +68,7 @@ def hf_tokenizer(tok: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFa
     hf = PreTrainedTokenizerFast(
         tokenizer_object=backend, model_max_length=model_max_length, clean_up_tokenization_spaces=False,
         model_input_names=["input_ids", "attention_mask"],  # 4.x would add token_type_ids, which forward() ignores
+        padding_side="left",  # a padded batch for generate() (a right-padded row would continue after its padding)
         **specials)
     if len(hf) != entries:  # a special token missing from the vocabulary was added as a new one
         raise CheckpointError(f"the {tok.kind} tokenizer has {entries:,} tokens but its transformers form has "

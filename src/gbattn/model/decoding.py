@@ -96,11 +96,11 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     """Continue ``idx_BT`` by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens).
 
     ``prompt_mask`` (B, T): True for real prompt tokens, for a left-padded batch (each row then
-    continues as it would alone). ``decode_step``: a replacement for the one-token cached forward
+    continues as it would alone while the sequence fits in ``block_size``; past it a row's window
+    still holds its padding). ``decode_step``: a replacement for the one-token cached forward
     ``step(token_B1, slot_1, position_B1, key_padding_BS) -> logits_BV``; by default the compiled one
     where that is faster (``compile=None``, :func:`decoder_for`), ``compile=False`` never. Once the
-    sequence fills the model's
-    ``block_size``, later tokens are predicted from the last ``block_size`` tokens without a cache,
+    sequence fills the model's ``block_size``, later tokens are predicted from the last ``block_size`` tokens without a cache,
     as nanoGPT does; a prompt longer than ``block_size`` is returned whole, the model seeing its end.
     ``progress(1)`` is called after each new token (e.g. a progress bar's update).
     """

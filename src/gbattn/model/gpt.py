@@ -181,10 +181,15 @@ class GPT(nn.Module):
                key_padding_mask: Tensor | None = None, cache=None, naive: bool = False,
                return_intermediates: bool = False) -> tuple[Tensor, list[Record] | None]:
         """Final hidden states (after the final norm), (B, T, D), and the per-layer records."""
+        if idx_BT.dim() != 2 or idx_BT.shape[1] == 0:
+            raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens), at least one token")
         B, T = idx_BT.shape
         cache = self.kv_cache if cache is None else cache
         if cache is not None and input_pos is None:
             raise ValueError("a KV cache is set up: pass input_pos (the cache slots of these tokens)")
+        if cache is not None and len(cache.layers) != len(self.blocks):
+            raise ValueError(f"a KV cache of {len(cache.layers)} layers for a model of {len(self.blocks)}: each block "
+                             f"needs its own layer cache")
         if position_ids is not None:
             positions = position_ids
         elif input_pos is not None:

@@ -191,7 +191,7 @@ class Trainer:
         tokenizer, self.start = None, None
         has_checkpoint = self.resume and (self.run_dir / rundir.CHECKPOINT).exists()
         if cfg.init_from and not has_checkpoint:
-            self.start = rundir.load_run(cfg.init_from, "best", "cpu")
+            self.start = rundir.load_run(cfg.init_from, None, "cpu")
             tokenizer = self.start.tokenizer
         elif self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
             tokenizer = Tokenizer.load(self.run_dir / rundir.TOKENIZER, expected_vocab=self.model_cfg.vocab_size)
