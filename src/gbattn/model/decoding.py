@@ -100,8 +100,9 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     still holds its padding). ``decode_step``: a replacement for the one-token cached forward
     ``step(token_B1, slot_1, position_B1, key_padding_BS) -> logits_BV``; by default the compiled one
     where that is faster (``compile=None``, :func:`decoder_for`), ``compile=False`` never. Once the
-    sequence fills the model's ``block_size``, later tokens are predicted from the last ``block_size`` tokens without a cache,
-    as nanoGPT does; a prompt longer than ``block_size`` is returned whole, the model seeing its end.
+    sequence fills the model's ``block_size``, later tokens are predicted from the last ``block_size``
+    tokens without a cache, as nanoGPT does; a prompt longer than ``block_size`` is returned whole,
+    the model seeing its end.
     ``progress(1)`` is called after each new token (e.g. a progress bar's update).
     """
     check_sampling(max_new_tokens, temperature, top_k)
