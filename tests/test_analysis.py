@@ -4,6 +4,7 @@ clear errors."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -401,3 +402,63 @@ def test_summaries_of_hand_made_records():
     gates = acc.gate_summary()
     assert gates["mean_per_layer"] == pytest.approx([0.2, 0.3])
     assert [(r["layer"], r["round"]) for r in gates["per_layer"]] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+
+
+def test_hand_made_summaries_give_the_std_profile_gate_range_and_every_norm():
+    """On random hand-made records: each layer's entropy std per round (over rows, heads and
+    queries; not the variance), the per-position mean (over layers, rows and heads), the gates'
+    min, max and the spread of their dimension means, and the norms of x = r_1 + F_0, F_0 and c."""
+    B, H, T, D, L = 2, 3, 5, 4, 2
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=gen, dtype=torch.float64)
+
+    ent = [[rand(B, H, T) * math.log(T) for _ in range(2)] for _ in range(L)]
+    f0 = [rand(B, T, D) for _ in range(L)]
+    corr = [(rand(B, T, D) - 0.5, rand(B, T, D) - 0.5, rand(B, T, D)) for _ in range(L)]  # (c, r, g)
+    acc = stats.IntermediateStats(L, H, D, T)
+    acc.update([stats.LayerSample(entropies=ent[li], attention_output=f0[li], corrections=[corr[li]])
+                for li in range(L)])
+    e, gates, norms = acc.entropy_summary(), acc.gate_summary(), acc.norm_summary()
+    for li in range(L):
+        assert e["per_layer"][li]["std_per_round"] == pytest.approx([ent[li][m].std(unbiased=False).item()
+                                                                    for m in range(2)])
+    profile_MT = torch.stack([torch.stack(ent[li]) for li in range(L)]).mean(dim=(0, 2, 3))
+    np.testing.assert_allclose(e["per_position_mean"], profile_MT.numpy())
+    all_gates = torch.stack([g for _, _, g in corr])
+    assert (gates["min"], gates["max"]) == (all_gates.min().item(), all_gates.max().item())
+    for li, (c, r, g) in enumerate(corr):
+        assert gates["per_layer"][li]["std_of_dimension_means"] == pytest.approx(g.mean(dim=(0, 1)).std().item())
+        row = norms["per_layer"][li]
+        assert row["x"] == pytest.approx((r + f0[li]).norm(dim=-1).mean().item())
+        assert row["round0_output"] == pytest.approx(f0[li].norm(dim=-1).mean().item())
+        assert row["correction"] == pytest.approx(c.norm(dim=-1).mean().item())
+
+
+def test_collect_analyses_a_model_left_in_training_mode_without_dropout():
+    """A model handed over in training mode (dropout 0.5) is analysed in eval mode: the losses are the
+    eval-mode model's, the same on every call."""
+    from gbattn.config import ModelConfig
+    from gbattn.model.gpt import GPT, lm_loss
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2, dropout=0.5,
+                            attn="boosted"))
+    tokens = np.random.default_rng(0).integers(0, 11, size=4 * 9).astype(np.uint16)
+    rows = np.arange(4)
+    model.eval()
+    x, y = rows_batch(tokens, 8, rows)
+    with torch.no_grad():
+        want = lm_loss(model(x), y, reduction="none").numpy()
+    other = copy.deepcopy(model)
+    model.train(), other.train()
+    got = stats.collect(model, tokens, 8, rows, batch_size=2, against=other)
+    np.testing.assert_allclose(got.loss_NT, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.against_loss_NT, want, rtol=1e-5, atol=1e-6)
+
+
+def test_loss_difference_std_is_the_spread_of_the_per_token_differences(runs, tmp_path):
+    s = analyze_run(runs["gba"], against=runs["std"], out=tmp_path / "a", max_rows=4, top=1, examples=1,
+                    device="cpu", quiet=True)
+    diff_NT = token_losses(runs["std"], s["row_ids"]) - token_losses(runs["gba"], s["row_ids"])
+    assert s["loss_diff"]["std"] == pytest.approx(diff_NT.std(unbiased=False).item(), rel=1e-3)

@@ -276,3 +276,31 @@ def test_upcycle_recipe_splits_the_scratch_budget_in_halves():
     # a shorter run asked for with --set keeps the split (it once gave every model the whole 40)
     short = {s.label: spec_configs(recipe, s, "data", 42, {"max_steps": 40}, 64)[1].max_steps for s in recipe.models}
     assert short.pop("gba-scratch") == short.pop("standard-scratch") == 40 and set(short.values()) == {20}, short
+
+
+def _run_result(test_ppl: float, wall_clock_s: float) -> dict:
+    """A finished run's result.json, with the fields the report aggregates."""
+    return {"attn": "standard", "attn_options": {}, "d_model": 32, "parameters": 1_000, "flops_per_token_train": 6e3,
+            "test_ppl": test_ppl, "valid_ppl": test_ppl + 1.0, "valid_loss": 2.0, "steps": 10,
+            "train_tokens_seen": 640, "tokens_per_parameter": 0.64, "train_flops": 3.84e6,
+            "wall_clock_s": wall_clock_s, "train_tokens_per_s": 100.0, "device": "cpu", "curve": []}
+
+
+def test_report_of_an_unfinished_comparison_says_so_and_averages_each_column(tmp_path):
+    """Standard finished seeds 1 and 2, GBA seed 1 only: results.json and results.md say the comparison
+    is incomplete; test ppl is the mean of the test perplexities (not the validation ones) and the
+    wall-clock column the mean per run. With GBA's seed 2 in, it is complete."""
+    from gbattn.experiments.recipes import ModelSpec, Recipe
+    from gbattn.experiments.report import write_results
+
+    recipe = Recipe("r", "a test (10 steps)", "cpu-char", [ModelSpec("standard"), ModelSpec("gba-m2", "boosted")])
+    request = {"data": "x", "seeds": [1, 2], "sets": {}}
+    results = {"standard": {1: _run_result(10.0, 60.0), 2: _run_result(12.0, 120.0)},
+               "gba-m2": {1: _run_result(9.0, 60.0)}}
+    report = write_results(tmp_path, recipe, request, recipe.models, results)
+    assert not report["complete"] and "INCOMPLETE (runs missing)" in (tmp_path / "results.md").read_text()
+    standard = report["models"][0]
+    assert (standard["test_ppl_mean"], standard["valid_ppl_mean"], standard["wall_clock_s"]) == (11.0, 12.0, 90.0)
+    results["gba-m2"][2] = _run_result(9.5, 60.0)
+    assert write_results(tmp_path, recipe, request, recipe.models, results)["complete"]
+    assert "INCOMPLETE" not in (tmp_path / "results.md").read_text()

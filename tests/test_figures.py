@@ -6,7 +6,9 @@ and no absolute paths in what is stored."""
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 from matplotlib.text import Text
 
@@ -353,3 +355,104 @@ def test_report_std_is_the_sample_standard_deviation_of_the_finite_values():
     assert mean == 11.0 and std == pytest.approx(math.sqrt(2.0))  # n - 1: sqrt(((-1)**2 + 1**2) / 1)
     assert mean_std([10.0, 12.0, 14.0])[1] == pytest.approx(2.0)
     assert mean_std([10.0]) == (10.0, None) and mean_std([None, float("inf")]) == (None, None)
+
+
+# ---- gbattn analyze figures from hand-made summaries ---------------------------------------
+
+
+def test_entropy_figure_draws_densities_the_bound_and_each_layers_change():
+    """The histogram is a density per nat (each round's integrates to 1; the bins here are not 1 nat
+    wide), the position panel's bound is log(t + 1), and a layer whose correction lowers the
+    entropy by 20% is boxed -20%."""
+    T = 8
+    entropy = {"histogram": {"edges": np.linspace(0, math.log(T), 5).tolist(),
+                             "counts_per_round": [[1, 2, 3, 4], [4, 3, 2, 1]]},
+               "mean_per_round": [1.5, 1.2], "relative_drop": 0.2,
+               "per_layer": [{"mean_per_round": [1.5, 1.2], "per_head": [[1.4, 1.6], [1.1, 1.3]],
+                              "relative_drop": 0.2}],
+               "per_position_mean": [np.linspace(0, 2, T).tolist(), np.linspace(0, 1.6, T).tolist()]}
+    fig = figures.entropy_figure(entropy, None)
+    hist_ax, layer_ax, pos_ax = fig.axes[:3]
+    for patch in hist_ax.patches:
+        values, edges = patch.get_data()[:2]
+        assert float(np.sum(values * np.diff(edges))) == pytest.approx(1.0)
+    (bound,) = [line for line in pos_ax.get_lines() if line.get_label().startswith("bound")]
+    np.testing.assert_allclose(bound.get_ydata(), np.log(np.arange(T) + 1))
+    assert [t.get_text() for t in layer_ax.texts] == ["-20%"]
+
+
+def test_loss_diff_figure_names_the_difference_and_counts_ties_apart():
+    """Five tokens better, three worse, two within the tie margin: 50% better, 30% worse, and the
+    axis says which loss is subtracted from which."""
+    diff = np.array([[0.5, 0.2, 0.3, 0.1, 0.4], [-0.5, -0.2, -0.1, 5e-5, -5e-5]])
+    fig = figures.loss_diff_figure(diff, "gba", "standard", 1e-4)
+    hist_ax = fig.axes[0]
+    assert hist_ax.get_xlabel() == "loss(standard) − loss(gba)  (nats per token)"
+    assert hist_ax.get_title().startswith("gba better on 50% of tokens, worse on 30% ")
+
+
+def test_examples_figure_shows_the_last_context_tokens_and_the_gain():
+    """A query at position 29 with context 24: the bars are over tokens 6..29 (ending at the query's
+    own), and the gain is the other model's loss minus this one's."""
+    example = {"row": 3, "position": 29, "attention": np.linspace(0.0, 1.0, 60).reshape(2, 30),
+               "tokens": [f"t{i}" for i in range(30)], "target": "x", "loss": 1.0, "against_loss": 1.5}
+    fig = figures.examples_figure([example], layer=1, context=24)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"t{i}" for i in range(6, 30)]
+    assert [bar.get_height() for bar in ax.containers[0]] == pytest.approx(example["attention"][0, 6:])
+    assert "(gain +0.50)" in ax.get_title()
+
+
+def test_gate_figure_error_bars_are_the_std_and_paper_markers_sit_at_their_layer():
+    """GBA in layers 1 and 3 only: each bar's error bar spans mean ± std, and the paper's markers are
+    its values for layers 1 and 3 (0.48 and 0.43), not for the first two layers."""
+    rows = [{"layer": 1, "round": 1, "mean": 0.4, "std": 0.1, "per_dimension": [0.3, 0.5]},
+            {"layer": 3, "round": 1, "mean": 0.6, "std": 0.05, "per_dimension": [0.55, 0.65]}]
+    fig = figures.gates_figure({"per_layer": rows}, {"gate_mean_per_layer": [0.35, 0.48, 0.41, 0.43]})
+    bar_ax = fig.axes[1]
+    (errorbars,) = [c for c in bar_ax.containers if hasattr(c, "has_yerr")]
+    segments = errorbars.lines[2][0].get_segments()
+    assert [(s[0][1], s[1][1]) for s in segments] == [pytest.approx((0.3, 0.5)), pytest.approx((0.55, 0.65))]
+    (paper,) = [line for line in bar_ax.get_lines() if line.get_label() == "paper"]
+    assert list(paper.get_xdata()) == [0, 1] and list(paper.get_ydata()) == [0.48, 0.43]
+
+
+def test_curves_are_drawn_in_the_units_of_the_token_axis():
+    """Two million tokens: the x axis is in millions, for the training and the validation curve alike."""
+    points = [(500_000, 40.0), (1_000_000, 20.0), (2_000_000, 10.0)]
+    fig = figures.curves_figure({"standard": {"42": {"train": [(t, 3.0) for t, _ in points], "valid": points}}})
+    train_ax, valid_ax = fig.axes[:2]
+    assert valid_ax.get_xlabel() == train_ax.get_xlabel() == "tokens seen (millions)"
+    for ax in (train_ax, valid_ax):
+        assert list(ax.get_lines()[0].get_xdata()) == [0.5, 1.0, 2.0]
+
+
+def test_print_summary_says_on_how_many_tokens_this_run_is_better_and_worse(tmp_path, capsys):
+    summary = analysis_summary(0.1)
+    summary["loss_diff"] = {"against": "standard/seed42", "against_attention": "standard", "against_loss": 2.1,
+                            "loss": 2.0, "mean": 0.1, "median": 0.05, "fraction_positive": 0.6,
+                            "fraction_negative": 0.3, "fraction_tied": 0.1, "tie_nats": 1e-4, "top_tokens": []}
+    print_summary(summary, tmp_path / "summary.json")
+    assert ("this run better on 60% of tokens, worse on 30%, within 0.0001 nats on 10%"
+            in capsys.readouterr().out)
+
+
+def test_paired_table_gives_each_models_validation_loss_as_mean_and_sample_std():
+    rows = [model_row("standard", {"1": 9.0, "2": 9.1, "3": 9.2}), model_row("gba-m2", {"1": 8.8, "2": 8.9, "3": 9.0})]
+    rows[0]["valid_loss"] = {"1": 2.20, "2": 2.21, "3": 2.22}
+    rows[1]["valid_loss"] = {"1": 2.17, "2": 2.18, "3": 2.19}
+    md = results_markdown({**report_of(rows), "seeds": [1, 2, 3]})
+    std = next(line for line in md.splitlines() if line.startswith("| standard | 800,000 | 0.008 |"))
+    assert "| 2.210 ± 0.010 |" in std  # n - 1: sqrt((0.01**2 + 0.01**2) / 2)
+def test_plot_refuses_a_results_json_with_a_boolean_count_or_a_text_published_value(tmp_path, capsys):
+    compare_dir = tmp_path / "cmp"
+    compare_dir.mkdir()
+    write_run(compare_dir, "standard", 42)
+    row = model_row("standard", {"42": 100.0})
+    for damaged, expected in (({**row, "parameters": True}, "parameters=True must be an integer"),
+                              ({**row, "seeds": [True]}, "seeds=[True] must be a list of integers"),
+                              ({**row, "published": "6.55"}, "published='6.55' is of the wrong type")):
+        (compare_dir / "results.json").write_text(json.dumps(report_of([damaged])))
+        code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and expected in err, err

@@ -385,3 +385,18 @@ def test_param_matched_width_with_rope_keeps_an_even_head_width():
     step = 2 * cfg.n_heads
     assert width % step == 0 and n >= target
     assert count_params(cfg.replace(attn="standard", attn_options={}, d_model=width - step)) < target
+
+
+def test_range_and_type_checks_hold_at_their_edges():
+    """between() includes both ends (n_layers 4096 allowed, 4097 refused), a number field refuses
+    true/false as an int field does, and an int field refuses -2**64 as it refuses 2**64."""
+    from gbattn.config import TrainConfig
+
+    assert ModelConfig(n_layers=4096).n_layers == 4096 and ModelConfig(n_layers=1).n_layers == 1
+    with pytest.raises(ConfigError, match=r"n_layers=4097 must be an integer in \[1, 4096\]"):
+        ModelConfig(n_layers=4097)
+    with pytest.raises(ConfigError, match=r"lr=True must be a number"):
+        TrainConfig(lr=True)
+    for seed in (2**64, -(2**64)):
+        with pytest.raises(ConfigError, match=r"seed=-?\d+ is out of range"):
+            TrainConfig(seed=seed)

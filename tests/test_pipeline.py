@@ -592,3 +592,84 @@ def test_weight_decay_groups_and_betas_follow_the_preset(preset):
     assert train_cfg.decay_matrices_only == (preset == "cpu-char") and train_cfg.weight_decay > 0
     assert all(g["betas"] == (train_cfg.beta1, train_cfg.beta2) for g in opt.param_groups)
     assert (train_cfg.beta1, train_cfg.beta2) == ((0.9, 0.99) if preset == "cpu-char" else (0.9, 0.999))
+
+
+def test_each_epoch_reads_every_row_once_in_its_own_order(tmp_path):
+    """Sampling by rows, batches of 10 rows (the split's rows are not a multiple of 10): an epoch is
+    whole batches of distinct rows (the rows left over are not read as a short batch), and the next
+    epoch reads them in another order; seed s, epoch e + 1 is not seed s + 1, epoch e."""
+    from gbattn.data.tokens import epoch_permutation
+
+    data = write_corpus(tmp_path / "c")
+    trainer = Trainer(tmp_path / "run", *tiny_configs(data, batch_size=10), quiet=True)
+    trainer._setup()
+    per_epoch = trainer.steps_per_epoch
+    assert trainer.n_rows % 10 and per_epoch == trainer.n_rows // 10 > 1
+    epochs = [torch.cat([trainer._global_batch(e * per_epoch + i)[0] for i in range(per_epoch)]) for e in range(2)]
+    for x in epochs:
+        assert x.shape[0] == per_epoch * 10 and len({tuple(row.tolist()) for row in x}) == x.shape[0]
+    assert not torch.equal(epochs[0], epochs[1])
+    assert not np.array_equal(epoch_permutation(50, 1, 0), epoch_permutation(50, 0, 1))
+    trainer.lock.release()
+
+
+def test_token_ids_fit_their_dtype_and_a_cap_spans_several_batches(tmp_path):
+    """uint16 holds ids of a vocabulary up to 65,536 tokens, one more needs uint32; a cap larger than one
+    batch of encoded lines (4,096) keeps exactly the first ``cap`` tokens."""
+    from gbattn.data.tokens import _encode_split, tokens_dtype
+
+    assert tokens_dtype(65_536) == np.uint16 and tokens_dtype(65_537) == np.uint32
+
+    class Lines:
+        def lines(self, split):
+            return (f"{i % 10}\n" for i in range(10_000))
+
+    tok = Tokenizer("char", json.dumps({"chars": sorted("0123456789\n")}))
+    cap = 4_096 * 2 + 100  # more than the first batch's tokens (2 per line), less than all
+    count = _encode_split(Lines(), "train", tok, cap, tmp_path / "train.bin", progress=False)
+    ids = np.fromfile(tmp_path / "train.bin", dtype=tokens_dtype(tok.vocab_size))
+    assert count == len(ids) == cap
+    assert tok.decode(ids.tolist()) == "".join(f"{i % 10}\n" for i in range(10_000))[:cap]
+
+
+def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tmp_path, monkeypatch):
+    """A 10-step run evaluating every 4 steps evaluates at steps 4, 8 and at its end (10); with
+    validation losses that rise after step 4, the final test loss is that of best.pt (step 4), not
+    of the last weights; and its 10 steps of 8 rows have read 10 * 8 * seq_len input tokens."""
+    from gbattn.data.prepare import prepare_data
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.rundir import load_run
+
+    data = write_corpus(tmp_path / "c")
+    original = Trainer._evaluate
+
+    def rising_valid(self, split):
+        res = original(self, split)
+        return dataclasses.replace(res, loss=float(self.step)) if split == "valid" else res
+
+    monkeypatch.setattr(Trainer, "_evaluate", rising_valid)
+    result = train(tmp_path / "run", *tiny_configs(data, max_steps=10), quiet=True)
+    assert [p["step"] for p in result["curve"]] == [4, 8, 10]
+    assert result["best_step"] == 4 and result["valid_loss"] == 4.0
+    assert result["train_tokens_seen"] == 10 * 8 * (TINY["block_size"] - 1)
+    losses = {}
+    for which in ("best", "last"):
+        run = load_run(tmp_path / "run", which)
+        test = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False).splits["test"]
+        losses[which] = evaluate(run.model, test, run.seq_len).loss
+    assert result["test_loss"] == pytest.approx(losses["best"], rel=1e-6) != losses["last"]
+
+
+def test_a_training_record_averages_the_steps_since_the_last_one(tmp_path, monkeypatch):
+    """log_every=3 in a 5-step run: the record at step 3 averages steps 0-2 and the one at the end
+    (step 5) the two steps since, not their sum over three."""
+    data = write_corpus(tmp_path / "c")
+    original = Trainer._train_step
+
+    def known_loss(self, step):
+        original(self, step)
+        return float(step)
+
+    monkeypatch.setattr(Trainer, "_train_step", known_loss)
+    train(tmp_path / "run", *tiny_configs(data, max_steps=5, log_every=3, eval_every=5), quiet=True)
+    assert train_losses(tmp_path / "run") == [1.0, 3.5]

@@ -775,3 +775,31 @@ def test_a_run_directory_with_a_stray_safetensors_file_is_still_a_run(trained, t
     assert loaded.checkpoint == "best" and loaded.step == original.step
     assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(),
                                                  original.model.state_dict().values()))
+
+
+def test_json_writers_store_no_nan_and_jsonl_readers_keep_objects_only(tmp_path):
+    """write_json stores NaN and infinities as null inside tuples as well as lists (JSON has no NaN),
+    and read_jsonl keeps only objects: a line holding a list, a number or a string is skipped."""
+    def no_constants(name):
+        raise AssertionError(f"{name} written into JSON")
+
+    files.write_json({"curve": (1.0, float("nan")), "best": [float("inf")]}, tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text(), parse_constant=no_constants) == {
+        "curve": [1.0, None], "best": [None]}
+    (tmp_path / "m.jsonl").write_text('{"a": 1}\n[1, 2]\n3\n"x"\n{"b": 2}\n')
+    assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": 2}]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
+def test_a_full_disk_quota_or_read_only_filesystem_is_one_line_and_keeps_the_file(tmp_path, monkeypatch, code):
+    path = tmp_path / "results.json"
+    path.write_text("old")
+
+    def failing_replace(src, dst):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(files.os, "replace", failing_replace)
+    with pytest.raises(UserError, match=r"could not write .*results\.json .*; the previous results\.json is kept"):
+        files.atomic_write(path, "new")
+    monkeypatch.undo()
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
