@@ -138,3 +138,53 @@ def test_bench_ratios_follow_their_definitions(monkeypatch):
         compiled["decode_tokens_per_s"] / gba["decode_tokens_per_s"])
     assert compiled["compiled_step_speedup"] == pytest.approx(
         statistics.median(t0 / t for t, t0 in zip(compiled["step_s_all"], gba["step_s_all"])))
+
+
+def test_bench_timings_follow_a_fake_clock(monkeypatch):
+    """A clock that training steps and decodes advance by known amounts: eager steps 0.5 s, compiled
+    steps 0.25 s after a 3 s warm-up step each, a decode of 2 s eager and 1 s compiled after a 5 s
+    warm-up. The report's per-step times, speedups and compile times follow exactly; standard comes
+    first whatever order the variants are given in; FLOPs are counted at the measured length."""
+    import types
+
+    from gbattn.bench import speed
+    from gbattn.model.params import flops_per_token
+
+    clock, calls = [0.0], {}
+
+    def fake_step(case, x, y, autocast):
+        calls[case.label] = calls.get(case.label, 0) + 1
+        compiled = case.label.endswith(speed.COMPILED)
+        clock[0] += (3.0 if calls[case.label] <= 2 else 0.25) if compiled else 0.5
+
+    def fake_decode(model, prompt, n_decode, device, autocast, step=None):
+        key = ("decode", step is not None, id(model))
+        calls[key] = calls.get(key, 0) + 1
+        seconds = 2.0 if step is None else 5.0 if calls[key] == 1 else 1.0
+        clock[0] += 0.25 + seconds
+        return 0.25, seconds
+
+    monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(speed, "train_step", fake_step)
+    monkeypatch.setattr(speed, "prefill_and_decode", fake_decode)
+    monkeypatch.setattr(speed, "peak_memory_train_step", lambda cfg, batch, seq_len, dev, amp: 1e6)
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    monkeypatch.setattr(speed, "compiled_decode_step", lambda model: "compiled step")
+    report = speed.run_bench("cpu-char", ["boosted", "standard"], device="cpu", batch=2, seq_len=16, repeats=2,
+                             steps=3, decode=4, sweep=[8], compile="both", threads=1, quiet=True,
+                             sets={"n_layers": 1})
+    assert [r["variant"] for r in report["variants"]] == ["standard", "standard · compiled", "boosted",
+                                                         "boosted · compiled"]
+    rows = {r["variant"]: r for r in report["variants"]}
+    for name in ("standard", "boosted"):
+        eager, compiled = rows[name], rows[name + speed.COMPILED]
+        assert eager["step_s_all"] == [0.5, 0.5] and eager["tokens_per_s"] == 2 * 16 / 0.5
+        assert eager["warmup_s"] == {"train_2_steps": 1.0, "decode": 2.0} and eager["decode_tokens_per_s"] == 2.0
+        assert compiled["step_s"] == 0.25 and compiled["decode_tokens_per_s"] == 4.0 and compiled["prefill_s"] == 0.25
+        assert compiled["compiled_step_speedup"] == 2.0 and compiled["compiled_decode_speedup"] == 2.0
+        assert compiled["compile_s"] == {"train": 5.5, "decode": 4.0}
+        cfg = speed._variant_config("cpu-char", name, {"n_layers": 1})
+        assert eager["forward_flops_per_token"] == flops_per_token(cfg, seq_len=16) != flops_per_token(cfg)
+    assert rows["boosted"]["step_ratio"] == 1.0 and rows["boosted"]["flop_ratio"] > 1.0
+    assert [(r["variant"], r["step_s"], r["attention_matrix_bytes_per_head"]) for r in report["sweep"]] == [
+        ("standard", 0.5, 4 * 8 * 8), ("boosted", 0.5, 4 * 8 * 8)]

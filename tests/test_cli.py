@@ -267,6 +267,24 @@ def test_free_cores_count_only_the_cpus_this_process_may_use(monkeypatch):
     assert runtime._cpu_times({0}) == (1.0, 2.0) and runtime._cpu_times({5}) is None
 
 
+def test_cuda_is_this_processs_gpu_under_torchrun(monkeypatch):
+    """``cuda`` (or ``auto`` where CUDA is available) is the GPU of this process's local rank; an
+    explicit ``cuda:N`` is kept; without CUDA, ``auto`` is the CPU and ``cuda`` a one-line error."""
+    import torch
+
+    from gbattn.errors import UserError
+    from gbattn.runtime import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("cuda", local_rank=1) == torch.device("cuda", 1)
+    assert resolve_device("auto", local_rank=2) == torch.device("cuda", 2)
+    assert resolve_device("cuda:0", local_rank=3) == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto", local_rank=1) == torch.device("cpu")
+    with pytest.raises(UserError, match="CUDA is not available"):
+        resolve_device("cuda")
+
+
 def test_progress_lines_off_a_terminal(capsys):
     """Off a terminal: a line every `interval` seconds and one when the count reaches the total,
     with the count so far and the latest postfix."""

@@ -214,3 +214,139 @@ def test_difficulty_delta_is_paired_by_seed():
         assert column["delta"]["mean"] == pytest.approx(10.0)
         assert column["delta"]["std"] == pytest.approx(0.0, abs=1e-9)
         assert column["m1"]["mean"] == pytest.approx(100 / 3)
+
+
+def test_each_round_has_its_own_inverse_temperature():
+    """Round m scales its scores by beta_m: moving log beta_1 changes the answer but not the
+    round-0 weights, and moving log beta_0 changes those."""
+    torch.manual_seed(0)
+    model = PatternDenoiser(8, rounds=2, gate="none")
+    patterns_KD = make_patterns(Setting(8, 4, 0.5))
+    query_BD = sample_queries(patterns_KD, 0.5, 6, torch.Generator().manual_seed(0))[0]
+    with torch.no_grad():
+        out_BD, probs_BK = model(query_BD, patterns_KD)
+        model.log_beta[1] += 1.0
+        out1_BD, probs1_BK = model(query_BD, patterns_KD)
+        model.log_beta[0] += 1.0
+        _, probs2_BK = model(query_BD, patterns_KD)
+    assert torch.equal(probs1_BK, probs_BK) and not torch.allclose(out1_BD, out_BD)
+    assert not torch.allclose(probs2_BK, probs_BK)
+
+
+def test_fixed_point_converges_by_the_relative_residual():
+    """f(z) = z / 2 + b has the fixed point 2b; with |b| = 1e4 the tolerance 1e-3 is met relative to
+    |f(z)| while the absolute residual is still about 10: every query has converged. Stopped early,
+    none has, and the statistics report the absolute residual."""
+    b_BD = 1e4 * torch.arange(1.0, 4.0, dtype=torch.float64)[:, None] * torch.ones(3, 4, dtype=torch.float64)
+    def f(z):
+        return 0.5 * z + b_BD
+
+    z_BD, stats = fixed_point(f, torch.zeros_like(b_BD), tol=1e-3, max_iter=100)
+    assert stats.converged == 1.0 and stats.iterations < 100
+    assert 1.0 < stats.residual_max <= 1e-3 * (f(z_BD)).norm(dim=-1).max()
+    torch.testing.assert_close(z_BD, 2 * b_BD, rtol=2e-3, atol=0)
+    _, stats = fixed_point(f, torch.zeros_like(b_BD), tol=1e-3, max_iter=4)
+    assert stats.iterations == 4 and stats.converged == 0.0
+
+
+def test_loss_averages_over_the_batch():
+    """Both terms are batch means: a batch of the same row twice has the loss of that row."""
+    patterns_KD = torch.eye(3)
+    output_BD = torch.tensor([[0.6, 0.8, 0.0]])  # cosine 0.6 with pattern 0
+    probs_BK = torch.tensor([[0.7, 0.2, 0.1]])
+    one = denoise_loss(output_BD, probs_BK, torch.tensor([0]), patterns_KD)
+    two = denoise_loss(output_BD.repeat(2, 1), probs_BK.repeat(2, 1), torch.tensor([0, 0]), patterns_KD)
+    ce = torch.nn.functional.cross_entropy(probs_BK, torch.tensor([0])).item()
+    assert one.item() == pytest.approx(0.4 + 0.5 * ce, rel=1e-6)
+    assert two.item() == pytest.approx(one.item(), rel=1e-6)
+
+
+def test_a_run_anneals_its_learning_rate_to_zero_over_its_steps(monkeypatch):
+    """The cosine schedule spans the whole run: the last step leaves the rate at 0, the midpoint at
+    half the peak (a schedule of half the run would be back at the peak)."""
+    optimizers, lrs = [], []
+    real_adam = torch.optim.Adam
+
+    class Recorded(real_adam):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            optimizers.append(self)
+
+        def step(self, *args, **kwargs):
+            lrs.append(self.param_groups[0]["lr"])
+            return super().step(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "Adam", Recorded)
+    protocol = Protocol(steps=4, batch=8, eval_queries=8, lr=1e-2)
+    train_run(boosted_run(Setting(8, 4, 0.5), 1, None, 0), protocol)
+    assert lrs[0] == pytest.approx(1e-2) and lrs[2] == pytest.approx(0.5e-2)
+    assert optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_runs_initial_weights_come_from_its_own_seed(monkeypatch):
+    """Seed s starts from the weights torch.manual_seed(s) draws (seeds differ in their
+    initialisation, not only in their data)."""
+    from gbattn.synthetic import training
+
+    initial = {}
+    real_build = training.build_model
+
+    def build(spec, protocol):
+        model = real_build(spec, protocol)
+        initial[spec.seed] = model.qkv.weight.detach().clone()
+        return model
+
+    monkeypatch.setattr(training, "build_model", build)
+    protocol = Protocol(steps=1, batch=4, eval_queries=4)
+    for seed in (0, 1):
+        train_run(boosted_run(Setting(8, 4, 0.5), 1, None, seed), protocol)
+    torch.manual_seed(1)
+    assert torch.equal(initial[1], PatternDenoiser(8, rounds=1, gate="none").qkv.weight)
+    assert not torch.equal(initial[0], initial[1])
+
+
+def test_deq_table_reports_the_worst_seed_and_ceilings_in_percent():
+    """Over seeds, the DEQ column shows the largest residual and iteration count, the mean residual
+    and the smallest converged fraction; chance and the Bayes ceiling (with its standard error) are
+    in percent, chance printed to two decimals."""
+    from gbattn.synthetic.tables import chance_cell, summarise
+    from gbattn.synthetic.task import DEQ_SETTINGS
+    from gbattn.synthetic.training import RunSpec
+
+    seeds = (0, 1)
+    runs, bayes = {}, {}
+    for st in DEQ_SETTINGS:
+        bayes[st.key] = {"accuracy": 0.5, "stderr": 0.002}
+        for s in seeds:
+            runs[boosted_run(st, 1, None, s).key] = {"accuracy": 0.4}
+            runs[RunSpec(st, kind="deq", seed=s).key] = {"accuracy": 0.1, "fixed_point": {
+                "residual_max": (1e-6, 3e-4)[s], "residual_mean": (1e-7, 3e-7)[s], "converged": (1.0, 0.25)[s],
+                "iterations": (12, 200)[s]}}
+    for column in summarise("deq", runs, bayes, seeds)["columns"]:
+        assert column["residual_max"] == 3e-4 and column["iterations_max"] == 200
+        assert column["converged_fraction"] == 0.25 and column["residual_mean"] == pytest.approx(2e-7)
+        assert column["bayes"] == pytest.approx(50.0) and column["bayes_se"] == pytest.approx(0.2)
+        assert column["chance"] == pytest.approx(100 / Setting(**column["setting"]).K)
+    assert Setting(64, 16, 0.5).chance == 1 / 16
+    assert [chance_cell(100 / k) for k in (4, 8, 16, 32)] == ["25", "12.5", "6.25", "3.12"]
+
+
+def test_quick_and_explicit_options_reach_the_protocol(tmp_path, monkeypatch):
+    """--quick: seed 0, 1,000 queries per evaluation and 20,000 Bayes queries; the defaults are the
+    paper's protocol and seeds 0, 1, 2; --eval-queries and --steps override either."""
+    from gbattn.synthetic import tables
+
+    calls = []
+    monkeypatch.setattr(tables, "run_denoise", lambda out, experiments, seeds, protocol, *rest:
+                        calls.append((list(experiments), list(seeds), protocol)) or
+                        {"tables": {}, "wall_seconds": 0.0})
+    out = str(tmp_path / "d")
+    assert main(["denoise", "--out", out, "--quiet"]) == 0
+    assert main(["denoise", "--quick", "--out", out, "--quiet"]) == 0
+    assert main(["denoise", "--quick", "--out", out, "--eval-queries", "300", "--steps", "7",
+                 "--experiments", "deq", "--quiet"]) == 0
+    (full, full_seeds_protocol), quick, explicit = calls[0][1:], calls[1], calls[2]
+    assert full == [0, 1, 2] and full_seeds_protocol == Protocol() and calls[0][0] == ["rounds", "gates",
+                                                                                        "difficulty", "deq"]
+    assert quick[1] == [0] and quick[2] == Protocol(eval_queries=1000, bayes_queries=20_000)
+    assert explicit[0] == ["deq"] and explicit[2] == Protocol(steps=7, eval_queries=300, bayes_queries=20_000)

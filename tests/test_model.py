@@ -298,6 +298,56 @@ def test_config_errors_name_the_field(kwargs, match):
     assert issubclass(ConfigError, ValueError)
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(split=[1.0, 0.0, 0.0]), r"split=\[1.0, 0.0, 0.0\] must be three fractions .* train and valid > 0"),
+        (dict(split=[0.0, 0.5, 0.5]), r"train and valid > 0"),
+        (dict(split=[0.9, 0.1]), r"three fractions"),
+        (dict(batch_size=32, grad_accum=3), r"batch_size=32 is not divisible by grad_accum=3"),
+        (dict(lr=1e-3, min_lr=2e-3), r"min_lr=0.002 is above lr=0.001"),
+        (dict(sampling="random"), r"sampling='random' has no epochs: set max_steps"),
+    ],
+)
+def test_training_config_errors_name_the_field(kwargs, match):
+    from gbattn.config import TrainConfig
+
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(**kwargs)
+    TrainConfig(split=[0.9, 0.1, 0.0], batch_size=12, grad_accum=4, lr=1e-3, min_lr=1e-3)  # the edges are fine
+
+
+def test_overrides_leave_the_presets_as_they_were():
+    """A preset is a template: one config's overrides never reach the next config built from it."""
+    from gbattn.config import build_configs
+
+    model, train = build_configs("cpu-char", "boosted", "somewhere", {"d_model": 64, "lr": 5e-4, "dropout": 0.2,
+                                                                    "attn.rounds": 3})
+    assert (model.d_model, model.dropout, model.attn_options, train.lr) == (64, 0.2, {"rounds": 3}, 5e-4)
+    model, train = build_configs("cpu-char", "standard", "elsewhere", {})
+    assert (model.d_model, model.dropout, model.attn, train.lr, train.data) == (128, 0.0, "standard", 1e-3,
+                                                                                 "elsewhere")
+    assert preset_config("cpu-char", "boosted") == preset_config("cpu-char", "boosted", {})
+    assert PRESETS["cpu-char"].model["d_model"] == 128 and "data" not in PRESETS["cpu-char"].train
+
+
+def test_flops_per_token_at_a_shorter_sequence():
+    """At T tokens the attention scores cost 4 T d per layer (QK^T and AV), the matmuls of the
+    weights the same per token: a shorter sequence counts fewer FLOPs per token."""
+    cfg = preset_config("paper-small", "standard")
+    d, layers, vocab = 256, 4, 16_384
+    for T in (64, 256):
+        assert flops_per_token(cfg, seq_len=T) == 2 * (layers * 12 * d * d + vocab * d) + layers * 4 * T * d
+
+
+def test_param_matched_width_of_an_exact_match_is_that_width():
+    """``at least`` the target: a width whose count equals it exactly is the answer, not the next one."""
+    cfg = preset_config("cpu-char", "standard")
+    target = count_params(cfg.replace(d_model=96))
+    assert param_matched_width(cfg, target) == (96, target)
+    assert param_matched_width(cfg, target + 1)[0] == 100
+
+
 def test_unknown_preset():
     with pytest.raises(ValueError, match="preset='huge' is not allowed; choose one of paper-small"):
         preset_config("huge")

@@ -21,7 +21,7 @@ from gbattn.data import tokenizer as tokenizer_mod
 from gbattn.data.corpus import load_corpus
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
-from gbattn.errors import CheckpointError
+from gbattn.errors import CheckpointError, DataError
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
 from helpers import TINY, run_record, tiny_configs, train_killed_at, train_losses, write_corpus
 
@@ -433,6 +433,137 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
     nano = load_corpus(str(path), (0.9, 0.1, 0.0))  # nanoGPT's 90/10: test is the valid split
     assert "".join(nano.lines("valid")) == "".join(nano.lines("test")) == text[900:]
     assert "".join(nano.lines("train")) == text[:900]
+
+
+def test_single_file_splits_follow_each_fraction_and_the_fingerprint_holds_them(tmp_path):
+    """Valid takes the second fraction, test the third (unequal here); the same file split another
+    way is other data for the caches (another fingerprint)."""
+    text = "".join(f"{i:03d}\n" for i in range(250))  # 1,000 characters
+    path = tmp_path / "t.txt"
+    path.write_text(text)
+    corpus = load_corpus(str(path), (0.8, 0.15, 0.05))
+    parts = {s: "".join(corpus.lines(s)) for s in ("train", "valid", "test")}
+    assert (parts["train"], parts["valid"], parts["test"]) == (text[:800], text[800:950], text[950:])
+    assert corpus.fingerprint != load_corpus(str(path), (0.9, 0.05, 0.05)).fingerprint
+    assert corpus.fingerprint == load_corpus(str(path), (0.8, 0.15, 0.05)).fingerprint
+
+
+@pytest.mark.parametrize("names, chosen", [
+    # both WikiText flavours present: the raw files (listed first) are the ones read
+    (["wiki.train.raw", "wiki.train.tokens", "wiki.valid.raw", "wiki.valid.tokens", "wiki.test.raw",
+      "wiki.test.tokens"], ["wiki.train.raw", "wiki.valid.raw", "wiki.test.raw"]),
+    # gzip-compressed files with split words in their names
+    (["ptb.train.txt.gz", "ptb.valid.txt.gz", "ptb.test.txt.gz"], ["ptb.train.txt.gz", "ptb.valid.txt.gz",
+                                                                   "ptb.test.txt.gz"]),
+    # "val" only as a word of its own: interval.txt is no validation split
+    (["a.train.txt", "a.val.txt", "a.test.txt", "interval.txt"], ["a.train.txt", "a.val.txt", "a.test.txt"]),
+])
+def test_split_files_are_found_by_name(tmp_path, names, chosen):
+    import gzip
+
+    for name in names:
+        text = f"{name}\n"
+        if name.endswith(".gz"):
+            with gzip.open(tmp_path / name, "wt", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            (tmp_path / name).write_text(text)
+    corpus = load_corpus(str(tmp_path))
+    assert ["".join(corpus.lines(s)) for s in ("train", "valid", "test")] == [f"{n}\n" for n in chosen]
+
+
+def test_a_character_across_a_read_chunk_is_text_and_offsets_count_every_chunk(tmp_path):
+    """Files are checked 1 MiB at a time: a two-byte character that straddles the boundary is valid
+    UTF-8, and a NUL or a bad byte after the first MiB is reported at its offset in the file."""
+    straddle = tmp_path / "straddle.txt"
+    straddle.write_bytes(b"a" * (2**20 - 1) + "\u00e9\n".encode())
+    assert "".join(load_corpus(str(straddle), (0.5, 0.25, 0.25)).lines("test")).endswith("a\u00e9\n")
+    for name, bad, why in (("nul.txt", b"\x00", "NUL byte"), ("latin1.txt", b"\xe9\n", "invalid byte")):
+        (tmp_path / name).write_bytes(b"a" * (2**20 + 5) + bad)
+        with pytest.raises(DataError, match=f"{why} at byte offset {2**20 + 5}"):
+            load_corpus(str(tmp_path / name))
+
+
+class _FakeDatasets:
+    """The ``datasets`` module as corpus.py uses it: WikiText as three named splits, OpenWebText as
+    one streamed train split of documents."""
+
+    @staticmethod
+    def load_dataset(dataset, config=None, split=None, streaming=False):
+        if config is None:
+            assert (split, streaming) == ("train", True)
+            return [{"text": f"doc {i}\n"} for i in range(402)]
+        return {s: [{"text": f"{s} {i}\n"} for i in range(2)] for s in ("train", "validation", "test")}
+
+
+def test_hugging_face_corpora_map_their_splits(monkeypatch):
+    """WikiText's ``validation`` split is gbattn's valid; OpenWebText's documents i % 200 == 0 are
+    valid, i % 200 == 1 test, the rest train."""
+    monkeypatch.setitem(sys.modules, "datasets", _FakeDatasets)
+    wiki = load_corpus("wikitext-2-raw-v1")
+    assert [list(wiki.lines(s)) for s in ("train", "valid", "test")] == [
+        ["train 0\n", "train 1\n"], ["validation 0\n", "validation 1\n"], ["test 0\n", "test 1\n"]]
+    owt = load_corpus("openwebtext")
+    assert list(owt.lines("valid")) == ["doc 0\n", "doc 200\n", "doc 400\n"]
+    assert list(owt.lines("test")) == ["doc 1\n", "doc 201\n", "doc 401\n"]
+    train = list(owt.lines("train"))
+    assert len(train) == 396 and train[:2] == ["doc 2\n", "doc 3\n"] and "doc 200\n" not in train
+
+
+def test_bpe_trains_on_the_first_non_empty_training_lines(tmp_path, monkeypatch):
+    """The paper's BPE sees the first BPE_TRAIN_LINES non-empty lines of the train split only."""
+    data = tmp_path / "c"
+    data.mkdir()
+    (data / "train.txt").write_text("one two\n\nthree four\n   \nfive six\nseven eight\n")
+    (data / "valid.txt").write_text("valid words\n")
+    (data / "test.txt").write_text("test words\n")
+    seen = []
+    real_train = tokenizer_mod._train_bpe
+    monkeypatch.setattr(tokenizer_mod, "BPE_TRAIN_LINES", 3)
+    monkeypatch.setattr(tokenizer_mod, "_train_bpe",
+                        lambda lines, vocab_size: real_train(seen.extend(lines) or seen, vocab_size))
+    get_tokenizer("bpe", load_corpus(str(data)), vocab_size=40, verbose=False)
+    assert seen == ["one two\n", "three four\n", "five six\n"]
+
+
+def test_prepared_data_follows_the_configs_caps_and_split(tmp_path):
+    """train_tokens caps train, eval_tokens caps valid and test; a single file is split by the
+    config's fractions."""
+    from gbattn.config import TrainConfig
+    from gbattn.data.prepare import prepare_data
+
+    data = write_corpus(tmp_path / "c")
+    cfg = TrainConfig(data=str(data), tokenizer="char", train_tokens=500, eval_tokens=70)
+    splits = prepare_data(cfg, vocab_size=64, progress=False).splits
+    assert [len(splits[s]) for s in ("train", "valid", "test")] == [500, 70, 70]
+    (tmp_path / "t.txt").write_text("".join(f"{i:03d}\n" for i in range(250)))  # 1,000 characters
+    cfg = TrainConfig(data=str(tmp_path / "t.txt"), tokenizer="char", split=[0.5, 0.3, 0.2], train_tokens=None,
+                      eval_tokens=None)
+    splits = prepare_data(cfg, vocab_size=64, progress=False).splits
+    assert [len(splits[s]) for s in ("train", "valid", "test")] == [500, 300, 200]
+
+
+def test_char_vocabulary_covers_every_split(tmp_path):
+    """A character seen only in valid or test is in the char vocabulary: every split encodes."""
+    data = tmp_path / "c"
+    data.mkdir()
+    for split, text in (("train", "abc\n"), ("valid", "abz\n"), ("test", "a!c\n")):
+        (data / f"{split}.txt").write_text(text)
+    corpus = load_corpus(str(data))
+    tok = get_tokenizer("char", corpus)
+    assert tok.chars == sorted("\nabcz!")
+    assert [tok.decode(tok.encode("".join(corpus.lines(s)))) for s in ("valid", "test")] == ["abz\n", "a!c\n"]
+
+
+def test_tokenizer_kinds_are_checked(tmp_path):
+    """``hf`` needs a file (``hf=PATH``; a bare ``hf`` must not quietly fetch GPT-2's), only file
+    kinds take one, and a char tokenizer's payload lists each character once."""
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    for kind in ("hf", "char=x", "bpe=x", "words"):
+        with pytest.raises(DataError, match=f"--tokenizer {kind!r} is not allowed"):
+            get_tokenizer(kind, corpus)
+    with pytest.raises(ValueError, match="distinct single characters"):
+        Tokenizer("char", json.dumps({"chars": ["a", "b", "a"]}))
 
 
 def test_a_tokenizer_of_another_vocabulary_size_is_not_taken_from_the_cache(tmp_path):
