@@ -75,9 +75,11 @@ def test_user_errors_one_line_status_2(capsys, argv, message):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-def test_console_script_exit_status():
+@pytest.mark.parametrize("module", ["gbattn.cli", "gbattn"])
+def test_console_script_exit_status(module):
+    """``python -m gbattn.cli`` (torchrun's form) and ``python -m gbattn`` are the ``gbattn`` command."""
     proc = subprocess.run(
-        [sys.executable, "-m", "gbattn.cli", "params", "paper-small", "--attn", "bogus"], capture_output=True, text=True
+        [sys.executable, "-m", module, "params", "paper-small", "--attn", "bogus"], capture_output=True, text=True
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (

@@ -456,3 +456,29 @@ def test_plot_refuses_a_results_json_with_a_boolean_count_or_a_text_published_va
         code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_a_continued_model_counts_its_continuation_and_is_drawn_after_its_base(tmp_path):
+    """``upcycle``: rows that continue ``base``'s weights say what their steps, tokens and FLOPs count
+    and what the base adds; their curves start after the base's tokens; a recipe without param-fair
+    or compute-matched rows explains neither."""
+    from gbattn.analysis.cli import read_curves
+
+    base = {**model_row("base", {"42": 200.0}, steps=600), "train_tokens": 1_000, "train_flops": 2.11e13,
+            "wall_clock_s": 390.0}
+    rows = [base, {**model_row("standard-continued", {"42": 129.0}, steps=600), "init_from": "base"},
+            {**model_row("gba-upcycled", {"42": 128.0}, steps=600), "init_from": "base"}]
+    md = results_markdown(report_of(rows))
+    assert ("standard-continued, gba-upcycled continue base's trained weights (a fresh optimizer and schedule): "
+            "their steps, train tokens, tokens/param, train PFLOP and wall-clock count the continuation only; for "
+            "the whole training add base's 600 steps, 0.00M tokens, 0.0211 PFLOP and 6.5 min") in md
+    assert "`param-fair`" not in md and "`compute-matched`" not in md
+    rows.append(model_row("compute-matched", {"42": 120.0}, compute_matched_to="gba-upcycled"))
+    md = results_markdown(report_of(rows))
+    assert "`param-fair`" not in md and "`compute-matched`: standard trained for as many" in md
+    for label, first in (("base", 10), ("gba-upcycled", 1_010)):
+        run = tmp_path / label / "seed42"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"event": "eval", "step": 1, "tokens": 10, "valid_ppl": 9.0})
+                                           + "\n")
+        assert read_curves(tmp_path, report_of(rows))[label]["42"]["valid"] == [(first, 9.0)]

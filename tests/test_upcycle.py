@@ -410,7 +410,7 @@ def test_upcycling_a_non_standard_run_refused(gbattn_dir, tmp_path):
 
 
 @pytest.mark.parametrize("which", ["gbattn", "gpt2"])
-def test_cli_upcycle_then_train_init_from(which, request, tmp_path, capsys):
+def test_cli_upcycle_then_train_init_from(which, request, tmp_path, capsys, monkeypatch):
     """``gbattn upcycle`` writes a run directory (config, tokenizer, best.pt at step 0; no checkpoint.pt)
     whose model is the source's function, and ``gbattn train --init-from`` continues it for 3 steps."""
     source = request.getfixturevalue(f"{which}_dir")
@@ -428,15 +428,34 @@ def test_cli_upcycle_then_train_init_from(which, request, tmp_path, capsys):
     idx = torch.randint(0, run.model_cfg.vocab_size, (2, 16))
     torch.testing.assert_close(logits64(run.model, idx), logits64(load_source(source).build_model(), idx), **EXACT)
 
+    if which == "gpt2":  # trained elsewhere: the run records no corpus of its own
+        assert main(["eval", str(up_dir)]) == 2
+        assert capsys.readouterr().err.strip() == f"gbattn: error: {up_dir} records no corpus: pass --data (a corpus " \
+                                                  f"name, a directory or a text file)"
+
     train_dir = tmp_path / "train"
-    argv = ["train", "--init-from", str(up_dir), "--out", str(train_dir), "--data", "tiny-shakespeare", "--quiet",
+    argv = ["train", "--init-from", str(up_dir), "--out", str(train_dir), "--data", "tiny-shakespeare",
             "--threads", "1", "--no-compile", "--set", "max_steps=3", "--set", "batch_size=4",
             "--set", "eval_tokens=2000", "--set", "seq_len=32"]
-    assert main(argv) == 0, capsys.readouterr().err
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main([*argv, "--tokenizer", "bogus"]) == 2  # the model's tokenizer is the source's
+    assert "--init-from trains with the tokenizer of" in capsys.readouterr().err and not train_dir.exists()
+    assert main([*argv, "--set", "parallel=fsdp2"]) == 0, capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "parallel=fsdp2 applies under torchrun only" in captured.err  # not silently one process
+    summary = json.loads(captured.out.strip().splitlines()[-1])
     assert summary["steps"] == 3 and summary["attn"] == "boosted"
     trained = json.loads((train_dir / "config.json").read_text())
     assert trained["model"] == config["model"] and trained["train"]["init_from"] == str(up_dir)
+    # A run killed before its first checkpoint starts again from --init-from, recorded as given: from
+    # another working directory a relative path names nothing, and the error says where to resume.
+    trained["train"]["init_from"] = "up"
+    (train_dir / "config.json").write_text(json.dumps(trained))
+    for name in ("checkpoint.pt", "best.pt", "result.json", "metrics.jsonl"):
+        (train_dir / name).unlink(missing_ok=True)
+    monkeypatch.chdir(train_dir)
+    assert main(["train", "--resume", "--out", str(train_dir), "--quiet"]) == 2
+    assert "has no checkpoint yet, so it starts again from its --init-from up, which is not a directory from " \
+           "here: resume from the directory the run was started in" in capsys.readouterr().err
 
 
 def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys):

@@ -367,6 +367,13 @@ def read_curves(compare_dir: Path, report: dict) -> dict:
                      if e.get("event") == "eval" and numbers(e, "tokens", "valid_ppl")]
             if train or valid:
                 curves.setdefault(label, {})[seed] = {"train": train, "valid": valid}
+    # A model that continues another's trained weights is drawn after that model's tokens.
+    rows = {r["label"]: r for r in report.get("models", [])}
+    for label, row in rows.items():
+        base = rows.get(row.get("init_from"))
+        if base and label in curves and isinstance(base.get("train_tokens"), int):
+            curves[label] = {seed: {kind: [(t + base["train_tokens"], v) for t, v in points]
+                                    for kind, points in c.items()} for seed, c in curves[label].items()}
     return curves
 
 

@@ -42,6 +42,8 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
     """A trained run's (:class:`gbattn.rundir.LoadedRun`) corpus as token ids (``eval``,
     ``analyze``): at ``data`` if given, else where the run recorded it; data other than the run's
     (its fingerprint) is refused unless allowed."""
+    if not data and not run.train_cfg.data:  # e.g. upcycled from a Hugging Face checkpoint: trained on nothing here
+        raise UserError(f"{run.run_dir} records no corpus: pass --data (a corpus name, a directory or a text file)")
     train_cfg = run.train_cfg.replace(data=data) if data else run.train_cfg
     recorded = None if allow_other_data else run.data_fingerprint
     try:

@@ -202,6 +202,7 @@ def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dic
             "parameters": any_run["parameters"],
             "param_matched_to": spec.param_matched_to,
             "compute_matched_to": spec.compute_matched_to,
+            "init_from": spec.init_from,
             "flops_per_token_train": any_run["flops_per_token_train"],
             "seeds": sorted(runs),
             "test_ppl": {str(s): r["test_ppl"] for s, r in sorted(runs.items())},
@@ -255,7 +256,7 @@ def read_report(path: str | Path) -> dict:
             values = r.get(key, {})
             if not isinstance(values, dict) or not all(v is None or is_number(v) for v in values.values()):
                 raise bad(f"{label}: {key} must map seeds to numbers")
-        for key in ("published", "compute_matched_to", "param_matched_to"):
+        for key in ("published", "compute_matched_to", "param_matched_to", "init_from"):
             if r.get(key) is not None and not isinstance(r[key], list if key == "published" else str):
                 raise bad(f"{label}: {key}={r[key]!r} is of the wrong type")
     if not isinstance(report.get("seeds", []), list) or not isinstance(report.get("sets", {}), dict):
@@ -346,6 +347,9 @@ def results_markdown(report: dict) -> str:
         seeds_per_model = "; ".join(f"{r['label']}: {', '.join(seed_values(r)) or 'none'}" for r in rows)
         lines += ["", f"Seeds differ between models ({seeds_per_model}): test ppl is each model's mean over its own "
                       f"seeds; Δ vs standard is over {over}."]
+    continued = continued_note(rows)
+    if continued:
+        lines += ["", continued]
     omitted = published_omitted_note(report)
     if omitted:
         lines += ["", omitted + "."]
@@ -355,10 +359,13 @@ def results_markdown(report: dict) -> str:
     test_is_valid = rows and all(r.get("test_ppl") and r.get("test_ppl") == r.get("valid_ppl") for r in rows)
     lines += ["", "Test perplexity from the best-validation checkpoint; mean ± sample std over seeds."
               + (" This data has no test split: test perplexity is the validation perplexity of the checkpoint "
-                 "chosen on it." if test_is_valid else ""),
-              "`param-fair`: the smallest standard width with at least GBA's parameters"
-              + param_gap_text(rows) + "; `compute-matched`: standard "
-              "trained for as many training FLOPs (torch.utils.flop_counter, forward + backward) as GBA used."]
+                 "chosen on it." if test_is_valid else "")]
+    matched = ([f"`param-fair`: the smallest standard width with at least GBA's parameters{param_gap_text(rows)}"]
+               if any(r.get("param_matched_to") for r in rows) else [])
+    matched += (["`compute-matched`: standard trained for as many training FLOPs (torch.utils.flop_counter, forward "
+                 "+ backward) as GBA used"] if any(r.get("compute_matched_to") for r in rows) else [])
+    if matched:
+        lines.append("; ".join(matched) + ".")
     # Like the Δ column: over the seeds all models share when their seed sets differ.
     common = common_seeds(rows)
     curve_seeds = (f"mean over seed{'s' if len(common) > 1 else ''} {', '.join(common)}, the ones all models share"
@@ -376,6 +383,22 @@ def results_markdown(report: dict) -> str:
                 cells.append(f"{statistics.fmean(vals):.2f}" if vals else "")
             lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def continued_note(rows: list[dict]) -> str:
+    """For models that continue another model's trained weights (``init_from``): what their
+    steps, tokens, FLOPs and wall-clock count, and what to add for the whole training."""
+    by_label = {r["label"]: r for r in rows}
+    notes = []
+    for base in dict.fromkeys(r["init_from"] for r in rows if r.get("init_from")):
+        labels = ", ".join(r["label"] for r in rows if r.get("init_from") == base)
+        b = by_label.get(base)
+        add = (f"{b['steps']:,} steps, {b['train_tokens'] / 1e6:.2f}M tokens, {b['train_flops'] / 1e15:.3g} PFLOP "
+               f"and {b['wall_clock_s'] / 60:.1f} min" if b else "its steps, tokens, FLOPs and wall-clock")
+        notes.append(f"{labels} continue {base}'s trained weights (a fresh optimizer and schedule): their steps, "
+                     f"train tokens, tokens/param, train PFLOP and wall-clock count the continuation only; for the "
+                     f"whole training add {base}'s {add} (the curves figure draws them after {base}'s tokens)")
+    return "".join(f"{note}. " for note in notes).rstrip()
 
 
 def param_gap_text(rows: list[dict]) -> str:

@@ -173,6 +173,9 @@ def _init_from_trainer(args, sets: dict):
     if args.attn or args.preset and args.preset != source.get("preset") or model_sets:
         raise UserError(f"--init-from trains the model of {args.init_from} as it is: leave out --attn, --preset and "
                         f"model --set values (upcycle first to change the model: `gbattn upcycle`)")
+    if args.tokenizer is not None and args.tokenizer != source_train.tokenizer:
+        raise UserError(f"--init-from trains with the tokenizer of {args.init_from} (recorded: "
+                        f"{source_train.tokenizer}): leave out --tokenizer {args.tokenizer}")
     preset = source.get("preset") or "paper-small"
     _, train_cfg = build_configs(preset, model_cfg.attn, args.data or source_train.data, train_sets, seed=args.seed,
                                  tokenizer=source_train.tokenizer, device=args.device, compile=args.compile,

@@ -191,6 +191,10 @@ class Trainer:
         tokenizer, self.start = None, None
         has_checkpoint = self.resume and (self.run_dir / rundir.CHECKPOINT).exists()
         if cfg.init_from and not has_checkpoint:
+            if self.resume and not Path(cfg.init_from).is_dir():  # recorded as given, relative to where it started
+                raise UserError(f"{self.run_dir} has no checkpoint yet, so it starts again from its --init-from "
+                                f"{cfg.init_from}, which is not a directory from here: resume from the directory "
+                                f"the run was started in")
             self.start = rundir.load_run(cfg.init_from, None, "cpu")
             tokenizer = self.start.tokenizer
         elif self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
@@ -275,6 +279,9 @@ class Trainer:
                       f"is redone, exactly)")
         if warmup_note and self.show:  # a warning or a changed setting: stderr, apart from the output
             print(warmup_note, file=sys.stderr)
+        if self.train_cfg.parallel != "ddp" and not self.dist.enabled and self.show:
+            print(f"parallel={self.train_cfg.parallel} applies under torchrun only (torchrun --nproc_per_node N -m "
+                  f"gbattn.cli train ...); this is one process", file=sys.stderr)
 
     def _plan(self) -> list[str]:
         """What this run will do, in a few lines (vocabulary, steps, warmup, evaluations)."""
