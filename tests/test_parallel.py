@@ -47,6 +47,39 @@ def test_compare_with_two_jobs_equals_one_after_another(tmp_path, monkeypatch, c
     assert "note: --jobs 2 with 1 CPU thread(s): each run takes 1 thread, 2 in all" in capsys.readouterr().err
 
 
+
+def test_a_terminated_comparison_stops_its_runs_and_says_how_to_resume(tmp_path):
+    """SIGTERM to `compare --jobs 2`: the running children stop (each at its checkpoint), and the
+    comparison says so in one line with SIGTERM's exit status 143, instead of vanishing silently."""
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=100_000, eval_every=5, tokenizer="char", batch_size=4, seq_len=32,
+                train_tokens="null", eval_tokens="null", warmup_steps=2)
+    out = tmp_path / "cmp"
+    env = dict(os.environ, GBATTN_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "gbattn", "compare", "--recipe", "cpu-char", "--data", str(data), "--seeds", "1",
+            "--jobs", "2", "--threads", "2", "--out", str(out), "--quiet",
+            *sum((["--set", f"{k}={v}"] for k, v in sets.items()), [])]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # until two runs train
+            if len(list(out.glob("*/seed1/" + rundir.CHECKPOINT))) >= 2:
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gbattn: error: compare terminated: the runs in progress (") and last.endswith(
+        "stopped at their last checkpoint; rerun the same command to resume"), err
+    stopped = last.split("(", 1)[1].split(")", 1)[0].split(", ")
+    assert len(stopped) == 2 and all((out / run / rundir.CHECKPOINT).is_file() for run in stopped), stopped
+
+
 GRADIENT_WORKER = textwrap.dedent('''
     """Under torchrun: each process takes half of a global batch; FSDP2's full gradients (rank 0)
     are written for the test to compare with one process on the whole batch."""

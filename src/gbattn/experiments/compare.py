@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -143,8 +144,12 @@ class _Runner:
         todo = [(spec, seed) for seed in self.seeds for spec in training_order(self.specs)]
         running: dict[tuple[str, int], subprocess.Popen] = {}
         failed: list[str] = []
+        stopped: list[int] = []  # SIGTERM to this process: stop the children (they checkpoint), then say so
+        previous = None
+        if self.jobs > 1 and threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
         try:
-            while todo or running:
+            while (todo or running) and not stopped:
                 for key, proc in list(running.items()):
                     if proc.poll() is not None:
                         del running[key]
@@ -165,11 +170,19 @@ class _Runner:
                     failed += [f"{s.label}/seed{seed} (not trained: {self._waits_for(s, seed)})" for s, seed in todo]
                     break
         finally:
+            interrupted = [f"{label}/seed{seed}" for label, seed in running]
             for proc in running.values():  # this process is stopping: stop the children cleanly
                 proc.send_signal(signal.SIGTERM)
             for proc in running.values():
                 proc.wait()
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         self.bar.close()
+        if stopped:
+            error = UserError(f"compare terminated: the runs in progress ({', '.join(interrupted) or 'none'}) stopped "
+                              f"at their last checkpoint; rerun the same command to resume")
+            error.exit_code = 128 + int(signal.SIGTERM)  # 143, as a shell reports a terminated process
+            raise error
         if failed:
             raise UserError(f"{len(failed)} run(s) failed: {'; '.join(failed)}; rerun the same command to retry them")
         return self._report()
