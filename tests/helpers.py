@@ -30,6 +30,17 @@ WORDS = [
 ]
 
 
+def write_text(path: Path, text: str) -> None:
+    """``text`` to ``path``, gzip-compressed when its name ends in ``.gz``."""
+    if path.name.endswith(".gz"):
+        import gzip
+
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+
+
 def write_corpus(directory: Path, lines_per_split=(600, 60, 60), seed=0) -> Path:
     """A small WikiText-layout corpus of random sentences, made here (no downloads)."""
     rng = random.Random(seed)

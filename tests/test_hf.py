@@ -732,6 +732,14 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
                 assert b[task][key] == pytest.approx(value, rel=1e-5), (task, key)
 
 
+def write_task(tasks: Path, name: str, row: str, spec: str) -> None:
+    """A local lm-eval task ``name`` over one JSON row (its text in ``q``); ``spec``: the rest of its YAML."""
+    (tasks / f"{name}.jsonl").write_text(row + "\n")
+    (tasks / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tasks / f'{name}.jsonl'}\n"
+        f"test_split: test\ndoc_to_text: '{{{{q}}}}'\n" + spec)
+
+
 def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     run_dir, out = trained
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "no_such_task_xyz", "--include-path",
@@ -764,21 +772,16 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     # A generation task asking for more tokens than the model's block size (the harness's check).
     tasks = tmp_path / "tasks"
     tasks.mkdir()
-    (tasks / "toy_gen.jsonl").write_text('{"q": "A:", "a": "b"}\n')
-    (tasks / "toy_gen.yaml").write_text(
-        f"task: toy_gen\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tasks / 'toy_gen.jsonl'}\n"
-        "test_split: test\noutput_type: generate_until\ndoc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n"
-        "generation_kwargs:\n  until: ['\\n\\n']\nmetric_list:\n  - metric: exact_match\n")
+    write_task(tasks, "toy_gen", '{"q": "A:", "a": "b"}', "output_type: generate_until\ndoc_to_target: '{{a}}'\n"
+               "generation_kwargs:\n  until: ['\\n\\n']\nmetric_list:\n  - metric: exact_match\n")
     assert cli_main(["lm-eval", str(out), "--tasks", "toy_gen", "--include-path", str(tasks)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(  # after the data's loading bar
         "gbattn: error: lm-eval refused the task for this model (Invalid configuration: requested max tokens"), err
     # A task's text with a character the char tokenizer never saw (the tokenizers library's own error).
-    (tasks / "toy_mc2.jsonl").write_text('{"q": "What is 2+2?", "choices": ["four", "five"], "label": 0}\n')
-    (tasks / "toy_mc2.yaml").write_text(
-        f"task: toy_mc2\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tasks / 'toy_mc2.jsonl'}\n"
-        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{q}}'\ndoc_to_choice: '{{choices}}'\n"
-        "doc_to_target: label\nmetric_list:\n  - metric: acc\n")
+    write_task(tasks, "toy_mc2", '{"q": "What is 2+2?", "choices": ["four", "five"], "label": 0}',
+               "output_type: multiple_choice\ndoc_to_choice: '{{choices}}'\ndoc_to_target: label\n"
+               "metric_list:\n  - metric: acc\n")
     assert cli_main(["lm-eval", str(out), "--tasks", "toy_mc2", "--include-path", str(tasks)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(

@@ -23,7 +23,7 @@ from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError, DataError
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
-from helpers import TINY, run_record, tiny_configs, train_killed_at, train_losses, write_corpus
+from helpers import TINY, run_record, tiny_configs, train_killed_at, train_losses, write_corpus, write_text
 
 
 def final_weights(run_dir: Path) -> dict:
@@ -433,14 +433,8 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
     nano = load_corpus(str(path), (0.9, 0.1, 0.0))  # nanoGPT's 90/10: test is the valid split
     assert "".join(nano.lines("valid")) == "".join(nano.lines("test")) == text[900:]
     assert "".join(nano.lines("train")) == text[:900]
-
-
-def test_single_file_splits_follow_each_fraction_and_the_fingerprint_holds_them(tmp_path):
-    """Valid takes the second fraction, test the third (unequal here); the same file split another
-    way is other data for the caches (another fingerprint)."""
-    text = "".join(f"{i:03d}\n" for i in range(250))  # 1,000 characters
-    path = tmp_path / "t.txt"
-    path.write_text(text)
+    # Valid takes the second fraction, test the third (unequal here); the same file split another
+    # way is other data for the caches (another fingerprint).
     corpus = load_corpus(str(path), (0.8, 0.15, 0.05))
     parts = {s: "".join(corpus.lines(s)) for s in ("train", "valid", "test")}
     assert (parts["train"], parts["valid"], parts["test"]) == (text[:800], text[800:950], text[950:])
@@ -459,15 +453,8 @@ def test_single_file_splits_follow_each_fraction_and_the_fingerprint_holds_them(
     (["a.train.txt", "a.val.txt", "a.test.txt", "interval.txt"], ["a.train.txt", "a.val.txt", "a.test.txt"]),
 ])
 def test_split_files_are_found_by_name(tmp_path, names, chosen):
-    import gzip
-
     for name in names:
-        text = f"{name}\n"
-        if name.endswith(".gz"):
-            with gzip.open(tmp_path / name, "wt", encoding="utf-8") as f:
-                f.write(text)
-        else:
-            (tmp_path / name).write_text(text)
+        write_text(tmp_path / name, f"{name}\n")
     corpus = load_corpus(str(tmp_path))
     assert ["".join(corpus.lines(s)) for s in ("train", "valid", "test")] == [f"{n}\n" for n in chosen]
 

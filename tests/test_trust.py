@@ -25,7 +25,7 @@ from gbattn import files, rundir
 from gbattn.data.corpus import load_corpus
 from gbattn.errors import UserError
 from gbattn.train.trainer import train
-from helpers import TINY, run_cli, tiny_configs, write_corpus
+from helpers import TINY, run_cli, tiny_configs, write_corpus, write_text
 
 GBATTN = [sys.executable, "-m", "gbattn.cli"]
 
@@ -388,11 +388,7 @@ def test_directory_layouts(tmp_path, names):
     d = tmp_path / "d"
     d.mkdir()
     for name, text in zip(names, ("train text\n", "valid text\n", "test text\n")):
-        if name.endswith(".gz"):
-            with gzip.open(d / name, "wt", encoding="utf-8") as f:
-                f.write(text)
-        else:
-            (d / name).write_text(text)
+        write_text(d / name, text)
     corpus = load_corpus(str(d))
     assert [next(iter(corpus.lines(s))) for s in ("train", "valid", "test")] == ["train text\n", "valid text\n",
                                                                               "test text\n"]
