@@ -703,6 +703,7 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
         results[model_dir] = json.loads((folder / "results-gbattn_toy_mc+gbattn_toy_ppl.json").read_text())
         assert '"/' not in json.dumps(results[model_dir]) and "samples" not in results[model_dir]  # no absolute path
         assert results[model_dir]["gbattn"]["step"] == run.step
+        assert results[model_dir]["gbattn"]["checkpoint"] == ("best" if model_dir == run_dir else "exported")
         samples = {t: [json.loads(line) for line in (folder / f"samples-{t}-gbattn_toy_mc+gbattn_toy_ppl.jsonl")
                        .read_text().splitlines()] for t in ("gbattn_toy_mc", "gbattn_toy_ppl")}
         assert len(samples["gbattn_toy_mc"]) == 6 and len(samples["gbattn_toy_ppl"]) == 4
@@ -722,7 +723,7 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
     assert not [m for m in warned if m.startswith("Token indices sequence length")], warned
     from gbattn.hf.lmeval import GbattnLM, load_model
 
-    model, tokenizer, block_size, _ = load_model(out, "best", torch.device("cpu"))
+    model, tokenizer, block_size, _, _ = load_model(out, "best", torch.device("cpu"))
     lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=1, max_length=block_size)
     assert lm.prefix_token_id == eos and lm.tok_decode(tokenizer.encode("All:\nSpeak")) == "All:\nSpeak"
     a, b = (results[d]["results"] for d in (run_dir, out))

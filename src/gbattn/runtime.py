@@ -84,8 +84,13 @@ def free_cores() -> int:
     (at least 1). Oversubscribing a busy CPU slowed PyTorch 3.4-4.0x here (README, "Threads"),
     so gbattn defaults to this rather than to every core."""
     cpus = usable_cpus()
-    cores = len(cpus) if cpus else os.cpu_count() or 1
+    cores = core_count(cpus)
     return max(1, min(cores, round(cores - busy_cores(cpus))))
+
+
+def core_count(cpus: set[int] | None) -> int:
+    """How many ``cpus`` there are (None: every core of the machine)."""
+    return len(cpus) if cpus else os.cpu_count() or 1
 
 
 def usable_cpus() -> set[int] | None:
@@ -107,7 +112,7 @@ def busy_cores(cpus: set[int] | None = None, interval: float = 0.2) -> float:
         time.sleep(interval)
         second = _cpu_times(cpus)
         if second is not None and second[1] > first[1]:
-            return (second[0] - first[0]) / (second[1] - first[1]) * (len(cpus) if cpus else os.cpu_count() or 1)
+            return (second[0] - first[0]) / (second[1] - first[1]) * core_count(cpus)
     try:
         return os.getloadavg()[0]
     except OSError:

@@ -398,7 +398,7 @@ def continued_note(rows: list[dict]) -> str:
         notes.append(f"{labels} continue {base}'s trained weights (a fresh optimizer and schedule): their steps, "
                      f"train tokens, tokens/param, train PFLOP and wall-clock count the continuation only; for the "
                      f"whole training add {base}'s {add} (the curves figure draws them after {base}'s tokens)")
-    return "".join(f"{note}. " for note in notes).rstrip()
+    return " ".join(f"{note}." for note in notes)
 
 
 def param_gap_text(rows: list[dict]) -> str:

@@ -39,7 +39,8 @@ class GbattnLM(HFLM):
 
 
 def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.device):
-    """(model in eval mode on ``device``, tokenizer, block_size, step) of a run or exported directory."""
+    """(model in eval mode on ``device``, tokenizer, block_size, step, which weights: ``exported`` or
+    the run's ``best``/``last``) of a run or exported directory."""
     if is_exported(model_dir):
         if not (Path(model_dir) / "tokenizer.json").is_file():
             raise CheckpointError(f"{model_dir} has no tokenizer.json (`gbattn export` writes it, transformers' "
@@ -57,12 +58,12 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
         except (ValueError, OSError) as e:
             raise CheckpointError(f"the tokenizer in {model_dir} does not load ({error_detail(e, 160)})") from None
         check_exported_checkpoint(Path(model_dir), checkpoint, model.config.gbattn.get("checkpoint"))
-        step = model.config.gbattn.get("step", 0)
+        step, which = model.config.gbattn.get("step", 0), "exported"
     else:
         run = load_run(model_dir, checkpoint, "cpu")
         model, tokenizer = wrap_run(run)
-        step = run.step
-    return model.to(device).eval(), tokenizer, model.config.max_position_embeddings, step
+        step, which = run.step, run.checkpoint
+    return model.to(device).eval(), tokenizer, model.config.max_position_embeddings, step, which
 
 
 def close_progress_bars() -> None:
@@ -96,7 +97,7 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
                 num_fewshot: int | None = None, log_samples: bool = False) -> dict:
     """The harness's results dict (``samples`` in it with ``log_samples``)."""
     manager = task_manager(tasks, include_path)
-    model, tokenizer, block_size, step = load_model(model_dir, checkpoint, torch.device(device))
+    model, tokenizer, block_size, step, which = load_model(model_dir, checkpoint, torch.device(device))
     lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
                   max_length=block_size)
     # The harness encodes whole documents and cuts them into windows of block_size itself, so the
@@ -121,7 +122,6 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
                         f"tokenizer knows only the characters of its training text; {error_detail(e, 120)})") from None
     finally:
         tokenizer_log.removeFilter(_windowed_by_the_harness)
-    which = "exported" if is_exported(model_dir) else checkpoint or "best"
     results["gbattn"] = {"step": step, "block_size": block_size, "checkpoint": which}
     return results
 
