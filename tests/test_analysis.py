@@ -95,6 +95,14 @@ def assert_png(path):
 # ---- gbattn analyze ----------------------------------------------------------------------
 
 
+def test_relative_drop_is_none_where_round0_entropy_is_zero():
+    """At sequence length 1 every row attends to one key: both rounds' entropies are 0 and the ratio
+    has no meaning, so the summary says null instead of writing NaN into summary.json."""
+    assert stats.relative_drop(0.0, 0.0) is None
+    assert stats.relative_drop(1.5, 2.0) == pytest.approx(0.25)
+    assert stats.relative_drop(2.5, 2.0) == pytest.approx(-0.25)
+
+
 def test_analyze_against_writes_every_figure_and_values_in_range(runs, tmp_path, capsys):
     out = tmp_path / "analysis"
     code = cli_main(["analyze", str(runs["gba"]), "--against", str(runs["std"]), "--out", str(out),

@@ -113,6 +113,13 @@ def top_gains(diff_NT: np.ndarray, k: int, min_position: int = 0, one_per_row: b
     return picked
 
 
+def relative_drop(round1: float, round0: float) -> float | None:
+    """1 - round1 / round0, the correction's relative entropy drop; None where round 0's entropy is
+    0 (every row attends to one key, as at sequence length 1), where the ratio has no meaning."""
+    round0 = float(round0)
+    return None if round0 <= 0 else float(1 - float(round1) / round0)
+
+
 def _mean_std(total: float, total_sq: float, count: float) -> tuple[float, float]:
     mean = total / max(count, 1)
     return mean, math.sqrt(max(total_sq / max(count, 1) - mean * mean, 0.0))
@@ -258,13 +265,14 @@ class IntermediateStats:
                    "normalised_mean_per_round": norm_LM[li, :M].tolist(), "per_head": mean_LMH[li, :M].tolist(),
                    "histogram_counts_per_round": self.entropy_hist_LMK[li, :M].tolist()}
             if M > 1:
-                row["relative_drop"] = float(1 - mean_LM[li, 1] / mean_LM[li, 0])
+                row["relative_drop"] = relative_drop(mean_LM[li, 1], mean_LM[li, 0])
             out["per_layer"].append(row)
         if self.boosted:
             corrected_L = has_LM[:, 1]
-            out["relative_drop"] = float(1 - mean_LM[corrected_L, 1].mean() / mean_LM[corrected_L, 0].mean())
+            out["relative_drop"] = relative_drop(mean_LM[corrected_L, 1].mean(), mean_LM[corrected_L, 0].mean())
             out["relative_drop_definition"] = ("1 - mean entropy of round 1 / mean entropy of round 0, over the "
-                                               "layers with a correction (positive = correction sharper)")
+                                               "layers with a correction (positive = correction sharper; "
+                                               "null where round 0's entropy is 0, e.g. a sequence of length 1)")
         return out
 
     def gate_summary(self) -> dict | None:
