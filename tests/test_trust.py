@@ -339,7 +339,7 @@ def test_eval_per_token_files_hold_one_loss_per_scored_token(trained, tmp_path, 
     import numpy as np
 
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
-    for name, read in (("losses.txt", np.loadtxt), ("losses.npy", np.load)):
+    for name, read in (("losses.txt", np.loadtxt), ("new-folder/losses.npy", np.load)):  # its folder is made
         code, out, err = run_cli(capsys, ["eval", trained["run"], "--per-token", tmp_path / name])
         assert code == 0, err
         record = json.loads(out.strip().splitlines()[-1])
@@ -574,7 +574,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("--set epochs=0", [*new_run, "--set", "epochs=0"], "epochs=0.0 must be > 0"),
         ("--set grad_clip=-1", [*new_run, "--set", "grad_clip=-1"], "grad_clip=-1.0 must be >= 0"),
         ("--set split", [*new_run, "--set", "split=[0.5,0.6,0]"], "summing to 1"),
-        ("--set tokenizer=5", [*new_run, "--set", "tokenizer=5"], "tokenizer=5 must be a string"),
+        ("--set tokenizer=5", ["train", "--out", tmp_path / "o14", "--data", data, "--set", "tokenizer=5"],
+         "tokenizer=5 must be a string"),
         ("--set without =", [*new_run, "--set", "lr"], "expected key=value"),
         ("--seed negative", [*new_run, "--seed", "-5"], "argument --seed: -5 must be >= 0"),
         ("generate --seed beyond 2**63", ["generate", run, "--prompt", "a", "--seed", "1" + "0" * 22],
@@ -604,6 +605,18 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("empty --out", ["train", "--out", "", "--data", data, "--tokenizer", "char"], "--out: is empty"),
         ("--data is a device", ["train", "--out", tmp_path / "o11", "--data", "/dev/null"],
          "is neither a regular file nor a directory"),
+        # An option and a --set of the same field: both given and different is refused, not one chosen silently.
+        ("--tokenizer and --set tokenizer differ", [*new_run, "--set", "tokenizer=bpe"],
+         "--tokenizer char and --set tokenizer=bpe disagree"),
+        ("--attn and --set attn differ", ["params", "--attn", "boosted", "--set", "attn=standard"],
+         "--attn boosted and --set attn=standard disagree"),
+        ("--data and --set data differ", [*new_run, "--set", f"data={short_test}"], "disagree: give one of them"),
+        ("--init-from with --set tokenizer", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
+                                              "tokenizer=bpe"], "trains with the tokenizer of"),
+        ("compare --set attn", ["compare", "--recipe", "cpu-char", "--data", data, "--out", tmp_path / "c2", "--set",
+                                "attn=boosted"], "the recipe chooses each model's"),
+        ("bench --set attn", ["bench", "--preset", "cpu-char", "--set", "attn=boosted"],
+         "name the variants with --attn"),
     ]
     return cases
 
@@ -623,7 +636,7 @@ def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, mo
         report.append(f"{name}: {line}")
     assert snapshot(trained["run"]) == before  # nothing in the run directory changed
     # A new run that failed before writing anything leaves no directory behind (a typo in --data).
-    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 13)), sorted(tmp_path.glob("o*"))
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 15)), sorted(tmp_path.glob("o*"))
     (tmp_path / "bad-inputs.txt").write_text("\n".join(report) + "\n")
 
 

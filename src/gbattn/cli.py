@@ -21,12 +21,10 @@ COMMAND_MODULES = ["gbattn.train.cli", "gbattn.eval.cli", "gbattn.hf_cli", "gbat
 
 
 def model_config_from_args(args):
-    from gbattn.config import parse_sets, preset_config
+    from gbattn.config import merge_options, parse_sets, preset_config
 
-    overrides = parse_sets(args.sets)
-    if args.residual:
-        overrides["residual"] = args.residual
-    return preset_config(args.preset or "paper-small", args.attn or "standard", overrides)
+    overrides = merge_options(parse_sets(args.sets), attn=args.attn, residual=args.residual)
+    return preset_config(args.preset or "paper-small", overrides.pop("attn", "standard"), overrides)
 
 
 def cmd_list(args) -> None:

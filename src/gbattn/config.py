@@ -330,6 +330,20 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def merge_options(sets: dict[str, Any], **options: Any) -> dict[str, Any]:
+    """``sets`` (parsed ``--set`` values) with the command-line options that name the same fields
+    (``--attn``, ``--residual``, ``--seed``, ``--tokenizer``, ...) added; None means not given. A field
+    given both ways with different values is an error, not a silent choice of one."""
+    out = dict(sets)
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key in out and out[key] != value:
+            raise ConfigError(f"--{key} {value} and --set {key}={out[key]} disagree: give one of them")
+        out[key] = value
+    return out
+
+
 def set_path(d: dict, key: str, value: Any) -> None:
     """``d[a][b] = value`` for ``key = "a.b"`` (``attn.x`` is short for ``attn_options.x``)."""
     if key.startswith("attn."):

@@ -160,6 +160,8 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     ``decode``: cached decode steps (default 64, or half the block size when smaller) after a prefill
     of ``prefill`` tokens (default up to 128, what the block size leaves)."""
     sets = dict(sets or {})
+    if "attn" in sets:
+        raise UserError("--set attn=... would make every variant benched that one: name the variants with --attn")
     if out:
         check_writable_dir(out, "--out")
     if threads is not None:

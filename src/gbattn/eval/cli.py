@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -51,7 +52,7 @@ def cmd_eval(args) -> None:
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
     from gbattn.eval.perplexity import evaluate
-    from gbattn.files import check_writable_file
+    from gbattn.files import atomic_write, check_writable_file
     from gbattn.progress import Progress
     from gbattn.rundir import OWN_FILES, load_run
     from gbattn.runtime import autocast, resolve_device, set_threads
@@ -75,11 +76,14 @@ def cmd_eval(args) -> None:
     bar.close()
     out = {"run_dir": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint, "step": run.step,
            "loss": res.loss, "ppl": res.ppl, "tokens": res.tokens}
-    if args.per_token:
+    if args.per_token:  # serialised first, then written whole (files.atomic_write), its folder made if new
+        buffer = io.BytesIO()
         if args.per_token.endswith(".npy"):
-            np.save(args.per_token, res.per_token)
+            np.save(buffer, res.per_token)
         else:
-            np.savetxt(args.per_token, res.per_token, fmt="%.6f")
+            np.savetxt(buffer, res.per_token, fmt="%.6f")
+        Path(args.per_token).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(args.per_token, buffer.getbuffer())
         out["per_token_file"] = args.per_token
     print(f"{args.split} perplexity {res.ppl:.3f} (loss {res.loss:.4f} nats) over {res.tokens:,} tokens, "
           f"{run.checkpoint} weights at step {run.step}")

@@ -32,12 +32,10 @@ def register(sub) -> None:
 def cmd_compare(args) -> None:
     from pathlib import Path
 
-    from gbattn.config import parse_sets
+    from gbattn.config import merge_options, parse_sets
     from gbattn.experiments.compare import run_compare
 
-    sets = parse_sets(args.sets)
-    if args.residual:
-        sets["residual"] = args.residual
+    sets = merge_options(parse_sets(args.sets), residual=args.residual)
     report = run_compare(args.recipe, args.out, data=args.data, seeds=args.seeds, sets=sets, only=args.only,
                          quiet=args.quiet, threads=args.threads, jobs=args.jobs)
     print((Path(args.out) / "results.md").read_text(encoding="utf-8"))

@@ -94,6 +94,9 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     sets = dict(sets or {})
     if "seed" in sets:
         raise UserError("--set seed=... would give every run of the comparison that one seed: use --seeds")
+    if "attn" in sets:
+        raise UserError("--set attn=... would give every model of the recipe that one attention variant: the recipe "
+                        "chooses each model's (train another variant with `gbattn train --attn`)")
     out = Path(out_dir)
     lock = rundir.RunLock(out, what="comparison")
     try:

@@ -106,7 +106,7 @@ def _recorded(d: dict, key: str):
 
 def cmd_train(args) -> None:
     from gbattn import rundir
-    from gbattn.config import TrainConfig, build_configs, parse_sets
+    from gbattn.config import TrainConfig, build_configs, merge_options, parse_sets
     from gbattn.errors import UserError
     from gbattn.train.distributed import shutdown_distributed
     from gbattn.train.trainer import Trainer
@@ -130,19 +130,19 @@ def cmd_train(args) -> None:
             neutral["data"] = args.data
         trainer = Trainer(args.out, resume=True, quiet=args.quiet, overrides=neutral)
     else:
-        sets = parse_sets(args.sets)
-        if args.residual:
-            sets["residual"] = args.residual
+        # Options and --set name the same fields one way: both given and different is an error.
+        sets = merge_options(parse_sets(args.sets), attn=args.attn, residual=args.residual, data=args.data,
+                             seed=args.seed, tokenizer=args.tokenizer, device=args.device, compile=args.compile,
+                             threads=args.threads)
         if args.init_from:
             trainer = _init_from_trainer(args, sets)
         else:
-            if not args.data:
+            data = sets.pop("data", None)
+            if not data:
                 raise UserError("--data is required for a new run: tiny-shakespeare, an HF name, a local directory or "
                                 "a text file (README, 'Data')")
             preset = args.preset or "paper-small"
-            model_cfg, train_cfg = build_configs(preset, args.attn or "standard", args.data, sets, seed=args.seed,
-                                                 tokenizer=args.tokenizer, device=args.device, compile=args.compile,
-                                                 threads=args.threads)
+            model_cfg, train_cfg = build_configs(preset, sets.pop("attn", "standard"), data, sets)
             trainer = Trainer(args.out, model_cfg, train_cfg, quiet=args.quiet, preset=preset, restart=args.restart)
     try:
         result = trainer.run()
@@ -169,17 +169,17 @@ def _init_from_trainer(args, sets: dict):
                         f"DIR` (or --attn boosted), then --init-from DIR")
     source = source if source is not None else config  # read_configs names what is missing
     model_cfg, source_train = rundir.read_configs(source, args.init_from)
-    train_sets, model_sets = split_overrides(sets)
-    if args.attn or args.preset and args.preset != source.get("preset") or model_sets:
+    train_sets, model_sets = split_overrides(sets)  # ``sets`` holds --attn, --data, --seed, ... too
+    if args.preset and args.preset != source.get("preset") or model_sets:
         raise UserError(f"--init-from trains the model of {args.init_from} as it is: leave out --attn, --preset and "
                         f"model --set values (upcycle first to change the model: `gbattn upcycle`)")
-    if args.tokenizer is not None and args.tokenizer != source_train.tokenizer:
+    tokenizer = train_sets.pop("tokenizer", None)
+    if tokenizer is not None and tokenizer != source_train.tokenizer:
         raise UserError(f"--init-from trains with the tokenizer of {args.init_from} (recorded: "
-                        f"{source_train.tokenizer}): leave out --tokenizer {args.tokenizer}")
+                        f"{source_train.tokenizer}): leave out --tokenizer / --set tokenizer={tokenizer}")
     preset = source.get("preset") or "paper-small"
-    _, train_cfg = build_configs(preset, model_cfg.attn, args.data or source_train.data, train_sets, seed=args.seed,
-                                 tokenizer=source_train.tokenizer, device=args.device, compile=args.compile,
-                                 threads=args.threads)
+    _, train_cfg = build_configs(preset, model_cfg.attn, train_sets.pop("data", None) or source_train.data, train_sets,
+                                 tokenizer=source_train.tokenizer)
     train_cfg = train_cfg.replace(init_from=str(args.init_from), split=source_train.split)
     return Trainer(args.out, model_cfg, train_cfg, quiet=args.quiet, preset=preset, restart=args.restart,
                    extra={"init_from": str(args.init_from)})
