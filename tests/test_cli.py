@@ -210,7 +210,7 @@ def test_autocast_and_explicit_threads(monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_count_and_directory_arguments_at_their_limits():
+def test_count_arguments_at_their_limits_and_empty_option_values(capsys):
     import argparse
 
     from gbattn import arguments
@@ -223,10 +223,15 @@ def test_count_and_directory_arguments_at_their_limits():
     assert arguments.SEED(str(2**63 - 1)) == 2**63 - 1
     with pytest.raises(argparse.ArgumentTypeError, match="must be <= 9223372036854775807"):
         arguments.SEED(str(2**63))
-    for blank in ("", "   ", "\t"):
-        with pytest.raises(argparse.ArgumentTypeError, match="is empty"):
-            arguments.directory(blank)
-    assert arguments.directory("out") == "out"
+    parser = arguments.Parser(prog="gbattn test")
+    parser.add_argument("--out")
+    parser.add_argument("--seeds", nargs="+")
+    assert parser.parse_args(["--out", "o", "--seeds", "1", "2"]).seeds == ["1", "2"]
+    for argv in (["--out", ""], ["--out", "   "], ["--out=\t"], ["--seeds", "1", ""]):
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args(argv)
+        assert exit_info.value.code == 2
+        assert f"argument {argv[0].split('=')[0]}: is empty" in capsys.readouterr().err
 
 
 def test_cpu_busy_time_is_read_from_proc_stat_deltas(monkeypatch):

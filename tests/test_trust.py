@@ -603,6 +603,11 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("bench --out is a file", ["bench", "--preset", "cpu-char", "--out", f["a-file"]],
          "is a file, not a directory"),
         ("empty --out", ["train", "--out", "", "--data", data, "--tokenizer", "char"], "--out: is empty"),
+        # An empty value is an unset shell variable, never "the default": `--attn ""` trained standard.
+        ("empty --attn", [*new_run, "--attn", ""], "argument --attn: is empty"),
+        ("blank --out of export", ["export", run, "--out", " "], "argument --out: is empty"),
+        ("empty --per-token", ["eval", run, "--per-token", ""], "argument --per-token: is empty"),
+        ("empty --preset of bench", ["bench", "--preset="], "argument --preset: is empty"),
         ("--data is a device", ["train", "--out", tmp_path / "o11", "--data", "/dev/null"],
          "is neither a regular file nor a directory"),
         # An option and a --set of the same field: both given and different is refused, not one chosen silently.

@@ -12,13 +12,12 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"gbattn: error: {message} (see: {self.prog} --help)\n")
 
-
-def directory(text: str) -> str:
-    """An argparse type: a directory path that is not empty (``--out ""`` would mean the working
-    directory)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("is empty: name a directory")
-    return text
+    def _get_values(self, action, arg_strings):
+        # An empty option value is a script's unset variable (`--attn "$VARIANT"`), never a choice:
+        # refused here, once for every option, instead of meaning "not given" (the default, silently).
+        if action.option_strings and any(not text.strip() for text in arg_strings):
+            self.error(f"argument {'/'.join(action.option_strings)}: is empty")
+        return super()._get_values(action, arg_strings)
 
 
 MAX_COUNT = 2**31 - 1  # counts (threads, steps, tokens, rows) beyond this are typos, and overflow C ints

@@ -10,7 +10,7 @@ from gbattn import arguments
 def register(sub) -> None:
     p = sub.add_parser("export", help="write a run as a Hugging Face model directory (safetensors, config, tokenizer)")
     p.add_argument("run_dir", help="a run directory")
-    p.add_argument("--out", type=arguments.directory,
+    p.add_argument("--out",
                    required=True, help="the directory to write (AutoModelForCausalLM loads it after "
                    "`import gbattn.hf`)")
     arguments.checkpoint(p)

@@ -46,7 +46,7 @@ def register(sub) -> None:
     p.add_argument("--attn", required=True, help="the new attention variant: boosted, gated (or standard: a copy)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="attn.KEY=VALUE",
                    help="an option of the new attention variant, e.g. --set attn.rounds=3 --set attn.kv_source=input")
-    p.add_argument("--out", type=arguments.directory, required=True, help="the new run directory")
+    p.add_argument("--out", required=True, help="the new run directory")
     p.add_argument("--seed", type=arguments.SEED, default=0,
                    help="seed of the new parameters' initialisation (default 0)")
     p.set_defaults(func=cmd_upcycle)

@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("--data", default=None, help="the corpus where it is now, if not where the run recorded it")
     p.add_argument("--allow-other-data", action="store_true",
                    help="analyse even if the data differs from what the run was trained on (its fingerprint)")
-    p.add_argument("--out", type=arguments.directory, default=None, help="output directory (default RUN_DIR/analysis)")
+    p.add_argument("--out", default=None, help="output directory (default RUN_DIR/analysis)")
     p.add_argument("--max-rows", type=arguments.at_least(1), default=64,
                    help="held-out rows to analyse, evenly spaced (default 64)")
     p.add_argument("--batch-size", type=arguments.at_least(1), default=8)
@@ -40,7 +40,7 @@ def register(sub) -> None:
     p = sub.add_parser("plot", help="results chart and training curves of `gbattn compare` directories, or the "
                                     "loss gap between two models against training length (--gap)")
     p.add_argument("compare_dir", nargs="+", help="one comparison directory (several with --gap)")
-    p.add_argument("--out", type=arguments.directory,
+    p.add_argument("--out",
                    default=None, help="output directory (default COMPARE_DIR/figures)")
     p.add_argument("--gap", default=None, metavar="MODEL",
                    help="draw MODEL's validation loss minus each --against model's, paired by seed and step, against "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gbattn import arguments
-from gbattn.arguments import at_least, directory
+from gbattn.arguments import at_least
 from gbattn.bench import DEFAULT_VARIANTS
 
 
@@ -29,7 +29,7 @@ def register(sub) -> None:
                    help="torch.compile the training and decode steps: off, on, or both side by side (default off)")
     arguments.sets(p, "a model field for every variant", arguments.MODEL_SET_EXAMPLE)
     arguments.threads(p)
-    p.add_argument("--out", type=directory, default=None, help="write bench.json and bench.md here")
+    p.add_argument("--out", default=None, help="write bench.json and bench.md here")
     arguments.quiet(p)
     p.set_defaults(func=cmd_bench)
 

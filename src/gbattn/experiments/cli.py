@@ -13,7 +13,7 @@ def register(sub) -> None:
     p.add_argument(
         "--data", default=None, help="corpus (default: the recipe's, e.g. tiny-shakespeare or wikitext-103-raw-v1)"
     )
-    p.add_argument("--out", type=arguments.directory,
+    p.add_argument("--out",
                    required=True, help="comparison directory (a killed comparison resumes from it)")
     p.add_argument("--seeds", type=arguments.SEED, nargs="+", default=None,
                    help="default: the recipe's (paper: 42 123)")

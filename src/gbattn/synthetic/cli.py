@@ -17,7 +17,7 @@ def register(sub) -> None:
                        "(1 seed, 24 runs) about 15 seconds.")
     p.add_argument("--quick", action="store_true",
                    help=f"seed {QUICK_SEEDS[0]} only, 1,000 queries per evaluation, 20,000 Bayes queries")
-    p.add_argument("--out", type=arguments.directory,
+    p.add_argument("--out",
                    default="runs/denoise", help="output directory (default runs/denoise)")
     p.add_argument("--seeds", type=arguments.SEED, nargs="+", default=None,
                    help=f"default {list(FULL_SEEDS)} ({list(QUICK_SEEDS)} with --quick)")

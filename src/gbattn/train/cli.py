@@ -15,7 +15,7 @@ def register(sub) -> None:
     arguments.model(p)
     p.add_argument("--data", default=None, help="a corpus: tiny-shakespeare (shipped), an HF name "
                    "(wikitext-103-raw-v1, ...), a local directory or a text file (README, 'Data')")
-    p.add_argument("--out", type=arguments.directory, required=True, help="run directory")
+    p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--seed", type=arguments.SEED, default=None, help="default: the recipe's (42)")
     p.add_argument("--tokenizer", default=None, help="bpe (paper), char, gpt2, gpt2=PATH or hf=PATH (a tokenizer.json)")
     arguments.device(p)
