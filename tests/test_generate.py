@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -126,6 +128,28 @@ def test_a_left_padded_batch_past_block_size_sees_each_windows_own_padding():
         keep = torch.cat([keep, torch.ones(3, 1, dtype=torch.bool)], dim=1)
     for use_cache in (False, True):
         assert torch.equal(generate(model, batch, 12, temperature=0, prompt_mask=mask, use_cache=use_cache), seq)
+
+
+def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
+    """Right padding would continue a row after its padding (a different continuation from the row
+    alone, silently); a row of padding only, a mask of another shape, 1-D ids, a fractional token
+    count and a NaN temperature are refused with a message, not a torch error or garbage."""
+    model = tiny_model(("standard", {}))
+    ids = torch.tensor([[5, 6, 7], [5, 6, 0]])
+    left, right = torch.tensor([[1, 1, 1], [0, 1, 1]]), torch.tensor([[1, 1, 1], [1, 1, 0]])
+    assert generate(model, ids, 2, temperature=0, prompt_mask=left).shape == (2, 5)
+    cases = [
+        ({"idx_BT": ids, "prompt_mask": right}, "must be left padding"),
+        ({"idx_BT": ids, "prompt_mask": torch.tensor([[1, 1, 1], [0, 0, 0]])}, "must be left padding"),
+        ({"idx_BT": ids, "prompt_mask": left[:, 1:]}, "prompt_mask of shape (2, 2)"),
+        ({"idx_BT": ids[0]}, "expected (batch, tokens)"),
+        ({"idx_BT": ids, "max_new_tokens": 2.5}, "max_new_tokens=2.5 must be an integer"),
+        ({"idx_BT": ids, "temperature": float("nan")}, "temperature=nan must be >= 0"),
+    ]
+    for kwargs, message in cases:
+        kwargs = {"max_new_tokens": 2, **kwargs}
+        with pytest.raises(ValueError, match=re.escape(message)):
+            generate(model, **kwargs)
 
 
 def test_a_tiny_temperature_samples_the_largest_logit():

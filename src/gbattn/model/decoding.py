@@ -82,12 +82,28 @@ def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0,
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
-    if temperature < 0:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
+    if not temperature >= 0:  # also refuses NaN
         raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1 (or None for no top-k)")
+
+
+def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> None:
+    """Token ids (B, T), and a ``prompt_mask`` of their shape that is left padding: right padding
+    would continue a row after its padding, unlike the row alone (one host sync per call)."""
+    if idx_BT.dim() != 2:
+        raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens)")
+    if prompt_mask is None:
+        return
+    if prompt_mask.shape != idx_BT.shape:
+        raise ValueError(f"prompt_mask of shape {tuple(prompt_mask.shape)} for token ids of shape "
+                         f"{tuple(idx_BT.shape)}: give one entry per token")
+    mask_BT = prompt_mask.bool()
+    if not bool(mask_BT[:, -1].all()) or bool((mask_BT[:, 1:] < mask_BT[:, :-1]).any()):
+        raise ValueError("prompt_mask must be left padding: in each row the padding (False) comes before the real "
+                         "tokens (True), and the last token is real")
 
 
 @torch.no_grad()
@@ -107,6 +123,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     ``progress(1)`` is called after each new token (e.g. a progress bar's update).
     """
     check_sampling(max_new_tokens, temperature, top_k)
+    check_prompt(idx_BT, prompt_mask)
     was_training = model.training
     model.eval()
     device = idx_BT.device
