@@ -47,19 +47,22 @@ def save_hf(model, directory: Path) -> Path:
     return directory
 
 
-def gpt2_model():
+def gpt2_model(**changes):
+    """A tiny random GPT-2 (``changes``: further config fields)."""
     torch.manual_seed(1)
     cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64,
-                                  bos_token_id=0, eos_token_id=0)
+                                  bos_token_id=0, eos_token_id=0, **changes)
     model = transformers.GPT2LMHeadModel(cfg)
     perturb(model)
     return model.eval()
 
 
-def llama_model():
+def llama_model(**changes):
+    """A tiny random Llama with grouped-query attention (``changes``: further config fields)."""
     torch.manual_seed(2)
-    cfg = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                                   num_hidden_layers=2, vocab_size=VOCAB, rope_theta=500.0, tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(**{**dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                             intermediate_size=64, num_hidden_layers=2, vocab_size=VOCAB,
+                                             rope_theta=500.0, tie_word_embeddings=False), **changes})
     model = transformers.LlamaForCausalLM(cfg)
     perturb(model)
     return model.eval()
@@ -155,6 +158,30 @@ def test_converted_logits_equal_transformers(make, tmp_path, float64_llama):
     assert source.tokenizer.kind == "hf" and source.tokenizer.encode("w3 w7 zzz") == [3, 7, 0]
 
 
+# Config fields the models above leave at their defaults: a conversion that ignored one would still pass there.
+NON_DEFAULT = [
+    (gpt2_model, {"tie_word_embeddings": False}),  # an untied head: lm_head.weight, not wte
+    (gpt2_model, {"n_inner": 48}),
+    (gpt2_model, {"layer_norm_epsilon": 1e-2}),
+    (gpt2_model, {"activation_function": "gelu"}),  # exact GELU, not the tanh approximation
+    (llama_model, {"rms_norm_eps": 1e-2}),
+    (llama_model, {"attention_bias": True, "mlp_bias": True}),
+    (llama_model, {"tie_word_embeddings": True}),
+]
+
+
+@pytest.mark.parametrize("make,changes", NON_DEFAULT,
+                         ids=[f"{m.__name__[:-6]}-{json.dumps(c, separators=(',', '='))}" for m, c in NON_DEFAULT])
+def test_non_default_config_fields_convert_exactly(make, changes, tmp_path, float64_llama):
+    """Each field the conversion reads, away from its default, still gives transformers' logits."""
+    hf = make(**changes)
+    source = load_source(save_hf(hf, tmp_path / "hf"))
+    idx = tokens()
+    with torch.no_grad():
+        expected = hf.double()(idx).logits
+    torch.testing.assert_close(logits64(source.build_model(), idx), expected, rtol=1e-10, atol=1e-10)
+
+
 def test_converted_llama_matches_transformers_as_shipped_in_float32(llama_dir):
     """Without the float64 patch: transformers' float32 norms and RoPE agree to float32 rounding."""
     hf = transformers.LlamaForCausalLM.from_pretrained(llama_dir).eval()
@@ -173,19 +200,26 @@ def test_converted_configs(gpt2_dir, llama_dir):
 
 
 def test_sharded_safetensors_and_torch_bin(tmp_path, float64_llama):
-    """Shards with an index, and a plain ``pytorch_model.bin`` (tensors only), convert to the same model."""
+    """Shards with an index, and a plain ``pytorch_model.bin`` (tensors only) or its shards with their
+    index (``pytorch_model.bin.index.json``), convert to the same model."""
     hf = llama_model()
     sharded = tmp_path / "sharded"
     hf.save_pretrained(sharded, max_shard_size="20KB")
     assert (sharded / "model.safetensors.index.json").is_file()
     save_hf(hf, tmp_path / "single")
-    binary = tmp_path / "bin"
-    binary.mkdir()
-    shutil.copy(tmp_path / "single" / "config.json", binary)
+    binary, binary_shards = tmp_path / "bin", tmp_path / "bin-shards"
+    for directory in (binary, binary_shards):
+        directory.mkdir()
+        shutil.copy(tmp_path / "single" / "config.json", directory)
     torch.save(hf.state_dict(), binary / "pytorch_model.bin")
+    names = list(hf.state_dict())
+    weight_map = {name: f"pytorch_model-0000{1 + i % 2}-of-00002.bin" for i, name in enumerate(names)}
+    for shard in set(weight_map.values()):
+        torch.save({k: v for k, v in hf.state_dict().items() if weight_map[k] == shard}, binary_shards / shard)
+    (binary_shards / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     idx = tokens()
     expected = logits64(load_source(tmp_path / "single").build_model(), idx)
-    for directory in (sharded, binary):
+    for directory in (sharded, binary, binary_shards):
         shutil.copy(tmp_path / "single" / "tokenizer.json", directory)
         torch.testing.assert_close(logits64(load_source(directory).build_model(), idx), expected, **EXACT)
 
@@ -213,6 +247,78 @@ def test_pickle_that_would_run_code_is_refused(gpt2_dir, tmp_path):
     assert not marker.exists()
 
 
+# How other savers (older transformers, a plain torch.save, GPT2Model) name and store the same weights.
+WEIGHT_FILES = {
+    "tied-head-stored-too": (gpt2_model, {}, lambda sd: sd),
+    "llama-tied-head-stored-too": (llama_model, {"tie_word_embeddings": True}, lambda sd: sd),
+    "no-transformer-prefix": (gpt2_model, {}, lambda sd: {k.removeprefix("transformer."): v for k, v in sd.items()}),
+    "causal-mask-buffers": (gpt2_model, {}, lambda sd: {**sd, "transformer.h.0.attn.bias": torch.ones(1, 1, 64, 64),
+                                                        "transformer.h.1.attn.masked_bias": torch.tensor(-1e4)}),
+    "rope-frequencies": (llama_model, {}, lambda sd: {**sd, "model.layers.0.self_attn.rotary_emb.inv_freq":
+                                                          torch.ones(4)}),
+}
+
+
+@pytest.mark.parametrize("make,changes,edit", WEIGHT_FILES.values(), ids=WEIGHT_FILES)
+def test_weights_as_other_savers_store_them_convert_exactly(make, changes, edit, tmp_path, float64_llama):
+    hf = make(**changes)
+    directory = save_hf(hf, tmp_path / "hf")
+    (directory / "model.safetensors").unlink()
+    torch.save(edit(hf.state_dict()), directory / "pytorch_model.bin")
+    idx = tokens()
+    with torch.no_grad():
+        expected = hf.double()(idx).logits
+    torch.testing.assert_close(logits64(load_source(directory).build_model(), idx), expected, rtol=1e-10, atol=1e-10)
+
+
+def _training_checkpoint(directory: Path) -> None:
+    from safetensors.torch import load_file
+
+    torch.save({"model": load_file(directory / "model.safetensors"), "step": 3}, directory / "pytorch_model.bin")
+    (directory / "model.safetensors").unlink()
+
+
+def _shard_outside(directory: Path) -> None:
+    from safetensors.torch import load_file
+
+    index = {"weight_map": dict.fromkeys(load_file(directory / "model.safetensors"), "../outside.safetensors")}
+    (directory / "model.safetensors").rename(directory.parent / "outside.safetensors")
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def _index_without_weight_map(directory: Path) -> None:
+    (directory / "model.safetensors").rename(directory / "model-00001-of-00001.safetensors")
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
+
+
+def _shorter_positions(directory: Path) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "n_positions": 32}))
+
+
+DAMAGED = {
+    "training-checkpoint": (_training_checkpoint, "pytorch_model.bin is not a state dict of named tensors"),
+    "shard-outside": (_shard_outside, "names shard '../outside.safetensors', which is not a file in"),
+    "no-weight-map": (_index_without_weight_map, "has no weight_map of tensor names to shard files"),
+    "shape": (_shorter_positions, "weight wpe.weight has shape (64, 32), the config implies (32, 32)"),
+    "safetensors": (lambda d: (d / "model.safetensors").write_bytes(b"\x08" + bytes(15)), "is not a valid safetensors"),
+    "tokenizer": (lambda d: (d / "tokenizer.json").write_text("{not json"), "is not a valid tokenizer.json"),
+}
+
+
+@pytest.mark.parametrize("damage,message", DAMAGED.values(), ids=DAMAGED)
+def test_damaged_checkpoint_directories_are_refused_in_one_line(damage, message, gpt2_dir, tmp_path):
+    """Weights that are not a state dict, a shard index naming a file outside the directory (it is not
+    read) or naming no shards, a weight of another shape than the config's, a broken safetensors file or
+    tokenizer.json."""
+    directory = tmp_path / "damaged"
+    shutil.copytree(gpt2_dir, directory)
+    damage(directory)
+    with pytest.raises(CheckpointError, match=re.escape(message)) as e:
+        load_source(directory)
+    assert "\n" not in str(e.value)
+
+
 def _edit_config(source: Path, directory: Path, **changes) -> Path:
     shutil.copytree(source, directory)
     config = json.loads((directory / "config.json").read_text())
@@ -237,6 +343,16 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": [1]}}, "rope_theta=[1] must be"),
     ("llama", {"max_position_embeddings": 10**13}, "block_size=10000000000000 must be an integer in"),
     ("llama", {"head_dim": "16"}, 'head_dim="16" must be an integer'),
+    # What gbattn cannot compute exactly, each refused in one line:
+    ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}},
+     "RoPE scaling"),
+    ("llama", {"attention_bias": True}, "attention_bias=True and mlp_bias=False differ"),
+    ("gpt2", {"scale_attn_weights": False}, "scale_attn_weights=False cannot be converted exactly"),
+    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True cannot be converted"),
+    ("gpt2", {"add_cross_attention": True}, "add_cross_attention=True cannot be converted exactly"),
+    # A bool is no number (JSON true would count as 1):
+    ("llama", {"rms_norm_eps": True}, "rms_norm_eps=true must be a number"),
+    ("gpt2", {"n_layer": True}, "n_layer=True must be a positive integer"),
 ])
 def test_inexact_conversions_refused_in_one_line(which, changes, message, request, tmp_path):
     directory = _edit_config(request.getfixturevalue(f"{which}_dir"), tmp_path / "edited", **changes)
@@ -253,6 +369,25 @@ def test_inexact_conversions_refused_in_one_line(which, changes, message, reques
 def test_rope_entries_without_scaling_are_accepted(changes, base, llama_dir, tmp_path):
     """A ``default`` RoPE entry (what older configs write for no scaling) converts, with its base."""
     assert load_source(_edit_config(llama_dir, tmp_path / "edited", **changes)).model_cfg.rope_base == base
+
+
+def test_llama_fields_left_out_take_transformers_defaults(llama_dir, tmp_path, float64_llama):
+    """A Llama config.json without tie_word_embeddings or num_key_value_heads means what transformers' LlamaConfig
+    makes of it: an untied head (GPT-2's default is tied) and as many key/value heads as query heads; and
+    attention_dropout is the model's (attention-only) dropout rate."""
+    directory = save_hf(llama_model(num_key_value_heads=4), tmp_path / "mha")
+    config = json.loads((directory / "config.json").read_text())
+    del config["tie_word_embeddings"], config["num_key_value_heads"]
+    (directory / "config.json").write_text(json.dumps(config))
+    source = load_source(directory)
+    assert not source.model_cfg.tie_embeddings and source.model_cfg.kv_heads == 4
+    hf = transformers.LlamaForCausalLM.from_pretrained(directory).eval().double()
+    idx = tokens()
+    with torch.no_grad():
+        expected = hf(idx).logits
+    torch.testing.assert_close(logits64(source.build_model(), idx), expected, rtol=1e-10, atol=1e-10)
+    dropout = load_source(_edit_config(llama_dir, tmp_path / "dropout", attention_dropout=0.1)).model_cfg
+    assert (dropout.dropout, dropout.dropout_sites) == (0.1, ["attention"])
 
 
 def test_missing_or_mismatched_tokenizer_refused(gpt2_dir, tmp_path):
@@ -308,6 +443,15 @@ def test_shared_without_a_gate_takes_tanh_and_says_so(gpt2_dir):
 def test_layers_option_puts_rounds_only_there(gpt2_dir):
     model = upcycled_model(upcycle(gpt2_dir, "boosted", {"layers": [-1]}))
     assert [len(b.attn.corrections) for b in model.blocks] == [0, 1]
+
+
+def test_a_source_lacking_a_weight_is_refused(gpt2_dir):
+    """A :class:`Source` given to :func:`upcycle` directly that lacks a weight: refused, naming it (it would keep
+    its random init, another function)."""
+    source = load_source(gpt2_dir)
+    del source.state["blocks.1.ln2.bias"]
+    with pytest.raises(CheckpointError, match=re.escape("the source lacks blocks.1.ln2.bias")):
+        upcycle(source, "boosted")
 
 
 def test_no_correction_round_is_a_copy_and_says_so(gpt2_dir):
@@ -458,11 +602,74 @@ def test_cli_upcycle_then_train_init_from(which, request, tmp_path, capsys, monk
            "here: resume from the directory the run was started in" in capsys.readouterr().err
 
 
+def test_init_from_starts_at_the_upcycled_weights_with_a_fresh_optimizer(gbattn_dir, tmp_path, monkeypatch):
+    """A run started with ``init_from`` an upcycled run takes its first step from exactly those weights (the
+    source's function, not a fresh init), with no optimizer state; a model config other than the start's is
+    refused."""
+    from gbattn.train.trainer import Trainer, train
+    from gbattn.upcycle import write_run
+
+    write_run(upcycle(gbattn_dir, "boosted", {"rounds": 2}), tmp_path / "up")
+    start = rundir.load_run(tmp_path / "up")
+    train_cfg = start.train_cfg.replace(init_from=str(tmp_path / "up"), seq_len=32, compile=False, threads=1)
+    seen = {}
+
+    def first_step(self, step):
+        seen.update(step=step, state=dict(self.model.state_dict()), moments=len(self.optimizer.state))
+        raise RuntimeError("stopped before the first step")
+
+    monkeypatch.setattr(Trainer, "_train_step", first_step)
+    with pytest.raises(RuntimeError, match="stopped before the first step"):
+        train(tmp_path / "train", start.model_cfg, train_cfg, quiet=True)
+    assert seen["step"] == 0 and seen["moments"] == 0
+    assert seen["state"].keys() == start.model.state_dict().keys()
+    assert all(torch.equal(seen["state"][k], v) for k, v in start.model.state_dict().items())
+    other = start.model_cfg.replace(attn="standard", attn_options={})
+    with pytest.raises(UserError, match="its model config differs from this run's"):
+        train(tmp_path / "other", other, train_cfg, quiet=True)
+
+
+def test_train_init_from_keeps_the_source_runs_data_split(gbattn_dir, tmp_path, capsys):
+    """A continuation splits a single-file corpus as its source run did: the preset's split would train on
+    text the source held out for validation and test."""
+    from gbattn.upcycle import write_run
+
+    source = tmp_path / "source"
+    shutil.copytree(gbattn_dir, source)
+    config = json.loads((source / rundir.CONFIG).read_text())
+    config["train"]["split"] = [0.8, 0.15, 0.05]
+    (source / rundir.CONFIG).write_text(json.dumps(config))
+    write_run(upcycle(source, "boosted"), tmp_path / "up")
+    assert main(["train", "--init-from", str(tmp_path / "up"), "--out", str(tmp_path / "train"), "--quiet",
+                 "--data", "tiny-shakespeare", "--threads", "1", "--no-compile", "--set", "max_steps=1",
+                 "--set", "batch_size=4", "--set", "eval_tokens=2000", "--set", "seq_len=32"]) == 0, capsys.readouterr()
+    assert rundir.read_config(tmp_path / "train" / rundir.CONFIG)["train"]["split"] == [0.8, 0.15, 0.05]
+
+
 def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys):
     assert main(["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(tmp_path / "up")]) == 0
     capsys.readouterr()
     assert main(["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(tmp_path / "up")]) == 2
     assert "already holds a run" in capsys.readouterr().err
+    for name in ("checkpoint.pt", "best.pt"):  # weights without config.json (a run killed early) are kept too
+        (tmp_path / name).mkdir()
+        shutil.copy(tmp_path / "up" / "best.pt", tmp_path / name / name)
+        assert main(["upcycle", str(gbattn_dir), "--attn", "boosted", "--out", str(tmp_path / name)]) == 2
+        assert "already holds a run" in capsys.readouterr().err
+        assert (tmp_path / name / name).read_bytes() == (tmp_path / "up" / "best.pt").read_bytes()
+
+
+def test_upcycled_run_records_its_parameters_and_how_it_was_made(gpt2_dir, tmp_path, capsys):
+    """config.json counts every parameter of the upcycled model (copied and new) and records the source's kind
+    and the rule; the command prints the conversion's notes before its summary."""
+    argv = ["upcycle", gpt2_dir, "--attn", "boosted", "--set", "attn.kv_source=shared", "--out", tmp_path / "up"]
+    assert main([str(a) for a in argv]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 2 and "the tanh gate" in out[0] and "parameters copied" in out[1]
+    config = rundir.read_config(tmp_path / "up" / rundir.CONFIG)
+    up = upcycle(gpt2_dir, "boosted", {"kv_source": "shared"})
+    assert config["parameters"] == sum(p.numel() for p in upcycled_model(up).parameters()) > up.copied
+    assert config["extra"] == {"upcycled_from": gpt2_dir.name, "source_kind": "gpt2", "rule": up.rule}
 
 
 def test_sources_that_are_not_what_a_command_wants_get_a_line_that_says_so(gpt2_dir, tmp_path, capsys):
@@ -508,6 +715,8 @@ def test_differing_gpt2_dropout_rates_are_noted(gpt2_dir, tmp_path):
     assert len(source.notes) == 1 and source.notes[0].startswith("dropout rates differ")
     assert upcycle(source, "boosted").notes == source.notes
     assert load_source(gpt2_dir).notes == []
+    zero = load_source(_edit_config(gpt2_dir, tmp_path / "zero", attn_pdrop=0.0))  # one rate, a site without
+    assert zero.notes == [] and zero.model_cfg.dropout_sites == ["embedding", "attn-output", "ffn-output"]
 
 
 def test_rope_parameters_without_a_base_take_the_top_level_rope_theta(llama_dir, tmp_path, float64_llama):
