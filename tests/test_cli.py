@@ -65,6 +65,7 @@ def test_list_shows_variants_and_presets(capsys):
             "attn.kv_source='x' is not allowed",
         ),
         (["params", "paper-small", "--set", "d_model"], "expected key=value"),
+        (["bench", "--preset", "cpu-char", "--set", "block_size=1"], "block_size=1 leaves no input tokens per row"),
         (["frobnicate"], "invalid choice"),
     ],
 )
@@ -73,6 +74,27 @@ def test_user_errors_one_line_status_2(capsys, argv, message):
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_out_of_memory_is_one_line_and_other_errors_are_not_hidden(capsys, monkeypatch):
+    """CUDA raises torch.OutOfMemoryError, the CPU allocator a plain RuntimeError (`train --set
+    d_model=1000000` on CPU was a traceback): both are one line and status 2; any other RuntimeError
+    is a bug and keeps its traceback."""
+    import torch
+
+    import gbattn.cli
+
+    errors = [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB"),
+              RuntimeError(f"[enforce fail at alloc_cpu.cpp:127] err == 0. {gbattn.cli.CPU_ALLOCATION_FAILED}: you "
+                           f"tried to allocate 12000000000000 bytes."),
+              MemoryError()]
+    for error in errors:
+        monkeypatch.setattr(gbattn.cli, "cmd_list", lambda args, error=error: (_ for _ in ()).throw(error))
+        code, _, err = run_cli(capsys, ["list"])
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "out of memory" in err, err
+    monkeypatch.setattr(gbattn.cli, "cmd_list", lambda args: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["list"])
 
 
 @pytest.mark.parametrize("module", ["gbattn.cli", "gbattn"])

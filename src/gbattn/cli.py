@@ -104,6 +104,9 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
+
+
 def main(argv: list[str] | None = None) -> int:
     from gbattn.errors import UserError
 
@@ -128,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gbattn: interrupted", file=sys.stderr)
         return 130
-    except (MemoryError, torch.OutOfMemoryError) as e:  # sizes a machine cannot hold (batch, width, samples)
+    except (MemoryError, RuntimeError) as e:  # sizes a machine cannot hold (batch, width, samples)
+        # torch.OutOfMemoryError on CUDA; on CPU the allocator raises a plain RuntimeError.
+        if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and CPU_ALLOCATION_FAILED not in str(e):
+            raise
         detail = " ".join(str(e).split())[:200]
         print(f"gbattn: error: out of memory{f' ({detail})' if detail else ''}: choose smaller sizes (batch_size, "
               f"seq_len, d_model, --num-samples, ...)", file=sys.stderr)

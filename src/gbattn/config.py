@@ -101,6 +101,9 @@ class ModelConfig(Typed):
     def input_length(self, seq_len: int | None) -> int:
         """Input tokens per row: ``seq_len``, or ``block_size - 1`` when it is None (the default of
         ``TrainConfig.seq_len``, and of ``gbattn bench --seq-len``)."""
+        if seq_len is None and self.block_size < 2:
+            raise ConfigError(f"block_size={self.block_size} leaves no input tokens per row (seq_len defaults to "
+                              f"block_size - 1): use block_size >= 2, or --set seq_len=1")
         return seq_len or self.block_size - 1
 
     def dropout_at(self, site: str) -> float:
