@@ -199,6 +199,9 @@ class Trainer:
             tokenizer = self.start.tokenizer
         elif self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
             tokenizer = Tokenizer.load(self.run_dir / rundir.TOKENIZER, expected_vocab=self.model_cfg.vocab_size)
+        self.seq_len = self.model_cfg.input_length(cfg.seq_len)  # checked before the data is prepared
+        if self.seq_len > self.model_cfg.block_size:
+            raise UserError(f"seq_len={self.seq_len} exceeds block_size={self.model_cfg.block_size}")
         self.requested_vocab = self.model_cfg.vocab_size
         if not self.main:
             self.dist.barrier()
@@ -213,9 +216,6 @@ class Trainer:
             if self.resume:
                 raise CheckpointError("the tokenizer's vocabulary no longer matches the saved model config")
             self.model_cfg = self.model_cfg.replace(vocab_size=vocab)
-        self.seq_len = self.model_cfg.input_length(cfg.seq_len)
-        if self.seq_len > self.model_cfg.block_size:
-            raise UserError(f"seq_len={self.seq_len} exceeds block_size={self.model_cfg.block_size}")
 
         train = self.data.splits["train"]
         per_rank, rem = divmod(cfg.batch_size, self.dist.world * cfg.grad_accum)
