@@ -41,7 +41,7 @@ from gbattn.hf import GbattnCache, GbattnConfig, GbattnForCausalLM, hf_tokenizer
 from gbattn.hf.modeling import CACHE_FIELD, INIT_TYPES, init_module
 from gbattn.model.gpt import GPT
 from gbattn.train.trainer import train
-from helpers import tiny_configs, write_corpus
+from helpers import run_cli, tiny_configs, write_corpus
 from test_model import BLOCKS, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +112,19 @@ def test_config_standard_names_map_both_ways(tmp_path):
     assert isinstance(back, GbattnConfig) and back.gbattn == cfg.gbattn and back.vocab_size == 40
     with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4"):
         GbattnConfig(gbattn={"model": {"d_model": 30, "n_heads": 4}})
+
+
+def test_config_checks_what_it_is_given_and_copies_it():
+    """Standard names given as keywords are validated like gbattn's own fields; a section that is not
+    gbattn's config.json content is a clear error; the caller's dict is copied, not shared."""
+    with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4"):
+        GbattnConfig(hidden_size=30, num_attention_heads=4)
+    for bad in ("model", {"model": [16]}):
+        with pytest.raises(ValueError, match="takes gbattn's config.json content: a dict with a model dict"):
+            GbattnConfig(gbattn=bad)
+    section = {"model": {"n_heads": 4}, "train": {"lr": 0.001}}
+    GbattnConfig(gbattn=section).gbattn["train"]["lr"] = 0.5
+    assert section == {"model": {"n_heads": 4}, "train": {"lr": 0.001}}
 
 
 # ---- forward: logits, loss, cache, padding equal gbattn's ---------------------------------
@@ -224,6 +237,50 @@ def test_misuses_are_clear_errors():
     assert hf.model.lm_head.weight is hf.model.wte.weight and hf(idx).logits.shape[-1] == 40
 
 
+def test_forward_honours_every_argument_it_takes():
+    """Arguments forward() takes are honoured or refused, never silently ignored: inputs_embeds,
+    output_attentions, explicit position_ids beside a padding mask, logits_to_keep as indices, labels
+    that are all ignored; a training-mode call keeps no cache; from_gpt keeps the GPT's mode."""
+    gpt, hf = tiny_pair(("boosted", {}), {})
+    idx = torch.randint(0, 37, (2, 6))
+    with pytest.raises(ValueError, match="inputs_embeds are not supported"):
+        hf(idx, inputs_embeds=torch.zeros(2, 6, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="output_attentions asked for"):
+        hf(idx, output_attentions=True)
+    full = gpt(idx)
+    torch.testing.assert_close(hf(idx, logits_to_keep=torch.tensor([0, 3])).logits, full[:, [0, 3]], rtol=0, atol=0)
+    assert hf(idx, labels=torch.full_like(idx, -100)).loss.item() == 0  # not 0/0
+    # position_ids given with a padded batch are the ones used (not recomputed from the mask)
+    rows = [idx[0], idx[1, :4]]
+    ids, mask = left_pad(rows)
+    shifted = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        shifted[i, ids.shape[1] - len(row):] = torch.arange(1, len(row) + 1)
+    padded = hf(ids, attention_mask=mask, position_ids=shifted).logits
+    for i, row in enumerate(rows):
+        alone = hf(row[None], position_ids=torch.arange(1, len(row) + 1)[None]).logits[0]
+        torch.testing.assert_close(padded[i, ids.shape[1] - len(row):], alone, rtol=1e-10, atol=1e-10)
+    assert not GbattnForCausalLM.from_gpt(gpt).training
+    assert GbattnForCausalLM.from_gpt(GPT(tiny_config(("boosted", {})))).training
+    hf.train()
+    assert getattr(hf(idx), CACHE_FIELD) is None  # training keeps no keys and values
+    hf.eval()
+    assert isinstance(getattr(hf(idx), CACHE_FIELD), GbattnCache)
+
+
+def test_an_untied_head_stays_untied_saves_and_resizes(tmp_path):
+    """An untied output head is its own weight through save, load and resize_token_embeddings."""
+    cfg = tiny_config(("standard", {}), tie_embeddings=False)
+    hf = GbattnForCausalLM(GbattnConfig.from_model_config(cfg))
+    assert hf.config.tie_word_embeddings is False and hf.model.lm_head.weight is not hf.model.wte.weight
+    hf.save_pretrained(tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert back.model.lm_head.weight is not back.model.wte.weight
+    assert torch.equal(back.model.lm_head.weight, hf.model.lm_head.weight)
+    back.resize_token_embeddings(40)
+    assert back.model.lm_head.weight.shape == (40, 16) and back(torch.tensor([[1, 2]])).logits.shape[-1] == 40
+
+
 def test_attn_implementation_sdpa_and_eager_load_the_same_model(tmp_path):
     """gbattn runs its own attention (F.scaled_dot_product_attention on the fast path) whatever
     attn_implementation says: "sdpa" and "eager" load, with gbattn's logits."""
@@ -305,6 +362,25 @@ def test_beam_search_and_sampling_run_through_the_cache():
     torch.manual_seed(3)
     b = hf.generate(ids, do_sample=True, top_k=5, num_return_sequences=2, use_cache=False, **kw)
     assert a.shape == (4, ids.shape[1] + 5) and torch.equal(a, b)
+
+
+def test_generate_continues_from_a_returned_cache():
+    """A second generate() given the first one's sequences and cache feeds only the new tokens
+    (the cache holds the rest) and continues as generate() on the whole sequence does."""
+    gpt, hf = tiny_pair(("boosted", {"rounds": 3, "gate": "mlp"}), {})
+    prompt = torch.randint(1, 37, (2, 5))
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    first = hf.generate(prompt, attention_mask=torch.ones_like(prompt), return_dict_in_generate=True, **kw)
+    seq = first.sequences
+    fed = []
+    hook = hf.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    again = hf.generate(seq, attention_mask=torch.ones_like(seq), cache=getattr(first, CACHE_FIELD), **kw)
+    hook.remove()
+    assert fed == [1] * 4  # the cache holds all but the last token
+    assert torch.equal(again, hf.generate(seq, attention_mask=torch.ones_like(seq), **kw))
+    cache = getattr(first, CACHE_FIELD)
+    cache.reset()
+    assert cache.get_seq_length() == 0 and all(layer.entries == {} for layer in cache.layers)
 
 
 # ---- initialisation ---------------------------------------------------------------------
@@ -389,6 +465,66 @@ def test_bpe_and_byte_level_tokenizers_keep_gbattn_ids(tmp_path):
         short = len(tok.encode("the cat"))
         assert batch.input_ids[0, -short:].tolist() == tok.encode("the cat") and batch.attention_mask[0, -1] == 1
         assert batch.attention_mask[0, 0] == 0 and set(batch.input_ids[0, :-short].tolist()) == {back.pad_token_id}
+
+
+def test_special_tokens_of_a_vocabulary_with_several_candidates():
+    """A vocabulary with both ``</s>`` and ``<pad>``: eos is the real end of text, pad is ``<pad>``;
+    one with neither falls back to token 0 as eos and has no padding token."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
+    def hf_kind(vocab):
+        backend = Backend(models.WordLevel(vocab, unk_token="<unk>" if "<unk>" in vocab else None))
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+        return hf_tokenizer(Tokenizer("hf", backend.to_str()), 16)
+
+    llama_like = hf_kind({"<unk>": 0, "<pad>": 1, "</s>": 2, "a": 3, "b": 4})
+    assert (llama_like.eos_token, llama_like.pad_token, llama_like.unk_token) == ("</s>", "<pad>", "<unk>")
+    assert set(llama_like("a b").keys()) == {"input_ids", "attention_mask"}  # no token_type_ids
+    plain = hf_kind({"x": 0, "a": 1, "b": 2})
+    assert plain.eos_token == "x" and plain.eos_token_id == 0 and plain.pad_token is None
+
+
+def test_an_exported_config_names_no_path_of_this_machine():
+    """Every path a run's config may hold (data, a start run, the corpus) keeps only its last part."""
+    from gbattn.hf.export import portable_paths
+
+    section = {"train": {"data": "/srv/data/wiki", "init_from": "/home/me/runs/upcycled", "lr": 0.001},
+               "data": {"corpus": "/srv/data/wiki"}, "extra": {"init_from": "../runs/base"}, "preset": "paper-small"}
+    assert portable_paths(section) == {"train": {"data": "wiki", "init_from": "upcycled", "lr": 0.001},
+                                       "data": {"corpus": "wiki"}, "extra": {"init_from": "base"},
+                                       "preset": "paper-small"}
+    assert section["train"]["data"] == "/srv/data/wiki"  # a copy
+
+
+def test_wrap_run_names_the_tokenizers_padding_and_length(tmp_path):
+    """A bpe run's wrapper: the model's pad token is the tokenizer's, no eos (bpe's <pad> stands in),
+    the tokenizer's model_max_length is the block size, the run's step and weights recorded."""
+    from gbattn.hf import wrap_run
+
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    bpe = get_tokenizer("bpe", corpus, vocab_size=120, verbose=False)
+    cfg = tiny_config(("standard", {}), vocab_size=bpe.vocab_size)
+    run = rundir.LoadedRun(tmp_path, GPT(cfg).eval(), cfg, None, bpe, {"model": cfg.to_dict()}, 7, "last")
+    model, tokenizer = wrap_run(run)
+    assert model.config.pad_token_id == tokenizer.pad_token_id == bpe.encode("<pad>")[0]
+    assert model.config.eos_token_id is None and tokenizer.model_max_length == cfg.block_size
+    assert model.config.gbattn["step"] == 7 and model.config.gbattn["checkpoint"] == "last"
+
+
+def test_quiet_transformers_puts_the_log_level_back():
+    from transformers.utils import logging as hf_logging
+
+    from gbattn.hf.export import quiet_transformers
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_info()
+    try:
+        with quiet_transformers():
+            assert hf_logging.get_verbosity() == hf_logging.ERROR
+        assert hf_logging.get_verbosity() == hf_logging.INFO
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 # ---- a trained run, exported ---------------------------------------------------------------
@@ -580,6 +716,24 @@ def test_export_errors_are_one_line(trained, tmp_path, capsys):
     assert "do not match its config (size mismatch for wpe.weight" in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_export_records_which_weights_it_holds(trained, tmp_path, capsys):
+    """--checkpoint last exports the run's last weights (and says so); an export of an export keeps the
+    record of the run's weights it holds; --out naming a file is a one-line error."""
+    run_dir, out = trained
+    assert cli_main(["export", str(run_dir), "--out", str(tmp_path / "last"), "--checkpoint", "last"]) == 0
+    assert "(last weights)" in capsys.readouterr().out
+    last = rundir.load_run(run_dir, "last")
+    config = json.loads((tmp_path / "last" / "config.json").read_text())
+    assert config["gbattn"]["checkpoint"] == "last" and config["gbattn"]["step"] == last.step
+    assert cli_main(["export", str(out), "--out", str(tmp_path / "again")]) == 0
+    assert "(its weights)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["gbattn"]["checkpoint"] == "best"
+    (tmp_path / "a-file").write_text("x")
+    assert cli_main(["export", str(run_dir), "--out", str(tmp_path / "a-file")]) == 2
+    err = capsys.readouterr().err
+    assert "a-file is a file, not a directory" in err and len(err.strip().splitlines()) == 1, err
+
+
 # ---- transformers.Trainer ----------------------------------------------------------------
 
 
@@ -692,7 +846,7 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
     tasks = local_tasks(tmp_path / "tasks")
     run = rundir.load_run(run_dir)
     L, eos = run.model_cfg.block_size, run.tokenizer.encode("\n")[0]
-    argv = ["--tasks", "gbattn_toy_mc,gbattn_toy_ppl", "--include-path", str(tasks), "--batch-size", "4",
+    argv = ["--tasks", " gbattn_toy_mc, gbattn_toy_ppl", "--include-path", str(tasks), "--batch-size", "4",
             "--log-samples", "--device", "cpu"]
     results = {}
     for model_dir in (run_dir, out):
@@ -702,7 +856,9 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
         folder = model_dir / "lm-eval"
         results[model_dir] = json.loads((folder / "results-gbattn_toy_mc+gbattn_toy_ppl.json").read_text())
         assert '"/' not in json.dumps(results[model_dir]) and "samples" not in results[model_dir]  # no absolute path
-        assert results[model_dir]["gbattn"]["step"] == run.step
+        assert results[model_dir]["gbattn"]["step"] == run.step and results[model_dir]["gbattn"]["block_size"] == L
+        assert results[model_dir]["gbattn"]["model"] == "/".join(model_dir.parts[-2:])  # outside the working directory
+        assert results[model_dir]["gbattn"]["command"].startswith(f"gbattn lm-eval {model_dir.name} --tasks")
         assert results[model_dir]["gbattn"]["checkpoint"] == ("best" if model_dir == run_dir else "exported")
         samples = {t: [json.loads(line) for line in (folder / f"samples-{t}-gbattn_toy_mc+gbattn_toy_ppl.jsonl")
                        .read_text().splitlines()] for t in ("gbattn_toy_mc", "gbattn_toy_ppl")}
@@ -761,6 +917,17 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
     err = capsys.readouterr().err
     assert "do not match its config (missing keys: model.blocks." in err and len(err.strip().splitlines()) == 1, err
+    # ... one layer fewer (weights its config has no place for), and a tokenizer.json that does not parse.
+    config["gbattn"]["model"]["n_layers"] -= 2
+    (damaged / "config.json").write_text(json.dumps(config))
+    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
+    err = capsys.readouterr().err
+    assert "do not match its config (unexpected keys: model.blocks.1." in err and len(err.splitlines()) == 1, err
+    shutil.copy(out / "config.json", damaged / "config.json")
+    (damaged / "tokenizer.json").write_text("{")
+    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
+    err = capsys.readouterr().err
+    assert f"the tokenizer in {damaged} does not load (" in err and len(err.strip().splitlines()) == 1, err
     # A fine-tuned model saved by transformers alone (no tokenizer files beside it).
     from transformers import AutoModelForCausalLM
 
@@ -791,6 +958,24 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc"]) == 2
     assert "pip install 'gbattn[lm-eval]'" in capsys.readouterr().err
+
+
+def test_lm_eval_arguments_are_checked_before_any_work(tmp_path, capsys):
+    """Each mistake is a one-line error before a model or task is loaded (the model directory here
+    is empty: reaching it would be another error)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for argv, message in (
+            (["--tasks", " , "], "--tasks names no task"),
+            (["--tasks", "t", "--limit", "0"], "--limit 0 must be > 0"),
+            (["--tasks", "t", "--output", str(model)], f"--output {model} is a directory; give a file name"),
+            (["--tasks", "t", "--include-path", str(tmp_path / "none")], "is not a directory"),
+            (["--tasks", "t", "--batch-size", "0"], "--batch-size"),
+    ):
+        code, _, err = run_cli(capsys, ["lm-eval", model, *argv])
+        assert code == 2 and message in err and len(err.strip().splitlines()) <= 2, (argv, err)
+    code, _, err = run_cli(capsys, ["lm-eval", tmp_path / "nothing", "--tasks", "t"])
+    assert code == 2 and "nothing is not a directory (a gbattn run directory or an exported one)" in err, err
 
 
 
@@ -835,6 +1020,7 @@ def test_a_bpe_tokenizers_unk_token_is_its_own(tmp_path):
     assert hf.encode("the \u00e9 cat") == bpe.encode("the \u00e9 cat") and unk[0] in hf.encode("\u00e9")
     char = get_tokenizer("char", corpus)
     assert hf_tokenizer(char, 64).unk_token is None  # unseen characters are an error, as in gbattn
+    assert hf_tokenizer(char, 64).decode(char.encode("the cat . a")) == "the cat . a"  # no clean-up of spaces
 
 
 def test_a_char_export_names_no_eos_so_generate_runs_past_newlines(trained):
@@ -878,3 +1064,33 @@ def test_lm_eval_results_name_paths_relative_to_the_model_directorys_parent(tmp_
     (tmp_path / "link").symlink_to(spaced)  # the same directory reached through a symlink
     assert portable({"model": str(spaced), "via": str(tmp_path / "link" / "x.json"), "text": "/ not a path"},
                     [spaced]) == {"model": "gba", "via": "gba/x.json", "text": "/ not a path"}
+
+
+def test_lm_eval_takes_a_harness_task_beside_an_include_path():
+    """An --include-path that lacks one of the tasks is searched together with the harness's own tasks."""
+    from gbattn.hf.lmeval import task_manager
+
+    manager = task_manager(["gbattn_toy_mc", "arc_easy"], str(LMEVAL_DATA))
+    assert manager.match_tasks(["gbattn_toy_mc"]) and manager.match_tasks(["arc_easy"])
+
+
+def test_lm_eval_results_file_names_and_contents(tmp_path):
+    """The results stem names the tasks, limit and shots (safe as a file name); the results file leaves
+    out the samples and the machine's description, a samples file is strict JSON (NaN as null), and
+    the caller's results keep their samples."""
+    from gbattn.hf.lmeval import results_stem, write_results
+
+    assert results_stem(["hellaswag", "my/task x"], None, None) == "hellaswag+my_task_x"
+    assert results_stem(["piqa"], 100.0, 5) == "piqa-limit100-5shot"
+    assert results_stem(["piqa"], 0.5, 0) == "piqa-limit0.5-0shot"
+    samples = {"toy": [{"doc": {"text": "a"}, "resps": [[float("nan")]]}]}
+    results = {"results": {"toy": {"acc": 0.5}}, "pretty_env_info": "PyTorch version: 2", "samples": samples}
+    out = tmp_path / "lm-eval" / "results-toy.json"
+    written = write_results(results, out, [tmp_path])
+    assert written == [out, out.with_name("samples-toy-toy.jsonl")] and results["samples"] is samples
+    assert json.loads(out.read_text()) == {"results": {"toy": {"acc": 0.5}}}
+
+    def strict(constant):
+        raise ValueError(constant)
+
+    assert json.loads(written[1].read_text(), parse_constant=strict)["resps"] == [[None]]
