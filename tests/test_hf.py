@@ -374,13 +374,25 @@ def test_generate_continues_from_a_returned_cache():
     seq = first.sequences
     fed = []
     hook = hf.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True)
-    again = hf.generate(seq, attention_mask=torch.ones_like(seq), cache=getattr(first, CACHE_FIELD), **kw)
+    # The cache keyword's name is the installed transformers' (cache in 5.x, past_key_values in 4.x).
+    again = hf.generate(seq, attention_mask=torch.ones_like(seq), **{CACHE_FIELD: getattr(first, CACHE_FIELD)}, **kw)
     hook.remove()
     assert fed == [1] * 4  # the cache holds all but the last token
     assert torch.equal(again, hf.generate(seq, attention_mask=torch.ones_like(seq), **kw))
     cache = getattr(first, CACHE_FIELD)
     cache.reset()
     assert cache.get_seq_length() == 0 and all(layer.entries == {} for layer in cache.layers)
+
+
+def test_a_given_cache_is_used_with_use_cache_false():
+    """As in transformers' own models, use_cache=False only stops a new cache being made: a cache that
+    is passed is read and extended (it was dropped, and the logits ignored the past)."""
+    gpt, hf = tiny_pair(("boosted", {}), {})
+    idx = torch.randint(1, 37, (1, 6))
+    cache = getattr(hf(idx[:, :4], use_cache=True), CACHE_FIELD)
+    out = hf(idx[:, 4:], cache=cache, use_cache=False, attention_mask=torch.ones(1, 6))
+    torch.testing.assert_close(out.logits, gpt(idx)[:, 4:])
+    assert getattr(out, CACHE_FIELD) is cache and cache.get_seq_length() == 6
 
 
 # ---- initialisation ---------------------------------------------------------------------
@@ -923,6 +935,14 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
     err = capsys.readouterr().err
     assert "do not match its config (unexpected keys: model.blocks.1." in err and len(err.splitlines()) == 1, err
+    # ... weights of another shape (a block_size its position table does not have): transformers 5
+    # raises itself, 4.x reports them as mismatched keys.
+    config["gbattn"]["model"]["n_layers"] += 1
+    config["gbattn"]["model"]["block_size"] += 1
+    (damaged / "config.json").write_text(json.dumps(config))
+    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
+    err = capsys.readouterr().err
+    assert f"the weights in {damaged} do not match its config (" in err and len(err.strip().splitlines()) == 1, err
     shutil.copy(out / "config.json", damaged / "config.json")
     (damaged / "tokenizer.json").write_text("{")
     assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2

@@ -46,8 +46,14 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
             raise CheckpointError(f"{model_dir} has no tokenizer.json (`gbattn export` writes it, transformers' "
                                   f"save_pretrained of the model does not): copy the tokenizer files from the "
                                   f"exported directory")
-        with quiet_transformers():
-            model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True)
+        try:
+            with quiet_transformers():
+                model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True)
+        except RuntimeError as e:  # transformers 5 refuses weights of another shape itself (4.x reports them)
+            if "size mismatch" not in str(e) and "ignore_mismatched_sizes" not in str(e):
+                raise
+            raise CheckpointError(f"the weights in {model_dir} do not match its config "
+                                  f"({error_detail(e, 160)})") from None
         wrong = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
         if wrong:  # the Auto classes would go on with freshly initialised weights
             detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v, key=str)[:3]))}"
@@ -55,7 +61,7 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
             raise CheckpointError(f"the weights in {model_dir} do not match its config ({detail})")
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        except (ValueError, OSError) as e:
+        except Exception as e:  # a file that does not parse; transformers 4.x then tries other loaders (ImportError)
             raise CheckpointError(f"the tokenizer in {model_dir} does not load ({error_detail(e, 160)})") from None
         check_exported_checkpoint(Path(model_dir), checkpoint, model.config.gbattn.get("checkpoint"))
         step, which = model.config.gbattn.get("step", 0), "exported"

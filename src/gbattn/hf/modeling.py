@@ -293,8 +293,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             use_cache = cache is not None or (self.config.use_cache and not self.training)
         if use_cache and cache is None:
             cache = GbattnCache(len(self.model.blocks))
-        if not use_cache:
-            cache = None
+        # A cache that is given is read and extended even with use_cache=False, as transformers' own
+        # models do (use_cache only decides whether a new one is made).
         B, T = input_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
         key_padding_BS = None
