@@ -304,3 +304,233 @@ def test_report_of_an_unfinished_comparison_says_so_and_averages_each_column(tmp
     results["gba-m2"][2] = _run_result(9.5, 60.0)
     assert write_results(tmp_path, recipe, request, recipe.models, results)["complete"]
     assert "INCOMPLETE" not in (tmp_path / "results.md").read_text()
+
+
+# -- what a recipe's rows are, and what compare asks of its directory --------------------------------
+
+# Options a GBA row's label names: (part of the label, option, value).
+LABEL_OPTIONS = [("-m3", "rounds", 3), ("kv-input", "kv_source", "input"), ("shared", "kv_source", "shared"),
+                 ("gate-vector", "gate", "vector"), ("gate-scalar", "gate", "scalar"), ("upper-half", "layers", [2, 3])]
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_row_is_the_model_its_label_names(name):
+    """Built as compare builds it (spec_configs): a gba row is GBA M=2 (M=3 for -m3) with the option its
+    label names, nothing else; twicing is twicing, every other row standard; postln rows are Post-LN and
+    attnres rows AttnRes-block, the others Pre-LN with plain residuals; a param-fair row has its
+    reference's block; continued and upcycled rows start from base."""
+    from gbattn.experiments.compare import spec_configs
+
+    recipe = get_recipe(name)
+    specs = {s.label: s for s in recipe.models}
+    for spec in recipe.models:
+        label = spec.label
+        model_cfg, _ = spec_configs(recipe, spec, "data", 42, {}, 64)
+        assert model_cfg.norm == ("post" if "postln" in label else "pre"), label
+        assert model_cfg.residual == ("attnres-block" if "attnres" in label else "plain"), label
+        attn, options = model_cfg.attn, model_cfg.attn_options
+        if spec.upcycle:
+            attn, options = spec.upcycle["attn"], spec.upcycle.get("attn_options", {})
+        if label.startswith("gba"):
+            named = {"rounds": 2, **{key: value for part, key, value in LABEL_OPTIONS if part in label}}
+            assert attn == "boosted" and {k: options.get(k) for k in named} == named, (label, options)
+            assert set(options) - set(named) <= ({"gate"} if spec.upcycle else set()), (label, options)
+        else:
+            assert (attn, options) == ("twicing" if "twicing" in label else "standard", {}), label
+        if spec.param_matched_to:
+            assert spec.model == specs[spec.param_matched_to].model, label
+        if "continued" in label or "upcycled" in label:
+            assert spec.init_from == "base", label
+
+
+def test_recipes_hold_the_models_their_descriptions_name():
+    """cpu-modern is the cpu-proxy models in a Llama-style block; the best-design recipes hold the design
+    study's M=2 and M=3 with their three baselines."""
+    from gbattn.experiments.compare import spec_configs
+
+    modern = get_recipe("cpu-modern")
+    for spec in modern.models:
+        model_cfg, _ = spec_configs(modern, spec, "data", 42, {}, 64)
+        assert (model_cfg.norm_type, model_cfg.ffn, model_cfg.pos, model_cfg.bias) == (
+            "rmsnorm", "swiglu", "rope", False), spec.label
+    for name in ("gba-design-proxy", "gba-design-paper"):
+        assert [s.label for s in get_recipe(name).models] == [
+            "standard", "param-fair", "compute-matched", "gba-m2", "gba-m3"], name
+
+
+def test_training_order_keeps_display_order_and_refuses_a_cycle():
+    """Models train in display order except that a matched or continued model waits for its reference;
+    models that wait for each other are one line, not an endless loop."""
+    from gbattn.errors import ConfigError
+    from gbattn.experiments.recipes import ModelSpec, training_order
+
+    order = [s.label for s in training_order(get_recipe("cpu-proxy").models)]
+    assert order == ["standard", "twicing", "param-fair", "gba-m2", "compute-matched"]
+    order = [s.label for s in training_order(get_recipe("upcycle").models)]
+    assert order == ["base", "gba-scratch", "standard-scratch", "standard-continued", "gba-upcycled",
+                     "gba-shared-upcycled", "standard-continued-compute-matched"]
+    cycle = [ModelSpec("a", compute_matched_to="b"), ModelSpec("b", init_from="a"), ModelSpec("c")]
+    with pytest.raises(ConfigError, match=r"models \['a', 'b'\] depend on each other"):
+        training_order(cycle)
+
+
+def test_param_fair_width_is_the_smallest_with_the_reference_parameters():
+    """param-fair's d_model: at least gba-m2's parameters, and one head's width less would not be."""
+    from gbattn.experiments.compare import matched_configs, spec_configs
+
+    recipe = get_recipe("cpu-proxy")
+    specs = {s.label: s for s in recipe.models}
+    sets = tiny_sets()
+    gba, _ = spec_configs(recipe, specs["gba-m2"], "data", 1, sets, 50)
+    fair, _ = matched_configs(recipe, specs["param-fair"], "data", 1, sets, 50, {}, None)
+    assert count_params(fair) >= count_params(gba) > count_params(fair.replace(d_model=fair.d_model - fair.n_heads))
+    assert fair.d_model > gba.d_model and fair.attn == "standard"
+
+
+def test_a_matched_or_continued_model_without_its_reference_is_one_line(tmp_path):
+    """matched_configs of a compute-matched row before its reference finished, or of a continuation before
+    base finished: a UserError that names the model to train first."""
+    from gbattn.experiments.compare import matched_configs
+
+    sets = tiny_sets()
+    recipe = get_recipe("cpu-proxy")
+    spec = next(s for s in recipe.models if s.label == "compute-matched")
+    with pytest.raises(UserError, match="compute-matched is matched to gba-m2's compute: run that model first"):
+        matched_configs(recipe, spec, "data", 1, sets, 50, {}, tmp_path)
+    recipe = get_recipe("upcycle")
+    spec = next(s for s in recipe.models if s.label == "standard-continued")
+    with pytest.raises(UserError, match="standard-continued starts from base's trained weights: train that model"):
+        matched_configs(recipe, spec, "data", 1, sets, 50, {}, tmp_path)
+
+
+def test_a_share_of_max_steps_is_at_least_one_step_and_needs_max_steps():
+    """The upcycle recipe's halves of max_steps=1 are one step each (not 0); trained by epochs (max_steps
+    unset), a share of max_steps is a one-line error."""
+    from gbattn.experiments.compare import spec_configs
+
+    recipe = get_recipe("upcycle")
+    base = next(s for s in recipe.models if s.label == "base")
+    assert spec_configs(recipe, base, "data", 42, {"max_steps": 1}, 64)[1].max_steps == 1
+    with pytest.raises(UserError, match="base trains a share of max_steps, which is not set"):
+        spec_configs(recipe, base, "data", 42, {"max_steps": None, "epochs": 1}, 64)
+
+
+def test_dropout_sites_count_only_when_there_is_dropout():
+    """A recorded run whose dropout sites differ from the recipe's is another run when there is dropout,
+    and the same run when dropout is 0 (the sites change nothing)."""
+    from gbattn.experiments.compare import comparable
+
+    for dropout, same in ((0.0, True), (0.1, False)):
+        model_cfg, train_cfg = build_configs("cpu-char", "standard", "data", {"dropout": dropout})
+        other = model_cfg.replace(dropout_sites=["embedding"])
+        assert (comparable(model_cfg, train_cfg) == comparable(other, train_cfg)) is same, dropout
+
+
+def test_each_seed_trains_its_own_run(tmp_path):
+    """Seeds 1 and 2: each run records and trains with its own seed (not one seed for all)."""
+    from gbattn import rundir
+
+    data = write_corpus(tmp_path / "c")
+    report = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1, 2], sets=tiny_sets(),
+                         only=["standard"], quiet=True)
+    for seed in (1, 2):
+        config = rundir.read_config(tmp_path / "cmp" / "standard" / f"seed{seed}" / rundir.CONFIG)
+        assert config["train"]["seed"] == seed
+    ppl = report["models"][0]["test_ppl"]
+    assert ppl["1"] != ppl["2"], ppl
+
+
+def test_a_run_recorded_with_another_training_config_is_refused_finished_or_not(tmp_path):
+    """A run directory whose recorded training config (here lr) is not the recipe's is refused, whether
+    it finished or was killed before its result (it was resumed with the recorded lr)."""
+    from gbattn import rundir
+
+    data = write_corpus(tmp_path / "c")
+    sets = tiny_sets()
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    run = tmp_path / "cmp" / "standard" / "seed42"
+    config = json.loads((run / rundir.CONFIG).read_text())
+    config["train"]["lr"] *= 2
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    for _ in ("finished", "killed"):
+        with pytest.raises(UserError, match=r"standard/seed42 holds another run than this recipe asks for \(train.lr"):
+            run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+        (run / rundir.RESULT).unlink(missing_ok=True)
+
+
+def test_a_killed_run_of_a_comparison_resumes_with_the_threads_asked_now(tmp_path, monkeypatch):
+    """A comparison killed inside a run: the rerun resumes that run from its checkpoint (not from scratch)
+    with the rerun's threads, which change its speed, not whether it counts as the recipe's; the finished
+    run is then reused under any thread count."""
+    from gbattn import rundir
+    from gbattn.train.trainer import Trainer
+
+    data = write_corpus(tmp_path / "c")
+    sets, out = {**tiny_sets(), "max_steps": 4}, tmp_path / "cmp"
+    original = Trainer._train_step
+
+    def crash(self, step):
+        if step == 3:
+            raise RuntimeError("simulated kill")
+        return original(self, step)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "_train_step", crash)
+        with pytest.raises(RuntimeError, match="simulated kill"):
+            run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True, threads=1)
+    run = out / "standard" / "seed42"
+    assert (run / rundir.CHECKPOINT).exists() and not (run / rundir.RESULT).exists()
+    report = run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True, threads=2)
+    events = [json.loads(line) for line in (run / rundir.METRICS).read_text().splitlines()]
+    assert {"event": "resume", "step": 2} in events, events
+    assert rundir.read_config(run / rundir.CONFIG)["train"]["threads"] == 2
+    monkeypatch.setattr(compare_mod, "train", lambda *a, **k: pytest.fail("retrained a finished run"))
+    again = run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True, threads=1)
+    assert again["models"][0]["test_ppl"] == report["models"][0]["test_ppl"]
+
+
+def test_compare_threads_reach_a_run_trained_in_this_process(tmp_path):
+    """--threads with one job: the run trains with them (config.json records them)."""
+    from gbattn import rundir
+
+    data = write_corpus(tmp_path / "c")
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=tiny_sets(), only=["standard"], quiet=True,
+                threads=1)
+    assert rundir.read_config(tmp_path / "cmp" / "standard" / "seed42" / rundir.CONFIG)["train"]["threads"] == 1
+
+
+def test_compare_refuses_another_recipe_or_data_or_only_label_in_the_same_directory(tmp_path):
+    """A directory holding a cpu-proxy comparison on one corpus: another recipe, or the same recipe on a
+    corpus of another name, is refused before anything trains; --only of a label the recipe lacks is one line."""
+    import shutil
+
+    data = write_corpus(tmp_path / "c")
+    other = tmp_path / "d"
+    shutil.copytree(data, other)
+    sets = tiny_sets()
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    with pytest.raises(UserError, match="holds a comparison with recipe='cpu-proxy', not 'cpu-char'"):
+        run_compare("cpu-char", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    with pytest.raises(UserError, match="holds a comparison with data="):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(other), sets=sets, only=["standard"], quiet=True)
+    with pytest.raises(UserError, match=r"--only \['gba-m4'\]: not in recipe 'cpu-proxy'"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard", "gba-m4"], quiet=True)
+
+
+def test_recipe_json_keeps_the_seeds_of_every_invocation_and_refuses_damaged_ones(tmp_path):
+    """Seeds 1, then 2, then 1 again: recipe.json records [1, 2] after the second, so the third still
+    reports both; a recipe.json whose seeds are not a list of integers is one line."""
+    from gbattn.errors import CheckpointError
+
+    data = write_corpus(tmp_path / "c")
+    sets, out = tiny_sets(), tmp_path / "cmp"
+    for seed in (1, 2):
+        run_compare("cpu-proxy", out, data=str(data), seeds=[seed], sets=sets, only=["standard"], quiet=True)
+    assert json.loads((out / "recipe.json").read_text())["seeds"] == [1, 2]
+    report = run_compare("cpu-proxy", out, data=str(data), seeds=[1], sets=sets, only=["standard"], quiet=True)
+    assert report["seeds"] == [1, 2] and set(report["models"][0]["test_ppl"]) == {"1", "2"}
+    for seeds in ("1", [1, True]):
+        (out / "recipe.json").write_text(json.dumps({**json.loads((out / "recipe.json").read_text()),
+                                                     "seeds": seeds}))
+        with pytest.raises(CheckpointError, match=r"must be a list of integers"):
+            run_compare("cpu-proxy", out, data=str(data), seeds=[1], sets=sets, only=["standard"], quiet=True)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from gbattn import rundir
+from gbattn.errors import UserError
 from gbattn.experiments.compare import run_compare
 from helpers import TINY, write_corpus
 
@@ -78,6 +79,88 @@ def test_a_terminated_comparison_stops_its_runs_and_says_how_to_resume(tmp_path)
         "stopped at their last checkpoint; rerun the same command to resume"), err
     stopped = last.split("(", 1)[1].split(")", 1)[0].split(", ")
     assert len(stopped) == 2 and all((out / run / rundir.CHECKPOINT).is_file() for run in stopped), stopped
+    for run in stopped:  # each was told to stop (SIGTERM), not killed: it recorded its interruption
+        events = [json.loads(line)["event"] for line in (out / run / rundir.METRICS).read_text().splitlines()]
+        assert "interrupted" in events, run
+
+
+def test_compare_jobs_runs_at_most_jobs_at_once_and_names_each_failed_run(tmp_path, monkeypatch, capsys):
+    """--jobs 2 with every run's process failing: never more than two at once; each failure named with
+    its exit status and its log's last line; the compute-matched runs never start (their reference
+    failed) and say so; the comparison fails saying to rerun. 2 threads for 2 jobs draws no note."""
+    from gbattn.experiments import compare as compare_mod
+
+    real, started, live_at_start = subprocess.Popen, [], []
+
+    def failing_run(cmd, **kwargs):  # a run's process, failing after a second
+        live_at_start.append(sum(p.poll() is None for p in started))
+        started.append(real([sys.executable, "-c", "import time; time.sleep(1); print('boom'); raise SystemExit(3)"],
+                            **kwargs))
+        return started[-1]
+
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
+                eval_tokens=None, warmup_steps=1)
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", failing_run)
+    with pytest.raises(UserError) as failed:
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1, 2], sets=sets,
+                    only=["standard", "gba-m2", "compute-matched"], threads=2, jobs=2)
+    assert len(started) == 4 and max(live_at_start) == 1, live_at_start
+    message = str(failed.value)
+    assert message.startswith("6 run(s) failed: ") and message.endswith("; rerun the same command to retry them")
+    for seed in (1, 2):
+        assert f"standard/seed{seed} (exit 3: boom)" in message and f"gba-m2/seed{seed} (exit 3: boom)" in message
+        assert f"compute-matched/seed{seed} (not trained: the run it starts from or is matched to failed)" in message
+    assert "note:" not in capsys.readouterr().err
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_comparison_leaves_no_run_training(tmp_path):
+    """kill -9 of `compare --jobs 2`: each running child is told (SIGTERM), checkpoints and stops, rather
+    than training on unseen with nobody to collect its result."""
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=100_000, eval_every=5, tokenizer="char", batch_size=4, seq_len=32,
+                train_tokens="null", eval_tokens="null", warmup_steps=2)
+    out = tmp_path / "cmp"
+    env = dict(os.environ, GBATTN_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "gbattn", "compare", "--recipe", "cpu-char", "--data", str(data), "--seeds", "1",
+            "--jobs", "2", "--threads", "2", "--out", str(out), "--quiet",
+            *sum((["--set", f"{k}={v}"] for k, v in sets.items()), [])]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    pids = []
+    try:
+        for _ in range(1200):  # until two runs train
+            runs = [p.parent for p in out.glob("*/seed1/" + rundir.CHECKPOINT)]
+            if len(runs) >= 2:
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+        pids = [int((run / rundir.LOCK).read_text()) for run in runs]  # each child's lock holds its pid
+        assert all(_alive(pid) for pid in pids)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in pids), "a run trains on after its comparison was killed"
+        for run in runs:
+            events = [json.loads(line)["event"] for line in (run / rundir.METRICS).read_text().splitlines()]
+            assert "interrupted" in events, run
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 GRADIENT_WORKER = textwrap.dedent('''
