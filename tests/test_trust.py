@@ -474,7 +474,9 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     (copy("text-best") / rundir.BEST).write_text("0.1 0.2\n")
     (copy("deep-config") / rundir.CONFIG).write_text('{"a":' + "[" * 100_000 + "]" * 100_000 + "}")
     resume_state = rundir.load_checkpoint(trained["run"] / rundir.CHECKPOINT)
-    for name, changed in (("negative-step", {"step": -10}),):
+    # A resume checkpoint lacking a weight (set_state_dict's strict=True let it keep its initial value).
+    lacking = {k: v for k, v in resume_state["model"].items() if k != "ln_f.weight"}
+    for name, changed in (("negative-step", {"step": -10}), ("lacking-weight", {"model": lacking})):
         target = copy(name)
         (target / rundir.RESULT).unlink(missing_ok=True)
         torch.save({**resume_state, **changed}, target / rundir.CHECKPOINT)
@@ -538,6 +540,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("config.json nested too deeply", ["eval", broken["deep-config"]], "nested too deeply"),
         ("checkpoint with a negative step", ["train", "--resume", "--out", broken["negative-step"], "--quiet"],
          "step=-10"),
+        ("checkpoint lacking a weight", ["train", "--resume", "--out", broken["lacking-weight"], "--quiet"],
+         "its model weights do not match the model (missing: ln_f.weight)"),
         ("eval --per-token onto the run's checkpoint", ["eval", run, "--per-token", run / rundir.BEST],
          "is one of the run's own files"),
         ("eval of a split shorter than one row", ["eval", run, "--data", short_test, "--allow-other-data"],

@@ -121,6 +121,14 @@ def load_full_state(
 ) -> None:
     """Load :func:`full_state`'s dicts into a (possibly sharded) model and optimizer. An optimizer
     state keyed by parameter index (checkpoints written before FSDP2 support) is loaded as such."""
+    # set_state_dict's strict=True lets a missing weight keep its initial value (torch 2.13): checked here.
+    expected, given = set(_inner(step_model).state_dict()), set(model_state)
+    if expected != given:
+        missing, unexpected = sorted(expected - given), sorted(given - expected)
+        raise ValueError("its model weights do not match the model ("
+                         + "; ".join(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
+                                     for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
+                         + ")")
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False, strict=True)
     if optim_state is not None and any(isinstance(k, int) for k in optim_state.get("state", {})):
         _inner(step_model).load_state_dict(model_state)
