@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,9 +50,9 @@ def test_compare_with_two_jobs_equals_one_after_another(tmp_path, monkeypatch, c
 
 
 
-def test_a_terminated_comparison_stops_its_runs_and_says_how_to_resume(tmp_path):
-    """SIGTERM to `compare --jobs 2`: the running children stop (each at its checkpoint), and the
-    comparison says so in one line with SIGTERM's exit status 143, instead of vanishing silently."""
+def _start_endless_comparison(tmp_path) -> tuple[subprocess.Popen, Path]:
+    """`gbattn compare --jobs 2` of cpu-char at a tiny size with 100,000 steps a run (it is stopped by
+    the test), as its own process: (process, comparison directory)."""
     data = write_corpus(tmp_path / "c")
     sets = dict(TINY, max_steps=100_000, eval_every=5, tokenizer="char", batch_size=4, seq_len=32,
                 train_tokens="null", eval_tokens="null", warmup_steps=2)
@@ -60,13 +61,26 @@ def test_a_terminated_comparison_stops_its_runs_and_says_how_to_resume(tmp_path)
     argv = [sys.executable, "-m", "gbattn", "compare", "--recipe", "cpu-char", "--data", str(data), "--seeds", "1",
             "--jobs", "2", "--threads", "2", "--out", str(out), "--quiet",
             *sum((["--set", f"{k}={v}"] for k, v in sets.items()), [])]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), out
+
+
+def _two_runs_training(proc: subprocess.Popen, out: Path) -> list[Path]:
+    """Wait (at most 2 minutes) until two of the comparison's runs have a checkpoint: their directories."""
+    for _ in range(1200):
+        runs = [p.parent for p in out.glob("*/seed1/" + rundir.CHECKPOINT)]
+        if len(runs) >= 2:
+            return runs
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.1)
+    raise AssertionError("two runs did not start training within 2 minutes")
+
+
+def test_a_terminated_comparison_stops_its_runs_and_says_how_to_resume(tmp_path):
+    """SIGTERM to `compare --jobs 2`: the running children stop (each at its checkpoint), and the
+    comparison says so in one line with SIGTERM's exit status 143, instead of vanishing silently."""
+    proc, out = _start_endless_comparison(tmp_path)
     try:
-        for _ in range(1200):  # until two runs train
-            if len(list(out.glob("*/seed1/" + rundir.CHECKPOINT))) >= 2:
-                break
-            assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.1)
+        _two_runs_training(proc, out)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -126,23 +140,10 @@ def _alive(pid: int) -> bool:
 def test_a_killed_comparison_leaves_no_run_training(tmp_path):
     """kill -9 of `compare --jobs 2`: each running child is told (SIGTERM), checkpoints and stops, rather
     than training on unseen with nobody to collect its result."""
-    data = write_corpus(tmp_path / "c")
-    sets = dict(TINY, max_steps=100_000, eval_every=5, tokenizer="char", batch_size=4, seq_len=32,
-                train_tokens="null", eval_tokens="null", warmup_steps=2)
-    out = tmp_path / "cmp"
-    env = dict(os.environ, GBATTN_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
-    argv = [sys.executable, "-m", "gbattn", "compare", "--recipe", "cpu-char", "--data", str(data), "--seeds", "1",
-            "--jobs", "2", "--threads", "2", "--out", str(out), "--quiet",
-            *sum((["--set", f"{k}={v}"] for k, v in sets.items()), [])]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc, out = _start_endless_comparison(tmp_path)
     pids = []
     try:
-        for _ in range(1200):  # until two runs train
-            runs = [p.parent for p in out.glob("*/seed1/" + rundir.CHECKPOINT)]
-            if len(runs) >= 2:
-                break
-            assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.1)
+        runs = _two_runs_training(proc, out)
         pids = [int((run / rundir.LOCK).read_text()) for run in runs]  # each child's lock holds its pid
         assert all(_alive(pid) for pid in pids)
         proc.kill()
