@@ -118,6 +118,15 @@ def test_causality_parity_and_cache_inside_attnres(variant_case, residual):
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-10)
 
 
+def test_the_first_sublayers_norm_is_frozen_and_every_other_trains():
+    """Sublayer 0 mixes the embedding alone, so its key norm never gets a gradient: it is not trained
+    (no optimizer state for it); the other 2L norms (and the final aggregation's) are."""
+    for residual in ("attnres-full", "attnres-block"):
+        stream = tiny_model(("standard", {}), residual=residual).residual
+        assert [n.weight.requires_grad for n in stream.norms] == [False] + [True] * 4, residual
+        assert stream.queries.requires_grad
+
+
 def test_attnres_needs_pre_ln():
     with pytest.raises(ValueError, match="defined for norm='pre' only"):
         ModelConfig(residual="attnres-full", norm="post")

@@ -93,6 +93,32 @@ def test_generate_cli_passes_the_compile_choice(tmp_path, capsys, monkeypatch, f
     assert seen[0] == asked  # the command's own choice (generate() is then handed its decode step)
 
 
+def test_generate_cli_passes_samples_and_the_cache_choice_and_shows_a_bar_for_long_runs(tmp_path, capsys,
+                                                                                        monkeypatch):
+    """`--num-samples 3` prints three continuations; `--no-cache`, `--temperature`, `--top-k` and `--seed`
+    (and their defaults) reach generate(); the progress bar shows from 1,000 new tokens on."""
+    from gbattn import progress
+    from gbattn.model.gpt import GPT
+
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    run = str(tmp_path / "run")
+    assert cli_main(["generate", run, "--prompt", "the", "--max-new-tokens", "4", "--num-samples", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("---") == 3 and all(text.strip().startswith("the") for text in out.split("---")[:3])
+    seen, bars, real_bar = [], [], progress.Progress
+    def record(self, idx, n, **kw):
+        seen.append((kw["use_cache"], kw["temperature"], kw["top_k"], kw["seed"]))
+        return idx
+
+    monkeypatch.setattr(GPT, "generate", record)
+    monkeypatch.setattr(progress, "Progress", lambda *a, **kw: bars.append(kw["disable"]) or real_bar(*a, **kw))
+    for flags in (["--max-new-tokens", "999"],
+                  ["--max-new-tokens", "1000", "--no-cache", "--temperature", "0.3", "--top-k", "2", "--seed", "5"]):
+        assert cli_main(["generate", run, "--prompt", "the", *flags]) == 0
+    assert seen == [(True, 0.8, 200, None), (False, 0.3, 2, 5)] and bars == [True, False]
+
+
 @pytest.mark.parametrize("block", ["gpt2", "llama"])
 def test_left_padded_cached_batch_equals_each_row_alone(variant_case, block):
     """fla's model test: a left-padded batch, decoded with the cache, gives every row the tokens it
@@ -145,6 +171,11 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
         ({"idx_BT": ids[0]}, "expected (batch, tokens)"),
         ({"idx_BT": ids, "max_new_tokens": 2.5}, "max_new_tokens=2.5 must be an integer"),
         ({"idx_BT": ids, "temperature": float("nan")}, "temperature=nan must be >= 0"),
+        ({"idx_BT": ids, "prompt_mask": torch.tensor([[1, 1, 1], [1, 0, 1]])}, "must be left padding"),  # a hole
+        ({"idx_BT": ids, "max_new_tokens": True}, "max_new_tokens=True must be an integer"),
+        ({"idx_BT": ids, "top_k": 0}, "top_k=0 must be >= 1"),
+        ({"idx_BT": ids[:, :0]}, "the prompt is empty"),
+        ({"idx_BT": ids[:1].repeat(1, 9), "prompt_mask": torch.ones(1, 27)}, "padded prompt of 27 tokens is longer"),
     ]
     for kwargs, message in cases:
         kwargs = {"max_new_tokens": 2, **kwargs}
@@ -197,6 +228,20 @@ def test_the_cache_is_used_up_to_its_last_slot():
     out = generate(model, prompt, 30, temperature=0, decode_step=lambda *a: calls.append(int(a[1])) or step(*a))
     assert calls == list(range(5, 24))
     assert torch.equal(out, generate(model, prompt, 30, temperature=0, use_cache=False))
+
+
+def test_no_decode_step_for_the_last_token_progress_per_token_and_zero_new_tokens():
+    """The last new token's logits would go unused, so it gets no decode step; progress(1) follows each
+    new token; max_new_tokens=0 returns the prompt, with the cache or without."""
+    model = tiny_model(("standard", {}))
+    step = decoding.eager_decode_step(model)
+    calls, ticks = [], []
+    prompt = torch.randint(0, 37, (2, 5))
+    out = generate(model, prompt, 3, temperature=0, progress=ticks.append,
+                   decode_step=lambda *a: calls.append(int(a[1])) or step(*a))
+    assert calls == [5, 6] and ticks == [1, 1, 1] and out.shape == (2, 8)
+    for use_cache in (True, False):
+        assert torch.equal(generate(model, prompt, 0, temperature=0, use_cache=use_cache), prompt)
 
 
 def test_top_k_samples_only_the_k_largest_logits():

@@ -363,6 +363,48 @@ def test_chunked_loss_equals_full_cross_entropy():
         torch.testing.assert_close(model(idx, targets, loss_chunk=chunk), full, rtol=1e-10, atol=1e-10)
 
 
+def test_low_precision_logits_get_a_float32_loss():
+    """bf16/fp16 logits (autocast) are upcast before the cross-entropy: the loss is float32 and equals
+    the loss of the same logits in float32, not a bf16-rounded one."""
+    logits = torch.randn(2, 7, 37, generator=torch.Generator().manual_seed(0)) * 4
+    targets = torch.randint(0, 37, (2, 7), generator=torch.Generator().manual_seed(1))
+    for dtype in (torch.bfloat16, torch.float16):
+        low = logits.to(dtype)
+        for reduction in ("mean", "sum", "none"):
+            loss = lm_loss(low, targets, reduction=reduction)
+            assert loss.dtype == torch.float32 and loss.shape == (() if reduction != "none" else (2, 7))
+            torch.testing.assert_close(loss, lm_loss(low.float(), targets, reduction=reduction), rtol=0, atol=0)
+
+
+def test_a_loss_with_every_target_ignored_is_zero_not_nan():
+    """A batch whose targets are all -100 (nothing to predict) has loss 0, for any chunking, not 0/0."""
+    model = tiny_model(("standard", {}))
+    idx = torch.randint(0, 37, (2, 6))
+    for chunk in (None, 5):
+        assert model(idx, torch.full_like(idx, -100), loss_chunk=chunk).item() == 0.0
+
+
+def test_dropout_only_at_the_sites_named():
+    """dropout=0.5 with no sites drops nothing (training mode gives the eval logits); at the attention
+    probabilities alone it does."""
+    idx = torch.randint(0, 37, (2, 8))
+    for sites, drops in (([], False), (["attention"], True)):
+        model = tiny_model(("standard", {}), dropout=0.5, dropout_sites=sites)
+        expected = model(idx)
+        torch.manual_seed(0)
+        assert (not torch.equal(model.train()(idx), expected)) == drops, sites
+
+
+def test_biases_off_means_no_bias_anywhere():
+    """bias=False takes the bias out of every Linear and every LayerNorm (gpt2-style norm, not only Llama's
+    RMSNorm); bias=True keeps them."""
+    for norm in ("pre", "post"):
+        model = GPT(tiny_config(("standard", {}), bias=False, norm=norm))
+        assert [n for n, _ in model.named_parameters() if n.endswith("bias")] == [], norm
+    with_bias = GPT(tiny_config(("standard", {})))
+    assert {"ln_f.bias", "blocks.0.ln1.bias", "blocks.0.mlp.fc.bias"} <= {n for n, _ in with_bias.named_parameters()}
+
+
 @pytest.mark.parametrize("block", ["gpt2", "llama"])
 def test_a_cache_slot_past_the_block_is_a_clear_error(block):
     """input_pos reaching block_size (24 here) is refused with the block_size message, with or
@@ -376,6 +418,29 @@ def test_a_cache_slot_past_the_block_is_a_clear_error(block):
     with pytest.raises(ValueError, match="exceeds block_size=24"):
         model(idx, input_pos=torch.tensor([24]))
     model.clear_cache()
+
+
+def test_malformed_forward_and_cache_calls_are_clear_errors():
+    """No tokens, a cache longer than the block, a set-up cache without input_pos, a cache of another
+    depth and position_ids past the block each raise their one-line message, not a torch error or
+    logits computed against the wrong cache slots."""
+    from gbattn.attention.core import StaticCache
+
+    model = tiny_model(("standard", {}))  # block_size 24, 2 layers
+    idx = torch.randint(0, 37, (1, 3))
+    with pytest.raises(ValueError, match="at least one token"):
+        model(idx[:, :0])
+    with pytest.raises(ValueError, match="exceeds block_size=24"):
+        model.setup_cache(1, max_len=25)
+    assert not model.has_cache
+    model.setup_cache(1, max_len=24)
+    with pytest.raises(ValueError, match="pass input_pos"):
+        model(idx)
+    model.clear_cache()
+    with pytest.raises(ValueError, match="a KV cache of 1 layers for a model of 2"):
+        model(idx, input_pos=torch.arange(3), cache=StaticCache(1, 1, 24, torch.float64, "cpu"))
+    with pytest.raises(ValueError, match=r"position_ids reach 24; the model's positions are 0 \.\. 23"):
+        model(idx[:, :1], position_ids=torch.tensor([[24]]))
 
 
 def test_dropout_sites_listed_twice_are_refused():

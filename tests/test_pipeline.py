@@ -631,6 +631,55 @@ def test_evaluate_under_ddp_counts_no_tokens_of_a_repeated_row():
     assert res.loss == pytest.approx(alone.loss, rel=1e-6)
 
 
+def test_evaluate_under_ddp_every_rank_runs_as_many_passes_and_scores_its_own_rows():
+    """3 rows over 2 ranks in batches of 1: both ranks run 2 forward passes; rank 0 scores rows 0 and 2,
+    rank 1 row 1 (its second pass repeats a row of weight 0: no per-token losses, no progress)."""
+    from gbattn.config import ModelConfig
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT
+
+    class Rank:  # all_sum as in a world where the other rank contributed nothing
+        enabled, world = True, 2
+
+        def __init__(self, rank):
+            self.rank = rank
+
+        def all_sum(self, values):
+            return values
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2, dropout=0.0)).eval()
+    tokens = np.random.default_rng(0).integers(0, 11, size=3 * 9).astype(np.uint16)
+    passes = []
+    model.register_forward_hook(lambda *_: passes.append(1))
+    for rank, rows in ((0, [0, 2]), (1, [1])):
+        passes.clear()
+        ticks = []
+        res = evaluate(model, tokens, seq_len=8, batch_size=1, dist_env=Rank(rank), per_token=True,
+                       progress=ticks.append)
+        own = np.concatenate([tokens[r * 9 : (r + 1) * 9] for r in rows])
+        alone = evaluate(model, own, seq_len=8, per_token=True)
+        assert len(passes) == 2 + 1 and sum(ticks) == len(rows), rank  # (+1: the pass scoring `own` alone)
+        assert res.tokens == 8 * len(rows) and res.per_token.shape == (8 * len(rows),), rank
+        np.testing.assert_allclose(res.per_token, alone.per_token, rtol=1e-6)
+
+
+def test_evaluate_reports_progress_per_row_and_restores_training_mode():
+    """7 rows in batches of 3: progress adds up to 7 rows (3 + 3 + 1); a model in training mode with
+    dropout is scored without dropout and is back in training mode afterwards."""
+    from gbattn.config import ModelConfig
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2, dropout=0.5)).eval()
+    tokens = np.random.default_rng(0).integers(0, 11, size=7 * 9 + 5).astype(np.uint16)
+    ticks = []
+    expected = evaluate(model, tokens, seq_len=8, batch_size=3, progress=ticks.append)
+    assert ticks == [3, 3, 1] and not model.training
+    model.train()
+    assert evaluate(model, tokens, seq_len=8, batch_size=3).loss == expected.loss
+    assert model.training
+
+
 def test_perplexity_of_a_loss_of_50_or_more_is_infinite():
     import math
 

@@ -348,6 +348,34 @@ def test_eval_per_token_files_hold_one_loss_per_scored_token(trained, tmp_path, 
         assert losses.mean() == pytest.approx(record["loss"], rel=1e-5)
 
 
+def test_eval_per_token_may_take_a_run_files_name_outside_the_run(trained, tmp_path, capsys, monkeypatch):
+    """Only the run's own files are protected: a losses file named like one, elsewhere, is written."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    code, out, err = run_cli(capsys, ["eval", trained["run"], "--per-token", tmp_path / rundir.BEST])
+    assert code == 0 and (tmp_path / rundir.BEST).is_file(), err
+
+
+def test_eval_scores_the_split_it_names(trained, capsys, monkeypatch):
+    """``eval --split valid`` and ``--split test`` each report their own split's loss over its tokens
+    (what evaluate gives on that split), and name it in the JSON record."""
+    from gbattn.data.prepare import prepare_run_data
+    from gbattn.eval.perplexity import evaluate
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = rundir.load_run(trained["run"])
+    splits = prepare_run_data(run, None, False).splits
+    losses = {}
+    for split in ("valid", "test"):
+        code, out, err = run_cli(capsys, ["eval", trained["run"], "--split", split])
+        assert code == 0, err
+        record = json.loads(out.strip().splitlines()[-1])
+        want = evaluate(run.model, splits[split], run.seq_len)
+        assert record["split"] == split and record["tokens"] == want.tokens, split
+        assert record["loss"] == pytest.approx(want.loss, rel=1e-5), split
+        losses[split] = record["loss"]
+    assert losses["valid"] != losses["test"]
+
+
 def test_a_damaged_token_cache_is_rebuilt_and_the_run_still_works(trained, tmp_path, capsys, monkeypatch):
     cache = tmp_path / "cache"
     shutil.copytree(trained["cache"], cache)
