@@ -127,6 +127,82 @@ def test_caps_take_the_first_tokens(tmp_path):
     np.testing.assert_array_equal(capped["train"], full["train"][:1000])
 
 
+def test_the_token_cache_is_keyed_by_the_tokenizer_and_the_corpus_content(tmp_path, monkeypatch):
+    """An entry built with one tokenizer is not read for another; a corpus rewritten in place (same
+    path, same characters, other text) is tokenized again: each equals a build in an empty cache."""
+    def fresh(corpus, tok):
+        monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / f"fresh{len(list(tmp_path.iterdir()))}"))
+        out = {s: np.array(v) for s, v in tokenize_corpus(corpus, tok, progress=False).items()}
+        monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "shared"))
+        return out
+
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "shared"))
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    char = get_tokenizer("char", corpus)
+    bpe = get_tokenizer("bpe", corpus, vocab_size=60, verbose=False)
+    tokenize_corpus(corpus, char, progress=False)
+    again = load_corpus(str(write_corpus(tmp_path / "c", seed=1)))
+    assert get_tokenizer("char", again).fingerprint == char.fingerprint
+    for corp, tok in ((corpus, bpe), (again, char)):
+        got, expected = tokenize_corpus(corp, tok, progress=False), fresh(corp, tok)
+        for s in expected:
+            np.testing.assert_array_equal(got[s], expected[s])
+
+
+def test_rows_and_random_windows_are_the_tokens_they_name_and_pure_functions_of_the_seed():
+    """Rows of seq_len + 1 tokens do not overlap (the tokens left over make no row); an epoch's order and
+    a step's windows depend on the seed and on the epoch or step; a window never ends at the last token."""
+    from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
+
+    tokens = np.arange(3 * 9 + 5, dtype=np.uint16)
+    assert num_rows(tokens, 8) == 3
+    x, y = rows_batch(tokens, 8, np.array([2, 0]))
+    assert x.tolist() == [list(range(18, 26)), list(range(0, 8))] and y.tolist() == [list(range(19, 27)),
+                                                                                      list(range(1, 9))]
+    orders = {tuple(epoch_permutation(50, seed, epoch)) for seed in (0, 1) for epoch in (0, 1)}
+    assert len(orders) == 4 and all(sorted(o) == list(range(50)) for o in orders)
+    np.testing.assert_array_equal(epoch_permutation(50, 3, 2), epoch_permutation(50, 3, 2))
+    long = np.arange(1000, dtype=np.uint16)
+    draws = {(seed, step): random_windows(long, 8, 4, seed, step) for seed in (0, 1) for step in (0, 1)}
+    assert len({tuple(x[:, 0].tolist()) for x, _ in draws.values()}) == 4
+    assert torch.equal(random_windows(long, 8, 4, 1, 1)[0], draws[1, 1][0])
+    x, y = draws[0, 0]
+    assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y - x, torch.ones_like(x))
+    short = np.arange(8 + 3, dtype=np.uint16)  # offsets 0 and 1; 2 would end at the last token
+    starts = {int(s) for step in range(50) for s in random_windows(short, 8, 4, 0, step)[0][:, 0]}
+    assert starts == {0, 1}
+
+
+def test_resume_truncates_the_metrics_after_the_checkpoints_step(tmp_path):
+    """Events up to and including the checkpoint's step stay; later ones, every stop event and a line
+    whose step is not an integer (a bool, a string) go."""
+    path = tmp_path / ckpt.METRICS
+    events = [{"event": "train", "step": 1}, {"event": "eval", "step": 3}, {"event": "stop", "step": 2},
+              {"event": "train", "step": 4}, {"event": "train", "step": True}, {"event": "train", "step": "2"},
+              {"event": "resume"}]
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    ckpt.truncate_metrics(path, 3)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [events[0], events[1], events[6]]
+
+
+def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path):
+    """A build of a live process (this one) stays, and so does one of another host (its pid means
+    nothing here); a build whose process has exited is removed."""
+    import socket
+
+    from gbattn.data.tokens import remove_abandoned
+
+    exited = subprocess.Popen([sys.executable, "-c", ""])
+    exited.wait()
+    host = socket.gethostname()
+    live, dead, other = (tmp_path / f"k.tmp{os.getpid()}@{host}", tmp_path / f"k.tmp{exited.pid}@{host}",
+                         tmp_path / f"k.tmp{exited.pid}@elsewhere")
+    for entry in (live, dead, other):
+        entry.mkdir()
+    remove_abandoned(tmp_path)
+    assert live.is_dir() and not dead.exists() and other.is_dir()
+
+
 def test_hf_name_offline_is_one_clear_line(capsys, tmp_path):
     code = cli_main(["train", "--data", "wikitext-103-raw-v1", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()

@@ -174,6 +174,30 @@ def test_a_real_training_process_holds_its_run_and_compare_its_directory(trained
         holder.wait()
 
 
+def test_a_run_lock_writes_its_pid_removes_only_an_empty_directory_it_made_and_is_taken_again(tmp_path):
+    """The lock file holds this pid alone (a longer stale pid is overwritten); release removes the
+    directory only if the lock made it and nothing else is in it; a lock taken again after release
+    is held (another process is refused)."""
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / rundir.LOCK).write_text("123456789012\n")
+    with rundir.RunLock(existing):
+        assert (existing / rundir.LOCK).read_text() == f"{os.getpid()}\n"
+    assert existing.is_dir()  # not made by the lock: kept
+    made = tmp_path / "made"
+    with rundir.RunLock(made):
+        pass
+    assert not made.exists()
+    with rundir.RunLock(made):
+        (made / rundir.CONFIG).write_text("{}")
+    assert sorted(p.name for p in made.iterdir()) == [rundir.LOCK, rundir.CONFIG]
+    with rundir.RunLock(made):  # taken again in this process after the release: held, not assumed held
+        code = f"from gbattn.rundir import RunLock; RunLock({str(made)!r})"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert proc.returncode != 0 and "in use by another gbattn process" in proc.stderr, proc.stderr
+
+
 # --------------------------------------------------------------------------------------
 # 3. Provenance
 # --------------------------------------------------------------------------------------
@@ -272,6 +296,77 @@ def test_resume_applies_every_result_neutral_set(trained, tmp_path, capsys, monk
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet", *sets])
     assert code == 0, err
     assert {k: getattr(seen[0], k) for k in new} == new
+
+
+def test_resume_refuses_another_tokenizer_or_residual_stream(trained, capsys, monkeypatch):
+    """--tokenizer and --residual select the run as --attn and --seed do: on --resume another value is refused."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = trained["run"]
+    before = snapshot(run)
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--tokenizer", "bpe", "--residual",
+                                    "attnres-full"])
+    line = one_line(code, err)
+    assert "--tokenizer bpe (recorded: char)" in line and "--residual attnres-full (recorded: plain)" in line
+    assert snapshot(run) == before
+
+
+def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained):
+    """--set compile=true is --compile: with dropout, switching a run trained eager is refused; with no
+    dropout (or no dropout site) compiled and eager draw nothing, and the switch is accepted."""
+    from gbattn.cli import build_parser
+    from gbattn.train.cli import resume_conflicts
+
+    saved = json.loads((trained["run"] / rundir.CONFIG).read_text())
+    model_cfg, train_cfg = rundir.read_configs(saved, trained["run"])
+    assert model_cfg.dropout > 0 and model_cfg.dropout_sites
+    parser = build_parser()
+    for argv in (["--compile"], ["--set", "compile=true"]):
+        args = parser.parse_args(["train", "--resume", "--out", str(trained["run"]), *argv])
+        (conflict,) = resume_conflicts(args, saved, model_cfg, train_cfg)
+        assert conflict.startswith("--compile (recorded: trained eager"), conflict
+        for quiet in (model_cfg.replace(dropout=0.0), model_cfg.replace(dropout_sites=[])):
+            assert resume_conflicts(args, saved, quiet, train_cfg) == []
+
+
+def test_run_options_reach_the_training_config_of_a_new_and_a_resumed_run(trained, tmp_path, capsys, monkeypatch):
+    """--seed, --tokenizer, --device, --threads and --no-compile of a new run, and the result-neutral
+    --device, --threads and --no-compile of a resumed one, are what the trainer trains with."""
+    from gbattn.train.trainer import Trainer
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    seen = []
+    summary = dict.fromkeys(("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s"))
+    monkeypatch.setattr(Trainer, "run", lambda self: seen.append(self.train_cfg) or summary)
+    options = ["--device", "cpu", "--threads", "2", "--no-compile", "--quiet"]
+    code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "new", "--data", trained["data"], "--tokenizer",
+                                    "char", "--seed", "7", *options])
+    assert code == 0, err
+    assert (seen[0].seed, seen[0].tokenizer, seen[0].device, seen[0].threads, seen[0].compile) == (7, "char", "cpu", 2,
+                                                                                                   False)
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.RESULT).unlink()
+    recorded = rundir.read_configs(json.loads((run / rundir.CONFIG).read_text()), run)[1]
+    assert (recorded.device, recorded.threads, recorded.compile) != ("cpu", 2, False)
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, *options])
+    assert code == 0, err
+    assert (seen[1].seed, seen[1].device, seen[1].threads, seen[1].compile) == (42, "cpu", 2, False)
+
+
+def test_init_from_trains_on_the_data_given(trained, tmp_path, capsys, monkeypatch):
+    """--data of an --init-from run is the corpus it trains on (the source run's is only the default)."""
+    from gbattn.train.trainer import Trainer
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    seen = []
+    summary = dict.fromkeys(("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s"))
+    monkeypatch.setattr(Trainer, "run", lambda self: seen.append(self.train_cfg) or summary)
+    other = write_corpus(tmp_path / "other", seed=3)
+    for argv, data in (([], str(trained["data"])), (["--data", other], str(other))):
+        code, _, err = run_cli(capsys, ["train", "--init-from", trained["run"], "--out", tmp_path / f"o{len(seen)}",
+                                        "--quiet", *argv])
+        assert code == 0, err
+        assert (seen[-1].data, seen[-1].init_from, seen[-1].tokenizer) == (data, str(trained["run"]), "char")
 
 
 # --------------------------------------------------------------------------------------
@@ -577,6 +672,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("run dir is a file", ["eval", f["a-file"]], "is not a directory"),
         ("resume without a run", ["train", "--resume", "--out", tmp_path / "empty-dir"], "not found"),
         ("--resume and --restart", ["train", "--resume", "--restart", "--out", run], "give one of them"),
+        ("--resume and --init-from", ["train", "--resume", "--init-from", run, "--out", run],
+         "--init-from starts a new run: it does not go with --resume"),
         ("generate --max-new-tokens -1", ["generate", run, "--prompt", "a", "--max-new-tokens", "-1"], "must be >= 0"),
         ("generate --top-k 0", ["generate", run, "--prompt", "a", "--top-k", "0"], "must be >= 1"),
         ("generate --num-samples 0", ["generate", run, "--prompt", "a", "--num-samples", "0"], "must be >= 1"),
@@ -653,6 +750,10 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("--data and --set data differ", [*new_run, "--set", f"data={short_test}"], "disagree: give one of them"),
         ("--init-from with --set tokenizer", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
                                               "tokenizer=bpe"], "trains with the tokenizer of"),
+        ("--init-from with --attn", ["train", "--init-from", run, "--out", tmp_path / "o13", "--attn", "standard"],
+         "--init-from trains the model of"),
+        ("--init-from with a model --set", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
+                                            "d_model=64"], "--init-from trains the model of"),
         ("compare --set attn", ["compare", "--recipe", "cpu-char", "--data", data, "--out", tmp_path / "c2", "--set",
                                 "attn=boosted"], "the recipe chooses each model's"),
         ("bench --set attn", ["bench", "--preset", "cpu-char", "--set", "attn=boosted"],
@@ -824,6 +925,92 @@ def test_a_run_directory_with_a_stray_safetensors_file_is_still_a_run(trained, t
     assert loaded.checkpoint == "best" and loaded.step == original.step
     assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(),
                                                  original.model.state_dict().values()))
+
+
+def test_what_a_directory_holds_is_told_by_its_files(tmp_path):
+    """An exported directory is one of model_type gbattn (or with model.safetensors) and no checkpoint.pt;
+    with transformers' trainer files beside it, it is a transformers checkpoint of a gbattn model; another
+    model_type is a Hugging Face checkpoint, never an export."""
+    d = tmp_path / "d"
+    d.mkdir()
+    assert rundir.foreign_model(d) is None and not rundir.is_exported(d)
+    (d / rundir.CONFIG).write_text(json.dumps({"model_type": "gbattn"}))
+    assert rundir.is_exported(d)
+    assert rundir.foreign_model(d) == "a transformers checkpoint of a gbattn model"  # no gbattn tokenizer file
+    (d / rundir.EXPORTED_TOKENIZER).write_text("{}")
+    assert rundir.foreign_model(d) == "a gbattn export"
+    (d / "optimizer.pt").write_bytes(b"")
+    assert rundir.foreign_model(d) == "a transformers checkpoint of a gbattn model"
+    (d / rundir.CHECKPOINT).write_bytes(b"")
+    assert not rundir.is_exported(d)  # a run directory
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / rundir.CONFIG).write_text(json.dumps({"model_type": "llama"}))
+    assert rundir.foreign_model(llama) == "a Hugging Face checkpoint (llama)" and not rundir.is_exported(llama)
+    with pytest.raises(UserError, match="holds a Hugging Face checkpoint \\(llama\\), not a gbattn run"):
+        rundir.check_restartable(llama)
+
+
+def test_a_config_field_of_another_type_is_refused_in_a_run_and_in_an_exported_gbattn_section(tmp_path):
+    for config, message in (({"step": "5"}, "step='5' must be an integer"),
+                            ({"seq_len": 0}, "seq_len=0 must be >= 1"),
+                            ({"data": {"fingerprint": 7}}, "fingerprint=7 must be a string")):
+        with pytest.raises(rundir.CheckpointError, match=message):
+            rundir.check_config(config, tmp_path / rundir.CONFIG)
+        with pytest.raises(rundir.CheckpointError, match=message):
+            rundir.gbattn_section({"model_type": "gbattn", "gbattn": config}, tmp_path / rundir.CONFIG)
+
+
+def test_a_run_evaluated_never_yet_loads_its_last_checkpoint_as_best(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.BEST).unlink()  # killed before its first evaluation
+    loaded, last = rundir.load_run(run), rundir.load_run(trained["run"], "last")
+    assert loaded.step == last.step and all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(),
+                                                                              last.model.state_dict().values()))
+    with pytest.raises(UserError, match="checkpoint='newest' is not allowed; choose one of best, last"):
+        rundir.load_run(run, "newest")  # not the last weights under another name
+
+
+def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):
+    (tmp_path / "outside.safetensors").write_bytes(b"")
+    exported = tmp_path / "exported"
+    exported.mkdir()
+    (exported / rundir.SAFETENSORS_INDEX).write_text(json.dumps({"weight_map": {"w": "../outside.safetensors"}}))
+    with pytest.raises(rundir.CheckpointError, match="names shard '../outside.safetensors', which is not a file in"):
+        rundir.read_shards(exported, rundir.SAFETENSORS_INDEX, lambda shard: {"w": torch.zeros(1)})
+
+
+def test_old_records_keep_their_meaning_and_a_results_curve_is_checked(trained, tmp_path):
+    """eval_every=0 in a run from before it meant "every epoch only" (None now); result.json's
+    validation curve is checked point by point."""
+    config = json.loads((trained["run"] / rundir.CONFIG).read_text())
+    config["train"]["eval_every"] = 0
+    assert rundir.read_configs(config, trained["run"])[1].eval_every is None
+    result = json.loads((trained["run"] / rundir.RESULT).read_text())
+    assert rundir.read_result(trained["run"] / rundir.RESULT)["curve"] == result["curve"]
+    result["curve"] = [{"step": True, "tokens": 1, "valid_loss": 1.0, "valid_ppl": 2.7}]
+    (tmp_path / rundir.RESULT).write_text(json.dumps(result))
+    with pytest.raises(rundir.CheckpointError, match="validation curve is malformed"):
+        rundir.read_result(tmp_path / rundir.RESULT)
+
+
+def test_a_lock_file_that_is_a_fifo_is_refused(tmp_path):
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / rundir.LOCK)
+    with pytest.raises(UserError, match="is not a regular file: remove it"):
+        rundir.RunLock(fifo)
+
+
+def test_a_missing_data_path_given_is_not_blamed_on_the_runs_record(trained, tmp_path):
+    """Only when no --data is given does a missing corpus get the hint that the run recorded its path."""
+    from gbattn.data.prepare import prepare_run_data
+    from gbattn.errors import DataNotFound
+
+    with pytest.raises(DataNotFound) as error:
+        prepare_run_data(rundir.load_run(trained["run"]), str(tmp_path / "nope"), allow_other_data=False)
+    assert "recorded" not in str(error.value)
 
 
 def test_json_writers_store_no_nan_and_jsonl_readers_keep_objects_only(tmp_path):
