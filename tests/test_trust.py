@@ -767,6 +767,9 @@ def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, mo
     cases = bad_inputs(trained, tmp_path)
     assert len(cases) >= 100  # the README's count
     (tmp_path / "empty-dir").mkdir()
+    # A case that wrongly succeeds (an empty --out meaning "here") writes into this folder, never the repository.
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
     before = snapshot(trained["run"])
     report = []
     for name, argv, expected in cases:
