@@ -1,6 +1,7 @@
 """Attention variants against their independent references (gbattn.attention.reference): both
 paths of every module, outputs and all gradients, in float64, with grouped K/V, RoPE and left
-padding; causality; padding that matters; dropout; the analysis record."""
+padding; causality; padding that matters; dropout; the analysis record; the core's two paths in every
+kind of context and which one runs; the registry's checks of options and layers."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import torch
 from conftest import VARIANT_CASES, case_id
 from gbattn.attention import AttnArgs, build_attention
 from gbattn.attention.reference import REFERENCES, RefSpec
-from gbattn.attention.registry import VARIANTS
+from gbattn.attention.registry import VARIANTS, describe_variants, variant_options
+from gbattn.errors import ConfigError
 
 D, B, T = 16, 2, 7
-HEADS = {"mha": (4, 4, None), "gqa-rope": (4, 2, 10000.0), "mqa-rope": (4, 1, 500.0)}
+# gqa4: two query heads per K/V head and several K/V heads, so a query head paired with the wrong K/V head
+# shows (in differential attention too: 4 head pairs over 2 K/V pairs).
+HEADS = {"mha": (4, 4, None), "gqa-rope": (4, 2, 10000.0), "mqa-rope": (4, 1, 500.0), "gqa4-rope": (8, 4, 10000.0)}
 
 
 def test_every_variant_has_a_reference():
@@ -289,3 +293,139 @@ def test_record_schema_and_consistency(variant_case, layer_idx):
         pos, neg = (r.output_BTD.view(B, T, 2, 8) for r in record.rounds)
         o = attn.subln(pos - attn.lambda_full() * neg) * (1 - attn.lambda_init)
         torch.testing.assert_close(out(o.reshape(B, T, D)), y)
+
+
+# ---- the core's two paths, its calling convention and its refusals ---------------------
+
+# Contexts a model or a module used on its own builds: (T, S, query slots or None for the default last T
+# of S, key padding (B, S) or None, causal).
+CORE_CONTEXTS = {
+    "default-last-slots": (3, 7, None, None, True),
+    "prefill-slots-of-a-longer-cache": (3, 7, [0, 1, 2], None, True),
+    "slots-out-of-order": (4, 4, [3, 0, 2, 1], None, True),
+    "left-padded-decode": (1, 6, [5], [[False, False, True, True, True, True], [True] * 6], True),
+    "non-causal-over-more-keys": (3, 7, None, None, False),
+}
+
+
+@pytest.mark.parametrize("context", CORE_CONTEXTS)
+def test_fast_path_equals_explicit_attention_in_every_context(context):
+    """The fast path (SDPA, ``is_causal`` only where it is exactly the mask) and the reference path both
+    equal masked softmax attention written out: query t in slot s_t sees the real keys in slots up to s_t;
+    with grouped K/V heads (query head h uses K/V head h // 2) and values twice the query width."""
+    from gbattn.attention.core import AttnContext, fast_path, reference_path
+
+    T, S, slots, padding, causal = CORE_CONTEXTS[context]
+    q = torch.randn(B, 4, T, 3, dtype=torch.float64)
+    k = torch.randn(B, 2, S, 3, dtype=torch.float64)
+    v = torch.randn(B, 2, S, 6, dtype=torch.float64)
+    slots_T = torch.tensor(slots) if slots is not None else torch.arange(S - T, S)
+    keep = torch.tensor(padding) if padding is not None else None
+    ctx = AttnContext(T=T, S=S, device=torch.device("cpu"), slots_T=None if slots is None else slots_T,
+                      key_padding_BS=keep, causal=causal)
+    seen = torch.ones(B, 1, T, S, dtype=torch.bool)
+    if causal:
+        seen &= (torch.arange(S)[None, :] <= slots_T[:, None])[None, None]
+    if keep is not None:
+        seen &= keep[:, None, None, :]
+    scores = (q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) * 0.7).masked_fill(~seen, float("-inf"))
+    expected = scores.softmax(-1) @ v.repeat_interleave(2, dim=1)
+    torch.testing.assert_close(fast_path(q, k, v, ctx, 0.0, 0.7), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(reference_path(q, k, v, ctx, 0.0, 0.7)[0], expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
+def test_attend_uses_an_explicit_scale(naive):
+    """``Call.attend(..., scale=s)`` scores with s, not the module's 1/sqrt(E), on both paths."""
+    from gbattn.attention.core import AttnContext, Call
+
+    attn = make(("standard", {}))
+    q, k, v = (torch.randn(B, 4, T, 4, dtype=torch.float64) for _ in range(3))
+    ctx = AttnContext(T=T, S=T, device=torch.device("cpu"), naive=naive)
+    scores = (q @ k.transpose(-1, -2) * 0.3).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(Call(attn, ctx).attend(q, k, v, scale=0.3), scores.softmax(-1) @ v, rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_naive_takes_the_reference_path_and_the_default_the_fused_one(variant_case, monkeypatch):
+    """``naive=True`` forms explicit T x S maps (SDPA never called, also with padding and without
+    causality); the default calls SDPA once per attention map of the layer."""
+    sdpa, calls = torch.nn.functional.scaled_dot_product_attention, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    attn = make(variant_case)
+    keep, _ = left_padded()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    attn(x, naive=True)
+    attn(x, key_padding_mask=keep, causal=False, naive=True)
+    maps = len(attn(x, return_intermediates=True)[1].rounds)
+    assert calls == []
+    attn(x)
+    assert len(calls) == maps
+
+
+def test_a_record_passed_in_is_filled_and_returned():
+    """A model passes each layer's own :class:`Record`; with ``return_intermediates`` too, that record
+    (not a new one) is filled and returned."""
+    from gbattn.attention import Record
+
+    attn = make(("twicing", {}))
+    record = Record()
+    _, returned = attn(torch.randn(B, T, D, dtype=torch.float64), record=record, return_intermediates=True)
+    assert returned is record and [r.kind for r in record.rounds] == ["attention", "second-pass"]
+
+
+def test_a_padding_mask_of_another_width_is_refused():
+    attn = make(("standard", {}))
+    with pytest.raises(ValueError, match="key_padding_mask has 5 keys, expected 7"):
+        attn(torch.randn(B, T, D, dtype=torch.float64), key_padding_mask=torch.ones(B, 5, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("layers, n_layers", [([2], 2), ([-3], 2), ([0, 3], 3), ([-4, 0], 3)])
+def test_layers_outside_the_model_are_refused_at_both_ends(layers, n_layers):
+    """``attn.layers`` indices run from -n_layers to n_layers - 1: the first index past either end is refused,
+    by the option check and by ``build_attention`` (which checks the layer count in its AttnArgs)."""
+    with pytest.raises(ConfigError, match=r"outside the model's"):
+        variant_options("boosted", {"layers": layers}, n_layers=n_layers)
+    with pytest.raises(ConfigError, match=r"outside the model's"):
+        build_attention("twicing", AttnArgs(d_model=D, n_heads=4, n_layers=n_layers), {"layers": layers})
+
+
+def test_layers_at_both_ends_of_the_model_are_accepted():
+    assert variant_options("boosted", {"layers": [-2, 1]}, n_layers=2).layers == [-2, 1]
+    built = [build_attention("boosted", AttnArgs(d_model=D, n_heads=4, layer_idx=i, n_layers=3), {"layers": [-3, 2]})
+             for i in range(3)]
+    assert [attn.rounds for attn in built] == [2, 1, 2]
+
+
+def test_an_option_given_to_a_variant_without_options_names_none():
+    with pytest.raises(ConfigError, match=r"has no option\(s\) \['rounds'\]; its options are: none$"):
+        variant_options("standard", {"rounds": 2})
+
+
+def test_describe_variants_gives_each_module_docstring_and_option_defaults():
+    """What ``gbattn list`` prints: the first line of each variant's module docstring, and its options."""
+    rows = {row["name"]: row for row in describe_variants()}
+    assert list(rows) == list(VARIANTS)
+    assert rows["standard"]["description"] == "Standard multi-head causal softmax attention (docs/baselines.md)."
+    assert rows["standard"]["options"] == {} and rows["differential"]["options"] == {}
+    assert rows["boosted"]["options"] == {"rounds": 2, "gate": "linear", "kv_source": "residual", "gate_hidden": 32,
+                                          "layers": None}
+    assert rows["gated"]["options"] == {"mode": "elementwise"}
+
+
+def test_differential_lambda_vectors_are_redrawn_from_n_0_0_1():
+    """``init_own_parameters`` (the Hugging Face wrapper's init) draws the four lambda vectors N(0, 0.1), as
+    the constructor does: 8,000 draws have mean about 0 and standard deviation about 0.1."""
+    attn = build_attention("differential", AttnArgs(d_model=32, n_heads=4))
+    draws = []
+    for _ in range(250):
+        attn.init_own_parameters()
+        draws += [p.detach().clone() for p in (attn.lambda_q1, attn.lambda_k1, attn.lambda_q2, attn.lambda_k2)]
+    draws = torch.cat(draws)
+    assert draws.numel() == 8000
+    assert abs(draws.mean().item()) < 0.005 and abs(draws.std().item() - 0.1) < 0.005

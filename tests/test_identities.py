@@ -95,6 +95,16 @@ def test_shared_kv_source_has_no_round_kv_parameters():
     assert n(residual) - n(shared) == 2 * (D * D + D)  # the round's W_K, W_V and biases
 
 
+@pytest.mark.parametrize("rounds", [1, 2, 3])
+@pytest.mark.parametrize("kv_source", ["residual", "input", "shared"])
+def test_boosted_parameter_count_per_kv_source(kv_source, rounds):
+    """Exactly: round 0's W_QKV and W_out; each further round its W_Q (and W_K, W_V with kv_source=residual),
+    biases included; kv_source=input adds each further round's W_K, W_V of x to the fused projection."""
+    gba = build_attention("boosted", args(), {"rounds": rounds, "gate": "none", "kv_source": kv_source})
+    per_round = {"residual": 3 * (D * D + D), "input": 3 * (D * D + D), "shared": D * D + D}[kv_source]
+    assert sum(p.numel() for p in gba.parameters()) == 4 * (D * D + D) + (rounds - 1) * per_round
+
+
 def test_twicing_equals_explicit_two_a_minus_a_squared():
     tw = randomize(build_attention("twicing", args()))
     x = torch.randn(2, T, D, dtype=torch.float64)

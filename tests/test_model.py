@@ -405,6 +405,14 @@ def test_biases_off_means_no_bias_anywhere():
     assert {"ln_f.bias", "blocks.0.ln1.bias", "blocks.0.mlp.fc.bias"} <= {n for n, _ in with_bias.named_parameters()}
 
 
+def test_biases_off_in_every_variant(variant_case):
+    """bias=False holds in every variant's projections (gated attention's fused QKV and gate projection
+    included); only GBA's gate keeps its b_g (README)."""
+    names = [n for n, _ in GPT(tiny_config(variant_case, bias=False)).named_parameters() if n.endswith("bias")]
+    assert [n for n in names if ".gate." not in n] == []
+    assert all(".corrections." in n for n in names)
+
+
 @pytest.mark.parametrize("block", ["gpt2", "llama"])
 def test_a_cache_slot_past_the_block_is_a_clear_error(block):
     """input_pos reaching block_size (24 here) is refused with the block_size message, with or
