@@ -66,6 +66,10 @@ def test_denoiser_equals_the_equations_written_out():
     out_BD, probs_BK = model(query_BD, patterns_KD)
     torch.testing.assert_close(out_BD, F)
     torch.testing.assert_close(probs_BK, probs0)
+    # and the same gradients: every path of the equations (the gates' entropy input included) is trained
+    params = list(model.parameters())
+    for a, b in zip(torch.autograd.grad(out_BD.square().sum(), params), torch.autograd.grad(F.square().sum(), params)):
+        torch.testing.assert_close(a, b)
 
 
 def test_denoiser_initial_weights_are_the_published_tables_ones():
@@ -147,6 +151,11 @@ def test_implicit_gradient_matches_unrolled_iteration():
     for a, b in zip(implicit, unrolled):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
     assert any(g.abs().max() > 1e-4 for g in implicit)
+    model.eval()  # gradients in eval mode (no dropout here) are the same implicit ones
+    out_BD, probs_BK = model(query_BD, patterns_KD)
+    in_eval = torch.autograd.grad(denoise_loss(out_BD, probs_BK, target_B, patterns_KD), list(model.parameters()))
+    for a, b in zip(in_eval, implicit):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
 def test_cli_tiny_run_writes_tables_and_figure(tmp_path, capsys):
@@ -247,6 +256,9 @@ def test_fixed_point_converges_by_the_relative_residual():
     torch.testing.assert_close(z_BD, 2 * b_BD, rtol=2e-3, atol=0)
     _, stats = fixed_point(f, torch.zeros_like(b_BD), tol=1e-3, max_iter=4)
     assert stats.iterations == 4 and stats.converged == 0.0
+    # A relative residual exactly at the tolerance stops the iteration and counts as converged.
+    _, stats = fixed_point(lambda z: torch.full_like(z, 2.0), torch.ones(3, 1), tol=0.5, max_iter=10)
+    assert (stats.iterations, stats.converged) == (1, 1.0)
 
 
 def test_loss_averages_over_the_batch():

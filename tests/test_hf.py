@@ -746,6 +746,34 @@ def test_export_records_which_weights_it_holds(trained, tmp_path, capsys):
     assert "a-file is a file, not a directory" in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_export_refuses_its_run_by_any_name_needs_out_and_says_best(trained, tmp_path, capsys, monkeypatch):
+    """--out naming the run directory by a relative path or a link to it is the run itself (not "holds
+    a run"); --out is required; a plain export says it holds the best weights."""
+    run_dir, _ = trained
+    (tmp_path / "link").symlink_to(run_dir)
+    monkeypatch.chdir(run_dir.parent)
+    for out in (run_dir.name, str(tmp_path / "link")):
+        assert cli_main(["export", str(run_dir), "--out", out]) == 2
+        assert "is the run directory itself" in capsys.readouterr().err, out
+    with pytest.raises(SystemExit) as exit_code:
+        cli_main(["export", str(run_dir)])
+    assert exit_code.value.code == 2 and "the following arguments are required: --out" in capsys.readouterr().err
+    assert cli_main(["export", str(run_dir), "--out", str(tmp_path / "best")]) == 0
+    assert f"exported {run_dir} (best weights) to {tmp_path / 'best'}" in capsys.readouterr().out
+
+
+def test_exported_weights_follow_a_strict_umask(trained, tmp_path):
+    """Under umask 077 the weights are private like every other file export writes (not 0644)."""
+    run_dir, _ = trained
+    umask = os.umask(0o077)
+    try:
+        assert cli_main(["export", str(run_dir), "--out", str(tmp_path / "private")]) == 0
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "private").iterdir()}
+    assert set(modes.values()) == {0o600}, modes
+
+
 # ---- transformers.Trainer ----------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -527,6 +528,15 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
                                                                    "ptb.test.txt.gz"]),
     # "val" only as a word of its own: interval.txt is no validation split
     (["a.train.txt", "a.val.txt", "a.test.txt", "interval.txt"], ["a.train.txt", "a.val.txt", "a.test.txt"]),
+    # both WikiText flavours gzipped: still the raw ones, not "several files"
+    ([f"wiki.{s}.{k}.gz" for s in ("train", "valid", "test") for k in ("raw", "tokens")],
+     ["wiki.train.raw.gz", "wiki.valid.raw.gz", "wiki.test.raw.gz"]),
+    # macOS's hidden ._ copies and files of other kinds that name a split are not splits
+    (["ptb.train.txt", "._ptb.train.txt", "ptb.valid.txt", "ptb.test.txt", "train_log.json", "test_scores.csv"],
+     ["ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"]),
+    # a suffix that is no file type (a version, a year) is still a text file
+    (["news.train.2024", "news.valid.2024", "news.test.2024"], ["news.train.2024", "news.valid.2024",
+                                                               "news.test.2024"]),
 ])
 def test_split_files_are_found_by_name(tmp_path, names, chosen):
     for name in names:
@@ -625,8 +635,9 @@ def test_tokenizer_kinds_are_checked(tmp_path):
     for kind in ("hf", "char=x", "bpe=x", "words"):
         with pytest.raises(DataError, match=f"--tokenizer {kind!r} is not allowed"):
             get_tokenizer(kind, corpus)
-    with pytest.raises(ValueError, match="distinct single characters"):
-        Tokenizer("char", json.dumps({"chars": ["a", "b", "a"]}))
+    for chars in (["a", "b", "a"], ["a", "bc"], [], ["a", 1]):
+        with pytest.raises(ValueError, match="distinct single characters"):
+            Tokenizer("char", json.dumps({"chars": chars}))
 
 
 def test_a_tokenizer_of_another_vocabulary_size_is_not_taken_from_the_cache(tmp_path):
@@ -635,6 +646,161 @@ def test_a_tokenizer_of_another_vocabulary_size_is_not_taken_from_the_cache(tmp_
     large = get_tokenizer("bpe", corpus, vocab_size=60, verbose=False)
     assert (small.vocab_size, large.vocab_size) == (40, 60)
     assert get_tokenizer("bpe", corpus, vocab_size=40, verbose=False).fingerprint == small.fingerprint
+
+
+def test_a_single_file_without_a_split_is_90_5_5_and_a_bundled_corpus_takes_the_split_given(tmp_path):
+    """load_corpus's default rule is the module's 90/5/5; the bundled corpus is split by the
+    fractions given (nanoGPT's 90/10: test is valid), under its own name."""
+    text = "".join(f"{i:03d}\n" for i in range(250))  # 1,000 characters
+    (tmp_path / "t.txt").write_text(text)
+    corpus = load_corpus(str(tmp_path / "t.txt"))
+    assert ["".join(corpus.lines(s)) for s in ("train", "valid", "test")] == [text[:900], text[900:950], text[950:]]
+    nano = load_corpus("tiny-shakespeare", (0.9, 0.1, 0.0))
+    assert nano.name == "tiny-shakespeare" and list(nano.lines("test")) == list(nano.lines("valid"))
+    assert nano.fingerprint != load_corpus("tiny-shakespeare").fingerprint
+
+
+def test_a_file_cut_inside_a_character_or_bad_past_two_chunks_is_named_at_its_offset(tmp_path):
+    """A file whose last character is cut off is not UTF-8 text (not an error later, while reading);
+    offsets count every chunk read before, not just the last one."""
+    (tmp_path / "cut.txt").write_bytes(b"caf" + "\u00e9".encode()[:1])
+    with pytest.raises(DataError, match="ends inside a character at byte offset 4"):
+        load_corpus(str(tmp_path / "cut.txt"))
+    (tmp_path / "far.txt").write_bytes(b"a" * (2**21 + 7) + b"\x00")
+    with pytest.raises(DataError, match=f"NUL byte at byte offset {2**21 + 7}"):
+        load_corpus(str(tmp_path / "far.txt"))
+
+
+def test_data_paths_expand_the_home_directory_and_an_empty_name_is_refused(tmp_path, monkeypatch):
+    """``--data ~/corpus`` is the home directory's; an empty --data is an error, never the working
+    directory (even when that holds a corpus)."""
+    write_corpus(tmp_path / "corpus")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_corpus("~/corpus").fingerprint == load_corpus(str(tmp_path / "corpus")).fingerprint
+    monkeypatch.chdir(tmp_path / "corpus")
+    with pytest.raises(DataError, match="--data is empty"):
+        load_corpus("")
+
+
+class _FingerprintedDatasets:
+    """WikiText whose splits carry the ``datasets`` library's content fingerprints; records what was asked for."""
+
+    asked: list = []
+    fingerprints = {"train": "a", "validation": "b", "test": "c"}
+
+    @classmethod
+    def load_dataset(cls, dataset, config=None, **kwargs):
+        cls.asked.append((dataset, config, logging.getLogger("datasets").level))
+        splits = {}
+        for s, fp in cls.fingerprints.items():
+            rows = type("Split", (list,), {})([{"text": f"{s}\n"}])
+            rows._fingerprint = fp
+            splits[s] = rows
+        return splits
+
+
+def test_hugging_face_names_are_their_configs_fingerprinted_by_content_and_logging_put_back(monkeypatch):
+    """Each WikiText name loads the config of that name; the fingerprint follows every split's
+    content fingerprint; the libraries' loggers are quiet while loading and put back after."""
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    monkeypatch.setattr(_FingerprintedDatasets, "asked", [])
+    monkeypatch.setitem(sys.modules, "datasets", _FingerprintedDatasets)
+    logger.setLevel(logging.INFO)
+    try:
+        names = ["wikitext-103-raw-v1", "wikitext-2-raw-v1", "wikitext-103-v1", "wikitext-2-v1"]
+        prints = {name: load_corpus(name).fingerprint for name in names}
+        assert [(d, c) for d, c, _ in _FingerprintedDatasets.asked] == [("Salesforce/wikitext", n) for n in names]
+        assert {level for *_, level in _FingerprintedDatasets.asked} == {logging.CRITICAL}
+        assert logger.level == logging.INFO
+        before = dict(_FingerprintedDatasets.fingerprints)
+        for split in before:  # the content of any split changed: another corpus for the caches
+            monkeypatch.setattr(_FingerprintedDatasets, "fingerprints", {**before, split: "changed"})
+            assert load_corpus("wikitext-2-raw-v1").fingerprint != prints["wikitext-2-raw-v1"], split
+    finally:
+        logger.setLevel(level)
+
+
+def test_the_papers_bpe_splits_punctuation_and_numbers_its_specials_first(tmp_path):
+    """Whitespace pre-tokenizer: punctuation is never merged into a word; ``<pad>`` is id 0 and
+    ``<unk>`` id 1 (the order the paper lists them), and an unseen character encodes as ``<unk>``."""
+    data = tmp_path / "c"
+    data.mkdir()
+    for split in ("train", "valid", "test"):
+        (data / f"{split}.txt").write_text("cat.dog,cat.dog cat.dog\n" * 50)
+    tok = get_tokenizer("bpe", load_corpus(str(data)), vocab_size=60, verbose=False)
+    assert [tok.decode([i]) for i in tok.encode("cat.dog,cat")] == ["cat", ".", "dog", ",", "cat"]
+    assert (tok.encode("<pad>"), tok.encode("<unk>"), tok.encode("\u00e9")) == ([0], [1], [1])
+
+
+def test_a_tokenizers_added_tokens_count_in_its_size():
+    """A tokenizer.json whose end-of-text token was added after its vocabulary (id 3 of a 3-word
+    model): the size counts it, so the model has a row for it."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
+    backend = Backend(models.WordLevel({"a": 0, "b": 1, "<unk>": 2}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens(["<|endoftext|>"])
+    tok = Tokenizer("hf", backend.to_str())
+    assert tok.vocab_size == 4 and tok.encode("a <|endoftext|>") == [0, 3]
+
+
+def test_a_training_split_of_blank_lines_trains_no_bpe(tmp_path):
+    """Only the two special tokens would be learnt: a one-line error, not a tokenizer of no words."""
+    data = tmp_path / "c"
+    data.mkdir()
+    (data / "train.txt").write_text("\n   \n\n")
+    (data / "valid.txt").write_text("valid words\n")
+    (data / "test.txt").write_text("test words\n")
+    with pytest.raises(DataError, match="the training split holds no text"):
+        get_tokenizer("bpe", load_corpus(str(data)), vocab_size=40, verbose=False)
+
+
+def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked(tmp_path):
+    """``--tokenizer hf=PATH`` splits at the first ``=`` only: a directory named ``vocab=3`` is part of
+    the path; a JSON file that is no tokenizer is refused when named."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
+    backend = Backend(models.WordLevel({"a": 0, "b": 1, "<unk>": 2}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "vocab=3" / "tokenizer.json"
+    path.parent.mkdir()
+    path.write_text(backend.to_str())
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    for kind in ("hf", "gpt2"):
+        tok = get_tokenizer(f"{kind}={path}", corpus)
+        assert (tok.kind, tok.vocab_size, tok.encode("b a")) == (kind, 3, [1, 0])
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')  # JSON, but not a tokenizer
+    with pytest.raises(DataError, match="not a valid tokenizer.json"):
+        get_tokenizer(f"gpt2={tmp_path / 'config.json'}", corpus)
+
+
+def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_trips(tmp_path):
+    """A cached tokenizer file that does not parse is replaced, not an error; a saved tokenizer reads
+    back as the same kind with the same fingerprint (the token caches' key)."""
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    char = get_tokenizer("char", corpus)
+    [cached] = (tmp_path / "gbattn-cache" / "tokenizers").iterdir()
+    cached.write_text("{not json")
+    assert get_tokenizer("char", corpus).fingerprint == char.fingerprint
+    assert Tokenizer.load(cached).fingerprint == char.fingerprint
+    bpe = get_tokenizer("bpe", corpus, vocab_size=60, verbose=False)
+    for tok in (char, bpe, Tokenizer("hf", bpe.payload), Tokenizer("gpt2", bpe.payload)):
+        tok.save(tmp_path / "tokenizer.json")
+        back = Tokenizer.load(tmp_path / "tokenizer.json", expected_vocab=tok.vocab_size)
+        assert (back.kind, back.payload, back.fingerprint) == (tok.kind, tok.payload, tok.fingerprint)
+
+
+def test_a_blank_cache_directory_is_refused(tmp_path, monkeypatch):
+    """GBATTN_CACHE of spaces only is unset by mistake, like an empty one: not a directory named by spaces."""
+    monkeypatch.chdir(tmp_path)
+    for blank in ("", "  "):
+        monkeypatch.setenv("GBATTN_CACHE", blank)
+        with pytest.raises(DataError, match="GBATTN_CACHE is set but empty"):
+            tokenizer_mod.cache_dir()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_atomic_write_syncs_the_file_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):

@@ -904,6 +904,9 @@ def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path
     path = tmp_path / "tokenizer.json"
     path.write_text(Tokenizer("hf", hf.to_str()).to_json())
     assert Tokenizer.load(path, expected_vocab=3).vocab_size == 3 and Tokenizer.load(path).vocab_size == 101
+    for other in (2, 50, 200):  # neither its entries nor up to its largest id: another model's tokenizer
+        with pytest.raises(CheckpointError, match=f"has 101 tokens but the model's vocabulary is {other}"):
+            Tokenizer.load(path, expected_vocab=other)
 
 
 def test_a_config_whose_seq_len_exceeds_the_block_size_is_one_line(trained, tmp_path, capsys, monkeypatch):
