@@ -470,3 +470,23 @@ def test_loss_difference_std_is_the_spread_of_the_per_token_differences(runs, tm
                     device="cpu", quiet=True)
     diff_NT = token_losses(runs["std"], s["row_ids"]) - token_losses(runs["gba"], s["row_ids"])
     assert s["loss_diff"]["std"] == pytest.approx(diff_NT.std(unbiased=False).item(), rel=1e-3)
+
+
+def test_analysis_shows_special_tokens_by_name(tmp_path):
+    """WikiText writes unknown words as ``<unk>``, which the BPE encodes as its ``<unk>`` token: analysis
+    shows that token (as a target, an example's token and in a context) by name, where decoding text
+    (``generate``) leaves special tokens out, and a token shown alone would otherwise be the empty string."""
+    from gbattn.analysis.cli import _context_text, _token_text
+    from gbattn.data.corpus import load_corpus
+    from gbattn.data.tokenizer import get_tokenizer
+
+    data = tmp_path / "c"
+    data.mkdir()
+    for split in ("train", "valid", "test"):
+        (data / f"{split}.txt").write_text("the cat sat on the <unk> mat\n" * 20)
+    tok = get_tokenizer("bpe", load_corpus(str(data)), vocab_size=60, verbose=False)
+    ids = tok.encode("the <unk> mat")
+    unk = ids[1]
+    assert tok.decode([unk]) == "" and "<unk>" not in tok.decode(ids)  # text: special tokens left out
+    assert _token_text(tok, unk) == "<unk>"
+    assert _context_text(tok, ids) == "the <unk> mat"

@@ -94,7 +94,12 @@ def _check_against(run, other, run_dir, against_dir) -> list[str]:
 
 
 def _context_text(tokenizer, ids: list[int], keep: int = 24) -> str:
-    return tokenizer.decode(ids[-keep:])
+    return tokenizer.decode(ids[-keep:], skip_special=False)
+
+
+def _token_text(tokenizer, token_id: int) -> str:
+    """One token as analysis shows it: a special token by its name (``<unk>``), never as nothing."""
+    return tokenizer.decode([int(token_id)], skip_special=False)
 
 
 def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: int = 64, batch_size: int = 8,
@@ -219,7 +224,7 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
     for r, t in stats.top_gains(np.where(diff_NT > stats.TIE_NATS, diff_NT, -np.inf), top):
         x, y = rows_batch(tokens, run.seq_len, row_ids[r : r + 1])
         ids = x[0, : t + 1].tolist()
-        top_list.append({"row": int(row_ids[r]), "position": t, "token": tok.decode([int(y[0, t])]),
+        top_list.append({"row": int(row_ids[r]), "position": t, "token": _token_text(tok, y[0, t]),
                          "context": _context_text(tok, ids), "loss": float(collected.loss_NT[r, t]),
                          "against_loss": float(collected.against_loss_NT[r, t]), "diff": float(diff_NT[r, t])})
     min_position = min(8, run.seq_len // 4)
@@ -230,8 +235,8 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
         drawn.append(
             {
                 **ex,
-                "tokens": [tok.decode([i]) for i in ex["input_ids"]],
-                "target": tok.decode([ex["target_id"]]),
+                "tokens": [_token_text(tok, i) for i in ex["input_ids"]],
+                "target": _token_text(tok, ex["target_id"]),
                 "loss": float(collected.loss_NT[r, t]),
                 "against_loss": float(collected.against_loss_NT[r, t]),
             }

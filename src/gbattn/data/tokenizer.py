@@ -86,11 +86,13 @@ class Tokenizer:
             return [self.encode(t) for t in texts]
         return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Text of ``ids``; special tokens (``<pad>``, ``<unk>``) are left out unless ``skip_special`` is
+        False (what analysis shows per token, where WikiText's many ``<unk>`` must not read as nothing)."""
         ids = [int(i) for i in ids]
         if self.kind == "char":
             return "".join(self.chars[i] for i in ids)
-        return self._hf.decode(ids)
+        return self._hf.decode(ids, skip_special_tokens=skip_special)
 
     def to_json(self) -> str:
         return json.dumps({"kind": self.kind, "payload": self.payload})
