@@ -482,3 +482,17 @@ def test_a_continued_model_counts_its_continuation_and_is_drawn_after_its_base(t
         (run / "metrics.jsonl").write_text(json.dumps({"event": "eval", "step": 1, "tokens": 10, "valid_ppl": 9.0})
                                            + "\n")
         assert read_curves(tmp_path, report_of(rows))[label]["42"]["valid"] == [(first, 9.0)]
+
+
+def test_a_local_copy_inside_another_folder_is_the_recipes_corpus():
+    """--data data/wikitext-103 (a copy kept in a folder of the working directory) is the WikiText-103
+    the published numbers are for: they are shown, not omitted as if it were another corpus (the
+    report took the first folder, ``data``, for the corpus)."""
+    from gbattn.experiments.report import other_setting
+
+    assert other_setting({"recipe": "paper-wt103", "data": "data/wikitext-103", "sets": {}}) is None
+    assert other_setting({"recipe": "paper-wt103", "data": "data/wikitext-2", "sets": {}}) == (
+        "these runs trained on data/wikitext-2, not wikitext-103-raw-v1")
+    rows = [model_row("standard", {"42": 9.0}, published=[6.55, None]), model_row("gba-m2", {"42": 8.8})]
+    md = results_markdown({**report_of(rows), "data": "corpora/tiny-shakespeare/input.txt"})
+    assert "| 6.55 |" in md and "omitted" not in md

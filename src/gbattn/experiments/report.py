@@ -102,6 +102,12 @@ def corpus_family(data: str) -> str:
     return re.sub(r"(-raw)?(-v\d+)?$", "", first)
 
 
+def corpus_families(data: str) -> set[str]:
+    """The corpora a --data value may name, one per folder or file in it: a local copy inside another
+    folder (``data/wikitext-103``, ``corpora/tiny-shakespeare/input.txt``) names its corpus too."""
+    return {corpus_family(p) for p in Path(data).parts if p not in (".", "..", "/")} or {corpus_family(data)}
+
+
 def other_setting(report: dict) -> str | None:
     """Why the runs are not the published ones' setting, or None: data other than the recipe's
     (e.g. WikiText-2 for a WikiText-103 recipe), or ``--set`` values that change the model."""
@@ -110,8 +116,8 @@ def other_setting(report: dict) -> str | None:
     from gbattn.files import portable_path
 
     recipe = RECIPES.get(report.get("recipe"))
-    if recipe is not None and recipe.default_data and (corpus_family(str(report.get("data")))
-                                                       != corpus_family(portable_path(recipe.default_data))):
+    if recipe is not None and recipe.default_data and (corpus_family(portable_path(recipe.default_data))
+                                                       not in corpus_families(str(report.get("data")))):
         return f"these runs trained on {report.get('data')}, not {recipe.default_data}"
     model_fields = set(ModelConfig.__dataclass_fields__)
     changed = {k: v for k, v in (report.get("sets") or {}).items() if k.split(".")[0] in model_fields
