@@ -328,3 +328,40 @@ def test_progress_lines_off_a_terminal(capsys):
     quiet = Progress(2, desc="q", disable=True)
     quiet.update(2)
     assert quiet.n == 2 and capsys.readouterr().err == ""
+
+
+def test_progress_lines_keep_their_interval_start_at_initial_and_count_past_the_total(monkeypatch, capsys):
+    """Off a terminal, with a clock the test moves: a line once `interval` seconds have passed since the
+    last line (not since the start), the count from `initial`, an unknown total left out, a count
+    that jumps past the total still printed; a disabled bar writes nothing, not even messages."""
+    from gbattn import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    bar = progress.Progress(None, desc="read", unit="token", initial=5, interval=10.0)
+    for t in (10.0, 15.0, 20.0):
+        now[0] = t
+        bar.update(5)
+    assert capsys.readouterr().err == "read: 10 tokens \nread: 20 tokens \n"
+    bar = progress.Progress(3, desc="train", interval=1e9)
+    bar.update(2)
+    bar.update(2)
+    assert capsys.readouterr().err == "train: 4/3 steps \n"
+    quiet = progress.Progress(3, desc="q", disable=True)
+    quiet.write("a message")
+    quiet.update(3)
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_on_a_terminal_is_a_tqdm_bar_unless_disabled(monkeypatch):
+    """On a terminal: a tqdm bar from `initial`, with the latest postfix, closed by close(); disabled:
+    no bar at all."""
+    from gbattn import progress
+
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: True, raising=False)
+    assert progress.Progress(3, desc="q", disable=True)._bar is None
+    bar = progress.Progress(10, desc="train", initial=4)
+    bar.update(1, loss=2.5)
+    assert (bar._bar.n, bar._bar.postfix) == (5, "loss=2.5")
+    bar.close()
+    assert bar._bar.disable

@@ -496,3 +496,270 @@ def test_a_local_copy_inside_another_folder_is_the_recipes_corpus():
     rows = [model_row("standard", {"42": 9.0}, published=[6.55, None]), model_row("gba-m2", {"42": 8.8})]
     md = results_markdown({**report_of(rows), "data": "corpora/tiny-shakespeare/input.txt"})
     assert "| 6.55 |" in md and "omitted" not in md
+
+
+# ---- mutation sweep: what the table, the chart and the curves must not get wrong ----------
+
+
+def table_cells(md: str, label: str) -> list[str]:
+    """The cells of ``label``'s row of the results table (the first table of results.md)."""
+    line = next(x for x in md.splitlines() if x.startswith(f"| {label} | "))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_a_model_without_a_finite_result_is_no_result_and_the_others_compare_on_their_shared_seed():
+    """A diverged seed (inf, NaN, null) is no value; standard with none left is 'no result' (no
+    baseline line, no Δ), and the other models are still compared over the seed they share."""
+    from gbattn.experiments.report import compared_values, seed_values
+
+    assert seed_values({"test_ppl": {"1": 9.0, "2": float("inf"), "3": None, "4": float("nan")}}) == {"1": 9.0}
+    rows = [{**model_row("standard", {"42": 1.0}), "test_ppl": {"42": float("inf")}},
+            model_row("gba-m2", {"42": 96.0, "123": 98.0}), model_row("twicing", {"42": 99.0})]
+    assert compared_values(rows) == {"standard": {}, "gba-m2": {"42": 96.0}, "twicing": {"42": 99.0}}
+    texts = drawn_texts(figures.results_figure(report_of(rows)))
+    assert texts["ticks"] == ["standard\nno result", "gba-m2\nn=1 (dots n=2)", "twicing\nn=1"]
+    assert texts["annotations"] == ["96.00", "99.00"] and "standard mean" not in texts["legend"]
+
+
+def test_results_figure_error_bars_are_the_std_dots_every_seed_and_the_axis_holds_them_all():
+    """Standard on seeds 42 and 123, GBA on 42: standard's mean is over seed 42 (no std, so no bar),
+    its dots are both seeds, and the zoomed axis still shows the 110 dot; GBA's published value has
+    its std as a bar. A single value gets a margin of 1% rather than an empty axis."""
+    rows = [model_row("standard", {"42": 100.0, "123": 110.0}),
+            model_row("gba-m2", {"42": 96.0}, published=[90.0, 2.0])]
+    ax = figures.results_figure(report_of(rows)).axes[0]
+    dots = [list(line.get_ydata()) for line in ax.get_lines() if line.get_marker() == "."]
+    assert dots == [[100.0, 110.0], [96.0]]
+    bars = [[tuple(s[:, 1]) for s in c.lines[2][0].get_segments()] for c in ax.containers if c.has_yerr]
+    assert bars == [[(100.0, 100.0)], [(96.0, 96.0)], [(88.0, 92.0)]]
+    assert ax.get_ylim()[0] < 88.0 and ax.get_ylim()[1] > 110.0
+    same = [model_row("standard", {"42": 100.0, "123": 110.0})]
+    ax = figures.results_figure(report_of(same)).axes[0]
+    ((segment,),) = [c.lines[2][0].get_segments() for c in ax.containers if c.has_yerr]
+    assert tuple(segment[:, 1]) == pytest.approx((105.0 - 50 ** 0.5, 105.0 + 50 ** 0.5))
+    ax = figures.results_figure(report_of([model_row("standard", {"42": 100.0})])).axes[0]
+    assert ax.get_ylim() == pytest.approx((99.0, 101.0))
+
+
+def test_results_figure_names_the_published_source_only_when_a_published_value_is_drawn():
+    rows = [model_row("standard", {"42": 9.0}, steps=200, published=[6.55, None]), model_row("gba-m2", {"42": 8.8},
+                                                                                               steps=200)]
+    texts = drawn_texts(figures.results_figure(report_of(rows, sets={"max_steps": 200})))
+    assert "published: nanoGPT README" not in texts["all"] and "published numbers omitted" in texts["all"]
+    for r in rows:
+        r["steps"] = 2000
+    assert "published: nanoGPT README" in drawn_texts(figures.results_figure(report_of(rows)))["all"]
+
+
+def test_a_schedule_or_model_override_drops_published_numbers_and_says_which():
+    """At the published 2,000 steps, --set lr (a schedule) or a model option still makes the published
+    number another setting's: it is left out, and the line says length or schedule, or the model."""
+    rows = [model_row("standard", {"42": 9.0}, published=[6.55, None]), model_row("gba-m2", {"42": 8.8})]
+    md = results_markdown(report_of(rows, sets={"lr": 0.01}))
+    assert "6.55" not in md
+    assert ("published numbers omitted: this comparison overrides the recipe's training length or schedule "
+            "(lr=0.01).") in md
+    md = results_markdown(report_of(rows, sets={"max_steps": 2000, "seq_len": 64}))
+    assert "6.55" not in md and "overrides the recipe's training length (max_steps=2000, seq_len=64)." in md
+    md = results_markdown(report_of(rows, sets={"attn.rounds": 3}))
+    assert "6.55" not in md and "published numbers omitted: this comparison changes the model (attn.rounds=3)." in md
+    assert "Published: nanoGPT README." not in md
+    assert "Published: nanoGPT README." in results_markdown(report_of(rows))
+
+
+def test_published_numbers_are_kept_for_the_recipes_corpus_however_it_is_named_and_only_at_its_length():
+    """A file in a local copy, or the Hugging Face name with -raw/-v1, is the recipe's corpus; a run
+    longer than the published 2,000 steps is not what the number is for, any more than a shorter one."""
+    from gbattn.experiments.report import corpus_family
+
+    names = ("wikitext-103", "wikitext-103-raw-v1", "wikitext-103-v1", "wikitext-103/wiki.train.tokens")
+    assert {corpus_family(n) for n in names} == {"wikitext-103"} and corpus_family("wikitext-2-v1") == "wikitext-2"
+    rows = [model_row("standard", {"42": 9.0}, published=[6.55, None]), model_row("gba-m2", {"42": 8.8})]
+    assert "| 6.55 |" in results_markdown({**report_of(rows), "data": "tiny-shakespeare/input.txt"})
+    for r in rows:
+        r["steps"] = 4000
+    md = results_markdown(report_of(rows))
+    assert "6.55" not in md
+    assert ("published numbers omitted: these runs trained for 4,000 steps, not the 2,000 steps the published "
+            "numbers are for.") in md
+    assert md.splitlines()[0].endswith("(2,000 steps) (this run: 4,000 steps)")
+
+
+def test_the_heading_states_the_steps_when_the_description_names_none():
+    from gbattn.experiments.report import run_steps_text
+
+    rows = [model_row("standard", {"42": 9.0}, steps=2500), model_row("gba-m2", {"42": 8.8}, steps=2500)]
+    md = results_markdown({**report_of(rows), "description": "a test"})
+    assert md.splitlines()[0] == "# cpu-char: a test (this run: 2,500 steps)"
+    assert run_steps_text([{"steps": 291, "compute_matched_to": "gba-m2"}]) == "291 steps"
+    assert run_steps_text([{"steps": 0}]) == "steps unknown"
+
+
+def test_the_results_table_row_holds_each_column_in_its_units():
+    """Δ vs standard in percent over the seeds all models share (twicing has seed 1 only, so GBA's Δ is
+    over seed 1: 96 / 100, not 97 / 105), validation ppl from the validation values, millions of
+    tokens, PFLOP and minutes; a standard row named with a suffix is still the reference."""
+    rows = [model_row("standard-postln", {"1": 100.0, "2": 110.0}), model_row("gba-m2", {"1": 96.0, "2": 98.0}),
+            model_row("twicing", {"1": 99.0})]
+    rows[1].update(valid_ppl={"1": 97.0, "2": 99.0}, valid_ppl_mean=98.0, valid_ppl_std=2 ** 0.5, norm="post",
+                   attn_options={"rounds": 2}, train_tokens=12_500_000, train_flops=3.2e15, wall_clock_s=7_200.0,
+                   tokens_per_s=1_736.1)
+    md = results_markdown({**report_of(rows), "seeds": [1, 2]})
+    assert table_cells(md, "gba-m2") == ["gba-m2", "boosted (rounds=2), Post-LN", "128", "800,000", "97.00 ± 1.41",
+                                         "-4.0%", "98.00 ± 1.41", "—", "2,000", "12.50M", "1.9", "3.2", "1,736",
+                                         "120.0 min"]
+    assert table_cells(md, "twicing")[5] == "-1.0%" and table_cells(md, "standard-postln")[5] == "—"
+    assert ("Seeds differ between models (standard-postln: 1, 2; gba-m2: 1, 2; twicing: 1): test ppl is each "
+            "model's mean over its own seeds; Δ vs standard is over the seed all models share (1).") in md
+    two = [model_row("standard", {"1": 9.0, "2": 9.0}), model_row("gba-m2", {"1": 8.0, "2": 8.0})]
+    assert table_cells(results_markdown(report_of(two)), "standard")[4] == "9.00 ± 0.00"  # two seeds, no spread
+
+
+def test_the_validation_curve_table_averages_every_seed_when_no_seed_is_shared_by_all():
+    same = [model_row("standard", {"42": 9.0, "123": 11.0}), model_row("gba-m2", {"42": 8.0, "123": 8.5})]
+    md = results_markdown(report_of(same))
+    assert "## Validation perplexity during training (seed mean)" in md and "| 2,000 | 10.00 | 8.25 |" in md
+    disjoint = [model_row("standard", {"42": 9.0}), model_row("gba-m2", {"123": 8.0})]
+    md = results_markdown(report_of(disjoint))
+    assert "## Validation perplexity during training (seed mean)" in md and "| 2,000 | 9.00 | 8.00 |" in md
+
+
+def test_continued_models_are_named_once_per_base_they_continue():
+    rows = [model_row("base", {"42": 200.0}), {**model_row("a", {"42": 129.0}), "init_from": "base"},
+            {**model_row("b", {"42": 128.0}), "init_from": "base"}, {**model_row("c", {"42": 127.0}), "init_from": "x"}]
+    md = results_markdown(report_of(rows))
+    assert md.count("continue base's trained weights") == 1 and "a, b continue base's trained weights" in md
+    assert "c continue x's trained weights" in md and "add x's its steps, tokens, FLOPs and wall-clock" in md
+
+
+def paired_md(losses: dict, seeds=(1, 2, 3), updates: dict | None = None) -> str:
+    """results.md of rows label -> per-seed validation losses, each row updated with ``updates[label]``."""
+    rows = []
+    for label, values in losses.items():
+        row = model_row(label, {str(s): 9.0 for s in seeds})
+        row.update(valid_loss=values, **(updates or {}).get(label, {}))
+        rows.append(row)
+    return results_markdown({**report_of(rows), "seeds": list(seeds)})
+
+
+def paired_cells(md: str, label: str) -> list[str]:
+    line = next(x for x in md.splitlines() if x.startswith(f"| {label} | 800,000 | 0.008 |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_paired_differences_are_real_only_when_every_seed_agrees_in_sign_and_the_cell_is_their_mean():
+    """GBA beats standard on seeds 1 and 2 but not 3: not real. The cell's first number is the mean of
+    the differences (-0.030, not their median -0.020); the compute-matched column compares with
+    the compute-matched row (not param-fair), and says nothing on that row itself."""
+    from gbattn.experiments.report import paired_cell
+
+    md = paired_md({"standard": {"1": 2.20, "2": 2.20, "3": 2.20}, "param-fair": {"1": 2.0, "2": 2.0, "3": 2.0},
+                    "compute-matched": {"1": 2.10, "2": 2.10, "3": 2.10},
+                    "gba-m2": {"1": 2.19, "2": 2.18, "3": 2.24}},
+                   updates={"param-fair": {"param_matched_to": "gba-m2"},
+                            "compute-matched": {"compute_matched_to": "gba-m2"}})
+    gba = paired_cells(md, "gba-m2")
+    assert gba[4] == "+0.003 (-0.010 / -0.020 / +0.040)"
+    assert gba[5] == "+0.103 (+0.090 / +0.080 / +0.140) **real**"
+    assert paired_cells(md, "compute-matched")[5] == "—" and paired_cells(md, "standard")[4] == "—"
+    assert paired_cell({"1": -0.010, "2": -0.020, "3": -0.060}).startswith("-0.030 (")
+    assert "**real**" not in paired_cell({"1": -0.02})  # one seed cannot agree with another
+
+
+def test_the_paired_table_needs_two_seeds_orders_them_by_number_and_skips_a_diverged_seed():
+    one = paired_md({"standard": {"1": 2.2}, "gba-m2": {"1": 2.1}}, seeds=(1,))
+    assert "Paired per-seed differences" not in one
+    md = paired_md({"standard": {"42": 2.2, "123": 2.3}, "gba-m2": {"42": 2.1, "123": None}}, seeds=(42, 123))
+    assert "then each seed's difference (42, 123); **real**" in md
+    gba = paired_cells(md, "gba-m2")
+    assert gba[3] == "2.100" and gba[4] == "-0.100 (42: -0.100; seed 123 missing)"
+
+
+def test_curves_colour_each_model_dash_each_seed_and_choose_the_log_axis_from_every_run():
+    """Two models on seeds 1 and 2: a colour per model, a line style per seed, a legend entry for each;
+    validation perplexity spans 100 to 500 only across the runs (each run's own span is under 3x),
+    which takes a log axis; a million tokens is counted in millions."""
+    def run(lo: float, hi: float) -> dict:
+        return {"train": [(1_000, 3.0), (1_000_000, 2.0)], "valid": [(1_000, hi), (1_000_000, lo)]}
+
+    curves = {"standard": {"1": run(400.0, 500.0), "2": run(410.0, 490.0)},
+              "gba-m2": {"1": run(110.0, 210.0), "2": run(100.0, 200.0)}}
+    fig = figures.curves_figure(curves)
+    valid_ax = fig.axes[1]
+    lines = valid_ax.get_lines()
+    assert [(line.get_color(), line.get_linestyle()) for line in lines] == [
+        ("C0", "-"), ("C0", "--"), ("C1", "-"), ("C1", "--")]
+    assert [t.get_text() for t in valid_ax.get_legend().get_texts()] == ["standard", "gba-m2", "seed 1", "seed 2"]
+    assert valid_ax.get_yscale() == "log" and valid_ax.get_xlabel() == "tokens seen (millions)"
+    one = figures.curves_figure({"standard": {"42": run(400.0, 500.0)}}).axes[1]
+    assert [t.get_text() for t in one.get_legend().get_texts()] == ["standard"] and one.get_yscale() == "linear"
+    tenfold = figures.curves_figure({"standard": {"42": run(100.0, 1_000.0)}}).axes[1]
+    assert tenfold.get_yscale() == "log"
+
+
+def test_a_log_axis_labels_powers_of_ten_over_many_decades_and_no_minor_tick_in_mathtext():
+    """Four decades: one labelled tick per decade (2,000 and 5,000 would crowd the axis). One decade
+    (20 to 200): ticks at 1, 2 and 5 per decade, and the minor ticks between them carry no label
+    (matplotlib's own would print raw mathtext, as STYLE turns mathtext off)."""
+    def labels(values: list[float]) -> tuple[set, list]:
+        fig = figures.curves_figure({"standard": {"42": {"train": [], "valid": list(enumerate(values))}}})
+        with figures.style():
+            fig.canvas.draw()
+        axis = fig.axes[1]
+        assert axis.get_yscale() == "log"
+        return ({t.get_text() for t in axis.get_yticklabels()} - {""},
+                [t.get_text() for t in axis.get_yticklabels(minor=True) if t.get_text()])
+
+    major, minor = labels([50_000.0, 5_000.0, 500.0, 50.0, 5.0])
+    assert major and major <= {"1", "10", "100", "1,000", "10,000", "100,000"} and not minor, (major, minor)
+    major, minor = labels([200.0, 60.0, 20.0])
+    assert {"20", "50", "100", "200"} <= major and not minor, (major, minor)
+
+
+def test_gap_figure_counts_the_most_seeds_of_a_run_length_and_marks_where_it_ends():
+    series = [{"reference": "standard", "steps": 400, "directory": "short",
+               "points": [{"tokens_per_parameter": 1.0, "difference": -0.1, "seeds": 1},
+                          {"tokens_per_parameter": 2.0, "difference": -0.2, "seeds": 2}]},
+              {"reference": "standard", "steps": 1600, "directory": "long",
+               "points": [{"tokens_per_parameter": 4.0, "difference": -0.3, "seeds": 1}]}]
+    ax = figures.gap_figure(series, "gba-m2", ["standard"]).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["400-step runs (short, 2 seeds)",
+                                                                   "1,600-step runs (long, 1 seed)"]
+    ends = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines() if line.get_marker() == "D"]
+    assert ends == [([2.0], [-0.2]), ([4.0], [-0.3])]
+
+
+def test_round_colours_repeat_after_eight_and_long_tokens_are_cut_to_twelve_characters():
+    assert [figures.round_color(m) for m in (0, 1, 8, 9)] == [figures.ROUND_COLORS[0], figures.ROUND_COLORS[1],
+                                                              figures.ROUND_COLORS[0], figures.ROUND_COLORS[1]]
+    assert figures.token_label("abcdefghijklmnop") == "abcdefghijk…" and figures.token_label("abcdefghijkl") == (
+        "abcdefghijkl")
+    assert figures.token_label("  ") == "␣␣" and figures.token_label("a\nb") == "a↵b"
+
+
+def test_results_figure_tilts_the_model_names_only_when_there_are_more_than_four():
+    def rotations(n: int) -> set:
+        rows = [model_row("standard", {"42": 100.0})] + [model_row(f"gba-{i}", {"42": 90.0 + i}) for i in range(n - 1)]
+        return {t.get_rotation() for t in figures.results_figure(report_of(rows)).axes[0].get_xticklabels()}
+
+    assert rotations(4) == {0.0} and rotations(5) == {20.0}
+
+
+def test_read_report_refuses_text_steps_or_losses_and_a_seed_list_that_is_not_one_but_takes_a_diverged_seed(tmp_path):
+    """Every field the figures read is checked (steps, validation losses, the report's seeds); a
+    diverged seed stored as null is a result the chart leaves out, not damage."""
+    from gbattn.errors import CheckpointError
+    from gbattn.experiments.report import read_report
+
+    row, path = model_row("standard", {"42": 100.0}), tmp_path / "results.json"
+    for report, expected in ((report_of([{**row, "steps": "2000"}]), "standard: steps='2000' must be an integer"),
+                             (report_of([{**row, "valid_loss": {"42": "2.2"}}]),
+                              "valid_loss must map seeds to numbers"),
+                             ({**report_of([row]), "seeds": "42"}, "seeds must be a list and sets a mapping")):
+        path.write_text(json.dumps(report))
+        with pytest.raises(CheckpointError) as caught:
+            read_report(path)
+        assert "results.json is damaged" in str(caught.value) and expected in str(caught.value)
+    diverged = {**row, "test_ppl": {"42": 100.0, "123": None}, "valid_loss": {"42": None}}
+    path.write_text(json.dumps(report_of([diverged])))
+    assert read_report(path)["models"][0]["test_ppl"] == {"42": 100.0, "123": None}

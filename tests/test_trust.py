@@ -1045,3 +1045,90 @@ def test_a_full_disk_quota_or_read_only_filesystem_is_one_line_and_keeps_the_fil
         files.atomic_write(path, "new")
     monkeypatch.undo()
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_atomic_write_leaves_no_temporary_file_on_an_interrupt_and_passes_other_errors_on(tmp_path, monkeypatch):
+    """A Ctrl-C during the rename (KeyboardInterrupt is no Exception) keeps the old file and removes the
+    temporary one; an error other than a full disk reaches the caller as it is."""
+    path = tmp_path / "results.json"
+    path.write_text("old")
+    for error in (KeyboardInterrupt(), OSError(errno.EIO, os.strerror(errno.EIO))):
+        def failing_replace(src, dst, error=error):
+            raise error
+
+        monkeypatch.setattr(files.os, "replace", failing_replace)
+        with pytest.raises(type(error)) as caught:
+            files.atomic_write(path, "new")
+        monkeypatch.undo()
+        assert caught.value is error
+        assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_sync_directory_closes_what_it_opens_and_passes_on_an_unexpected_error(tmp_path, monkeypatch):
+    """A filesystem that cannot sync a directory (EINVAL) is left as it is; an I/O error is not
+    hidden; the directory's descriptor is closed either way."""
+    def open_fds() -> set:
+        return set(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    files.sync_directory(tmp_path)
+    assert open_fds() == before
+    for code, raises in ((errno.EINVAL, False), (errno.EIO, True)):
+        def failing_fsync(fd, code=code):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(files.os, "fsync", failing_fsync)
+        if raises:
+            with pytest.raises(OSError):
+                files.sync_directory(tmp_path)
+        else:
+            files.sync_directory(tmp_path)
+        monkeypatch.undo()
+        assert open_fds() == before
+
+
+def test_metrics_lines_store_no_nan_and_the_writable_probe_leaves_nothing(tmp_path, monkeypatch):
+    """append_jsonl writes NaN and infinities as null like write_json; proving --out writable leaves no
+    probe file; a blank --out or a directory given for a file is one line, and nothing is created."""
+    def no_constants(name):
+        raise AssertionError(f"{name} written into JSON")
+
+    files.append_jsonl(tmp_path / "m.jsonl", {"loss": float("nan"), "ppl": float("inf"), "step": 1})
+    (line,) = (tmp_path / "m.jsonl").read_text().splitlines()
+    assert json.loads(line, parse_constant=no_constants) == {"loss": None, "ppl": None, "step": 1}
+    assert files.check_writable_dir(tmp_path / "out") == tmp_path / "out"
+    assert list((tmp_path / "out").iterdir()) == []
+    monkeypatch.chdir(tmp_path / "out")
+    with pytest.raises(UserError, match="--out is empty: name a directory"):
+        files.check_writable_dir("  ")
+    with pytest.raises(UserError, match="is a directory; give a file name"):
+        files.check_writable_file(tmp_path, "--per-token")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_read_json_turns_every_bad_file_into_one_line_naming_it(tmp_path):
+    """A list, invalid UTF-8 and JSON nested too deeply to parse are CheckpointErrors naming the file;
+    a metrics file keeps its good lines around a line with a bad byte or nested too deeply."""
+    from gbattn.errors import CheckpointError
+
+    path = tmp_path / "results.json"
+    for content, expected in ((b"[1, 2]", "holds list, expected a JSON object"),
+                              (b'{"a": "\xff"}', "is not valid JSON"),
+                              (b"[" * 100_000, "its JSON is nested too deeply to read")):
+        path.write_bytes(content)
+        with pytest.raises(CheckpointError) as caught:
+            files.read_json(path)
+        assert str(path) in str(caught.value) and expected in str(caught.value)
+    (tmp_path / "m.jsonl").write_bytes(b'{"a": 1}\n{"b": "\xff"}\n' + b"[" * 100_000 + b'\n{"c": 3}\n')
+    assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": "\ufffd"}, {"c": 3}]
+
+
+def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_traceback():
+    """An absolute path, or one climbing out anywhere in it, becomes its last component; an error's
+    detail is its first line, cut at the limit, with its type when asked, and 'malformed' when empty."""
+    assert files.portable_path("/home/me/data/wikitext-2") == "wikitext-2"
+    assert files.portable_path("data/../../corpora/wikitext-2") == "wikitext-2"
+    assert files.portable_path("data/wikitext-2") == "data/wikitext-2"
+    error = ValueError("x" * 100 + "\nsecond line")
+    assert files.error_detail(error) == "x" * 80 and files.error_detail(error, 5, with_type=True) == "ValueError: xxxxx"
+    assert files.error_detail(ValueError()) == "malformed"
