@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -362,3 +364,345 @@ def test_quick_and_explicit_options_reach_the_protocol(tmp_path, monkeypatch):
                                                                                         "difficulty", "deq"]
     assert quick[1] == [0] and quick[2] == Protocol(eval_queries=1000, bayes_queries=20_000)
     assert explicit[0] == ["deq"] and explicit[2] == Protocol(steps=7, eval_queries=300, bayes_queries=20_000)
+
+
+# ---- mutation sweep of the synthetic task: data, protocol, tables, outputs ----------------------------
+
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "denoise"
+
+
+def test_settings_and_protocol_are_the_documented_ones():
+    """docs/method.md §9: the rounds and gates setting, the two difficulty cells, the six DEQ cells
+    and the authors' protocol (evaluations at steps 50, 100, 150)."""
+    from gbattn.synthetic.task import DEQ_SETTINGS, DIFFICULTY_SETTINGS, ROUNDS, ROUNDS_SETTING
+
+    assert Setting(64, 16, 0.5) == ROUNDS_SETTING and ROUNDS == (1, 2, 3, 4, 5)
+    assert (Setting(64, 16, 0.3), Setting(128, 32, 0.3)) == DIFFICULTY_SETTINGS
+    assert [(st.d, st.K, st.sigma) for st in DEQ_SETTINGS] == [(16, 4, 0.5), (16, 4, 0.8), (32, 8, 0.5),
+                                                              (32, 8, 0.8), (64, 16, 0.5), (64, 16, 0.8)]
+    p = Protocol()
+    assert (p.steps, p.batch, p.lr, p.grad_clip, p.ce_weight, p.eval_queries) == (150, 512, 3e-3, 1.0, 0.5, 5000)
+    assert (p.pattern_seed, p.beta_init, p.bayes_queries, p.deq_tol, p.deq_max_iter) == (42, 2.0, 200_000, 1e-5, 200)
+    assert p.eval_steps == [50, 100, 150]
+    # a third and two thirds of the run, rounded to the nearest step, never step 0
+    assert Protocol(steps=4).eval_steps == [1, 3, 4] and Protocol(steps=2).eval_steps == [1, 2]
+    assert Protocol(steps=1).eval_steps == [1]
+    setting = Setting(128, 32, 0.3)
+    assert (setting.label, setting.key) == ("d=128, K=32, sigma=0.3", "d128-K32-s0.3")
+
+
+def test_published_numbers_are_docs_paper_md():
+    """Every number in task.PAPER is the one docs/paper.md's synthetic tables print."""
+    from gbattn.synthetic.task import DEQ_SETTINGS, PAPER
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "paper.md").read_text()
+    section = text.split("## Synthetic pattern denoising")[1].split("\n## ")[0]
+    cells = {}
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith("| ---"):
+            label, *values = [c.strip() for c in line.strip("|").split("|")]
+            cells[label] = values
+    assert [float(v) for v in cells["v1"]] == [PAPER["rounds_v1"][m] for m in range(1, 6)]
+    assert [float(v) for v in cells["revision (Bayes-optimal ceiling 58.1)"]] == [
+        PAPER["rounds_revision"][m] for m in range(1, 6)]
+    assert PAPER["bayes_revision"] == 58.1
+    gates = {"baseline": "one-round baseline (M = 1)", "mlp": "MLP", "scalar": "scalar", "none": "none"}
+    assert PAPER["gates_revision"] == {g: float(cells[label][0]) for g, label in gates.items()}
+    assert PAPER["difficulty_delta"] == {"d64-K16-s0.3": float(cells["d = 64, K = 16, sigma = 0.3"][0]),
+                                         "d128-K32-s0.3": float(cells["d = 128, K = 32, sigma = 0.3"][0])}
+    assert [f"{st.d}, {st.K}" for st in DEQ_SETTINGS] == cells["d, K"]
+    assert [str(st.sigma) for st in DEQ_SETTINGS] == cells["sigma"]
+    assert [PAPER["deq_one_step"][st.key] for st in DEQ_SETTINGS] == [float(v) for v in cells["one step (trained)"]]
+    assert [PAPER["deq_converged"][st.key] for st in DEQ_SETTINGS] == [
+        float(v) for v in cells["converged (trained)"]]
+
+
+def test_patterns_come_from_their_seed():
+    """make_patterns(setting, seed) is seed's Gaussian (K, d) draw with each row scaled to length 1."""
+    setting = Setting(6, 3, 0.5)
+    raw = torch.randn(3, 6, generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(make_patterns(setting, seed=7), raw / raw.norm(dim=1, keepdim=True))
+    assert not torch.equal(make_patterns(setting, seed=7), make_patterns(setting))
+
+
+def test_queries_are_patterns_plus_gaussian_noise_of_std_sigma():
+    """Targets uniform over all K patterns; query - pattern[target] has mean 0 and std sigma per
+    coordinate (sigma, not sigma^2)."""
+    patterns_KD = make_patterns(Setting(16, 4, 0.0))
+    query_BD, target_B = sample_queries(patterns_KD, 0.3, 40_000, torch.Generator().manual_seed(0))
+    assert query_BD.shape == (40_000, 16) and target_B.shape == (40_000,)
+    counts = torch.bincount(target_B, minlength=4)
+    assert counts.numel() == 4 and (counts - 10_000).abs().max() < 400  # 4 binomial std
+    noise = query_BD - patterns_KD[target_B]
+    assert abs(noise.mean().item()) < 0.003 and noise.std().item() == pytest.approx(0.3, rel=0.01)
+
+
+class Constant(torch.nn.Module):
+    """A "model" answering one fixed vector for every query, recording its mode when called."""
+
+    def __init__(self, answer_D):
+        super().__init__()
+        self.answer_D, self.modes = answer_D, []
+
+    def forward(self, query_BD, patterns_KD):
+        self.modes.append(self.training)
+        return self.answer_D.expand_as(query_BD), None
+
+
+def test_evaluate_scores_the_models_output_against_the_target():
+    """Accuracy = the fraction of queries whose target is the pattern nearest the OUTPUT: a model
+    always answering pattern 2 scores the share of targets equal to 2, computed in eval mode and
+    left in training mode."""
+    from gbattn.synthetic.training import evaluate
+
+    patterns_KD = make_patterns(Setting(8, 4, 0.0))
+    model = Constant(patterns_KD[2] * 0.9)
+    accuracy = evaluate(model, patterns_KD, 0.2, 1000, torch.Generator().manual_seed(3), torch.device("cpu"))
+    _, target_B = sample_queries(patterns_KD, 0.2, 1000, torch.Generator().manual_seed(3))
+    assert accuracy == pytest.approx((target_B == 2).float().mean().item()) and 0.15 < accuracy < 0.35
+    assert model.modes == [False] and model.training
+
+
+def test_a_runs_first_loss_is_its_seeds_model_on_its_seeds_batch():
+    """Step 1's loss (steps=1) is the loss of the model torch.manual_seed(s) builds, with the
+    protocol's beta, on a batch of the run's sigma drawn from generator 10,000 + s, weighted by the
+    protocol's ce_weight."""
+    setting, protocol = Setting(8, 4, 0.7), Protocol(steps=1, batch=16, eval_queries=4, ce_weight=0.2, beta_init=3.0)
+    result = train_run(boosted_run(setting, 1, None, seed=1), protocol)
+    torch.manual_seed(1)
+    model = PatternDenoiser(8, rounds=1, gate="none", beta_init=3.0)
+    patterns_KD = make_patterns(setting)
+    query_BD, target_B = sample_queries(patterns_KD, 0.7, 16, torch.Generator().manual_seed(10_001))
+    with torch.no_grad():
+        output_BD, probs_BK = model(query_BD, patterns_KD)
+        expected = denoise_loss(output_BD, probs_BK, target_B, patterns_KD, ce_weight=0.2).item()
+        unweighted = denoise_loss(output_BD, probs_BK, target_B, patterns_KD).item()
+    assert result["final_loss"] == pytest.approx(expected, rel=1e-6) and expected != pytest.approx(unweighted)
+    assert denoise_loss(output_BD, probs_BK, target_B, patterns_KD, ce_weight=0.0).item() == pytest.approx(
+        (1 - torch.nn.functional.cosine_similarity(output_BD, patterns_KD[target_B], dim=-1)).mean().item())
+
+
+def test_a_short_run_is_the_training_loop_written_out():
+    """Three steps, as docs/method.md §9 writes the loop: Adam, cosine annealing over the run, the
+    gradient clipped (here at a norm small enough to bind) and zeroed before each backward pass."""
+    setting, protocol = Setting(8, 4, 0.5), Protocol(steps=3, batch=16, eval_queries=4, grad_clip=0.05)
+    result = train_run(boosted_run(setting, 2, "scalar", seed=2), protocol)
+    torch.manual_seed(2)
+    model = PatternDenoiser(8, rounds=2, gate="scalar")
+    patterns_KD = make_patterns(setting)
+    data = torch.Generator().manual_seed(10_002)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=3)
+    for _ in range(3):
+        query_BD, target_B = sample_queries(patterns_KD, 0.5, 16, data)
+        loss = denoise_loss(*model(query_BD, patterns_KD), target_B, patterns_KD)
+        optimizer.zero_grad()
+        loss.backward()
+        assert torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05) > 0.05
+        optimizer.step()
+        schedule.step()
+    assert result["final_loss"] == pytest.approx(loss.item(), rel=1e-6)
+
+
+def test_denoise_count_options_refuse_zero(tmp_path, monkeypatch):
+    """--steps, --eval-queries and --threads take counts of at least 1: 0 is a usage error (exit 2)
+    and nothing runs."""
+    from gbattn.synthetic import tables
+
+    monkeypatch.setattr(tables, "run_denoise", lambda *a: pytest.fail("ran"))
+    for option in ("--steps", "--eval-queries", "--threads"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["denoise", "--out", str(tmp_path / "d"), option, "0", "--quiet"])
+        assert exit_info.value.code == 2
+
+
+def test_a_run_evaluates_with_its_sigma_seed_and_clip(monkeypatch):
+    """Evaluations draw eval_queries queries of the run's sigma from generator 20,000 + s, and the
+    gradient is clipped at the protocol's norm."""
+    from gbattn.synthetic import training
+
+    evaluations, clips = [], []
+    monkeypatch.setattr(training, "evaluate", lambda model, patterns, sigma, n, generator, device:
+                        evaluations.append((sigma, n, generator.initial_seed())) or 0.5)
+    real_clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, norm: clips.append(norm) or
+                        real_clip(params, norm))
+    train_run(boosted_run(Setting(8, 4, 0.7), 1, None, seed=3), Protocol(steps=2, batch=4, eval_queries=9,
+                                                                         grad_clip=0.25, n_evals=1))
+    assert evaluations == [(0.7, 9, 20_003)] and clips == [0.25, 0.25]
+
+
+def test_models_get_the_protocols_beta_and_fixed_point_settings():
+    from gbattn.synthetic.training import RunSpec, build_model
+
+    protocol = Protocol(beta_init=3.0, deq_tol=1e-3, deq_max_iter=7)
+    boosted = build_model(boosted_run(Setting(8, 4, 0.5), 2, "mlp", 0), protocol)
+    torch.testing.assert_close(boosted.log_beta.exp(), torch.full((2,), 3.0))
+    deq = build_model(RunSpec(Setting(8, 4, 0.5), kind="deq"), protocol)
+    assert (deq.tol, deq.max_iter) == (1e-3, 7)
+    torch.testing.assert_close(deq.step.log_beta.exp(), torch.full((1,), 3.0))
+
+
+def test_the_full_run_trains_24_distinct_models_per_seed():
+    """3 seeds x 24 models (the help text's 72 runs): M = 1 is one model shared by the rounds, gates,
+    difficulty and DEQ tables (its key carries no gate), not one per table."""
+    from gbattn.synthetic.training import EXPERIMENTS, experiment_runs
+
+    specs = [spec for name in EXPERIMENTS for spec in experiment_runs(name, (0, 1, 2))]
+    assert len(set(specs)) == len({s.key for s in specs}) == 72
+    assert boosted_run(Setting(8, 4, 0.5), 1, "mlp", 0) == boosted_run(Setting(8, 4, 0.5), 1, None, 0)
+    assert {s.key for s in experiment_runs("rounds", (0,))} >= {"d64-K16-s0.5-M1-seed0", "d64-K16-s0.5-M2-mlp-seed0"}
+
+
+def test_cells_format_mean_std_and_signed_gains():
+    from gbattn.synthetic.tables import duration_words, fmt, percent_cell
+
+    assert percent_cell([0.5, 0.6]) == {"mean": pytest.approx(55.0), "std": pytest.approx(10 * 2 ** -0.5),
+                                        "n": 2}
+    assert fmt(percent_cell([0.5, 0.6])) == "55.0 ± 7.1"
+    assert fmt({"mean": 6.3, "std": 0.0}, sign=True) == "+6.3 ± 0.0"  # a zero spread is shown
+    assert fmt({"mean": -1.26, "std": None}, sign=True) == "-1.3" and fmt(18.7, sign=True) == "+18.7"
+    assert fmt(percent_cell([0.41])) == "41.0" and fmt(None) == "—"
+    assert [duration_words(s) for s in (89.4, 90, 180)] == ["89 s", "2 min", "3 min"]
+
+
+def fake_runs(seeds) -> tuple[dict, dict]:
+    """Every run of every experiment with an accuracy that encodes it: M/10 + gate index/100 +
+    seed/1000 for boosted runs, 0.02 + seed/1000 for DEQ ones; Bayes 0.6 ± 0.001."""
+    from gbattn.synthetic.task import DEQ_SETTINGS, DIFFICULTY_SETTINGS, ROUNDS_SETTING
+    from gbattn.synthetic.training import EXPERIMENTS, GATES, experiment_runs
+
+    runs = {}
+    for spec in {spec for name in EXPERIMENTS for spec in experiment_runs(name, seeds)}:
+        gate = GATES.index(spec.gate) + 1 if spec.gate else 0
+        accuracy = 0.02 if spec.kind == "deq" else spec.rounds / 10 + gate / 100
+        runs[spec.key] = {"accuracy": accuracy + spec.seed / 1000 + (spec.setting.K == 32) * 0.2, "fixed_point": {
+            "residual_max": 1e-6, "residual_mean": 1e-7, "converged": 1.0, "iterations": 9}}
+    bayes = {st.key: {"accuracy": 0.6, "stderr": 0.001}
+             for st in (ROUNDS_SETTING, *DIFFICULTY_SETTINGS, *DEQ_SETTINGS)}
+    return runs, bayes
+
+
+def table_lines(name: str, seeds) -> list[str]:
+    from gbattn.synthetic.tables import summarise, table_markdown
+
+    runs, bayes = fake_runs(seeds)
+    return table_markdown(name, summarise(name, runs, bayes, seeds), len(seeds)).splitlines()
+
+
+def test_rounds_and_gates_tables_row_by_row():
+    """Each row's cell is its own model's runs (mean ± std over the seeds, in %), beside the paper's
+    numbers in their own columns; the baseline row is M = 1."""
+    lines = table_lines("rounds", (0, 2))
+    assert "| rounds M | ours (mean ± std, 2 seeds) | paper v1 | paper revision |" in lines
+    assert "| 1 | 10.1 ± 0.1 | 41.3 | 46.0 |" in lines and "| 5 | 51.1 ± 0.1 | 55.8 | 57.0 |" in lines
+    assert "| 2 | 21.1 ± 0.1 | 53.3 | 55.5 |" in lines  # the mlp gate (index 1)
+    assert "| chance (1/K) | 6.25 | 6.25 | 6.25 |" in lines
+    assert "| Bayes-optimal (nearest true pattern) | 60.0 ± 0.1 (MC s.e.) | — | 58.1 |" in lines
+    lines = table_lines("gates", (0,))
+    assert "| gate | ours (mean ± std, 1 seed) | paper revision |" in lines
+    assert lines[4:9] == ["| one-round baseline (M = 1) | 10.0 | 48.2 |", "| mlp | 21.0 | 55.6 |",
+                          "| linear | 22.0 | — |", "| vector | 23.0 | — |", "| scalar | 24.0 | 56.5 |"]
+    assert lines[9] == "| none | 25.0 | 55.4 |"
+
+
+def test_difficulty_and_deq_tables_row_by_row():
+    """Difficulty: M = 1 and M = 2 rows per setting and the signed gain; DEQ: the one-step row is the
+    trained M = 1 model, the converged row the DEQ, with each column's sigma."""
+    lines = table_lines("difficulty", (0, 2))
+    assert lines[2] == "| | d=64, K=16, sigma=0.3 | d=128, K=32, sigma=0.3 |"
+    assert "| M = 1, ours (mean ± std, 2 seeds) | 10.1 ± 0.1 | 30.1 ± 0.1 |" in lines
+    assert "| M = 2, ours (mean ± std, 2 seeds) | 21.1 ± 0.1 | 41.1 ± 0.1 |" in lines
+    assert "| gain M = 2 − M = 1, ours (points) | +11.0 ± 0.0 | +11.0 ± 0.0 |" in lines
+    assert "| gain, paper (points) | +18.7 | +15.7 |" in lines
+    assert "| Bayes-optimal (nearest true pattern) | 60.0 ± 0.1 (MC s.e.) | 60.0 ± 0.1 (MC s.e.) |" in lines
+    lines = table_lines("deq", (0, 2))
+    assert "| sigma | 0.5 | 0.8 | 0.5 | 0.8 | 0.5 | 0.8 |" in lines
+    assert "| one step (trained), ours (mean ± std, 2 seeds) | " + " | ".join(["10.1 ± 0.1"] * 6) + " |" in lines
+    assert "| converged (trained DEQ), ours (mean ± std, 2 seeds) | " + " | ".join(["2.1 ± 0.1"] * 6) + " |" in lines
+    assert "| one step (trained), paper | 78.9 | 59.7 | 59.8 | 39.5 | 39.2 | 22.9 |" in lines
+
+
+def test_committed_results_are_what_the_tables_make_of_their_runs():
+    """results/denoise: its tables, Markdown and results.md are summarise / table_markdown /
+    results_markdown of its own runs, with the default protocol and the 72 runs of seeds 0, 1, 2."""
+    from gbattn.synthetic.tables import results_markdown, summarise, table_markdown
+    from gbattn.synthetic.task import PAPER
+    from gbattn.synthetic.training import EXPERIMENTS, experiment_runs
+
+    report = json.loads((RESULTS / "results.json").read_text())
+    assert report["protocol"] == asdict(Protocol()) and report["seeds"] == [0, 1, 2]
+    assert report["paper"] == json.loads(json.dumps(PAPER))
+    assert set(report["runs"]) == {spec.key for name in EXPERIMENTS for spec in experiment_runs(name, (0, 1, 2))}
+    for name in EXPERIMENTS:
+        table = summarise(name, report["runs"], report["bayes"], report["seeds"])
+        assert json.loads(json.dumps(table)) == report["tables"][name]
+        assert table_markdown(name, table, 3) == report["markdown"][name]
+    assert results_markdown(report) == (RESULTS / "results.md").read_text()
+
+
+def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, monkeypatch):
+    """With training stubbed: every distinct run trained once (runs shared by tables too),
+    results.json rewritten after each experiment's table, the Bayes ceilings from the protocol's
+    queries and pattern seed, and the seeds and query counts in results.md."""
+    from gbattn.synthetic import tables
+
+    runs, _ = fake_runs((3, 5))
+    trained, seen_tables = [], []
+
+    def fake_train(spec, protocol, device):
+        trained.append(spec.key)
+        path = tmp_path / "results.json"
+        seen_tables.append(sorted(json.loads(path.read_text())["tables"]) if path.exists() else [])
+        return runs[spec.key]
+
+    monkeypatch.setattr(tables, "train_run", fake_train)
+    protocol = Protocol(bayes_queries=2000, pattern_seed=7, eval_queries=300)
+    report = tables.run_denoise(tmp_path, ["gates", "difficulty", "rounds"], (3, 5), protocol, quiet=True)
+    assert len(trained) == len(set(trained)) == 2 * (6 + 4 + 3)  # rounds' M = 1 and M = 2 come from the gates
+    first = {name: trained.index(boosted_run(st, m, "mlp", 3).key)
+             for name, st, m in (("difficulty", Setting(64, 16, 0.3), 1), ("rounds", Setting(64, 16, 0.5), 3))}
+    assert seen_tables[first["difficulty"]] == ["gates"] and seen_tables[first["rounds"]] == ["difficulty", "gates"]
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["seeds"] == [3, 5] and set(written["tables"]) == {"difficulty", "gates", "rounds"}
+    for st in (Setting(64, 16, 0.5), Setting(64, 16, 0.3), Setting(128, 32, 0.3)):
+        accuracy, stderr = bayes_optimal_accuracy(make_patterns(st, 7), st.sigma, 2000)
+        assert report["bayes"][st.key] == {"accuracy": accuracy, "stderr": stderr, "queries": 2000}
+    markdown = (tmp_path / "results.md").read_text()
+    assert "Seeds 3, 5 ·" in markdown and "(Monte Carlo, 2,000 queries)" in markdown
+    assert markdown.count("ours (mean ± std, 2 seeds)") == 4  # rounds, gates, difficulty M = 1 and M = 2
+    assert "300 fresh queries" in markdown and (tmp_path / "rounds.png").stat().st_size > 10_000
+
+
+def test_cli_threads_output_checks_and_printed_files(tmp_path, monkeypatch, capsys):
+    """--threads sets torch's thread count for the run; an --out that is a file is refused before any
+    training; the closing line names rounds.png only when the rounds table was made."""
+    from gbattn.synthetic import tables
+
+    threads = []
+    monkeypatch.setattr(tables, "run_denoise", lambda out, experiments, *rest: threads.append(
+        torch.get_num_threads()) or {"tables": dict.fromkeys(experiments), "wall_seconds": 0.0})
+    out = tmp_path / "d"
+    assert main(["denoise", "--out", str(out), "--threads", "2", "--experiments", "deq", "--quiet"]) == 0
+    assert threads == [2] and "rounds.png" not in capsys.readouterr().out
+    assert main(["denoise", "--out", str(out), "--experiments", "rounds", "--quiet"]) == 0
+    assert threads == [2, 1] and "results.md, rounds.png" in capsys.readouterr().out
+    (tmp_path / "file").write_text("")
+    assert main(["denoise", "--out", str(tmp_path / "file"), "--quiet"]) == 2 and len(threads) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_rounds_figure_draws_each_rounds_mean_and_std(tmp_path, monkeypatch):
+    """The error bars are each row's std over seeds (0 for one seed), at each row's mean."""
+    import matplotlib.axes
+
+    calls = []
+    real_errorbar = matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda self, x, y, **kw: calls.append((x, y, kw)) or
+                        real_errorbar(self, x, y, **kw))
+    rows = [{"rounds": 1, "ours": {"mean": 40.0, "std": 1.5, "n": 2}, "paper_v1": 41.3, "paper_revision": 46.0},
+            {"rounds": 2, "ours": {"mean": 50.0, "std": None, "n": 2}, "paper_v1": 53.3, "paper_revision": 55.5}]
+    plot_rounds({"rows": rows, "bayes": 58.0, "chance": 6.25}, tmp_path / "rounds.png")
+    [(x, y, kw)] = calls
+    assert (x, y, kw["yerr"], kw["label"]) == ([1, 2], [40.0, 50.0], [1.5, 0.0], "ours (mean ± std, 2 seeds)")
+    assert (tmp_path / "rounds.png").stat().st_size > 10_000
