@@ -4,6 +4,7 @@ short run, the real vocabulary, how often evaluations run)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -102,13 +103,15 @@ def test_every_preset_names_its_full_recipe():
 
 
 def test_a_default_warmup_longer_than_half_the_run_is_fitted_and_said():
-    """The limit is half the run: 1,500 warmup steps in a 2,999-step run become 300; in 3,000, kept."""
+    """The limit is half the run: 1,500 warmup steps in a 2,999-step run become 300; in 3,000, kept; in a
+    4-step run, 1 (never 0)."""
     _, cfg = build_configs("paper-small", "standard", "data", {})
     warmup, note = fitted_warmup(cfg, 135)
     assert warmup == 14 and "warmup_steps=1,500 is longer than half of this 135-step run: using 14" in note
     warmup, note = fitted_warmup(cfg, 2_999)
     assert warmup == 300 and "longer than half of this 2,999-step run" in note
     assert fitted_warmup(cfg, 3_000) == fitted_warmup(cfg, 18_375) == (1500, None)
+    assert fitted_warmup(cfg, 4)[0] == 1
 
 
 def test_an_explicit_warmup_is_kept_and_warned_about_when_longer_than_the_run():
@@ -116,6 +119,8 @@ def test_an_explicit_warmup_is_kept_and_warned_about_when_longer_than_the_run():
     assert cfg.fit_warmup is False
     warmup, note = fitted_warmup(cfg, 135)
     assert warmup == 200 and note.startswith("warning: warmup_steps=200 >= the run's 135 steps")
+    assert fitted_warmup(cfg, 200)[1].startswith("warning: warmup_steps=200 >= the run's 200 steps")
+    assert fitted_warmup(cfg, 201) == (200, None)
 
 
 def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_path, capsys):
@@ -142,3 +147,37 @@ def test_cosine_decays_to_min_lr_and_constant_holds():
     assert min(learning_rate(s, cfg, total, W) for s in range(W, total)) >= cfg.min_lr
     flat = cfg.replace(schedule="constant")
     assert [learning_rate(s, flat, total, W) for s in (W, W + 1000, total - 1)] == [cfg.lr] * 3
+
+
+@pytest.mark.parametrize("from_zero", [True, False])
+def test_every_update_of_a_run_uses_the_scheduled_lr_in_every_parameter_group(tmp_path, monkeypatch, from_zero):
+    """A 12-step run with warmup 3 and min_lr = lr / 10, written out: update s (0-based) has
+    lr * s / 3 (the authors') or lr * (s + 1) / 3 during the warmup, then cosine from lr to min_lr over
+    steps 3-12, in both parameter groups (decay_matrices_only); the train record of step s + 1 logs it."""
+    from gbattn.train.trainer import Trainer
+
+    data = write_corpus(tmp_path / "c")
+    peak, floor, W, total = 3e-3, 3e-4, 3, 12
+
+    def expected(s: int) -> float:
+        if s < W:
+            return peak * (s if from_zero else s + 1) / W
+        return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * (s - W) / (total - W)))
+
+    sets = dict(TINY, tokenizer="char", batch_size=8, max_steps=total, eval_every=total, warmup_steps=W, lr=peak,
+                min_lr=floor, warmup_from_zero=from_zero, decay_matrices_only=True, train_tokens=None,
+                eval_tokens=None, threads=1)
+    original, seen = Trainer._train_step, []
+
+    def spy(self, step):
+        seen.append([group["lr"] for group in self.optimizer.param_groups])
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", spy)
+    train(tmp_path / "run", *build_configs("paper-small", "standard", str(data), sets), quiet=True)
+    assert all(len(lrs) == 2 for lrs in seen)
+    assert [lr for lrs in seen for lr in lrs] == pytest.approx([expected(s) for s in range(total) for _ in "ab"],
+                                                               rel=1e-12, abs=0)
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [(e["step"], e["lr"]) for e in events if e["event"] == "train"]
+    assert logged == [(s + 1, pytest.approx(expected(s), rel=1e-12, abs=0)) for s in range(total)]

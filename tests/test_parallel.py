@@ -298,7 +298,8 @@ def test_an_interrupted_run_of_two_processes_resumes_exactly(tmp_path, parallel)
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_two_processes_with_gradient_accumulation_match_one_process(tmp_path, parallel):
     """2 processes x 2 micro-batches of 2 rows == 1 process x 8 rows: gradients are reduced once per step,
-    after the last micro-batch, and averaged; metrics.jsonl holds the global batch's mean loss, once."""
+    after the last micro-batch, and averaged; metrics.jsonl holds the global batch's mean loss, once; the
+    checkpoint keeps each process's own random stream (seeded apart: dropout masks differ across processes)."""
     from helpers import train_losses
 
     data = write_corpus(tmp_path / "c")
@@ -316,3 +317,5 @@ def test_two_processes_with_gradient_accumulation_match_one_process(tmp_path, pa
     one_losses, two_losses = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert len(two_losses) == len(one_losses) == 3
     assert two_losses == pytest.approx(one_losses, rel=1e-4)
+    streams = rundir.load_checkpoint(tmp_path / "two" / rundir.CHECKPOINT)["rng_per_rank"]
+    assert len(streams) == 2 and not torch.equal(streams[0]["torch"], streams[1]["torch"])

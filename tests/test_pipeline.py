@@ -6,6 +6,7 @@ import dataclasses
 import io
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -260,6 +261,8 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
     assert train_losses(tmp_path / "ref") == train_losses(tmp_path / "crashed")  # no duplicated or lost events
+    events = [json.loads(line) for line in (tmp_path / "crashed" / ckpt.METRICS).read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "resume"] == [4]  # the checkpoint's step
     # Everything else it records too (tokens seen, FLOPs, curve, events), timings apart.
     ref_result, ref_events = run_record(tmp_path / "ref")
     resumed_result, resumed_events = run_record(tmp_path / "crashed")
@@ -370,7 +373,9 @@ def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: False)
     capsys.readouterr()
     assert train(tmp_path / "int", resume=True)["test_loss"] == ref["test_loss"]
-    assert "resuming at step 6 of 12, the last checkpoint" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "resuming at step 6 of 12, the last checkpoint" in printed.out
+    assert "train int: 12/12 steps" in printed.err  # the progress count starts at the checkpoint's step
 
 
 def test_existing_run_needs_resume(tmp_path, capsys):
@@ -431,7 +436,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     assert state["step"] == 4
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
     events = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
-    assert events[-1]["event"] == "stop" and events[-1]["reason"] == "non-finite loss"
+    assert events[-1]["event"] == "stop" and events[-1]["reason"] == "non-finite loss" and events[-1]["step"] == 6
 
 
 def test_an_infinite_gradient_with_a_finite_loss_also_stops(tmp_path, monkeypatch):
@@ -986,7 +991,7 @@ def test_weight_decay_groups_and_betas_follow_the_preset(preset):
     from gbattn.model import GPT
     from gbattn.train.trainer import make_optimizer
 
-    sets = dict(TINY, vocab_size=40, **{"attn.gate": "scalar"})
+    sets = dict(TINY, vocab_size=16_384, **{"attn.gate": "scalar"})  # the paper's vocabulary: a large embedding
     model_cfg, train_cfg = build_configs(preset, "boosted", "data", sets)
     model = GPT(model_cfg)
     opt = make_optimizer(model, train_cfg, torch.device("cpu"))
@@ -1082,3 +1087,181 @@ def test_a_training_record_averages_the_steps_since_the_last_one(tmp_path, monke
     monkeypatch.setattr(Trainer, "_train_step", known_loss)
     train(tmp_path / "run", *tiny_configs(data, max_steps=5, log_every=3, eval_every=5), quiet=True)
     assert train_losses(tmp_path / "run") == [1.0, 3.5]
+
+
+def test_a_validation_loss_equal_to_the_best_is_not_a_new_best(tmp_path, monkeypatch):
+    """With the same validation loss at every evaluation (steps 4, 8, 12) the first stays the best:
+    best_step 4, best.pt from step 4, and only the first eval event flagged best."""
+    data = write_corpus(tmp_path / "c")
+    original = Trainer._evaluate
+
+    def flat_valid(self, split):
+        res = original(self, split)
+        return dataclasses.replace(res, loss=1.0) if split == "valid" else res
+
+    monkeypatch.setattr(Trainer, "_evaluate", flat_valid)
+    result = train(tmp_path / "run", *tiny_configs(data), quiet=True)
+    assert result["best_step"] == 4 and ckpt.load_checkpoint(tmp_path / "run" / ckpt.BEST)["step"] == 4
+    events = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
+    assert [(e["step"], e["best"]) for e in events if e["event"] == "eval"] == [(4, True), (8, False), (12, False)]
+
+
+def test_evaluations_follow_eval_every_or_the_epochs_and_the_curve_counts_epochs_in_fractions(tmp_path):
+    """Batches of 64 rows: without eval_every, an evaluation after every epoch and at the end of a
+    1.3-epoch run (ceil(1.3 * steps_per_epoch) steps); with eval_every=5, after every 5th step and at
+    the end only, not at the end of an epoch; the curve's epoch is step / steps_per_epoch."""
+    data = write_corpus(tmp_path / "c")
+    trainer = Trainer(tmp_path / "epochs", *tiny_configs(data, batch_size=64, epochs=1.3, max_steps=None,
+                                                         eval_every=None), quiet=True)
+    trainer._setup()
+    trainer.lock.release()
+    per_epoch = trainer.steps_per_epoch
+    total = math.ceil(1.3 * per_epoch)
+    assert per_epoch > 4 and total != int(1.3 * per_epoch)  # 1.3 epochs: not a whole number of steps
+    assert trainer.total_steps == total
+    assert [s for s in range(1, total + 1) if trainer._is_eval_step(s)] == [per_epoch, total]
+    assert per_epoch % 5 and (per_epoch + 2) % 5  # the epoch's end and the run's are no multiples of 5
+    result = train(tmp_path / "every", *tiny_configs(data, batch_size=64, max_steps=per_epoch + 2, eval_every=5),
+                   quiet=True)
+    steps = [*range(5, per_epoch + 2, 5), per_epoch + 2]
+    assert [p["step"] for p in result["curve"]] == steps
+    assert [p["epoch"] for p in result["curve"]] == [s / per_epoch for s in steps]
+
+
+def test_a_stop_asked_for_at_the_last_step_finishes_the_run(tmp_path, monkeypatch):
+    """A signal that arrives during the last step ends the run as usual (result.json, test perplexity):
+    nothing is left to resume."""
+    data = write_corpus(tmp_path / "c")
+    monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: self.step == 12)
+    result = train(tmp_path / "run", *tiny_configs(data), quiet=True)
+    assert result["steps"] == 12 and (tmp_path / "run" / ckpt.RESULT).is_file()
+    events = [json.loads(line)["event"] for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
+    assert "interrupted" not in events and events[-1] == "test"
+
+
+def test_a_checkpoint_is_also_saved_every_checkpoint_minutes(tmp_path, monkeypatch):
+    """Between evaluations a checkpoint is saved once more than checkpoint_minutes have passed since
+    the last one: with a clock the test moves one minute per step and checkpoint_minutes=2.5, at steps
+    3, 6 and 9, and at the evaluation of step 12."""
+    import types
+
+    from gbattn.train import trainer as trainer_mod
+
+    data = write_corpus(tmp_path / "c")
+    now, saved = [0.0], []
+    monkeypatch.setattr(trainer_mod, "time", types.SimpleNamespace(perf_counter=trainer_mod.time.perf_counter,
+                                                                    monotonic=lambda: now[0]))
+    original_step, original_save = Trainer._train_step, Trainer._save
+
+    def minute_per_step(self, step):
+        value = original_step(self, step)
+        now[0] = 60.0 * (step + 1)
+        return value
+
+    def spy_save(self):
+        saved.append(self.step)
+        original_save(self)
+
+    monkeypatch.setattr(Trainer, "_train_step", minute_per_step)
+    monkeypatch.setattr(Trainer, "_save", spy_save)
+    train(tmp_path / "run", *tiny_configs(data, eval_every=100, checkpoint_minutes=2.5), quiet=True)
+    assert saved == [3, 6, 9, 12]
+
+
+def test_training_runs_under_the_configs_autocast_and_puts_the_thread_count_back(tmp_path, monkeypatch):
+    """amp=bf16 trains a CPU run's forward passes under bf16 autocast and amp=off without; a run with
+    threads=1 leaves torch's thread count as it found it."""
+    from gbattn.model.gpt import GPT
+
+    data = write_corpus(tmp_path / "c")
+    original, original_step, seen, stepping = GPT.forward, Trainer._train_step, [], [False]
+
+    def spy(self, *args, **kwargs):
+        if stepping[0]:
+            seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return original(self, *args, **kwargs)
+
+    def step(self, s):
+        stepping[0] = True
+        try:
+            return original_step(self, s)
+        finally:
+            stepping[0] = False
+
+    monkeypatch.setattr(GPT, "forward", spy)
+    monkeypatch.setattr(Trainer, "_train_step", step)
+    torch.set_num_threads(2)
+    for amp in ("bf16", "off"):
+        seen.clear()
+        train(tmp_path / amp, *tiny_configs(data, max_steps=2, eval_every=2, amp=amp, threads=1), quiet=True)
+        assert seen == [amp == "bf16"] * 2, amp
+        assert torch.get_num_threads() == 2
+
+
+def test_a_checkpoint_whose_adam_moments_do_not_fit_their_weights_is_refused(tmp_path):
+    """Either moment (exp_avg or exp_avg_sq) of another shape than its weight: a one-line
+    CheckpointError naming it, before anything is trained."""
+    data = write_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    train(run, *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    (run / ckpt.RESULT).unlink()  # pretend it did not finish
+    path = run / ckpt.CHECKPOINT
+    good = path.read_bytes()
+    for key in ("exp_avg", "exp_avg_sq"):
+        path.write_bytes(good)
+        state = ckpt.load_checkpoint(path)
+        state["optimizer"]["state"]["wte.weight"][key] = torch.zeros(3)
+        torch.save(state, path)
+        with pytest.raises(CheckpointError, match=f"optimizer's {key} of wte.weight has shape \\(3,\\)"):
+            train(run, resume=True, quiet=True)
+        assert ckpt.load_checkpoint(path)["step"] == 2  # left as it was
+
+
+def test_the_seconds_a_run_records_add_up_across_a_resume(tmp_path, monkeypatch):
+    """With a clock that moves one second per reading, 12 steps and 3 evaluations take 12 + 3 seconds,
+    12 of them training (tokens/s = tokens / 12): for a run resumed after a crash at step 7 (last
+    checkpoint: step 4) as for an uninterrupted one."""
+    import itertools
+    import types
+
+    from gbattn.train import trainer as trainer_mod
+
+    data = write_corpus(tmp_path / "c")
+    ticks = itertools.count()
+    monkeypatch.setattr(trainer_mod, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks)),
+                                                                    monotonic=trainer_mod.time.monotonic))
+    configs = tiny_configs(data)
+    train(tmp_path / "ref", *configs, quiet=True)
+    train_killed_at(7, tmp_path / "crashed", *configs, monkeypatch)
+    state = ckpt.load_checkpoint(tmp_path / "crashed" / ckpt.CHECKPOINT)
+    assert (state["step"], state["elapsed"], state["train_seconds"]) == (4, 5.0, 4.0)
+    train(tmp_path / "crashed", resume=True, quiet=True)
+    for run in ("ref", "crashed"):
+        result = json.loads((tmp_path / run / ckpt.RESULT).read_text())
+        assert result["wall_clock_s"] == 15.0, run
+        assert result["train_tokens_per_s"] == result["train_tokens_seen"] / 12, run
+
+
+def test_rows_that_fill_the_block_train(tmp_path):
+    """seq_len = block_size (inputs fill every position) is a valid run; one more is refused."""
+    data = write_corpus(tmp_path / "c")
+    result = train(tmp_path / "run", *tiny_configs(data, seq_len=TINY["block_size"], max_steps=2, eval_every=2),
+                   quiet=True)
+    assert result["steps"] == 2 and result["train_tokens_seen"] == 2 * 8 * TINY["block_size"]
+
+
+def test_weights_with_a_name_missing_or_unknown_are_refused_and_the_model_left_alone():
+    """load_full_state compares the names both ways: a checkpoint lacking a weight, or holding one the
+    model does not have, is refused naming it, before any weight is loaded."""
+    from gbattn.config import ModelConfig
+    from gbattn.model import GPT
+    from gbattn.train.distributed import load_full_state
+
+    model = GPT(ModelConfig(vocab_size=20, block_size=8, d_model=16, n_layers=1, n_heads=2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {k: torch.zeros_like(v) for k, v in before.items()}
+    with pytest.raises(ValueError, match=r"\(unexpected: blocks\.9\.extra\)"):
+        load_full_state(model, {**state, "blocks.9.extra": torch.zeros(2)})
+    with pytest.raises(ValueError, match=r"\(missing: ln_f\.weight\)"):
+        load_full_state(model, {k: v for k, v in state.items() if k != "ln_f.weight"})
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
