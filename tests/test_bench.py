@@ -188,3 +188,29 @@ def test_bench_timings_follow_a_fake_clock(monkeypatch):
     assert rows["boosted"]["step_ratio"] == 1.0 and rows["boosted"]["flop_ratio"] > 1.0
     assert [(r["variant"], r["step_s"], r["attention_matrix_bytes_per_head"]) for r in report["sweep"]] == [
         ("standard", 0.5, 4 * 8 * 8), ("boosted", 0.5, 4 * 8 * 8)]
+
+
+def test_bench_command_forwards_every_option(monkeypatch, capsys):
+    """`gbattn bench`: each option reaches run_bench in its place; the defaults are paper-small, device
+    auto, 5 repeats of 3 steps, bf16 autocast, no compile, the default CPU threads."""
+    from gbattn import runtime
+    from gbattn.bench import speed
+
+    calls = []
+    monkeypatch.setattr(speed, "run_bench", lambda *args: calls.append(args) or {})
+    monkeypatch.setattr(speed, "bench_markdown", lambda report: "the table")
+    monkeypatch.setattr(runtime, "default_threads", lambda: 7)
+    assert cli_main(["bench"]) == 0 and capsys.readouterr().out == "the table\n"
+    assert calls[0] == ("paper-small", None, "auto", None, None, 5, 3, None, None, None, None, True, "off", 7, None,
+                        False, {})
+    assert cli_main(["bench", "--preset", "cpu-char", "--attn", "boosted", "--device", "cpu", "--batch", "2",
+                     "--seq-len", "16", "--repeats", "4", "--steps", "6", "--decode", "8", "--sweep", "32", "64",
+                     "--sweep-attn", "twicing", "--no-amp", "--compile", "both", "--set", "dropout=0.05",
+                     "--threads", "2", "--out", "b", "--quiet"]) == 0
+    assert calls[1] == ("cpu-char", ["boosted"], "cpu", 2, 16, 4, 6, None, 8, [32, 64], ["twicing"], False, "both", 2,
+                        "b", True, {"dropout": 0.05})
+    for option in ("--seq-len", "--batch", "--steps"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main(["bench", option, "0"])
+        assert exit_info.value.code == 2 and f"argument {option}: 0 must be >= 1" in capsys.readouterr().err
+    assert len(calls) == 2

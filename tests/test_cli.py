@@ -365,3 +365,245 @@ def test_progress_on_a_terminal_is_a_tqdm_bar_unless_disabled(monkeypatch):
     assert (bar._bar.n, bar._bar.postfix) == (5, "loss=2.5")
     bar.close()
     assert bar._bar.disable
+
+
+def test_params_without_a_preset_is_paper_small_standard_and_its_json_record(capsys):
+    """`gbattn params` alone: paper-small, standard attention, plain residual; the JSON line holds the
+    printed numbers, FLOPs as counted by hand (2 per weight of 12 d^2 per layer and the LM head, 4 T d
+    per layer for QK^T and AV)."""
+    d, layers, vocab, T = 256, 4, 16_384, 256
+    code, out, _ = run_cli(capsys, ["params", "--json"])
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[:3] == ["paper-small · attn=standard · residual=plain · d_model=256",
+                         "parameters:                7,419,392",
+                         "forward FLOPs per token:   15.73 M  (torch.utils.flop_counter, T=256)"]
+    assert json.loads(lines[-1]) == {
+        "preset": "paper-small", "attn": "standard", "attn_options": {}, "residual": "plain", "d_model": 256,
+        "parameters": 7_419_392, "forward_flops_per_token": 2 * (layers * 12 * d * d + vocab * d) + layers * 4 * T * d,
+        "seq_len": 256}
+
+
+def test_params_fair_reports_the_standard_models_numbers_at_the_matched_width(capsys, monkeypatch):
+    """--fair: the standard model (not GBA) at the width solved for GBA's own count, 288: its count, its
+    FLOPs (the same formula at d 288) and its excess over GBA's count in percent."""
+    import gbattn.model
+
+    solve, targets = gbattn.model.param_matched_width, []
+    monkeypatch.setattr(gbattn.model, "param_matched_width", lambda cfg, n: targets.append(n) or solve(cfg, n))
+    d, layers, vocab, T = 288, 4, 16_384, 256
+    fair_flops = 2 * (layers * 12 * d * d + vocab * d) + layers * 4 * T * d
+    code, out, _ = run_cli(capsys, ["params", "paper-small", "--attn", "boosted", "--fair", "--json"])
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[3] == "parameter-matched standard: d_model=288, 8,789,184 parameters (+0.63%), 18.58 M FLOPs per token"
+    record = json.loads(lines[-1])
+    assert (record["fair_width"], record["fair_parameters"]) == (288, 8_789_184)
+    assert record["fair_forward_flops_per_token"] == fair_flops == 18_579_456
+    assert record["parameters"] == 8_734_208 and targets == [8_734_208]  # +0.63%: 8,789,184 / 8,734,208 - 1
+    code, out, _ = run_cli(capsys, ["params", "paper-small", "--attn", "boosted"])
+    assert code == 0 and "{" not in out  # no JSON line without --json
+
+
+def test_params_residual_option_reaches_the_model(capsys):
+    """`params --residual attnres-full`: the record and the count are those of the AttnRes model."""
+    from gbattn.config import preset_config
+    from gbattn.model import count_params
+
+    code, out, _ = run_cli(capsys, ["params", "paper-small", "--residual", "attnres-full", "--json"])
+    record = json.loads(out.strip().splitlines()[-1])
+    expected = count_params(preset_config("paper-small", "standard", {"residual": "attnres-full"}))
+    assert code == 0 and record["residual"] == "attnres-full" and "residual=attnres-full" in out
+    assert record["parameters"] == expected != 7_419_392
+
+
+def test_list_shows_option_defaults_as_json_kv_heads_and_every_recipe(capsys):
+    """`gbattn list`: an option's default as JSON (a string quoted, None as null), K/V heads of a GQA
+    preset, and one line per comparison recipe."""
+    from gbattn.experiments.recipes import RECIPES
+
+    code, out, _ = run_cli(capsys, ["list"])
+    assert code == 0
+    lines = out.splitlines()
+    assert "                  attn.gate (default \"linear\")" in lines
+    assert "                  attn.layers (default null)" in lines
+    assert "                  attn.rounds (default 2)" in lines
+    assert "d_model 256, 4 layers, 4/2 kv heads, block_size 256" in out
+    assert "d_model 256, 4 layers, 4 heads, block_size 256" in out  # paper-small: no kv part
+    for name, recipe in RECIPES.items():
+        assert f"  {name:<15} {recipe.description}" in lines
+
+
+def test_version_and_a_missing_command(capsys):
+    """--version prints `gbattn VERSION`; no command at all is a usage error with status 2."""
+    from gbattn import __version__
+
+    code, out, _ = run_cli(capsys, ["--version"])
+    assert code == 0 and out == f"gbattn {__version__}\n"
+    code, out, err = run_cli(capsys, [])
+    assert code == 2 and out == "" and "the following arguments are required: command" in err
+
+
+def test_a_user_error_message_is_one_line_and_an_interrupt_exits_130(capsys, monkeypatch):
+    """A multi-line UserError message is printed on one line (whitespace runs collapsed), on stderr
+    only; Ctrl-C during a command is `gbattn: interrupted` with status 130; an out-of-memory detail
+    spread over lines is one line too, cut at 200 characters."""
+    import torch
+
+    import gbattn.cli
+    from gbattn.errors import CheckpointError, DataNotFound
+
+    def raising(error):
+        return lambda args: (_ for _ in ()).throw(error)
+
+    for error in (DataNotFound("no corpus\n   named  x"), CheckpointError("no corpus\n   named  x")):
+        monkeypatch.setattr(gbattn.cli, "cmd_list", raising(error))
+        assert run_cli(capsys, ["list"]) == (2, "", "gbattn: error: no corpus named x\n")
+    monkeypatch.setattr(gbattn.cli, "cmd_list", raising(KeyboardInterrupt()))
+    assert run_cli(capsys, ["list"]) == (130, "", "gbattn: interrupted\n")
+    monkeypatch.setattr(gbattn.cli, "cmd_list", raising(torch.OutOfMemoryError("CUDA out of\nmemory. " + "x" * 300)))
+    code, out, err = run_cli(capsys, ["list"])
+    detail = "CUDA out of memory. " + "x" * 180
+    assert (code, out) == (2, "") and err == (
+        f"gbattn: error: out of memory ({detail}): choose smaller sizes (batch_size, seq_len, d_model, "
+        f"--num-samples, ...)\n")
+
+
+def test_main_restores_the_ctrl_c_handler_it_set_while_starting(capsys):
+    """The handler for Ctrl-C during torch's import is only for the start: afterwards the previous one
+    is back (a later Ctrl-C raises KeyboardInterrupt, the command checkpoints)."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, handler)
+    try:
+        assert main(["list"]) == 0 and capsys.readouterr().err == ""
+        assert signal.getsignal(signal.SIGINT) is handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_resolve_device_refuses_what_torch_cannot_name():
+    """A non-string device and `cuda:x` (torch's RuntimeError) are one-line UserErrors."""
+    import torch
+
+    from gbattn.errors import UserError
+    from gbattn.runtime import resolve_device
+
+    with pytest.raises(UserError, match="device=None is not allowed"):
+        resolve_device(None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        with pytest.raises(UserError, match="device='cuda:x' is not a device name"):
+            resolve_device("cuda:x")
+
+
+def test_autocast_is_bfloat16_and_the_cpu_device_name_counts_threads(monkeypatch):
+    """amp=bf16 autocasts to bfloat16 (not float16); a CPU's name holds the torch thread count in use,
+    `1 thread` singular."""
+    import platform
+
+    import torch
+
+    from gbattn import runtime
+
+    with runtime.autocast(torch.device("cpu"), "bf16")():
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    monkeypatch.setattr(platform, "processor", lambda: "cpuX")
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 64)
+    for threads, expected in ((1, "cpu (1 thread, cpuX)"), (3, "cpu (3 threads, cpuX)")):
+        monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
+        assert runtime.device_name(torch.device("cpu")) == expected
+
+
+def test_rng_states_of_a_cuda_device_are_its_generators(monkeypatch):
+    """On CUDA, dropout draws from the device's generator: rng_state/set_rng_state use it, a checkpoint
+    holds both generators; on the CPU only the CPU's, even when the checkpoint came from a GPU run."""
+    import torch
+
+    from gbattn import runtime
+
+    cuda = torch.device("cuda", 1)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: ("cuda-state", device))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: calls.append((state, device)))
+    cpu_state = torch.get_rng_state()
+    assert runtime.rng_state(cuda) == ("cuda-state", cuda)
+    runtime.set_rng_state(cuda, "s")
+    assert calls == [("s", cuda)]
+    states = runtime.all_rng_states(cuda)
+    assert states["cuda"] == ("cuda-state", cuda) and torch.equal(states["torch"], cpu_state)
+    assert set(runtime.all_rng_states(torch.device("cpu"))) == {"torch"}
+    calls.clear()
+    runtime.restore_rng_states({"torch": cpu_state, "cuda": "g"}, torch.device("cpu"))
+    assert calls == []
+    runtime.restore_rng_states({"torch": cpu_state, "cuda": "g"}, cuda)
+    assert calls == [("g", cuda)]
+
+
+def test_busy_cores_fall_back_to_the_load_average_and_proc_stat_edge_cases(monkeypatch):
+    """Two /proc/stat readings with no time between them, or none: the load average (none readable:
+    nothing busy); the sample waits `interval` (0.2 s by default); guest time (fields 9-10, already in
+    user and nice) is not counted twice; a line of fewer than five fields is unreadable."""
+    import io
+
+    from gbattn import runtime
+
+    slept = []
+    monkeypatch.setattr(runtime.time, "sleep", slept.append)
+    monkeypatch.setattr(runtime, "_cpu_times", lambda cpus=None: (10.0, 100.0))
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (1.5, 0.0, 0.0))
+    assert runtime.busy_cores() == 1.5 and slept == [0.2]
+
+    def no_loadavg():
+        raise OSError("no load average")
+
+    monkeypatch.setattr(runtime, "_cpu_times", lambda cpus=None: None)
+    monkeypatch.setattr(runtime.os, "getloadavg", no_loadavg)
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1, 2})  # 3 of the machine's 64
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 64)
+    assert runtime.busy_cores() == 0.0 and runtime.free_cores() == 3
+    monkeypatch.undo()
+    for line, expected in (("cpu  100 5 50 800 40 3 2 0 7 9\n", (160.0, 1000.0)), ("cpu  100 5 50 800\n", None)):
+        monkeypatch.setattr(runtime, "open", lambda *a, line=line, **k: io.StringIO(line), raising=False)
+        assert runtime._cpu_times() == expected
+
+
+def test_default_threads_divide_among_this_machines_processes_only(monkeypatch):
+    """LOCAL_WORLD_SIZE (processes on this machine) divides the free cores; WORLD_SIZE (all machines)
+    does not."""
+    from gbattn import runtime
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setattr(runtime, "free_cores", lambda: 8)
+    assert runtime.default_threads() == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert runtime.default_threads() == 4
+
+
+def test_command_line_quotes_arguments_and_falls_back_to_sys_argv(monkeypatch):
+    """An argument with a space is quoted as a shell needs it; a portable path loses its trailing slash;
+    without a recorded invocation the process's own arguments are the command."""
+    from gbattn import runtime
+
+    runtime.set_invocation(["generate", "run", "--prompt", "to be"])
+    assert runtime.command_line() == "gbattn generate run --prompt 'to be'"
+    runtime.set_invocation(["export", "runs/x/", "--out", "/tmp/hf/"])
+    assert runtime.command_line(portable=True) == "gbattn export runs/x --out hf"  # trailing slashes dropped
+    runtime.set_invocation([])
+    monkeypatch.setattr(runtime.sys, "argv", ["gbattn", "list"])
+    assert runtime.command_line() == "gbattn list"
+
+
+def test_error_classes_are_user_errors_and_the_builtin_errors_they_refine():
+    """Every gbattn error is a UserError (one line, status 2); a caller catching the builtin type
+    (ValueError for configuration and data, RuntimeError for checkpoints) still catches it."""
+    from gbattn.errors import CheckpointError, ConfigError, DataError, DataNotFound, UserError
+
+    for cls, builtin in ((ConfigError, ValueError), (DataError, ValueError), (DataNotFound, ValueError),
+                         (CheckpointError, RuntimeError)):
+        assert issubclass(cls, UserError) and issubclass(cls, builtin), cls

@@ -559,3 +559,32 @@ def test_recipe_json_keeps_the_seeds_of_every_invocation_and_refuses_damaged_one
                                                      "seeds": seeds}))
         with pytest.raises(CheckpointError, match=r"must be a list of integers"):
             run_compare("cpu-proxy", out, data=str(data), seeds=[1], sets=sets, only=["standard"], quiet=True)
+
+
+def test_compare_command_forwards_every_option_and_prints_the_report(tmp_path, monkeypatch, capsys):
+    """`gbattn compare`: each option reaches run_compare (--residual as a --set), the defaults are the
+    recipe's (None) with one job; results.md is printed, and an incomplete comparison says so."""
+    from helpers import run_cli
+
+    calls = []
+
+    def fake_run_compare(recipe, out, **kwargs):
+        calls.append((recipe, out, kwargs))
+        (tmp_path / "cmp" / "results.md").write_text("# the report\n", encoding="utf-8")
+        return {"complete": len(calls) == 1}
+
+    monkeypatch.setattr(compare_mod, "run_compare", fake_run_compare)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cmp").mkdir()
+    code, out, _ = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", "cmp"])
+    assert (code, out) == (0, "# the report\n\n")
+    assert calls[0] == ("cpu-char", "cmp", {"data": None, "seeds": None, "sets": {}, "only": None, "quiet": False,
+                                            "threads": None, "jobs": 1})
+    code, out, _ = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", "cmp", "--data", "corpus", "--seeds",
+                                    "7", "8", "--only", "standard", "--residual", "attnres-full", "--set", "lr=1e-3",
+                                    "--jobs", "2", "--threads", "3", "--quiet"])
+    assert (code, out) == (0, "# the report\n\n(incomplete: some runs are missing)\n")
+    assert calls[1][2] == {"data": "corpus", "seeds": [7, 8], "sets": {"lr": 1e-3, "residual": "attnres-full"},
+                           "only": ["standard"], "quiet": True, "threads": 3, "jobs": 2}
+    code, _, err = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", "cmp", "--seeds", "-1"])
+    assert code == 2 and "argument --seeds: -1 must be >= 0" in err and len(calls) == 2

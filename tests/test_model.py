@@ -348,6 +348,15 @@ def test_param_matched_width_of_an_exact_match_is_that_width():
     assert param_matched_width(cfg, target + 1)[0] == 100
 
 
+def test_param_matched_width_below_the_models_own_width():
+    """A target far below the model's count: the search starts at one step, not near the model's width
+    (cpu-char, 4 heads, d 128: the width whose count is the target is 32)."""
+    cfg = preset_config("cpu-char", "standard")
+    target = count_params(cfg.replace(d_model=32))
+    assert param_matched_width(cfg, target) == (32, target)
+    assert param_matched_width(cfg, 1) == (4, count_params(cfg.replace(d_model=4)))
+
+
 def test_unknown_preset():
     with pytest.raises(ValueError, match="preset='huge' is not allowed; choose one of paper-small"):
         preset_config("huge")

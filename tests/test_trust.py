@@ -795,8 +795,12 @@ def test_unwritable_cache_directory_is_one_line(trained, tmp_path, capsys, monke
     assert "GBATTN_CACHE is set but empty" in one_line(code, err) and not (tmp_path / "tokens").exists()
 
 
-def test_output_piped_into_head_ends_quietly(trained):
-    env = dict(os.environ, GBATTN_CACHE=str(trained["cache"]))
+@pytest.mark.parametrize("unbuffered", [False, True])
+def test_output_piped_into_head_ends_quietly(trained, unbuffered):
+    """Block-buffered stdout (a user's default) writes at the end: the flush is still in the command,
+    not at the interpreter's exit ("Exception ignored ... BrokenPipeError", status 120)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env.update(GBATTN_CACHE=str(trained["cache"]), **({"PYTHONUNBUFFERED": "1"} if unbuffered else {}))
     proc = subprocess.Popen([*GBATTN, "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     proc.stdout.close()  # the reader left before anything was written (like `| head -0`)
     _, err = proc.communicate()
