@@ -90,13 +90,16 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -
         raise ValueError(f"top_k={top_k} must be >= 1 (or None for no top-k)")
 
 
-def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> None:
-    """Token ids (B, T), and a ``prompt_mask`` of their shape that is left padding: right padding
-    would continue a row after its padding, unlike the row alone (one host sync per call)."""
+def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
+    """Token ids (B, T) with T >= 1, and a ``prompt_mask`` of their shape that is left padding: right
+    padding would continue a row after its padding, unlike the row alone (one host sync per call).
+    Returns the mask as bool (None without one)."""
     if idx_BT.dim() != 2:
         raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens)")
+    if idx_BT.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one token")
     if prompt_mask is None:
-        return
+        return None
     if prompt_mask.shape != idx_BT.shape:
         raise ValueError(f"prompt_mask of shape {tuple(prompt_mask.shape)} for token ids of shape "
                          f"{tuple(idx_BT.shape)}: give one entry per token")
@@ -104,6 +107,7 @@ def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> None:
     if not bool(mask_BT[:, -1].all()) or bool((mask_BT[:, 1:] < mask_BT[:, :-1]).any()):
         raise ValueError("prompt_mask must be left padding: in each row the padding (False) comes before the real "
                          "tokens (True), and the last token is real")
+    return mask_BT
 
 
 @torch.no_grad()
@@ -123,22 +127,20 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     ``progress(1)`` is called after each new token (e.g. a progress bar's update).
     """
     check_sampling(max_new_tokens, temperature, top_k)
-    check_prompt(idx_BT, prompt_mask)
+    prompt_mask = check_prompt(idx_BT, prompt_mask)
     was_training = model.training
     model.eval()
     device = idx_BT.device
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     block = model.cfg.block_size
     B, T = idx_BT.shape
-    if T == 0:
-        raise ValueError("the prompt is empty: give at least one token")
     if prompt_mask is not None and block < T:
         raise ValueError(f"a padded prompt of {T} tokens is longer than block_size={block}")
     # A prompt longer than the model's context is kept whole in the output; the model sees its end.
     kept_BT = idx_BT[:, :-block] if block < T else idx_BT[:, :0]
     if block < T:
         idx_BT, T = idx_BT[:, -block:], block
-    mask_BT = prompt_mask.bool() if prompt_mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
+    mask_BT = prompt_mask if prompt_mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
     out, cached = idx_BT, use_cache and block > T
     max_len = min(block, T + max_new_tokens)
     try:
