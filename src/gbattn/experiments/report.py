@@ -93,19 +93,23 @@ def length_overrides(report: dict) -> dict:
     return {k: sets[k] for k in TRAINING_LENGTH_KEYS if k in sets}
 
 
+def _corpus_names(data: str) -> list[str]:
+    """Each folder or file of a --data value, in order, as a corpus name (``-raw`` and ``-vN`` dropped)."""
+    parts = [p for p in Path(data).parts if p not in (".", "..", "/")] or [data]
+    return [re.sub(r"(-raw)?(-v\d+)?$", "", p) for p in parts]
+
+
 def corpus_family(data: str) -> str:
     """The corpus a --data value names, for telling corpora apart: a local copy's folder or a file in
     it and the Hugging Face name alike (``wikitext-103``, ``wikitext-103-raw-v1``,
     ``wikitext-103/wiki.train.tokens``; ``tiny-shakespeare/input.txt``)."""
-    parts = [p for p in Path(data).parts if p not in (".", "..", "/")]
-    first = parts[0] if parts else data
-    return re.sub(r"(-raw)?(-v\d+)?$", "", first)
+    return _corpus_names(data)[0]
 
 
 def corpus_families(data: str) -> set[str]:
     """The corpora a --data value may name, one per folder or file in it: a local copy inside another
     folder (``data/wikitext-103``, ``corpora/tiny-shakespeare/input.txt``) names its corpus too."""
-    return {corpus_family(p) for p in Path(data).parts if p not in (".", "..", "/")} or {corpus_family(data)}
+    return set(_corpus_names(data))
 
 
 def other_setting(report: dict) -> str | None:
