@@ -755,9 +755,8 @@ def test_export_refuses_its_run_by_any_name_needs_out_and_says_best(trained, tmp
     for out in (run_dir.name, str(tmp_path / "link")):
         assert cli_main(["export", str(run_dir), "--out", out]) == 2
         assert "is the run directory itself" in capsys.readouterr().err, out
-    with pytest.raises(SystemExit) as exit_code:
-        cli_main(["export", str(run_dir)])
-    assert exit_code.value.code == 2 and "the following arguments are required: --out" in capsys.readouterr().err
+    code, _, err = run_cli(capsys, ["export", run_dir])
+    assert code == 2 and "the following arguments are required: --out" in err
     assert cli_main(["export", str(run_dir), "--out", str(tmp_path / "best")]) == 0
     assert f"exported {run_dir} (best weights) to {tmp_path / 'best'}" in capsys.readouterr().out
 
