@@ -1025,6 +1025,24 @@ def test_lm_eval_arguments_are_checked_before_any_work(tmp_path, capsys):
     assert code == 2 and "nothing is not a directory (a gbattn run directory or an exported one)" in err, err
 
 
+def test_lm_eval_output_never_replaces_a_model_directorys_files(tmp_path, capsys):
+    """--output onto the evaluated run's best weights (the default results file lies in that run) or
+    onto another model directory's files is refused before any work; the files are unchanged."""
+    from gbattn import rundir
+
+    model, export = tmp_path / "model", tmp_path / "export"
+    for folder, names in ((model, (rundir.CONFIG, rundir.BEST)), (export, (rundir.CONFIG, rundir.SAFETENSORS))):
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_bytes(b"weights")
+    for target in (model / rundir.BEST, model / rundir.CONFIG, export / rundir.SAFETENSORS, export / "tokenizer.json"):
+        code, out, err = run_cli(capsys, ["lm-eval", model, "--tasks", "t", "--output", target])
+        assert code == 2 and out == "" and err.strip().splitlines() == [
+            f"gbattn: error: --output {target} is a file of the model directory {target.parent}: write it elsewhere"]
+    assert not (export / "tokenizer.json").exists()
+    assert all(p.read_bytes() == b"weights" for folder in (model, export) for p in folder.iterdir())
+
+
 
 def test_export_and_restart_leave_other_model_directories_alone(trained, tmp_path, capsys):
     """--out of export may hold an earlier gbattn export (replaced), never a run or a Hugging Face

@@ -450,6 +450,28 @@ def test_eval_per_token_may_take_a_run_files_name_outside_the_run(trained, tmp_p
     assert code == 0 and (tmp_path / rundir.BEST).is_file(), err
 
 
+def test_eval_per_token_leaves_every_model_directory_alone(trained, tmp_path, capsys):
+    """--per-token onto a file of another run, or of an exported directory, is refused before any
+    work (it replaced that run's best weights), as one onto the evaluated run's own files is; a new
+    file of another name in such a directory is fine (tested above: elsewhere, any name)."""
+    other, export = tmp_path / "other-run", tmp_path / "export"
+    for folder, names in ((other, (rundir.CONFIG, rundir.BEST, rundir.CHECKPOINT)),
+                          (export, (rundir.CONFIG, rundir.SAFETENSORS, "generation_config.json"))):
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_bytes(b"weights")
+    own = trained["run"] / rundir.CHECKPOINT
+    before = own.read_bytes()
+    for target in (other / rundir.BEST, other / rundir.CONFIG, export / rundir.SAFETENSORS,
+                   export / "generation_config.json", own):
+        code, out, err = run_cli(capsys, ["eval", trained["run"], "--per-token", target])
+        assert code == 2 and out == "" and err.strip().splitlines() == [
+            f"gbattn: error: --per-token {target} is a file of the model directory {target.parent}: write it "
+            f"elsewhere"], err
+    assert all(p.read_bytes() == b"weights" for folder in (other, export) for p in folder.iterdir())
+    assert own.read_bytes() == before
+
+
 def test_eval_scores_the_split_it_names(trained, capsys, monkeypatch):
     """``eval --split valid`` and ``--split test`` each report their own split's loss over its tokens
     (what evaluate gives on that split), and name it in the JSON record."""
@@ -666,7 +688,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("checkpoint lacking a weight", ["train", "--resume", "--out", broken["lacking-weight"], "--quiet"],
          "its model weights do not match the model (missing: ln_f.weight)"),
         ("eval --per-token onto the run's checkpoint", ["eval", run, "--per-token", run / rundir.BEST],
-         "is one of the run's own files"),
+         "is a file of the model directory"),
         ("eval of a split shorter than one row", ["eval", run, "--data", short_test, "--allow-other-data"],
          "fewer than one row"),
         ("run dir is a file", ["eval", f["a-file"]], "is not a directory"),

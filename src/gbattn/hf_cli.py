@@ -62,6 +62,7 @@ def cmd_lm_eval(args) -> None:
     require("lm_eval", "lm-eval")
     from gbattn.files import check_writable_file, relative_path
     from gbattn.hf.lmeval import print_tables, results_stem, run_lm_eval, write_results
+    from gbattn.rundir import check_output_file
     from gbattn.runtime import command_line, resolve_device, set_threads
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -75,6 +76,7 @@ def cmd_lm_eval(args) -> None:
     stem = results_stem(tasks, args.limit, args.num_fewshot)
     out = Path(args.output) if args.output else model / "lm-eval" / f"results-{stem}.json"
     check_writable_file(out, "--output")
+    check_output_file(out, "--output")
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     results = run_lm_eval(model, tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,

@@ -109,6 +109,18 @@ def check_restartable(directory: str | Path) -> None:
                         f"another --out")
 
 
+def check_output_file(path: str | Path, what: str) -> None:
+    """An output file (``eval --per-token``, ``lm-eval --output``) never replaces a file of a model
+    directory (a run, an export, a transformers checkpoint: the one evaluated or any other): its
+    weights, configs or tokenizer. A file of another name there, or of such a name elsewhere, is fine."""
+    target = Path(path).resolve()
+    folder = target.parent
+    model_file = (target.name in (*OWN_FILES, SAFETENSORS_INDEX) or target.suffix in (".pt", ".bin", ".safetensors")
+                  or target.name.endswith("config.json"))
+    if model_file and any((folder / n).is_file() for n in (CONFIG, CHECKPOINT, BEST, SAFETENSORS, SAFETENSORS_INDEX)):
+        raise UserError(f"{what} {path} is a file of the model directory {folder}: write it elsewhere")
+
+
 def discard_run(directory: str | Path) -> list[str]:
     """Delete a run's own files (``--restart``, after :func:`check_restartable`); other files stay."""
     removed = []

@@ -54,14 +54,12 @@ def cmd_eval(args) -> None:
     from gbattn.eval.perplexity import evaluate
     from gbattn.files import atomic_write, check_writable_file
     from gbattn.progress import Progress
-    from gbattn.rundir import OWN_FILES, load_run
+    from gbattn.rundir import check_output_file, load_run
     from gbattn.runtime import autocast, resolve_device, set_threads
 
     if args.per_token:
         check_writable_file(args.per_token, "--per-token")
-        target = Path(args.per_token).resolve()
-        if target.parent == Path(args.run_dir).resolve() and target.name in OWN_FILES:
-            raise UserError(f"--per-token {args.per_token} is one of the run's own files: write the losses elsewhere")
+        check_output_file(args.per_token, "--per-token")
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)
