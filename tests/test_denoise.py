@@ -178,6 +178,31 @@ def test_cli_tiny_run_writes_tables_and_figure(tmp_path, capsys):
     assert (out / "rounds.png").stat().st_size > 10_000
 
 
+def test_denoise_and_compare_leave_each_others_results_alone(tmp_path, capsys):
+    """--out of denoise holding a comparison is refused before any training (its results.json and
+    results.md were replaced), and compare's --out holding denoise's results too; nothing is written."""
+    from gbattn.experiments.compare import run_compare
+
+    comparison = tmp_path / "cmp"
+    comparison.mkdir()
+    for name, text in (("recipe.json", '{"recipe": "cpu-char"}'), ("results.json", '{"models": []}'),
+                       ("results.md", "# cpu-char")):
+        (comparison / name).write_text(text)
+    assert main(["denoise", "--quick", "--out", str(comparison), "--steps", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"gbattn: error: --out {comparison} holds a `gbattn compare` comparison; "
+                                        f"write the denoising tables elsewhere"], err
+    assert sorted(p.name for p in comparison.iterdir()) == ["recipe.json", "results.json", "results.md"]
+    assert (comparison / "results.json").read_text() == '{"models": []}'
+    denoised = tmp_path / "denoise"
+    denoised.mkdir()
+    (denoised / "results.json").write_text('{"tables": {}}')
+    with pytest.raises(UserError, match="holds a results.json that is not a comparison's; use another --out"):
+        run_compare("cpu-char", denoised, sets={"max_steps": 2}, quiet=True)
+    assert sorted(p.name for p in denoised.iterdir()) == [".lock", "results.json"]  # the comparison's (empty) lock
+    assert (denoised / "results.json").read_text() == '{"tables": {}}'
+
+
 def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     table = {"rows": [], "bayes": 58.0, "chance": 6.25}

@@ -10,6 +10,7 @@ them; each run is the same computation as when trained alone with the same threa
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -328,6 +329,14 @@ def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
 
 
 def _check_request(path: Path, request: dict) -> None:
+    results = path.parent / "results.json"
+    if not path.exists() and results.is_file():  # another command's results (`gbattn denoise`'s) would be replaced
+        try:
+            held = json.loads(results.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            held = None
+        if isinstance(held, dict) and "models" not in held:
+            raise UserError(f"{path.parent} holds a results.json that is not a comparison's; use another --out")
     if path.exists():
         before = rundir.read_json(path)
         if isinstance(before.get("data"), str):  # written before data paths were made portable
