@@ -243,6 +243,12 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
     code = cli_main(["plot", str(short), str(long)])  # several directories need --gap
     err = capsys.readouterr().err
     assert code == 2 and "several comparison directories go with --gap" in err
+    code = cli_main(["plot", str(short), "--against", "standard"])  # --against alone was silently ignored
+    assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        "gbattn: error: --against goes with --gap MODEL (the gap of MODEL to each --against model)"]
+    assert not (short / "figures").exists()
+    code = cli_main(["plot", str(short), "--gap", "gba-m2", "--out", str(tmp_path / "fig3")])  # against standard
+    assert code == 0 and json.loads((tmp_path / "fig3" / "gap.json").read_text())["references"] == ["standard"]
     code = cli_main(["plot", str(short), "--gap", "gba-m3", "--out", str(tmp_path / "fig2")])
     assert code == 2 and "has no finished 'gba-m3' runs" in capsys.readouterr().err
 

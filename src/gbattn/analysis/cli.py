@@ -45,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--gap", default=None, metavar="MODEL",
                    help="draw MODEL's validation loss minus each --against model's, paired by seed and step, against "
                         "tokens per parameter of MODEL, one line per comparison directory (gap.png, gap.json)")
-    p.add_argument("--against", nargs="+", default=["standard"], metavar="MODEL", help="default: standard")
+    p.add_argument("--against", nargs="+", default=None, metavar="MODEL", help="with --gap (default: standard)")
     p.add_argument("--pdf", action="store_true", help="also write PDFs")
     p.set_defaults(func=cmd_plot)
 
@@ -470,9 +470,11 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
 def cmd_plot(args) -> None:
     from gbattn.errors import UserError
 
+    if args.against and not args.gap:  # the results chart and curves draw every model
+        raise UserError("--against goes with --gap MODEL (the gap of MODEL to each --against model)")
     if args.gap:
-        written = plot_gap(args.compare_dir, args.gap, args.against, args.out or Path(args.compare_dir[0]) / "figures",
-                           args.pdf)
+        written = plot_gap(args.compare_dir, args.gap, args.against or ["standard"],
+                           args.out or Path(args.compare_dir[0]) / "figures", args.pdf)
     elif len(args.compare_dir) > 1:
         raise UserError("several comparison directories go with --gap MODEL; plot them one at a time otherwise")
     else:
