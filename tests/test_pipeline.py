@@ -726,6 +726,30 @@ def test_hugging_face_names_are_their_configs_fingerprinted_by_content_and_loggi
         logger.setLevel(level)
 
 
+def test_the_gpt2_tokenizer_fetch_is_quiet_and_a_failure_one_line(tmp_path, monkeypatch, caplog):
+    """--tokenizer gpt2 without the hub: nothing is logged while fetching (the hub's connection
+    retries printed ten warning lines before the one-line error: its first import set its loggers'
+    level back to WARNING, so quieting them beforehand was not enough); logging is put back after."""
+    from tokenizers import Tokenizer as Backend
+
+    def offline(name, *args, **kwargs):
+        logging.getLogger("huggingface_hub").setLevel(logging.WARNING)  # what huggingface_hub's import does
+        logging.getLogger("huggingface_hub.utils._http").warning("thrown while requesting HEAD")
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(Backend, "from_pretrained", staticmethod(offline))
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    try:
+        corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+        with caplog.at_level(logging.INFO), pytest.raises(DataError, match=r"^could not fetch the GPT-2 tokenizer"):
+            get_tokenizer("gpt2", corpus)
+        assert not [r for r in caplog.records if "thrown while requesting" in r.getMessage()]
+        assert logging.root.manager.disable == logging.NOTSET
+    finally:
+        logger.setLevel(level)
+
+
 def test_the_papers_bpe_splits_punctuation_and_numbers_its_specials_first(tmp_path):
     """Whitespace pre-tokenizer: punctuation is never merged into a word; ``<pad>`` is id 0 and
     ``<unk>`` id 1 (the order the paper lists them), and an unseen character encodes as ``<unk>``."""

@@ -17,6 +17,7 @@ empty. A corpus yields lines per split; its fingerprint identifies the content f
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
 import hashlib
 import logging
@@ -181,6 +182,26 @@ def _single_file(path: Path, split: tuple[float, float, float], name: str | None
 # --------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def quiet_hub_logs():
+    """Silence the Hugging Face hub's loggers for a download: without the network its connection
+    retries print a dozen warnings before our one-line error. Logging is disabled below CRITICAL as
+    well, because huggingface_hub sets its loggers' level again when its modules are first imported
+    (as the tokenizers library's download does, inside this block)."""
+    quiet = [logging.getLogger(n) for n in ("huggingface_hub", "datasets", "fsspec", "urllib3")]
+    levels = [logger.level for logger in quiet]
+    disabled = logging.root.manager.disable
+    for logger in quiet:
+        logger.setLevel(logging.CRITICAL)
+    logging.disable(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.disable(disabled)
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+
+
 def _hugging_face(name: str) -> Corpus:
     dataset, config = HF_NAMES[name]
     suffix = "tokens" if name.startswith("wikitext") and "raw" not in name else "raw"  # -v1: <unk>-tokenized
@@ -191,20 +212,14 @@ def _hugging_face(name: str) -> Corpus:
         import datasets
     except ImportError:
         raise DataError(hint.format(why="the `datasets` package is not installed: pip install 'gbattn[hf]'")) from None
-    quiet = [logging.getLogger(n) for n in ("huggingface_hub", "datasets", "fsspec", "urllib3")]
-    levels = [logger.level for logger in quiet]
-    for logger in quiet:  # connection retries would print a dozen warnings before our one line
-        logger.setLevel(logging.CRITICAL)
     try:
-        if config is None:  # openwebtext: one train split, streamed; valid/test by document index
-            ds = datasets.load_dataset(dataset, split="train", streaming=True)
-        else:
-            ds = datasets.load_dataset(dataset, config)
+        with quiet_hub_logs():
+            if config is None:  # openwebtext: one train split, streamed; valid/test by document index
+                ds = datasets.load_dataset(dataset, split="train", streaming=True)
+            else:
+                ds = datasets.load_dataset(dataset, config)
     except Exception as e:  # network, cache or hub errors all mean the same to the user
         raise DataError(hint.format(why=error_detail(e, 120, with_type=True))) from None
-    finally:
-        for logger, level in zip(quiet, levels):
-            logger.setLevel(level)
 
     if config is None:
         # Deterministic rule: document i goes to valid if i % 200 == 0, to test if i % 200 == 1.

@@ -148,10 +148,13 @@ def _gpt2_payload(spec: str) -> str:
             detail = error_detail(e, with_type=True)
             raise DataError(f"--tokenizer {spec}: not a valid tokenizer.json ({detail})") from None
         return payload
+    from gbattn.data.corpus import quiet_hub_logs
+
     try:
         from tokenizers import Tokenizer as HFTokenizer
 
-        return HFTokenizer.from_pretrained("gpt2").to_str()
+        with quiet_hub_logs():
+            return HFTokenizer.from_pretrained("gpt2").to_str()
     except Exception as e:
         raise DataError(f"could not fetch the GPT-2 tokenizer from the Hugging Face hub ({type(e).__name__}); "
                         f"pass a local file instead: --tokenizer gpt2=/path/to/tokenizer.json") from None
