@@ -946,6 +946,21 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
     err = capsys.readouterr().err
     assert "could not find a task's data" in err and len(err.strip().splitlines()) == 1, err
+    # A harness task whose data is on the hub, without the hub (a traceback and status 1).
+    from gbattn.hf import lmeval
+
+    def offline(**kwargs):
+        raise ConnectionError("Couldn't reach 'Rowan/hellaswag' on the Hub (LocalEntryNotFoundError)")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(lmeval, "simple_evaluate", offline)
+        code = cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+        "gbattn: error: lm-eval could not load a task's data (Couldn't reach 'Rowan/hellaswag' on the Hub "
+        "(LocalEntryNotFoundError)): the harness's tasks download their data from the Hugging Face hub; run once "
+        "where it is reachable (the datasets cache keeps it), or use local tasks (--include-path)"), err
     # An exported directory whose config names a layer its weights lack (the Auto classes alone would
     # initialise that layer at random and go on).
     damaged = tmp_path / "damaged"

@@ -116,6 +116,11 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
     except AssertionError as e:  # the harness checks a task against the model so (max_gen_toks < block size)
         close_progress_bars()  # the harness's bar, left open by the failed check, would print after the error
         raise UserError(f"lm-eval refused the task for this model ({error_detail(e, 200)})") from None
+    except ConnectionError as e:  # `datasets` without the hub and with no cached copy of a task's data
+        close_progress_bars()
+        raise UserError(f"lm-eval could not load a task's data ({error_detail(e, 160)}): the harness's tasks download "
+                        f"their data from the Hugging Face hub; run once where it is reachable (the datasets cache "
+                        f"keeps it), or use local tasks (--include-path)") from None
     except FileNotFoundError as e:  # a task's data files (local paths are relative to the working directory)
         raise UserError(f"lm-eval could not find a task's data ({error_detail(e, 160)}); a task YAML's local data "
                         f"paths are read relative to the working directory") from None
