@@ -205,6 +205,27 @@ def test_set_example_in_help_is_accepted(capsys, command, takes_training_fields)
         preset_config("cpu-char", "boosted", sets)
 
 
+def test_generate_and_eval_help_state_their_defaults(capsys):
+    """`generate --help` gave no default for its sampling options (0.8 and 200, where the Python
+    generate() samples at 1.0 from every token): each option's help names the default it parses to."""
+    import re
+
+    from gbattn.cli import build_parser
+
+    parser = build_parser()
+    for command, options in (("generate", ("max_new_tokens", "temperature", "top_k", "num_samples")),
+                             ("eval", ("split", "batch_size"))):
+        argv = [command, "RUN", "--prompt", "x"] if command == "generate" else [command, "RUN"]
+        defaults = vars(parser.parse_args(argv))
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        help_text = " ".join(capsys.readouterr().out.split())
+        for option in options:
+            flag = "--" + option.replace("_", "-")
+            stated = re.search(rf"{flag} \S+ (?:[^-]|-(?!-))*?\(default ([^)]+)\)", help_text)
+            assert stated and stated.group(1) == str(defaults[option]), (command, flag, help_text)
+
+
 def test_autocast_and_explicit_threads(monkeypatch):
     """amp=auto is bf16 on CUDA only (a CPU run stays float32); amp=bf16 asks for it anywhere. An
     explicit thread count is used as given, whatever the default would be."""

@@ -13,10 +13,10 @@ from gbattn import arguments
 def register(sub) -> None:
     p = sub.add_parser("eval", help="perplexity of a trained run on its valid or test split")
     p.add_argument("run_dir", help="a run directory or a directory written by `gbattn export`")
-    p.add_argument("--split", default="test", choices=["valid", "test"])
+    p.add_argument("--split", default="test", choices=["valid", "test"], help="(default %(default)s)")
     arguments.checkpoint(p)
     p.add_argument("--per-token", metavar="FILE", help="also write every token's loss (nats) to FILE (.npy or .txt)")
-    p.add_argument("--batch-size", type=arguments.at_least(1), default=32)
+    p.add_argument("--batch-size", type=arguments.at_least(1), default=32, help="rows per batch (default %(default)s)")
     p.add_argument("--data", default=None,
                    help="the corpus (a name, file or directory) when it is not where the run recorded it, e.g. "
                         "for a run or export made on another machine (default: the run's --data)")
@@ -29,11 +29,13 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a trained run (KV-cached decoding)")
     p.add_argument("run_dir", help="a run directory or a directory written by `gbattn export`")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=arguments.at_least(0), default=100)
-    p.add_argument("--temperature", type=arguments.non_negative_number, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=arguments.at_least(1), default=200)
-    p.add_argument("--seed", type=arguments.SEED, default=None)
-    p.add_argument("--num-samples", type=arguments.at_least(1), default=1)
+    p.add_argument("--max-new-tokens", type=arguments.at_least(0), default=100, help="(default %(default)s)")
+    p.add_argument("--temperature", type=arguments.non_negative_number, default=0.8,
+                   help="0 = greedy (default %(default)s)")
+    p.add_argument("--top-k", type=arguments.at_least(1), default=200,
+                   help="sample from the k most likely tokens (default %(default)s)")
+    p.add_argument("--seed", type=arguments.SEED, default=None, help="sampling seed (default: a new draw each time)")
+    p.add_argument("--num-samples", type=arguments.at_least(1), default=1, help="(default %(default)s)")
     arguments.checkpoint(p)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
     compiled = p.add_mutually_exclusive_group()
