@@ -788,7 +788,8 @@ def test_a_training_split_of_blank_lines_trains_no_bpe(tmp_path):
 
 def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked(tmp_path):
     """``--tokenizer hf=PATH`` splits at the first ``=`` only: a directory named ``vocab=3`` is part of
-    the path; a JSON file that is no tokenizer is refused when named."""
+    the path; the directory itself is refused naming its tokenizer file; a JSON file that is no
+    tokenizer is refused when named."""
     from tokenizers import Tokenizer as Backend
     from tokenizers import models, pre_tokenizers
 
@@ -801,6 +802,9 @@ def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked
     for kind in ("hf", "gpt2"):
         tok = get_tokenizer(f"{kind}={path}", corpus)
         assert (tok.kind, tok.vocab_size, tok.encode("b a")) == (kind, 3, [1, 0])
+    with pytest.raises(DataError, match=r"^--tokenizer hf=.*vocab=3 is a directory; name its tokenizer file: "
+                                        r"--tokenizer hf=.*vocab=3/tokenizer.json$"):  # was "no such ... file"
+        get_tokenizer(f"hf={path.parent}", corpus)
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')  # JSON, but not a tokenizer
     with pytest.raises(DataError, match="not a valid tokenizer.json"):
         get_tokenizer(f"gpt2={tmp_path / 'config.json'}", corpus)

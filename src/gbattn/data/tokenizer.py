@@ -139,6 +139,10 @@ def _train_bpe(lines: Iterable[str], vocab_size: int) -> str:
 def _gpt2_payload(spec: str) -> str:
     path = Path(spec.split("=", 1)[1]) if "=" in spec else None
     if path is not None:
+        if path.is_dir():
+            kind = spec.split("=", 1)[0]
+            raise DataError(f"--tokenizer {spec} is a directory; name its tokenizer file: --tokenizer "
+                            f"{kind}={path / 'tokenizer.json'}")
         if not path.is_file():
             raise DataError(f"--tokenizer {spec}: no such tokenizer.json file")
         try:
