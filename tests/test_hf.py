@@ -1030,6 +1030,8 @@ def test_lm_eval_arguments_are_checked_before_any_work(tmp_path, capsys):
     for argv, message in (
             (["--tasks", " , "], "--tasks names no task"),
             (["--tasks", "t", "--limit", "0"], "--limit 0 must be > 0"),
+            (["--tasks", "t", "--limit", "inf"], "--limit inf is not a whole number of documents"),  # a traceback
+            (["--tasks", "t", "--limit", "1.5"], "--limit 1.5 is not a whole number of documents"),  # ran 1 document
             (["--tasks", "t", "--output", str(model)], f"--output {model} is a directory; give a file name"),
             (["--tasks", "t", "--include-path", str(tmp_path / "none")], "is not a directory"),
             (["--tasks", "t", "--batch-size", "0"], "--batch-size"),

@@ -70,6 +70,9 @@ def cmd_lm_eval(args) -> None:
         raise UserError("--tasks names no task; e.g. --tasks hellaswag,piqa")
     if args.limit is not None and not args.limit > 0:
         raise UserError(f"--limit {args.limit:g} must be > 0")
+    if args.limit is not None and args.limit >= 1 and not float(args.limit).is_integer():  # inf: a traceback
+        raise UserError(f"--limit {args.limit:g} is not a whole number of documents (a fraction below 1 is a share of "
+                        f"each task)")
     model = Path(args.model)
     if not model.is_dir():
         raise UserError(f"{model} is not a directory (a gbattn run directory or an exported one)")
