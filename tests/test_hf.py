@@ -740,6 +740,11 @@ def test_export_records_which_weights_it_holds(trained, tmp_path, capsys):
     assert cli_main(["export", str(out), "--out", str(tmp_path / "again")]) == 0
     assert "(its weights)" in capsys.readouterr().out
     assert json.loads((tmp_path / "again" / "config.json").read_text())["gbattn"]["checkpoint"] == "best"
+    never = tmp_path / "never-evaluated"  # killed before its first evaluation: its last weights are its only ones
+    shutil.copytree(run_dir, never, ignore=shutil.ignore_patterns(rundir.BEST))
+    assert cli_main(["export", str(never), "--out", str(tmp_path / "only")]) == 0
+    assert f"exported {never} (last weights)" in capsys.readouterr().out  # it said "(best weights)" and recorded best
+    assert json.loads((tmp_path / "only" / "config.json").read_text())["gbattn"]["checkpoint"] == "last"
     (tmp_path / "a-file").write_text("x")
     assert cli_main(["export", str(run_dir), "--out", str(tmp_path / "a-file")]) == 2
     err = capsys.readouterr().err

@@ -1000,6 +1000,7 @@ def test_a_run_evaluated_never_yet_loads_its_last_checkpoint_as_best(trained, tm
     loaded, last = rundir.load_run(run), rundir.load_run(trained["run"], "last")
     assert loaded.step == last.step and all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(),
                                                                               last.model.state_dict().values()))
+    assert loaded.checkpoint == "last"  # named for what they are (eval printed "best weights", export recorded best)
     with pytest.raises(UserError, match="checkpoint='newest' is not allowed; choose one of best, last"):
         rundir.load_run(run, "newest")  # not the last weights under another name
 

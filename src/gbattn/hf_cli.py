@@ -44,11 +44,13 @@ def require(module: str, extra: str) -> None:
 def cmd_export(args) -> None:
     require("transformers", "transformers")
     require("safetensors", "transformers")
+    from gbattn.files import read_json
     from gbattn.hf.export import export_run
-    from gbattn.rundir import is_exported
+    from gbattn.rundir import CONFIG, is_exported
 
-    which = "its weights" if is_exported(args.run_dir) else f"{args.checkpoint or 'best'} weights"
+    exported = is_exported(args.run_dir)
     out = export_run(args.run_dir, args.out, args.checkpoint)
+    which = "its weights" if exported else f"{read_json(out / CONFIG)['gbattn']['checkpoint']} weights"
     print(f"exported {args.run_dir} ({which}) to {out}; load it with `import gbattn.hf` and "
           f"AutoModelForCausalLM.from_pretrained({str(out)!r})")
 

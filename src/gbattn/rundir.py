@@ -490,8 +490,8 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
     else:
         checkpoint = checkpoint or "best"
         weights = path / (BEST if checkpoint == "best" else CHECKPOINT)
-        if checkpoint == "best" and not weights.exists():
-            weights = path / CHECKPOINT  # no evaluation happened yet
+        if checkpoint == "best" and not weights.exists():  # no evaluation happened yet: the last weights are the
+            weights, checkpoint = path / CHECKPOINT, "last"  # only ones, and are reported as what they are
         state, which = load_checkpoint(weights, map_location=device), checkpoint
         step = state.get("step", 0)
     model = GPT(model_cfg).to(device)
