@@ -1005,6 +1005,16 @@ def test_a_run_evaluated_never_yet_loads_its_last_checkpoint_as_best(trained, tm
         rundir.load_run(run, "newest")  # not the last weights under another name
 
 
+def test_load_run_on_cuda_without_cuda_says_so_not_that_the_checkpoint_is_damaged(trained, monkeypatch):
+    """gbattn.load_run(RUN, device="cuda") on a machine without CUDA said "best.pt is truncated or
+    corrupted ...; restore a copy of it" (torch.load's error on map_location), about a sound file."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cuda", torch.device("cuda:1")):
+        with pytest.raises(UserError, match=r"^device='cuda(:1)?' but CUDA is not available here; use device='cpu'$"):
+            rundir.load_run(trained["run"], device=device)
+    assert rundir.load_run(trained["run"], device="cpu").checkpoint == "best"
+
+
 def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):
     (tmp_path / "outside.safetensors").write_bytes(b"")
     exported = tmp_path / "exported"

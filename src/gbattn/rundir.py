@@ -460,6 +460,9 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():  # torch.load's error read as a damaged file
+        raise UserError(f"device={str(device)!r} but CUDA is not available here; use device='cpu'")
     if checkpoint is not None and checkpoint not in WHICH:
         raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")
     config = read_config(path / CONFIG)
@@ -479,7 +482,6 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
                               f"writes and transformers' save_pretrained does not): copy it from the exported "
                               f"directory this model came from")
     tokenizer = Tokenizer.load(tokenizer_file, expected_vocab=model_cfg.vocab_size)
-    device = torch.device(device)
     if exported:
         weights = read_exported_weights(path, device)
         if weights and all(k.startswith("model.") for k in weights):  # the transformers wrapper's names
