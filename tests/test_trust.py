@@ -770,6 +770,10 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("--attn and --set attn differ", ["params", "--attn", "boosted", "--set", "attn=standard"],
          "--attn boosted and --set attn=standard disagree"),
         ("--data and --set data differ", [*new_run, "--set", f"data={short_test}"], "disagree: give one of them"),
+        ("--compile and --set compile differ", [*new_run, "--compile", "--set", "compile=false"],
+         "--compile and --set compile=false disagree"),  # it read "--compile True and --set compile=False"
+        ("--no-compile and --set compile differ", [*new_run, "--no-compile", "--set", "compile=true"],
+         "--no-compile and --set compile=true disagree"),
         ("--init-from with --set tokenizer", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
                                               "tokenizer=bpe"], "trains with the tokenizer of"),
         ("--init-from with --attn", ["train", "--init-from", run, "--out", tmp_path / "o13", "--attn", "standard"],

@@ -342,7 +342,9 @@ def merge_options(sets: dict[str, Any], **options: Any) -> dict[str, Any]:
         if value is None:
             continue
         if key in out and out[key] != value:
-            raise ConfigError(f"--{key} {value} and --set {key}={out[key]} disagree: give one of them")
+            flag = (f"--{key}" if value else f"--no-{key}") if isinstance(value, bool) else f"--{key} {value}"
+            given = str(out[key]).lower() if isinstance(out[key], bool) else out[key]  # as it was typed
+            raise ConfigError(f"{flag} and --set {key}={given} disagree: give one of them")
         out[key] = value
     return out
 
