@@ -762,6 +762,9 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("blank --out of export", ["export", run, "--out", " "], "argument --out: is empty"),
         ("empty --per-token", ["eval", run, "--per-token", ""], "argument --per-token: is empty"),
         ("empty --preset of bench", ["bench", "--preset="], "argument --preset: is empty"),
+        # `gbattn eval ""` read the current directory as the run.
+        ("empty run directory", ["eval", ""], "argument run_dir: is empty"),
+        ("blank run directory of generate", ["generate", " ", "--prompt", "a"], "argument run_dir: is empty"),
         ("--data is a device", ["train", "--out", tmp_path / "o11", "--data", "/dev/null"],
          "is neither a regular file nor a directory"),
         # An option and a --set of the same field: both given and different is refused, not one chosen silently.

@@ -13,10 +13,11 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"gbattn: error: {message} (see: {self.prog} --help)\n")
 
     def _get_values(self, action, arg_strings):
-        # An empty option value is a script's unset variable (`--attn "$VARIANT"`), never a choice:
-        # refused here, once for every option, instead of meaning "not given" (the default, silently).
-        if action.option_strings and any(not text.strip() for text in arg_strings):
-            self.error(f"argument {'/'.join(action.option_strings)}: is empty")
+        # An empty value is a script's unset variable (`--attn "$VARIANT"`, `gbattn eval "$RUN"`), never a
+        # choice: refused here, once for every option and argument, instead of meaning "not given" (the
+        # default, silently) or, for a path, the current directory. (A command's own arguments are its parser's.)
+        if action.nargs != argparse.PARSER and any(not text.strip() for text in arg_strings):
+            self.error(f"argument {'/'.join(action.option_strings) or action.dest}: is empty")
         return super()._get_values(action, arg_strings)
 
 
