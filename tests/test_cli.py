@@ -274,6 +274,29 @@ def test_count_arguments_at_their_limits_and_empty_option_values(capsys):
             parser.parse_args(argv)
         assert exit_info.value.code == 2
         assert f"argument {argv[0].split('=')[0]}: is empty" in capsys.readouterr().err
+    positional = arguments.Parser(prog="gbattn test")  # `gbattn eval ""` was the current directory
+    positional.add_argument("run_dir")
+    with pytest.raises(SystemExit):
+        positional.parse_args([" "])
+    assert "argument run_dir: is empty" in capsys.readouterr().err
+
+
+def test_integer_and_number_arguments_and_the_model_options_not_given(capsys):
+    """A count is written as an integer ('1.5' and '1e3' are refused, not read as 1 and 1000); 0 is a seed
+    and a temperature (greedy); --attn and --residual left out leave `--set attn=...` and `--set residual=...`
+    to choose (an option's default would disagree with them)."""
+    import argparse
+
+    from gbattn import arguments
+
+    for text in ("1.5", "1e3", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"^{text!r} is not an integer$"):
+            arguments.at_least(0)(text)
+    assert arguments.SEED("0") == 0 and arguments.non_negative_number("0") == 0.0
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^'x' is not a number$"):
+        arguments.non_negative_number("x")
+    code, out, _ = run_cli(capsys, ["params", "--set", "attn=boosted", "--set", "residual=attnres-block"])
+    assert code == 0 and out.startswith("paper-small · attn=boosted · residual=attnres-block · d_model=256\n")
 
 
 def test_cpu_busy_time_is_read_from_proc_stat_deltas(monkeypatch):

@@ -290,6 +290,17 @@ def test_sequence_longer_than_position_table():
         (dict(norm="middle"), r"norm='middle' is not allowed; choose one of pre, post"),
         (dict(n_layers=2, attn="boosted", attn_options={"layers": [5]}), r"layers=\[5\]: \[5\] outside the model's 2"),
         (dict(n_layers=2, attn="twicing", attn_options={"layers": [0, -3]}), r"\[-3\] outside the model's 2 layers"),
+        (dict(d_model=257), r"d_model=257 is not divisible by n_heads=4; choose d_model as a multiple of 4"),
+        (dict(n_kv_heads=0), r"n_kv_heads=0 must be an integer >= 1"),
+        (dict(ffn_hidden=0), r"ffn_hidden=0 must be an integer in \[1, 16777216\]"),
+        (dict(ffn_mult=0), r"ffn_mult=0 must be an integer in \[1, 1024\]"),
+        (dict(norm_eps=0), r"norm_eps=0.0 must be > 0"),
+        (dict(dropout=1), r"dropout=1.0 must be in \[0, 1\)"),
+        (dict(pos="rope", d_model=12, n_heads=4), r"pos='rope' needs an even head width; d_model/n_heads = 3"),
+        (dict(norm="post", residual="attnres-block"), r"residual='attnres-block' is defined for norm='pre' only"),
+        (dict(attn_options="rounds=3"), r"attn_options='rounds=3' must be a mapping"),
+        (dict(dropout_sites=5), r"dropout_sites=5 must be a list of strings"),
+        (dict(dropout_sites="embedding,1"), r"dropout_sites entry='1' is not allowed; choose one of embedding, "),
     ],
 )
 def test_config_errors_name_the_field(kwargs, match):
@@ -307,6 +318,15 @@ def test_config_errors_name_the_field(kwargs, match):
         (dict(batch_size=32, grad_accum=3), r"batch_size=32 is not divisible by grad_accum=3"),
         (dict(lr=1e-3, min_lr=2e-3), r"min_lr=0.002 is above lr=0.001"),
         (dict(sampling="random"), r"sampling='random' has no epochs: set max_steps"),
+        (dict(split=[0.5, 0.3, 0.1, 0.1]), r"split=\[0.5, 0.3, 0.1, 0.1\] must be three fractions"),
+        (dict(split=[0.9, 0.05, 0.049]), r"summing to 1"),
+        (dict(split=[0.9, 0.2, -0.1]), r"split=\[0.9, 0.2, -0.1\] must be three fractions"),
+        (dict(split=5), r"split=5 must be a list of numbers"),
+        (dict(split=[0.5, "x", 0.5]), r"split\[1\]='x' must be a number"),
+        (dict(beta2=1), r"beta2=1.0 must be in \[0, 1\)"),
+        (dict(min_lr=-1e-4), r"min_lr=-0.0001 must be >= 0"),
+        (dict(weight_decay=float("nan")), r"weight_decay=nan must be a finite number"),
+        (dict(seed=2**63), r"seed=9223372036854775808 is out of range \(at most 2\*\*63 - 1\)"),
     ],
 )
 def test_training_config_errors_name_the_field(kwargs, match):
@@ -315,6 +335,9 @@ def test_training_config_errors_name_the_field(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         TrainConfig(**kwargs)
     TrainConfig(split=[0.9, 0.1, 0.0], batch_size=12, grad_accum=4, lr=1e-3, min_lr=1e-3)  # the edges are fine
+    edges = TrainConfig(warmup_steps=0, weight_decay=0, grad_clip=0, seed=0, beta1=0)
+    assert (edges.warmup_steps, edges.weight_decay, edges.grad_clip, edges.seed) == (0, 0.0, 0.0, 0)
+    assert TrainConfig(seed=2**63 - 1).seed == 2**63 - 1
 
 
 def test_overrides_leave_the_presets_as_they_were():
@@ -517,6 +540,70 @@ def test_param_matched_width_with_rope_keeps_an_even_head_width():
     step = 2 * cfg.n_heads
     assert width % step == 0 and n >= target
     assert count_params(cfg.replace(attn="standard", attn_options={}, d_model=width - step)) < target
+
+
+def test_the_config_defaults_are_the_papers_model_and_recipe():
+    """ModelConfig() is paper-small's standard model, TrainConfig() the paper's recipe (docs/paper.md: d 256,
+    4 layers, 4 heads, T 256, BPE 16,384, GELU FFN 4d, Pre-LN LayerNorm (PyTorch's eps 1e-5), tied embeddings,
+    biases, dropout 0.1 at the authors' sites; AdamW lr 3e-4 (PyTorch's betas), weight decay 0.01, 1,500 warmup
+    steps from 0, cosine to 0, batch 32, 10M tokens, 15 epochs, clipping 1.0, seed 42, valid/test capped at 1M);
+    a single file splits 90/5/5 (README, 'Data'); RoPE's base is the usual 10,000."""
+    from gbattn.config import TrainConfig
+
+    model = ModelConfig()
+    assert (model.vocab_size, model.block_size, model.d_model, model.n_layers, model.n_heads, model.kv_heads,
+            model.ffn, model.ffn_width, model.dropout, model.dropout_sites, model.norm, model.norm_type,
+            model.norm_eps, model.pos, model.rope_base, model.bias, model.tie_embeddings, model.attn,
+            model.residual) == (16384, 256, 256, 4, 4, 4, "gelu", 1024, 0.1,
+                                ["embedding", "attention", "ffn-hidden", "ffn-output"], "pre", "layernorm", 1e-5,
+                                "learned", 10000.0, True, True, "standard", "plain")
+    assert model == preset_config("paper-small")
+    train = TrainConfig()
+    expected = dict(tokenizer="bpe", split=[0.9, 0.05, 0.05], train_tokens=10_000_000, eval_tokens=1_000_000,
+                    seq_len=None, sampling="rows", batch_size=32, grad_accum=1, epochs=15.0, max_steps=None, lr=3e-4,
+                    min_lr=0.0, warmup_steps=1500, fit_warmup=True, warmup_from_zero=True, schedule="cosine",
+                    weight_decay=0.01, decay_matrices_only=False, beta1=0.9, beta2=0.999, grad_clip=1.0,
+                    eval_every=None, seed=42, amp="auto", parallel="ddp", init_from=None)
+    assert {k: getattr(train, k) for k in expected} == expected
+    assert ModelConfig(block_size=2).input_length(None) == 1 and ModelConfig(block_size=2).input_length(5) == 5
+    assert ModelConfig(pos="rope", d_model=16, n_heads=4).d_head == 4
+    # FFN widths: 4d for both GELUs, 2/3 of it rounded up to 16 for SwiGLU (README: 688 at d 256), or as given.
+    assert [ModelConfig(ffn=ffn).ffn_width for ffn in ("gelu", "gelu-tanh", "swiglu")] == [1024, 1024, 688]
+    assert ModelConfig(ffn="swiglu", ffn_hidden=100).ffn_width == ModelConfig(ffn_hidden=100).ffn_width == 100
+
+
+def test_typed_records_coerce_lists_and_refuse_what_is_not_a_record():
+    """A list field takes a tuple, a JSON list, or a comma-separated string, with or without brackets and
+    with empty items left out (`--set dropout_sites=` is no site); from_dict refuses a non-mapping and names
+    unknown fields with the record they are not in."""
+    from gbattn.config import TrainConfig
+
+    assert ModelConfig(dropout_sites=("embedding", "ffn-output")).dropout_sites == ["embedding", "ffn-output"]
+    assert ModelConfig(dropout_sites="[embedding, attention]").dropout_sites == ["embedding", "attention"]
+    assert ModelConfig(dropout_sites="embedding,,attention,").dropout_sites == ["embedding", "attention"]
+    assert ModelConfig(dropout_sites="").dropout_sites == []
+    assert TrainConfig(split="[0.8, 0.1, 0.1]").split == [0.8, 0.1, 0.1]
+    with pytest.raises(ConfigError, match=r"a model config must be a mapping, got list"):
+        ModelConfig.from_dict([("d_model", 64)])
+    with pytest.raises(ConfigError, match=r"unknown training config field\(s\) \['colour'\]; allowed: amp, "):
+        TrainConfig.from_dict({"lr": 1e-3, "colour": "red"})
+
+
+def test_set_values_options_and_keywords_keep_what_was_given():
+    """`--set tokenizer=hf=PATH` keeps everything after the first '='; an option given as 0 or False
+    (`--seed 0`) is given, not 'not given', and so is build_configs' keyword (compare's seed=0); an explicit
+    `--set fit_warmup=true` stays beside `--set warmup_steps`; `attn_options.x` is the long name of `attn.x`."""
+    from gbattn.config import build_configs, merge_options, parse_sets, set_path
+
+    assert parse_sets(["tokenizer=hf=/models/tok=1", " lr = 1e-3 "]) == {"tokenizer": "hf=/models/tok=1", "lr": 1e-3}
+    assert merge_options({"lr": 1e-3}, seed=0, compile=False, attn=None) == {"lr": 1e-3, "seed": 0, "compile": False}
+    assert build_configs("paper-small", "standard", "data", {}, seed=0)[1].seed == 0
+    _, train = build_configs("paper-small", "standard", "data", {"warmup_steps": 200, "fit_warmup": True})
+    assert (train.warmup_steps, train.fit_warmup) == (200, True)
+    d = {"attn_options": {"gate": "scalar"}}
+    set_path(d, "attn_options.rounds", 3)
+    assert d == {"attn_options": {"gate": "scalar", "rounds": 3}}
+    assert preset_config("paper-small", "boosted", {"attn_options.rounds": 3}).attn_options == {"rounds": 3}
 
 
 def test_range_and_type_checks_hold_at_their_edges():

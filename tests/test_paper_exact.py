@@ -97,6 +97,58 @@ def test_every_preset_names_its_full_recipe():
         assert {"lr", "batch_size", "warmup_steps", "tokenizer", "weight_decay"} <= set(preset.train), name
 
 
+# Every preset written out from where it is documented: docs/paper.md ("The small model", "Training recipe",
+# the medium recipe), the README's presets table and "Choosing cpu-proxy", nanoGPT's shakespeare_char CPU run
+# (README and docs/deviations.md: batch 12, 2,000 steps, lr 1e-3 to 1e-4, 100 warmup steps, betas (0.9, 0.99),
+# weight decay 0.1 on matrices, random windows, 90/10 split) and GPT-2's OpenWebText recipe (lr 6e-4 to 6e-5,
+# betas (0.9, 0.95), weight decay 0.1 on matrices, 2,000 warmup steps; 3e-4 to 3e-5 at 350M).
+GPT2_BLOCK = dict(norm="pre", norm_type="layernorm", ffn="gelu", ffn_mult=4, bias=True, pos="learned",
+                  tie_embeddings=True, n_kv_heads=None, dropout_sites=["embedding", "attention", "ffn-hidden",
+                                                                       "ffn-output"])
+LLAMA = dict(GPT2_BLOCK, norm_type="rmsnorm", ffn="swiglu", bias=False, pos="rope", rope_base=10000.0, n_kv_heads=2)
+PAPER_RECIPE = dict(tokenizer="bpe", train_tokens=10_000_000, eval_tokens=1_000_000, batch_size=32, epochs=15.0,
+                    max_steps=None, lr=3e-4, min_lr=0.0, warmup_steps=1500, warmup_from_zero=True,
+                    schedule="cosine", weight_decay=0.01, decay_matrices_only=False, beta1=0.9, beta2=0.999,
+                    grad_clip=1.0, sampling="rows", seq_len=None, eval_every=None, seed=42)
+CPU_RECIPE = {**{k: v for k, v in PAPER_RECIPE.items() if k != "epochs"},  # a compare recipe sets max_steps
+              "train_tokens": None, "eval_tokens": None, "lr": 1e-3, "warmup_steps": 100, "warmup_from_zero": False}
+OWT = dict(CPU_RECIPE, tokenizer="gpt2", eval_tokens=1_000_000, lr=6e-4, min_lr=6e-5, warmup_steps=2000,
+           weight_decay=0.1, decay_matrices_only=True, beta2=0.95)
+DOCUMENTED = {
+    "paper-small": (dict(GPT2_BLOCK, d_model=256, n_layers=4, n_heads=4, block_size=256, vocab_size=16384,
+                         dropout=0.1), PAPER_RECIPE),
+    "paper-medium": (dict(GPT2_BLOCK, d_model=384, n_layers=6, n_heads=6, block_size=256, vocab_size=16384,
+                          dropout=0.1),
+                     dict(PAPER_RECIPE, lr=2e-4, batch_size=24, epochs=10.0, warmup_steps=2000,
+                          train_tokens=30_000_000)),
+    "llama-small": (dict(LLAMA, d_model=256, n_layers=4, n_heads=4, block_size=256, vocab_size=16384, dropout=0.1),
+                    PAPER_RECIPE),
+    "owt-125m": (dict(GPT2_BLOCK, d_model=768, n_layers=12, n_heads=12, block_size=1024, vocab_size=50257,
+                      dropout=0.0), OWT),
+    "owt-350m": (dict(GPT2_BLOCK, d_model=1024, n_layers=24, n_heads=16, block_size=1024, vocab_size=50257,
+                      dropout=0.0), dict(OWT, lr=3e-4, min_lr=3e-5)),
+    "cpu-proxy": (dict(GPT2_BLOCK, d_model=128, n_layers=4, n_heads=4, block_size=128, vocab_size=4096, dropout=0.0),
+                  CPU_RECIPE),
+    "cpu-llama": (dict(LLAMA, d_model=128, n_layers=4, n_heads=4, block_size=128, vocab_size=4096, dropout=0.0),
+                  CPU_RECIPE),
+    "cpu-char": (dict(GPT2_BLOCK, d_model=128, n_layers=4, n_heads=4, block_size=64, vocab_size=65, dropout=0.0),
+                 dict(CPU_RECIPE, tokenizer="char", split=[0.9, 0.1, 0.0], seq_len=64, sampling="random",
+                      batch_size=12, max_steps=2000, min_lr=1e-4, weight_decay=0.1, decay_matrices_only=True,
+                      beta2=0.99, eval_every=250)),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(DOCUMENTED))
+def test_every_preset_holds_its_documented_model_and_recipe(preset):
+    """Each preset's model and training config, field by field, as the docs give them (a recipe value
+    changed in config.py, or a paper number, would train a different model silently)."""
+    model_expected, train_expected = DOCUMENTED[preset]
+    model_cfg, train_cfg = build_configs(preset, "standard", "data", {})
+    assert {k: getattr(model_cfg, k) for k in model_expected} == model_expected
+    assert {k: getattr(train_cfg, k) for k in train_expected} == train_expected
+    assert set(PRESETS) == set(DOCUMENTED)
+
+
 # --------------------------------------------------------------------------------------
 # Defaults that fit the data
 # --------------------------------------------------------------------------------------

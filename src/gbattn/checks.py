@@ -110,7 +110,7 @@ def _type_name(tp) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if origin is list:
         args = typing.get_args(tp)
-        return f"a list of {_type_name(args[0])}s" if args else "a list"
+        return f"a list of {_type_name(args[0]).split(' ', 1)[-1]}s" if args else "a list"  # "a number": "numbers"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
             list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
 
