@@ -463,7 +463,7 @@ def test_params_residual_option_reaches_the_model(capsys):
 
 def test_list_shows_option_defaults_as_json_kv_heads_and_every_recipe(capsys):
     """`gbattn list`: an option's default as JSON (a string quoted, None as null), K/V heads of a GQA
-    preset, and one line per comparison recipe."""
+    preset, and one line per comparison recipe, its description aligned with the others."""
     from gbattn.experiments.recipes import RECIPES
 
     code, out, _ = run_cli(capsys, ["list"])
@@ -474,8 +474,11 @@ def test_list_shows_option_defaults_as_json_kv_heads_and_every_recipe(capsys):
     assert "                  attn.rounds (default 2)" in lines
     assert "d_model 256, 4 layers, 4/2 kv heads, block_size 256" in out
     assert "d_model 256, 4 layers, 4 heads, block_size 256" in out  # paper-small: no kv part
-    for name, recipe in RECIPES.items():
-        assert f"  {name:<15} {recipe.description}" in lines
+    recipe_lines = lines[lines.index("Comparison recipes (gbattn compare --recipe NAME):") + 1 :]
+    assert len(recipe_lines) == len(RECIPES)
+    column = 2 + max(len(name) for name in RECIPES) + 2  # every description starts in one column
+    for line, (name, recipe) in zip(recipe_lines, RECIPES.items()):
+        assert line == f"  {name}".ljust(column) + recipe.description
 
 
 def test_version_and_a_missing_command(capsys):

@@ -45,8 +45,9 @@ def cmd_list(args) -> None:
               f"block_size {m['block_size']}, vocab {m['vocab_size']}, dropout {m['dropout']}: {p.description}")
     print("\nResidual streams (--residual): plain (default), attnres-full, attnres-block (--set attnres_block=S)")
     print("\nComparison recipes (gbattn compare --recipe NAME):")
+    width = max(map(len, RECIPES))
     for name, r in RECIPES.items():
-        print(f"  {name:<15} {r.description}")
+        print(f"  {name:<{width}}  {r.description}")
 
 
 def cmd_params(args) -> None:
