@@ -209,8 +209,234 @@ def test_bench_command_forwards_every_option(monkeypatch, capsys):
                      "--threads", "2", "--out", "b", "--quiet"]) == 0
     assert calls[1] == ("cpu-char", ["boosted"], "cpu", 2, 16, 4, 6, None, 8, [32, 64], ["twicing"], False, "both", 2,
                         "b", True, {"dropout": 0.05})
-    for option in ("--seq-len", "--batch", "--steps"):
+    for option in ("--seq-len", "--batch", "--steps", "--repeats", "--decode", "--sweep"):
         with pytest.raises(SystemExit) as exit_info:
             cli_main(["bench", option, "0"])
         assert exit_info.value.code == 2 and f"argument {option}: 0 must be >= 1" in capsys.readouterr().err
     assert len(calls) == 2
+
+
+def test_bench_takes_medians_of_uneven_timings_and_labels_its_counts(monkeypatch):
+    """Timings that differ from repeat to repeat (a constant clock hides mean, min and first-value
+    bugs): per-step times are medians, paired ratios and their range follow the repeats, a compiled
+    warm-up faster than two steps is no negative compile time. The defaults (batch 8 on CPU, a prefill
+    of what the block size leaves) and the counts are labelled as run; only eager rows are probed for
+    memory, compiled rows train through torch.compile's model, the FLOP ratio is of training FLOPs;
+    the sweep trains at its own length (beyond the preset's block size) after a warm-up step."""
+    import types
+
+    from gbattn.bench import speed
+    from gbattn.model.params import flops_per_token
+
+    class Compiled:
+        def __init__(self, model):
+            self.model = model
+
+    # seconds per training step, in call order: 2 warm-up steps, then 2 steps in each of 3 repeats
+    steps = {"standard": [0.5, 0.5, 0.375, 0.375, 1.0, 1.0, 0.5, 0.5],
+             "boosted": [0.5, 0.5, 0.75, 0.75, 1.0, 1.0, 2.0, 2.0],
+             "standard · compiled": [0.125, 0.125, 0.1875, 0.1875, 0.5, 0.5, 0.25, 0.25],
+             "boosted · compiled": [3.0, 3.0, 0.375, 0.375, 0.5, 0.5, 1.0, 1.0]}
+    sweep_steps = [4.0, 1.0, 3.0, 2.0]  # a warm-up step, then 3 timed ones
+    clock, seen, decodes, probed, kept = [0.0], {}, [], [], []
+
+    def fake_step(case, x, y, autocast):
+        kept.append(case.model)  # no id is reused while the test runs
+        if x.shape == (1, 128):  # a sweep case: a fresh model each
+            key, schedule = ("sweep", id(case.model)), sweep_steps
+        else:
+            assert x.shape == (8, 16)
+            key, schedule = case.label, steps[case.label]
+            compiled = case.label.endswith(speed.COMPILED)
+            assert isinstance(case.model, Compiled) == compiled, case.label
+        seen[key] = seen.get(key, 0) + 1
+        clock[0] += schedule[seen[key] - 1]
+
+    def fake_decode(model, prompt, n_decode, device, autocast, step=None):
+        decodes.append((tuple(prompt.shape), n_decode))
+        kept.append(model)
+        n = seen[id(model)] = seen.get(id(model), 0) + 1
+        prefill, decode = [0.25, 0.75, 0.25, 0.5][n - 1], [2.0, 1.0, 4.0, 2.0][n - 1]
+        clock[0] += prefill + decode
+        return prefill, decode
+
+    def fake_probe(cfg, batch, seq_len, dev, amp):
+        probed.append((cfg.attn, cfg.block_size, batch, seq_len))
+        return 1e6
+
+    monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(speed, "train_step", fake_step)
+    monkeypatch.setattr(speed, "prefill_and_decode", fake_decode)
+    monkeypatch.setattr(speed, "peak_memory_train_step", fake_probe)
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: Compiled(model))
+    monkeypatch.setattr(speed, "compiled_decode_step", lambda model: "compiled step")
+    report = speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", seq_len=16, repeats=3, steps=2,
+                             decode=4, sweep=[128], compile="both", threads=1, quiet=True, sets={"n_layers": 1})
+    assert (report["batch"], report["repeats"], report["steps_per_repeat"]) == (8, 3, 2)
+    assert (report["prefill_tokens"], report["decode_tokens"], report["amp_bf16"]) == (60, 4, False)
+    assert set(decodes) == {((1, 60), 4)} and len(decodes) == 4 * 4
+    rows = {r["variant"]: r for r in report["variants"]}
+    standard, boosted = rows["standard"], rows["boosted"]
+    assert standard["step_s_all"] == [0.375, 1.0, 0.5] and standard["step_s"] == 0.5
+    assert standard["tokens_per_s"] == 8 * 16 / 0.5 and standard["prefill_s"] == 0.5
+    assert standard["decode_tokens_per_s"] == 4 / 2.0
+    assert boosted["step_ratio"] == 2.0 and boosted["step_ratio_range"] == [1.0, 4.0]  # 2, 1, 4 in the repeats
+    assert boosted["decode_ratio"] == 1.0
+    fast, slow = rows["standard · compiled"], rows["boosted · compiled"]
+    assert fast["step_s"] == 0.25 and fast["compiled_step_speedup"] == 2.0
+    assert fast["compile_s"] == {"train": 0.0, "decode": 0.0}  # a warm-up of 0.25 s is under two 0.25 s steps
+    assert slow["compile_s"] == {"train": 5.0, "decode": 0.0} and slow["compiled_step_speedup"] == 2.0
+    assert [r["peak_memory_bytes"] for r in report["variants"]] == [1e6, None, 1e6, None]
+    for row in report["variants"]:
+        cfg = speed._variant_config("cpu-char", row["variant"].removesuffix(speed.COMPILED), {"n_layers": 1})
+        assert row["train_flops_per_token"] == flops_per_token(cfg, seq_len=16, backward=True)
+    # memory probes: the eager rows at (batch 8, 16 tokens), then the sweep at (1, 128) with a block of 128
+    assert probed == [("standard", 64, 8, 16), ("boosted", 64, 8, 16), ("standard", 128, 1, 128),
+                      ("boosted", 128, 1, 128)]
+    assert [(r["variant"], r["step_s"]) for r in report["sweep"]] == [("standard", 2.0), ("boosted", 2.0)]
+
+
+def test_prefill_and_decode_times_each_part_and_decodes_every_token(monkeypatch):
+    """One prefill, then exactly n_decode cached steps at positions T, T+1, ...; the prefill's and the
+    decode's seconds each from their own clock readings; the model is back in training mode with no
+    cache afterwards."""
+    import contextlib
+    import types
+
+    from gbattn.bench import speed
+    from gbattn.config import preset_config
+    from gbattn.model.decoding import eager_decode_step
+    from gbattn.model.gpt import GPT
+
+    model = GPT(preset_config("cpu-char", "standard", {"n_layers": 1, "d_model": 32, "n_heads": 2}))
+    readings = iter([10.0, 10.5, 13.0])
+    monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
+    eager, positions = eager_decode_step(model), []
+
+    def step(token, slot, position, padding):
+        positions.append(slot.tolist())
+        return eager(token, slot, position, padding)
+
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, 5))
+    prefill_s, decode_s = speed.prefill_and_decode(model, prompt, 4, torch.device("cpu"), contextlib.nullcontext,
+                                                   step)
+    assert (prefill_s, decode_s) == (0.5, 2.5)
+    assert positions == [[5], [6], [7], [8]]
+    assert model.training and not model.has_cache
+
+
+def test_bench_prefill_and_decode_defaults_fit_the_block_size():
+    """Decode 64 tokens (half the block when smaller) after a prompt of up to 128 tokens; a decode that
+    leaves no prompt, or a prefill and decode together beyond the block, is a one-line error."""
+    from gbattn.bench.speed import _prefill_and_decode_lengths
+    from gbattn.errors import UserError
+
+    assert _prefill_and_decode_lengths("p", 1024, None, None) == (128, 64)
+    assert _prefill_and_decode_lengths("p", 64, None, None) == (32, 32)
+    assert _prefill_and_decode_lengths("p", 64, None, 63) == (1, 63)
+    assert _prefill_and_decode_lengths("p", 64, 40, 24) == (40, 24)  # exactly the block
+    with pytest.raises(UserError, match="--decode 64 leaves no room for a prompt within the block size 64"):
+        _prefill_and_decode_lengths("p", 64, None, 64)
+    with pytest.raises(UserError, match="a prefill of 41 tokens and 24 decode steps exceed the block size 64"):
+        _prefill_and_decode_lengths("p", 64, 41, 24)
+
+
+def test_a_bench_training_step_learns_and_clears_its_gradients():
+    """The timed step is a whole training step: backward and an optimizer update (the weights move),
+    gradients cleared for the next one; variant options are parsed values."""
+    import contextlib
+
+    from gbattn.bench.speed import Case, parse_variant, train_step
+    from gbattn.config import preset_config
+    from gbattn.errors import UserError
+    from gbattn.model.gpt import GPT
+
+    assert parse_variant("boosted:rounds=3,kv_source=shared") == ("boosted", {"rounds": 3, "kv_source": "shared"})
+    assert parse_variant("standard") == ("standard", {})
+    with pytest.raises(UserError, match="options are key=value"):
+        parse_variant("boosted:rounds")
+    model = GPT(preset_config("cpu-char", "standard", {"n_layers": 1, "d_model": 32, "n_heads": 2}))
+    before = [p.detach().clone() for p in model.parameters()]
+    case = Case("standard", model.cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    x = torch.randint(0, model.cfg.vocab_size, (2, 8))
+    train_step(case, x, x, contextlib.nullcontext)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(not torch.equal(p, b) for p, b in zip(model.parameters(), before) if p.dim() > 1)
+
+
+def test_bench_markdown_follows_the_report():
+    """The tables of a report written out by hand: ms from seconds, MiB from bytes, the ratio columns
+    in their places, the compiled table pairing each variant with its eager row, the sweep."""
+    from gbattn.bench.speed import bench_markdown
+
+    def row(variant, **values):
+        return dict(variant=variant, parameters=1_234_567, forward_flops_per_token=2.5e6, compiled=False, **values)
+
+    report = {
+        "preset": "cpu-char", "device": "cpu (1 thread)", "command": "gbattn bench --compile both", "torch": "9.9",
+        "batch": 2, "seq_len": 16, "repeats": 3, "steps_per_repeat": 4, "dropout": 0.0, "amp_bf16": False,
+        "compile": "both", "prefill_tokens": 32, "decode_tokens": 8,
+        "variants": [
+            row("standard", step_s=0.0125, tokens_per_s=2560.0, peak_memory_bytes=3 * 2**20, step_ratio=1.0,
+                step_ratio_range=[1.0, 1.0], flop_ratio=1.0, step_over_flop_ratio=1.0, memory_ratio=1.0,
+                prefill_s=0.002, decode_tokens_per_s=400.0, decode_ratio=1.0),
+            dict(row("standard · compiled", step_s=0.005, tokens_per_s=6400.0, peak_memory_bytes=None,
+                     step_ratio=0.4, step_ratio_range=[0.35, 0.5], flop_ratio=1.0, step_over_flop_ratio=0.4,
+                     memory_ratio=None, prefill_s=0.001, decode_tokens_per_s=1000.0, decode_ratio=0.4),
+                 compiled=True, compiled_step_speedup=2.5, compiled_decode_speedup=2.5,
+                 compile_s={"train": 12.0, "decode": 3.0}),
+            row("boosted", step_s=0.025, tokens_per_s=1280.0, peak_memory_bytes=6 * 2**20, step_ratio=2.0,
+                step_ratio_range=[1.5, 2.5], flop_ratio=1.6, step_over_flop_ratio=1.25, memory_ratio=2.0,
+                prefill_s=0.004, decode_tokens_per_s=250.0, decode_ratio=1.6),
+        ],
+        "sweep": [{"seq_len": 2048, "variant": "standard", "step_s": 0.05, "peak_memory_bytes": 40 * 2**20,
+                   "attention_matrix_bytes_per_head": 4 * 2048 * 2048}],
+    }
+    lines = bench_markdown(report).splitlines()
+    assert lines[0] == "# gbattn bench: cpu-char on cpu (1 thread)"
+    assert lines[2] == ("Command: `gbattn bench --compile both` · torch 9.9 · batch 2 x 16 tokens · median of 3 "
+                        "interleaved repeats of 4 steps · dropout 0 · torch.compile: both")
+    assert lines[6:9] == [
+        "| standard | 1,234,567 | 12.5 | 2,560 | 3 | 2.50 | 1.000 (1.00–1.00) | 1.000 | 1.000 | 1.00 | 2.0 | 400 | "
+        "1.00 |",
+        "| standard · compiled | 1,234,567 | 5.0 | 6,400 | — | 2.50 | 0.400 (0.35–0.50) | 1.000 | 0.400 | — | 1.0 | "
+        "1,000 | 0.40 |",
+        "| boosted | 1,234,567 | 25.0 | 1,280 | 6 | 2.50 | 2.000 (1.50–2.50) | 1.600 | 1.250 | 2.00 | 4.0 | 250 | "
+        "1.60 |",
+    ]
+    assert lines[10].endswith("(prefill of 32 tokens, then 8 cached steps, batch 1).")
+    assert lines[12] == "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)"
+    assert lines[16] == "| standard | 12.5 | 5.0 | 2.50 | 400 | 1,000 | 2.50 | 12 / 3 |"
+    assert lines[20] == "## Sequence-length sweep (batch 1, one training step)"
+    assert lines[24] == "| 2,048 | standard | 50.0 | 40 | 16 |"
+    assert lines[-1] == lines[24]
+    report["amp_bf16"], report["compile"] = True, "off"
+    assert bench_markdown(report).splitlines()[2].endswith("dropout 0 · bf16 autocast")
+
+
+def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch, capsys):
+    """The probe's figure is VmHWM after two training steps less VmRSS before them, both read from
+    /proc/self/status in kB of 1024 bytes (a fake status file here, and no training)."""
+    import io
+    import json
+
+    from gbattn.bench import speed
+    from gbattn.config import preset_config
+
+    status = {"text": "Name:\tpython\nVmHWM:\t  5000 kB\nVmRSS:\t  1500 kB\n"}
+    monkeypatch.setattr(speed, "open", lambda path: io.StringIO(status["text"]), raising=False)
+    assert speed._status_bytes("VmRSS") == 1500 * 1024 and speed._status_bytes("VmHWM") == 5000 * 1024
+    runs = []
+
+    def fake_steps(cfg, batch, seq_len, device, amp, steps):
+        runs.append((cfg.d_model, batch, seq_len, device.type, amp, steps))
+        status["text"] = "VmRSS:\t 1800 kB\nVmHWM:\t 9000 kB\n"  # RSS fell back from its high-water mark
+
+    monkeypatch.setattr(speed, "_run_steps", fake_steps)
+    cfg = preset_config("cpu-char", "standard", {"d_model": 48})
+    speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(), "batch": 3, "seq_len": 5}))
+    assert runs == [(48, 3, 5, "cpu", False, 2)]
+    assert capsys.readouterr().out == f"{(9000 - 1500) * 1024}\n"
+    status["text"] = "Name:\tpython\n"
+    with pytest.raises(RuntimeError, match="/proc/self/status has no VmHWM"):
+        speed._status_bytes("VmHWM")
