@@ -497,6 +497,25 @@ def test_special_tokens_of_a_vocabulary_with_several_candidates():
     assert plain.eos_token == "x" and plain.eos_token_id == 0 and plain.pad_token is None
 
 
+def test_a_special_token_outside_the_vocabulary_is_refused(monkeypatch):
+    """A special token that is not one of the vocabulary's would be added as a new id (an embedding
+    row the model lacks): the conversion refuses it instead."""
+    import re
+
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models
+
+    from gbattn.errors import CheckpointError
+    from gbattn.hf import tokenization
+
+    tok = Tokenizer("hf", Backend(models.WordLevel({"a": 0, "b": 1}, unk_token=None)).to_str())
+    monkeypatch.setattr(tokenization, "special_tokens", lambda tok, vocab: {"eos_token": "<new>"})
+    with pytest.raises(CheckpointError, match=re.escape(
+            'the hf tokenizer has 2 tokens but its transformers form has 3; special tokens {"eos_token": "<new>"} '
+            'must be tokens of the vocabulary')):
+        hf_tokenizer(tok, 16)
+
+
 def test_an_exported_config_names_no_path_of_this_machine():
     """Every path a run's config may hold (data, a start run, the corpus) keeps only its last part."""
     from gbattn.hf.export import portable_paths
@@ -1032,6 +1051,7 @@ def test_lm_eval_arguments_are_checked_before_any_work(tmp_path, capsys):
     is empty: reaching it would be another error)."""
     model = tmp_path / "model"
     model.mkdir()
+    (tmp_path / "a-file").write_text("task: t\n")
     for argv, message in (
             (["--tasks", " , "], "--tasks names no task"),
             (["--tasks", "t", "--limit", "0"], "--limit 0 must be > 0"),
@@ -1039,6 +1059,7 @@ def test_lm_eval_arguments_are_checked_before_any_work(tmp_path, capsys):
             (["--tasks", "t", "--limit", "1.5"], "--limit 1.5 is not a whole number of documents"),  # ran 1 document
             (["--tasks", "t", "--output", str(model)], f"--output {model} is a directory; give a file name"),
             (["--tasks", "t", "--include-path", str(tmp_path / "none")], "is not a directory"),
+            (["--tasks", "t", "--include-path", str(tmp_path / "a-file")], "a-file is not a directory"),
             (["--tasks", "t", "--batch-size", "0"], "--batch-size"),
     ):
         code, _, err = run_cli(capsys, ["lm-eval", model, *argv])
@@ -1153,6 +1174,18 @@ def test_lm_eval_results_name_paths_relative_to_the_model_directorys_parent(tmp_
                     [spaced]) == {"model": "gba", "via": "gba/x.json", "text": "/ not a path"}
 
 
+def test_lm_eval_names_the_weights_it_evaluates(trained):
+    """A run's best or last weights, or an export's, each with its step and the block size."""
+    from gbattn.hf.lmeval import load_model
+
+    run_dir, out = trained
+    for model_dir, checkpoint, which in ((run_dir, "last", "last"), (run_dir, None, "best"), (out, None, "exported")):
+        run = rundir.load_run(model_dir, checkpoint)
+        model, _, block_size, step, got = load_model(model_dir, checkpoint, torch.device("cpu"))
+        assert (got, step, block_size) == (which, run.step, 33) and not model.training
+        assert torch.equal(model.model.wte.weight, run.model.wte.weight)
+
+
 def test_lm_eval_takes_a_harness_task_beside_an_include_path():
     """An --include-path that lacks one of the tasks is searched together with the harness's own tasks."""
     from gbattn.hf.lmeval import task_manager
@@ -1170,6 +1203,7 @@ def test_lm_eval_results_file_names_and_contents(tmp_path):
     assert results_stem(["hellaswag", "my/task x"], None, None) == "hellaswag+my_task_x"
     assert results_stem(["piqa"], 100.0, 5) == "piqa-limit100-5shot"
     assert results_stem(["piqa"], 0.5, 0) == "piqa-limit0.5-0shot"
+    assert results_stem(["arc-easy", "a+b.c"], None, None) == "arc-easy+a+b.c"  # already safe: kept
     samples = {"toy": [{"doc": {"text": "a"}, "resps": [[float("nan")]]}]}
     results = {"results": {"toy": {"acc": 0.5}}, "pretty_env_info": "PyTorch version: 2", "samples": samples}
     out = tmp_path / "lm-eval" / "results-toy.json"
@@ -1181,3 +1215,102 @@ def test_lm_eval_results_file_names_and_contents(tmp_path):
         raise ValueError(constant)
 
     assert json.loads(written[1].read_text(), parse_constant=strict)["resps"] == [[None]]
+
+
+def test_lm_eval_command_forwards_every_option(tmp_path, monkeypatch, capsys):
+    """`gbattn lm-eval`: each option reaches run_lm_eval (batch 8, no limit, shots or samples by
+    default), --threads reaches set_threads, the results go to MODEL/lm-eval/results-<stem>.json or
+    --output with the model and the --include-path as the roots of their paths; a rank of a
+    distributed run that gets no results writes nothing."""
+    from gbattn import runtime
+    from gbattn.hf import lmeval
+
+    calls, threads, written = [], [], []
+    monkeypatch.setattr(lmeval, "run_lm_eval", lambda *args, **kwargs: calls.append((args, kwargs)) or {"gbattn": {}})
+    monkeypatch.setattr(lmeval, "print_tables", lambda results: None)
+    monkeypatch.setattr(lmeval, "write_results",
+                        lambda results, out, roots: written.append((results["gbattn"]["command"], out, roots)) or [out])
+    monkeypatch.setattr(runtime, "set_threads", threads.append)
+    model, tasks = tmp_path / "model", tmp_path / "tasks"
+    model.mkdir()
+    tasks.mkdir()
+    assert cli_main(["lm-eval", str(model), "--tasks", "a"]) == 0
+    assert calls[-1] == ((model, ["a"]), dict(include_path=None, limit=None, batch_size=8,
+                                              device=runtime.resolve_device("auto"), checkpoint=None,
+                                              num_fewshot=None, log_samples=False))
+    assert written[-1] == ("gbattn lm-eval model --tasks a", model / "lm-eval" / "results-a.json", [model.resolve()])
+    assert threads == [None]
+    assert cli_main(["lm-eval", str(model), "--tasks", "a,b", "--include-path", str(tasks), "--limit", "0.5",
+                     "--num-fewshot", "0", "--batch-size", "3", "--log-samples", "--checkpoint", "last", "--device",
+                     "cpu", "--threads", "2", "--output", str(tmp_path / "r.json")]) == 0
+    assert calls[-1] == ((model, ["a", "b"]), dict(include_path=str(tasks), limit=0.5, batch_size=3,
+                                                   device=torch.device("cpu"), checkpoint="last", num_fewshot=0,
+                                                   log_samples=True))
+    assert written[-1][1:] == (tmp_path / "r.json", [model.resolve(), tasks.resolve()]) and threads[-1] == 2
+    assert cli_main(["lm-eval", str(model), "--tasks", "a", "--limit", "100", "--num-fewshot", "5"]) == 0
+    assert written[-1][1] == model / "lm-eval" / "results-a-limit100-5shot.json"
+    monkeypatch.setattr(lmeval, "run_lm_eval", lambda *args, **kwargs: None)
+    capsys.readouterr()
+    assert cli_main(["lm-eval", str(model), "--tasks", "a"]) == 0
+    assert len(written) == 3 and capsys.readouterr().out == ""
+
+
+def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
+    """The model wrapper gets the batch size and the block size as max_length, simple_evaluate the
+    task manager, limit, shots and log_samples; the tokenizer's "longer than" warning is filtered
+    only during the call; a refused task is a one-line error with the harness's bars closed."""
+    import io
+    import logging
+
+    from tqdm import tqdm
+
+    from gbattn.errors import UserError
+    from gbattn.hf import lmeval
+
+    loads, made, evaluated, bars = [], [], [], []
+    log = logging.getLogger("transformers.tokenization_utils_base")
+    filters = list(log.filters)
+
+    class LM:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+
+    def evaluate(**kwargs):
+        evaluated.append(kwargs)
+        long, other = (log.makeRecord(log.name, logging.WARNING, __file__, 0, message, None, None) for message in
+                       ("Token indices sequence length is longer than the specified maximum", "another warning"))
+        assert not log.filter(long) and log.filter(other)
+        return {"results": {}}
+
+    monkeypatch.setattr(lmeval, "task_manager", lambda tasks, include_path: ("manager", tasks, include_path))
+    monkeypatch.setattr(lmeval, "load_model", lambda *args: loads.append(args) or ("model", "tok", 40, 7, "best"))
+    monkeypatch.setattr(lmeval, "GbattnLM", LM)
+    monkeypatch.setattr(lmeval, "simple_evaluate", evaluate)
+    results = lmeval.run_lm_eval("dir", ["a"], include_path="inc", limit=0.5, batch_size=3, device="cpu",
+                                 num_fewshot=0)
+    assert loads == [("dir", None, torch.device("cpu"))]
+    assert made == [dict(pretrained="model", tokenizer="tok", backend="causal", batch_size=3, max_length=40)]
+    assert isinstance(evaluated[0].pop("model"), LM)
+    assert evaluated == [dict(tasks=["a"], task_manager=("manager", ["a"], "inc"), limit=0.5, num_fewshot=0,
+                              log_samples=False)]
+    assert results == {"results": {}, "gbattn": {"step": 7, "block_size": 40, "checkpoint": "best"}}
+    assert log.filters == filters
+
+    def refuse(**kwargs):
+        bars.append(tqdm(total=3, file=io.StringIO()))
+        raise AssertionError("requested max tokens 64 exceed the model's 32")
+
+    monkeypatch.setattr(lmeval, "simple_evaluate", refuse)
+    with pytest.raises(UserError, match="lm-eval refused the task for this model .*requested max tokens 64"):
+        lmeval.run_lm_eval("dir", ["a"])
+    assert bars[0] not in getattr(tqdm, "_instances", ()) and log.filters == filters
+
+
+def test_lm_eval_prints_the_groups_table_when_there_are_groups(monkeypatch, capsys):
+    from gbattn.hf import lmeval
+
+    monkeypatch.setattr(lmeval, "make_table", lambda results, column="results": f"{column} of {len(results)}")
+    lmeval.print_tables({"results": {}})
+    assert capsys.readouterr().out == "results of 1\n"
+    lmeval.print_tables({"results": {}, "groups": {"g": {}}})
+    assert capsys.readouterr().out == "results of 2\ngroups of 2\n"
