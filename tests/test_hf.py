@@ -1294,7 +1294,7 @@ def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
     assert evaluated == [dict(tasks=["a"], task_manager=("manager", ["a"], "inc"), limit=0.5, num_fewshot=0,
                               log_samples=False)]
     assert results == {"results": {}, "gbattn": {"step": 7, "block_size": 40, "checkpoint": "best"}}
-    assert log.filters == filters
+    assert log.filters == filters and lmeval._windowed_by_the_harness not in log.filters  # (not even from a run before)
 
     def refuse(**kwargs):
         bars.append(tqdm(total=3, file=io.StringIO()))
@@ -1303,7 +1303,7 @@ def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
     monkeypatch.setattr(lmeval, "simple_evaluate", refuse)
     with pytest.raises(UserError, match="lm-eval refused the task for this model .*requested max tokens 64"):
         lmeval.run_lm_eval("dir", ["a"])
-    assert bars[0] not in getattr(tqdm, "_instances", ()) and log.filters == filters
+    assert bars[0] not in getattr(tqdm, "_instances", ()) and lmeval._windowed_by_the_harness not in log.filters
 
 
 def test_lm_eval_prints_the_groups_table_when_there_are_groups(monkeypatch, capsys):
