@@ -625,7 +625,7 @@ def test_rounds_and_gates_tables_row_by_row():
     assert "| chance (1/K) | 6.25 | 6.25 | 6.25 |" in lines
     assert "| Bayes-optimal (nearest true pattern) | 60.0 ± 0.1 (MC s.e.) | — | 58.1 |" in lines
     lines = table_lines("gates", (0,))
-    assert "| gate | ours (mean ± std, 1 seed) | paper revision |" in lines
+    assert "| gate | ours (1 seed) | paper revision |" in lines  # one value, no spread
     assert lines[4:9] == ["| one-round baseline (M = 1) | 10.0 | 48.2 |", "| mlp | 21.0 | 55.6 |",
                           "| linear | 22.0 | — |", "| vector | 23.0 | — |", "| scalar | 24.0 | 56.5 |"]
     assert lines[9] == "| none | 25.0 | 55.4 |"
@@ -731,3 +731,7 @@ def test_rounds_figure_draws_each_rounds_mean_and_std(tmp_path, monkeypatch):
     [(x, y, kw)] = calls
     assert (x, y, kw["yerr"], kw["label"]) == ([1, 2], [40.0, 50.0], [1.5, 0.0], "ours (mean ± std, 2 seeds)")
     assert (tmp_path / "rounds.png").stat().st_size > 10_000
+    for r in rows:
+        r["ours"]["n"] = 1
+    plot_rounds({"rows": rows, "bayes": 58.0, "chance": 6.25}, tmp_path / "rounds.png")
+    assert calls[-1][2]["label"] == "ours (1 seed)"  # one value per row, not a mean and a spread

@@ -111,6 +111,11 @@ def seeds_text(n: int) -> str:
     return f"{n} seed{'s' if n > 1 else ''}"
 
 
+def ours_label(n_seeds: int) -> str:
+    """Our column's name: one seed has a value, not a mean and a spread."""
+    return f"ours (mean ± std, {seeds_text(n_seeds)})" if n_seeds > 1 else "ours (1 seed)"
+
+
 def chance_cell(percent: float) -> str:
     return f"{round(percent, 2):g}"  # 6.25, 12.5, 25, 3.12
 
@@ -126,7 +131,7 @@ def row(label: str, cells: list[str]) -> str:
 
 def table_markdown(name: str, table: dict, n_seeds: int) -> str:
     """The Markdown table of one experiment, ours beside the paper's."""
-    ours = f"ours (mean ± std, {seeds_text(n_seeds)})"
+    ours = ours_label(n_seeds)
     if name == "rounds":
         lines = [f"### Accuracy vs rounds M (d=64, K=16, sigma=0.5, gate {table['gate']}), accuracy %", "",
                  f"| rounds M | {ours} | paper v1 | paper revision |", "| --- | ---: | ---: | ---: |"]
@@ -186,7 +191,7 @@ def plot_rounds(table: dict, path: Path) -> None:
     rounds = [r["rounds"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     ax.errorbar(rounds, [r["ours"]["mean"] for r in rows], yerr=[r["ours"]["std"] or 0.0 for r in rows],
-                marker="o", capsize=4, label=f"ours (mean ± std, {seeds_text(rows[0]['ours']['n'])})")
+                marker="o", capsize=4, label=ours_label(rows[0]["ours"]["n"]))
     ax.plot(rounds, [r["paper_revision"] for r in rows], "s--", alpha=0.7, label="paper (revision)")
     ax.plot(rounds, [r["paper_v1"] for r in rows], "^:", alpha=0.7, label="paper (v1)")
     ax.axhline(table["bayes"], color="black", linestyle="-", linewidth=1,
