@@ -86,6 +86,21 @@ def standard_entropy_by_hand(run_dir, row_ids) -> float:
     return sum(per_layer) / len(per_layer)
 
 
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures analyze saves, by name (each is still written to its file)."""
+    from gbattn.analysis import figures
+
+    saved, save = {}, figures.save
+
+    def capture(fig, out_dir, name, pdf=False):
+        saved[name] = fig
+        return save(fig, out_dir, name, pdf)
+
+    monkeypatch.setattr(figures, "save", capture)
+    return saved
+
+
 def assert_png(path):
     assert path.is_file(), path
     blob = path.read_bytes()
@@ -112,7 +127,8 @@ def test_analyze_against_writes_every_figure_and_values_in_range(runs, tmp_path,
     for name in ("gates", "entropy", "norms", "loss_diff", "examples"):
         assert_png(out / f"{name}.png")
         assert (out / f"{name}.pdf").stat().st_size > 0
-    assert "paper: 0.35 / 0.48 / 0.41 / 0.43" in printed and "3.31 -> 2.58" in printed and "figures:" in printed
+    assert "paper: 0.35 / 0.48 / 0.41 / 0.43 (revision 0.33 / 0.49 / 0.39 / 0.36)" in printed and "figures:" in printed
+    assert "paper: 3.31 -> 2.58 (22% lower, layer 0 the exception, T=256)" in printed
 
     s = json.loads((out / "summary.json").read_text())
     L, H, rounds = TINY["n_layers"], TINY["n_heads"], 2
@@ -153,16 +169,19 @@ def test_analyze_against_writes_every_figure_and_values_in_range(runs, tmp_path,
         np.testing.assert_allclose(att.sum(1), 1.0, atol=1e-5)  # head mean of probability rows
 
 
-def test_a_run_against_itself_ties_on_every_token(runs, tmp_path, capsys):
+def test_a_run_against_itself_ties_on_every_token(runs, tmp_path, capsys, drawn):
     """The same weights evaluated on two code paths differ by float32 rounding (about 1e-6 nats):
-    ties, not gains."""
+    ties, not gains. The two models share a name, so the other one is "(against)" on the figure, and
+    --layer 0 is the layer of the examples."""
     out = tmp_path / "self"
     assert cli_main(["analyze", str(runs["std"]), "--against", str(runs["std"]), "--out", str(out), "--max-rows", "4",
-                     "--examples", "1", "--quiet", "--device", "cpu"]) == 0
+                     "--examples", "1", "--layer", "0", "--quiet", "--device", "cpu"]) == 0
     d = json.loads((out / "summary.json").read_text())["loss_diff"]
     assert d["fraction_tied"] == 1.0 and d["fraction_positive"] == d["fraction_negative"] == 0.0
     assert d["top_tokens"] == []
     assert "better on 0% of tokens, worse on 0%, within 0.0001 nats on 100%" in capsys.readouterr().out
+    assert d["examples"]["layer"] == 0
+    assert drawn["loss_diff"].axes[0].get_xlabel() == "loss(standard (against)) − loss(standard)  (nats per token)"
 
 
 def test_statistics_match_a_computation_by_hand(runs):
@@ -229,6 +248,57 @@ def test_analyze_standard_run_reports_entropy_and_says_gates_do_not_exist(runs, 
     assert summary["entropy"]["relative_drop"] is None
 
 
+def test_analyze_against_records_each_top_token_and_example_where_it_is(runs, tmp_path, drawn):
+    """Each top token is the target at its (row id, position) with both models' losses there, each example
+    names its target and is drawn with its own gain; the perplexities are exp of the mean losses, the
+    mean by position is over rows, ties are what is neither better nor worse, and the entropy figure of
+    a GBA run shows the paper's values."""
+    s = analyze_run(runs["gba"], against=runs["std"], out=tmp_path / "a", max_rows=4, top=3, examples=2,
+                    device="cpu", quiet=True)
+    run = load_run(runs["gba"])
+    _, y_BT = split_rows(run, s["row_ids"])
+    this_NT, that_NT = (token_losses(runs[k], s["row_ids"]) for k in ("gba", "std"))
+    index = {r: i for i, r in enumerate(s["row_ids"])}
+    d = s["loss_diff"]
+    assert len(d["top_tokens"]) == 3
+    for top in d["top_tokens"]:
+        i, t = index[top["row"]], top["position"]
+        assert top["token"] == run.tokenizer.decode([int(y_BT[i, t])])
+        assert top["loss"] == pytest.approx(this_NT[i, t].item(), abs=1e-5)
+        assert top["against_loss"] == pytest.approx(that_NT[i, t].item(), abs=1e-5)
+        assert top["diff"] == pytest.approx(top["against_loss"] - top["loss"], abs=1e-9)
+    titles = [ax.get_title() for ax in drawn["examples"].axes]
+    for ex, title in zip(d["examples"]["positions"], titles, strict=True):
+        i, t = index[ex["row"]], ex["position"]
+        assert ex["target"] == run.tokenizer.decode([int(y_BT[i, t])])
+        gain = (that_NT - this_NT)[i, t].item()
+        assert f"loss {this_NT[i, t].item():.2f} vs {that_NT[i, t].item():.2f} nats" in title
+        assert title.endswith(f"(gain {gain:+.2f})")
+    assert s["loss"]["ppl"] == pytest.approx(math.exp(s["loss"]["mean_nats"]))
+    assert d["against_ppl"] == pytest.approx(math.exp(d["against_loss"]))
+    assert d["fraction_tied"] == pytest.approx(1.0 - d["fraction_positive"] - d["fraction_negative"])
+    np.testing.assert_allclose(d["mean_by_position"], (that_NT - this_NT).mean(0).numpy(), atol=1e-5)
+    assert s["attention"] == "boosted" and s["n_heads"] == TINY["n_heads"] and s["notes"] == []
+    layer_legend = [t.get_text() for t in drawn["entropy"].axes[1].get_legend().get_texts()]
+    assert "paper round 0 (3.31, T=256)" in layer_legend and "paper correction (2.58, T=256)" in layer_legend
+
+
+def test_against_a_run_of_another_corpus_is_a_note_and_one_without_a_fingerprint_is_not(runs, tmp_path, capsys):
+    """--against a run whose recorded data fingerprint differs: a printed note (both are evaluated on this
+    run's rows); one that recorded no fingerprint (an older run) is not said to be of another corpus."""
+    other = tmp_path / "other"
+    shutil.copytree(runs["std"], other)
+    config = json.loads((other / "config.json").read_text())
+    for fingerprint, noted in (("0" * 64, True), (None, False)):
+        config["data"]["fingerprint"] = fingerprint
+        (other / "config.json").write_text(json.dumps(config))
+        s = analyze_run(runs["gba"], against=other, out=tmp_path / "a", max_rows=2, top=1, examples=1, device="cpu",
+                        quiet=True)
+        note = f"{other} was trained on another corpus; both models are evaluated on {runs['gba']}'s rows"
+        assert s["notes"] == ([note] if noted else [])
+        assert (f"  note: {note}" in capsys.readouterr().out) is noted
+
+
 def test_against_with_another_tokenizer_or_seq_len_is_one_line(runs, tmp_path, capsys):
     other = tmp_path / "other"
     shutil.copytree(runs["std"], other)
@@ -252,9 +322,25 @@ def test_against_with_another_tokenizer_or_seq_len_is_one_line(runs, tmp_path, c
 
 
 def test_bad_layer_is_one_line(runs, tmp_path, capsys):
-    code = cli_main(["analyze", str(runs["gba"]), "--layer", "7", "--out", str(tmp_path / "a"), "--quiet"])
+    """The model has two layers: 0, 1 or -1, -2; 2 (one past the last) and -3 are refused like 7."""
+    for layer in ("7", "2", "-3"):
+        code = cli_main(["analyze", str(runs["gba"]), "--layer", layer, "--out", str(tmp_path / "a"), "--quiet"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and f"--layer {layer}: the model has 2 layers" in err, err
+
+
+def test_no_rows_to_analyse_is_refused(runs, tmp_path, capsys):
+    """max_rows 0 (the Python call; the command line refuses it itself) and a test split shorter than one
+    row are UserErrors (the split: one line, exit status 2), not an empty analysis or a traceback."""
+    with pytest.raises(UserError, match=r"--max-rows \(0\) and --batch-size \(8\) must be >= 1"):
+        analyze_run(runs["std"], out=tmp_path / "a", max_rows=0, device="cpu", quiet=True)
+    short = tmp_path / "short"
+    shutil.copytree(runs["data"], short)
+    (short / "wiki.test.tokens").write_text("the cat .\n")
+    code = cli_main(["analyze", str(runs["std"]), "--data", str(short), "--allow-other-data", "--out",
+                     str(tmp_path / "a"), "--quiet", "--device", "cpu"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and "--layer 7" in err
+    assert code == 2 and len(err.splitlines()) == 1 and "has 10 tokens: fewer than one row of 33" in err, err
 
 
 def test_missing_matplotlib_says_how_to_install(monkeypatch):
@@ -282,6 +368,7 @@ def test_top_gains_and_row_selection():
     assert stats.top_gains(diff, 3) == [(0, 1), (1, 0), (1, 1)]
     assert stats.top_gains(diff, 3, min_position=1, one_per_row=True) == [(0, 1), (1, 1)]
     assert select_rows(10, 4).tolist() == [0, 3, 6, 9] and select_rows(3, 64).tolist() == [0, 1, 2]
+    assert select_rows(11, 4).tolist() == [0, 3, 7, 10]  # 0, 3.33, 6.67, 10 to the nearest row
 
 
 # ---- gbattn plot -------------------------------------------------------------------------
@@ -373,6 +460,20 @@ def test_analyze_differential_counts_its_half_as_many_maps(tmp_path, monkeypatch
     assert not s["gates"]["available"]
 
 
+def test_a_short_run_draws_examples_from_a_quarter_of_its_row_into_its_own_analysis_folder(tmp_path, monkeypatch):
+    """seq_len 16: the examples start at position 16 // 4 = 4 (fewer than 8), and without --out
+    everything goes to RUN_DIR/analysis."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    data = write_corpus(tmp_path / "corpus")
+    train(tmp_path / "run", *tiny_configs(data, "standard", **{**SHORT, "block_size": 17, "max_steps": 2,
+                                                                "eval_every": 2}), quiet=True)
+    s = analyze_run(tmp_path / "run", against=tmp_path / "run", max_rows=2, top=0, examples=1, device="cpu",
+                    quiet=True)
+    assert s["seq_len"] == 16 and s["loss_diff"]["examples"]["min_position"] == 4
+    assert json.loads((tmp_path / "run" / "analysis" / "summary.json").read_text())["row_ids"] == s["row_ids"]
+    assert_png(tmp_path / "run" / "analysis" / "examples.png")
+
+
 def test_example_positions_skip_the_first_tokens(runs, tmp_path):
     """The example figure draws positions with some context: at least min(8, seq_len // 4), one per row,
     the largest gains there."""
@@ -444,6 +545,58 @@ def test_hand_made_summaries_give_the_std_profile_gate_range_and_every_norm():
         assert row["correction"] == pytest.approx(c.norm(dim=-1).mean().item())
 
 
+def test_statistics_add_up_over_batches_with_exact_histograms_and_gate_range():
+    """Two batches of one row each (T = 4, bins of log(4) / 60 nats): round 0 at 1.2 nats then 1.0, round 1
+    at 0.1, in both layers. Means, the largest entropy and the bin counts are over both batches (and
+    each round's counts stay its own); the gate's minimum (0.1, layer 0's first batch) and each
+    dimension's mean too, and |g*c| / |r| is the ratio of the norms (r = (3, 4), |r| = 5)."""
+    L, H, D, T = 2, 2, 2, 4
+
+    def sample(round0, low_gate):
+        ent = [torch.full((1, H, T), round0, dtype=torch.float64), torch.full((1, H, T), 0.1, dtype=torch.float64)]
+        r_BTD = torch.tensor([3.0, 4.0], dtype=torch.float64).expand(1, T, D)
+        g_BTD = torch.tensor([low_gate, 0.5], dtype=torch.float64).expand(1, T, D)
+        return stats.LayerSample(entropies=ent, attention_output=torch.zeros(1, T, D, dtype=torch.float64),
+                                 corrections=[(torch.ones(1, T, D, dtype=torch.float64), r_BTD, g_BTD)])
+
+    acc = stats.IntermediateStats(L, H, D, T)
+    acc.update([sample(1.2, 0.1), sample(1.2, 0.3)])
+    acc.update([sample(1.0, 0.3), sample(1.0, 0.3)])
+    e = acc.entropy_summary()
+    assert e["mean_per_round"] == pytest.approx([1.1, 0.1]) and e["max_observed"] == pytest.approx(1.2)
+    for row in e["per_layer"]:
+        assert row["mean_per_round"] == pytest.approx([1.1, 0.1])
+    # 1.2 / (log(4) / 60) = 51.9, 1.0 -> 43.3, 0.1 -> 4.3: bins 51, 43 and 4.
+    per_layer = np.zeros((2, 60))
+    per_layer[0, 43] = per_layer[0, 51] = 8  # a batch's queries: 1 row x 2 heads x 4 positions
+    per_layer[1, 4] = 16
+    np.testing.assert_array_equal(e["histogram"]["counts_per_round"], 2 * per_layer)
+    for row in e["per_layer"]:
+        np.testing.assert_array_equal(row["histogram_counts_per_round"], per_layer)
+    gates = acc.gate_summary()
+    assert (gates["min"], gates["max"]) == (pytest.approx(0.1), 0.5)
+    layer0, layer1 = gates["per_layer"]
+    assert layer0["per_dimension"] == pytest.approx([0.2, 0.5]) and layer1["per_dimension"] == pytest.approx([0.3, 0.5])
+    assert (layer0["dimension_mean_min"], layer0["dimension_mean_max"]) == pytest.approx((0.2, 0.5))
+    assert layer0["mean"] == pytest.approx(0.35) and layer1["mean"] == pytest.approx(0.4)
+    norms = acc.norm_summary()["per_layer"][1]
+    assert norms["residual"] == pytest.approx(5.0) and norms["gated_correction"] == pytest.approx(math.sqrt(0.34))
+    assert norms["gated_over_residual"] == pytest.approx(math.sqrt(0.34) / 5)
+
+
+def test_a_one_dimensional_gate_has_no_spread_of_dimension_means():
+    """d_model 1: one dimension mean, whose spread is 0 (a sample std of one value would be NaN in
+    summary.json)."""
+    T = 3
+    ent_BHT = stats.entropy_bound(T).expand(1, 1, T).clone()
+    one_BTD = torch.ones(1, T, 1, dtype=torch.float64)
+    acc = stats.IntermediateStats(1, 1, 1, T)
+    acc.update([stats.LayerSample(entropies=[ent_BHT, ent_BHT], attention_output=one_BTD,
+                                  corrections=[(one_BTD, one_BTD, 0.25 * one_BTD)])])
+    (row,) = acc.gate_summary()["per_layer"]
+    assert row["std_of_dimension_means"] == 0.0 and row["per_dimension"] == [0.25]
+
+
 def test_collect_analyses_a_model_left_in_training_mode_without_dropout():
     """A model handed over in training mode (dropout 0.5) is analysed in eval mode: the losses are the
     eval-mode model's, the same on every call."""
@@ -490,3 +643,17 @@ def test_analysis_shows_special_tokens_by_name(tmp_path):
     assert tok.decode([unk]) == "" and "<unk>" not in tok.decode(ids)  # text: special tokens left out
     assert _token_text(tok, unk) == "<unk>"
     assert _context_text(tok, ids) == "the <unk> mat"
+
+
+def test_a_context_is_its_last_24_tokens(tmp_path):
+    """The context shown beside a top token is the 24 tokens before it (one character each here)."""
+    from gbattn.analysis.cli import _context_text
+    from gbattn.data.corpus import load_corpus
+    from gbattn.data.tokenizer import get_tokenizer
+
+    data = tmp_path / "c"
+    data.mkdir()
+    for split in ("train", "valid", "test"):
+        (data / f"{split}.txt").write_text("the cat sat on the mat\n" * 20)
+    tok = get_tokenizer("char", load_corpus(str(data)), verbose=False)
+    assert _context_text(tok, tok.encode("one cat sat on the hot mat at noon then ate")) == "hot mat at noon then ate"
