@@ -161,7 +161,8 @@ def test_plot_names_the_runs_whose_curves_are_missing(tmp_path, capsys):
     with pytest.raises(UserError) as caught:
         plot_compare(compare_dir)
     message = str(caught.value)
-    assert "gba-m2/seed42/ (no directory)" in message and "twicing/seed42/metrics.jsonl" in message
+    assert "gba-m2/seed42/ (no directory)" in message
+    assert "twicing/seed42/metrics.jsonl (no train or eval events)" in message
     assert "standard/seed42" not in message
     assert not (compare_dir / "figures").exists()
 
@@ -175,6 +176,22 @@ def test_plot_names_the_runs_whose_curves_are_missing(tmp_path, capsys):
     (compare_dir / "twicing" / "seed42").rmdir()
     write_run(compare_dir, "twicing", 42)
     assert [p.name for p in plot_compare(compare_dir)] == ["results.png", "curves.png"]
+
+
+def test_curves_keep_a_run_that_only_trained_and_skip_boolean_counts(tmp_path):
+    """A run stopped before its first evaluation still has its training curve (and an empty validation
+    one); a metrics line whose count or loss is true/false (JSON booleans are not numbers) is skipped
+    like a damaged one."""
+    from gbattn.analysis.cli import read_curves
+
+    run_dir = tmp_path / "standard" / "seed42"
+    run_dir.mkdir(parents=True)
+    events = [{"event": "train", "step": 1, "tokens": 100, "loss": 4.0},
+              {"event": "train", "step": 2, "tokens": True, "loss": 3.5},
+              {"event": "train", "step": 3, "tokens": 300, "loss": False}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert read_curves(tmp_path, report_of([model_row("standard", {"42": 100.0})])) == {
+        "standard": {"42": {"train": [(100, 4.0)], "valid": []}}}
 
 
 # ---- gbattn analyze: wording and stored paths ----------------------------------------------
@@ -201,6 +218,44 @@ def test_print_summary_says_higher_for_a_rise_in_entropy(tmp_path, capsys):
     assert f"figures: {tmp_path / 'entropy.png'}" in printed
     print_summary(analysis_summary(0.22), tmp_path / "summary.json")
     assert "(22% lower; change per layer L0 -22%)" in capsys.readouterr().out
+
+
+def test_print_summary_of_a_gba_run_against_another_line_by_line(tmp_path, capsys):
+    """Every line for a GBA run analysed --against another: loss and perplexity, each layer's gate
+    mean±std beside both versions of the paper's, rounds named from 0, the norms as |r| -> |g*c| ->
+    |x-F after|, the other run's loss before this one's, the median and the largest gain (the first
+    top token), and only the notes that do not restate the attention's own note."""
+    summary = analysis_summary(0.25)
+    summary["gates"] = {"available": True, "per_layer": [{"layer": 0, "round": 1, "mean": 0.4, "std": 0.1},
+                                                         {"layer": 1, "round": 1, "mean": 0.55, "std": 0.05}]}
+    summary["norms"] = {"available": True,
+                        "per_layer": [{"residual": 1.5, "gated_correction": 0.25, "residual_after": 1.25}]}
+    summary["loss_diff"] = {"against": "standard/seed42", "against_attention": "standard", "against_loss": 2.1,
+                            "loss": 2.0, "mean": 0.1, "median": 0.05, "fraction_positive": 0.6,
+                            "fraction_negative": 0.3, "fraction_tied": 0.1, "tie_nats": 1e-4,
+                            "top_tokens": [{"diff": 0.75, "token": "cat"}, {"diff": 0.5, "token": "dog"}]}
+    other = "standard/seed42 was trained on another corpus; both models are evaluated on gba-m2/seed42's rows"
+    summary["notes"] = ["boosted (rounds=2) attention says this on its gates line", other]
+    print_summary(summary, tmp_path / "summary.json")
+    assert capsys.readouterr().out.splitlines() == [
+        "analyzed gba-m2/seed42 (boosted (rounds=2), best checkpoint at step 8) on 4 test rows x 31 tokens: "
+        "loss 2.0000 nats, ppl 7.39",
+        "  gates, mean±std per layer:   L0 0.40±0.10 / L1 0.55±0.05    paper: 0.35 (revision 0.30)",
+        "  entropy, nats (bound log(t+1), max 3.43): round 0 2.00 -> round 1 1.50 (25% lower; change per layer "
+        "L0 -25%)    paper: 3.31 -> 2.58 (22% lower, layer 0 the exception, T=256)",
+        "  norms per layer, |r| -> |g*c| -> |x-F after|: 1.50->0.25->1.25",
+        "  vs standard/seed42 (standard): loss 2.1000 -> 2.0000 nats; per-token gain mean +0.1000, median +0.0500; "
+        "this run better on 60% of tokens, worse on 30%, within 0.0001 nats on 10%; largest gain +0.75 on 'cat'",
+        f"  note: {other}",
+        f"  figures: {tmp_path / 'entropy.png'}",
+        f"  summary: {tmp_path / 'summary.json'}",
+    ]
+
+
+def test_print_summary_states_an_unchanged_entropy(tmp_path, capsys):
+    """A correction round exactly as sharp as round 0 (relative drop 0.0, not None) is still stated."""
+    print_summary(analysis_summary(0.0), tmp_path / "summary.json")
+    assert "round 0 2.00 -> round 1 2.00 (0% lower;" in capsys.readouterr().out
 
 
 def test_relative_path_is_never_absolute(tmp_path):
