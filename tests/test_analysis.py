@@ -448,7 +448,7 @@ def test_analyze_gba_in_some_layers_only(tmp_path, monkeypatch, layers):
 
 def test_analyze_differential_counts_its_half_as_many_maps(tmp_path, monkeypatch):
     """Differential attention records H/2 maps per round: per-head entropies come in H/2 (they were
-    broadcast onto H, or failed for H > 2), and the mean is over those maps."""
+    broadcast onto H, or failed for H > 2), and the mean is over those maps; the model still has H heads."""
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
     data = write_corpus(tmp_path / "corpus")
     sets = {**SHORT, "n_heads": 4, "max_steps": 2, "eval_every": 2}
@@ -457,7 +457,7 @@ def test_analyze_differential_counts_its_half_as_many_maps(tmp_path, monkeypatch
     for row in s["entropy"]["per_layer"]:
         assert np.asarray(row["per_head"]).shape == (1, 2)
         assert row["mean_per_round"][0] == pytest.approx(np.mean(row["per_head"][0]))
-    assert not s["gates"]["available"]
+    assert not s["gates"]["available"] and s["n_heads"] == 4
 
 
 def test_a_short_run_draws_examples_from_a_quarter_of_its_row_into_its_own_analysis_folder(tmp_path, monkeypatch):
