@@ -462,7 +462,7 @@ def test_analyze_differential_counts_its_half_as_many_maps(tmp_path, monkeypatch
 
 def test_a_short_run_draws_examples_from_a_quarter_of_its_row_into_its_own_analysis_folder(tmp_path, monkeypatch):
     """seq_len 16: the examples start at position 16 // 4 = 4 (fewer than 8), and without --out
-    everything goes to RUN_DIR/analysis."""
+    everything goes to RUN_DIR/analysis; --examples 0 writes no examples figure."""
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
     data = write_corpus(tmp_path / "corpus")
     train(tmp_path / "run", *tiny_configs(data, "standard", **{**SHORT, "block_size": 17, "max_steps": 2,
@@ -472,6 +472,10 @@ def test_a_short_run_draws_examples_from_a_quarter_of_its_row_into_its_own_analy
     assert s["seq_len"] == 16 and s["loss_diff"]["examples"]["min_position"] == 4
     assert json.loads((tmp_path / "run" / "analysis" / "summary.json").read_text())["row_ids"] == s["row_ids"]
     assert_png(tmp_path / "run" / "analysis" / "examples.png")
+    s = analyze_run(tmp_path / "run", against=tmp_path / "run", out=tmp_path / "none", max_rows=2, top=0, examples=0,
+                    device="cpu", quiet=True)
+    assert s["loss_diff"]["examples"]["positions"] == [] and (tmp_path / "none" / "loss_diff.png").is_file()
+    assert not (tmp_path / "none" / "examples.png").exists()  # --examples 0 draws no empty figure
 
 
 def test_example_positions_skip_the_first_tokens(runs, tmp_path):

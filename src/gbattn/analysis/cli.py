@@ -29,7 +29,8 @@ def register(sub) -> None:
     p.add_argument(
         "--top", type=arguments.at_least(0), default=20, help="tokens with the largest gain listed in summary.json"
     )
-    p.add_argument("--examples", type=arguments.at_least(0), default=3, help="positions drawn in examples.png")
+    p.add_argument("--examples", type=arguments.at_least(0), default=3,
+                   help="positions drawn in examples.png (0: no figure)")
     arguments.checkpoint(p)
     arguments.device(p)
     arguments.threads(p)
@@ -243,16 +244,17 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
         )
     written = figures.save(figures.loss_diff_figure(diff_NT, this_name, other_name, stats.TIE_NATS), out,
                            "loss_diff", pdf)
-    written += figures.save(
-        figures.examples_figure(
-            drawn,
-            layer,
-            title=f"Where {this_name} gains most over {other_name}: layer {layer} attention, head-averaged",
-        ),
-        out,
-        "examples",
-        pdf,
-    )
+    if drawn:  # --examples 0: no figure rather than an empty one
+        written += figures.save(
+            figures.examples_figure(
+                drawn,
+                layer,
+                title=f"Where {this_name} gains most over {other_name}: layer {layer} attention, head-averaged",
+            ),
+            out,
+            "examples",
+            pdf,
+        )
     against_loss = float(collected.against_loss_NT.mean())
     summary = {
         "against": relative_path(other.run_dir, out.parent),
