@@ -159,7 +159,8 @@ def test_a_left_padded_batch_past_block_size_sees_each_windows_own_padding():
 def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
     """Right padding would continue a row after its padding (a different continuation from the row
     alone, silently); a row of padding only, a mask of another shape, 1-D ids, a fractional token
-    count and a NaN temperature are refused with a message, not a torch error or garbage."""
+    count and a NaN or infinite temperature (every token tied, top-k ignored) are refused with a
+    message, not a torch error or garbage."""
     model = tiny_model(("standard", {}))
     ids = torch.tensor([[5, 6, 7], [5, 6, 0]])
     left, right = torch.tensor([[1, 1, 1], [0, 1, 1]]), torch.tensor([[1, 1, 1], [1, 1, 0]])
@@ -170,7 +171,8 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
         ({"idx_BT": ids, "prompt_mask": left[:, 1:]}, "prompt_mask of shape (2, 2)"),
         ({"idx_BT": ids[0]}, "expected (batch, tokens)"),
         ({"idx_BT": ids, "max_new_tokens": 2.5}, "max_new_tokens=2.5 must be an integer"),
-        ({"idx_BT": ids, "temperature": float("nan")}, "temperature=nan must be >= 0"),
+        ({"idx_BT": ids, "temperature": float("nan")}, "temperature=nan must be a finite number >= 0"),
+        ({"idx_BT": ids, "temperature": float("inf")}, "temperature=inf must be a finite number >= 0"),
         ({"idx_BT": ids, "prompt_mask": torch.tensor([[1, 1, 1], [1, 0, 1]])}, "must be left padding"),  # a hole
         ({"idx_BT": ids, "max_new_tokens": True}, "max_new_tokens=True must be an integer"),
         ({"idx_BT": ids, "top_k": 0}, "top_k=0 must be >= 1"),

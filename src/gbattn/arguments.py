@@ -47,12 +47,13 @@ SEED.__name__ = "seed (an integer in [0, 2**63 - 1])"
 
 
 def non_negative_number(text: str) -> float:
+    """A finite number >= 0 (a sampling temperature)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:  # also refuses NaN
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    if not 0 <= value < float("inf"):  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"{value} must be a finite number >= 0")
     return value
 
 

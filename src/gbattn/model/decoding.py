@@ -84,8 +84,8 @@ def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0,
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
-    if not temperature >= 0:  # also refuses NaN
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if not 0 <= temperature < float("inf"):  # also refuses NaN; at inf every token ties and top-k keeps them all
+        raise ValueError(f"temperature={temperature} must be a finite number >= 0 (0 = greedy)")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1 (or None for no top-k)")
 
