@@ -389,7 +389,9 @@ def test_bench_markdown_follows_the_report():
                 step_ratio_range=[1.5, 2.5], flop_ratio=1.6, step_over_flop_ratio=1.25, memory_ratio=2.0,
                 prefill_s=0.004, decode_tokens_per_s=250.0, decode_ratio=1.6),
         ],
-        "sweep": [{"seq_len": 2048, "variant": "standard", "step_s": 0.05, "peak_memory_bytes": 40 * 2**20,
+        "sweep": [{"seq_len": 128, "variant": "standard", "step_s": 0.002, "peak_memory_bytes": 3 * 2**20,
+                   "attention_matrix_bytes_per_head": 4 * 128 * 128},
+                  {"seq_len": 2048, "variant": "standard", "step_s": 0.05, "peak_memory_bytes": 40 * 2**20,
                    "attention_matrix_bytes_per_head": 4 * 2048 * 2048}],
     }
     lines = bench_markdown(report).splitlines()
@@ -408,8 +410,9 @@ def test_bench_markdown_follows_the_report():
     assert lines[12] == "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)"
     assert lines[16] == "| standard | 12.5 | 5.0 | 2.50 | 400 | 1,000 | 2.50 | 12 / 3 |"
     assert lines[20] == "## Sequence-length sweep (batch 1, one training step)"
-    assert lines[24] == "| 2,048 | standard | 50.0 | 40 | 16 |"
-    assert lines[-1] == lines[24]
+    assert lines[24] == "| 128 | standard | 2.0 | 3 | 0.062 |"  # 64 KiB, not rounded to 0 MiB
+    assert lines[25] == "| 2,048 | standard | 50.0 | 40 | 16 |"
+    assert lines[-1] == lines[25]
     report["amp_bf16"], report["compile"] = True, "off"
     assert bench_markdown(report).splitlines()[2].endswith("dropout 0 · bf16 autocast")
 

@@ -387,9 +387,15 @@ def bench_markdown(report: dict) -> str:
                   "| T | variant | step (ms) | peak memory (MiB) | one T x T fp32 matrix (MiB) |",
                   "| ---: | --- | ---: | ---: | ---: |"]
         for r in report["sweep"]:
+            matrix = _small_mib(r["attention_matrix_bytes_per_head"] / mib)
             lines.append(f"| {r['seq_len']:,} | {r['variant']} | {1000 * r['step_s']:.1f} | "
-                         f"{r['peak_memory_bytes'] / mib:,.0f} | {r['attention_matrix_bytes_per_head'] / mib:,.0f} |")
+                         f"{r['peak_memory_bytes'] / mib:,.0f} | {matrix} |")
     return "\n".join(lines) + "\n"
+
+
+def _small_mib(value: float) -> str:
+    """MiB without rounding a small matrix to 0 (at T = 128 one T x T fp32 matrix is 0.0625 MiB)."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
 
 
 if __name__ == "__main__":  # the CPU memory probe runs in a fresh process
