@@ -460,6 +460,20 @@ def test_a_cache_slot_past_the_block_is_a_clear_error(block):
     model.clear_cache()
 
 
+def test_a_cache_slot_past_setup_caches_max_len_is_a_clear_error():
+    """A cache shorter than the block (setup_cache(1, max_len=8) of a 24-token model) refuses slot 8
+    and a negative slot in one line naming its max_len (it was index_copy_'s IndexError)."""
+    model = tiny_model(("boosted", {"rounds": 2}))
+    idx = torch.randint(0, 37, (1, 1))
+    model.setup_cache(1, max_len=8)
+    model(idx, input_pos=torch.tensor([7]))  # the last slot is fine
+    outside = r"outside the KV cache's slots 0 \.\. 7 \(setup_cache\(\.\.\., max_len=8\)\)"
+    for slot in (8, -1):
+        with pytest.raises(ValueError, match=outside):
+            model(idx, input_pos=torch.tensor([slot]))
+    model.clear_cache()
+
+
 def test_malformed_forward_and_cache_calls_are_clear_errors():
     """No tokens, a cache longer than the block, a set-up cache without input_pos, a cache of another
     depth and position_ids past the block each raise their one-line message, not a torch error or

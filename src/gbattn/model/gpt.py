@@ -203,6 +203,11 @@ class GPT(nn.Module):
                 raise ValueError(f"position_ids reach {last}; the model's positions are 0 .. {self.cfg.block_size - 1} "
                                  f"(block_size={self.cfg.block_size})")
             self.check_length(last + 1)
+            if isinstance(cache, StaticCache) and input_pos is not None:
+                first, stop = int(input_pos.min()), int(input_pos.max()) + 1
+                if first < 0 or stop > cache.max_len:
+                    raise ValueError(f"input_pos {first}..{stop - 1} outside the KV cache's slots 0 .. "
+                                     f"{cache.max_len - 1} (setup_cache(..., max_len={cache.max_len}))")
         h_BTD = self.wte(idx_BT)
         if self.wpe is not None:
             h_BTD = h_BTD + self.wpe(positions)
