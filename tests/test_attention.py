@@ -143,6 +143,25 @@ def test_differential_refuses_an_odd_number_of_kv_heads():
         build_attention("differential", AttnArgs(d_model=D, n_heads=4, n_kv_heads=1))
 
 
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_build_attention_refuses_what_a_model_config_refuses(name):
+    """A module built on its own is checked as ModelConfig checks a model: a head width that does not
+    divide d_model (standard computed with 28 of 30 columns, GBA failed inside), K/V heads that do
+    not divide the query heads and RoPE on an odd head width were torch errors from inside forward."""
+    with pytest.raises(ConfigError, match="d_model=30 is not divisible by n_heads=4"):
+        build_attention(name, AttnArgs(d_model=30, n_heads=4))
+    with pytest.raises(ConfigError, match="n_kv_heads=4 must divide n_heads=6"):
+        build_attention(name, AttnArgs(d_model=24, n_heads=6, n_kv_heads=4))
+    with pytest.raises(ConfigError, match="rope_base needs an even head width; d_model/n_heads = 15"):
+        build_attention(name, AttnArgs(d_model=30, n_heads=2, rope_base=1e4))
+
+
+def test_build_attention_names_the_variants_for_an_unknown_name():
+    """It was KeyError('bogus'): the table was indexed before the name was checked."""
+    with pytest.raises(ConfigError, match="attn='bogus' is not allowed; choose one of standard, boosted"):
+        build_attention("bogus", AttnArgs(d_model=D, n_heads=4))
+
+
 @pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
 def test_causality(variant_case, naive):
     attn = make(variant_case, "gqa-rope" if variant_case[0] != "differential" else "mha")

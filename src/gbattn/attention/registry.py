@@ -51,9 +51,22 @@ def variant_options(name: str, options: dict | None = None, n_heads: int | None 
     return record
 
 
+def check_args(args: AttnArgs) -> None:
+    """The head layout a module used on its own needs (``ModelConfig`` checks the same for a model)."""
+    if args.d_model % args.n_heads:
+        raise ConfigError(f"d_model={args.d_model} is not divisible by n_heads={args.n_heads}; "
+                          f"choose d_model as a multiple of {args.n_heads}")
+    if args.n_heads % args.kv_heads:
+        raise ConfigError(f"n_kv_heads={args.n_kv_heads} must divide n_heads={args.n_heads}")
+    if args.rope_base is not None and args.d_head % 2:
+        raise ConfigError(f"rope_base needs an even head width; d_model/n_heads = {args.d_head}")
+
+
 def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> AttentionBase:
     """Variant ``name`` for one layer."""
-    return VARIANTS[name](args, variant_options(name, options, args.n_heads, args.kv_heads, args.n_layers))
+    options = variant_options(name, options, args.n_heads, args.kv_heads, args.n_layers)
+    check_args(args)
+    return VARIANTS[name](args, options)
 
 
 def describe_variants() -> list[dict]:
