@@ -156,6 +156,24 @@ def test_build_attention_refuses_what_a_model_config_refuses(name):
         build_attention(name, AttnArgs(d_model=30, n_heads=2, rope_base=1e4))
 
 
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_a_module_on_its_own_names_a_misshapen_input_or_mask(name):
+    """An input without its batch axis or of another width, and a key_padding_mask of another batch
+    or without its batch axis, were torch's shape errors (or "not enough values to unpack")."""
+    attn = build_attention(name, AttnArgs(d_model=D, n_heads=4))
+    x = torch.randn(2, 5, D)
+    for bad in (x[0], torch.randn(2, 5, D // 2)):
+        with pytest.raises(ValueError, match=rf"input of shape \({', '.join(map(str, bad.shape))},?\): expected "
+                                             rf"\(batch, tokens, d_model={D}\)"):
+            attn(bad)
+    for shape in ((3, 5), (5,)):  # another number of tokens: test_a_padding_mask_of_another_width_is_refused
+        bad = torch.ones(shape, dtype=torch.bool)
+        with pytest.raises(ValueError, match=r"key_padding_mask of shape .*: expected \(batch, tokens\) = \(2, 5\)"):
+            attn(x, causal=False, key_padding_mask=bad)
+    one = torch.ones(1, 5, dtype=torch.bool)  # one row for every row, as broadcasting gives
+    torch.testing.assert_close(attn(x, causal=False, key_padding_mask=one), attn(x, causal=False))
+
+
 def test_build_attention_names_the_variants_for_an_unknown_name():
     """It was KeyError('bogus'): the table was indexed before the name was checked."""
     with pytest.raises(ConfigError, match="attn='bogus' is not allowed; choose one of standard, boosted"):

@@ -500,7 +500,14 @@ class AttentionBase(nn.Module):
         (``AttnArgs.rope_base``). A model passes its shared ``context``, this layer's ``cache``
         and ``record`` instead."""
         if context is None:
-            T = x_BTD.shape[1]
+            if x_BTD.dim() != 3 or x_BTD.shape[-1] != self.args.d_model:
+                raise ValueError(f"input of shape {tuple(x_BTD.shape)}: expected (batch, tokens, "
+                                 f"d_model={self.args.d_model})")
+            B, T = x_BTD.shape[:2]
+            mask = key_padding_mask
+            if mask is not None and (mask.dim() != 2 or mask.shape[0] not in (1, B)):
+                raise ValueError(f"key_padding_mask of shape {tuple(key_padding_mask.shape)}: expected (batch, "
+                                 f"tokens) = ({B}, {T}), True for real tokens")
             rope = None
             if self.args.rope_base is not None:
                 pos = positions if positions is not None else torch.arange(T, device=x_BTD.device)
