@@ -488,7 +488,8 @@ def test_malformed_forward_and_cache_calls_are_clear_errors():
         model.setup_cache(1, max_len=25)
     assert not model.has_cache
     model.setup_cache(1, max_len=24)
-    with pytest.raises(ValueError, match="pass input_pos"):
+    with pytest.raises(ValueError, match=r"pass input_pos \(the cache slots of these tokens\), or call clear_cache\(\) "
+                                         r"first for a forward pass without it"):
         model(idx)
     model.clear_cache()
     with pytest.raises(ValueError, match="a KV cache of 1 layers for a model of 2"):

@@ -186,7 +186,8 @@ class GPT(nn.Module):
         B, T = idx_BT.shape
         cache = self.kv_cache if cache is None else cache
         if cache is not None and input_pos is None:
-            raise ValueError("a KV cache is set up: pass input_pos (the cache slots of these tokens)")
+            raise ValueError("a KV cache is set up: pass input_pos (the cache slots of these tokens), or call "
+                             "clear_cache() first for a forward pass without it")
         if cache is not None and len(cache.layers) != len(self.blocks):
             raise ValueError(f"a KV cache of {len(cache.layers)} layers for a model of {len(self.blocks)}: each block "
                              f"needs its own layer cache")
