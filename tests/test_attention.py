@@ -174,6 +174,23 @@ def test_a_module_on_its_own_names_a_misshapen_input_or_mask(name):
     torch.testing.assert_close(attn(x, causal=False, key_padding_mask=one), attn(x, causal=False))
 
 
+def test_a_float_padding_mask_is_refused():
+    """A float mask read as bool turned nn.MultiheadAttention's additive convention (0 = keep,
+    -inf = padding) into its inverse: the padding was attended and the real tokens hidden, silently.
+    Bool and integer masks agree."""
+    attn = make(("boosted", {"rounds": 2}))
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    keep = torch.ones(B, T, dtype=torch.bool)
+    keep[0, -2:] = False
+    additive = torch.zeros(B, T).masked_fill(~keep, float("-inf"))
+    for mask in (additive, keep.double()):
+        with pytest.raises(ValueError, match=r"key_padding_mask of dtype torch\.float\w*: give a bool \(or integer\) "
+                                             r"mask, True for real tokens"):
+            attn(x, causal=False, key_padding_mask=mask)
+    torch.testing.assert_close(attn(x, causal=False, key_padding_mask=keep.long()),
+                               attn(x, causal=False, key_padding_mask=keep), rtol=0, atol=0)
+
+
 def test_build_attention_names_the_variants_for_an_unknown_name():
     """It was KeyError('bogus'): the table was indexed before the name was checked."""
     with pytest.raises(ConfigError, match="attn='bogus' is not allowed; choose one of standard, boosted"):

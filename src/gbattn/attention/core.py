@@ -171,6 +171,10 @@ class AttnContext:
     _built: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.key_padding_BS is not None and self.key_padding_BS.is_floating_point():
+            # An additive float mask (0 keep, -inf drop, as nn.MultiheadAttention takes) would read inverted.
+            raise ValueError(f"key_padding_mask of dtype {self.key_padding_BS.dtype}: give a bool (or integer) mask, "
+                             f"True for real tokens")
         if self.key_padding_BS is not None and self.key_padding_BS.shape[-1] != self.S:
             raise ValueError(f"key_padding_mask has {self.key_padding_BS.shape[-1]} keys, expected {self.S}")
 
