@@ -474,6 +474,26 @@ def test_a_cache_slot_past_setup_caches_max_len_is_a_clear_error():
     model.clear_cache()
 
 
+def test_setup_cache_and_input_pos_of_the_wrong_kind_are_clear_errors():
+    """setup_cache(batch=0 or -1) and max_len=-3 were accepted and max_len=0 silently became
+    block_size; an input_pos of another length or with a batch axis reached torch's size error or
+    index_copy_'s, after a cache of the right size was set up."""
+    model = tiny_model(("boosted", {"rounds": 2}))
+    for kwargs in ({"batch": 0}, {"batch": -1}, {"batch": 2, "max_len": 0}, {"batch": 2, "max_len": -3},
+                   {"batch": 2.0}):
+        name, value = list(kwargs.items())[-1]
+        with pytest.raises(ValueError, match=rf"setup_cache\({name}={value!r}\): {name} must be an integer >= 1"):
+            model.setup_cache(**kwargs)
+        assert not model.has_cache
+    idx = torch.randint(0, 37, (2, 5))
+    model.setup_cache(2)
+    for bad in (torch.arange(4), torch.arange(5)[None].expand(2, 5)):
+        with pytest.raises(ValueError, match=rf"input_pos of shape \({', '.join(map(str, bad.shape))},?\) for 5 "
+                                             r"tokens: expected \(5,\), one cache slot per token"):
+            model(idx, input_pos=bad)
+    model.clear_cache()
+
+
 def test_malformed_forward_and_cache_calls_are_clear_errors():
     """No tokens, a cache longer than the block, a set-up cache without input_pos, a cache of another
     depth and position_ids past the block each raise their one-line message, not a torch error or

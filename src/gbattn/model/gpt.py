@@ -123,6 +123,9 @@ class GPT(nn.Module):
     # -- cache ---------------------------------------------------------------------
     def setup_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> None:
         """A fixed-size KV cache of ``max_len`` slots (default block_size) for ``batch`` rows."""
+        for name, value in (("batch", batch), ("max_len", max_len)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"setup_cache({name}={value!r}): {name} must be an integer >= 1")
         max_len = max_len or self.cfg.block_size
         self.check_length(max_len)
         ref = self.wte.weight
@@ -185,6 +188,9 @@ class GPT(nn.Module):
             raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens), at least one token")
         B, T = idx_BT.shape
         cache = self.kv_cache if cache is None else cache
+        if input_pos is not None and tuple(input_pos.shape) != (T,):
+            raise ValueError(f"input_pos of shape {tuple(input_pos.shape)} for {T} tokens: expected ({T},), one cache "
+                             f"slot per token (position_ids (B, T) gives positions per row)")
         if cache is not None and input_pos is None:
             raise ValueError("a KV cache is set up: pass input_pos (the cache slots of these tokens), or call "
                              "clear_cache() first for a forward pass without it")
