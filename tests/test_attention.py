@@ -5,6 +5,8 @@ kind of context and which one runs; the registry's checks of options and layers.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -154,6 +156,16 @@ def test_build_attention_refuses_what_a_model_config_refuses(name):
         build_attention(name, AttnArgs(d_model=24, n_heads=6, n_kv_heads=4))
     with pytest.raises(ConfigError, match="rope_base needs an even head width; d_model/n_heads = 15"):
         build_attention(name, AttnArgs(d_model=30, n_heads=2, rope_base=1e4))
+    # n_kv_heads=0 was read as "None" (every head its own K/V), -2 kept; n_heads 0 and d_model 0 were a
+    # ZeroDivisionError, dropout 1.5 torch's error at the first call, rope_base 0 accepted.
+    for field_, value, message in (("n_kv_heads", 0, "n_kv_heads=0 must be an integer >= 1"),
+                                   ("n_kv_heads", -2, "n_kv_heads=-2 must be an integer >= 1"),
+                                   ("n_heads", 0, "n_heads=0 must be an integer >= 1"),
+                                   ("d_model", 0, "d_model=0 must be an integer >= 1"),
+                                   ("dropout", 1.5, r"dropout=1\.5 must be in \[0, 1\)"),
+                                   ("rope_base", 0.0, r"rope_base=0\.0 must be > 0")):
+        with pytest.raises(ConfigError, match=message):
+            build_attention(name, dataclasses.replace(AttnArgs(d_model=32, n_heads=4), **{field_: value}))
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

@@ -53,6 +53,15 @@ def variant_options(name: str, options: dict | None = None, n_heads: int | None 
 
 def check_args(args: AttnArgs) -> None:
     """The head layout a module used on its own needs (``ModelConfig`` checks the same for a model)."""
+    for name, least in (("d_model", 1), ("n_heads", 1), ("n_kv_heads", 1)):
+        value = getattr(args, name)
+        if (value is not None or name != "n_kv_heads") and (isinstance(value, bool) or not isinstance(value, int)
+                                                            or value < least):
+            raise ConfigError(f"{name}={value!r} must be an integer >= {least}")
+    if not 0 <= args.dropout < 1:
+        raise ConfigError(f"dropout={args.dropout!r} must be in [0, 1)")
+    if args.rope_base is not None and not args.rope_base > 0:
+        raise ConfigError(f"rope_base={args.rope_base!r} must be > 0")
     if args.d_model % args.n_heads:
         raise ConfigError(f"d_model={args.d_model} is not divisible by n_heads={args.n_heads}; "
                           f"choose d_model as a multiple of {args.n_heads}")
@@ -64,9 +73,9 @@ def check_args(args: AttnArgs) -> None:
 
 def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> AttentionBase:
     """Variant ``name`` for one layer."""
-    options = variant_options(name, options, args.n_heads, args.kv_heads, args.n_layers)
+    check_choice("attn", name, tuple(VARIANTS))
     check_args(args)
-    return VARIANTS[name](args, options)
+    return VARIANTS[name](args, variant_options(name, options, args.n_heads, args.kv_heads, args.n_layers))
 
 
 def describe_variants() -> list[dict]:
