@@ -186,6 +186,17 @@ def test_a_module_on_its_own_names_a_misshapen_input_or_mask(name):
     torch.testing.assert_close(attn(x, causal=False, key_padding_mask=one), attn(x, causal=False))
 
 
+def test_rope_positions_of_another_length_are_refused():
+    """RoPE positions of another length than the input were a broadcasting error inside RoPE."""
+    x = torch.randn(2, 5, D)
+    rope = build_attention("boosted", AttnArgs(d_model=D, n_heads=4, rope_base=1e4))
+    for bad in (torch.arange(4), torch.arange(10).view(2, 5)[:, :4]):
+        with pytest.raises(ValueError, match=r"positions of shape .*: expected \(5,\) or \(2, 5\)"):
+            rope(x, positions=bad)
+    rows = torch.arange(5).expand(2, 5)
+    torch.testing.assert_close(rope(x, positions=rows), rope(x), rtol=0, atol=0)
+
+
 def test_a_float_padding_mask_is_refused():
     """A float mask read as bool turned nn.MultiheadAttention's additive convention (0 = keep,
     -inf = padding) into its inverse: the padding was attended and the real tokens hidden, silently.

@@ -514,6 +514,8 @@ class AttentionBase(nn.Module):
                                  f"tokens) = ({B}, {T}), True for real tokens")
             rope = None
             if self.args.rope_base is not None:
+                if positions is not None and tuple(positions.shape) not in ((T,), (B, T), (1, T)):
+                    raise ValueError(f"positions of shape {tuple(positions.shape)}: expected ({T},) or ({B}, {T})")
                 pos = positions if positions is not None else torch.arange(T, device=x_BTD.device)
                 rope = rope_for(pos, self.d_head, self.args.rope_base, x_BTD.dtype)
             context = AttnContext(T=T, S=T, device=x_BTD.device, key_padding_BS=key_padding_mask, causal=causal,
