@@ -494,6 +494,20 @@ def test_setup_cache_and_input_pos_of_the_wrong_kind_are_clear_errors():
     model.clear_cache()
 
 
+def test_targets_of_another_shape_than_the_tokens_are_refused():
+    """Targets transposed (T, B) or flattened (B*T,) hold as many entries as the tokens and gave a
+    loss against the wrong targets, silently; off by one ((B, T+1)) was cross_entropy's "Expected
+    input batch_size (16) to match target batch_size (18)"."""
+    model = tiny_model(("boosted", {"rounds": 2}))
+    idx = torch.randint(0, 37, (2, 9))
+    for targets in (idx[:, 1:].T, idx[:, 1:].flatten(), idx):
+        shape = ", ".join(map(str, targets.shape))
+        with pytest.raises(ValueError, match=rf"targets of shape \({shape},?\) for token ids of shape \(2, 8\): "
+                                             r"give one target per token \(model\(idx\[:, :-1\], idx\[:, 1:\]\)\)"):
+            model(idx[:, :-1], targets)
+    assert torch.isfinite(model(idx[:, :-1], idx[:, 1:]))
+
+
 def test_malformed_forward_and_cache_calls_are_clear_errors():
     """No tokens, a cache longer than the block, a set-up cache without input_pos, a cache of another
     depth and position_ids past the block each raise their one-line message, not a torch error or

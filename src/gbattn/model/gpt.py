@@ -156,6 +156,9 @@ class GPT(nn.Module):
         True for real tokens over every key slot. ``cache``: a cache object other than the one
         :meth:`setup_cache` makes (e.g. the Hugging Face wrapper's). ``naive``: the reference path.
         """
+        if targets_BT is not None and targets_BT.shape != idx_BT.shape:
+            raise ValueError(f"targets of shape {tuple(targets_BT.shape)} for token ids of shape "
+                             f"{tuple(idx_BT.shape)}: give one target per token (model(idx[:, :-1], idx[:, 1:]))")
         h_BTD, records = self.hidden(idx_BT, input_pos=input_pos, position_ids=position_ids,
                                      key_padding_mask=key_padding_mask, cache=cache, naive=naive,
                                      return_intermediates=return_intermediates)
