@@ -508,6 +508,23 @@ def test_targets_of_another_shape_than_the_tokens_are_refused():
     assert torch.isfinite(model(idx[:, :-1], idx[:, 1:]))
 
 
+def test_token_ids_outside_the_vocabulary_are_named():
+    """A token id >= vocab_size or negative (a tokenizer larger than the model) was the embedding's
+    "IndexError: index out of range in self"."""
+    model = tiny_model(("standard", {}))  # vocab_size 37
+    idx = torch.randint(0, 37, (2, 5))
+    for bad, first in ((37, 37), (-1, -1)):
+        wrong = idx.clone()
+        wrong[1, 2] = bad
+        with pytest.raises(ValueError, match=rf"token id {first} outside the vocabulary: ids are 0 \.\. 36 "
+                                             r"\(vocab_size=37\)"):
+            model(wrong)
+    model(idx)
+    model.wte = torch.nn.Embedding(40, model.cfg.d_model, dtype=torch.float64)  # replaced, as a resize does
+    wrong[1, 2] = 39
+    assert model(wrong).shape == (2, 5, 37)
+
+
 def test_malformed_forward_and_cache_calls_are_clear_errors():
     """No tokens, a cache longer than the block, a set-up cache without input_pos, a cache of another
     depth and position_ids past the block each raise their one-line message, not a torch error or

@@ -218,6 +218,11 @@ class GPT(nn.Module):
                 if first < 0 or stop > cache.max_len:
                     raise ValueError(f"input_pos {first}..{stop - 1} outside the KV cache's slots 0 .. "
                                      f"{cache.max_len - 1} (setup_cache(..., max_len={cache.max_len}))")
+        if idx_BT.device.type == "cpu" and not torch.compiler.is_compiling():  # (no host sync on CPU)
+            low, high, vocab = int(idx_BT.min()), int(idx_BT.max()), self.wte.num_embeddings  # (wte may be resized)
+            if low < 0 or high >= vocab:
+                raise ValueError(f"token id {low if low < 0 else high} outside the vocabulary: ids are 0 .. "
+                                 f"{vocab - 1} (vocab_size={vocab})")
         h_BTD = self.wte(idx_BT)
         if self.wpe is not None:
             h_BTD = h_BTD + self.wpe(positions)
