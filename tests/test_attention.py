@@ -197,6 +197,24 @@ def test_rope_positions_of_another_length_are_refused():
     torch.testing.assert_close(rope(x, positions=rows), rope(x), rtol=0, atol=0)
 
 
+def test_a_row_of_padding_only_attends_to_nothing(variant_case):
+    """A row whose keys are all padding (README, "Using gbattn from Python"): each of its attention
+    maps is all zeros on both paths (as SDPA gives), its output and every gradient are finite, and
+    the other rows are what they are alone."""
+    attn = make(variant_case, "gqa-rope" if variant_case[0] != "differential" else "mha")
+    x = torch.randn(2, 6, D, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(2, 6, dtype=torch.bool)
+    keep[0] = False
+    fast = attn(x, causal=False, key_padding_mask=keep)
+    naive, record = attn(x, causal=False, key_padding_mask=keep, return_intermediates=True)
+    torch.testing.assert_close(fast, naive, rtol=1e-10, atol=1e-10)
+    assert all(r.probs_BHTS[0].abs().max() == 0 for r in record.rounds if r.probs_BHTS is not None)
+    torch.testing.assert_close(fast[1:], attn(x[1:], causal=False), rtol=1e-10, atol=1e-10)
+    fast.sum().backward()
+    assert torch.isfinite(fast).all() and torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in attn.parameters() if p.grad is not None)
+
+
 def test_a_float_padding_mask_is_refused():
     """A float mask read as bool turned nn.MultiheadAttention's additive convention (0 = keep,
     -inf = padding) into its inverse: the padding was attended and the real tokens hidden, silently.
