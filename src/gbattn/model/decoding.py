@@ -86,8 +86,8 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
     if not 0 <= temperature < float("inf"):  # also refuses NaN; at inf every token ties and top-k keeps them all
         raise ValueError(f"temperature={temperature} must be a finite number >= 0 (0 = greedy)")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} must be >= 1 (or None for no top-k)")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k={top_k!r} must be an integer >= 1 (or None for no top-k)")
 
 
 def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
