@@ -163,7 +163,9 @@ def test_build_attention_refuses_what_a_model_config_refuses(name):
                                    ("n_heads", 0, "n_heads=0 must be an integer >= 1"),
                                    ("d_model", 0, "d_model=0 must be an integer >= 1"),
                                    ("dropout", 1.5, r"dropout=1\.5 must be in \[0, 1\)"),
-                                   ("rope_base", 0.0, r"rope_base=0\.0 must be > 0")):
+                                   ("rope_base", 0.0, r"rope_base=0\.0 must be > 0"),
+                                   ("layer_idx", -1, "layer_idx=-1 must be an integer >= 0"),
+                                   ("n_layers", 0, "n_layers=0 must be an integer >= 1")):
         with pytest.raises(ConfigError, match=message):
             build_attention(name, dataclasses.replace(AttnArgs(d_model=32, n_heads=4), **{field_: value}))
 
@@ -230,6 +232,18 @@ def test_a_float_padding_mask_is_refused():
             attn(x, causal=False, key_padding_mask=mask)
     torch.testing.assert_close(attn(x, causal=False, key_padding_mask=keep.long()),
                                attn(x, causal=False, key_padding_mask=keep), rtol=0, atol=0)
+
+
+def test_a_layer_past_n_layers_is_refused_where_attn_layers_counts_in_it():
+    """AttnArgs(layer_idx=2, n_layers=2) with attn.layers=[-1] was built as a plain layer, silently
+    (its index read modulo n_layers). Without attn.layers a layer index only sets differential
+    attention's lambda schedule, and n_layers (default 1) does not bound it."""
+    with pytest.raises(ConfigError, match=r"layer_idx=2 outside n_layers=2 \(layers 0\.\.1\), which "
+                                          r"attn.layers=\[-1\] counts in"):
+        build_attention("boosted", AttnArgs(d_model=D, n_heads=4, layer_idx=2, n_layers=2), {"layers": [-1]})
+    last = build_attention("boosted", AttnArgs(d_model=D, n_heads=4, layer_idx=1, n_layers=2), {"layers": [-1]})
+    assert any(n.startswith("corrections.") for n, _ in last.named_parameters())
+    build_attention("differential", AttnArgs(d_model=D, n_heads=4, layer_idx=2))
 
 
 def test_build_attention_names_the_variants_for_an_unknown_name():

@@ -53,7 +53,7 @@ def variant_options(name: str, options: dict | None = None, n_heads: int | None 
 
 def check_args(args: AttnArgs) -> None:
     """The head layout a module used on its own needs (``ModelConfig`` checks the same for a model)."""
-    for name, least in (("d_model", 1), ("n_heads", 1), ("n_kv_heads", 1)):
+    for name, least in (("d_model", 1), ("n_heads", 1), ("n_kv_heads", 1), ("n_layers", 1), ("layer_idx", 0)):
         value = getattr(args, name)
         if (value is not None or name != "n_kv_heads") and (isinstance(value, bool) or not isinstance(value, int)
                                                             or value < least):
@@ -75,7 +75,12 @@ def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> A
     """Variant ``name`` for one layer."""
     check_choice("attn", name, tuple(VARIANTS))
     check_args(args)
-    return VARIANTS[name](args, variant_options(name, options, args.n_heads, args.kv_heads, args.n_layers))
+    record = variant_options(name, options, args.n_heads, args.kv_heads, args.n_layers)
+    if getattr(record, "layers", None) is not None and args.layer_idx >= args.n_layers:
+        # attn.layers counts from the end of n_layers; a layer past it would be none of them, silently
+        raise ConfigError(f"layer_idx={args.layer_idx} outside n_layers={args.n_layers} (layers "
+                          f"0..{args.n_layers - 1}), which attn.layers={record.layers} counts in")
+    return VARIANTS[name](args, record)
 
 
 def describe_variants() -> list[dict]:
