@@ -852,6 +852,24 @@ def test_trainer_lowers_the_loss_and_its_checkpoint_loads(trained, tmp_path):
     assert AutoTokenizer.from_pretrained(checkpoint).encode("Speak") == run.tokenizer.encode("Speak")
 
 
+def test_trainer_label_smoothing_shifts_the_labels(tmp_path):
+    """Trainer's label smoother (label_smoothing_factor) shifts the labels only for a causal LM named
+    in transformers' table of them; GbattnForCausalLM was not, so each position was trained on its
+    own input token, silently."""
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    _, hf = tiny_pair(("boosted", {"rounds": 2}), {})
+    idx = torch.randint(0, 37, (4, 10))
+    args = TrainingArguments(output_dir=str(tmp_path), label_smoothing_factor=0.1, report_to="none", use_cpu=True)
+    trainer = Trainer(model=hf, args=args, data_collator=default_data_collator)
+    with torch.no_grad():
+        loss = trainer.compute_loss(hf, {"input_ids": idx, "labels": idx})
+        out = hf(idx)
+    smoother = LabelSmoother(epsilon=0.1)
+    torch.testing.assert_close(loss, smoother(out, idx, shift_labels=True), rtol=0, atol=0)
+    assert (loss - smoother(out, idx)).abs() > 1e-3
+
+
 def test_loss_with_num_items_in_batch_is_the_sum_over_that_count():
     gpt, hf = tiny_pair(("standard", {}), {})
     idx = torch.randint(0, 37, (2, 8))

@@ -10,6 +10,7 @@ a bare ``import gbattn`` never imports transformers.
 """
 
 from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from gbattn.hf.configuration import GbattnConfig
 from gbattn.hf.export import export_run, wrap_run
@@ -18,5 +19,8 @@ from gbattn.hf.tokenization import hf_tokenizer
 
 AutoConfig.register(GbattnConfig.model_type, GbattnConfig, exist_ok=True)
 AutoModelForCausalLM.register(GbattnConfig, GbattnForCausalLM, exist_ok=True)
+# Trainer's label smoother (label_smoothing_factor) shifts the labels only for a class named in this
+# table (register() does not add it): without the entry each position was trained on its own token.
+MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(GbattnConfig.model_type, GbattnForCausalLM.__name__)
 
 __all__ = ["GbattnCache", "GbattnConfig", "GbattnForCausalLM", "export_run", "hf_tokenizer", "wrap_run"]
