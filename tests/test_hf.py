@@ -852,6 +852,18 @@ def test_trainer_lowers_the_loss_and_its_checkpoint_loads(trained, tmp_path):
     assert AutoTokenizer.from_pretrained(checkpoint).encode("Speak") == run.tokenizer.encode("Speak")
 
 
+def test_labels_of_another_shape_than_the_input_ids_are_refused():
+    """Labels already shifted by the caller, transposed or flattened were cross_entropy's "Expected
+    input batch_size (20) to match target batch_size (16)" (counting tokens, not rows) or an IndexError."""
+    _, hf = tiny_pair(("standard", {}), {})
+    idx = torch.randint(0, 37, (4, 6))
+    for labels in (idx[:, 1:], idx.T.contiguous(), idx.flatten()):
+        with pytest.raises(ValueError, match=r"labels of shape .* for input_ids of shape \(4, 6\): labels are the "
+                                             r"input ids \(-100 = ignored\), shifted inside"):
+            hf(idx, labels=labels)
+    assert torch.isfinite(hf(idx, labels=idx).loss)
+
+
 def test_trainer_label_smoothing_shifts_the_labels(tmp_path):
     """Trainer's label smoother (label_smoothing_factor) shifts the labels only for a causal LM named
     in transformers' table of them; GbattnForCausalLM was not, so each position was trained on its

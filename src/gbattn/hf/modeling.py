@@ -275,6 +275,9 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             raise ValueError("GbattnForCausalLM takes input_ids (inputs_embeds are not supported)")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids of shape {tuple(input_ids.shape)}: expected (batch, tokens)")
+        if labels is not None and labels.shape != input_ids.shape:
+            raise ValueError(f"labels of shape {tuple(labels.shape)} for input_ids of shape {tuple(input_ids.shape)}: "
+                             f"labels are the input ids (-100 = ignored), shifted inside")
         asked = {name: value if value is not None else getattr(self.config, name, False)
                  for name, value in (("output_attentions", output_attentions),
                                      ("output_hidden_states", output_hidden_states))}
