@@ -588,6 +588,27 @@ def test_hugging_face_corpora_map_their_splits(monkeypatch):
     assert len(train) == 396 and train[:2] == ["doc 2\n", "doc 3\n"] and "doc 200\n" not in train
 
 
+class _OfflineDatasets:
+    @staticmethod
+    def load_dataset(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'Salesforce/wikitext' on the Hub")
+
+
+def test_a_hugging_face_name_that_is_also_a_local_folder_names_the_folder_when_the_hub_fails(tmp_path, monkeypatch):
+    """A bare name such as wikitext-2-v1 is the hub's dataset even where a folder of that name is in
+    the working directory: without the hub the error says how to use the folder (./NAME)."""
+    monkeypatch.setitem(sys.modules, "datasets", _OfflineDatasets)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as plain:
+        load_corpus("wikitext-2-v1")
+    assert "./wikitext-2-v1" not in str(plain.value)
+    write_corpus(tmp_path / "wikitext-2-v1")
+    with pytest.raises(DataError, match=r"; \./wikitext-2-v1 is here, but a bare name is the hub's dataset: pass "
+                                        r"--data \./wikitext-2-v1 to use the local one$"):
+        load_corpus("wikitext-2-v1")
+    assert load_corpus("./wikitext-2-v1").name == "wikitext-2-v1"
+
+
 def test_bpe_trains_on_the_first_non_empty_training_lines(tmp_path, monkeypatch):
     """The paper's BPE sees the first BPE_TRAIN_LINES non-empty lines of the train split only."""
     data = tmp_path / "c"

@@ -208,6 +208,8 @@ def _hugging_face(name: str) -> Corpus:
     hint = (f"could not load {name!r} from the Hugging Face hub ({{why}}); download it once where the hub is "
             f"reachable, or point --data at a local copy: a directory with wiki.train.{suffix}/wiki.valid.{suffix}/"
             f"wiki.test.{suffix} (or train.txt/valid.txt/test.txt), or a single text file (README, 'Data')")
+    if Path(name).exists():  # a bare name is the hub's dataset, even where a folder of that name is here
+        hint += f"; ./{name} is here, but a bare name is the hub's dataset: pass --data ./{name} to use the local one"
     try:
         import datasets
     except ImportError:
