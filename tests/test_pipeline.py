@@ -25,7 +25,7 @@ from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError, DataError
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
-from helpers import TINY, run_record, tiny_configs, train_killed_at, train_losses, write_corpus, write_text
+from helpers import TINY, run_cli, run_record, tiny_configs, train_killed_at, train_losses, write_corpus, write_text
 
 
 def final_weights(run_dir: Path) -> dict:
@@ -242,6 +242,28 @@ def test_train_writes_a_self_describing_run(tmp_path):
     run = load_run(tmp_path / "run")
     d = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
     assert evaluate(run.model, d.splits["test"], run.seq_len).ppl == pytest.approx(result["test_ppl"], rel=1e-6)
+
+
+def test_a_test_perplexity_of_data_without_a_test_split_is_called_valid(tmp_path, capsys):
+    """A single file split 90/10/0 has no test split (test = valid): train's last line and `eval`
+    (--split test) say so beside the test perplexity; a corpus with a test split, or --split valid, do not."""
+    text = "".join(f"line {i % 17}: to be or not to be\n" for i in range(400))
+    (tmp_path / "t.txt").write_text(text)
+    data = write_corpus(tmp_path / "c")
+    note = "(this data has no test split: test is valid)"
+    sets = ["--set", "max_steps=2", "--set", "eval_every=2", "--set", "d_model=32"]
+    for source, run, split, expected in ((tmp_path / "t.txt", "one", "split=[0.9,0.1,0]", True),
+                                         (data, "three", "split=[0.9,0.05,0.05]", False)):
+        code, out, err = run_cli(capsys, ["train", "--preset", "cpu-char", "--data", source, "--out",
+                                          tmp_path / run, "--threads", "1", *sets, "--set", split])
+        assert code == 0, err
+        last = out.splitlines()[-2]
+        assert last.startswith(f"{tmp_path / run}: best valid ppl") and last.endswith(note) == expected, last
+        code, out, err = run_cli(capsys, ["eval", tmp_path / run, "--threads", "1"])
+        assert code == 0 and out.splitlines()[0].startswith("test perplexity"), err
+        assert out.splitlines()[0].endswith(note) == expected, out
+        code, out, err = run_cli(capsys, ["eval", tmp_path / run, "--split", "valid", "--threads", "1"])
+        assert code == 0 and note not in out, err
 
 
 @pytest.mark.parametrize("sampling", ["rows", "random"])

@@ -32,6 +32,7 @@ from gbattn.errors import DataError, DataNotFound
 from gbattn.files import error_detail
 
 SPLITS = ("train", "valid", "test")
+NO_TEST_SPLIT = "no separate test split: test = valid"  # a corpus note; the summaries say so beside test figures
 HF_NAMES = {
     "wikitext-103-raw-v1": ("Salesforce/wikitext", "wikitext-103-raw-v1"),
     "wikitext-2-raw-v1": ("Salesforce/wikitext", "wikitext-2-raw-v1"),
@@ -167,7 +168,7 @@ def _single_file(path: Path, split: tuple[float, float, float], name: str | None
     parts = {"train": text[:a], "valid": text[a:b], "test": text[b:] if split[2] > 0 else text[a:b]}
     notes = [f"single file split by characters {split[0]:.2f}/{split[1]:.2f}/{split[2]:.2f}"]
     if split[2] == 0:
-        notes.append("no separate test split: test = valid")
+        notes.append(NO_TEST_SPLIT)
     fingerprint = hashlib.sha256(f"{digest}|{tuple(split)}".encode()).hexdigest()
 
     def reader(s: str) -> Iterator[str]:

@@ -50,6 +50,7 @@ def register(sub) -> None:
 def cmd_eval(args) -> None:
     import numpy as np
 
+    from gbattn.data.corpus import NO_TEST_SPLIT
     from gbattn.data.prepare import prepare_run_data
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
@@ -86,7 +87,9 @@ def cmd_eval(args) -> None:
         atomic_write(args.per_token, buffer.getbuffer())
         out["per_token_file"] = args.per_token
     print(f"{args.split} perplexity {res.ppl:.3f} (loss {res.loss:.4f} nats) over {res.tokens:,} tokens, "
-          f"{run.checkpoint} weights at step {run.step}")
+          f"{run.checkpoint} weights at step {run.step}"
+          + (" (this data has no test split: test is valid)" if args.split == "test" and NO_TEST_SPLIT in data.notes
+             else ""))
     print(json.dumps(out))
 
 

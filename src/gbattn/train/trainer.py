@@ -18,6 +18,7 @@ import torch
 
 from gbattn import __version__, rundir
 from gbattn.config import ModelConfig, TrainConfig
+from gbattn.data.corpus import NO_TEST_SPLIT
 from gbattn.data.prepare import Data, prepare_data
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
@@ -606,6 +607,7 @@ class Trainer:
             if self.show:
                 print(
                     f"{self.run_dir}: best valid ppl {valid_best:.2f} (step {self.best_step}), test ppl {test.ppl:.2f}"
+                    + (" (this data has no test split: test is valid)" if NO_TEST_SPLIT in self.data.notes else "")
                 )
         self.dist.barrier()
         return result
