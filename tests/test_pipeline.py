@@ -398,6 +398,12 @@ def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr()
     assert "resuming at step 6 of 12, the last checkpoint" in printed.out
     assert "train int: 12/12 steps" in printed.err  # the progress count starts at the checkpoint's step
+    # Resumed again once finished: its result, and a line saying there was nothing left to train.
+    assert train(tmp_path / "int", resume=True)["test_loss"] == ref["test_loss"]
+    assert capsys.readouterr().out == (f"{tmp_path / 'int'} finished at step 12 (its result.json): nothing to resume; "
+                                       f"--restart trains it again\n")
+    train(tmp_path / "int", resume=True, quiet=True)
+    assert capsys.readouterr().out == ""
 
 
 def test_existing_run_needs_resume(tmp_path, capsys):

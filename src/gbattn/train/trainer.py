@@ -444,7 +444,11 @@ class Trainer:
     def run(self) -> dict:
         result_path = self.run_dir / rundir.RESULT
         if self.resume and result_path.exists():
-            return rundir.read_result(result_path)
+            result = rundir.read_result(result_path)
+            if not self.quiet:
+                print(f"{self.run_dir} finished at step {result['steps']} (its result.json): nothing to resume; "
+                      f"--restart trains it again")
+            return result
         threads = torch.get_num_threads()
         try:
             return self._run()
