@@ -637,6 +637,9 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
     shutil.copytree(data, short_test)
     (short_test / "wiki.test.tokens").write_text((data / "wiki.test.tokens").read_text()[:3])
     new_run = ["train", "--out", tmp_path / "new", "--data", data, "--tokenizer", "char", "--quiet"]
+    comparison = tmp_path / "comparison"  # compare's layout: LABEL/seedN run directories
+    for label in ("gba", "standard"):
+        shutil.copytree(run, comparison / label / "seed42")
     cases = [
         ("binary data file", ["train", "--out", tmp_path / "o1", "--data", f["binary.txt"]],
          "NUL byte at byte offset 5"),
@@ -692,6 +695,10 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("eval of a split shorter than one row", ["eval", run, "--data", short_test, "--allow-other-data"],
          "fewer than one row"),
         ("run dir is a file", ["eval", f["a-file"]], "is not a directory"),
+        ("eval of a comparison's directory", ["eval", comparison],
+         f"{comparison} is not a run directory but holds 2: give one of them, e.g. {comparison}/gba/seed42"),
+        ("generate of one model's seeds in a comparison", ["generate", comparison / "standard", "--prompt", "a"],
+         f"{comparison}/standard is not a run directory but holds one: {comparison}/standard/seed42"),
         ("resume without a run", ["train", "--resume", "--out", tmp_path / "empty-dir"], "not found"),
         ("--resume and --restart", ["train", "--resume", "--restart", "--out", run], "give one of them"),
         ("--resume and --init-from", ["train", "--resume", "--init-from", run, "--out", run],

@@ -465,6 +465,12 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         raise UserError(f"device={str(device)!r} but CUDA is not available here; use device='cpu'")
     if checkpoint is not None and checkpoint not in WHICH:
         raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")
+    if not (path / CONFIG).exists():
+        runs = sorted(p.parent for p in (*path.glob(f"*/{CONFIG}"), *path.glob(f"*/*/{CONFIG}")))
+        if runs:  # a comparison's directory (or one model's), not a run
+            raise CheckpointError(f"{path} is not a run directory but holds one: {runs[0]}" if len(runs) == 1 else
+                                  f"{path} is not a run directory but holds {len(runs)}: give one of them, e.g. "
+                                  f"{runs[0]}")
     config = read_config(path / CONFIG)
     exported = _exported(path, config)
     if exported:
