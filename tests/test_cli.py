@@ -19,6 +19,16 @@ def test_params_paper_counts(capsys):
     assert code == 0 and "7,419,392" in out
 
 
+def test_params_takes_the_preset_as_train_does(capsys):
+    """`params --preset X` is `params X` (train and bench take --preset); the two given differently are refused."""
+    assert run_cli(capsys, ["params", "--preset", "cpu-char", "--attn", "boosted"]) == run_cli(
+        capsys, ["params", "cpu-char", "--attn", "boosted"])
+    code, out, _ = run_cli(capsys, ["params", "cpu-char", "--preset", "cpu-char"])
+    assert code == 0 and out.startswith("cpu-char · attn=standard") and "809,856" in out
+    code, _, err = run_cli(capsys, ["params", "cpu-char", "--preset", "paper-small"])
+    assert code == 2 and err == "gbattn: error: the preset cpu-char and --preset paper-small disagree: give one\n"
+
+
 def test_params_fair(capsys):
     code, out, _ = run_cli(capsys, ["params", "paper-small", "--attn", "boosted", "--fair", "--json"])
     assert code == 0

@@ -51,8 +51,13 @@ def cmd_list(args) -> None:
 
 
 def cmd_params(args) -> None:
+    from gbattn.errors import UserError
     from gbattn.model import count_params, flops_per_token, param_matched_width
 
+    if args.preset_option is not None:  # `params --preset X`, as `train --preset X`
+        if args.preset is not None and args.preset != args.preset_option:
+            raise UserError(f"the preset {args.preset} and --preset {args.preset_option} disagree: give one")
+        args.preset = args.preset_option
     cfg = model_config_from_args(args)
     preset = args.preset or "paper-small"
     n = count_params(cfg)
@@ -86,6 +91,8 @@ def build_parser() -> arguments.Parser:
 
     p = sub.add_parser("params", help="parameter count and forward FLOPs per token of a model")
     p.add_argument("preset", nargs="?", default=None, help="a preset name (see `gbattn list`; default paper-small)")
+    p.add_argument("--preset", dest="preset_option", metavar="PRESET", default=None,
+                   help="the preset given as train and bench take it")
     arguments.model(p, training=False)
     p.add_argument("--fair", action="store_true", help="also the parameter-matched standard width and its count")
     p.add_argument("--json", action="store_true", help="also print the numbers as one JSON line")
