@@ -857,6 +857,13 @@ def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')  # JSON, but not a tokenizer
     with pytest.raises(DataError, match="not a valid tokenizer.json"):
         get_tokenizer(f"gpt2={tmp_path / 'config.json'}", corpus)
+    # A run's own tokenizer.json (gbattn's record around the payload) is named as such, not as broken JSON.
+    for own in (get_tokenizer("char", corpus), get_tokenizer("bpe", corpus, vocab_size=40, verbose=False)):
+        own.save(tmp_path / f"{own.kind}-run.json")
+        with pytest.raises(DataError, match=rf"^--tokenizer hf=.*{own.kind}-run.json is a gbattn run's tokenizer "
+                                            rf"file \({own.kind}\), not a Hugging Face tokenizer.json: --tokenizer "
+                                            rf"{own.kind} on that run's data and vocab_size builds the same one"):
+            get_tokenizer(f"hf={tmp_path / f'{own.kind}-run.json'}", corpus)
 
 
 def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_trips(tmp_path):

@@ -145,10 +145,16 @@ def _gpt2_payload(spec: str) -> str:
                             f"{kind}={path / 'tokenizer.json'}")
         if not path.is_file():
             raise DataError(f"--tokenizer {spec}: no such tokenizer.json file")
+        payload = None
         try:
             payload = path.read_text(encoding="utf-8")
             Tokenizer("gpt2", payload)
         except Exception as e:
+            own = _run_tokenizer_kind(payload) if payload is not None else None
+            if own:
+                raise DataError(f"--tokenizer {spec} is a gbattn run's tokenizer file ({own}), not a Hugging Face "
+                                f"tokenizer.json: --tokenizer {own} on that run's data and vocab_size builds the same "
+                                f"one (or --init-from that run starts from its model and tokenizer)") from None
             detail = error_detail(e, with_type=True)
             raise DataError(f"--tokenizer {spec}: not a valid tokenizer.json ({detail})") from None
         return payload
@@ -162,6 +168,17 @@ def _gpt2_payload(spec: str) -> str:
     except Exception as e:
         raise DataError(f"could not fetch the GPT-2 tokenizer from the Hugging Face hub ({type(e).__name__}); "
                         f"pass a local file instead: --tokenizer gpt2=/path/to/tokenizer.json") from None
+
+
+def _run_tokenizer_kind(text: str) -> str | None:
+    """The kind recorded in a run's own tokenizer file (``{"kind": ..., "payload": ...}``), else None."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(record, dict) and set(record) >= {"kind", "payload"} and record["kind"] in KINDS:
+        return record["kind"]
+    return None
 
 
 def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: bool = True) -> Tokenizer:
