@@ -123,6 +123,30 @@ def test_a_rerun_of_a_subset_keeps_every_finished_run_in_the_report(tmp_path):
     assert again["complete"]
 
 
+def test_the_command_line_of_results_md_is_every_invocation_that_trained_part_of_it(tmp_path, monkeypatch):
+    """A rerun of a subset that trains nothing leaves the Command line alone (it was replaced by the
+    rerun's, which does not reproduce the table); one that trains a run is added after it."""
+    from gbattn import runtime
+
+    monkeypatch.setattr(runtime, "_INVOCATION", [])
+    data = write_corpus(tmp_path / "c")
+    sets = tiny_sets()
+    commands = [["compare", "--seeds", "1", "2", "--only", "standard", "gba-m2"],
+                ["compare", "--seeds", "1", "--only", "standard"], ["compare", "--seeds", "3", "--only", "standard"]]
+    for argv, seeds, only in zip(commands, ([1, 2], [1], [3]), (["standard", "gba-m2"], ["standard"], ["standard"])):
+        runtime.set_invocation(argv)
+        report = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=seeds, sets=sets, only=only,
+                             quiet=True)
+        md = (tmp_path / "cmp" / "results.md").read_text().splitlines()
+        if argv is commands[1]:
+            assert md[2] == f"Command: `gbattn {' '.join(commands[0])}`  " and md[3].startswith("Data:")
+            assert report["commands"] == ["gbattn " + " ".join(commands[0])], report["commands"]
+    assert report["commands"] == ["gbattn " + " ".join(commands[0]), "gbattn " + " ".join(commands[2])]
+    assert report["command"] == "gbattn " + " ".join(commands[2]) and report["seeds"] == [1, 2, 3]
+    assert md[2:4] == [f"Command: `gbattn {' '.join(commands[0])}`  ", f"then: `gbattn {' '.join(commands[2])}`  "]
+    assert json.loads((tmp_path / "cmp" / "recipe.json").read_text())["commands"] == report["commands"]
+
+
 def test_only_a_matched_model_says_what_it_needs_and_seeds_count_once(tmp_path):
     data = write_corpus(tmp_path / "c")
     sets = tiny_sets()

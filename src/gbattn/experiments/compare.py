@@ -240,6 +240,11 @@ class _Runner:
             self.results[spec.label][seed] = rundir.read_result(run_dir / rundir.RESULT)
             self.bar.update(1, last=f"{spec.label}/seed{seed} (done before)")
             return None
+        if self.request["command"] not in self.request["commands"]:
+            # The invocations that trained part of the table, in order: a rerun with --only or fewer
+            # --seeds reports every finished run, so its command alone would not reproduce the table.
+            self.request["commands"].append(self.request["command"])
+            write_json(self.request, self.out / "recipe.json")
         self.bar.write(f"{'resuming' if existing else 'training'} {spec.label} seed {seed}: attn={model_cfg.attn} "
                        f"d_model={model_cfg.d_model} steps={train_cfg.max_steps or 'epochs'} -> {run_dir}")
         extra = {"label": spec.label, "recipe": self.recipe.name}
@@ -352,4 +357,11 @@ def _check_request(path: Path, request: dict) -> None:
             raise CheckpointError(f"{path}: seeds={seeds!r} must be a list of integers; restore the file or use "
                                   f"another --out")
         request["seeds"] = sorted(set(seeds) | set(request["seeds"]))
+        commands = before.get("commands", [before["command"]] if isinstance(before.get("command"), str) else [])
+        if not isinstance(commands, list) or not all(isinstance(c, str) for c in commands):
+            raise CheckpointError(f"{path}: commands={commands!r} must be a list of strings; restore the file or use "
+                                  f"another --out")
+        request["commands"] = commands
+    else:
+        request["commands"] = []
     write_json(request, path)

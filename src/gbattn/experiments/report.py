@@ -285,6 +285,7 @@ def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpe
         "seeds": request["seeds"],
         "sets": request["sets"],
         "command": request.get("command", ""),
+        "commands": request.get("commands") or [request.get("command", "")],
         "complete": complete,
         "published_source": recipe.published_source,
         "models": rows,
@@ -322,7 +323,8 @@ def results_markdown(report: dict) -> str:
     lines = [
         heading,
         "",
-        f"Command: `{report['command']}`  ",
+        *(f"{'Command' if i == 0 else 'then'}: `{c}`  " for i, c in enumerate(report.get("commands") or
+                                                                        [report["command"]])),
         f"Data: `{report['data']}` · seeds {', '.join(map(str, report['seeds']))} · hardware: "
         f"{devices_text(rows)}{'' if report['complete'] else ' · INCOMPLETE (runs missing)'}",
         "",
