@@ -252,10 +252,10 @@ def test_a_test_perplexity_of_data_without_a_test_split_is_called_valid(tmp_path
     data = write_corpus(tmp_path / "c")
     note = "(this data has no test split: test is valid)"
     sets = ["--set", "max_steps=2", "--set", "eval_every=2", "--set", "d_model=32"]
-    for source, run, split, expected in ((tmp_path / "t.txt", "one", "split=[0.9,0.1,0]", True),
-                                         (data, "three", "split=[0.9,0.05,0.05]", False)):
+    for source, run, split, expected in ((tmp_path / "t.txt", "one", ["--set", "split=[0.9,0.1,0]"], True),
+                                         (data, "three", [], False)):
         code, out, err = run_cli(capsys, ["train", "--preset", "cpu-char", "--data", source, "--out",
-                                          tmp_path / run, "--threads", "1", *sets, "--set", split])
+                                          tmp_path / run, "--threads", "1", *sets, *split])
         assert code == 0, err
         last = out.splitlines()[-2]
         assert last.startswith(f"{tmp_path / run}: best valid ppl") and last.endswith(note) == expected, last

@@ -791,6 +791,12 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "--init-from trains the model of"),
         ("--init-from with a model --set", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
                                             "d_model=64"], "--init-from trains the model of"),
+        ("--init-from with another split", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
+                                            "split=[0.8,0.1,0.1]"],  # was trained on the run's split silently
+         f"--init-from trains on the split of {run} (recorded: [0.9, 0.05, 0.05]): leave out --set split"),
+        ("--set split of a corpus in split files", [*new_run, "--set", "split=[0.8,0.1,0.1]"],  # was ignored
+         f"--set split cuts a single text file by characters; --data {data} has its own train, valid and test "
+         f"splits: leave it out"),
         ("compare --set attn", ["compare", "--recipe", "cpu-char", "--data", data, "--out", tmp_path / "c2", "--set",
                                 "attn=boosted"], "the recipe chooses each model's"),
         ("bench --set attn", ["bench", "--preset", "cpu-char", "--set", "attn=boosted"],

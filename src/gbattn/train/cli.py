@@ -98,6 +98,13 @@ def _same_corpus(data: str, saved: dict, train_cfg) -> bool:
         return False
 
 
+def _split_by_fractions(data: str) -> bool:
+    """Whether ``--data`` is one text (the shipped corpus or a file), which ``split`` cuts into three."""
+    from gbattn.data.corpus import BUNDLED
+
+    return data in BUNDLED or Path(os.path.expanduser(data)).is_file()
+
+
 def _recorded(d: dict, key: str):
     for part in key.replace("attn.", "attn_options.", 1).split("."):
         d = d.get(part) if isinstance(d, dict) else None
@@ -143,6 +150,9 @@ def cmd_train(args) -> None:
                                 "a text file (README, 'Data')")
             preset = args.preset or "paper-small"
             model_cfg, train_cfg = build_configs(preset, sets.pop("attn", "standard"), data, sets)
+            if "split" in sets and not _split_by_fractions(data):  # a valid split, which would be ignored
+                raise UserError(f"--set split cuts a single text file by characters; --data {data} has its own train, "
+                                f"valid and test splits: leave it out")
             trainer = Trainer(args.out, model_cfg, train_cfg, quiet=args.quiet, preset=preset, restart=args.restart)
     try:
         result = trainer.run()
@@ -173,6 +183,10 @@ def _init_from_trainer(args, sets: dict):
     if args.preset and args.preset != source.get("preset") or model_sets:
         raise UserError(f"--init-from trains the model of {args.init_from} as it is: leave out --attn, --preset and "
                         f"model --set values (upcycle first to change the model: `gbattn upcycle`)")
+    split = train_sets.pop("split", None)
+    if split is not None and list(split) != list(source_train.split):
+        raise UserError(f"--init-from trains on the split of {args.init_from} (recorded: {source_train.split}): "
+                        f"leave out --set split")
     tokenizer = train_sets.pop("tokenizer", None)
     if tokenizer is not None and tokenizer != source_train.tokenizer:
         raise UserError(f"--init-from trains with the tokenizer of {args.init_from} (recorded: "
