@@ -390,8 +390,14 @@ def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
     configs = tiny_configs(data)
     ref = train(tmp_path / "ref", *configs, quiet=True)
     monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: self.step == 6)
-    with pytest.raises(Exception, match="interrupted at step 6"):
+    with pytest.raises(Exception) as stopped:
         train(tmp_path / "int", *configs, quiet=True)
+    # A run of its own is continued by train --resume only (no `gbattn compare` command ran it).
+    assert str(stopped.value) == (f"interrupted at step 6; checkpoint saved in {tmp_path / 'int'}: continue with "
+                                  f"`gbattn train --resume --out {tmp_path / 'int'}`")
+    with pytest.raises(Exception, match=r"interrupted at step 6; .*`gbattn train --resume --out .*compared` \(or "
+                                        r"rerun the same `gbattn compare` command\)$"):
+        train(tmp_path / "compared", *configs, quiet=True, extra={"label": "gba-m2", "recipe": "cpu-char"})
     monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: False)
     capsys.readouterr()
     assert train(tmp_path / "int", resume=True)["test_loss"] == ref["test_loss"]

@@ -513,7 +513,8 @@ class Trainer:
                     how = "terminated" if stop.signum == signal.SIGTERM else "interrupted"
                     error = TrainingInterrupted(
                         f"{how} at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
-                        f"`gbattn train --resume --out {self.run_dir}` (or rerun the same `gbattn compare` command)")
+                        + (f"`gbattn train --resume --out {self.run_dir}` (or rerun the same `gbattn compare` command)"
+                           if "label" in self.extra else f"`gbattn train --resume --out {self.run_dir}`"))
                     error.exit_code = 128 + int(stop.signum)  # 130 for SIGINT, 143 for SIGTERM, as shells report
                     raise error
         self.bar.close()
