@@ -348,8 +348,12 @@ def test_results_say_when_test_is_validation_and_how_far_param_fair_is_above_gba
     md = results_markdown(report_of(rows))
     assert "no test split: test perplexity is the validation perplexity" in md
     assert "(+5.0% parameters against gba-m2)" in md
+    # The results figure says so too (it read "test perplexity" with nothing beside it).
+    footer = "this data has no test split: test perplexity is the validation perplexity of the checkpoint chosen on it"
+    assert footer in drawn_texts(figures.results_figure(report_of(rows)))["all"].splitlines()
     rows[0]["valid_ppl"] = {"42": 9.5}  # a real test split: test and validation differ
     assert "no test split" not in results_markdown(report_of(rows))
+    assert "no test split" not in drawn_texts(figures.results_figure(report_of(rows)))["all"]
 
 
 def test_the_validation_curve_table_averages_the_seeds_all_models_share():

@@ -17,8 +17,10 @@ import numpy as np
 
 from gbattn.errors import UserError
 from gbattn.experiments.report import (
+    TEST_IS_VALIDATION,
     compared_values,
     mean_std,
+    no_test_split,
     published_omitted_note,
     published_value,
     relative_change,
@@ -440,6 +442,8 @@ def results_figure(report: dict):
         omitted = published_omitted_note(report)
         if omitted:
             footer.append(omitted)
+        if no_test_split(rows):
+            footer.append(TEST_IS_VALIDATION[0].lower() + TEST_IS_VALIDATION[1:])
         if footer:
             fig.supxlabel("\n".join(footer), fontsize=9)
     return fig

@@ -301,6 +301,15 @@ def _fmt(mean, std, digits=2) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
+TEST_IS_VALIDATION = ("This data has no test split: test perplexity is the validation perplexity of the checkpoint "
+                      "chosen on it")
+
+
+def no_test_split(rows: list[dict]) -> bool:
+    """Every model's test perplexity is its validation one, seed by seed: the data has no test split."""
+    return bool(rows) and all(r.get("test_ppl") and r.get("test_ppl") == r.get("valid_ppl") for r in rows)
+
+
 def results_markdown(report: dict) -> str:
     """results.md: the table, then validation perplexity during training.
 
@@ -368,10 +377,8 @@ def results_markdown(report: dict) -> str:
     if report.get("published_source") and any(published_value(report, r) for r in rows):
         lines += ["", f"Published: {report['published_source']}."]
     lines += paired_table(rows)
-    test_is_valid = rows and all(r.get("test_ppl") and r.get("test_ppl") == r.get("valid_ppl") for r in rows)
     lines += ["", "Test perplexity from the best-validation checkpoint; mean ± sample std over seeds."
-              + (" This data has no test split: test perplexity is the validation perplexity of the checkpoint "
-                 "chosen on it." if test_is_valid else "")]
+              + (f" {TEST_IS_VALIDATION}." if no_test_split(rows) else "")]
     matched = ([f"`param-fair`: the smallest standard width with at least GBA's parameters{param_gap_text(rows)}"]
                if any(r.get("param_matched_to") for r in rows) else [])
     matched += (["`compute-matched`: standard trained for as many training FLOPs (torch.utils.flop_counter, forward "
