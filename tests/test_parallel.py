@@ -75,21 +75,23 @@ def _two_runs_training(proc: subprocess.Popen, out: Path) -> list[Path]:
     raise AssertionError("two runs did not start training within 2 minutes")
 
 
-def test_a_terminated_comparison_stops_its_runs_and_says_how_to_resume(tmp_path):
+@pytest.mark.parametrize("signum, how", [(signal.SIGTERM, "terminated"), (signal.SIGINT, "interrupted")])
+def test_a_terminated_comparison_stops_its_runs_and_says_how_to_resume(tmp_path, signum, how):
     """SIGTERM to `compare --jobs 2`: the running children stop (each at its checkpoint), and the
-    comparison says so in one line with SIGTERM's exit status 143, instead of vanishing silently."""
+    comparison says so in one line with SIGTERM's exit status 143, instead of vanishing silently.
+    Ctrl-C (SIGINT) says the same with status 130 (it said only "gbattn: interrupted")."""
     proc, out = _start_endless_comparison(tmp_path)
     try:
         _two_runs_training(proc, out)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 143, err
+    assert proc.returncode == 128 + signum, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("gbattn: error: compare terminated: the runs in progress (") and last.endswith(
+    assert last.startswith(f"gbattn: error: compare {how}: the runs in progress (") and last.endswith(
         "stopped at their last checkpoint; rerun the same command to resume"), err
     stopped = last.split("(", 1)[1].split(")", 1)[0].split(", ")
     assert len(stopped) == 2 and all((out / run / rundir.CHECKPOINT).is_file() for run in stopped), stopped

@@ -173,6 +173,8 @@ class _Runner:
                 elif todo and not started:  # what is left waits for a run that failed or was not asked for
                     failed += [f"{s.label}/seed{seed} (not trained: {self._waits_for(s, seed)})" for s, seed in todo]
                     break
+        except KeyboardInterrupt:  # Ctrl-C: as SIGTERM, the children stop at a checkpoint and it is said so
+            stopped.append(signal.SIGINT)
         finally:
             interrupted = [f"{label}/seed{seed}" for label, seed in running]
             for proc in running.values():  # this process is stopping: stop the children cleanly
@@ -183,9 +185,10 @@ class _Runner:
                 signal.signal(signal.SIGTERM, previous)
         self.bar.close()
         if stopped:
-            error = UserError(f"compare terminated: the runs in progress ({', '.join(interrupted) or 'none'}) stopped "
+            how = "interrupted" if stopped[0] == signal.SIGINT else "terminated"
+            error = UserError(f"compare {how}: the runs in progress ({', '.join(interrupted) or 'none'}) stopped "
                               f"at their last checkpoint; rerun the same command to resume")
-            error.exit_code = 128 + int(signal.SIGTERM)  # 143, as a shell reports a terminated process
+            error.exit_code = 128 + int(stopped[0])  # 130 or 143, as a shell reports an interrupted or terminated one
             raise error
         if failed:
             raise UserError(f"{len(failed)} run(s) failed: {'; '.join(failed)}; rerun the same command to retry them")
