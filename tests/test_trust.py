@@ -797,6 +797,10 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("--set split of a corpus in split files", [*new_run, "--set", "split=[0.8,0.1,0.1]"],  # was ignored
          f"--set split cuts a single text file by characters; --data {data} has its own train, valid and test "
          f"splits: leave it out"),
+        ("compare --set split of a corpus in split files", ["compare", "--recipe", "cpu-char", "--data", data, "--out",
+                                                            tmp_path / "c2", "--set", "split=[0.8,0.1,0.1]"],
+         f"--set split cuts a single text file by characters; --data {data} has its own train, valid and test "
+         f"splits: leave it out"),
         ("compare --set attn", ["compare", "--recipe", "cpu-char", "--data", data, "--out", tmp_path / "c2", "--set",
                                 "attn=boosted"], "the recipe chooses each model's"),
         ("bench --set attn", ["bench", "--preset", "cpu-char", "--set", "attn=boosted"],

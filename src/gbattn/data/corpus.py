@@ -246,6 +246,11 @@ def _hugging_face(name: str) -> Corpus:
     return Corpus(name=name, fingerprint=fingerprint, reader=reader)
 
 
+def split_by_fractions(data: str) -> bool:
+    """Whether ``--data`` is one text (the shipped corpus or a file), which a ``split`` cuts into three."""
+    return data in BUNDLED or (data not in HF_NAMES and Path(os.path.expanduser(data)).is_file())
+
+
 def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) -> Corpus:
     """Resolve ``--data``: a bundled corpus, a Hugging Face name, a local directory or a text file."""
     if not data:

@@ -98,13 +98,6 @@ def _same_corpus(data: str, saved: dict, train_cfg) -> bool:
         return False
 
 
-def _split_by_fractions(data: str) -> bool:
-    """Whether ``--data`` is one text (the shipped corpus or a file), which ``split`` cuts into three."""
-    from gbattn.data.corpus import BUNDLED
-
-    return data in BUNDLED or Path(os.path.expanduser(data)).is_file()
-
-
 def _recorded(d: dict, key: str):
     for part in key.replace("attn.", "attn_options.", 1).split("."):
         d = d.get(part) if isinstance(d, dict) else None
@@ -114,6 +107,7 @@ def _recorded(d: dict, key: str):
 def cmd_train(args) -> None:
     from gbattn import rundir
     from gbattn.config import TrainConfig, build_configs, merge_options, parse_sets
+    from gbattn.data.corpus import split_by_fractions
     from gbattn.errors import UserError
     from gbattn.train.distributed import shutdown_distributed
     from gbattn.train.trainer import Trainer
@@ -150,7 +144,7 @@ def cmd_train(args) -> None:
                                 "a text file (README, 'Data')")
             preset = args.preset or "paper-small"
             model_cfg, train_cfg = build_configs(preset, sets.pop("attn", "standard"), data, sets)
-            if "split" in sets and not _split_by_fractions(data):  # a valid split, which would be ignored
+            if "split" in sets and not split_by_fractions(data):  # a valid split, which would be ignored
                 raise UserError(f"--set split cuts a single text file by characters; --data {data} has its own train, "
                                 f"valid and test splits: leave it out")
             trainer = Trainer(args.out, model_cfg, train_cfg, quiet=args.quiet, preset=preset, restart=args.restart)
