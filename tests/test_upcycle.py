@@ -797,3 +797,10 @@ def test_weights_gbattn_does_not_convert_are_refused(gpt2_dir, llama_dir, tmp_pa
         with pytest.raises(CheckpointError, match=re.escape("holds weights gbattn does not convert "
                                                             "(extra.adapter.weight)")):
             load_source(directory)
+
+
+def test_the_summary_names_a_source_once_when_its_folder_is_named_after_its_kind(tmp_path, llama_dir):
+    """`upcycled llama into OUT`, not `upcycled llama llama into OUT`; another folder name follows the kind."""
+    shutil.copytree(llama_dir, tmp_path / "llama")
+    assert upcycle(tmp_path / "llama", "boosted").summary("out").startswith("upcycled llama into out: ")
+    assert upcycle(llama_dir, "boosted").summary("out").startswith(f"upcycled llama {Path(llama_dir).name} into out: ")

@@ -88,7 +88,8 @@ class Upcycled:
 
     def summary(self, out: str | Path) -> str:
         opts = ", ".join(f"{k}={json.dumps(v)}" for k, v in self.model_cfg.attn_options.items())
-        return (f"upcycled {self.source.kind} {self.source.name} into {out}: {self.copied:,} parameters copied, "
+        source = self.source.name if self.source.name == self.source.kind else f"{self.source.kind} {self.source.name}"
+        return (f"upcycled {source} into {out}: {self.copied:,} parameters copied, "
                 f"{self.new:,} new; attn={self.model_cfg.attn}{f' ({opts})' if opts else ''}: {self.rule}")
 
 
