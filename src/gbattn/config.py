@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from gbattn.attention.registry import variant_options
+from gbattn.attention.registry import check_head_layout, variant_options
 from gbattn.checks import (
     MAX_INT,
     Typed,
@@ -66,13 +66,7 @@ class ModelConfig(Typed):
     attnres_block: int = field(default=2, metadata=at_least(1))  # block size S in sublayers
 
     def validate(self) -> None:
-        if self.d_model % self.n_heads:
-            raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                              f"choose d_model as a multiple of {self.n_heads}")
-        if self.n_heads % self.kv_heads:
-            raise ConfigError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
-        if self.pos == "rope" and self.d_head % 2:
-            raise ConfigError(f"pos='rope' needs an even head width; d_model/n_heads = {self.d_head}")
+        check_head_layout(self.d_model, self.n_heads, self.n_kv_heads, "pos='rope'" if self.pos == "rope" else None)
         if self.residual != "plain" and self.norm != "pre":
             raise ConfigError(f"residual={self.residual!r} is defined for norm='pre' only (docs/baselines.md)")
         options = variant_options(self.attn, self.attn_options, n_heads=self.n_heads, n_kv_heads=self.kv_heads,

@@ -62,13 +62,20 @@ def check_args(args: AttnArgs) -> None:
         raise ConfigError(f"dropout={args.dropout!r} must be in [0, 1)")
     if args.rope_base is not None and not args.rope_base > 0:
         raise ConfigError(f"rope_base={args.rope_base!r} must be > 0")
-    if args.d_model % args.n_heads:
-        raise ConfigError(f"d_model={args.d_model} is not divisible by n_heads={args.n_heads}; "
-                          f"choose d_model as a multiple of {args.n_heads}")
-    if args.n_heads % args.kv_heads:
-        raise ConfigError(f"n_kv_heads={args.n_kv_heads} must divide n_heads={args.n_heads}")
-    if args.rope_base is not None and args.d_head % 2:
-        raise ConfigError(f"rope_base needs an even head width; d_model/n_heads = {args.d_head}")
+    check_head_layout(args.d_model, args.n_heads, args.n_kv_heads, "rope_base" if args.rope_base is not None else None)
+
+
+def check_head_layout(d_model: int, n_heads: int, n_kv_heads: int | None, rope: str | None) -> None:
+    """Heads that split ``d_model`` evenly, K/V heads (None: one per head) that divide them, and an
+    even head width under RoPE (``rope`` names the setting that asks for it). ``ModelConfig`` and a
+    module built on its own check the same."""
+    if d_model % n_heads:
+        raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}; "
+                          f"choose d_model as a multiple of {n_heads}")
+    if n_heads % (n_kv_heads or n_heads):
+        raise ConfigError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
+    if rope is not None and (d_model // n_heads) % 2:
+        raise ConfigError(f"{rope} needs an even head width; d_model/n_heads = {d_model // n_heads}")
 
 
 def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> AttentionBase:
