@@ -62,7 +62,7 @@ def cmd_lm_eval(args) -> None:
 
     require("transformers", "lm-eval")
     require("lm_eval", "lm-eval")
-    from gbattn.files import check_writable_file, relative_path
+    from gbattn.files import relative_path
     from gbattn.hf.lmeval import print_tables, results_stem, run_lm_eval, write_results
     from gbattn.rundir import check_output_file
     from gbattn.runtime import command_line, resolve_device, set_threads
@@ -80,7 +80,6 @@ def cmd_lm_eval(args) -> None:
         raise UserError(f"{model} is not a directory (a gbattn run directory or an exported one)")
     stem = results_stem(tasks, args.limit, args.num_fewshot)
     out = Path(args.output) if args.output else model / "lm-eval" / f"results-{stem}.json"
-    check_writable_file(out, "--output")
     check_output_file(out, "--output")
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")

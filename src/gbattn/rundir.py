@@ -39,7 +39,16 @@ import torch
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError, ConfigError, UserError
-from gbattn.files import append_jsonl, atomic_write, check_writable_dir, error_detail, read_json, read_jsonl, write_json
+from gbattn.files import (
+    append_jsonl,
+    atomic_write,
+    check_writable_dir,
+    check_writable_file,
+    error_detail,
+    read_json,
+    read_jsonl,
+    write_json,
+)
 from gbattn.model.gpt import GPT
 
 CONFIG = "config.json"
@@ -110,9 +119,11 @@ def check_restartable(directory: str | Path) -> None:
 
 
 def check_output_file(path: str | Path, what: str) -> None:
-    """An output file (``eval --per-token``, ``lm-eval --output``) never replaces a file of a model
-    directory (a run, an export, a transformers checkpoint: the one evaluated or any other): its
-    weights, configs or tokenizer. A file of another name there, or of such a name elsewhere, is fine."""
+    """An output file (``eval --per-token``, ``lm-eval --output``) is writable
+    (:func:`gbattn.files.check_writable_file`) and never replaces a file of a model directory (a run,
+    an export, a transformers checkpoint: the one evaluated or any other): its weights, configs or
+    tokenizer. A file of another name there, or of such a name elsewhere, is fine."""
+    check_writable_file(path, what)
     target = Path(path).resolve()
     folder = target.parent
     model_file = (target.name in (*OWN_FILES, SAFETENSORS_INDEX) or target.suffix in (".pt", ".bin", ".safetensors")

@@ -246,9 +246,18 @@ def _hugging_face(name: str) -> Corpus:
     return Corpus(name=name, fingerprint=fingerprint, reader=reader)
 
 
-def split_by_fractions(data: str) -> bool:
-    """Whether ``--data`` is one text (the shipped corpus or a file), which a ``split`` cuts into three."""
-    return data in BUNDLED or (data not in HF_NAMES and Path(os.path.expanduser(data)).is_file())
+def check_split_setting(data: str, sets: dict) -> None:
+    """``--set split`` cuts one text (the shipped corpus or a file) into three; a corpus that comes in
+    splits would ignore it, so it is refused (``train`` and ``compare``)."""
+    one_text = data in BUNDLED or (data not in HF_NAMES and Path(os.path.expanduser(data)).is_file())
+    if "split" in sets and not one_text:
+        raise DataError(f"--set split cuts a single text file by characters; --data {data} has its own train, valid "
+                        f"and test splits: leave it out")
+
+
+def test_split_note(notes: list[str]) -> str:
+    """What follows a test figure of a corpus with these notes: nothing, or that test is valid."""
+    return " (this data has no test split: test is valid)" if NO_TEST_SPLIT in notes else ""
 
 
 def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) -> Corpus:

@@ -50,18 +50,17 @@ def register(sub) -> None:
 def cmd_eval(args) -> None:
     import numpy as np
 
-    from gbattn.data.corpus import NO_TEST_SPLIT
+    from gbattn.data.corpus import test_split_note
     from gbattn.data.prepare import prepare_run_data
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
     from gbattn.eval.perplexity import evaluate
-    from gbattn.files import atomic_write, check_writable_file
+    from gbattn.files import atomic_write
     from gbattn.progress import Progress
     from gbattn.rundir import check_output_file, load_run
     from gbattn.runtime import autocast, resolve_device, set_threads
 
     if args.per_token:
-        check_writable_file(args.per_token, "--per-token")
         check_output_file(args.per_token, "--per-token")
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
@@ -88,8 +87,7 @@ def cmd_eval(args) -> None:
         out["per_token_file"] = args.per_token
     print(f"{args.split} perplexity {res.ppl:.3f} (loss {res.loss:.4f} nats) over {res.tokens:,} tokens, "
           f"{run.checkpoint} weights at step {run.step}"
-          + (" (this data has no test split: test is valid)" if args.split == "test" and NO_TEST_SPLIT in data.notes
-             else ""))
+          + (test_split_note(data.notes) if args.split == "test" else ""))
     print(json.dumps(out))
 
 

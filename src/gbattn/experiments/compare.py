@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gbattn import rundir
 from gbattn.config import TrainConfig, build_configs
-from gbattn.data.corpus import split_by_fractions
+from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
 from gbattn.errors import CheckpointError, UserError
 from gbattn.experiments.recipes import ModelSpec, Recipe, depends_on, get_recipe, training_order
@@ -96,9 +96,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     sets = dict(sets or {})
     if "seed" in sets:
         raise UserError("--set seed=... would give every run of the comparison that one seed: use --seeds")
-    if "split" in sets and not split_by_fractions(data):  # train refuses it too
-        raise UserError(f"--set split cuts a single text file by characters; --data {data} has its own train, valid "
-                        f"and test splits: leave it out")
+    check_split_setting(data, sets)  # train refuses it too
     if "attn" in sets:
         raise UserError("--set attn=... would give every model of the recipe that one attention variant: the recipe "
                         "chooses each model's (train another variant with `gbattn train --attn`)")

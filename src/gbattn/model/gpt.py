@@ -214,7 +214,8 @@ class GPT(nn.Module):
                                  f"(block_size={self.cfg.block_size})")
             self.check_length(last + 1)
             if isinstance(cache, StaticCache) and input_pos is not None:
-                first, stop = int(input_pos.min()), int(input_pos.max()) + 1
+                # (last is input_pos's largest slot already unless position_ids gave the positions)
+                first, stop = int(input_pos.min()), (last if position_ids is None else int(input_pos.max())) + 1
                 if first < 0 or stop > cache.max_len:
                     raise ValueError(f"input_pos {first}..{stop - 1} outside the KV cache's slots 0 .. "
                                      f"{cache.max_len - 1} (setup_cache(..., max_len={cache.max_len}))")

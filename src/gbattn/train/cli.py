@@ -107,7 +107,7 @@ def _recorded(d: dict, key: str):
 def cmd_train(args) -> None:
     from gbattn import rundir
     from gbattn.config import TrainConfig, build_configs, merge_options, parse_sets
-    from gbattn.data.corpus import split_by_fractions
+    from gbattn.data.corpus import check_split_setting
     from gbattn.errors import UserError
     from gbattn.train.distributed import shutdown_distributed
     from gbattn.train.trainer import Trainer
@@ -144,9 +144,7 @@ def cmd_train(args) -> None:
                                 "a text file (README, 'Data')")
             preset = args.preset or "paper-small"
             model_cfg, train_cfg = build_configs(preset, sets.pop("attn", "standard"), data, sets)
-            if "split" in sets and not split_by_fractions(data):  # a valid split, which would be ignored
-                raise UserError(f"--set split cuts a single text file by characters; --data {data} has its own train, "
-                                f"valid and test splits: leave it out")
+            check_split_setting(data, sets)  # a valid split, which would be ignored
             trainer = Trainer(args.out, model_cfg, train_cfg, quiet=args.quiet, preset=preset, restart=args.restart)
     try:
         result = trainer.run()

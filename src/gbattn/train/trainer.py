@@ -18,7 +18,7 @@ import torch
 
 from gbattn import __version__, rundir
 from gbattn.config import ModelConfig, TrainConfig
-from gbattn.data.corpus import NO_TEST_SPLIT
+from gbattn.data.corpus import test_split_note
 from gbattn.data.prepare import Data, prepare_data
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
@@ -513,8 +513,8 @@ class Trainer:
                     how = "terminated" if stop.signum == signal.SIGTERM else "interrupted"
                     error = TrainingInterrupted(
                         f"{how} at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
-                        + (f"`gbattn train --resume --out {self.run_dir}` (or rerun the same `gbattn compare` command)"
-                           if "label" in self.extra else f"`gbattn train --resume --out {self.run_dir}`"))
+                        f"`gbattn train --resume --out {self.run_dir}`"
+                        + (" (or rerun the same `gbattn compare` command)" if "label" in self.extra else ""))
                     error.exit_code = 128 + int(stop.signum)  # 130 for SIGINT, 143 for SIGTERM, as shells report
                     raise error
         self.bar.close()
@@ -612,7 +612,7 @@ class Trainer:
             if self.show:
                 print(
                     f"{self.run_dir}: best valid ppl {valid_best:.2f} (step {self.best_step}), test ppl {test.ppl:.2f}"
-                    + (" (this data has no test split: test is valid)" if NO_TEST_SPLIT in self.data.notes else "")
+                    + test_split_note(self.data.notes)
                 )
         self.dist.barrier()
         return result
