@@ -238,9 +238,30 @@ def test_compute_matched_steps_round_the_reference_flops(tmp_path):
     assert train_cfg.seq_len == 32 and model_cfg.block_size == 33
     per_step = flops_per_token(model_cfg, seq_len=32, backward=True) * 8 * 32
     for exact, expected in ((10.6, 11), (10.4, 10)):
-        results = {"gba-m2": {1: {"train_flops": exact * per_step}}}
+        results = {"gba-m2": {1: {"train_flops": exact * per_step, "steps": 10}}}
         _, matched = matched_configs(recipe, spec, "data", 1, sets, 50, results, tmp_path)
         assert matched.max_steps == expected, exact
+
+
+def test_compute_matched_keeps_the_warmup_its_reference_used(tmp_path):
+    """docs/baselines.md: the compute-matched row keeps the reference's warmup and only its cosine stretches.
+    cpu-proxy's default warmup of 100 steps in a 180-step GBA run is fitted to 18 (a tenth of the run); the
+    compute-matched row's 265 steps would have kept all 100 (not above half of 265), so it warms up for
+    18 as given, not fitted again."""
+    from gbattn.experiments.compare import matched_configs, spec_configs
+    from gbattn.model.params import flops_per_token
+    from gbattn.train.trainer import fitted_warmup
+
+    recipe = get_recipe("cpu-proxy")
+    specs = {s.label: s for s in recipe.models}
+    sets = dict(TINY, max_steps=180, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None, eval_tokens=None)
+    gba_model, gba_train = spec_configs(recipe, specs["gba-m2"], "data", 1, sets, 50)
+    assert gba_train.warmup_steps == 100 and fitted_warmup(gba_train, 180)[0] == 18
+    results = {"gba-m2": {1: {"train_flops": flops_per_token(gba_model, seq_len=32, backward=True) * 8 * 32 * 180,
+                              "steps": 180}}}
+    _, matched = matched_configs(recipe, specs["compute-matched"], "data", 1, sets, 50, results, tmp_path)
+    assert matched.max_steps == 265
+    assert fitted_warmup(matched, matched.max_steps) == (18, None)
 
 
 def test_cpu_char_long_is_cpu_char_stretched_four_times():

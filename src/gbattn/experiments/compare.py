@@ -30,7 +30,7 @@ from gbattn.files import portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
 from gbattn.progress import Progress
 from gbattn.runtime import command_line, default_threads
-from gbattn.train.trainer import train
+from gbattn.train.trainer import fitted_warmup, train
 from gbattn.upcycle import upcycle, write_run
 
 
@@ -319,7 +319,11 @@ def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
         seq_len = model_cfg.input_length(train_cfg.seq_len)
         per_token = flops_per_token(model_cfg, seq_len=seq_len, backward=True)
         steps = round(ref_result["train_flops"] / (per_token * train_cfg.batch_size * seq_len))
-        train_cfg = train_cfg.replace(max_steps=steps)
+        # The reference's warmup as its run used it (docs/baselines.md: the warmup stays the same and only
+        # the cosine stretches); the longer run would fit a default warmup to a tenth of itself, or not at all.
+        ref_spec = next(s for s in recipe.models if s.label == spec.compute_matched_to)
+        warmup, _ = fitted_warmup(spec_configs(recipe, ref_spec, data, seed, sets, vocab)[1], ref_result["steps"])
+        train_cfg = train_cfg.replace(max_steps=steps, warmup_steps=warmup, fit_warmup=False)
     return model_cfg, train_cfg
 
 
