@@ -266,8 +266,9 @@ def fast_path(
 
 def chunked_entropy(q_BHTE: Tensor, k_BGSE: Tensor, ctx: AttnContext, scale: float) -> Tensor:
     """Entropy of each query's attention (B, H, T) in query chunks of at most 2^17 scores
-    (B * H * chunk * S) at a time: without the T x S matrix at inference; under autograd the chunks'
-    probabilities are kept for the backward pass (docs/method.md, section 5)."""
+    (B * H * chunk * S) at a time, or of one query when B * H * S alone is more: without the T x S
+    matrix at inference; under autograd the chunks' probabilities are kept for the backward pass
+    (docs/method.md, section 5)."""
     B, H, T, _ = q_BHTE.shape
     chunk = max(1, (1 << 17) // (B * H * k_BGSE.shape[-2]))
     out = []
