@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gbattn.attention import AttnArgs, build_attention
+from gbattn.attention.boosted import GATE_CLASSES
 
 D, H, T = 12, 3, 7
 E = D // H
@@ -103,6 +104,38 @@ def test_boosted_parameter_count_per_kv_source(kv_source, rounds):
     gba = build_attention("boosted", args(), {"rounds": rounds, "gate": "none", "kv_source": kv_source})
     per_round = {"residual": 3 * (D * D + D), "input": 3 * (D * D + D), "shared": D * D + D}[kv_source]
     assert sum(p.numel() for p in gba.parameters()) == 4 * (D * D + D) + (rounds - 1) * per_round
+
+
+GATE_PARAMETERS = {  # docs/method.md, section 5: parameters of one extra round's gate at width d
+    "linear": lambda d: 2 * d * d + d, "tanh": lambda d: 2 * d * d + d,
+    "mlp": lambda d: (2 * d + 1) * 32 + 32 + 32 * d + d, "vector": lambda d: d, "scalar": lambda d: 1,
+    "none": lambda d: 0,
+}
+
+
+@pytest.mark.parametrize("gate", sorted(GATE_PARAMETERS))
+@pytest.mark.parametrize("kv_source", ["residual", "input", "shared"])
+def test_extra_round_parameters_are_the_method_docs_formulas(kv_source, gate):
+    """docs/method.md, sections 5 and 8: an extra round adds its projections, 3d^2 + 3d (d^2 + d with
+    kv_source=shared), and its gate's count from section 5's table (mlp at gate_hidden 32)."""
+    assert set(GATE_PARAMETERS) == set(GATE_CLASSES)
+    n_standard = sum(p.numel() for p in build_attention("standard", args()).parameters())
+    gba = build_attention("boosted", args(), {"rounds": 3, "gate": gate, "kv_source": kv_source})
+    projections = (D * D + D) * (1 if kv_source == "shared" else 3)
+    assert sum(p.numel() for p in gba.parameters()) - n_standard == 2 * (projections + GATE_PARAMETERS[gate](D))
+
+
+def test_baseline_extra_parameters_are_the_baselines_docs_counts():
+    """docs/baselines.md: gated attention adds W_theta, d^2 (elementwise) or d H (headwise); differential
+    attention adds 4E lambda entries and 2E RMSNorm gains; Twicing adds nothing."""
+    def extra(name, options=None, d=D, heads=H):
+        module_args = AttnArgs(d_model=d, n_heads=heads)
+        return (sum(p.numel() for p in build_attention(name, module_args, options).parameters())
+                - sum(p.numel() for p in build_attention("standard", module_args).parameters()))
+
+    assert extra("gated") == D * D and extra("gated", {"mode": "headwise"}) == D * H
+    assert extra("differential", d=16, heads=4) == 6 * (16 // 4)
+    assert extra("twicing") == 0
 
 
 def test_twicing_equals_explicit_two_a_minus_a_squared():

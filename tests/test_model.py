@@ -97,6 +97,23 @@ def test_flops_per_token_by_hand():
         assert flops_per_token(cfg, backward=True) == 3 * flops_per_token(cfg)
 
 
+def test_gba_cost_at_paper_small_is_the_method_docs():
+    """docs/method.md, section 8, at paper-small (d 256, T 256, 4 layers): an extra round adds per token
+    and layer its d -> 3d projection, the two attention matmuls (4 T d) and the 2d -> d gate, so the
+    sublayer goes from 786,432 to 1,703,936 FLOPs and the model from 15.73 M to 19.40 M; parameters
+    +5d^2 + 4d per layer (8,734,208), +3d^2 + 2d with kv_source=shared (8,207,872)."""
+    d, T, layers = 256, 256, 4
+    standard, gba = preset_config("paper-small", "standard"), preset_config("paper-small", "boosted")
+    extra_round = 2 * d * 3 * d + 4 * T * d + 2 * 2 * d * d
+    assert (2 * d * 3 * d, 4 * T * d, 2 * 2 * d * d, extra_round) == (393_216, 262_144, 262_144, 1_703_936 - 786_432)
+    assert flops_per_token(gba) - flops_per_token(standard) == layers * extra_round
+    assert flops_per_token(gba) == 19_398_656
+    shared = preset_config("paper-small", "boosted", {"attn.kv_source": "shared"})
+    assert (5 * d * d + 4 * d, 3 * d * d + 2 * d) == (328_704, 197_120)
+    assert count_params(gba) == count_params(standard) + layers * 328_704 == 8_734_208
+    assert count_params(shared) == count_params(standard) + layers * 197_120 == 8_207_872
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_builds_forward_backward(preset):
     cfg = preset_config(preset, "boosted")
