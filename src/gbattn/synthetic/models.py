@@ -123,8 +123,9 @@ class EquilibriumDenoiser(nn.Module):
     trained as a deep-equilibrium model with implicit gradients (:func:`attach_implicit_gradient`).
 
     Returns (z* (B, d), attention weights at z* (B, K)); the loss uses the weights of the
-    attention step that produces the answer (one more application at z*, which changes nothing
-    at the fixed point and keeps the gradient exact)."""
+    attention step that produces the answer (one more application: at z* in evaluation, at the
+    re-entered f(z*) that carries the implicit gradient in training; either changes nothing at the
+    fixed point, and the gradient stays exact)."""
 
     def __init__(self, d: int, beta_init: float = 2.0, tol: float = 1e-5, max_iter: int = 200) -> None:
         super().__init__()
