@@ -1,9 +1,14 @@
-"""The repository's results files hold no absolute paths of the machines that made them,
-and every README table points at a results file that exists."""
+"""The repository's results files hold no absolute paths of the machines that made them, every README
+table points at a results file that exists, every number of the README's results tables (and of the
+summaries beside them) is recomputed from its results file, and each results.md / bench.md is what the
+command writes from its JSON."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
+import statistics
 from itertools import count
 from pathlib import Path
 
@@ -77,3 +82,402 @@ def test_nothing_names_a_file_outside_the_repository():
         pattern = re.compile(OUTSIDE.pattern + r"|\.\./|\.device/") if in_results else OUTSIDE
         found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in pattern.finditer(text)]
     assert not found, "\n".join(found[:20])
+
+
+# -- every number of the README's results tables is its results file's ---------------------------------
+
+README_TEXT = (ROOT / "README.md").read_text(encoding="utf-8")
+README_PROSE = " ".join(README_TEXT.split())
+
+
+def readme_table(anchor: str) -> list[list[str]]:
+    """The body rows of the first Markdown table after ``anchor`` (which occurs once in the README), as
+    cells with bold marks removed."""
+    assert README_TEXT.count(anchor) == 1, f"{anchor!r} occurs {README_TEXT.count(anchor)} times in the README"
+    lines = README_TEXT[README_TEXT.index(anchor):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().replace("**", "") for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def assert_table(anchor: str, expected: list[list[str | None]]) -> None:
+    """The README table after ``anchor`` has the expected rows, cell by cell (None: a cell that no results
+    file gives, such as a description or the paper's number)."""
+    rows = readme_table(anchor)
+    assert len(rows) == len(expected), f"{anchor}: README rows {[r[0] for r in rows]}"
+    wrong = [f"{anchor} / {row[0]} / column {i + 1}: README {cell!r}, results file {want!r}"
+             for row, want_row in zip(rows, expected) for i, (cell, want) in enumerate(zip(row, want_row))
+             if want is not None and cell != want]
+    assert not wrong, "\n".join(wrong)
+
+
+def compare_rows(name: str) -> dict[str, dict]:
+    return {m["label"]: m for m in json.loads((ROOT / "results" / name / "results.json").read_text())["models"]}
+
+
+def bench_rows(name: str) -> dict[str, dict]:
+    return {v["variant"]: v for v in json.loads((ROOT / "results" / name).read_text())["variants"]}
+
+
+def signed(value: float, digits: int = 1, unit: str = "%") -> str:
+    """'+0.8%', '−1.6%': the README's signs (U+2212 for minus)."""
+    return f"{value:+.{digits}f}{unit}".replace("-", "\u2212")
+
+
+def change(value: float, base: float) -> str:
+    return signed(100 * (value / base - 1))
+
+
+def nats(row: dict, seed: str) -> float:
+    return math.log(row["valid_ppl"][seed])
+
+
+def paired(row: dict, reference: dict, seeds: list[str]) -> list[float]:
+    return [nats(row, s) - nats(reference, s) for s in seeds]
+
+
+def paired_text(diffs: list[float]) -> str:
+    """'−0.016 (−0.032 / −0.003 / −0.012) real': the mean, each seed's, and whether every seed agrees."""
+    agree = all(d < 0 for d in diffs) or all(d > 0 for d in diffs)
+    return (f"{signed(statistics.fmean(diffs), 3, '')} ({' / '.join(signed(d, 3, '') for d in diffs)})"
+            f"{' real' if agree else ''}")
+
+
+def pflop(row: dict) -> str:
+    return f"{row['train_flops'] / 1e15:.4f}"
+
+
+def test_readme_gpu_table_is_results_gpu():
+    rows = compare_rows("gpu-paper-small-wt2")
+    std = rows["standard"]
+    names = {"standard": "standard", "twicing": "twicing", "param-fair": "param-fair standard", "gba-m2": "GBA M=2",
+             "compute-matched": f"compute-matched standard ({rows['compute-matched']['steps']:,} steps)"}
+    expected = []
+    for label, name in names.items():
+        r, paper = rows[label], rows[label]["published"]
+        expected.append([name, str(r["d_model"]), f"{r['parameters']:,}", f"{r['test_ppl']['42']:.2f}",
+                         "—" if r is std else change(r["test_ppl"]["42"], std["test_ppl"]["42"]),
+                         f"{r['test_ppl']['123']:.2f}" if "123" in r["test_ppl"] else None,
+                         f"{paper[0]:.1f} ± {paper[1]:.1f}" if paper else "—",
+                         "—" if r is std or not paper else change(paper[0], std["published"][0])])
+    assert_table("### Paper recipe at paper scale", expected)
+
+
+def test_readme_design_study_tables_are_results_gba_design():
+    design = compare_rows("gba-design")
+    std, matched = design["standard"], design["compute-matched"]
+    seeds = ["42", "123", "7"]
+    expected = []
+    for label, r in design.items():
+        losses = [nats(r, s) for s in seeds]
+        expected.append([label, None, f"{r['parameters']:,}", pflop(r),
+                         f"{statistics.fmean(losses):.3f} ± {statistics.stdev(losses):.3f}",
+                         "—" if r is std else paired_text(paired(r, std, seeds)),
+                         "—" if r is matched else paired_text(paired(r, matched, seeds))])
+    assert_table("### GBA design study", expected)
+
+    long = compare_rows("cpu-char-long")
+    two = ["42", "123"]
+    names = {"standard": "standard", "param-fair": f"param-fair (d {long['param-fair']['d_model']})",
+             "compute-matched": f"compute-matched ({design['compute-matched']['steps']:,} / "
+                                f"{long['compute-matched']['steps']:,} steps)", "gba-m2": "GBA M=2"}
+
+    def cell(r):
+        losses = [nats(r, s) for s in two]
+        return (f"{r['tokens_per_parameter']:.2f}, {statistics.fmean(losses):.3f} "
+                f"({statistics.fmean(r['valid_ppl'][s] for s in two):.2f})")
+
+    def gap(label, reference):
+        if label == reference:
+            return "—"
+        short = statistics.fmean(paired(design[label], design[reference], two))
+        longer = statistics.fmean(paired(long[label], long[reference], two))
+        return f"{signed(short, 3, '')} → {signed(longer, 3, '')}"
+
+    assert_table("### Training length", [[name, f"{long[label]['parameters']:,}", cell(design[label]),
+                                          cell(long[label]), gap(label, "standard"), gap(label, "param-fair")]
+                                         for label, name in names.items()])
+
+
+def test_readme_wikitext_tables_are_their_results():
+    proxy, design_proxy = compare_rows("cpu-proxy"), compare_rows("gba-design-proxy")
+    design = compare_rows("gba-design")
+    seeds = ["42", "123", "7"]
+
+    def plain(rows, label, name, std_label="standard"):
+        r = rows[label]
+        return [name, f"{r['test_ppl']['42']:.2f}",
+                "—" if label == std_label else change(r["test_ppl"]["42"], rows[std_label]["test_ppl"]["42"]),
+                f"{r['valid_ppl']['42']:.2f}"]
+
+    def matched_name(rows, label="compute-matched"):
+        return f"compute-matched standard ({rows[label]['steps']:,} steps)"
+
+    names = {"standard": "standard", "twicing": "twicing", "param-fair": "param-fair standard",
+             "gba-m2": "GBA M=2", "compute-matched": "compute-matched standard"}
+    expected = []
+    for label, name in names.items():
+        r = proxy[label]
+        name, test, delta, valid = plain(proxy, label, name)
+        expected.append([name, str(r["d_model"]), f"{r['parameters']:,}", f"{r['steps']:,}", test, delta, valid])
+    assert_table("**`cpu-proxy`**:", expected)
+
+    names = {"standard": "standard", "param-fair": "param-fair standard",
+             "compute-matched": matched_name(design_proxy), "gba-m2": "GBA M=2", "gba-m3": "GBA M=3"}
+    expected = []
+    for label, name in names.items():
+        r = design_proxy[label]
+        name, test, delta, valid = plain(design_proxy, label, name)
+        if label.startswith("gba"):
+            delta += f" ({signed(math.log(r['test_ppl']['42'] / design_proxy['standard']['test_ppl']['42']), 3, '')}" \
+                     " nats)"
+        on_char = "—" if label == "standard" else \
+            signed(statistics.fmean(paired(design[label], design["standard"], seeds)), 3, "")
+        expected.append([name, str(r["d_model"]), f"{r['parameters']:,}", pflop(r), test, delta, valid, on_char])
+    assert_table("### The design study's two best", expected)
+
+    modern = compare_rows("cpu-modern")
+    names = {"standard": "standard", "twicing": "twicing", "param-fair": "param-fair standard", "gba-m2": "GBA M=2",
+             "compute-matched": matched_name(modern)}
+    expected = []
+    for label, name in names.items():
+        r = modern[label]
+        name, test, delta, valid = plain(modern, label, name)
+        on_proxy = f"— ({proxy['standard']['test_ppl']['42']:.2f})" if label == "standard" else \
+            change(proxy[label]["test_ppl"]["42"], proxy["standard"]["test_ppl"]["42"])
+        expected.append([name, str(r["d_model"]), f"{r['parameters']:,}", test, delta, valid, on_proxy])
+    assert_table("### Llama-style block", expected)
+    seed123 = compare_rows("cpu-modern-seed123")
+    standard, gba = seed123["standard"]["test_ppl"]["123"], seed123["gba-m2"]["test_ppl"]["123"]
+    assert f"standard {standard:.2f}, GBA {gba:.2f} ({change(gba, standard)})" in README_PROSE
+
+    depth = compare_rows("depth")
+    names = [("standard", "standard", "plain"), ("standard-attnres", "standard", "AttnRes-block"),
+             ("gba-m2", "GBA M=2", "plain"), ("gba-m2-attnres", "GBA M=2", "AttnRes-block"),
+             ("compute-matched", matched_name(depth), "plain")]
+    expected = []
+    for label, name, residual in names:
+        name, test, delta, valid = plain(depth, label, name)
+        expected.append([name, residual, f"{depth[label]['parameters']:,}", test, delta, valid])
+    assert_table("**`depth`**:", expected)
+
+    postln = compare_rows("cpu-postln")
+    names = [(postln, "standard-postln", "standard", "Post-LN", "standard-postln"),
+             (postln, "param-fair-postln", f"param-fair standard (d {postln['param-fair-postln']['d_model']})",
+              "Post-LN", "standard-postln"),
+             (postln, "compute-matched-postln", matched_name(postln, "compute-matched-postln"), "Post-LN",
+              "standard-postln"),
+             (postln, "gba-m2-postln", "GBA M=2", "Post-LN", "standard-postln"),
+             (proxy, "standard", "standard", "Pre-LN", "standard"), (proxy, "gba-m2", "GBA M=2", "Pre-LN", "standard"),
+             (depth, "standard-attnres", "standard", "Pre-LN + AttnRes-block", "standard-attnres"),
+             (depth, "gba-m2-attnres", "GBA M=2", "Pre-LN + AttnRes-block", "standard-attnres")]
+    expected = []
+    for rows, label, name, stream, std_label in names:
+        name, test, delta, valid = plain(rows, label, name, std_label)
+        expected.append([name, stream, f"{rows[label]['parameters']:,}", test, delta, valid, None])
+    assert_table("**Post-LN** (`cpu-postln`)", expected)
+
+
+def test_readme_upcycle_table_is_results_upcycle():
+    rows = compare_rows("upcycle")
+    base, continued = rows["base"], rows["standard-continued"]
+    expected = []
+    for r in rows.values():
+        if r is base:
+            continue
+        test = r["test_ppl"]["42"]
+        if r["init_from"]:
+            steps, flops = f"{r['steps']:,}", f"{pflop(r)} / {(r['train_flops'] + base['train_flops']) / 1e15:.4f}"
+            wall = f"{r['wall_clock_s'] / 60:.1f} / {(r['wall_clock_s'] + base['wall_clock_s']) / 60:.1f} min"
+        else:
+            steps, flops, wall = f"{r['steps']:,} (all)", pflop(r), f"{r['wall_clock_s'] / 60:.1f} min"
+        expected.append([None, f"{r['parameters']:,}", steps, flops, f"{test:.2f}",
+                         "—" if r is continued else change(test, continued["test_ppl"]["42"]),
+                         f"{r['valid_ppl']['42']:.2f}", wall])
+    assert_table("### Upcycling at cpu-proxy", expected)
+    assert f"test ppl {base['test_ppl']['42']:.2f}" in README_PROSE
+    assert f"adds the base's {pflop(base)} PFLOP" in README_PROSE
+
+
+def test_readme_cpu_char_table_is_results_cpu_char():
+    rows = compare_rows("cpu-char")
+    std = rows["standard"]
+    names = {"standard": "standard", "twicing": "twicing", "param-fair": "param-fair standard", "gba-m2": "GBA M=2",
+             "compute-matched": "compute-matched standard"}
+    expected = []
+    for label, name in names.items():
+        r = rows[label]
+        ppl = [r["valid_ppl"][s] for s in ("42", "123")]
+        losses = f"{nats(r, '42'):.3f} / {nats(r, '123'):.3f}" + (" (nanoGPT reports ~1.88)" if r is std else "")
+        expected.append([name, str(r["d_model"]), f"{r['parameters']:,}", f"{r['steps']:,}", losses,
+                         f"{statistics.fmean(ppl):.2f} ± {statistics.stdev(ppl):.2f}",
+                         "—" if r is std else change(statistics.fmean(ppl),
+                                                     statistics.fmean(std["valid_ppl"][s] for s in ("42", "123")))])
+    assert_table("**`cpu-char`**:", expected)
+
+
+def test_readme_quickstart_training_is_the_cpu_char_gba_run():
+    """The Quickstart's `gbattn train --preset cpu-char --attn boosted` is cpu-char's GBA M=2 run (seed 42)."""
+    gba = compare_rows("cpu-char")["gba-m2"]
+    assert (f"{gba['steps']:,} steps; valid loss {nats(gba, '42'):.3f} (ppl {gba['valid_ppl']['42']:.2f})"
+            in README_PROSE)
+
+
+def test_readme_recipe_times_are_the_measured_wall_clock():
+    """The recipes table's CPU times are the sum of the recorded runs' wall-clock for the recipe's seeds."""
+    from gbattn.experiments.recipes import get_recipe
+
+    def duration(recipe: str, directory: str | None = None) -> str:
+        rows = compare_rows(directory or recipe)
+        minutes = sum(r["wall_clock_s"] for r in rows.values()) * len(get_recipe(recipe).seeds) / 60
+        return f"~{minutes:.0f} min" if minutes < 90 else f"~{minutes / 60:.1f} h"
+
+    scale = {row[0]: row[2] for row in readme_table("## Reproducing the paper's tables")}
+    for recipe in ("cpu-proxy", "cpu-modern", "upcycle", "cpu-char", "cpu-char-long", "gba-design", "gba-design-proxy"):
+        assert scale[f"`{recipe}`"] == f"2 CPU cores, {duration(recipe)}", recipe
+    assert scale["`cpu-postln`, `depth`"] == f"2 CPU cores, {duration('cpu-postln')} and {duration('depth')}"
+
+
+def test_readme_should_i_use_gba_is_the_tables():
+    """The summary's numbers are the tables' (the step, memory and decode ranges over every CPU benchmark
+    of paper-small)."""
+    gpu, proxy, design = compare_rows("gpu-paper-small-wt2"), compare_rows("cpu-proxy"), compare_rows("gba-design")
+    modern, modern123 = compare_rows("cpu-modern"), compare_rows("cpu-modern-seed123")
+    upcycle, design_proxy = compare_rows("upcycle"), compare_rows("gba-design-proxy")
+    seeds = ["42", "123", "7"]
+    char_gain = statistics.fmean(paired(design["gba-m2"], design["standard"], seeds))
+    paper_gain, proxy_gain = (change(rows["gba-m2"]["test_ppl"]["42"], rows["standard"]["test_ppl"]["42"])
+                              for rows in (gpu, proxy))
+    assert (f"{paper_gain} test perplexity at paper scale (one seed, one H200), {proxy_gain} at `cpu-proxy` and "
+            f"{signed(char_gain, 3, '')} nats on `cpu-char` (every one of 3 seeds)") in README_PROSE
+    assert (f"{change(modern['gba-m2']['test_ppl']['42'], modern['standard']['test_ppl']['42'])} and "
+            f"{change(modern123['gba-m2']['test_ppl']['123'], modern123['standard']['test_ppl']['123'])} (worse) "
+            "on two seeds") in README_PROSE
+    matched, upcycled = (upcycle[k]["test_ppl"]["42"] for k in ("standard-continued-compute-matched", "gba-upcycled"))
+    assert (f"gives {100 * (1 - matched / upcycled):.1f}% lower perplexity than the upcycled GBA, {matched:.2f} "
+            f"against {upcycled:.2f}") in README_PROSE
+
+    cpu = [bench_rows(f"{name}/bench.json") for name in
+           ("bench-cpu", "bench-cpu-nodrop", "bench-compile-cpu", "bench-compile-cpu-recheck")]
+    h200 = bench_rows("gpu-paper-small-wt2/bench-cuda.json")
+    gba, std = cpu[0]["boosted"], cpu[0]["standard"]
+    steps = [b["boosted"]["step_ratio"] for b in cpu]
+    memory = [b["boosted"]["memory_ratio"] for b in cpu]
+    decode = [b["boosted"]["decode_ratio"] for b in cpu]
+    compiled = [b["standard · compiled"]["decode_tokens_per_s"] / b["boosted · compiled"]["decode_tokens_per_s"]
+                for b in cpu if "boosted · compiled" in b]
+    assert (f"(M=2, `paper-small`) {100 * (gba['parameters'] / std['parameters'] - 1):.0f}% more parameters and "
+            f"{100 * (gba['flop_ratio'] - 1):.0f}% more training FLOPs, {min(steps):.1f}–{max(steps):.1f}x the step "
+            f"time on a CPU ({h200['boosted']['step_ratio']:.1f}x on an H200 at this small size), "
+            f"{100 * (min(memory) - 1):.0f}–{100 * (max(memory) - 1):.0f}% more training memory on a CPU "
+            f"({h200['boosted']['memory_ratio']:.2f}x on the H200), a second KV cache and "
+            f"{min(decode):.2f}–{max(decode):.2f}x the time per decoded token on a CPU "
+            f"({min(compiled):.2f}–{max(compiled):.2f}x with the compiled decode step; "
+            f"{h200['boosted']['decode_ratio']:.2f}x on the H200, eager)") in README_PROSE
+
+    m3, std = design_proxy["gba-m3"], design_proxy["standard"]
+    flops = 100 * (m3["train_flops"] / std["train_flops"] - 1)
+    assert (f"doubles the gain ({change(m3['test_ppl']['42'], std['test_ppl']['42'])} at `cpu-proxy`) for "
+            f"{100 * (m3['parameters'] / std['parameters'] - 1):.0f}% more parameters and "
+            f"{flops:.0f}% more training FLOPs than standard") in README_PROSE
+
+
+def test_readme_denoise_table_and_gate_spread_are_results_denoise():
+    tables = json.loads((ROOT / "results" / "denoise" / "results.json").read_text())["tables"]
+    rounds = tables["rounds"]["rows"]
+    assert_table("## Synthetic pattern denoising", [
+        ["ours (mean ± std, 3 seeds)", *(f"{r['ours']['mean']:.1f} ± {r['ours']['std']:.1f}" for r in rounds),
+         f"{tables['rounds']['bayes']:.1f}"],
+        ["paper v1", *(f"{r['paper_v1']:.1f}" for r in rounds), "—"],
+        ["paper revision", *(f"{r['paper_revision']:.1f}" for r in rounds), f"{tables['rounds']['bayes']:.1f}"]])
+    gates = [r["ours"]["mean"] for r in tables["gates"]["rows"] if r["gate"] != "baseline"]
+    assert len(gates) == 5 and f"the five gates within {max(gates) - min(gates):.1f} points" in README_PROSE
+
+
+def test_readme_speed_tables_are_the_bench_files():
+    dropout, nodrop = bench_rows("bench-cpu/bench.json"), bench_rows("bench-cpu-nodrop/bench.json")
+    names = {"standard": "standard", "boosted": "boosted (M=2)",
+             "boosted:kv_source=shared": "boosted, kv_source=shared",
+             "twicing": "twicing", "gated": "gated", "differential": "differential"}
+    mib = 1 << 20
+
+    def step(v):
+        lo, hi = v["step_ratio_range"]
+        return f"{v['step_ratio']:.3f} ({lo:.2f}–{hi:.2f})"
+
+    expected = []
+    for variant, name in names.items():
+        d, n = dropout[variant], nodrop[variant]
+        standard = variant == "standard"
+        expected.append([
+            name, f"{n['parameters']:,}", f"{n['flop_ratio']:.3f}",
+            f"1.000 ({1000 * d['step_s']:,.0f} ms)" if standard else step(d), f"{d['step_over_flop_ratio']:.3f}",
+            f"1.000 ({1000 * n['step_s']:,.0f} ms)" if standard else step(n), f"{n['step_over_flop_ratio']:.3f}",
+            f"1.00 ({n['peak_memory_bytes'] / mib:,.0f} MiB)" if standard else f"{n['memory_ratio']:.2f}",
+            f"1.00 ({n['decode_tokens_per_s']:,.0f} tokens/s)" if standard else f"{n['decode_ratio']:.2f}"])
+    assert_table("On this project's 2-core CPU (x86_64, torch 2.13 CPU build, batch 8 x 255", expected)
+
+    h200 = bench_rows("gpu-paper-small-wt2/bench-cuda.json")
+    assert_table("On one H200 (`gbattn bench", [
+        [name, f"{1000 * v['step_s']:.1f}", f"{v['tokens_per_s']:,.0f}", f"{v['peak_memory_bytes'] / mib:,.0f}",
+         f"{v['step_ratio']:.3f}", f"{v['flop_ratio']:.3f}", f"{v['step_over_flop_ratio']:.3f}",
+         f"{v['decode_tokens_per_s']:,.0f}"] for variant, name in names.items() for v in [h200[variant]]])
+
+    def compile_rows(bench):
+        return [[name, f"{1000 * bench[variant]['step_s']:.1f}", f"{1000 * c['step_s']:.1f}",
+                 f"{c['compiled_step_speedup']:.2f}", f"{bench[variant]['decode_tokens_per_s']:,.0f}",
+                 f"{c['decode_tokens_per_s']:,.0f}", f"{c['compiled_decode_speedup']:.2f}",
+                 f"{c['compile_s']['train']:.0f} / {c['compile_s']['decode']:.0f}"]
+                for variant, name in (("standard", "standard"), ("boosted", "boosted (M=2)"))
+                for c in [bench[f"{variant} · compiled"]]]
+
+    first, recheck, proxy = (bench_rows(f"{name}/bench.json") for name in
+                             ("bench-compile-cpu", "bench-compile-cpu-recheck", "bench-compile-cpu-proxy"))
+    assert_table("### Compiled vs eager", compile_rows(first))
+    assert_table("The same at the CPU recipes' size", compile_rows(proxy))
+
+    def pays_after(bench, variant):
+        """New tokens after which compiling the decode step has paid its compile time, to the hundred."""
+        eager, compiled = bench[variant], bench[f"{variant} · compiled"]
+        saved = 1 / eager["decode_tokens_per_s"] - 1 / compiled["decode_tokens_per_s"]
+        return f"{round(compiled['compile_s']['decode'] / saved, -2):,.0f}"
+
+    assert (f"only after about {pays_after(recheck, 'standard')} (standard) to {pays_after(recheck, 'boosted')} "
+            "(GBA) new tokens") in README_PROSE
+    assert (f"{pays_after(first, 'boosted')} (GBA) to {pays_after(first, 'standard')} (standard) new tokens in the "
+            f"first run and {pays_after(recheck, 'boosted')} to {pays_after(recheck, 'standard')} in the re-run "
+            f"({pays_after(proxy, 'boosted')} and {pays_after(proxy, 'standard')} at `cpu-proxy` size)") in README_PROSE
+    own = [1000 * s for s in nodrop["standard"]["step_s_all"]]
+    assert f"standard's own step varied from {min(own):,.0f} to {max(own):,.0f} ms within one run" in README_PROSE
+    sweep = json.loads((ROOT / "results" / "bench-cpu-nodrop" / "bench.json").read_text())["sweep"]
+    by_length = {}
+    for r in sweep:
+        by_length.setdefault(r["seq_len"], {})[r["variant"]] = r
+    ratios = ", ".join(f"{v['boosted']['step_s'] / v['standard']['step_s']:.2f}" for v in by_length.values())
+    lengths = sorted(by_length)
+    assert f"GBA's step over standard's is {ratios} at T = {lengths[0]} to {lengths[-1]:,}" in README_PROSE
+    memory = {name: [by_length[t][name]["peak_memory_bytes"] / mib for t in (lengths[0], lengths[-1])]
+              for name in ("standard", "boosted")}
+    assert (f"peak memory grows from {memory['standard'][0]:,.0f} to {memory['standard'][1]:,.0f} MiB (standard) and "
+            f"{memory['boosted'][0]:,.0f} to {memory['boosted'][1]:,.0f} MiB (GBA)") in README_PROSE
+
+    saved_ms = [1000 * (proxy[v]["step_s"] - proxy[f"{v} · compiled"]["step_s"]) for v in ("standard", "boosted")]
+    assert (f"saves {saved_ms[0]:.1f} ms (standard) to {saved_ms[1]:.1f} ms (GBA) a step, which over the 1,200 steps "
+            f"of a CPU recipe is about {1.2 * saved_ms[0]:.0f} s and {1.2 * saved_ms[1]:.0f} s") in README_PROSE
+
+
+def test_compare_results_md_is_its_results_json():
+    """Each comparison's results.md is what `gbattn compare` writes from its results.json (not edited apart)."""
+    from gbattn.experiments.report import read_report, results_markdown
+    checked = 0
+    for path in sorted((ROOT / "results").glob("*/results.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        if "models" in report:
+            assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
+            checked += 1
+    assert checked == 11
+
