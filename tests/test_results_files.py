@@ -481,3 +481,17 @@ def test_compare_results_md_is_its_results_json():
             checked += 1
     assert checked == 11
 
+
+def test_bench_md_is_its_bench_json():
+    """Each CPU benchmark's bench.md is what `gbattn bench` writes from its bench.json (the H200 one was
+    written by an earlier bench without step-ratio ranges, so its README table is checked against its JSON
+    above instead)."""
+    from gbattn.bench.speed import bench_markdown
+    checked = 0
+    for path in sorted((ROOT / "results").rglob("bench*.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        if all("step_ratio_range" in v for v in report["variants"]):
+            report["compile"] = report["compile"] or "off"  # recorded as false before --compile took a mode
+            assert bench_markdown(report) == path.with_suffix(".md").read_text(encoding="utf-8"), path
+            checked += 1
+    assert checked == 5
