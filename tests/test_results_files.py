@@ -25,6 +25,31 @@ def test_results_files_hold_no_absolute_paths():
     assert not found, "\n".join(found[:20])
 
 
+def test_results_json_strings_are_not_absolute_paths():
+    """No string anywhere in a results JSON file is an absolute or home-relative path, whatever its first
+    folder (/scratch/..., /data/..., ~/..., C:\\...): run and data paths are recorded by their last parts."""
+
+    def strings(value):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield key
+                yield from strings(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from strings(item)
+        elif isinstance(value, str):
+            yield value
+
+    found = []
+    for path in sorted((ROOT / "results").rglob("*.json")):
+        for text in strings(json.loads(path.read_text(encoding="utf-8"))):
+            for word in re.split(r"[\s=]", text):
+                word = word.strip("\"'`(),;[]")
+                if re.match(r"(/[^/\s]+/|~/|[A-Za-z]:\\)", word):
+                    found.append(f"{path.relative_to(ROOT)}: {word}")
+    assert not found, "\n".join(found[:20])
+
+
 def test_readme_links_to_results_that_exist():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     links = re.findall(r"\]\((results/[^)#]+)", readme)
