@@ -289,6 +289,7 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
                      "--out", str(tmp_path / "fig")])
     assert code == 0
     gap = json.loads((tmp_path / "fig" / "gap.json").read_text())
+    assert gap["command"] == "gbattn plot short long --gap gba-m2 --against standard --out fig"  # no machine paths
     ends = {s["steps"]: s["points"][-1] for s in gap["series"]}
     assert ends[400]["difference"] == pytest.approx(-0.01) and ends[1600]["difference"] == pytest.approx(-0.01)
     assert ends[1600]["tokens_per_parameter"] == pytest.approx(160.0) and ends[400]["seeds"] == 2

@@ -458,14 +458,17 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
 
 
 def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bool = False) -> list[Path]:
-    """gap.png and gap.json: ``model`` minus each reference against training length, one line per directory."""
+    """gap.png and gap.json (with the command that wrote it): ``model`` minus each reference against training
+    length, one line per directory."""
     from gbattn.analysis import figures
     from gbattn.files import check_writable_dir, write_json
+    from gbattn.runtime import command_line
 
     figures.require_matplotlib()
     series = [gap_series(Path(d), model, ref) for ref in references for d in compare_dirs]
     out = check_writable_dir(out, "--out", create=True)
-    write_json({"model": model, "references": references, "series": series}, out / "gap.json")
+    write_json({"command": command_line(portable=True), "model": model, "references": references, "series": series},
+               out / "gap.json")
     return figures.save(figures.gap_figure(series, model, references), out, "gap", pdf) + [out / "gap.json"]
 
 
