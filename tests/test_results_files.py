@@ -520,3 +520,24 @@ def test_bench_md_is_its_bench_json():
             assert bench_markdown(report) == path.with_suffix(".md").read_text(encoding="utf-8"), path
             checked += 1
     assert checked == 5
+
+
+def test_readme_analysis_figures_are_the_h200_analysis_summary():
+    """The numbers beside the analysis figures are results/gpu-paper-small-wt2/analysis-summary.json's."""
+    summary = json.loads((ROOT / "results" / "gpu-paper-small-wt2" / "analysis-summary.json").read_text())
+    gates, entropy, norms = summary["gates"], summary["entropy"], summary["norms"]["per_layer"]
+    assert (f"per-layer means {' / '.join(f'{g:.2f}' for g in gates['mean_per_layer'])} "
+            f"(paper {' / '.join(f'{g:.2f}' for g in gates['paper_mean_per_layer'])})") in README_PROSE
+    first, second = entropy["mean_per_round"]
+    changes = [f"{signed(100 * (layer['mean_per_round'][1] / layer['mean_per_round'][0] - 1), 0)}"
+               for layer in entropy["per_layer"]]
+    assert (f"the correction round is {100 * entropy['relative_drop']:.0f}% lower in entropy on average "
+            f"({first:.2f} → {second:.2f} nats;") in README_PROSE
+    assert f"sharply so in layers 1 and 2 ({changes[1]}, {changes[2]})" in README_PROSE
+    assert f"layer 0 is the exception ({changes[0]})" in README_PROSE and f"layer 3 too ({changes[3]})" in README_PROSE
+    diff = summary["loss_diff"]
+    assert (f"GBA is better on {100 * diff['fraction_positive']:.0f}% of tokens, by {diff['mean']:+.3f} nats on average"
+            in README_PROSE)
+    assert (f"small in layer 0, {norms[0]['gated_correction']:.2f} against a residual of {norms[0]['residual']:.1f}, "
+            f"and largest in layers 1 and 2, {norms[1]['gated_correction']:.1f} and {norms[2]['gated_correction']:.1f}"
+            in README_PROSE)
