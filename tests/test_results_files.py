@@ -541,3 +541,90 @@ def test_readme_analysis_figures_are_the_h200_analysis_summary():
     assert (f"small in layer 0, {norms[0]['gated_correction']:.2f} against a residual of {norms[0]['residual']:.1f}, "
             f"and largest in layers 1 and 2, {norms[1]['gated_correction']:.1f} and {norms[2]['gated_correction']:.1f}"
             in README_PROSE)
+
+
+
+def test_readme_results_prose_is_the_results_files():
+    """The figures quoted in the Results sections' prose, recomputed from the results files."""
+    proxy, modern, modern123 = compare_rows("cpu-proxy"), compare_rows("cpu-modern"), compare_rows("cpu-modern-seed123")
+    depth, postln, upcycle = compare_rows("depth"), compare_rows("cpu-postln"), compare_rows("upcycle")
+    design, design_proxy, char = compare_rows("gba-design"), compare_rows("gba-design-proxy"), compare_rows("cpu-char")
+    gpu = compare_rows("gpu-paper-small-wt2")
+
+    def test(row):
+        return row["test_ppl"]["42"]
+
+    def more(row, other, key, digits=0):
+        """How much more of ``key`` (parameters, train_flops) ``row`` has than ``other``, in percent."""
+        return f"{100 * (row[key] / other[key] - 1):.{digits}f}%"
+
+    def fewer(row, other, key):
+        return f"{100 * (1 - row[key] / other[key]):.0f}%"
+
+    expected = []
+    # paper scale: the seed spread of the param-fair model
+    fair = gpu["param-fair"]["test_ppl"]
+    expected.append(f"within the seed spread of {abs(fair['42'] - fair['123']):.1f})")
+
+    # design study: the gaps of every GBA configuration to compute-matched
+    seeds = ["42", "123", "7"]
+    gaps = [paired(row, design["compute-matched"], seeds) for label, row in design.items() if label.startswith("gba")]
+    means = [statistics.fmean(g) for g in gaps]
+    expected.append(f"(by {signed(min(min(g) for g in gaps), 2, '')} to {signed(max(max(g) for g in gaps), 2, '')} "
+                    f"nats per seed, {signed(min(means), 2, '')} to {signed(max(means), 2, '')} on average)")
+
+    # gba-design-proxy: M=3 against the matched models
+    m3 = design_proxy["gba-m3"]
+    expected.append(f"GBA M=3, with {more(m3, design_proxy['param-fair'], 'parameters')} more parameters than "
+                    f"param-fair and {more(m3, design_proxy['compute-matched'], 'train_flops')} more training FLOPs "
+                    "than compute-matched")
+
+    # cpu-modern: the mean gap over two seeds, and the parameter gaps
+    gaps = [math.log(test(modern["gba-m2"]) / test(modern["standard"])),
+            math.log(modern123["gba-m2"]["test_ppl"]["123"] / modern123["standard"]["test_ppl"]["123"])]
+    expected.append(f"{signed(statistics.fmean(gaps), 3, '')} nats on average")
+    expected.append(f"param-fair here has {more(modern['param-fair'], modern['gba-m2'], 'parameters', 1)} more "
+                    f"parameters than GBA, against {more(proxy['param-fair'], proxy['gba-m2'], 'parameters', 1)} in "
+                    "`cpu-proxy`")
+    expected.append(f"with {fewer(modern['standard'], modern['gba-m2'], 'parameters')} fewer parameters than GBA")
+    expected.append(f"standard goes from {test(proxy['standard']):.2f} to {test(modern['standard']):.2f} with "
+                    f"{fewer(modern['standard'], proxy['standard'], 'parameters')} fewer parameters")
+
+    # upcycle
+    base, scratch, continued = upcycle["base"], upcycle["gba-scratch"], upcycle["standard-continued"]
+    matched, upcycled = upcycle["standard-continued-compute-matched"], upcycle["gba-upcycled"]
+    in_all = {"train_flops": matched["train_flops"] + base["train_flops"]}
+    expected.append(f"spending the same extra FLOPs on {matched['steps'] - upcycled['steps']} more standard steps")
+    expected.append(f"with {fewer(in_all, scratch, 'train_flops')} fewer FLOPs in all")
+    expected.append(f"as good as the residual one for {fewer(upcycle['gba-shared-upcycled'], upcycled, 'train_flops')} "
+                    "fewer FLOPs")
+    restart = test(continued), test(upcycle["standard-scratch"])
+    expected.append(f"costs standard {change(*restart)[1:]} against one uninterrupted schedule of the same length "
+                    f"({restart[0]:.2f} vs {restart[1]:.2f})")
+
+    # cpu-char and cpu-proxy
+    expected.append(f"(with seed 123 alone it is "
+                    f"{change(char['gba-m2']['valid_ppl']['123'], char['standard']['valid_ppl']['123'])})")
+    expected.append(f"({more(char['compute-matched'], char['standard'], 'steps')} more steps)")
+    expected.append(f"[`results/cpu-proxy/`](results/cpu-proxy/results.md), "
+                    f"{sum(r['wall_clock_s'] for r in proxy.values()) / 60:.0f} minutes for the five models")
+
+    # depth and Post-LN
+    attnres, fair, first = depth["standard-attnres"], proxy["param-fair"], depth["standard-attnres"]["curves"]["42"][0]
+    expected.append(f"test {test(attnres):.3f} vs {test(fair):.3f}, valid {attnres['valid_ppl']['42']:.3f} vs "
+                    f"{fair['valid_ppl']['42']:.3f}, with different curves: {first['valid_ppl']:.2f} vs "
+                    f"{fair['curves']['42'][0]['valid_ppl']:.2f} at step {first['step']}")
+    gba_attnres = depth["gba-m2-attnres"]
+    expected.append(f"GBA's gain on top of AttnRes ({test(attnres):.2f} → {test(gba_attnres):.2f}, "
+                    f"{change(test(gba_attnres), test(attnres))})")
+    expected.append(f"AttnRes's gain is about the same with or without GBA "
+                    f"({change(test(attnres), test(depth['standard']))}, "
+                    f"{change(test(gba_attnres), test(depth['gba-m2']))})")
+    expected.append(f"AttnRes costs {attnres['parameters'] - depth['standard']['parameters']:,} parameters here")
+    expected.append(f"[`results/cpu-postln/`](results/cpu-postln/results.md), "
+                    f"{sum(r['wall_clock_s'] for r in postln.values()) / 60:.0f} minutes for the four models")
+    expected.append(f"(validation {postln['standard-postln']['curves']['42'][0]['valid_ppl']:.0f} vs "
+                    f"{proxy['standard']['curves']['42'][0]['valid_ppl']:.0f} at step 300)")
+
+    missing = [text for text in expected if text not in README_PROSE]
+    assert not missing, "\n".join(missing)
