@@ -5,6 +5,7 @@ command writes from its JSON."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -625,6 +626,20 @@ def test_readme_results_prose_is_the_results_files():
                     f"{sum(r['wall_clock_s'] for r in postln.values()) / 60:.0f} minutes for the four models")
     expected.append(f"(validation {postln['standard-postln']['curves']['42'][0]['valid_ppl']:.0f} vs "
                     f"{proxy['standard']['curves']['42'][0]['valid_ppl']:.0f} at step 300)")
+
+    # training length: the figure's end points (gap.json) and the epochs of tiny-shakespeare's 90% training split
+    gap = json.loads((ROOT / "results" / "training-length" / "gap.json").read_text())
+    ends = {(s["directory"], s["reference"]): s["points"][-1]["difference"] for s in gap["series"]}
+    expected.append(f"{signed(ends['gba-design', 'standard'], 3, '')} vs standard and "
+                    f"{signed(ends['gba-design', 'param-fair'], 3, '')} vs param-fair at step 2,000")
+    expected.append(f"At step 8,000 the figure reads {signed(ends['cpu-char-long', 'standard'], 3, '')} and "
+                    f"{signed(ends['cpu-char-long', 'param-fair'], 3, '')}")
+    corpus = ROOT / "src" / "gbattn" / "data" / "corpora" / "tiny-shakespeare.txt.gz"
+    train_chars = 0.9 * len(gzip.decompress(corpus.read_bytes()).decode("utf-8"))
+    long = compare_rows("cpu-char-long")
+    expected.append(f"8,000 steps are {long['standard']['train_tokens'] / train_chars:.1f} epochs for it, and the "
+                    f"compute-matched model's {long['compute-matched']['steps']:,} steps "
+                    f"{long['compute-matched']['train_tokens'] / train_chars:.1f}")
 
     missing = [text for text in expected if text not in README_PROSE]
     assert not missing, "\n".join(missing)
