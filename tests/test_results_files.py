@@ -138,6 +138,8 @@ def assert_table(anchor: str, expected: list[list[str | None]]) -> None:
     wrong = [f"{anchor} / {row[0]} / column {i + 1}: README {cell!r}, results file {want!r}"
              for row, want_row in zip(rows, expected) for i, (cell, want) in enumerate(zip(row, want_row))
              if want is not None and cell != want]
+    wrong += [f"{anchor} / {row[0]}: {len(row)} cells, {len(want_row)} expected"
+              for row, want_row in zip(rows, expected) if len(row) != len(want_row)]
     assert not wrong, "\n".join(wrong)
 
 
