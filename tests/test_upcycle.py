@@ -296,6 +296,14 @@ def _shorter_positions(directory: Path) -> None:
     (directory / "config.json").write_text(json.dumps({**config, "n_positions": 32}))
 
 
+def _infinite_norm_gain(directory: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(directory / "model.safetensors")
+    weights["transformer.ln_f.weight"][3] = float("inf")
+    save_file(weights, directory / "model.safetensors")
+
+
 DAMAGED = {
     "training-checkpoint": (_training_checkpoint, "pytorch_model.bin is not a state dict of named tensors"),
     "shard-outside": (_shard_outside, "names shard '../outside.safetensors', which is not a file in"),
@@ -303,6 +311,8 @@ DAMAGED = {
     "shape": (_shorter_positions, "weight wpe.weight has shape (64, 32), the config implies (32, 32)"),
     "safetensors": (lambda d: (d / "model.safetensors").write_bytes(b"\x08" + bytes(15)), "is not a valid safetensors"),
     "tokenizer": (lambda d: (d / "tokenizer.json").write_text("{not json"), "is not a valid tokenizer.json"),
+    # upcycled before, into a run that every later command refused as damaged
+    "non-finite": (_infinite_norm_gain, "hold NaN or infinite values (transformer.ln_f.weight)"),
 }
 
 
@@ -310,7 +320,7 @@ DAMAGED = {
 def test_damaged_checkpoint_directories_are_refused_in_one_line(damage, message, gpt2_dir, tmp_path):
     """Weights that are not a state dict, a shard index naming a file outside the directory (it is not
     read) or naming no shards, a weight of another shape than the config's, a broken safetensors file or
-    tokenizer.json."""
+    tokenizer.json, an infinite weight."""
     directory = tmp_path / "damaged"
     shutil.copytree(gpt2_dir, directory)
     damage(directory)

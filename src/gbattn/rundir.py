@@ -520,15 +520,21 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
                      which)
 
 
-def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> None:
-    """``model.load_state_dict(weights)`` with a one-line error when they do not fit the config or
-    are not finite (a trained model never is: the trainer does not step on a non-finite loss)."""
+def check_finite(weights: dict, where: str | Path) -> None:
+    """A one-line error naming the weights that hold NaN or infinite values (a trained model's never
+    do: the trainer does not step on a non-finite loss)."""
     damaged = [name for name, w in weights.items()
                if isinstance(w, torch.Tensor) and w.layout == torch.strided and w.is_floating_point()
                and not torch.isfinite(w).all()]
     if damaged:
         raise CheckpointError(f"the weights in {where} hold NaN or infinite values ({', '.join(damaged[:3])}"
                               f"{', ...' if len(damaged) > 3 else ''}): the file is damaged; restore a copy of it")
+
+
+def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> None:
+    """``model.load_state_dict(weights)`` with a one-line error when they do not fit the config or
+    are not finite (:func:`check_finite`)."""
+    check_finite(weights, where)
     try:
         model.load_state_dict(weights)
     except (RuntimeError, KeyError, ValueError) as e:
