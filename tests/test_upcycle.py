@@ -247,6 +247,32 @@ def test_pickle_that_would_run_code_is_refused(gpt2_dir, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+def test_torch_bin_of_another_pickle_protocol(gpt2_dir, tmp_path, zip_format):
+    """A ``pytorch_model.bin`` of tensors saved with ``pickle_protocol=3`` converts without torch's warning
+    about the protocol (two lines of stderr per load before, five in the legacy format); one saved with
+    protocol 4, which torch's safe reader does not read, is refused naming its protocol (before: "holds
+    Python objects beyond tensors", which it does not)."""
+    import warnings
+
+    directory = tmp_path / "bin"
+    directory.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(gpt2_dir / name, directory)
+    state = gpt2_model().state_dict()
+    torch.save(state, directory / "pytorch_model.bin", pickle_protocol=3, _use_new_zipfile_serialization=zip_format)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        source = load_source(directory)
+    assert [str(w.message) for w in caught] == []
+    idx = tokens()
+    torch.testing.assert_close(logits64(source.build_model(), idx), logits64(load_source(gpt2_dir).build_model(), idx),
+                               **EXACT)
+    torch.save(state, directory / "pytorch_model.bin", pickle_protocol=4, _use_new_zipfile_serialization=zip_format)
+    with pytest.raises(CheckpointError, match=re.escape("is pickled with protocol 4, which torch's safe reader")):
+        load_source(directory)
+
+
 # How other savers (older transformers, a plain torch.save, GPT2Model) name and store the same weights.
 WEIGHT_FILES = {
     "tied-head-stored-too": (gpt2_model, {}, lambda sd: sd),

@@ -29,6 +29,7 @@ import json
 import os
 import pickle
 import stat
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,12 +161,20 @@ def read_torch_file(path: str | Path, map_location="cpu"):
     if not path.is_file():
         raise CheckpointError(f"no such file: {path}")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch warns of every protocol but 2, on files it reads too
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        if not zipfile.is_zipfile(path) and not _starts_as_pickle(path):  # torch.save writes one of these
+        protocol = _pickle_protocol(path)
+        if not zipfile.is_zipfile(path) and protocol is None:  # torch.save writes one of these
             raise CheckpointError(f"{path} is not a torch.save file (another kind of file, or corrupted): restore "
                                   f"a copy of it") from None
         if "weights_only" in str(e) or "Weights only load failed" in str(e):
+            if (protocol or 2) > 3:  # torch's safe reader stops at protocol 4's first opcode, tensors or not
+                raise CheckpointError(f"{path} is pickled with protocol {protocol}, which torch's safe reader "
+                                      f"(weights_only=True) does not read, or holds Python objects beyond tensors "
+                                      f"(loading it otherwise could run code): refused; save its tensors with "
+                                      f"torch.save's default protocol, or as safetensors") from None
             raise CheckpointError(f"{path} holds Python objects beyond tensors (loading it could run code): refused; "
                                   f"only files of tensors and plain values are read") from None
         detail = error_detail(e)
@@ -174,11 +183,21 @@ def read_torch_file(path: str | Path, map_location="cpu"):
     raise CheckpointError(f"{path} is truncated or corrupted ({detail}); restore a copy of it")
 
 
-def _starts_as_pickle(path: Path) -> bool:
-    """Whether the file begins with a pickle's PROTO opcode (protocol 2 or later), as torch.save's
-    legacy format and plain pickles do."""
-    with open(path, "rb") as f:
-        return f.read(1) == b"\x80"
+def _pickle_protocol(path: Path) -> int | None:
+    """The protocol of the pickle a torch.save file holds, from its PROTO opcode (protocol 2 or later):
+    at the start of the file (the legacy format, and plain pickles) or of the zip format's data.pkl;
+    None where there is none."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                name = next((n for n in archive.namelist() if n.rsplit("/", 1)[-1] == "data.pkl"), None)
+                head = archive.open(name).read(2) if name else b""
+        else:
+            with open(path, "rb") as f:
+                head = f.read(2)
+    except (OSError, zipfile.BadZipFile, RuntimeError):  # RuntimeError: an encrypted member
+        return None
+    return head[1] if len(head) == 2 and head[0] == 0x80 else None
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
