@@ -710,17 +710,33 @@ def test_upcycled_run_records_its_parameters_and_how_it_was_made(gpt2_dir, tmp_p
 
 def test_sources_that_are_not_what_a_command_wants_get_a_line_that_says_so(gpt2_dir, tmp_path, capsys):
     """A config field of the wrong type, a directory without config.json, and a Hugging Face
-    checkpoint given to ``train --init-from`` (which wants a gbattn run): each one line, exit 2,
-    saying what is wrong and what to do."""
+    checkpoint (safetensors or pytorch_model.bin) given to a command that wants a gbattn run: each one
+    line, exit 2, saying what is wrong and what to do. Before, eval, generate, export and analyze said
+    only "has no gbattn section" (or "no model and train sections" for a .bin), and lm-eval loaded the
+    checkpoint with the Auto classes and stopped in a traceback."""
     typed = _edit_config(gpt2_dir, tmp_path / "typed", n_embd="32")
     empty = tmp_path / "empty"
     empty.mkdir()
+    binary = tmp_path / "bin"
+    shutil.copytree(gpt2_dir, binary)
+    (binary / "model.safetensors").unlink()
+    torch.save(gpt2_model().state_dict(), binary / "pytorch_model.bin")
+    tasks = Path(__file__).parent / "data" / "lmeval"
+    hf_checkpoint = "is a Hugging Face checkpoint (gpt2), not a gbattn run: convert it first with `gbattn upcycle"
     cases = [
         (["upcycle", typed, "--attn", "boosted", "--out", tmp_path / "o1"], "n_embd='32' must be a positive integer"),
         (["upcycle", empty, "--attn", "boosted", "--out", tmp_path / "o2"], "has no config.json: neither a Hugging"),
-        (["train", "--init-from", gpt2_dir, "--out", tmp_path / "o3", "--data", "tiny-shakespeare"],
-         "is a Hugging Face checkpoint (gpt2), not a gbattn run: convert it first with `gbattn upcycle"),
     ]
+    for source in (gpt2_dir, binary):
+        cases += [
+            (["train", "--init-from", source, "--out", tmp_path / "o3", "--data", "tiny-shakespeare"], hf_checkpoint),
+            (["eval", source, "--data", "tiny-shakespeare"], hf_checkpoint),
+            (["generate", source, "--prompt", "w1"], hf_checkpoint),
+            (["export", source, "--out", tmp_path / "o4"], hf_checkpoint),
+            (["analyze", source, "--data", "tiny-shakespeare", "--out", tmp_path / "o5"], hf_checkpoint),
+            (["lm-eval", source, "--tasks", "gbattn_toy_mc", "--include-path", tasks, "--output", tmp_path / "o6.json"],
+             hf_checkpoint),
+        ]
     for argv, message in cases:
         assert main([str(a) for a in argv]) == 2, argv
         err = capsys.readouterr().err

@@ -362,6 +362,15 @@ def gbattn_section(config: dict, where: str | Path) -> dict | None:
     return config if "model" in config and "train" in config else None
 
 
+def refuse_hf_checkpoint(config: dict, path: str | Path, then: str = "give DIR") -> None:
+    """A one-line error where a gbattn run is wanted and ``path``'s ``config.json`` (``config``) is a
+    Hugging Face checkpoint's (a model_type other than gbattn's, no run in it): it says how to convert it."""
+    model_type = config.get("model_type")
+    if model_type is not None and model_type != "gbattn" and gbattn_section(config, Path(path) / CONFIG) is None:
+        raise UserError(f"{path} is a Hugging Face checkpoint ({model_type}), not a gbattn run: convert it first with "
+                        f"`gbattn upcycle {path} --attn standard --out DIR` (or --attn boosted), then {then}")
+
+
 def recorded_fingerprint(config: dict) -> str | None:
     """The data fingerprint a run recorded (None if it recorded none); ``config`` from :func:`read_config`."""
     return (config.get("data") or {}).get("fingerprint")
@@ -502,6 +511,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
                                   f"{path} is not a run directory but holds {len(runs)}: give one of them, e.g. "
                                   f"{runs[0]}")
     config = read_config(path / CONFIG)
+    refuse_hf_checkpoint(config, path)
     exported = _exported(path, config)
     if exported:
         if not isinstance(config.get("gbattn"), dict):

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from gbattn.errors import CheckpointError, UserError
 from gbattn.files import atomic_write, error_detail, finite, relative_path, write_json
 from gbattn.hf.export import quiet_transformers, wrap_run
-from gbattn.rundir import check_exported_checkpoint, is_exported, load_run
+from gbattn.rundir import CONFIG, check_exported_checkpoint, is_exported, load_run, read_config, refuse_hf_checkpoint
 
 
 class GbattnLM(HFLM):
@@ -42,6 +42,9 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
     """(model in eval mode on ``device``, tokenizer, block_size, step, which weights: ``exported`` or
     the run's ``best``/``last``) of a run or exported directory."""
     if is_exported(model_dir):
+        # a transformers checkpoint's model.safetensors makes it look exported: the Auto classes would load a
+        # model of another library, which has no gbattn record (a traceback before)
+        refuse_hf_checkpoint(read_config(Path(model_dir) / CONFIG), model_dir)
         if not (Path(model_dir) / "tokenizer.json").is_file():
             raise CheckpointError(f"{model_dir} has no tokenizer.json (`gbattn export` writes it, transformers' "
                                   f"save_pretrained of the model does not): copy the tokenizer files from the "

@@ -164,11 +164,8 @@ def _init_from_trainer(args, sets: dict):
 
     path = Path(args.init_from) / rundir.CONFIG
     config = rundir.read_config(path)
+    rundir.refuse_hf_checkpoint(config, args.init_from, then="--init-from DIR")
     source = rundir.gbattn_section(config, path)
-    if source is None and "model_type" in config:
-        raise UserError(f"--init-from {args.init_from} is a Hugging Face checkpoint ({config['model_type']}), not a "
-                        f"gbattn run: convert it first with `gbattn upcycle {args.init_from} --attn standard --out "
-                        f"DIR` (or --attn boosted), then --init-from DIR")
     source = source if source is not None else config  # read_configs names what is missing
     model_cfg, source_train = rundir.read_configs(source, args.init_from)
     train_sets, model_sets = split_overrides(sets)  # ``sets`` holds --attn, --data, --seed, ... too
