@@ -158,6 +158,23 @@ def test_converted_logits_equal_transformers(make, tmp_path, float64_llama):
     assert source.tokenizer.kind == "hf" and source.tokenizer.encode("w3 w7 zzz") == [3, 7, 0]
 
 
+@pytest.mark.parametrize("make", [gpt2_model, llama_model], ids=["gpt2", "llama-gqa"])
+def test_converted_model_generates_as_transformers_does(make, tmp_path, float64_llama):
+    """Greedy cached decoding of a left-padded batch, after upcycling to GBA: the tokens transformers' own
+    model generates (its positions start at each row's first real token, as gbattn's under RoPE)."""
+    hf = make().double()
+    source = load_source(save_hf(hf, tmp_path / "hf"))
+    model = upcycled_model(upcycle(source, "boosted", {"rounds": 3})).double()
+    idx = tokens(seed=4, batch=3, length=9)
+    mask = torch.ones_like(idx, dtype=torch.bool)
+    mask[1, :4], mask[2, :8] = False, False
+    idx = idx.masked_fill(~mask, 0)
+    with torch.no_grad():
+        expected = hf.generate(idx, attention_mask=mask.long(), max_new_tokens=12, do_sample=False, pad_token_id=0,
+                               eos_token_id=None)
+    assert torch.equal(model.generate(idx, 12, temperature=0, prompt_mask=mask, compile=False), expected)
+
+
 # Config fields the models above leave at their defaults: a conversion that ignored one would still pass there.
 NON_DEFAULT = [
     (gpt2_model, {"tie_word_embeddings": False}),  # an untied head: lm_head.weight, not wte
