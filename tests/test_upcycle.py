@@ -451,7 +451,13 @@ def test_missing_or_mismatched_tokenizer_refused(gpt2_dir, tmp_path):
         load_source(directory)
     small = HFTokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     small.save(str(directory / "tokenizer.json"))
-    with pytest.raises(CheckpointError, match="2 tokens but the model's vocab_size is 50"):
+    with pytest.raises(CheckpointError, match="2 tokens but the model's vocab_size is 50: a padded embedding table"):
+        load_source(directory)
+    # a larger tokenizer (the model's table is not padded: the tokenizer is another model's)
+    large = HFTokenizer(models.WordLevel({f"w{i}": i for i in range(60)}, unk_token="w0"))
+    large.save(str(directory / "tokenizer.json"))
+    with pytest.raises(CheckpointError, match="60 tokens but the model's vocab_size is 50: ids from 50 on have no "
+                                              "embedding row, so the tokenizer is not this model's"):
         load_source(directory)
 
 

@@ -326,6 +326,8 @@ def hf_tokenizer(path: Path, vocab_size: int) -> Tokenizer:
     except Exception as e:  # JSON or HF tokenizers errors: all mean a bad file
         raise CheckpointError(f"{file} is not a valid tokenizer.json ({error_detail(e, with_type=True)})") from None
     if tok.vocab_size != vocab_size:
+        why = ("a padded embedding table cannot be converted exactly" if tok.vocab_size < vocab_size else
+               f"ids from {vocab_size:,} on have no embedding row, so the tokenizer is not this model's")
         raise CheckpointError(f"{file} has {tok.vocab_size:,} tokens but the model's vocab_size is {vocab_size:,}: "
-                              f"a padded embedding table cannot be converted exactly")
+                              f"{why}")
     return tok
