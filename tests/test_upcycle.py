@@ -719,16 +719,20 @@ def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys):
 
 
 def test_upcycled_run_records_its_parameters_and_how_it_was_made(gpt2_dir, tmp_path, capsys):
-    """config.json counts every parameter of the upcycled model (copied and new) and records the source's kind
-    and the rule; the command prints the conversion's notes before its summary."""
-    argv = ["upcycle", gpt2_dir, "--attn", "boosted", "--set", "attn.kv_source=shared", "--out", tmp_path / "up"]
+    """config.json counts every parameter of the upcycled model (copied and new) and records the source's kind,
+    the rule and the seed of the new parameters (not recorded before: two --seed values gave the same record);
+    the command prints the conversion's notes before its summary."""
+    argv = ["upcycle", gpt2_dir, "--attn", "boosted", "--set", "attn.kv_source=shared", "--out", tmp_path / "up",
+            "--seed", "5"]
     assert main([str(a) for a in argv]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 2 and "the tanh gate" in out[0] and "parameters copied" in out[1]
     config = rundir.read_config(tmp_path / "up" / rundir.CONFIG)
-    up = upcycle(gpt2_dir, "boosted", {"kv_source": "shared"})
+    up = upcycle(gpt2_dir, "boosted", {"kv_source": "shared"}, seed=5)
     assert config["parameters"] == sum(p.numel() for p in upcycled_model(up).parameters()) > up.copied
-    assert config["extra"] == {"upcycled_from": gpt2_dir.name, "source_kind": "gpt2", "rule": up.rule}
+    assert config["extra"] == {"upcycled_from": gpt2_dir.name, "source_kind": "gpt2", "rule": up.rule, "seed": 5}
+    written = rundir.load_run(tmp_path / "up").model.state_dict()
+    assert all(torch.equal(written[k], v) for k, v in up.state.items())  # the recorded seed remakes the weights
 
 
 def test_sources_that_are_not_what_a_command_wants_get_a_line_that_says_so(gpt2_dir, tmp_path, capsys):

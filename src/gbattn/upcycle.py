@@ -85,6 +85,7 @@ class Upcycled:
     copied: int  # parameters copied from the source
     new: int  # new parameters
     notes: list[str]
+    seed: int = 0  # of the new parameters' initialisation
 
     def summary(self, out: str | Path) -> str:
         opts = ", ".join(f"{k}={json.dumps(v)}" for k, v in self.model_cfg.attn_options.items())
@@ -119,7 +120,7 @@ def upcycle(source, attn: str, options: dict | None = None, seed: int = 0) -> Up
     model, copied = _copy(src, model_cfg, seed)
     rule = _initialise(model, model_cfg)
     new = sum(p.numel() for p in model.parameters()) - copied
-    return Upcycled(src, model_cfg, model.state_dict(), rule, copied, new, notes)
+    return Upcycled(src, model_cfg, model.state_dict(), rule, copied, new, notes, seed)
 
 
 def _copy(src, model_cfg, seed: int):
@@ -200,8 +201,8 @@ def _initialise(model, cfg) -> str:
 
 def write_run(result: Upcycled, out: str | Path) -> Path:
     """The run directory of an upcycled model: ``tokenizer.json``, ``best.pt`` ({"model", "step": 0};
-    no ``checkpoint.pt``, so ``train --init-from`` takes these weights) and ``config.json`` last,
-    each written atomically."""
+    no ``checkpoint.pt``, so ``train --init-from`` takes these weights) and ``config.json`` last (its
+    ``extra`` records the source, the rule and the seed of the new parameters), each written atomically."""
     from gbattn import rundir
     from gbattn.config import TrainConfig
     from gbattn.errors import UserError
@@ -220,7 +221,7 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
         rundir.save_checkpoint({"model": result.state, "step": 0}, out / rundir.BEST)
         rundir.write_config(
             out, src.preset, result.model_cfg, train_cfg,
-            {"upcycled_from": src.name, "source_kind": src.kind, "rule": result.rule},
+            {"upcycled_from": src.name, "source_kind": src.kind, "rule": result.rule, "seed": result.seed},
             data=src.config.get("data", {"tokenizer": src.tokenizer.fingerprint}),
             seq_len=src.config.get("seq_len") or result.model_cfg.input_length(train_cfg.seq_len),
             steps=0,
