@@ -718,6 +718,19 @@ def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys):
         assert (tmp_path / name / name).read_bytes() == (tmp_path / "up" / "best.pt").read_bytes()
 
 
+def test_an_upcycle_refused_while_writing_leaves_no_file(tmp_path, capsys):
+    """A source whose run record cannot be written (block_size 1 leaves no input token per row) is refused
+    before any file is written: before, tokenizer.json and best.pt were left in --out, and every later try
+    with that --out was refused as "already holds a run"."""
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=1, bos_token_id=0,
+                                  eos_token_id=0)
+    source = save_hf(transformers.GPT2LMHeadModel(cfg), tmp_path / "one-position")
+    assert main(["upcycle", str(source), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 2
+    assert "block_size=1 leaves no input tokens per row" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "up").iterdir() if not p.name.startswith(".")) == []
+
+
 def test_upcycled_run_records_its_parameters_and_how_it_was_made(gpt2_dir, tmp_path, capsys):
     """config.json counts every parameter of the upcycled model (copied and new) and records the source's kind,
     the rule and the seed of the new parameters (not recorded before: two --seed values gave the same record);

@@ -214,6 +214,7 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
         train_cfg = src.train_cfg.replace(init_from=None)
     else:
         train_cfg = TrainConfig(tokenizer=src.tokenizer.kind)
+    seq_len = src.config.get("seq_len") or result.model_cfg.input_length(train_cfg.seq_len)  # refused before writing
     with rundir.RunLock(out, "upcycled model"):
         if any((out / name).exists() for name in (rundir.CONFIG, rundir.CHECKPOINT, rundir.BEST)):
             raise UserError(f"{out} already holds a run; choose another --out")
@@ -223,7 +224,7 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
             out, src.preset, result.model_cfg, train_cfg,
             {"upcycled_from": src.name, "source_kind": src.kind, "rule": result.rule, "seed": result.seed},
             data=src.config.get("data", {"tokenizer": src.tokenizer.fingerprint}),
-            seq_len=src.config.get("seq_len") or result.model_cfg.input_length(train_cfg.seq_len),
+            seq_len=seq_len,
             steps=0,
             parameters=result.copied + result.new,
         )
