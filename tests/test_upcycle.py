@@ -299,6 +299,9 @@ WEIGHT_FILES = {
                                                         "transformer.h.1.attn.masked_bias": torch.tensor(-1e4)}),
     "rope-frequencies": (llama_model, {}, lambda sd: {**sd, "model.layers.0.self_attn.rotary_emb.inv_freq":
                                                           torch.ones(4)}),
+    # a buffer gbattn leaves out may be a mask of -inf: not the damage that a non-finite weight is
+    "masked-bias-minus-infinity": (gpt2_model, {}, lambda sd: {**sd, "transformer.h.0.attn.masked_bias":
+                                                               torch.tensor(float("-inf"))}),
 }
 
 
