@@ -795,6 +795,33 @@ def test_gap_figure_counts_the_most_seeds_of_a_run_length_and_marks_where_it_end
     assert ends == [([2.0], [-0.2]), ([4.0], [-0.3])]
 
 
+def texts_outside(fig) -> list[str]:
+    """The titles, axis labels and legend entries of a drawn figure that reach past its edges (cut off in the PNG)."""
+    with figures.style():
+        fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [*fig.texts, *(t for legend in fig.legends for t in legend.get_texts())]
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label, *(ax.get_legend().get_texts() if ax.get_legend() else [])]
+    outside = []
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        if text.get_text() and (box.x0 < 0 or box.y0 < 0 or box.x1 > fig.bbox.width or box.y1 > fig.bbox.height):
+            outside.append(text.get_text())
+    return outside
+
+
+def test_gap_figure_keeps_its_title_and_axis_labels_inside():
+    # One panel is 5.5 inches wide; the title on one line was 8 inches wide, cut at both ends.
+    # Two: the y label naming both models on one line was taller than the panel.
+    series = [{"reference": ref, "steps": 400, "directory": "short",
+               "points": [{"tokens_per_parameter": 1.0, "difference": -0.1, "seeds": 1}]}
+              for ref in ("standard", "compute-matched")]
+    for references in (["standard"], ["standard", "compute-matched"]):
+        fig = figures.gap_figure(series, "gba-m2", references)
+        assert texts_outside(fig) == [], references
+        assert fig.get_suptitle().startswith("How the gap moves with training length")
+
 def test_round_colours_repeat_after_eight_and_long_tokens_are_cut_to_twelve_characters():
     assert [figures.round_color(m) for m in (0, 1, 8, 9)] == [figures.ROUND_COLORS[0], figures.ROUND_COLORS[1],
                                                               figures.ROUND_COLORS[0], figures.ROUND_COLORS[1]]

@@ -514,8 +514,9 @@ def gap_figure(series: list[dict], model: str, references: list[str]):
                 ax.plot(xs[-1:], ys[-1:], marker="D", markersize=8, color=f"C{i}")
             ax.axhline(0, color="black", linewidth=1)
             ax.set_xlabel(f"training tokens per parameter of {model}")
-            ax.set_ylabel(f"validation loss, {model} − {ref} (nats)")
+            ax.set_ylabel(f"validation loss (nats)\n{model} − {ref}")  # on one line, taller than the panel
             ax.set_title(f"{model} − {ref} (below 0: {model} better)", fontsize=11)
             ax.legend(loc="best", fontsize=9)
-        fig.suptitle("How the gap moves with training length (diamonds: end of each run's schedule)")
+        # Two lines: on one, the title is wider than a one-panel figure and was cut at both ends.
+        fig.suptitle("How the gap moves with training length\n(diamonds: end of each run's schedule)")
     return fig
