@@ -307,6 +307,18 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
     assert code == 0 and json.loads((tmp_path / "fig3" / "gap.json").read_text())["references"] == ["standard"]
     code = cli_main(["plot", str(short), "--gap", "gba-m3", "--out", str(tmp_path / "fig2")])
     assert code == 2 and "has no finished 'gba-m3' runs" in capsys.readouterr().err
+    # A directory or reference given twice is drawn once (it was a second identical line or panel) ...
+    code = cli_main(["plot", str(short), str(long), f"{short}/", "--gap", "gba-m2", "--against", "standard",
+                     "standard", "--out", str(tmp_path / "fig4")])
+    gap = json.loads((tmp_path / "fig4" / "gap.json").read_text())
+    assert code == 0 and gap["references"] == ["standard"]
+    assert [(s["directory"], s["reference"]) for s in gap["series"]] == [("short", "standard"), ("long", "standard")]
+    # ... and the model against itself (a flat 0) is one line, not a figure.
+    code = cli_main(["plot", str(short), "--gap", "gba-m2", "--against", "standard", "gba-m2",
+                     "--out", str(tmp_path / "fig5")])
+    assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        "gbattn: error: --against gba-m2 is the --gap model itself: its gap to itself is 0 at every step"]
+    assert not (tmp_path / "fig5").exists()
 
 
 def test_plot_out_that_is_a_file_or_under_one_is_one_line(tmp_path, capsys):

@@ -461,10 +461,19 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
     """gap.png and gap.json (with the command that wrote it): ``model`` minus each reference against training
     length, one line per directory."""
     from gbattn.analysis import figures
+    from gbattn.errors import UserError
     from gbattn.files import check_writable_dir, write_json
     from gbattn.runtime import command_line
 
     figures.require_matplotlib()
+    if model in references:
+        raise UserError(f"--against {model} is the --gap model itself: its gap to itself is 0 at every step")
+    # Each once, in the order given: a repeat drew the same line (or panel) twice over.
+    references = list(dict.fromkeys(references))
+    by_path: dict = {}
+    for d in compare_dirs:
+        by_path.setdefault(Path(d).resolve(), d)
+    compare_dirs = list(by_path.values())
     series = [gap_series(Path(d), model, ref) for ref in references for d in compare_dirs]
     out = check_writable_dir(out, "--out", create=True)
     write_json({"command": command_line(portable=True), "model": model, "references": references, "series": series},
