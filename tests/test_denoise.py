@@ -699,6 +699,19 @@ def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, 
     assert "300 fresh queries" in markdown and (tmp_path / "rounds.png").stat().st_size > 10_000
 
 
+def test_a_seed_given_twice_counts_once(tmp_path, monkeypatch):
+    """`--seeds 1 1` reported '1.0 ± 0.0 (2 seeds)': one run counted as two replicates with no spread."""
+    from gbattn.synthetic import tables
+
+    runs, _ = fake_runs((3, 5))
+    monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
+    report = tables.run_denoise(tmp_path, ["rounds"], (5, 3, 5), Protocol(bayes_queries=100), quiet=True)
+    assert report["seeds"] == [5, 3] and {row["ours"]["n"] for row in report["tables"]["rounds"]["rows"]} == {2}
+    assert "Seeds 5, 3 ·" in (tmp_path / "results.md").read_text()
+    assert main(["denoise", "--out", str(tmp_path / "cli"), "--experiments", "rounds", "--seeds", "3", "3",
+                 "--steps", "1", "--quiet"]) == 0
+    assert json.loads((tmp_path / "cli" / "results.json").read_text())["seeds"] == [3]
+
 def test_cli_threads_output_checks_and_printed_files(tmp_path, monkeypatch, capsys):
     """--threads sets torch's thread count for the run; an --out that is a file is refused before any
     training; the closing line names rounds.png only when the rounds table was made."""

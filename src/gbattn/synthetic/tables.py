@@ -215,6 +215,7 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
     """Train every run the experiments need, print each table when its runs are done, and write
     ``results.json``, ``results.md`` and (with ``rounds``) ``rounds.png`` into ``out_dir``."""
     protocol = protocol or Protocol()
+    seeds = list(dict.fromkeys(seeds))  # each once, in the order given: a repeat is not another replicate
     started = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
