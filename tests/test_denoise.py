@@ -748,3 +748,27 @@ def test_rounds_figure_draws_each_rounds_mean_and_std(tmp_path, monkeypatch):
         r["ours"]["n"] = 1
     plot_rounds({"rows": rows, "bayes": 58.0, "chance": 6.25}, tmp_path / "rounds.png")
     assert calls[-1][2]["label"] == "ours (1 seed)"  # one value per row, not a mean and a spread
+
+
+def test_rounds_figure_legend_covers_no_point(tmp_path, monkeypatch):
+    """The legend sat at the lower right, over the points of a short run (accuracies near 20-30%)."""
+    import matplotlib.figure
+
+    covered = []
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        box = ax.get_legend().get_window_extent()
+        points = [ax.transData.transform(xy) for line in ax.get_lines() for xy in line.get_xydata()
+                  if line.get_transform() == ax.transData]  # (not chance and Bayes, lines across the axes)
+        covered.extend(tuple(p) for p in points if box.contains(*p))
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    for accuracies in ([17.5, 27.0, 24.5, 26.5, 32.0], [50.0, 55.0, 56.0, 57.0, 57.5]):
+        rows = [{"rounds": m, "ours": {"mean": a, "std": 1.0, "n": 2}, "paper_v1": 41.3 + m, "paper_revision": 46.0 + m}
+                for m, a in enumerate(accuracies, 1)]
+        plot_rounds({"rows": rows, "bayes": 58.2, "chance": 6.25}, tmp_path / "rounds.png")
+        assert covered == [], accuracies
