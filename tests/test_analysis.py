@@ -248,6 +248,21 @@ def test_analyze_standard_run_reports_entropy_and_says_gates_do_not_exist(runs, 
     assert summary["entropy"]["relative_drop"] is None
 
 
+def test_a_new_analysis_removes_the_figures_an_earlier_one_left_in_its_folder(runs, tmp_path, capsys):
+    """Analysing a standard run into the folder of a GBA run's analysis (or rerunning without --pdf)
+    left the GBA run's gates, norms, loss difference and examples and every PDF beside the new
+    summary.json, as if they described the new analysis."""
+    out = tmp_path / "analysis"
+    analyze_run(runs["gba"], against=runs["std"], out=out, max_rows=2, pdf=True, quiet=True, device="cpu")
+    assert len(list(out.glob("*.p*"))) == 10
+    (out / "mine.png").write_bytes(b"x")  # a file analyze does not draw stays
+    summary = analyze_run(runs["std"], out=out, max_rows=2, quiet=True, device="cpu")
+    assert sorted(p.name for p in out.iterdir()) == ["entropy.png", "mine.png", "summary.json"]
+    note = summary["notes"][-1]
+    assert note.startswith("removed gates.png, gates.pdf, entropy.pdf, norms.png, norms.pdf, loss_diff.png, "
+                           "loss_diff.pdf, examples.png, examples.pdf: figures an earlier analysis left")
+    assert f"note: {note}" in capsys.readouterr().out
+
 def test_analyze_against_records_each_top_token_and_example_where_it_is(runs, tmp_path, drawn):
     """Each top token is the target at its (row id, position) with both models' losses there, each example
     names its target and is drawn with its own gain; the perplexities are exp of the mean losses, the

@@ -340,6 +340,21 @@ def test_plot_out_that_is_a_file_or_under_one_is_one_line(tmp_path, capsys):
     assert a_file.read_text() == "x"
 
 
+def test_plot_without_pdf_removes_the_pdfs_of_an_earlier_plot(tmp_path):
+    """`plot --pdf`, then `plot` after more runs finished, left the first call's PDFs beside the new PNGs."""
+    compare_dir = tmp_path / "cmp"
+    compare_dir.mkdir()
+    (compare_dir / "results.json").write_text(json.dumps(report_of([model_row("standard", {"42": 100.0})])))
+    write_run(compare_dir, "standard", 42)
+    assert len(plot_compare(compare_dir, pdf=True)) == 4
+    (compare_dir / "figures" / "notes.pdf").write_bytes(b"x")  # not one of plot's figures: it stays
+    plot_compare(compare_dir)
+    assert sorted(p.name for p in (compare_dir / "figures").iterdir()) == ["curves.png", "notes.pdf", "results.png"]
+    gap = _gap_dir(tmp_path / "gap", 400)
+    for pdf in (["--pdf"], []):
+        assert cli_main(["plot", str(gap), "--gap", "gba-m2", "--out", str(tmp_path / "g"), *pdf]) == 0
+    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["gap.json", "gap.png"]
+
 def test_paired_differences_with_a_missing_seed_name_their_seeds_and_are_not_called_real():
     """Standard on seeds 1, 2, 3 and GBA on 1 and 2 (its seed 3 failed): GBA's cell names each
     value's seed, says seed 3 is missing, and is not **real** although both seeds agree in sign."""

@@ -56,6 +56,9 @@ def register(sub) -> None:
 # --------------------------------------------------------------------------------------
 
 
+ANALYSIS_FIGURES = ("gates", "entropy", "norms", "loss_diff", "examples")  # what `analyze` may draw
+
+
 def select_rows(n_rows: int, max_rows: int):
     """``max_rows`` row indices spread evenly over the split (all rows if fewer), a numpy array."""
     import numpy as np  # the command modules import nothing heavy at load time (fast --help)
@@ -198,6 +201,10 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         summary["loss_diff"], more = _loss_difference(run, other, collected, tokens, row_ids, layer, top, examples,
                                                       dev, out, pdf)
         written += more
+    removed = figures.remove_unwritten(out, ANALYSIS_FIGURES, written)
+    if removed:
+        notes.append(f"removed {', '.join(removed)}: figures an earlier analysis left in this folder that this one "
+                     f"does not draw")
     summary["notes"] = notes
     summary["figures"] = [relative_path(p, out) for p in written]
     write_json(summary, out / "summary.json")
@@ -422,6 +429,7 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     check_writable_dir(out, "--out", create=True)
     written = figures.save(figures.results_figure(report), out, "results", pdf)
     written += figures.save(figures.curves_figure(curves), out, "curves", pdf)
+    figures.remove_unwritten(out, ("results", "curves"), written)  # PDFs of an earlier --pdf, now out of date
     return written
 
 
@@ -478,7 +486,9 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
     out = check_writable_dir(out, "--out", create=True)
     write_json({"command": command_line(portable=True), "model": model, "references": references, "series": series},
                out / "gap.json")
-    return figures.save(figures.gap_figure(series, model, references), out, "gap", pdf) + [out / "gap.json"]
+    written = figures.save(figures.gap_figure(series, model, references), out, "gap", pdf)
+    figures.remove_unwritten(out, ("gap",), written)  # a PDF of an earlier --pdf, now out of date
+    return written + [out / "gap.json"]
 
 
 def cmd_plot(args) -> None:
