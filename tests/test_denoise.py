@@ -717,7 +717,7 @@ def test_cli_threads_output_checks_and_printed_files(tmp_path, monkeypatch, caps
     training; the closing line names rounds.png only when the rounds table was made."""
     from gbattn.synthetic import tables
 
-    threads = []
+    threads, real_run_denoise = [], tables.run_denoise
     monkeypatch.setattr(tables, "run_denoise", lambda out, experiments, *rest: threads.append(
         torch.get_num_threads()) or {"tables": dict.fromkeys(experiments), "wall_seconds": 0.0})
     out = tmp_path / "d"
@@ -725,6 +725,13 @@ def test_cli_threads_output_checks_and_printed_files(tmp_path, monkeypatch, caps
     assert threads == [2] and "rounds.png" not in capsys.readouterr().out
     assert main(["denoise", "--out", str(out), "--experiments", "rounds", "--quiet"]) == 0
     assert threads == [2, 1] and "results.md, rounds.png" in capsys.readouterr().out
+    # For real (training stubbed): the rounds figure of an earlier call goes when the tables no longer hold it.
+    runs, _ = fake_runs((0,))
+    monkeypatch.setattr(tables, "run_denoise", real_run_denoise)
+    monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
+    for experiments, figure in ((["rounds"], True), (["deq"], False)):
+        assert main(["denoise", "--out", str(out), "--experiments", *experiments, "--seeds", "0", "--quick"]) == 0
+        assert (out / "rounds.png").exists() == figure
     (tmp_path / "file").write_text("")
     assert main(["denoise", "--out", str(tmp_path / "file"), "--quiet"]) == 2 and len(threads) == 2
     assert "is a file" in capsys.readouterr().err

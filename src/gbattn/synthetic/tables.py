@@ -254,6 +254,10 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
     bar.close()
     if "rounds" in report["tables"]:
         plot_rounds(report["tables"]["rounds"], out / "rounds.png")
+    else:  # an earlier call's figure would sit beside tables that no longer hold it
+        from gbattn.analysis.figures import remove_unwritten
+
+        remove_unwritten(out, ("rounds",), [])
     report["wall_seconds"] = time.perf_counter() - started
     write_results(out, report)
     return report
