@@ -59,6 +59,17 @@ def test_generate_cli(tmp_path, capsys):
     assert capsys.readouterr().out.split("---")[0] == out.split("---")[0]
 
 
+def test_generate_says_when_bpe_prompt_tokens_are_unknown(tmp_path, capsys):
+    """The BPE maps characters it never saw to <unk>, which decoding leaves out: `--prompt 'héllo 🙂'`
+    was shown as 'h ll o' with no word that the model read something else than the prompt."""
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=1, eval_every=1, tokenizer="bpe"), quiet=True)
+    for prompt, note in (("the cat", None), ("the 🙂 cat", "note: 1 of the prompt's 3 tokens are <unk>")):
+        code = cli_main(["generate", str(tmp_path / "run"), "--prompt", prompt, "--max-new-tokens", "2", "--seed", "1"])
+        err = capsys.readouterr().err
+        assert code == 0 and ("<unk>" in err) == bool(note) and (note is None or note in err), err
+
+
 def test_a_prompt_longer_than_the_context_is_returned_whole(tmp_path, capsys):
     """The output keeps every prompt token (the model sees the last block_size) and the CLI prints the
     whole prompt and says no cache was used."""

@@ -68,6 +68,12 @@ class Tokenizer:
         return len(self.chars) if self.kind == "char" else self._size
 
     @property
+    def unknown_id(self) -> int | None:
+        """The id of ``<unk>``, which text the tokenizer never saw encodes to (None where there is none:
+        a char tokenizer refuses such text, a byte-level one has no unknown text)."""
+        return None if self.kind == "char" else self._hf.token_to_id("<unk>")
+
+    @property
     def fingerprint(self) -> str:
         return hashlib.sha256((self.kind + self.payload).encode()).hexdigest()[:16]
 
