@@ -22,6 +22,9 @@ class Parser(argparse.ArgumentParser):
 
 
 MAX_COUNT = 2**31 - 1  # counts (threads, steps, tokens, rows) beyond this are typos, and overflow C ints
+# CPU threads: OpenMP starts them all on the first operation, and beyond what the OS allows it fails in
+# libgomp or crashes (measured: --threads 20,000 exited with a libgomp message, 40,000 with a segfault).
+MAX_THREADS = 1024
 
 
 def at_least(minimum: int, maximum: int = MAX_COUNT):
@@ -86,7 +89,7 @@ def device(p: argparse.ArgumentParser) -> None:
 
 
 def threads(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=at_least(1), default=None,
+    p.add_argument("--threads", type=at_least(1, MAX_THREADS), default=None,
                    help="CPU threads (default: the cores not busy with other work; README, 'Threads')")
 
 

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from gbattn.arguments import MAX_THREADS
 from gbattn.attention.registry import check_head_layout, variant_options
 from gbattn.checks import (
     MAX_INT,
@@ -142,7 +143,7 @@ class TrainConfig(Typed):
     parallel: str = field(default="ddp", metadata=one_of("ddp", "fsdp2"))  # under torchrun
     checkpoint_minutes: float = field(default=5.0, metadata=greater_than(0))
     log_every: int = field(default=10, metadata=at_least(1))
-    threads: int | None = field(default=None, metadata=at_least(1))  # CPU threads (None: see runtime.py)
+    threads: int | None = field(default=None, metadata=between(1, MAX_THREADS))  # CPU threads (None: runtime.py)
     init_from: str | None = None  # start from this run directory's weights (fresh optimizer), e.g. upcycled
 
     # Fields that change how fast a run goes or where it runs, not what it computes.

@@ -23,7 +23,7 @@ def register(sub) -> None:
     arguments.sets(p, "a model or training field for every run", "--set device=cuda --set lr=1e-3")
     p.add_argument("--jobs", type=arguments.at_least(1), default=1,
                    help="train this many runs at once, as separate processes (CPU threads divided between them)")
-    p.add_argument("--threads", type=arguments.at_least(1), default=None,
+    p.add_argument("--threads", type=arguments.at_least(1, arguments.MAX_THREADS), default=None,
                    help="CPU threads in all (default: the cores not busy with other work; README, 'Threads')")
     arguments.quiet(p)
     p.set_defaults(func=cmd_compare)

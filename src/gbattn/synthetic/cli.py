@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--eval-queries", type=arguments.at_least(1), default=None,
                    help="fresh queries per evaluation (default 5000)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--threads", type=arguments.at_least(1), default=1,
+    p.add_argument("--threads", type=arguments.at_least(1, arguments.MAX_THREADS), default=1,
                    help="CPU threads (default 1: the matrices are tiny, more threads only add overhead)")
     arguments.quiet(p)
     p.set_defaults(func=cmd_denoise)
