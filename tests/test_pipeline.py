@@ -246,7 +246,8 @@ def test_train_writes_a_self_describing_run(tmp_path):
 
 def test_a_test_perplexity_of_data_without_a_test_split_is_called_valid(tmp_path, capsys):
     """A single file split 90/10/0 has no test split (test = valid): train's last line and `eval`
-    (--split test) say so beside the test perplexity; a corpus with a test split, or --split valid, do not."""
+    (--split test) say so beside the test perplexity, `analyze` in a note; a corpus with a test split, or
+    --split valid, do not."""
     text = "".join(f"line {i % 17}: to be or not to be\n" for i in range(400))
     (tmp_path / "t.txt").write_text(text)
     data = write_corpus(tmp_path / "c")
@@ -264,6 +265,10 @@ def test_a_test_perplexity_of_data_without_a_test_split_is_called_valid(tmp_path
         assert out.splitlines()[0].endswith(note) == expected, out
         code, out, err = run_cli(capsys, ["eval", tmp_path / run, "--split", "valid", "--threads", "1"])
         assert code == 0 and note not in out, err
+        for analyze_split, said in (("test", expected), ("valid", False)):  # analyze said "test rows" alone
+            code, out, err = run_cli(capsys, ["analyze", tmp_path / run, "--split", analyze_split, "--max-rows", "2",
+                                              "--quiet", "--threads", "1", "--out", tmp_path / f"an-{run}"])
+            assert code == 0 and ("  note: this data has no test split: test is valid" in out) == said, out
 
 
 @pytest.mark.parametrize("sampling", ["rows", "random"])

@@ -113,6 +113,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     """Analyse ``run_dir`` and write ``summary.json`` and the figures into ``out``
     (default ``run_dir/analysis``); returns the summary."""
     from gbattn.analysis import figures, stats
+    from gbattn.data.corpus import test_split_note
     from gbattn.data.prepare import prepare_run_data
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
@@ -140,6 +141,8 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         notes += _check_against(run, other, run_dir, against)
 
     data = prepare_run_data(run, data, allow_other_data)
+    if split == "test" and test_split_note(data.notes):  # as eval says beside its test figure
+        notes.append(test_split_note(data.notes).strip(" ()"))
     tokens = data.splits[split]
     n_rows = num_rows(tokens, run.seq_len)
     if n_rows == 0:
