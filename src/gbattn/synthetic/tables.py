@@ -278,7 +278,11 @@ def results_markdown(report: dict) -> str:
              f"wall-clock {report.get('wall_seconds', 0) / 60:.1f} min", ""]
     for text in report["markdown"].values():
         lines += [text, ""]
+    n = len(report["eval_steps"])  # three, but fewer for --steps 1 or 2
+    evaluations = {1: "the one evaluation", 2: "the better of two evaluations",
+                   3: "the best of three evaluations"}.get(n, f"the best of {n} evaluations")
     lines += ["Bayes-optimal: the nearest true pattern to the noisy query (Monte Carlo, "
               f"{p['bayes_queries']:,} queries); no model can beat it except by evaluation noise "
-              "(the best of three evaluations on fresh queries is reported, as the authors do).", ""]
+              f"({evaluations} on fresh queries is reported, "
+              f"{'as the authors do' if n == 3 else 'where the authors report the best of three'}).", ""]
     return "\n".join(lines)
