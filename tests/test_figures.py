@@ -256,6 +256,9 @@ def test_print_summary_states_an_unchanged_entropy(tmp_path, capsys):
     """A correction round exactly as sharp as round 0 (relative drop 0.0, not None) is still stated."""
     print_summary(analysis_summary(0.0), tmp_path / "summary.json")
     assert "round 0 2.00 -> round 1 2.00 (0% lower;" in capsys.readouterr().out
+    print_summary(analysis_summary(0.004), tmp_path / "summary.json")  # a drop that rounds to 0: no "-0%"
+    printed = capsys.readouterr().out
+    assert "change per layer L0 +0%)" in printed and "-0%" not in printed
 
 
 def test_relative_path_is_never_absolute(tmp_path):
@@ -883,3 +886,11 @@ def test_read_report_refuses_text_steps_or_losses_and_a_seed_list_that_is_not_on
     diverged = {**row, "test_ppl": {"42": 100.0, "123": None}, "valid_loss": {"42": None}}
     path.write_text(json.dumps(report_of([diverged])))
     assert read_report(path)["models"][0]["test_ppl"] == {"42": 100.0, "123": None}
+
+
+def test_curves_legend_orders_seeds_as_numbers():
+    """Seeds 2, 10 and 123 are listed 2, 10, 123 in the legend (as strings, "10" < "123" < "2")."""
+    run = {"train": [(1, 3.0), (2, 2.5)], "valid": [(1, 20.0), (2, 15.0)]}
+    fig = figures.curves_figure({"standard": {"123": run, "2": run, "10": run}})
+    labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert labels == ["standard", "seed 2", "seed 10", "seed 123"]

@@ -64,7 +64,7 @@ def test_generate_says_when_bpe_prompt_tokens_are_unknown(tmp_path, capsys):
     was shown as 'h ll o' with no word that the model read something else than the prompt."""
     data = write_corpus(tmp_path / "c")
     train(tmp_path / "run", *tiny_configs(data, max_steps=1, eval_every=1, tokenizer="bpe"), quiet=True)
-    for prompt, note in (("the cat", None), ("the 🙂 cat", "note: 1 of the prompt's 3 tokens are <unk>")):
+    for prompt, note in (("the cat", None), ("the 🙂 cat", "note: 1 of the prompt's 3 tokens is <unk>")):
         code = cli_main(["generate", str(tmp_path / "run"), "--prompt", prompt, "--max-new-tokens", "2", "--seed", "1"])
         err = capsys.readouterr().err
         assert code == 0 and ("<unk>" in err) == bool(note) and (note is None or note in err), err

@@ -317,7 +317,7 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     line = "  entropy, nats (bound log(t+1), max {:.2f}): ".format(e["max_possible"])
     line += " -> ".join(f"round {m} {v:.2f}" for m, v in enumerate(means))
     if e.get("relative_drop") is not None:
-        per_layer = ", ".join(f"L{r['layer']} {-100 * r['relative_drop']:+.0f}%" for r in e["per_layer"]
+        per_layer = ", ".join(f"L{r['layer']} {round(-100 * r['relative_drop']) + 0:+d}%" for r in e["per_layer"]
                               if r.get("relative_drop") is not None)
         line += (f" ({figures.change_words(e['relative_drop'])}; change per layer {per_layer})    "
                  f"paper: {paper['entropy_round0_nats']:.2f} -> {paper['entropy_correction_nats']:.2f} "

@@ -25,6 +25,7 @@ from gbattn.experiments.report import (
     published_value,
     relative_change,
     run_steps_text,
+    seed_key,
     seed_values,
     seeds_sentence,
 )
@@ -477,7 +478,7 @@ def curves_figure(curves: dict):
         train_ax, valid_ax = fig.subplots(1, 2)
         all_tokens = [t for runs in curves.values() for c in runs.values() for t, _ in c["train"] + c["valid"]]
         scale, xlabel = _tokens_axis(max(all_tokens, default=0))
-        seeds = sorted({s for runs in curves.values() for s in runs})
+        seeds = sorted({s for runs in curves.values() for s in runs}, key=seed_key)
         colors = [f"C{i % 10}" for i in range(len(curves))]
         valid_values = []
         for color, (_label, runs) in zip(colors, curves.items()):

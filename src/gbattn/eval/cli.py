@@ -110,7 +110,8 @@ def cmd_generate(args) -> None:
         raise UserError("the prompt encodes to no tokens")
     unknown = ids.count(run.tokenizer.unknown_id) if run.tokenizer.unknown_id is not None else 0
     if unknown:  # decoded, <unk> is left out: the prompt shown would silently lack those characters
-        print(f"note: {unknown} of the prompt's {len(ids)} tokens are <unk> (text this tokenizer never saw in "
+        print(f"note: {unknown} of the prompt's {len(ids)} token{'s' if len(ids) != 1 else ''} "
+              f"{'is' if unknown == 1 else 'are'} <unk> (text this tokenizer never saw in "
               f"training); the model reads them as <unk>, and the text shown leaves them out", file=sys.stderr)
     idx = torch.tensor([ids] * args.num_samples, device=device)
     step, how = decoder_for(run.model, compile=False if args.no_cache else args.compile,
