@@ -617,6 +617,9 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     gain[0] = float("inf")
     torch.save({**best, "model": {**best["model"], one_gain: gain}}, copy("inf-norm-gain") / rundir.BEST)
     (copy("text-best") / rundir.BEST).write_text("0.1 0.2\n")
+    no_weights = copy("no-weights")  # killed before its first save
+    for name in (rundir.BEST, rundir.CHECKPOINT):
+        (no_weights / name).unlink()
     (copy("deep-config") / rundir.CONFIG).write_text('{"a":' + "[" * 100_000 + "]" * 100_000 + "}")
     resume_state = rundir.load_checkpoint(trained["run"] / rundir.CHECKPOINT)
     # A resume checkpoint lacking a weight (set_state_dict's strict=True let it keep its initial value).
@@ -681,6 +684,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("config.json seq_len 0", ["analyze", broken["seq-len-zero"]], "seq_len=0 must be >= 1"),
         ("config.json fingerprint a number", ["generate", broken["fingerprint-number"], "--prompt", "a"],
          "(data): fingerprint=5 must be a string"),
+        ("run that saved no weights yet", ["generate", broken["no-weights"], "--prompt", "a"],
+         "holds no weights: its training has not saved a checkpoint yet"),
         ("checkpoint with NaN weights", ["generate", broken["nan-weights"], "--prompt", "a"],
          "hold NaN or infinite values"),
         ("checkpoint with one infinite norm gain", ["eval", broken["inf-norm-gain"]], "hold NaN or infinite values"),
@@ -1034,6 +1039,10 @@ def test_a_run_evaluated_never_yet_loads_its_last_checkpoint_as_best(trained, tm
     assert loaded.checkpoint == "last"  # named for what they are (eval printed "best weights", export recorded best)
     with pytest.raises(UserError, match="checkpoint='newest' is not allowed; choose one of best, last"):
         rundir.load_run(run, "newest")  # not the last weights under another name
+    (run / rundir.CHECKPOINT).unlink()  # killed before it saved anything: said "no such file: .../checkpoint.pt"
+    for which in (None, "best", "last"):
+        with pytest.raises(rundir.CheckpointError, match="holds no weights: its training has not saved a checkpoint"):
+            rundir.load_run(run, which)
 
 
 def test_load_run_on_cuda_without_cuda_says_so_not_that_the_checkpoint_is_damaged(trained, monkeypatch):

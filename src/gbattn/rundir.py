@@ -540,6 +540,9 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         weights = path / (BEST if checkpoint == "best" else CHECKPOINT)
         if checkpoint == "best" and not weights.exists():  # no evaluation happened yet: the last weights are the
             weights, checkpoint = path / CHECKPOINT, "last"  # only ones, and are reported as what they are
+        if not weights.exists() and not (path / BEST).exists() and not (path / CHECKPOINT).exists():
+            raise CheckpointError(f"{path} holds no weights: its training has not saved a checkpoint yet (one is "
+                                  f"saved at each evaluation, every checkpoint_minutes, at the end and when stopped)")
         state, which = load_checkpoint(weights, map_location=device), checkpoint
         step = state.get("step", 0)
     model = GPT(model_cfg).to(device)
