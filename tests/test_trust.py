@@ -639,6 +639,9 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
     short_test = tmp_path / "short-test"  # the run's corpus with a test split of 3 characters
     shutil.copytree(data, short_test)
     (short_test / "wiki.test.tokens").write_text((data / "wiki.test.tokens").read_text()[:3])
+    foreign_text = tmp_path / "foreign-text"  # the run's corpus with a character its char tokenizer never saw
+    shutil.copytree(data, foreign_text)
+    (foreign_text / "wiki.test.tokens").write_text((data / "wiki.test.tokens").read_text() + "\u00a7\n")
     new_run = ["train", "--out", tmp_path / "new", "--data", data, "--tokenizer", "char", "--quiet"]
     comparison = tmp_path / "comparison"  # compare's layout: LABEL/seedN run directories
     for label in ("gba", "standard"):
@@ -699,6 +702,9 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "is a file of the model directory"),
         ("eval of a split shorter than one row", ["eval", run, "--data", short_test, "--allow-other-data"],
          "fewer than one row"),
+        ("eval of text with characters the char tokenizer never saw",
+         ["eval", run, "--data", foreign_text, "--allow-other-data"],
+         "foreign-text (test split): characters not in the tokenizer's vocabulary: ['\u00a7']"),
         ("run dir is a file", ["eval", f["a-file"]], "is not a directory"),
         ("eval of a comparison's directory", ["eval", comparison],
          f"{comparison} is not a run directory but holds 2: give one of them, e.g. {comparison}/gba/seed42"),

@@ -39,7 +39,10 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
 
         def flush() -> bool:
             nonlocal n
-            ids = [i for seq in tokenizer.encode_batch(batch) for i in seq]
+            try:
+                ids = [i for seq in tokenizer.encode_batch(batch) for i in seq]
+            except DataError as e:  # a char tokenizer given another corpus: name the text it cannot read
+                raise DataError(f"{corpus.name} ({split} split): {e}") from None
             if cap is not None:
                 ids = ids[: cap - n]
             np.asarray(ids, dtype=dtype).tofile(f)
