@@ -181,6 +181,8 @@ NON_DEFAULT = [
     (gpt2_model, {"n_inner": 48}),
     (gpt2_model, {"layer_norm_epsilon": 1e-2}),
     (gpt2_model, {"activation_function": "gelu"}),  # exact GELU, not the tanh approximation
+    (gpt2_model, {"activation_function": "gelu_fast"}),  # the tanh approximation written another way
+    (llama_model, {"hidden_act": "swish"}),  # silu's other name
     (llama_model, {"rms_norm_eps": 1e-2}),
     (llama_model, {"attention_bias": True, "mlp_bias": True}),
     (llama_model, {"tie_word_embeddings": True}),

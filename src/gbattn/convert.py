@@ -35,8 +35,11 @@ from gbattn.model.gpt import GPT
 TORCH_BIN = "pytorch_model.bin"
 TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
 HF_TOKENIZER = "tokenizer.json"
-# GPT-2 activations gbattn computes exactly ("gelu_new" is GELU's tanh approximation).
-GPT2_ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu"}
+# GPT-2 activations gbattn computes exactly ("gelu_new", "gelu_fast" and "gelu_pytorch_tanh" are three
+# implementations of GELU's tanh approximation).
+GPT2_ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_fast": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu"}
+# Llama activations gbattn's SwiGLU computes ("swish" is transformers' other name for silu).
+LLAMA_ACTIVATIONS = ("silu", "swish")
 # Buffers older checkpoints carry that hold no parameters (causal masks, RoPE frequencies).
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
 
@@ -194,7 +197,7 @@ def llama_config(hf: dict, where: Path) -> ModelConfig:
     """The gbattn config of a Llama ``config.json``."""
     vocab, d, layers, heads, hidden = _sizes(hf, where, "vocab_size", "hidden_size", "num_hidden_layers",
                                              "num_attention_heads", "intermediate_size")
-    if _field(hf, where, "hidden_act", "silu", str) != "silu":
+    if _field(hf, where, "hidden_act", "silu", str) not in LLAMA_ACTIVATIONS:
         raise CheckpointError(f"{where}: hidden_act={hf['hidden_act']!r} cannot be converted exactly; gbattn's "
                               f"SwiGLU uses silu")
     head_dim = _field(hf, where, "head_dim", None, int)
