@@ -244,6 +244,20 @@ def test_train_writes_a_self_describing_run(tmp_path):
     assert evaluate(run.model, d.splits["test"], run.seq_len).ppl == pytest.approx(result["test_ppl"], rel=1e-6)
 
 
+@pytest.mark.parametrize("amp", ["bf16", "off"])
+def test_eval_command_scores_under_the_precision_the_run_trained_and_tested_in(tmp_path, capsys, amp):
+    """`gbattn eval` gives result.json's test loss: it evaluates under the run's own `amp` setting (it
+    used the device's default, so a run with amp=bf16 on CPU, or amp=off on CUDA, was scored in
+    another precision than its trainer scored it: 499.891 vs 499.886 in a tiny bf16 CPU run)."""
+    data = write_corpus(tmp_path / "c")
+    result = train(tmp_path / "run", *tiny_configs(data, amp=amp, threads=1), quiet=True)
+    code, out, err = run_cli(capsys, ["eval", tmp_path / "run", "--batch-size", "16", "--threads", "1"])
+    assert code == 0, err
+    record = json.loads(out.splitlines()[-1])
+    assert (record["loss"], record["tokens"]) == (pytest.approx(result["test_loss"], rel=1e-9, abs=0),
+                                                  result["test_tokens"])
+
+
 def test_a_test_perplexity_of_data_without_a_test_split_is_called_valid(tmp_path, capsys):
     """A single file split 90/10/0 has no test split (test = valid): train's last line and `eval`
     (--split test) say so beside the test perplexity, `analyze` in a note; a corpus with a test split, or

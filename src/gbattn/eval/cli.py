@@ -71,7 +71,8 @@ def cmd_eval(args) -> None:
         raise UserError(f"the {args.split} split has {len(tokens):,} tokens: fewer than one row of {run.seq_len + 1}, "
                         f"so there is nothing to evaluate")
     bar = Progress(num_rows(tokens, run.seq_len), desc=f"eval {args.split}", unit="row")
-    res = evaluate(run.model, tokens, run.seq_len, args.batch_size, device, autocast(device),
+    # The run's own precision (amp), as its trainer scored valid and test: result.json's number again.
+    res = evaluate(run.model, tokens, run.seq_len, args.batch_size, device, autocast(device, run.train_cfg.amp),
                    per_token=bool(args.per_token), progress=bar.update)
     bar.close()
     out = {"run_dir": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint, "step": run.step,
