@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -289,6 +290,15 @@ def test_recipe_seeds_are_distinct_and_as_many_as_published(name):
     if said:
         assert len(recipe.seeds) == int(said.group(1)), recipe.published_source
 
+
+def test_the_paper_table_says_its_published_spread_is_a_population_std():
+    """The authors' WikiText-103 script reports np.std over its 2 seeds (n in the denominator); gbattn's
+    rows are mean ± sample std (n - 1), sqrt(2) times as large for 2 seeds: the published line says
+    which std the published column holds (docs/deviations.md, entry 20)."""
+    from gbattn.experiments.report import mean_std
+
+    assert "population std" in get_recipe("paper-wt103").published_source
+    assert mean_std([72.5, 71.9])[1] == pytest.approx(0.3 * math.sqrt(2))  # the paper's 72.2 ± 0.3, as gbattn reports
 
 def test_upcycle_recipe_continuations_are_what_their_labels_say():
     """Each continuation starts from base and trains after it; the upcycled ones are GBA M=2, "shared"

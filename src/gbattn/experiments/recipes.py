@@ -162,7 +162,8 @@ _add(Recipe(
     seeds=[42, 123],
     default_data="wikitext-103-raw-v1",
     published={"standard": (72.2, 0.3), "twicing": (69.6, 0.1), "param-fair": (69.0, 0.1), "gba-m2": (67.9, 0.1)},
-    published_source="arXiv 2604.03190, WikiText-103 (10M tokens), test perplexity, 2 seeds",
+    published_source="arXiv 2604.03190, WikiText-103 (10M tokens), test perplexity, mean ± population std "
+                     "(numpy's np.std, as the authors' script computes it; the rows above: sample std) over 2 seeds",
 ))
 _add(Recipe(
     name="paper-owt",
