@@ -5,6 +5,7 @@ kind of context and which one runs; the registry's checks of options and layers.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -60,7 +61,7 @@ def assert_equals_reference(variant_case, heads: str, naive: bool, length: int =
     x = torch.randn(B, length, D, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(B, length, D, dtype=torch.float64)
 
-    y = attn(x, key_padding_mask=keep, positions=positions, naive=naive)
+    y = attn(x, key_padding_mask=keep, positions=positions if attn.args.rope_base is not None else None, naive=naive)
     (y * weight).sum().backward()
     grads = {"x": x.grad.clone(), **{n: p.grad.clone() for n, p in attn.named_parameters()}}
 
@@ -197,6 +198,32 @@ def test_rope_positions_of_another_length_are_refused():
             rope(x, positions=bad)
     rows = torch.arange(5).expand(2, 5)
     torch.testing.assert_close(rope(x, positions=rows), rope(x), rtol=0, atol=0)
+
+
+def test_positions_for_a_module_without_rope_are_refused():
+    """RoPE positions given to a module built without ``rope_base`` were ignored, silently: the
+    caller's positions changed nothing and no error said the module had no RoPE."""
+    x = torch.randn(2, 5, D)
+    plain = build_attention("boosted", AttnArgs(d_model=D, n_heads=4))
+    with pytest.raises(ValueError, match=r"positions are for RoPE, which this module does not use: build it with "
+                                         r"AttnArgs\(rope_base=\.\.\.\)"):
+        plain(x, positions=torch.arange(5) + 3)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_an_input_of_another_dtype_than_the_module_is_named(name):
+    """Token ids or float64 activations given to a float32 module (or float32 ones to a module moved
+    to float64) were torch's "mat1 and mat2 must have the same dtype" from inside a projection.
+    Under autocast a float32 module takes bfloat16 activations, as before."""
+    attn = build_attention(name, AttnArgs(d_model=D, n_heads=4))
+    x = torch.randn(2, 5, D)
+    for bad, module in ((x.double(), attn), (x.long(), attn), (x, copy.deepcopy(attn).double())):
+        weights = next(module.parameters()).dtype
+        with pytest.raises(ValueError, match=rf"input of dtype {bad.dtype} for a module whose parameters are "
+                                             rf"{weights}: give {weights} activations"):
+            module(bad)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attn(x.bfloat16()).dtype == torch.bfloat16
 
 
 def test_a_row_of_padding_only_attends_to_nothing(variant_case):

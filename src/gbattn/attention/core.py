@@ -501,19 +501,27 @@ class AttentionBase(nn.Module):
     def forward(self, x_BTD: Tensor, *, key_padding_mask: Tensor | None = None, causal: bool = True,
                 positions: Tensor | None = None, naive: bool = False, return_intermediates: bool = False,
                 context: AttnContext | None = None, cache=None, record: Record | None = None):
-        """``key_padding_mask`` (B, T): True for real tokens; ``positions`` (T,) or (B, T) for RoPE
-        (``AttnArgs.rope_base``). A model passes its shared ``context``, this layer's ``cache``
-        and ``record`` instead."""
+        """``x_BTD`` in the parameters' dtype (or under autocast); ``key_padding_mask`` (B, T): True
+        for real tokens; ``positions`` (T,) or (B, T) for RoPE (only with ``AttnArgs.rope_base``).
+        A model passes its shared ``context``, this layer's ``cache`` and ``record`` instead."""
         if context is None:
             if x_BTD.dim() != 3 or x_BTD.shape[-1] != self.args.d_model:
                 raise ValueError(f"input of shape {tuple(x_BTD.shape)}: expected (batch, tokens, "
                                  f"d_model={self.args.d_model})")
+            weight_dtype = next(self.parameters()).dtype
+            if not x_BTD.is_floating_point() or (x_BTD.dtype != weight_dtype
+                                                 and not torch.is_autocast_enabled(x_BTD.device.type)):
+                raise ValueError(f"input of dtype {x_BTD.dtype} for a module whose parameters are {weight_dtype}: "
+                                 f"give {weight_dtype} activations (or convert the module with .to(dtype))")
             B, T = x_BTD.shape[:2]
             mask = key_padding_mask
             if mask is not None and (mask.dim() != 2 or mask.shape[0] not in (1, B)):
                 raise ValueError(f"key_padding_mask of shape {tuple(key_padding_mask.shape)}: expected (batch, "
                                  f"tokens) = ({B}, {T}), True for real tokens")
             rope = None
+            if positions is not None and self.args.rope_base is None:
+                raise ValueError("positions are for RoPE, which this module does not use: build it with "
+                                 "AttnArgs(rope_base=...) or leave positions out")
             if self.args.rope_base is not None:
                 if positions is not None and tuple(positions.shape) not in ((T,), (B, T), (1, T)):
                     raise ValueError(f"positions of shape {tuple(positions.shape)}: expected ({T},) or ({B}, {T})")
