@@ -566,6 +566,33 @@ def test_malformed_forward_and_cache_calls_are_clear_errors():
         model(idx[:, :1], position_ids=torch.tensor([[24]]))
 
 
+@pytest.mark.parametrize("block", ["gpt2", "llama"])
+def test_token_ids_position_ids_and_padding_masks_of_the_wrong_kind_are_named(block):
+    """Float token ids, position_ids or a key_padding_mask of another batch or length, and negative
+    positions were torch's errors from the embedding or a broadcast ("The size of tensor a (2) must
+    match the size of tensor b (3)", "index out of range in self"); under RoPE negative positions
+    were accepted. (T,), (1, T) and (B, T) positions and a (1, T) mask still broadcast."""
+    model = tiny_model(("boosted", {"rounds": 2}), **BLOCKS[block])  # block_size 24
+    idx = torch.randint(0, 37, (2, 5))
+    with pytest.raises(ValueError, match=r"token ids of dtype torch\.float32: expected integers \(torch\.long\)"):
+        model(idx.float())
+    for bad in (torch.arange(5).expand(3, 5), torch.arange(4).expand(2, 4)):
+        shape = ", ".join(map(str, bad.shape))
+        with pytest.raises(ValueError, match=rf"position_ids of shape \({shape}\) for token ids of shape \(2, 5\): "
+                                             r"expected \(2, 5\) or \(5,\)"):
+            model(idx, position_ids=bad)
+    with pytest.raises(ValueError, match=r"key_padding_mask of shape \(3, 5\) for a batch of 2: expected \(batch, "
+                                         r"key slots\)"):
+        model(idx, key_padding_mask=torch.ones(3, 5, dtype=torch.bool))
+    for name in ("position_ids", "input_pos"):
+        with pytest.raises(ValueError, match=rf"{name} reach -2; the model's positions are 0 \.\. 23"):
+            model(idx, **{name: torch.arange(5) - 2})
+    logits = model(idx)
+    for positions in (torch.arange(5), torch.arange(5)[None], torch.arange(5).expand(2, 5)):
+        torch.testing.assert_close(model(idx, position_ids=positions), logits, rtol=0, atol=0)
+    torch.testing.assert_close(model(idx, key_padding_mask=torch.ones(1, 5, dtype=torch.bool)), logits)
+
+
 def test_dropout_sites_listed_twice_are_refused():
     twice = r"dropout_sites=\['embedding', 'attention', 'embedding'\] lists an entry twice"
     with pytest.raises(ConfigError, match=twice):

@@ -189,7 +189,15 @@ class GPT(nn.Module):
         """Final hidden states (after the final norm), (B, T, D), and the per-layer records."""
         if idx_BT.dim() != 2 or idx_BT.shape[1] == 0:
             raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens), at least one token")
+        if idx_BT.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"token ids of dtype {idx_BT.dtype}: expected integers (torch.long)")
         B, T = idx_BT.shape
+        if position_ids is not None and tuple(position_ids.shape) not in ((T,), (B, T), (1, T)):
+            raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} for token ids of shape {(B, T)}: "
+                             f"expected ({B}, {T}) or ({T},)")
+        if key_padding_mask is not None and (key_padding_mask.dim() != 2 or key_padding_mask.shape[0] not in (1, B)):
+            raise ValueError(f"key_padding_mask of shape {tuple(key_padding_mask.shape)} for a batch of {B}: expected "
+                             f"(batch, key slots), True for real tokens")
         cache = self.kv_cache if cache is None else cache
         if input_pos is not None and tuple(input_pos.shape) != (T,):
             raise ValueError(f"input_pos of shape {tuple(input_pos.shape)} for {T} tokens: expected ({T},), one cache "
@@ -208,7 +216,8 @@ class GPT(nn.Module):
             self.check_length(T)
             positions = torch.arange(T, device=idx_BT.device)
         if (input_pos is not None or position_ids is not None) and not torch.compiler.is_compiling():
-            last = int(positions.max())  # (a host sync: skipped in compiled decoding)
+            # (one host sync: skipped in compiled decoding)
+            lowest, last = map(int, torch.stack(torch.aminmax(positions)).tolist())
             if position_ids is not None and last >= self.cfg.block_size:
                 raise ValueError(f"position_ids reach {last}; the model's positions are 0 .. {self.cfg.block_size - 1} "
                                  f"(block_size={self.cfg.block_size})")
@@ -219,6 +228,9 @@ class GPT(nn.Module):
                 if first < 0 or stop > cache.max_len:
                     raise ValueError(f"input_pos {first}..{stop - 1} outside the KV cache's slots 0 .. "
                                      f"{cache.max_len - 1} (setup_cache(..., max_len={cache.max_len}))")
+            if lowest < 0:
+                raise ValueError(f"{'position_ids' if position_ids is not None else 'input_pos'} reach {lowest}; the "
+                                 f"model's positions are 0 .. {self.cfg.block_size - 1}")
         if idx_BT.device.type == "cpu" and not torch.compiler.is_compiling():  # (no host sync on CPU)
             low, high, vocab = int(idx_BT.min()), int(idx_BT.max()), self.wte.num_embeddings  # (wte may be resized)
             if low < 0 or high >= vocab:
