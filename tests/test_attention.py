@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -166,9 +167,18 @@ def test_build_attention_refuses_what_a_model_config_refuses(name):
                                    ("dropout", 1.5, r"dropout=1\.5 must be in \[0, 1\)"),
                                    ("rope_base", 0.0, r"rope_base=0\.0 must be > 0"),
                                    ("layer_idx", -1, "layer_idx=-1 must be an integer >= 0"),
-                                   ("n_layers", 0, "n_layers=0 must be an integer >= 1")):
+                                   ("n_layers", 0, "n_layers=0 must be an integer >= 1"),
+                                   # a string was a TypeError from a comparison; bias="no" (or 0) built the
+                                   # biases it meant to leave out, and rope_base=inf was accepted
+                                   ("dropout", "0.1", r"dropout='0\.1' must be a number"),
+                                   ("rope_base", "1e4", r"rope_base='1e4' must be"),
+                                   ("rope_base", math.inf, r"rope_base=inf must be a number or null"),
+                                   ("bias", "no", r"bias='no' must be true or false"),
+                                   ("bias", 0, r"bias=0 must be true or false")):
         with pytest.raises(ConfigError, match=message):
             build_attention(name, dataclasses.replace(AttnArgs(d_model=32, n_heads=4), **{field_: value}))
+    with pytest.raises(ConfigError, match=r"args of type dict: give an AttnArgs\(d_model=\.\.\., n_heads=\.\.\.\)"):
+        build_attention(name, {"d_model": 32, "n_heads": 4})  # was "'dict' object has no attribute 'd_model'"
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

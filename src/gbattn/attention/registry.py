@@ -15,7 +15,7 @@ from gbattn.attention.differential import DifferentialAttention
 from gbattn.attention.gated import GatedAttention
 from gbattn.attention.standard import StandardAttention
 from gbattn.attention.twicing import TwicingAttention
-from gbattn.checks import check_choice
+from gbattn.checks import check_choice, coerce
 from gbattn.errors import ConfigError
 
 VARIANTS: dict[str, type[AttentionBase]] = {
@@ -53,6 +53,10 @@ def variant_options(name: str, options: dict | None = None, n_heads: int | None 
 
 def check_args(args: AttnArgs) -> None:
     """The head layout a module used on its own needs (``ModelConfig`` checks the same for a model)."""
+    if not isinstance(args, AttnArgs):
+        raise ConfigError(f"args of type {type(args).__name__}: give an AttnArgs(d_model=..., n_heads=...)")
+    for name, kind in (("dropout", float), ("bias", bool), ("rope_base", float | None)):
+        coerce(name, getattr(args, name), kind)  # a ConfigError for a string, a non-finite number, a non-bool bias
     for name, least in (("d_model", 1), ("n_heads", 1), ("n_kv_heads", 1), ("n_layers", 1), ("layer_idx", 0)):
         value = getattr(args, name)
         if (value is not None or name != "n_kv_heads") and (isinstance(value, bool) or not isinstance(value, int)
