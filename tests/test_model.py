@@ -165,6 +165,27 @@ def test_cached_decode_equals_full_forward(variant_case, block):
         model(idx[:, :prefill], input_pos=torch.arange(prefill))
 
 
+def test_a_model_converted_after_setup_cache_still_decodes():
+    """setup_cache fixed the cache's dtype at the model's dtype then: a model moved to float32 after
+    it failed its next cached call ("Expected query, key, and value to have the same dtype"; once
+    the cache was written, index_copy_'s "self and source expected to have the same dtype")."""
+    model = tiny_model(("twicing", {}))  # a value-only cache entry too
+    idx = torch.randint(0, 37, (1, 6))
+    model.setup_cache(batch=1, max_len=8)
+    model.float()  # before the first write
+    full = model(idx, input_pos=torch.arange(6))
+    assert full.dtype == torch.float32
+    model.clear_cache()
+    torch.testing.assert_close(full, model(idx))
+    model.setup_cache(batch=1, max_len=8)
+    model(idx[:, :5], input_pos=torch.arange(5))
+    model.double()  # after it: the written buffers follow .to() and the next token reads them
+    last = model(idx[:, 5:], input_pos=torch.tensor([5]))
+    assert last.dtype == torch.float64
+    model.clear_cache()
+    torch.testing.assert_close(last[:, 0], model(idx)[:, -1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("block", list(BLOCKS))
 def test_naive_model_path_equals_fast(variant_case, block):
     model = tiny_model(variant_case, **BLOCKS[block])
