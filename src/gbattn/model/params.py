@@ -7,11 +7,20 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gbattn.config import ModelConfig
+from gbattn.errors import ConfigError
 from gbattn.model.gpt import GPT, lm_loss
+
+
+def check_model_config(cfg, function: str) -> None:
+    """These functions take a model's configuration, not a model (its own count: ``num_params()``)."""
+    if not isinstance(cfg, ModelConfig):
+        hint = " (model.cfg; a model counts its own with model.num_params())" if isinstance(cfg, GPT) else ""
+        raise ConfigError(f"{function} takes a ModelConfig{hint}, not a {type(cfg).__name__}")
 
 
 def count_params(cfg: ModelConfig) -> int:
     """Exact parameter count (tied weights counted once), built on the meta device: no memory."""
+    check_model_config(cfg, "count_params")
     with torch.device("meta"):
         return GPT(cfg).num_params()
 
@@ -19,6 +28,7 @@ def count_params(cfg: ModelConfig) -> int:
 def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool = False) -> float:
     """Forward (or forward + backward) FLOPs per token at ``seq_len`` (default block_size),
     counted by ``torch.utils.flop_counter`` on the meta device (matmuls and SDPA)."""
+    check_model_config(cfg, "flops_per_token")
     T = seq_len or cfg.block_size
     with torch.device("meta"):
         model = GPT(cfg)
@@ -34,6 +44,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool
 def param_matched_width(cfg: ModelConfig, target_params: int) -> tuple[int, int]:
     """Smallest ``d_model`` (a multiple of n_heads, of 2 n_heads with RoPE) whose STANDARD model with ``cfg``'s other
     settings has at least ``target_params`` parameters. Returns (width, its parameter count)."""
+    check_model_config(cfg, "param_matched_width")
     step = cfg.n_heads * (2 if cfg.pos == "rope" else 1)  # RoPE rotates pairs: an even head width
     base = cfg.replace(attn="standard", attn_options={})
     # Parameter count grows monotonically with width: double to bracket, then bisect.
