@@ -74,16 +74,20 @@ def test_llama_preset_parameter_counts(preset, attn, expected):
 
 def test_size_functions_given_a_model_or_a_preset_name_say_they_take_a_config():
     """count_params(model), the natural call from Python, was "'GPT' object has no attribute
-    'vocab_size'"; a preset name was "'str' object has no attribute 'n_heads'"."""
+    'vocab_size'"; a preset name, to them or to GPT, "'str' object has no attribute ..."."""
     cfg = tiny_config(("standard", {}))
     model = GPT(cfg)
     for function in (count_params, flops_per_token, lambda c: param_matched_width(c, 10_000)):
         with pytest.raises(ConfigError, match=r"takes a ModelConfig \(model\.cfg; a model counts its own with "
                                               r"model\.num_params\(\)\), not a GPT"):
             function(model)
-        with pytest.raises(ConfigError, match=r"takes a ModelConfig, not a str"):
+        with pytest.raises(ConfigError, match=r"takes a ModelConfig \(e\.g\. preset_config\('cpu-char', 'boosted'\)\), "
+                                              r"not a str"):
             function("cpu-char")
     assert count_params(model.cfg) == model.num_params()
+    with pytest.raises(ConfigError, match=r"GPT takes a ModelConfig \(e\.g\. preset_config\('cpu-char', 'boosted'\)\), "
+                                          r"not a str"):
+        GPT("cpu-char")  # was "'str' object has no attribute 'vocab_size'"
 
 
 def test_param_matched_width_is_288():

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from gbattn.attention.core import AttnArgs, AttnContext, Record, StaticCache, rope_for
 from gbattn.attention.registry import build_attention
 from gbattn.config import ModelConfig
+from gbattn.errors import ConfigError
 from gbattn.model.attnres import AttnResStream
 from gbattn.model.decoding import generate
 
@@ -91,6 +92,14 @@ class Block(nn.Module):
         return self.ln2(h_BTD + self.ffn_branch(h_BTD))
 
 
+def check_model_config(cfg, function: str) -> None:
+    """``GPT`` and the size functions take a model's configuration, not a model or a preset name."""
+    if not isinstance(cfg, ModelConfig):
+        hint = "model.cfg; a model counts its own with model.num_params()" if isinstance(cfg, GPT) else \
+            "e.g. preset_config('cpu-char', 'boosted')"
+        raise ConfigError(f"{function} takes a ModelConfig ({hint}), not a {type(cfg).__name__}")
+
+
 class GPT(nn.Module):
     """Decoder-only language model. ``forward(idx_BT) -> logits_BTV``.
 
@@ -100,6 +109,7 @@ class GPT(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        check_model_config(cfg, "GPT")
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.pos == "learned" else None

@@ -7,15 +7,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gbattn.config import ModelConfig
-from gbattn.errors import ConfigError
-from gbattn.model.gpt import GPT, lm_loss
-
-
-def check_model_config(cfg, function: str) -> None:
-    """These functions take a model's configuration, not a model (its own count: ``num_params()``)."""
-    if not isinstance(cfg, ModelConfig):
-        hint = " (model.cfg; a model counts its own with model.num_params())" if isinstance(cfg, GPT) else ""
-        raise ConfigError(f"{function} takes a ModelConfig{hint}, not a {type(cfg).__name__}")
+from gbattn.model.gpt import GPT, check_model_config, lm_loss
 
 
 def count_params(cfg: ModelConfig) -> int:
