@@ -449,6 +449,10 @@ def test_chunked_loss_equals_full_cross_entropy():
     full = lm_loss(model(idx), targets)
     for chunk in (1, 7, 30, None):
         torch.testing.assert_close(model(idx, targets, loss_chunk=chunk), full, rtol=1e-10, atol=1e-10)
+    # a negative chunk was a loss of 0 (no chunk at all, silently); 0 was range()'s "arg 3 must not be zero"
+    for chunk in (-5, 0, 2.5, True):
+        with pytest.raises(ValueError, match=rf"loss_chunk={chunk!r} must be an integer >= 1"):
+            model(idx, targets, loss_chunk=chunk)
 
 
 def test_low_precision_logits_get_a_float32_loss():

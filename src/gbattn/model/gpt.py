@@ -165,6 +165,7 @@ class GPT(nn.Module):
         unless ``position_ids`` (B, T) is given, as with left padding). ``key_padding_mask`` (B, S):
         True for real tokens over every key slot. ``cache``: a cache object other than the one
         :meth:`setup_cache` makes (e.g. the Hugging Face wrapper's). ``naive``: the reference path.
+        ``loss_chunk``: tokens per chunk of the loss's LM head (:meth:`chunked_loss`).
         """
         if targets_BT is not None and targets_BT.shape != idx_BT.shape:
             raise ValueError(f"targets of shape {tuple(targets_BT.shape)} for token ids of shape "
@@ -184,6 +185,9 @@ class GPT(nn.Module):
         logits tensor is held at once. On CPU the default keeps each chunk near 16 MB: large fresh
         allocations are page-faulted on every step, and this measured 1.7x faster end to end
         (README, "Choosing cpu-proxy"). Targets of -100 are ignored."""
+        if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int)
+                                         or chunk_tokens < 1):
+            raise ValueError(f"loss_chunk={chunk_tokens!r} must be an integer >= 1 (tokens per chunk of the LM head)")
         h_ND, y_N = h_BTD.flatten(0, 1), targets_BT.flatten()
         if chunk_tokens is None:
             chunk_tokens = max(64, (4 << 20) // self.cfg.vocab_size) if h_ND.device.type == "cpu" else h_ND.shape[0]
