@@ -23,7 +23,7 @@ from gbattn.data import tokenizer as tokenizer_mod
 from gbattn.data.corpus import load_corpus
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
-from gbattn.errors import CheckpointError, DataError
+from gbattn.errors import CheckpointError, DataError, UserError
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
 from helpers import TINY, run_cli, run_record, tiny_configs, train_killed_at, train_losses, write_corpus, write_text
 
@@ -242,6 +242,12 @@ def test_train_writes_a_self_describing_run(tmp_path):
     run = load_run(tmp_path / "run")
     d = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
     assert evaluate(run.model, d.splits["test"], run.seq_len).ppl == pytest.approx(result["test_ppl"], rel=1e-6)
+    # token ids given to the text API were the tokenizer's "'int' object is not iterable"
+    for ids in ([3, 4], torch.tensor([[3, 4]])):
+        with pytest.raises(UserError, match=rf"prompt of type {type(ids).__name__}: give a string "
+                                            r"\(run\.model\.generate takes token ids\)"):
+            run.generate(ids, max_new_tokens=2)
+    assert run.generate("to be", max_new_tokens=2, temperature=0).startswith("to be")
 
 
 @pytest.mark.parametrize("amp", ["bf16", "off"])

@@ -455,6 +455,9 @@ class LoadedRun:
 
     def generate(self, prompt: str, max_new_tokens: int = 100, **kwargs) -> str:
         """Text continuing ``prompt`` (see :func:`gbattn.model.decoding.generate` for the options)."""
+        if not isinstance(prompt, str):  # token ids went on to the tokenizer's "'int' object is not iterable"
+            raise UserError(f"prompt of type {type(prompt).__name__}: give a string (run.model.generate takes "
+                            f"token ids)")
         ids = self.tokenizer.encode(prompt)
         if not ids:
             raise UserError("the prompt encodes to no tokens")
