@@ -38,6 +38,23 @@ def test_generate_runs_in_eval_mode_and_restores_the_mode():
         assert model.training
 
 
+def test_generate_leaves_the_callers_kv_cache_as_it_was():
+    """generate dropped a cache the caller had set up and filled: the caller's next decode step
+    (model(token, input_pos=[t])) then ran without a cache and saw only its own token, silently; with
+    use_cache=False it refused to run ("a KV cache is set up: pass input_pos")."""
+    model = tiny_model(("boosted", {}))
+    idx = torch.randint(0, 37, (1, 8))
+    full = model(idx)
+    model.setup_cache(batch=1, max_len=16)
+    model(idx[:, :7], input_pos=torch.arange(7))
+    for use_cache in (False, True):
+        generate(model, torch.randint(0, 37, (2, 3)), 4, temperature=0, use_cache=use_cache)
+    torch.testing.assert_close(model(idx[:, 7:], input_pos=torch.tensor([7]))[:, -1], full[:, -1])
+    model.clear_cache()
+    generate(model, idx, 2, temperature=0)
+    assert not model.has_cache
+
+
 def test_sampling_reproducible_with_seed():
     model = tiny_model(("boosted", {}))
     prompt = torch.randint(0, 37, (3, 4))

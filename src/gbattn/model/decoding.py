@@ -124,12 +124,14 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     sequence fills the model's ``block_size``, later tokens are predicted from the last ``block_size``
     tokens without a cache, as nanoGPT does; a prompt longer than ``block_size`` is returned whole,
     the model seeing its end.
-    ``progress(1)`` is called after each new token (e.g. a progress bar's update).
+    ``progress(1)`` is called after each new token (e.g. a progress bar's update). The model's
+    training mode and its own KV cache (``setup_cache``) are as they were afterwards.
     """
     check_sampling(max_new_tokens, temperature, top_k)
     prompt_mask = check_prompt(idx_BT, prompt_mask)
-    was_training = model.training
+    was_training, callers_cache = model.training, model.kv_cache
     model.eval()
+    model.clear_cache()  # generate's own cache or none (use_cache=False), the caller's put back at the end
     device = idx_BT.device
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     block = model.cfg.block_size
@@ -172,7 +174,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
                 model.clear_cache()
                 cached = False
     finally:
-        model.clear_cache()
+        model.kv_cache = callers_cache  # (dropped, a decode step the caller makes next had no past, silently)
         model.train(was_training)
     return torch.cat([kept_BT, out], dim=1)
 
