@@ -1,6 +1,6 @@
 """Text generation with the fixed-size KV cache: one prefill of the prompt, then one decode step per
 token through the same forward signature (gpt-fast style), eager or compiled. Works on any model
-with GPT's ``setup_cache`` / ``forward(idx, input_pos=...)`` interface.
+with GPT's ``kv_cache`` / ``setup_cache`` / ``clear_cache`` / ``forward(idx, input_pos=...)`` interface.
 
 The compiled decode step runs through ``torch.compile`` with fixed shapes and no host-device sync
 per token (CUDA graphs on CUDA) and gives the eager tokens (tests/test_compiled.py). Compiling
