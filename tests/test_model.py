@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from gbattn.attention.core import AttnContext, rope_for
+from gbattn.attention.core import AttnContext, positions_of, rope_for
 from gbattn.config import PRESETS, ConfigError, ModelConfig, preset_config
 from gbattn.model import GPT, count_params, flops_per_token, lm_loss, param_matched_width
 
@@ -181,6 +181,23 @@ def test_cached_decode_equals_full_forward(variant_case, block):
     model.setup_cache(batch=1, max_len=16)  # a cache for one row does not silently take two
     with pytest.raises(ValueError, match="a batch of 2 rows written to a KV cache set up for 1"):
         model(idx[:, :prefill], input_pos=torch.arange(prefill))
+
+
+@pytest.mark.parametrize("block", list(BLOCKS))
+def test_a_left_padded_batch_with_only_a_mask_gives_each_row_as_alone(block):
+    """model(idx, key_padding_mask=keep) gave a left-padded row's tokens positions 0..T-1, shifted by
+    its padding: with learned positions its logits were not the row's alone (they were under RoPE,
+    which sees only differences). Each row's positions now count its real tokens, as the Hugging
+    Face wrapper's do and as position_ids=positions_of(keep) gives."""
+    model = tiny_model(("boosted", {"rounds": 2}), **BLOCKS[block])
+    idx = torch.randint(0, 37, (2, 7))
+    keep = torch.ones(2, 7, dtype=torch.bool)
+    keep[0, :3] = False
+    padded = model(idx, key_padding_mask=keep)
+    torch.testing.assert_close(padded[0, 3:], model(idx[:1, 3:])[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(padded[1], model(idx[1:])[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(padded, model(idx, key_padding_mask=keep, position_ids=positions_of(keep)),
+                               rtol=0, atol=0)
 
 
 def test_a_model_converted_after_setup_cache_still_decodes():
@@ -624,9 +641,10 @@ def test_token_ids_position_ids_and_padding_masks_of_the_wrong_kind_are_named(bl
         with pytest.raises(ValueError, match=rf"position_ids of shape \({shape}\) for token ids of shape \(2, 5\): "
                                              r"expected \(2, 5\) or \(5,\)"):
             model(idx, position_ids=bad)
-    with pytest.raises(ValueError, match=r"key_padding_mask of shape \(3, 5\) for a batch of 2: expected \(batch, "
-                                         r"key slots\)"):
-        model(idx, key_padding_mask=torch.ones(3, 5, dtype=torch.bool))
+    for shape in ((3, 5), (2, 4)):  # (2, 4): once a mask gives the positions, wpe's broadcast error came first
+        with pytest.raises(ValueError, match=rf"key_padding_mask of shape \({shape[0]}, {shape[1]}\) for a batch of 2 "
+                                             r"over 5 key slots: expected \(2, 5\)"):
+            model(idx, key_padding_mask=torch.ones(shape, dtype=torch.bool))
     for name in ("position_ids", "input_pos"):
         with pytest.raises(ValueError, match=rf"{name} reach -2; the model's positions are 0 \.\. 23"):
             model(idx, **{name: torch.arange(5) - 2})

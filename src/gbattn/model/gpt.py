@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gbattn.attention.core import AttnArgs, AttnContext, Record, StaticCache, rope_for
+from gbattn.attention.core import AttnArgs, AttnContext, Record, StaticCache, positions_of, rope_for
 from gbattn.attention.registry import build_attention
 from gbattn.config import ModelConfig
 from gbattn.errors import ConfigError
@@ -163,8 +163,10 @@ class GPT(nn.Module):
 
         ``input_pos`` (T,): cache slots of the tokens (required with a cache; also their positions
         unless ``position_ids`` (B, T) is given, as with left padding). ``key_padding_mask`` (B, S):
-        True for real tokens over every key slot. ``cache``: a cache object other than the one
-        :meth:`setup_cache` makes (e.g. the Hugging Face wrapper's). ``naive``: the reference path.
+        True for real tokens over every key slot (without a cache or ``position_ids``, each row's
+        positions then count its real tokens, so a left-padded row is as it is alone). ``cache``: a
+        cache object other than the one :meth:`setup_cache` makes (e.g. the Hugging Face wrapper's).
+        ``naive``: the reference path.
         ``loss_chunk``: tokens per chunk of the loss's LM head (:meth:`chunked_loss`).
         """
         if targets_BT is not None and targets_BT.shape != idx_BT.shape:
@@ -209,10 +211,12 @@ class GPT(nn.Module):
         if position_ids is not None and tuple(position_ids.shape) not in ((T,), (B, T), (1, T)):
             raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} for token ids of shape {(B, T)}: "
                              f"expected ({B}, {T}) or ({T},)")
-        if key_padding_mask is not None and (key_padding_mask.dim() != 2 or key_padding_mask.shape[0] not in (1, B)):
-            raise ValueError(f"key_padding_mask of shape {tuple(key_padding_mask.shape)} for a batch of {B}: expected "
-                             f"(batch, key slots), True for real tokens")
         cache = self.kv_cache if cache is None else cache
+        S = cache.key_length(T) if cache is not None else T
+        if key_padding_mask is not None and (key_padding_mask.dim() != 2 or key_padding_mask.shape[0] not in (1, B)
+                                             or key_padding_mask.shape[1] != S):
+            raise ValueError(f"key_padding_mask of shape {tuple(key_padding_mask.shape)} for a batch of {B} over {S} "
+                             f"key slots: expected ({B}, {S}), True for real tokens")
         if input_pos is not None and tuple(input_pos.shape) != (T,):
             raise ValueError(f"input_pos of shape {tuple(input_pos.shape)} for {T} tokens: expected ({T},), one cache "
                              f"slot per token (position_ids (B, T) gives positions per row)")
@@ -228,7 +232,10 @@ class GPT(nn.Module):
             positions = input_pos
         else:
             self.check_length(T)
-            positions = torch.arange(T, device=idx_BT.device)
+            # Without a cache the mask covers these tokens: a left-padded row's tokens keep the positions they
+            # have alone (as the Hugging Face wrapper gives them; they were 0..T-1, shifted by the padding).
+            positions = torch.arange(T, device=idx_BT.device) if key_padding_mask is None else \
+                positions_of(key_padding_mask.bool())
         if (input_pos is not None or position_ids is not None) and not torch.compiler.is_compiling():
             # (one host sync: skipped in compiled decoding)
             lowest, last = map(int, torch.stack(torch.aminmax(positions)).tolist())
@@ -255,7 +262,7 @@ class GPT(nn.Module):
             h_BTD = h_BTD + self.wpe(positions)
         h_BTD = self.drop(h_BTD)
         rope = rope_for(positions, self.cfg.d_head, self.cfg.rope_base, h_BTD.dtype) if self.cfg.pos == "rope" else None
-        ctx = AttnContext(T=T, S=cache.key_length(T) if cache is not None else T, device=idx_BT.device,
+        ctx = AttnContext(T=T, S=S, device=idx_BT.device,
                           slots_T=input_pos if cache is not None else None, key_padding_BS=key_padding_mask,
                           causal=True, naive=naive, rope=rope)
         records = [Record() for _ in self.blocks] if return_intermediates else None
