@@ -290,22 +290,21 @@ class StaticLayerCache(nn.Module):
     """A fixed-size cache (gpt-fast style): each entry is a key and a value buffer of ``max_len``
     slots, allocated at its first write with the written heads and widths. ``update`` writes at
     ``slots_T`` and returns the whole buffers, so prefill and decode are the same code and shapes
-    stay fixed (``torch.compile``, CUDA graphs). A value-only entry has no key buffer. ``dtype`` and
-    ``device`` None: those of the first keys and values written (so a model converted with ``.to()``
-    after ``setup_cache`` still decodes; written buffers follow ``.to()`` as every buffer does)."""
+    stay fixed (``torch.compile``, CUDA graphs). A value-only entry has no key buffer. The cache
+    follows ``.to()`` like any buffer, also before its first write (an empty ``placement`` buffer
+    carries its dtype and device), so a model converted after ``setup_cache`` still decodes."""
 
-    def __init__(self, batch: int, max_len: int, dtype: torch.dtype | None = None, device=None) -> None:
+    def __init__(self, batch: int, max_len: int, dtype: torch.dtype, device) -> None:
         super().__init__()
-        self.batch, self.max_len, self.dtype = batch, max_len, dtype
-        self.device = None if device is None else torch.device(device)
+        self.batch, self.max_len = batch, max_len
+        self.register_buffer("placement", torch.empty(0, dtype=dtype, device=device), persistent=False)
 
     def _buffer(self, name: str, like: Tensor) -> Tensor:
         rows, heads, _, width = like.shape
         if self.batch != rows:
             raise ValueError(f"a batch of {rows} rows written to a KV cache set up for {self.batch} (setup_cache)")
         if not hasattr(self, name):
-            empty = torch.zeros(rows, heads, self.max_len, width, dtype=self.dtype or like.dtype,
-                                device=self.device or like.device)
+            empty = self.placement.new_zeros(rows, heads, self.max_len, width)
             self.register_buffer(name, empty, persistent=False)
         return getattr(self, name)
 
@@ -341,8 +340,7 @@ class DynamicLayerCache:
 class StaticCache(nn.Module):
     """One :class:`StaticLayerCache` per layer (``GPT.setup_cache``)."""
 
-    def __init__(self, n_layers: int, batch: int, max_len: int, dtype: torch.dtype | None = None,
-                 device=None) -> None:
+    def __init__(self, n_layers: int, batch: int, max_len: int, dtype: torch.dtype, device) -> None:
         super().__init__()
         self.max_len = max_len
         self.layers = nn.ModuleList(StaticLayerCache(batch, max_len, dtype, device) for _ in range(n_layers))

@@ -133,13 +133,14 @@ class GPT(nn.Module):
     # -- cache ---------------------------------------------------------------------
     def setup_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> None:
         """A fixed-size KV cache of ``max_len`` slots (default block_size) for ``batch`` rows, in
-        ``dtype`` on ``device`` (default: those of the keys and values written, as the model is then)."""
+        ``dtype`` on ``device`` (default: the model's); it follows the model's ``.to()``."""
         for name, value in (("batch", batch), ("max_len", max_len)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"setup_cache({name}={value!r}): {name} must be an integer >= 1")
         max_len = max_len or self.cfg.block_size
         self.check_length(max_len)
-        self.kv_cache = StaticCache(self.cfg.n_layers, batch, max_len, dtype, device)
+        ref = self.wte.weight
+        self.kv_cache = StaticCache(self.cfg.n_layers, batch, max_len, dtype or ref.dtype, device or ref.device)
 
     def clear_cache(self) -> None:
         self.kv_cache = None
