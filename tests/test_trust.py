@@ -767,6 +767,12 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("unknown preset", [*new_run, "--preset", "huge"], "preset='huge' is not allowed"),
         ("unknown attention", ["params", "--attn", "nope"], "attn='nope' is not allowed"),
         ("unknown recipe", ["compare", "--recipe", "nope", "--out", tmp_path / "c"], "recipe='nope' is not allowed"),
+        # A comparison was trained into the run directory (recipe.json, results, LABEL/seedN runs beside its files).
+        ("compare --out a run directory", ["compare", "--recipe", "cpu-char", "--out", run, "--set", "max_steps=1"],
+         f"--out {run} holds a run, not a comparison: choose another --out"),
+        ("compare --out one model's seeds in a comparison",
+         ["compare", "--recipe", "cpu-char", "--out", comparison / "standard", "--set", "max_steps=1"],
+         f"--out {comparison}/standard holds run directories (seed42), not a comparison's models"),
         ("unknown tokenizer", ["train", "--out", tmp_path / "o11", "--data", data, "--tokenizer", "words"],
          "--tokenizer 'words' is not allowed"),
         ("odd kv heads for differential", ["params", "--attn", "differential", "--set", "n_kv_heads=1"],

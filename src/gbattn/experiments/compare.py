@@ -101,6 +101,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         raise UserError("--set attn=... would give every model of the recipe that one attention variant: the recipe "
                         "chooses each model's (train another variant with `gbattn train --attn`)")
     out = Path(out_dir)
+    check_comparison_dir(out)
     lock = rundir.RunLock(out, what="comparison")
     try:
         specs = [s for s in recipe.models if not only or s.label in only]
@@ -340,6 +341,18 @@ def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
             write_run(upcycle(source, spec.upcycle["attn"], spec.upcycle.get("attn_options")), start)
     start_cfg, _ = rundir.read_configs(rundir.read_config(start / rundir.CONFIG), start)
     return start_cfg, train_cfg.replace(init_from=str(start))
+
+
+def check_comparison_dir(out: Path) -> None:
+    """Refuse an ``--out`` that is a run directory (or another model's) or a folder of runs (one model's
+    seeds in a comparison): the comparison's files and runs would be mixed into it."""
+    if (out / rundir.CONFIG).is_file():
+        raise UserError(f"--out {out} holds {rundir.foreign_model(out) or 'a run'}, not a comparison: choose another "
+                        f"--out")
+    runs = sorted(p.parent.name for p in out.glob(f"*/{rundir.CONFIG}"))
+    if runs:
+        raise UserError(f"--out {out} holds run directories ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}), "
+                        f"not a comparison's models: choose another --out")
 
 
 def _check_request(path: Path, request: dict) -> None:
