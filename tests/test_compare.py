@@ -124,6 +124,32 @@ def test_a_rerun_of_a_subset_keeps_every_finished_run_in_the_report(tmp_path):
     assert again["complete"]
 
 
+def test_a_stopped_invocation_leaves_every_finished_run_in_the_report(tmp_path, monkeypatch):
+    """Seed 1 of standard and GBA, then an invocation adding seed 2 that is interrupted while training GBA
+    (Ctrl-C): results.json and results.md still hold seed 1 of both models, and seed 2 of standard (after
+    standard's seed 2 they held that one run alone until a rerun finished)."""
+    data = write_corpus(tmp_path / "c")
+    sets = tiny_sets()
+    kwargs = dict(data=str(data), sets=sets, only=["standard", "gba-m2"], quiet=True)
+    first = run_compare("cpu-proxy", tmp_path / "cmp", seeds=[1], **kwargs)
+    real_train = compare_mod.train
+
+    def interrupted_gba(run_dir, *args, **kw):
+        if run_dir.parent.name == "gba-m2":
+            raise KeyboardInterrupt
+        return real_train(run_dir, *args, **kw)
+
+    monkeypatch.setattr(compare_mod, "train", interrupted_gba)
+    with pytest.raises(UserError, match=r"compare interrupted: the runs in progress \(gba-m2/seed2\)"):
+        run_compare("cpu-proxy", tmp_path / "cmp", seeds=[2], **kwargs)
+    report = json.loads((tmp_path / "cmp" / "results.json").read_text())
+    rows = {r["label"]: r for r in report["models"]}
+    assert {label: r["seeds"] for label, r in rows.items()} == {"standard": [1, 2], "gba-m2": [1]}
+    assert rows["gba-m2"]["test_ppl"] == first["models"][1]["test_ppl"] and not report["complete"]
+    md = (tmp_path / "cmp" / "results.md").read_text()
+    assert "| gba-m2 |" in md and "INCOMPLETE" in md
+
+
 def test_the_command_line_of_results_md_is_every_invocation_that_trained_part_of_it(tmp_path, monkeypatch):
     """A rerun of a subset that trains nothing leaves the Command line alone (it was replaced by the
     rerun's, which does not reproduce the table); one that trains a run is added after it."""

@@ -143,6 +143,7 @@ class _Runner:
         self.fingerprint = fingerprint
         self.vocab, self.out, self.request, self.quiet, self.jobs = vocab, out, request, quiet, jobs
         self.results: dict[str, dict[int, dict]] = {s.label: {} for s in specs}
+        self.training_here: tuple[str, int] | None = None  # the run this process is training (one job)
         self.bar = Progress(
             len(specs) * len(seeds), desc=f"compare {recipe.name}", unit="run", disable=quiet, interval=0
         )
@@ -179,7 +180,8 @@ class _Runner:
         except KeyboardInterrupt:  # Ctrl-C: as SIGTERM, the children stop at a checkpoint and it is said so
             stopped.append(signal.SIGINT)
         finally:
-            interrupted = [f"{label}/seed{seed}" for label, seed in running]
+            in_progress = [*running, self.training_here] if self.training_here else list(running)
+            interrupted = [f"{label}/seed{seed}" for label, seed in in_progress]
             for proc in running.values():  # this process is stopping: stop the children cleanly
                 proc.send_signal(signal.SIGTERM)
             for proc in running.values():
@@ -255,9 +257,11 @@ class _Runner:
                        f"d_model={model_cfg.d_model} steps={train_cfg.max_steps or 'epochs'} -> {run_dir}")
         extra = {"label": spec.label, "recipe": self.recipe.name}
         if self.jobs == 1:
+            self.training_here = (spec.label, seed)
             self.results[spec.label][seed] = (
                 train(run_dir, resume=True, quiet=self.quiet, overrides=_neutral(train_cfg)) if existing
                 else train(run_dir, model_cfg, train_cfg, quiet=self.quiet, extra=extra, preset=self.recipe.preset))
+            self.training_here = None
             self._finished(spec.label, seed)
             return None
         if not existing:  # a planned run: config.json now, trained by `gbattn train --resume`
@@ -279,8 +283,10 @@ class _Runner:
         failed.append(f"{label}/seed{seed} (exit {returncode}: {tail[0] if tail else 'no output'})")
 
     def _finished(self, label: str, seed: int) -> None:
+        """A run finished: the report over every finished run (an invocation that is stopped now leaves
+        the earlier invocations' runs in results.json and results.md, not this one's alone)."""
         self.bar.update(1, last=f"{label}/seed{seed}")
-        write_results(self.out, self.recipe, self.request, self.specs, self.results)
+        self._report()
 
 
 def _neutral(train_cfg: TrainConfig) -> dict:
