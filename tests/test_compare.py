@@ -150,6 +150,26 @@ def test_a_stopped_invocation_leaves_every_finished_run_in_the_report(tmp_path, 
     assert "| gba-m2 |" in md and "INCOMPLETE" in md
 
 
+def test_a_comparison_is_never_written_into_a_run_or_a_folder_of_runs(tmp_path, monkeypatch):
+    """--out of a run, or of one model's seeds, is refused before anything is written (bad-inputs table in
+    test_trust.py); a comparison that holds a run beside its models (an export, a copy) still continues."""
+    import shutil
+
+    data = write_corpus(tmp_path / "c")
+    sets = tiny_sets()
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    run = tmp_path / "cmp" / "standard" / "seed42"
+    before = sorted(p.name for p in run.iterdir())
+    for out in (run, run.parent):
+        with pytest.raises(UserError, match="not a comparison"):
+            run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True)
+    assert sorted(p.name for p in run.iterdir()) == before and not (run.parent / "recipe.json").exists()
+    shutil.copytree(run, tmp_path / "cmp" / "exported")
+    monkeypatch.setattr(compare_mod, "train", lambda *a, **k: pytest.fail("retrained a finished run"))
+    assert run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)[
+        "complete"]
+
+
 def test_the_command_line_of_results_md_is_every_invocation_that_trained_part_of_it(tmp_path, monkeypatch):
     """A rerun of a subset that trains nothing leaves the Command line alone (it was replaced by the
     rerun's, which does not reproduce the table); one that trains a run is added after it."""

@@ -350,11 +350,14 @@ def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
 
 
 def check_comparison_dir(out: Path) -> None:
-    """Refuse an ``--out`` that is a run directory (or another model's) or a folder of runs (one model's
-    seeds in a comparison): the comparison's files and runs would be mixed into it."""
+    """Refuse an ``--out`` that is a run directory (or another model's) or, unless it is a comparison
+    already, a folder of runs (one model's seeds in a comparison): the comparison's files and runs
+    would be mixed into it."""
     if (out / rundir.CONFIG).is_file():
         raise UserError(f"--out {out} holds {rundir.foreign_model(out) or 'a run'}, not a comparison: choose another "
                         f"--out")
+    if (out / "recipe.json").is_file():  # a comparison, perhaps with an export or a copied run beside its models
+        return
     runs = sorted(p.parent.name for p in out.glob(f"*/{rundir.CONFIG}"))
     if runs:
         raise UserError(f"--out {out} holds run directories ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}), "
