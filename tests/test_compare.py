@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from gbattn import rundir
 from gbattn.config import build_configs
 from gbattn.errors import UserError
 from gbattn.experiments import compare as compare_mod
@@ -90,6 +91,44 @@ def test_compare_refuses_other_settings_in_same_dir(tmp_path):
         run_compare(
             "cpu-proxy", tmp_path / "cmp", data=str(data), sets={**sets, "lr": 0.5}, only=["standard"], quiet=True
         )
+
+
+def test_a_comparison_continues_with_other_result_neutral_settings(tmp_path, monkeypatch):
+    """--set keys that change no result (device, compile, log_every, eval_batch_size, ...) may differ
+    between invocations (a comparison continued on another device); a run resumed takes this
+    invocation's, in this process and in a --jobs child alike."""
+    data = write_corpus(tmp_path / "c")
+    sets = tiny_sets()
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    run_dir = tmp_path / "cmp" / "standard" / "seed42"
+    (run_dir / rundir.RESULT).unlink()  # as if stopped before it finished
+    neutral = {"log_every": 1, "eval_batch_size": 4, "device": "cpu"}
+    seen = {}
+    monkeypatch.setattr(compare_mod, "train", lambda run, resume=False, overrides=None, **k: seen.update(overrides)
+                        or pytest.fail("stop here"))
+    with pytest.raises(pytest.fail.Exception, match="stop here"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets={**sets, **neutral}, only=["standard"],
+                    quiet=True)
+    assert {k: seen.get(k) for k in neutral} == neutral
+    commands = []
+
+    class Child:
+        def __init__(self, cmd, **kwargs):
+            commands.append(cmd)
+            self.returncode = 1
+
+        def poll(self):
+            return 1
+
+        def wait(self, timeout=None):
+            return 1
+
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", Child)
+    with pytest.raises(UserError):  # the child "failed": only its command line matters here
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets={**sets, **neutral}, only=["standard"],
+                    quiet=True, jobs=2, threads=2)
+    (cmd,) = commands
+    assert all(f"{k}={v}" in cmd for k, v in neutral.items()) and "threads=1" in cmd
 
 
 def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_path):

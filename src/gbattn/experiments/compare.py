@@ -259,7 +259,7 @@ class _Runner:
         if self.jobs == 1:
             self.training_here = (spec.label, seed)
             self.results[spec.label][seed] = (
-                train(run_dir, resume=True, quiet=self.quiet, overrides=_neutral(train_cfg)) if existing
+                train(run_dir, resume=True, quiet=self.quiet, overrides=_neutral(train_cfg, self.sets)) if existing
                 else train(run_dir, model_cfg, train_cfg, quiet=self.quiet, extra=extra, preset=self.recipe.preset))
             self.training_here = None
             self._finished(spec.label, seed)
@@ -268,8 +268,8 @@ class _Runner:
             run_dir.mkdir(parents=True, exist_ok=True)
             rundir.write_config(run_dir, self.recipe.preset, model_cfg, train_cfg, extra, planned=True)
         cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", str(run_dir), "--quiet"]
-        if train_cfg.threads:
-            cmd += ["--threads", str(train_cfg.threads)]
+        for key, value in _neutral(train_cfg, self.sets).items():
+            cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
         with open(run_dir / "train.log", "a", encoding="utf-8") as log:  # the child keeps its own handle
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
 
@@ -289,8 +289,11 @@ class _Runner:
         self._report()
 
 
-def _neutral(train_cfg: TrainConfig) -> dict:
-    return {k: getattr(train_cfg, k) for k in ("threads",) if getattr(train_cfg, k) is not None}
+def _neutral(train_cfg: TrainConfig, sets: dict) -> dict:
+    """The result-neutral settings of this invocation a resumed run takes over its recorded ones:
+    the threads, and the neutral keys given with --set (device, compile, ...)."""
+    keys = [k for k in TrainConfig.RESULT_NEUTRAL if k in sets or k == "threads"]
+    return {k: getattr(train_cfg, k) for k in keys if getattr(train_cfg, k) is not None}
 
 
 def _die_with_parent() -> None:
@@ -364,6 +367,14 @@ def check_comparison_dir(out: Path) -> None:
                         f"not a comparison's models: choose another --out")
 
 
+def _results_part(key: str, value):
+    """What of a recorded request must match a new one: all of it but the ``--set`` keys that change
+    no result (device, compile, log_every, ...: a comparison continues on another device)."""
+    if key != "sets" or not isinstance(value, dict):
+        return value
+    return {k: v for k, v in value.items() if k not in TrainConfig.RESULT_NEUTRAL}
+
+
 def _check_request(path: Path, request: dict) -> None:
     results = path.parent / "results.json"
     if not path.exists() and results.is_file():  # another command's results (`gbattn denoise`'s) would be replaced
@@ -378,7 +389,7 @@ def _check_request(path: Path, request: dict) -> None:
         if isinstance(before.get("data"), str):  # written before data paths were made portable
             before["data"] = portable_path(before["data"])
         for key in ("recipe", "data", "sets"):
-            if before.get(key) != request[key]:
+            if _results_part(key, before.get(key)) != _results_part(key, request[key]):
                 raise UserError(
                     f"{path.parent} holds a comparison with {key}={before.get(key)!r}, not {request[key]!r}; "
                     f"use another --out or the same settings"
