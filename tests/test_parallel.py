@@ -321,3 +321,22 @@ def test_two_processes_with_gradient_accumulation_match_one_process(tmp_path, pa
     assert two_losses == pytest.approx(one_losses, rel=1e-4)
     streams = rundir.load_checkpoint(tmp_path / "two" / rundir.CHECKPOINT)["rng_per_rank"]
     assert len(streams) == 2 and not torch.equal(streams[0]["torch"], streams[1]["torch"])
+
+
+def test_a_mistake_only_the_first_process_sees_ends_every_process_with_its_line(tmp_path):
+    """Under torchrun the first process alone takes the run directory: an --out that already holds a run
+    ends both processes with its one line (exit 2), where the second process used to fail waiting for
+    the first with a gloo traceback ("Connection closed by peer")."""
+    data = write_corpus(tmp_path / "c", lines_per_split=(60, 20, 20))
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / rundir.CONFIG).write_text("{}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([*TORCHRUN, "--out", str(held), *_train_argv(data, 2)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode != 0
+    own = [line for line in proc.stderr.splitlines() if line.startswith("gbattn: error:")]
+    assert own and set(own) == {f"gbattn: error: {held} already holds a run; pass --resume to continue it, "
+                                f"--restart to replace it, or choose another --out"}, proc.stderr[-3000:]
+    assert "[rank" not in proc.stderr and "exitcode: 2" in proc.stderr, proc.stderr[-3000:]
+    assert sorted(p.name for p in held.iterdir()) == [".lock", rundir.CONFIG]

@@ -17,6 +17,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from gbattn.errors import UserError
+
 
 @dataclass
 class DistEnv:
@@ -32,10 +34,6 @@ class DistEnv:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def barrier(self) -> None:
-        if self.enabled:
-            dist.barrier()
-
     def all_sum(self, values: list[float]) -> list[float]:
         if not self.enabled:
             return values
@@ -44,6 +42,49 @@ class DistEnv:
             t = t.cuda()
         dist.all_reduce(t)
         return t.cpu().tolist()
+
+    def raise_together(self, error: UserError | None) -> None:
+        """A collective in place of a barrier: raise this process's ``error``, or another process's, on
+        every process, so that a mistake one process finds (a run directory in use, missing data) ends
+        them all with its one line instead of leaving the others to fail waiting for it."""
+        errors = [e for e in self.gather(None if error is None else (str(error), getattr(error, "exit_code", 2))) if e]
+        if self.enabled:
+            # A barrier after it, as the last collective: torch 2.13's gloo frees the gather's tensors on its own
+            # thread, which needs the GIL; a process group destroyed before then (the run ends) deadlocks.
+            dist.barrier()
+        if error is not None:
+            raise error
+        if errors:
+            shared = UserError(errors[0][0])
+            shared.exit_code = errors[0][1]
+            raise shared
+
+    def main_only(self, work):
+        """``work()`` on the main process, the others waiting for it; its UserError is every process's
+        (:meth:`raise_together`). Returns its result on the main process, None on the others."""
+        result, error = None, None
+        if self.is_main:
+            try:
+                result = work()
+            except UserError as e:
+                error = e
+        self.raise_together(error)
+        return result
+
+    def main_first(self, work):
+        """``work()`` on the main process, then on the others (which read the caches it built); a
+        UserError on any process is every process's (:meth:`raise_together`)."""
+        result = self.main_only(work)
+        if not self.is_main:
+            error = None
+            try:
+                result = work()
+            except UserError as e:
+                error = e
+            self.raise_together(error)
+        elif self.enabled:
+            self.raise_together(None)
+        return result
 
     def gather(self, obj) -> list:
         """``obj`` from every process, in rank order (a one-item list in one process)."""
@@ -65,9 +106,20 @@ class DistEnv:
         return model.no_sync()
 
 
+def is_first_process() -> bool:
+    """Whether this is the process that reports (rank 0 under ``torchrun``; the only one without it),
+    known before the process group is joined."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def launched_processes() -> int:
+    """How many processes ``torchrun`` launched for this command (1 without it)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def init_distributed(device_type: str) -> DistEnv:
     """Join the process group that ``torchrun`` describes in the environment (if any)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launched_processes()
     if world <= 1:
         return DistEnv()
     if not dist.is_initialized():

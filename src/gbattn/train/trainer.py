@@ -168,50 +168,14 @@ class Trainer:
         self.device = resolve_device(cfg.device, self.dist.local_rank)
         self.main = self.dist.is_main
         self.show = self.main and not self.quiet
-        if self.main:  # one writer per run directory, taken before any long work
-            if self.restart:
-                rundir.check_restartable(self.run_dir)
-            self.lock = rundir.RunLock(self.run_dir)
-            if self.restart:
-                rundir.discard_run(self.run_dir)
-            elif not self.resume and (
-                (self.run_dir / rundir.CHECKPOINT).exists() or (self.run_dir / rundir.CONFIG).exists()
-            ):
-                raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it, --restart to "
-                                f"replace it, or choose another --out")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         self.autocast = autocast(self.device, cfg.amp)
-
-        # Data: the main process builds the caches first, the others then read them. A resumed run
-        # keeps its tokenizer; a run started from another run's weights takes that run's. A run with
-        # no checkpoint yet (planned by `compare --jobs N`, or killed before its first evaluation)
-        # starts from those weights too, as a fresh one does.
-        tokenizer, self.start = None, None
-        has_checkpoint = self.resume and (self.run_dir / rundir.CHECKPOINT).exists()
-        if cfg.init_from and not has_checkpoint:
-            if self.resume and not Path(cfg.init_from).is_dir():  # recorded as given, relative to where it started
-                raise UserError(f"{self.run_dir} has no checkpoint yet, so it starts again from its --init-from "
-                                f"{cfg.init_from}, which is not a directory from here: resume from the directory "
-                                f"the run was started in")
-            self.start = rundir.load_run(cfg.init_from, None, "cpu")
-            tokenizer = self.start.tokenizer
-        elif self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
-            tokenizer = Tokenizer.load(self.run_dir / rundir.TOKENIZER, expected_vocab=self.model_cfg.vocab_size)
-        self.seq_len = self.model_cfg.input_length(cfg.seq_len)  # checked before the data is prepared
-        if self.seq_len > self.model_cfg.block_size:
-            raise UserError(f"seq_len={self.seq_len} exceeds block_size={self.model_cfg.block_size}")
-        self.requested_vocab = self.model_cfg.vocab_size
-        if not self.main:
-            self.dist.barrier()
-        recorded = rundir.recorded_fingerprint(self.saved) if self.resume else None
-        self.data: Data = prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show,
-                                       trained_on=recorded, mismatch=": it has changed since this run started, and "
-                                       "a run does not resume on other data")
-        if self.main:
-            self.dist.barrier()
+        # The main process first (it builds the caches the others then read); a mistake it finds ends every process.
+        self.data: Data = self.dist.main_first(self._claim_and_prepare)
+        has_checkpoint = self.has_checkpoint
         vocab = self.data.tokenizer.vocab_size
         if vocab != self.model_cfg.vocab_size:
             if self.resume:
@@ -267,11 +231,7 @@ class Trainer:
         self.window_loss, self.window_n = 0.0, 0
         if has_checkpoint:
             self._load(self.run_dir / rundir.CHECKPOINT)
-        if self.main:
-            self._write_config()
-            if has_checkpoint:  # (a planned run of compare --jobs, trained with --resume, starts at step 0)
-                rundir.truncate_metrics(self.run_dir / rundir.METRICS, self.step)
-                self._log({"event": "resume", "step": self.step})
+        self.dist.main_only(lambda: self._write_config(resumed=has_checkpoint))
         if self.show:
             for line in self._plan():
                 print(line)
@@ -283,6 +243,42 @@ class Trainer:
         if self.train_cfg.parallel != "ddp" and not self.dist.enabled and self.show:
             print(f"parallel={self.train_cfg.parallel} applies under torchrun only (torchrun --nproc_per_node N -m "
                   f"gbattn.cli train ...); this is one process", file=sys.stderr)
+
+    def _claim_and_prepare(self) -> Data:
+        """The main process takes the run directory (one writer, before any long work); then the data.
+        A resumed run keeps its tokenizer; a run started from another run's weights takes that run's.
+        A run with no checkpoint yet (planned by `compare --jobs N`, or killed before its first
+        evaluation) starts from those weights too, as a fresh one does."""
+        cfg = self.train_cfg
+        if self.main:
+            if self.restart:
+                rundir.check_restartable(self.run_dir)
+            self.lock = rundir.RunLock(self.run_dir)
+            if self.restart:
+                rundir.discard_run(self.run_dir)
+            elif not self.resume and (
+                (self.run_dir / rundir.CHECKPOINT).exists() or (self.run_dir / rundir.CONFIG).exists()
+            ):
+                raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it, --restart to "
+                                f"replace it, or choose another --out")
+        tokenizer, self.start = None, None
+        self.has_checkpoint = self.resume and (self.run_dir / rundir.CHECKPOINT).exists()
+        if cfg.init_from and not self.has_checkpoint:
+            if self.resume and not Path(cfg.init_from).is_dir():  # recorded as given, relative to where it started
+                raise UserError(f"{self.run_dir} has no checkpoint yet, so it starts again from its --init-from "
+                                f"{cfg.init_from}, which is not a directory from here: resume from the directory "
+                                f"the run was started in")
+            self.start = rundir.load_run(cfg.init_from, None, "cpu")
+            tokenizer = self.start.tokenizer
+        elif self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
+            tokenizer = Tokenizer.load(self.run_dir / rundir.TOKENIZER, expected_vocab=self.model_cfg.vocab_size)
+        self.seq_len = self.model_cfg.input_length(cfg.seq_len)  # checked before the data is prepared
+        if self.seq_len > self.model_cfg.block_size:
+            raise UserError(f"seq_len={self.seq_len} exceeds block_size={self.model_cfg.block_size}")
+        self.requested_vocab = self.model_cfg.vocab_size
+        recorded = rundir.recorded_fingerprint(self.saved) if self.resume else None
+        return prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show, trained_on=recorded,
+                            mismatch=": it has changed since this run started, and a run does not resume on other data")
 
     def _plan(self) -> list[str]:
         """What this run will do, in a few lines (vocabulary, steps, warmup, evaluations)."""
@@ -321,7 +317,9 @@ class Trainer:
                             f"--attn and model --set values to train the model as {start.run_dir}/config.json has it")
         rundir.load_weights(self.model, start.model.state_dict(), start.run_dir)
 
-    def _write_config(self) -> None:
+    def _write_config(self, resumed: bool) -> None:
+        """config.json and the tokenizer; a resumed run's metrics.jsonl is cut back to its checkpoint's step
+        (a planned run of compare --jobs, trained with --resume, has none and starts at step 0)."""
         rundir.write_config(
             self.run_dir, self.preset, self.model_cfg, self.train_cfg, self.extra,
             data={"corpus": self.data.corpus_name, "fingerprint": self.data.corpus_fingerprint,
@@ -337,6 +335,9 @@ class Trainer:
         )
         if not (self.run_dir / rundir.TOKENIZER).exists():
             self.data.tokenizer.save(self.run_dir / rundir.TOKENIZER)
+        if resumed:
+            rundir.truncate_metrics(self.run_dir / rundir.METRICS, self.step)
+            self._log({"event": "resume", "step": self.step})
 
     # -- checkpoints ---------------------------------------------------------------
     def _state(self) -> dict:
@@ -349,9 +350,7 @@ class Trainer:
 
     def _save(self) -> None:
         state = self._state()
-        if self.main:
-            rundir.save_checkpoint(state, self.run_dir / rundir.CHECKPOINT)
-        self.dist.barrier()
+        self.dist.main_only(lambda: rundir.save_checkpoint(state, self.run_dir / rundir.CHECKPOINT))
 
     def _load(self, path: Path) -> None:
         state = rundir.load_checkpoint(path, map_location=self.device)
@@ -421,8 +420,7 @@ class Trainer:
         if improved:
             self.best_valid, self.best_step = res.loss, self.step
             best = {"model": full_state(self.wrapped)[0], "step": self.step, "valid_loss": res.loss}
-            if self.main:
-                rundir.save_checkpoint(best, self.run_dir / rundir.BEST)
+            self.dist.main_only(lambda: rundir.save_checkpoint(best, self.run_dir / rundir.BEST))
         epoch = self.step / self.steps_per_epoch if self.steps_per_epoch else None
         point = {
             "step": self.step,
@@ -607,14 +605,10 @@ class Trainer:
         self._log(
             {"event": "test", "step": self.step, "test_loss": test.loss, "test_ppl": test.ppl, "tokens": test.tokens}
         )
-        if self.main:
-            rundir.write_result(self.run_dir, result)
-            if self.show:
-                print(
-                    f"{self.run_dir}: best valid ppl {valid_best:.2f} (step {self.best_step}), test ppl {test.ppl:.2f}"
-                    + test_split_note(self.data.notes)
-                )
-        self.dist.barrier()
+        self.dist.main_only(lambda: rundir.write_result(self.run_dir, result))
+        if self.show:
+            print(f"{self.run_dir}: best valid ppl {valid_best:.2f} (step {self.best_step}), test ppl {test.ppl:.2f}"
+                  + test_split_note(self.data.notes))
         return result
 
 
