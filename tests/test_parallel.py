@@ -263,6 +263,10 @@ def test_fsdp2_training_matches_one_process_with_full_checkpoints(tmp_path):
     assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)  # full, not sharded
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-5)
+    # Resuming the finished run says so once, not once per process.
+    again = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "two"), "--resume"], capture_output=True, text=True,
+                           env=env)
+    assert again.returncode == 0 and again.stdout.count("nothing to resume") == 1, again.stdout
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from gbattn import arguments
@@ -109,7 +108,7 @@ def cmd_train(args) -> None:
     from gbattn.config import TrainConfig, build_configs, merge_options, parse_sets
     from gbattn.data.corpus import check_split_setting
     from gbattn.errors import UserError
-    from gbattn.train.distributed import shutdown_distributed
+    from gbattn.train.distributed import is_first_process, shutdown_distributed
     from gbattn.train.trainer import Trainer
 
     if args.resume and args.restart:
@@ -151,7 +150,7 @@ def cmd_train(args) -> None:
     finally:
         shutdown_distributed()  # under torchrun: leave the process group cleanly
     summary = {k: result[k] for k in ("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s")}
-    if os.environ.get("RANK", "0") == "0":  # under torchrun: one summary, from the first process
+    if is_first_process():  # under torchrun: one summary
         print(json.dumps(summary))
 
 

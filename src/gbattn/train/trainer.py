@@ -40,6 +40,7 @@ from gbattn.train.distributed import (
     DistEnv,
     full_state,
     init_distributed,
+    is_first_process,
     load_full_state,
     wrap_model,
 )
@@ -443,7 +444,7 @@ class Trainer:
         result_path = self.run_dir / rundir.RESULT
         if self.resume and result_path.exists():
             result = rundir.read_result(result_path)
-            if not self.quiet:
+            if not self.quiet and is_first_process():  # under torchrun: said once
                 print(f"{self.run_dir} finished at step {result['steps']} (its result.json): nothing to resume; "
                       f"--restart trains it again")
             return result
