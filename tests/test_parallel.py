@@ -50,6 +50,16 @@ def test_compare_with_two_jobs_equals_one_after_another(tmp_path, monkeypatch, c
 
 
 
+def test_compare_under_torchrun_says_it_runs_in_one_process(tmp_path, monkeypatch):
+    """`torchrun -m gbattn compare`: every process would run the whole comparison (the second reported the
+    first's lock as "in use by another gbattn process", the first was killed training): one line instead."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"^compare runs in one process, not under torchrun \(2 processes here\): "
+                                        r"--jobs N trains N of its runs at once"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(write_corpus(tmp_path / "c")), seeds=[1], quiet=True)
+    assert not (tmp_path / "cmp").exists()
+
+
 def _start_endless_comparison(tmp_path) -> tuple[subprocess.Popen, Path]:
     """`gbattn compare --jobs 2` of cpu-char at a tiny size with 100,000 steps a run (it is stopped by
     the test), as its own process: (process, comparison directory)."""

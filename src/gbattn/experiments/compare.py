@@ -30,6 +30,7 @@ from gbattn.files import portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
 from gbattn.progress import Progress
 from gbattn.runtime import command_line, default_threads
+from gbattn.train.distributed import launched_processes
 from gbattn.train.trainer import fitted_warmup, train
 from gbattn.upcycle import upcycle, write_run
 
@@ -88,6 +89,10 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
                 threads: int | None = None, jobs: int = 1) -> dict:
     """Train (or reuse) every run of a recipe; returns the report. ``threads``: CPU threads in all
     (divided between ``jobs``); it changes speed, not the comparison's identity."""
+    if launched_processes() > 1:  # each process would run the whole comparison, and its runs would wait for the others
+        raise UserError(f"compare runs in one process, not under torchrun ({launched_processes()} processes here): "
+                        f"--jobs N trains N of its runs at once; torchrun --nproc_per_node N -m gbattn train trains "
+                        f"one run on N processes")
     recipe = get_recipe(recipe_name)
     data = data or recipe.default_data
     if not data:
