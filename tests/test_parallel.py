@@ -298,7 +298,10 @@ def test_an_interrupted_run_of_two_processes_resumes_exactly(tmp_path, parallel)
         time.sleep(0.05)
     assert proc.poll() is None and (run / rundir.CHECKPOINT).exists(), "no checkpoint before the run ended"
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=120)
+    _, err = proc.communicate(timeout=120)
+    # The way to continue is under torchrun again (alone, one process would train on, with another dropout stream).
+    assert (f"terminated at step {rundir.load_checkpoint(run / rundir.CHECKPOINT)['step']}; checkpoint saved in {run}: "
+            f"continue with `torchrun --nproc_per_node 2 -m gbattn.cli train --resume --out {run}`") in err, err[-3000:]
     state = rundir.load_checkpoint(run / rundir.CHECKPOINT)
     assert 3 <= state["step"] < 40 and not (run / rundir.RESULT).exists(), state["step"]
     resumed = subprocess.run([*TORCHRUN, "--out", str(run), "--resume", "--quiet"], capture_output=True, text=True,
@@ -340,7 +343,8 @@ def test_two_processes_with_gradient_accumulation_match_one_process(tmp_path, pa
 def test_a_mistake_only_the_first_process_sees_ends_every_process_with_its_line(tmp_path):
     """Under torchrun the first process alone takes the run directory: an --out that already holds a run
     ends both processes with its one line (exit 2), where the second process used to fail waiting for
-    the first with a gloo traceback ("Connection closed by peer")."""
+    the first with a gloo traceback ("Connection closed by peer"). Each line is one write: torchrun's
+    processes write unbuffered, and the two lines were seen run together."""
     data = write_corpus(tmp_path / "c", lines_per_split=(60, 20, 20))
     held = tmp_path / "held"
     held.mkdir()

@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
         sys.stdout.flush()
-    except UserError as e:
-        print(f"gbattn: error: {' '.join(str(e).split())}", file=sys.stderr)
+    except UserError as e:  # one write: torchrun's processes write unbuffered (-u) to one stderr, at once
+        sys.stderr.write(f"gbattn: error: {' '.join(str(e).split())}\n")
         return getattr(e, "exit_code", 2)
     except KeyboardInterrupt:
         print("gbattn: interrupted", file=sys.stderr)

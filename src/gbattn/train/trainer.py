@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import platform
 import signal
 import sys
@@ -512,12 +513,22 @@ class Trainer:
                     how = "terminated" if stop.signum == signal.SIGTERM else "interrupted"
                     error = TrainingInterrupted(
                         f"{how} at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
-                        f"`gbattn train --resume --out {self.run_dir}`"
+                        f"{self._resume_command()}"
                         + (" (or rerun the same `gbattn compare` command)" if "label" in self.extra else ""))
                     error.exit_code = 128 + int(stop.signum)  # 130 for SIGINT, 143 for SIGTERM, as shells report
                     raise error
         self.bar.close()
         return self._finish()
+
+    def _resume_command(self) -> str:
+        """How to continue this run: under torchrun, launched as it was (in one process it would train on
+        alone: slower, with FSDP2 perhaps out of memory, and with rank 0's dropout stream only)."""
+        args = f"train --resume --out {self.run_dir}"
+        if not self.dist.enabled:
+            return f"`gbattn {args}`"
+        per_node = os.environ.get("LOCAL_WORLD_SIZE", str(self.dist.world))
+        return (f"`torchrun --nproc_per_node {per_node} -m gbattn.cli {args}`"
+                + ("" if per_node == str(self.dist.world) else " on each node, launched as this run was"))
 
     def _diverged_message(self, loss: float) -> str:
         kept = self._checkpoint_step()
