@@ -93,6 +93,19 @@ def test_compare_refuses_other_settings_in_same_dir(tmp_path):
         )
 
 
+def test_a_call_without_seeds_continues_the_seeds_the_comparison_holds(tmp_path, monkeypatch):
+    """`compare` again without --seeds on a comparison of seeds 1 and 2: those seeds, not the
+    recipe's default 42 trained on top of them."""
+    data = write_corpus(tmp_path / "c")
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[2, 1], sets=tiny_sets(), only=["standard"],
+                quiet=True)
+    monkeypatch.setattr(compare_mod, "train", lambda *a, **k: pytest.fail("trained a run"))
+    report = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=tiny_sets(), only=["standard"],
+                         quiet=True)
+    assert report["seeds"] == [1, 2] and report["complete"]
+    assert json.loads((tmp_path / "cmp" / "recipe.json").read_text())["seeds"] == [1, 2]
+
+
 def test_a_comparison_continues_with_other_result_neutral_settings(tmp_path, monkeypatch):
     """--set keys that change no result (device, compile, log_every, eval_batch_size, ...) may differ
     between invocations (a comparison continued on another device); a run resumed takes this

@@ -97,6 +97,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     data = data or recipe.default_data
     if not data:
         raise UserError(f'recipe {recipe.name!r} needs --data (README, section "Reproducing the paper\'s tables")')
+    seeds_given = bool(seeds)
     seeds = list(dict.fromkeys(seeds or recipe.seeds))  # each seed once, in the order given
     sets = dict(sets or {})
     if "seed" in sets:
@@ -123,7 +124,9 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
                             f"per model, so the value would be overridden; train such a model with `gbattn train`")
         request = {"recipe": recipe.name, "data": portable_path(data), "seeds": seeds, "sets": sets,
                    "command": command_line(portable=True)}
-        _check_request(out / "recipe.json", request)
+        _check_request(out / "recipe.json", request, seeds_given)
+        if not seeds_given:  # no --seeds: the seeds the comparison holds (the recipe's for a new one)
+            seeds = request["seeds"]
         per_run_threads = max(1, (threads or default_threads()) // jobs) if jobs > 1 else threads
         if jobs > 1 and (threads or default_threads()) < jobs and not quiet:  # a warning: stderr, apart from the output
             print(f"note: --jobs {jobs} with {threads or default_threads()} CPU thread(s): each run takes 1 thread, "
@@ -380,7 +383,9 @@ def _results_part(key: str, value):
     return {k: v for k, v in value.items() if k not in TrainConfig.RESULT_NEUTRAL}
 
 
-def _check_request(path: Path, request: dict) -> None:
+def _check_request(path: Path, request: dict, seeds_given: bool = True) -> None:
+    """Refuse a comparison directory that holds another comparison; record this request in it. Its
+    seeds become the recorded ones and those given, or the recorded ones alone when none were given."""
     results = path.parent / "results.json"
     if not path.exists() and results.is_file():  # another command's results (`gbattn denoise`'s) would be replaced
         try:
@@ -403,7 +408,7 @@ def _check_request(path: Path, request: dict) -> None:
         if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
             raise CheckpointError(f"{path}: seeds={seeds!r} must be a list of integers; restore the file or use "
                                   f"another --out")
-        request["seeds"] = sorted(set(seeds) | set(request["seeds"]))
+        request["seeds"] = sorted(set(seeds) | set(request["seeds"]) if seeds_given or not seeds else set(seeds))
         commands = before.get("commands", [before["command"]] if isinstance(before.get("command"), str) else [])
         if not isinstance(commands, list) or not all(isinstance(c, str) for c in commands):
             raise CheckpointError(f"{path}: commands={commands!r} must be a list of strings; restore the file or use "
