@@ -11,6 +11,7 @@ exactly its extra arithmetic. Plus a sequence-length sweep of time and peak memo
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -104,7 +105,8 @@ def prefill_and_decode(model: GPT, prompt, n_decode: int, device, autocast, step
 def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, amp: bool) -> float:
     """Peak memory (bytes) of a steady-state training step: parameters, gradients, AdamW state
     and activations. CUDA: ``max_memory_allocated``. CPU: the peak resident-set growth of a
-    fresh subprocess (the CPU allocator keeps no statistics)."""
+    fresh subprocess (the CPU allocator keeps no statistics), after a one-token warm-up step there so
+    that loading and initialising libraries (about 90 MiB) is not counted."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -112,7 +114,11 @@ def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: t
         _run_steps(cfg, batch, seq_len, device, amp, steps=2)
         return torch.cuda.max_memory_allocated(device) - base
     payload = json.dumps({"cfg": cfg.to_dict(), "batch": batch, "seq_len": seq_len})
-    proc = subprocess.run([sys.executable, "-m", "gbattn.bench.speed", payload], capture_output=True, text=True)
+    # A fixed mmap threshold: glibc otherwise raises it as large blocks are freed, so the warm-up's
+    # freed tensors would stay resident and be reused uncounted by the measured steps.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    proc = subprocess.run([sys.executable, "-m", "gbattn.bench.speed", payload], capture_output=True, text=True,
+                          env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"memory probe failed: {proc.stderr[-500:]}")
     return float(proc.stdout.strip().splitlines()[-1])
@@ -141,9 +147,14 @@ def _status_bytes(field: str) -> int:
 
 def _memory_probe_main(payload: str) -> None:
     # VmHWM is this process's own resident high-water mark. Not getrusage's ru_maxrss: Linux
-    # carries that across fork/exec, so a child would report its (large) parent's RSS.
+    # carries that across fork/exec, so a child would report its (large) parent's RSS. A warm-up
+    # step at one token first pages in the code and libraries the step uses; then the high-water
+    # mark is reset to the current RSS (writing 5 to clear_refs), so only the step's tensors count.
     d = json.loads(payload)
     cfg = ModelConfig.from_dict(d["cfg"])
+    _run_steps(cfg, 1, 1, torch.device("cpu"), False, steps=1)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
     base = _status_bytes("VmRSS")
     _run_steps(cfg, d["batch"], d["seq_len"], torch.device("cpu"), False, steps=2)
     print(max(0, _status_bytes("VmHWM") - base))
