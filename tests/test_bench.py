@@ -463,3 +463,22 @@ def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch
     status["text"] = "Name:\tpython\n"
     with pytest.raises(RuntimeError, match="/proc/self/status has no VmHWM"):
         speed._status_bytes("VmHWM")
+
+
+def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(monkeypatch):
+    """A variant named twice (two rows of one label, paired wrongly with compiled rows) and a bad
+    --sweep-attn are one-line errors before any training step, not after the whole timed run."""
+    from gbattn.bench import speed
+    from gbattn.errors import UserError
+
+    def no_step(*args):
+        raise AssertionError("a training step ran before the options were checked")
+
+    monkeypatch.setattr(speed, "train_step", no_step)
+    common = dict(device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2, threads=1, quiet=True)
+    with pytest.raises(UserError, match="--attn names boosted more than once"):
+        speed.run_bench("cpu-char", ["boosted", "twicing", "boosted"], **common)
+    with pytest.raises(UserError, match="--attn names standard more than once"):
+        speed.run_bench("cpu-char", ["standard", "boosted", "standard"], **common)
+    with pytest.raises(UserError, match="attn='bogus' is not allowed"):
+        speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["standard", "bogus"], **common)

@@ -181,7 +181,13 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     variants = list(variants or DEFAULT_VARIANTS)
     if variants[0] != "standard":  # every ratio is against standard
         variants = ["standard"] + [v for v in variants if v != "standard"]
+    repeated = sorted({v for v in variants if variants.count(v) > 1})
+    if repeated:
+        raise UserError(f"--attn names {', '.join(repeated)} more than once: each variant is benched once")
     base_cfg = _variant_config(preset, "standard", sets)
+    sweep_variants = sweep_variants or ["standard", "boosted"]
+    for spec in sweep_variants if sweep else []:  # a bad --sweep-attn fails now, not after the timings
+        _variant_config(preset, spec, sets)
     seq_len = base_cfg.input_length(seq_len)
     batch = batch or (32 if dev.type == "cuda" else 8)
     prefill, decode = _prefill_and_decode_lengths(preset, base_cfg.block_size, prefill, decode)
@@ -269,7 +275,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     for case in cases:
         case.model = case.step_model = case.optimizer = case.decode_step = None
 
-    sweep_rows = _sweep(preset, sweep or [], sweep_variants or ["standard", "boosted"], dev, amp, quiet, sets)
+    sweep_rows = _sweep(preset, sweep or [], sweep_variants, dev, amp, quiet, sets)
     report = {
         "preset": preset,
         "sets": sets,
