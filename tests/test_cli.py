@@ -134,6 +134,9 @@ def test_portable_command_line_holds_no_path_outside_the_working_directory():
                     "--recipe", "cpu-char"])
     assert command_line(portable=True) == (
         "gbattn compare --data wikitext-2 --out runs/x --tokenizer t --recipe cpu-char")
+    # argparse takes --option=value as well: its path is shortened the same way
+    set_invocation(["bench", "--out=/home/me/runs/b/", "--data=../corpora/wikitext-2", "--out=runs/x"])
+    assert command_line(portable=True) == "gbattn bench --out=b --data=wikitext-2 --out=runs/x"
     assert "../corpora" in command_line()
     set_invocation([])
 

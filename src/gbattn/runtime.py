@@ -170,10 +170,18 @@ def set_invocation(argv: list[str]) -> None:
     _INVOCATION[:] = list(argv)
 
 
+def _portable_argument(arg: str) -> str:
+    """One argument with its path made portable, also the value of an ``--option=value``."""
+    option, eq, value = arg.partition("=")
+    if arg.startswith("--") and eq:
+        return f"{option}={_portable_argument(value)}"
+    return portable_path(arg.rstrip("/") or arg)
+
+
 def command_line(portable: bool = False) -> str:
     """The command that is running, as a user would type it; ``portable``: paths in it as
     :func:`gbattn.files.portable_path` writes them (for results files)."""
     argv = _INVOCATION or sys.argv[1:]
     if portable:
-        argv = [portable_path(a.rstrip("/") or a) for a in argv]
+        argv = [_portable_argument(a) for a in argv]
     return "gbattn " + " ".join(shlex.quote(a) for a in argv)
