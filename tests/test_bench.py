@@ -482,3 +482,27 @@ def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(
         speed.run_bench("cpu-char", ["standard", "boosted", "standard"], **common)
     with pytest.raises(UserError, match="attn='bogus' is not allowed"):
         speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["standard", "bogus"], **common)
+
+
+def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
+    """The memory probe and the sweep build the timed step's optimizer, not AdamW's default (on CUDA
+    the timed step's is fused and the default foreach one holds more temporaries): every AdamW the
+    bench builds gets the same options."""
+    from gbattn.bench import speed
+
+    built, adamw = [], torch.optim.AdamW
+
+    def recording_adamw(params, **options):
+        built.append(options)
+        return adamw(params, **options)
+
+    def in_process_probe(cfg, batch, seq_len, dev, amp):  # the CPU probe's subprocess, here in-process
+        speed._run_steps(cfg, batch, seq_len, dev, amp, steps=1)
+        return 1e6
+
+    monkeypatch.setattr(torch.optim, "AdamW", recording_adamw)
+    monkeypatch.setattr(speed, "peak_memory_train_step", in_process_probe)
+    speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2,
+                    sweep=[8], sweep_variants=["standard"], threads=1, quiet=True, sets={"n_layers": 1})
+    assert len(built) == 4  # the timed case, its probe, the sweep case and its probe
+    assert all(options == {"lr": 1e-4, "fused": False} for options in built), built

@@ -68,6 +68,12 @@ class Case:
     warmup_s: dict = field(default_factory=dict)
 
 
+def bench_optimizer(model: GPT, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer of every benchmarked step, timed or probed for memory (fused on CUDA: the
+    foreach one that AdamW otherwise picks there holds more temporaries)."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+
+
 def train_step(case: Case, x, y, autocast) -> None:
     with autocast():
         loss = case.model(x, y)
@@ -127,7 +133,7 @@ def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: t
 def _run_steps(cfg, batch, seq_len, device, amp, steps):
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
-    case = Case("probe", cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    case = Case("probe", cfg, model, bench_optimizer(model, device))
     x = torch.randint(0, cfg.vocab_size, (batch, seq_len), device=device)
     autocast = bf16_autocast(device, "auto" if amp else "off")
     for _ in range(steps):
@@ -204,7 +210,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             torch.manual_seed(0)
             model = GPT(cfg).to(dev)
             case = Case(spec + (COMPILED if compiled else ""), cfg, model,
-                        torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda"), compiled=compiled)
+                        bench_optimizer(model, dev), compiled=compiled)
             case.step_model = torch.compile(model) if compiled else model
             case.decode_step = compiled_decode_step(model) if compiled else None
             cases.append(case)
@@ -332,7 +338,7 @@ def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
             cfg = _variant_config(preset, spec, sets).replace(block_size=T)
             torch.manual_seed(0)
             model = GPT(cfg).to(dev)
-            case = Case(spec, cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+            case = Case(spec, cfg, model, bench_optimizer(model, dev))
             x = torch.randint(0, cfg.vocab_size, (1, T), device=dev)
             train_step(case, x, x, autocast)  # warm-up
             times = []
