@@ -137,7 +137,15 @@ def test_bench_ratios_follow_their_definitions(monkeypatch):
     assert gba["flop_ratio"] == pytest.approx(gba["train_flops_per_token"] / base["train_flops_per_token"])
     assert gba["memory_ratio"] == pytest.approx(1.5)
     assert gba["decode_ratio"] == pytest.approx(base["decode_tokens_per_s"] / gba["decode_tokens_per_s"])
-    compiled = next(r for r in report["variants"] if r["variant"].startswith("boosted") and r["compiled"])
+    # a compiled row's ratios are to standard compiled (to eager standard they would fold in the compile speedup)
+    compiled_base, compiled = (rows[name + speed.COMPILED] for name in ("standard", "boosted"))
+    paired = sorted(t / t0 for t, t0 in zip(compiled["step_s_all"], compiled_base["step_s_all"]))
+    assert compiled_base["step_ratio"] == 1.0 and compiled_base["decode_ratio"] == 1.0
+    assert compiled["step_ratio"] == pytest.approx(statistics.median(paired))
+    assert compiled["step_ratio_range"] == pytest.approx([paired[0], paired[-1]])
+    assert compiled["flop_ratio"] == pytest.approx(gba["flop_ratio"])
+    assert compiled["decode_ratio"] == pytest.approx(
+        compiled_base["decode_tokens_per_s"] / compiled["decode_tokens_per_s"])
     assert compiled["compiled_decode_speedup"] == pytest.approx(
         compiled["decode_tokens_per_s"] / gba["decode_tokens_per_s"])
     assert compiled["compiled_step_speedup"] == pytest.approx(
@@ -410,7 +418,8 @@ def test_bench_markdown_follows_the_report():
         "| boosted | 1,234,567 | 25.0 | 1,280 | 6 | 2.50 | 2.000 (1.50–2.50) | 1.600 | 1.250 | 2.00 | 4.0 | 250 | "
         "1.60 |",
     ]
-    assert lines[10].endswith("(prefill of 32 tokens, then 8 cached steps, batch 1).")
+    assert lines[10].endswith("(prefill of 32 tokens, then 8 cached steps, batch 1). A compiled row's ratios are to "
+                              "standard compiled.")
     assert lines[12] == "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)"
     assert lines[16] == "| standard | 12.5 | 5.0 | 2.50 | 400 | 1,000 | 2.50 | 12 / 3 |"
     assert lines[20] == "## Sequence-length sweep (batch 1, one training step)"
@@ -419,6 +428,7 @@ def test_bench_markdown_follows_the_report():
     assert lines[-1] == lines[25]
     report["amp_bf16"], report["compile"] = True, "off"
     assert bench_markdown(report).splitlines()[2].endswith("dropout 0 · bf16 autocast")
+    assert bench_markdown(report).splitlines()[10].endswith("batch 1).")
 
 
 def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch, capsys):

@@ -13,6 +13,8 @@ import statistics
 from itertools import count
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 ABSOLUTE = re.compile(r"""(?:^|[\s"'`(=:])(/(?:tmp|work|root|home|opt|usr|Users|mnt|var)/[^\s"'`)]*)""")
 
@@ -523,6 +525,26 @@ def test_bench_md_is_its_bench_json():
             assert bench_markdown(report) == path.with_suffix(".md").read_text(encoding="utf-8"), path
             checked += 1
     assert checked == 5
+
+
+def test_bench_json_ratios_follow_from_their_timings():
+    """Every committed bench.json's ratios recomputed from its own raw numbers: each row against
+    standard run the same way (a compiled row against standard compiled), step ratios paired by repeat."""
+    checked = 0
+    for path in sorted((ROOT / "results").rglob("bench*.json")):
+        rows = json.loads(path.read_text(encoding="utf-8"))["variants"]
+        for r in rows:
+            base = rows[0] if not r.get("compiled") else rows[[v["variant"] for v in rows].index("standard · compiled")]
+            paired = sorted(t / t0 for t, t0 in zip(r["step_s_all"], base["step_s_all"]))
+            if "step_ratio_range" in r:  # the H200 file predates paired ratios
+                assert r["step_ratio"] == pytest.approx(statistics.median(paired)), (path, r["variant"])
+                assert r["step_ratio_range"] == pytest.approx([paired[0], paired[-1]]), (path, r["variant"])
+            assert r["flop_ratio"] == pytest.approx(r["train_flops_per_token"] / base["train_flops_per_token"])
+            assert r["step_over_flop_ratio"] == pytest.approx(r["step_ratio"] / r["flop_ratio"])
+            assert r["decode_ratio"] == pytest.approx(base["decode_tokens_per_s"] / r["decode_tokens_per_s"]), (
+                path, r["variant"])
+            checked += 1
+    assert checked == 6 + 6 + 4 + 4 + 4 + 6
 
 
 def test_readme_analysis_figures_are_the_h200_analysis_summary():
