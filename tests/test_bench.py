@@ -461,14 +461,19 @@ def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch
     runs = []
 
     def fake_steps(cfg, batch, seq_len, device, amp, steps):
-        runs.append((cfg.d_model, batch, seq_len, device.type, amp, steps))
+        runs.append((cfg.d_model, batch, seq_len, device.type, amp, steps, torch.get_num_threads()))
         status["text"] = "VmRSS:\t 1800 kB\nVmHWM:\t 9000 kB\n"  # RSS fell back from its high-water mark
 
     monkeypatch.setattr(speed, "_run_steps", fake_steps)
     cfg = preset_config("cpu-char", "standard", {"d_model": 48})
-    speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(), "batch": 3, "seq_len": 5}))
-    # a one-token warm-up step, the high-water mark reset, then the two measured steps
-    assert runs == [(48, 1, 1, "cpu", False, 1), (48, 3, 5, "cpu", False, 2)] and written == ["5"]
+    threads = torch.get_num_threads()
+    try:
+        speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(), "batch": 3, "seq_len": 5, "threads": threads + 1}))
+    finally:
+        torch.set_num_threads(threads)
+    # at the timed steps' thread count: a one-token warm-up step, the high-water mark reset, the two measured steps
+    assert runs == [(48, 1, 1, "cpu", False, 1, threads + 1), (48, 3, 5, "cpu", False, 2, threads + 1)]
+    assert written == ["5"]
     assert capsys.readouterr().out == f"{(9000 - 1500) * 1024}\n"
     status["text"] = "Name:\tpython\n"
     with pytest.raises(RuntimeError, match="/proc/self/status has no VmHWM"):

@@ -119,7 +119,7 @@ def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: t
         base = torch.cuda.memory_allocated(device)
         _run_steps(cfg, batch, seq_len, device, amp, steps=2)
         return torch.cuda.max_memory_allocated(device) - base
-    payload = json.dumps({"cfg": cfg.to_dict(), "batch": batch, "seq_len": seq_len})
+    payload = json.dumps({"cfg": cfg.to_dict(), "batch": batch, "seq_len": seq_len, "threads": torch.get_num_threads()})
     # A fixed mmap threshold: glibc otherwise raises it as large blocks are freed, so the warm-up's
     # freed tensors would stay resident and be reused uncounted by the measured steps.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -158,6 +158,7 @@ def _memory_probe_main(payload: str) -> None:
     # mark is reset to the current RSS (writing 5 to clear_refs), so only the step's tensors count.
     d = json.loads(payload)
     cfg = ModelConfig.from_dict(d["cfg"])
+    torch.set_num_threads(d["threads"])  # the timed steps' threads (each keeps its own scratch memory)
     _run_steps(cfg, 1, 1, torch.device("cpu"), False, steps=1)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -247,7 +248,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             "step_s": step,
             "step_s_all": case.step_times,
             "tokens_per_s": batch * seq_len / step,
-            # (measured eagerly, in a fresh process: a compiled row shows its variant's eager value)
+            # (measured eagerly, in a fresh process on CPU: a compiled row has none, its eager row the figure)
             "peak_memory_bytes": None if case.compiled else peak_memory_train_step(case.cfg, batch, seq_len, dev, amp),
             "forward_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len),
             "train_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len, backward=True),
