@@ -429,6 +429,11 @@ def test_bench_markdown_follows_the_report():
     report["amp_bf16"], report["compile"] = True, "off"
     assert bench_markdown(report).splitlines()[2].endswith("dropout 0 · bf16 autocast")
     assert bench_markdown(report).splitlines()[10].endswith("batch 1).")
+    # one repeat: a range of one ratio would read as no noise at all, so none is shown, and the note says why
+    report["repeats"] = 1
+    lines = bench_markdown(report).splitlines()
+    assert lines[8].startswith("| boosted | 1,234,567 | 25.0 | 1,280 | 6 | 2.50 | 2.000 | 1.600 |")
+    assert "(one repeat: no range, so no sign of the noise; use --repeats 3 or more)" in lines[10]
 
 
 def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch, capsys):

@@ -384,15 +384,18 @@ def bench_markdown(report: dict) -> str:
         mem_ratio = f"{r['memory_ratio']:.2f}" if r["memory_ratio"] else "—"
         memory = f"{r['peak_memory_bytes'] / mib:,.0f}" if r["peak_memory_bytes"] else "—"
         lo, hi = r["step_ratio_range"]
+        spread = f" ({lo:.2f}–{hi:.2f})" if report["repeats"] > 1 else ""  # one repeat: no range to show
         lines.append(
             f"| {r['variant']} | {r['parameters']:,} | {1000 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
             f"{memory} | {r['forward_flops_per_token'] / 1e6:.2f} | "
-            f"{r['step_ratio']:.3f} ({lo:.2f}–{hi:.2f}) | "
+            f"{r['step_ratio']:.3f}{spread} | "
             f"{r['flop_ratio']:.3f} | {r['step_over_flop_ratio']:.3f} | {mem_ratio} | {1000 * r['prefill_s']:.1f} | "
             f"{r['decode_tokens_per_s']:,.0f} | {r['decode_ratio']:.2f} |"
         )
+    spread_note = ("(range: lowest and highest of those ratios). " if report["repeats"] > 1 else
+                   "(one repeat: no range, so no sign of the noise; use --repeats 3 or more). ")
     lines += ["", "Step ratio: median over repeats of the variant's step time over standard's in the same repeat "
-              "(range: lowest and highest of those ratios). "
+              + spread_note +
               "FLOP ratio: training (forward + backward) FLOPs per token from torch.utils.flop_counter. "
               "Step / FLOP ratio 1.00 = the variant costs exactly its extra arithmetic. Decode cost ratio: "
               "time per decoded token relative to standard (prefill of "
