@@ -526,3 +526,35 @@ def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
                     sweep=[8], sweep_variants=["standard"], threads=1, quiet=True, sets={"n_layers": 1})
     assert len(built) == 4  # the timed case, its probe, the sweep case and its probe
     assert all(options == {"lr": 1e-4, "fused": False} for options in built), built
+
+
+def test_bench_reports_compile_time_with_compile_on(monkeypatch):
+    """--compile on (no eager rows): the compile time is still measured and shown, not only --compile both.
+    Compiled steps take 3 s in the warm-up and 0.25 s after; the compiled decode 5 s, then 1 s."""
+    import types
+
+    from gbattn.bench import speed
+
+    clock, calls = [0.0], {}
+
+    def fake_step(case, x, y, autocast):
+        calls[case.label] = calls.get(case.label, 0) + 1
+        clock[0] += 3.0 if calls[case.label] <= 2 else 0.25
+
+    def fake_decode(model, prompt, n_decode, device, autocast, step=None):
+        calls[id(model)] = calls.get(id(model), 0) + 1
+        seconds = 5.0 if calls[id(model)] == 1 else 1.0
+        clock[0] += seconds
+        return 0.0, seconds
+
+    monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(speed, "train_step", fake_step)
+    monkeypatch.setattr(speed, "prefill_and_decode", fake_decode)
+    monkeypatch.setattr(speed, "peak_memory_train_step", lambda cfg, batch, seq_len, dev, amp: 1e6)
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    monkeypatch.setattr(speed, "compiled_decode_step", lambda model: "compiled step")
+    report = speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=2, seq_len=16, repeats=2,
+                             steps=3, decode=4, compile="on", threads=1, quiet=True, sets={"n_layers": 1})
+    assert all(r["compile_s"] == {"train": 5.5, "decode": 4.0} for r in report["variants"])
+    assert ("Compile time (the warm-up round's extra time over the measured steps), train / decode: "
+            "standard · compiled 6 / 4 s, boosted · compiled 6 / 4 s.") in speed.bench_markdown(report)

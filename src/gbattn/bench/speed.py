@@ -260,14 +260,14 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     add_ratios_to_standard(rows)
     eager = {r["variant"]: r for r in rows if not r["compiled"]}
     for r in rows:
-        if r["compiled"]:  # against the same variant, eager, in the same repeats
+        if r["compiled"]:
+            r["compile_s"] = {"train": max(0.0, r["warmup_s"]["train_2_steps"] - 2 * r["step_s"]),
+                              "decode": max(0.0, r["warmup_s"]["decode"] - decode / r["decode_tokens_per_s"])}
             own = eager.get(r["variant"].removesuffix(COMPILED))
-            if own is not None:
+            if own is not None:  # against the same variant, eager, in the same repeats
                 paired = [t0 / t for t, t0 in zip(r["step_s_all"], own["step_s_all"])]
                 r["compiled_step_speedup"] = statistics.median(paired)
                 r["compiled_decode_speedup"] = r["decode_tokens_per_s"] / own["decode_tokens_per_s"]
-                r["compile_s"] = {"train": max(0.0, r["warmup_s"]["train_2_steps"] - 2 * r["step_s"]),
-                                  "decode": max(0.0, r["warmup_s"]["decode"] - decode / r["decode_tokens_per_s"])}
     for case in cases:
         case.model = case.step_model = case.optimizer = case.decode_step = None
 
@@ -416,6 +416,10 @@ def bench_markdown(report: dict) -> str:
                          f"{r['compile_s']['train']:.0f} / {r['compile_s']['decode']:.0f} |")
         lines += ["", "Speedups: the variant's eager time over its compiled time in the same repeats (step: median "
                   "of the paired ratios). Compile time: the warm-up round's extra time over the measured steps."]
+    if report["compile"] == "on":  # no eager rows to compare with, but the compile time is still the user's cost
+        lines += ["", "Compile time (the warm-up round's extra time over the measured steps), train / decode: "
+                  + ", ".join(f"{r['variant']} {r['compile_s']['train']:.0f} / {r['compile_s']['decode']:.0f} s"
+                              for r in report["variants"]) + "."]
     if report["sweep"]:
         lines += ["", "## Sequence-length sweep (batch 1, one training step)", "",
                   "| T | variant | step (ms) | peak memory (MiB) | one T x T fp32 matrix (MiB) |",
