@@ -480,6 +480,19 @@ def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch
     assert runs == [(48, 1, 1, "cpu", False, 1, threads + 1), (48, 3, 5, "cpu", False, 2, threads + 1)]
     assert written == ["5"]
     assert capsys.readouterr().out == f"{(9000 - 1500) * 1024}\n"
+    # without a writable clear_refs (some sandboxes) the figure is still taken, the same way
+    def no_clear_refs(path, mode="r"):
+        if path == "/proc/self/clear_refs":
+            raise PermissionError(path)
+        return fake_open(path, mode)
+
+    monkeypatch.setattr(speed, "open", no_clear_refs, raising=False)
+    status["text"] = "VmRSS:\t 1500 kB\nVmHWM:\t 1500 kB\n"
+    try:
+        speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(), "batch": 3, "seq_len": 5, "threads": threads}))
+    finally:
+        torch.set_num_threads(threads)
+    assert capsys.readouterr().out == f"{(9000 - 1800) * 1024}\n" and len(runs) == 4
     status["text"] = "Name:\tpython\n"
     with pytest.raises(RuntimeError, match="/proc/self/status has no VmHWM"):
         speed._status_bytes("VmHWM")
