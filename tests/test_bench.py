@@ -292,6 +292,8 @@ def test_bench_takes_medians_of_uneven_timings_and_labels_its_counts(monkeypatch
     assert standard["step_s_all"] == [0.375, 1.0, 0.5] and standard["step_s"] == 0.5
     assert standard["tokens_per_s"] == 8 * 16 / 0.5 and standard["prefill_s"] == 0.5
     assert standard["decode_tokens_per_s"] == 4 / 2.0
+    # each repeat's prefill and decode seconds are kept (the warm-up's are not), so their spread can be read
+    assert standard["prefill_s_all"] == [0.75, 0.25, 0.5] and standard["decode_s_all"] == [1.0, 4.0, 2.0]
     assert boosted["step_ratio"] == 2.0 and boosted["step_ratio_range"] == [1.0, 4.0]  # 2, 1, 4 in the repeats
     assert boosted["decode_ratio"] == 1.0
     fast, slow = rows["standard · compiled"], rows["boosted · compiled"]

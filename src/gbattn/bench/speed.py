@@ -256,6 +256,8 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             "forward_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len),
             "train_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len, backward=True),
             "prefill_s": statistics.median(case.prefill_times),
+            "prefill_s_all": case.prefill_times,
+            "decode_s_all": case.decode_times,  # each repeat's decode_tokens steps: the spread behind decode_ratio
             "decode_tokens_per_s": decode / statistics.median(case.decode_times),
             "compiled": case.compiled,
             "warmup_s": case.warmup_s,
