@@ -573,3 +573,25 @@ def test_bench_reports_compile_time_with_compile_on(monkeypatch):
     assert all(r["compile_s"] == {"train": 5.5, "decode": 4.0} for r in report["variants"])
     assert ("Compile time (the warm-up round's extra time over the measured steps), train / decode: "
             "standard · compiled 6 / 4 s, boosted · compiled 6 / 4 s.") in speed.bench_markdown(report)
+
+
+def test_a_failed_cpu_memory_probe_is_one_line(monkeypatch):
+    """The probe's process failing (out of memory, killed, no /proc) is a one-line error naming the case
+    and the probe's last line, not a traceback."""
+    import subprocess
+    import types
+
+    from gbattn.bench import speed
+    from gbattn.config import preset_config
+    from gbattn.errors import UserError
+
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: types.SimpleNamespace(
+        returncode=1, stdout="", stderr="Traceback (most recent call last):\n  ...\nMemoryError: no room\n"))
+    cfg = preset_config("cpu-char", "boosted", {})
+    with pytest.raises(UserError, match=r"^the CPU memory probe \(a fresh process training boosted at batch 2 x 16\) "
+                                        r"failed: MemoryError: no room$"):
+        speed.peak_memory_train_step(cfg, 2, 16, torch.device("cpu"), False)
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: types.SimpleNamespace(
+        returncode=-9, stdout="", stderr=""))
+    with pytest.raises(UserError, match="failed: exit status -9$"):
+        speed.peak_memory_train_step(cfg, 2, 16, torch.device("cpu"), False)

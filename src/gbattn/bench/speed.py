@@ -126,7 +126,9 @@ def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: t
     proc = subprocess.run([sys.executable, "-m", "gbattn.bench.speed", payload], capture_output=True, text=True,
                           env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"memory probe failed: {proc.stderr[-500:]}")
+        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise UserError(f"the CPU memory probe (a fresh process training {cfg.attn} at batch {batch} x {seq_len}) "
+                        f"failed: {last}")
     return float(proc.stdout.strip().splitlines()[-1])
 
 
