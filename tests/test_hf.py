@@ -1216,6 +1216,22 @@ def test_lm_eval_names_the_weights_it_evaluates(trained):
         assert torch.equal(model.model.wte.weight, run.model.wte.weight)
 
 
+def test_lm_eval_evaluates_an_export_saved_in_bfloat16_in_float32(trained, tmp_path):
+    """A directory saved in bfloat16 is evaluated in float32, as a run directory is, under every
+    transformers version (5.x's from_pretrained would keep the saved dtype, 4.x load float32)."""
+    from gbattn.hf.lmeval import load_model
+
+    _, out = trained
+    saved = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(out).to(torch.bfloat16).save_pretrained(saved)
+    for name in ("gbattn-tokenizer.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(out / name, saved / name)
+    model, *_ = load_model(saved, None, torch.device("cpu"))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    run = rundir.load_run(saved)  # gbattn's own commands read the same weights into float32
+    torch.testing.assert_close(model.model.wte.weight, run.model.wte.weight, rtol=0, atol=0)
+
+
 def test_lm_eval_takes_a_harness_task_beside_an_include_path():
     """An --include-path that lacks one of the tasks is searched together with the harness's own tasks."""
     from gbattn.hf.lmeval import task_manager

@@ -50,8 +50,10 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
                                   f"save_pretrained of the model does not): copy the tokenizer files from the "
                                   f"exported directory")
         try:
-            with quiet_transformers():
-                model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True)
+            with quiet_transformers():  # float32, as a run directory's model: transformers 5.x would load the
+                # dtype the weights were saved in (bfloat16 after a save of a converted model), 4.x float32
+                model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True,
+                                                                   dtype=torch.float32)
         except RuntimeError as e:  # transformers 5 refuses weights of another shape itself (4.x reports them)
             if "size mismatch" not in str(e) and "ignore_mismatched_sizes" not in str(e):
                 raise
