@@ -1232,6 +1232,32 @@ def test_lm_eval_evaluates_an_export_saved_in_bfloat16_in_float32(trained, tmp_p
     torch.testing.assert_close(model.model.wte.weight, run.model.wte.weight, rtol=0, atol=0)
 
 
+def test_lm_eval_passes_its_model_in_memory_without_the_harness_warnings(trained):
+    """HFLM warns of a model given in memory that "many other model arguments may be ignored": the
+    arguments gbattn gives (batch size, length) are used, so the warning is not printed; others are."""
+    import logging
+
+    from lm_eval.models.huggingface import HFLM
+
+    from gbattn.hf.lmeval import GbattnLM, load_model
+
+    _, out = trained
+    model, tokenizer, block_size, _, _ = load_model(out, None, torch.device("cpu"))
+    logged = []
+    catcher = logging.Handler()
+    catcher.emit = lambda record: logged.append(record.getMessage())
+    harness_log = logging.getLogger(HFLM.__module__)
+    harness_log.addHandler(catcher)
+    try:
+        lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=3, max_length=block_size)
+        assert (lm.batch_size, lm.max_length) == (3, block_size) and not logged, logged
+        assert not harness_log.filters
+        harness_log.warning("another warning")
+        assert logged == ["another warning"]
+    finally:
+        harness_log.removeHandler(catcher)
+
+
 def test_lm_eval_takes_a_harness_task_beside_an_include_path():
     """An --include-path that lacks one of the tasks is searched together with the harness's own tasks."""
     from gbattn.hf.lmeval import task_manager

@@ -34,6 +34,17 @@ class GbattnLM(HFLM):
     is ``"\\n"``, which ``skip_special_tokens=True`` would delete from the text before the harness
     cuts it at its stop strings (which include the end-of-text token)."""
 
+    def __init__(self, **kwargs) -> None:
+        # The harness warns of a model passed in memory that "many other model arguments may be ignored"
+        # and not to launch it with accelerate: gbattn passes only arguments that apply to it, and launches
+        # nothing, so the two warnings on every run would only mislead.
+        harness_log = logging.getLogger(HFLM.__module__)
+        harness_log.addFilter(_not_in_memory_warning)
+        try:
+            super().__init__(**kwargs)
+        finally:
+            harness_log.removeFilter(_not_in_memory_warning)
+
     def tok_decode(self, tokens, skip_special_tokens: bool = False):
         return super().tok_decode(tokens, skip_special_tokens=skip_special_tokens)
 
@@ -140,6 +151,13 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
         tokenizer_log.removeFilter(_windowed_by_the_harness)
     results["gbattn"] = {"step": step, "block_size": block_size, "checkpoint": which}
     return results
+
+
+IN_MEMORY_WARNINGS = ("`pretrained` model kwarg is not of type `str`", "Passed an already-initialized model")
+
+
+def _not_in_memory_warning(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(IN_MEMORY_WARNINGS)
 
 
 def _windowed_by_the_harness(record: logging.LogRecord) -> bool:
