@@ -280,6 +280,8 @@ def test_a_test_perplexity_of_data_without_a_test_split_is_called_valid(tmp_path
         assert code == 0, err
         last = out.splitlines()[-2]
         assert last.startswith(f"{tmp_path / run}: best valid ppl") and last.endswith(note) == expected, last
+        summary, result = json.loads(out.splitlines()[-1]), ckpt.read_result(tmp_path / run / ckpt.RESULT)
+        assert summary["test_split"] == result["test_split"] == ("valid" if expected else "test")
         code, out, err = run_cli(capsys, ["eval", tmp_path / run, "--threads", "1"])
         assert code == 0 and out.splitlines()[0].startswith("test perplexity"), err
         assert out.splitlines()[0].endswith(note) == expected, out

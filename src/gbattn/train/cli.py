@@ -150,6 +150,7 @@ def cmd_train(args) -> None:
     finally:
         shutdown_distributed()  # under torchrun: leave the process group cleanly
     summary = {k: result[k] for k in ("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s")}
+    summary["test_split"] = result.get("test_split", "test")  # "valid": the data has no test split
     if is_first_process():  # under torchrun: one summary
         print(json.dumps(summary))
 
