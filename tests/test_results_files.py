@@ -524,7 +524,7 @@ def test_bench_md_is_its_bench_json():
             report["compile"] = report["compile"] or "off"  # recorded as false before --compile took a mode
             assert bench_markdown(report) == path.with_suffix(".md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 5
+    assert checked == 6
 
 
 def test_bench_json_ratios_follow_from_their_timings():
@@ -544,7 +544,19 @@ def test_bench_json_ratios_follow_from_their_timings():
             assert r["decode_ratio"] == pytest.approx(base["decode_tokens_per_s"] / r["decode_tokens_per_s"]), (
                 path, r["variant"])
             checked += 1
-    assert checked == 6 + 6 + 4 + 4 + 4 + 6
+    assert checked == 6 + 6 + 4 + 4 + 4 + 6 + 6
+
+
+def test_readme_cpu_memory_remeasurement_is_its_bench_file():
+    """The memory ratios re-measured with today's probe, as the README quotes them."""
+    rows = json.loads((ROOT / "results" / "bench-cpu-memory" / "bench.json").read_text(encoding="utf-8"))["variants"]
+    ratio = {r["variant"]: f"{r['memory_ratio']:.2f}" for r in rows}
+    standard = next(r for r in rows if r["variant"] == "standard")
+    quoted = (f"standard peaks at {standard['peak_memory_bytes'] / 2**20:.0f} MiB and the memory ratios are "
+              f"{ratio['boosted']} (GBA), {ratio['boosted:kv_source=shared']} (`kv_source=shared`), "
+              f"{ratio['twicing']} (Twicing), "
+              f"{ratio['gated']} (gated) and {ratio['differential']} (differential)")
+    assert quoted in README_PROSE
 
 
 def test_readme_analysis_figures_are_the_h200_analysis_summary():
