@@ -120,6 +120,31 @@ def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, damage):
     assert json.loads((entry / "meta.json").read_text())["counts"] == {s: len(v) for s, v in splits.items()}
 
 
+def test_a_token_cache_entry_finished_by_another_process_at_the_same_moment_is_taken(tmp_path, monkeypatch):
+    """Two processes (every rank of a torchrun job) build the same entry; one renames its copy into
+    place just after the other checked it was absent: the later one takes the entry, no error, no debris."""
+    from gbattn.data import tokens as tokens_mod
+
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    tok = get_tokenizer("char", corpus)
+    expected = {s: np.array(ids) for s, ids in tokenize_corpus(corpus, tok, progress=False).items()}
+    (entry,) = (Path(os.environ["GBATTN_CACHE"]) / "tokens").iterdir()
+    finished = tmp_path / "finished-by-the-other-process"
+    entry.rename(finished)
+    real_replace = os.replace
+
+    def other_process_first(src, dst):
+        if Path(dst) == entry and not entry.exists():  # the other process's rename lands between the check and ours
+            real_replace(finished, dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(tokens_mod.os, "replace", other_process_first)
+    again = tokenize_corpus(corpus, tok, progress=False)
+    for s in expected:
+        np.testing.assert_array_equal(again[s], expected[s])
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]
+
+
 def test_caps_take_the_first_tokens(tmp_path):
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     tok = get_tokenizer("char", corpus)

@@ -118,10 +118,14 @@ def tokenize_corpus(
     except BaseException:  # Ctrl-C, a bad file, a full disk: no half-written entry stays behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if directory.exists():  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
+    try:
         os.replace(tmp, directory)
+    except OSError:
+        if not directory.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    # Another process (another rank of a torchrun job) finished the same entry first: it stays, ours goes.
+    shutil.rmtree(tmp, ignore_errors=True)
     cached = _read_cache(directory, dtype)
     if cached is None:
         raise DataError(f"the token cache {directory} cannot be read back after writing it; delete it and try again")
