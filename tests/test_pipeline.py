@@ -740,6 +740,23 @@ def test_char_vocabulary_covers_every_split(tmp_path):
     assert [tok.decode(tok.encode("".join(corpus.lines(s)))) for s in ("valid", "test")] == ["abz\n", "a!c\n"]
 
 
+def test_a_byte_order_mark_is_no_text_and_windows_line_endings_are_newlines(tmp_path):
+    """A file saved by Windows tools (a UTF-8 byte order mark, CRLF line ends), plain or gzipped, one
+    file or one per split, reads as the same text written without them: the mark is in no split and
+    no vocabulary, and a line ends in a newline only."""
+    data = tmp_path / "c"
+    data.mkdir()
+    for split, text in (("train", "abc\r\nab\r\n"), ("valid", "ba\r\n"), ("test", "cab\r\n")):
+        name = f"{split}.txt.gz" if split == "test" else f"{split}.txt"
+        write_text(data / name, "\ufeff" + text)
+    whole = tmp_path / "whole.txt"
+    whole.write_bytes(b"\xef\xbb\xbf" + b"abc\r\n" * 20)
+    for corpus, texts in ((load_corpus(str(data)), ["abc\nab\n", "ba\n", "cab\n"]),
+                          (load_corpus(str(whole), (0.5, 0.25, 0.25)), ["abc\n" * 10, "abc\n" * 5, "abc\n" * 5])):
+        assert ["".join(corpus.lines(s)) for s in ("train", "valid", "test")] == texts
+        assert get_tokenizer("char", corpus).chars == sorted("\nabc")
+
+
 def test_tokenizer_kinds_are_checked(tmp_path):
     """``hf`` needs a file (``hf=PATH``; a bare ``hf`` must not quietly fetch GPT-2's), only file
     kinds take one, and a char tokenizer's payload lists each character once."""

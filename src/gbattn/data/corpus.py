@@ -65,9 +65,10 @@ class Corpus:
 
 
 def open_text(path: Path):
+    """The text of a checked file: a UTF-8 byte order mark (Windows tools write one) is no text."""
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return open(path, encoding="utf-8-sig")
 
 
 def checked_digest(path: Path) -> str:
