@@ -1110,6 +1110,25 @@ def test_random_windows_never_draw_the_window_ending_at_the_last_token():
     assert torch.equal(again, random_windows(tokens, 8, 4, seed=0, step=7)[0])  # a pure function of (seed, step)
 
 
+def test_random_windows_need_a_row_and_one_token_more_and_the_error_says_so(tmp_path):
+    """Random windows never end at the last token, so a training split of exactly one row (33 tokens
+    here) is refused with the count it needs (34), not called "fewer than one row"; 34 tokens train."""
+    for n_train, fits in ((33, False), (34, True)):
+        path = tmp_path / f"t{n_train}.txt"
+        path.write_text("abcdefghij" * 10)
+        configs = tiny_configs(path, sampling="random", split=[n_train / 100, 1 - n_train / 100, 0.0])
+        trainer = Trainer(tmp_path / f"run{n_train}", *configs, quiet=True)
+        if fits:
+            trainer._setup()
+            assert len(trainer.data.splits["train"]) == 34
+        else:
+            with pytest.raises(DataError) as error:
+                trainer._setup()
+            assert "has 33 tokens" in str(error.value) and "at least 34" in str(error.value)
+            assert "fewer than one row" not in str(error.value)
+        trainer.lock.release()
+
+
 def test_swapping_two_split_files_changes_the_corpus_fingerprint(tmp_path):
     data = write_corpus(tmp_path / "c")
     before = load_corpus(str(data)).fingerprint

@@ -199,9 +199,9 @@ class Trainer:
             self.total_steps = cfg.max_steps or math.ceil(cfg.epochs * self.steps_per_epoch)
         else:
             if len(train) <= self.seq_len + 1:
-                raise DataError(
-                    f"the training split has {len(train):,} tokens: fewer than one row of {self.seq_len + 1}; use a "
-                    f"longer file or a smaller seq_len"
+                raise DataError(  # no window ends at the last token (random_windows): one row and one token more
+                    f"the training split has {len(train):,} tokens; random windows of {self.seq_len + 1} need at least "
+                    f"{self.seq_len + 2}: use a longer file or a smaller seq_len"
                 )
             self.steps_per_epoch = None
             self.total_steps = cfg.max_steps
