@@ -757,6 +757,29 @@ def test_a_byte_order_mark_is_no_text_and_windows_line_endings_are_newlines(tmp_
         assert get_tokenizer("char", corpus).chars == sorted("\nabc")
 
 
+def test_byte_level_tokens_decode_to_the_text_less_its_blank_lines(tmp_path):
+    """README, Data: a byte-level tokenizer's ids decode to the corpus text exactly, except that blank
+    lines (paragraph breaks) are left out for every tokenizer but char; char keeps them."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    text = "First line.\n\nSecond line.\n\n\nThird.\n" * 40
+    path = tmp_path / "t.txt"
+    path.write_text(text)
+    corpus = load_corpus(str(path), (0.5, 0.25, 0.25))
+    byte_level = Backend(models.BPE())
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level.decoder = decoders.ByteLevel()
+    byte_level.train_from_iterator(corpus.lines("train"), trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    (tmp_path / "tokenizer.json").write_text(byte_level.to_str())
+    for kind in (f"hf={tmp_path / 'tokenizer.json'}", "char"):
+        tok = get_tokenizer(kind, corpus)
+        train = "".join(corpus.lines("train"))
+        expected = train if kind == "char" else "".join(line for line in train.splitlines(True) if line.strip())
+        assert tok.decode(tokenize_corpus(corpus, tok, progress=False)["train"]) == expected
+
+
 def test_tokenizer_kinds_are_checked(tmp_path):
     """``hf`` needs a file (``hf=PATH``; a bare ``hf`` must not quietly fetch GPT-2's), only file
     kinds take one, and a char tokenizer's payload lists each character once."""
