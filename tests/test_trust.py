@@ -952,6 +952,27 @@ def test_an_interrupted_tokenization_leaves_no_cache_debris(tmp_path, monkeypatc
     assert [p.name for p in cache.iterdir() if ".tmp" in p.name] == [elsewhere.name]
 
 
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
+def test_a_full_disk_while_building_the_token_cache_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys,
+                                                                                   code):
+    """The token cache of a large corpus can fill the disk: one line naming the cache and
+    GBATTN_CACHE, status 2, and no half-written entry (it was a traceback)."""
+    from gbattn.data import tokens
+
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    real = tokens._encode_split
+
+    def disk_fills(corpus, split, tokenizer, cap, path, progress):
+        real(corpus, split, tokenizer, cap, path, progress)
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(tokens, "_encode_split", disk_fills)
+    code_, _, err = run_cli(capsys, ["train", "--out", tmp_path / "run", "--data", write_corpus(tmp_path / "c"),
+                                     "--tokenizer", "char", "--quiet", "--set", "max_steps=1"])
+    assert "could not write the token cache under" in one_line(code_, err) and "GBATTN_CACHE" in err
+    assert list((tmp_path / "cache" / "tokens").iterdir()) == []
+
+
 def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path):
     """What the stricter readers must keep accepting: a finished run whose perplexities were infinite
     (write_json stores them as null), a curve point with a NaN loss, sparse weights refused in one

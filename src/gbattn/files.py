@@ -22,6 +22,9 @@ def error_detail(e: BaseException, limit: int = 80, with_type: bool = False) -> 
     return f"{type(e).__name__}: {text}" if with_type else text
 
 
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # write errors the user must fix: no space, quota, read-only
+
+
 def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     """Write ``content`` (bytes, or text as UTF-8) to ``path`` through a temporary file in the same
     directory, then rename it into place and sync the directory. On any failure (a full disk, a kill)
@@ -39,7 +42,7 @@ def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
         sync_directory(path.parent)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        if isinstance(e, OSError) and e.errno in FULL_DISK:
             raise UserError(f"could not write {path} ({e.strerror}); the previous {path.name} is kept") from None
         raise
 

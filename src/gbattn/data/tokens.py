@@ -21,7 +21,7 @@ import torch
 from gbattn.data.corpus import SPLITS, Corpus
 from gbattn.data.tokenizer import Tokenizer, cache_dir
 from gbattn.errors import DataError
-from gbattn.files import write_json
+from gbattn.files import FULL_DISK, write_json
 from gbattn.progress import Progress
 
 
@@ -115,8 +115,11 @@ def tokenize_corpus(
         meta = {"dtype": dtype.name, "counts": counts, "caps": caps, "corpus": corpus.name,
                 "tokenizer": tokenizer.fingerprint}
         write_json(meta, tmp / "meta.json")
-    except BaseException:  # Ctrl-C, a bad file, a full disk: no half-written entry stays behind
+    except BaseException as e:  # Ctrl-C, a bad file, a full disk: no half-written entry stays behind
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in FULL_DISK:
+            raise DataError(f"could not write the token cache under {directory.parent} ({e.strerror}); free some "
+                            f"space or set GBATTN_CACHE to another directory") from None
         raise
     try:
         os.replace(tmp, directory)
