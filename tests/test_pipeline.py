@@ -980,7 +980,7 @@ def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_t
         assert (back.kind, back.payload, back.fingerprint) == (tok.kind, tok.payload, tok.fingerprint)
 
 
-def test_a_blank_cache_directory_is_refused(tmp_path, monkeypatch):
+def test_a_blank_cache_directory_is_refused_and_a_tilde_is_the_home_directory(tmp_path, monkeypatch):
     """GBATTN_CACHE of spaces only is unset by mistake, like an empty one: not a directory named by spaces."""
     monkeypatch.chdir(tmp_path)
     for blank in ("", "  "):
@@ -988,6 +988,9 @@ def test_a_blank_cache_directory_is_refused(tmp_path, monkeypatch):
         with pytest.raises(DataError, match="GBATTN_CACHE is set but empty"):
             tokenizer_mod.cache_dir()
     assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # a quoted ~ (an env file): the home directory, as --data
+    monkeypatch.setenv("GBATTN_CACHE", "~/gbattn-cache")
+    assert tokenizer_mod.cache_dir() == tmp_path / "home" / "gbattn-cache" and not (tmp_path / "~").exists()
 
 
 def test_atomic_write_syncs_the_file_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ def cache_dir() -> Path:
     value = os.environ.get("GBATTN_CACHE")
     if value is not None and not value.strip():  # Path("") would be the working directory
         raise DataError("GBATTN_CACHE is set but empty: set it to a directory, or unset it for ~/.cache/gbattn")
-    path = Path(value) if value is not None else Path.home() / ".cache" / "gbattn"
+    path = Path(value).expanduser() if value is not None else Path.home() / ".cache" / "gbattn"
     return check_writable_dir(path, "the cache directory (set GBATTN_CACHE to another)")
 
 
