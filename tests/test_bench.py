@@ -152,12 +152,26 @@ def test_bench_ratios_follow_their_definitions(monkeypatch):
         statistics.median(t0 / t for t, t0 in zip(compiled["step_s_all"], gba["step_s_all"])))
 
 
+def fake_timings(monkeypatch, clock, fake_step, fake_decode) -> None:
+    """bench on a fake clock: ``fake_step``/``fake_decode`` advance ``clock[0]``; memory 1e6 bytes;
+    torch.compile and the compiled decode step are stand-ins."""
+    import types
+
+    from gbattn.bench import speed
+
+    monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(speed, "train_step", fake_step)
+    monkeypatch.setattr(speed, "prefill_and_decode", fake_decode)
+    monkeypatch.setattr(speed, "peak_memory_train_step", lambda cfg, batch, seq_len, dev, amp: 1e6)
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    monkeypatch.setattr(speed, "compiled_decode_step", lambda model: "compiled step")
+
+
 def test_bench_timings_follow_a_fake_clock(monkeypatch):
     """A clock that training steps and decodes advance by known amounts: eager steps 0.5 s, compiled
     steps 0.25 s after a 3 s warm-up step each, a decode of 2 s eager and 1 s compiled after a 5 s
     warm-up. The report's per-step times, speedups and compile times follow exactly; standard comes
     first whatever order the variants are given in; FLOPs are counted at the measured length."""
-    import types
 
     from gbattn.bench import speed
     from gbattn.model.params import flops_per_token
@@ -176,12 +190,7 @@ def test_bench_timings_follow_a_fake_clock(monkeypatch):
         clock[0] += 0.25 + seconds
         return 0.25, seconds
 
-    monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(speed, "train_step", fake_step)
-    monkeypatch.setattr(speed, "prefill_and_decode", fake_decode)
-    monkeypatch.setattr(speed, "peak_memory_train_step", lambda cfg, batch, seq_len, dev, amp: 1e6)
-    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
-    monkeypatch.setattr(speed, "compiled_decode_step", lambda model: "compiled step")
+    fake_timings(monkeypatch, clock, fake_step, fake_decode)
     report = speed.run_bench("cpu-char", ["boosted", "standard"], device="cpu", batch=2, seq_len=16, repeats=2,
                              steps=3, decode=4, sweep=[8], compile="both", threads=1, quiet=True,
                              sets={"n_layers": 1})
@@ -546,7 +555,6 @@ def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
 def test_bench_reports_compile_time_with_compile_on(monkeypatch):
     """--compile on (no eager rows): the compile time is still measured and shown, not only --compile both.
     Compiled steps take 3 s in the warm-up and 0.25 s after; the compiled decode 5 s, then 1 s."""
-    import types
 
     from gbattn.bench import speed
 
@@ -562,12 +570,7 @@ def test_bench_reports_compile_time_with_compile_on(monkeypatch):
         clock[0] += seconds
         return 0.0, seconds
 
-    monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(speed, "train_step", fake_step)
-    monkeypatch.setattr(speed, "prefill_and_decode", fake_decode)
-    monkeypatch.setattr(speed, "peak_memory_train_step", lambda cfg, batch, seq_len, dev, amp: 1e6)
-    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
-    monkeypatch.setattr(speed, "compiled_decode_step", lambda model: "compiled step")
+    fake_timings(monkeypatch, clock, fake_step, fake_decode)
     report = speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=2, seq_len=16, repeats=2,
                              steps=3, decode=4, compile="on", threads=1, quiet=True, sets={"n_layers": 1})
     assert all(r["compile_s"] == {"train": 5.5, "decode": 4.0} for r in report["variants"])
