@@ -321,7 +321,7 @@ class Trainer:
 
     def _write_config(self, resumed: bool) -> None:
         """config.json and the tokenizer; a resumed run's metrics.jsonl is cut back to its checkpoint's step
-        (a planned run of compare --jobs, trained with --resume, has none and starts at step 0)."""
+        (a run with no checkpoint, killed before its first one or planned by compare --jobs, starts at step 0)."""
         rundir.write_config(
             self.run_dir, self.preset, self.model_cfg, self.train_cfg, self.extra,
             data={"corpus": self.data.corpus_name, "fingerprint": self.data.corpus_fingerprint,
@@ -337,8 +337,9 @@ class Trainer:
         )
         if not (self.run_dir / rundir.TOKENIZER).exists():
             self.data.tokenizer.save(self.run_dir / rundir.TOKENIZER)
-        if resumed:
+        if self.resume and (self.run_dir / rundir.METRICS).is_file():  # its steps after the checkpoint run again
             rundir.truncate_metrics(self.run_dir / rundir.METRICS, self.step)
+        if resumed:
             self._log({"event": "resume", "step": self.step})
 
     # -- checkpoints ---------------------------------------------------------------
