@@ -162,6 +162,8 @@ def _init_from_trainer(args, sets: dict):
     from gbattn.errors import UserError
     from gbattn.train.trainer import Trainer
 
+    if Path(args.init_from).resolve() == Path(args.out).resolve():  # --restart would delete the weights to start from
+        raise UserError(f"--init-from {args.init_from} is --out: a run started from its weights goes to another --out")
     path = Path(args.init_from) / rundir.CONFIG
     config = rundir.read_config(path)
     rundir.refuse_hf_checkpoint(config, args.init_from, then="--init-from DIR")
