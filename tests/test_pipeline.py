@@ -1305,6 +1305,34 @@ def test_a_training_record_averages_the_steps_since_the_last_one(tmp_path, monke
     assert train_losses(tmp_path / "run") == [1.0, 3.5]
 
 
+def test_tokens_per_second_count_training_time_only(tmp_path, monkeypatch):
+    """On a clock where a step takes 1 s and an evaluation or a checkpoint 100 s, every record's tok_s is
+    one step's tokens a second: also the record after an evaluation between two records (it counted the
+    steps before the evaluation over the time after it: twice the speed) and after a timed checkpoint."""
+    from gbattn.train import trainer as trainer_mod
+
+    data = write_corpus(tmp_path / "c")
+    clock = [0.0]
+    monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: clock[0])
+
+    def taking(seconds, original):
+        def timed(self, *args):
+            clock[0] += seconds
+            return original(self, *args)
+        return timed
+
+    for name, seconds in (("_train_step", 1.0), ("_evaluate", 100.0), ("_save", 100.0)):
+        monkeypatch.setattr(Trainer, name, taking(seconds, getattr(Trainer, name)))
+    monkeypatch.setattr(trainer_mod.time, "monotonic", lambda: clock[0])  # a timed checkpoint after every step
+    model_cfg, train_cfg = tiny_configs(data, max_steps=8, log_every=2, eval_every=3, checkpoint_minutes=0.001)
+    result = train(tmp_path / "run", model_cfg, train_cfg, quiet=True)
+    records = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
+    speeds = [r["tok_s"] for r in records if r["event"] == "train"]
+    tokens_per_step = result["train_tokens_seen"] // result["steps"]
+    assert len(speeds) == 4 and speeds == [tokens_per_step] * 4
+    assert result["train_tokens_per_s"] == tokens_per_step
+
+
 def test_a_validation_loss_equal_to_the_best_is_not_a_new_best(tmp_path, monkeypatch):
     """With the same validation loss at every evaluation (steps 4, 8, 12) the first stays the best:
     best_step 4, best.pt from step 4, and only the first eval event flagged best."""

@@ -500,13 +500,14 @@ class Trainer:
                     self._log(rec)
                     self.bar.update(window_steps, loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
                     self.window_loss, self.window_n, window_steps, window_tokens, window_t0 = 0.0, 0, 0, 0, now
+                paused = time.perf_counter()
                 if self._is_eval_step(self.step):
                     self._eval_and_checkpoint()
                     last_ckpt = time.monotonic()
-                    window_t0 = time.perf_counter()  # tokens/s counts training time only
                 elif time.monotonic() - last_ckpt > 60 * cfg.checkpoint_minutes:
                     self._save()
                     last_ckpt = time.monotonic()
+                window_t0 += time.perf_counter() - paused  # tokens/s counts training time only
                 if self._should_stop(stop.requested) and self.step < self.total_steps:
                     self._save()
                     self._log({"event": "interrupted", "step": self.step})
