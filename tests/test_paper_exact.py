@@ -185,6 +185,7 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
     assert "(the model config asked for 16,384; the vocabulary is the tokenizer's)" in printed
     assert "warmup_steps=1,500 is longer than half of this" in warned and "warmup_steps" not in printed
     assert "evaluation every epoch = every" in printed and "--set eval_every=N evaluates less often" in printed
+    assert "66 steps (3 epochs of 22) of 4 x 32 tokens, lr 0.0003 (warmup 7, then cosine to 0), evaluation" in printed
 
 
 def test_cosine_decays_to_min_lr_and_constant_holds():

@@ -283,7 +283,7 @@ class Trainer:
                             mismatch=": it has changed since this run started, and a run does not resume on other data")
 
     def _plan(self) -> list[str]:
-        """What this run will do, in a few lines (vocabulary, steps, warmup, evaluations)."""
+        """What this run will do, in a few lines (vocabulary, steps, learning rate and warmup, evaluations)."""
         cfg, v = self.train_cfg, self.data.tokenizer.vocab_size
         lines = [f"{self.data.tokenizer.kind} tokenizer: {v:,} tokens"
                  + (f" (the model config asked for {self.requested_vocab:,}; the vocabulary is the tokenizer's)"
@@ -300,9 +300,10 @@ class Trainer:
             evals.append(f"every {cfg.eval_every:,} steps")
         n_evals = sum(self._is_eval_step(s) for s in range(1, self.total_steps + 1))
         steps = f"{self.total_steps:,} step{'s' if self.total_steps != 1 else ''}"
-        lines.append(f"{steps}{epochs} of {cfg.batch_size} x {self.seq_len} tokens, warmup "
-                     f"{self.warmup:,}, evaluation {' and '.join(evals) or 'at the end'} ({n_evals:,} in all), "
-                     f"{self.device.type}{self._threads_text()}")
+        decay = f"cosine to {cfg.min_lr:g}" if cfg.schedule == "cosine" else "constant"
+        lines.append(f"{steps}{epochs} of {cfg.batch_size} x {self.seq_len} tokens, lr {cfg.lr:g} (warmup "
+                     f"{self.warmup:,}, then {decay}), evaluation {' and '.join(evals) or 'at the end'} "
+                     f"({n_evals:,} in all), {self.device.type}{self._threads_text()}")
         if self.steps_per_epoch and self.steps_per_epoch < FREQUENT_EVAL_STEPS and not cfg.eval_every:
             lines[-1] += "; --set eval_every=N evaluates less often"
         return lines
