@@ -817,6 +817,9 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("--init-from with another split", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
                                             "split=[0.8,0.1,0.1]"],  # was trained on the run's split silently
          f"--init-from trains on the split of {run} (recorded: [0.9, 0.05, 0.05]): leave out --set split"),
+        ("--threads and --set threads differ on resume", ["train", "--resume", "--out", run, "--threads", "1", "--set",
+                                                          "threads=2"],  # --threads was taken silently
+         "--threads 1 and --set threads=2 disagree: give one of them"),
         # --restart deleted the weights it was to start from, then failed:
         ("--init-from its own --out, restarted", ["train", "--init-from", run, "--out", run, "--restart"],
          f"--init-from {run} is --out: a run started from its weights goes to another --out"),

@@ -113,6 +113,10 @@ def cmd_train(args) -> None:
 
     if args.resume and args.restart:
         raise UserError("--resume continues the run in --out and --restart replaces it: give one of them")
+    # Options and --set name the same fields one way: both given and different is an error.
+    sets = merge_options(parse_sets(args.sets), attn=args.attn, residual=args.residual, data=args.data,
+                         seed=args.seed, tokenizer=args.tokenizer, device=args.device, compile=args.compile,
+                         threads=args.threads)
     if args.resume:
         if args.init_from:
             raise UserError("--init-from starts a new run: it does not go with --resume")
@@ -123,17 +127,11 @@ def cmd_train(args) -> None:
         if differ:
             raise UserError(f"train --resume continues {args.out} as it was started; these options would change it: "
                             f"{'; '.join(differ)}. Leave them out, or start a new run (another --out, or --restart)")
-        neutral = {k: v for k, v in parse_sets(args.sets).items() if k in TrainConfig.RESULT_NEUTRAL}
-        neutral.update({k: v for k, v in (("threads", args.threads), ("device", args.device), ("compile", args.compile))
-                        if v is not None})
+        neutral = {k: v for k, v in sets.items() if k in TrainConfig.RESULT_NEUTRAL}  # with --threads, --device ...
         if args.data and args.data != train_cfg.data:  # the same corpus at another path (resume_conflicts)
             neutral["data"] = args.data
         trainer = Trainer(args.out, resume=True, quiet=args.quiet, overrides=neutral)
     else:
-        # Options and --set name the same fields one way: both given and different is an error.
-        sets = merge_options(parse_sets(args.sets), attn=args.attn, residual=args.residual, data=args.data,
-                             seed=args.seed, tokenizer=args.tokenizer, device=args.device, compile=args.compile,
-                             threads=args.threads)
         if args.init_from:
             trainer = _init_from_trainer(args, sets)
         else:
