@@ -404,6 +404,16 @@ def test_progress_lines_keep_their_interval_start_at_initial_and_count_past_the_
     bar.update(2)
     bar.update(2)
     assert capsys.readouterr().err == "train: 4/3 steps \n"
+    # The time left, at the rate since the start (a resumed count from `initial`), until the total.
+    now[0] = 100.0
+    bar = progress.Progress(100, desc="train", initial=10, interval=10.0)
+    now[0] = 110.0
+    bar.update(10, loss=2.5)
+    now[0] = 115.0
+    bar.update(5)
+    now[0] = 200.0
+    bar.update(75)
+    assert capsys.readouterr().err == "train: 20/100 steps loss=2.5 eta 01:20\ntrain: 100/100 steps loss=2.5\n"
     quiet = progress.Progress(3, desc="q", disable=True)
     quiet.write("a message")
     quiet.update(3)

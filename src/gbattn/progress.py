@@ -1,5 +1,5 @@
 """Progress display: a tqdm bar on a terminal, one plain line every ``interval`` seconds
-otherwise (log files and CI stay readable)."""
+otherwise (log files and CI stay readable), with the time left while the total is ahead."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ class Progress:
         self.disable = disable
         self.interval = interval
         self.postfix = ""
-        self._last = time.monotonic()
+        self._initial, self._start = initial, time.monotonic()
+        self._last = self._start
         self._bar = None
         if not disable and sys.stderr.isatty():
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True)
@@ -36,7 +37,14 @@ class Progress:
         elif time.monotonic() - self._last >= self.interval or (self.total is not None and self.n >= self.total):
             self._last = time.monotonic()
             of = "" if self.total is None else f"/{self.total}"
-            print(f"{self.desc}: {self.n}{of} {self.unit}s {self.postfix}", file=sys.stderr, flush=True)
+            print(f"{self.desc}: {self.n}{of} {self.unit}s {self.postfix}{self._eta()}", file=sys.stderr, flush=True)
+
+    def _eta(self) -> str:
+        """' eta M:SS' at the rate since the start (what tqdm's bar shows), while the total is ahead."""
+        if self.total is None or not self._initial < self.n < self.total or self._last <= self._start:
+            return ""
+        rate = (self.n - self._initial) / (self._last - self._start)
+        return f"{' ' if self.postfix else ''}eta {tqdm.format_interval((self.total - self.n) / rate)}"
 
     def write(self, message: str) -> None:
         if self.disable:
