@@ -134,7 +134,7 @@ class TrainConfig(Typed):
     beta1: float = field(default=0.9, metadata=fraction())
     beta2: float = field(default=0.999, metadata=fraction())
     grad_clip: float = field(default=1.0, metadata=at_least(0))  # 0 = no clipping
-    eval_every: int | None = field(default=None, metadata=at_least(1))  # also every N steps (None: each epoch)
+    eval_every: int | None = field(default=None, metadata=at_least(1))  # every N steps and at the end (None: epochs)
     eval_batch_size: int = field(default=32, metadata=at_least(1))
     seed: int = field(default=42, metadata=between(0, MAX_INT))
     device: str = "auto"  # auto | cpu | cuda | cuda:N
