@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -128,7 +129,13 @@ def init_distributed(device_type: str) -> DistEnv:
 
 
 def shutdown_distributed() -> None:
+    """Leave the process group. First a pause with the GIL released: torch 2.13's gloo frees finished
+    collectives (their Python tensors) on its own threads, which need the GIL; the model's DDP reducer,
+    freed later with the GIL held, joins those threads, so a collective not yet freed then deadlocks
+    the process at exit (seen in CI at the end of a finished two-process run)."""
     if dist.is_available() and dist.is_initialized():
+        if dist.get_backend() == "gloo":
+            time.sleep(0.5)
         dist.destroy_process_group()
 
 
