@@ -256,9 +256,14 @@ def check_split_setting(data: str, sets: dict) -> None:
                         f"and test splits: leave it out")
 
 
+def tested_split(notes: list[str]) -> str:
+    """The split a corpus with these notes is tested on: "test", or "valid" when it has no test split."""
+    return "valid" if NO_TEST_SPLIT in notes else "test"
+
+
 def test_split_note(notes: list[str]) -> str:
     """What follows a test figure of a corpus with these notes: nothing, or that test is valid."""
-    return " (this data has no test split: test is valid)" if NO_TEST_SPLIT in notes else ""
+    return " (this data has no test split: test is valid)" if tested_split(notes) == "valid" else ""
 
 
 def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) -> Corpus:

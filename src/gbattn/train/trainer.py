@@ -19,7 +19,7 @@ import torch
 
 from gbattn import __version__, rundir
 from gbattn.config import ModelConfig, TrainConfig
-from gbattn.data.corpus import NO_TEST_SPLIT, test_split_note
+from gbattn.data.corpus import test_split_note, tested_split
 from gbattn.data.prepare import Data, prepare_data
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
@@ -610,7 +610,7 @@ class Trainer:
             "test_loss": test.loss,
             "test_ppl": test.ppl,
             "test_tokens": test.tokens,
-            "test_split": "valid" if NO_TEST_SPLIT in self.data.notes else "test",  # the split test_* were taken on
+            "test_split": tested_split(self.data.notes),  # the split test_* were taken on
             "wall_clock_s": self.elapsed,
             "train_tokens_per_s": self.tokens_seen / max(self.train_seconds, 1e-9),
             "device": device_name(self.device),
