@@ -49,10 +49,6 @@ class DistEnv:
         every process, so that a mistake one process finds (a run directory in use, missing data) ends
         them all with its one line instead of leaving the others to fail waiting for it."""
         errors = [e for e in self.gather(None if error is None else (str(error), getattr(error, "exit_code", 2))) if e]
-        if self.enabled:
-            # A barrier after it, as the last collective: torch 2.13's gloo frees the gather's tensors on its own
-            # thread, which needs the GIL; a process group destroyed before then (the run ends) deadlocks.
-            dist.barrier()
         if error is not None:
             raise error
         if errors:
