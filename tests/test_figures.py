@@ -769,6 +769,11 @@ def test_the_paired_table_needs_two_seeds_orders_them_by_number_and_skips_a_dive
     assert "then each seed's difference (42, 123); **real**" in md
     gba = paired_cells(md, "gba-m2")
     assert gba[3] == "2.100" and gba[4] == "-0.100 (42: -0.100; seed 123 missing)"
+    # In memory (write_results, before results.json turns it into null) a run whose every evaluation was
+    # non-finite has an infinite best loss: the same table as from results.json, not a crash or "+inf".
+    for bad in (float("inf"), float("nan")):
+        md = paired_md({"standard": {"42": 2.2, "123": 2.3}, "gba-m2": {"42": 2.1, "123": bad}}, seeds=(42, 123))
+        assert paired_cells(md, "gba-m2")[3:5] == ["2.100", "-0.100 (42: -0.100; seed 123 missing)"], bad
 
 
 def test_curves_colour_each_model_dash_each_seed_and_choose_the_log_axis_from_every_run():

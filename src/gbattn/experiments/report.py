@@ -429,11 +429,17 @@ def param_gap_text(rows: list[dict]) -> str:
     return f" ({'; '.join(gaps)})" if gaps else ""
 
 
+def valid_losses(row: dict) -> dict[str, float]:
+    """seed -> validation loss of a results.json model row (finite values only: a run whose every evaluation
+    was non-finite records an infinite best loss in memory, null in results.json)."""
+    values = row.get("valid_loss") or {}
+    return {str(s): v for s, v in values.items() if v is not None and math.isfinite(v)}
+
+
 def paired_differences(row: dict, reference: dict) -> dict[str, float]:
     """seed -> validation loss of ``row`` minus that of ``reference`` (nats), over the seeds both have."""
-    mine, theirs = row.get("valid_loss") or {}, reference.get("valid_loss") or {}
-    return {s: mine[s] - theirs[s] for s in sorted(set(mine) & set(theirs), key=seed_key)
-            if mine[s] is not None and theirs[s] is not None}
+    mine, theirs = valid_losses(row), valid_losses(reference)
+    return {s: mine[s] - theirs[s] for s in sorted(set(mine) & set(theirs), key=seed_key)}
 
 
 def paired_cell(diffs: dict[str, float], seeds: list[str] | None = None) -> str:
@@ -457,18 +463,16 @@ def paired_table(rows: list[dict]) -> list[str]:
     runs have more than one seed: a difference is called real only when every seed agrees in sign."""
     base = next((r for r in rows if r["label"].startswith("standard")), None)
     matched = next((r for r in rows if r.get("compute_matched_to")), None)
-    if base is None or len(base.get("valid_loss") or {}) < 2:
+    if base is None or len(valid_losses(base)) < 2:
         return []
-    seeds = sorted(base["valid_loss"], key=seed_key)
+    seeds = sorted(valid_losses(base), key=seed_key)
     lines = ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
              f"Each cell: the mean over seeds of (model − reference) on the same seed, then each seed's difference "
              f"({', '.join(seeds)}); **real** = every seed agrees in sign.", "",
              "| model | parameters | train PFLOP | valid loss | Δ vs standard | Δ vs compute-matched |",
              "| --- | ---: | ---: | ---: | --- | --- |"]
     for r in rows:
-        losses = [v for v in (r.get("valid_loss") or {}).values() if v is not None]
-        mean = statistics.fmean(losses) if losses else None
-        std = statistics.stdev(losses) if len(losses) > 1 else None
+        mean, std = mean_std(valid_losses(r).values())
         vs_base = paired_cell(paired_differences(r, base), seeds) if r is not base else "—"
         vs_matched = paired_cell(paired_differences(r, matched), seeds) if matched and r is not matched else "—"
         lines.append(f"| {r['label']} | {r['parameters']:,} | {r['train_flops'] / 1e15:.3g} | {_fmt(mean, std, 3)} | "
