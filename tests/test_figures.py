@@ -776,6 +776,18 @@ def test_the_paired_table_needs_two_seeds_orders_them_by_number_and_skips_a_dive
         assert paired_cells(md, "gba-m2")[3:5] == ["2.100", "-0.100 (42: -0.100; seed 123 missing)"], bad
 
 
+def test_the_curve_table_leaves_out_an_evaluation_that_was_not_finite():
+    """A NaN evaluation is an infinite perplexity in memory and null in result.json (read_result accepts
+    it): both give the mean of the finite seeds, where the null crashed statistics.fmean (TypeError) and
+    every later `gbattn compare` of the directory with it."""
+    rows = [model_row("standard", {"42": 9.0, "123": 9.2}), model_row("gba-m2", {"42": 8.8, "123": 8.9})]
+    rows[1]["curves"]["42"].insert(0, {"step": 1000, "tokens": 768_000, "valid_ppl": 20.0})
+    for bad in (float("inf"), None):
+        rows[1]["curves"]["123"][:1 if bad is None else 0] = [{"step": 1000, "tokens": 768_000, "valid_ppl": bad}]
+        table = results_markdown(report_of(rows)).split("## Validation perplexity during training")[1]
+        assert "| 1,000 |  | 20.00 |" in table and "| 2,000 | 9.10 | 8.85 |" in table, bad
+
+
 def test_curves_colour_each_model_dash_each_seed_and_choose_the_log_axis_from_every_run():
     """Two models on seeds 1 and 2: a colour per model, a line style per seed, a legend entry for each;
     validation perplexity spans 100 to 500 only across the runs (each run's own span is under 3x),

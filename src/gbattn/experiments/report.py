@@ -398,8 +398,10 @@ def results_markdown(report: dict) -> str:
             cells = []
             for r in rows:
                 curves = [c for seed, c in r["curves"].items() if not common or str(seed) in common]
-                vals = [p["valid_ppl"] for c in curves for p in c if p["step"] == step]
-                cells.append(f"{statistics.fmean(vals):.2f}" if vals else "")
+                # A point that was not finite (null in result.json, as read_result allows) is left out, as a
+                # diverged seed is from the means.
+                mean, _ = mean_std(p["valid_ppl"] for c in curves for p in c if p["step"] == step)
+                cells.append(f"{mean:.2f}" if mean is not None else "")
             lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
