@@ -531,7 +531,7 @@ def test_recipes_hold_the_models_their_descriptions_name():
         assert [s.label for s in get_recipe(name).models] == [
             "standard", "param-fair", "compute-matched", "gba-m2", "gba-m3"], name
     # The seeds the issues and the README name: the design study and the paper-scale GPU script use
-    # three (a difference is called real only when every seed agrees in sign), the paper's tables two.
+    # three (every seed agrees in sign by chance 1 time in 4, against 1 in 2 with two seeds), the paper's tables two.
     assert get_recipe("gba-design").seeds == [42, 123, 7] == get_recipe("gba-design-paper").seeds
     assert get_recipe("paper-wt103").seeds == [42, 123] == get_recipe("cpu-char-long").seeds
 

@@ -358,19 +358,19 @@ def test_plot_without_pdf_removes_the_pdfs_of_an_earlier_plot(tmp_path):
         assert cli_main(["plot", str(gap), "--gap", "gba-m2", "--out", str(tmp_path / "g"), *pdf]) == 0
     assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["gap.json", "gap.png"]
 
-def test_paired_differences_with_a_missing_seed_name_their_seeds_and_are_not_called_real():
+def test_paired_differences_with_a_missing_seed_name_their_seeds_and_are_not_marked():
     """Standard on seeds 1, 2, 3 and GBA on 1 and 2 (its seed 3 failed): GBA's cell names each
-    value's seed, says seed 3 is missing, and is not **real** although both seeds agree in sign."""
+    value's seed, says seed 3 is missing, and is not marked although both seeds agree in sign."""
     rows = [model_row("standard", {"1": 9.0, "2": 9.1, "3": 9.2}), model_row("gba-m2", {"1": 8.8, "2": 8.9})]
     rows[0]["valid_loss"] = {"1": 2.20, "2": 2.21, "3": 2.22}
     rows[1]["valid_loss"] = {"1": 2.17, "2": 2.18}
     md = results_markdown({**report_of(rows), "seeds": [1, 2, 3]})
     gba = next(line for line in md.splitlines() if line.startswith("| gba-m2 | 800,000 | 0.008 |"))
-    assert "1: -0.030 / 2: -0.030; seed 3 missing" in gba and "**real**" not in gba
+    assert "1: -0.030 / 2: -0.030; seed 3 missing" in gba and "**same sign**" not in gba
     rows[1]["valid_loss"]["3"] = 2.19
     gba = next(line for line in results_markdown(report_of(rows)).splitlines()
                if line.startswith("| gba-m2 | 800,000 | 0.008 |"))
-    assert "(-0.030 / -0.030 / -0.030) **real**" in gba
+    assert "(-0.030 / -0.030 / -0.030) **same sign**" in gba
 
 
 def test_results_say_when_test_is_validation_and_how_far_param_fair_is_above_gba():
@@ -743,8 +743,8 @@ def paired_cells(md: str, label: str) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")]
 
 
-def test_paired_differences_are_real_only_when_every_seed_agrees_in_sign_and_the_cell_is_their_mean():
-    """GBA beats standard on seeds 1 and 2 but not 3: not real. The cell's first number is the mean of
+def test_paired_differences_are_marked_only_when_every_seed_agrees_in_sign_and_the_cell_is_their_mean():
+    """GBA beats standard on seeds 1 and 2 but not 3: not marked. The cell's first number is the mean of
     the differences (-0.030, not their median -0.020); the compute-matched column compares with
     the compute-matched row (not param-fair), and says nothing on that row itself."""
     from gbattn.experiments.report import paired_cell
@@ -756,17 +756,22 @@ def test_paired_differences_are_real_only_when_every_seed_agrees_in_sign_and_the
                             "compute-matched": {"compute_matched_to": "gba-m2"}})
     gba = paired_cells(md, "gba-m2")
     assert gba[4] == "+0.003 (-0.010 / -0.020 / +0.040)"
-    assert gba[5] == "+0.103 (+0.090 / +0.080 / +0.140) **real**"
+    assert gba[5] == "+0.103 (+0.090 / +0.080 / +0.140) **same sign**"
     assert paired_cells(md, "compute-matched")[5] == "—" and paired_cells(md, "standard")[4] == "—"
     assert paired_cell({"1": -0.010, "2": -0.020, "3": -0.060}).startswith("-0.030 (")
-    assert "**real**" not in paired_cell({"1": -0.02})  # one seed cannot agree with another
+    assert "**same sign**" not in paired_cell({"1": -0.02})  # one seed cannot agree with another
+    # The mark is not called significant: the legend gives the chance that seeds agree in sign with no difference
+    # (2 seeds agree half the time), not "real".
+    assert ("**same sign** = every seed's difference has the same sign, which 3 seeds give by chance alone 1 time in 4 "
+            "when the models do not differ: a count, not a significance test.") in md and "real" not in md
 
 
 def test_the_paired_table_needs_two_seeds_orders_them_by_number_and_skips_a_diverged_seed():
     one = paired_md({"standard": {"1": 2.2}, "gba-m2": {"1": 2.1}}, seeds=(1,))
     assert "Paired per-seed differences" not in one
     md = paired_md({"standard": {"42": 2.2, "123": 2.3}, "gba-m2": {"42": 2.1, "123": None}}, seeds=(42, 123))
-    assert "then each seed's difference (42, 123); **real**" in md
+    assert ("then each seed's difference (42, 123); **same sign** = every seed's difference has the same sign, "
+            "which 2 seeds give by chance alone 1 time in 2") in md
     gba = paired_cells(md, "gba-m2")
     assert gba[3] == "2.100" and gba[4] == "-0.100 (42: -0.100; seed 123 missing)"
     # In memory (write_results, before results.json turns it into null) a run whose every evaluation was

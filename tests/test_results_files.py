@@ -171,10 +171,10 @@ def paired(row: dict, reference: dict, seeds: list[str]) -> list[float]:
 
 
 def paired_text(diffs: list[float]) -> str:
-    """'−0.016 (−0.032 / −0.003 / −0.012) real': the mean, each seed's, and whether every seed agrees."""
+    """'−0.016 (−0.032 / −0.003 / −0.012) same sign': the mean, each seed's, and whether every seed agrees."""
     agree = all(d < 0 for d in diffs) or all(d > 0 for d in diffs)
     return (f"{signed(statistics.fmean(diffs), 3, '')} ({' / '.join(signed(d, 3, '') for d in diffs)})"
-            f"{' real' if agree else ''}")
+            f"{' same sign' if agree else ''}")
 
 
 def pflop(row: dict) -> str:

@@ -444,10 +444,20 @@ def paired_differences(row: dict, reference: dict) -> dict[str, float]:
     return {s: mine[s] - theirs[s] for s in sorted(set(mine) & set(theirs), key=seed_key)}
 
 
+SAME_SIGN = "**same sign**"
+
+
+def same_sign_note(n_seeds: int) -> str:
+    """What the same-sign mark is worth with ``n_seeds`` seeds: two models that do not differ give every seed
+    the same sign by chance alone 1 time in 2^(n-1) (half the time with 2 seeds, a quarter with 3)."""
+    return (f"{SAME_SIGN} = every seed's difference has the same sign, which {n_seeds} seeds give by chance alone "
+            f"1 time in {2 ** (n_seeds - 1)} when the models do not differ: a count, not a significance test")
+
+
 def paired_cell(diffs: dict[str, float], seeds: list[str] | None = None) -> str:
-    """'-0.021 (-0.030 / -0.015 / -0.019) real' : mean, each seed, and whether every seed agrees in
-    sign. When a seed of ``seeds`` (the table's) is missing, each value is named by its seed and the
-    difference is not called real (not every seed was seen)."""
+    """'-0.021 (-0.030 / -0.015 / -0.019) **same sign**': mean, each seed, and whether every seed's
+    difference has the same sign. When a seed of ``seeds`` (the table's) is missing, each value is named
+    by its seed and the cell is not marked (not every seed was seen)."""
     if not diffs:
         return "—"
     values = list(diffs.values())
@@ -457,12 +467,13 @@ def paired_cell(diffs: dict[str, float], seeds: list[str] | None = None) -> str:
         per_seed = " / ".join(f"{s}: {v:+.3f}" for s, v in diffs.items()) + f"; seed {', '.join(missing)} missing"
     else:
         per_seed = " / ".join(f"{v:+.3f}" for v in values)
-    return f"{statistics.fmean(values):+.3f} ({per_seed}){' **real**' if agree else ''}"
+    return f"{statistics.fmean(values):+.3f} ({per_seed}){' ' + SAME_SIGN if agree else ''}"
 
 
 def paired_table(rows: list[dict]) -> list[str]:
     """Paired per-seed differences of validation loss to standard and to compute-matched, when the
-    runs have more than one seed: a difference is called real only when every seed agrees in sign."""
+    runs have more than one seed, each marked when every seed's difference has the same sign (with the chance
+    of that between models that do not differ: :func:`same_sign_note`)."""
     base = next((r for r in rows if r["label"].startswith("standard")), None)
     matched = next((r for r in rows if r.get("compute_matched_to")), None)
     if base is None or len(valid_losses(base)) < 2:
@@ -470,7 +481,7 @@ def paired_table(rows: list[dict]) -> list[str]:
     seeds = sorted(valid_losses(base), key=seed_key)
     lines = ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
              f"Each cell: the mean over seeds of (model − reference) on the same seed, then each seed's difference "
-             f"({', '.join(seeds)}); **real** = every seed agrees in sign.", "",
+             f"({', '.join(seeds)}); {same_sign_note(len(seeds))}.", "",
              "| model | parameters | train PFLOP | valid loss | Δ vs standard | Δ vs compute-matched |",
              "| --- | ---: | ---: | ---: | --- | --- |"]
     for r in rows:
