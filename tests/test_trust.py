@@ -1239,12 +1239,25 @@ def test_read_json_turns_every_bad_file_into_one_line_naming_it(tmp_path):
     assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": "\ufffd"}, {"c": 3}]
 
 
-def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_traceback():
-    """An absolute path, or one climbing out anywhere in it, becomes its last component; an error's
-    detail is its first line, cut at the limit, with its type when asked, and 'malformed' when empty."""
+def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_traceback(tmp_path):
+    """An absolute path, or one climbing out anywhere in it, becomes its last component (a file its folder
+    and name); an error's detail is its first line, cut at the limit, with its type when asked, and
+    'malformed' when empty."""
+    from gbattn.experiments.report import other_setting, published_value
+
     assert files.portable_path("/home/me/data/wikitext-2") == "wikitext-2"
     assert files.portable_path("data/../../corpora/wikitext-2") == "wikitext-2"
     assert files.portable_path("data/wikitext-2") == "data/wikitext-2"
+    # cpu-char's own file by its absolute path: "input.txt" alone made the report say these runs trained on other
+    # data than tiny-shakespeare, and leave out nanoGPT's published number.
+    corpus = tmp_path / "tiny-shakespeare" / "input.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("To be or not to be\n")
+    assert files.portable_path(str(corpus)) == "tiny-shakespeare/input.txt"
+    report = {"recipe": "cpu-char", "description": "(2,000 steps)", "data": files.portable_path(str(corpus)),
+              "sets": {}}
+    assert other_setting(report) is None
+    assert published_value(report, {"published": [6.55, None], "steps": 2000}) == [6.55, None]
     error = ValueError("x" * 100 + "\nsecond line")
     assert files.error_detail(error) == "x" * 80 and files.error_detail(error, 5, with_type=True) == "ValueError: xxxxx"
     assert files.error_detail(ValueError()) == "malformed"

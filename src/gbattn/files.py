@@ -172,5 +172,10 @@ def relative_path(path, base) -> str:
 def portable_path(text: str) -> str:
     """A path for a results file: as given when a name (``tiny-shakespeare``) or a path inside the
     working directory; an absolute path, or one that climbs out (``../data/wikitext-2``), becomes its
-    last component, so results files hold no paths of this machine."""
-    return Path(text).name if os.path.isabs(text) or ".." in Path(text).parts else text
+    last component, so results files hold no paths of this machine. A file keeps its folder too
+    (``/home/me/data/tiny-shakespeare/input.txt`` -> ``tiny-shakespeare/input.txt``): a corpus file's name
+    alone does not say which corpus it is, and a comparison tells its recipe's data from other data by it."""
+    if not (os.path.isabs(text) or ".." in Path(text).parts):
+        return text
+    path = Path(text)
+    return f"{path.parent.name}/{path.name}" if path.is_file() and path.parent.name not in ("", "..") else path.name
