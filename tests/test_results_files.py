@@ -177,6 +177,14 @@ def paired_text(diffs: list[float]) -> str:
             f"{' same sign' if agree else ''}")
 
 
+def paired_t_p(diffs: list[float]) -> float:
+    """Two-sided p of the paired t-test of three per-seed differences: Student's t with 2 degrees of freedom
+    has the closed form P(|T| > t) = 1 - t / sqrt(t^2 + 2)."""
+    assert len(diffs) == 3
+    t = abs(statistics.fmean(diffs)) / (statistics.stdev(diffs) / math.sqrt(3))
+    return 1 - t / math.sqrt(t * t + 2)
+
+
 def pflop(row: dict) -> str:
     return f"{row['train_flops'] / 1e15:.4f}"
 
@@ -209,6 +217,14 @@ def test_readme_design_study_tables_are_results_gba_design():
                          "—" if r is std else paired_text(paired(r, std, seeds)),
                          "—" if r is matched else paired_text(paired(r, matched, seeds))])
     assert_table("### GBA design study", expected)
+    gba = [label for label in design if label.startswith("gba")]
+    beat = [label for label in gba if all(d < 0 for d in paired(design[label], std, seeds))]
+    p_matched = max(paired_t_p(paired(design[label], matched, seeds)) for label in gba)
+    p_m2, p_m3 = (paired_t_p(paired(design[label], std, seeds)) for label in beat)
+    assert beat == ["gba-m2", "gba-m3"] and (
+        f"neither significantly with three seeds (paired t-test p = {p_m2:.2f} and {p_m3:.2f}, "
+        f"where every GBA configuration's deficit to compute-matched has p ≤ {math.ceil(100 * p_matched) / 100:.2f})"
+    ) in README_PROSE
 
     long = compare_rows("cpu-char-long")
     two = ["42", "123"]
@@ -383,7 +399,8 @@ def test_readme_should_i_use_gba_is_the_tables():
     paper_gain, proxy_gain = (change(rows["gba-m2"]["test_ppl"]["42"], rows["standard"]["test_ppl"]["42"])
                               for rows in (gpu, proxy))
     assert (f"{paper_gain} test perplexity at paper scale (one seed, one H200), {proxy_gain} at `cpu-proxy` and "
-            f"{signed(char_gain, 3, '')} nats on `cpu-char` (every one of 3 seeds)") in README_PROSE
+            f"{signed(char_gain, 3, '')} nats on `cpu-char` (every one of 3 seeds, but within seed noise there: "
+            f"paired t-test p = {paired_t_p(paired(design['gba-m2'], design['standard'], seeds)):.2f})") in README_PROSE
     assert (f"{change(modern['gba-m2']['test_ppl']['42'], modern['standard']['test_ppl']['42'])} and "
             f"{change(modern123['gba-m2']['test_ppl']['123'], modern123['standard']['test_ppl']['123'])} (worse) "
             "on two seeds") in README_PROSE
