@@ -135,6 +135,9 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
         probe_model, probe_train = spec_configs(recipe, specs[0], data, seeds[0], run_sets, None)
         prepared = prepare_data(probe_train, probe_model.vocab_size, progress=not quiet)
+        # Recorded once the data is read: a --data that cannot be (a typo, a folder without splits) leaves no
+        # recipe.json behind to refuse the corrected command as "another comparison".
+        write_json(request, out / "recipe.json")
         vocab = prepared.tokenizer.vocab_size
         runner = _Runner(recipe, specs, seeds, data, run_sets, vocab, out, request, quiet, jobs,
                          prepared.corpus_fingerprint)
@@ -384,8 +387,9 @@ def _results_part(key: str, value):
 
 
 def _check_request(path: Path, request: dict, seeds_given: bool = True) -> None:
-    """Refuse a comparison directory that holds another comparison; record this request in it. Its
-    seeds become the recorded ones and those given, or the recorded ones alone when none were given."""
+    """Refuse a comparison directory that holds another comparison; complete this request from it (run_compare
+    records it once the data is read). Its seeds become the recorded ones and those given, or the recorded ones
+    alone when none were given."""
     results = path.parent / "results.json"
     if not path.exists() and results.is_file():  # another command's results (`gbattn denoise`'s) would be replaced
         try:
@@ -416,4 +420,3 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True) -> None:
         request["commands"] = commands
     else:
         request["commands"] = []
-    write_json(request, path)
