@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import random
+import statistics
 
 import numpy as np
 import pytest
@@ -755,15 +757,40 @@ def test_paired_differences_are_marked_only_when_every_seed_agrees_in_sign_and_t
                    updates={"param-fair": {"param_matched_to": "gba-m2"},
                             "compute-matched": {"compute_matched_to": "gba-m2"}})
     gba = paired_cells(md, "gba-m2")
-    assert gba[4] == "+0.003 (-0.010 / -0.020 / +0.040)"
-    assert gba[5] == "+0.103 (+0.090 / +0.080 / +0.140) **same sign**"
+    assert gba[4] == "+0.003 (-0.010 / -0.020 / +0.040), p 0.87"
+    assert gba[5] == "+0.103 (+0.090 / +0.080 / +0.140) **same sign**, p 0.03"
     assert paired_cells(md, "compute-matched")[5] == "—" and paired_cells(md, "standard")[4] == "—"
     assert paired_cell({"1": -0.010, "2": -0.020, "3": -0.060}).startswith("-0.030 (")
     assert "**same sign**" not in paired_cell({"1": -0.02})  # one seed cannot agree with another
     # The mark is not called significant: the legend gives the chance that seeds agree in sign with no difference
     # (2 seeds agree half the time), not "real".
     assert ("**same sign** = every seed's difference has the same sign, which 3 seeds give by chance alone 1 time in 4 "
-            "when the models do not differ: a count, not a significance test.") in md and "real" not in md
+            "when the models do not differ: a count, not a significance test; p = the two-sided paired t-test over "
+            "the seeds (2 degrees of freedom), which assumes normally distributed differences.") in md
+    assert "real" not in md
+
+
+def test_the_paired_t_test_p_value_is_students_t_in_closed_form():
+    """Two-sided p of the paired t-test against Student's t in closed form for 1 to 4 degrees of freedom
+    (2 to 5 seeds) and the normal distribution for very many; equal differences are p 0 (or none when
+    all are 0), one seed has none. The 3-seed value is the one the README quotes for the design study."""
+    from gbattn.experiments.report import p_text, paired_t_p
+
+    closed_form = {1: lambda t: 1 - 2 / math.pi * math.atan(t),
+                   2: lambda t: 1 - t / math.sqrt(t * t + 2),
+                   3: lambda t: 1 - 2 / math.pi * (math.atan(t / math.sqrt(3)) + t / math.sqrt(3) / (1 + t * t / 3)),
+                   4: lambda t: 1 - t * (t * t + 6) / (t * t + 4) ** 1.5}
+    rng = random.Random(0)
+    for df, p_of_t in closed_form.items():
+        for _ in range(20):
+            diffs = [rng.gauss(rng.uniform(-0.05, 0.05), rng.uniform(0.001, 0.05)) for _ in range(df + 1)]
+            t = abs(statistics.fmean(diffs)) / (statistics.stdev(diffs) / math.sqrt(df + 1))
+            assert paired_t_p(diffs) == pytest.approx(p_of_t(t), abs=1e-12), (df, diffs)
+    many = [rng.gauss(0.001, 0.05) for _ in range(200_001)]
+    t = abs(statistics.fmean(many)) / (statistics.stdev(many) / math.sqrt(len(many)))
+    assert paired_t_p(many) == pytest.approx(math.erfc(t / math.sqrt(2)), abs=1e-5)
+    assert paired_t_p([-0.02, -0.02]) == 0.0 and paired_t_p([0.0, 0.0]) is None and paired_t_p([0.1]) is None
+    assert (p_text(0.2049), p_text(0.004), p_text(None)) == ("p 0.20", "p < 0.01", "")
 
 
 def test_the_paired_table_needs_two_seeds_orders_them_by_number_and_skips_a_diverged_seed():

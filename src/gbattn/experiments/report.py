@@ -447,17 +447,68 @@ def paired_differences(row: dict, reference: dict) -> dict[str, float]:
 SAME_SIGN = "**same sign**"
 
 
+def _regularized_incomplete_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b) by its continued fraction (modified Lentz), on the side of x where it converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _regularized_incomplete_beta(b, a, 1.0 - x)
+    tiny = 1e-300
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * fraction
+
+
+def paired_t_p(differences: Iterable[float]) -> float | None:
+    """Two-sided p-value of the paired t-test that the mean per-seed difference is 0 (Student's t with
+    n - 1 degrees of freedom; None with fewer than 2 seeds or when every difference is 0). Its assumption,
+    normally distributed differences, cannot be checked with a handful of seeds: read it as a guide."""
+    values = list(differences)
+    if len(values) < 2:
+        return None
+    mean, std = statistics.fmean(values), statistics.stdev(values)
+    if std == 0.0:
+        return None if mean == 0.0 else 0.0
+    t = mean / (std / math.sqrt(len(values)))
+    df = len(values) - 1
+    return _regularized_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+
+
+def p_text(p: float | None) -> str:
+    """'p 0.20' (two decimals; 'p < 0.01' below that), or '' when there is no p-value."""
+    if p is None:
+        return ""
+    return "p < 0.01" if p < 0.005 else f"p {p:.2f}"
+
+
 def same_sign_note(n_seeds: int) -> str:
     """What the same-sign mark is worth with ``n_seeds`` seeds: two models that do not differ give every seed
     the same sign by chance alone 1 time in 2^(n-1) (half the time with 2 seeds, a quarter with 3)."""
     return (f"{SAME_SIGN} = every seed's difference has the same sign, which {n_seeds} seeds give by chance alone "
-            f"1 time in {2 ** (n_seeds - 1)} when the models do not differ: a count, not a significance test")
+            f"1 time in {2 ** (n_seeds - 1)} when the models do not differ: a count, not a significance test; "
+            f"p = the two-sided paired t-test over the seeds ({n_seeds - 1} degree{'s' if n_seeds > 2 else ''} of freedom), which assumes "
+            f"normally distributed differences")
 
 
 def paired_cell(diffs: dict[str, float], seeds: list[str] | None = None) -> str:
-    """'-0.021 (-0.030 / -0.015 / -0.019) **same sign**': mean, each seed, and whether every seed's
-    difference has the same sign. When a seed of ``seeds`` (the table's) is missing, each value is named
-    by its seed and the cell is not marked (not every seed was seen)."""
+    """'-0.021 (-0.030 / -0.015 / -0.019) **same sign**, p 0.02': mean, each seed, whether every seed's
+    difference has the same sign, and the paired t-test's p (:func:`paired_t_p`). When a seed of ``seeds``
+    (the table's) is missing, each value is named by its seed and the cell is not marked (not every seed was
+    seen)."""
     if not diffs:
         return "—"
     values = list(diffs.values())
@@ -467,7 +518,8 @@ def paired_cell(diffs: dict[str, float], seeds: list[str] | None = None) -> str:
         per_seed = " / ".join(f"{s}: {v:+.3f}" for s, v in diffs.items()) + f"; seed {', '.join(missing)} missing"
     else:
         per_seed = " / ".join(f"{v:+.3f}" for v in values)
-    return f"{statistics.fmean(values):+.3f} ({per_seed}){' ' + SAME_SIGN if agree else ''}"
+    p = p_text(paired_t_p(values))
+    return f"{statistics.fmean(values):+.3f} ({per_seed}){' ' + SAME_SIGN if agree else ''}{', ' + p if p else ''}"
 
 
 def paired_table(rows: list[dict]) -> list[str]:
