@@ -498,10 +498,11 @@ def p_text(p: float | None) -> str:
 def same_sign_note(n_seeds: int) -> str:
     """What the same-sign mark is worth with ``n_seeds`` seeds: two models that do not differ give every seed
     the same sign by chance alone 1 time in 2^(n-1) (half the time with 2 seeds, a quarter with 3)."""
+    freedom = f"{n_seeds - 1} degree{'s' if n_seeds > 2 else ''} of freedom"
     return (f"{SAME_SIGN} = every seed's difference has the same sign, which {n_seeds} seeds give by chance alone "
             f"1 time in {2 ** (n_seeds - 1)} when the models do not differ: a count, not a significance test; "
-            f"p = the two-sided paired t-test over the seeds ({n_seeds - 1} degree{'s' if n_seeds > 2 else ''} of freedom), which assumes "
-            f"normally distributed differences")
+            f"p = the two-sided paired t-test over the seeds ({freedom}), which assumes normally distributed "
+            f"differences")
 
 
 def paired_cell(diffs: dict[str, float], seeds: list[str] | None = None) -> str:
