@@ -744,5 +744,11 @@ def test_compare_command_forwards_every_option_and_prints_the_report(tmp_path, m
     assert (code, out) == (0, "# the report\n\n(incomplete: some runs are missing)\n")
     assert calls[1][2] == {"data": "corpus", "seeds": [7, 8], "sets": {"lr": 1e-3, "residual": "attnres-full"},
                            "only": ["standard"], "quiet": True, "threads": 3, "jobs": 2}
+    # --set data and --set threads are --data and --threads (recipe.json records that data; the threads are
+    # in all): they trained on the --set corpus while recipe.json recorded the recipe's.
+    code, _, _ = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", "cmp", "--set", "data=corpus", "--set",
+                                  "threads=3", "--set", "lr=1e-3"])
+    assert code == 0 and calls[2][2] == {"data": "corpus", "seeds": None, "sets": {"lr": 1e-3}, "only": None,
+                                         "quiet": False, "threads": 3, "jobs": 1}
     code, _, err = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", "cmp", "--seeds", "-1"])
-    assert code == 2 and "argument --seeds: -1 must be >= 0" in err and len(calls) == 2
+    assert code == 2 and "argument --seeds: -1 must be >= 0" in err and len(calls) == 3

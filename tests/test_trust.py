@@ -832,6 +832,16 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          f"splits: leave it out"),
         ("compare --set attn", ["compare", "--recipe", "cpu-char", "--data", data, "--out", tmp_path / "c2", "--set",
                                 "attn=boosted"], "the recipe chooses each model's"),
+        # compare trained on --set data while recipe.json recorded --data; --threads overrode --set threads.
+        ("compare --data and --set data differ", ["compare", "--recipe", "cpu-char", "--data", data, "--out",
+                                                  tmp_path / "c3", "--set", f"data={short_test}", "--set",
+                                                  "max_steps=1", "--quiet"], "disagree: give one of them"),
+        ("compare --threads and --set threads differ", ["compare", "--recipe", "cpu-char", "--data", data, "--out",
+                                                        tmp_path / "c3", "--threads", "1", "--set", "threads=2",
+                                                        "--set", "max_steps=1", "--quiet"],
+         "--threads 1 and --set threads=2 disagree: give one of them"),
+        ("compare --set threads=0", ["compare", "--recipe", "cpu-char", "--data", data, "--out", tmp_path / "c3",
+                                     "--set", "threads=0"], "threads=0 must be an integer in [1, 1024]"),
         ("bench --set attn", ["bench", "--preset", "cpu-char", "--set", "attn=boosted"],
          "name the variants with --attn"),
     ]

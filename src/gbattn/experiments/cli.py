@@ -32,12 +32,15 @@ def register(sub) -> None:
 def cmd_compare(args) -> None:
     from pathlib import Path
 
-    from gbattn.config import merge_options, parse_sets
+    from gbattn.config import TrainConfig, merge_options, parse_sets
     from gbattn.experiments.compare import run_compare
 
-    sets = merge_options(parse_sets(args.sets), residual=args.residual)
-    report = run_compare(args.recipe, args.out, data=args.data, seeds=args.seeds, sets=sets, only=args.only,
-                         quiet=args.quiet, threads=args.threads, jobs=args.jobs)
+    # An option and a --set of the same field are one setting (both given and different: an error); --data
+    # and --threads are the comparison's own (recorded data, threads in all), checked as their fields are.
+    sets = merge_options(parse_sets(args.sets), residual=args.residual, data=args.data, threads=args.threads)
+    own = TrainConfig.from_dict({key: sets.pop(key) for key in ("data", "threads") if key in sets})
+    report = run_compare(args.recipe, args.out, data=own.data or None, seeds=args.seeds, sets=sets, only=args.only,
+                         quiet=args.quiet, threads=own.threads, jobs=args.jobs)
     print((Path(args.out) / "results.md").read_text(encoding="utf-8"))
     if not report["complete"]:
         print("(incomplete: some runs are missing)")
