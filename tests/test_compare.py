@@ -695,6 +695,17 @@ def test_compare_refuses_another_recipe_or_data_or_only_label_in_the_same_direct
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard", "gba-m4"], quiet=True)
 
 
+def test_a_comparison_whose_data_cannot_be_read_records_nothing(tmp_path):
+    """A typo in --data wrote recipe.json before the data was read, so the corrected command was refused
+    in the same --out ("holds a comparison with data='typo'")."""
+    data, out = write_corpus(tmp_path / "c"), tmp_path / "cmp"
+    with pytest.raises(UserError, match="no such file or directory"):
+        run_compare("cpu-proxy", out, data=str(tmp_path / "typo"), sets=tiny_sets(), only=["standard"], quiet=True)
+    assert not (out / "recipe.json").exists()
+    assert run_compare("cpu-proxy", out, data=str(data), sets=tiny_sets(), only=["standard"], quiet=True)["complete"]
+    assert json.loads((out / "recipe.json").read_text())["data"] == str(data.name)
+
+
 def test_recipe_json_keeps_the_seeds_of_every_invocation_and_refuses_damaged_ones(tmp_path):
     """Seeds 1, then 2, then 1 again: recipe.json records [1, 2] after the second, so the third still
     reports both; a recipe.json whose seeds are not a list of integers is one line; a first invocation
