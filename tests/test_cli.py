@@ -227,8 +227,8 @@ def test_generate_and_eval_help_state_their_defaults(capsys):
 
     parser = build_parser()
     for command, options in (("generate", ("max_new_tokens", "temperature", "top_k", "num_samples")),
-                             ("eval", ("split", "batch_size"))):
-        argv = [command, "RUN", "--prompt", "x"] if command == "generate" else [command, "RUN"]
+                             ("eval", ("split", "batch_size")), ("bench", ("repeats", "steps"))):
+        argv = {"generate": [command, "RUN", "--prompt", "x"], "eval": [command, "RUN"], "bench": [command]}[command]
         defaults = vars(parser.parse_args(argv))
         with pytest.raises(SystemExit):
             main([command, "--help"])
@@ -237,6 +237,25 @@ def test_generate_and_eval_help_state_their_defaults(capsys):
             flag = "--" + option.replace("_", "-")
             stated = re.search(rf"{flag} \S+ (?:[^-]|-(?!-))*?\(default ([^)]+)\)", help_text)
             assert stated and stated.group(1) == str(defaults[option]), (command, flag, help_text)
+
+
+def test_help_texts_say_what_each_command_uses(capsys):
+    """`bench --help` said of --preset "its training recipe is the default" (bench trains no recipe), and
+    `compare --help` gave "(paper: 42 123)" as the seeds of every paper recipe (paper-postln's are 42,
+    gba-design-paper's 42 123 7): the example names its recipe, whose seeds it gives."""
+    import re
+
+    from gbattn.experiments.recipes import get_recipe
+
+    def help_of(command: str) -> str:
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        return " ".join(capsys.readouterr().out.split())
+
+    assert "its training recipe is the default" in help_of("train")
+    assert "recipe" not in help_of("bench")
+    recipe, seeds = re.search(r"--seeds .*?\(([a-z0-9-]+)'s: ([\d ]+)\)", help_of("compare")).groups()
+    assert get_recipe(recipe).seeds == [int(s) for s in seeds.split()]
 
 
 def test_autocast_and_explicit_threads(monkeypatch):

@@ -60,9 +60,11 @@ def non_negative_number(text: str) -> float:
     return value
 
 
-def preset(p: argparse.ArgumentParser, required: bool = False) -> None:
-    p.add_argument("--preset", default=None, required=required,
-                   help="model preset; its training recipe is the default (see `gbattn list`; default paper-small)")
+def preset(p: argparse.ArgumentParser, training: bool = True) -> None:
+    """--preset (``training``: the command trains, with the preset's recipe as its default)."""
+    recipe = "; its training recipe is the default" if training else ""
+    p.add_argument("--preset", default=None,
+                   help=f"model preset{recipe} (see `gbattn list`; default paper-small)")
 
 
 MODEL_SET_EXAMPLE = "--set d_model=288 --set attn.rounds=3"

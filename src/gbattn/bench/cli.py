@@ -9,15 +9,16 @@ from gbattn.bench import DEFAULT_VARIANTS
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="speed, memory and FLOPs of each variant next to standard (one interleaved run)")
-    arguments.preset(p)
+    arguments.preset(p, training=False)
     p.add_argument("--attn", nargs="+", default=None, metavar="VARIANT",
                    help=f"variants, name or name:key=value,... (default: {' '.join(DEFAULT_VARIANTS)})")
     arguments.device(p)
     p.add_argument("--batch", type=at_least(1), default=None,
                    help="rows per training step (default 8 on CPU, 32 on CUDA)")
     p.add_argument("--seq-len", type=at_least(1), default=None, help="tokens per row (default block_size - 1)")
-    p.add_argument("--repeats", type=at_least(1), default=5, help="interleaved timing rounds (median reported)")
-    p.add_argument("--steps", type=at_least(1), default=3, help="training steps per timing round")
+    p.add_argument("--repeats", type=at_least(1), default=5,
+                   help="interleaved timing rounds, the median reported (default %(default)s)")
+    p.add_argument("--steps", type=at_least(1), default=3, help="training steps per timing round (default %(default)s)")
     p.add_argument("--decode", type=at_least(1), default=None,
                    help="cached decode steps after the prefill (default 64, or half the block size when smaller); "
                         "the prefill is up to 128 tokens, within the block size")

@@ -16,7 +16,8 @@ def register(sub) -> None:
     p.add_argument("--out",
                    required=True, help="comparison directory (a killed comparison resumes from it)")
     p.add_argument("--seeds", type=arguments.SEED, nargs="+", default=None,
-                   help="default: the seeds the --out comparison holds, or the recipe's for a new one (paper: 42 123)")
+                   help="default: the seeds the --out comparison holds, or the recipe's for a new one "
+                        "(paper-wt103's: 42 123)")
     p.add_argument("--only", nargs="+", default=None, metavar="LABEL", help="train only these models of the recipe")
     p.add_argument("--residual", default=None,
                    help="residual stream for every model: plain, attnres-full or attnres-block (default: the recipe's)")

@@ -20,8 +20,8 @@ def register(sub) -> None:
     arguments.device(p)
     arguments.threads(p)
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
-                   help="torch.compile the model (default off: compiling has not paid for itself on any "
-                        "device measured; README, 'Compiled vs eager')")
+                   help="torch.compile the model (default off: on a CPU it saved at most about its own compile "
+                        "time over a CPU recipe's run; not measured on CUDA; README, 'Compiled vs eager')")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="never torch.compile")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--restart", action="store_true", help="discard the run in --out and start a new one in it")
