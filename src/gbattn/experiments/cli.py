@@ -39,9 +39,10 @@ def cmd_compare(args) -> None:
     # An option and a --set of the same field are one setting (both given and different: an error); --data
     # and --threads are the comparison's own (recorded data, threads in all), checked as their fields are.
     sets = merge_options(parse_sets(args.sets), residual=args.residual, data=args.data, threads=args.threads)
-    own = TrainConfig.from_dict({key: sets.pop(key) for key in ("data", "threads") if key in sets})
-    report = run_compare(args.recipe, args.out, data=own.data or None, seeds=args.seeds, sets=sets, only=args.only,
-                         quiet=args.quiet, threads=own.threads, jobs=args.jobs)
+    own = {key: sets.pop(key) for key in ("data", "threads") if key in sets}
+    checked = TrainConfig.from_dict(own)
+    report = run_compare(args.recipe, args.out, data=checked.data if "data" in own else None, seeds=args.seeds,
+                         sets=sets, only=args.only, quiet=args.quiet, threads=checked.threads, jobs=args.jobs)
     print((Path(args.out) / "results.md").read_text(encoding="utf-8"))
     if not report["complete"]:
         print("(incomplete: some runs are missing)")

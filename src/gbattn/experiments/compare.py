@@ -94,8 +94,8 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
                         f"--jobs N trains N of its runs at once; torchrun --nproc_per_node N -m gbattn train trains "
                         f"one run on N processes")
     recipe = get_recipe(recipe_name)
-    data = data or recipe.default_data
-    if not data:
+    data = recipe.default_data if data is None else data  # an empty one is refused where the data is read
+    if data is None:
         raise UserError(f'recipe {recipe.name!r} needs --data (README, section "Reproducing the paper\'s tables")')
     seeds_given = bool(seeds)
     seeds = list(dict.fromkeys(seeds or recipe.seeds))  # each seed once, in the order given
