@@ -127,5 +127,8 @@ def test_a_prompt_that_fills_the_block_gets_no_decode_step():
     model = tiny_model(("standard", {})).float()  # block_size 24
     step, how = decoder_for(model, compile=True, max_new_tokens=5, prompt_length=24)
     assert step is None and "no cache" in how
-    step, how = decoder_for(model, compile=False, max_new_tokens=5, prompt_length=23)
+    step, how = decoder_for(model, compile=False, max_new_tokens=1, prompt_length=23)
     assert step is None and how == "KV cache"
+    # `generate`'s summary said "KV cache" for 2,000 tokens at block_size 64, nearly all decoded without it.
+    step, how = decoder_for(model, compile=False, max_new_tokens=5, prompt_length=23)
+    assert step is None and how == "KV cache; no cache past block_size=24"

@@ -76,9 +76,11 @@ def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0,
     device = next(model.parameters()).device
     threshold = MIN_TOKENS_TO_COMPILE.get(device.type)
     cached_steps = min(max_new_tokens, model.cfg.block_size - prompt_length)
+    # Past block_size the context is cropped and recomputed: the cache serves only the tokens before.
+    past = "" if cached_steps >= max_new_tokens else f"; no cache past block_size={model.cfg.block_size}"
     if compile or (compile is None and threshold is not None and cached_steps >= threshold):
-        return compiled_decode_step(model), "KV cache, compiled decode step"
-    return None, "KV cache"
+        return compiled_decode_step(model), f"KV cache, compiled decode step{past}"
+    return None, f"KV cache{past}"
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
