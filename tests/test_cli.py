@@ -227,8 +227,12 @@ def test_generate_and_eval_help_state_their_defaults(capsys):
 
     parser = build_parser()
     for command, options in (("generate", ("max_new_tokens", "temperature", "top_k", "num_samples")),
-                             ("eval", ("split", "batch_size")), ("bench", ("repeats", "steps"))):
-        argv = {"generate": [command, "RUN", "--prompt", "x"], "eval": [command, "RUN"], "bench": [command]}[command]
+                             ("eval", ("split", "batch_size")), ("bench", ("repeats", "steps")),
+                             ("analyze", ("max_rows", "batch_size", "top", "examples")), ("lm-eval", ("batch_size",)),
+                             ("compare", ("jobs",))):
+        argv = {"generate": [command, "RUN", "--prompt", "x"], "bench": [command],
+                "compare": [command, "--recipe", "cpu-char", "--out", "OUT"],
+                "lm-eval": [command, "RUN", "--tasks", "x"]}.get(command, [command, "RUN"])
         defaults = vars(parser.parse_args(argv))
         with pytest.raises(SystemExit):
             main([command, "--help"])

@@ -36,7 +36,7 @@ def test_every_recipe_builds_its_models(name):
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_recipe_judges_gba_at_equal_parameters_and_equal_compute(name):
-    """Issue 3: every recipe has a compute-matched standard row, matched to a GBA model of the
+    """Every recipe has a compute-matched standard row, matched to a GBA model of the
     same norm and residual stream."""
     specs = {s.label: s for s in get_recipe(name).models}
     matched = [s for s in specs.values() if s.compute_matched_to]

@@ -1,4 +1,4 @@
-"""Issue 11, trust: no code runs from a run directory, one writer per run directory, provenance
+"""Trust: no code runs from a run directory, one writer per run directory, provenance
 checks, compare reuses only runs it checked, no debris, the data layouts users have, and one
 line with exit status 2 for every bad input (a table of them, run through the CLI)."""
 

@@ -86,7 +86,8 @@ def build_parser() -> arguments.Parser:
     parser.add_argument("--version", action="version", version=f"gbattn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=arguments.Parser)
 
-    p = sub.add_parser("list", help="attention variants with their options, presets, residual streams, recipes")
+    what = "attention variants with their options, presets, residual streams, recipes"
+    p = sub.add_parser("list", help=what, description=f"List the {what}.")
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("params", help="parameter count and forward FLOPs per token of a model")

@@ -9,7 +9,7 @@ from gbattn import arguments
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="write a run as a Hugging Face model directory (safetensors, config, tokenizer)")
-    p.add_argument("run_dir", help="a run directory")
+    p.add_argument("run_dir", help="a run directory (or an exported directory)")
     p.add_argument("--out",
                    required=True, help="the directory to write (AutoModelForCausalLM loads it after "
                    "`import gbattn.hf`)")
@@ -23,7 +23,8 @@ def register(sub) -> None:
     p.add_argument("--limit", type=float, default=None,
                    help="at most N documents per task (a fraction < 1: that share of each task)")
     p.add_argument("--num-fewshot", type=arguments.at_least(0), default=None)
-    p.add_argument("--batch-size", type=arguments.at_least(1), default=8)
+    p.add_argument("--batch-size", type=arguments.at_least(1), default=8,
+                   help="requests per batch of the harness (default %(default)s)")
     p.add_argument("--log-samples", action="store_true", help="also write every document's requests and answers")
     p.add_argument("--output", default=None,
                    help="results file (default MODEL/lm-eval/results-<tasks>.json; samples-<task>-... beside it)")

@@ -23,7 +23,8 @@ def register(sub) -> None:
                    help="residual stream for every model: plain, attnres-full or attnres-block (default: the recipe's)")
     arguments.sets(p, "a model or training field for every run", "--set device=cuda --set lr=1e-3")
     p.add_argument("--jobs", type=arguments.at_least(1), default=1,
-                   help="train this many runs at once, as separate processes (CPU threads divided between them)")
+                   help="train this many runs at once, as separate processes that divide the CPU threads "
+                   "(default %(default)s)")
     p.add_argument("--threads", type=arguments.at_least(1, arguments.MAX_THREADS), default=None,
                    help="CPU threads in all (default: the cores not busy with other work; README, 'Threads')")
     arguments.quiet(p)
