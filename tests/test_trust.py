@@ -451,24 +451,26 @@ def test_eval_per_token_may_take_a_run_files_name_outside_the_run(trained, tmp_p
 
 
 def test_eval_per_token_leaves_every_model_directory_alone(trained, tmp_path, capsys):
-    """--per-token onto a file of another run, or of an exported directory, is refused before any
-    work (it replaced that run's best weights), as one onto the evaluated run's own files is; a new
-    file of another name in such a directory is fine (tested above: elsewhere, any name)."""
-    other, export = tmp_path / "other-run", tmp_path / "export"
+    """--per-token onto a file of another run, of an exported directory or of a transformers
+    checkpoint (its optimizer.pt: any .pt, .bin or .safetensors there) is refused before any work (it
+    replaced that run's best weights), as one onto the evaluated run's own files is; a new file of
+    another name in such a directory is fine (tested above: elsewhere, any name)."""
+    other, export, saved = tmp_path / "other-run", tmp_path / "export", tmp_path / "transformers-checkpoint"
     for folder, names in ((other, (rundir.CONFIG, rundir.BEST, rundir.CHECKPOINT)),
-                          (export, (rundir.CONFIG, rundir.SAFETENSORS, "generation_config.json"))):
+                          (export, (rundir.CONFIG, rundir.SAFETENSORS, "generation_config.json")),
+                          (saved, (rundir.CONFIG, rundir.SAFETENSORS, "optimizer.pt"))):
         folder.mkdir()
         for name in names:
             (folder / name).write_bytes(b"weights")
     own = trained["run"] / rundir.CHECKPOINT
     before = own.read_bytes()
     for target in (other / rundir.BEST, other / rundir.CONFIG, export / rundir.SAFETENSORS,
-                   export / "generation_config.json", own):
+                   export / "generation_config.json", saved / "optimizer.pt", own):
         code, out, err = run_cli(capsys, ["eval", trained["run"], "--per-token", target])
         assert code == 2 and out == "" and err.strip().splitlines() == [
             f"gbattn: error: --per-token {target} is a file of the model directory {target.parent}: write it "
             f"elsewhere"], err
-    assert all(p.read_bytes() == b"weights" for folder in (other, export) for p in folder.iterdir())
+    assert all(p.read_bytes() == b"weights" for folder in (other, export, saved) for p in folder.iterdir())
     assert own.read_bytes() == before
 
 
@@ -522,6 +524,16 @@ def test_a_run_that_diverged_before_its_first_checkpoint_restarts_in_place(tmp_p
     assert code == 2 and "already holds a run" in err and "--restart" in err
     code, out, err = run_cli(capsys, [*argv, "--restart"])
     assert code == 0 and '"steps": 4' in out, err
+
+
+def test_restart_discards_every_file_of_the_run_and_nothing_else(tmp_path):
+    """--restart deletes the run's own files, its best weights too (the restarted run, evaluated
+    never yet, would otherwise load the replaced run's best.pt as its own); other files stay."""
+    own = ("config.json", "tokenizer.json", "checkpoint.pt", "best.pt", "metrics.jsonl", "result.json")
+    for name in (*own, "notes.txt"):
+        (tmp_path / name).write_text("x")
+    assert sorted(rundir.discard_run(tmp_path)) == sorted(own)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
 @pytest.mark.parametrize("names", [
@@ -1073,11 +1085,21 @@ def test_what_a_directory_holds_is_told_by_its_files(tmp_path):
 def test_a_config_field_of_another_type_is_refused_in_a_run_and_in_an_exported_gbattn_section(tmp_path):
     for config, message in (({"step": "5"}, "step='5' must be an integer"),
                             ({"seq_len": 0}, "seq_len=0 must be >= 1"),
+                            ({"seq_len": True}, "seq_len=True must be an integer"),  # a bool is no count
                             ({"data": {"fingerprint": 7}}, "fingerprint=7 must be a string")):
         with pytest.raises(rundir.CheckpointError, match=message):
             rundir.check_config(config, tmp_path / rundir.CONFIG)
         with pytest.raises(rundir.CheckpointError, match=message):
             rundir.gbattn_section({"model_type": "gbattn", "gbattn": config}, tmp_path / rundir.CONFIG)
+
+
+def test_a_checkpoint_whose_weights_are_not_named_tensors_is_refused(tmp_path):
+    """weights_only=True reads lists and integer keys too: such weights are one line naming the file,
+    not an AttributeError later (a gate's logit is reshaped on load)."""
+    for weights in ({"blocks.0.attn.gate.logit": [0.5]}, {0: torch.zeros(2)}):
+        torch.save({"model": weights, "step": 1}, tmp_path / rundir.CHECKPOINT)
+        with pytest.raises(rundir.CheckpointError, match="its weights are not named tensors"):
+            rundir.load_checkpoint(tmp_path / rundir.CHECKPOINT)
 
 
 def test_a_run_evaluated_never_yet_loads_its_last_checkpoint_as_best(trained, tmp_path):
