@@ -260,6 +260,11 @@ def test_forward_honours_every_argument_it_takes():
     for i, row in enumerate(rows):
         alone = hf(row[None], position_ids=torch.arange(1, len(row) + 1)[None]).logits[0]
         torch.testing.assert_close(padded[i, ids.shape[1] - len(row):], alone, rtol=1e-10, atol=1e-10)
+    # without position_ids they come from the mask, also in a cached step (the mask's last T slots)
+    first = hf(ids[:, :-2], attention_mask=mask[:, :-2], use_cache=True)
+    step = hf(ids[:, -2:], attention_mask=mask, cache=getattr(first, CACHE_FIELD)).logits
+    for i, row in enumerate(rows):
+        torch.testing.assert_close(step[i], hf(row[None]).logits[0, -2:], rtol=1e-10, atol=1e-10)
     assert not GbattnForCausalLM.from_gpt(gpt).training
     assert GbattnForCausalLM.from_gpt(GPT(tiny_config(("boosted", {})))).training
     hf.train()
@@ -530,7 +535,8 @@ def test_an_exported_config_names_no_path_of_this_machine():
 
 def test_wrap_run_names_the_tokenizers_padding_and_length(tmp_path):
     """A bpe run's wrapper: the model's pad token is the tokenizer's, no eos (bpe's <pad> stands in),
-    the tokenizer's model_max_length is the block size, the run's step and weights recorded."""
+    the tokenizer's model_max_length is the block size and it pads on the left, the run's step and
+    weights recorded."""
     from gbattn.hf import wrap_run
 
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
@@ -541,6 +547,9 @@ def test_wrap_run_names_the_tokenizers_padding_and_length(tmp_path):
     assert model.config.pad_token_id == tokenizer.pad_token_id == bpe.encode("<pad>")[0]
     assert model.config.eos_token_id is None and tokenizer.model_max_length == cfg.block_size
     assert model.config.gbattn["step"] == 7 and model.config.gbattn["checkpoint"] == "last"
+    # a batch pads on the left, so every row ends at its last token and generate() continues from it
+    mask = tokenizer(["to be or not to be " * 3, "to be"], padding=True)["attention_mask"]
+    assert mask[1][0] == 0 and mask[1][-1] == 1 and all(mask[0])
 
 
 def test_quiet_transformers_puts_the_log_level_back():

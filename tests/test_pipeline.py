@@ -360,6 +360,9 @@ def test_resume_keeps_the_best_validation_so_far(tmp_path, monkeypatch):
     train_killed_at(7, tmp_path / "crashed", *configs, monkeypatch)
     resumed = train(tmp_path / "crashed", resume=True, quiet=True)
     assert ref["best_step"] == resumed["best_step"] == 4
+    # the result's validation numbers are the best evaluation's (loss 4.0), not the last one's (12.0)
+    assert ref["valid_loss"] == resumed["valid_loss"] == 4.0
+    assert ref["valid_ppl"] == resumed["valid_ppl"] == pytest.approx(math.exp(4.0), rel=1e-12)
     assert ckpt.load_checkpoint(tmp_path / "crashed" / ckpt.BEST)["step"] == 4
     assert run_record(tmp_path / "crashed")[1] == run_record(tmp_path / "ref")[1]  # the events' "best" flags
 

@@ -448,6 +448,23 @@ def test_llama_fields_left_out_take_transformers_defaults(llama_dir, tmp_path, f
     assert (dropout.dropout, dropout.dropout_sites) == (0.1, ["attention"])
 
 
+def test_gpt2_fields_left_out_take_transformers_defaults(gpt2_dir, tmp_path):
+    """A GPT-2 config.json without layer_norm_epsilon or tie_word_embeddings means what transformers'
+    GPT2Config makes of it (eps 1e-5, a tied head): the converted model's logits are transformers'."""
+    directory = shutil.copytree(gpt2_dir, tmp_path / "gpt2")
+    config = json.loads((directory / "config.json").read_text())
+    for key in ("layer_norm_epsilon", "tie_word_embeddings"):
+        config.pop(key, None)
+    (directory / "config.json").write_text(json.dumps(config))
+    source = load_source(directory)
+    assert (source.model_cfg.norm_eps, source.model_cfg.tie_embeddings) == (1e-5, True)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(directory).eval().double()
+    idx = tokens()
+    with torch.no_grad():
+        expected = hf(idx).logits
+    torch.testing.assert_close(logits64(source.build_model(), idx), expected, rtol=1e-10, atol=1e-10)
+
+
 def test_missing_or_mismatched_tokenizer_refused(gpt2_dir, tmp_path):
     directory = tmp_path / "copy"
     shutil.copytree(gpt2_dir, directory)
