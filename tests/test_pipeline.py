@@ -623,6 +623,12 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
     assert (parts["train"], parts["valid"], parts["test"]) == (text[:800], text[800:950], text[950:])
     assert corpus.fingerprint != load_corpus(str(path), (0.9, 0.05, 0.05)).fingerprint
     assert corpus.fingerprint == load_corpus(str(path), (0.8, 0.15, 0.05)).fingerprint
+    # Fractions between two characters: train ends at the floor, and without a test split valid runs to
+    # the end of the file (int(0.9 n) + int(0.1 n) falls one short here: no character is dropped).
+    odd = text + "abc"  # 1,003 characters
+    path.write_text(odd)
+    nano = load_corpus(str(path), (0.9, 0.1, 0.0))
+    assert ("".join(nano.lines("train")), "".join(nano.lines("valid"))) == (odd[:902], odd[902:])
 
 
 @pytest.mark.parametrize("names, chosen", [
