@@ -601,6 +601,11 @@ def test_ddp_two_gloo_processes_match_one_process(tmp_path):
     assert two["processes"] == 2 and one["processes"] == 1
     # Stated tolerance: float32 gradient all-reduce sums in a different order.
     assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
+    # the logged training loss is the global batch's mean, not the sum over processes
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-4)
+    # each process draws dropout masks from a stream of its own (seeded apart), kept per process
+    states = ckpt.load_checkpoint(tmp_path / "two" / ckpt.CHECKPOINT)["rng_per_rank"]
+    assert len(states) == 2 and not torch.equal(states[0]["torch"], states[1]["torch"])
     a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-5)
