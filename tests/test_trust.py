@@ -706,6 +706,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("checkpoint with one infinite norm gain", ["eval", broken["inf-norm-gain"]], "hold NaN or infinite values"),
         ("checkpoint that is a text file", ["eval", broken["text-best"]], "is not a torch.save file"),
         ("config.json nested too deeply", ["eval", broken["deep-config"]], "nested too deeply"),
+        ("config.json nested too deeply, exported", ["export", broken["deep-config"], "--out", tmp_path / "e1"],
+         "nested too deeply"),  # was a RecursionError traceback
         ("checkpoint with a negative step", ["train", "--resume", "--out", broken["negative-step"], "--quiet"],
          "step=-10"),
         ("checkpoint lacking a weight", ["train", "--resume", "--out", broken["lacking-weight"], "--quiet"],
@@ -1080,6 +1082,24 @@ def test_what_a_directory_holds_is_told_by_its_files(tmp_path):
     assert rundir.foreign_model(llama) == "a Hugging Face checkpoint (llama)" and not rundir.is_exported(llama)
     with pytest.raises(UserError, match="holds a Hugging Face checkpoint \\(llama\\), not a gbattn run"):
         rundir.check_restartable(llama)
+
+
+def test_a_config_nested_too_deeply_or_a_fifo_tells_no_directory_kind_and_waits_for_nothing(tmp_path):
+    """is_exported and foreign_model read config.json as every reader does (files.read_json): a config
+    nested too deeply was a RecursionError traceback (`gbattn export`), a FIFO waited forever for a writer."""
+    deep, fifo = tmp_path / "deep", tmp_path / "fifo"
+    deep.mkdir()
+    (deep / rundir.CONFIG).write_text('{"a":' + "[" * 100_000 + "]" * 100_000 + "}")
+    fifo.mkdir()
+    os.mkfifo(fifo / rundir.CONFIG)
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("reading a FIFO config.json blocked"))
+    signal.alarm(10)
+    try:
+        for d in (deep, fifo):
+            assert not rundir.is_exported(d) and rundir.foreign_model(d) is None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_a_config_field_of_another_type_is_refused_in_a_run_and_in_an_exported_gbattn_section(tmp_path):

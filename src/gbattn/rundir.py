@@ -96,8 +96,8 @@ def foreign_model(directory: str | Path) -> str | None:
     or a run whose config.json is damaged)."""
     directory = Path(directory)
     try:
-        config = json.loads((directory / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        config = read_json(directory / CONFIG)
+    except CheckpointError:  # none, or damaged: no model directory's
         config = None
     if isinstance(config, dict) and config.get("model_type") == "gbattn":
         trained_on = any((directory / n).exists() for n in ("trainer_state.json", "optimizer.pt"))
@@ -474,8 +474,8 @@ def is_exported(path: str | Path) -> bool:
     one): weights in ``model.safetensors``, or a ``config.json`` of model_type ``gbattn``."""
     path = Path(path)
     try:
-        config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        config = read_json(path / CONFIG)
+    except CheckpointError:  # none, or damaged (nested too deeply, a FIFO): load_run says what is wrong
         config = None
     return _exported(path, config)
 
