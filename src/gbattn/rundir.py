@@ -29,6 +29,7 @@ import json
 import os
 import pickle
 import stat
+import struct
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -178,7 +179,10 @@ def read_torch_file(path: str | Path, map_location="cpu"):
             raise CheckpointError(f"{path} holds Python objects beyond tensors (loading it could run code): refused; "
                                   f"only files of tensors and plain values are read") from None
         detail = error_detail(e)
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError) as e:
+    # torch's safe unpickler meets damaged bytes with whatever its code raises: an IndexError (an opcode on an
+    # empty stack: a text file starting with "r"), an AssertionError (a storage key it did not read), struct.error
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, AttributeError, IndexError,
+            AssertionError, struct.error) as e:
         detail = error_detail(e, with_type=True)
     raise CheckpointError(f"{path} is truncated or corrupted ({detail}); restore a copy of it")
 
