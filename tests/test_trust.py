@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -503,8 +504,13 @@ def test_a_damaged_token_cache_is_rebuilt_and_the_run_still_works(trained, tmp_p
     assert code == 0 and "test perplexity" in expected, err
     entries = [p for p in (cache / "tokens").iterdir() if p.is_dir()]
     assert entries
+    def out_of_vocabulary(entry):  # an id no tokenizer of the run gives: the model's ValueError was a traceback
+        ids = np.fromfile(entry / "test.bin", dtype=np.uint16)
+        ids[len(ids) // 2] = np.iinfo(np.uint16).max
+        ids.tofile(entry / "test.bin")
+
     damages = [lambda e: (e / "meta.json").write_text('{"dtype": "uint16", "counts": '),
-               lambda e: (e / "test.bin").write_bytes((e / "test.bin").read_bytes()[:-2])]
+               lambda e: (e / "test.bin").write_bytes((e / "test.bin").read_bytes()[:-2]), out_of_vocabulary]
     for damage in damages:
         for entry in entries:
             damage(entry)
