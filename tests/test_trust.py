@@ -640,6 +640,13 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     for name in (rundir.BEST, rundir.CHECKPOINT):
         (no_weights / name).unlink()
     (copy("deep-config") / rundir.CONFIG).write_text('{"a":' + "[" * 100_000 + "]" * 100_000 + "}")
+    for name in ("metrics-dir", "metrics-link"):
+        target = copy(name)
+        (target / rundir.RESULT).unlink(missing_ok=True)
+        (target / rundir.METRICS).unlink()
+    (runs["metrics-dir"] / rundir.METRICS).mkdir()
+    (root / "elsewhere").mkdir(parents=True, exist_ok=True)  # a link to a file not there yet: it was created
+    (runs["metrics-link"] / rundir.METRICS).symlink_to(root / "elsewhere" / "metrics.jsonl")
     resume_state = rundir.load_checkpoint(trained["run"] / rundir.CHECKPOINT)
     # A resume checkpoint lacking a weight (set_state_dict's strict=True let it keep its initial value).
     lacking = {k: v for k, v in resume_state["model"].items() if k != "ln_f.weight"}
@@ -722,6 +729,11 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "step=-10"),
         ("checkpoint lacking a weight", ["train", "--resume", "--out", broken["lacking-weight"], "--quiet"],
          "its model weights do not match the model (missing: ln_f.weight)"),
+        # The resume event was appended into a directory (IsADirectoryError) or through a link, outside the run:
+        ("metrics.jsonl is a directory", ["train", "--resume", "--out", broken["metrics-dir"], "--quiet"],
+         "metrics.jsonl cannot be opened to append to (Is a directory; a link, a directory or a FIFO is refused)"),
+        ("metrics.jsonl is a link", ["train", "--resume", "--out", broken["metrics-link"], "--quiet"],
+         "metrics.jsonl cannot be opened to append to (Too many levels of symbolic links;"),
         ("eval --per-token onto the run's checkpoint", ["eval", run, "--per-token", run / rundir.BEST],
          "is a file of the model directory"),
         ("eval of a split shorter than one row", ["eval", run, "--data", short_test, "--allow-other-data"],
@@ -891,6 +903,7 @@ def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, mo
         assert expected in line, f"{name}: {line}"
         report.append(f"{name}: {line}")
     assert snapshot(trained["run"]) == before  # nothing in the run directory changed
+    assert not (tmp_path / "broken" / "elsewhere" / "metrics.jsonl").exists()  # nothing written through a link
     # A new run that failed before writing anything leaves no directory behind (a typo in --data).
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 15)), sorted(tmp_path.glob("o*"))
     (tmp_path / "bad-inputs.txt").write_text("\n".join(report) + "\n")

@@ -8,6 +8,7 @@ import errno
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,17 @@ def finite(obj: Any) -> Any:
 
 
 def append_jsonl(path: str | Path, record: dict) -> None:
-    with open(path, "a", encoding="utf-8") as f:
+    """One JSON line appended to ``path``, a regular file (created if new). Never through a link (it would
+    write outside the run directory) and never into a directory or a FIFO (which would block): a one-line
+    :class:`UserError` instead."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        raise UserError(f"{path} cannot be opened to append to ({e.strerror or e}; a link, a directory or a FIFO is "
+                        f"refused): remove it") from None
+    with open(fd, "a", encoding="utf-8") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a device
+            raise UserError(f"{path} is not a regular file: remove it")
         f.write(json.dumps(finite(record)) + "\n")
         f.flush()
 
