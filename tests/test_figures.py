@@ -545,15 +545,23 @@ def test_paired_table_gives_each_models_validation_loss_as_mean_and_sample_std()
 def test_plot_refuses_a_results_json_with_a_boolean_count_or_a_text_published_value(tmp_path, capsys):
     compare_dir = tmp_path / "cmp"
     compare_dir.mkdir()
-    write_run(compare_dir, "standard", 42)
+    for label in ("standard", "gba-m2"):  # with a validation loss at one step: --gap has a point to divide
+        write_run(compare_dir, label, 42)
+        with open(compare_dir / label / "seed42" / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"event": "eval", "step": 2, "tokens": 200, "valid_loss": 3.9}) + "\n")
     row = model_row("standard", {"42": 100.0})
     for damaged, expected in (({**row, "parameters": True}, "parameters=True must be an integer"),
                               ({**row, "seeds": [True]}, "seeds=[True] must be a list of integers"),
-                              ({**row, "published": "6.55"}, "published='6.55' is of the wrong type")):
-        (compare_dir / "results.json").write_text(json.dumps(report_of([damaged])))
-        code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
-        err = capsys.readouterr().err.strip()
-        assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
+                              ({**row, "published": "6.55"}, "published='6.55' is of the wrong type"),
+                              # plot --gap divided by it: a ZeroDivisionError traceback, negative tokens per parameter
+                              ({**row, "parameters": 0}, "parameters=0 must be an integer >= 1"),
+                              ({**row, "parameters": -5}, "parameters=-5 must be an integer >= 1"),
+                              ({**row, "steps": 0}, "steps=0 must be an integer >= 1")):
+        (compare_dir / "results.json").write_text(json.dumps(report_of([row, {**damaged, "label": "gba-m2"}])))
+        for argv in (["--out", str(tmp_path / "fig")], ["--gap", "gba-m2", "--out", str(tmp_path / "gap")]):
+            code = cli_main(["plot", str(compare_dir), *argv])
+            err = capsys.readouterr().err.strip()
+            assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
 
 
 def test_a_continued_model_counts_its_continuation_and_is_drawn_after_its_base(tmp_path):

@@ -257,9 +257,9 @@ def read_report(path: str | Path) -> dict:
         label = r.get("label")
         if not isinstance(label, str):
             raise bad(f"a row has label={label!r}")
-        for key in ("parameters", "steps"):
-            if not is_int(r.get(key)):
-                raise bad(f"{label}: {key}={r.get(key)!r} must be an integer")
+        for key in ("parameters", "steps"):  # plot --gap divides by the parameters
+            if not is_int(r.get(key)) or r[key] < 1:
+                raise bad(f"{label}: {key}={r.get(key)!r} must be an integer >= 1")
         if not isinstance(r.get("seeds"), list) or not all(is_int(s) for s in r["seeds"]):
             raise bad(f"{label}: seeds={r.get('seeds')!r} must be a list of integers")
         for key in ("test_ppl", "valid_ppl", "valid_loss"):
