@@ -1197,6 +1197,21 @@ def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):
         rundir.read_shards(exported, rundir.SAFETENSORS_INDEX, lambda shard: {"w": torch.zeros(1)})
 
 
+def test_resuming_a_finished_run_whose_result_lacks_its_perplexities_prints_them_as_null(trained, tmp_path, capsys,
+                                                                                         monkeypatch):
+    """read_result takes a result.json without test_ppl or valid_ppl; the summary line was a KeyError traceback."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    result = json.loads((run / rundir.RESULT).read_text())
+    lacking = {k: v for k, v in result.items() if k not in ("test_ppl", "valid_ppl")}
+    (run / rundir.RESULT).write_text(json.dumps(lacking))
+    code, out, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["test_ppl"] is None and summary["valid_ppl"] is None and summary["steps"] == result["steps"]
+
+
 def test_old_records_keep_their_meaning_and_a_results_curve_is_checked(trained, tmp_path):
     """eval_every=0 in a run from before it meant "every epoch only" (None now); result.json's
     validation curve is checked point by point."""

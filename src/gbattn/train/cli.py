@@ -147,7 +147,8 @@ def cmd_train(args) -> None:
         result = trainer.run()
     finally:
         shutdown_distributed()  # under torchrun: leave the process group cleanly
-    summary = {k: result[k] for k in ("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s")}
+    # (.get: a finished run's result.json read back may lack a perplexity, as read_result allows)
+    summary = {k: result.get(k) for k in ("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s")}
     summary["test_split"] = result.get("test_split", "test")  # "valid": the data has no test split
     if is_first_process():  # under torchrun: one summary
         print(json.dumps(summary))
