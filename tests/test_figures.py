@@ -556,7 +556,10 @@ def test_plot_refuses_a_results_json_with_a_boolean_count_or_a_text_published_va
                               # plot --gap divided by it: a ZeroDivisionError traceback, negative tokens per parameter
                               ({**row, "parameters": 0}, "parameters=0 must be an integer >= 1"),
                               ({**row, "parameters": -5}, "parameters=-5 must be an integer >= 1"),
-                              ({**row, "steps": 0}, "steps=0 must be an integer >= 1")):
+                              ({**row, "steps": 0}, "steps=0 must be an integer >= 1"),
+                              # the chart read published[1] (an IndexError) and drew a text value
+                              ({**row, "published": [6.55]}, "published=[6.55] must be [mean, std] (numbers or null)"),
+                              ({**row, "published": ["6.55", None]}, "published=['6.55', None] must be [mean, std]")):
         (compare_dir / "results.json").write_text(json.dumps(report_of([row, {**damaged, "label": "gba-m2"}])))
         for argv in (["--out", str(tmp_path / "fig")], ["--gap", "gba-m2", "--out", str(tmp_path / "gap")]):
             code = cli_main(["plot", str(compare_dir), *argv])
@@ -933,6 +936,9 @@ def test_read_report_refuses_text_steps_or_losses_and_a_seed_list_that_is_not_on
 
     row, path = model_row("standard", {"42": 100.0}), tmp_path / "results.json"
     for report, expected in ((report_of([{**row, "steps": "2000"}]), "standard: steps='2000' must be an integer"),
+                             # looked up in the recipes (unhashable: a TypeError traceback) and searched as text
+                             ({**report_of([row]), "recipe": ["cpu-char"]}, "recipe=['cpu-char'] must be a string"),
+                             ({**report_of([row]), "description": 5}, "description=5 must be a string"),
                              (report_of([{**row, "valid_loss": {"42": "2.2"}}]),
                               "valid_loss must map seeds to numbers"),
                              ({**report_of([row]), "seeds": "42"}, "seeds must be a list and sets a mapping")):

@@ -269,8 +269,14 @@ def read_report(path: str | Path) -> dict:
         for key in ("published", "compute_matched_to", "param_matched_to", "init_from"):
             if r.get(key) is not None and not isinstance(r[key], list if key == "published" else str):
                 raise bad(f"{label}: {key}={r[key]!r} is of the wrong type")
+        published = r.get("published")  # (mean, std), either null
+        if published is not None and (len(published) != 2 or not all(v is None or is_number(v) for v in published)):
+            raise bad(f"{label}: published={published!r} must be [mean, std] (numbers or null)")
     if not isinstance(report.get("seeds", []), list) or not isinstance(report.get("sets", {}), dict):
         raise bad("seeds must be a list and sets a mapping")
+    for key in ("recipe", "description", "data", "published_source"):  # looked up and searched as text
+        if report.get(key) is not None and not isinstance(report[key], str):
+            raise bad(f"{key}={report[key]!r} must be a string")
     return report
 
 
