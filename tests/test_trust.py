@@ -635,6 +635,9 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     gain[0] = float("inf")
     torch.save({**best, "model": {**best["model"], one_gain: gain}}, copy("inf-norm-gain") / rundir.BEST)
     (copy("text-best") / rundir.BEST).write_text("0.1 0.2\n")
+    meta = {k: torch.empty_like(v, device="meta") if v.dim() == 2 else v for k, v in best["model"].items()}
+    torch.save({**best, "model": meta}, copy("meta-best") / rundir.BEST)
+    torch.save({**best, "model": {k: v > 0 for k, v in best["model"].items()}}, copy("bool-best") / rundir.BEST)
     (copy("passwd-best") / rundir.BEST).write_text("root:x:0:0:root:/root:/bin/bash\n")  # a link to /etc/passwd
     no_weights = copy("no-weights")  # killed before its first save
     for name in (rundir.BEST, rundir.CHECKPOINT):
@@ -650,7 +653,10 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     resume_state = rundir.load_checkpoint(trained["run"] / rundir.CHECKPOINT)
     # A resume checkpoint lacking a weight (set_state_dict's strict=True let it keep its initial value).
     lacking = {k: v for k, v in resume_state["model"].items() if k != "ln_f.weight"}
-    for name, changed in (("negative-step", {"step": -10}), ("lacking-weight", {"model": lacking})):
+    nan_weights = {k: torch.full_like(v, float("nan")) for k, v in resume_state["model"].items()}
+    for name, changed in (("negative-step", {"step": -10}), ("lacking-weight", {"model": lacking}),
+                          ("step-beyond", {"step": 10**6}), ("text-step", {"step": "2"}),
+                          ("nan-resume", {"model": nan_weights})):
         target = copy(name)
         (target / rundir.RESULT).unlink(missing_ok=True)
         torch.save({**resume_state, **changed}, target / rundir.CHECKPOINT)
@@ -729,6 +735,18 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "step=-10"),
         ("checkpoint lacking a weight", ["train", "--resume", "--out", broken["lacking-weight"], "--quiet"],
          "its model weights do not match the model (missing: ln_f.weight)"),
+        # A finished run resumed at a step past its end wrote its result at once; "2" was read as 2:
+        ("checkpoint with a step beyond the run", ["train", "--resume", "--out", broken["step-beyond"], "--quiet"],
+         "step=1000000 and tokens_seen=1024 must be integers, 0 <= step <= 4 (the run's steps)"),
+        ("checkpoint with a text step", ["train", "--resume", "--out", broken["text-step"], "--quiet"],
+         "step='2' and tokens_seen=1024 must be integers"),
+        ("checkpoint with NaN weights, resumed", ["train", "--resume", "--out", broken["nan-resume"], "--quiet"],
+         "hold NaN or infinite values"),  # was resumed (and, at its last step, finished with them)
+        # A meta tensor was a RuntimeError traceback (isfinite of no data); bool weights were read as 0 and 1:
+        ("checkpoint with meta tensors", ["eval", broken["meta-best"]], "are not floating-point numbers (wte.weight: "
+                                                                        "torch.float32 on meta"),
+        ("checkpoint with bool weights", ["generate", broken["bool-best"], "--prompt", "a"],
+         "are not floating-point numbers (wte.weight: torch.bool"),
         # The resume event was appended into a directory (IsADirectoryError) or through a link, outside the run:
         ("metrics.jsonl is a directory", ["train", "--resume", "--out", broken["metrics-dir"], "--quiet"],
          "metrics.jsonl cannot be opened to append to (Is a directory; a link, a directory or a FIFO is refused)"),

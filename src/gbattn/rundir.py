@@ -562,8 +562,15 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
 
 
 def check_finite(weights: dict, where: str | Path) -> None:
-    """A one-line error naming the weights that hold NaN or infinite values (a trained model's never
-    do: the trainer does not step on a non-finite loss)."""
+    """A one-line error naming the weights that are not floating-point numbers in memory (a ``meta`` tensor
+    holds none; a bool, integer or complex one was cast silently, to 0/1 or dropping its imaginary part),
+    or that hold NaN or infinite values (a trained model's never do: the trainer does not step on a
+    non-finite loss)."""
+    odd = [f"{name}: {w.dtype}{' on meta' if w.is_meta else ''}" for name, w in weights.items()
+           if isinstance(w, torch.Tensor) and (w.is_meta or not w.is_floating_point())]
+    if odd:
+        raise CheckpointError(f"the weights in {where} are not floating-point numbers ({', '.join(odd[:3])}"
+                              f"{', ...' if len(odd) > 3 else ''}): the file is damaged; restore a copy of it")
     damaged = [name for name, w in weights.items()
                if isinstance(w, torch.Tensor) and w.layout == torch.strided and w.is_floating_point()
                and not torch.isfinite(w).all()]

@@ -359,18 +359,22 @@ class Trainer:
 
     def _load(self, path: Path) -> None:
         state = rundir.load_checkpoint(path, map_location=self.device)
+        rundir.check_finite(state["model"], path)  # as every other reader of weights does
         try:
             check_optimizer_moments(state["model"], state["optimizer"])
             load_full_state(self.wrapped, state["model"], self.optimizer, state["optimizer"])
-            self.step = int(state["step"])
-            if self.step < 0 or int(state["tokens_seen"]) < 0:
-                raise ValueError(f"step={self.step} and tokens_seen={state['tokens_seen']} must be >= 0")
+            step, tokens_seen = state["step"], state["tokens_seen"]
+            if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (step, tokens_seen))
+                    and 0 <= step <= self.total_steps and tokens_seen >= 0):  # int() took "5", 5.5 and True
+                raise ValueError(f"step={step!r} and tokens_seen={tokens_seen!r} must be integers, 0 <= step <= "
+                                 f"{self.total_steps} (the run's steps) and tokens_seen >= 0")
+            self.step = step
             best_step, curve = state["best_step"], state["curve"]
             if not (best_step is None or isinstance(best_step, int)) or not rundir.valid_curve(curve):
                 raise ValueError("its best step or validation curve is malformed")
             self.best_valid, self.best_step = float(state["best_valid"]), best_step
             self.elapsed, self.train_seconds = float(state["elapsed"]), float(state["train_seconds"])
-            self.tokens_seen, self.curve = int(state["tokens_seen"]), curve
+            self.tokens_seen, self.curve = tokens_seen, curve
             window = state.get("train_window", [0.0, 0])  # (checkpoints from before it was kept: none)
             if not (isinstance(window, list) and len(window) == 2 and all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf") for v in window)):
