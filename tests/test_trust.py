@@ -656,10 +656,21 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     nan_weights = {k: torch.full_like(v, float("nan")) for k, v in resume_state["model"].items()}
     for name, changed in (("negative-step", {"step": -10}), ("lacking-weight", {"model": lacking}),
                           ("step-beyond", {"step": 10**6}), ("text-step", {"step": "2"}),
-                          ("nan-resume", {"model": nan_weights})):
+                          ("nan-resume", {"model": nan_weights}), ("nan-best-valid", {"best_valid": float("nan")})):
         target = copy(name)
         (target / rundir.RESULT).unlink(missing_ok=True)
         torch.save({**resume_state, **changed}, target / rundir.CHECKPOINT)
+    # The optimizer's state: a NaN moment (the loss became NaN at the next step), a negative step count (a
+    # RuntimeError traceback at the next step: complex bias corrections), no parameter groups (a traceback)
+    for name, damage in (("nan-moment", lambda o: next(iter(o["state"].values()))["exp_avg"].fill_(float("nan"))),
+                         ("negative-moment-step", lambda o: next(iter(o["state"].values())).update(
+                             step=torch.tensor(-5.0))),
+                         ("no-param-groups", lambda o: o.update(param_groups=[]))):
+        state = rundir.load_checkpoint(trained["run"] / rundir.CHECKPOINT)
+        damage(state["optimizer"])
+        target = copy(name)
+        (target / rundir.RESULT).unlink(missing_ok=True)
+        torch.save(state, target / rundir.CHECKPOINT)
     return runs
 
 
@@ -742,6 +753,14 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "step='2' and tokens_seen=1024 must be integers"),
         ("checkpoint with NaN weights, resumed", ["train", "--resume", "--out", broken["nan-resume"], "--quiet"],
          "hold NaN or infinite values"),  # was resumed (and, at its last step, finished with them)
+        ("checkpoint with a NaN best validation loss", ["train", "--resume", "--out", broken["nan-best-valid"],
+                                                        "--quiet"], "its best validation loss is NaN"),
+        ("checkpoint with a NaN optimizer moment", ["train", "--resume", "--out", broken["nan-moment"], "--quiet"],
+         "the optimizer's exp_avg of wte.weight holds torch.float32 values that are not finite floating-point numbers"),
+        ("checkpoint with a negative optimizer step", ["train", "--resume", "--out", broken["negative-moment-step"],
+                                                       "--quiet"], "step count of wte.weight is tensor(-5.)"),
+        ("checkpoint without parameter groups", ["train", "--resume", "--out", broken["no-param-groups"], "--quiet"],
+         "its optimizer's parameter groups are not this model's"),
         # A meta tensor was a RuntimeError traceback (isfinite of no data); bool weights were read as 0 and 1:
         ("checkpoint with meta tensors", ["eval", broken["meta-best"]], "are not floating-point numbers (wte.weight: "
                                                                         "torch.float32 on meta"),

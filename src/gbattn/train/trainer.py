@@ -361,7 +361,7 @@ class Trainer:
         state = rundir.load_checkpoint(path, map_location=self.device)
         rundir.check_finite(state["model"], path)  # as every other reader of weights does
         try:
-            check_optimizer_moments(state["model"], state["optimizer"])
+            check_optimizer_moments(state["model"], state["optimizer"], self.optimizer)
             load_full_state(self.wrapped, state["model"], self.optimizer, state["optimizer"])
             step, tokens_seen = state["step"], state["tokens_seen"]
             if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (step, tokens_seen))
@@ -373,6 +373,8 @@ class Trainer:
             if not (best_step is None or isinstance(best_step, int)) or not rundir.valid_curve(curve):
                 raise ValueError("its best step or validation curve is malformed")
             self.best_valid, self.best_step = float(state["best_valid"]), best_step
+            if math.isnan(self.best_valid):  # (no evaluation yet: inf) no loss would ever count as better
+                raise ValueError("its best validation loss is NaN")
             self.elapsed, self.train_seconds = float(state["elapsed"]), float(state["train_seconds"])
             self.tokens_seen, self.curve = tokens_seen, curve
             window = state.get("train_window", [0.0, 0])  # (checkpoints from before it was kept: none)
@@ -633,9 +635,11 @@ class Trainer:
         return result
 
 
-def check_optimizer_moments(model_state: dict, optim_state) -> None:
-    """Refuse an optimizer state whose AdamW moments do not have their parameter's shape (a damaged
-    checkpoint would otherwise fail at the first step, after the run's files were touched)."""
+def check_optimizer_moments(model_state: dict, optim_state, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Refuse an optimizer state whose AdamW moments do not have their parameter's shape or are not finite
+    floating-point numbers (``exp_avg_sq`` >= 0), whose step count is not a finite number >= 0, or whose
+    parameter groups are not ``optimizer``'s: a damaged checkpoint would otherwise fail at the first step
+    (a traceback, after the run's files were touched), diverge there, or train on with integer moments."""
     moments = optim_state.get("state") if isinstance(optim_state, dict) else None
     if not isinstance(moments, dict):
         raise ValueError("its optimizer state is malformed")
@@ -646,6 +650,20 @@ def check_optimizer_moments(model_state: dict, optim_state) -> None:
             if weight is not None and isinstance(value, torch.Tensor) and value.shape != weight.shape:
                 raise ValueError(f"the optimizer's {key} of {name} has shape {tuple(value.shape)}, "
                                  f"the weight {tuple(weight.shape)}")
+            if isinstance(value, torch.Tensor) and not (value.is_floating_point() and torch.isfinite(value).all()
+                                                        and (key == "exp_avg" or (value >= 0).all())):
+                raise ValueError(f"the optimizer's {key} of {name} holds {value.dtype} values that are not finite "
+                                 f"floating-point numbers{' >= 0' if key == 'exp_avg_sq' else ''}")
+        count = param_state.get("step") if isinstance(param_state, dict) else None
+        if count is not None and not (isinstance(count, (int, float, torch.Tensor)) and not isinstance(count, bool)
+                                      and torch.as_tensor(count).numel() == 1
+                                      and math.isfinite(float(count)) and float(count) >= 0):
+            raise ValueError(f"the optimizer's step count of {name} is {count!r}, not a number >= 0")
+    groups = optim_state.get("param_groups")
+    if optimizer is not None and (not isinstance(groups, list) or [
+            len(g["params"]) if isinstance(g, dict) and isinstance(g.get("params"), list) else None for g in groups]
+            != [len(g["params"]) for g in optimizer.param_groups]):
+        raise ValueError("its optimizer's parameter groups are not this model's")
 
 
 def train(run_dir, model_cfg=None, train_cfg=None, resume=False, quiet=False, extra=None, preset=None,
