@@ -510,7 +510,8 @@ def test_a_damaged_token_cache_is_rebuilt_and_the_run_still_works(trained, tmp_p
         ids.tofile(entry / "test.bin")
 
     damages = [lambda e: (e / "meta.json").write_text('{"dtype": "uint16", "counts": '),
-               lambda e: (e / "test.bin").write_bytes((e / "test.bin").read_bytes()[:-2]), out_of_vocabulary]
+               lambda e: (e / "test.bin").write_bytes((e / "test.bin").read_bytes()[:-2]), out_of_vocabulary,
+               lambda e: (e / "meta.json").write_text("[" * 100_000)]  # was a RecursionError traceback
     for damage in damages:
         for entry in entries:
             damage(entry)

@@ -20,8 +20,8 @@ import torch
 
 from gbattn.data.corpus import SPLITS, Corpus
 from gbattn.data.tokenizer import Tokenizer, cache_dir
-from gbattn.errors import DataError
-from gbattn.files import FULL_DISK, write_json
+from gbattn.errors import CheckpointError, DataError
+from gbattn.files import FULL_DISK, read_json, write_json
 from gbattn.progress import Progress
 
 
@@ -141,7 +141,7 @@ def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int) -> dict[str, 
     or an id outside the tokenizer's vocabulary (the model would fail on it mid-run with a traceback, or
     read another token's row on a GPU, which does not check; one pass over the ids: 31 ms for 100M)."""
     try:
-        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+        meta = read_json(directory / "meta.json")
         if meta["dtype"] != dtype.name:
             return None
         out = {}
@@ -153,7 +153,7 @@ def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int) -> dict[str, 
             if count and int(out[s].max()) >= vocab_size:
                 return None
         return out
-    except (OSError, ValueError, KeyError, TypeError):  # ValueError: also invalid JSON or UTF-8
+    except (CheckpointError, OSError, ValueError, KeyError, TypeError):  # read_json: any unreadable meta.json
         return None
 
 
