@@ -397,6 +397,9 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     # Fields of the wrong type (tracebacks before):
     ("gpt2", {"activation_function": ["gelu"]}, 'activation_function=["gelu"] must be a string'),
     ("gpt2", {"embd_pdrop": "0.1"}, 'embd_pdrop="0.1" must be a number'),
+    # Out of range (the site was left without dropout, silently):
+    ("gpt2", {"attn_pdrop": -1}, "attn_pdrop=-1 must be a rate in [0, 1)"),
+    ("gpt2", {"resid_pdrop": float("nan")}, "resid_pdrop=NaN must be a rate in [0, 1)"),
     ("llama", {"rope_theta": "abc", "rope_parameters": None}, 'rope_theta="abc" must be a number'),
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": [1]}}, "rope_theta=[1] must be"),
     ("llama", {"max_position_embeddings": 10**13}, "block_size=10000000000000 must be an integer in"),

@@ -154,6 +154,9 @@ def gpt2_config(hf: dict, where: Path) -> tuple[ModelConfig, list[str]]:
             raise CheckpointError(f"{where}: {key}={hf[key]} cannot be converted exactly (gbattn needs {want})")
     # GPT-2's dropout sites: embeddings, attention probabilities, both sublayer outputs ("resid").
     embd, attn, resid = (_field(hf, where, key, 0.1, int, float) for key in ("embd_pdrop", "attn_pdrop", "resid_pdrop"))
+    for key, rate in (("embd_pdrop", embd), ("attn_pdrop", attn), ("resid_pdrop", resid)):
+        if not 0 <= rate < 1:  # a NaN or negative rate read as "no dropout at that site"
+            raise CheckpointError(f"{where}: {key}={json.dumps(rate)} must be a rate in [0, 1)")
     rates = {"embedding": embd, "attention": attn, "attn-output": resid, "ffn-output": resid}
     p = max(rates.values())
     notes = []
