@@ -1192,6 +1192,27 @@ def test_a_config_field_of_another_type_is_refused_in_a_run_and_in_an_exported_g
             rundir.gbattn_section({"model_type": "gbattn", "gbattn": config}, tmp_path / rundir.CONFIG)
 
 
+def test_a_model_field_every_run_records_is_never_a_default(trained, tmp_path, capsys):
+    """A config.json without model.n_heads ran 2-head weights as 4 heads (the default), exit 0: a field
+    every gbattn run has recorded since the first version is damage when missing, in every command
+    that reads the run. A field added later (n_kv_heads, norm_type, ...) keeps its old meaning."""
+    import json
+
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    config = json.loads((run / rundir.CONFIG).read_text())
+    for later in ("n_kv_heads", "norm_type", "norm_eps", "ffn", "ffn_hidden"):
+        config["model"].pop(later)
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    assert rundir.load_run(run).model_cfg == rundir.load_run(trained["run"]).model_cfg
+    del config["model"]["n_heads"]
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    for argv in (["eval", run], ["generate", run, "--prompt", "the", "--max-new-tokens", "2"],
+                 ["analyze", run, "--out", tmp_path / "a", "--quiet"], ["train", "--resume", "--out", run, "--quiet"]):
+        code, _, err = run_cli(capsys, argv)
+        assert "its model section has no n_heads" in one_line(code, err), err
+
+
 def test_a_checkpoint_whose_weights_are_not_named_tensors_is_refused(tmp_path):
     """weights_only=True reads lists and integer keys too: such weights are one line naming the file,
     not an AttributeError later (a gate's logit is reshaped on load)."""

@@ -300,6 +300,11 @@ class RunLock:
 # What a field meant in run directories written before it existed (the paper-exact dropout sites and warmup added them).
 _OLD_MODEL_DEFAULTS = {"dropout_sites": ["embedding", "attention", "attn-output", "ffn-output"]}
 _OLD_TRAIN_DEFAULTS = {"warmup_from_zero": False, "fit_warmup": False}
+# Model fields every gbattn run directory has recorded since the first version: one that is missing is damage,
+# not a default (without n_heads, 2-head weights ran as 4 heads). Fields added later take their old meaning.
+_ALWAYS_RECORDED_MODEL = ("vocab_size", "block_size", "d_model", "n_layers", "n_heads", "ffn_mult", "dropout", "norm",
+                          "pos", "rope_base", "bias", "tie_embeddings", "attn", "attn_options", "residual",
+                          "attnres_block")
 
 
 def write_config(directory: str | Path, preset: str | None, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -421,6 +426,10 @@ def read_configs(config: dict, where: str | Path):
         model_d, train_d = config["model"], config["train"]
         if not isinstance(model_d, dict) or not isinstance(train_d, dict):
             raise TypeError
+        missing = [k for k in _ALWAYS_RECORDED_MODEL if k not in model_d]
+        if missing:
+            raise CheckpointError(f"{where}: its model section has no {', '.join(missing)} (every gbattn run records "
+                                  f"them): a damaged or hand-edited config")
         model_d = {**_OLD_MODEL_DEFAULTS, **model_d}
         train_d = {**_OLD_TRAIN_DEFAULTS, **train_d}
         if train_d.get("eval_every") == 0:  # in older runs, 0 meant "every epoch only"
