@@ -321,10 +321,25 @@ def test_readme_wikitext_tables_are_their_results():
              (proxy, "standard", "standard", "Pre-LN", "standard"), (proxy, "gba-m2", "GBA M=2", "Pre-LN", "standard"),
              (depth, "standard-attnres", "standard", "Pre-LN + AttnRes-block", "standard-attnres"),
              (depth, "gba-m2-attnres", "GBA M=2", "Pre-LN + AttnRes-block", "standard-attnres")]
+    # The paper column: the published Post-LN (paper-postln) and Pre-LN (paper-wt103) means, Δ against the
+    # published standard model of the same stream.
+    from gbattn.experiments.recipes import get_recipe
+
+    published = {**{f"{k}/Pre-LN": v for k, v in get_recipe("paper-wt103").published.items()},
+                 **{f"{k.removesuffix('-postln')}/Post-LN": v for k, v in get_recipe("paper-postln").published.items()}}
+
+    def paper_cell(label: str, stream: str) -> str:
+        key = f"{label.removesuffix('-postln')}/{stream}"
+        if key not in published:
+            return "—"
+        mean, digits = published[key][0], 2 if stream == "Post-LN" else 1
+        base = published[f"standard/{stream}"][0]
+        return f"{mean:.{digits}f}" + ("" if key.startswith("standard/") else f" ({change(mean, base)})")
+
     expected = []
     for rows, label, name, stream, std_label in names:
         name, test, delta, valid = plain(rows, label, name, std_label)
-        expected.append([name, stream, f"{rows[label]['parameters']:,}", test, delta, valid, None])
+        expected.append([name, stream, f"{rows[label]['parameters']:,}", test, delta, valid, paper_cell(label, stream)])
     assert_table("**Post-LN** (`cpu-postln`)", expected)
 
 
@@ -581,7 +596,8 @@ def test_readme_analysis_figures_are_the_h200_analysis_summary():
     summary = json.loads((ROOT / "results" / "gpu-paper-small-wt2" / "analysis-summary.json").read_text())
     gates, entropy, norms = summary["gates"], summary["entropy"], summary["norms"]["per_layer"]
     assert (f"per-layer means {' / '.join(f'{g:.2f}' for g in gates['mean_per_layer'])} "
-            f"(paper {' / '.join(f'{g:.2f}' for g in gates['paper_mean_per_layer'])})") in README_PROSE
+            f"(paper v1 {' / '.join(f'{g:.2f}' for g in gates['paper_mean_per_layer'])}, "
+            f"revision {' / '.join(f'{g:.2f}' for g in gates['paper_mean_per_layer_revised'])})") in README_PROSE
     first, second = entropy["mean_per_round"]
     changes = [f"{signed(100 * (layer['mean_per_round'][1] / layer['mean_per_round'][0] - 1), 0)}"
                for layer in entropy["per_layer"]]
@@ -696,3 +712,86 @@ def test_readme_results_prose_is_the_results_files():
 
     missing = [text for text in expected if text not in README_PROSE]
     assert not missing, "\n".join(missing)
+
+
+# -- the published numbers: docs/paper.md, the recipes' `published`, the analysis' and the README's -------------
+
+PAPER_MD = (ROOT / "docs" / "paper.md").read_text(encoding="utf-8")
+
+
+def paper_md_table(anchor: str) -> dict[str, list[str]]:
+    """The first Markdown table after ``anchor`` in docs/paper.md: first cell -> the other cells (bold removed)."""
+    assert PAPER_MD.count(anchor) == 1, anchor
+    lines = PAPER_MD[PAPER_MD.index(anchor):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("| "))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.lstrip().startswith("|"):
+            break
+        first, *cells = [cell.strip().replace("**", "") for cell in line.strip().strip("|").split("|")]
+        rows[first] = cells
+    return rows
+
+
+def mean_std_cell(cell: str) -> tuple[float, float]:
+    mean, std = cell.split(" ± ")
+    return float(mean), float(std)
+
+
+PAPER_LABELS = {"Standard": "standard", "Twicing": "twicing", "Standard, param-fair (d = 288)": "param-fair",
+                "GBA, M = 2": "gba-m2"}
+
+
+def test_docs_paper_md_perplexities_are_the_recipes_published_values():
+    """docs/paper.md's published test perplexities (mean ± std, WikiText-103 and OpenWebText) are the
+    ``published`` values of paper-wt103 and paper-owt, and its Δ column is the relative change of the
+    means against Standard, rounded to 0.1% with its sign (the two GBA cells are the paper's -6.0% and -5.6%)."""
+    from gbattn.experiments.recipes import get_recipe
+
+    table = paper_md_table("## Published test perplexities")
+    assert set(table) == set(PAPER_LABELS)
+    for column, recipe in ((0, "paper-wt103"), (2, "paper-owt")):
+        published = get_recipe(recipe).published
+        assert {PAPER_LABELS[k]: mean_std_cell(v[column]) for k, v in table.items()} == published, recipe
+        base = published["standard"][0]
+        deltas = {PAPER_LABELS[k]: v[column + 1] for k, v in table.items()}
+        assert deltas == {k: "—" if k == "standard" else change(v[0], base) for k, v in published.items()}, recipe
+    assert (table["GBA, M = 2"][1], table["GBA, M = 2"][3]) == ("\u22126.0%", "\u22125.6%")
+
+
+def test_docs_paper_md_post_ln_is_the_recipes_published_values():
+    """Post-LN, 1 seed: Standard 77.20, GBA 84.60 (+9.6%), param-fair 71.81 (docs/paper.md and paper-postln)."""
+    from gbattn.experiments.recipes import get_recipe
+
+    table = paper_md_table("### Post-LN")
+    published = get_recipe("paper-postln").published
+    assert published == {"standard-postln": (77.20, None), "gba-m2-postln": (84.60, None),
+                         "param-fair-postln": (71.81, None)}
+    assert table == {"Standard, Post-LN": ["77.20"], "GBA M = 2, Post-LN": ["84.60 (+9.6% vs standard)"],
+                     "Standard, param-fair, Post-LN": ["71.81"]}
+    assert change(84.60, 77.20) == "+9.6%" and "1 seed" in get_recipe("paper-postln").published_source
+    assert len(get_recipe("paper-postln").seeds) == 1
+
+
+def test_docs_paper_md_analysis_numbers_are_the_analysis_modules():
+    """The mean gate per layer (v1 and revision) and the entropy figures that `gbattn analyze` prints beside
+    ours are docs/paper.md's; the 22% is the relative drop from 3.31 to 2.58 nats."""
+    from gbattn.analysis.stats import PAPER
+
+    gates = paper_md_table("- **Mean gate value per layer**")
+    assert [float(g) for g in gates["v1"]] == PAPER["gate_mean_per_layer"] == [0.35, 0.48, 0.41, 0.43]
+    assert [float(g) for g in gates["revision"]] == PAPER["gate_mean_per_layer_revised"] == [0.33, 0.49, 0.39, 0.36]
+    assert (PAPER["entropy_round0_nats"], PAPER["entropy_correction_nats"]) == (3.31, 2.58)
+    assert round(1 - 2.58 / 3.31, 2) == PAPER["entropy_relative_drop"] == 0.22
+    assert ("22% lower than round 0's on average (3.31 nats for round 0, 2.58 nats for the correction)"
+            in " ".join(PAPER_MD.split()))
+
+
+def test_readme_says_the_papers_regime_as_the_paper_recipe_runs_it():
+    """Where the README names the paper's own regime, its data, epochs and seed count are paper-wt103's."""
+    from gbattn.config import get_preset
+    from gbattn.experiments.recipes import get_recipe
+
+    recipe = get_recipe("paper-wt103")
+    said = re.findall(r"The paper's own regime \(([^)]*)\)", README_PROSE)
+    assert said == [f"WikiText-103, {get_preset(recipe.preset).train['epochs']:.0f} epochs, {len(recipe.seeds)} seeds"]
