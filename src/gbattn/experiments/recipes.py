@@ -189,7 +189,7 @@ _add(Recipe(
     seeds=[42],
     default_data="wikitext-103-raw-v1",
     published={"standard-postln": (77.20, None), "gba-m2-postln": (84.60, None), "param-fair-postln": (71.81, None)},
-    published_source="arXiv 2604.03190 (revision), WikiText-103 small, Post-LN, 1 seed",
+    published_source="arXiv 2604.03190, WikiText-103 small, Post-LN, 1 seed",
 ))
 _add(Recipe(
     name="gba-design-paper",
