@@ -201,15 +201,17 @@ def test_rows_and_random_windows_are_the_tokens_they_name_and_pure_functions_of_
 
 
 def test_resume_truncates_the_metrics_after_the_checkpoints_step(tmp_path):
-    """Events up to and including the checkpoint's step stay; later ones, every stop event and a line
-    whose step is not an integer (a bool, a string) go."""
+    """Events up to and including the checkpoint's step stay; later ones, every stop and test event
+    (a run killed writing its result tests again) and a line whose step is not an integer (a bool, a
+    string) go."""
     path = tmp_path / ckpt.METRICS
     events = [{"event": "train", "step": 1}, {"event": "eval", "step": 3}, {"event": "stop", "step": 2},
+              {"event": "test", "step": 3},
               {"event": "train", "step": 4}, {"event": "train", "step": True}, {"event": "train", "step": "2"},
               {"event": "resume"}]
     path.write_text("".join(json.dumps(e) + "\n" for e in events))
     ckpt.truncate_metrics(path, 3)
-    assert [json.loads(line) for line in path.read_text().splitlines()] == [events[0], events[1], events[6]]
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [events[0], events[1], events[7]]
 
 
 def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path):
@@ -342,6 +344,29 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
     resumed_result, resumed_events = run_record(tmp_path / "crashed")
     assert resumed_result == {**ref_result, "run_dir": "crashed"}
     assert resumed_events == ref_events
+
+
+def test_a_run_killed_writing_its_result_logs_its_test_once_when_resumed(tmp_path, monkeypatch):
+    """Killed after its test evaluation was logged but before result.json was in place (the checkpoint
+    is at the last step): the resumed run tests again, and metrics.jsonl holds one test event, as an
+    uninterrupted run's does (the killed attempt's was kept beside the new one)."""
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data, sampling="random", max_steps=6, eval_every=3)
+    train(tmp_path / "ref", *configs, quiet=True)
+
+    def killed(directory, result):
+        raise RuntimeError("simulated kill")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ckpt, "write_result", killed)
+        with pytest.raises(RuntimeError, match="simulated kill"):
+            train(tmp_path / "crashed", *configs, quiet=True)
+    assert not (tmp_path / "crashed" / ckpt.RESULT).exists()
+    train(tmp_path / "crashed", resume=True, quiet=True)
+    ref_result, ref_events = run_record(tmp_path / "ref")
+    resumed_result, resumed_events = run_record(tmp_path / "crashed")
+    assert resumed_events == ref_events
+    assert resumed_result == {**ref_result, "run_dir": "crashed"}
 
 
 def test_resume_keeps_the_best_validation_so_far(tmp_path, monkeypatch):

@@ -145,10 +145,12 @@ def discard_run(directory: str | Path) -> list[str]:
 
 
 def truncate_metrics(path: str | Path, step: int) -> None:
-    """On resume, drop events logged after the checkpoint's step (they will be logged again)."""
+    """On resume, drop events logged after the checkpoint's step (they will be logged again), and the
+    test event of a run killed before its result.json was in place (the resumed run tests again)."""
     def kept_event(r: dict) -> bool:  # a line with a damaged step is dropped, as a line cut short is
         at = r.get("step", 0)
-        return isinstance(at, int) and not isinstance(at, bool) and at <= step and r.get("event") != "stop"
+        redone = r.get("event") in ("stop", "test")
+        return isinstance(at, int) and not isinstance(at, bool) and at <= step and not redone
 
     kept = [r for r in read_jsonl(path) if kept_event(r)]
     atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
