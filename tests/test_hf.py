@@ -794,6 +794,71 @@ def test_export_refuses_its_run_by_any_name_needs_out_and_says_best(trained, tmp
     assert f"exported {run_dir} (best weights) to {tmp_path / 'best'}" in capsys.readouterr().out
 
 
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in directory.iterdir() if p.is_file()}
+
+
+def test_an_export_killed_while_writing_is_not_taken_for_one_and_is_done_again(trained, tmp_path, capsys, monkeypatch):
+    """An export killed (kill -9: nothing cleans up) as it writes gbattn's tokenizer file, after the model and
+    transformers' tokenizer: --out held config.json and the weights, so transformers loaded the half-written
+    directory, gbattn asked for a tokenizer file to be copied in, and exporting again was refused ('holds a
+    transformers checkpoint of a gbattn model'). Now nothing in --out is taken for a model, and a new export
+    gives the complete directory."""
+    from gbattn.data.tokenizer import Tokenizer as GbattnTokenizer
+    from gbattn.hf import export
+
+    run_dir, reference = trained
+    out = tmp_path / "killed"
+    with monkeypatch.context() as patched:
+        def killed(self, path):
+            raise KeyboardInterrupt
+
+        patched.setattr(GbattnTokenizer, "save", killed)
+        patched.setattr(export.shutil, "rmtree", lambda *a, **k: None)  # a kill -9 removes nothing
+        with pytest.raises(KeyboardInterrupt):
+            export.export_run(run_dir, out)
+    assert not (out / "config.json").exists()  # so neither gbattn nor transformers takes it for a model
+    code, _, err = run_cli(capsys, ["generate", out, "--prompt", "a"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    code, _, err = run_cli(capsys, ["export", run_dir, "--out", out])
+    assert code == 0, err
+    assert _files(out) == _files(reference) and [p.name for p in out.iterdir() if p.is_dir()] == []
+
+
+@pytest.mark.parametrize("moved", range(6))  # six files: config.json is the last
+def test_an_export_killed_while_replacing_an_earlier_one_never_looks_complete(trained, tmp_path, capsys, monkeypatch,
+                                                                                moved):
+    """Killed after ``moved`` of the staged files are in place over an earlier export (of the run's last
+    weights): the earlier config.json went first, so no mix of old and new files is loaded as an export;
+    gbattn says in one line that the export did not finish, and exporting again completes it."""
+    from gbattn.hf import export
+
+    run_dir, reference = trained
+    out = tmp_path / "again"
+    assert cli_main(["export", str(run_dir), "--out", str(out), "--checkpoint", "last"]) == 0
+    capsys.readouterr()
+    replace, done = os.replace, []
+
+    def killed_after(src, dst):  # os is one module: other renames (atomic writes in the staging folder) go on
+        if Path(dst).parent == out:
+            if len(done) == moved:
+                raise KeyboardInterrupt
+            done.append(Path(dst).name)
+        replace(src, dst)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(export.os, "replace", killed_after)
+        patched.setattr(export.shutil, "rmtree", lambda *a, **k: None)
+        with pytest.raises(KeyboardInterrupt):
+            export.export_run(run_dir, out)
+    assert "config.json" not in done and not (out / "config.json").exists()
+    code, _, err = run_cli(capsys, ["eval", out])
+    assert code == 2 and "holds an export that did not finish" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = run_cli(capsys, ["export", run_dir, "--out", out])
+    assert code == 0, err
+    assert _files(out) == _files(reference) and [p.name for p in out.iterdir() if p.is_dir()] == []
+
+
 def test_exported_weights_follow_a_strict_umask(trained, tmp_path):
     """Under umask 077 the weights are private like every other file export writes (not 0644)."""
     run_dir, _ = trained

@@ -219,7 +219,7 @@ def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path):
     nothing here); a build whose process has exited is removed."""
     import socket
 
-    from gbattn.data.tokens import remove_abandoned
+    from gbattn.files import remove_abandoned
 
     exited = subprocess.Popen([sys.executable, "-c", ""])
     exited.wait()

@@ -8,6 +8,8 @@ import errno
 import json
 import math
 import os
+import shutil
+import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,28 @@ def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
         if isinstance(e, OSError) and e.errno in FULL_DISK:
             raise UserError(f"could not write {path} ({e.strerror}); the previous {path.name} is kept") from None
         raise
+
+
+def building_suffix() -> str:
+    """The name suffix of a folder this process builds before renaming it into place (a token cache
+    entry, an export's staging folder): ``.tmp<pid>@<host>`` (a folder shared between machines holds
+    other hosts' builds, whose pids mean nothing here)."""
+    return f".tmp{os.getpid()}@{socket.gethostname()}"
+
+
+def remove_abandoned(directory: Path) -> None:
+    """Delete the folders being built in ``directory`` on this host (``NAME.tmp<pid>@<host>``) by
+    processes that no longer exist (killed with -9: a Ctrl-C or an error removes its own)."""
+    for path in directory.glob("*.tmp*") if directory.is_dir() else ():
+        pid, _, host = path.name.rsplit(".tmp", 1)[-1].partition("@")
+        if not pid.isdigit() or host != socket.gethostname():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            pass  # alive under another user, or not a pid
 
 
 def sync_directory(directory: Path) -> None:

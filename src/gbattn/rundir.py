@@ -63,6 +63,7 @@ RESULT = "result.json"
 LOCK = ".lock"
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"  # transformers' shards
+UNFINISHED_EXPORT = "an unfinished gbattn export"  # gbattn's tokenizer file without config.json (hf.export)
 RUN_FILES = (CONFIG, TOKENIZER, CHECKPOINT, BEST, METRICS, RESULT)
 OWN_FILES = (*RUN_FILES, LOCK, SAFETENSORS, EXPORTED_TOKENIZER)  # every file gbattn reads in a run or exported dir
 
@@ -106,6 +107,8 @@ def foreign_model(directory: str | Path) -> str | None:
                 else "a transformers checkpoint of a gbattn model")
     if isinstance(config, dict) and "model_type" in config:
         return f"a Hugging Face checkpoint ({config['model_type']})"
+    if not (directory / CONFIG).exists() and (directory / EXPORTED_TOKENIZER).is_file():
+        return UNFINISHED_EXPORT
     if (directory / SAFETENSORS).exists():
         return f"a model directory ({SAFETENSORS})"
     return None
@@ -524,6 +527,9 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         raise UserError(f"device={str(device)!r} but CUDA is not available here; use device='cpu'")
     if checkpoint is not None and checkpoint not in WHICH:
         raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")
+    if not (path / CONFIG).exists() and foreign_model(path) == UNFINISHED_EXPORT:
+        raise CheckpointError(f"{path} holds an export that did not finish (it has no {CONFIG}: stopped while being "
+                              f"written): export the run again")
     if not (path / CONFIG).exists():
         runs = sorted(p.parent for p in (*path.glob(f"*/{CONFIG}"), *path.glob(f"*/*/{CONFIG}")))
         if runs:  # a comparison's directory (or one model's), not a run

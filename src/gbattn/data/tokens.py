@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ import torch
 from gbattn.data.corpus import SPLITS, Corpus
 from gbattn.data.tokenizer import Tokenizer, cache_dir
 from gbattn.errors import CheckpointError, DataError
-from gbattn.files import FULL_DISK, read_json, write_json
+from gbattn.files import FULL_DISK, building_suffix, read_json, remove_abandoned, write_json
 from gbattn.progress import Progress
 
 
@@ -64,27 +63,6 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
     return n
 
 
-def _building_suffix() -> str:
-    """The name suffix of an entry this process builds: ``.tmp<pid>@<host>`` (a cache shared between
-    machines holds other hosts' builds, whose pids mean nothing here)."""
-    return f".tmp{os.getpid()}@{socket.gethostname()}"
-
-
-def remove_abandoned(directory: Path) -> None:
-    """Delete cache entries being built on this host (``KEY.tmp<pid>@<host>``) by processes that no
-    longer exist (killed with -9: a Ctrl-C or an error removes its own)."""
-    for path in directory.glob("*.tmp*") if directory.is_dir() else ():
-        pid, _, host = path.name.rsplit(".tmp", 1)[-1].partition("@")
-        if not pid.isdigit() or host != socket.gethostname():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (PermissionError, OverflowError):
-            pass  # alive under another user, or not a pid
-
-
 def tokenize_corpus(
     corpus: Corpus,
     tokenizer: Tokenizer,
@@ -107,7 +85,7 @@ def tokenize_corpus(
             return cached
         shutil.rmtree(directory, ignore_errors=True)  # a damaged cache entry: build it again
     remove_abandoned(directory.parent)
-    tmp = directory.with_name(directory.name + _building_suffix())
+    tmp = directory.with_name(directory.name + building_suffix())
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:

@@ -14,16 +14,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
 from gbattn import rundir
 from gbattn.errors import UserError
-from gbattn.files import check_writable_dir, portable_path, write_json
+from gbattn.files import (
+    building_suffix,
+    check_writable_dir,
+    portable_path,
+    remove_abandoned,
+    sync_directory,
+    write_json,
+)
 from gbattn.hf.modeling import GbattnForCausalLM
 from gbattn.hf.tokenization import hf_tokenizer, is_end_of_text
-from gbattn.rundir import BEST, CHECKPOINT, SAFETENSORS, LoadedRun, foreign_model, load_run
+from gbattn.rundir import BEST, CHECKPOINT, CONFIG, SAFETENSORS, UNFINISHED_EXPORT, LoadedRun, foreign_model, load_run
 
 GBATTN_TOKENIZER = rundir.EXPORTED_TOKENIZER
 
@@ -83,19 +91,37 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
     if out.exists() and run_dir.exists() and out.resolve() == run_dir.resolve():
         raise UserError(f"--out {out} is the run directory itself; export to another directory")
     held = "a run" if any((out / name).exists() for name in (CHECKPOINT, BEST)) else foreign_model(out)
-    if held and held != "a gbattn export":  # an earlier export of a model is replaced; nothing else is
+    if held and held not in ("a gbattn export", UNFINISHED_EXPORT):  # an earlier export of a model is replaced
         raise UserError(f"--out {out} holds {held}; export to another directory")
     run = load_run(run_dir, checkpoint, "cpu")
     check_writable_dir(out, "--out")
-    model, tokenizer = wrap_run(run)
-    with quiet_transformers():
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-    portable_tokenizer_class(out / "tokenizer_config.json")
-    run.tokenizer.save(out / GBATTN_TOKENIZER)
-    weights = out / SAFETENSORS
-    if weights.is_file() and not weights.is_symlink():  # transformers writes it 0600; the other files get the umask's
-        umask = os.umask(0)
-        os.umask(umask)
-        weights.chmod(0o666 & ~umask)
+    remove_abandoned(out)  # the staging folders of exports killed before they finished
+    staging = out / f".export{building_suffix()}"
+    try:
+        model, tokenizer = wrap_run(run)
+        with quiet_transformers():
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+        portable_tokenizer_class(staging / "tokenizer_config.json")
+        run.tokenizer.save(staging / GBATTN_TOKENIZER)
+        weights = staging / SAFETENSORS
+        if weights.is_file():  # transformers writes it 0600; the other files get the umask's
+            umask = os.umask(0)
+            os.umask(umask)
+            weights.chmod(0o666 & ~umask)
+        move_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def move_into_place(staging: Path, out: Path) -> None:
+    """The staged export's files into ``out`` in an order that no kill can leave looking complete: an
+    earlier export's config.json goes first, gbattn's tokenizer file comes first (without config.json
+    it marks an unfinished export, which gbattn refuses to load and a new export replaces), config.json
+    last (with it, gbattn and transformers take the directory for a model)."""
+    (out / CONFIG).unlink(missing_ok=True)
+    names = sorted(p.name for p in staging.iterdir() if p.name not in (GBATTN_TOKENIZER, CONFIG))
+    for name in (GBATTN_TOKENIZER, *names, CONFIG):
+        os.replace(staging / name, out / name)
+    sync_directory(out)
