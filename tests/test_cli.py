@@ -578,6 +578,28 @@ def test_main_restores_the_ctrl_c_handler_it_set_while_starting(capsys):
         signal.signal(signal.SIGINT, before)
 
 
+def test_main_leaves_an_ignored_ctrl_c_ignored_while_starting(capsys, monkeypatch):
+    """A process started with SIGINT ignored (a shell's background job) is not ended by a Ctrl-C meant for
+    the script that started it, at the start either: no handler is set over the ignored signal."""
+    import signal
+
+    from gbattn import cli
+
+    set_for, real = [], signal.signal
+
+    def recorded(signum, handler):
+        set_for.append(signum)
+        return real(signum, handler)
+
+    monkeypatch.setattr(cli.signal, "signal", recorded)
+    before = real(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert main(["list"]) == 0 and capsys.readouterr().err == ""
+        assert signal.SIGINT not in set_for and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        real(signal.SIGINT, before)
+
+
 def test_resolve_device_refuses_what_torch_cannot_name():
     """A non-string device and `cuda:x` (torch's RuntimeError) are one-line UserErrors."""
     import torch

@@ -477,6 +477,33 @@ def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once_when_resum
     assert run_record(tmp_path / "crashed")[1] == run_record(tmp_path / "ref")[1]
 
 
+def test_a_run_started_with_sigint_ignored_trains_on_through_one(tmp_path, monkeypatch):
+    """A shell starts a background job (`gbattn train ... &` in a script) with SIGINT ignored, so that
+    Ctrl-C on the script leaves it running: data preparation ignored it, but the training loop's
+    handler took it as a stop. It stays ignored; SIGTERM still stops the run."""
+    import signal
+
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data, max_steps=6, eval_every=3)
+    original = Trainer._train_step
+
+    def signalled(self, step, signum):
+        if step == 2:
+            os.kill(os.getpid(), signum)
+        return original(self, step)
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        monkeypatch.setattr(Trainer, "_train_step", lambda self, step: signalled(self, step, signal.SIGINT))
+        assert train(tmp_path / "background", *configs, quiet=True)["steps"] == 6
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        monkeypatch.setattr(Trainer, "_train_step", lambda self, step: signalled(self, step, signal.SIGTERM))
+        with pytest.raises(UserError, match="terminated at step 3"):
+            train(tmp_path / "terminated", *configs, quiet=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
     data = write_corpus(tmp_path / "c")
     configs = tiny_configs(data)

@@ -122,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # --help and usage errors end here, before anything heavy is imported
     # Ctrl-C while torch is imported: torch's import can swallow the KeyboardInterrupt (the command
-    # then ran to its end) or fail oddly, and nothing has started yet, so leave at once.
-    previous = signal.signal(signal.SIGINT, _interrupted_while_starting) if _main_thread() else None
+    # then ran to its end) or fail oddly, and nothing has started yet, so leave at once (unless this
+    # process was started with SIGINT ignored, as a shell's background job is: it stays ignored).
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    previous = signal.signal(signal.SIGINT, _interrupted_while_starting) if _main_thread() and not ignored else None
     import torch
 
     from gbattn.runtime import set_invocation

@@ -114,7 +114,9 @@ def trains_compiled(cfg: TrainConfig, device: torch.device) -> bool:
 
 
 class _StopFlag:
-    """SIGINT/SIGTERM ask the loop to checkpoint and stop at the next step boundary."""
+    """SIGINT/SIGTERM ask the loop to checkpoint and stop at the next step boundary. A signal the process
+    was started with ignored (a shell's background job ignores SIGINT) stays ignored, as it is before and
+    after the loop."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -128,6 +130,8 @@ class _StopFlag:
             self.requested, self.signum = True, signum
 
         for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                continue
             with contextlib.suppress(ValueError):  # not the main thread
                 self._old[sig] = signal.signal(sig, handler)
         return self
