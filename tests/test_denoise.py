@@ -668,7 +668,8 @@ def test_committed_results_are_what_the_tables_make_of_their_runs():
 
 def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, monkeypatch):
     """With training stubbed: every distinct run trained once (runs shared by tables too),
-    results.json rewritten after each experiment's table, the Bayes ceilings from the protocol's
+    results.json rewritten after each experiment's table and marked unfinished (results.md says which
+    tables are missing) until the last, the Bayes ceilings from the protocol's
     queries and pattern seed, and the seeds and query counts in results.md."""
     from gbattn.synthetic import tables
 
@@ -679,6 +680,13 @@ def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, 
         trained.append(spec.key)
         path = tmp_path / "results.json"
         seen_tables.append(sorted(json.loads(path.read_text())["tables"]) if path.exists() else [])
+        # The first call (26 runs): what a run stopped now leaves says it is unfinished, and which tables are missing.
+        if path.exists() and len(trained) <= 26:
+            assert json.loads(path.read_text())["finished"] is False
+            missing = sorted({"gates", "difficulty", "rounds"} - set(seen_tables[-1]), key=["gates", "difficulty",
+                                                                                             "rounds"].index)
+            assert (f"**Unfinished**: {3 - len(missing)} of 3 tables ({', '.join(missing)} not yet run)"
+                    in (tmp_path / "results.md").read_text())
         return runs[spec.key]
 
     monkeypatch.setattr(tables, "train_run", fake_train)
@@ -694,6 +702,8 @@ def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, 
         accuracy, stderr = bayes_optimal_accuracy(make_patterns(st, 7), st.sigma, 2000)
         assert report["bayes"][st.key] == {"accuracy": accuracy, "stderr": stderr, "queries": 2000}
     markdown = (tmp_path / "results.md").read_text()
+    assert written["finished"] is True and written["experiments"] == ["gates", "difficulty", "rounds"]
+    assert "Unfinished" not in markdown
     assert "Seeds 3, 5 ·" in markdown and "(Monte Carlo, 2,000 queries)" in markdown
     assert markdown.count("ours (mean ± std, 2 seeds)") == 4  # rounds, gates, difficulty M = 1 and M = 2
     assert "300 fresh queries" in markdown and (tmp_path / "rounds.png").stat().st_size > 10_000

@@ -237,7 +237,7 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
     report = {"command": command, "protocol": asdict(protocol), "eval_steps": protocol.eval_steps,
               "seeds": list(seeds), "device": device, "torch_threads": torch.get_num_threads(),
               "init": "PyTorch default nn.Linear init; log beta = log 2.0", "bayes": bayes, "paper": PAPER,
-              "tables": {}, "markdown": {}, "runs": {}}
+              "tables": {}, "markdown": {}, "runs": {}, "experiments": list(experiments), "finished": False}
     runs = report["runs"]
     for name, specs in plans.items():
         for spec in specs:
@@ -259,6 +259,7 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
 
         remove_unwritten(out, ("rounds",), [])
     report["wall_seconds"] = time.perf_counter() - started
+    report["finished"] = True
     write_results(out, report)
     return report
 
@@ -276,6 +277,11 @@ def results_markdown(report: dict) -> str:
              f"best of evaluations at steps {', '.join(map(str, report['eval_steps']))} on {p['eval_queries']:,} "
              f"fresh queries · patterns seed {p['pattern_seed']} · device {report['device']} · "
              f"wall-clock {report.get('wall_seconds', 0) / 60:.1f} min", ""]
+    if not report.get("finished", True):  # written after each table: a stopped run leaves the tables it finished
+        missing = [name for name in report["experiments"] if name not in report["tables"]]
+        done, asked = len(report["tables"]), len(report["experiments"])
+        lines += [f"**Unfinished**: {done} of {asked} tables ({', '.join(missing)} not yet run): the run was stopped, "
+                  f"or is still running; run the command again for all of them.", ""]
     for text in report["markdown"].values():
         lines += [text, ""]
     n = len(report["eval_steps"])  # three, but fewer for --steps 1 or 2
