@@ -1449,6 +1449,29 @@ def test_a_stop_asked_for_at_the_last_step_finishes_the_run(tmp_path, monkeypatc
     assert "interrupted" not in events and events[-1] == "test"
 
 
+def test_ctrl_c_during_the_last_step_finishes_the_run_and_is_not_lost(tmp_path, monkeypatch):
+    """Ctrl-C (a real SIGINT) during the last step: the run finishes (result.json), then says it was
+    interrupted with status 130. It ended with status 0 as if no Ctrl-C had come, and `compare` went on to
+    train its next runs: the stop was lost."""
+    import signal
+
+    data = write_corpus(tmp_path / "c")
+    original = Trainer._train_step
+
+    def ctrl_c_in_the_last_step(self, step):
+        if step == self.total_steps - 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", ctrl_c_in_the_last_step)
+    with pytest.raises(UserError, match=r"interrupted during the last step: .*run finished all the same .*nothing is "
+                                        r"left to resume$") as stopped:
+        train(tmp_path / "run", *tiny_configs(data), quiet=True)
+    assert stopped.value.exit_code == 130 and ckpt.read_result(tmp_path / "run" / ckpt.RESULT)["steps"] == 12
+    with pytest.raises(UserError, match=r"; rerun the same `gbattn compare` command for the rest of the comparison$"):
+        train(tmp_path / "compared", *tiny_configs(data), quiet=True, extra={"label": "gba-m2", "recipe": "cpu-char"})
+
+
 def test_a_checkpoint_is_also_saved_every_checkpoint_minutes(tmp_path, monkeypatch):
     """Between evaluations a checkpoint is saved once more than checkpoint_minutes have passed since
     the last one: with a clock the test moves one minute per step and checkpoint_minutes=2.5, at steps

@@ -532,7 +532,16 @@ class Trainer:
                     error.exit_code = 128 + int(stop.signum)  # 130 for SIGINT, 143 for SIGTERM, as shells report
                     raise error
         self.bar.close()
-        return self._finish()
+        result = self._finish()
+        if stop.requested:  # during the last step: the run finished, and the stop is not lost (compare goes no further)
+            how = "terminated" if stop.signum == signal.SIGTERM else "interrupted"
+            error = TrainingInterrupted(f"{how} during the last step: {self.run_dir} finished all the same (its "
+                                        f"result.json is written); nothing is left to resume"
+                                        + ("; rerun the same `gbattn compare` command for the rest of the comparison"
+                                           if "label" in self.extra else ""))
+            error.exit_code = 128 + int(stop.signum)
+            raise error
+        return result
 
     def _resume_command(self) -> str:
         """How to continue this run: under torchrun, launched as it was (in one process it would train on
