@@ -63,7 +63,10 @@ RESULT = "result.json"
 LOCK = ".lock"
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"  # transformers' shards
-UNFINISHED_EXPORT = "an unfinished gbattn export"  # gbattn's tokenizer file without config.json (hf.export)
+# An export being written, or stopped before it finished (hf.export): its staging folder, or gbattn's tokenizer
+# file, without config.json.
+EXPORT_STAGING = ".export"  # + files.building_suffix()
+UNFINISHED_EXPORT = "an unfinished gbattn export"
 RUN_FILES = (CONFIG, TOKENIZER, CHECKPOINT, BEST, METRICS, RESULT)
 OWN_FILES = (*RUN_FILES, LOCK, SAFETENSORS, EXPORTED_TOKENIZER)  # every file gbattn reads in a run or exported dir
 
@@ -107,7 +110,8 @@ def foreign_model(directory: str | Path) -> str | None:
                 else "a transformers checkpoint of a gbattn model")
     if isinstance(config, dict) and "model_type" in config:
         return f"a Hugging Face checkpoint ({config['model_type']})"
-    if not (directory / CONFIG).exists() and (directory / EXPORTED_TOKENIZER).is_file():
+    if not (directory / CONFIG).exists() and ((directory / EXPORTED_TOKENIZER).is_file()
+                                              or any(directory.glob(f"{EXPORT_STAGING}.tmp*"))):
         return UNFINISHED_EXPORT
     if (directory / SAFETENSORS).exists():
         return f"a model directory ({SAFETENSORS})"

@@ -31,7 +31,17 @@ from gbattn.files import (
 )
 from gbattn.hf.modeling import GbattnForCausalLM
 from gbattn.hf.tokenization import hf_tokenizer, is_end_of_text
-from gbattn.rundir import BEST, CHECKPOINT, CONFIG, SAFETENSORS, UNFINISHED_EXPORT, LoadedRun, foreign_model, load_run
+from gbattn.rundir import (
+    BEST,
+    CHECKPOINT,
+    CONFIG,
+    EXPORT_STAGING,
+    SAFETENSORS,
+    UNFINISHED_EXPORT,
+    LoadedRun,
+    foreign_model,
+    load_run,
+)
 
 GBATTN_TOKENIZER = rundir.EXPORTED_TOKENIZER
 
@@ -96,7 +106,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
     run = load_run(run_dir, checkpoint, "cpu")
     check_writable_dir(out, "--out")
     remove_abandoned(out)  # the staging folders of exports killed before they finished
-    staging = out / f".export{building_suffix()}"
+    staging = out / f"{EXPORT_STAGING}{building_suffix()}"
     try:
         model, tokenizer = wrap_run(run)
         with quiet_transformers():
