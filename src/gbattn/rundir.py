@@ -531,7 +531,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         raise UserError(f"device={str(device)!r} but CUDA is not available here; use device='cpu'")
     if checkpoint is not None and checkpoint not in WHICH:
         raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")
-    if not (path / CONFIG).exists() and foreign_model(path) == UNFINISHED_EXPORT:
+    if foreign_model(path) == UNFINISHED_EXPORT:
         raise CheckpointError(f"{path} holds an export that did not finish (it has no {CONFIG}: stopped while being "
                               f"written): export the run again")
     if not (path / CONFIG).exists():

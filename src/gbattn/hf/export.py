@@ -127,9 +127,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
 
 def move_into_place(staging: Path, out: Path) -> None:
     """The staged export's files into ``out`` in an order that no kill can leave looking complete: an
-    earlier export's config.json goes first, gbattn's tokenizer file comes first (without config.json
-    it marks an unfinished export, which gbattn refuses to load and a new export replaces), config.json
-    last (with it, gbattn and transformers take the directory for a model)."""
+    earlier export's config.json is removed before anything moves, gbattn's tokenizer file moves first
+    (without config.json it marks an unfinished export, which gbattn refuses to load and a new export
+    replaces), config.json last (with it, gbattn and transformers take the directory for a model)."""
     (out / CONFIG).unlink(missing_ok=True)
     names = sorted(p.name for p in staging.iterdir() if p.name not in (GBATTN_TOKENIZER, CONFIG))
     for name in (GBATTN_TOKENIZER, *names, CONFIG):
