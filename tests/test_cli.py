@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -560,6 +561,23 @@ def test_a_user_error_message_is_one_line_and_an_interrupt_exits_130(capsys, mon
     assert (code, out) == (2, "") and err == (
         f"gbattn: error: out of memory ({detail}): choose smaller sizes (batch_size, seq_len, d_model, "
         f"--num-samples, ...)\n")
+
+
+def test_sigterm_during_a_command_is_one_line_status_143_and_unwinds(tmp_path):
+    """SIGTERM outside a training loop (data preparation, an export, a benchmark) ended the process at
+    once with no word (status -15): it now unwinds as Ctrl-C does (the command's cleanup runs) and exits
+    143 with `gbattn: terminated`; afterwards SIGTERM's default is back. In a child process, so that a
+    regression ends the child and not the test run."""
+    cleaned = tmp_path / "cleaned"
+    code = ("import os, signal, sys, time\nimport gbattn.cli\n"
+            "def terminated_mid_command(args):\n    try:\n        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "        time.sleep(30)\n    finally:\n        open(sys.argv[1], 'w').close()\n"
+            "gbattn.cli.cmd_list = terminated_mid_command\nstatus = gbattn.cli.main(['list'])\n"
+            "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\nsys.exit(status)\n")
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    proc = subprocess.run([sys.executable, "-c", code, str(cleaned)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert (proc.returncode, proc.stderr) == (143, "gbattn: terminated\n") and cleaned.exists(), proc.stderr[-500:]
 
 
 def test_main_restores_the_ctrl_c_handler_it_set_while_starting(capsys):

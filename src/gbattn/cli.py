@@ -109,6 +109,12 @@ def _interrupted_while_starting(signum, frame) -> None:
     os._exit(130)
 
 
+def _terminated(signum, frame) -> None:
+    from gbattn.errors import Terminated
+
+    raise Terminated
+
+
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -132,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if previous is not None:
         signal.signal(signal.SIGINT, previous)
+    # SIGTERM (a job scheduler's stop, `kill`) ends the command as Ctrl-C does, with one line and status 143,
+    # where the default handler ended it at once, silently (a training loop checkpoints first, on its own).
+    # A SIGTERM the process was started with ignored, or a handler of its caller's, stays; so does torchrun's
+    # (it terminates every process when one fails, and its processes must not wait on each other then).
+    term_default = (_main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+                    and "LOCAL_RANK" not in os.environ)
+    if term_default:
+        signal.signal(signal.SIGTERM, _terminated)
     set_invocation(sys.argv[1:] if argv is None else argv)
     try:
         args.func(args)
@@ -139,9 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:  # one write: torchrun's processes write unbuffered (-u) to one stderr, at once
         sys.stderr.write(f"gbattn: error: {' '.join(str(e).split())}\n")
         return getattr(e, "exit_code", 2)
-    except KeyboardInterrupt:
-        print("gbattn: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        from gbattn.errors import Terminated
+
+        print(f"gbattn: {'terminated' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     except (MemoryError, RuntimeError) as e:  # sizes a machine cannot hold (batch, width, samples)
         # torch.OutOfMemoryError on CUDA; on CPU the allocator raises a plain RuntimeError.
         if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and CPU_ALLOCATION_FAILED not in str(e):
@@ -153,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `gbattn ... | head`: the reader left; end quietly, with SIGPIPE's status
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    finally:
+        if term_default:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return 0
 
 

@@ -19,3 +19,8 @@ class DataNotFound(DataError):
 
 class CheckpointError(UserError, RuntimeError):
     """A run directory or checkpoint that is missing, truncated or corrupted."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside a training loop (which checkpoints and stops on its own): unwinds as Ctrl-C does, so
+    locks and temporary files are released, and the command exits 143 with one line."""
