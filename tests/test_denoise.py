@@ -174,7 +174,8 @@ def test_cli_tiny_run_writes_tables_and_figure(tmp_path, capsys):
     assert [r["rounds"] for r in rows] == [1, 2, 3, 4, 5] and rows[0]["ours"]["n"] == 2
     assert report["tables"]["rounds"]["bayes"] == pytest.approx(58.1, abs=1.5)  # the paper's ceiling
     markdown = (out / "results.md").read_text()
-    assert "| Bayes-optimal" in markdown and "| chance (1/K)" in markdown and "41.3" in markdown
+    assert "| Bayes-optimal" in markdown and "| chance (1/K)" in markdown
+    assert "41.3" not in markdown and "trained for 2 steps, not the 150" in markdown  # 2 steps: no paper numbers
     assert (out / "rounds.png").stat().st_size > 10_000
 
 
@@ -794,3 +795,34 @@ def test_rounds_figure_legend_covers_no_point(tmp_path, monkeypatch):
                 for m, a in enumerate(accuracies, 1)]
         plot_rounds({"rows": rows, "bayes": 58.2, "chance": 6.25}, tmp_path / "rounds.png")
         assert covered == [], accuracies
+
+
+def test_paper_numbers_only_beside_runs_of_the_papers_length(tmp_path, monkeypatch, capsys):
+    """With training stubbed: 150 steps (the paper's) prints the paper's accuracies in every table and
+    the figure; --steps 20 leaves them out of results.md, its tables and rounds.png, and says why
+    (a 20-step run beside 41.3 / 46.0 / 78.9 read as a reproduction that failed)."""
+    import matplotlib.figure
+
+    from gbattn.synthetic import tables
+
+    runs, _ = fake_runs((0,))
+    monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
+    legends = []
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        legends.append([t.get_text() for t in fig.axes[0].get_legend().get_texts()])
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    published = ["41.3", "46.0", "48.2", "56.5", "+18.7", "+15.7", "78.9", "25.6", "| 58.1 |"]
+    for steps, shown in ((150, True), (20, False)):
+        out = tmp_path / f"steps{steps}"
+        tables.run_denoise(out, ["rounds", "gates", "difficulty", "deq"], (0,),
+                           Protocol(steps=steps, bayes_queries=100), quiet=True)
+        markdown = (out / "results.md").read_text()
+        assert all((number in markdown) == shown for number in published), (steps, markdown)
+        note = "Paper numbers omitted: these runs trained for 20 steps, not the 150 the paper's accuracies are for."
+        assert (note in markdown) == (not shown) == (note in capsys.readouterr().out)
+        assert ("paper (revision)" in legends[-1] and "paper (v1)" in legends[-1]) == shown, legends[-1]
+        assert any(label.startswith("Bayes-optimal") for label in legends[-1])

@@ -129,25 +129,40 @@ def row(label: str, cells: list[str]) -> str:
     return f"| {label} | " + " | ".join(cells) + " |"
 
 
-def table_markdown(name: str, table: dict, n_seeds: int) -> str:
-    """The Markdown table of one experiment, ours beside the paper's."""
+def paper_omitted_note(protocol: dict) -> str | None:
+    """Why the paper's numbers are left out of the tables and figure, or None when the runs trained for
+    the paper's 150 steps (a shorter or longer run is not what the published accuracies are for)."""
+    paper_steps = Protocol().steps
+    if protocol["steps"] == paper_steps:
+        return None
+    return (f"Paper numbers omitted: these runs trained for {protocol['steps']:,} steps, not the {paper_steps} "
+            "the paper's accuracies are for.")
+
+
+def table_markdown(name: str, table: dict, n_seeds: int, published: bool = True) -> str:
+    """The Markdown table of one experiment, ours beside the paper's (its cells "—" when not
+    ``published``: runs of another length, :func:`paper_omitted_note`)."""
     ours = ours_label(n_seeds)
+
+    def paper(value, **kwargs) -> str:
+        return fmt(value, **kwargs) if published else "—"
+
     if name == "rounds":
         lines = [f"### Accuracy vs rounds M (d=64, K=16, sigma=0.5, gate {table['gate']}), accuracy %", "",
                  f"| rounds M | {ours} | paper v1 | paper revision |", "| --- | ---: | ---: | ---: |"]
-        lines += [f"| {r['rounds']} | {fmt(r['ours'])} | {fmt(r['paper_v1'])} | {fmt(r['paper_revision'])} |"
+        lines += [f"| {r['rounds']} | {fmt(r['ours'])} | {paper(r['paper_v1'])} | {paper(r['paper_revision'])} |"
                   for r in table["rows"]]
-        chance = chance_cell(table["chance"])
+        chance, ceiling = chance_cell(table["chance"]), paper(PAPER["bayes_revision"])
         lines += [f"| chance (1/K) | {chance} | {chance} | {chance} |",
-                  f"| Bayes-optimal (nearest true pattern) | {bayes_cell(table)} | — | {PAPER['bayes_revision']:.1f} |"]
+                  f"| Bayes-optimal (nearest true pattern) | {bayes_cell(table)} | — | {ceiling} |"]
     elif name == "gates":
         lines = ["### Gate ablation at M = 2 (d=64, K=16, sigma=0.5), accuracy %", "",
                  f"| gate | {ours} | paper revision |", "| --- | ---: | ---: |"]
         for r in table["rows"]:
             label = "one-round baseline (M = 1)" if r["gate"] == "baseline" else r["gate"]
-            lines.append(f"| {label} | {fmt(r['ours'])} | {fmt(r['paper_revision'])} |")
+            lines.append(f"| {label} | {fmt(r['ours'])} | {paper(r['paper_revision'])} |")
         lines += [f"| chance (1/K) | {chance_cell(table['chance'])} | {chance_cell(table['chance'])} |",
-                  f"| Bayes-optimal (nearest true pattern) | {bayes_cell(table)} | {PAPER['bayes_revision']:.1f} |"]
+                  f"| Bayes-optimal (nearest true pattern) | {bayes_cell(table)} | {paper(PAPER['bayes_revision'])} |"]
     elif name == "difficulty":
         cols = table["columns"]
         head = " | ".join(Setting(**c["setting"]).label for c in cols)
@@ -156,7 +171,7 @@ def table_markdown(name: str, table: dict, n_seeds: int) -> str:
                  row(f"M = 1, {ours}", [fmt(c["m1"]) for c in cols]),
                  row(f"M = 2, {ours}", [fmt(c["m2"]) for c in cols]),
                  row("gain M = 2 − M = 1, ours (points)", [fmt(c["delta"], sign=True) for c in cols]),
-                 row("gain, paper (points)", [fmt(c["paper_delta"], sign=True) for c in cols]),
+                 row("gain, paper (points)", [paper(c["paper_delta"], sign=True) for c in cols]),
                  row("chance (1/K)", [chance_cell(c["chance"]) for c in cols]),
                  row("Bayes-optimal (nearest true pattern)", [bayes_cell(c) for c in cols])]
     elif name == "deq":
@@ -166,9 +181,9 @@ def table_markdown(name: str, table: dict, n_seeds: int) -> str:
                  "| --- |" + " ---: |" * len(cols),
                  row("sigma", [f"{c['setting']['sigma']}" for c in cols]),
                  row(f"one step (trained), {ours}", [fmt(c["one_step"]) for c in cols]),
-                 row("one step (trained), paper", [fmt(c["paper_one_step"]) for c in cols]),
+                 row("one step (trained), paper", [paper(c["paper_one_step"]) for c in cols]),
                  row(f"converged (trained DEQ), {ours}", [fmt(c["converged"]) for c in cols]),
-                 row("converged (trained DEQ), paper", [fmt(c["paper_converged"]) for c in cols]),
+                 row("converged (trained DEQ), paper", [paper(c["paper_converged"]) for c in cols]),
                  row("max residual ‖f(z*) − z*‖ (ours)", [f"{c['residual_max']:.1e}" for c in cols]),
                  row("max forward iterations (ours)", [str(c["iterations_max"]) for c in cols]),
                  row("chance (1/K)", [chance_cell(c["chance"]) for c in cols]),
@@ -178,8 +193,9 @@ def table_markdown(name: str, table: dict, n_seeds: int) -> str:
     return "\n".join(lines)
 
 
-def plot_rounds(table: dict, path: Path) -> None:
-    """Accuracy vs rounds with error bars (std over seeds), the paper's rows, chance and Bayes-optimal."""
+def plot_rounds(table: dict, path: Path, published: bool = True) -> None:
+    """Accuracy vs rounds with error bars (std over seeds), the paper's rows (when ``published``: runs of the
+    paper's length), chance and Bayes-optimal."""
     try:
         import matplotlib
 
@@ -192,8 +208,9 @@ def plot_rounds(table: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     ax.errorbar(rounds, [r["ours"]["mean"] for r in rows], yerr=[r["ours"]["std"] or 0.0 for r in rows],
                 marker="o", capsize=4, label=ours_label(rows[0]["ours"]["n"]))
-    ax.plot(rounds, [r["paper_revision"] for r in rows], "s--", alpha=0.7, label="paper (revision)")
-    ax.plot(rounds, [r["paper_v1"] for r in rows], "^:", alpha=0.7, label="paper (v1)")
+    if published:
+        ax.plot(rounds, [r["paper_revision"] for r in rows], "s--", alpha=0.7, label="paper (revision)")
+        ax.plot(rounds, [r["paper_v1"] for r in rows], "^:", alpha=0.7, label="paper (v1)")
     ax.axhline(table["bayes"], color="black", linestyle="-", linewidth=1,
                label=f"Bayes-optimal ({table['bayes']:.1f}%)")
     ax.axhline(table["chance"], color="grey", linestyle="--", linewidth=1,
@@ -229,6 +246,10 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
               f"{protocol.steps} steps each; device {device}; torch threads {torch.get_num_threads()}); "
               f"about {duration_words(len(todo) * SECONDS_PER_RUN * protocol.steps / 150)} on one idle CPU thread")
 
+    omitted = paper_omitted_note(asdict(protocol))
+    published = omitted is None
+    if omitted:
+        print(omitted + "\n", flush=True)  # beside the tables, which --quiet prints too
     bayes = {}
     for st in settings:
         acc, se = bayes_optimal_accuracy(make_patterns(st, protocol.pattern_seed), st.sigma, protocol.bayes_queries)
@@ -246,14 +267,14 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
             runs[spec.key] = train_run(spec, protocol, device)
             bar.update(1, last=f"{spec.key} {100 * runs[spec.key]['accuracy']:.1f}%")
         report["tables"][name] = summarise(name, runs, bayes, seeds)
-        report["markdown"][name] = table_markdown(name, report["tables"][name], len(seeds))
+        report["markdown"][name] = table_markdown(name, report["tables"][name], len(seeds), published)
         bar.write("")
         print(report["markdown"][name] + "\n", flush=True)
         report["wall_seconds"] = time.perf_counter() - started
         write_results(out, report)
     bar.close()
     if "rounds" in report["tables"]:
-        plot_rounds(report["tables"]["rounds"], out / "rounds.png")
+        plot_rounds(report["tables"]["rounds"], out / "rounds.png", published)
     else:  # an earlier call's figure would sit beside tables that no longer hold it
         from gbattn.analysis.figures import remove_unwritten
 
@@ -282,6 +303,9 @@ def results_markdown(report: dict) -> str:
         done, asked = len(report["tables"]), len(report["experiments"])
         lines += [f"**Unfinished**: {done} of {asked} tables ({', '.join(missing)} not yet run): the run was stopped, "
                   f"or is still running; run the command again for all of them.", ""]
+    omitted = paper_omitted_note(p)
+    if omitted:
+        lines += [omitted, ""]
     for text in report["markdown"].values():
         lines += [text, ""]
     n = len(report["eval_steps"])  # three, but fewer for --steps 1 or 2
