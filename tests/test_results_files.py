@@ -795,3 +795,25 @@ def test_readme_says_the_papers_regime_as_the_paper_recipe_runs_it():
     recipe = get_recipe("paper-wt103")
     said = re.findall(r"The paper's own regime \(([^)]*)\)", README_PROSE)
     assert said == [f"WikiText-103, {get_preset(recipe.preset).train['epochs']:.0f} epochs, {len(recipe.seeds)} seeds"]
+
+
+def test_readme_names_the_command_of_every_paper_table_and_figure():
+    """The README's map from the paper's tables and figures (docs/paper.md) to commands has a row for each,
+    a GPU and a CPU cell in each, recipes that exist and subcommands that exist, and every recipe holding
+    published numbers at the paper's preset in it (a paper table without a command was a gap nobody saw)."""
+    from gbattn.cli import build_parser
+    from gbattn.experiments.recipes import RECIPES
+
+    rows = readme_table("### Each paper table and figure, and its command")
+    tables = {row[0]: row for row in rows}
+    for what in ("parameter counts", "WikiText-103", "OpenWebText", "Post-LN", "gate per layer", "entropy",
+                 "accuracy vs rounds", "gate ablation", "difficulty", "DEQ"):
+        assert any(what in label for label in tables), what
+    assert all(len(row) == 4 and row[1] and row[2] and row[3] for row in rows), rows
+    text = " ".join(" ".join(row) for row in rows)
+    recipes = set(re.findall(r"--recipe ([\w-]+)", text))
+    assert recipes <= set(RECIPES), recipes - set(RECIPES)
+    published = {name for name, r in RECIPES.items() if r.published and r.preset == "paper-small"}
+    assert published == {"paper-wt103", "paper-owt", "paper-postln"} and published <= recipes
+    commands = set(build_parser()._subparsers._group_actions[0].choices)
+    assert set(re.findall(r"`gbattn ([\w-]+)", text)) <= commands
