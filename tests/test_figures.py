@@ -141,6 +141,17 @@ def test_curves_on_a_log_axis_have_plain_tick_labels():
     assert not [text for text in labels if "$" in text or "mathdefault" in text]
 
 
+def test_curves_draw_a_run_that_logged_its_training_loss_once():
+    """A short run (gbattn compare --set max_steps=4) logs one training loss: the panel showed nothing,
+    a line through one point having no length; it is a dot now, and longer runs stay lines."""
+    curves = {"standard": {"42": {"train": [(16_384, 8.1)], "valid": [(8_192, 3_000.0), (16_384, 2_900.0)]}},
+              "gba-m2": {"42": {"train": [(1_000, 3.0), (2_000, 2.9)], "valid": [(2_000, 20.0)]}}}
+    train_ax = figures.curves_figure(curves).axes[0]
+    one, two = train_ax.get_lines()
+    assert len(one.get_xdata()) == 1 and one.get_marker() == "o" and one.get_markersize() > 0
+    assert len(two.get_xdata()) == 2 and two.get_marker() in (None, "None", "")
+
+
 # ---- gbattn plot on a copied comparison ----------------------------------------------------
 
 

@@ -486,7 +486,9 @@ def curves_figure(curves: dict):
                 style = LINESTYLES[seeds.index(seed) % len(LINESTYLES)]
                 if c["train"]:
                     t, v = np.asarray(c["train"], dtype=float).T
-                    train_ax.plot(t / scale, v, style, color=color, linewidth=1.2, alpha=0.9)
+                    # a run that logged once (a few steps, say) is a dot: a line through one point draws nothing
+                    train_ax.plot(t / scale, v, style, color=color, linewidth=1.2, alpha=0.9,
+                                  marker="o" if len(t) == 1 else None, markersize=4)
                 if c["valid"]:
                     t, v = np.asarray(c["valid"], dtype=float).T
                     valid_ax.plot(t / scale, v, style, color=color, marker="o", markersize=4, linewidth=1.5)
