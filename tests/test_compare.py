@@ -9,7 +9,7 @@ import pytest
 
 from gbattn import rundir
 from gbattn.config import build_configs
-from gbattn.errors import UserError
+from gbattn.errors import Terminated, UserError
 from gbattn.experiments import compare as compare_mod
 from gbattn.experiments.compare import run_compare
 from gbattn.experiments.recipes import RECIPES, get_recipe
@@ -200,6 +200,20 @@ def test_a_stopped_invocation_leaves_every_finished_run_in_the_report(tmp_path, 
     assert rows["gba-m2"]["test_ppl"] == first["models"][1]["test_ppl"] and not report["complete"]
     md = (tmp_path / "cmp" / "results.md").read_text()
     assert "| gba-m2 |" in md and "INCOMPLETE" in md
+
+
+def test_a_sigterm_outside_a_training_loop_stops_a_comparison_as_terminated(tmp_path, monkeypatch):
+    """SIGTERM while a one-job comparison is between training loops (a run's final test evaluation, the report)
+    raises cli's Terminated: the comparison says it was terminated and exits 143, not 'interrupted' with 130."""
+    data = write_corpus(tmp_path / "c")
+
+    def terminated(*args, **kw):
+        raise Terminated
+
+    monkeypatch.setattr(compare_mod, "train", terminated)
+    with pytest.raises(UserError, match=r"compare terminated: the runs in progress \(standard/seed42\)") as stop:
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=tiny_sets(), only=["standard"], quiet=True)
+    assert stop.value.exit_code == 143
 
 
 def test_a_comparison_is_never_written_into_a_run_or_a_folder_of_runs(tmp_path, monkeypatch):

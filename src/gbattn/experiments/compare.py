@@ -23,7 +23,7 @@ from gbattn import rundir
 from gbattn.config import TrainConfig, build_configs
 from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
-from gbattn.errors import CheckpointError, UserError
+from gbattn.errors import CheckpointError, Terminated, UserError
 from gbattn.experiments.recipes import ModelSpec, Recipe, depends_on, get_recipe, training_order
 from gbattn.experiments.report import write_results
 from gbattn.files import portable_path, write_json
@@ -188,8 +188,9 @@ class _Runner:
                 elif todo and not started:  # what is left waits for a run that failed or was not asked for
                     failed += [f"{s.label}/seed{seed} (not trained: {self._waits_for(s, seed)})" for s, seed in todo]
                     break
-        except KeyboardInterrupt:  # Ctrl-C: as SIGTERM, the children stop at a checkpoint and it is said so
-            stopped.append(signal.SIGINT)
+        except KeyboardInterrupt as e:  # Ctrl-C, or a SIGTERM between training loops (cli's Terminated): as for a
+            # SIGTERM caught above, the children stop at a checkpoint and it is said so, with the signal that came
+            stopped.append(signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
         finally:
             in_progress = [*running, self.training_here] if self.training_here else list(running)
             interrupted = [f"{label}/seed{seed}" for label, seed in in_progress]
