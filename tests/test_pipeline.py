@@ -477,6 +477,23 @@ def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once_when_resum
     assert run_record(tmp_path / "crashed")[1] == run_record(tmp_path / "ref")[1]
 
 
+def test_a_second_signal_in_the_training_loop_stops_at_once_as_the_signal_it_is():
+    """The first SIGINT or SIGTERM asks the loop to stop at a step boundary; a second one stops at once: a
+    second SIGTERM raises cli's Terminated (status 143, 'terminated'), not a Ctrl-C's KeyboardInterrupt (130)."""
+    import signal
+
+    from gbattn.errors import Terminated
+    from gbattn.train.trainer import _StopFlag
+
+    for signum, expected in ((signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)):
+        with pytest.raises(KeyboardInterrupt) as stop, _StopFlag() as flag:
+            handler = signal.getsignal(signum)
+            handler(signum, None)
+            assert flag.requested and flag.signum == signum
+            handler(signum, None)
+        assert type(stop.value) is expected
+
+
 def test_a_run_started_with_sigint_ignored_trains_on_through_one(tmp_path, monkeypatch):
     """A shell starts a background job (`gbattn train ... &` in a script) with SIGINT ignored, so that
     Ctrl-C on the script leaves it running: data preparation ignored it, but the training loop's

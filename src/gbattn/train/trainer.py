@@ -23,7 +23,7 @@ from gbattn.data.corpus import test_split_note, tested_split
 from gbattn.data.prepare import Data, prepare_data
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
-from gbattn.errors import CheckpointError, DataError, UserError
+from gbattn.errors import CheckpointError, DataError, Terminated, UserError
 from gbattn.eval.perplexity import evaluate
 from gbattn.files import error_detail
 from gbattn.model.gpt import GPT
@@ -125,8 +125,8 @@ class _StopFlag:
 
     def __enter__(self):
         def handler(signum, frame):
-            if self.requested:  # a second Ctrl-C: stop now
-                raise KeyboardInterrupt
+            if self.requested:  # a second Ctrl-C or SIGTERM: stop now (as cli reports it: 130 or 143)
+                raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
             self.requested, self.signum = True, signum
 
         for sig in (signal.SIGINT, signal.SIGTERM):
