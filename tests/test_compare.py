@@ -216,6 +216,23 @@ def test_a_sigterm_outside_a_training_loop_stops_a_comparison_as_terminated(tmp_
     assert stop.value.exit_code == 143
 
 
+def test_a_comparison_recorded_with_a_corpus_file_name_alone_continues(tmp_path):
+    """recipe.json written before an absolute corpus file kept its folder recorded its name alone (input.txt for
+    /data/tiny-shakespeare/input.txt): the same command, now recorded as tiny-shakespeare/input.txt, continues
+    that comparison (it was refused as 'holds a comparison with data='input.txt''); other data is still refused."""
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps({"recipe": "cpu-char", "data": "input.txt", "seeds": [42], "sets": {},
+                                "command": "gbattn x"}))
+
+    def request(data):
+        return {"recipe": "cpu-char", "data": data, "seeds": [42], "sets": {}, "command": "gbattn y"}
+
+    compare_mod._check_request(path, request("tiny-shakespeare/input.txt"))
+    for other in ("tiny-shakespeare/other.txt", "wikitext-2"):
+        with pytest.raises(UserError, match="holds a comparison with data='input.txt'"):
+            compare_mod._check_request(path, request(other))
+
+
 def test_a_comparison_is_never_written_into_a_run_or_a_folder_of_runs(tmp_path, monkeypatch):
     """--out of a run, or of one model's seeds, is refused before anything is written (bad-inputs table in
     test_trust.py); a comparison that holds a run beside its models (an export, a copy) still continues."""
