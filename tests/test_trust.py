@@ -13,6 +13,7 @@ import os
 import pickle
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -1389,6 +1390,19 @@ def test_metrics_lines_store_no_nan_and_the_writable_probe_leaves_nothing(tmp_pa
     with pytest.raises(UserError, match="is a directory; give a file name"):
         files.check_writable_file(tmp_path, "--per-token")
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_new_metrics_file_gets_the_umasks_permissions(tmp_path):
+    """metrics.jsonl is created with the umask's permissions, as result.json and config.json are (atomic_write):
+    under umask 002 (a group's shared folder) it is group-writable; it was created 0644 whatever the umask."""
+    umask = os.umask(0o002)
+    try:
+        files.append_jsonl(tmp_path / "metrics.jsonl", {"step": 1})
+        files.atomic_write(tmp_path / "result.json", "{}")
+    finally:
+        os.umask(umask)
+    modes = {name: stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("metrics.jsonl", "result.json")}
+    assert modes == {"metrics.jsonl": 0o664, "result.json": 0o664}
 
 
 def test_read_json_turns_every_bad_file_into_one_line_naming_it(tmp_path):

@@ -107,9 +107,9 @@ def finite(obj: Any) -> Any:
 def append_jsonl(path: str | Path, record: dict) -> None:
     """One JSON line appended to ``path``, a regular file (created if new). Never through a link (it would
     write outside the run directory) and never into a directory or a FIFO (which would block): a one-line
-    :class:`UserError` instead."""
+    :class:`UserError` instead. A new file gets the umask's permissions, as every file gbattn writes."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
     except OSError as e:
         raise UserError(f"{path} cannot be opened to append to ({e.strerror or e}; a link, a directory or a FIFO is "
                         f"refused): remove it") from None
