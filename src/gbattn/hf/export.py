@@ -62,8 +62,8 @@ def quiet_transformers():
 
 def portable_paths(section: dict) -> dict:
     """The run's config without the paths of this machine (a directory to share): the data path,
-    a start run's path and the corpus name become their last component (``files.portable_path``);
-    ``gbattn eval EXPORT --data PATH`` names the data where it is elsewhere."""
+    a start run's path and the corpus name become their last component, a file's with its folder
+    (``files.portable_path``); ``gbattn eval EXPORT --data PATH`` names the data where it is elsewhere."""
     section = json.loads(json.dumps(section))
     for part, key in (("train", "data"), ("train", "init_from"), ("data", "corpus"), ("extra", "init_from")):
         record = section.get(part)
