@@ -826,3 +826,19 @@ def test_paper_numbers_only_beside_runs_of_the_papers_length(tmp_path, monkeypat
         assert (note in markdown) == (not shown) == (note in capsys.readouterr().out)
         assert ("paper (revision)" in legends[-1] and "paper (v1)" in legends[-1]) == shown, legends[-1]
         assert any(label.startswith("Bayes-optimal") for label in legends[-1])
+
+
+def test_an_experiment_asked_for_twice_is_one_table(tmp_path, monkeypatch):
+    """--experiments gates gates: one table, recorded once (results.json listed gates twice); results.md
+    written after the last table, before the end, said "1 of 2 tables ( not yet run)" (or "1 of 1") though every
+    table was there."""
+    from gbattn.synthetic import tables
+
+    runs, _ = fake_runs((0,))
+    monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
+    written, real_markdown = [], tables.results_markdown
+    monkeypatch.setattr(tables, "results_markdown", lambda report: written.append(real_markdown(report)) or written[-1])
+    report = tables.run_denoise(tmp_path, ["gates", "gates"], (0,), Protocol(bayes_queries=100), quiet=True)
+    assert report["experiments"] == ["gates"] and list(report["tables"]) == ["gates"]
+    assert json.loads((tmp_path / "results.json").read_text())["experiments"] == ["gates"]
+    assert len(written) == 2 and not any("not yet run" in markdown for markdown in written)

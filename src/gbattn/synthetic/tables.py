@@ -233,6 +233,7 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
     ``results.json``, ``results.md`` and (with ``rounds``) ``rounds.png`` into ``out_dir``."""
     protocol = protocol or Protocol()
     seeds = list(dict.fromkeys(seeds))  # each once, in the order given: a repeat is not another replicate
+    experiments = list(dict.fromkeys(experiments))  # each table once (results.json counts those asked)
     started = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -298,8 +299,10 @@ def results_markdown(report: dict) -> str:
              f"best of evaluations at steps {', '.join(map(str, report['eval_steps']))} on {p['eval_queries']:,} "
              f"fresh queries · patterns seed {p['pattern_seed']} · device {report['device']} · "
              f"wall-clock {report.get('wall_seconds', 0) / 60:.1f} min", ""]
-    if not report.get("finished", True):  # written after each table: a stopped run leaves the tables it finished
-        missing = [name for name in report["experiments"] if name not in report["tables"]]
+    # Written after each table: a stopped run leaves the tables it finished (after the last, only the figure is left).
+    missing = [] if report.get("finished", True) else [name for name in report["experiments"]
+                                                       if name not in report["tables"]]
+    if missing:
         done, asked = len(report["tables"]), len(report["experiments"])
         lines += [f"**Unfinished**: {done} of {asked} tables ({', '.join(missing)} not yet run): the run was stopped, "
                   f"or is still running; run the command again for all of them.", ""]
