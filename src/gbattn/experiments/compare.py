@@ -10,7 +10,6 @@ them; each run is the same computation as when trained alone with the same threa
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -394,8 +393,8 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True) -> None:
     results = path.parent / "results.json"
     if not path.exists() and results.is_file():  # another command's results (`gbattn denoise`'s) would be replaced
         try:
-            held = json.loads(results.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
+            held = rundir.read_json(results)
+        except CheckpointError:  # unreadable: nothing to tell about it
             held = None
         if isinstance(held, dict) and "models" not in held:
             raise UserError(f"{path.parent} holds a results.json that is not a comparison's; use another --out")
