@@ -567,12 +567,15 @@ def test_sigterm_during_a_command_is_one_line_status_143_and_unwinds(tmp_path):
     """SIGTERM outside a training loop (data preparation, an export, a benchmark) ended the process at
     once with no word (status -15): it now unwinds as Ctrl-C does (the command's cleanup runs) and exits
     143 with `gbattn: terminated`; afterwards SIGTERM's default is back. In a child process, so that a
-    regression ends the child and not the test run."""
+    regression ends the child and not the test run. Only as the program (argv from the command line): a
+    Python caller of main(argv) keeps SIGTERM's default."""
     cleaned = tmp_path / "cleaned"
-    code = ("import os, signal, sys, time\nimport gbattn.cli\n"
+    code = ("import os, signal, sys, time\nimport gbattn.cli\ncleaned = sys.argv[1]\n"
             "def terminated_mid_command(args):\n    try:\n        os.kill(os.getpid(), signal.SIGTERM)\n"
-            "        time.sleep(30)\n    finally:\n        open(sys.argv[1], 'w').close()\n"
-            "gbattn.cli.cmd_list = terminated_mid_command\nstatus = gbattn.cli.main(['list'])\n"
+            "        time.sleep(30)\n    finally:\n        open(cleaned, 'w').close()\n"
+            "def default_kept(args):\n    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+            "gbattn.cli.cmd_list = default_kept\nassert gbattn.cli.main(['list']) == 0\n"
+            "gbattn.cli.cmd_list = terminated_mid_command\nsys.argv[1:] = ['list']\nstatus = gbattn.cli.main()\n"
             "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\nsys.exit(status)\n")
     env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
     proc = subprocess.run([sys.executable, "-c", code, str(cleaned)], capture_output=True, text=True, env=env,

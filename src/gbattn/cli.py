@@ -140,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, previous)
     # SIGTERM (a job scheduler's stop, `kill`) ends the command as Ctrl-C does, with one line and status 143,
     # where the default handler ended it at once, silently (a training loop checkpoints first, on its own).
-    # A SIGTERM the process was started with ignored, or a handler of its caller's, stays; so does torchrun's
-    # (it terminates every process when one fails, and its processes must not wait on each other then).
-    term_default = (_main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    # Only as the program itself (argv from the command line): a Python caller of main() keeps SIGTERM's meaning
+    # (a test run stopped by its timeout must stop, not go on to its next test). A SIGTERM the process was started
+    # with ignored, or a handler of its caller's, stays; so does torchrun's (it terminates every process when one
+    # fails, and its processes must not wait on each other then).
+    term_default = (argv is None and _main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
                     and "LOCAL_RANK" not in os.environ)
     if term_default:
         signal.signal(signal.SIGTERM, _terminated)
