@@ -859,6 +859,26 @@ def test_an_export_killed_while_replacing_an_earlier_one_never_looks_complete(tr
     assert _files(out) == _files(reference) and [p.name for p in out.iterdir() if p.is_dir()] == []
 
 
+def test_an_export_over_an_earlier_one_leaves_none_of_its_weights_and_refuses_a_directory_in_the_way(
+        trained, tmp_path, capsys):
+    """Exporting over an earlier export whose weights were sharded (or were a single file where shards
+    now come) left the earlier weight files beside the new ones, for transformers to load; a directory
+    named config.json in --out was an IsADirectoryError traceback."""
+    run_dir, reference = trained
+    out = tmp_path / "over"
+    assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
+    for stale in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                  "model.safetensors.index.json"):
+        (out / stale).write_text("{}")
+    assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
+    assert _files(out) == _files(reference)
+    blocked = tmp_path / "blocked"
+    (blocked / "config.json").mkdir(parents=True)
+    code, _, err = run_cli(capsys, ["export", run_dir, "--out", blocked])
+    assert code == 2 and "has a directory named config.json where the export writes that file" in err, err
+    assert [p.name for p in blocked.iterdir()] == ["config.json"]  # no staging folder left
+
+
 def test_exported_weights_follow_a_strict_umask(trained, tmp_path):
     """Under umask 077 the weights are private like every other file export writes (not 0644)."""
     run_dir, _ = trained

@@ -37,6 +37,7 @@ from gbattn.rundir import (
     CONFIG,
     EXPORT_STAGING,
     SAFETENSORS,
+    SAFETENSORS_INDEX,
     UNFINISHED_EXPORT,
     LoadedRun,
     foreign_model,
@@ -130,8 +131,18 @@ def move_into_place(staging: Path, out: Path) -> None:
     earlier export's config.json is removed before anything moves, gbattn's tokenizer file moves first
     (without config.json it marks an unfinished export, which gbattn refuses to load and a new export
     replaces), config.json last (with it, gbattn and transformers take the directory for a model)."""
+    staged = {p.name for p in staging.iterdir()}
+    blocked = sorted(name for name in staged if (out / name).is_dir() and not (out / name).is_symlink())
+    if blocked:
+        raise UserError(f"--out {out} has a directory named {blocked[0]} where the export writes that file; export "
+                        f"to another directory")
     (out / CONFIG).unlink(missing_ok=True)
-    names = sorted(p.name for p in staging.iterdir() if p.name not in (GBATTN_TOKENIZER, CONFIG))
+    # An earlier export's weights that this one does not replace (a single file where shards now come, or the
+    # other way round) would be loaded beside or instead of the new ones.
+    for old in [*out.glob("model*.safetensors"), out / SAFETENSORS_INDEX]:
+        if old.name not in staged and (old.is_file() or old.is_symlink()):
+            old.unlink()
+    names = sorted(staged - {GBATTN_TOKENIZER, CONFIG})
     for name in (GBATTN_TOKENIZER, *names, CONFIG):
         os.replace(staging / name, out / name)
     sync_directory(out)
