@@ -524,24 +524,27 @@ class Trainer:
                     self._save()
                     self._log({"event": "interrupted", "step": self.step})
                     self.bar.close()
-                    how = "terminated" if stop.signum == signal.SIGTERM else "interrupted"
-                    error = TrainingInterrupted(
-                        f"{how} at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
-                        f"{self._resume_command()}"
-                        + (" (or rerun the same `gbattn compare` command)" if "label" in self.extra else ""))
-                    error.exit_code = 128 + int(stop.signum)  # 130 for SIGINT, 143 for SIGTERM, as shells report
-                    raise error
+                    raise self._interrupted(
+                        stop, f"at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
+                              f"{self._resume_command()}"
+                              + (" (or rerun the same `gbattn compare` command)" if "label" in self.extra else ""))
         self.bar.close()
         result = self._finish()
         if stop.requested:  # during the last step: the run finished, and the stop is not lost (compare goes no further)
-            how = "terminated" if stop.signum == signal.SIGTERM else "interrupted"
-            error = TrainingInterrupted(f"{how} during the last step: {self.run_dir} finished all the same (its "
-                                        f"result.json is written); nothing is left to resume"
-                                        + ("; rerun the same `gbattn compare` command for the rest of the comparison"
-                                           if "label" in self.extra else ""))
-            error.exit_code = 128 + int(stop.signum)
-            raise error
+            raise self._interrupted(stop, f"during the last step: {self.run_dir} finished all the same (its "
+                                          f"result.json is written); nothing is left to resume"
+                                          + ("; rerun the same `gbattn compare` command for the rest of the "
+                                             "comparison" if "label" in self.extra else ""))
         return result
+
+    @staticmethod
+    def _interrupted(stop, detail: str) -> TrainingInterrupted:
+        """The one-line error of a run stopped by ``stop``'s signal, with the status a shell reports for it
+        (130 for SIGINT, 143 for SIGTERM)."""
+        how = "terminated" if stop.signum == signal.SIGTERM else "interrupted"
+        error = TrainingInterrupted(f"{how} {detail}")
+        error.exit_code = 128 + int(stop.signum)
+        return error
 
     def _resume_command(self) -> str:
         """How to continue this run: under torchrun, launched as it was (in one process it would train on
