@@ -118,6 +118,40 @@ def test_rope_positions_with_gaps_equal_reference(variant_case, naive):
                                rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
+def test_a_module_on_its_own_decodes_with_a_cache_as_without(variant_case, naive):
+    """A module used on its own with a DynamicLayerCache (its forward's docstring): a prompt of 4 tokens,
+    then 2 and 1 more, give the uncached output of all 7 (left padding in row 0, RoPE positions going on
+    after the cached ones). Before, each call restarted at position 0 and SDPA's top-left causal mask hid
+    the cached keys."""
+    from gbattn.attention.core import DynamicLayerCache
+
+    attn = make(variant_case, "gqa-rope").eval()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    keep = torch.ones(B, T, dtype=torch.bool)
+    keep[0, :2] = False
+    full = attn(x, key_padding_mask=keep, naive=naive)
+    cache = DynamicLayerCache()
+    parts = [attn(x[:, a:b], key_padding_mask=keep[:, :b], cache=cache, naive=naive)
+             for a, b in ((0, 4), (4, 6), (6, 7))]
+    torch.testing.assert_close(torch.cat(parts, 1)[keep], full[keep], rtol=1e-10, atol=1e-10)
+
+
+def test_a_module_on_its_own_refuses_a_cache_it_cannot_use():
+    """A model's StaticLayerCache needs the model's slots, and bidirectional attention cannot grow
+    token by token: each is a ValueError rather than a silently wrong output."""
+    from gbattn.attention.core import StaticLayerCache
+
+    attn = build_attention("standard", AttnArgs(d_model=D, n_heads=4))
+    x = torch.randn(B, T, D)
+    with pytest.raises(ValueError, match="DynamicLayerCache"):
+        attn(x, cache=StaticLayerCache(B, 16, torch.float32, "cpu"))
+    from gbattn.attention.core import DynamicLayerCache
+
+    with pytest.raises(ValueError, match="causal decoding"):
+        attn(x, causal=False, cache=DynamicLayerCache())
+
+
 def test_queries_default_to_the_last_slots_of_the_keys():
     """A context with T queries over S > T keys and no slots: query t sits in slot S - T + t and sees
     keys 0 .. S - T + t (the docstring's default), as with those slots given explicitly."""

@@ -506,7 +506,17 @@ class AttentionBase(nn.Module):
                 context: AttnContext | None = None, cache=None, record: Record | None = None):
         """``x_BTD`` in the parameters' dtype (or under autocast); ``key_padding_mask`` (B, T): True
         for real tokens; ``positions`` (T,) or (B, T) for RoPE (only with ``AttnArgs.rope_base``).
-        A model passes its shared ``context``, this layer's ``cache`` and ``record`` instead."""
+        A model passes its shared ``context``, this layer's ``cache`` and ``record`` instead.
+
+        Used on its own, ``cache`` is a :class:`DynamicLayerCache` that each causal call appends to: the
+        new tokens attend to every cached one, their positions continue after them, and ``key_padding_mask``
+        then covers the cached and the new tokens, (B, cached + T)."""
+        if context is None and cache is not None and not isinstance(cache, DynamicLayerCache):
+            raise ValueError(f"cache of type {type(cache).__name__}: a module used on its own takes a "
+                             f"DynamicLayerCache (a model passes its own context with its cache)")
+        if context is None and cache is not None and not causal:
+            raise ValueError("a cache is for causal decoding: with causal=False the cached tokens would have "
+                             "attended to the new ones; call the module on the whole sequence instead")
         if context is None:
             if x_BTD.dim() != 3 or x_BTD.shape[-1] != self.args.d_model:
                 raise ValueError(f"input of shape {tuple(x_BTD.shape)}: expected (batch, tokens, "
@@ -517,10 +527,11 @@ class AttentionBase(nn.Module):
                 raise ValueError(f"input of dtype {x_BTD.dtype} for a module whose parameters are {weight_dtype}: "
                                  f"give {weight_dtype} activations (or convert the module with .to(dtype))")
             B, T = x_BTD.shape[:2]
+            past = 0 if cache is None else cache.length  # keys already cached, before these T tokens
             mask = key_padding_mask
             if mask is not None and (mask.dim() != 2 or mask.shape[0] not in (1, B)):
                 raise ValueError(f"key_padding_mask of shape {tuple(key_padding_mask.shape)}: expected (batch, "
-                                 f"tokens) = ({B}, {T}), True for real tokens")
+                                 f"tokens) = ({B}, {past + T}), True for real tokens")
             rope = None
             if positions is not None and self.args.rope_base is None:
                 raise ValueError("positions are for RoPE, which this module does not use: build it with "
@@ -528,9 +539,9 @@ class AttentionBase(nn.Module):
             if self.args.rope_base is not None:
                 if positions is not None and tuple(positions.shape) not in ((T,), (B, T), (1, T)):
                     raise ValueError(f"positions of shape {tuple(positions.shape)}: expected ({T},) or ({B}, {T})")
-                pos = positions if positions is not None else torch.arange(T, device=x_BTD.device)
+                pos = positions if positions is not None else torch.arange(past, past + T, device=x_BTD.device)
                 rope = rope_for(pos, self.d_head, self.args.rope_base, x_BTD.dtype)
-            context = AttnContext(T=T, S=T, device=x_BTD.device, key_padding_BS=key_padding_mask, causal=causal,
+            context = AttnContext(T=T, S=past + T, device=x_BTD.device, key_padding_BS=key_padding_mask, causal=causal,
                                   naive=naive, rope=rope)
         if return_intermediates and record is None:
             record = Record()
