@@ -210,9 +210,14 @@ def test_misuses_are_clear_errors():
     with pytest.raises(TypeError, match="GbattnCache, not a tuple"):
         hf(idx, past_key_values=((torch.zeros(1), torch.zeros(1)),))
     hf.config.output_hidden_states = True
-    with pytest.raises(ValueError, match="output_hidden_states asked for, by argument or config"):
+    with pytest.raises(ValueError, match="output_hidden_states asked for, by argument or config") as refused:
         hf(idx)
     hf.config.output_hidden_states = False
+    # the advice names a call that runs on the wrapper (before, it named GPT(idx, ...), a constructor call)
+    assert "model.model(input_ids, return_intermediates=True)" in str(refused.value)
+    input_ids, model = idx, hf
+    logits, records = model.model(input_ids, return_intermediates=True)
+    assert len(records) == gpt.cfg.n_layers
     block = gpt.cfg.block_size
     with pytest.raises(ValueError, match=f"position_ids reach {block}; the model's positions are 0 .. {block - 1}"):
         hf(idx, position_ids=torch.arange(block - 5, block + 1)[None])

@@ -284,8 +284,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if any(asked.values()):
             names = ", ".join(name for name, value in asked.items() if value)
             raise ValueError(f"GbattnForCausalLM returns no attentions or hidden states ({names} asked for, by "
-                             "argument or config); use gbattn's GPT(idx, return_intermediates=True) for the "
-                             "per-layer records")
+                             "argument or config); use its gbattn GPT, "
+                             "model.model(input_ids, return_intermediates=True), for the per-layer records")
         cache = cache if cache is not None else past_key_values
         if cache is not None and not isinstance(cache, GbattnCache):
             # Another kind of cache would not be written (every GBA round keeps its own keys and values).
