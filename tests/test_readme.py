@@ -33,3 +33,36 @@ def test_readme_snippet_runs(index, tmp_path, monkeypatch, capsys):
         assert "['attention', 'correction']" in printed
     if "load_run" in SNIPPETS[index]:
         assert printed.startswith("boosted 2\nROMEO:")
+
+
+DOCS = README.parent / "docs"
+CITATION = re.compile(r'(README|docs/[a-z]+\.md), "([^"]+)"')
+
+
+def headings(text: str) -> list[str]:
+    return [line.lstrip("#").strip().lower() for line in text.splitlines() if line.startswith("#")]
+
+
+@pytest.mark.parametrize("module", ["gbattn", "gbattn.attention", "gbattn.hf"])
+def test_every_public_name_cites_the_readme_or_docs_section_that_exists(module):
+    """A researcher reading help() on a public class or function is pointed at the README or docs/ section
+    that describes it, and every section a docstring cites by name exists (a heading containing it)."""
+    import importlib
+    import inspect
+
+    if module == "gbattn.hf":
+        pytest.importorskip("transformers")
+    mod = importlib.import_module(module)
+    uncited = []
+    for name in mod.__all__:
+        obj = getattr(mod, name)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue  # VARIANTS, PRESETS: dicts, documented by the README's tables
+        doc = inspect.getdoc(obj) or ""
+        if "README" not in doc and "docs/" not in doc:
+            uncited.append(name)
+        for source, section in CITATION.findall(" ".join(doc.split())):
+            path = README if source == "README" else README.parent / source
+            cited = headings(path.read_text(encoding="utf-8"))
+            assert any(section.lower() in h for h in cited), (name, source, section)
+    assert not uncited, f"{module}: no README or docs/ section cited in the docstring of {uncited}"

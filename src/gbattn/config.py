@@ -291,7 +291,8 @@ def get_preset(name: str) -> Preset:
 
 def preset_config(name: str, attn: str = "standard", overrides: dict | None = None) -> ModelConfig:
     """A :class:`ModelConfig` from a preset name, an attention variant and model overrides
-    (``{"d_model": 288, "attn.rounds": 3}``: model fields, ``attn.KEY`` a variant option, as ``--set``)."""
+    (``{"d_model": 288, "attn.rounds": 3}``: model fields, ``attn.KEY`` a variant option, as ``--set``;
+    README, "Presets and parameter counts"; the paper's in docs/paper.md)."""
     d = dict(get_preset(name).model, attn=attn)
     for key, value in (overrides or {}).items():
         set_path(d, key, value)

@@ -2,15 +2,15 @@
 
 
 class UserError(Exception):
-    """A mistake the user can fix (bad option, missing file); never a bug."""
+    """A mistake the user can fix (bad option, missing file); never a bug (README, "Trust")."""
 
 
 class ConfigError(UserError, ValueError):
-    """A bad configuration value: the message names the field and the allowed values."""
+    """A bad configuration value: the message names the field and the allowed values (README, "Trust")."""
 
 
 class DataError(UserError, ValueError):
-    """Data that cannot be found or read."""
+    """Data that cannot be found or read (README, "Data")."""
 
 
 class DataNotFound(DataError):
@@ -18,7 +18,7 @@ class DataNotFound(DataError):
 
 
 class CheckpointError(UserError, RuntimeError):
-    """A run directory or checkpoint that is missing, truncated or corrupted."""
+    """A run directory or checkpoint that is missing, truncated or corrupted (README, "Trust")."""
 
 
 class Terminated(KeyboardInterrupt):

@@ -457,7 +457,7 @@ def read_configs(config: dict, where: str | Path):
 
 @dataclass
 class LoadedRun:
-    """A trained model with its tokenizer and configs (``gbattn.load_run``)."""
+    """A trained model with its tokenizer and configs (``gbattn.load_run``; README, "Using gbattn from Python")."""
 
     run_dir: Path
     model: Any  # gbattn.model.GPT, in eval mode
@@ -522,7 +522,8 @@ def check_exported_checkpoint(path: Path, checkpoint: str | None, recorded) -> N
 
 def load_run(path: str | Path, checkpoint: str | None = None, device: str | torch.device = "cpu") -> LoadedRun:
     """The model of a run directory (``checkpoint``: best-validation weights, the default, or
-    ``last``) or of an exported directory, with its tokenizer and configs, in eval mode on ``device``."""
+    ``last``) or of an exported directory, with its tokenizer and configs, in eval mode on ``device``
+    (README, "Using gbattn from Python"; what is checked on the way: README, "Trust")."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)")

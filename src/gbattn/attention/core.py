@@ -33,7 +33,8 @@ from gbattn.runtime import rng_state, set_rng_state
 
 @dataclass(frozen=True)
 class AttnArgs:
-    """What the model tells every attention variant (the variant's own options are separate)."""
+    """What the model tells every attention variant (the variant's own options are separate; README,
+    "Using gbattn from Python"). ``layer_idx`` and ``n_layers`` place the layer for ``attn.layers``."""
 
     d_model: int
     n_heads: int
@@ -100,7 +101,7 @@ class Round:
 
 @dataclass
 class Record:
-    """Every :class:`Round` of one layer's forward pass."""
+    """Every :class:`Round` of one layer's forward pass (docs/method.md, "The analysis record")."""
 
     rounds: list[Round] = field(default_factory=list)
 
@@ -468,7 +469,8 @@ class PackedLinear(nn.Linear):
 
 
 class AttentionBase(nn.Module):
-    """An attention layer. Subclasses define :attr:`Options` (a typed record of the variant's own
+    """An attention layer (README, "Attention variants"). Subclasses define :attr:`Options` (a typed record of the
+    variant's own
     options, or :class:`NoOptions`), may define :meth:`check_heads`, and implement :meth:`compute`.
 
     Calling convention of every variant (a model passes ``context``, ``cache`` and ``record``)::

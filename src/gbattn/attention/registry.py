@@ -29,7 +29,8 @@ VARIANTS: dict[str, type[AttentionBase]] = {
 
 def variant_options(name: str, options: dict | None = None, n_heads: int | None = None, n_kv_heads: int | None = None,
                     n_layers: int | None = None):
-    """Check a variant name, its options, head counts and layer indices; return the variant's Options record."""
+    """Check a variant name, its options, head counts and layer indices; return the variant's Options record
+    (README, "Attention variants")."""
     check_choice("attn", name, tuple(VARIANTS))
     cls = VARIANTS[name]
     options = dict(options or {})
@@ -83,7 +84,11 @@ def check_head_layout(d_model: int, n_heads: int, n_kv_heads: int | None, rope: 
 
 
 def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> AttentionBase:
-    """Variant ``name`` for one layer."""
+    """Variant ``name`` (a key of :data:`VARIANTS`) for one layer, an ``nn.Module`` called as
+    :meth:`AttentionBase.forward` describes: ``attn(x_BTD, causal=..., key_padding_mask=..., positions=...)``.
+    ``options``: the variant's own (``describe_variants()`` lists them with their defaults); a bad name,
+    option or head layout is a :class:`ConfigError` naming it. README, "Using gbattn from Python" and
+    "Attention variants"; the equations in docs/method.md (``boosted``) and docs/baselines.md (the others)."""
     check_choice("attn", name, tuple(VARIANTS))
     check_args(args)
     record = variant_options(name, options, args.n_heads, args.kv_heads, args.n_layers)
@@ -95,7 +100,8 @@ def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> A
 
 
 def describe_variants() -> list[dict]:
-    """Name, one-line description and options (with defaults) of every variant."""
+    """Name, one-line description and options (with defaults) of every variant (what ``gbattn list``
+    shows; README, "Attention variants")."""
     rows = []
     for name, cls in VARIANTS.items():
         doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip().splitlines()[0].rstrip(":.") + "."

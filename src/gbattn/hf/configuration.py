@@ -41,7 +41,8 @@ def _model_field(name: str, doc: str) -> property:
 
 
 class GbattnConfig(PretrainedConfig):
-    """``GbattnConfig(gbattn={"model": {...}, ...})``, or :meth:`from_model_config`."""
+    """``GbattnConfig(gbattn={"model": {...}, ...})``, or :meth:`from_model_config`
+    (README, "Hugging Face transformers")."""
 
     model_type = "gbattn"
 

@@ -74,7 +74,8 @@ def portable_paths(section: dict) -> dict:
 
 
 def wrap_run(run: LoadedRun):
-    """(model, tokenizer) in transformers' form of a loaded run; the model shares the run's GPT."""
+    """(model, tokenizer) in transformers' form of a loaded run; the model shares the run's GPT
+    (README, "Hugging Face transformers")."""
     tokenizer = hf_tokenizer(run.tokenizer, run.model_cfg.block_size)
     section = portable_paths({k: v for k, v in run.config.items() if k != "model"})
     section["step"] = run.step
@@ -97,7 +98,8 @@ def portable_tokenizer_class(config_path: Path) -> None:
 
 
 def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = None) -> Path:
-    """Write the exported directory ``out`` for run ``run_dir`` (``best`` weights, the default, or ``last``)."""
+    """Write the exported directory ``out`` for run ``run_dir`` (``best`` weights, the default, or ``last``)
+    (README, "Hugging Face transformers")."""
     run_dir, out = Path(run_dir), Path(out)
     if out.exists() and run_dir.exists() and out.resolve() == run_dir.resolve():
         raise UserError(f"--out {out} is the run directory itself; export to another directory")

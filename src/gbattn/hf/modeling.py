@@ -78,7 +78,8 @@ class GbattnLayerCache(DynamicLayerCache):
 
 
 class GbattnCache(Cache):
-    """A transformers ``Cache`` holding one :class:`GbattnLayerCache` per block; also gbattn's cache
+    """A transformers ``Cache`` holding one :class:`GbattnLayerCache` per block
+    (README, "Hugging Face transformers"); also gbattn's cache
     interface (``layers``, ``key_length``), so ``GPT.forward(..., cache=...)`` writes to it.
 
     Every method ``generate()`` may call is defined here, as the base class changed between
@@ -201,7 +202,7 @@ class GbattnPreTrainedModel(PreTrainedModel):
 
 
 class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
-    """gbattn's GPT behind the transformers causal-LM interface.
+    """gbattn's GPT behind the transformers causal-LM interface (README, "Hugging Face transformers").
 
     ``forward(input_ids, attention_mask, position_ids, cache | past_key_values, labels, use_cache,
     logits_to_keep)``: ``attention_mask`` (B, past + T) is 1 for real tokens (left padding works);

@@ -61,7 +61,8 @@ def special_tokens(tok: Tokenizer, vocab: dict[str, int]) -> dict[str, str]:
 
 
 def hf_tokenizer(tok: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
-    """gbattn's tokenizer ``tok`` as a ``PreTrainedTokenizerFast`` with the same ids."""
+    """gbattn's tokenizer ``tok`` as a ``PreTrainedTokenizerFast`` with the same ids
+    (README, "Hugging Face transformers")."""
     backend = backend_tokenizer(tok)
     vocab = backend.get_vocab(with_added_tokens=True)
     entries, specials = len(vocab), special_tokens(tok, vocab)

@@ -116,7 +116,8 @@ def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
 def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              seed: int | None = None, use_cache: bool = True, prompt_mask: Tensor | None = None,
              decode_step=None, compile: bool | None = None, progress=None) -> Tensor:
-    """Continue ``idx_BT`` by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens).
+    """Continue ``idx_BT`` by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens) (README, "Using gbattn
+    from Python").
 
     ``prompt_mask`` (B, T): True for real prompt tokens, for a left-padded batch (each row then
     continues as it would alone while the sequence fits in ``block_size``; past it a row's window

@@ -101,7 +101,8 @@ def check_model_config(cfg, function: str) -> None:
 
 
 class GPT(nn.Module):
-    """Decoder-only language model. ``forward(idx_BT) -> logits_BTV``.
+    """Decoder-only language model. ``forward(idx_BT) -> logits_BTV`` (README, "Using gbattn from Python";
+    the paper's block in docs/paper.md, "The small model").
 
     With a cache set up (:meth:`setup_cache`), pass ``input_pos`` (T,), the cache slots of these
     tokens, and the same call does prefill (T > 1) and decode (T = 1).

@@ -11,7 +11,8 @@ from gbattn.model.gpt import GPT, check_model_config, lm_loss
 
 
 def count_params(cfg: ModelConfig) -> int:
-    """Exact parameter count (tied weights counted once), built on the meta device: no memory."""
+    """Exact parameter count (tied weights counted once), built on the meta device: no memory (README,
+    "Presets and parameter counts"; per round: docs/method.md, "Cost")."""
     check_model_config(cfg, "count_params")
     with torch.device("meta"):
         return GPT(cfg).num_params()
@@ -19,7 +20,7 @@ def count_params(cfg: ModelConfig) -> int:
 
 def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool = False) -> float:
     """Forward (or forward + backward) FLOPs per token at ``seq_len`` (default block_size),
-    counted by ``torch.utils.flop_counter`` on the meta device (matmuls and SDPA)."""
+    counted by ``torch.utils.flop_counter`` on the meta device (matmuls and SDPA; docs/method.md, "Cost")."""
     check_model_config(cfg, "flops_per_token")
     T = seq_len or cfg.block_size
     with torch.device("meta"):
@@ -35,7 +36,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool
 
 def param_matched_width(cfg: ModelConfig, target_params: int) -> tuple[int, int]:
     """Smallest ``d_model`` (a multiple of n_heads, of 2 n_heads with RoPE) whose STANDARD model with ``cfg``'s other
-    settings has at least ``target_params`` parameters. Returns (width, its parameter count)."""
+    settings has at least ``target_params`` parameters. Returns (width, its parameter count)
+    (docs/baselines.md, "Comparison rules")."""
     check_model_config(cfg, "param_matched_width")
     step = cfg.n_heads * (2 if cfg.pos == "rope" else 1)  # RoPE rotates pairs: an even head width
     base = cfg.replace(attn="standard", attn_options={})
