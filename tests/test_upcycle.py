@@ -518,6 +518,25 @@ def test_upcycled_logits_equal_the_source(source_dir, attn, options):
     torch.testing.assert_close(logits64(upcycled_model(up), idx), logits64(source.build_model(), idx), **EXACT)
 
 
+def test_the_python_route_of_the_readme_gives_transformers_the_source_logits(gpt2_dir):
+    """README, "Upcycling": upcycle() from Python, the GPT it describes, and that GPT behind transformers'
+    interface (GbattnForCausalLM.from_gpt) give the source checkpoint's own transformers logits."""
+    from gbattn.hf import GbattnForCausalLM
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    for named in ("up = upcycle(SOURCE", "model = gbattn.GPT(up.model_cfg)", "model.load_state_dict(up.state)",
+                  "GbattnForCausalLM.from_gpt(model)", "write_run(up, OUT)"):
+        assert named in readme, named
+    up = upcycle(gpt2_dir, "boosted", {"rounds": 2})
+    model = GPT(up.model_cfg)
+    model.load_state_dict(up.state)
+    wrapped = GbattnForCausalLM.from_gpt(model).double().eval()
+    idx = tokens(seed=4)
+    with torch.no_grad():
+        expected = gpt2_model().double()(idx).logits
+        torch.testing.assert_close(wrapped(idx).logits, expected, **EXACT)
+
+
 def test_shared_without_a_gate_takes_tanh_and_says_so(gpt2_dir):
     up = upcycle(gpt2_dir, "boosted", {"kv_source": "shared"})
     assert up.model_cfg.attn_options["gate"] == "tanh"
