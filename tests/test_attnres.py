@@ -9,6 +9,7 @@ from gbattn.attention.core import AttnContext
 from gbattn.config import ModelConfig, preset_config
 from gbattn.model import GPT, count_params
 from gbattn.model.attnres import AttnResStream
+from gbattn.model.params import flops_per_token
 from test_model import tiny_model
 
 
@@ -116,6 +117,32 @@ def test_causality_parity_and_cache_inside_attnres(variant_case, residual):
     steps = [model(idx[:, :3], input_pos=torch.arange(3))]
     steps += [model(idx[:, t : t + 1], input_pos=torch.tensor([t])) for t in range(3, 10)]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("residual", ["attnres-full", "attnres-block"])
+def test_under_bf16_autocast_the_depth_mixture_stays_in_the_streams_float32(residual, monkeypatch):
+    """As the plain stream's h + sublayer(h) stays float32 under autocast, so does AttnRes's: each
+    mixture sees float32 sources (a block's partial sum too, though its sublayers' outputs are bf16)
+    and computes its depth logits and weighted sum in float32, equal to the same mixture out of
+    autocast (autocast's bf16 einsum once gave 3-6x the plain stream's error against float32)."""
+    model = tiny_model(("boosted", {}), residual=residual, attnres_block=3).float()
+    with torch.no_grad():
+        model.residual.queries.normal_()
+    assert flops_per_token(model.cfg) > 0  # on the meta device, which has no autocast to leave
+    calls = []
+    mix = AttnResStream.mix
+
+    def recording(self, index, sources):
+        out = mix(self, index, sources)
+        with torch.autocast("cpu", enabled=False):
+            calls.append(([s.dtype for s in sources], torch.equal(out, mix(self, index, sources))))
+        return out
+
+    monkeypatch.setattr(AttnResStream, "mix", recording)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(torch.randint(0, 37, (2, 10)))
+    assert logits.dtype == torch.bfloat16 and len(calls) == 2 * model.cfg.n_layers + 1  # (the head is bf16)
+    assert all(dtypes == [torch.float32] * len(dtypes) and same for dtypes, same in calls), calls
 
 
 def test_the_first_sublayers_norm_is_frozen_and_every_other_trains():

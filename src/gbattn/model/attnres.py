@@ -13,6 +13,8 @@ S = 1 is Full AttnRes. The mixing is per position, so causality and KV caching a
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import Tensor, nn
 
@@ -45,8 +47,13 @@ class AttnResStream(nn.Module):
         """h = sum_i alpha_i v_i for aggregation ``index`` (a sublayer, or the final one)."""
         if len(sources) == 1:
             return sources[0]  # softmax over one source is exactly 1
-        alpha_NBT = self.depth_weights(index, sources)
-        return torch.einsum("nbt,nbtd->btd", alpha_NBT, torch.stack(sources))
+        # In the stream's dtype (the embedding's; a cheap reduction over depth): under autocast the depth
+        # logits and the mixture would be rounded to bf16, while the plain stream's h + sublayer(h) stays
+        # float32 (tests/test_attnres.py). The meta device (count_params, flops_per_token) has no autocast.
+        device = sources[0].device.type
+        with torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext():
+            alpha_NBT = self.depth_weights(index, sources)
+            return torch.einsum("nbt,nbtd->btd", alpha_NBT, torch.stack(sources))
 
     def forward(self, emb_BTD: Tensor, blocks: nn.ModuleList, ctx, caches: list, records: list) -> Tensor:
         """The stream through every sublayer of ``blocks``; ``caches`` and ``records`` one per block."""
@@ -61,7 +68,8 @@ class AttnResStream(nn.Module):
                 if sub % 2 == 0
                 else blocks[i].ffn_branch(h_BTD)
             )
-            partial = v_BTD if partial is None else partial + v_BTD
+            # a block's sum in the stream's dtype (a sublayer's output is bf16 under autocast), as the plain stream's
+            partial = v_BTD.to(emb_BTD.dtype) if partial is None else partial + v_BTD
             in_block += 1
             if in_block == self.block_size:
                 completed.append(partial)
