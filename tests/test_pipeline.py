@@ -320,12 +320,13 @@ def test_a_test_perplexity_of_data_without_a_test_split_is_called_valid(tmp_path
             assert code == 0 and ("  note: this data has no test split: test is valid" in out) == said, out
 
 
-@pytest.mark.parametrize("sampling", ["rows", "random"])
-def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling):
+@pytest.mark.parametrize("sampling, amp", [("rows", "off"), ("random", "off"), ("rows", "bf16")])
+def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling, amp):
     """Crash at step 7 (last checkpoint: step 4), resume: same final loss and weights, and the same
-    training-loss records (log_every=3: the one at step 6 averages steps 4-6 in both)."""
+    training-loss records (log_every=3: the one at step 6 averages steps 4-6 in both); under bf16
+    autocast too (the resumed run computes in the precision the run recorded)."""
     data = write_corpus(tmp_path / "c")
-    configs = tiny_configs(data, sampling=sampling, epochs=3, log_every=3)
+    configs = tiny_configs(data, sampling=sampling, epochs=3, log_every=3, amp=amp)
     ref = train(tmp_path / "ref", *configs, quiet=True)
     train_killed_at(7, tmp_path / "crashed", *configs, monkeypatch)
     assert ckpt.load_checkpoint(tmp_path / "crashed" / ckpt.CHECKPOINT)["step"] == 4
