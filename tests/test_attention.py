@@ -138,8 +138,9 @@ def test_a_module_on_its_own_decodes_with_a_cache_as_without(variant_case, naive
 
 
 def test_a_module_on_its_own_refuses_a_cache_it_cannot_use():
-    """A model's StaticLayerCache needs the model's slots, and bidirectional attention cannot grow
-    token by token: each is a ValueError rather than a silently wrong output."""
+    """A model's StaticLayerCache needs the model's slots, bidirectional attention cannot grow token by
+    token, and a cache holds one batch: each is a ValueError rather than a silently wrong output or a
+    bare size error."""
     from gbattn.attention.core import StaticLayerCache
 
     attn = build_attention("standard", AttnArgs(d_model=D, n_heads=4))
@@ -150,6 +151,10 @@ def test_a_module_on_its_own_refuses_a_cache_it_cannot_use():
 
     with pytest.raises(ValueError, match="causal decoding"):
         attn(x, causal=False, cache=DynamicLayerCache())
+    cache = DynamicLayerCache()
+    attn(x, cache=cache)
+    with pytest.raises(ValueError, match=f"this cache holds {B} rows and the new tokens come in {B + 1}"):
+        attn(torch.randn(B + 1, 1, D), cache=cache)  # another batch: a new cache, not a bare torch.cat error
 
 
 def test_queries_default_to_the_last_slots_of_the_keys():

@@ -332,6 +332,9 @@ class DynamicLayerCache:
     def update(self, name: str, slots_T: Tensor | None, k_BGTE: Tensor | None, v_BGTF: Tensor):
         if name in self.entries:
             k_old, v_old = self.entries[name]
+            if v_old.shape[0] != v_BGTF.shape[0]:  # else a bare torch.cat size error
+                raise ValueError(f"this cache holds {v_old.shape[0]} rows and the new tokens come in "
+                                 f"{v_BGTF.shape[0]}: decode another batch with a new cache")
             k_BGTE = None if k_BGTE is None else torch.cat([k_old, k_BGTE], dim=2)
             v_BGTF = torch.cat([v_old, v_BGTF], dim=2)
         self.entries[name] = (k_BGTE, v_BGTF)
