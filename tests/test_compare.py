@@ -790,3 +790,38 @@ def test_compare_command_forwards_every_option_and_prints_the_report(tmp_path, m
                                          "quiet": False, "threads": 3, "jobs": 1}
     code, _, err = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", "cmp", "--seeds", "-1"])
     assert code == 2 and "argument --seeds: -1 must be >= 0" in err and len(calls) == 3
+
+
+def test_a_run_of_jobs_stopped_during_its_last_step_is_finished_whatever_its_exit_status(tmp_path, monkeypatch):
+    """A --jobs child sent Ctrl-C or SIGTERM from outside during its last step writes result.json and then
+    exits 130 or 143: the comparison counts that run as finished and reports it (it listed it as failed and
+    left it out of the report until a rerun); a child that exits 143 without result.json, or with one that does not
+    read back, stays failed."""
+    import subprocess
+    import sys
+
+    data = write_corpus(tmp_path / "c")
+    kwargs = dict(data=str(data), sets=tiny_sets(), only=["standard"], quiet=True)
+    first = run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    result = tmp_path / "cmp" / "standard" / "seed42" / rundir.RESULT
+    finished = result.read_text()
+    result.unlink()  # the run in progress again: a --jobs invocation resumes it in a child process
+    real_popen = subprocess.Popen
+    written = [""]  # what the child writes as result.json ("": nothing)
+
+    def child(cmd, **kw):  # the child `gbattn train --resume --out RUN` stopped by a signal during its last step
+        script = ("import pathlib, sys\nif sys.argv[2]:\n    (pathlib.Path(sys.argv[1]) / 'result.json')"
+                  ".write_text(sys.argv[2])\nprint('terminated during the last step: finished all the same')\n"
+                  "sys.exit(143)")
+        run_dir = cmd[cmd.index("--out") + 1]
+        return real_popen([sys.executable, "-c", script, run_dir, written[0]], **kw)
+
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", child)
+    for written[0] in ("", "{}"):
+        with pytest.raises(UserError, match=r"1 run\(s\) failed: standard/seed42 \(exit 143: terminated during"):
+            run_compare("cpu-proxy", tmp_path / "cmp", jobs=2, threads=2, **kwargs)
+        result.unlink(missing_ok=True)
+    written[0] = finished
+    report = run_compare("cpu-proxy", tmp_path / "cmp", jobs=2, threads=2, **kwargs)
+    assert report["complete"] and report["models"][0]["test_ppl"] == first["models"][0]["test_ppl"]
+    assert json.loads((tmp_path / "cmp" / "results.json").read_text())["models"][0]["seeds"] == [42]

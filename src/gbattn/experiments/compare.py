@@ -286,10 +286,17 @@ class _Runner:
 
     def _collect(self, label: str, seed: int, returncode: int, failed: list[str]) -> None:
         run_dir = self.out / label / f"seed{seed}"
-        if returncode == 0 and (run_dir / rundir.RESULT).exists():
-            self.results[label][seed] = rundir.read_result(run_dir / rundir.RESULT)
-            self._finished(label, seed)
-            return
+        # Finished when its result.json reads back, whatever the exit status: a child sent Ctrl-C or SIGTERM
+        # from outside during its last step writes it all the same, then exits 130 or 143.
+        if (run_dir / rundir.RESULT).exists():
+            try:
+                self.results[label][seed] = rundir.read_result(run_dir / rundir.RESULT)
+            except CheckpointError:
+                if returncode == 0:
+                    raise
+            else:
+                self._finished(label, seed)
+                return
         tail = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
         failed.append(f"{label}/seed{seed} (exit {returncode}: {tail[0] if tail else 'no output'})")
 
