@@ -749,6 +749,26 @@ def test_train_init_from_keeps_the_source_runs_data_split(gbattn_dir, tmp_path, 
     assert rundir.read_config(tmp_path / "train" / rundir.CONFIG)["train"]["split"] == [0.8, 0.15, 0.05]
 
 
+def test_train_init_from_trains_on_the_source_runs_windows(gpt2_dir, tmp_path, capsys):
+    """A continuation trains on windows of its source run's seq_len, not its preset's (cpu-char's 64 exceeds
+    the block_size of a run trained with block_size=32 seq_len=32); --set seq_len still chooses. An upcycled
+    Hugging Face model records no train seq_len (None: block_size - 1), and its continuation keeps that."""
+    common = ["--quiet", "--threads", "1", "--no-compile", "--set", "max_steps=1", "--set", "batch_size=4",
+              "--set", "eval_tokens=2000"]
+    assert main(["train", "--preset", "cpu-char", "--data", "tiny-shakespeare", "--out", str(tmp_path / "source"),
+                 *common, "--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2",
+                 "--set", "block_size=32", "--set", "seq_len=32"]) == 0, capsys.readouterr()
+    for source, sets, seq_len, recorded in (("source", [], 32, 32), ("source", ["--set", "seq_len=16"], 16, 16),
+                                            ("up", [], None, 63)):
+        if source == "up":
+            assert main(["upcycle", str(gpt2_dir), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 0
+        out = tmp_path / f"{source}-{seq_len}"
+        assert main(["train", "--init-from", str(tmp_path / source), "--out", str(out), "--data", "tiny-shakespeare",
+                     *common, *sets]) == 0, capsys.readouterr()
+        config = rundir.read_config(out / rundir.CONFIG)
+        assert (config["train"]["seq_len"], config["seq_len"]) == (seq_len, recorded)
+
+
 def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys):
     assert main(["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(tmp_path / "up")]) == 0
     capsys.readouterr()

@@ -181,6 +181,7 @@ def _init_from_trainer(args, sets: dict):
     if tokenizer is not None and tokenizer != source_train.tokenizer:
         raise UserError(f"--init-from trains with the tokenizer of {args.init_from} (recorded: "
                         f"{source_train.tokenizer}): leave out --tokenizer / --set tokenizer={tokenizer}")
+    train_sets.setdefault("seq_len", source_train.seq_len)  # its windows (None: block_size - 1), not the preset's
     preset = source.get("preset") or "paper-small"
     _, train_cfg = build_configs(preset, model_cfg.attn, train_sets.pop("data", None) or source_train.data, train_sets,
                                  tokenizer=source_train.tokenizer)
