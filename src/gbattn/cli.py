@@ -15,6 +15,7 @@ import sys
 import threading
 
 from gbattn import arguments
+from gbattn.errors import Terminated, UserError
 
 COMMAND_MODULES = ["gbattn.train.cli", "gbattn.eval.cli", "gbattn.hf_cli", "gbattn.experiments.cli",
                    "gbattn.synthetic.cli", "gbattn.analysis.cli", "gbattn.bench.cli", "gbattn.upcycle"]
@@ -51,7 +52,6 @@ def cmd_list(args) -> None:
 
 
 def cmd_params(args) -> None:
-    from gbattn.errors import UserError
     from gbattn.model import count_params, flops_per_token, param_matched_width
 
     if args.preset_option is not None:  # `params --preset X`, as `train --preset X`
@@ -110,8 +110,6 @@ def _interrupted_while_starting(signum, frame) -> None:
 
 
 def _terminated(signum, frame) -> None:
-    from gbattn.errors import Terminated
-
     raise Terminated
 
 
@@ -123,8 +121,6 @@ CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gbattn.errors import UserError
-
     parser = build_parser()
     args = parser.parse_args(argv)  # --help and usage errors end here, before anything heavy is imported
     # Ctrl-C while torch is imported: torch's import can swallow the KeyboardInterrupt (the command
@@ -156,8 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"gbattn: error: {' '.join(str(e).split())}\n")
         return getattr(e, "exit_code", 2)
     except KeyboardInterrupt as e:
-        from gbattn.errors import Terminated
-
         print(f"gbattn: {'terminated' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     except (MemoryError, RuntimeError) as e:  # sizes a machine cannot hold (batch, width, samples)

@@ -472,9 +472,9 @@ class PackedLinear(nn.Linear):
 
 
 class AttentionBase(nn.Module):
-    """An attention layer (README, "Attention variants"). Subclasses define :attr:`Options` (a typed record of the
-    variant's own
-    options, or :class:`NoOptions`), may define :meth:`check_heads`, and implement :meth:`compute`.
+    """An attention layer (README, "Attention variants"). Subclasses define :attr:`Options` (a typed record
+    of the variant's own options, or :class:`NoOptions`), may define :meth:`check_heads`, and implement
+    :meth:`compute`.
 
     Calling convention of every variant (a model passes ``context``, ``cache`` and ``record``)::
 
@@ -516,13 +516,13 @@ class AttentionBase(nn.Module):
         Used on its own, ``cache`` is a :class:`DynamicLayerCache` that each causal call appends to: the
         new tokens attend to every cached one, their positions continue after them, and ``key_padding_mask``
         then covers the cached and the new tokens, (B, cached + T)."""
-        if context is None and cache is not None and not isinstance(cache, DynamicLayerCache):
-            raise ValueError(f"cache of type {type(cache).__name__}: a module used on its own takes a "
-                             f"DynamicLayerCache (a model passes its own context with its cache)")
-        if context is None and cache is not None and not causal:
-            raise ValueError("a cache is for causal decoding: with causal=False the cached tokens would have "
-                             "attended to the new ones; call the module on the whole sequence instead")
         if context is None:
+            if cache is not None and not isinstance(cache, DynamicLayerCache):
+                raise ValueError(f"cache of type {type(cache).__name__}: a module used on its own takes a "
+                                 f"DynamicLayerCache (a model passes its own context with its cache)")
+            if cache is not None and not causal:
+                raise ValueError("a cache is for causal decoding: with causal=False the cached tokens would have "
+                                 "attended to the new ones; call the module on the whole sequence instead")
             if x_BTD.dim() != 3 or x_BTD.shape[-1] != self.args.d_model:
                 raise ValueError(f"input of shape {tuple(x_BTD.shape)}: expected (batch, tokens, "
                                  f"d_model={self.args.d_model})")
