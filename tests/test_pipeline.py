@@ -466,15 +466,17 @@ def test_continuation_killed_before_its_first_checkpoint_resumes_from_its_start(
     assert "resume" not in events  # it started, nothing was resumed
 
 
-def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once_when_resumed(tmp_path, monkeypatch):
-    """Resumed without a checkpoint, a run starts at step 0: the records its killed attempt logged go,
-    so metrics.jsonl is the uninterrupted run's (no step logged twice)."""
+def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once_when_resumed(tmp_path, monkeypatch, capsys):
+    """Resumed without a checkpoint, a run starts at step 0, and says so: the records its killed attempt
+    logged go, so metrics.jsonl is the uninterrupted run's (no step logged twice)."""
     data = write_corpus(tmp_path / "c")
     configs = tiny_configs(data, attn="standard", log_every=1)
     train(tmp_path / "ref", *configs, quiet=True)
     train_killed_at(3, tmp_path / "crashed", *configs, monkeypatch)
     assert not (tmp_path / "crashed" / ckpt.CHECKPOINT).exists() and len(train_losses(tmp_path / "crashed")) == 3
-    train(tmp_path / "crashed", resume=True, quiet=True)
+    capsys.readouterr()
+    train(tmp_path / "crashed", resume=True)
+    assert "has no checkpoint.pt yet: training starts at step 0" in capsys.readouterr().out
     assert run_record(tmp_path / "crashed")[1] == run_record(tmp_path / "ref")[1]
 
 

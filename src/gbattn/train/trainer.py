@@ -245,6 +245,8 @@ class Trainer:
             if has_checkpoint:
                 print(f"resuming at step {self.step:,} of {self.total_steps:,}, the last checkpoint (work after it "
                       f"is redone, exactly)")
+            elif self.resume:
+                print(f"{self.run_dir} has no {rundir.CHECKPOINT} yet: training starts at step 0")
         if warmup_note and self.show:  # a warning or a changed setting: stderr, apart from the output
             print(warmup_note, file=sys.stderr)
         if self.train_cfg.parallel != "ddp" and not self.dist.enabled and self.show:
