@@ -687,6 +687,23 @@ def test_a_schedule_or_model_override_drops_published_numbers_and_says_which():
     assert "Published: nanoGPT README." in results_markdown(report_of(rows))
 
 
+def test_a_data_or_optimizer_override_drops_published_numbers_and_a_neutral_one_keeps_them():
+    """--set tokenizer=gpt2 (another vocabulary), train_tokens (a tenth of the data), eval_tokens (another test
+    set) or weight_decay trains runs that the published number is not for; they kept it, since only length and
+    schedule keys counted. Result-neutral keys (device, log_every, ...) keep it."""
+    rows = [model_row("standard", {"42": 9.0}, published=[6.55, None]), model_row("gba-m2", {"42": 8.8})]
+    for key, value in (("tokenizer", "gpt2"), ("train_tokens", 1_000_000), ("eval_tokens", 10_000),
+                       ("weight_decay", 0.5), ("schedule", "constant")):
+        md = results_markdown(report_of(rows, sets={key: value}))
+        assert "6.55" not in md, key
+        assert f"published numbers omitted: this comparison overrides the recipe's training settings ({key}={value})." \
+            in md
+        texts = drawn_texts(figures.results_figure(report_of(rows, sets={key: value})))
+        assert "published" not in texts["legend"], key
+    md = results_markdown(report_of(rows, sets={"device": "cuda", "log_every": 50, "eval_batch_size": 8}))
+    assert "| 6.55 |" in md and "omitted" not in md
+
+
 def test_published_numbers_are_kept_for_the_recipes_corpus_however_it_is_named_and_only_at_its_length():
     """A file in a local copy, or the Hugging Face name with -raw/-v1, is the recipe's corpus; a run
     longer than the published 2,000 steps is not what the number is for, any more than a shorter one."""

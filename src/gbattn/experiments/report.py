@@ -16,7 +16,8 @@ from gbattn.experiments.recipes import ModelSpec, Recipe
 from gbattn.files import atomic_write, read_json, write_json
 
 # Like with like: results.json rows can hold different seeds (a budget that ran out) and runs
-# shorter than the published ones (--set max_steps=...). results.md uses these rules too.
+# shorter than the published ones (--set max_steps=...). results.md uses these rules too. These keys
+# name an override "length or schedule"; any other training override that changes a result is a "setting".
 
 TRAINING_LENGTH_KEYS = ("max_steps", "epochs", "batch_size", "seq_len", "lr", "warmup_steps")
 
@@ -88,9 +89,15 @@ def described_steps(description: str) -> int | None:
 
 
 def length_overrides(report: dict) -> dict:
-    """The report's ``--set`` values that change how long or how the runs trained."""
+    """The report's ``--set`` training values that change a result: every training field but the
+    result-neutral ones (``TrainConfig.RESULT_NEUTRAL``): the length and schedule, and also the data
+    (tokenizer, train_tokens, eval_tokens, split, ...) and the optimizer, any of which makes the runs
+    another setting than a published number's."""
+    from gbattn.config import TrainConfig
+
     sets = report.get("sets") or {}
-    return {k: sets[k] for k in TRAINING_LENGTH_KEYS if k in sets}
+    changing = set(TrainConfig.field_names()) - set(TrainConfig.RESULT_NEUTRAL)
+    return {k: v for k, v in sets.items() if k in changing}
 
 
 def _corpus_names(data: str) -> list[str]:
@@ -133,9 +140,9 @@ def other_setting(report: dict) -> str | None:
 
 def published_value(report: dict, row: dict):
     """The row's published (mean, std), or None when the runs are not what the published number is
-    for: other data or another model (:func:`other_setting`), ``sets`` overriding one of
-    :data:`TRAINING_LENGTH_KEYS`, or a recipe description naming a step count other than the row's
-    ``steps``."""
+    for: other data or another model (:func:`other_setting`), ``sets`` overriding a training field that
+    is not result-neutral (:func:`length_overrides`), or a recipe description naming a step count other
+    than the row's ``steps``."""
     pub = row.get("published")
     if not pub or pub[0] is None or length_overrides(report) or other_setting(report):
         return None
@@ -153,7 +160,8 @@ def published_omitted_note(report: dict) -> str | None:
     if other:
         return f"published numbers omitted: {other}"
     if overrides:
-        what = "length" if set(overrides) <= {"max_steps", "epochs", "batch_size", "seq_len"} else "length or schedule"
+        what = ("length" if set(overrides) <= {"max_steps", "epochs", "batch_size", "seq_len"} else
+                "length or schedule" if set(overrides) <= set(TRAINING_LENGTH_KEYS) else "settings")
         return (f"published numbers omitted: this comparison overrides the recipe's training {what} "
                 f"({', '.join(f'{k}={v}' for k, v in overrides.items())})")
     return (f"published numbers omitted: these runs trained for {run_steps_text(rows)}, not the "
@@ -323,9 +331,9 @@ def results_markdown(report: dict) -> str:
 
     - Δ vs standard: when the models have different seeds, over the seeds all models share (or,
       if none is, the seeds each model shares with standard); a line below the table says so.
-    - published: shown for a row only when its runs trained for the steps the published number is
-      for: not when ``sets`` overrides one of max_steps, epochs, batch_size, seq_len, lr or
-      warmup_steps, nor when the recipe description names a step count other than the row's
+    - published: shown for a row only when its runs trained as the published number's did: not when
+      ``sets`` overrides a training field that is not result-neutral (max_steps, lr, tokenizer,
+      train_tokens, ...), nor when the recipe description names a step count other than the row's
       ``steps``; a line says why they are left out.
     - the heading states this run's steps when the description names none or another count.
     """
