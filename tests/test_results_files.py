@@ -189,6 +189,22 @@ def pflop(row: dict) -> str:
     return f"{row['train_flops'] / 1e15:.4f}"
 
 
+def test_readme_parameter_and_flop_table_is_what_gbattn_params_counts():
+    """The README's `gbattn params` table: every parameter count and forward FLOPs per token (at T = block_size)
+    is count_params' and flops_per_token's for the model its row names (the FLOP column was pinned nowhere)."""
+    from gbattn.config import preset_config
+    from gbattn.model import count_params, flops_per_token
+
+    models = [("paper-small", "standard", {}), ("paper-small", "twicing", {}), ("paper-small", "boosted", {}),
+              ("paper-small", "standard", {"d_model": 288}), ("llama-small", "standard", {}),
+              ("llama-small", "boosted", {}), ("cpu-llama", "standard", {}), ("cpu-llama", "boosted", {})]
+    expected = []
+    for preset, attn, overrides in models:
+        cfg = preset_config(preset, attn, overrides)
+        expected.append([None, f"{count_params(cfg):,}", f"{flops_per_token(cfg) / 1e6:.2f} M"])
+    assert_table("`gbattn params PRESET --attn X`", expected)
+
+
 def test_readme_gpu_table_is_results_gpu():
     rows = compare_rows("gpu-paper-small-wt2")
     std = rows["standard"]
