@@ -132,6 +132,25 @@ def test_gba_cost_at_paper_small_is_the_method_docs():
     assert count_params(shared) == count_params(standard) + layers * 197_120 == 8_207_872
 
 
+def test_flops_count_matrix_products_only_and_training_is_three_forwards():
+    """docs/baselines.md, "Compute-matched baseline": only matrix products count (a norm or an activation of
+    another kind changes nothing), every variant's training FLOPs are 3x its forward's, Twicing adds one
+    T x T product pair per layer, the gated variant its bias-free d -> d gate, and differential attention's
+    two maps count at the value width 2E its zero-padded queries and keys run at (2x standard's pair)."""
+    d, T, layers = 128, 128, 4
+    standard = preset_config("cpu-proxy", "standard")
+    base = flops_per_token(standard)
+    for overrides in ({"norm_type": "rmsnorm"}, {"ffn": "gelu-tanh"}, {"norm": "post"}, {"bias": False}):
+        assert flops_per_token(standard.replace(**overrides)) == base, overrides
+    extra = {"twicing": layers * 4 * T * d, "gated": layers * 2 * d * d, "differential": layers * 4 * T * d}
+    for attn, more in extra.items():
+        assert flops_per_token(preset_config("cpu-proxy", attn)) - base == more, attn
+    for attn, overrides in (("standard", {}), ("twicing", {}), ("gated", {}), ("differential", {}), ("boosted", {}),
+                            ("boosted", {"attn.gate": "mlp"}), ("standard", {"residual": "attnres-block"})):
+        cfg = preset_config("cpu-proxy", attn, overrides)
+        assert flops_per_token(cfg, backward=True) == 3 * flops_per_token(cfg), (attn, overrides)
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_builds_forward_backward(preset):
     cfg = preset_config(preset, "boosted")
