@@ -687,6 +687,30 @@ def test_a_schedule_or_model_override_drops_published_numbers_and_says_which():
     assert "Published: nanoGPT README." in results_markdown(report_of(rows))
 
 
+def test_results_md_says_which_rows_differ_in_block_from_the_delta_references():
+    """paper-postln's Pre-LN AttnRes rows were shown '-5.5% vs standard' against the Post-LN standard model with
+    nothing saying so; a line now names them and the references. Rows all of one block get no such line."""
+    def row(label, seeds, norm="pre", residual="plain", **kw):
+        return {**model_row(label, seeds, **kw), "norm": norm, "residual": residual,
+                "valid_loss": {s: math.log(v) for s, v in seeds.items()}}
+
+    seeds = {"42": 60.0, "123": 61.0}
+    rows = [row("standard-postln", seeds, norm="post"),
+            row("compute-matched-postln", seeds, norm="post", compute_matched_to="gba-m2-postln"),
+            row("gba-m2-postln", seeds, norm="post"),
+            row("standard-attnres", seeds, residual="attnres-block"),
+            row("gba-m2-attnres", seeds, residual="attnres-block")]
+    md = results_markdown(report_of(rows))
+    assert ("The Δ columns compare every row with standard-postln and compute-matched-postln (Post-LN), so the Δ of "
+            "standard-attnres and gba-m2-attnres (Pre-LN, attnres-block) includes the change of block or residual "
+            "stream.") in md
+    one_seed = [row(r["label"], {"42": 60.0}, norm=r["norm"], residual=r["residual"],
+                    compute_matched_to=r["compute_matched_to"]) for r in rows]
+    assert ("The Δ columns compare every row with standard-postln (Post-LN), so the Δ of standard-attnres and "
+            "gba-m2-attnres (Pre-LN, attnres-block)") in results_markdown(report_of(one_seed))  # no paired table
+    assert "The Δ columns" not in results_markdown(report_of(rows[:3]))
+
+
 def test_a_data_or_optimizer_override_drops_published_numbers_and_a_neutral_one_keeps_them():
     """--set tokenizer=gpt2 (another vocabulary), train_tokens (a tenth of the data), eval_tokens (another test
     set) or weight_decay trains runs that the published number is not for; they kept it, since only length and

@@ -385,6 +385,9 @@ def results_markdown(report: dict) -> str:
     continued = continued_note(rows)
     if continued:
         lines += ["", continued]
+    other_stream = other_stream_note(rows)
+    if other_stream:
+        lines += ["", other_stream]
     omitted = published_omitted_note(report)
     if omitted:
         lines += ["", omitted + "."]
@@ -434,6 +437,36 @@ def continued_note(rows: list[dict]) -> str:
                      f"train tokens, tokens/param, train PFLOP and wall-clock count the continuation only; for the "
                      f"whole training add {base}'s {add} (the curves figure draws them after {base}'s tokens)")
     return " ".join(f"{note}." for note in notes)
+
+
+def block_text(row: dict) -> str:
+    """A row's block and residual stream in words: 'Pre-LN', 'Post-LN', 'Pre-LN, attnres-block'."""
+    norm = "Post-LN" if row.get("norm", "pre") == "post" else "Pre-LN"
+    residual = row.get("residual", "plain")
+    return norm if residual == "plain" else f"{norm}, {residual}"
+
+
+def other_stream_note(rows: list[dict]) -> str | None:
+    """A line naming the rows whose block or residual stream differs from the Δ columns' references (the
+    first standard row; the compute-matched one, when the paired table shows Δ vs compute-matched), whose Δ
+    therefore includes that change; None when none does."""
+    base = next((r for r in rows if r["label"].startswith("standard")), None)
+    if base is None:
+        return None
+    matched = next((r for r in rows if r.get("compute_matched_to")), None)
+    references = [base] + ([matched] if matched is not None and len(valid_losses(base)) > 1 else [])
+    blocks = {block_text(r) for r in references}
+    other = [r for r in rows if block_text(r) not in blocks]
+    if not other:
+        return None
+    def grouped(group: list[dict]) -> str:
+        by_block: dict[str, list[str]] = {}
+        for r in group:
+            by_block.setdefault(block_text(r), []).append(r["label"])
+        return "; ".join(f"{' and '.join(labels)} ({block})" for block, labels in by_block.items())
+
+    return (f"The Δ columns compare every row with {grouped(references)}, so the Δ of {grouped(other)} includes "
+            f"the change of block or residual stream.")
 
 
 def param_gap_text(rows: list[dict]) -> str:
