@@ -135,8 +135,9 @@ def test_gba_cost_at_paper_small_is_the_method_docs():
 def test_flops_count_matrix_products_only_and_training_is_three_forwards():
     """docs/baselines.md, "Compute-matched baseline": only matrix products count (a norm or an activation of
     another kind changes nothing), every variant's training FLOPs are 3x its forward's, Twicing adds one
-    T x T product pair per layer, the gated variant its bias-free d -> d gate, and differential attention's
-    two maps count at the value width 2E its zero-padded queries and keys run at (2x standard's pair)."""
+    T x T product pair per layer, the gated variant its bias-free d -> d gate, differential attention's
+    two maps count at the value width 2E its zero-padded queries and keys run at (2x standard's pair), and
+    AttnRes its weighted sums over depth."""
     d, T, layers = 128, 128, 4
     standard = preset_config("cpu-proxy", "standard")
     base = flops_per_token(standard)
@@ -145,6 +146,10 @@ def test_flops_count_matrix_products_only_and_training_is_three_forwards():
     extra = {"twicing": layers * 4 * T * d, "gated": layers * 2 * d * d, "differential": layers * 4 * T * d}
     for attn, more in extra.items():
         assert flops_per_token(preset_config("cpu-proxy", attn)) - base == more, attn
+    # Full AttnRes: its weighted sums over N sources (2 N d), N = 2 .. 8 at sublayers 1 .. 7 and 9 at the final mix;
+    # its depth logits, matrix-vector products, are not counted.
+    attnres = preset_config("cpu-proxy", "standard", {"residual": "attnres-full"})
+    assert flops_per_token(attnres) - base == 2 * d * (sum(range(2, 9)) + 9)
     for attn, overrides in (("standard", {}), ("twicing", {}), ("gated", {}), ("differential", {}), ("boosted", {}),
                             ("boosted", {"attn.gate": "mlp"}), ("standard", {"residual": "attnres-block"})):
         cfg = preset_config("cpu-proxy", attn, overrides)
