@@ -37,10 +37,14 @@ def test_every_recipe_builds_its_models(name):
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_recipe_judges_gba_at_equal_parameters_and_equal_compute(name):
     """Every recipe has a compute-matched standard row, matched to a GBA model of the
-    same norm and residual stream."""
+    same norm and residual stream, and all but depth, depth-paper and upcycle a parameter-matched one
+    (README, "Reproducing the paper's tables")."""
     specs = {s.label: s for s in get_recipe(name).models}
     matched = [s for s in specs.values() if s.compute_matched_to]
     assert matched, f"{name} has no compute-matched row"
+    param_matched = [s for s in specs.values() if s.param_matched_to]
+    assert bool(param_matched) == (name not in ("depth", "depth-paper", "upcycle")), name
+    assert all(s.attn == "standard" and specs[s.param_matched_to].attn == "boosted" for s in param_matched)
     for s in matched:
         ref = specs[s.compute_matched_to]
         assert s.attn == "standard" and (ref.upcycle or {"attn": ref.attn})["attn"] == "boosted"
