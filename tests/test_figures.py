@@ -709,6 +709,10 @@ def test_results_md_says_which_rows_differ_in_block_from_the_delta_references():
     assert ("The Δ columns compare every row with standard-postln (Post-LN), so the Δ of standard-attnres and "
             "gba-m2-attnres (Pre-LN, attnres-block)") in results_markdown(report_of(one_seed))  # no paired table
     assert "The Δ columns" not in results_markdown(report_of(rows[:3]))
+    # The footer names the model each compute-matched row is matched to (it said "as GBA used" with seven GBA rows
+    # in gba-design, matched to gba-m2 alone).
+    assert ("`compute-matched-postln`: standard trained for as many training FLOPs (torch.utils.flop_counter, forward "
+            "+ backward) as gba-m2-postln used.") in md
 
 
 def test_a_data_or_optimizer_override_drops_published_numbers_and_a_neutral_one_keeps_them():

@@ -398,8 +398,8 @@ def results_markdown(report: dict) -> str:
               + (f" {TEST_IS_VALIDATION}." if no_test_split(rows) else "")]
     matched = ([f"`param-fair`: the smallest standard width with at least GBA's parameters{param_gap_text(rows)}"]
                if any(r.get("param_matched_to") for r in rows) else [])
-    matched += (["`compute-matched`: standard trained for as many training FLOPs (torch.utils.flop_counter, forward "
-                 "+ backward) as GBA used"] if any(r.get("compute_matched_to") for r in rows) else [])
+    matched += [f"`{r['label']}`: standard trained for as many training FLOPs (torch.utils.flop_counter, forward "
+                f"+ backward) as {r['compute_matched_to']} used" for r in rows if r.get("compute_matched_to")]
     if matched:
         lines.append("; ".join(matched) + ".")
     # Like the Δ column: over the seeds all models share when their seed sets differ.
