@@ -157,6 +157,26 @@ def test_a_module_on_its_own_refuses_a_cache_it_cannot_use():
         attn(torch.randn(B + 1, 1, D), cache=cache)  # another batch: a new cache, not a bare torch.cat error
 
 
+def test_a_cache_serves_one_module_used_on_its_own():
+    """Two modules stacked by hand and given one DynamicLayerCache wrote to the same "kv" entry: the
+    second layer attended to the first's keys too, a silently wrong output. Now the second module's
+    call is a ValueError, and a cache per module decodes as the uncached stack."""
+    from gbattn.attention.core import DynamicLayerCache
+
+    first, second = (build_attention("standard", AttnArgs(d_model=D, n_heads=4)).eval() for _ in range(2))
+    x = torch.randn(1, 3, D)
+    shared = DynamicLayerCache()
+    h = x[:, :1] + first(x[:, :1], cache=shared)
+    with pytest.raises(ValueError, match="another attention module's keys and values"):
+        second(h, cache=shared)
+    caches = DynamicLayerCache(), DynamicLayerCache()
+    steps = []
+    for t in range(3):
+        h = x[:, t : t + 1] + first(x[:, t : t + 1], cache=caches[0])
+        steps.append(second(h, cache=caches[1]))
+    torch.testing.assert_close(torch.cat(steps, 1), second(x + first(x)))
+
+
 def test_queries_default_to_the_last_slots_of_the_keys():
     """A context with T queries over S > T keys and no slots: query t sits in slot S - T + t and sees
     keys 0 .. S - T + t (the docstring's default), as with those slots given explicitly."""

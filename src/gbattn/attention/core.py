@@ -320,10 +320,12 @@ class StaticLayerCache(nn.Module):
 
 
 class DynamicLayerCache:
-    """A growing cache (for Hugging Face ``generate``): new keys and values are appended."""
+    """A growing cache (for Hugging Face ``generate``): new keys and values are appended. It serves
+    one layer: a module used on its own binds the cache to itself at its first call (``owner``)."""
 
     def __init__(self) -> None:
         self.entries: dict[str, tuple[Tensor | None, Tensor]] = {}
+        self.owner: int | None = None  # id() of the module used on its own that this cache serves
 
     @property
     def length(self) -> int:
@@ -513,13 +515,16 @@ class AttentionBase(nn.Module):
         for real tokens; ``positions`` (T,) or (B, T) for RoPE (only with ``AttnArgs.rope_base``).
         A model passes its shared ``context``, this layer's ``cache`` and ``record`` instead.
 
-        Used on its own, ``cache`` is a :class:`DynamicLayerCache` that each causal call appends to: the
-        new tokens attend to every cached one, their positions continue after them, and ``key_padding_mask``
-        then covers the cached and the new tokens, (B, cached + T)."""
+        Used on its own, ``cache`` is a :class:`DynamicLayerCache` (one per module) that each causal call appends
+        to: the new tokens attend to every cached one, their positions continue after them, and
+        ``key_padding_mask`` then covers the cached and the new tokens, (B, cached + T)."""
         if context is None:
             if cache is not None and not isinstance(cache, DynamicLayerCache):
                 raise ValueError(f"cache of type {type(cache).__name__}: a module used on its own takes a "
                                  f"DynamicLayerCache (a model passes its own context with its cache)")
+            if cache is not None and cache.owner not in (None, id(self)):  # else its entries ("kv", ...) mix layers
+                raise ValueError("this DynamicLayerCache holds another attention module's keys and values: give "
+                                 "each module (each layer) its own cache")
             if cache is not None and not causal:
                 raise ValueError("a cache is for causal decoding: with causal=False the cached tokens would have "
                                  "attended to the new ones; call the module on the whole sequence instead")
@@ -532,6 +537,8 @@ class AttentionBase(nn.Module):
                 raise ValueError(f"input of dtype {x_BTD.dtype} for a module whose parameters are {weight_dtype}: "
                                  f"give {weight_dtype} activations (or convert the module with .to(dtype))")
             B, T = x_BTD.shape[:2]
+            if cache is not None:
+                cache.owner = id(self)
             past = 0 if cache is None else cache.length  # keys already cached, before these T tokens
             mask = key_padding_mask
             if mask is not None and (mask.dim() != 2 or mask.shape[0] not in (1, B)):
