@@ -460,6 +460,15 @@ def test_flops_per_token_at_a_shorter_sequence():
         assert flops_per_token(cfg, seq_len=T) == 2 * (layers * 12 * d * d + vocab * d) + layers * 4 * T * d
 
 
+def test_flops_per_token_refuses_a_sequence_length_below_one():
+    """seq_len=0 gave block_size's figure (0 read as "not given"), -1 a torch error about a negative dimension."""
+    cfg = preset_config("cpu-char", "standard")
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=f"seq_len={bad!r} must be an integer >= 1"):
+            flops_per_token(cfg, seq_len=bad)
+    assert flops_per_token(cfg, seq_len=None) == flops_per_token(cfg, seq_len=cfg.block_size)
+
+
 def test_param_matched_width_of_an_exact_match_is_that_width():
     """``at least`` the target: a width whose count equals it exactly is the answer, not the next one."""
     cfg = preset_config("cpu-char", "standard")

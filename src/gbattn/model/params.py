@@ -22,6 +22,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool
     """Forward (or forward + backward) FLOPs per token at ``seq_len`` (default block_size),
     counted by ``torch.utils.flop_counter`` on the meta device (matmuls and SDPA; docs/method.md, "Cost")."""
     check_model_config(cfg, "flops_per_token")
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
+        # (0 was read as "the default" and gave block_size's figure; -1 a torch error on the meta device)
+        raise ValueError(f"seq_len={seq_len!r} must be an integer >= 1 (or None: block_size)")
     T = seq_len or cfg.block_size
     with torch.device("meta"):
         model = GPT(cfg)
