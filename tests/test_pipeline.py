@@ -1142,6 +1142,20 @@ def test_evaluate_scores_every_non_overlapping_row_once():
     assert res.loss == pytest.approx(float(want.mean()), rel=1e-5)
 
 
+def test_evaluate_refuses_fewer_tokens_than_one_row():
+    """8 tokens hold no row of 9: the result was a loss of 0 over 0 tokens, perplexity 1.0 (a perfect
+    model); now a ValueError. 9 tokens are one row."""
+    from gbattn.config import ModelConfig
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2, dropout=0.0))
+    tokens = np.random.default_rng(0).integers(0, 11, size=9).astype(np.uint16)
+    with pytest.raises(ValueError, match="8 tokens: fewer than one row of seq_len \\+ 1 = 9"):
+        evaluate(model, tokens[:8], seq_len=8)
+    assert evaluate(model, tokens, seq_len=8).tokens == 8
+
+
 def test_evaluate_under_ddp_counts_no_tokens_of_a_repeated_row():
     from gbattn.config import ModelConfig
     from gbattn.eval.perplexity import evaluate

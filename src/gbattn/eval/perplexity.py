@@ -36,11 +36,14 @@ def evaluate(
     per_token: bool = False,
     progress=None,
 ) -> EvalResult:
-    """Mean loss over every non-overlapping row of ``seq_len + 1`` tokens of ``tokens``.
-    Under DDP each process takes a slice of the rows and the sums are all-reduced."""
+    """Mean loss over every non-overlapping row of ``seq_len + 1`` tokens of ``tokens`` (fewer tokens
+    than one row: a ValueError). Under DDP each process takes a slice of the rows and the sums are all-reduced."""
+    rows = np.arange(num_rows(tokens, seq_len))
+    if not len(rows):  # else a loss of 0 over no tokens: perplexity 1.0
+        raise ValueError(f"{len(tokens):,} tokens: fewer than one row of seq_len + 1 = {seq_len + 1}, nothing to "
+                         f"evaluate")
     was_training = model.training
     model.eval()
-    rows = np.arange(num_rows(tokens, seq_len))
     n_batches = math.ceil(len(rows) / batch_size)
     if dist_env is not None and dist_env.enabled:
         # Every process runs the same number of forward passes (FSDP2 gathers parameters in each);
