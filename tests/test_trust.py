@@ -1249,6 +1249,18 @@ def test_load_run_on_cuda_without_cuda_says_so_not_that_the_checkpoint_is_damage
     assert rundir.load_run(trained["run"], device="cpu").checkpoint == "best"
 
 
+def test_load_run_on_a_device_it_cannot_use_says_so_not_that_the_checkpoint_is_damaged(trained):
+    """device="mps" or "xpu" (absent here), "meta" and even "cpu:0" got "best.pt is truncated or corrupted ...;
+    restore a copy of it" or "the weights ... are not floating-point numbers: the file is damaged", about a sound
+    file; a name torch does not know, torch's RuntimeError. Now a UserError naming the devices gbattn runs on;
+    cpu:0 is the CPU."""
+    for device in ("mps", "xpu", "meta", "bogus", torch.device("meta"), 3.5):
+        with pytest.raises(UserError, match=r"^device='[^']*' is not allowed; choose cpu, cuda or cuda:N$"):
+            rundir.load_run(trained["run"], device=device)
+    run = rundir.load_run(trained["run"], device="cpu:0")
+    assert next(run.model.parameters()).device == torch.device("cpu") and not run.model.training
+
+
 def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):
     (tmp_path / "outside.safetensors").write_bytes(b"")
     exported = tmp_path / "exported"
