@@ -614,6 +614,18 @@ def test_an_option_given_to_a_variant_without_options_names_none():
         variant_options("standard", {"rounds": 2})
 
 
+def test_options_that_are_not_a_dict_are_refused_in_one_line():
+    """An options record (BoostedOptions(rounds=3)) or a list was "'BoostedOptions' object is not iterable" (a
+    TypeError from inside): now a ConfigError that says to give a dict."""
+    from gbattn.attention.boosted import BoostedOptions
+
+    for options in (BoostedOptions(rounds=3), ["rounds", 3]):
+        with pytest.raises(ConfigError, match=f"options of type {type(options).__name__}: give the variant's options "
+                                              f"as a dict"):
+            build_attention("boosted", AttnArgs(d_model=D, n_heads=4), options)
+    assert build_attention("boosted", AttnArgs(d_model=D, n_heads=4), {"rounds": 3}).rounds == 3
+
+
 def test_describe_variants_gives_each_module_docstring_and_option_defaults():
     """What ``gbattn list`` prints: the first line of each variant's module docstring, and its options."""
     rows = {row["name"]: row for row in describe_variants()}

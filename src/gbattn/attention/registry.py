@@ -33,6 +33,9 @@ def variant_options(name: str, options: dict | None = None, n_heads: int | None 
     (README, "Attention variants")."""
     check_choice("attn", name, tuple(VARIANTS))
     cls = VARIANTS[name]
+    if options is not None and not isinstance(options, dict):  # (a BoostedOptions record: "object is not iterable")
+        raise ConfigError(f"options of type {type(options).__name__}: give the variant's options as a dict, e.g. "
+                          f"{{'rounds': 2}} (or None)")
     options = dict(options or {})
     allowed = [f.name for f in dataclasses.fields(cls.Options)]
     unknown = sorted(set(options) - set(allowed))
