@@ -224,6 +224,13 @@ def test_a_left_padded_batch_with_only_a_mask_gives_each_row_as_alone(block):
                                rtol=0, atol=0)
 
 
+def test_positions_of_a_padded_batch_are_what_its_docstring_says():
+    """Real tokens count from 0 in each row; padding before them sits at 0, padding after a real token at
+    that token's position (the docstring said "padding at 0", which holds for left padding only)."""
+    keep = torch.tensor([[0, 0, 1, 1], [1, 1, 0, 0], [1, 0, 1, 0]], dtype=torch.bool)
+    assert positions_of(keep).tolist() == [[0, 0, 0, 1], [0, 1, 1, 1], [0, 0, 1, 1]]
+
+
 def test_a_model_converted_after_setup_cache_still_decodes():
     """setup_cache fixed the cache's dtype at the model's dtype then: a model moved to float32 after
     it failed its next cached call ("Expected query, key, and value to have the same dtype"; once

@@ -478,7 +478,8 @@ class LoadedRun:
         return recorded_fingerprint(self.config)
 
     def generate(self, prompt: str, max_new_tokens: int = 100, **kwargs) -> str:
-        """Text continuing ``prompt`` (see :func:`gbattn.model.decoding.generate` for the options)."""
+        """``prompt`` followed by the text generated after it (see :func:`gbattn.model.decoding.generate`
+        for the options)."""
         if not isinstance(prompt, str):  # token ids went on to the tokenizer's "'int' object is not iterable"
             raise UserError(f"prompt of type {type(prompt).__name__}: give a string (run.model.generate takes "
                             f"token ids)")

@@ -133,7 +133,8 @@ def rope_for(positions: Tensor, d_head: int, base: float, dtype: torch.dtype) ->
 
 def positions_of(mask_BT: Tensor) -> Tensor:
     """Positions (B, T) of a padded batch: each real token's index among its row's real tokens (what
-    it would have alone); padding at 0. ``mask_BT`` is True on real tokens."""
+    it would have alone); padding before a row's first real token at 0, padding after a real token at
+    that token's position. ``mask_BT`` is True on real tokens."""
     return (mask_BT.long().cumsum(-1) - 1).clamp_min(0)
 
 
