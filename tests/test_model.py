@@ -800,6 +800,29 @@ def test_typed_records_coerce_lists_and_refuse_what_is_not_a_record():
         TrainConfig.from_dict({"lr": 1e-3, "colour": "red"})
 
 
+def test_numpy_numbers_are_taken_as_python_numbers():
+    """A width from a numpy sweep (np.int64(128)) was refused with "d_model=np.int64(128) must be an integer",
+    in a ModelConfig, an option and an AttnArgs, while 128.0 was taken; numpy's integers and floats are now
+    taken as Python's (so config.json can write them), and what is not a number is still refused."""
+    import json
+
+    import numpy as np
+
+    from gbattn.attention import AttnArgs, build_attention
+
+    cfg = ModelConfig(d_model=np.int64(64), n_heads=np.int32(4), dropout=np.float32(0.5), attn="boosted",
+                      attn_options={"rounds": np.int64(3)})
+    assert (cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attn_options) == (64, 4, 0.5, {"rounds": 3})
+    assert type(cfg.d_model) is int and type(cfg.dropout) is float and type(cfg.attn_options["rounds"]) is int
+    json.dumps(cfg.to_dict())  # np.int64 is not JSON-serialisable
+    attn = build_attention("boosted", AttnArgs(d_model=np.int64(16), n_heads=np.int64(4), dropout=np.float64(0.1)),
+                           {"rounds": np.int64(3)})
+    assert type(attn.args.d_model) is int and attn.rounds == 3 and attn(torch.randn(1, 3, 16)).shape == (1, 3, 16)
+    for bad in (torch.tensor(64), np.bool_(True)):
+        with pytest.raises(ConfigError, match="d_model=.* must be an integer"):
+            ModelConfig(d_model=bad)
+
+
 def test_set_values_options_and_keywords_keep_what_was_given():
     """`--set tokenizer=hf=PATH` keeps everything after the first '='; an option given as 0 or False
     (`--seed 0`) is given, not 'not given', and so is build_configs' keyword (compare's seed=0); an explicit

@@ -2,8 +2,8 @@
 (JSON from a run directory, ``--set key=value`` from the command line, Python keyword arguments)
 and checked against its declared range, with an error that names the field.
 
-Rules: an ``int`` field takes an integer or an integral float (``128.0`` -> 128), never a string or
-a bool; a ``float`` field takes a finite number; a ``bool`` field takes true/false; a ``str`` field a
+Rules: an ``int`` field takes an integer (numpy's too) or an integral float (``128.0`` -> 128), never a
+string or a bool; a ``float`` field takes a finite number; a ``bool`` field takes true/false; a ``str`` field a
 string; a list field a JSON list or a comma-separated string; ``X | None`` also takes null. Nothing
 here imports the rest of gbattn, so any module may use it.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import types
 import typing
 from typing import Any
@@ -148,6 +149,8 @@ def coerce(name: str, value: Any, tp) -> Any:
     if tp is int:
         if isinstance(value, bool):
             raise ConfigError(f"{name}={value!r} must be an integer")
+        if isinstance(value, numbers.Integral):  # numpy's integers too, kept as Python ints (JSON writes those)
+            value = int(value)
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
         if not isinstance(value, int):
@@ -156,7 +159,7 @@ def coerce(name: str, value: Any, tp) -> Any:
             raise ConfigError(f"{name}={value!r} is out of range (at most 2**63 - 1)")
         return value
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):  # (numpy's numbers are Real)
             raise ConfigError(f"{name}={value!r} must be a number")
         if not math.isfinite(value):
             raise ConfigError(f"{name}={value!r} must be a finite number")

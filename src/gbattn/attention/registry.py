@@ -55,22 +55,25 @@ def variant_options(name: str, options: dict | None = None, n_heads: int | None 
     return record
 
 
-def check_args(args: AttnArgs) -> None:
-    """The head layout a module used on its own needs (``ModelConfig`` checks the same for a model)."""
+def check_args(args: AttnArgs) -> AttnArgs:
+    """The head layout a module used on its own needs (``ModelConfig`` checks the same for a model);
+    returns ``args`` with its fields coerced as ``ModelConfig``'s are (a numpy integer as an int)."""
     if not isinstance(args, AttnArgs):
         raise ConfigError(f"args of type {type(args).__name__}: give an AttnArgs(d_model=..., n_heads=...)")
-    for name, kind in (("dropout", float), ("bias", bool), ("rope_base", float | None)):
-        coerce(name, getattr(args, name), kind)  # a ConfigError for a string, a non-finite number, a non-bool bias
+    kinds = {"d_model": int, "n_heads": int, "n_kv_heads": int | None, "dropout": float, "bias": bool,
+             "layer_idx": int, "n_layers": int, "rope_base": float | None}
+    # a ConfigError for a string, a non-finite number, a non-bool bias
+    args = dataclasses.replace(args, **{name: coerce(name, getattr(args, name), kind) for name, kind in kinds.items()})
     for name, least in (("d_model", 1), ("n_heads", 1), ("n_kv_heads", 1), ("n_layers", 1), ("layer_idx", 0)):
         value = getattr(args, name)
-        if (value is not None or name != "n_kv_heads") and (isinstance(value, bool) or not isinstance(value, int)
-                                                            or value < least):
+        if value is not None and value < least:
             raise ConfigError(f"{name}={value!r} must be an integer >= {least}")
     if not 0 <= args.dropout < 1:
         raise ConfigError(f"dropout={args.dropout!r} must be in [0, 1)")
     if args.rope_base is not None and not args.rope_base > 0:
         raise ConfigError(f"rope_base={args.rope_base!r} must be > 0")
     check_head_layout(args.d_model, args.n_heads, args.n_kv_heads, "rope_base" if args.rope_base is not None else None)
+    return args
 
 
 def check_head_layout(d_model: int, n_heads: int, n_kv_heads: int | None, rope: str | None) -> None:
@@ -93,7 +96,7 @@ def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> A
     option or head layout is a :class:`ConfigError` naming it. README, "Using gbattn from Python" and
     "Attention variants"; the equations in docs/method.md (``boosted``) and docs/baselines.md (the others)."""
     check_choice("attn", name, tuple(VARIANTS))
-    check_args(args)
+    args = check_args(args)
     record = variant_options(name, options, args.n_heads, args.kv_heads, args.n_layers)
     if getattr(record, "layers", None) is not None and args.layer_idx >= args.n_layers:
         # attn.layers counts from the end of n_layers; a layer past it would be none of them, silently
