@@ -112,6 +112,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     """Analyse ``run_dir`` and write ``summary.json`` and the figures into ``out``
     (default ``run_dir/analysis``); returns the summary."""
     from gbattn.analysis import figures, stats
+    from gbattn.checks import check_choice
     from gbattn.data.corpus import test_split_note
     from gbattn.data.prepare import prepare_run_data
     from gbattn.data.tokens import num_rows
@@ -124,6 +125,9 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     figures.require_matplotlib()  # fail before the slow part
     if max_rows < 1 or batch_size < 1:
         raise UserError(f"--max-rows ({max_rows}) and --batch-size ({batch_size}) must be >= 1")
+    if top < 0 or examples < 0:  # (-1 listed every token that gained, and drew one example per row)
+        raise UserError(f"--top ({top}) and --examples ({examples}) must be >= 0")
+    check_choice("split", split, ("valid", "test"))  # the held-out splits (another was a KeyError after loading)
     run_dir = Path(run_dir)
     out = Path(out) if out else run_dir / "analysis"
     check_writable_dir(out, "--out", create=False)
