@@ -524,7 +524,8 @@ class AttentionBase(nn.Module):
                 raise ValueError(f"cache of type {type(cache).__name__}: a module used on its own takes a "
                                  f"DynamicLayerCache (a model passes its own context with its cache)")
             if cache is not None and cache.owner not in (None, id(self)):  # else its entries ("kv", ...) mix layers
-                raise ValueError("this DynamicLayerCache holds another attention module's keys and values: give "
+                raise ValueError("this DynamicLayerCache holds another attention module's keys and values (the "
+                                 "module it was first used with; a deep copy of that module is another one): give "
                                  "each module (each layer) its own cache")
             if cache is not None and not causal:
                 raise ValueError("a cache is for causal decoding: with causal=False the cached tokens would have "
