@@ -177,6 +177,26 @@ def test_a_cache_serves_one_module_used_on_its_own():
     torch.testing.assert_close(torch.cat(steps, 1), second(x + first(x)))
 
 
+@torch.no_grad()
+def test_a_cache_deep_copied_with_its_module_serves_the_copy():
+    """A cache copied alone still serves its module (a branch of the decoding); a module and its cache copied
+    together in one deep copy, the module first, decode on as the original (the owner check refused the copy)."""
+    import copy
+
+    from gbattn.attention.core import DynamicLayerCache
+
+    attn = build_attention("boosted", AttnArgs(d_model=D, n_heads=4)).eval()
+    x = torch.randn(1, 4, D)
+    cache = DynamicLayerCache()
+    attn(x[:, :3], cache=cache)
+    expected = attn(x)[:, 3:]
+    torch.testing.assert_close(attn(x[:, 3:], cache=copy.deepcopy(cache)), expected)
+    module_copy, cache_copy = copy.deepcopy((attn, cache))
+    torch.testing.assert_close(module_copy(x[:, 3:], cache=cache_copy), expected)
+    with pytest.raises(ValueError, match="another attention module's keys and values"):
+        module_copy(x[:, 3:], cache=copy.deepcopy(cache))  # a copy of the original's cache: another module's
+
+
 def test_queries_default_to_the_last_slots_of_the_keys():
     """A context with T queries over S > T keys and no slots: query t sits in slot S - T + t and sees
     keys 0 .. S - T + t (the docstring's default), as with those slots given explicitly."""

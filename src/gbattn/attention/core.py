@@ -20,6 +20,7 @@ Methods and equations: docs/method.md, docs/baselines.md.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -327,6 +328,16 @@ class DynamicLayerCache:
     def __init__(self) -> None:
         self.entries: dict[str, tuple[Tensor | None, Tensor]] = {}
         self.owner: int | None = None  # id() of the module used on its own that this cache serves
+
+    def __deepcopy__(self, memo: dict) -> DynamicLayerCache:
+        """A copy of the entries, serving the same module; in a deep copy that copied its module first (``copy.
+        deepcopy((module, cache))``), serving that module's copy."""
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        if self.owner is not None and self.owner in memo:
+            copied.owner = id(memo[self.owner])
+        return copied
 
     @property
     def length(self) -> int:
