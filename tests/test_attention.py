@@ -166,6 +166,8 @@ def test_a_cache_serves_one_module_used_on_its_own():
     first, second = (build_attention("standard", AttnArgs(d_model=D, n_heads=4)).eval() for _ in range(2))
     x = torch.randn(1, 3, D)
     shared = DynamicLayerCache()
+    with pytest.raises(ValueError, match="key_padding_mask has 2 keys, expected 1"):
+        second(x[:, :1], cache=shared, key_padding_mask=torch.ones(1, 2, dtype=torch.bool))  # refused: binds nothing
     h = x[:, :1] + first(x[:, :1], cache=shared)
     with pytest.raises(ValueError, match="another attention module's keys and values"):
         second(h, cache=shared)

@@ -550,8 +550,6 @@ class AttentionBase(nn.Module):
                 raise ValueError(f"input of dtype {x_BTD.dtype} for a module whose parameters are {weight_dtype}: "
                                  f"give {weight_dtype} activations (or convert the module with .to(dtype))")
             B, T = x_BTD.shape[:2]
-            if cache is not None:
-                cache.owner = id(self)
             past = 0 if cache is None else cache.length  # keys already cached, before these T tokens
             mask = key_padding_mask
             if mask is not None and (mask.dim() != 2 or mask.shape[0] not in (1, B)):
@@ -568,6 +566,8 @@ class AttentionBase(nn.Module):
                 rope = rope_for(pos, self.d_head, self.args.rope_base, x_BTD.dtype)
             context = AttnContext(T=T, S=past + T, device=x_BTD.device, key_padding_BS=key_padding_mask, causal=causal,
                                   naive=naive, rope=rope)
+            if cache is not None:  # (after every check: a call refused leaves the cache unbound)
+                cache.owner = id(self)
         if return_intermediates and record is None:
             record = Record()
         y_BTD = self.compute(x_BTD, Call(self, context, cache, record))
