@@ -121,6 +121,22 @@ def test_generate_cli_passes_the_compile_choice(tmp_path, capsys, monkeypatch, f
     assert seen[0] == asked  # the command's own choice (generate() is then handed its decode step)
 
 
+@pytest.mark.parametrize("flags, compiles", [([], 1), (["--compile"], 1), (["--no-compile"], 0),
+                                             (["--compile", "--no-cache"], 0)])
+def test_generate_cli_compiles_only_as_it_says_past_the_threshold(tmp_path, capsys, monkeypatch, flags, compiles):
+    """With the measured threshold met, `--no-compile` decoded through a compiled step all the same
+    (generate() made the default choice again) while the summary said "KV cache"."""
+    compiled = []
+    monkeypatch.setitem(decoding.MIN_TOKENS_TO_COMPILE, "cpu", 1)
+    monkeypatch.setattr(decoding, "compiled_decode_step",
+                        lambda model, mode=None: compiled.append(model) or decoding.eager_decode_step(model))
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the", "--max-new-tokens", "3", *flags]) == 0
+    assert len(compiled) == compiles
+    assert ("compiled" in capsys.readouterr().err) == bool(compiles)
+
+
 def test_generate_cli_passes_samples_and_the_cache_choice_and_shows_a_bar_for_long_runs(tmp_path, capsys,
                                                                                         monkeypatch):
     """`--num-samples 3` prints three continuations; `--no-cache`, `--temperature`, `--top-k` and `--seed`

@@ -120,8 +120,9 @@ def cmd_generate(args) -> None:
     # A bar for long generations only (one token per step for the whole batch).
     bar = Progress(args.max_new_tokens, desc="generating", unit="token", disable=args.max_new_tokens < 1000)
     t0 = time.perf_counter()
+    # compile=False: the choice is made above (step, or eager decoding), not again by generate's own default
     out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
-                             use_cache=not args.no_cache, decode_step=step, progress=bar.update)
+                             use_cache=not args.no_cache, decode_step=step, compile=False, progress=bar.update)
     dt = time.perf_counter() - t0
     bar.close()
     for row in out.tolist():
