@@ -429,17 +429,20 @@ def test_bench_markdown_follows_the_report():
         "| boosted | 1,234,567 | 25.0 | 1,280 | 6 | 2.50 | 2.000 (1.50–2.50) | 1.600 | 1.250 | 2.00 | 4.0 | 250 | "
         "1.60 |",
     ]
+    # a compiled row's prefill and the sweep run eagerly, and say so (they read as compiled timings)
     assert lines[10].endswith("(prefill of 32 tokens, then 8 cached steps, batch 1). A compiled row's ratios are to "
-                              "standard compiled.")
+                              "standard compiled; its prefill runs eagerly (only the training and decode steps are "
+                              "compiled).")
     assert lines[12] == "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)"
     assert lines[16] == "| standard | 12.5 | 5.0 | 2.50 | 400 | 1,000 | 2.50 | 12 / 3 |"
-    assert lines[20] == "## Sequence-length sweep (batch 1, one training step)"
+    assert lines[20] == "## Sequence-length sweep (batch 1, one training step, eager)"
     assert lines[24] == "| 128 | standard | 2.0 | 3 | 0.062 |"  # 64 KiB, not rounded to 0 MiB
     assert lines[25] == "| 2,048 | standard | 50.0 | 40 | 16 |"
     assert lines[-1] == lines[25]
     report["amp_bf16"], report["compile"] = True, "off"
     assert bench_markdown(report).splitlines()[2].endswith("dropout 0 · bf16 autocast")
     assert bench_markdown(report).splitlines()[10].endswith("batch 1).")
+    assert "## Sequence-length sweep (batch 1, one training step)" in bench_markdown(report).splitlines()
     # one repeat: a range of one ratio would read as no noise at all, so none is shown, and the note says why
     report["repeats"] = 1
     lines = bench_markdown(report).splitlines()

@@ -407,7 +407,8 @@ def bench_markdown(report: dict) -> str:
               "Step / FLOP ratio 1.00 = the variant costs exactly its extra arithmetic. Decode cost ratio: "
               "time per decoded token relative to standard (prefill of "
               f"{report['prefill_tokens']} tokens, then {report['decode_tokens']} cached steps, batch 1)."
-              + (" A compiled row's ratios are to standard compiled." if report["compile"] != "off" else "")]
+              + (" A compiled row's ratios are to standard compiled; its prefill runs eagerly (only the training "
+                 "and decode steps are compiled)." if report["compile"] != "off" else "")]
     compiled = [r for r in report["variants"] if r.get("compiled_step_speedup")]
     if compiled:
         lines += ["", "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)", "",
@@ -428,7 +429,8 @@ def bench_markdown(report: dict) -> str:
                   + ", ".join(f"{r['variant']} {r['compile_s']['train']:.0f} / {r['compile_s']['decode']:.0f} s"
                               for r in report["variants"]) + "."]
     if report["sweep"]:
-        lines += ["", "## Sequence-length sweep (batch 1, one training step)", "",
+        eager = "" if report["compile"] == "off" else ", eager"  # the sweep is never compiled
+        lines += ["", f"## Sequence-length sweep (batch 1, one training step{eager})", "",
                   "| T | variant | step (ms) | peak memory (MiB) | one T x T fp32 matrix (MiB) |",
                   "| ---: | --- | ---: | ---: | ---: |"]
         for r in report["sweep"]:
