@@ -74,9 +74,10 @@ def test_decoding_compiles_only_where_it_pays(monkeypatch):
 
     model = tiny_model(("standard", {})).float()  # block_size 24
     monkeypatch.setitem(decoding.MIN_TOKENS_TO_COMPILE, "cpu", 20)
-    assert decoder_for(model, compile=None, max_new_tokens=19)[0] is None  # compiling would cost more than it saves
+    # (the prefill predicts the first new token: n new tokens take n - 1 decode steps)
+    assert decoder_for(model, compile=None, max_new_tokens=20)[0] is None  # compiling would cost more than it saves
     assert decoder_for(model, compile=False, max_new_tokens=10**6)[0] is None
-    step, how = decoder_for(model, compile=None, max_new_tokens=20)
+    step, how = decoder_for(model, compile=None, max_new_tokens=21)
     assert step is not None and "compiled" in how
     # Only the steps before the sequence fills block_size use the cache (and so the compiled step):
     # from a 5-token prompt that is 19, however many tokens are asked for.
@@ -132,3 +133,21 @@ def test_a_prompt_that_fills_the_block_gets_no_decode_step():
     # `generate`'s summary said "KV cache" for 2,000 tokens at block_size 64, nearly all decoded without it.
     step, how = decoder_for(model, compile=False, max_new_tokens=5, prompt_length=23)
     assert step is None and how == "KV cache; no cache past block_size=24"
+
+
+def test_the_decode_summary_says_no_cache_exactly_when_generate_runs_without_it():
+    """The prefill predicts the first new token, so a prompt of T tokens gets block_size - T + 1 from the cache:
+    the summary said "no cache past block_size" for one token fewer (23 + 2 at block_size 24), all cached."""
+    model = tiny_model(("standard", {})).float()  # block_size 24
+    forward, uncached = model.forward, []
+
+    def counting_forward(idx, *args, **kwargs):
+        uncached[-1] += kwargs.get("input_pos") is None
+        return forward(idx, *args, **kwargs)
+
+    model.forward = counting_forward
+    for prompt_length, new_tokens in ((23, 1), (23, 2), (23, 3), (20, 5), (20, 6), (1, 24), (1, 25), (5, 0)):
+        uncached.append(0)
+        generate(model, torch.randint(0, 37, (1, prompt_length)), new_tokens, temperature=0)
+        how = decoder_for(model, compile=False, max_new_tokens=new_tokens, prompt_length=prompt_length)[1]
+        assert ("no cache past" in how) == (uncached[-1] > 0), (prompt_length, new_tokens, how)

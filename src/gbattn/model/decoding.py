@@ -69,15 +69,17 @@ def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0,
                 prompt_length: int = 0) -> tuple[object | None, str]:
     """The decode step to use and how to describe it: compiled when asked (``compile=True``), or by
     default (``None``) where compiling was measured faster for the steps it would run on this device:
-    one per new token while the sequence fits in ``block_size`` (later tokens are decoded without the
-    cache). A prompt of ``prompt_length`` that fills ``block_size`` decodes without a cache, so with no step."""
+    one per new token after the first while the sequence fits in ``block_size`` (later tokens are decoded
+    without the cache). A prompt of ``prompt_length`` that fills ``block_size`` decodes without a cache, so
+    with no step."""
     if prompt_length >= model.cfg.block_size:
         return None, "no cache: the prompt fills block_size"
     device = next(model.parameters()).device
     threshold = MIN_TOKENS_TO_COMPILE.get(device.type)
-    cached_steps = min(max_new_tokens, model.cfg.block_size - prompt_length)
-    # Past block_size the context is cropped and recomputed: the cache serves only the tokens before.
-    past = "" if cached_steps >= max_new_tokens else f"; no cache past block_size={model.cfg.block_size}"
+    # The prefill predicts the first new token; each later one takes a cached step, at slots prompt_length ..
+    # block_size - 1. Past them the context is cropped and recomputed: the cache serves only the tokens before.
+    cached_steps = max(0, min(max_new_tokens - 1, model.cfg.block_size - prompt_length))
+    past = "" if max_new_tokens - 1 <= cached_steps else f"; no cache past block_size={model.cfg.block_size}"
     if compile or (compile is None and threshold is not None and cached_steps >= threshold):
         return compiled_decode_step(model), f"KV cache, compiled decode step{past}"
     return None, f"KV cache{past}"
