@@ -351,7 +351,7 @@ def test_prefill_and_decode_times_each_part_and_decodes_every_token(monkeypatch)
 def test_bench_prefill_and_decode_defaults_fit_the_block_size():
     """Decode 64 tokens (half the block when smaller) after a prompt of up to 128 tokens; a decode that
     leaves no prompt, or a prefill and decode together beyond the block, is a one-line error."""
-    from gbattn.bench.speed import _prefill_and_decode_lengths
+    from gbattn.bench.speed import _prefill_and_decode_lengths, run_bench
     from gbattn.errors import UserError
 
     assert _prefill_and_decode_lengths("p", 1024, None, None) == (128, 64)
@@ -362,6 +362,13 @@ def test_bench_prefill_and_decode_defaults_fit_the_block_size():
         _prefill_and_decode_lengths("p", 64, None, 64)
     with pytest.raises(UserError, match="a prefill of 41 tokens and 24 decode steps exceed the block size 64"):
         _prefill_and_decode_lengths("p", 64, 41, 24)
+    # a block of one token: the hints were --decode 0 (refused by the option) and --set seq_len=1 (a train field)
+    with pytest.raises(UserError, match="^the block size 1 of preset p holds no prompt and decode step together: bench "
+                                        "needs a block size of 2 or more$"):
+        _prefill_and_decode_lengths("p", 1, None, None)
+    with pytest.raises(UserError, match="bench needs a block size of 2 or more$"):
+        run_bench("cpu-char", ["standard"], device="cpu", repeats=1, steps=1, threads=1, quiet=True,
+                  sets={"block_size": 1})
 
 
 def test_a_bench_training_step_learns_and_clears_its_gradients():

@@ -200,9 +200,9 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     sweep_variants = sweep_variants or ["standard", "boosted"]
     for spec in sweep_variants if sweep else []:  # a bad --sweep-attn fails now, not after the timings
         _variant_config(preset, spec, sets)
+    prefill, decode = _prefill_and_decode_lengths(preset, base_cfg.block_size, prefill, decode)
     seq_len = base_cfg.input_length(seq_len)
     batch = batch or (32 if dev.type == "cuda" else 8)
-    prefill, decode = _prefill_and_decode_lengths(preset, base_cfg.block_size, prefill, decode)
     if seq_len > base_cfg.block_size:
         raise UserError(f"--seq-len {seq_len} exceeds the block size {base_cfg.block_size} of preset {preset}")
     autocast = bf16_autocast(dev, "auto" if amp else "off")
@@ -324,6 +324,9 @@ def add_ratios_to_standard(rows: list[dict]) -> None:
 def _prefill_and_decode_lengths(preset: str, block_size: int, prefill: int | None,
                                 decode: int | None) -> tuple[int, int]:
     """(prefill, decode) tokens that fit the block size together, or a one-line error."""
+    if block_size < 2:  # (the hints below would name --decode 0, which bench refuses)
+        raise UserError(f"the block size {block_size} of preset {preset} holds no prompt and decode step together: "
+                        f"bench needs a block size of 2 or more")
     decode = decode or max(1, min(64, block_size // 2))
     if decode >= block_size:
         raise UserError(f"--decode {decode} leaves no room for a prompt within the block size {block_size} of preset "
