@@ -383,6 +383,10 @@ def test_a_bench_training_step_learns_and_clears_its_gradients():
 
     assert parse_variant("boosted:rounds=3,kv_source=shared") == ("boosted", {"rounds": 3, "kv_source": "shared"})
     assert parse_variant("standard") == ("standard", {})
+    # a list option of several layers: its commas were read as separators ("options are key=value")
+    assert parse_variant("twicing:layers=[-2,-1]") == ("twicing", {"layers": [-2, -1]})
+    assert parse_variant("boosted:layers=[0, 1],rounds=3,gate=vector") == (
+        "boosted", {"layers": [0, 1], "rounds": 3, "gate": "vector"})
     with pytest.raises(UserError, match="options are key=value"):
         parse_variant("boosted:rounds")
     model = GPT(preset_config("cpu-char", "standard", {"n_layers": 1, "d_model": 32, "n_heads": 2}))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -37,10 +38,11 @@ COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its e
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
-    """``name`` or ``name:key=value,key=value`` -> (name, options)."""
+    """``name`` or ``name:key=value,key=value`` -> (name, options); a list value keeps its commas
+    (``twicing:layers=[-2,-1]``)."""
     name, _, rest = spec.partition(":")
     options = {}
-    for item in filter(None, rest.split(",")):
+    for item in filter(None, re.split(r",(?![^\[]*\])", rest)):  # not at a comma inside [...]
         if "=" not in item:
             raise UserError(f"--attn {spec!r}: options are key=value, e.g. boosted:rounds=3,kv_source=shared")
         key, value = item.split("=", 1)
