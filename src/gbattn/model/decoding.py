@@ -44,7 +44,7 @@ def eager_decode_step(model):
 # time it saves per step, a step being one new token of every row), measured by
 # `gbattn bench --compile both` (README, "Compiled vs eager").
 # CPU, paper-small, 2 threads, no compile cache, two hosts: compiling took 7-8 s and saved 0.67 ms
-# (standard) to 1.36 ms (GBA) per token on one, 4.5-6 s and 0.30 to 0.54 ms on the other, so it pays from
+# (standard) to 1.36 ms (GBA) per token on one, 4.5-6 s and 0.30 to 0.55 ms on the other, so it pays from
 # 6,000 to 15,300 tokens (12,400 to 16,300 at cpu-proxy size); the default is above every figure measured.
 # None: not measured on that device, so not compiled unless asked for.
 MIN_TOKENS_TO_COMPILE: dict[str, int | None] = {"cpu": 17_000, "cuda": None}
