@@ -358,3 +358,41 @@ def test_a_mistake_only_the_first_process_sees_ends_every_process_with_its_line(
                                 f"--restart to replace it, or choose another --out"}, proc.stderr[-3000:]
     assert "[rank" not in proc.stderr and "exitcode: 2" in proc.stderr, proc.stderr[-3000:]
     assert sorted(p.name for p in held.iterdir()) == [".lock", rundir.CONFIG]
+
+
+SKEWED_CLOCK_WORKER = textwrap.dedent('''
+    """`gbattn train` under torchrun with the second process's checkpoint clock an hour ahead at every
+    reading: it finds a time-based checkpoint due after every step, the first process never."""
+    import itertools, os, sys, types
+    from gbattn import cli
+    from gbattn.train import trainer
+
+    if os.environ["RANK"] == "1":
+        hours = itertools.count()
+        trainer.time = types.SimpleNamespace(perf_counter=trainer.time.perf_counter,
+                                             monotonic=lambda: 3600.0 * next(hours))
+    sys.exit(cli.main(sys.argv[1:]))
+''')
+
+
+def test_processes_whose_clocks_disagree_save_time_based_checkpoints_together(tmp_path):
+    """checkpoint_minutes is measured on each process's clock, and a checkpoint is a collective (every
+    process's random state is gathered): a process that found one due while another did not waited for
+    it for ever (every 2-process run with checkpoint_minutes near a step's time hung at its first
+    step). Every process now saves when any finds one due: the run ends, checkpointed at its end."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(SKEWED_CLOCK_WORKER)
+    data = write_corpus(tmp_path / "c", lines_per_split=(60, 20, 20))
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                             str(worker), "train", "--out", str(tmp_path / "run"), *_train_argv(data, 4),
+                             "--set", "eval_every=100"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # torchrun stops its processes (killing them after 30 s)
+        _, err = proc.communicate()
+        raise AssertionError(f"the run hung: {err[-2000:]}") from None
+    assert proc.returncode == 0, err[-3000:]
+    assert rundir.load_checkpoint(tmp_path / "run" / rundir.CHECKPOINT)["step"] == 4

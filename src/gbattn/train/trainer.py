@@ -518,8 +518,8 @@ class Trainer:
                 if self._is_eval_step(self.step):
                     self._eval_and_checkpoint()
                     last_ckpt = time.monotonic()
-                elif time.monotonic() - last_ckpt > 60 * cfg.checkpoint_minutes:
-                    self._save()
+                elif self._on_any_process(time.monotonic() - last_ckpt > 60 * cfg.checkpoint_minutes):
+                    self._save()  # a collective: every process saves when one's clock says it is due
                     last_ckpt = time.monotonic()
                 window_t0 += time.perf_counter() - paused  # tokens/s counts training time only
                 if self._should_stop(stop.requested) and self.step < self.total_steps:
@@ -569,9 +569,14 @@ class Trainer:
                 f"{self.run_dir}; to start again with other settings: gbattn train ... --out {self.run_dir} --restart")
 
     def _should_stop(self, requested: bool) -> bool:
+        return self._on_any_process(requested)
+
+    def _on_any_process(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any process: a decision every process takes together, because
+        what it starts (a checkpoint, a stop) is a collective."""
         if not self.dist.enabled:
-            return requested
-        return self.dist.all_sum([float(requested)])[0] > 0
+            return flag
+        return self.dist.all_sum([float(flag)])[0] > 0
 
     def _checkpoint_step(self) -> int | None:
         try:
