@@ -396,3 +396,47 @@ def test_processes_whose_clocks_disagree_save_time_based_checkpoints_together(tm
         raise AssertionError(f"the run hung: {err[-2000:]}") from None
     assert proc.returncode == 0, err[-3000:]
     assert rundir.load_checkpoint(tmp_path / "run" / rundir.CHECKPOINT)["step"] == 4
+
+
+SIGNALLED_RANK_WORKER = textwrap.dedent('''
+    """`gbattn train` under torchrun where the second process alone receives SIGTERM, during step 3
+    (as `kill` of one process, or a scheduler that signals it, does); it leaves after the first has said
+    why it stopped (torchrun then ends it), so that the first process's line and status are seen."""
+    import os, signal, sys, time
+    from gbattn import cli
+    from gbattn.train import distributed
+    from gbattn.train.trainer import Trainer
+
+    if os.environ["RANK"] == "1":
+        step_once = Trainer._train_step
+
+        def signalled(self, step):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return step_once(self, step)
+
+        Trainer._train_step = signalled
+        leave = distributed.shutdown_distributed
+        distributed.shutdown_distributed = lambda: (time.sleep(5), leave())
+    sys.exit(cli.main(sys.argv[1:]))
+''')
+
+
+def test_a_signal_to_one_process_stops_every_process_with_that_signals_words_and_status(tmp_path):
+    """SIGTERM to the second process alone: every process stops at the same step and says "terminated", with
+    SIGTERM's status 143; the first, which received no signal, said "interrupted" and exited 130 (Ctrl-C's
+    status), and torchrun named it as the root cause."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(SIGNALLED_RANK_WORKER)
+    data = write_corpus(tmp_path / "c", lines_per_split=(60, 20, 20))
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                           str(worker), "train", "--out", str(run), *_train_argv(data, 10)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    own = [line for line in proc.stderr.splitlines() if line.startswith("gbattn: error:")]
+    assert own and set(own) == {f"gbattn: error: terminated at step 3; checkpoint saved in {run}: continue "
+                                          f"with `torchrun --nproc_per_node 2 -m gbattn.cli train --resume --out "
+                                          f"{run}`"}, proc.stderr[-3000:]
+    assert "exitcode  : 143" in proc.stderr and "exitcode  : 130" not in proc.stderr, proc.stderr[-3000:]
+    assert rundir.load_checkpoint(run / rundir.CHECKPOINT)["step"] == 3

@@ -526,27 +526,33 @@ class Trainer:
                     self._save()
                     self._log({"event": "interrupted", "step": self.step})
                     self.bar.close()
-                    raise self._interrupted(
-                        stop, f"at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
+                    detail = (f"at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
                               f"{self._resume_command()}"
                               + (" (or rerun the same `gbattn compare` command)" if "label" in self.extra else ""))
+                    raise self._interrupted(self._stop_signal(stop), detail)
         self.bar.close()
         result = self._finish()
         if stop.requested:  # during the last step: the run finished, and the stop is not lost (compare goes no further)
-            raise self._interrupted(stop, f"during the last step: {self.run_dir} finished all the same (its "
-                                          f"result.json is written); nothing is left to resume"
-                                          + ("; rerun the same `gbattn compare` command for the rest of the "
-                                             "comparison" if "label" in self.extra else ""))
+            raise self._interrupted(stop.signum, f"during the last step: {self.run_dir} finished all the same (its "
+                                                 f"result.json is written); nothing is left to resume"
+                                                 + ("; rerun the same `gbattn compare` command for the rest of the "
+                                                    "comparison" if "label" in self.extra else ""))
         return result
 
     @staticmethod
-    def _interrupted(stop, detail: str) -> TrainingInterrupted:
-        """The one-line error of a run stopped by ``stop``'s signal, with the status a shell reports for it
+    def _interrupted(signum: int, detail: str) -> TrainingInterrupted:
+        """The one-line error of a run stopped by signal ``signum``, with the status a shell reports for it
         (130 for SIGINT, 143 for SIGTERM)."""
-        how = "terminated" if stop.signum == signal.SIGTERM else "interrupted"
+        how = "terminated" if signum == signal.SIGTERM else "interrupted"
         error = TrainingInterrupted(f"{how} {detail}")
-        error.exit_code = 128 + int(stop.signum)
+        error.exit_code = 128 + int(signum)
         return error
+
+    def _stop_signal(self, stop) -> int:
+        """The signal that stopped every process, the same on each (a collective): SIGTERM where any process
+        received one, else SIGINT; one process alone may have been sent it."""
+        received = self.dist.gather(stop.signum if stop.requested else None)
+        return signal.SIGTERM if signal.SIGTERM in received else signal.SIGINT
 
     def _resume_command(self) -> str:
         """How to continue this run: under torchrun, launched as it was (in one process it would train on
