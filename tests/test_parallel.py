@@ -60,6 +60,23 @@ def test_compare_under_torchrun_says_it_runs_in_one_process(tmp_path, monkeypatc
     assert not (tmp_path / "cmp").exists()
 
 
+@pytest.mark.parametrize("command", [["eval", "RUN"], ["upcycle", "RUN", "--attn", "boosted", "--out", "OUT"],
+                                     ["denoise", "--quick", "--out", "OUT"]])
+def test_commands_other_than_train_refuse_torchrun_in_one_line(tmp_path, monkeypatch, capsys, command):
+    """Under torchrun every process ran the whole command: eval printed its result once per process, and
+    two upcycles raced for --out (the loser's "in use by another gbattn process" made torchrun stop the
+    other, mid-write for a large model). One line, status 2, nothing written."""
+    from helpers import run_cli
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = [{"RUN": tmp_path / "run", "OUT": tmp_path / "out"}.get(a, a) for a in command]
+    code, out, err = run_cli(capsys, argv)
+    assert (code, out) == (2, ""), err
+    assert err == (f"gbattn: error: gbattn {command[0]} runs in one process, not under torchrun (2 processes here): "
+                   f"only gbattn train runs on several\n")
+    assert not (tmp_path / "out").exists()
+
+
 def _start_endless_comparison(tmp_path) -> tuple[subprocess.Popen, Path]:
     """`gbattn compare --jobs 2` of cpu-char at a tiny size with 100,000 steps a run (it is stopped by
     the test), as its own process: (process, comparison directory)."""

@@ -117,6 +117,10 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+# The commands that may run under torchrun: train on every process; compare refuses it in its own words
+# (--jobs N). Every other command would run whole in each process, each writing the same outputs.
+UNDER_TORCHRUN = ("train", "compare")
+
 CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 
 
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGINT, _interrupted_while_starting) if _main_thread() and not ignored else None
     import torch
 
-    from gbattn.runtime import set_invocation
+    from gbattn.runtime import launched_processes, set_invocation
 
     if previous is not None:
         signal.signal(signal.SIGINT, previous)
@@ -146,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminated)
     set_invocation(sys.argv[1:] if argv is None else argv)
     try:
+        if launched_processes() > 1 and args.command not in UNDER_TORCHRUN:
+            raise UserError(f"gbattn {args.command} runs in one process, not under torchrun ({launched_processes()} "
+                            f"processes here): only gbattn train runs on several")
         args.func(args)
         sys.stdout.flush()
     except UserError as e:  # one write: torchrun's processes write unbuffered (-u) to one stderr, at once

@@ -16,6 +16,11 @@ from gbattn.errors import UserError
 from gbattn.files import portable_path
 
 
+def launched_processes() -> int:
+    """How many processes ``torchrun`` launched for this command (1 without it)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     """``auto`` -> CUDA when available, else CPU; ``cuda`` -> this process's GPU under torchrun."""
     if not isinstance(name, str) or not (name in ("auto", "cpu") or name.startswith("cuda")):

@@ -28,8 +28,7 @@ from gbattn.experiments.report import write_results
 from gbattn.files import portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
 from gbattn.progress import Progress
-from gbattn.runtime import command_line, default_threads
-from gbattn.train.distributed import launched_processes
+from gbattn.runtime import command_line, default_threads, launched_processes
 from gbattn.train.trainer import fitted_warmup, train
 from gbattn.upcycle import upcycle, write_run
 

@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from gbattn.errors import UserError
+from gbattn.runtime import launched_processes
 
 
 @dataclass
@@ -107,11 +108,6 @@ def is_first_process() -> bool:
     """Whether this is the process that reports (rank 0 under ``torchrun``; the only one without it),
     known before the process group is joined."""
     return os.environ.get("RANK", "0") == "0"
-
-
-def launched_processes() -> int:
-    """How many processes ``torchrun`` launched for this command (1 without it)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def init_distributed(device_type: str) -> DistEnv:
