@@ -5,6 +5,7 @@ same losses with full, exact checkpoints."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -154,6 +155,29 @@ def test_compare_jobs_runs_at_most_jobs_at_once_and_names_each_failed_run(tmp_pa
     for seed in (1, 2):
         assert f"standard/seed{seed} (exit 3: boom)" in message and f"gba-m2/seed{seed} (exit 3: boom)" in message
         assert f"compute-matched/seed{seed} (not trained: the run it starts from or is matched to failed)" in message
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_compare_jobs_divides_the_free_cores_it_measured_once(tmp_path, monkeypatch, capsys):
+    """Without --threads, the free cores are measured once (0.2 s of CPU use) and divided between the
+    jobs: a second measurement, which on a busy machine can differ, no longer decides the note about
+    them (4 cores then 1: each run was given 2 threads while the note said each takes 1)."""
+    from gbattn.experiments import compare as compare_mod
+
+    measured, commands, real = itertools.chain([4], itertools.repeat(1)), [], subprocess.Popen
+    monkeypatch.setattr(compare_mod, "default_threads", lambda: next(measured))
+
+    def failing_run(cmd, **kwargs):
+        commands.append(cmd)
+        return real([sys.executable, "-c", "raise SystemExit(3)"], **kwargs)
+
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", failing_run)
+    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
+                eval_tokens=None, warmup_steps=1)
+    with pytest.raises(UserError, match="run\\(s\\) failed"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(write_corpus(tmp_path / "c")), seeds=[1], sets=sets,
+                    only=["standard"], jobs=2)
+    assert len(commands) == 1 and "threads=2" in commands[0], commands
     assert "note:" not in capsys.readouterr().err
 
 

@@ -125,9 +125,10 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         _check_request(out / "recipe.json", request, seeds_given)
         if not seeds_given:  # no --seeds: the seeds the comparison holds (the recipe's for a new one)
             seeds = request["seeds"]
-        per_run_threads = max(1, (threads or default_threads()) // jobs) if jobs > 1 else threads
-        if jobs > 1 and (threads or default_threads()) < jobs and not quiet:  # a warning: stderr, apart from the output
-            print(f"note: --jobs {jobs} with {threads or default_threads()} CPU thread(s): each run takes 1 thread, "
+        in_all = (threads or default_threads()) if jobs > 1 else threads  # measured once: it can change between reads
+        per_run_threads = max(1, in_all // jobs) if jobs > 1 else threads
+        if jobs > 1 and in_all < jobs and not quiet:  # a warning: stderr, apart from the output
+            print(f"note: --jobs {jobs} with {in_all} CPU thread(s): each run takes 1 thread, "
                   f"{jobs} in all (on a CPU, more runs than cores only slows each down)", file=sys.stderr)
         run_sets = {**sets, "threads": per_run_threads} if per_run_threads else sets
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
