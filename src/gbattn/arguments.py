@@ -102,4 +102,5 @@ def checkpoint(p: argparse.ArgumentParser) -> None:
 
 
 def quiet(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress display or summary lines (warnings still go to stderr)")

@@ -247,9 +247,10 @@ class Trainer:
                       f"is redone, exactly)")
             elif self.resume:
                 print(f"{self.run_dir} has no {rundir.CHECKPOINT} yet: training starts at step 0")
-        if warmup_note and self.show:  # a warning or a changed setting: stderr, apart from the output
+        # Warnings and changed settings: stderr, apart from the output, and shown under --quiet too.
+        if warmup_note and self.main:
             print(warmup_note, file=sys.stderr)
-        if self.train_cfg.parallel != "ddp" and not self.dist.enabled and self.show:
+        if self.train_cfg.parallel != "ddp" and not self.dist.enabled and self.main:
             print(f"parallel={self.train_cfg.parallel} applies under torchrun only (torchrun --nproc_per_node N -m "
                   f"gbattn.cli train ...); this is one process", file=sys.stderr)
 
