@@ -43,9 +43,10 @@ def test_compare_with_two_jobs_equals_one_after_another(tmp_path, monkeypatch, c
         config = rundir.read_config(tmp_path / "two" / result["label"] / "seed1" / rundir.CONFIG)
         assert config["train"]["threads"] == 1, result["label"]
     # A second invocation reuses every (checked) run: nothing is trained again. Asked for 2 jobs on
-    # 1 thread, it says that each run takes a thread of its own.
+    # 1 thread, it says that each run takes a thread of its own (a warning: under quiet too).
     capsys.readouterr()
-    again = run_compare("cpu-proxy", tmp_path / "two", data=str(data), seeds=[1], sets=sets, jobs=2, threads=1)
+    again = run_compare("cpu-proxy", tmp_path / "two", data=str(data), seeds=[1], sets=sets, jobs=2, threads=1,
+                        quiet=True)
     assert [r["test_ppl"] for r in again["models"]] == [r["test_ppl"] for r in two["models"]]
     assert "note: --jobs 2 with 1 CPU thread(s): each run takes 1 thread, 2 in all" in capsys.readouterr().err
 

@@ -103,4 +103,4 @@ def checkpoint(p: argparse.ArgumentParser) -> None:
 
 def quiet(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true",
-                   help="no progress display or summary lines (warnings still go to stderr)")
+                   help="no progress display (warnings still go to stderr)")

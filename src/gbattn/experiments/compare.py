@@ -127,7 +127,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
             seeds = request["seeds"]
         in_all = (threads or default_threads()) if jobs > 1 else threads  # measured once: it can change between reads
         per_run_threads = max(1, in_all // jobs) if jobs > 1 else threads
-        if jobs > 1 and in_all < jobs and not quiet:  # a warning: stderr, apart from the output
+        if jobs > 1 and in_all < jobs:  # a warning: stderr, apart from the output, under --quiet too
             print(f"note: --jobs {jobs} with {in_all} CPU thread(s): each run takes 1 thread, "
                   f"{jobs} in all (on a CPU, more runs than cores only slows each down)", file=sys.stderr)
         run_sets = {**sets, "threads": per_run_threads} if per_run_threads else sets
