@@ -328,6 +328,12 @@ def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained)
         assert conflict.startswith("--compile (recorded: trained eager"), conflict
         for quiet in (model_cfg.replace(dropout=0.0), model_cfg.replace(dropout_sites=[])):
             assert resume_conflicts(args, saved, quiet, train_cfg) == []
+    # From Python (and `compare --jobs 1`, which resumes with its --set compile=...) too: it resumed compiled.
+    from gbattn.train.trainer import Trainer
+
+    with pytest.raises(UserError, match=r"this would change it: --compile \(recorded: trained eager"):
+        Trainer(trained["run"], resume=True, overrides={"compile": True})
+    assert Trainer(trained["run"], resume=True, overrides={"compile": False}).train_cfg.compile is False
 
 
 def test_run_options_reach_the_training_config_of_a_new_and_a_resumed_run(trained, tmp_path, capsys, monkeypatch):

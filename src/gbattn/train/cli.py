@@ -45,6 +45,7 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
         set_path,
         split_overrides,
     )
+    from gbattn.train.trainer import compile_switch
 
     recorded = {"preset": saved.get("preset"), "attn": model_cfg.attn, "residual": model_cfg.residual,
                 "data": train_cfg.data, "seed": train_cfg.seed, "tokenizer": train_cfg.tokenizer}
@@ -63,24 +64,11 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
     for key, value in train_sets.items():
         if key not in TrainConfig.RESULT_NEUTRAL and train_cfg.replace(**{key: value}) != train_cfg:
             differ.append(f"--set {key}={value} (recorded: {getattr(train_cfg, key)})")
-    # Compiled and eager training draw different dropout masks: switching changes the run's path.
     asked = args.compile if args.compile is not None else train_sets.get("compile")
-    if asked is not None and model_cfg.dropout > 0 and model_cfg.dropout_sites:
-        recorded = _recorded_compiled(train_cfg)
-        if bool(asked) != recorded:
-            differ.append(f"--{'' if asked else 'no-'}compile (recorded: trained {'compiled' if recorded else 'eager'}"
-                          f"; with dropout the two draw different masks)")
+    switched = asked is not None and compile_switch(model_cfg, train_cfg, train_cfg.replace(compile=bool(asked)))
+    if switched:
+        differ.append(switched)
     return differ
-
-
-def _recorded_compiled(train_cfg) -> bool:
-    """Whether the recorded run trains compiled, on the kind of device it names (no GPU need be here)."""
-    import torch
-
-    from gbattn.train.trainer import trains_compiled
-
-    cuda = str(train_cfg.device).startswith("cuda") or (train_cfg.device == "auto" and torch.cuda.is_available())
-    return trains_compiled(train_cfg, torch.device("cuda" if cuda else "cpu"))
 
 
 def _same_corpus(data: str, saved: dict, train_cfg) -> bool:

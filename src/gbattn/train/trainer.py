@@ -113,6 +113,24 @@ def trains_compiled(cfg: TrainConfig, device: torch.device) -> bool:
     return bool(cfg.compile) if cfg.compile is not None else compile_by_default(device)
 
 
+def compile_switch(model_cfg, recorded: TrainConfig, resumed: TrainConfig) -> str | None:
+    """Why resuming a run recorded as ``recorded`` with the settings ``resumed`` would change it, or None:
+    compiled and eager training draw different dropout masks, so with dropout the switch changes the run's
+    path. The device each names decides the default (no GPU need be here)."""
+    if not (model_cfg.dropout > 0 and model_cfg.dropout_sites):
+        return None
+
+    def compiled(cfg: TrainConfig) -> bool:
+        cuda = str(cfg.device).startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+        return trains_compiled(cfg, torch.device("cuda" if cuda else "cpu"))
+
+    was, now = compiled(recorded), compiled(resumed)
+    if was == now:
+        return None
+    return (f"--{'' if now else 'no-'}compile (recorded: trained {'compiled' if was else 'eager'}; with dropout "
+            f"the two draw different masks)")
+
+
 class _StopFlag:
     """SIGINT/SIGTERM ask the loop to checkpoint and stop at the next step boundary. A signal the process
     was started with ignored (a shell's background job ignores SIGINT) stays ignored, as it is before and
@@ -156,8 +174,12 @@ class Trainer:
         config_path = self.run_dir / rundir.CONFIG
         if resume:
             self.saved = rundir.read_config(config_path)
-            self.model_cfg, self.train_cfg = rundir.read_configs(self.saved, config_path)
-            self.train_cfg = self.train_cfg.replace(**(overrides or {}))  # result-neutral: threads, device, ...
+            self.model_cfg, recorded = rundir.read_configs(self.saved, config_path)
+            self.train_cfg = recorded.replace(**(overrides or {}))  # result-neutral: threads, device, ...
+            switched = compile_switch(self.model_cfg, recorded, self.train_cfg)  # ... but for this
+            if switched:
+                raise UserError(f"train --resume continues {self.run_dir} as it was started; this would change it: "
+                                f"{switched}. Leave it out, or start a new run (another --out, or --restart)")
             self.extra, self.preset = self.saved.get("extra") or {}, self.saved.get("preset")
         else:
             if model_cfg is None or train_cfg is None:
