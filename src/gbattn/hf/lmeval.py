@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from gbattn.errors import CheckpointError, UserError
 from gbattn.files import atomic_write, error_detail, finite, relative_path, write_json
 from gbattn.hf.export import quiet_transformers, wrap_run
-from gbattn.rundir import CONFIG, check_exported_checkpoint, is_exported, load_run, read_config, refuse_hf_checkpoint
+from gbattn.rundir import CONFIG, is_exported, load_run, read_config, refuse_hf_checkpoint
 
 
 class GbattnLM(HFLM):
@@ -61,16 +61,17 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
             raise CheckpointError(f"{model_dir} has no tokenizer.json (`gbattn export` writes it, transformers' "
                                   f"save_pretrained of the model does not): copy the tokenizer files from the "
                                   f"exported directory")
+        # gbattn's own checks of the files it reads (config fields, weights that are not finite numbers or do
+        # not fit the config, its tokenizer): the Auto classes would evaluate NaN weights (acc 1 on a
+        # multiple-choice task) and trace back on a damaged safetensors file; --checkpoint must be the exported one
+        step = load_run(model_dir, checkpoint, "cpu").step
         try:
             with quiet_transformers():  # float32, as a run directory's model: transformers 5.x would load the
                 # dtype the weights were saved in (bfloat16 after a save of a converted model), 4.x float32
                 model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True,
                                                                    dtype=torch.float32)
-        except RuntimeError as e:  # transformers 5 refuses weights of another shape itself (4.x reports them)
-            if "size mismatch" not in str(e) and "ignore_mismatched_sizes" not in str(e):
-                raise
-            raise CheckpointError(f"the weights in {model_dir} do not match its config "
-                                  f"({error_detail(e, 160)})") from None
+        except (TypeError, ValueError, OSError) as e:  # transformers' own files (generation_config.json)
+            raise CheckpointError(f"{model_dir} does not load in transformers ({error_detail(e, 160)})") from None
         wrong = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
         if wrong:  # the Auto classes would go on with freshly initialised weights
             detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v, key=str)[:3]))}"
@@ -80,8 +81,7 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except Exception as e:  # a file that does not parse; transformers 4.x then tries other loaders (ImportError)
             raise CheckpointError(f"the tokenizer in {model_dir} does not load ({error_detail(e, 160)})") from None
-        check_exported_checkpoint(Path(model_dir), checkpoint, model.config.gbattn.get("checkpoint"))
-        step, which = model.config.gbattn.get("step", 0), "exported"
+        which = "exported"
     else:
         run = load_run(model_dir, checkpoint, "cpu")
         model, tokenizer = wrap_run(run)
