@@ -500,11 +500,12 @@ def test_special_tokens_of_a_vocabulary_with_several_candidates():
         backend.pre_tokenizer = pre_tokenizers.Whitespace()
         return hf_tokenizer(Tokenizer("hf", backend.to_str()), 16)
 
-    llama_like = hf_kind({"<unk>": 0, "<pad>": 1, "</s>": 2, "a": 3, "b": 4})
+    llama_like = hf_kind({"<unk>": 0, "<pad>": 1, "</s>": 2, "a": 3, "b": 4, "<s>": 5})
     assert (llama_like.eos_token, llama_like.pad_token, llama_like.unk_token) == ("</s>", "<pad>", "<unk>")
+    assert llama_like.bos_token == "<s>" and len(llama_like) == 6  # the start of text: lm-eval's rolling prefix
     assert set(llama_like("a b").keys()) == {"input_ids", "attention_mask"}  # no token_type_ids
     plain = hf_kind({"x": 0, "a": 1, "b": 2})
-    assert plain.eos_token == "x" and plain.eos_token_id == 0 and plain.pad_token is None
+    assert plain.eos_token == "x" and plain.eos_token_id == 0 and plain.pad_token is None and plain.bos_token is None
 
 
 def test_a_special_token_outside_the_vocabulary_is_refused(monkeypatch):
@@ -1305,6 +1306,44 @@ def test_exported_weights_get_the_same_permissions_as_the_other_files(trained):
     os.umask(umask)
     assert modes["config.json"] == 0o666 & ~umask
     assert modes["model.safetensors"] == modes["config.json"], modes
+
+
+def test_lm_eval_of_an_upcycled_llama_equals_the_harness_on_its_source(tmp_path):
+    """An upcycled model computes its source's function, so the harness's log-likelihoods of the two
+    agree: a rolling log-likelihood and an empty context are conditioned on the source's start-of-text
+    token ``<s>`` (lm-eval's prefix token), not on ``</s>`` (-125.25 against the source's -127.56 before)."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from gbattn.hf.lmeval import GbattnLM, load_model
+    from test_upcycle import VOCAB, llama_model
+
+    source = tmp_path / "llama"
+    hf = llama_model(bos_token_id=1, eos_token_id=2)
+    hf.save_pretrained(source)
+    backend = Backend(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}},
+                                       unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(source)
+    assert cli_main(["upcycle", str(source), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 0
+    text = " ".join(f"w{(7 * i) % 40 + 3}" for i in range(30))
+    requests = [Instance("loglikelihood_rolling", {}, (text,), 0), Instance("loglikelihood", {}, ("", " w5 w6"), 1)]
+
+    def scores(lm):
+        return lm.loglikelihood_rolling(requests[:1], disable_tqdm=True) + [
+            lm.loglikelihood(requests[1:], disable_tqdm=True)[0][0]]
+
+    expected = scores(HFLM(pretrained=hf, tokenizer=AutoTokenizer.from_pretrained(source), backend="causal",
+                           batch_size=1, max_length=64))
+    model, tokenizer, block_size, _, _ = load_model(tmp_path / "up", None, torch.device("cpu"))
+    lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=1, max_length=block_size)
+    assert lm.prefix_token_id == 1
+    assert scores(lm) == pytest.approx(expected, rel=1e-5)
 
 
 def test_lm_eval_results_name_paths_relative_to_the_model_directorys_parent(tmp_path):

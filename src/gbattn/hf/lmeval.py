@@ -5,8 +5,8 @@ A run directory is wrapped in memory (:func:`gbattn.hf.export.wrap_run`); an exp
 loaded with the Auto classes, as any user of it would, in float32 as a run's model is (whatever dtype
 it was saved in). ``max_length`` is the model's ``block_size``: longer inputs keep their last
 ``block_size`` tokens (lm-eval's rule), and a rolling log-likelihood (perplexity tasks) is summed
-over windows of ``block_size`` tokens, the first one after the end-of-text token
-(:mod:`gbattn.hf.tokenization`).
+over windows of ``block_size`` tokens, the first one after the start-of-text token where the
+vocabulary has one, else the end-of-text token (:mod:`gbattn.hf.tokenization`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """gbattn's tokenizer as a transformers ``PreTrainedTokenizerFast`` (what ``AutoTokenizer`` loads).
 
 The token ids are gbattn's, one for one: no token is added, so the model's embedding rows do not
-change. ``eos_token`` (which lm-eval uses as end of text, as a stop string and as the prefix of a
-rolling log-likelihood) is an existing token:
+change. ``eos_token`` (which lm-eval uses as end of text, as a stop string and, without a
+``bos_token``, as the prefix of a rolling log-likelihood) is an existing token:
 
 * ``gpt2``, ``hf``: the vocabulary's end-of-text token (:data:`EOS_NAMES`: GPT-2's ``<|endoftext|>``,
   Llama's ``</s>``, ...).
@@ -10,6 +10,10 @@ rolling log-likelihood) is an existing token:
   the model never saw in training).
 * ``char``: ``"\\n"``. Decoding with ``skip_special_tokens=True`` drops it, as any special token
   (``gbattn lm-eval`` decodes generations with it kept).
+
+``bos_token`` is the vocabulary's start-of-text token where it has one (:data:`BOS_NAMES`: Llama's
+``<s>``, ...): lm-eval conditions a rolling log-likelihood on it, as it does for the checkpoint an
+upcycled model came from.
 
 Only a real end-of-text token becomes the model's ``eos_token_id`` (where ``generate()`` stops):
 a char model's generations do not end at the first newline. The padding token is ``<pad>`` where
@@ -33,6 +37,7 @@ from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError
 
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")  # real end-of-text tokens, by convention
+BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>")  # start-of-text tokens, by convention
 
 
 def backend_tokenizer(tok: Tokenizer) -> BackendTokenizer:
@@ -47,7 +52,7 @@ def backend_tokenizer(tok: Tokenizer) -> BackendTokenizer:
 
 
 def special_tokens(tok: Tokenizer, vocab: dict[str, int]) -> dict[str, str]:
-    """eos, pad and unk tokens (existing tokens only; see the module docstring)."""
+    """eos, pad, unk and bos tokens (existing tokens only; see the module docstring)."""
     candidates = ("\n",) if tok.kind == "char" else (*EOS_NAMES, "<pad>")
     eos = next((t for t in candidates if t in vocab), None)
     if eos is None:  # none of the usual names (a tokenizer given by path, a corpus without newlines): token 0
@@ -57,6 +62,9 @@ def special_tokens(tok: Tokenizer, vocab: dict[str, int]) -> dict[str, str]:
         out["pad_token"] = "<pad>" if "<pad>" in vocab else eos
     if "<unk>" in vocab:
         out["unk_token"] = "<unk>"
+    bos = next((t for t in BOS_NAMES if t in vocab), None) if tok.kind != "char" else None
+    if bos is not None:
+        out["bos_token"] = bos
     return out
 
 
