@@ -528,15 +528,20 @@ def test_a_special_token_outside_the_vocabulary_is_refused(monkeypatch):
 
 
 def test_an_exported_config_names_no_path_of_this_machine():
-    """Every path a run's config may hold (data, a start run, the corpus) keeps only its last part."""
+    """Every path a run's config may hold (data, a start run, the corpus, a tokenizer file) keeps only
+    its last part (a tokenizer given as ``hf=PATH`` kept its whole path)."""
     from gbattn.hf.export import portable_paths
 
-    section = {"train": {"data": "/srv/data/wiki", "init_from": "/home/me/runs/upcycled", "lr": 0.001},
+    section = {"train": {"data": "/srv/data/wiki", "init_from": "/home/me/runs/upcycled", "lr": 0.001,
+                         "tokenizer": "hf=/home/me/tokenizers/tokenizer.json"},
                "data": {"corpus": "/srv/data/wiki"}, "extra": {"init_from": "../runs/base"}, "preset": "paper-small"}
-    assert portable_paths(section) == {"train": {"data": "wiki", "init_from": "upcycled", "lr": 0.001},
+    assert portable_paths(section) == {"train": {"data": "wiki", "init_from": "upcycled", "lr": 0.001,
+                                                 "tokenizer": "hf=tokenizer.json"},
                                        "data": {"corpus": "wiki"}, "extra": {"init_from": "base"},
                                        "preset": "paper-small"}
     assert section["train"]["data"] == "/srv/data/wiki"  # a copy
+    for kept in ("gpt2", "char", "bpe"):
+        assert portable_paths({"train": {"tokenizer": kept}})["train"]["tokenizer"] == kept
 
 
 def test_wrap_run_names_the_tokenizers_padding_and_length(tmp_path):

@@ -63,13 +63,18 @@ def quiet_transformers():
 
 def portable_paths(section: dict) -> dict:
     """The run's config without the paths of this machine (a directory to share): the data path,
-    a start run's path and the corpus name become their last component, a file's with its folder
-    (``files.portable_path``); ``gbattn eval EXPORT --data PATH`` names the data where it is elsewhere."""
+    a start run's path, the corpus name and a tokenizer file's path (``--tokenizer hf=PATH``) become
+    their last component, a file's with its folder (``files.portable_path``); ``gbattn eval EXPORT
+    --data PATH`` names the data where it is elsewhere."""
     section = json.loads(json.dumps(section))
     for part, key in (("train", "data"), ("train", "init_from"), ("data", "corpus"), ("extra", "init_from")):
         record = section.get(part)
         if isinstance(record, dict) and isinstance(record.get(key), str):
             record[key] = portable_path(record[key])
+    train = section.get("train")
+    if isinstance(train, dict) and isinstance(train.get("tokenizer"), str) and "=" in train["tokenizer"]:
+        kind, path = train["tokenizer"].split("=", 1)  # gpt2=PATH, hf=PATH
+        train["tokenizer"] = f"{kind}={portable_path(path)}"
     return section
 
 
