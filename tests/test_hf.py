@@ -1055,6 +1055,8 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
         results[model_dir] = json.loads((folder / "results-gbattn_toy_mc+gbattn_toy_ppl.json").read_text())
         assert '"/' not in json.dumps(results[model_dir]) and "samples" not in results[model_dir]  # no absolute path
         assert results[model_dir]["gbattn"]["step"] == run.step and results[model_dir]["gbattn"]["block_size"] == L
+        # the harness's record of how it ran (null for a model passed in memory, unless given)
+        assert (results[model_dir]["config"]["batch_size"], results[model_dir]["config"]["device"]) == (4, "cpu")
         assert results[model_dir]["gbattn"]["model"] == "/".join(model_dir.parts[-2:])  # outside the working directory
         assert results[model_dir]["gbattn"]["command"].startswith(f"gbattn lm-eval {model_dir.name} --tasks")
         assert results[model_dir]["gbattn"]["checkpoint"] == ("best" if model_dir == run_dir else "exported")
@@ -1529,7 +1531,7 @@ def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
     assert made == [dict(pretrained="model", tokenizer="tok", backend="causal", batch_size=3, max_length=40)]
     assert isinstance(evaluated[0].pop("model"), LM)
     assert evaluated == [dict(tasks=["a"], task_manager=("manager", ["a"], "inc"), limit=0.5, num_fewshot=0,
-                              log_samples=False)]
+                              log_samples=False, batch_size=3, device="cpu")]
     assert results == {"results": {}, "gbattn": {"step": 7, "block_size": 40, "checkpoint": "best"}}
     assert log.filters == filters and lmeval._windowed_by_the_harness not in log.filters  # (not even from a run before)
 

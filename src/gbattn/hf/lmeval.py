@@ -128,8 +128,9 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
     tokenizer_log = logging.getLogger("transformers.tokenization_utils_base")
     tokenizer_log.addFilter(_windowed_by_the_harness)
     try:
+        # batch_size and device only go into the results' config record (null there without them)
         results = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
-                                  log_samples=log_samples)
+                                  log_samples=log_samples, batch_size=batch_size, device=str(device))
     except AssertionError as e:  # the harness checks a task against the model so (max_gen_toks < block size)
         close_progress_bars()  # the harness's bar, left open by the failed check, would print after the error
         raise UserError(f"lm-eval refused the task for this model ({error_detail(e, 200)})") from None
