@@ -22,12 +22,22 @@ from lm_eval import simple_evaluate
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable, make_table
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gbattn.errors import CheckpointError, UserError
 from gbattn.files import atomic_write, error_detail, finite, relative_path, write_json
 from gbattn.hf.export import quiet_transformers, wrap_run
-from gbattn.rundir import CONFIG, is_exported, load_run, read_config, refuse_hf_checkpoint
+from gbattn.rundir import (
+    CONFIG,
+    check_exported_checkpoint,
+    check_finite,
+    gbattn_section,
+    is_exported,
+    load_run,
+    read_config,
+    refuse_hf_checkpoint,
+)
 
 
 class GbattnLM(HFLM):
@@ -54,34 +64,42 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
     """(model in eval mode on ``device``, tokenizer, block_size, step, which weights: ``exported`` or
     the run's ``best``/``last``) of a run or exported directory."""
     if is_exported(model_dir):
+        config = read_config(Path(model_dir) / CONFIG)
         # a transformers checkpoint's model.safetensors makes it look exported: the Auto classes would load a
         # model of another library, which has no gbattn record (a traceback before)
-        refuse_hf_checkpoint(read_config(Path(model_dir) / CONFIG), model_dir)
+        refuse_hf_checkpoint(config, model_dir)
         if not (Path(model_dir) / "tokenizer.json").is_file():
             raise CheckpointError(f"{model_dir} has no tokenizer.json (`gbattn export` writes it, transformers' "
                                   f"save_pretrained of the model does not): copy the tokenizer files from the "
                                   f"exported directory")
-        # gbattn's own checks of the files it reads (config fields, weights that are not finite numbers or do
-        # not fit the config, its tokenizer): the Auto classes would evaluate NaN weights (acc 1 on a
-        # multiple-choice task) and trace back on a damaged safetensors file; --checkpoint must be the exported one
-        step = load_run(model_dir, checkpoint, "cpu").step
+        # gbattn's checks of its record's fields, as gbattn eval makes them (a step that is no integer went into
+        # the results); GbattnConfig checks the model's
+        section = gbattn_section(config, Path(model_dir) / CONFIG) or {}
+        check_exported_checkpoint(Path(model_dir), checkpoint, section.get("checkpoint"))
         try:
             with quiet_transformers():  # float32, as a run directory's model: transformers 5.x would load the
                 # dtype the weights were saved in (bfloat16 after a save of a converted model), 4.x float32
                 model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True,
                                                                    dtype=torch.float32)
-        except (TypeError, ValueError, OSError) as e:  # transformers' own files (generation_config.json)
+        except RuntimeError as e:  # transformers 5 refuses weights of another shape itself (4.x reports them)
+            if "size mismatch" not in str(e) and "ignore_mismatched_sizes" not in str(e):
+                raise
+            raise CheckpointError(f"the weights in {model_dir} do not match its config "
+                                  f"({error_detail(e, 160)})") from None
+        except (SafetensorError, TypeError, ValueError, OSError) as e:  # a damaged model.safetensors or
+            # generation_config.json (tracebacks before)
             raise CheckpointError(f"{model_dir} does not load in transformers ({error_detail(e, 160)})") from None
         wrong = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
         if wrong:  # the Auto classes would go on with freshly initialised weights
             detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v, key=str)[:3]))}"
                                for k, v in wrong.items())
             raise CheckpointError(f"the weights in {model_dir} do not match its config ({detail})")
+        check_finite(model.state_dict(), model_dir)  # the Auto classes evaluated NaN weights (acc 1 on a task)
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except Exception as e:  # a file that does not parse; transformers 4.x then tries other loaders (ImportError)
             raise CheckpointError(f"the tokenizer in {model_dir} does not load ({error_detail(e, 160)})") from None
-        which = "exported"
+        step, which = section.get("step", 0), "exported"
     else:
         run = load_run(model_dir, checkpoint, "cpu")
         model, tokenizer = wrap_run(run)
