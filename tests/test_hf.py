@@ -495,14 +495,17 @@ def test_special_tokens_of_a_vocabulary_with_several_candidates():
     from tokenizers import Tokenizer as Backend
     from tokenizers import models, pre_tokenizers
 
-    def hf_kind(vocab):
+    def hf_kind(vocab, special=()):
         backend = Backend(models.WordLevel(vocab, unk_token="<unk>" if "<unk>" in vocab else None))
         backend.pre_tokenizer = pre_tokenizers.Whitespace()
+        backend.add_special_tokens(list(special))
         return hf_tokenizer(Tokenizer("hf", backend.to_str()), 16)
 
-    llama_like = hf_kind({"<unk>": 0, "<pad>": 1, "</s>": 2, "a": 3, "b": 4, "<s>": 5})
+    llama_like = hf_kind({"<unk>": 0, "<pad>": 1, "</s>": 2, "a": 3, "b": 4, "<s>": 5}, special=["<s>"])
     assert (llama_like.eos_token, llama_like.pad_token, llama_like.unk_token) == ("</s>", "<pad>", "<unk>")
     assert llama_like.bos_token == "<s>" and len(llama_like) == 6  # the start of text: lm-eval's rolling prefix
+    text_token = hf_kind({"<unk>": 0, "</s>": 1, "<s>": 2})  # "<s>" as text (not special): no start of text
+    assert text_token.bos_token is None and text_token.eos_token == "</s>"
     assert set(llama_like("a b").keys()) == {"input_ids", "attention_mask"}  # no token_type_ids
     plain = hf_kind({"x": 0, "a": 1, "b": 2})
     assert plain.eos_token == "x" and plain.eos_token_id == 0 and plain.pad_token is None and plain.bos_token is None
@@ -520,7 +523,7 @@ def test_a_special_token_outside_the_vocabulary_is_refused(monkeypatch):
     from gbattn.hf import tokenization
 
     tok = Tokenizer("hf", Backend(models.WordLevel({"a": 0, "b": 1}, unk_token=None)).to_str())
-    monkeypatch.setattr(tokenization, "special_tokens", lambda tok, vocab: {"eos_token": "<new>"})
+    monkeypatch.setattr(tokenization, "special_tokens", lambda tok, vocab, special: {"eos_token": "<new>"})
     with pytest.raises(CheckpointError, match=re.escape(
             'the hf tokenizer has 2 tokens but its transformers form has 3; special tokens {"eos_token": "<new>"} '
             'must be tokens of the vocabulary')):

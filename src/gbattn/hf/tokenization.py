@@ -11,9 +11,10 @@ change. ``eos_token`` (which lm-eval uses as end of text, as a stop string and, 
 * ``char``: ``"\\n"``. Decoding with ``skip_special_tokens=True`` drops it, as any special token
   (``gbattn lm-eval`` decodes generations with it kept).
 
-``bos_token`` is the vocabulary's start-of-text token where it has one (:data:`BOS_NAMES`: Llama's
-``<s>``, ...): lm-eval conditions a rolling log-likelihood on it, as it does for the checkpoint an
-upcycled model came from.
+``bos_token`` is the vocabulary's start-of-text token where it has one, a special token named in
+:data:`BOS_NAMES` (Llama's ``<s>``, ...; a text token spelled so, as byte-level BPEs may have, is
+none): lm-eval conditions a rolling log-likelihood on it, as it does for the checkpoint an upcycled
+model came from.
 
 Only a real end-of-text token becomes the model's ``eos_token_id`` (where ``generate()`` stops):
 a char model's generations do not end at the first newline. The padding token is ``<pad>`` where
@@ -51,8 +52,9 @@ def backend_tokenizer(tok: Tokenizer) -> BackendTokenizer:
     return backend
 
 
-def special_tokens(tok: Tokenizer, vocab: dict[str, int]) -> dict[str, str]:
-    """eos, pad, unk and bos tokens (existing tokens only; see the module docstring)."""
+def special_tokens(tok: Tokenizer, vocab: dict[str, int], special: set[str]) -> dict[str, str]:
+    """eos, pad, unk and bos tokens (existing tokens only; see the module docstring); ``special``: the
+    tokens the tokenizer marks special."""
     candidates = ("\n",) if tok.kind == "char" else (*EOS_NAMES, "<pad>")
     eos = next((t for t in candidates if t in vocab), None)
     if eos is None:  # none of the usual names (a tokenizer given by path, a corpus without newlines): token 0
@@ -62,7 +64,7 @@ def special_tokens(tok: Tokenizer, vocab: dict[str, int]) -> dict[str, str]:
         out["pad_token"] = "<pad>" if "<pad>" in vocab else eos
     if "<unk>" in vocab:
         out["unk_token"] = "<unk>"
-    bos = next((t for t in BOS_NAMES if t in vocab), None) if tok.kind != "char" else None
+    bos = next((t for t in BOS_NAMES if t in vocab and t in special), None)
     if bos is not None:
         out["bos_token"] = bos
     return out
@@ -73,7 +75,8 @@ def hf_tokenizer(tok: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFa
     (README, "Hugging Face transformers")."""
     backend = backend_tokenizer(tok)
     vocab = backend.get_vocab(with_added_tokens=True)
-    entries, specials = len(vocab), special_tokens(tok, vocab)
+    marked = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
+    entries, specials = len(vocab), special_tokens(tok, vocab, marked)
     hf = PreTrainedTokenizerFast(
         tokenizer_object=backend, model_max_length=model_max_length, clean_up_tokenization_spaces=False,
         model_input_names=["input_ids", "attention_mask"],  # 4.x would add token_type_ids, which forward() ignores
