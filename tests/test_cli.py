@@ -139,6 +139,11 @@ def test_portable_command_line_holds_no_path_outside_the_working_directory():
     set_invocation(["bench", "--out=/home/me/runs/b/", "--data=../corpora/wikitext-2", "--out=runs/x"])
     assert command_line(portable=True) == "gbattn bench --out=b --data=wikitext-2 --out=runs/x"
     assert "../corpora" in command_line()
+    # and a tokenizer file named after a kind, as a value of its own or of a --set
+    set_invocation(["compare", "--tokenizer", "hf=/home/me/tok/tokenizer.json", "--set",
+                    "tokenizer=gpt2=/srv/t.json", "--set", "lr=0.5"])
+    assert command_line(portable=True) == (
+        "gbattn compare --tokenizer hf=tokenizer.json --set tokenizer=gpt2=t.json --set lr=0.5")
     set_invocation([])
 
 

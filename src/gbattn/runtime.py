@@ -176,10 +176,11 @@ def set_invocation(argv: list[str]) -> None:
 
 
 def _portable_argument(arg: str) -> str:
-    """One argument with its path made portable, also the value of an ``--option=value``."""
-    option, eq, value = arg.partition("=")
-    if arg.startswith("--") and eq:
-        return f"{option}={_portable_argument(value)}"
+    """One argument with its path made portable, also a path after its last ``=``: ``--out=PATH``,
+    ``--tokenizer hf=PATH``, ``--set tokenizer=gpt2=PATH``."""
+    head, eq, value = arg.rpartition("=")
+    if eq and not os.path.isabs(arg):
+        return f"{head}={portable_path(value.rstrip('/') or value)}"
     return portable_path(arg.rstrip("/") or arg)
 
 
