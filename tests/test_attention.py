@@ -179,6 +179,21 @@ def test_a_cache_serves_one_module_used_on_its_own():
     torch.testing.assert_close(torch.cat(steps, 1), second(x + first(x)))
 
 
+def test_a_cache_whose_module_is_gone_serves_no_other(monkeypatch):
+    """The cache recorded its module by id(): once that module was freed, a new module could get the same id and
+    decode on the old module's keys and values (9 of 200 temporary modules in a loop). Here every module shares
+    one id, as a freed module's and its successor's do: the second module is still refused."""
+    from gbattn.attention import core
+    from gbattn.attention.core import DynamicLayerCache
+
+    monkeypatch.setattr(core, "id", lambda obj: 0, raising=False)  # core's id(), as when ids are reused
+    x = torch.randn(1, 2, D)
+    cache = DynamicLayerCache()
+    build_attention("standard", AttnArgs(d_model=D, n_heads=4))(x, cache=cache)
+    with pytest.raises(ValueError, match="another attention module's keys and values"):
+        build_attention("standard", AttnArgs(d_model=D, n_heads=4))(x, cache=cache)
+
+
 @torch.no_grad()
 def test_a_cache_deep_copied_with_its_module_serves_the_copy():
     """A cache copied alone still serves its module (a branch of the decoding); a module and its cache copied

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -327,7 +328,9 @@ class DynamicLayerCache:
 
     def __init__(self) -> None:
         self.entries: dict[str, tuple[Tensor | None, Tensor]] = {}
-        self.owner: int | None = None  # id() of the module used on its own that this cache serves
+        # The module used on its own that this cache serves, held weakly: once it is gone, its id() can be another
+        # module's, and the cache still holds its keys and values (no module's but its own).
+        self.owner: weakref.ref | None = None
 
     def __deepcopy__(self, memo: dict) -> DynamicLayerCache:
         """A copy of the entries, serving the same module; in a deep copy that copied its module first (``copy.
@@ -335,8 +338,9 @@ class DynamicLayerCache:
         copied = type(self).__new__(type(self))
         memo[id(self)] = copied
         copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        if self.owner is not None and self.owner in memo:
-            copied.owner = id(memo[self.owner])
+        owner = None if self.owner is None else self.owner()
+        if owner is not None and id(owner) in memo:
+            copied.owner = weakref.ref(memo[id(owner)])
         return copied
 
     @property
@@ -534,7 +538,7 @@ class AttentionBase(nn.Module):
             if cache is not None and not isinstance(cache, DynamicLayerCache):
                 raise ValueError(f"cache of type {type(cache).__name__}: a module used on its own takes a "
                                  f"DynamicLayerCache (a model passes its own context with its cache)")
-            if cache is not None and cache.owner not in (None, id(self)):  # else its entries ("kv", ...) mix layers
+            if cache is not None and cache.owner is not None and cache.owner() is not self:  # else entries mix layers
                 raise ValueError("this DynamicLayerCache holds another attention module's keys and values (the "
                                  "module it was first used with; a deep copy of that module is another one): give "
                                  "each module (each layer) its own cache")
@@ -567,7 +571,7 @@ class AttentionBase(nn.Module):
             context = AttnContext(T=T, S=past + T, device=x_BTD.device, key_padding_BS=key_padding_mask, causal=causal,
                                   naive=naive, rope=rope)
             if cache is not None:  # (after every check: a call refused leaves the cache unbound)
-                cache.owner = id(self)
+                cache.owner = weakref.ref(self)
         if return_intermediates and record is None:
             record = Record()
         y_BTD = self.compute(x_BTD, Call(self, context, cache, record))
