@@ -197,8 +197,10 @@ def test_a_cache_whose_module_is_gone_serves_no_other(monkeypatch):
 @torch.no_grad()
 def test_a_cache_deep_copied_with_its_module_serves_the_copy():
     """A cache copied alone still serves its module (a branch of the decoding); a module and its cache copied
-    together in one deep copy, the module first, decode on as the original (the owner check refused the copy)."""
+    together in one deep copy, the module first, decode on as the original (the owner check refused the copy).
+    A pickled cache decodes on too (its module, held weakly, is not pickled)."""
     import copy
+    import pickle
 
     from gbattn.attention.core import DynamicLayerCache
 
@@ -212,6 +214,7 @@ def test_a_cache_deep_copied_with_its_module_serves_the_copy():
     torch.testing.assert_close(module_copy(x[:, 3:], cache=cache_copy), expected)
     with pytest.raises(ValueError, match="another attention module's keys and values"):
         module_copy(x[:, 3:], cache=copy.deepcopy(cache))  # a copy of the original's cache: another module's
+    torch.testing.assert_close(attn(x[:, 3:], cache=pickle.loads(pickle.dumps(cache))), expected)  # pickled too
 
 
 def test_queries_default_to_the_last_slots_of_the_keys():

@@ -343,6 +343,11 @@ class DynamicLayerCache:
             copied.owner = weakref.ref(memo[id(owner)])
         return copied
 
+    def __getstate__(self) -> dict:
+        """Pickled without its module (a weak reference, meaningless in another process): unpickled, the cache
+        serves the first module used with it."""
+        return {**self.__dict__, "owner": None}
+
     @property
     def length(self) -> int:
         return next(iter(self.entries.values()))[1].shape[2] if self.entries else 0
