@@ -813,6 +813,10 @@ def test_numpy_numbers_are_taken_as_python_numbers():
     cfg = ModelConfig(d_model=np.int64(64), n_heads=np.int32(4), dropout=np.float32(0.5), attn="boosted",
                       attn_options={"rounds": np.int64(3)})
     assert (cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attn_options) == (64, 4, 0.5, {"rounds": 3})
+    # an integral numpy float32 as 64.0 is (it was "must be an integer" while np.float64(64.0) was taken)
+    assert ModelConfig(d_model=np.float32(64.0), n_heads=np.float32(4.0)).d_model == 64
+    with pytest.raises(ConfigError, match="d_model=64.5 must be an integer"):
+        ModelConfig(d_model=np.float32(64.5))
     assert type(cfg.d_model) is int and type(cfg.dropout) is float and type(cfg.attn_options["rounds"]) is int
     json.dumps(cfg.to_dict())  # np.int64 is not JSON-serialisable
     attn = build_attention("boosted", AttnArgs(d_model=np.int64(16), n_heads=np.int64(4), dropout=np.float64(0.1)),

@@ -151,6 +151,8 @@ def coerce(name: str, value: Any, tp) -> Any:
             raise ConfigError(f"{name}={value!r} must be an integer")
         if isinstance(value, numbers.Integral):  # numpy's integers too, kept as Python ints (JSON writes those)
             value = int(value)
+        elif isinstance(value, numbers.Real) and not isinstance(value, float):  # numpy's float32 (128.0): as a float
+            value = float(value)
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
         if not isinstance(value, int):
