@@ -390,6 +390,7 @@ def test_cuda_is_this_processs_gpu_under_torchrun(monkeypatch):
     from gbattn.runtime import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # a machine with 4 GPUs
     assert resolve_device("cuda", local_rank=1) == torch.device("cuda", 1)
     assert resolve_device("auto", local_rank=2) == torch.device("cuda", 2)
     assert resolve_device("cuda:0", local_rank=3) == torch.device("cuda", 0)

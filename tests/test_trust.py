@@ -1255,6 +1255,25 @@ def test_load_run_on_cuda_without_cuda_says_so_not_that_the_checkpoint_is_damage
     assert rundir.load_run(trained["run"], device="cpu").checkpoint == "best"
 
 
+def test_a_cuda_device_this_machine_lacks_is_named_not_read_as_damage(trained, monkeypatch):
+    """device="cuda:3" on a machine with one GPU got torch.load's "Attempting to deserialize object on CUDA device 3"
+    read as "best.pt is truncated or corrupted ...; restore a copy of it" (load_run, and every command's --device),
+    about a sound file. Now a UserError that says how many CUDA devices there are."""
+    from gbattn.runtime import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    message = r"^device='cuda:3' but this machine has 1 CUDA device \(cuda:0\)"
+    for device in ("cuda:3", torch.device("cuda", 3)):
+        with pytest.raises(UserError, match=message):
+            rundir.load_run(trained["run"], device=device)
+    with pytest.raises(UserError, match=message):
+        resolve_device("cuda:3")
+    with pytest.raises(UserError, match=message):
+        resolve_device("cuda", local_rank=3)  # torchrun with more processes than GPUs
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+
+
 def test_load_run_on_a_device_it_cannot_use_says_so_not_that_the_checkpoint_is_damaged(trained):
     """device="mps" or "xpu" (absent here), "meta" and even "cpu:0" got "best.pt is truncated or corrupted ...;
     restore a copy of it" or "the weights ... are not floating-point numbers: the file is damaged", about a sound

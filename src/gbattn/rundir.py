@@ -52,6 +52,7 @@ from gbattn.files import (
     write_json,
 )
 from gbattn.model.gpt import GPT
+from gbattn.runtime import check_cuda_index
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
@@ -537,6 +538,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
     device = torch.device("cpu") if named.type == "cpu" else named  # (torch.load cannot map to cpu:0)
     if device.type == "cuda" and not torch.cuda.is_available():  # torch.load's error read as a damaged file
         raise UserError(f"device={str(device)!r} but CUDA is not available here; use device='cpu'")
+    check_cuda_index(device)
     if checkpoint is not None and checkpoint not in WHICH:
         raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")
     if foreign_model(path) == UNFINISHED_EXPORT:

@@ -32,9 +32,19 @@ def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device={name!r} but CUDA is not available here; use --device cpu")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError:
         raise UserError(f"device={name!r} is not a device name; choose auto, cpu, cuda or cuda:N") from None
+    check_cuda_index(device)
+    return device
+
+
+def check_cuda_index(device: torch.device) -> None:
+    """A CUDA device this machine has (else torch.load's error on a sound file reads as a damaged one)."""
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and device.index is not None and device.index >= count:
+        held = f"{count} CUDA device{'s' if count != 1 else ''} ({', '.join(f'cuda:{i}' for i in range(count))})"
+        raise UserError(f"device='{device}' but this machine has {held}; choose one of them")
 
 
 def autocast(device: torch.device, amp: str = "auto"):
