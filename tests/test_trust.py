@@ -1427,6 +1427,9 @@ def test_metrics_lines_store_no_nan_and_the_writable_probe_leaves_nothing(tmp_pa
     with pytest.raises(UserError, match="is a directory; give a file name"):
         files.check_writable_file(tmp_path, "--per-token")
     assert list((tmp_path / "out").iterdir()) == []
+    # A folder that is gone is not "a link, a directory or a FIFO" to remove (what the message said of any error)
+    with pytest.raises(UserError, match=r"gone/m.jsonl cannot be opened to append to \(No such file or directory\)$"):
+        files.append_jsonl(tmp_path / "gone" / "m.jsonl", {"step": 1})
 
 
 def test_a_new_metrics_file_gets_the_umasks_permissions(tmp_path):

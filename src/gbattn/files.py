@@ -110,9 +110,10 @@ def append_jsonl(path: str | Path, record: dict) -> None:
     :class:`UserError` instead. A new file gets the umask's permissions, as every file gbattn writes."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
-    except OSError as e:
-        raise UserError(f"{path} cannot be opened to append to ({e.strerror or e}; a link, a directory or a FIFO is "
-                        f"refused): remove it") from None
+    except OSError as e:  # "remove it" only for what is refused (a missing folder or no permission is not that)
+        refused = e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO)  # a link, a directory, a FIFO (no reader)
+        raise UserError(f"{path} cannot be opened to append to ({e.strerror or e}"
+                        + ("; a link, a directory or a FIFO is refused): remove it" if refused else ")")) from None
     with open(fd, "a", encoding="utf-8") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a device
             raise UserError(f"{path} is not a regular file: remove it")
