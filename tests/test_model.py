@@ -468,12 +468,19 @@ def test_flops_per_token_at_a_shorter_sequence():
 
 
 def test_flops_per_token_refuses_a_sequence_length_below_one():
-    """seq_len=0 gave block_size's figure (0 read as "not given"), -1 a torch error about a negative dimension."""
+    """seq_len=0 gave block_size's figure (0 read as "not given"), -1 a torch error about a negative dimension.
+    A numpy integer is taken as a config field takes it (np.int64(64) was "must be an integer >= 1")."""
+    import numpy as np
+
     cfg = preset_config("cpu-char", "standard")
-    for bad in (0, -1, 2.5, True):
+    for bad in (0, -1):
         with pytest.raises(ValueError, match=f"seq_len={bad!r} must be an integer >= 1"):
             flops_per_token(cfg, seq_len=bad)
+    for bad in (2.5, True):
+        with pytest.raises(ValueError, match=f"seq_len={bad!r} must be an integer"):
+            flops_per_token(cfg, seq_len=bad)
     assert flops_per_token(cfg, seq_len=None) == flops_per_token(cfg, seq_len=cfg.block_size)
+    assert flops_per_token(cfg, seq_len=np.int64(32)) == flops_per_token(cfg, seq_len=32)
 
 
 def test_param_matched_width_of_an_exact_match_is_that_width():

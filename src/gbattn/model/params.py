@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from gbattn.checks import coerce
 from gbattn.config import ModelConfig
 from gbattn.model.gpt import GPT, check_model_config, lm_loss
 
@@ -22,9 +23,10 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool
     """Forward (or forward + backward) FLOPs per token at ``seq_len`` (default block_size),
     counted by ``torch.utils.flop_counter`` on the meta device (matmuls and SDPA; docs/method.md, "Cost")."""
     check_model_config(cfg, "flops_per_token")
-    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
-        # (0 was read as "the default" and gave block_size's figure; -1 a torch error on the meta device)
-        raise ValueError(f"seq_len={seq_len!r} must be an integer >= 1 (or None: block_size)")
+    if seq_len is not None:  # an integer as a config field takes it (numpy's too): 2.5 or True is a ConfigError
+        seq_len = coerce("seq_len", seq_len, int)
+        if seq_len < 1:  # (0 was read as "the default" and gave block_size's figure; -1 a torch error on meta)
+            raise ValueError(f"seq_len={seq_len!r} must be an integer >= 1 (or None: block_size)")
     T = seq_len or cfg.block_size
     with torch.device("meta"):
         model = GPT(cfg)
