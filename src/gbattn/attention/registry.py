@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import typing
 
 from gbattn.attention.boosted import BoostedAttention
 from gbattn.attention.core import AttentionBase, AttnArgs
@@ -60,8 +61,7 @@ def check_args(args: AttnArgs) -> AttnArgs:
     returns ``args`` with its fields coerced as ``ModelConfig``'s are (a numpy integer as an int)."""
     if not isinstance(args, AttnArgs):
         raise ConfigError(f"args of type {type(args).__name__}: give an AttnArgs(d_model=..., n_heads=...)")
-    kinds = {"d_model": int, "n_heads": int, "n_kv_heads": int | None, "dropout": float, "bias": bool,
-             "layer_idx": int, "n_layers": int, "rope_base": float | None}
+    kinds = typing.get_type_hints(AttnArgs)  # its declared field types, each field coerced as ModelConfig's are:
     # a ConfigError for a string, a non-finite number, a non-bool bias
     args = dataclasses.replace(args, **{name: coerce(name, getattr(args, name), kind) for name, kind in kinds.items()})
     for name, least in (("d_model", 1), ("n_heads", 1), ("n_kv_heads", 1), ("n_layers", 1), ("layer_idx", 0)):
