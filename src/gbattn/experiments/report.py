@@ -88,7 +88,7 @@ def described_steps(description: str) -> int | None:
     return int(found.group(1).replace(",", "")) if found else None
 
 
-def length_overrides(report: dict) -> dict:
+def result_overrides(report: dict) -> dict:
     """The report's ``--set`` training values that change a result: every training field but the
     result-neutral ones (``TrainConfig.RESULT_NEUTRAL``): the length and schedule, and also the data
     (tokenizer, train_tokens, eval_tokens, split, ...) and the optimizer, any of which makes the runs
@@ -141,10 +141,10 @@ def other_setting(report: dict) -> str | None:
 def published_value(report: dict, row: dict):
     """The row's published (mean, std), or None when the runs are not what the published number is
     for: other data or another model (:func:`other_setting`), ``sets`` overriding a training field that
-    is not result-neutral (:func:`length_overrides`), or a recipe description naming a step count other
+    is not result-neutral (:func:`result_overrides`), or a recipe description naming a step count other
     than the row's ``steps``."""
     pub = row.get("published")
-    if not pub or pub[0] is None or length_overrides(report) or other_setting(report):
+    if not pub or pub[0] is None or result_overrides(report) or other_setting(report):
         return None
     described = described_steps(report.get("description", ""))
     return None if described is not None and row.get("steps") != described else pub
@@ -156,7 +156,7 @@ def published_omitted_note(report: dict) -> str | None:
     if not any(r.get("published") and r["published"][0] is not None and published_value(report, r) is None
                for r in rows):
         return None
-    overrides, other = length_overrides(report), other_setting(report)
+    overrides, other = result_overrides(report), other_setting(report)
     if other:
         return f"published numbers omitted: {other}"
     if overrides:
