@@ -729,6 +729,10 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
                                                                    "ptb.test.txt.gz"]),
     # "val" only as a word of its own: interval.txt is no validation split
     (["a.train.txt", "a.val.txt", "a.test.txt", "interval.txt"], ["a.train.txt", "a.val.txt", "a.test.txt"]),
+    # raw valid and test beside a tokens-only train (no wiki.train.raw): the flavour with all three splits,
+    # not <unk>-tokenized train with raw valid and test
+    (["wiki.train.tokens.gz", "wiki.valid.raw", "wiki.valid.tokens", "wiki.test.raw", "wiki.test.tokens"],
+     ["wiki.train.tokens.gz", "wiki.valid.tokens", "wiki.test.tokens"]),
     # both WikiText flavours gzipped: still the raw ones, not "several files"
     ([f"wiki.{s}.{k}.gz" for s in ("train", "valid", "test") for k in ("raw", "tokens")],
      ["wiki.train.raw.gz", "wiki.valid.raw.gz", "wiki.test.raw.gz"]),
@@ -744,6 +748,14 @@ def test_split_files_are_found_by_name(tmp_path, names, chosen):
         write_text(tmp_path / name, f"{name}\n")
     corpus = load_corpus(str(tmp_path))
     assert ["".join(corpus.lines(s)) for s in ("train", "valid", "test")] == [f"{n}\n" for n in chosen]
+
+
+def test_a_folder_mixing_raw_and_tokenized_wikitext_splits_is_refused(tmp_path):
+    for name in ("wiki.train.raw", "wiki.valid.tokens", "wiki.test.tokens", "wiki.test.raw"):
+        write_text(tmp_path / name, f"{name}\n")
+    with pytest.raises(DataError, match=r"mixes raw and <unk>-tokenized WikiText files \(train: wiki.train.raw, "
+                                        r"valid: wiki.valid.tokens, test: wiki.test.raw\)"):
+        load_corpus(str(tmp_path))
 
 
 def test_a_character_across_a_read_chunk_is_text_and_offsets_count_every_chunk(tmp_path):

@@ -123,19 +123,35 @@ def _is_text_name(name: str) -> bool:
     return Path(stem).suffix in TEXT_SUFFIXES or not Path(stem).suffix.strip(".").isalpha()
 
 
+def _wikitext_flavour(name: str) -> str | None:
+    """The WikiText flavour of a file name: ``raw`` or ``tokens`` (``wiki.train.tokens.gz``), else None."""
+    match = re.fullmatch(r"wiki\.(?:train|valid|test)\.(raw|tokens)(?:\.gz)?", name)
+    return match.group(1) if match else None
+
+
 def _find_split_files(path: Path) -> dict[str, Path | None]:
     names = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    exact = {s: [n + gz for n in EXACT_NAMES[s] for gz in ("", ".gz") if n + gz in names] for s in SPLITS}
+    # Both WikiText flavours in one folder: the first one that has all three splits (raw, else tokens), so
+    # that a folder lacking wiki.train.raw is not read as <unk>-tokenized train with raw valid and test.
+    complete = [f for f in ("raw", "tokens") if all(any(_wikitext_flavour(n) == f for n in exact[s]) for s in SPLITS)]
+    if complete:
+        exact = {s: [n for n in exact[s] if _wikitext_flavour(n) in (complete[0], None)] for s in SPLITS}
     found: dict[str, Path | None] = {}
     for split in SPLITS:
-        exact = [n + gz for n in EXACT_NAMES[split] for gz in ("", ".gz") if n + gz in names]
-        if exact:
-            found[split] = path / exact[0]
+        if exact[split]:
+            found[split] = path / exact[split][0]
             continue
         matches = [n for n in names if _is_text_name(n) and re.search(NAME_PATTERNS[split], n.lower())]
         if len(matches) > 1:
             raise DataError(f"--data {path}: several files could be the {split} split ({', '.join(matches)}); "
                             f"keep one, or name it {split}.txt")
         found[split] = path / matches[0] if matches else None
+    flavours = {_wikitext_flavour(f.name) for f in found.values() if f is not None} - {None}
+    if len(flavours) > 1:
+        chosen = ", ".join(f"{s}: {f.name}" for s, f in found.items() if f is not None)
+        raise DataError(f"--data {path} mixes raw and <unk>-tokenized WikiText files ({chosen}); give a folder "
+                        f"holding one flavour for all three splits")
     return found
 
 
