@@ -750,6 +750,16 @@ def test_split_files_are_found_by_name(tmp_path, names, chosen):
     assert ["".join(corpus.lines(s)) for s in ("train", "valid", "test")] == [f"{n}\n" for n in chosen]
 
 
+@pytest.mark.parametrize("names, shared", [(["train_val.txt", "test.txt"], "train or the valid"),
+                                           (["ptb.train.txt", "dev_test.txt"], "valid or the test")])
+def test_one_file_that_names_two_splits_is_refused(tmp_path, names, shared):
+    """train_val.txt was read as both train and valid: validation scored on the training text."""
+    for name in names:
+        write_text(tmp_path / name, f"{name}\n")
+    with pytest.raises(DataError, match=f"could be the {shared} split; give each split its own file"):
+        load_corpus(str(tmp_path))
+
+
 def test_a_folder_mixing_raw_and_tokenized_wikitext_splits_is_refused(tmp_path):
     for name in ("wiki.train.raw", "wiki.valid.tokens", "wiki.test.tokens", "wiki.test.raw"):
         write_text(tmp_path / name, f"{name}\n")

@@ -147,6 +147,11 @@ def _find_split_files(path: Path) -> dict[str, Path | None]:
             raise DataError(f"--data {path}: several files could be the {split} split ({', '.join(matches)}); "
                             f"keep one, or name it {split}.txt")
         found[split] = path / matches[0] if matches else None
+    for name in {f.name for f in found.values() if f is not None}:
+        shared = [s for s, f in found.items() if f is not None and f.name == name]
+        if len(shared) > 1:  # train_val.txt: validating on the training text
+            raise DataError(f"--data {path}: {name} could be the {' or the '.join(shared)} split; give each split its "
+                            f"own file (train.txt, valid.txt, test.txt)")
     flavours = {_wikitext_flavour(f.name) for f in found.values() if f is not None} - {None}
     if len(flavours) > 1:
         chosen = ", ".join(f"{s}: {f.name}" for s, f in found.items() if f is not None)
