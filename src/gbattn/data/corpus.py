@@ -1,7 +1,8 @@
 """Text corpora, chosen with ``--data``.
 
 * a corpus shipped with gbattn: ``tiny-shakespeare`` (data/corpora/SOURCE.md);
-* a Hugging Face datasets name: ``wikitext-103-raw-v1``, ``wikitext-2-raw-v1``, ``openwebtext``
+* a Hugging Face datasets name: ``wikitext-103-raw-v1``, ``wikitext-2-raw-v1``, ``wikitext-103-v1``,
+  ``wikitext-2-v1`` (``<unk>``-tokenized), ``openwebtext``
   (through the ``datasets`` library when the hub is reachable or the data is cached);
 * a local directory with one text file per split, optionally ``.gz``: WikiText's
   ``wiki.{train,valid,test}.{raw,tokens}``, ``train.txt``/``valid.txt``/``test.txt``, or any names
