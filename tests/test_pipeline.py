@@ -944,6 +944,15 @@ def test_a_single_file_without_a_split_is_90_5_5_and_a_bundled_corpus_takes_the_
     assert nano.fingerprint != load_corpus("tiny-shakespeare").fingerprint
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32", "utf-32-be"])
+def test_a_utf16_or_utf32_file_is_named_as_such_not_as_binary(tmp_path, encoding):
+    """Windows PowerShell's ``>`` writes UTF-16 with a byte order mark: its NUL bytes read as 'looks binary'."""
+    path = tmp_path / "notes.txt"
+    path.write_bytes(("\ufeff" if encoding.endswith("-be") else "").encode(encoding) + "hello\n".encode(encoding))
+    with pytest.raises(DataError, match="is UTF-16 or UTF-32 text .*; save it as UTF-8"):
+        load_corpus(str(path))
+
+
 def test_a_file_cut_inside_a_character_or_bad_past_two_chunks_is_named_at_its_offset(tmp_path):
     """A file whose last character is cut off is not UTF-8 text (not an error later, while reading);
     offsets count every chunk read before, not just the last one."""

@@ -80,6 +80,10 @@ def checked_digest(path: Path) -> str:
     try:
         with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
+                if offset == 0 and chunk.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_BE)):
+                    # Windows PowerShell's ">" writes UTF-16: its NUL bytes would read as a binary file
+                    raise DataError(f"--data file {path} is UTF-16 or UTF-32 text (it starts with their byte order "
+                                    f"mark); save it as UTF-8")
                 nul = chunk.find(b"\x00")
                 if nul >= 0:
                     raise DataError(f"--data file {path} looks binary (NUL byte at byte offset {offset + nul}); "
