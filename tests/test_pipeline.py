@@ -1106,8 +1106,8 @@ def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked
 
 
 def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_trips(tmp_path):
-    """A cached tokenizer file that does not parse is replaced, not an error; a saved tokenizer reads
-    back as the same kind with the same fingerprint (the token caches' key)."""
+    """A cached tokenizer file that does not parse, or holds another kind, is replaced, not an error; a
+    saved tokenizer reads back as the same kind with the same fingerprint (the token caches' key)."""
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     char = get_tokenizer("char", corpus)
     [cached] = (tmp_path / "gbattn-cache" / "tokenizers").iterdir()
@@ -1115,6 +1115,11 @@ def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_t
     assert get_tokenizer("char", corpus).fingerprint == char.fingerprint
     assert Tokenizer.load(cached).fingerprint == char.fingerprint
     bpe = get_tokenizer("bpe", corpus, vocab_size=60, verbose=False)
+    # A valid tokenizer of another kind in an entry's place (the char one was returned for bpe): trained again.
+    [bpe_entry] = (tmp_path / "gbattn-cache" / "tokenizers").glob("bpe-*.json")
+    bpe_entry.write_text(char.to_json())
+    again = get_tokenizer("bpe", corpus, vocab_size=60, verbose=False)
+    assert (again.kind, again.fingerprint) == ("bpe", bpe.fingerprint)
     for tok in (char, bpe, Tokenizer("hf", bpe.payload), Tokenizer("gpt2", bpe.payload)):
         tok.save(tmp_path / "tokenizer.json")
         back = Tokenizer.load(tmp_path / "tokenizer.json", expected_vocab=tok.vocab_size)

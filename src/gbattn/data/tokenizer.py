@@ -198,9 +198,12 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
     path = cache_dir() / "tokenizers" / f"{base}-{key}.json"
     if path.is_file():
         try:
-            return Tokenizer.load(path)
+            cached = Tokenizer.load(path)
+            if cached.kind == base:  # another kind (a file copied over it) is no bpe or char tokenizer of this corpus
+                return cached
         except CheckpointError:
-            path.unlink(missing_ok=True)  # a damaged cache entry: train again
+            pass
+        path.unlink(missing_ok=True)  # a damaged cache entry: train again
     path.parent.mkdir(parents=True, exist_ok=True)
     if base == "char":
         chars = sorted({c for split in ("train", "valid", "test") for line in corpus.lines(split) for c in line})
