@@ -1126,6 +1126,25 @@ def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_t
         assert (back.kind, back.payload, back.fingerprint) == (tok.kind, tok.payload, tok.fingerprint)
 
 
+@pytest.mark.parametrize("in_the_way", ["tokenizers", "tokenizer entry", "tokens"])
+def test_a_cache_path_taken_by_something_else_is_one_line(tmp_path, in_the_way):
+    """A file where the cache's tokenizers or tokens folder goes, or a folder where a tokenizer entry goes,
+    was an IsADirectoryError or FileExistsError traceback (after training the tokenizer)."""
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    cache = tmp_path / "gbattn-cache"
+    if in_the_way == "tokenizer entry":
+        get_tokenizer("char", corpus)
+        [entry] = (cache / "tokenizers").iterdir()
+        entry.unlink()
+        entry.mkdir()
+    else:
+        cache.mkdir()
+        (cache / in_the_way).write_text("")
+    with pytest.raises(DataError, match="cannot be written|could not write the token cache") as caught:
+        tokenize_corpus(corpus, get_tokenizer("char", corpus), progress=False)
+    assert "\n" not in str(caught.value) and "GBATTN_CACHE" in str(caught.value)
+
+
 def test_a_blank_cache_directory_is_refused_and_a_tilde_is_the_home_directory(tmp_path, monkeypatch):
     """GBATTN_CACHE of spaces only is unset by mistake, like an empty one: not a directory named by spaces."""
     monkeypatch.chdir(tmp_path)

@@ -204,7 +204,14 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
         except CheckpointError:
             pass
         path.unlink(missing_ok=True)  # a damaged cache entry: train again
-    path.parent.mkdir(parents=True, exist_ok=True)
+    unwritable = (f"the tokenizer cache entry {path} cannot be written ({{why}}): delete what is there, or set "
+                  f"GBATTN_CACHE to another directory")
+    if path.exists() or path.is_symlink():  # a folder or a dangling link where the file goes: checked before training
+        raise DataError(unwritable.format(why="something other than a file is there"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(unwritable.format(why=e.strerror or e)) from None
     if base == "char":
         chars = sorted({c for split in ("train", "valid", "test") for line in corpus.lines(split) for c in line})
         if not chars:
@@ -218,5 +225,8 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
         tok = Tokenizer("bpe", _train_bpe(lines, vocab_size))
         if tok.vocab_size < 3:
             raise DataError(f"--data {corpus.name}: the training split holds no text to train a tokenizer on")
-    tok.save(path)
+    try:
+        tok.save(path)
+    except OSError as e:
+        raise DataError(unwritable.format(why=e.strerror or e)) from None
     return tok

@@ -87,7 +87,11 @@ def tokenize_corpus(
     remove_abandoned(directory.parent)
     tmp = directory.with_name(directory.name + building_suffix())
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:  # "tokens" is a file, say
+        raise DataError(f"could not write the token cache under {directory.parent} ({e.strerror or e}); delete what "
+                        f"is there, or set GBATTN_CACHE to another directory") from None
     try:
         counts = {s: _encode_split(corpus, s, tokenizer, caps[s], tmp / f"{s}.bin", progress) for s in SPLITS}
         meta = {"dtype": dtype.name, "counts": counts, "caps": caps, "corpus": corpus.name,
