@@ -32,7 +32,7 @@ WORDS = [
 
 def write_text(path: Path, text: str) -> None:
     """``text`` to ``path``, gzip-compressed when its name ends in ``.gz``."""
-    if path.name.endswith(".gz"):
+    if path.name.lower().endswith(".gz"):
         import gzip
 
         with gzip.open(path, "wt", encoding="utf-8") as f:

@@ -739,6 +739,8 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
     # macOS's hidden ._ copies and files of other kinds that name a split are not splits
     (["ptb.train.txt", "._ptb.train.txt", "ptb.valid.txt", "ptb.test.txt", "train_log.json", "test_scores.csv"],
      ["ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"]),
+    # names in capitals, as Windows tools may write them; a gzip file named .GZ is still gzip
+    (["TRAIN.TXT", "VALID.TXT", "TEST.TXT.GZ"], ["TRAIN.TXT", "VALID.TXT", "TEST.TXT.GZ"]),
     # a suffix that is no file type (a version, a year) is still a text file
     (["news.train.2024", "news.valid.2024", "news.test.2024"], ["news.train.2024", "news.valid.2024",
                                                                "news.test.2024"]),

@@ -65,9 +65,14 @@ class Corpus:
         return self.reader(split)
 
 
+def _is_gzip_name(path: Path) -> bool:
+    """Whether a file is read as gzip: named .gz in any case (``TRAIN.TXT.GZ`` from Windows too)."""
+    return path.suffix.lower() == ".gz"
+
+
 def open_text(path: Path):
     """The text of a checked file: a UTF-8 byte order mark (Windows tools write one) is no text."""
-    if path.suffix == ".gz":
+    if _is_gzip_name(path):
         return gzip.open(path, "rt", encoding="utf-8-sig")
     return open(path, encoding="utf-8-sig")
 
@@ -78,7 +83,7 @@ def checked_digest(path: Path) -> str:
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
     try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+        with (gzip.open if _is_gzip_name(path) else open)(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 if offset == 0 and chunk.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_BE)):
                     # Windows PowerShell's ">" writes UTF-16: its NUL bytes would read as a binary file
@@ -92,7 +97,7 @@ def checked_digest(path: Path) -> str:
                     decoder.decode(chunk)
                 except UnicodeDecodeError as e:
                     raise DataError(f"--data file {path} is not UTF-8 text (invalid byte at byte offset "
-                                    f"{offset + e.start}{' of the decompressed data' if path.suffix == '.gz' else ''})"
+                                    f"{offset + e.start}{' of the decompressed data' if _is_gzip_name(path) else ''})"
                                     ) from None
                 h.update(chunk)
                 offset += len(chunk)
@@ -124,6 +129,7 @@ TEXT_SUFFIXES = ("", ".txt", ".raw", ".tokens")
 
 
 def _is_text_name(name: str) -> bool:
+    name = name.lower()  # TRAIN.TXT
     stem = name[:-3] if name.endswith(".gz") else name
     return Path(stem).suffix in TEXT_SUFFIXES or not Path(stem).suffix.strip(".").isalpha()
 
