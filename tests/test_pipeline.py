@@ -762,6 +762,17 @@ def test_one_file_that_names_two_splits_is_refused(tmp_path, names, shared):
         load_corpus(str(tmp_path))
 
 
+def test_a_hugging_face_save_to_disk_folder_is_named_as_such(tmp_path):
+    """Its train/validation/test subfolders were listed as if text files were missing beside them."""
+    (tmp_path / "dataset_dict.json").write_text('{"splits": ["train", "validation", "test"]}')
+    for split in ("train", "validation", "test"):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / "state.json").write_text("{}")
+    for folder in (tmp_path, tmp_path / "train"):  # a DatasetDict, or one Dataset
+        with pytest.raises(DataError, match="this is a Hugging Face save_to_disk folder, which gbattn does not read"):
+            load_corpus(str(folder))
+
+
 def test_a_folder_mixing_raw_and_tokenized_wikitext_splits_is_refused(tmp_path):
     for name in ("wiki.train.raw", "wiki.valid.tokens", "wiki.test.tokens", "wiki.test.raw"):
         write_text(tmp_path / name, f"{name}\n")

@@ -178,8 +178,11 @@ def _local_directory(path: Path) -> Corpus:
         seen = sorted(p.name + ("" if p.is_file() else " (a directory)" if p.is_dir() else " (not a regular file)")
                       for p in path.iterdir())
         shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "") if seen else "none"
+        saved = any((path / n).is_file() for n in ("dataset_dict.json", "state.json"))  # datasets' save_to_disk
         raise DataError(f"--data {path}: no {'/'.join(missing)} file found (files seen: {shown}); expected one text "
-                        f"file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)")
+                        f"file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)"
+                        + ("; this is a Hugging Face save_to_disk folder, which gbattn does not read: write each "
+                           "split's text to a file (README, 'Data')" if saved else ""))
     digests = {s: checked_digest(files[s]) for s in SPLITS}
     fingerprint = hashlib.sha256("|".join(f"{s}:{digests[s]}" for s in SPLITS).encode()).hexdigest()
 
