@@ -107,7 +107,19 @@ def _damage_missing(entry: Path) -> None:
     (entry / "valid.bin").unlink()
 
 
-@pytest.mark.parametrize("damage", [_damage_meta, _damage_meta_type, _damage_count, _damage_size, _damage_missing])
+def _damage_content(entry: Path) -> None:  # ids still in the vocabulary, of the right size, but not the corpus's
+    path = entry / "train.bin"
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+def _damage_no_digest(entry: Path) -> None:  # an entry from before digests were recorded: it cannot be checked
+    meta = json.loads((entry / "meta.json").read_text())
+    del meta["sha256"]
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("damage", [_damage_meta, _damage_meta_type, _damage_count, _damage_size, _damage_missing,
+                                    _damage_content, _damage_no_digest])
 def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, damage):
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     tok = get_tokenizer("char", corpus)

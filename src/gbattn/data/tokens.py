@@ -94,7 +94,8 @@ def tokenize_corpus(
                         f"is there, or set GBATTN_CACHE to another directory") from None
     try:
         counts = {s: _encode_split(corpus, s, tokenizer, caps[s], tmp / f"{s}.bin", progress) for s in SPLITS}
-        meta = {"dtype": dtype.name, "counts": counts, "caps": caps, "corpus": corpus.name,
+        digests = {s: _ids_digest(_split_ids(tmp / f"{s}.bin", dtype, counts[s])) for s in SPLITS}
+        meta = {"dtype": dtype.name, "counts": counts, "sha256": digests, "caps": caps, "corpus": corpus.name,
                 "tokenizer": tokenizer.fingerprint}
         write_json(meta, tmp / "meta.json")
     except BaseException as e:  # Ctrl-C, a bad file, a full disk: no half-written entry stays behind
@@ -117,11 +118,22 @@ def tokenize_corpus(
     return cached
 
 
+def _split_ids(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+    """A split's cached ids as a read-only memmap (an empty array for none)."""
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype=dtype)
+
+
+def _ids_digest(ids: np.ndarray) -> str:
+    """SHA-256 of a split's cached ids, as ``meta.json`` records it."""
+    return hashlib.sha256(memoryview(np.ascontiguousarray(ids)).cast("B")).hexdigest()
+
+
 def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int) -> dict[str, np.ndarray] | None:
     """The token ids of a cache entry as read-only memmaps, or None when the entry is damaged: its
-    ``meta.json`` unreadable or not what this module writes, a split's file not of the size it records,
-    or an id outside the tokenizer's vocabulary (the model would fail on it mid-run with a traceback, or
-    read another token's row on a GPU, which does not check; one pass over the ids: 31 ms for 100M)."""
+    ``meta.json`` unreadable or not what this module writes, a split's file not of the size it records or
+    not the content (SHA-256) it records (an entry from before digests were recorded is built again), or
+    an id outside the tokenizer's vocabulary (the model would fail on it mid-run with a traceback, or read
+    another token's row on a GPU, which does not check). One pass over the ids."""
     try:
         meta = read_json(directory / "meta.json")
         if meta["dtype"] != dtype.name:
@@ -131,8 +143,8 @@ def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int) -> dict[str, 
             count, path = meta["counts"][s], directory / f"{s}.bin"
             if type(count) is not int or count < 0 or path.stat().st_size != count * dtype.itemsize:
                 return None
-            out[s] = np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype=dtype)
-            if count and int(out[s].max()) >= vocab_size:
+            out[s] = _split_ids(path, dtype, count)
+            if _ids_digest(out[s]) != meta["sha256"][s] or (count and int(out[s].max()) >= vocab_size):
                 return None
         return out
     except (CheckpointError, OSError, ValueError, KeyError, TypeError):  # read_json: any unreadable meta.json
