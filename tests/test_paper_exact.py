@@ -188,6 +188,19 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
     assert "66 steps (3 epochs of 22) of 4 x 32 tokens, lr 0.0003 (warmup 7, then cosine to 0), evaluation" in printed
 
 
+def test_the_plan_says_a_run_trains_compiled(tmp_path, capsys, monkeypatch):
+    """A compiled run says so (its tokens/s counts the compile time), an eager one does not."""
+    import torch
+
+    data = write_corpus(tmp_path / "c")
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)  # the plan, not the compiler
+    for compiled in (True, False):
+        sets = dict(TINY, tokenizer="char", batch_size=4, max_steps=1, threads=1, compile=compiled)
+        train(tmp_path / f"run-{compiled}", *build_configs("paper-small", "standard", str(data), sets))
+        printed = capsys.readouterr().out
+        assert ("with 1 thread, compiled (tokens/s counts the time it takes)" in printed) == compiled, printed
+
+
 def test_cosine_decays_to_min_lr_and_constant_holds():
     """cpu-char (nanoGPT): cosine from lr to min_lr=lr/10 after the warmup, halfway at the middle;
     schedule=constant stays at lr after the warmup."""

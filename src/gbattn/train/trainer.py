@@ -339,9 +339,10 @@ class Trainer:
         return lines
 
     def _threads_text(self) -> str:
+        compiled = ", compiled (tokens/s counts the time it takes)" if self.compiled else ""
         if self.device.type != "cpu":
-            return ""
-        return f" with {self.threads} thread{'s' if self.threads > 1 else ''}"
+            return compiled
+        return f" with {self.threads} thread{'s' if self.threads > 1 else ''}{compiled}"
 
     def _init_from(self, start: rundir.LoadedRun) -> None:
         """Start from another run's weights (e.g. ``gbattn upcycle``); the optimizer starts fresh."""
