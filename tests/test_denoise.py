@@ -208,7 +208,7 @@ def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     table = {"rows": [], "bayes": 58.0, "chance": 6.25}
     with pytest.raises(UserError, match="matplotlib"):
-        plot_rounds(table, tmp_path / "rounds.png")
+        plot_rounds(table, tmp_path / "rounds.png", 150)
 
 
 def test_a_run_reports_its_best_evaluation_on_held_out_queries(monkeypatch):
@@ -754,22 +754,26 @@ def test_cli_threads_output_checks_and_printed_files(tmp_path, monkeypatch, caps
 
 
 def test_rounds_figure_draws_each_rounds_mean_and_std(tmp_path, monkeypatch):
-    """The error bars are each row's std over seeds (0 for one seed), at each row's mean."""
+    """The error bars are each row's std over seeds (0 for one seed), at each row's mean; the title names the
+    training steps (a 20-step run's figure, without the paper's lines, read like the paper's 150-step one)."""
     import matplotlib.axes
 
-    calls = []
-    real_errorbar = matplotlib.axes.Axes.errorbar
+    calls, titles = [], []
+    real_errorbar, real_set_title = matplotlib.axes.Axes.errorbar, matplotlib.axes.Axes.set_title
     monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda self, x, y, **kw: calls.append((x, y, kw)) or
                         real_errorbar(self, x, y, **kw))
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, text, **kw: titles.append(text) or
+                        real_set_title(self, text, **kw))
     rows = [{"rounds": 1, "ours": {"mean": 40.0, "std": 1.5, "n": 2}, "paper_v1": 41.3, "paper_revision": 46.0},
             {"rounds": 2, "ours": {"mean": 50.0, "std": None, "n": 2}, "paper_v1": 53.3, "paper_revision": 55.5}]
-    plot_rounds({"rows": rows, "bayes": 58.0, "chance": 6.25}, tmp_path / "rounds.png")
+    plot_rounds({"rows": rows, "bayes": 58.0, "chance": 6.25}, tmp_path / "rounds.png", 1500, published=False)
     [(x, y, kw)] = calls
     assert (x, y, kw["yerr"], kw["label"]) == ([1, 2], [40.0, 50.0], [1.5, 0.0], "ours (mean ± std, 2 seeds)")
+    assert titles[-1].endswith("(d=64, K=16, σ=0.5; 1,500 training steps per run)"), titles
     assert (tmp_path / "rounds.png").stat().st_size > 10_000
     for r in rows:
         r["ours"]["n"] = 1
-    plot_rounds({"rows": rows, "bayes": 58.0, "chance": 6.25}, tmp_path / "rounds.png")
+    plot_rounds({"rows": rows, "bayes": 58.0, "chance": 6.25}, tmp_path / "rounds.png", 150)
     assert calls[-1][2]["label"] == "ours (1 seed)"  # one value per row, not a mean and a spread
 
 
@@ -793,7 +797,7 @@ def test_rounds_figure_legend_covers_no_point(tmp_path, monkeypatch):
     for accuracies in ([17.5, 27.0, 24.5, 26.5, 32.0], [50.0, 55.0, 56.0, 57.0, 57.5]):
         rows = [{"rounds": m, "ours": {"mean": a, "std": 1.0, "n": 2}, "paper_v1": 41.3 + m, "paper_revision": 46.0 + m}
                 for m, a in enumerate(accuracies, 1)]
-        plot_rounds({"rows": rows, "bayes": 58.2, "chance": 6.25}, tmp_path / "rounds.png")
+        plot_rounds({"rows": rows, "bayes": 58.2, "chance": 6.25}, tmp_path / "rounds.png", 150)
         assert covered == [], accuracies
 
 

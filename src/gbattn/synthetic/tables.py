@@ -193,9 +193,9 @@ def table_markdown(name: str, table: dict, n_seeds: int, published: bool = True)
     return "\n".join(lines)
 
 
-def plot_rounds(table: dict, path: Path, published: bool = True) -> None:
+def plot_rounds(table: dict, path: Path, steps: int, published: bool = True) -> None:
     """Accuracy vs rounds with error bars (std over seeds), the paper's rows (when ``published``: runs of the
-    paper's length), chance and Bayes-optimal."""
+    paper's length), chance and Bayes-optimal; the title names the ``steps`` each run trained for."""
     try:
         import matplotlib
 
@@ -219,7 +219,7 @@ def plot_rounds(table: dict, path: Path, published: bool = True) -> None:
     ax.set_xlabel("attention rounds M (count)")
     ax.set_ylabel("denoising accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.set_title("Pattern denoising: accuracy vs rounds (d=64, K=16, σ=0.5)")
+    ax.set_title(f"Pattern denoising: accuracy vs rounds\n(d=64, K=16, σ=0.5; {steps:,} training steps per run)")
     ax.legend(fontsize=8, loc="best")  # "lower right" hid the points of a short run (accuracies near 20%)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -275,7 +275,7 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
         write_results(out, report)
     bar.close()
     if "rounds" in report["tables"]:
-        plot_rounds(report["tables"]["rounds"], out / "rounds.png", published)
+        plot_rounds(report["tables"]["rounds"], out / "rounds.png", protocol.steps, published)
     else:  # an earlier call's figure would sit beside tables that no longer hold it
         from gbattn.analysis.figures import remove_unwritten
 
