@@ -337,6 +337,31 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
     assert not (tmp_path / "fig5").exists()
 
 
+def test_gap_to_a_longer_compute_matched_reference_says_its_end_is_not_paired(tmp_path):
+    """A compute-matched reference trains 600 steps against GBA's 400: paired by step, the line (and its
+    diamond) ends at step 400, mid-way through the reference's schedule, so the legend says so (it read like
+    the final, compute-matched gap); a reference of the model's length gets no such note."""
+    root = _gap_dir(tmp_path / "cmp", 400)
+    rows = json.loads((root / "results.json").read_text())["models"]
+    for seed in (1, 2):
+        run = root / "compute-matched" / f"seed{seed}"
+        run.mkdir(parents=True)
+        events = [{"event": "eval", "step": s, "tokens": 10 * s, "valid_loss": 1.5 - s / 600} for s in (200, 400, 600)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rows.append({"label": "compute-matched", "parameters": 80, "steps": 600, "seeds": [1, 2]})
+    (root / "results.json").write_text(json.dumps({"recipe": "x", "models": rows}))
+    assert cli_main(["plot", str(root), "--gap", "gba-m2", "--against", "standard", "compute-matched",
+                     "--out", str(tmp_path / "fig")]) == 0
+    series = json.loads((tmp_path / "fig" / "gap.json").read_text())["series"]
+    assert [(s["reference"], s["reference_steps"], s["points"][-1]["step"]) for s in series] == [
+        ("standard", 400, 400), ("compute-matched", 600, 400)]
+    fig = figures.gap_figure(series, "gba-m2", ["standard", "compute-matched"])
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes]
+    assert legends == [["400-step runs (cmp, 2 seeds)"],
+                       ["400-step runs (cmp, 2 seeds)\ncompute-matched trains 600 steps: paired at equal steps only"]]
+    assert texts_outside(fig) == []
+
+
 def test_plot_out_that_is_a_file_or_under_one_is_one_line(tmp_path, capsys):
     gap = _gap_dir(tmp_path / "gap", 400)
     compare_dir = tmp_path / "copied"

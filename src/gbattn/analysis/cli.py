@@ -441,7 +441,8 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
 
 def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     """``model``'s validation loss minus ``reference``'s at every evaluation both ran (same seed and
-    step), averaged over seeds, against the tokens per parameter ``model`` had seen."""
+    step), averaged over seeds, against the tokens per parameter ``model`` had seen; ``reference_steps``
+    says how long the reference trained (a compute-matched one trains longer: its end is not paired)."""
     from gbattn.errors import UserError
     from gbattn.experiments.report import read_report
     from gbattn.files import read_jsonl
@@ -468,7 +469,7 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     points = [{"step": step, "tokens_per_parameter": statistics.fmean(t for t, _ in v) / parameters,
                "difference": statistics.fmean(d for _, d in v), "seeds": len(v)} for step, v in sorted(paired.items())]
     return {"directory": compare_dir.name, "steps": rows[model]["steps"], "model": model, "reference": reference,
-            "points": points}
+            "reference_steps": rows[reference]["steps"], "points": points}
 
 
 def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bool = False) -> list[Path]:

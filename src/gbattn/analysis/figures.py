@@ -516,7 +516,8 @@ def curves_figure(curves: dict):
 def gap_figure(series: list[dict], model: str, references: list[str]):
     """One panel per reference: ``model``'s validation loss minus the reference's (mean over seeds,
     paired by seed and step) against the tokens per parameter ``model`` has seen, one line per run
-    length; below 0 the model is better."""
+    length; below 0 the model is better. A reference that trains for another number of steps than the
+    model is named with its length in the legend: at the model's last step it is not at its own end."""
     fig, ctx = _drawing((5.5 * len(references), 4.6))
     with ctx:
         axes = np.atleast_1d(fig.subplots(1, len(references), squeeze=False)[0])
@@ -525,8 +526,10 @@ def gap_figure(series: list[dict], model: str, references: list[str]):
                 xs = [p["tokens_per_parameter"] for p in s["points"]]
                 ys = [p["difference"] for p in s["points"]]
                 seeds = max(p["seeds"] for p in s["points"])
-                ax.plot(xs, ys, marker="o", markersize=3, color=f"C{i}",
-                        label=f"{s['steps']:,}-step runs ({s['directory']}, {seeds} seed{'s' if seeds > 1 else ''})")
+                label = f"{s['steps']:,}-step runs ({s['directory']}, {seeds} seed{'s' if seeds > 1 else ''})"
+                if s.get("reference_steps") not in (None, s["steps"]):  # a compute-matched reference: not its end
+                    label += f"\n{ref} trains {s['reference_steps']:,} steps: paired at equal steps only"
+                ax.plot(xs, ys, marker="o", markersize=3, color=f"C{i}", label=label)
                 ax.plot(xs[-1:], ys[-1:], marker="D", markersize=8, color=f"C{i}")
             ax.axhline(0, color="black", linewidth=1)
             ax.set_xlabel(f"training tokens per parameter of {model}")
