@@ -549,6 +549,9 @@ def test_gate_figure_error_bars_are_the_std_and_paper_markers_sit_at_their_layer
     assert [(s[0][1], s[1][1]) for s in segments] == [pytest.approx((0.3, 0.5)), pytest.approx((0.55, 0.65))]
     (paper,) = [line for line in bar_ax.get_lines() if line.get_label() == "paper"]
     assert list(paper.get_xdata()) == [0, 1] and list(paper.get_ydata()) == [0.48, 0.43]
+    # The legend says what the error bar is a spread of (summary.json's std_definition), not just "std".
+    assert "ours: mean ± std\n(over tokens × dimensions)" in [t.get_text() for t in bar_ax.get_legend().get_texts()]
+    assert texts_outside(fig) == []
 
 
 def test_curves_are_drawn_in_the_units_of_the_token_axis():

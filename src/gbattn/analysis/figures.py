@@ -176,7 +176,7 @@ def gates_figure(gates: dict, paper: dict, title: str = ""):
             xs = np.asarray([layers.index(r["layer"]) for r in round_rows]) + (c - (C - 1) / 2) * width
             bar_ax.bar(xs, [r["mean"] for r in round_rows], width, yerr=[r["std"] for r in round_rows], capsize=4,
                        color=round_color(c + 1), alpha=0.8,
-                       label="ours: mean ± std" + (f" (g{c + 1})" if C > 1 else ""))
+                       label="ours: mean ± std\n(over tokens × dimensions)" + (f" (g{c + 1})" if C > 1 else ""))
         paper_markers = (
             ("gate_mean_per_layer", "D", "paper"),
             ("gate_mean_per_layer_revised", "x", "paper (revision)"),
