@@ -513,6 +513,7 @@ def test_entropy_figure_draws_densities_the_bound_and_each_layers_change():
     (bound,) = [line for line in pos_ax.get_lines() if line.get_label().startswith("bound")]
     np.testing.assert_allclose(bound.get_ydata(), np.log(np.arange(T) + 1))
     assert [t.get_text() for t in layer_ax.texts] == ["-20%"]
+    assert texts_outside(fig) == []  # the per-layer title on one line ran past the figure's right edge
 
 
 def test_loss_diff_figure_names_the_difference_and_counts_ties_apart():

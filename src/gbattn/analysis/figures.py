@@ -256,7 +256,7 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
         layer_ax.set_xlabel("layer")
         layer_ax.set_ylabel("mean entropy (nats)")
         drop = entropy.get("relative_drop")
-        layer_ax.set_title("per layer" + (f" (correction {change_words(drop)} overall; change per layer in boxes)"
+        layer_ax.set_title("per layer" + (f"\n(correction {change_words(drop)} overall; change per layer in boxes)"
                                           if drop is not None else ""), fontsize=11)
         layer_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=9)
 
