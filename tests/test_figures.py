@@ -932,8 +932,10 @@ def test_curves_colour_each_model_dash_each_seed_and_choose_the_log_axis_from_ev
         ("C0", "-"), ("C0", "--"), ("C1", "-"), ("C1", "--")]
     assert [t.get_text() for t in valid_ax.get_legend().get_texts()] == ["standard", "gba-m2", "seed 1", "seed 2"]
     assert valid_ax.get_yscale() == "log" and valid_ax.get_xlabel() == "tokens seen (millions)"
+    assert valid_ax.get_ylabel() == "validation perplexity (log scale)"  # the axis says it is not linear
     one = figures.curves_figure({"standard": {"42": run(400.0, 500.0)}}).axes[1]
     assert [t.get_text() for t in one.get_legend().get_texts()] == ["standard"] and one.get_yscale() == "linear"
+    assert one.get_ylabel() == "validation perplexity"
     tenfold = figures.curves_figure({"standard": {"42": run(100.0, 1_000.0)}}).axes[1]
     assert tenfold.get_yscale() == "log"
 

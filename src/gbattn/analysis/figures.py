@@ -494,14 +494,15 @@ def curves_figure(curves: dict):
                     valid_ax.plot(t / scale, v, style, color=color, marker="o", markersize=4, linewidth=1.5)
                     valid_values += list(v)
         finite = [v for v in valid_values if math.isfinite(v)]
-        if finite and max(finite) / max(min(finite), 1e-9) > 3:
+        log_axis = bool(finite) and max(finite) / max(min(finite), 1e-9) > 3
+        if log_axis:
             valid_ax.set_yscale("log")
             plain_log_axis(valid_ax.yaxis)
         train_ax.set_xlabel(xlabel)
         train_ax.set_ylabel("training loss (nats per token)")
         train_ax.set_title("training loss")
         valid_ax.set_xlabel(xlabel)
-        valid_ax.set_ylabel("validation perplexity")
+        valid_ax.set_ylabel("validation perplexity" + (" (log scale)" if log_axis else ""))
         valid_ax.set_title("validation perplexity (every evaluation)")
         handles = [Line2D([], [], color=c, linewidth=2, label=label) for c, label in zip(colors, curves)]
         if len(seeds) > 1:
