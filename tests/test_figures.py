@@ -191,6 +191,32 @@ def test_plot_names_the_runs_whose_curves_are_missing(tmp_path, capsys):
     assert [p.name for p in plot_compare(compare_dir)] == ["results.png", "curves.png"]
 
 
+def test_curves_name_the_setting_and_the_unfinished_runs_they_draw(tmp_path, monkeypatch):
+    """results.json lists standard and gba-m2 on seed 42; gba-m2/seed7 is still training. Its curve is drawn,
+    and was indistinguishable from a finished run's (the legend says only 'seed 7'): the footer now names it,
+    and the title says which recipe, data and steps the curves are of."""
+    drawn = []
+    real_curves_figure = figures.curves_figure
+    monkeypatch.setattr(figures, "curves_figure", lambda *a, **kw: drawn.append(real_curves_figure(*a, **kw))
+                        or drawn[-1])
+    rows = [model_row("standard", {"42": 100.0}), model_row("gba-m2", {"42": 96.0})]
+    (tmp_path / "results.json").write_text(json.dumps(report_of(rows)))
+    for label, seed in (("standard", 42), ("gba-m2", 42), ("gba-m2", 7)):
+        write_run(tmp_path, label, seed)
+    plot_compare(tmp_path)
+    (fig,) = drawn
+    assert fig.get_suptitle() == ("Training and validation curves of every run\n"
+                                  "cpu-char on tiny-shakespeare (2,000 steps)")
+    assert fig.get_supxlabel() == ("unfinished, not in results.json (their curves stop where the runs stopped): "
+                                   "gba-m2 seed 7")
+    assert texts_outside(fig) == []
+    write_run(tmp_path, "standard", 7)
+    rows = [model_row("standard", {"42": 100.0, "7": 99.0}), model_row("gba-m2", {"42": 96.0, "7": 95.0})]
+    (tmp_path / "results.json").write_text(json.dumps(report_of(rows)))
+    plot_compare(tmp_path)
+    assert drawn[-1].get_supxlabel() == ""  # every run drawn is finished
+
+
 def test_curves_keep_a_run_that_only_trained_and_skip_boolean_counts(tmp_path):
     """A run stopped before its first evaluation still has its training curve (and an empty validation
     one); a metrics line whose count or loss is true/false (JSON booleans are not numbers) is skipped

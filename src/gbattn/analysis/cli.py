@@ -403,7 +403,7 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     but whose curves are missing (a copied results.json without its run directories)."""
     from gbattn.analysis import figures
     from gbattn.errors import UserError
-    from gbattn.experiments.report import read_report
+    from gbattn.experiments.report import read_report, run_steps_text
     from gbattn.files import check_writable_dir
     from gbattn.rundir import METRICS
 
@@ -433,8 +433,13 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
         raise UserError(f"cannot plot {compare_dir}: no run has curves (results.json lists no finished run and no "
                         f"<label>/seed<S>/{METRICS} holds train or eval events)")
     check_writable_dir(out, "--out", create=True)
+    rows = report.get("models", [])
+    finished = {(row["label"], str(seed)) for row in rows for seed in row.get("seeds", [])}
+    unfinished = [f"{label} seed {seed}" for label, runs in curves.items() for seed in runs
+                  if (label, seed) not in finished]
+    setting = f"{report.get('recipe', '')} on {report.get('data', '')} ({run_steps_text(rows)})"
     written = figures.save(figures.results_figure(report), out, "results", pdf)
-    written += figures.save(figures.curves_figure(curves), out, "curves", pdf)
+    written += figures.save(figures.curves_figure(curves, setting, unfinished), out, "curves", pdf)
     figures.remove_unwritten(out, ("results", "curves"), written)  # PDFs of an earlier --pdf, now out of date
     return written
 

@@ -466,8 +466,9 @@ def results_figure(report: dict):
 LINESTYLES = ["-", "--", ":", "-."]
 
 
-def curves_figure(curves: dict):
-    """Training loss and validation perplexity against tokens seen, one line per run.
+def curves_figure(curves: dict, setting: str = "", unfinished: list[str] | None = None):
+    """Training loss and validation perplexity against tokens seen, one line per run; ``setting`` (recipe,
+    data, steps) goes under the title, and a footer names the ``unfinished`` runs drawn (not in results.json).
 
     ``curves``: label -> seed -> {"train": [(tokens, loss)], "valid": [(tokens, ppl)]}."""
     require_matplotlib()
@@ -510,7 +511,10 @@ def curves_figure(curves: dict):
                         for i, s in enumerate(seeds)]
         if handles:
             valid_ax.legend(handles=handles, loc="upper right")
-        fig.suptitle("Training and validation curves of every run")
+        fig.suptitle("Training and validation curves of every run" + (f"\n{setting}" if setting else ""))
+        if unfinished:
+            fig.supxlabel(f"unfinished, not in results.json (their curves stop where the runs stopped): "
+                          f"{', '.join(unfinished)}", fontsize=9)
     return fig
 
 
