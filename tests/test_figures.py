@@ -548,8 +548,15 @@ def test_loss_diff_figure_names_the_difference_and_counts_ties_apart():
     diff = np.array([[0.5, 0.2, 0.3, 0.1, 0.4], [-0.5, -0.2, -0.1, 5e-5, -5e-5]])
     fig = figures.loss_diff_figure(diff, "gba", "standard", 1e-4)
     hist_ax = fig.axes[0]
-    assert hist_ax.get_xlabel() == "loss(standard) − loss(gba)  (nats per token)"
+    assert hist_ax.get_xlabel().startswith("loss(standard) − loss(gba)  (nats per token)")
     assert hist_ax.get_title().startswith("gba better on 50% of tokens, worse on 30% ")
+    # 1,000 tokens with two outliers: the histogram's range is the 0.5-99.5th percentiles, the outliers are
+    # piled into the end bins, and the axis says so (an end bin read as that many tokens at its value).
+    many = np.concatenate([np.linspace(-0.1, 0.1, 998), [-5.0, 5.0]])[None, :]
+    hist_ax = figures.loss_diff_figure(many, "gba", "standard", 1e-4).axes[0]
+    lo, hi = np.percentile(many, [0.5, 99.5])
+    assert hist_ax.get_xlabel() == (f"loss(standard) − loss(gba)  (nats per token)\n"
+                                    f"10 tokens outside [{lo:+.2f}, {hi:+.2f}] counted in the end bins")
 
 
 def test_examples_figure_shows_the_last_context_tokens_and_the_gain():

@@ -326,7 +326,9 @@ def loss_diff_figure(diff_NT: np.ndarray, this_name: str, against_name: str, tie
         hist_ax.axvline(mean, color="#d62728", linestyle="--", linewidth=1.5, label=f"mean {mean:+.3f} nats")
         better = float((flat > tie_nats).mean()) if flat.size else 0.0
         worse = float((flat < -tie_nats).mean()) if flat.size else 0.0
-        hist_ax.set_xlabel(f"loss({against_name}) − loss({this_name})  (nats per token)")
+        clipped = int(((flat < lo) | (flat > hi)).sum())  # the tails, drawn in the end bins
+        hist_ax.set_xlabel(f"loss({against_name}) − loss({this_name})  (nats per token)" + (
+            f"\n{clipped:,} tokens outside [{lo:+.2f}, {hi:+.2f}] counted in the end bins" if clipped else ""))
         hist_ax.set_ylabel("tokens")
         hist_ax.set_title(f"{this_name} better on {100 * better:.0f}% of tokens, worse on {100 * worse:.0f}% "
                           f"(ties: within {tie_nats:g})")
