@@ -720,7 +720,33 @@ def test_results_figure_error_bars_are_the_std_dots_every_seed_and_the_axis_hold
     ((segment,),) = [c.lines[2][0].get_segments() for c in ax.containers if c.has_yerr]
     assert tuple(segment[:, 1]) == pytest.approx((105.0 - 50 ** 0.5, 105.0 + 50 ** 0.5))
     ax = figures.results_figure(report_of([model_row("standard", {"42": 100.0})])).axes[0]
-    assert ax.get_ylim() == pytest.approx((99.0, 101.0))
+    assert ax.get_ylim() == pytest.approx((99.0, 102.0))  # twice the margin above, for the number
+
+
+def test_results_figure_numbers_and_long_names_overlap_nothing():
+    """Seven models, the first the highest (the upcycle recipe's base): each mean's number, drawn left of its
+    point, ran over the y axis' tick labels for the first model, and 'standard-continued-compute-matched'
+    ran into its neighbours' names. No number now overlaps a tick label or another number, and long names
+    are wrapped."""
+    labels = ["base", "standard-continued", "gba-upcycled", "gba-shared-upcycled",
+              "standard-continued-compute-matched", "gba-scratch", "standard-scratch"]
+    perplexities = [200.2, 129.2, 128.0, 127.6, 117.3, 124.8, 126.9]
+    rows = [model_row(label, {"42": ppl}) for label, ppl in zip(labels, perplexities)]
+    fig = figures.results_figure(report_of(rows))
+    with figures.style():
+        fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    numbers = [t.get_window_extent(renderer) for t in ax.texts]
+    names = [t.get_text() for t in ax.get_xticklabels()]
+    y_ticks = [t.get_window_extent(renderer) for t in ax.get_yticklabels() if t.get_text()]
+    assert len(numbers) == len(names) == 7
+    assert not [(i, j) for i, a in enumerate(numbers) for j, b in enumerate(numbers[i + 1:] + y_ticks)
+                if a.overlaps(b)]
+    assert all(box.x0 >= ax.get_window_extent(renderer).x0 for box in numbers)
+    # A long name is wrapped at its hyphens (the tilted one-line name crossed the next model's).
+    assert names[4] == "standard-continued-\ncompute-matched\nn=1"
+    assert max(len(line) for name in names for line in name.splitlines()) <= 20
 
 
 def test_results_figure_names_the_published_source_only_when_a_published_value_is_drawn():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -419,11 +420,12 @@ def results_figure(report: dict):
         for i, r in enumerate(rows):
             every_seed = seed_values(r)
             mean, std = mean_std(compared[r["label"]].values())
+            name = textwrap.fill(r["label"], 20, break_on_hyphens=True)  # a long name ran into its neighbours'
             if mean is None:
-                tick_labels.append(f"{r['label']}\nno result")
+                tick_labels.append(f"{name}\nno result")
                 continue
             n_mean, n_all = len(compared[r["label"]]), len(every_seed)
-            tick_labels.append(f"{r['label']}\nn={n_mean}" + (f" (dots n={n_all})" if n_all != n_mean else ""))
+            tick_labels.append(f"{name}\nn={n_mean}" + (f" (dots n={n_all})" if n_all != n_mean else ""))
             mean_label = "ours: mean ± std over n seeds (n under each model)"
             ax.errorbar([i], [mean], yerr=[std or 0.0], fmt="o", color="#1f77b4", markersize=9, capsize=6,
                         elinewidth=2, label=mean_label if not values else None)
@@ -431,8 +433,10 @@ def results_figure(report: dict):
                     label="ours: all seeds (one dot each)" if not values else None)
             change = relative_change(compared[r["label"]], compared[base["label"]]) if base and r is not base else None
             delta = f" ({100 * change:+.1f}%)" if change is not None else ""
-            ax.annotate(f"{mean:.2f}{delta}", (i, mean), textcoords="offset points", xytext=(-12, -4), ha="right",
-                        fontsize=10)
+            # Above its own column (left of the point, the first model's number ran over the y axis' tick labels).
+            top = max([mean + (std or 0), *every_seed.values()])
+            ax.annotate(f"{mean:.2f}{delta}", (i, top), textcoords="offset points", xytext=(0, 6), ha="center",
+                        va="bottom", fontsize=10)
             values += list(every_seed.values()) + [mean - (std or 0), mean + (std or 0)]
         published_drawn = False
         for i, r in enumerate(rows):
@@ -445,7 +449,7 @@ def results_figure(report: dict):
         if values:
             lo, hi = min(values), max(values)
             pad = max(0.15 * (hi - lo), 0.01 * hi, 1e-3)
-            ax.set_ylim(lo - pad, hi + pad)
+            ax.set_ylim(lo - pad, hi + 2 * pad)  # room above the highest column for its number
         ax.set_xticks(range(len(rows)), tick_labels, rotation=20 if len(rows) > 4 else 0)
         ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_ylabel("test perplexity (lower is better)")
