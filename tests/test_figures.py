@@ -72,7 +72,8 @@ def test_results_figure_marks_seed_counts_and_compares_on_the_shared_seed():
     texts = drawn_texts(figures.results_figure(report_of(rows)))
     assert texts["ticks"] == ["standard\nn=1 (dots n=2)", "param-fair\nn=1 (dots n=2)", "gba-m2\nn=1"]
     assert "means over the 1 seed all models share (42); 'all seeds' dots show the rest" in texts["title"]
-    assert "ours: mean ± std over n seeds (n under each model)" in texts["legend"]
+    # Every mean is one seed's value: there is no std to draw, and the legend does not promise one.
+    assert "ours: one seed's value (no spread: no error bar)" in texts["legend"]
     # Means and Δ vs standard over seed 42 only: 95 / 100 and 96 / 100.
     assert texts["annotations"] == ["100.00", "95.00 (-5.0%)", "96.00 (-4.0%)"]
 
@@ -80,6 +81,7 @@ def test_results_figure_marks_seed_counts_and_compares_on_the_shared_seed():
     texts = drawn_texts(figures.results_figure(report_of(same)))
     assert texts["ticks"] == ["standard\nn=2", "gba-m2\nn=2"] and "seeds 42, 123 (every model)" in texts["title"]
     assert texts["annotations"] == ["105.00", "97.00 (-7.6%)"]
+    assert "ours: mean ± std over n seeds (n under each model)" in texts["legend"]
 
     disjoint = [model_row("standard", {"42": 100.0}), model_row("gba-m2", {"123": 96.0})]
     texts = drawn_texts(figures.results_figure(report_of(disjoint)))

@@ -426,7 +426,8 @@ def results_figure(report: dict):
                 continue
             n_mean, n_all = len(compared[r["label"]]), len(every_seed)
             tick_labels.append(f"{name}\nn={n_mean}" + (f" (dots n={n_all})" if n_all != n_mean else ""))
-            mean_label = "ours: mean ± std over n seeds (n under each model)"
+            mean_label = ("ours: mean ± std over n seeds (n under each model)" if max(map(len, compared.values())) > 1
+                          else "ours: one seed's value (no spread: no error bar)")
             ax.errorbar([i], [mean], yerr=[std or 0.0], fmt="o", color="#1f77b4", markersize=9, capsize=6,
                         elinewidth=2, label=mean_label if not values else None)
             ax.plot([i] * n_all, list(every_seed.values()), ".", color="#1f77b4", alpha=0.5, markersize=7,
