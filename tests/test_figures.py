@@ -1020,14 +1020,16 @@ def test_a_log_axis_labels_powers_of_ten_over_many_decades_and_no_minor_tick_in_
     assert {"20", "50", "100", "200"} <= major and not minor, (major, minor)
 
 
-def test_gap_figure_counts_the_most_seeds_of_a_run_length_and_marks_where_it_ends():
+def test_gap_figure_counts_the_seeds_of_a_run_length_and_marks_where_it_ends():
+    """A line whose points average different numbers of seeds (a seed that stopped early) says so: it read
+    '2 seeds' while its first point was one seed's difference."""
     series = [{"reference": "standard", "steps": 400, "directory": "short",
                "points": [{"tokens_per_parameter": 1.0, "difference": -0.1, "seeds": 1},
                           {"tokens_per_parameter": 2.0, "difference": -0.2, "seeds": 2}]},
               {"reference": "standard", "steps": 1600, "directory": "long",
                "points": [{"tokens_per_parameter": 4.0, "difference": -0.3, "seeds": 1}]}]
     ax = figures.gap_figure(series, "gba-m2", ["standard"]).axes[0]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["400-step runs (short, 2 seeds)",
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["400-step runs (short, 1–2 seeds per point)",
                                                                    "1,600-step runs (long, 1 seed)"]
     ends = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines() if line.get_marker() == "D"]
     assert ends == [([2.0], [-0.2]), ([4.0], [-0.3])]

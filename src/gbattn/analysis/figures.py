@@ -537,8 +537,10 @@ def gap_figure(series: list[dict], model: str, references: list[str]):
             for i, s in enumerate(x for x in series if x["reference"] == ref):
                 xs = [p["tokens_per_parameter"] for p in s["points"]]
                 ys = [p["difference"] for p in s["points"]]
-                seeds = max(p["seeds"] for p in s["points"])
-                label = f"{s['steps']:,}-step runs ({s['directory']}, {seeds} seed{'s' if seeds > 1 else ''})"
+                fewest, most = min(p["seeds"] for p in s["points"]), max(p["seeds"] for p in s["points"])
+                seeds = (f"{most} seed{'s' if most > 1 else ''}" if fewest == most
+                         else f"{fewest}–{most} seeds per point")
+                label = f"{s['steps']:,}-step runs ({s['directory']}, {seeds})"
                 if s.get("reference_steps") not in (None, s["steps"]):  # a compute-matched reference: not its end
                     label += f"\n{ref} trains {s['reference_steps']:,} steps: paired at equal steps only"
                 ax.plot(xs, ys, marker="o", markersize=3, color=f"C{i}", label=label)
