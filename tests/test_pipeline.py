@@ -634,6 +634,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
     events = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
     assert events[-1]["event"] == "stop" and events[-1]["reason"] == "non-finite loss" and events[-1]["step"] == 6
+    # A run of a comparison says how to start the comparison again (its directory refuses other settings).
+    with pytest.raises(TrainingDiverged, match=r"start again with other settings: gbattn compare \.\.\. with another"):
+        train(tmp_path / "compared", *tiny_configs(data), quiet=True, extra={"label": "gba-m2"})
 
 
 def test_an_infinite_gradient_with_a_finite_loss_also_stops(tmp_path, monkeypatch):

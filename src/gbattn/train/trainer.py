@@ -590,13 +590,13 @@ class Trainer:
 
     def _diverged_message(self, loss: float) -> str:
         kept = self._checkpoint_step()
+        again = (f"gbattn train ... --out {self.run_dir} --restart" if "label" not in self.extra else
+                 "gbattn compare ... with another --out (a comparison's directory keeps its settings)")
         if kept is None:
-            return (
-                f"loss became {loss} at step {self.step}, before the first checkpoint: nothing to keep; start again "
-                f"with corrected settings: gbattn train ... --out {self.run_dir} --restart"
-            )
+            return (f"loss became {loss} at step {self.step}, before the first checkpoint: nothing to keep; start "
+                    f"again with corrected settings: {again}")
         return (f"loss became {loss} at step {self.step}: stopped; the last good checkpoint (step {kept}) is kept in "
-                f"{self.run_dir}; to start again with other settings: gbattn train ... --out {self.run_dir} --restart")
+                f"{self.run_dir}; to start again with other settings: {again}")
 
     def _should_stop(self, requested: bool) -> bool:
         return self._on_any_process(requested)
