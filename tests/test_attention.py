@@ -300,11 +300,15 @@ def test_a_module_on_its_own_names_a_misshapen_input_or_mask(name):
 
 
 def test_rope_positions_of_another_length_are_refused():
-    """RoPE positions of another length than the input were a broadcasting error inside RoPE."""
+    """RoPE positions of another length than the input were a broadcasting error inside RoPE; float or bool ones
+    were accepted as positions."""
     x = torch.randn(2, 5, D)
     rope = build_attention("boosted", AttnArgs(d_model=D, n_heads=4, rope_base=1e4))
     for bad in (torch.arange(4), torch.arange(10).view(2, 5)[:, :4]):
         with pytest.raises(ValueError, match=r"positions of shape .*: expected \(5,\) or \(2, 5\)"):
+            rope(x, positions=bad)
+    for bad in (torch.arange(5) + 0.5, torch.ones(2, 5, dtype=torch.bool)):  # were rotated by 0.5 .. 4.5, or by 0/1
+        with pytest.raises(ValueError, match=rf"positions of dtype {bad.dtype}: expected integers \(torch\.long\)"):
             rope(x, positions=bad)
     rows = torch.arange(5).expand(2, 5)
     torch.testing.assert_close(rope(x, positions=rows), rope(x), rtol=0, atol=0)

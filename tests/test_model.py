@@ -675,14 +675,20 @@ def test_malformed_forward_and_cache_calls_are_clear_errors():
 
 @pytest.mark.parametrize("block", ["gpt2", "llama"])
 def test_token_ids_position_ids_and_padding_masks_of_the_wrong_kind_are_named(block):
-    """Float token ids, position_ids or a key_padding_mask of another batch or length, and negative
-    positions were torch's errors from the embedding or a broadcast ("The size of tensor a (2) must
+    """Float token ids, float or bool positions, position_ids or a key_padding_mask of another batch or length, and
+    negative positions were torch's errors from the embedding or a broadcast ("The size of tensor a (2) must
     match the size of tensor b (3)", "index out of range in self"); under RoPE negative positions
     were accepted. (T,), (1, T) and (B, T) positions and a (1, T) mask still broadcast."""
     model = tiny_model(("boosted", {"rounds": 2}), **BLOCKS[block])  # block_size 24
     idx = torch.randint(0, 37, (2, 5))
     with pytest.raises(ValueError, match=r"token ids of dtype torch\.float32: expected integers \(torch\.long\)"):
         model(idx.float())
+    # Under RoPE float positions were rotated by fractional angles and a bool mask passed as position_ids
+    # read as positions 0/1, silently (other logits); learned positions gave the embedding's error.
+    for name, bad in (("position_ids", torch.arange(5) + 0.5), ("position_ids", torch.ones(2, 5, dtype=torch.bool)),
+                      ("input_pos", torch.arange(5.0))):
+        with pytest.raises(ValueError, match=rf"{name} of dtype {bad.dtype}: expected integers \(torch\.long\)"):
+            model(idx, **{name: bad})
     for bad in (torch.arange(5).expand(3, 5), torch.arange(4).expand(2, 4)):
         shape = ", ".join(map(str, bad.shape))
         with pytest.raises(ValueError, match=rf"position_ids of shape \({shape}\) for token ids of shape \(2, 5\): "

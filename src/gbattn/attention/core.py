@@ -133,6 +133,13 @@ def rope_for(positions: Tensor, d_head: int, base: float, dtype: torch.dtype) ->
     return cos, sin
 
 
+def check_integers(what: str, t: Tensor | None) -> None:
+    """Token ids, positions and cache slots are integer tensors: under RoPE a float or bool tensor of
+    positions was read as (fractional or 0/1) positions, silently."""
+    if t is not None and t.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{what} of dtype {t.dtype}: expected integers (torch.long)")
+
+
 def positions_of(mask_BT: Tensor) -> Tensor:
     """Positions (B, T) of a padded batch: each real token's index among its row's real tokens (what
     it would have alone); padding before a row's first real token at 0, padding after a real token at
@@ -569,6 +576,7 @@ class AttentionBase(nn.Module):
                 raise ValueError("positions are for RoPE, which this module does not use: build it with "
                                  "AttnArgs(rope_base=...) or leave positions out")
             if self.args.rope_base is not None:
+                check_integers("positions", positions)
                 if positions is not None and tuple(positions.shape) not in ((T,), (B, T), (1, T)):
                     raise ValueError(f"positions of shape {tuple(positions.shape)}: expected ({T},) or ({B}, {T})")
                 pos = positions if positions is not None else torch.arange(past, past + T, device=x_BTD.device)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gbattn.attention.core import AttnArgs, AttnContext, Record, StaticCache, positions_of, rope_for
+from gbattn.attention.core import AttnArgs, AttnContext, Record, StaticCache, check_integers, positions_of, rope_for
 from gbattn.attention.registry import build_attention
 from gbattn.config import ModelConfig
 from gbattn.errors import ConfigError
@@ -207,8 +207,8 @@ class GPT(nn.Module):
         """Final hidden states (after the final norm), (B, T, D), and the per-layer records."""
         if idx_BT.dim() != 2 or idx_BT.shape[1] == 0:
             raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens), at least one token")
-        if idx_BT.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"token ids of dtype {idx_BT.dtype}: expected integers (torch.long)")
+        for what, ids in (("token ids", idx_BT), ("position_ids", position_ids), ("input_pos", input_pos)):
+            check_integers(what, ids)
         B, T = idx_BT.shape
         if position_ids is not None and tuple(position_ids.shape) not in ((T,), (B, T), (1, T)):
             raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} for token ids of shape {(B, T)}: "
