@@ -36,7 +36,8 @@ AUTHORS_DROPOUT_SITES = ["embedding", "attention", "ffn-hidden", "ffn-output"]
 @dataclass
 class ModelConfig(Typed):
     """The language model: a GPT-2-style block by default (the paper's), Llama-style with
-    ``norm_type=rmsnorm, ffn=swiglu, bias=false, pos=rope, n_kv_heads=...`` (docs/baselines.md)."""
+    ``norm_type=rmsnorm, ffn=swiglu, bias=false, pos=rope, n_kv_heads=...`` (docs/baselines.md, "The
+    Llama-style block")."""
 
     kind = "model config"
 
