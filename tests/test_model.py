@@ -847,6 +847,8 @@ def test_set_values_options_and_keywords_keep_what_was_given():
     from gbattn.config import build_configs, merge_options, parse_sets, set_path
 
     assert parse_sets(["tokenizer=hf=/models/tok=1", " lr = 1e-3 "]) == {"tokenizer": "hf=/models/tok=1", "lr": 1e-3}
+    # An integer of more digits than Python converts (4,300) stays the text given: a traceback before.
+    assert parse_sets(["d_model=" + "1" * 5000]) == {"d_model": "1" * 5000}
     assert merge_options({"lr": 1e-3}, seed=0, compile=False, attn=None) == {"lr": 1e-3, "seed": 0, "compile": False}
     assert build_configs("paper-small", "standard", "data", {}, seed=0)[1].seed == 0
     _, train = build_configs("paper-small", "standard", "data", {"warmup_steps": 200, "fit_warmup": True})

@@ -1446,19 +1446,23 @@ def test_a_new_metrics_file_gets_the_umasks_permissions(tmp_path):
 
 
 def test_read_json_turns_every_bad_file_into_one_line_naming_it(tmp_path):
-    """A list, invalid UTF-8 and JSON nested too deeply to parse are CheckpointErrors naming the file;
-    a metrics file keeps its good lines around a line with a bad byte or nested too deeply."""
+    """A list, invalid UTF-8, JSON nested too deeply to parse and an integer too long to convert are
+    CheckpointErrors naming the file; a metrics file keeps its good lines around a line with a bad byte,
+    nested too deeply or with an integer too long."""
     from gbattn.errors import CheckpointError
 
     path = tmp_path / "results.json"
     for content, expected in ((b"[1, 2]", "holds list, expected a JSON object"),
                               (b'{"a": "\xff"}', "is not valid JSON"),
-                              (b"[" * 100_000, "its JSON is nested too deeply to read")):
+                              (b"[" * 100_000, "its JSON is nested too deeply to read"),
+                              # more digits than Python converts: its ValueError was a traceback through every command
+                              (b'{"seq_len": ' + b"1" * 5000 + b"}", "is not valid JSON (Exceeds the limit")):
         path.write_bytes(content)
         with pytest.raises(CheckpointError) as caught:
             files.read_json(path)
         assert str(path) in str(caught.value) and expected in str(caught.value)
-    (tmp_path / "m.jsonl").write_bytes(b'{"a": 1}\n{"b": "\xff"}\n' + b"[" * 100_000 + b'\n{"c": 3}\n')
+    (tmp_path / "m.jsonl").write_bytes(b'{"a": 1}\n{"b": "\xff"}\n' + b"[" * 100_000 + b'\n{"c": 3}\n'
+                                       + b'{"step": ' + b"1" * 5000 + b"}\n")
     assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": "\ufffd"}, {"c": 3}]
 
 

@@ -99,7 +99,7 @@ def parse_value(text: str) -> Any:
     ``NaN`` and ``Infinity`` stay strings (and are refused by number fields)."""
     try:
         return json.loads(text, parse_constant=lambda name: name)
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, or an integer of more digits than Python converts (4,300)
         return text
 
 

@@ -166,7 +166,7 @@ def read_json(path: str | Path, what: str | None = None) -> dict:
         raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except ValueError as e:  # bad JSON or UTF-8, or an integer of more digits than Python converts (4,300)
         raise CheckpointError(f"{path} is not valid JSON ({error_detail(e)})") from None
     except RecursionError:
         raise CheckpointError(f"{path} is not a gbattn file (its JSON is nested too deeply to read)") from None
@@ -187,7 +187,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # ValueError: bad JSON, or an integer of more than 4,300 digits
             continue  # a line cut short by a kill, or damaged
         if isinstance(record, dict):
             out.append(record)
