@@ -1229,6 +1229,20 @@ def test_a_checkpoint_whose_weights_are_not_named_tensors_is_refused(tmp_path):
             rundir.load_checkpoint(tmp_path / rundir.CHECKPOINT)
 
 
+def test_a_weight_name_holding_escape_sequences_is_shown_escaped_never_sent_to_the_terminal(trained, tmp_path,
+                                                                                             capsys):
+    """The one line names a damaged weight as the file spells it: a hostile name's terminal escape sequence
+    (here: switch to red) and a right-to-left override were written to stderr as they were."""
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    best = rundir.load_checkpoint(run / rundir.BEST)
+    torch.save({**best, "model": {**best["model"], "x\x1b[31m\u202ey\nz": torch.zeros(2, dtype=torch.bool)}},
+               run / rundir.BEST)
+    code, _, err = run_cli(capsys, ["eval", run])
+    line = one_line(code, err)
+    assert "x\\x1b[31m\\u202ey z: torch.bool" in line and err.isascii(), line
+
+
 def test_a_run_evaluated_never_yet_loads_its_last_checkpoint_as_best(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)

@@ -113,6 +113,13 @@ def _terminated(signum, frame) -> None:
     raise Terminated
 
 
+def _terminal_line(text: str) -> str:
+    """``text`` as one line of printable characters: whitespace runs become one space, and any other
+    control character (an escape sequence in a weight name or a key of a file being read) is shown
+    escaped, never sent to the terminal."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(text.split()))
+
+
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -156,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
         sys.stdout.flush()
     except UserError as e:  # one write: torchrun's processes write unbuffered (-u) to one stderr, at once
-        sys.stderr.write(f"gbattn: error: {' '.join(str(e).split())}\n")
+        sys.stderr.write(f"gbattn: error: {_terminal_line(str(e))}\n")
         return getattr(e, "exit_code", 2)
     except KeyboardInterrupt as e:
         print(f"gbattn: {'terminated' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
@@ -165,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         # torch.OutOfMemoryError on CUDA; on CPU the allocator raises a plain RuntimeError.
         if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and CPU_ALLOCATION_FAILED not in str(e):
             raise
-        detail = " ".join(str(e).split())[:200]
+        detail = _terminal_line(str(e))[:200]
         print(f"gbattn: error: out of memory{f' ({detail})' if detail else ''}: choose smaller sizes (batch_size, "
               f"seq_len, d_model, --num-samples, ...)", file=sys.stderr)
         return 2
