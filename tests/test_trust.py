@@ -1017,6 +1017,33 @@ def test_a_tokenizer_with_unused_ids_counts_up_to_its_largest_id(tmp_path, capsy
     assert code == 0, err
 
 
+def test_a_tokenizer_whose_regex_backtracks_past_its_limit_is_one_data_error():
+    """A tokenizer.json whose pre-tokenizer regex backtracks without end makes the tokenizers library panic
+    (a BaseException): that was a traceback from generate's prompt and eval's corpus, now a DataError; so are
+    its other failures on a damaged file."""
+    from tokenizers import Regex, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from gbattn.data.tokenizer import Tokenizer
+    from gbattn.errors import DataError
+
+    hostile = HFTokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
+    hostile.pre_tokenizer = pre_tokenizers.Split(Regex(r"^(\w+\s?)*$"), behavior="isolated")
+    tok = Tokenizer("hf", hostile.to_str())
+    assert tok.encode("a") == [0]  # short text: no panic
+    for encode in (tok.encode, lambda text: tok.encode_batch([text])):
+        with pytest.raises(DataError, match="retry-limit-in-match over .the tokenizer failed while encoding"):
+            encode("a" * 40 + "!")
+    # A merge making a token the vocabulary lacks panicked when read (through Tokenizer.load too: a traceback);
+    # an unknown token missing from the vocabulary was a plain Exception's traceback at the first unknown text.
+    merges = {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}
+    with pytest.raises(DataError, match="range end index 2 .* .the tokenizer failed while reading its file"):
+        Tokenizer("hf", json.dumps({**json.loads(hostile.to_str()), "pre_tokenizer": None, "model": merges}))
+    no_unknown = HFTokenizer(models.WordLevel({"a": 0}, unk_token="<unk>"))
+    with pytest.raises(DataError, match=r"WordLevel error: Missing \[UNK\] .* \(the tokenizer failed while encoding"):
+        Tokenizer("hf", no_unknown.to_str()).encode("b")
+
+
 def test_an_interrupted_tokenization_leaves_no_cache_debris(tmp_path, monkeypatch):
     """Ctrl-C while the token cache is built removes the half-written entry; one abandoned by a
     process that no longer exists (kill -9) is removed by the next build. Both stayed forever."""

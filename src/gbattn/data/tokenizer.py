@@ -14,6 +14,7 @@ A tokenizer file (``tokenizer.json`` in a run directory) is validated when read.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -39,6 +40,22 @@ def cache_dir() -> Path:
     return check_writable_dir(path, "the cache directory (set GBATTN_CACHE to another)")
 
 
+@contextlib.contextmanager
+def hf_failures_as_data_errors(what: str):
+    """An error of the Hugging Face ``tokenizers`` library in the block (a plain ``Exception``, or a Rust panic,
+    raised as a BaseException, which no ``except Exception`` catches) as a one-line :class:`DataError`: a
+    hostile ``tokenizer.json`` whose pre-tokenizer's regex backtracks past Oniguruma's limit panics on the text
+    it meets; one whose BPE merges make a token it lacks panics when read, one whose unknown token is not in its
+    vocabulary fails on text it cannot encode."""
+    try:
+        yield
+    except BaseException as e:
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":  # pyo3's class, exported nowhere
+            raise
+        raise DataError(f"{error_detail(e)} (the tokenizer failed while {what}: its tokenizer.json is damaged or "
+                        f"cannot handle this text)") from None  # the library's words first: callers may cut the line
+
+
 class Tokenizer:
     """A trained tokenizer: ``encode(text) -> ids``, ``decode(ids) -> text``, JSON-serialisable."""
 
@@ -58,7 +75,8 @@ class Tokenizer:
         else:
             from tokenizers import Tokenizer as HFTokenizer
 
-            self._hf = HFTokenizer.from_str(payload)
+            with hf_failures_as_data_errors("reading its file"):
+                self._hf = HFTokenizer.from_str(payload)
             self._size = max(self._hf.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     @property
@@ -83,14 +101,16 @@ class Tokenizer:
             if unknown:
                 raise DataError(f"characters not in the tokenizer's vocabulary: {sorted(unknown)[:10]}")
             return [self.stoi[c] for c in text]
-        return self._hf.encode(text).ids
+        with hf_failures_as_data_errors("encoding"):
+            return self._hf.encode(text).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Lines of a corpus: their tokens only. Unlike :meth:`encode` (a prompt), no special token
         the tokenizer's post-processor would add (a Llama tokenizer's start token before every line)."""
         if self.kind == "char":
             return [self.encode(t) for t in texts]
-        return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
+        with hf_failures_as_data_errors("encoding"):
+            return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Text of ``ids``; special tokens (``<pad>``, ``<unk>``) are left out unless ``skip_special`` is
@@ -98,7 +118,8 @@ class Tokenizer:
         ids = [int(i) for i in ids]
         if self.kind == "char":
             return "".join(self.chars[i] for i in ids)
-        return self._hf.decode(ids, skip_special_tokens=skip_special)
+        with hf_failures_as_data_errors("decoding"):
+            return self._hf.decode(ids, skip_special_tokens=skip_special)
 
     def to_json(self) -> str:
         return json.dumps({"kind": self.kind, "payload": self.payload})
