@@ -796,6 +796,25 @@ def test_compare_command_forwards_every_option_and_prints_the_report(tmp_path, m
     assert code == 2 and "argument --seeds: -1 must be >= 0" in err and len(calls) == 3
 
 
+def test_a_jobs_childs_log_that_is_a_link_is_refused_and_its_target_untouched(tmp_path, monkeypatch):
+    """A shared comparison directory whose run holds train.log as a link to a file elsewhere: a --jobs
+    child's output was appended to that file (outside the directory); it is refused as metrics.jsonl is."""
+    import subprocess
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not gbattn's\n")
+    run_dir = tmp_path / "cmp" / "standard" / "seed42"
+    run_dir.mkdir(parents=True)
+    (run_dir / "train.log").symlink_to(victim)
+    started, real_popen = [], subprocess.Popen
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or real_popen(
+        ["echo", "a child's output"], **kw))
+    with pytest.raises(UserError, match=r"train.log cannot be opened to append to .*a link, a directory or a FIFO"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(write_corpus(tmp_path / "c")), sets=tiny_sets(),
+                    only=["standard"], quiet=True, jobs=2, threads=2)
+    assert victim.read_text() == "not gbattn's\n" and not started
+
+
 def test_a_run_of_jobs_stopped_during_its_last_step_is_finished_whatever_its_exit_status(tmp_path, monkeypatch):
     """A --jobs child sent Ctrl-C or SIGTERM from outside during its last step writes result.json and then
     exits 130 or 143: the comparison counts that run as finished and reports it (it listed it as failed and

@@ -104,8 +104,8 @@ def finite(obj: Any) -> Any:
     return obj
 
 
-def append_jsonl(path: str | Path, record: dict) -> None:
-    """One JSON line appended to ``path``, a regular file (created if new). Never through a link (it would
+def open_to_append(path: str | Path):
+    """``path``, a regular file (created if new), opened as text to append to. Never through a link (it would
     write outside the run directory) and never into a directory or a FIFO (which would block): a one-line
     :class:`UserError` instead. A new file gets the umask's permissions, as every file gbattn writes."""
     try:
@@ -114,9 +114,15 @@ def append_jsonl(path: str | Path, record: dict) -> None:
         refused = e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO)  # a link, a directory, a FIFO (no reader)
         raise UserError(f"{path} cannot be opened to append to ({e.strerror or e}"
                         + ("; a link, a directory or a FIFO is refused): remove it" if refused else ")")) from None
-    with open(fd, "a", encoding="utf-8") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a device
-            raise UserError(f"{path} is not a regular file: remove it")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a device
+        os.close(fd)
+        raise UserError(f"{path} is not a regular file: remove it")
+    return open(fd, "a", encoding="utf-8")
+
+
+def append_jsonl(path: str | Path, record: dict) -> None:
+    """One JSON line appended to ``path`` (:func:`open_to_append`: a regular file, never through a link)."""
+    with open_to_append(path) as f:
         f.write(json.dumps(finite(record)) + "\n")
         f.flush()
 

@@ -25,7 +25,7 @@ from gbattn.data.prepare import prepare_data
 from gbattn.errors import CheckpointError, Terminated, UserError
 from gbattn.experiments.recipes import ModelSpec, Recipe, depends_on, get_recipe, training_order
 from gbattn.experiments.report import write_results
-from gbattn.files import portable_path, write_json
+from gbattn.files import open_to_append, portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
 from gbattn.progress import Progress
 from gbattn.runtime import command_line, default_threads, launched_processes
@@ -281,7 +281,7 @@ class _Runner:
         cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", str(run_dir), "--quiet"]
         for key, value in _neutral(train_cfg, self.sets).items():
             cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
-        with open(run_dir / "train.log", "a", encoding="utf-8") as log:  # the child keeps its own handle
+        with open_to_append(run_dir / "train.log") as log:  # the child keeps its own handle; never through a link
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
 
     def _collect(self, label: str, seed: int, returncode: int, failed: list[str]) -> None:
