@@ -1428,6 +1428,22 @@ def test_atomic_write_leaves_no_temporary_file_on_an_interrupt_and_passes_other_
         assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
+def test_atomic_write_never_writes_through_a_link_planted_at_its_temporary_name(tmp_path):
+    """A shared run directory can hold NAME.tmp<pid> links, for every pid, to files elsewhere: the temporary
+    file was opened through the link, creating or overwriting its target; now the link is replaced."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_text("not gbattn's")
+    run = tmp_path / "run"
+    run.mkdir()
+    for name, target in (("config.json", outside / "created"), ("result.json", outside / "kept")):
+        (run / f"{name}.tmp{os.getpid()}").symlink_to(target)
+        files.write_json({"a": 1}, run / name)
+        assert json.loads((run / name).read_text()) == {"a": 1}
+    assert sorted(p.name for p in outside.iterdir()) == ["kept"] and (outside / "kept").read_text() == "not gbattn's"
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "result.json"]
+
+
 def test_sync_directory_closes_what_it_opens_and_passes_on_an_unexpected_error(tmp_path, monkeypatch):
     """A filesystem that cannot sync a directory (EINVAL) is left as it is; an I/O error is not
     hidden; the directory's descriptor is closed either way."""

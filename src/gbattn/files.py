@@ -37,7 +37,9 @@ def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        # A new file, never through a link planted under this predictable name (it would write outside the directory)
+        tmp.unlink(missing_ok=True)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as f:
             f.write(content.encode("utf-8") if isinstance(content, str) else content)
             f.flush()
             os.fsync(f.fileno())
