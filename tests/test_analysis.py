@@ -248,6 +248,29 @@ def test_analyze_standard_run_reports_entropy_and_says_gates_do_not_exist(runs, 
     assert summary["entropy"]["relative_drop"] is None
 
 
+def test_a_figure_is_never_written_through_a_link_in_its_folder(tmp_path):
+    """analyze writes into RUN/analysis by default: a shared run directory's analysis/gates.png that linked to a
+    file elsewhere had that file overwritten with the figure; the link is now replaced by the figure."""
+    import matplotlib.pyplot as plt
+
+    from gbattn.analysis import figures
+
+    victim = tmp_path / "victim"
+    victim.write_text("not gbattn's")
+    out = tmp_path / "run" / "analysis"
+    out.mkdir(parents=True)
+    for suffix in (".png", ".pdf"):
+        (out / f"gates{suffix}").symlink_to(victim)
+    fig = plt.figure()
+    try:
+        written = figures.save(fig, out, "gates", pdf=True)
+    finally:
+        plt.close(fig)
+    assert victim.read_bytes() == b"not gbattn's"
+    assert [p.is_symlink() for p in written] == [False, False]
+    assert written[0].read_bytes()[:4] == b"\x89PNG" and written[1].read_bytes()[:4] == b"%PDF"
+
+
 def test_a_new_analysis_removes_the_figures_an_earlier_one_left_in_its_folder(runs, tmp_path, capsys):
     """Analysing a standard run into the folder of a GBA run's analysis (or rerunning without --pdf)
     left the GBA run's gates, norms, loss difference and examples and every PDF beside the new

@@ -5,6 +5,7 @@ bad file into a one-line error naming it. Nothing here imports the rest of gbatt
 from __future__ import annotations
 
 import errno
+import io
 import json
 import math
 import os
@@ -50,6 +51,14 @@ def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
         if isinstance(e, OSError) and e.errno in FULL_DISK:
             raise UserError(f"could not write {path} ({e.strerror}); the previous {path.name} is kept") from None
         raise
+
+
+def write_figure(fig, path: str | Path, **savefig_options) -> None:
+    """A matplotlib figure through :func:`atomic_write`, in the format its name ends with: ``savefig`` into a
+    file would follow a link at ``path`` (a shared run directory's ``analysis/gates.png``) and write elsewhere."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix[1:], **savefig_options)
+    atomic_write(path, buffer.getvalue())
 
 
 def building_suffix() -> str:

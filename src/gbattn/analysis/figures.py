@@ -30,6 +30,7 @@ from gbattn.experiments.report import (
     seed_values,
     seeds_sentence,
 )
+from gbattn.files import write_figure
 
 DPI = 100
 STYLE = {
@@ -87,7 +88,7 @@ def save(fig, out_dir: Path, name: str, pdf: bool = False) -> list[Path]:
     paths = [out_dir / f"{name}.png"] + ([out_dir / f"{name}.pdf"] if pdf else [])
     with style():
         for path in paths:
-            fig.savefig(path, dpi=DPI)
+            write_figure(fig, path, dpi=DPI)
     return paths
 
 

@@ -12,7 +12,7 @@ import torch
 
 from gbattn.errors import UserError
 from gbattn.experiments.report import mean_std
-from gbattn.files import atomic_write, write_json
+from gbattn.files import atomic_write, write_figure, write_json
 from gbattn.progress import Progress
 from gbattn.synthetic.task import (
     DEQ_SETTINGS,
@@ -223,7 +223,7 @@ def plot_rounds(table: dict, path: Path, steps: int, published: bool = True) -> 
     ax.legend(fontsize=8, loc="best")  # "lower right" hid the points of a short run (accuracies near 20%)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    write_figure(fig, path)
     plt.close(fig)
 
 
