@@ -1430,7 +1430,8 @@ def test_atomic_write_leaves_no_temporary_file_on_an_interrupt_and_passes_other_
 
 def test_atomic_write_never_writes_through_a_link_planted_at_its_temporary_name(tmp_path):
     """A shared run directory can hold NAME.tmp<pid> links, for every pid, to files elsewhere: the temporary
-    file was opened through the link, creating or overwriting its target; now the link is replaced."""
+    file (and the probe file of a writable --out) was opened through the link, creating or overwriting (truncating)
+    its target; now the link is replaced."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "kept").write_text("not gbattn's")
@@ -1441,6 +1442,11 @@ def test_atomic_write_never_writes_through_a_link_planted_at_its_temporary_name(
         files.write_json({"a": 1}, run / name)
         assert json.loads((run / name).read_text()) == {"a": 1}
     assert sorted(p.name for p in outside.iterdir()) == ["kept"] and (outside / "kept").read_text() == "not gbattn's"
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "result.json"]
+    # The probe proving --out writable (train, resume, export, ...) truncated a file a link at its name led to.
+    (run / f".write-test.tmp{os.getpid()}").symlink_to(outside / "kept")
+    files.check_writable_dir(run)
+    assert (outside / "kept").read_text() == "not gbattn's"
     assert sorted(p.name for p in run.iterdir()) == ["config.json", "result.json"]
 
 

@@ -29,6 +29,14 @@ def error_detail(e: BaseException, limit: int = 80, with_type: bool = False) -> 
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # write errors the user must fix: no space, quota, read-only
 
 
+def create_new(path: Path) -> int:
+    """A file descriptor, open for writing, of a new empty file at ``path`` (a temporary or probe file of a
+    predictable name), replacing whatever was there: never through a link planted under that name in a shared
+    directory (opening it would create or truncate the link's target, outside the directory)."""
+    path.unlink(missing_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+
+
 def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     """Write ``content`` (bytes, or text as UTF-8) to ``path`` through a temporary file in the same
     directory, then rename it into place and sync the directory. On any failure (a full disk, a kill)
@@ -38,9 +46,7 @@ def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
-        # A new file, never through a link planted under this predictable name (it would write outside the directory)
-        tmp.unlink(missing_ok=True)
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as f:
+        with open(create_new(tmp), "wb") as f:
             f.write(content.encode("utf-8") if isinstance(content, str) else content)
             f.flush()
             os.fsync(f.fileno())
@@ -155,7 +161,7 @@ def check_writable_dir(path: str | Path, what: str = "--out", create: bool = Tru
     try:
         target.mkdir(parents=True, exist_ok=True)
         probe = target / f".write-test.tmp{os.getpid()}"
-        probe.write_bytes(b"")
+        os.close(create_new(probe))
         probe.unlink()
     except OSError as e:
         raise UserError(f"{what} {path} is not writable ({e.strerror or e})") from None
