@@ -1336,6 +1336,20 @@ def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):
         rundir.read_shards(exported, rundir.SAFETENSORS_INDEX, lambda shard: {"w": torch.zeros(1)})
 
 
+@pytest.mark.parametrize("damage", [{"elapsed": float("nan")}, {"train_seconds": -1.0}, {"best_step": True}])
+def test_a_resume_checkpoint_with_malformed_bookkeeping_is_one_line(trained, tmp_path, capsys, monkeypatch, damage):
+    """A NaN elapsed time resumed and finished with wall_clock_s null in result.json, which compare then refuses
+    as incomplete; negative seconds and a best step of true were taken as they were too."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.RESULT).unlink()
+    torch.save({**rundir.load_checkpoint(run / rundir.CHECKPOINT), **damage}, run / rundir.CHECKPOINT)
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
+    assert "is malformed or does not match this run" in one_line(code, err)
+    assert not (run / rundir.RESULT).exists()
+
+
 def test_resuming_a_finished_run_whose_result_lacks_its_perplexities_prints_them_as_null(trained, tmp_path, capsys,
                                                                                          monkeypatch):
     """read_result takes a result.json without test_ppl or valid_ppl; the summary line was a KeyError traceback."""

@@ -400,12 +400,18 @@ class Trainer:
                                  f"{self.total_steps} (the run's steps) and tokens_seen >= 0")
             self.step = step
             best_step, curve = state["best_step"], state["curve"]
-            if not (best_step is None or isinstance(best_step, int)) or not rundir.valid_curve(curve):
+            if not (best_step is None or isinstance(best_step, int) and not isinstance(best_step, bool) and
+                    best_step >= 0) or not rundir.valid_curve(curve):
                 raise ValueError("its best step or validation curve is malformed")
             self.best_valid, self.best_step = float(state["best_valid"]), best_step
             if math.isnan(self.best_valid):  # (no evaluation yet: inf) no loss would ever count as better
                 raise ValueError("its best validation loss is NaN")
-            self.elapsed, self.train_seconds = float(state["elapsed"]), float(state["train_seconds"])
+            seconds = (state["elapsed"], state["train_seconds"])  # NaN: a result.json without its wall-clock time
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
+                       for v in seconds):
+                raise ValueError(f"elapsed={seconds[0]!r} and train_seconds={seconds[1]!r} must be numbers of "
+                                 f"seconds >= 0")
+            self.elapsed, self.train_seconds = float(seconds[0]), float(seconds[1])
             self.tokens_seen, self.curve = tokens_seen, curve
             window = state.get("train_window", [0.0, 0])  # (checkpoints from before it was kept: none)
             if not (isinstance(window, list) and len(window) == 2 and all(
