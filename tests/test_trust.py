@@ -1336,6 +1336,24 @@ def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):
         rundir.read_shards(exported, rundir.SAFETENSORS_INDEX, lambda shard: {"w": torch.zeros(1)})
 
 
+def test_a_resume_checkpoint_cannot_change_the_optimizers_settings(trained, tmp_path, monkeypatch):
+    """AdamW's settings come from the run's config, not the checkpoint's param_groups: eps="x" and amsgrad=true
+    were tracebacks at the next step, maximize=true (gradient ascent) and betas of 2 trained on silently."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    state = rundir.load_checkpoint(trained["run"] / rundir.CHECKPOINT)
+    state.update(step=2, curve=[p for p in state["curve"] if p["step"] <= 2], best_step=2)  # 2 steps left to train
+    results = {}
+    for name, damage in (("clean", {}), ("eps", {"eps": "x"}), ("amsgrad", {"amsgrad": True}),
+                         ("ascent", {"maximize": True, "betas": (2.0, 0.5)})):
+        run = tmp_path / name
+        shutil.copytree(trained["run"], run)
+        (run / rundir.RESULT).unlink()
+        groups = [{**g, **damage} for g in state["optimizer"]["param_groups"]]
+        torch.save({**state, "optimizer": {**state["optimizer"], "param_groups": groups}}, run / rundir.CHECKPOINT)
+        results[name] = train(run, resume=True, quiet=True)["test_ppl"]
+    assert len(set(results.values())) == 1, results
+
+
 @pytest.mark.parametrize("damage", [{"elapsed": float("nan")}, {"train_seconds": -1.0}, {"best_step": True}])
 def test_a_resume_checkpoint_with_malformed_bookkeeping_is_one_line(trained, tmp_path, capsys, monkeypatch, damage):
     """A NaN elapsed time resumed and finished with wall_clock_s null in result.json, which compare then refuses

@@ -392,7 +392,14 @@ class Trainer:
         rundir.check_finite(state["model"], path)  # as every other reader of weights does
         try:
             check_optimizer_moments(state["model"], state["optimizer"], self.optimizer)
+            # AdamW's settings are the run's (its config, this device), not the file's: a checkpoint's eps of "x" or
+            # amsgrad of true was a traceback at the next step, its maximize=true or betas of 2 trained on silently.
+            # The learning rate stays the file's: the schedule sets it at every step.
+            settings = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
+                        for g in self.optimizer.param_groups]
             load_full_state(self.wrapped, state["model"], self.optimizer, state["optimizer"])
+            for group, own in zip(self.optimizer.param_groups, settings):
+                group.update(own)
             step, tokens_seen = state["step"], state["tokens_seen"]
             if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (step, tokens_seen))
                     and 0 <= step <= self.total_steps and tokens_seen >= 0):  # int() took "5", 5.5 and True
