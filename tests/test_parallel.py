@@ -57,7 +57,8 @@ def test_compare_under_torchrun_says_it_runs_in_one_process(tmp_path, monkeypatc
     first's lock as "in use by another gbattn process", the first was killed training): one line instead."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(UserError, match=r"^compare runs in one process, not under torchrun \(2 processes here\): "
-                                        r"--jobs N trains N of its runs at once"):
+                                        r"--jobs N trains N of its runs at once; torchrun --nproc_per_node N -m "
+                                        r"gbattn\.cli train trains one run on N processes$"):
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(write_corpus(tmp_path / "c")), seeds=[1], quiet=True)
     assert not (tmp_path / "cmp").exists()
 

@@ -89,8 +89,8 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     (divided between ``jobs``); it changes speed, not the comparison's identity."""
     if launched_processes() > 1:  # each process would run the whole comparison, and its runs would wait for the others
         raise UserError(f"compare runs in one process, not under torchrun ({launched_processes()} processes here): "
-                        f"--jobs N trains N of its runs at once; torchrun --nproc_per_node N -m gbattn train trains "
-                        f"one run on N processes")
+                        f"--jobs N trains N of its runs at once; torchrun --nproc_per_node N -m gbattn.cli train "
+                        f"trains one run on N processes")
     recipe = get_recipe(recipe_name)
     data = recipe.default_data if data is None else data  # an empty one is refused where the data is read
     if data is None:
