@@ -249,6 +249,21 @@ def test_generate_and_eval_help_state_their_defaults(capsys):
             assert stated and stated.group(1) == str(defaults[option]), (command, flag, help_text)
 
 
+def test_quiet_help_says_what_train_and_compare_leave_out(capsys):
+    """train --quiet also leaves out its plan, evaluation and summary lines (test_pipeline's quiet test), and
+    compare --quiet each run's, where the help said "no progress display" only; the other commands print
+    their summary under --quiet."""
+    expected = {"train": "no progress display, plan, evaluation or summary lines (warnings still go to stderr)",
+                "compare": "no progress display, nor each run's plan, evaluation or summary lines (warnings still "
+                           "go to stderr)",
+                "analyze": "no progress display (warnings still go to stderr)"}
+    for command, text in expected.items():
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        help_text = " ".join(capsys.readouterr().out.split())
+        assert f"--quiet {text}" in help_text, (command, help_text)
+
+
 def test_help_texts_say_what_each_command_uses(capsys):
     """`bench --help` said of --preset "its training recipe is the default" (bench trains no recipe), and
     `compare --help` gave "(paper: 42 123)" as the seeds of every paper recipe (paper-postln's are 42,

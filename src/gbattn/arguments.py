@@ -101,6 +101,7 @@ def checkpoint(p: argparse.ArgumentParser) -> None:
                         "directory holds the one it was exported with)")
 
 
-def quiet(p: argparse.ArgumentParser) -> None:
+def quiet(p: argparse.ArgumentParser, also: str = "") -> None:
+    """``--quiet``; ``also``: what else the command leaves out (train's plan and summary lines, say)."""
     p.add_argument("--quiet", action="store_true",
-                   help="no progress display (warnings still go to stderr)")
+                   help=f"no progress display{f', {also}' if also else ''} (warnings still go to stderr)")

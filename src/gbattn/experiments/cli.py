@@ -27,7 +27,7 @@ def register(sub) -> None:
                    "(default %(default)s)")
     p.add_argument("--threads", type=arguments.at_least(1, arguments.MAX_THREADS), default=None,
                    help="CPU threads in all (default: the cores not busy with other work; README, 'Threads')")
-    arguments.quiet(p)
+    arguments.quiet(p, also="nor each run's plan, evaluation or summary lines")
     p.set_defaults(func=cmd_compare)
 
 
