@@ -66,3 +66,13 @@ def test_every_public_name_cites_the_readme_or_docs_section_that_exists(module):
             cited = headings(path.read_text(encoding="utf-8"))
             assert any(section.lower() in h for h in cited), (name, source, section)
     assert not uncited, f"{module}: no README or docs/ section cited in the docstring of {uncited}"
+
+
+def test_readme_names_every_option_train_resume_refuses():
+    """README, "Trust": the options `train --resume` refuses when they differ from the recorded run are
+    train's RUN_OPTIONS (it left out --residual and --tokenizer)."""
+    from gbattn.train.cli import RUN_OPTIONS
+
+    prose = " ".join(README.read_text(encoding="utf-8").split())
+    sentence = prose[prose.index("`train --resume` refuses"):].split(" values that differ")[0]
+    assert [name for name in RUN_OPTIONS if f"`--{name}`" not in sentence] == []
