@@ -6,12 +6,13 @@
   (through the ``datasets`` library when the hub is reachable or the data is cached);
 * a local directory with one text file per split, optionally ``.gz``: WikiText's
   ``wiki.{train,valid,test}.{raw,tokens}``, ``train.txt``/``valid.txt``/``test.txt``, or any names
-  containing ``train``, ``valid`` (or ``val``) and ``test``, as in Mikolov's ``ptb.train.txt``;
+  containing ``train``, ``valid`` (or ``val``, ``dev``) and ``test``, as in Mikolov's ``ptb.train.txt``;
 * a single text file, split by characters: the first 90% train, the next 5% valid, the last 5%
   test (``split=[0.9, 0.1, 0]`` gives nanoGPT's 90/10 rule; then test is the valid split).
 
-Every local file is checked before use: UTF-8 text (the error names the file and the byte offset of
-the first bad byte, or of a NUL byte in a binary file), real gzip data behind a ``.gz`` name, not
+Every local file is checked before use: UTF-8 text (a leading byte order mark is dropped; the error
+names the file and the byte offset of the first bad byte, or of a NUL byte in a binary file, and says
+so of UTF-16 or UTF-32 text with its byte order mark), real gzip data behind a ``.gz`` name, not
 empty. A corpus yields lines per split; its fingerprint identifies the content for the caches.
 """
 
