@@ -76,3 +76,17 @@ def test_readme_names_every_option_train_resume_refuses():
     prose = " ".join(README.read_text(encoding="utf-8").split())
     sentence = prose[prose.index("`train --resume` refuses"):].split(" values that differ")[0]
     assert [name for name in RUN_OPTIONS if f"`--{name}`" not in sentence] == []
+
+
+def test_readme_names_the_cpu_recipe_with_a_published_number():
+    """README, "Reproducing the paper's tables": "The CPU recipes have no published numbers" while cpu-char's
+    published column holds nanoGPT's number for standard; the README names each recipe whose published
+    numbers are not the paper's."""
+    from gbattn.experiments.recipes import RECIPES
+
+    prose = " ".join(README.read_text(encoding="utf-8").split())
+    others = {name: recipe for name, recipe in RECIPES.items()
+              if recipe.published and not recipe.published_source.startswith("arXiv 2604.03190")}
+    assert others and all(f"`{name}`'s column holds {recipe.published_source.split()[0]}'s" in prose
+                           for name, recipe in others.items())
+    assert "The CPU recipes have no published numbers" not in prose
