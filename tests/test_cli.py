@@ -264,6 +264,17 @@ def test_quiet_help_says_what_train_and_compare_leave_out(capsys):
         assert f"--quiet {text}" in help_text, (command, help_text)
 
 
+def test_train_refuses_compile_and_no_compile_together(tmp_path, capsys):
+    """`train --compile --no-compile` trained with the last one, silently (generate refuses the pair): one line,
+    status 2, nothing written."""
+    code, out, err = run_cli(capsys, ["train", "--preset", "cpu-char", "--data", "tiny-shakespeare", "--out",
+                                      tmp_path / "run", "--set", "max_steps=1", "--compile", "--no-compile"])
+    assert (code, out) == (2, "")
+    assert err == ("gbattn: error: argument --no-compile: not allowed with argument --compile (see: gbattn train "
+                   "--help)\n")
+    assert not (tmp_path / "run").exists()
+
+
 def test_help_texts_say_what_each_command_uses(capsys):
     """`bench --help` said of --preset "its training recipe is the default" (bench trains no recipe), and
     `compare --help` gave "(paper: 42 123)" as the seeds of every paper recipe (paper-postln's are 42,

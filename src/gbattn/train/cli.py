@@ -19,10 +19,12 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", default=None, help="bpe (paper), char, gpt2, gpt2=PATH or hf=PATH (a tokenizer.json)")
     arguments.device(p)
     arguments.threads(p)
-    p.add_argument("--compile", dest="compile", action="store_true", default=None,
-                   help="torch.compile the model (default off: on a CPU it saved at most about its own compile "
-                        "time over a CPU recipe's run; not measured on CUDA; README, 'Compiled vs eager')")
-    p.add_argument("--no-compile", dest="compile", action="store_false", help="never torch.compile")
+    compiled = p.add_mutually_exclusive_group()  # both at once: an error, not the last one silently
+    compiled.add_argument("--compile", dest="compile", action="store_true", default=None,
+                          help="torch.compile the model (default off: on a CPU it saved at most about its own "
+                               "compile time over a CPU recipe's run; not measured on CUDA; README, 'Compiled vs "
+                               "eager')")
+    compiled.add_argument("--no-compile", dest="compile", action="store_false", help="never torch.compile")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--restart", action="store_true", help="discard the run in --out and start a new one in it")
     p.add_argument("--init-from", default=None, metavar="RUN_DIR",
