@@ -895,6 +895,9 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "--init-from trains the model of"),
         ("--init-from with a model --set", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
                                             "d_model=64"], "--init-from trains the model of"),
+        ("--init-from with --residual", ["train", "--init-from", run, "--out", tmp_path / "o13", "--residual",
+                                         "attnres-full"],  # refused with a message that did not name --residual
+         "as it is: leave out --attn, --residual, --preset and model --set values"),
         ("--init-from with another split", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
                                             "split=[0.8,0.1,0.1]"],  # was trained on the run's split silently
          f"--init-from trains on the split of {run} (recorded: [0.9, 0.05, 0.05]): leave out --set split"),

@@ -161,8 +161,8 @@ def _init_from_trainer(args, sets: dict):
     model_cfg, source_train = rundir.read_configs(source, args.init_from)
     train_sets, model_sets = split_overrides(sets)  # ``sets`` holds --attn, --data, --seed, ... too
     if args.preset and args.preset != source.get("preset") or model_sets:
-        raise UserError(f"--init-from trains the model of {args.init_from} as it is: leave out --attn, --preset and "
-                        f"model --set values (upcycle first to change the model: `gbattn upcycle`)")
+        raise UserError(f"--init-from trains the model of {args.init_from} as it is: leave out --attn, --residual, "
+                        f"--preset and model --set values (upcycle first to change the model: `gbattn upcycle`)")
     split = train_sets.pop("split", None)
     if split is not None and list(split) != list(source_train.split):
         raise UserError(f"--init-from trains on the split of {args.init_from} (recorded: {source_train.split}): "
