@@ -253,7 +253,8 @@ def test_quiet_help_says_what_train_and_compare_leave_out(capsys):
     """train --quiet also leaves out its plan, evaluation and summary lines (test_pipeline's quiet test), and
     compare --quiet each run's, where the help said "no progress display" only; the other commands print
     their summary under --quiet."""
-    expected = {"train": "no progress display, plan, evaluation or summary lines (warnings still go to stderr)",
+    expected = {"train": "no progress display, plan or evaluation lines: the final JSON line only (warnings still "
+                         "go to stderr)",
                 "compare": "no progress display, nor each run's plan, evaluation or summary lines (warnings still "
                            "go to stderr)",
                 "analyze": "no progress display (warnings still go to stderr)"}

@@ -30,7 +30,7 @@ def register(sub) -> None:
     p.add_argument("--init-from", default=None, metavar="RUN_DIR",
                    help="start from this run's weights with a fresh optimizer (e.g. a `gbattn upcycle` directory); "
                         "the model is that run's")
-    arguments.quiet(p, also="plan, evaluation or summary lines")
+    arguments.quiet(p, also="plan or evaluation lines: the final JSON line only")
     p.set_defaults(func=cmd_train)
 
 
