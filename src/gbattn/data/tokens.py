@@ -133,7 +133,7 @@ def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int) -> dict[str, 
     ``meta.json`` unreadable or not what this module writes, a split's file not of the size it records or
     not the content (SHA-256) it records (an entry from before digests were recorded is built again), or
     an id outside the tokenizer's vocabulary (the model would fail on it mid-run with a traceback, or read
-    another token's row on a GPU, which does not check). One pass over the ids."""
+    another token's row on a GPU, which does not check). Two passes over the ids: the digest, then the range."""
     try:
         meta = read_json(directory / "meta.json")
         if meta["dtype"] != dtype.name:
