@@ -144,6 +144,12 @@ def test_portable_command_line_holds_no_path_outside_the_working_directory():
                     "tokenizer=gpt2=/srv/t.json", "--set", "lr=0.5"])
     assert command_line(portable=True) == (
         "gbattn compare --tokenizer hf=tokenizer.json --set tokenizer=gpt2=t.json --set lr=0.5")
+    # an absolute path holding "=" is a path, not an option's value
+    set_invocation(["train", "--data", "/home/me/runs=2/wiki"])
+    assert command_line(portable=True) == "gbattn train --data wiki"
+    # a trailing "/" goes, as a value of its own or after "="
+    set_invocation(["train", "--out", "runs/x/", "--out=runs/y/"])
+    assert command_line(portable=True) == "gbattn train --out runs/x --out=runs/y"
     set_invocation([])
 
 

@@ -717,10 +717,13 @@ def test_results_figure_error_bars_are_the_std_dots_every_seed_and_the_axis_hold
     bars = [[tuple(s[:, 1]) for s in c.lines[2][0].get_segments()] for c in ax.containers if c.has_yerr]
     assert bars == [[(100.0, 100.0)], [(96.0, 96.0)], [(88.0, 92.0)]]
     assert ax.get_ylim()[0] < 88.0 and ax.get_ylim()[1] > 110.0
+    # Each mean's number sits above the top of its column: its highest dot, or the top of its bar.
+    assert [(t.get_text(), t.xy) for t in ax.texts] == [("100.00", (0, 110.0)), ("96.00 (-4.0%)", (1, 96.0))]
     same = [model_row("standard", {"42": 100.0, "123": 110.0})]
     ax = figures.results_figure(report_of(same)).axes[0]
     ((segment,),) = [c.lines[2][0].get_segments() for c in ax.containers if c.has_yerr]
     assert tuple(segment[:, 1]) == pytest.approx((105.0 - 50 ** 0.5, 105.0 + 50 ** 0.5))
+    assert ax.texts[0].xy[1] == pytest.approx(105.0 + 50 ** 0.5)
     ax = figures.results_figure(report_of([model_row("standard", {"42": 100.0})])).axes[0]
     assert ax.get_ylim() == pytest.approx((99.0, 102.0))  # twice the margin above, for the number
 
@@ -799,6 +802,10 @@ def test_results_md_says_which_rows_differ_in_block_from_the_delta_references():
     assert ("The Δ columns compare every row with standard-postln (Post-LN), so the Δ of standard-attnres and "
             "gba-m2-attnres (Pre-LN, attnres-block)") in results_markdown(report_of(one_seed))  # no paired table
     assert "The Δ columns" not in results_markdown(report_of(rows[:3]))
+    # a first row that is no reference is named too (the references are found by label, not by place)
+    first_other = [rows[4], *rows[:4]]
+    assert ("so the Δ of gba-m2-attnres and standard-attnres (Pre-LN, attnres-block)"
+            in results_markdown(report_of(first_other)))
     # The footer names the model each compute-matched row is matched to (it said "as GBA used" with seven GBA rows
     # in gba-design, matched to gba-m2 alone).
     assert ("`compute-matched-postln`: standard trained for as many training FLOPs (torch.utils.flop_counter, forward "

@@ -495,10 +495,11 @@ def test_special_tokens_of_a_vocabulary_with_several_candidates():
     from tokenizers import Tokenizer as Backend
     from tokenizers import models, pre_tokenizers
 
-    def hf_kind(vocab, special=()):
+    def hf_kind(vocab, special=(), added=()):
         backend = Backend(models.WordLevel(vocab, unk_token="<unk>" if "<unk>" in vocab else None))
         backend.pre_tokenizer = pre_tokenizers.Whitespace()
         backend.add_special_tokens(list(special))
+        backend.add_tokens(list(added))  # added tokens that are not special
         return hf_tokenizer(Tokenizer("hf", backend.to_str()), 16)
 
     llama_like = hf_kind({"<unk>": 0, "<pad>": 1, "</s>": 2, "a": 3, "b": 4, "<s>": 5}, special=["<s>"])
@@ -506,6 +507,8 @@ def test_special_tokens_of_a_vocabulary_with_several_candidates():
     assert llama_like.bos_token == "<s>" and len(llama_like) == 6  # the start of text: lm-eval's rolling prefix
     text_token = hf_kind({"<unk>": 0, "</s>": 1, "<s>": 2})  # "<s>" as text (not special): no start of text
     assert text_token.bos_token is None and text_token.eos_token == "</s>"
+    added_text = hf_kind({"<unk>": 0, "</s>": 1, "<s>": 2}, added=["<s>"])  # an added token, but not a special one
+    assert added_text.bos_token is None
     assert set(llama_like("a b").keys()) == {"input_ids", "attention_mask"}  # no token_type_ids
     plain = hf_kind({"x": 0, "a": 1, "b": 2})
     assert plain.eos_token == "x" and plain.eos_token_id == 0 and plain.pad_token is None and plain.bos_token is None
@@ -543,6 +546,9 @@ def test_an_exported_config_names_no_path_of_this_machine():
                                        "data": {"corpus": "wiki"}, "extra": {"init_from": "base"},
                                        "preset": "paper-small"}
     assert section["train"]["data"] == "/srv/data/wiki"  # a copy
+    # the kind ends at the first "=": a path holding one keeps only its last part too
+    held = portable_paths({"train": {"tokenizer": "hf=/home/me/tok=v2/tokenizer.json"}})
+    assert held["train"]["tokenizer"] == "hf=tokenizer.json"
     for kept in ("gpt2", "char", "bpe"):
         assert portable_paths({"train": {"tokenizer": kept}})["train"]["tokenizer"] == kept
 

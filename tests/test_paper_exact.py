@@ -199,6 +199,14 @@ def test_the_plan_says_a_run_trains_compiled(tmp_path, capsys, monkeypatch):
         train(tmp_path / f"run-{compiled}", *build_configs("paper-small", "standard", str(data), sets))
         printed = capsys.readouterr().out
         assert ("with 1 thread, compiled (tokens/s counts the time it takes)" in printed) == compiled, printed
+    # On a GPU the plan names no threads, and still says the run is compiled.
+    from types import SimpleNamespace
+
+    from gbattn.train.trainer import Trainer
+
+    for compiled in (True, False):
+        on_gpu = SimpleNamespace(device=torch.device("cuda"), compiled=compiled, threads=4)
+        assert Trainer._threads_text(on_gpu) == (", compiled (tokens/s counts the time it takes)" if compiled else "")
 
 
 def test_cosine_decays_to_min_lr_and_constant_holds():

@@ -483,3 +483,20 @@ def test_a_signal_to_one_process_stops_every_process_with_that_signals_words_and
                                           f"{run}`"}, proc.stderr[-3000:]
     assert "exitcode  : 143" in proc.stderr and "exitcode  : 130" not in proc.stderr, proc.stderr[-3000:]
     assert rundir.load_checkpoint(run / rundir.CHECKPOINT)["step"] == 3
+
+
+def test_the_stop_signal_is_sigterm_where_any_process_received_one():
+    """The signal every process reports is the same: SIGTERM where any received one (a scheduler's stop
+    wins over a Ctrl-C), else SIGINT; a process that received none takes the others'."""
+    from types import SimpleNamespace
+
+    from gbattn.train.trainer import Trainer
+
+    def stop_signal(received):
+        trainer = SimpleNamespace(dist=SimpleNamespace(gather=lambda _: received))
+        return Trainer._stop_signal(trainer, SimpleNamespace(requested=True, signum=received[0]))
+
+    assert stop_signal([signal.SIGINT, signal.SIGTERM]) == signal.SIGTERM
+    assert stop_signal([signal.SIGTERM, signal.SIGINT]) == signal.SIGTERM
+    assert stop_signal([None, signal.SIGINT]) == signal.SIGINT
+    assert stop_signal([None, signal.SIGTERM]) == signal.SIGTERM

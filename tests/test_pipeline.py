@@ -1154,17 +1154,20 @@ def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_t
         assert (back.kind, back.payload, back.fingerprint) == (tok.kind, tok.payload, tok.fingerprint)
 
 
-@pytest.mark.parametrize("in_the_way", ["tokenizers", "tokenizer entry", "tokens"])
+@pytest.mark.parametrize("in_the_way", ["tokenizers", "tokenizer entry", "tokenizer entry link", "tokens"])
 def test_a_cache_path_taken_by_something_else_is_one_line(tmp_path, in_the_way):
-    """A file where the cache's tokenizers or tokens folder goes, or a folder where a tokenizer entry goes,
-    was an IsADirectoryError or FileExistsError traceback (after training the tokenizer)."""
+    """A file where the cache's tokenizers or tokens folder goes, or a folder (or a dangling link) where a
+    tokenizer entry goes, was an IsADirectoryError or FileExistsError traceback (after training the tokenizer)."""
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     cache = tmp_path / "gbattn-cache"
-    if in_the_way == "tokenizer entry":
+    if in_the_way.startswith("tokenizer entry"):
         get_tokenizer("char", corpus)
         [entry] = (cache / "tokenizers").iterdir()
         entry.unlink()
-        entry.mkdir()
+        if in_the_way == "tokenizer entry":
+            entry.mkdir()
+        else:
+            entry.symlink_to(tmp_path / "gone.json")
     else:
         cache.mkdir()
         (cache / in_the_way).write_text("")

@@ -312,7 +312,7 @@ def test_resume_refuses_another_tokenizer_or_residual_stream(trained, capsys, mo
     assert snapshot(run) == before
 
 
-def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained):
+def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained, monkeypatch):
     """--set compile=true is --compile: with dropout, switching a run trained eager is refused; with no
     dropout (or no dropout site) compiled and eager draw nothing, and the switch is accepted."""
     from gbattn.cli import build_parser
@@ -328,6 +328,20 @@ def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained)
         assert conflict.startswith("--compile (recorded: trained eager"), conflict
         for quiet in (model_cfg.replace(dropout=0.0), model_cfg.replace(dropout_sites=[])):
             assert resume_conflicts(args, saved, quiet, train_cfg) == []
+    # Nothing asked switches nothing, also for a run recorded compiled.
+    args = parser.parse_args(["train", "--resume", "--out", str(trained["run"])])
+    assert resume_conflicts(args, saved, model_cfg, train_cfg.replace(compile=True)) == []
+    # The device a run names decides its default: device=auto on a machine with CUDA trains as CUDA does.
+    from gbattn.train import trainer
+
+    monkeypatch.setattr(trainer, "COMPILE_BY_DEFAULT", {"cpu": False, "cuda": True})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    recorded = train_cfg.replace(device="auto", compile=None)
+    assert trainer.compile_switch(model_cfg, recorded, recorded.replace(compile=False)).startswith(
+        "--no-compile (recorded: trained compiled")
+    assert trainer.compile_switch(model_cfg, recorded, recorded.replace(device="cuda")) is None
+    assert trainer.compile_switch(model_cfg, recorded, recorded.replace(device="cpu")).startswith("--no-compile")
+    monkeypatch.undo()
     # From Python (and `compare --jobs 1`, which resumes with its --set compile=...) too: it resumed compiled.
     from gbattn.train.trainer import Trainer
 
@@ -1315,6 +1329,8 @@ def test_a_cuda_device_this_machine_lacks_is_named_not_read_as_damage(trained, m
         resolve_device("cuda:3")
     with pytest.raises(UserError, match=message):
         resolve_device("cuda", local_rank=3)  # torchrun with more processes than GPUs
+    with pytest.raises(UserError, match=r"^device='cuda:1' but this machine has 1 CUDA device \(cuda:0\)"):
+        resolve_device("cuda", local_rank=1)  # the first index past the last GPU
     assert resolve_device("cuda:0") == torch.device("cuda:0")
 
 
