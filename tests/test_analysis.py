@@ -376,8 +376,8 @@ def test_no_rows_to_analyse_is_refused(runs, tmp_path, capsys):
     # split other than valid or test (KeyError: 'bogus', after loading the run and its data)
     with pytest.raises(UserError, match=r"--top \(-1\) and --examples \(3\) must be >= 0"):
         analyze_run(runs["std"], out=tmp_path / "a", top=-1, device="cpu", quiet=True)
-    with pytest.raises(UserError, match=r"--top \(20\) and --examples \(-2\) must be >= 0"):
-        analyze_run(runs["std"], out=tmp_path / "a", examples=-2, device="cpu", quiet=True)
+    with pytest.raises(UserError, match=r"--top \(20\) and --examples \(-1\) must be >= 0"):
+        analyze_run(runs["std"], out=tmp_path / "a", examples=-1, device="cpu", quiet=True)
     with pytest.raises(UserError, match=r"split='bogus' is not allowed; choose one of valid, test"):
         analyze_run(runs["std"], out=tmp_path / "a", split="bogus", device="cpu", quiet=True)
     short = tmp_path / "short"

@@ -559,6 +559,9 @@ def test_loss_diff_figure_names_the_difference_and_counts_ties_apart():
     lo, hi = np.percentile(many, [0.5, 99.5])
     assert hist_ax.get_xlabel() == (f"loss(standard) − loss(gba)  (nats per token)\n"
                                     f"10 tokens outside [{lo:+.2f}, {hi:+.2f}] counted in the end bins")
+    # nothing outside the range: no such line
+    ties = figures.loss_diff_figure(np.zeros((2, 5)), "gba", "standard", 1e-4).axes[0]
+    assert ties.get_xlabel() == "loss(standard) − loss(gba)  (nats per token)"
 
 
 def test_examples_figure_shows_the_last_context_tokens_and_the_gain():

@@ -1581,10 +1581,11 @@ def test_a_stop_asked_for_at_the_last_step_finishes_the_run(tmp_path, monkeypatc
     assert "interrupted" not in events and events[-1] == "test"
 
 
-def test_ctrl_c_during_the_last_step_finishes_the_run_and_is_not_lost(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, how, status", [("SIGINT", "interrupted", 130), ("SIGTERM", "terminated", 143)])
+def test_ctrl_c_during_the_last_step_finishes_the_run_and_is_not_lost(tmp_path, monkeypatch, name, how, status):
     """Ctrl-C (a real SIGINT) during the last step: the run finishes (result.json), then says it was
     interrupted with status 130. It ended with status 0 as if no Ctrl-C had come, and `compare` went on to
-    train its next runs: the stop was lost."""
+    train its next runs: the stop was lost. SIGTERM the same, in its own words and status (143)."""
     import signal
 
     data = write_corpus(tmp_path / "c")
@@ -1592,14 +1593,14 @@ def test_ctrl_c_during_the_last_step_finishes_the_run_and_is_not_lost(tmp_path, 
 
     def ctrl_c_in_the_last_step(self, step):
         if step == self.total_steps - 1:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), getattr(signal, name))
         return original(self, step)
 
     monkeypatch.setattr(Trainer, "_train_step", ctrl_c_in_the_last_step)
-    with pytest.raises(UserError, match=r"interrupted during the last step: .*run finished all the same .*nothing is "
+    with pytest.raises(UserError, match=rf"{how} during the last step: .*run finished all the same .*nothing is "
                                         r"left to resume$") as stopped:
         train(tmp_path / "run", *tiny_configs(data), quiet=True)
-    assert stopped.value.exit_code == 130 and ckpt.read_result(tmp_path / "run" / ckpt.RESULT)["steps"] == 12
+    assert stopped.value.exit_code == status and ckpt.read_result(tmp_path / "run" / ckpt.RESULT)["steps"] == 12
     with pytest.raises(UserError, match=r"; rerun the same `gbattn compare` command for the rest of the comparison$"):
         train(tmp_path / "compared", *tiny_configs(data), quiet=True, extra={"label": "gba-m2", "recipe": "cpu-char"})
 
