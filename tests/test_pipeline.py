@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import io
 import json
 import logging
@@ -112,6 +113,14 @@ def _damage_content(entry: Path) -> None:  # ids still in the vocabulary, of the
     path.write_bytes(bytes(path.stat().st_size))
 
 
+def _damage_one_id(entry: Path) -> None:  # one id changed to another of the vocabulary (a flipped bit)
+    meta = json.loads((entry / "meta.json").read_text())
+    path = entry / "train.bin"
+    ids = np.fromfile(path, dtype=meta["dtype"])
+    ids[0] = next(i for i in ids if i != ids[0])
+    ids.tofile(path)
+
+
 def _damage_no_digest(entry: Path) -> None:  # an entry from before digests were recorded: it cannot be checked
     meta = json.loads((entry / "meta.json").read_text())
     del meta["sha256"]
@@ -119,7 +128,7 @@ def _damage_no_digest(entry: Path) -> None:  # an entry from before digests were
 
 
 @pytest.mark.parametrize("damage", [_damage_meta, _damage_meta_type, _damage_count, _damage_size, _damage_missing,
-                                    _damage_content, _damage_no_digest])
+                                    _damage_content, _damage_one_id, _damage_no_digest])
 def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, damage):
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     tok = get_tokenizer("char", corpus)
@@ -990,6 +999,10 @@ def test_a_file_cut_inside_a_character_or_bad_past_two_chunks_is_named_at_its_of
     (tmp_path / "far.txt").write_bytes(b"a" * (2**21 + 7) + b"\x00")
     with pytest.raises(DataError, match=f"NUL byte at byte offset {2**21 + 7}"):
         load_corpus(str(tmp_path / "far.txt"))
+    # in a gzip file (named so in capitals, as Windows may), the offset is in the decompressed data
+    (tmp_path / "zipped.TXT.GZ").write_bytes(gzip.compress(b"a\xff"))
+    with pytest.raises(DataError, match=r"invalid byte at byte offset 1 of the decompressed data\)"):
+        load_corpus(str(tmp_path / "zipped.TXT.GZ"))
 
 
 def test_data_paths_expand_the_home_directory_and_an_empty_name_is_refused(tmp_path, monkeypatch):
