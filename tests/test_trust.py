@@ -1575,6 +1575,10 @@ def test_read_json_turns_every_bad_file_into_one_line_naming_it(tmp_path):
         with pytest.raises(CheckpointError) as caught:
             files.read_json(path)
         assert str(path) in str(caught.value) and expected in str(caught.value)
+    with open(path, "wb") as f:  # a sparse file larger than any gbattn JSON: refused before it is read
+        f.truncate(files.MAX_JSON_BYTES + 1)
+    with pytest.raises(CheckpointError, match=r"is 256 MiB: larger than any JSON file gbattn reads"):
+        files.read_json(path)
     (tmp_path / "m.jsonl").write_bytes(b'{"a": 1}\n{"b": "\xff"}\n' + b"[" * 100_000 + b'\n{"c": 3}\n'
                                        + b'{"step": ' + b"1" * 5000 + b"}\n")
     assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": "\ufffd"}, {"c": 3}]

@@ -182,12 +182,20 @@ def check_writable_file(path: str | Path, what: str) -> Path:
 # --------------------------------------------------------------------------------------
 
 
+MAX_JSON_BYTES = 256 * 2**20  # far above any JSON file gbattn reads (a Llama tokenizer.json: about 9 MiB)
+
+
 def read_json(path: str | Path, what: str | None = None) -> dict:
-    """A JSON object from ``path``, or a one-line :class:`CheckpointError` naming the file."""
+    """A JSON object from ``path``, or a one-line :class:`CheckpointError` naming the file. A file larger
+    than :data:`MAX_JSON_BYTES` is refused unread (a config linked to a huge file would fill the memory)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
     try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise CheckpointError(f"{path} is {size / 2**20:,.0f} MiB: larger than any JSON file gbattn reads "
+                                  f"({MAX_JSON_BYTES // 2**20} MiB at most); not read")
         obj = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:  # bad JSON or UTF-8, or an integer of more digits than Python converts (4,300)
         raise CheckpointError(f"{path} is not valid JSON ({error_detail(e)})") from None
