@@ -275,6 +275,15 @@ def test_resume_refuses_options_that_would_change_the_run(trained, capsys, monke
                                     "--no-compile"])
     assert code == 0 and '"steps": 4' in out
     assert snapshot(run) == before
+    # The vocabulary the command asked for, which the run replaced by its tokenizer's, is the command's again:
+    # resuming with the same --set vocab_size is no change (it was refused as one); another value still is.
+    config = json.loads((run / rundir.CONFIG).read_text())
+    asked = config["vocab_size_asked"]
+    assert asked != config["model"]["vocab_size"]
+    code, out, _ = run_cli(capsys, ["train", "--resume", "--out", run, "--set", f"vocab_size={asked}"])
+    assert code == 0 and '"steps": 4' in out
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--set", f"vocab_size={asked + 1}"])
+    assert f"--set vocab_size={asked + 1} (recorded: {config['model']['vocab_size']})" in one_line(code, err)
 
 
 def test_resume_applies_every_result_neutral_set(trained, tmp_path, capsys, monkeypatch):

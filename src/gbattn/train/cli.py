@@ -59,6 +59,8 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
     ]
     train_sets, model_sets = split_overrides(parse_sets(args.sets))
     for key, value in model_sets.items():
+        if key == "vocab_size" and value == saved.get("vocab_size_asked"):  # the tokenizer's vocabulary was taken
+            continue
         d = model_cfg.to_dict()
         set_path(d, key, value)
         if ModelConfig.from_dict(d) != model_cfg:

@@ -307,7 +307,8 @@ class Trainer:
         self.seq_len = self.model_cfg.input_length(cfg.seq_len)  # checked before the data is prepared
         if self.seq_len > self.model_cfg.block_size:
             raise UserError(f"seq_len={self.seq_len} exceeds block_size={self.model_cfg.block_size}")
-        self.requested_vocab = self.model_cfg.vocab_size
+        asked = self.saved.get("vocab_size_asked") if self.resume else None  # recorded when it was not the tokenizer's
+        self.requested_vocab = asked if type(asked) is int and asked > 0 else self.model_cfg.vocab_size
         recorded = rundir.recorded_fingerprint(self.saved) if self.resume else None
         return prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show, trained_on=recorded,
                             mismatch=": it has changed since this run started, and a run does not resume on other data")
@@ -365,6 +366,7 @@ class Trainer:
             warmup_steps=self.warmup,
             parameters=self.model.num_params(),
             flops_per_token_train=self.flops_per_token,
+            vocab_size_asked=self.requested_vocab,  # `train --resume --set vocab_size=` it is no change
             versions={"gbattn": __version__, "torch": torch.__version__, "python": platform.python_version()},
         )
         if not (self.run_dir / rundir.TOKENIZER).exists():
