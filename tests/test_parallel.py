@@ -500,3 +500,18 @@ def test_the_stop_signal_is_sigterm_where_any_process_received_one():
     assert stop_signal([signal.SIGTERM, signal.SIGINT]) == signal.SIGTERM
     assert stop_signal([None, signal.SIGINT]) == signal.SIGINT
     assert stop_signal([None, signal.SIGTERM]) == signal.SIGTERM
+
+
+@pytest.mark.parametrize(("world", "code", "message"), [
+    ("", 0, ""),  # a job script's empty export: one process
+    ("two", 2, "gbattn: error: WORLD_SIZE='two' in the environment is not a number of processes (torchrun sets "
+               "it): unset it to run in one process\n"),
+])
+def test_a_world_size_not_a_number_is_one_line_for_every_command(monkeypatch, capsys, world, code, message):
+    """Every command reads WORLD_SIZE (to refuse torchrun): an empty or bad one was a traceback, `gbattn list` too."""
+    from helpers import run_cli
+
+    monkeypatch.setenv("WORLD_SIZE", world)
+    got, out, err = run_cli(capsys, ["list"])
+    assert (got, err) == (code, message)
+    assert bool(out) == (code == 0)

@@ -17,8 +17,13 @@ from gbattn.files import portable_path
 
 
 def launched_processes() -> int:
-    """How many processes ``torchrun`` launched for this command (1 without it)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """How many processes ``torchrun`` launched for this command (1 without it, or with an empty
+    ``WORLD_SIZE``, which a job script may export)."""
+    value = os.environ.get("WORLD_SIZE", "").strip() or "1"
+    if not (value.isdigit() and int(value) > 0):  # every command reads it: a traceback, for `gbattn list` too
+        raise UserError(f"WORLD_SIZE={value!r} in the environment is not a number of processes (torchrun sets it): "
+                        f"unset it to run in one process")
+    return int(value)
 
 
 def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
