@@ -147,6 +147,9 @@ def test_portable_command_line_holds_no_path_outside_the_working_directory():
     # an absolute path holding "=" is a path, not an option's value
     set_invocation(["train", "--data", "/home/me/runs=2/wiki"])
     assert command_line(portable=True) == "gbattn train --data wiki"
+    # so is a relative one: one that climbs out is shortened whole, as a path without "=" is
+    set_invocation(["train", "--out", "../runs/lr=3e-4", "--data", "data/lr=1/../../../wiki", "--out=runs/lr=1"])
+    assert command_line(portable=True) == "gbattn train --out lr=3e-4 --data wiki --out=runs/lr=1"
     # a trailing "/" goes, as a value of its own or after "="
     set_invocation(["train", "--out", "runs/x/", "--out=runs/y/"])
     assert command_line(portable=True) == "gbattn train --out runs/x --out=runs/y"

@@ -191,10 +191,13 @@ def set_invocation(argv: list[str]) -> None:
 
 
 def _portable_argument(arg: str) -> str:
-    """One argument with its path made portable, also a path after its last ``=``: ``--out=PATH``,
-    ``--tokenizer hf=PATH``, ``--set tokenizer=gpt2=PATH``."""
-    head, eq, value = arg.rpartition("=")
-    if eq and not os.path.isabs(arg):
+    """One argument with its path made portable, also a path after the last ``=`` before the path's first
+    ``/``: ``--out=PATH``, ``--tokenizer hf=PATH``, ``--set tokenizer=gpt2=PATH``; a path holding ``=``
+    (``../runs/lr=3e-4``, ``/srv/runs=2/wiki``) is a path."""
+    first_slash = arg.find("/") if "/" in arg else len(arg)
+    head, eq, value = arg[:first_slash].rpartition("=")
+    if eq:
+        value += arg[first_slash:]
         return f"{head}={portable_path(value.rstrip('/') or value)}"
     return portable_path(arg.rstrip("/") or arg)
 
