@@ -321,7 +321,7 @@ def test_resume_refuses_another_tokenizer_or_residual_stream(trained, capsys, mo
     assert snapshot(run) == before
 
 
-def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained, monkeypatch):
+def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained, tmp_path, monkeypatch):
     """--set compile=true is --compile: with dropout, switching a run trained eager is refused; with no
     dropout (or no dropout site) compiled and eager draw nothing, and the switch is accepted."""
     from gbattn.cli import build_parser
@@ -354,8 +354,16 @@ def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained,
     # From Python (and `compare --jobs 1`, which resumes with its --set compile=...) too: it resumed compiled.
     from gbattn.train.trainer import Trainer
 
-    with pytest.raises(UserError, match=r"this would change it: --compile \(recorded: trained eager"):
+    with pytest.raises(UserError, match=r"this would change it: --compile \(recorded: trained eager.*--restart\)$"):
         Trainer(trained["run"], resume=True, overrides={"compile": True})
+    # A comparison's run (compare resumes it with its --set compile=...): compare's words, no train --restart
+    run = tmp_path / "compared"
+    shutil.copytree(trained["run"], run)
+    saved = json.loads((run / rundir.CONFIG).read_text())
+    (run / rundir.CONFIG).write_text(json.dumps({**saved, "extra": {"label": "standard"}}))
+    with pytest.raises(UserError, match=r"--compile \(recorded: trained eager.*\. Leave it out of the `gbattn "
+                                        r"compare` command, or compare into another --out$"):
+        Trainer(run, resume=True, overrides={"compile": True})
     assert Trainer(trained["run"], resume=True, overrides={"compile": False}).train_cfg.compile is False
 
 

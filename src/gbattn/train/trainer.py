@@ -176,11 +176,13 @@ class Trainer:
             self.saved = rundir.read_config(config_path)
             self.model_cfg, recorded = rundir.read_configs(self.saved, config_path)
             self.train_cfg = recorded.replace(**(overrides or {}))  # result-neutral: threads, device, ...
-            switched = compile_switch(self.model_cfg, recorded, self.train_cfg)  # ... but for this
-            if switched:
-                raise UserError(f"train --resume continues {self.run_dir} as it was started; this would change it: "
-                                f"{switched}. Leave it out, or start a new run (another --out, or --restart)")
             self.extra, self.preset = self.saved.get("extra") or {}, self.saved.get("preset")
+            switched = compile_switch(self.model_cfg, recorded, self.train_cfg)  # ... but for this
+            if switched:  # (compare resumes its runs with its --set compile=...: its own words there)
+                how = ("Leave it out of the `gbattn compare` command, or compare into another --out"
+                       if "label" in self.extra else "Leave it out, or start a new run (another --out, or --restart)")
+                raise UserError(f"train --resume continues {self.run_dir} as it was started; this would change it: "
+                                f"{switched}. {how}")
         else:
             if model_cfg is None or train_cfg is None:
                 raise ValueError("model_cfg and train_cfg are required for a new run")
