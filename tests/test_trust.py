@@ -1355,10 +1355,14 @@ def test_load_run_on_a_device_it_cannot_use_says_so_not_that_the_checkpoint_is_d
     """device="mps" or "xpu" (absent here), "meta" and even "cpu:0" got "best.pt is truncated or corrupted ...;
     restore a copy of it" or "the weights ... are not floating-point numbers: the file is damaged", about a sound
     file; a name torch does not know, torch's RuntimeError. Now a UserError naming the devices gbattn runs on;
-    cpu:0 is the CPU."""
-    for device in ("mps", "xpu", "meta", "bogus", torch.device("meta"), 3.5):
-        with pytest.raises(UserError, match=r"^device='[^']*' is not allowed; choose cpu, cuda or cuda:N$"):
+    cpu:0 is the CPU; mps (a Mac's GPU) is taken where it is available, and said to be absent elsewhere."""
+    for device in ("xpu", "meta", "bogus", torch.device("meta"), 3.5):
+        with pytest.raises(UserError, match=r"^device='[^']*' is not allowed; choose cpu, cuda, cuda:N or mps$"):
             rundir.load_run(trained["run"], device=device)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.backends.mps, "is_available", lambda: False)
+        with pytest.raises(UserError, match=r"^device='mps' but MPS \(Apple GPUs\) is not available here"):
+            rundir.load_run(trained["run"], device="mps")
     run = rundir.load_run(trained["run"], device="cpu:0")
     assert next(run.model.parameters()).device == torch.device("cpu") and not run.model.training
 

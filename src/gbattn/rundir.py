@@ -525,7 +525,8 @@ def check_exported_checkpoint(path: Path, checkpoint: str | None, recorded) -> N
 def load_run(path: str | Path, checkpoint: str | None = None, device: str | torch.device = "cpu") -> LoadedRun:
     """The model of a run directory (``checkpoint``: best-validation weights, the default, or
     ``last``) or of an exported directory, with its tokenizer and configs, in eval mode on ``device``
-    (cpu, cuda or cuda:N; README, "Using gbattn from Python"; what is checked on the way: README, "Trust")."""
+    (cpu, cuda, cuda:N or, on a Mac, mps; README, "Using gbattn from Python"; what is checked on the way:
+    README, "Trust")."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)")
@@ -533,8 +534,10 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         named = torch.device(device)
     except (RuntimeError, TypeError):  # not a device name
         named = None
-    if named is None or named.type not in ("cpu", "cuda"):  # else torch.load's error, read as a damaged file
-        raise UserError(f"device={str(device)!r} is not allowed; choose cpu, cuda or cuda:N")
+    if named is not None and named.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device={str(device)!r} but MPS (Apple GPUs) is not available here; use device='cpu'")
+    if named is None or named.type not in ("cpu", "cuda", "mps"):  # else torch.load's error, read as damage
+        raise UserError(f"device={str(device)!r} is not allowed; choose cpu, cuda, cuda:N or mps")
     device = torch.device("cpu") if named.type == "cpu" else named  # (torch.load cannot map to cpu:0)
     if device.type == "cuda" and not torch.cuda.is_available():  # torch.load's error read as a damaged file
         raise UserError(f"device={str(device)!r} but CUDA is not available here; use device='cpu'")
