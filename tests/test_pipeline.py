@@ -753,6 +753,9 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
                                                                    "ptb.test.txt.gz"]),
     # "val" only as a word of its own: interval.txt is no validation split
     (["a.train.txt", "a.val.txt", "a.test.txt", "interval.txt"], ["a.train.txt", "a.val.txt", "a.test.txt"]),
+    # "dev" as a word too: devices.txt beside dev.txt is no split (it was "several files could be the valid split",
+    # and alone it was taken as the valid split)
+    (["train.txt", "dev.txt", "test.txt", "devices.txt"], ["train.txt", "dev.txt", "test.txt"]),
     # raw valid and test beside a tokens-only train (no wiki.train.raw): the flavour with all three splits,
     # not <unk>-tokenized train with raw valid and test
     (["wiki.train.tokens.gz", "wiki.valid.raw", "wiki.valid.tokens", "wiki.test.raw", "wiki.test.tokens"],

@@ -125,7 +125,7 @@ EXACT_NAMES = {
     "valid": ["wiki.valid.raw", "wiki.valid.tokens", "valid.txt", "valid", "validation.txt", "validation"],
     "test": ["wiki.test.raw", "wiki.test.tokens", "test.txt", "test"],
 }
-NAME_PATTERNS = {"train": r"train", "valid": r"valid|(?<![a-z])val(?![a-z])|dev", "test": r"test"}
+NAME_PATTERNS = {"train": r"train", "valid": r"valid|(?<![a-z])(val|dev)(?![a-z])", "test": r"test"}
 TEXT_SUFFIXES = ("", ".txt", ".raw", ".tokens")
 
 
