@@ -157,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminated)
     set_invocation(sys.argv[1:] if argv is None else argv)
     try:
-        if launched_processes() > 1 and args.command not in UNDER_TORCHRUN:
-            raise UserError(f"gbattn {args.command} runs in one process, not under torchrun ({launched_processes()} "
+        processes = launched_processes()
+        if processes > 1 and args.command not in UNDER_TORCHRUN:
+            raise UserError(f"gbattn {args.command} runs in one process, not under torchrun ({processes} "
                             f"processes here): only gbattn train runs on several")
         args.func(args)
         sys.stdout.flush()

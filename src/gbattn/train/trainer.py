@@ -131,6 +131,11 @@ def compile_switch(model_cfg, recorded: TrainConfig, resumed: TrainConfig) -> st
             f"the two draw different masks)")
 
 
+def _finite_amount(value) -> bool:
+    """Whether a checkpoint's value is a number (not a bool), finite and >= 0: seconds, a loss sum, a count."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
+
+
 class _StopFlag:
     """SIGINT/SIGTERM ask the loop to checkpoint and stop at the next step boundary. A signal the process
     was started with ignored (a shell's background job ignores SIGINT) stays ignored, as it is before and
@@ -418,15 +423,13 @@ class Trainer:
             if math.isnan(self.best_valid):  # (no evaluation yet: inf) no loss would ever count as better
                 raise ValueError("its best validation loss is NaN")
             seconds = (state["elapsed"], state["train_seconds"])  # NaN: a result.json without its wall-clock time
-            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
-                       for v in seconds):
+            if not all(_finite_amount(v) for v in seconds):
                 raise ValueError(f"elapsed={seconds[0]!r} and train_seconds={seconds[1]!r} must be numbers of "
                                  f"seconds >= 0")
             self.elapsed, self.train_seconds = float(seconds[0]), float(seconds[1])
             self.tokens_seen, self.curve = tokens_seen, curve
             window = state.get("train_window", [0.0, 0])  # (checkpoints from before it was kept: none)
-            if not (isinstance(window, list) and len(window) == 2 and all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf") for v in window)):
+            if not (isinstance(window, list) and len(window) == 2 and all(_finite_amount(v) for v in window)):
                 raise ValueError("its training-loss window is malformed")
             self.window_loss, self.window_n = float(window[0]), int(window[1])
             # Checkpoints written before every process's state was kept hold rank 0's alone, as "rng".
