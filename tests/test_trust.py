@@ -1605,6 +1605,30 @@ def test_read_json_turns_every_bad_file_into_one_line_naming_it(tmp_path):
     assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": "\ufffd"}, {"c": 3}]
 
 
+def test_every_tokenizer_file_is_refused_unread_above_the_json_size_cap(tmp_path, monkeypatch):
+    """A run's tokenizer.json, a --tokenizer hf=PATH file and an HF directory's tokenizer.json are read under
+    the cap every JSON file has: a 1 GiB sparse tokenizer.json was read whole (2.3 GB of memory, then 'not a
+    valid gbattn tokenizer file'), and a larger one could exhaust the memory before any error."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    from gbattn.convert import hf_tokenizer
+    from gbattn.data.tokenizer import Tokenizer, get_tokenizer
+    from gbattn.errors import CheckpointError
+
+    hf_json = HFTokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>")).to_str()
+    run_file, hf_dir = tmp_path / "tokenizer.json", tmp_path / "hf"
+    run_file.write_text(Tokenizer("hf", hf_json).to_json())
+    hf_dir.mkdir()
+    (hf_dir / "tokenizer.json").write_text(hf_json)
+    monkeypatch.setattr(files, "MAX_JSON_BYTES", len(hf_json) - 1)  # a valid file, just larger than the cap
+    too_large = r"is 0 MiB: larger than any JSON file gbattn reads \(0 MiB at most\); not read"
+    for read in (lambda: Tokenizer.load(run_file), lambda: get_tokenizer(f"hf={hf_dir / 'tokenizer.json'}", None),
+                 lambda: hf_tokenizer(hf_dir, 2)):
+        with pytest.raises(CheckpointError, match=too_large):
+            read()
+
+
 def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_traceback(tmp_path):
     """An absolute path, or one climbing out anywhere in it, becomes its last component (a file its folder
     and name); an error's detail is its first line, cut at the limit, with its type when asked, and

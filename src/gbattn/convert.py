@@ -29,7 +29,7 @@ from gbattn import rundir
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError, ConfigError
-from gbattn.files import error_detail, portable_path, read_json
+from gbattn.files import error_detail, portable_path, read_json, read_json_bytes
 from gbattn.model.gpt import GPT
 
 TORCH_BIN = "pytorch_model.bin"
@@ -328,8 +328,9 @@ def hf_tokenizer(path: Path, vocab_size: int) -> Tokenizer:
     if not file.is_file():
         raise CheckpointError(f"{path} has no {HF_TOKENIZER} (the Hugging Face tokenizers file); write one with "
                               f"AutoTokenizer.from_pretrained(...).save_pretrained('{path}')")
+    content = read_json_bytes(file)  # a huge file is refused unread
     try:
-        tok = Tokenizer("hf", file.read_text(encoding="utf-8"))
+        tok = Tokenizer("hf", content.decode("utf-8"))
     except Exception as e:  # JSON or HF tokenizers errors: all mean a bad file
         raise CheckpointError(f"{file} is not a valid tokenizer.json ({error_detail(e, with_type=True)})") from None
     if tok.vocab_size != vocab_size:

@@ -185,24 +185,33 @@ def check_writable_file(path: str | Path, what: str) -> Path:
 MAX_JSON_BYTES = 256 * 2**20  # far above any JSON file gbattn reads (a Llama tokenizer.json: about 9 MiB)
 
 
-def read_json(path: str | Path, what: str | None = None) -> dict:
-    """A JSON object from ``path``, or a one-line :class:`CheckpointError` naming the file. A file larger
-    than :data:`MAX_JSON_BYTES` is refused unread (a config linked to a huge file would fill the memory)."""
+def read_json_bytes(path: str | Path) -> bytes:
+    """The bytes of a JSON file (a config, a tokenizer), or a one-line :class:`CheckpointError` naming it. A file
+    larger than :data:`MAX_JSON_BYTES` is refused unread (a file linked to a huge one would fill the memory)."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
     try:
         size = path.stat().st_size
         if size > MAX_JSON_BYTES:
             raise CheckpointError(f"{path} is {size / 2**20:,.0f} MiB: larger than any JSON file gbattn reads "
                                   f"({MAX_JSON_BYTES // 2**20} MiB at most); not read")
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        return path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{path} cannot be read ({e.strerror or e})") from None
+
+
+def read_json(path: str | Path, what: str | None = None) -> dict:
+    """A JSON object from ``path``, or a one-line :class:`CheckpointError` naming the file (read by
+    :func:`read_json_bytes`: a huge file is refused unread)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
+    content = read_json_bytes(path)
+    try:
+        obj = json.loads(content.decode("utf-8"))
     except ValueError as e:  # bad JSON or UTF-8, or an integer of more digits than Python converts (4,300)
         raise CheckpointError(f"{path} is not valid JSON ({error_detail(e)})") from None
     except RecursionError:
         raise CheckpointError(f"{path} is not a gbattn file (its JSON is nested too deeply to read)") from None
-    except OSError as e:
-        raise CheckpointError(f"{path} cannot be read ({e.strerror or e})") from None
     if not isinstance(obj, dict):
         raise CheckpointError(
             f"{path} holds {type(obj).__name__}, expected a JSON object{f' ({what})' if what else ''}"

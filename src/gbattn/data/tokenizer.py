@@ -23,7 +23,7 @@ from itertools import islice
 from pathlib import Path
 
 from gbattn.errors import CheckpointError, DataError
-from gbattn.files import atomic_write, check_writable_dir, error_detail
+from gbattn.files import atomic_write, check_writable_dir, error_detail, read_json_bytes
 
 BPE_TRAIN_LINES = 100_000
 SPECIALS = ["<pad>", "<unk>"]
@@ -138,8 +138,9 @@ class Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
+        content = read_json_bytes(path)  # a huge file is refused unread
         try:
-            tok = cls.from_json(path.read_text(encoding="utf-8"))
+            tok = cls.from_json(content.decode("utf-8"))
         except Exception as e:  # JSON, key, type or HF tokenizers errors: all mean a bad file
             raise CheckpointError(f"{path} is not a valid gbattn tokenizer file "
                                   f"({error_detail(e, with_type=True)})") from None
@@ -172,9 +173,10 @@ def _gpt2_payload(spec: str) -> str:
                             f"{kind}={path / 'tokenizer.json'}")
         if not path.is_file():
             raise DataError(f"--tokenizer {spec}: no such tokenizer.json file")
+        content = read_json_bytes(path)  # a huge file is refused unread
         payload = None
         try:
-            payload = path.read_text(encoding="utf-8")
+            payload = content.decode("utf-8")
             Tokenizer("gpt2", payload)
         except Exception as e:
             own = _run_tokenizer_kind(payload) if payload is not None else None
