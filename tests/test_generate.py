@@ -76,6 +76,36 @@ def test_generate_cli(tmp_path, capsys):
     assert capsys.readouterr().out.split("---")[0] == out.split("---")[0]
 
 
+def test_generate_shows_control_characters_escaped_on_a_terminal_and_as_decoded_when_piped(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """A run whose tokenizer decodes to control characters (ESC, CSI, a carriage return): they were printed raw,
+    so a hostile run's tokens could send escape sequences to the user's terminal. On a terminal every control
+    character but newline and tab is now shown escaped; piped, the text is written as decoded."""
+    import json
+    import sys
+    import unicodedata
+
+    from gbattn.eval.cli import terminal_text
+
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=1, eval_every=1), quiet=True)
+    record = json.loads((tmp_path / "run" / "tokenizer.json").read_text())
+    controls = iter(c for c in map(chr, range(0xA0)) if unicodedata.category(c) == "Cc" and c not in "\n\t")
+    chars = [c if c == "t" else next(controls) for c in json.loads(record["payload"])["chars"]]
+    record["payload"] = json.dumps({"chars": chars})
+    (tmp_path / "run" / "tokenizer.json").write_text(json.dumps(record))
+    printed = {}
+    for on_terminal in (False, True):
+        monkeypatch.setattr(sys.stdout, "isatty", lambda on_terminal=on_terminal: on_terminal, raising=False)
+        assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "t", "--max-new-tokens", "20",
+                         "--temperature", "0"]) == 0
+        printed[on_terminal] = capsys.readouterr().out
+    text = printed[False].split("\n---\n")[0]
+    assert text.startswith("t") and len(text) == 21 and any(unicodedata.category(c) == "Cc" for c in text)
+    assert printed[True] == terminal_text(text) + "\n---\n" and "\\x" in printed[True]
+    assert not any(unicodedata.category(c) == "Cc" and c != "\n" for c in printed[True])
+
+
 def test_generate_says_when_bpe_prompt_tokens_are_unknown(tmp_path, capsys):
     """The BPE maps characters it never saw to <unk>, which decoding leaves out: `--prompt 'héllo 🙂'`
     was shown as 'h ll o' with no word that the model read something else than the prompt."""

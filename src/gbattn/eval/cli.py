@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+import unicodedata
 from pathlib import Path
 
 from gbattn import arguments
@@ -45,6 +46,13 @@ def register(sub) -> None:
     arguments.device(p)
     arguments.threads(p)
     p.set_defaults(func=cmd_generate)
+
+
+def terminal_text(text: str) -> str:
+    """Generated text for a terminal: every control character but newline and tab (an escape sequence that a
+    hostile tokenizer's token decodes to, a carriage return over the line) shown escaped (``\\x1b``), never sent
+    to the terminal; every other character, non-ASCII spaces included, as it is."""
+    return "".join(ascii(c)[1:-1] if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
 
 
 def cmd_eval(args) -> None:
@@ -125,8 +133,10 @@ def cmd_generate(args) -> None:
                              use_cache=not args.no_cache, decode_step=step, compile=False, progress=bar.update)
     dt = time.perf_counter() - t0
     bar.close()
+    on_terminal = sys.stdout.isatty()
     for row in out.tolist():
-        print(run.tokenizer.decode(row))
+        text = run.tokenizer.decode(row)
+        print(terminal_text(text) if on_terminal else text)  # piped: the text as decoded
         print("---")
     if run.tokenizer.kind == "bpe":
         print("note: the paper's BPE keeps no word boundaries, so its pieces are shown separated by spaces "
