@@ -255,11 +255,28 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
         ({"idx_BT": ids[:, :0]}, "the prompt is empty"),
         ({"idx_BT": ids[:, :0], "prompt_mask": left[:, :0]}, "the prompt is empty"),  # was an IndexError
         ({"idx_BT": ids[:1].repeat(1, 9), "prompt_mask": torch.ones(1, 27)}, "padded prompt of 27 tokens is longer"),
+        # a seed the CLI refuses was taken (-1) or a torch error (1.5, True: "manual_seed expected a long")
+        ({"idx_BT": ids, "seed": -1}, "seed=-1 must be an integer in [0, 2**63 - 1]"),
+        ({"idx_BT": ids, "seed": 1.5}, "seed=1.5 must be an integer in [0, 2**63 - 1]"),
+        ({"idx_BT": ids, "seed": True}, "seed=True must be an integer in [0, 2**63 - 1]"),
+        ({"idx_BT": ids, "temperature": None}, "temperature=None must be a finite number >= 0"),  # was a TypeError
     ]
     for kwargs, message in cases:
         kwargs = {"max_new_tokens": 2, **kwargs}
         with pytest.raises(ValueError, match=re.escape(message)):
             generate(model, **kwargs)
+
+
+def test_generate_takes_numpy_numbers_as_python_numbers():
+    """numpy's integers (a count or seed from an array) were refused as max_new_tokens and top_k ("must be an
+    integer") and a torch TypeError as the seed, while configs take them: now they give what Python's give."""
+    import numpy as np
+
+    model = tiny_model(("standard", {}))
+    ids = torch.tensor([[5, 6, 7]])
+    expected = generate(model, ids, 4, temperature=0.5, top_k=5, seed=3)
+    assert torch.equal(generate(model, ids, np.int64(4), temperature=np.float32(0.5), top_k=np.int32(5),
+                                seed=np.uint64(3)), expected)
 
 
 def test_a_tiny_temperature_samples_the_largest_logit():

@@ -10,10 +10,14 @@ costs for the cached steps asked for (:data:`MIN_TOKENS_TO_COMPILE`, README "Spe
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from torch import Tensor
 
 from gbattn.attention.core import positions_of
+from gbattn.checks import MAX_INT
 
 
 def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
@@ -85,13 +89,25 @@ def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0,
     return None, f"KV cache{past}"
 
 
-def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+def _is_integer(value) -> bool:
+    """An integer, numpy's included (as configs take them), but not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None,
+                   seed: int | None = None) -> tuple[int, float, int | None, int | None]:
+    """The sampling options as Python numbers (numpy's numbers are taken), or a ValueError naming the bad one."""
+    if not _is_integer(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
-    if not 0 <= temperature < float("inf"):  # also refuses NaN; at inf every token ties and top-k keeps them all
-        raise ValueError(f"temperature={temperature} must be a finite number >= 0 (0 = greedy)")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    # NaN is refused too; at inf every token ties and top-k keeps them all
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 (0 = greedy)")
+    if top_k is not None and (not _is_integer(top_k) or top_k < 1):
         raise ValueError(f"top_k={top_k!r} must be an integer >= 1 (or None for no top-k)")
+    if seed is not None and (not _is_integer(seed) or not 0 <= seed <= MAX_INT):
+        raise ValueError(f"seed={seed!r} must be an integer in [0, 2**63 - 1] (or None for a new draw each time)")
+    return (int(max_new_tokens), float(temperature), None if top_k is None else int(top_k),
+            None if seed is None else int(seed))
 
 
 def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
@@ -132,7 +148,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     ``progress(1)`` is called after each new token (e.g. a progress bar's update). The model's
     training mode and its own KV cache (``setup_cache``) are as they were afterwards.
     """
-    check_sampling(max_new_tokens, temperature, top_k)
+    max_new_tokens, temperature, top_k, seed = check_sampling(max_new_tokens, temperature, top_k, seed)
     prompt_mask = check_prompt(idx_BT, prompt_mask)
     was_training, callers_cache = model.training, model.kv_cache
     model.eval()
