@@ -774,11 +774,15 @@ def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(tmp_path / "up")]) == 2
     assert "already holds a run" in capsys.readouterr().err
-    for name in ("checkpoint.pt", "best.pt"):  # weights without config.json (a run killed early) are kept too
+    # Weights without config.json (an upcycle killed before writing config.json, which comes last, or a run killed
+    # early) are kept too, and the line says what is there and what to do: it was "already holds a run".
+    for name in ("checkpoint.pt", "best.pt"):
         (tmp_path / name).mkdir()
         shutil.copy(tmp_path / "up" / "best.pt", tmp_path / name / name)
         assert main(["upcycle", str(gbattn_dir), "--attn", "boosted", "--out", str(tmp_path / name)]) == 2
-        assert "already holds a run" in capsys.readouterr().err
+        assert capsys.readouterr().err == (f"gbattn: error: {tmp_path / name} holds {name} but no config.json (written "
+                                           f"last): an upcycle or a run stopped before it finished; delete "
+                                           f"{tmp_path / name} or choose another --out\n")
         assert (tmp_path / name / name).read_bytes() == (tmp_path / "up" / "best.pt").read_bytes()
 
 

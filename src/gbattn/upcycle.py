@@ -216,8 +216,12 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
         train_cfg = TrainConfig(tokenizer=src.tokenizer.kind)
     seq_len = src.config.get("seq_len") or result.model_cfg.input_length(train_cfg.seq_len)  # refused before writing
     with rundir.RunLock(out, "upcycled model"):
-        if any((out / name).exists() for name in (rundir.CONFIG, rundir.CHECKPOINT, rundir.BEST)):
+        if (out / rundir.CONFIG).exists():
             raise UserError(f"{out} already holds a run; choose another --out")
+        weights = [name for name in (rundir.CHECKPOINT, rundir.BEST) if (out / name).exists()]
+        if weights:  # kept: gbattn cannot tell whose they are
+            raise UserError(f"{out} holds {' and '.join(weights)} but no {rundir.CONFIG} (written last): an upcycle or "
+                            f"a run stopped before it finished; delete {out} or choose another --out")
         src.tokenizer.save(out / rundir.TOKENIZER)
         rundir.save_checkpoint({"model": result.state, "step": 0}, out / rundir.BEST)
         rundir.write_config(
