@@ -674,7 +674,7 @@ def test_resolve_device_refuses_what_torch_cannot_name():
         resolve_device(None)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: True)
-        with pytest.raises(UserError, match="device='cuda:x' is not a device name"):
+        with pytest.raises(UserError, match=r"^device='cuda:x' is not allowed; choose auto, cpu, cuda, cuda:N$"):
             resolve_device("cuda:x")
 
 

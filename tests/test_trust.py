@@ -1325,7 +1325,7 @@ def test_load_run_on_cuda_without_cuda_says_so_not_that_the_checkpoint_is_damage
     corrupted ...; restore a copy of it" (torch.load's error on map_location), about a sound file."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for device in ("cuda", torch.device("cuda:1")):
-        with pytest.raises(UserError, match=r"^device='cuda(:1)?' but CUDA is not available here; use device='cpu'$"):
+        with pytest.raises(UserError, match=r"^device='cuda(:1)?' but CUDA is not available here; use cpu$"):
             rundir.load_run(trained["run"], device=device)
     assert rundir.load_run(trained["run"], device="cpu").checkpoint == "best"
 
@@ -1356,15 +1356,30 @@ def test_load_run_on_a_device_it_cannot_use_says_so_not_that_the_checkpoint_is_d
     restore a copy of it" or "the weights ... are not floating-point numbers: the file is damaged", about a sound
     file; a name torch does not know, torch's RuntimeError. Now a UserError naming the devices gbattn runs on;
     cpu:0 is the CPU; mps (a Mac's GPU) is taken where it is available, and said to be absent elsewhere."""
-    for device in ("xpu", "meta", "bogus", torch.device("meta"), 3.5):
-        with pytest.raises(UserError, match=r"^device='[^']*' is not allowed; choose cpu, cuda, cuda:N or mps$"):
+    from gbattn.runtime import resolve_device
+
+    for device in ("xpu", "meta", "bogus", torch.device("meta"), 3.5, None):
+        with pytest.raises(UserError, match=r"^device=\S+ is not allowed; choose auto, cpu, cuda, cuda:N or mps$"):
             rundir.load_run(trained["run"], device=device)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch.backends.mps, "is_available", lambda: False)
-        with pytest.raises(UserError, match=r"^device='mps' but MPS \(Apple GPUs\) is not available here"):
+        with pytest.raises(UserError, match=r"^device='mps' but MPS \(Apple GPUs\) is not available here; use cpu$"):
             rundir.load_run(trained["run"], device="mps")
-    run = rundir.load_run(trained["run"], device="cpu:0")
-    assert next(run.model.parameters()).device == torch.device("cpu") and not run.model.training
+    for device in ("cpu:0", "auto", torch.device("cpu")):  # auto: as every command's --device takes it
+        run = rundir.load_run(trained["run"], device=device)
+        assert next(run.model.parameters()).device == torch.device("cpu") and not run.model.training
+    # One parser: a command's --device and load_run said other things of the same bad name ('cudax': "CUDA is not
+    # available here; use --device cpu" and "is not allowed; choose cpu, cuda, cuda:N or mps"; 'cuda' without CUDA:
+    # "device='cuda:0' ..." and "device='cuda' ..."); now the same line, less mps, which only load_run takes.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "is_available", lambda: False)
+        for device in ("cudax", "xpu", "cuda", "cuda:1", None):
+            lines = []
+            for load in (resolve_device, lambda d: rundir.load_run(trained["run"], device=d)):
+                with pytest.raises(UserError) as caught:
+                    load(device)
+                lines.append(str(caught.value))
+            assert lines[0] == lines[1].replace(" or mps", ""), lines
 
 
 def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):

@@ -52,7 +52,7 @@ from gbattn.files import (
     write_json,
 )
 from gbattn.model.gpt import GPT
-from gbattn.runtime import check_cuda_index
+from gbattn.runtime import resolve_device
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
@@ -530,18 +530,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)")
-    try:
-        named = torch.device(device)
-    except (RuntimeError, TypeError):  # not a device name
-        named = None
-    if named is not None and named.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"device={str(device)!r} but MPS (Apple GPUs) is not available here; use device='cpu'")
-    if named is None or named.type not in ("cpu", "cuda", "mps"):  # else torch.load's error, read as damage
-        raise UserError(f"device={str(device)!r} is not allowed; choose cpu, cuda, cuda:N or mps")
-    device = torch.device("cpu") if named.type == "cpu" else named  # (torch.load cannot map to cpu:0)
-    if device.type == "cuda" and not torch.cuda.is_available():  # torch.load's error read as a damaged file
-        raise UserError(f"device={str(device)!r} but CUDA is not available here; use device='cpu'")
-    check_cuda_index(device)
+    device = resolve_device(device, mps=True)  # else torch.load's error on another device, read as damage
     if checkpoint is not None and checkpoint not in WHICH:
         raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")
     if foreign_model(path) == UNFINISHED_EXPORT:

@@ -26,20 +26,26 @@ def launched_processes() -> int:
     return int(value)
 
 
-def resolve_device(name: str = "auto", local_rank: int = 0) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ``cuda`` -> this process's GPU under torchrun."""
-    if not isinstance(name, str) or not (name in ("auto", "cpu") or name.startswith("cuda")):
-        raise UserError(f"device={name!r} is not allowed; choose auto, cpu, cuda or cuda:N")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        name = f"cuda:{local_rank}"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device={name!r} but CUDA is not available here; use --device cpu")
+def resolve_device(name: str | torch.device = "auto", local_rank: int | None = None, mps: bool = False) -> torch.device:
+    """The device ``name`` means, or a one-line UserError naming the ones allowed: ``auto`` -> CUDA when available,
+    else CPU; ``cpu``; ``cuda`` -> the GPU of ``local_rank`` (torchrun's), else torch's current one; ``cuda:N``; and
+    ``mps`` (a Mac's GPU) where ``mps`` allows it (``load_run``). The one parser of every command's --device and of
+    ``load_run``'s device."""
+    text = str(name) if isinstance(name, torch.device) else name
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"device={name!r} is not a device name; choose auto, cpu, cuda or cuda:N") from None
+        device = torch.device(text if text != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    except (RuntimeError, TypeError):  # not a device name
+        device = None
+    if not isinstance(text, str) or device is None or device.type not in ("cpu", "cuda", *(("mps",) if mps else ())):
+        raise UserError(f"device={text!r} is not allowed; choose auto, cpu, cuda, cuda:N{' or mps' if mps else ''}")
+    if device.type == "cpu":
+        return torch.device("cpu")  # cpu:0 too (torch.load cannot map to cpu:0)
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device={text!r} but MPS (Apple GPUs) is not available here; use cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():  # torch.load's error would read as a damaged file
+        raise UserError(f"device={text!r} but CUDA is not available here; use cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device() if local_rank is None else local_rank)
     check_cuda_index(device)
     return device
 
