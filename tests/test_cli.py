@@ -418,8 +418,8 @@ def test_free_cores_count_only_the_cpus_this_process_may_use(monkeypatch):
 
 
 def test_cuda_is_this_processs_gpu_under_torchrun(monkeypatch):
-    """``cuda`` (or ``auto`` where CUDA is available) is the GPU of this process's local rank; an
-    explicit ``cuda:N`` is kept; without CUDA, ``auto`` is the CPU and ``cuda`` a one-line error."""
+    """``cuda`` (or ``auto`` where CUDA is available) is the GPU of this process's local rank (else torch's current
+    one); an explicit ``cuda:N`` is kept; without CUDA, ``auto`` is the CPU and ``cuda`` a one-line error."""
     import torch
 
     from gbattn.errors import UserError
@@ -430,6 +430,8 @@ def test_cuda_is_this_processs_gpu_under_torchrun(monkeypatch):
     assert resolve_device("cuda", local_rank=1) == torch.device("cuda", 1)
     assert resolve_device("auto", local_rank=2) == torch.device("cuda", 2)
     assert resolve_device("cuda:0", local_rank=3) == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)  # without a rank (load_run): torch's current GPU
+    assert resolve_device("cuda") == resolve_device("auto") == torch.device("cuda", 2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto", local_rank=1) == torch.device("cpu")
     with pytest.raises(UserError, match="CUDA is not available"):
