@@ -166,7 +166,7 @@ def test_a_cache_serves_one_module_used_on_its_own():
     first, second = (build_attention("standard", AttnArgs(d_model=D, n_heads=4)).eval() for _ in range(2))
     x = torch.randn(1, 3, D)
     shared = DynamicLayerCache()
-    with pytest.raises(ValueError, match="key_padding_mask has 2 keys, expected 1"):
+    with pytest.raises(ValueError, match=r"key_padding_mask of shape \(1, 2\) for a batch of 1 over 1 key slots"):
         second(x[:, :1], cache=shared, key_padding_mask=torch.ones(1, 2, dtype=torch.bool))  # refused: binds nothing
     h = x[:, :1] + first(x[:, :1], cache=shared)
     with pytest.raises(ValueError, match="another attention module's keys and values"):
@@ -293,7 +293,7 @@ def test_a_module_on_its_own_names_a_misshapen_input_or_mask(name):
             attn(bad)
     for shape in ((3, 5), (5,)):  # another number of tokens: test_a_padding_mask_of_another_width_is_refused
         bad = torch.ones(shape, dtype=torch.bool)
-        with pytest.raises(ValueError, match=r"key_padding_mask of shape .*: expected \(batch, tokens\) = \(2, 5\)"):
+        with pytest.raises(ValueError, match=r"key_padding_mask of shape .* over 5 key slots: expected \(2, 5\)"):
             attn(x, causal=False, key_padding_mask=bad)
     one = torch.ones(1, 5, dtype=torch.bool)  # one row for every row, as broadcasting gives
     torch.testing.assert_close(attn(x, causal=False, key_padding_mask=one), attn(x, causal=False))
@@ -630,10 +630,25 @@ def test_a_record_passed_in_is_filled_and_returned():
     assert returned is record and [r.kind for r in record.rounds] == ["attention", "second-pass"]
 
 
-def test_a_padding_mask_of_another_width_is_refused():
+def test_a_padding_mask_of_another_shape_gets_one_line_from_a_module_and_from_a_model():
+    """The mask's shape was checked in three places with three lines (the module's batch check, its context's
+    "key_padding_mask has 5 keys, expected 7", the model's own): now one check, the same line from both."""
+    from gbattn import GPT, preset_config
+
     attn = make(("standard", {}))
-    with pytest.raises(ValueError, match="key_padding_mask has 5 keys, expected 7"):
+    with pytest.raises(ValueError, match=r"^key_padding_mask of shape \(2, 5\) for a batch of 2 over 7 key slots: "
+                                         r"expected \(2, 7\), True for real tokens$"):
         attn(torch.randn(B, T, D, dtype=torch.float64), key_padding_mask=torch.ones(B, 5, dtype=torch.bool))
+    model = GPT(preset_config("cpu-char", "standard"))
+    idx = torch.randint(0, 60, (B, T))
+    for shape in ((B, 5), (B + 1, T), (B, T, 1), (T,)):
+        lines = []
+        for call in (lambda mask: attn(torch.randn(B, T, D, dtype=torch.float64), key_padding_mask=mask),
+                     lambda mask: model(idx, key_padding_mask=mask)):
+            with pytest.raises(ValueError) as caught:
+                call(torch.ones(shape, dtype=torch.bool))
+            lines.append(str(caught.value))
+        assert lines[0] == lines[1], lines
 
 
 @pytest.mark.parametrize("layers, n_layers", [([2], 2), ([-3], 2), ([0, 3], 3), ([-4, 0], 3)])

@@ -140,6 +140,15 @@ def check_integers(what: str, t: Tensor | None) -> None:
         raise ValueError(f"{what} of dtype {t.dtype}: expected integers (torch.long)")
 
 
+def check_key_padding(mask_BS: Tensor | None, B: int, S: int) -> None:
+    """A ``key_padding_mask`` of shape (B, S) or (1, S) for B rows over S key slots, else a ValueError saying the
+    shape expected: the one check of a model's forward and of a module used on its own (both use the mask before
+    their :class:`AttnContext` exists)."""
+    if mask_BS is not None and (mask_BS.dim() != 2 or mask_BS.shape[0] not in (1, B) or mask_BS.shape[1] != S):
+        raise ValueError(f"key_padding_mask of shape {tuple(mask_BS.shape)} for a batch of {B} over {S} key slots: "
+                         f"expected ({B}, {S}), True for real tokens")
+
+
 def positions_of(mask_BT: Tensor) -> Tensor:
     """Positions (B, T) of a padded batch: each real token's index among its row's real tokens (what
     it would have alone); padding before a row's first real token at 0, padding after a real token at
@@ -186,8 +195,6 @@ class AttnContext:
             # An additive float mask (0 keep, -inf drop, as nn.MultiheadAttention takes) would read inverted.
             raise ValueError(f"key_padding_mask of dtype {self.key_padding_BS.dtype}: give a bool (or integer) mask, "
                              f"True for real tokens")
-        if self.key_padding_BS is not None and self.key_padding_BS.shape[-1] != self.S:
-            raise ValueError(f"key_padding_mask has {self.key_padding_BS.shape[-1]} keys, expected {self.S}")
 
     @property
     def square_causal(self) -> bool:
@@ -567,10 +574,7 @@ class AttentionBase(nn.Module):
                                  f"give {weight_dtype} activations (or convert the module with .to(dtype))")
             B, T = x_BTD.shape[:2]
             past = 0 if cache is None else cache.length  # keys already cached, before these T tokens
-            mask = key_padding_mask
-            if mask is not None and (mask.dim() != 2 or mask.shape[0] not in (1, B)):
-                raise ValueError(f"key_padding_mask of shape {tuple(key_padding_mask.shape)}: expected (batch, "
-                                 f"tokens) = ({B}, {past + T}), True for real tokens")
+            check_key_padding(key_padding_mask, B, past + T)
             rope = None
             if positions is not None and self.args.rope_base is None:
                 raise ValueError("positions are for RoPE, which this module does not use: build it with "

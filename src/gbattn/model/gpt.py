@@ -14,7 +14,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gbattn.attention.core import AttnArgs, AttnContext, Record, StaticCache, check_integers, positions_of, rope_for
+from gbattn.attention.core import (
+    AttnArgs,
+    AttnContext,
+    Record,
+    StaticCache,
+    check_integers,
+    check_key_padding,
+    positions_of,
+    rope_for,
+)
 from gbattn.attention.registry import build_attention
 from gbattn.config import ModelConfig
 from gbattn.errors import ConfigError
@@ -215,10 +224,7 @@ class GPT(nn.Module):
                              f"expected ({B}, {T}) or ({T},)")
         cache = self.kv_cache if cache is None else cache
         S = cache.key_length(T) if cache is not None else T
-        if key_padding_mask is not None and (key_padding_mask.dim() != 2 or key_padding_mask.shape[0] not in (1, B)
-                                             or key_padding_mask.shape[1] != S):
-            raise ValueError(f"key_padding_mask of shape {tuple(key_padding_mask.shape)} for a batch of {B} over {S} "
-                             f"key slots: expected ({B}, {S}), True for real tokens")
+        check_key_padding(key_padding_mask, B, S)
         if input_pos is not None and tuple(input_pos.shape) != (T,):
             raise ValueError(f"input_pos of shape {tuple(input_pos.shape)} for {T} tokens: expected ({T},), one cache "
                              f"slot per token (position_ids (B, T) gives positions per row)")
