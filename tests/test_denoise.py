@@ -846,3 +846,25 @@ def test_an_experiment_asked_for_twice_is_one_table(tmp_path, monkeypatch):
     assert report["experiments"] == ["gates"] and list(report["tables"]) == ["gates"]
     assert json.loads((tmp_path / "results.json").read_text())["experiments"] == ["gates"]
     assert len(written) == 2 and not any("not yet run" in markdown for markdown in written)
+
+
+def test_a_directory_where_a_result_file_goes_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    """A folder named results.json, results.md or (with the rounds table) rounds.png in --out: the run trained
+    its first table, then stopped with an IsADirectoryError traceback (exit 1); now one line, exit 2, nothing
+    trained."""
+    from gbattn.synthetic import tables
+
+    monkeypatch.setattr(tables, "train_run", lambda *a: pytest.fail("trained"))
+    for name in ("results.json", "results.md", "rounds.png"):
+        out = tmp_path / name.replace(".", "-")
+        (out / name).mkdir(parents=True)
+        assert main(["denoise", "--out", str(out), "--experiments", "rounds", "deq", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines() == [f"gbattn: error: --out {out}: {name} there is a directory, where "
+                                            f"gbattn denoise writes its {name}; remove it or use another --out"], err
+    # rounds.png is only written with the rounds table: without it, a folder of that name is left alone
+    runs, _ = fake_runs((0,))
+    monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
+    out = tmp_path / "rounds-png"
+    assert main(["denoise", "--out", str(out), "--experiments", "deq", "--seeds", "0", "--quick", "--quiet"]) == 0
+    assert (out / "rounds.png").is_dir() and (out / "results.json").is_file()
