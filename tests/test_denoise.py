@@ -868,3 +868,30 @@ def test_a_directory_where_a_result_file_goes_is_refused_before_training(tmp_pat
     out = tmp_path / "rounds-png"
     assert main(["denoise", "--out", str(out), "--experiments", "deq", "--seeds", "0", "--quick", "--quiet"]) == 0
     assert (out / "rounds.png").is_dir() and (out / "results.json").is_file()
+
+
+def test_a_stopped_run_leaves_no_figure_of_an_earlier_call(tmp_path, monkeypatch):
+    """The figure was drawn (and an earlier call's removed) only at the end: a run stopped after its rounds
+    table left the earlier call's rounds.png (another --steps, other seeds) beside its own tables, and one
+    stopped before its rounds table, or one without it, left that figure beside tables that did not hold it."""
+    from gbattn.synthetic import tables
+
+    runs, _ = fake_runs((0,))
+
+    def train(spec, protocol, device):
+        if spec.kind == "deq":
+            raise KeyboardInterrupt  # the run stopped here
+        return runs[spec.key]
+
+    monkeypatch.setattr(tables, "train_run", train)
+    tables.run_denoise(tmp_path, ["rounds"], (0,), Protocol(steps=1, bayes_queries=100), quiet=True)
+    earlier = (tmp_path / "rounds.png").read_bytes()
+    with pytest.raises(KeyboardInterrupt):  # stopped after the rounds table: its own figure is there
+        tables.run_denoise(tmp_path, ["rounds", "deq"], (0,), Protocol(steps=20, bayes_queries=100), quiet=True)
+    assert json.loads((tmp_path / "results.json").read_text())["protocol"]["steps"] == 20
+    assert (tmp_path / "rounds.png").read_bytes() != earlier
+    with pytest.raises(KeyboardInterrupt):  # stopped before the rounds table: no figure beside the gates table
+        tables.run_denoise(tmp_path, ["gates", "deq", "rounds"], (0,), Protocol(steps=1, bayes_queries=100),
+                           quiet=True)
+    assert list(json.loads((tmp_path / "results.json").read_text())["tables"]) == ["gates"]
+    assert not (tmp_path / "rounds.png").exists()

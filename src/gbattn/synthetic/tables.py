@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from gbattn.analysis.figures import remove_unwritten
 from gbattn.errors import UserError
 from gbattn.experiments.report import mean_std
 from gbattn.files import atomic_write, write_figure, write_json
@@ -277,13 +278,12 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
         print(report["markdown"][name] + "\n", flush=True)
         report["wall_seconds"] = time.perf_counter() - started
         write_results(out, report)
+        # With the tables: a run stopped later keeps its figure, and no earlier call's sits beside tables without it.
+        if name == "rounds":
+            plot_rounds(report["tables"]["rounds"], out / "rounds.png", protocol.steps, published)
+        elif "rounds" not in report["tables"]:
+            remove_unwritten(out, ("rounds",), [])
     bar.close()
-    if "rounds" in report["tables"]:
-        plot_rounds(report["tables"]["rounds"], out / "rounds.png", protocol.steps, published)
-    else:  # an earlier call's figure would sit beside tables that no longer hold it
-        from gbattn.analysis.figures import remove_unwritten
-
-        remove_unwritten(out, ("rounds",), [])
     report["wall_seconds"] = time.perf_counter() - started
     report["finished"] = True
     write_results(out, report)
@@ -303,7 +303,7 @@ def results_markdown(report: dict) -> str:
              f"best of evaluations at steps {', '.join(map(str, report['eval_steps']))} on {p['eval_queries']:,} "
              f"fresh queries · patterns seed {p['pattern_seed']} · device {report['device']} · "
              f"wall-clock {report.get('wall_seconds', 0) / 60:.1f} min", ""]
-    # Written after each table: a stopped run leaves the tables it finished (after the last, only the figure is left).
+    # Written after each table (the rounds figure with its table): a stopped run leaves the tables it finished.
     missing = [] if report.get("finished", True) else [name for name in report["experiments"]
                                                        if name not in report["tables"]]
     if missing:
