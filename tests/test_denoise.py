@@ -28,6 +28,8 @@ def test_bayes_optimal_antipodal_patterns_is_phi_of_one_over_sigma():
         accuracy, stderr = bayes_optimal_accuracy(patterns_KD, sigma, 200_000, seed=1)
         exact = 0.5 * (1 + math.erf(1 / sigma / math.sqrt(2)))
         assert abs(accuracy - exact) < 4 * stderr + 1e-4, (sigma, accuracy, exact)
+        # the binomial standard error of a fraction of 200,000 queries (the tables' "± s.e." of the ceiling)
+        assert stderr == pytest.approx(math.sqrt(accuracy * (1 - accuracy) / 200_000), rel=1e-9)
 
 
 def test_bayes_optimal_limits():
