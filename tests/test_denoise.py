@@ -870,6 +870,13 @@ def test_a_directory_where_a_result_file_goes_is_refused_before_training(tmp_pat
     out = tmp_path / "rounds-png"
     assert main(["denoise", "--out", str(out), "--experiments", "deq", "--seeds", "0", "--quick", "--quiet"]) == 0
     assert (out / "rounds.png").is_dir() and (out / "results.json").is_file()
+    # a link to a folder is replaced by the file, as every result file's link is (the folder is left alone)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "results.json").symlink_to(tmp_path / "results-json", target_is_directory=True)
+    assert main(["denoise", "--out", str(linked), "--experiments", "deq", "--seeds", "0", "--quick", "--quiet"]) == 0
+    assert (linked / "results.json").is_file() and not (linked / "results.json").is_symlink()
+    assert (tmp_path / "results-json" / "results.json").is_dir()
 
 
 def test_a_stopped_run_leaves_no_figure_of_an_earlier_call(tmp_path, monkeypatch):

@@ -241,7 +241,7 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
     if "rounds" in experiments and importlib.util.find_spec("matplotlib") is None:  # fail before training
         raise UserError("the rounds figure needs matplotlib: pip install 'gbattn[plot]'")
     for name in ("results.json", "results.md") + (("rounds.png",) if "rounds" in experiments else ()):
-        if (out / name).is_dir():  # replacing it fails, after the first table's training
+        if (out / name).is_dir() and not (out / name).is_symlink():  # replacing it failed after the first table
             raise UserError(f"--out {out_dir}: {name} there is a directory, where gbattn denoise writes its {name}; "
                             "remove it or use another --out")
     plans = {name: experiment_runs(name, seeds) for name in experiments}
