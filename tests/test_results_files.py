@@ -507,6 +507,20 @@ def test_readme_denoise_table_and_gate_spread_are_results_denoise():
         ["paper revision", *(f"{r['paper_revision']:.1f}" for r in rounds), f"{tables['rounds']['bayes']:.1f}"]])
     gates = [r["ours"]["mean"] for r in tables["gates"]["rows"] if r["gate"] != "baseline"]
     assert len(gates) == 5 and f"the five gates within {max(gates) - min(gates):.1f} points" in README_PROSE
+    # the prose's DEQ, difficulty and one-step numbers (and docs/method.md's DEQ ones) are the tables' too
+    deq = {c["key"]: c for c in tables["deq"]["columns"]}
+    converged = " / ".join(f"{deq[key]['converged']['mean']:.1f}" for key in ("d16-K4-s0.5", "d32-K8-s0.5",
+                                                                              "d64-K16-s0.5"))
+    assert f"the DEQ collapsing to chance: {converged}% for K = 4 / 8 / 16" in README_PROSE
+    method = " ".join((ROOT / "docs" / "method.md").read_text().split())
+    assert f"gbattn: {converged}%, results/denoise" in method
+    gain = tables["difficulty"]["columns"][0]
+    assert gain["key"] == "d64-K16-s0.3"
+    assert (f"the gain at d=64, K=16, σ=0.3 is {gain['delta']['mean']:+.1f} ± {gain['delta']['std']:.1f} points "
+            f"(paper {gain['paper_delta']:+.1f})") in README_PROSE
+    one_step = deq["d64-K16-s0.5"]
+    assert (f"the one-step row at d=64, σ=0.5 is {one_step['one_step']['mean']:.1f} (paper "
+            f"{one_step['paper_one_step']:.1f}") in README_PROSE
 
 
 def test_readme_speed_tables_are_the_bench_files():
