@@ -904,3 +904,15 @@ def test_a_stopped_run_leaves_no_figure_of_an_earlier_call(tmp_path, monkeypatch
                            quiet=True)
     assert list(json.loads((tmp_path / "results.json").read_text())["tables"]) == ["gates"]
     assert not (tmp_path / "rounds.png").exists()
+
+
+def test_results_record_the_protocols_initial_beta(tmp_path, monkeypatch):
+    """results.json's "init" said "log beta = log 2.0" whatever Protocol.beta_init the models were built with."""
+    from gbattn.synthetic import tables
+
+    runs, _ = fake_runs((0,))
+    monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
+    for beta in (2.0, 3.5):
+        report = tables.run_denoise(tmp_path, ["gates"], (0,), Protocol(bayes_queries=100, beta_init=beta), quiet=True)
+        assert report["init"] == f"PyTorch default nn.Linear init; log beta = log {beta}"
+        assert json.loads((tmp_path / "results.json").read_text())["protocol"]["beta_init"] == beta

@@ -263,8 +263,9 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
 
     report = {"command": command, "protocol": asdict(protocol), "eval_steps": protocol.eval_steps,
               "seeds": list(seeds), "device": device, "torch_threads": torch.get_num_threads(),
-              "init": "PyTorch default nn.Linear init; log beta = log 2.0", "bayes": bayes, "paper": PAPER,
-              "tables": {}, "markdown": {}, "runs": {}, "experiments": list(experiments), "finished": False}
+              "init": f"PyTorch default nn.Linear init; log beta = log {protocol.beta_init}", "bayes": bayes,
+              "paper": PAPER, "tables": {}, "markdown": {}, "runs": {}, "experiments": list(experiments),
+              "finished": False}
     runs = report["runs"]
     for name, specs in plans.items():
         for spec in specs:
