@@ -319,6 +319,33 @@ def test_weights_as_other_savers_store_them_convert_exactly(make, changes, edit,
     torch.testing.assert_close(logits64(load_source(directory).build_model(), idx), expected, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("make,embedding", [(gpt2_model, "wte.weight"), (llama_model, "model.embed_tokens.weight")],
+                         ids=["gpt2", "llama"])
+def test_a_tied_config_whose_checkpoint_stores_another_head_is_refused(make, embedding, tmp_path, float64_llama):
+    """tie_word_embeddings true, and a stored lm_head.weight that is not the embedding: transformers 5 then
+    unties them (its logits use the stored head), transformers 4 ties them. Before, the conversion used the
+    embedding silently (logits about 19 away from transformers' 5.x). Refused, saying how to choose; the
+    choice 'untied' converts to transformers' logits."""
+    from safetensors.torch import load_file, save_file
+
+    directory = save_hf(make(tie_word_embeddings=True), tmp_path / "hf")
+    weights = load_file(directory / "model.safetensors")
+    key = "transformer.wte.weight" if make is gpt2_model else embedding
+    weights["lm_head.weight"] = torch.randn_like(weights[key])
+    save_file(weights, directory / "model.safetensors")
+    with pytest.raises(CheckpointError, match=re.escape(f"tie_word_embeddings is true but the checkpoint's "
+                                                        f"lm_head.weight differs from {embedding}; set")) as e:
+        load_source(directory)
+    assert "\n" not in str(e.value)
+    _edit_config(directory, tmp_path / "untied", tie_word_embeddings=False)
+    hf = type(make()).from_pretrained(tmp_path / "untied").eval().double()
+    idx = tokens()
+    with torch.no_grad():
+        expected = hf(idx).logits
+    torch.testing.assert_close(logits64(load_source(tmp_path / "untied").build_model(), idx), expected,
+                               rtol=1e-10, atol=1e-10)
+
+
 def _training_checkpoint(directory: Path) -> None:
     from safetensors.torch import load_file
 

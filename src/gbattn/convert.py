@@ -267,8 +267,22 @@ class _Weights:
             raise CheckpointError(f"{self.where}: weight {name} has shape {tuple(w.shape)}, the config implies {shape}")
         return w.to(torch.float32) if w.is_floating_point() else w
 
-    def finish(self, optional: tuple[str, ...] = ()) -> None:
-        left = sorted(set(self.weights) - set(optional))
+    def head(self, embedding: Tensor, tied: bool, embedding_name: str) -> Tensor:
+        """The output head: ``embedding`` when tied (a tied checkpoint may still store an equal
+        ``lm_head.weight``), else the stored ``lm_head.weight``. A tied config whose checkpoint stores
+        another head is refused: transformers 5 then leaves the two untied and uses the stored head,
+        transformers 4 ties them and drops it, so the model's function depends on the version."""
+        if not tied:
+            return self.take("lm_head.weight", tuple(embedding.shape))
+        if "lm_head.weight" in self.weights and not torch.equal(self.take("lm_head.weight", tuple(embedding.shape)),
+                                                                embedding):
+            raise CheckpointError(f"{self.where}: tie_word_embeddings is true but the checkpoint's lm_head.weight "
+                                  f"differs from {embedding_name}; set tie_word_embeddings in {rundir.CONFIG} to false "
+                                  f"to convert the stored head, or delete it from the checkpoint to tie them")
+        return embedding
+
+    def finish(self) -> None:
+        left = sorted(self.weights)
         if left:
             raise CheckpointError(f"{self.where}: the checkpoint holds weights gbattn does not convert "
                                   f"({', '.join(left[:5])}{', ...' if len(left) > 5 else ''})")
@@ -289,8 +303,8 @@ def gpt2_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dic
             out[dst + name + ".weight"] = w.take(src + hf_name + ".weight", (d,))
             out[dst + name + ".bias"] = w.take(src + hf_name + ".bias", (d,))
     out["ln_f.weight"], out["ln_f.bias"] = w.take("ln_f.weight", (d,)), w.take("ln_f.bias", (d,))
-    out["lm_head.weight"] = out["wte.weight"] if cfg.tie_embeddings else w.take("lm_head.weight", (V, d))
-    w.finish(optional=("lm_head.weight",))
+    out["lm_head.weight"] = w.head(out["wte.weight"], cfg.tie_embeddings, "wte.weight")
+    w.finish()
     return out
 
 
@@ -312,8 +326,8 @@ def llama_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> di
         out[dst + "ln1.weight"] = w.take(src + "input_layernorm.weight", (d,))
         out[dst + "ln2.weight"] = w.take(src + "post_attention_layernorm.weight", (d,))
     out["ln_f.weight"] = w.take("model.norm.weight", (d,))
-    out["lm_head.weight"] = out["wte.weight"] if cfg.tie_embeddings else w.take("lm_head.weight", (V, d))
-    w.finish(optional=("lm_head.weight",))  # a tied checkpoint may still store the head
+    out["lm_head.weight"] = w.head(out["wte.weight"], cfg.tie_embeddings, "model.embed_tokens.weight")
+    w.finish()
     return out
 
 
