@@ -379,6 +379,14 @@ def _infinite_norm_gain(directory: Path) -> None:
     save_file(weights, directory / "model.safetensors")
 
 
+def _norm_gain_under_two_names(directory: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(directory / "model.safetensors")
+    weights["ln_f.weight"] = torch.zeros_like(weights["transformer.ln_f.weight"])  # which copy won was the file's order
+    save_file(weights, directory / "model.safetensors")
+
+
 DAMAGED = {
     "training-checkpoint": (_training_checkpoint, "pytorch_model.bin is not a state dict of named tensors"),
     "shard-outside": (_shard_outside, "names shard '../outside.safetensors', which is not a file in"),
@@ -388,6 +396,7 @@ DAMAGED = {
     "tokenizer": (lambda d: (d / "tokenizer.json").write_text("{not json"), "is not a valid tokenizer.json"),
     # upcycled before, into a run that every later command refused as damaged
     "non-finite": (_infinite_norm_gain, "hold NaN or infinite values (transformer.ln_f.weight)"),
+    "two-names": (_norm_gain_under_two_names, "holds ln_f.weight both with and without the transformer. prefix"),
 }
 
 
@@ -395,7 +404,7 @@ DAMAGED = {
 def test_damaged_checkpoint_directories_are_refused_in_one_line(damage, message, gpt2_dir, tmp_path):
     """Weights that are not a state dict, a shard index naming a file outside the directory (it is not
     read) or naming no shards, a weight of another shape than the config's, a broken safetensors file or
-    tokenizer.json, an infinite weight."""
+    tokenizer.json, an infinite weight, a weight stored both with and without GPT-2's prefix."""
     directory = tmp_path / "damaged"
     shutil.copytree(gpt2_dir, directory)
     damage(directory)

@@ -257,7 +257,12 @@ class _Weights:
 
     def __init__(self, weights: dict[str, Tensor], prefix: str, where: Path) -> None:
         self.where = where
-        self.weights = {k.removeprefix(prefix): v for k, v in weights.items() if not k.endswith(IGNORED_SUFFIXES)}
+        kept = [k for k in weights if not k.endswith(IGNORED_SUFFIXES)]
+        self.weights = {k.removeprefix(prefix): weights[k] for k in kept}
+        if len(self.weights) < len(kept):  # one of the two copies would be taken, by the file's order
+            twice = sorted(k for k in kept if prefix and k.startswith(prefix) and k.removeprefix(prefix) in weights)
+            raise CheckpointError(f"{where}: the checkpoint holds {twice[0].removeprefix(prefix)} both with and "
+                                  f"without the {prefix} prefix; keep one")
 
     def take(self, name: str, shape: tuple[int, ...]) -> Tensor:
         if name not in self.weights:
