@@ -462,10 +462,22 @@ def test_inexact_conversions_refused_in_one_line(which, changes, message, reques
     ({"rope_parameters": None, "rope_theta": 500.0, "rope_scaling": {"rope_type": "default"}}, 500.0),
     ({"rope_parameters": None, "rope_theta": 500.0, "rope_scaling": {"type": "default", "factor": 1.0}}, 500.0),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 250.0}, "rope_scaling": None}, 250.0),
+    # rope_scaling, when present, replaces rope_parameters whole (gbattn took 500 and 100 before):
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 500.0}, "rope_theta": 100.0,
+      "rope_scaling": {"rope_type": "default"}}, 100.0),
+    ({"rope_parameters": None, "rope_theta": 100.0, "rope_scaling": {"type": "default", "rope_theta": 700.0}}, 700.0),
 ])
-def test_rope_entries_without_scaling_are_accepted(changes, base, llama_dir, tmp_path):
-    """A ``default`` RoPE entry (what older configs write for no scaling) converts, with its base."""
-    assert load_source(_edit_config(llama_dir, tmp_path / "edited", **changes)).model_cfg.rope_base == base
+def test_rope_entries_without_scaling_are_accepted(changes, base, llama_dir, tmp_path, float64_llama):
+    """A ``default`` RoPE entry (what older configs write for no scaling) converts, with the base
+    transformers takes, and to transformers' logits."""
+    directory = _edit_config(llama_dir, tmp_path / "edited", **changes)
+    source = load_source(directory)
+    assert source.model_cfg.rope_base == base
+    hf = transformers.LlamaForCausalLM.from_pretrained(directory).eval().double()
+    idx = tokens()
+    with torch.no_grad():
+        expected = hf(idx).logits
+    torch.testing.assert_close(logits64(source.build_model(), idx), expected, rtol=1e-10, atol=1e-10)
 
 
 def test_llama_fields_left_out_take_transformers_defaults(llama_dir, tmp_path, float64_llama):

@@ -179,9 +179,9 @@ def _scales(rope: dict) -> bool:
 
 def llama_rope_base(hf: dict, where: Path) -> float:
     """RoPE base of a Llama config; RoPE scaling of any kind, in ``rope_parameters`` (transformers
-    >= 5) or the older ``rope_scaling`` (which transformers still applies when both are present), is
-    refused: gbattn's RoPE has none. A ``default`` entry is no scaling."""
-    base = float(_field(hf, where, "rope_theta", 10000.0, int, float))
+    >= 5) or the older ``rope_scaling``, is refused: gbattn's RoPE has none. A ``default`` entry is no
+    scaling. As in transformers 5, a non-empty ``rope_scaling`` takes the place of ``rope_parameters``
+    whole, and the base is that entry's ``rope_theta``, else the top-level ``rope_theta``, else 10000."""
     for key in ("rope_parameters", "rope_scaling"):
         rope = hf.get(key)
         if rope is None:
@@ -191,9 +191,9 @@ def llama_rope_base(hf: dict, where: Path) -> float:
         if _scales(rope):
             raise CheckpointError(f"{where}: {key}={json.dumps(rope)} (RoPE scaling) cannot be converted exactly: "
                                   f"gbattn's RoPE has no scaling")
-        if key == "rope_parameters":
-            base = float(_field(rope, where, "rope_theta", base, int, float))
-    return base
+    base = _field(hf, where, "rope_theta", 10000.0, int, float)
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    return float(_field(rope, where, "rope_theta", base, int, float))
 
 
 def llama_config(hf: dict, where: Path) -> ModelConfig:
