@@ -516,10 +516,17 @@ def test_gpt2_fields_left_out_take_transformers_defaults(gpt2_dir, tmp_path):
     torch.testing.assert_close(logits64(source.build_model(), idx), expected, rtol=1e-10, atol=1e-10)
 
 
-def test_missing_or_mismatched_tokenizer_refused(gpt2_dir, tmp_path):
+def test_missing_or_mismatched_tokenizer_refused(gpt2_dir, tmp_path, monkeypatch):
+    """Refused before the weights are read (a large checkpoint's take minutes and its size in memory)."""
+    import gbattn.convert
+
+    def read_hf_weights(path):
+        raise AssertionError("the weights were read before the tokenizer was checked")
+
     directory = tmp_path / "copy"
     shutil.copytree(gpt2_dir, directory)
     (directory / "tokenizer.json").unlink()
+    monkeypatch.setattr(gbattn.convert, "read_hf_weights", read_hf_weights)
     with pytest.raises(CheckpointError, match="no tokenizer.json"):
         load_source(directory)
     small = HFTokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))

@@ -95,11 +95,11 @@ def convert_hf(path: str | Path) -> Source:
     else:
         raise CheckpointError(f"{path}: model_type={model_type!r} cannot be converted; gbattn converts gpt2 "
                               f"(GPT2LMHeadModel) and llama (LlamaForCausalLM) checkpoints and gbattn run directories")
+    tokenizer = hf_tokenizer(path, model_cfg.vocab_size)  # before the weights, which may take minutes to read
     weights = read_hf_weights(path)
     # else upcycled into a run that every command then calls damaged; a mask buffer may hold -inf
     rundir.check_finite({k: v for k, v in weights.items() if not k.endswith(IGNORED_SUFFIXES)}, path)
     state = convert(weights, model_cfg, path)
-    tokenizer = hf_tokenizer(path, model_cfg.vocab_size)
     return Source(model_cfg, state, tokenizer, model_type, portable_path(str(path)), notes=notes)
 
 
