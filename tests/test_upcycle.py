@@ -617,6 +617,14 @@ def test_no_correction_round_is_a_copy_and_says_so(gpt2_dir):
     assert up.new == 0 and up.rule.startswith("a copy: no layer has a correction round")
 
 
+def test_the_rule_names_no_gate_where_there_is_none(gpt2_dir):
+    """gate=none has no parameters (g_m = 1): the rule said "the none gates at their normal init" before."""
+    assert upcycle(gpt2_dir, "boosted", {"gate": "none"}).rule.endswith(
+        "W_Q^m and W_K^m at their normal init, no gate (g_m = 1)")
+    assert upcycle(gpt2_dir, "boosted", {"gate": "mlp"}).rule.endswith("W_Q^m, W_K^m and the mlp gates at their "
+                                                                       "normal init")
+
+
 # --------------------------------------------------------------------------------------
 # Upcycling: the new parameters learn
 # --------------------------------------------------------------------------------------

@@ -195,8 +195,9 @@ def _initialise(model, cfg) -> str:
         return ("tanh gates zeroed (W_g = 0, b = 0: g_m = 0, gradient c_m * dL/dF); the correction queries W_Q^m "
                 "at their normal init")
     where = "correction projections" if options.kv_source == "residual" else "fused input projection"
-    return (f"value rows W_V^m of the {where} zeroed (c_m = 0); W_Q^m, W_K^m and the {options.gate} gates at their "
-            f"normal init")
+    rest = "W_Q^m and W_K^m at their normal init, no gate (g_m = 1)" if options.gate == "none" else (
+        f"W_Q^m, W_K^m and the {options.gate} gates at their normal init")
+    return f"value rows W_V^m of the {where} zeroed (c_m = 0); {rest}"
 
 
 def write_run(result: Upcycled, out: str | Path) -> Path:
