@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -204,6 +207,37 @@ def test_denoise_and_compare_leave_each_others_results_alone(tmp_path, capsys):
         run_compare("cpu-char", denoised, sets={"max_steps": 2}, quiet=True)
     assert sorted(p.name for p in denoised.iterdir()) == [".lock", "results.json"]  # the comparison's (empty) lock
     assert (denoised / "results.json").read_text() == '{"tables": {}}'
+
+
+def test_a_second_denoise_into_one_out_is_refused_while_the_first_runs(tmp_path, capsys):
+    """Two `gbattn denoise` runs into one --out each wrote its results.json, results.md and rounds.png over the
+    other's (no lock). Now each holds the folder's lock, as compare does: a second writer is refused with one line,
+    exit 2, before any work and changing nothing; once the first is killed (-9) the folder is taken at once."""
+    out = tmp_path / "d"
+    quick = ["--quick", "--experiments", "deq", "--seeds", "0", "--quiet"]
+    first = subprocess.Popen([sys.executable, "-m", "gbattn", "denoise", "--out", str(out), *quick, "--steps",
+                              "1000000"], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # until it holds the lock (its pid is written once the lock is taken)
+            if (out / ".lock").is_file() and (out / ".lock").read_text().strip() == str(first.pid):
+                break
+            assert first.poll() is None, first.stderr.read()
+            time.sleep(0.1)
+        else:
+            pytest.fail("the first denoise never took the lock")
+        held = {p.name: p.read_bytes() for p in out.iterdir()}
+        assert main(["denoise", "--out", str(out), *quick, "--steps", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines() == [f"gbattn: error: {out} is in use by another gbattn process (its `gbattn "
+                                            f"denoise` output is being written); wait for it to finish or choose "
+                                            f"another --out"], err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == held
+    finally:
+        first.kill()
+        first.wait()
+    assert main(["denoise", "--out", str(out), *quick, "--steps", "1", "--eval-queries", "10"]) == 0
+    assert json.loads((out / "results.json").read_text())["protocol"]["steps"] == 1
 
 
 def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):

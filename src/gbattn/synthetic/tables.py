@@ -15,6 +15,7 @@ from gbattn.errors import UserError
 from gbattn.experiments.report import mean_std
 from gbattn.files import atomic_write, write_figure, write_json
 from gbattn.progress import Progress
+from gbattn.rundir import RunLock
 from gbattn.synthetic.task import (
     DEQ_SETTINGS,
     DIFFICULTY_SETTINGS,
@@ -231,18 +232,22 @@ def plot_rounds(table: dict, path: Path, steps: int, published: bool = True) -> 
 def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, protocol: Protocol | None = None,
                 device: str = "cpu", quiet: bool = False, command: str = "") -> dict:
     """Train every run the experiments need, print each table when its runs are done, and write
-    ``results.json``, ``results.md`` and (with ``rounds``) ``rounds.png`` into ``out_dir``."""
-    protocol = protocol or Protocol()
+    ``results.json``, ``results.md`` and (with ``rounds``) ``rounds.png`` into ``out_dir``: its one writer,
+    holding its lock (:class:`gbattn.rundir.RunLock`, as ``gbattn compare`` does) from before any work to the end."""
+    with RunLock(out_dir, what="`gbattn denoise` output"):
+        return write_tables(Path(out_dir), experiments, seeds, protocol or Protocol(), device, quiet, command)
+
+
+def write_tables(out: Path, experiments, seeds, protocol: Protocol, device: str, quiet: bool, command: str) -> dict:
+    """:func:`run_denoise`'s work, in ``out`` whose lock is held."""
     seeds = list(dict.fromkeys(seeds))  # each once, in the order given: a repeat is not another replicate
     experiments = list(dict.fromkeys(experiments))  # each table once (results.json counts those asked)
     started = time.perf_counter()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if "rounds" in experiments and importlib.util.find_spec("matplotlib") is None:  # fail before training
         raise UserError("the rounds figure needs matplotlib: pip install 'gbattn[plot]'")
     for name in ("results.json", "results.md") + (("rounds.png",) if "rounds" in experiments else ()):
         if (out / name).is_dir() and not (out / name).is_symlink():  # replacing it failed after the first table
-            raise UserError(f"--out {out_dir}: {name} there is a directory, where gbattn denoise writes its {name}; "
+            raise UserError(f"--out {out}: {name} there is a directory, where gbattn denoise writes its {name}; "
                             "remove it or use another --out")
     plans = {name: experiment_runs(name, seeds) for name in experiments}
     todo = list(dict.fromkeys(spec for specs in plans.values() for spec in specs))
