@@ -240,6 +240,49 @@ def test_a_second_denoise_into_one_out_is_refused_while_the_first_runs(tmp_path,
     assert json.loads((out / "results.json").read_text())["protocol"]["steps"] == 1
 
 
+def test_an_out_holding_results_denoise_did_not_write_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    """denoise refused a comparison's folder only: any other results.json or results.md in --out was replaced.
+    Now a results.json that is not a denoise results file, or a results.md without one beside it, is refused
+    with one line, exit 2, before training and touching nothing; a previous denoise's files (the committed
+    ones too, written before results.json recorded its experiments) are replaced, and compare refuses them."""
+    import shutil
+
+    from gbattn.synthetic import tables
+
+    monkeypatch.setattr(tables, "train_run", lambda *a: pytest.fail("trained"))
+    cases = [("results.json", '{"models": []}', "holds a results.json that is not gbattn denoise's (it has no "
+              "protocol, tables, runs); use another --out"),
+             ("results.json", '{"tables": {}, "protocol": {}}', "holds a results.json that is not gbattn denoise's "
+              "(it has no runs); use another --out"),
+             ("results.json", "[1]", "holds list, expected a JSON object: not a gbattn denoise results file; "
+              "use another --out"),
+             ("results.json", "{", "is not valid JSON"),
+             ("results.md", "# my notes", "holds a results.md without gbattn denoise's results.json beside it; "
+              "use another --out")]
+    for i, (name, text, expected) in enumerate(cases):
+        out = tmp_path / f"foreign{i}"
+        out.mkdir()
+        (out / name).write_text(text)
+        assert main(["denoise", "--out", str(out), "--experiments", "deq", "--quiet"]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0] and err[0].startswith("gbattn: error: "), err
+        assert [p.name for p in out.iterdir()] == [name] and (out / name).read_text() == text
+    runs, _ = fake_runs((0,))
+    monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
+    out = tmp_path / "committed"
+    out.mkdir()
+    for name in ("results.json", "results.md"):
+        shutil.copy(RESULTS / name, out / name)
+    assert main(["denoise", "--out", str(out), "--experiments", "deq", "--seeds", "0", "--quick", "--quiet"]) == 0
+    assert json.loads((out / "results.json").read_text())["experiments"] == ["deq"]
+    assert main(["denoise", "--out", str(out), "--experiments", "gates", "--seeds", "0", "--quick", "--quiet"]) == 0
+    assert json.loads((out / "results.json").read_text())["experiments"] == ["gates"]
+    capsys.readouterr()
+    assert main(["compare", "--recipe", "cpu-char", "--out", str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"gbattn: error: {out} holds a results.json that is not "
+                                                            f"a comparison's; use another --out"]
+
+
 def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     table = {"rows": [], "bayes": 58.0, "chance": 6.25}

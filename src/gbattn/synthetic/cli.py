@@ -39,16 +39,11 @@ def cmd_denoise(args) -> None:
 
     import torch
 
-    from gbattn.errors import UserError
-    from gbattn.files import check_writable_dir
     from gbattn.runtime import command_line, resolve_device
     from gbattn.synthetic.tables import run_denoise
     from gbattn.synthetic.task import Protocol
 
     device = resolve_device(args.device)
-    check_writable_dir(args.out)
-    if (Path(args.out) / "recipe.json").exists():  # its results.json and results.md would be replaced
-        raise UserError(f"--out {args.out} holds a `gbattn compare` comparison; write the denoising tables elsewhere")
     torch.set_num_threads(args.threads)
     protocol = Protocol()
     seeds = args.seeds or list(FULL_SEEDS)
