@@ -471,6 +471,27 @@ def test_quick_and_explicit_options_reach_the_protocol(tmp_path, monkeypatch):
     assert explicit[0] == ["deq"] and explicit[2] == Protocol(steps=7, eval_queries=300, bayes_queries=20_000)
 
 
+def test_denoise_help_names_every_device_and_what_overrides_quick(tmp_path, monkeypatch, capsys):
+    """--device's help said "cpu or cuda" where auto and cuda:N are taken too (the words of the other commands'
+    --device now), and --quick's "seed 0 only" where --seeds (and --eval-queries) override it."""
+    from gbattn.runtime import resolve_device
+    from gbattn.synthetic import tables
+
+    with pytest.raises(SystemExit):
+        main(["denoise", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--device DEVICE cpu (default: the models are tiny), auto (CUDA if available), cuda or cuda:N" in help_text
+    assert ("--quick seed 0 only unless --seeds is given, 1,000 queries per evaluation unless --eval-queries is, "
+            "and 20,000 Bayes queries") in help_text
+    calls = []
+    monkeypatch.setattr(tables, "run_denoise", lambda out, experiments, seeds, protocol, device, *rest:
+                        calls.append((list(seeds), protocol.eval_queries, device)) or
+                        {"tables": {}, "wall_seconds": 0.0})
+    assert main(["denoise", "--quick", "--seeds", "4", "5", "--eval-queries", "300", "--device", "auto",
+                 "--out", str(tmp_path / "d"), "--quiet"]) == 0
+    assert calls == [([4, 5], 300, str(resolve_device("auto")))]
+
+
 # ---- mutation sweep of the synthetic task: data, protocol, tables, outputs ----------------------------
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "denoise"

@@ -16,7 +16,8 @@ def register(sub) -> None:
                        "run (72 training runs: 3 seeds x 24 models) takes about 40 seconds on one CPU thread; --quick "
                        "(1 seed, 24 runs) about 15 seconds.")
     p.add_argument("--quick", action="store_true",
-                   help=f"seed {QUICK_SEEDS[0]} only, 1,000 queries per evaluation, 20,000 Bayes queries")
+                   help=f"seed {QUICK_SEEDS[0]} only unless --seeds is given, 1,000 queries per evaluation unless "
+                   "--eval-queries is, and 20,000 Bayes queries")
     p.add_argument("--out",
                    default="runs/denoise", help="output directory (default runs/denoise)")
     p.add_argument("--seeds", type=arguments.SEED, nargs="+", default=None,
@@ -26,7 +27,8 @@ def register(sub) -> None:
                    help="training steps per run (default 150, the paper's)")
     p.add_argument("--eval-queries", type=arguments.at_least(1), default=None,
                    help="fresh queries per evaluation (default 5000)")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default: the models are tiny), auto (CUDA if available), cuda or cuda:N")
     p.add_argument("--threads", type=arguments.at_least(1, arguments.MAX_THREADS), default=1,
                    help="CPU threads (default 1: the matrices are tiny, more threads only add overhead)")
     arguments.quiet(p)
