@@ -492,6 +492,17 @@ def test_denoise_help_names_every_device_and_what_overrides_quick(tmp_path, monk
     assert calls == [([4, 5], 300, str(resolve_device("auto")))]
 
 
+def test_the_clis_copies_of_the_experiments_and_seeds_are_the_tables_ones():
+    """synthetic/cli.py keeps its own EXPERIMENTS and FULL_SEEDS so that every command's start-up (which registers
+    denoise) imports no torch, as test_cli's test_help_imports_nothing_heavy checks; training.py and tables.py,
+    which import torch, hold the ones run_denoise uses. A change to one copy alone would make --experiments'
+    choices or the default seeds differ from what run_denoise and its defaults do."""
+    from gbattn.synthetic import cli, tables, training
+
+    assert cli.EXPERIMENTS == training.EXPERIMENTS == tables.EXPERIMENTS
+    assert cli.FULL_SEEDS == tables.FULL_SEEDS
+
+
 # ---- mutation sweep of the synthetic task: data, protocol, tables, outputs ----------------------------
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "denoise"
