@@ -255,6 +255,12 @@ def test_forward_honours_every_argument_it_takes():
     full = gpt(idx)
     torch.testing.assert_close(hf(idx, logits_to_keep=torch.tensor([0, 3])).logits, full[:, [0, 3]], rtol=0, atol=0)
     assert hf(idx, labels=torch.full_like(idx, -100)).loss.item() == 0  # not 0/0
+    # labels with only some positions' logits were cross_entropy's "Expected input batch_size (0) to match ..."
+    for keep in (1, 3, torch.tensor([0, 3])):
+        with pytest.raises(ValueError, match=r"labels need the logits of every position; logits_to_keep=.* keeps only"):
+            hf(idx, labels=idx, logits_to_keep=keep)
+    with pytest.raises(ValueError, match="logits_to_keep=-1: give 0 .every position."):  # was every logit, silently
+        hf(idx, logits_to_keep=-1)
     # position_ids given with a padded batch are the ones used (not recomputed from the mask)
     rows = [idx[0], idx[1, :4]]
     ids, mask = left_pad(rows)

@@ -279,6 +279,14 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(f"labels of shape {tuple(labels.shape)} for input_ids of shape {tuple(input_ids.shape)}: "
                              f"labels are the input ids (-100 = ignored), shifted inside")
+        keeps_some = isinstance(logits_to_keep, Tensor) or logits_to_keep != 0
+        if isinstance(logits_to_keep, int) and logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep={logits_to_keep}: give 0 (every position), the number of last positions "
+                             f"to keep, or a tensor of positions")
+        if labels is not None and keeps_some:
+            # The loss needs every position's logits (cross_entropy said "Expected input batch_size (0) to match ...").
+            raise ValueError(f"labels need the logits of every position; logits_to_keep={logits_to_keep!r} keeps "
+                             f"only some: leave it at 0 when passing labels")
         asked = {name: value if value is not None else getattr(self.config, name, False)
                  for name, value in (("output_attentions", output_attentions),
                                      ("output_hidden_states", output_hidden_states))}
