@@ -122,6 +122,15 @@ def test_config_checks_what_it_is_given_and_copies_it():
     for bad in ("model", {"model": [16]}):
         with pytest.raises(ValueError, match="takes gbattn's config.json content: a dict with a model dict"):
             GbattnConfig(gbattn=bad)
+    # gbattn's own field names as keywords were set as plain attributes, ignored (a default 256-wide standard-attention
+    # model was built) and written to config.json beside the gbattn dict
+    with pytest.raises(ValueError, match=r"GbattnConfig\(attn='boosted', d_model=64\): gbattn's model fields go in "
+                                         r"its model dict, GbattnConfig\(gbattn=\{'model': \{'attn': 'boosted', "
+                                         r"'d_model': 64"):
+        GbattnConfig(d_model=64, attn="boosted", hidden_size=64)
+    with pytest.raises(ValueError, match=r"GbattnConfig\(n_layers=1\)"):
+        AutoConfig.for_model("gbattn", n_layers=1)
+    assert GbattnConfig(vocab_size=40).model_config.vocab_size == 40  # a standard name that is also gbattn's
     section = {"model": {"n_heads": 4}, "train": {"lr": 0.001}}
     GbattnConfig(gbattn=section).gbattn["train"]["lr"] = 0.5
     assert section == {"model": {"n_heads": 4}, "train": {"lr": 0.001}}

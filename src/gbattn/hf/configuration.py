@@ -16,6 +16,9 @@ dict, readable and writable:
 ``tie_word_embeddings``    ``tie_embeddings``
 =========================  ==========================
 
+The standard names are also keywords of ``GbattnConfig(...)``; gbattn's own field names are not
+(``GbattnConfig(d_model=64)`` is refused: they go in ``gbattn={"model": {...}}``).
+
 A classic ``__init__`` works with transformers 4.x and 5.x alike (5.x wraps config subclasses in
 ``@dataclass`` but keeps an explicit ``__init__``).
 """
@@ -23,11 +26,14 @@ A classic ``__init__`` works with transformers 4.x and 5.x alike (5.x wraps conf
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from transformers import PretrainedConfig
 
 from gbattn.config import ModelConfig
 from gbattn.errors import ConfigError
+
+MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 
 
 def _model_field(name: str, doc: str) -> property:
@@ -65,6 +71,15 @@ class GbattnConfig(PretrainedConfig):
 
     def __init__(self, gbattn: dict | None = None, use_cache: bool = True, pad_token_id: int | None = None,
                  bos_token_id: int | None = None, eos_token_id: int | None = None, **kwargs) -> None:
+        stray = sorted(name for name in kwargs if name in MODEL_FIELDS and not isinstance(
+            getattr(type(self), name, None), property))
+        if stray:  # set as plain attributes, they were ignored: the model was built from the defaults
+            fields = {name: kwargs[name] for name in stray}
+            raise ConfigError(f"GbattnConfig({', '.join(f'{k}={v!r}' for k, v in fields.items())}): gbattn's model "
+                              f"fields go in its model dict, GbattnConfig(gbattn={{'model': {fields!r}}}); the "
+                              f"standard names (hidden_size, num_hidden_layers, num_attention_heads, "
+                              f"num_key_value_heads, max_position_embeddings, vocab_size, tie_word_embeddings) "
+                              f"are taken as keywords")
         section = copy.deepcopy(gbattn) if gbattn is not None else {}
         if not isinstance(section, dict) or not isinstance(section.get("model", {}), dict):
             raise ConfigError("GbattnConfig(gbattn=...) takes gbattn's config.json content: a dict with a model dict")
