@@ -387,6 +387,14 @@ def test_beam_search_and_sampling_run_through_the_cache():
     torch.manual_seed(3)
     b = hf.generate(ids, do_sample=True, top_k=5, num_return_sequences=2, use_cache=False, **kw)
     assert a.shape == (4, ids.shape[1] + 5) and torch.equal(a, b)
+    # Sampling (temperature, top-k) draws the tokens gbattn's own sampler draws under the same seed, for a
+    # left-padded batch too (float32 both: transformers samples from float32 scores).
+    gpt.float(), hf.float()
+    torch.manual_seed(11)
+    ours = gpt.generate(ids, 6, temperature=0.8, top_k=6, prompt_mask=mask.bool(), compile=False)
+    torch.manual_seed(11)
+    theirs = hf.generate(ids, do_sample=True, temperature=0.8, top_k=6, top_p=1.0, **dict(kw, max_new_tokens=6))
+    assert torch.equal(theirs, ours)
 
 
 def test_generate_continues_from_a_returned_cache():
