@@ -382,6 +382,9 @@ def test_beam_search_and_sampling_run_through_the_cache():
     kw = dict(attention_mask=mask, max_new_tokens=5, pad_token_id=0)
     beams = hf.generate(ids, num_beams=3, do_sample=False, **kw)
     assert torch.equal(beams, hf.generate(ids, num_beams=3, do_sample=False, use_cache=False, **kw))
+    for i, row in enumerate(mask.sum(1).tolist()):  # each row's beams are those of the row alone
+        alone = hf.generate(ids[i:i + 1, -row:], num_beams=3, do_sample=False, **dict(kw, attention_mask=None))
+        assert beams[i, -5 - row:].tolist() == alone[0].tolist()
     torch.manual_seed(3)
     a = hf.generate(ids, do_sample=True, top_k=5, num_return_sequences=2, **kw)
     torch.manual_seed(3)
