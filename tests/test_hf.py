@@ -185,6 +185,13 @@ def test_past_key_values_keyword_and_tuple_output():
     kw = dict(attention_mask=torch.ones_like(idx), max_new_tokens=4, do_sample=False, pad_token_id=0)
     ref = hf.generate(idx, **kw)
     assert torch.equal(hf.generate(idx, cache=GbattnCache(2), **kw), ref)  # a cache the caller makes
+    # Chunked prefill was transformers' "Cannot use prefill chunking without a cache" (it makes none for this model)
+    fed = []
+    hook = hf.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    assert torch.equal(hf.generate(idx, prefill_chunk_size=4, **kw), ref) and fed == [4, 2, 1, 1, 1]
+    hook.remove()
+    beams = dict(kw, num_beams=3, num_return_sequences=2)
+    assert torch.equal(hf.generate(idx, prefill_chunk_size=3, **beams), hf.generate(idx, **beams))
     with warnings.catch_warnings():  # the name before transformers 5.24 (deprecated there)
         warnings.simplefilter("ignore", FutureWarning)
         assert torch.equal(hf.generate(idx, past_key_values=GbattnCache(2), **kw), ref)

@@ -247,11 +247,18 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
 
     def generate(self, *args, **kwargs):
         """transformers' ``generate()``; assisted decoding is refused up front (it crops the cache,
-        and :class:`GbattnCache` is not croppable; transformers' own message says a cache is missing)."""
+        and :class:`GbattnCache` is not croppable; transformers' own message says a cache is missing).
+        Chunked prefill (``prefill_chunk_size``) gets a :class:`GbattnCache` made here: transformers
+        makes none for this model (forward() does) and said "Cannot use prefill chunking without a cache"."""
         assisted = [k for k in ASSISTED if kwargs.get(k) is not None]
         if assisted:
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
                              f"rolls back the cache, and GbattnCache cannot be cropped")
+        settings = kwargs.get("generation_config") or self.generation_config
+        chunked = kwargs.get("prefill_chunk_size", getattr(settings, "prefill_chunk_size", None))
+        use_cache = kwargs.get("use_cache", getattr(settings, "use_cache", True))
+        if chunked and use_cache is not False and all(kwargs.get(k) is None for k in ("cache", "past_key_values")):
+            kwargs[CACHE_FIELD] = GbattnCache(len(self.model.blocks))
         return super().generate(*args, **kwargs)
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
