@@ -311,6 +311,16 @@ def test_an_untied_head_stays_untied_saves_and_resizes(tmp_path):
     assert torch.equal(back.model.lm_head.weight, hf.model.lm_head.weight)
     back.resize_token_embeddings(40)
     assert back.model.lm_head.weight.shape == (40, 16) and back(torch.tensor([[1, 2]])).logits.shape[-1] == 40
+    # A torch.compile'd GPT is wrapped as the GPT it compiles: its weights were saved as model._orig_mod.*, which
+    # from_pretrained took for missing weights and drew at random (a tied head could not be saved at all)
+    gpt = GPT(cfg).eval()
+    wrapped = GbattnForCausalLM.from_gpt(torch.compile(gpt))
+    assert wrapped.model is gpt and not any("_orig_mod" in name for name in wrapped.state_dict())
+    wrapped.save_pretrained(tmp_path / "compiled")
+    idx = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(tmp_path / "compiled")(idx).logits, gpt(idx))
+    with pytest.raises(TypeError, match="from_gpt takes gbattn's GPT .* not a GbattnForCausalLM"):
+        GbattnForCausalLM.from_gpt(wrapped)
 
 
 def test_attn_implementation_sdpa_and_eager_load_the_same_model(tmp_path):

@@ -225,7 +225,13 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
     @classmethod
     def from_gpt(cls, gpt: GPT, **config_kwargs) -> GbattnForCausalLM:
         """Wrap an existing GPT (its parameters are shared, not copied); ``config_kwargs`` go to the
-        config (``run=`` the rest of a run's config.json, ``eos_token_id=``, ...)."""
+        config (``run=`` the rest of a run's config.json, ``eos_token_id=``, ...). A ``torch.compile``'d
+        GPT is wrapped as the GPT it compiles (its weights were saved under ``_orig_mod.`` names,
+        which load as missing weights)."""
+        gpt = getattr(gpt, "_orig_mod", gpt)  # torch.compile's OptimizedModule holds the module it compiles
+        if not isinstance(gpt, GPT):
+            raise TypeError(f"from_gpt takes gbattn's GPT (gbattn.model.gpt.GPT, e.g. load_run(...).model), "
+                            f"not a {type(gpt).__name__}")
         config = GbattnConfig.from_model_config(gpt.cfg, **config_kwargs)
         with torch.device("meta"):
             model = cls(config)
