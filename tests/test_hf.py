@@ -195,6 +195,13 @@ def test_past_key_values_keyword_and_tuple_output():
     hook.remove()
     beams = dict(kw, num_beams=3, num_return_sequences=2)
     assert torch.equal(hf.generate(idx, prefill_chunk_size=3, **beams), hf.generate(idx, **beams))
+    ids, mask = left_pad([idx[0], idx[1, :3]])
+    padded = dict(kw, attention_mask=mask)
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        assert torch.equal(hf.generate(ids, prefill_chunk_size=2, **padded), hf.generate(ids, **padded))
+    else:  # 4.x gives the chunks positions 0.. of the padded width (the short row's tokens were silently others)
+        with pytest.raises(ValueError, match="4.x.s chunked prefill .prefill_chunk_size. gives every row"):
+            hf.generate(ids, prefill_chunk_size=2, **padded)
     with warnings.catch_warnings():  # the name before transformers 5.24 (deprecated there)
         warnings.simplefilter("ignore", FutureWarning)
         assert torch.equal(hf.generate(idx, past_key_values=GbattnCache(2), **kw), ref)

@@ -255,7 +255,9 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         """transformers' ``generate()``; assisted decoding is refused up front (it crops the cache,
         and :class:`GbattnCache` is not croppable; transformers' own message says a cache is missing).
         Chunked prefill (``prefill_chunk_size``) gets a :class:`GbattnCache` made here: transformers
-        makes none for this model (forward() does) and said "Cannot use prefill chunking without a cache"."""
+        makes none for this model (forward() does) and said "Cannot use prefill chunking without a cache".
+        Under transformers 4.x a chunked prefill of a left-padded batch is refused (4.x positions the
+        chunks over the padded width)."""
         assisted = [k for k in ASSISTED if kwargs.get(k) is not None]
         if assisted:
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
@@ -263,6 +265,11 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         settings = kwargs.get("generation_config") or self.generation_config
         chunked = kwargs.get("prefill_chunk_size", getattr(settings, "prefill_chunk_size", None))
         use_cache = kwargs.get("use_cache", getattr(settings, "use_cache", True))
+        mask = kwargs.get("attention_mask")
+        if chunked and TF_MAJOR < 5 and mask is not None and not bool(mask.all()):
+            raise ValueError("transformers 4.x's chunked prefill (prefill_chunk_size) gives every row of a left-padded "
+                             "batch the positions 0, 1, ... of the padded width, not its own: leave prefill_chunk_size "
+                             "unset for a padded batch, or use transformers >= 5")
         if chunked and use_cache is not False and all(kwargs.get(k) is None for k in ("cache", "past_key_values")):
             kwargs[CACHE_FIELD] = GbattnCache(len(self.model.blocks))
         return super().generate(*args, **kwargs)
