@@ -110,6 +110,9 @@ def test_config_standard_names_map_both_ways(tmp_path):
     assert saved["model_type"] == "gbattn" and saved["gbattn"]["step"] == 7 and "hidden_size" not in saved
     back = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(back, GbattnConfig) and back.gbattn == cfg.gbattn and back.vocab_size == 40
+    assert AutoConfig.from_pretrained(tmp_path, num_attention_heads=8).model_config.n_heads == 8
+    with pytest.raises(ValueError, match=r"GbattnConfig\(dropout=0.5\): gbattn's model fields"):  # was dropped unused
+        AutoConfig.from_pretrained(tmp_path, dropout=0.5)
     with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4"):
         GbattnConfig(gbattn={"model": {"d_model": 30, "n_heads": 4}})
 

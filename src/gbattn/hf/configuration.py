@@ -46,6 +46,19 @@ def _model_field(name: str, doc: str) -> property:
     return property(get, set_, doc=doc)
 
 
+def refuse_model_fields(keywords: dict) -> None:
+    """gbattn's own model field names given as keywords are a ConfigError: they belong in the
+    ``gbattn`` dict (as keywords they were set as plain attributes that nothing reads, or dropped)."""
+    stray = {name: keywords[name] for name in sorted(keywords)
+             if name in MODEL_FIELDS and not isinstance(getattr(GbattnConfig, name, None), property)}
+    if stray:
+        raise ConfigError(f"GbattnConfig({', '.join(f'{k}={v!r}' for k, v in stray.items())}): gbattn's model "
+                          f"fields go in its model dict, GbattnConfig(gbattn={{'model': {stray!r}}}); the "
+                          f"standard names (hidden_size, num_hidden_layers, num_attention_heads, "
+                          f"num_key_value_heads, max_position_embeddings, vocab_size, tie_word_embeddings) "
+                          f"are taken as keywords")
+
+
 class GbattnConfig(PretrainedConfig):
     """``GbattnConfig(gbattn={"model": {...}, ...})``, or :meth:`from_model_config`
     (README, "Hugging Face transformers")."""
@@ -71,15 +84,7 @@ class GbattnConfig(PretrainedConfig):
 
     def __init__(self, gbattn: dict | None = None, use_cache: bool = True, pad_token_id: int | None = None,
                  bos_token_id: int | None = None, eos_token_id: int | None = None, **kwargs) -> None:
-        stray = sorted(name for name in kwargs if name in MODEL_FIELDS and not isinstance(
-            getattr(type(self), name, None), property))
-        if stray:  # set as plain attributes, they were ignored: the model was built from the defaults
-            fields = {name: kwargs[name] for name in stray}
-            raise ConfigError(f"GbattnConfig({', '.join(f'{k}={v!r}' for k, v in fields.items())}): gbattn's model "
-                              f"fields go in its model dict, GbattnConfig(gbattn={{'model': {fields!r}}}); the "
-                              f"standard names (hidden_size, num_hidden_layers, num_attention_heads, "
-                              f"num_key_value_heads, max_position_embeddings, vocab_size, tie_word_embeddings) "
-                              f"are taken as keywords")
+        refuse_model_fields(kwargs)
         section = copy.deepcopy(gbattn) if gbattn is not None else {}
         if not isinstance(section, dict) or not isinstance(section.get("model", {}), dict):
             raise ConfigError("GbattnConfig(gbattn=...) takes gbattn's config.json content: a dict with a model dict")
@@ -93,6 +98,13 @@ class GbattnConfig(PretrainedConfig):
         kwargs.setdefault("tie_word_embeddings", section["model"]["tie_embeddings"])
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)
         self.gbattn["model"] = ModelConfig.from_dict(self.gbattn["model"]).to_dict()
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """transformers' ``from_dict`` (``from_pretrained`` ends here); gbattn's own field names among
+        the overrides are refused (transformers dropped them unused, silently)."""
+        refuse_model_fields(kwargs)
+        return super().from_dict(config_dict, **kwargs)
 
     @classmethod
     def from_model_config(cls, model_cfg: ModelConfig, run: dict | None = None, **kwargs) -> GbattnConfig:
