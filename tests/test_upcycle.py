@@ -1027,3 +1027,21 @@ def test_the_summary_names_a_source_once_when_its_folder_is_named_after_its_kind
     shutil.copytree(llama_dir, tmp_path / "llama")
     assert upcycle(tmp_path / "llama", "boosted").summary("out").startswith("upcycled llama into out: ")
     assert upcycle(llama_dir, "boosted").summary("out").startswith(f"upcycled llama {Path(llama_dir).name} into out: ")
+
+
+def test_upcycling_a_gbattn_run_says_which_weights_it_took(gbattn_dir, tmp_path, capsys):
+    """A gbattn run holds best.pt and checkpoint.pt; upcycling takes best.pt (the last weights when there is none).
+    The summary and config.json's extra name them and their step (before, neither said which)."""
+    assert main(["upcycle", str(gbattn_dir), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 0
+    assert f"upcycled gbattn {gbattn_dir.name} (best weights, step 7) into " in capsys.readouterr().out
+    extra = rundir.read_config(tmp_path / "up" / rundir.CONFIG)["extra"]
+    assert extra["source_checkpoint"] == "best" and extra["source_step"] == 7
+    last = tmp_path / "last"
+    shutil.copytree(gbattn_dir, last)
+    weights = rundir.load_checkpoint(last / rundir.BEST)
+    rundir.save_checkpoint({**weights, "step": 9}, last / rundir.CHECKPOINT)
+    (last / rundir.BEST).unlink()
+    assert main(["upcycle", str(last), "--attn", "gated", "--out", str(tmp_path / "up-last")]) == 0
+    assert "upcycled gbattn last (last weights, step 9) into " in capsys.readouterr().out
+    extra = rundir.read_config(tmp_path / "up-last" / rundir.CONFIG)["extra"]
+    assert extra["source_checkpoint"] == "last" and extra["source_step"] == 9

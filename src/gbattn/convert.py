@@ -56,6 +56,8 @@ class Source:
     preset: str | None = None  # a gbattn source's preset
     train_cfg: TrainConfig | None = None  # a gbattn source's training config
     config: dict = field(default_factory=dict)  # a gbattn source's config.json
+    checkpoint: str | None = None  # a gbattn source's weights: best, last or exported (rundir.load_run)
+    step: int | None = None  # the training step of those weights
     notes: list[str] = field(default_factory=list)  # what the conversion could not keep exactly
 
     def build_model(self) -> GPT:
@@ -77,7 +79,8 @@ def load_source(path: str | Path) -> Source:
     if saved is not None:
         run = rundir.load_run(path)
         return Source(run.model_cfg, run.model.state_dict(), run.tokenizer, "gbattn", portable_path(str(path)),
-                      preset=saved.get("preset"), train_cfg=run.train_cfg, config=saved)
+                      preset=saved.get("preset"), train_cfg=run.train_cfg, config=saved, checkpoint=run.checkpoint,
+                      step=run.step)
     return convert_hf(path)
 
 

@@ -90,6 +90,8 @@ class Upcycled:
     def summary(self, out: str | Path) -> str:
         opts = ", ".join(f"{k}={json.dumps(v)}" for k, v in self.model_cfg.attn_options.items())
         source = self.source.name if self.source.name == self.source.kind else f"{self.source.kind} {self.source.name}"
+        if self.source.checkpoint is not None:
+            source += f" ({self.source.checkpoint} weights, step {self.source.step})"
         return (f"upcycled {source} into {out}: {self.copied:,} parameters copied, "
                 f"{self.new:,} new; attn={self.model_cfg.attn}{f' ({opts})' if opts else ''}: {self.rule}")
 
@@ -203,7 +205,8 @@ def _initialise(model, cfg) -> str:
 def write_run(result: Upcycled, out: str | Path) -> Path:
     """The run directory of an upcycled model: ``tokenizer.json``, ``best.pt`` ({"model", "step": 0};
     no ``checkpoint.pt``, so ``train --init-from`` takes these weights) and ``config.json`` last (its
-    ``extra`` records the source, the rule and the seed of the new parameters), each written atomically."""
+    ``extra`` records the source (a gbattn source's checkpoint and step too), the rule and the seed of the new
+    parameters), each written atomically."""
     from gbattn import rundir
     from gbattn.config import TrainConfig
     from gbattn.errors import UserError
@@ -215,6 +218,8 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
         train_cfg = src.train_cfg.replace(init_from=None)
     else:
         train_cfg = TrainConfig(tokenizer=src.tokenizer.kind)
+    # which weights of a gbattn source (best, last or exported) at which step; a Hugging Face checkpoint has one set
+    taken = {} if src.checkpoint is None else {"source_checkpoint": src.checkpoint, "source_step": src.step}
     seq_len = src.config.get("seq_len") or result.model_cfg.input_length(train_cfg.seq_len)  # refused before writing
     with rundir.RunLock(out, "upcycled model"):
         if (out / rundir.CONFIG).exists():
@@ -227,7 +232,8 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
         rundir.save_checkpoint({"model": result.state, "step": 0}, out / rundir.BEST)
         rundir.write_config(
             out, src.preset, result.model_cfg, train_cfg,
-            {"upcycled_from": src.name, "source_kind": src.kind, "rule": result.rule, "seed": result.seed},
+            {"upcycled_from": src.name, "source_kind": src.kind, **taken, "rule": result.rule,
+             "seed": result.seed},
             data=src.config.get("data", {"tokenizer": src.tokenizer.fingerprint}),
             seq_len=seq_len,
             steps=0,
