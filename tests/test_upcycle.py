@@ -387,6 +387,26 @@ def _norm_gain_under_two_names(directory: Path) -> None:
     save_file(weights, directory / "model.safetensors")
 
 
+LFS_POINTER = ("version https://git-lfs.github.com/spec/v1\n"
+               "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 12345\n")
+LFS_MESSAGE = "is a Git LFS pointer, not the file itself (cloned without Git LFS): run `git lfs pull`"
+
+
+def _lfs_shard(directory: Path) -> None:
+    from safetensors.torch import load_file
+
+    shard = "model-00001-of-00001.safetensors"
+    index = {"weight_map": dict.fromkeys(load_file(directory / "model.safetensors"), shard)}
+    (directory / "model.safetensors").unlink()
+    (directory / shard).write_text(LFS_POINTER)
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def _lfs_torch_bin(directory: Path) -> None:
+    (directory / "model.safetensors").unlink()
+    (directory / "pytorch_model.bin").write_text(LFS_POINTER)
+
+
 DAMAGED = {
     "training-checkpoint": (_training_checkpoint, "pytorch_model.bin is not a state dict of named tensors"),
     "shard-outside": (_shard_outside, "names shard '../outside.safetensors', which is not a file in"),
@@ -397,6 +417,12 @@ DAMAGED = {
     # upcycled before, into a run that every later command refused as damaged
     "non-finite": (_infinite_norm_gain, "hold NaN or infinite values (transformer.ln_f.weight)"),
     "two-names": (_norm_gain_under_two_names, "holds ln_f.weight both with and without the transformer. prefix"),
+    # a clone without Git LFS: "header too large" (or "invalid load key", "not valid JSON") before, with no hint
+    "lfs-safetensors": (lambda d: (d / "model.safetensors").write_text(LFS_POINTER),
+                        f"model.safetensors {LFS_MESSAGE}"),
+    "lfs-shard": (_lfs_shard, f"model-00001-of-00001.safetensors {LFS_MESSAGE}"),
+    "lfs-torch-bin": (_lfs_torch_bin, f"pytorch_model.bin {LFS_MESSAGE}"),
+    "lfs-tokenizer": (lambda d: (d / "tokenizer.json").write_text(LFS_POINTER), f"tokenizer.json {LFS_MESSAGE}"),
 }
 
 
@@ -1045,3 +1071,13 @@ def test_upcycling_a_gbattn_run_says_which_weights_it_took(gbattn_dir, tmp_path,
     assert "upcycled gbattn last (last weights, step 9) into " in capsys.readouterr().out
     extra = rundir.read_config(tmp_path / "up-last" / rundir.CONFIG)["extra"]
     assert extra["source_checkpoint"] == "last" and extra["source_step"] == 9
+
+
+def test_a_run_whose_weights_are_a_git_lfs_pointer_is_refused_in_one_line(gbattn_dir, tmp_path, capsys):
+    """A gbattn run directory cloned without Git LFS: best.pt is a pointer; one line saying so, exit 2."""
+    run = tmp_path / "run"
+    shutil.copytree(gbattn_dir, run)
+    (run / rundir.BEST).write_text(LFS_POINTER)
+    assert main(["upcycle", str(run), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 2
+    err = capsys.readouterr().err
+    assert f"best.pt {LFS_MESSAGE}" in err and len(err.strip().splitlines()) == 1, err

@@ -182,21 +182,42 @@ def check_writable_file(path: str | Path, what: str) -> Path:
 # --------------------------------------------------------------------------------------
 
 
+GIT_LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # how a Git LFS pointer file starts
+
+
+def refuse_lfs_pointer(path: str | Path, head: bytes | None = None) -> None:
+    """A one-line :class:`CheckpointError` when ``path`` (whose first bytes are ``head``, read here when not
+    given) is a Git LFS pointer: the few lines of text that stand for a large file a clone without Git LFS
+    did not fetch. A file that cannot be read is left to its reader's error."""
+    if head is None:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(GIT_LFS_POINTER))
+        except OSError:
+            return
+    if head.startswith(GIT_LFS_POINTER):
+        raise CheckpointError(f"{path} is a Git LFS pointer, not the file itself (cloned without Git LFS): run "
+                              f"`git lfs pull` in its repository to fetch it")
+
+
 MAX_JSON_BYTES = 256 * 2**20  # far above any JSON file gbattn reads (a Llama tokenizer.json: about 9 MiB)
 
 
 def read_json_bytes(path: str | Path) -> bytes:
     """The bytes of a JSON file (a config, a tokenizer), or a one-line :class:`CheckpointError` naming it. A file
-    larger than :data:`MAX_JSON_BYTES` is refused unread (a file linked to a huge one would fill the memory)."""
+    larger than :data:`MAX_JSON_BYTES` is refused unread (a file linked to a huge one would fill the memory), a
+    Git LFS pointer as one (:func:`refuse_lfs_pointer`)."""
     path = Path(path)
     try:
         size = path.stat().st_size
         if size > MAX_JSON_BYTES:
             raise CheckpointError(f"{path} is {size / 2**20:,.0f} MiB: larger than any JSON file gbattn reads "
                                   f"({MAX_JSON_BYTES // 2**20} MiB at most); not read")
-        return path.read_bytes()
+        content = path.read_bytes()
     except OSError as e:
         raise CheckpointError(f"{path} cannot be read ({e.strerror or e})") from None
+    refuse_lfs_pointer(path, content)
+    return content
 
 
 def read_json(path: str | Path, what: str | None = None) -> dict:

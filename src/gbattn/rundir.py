@@ -49,6 +49,7 @@ from gbattn.files import (
     error_detail,
     read_json,
     read_jsonl,
+    refuse_lfs_pointer,
     write_json,
 )
 from gbattn.model.gpt import GPT
@@ -176,6 +177,7 @@ def read_torch_file(path: str | Path, map_location="cpu"):
             warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
+        refuse_lfs_pointer(path)
         protocol = _pickle_protocol(path)
         if not zipfile.is_zipfile(path) and protocol is None:  # torch.save writes one of these
             raise CheckpointError(f"{path} is not a torch.save file (another kind of file, or corrupted): restore "
@@ -652,4 +654,5 @@ def read_safetensors(path: str | Path, device) -> dict:
     try:
         return load_file(str(path), device=str(device))
     except Exception as e:  # safetensors raises its own error types for any malformed file
+        refuse_lfs_pointer(path)
         raise CheckpointError(f"{path} is not a valid safetensors file ({error_detail(e, 100)})") from None
