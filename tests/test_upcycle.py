@@ -299,6 +299,10 @@ WEIGHT_FILES = {
     "no-transformer-prefix": (gpt2_model, {}, lambda sd: {k.removeprefix("transformer."): v for k, v in sd.items()}),
     "causal-mask-buffers": (gpt2_model, {}, lambda sd: {**sd, "transformer.h.0.attn.bias": torch.ones(1, 1, 64, 64),
                                                         "transformer.h.1.attn.masked_bias": torch.tensor(-1e4)}),
+    # a LlamaModel's names (no model. prefix) and no head: tied, the embedding is the head (refused before)
+    "llama-base-model-tied": (llama_model, {"tie_word_embeddings": True},
+                              lambda sd: {k.removeprefix("model."): v for k, v in sd.items() if k != "lm_head.weight"}),
+    "llama-no-model-prefix": (llama_model, {}, lambda sd: {k.removeprefix("model."): v for k, v in sd.items()}),
     "rope-frequencies": (llama_model, {}, lambda sd: {**sd, "model.layers.0.self_attn.rotary_emb.inv_freq":
                                                           torch.ones(4)}),
     # a buffer gbattn leaves out may be a mask of -inf: not the damage that a non-finite weight is
@@ -317,6 +321,21 @@ def test_weights_as_other_savers_store_them_convert_exactly(make, changes, edit,
     with torch.no_grad():
         expected = hf.double()(idx).logits
     torch.testing.assert_close(logits64(load_source(directory).build_model(), idx), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("make,prefix", [(gpt2_model, "transformer."), (llama_model, "model.")], ids=["gpt2", "llama"])
+def test_an_untied_base_model_without_a_head_is_refused_saying_so(make, prefix, tmp_path):
+    """A GPT2Model or LlamaModel checkpoint (no prefix, no lm_head.weight) whose config is untied: there is no head
+    to convert; the error says the checkpoint looks like a base model (it said only "lacks model.embed_tokens.weight"
+    for Llama, "lacks the weight lm_head.weight" for GPT-2)."""
+    hf = make(tie_word_embeddings=False)
+    directory = save_hf(hf, tmp_path / "hf")
+    (directory / "model.safetensors").unlink()
+    torch.save({k.removeprefix(prefix): v for k, v in hf.state_dict().items() if k != "lm_head.weight"},
+               directory / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=re.escape("tie_word_embeddings is false but the checkpoint has no "
+                                                        "lm_head.weight (a base GPT2Model or LlamaModel")):
+        load_source(directory)
 
 
 @pytest.mark.parametrize("make,embedding", [(gpt2_model, "wte.weight"), (llama_model, "model.embed_tokens.weight")],

@@ -14,6 +14,9 @@ Parameter layouts (gbattn's :class:`StandardAttention` and :class:`FeedForward`)
 * Llama: ``q_proj``, ``k_proj``, ``v_proj`` stacked into ``qkv`` rows [Q; K; V] (K and V with the
   grouped heads); ``o_proj`` -> ``out``; ``gate_proj``, ``up_proj`` stacked into ``mlp.fc`` rows
   [gate; up]; ``down_proj`` -> ``mlp.proj``. HF's RoPE is the rotate-half layout, as gbattn's.
+
+Weights are read with or without the ``transformer.`` / ``model.`` prefix (a base ``GPT2Model`` or
+``LlamaModel`` saves them without, and without ``lm_head.weight``: converted only when the config is tied).
 """
 
 from __future__ import annotations
@@ -281,6 +284,11 @@ class _Weights:
         another head is refused: transformers 5 then leaves the two untied and uses the stored head,
         transformers 4 ties them and drops it, so the model's function depends on the version."""
         if not tied:
+            if "lm_head.weight" not in self.weights:
+                raise CheckpointError(f"{self.where}: tie_word_embeddings is false but the checkpoint has no "
+                                      f"lm_head.weight (a base GPT2Model or LlamaModel, saved without its head?): "
+                                      f"an untied output layer cannot be made up; convert the GPT2LMHeadModel or "
+                                      f"LlamaForCausalLM checkpoint")
             return self.take("lm_head.weight", tuple(embedding.shape))
         if "lm_head.weight" in self.weights and not torch.equal(self.take("lm_head.weight", tuple(embedding.shape)),
                                                                 embedding):
@@ -317,12 +325,13 @@ def gpt2_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dic
 
 
 def llama_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dict[str, Tensor]:
-    """A :class:`GPT` state dict from Llama weights."""
-    w = _Weights(weights, "", where)
+    """A :class:`GPT` state dict from Llama weights (with or without the ``model.`` prefix: a ``LlamaModel``
+    saves them without)."""
+    w = _Weights(weights, "model.", where)
     d, h, V, kv = cfg.d_model, cfg.ffn_width, cfg.vocab_size, cfg.kv_heads * cfg.d_head
-    out = {"wte.weight": w.take("model.embed_tokens.weight", (V, d))}
+    out = {"wte.weight": w.take("embed_tokens.weight", (V, d))}
     for i in range(cfg.n_layers):
-        src, dst = f"model.layers.{i}.", f"blocks.{i}."
+        src, dst = f"layers.{i}.", f"blocks.{i}."
         stacks = {"attn.qkv": [("self_attn.q_proj", d), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)],
                   "attn.out": [("self_attn.o_proj", d)], "mlp.fc": [("mlp.gate_proj", h), ("mlp.up_proj", h)],
                   "mlp.proj": [("mlp.down_proj", d)]}
@@ -333,7 +342,7 @@ def llama_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> di
                 out[dst + name + ".bias"] = torch.cat([w.take(src + p + ".bias", (n,)) for p, n in parts])
         out[dst + "ln1.weight"] = w.take(src + "input_layernorm.weight", (d,))
         out[dst + "ln2.weight"] = w.take(src + "post_attention_layernorm.weight", (d,))
-    out["ln_f.weight"] = w.take("model.norm.weight", (d,))
+    out["ln_f.weight"] = w.take("norm.weight", (d,))
     out["lm_head.weight"] = w.head(out["wte.weight"], cfg.tie_embeddings, "model.embed_tokens.weight")
     w.finish()
     return out
