@@ -489,9 +489,12 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}},
      "RoPE scaling"),
     ("llama", {"attention_bias": True}, "attention_bias=True and mlp_bias=False differ"),
-    ("gpt2", {"scale_attn_weights": False}, "scale_attn_weights=False cannot be converted exactly"),
-    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True cannot be converted"),
-    ("gpt2", {"add_cross_attention": True}, "add_cross_attention=True cannot be converted exactly"),
+    ("gpt2", {"scale_attn_weights": False}, "scale_attn_weights=false cannot be converted exactly (gbattn needs true)"),
+    ("gpt2", {"scale_attn_weights": None}, "scale_attn_weights=null cannot be converted exactly"),  # false to HF
+    # a flag of another type: said to be one (before: "cannot be converted exactly")
+    ("gpt2", {"scale_attn_weights": "yes"}, 'scale_attn_weights="yes" must be true or false'),
+    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=true cannot be converted"),
+    ("gpt2", {"add_cross_attention": True}, "add_cross_attention=true cannot be converted exactly"),
     # A bool is no number (JSON true would count as 1):
     ("llama", {"rms_norm_eps": True}, "rms_norm_eps=true must be a number"),
     ("gpt2", {"n_layer": True}, "n_layer=True must be a positive integer"),

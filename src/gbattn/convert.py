@@ -156,8 +156,10 @@ def gpt2_config(hf: dict, where: Path) -> tuple[ModelConfig, list[str]]:
                               f"{', '.join(GPT2_ACTIVATIONS)}")
     for key, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                       ("add_cross_attention", False)):
+        _field(hf, where, key, want, bool)  # "yes" is no flag; null stays refused (transformers reads it as false)
         if hf.get(key, want) != want:
-            raise CheckpointError(f"{where}: {key}={hf[key]} cannot be converted exactly (gbattn needs {want})")
+            raise CheckpointError(f"{where}: {key}={json.dumps(hf[key])} cannot be converted exactly (gbattn needs "
+                                  f"{json.dumps(want)})")
     # GPT-2's dropout sites: embeddings, attention probabilities, both sublayer outputs ("resid").
     embd, attn, resid = (_field(hf, where, key, 0.1, int, float) for key in ("embd_pdrop", "attn_pdrop", "resid_pdrop"))
     for key, rate in (("embd_pdrop", embd), ("attn_pdrop", attn), ("resid_pdrop", resid)):
