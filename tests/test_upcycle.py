@@ -665,6 +665,14 @@ def test_no_correction_round_is_a_copy_and_says_so(gpt2_dir):
     assert up.new == 0 and up.rule.startswith("a copy: no layer has a correction round")
 
 
+@pytest.mark.parametrize("options", [{"rounds": 1}, {"layers": []}, {"rounds": 1, "gate": "linear"}])
+def test_shared_without_a_correction_round_names_no_gate(gpt2_dir, options):
+    """kv_source=shared with no correction round (rounds=1, or no layer): a copy with no gate, so no note of the tanh
+    gate (printed before) and no refusal of another gate (there is none to start at 0)."""
+    up = upcycle(gpt2_dir, "boosted", {"kv_source": "shared", **options})
+    assert up.new == 0 and up.notes == [] and up.rule.startswith("a copy: no layer has a correction round")
+
+
 def test_the_rule_names_no_gate_where_there_is_none(gpt2_dir):
     """gate=none has no parameters (g_m = 1): the rule said "the none gates at their normal init" before."""
     assert upcycle(gpt2_dir, "boosted", {"gate": "none"}).rule.endswith(

@@ -111,14 +111,16 @@ def upcycle(source, attn: str, options: dict | None = None, seed: int = 0) -> Up
     if src.model_cfg.attn != "standard":
         raise UserError(f"{src.name} has attn={src.model_cfg.attn!r}: upcycling starts from a standard-attention model")
     options, notes = dict(options or {}), list(src.notes)
-    if attn == "boosted" and options.get("kv_source") == "shared":
-        if "gate" not in options:
-            options["gate"] = "tanh"
-            notes.append("kv_source=shared: the tanh gate (exactly 0 at the start) is used, as attn.gate was not set")
-        elif options["gate"] != "tanh":
-            raise UserError(f"kv_source=shared reuses round 0's values, so only a gate that starts at exactly 0 keeps "
-                            f"the function: use --set attn.gate=tanh (not {options['gate']!r})")
+    shared, gate_asked = attn == "boosted" and options.get("kv_source") == "shared", options.get("gate")
+    if shared and gate_asked is None:
+        options["gate"] = "tanh"
     model_cfg = ModelConfig.from_dict({**src.model_cfg.to_dict(), "attn": attn, "attn_options": options})
+    if shared and _has_rounds(model_cfg):  # without a correction round there is no gate: a copy
+        if gate_asked is None:
+            notes.append("kv_source=shared: the tanh gate (exactly 0 at the start) is used, as attn.gate was not set")
+        elif gate_asked != "tanh":
+            raise UserError(f"kv_source=shared reuses round 0's values, so only a gate that starts at exactly 0 keeps "
+                            f"the function: use --set attn.gate=tanh (not {gate_asked!r})")
     model, copied = _copy(src, model_cfg, seed)
     rule = _initialise(model, model_cfg)
     new = sum(p.numel() for p in model.parameters()) - copied
@@ -158,6 +160,14 @@ def _new_modules(model) -> set[str]:
     return {name for name, _ in model.named_modules() if ".corrections." in name}
 
 
+def _has_rounds(cfg) -> bool:
+    """Whether a boosted model has a correction round in some layer (attn.rounds > 1, attn.layers not empty)."""
+    from gbattn.attention.registry import variant_options
+
+    options = variant_options(cfg.attn, cfg.attn_options)
+    return options.rounds > 1 and options.layers != []
+
+
 def _zero_rows(linear, rows: slice) -> None:
     linear.weight[rows] = 0
     if linear.bias is not None and rows.start < linear.bias.shape[0]:
@@ -191,7 +201,7 @@ def _initialise(model, cfg) -> str:
         return "gate projection W_theta zeroed (every gate sigmoid(0) = 0.5) and W_out's weight doubled"
     if cfg.attn == "standard":
         return "a copy (no new parameters)"
-    if not any(getattr(block.attn, "corrections", None) for block in model.blocks):
+    if not _has_rounds(cfg):
         return "a copy: no layer has a correction round (attn.rounds=1 or no attn.layers), so no new parameters"
     if options.kv_source == "shared":
         return ("tanh gates zeroed (W_g = 0, b = 0: g_m = 0, gradient c_m * dL/dF); the correction queries W_Q^m "
