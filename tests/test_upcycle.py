@@ -19,7 +19,7 @@ from tokenizers import models, pre_tokenizers
 
 from gbattn import rundir
 from gbattn.cli import main
-from gbattn.config import build_configs
+from gbattn.config import build_configs, get_preset
 from gbattn.convert import load_source
 from gbattn.data.corpus import load_corpus
 from gbattn.data.tokenizer import get_tokenizer
@@ -812,6 +812,16 @@ def test_cli_upcycle_then_train_init_from(which, request, tmp_path, capsys, monk
     assert summary["steps"] == 3 and summary["attn"] == "boosted"
     trained = json.loads((train_dir / "config.json").read_text())
     assert trained["model"] == config["model"] and trained["train"]["init_from"] == str(up_dir)
+    # The recipe is the source's preset's; a Hugging Face source has none and takes paper-small's, which the
+    # run records as its preset (README, "Upcycling a trained model"), while --preset is refused: it sets the model.
+    recipe = "cpu-char" if which == "gbattn" else "paper-small"
+    assert trained["preset"] == recipe
+    preset_train = get_preset(recipe).train
+    keys = [k for k in ("lr", "warmup_steps", "epochs", "train_tokens", "weight_decay") if k in preset_train]
+    assert {k: trained["train"][k] for k in keys} == {k: preset_train[k] for k in keys}
+    if which == "gpt2":
+        assert main([*argv[:4], str(tmp_path / "other"), *argv[5:], "--preset", "paper-small"]) == 2
+        assert "--init-from trains the model of" in capsys.readouterr().err and not (tmp_path / "other").exists()
     # A run killed before its first checkpoint starts again from --init-from, recorded as given: from
     # another working directory a relative path names nothing, and the error says where to resume.
     trained["train"]["init_from"] = "up"
