@@ -1210,7 +1210,67 @@ def test_what_a_directory_holds_is_told_by_its_files(tmp_path):
     (llama / rundir.CONFIG).write_text(json.dumps({"model_type": "llama"}))
     assert rundir.foreign_model(llama) == "a Hugging Face checkpoint (llama)" and not rundir.is_exported(llama)
     with pytest.raises(UserError, match="holds a Hugging Face checkpoint \\(llama\\), not a gbattn run"):
-        rundir.check_restartable(llama)
+        rundir.check_out(llama, (rundir.RUN,), "a gbattn run")
+
+
+def every_file(directory: Path) -> dict[str, bytes]:
+    """Each file under ``directory`` (its lock file too) and its bytes."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_every_writing_command_refuses_an_out_holding_what_it_did_not_write(trained, tmp_path, capsys, monkeypatch):
+    """Each writing command wrote beside or over what another left in its --out: train wrote a run into a
+    comparison, a denoise output or beside a results.md; compare replaced a results.md or an unreadable
+    results.json; denoise wrote its results beside a run, an export or a Hugging Face checkpoint; export and
+    upcycle wrote a model into a comparison (which compare then refused as its own). Now one rule
+    (rundir.check_out): an --out holding anything but the command's own output is refused with one line naming
+    what it holds, exit 2, before any work, every file as it was and no lock file left; its own is taken."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    data, run = trained["data"], trained["run"]
+    kinds = {}
+
+    def folder(name: str, held: str | None, files: dict[str, str], runs=()) -> None:
+        path = tmp_path / "kinds" / name
+        path.mkdir(parents=True)
+        for file, text in files.items():
+            (path / file).write_text(text)
+        for sub in runs:
+            shutil.copytree(run, path / sub)
+        kinds[path] = held
+
+    kinds[shutil.copytree(run, tmp_path / "kinds" / "run")] = rundir.RUN
+    folder("comparison", rundir.COMPARISON, {"recipe.json": '{"recipe": "cpu-char"}', "results.json": '{"models": []}',
+                                             "results.md": "# cpu-char"}, runs=["standard/seed42"])
+    folder("comparison-results", rundir.COMPARISON, {"results.json": '{"models": []}'})
+    folder("seeds", "run directories (seed42)", {}, runs=["seed42"])
+    folder("denoise", rundir.DENOISE, {"results.json": '{"protocol": {}, "tables": {}, "runs": {}}',
+                                       "results.md": "# denoise"})
+    folder("export", rundir.EXPORT, {rundir.CONFIG: '{"model_type": "gbattn"}', rundir.EXPORTED_TOKENIZER: "{}"})
+    folder("unfinished-export", rundir.UNFINISHED_EXPORT, {rundir.EXPORTED_TOKENIZER: "{}"})
+    folder("gpt2", "a Hugging Face checkpoint (gpt2)", {rundir.CONFIG: '{"model_type": "gpt2"}'})
+    folder("other-results", "a results.json that neither `gbattn compare` nor `gbattn denoise` wrote",
+           {"results.json": '{"x": 1}'})
+    folder("unreadable-results", "a results.json that gbattn cannot read (it is not valid JSON (Expecting property "
+           "name enclosed in double quotes: line 1 column 2 (char 1)))", {"results.json": "{"})
+    folder("notes", "a results.md without the results.json gbattn writes beside it", {"results.md": "# notes"})
+    folder("other-files", None, {"notes.txt": "mine"})
+    assert {path: rundir.folder_holds(path) for path in kinds} == kinds
+
+    tiny = ["--set", "max_steps=1", *sum((["--set", f"{k}={v}"] for k, v in TINY.items()), [])]
+    new_run = ["train", "--data", data, "--tokenizer", "char", "--quiet", *tiny]
+    commands = {  # the command, before its --out; what it writes into (its own); what it writes, in its refusal
+        "train": (new_run, (rundir.RUN,), "a gbattn run"),
+        "train --restart": ([*new_run, "--restart"], (rundir.RUN,), "a gbattn run"),
+    }
+    for name, (argv, own, output) in commands.items():
+        for path, held in kinds.items():
+            if held is None or held in own:  # taken (what each command does with its own: the tests of each)
+                assert rundir.check_out(path, own, output) == held
+                continue
+            before = every_file(path)
+            line = one_line(*run_cli(capsys, [*argv, "--out", path])[::2])
+            assert line == f"gbattn: error: --out {path} holds {held}, not {output}: choose another --out", name
+            assert every_file(path) == before, (name, path.name)
 
 
 def test_every_damaged_torch_file_is_one_checkpoint_error(tmp_path):

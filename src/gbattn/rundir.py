@@ -120,13 +120,60 @@ def foreign_model(directory: str | Path) -> str | None:
     return None
 
 
-def check_restartable(directory: str | Path) -> None:
-    """``--restart`` replaces a run only: a directory holding another kind of model is refused
-    (its config.json and tokenizer.json would go). Checked before the run lock is taken."""
+RUN = "a run"
+COMPARISON = "a `gbattn compare` comparison"
+DENOISE = "a `gbattn denoise` output"
+EXPORT = "a gbattn export"
+DENOISE_RESULTS_KEYS = ("protocol", "tables", "runs")  # in every results.json gbattn denoise has written
+
+
+def folder_holds(directory: str | Path) -> str | None:
+    """What a folder holds, in words: :data:`RUN` (its config.json or weights), a model of another kind
+    (:func:`foreign_model`: :data:`EXPORT`, :data:`UNFINISHED_EXPORT`, a Hugging Face checkpoint, ...),
+    :data:`COMPARISON` (recipe.json, or a results.json with models), :data:`DENOISE` (a results.json with
+    :data:`DENOISE_RESULTS_KEYS`), results files no gbattn command wrote, run directories (one model's seeds
+    in a comparison); None for an empty or missing folder, or one of other files only."""
+    directory = Path(directory)
+    if any((directory / name).exists() for name in (CHECKPOINT, BEST)):
+        return RUN
     held = foreign_model(directory)
     if held:
-        raise UserError(f"{directory} holds {held}, not a gbattn run: --restart replaces only a run; choose "
-                        f"another --out")
+        return held
+    if (directory / CONFIG).is_file():  # a run, or one whose config.json is damaged
+        return RUN
+    if (directory / "recipe.json").is_file():  # a comparison, perhaps with an export or a copied run beside its models
+        return COMPARISON
+    path = directory / "results.json"
+    if path.is_file():
+        try:
+            results = read_json(path)
+        except CheckpointError as e:  # its message names the file: "it" here
+            return f"a results.json that gbattn cannot read (it {str(e).removeprefix(f'{path} ')})"
+        if "models" in results:
+            return COMPARISON
+        if all(key in results for key in DENOISE_RESULTS_KEYS):
+            return DENOISE
+        return "a results.json that neither `gbattn compare` nor `gbattn denoise` wrote"
+    if (directory / "results.md").is_file():
+        return "a results.md without the results.json gbattn writes beside it"
+    runs = sorted(p.parent.name for p in directory.glob(f"*/{CONFIG}"))
+    if runs:
+        return f"run directories ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''})"
+    return None
+
+
+def check_out(directory: str | Path, own: tuple[str, ...], output: str) -> str | None:
+    """The one rule of every command writing a folder (train, compare, denoise, export, upcycle): an ``--out``
+    holding anything gbattn recognises (:func:`folder_holds`) but the command's ``own`` kinds is refused, before
+    any work and before its lock is taken, so it stays untouched; ``output`` names what the command writes.
+    Returns what it holds (one of ``own``, or None)."""
+    try:
+        held = folder_holds(directory)
+    except OSError as e:  # a folder that cannot be searched (no x permission): its files cannot be seen
+        raise UserError(f"--out {directory} cannot be read ({e.strerror or e})") from None
+    if held is not None and held not in own:
+        raise UserError(f"--out {directory} holds {held}, not {output}: choose another --out")
+    return held
 
 
 def check_output_file(path: str | Path, what: str) -> None:
@@ -144,7 +191,7 @@ def check_output_file(path: str | Path, what: str) -> None:
 
 
 def discard_run(directory: str | Path) -> list[str]:
-    """Delete a run's own files (``--restart``, after :func:`check_restartable`); other files stay."""
+    """Delete a run's own files (``--restart``, after :func:`check_out`); other files stay."""
     removed = []
     for name in RUN_FILES:
         if (Path(directory) / name).is_file():

@@ -290,8 +290,7 @@ class Trainer:
         evaluation) starts from those weights too, as a fresh one does."""
         cfg = self.train_cfg
         if self.main:
-            if self.restart:
-                rundir.check_restartable(self.run_dir)
+            rundir.check_out(self.run_dir, (rundir.RUN,), "a gbattn run")  # --restart replaces only a run
             self.lock = rundir.RunLock(self.run_dir)
             if self.restart:
                 rundir.discard_run(self.run_dir)
