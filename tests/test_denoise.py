@@ -203,9 +203,10 @@ def test_denoise_and_compare_leave_each_others_results_alone(tmp_path, capsys):
     denoised = tmp_path / "denoise"
     denoised.mkdir()
     (denoised / "results.json").write_text('{"tables": {}}')
-    with pytest.raises(UserError, match="holds a results.json that is not a comparison's; use another --out"):
+    with pytest.raises(UserError, match="holds a results.json that neither `gbattn compare` nor `gbattn denoise` "
+                                        "wrote, not a comparison: choose another --out"):
         run_compare("cpu-char", denoised, sets={"max_steps": 2}, quiet=True)
-    assert sorted(p.name for p in denoised.iterdir()) == [".lock", "results.json"]  # the comparison's (empty) lock
+    assert sorted(p.name for p in denoised.iterdir()) == ["results.json"]  # refused before its lock was taken
     assert (denoised / "results.json").read_text() == '{"tables": {}}'
 
 
@@ -279,8 +280,8 @@ def test_an_out_holding_results_denoise_did_not_write_is_refused_before_training
     assert json.loads((out / "results.json").read_text())["experiments"] == ["gates"]
     capsys.readouterr()
     assert main(["compare", "--recipe", "cpu-char", "--out", str(out), "--quiet"]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"gbattn: error: {out} holds a results.json that is not "
-                                                            f"a comparison's; use another --out"]
+    assert capsys.readouterr().err.strip().splitlines() == [f"gbattn: error: --out {out} holds a `gbattn denoise` "
+                                                            f"output, not a comparison: choose another --out"]
 
 
 def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):

@@ -884,7 +884,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          f"--out {run} holds a run, not a comparison: choose another --out"),
         ("compare --out one model's seeds in a comparison",
          ["compare", "--recipe", "cpu-char", "--out", comparison / "standard", "--set", "max_steps=1"],
-         f"--out {comparison}/standard holds run directories (seed42), not a comparison's models"),
+         f"--out {comparison}/standard holds run directories (seed42), not a comparison: choose another --out"),
         ("unknown tokenizer", ["train", "--out", tmp_path / "o11", "--data", data, "--tokenizer", "words"],
          "--tokenizer 'words' is not allowed"),
         ("odd kv heads for differential", ["params", "--attn", "differential", "--set", "n_kv_heads=1"],
@@ -1261,6 +1261,8 @@ def test_every_writing_command_refuses_an_out_holding_what_it_did_not_write(trai
     commands = {  # the command, before its --out; what it writes into (its own); what it writes, in its refusal
         "train": (new_run, (rundir.RUN,), "a gbattn run"),
         "train --restart": ([*new_run, "--restart"], (rundir.RUN,), "a gbattn run"),
+        "compare": (["compare", "--recipe", "cpu-char", "--data", data, "--only", "standard", "--seeds", "42",
+                     "--quiet", *tiny], (rundir.COMPARISON,), "a comparison"),
     }
     for name, (argv, own, output) in commands.items():
         for path, held in kinds.items():

@@ -105,7 +105,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         raise UserError("--set attn=... would give every model of the recipe that one attention variant: the recipe "
                         "chooses each model's (train another variant with `gbattn train --attn`)")
     out = Path(out_dir)
-    check_comparison_dir(out)
+    rundir.check_out(out, (rundir.COMPARISON,), "a comparison")  # a run, denoise's results, ...: refused
     lock = rundir.RunLock(out, what="comparison")
     try:
         specs = [s for s in recipe.models if not only or s.label in only]
@@ -370,21 +370,6 @@ def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
     return start_cfg, train_cfg.replace(init_from=str(start))
 
 
-def check_comparison_dir(out: Path) -> None:
-    """Refuse an ``--out`` that is a run directory (or another model's) or, unless it is a comparison
-    already, a folder of runs (one model's seeds in a comparison): the comparison's files and runs
-    would be mixed into it."""
-    if (out / rundir.CONFIG).is_file():
-        raise UserError(f"--out {out} holds {rundir.foreign_model(out) or 'a run'}, not a comparison: choose another "
-                        f"--out")
-    if (out / "recipe.json").is_file():  # a comparison, perhaps with an export or a copied run beside its models
-        return
-    runs = sorted(p.parent.name for p in out.glob(f"*/{rundir.CONFIG}"))
-    if runs:
-        raise UserError(f"--out {out} holds run directories ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}), "
-                        f"not a comparison's models: choose another --out")
-
-
 def _results_part(key: str, value):
     """What of a recorded request must match a new one: all of it but the ``--set`` keys that change
     no result (device, compile, log_every, ...: a comparison continues on another device)."""
@@ -397,14 +382,6 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True) -> None:
     """Refuse a comparison directory that holds another comparison; complete this request from it (run_compare
     records it once the data is read). Its seeds become the recorded ones and those given, or the recorded ones
     alone when none were given."""
-    results = path.parent / "results.json"
-    if not path.exists() and results.is_file():  # another command's results (`gbattn denoise`'s) would be replaced
-        try:
-            held = rundir.read_json(results)
-        except CheckpointError:  # unreadable: nothing to tell about it
-            held = None
-        if isinstance(held, dict) and "models" not in held:
-            raise UserError(f"{path.parent} holds a results.json that is not a comparison's; use another --out")
     if path.exists():
         before = rundir.read_json(path)
         if isinstance(before.get("data"), str):  # written before data paths were made portable
