@@ -196,8 +196,8 @@ def test_denoise_and_compare_leave_each_others_results_alone(tmp_path, capsys):
         (comparison / name).write_text(text)
     assert main(["denoise", "--quick", "--out", str(comparison), "--steps", "2", "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert err.strip().splitlines() == [f"gbattn: error: --out {comparison} holds a `gbattn compare` comparison; "
-                                        f"write the denoising tables elsewhere"], err
+    assert err.strip().splitlines() == [f"gbattn: error: --out {comparison} holds a `gbattn compare` comparison, "
+                                        f"not a `gbattn denoise` output: choose another --out"], err
     assert sorted(p.name for p in comparison.iterdir()) == ["recipe.json", "results.json", "results.md"]
     assert (comparison / "results.json").read_text() == '{"models": []}'
     denoised = tmp_path / "denoise"
@@ -251,15 +251,15 @@ def test_an_out_holding_results_denoise_did_not_write_is_refused_before_training
     from gbattn.synthetic import tables
 
     monkeypatch.setattr(tables, "train_run", lambda *a: pytest.fail("trained"))
-    cases = [("results.json", '{"models": []}', "holds a results.json that is not gbattn denoise's (it has no "
-              "protocol, tables, runs); use another --out"),
-             ("results.json", '{"tables": {}, "protocol": {}}', "holds a results.json that is not gbattn denoise's "
-              "(it has no runs); use another --out"),
-             ("results.json", "[1]", "holds list, expected a JSON object: not a gbattn denoise results file; "
-              "use another --out"),
-             ("results.json", "{", "is not valid JSON"),
-             ("results.md", "# my notes", "holds a results.md without gbattn denoise's results.json beside it; "
-              "use another --out")]
+    not_denoise = "not a `gbattn denoise` output: choose another --out"
+    cases = [("results.json", '{"models": []}', f"holds a `gbattn compare` comparison, {not_denoise}"),
+             ("results.json", '{"tables": {}, "protocol": {}}', "holds a results.json that neither `gbattn compare` "
+              f"nor `gbattn denoise` wrote, {not_denoise}"),
+             ("results.json", "[1]", "holds a results.json that gbattn cannot read (it holds list, expected a JSON "
+              f"object), {not_denoise}"),
+             ("results.json", "{", "holds a results.json that gbattn cannot read (it is not valid JSON"),
+             ("results.md", "# my notes", f"holds a results.md without the results.json gbattn writes beside it, "
+              f"{not_denoise}")]
     for i, (name, text, expected) in enumerate(cases):
         out = tmp_path / f"foreign{i}"
         out.mkdir()

@@ -1263,6 +1263,8 @@ def test_every_writing_command_refuses_an_out_holding_what_it_did_not_write(trai
         "train --restart": ([*new_run, "--restart"], (rundir.RUN,), "a gbattn run"),
         "compare": (["compare", "--recipe", "cpu-char", "--data", data, "--only", "standard", "--seeds", "42",
                      "--quiet", *tiny], (rundir.COMPARISON,), "a comparison"),
+        "denoise": (["denoise", "--quick", "--experiments", "deq", "--steps", "1", "--seeds", "0", "--quiet"],
+                    (rundir.DENOISE,), "a `gbattn denoise` output"),
     }
     for name, (argv, own, output) in commands.items():
         for path, held in kinds.items():

@@ -11,11 +11,11 @@ from pathlib import Path
 import torch
 
 from gbattn.analysis.figures import remove_unwritten
-from gbattn.errors import CheckpointError, UserError
+from gbattn.errors import UserError
 from gbattn.experiments.report import mean_std
-from gbattn.files import atomic_write, read_json, write_figure, write_json
+from gbattn.files import atomic_write, write_figure, write_json
 from gbattn.progress import Progress
-from gbattn.rundir import RunLock
+from gbattn.rundir import DENOISE, RunLock, check_out
 from gbattn.synthetic.task import (
     DEQ_SETTINGS,
     DIFFICULTY_SETTINGS,
@@ -229,35 +229,12 @@ def plot_rounds(table: dict, path: Path, steps: int, published: bool = True) -> 
     plt.close(fig)
 
 
-RESULTS_KEYS = ("protocol", "tables", "runs")  # in every results.json gbattn denoise has written
-
-
-def check_denoise_dir(out: Path) -> None:
-    """Refuse an ``--out`` whose results files gbattn denoise did not write (they would be replaced): a comparison's
-    folder, a results.json that is not a denoise results file (unreadable, or without :data:`RESULTS_KEYS`), or a
-    results.md without one beside it. A previous denoise's files are replaced."""
-    if (out / "recipe.json").is_file():
-        raise UserError(f"--out {out} holds a `gbattn compare` comparison; write the denoising tables elsewhere")
-    results = out / "results.json"
-    if results.is_file():
-        try:
-            missing = [key for key in RESULTS_KEYS if key not in read_json(results)]
-        except CheckpointError as e:
-            raise UserError(f"{e}: not a gbattn denoise results file; use another --out") from None
-        if missing:
-            raise UserError(f"--out {out} holds a results.json that is not gbattn denoise's (it has no "
-                            f"{', '.join(missing)}); use another --out")
-    elif (out / "results.md").is_file():
-        raise UserError(f"--out {out} holds a results.md without gbattn denoise's results.json beside it; use "
-                        f"another --out")
-
-
 def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, protocol: Protocol | None = None,
                 device: str = "cpu", quiet: bool = False, command: str = "") -> dict:
     """Train every run the experiments need, print each table when its runs are done, and write
     ``results.json``, ``results.md`` and (with ``rounds``) ``rounds.png`` into ``out_dir``: its one writer,
     holding its lock (:class:`gbattn.rundir.RunLock`, as ``gbattn compare`` does) from before any work to the end."""
-    check_denoise_dir(Path(out_dir))
+    check_out(out_dir, (DENOISE,), "a `gbattn denoise` output")  # a comparison, a run, other results: refused
     with RunLock(out_dir, what="`gbattn denoise` output"):
         return write_tables(Path(out_dir), experiments, seeds, protocol or Protocol(), device, quiet, command)
 
