@@ -1331,7 +1331,7 @@ def test_export_and_restart_leave_other_model_directories_alone(trained, tmp_pat
     GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=40, n_positions=32)).save_pretrained(hf_dir)
     before = {p.name: p.read_bytes() for p in hf_dir.iterdir()}
     assert cli_main(["export", str(run_dir), "--out", str(hf_dir)]) == 2
-    assert "holds a Hugging Face checkpoint (gpt2); export to another directory" in capsys.readouterr().err
+    assert "holds a Hugging Face checkpoint (gpt2), not a gbattn export: choose another" in capsys.readouterr().err
     upcycled = tmp_path / "upcycled"
     shutil.copytree(run_dir, upcycled, ignore=shutil.ignore_patterns("checkpoint.pt"))
     assert cli_main(["export", str(run_dir), "--out", str(upcycled)]) == 2

@@ -1265,6 +1265,7 @@ def test_every_writing_command_refuses_an_out_holding_what_it_did_not_write(trai
                      "--quiet", *tiny], (rundir.COMPARISON,), "a comparison"),
         "denoise": (["denoise", "--quick", "--experiments", "deq", "--steps", "1", "--seeds", "0", "--quiet"],
                     (rundir.DENOISE,), "a `gbattn denoise` output"),
+        "export": (["export", run], (rundir.EXPORT, rundir.UNFINISHED_EXPORT), "a gbattn export"),
     }
     for name, (argv, own, output) in commands.items():
         for path, held in kinds.items():

@@ -32,15 +32,12 @@ from gbattn.files import (
 from gbattn.hf.modeling import GbattnForCausalLM
 from gbattn.hf.tokenization import hf_tokenizer, is_end_of_text
 from gbattn.rundir import (
-    BEST,
-    CHECKPOINT,
     CONFIG,
     EXPORT_STAGING,
     SAFETENSORS,
     SAFETENSORS_INDEX,
     UNFINISHED_EXPORT,
     LoadedRun,
-    foreign_model,
     load_run,
 )
 
@@ -108,9 +105,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
     run_dir, out = Path(run_dir), Path(out)
     if out.exists() and run_dir.exists() and out.resolve() == run_dir.resolve():
         raise UserError(f"--out {out} is the run directory itself; export to another directory")
-    held = "a run" if any((out / name).exists() for name in (CHECKPOINT, BEST)) else foreign_model(out)
-    if held and held not in ("a gbattn export", UNFINISHED_EXPORT):  # an earlier export of a model is replaced
-        raise UserError(f"--out {out} holds {held}; export to another directory")
+    rundir.check_out(out, (rundir.EXPORT, UNFINISHED_EXPORT), "a gbattn export")  # an earlier export is replaced
     run = load_run(run_dir, checkpoint, "cpu")
     check_writable_dir(out, "--out")
     remove_abandoned(out)  # the staging folders of exports killed before they finished
