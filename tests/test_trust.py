@@ -1227,6 +1227,9 @@ def test_every_writing_command_refuses_an_out_holding_what_it_did_not_write(trai
     what it holds, exit 2, before any work, every file as it was and no lock file left; its own is taken."""
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     data, run = trained["data"], trained["run"]
+    standard = tmp_path / "standard-run"  # upcycle's source: a standard-attention run
+    train(standard, *tiny_configs(data, "standard", max_steps=1, eval_every=1, warmup_steps=0, threads=1), quiet=True,
+          preset="paper-small")
     kinds = {}
 
     def folder(name: str, held: str | None, files: dict[str, str], runs=()) -> None:
@@ -1266,6 +1269,7 @@ def test_every_writing_command_refuses_an_out_holding_what_it_did_not_write(trai
         "denoise": (["denoise", "--quick", "--experiments", "deq", "--steps", "1", "--seeds", "0", "--quiet"],
                     (rundir.DENOISE,), "a `gbattn denoise` output"),
         "export": (["export", run], (rundir.EXPORT, rundir.UNFINISHED_EXPORT), "a gbattn export"),
+        "upcycle": (["upcycle", standard, "--attn", "gated"], (), "a folder for a new run"),
     }
     for name, (argv, own, output) in commands.items():
         for path, held in kinds.items():
@@ -1274,7 +1278,9 @@ def test_every_writing_command_refuses_an_out_holding_what_it_did_not_write(trai
                 continue
             before = every_file(path)
             line = one_line(*run_cli(capsys, [*argv, "--out", path])[::2])
-            assert line == f"gbattn: error: --out {path} holds {held}, not {output}: choose another --out", name
+            expected = (f"{path} already holds a run; choose another --out" if held == rundir.RUN and name == "upcycle"
+                        else f"--out {path} holds {held}, not {output}: choose another --out")
+            assert line == f"gbattn: error: {expected}", name
             assert every_file(path) == before, (name, path.name)
 
 

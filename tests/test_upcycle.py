@@ -898,9 +898,14 @@ def test_train_init_from_trains_on_the_source_runs_windows(gpt2_dir, tmp_path, c
         assert (config["train"]["seq_len"], config["seq_len"]) == (seq_len, recorded)
 
 
-def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys):
+def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys, monkeypatch):
+    """An --out holding a run, or a run's weights without its config.json, is refused before the conversion (it was
+    refused after it: the source was read and converted first), and nothing in it changes."""
+    import gbattn.upcycle
+
     assert main(["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(tmp_path / "up")]) == 0
     capsys.readouterr()
+    monkeypatch.setattr(gbattn.upcycle, "upcycle", lambda *a, **k: pytest.fail("converted before refusing --out"))
     assert main(["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(tmp_path / "up")]) == 2
     assert "already holds a run" in capsys.readouterr().err
     # Weights without config.json (an upcycle killed before writing config.json, which comes last, or a run killed

@@ -56,6 +56,7 @@ def cmd_upcycle(args) -> None:
     from gbattn.config import parse_sets
 
     sets = parse_sets(args.sets)
+    check_new_run_dir(args.out)  # before the conversion: a refused --out costs no work
     result = upcycle(args.source, args.attn, attn_options(sets), seed=args.seed)
     write_run(result, args.out)
     for note in result.notes:
@@ -212,6 +213,23 @@ def _initialise(model, cfg) -> str:
     return f"value rows W_V^m of the {where} zeroed (c_m = 0); {rest}"
 
 
+def check_new_run_dir(out: str | Path) -> None:
+    """The ``--out`` of an upcycled run holds nothing gbattn recognises (:func:`gbattn.rundir.check_out`): a run
+    (its config.json, or weights without one: kept, gbattn cannot tell whose they are), an export, a comparison,
+    results files ... are refused."""
+    from gbattn import rundir
+    from gbattn.errors import UserError
+
+    out = Path(out)
+    if rundir.check_out(out, (rundir.RUN,), "a folder for a new run") is None:
+        return
+    if (out / rundir.CONFIG).exists():
+        raise UserError(f"{out} already holds a run; choose another --out")
+    weights = [name for name in (rundir.CHECKPOINT, rundir.BEST) if (out / name).exists()]
+    raise UserError(f"{out} holds {' and '.join(weights)} but no {rundir.CONFIG} (written last): an upcycle or "
+                    f"a run stopped before it finished; delete {out} or choose another --out")
+
+
 def write_run(result: Upcycled, out: str | Path) -> Path:
     """The run directory of an upcycled model: ``tokenizer.json``, ``best.pt`` ({"model", "step": 0};
     no ``checkpoint.pt``, so ``train --init-from`` takes these weights) and ``config.json`` last (its
@@ -219,7 +237,6 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
     parameters), each written atomically."""
     from gbattn import rundir
     from gbattn.config import TrainConfig
-    from gbattn.errors import UserError
     from gbattn.files import check_writable_dir
 
     out = check_writable_dir(out)
@@ -232,12 +249,7 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
     taken = {} if src.checkpoint is None else {"source_checkpoint": src.checkpoint, "source_step": src.step}
     seq_len = src.config.get("seq_len") or result.model_cfg.input_length(train_cfg.seq_len)  # refused before writing
     with rundir.RunLock(out, "upcycled model"):
-        if (out / rundir.CONFIG).exists():
-            raise UserError(f"{out} already holds a run; choose another --out")
-        weights = [name for name in (rundir.CHECKPOINT, rundir.BEST) if (out / name).exists()]
-        if weights:  # kept: gbattn cannot tell whose they are
-            raise UserError(f"{out} holds {' and '.join(weights)} but no {rundir.CONFIG} (written last): an upcycle or "
-                            f"a run stopped before it finished; delete {out} or choose another --out")
+        check_new_run_dir(out)  # again under the lock: another process may have written there since
         src.tokenizer.save(out / rundir.TOKENIZER)
         rundir.save_checkpoint({"model": result.state, "step": 0}, out / rundir.BEST)
         rundir.write_config(
