@@ -536,7 +536,10 @@ def test_bpe_and_byte_level_tokenizers_keep_gbattn_ids(tmp_path):
         assert len(hf) == tok.vocab_size and hf.eos_token == eos and hf.pad_token == pad
         hf.save_pretrained(tmp_path / tok.kind)
         back = AutoTokenizer.from_pretrained(tmp_path / tok.kind)
-        assert back.encode(text) == tok.encode(text) and back.decode(tok.encode(text)) == tok.decode(tok.encode(text))
+        # the paper's BPE (no decoder: pieces joined by spaces) writes a space before every piece, the first too
+        leading = " " if tok.kind == "bpe" else ""
+        assert back.encode(text) == tok.encode(text)
+        assert back.decode(tok.encode(text)) == leading + tok.decode(tok.encode(text))
         assert back.eos_token_id == tok.encode(eos)[0]
         # A padded batch is padded on the left, as generate() needs (each row's last token is its own).
         batch = back(["the cat", text], padding=True, return_tensors="pt")
@@ -626,6 +629,30 @@ def test_wrap_run_names_the_tokenizers_padding_and_length(tmp_path):
     # a batch pads on the left, so every row ends at its last token and generate() continues from it
     mask = tokenizer(["to be or not to be " * 3, "to be"], padding=True)["attention_mask"]
     assert mask[1][0] == 0 and mask[1][-1] == 1 and all(mask[0])
+
+
+def test_a_bpe_continuation_decoded_alone_keeps_its_word_boundary(tmp_path):
+    """transformers' text-generation pipeline appends the decoded new tokens to the prompt: a paper's-BPE
+    continuation keeps the space before its first piece ("the cat" + "sat" read "the catsat"), and the
+    pipeline's text is the prompt followed by what gbattn's own decode of the whole sequence shows after it."""
+    from transformers import pipeline
+
+    from gbattn.hf import wrap_run
+
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    bpe = get_tokenizer("bpe", corpus, vocab_size=120, verbose=False)
+    ids = bpe.encode("the cat sat on the mat")
+    hf = hf_tokenizer(bpe, 64)
+    for cut in range(1, len(ids)):
+        assert hf.decode(ids[:cut]) + hf.decode(ids[cut:]) == hf.decode(ids) == " " + bpe.decode(ids)
+    torch.manual_seed(0)
+    cfg = tiny_config(("standard", {}), vocab_size=bpe.vocab_size)
+    run = rundir.LoadedRun(tmp_path, GPT(cfg).eval(), cfg, None, bpe, {"model": cfg.to_dict()}, 7, "last")
+    model, tokenizer = wrap_run(run)
+    prompt = bpe.decode(bpe.encode("the cat"))  # a prompt that decodes to itself
+    new = run.model.generate(torch.tensor([bpe.encode(prompt)]), 4, top_k=1)[0, -4:].tolist()  # greedy
+    text = pipeline("text-generation", model=model, tokenizer=tokenizer)(prompt, max_new_tokens=4, do_sample=False)
+    assert text[0]["generated_text"] == f"{prompt} {bpe.decode(new)}"
 
 
 def test_quiet_transformers_puts_the_log_level_back():

@@ -42,10 +42,19 @@ BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>")  # start-of-text tokens, by co
 
 
 def backend_tokenizer(tok: Tokenizer) -> BackendTokenizer:
-    """The ``tokenizers`` object with gbattn's ids: the stored JSON (bpe, gpt2), or one WordLevel
-    token per character, every character its own piece (spaces and newlines included)."""
+    """The ``tokenizers`` object with gbattn's ids: the stored JSON (bpe, gpt2, hf), or one WordLevel
+    token per character, every character its own piece (spaces and newlines included).
+
+    A tokenizer without a decoder (the paper's BPE) joins its pieces with spaces; in transformers' form
+    each piece is written after a space instead, so that a continuation decoded on its own keeps its
+    boundary with the text before it: the ``text-generation`` pipeline of transformers 5.x appends
+    ``decode(new tokens)`` to the prompt (``"the cat" + "sat"`` read ``"the catsat"``). A whole text
+    decodes to gbattn's with one space in front."""
     if tok.kind != "char":
-        return BackendTokenizer.from_str(tok.payload)
+        backend = BackendTokenizer.from_str(tok.payload)
+        if backend.decoder is None:
+            backend.decoder = decoders.Replace(Regex(r"\A"), " ")
+        return backend
     backend = BackendTokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(tok.chars)}, unk_token=None))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # "." would skip "\n"
     backend.decoder = decoders.Fuse()
