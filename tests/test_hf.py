@@ -629,6 +629,23 @@ def test_wrap_run_names_the_tokenizers_padding_and_length(tmp_path):
     # a batch pads on the left, so every row ends at its last token and generate() continues from it
     mask = tokenizer(["to be or not to be " * 3, "to be"], padding=True)["attention_mask"]
     assert mask[1][0] == 0 and mask[1][-1] == 1 and all(mask[0])
+    assert model.config.bos_token_id is None  # the paper's BPE has no start-of-text token
+    # a vocabulary with a start-of-text token (an upcycled Llama's <s>): the model's config names it too, so
+    # generate() without a prompt starts from it, as the source model's does
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
+    backend = Backend(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, "a": 3, "b": 4}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens(["<s>", "</s>"])
+    llama_like = Tokenizer("hf", backend.to_str())
+    cfg = tiny_config(("standard", {}), vocab_size=llama_like.vocab_size)
+    run = rundir.LoadedRun(tmp_path, GPT(cfg).eval(), cfg, None, llama_like, {"model": cfg.to_dict()}, 7, "last")
+    model, tokenizer = wrap_run(run)
+    assert (model.config.bos_token_id, model.config.eos_token_id) == (tokenizer.bos_token_id, tokenizer.eos_token_id)
+    assert (tokenizer.bos_token, tokenizer.eos_token) == ("<s>", "</s>")
+    unprompted = model.generate(max_new_tokens=2, do_sample=False, eos_token_id=None)
+    assert unprompted.shape == (1, 3) and unprompted[0, 0] == tokenizer.bos_token_id
 
 
 def test_a_bpe_continuation_decoded_alone_keeps_its_word_boundary(tmp_path):

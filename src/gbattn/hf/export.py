@@ -85,8 +85,9 @@ def wrap_run(run: LoadedRun):
         section["checkpoint"] = run.checkpoint
     # generate() stops at eos_token_id: only at a real end-of-text token (not the bpe or char stand-ins).
     eos = tokenizer.eos_token_id if is_end_of_text(tokenizer) else None
+    # bos_token_id: where generate() starts without a prompt (an upcycled Llama's <s>, as its source's config names)
     model = GbattnForCausalLM.from_gpt(run.model, run=section, pad_token_id=tokenizer.pad_token_id,
-                                       eos_token_id=eos)
+                                       bos_token_id=tokenizer.bos_token_id, eos_token_id=eos)
     return model, tokenizer
 
 
