@@ -517,9 +517,9 @@ def test_missing_weights_are_initialised_like_gbattn(tmp_path):
 # ---- tokenizers -------------------------------------------------------------------------
 
 
-def test_bpe_and_byte_level_tokenizers_keep_gbattn_ids(tmp_path):
-    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
-    bpe = get_tokenizer("bpe", corpus, vocab_size=120, verbose=False)
+def byte_level_tokenizer(corpus) -> Tokenizer:
+    """A GPT-2-like byte-level BPE of 300 tokens trained on ``corpus`` (``--tokenizer gpt2=PATH``), its
+    end-of-text token ``<|endoftext|>``."""
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -529,7 +529,13 @@ def test_bpe_and_byte_level_tokenizers_keep_gbattn_ids(tmp_path):
     byte_level.train_from_iterator(corpus.lines("train"), trainers.BpeTrainer(
         vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
-    gpt2 = Tokenizer("gpt2", byte_level.to_str())
+    return Tokenizer("gpt2", byte_level.to_str())
+
+
+def test_bpe_and_byte_level_tokenizers_keep_gbattn_ids(tmp_path):
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    bpe = get_tokenizer("bpe", corpus, vocab_size=120, verbose=False)
+    gpt2 = byte_level_tokenizer(corpus)
     text = "the cat sat on the mat . a big red bird"
     for tok, eos, pad in ((bpe, "<pad>", "<pad>"), (gpt2, "<|endoftext|>", "<|endoftext|>")):
         hf = hf_tokenizer(tok, 64)
@@ -670,6 +676,31 @@ def test_a_bpe_continuation_decoded_alone_keeps_its_word_boundary(tmp_path):
     new = run.model.generate(torch.tensor([bpe.encode(prompt)]), 4, top_k=1)[0, -4:].tolist()  # greedy
     text = pipeline("text-generation", model=model, tokenizer=tokenizer)(prompt, max_new_tokens=4, do_sample=False)
     assert text[0]["generated_text"] == f"{prompt} {bpe.decode(new)}"
+
+
+def test_generate_stops_at_a_real_end_of_text_token_and_gbattn_generate_goes_on(tmp_path):
+    """README: generate() of an export whose vocabulary has a real end-of-text token (GPT-2's) stops there,
+    where gbattn's generation goes on for every token asked for; until then the two are the same."""
+    from gbattn.hf import wrap_run
+
+    gpt2 = byte_level_tokenizer(load_corpus(str(write_corpus(tmp_path / "c"))))
+    eos = gpt2.encode("<|endoftext|>")[0]
+    torch.manual_seed(0)
+    cfg = tiny_config(("standard", {}), vocab_size=gpt2.vocab_size, tie_embeddings=False)
+    gpt = GPT(cfg).eval()
+    prompt = torch.tensor([gpt2.encode("the cat")])
+    third = gpt.generate(prompt, 3, top_k=1)[0, -1]  # greedy
+    assert third != eos
+    with torch.no_grad():  # end-of-text's logit three times the third new token's: greedy picks it there
+        gpt.lm_head.weight[eos] = 3 * gpt.lm_head.weight[third]
+    run = rundir.LoadedRun(tmp_path, gpt, cfg, None, gpt2, {"model": cfg.to_dict()}, 7, "last")
+    model, _ = wrap_run(run)
+    assert model.generation_config.eos_token_id == eos
+    ours = gpt.generate(prompt, 6, top_k=1)[0].tolist()
+    theirs = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6,
+                            do_sample=False)[0].tolist()
+    n = prompt.shape[1]
+    assert len(ours) == n + 6 and ours[n + 2] == eos and theirs == ours[:n + 3]
 
 
 def test_quiet_transformers_puts_the_log_level_back():
