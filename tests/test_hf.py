@@ -1229,6 +1229,41 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
                 assert b[task][key] == pytest.approx(value, rel=1e-5), (task, key)
 
 
+def test_lm_eval_of_a_bpe_model_scores_the_tokens_of_context_and_continuation_together(tmp_path):
+    """The paper's BPE through the harness's wrapper: a continuation is scored on the last tokens of
+    context + continuation (a context's trailing spaces move to the continuation, the harness's rule), a
+    rolling log-likelihood starts after <pad> (the end-of-text stand-in), and a generation keeps the space
+    before its first piece."""
+    from lm_eval.api.instance import Instance
+
+    from gbattn.hf import wrap_run
+    from gbattn.hf.lmeval import GbattnLM
+
+    bpe = get_tokenizer("bpe", load_corpus(str(write_corpus(tmp_path / "c"))), vocab_size=120, verbose=False)
+    torch.manual_seed(0)
+    cfg = tiny_config(("boosted", {}), vocab_size=bpe.vocab_size)
+    run = rundir.LoadedRun(tmp_path, GPT(cfg).eval(), cfg, None, bpe, {"model": cfg.to_dict()}, 7, "last")
+    model, tokenizer = wrap_run(run)
+    lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=2, max_length=cfg.block_size)
+    pairs = [("the cat sat on", " the mat"), ("the cat sat on ", "the mat"), ("a big red", " bird .")]
+    got = lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)], disable_tqdm=True)
+    for (context, continuation), (ll, _) in zip(pairs, got):
+        whole, n = bpe.encode(context + continuation), len(bpe.encode(continuation))
+        assert whole[:-n] == bpe.encode(context)
+        assert ll == pytest.approx(gbattn_loglikelihood(run.model, whole, n, cfg.block_size), rel=1e-5)
+    pad = bpe.encode("<pad>")[0]
+    assert lm.prefix_token_id == pad
+    text = "the cat sat on the mat . a big red bird"
+    [rolling] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)], disable_tqdm=True)
+    assert rolling == pytest.approx(gbattn_rolling(run.model, bpe.encode(text), pad, cfg.block_size), rel=1e-5)
+    prompt = bpe.encode("the cat")
+    new = run.model.generate(torch.tensor([prompt]), 3, top_k=1)[0, len(prompt):].tolist()  # greedy
+    [generated] = lm.generate_until([Instance("generate_until", {}, ("the cat", {"until": ["\n\n"], "max_gen_toks": 3,
+                                                                                  "do_sample": False}), 0)],
+                                    disable_tqdm=True)
+    assert generated == " " + bpe.decode(new)
+
+
 def write_task(tasks: Path, name: str, row: str, spec: str) -> None:
     """A local lm-eval task ``name`` over one JSON row (its text in ``q``); ``spec``: the rest of its YAML."""
     (tasks / f"{name}.jsonl").write_text(row + "\n")
