@@ -554,6 +554,28 @@ def test_bpe_and_byte_level_tokenizers_keep_gbattn_ids(tmp_path):
         assert batch.attention_mask[0, 0] == 0 and set(batch.input_ids[0, :-short].tolist()) == {back.pad_token_id}
 
 
+def test_a_tokenizer_file_saved_with_truncation_or_padding_encodes_whole_lines(tmp_path):
+    """A tokenizer.json saved with truncation and padding on (``--tokenizer gpt2=PATH``, ``hf=PATH``): gbattn
+    encodes every line whole and unpadded, as its transformers form does (each line was cut to max_length
+    tokens and padded to a fixed length)."""
+    from tokenizers import Tokenizer as Backend
+
+    plain = byte_level_tokenizer(load_corpus(str(write_corpus(tmp_path / "c"))))
+    backend = Backend.from_str(plain.payload)
+    backend.enable_truncation(max_length=3)
+    backend.enable_padding(length=12, pad_id=0, pad_token="<|endoftext|>")
+    (tmp_path / "tokenizer.json").write_text(backend.to_str())
+    saved = get_tokenizer(f"hf={tmp_path / 'tokenizer.json'}", None)
+    lines = ["the cat sat on the mat .", "a"]
+    assert len(plain.encode(lines[0])) > 3
+    assert saved.encode(lines[0]) == plain.encode(lines[0]) == hf_tokenizer(saved, 64).encode(lines[0])
+    assert saved.encode_batch(lines) == plain.encode_batch(lines)
+    # the payload without them: ids cached for the payload with them are not taken up again
+    assert json.loads(saved.payload)["truncation"] is None and json.loads(saved.payload)["padding"] is None
+    saved.save(tmp_path / "run-tokenizer.json")
+    assert Tokenizer.load(tmp_path / "run-tokenizer.json").fingerprint == saved.fingerprint
+
+
 def test_special_tokens_of_a_vocabulary_with_several_candidates():
     """A vocabulary with both ``</s>`` and ``<pad>``: eos is the real end of text, pad is ``<pad>``;
     one with neither falls back to token 0 as eos and has no padding token."""

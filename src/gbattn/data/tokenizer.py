@@ -77,6 +77,13 @@ class Tokenizer:
 
             with hf_failures_as_data_errors("reading its file"):
                 self._hf = HFTokenizer.from_str(payload)
+            if self._hf.truncation is not None or self._hf.padding is not None:
+                # a tokenizer.json saved with truncation or padding on would cut every line of a corpus to its
+                # max_length and pad it to a fixed length; gbattn windows token streams itself (transformers'
+                # form turns both off too). The payload without them: a new fingerprint, so no cached ids.
+                self._hf.no_truncation()
+                self._hf.no_padding()
+                self.payload = self._hf.to_str()
             self._size = max(self._hf.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     @property
