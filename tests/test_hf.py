@@ -1495,6 +1495,10 @@ def test_a_bpe_tokenizers_unk_token_is_its_own(tmp_path):
     char = get_tokenizer("char", corpus)
     assert hf_tokenizer(char, 64).unk_token is None  # unseen characters are an error, as in gbattn
     assert hf_tokenizer(char, 64).decode(char.encode("the cat . a")) == "the cat . a"  # no clean-up of spaces
+    # README: a character vocabulary without a newline (text8's) takes its first character, a space, as eos
+    no_newline = hf_tokenizer(Tokenizer("char", json.dumps({"chars": sorted(set("the cat"))})), 64)
+    assert no_newline.eos_token == " " and no_newline.decode(no_newline.encode("the cat"), skip_special_tokens=True) \
+        == "thecat"
 
 
 def test_a_char_export_names_no_eos_so_generate_runs_past_newlines(trained):
