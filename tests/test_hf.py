@@ -133,6 +133,15 @@ def test_config_checks_what_it_is_given_and_copies_it():
         GbattnConfig(d_model=64, attn="boosted", hidden_size=64)
     with pytest.raises(ValueError, match=r"GbattnConfig\(n_layers=1\)"):
         AutoConfig.for_model("gbattn", n_layers=1)
+    # ... and as attributes (HF's `model.config.dropout = 0.0`): a plain attribute nothing read, which save_pretrained
+    # wrote beside the gbattn dict, where from_pretrained then refused the saved model
+    cfg = GbattnConfig(gbattn={"model": {"n_heads": 4}})
+    with pytest.raises(ValueError, match=r"^config.dropout = 0.0: gbattn's model fields are in its model dict, "
+                                         r"config.gbattn\['model'\]\['dropout'\]"):
+        cfg.dropout = 0.0
+    assert "dropout" not in cfg.to_dict() and cfg.model_config.dropout == 0.1  # ModelConfig's default
+    cfg.gbattn["model"]["dropout"], cfg.num_attention_heads = 0.0, 2  # the model dict, and a standard name
+    assert cfg.model_config.dropout == 0.0 and cfg.model_config.n_heads == 2
     assert GbattnConfig(vocab_size=40).model_config.vocab_size == 40  # a standard name that is also gbattn's
     section = {"model": {"n_heads": 4}, "train": {"lr": 0.001}}
     GbattnConfig(gbattn=section).gbattn["train"]["lr"] = 0.5

@@ -17,7 +17,8 @@ dict, readable and writable:
 =========================  ==========================
 
 The standard names are also keywords of ``GbattnConfig(...)``; gbattn's own field names are not
-(``GbattnConfig(d_model=64)`` is refused: they go in ``gbattn={"model": {...}}``).
+(``GbattnConfig(d_model=64)`` is refused: they go in ``gbattn={"model": {...}}``), nor attributes
+(``config.dropout = 0.0`` is refused: ``config.gbattn["model"]["dropout"]``).
 
 A classic ``__init__`` works with transformers 4.x and 5.x alike (5.x wraps config subclasses in
 ``@dataclass`` but keeps an explicit ``__init__``).
@@ -34,6 +35,8 @@ from gbattn.config import ModelConfig
 from gbattn.errors import ConfigError
 
 MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
+STANDARD_NAMES = ("hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings, "
+                  "vocab_size, tie_word_embeddings")
 
 
 def _model_field(name: str, doc: str) -> property:
@@ -46,17 +49,20 @@ def _model_field(name: str, doc: str) -> property:
     return property(get, set_, doc=doc)
 
 
-def refuse_model_fields(keywords: dict) -> None:
-    """gbattn's own model field names given as keywords are a ConfigError: they belong in the
-    ``gbattn`` dict (as keywords they were set as plain attributes that nothing reads, or dropped)."""
+def refuse_model_fields(keywords: dict, assigned: bool = False) -> None:
+    """gbattn's own model field names given as keywords (or, ``assigned``, set as attributes) are a ConfigError:
+    they belong in the ``gbattn`` dict (otherwise they were plain attributes that nothing reads, or dropped)."""
     stray = {name: keywords[name] for name in sorted(keywords)
              if name in MODEL_FIELDS and not isinstance(getattr(GbattnConfig, name, None), property)}
+    if stray and assigned:
+        name, value = next(iter(stray.items()))
+        raise ConfigError(f"config.{name} = {value!r}: gbattn's model fields are in its model dict, "
+                          f"config.gbattn['model'][{name!r}], read when a model is built from the config; the "
+                          f"standard names ({STANDARD_NAMES}) are attributes")
     if stray:
         raise ConfigError(f"GbattnConfig({', '.join(f'{k}={v!r}' for k, v in stray.items())}): gbattn's model "
                           f"fields go in its model dict, GbattnConfig(gbattn={{'model': {stray!r}}}); the "
-                          f"standard names (hidden_size, num_hidden_layers, num_attention_heads, "
-                          f"num_key_value_heads, max_position_embeddings, vocab_size, tie_word_embeddings) "
-                          f"are taken as keywords")
+                          f"standard names ({STANDARD_NAMES}) are taken as keywords")
 
 
 class GbattnConfig(PretrainedConfig):
@@ -98,6 +104,12 @@ class GbattnConfig(PretrainedConfig):
         kwargs.setdefault("tie_word_embeddings", section["model"]["tie_embeddings"])
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)
         self.gbattn["model"] = ModelConfig.from_dict(self.gbattn["model"]).to_dict()
+
+    def __setattr__(self, name: str, value) -> None:
+        """gbattn's own field names are refused (``config.dropout = 0.0`` set a plain attribute that nothing
+        read, and save_pretrained wrote it beside the gbattn dict, where from_pretrained refuses it)."""
+        refuse_model_fields({name: value}, assigned=True)
+        super().__setattr__(name, value)
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
