@@ -51,6 +51,11 @@ def write_corpus(directory: Path, lines_per_split=(600, 60, 60), seed=0) -> Path
     return directory
 
 
+# A Git LFS pointer (what a clone without Git LFS holds in place of a large file) and gbattn's line about one
+LFS_POINTER = ("version https://git-lfs.github.com/spec/v1\n"
+               "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 12345\n")
+LFS_MESSAGE = "is a Git LFS pointer, not the file itself (cloned without Git LFS): run `git lfs pull`"
+
 TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 33, "log_every": 1, "eval_batch_size": 16}
 
 

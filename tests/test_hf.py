@@ -41,7 +41,7 @@ from gbattn.hf import GbattnCache, GbattnConfig, GbattnForCausalLM, hf_tokenizer
 from gbattn.hf.modeling import CACHE_FIELD, INIT_TYPES, init_module
 from gbattn.model.gpt import GPT
 from gbattn.train.trainer import train
-from helpers import run_cli, tiny_configs, write_corpus
+from helpers import LFS_POINTER, run_cli, tiny_configs, write_corpus
 from test_model import BLOCKS, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -1363,6 +1363,9 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     damages = {"hold NaN or infinite values (model.ln_f.weight)": lambda: None,
                "does not load in transformers (Error while deserializing header": lambda: (
                    damaged / "model.safetensors").write_bytes(b"\x10" + bytes(7) + b"{not json}"),
+               # a clone without Git LFS (gbattn eval said so; lm-eval said "header too large")
+               f"{damaged / 'model.safetensors'} is a Git LFS pointer, not the file itself": lambda: (
+                   damaged / "model.safetensors").write_text(LFS_POINTER),
                "does not load in transformers ('<=' not supported": lambda: (
                    shutil.copy(out / "model.safetensors", damaged / "model.safetensors"),
                    (damaged / "generation_config.json").write_text('{"max_new_tokens": "many"}'))}
@@ -1383,6 +1386,10 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
     err = capsys.readouterr().err
     assert f"the tokenizer in {damaged} does not load (" in err and len(err.strip().splitlines()) == 1, err
+    (damaged / "tokenizer.json").write_text(LFS_POINTER)
+    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
+    err = capsys.readouterr().err
+    assert f"{damaged / 'tokenizer.json'} is a Git LFS pointer" in err and len(err.strip().splitlines()) == 1, err
     # A fine-tuned model saved by transformers alone (no tokenizer files beside it).
     from transformers import AutoModelForCausalLM
 

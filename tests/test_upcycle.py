@@ -26,6 +26,7 @@ from gbattn.data.tokenizer import get_tokenizer
 from gbattn.errors import CheckpointError, UserError
 from gbattn.model.gpt import GPT
 from gbattn.upcycle import upcycle
+from helpers import LFS_MESSAGE, LFS_POINTER
 
 VOCAB = 50
 EXACT = dict(rtol=1e-12, atol=1e-12)  # float64 logits: equal up to summation order
@@ -404,11 +405,6 @@ def _norm_gain_under_two_names(directory: Path) -> None:
     weights = load_file(directory / "model.safetensors")
     weights["ln_f.weight"] = torch.zeros_like(weights["transformer.ln_f.weight"])  # which copy won was the file's order
     save_file(weights, directory / "model.safetensors")
-
-
-LFS_POINTER = ("version https://git-lfs.github.com/spec/v1\n"
-               "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 12345\n")
-LFS_MESSAGE = "is a Git LFS pointer, not the file itself (cloned without Git LFS): run `git lfs pull`"
 
 
 def _lfs_shard(directory: Path) -> None:

@@ -26,7 +26,7 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gbattn.errors import CheckpointError, UserError
-from gbattn.files import atomic_write, error_detail, finite, relative_path, write_json
+from gbattn.files import atomic_write, error_detail, finite, refuse_lfs_pointer, relative_path, write_json
 from gbattn.hf.export import quiet_transformers, wrap_run
 from gbattn.rundir import (
     CONFIG,
@@ -88,6 +88,8 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
                                   f"({error_detail(e, 160)})") from None
         except (SafetensorError, TypeError, ValueError, OSError) as e:  # a damaged model.safetensors or
             # generation_config.json (tracebacks before)
+            for weights in sorted(Path(model_dir).glob("*.safetensors")):  # a clone without Git LFS, as gbattn eval
+                refuse_lfs_pointer(weights)
             raise CheckpointError(f"{model_dir} does not load in transformers ({error_detail(e, 160)})") from None
         wrong = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
         if wrong:  # the Auto classes would go on with freshly initialised weights
@@ -98,6 +100,7 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except Exception as e:  # a file that does not parse; transformers 4.x then tries other loaders (ImportError)
+            refuse_lfs_pointer(Path(model_dir) / "tokenizer.json")
             raise CheckpointError(f"the tokenizer in {model_dir} does not load ({error_detail(e, 160)})") from None
         step, which = section.get("step", 0), "exported"
     else:
