@@ -117,6 +117,17 @@ def test_config_standard_names_map_both_ways(tmp_path):
         GbattnConfig(gbattn={"model": {"d_model": 30, "n_heads": 4}})
 
 
+def test_readme_names_every_refusal_of_the_wrapper():
+    """The README's list of what the wrapper does not do names each of its one-line refusals (labels with
+    logits_to_keep, a 4.x chunked prefill of a padded batch and gbattn's field names in GbattnConfig were not)."""
+    prose = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    listed = prose[prose.index("What the wrapper does not do"):].split("; only `AutoModelForCausalLM`")[0]
+    for refused in ("output_hidden_states", "output_attentions", "inputs_embeds", "gradient checkpointing",
+                    "`GbattnCache`", "assisted decoding", "`labels` with `logits_to_keep`", "`prefill_chunk_size`",
+                    "`GbattnConfig` keywords or attributes"):
+        assert refused in listed, refused
+
+
 def test_config_checks_what_it_is_given_and_copies_it():
     """Standard names given as keywords are validated like gbattn's own fields; a section that is not
     gbattn's config.json content is a clear error; the caller's dict is copied, not shared."""
