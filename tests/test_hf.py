@@ -218,13 +218,18 @@ def test_past_key_values_keyword_and_tuple_output():
     hook.remove()
     beams = dict(kw, num_beams=3, num_return_sequences=2)
     assert torch.equal(hf.generate(idx, prefill_chunk_size=3, **beams), hf.generate(idx, **beams))
-    ids, mask = left_pad([idx[0], idx[1, :3]])
+    ids, mask = left_pad([idx[0].clamp_min(1), idx[1, :3].clamp_min(1)])  # only the padding is pad_token_id
     padded = dict(kw, attention_mask=mask)
+    inferred = dict(kw, attention_mask=None)  # transformers makes the mask from pad_token_id (0) itself
+    assert torch.equal(hf.generate(ids, **inferred), hf.generate(ids, **padded))
     if int(transformers.__version__.split(".")[0]) >= 5:
         assert torch.equal(hf.generate(ids, prefill_chunk_size=2, **padded), hf.generate(ids, **padded))
-    else:  # 4.x gives the chunks positions 0.. of the padded width (the short row's tokens were silently others)
-        with pytest.raises(ValueError, match="4.x.s chunked prefill .prefill_chunk_size. gives every row"):
-            hf.generate(ids, prefill_chunk_size=2, **padded)
+        assert torch.equal(hf.generate(ids, prefill_chunk_size=2, **inferred), hf.generate(ids, **padded))
+    else:  # 4.x gives the chunks positions 0.. of the padded width (the short row's tokens were silently others),
+        # with the mask given or made from the padding (which the refusal missed)
+        for given in (padded, inferred):
+            with pytest.raises(ValueError, match="4.x.s chunked prefill .prefill_chunk_size. gives every row"):
+                hf.generate(ids, prefill_chunk_size=2, **given)
     with warnings.catch_warnings():  # the name before transformers 5.24 (deprecated there)
         warnings.simplefilter("ignore", FutureWarning)
         assert torch.equal(hf.generate(idx, past_key_values=GbattnCache(2), **kw), ref)

@@ -265,14 +265,26 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         settings = kwargs.get("generation_config") or self.generation_config
         chunked = kwargs.get("prefill_chunk_size", getattr(settings, "prefill_chunk_size", None))
         use_cache = kwargs.get("use_cache", getattr(settings, "use_cache", True))
-        mask = kwargs.get("attention_mask")
-        if chunked and TF_MAJOR < 5 and mask is not None and not bool(mask.all()):
+        if chunked and TF_MAJOR < 5 and self._padded_batch(args, kwargs, settings):
             raise ValueError("transformers 4.x's chunked prefill (prefill_chunk_size) gives every row of a left-padded "
                              "batch the positions 0, 1, ... of the padded width, not its own: leave prefill_chunk_size "
                              "unset for a padded batch, or use transformers >= 5")
         if chunked and use_cache is not False and all(kwargs.get(k) is None for k in ("cache", "past_key_values")):
             kwargs[CACHE_FIELD] = GbattnCache(len(self.model.blocks))
         return super().generate(*args, **kwargs)
+
+    @staticmethod
+    def _padded_batch(args: tuple, kwargs: dict, settings) -> bool:
+        """Whether generate() gets a padded batch: its attention_mask holds a 0, or, without one, the input ids
+        hold pad_token_id (other than the end-of-text token), from which transformers makes the mask itself."""
+        mask = kwargs.get("attention_mask")
+        if mask is not None:
+            return not bool(mask.all())
+        ids = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+        pad = kwargs.get("pad_token_id", getattr(settings, "pad_token_id", None))
+        eos = kwargs.get("eos_token_id", getattr(settings, "eos_token_id", None))
+        ends = eos if isinstance(eos, (list, tuple)) else [eos]
+        return isinstance(ids, Tensor) and pad is not None and pad not in ends and bool((ids == pad).any())
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
         """transformers' resize (tied head included), with gbattn's own config kept in step."""
