@@ -113,6 +113,10 @@ def test_config_standard_names_map_both_ways(tmp_path):
     assert AutoConfig.from_pretrained(tmp_path, num_attention_heads=8).model_config.n_heads == 8
     with pytest.raises(ValueError, match=r"GbattnConfig\(dropout=0.5\): gbattn's model fields"):  # was dropped unused
         AutoConfig.from_pretrained(tmp_path, dropout=0.5)
+    saved["dropout"] = 0.0  # saved by a gbattn that let `config.dropout = 0.0` set an attribute nothing read
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"holds gbattn's model field names at its top level \(\{'dropout': 0.0\}\)"):
+        AutoConfig.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4"):
         GbattnConfig(gbattn={"model": {"d_model": 30, "n_heads": 4}})
 

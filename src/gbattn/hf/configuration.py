@@ -49,11 +49,16 @@ def _model_field(name: str, doc: str) -> property:
     return property(get, set_, doc=doc)
 
 
+def stray_model_fields(mapping: dict) -> dict:
+    """The entries of ``mapping`` named as gbattn's model fields that are not also standard names (``vocab_size``)."""
+    return {name: mapping[name] for name in sorted(mapping)
+            if name in MODEL_FIELDS and not isinstance(getattr(GbattnConfig, name, None), property)}
+
+
 def refuse_model_fields(keywords: dict, assigned: bool = False) -> None:
     """gbattn's own model field names given as keywords (or, ``assigned``, set as attributes) are a ConfigError:
     they belong in the ``gbattn`` dict (otherwise they were plain attributes that nothing reads, or dropped)."""
-    stray = {name: keywords[name] for name in sorted(keywords)
-             if name in MODEL_FIELDS and not isinstance(getattr(GbattnConfig, name, None), property)}
+    stray = stray_model_fields(keywords)
     if stray and assigned:
         name, value = next(iter(stray.items()))
         raise ConfigError(f"config.{name} = {value!r}: gbattn's model fields are in its model dict, "
@@ -115,6 +120,11 @@ class GbattnConfig(PretrainedConfig):
     def from_dict(cls, config_dict: dict, **kwargs):
         """transformers' ``from_dict`` (``from_pretrained`` ends here); gbattn's own field names among
         the overrides are refused (transformers dropped them unused, silently)."""
+        stored = stray_model_fields(config_dict) if isinstance(config_dict, dict) else {}
+        if stored:  # a config saved after `config.dropout = ...`, which nothing read: the model is the gbattn dict's
+            raise ConfigError(f"the config holds gbattn's model field names at its top level ({stored!r}), where "
+                              f"nothing reads them: the model is built from config.gbattn['model']; delete them "
+                              f"from config.json, or move them into its gbattn model dict")
         refuse_model_fields(kwargs)
         return super().from_dict(config_dict, **kwargs)
 
