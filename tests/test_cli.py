@@ -107,6 +107,17 @@ def test_out_of_memory_is_one_line_and_other_errors_are_not_hidden(capsys, monke
         main(["list"])
 
 
+def test_an_os_error_no_check_named_is_one_line_naming_the_file(tmp_path, capsys):
+    """A name the file system refuses (300 characters: 'File name too long') was a traceback and status 1 from
+    export, bench and plot; every command now answers one line naming the file, status 2."""
+    long_name = str(tmp_path / ("a" * 300))
+    for argv in (["export", str(tmp_path / "no-run"), "--out", long_name], ["bench", "--out", long_name],
+                 ["plot", "--out", long_name, long_name]):
+        code, _, err = run_cli(capsys, argv)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+        assert "File name too long" in err and "a" * 300 in err, (argv, err)
+
+
 @pytest.mark.parametrize("module", ["gbattn.cli", "gbattn"])
 def test_console_script_exit_status(module):
     """``python -m gbattn.cli`` (torchrun's form) and ``python -m gbattn`` are the ``gbattn`` command."""

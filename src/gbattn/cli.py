@@ -180,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `gbattn ... | head`: the reader left; end quietly, with SIGPIPE's status
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as e:  # what the file system refused where no check named it (a name too long, a full disk, ...)
+        where = f"{e.filename}: " if e.filename is not None else ""
+        sys.stderr.write(f"gbattn: error: {_terminal_line(where + (e.strerror or str(e)))}\n")
+        return 2
     finally:
         if term_default:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
