@@ -595,6 +595,45 @@ def test_hand_made_summaries_give_the_std_profile_gate_range_and_every_norm():
         assert row["correction"] == pytest.approx(c.norm(dim=-1).mean().item())
 
 
+def test_every_round_of_a_three_round_layer_reports_the_same_input_x():
+    """M = 3: x = r_1 + F_0 is the sublayer input, the same for both correction rounds; the second round's
+    residual r_2 = r_1 - g_1 c_1 is another vector, so x taken from it (r_2 + F_0) would be wrong."""
+    B, H, T, D = 2, 2, 4, 3
+    gen = torch.Generator().manual_seed(1)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=gen, dtype=torch.float64)
+
+    f0, r1, c1, g1, c2, g2 = rand(B, T, D), rand(B, T, D), rand(B, T, D), rand(B, T, D), rand(B, T, D), rand(B, T, D)
+    r2 = r1 - g1 * c1
+    ent = [rand(B, H, T) for _ in range(3)]
+    acc = stats.IntermediateStats(1, H, D, T)
+    acc.update([stats.LayerSample(entropies=ent, attention_output=f0, corrections=[(c1, r1, g1), (c2, r2, g2)])])
+    first, second = acc.norm_summary()["per_layer"]
+    x_norm = (r1 + f0).norm(dim=-1).mean().item()
+    assert first["x"] == pytest.approx(x_norm) and second["x"] == pytest.approx(x_norm)
+    assert second["residual"] == pytest.approx(r2.norm(dim=-1).mean().item())
+    assert first["residual_after"] == pytest.approx(second["residual"])
+    assert second["residual_after"] == pytest.approx((r2 - g2 * c2).norm(dim=-1).mean().item())
+
+
+def test_a_round_only_some_layers_have_is_averaged_over_those_layers_and_counts_in_the_largest_entropy():
+    """GBA in layer 0 only: the correction round's position profile is layer 0's own (not diluted by the
+    layer without it), and the largest entropy observed may be a correction round's."""
+    B, H, T, D = 1, 2, 4, 2
+    round0_BHT = torch.full((B, H, T), 0.5, dtype=torch.float64)
+    round1_BHT = torch.tensor([0.2, 0.4, 0.6, 0.8], dtype=torch.float64).expand(B, H, T).clone()
+    ones_BTD = torch.ones(B, T, D, dtype=torch.float64)
+    acc = stats.IntermediateStats(2, H, D, T)
+    acc.update([stats.LayerSample(entropies=[round0_BHT, round1_BHT], attention_output=ones_BTD,
+                                  corrections=[(ones_BTD, ones_BTD, 0.5 * ones_BTD)]),
+                stats.LayerSample(entropies=[round0_BHT], attention_output=ones_BTD, corrections=[])])
+    e = acc.entropy_summary()
+    assert e["layers_per_round"] == [2, 1]
+    np.testing.assert_allclose(e["per_position_mean"], [[0.5] * T, [0.2, 0.4, 0.6, 0.8]])
+    assert e["max_observed"] == pytest.approx(0.8)
+
+
 def test_statistics_add_up_over_batches_with_exact_histograms_and_gate_range():
     """Two batches of one row each (T = 4, bins of log(4) / 60 nats): round 0 at 1.2 nats then 1.0, round 1
     at 0.1, in both layers. Means, the largest entropy and the bin counts are over both batches (and
