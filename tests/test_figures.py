@@ -777,6 +777,11 @@ def test_a_schedule_or_model_override_drops_published_numbers_and_says_which():
             "(lr=0.01).") in md
     md = results_markdown(report_of(rows, sets={"max_steps": 2000, "seq_len": 64}))
     assert "6.55" not in md and "overrides the recipe's training length (max_steps=2000, seq_len=64)." in md
+    # a length key beside another is named by the wider word: lr is no length, weight_decay neither length nor schedule
+    md = results_markdown(report_of(rows, sets={"max_steps": 2000, "lr": 0.01}))
+    assert "overrides the recipe's training length or schedule (max_steps=2000, lr=0.01)." in md
+    md = results_markdown(report_of(rows, sets={"max_steps": 2000, "weight_decay": 0.5}))
+    assert "overrides the recipe's training settings (max_steps=2000, weight_decay=0.5)." in md
     md = results_markdown(report_of(rows, sets={"attn.rounds": 3}))
     assert "6.55" not in md and "published numbers omitted: this comparison changes the model (attn.rounds=3)." in md
     assert "Published: nanoGPT README." not in md
@@ -929,6 +934,9 @@ def test_paired_differences_are_marked_only_when_every_seed_agrees_in_sign_and_t
     assert paired_cells(md, "compute-matched")[5] == "—" and paired_cells(md, "standard")[4] == "—"
     assert paired_cell({"1": -0.010, "2": -0.020, "3": -0.060}).startswith("-0.030 (")
     assert "**same sign**" not in paired_cell({"1": -0.02})  # one seed cannot agree with another
+    # a tie (difference exactly 0) has no sign: seeds that tie are not marked as agreeing with the others
+    assert "**same sign**" not in paired_cell({"1": 0.0, "2": -0.01, "3": -0.02})
+    assert "**same sign**" not in paired_cell({"1": 0.0, "2": 0.0})
     # The mark is not called significant: the legend gives the chance that seeds agree in sign with no difference
     # (2 seeds agree half the time), not "real".
     assert ("**same sign** = every seed's difference has the same sign, which 3 seeds give by chance alone 1 time in 4 "
