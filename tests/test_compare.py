@@ -639,6 +639,20 @@ def test_dropout_sites_count_only_when_there_is_dropout():
         assert (comparable(model_cfg, train_cfg) == comparable(other, train_cfg)) is same, dropout
 
 
+def test_a_continuation_is_the_same_run_wherever_the_comparison_lies_but_not_from_another_model():
+    """A continuation's start counts by its model and seed within the comparison: a comparison directory that
+    was moved keeps it, one that starts from another model's weights (same seed) is another run."""
+    from gbattn.experiments.compare import comparable
+
+    model_cfg, train_cfg = build_configs("cpu-char", "standard", "data", {})
+
+    def starting_from(path):
+        return comparable(model_cfg, train_cfg.replace(init_from=path))
+
+    assert starting_from("/old/cmp/base/seed42") == starting_from("/new/place/base/seed42")
+    assert starting_from("/old/cmp/base/seed42") != starting_from("/old/cmp/standard/seed42")
+
+
 def test_each_seed_trains_its_own_run(tmp_path):
     """Seeds 1 and 2: each run records and trains with its own seed (not one seed for all)."""
     from gbattn import rundir
