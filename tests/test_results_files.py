@@ -611,6 +611,35 @@ def test_compare_results_md_is_its_results_json():
     assert checked == 11
 
 
+def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
+    """Each comparison of a recipe run without --set was trained as the recipe says now: each from-scratch row's
+    steps are the recipe's and it was evaluated at every multiple of the recipe's eval_every (a recipe edited after
+    its runs, e.g. cpu-proxy's eval_every, would describe runs that were never made)."""
+    from gbattn.experiments.compare import spec_configs
+    from gbattn.experiments.recipes import RECIPES
+
+    checked = 0
+    for path in sorted((ROOT / "results").glob("*/results.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        recipe = RECIPES.get(report.get("recipe"))
+        if "models" not in report or recipe is None or report.get("sets"):
+            continue
+        specs = {s.label: s for s in recipe.models}
+        for row in report["models"]:
+            spec = specs[row["label"]]
+            if spec.compute_matched_to or spec.init_from:  # their steps follow their reference's
+                continue
+            _, train_cfg = spec_configs(recipe, spec, "data", row["seeds"][0], {}, None)
+            if train_cfg.max_steps is None:
+                continue
+            assert row["steps"] == train_cfg.max_steps, (path, row["label"])
+            evaluated = {p["step"] for curve in row["curves"].values() for p in curve}
+            every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
+            assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
+            checked += 1
+    assert checked == 40, checked
+
+
 def test_bench_md_is_its_bench_json():
     """Each CPU benchmark's bench.md is what `gbattn bench` writes from its bench.json (the H200 one was
     written by an earlier bench without step-ratio ranges, so its README table is checked against its JSON
