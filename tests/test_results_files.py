@@ -612,9 +612,10 @@ def test_compare_results_md_is_its_results_json():
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
-    """Each comparison of a recipe run without --set was trained as the recipe says now: each from-scratch row's
-    steps are the recipe's and it was evaluated at every multiple of the recipe's eval_every (a recipe edited after
-    its runs, e.g. cpu-proxy's eval_every, would describe runs that were never made)."""
+    """Each comparison of a recipe run without --set was trained as the recipe says now: each row matched to and
+    continuing the models the recipe names, each from-scratch row's steps the recipe's and evaluated at every
+    multiple of the recipe's eval_every (a recipe edited after its runs, e.g. cpu-proxy's eval_every or the upcycle
+    recipe's compute-matched reference, would describe runs that were never made)."""
     from gbattn.experiments.compare import spec_configs
     from gbattn.experiments.recipes import RECIPES
 
@@ -627,6 +628,9 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
         specs = {s.label: s for s in recipe.models}
         for row in report["models"]:
             spec = specs[row["label"]]
+            references = (spec.compute_matched_to, spec.param_matched_to, spec.init_from)
+            recorded = (row["compute_matched_to"], row["param_matched_to"], row.get("init_from"))  # older: no init_from
+            assert recorded == references, (path, row["label"])
             if spec.compute_matched_to or spec.init_from:  # their steps follow their reference's
                 continue
             _, train_cfg = spec_configs(recipe, spec, "data", row["seeds"][0], {}, None)
