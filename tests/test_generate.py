@@ -288,6 +288,9 @@ def test_a_tiny_temperature_samples_the_largest_logit():
     for temperature in (1e-45, 1e-50):  # 1e-50 is 0 in float32: greedy
         assert torch.equal(sample_next(logits, temperature, None, torch.Generator().manual_seed(0)),
                            logits.argmax(-1, True))
+    # A row in which only the largest logit overflows (100 / 1e-38 is inf in float32, -1 / 1e-38 is not) is shifted too.
+    mixed = torch.tensor([[100.0, 0.0, -1.0], [-1.0, 100.0, 0.0]])
+    assert torch.equal(sample_next(mixed, 1e-38, None, torch.Generator().manual_seed(0)), torch.tensor([[0], [1]]))
 
 
 def test_sampling_draws_from_softmax_of_logits_over_temperature():
