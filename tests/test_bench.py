@@ -426,7 +426,9 @@ def test_bench_markdown_follows_the_report():
         "sweep": [{"seq_len": 128, "variant": "standard", "step_s": 0.002, "peak_memory_bytes": 3 * 2**20,
                    "attention_matrix_bytes_per_head": 4 * 128 * 128},
                   {"seq_len": 2048, "variant": "standard", "step_s": 0.05, "peak_memory_bytes": 40 * 2**20,
-                   "attention_matrix_bytes_per_head": 4 * 2048 * 2048}],
+                   "attention_matrix_bytes_per_head": 4 * 2048 * 2048},
+                  {"seq_len": 768, "variant": "standard", "step_s": 0.01, "peak_memory_bytes": 12 * 2**20,
+                   "attention_matrix_bytes_per_head": 4 * 768 * 768}],
     }
     lines = bench_markdown(report).splitlines()
     assert lines[0] == "# gbattn bench: cpu-char on cpu (1 thread)"
@@ -449,7 +451,8 @@ def test_bench_markdown_follows_the_report():
     assert lines[20] == "## Sequence-length sweep (batch 1, one training step, eager)"
     assert lines[24] == "| 128 | standard | 2.0 | 3 | 0.062 |"  # 64 KiB, not rounded to 0 MiB
     assert lines[25] == "| 2,048 | standard | 50.0 | 40 | 16 |"
-    assert lines[-1] == lines[25]
+    assert lines[26] == "| 768 | standard | 10.0 | 12 | 2.2 |"  # 2.25 MiB: two digits below 10 MiB, not "2"
+    assert lines[-1] == lines[26]
     report["amp_bf16"], report["compile"] = True, "off"
     assert bench_markdown(report).splitlines()[2].endswith("dropout 0 · bf16 autocast")
     assert bench_markdown(report).splitlines()[10].endswith("batch 1).")
