@@ -237,12 +237,19 @@ GRADIENT_WORKER = textwrap.dedent('''
         model = GPT(ModelConfig(**cfg_d))
         idx = torch.randint(0, cfg_d["vocab_size"], (4, 11), generator=torch.Generator().manual_seed(1))
         if env is not None:
+            from torch.distributed.fsdp import FSDPModule
+
             model = wrap_model(model, "fsdp2", env, torch.device("cpu"))
             idx = idx[2 * env.rank : 2 * env.rank + 2]
+            # each attention and FFN sublayer its own unit, then the root
+            units = [isinstance(m, FSDPModule) for b in model.blocks for m in (b.attn, b.mlp)] + [
+                isinstance(model, FSDPModule)]
         model(idx[:, :-1], idx[:, 1:]).backward()
         grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).tolist()
                  for n, p in model.named_parameters() if p.grad is not None}  # AttnRes: sublayer 0 mixes nothing
         out[key] = grads
+        if env is not None:
+            out["units " + key] = units
     if env is None or env.rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)
@@ -275,6 +282,7 @@ def test_fsdp2_gradients_are_the_single_process_average(tmp_path):
                              capture_output=True, text=True, env=env)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     one, two = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
+    assert all(all(two["units " + case]) for case in one), {case: two["units " + case] for case in one}
     for case, grads in one.items():
         assert grads.keys() == two[case].keys() and len(grads) > 10, case
         for name, g in grads.items():
