@@ -411,6 +411,38 @@ def test_a_mistake_only_the_first_process_sees_ends_every_process_with_its_line(
     assert sorted(p.name for p in held.iterdir()) == [".lock", rundir.CONFIG]
 
 
+SECOND_RANK_DATA_WORKER = textwrap.dedent('''
+    """`gbattn train` under torchrun where the second process alone cannot read the data the first prepared."""
+    import os, sys
+    from gbattn import cli
+    from gbattn.errors import UserError
+    from gbattn.train import trainer
+
+    if os.environ["RANK"] == "1":
+        def unreadable(*args, **kwargs):
+            raise UserError("the second process cannot read the data")
+
+        trainer.prepare_data = unreadable
+    sys.exit(cli.main(sys.argv[1:]))
+''')
+
+
+def test_a_mistake_only_the_second_process_sees_ends_every_process_with_its_line(tmp_path):
+    """The data is prepared by the first process, then read by the others (DistEnv.main_first): an error the
+    second process alone meets there is every process's, so both say its line and exit 2 (the first used to be
+    left waiting for the second in a collective until torchrun ended it)."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(SECOND_RANK_DATA_WORKER)
+    data = write_corpus(tmp_path / "c", lines_per_split=(60, 20, 20))
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                           str(worker), "train", "--out", str(tmp_path / "run"), *_train_argv(data, 2)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode != 0
+    own = [line for line in proc.stderr.splitlines() if line.startswith("gbattn: error:")]
+    assert own == ["gbattn: error: the second process cannot read the data"] * 2, proc.stderr[-3000:]
+
+
 SKEWED_CLOCK_WORKER = textwrap.dedent('''
     """`gbattn train` under torchrun with the second process's checkpoint clock an hour ahead at every
     reading: it finds a time-based checkpoint due after every step, the first process never."""
