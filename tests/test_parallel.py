@@ -181,6 +181,13 @@ def test_compare_jobs_divides_the_free_cores_it_measured_once(tmp_path, monkeypa
                     only=["standard"], jobs=2)
     assert len(commands) == 1 and "threads=2" in commands[0], commands
     assert "note:" not in capsys.readouterr().err
+    # Fewer free cores than jobs: each run takes 1 thread, as the note says (not the default, every core)
+    measured = itertools.repeat(1)
+    with pytest.raises(UserError, match="run\\(s\\) failed"):
+        run_compare("cpu-proxy", tmp_path / "cmp2", data=str(write_corpus(tmp_path / "c")), seeds=[1], sets=sets,
+                    only=["standard"], jobs=2)
+    assert len(commands) == 2 and "threads=1" in commands[1], commands
+    assert "each run takes 1 thread, 2 in all" in capsys.readouterr().err
 
 
 def _alive(pid: int) -> bool:
