@@ -464,6 +464,12 @@ def test_upcycle_recipe_splits_the_scratch_budget_in_halves():
     # a shorter run asked for with --set keeps the split (it once gave every model the whole 40)
     short = {s.label: spec_configs(recipe, s, "data", 42, {"max_steps": 40}, 64)[1].max_steps for s in recipe.models}
     assert short.pop("gba-scratch") == short.pop("standard-scratch") == 40 and set(short.values()) == {20}, short
+    for odd in (41, 43, 1201):  # round() made 41 steps 20 + 20 and 43 steps 22 + 22
+        split = {s.label: spec_configs(recipe, s, "data", 42, {"max_steps": odd}, 64)[1].max_steps
+                 for s in recipe.models}
+        assert split["base"] + split["standard-continued"] == split["standard-scratch"] == odd, split
+        continued = {split[label] for label in ("standard-continued", "gba-upcycled", "gba-shared-upcycled")}
+        assert continued == {odd // 2 + 1}, split
 
 
 def _run_result(test_ppl: float, wall_clock_s: float) -> dict:

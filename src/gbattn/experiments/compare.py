@@ -10,6 +10,7 @@ them; each run is the same computation as when trained alone with the same threa
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -46,7 +47,10 @@ def spec_configs(recipe: Recipe, spec: ModelSpec, data: str, seed: int, sets: di
         steps = merged.get("max_steps")
         if steps is None:
             raise UserError(f"recipe {recipe.name}: {spec.label} trains a share of max_steps, which is not set")
-        merged["max_steps"] = max(1, round(steps * spec.steps_share))
+        # A start rounds down and its continuation up, so that the two add up to the whole (an odd budget too;
+        # round() made 41 steps 20 + 20).
+        share = steps * spec.steps_share
+        merged["max_steps"] = max(1, math.ceil(share) if spec.init_from else math.floor(share))
     return build_configs(recipe.preset, spec.attn, data, merged, seed=seed)
 
 
