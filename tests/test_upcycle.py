@@ -921,6 +921,13 @@ def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys, monkeypatch)
                                            f"last): an upcycle or a run stopped before it finished; delete "
                                            f"{tmp_path / name} or choose another --out\n")
         assert (tmp_path / name / name).read_bytes() == (tmp_path / "up" / "best.pt").read_bytes()
+    # A config.json that is a directory: refused as a run, before any file is written (it was a traceback, exit 1,
+    # after tokenizer.json and best.pt were written beside it).
+    (tmp_path / "config-dir" / "config.json").mkdir(parents=True)
+    assert main(["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(tmp_path / "config-dir")]) == 2
+    assert capsys.readouterr().err == (f"gbattn: error: {tmp_path / 'config-dir'} already holds a run; choose another "
+                                       f"--out\n")
+    assert [p.name for p in (tmp_path / "config-dir").iterdir()] == ["config.json"]
 
 
 def test_an_upcycle_refused_while_writing_leaves_no_file(tmp_path, capsys):
