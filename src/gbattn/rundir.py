@@ -69,6 +69,7 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"  # transformers' shards
 # file, without config.json.
 EXPORT_STAGING = ".export"  # + files.building_suffix()
 UNFINISHED_EXPORT = "an unfinished gbattn export"
+EXPORT = "a gbattn export"  # a finished one (foreign_model)
 RUN_FILES = (CONFIG, TOKENIZER, CHECKPOINT, BEST, METRICS, RESULT)
 OWN_FILES = (*RUN_FILES, LOCK, SAFETENSORS, EXPORTED_TOKENIZER)  # every file gbattn reads in a run or exported dir
 
@@ -108,7 +109,7 @@ def foreign_model(directory: str | Path) -> str | None:
         config = None
     if isinstance(config, dict) and config.get("model_type") == "gbattn":
         trained_on = any((directory / n).exists() for n in ("trainer_state.json", "optimizer.pt"))
-        return ("a gbattn export" if (directory / EXPORTED_TOKENIZER).is_file() and not trained_on
+        return (EXPORT if (directory / EXPORTED_TOKENIZER).is_file() and not trained_on
                 else "a transformers checkpoint of a gbattn model")
     if isinstance(config, dict) and "model_type" in config:
         return f"a Hugging Face checkpoint ({config['model_type']})"
@@ -123,7 +124,6 @@ def foreign_model(directory: str | Path) -> str | None:
 RUN = "a run"
 COMPARISON = "a `gbattn compare` comparison"
 DENOISE = "a `gbattn denoise` output"
-EXPORT = "a gbattn export"
 DENOISE_RESULTS_KEYS = ("protocol", "tables", "runs")  # in every results.json gbattn denoise has written
 
 
