@@ -1284,6 +1284,30 @@ def test_every_writing_command_refuses_an_out_holding_what_it_did_not_write(trai
             assert every_file(path) == before, (name, path.name)
 
 
+def test_weights_without_a_config_are_neither_trained_over_nor_deleted(trained, tmp_path, capsys, monkeypatch):
+    """A folder holding best.pt but no config.json (an upcycle killed before its last write) counted as train's
+    own run: `train --out` trained over the weights and `--restart` deleted them, while upcycle refused the same
+    folder. Now both refuse it as upcycle does, every file as it was; and --restart removes config.json last,
+    so that a kill inside it never leaves such a folder."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    orphan = tmp_path / "orphan"
+    orphan.mkdir()
+    shutil.copy(Path(trained["run"]) / rundir.BEST, orphan / rundir.BEST)
+    tiny = ["--set", "max_steps=1", *sum((["--set", f"{k}={v}"] for k, v in TINY.items()), [])]
+    for extra in ([], ["--restart"]):
+        before = every_file(orphan)
+        line = one_line(*run_cli(capsys, ["train", "--data", trained["data"], "--tokenizer", "char", "--quiet", *tiny,
+                                          *extra, "--out", orphan])[::2])
+        assert line == (f"gbattn: error: {orphan} holds best.pt but no config.json (written last): an upcycle or a run "
+                        f"stopped before it finished; delete {orphan} or choose another --out"), extra
+        assert every_file(orphan) == before, extra
+    removed = []
+    monkeypatch.setattr(Path, "unlink", lambda self, missing_ok=False: removed.append(self.name))
+    copy = shutil.copytree(trained["run"], tmp_path / "copy")
+    rundir.discard_run(copy)
+    assert removed[-1] == rundir.CONFIG and {rundir.BEST, rundir.CHECKPOINT} <= set(removed), removed
+
+
 def test_every_damaged_torch_file_is_one_checkpoint_error(tmp_path):
     """Damaged bytes make torch's safe unpickler raise what its code happens to raise; each is one line
     naming the file (fuzzing 1,200 damaged files gave 61 IndexErrors, 6 AssertionErrors, 7 struct.errors)."""

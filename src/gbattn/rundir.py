@@ -176,6 +176,17 @@ def check_out(directory: str | Path, own: tuple[str, ...], output: str) -> str |
     return held
 
 
+def refuse_weights_without_config(directory: str | Path) -> None:
+    """Weights without the config.json that train writes before any and upcycle after them (one stopped before it
+    finished) are nobody's run that gbattn can name: kept, and refused as an ``--out``, so that nothing replaces
+    them unasked."""
+    directory = Path(directory)
+    weights = [name for name in (CHECKPOINT, BEST) if (directory / name).exists()]
+    if weights and not (directory / CONFIG).exists():
+        raise UserError(f"{directory} holds {' and '.join(weights)} but no {CONFIG} (written last): an upcycle or "
+                        f"a run stopped before it finished; delete {directory} or choose another --out")
+
+
 def check_output_file(path: str | Path, what: str) -> None:
     """An output file (``eval --per-token``, ``lm-eval --output``) is writable
     (:func:`gbattn.files.check_writable_file`) and never replaces a file of a model directory (a run,
@@ -191,9 +202,10 @@ def check_output_file(path: str | Path, what: str) -> None:
 
 
 def discard_run(directory: str | Path) -> list[str]:
-    """Delete a run's own files (``--restart``, after :func:`check_out`); other files stay."""
+    """Delete a run's own files (``--restart``, after :func:`check_out`); other files stay. config.json goes
+    last: weights without it are refused (:func:`refuse_weights_without_config`), so a kill here leaves a run."""
     removed = []
-    for name in RUN_FILES:
+    for name in (*(n for n in RUN_FILES if n != CONFIG), CONFIG):
         if (Path(directory) / name).is_file():
             (Path(directory) / name).unlink()
             removed.append(name)

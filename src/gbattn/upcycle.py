@@ -224,10 +224,7 @@ def check_new_run_dir(out: str | Path) -> None:
     rundir.check_out(out, (rundir.RUN,), "a folder for a new run")
     if (out / rundir.CONFIG).exists():  # a directory too: config.json cannot be written there
         raise UserError(f"{out} already holds a run; choose another --out")
-    weights = [name for name in (rundir.CHECKPOINT, rundir.BEST) if (out / name).exists()]
-    if weights:
-        raise UserError(f"{out} holds {' and '.join(weights)} but no {rundir.CONFIG} (written last): an upcycle or "
-                        f"a run stopped before it finished; delete {out} or choose another --out")
+    rundir.refuse_weights_without_config(out)
 
 
 def write_run(result: Upcycled, out: str | Path) -> Path:

@@ -291,6 +291,8 @@ class Trainer:
         cfg = self.train_cfg
         if self.main:
             rundir.check_out(self.run_dir, (rundir.RUN,), "a gbattn run")  # --restart replaces only a run
+            if not self.resume:  # weights without a config.json (a killed upcycle): not trained over, not deleted
+                rundir.refuse_weights_without_config(self.run_dir)
             self.lock = rundir.RunLock(self.run_dir)
             if self.restart:
                 rundir.discard_run(self.run_dir)
