@@ -716,8 +716,8 @@ def test_loss_difference_std_is_the_spread_of_the_per_token_differences(runs, tm
 
 def test_analysis_shows_special_tokens_by_name(tmp_path):
     """WikiText writes unknown words as ``<unk>``, which the BPE encodes as its ``<unk>`` token: analysis
-    shows that token (as a target, an example's token and in a context) by name, where decoding text
-    (``generate``) leaves special tokens out, and a token shown alone would otherwise be the empty string."""
+    shows that token (as a target, an example's token and in a context) by name, as decoded text does, and
+    ``<pad>`` too, which decoded text leaves out."""
     from gbattn.analysis.cli import _context_text, _token_text
     from gbattn.data.corpus import load_corpus
     from gbattn.data.tokenizer import get_tokenizer
@@ -729,8 +729,8 @@ def test_analysis_shows_special_tokens_by_name(tmp_path):
     tok = get_tokenizer("bpe", load_corpus(str(data)), vocab_size=60, verbose=False)
     ids = tok.encode("the <unk> mat")
     unk = ids[1]
-    assert tok.decode([unk]) == "" and "<unk>" not in tok.decode(ids)  # text: special tokens left out
-    assert _token_text(tok, unk) == "<unk>"
+    assert tok.decode([unk]) == "<unk>" and tok.decode([0]) == ""  # text: <pad> left out, <unk> shown
+    assert _token_text(tok, unk) == "<unk>" and _token_text(tok, 0) == "<pad>"
     assert _context_text(tok, ids) == "the <unk> mat"
 
 

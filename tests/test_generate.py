@@ -113,8 +113,41 @@ def test_generate_says_when_bpe_prompt_tokens_are_unknown(tmp_path, capsys):
     train(tmp_path / "run", *tiny_configs(data, max_steps=1, eval_every=1, tokenizer="bpe"), quiet=True)
     for prompt, note in (("the cat", None), ("the 🙂 cat", "note: 1 of the prompt's 3 tokens is <unk>")):
         code = cli_main(["generate", str(tmp_path / "run"), "--prompt", prompt, "--max-new-tokens", "2", "--seed", "1"])
-        err = capsys.readouterr().err
-        assert code == 0 and ("<unk>" in err) == bool(note) and (note is None or note in err), err
+        printed = capsys.readouterr()
+        assert code == 0 and ("<unk>" in printed.err) == bool(note) and (note is None or note in printed.err), printed
+        assert printed.out.startswith("the <unk> cat " if note else "the cat ")  # the text the model read
+        assert note is None or "the text shown has <unk> in their place" in printed.err
+
+
+def test_generated_unknown_tokens_are_shown_as_unk_and_padding_is_left_out(tmp_path, capsys, monkeypatch):
+    """WikiText v1 writes its rare words as <unk> (2.7% of WikiText-2's training words), which the BPE encodes as
+    its unknown token, so a model trained on it generates that token: `gbattn generate` and run.generate left it
+    out of the text, so words were silently missing from what the model wrote. Both now show it as <unk>, and
+    still leave <pad> out."""
+    from gbattn.model.gpt import GPT
+    from gbattn.rundir import load_run
+
+    data = write_corpus(tmp_path / "c")
+    for split in ("train", "valid", "test"):
+        path = data / f"wiki.{split}.tokens"
+        path.write_text(path.read_text().replace(" dog ", " <unk> "))
+    train(tmp_path / "run", *tiny_configs(data, max_steps=1, eval_every=1, tokenizer="bpe"), quiet=True)
+    run = load_run(tmp_path / "run")
+    unk, pad = run.tokenizer.encode("<unk>") + run.tokenizer.encode("<pad>")
+    assert unk == run.tokenizer.unknown_id
+    model_generate = GPT.generate
+
+    def generating_unknown_and_padding(self, idx_BT, max_new_tokens, **kwargs):
+        out_BT = model_generate(self, idx_BT, max_new_tokens, **kwargs)
+        return torch.cat([out_BT, torch.tensor([[unk, pad, unk]] * len(out_BT))], dim=1)
+
+    monkeypatch.setattr(GPT, "generate", generating_unknown_and_padding)
+    assert run.generate("the cat", 2, seed=1).endswith(" <unk> <unk>")
+    code = cli_main(["generate", str(tmp_path / "run"), "--prompt", "the cat", "--max-new-tokens", "2", "--seed", "1"])
+    printed = capsys.readouterr()
+    text = printed.out.split("\n---\n")[0]
+    assert code == 0 and text.startswith("the cat ") and text.endswith(" <unk> <unk>") and "<pad>" not in text
+    assert "<unk>" not in printed.err  # the prompt holds none
 
 
 def test_a_prompt_longer_than_the_context_is_returned_whole(tmp_path, capsys):

@@ -1094,6 +1094,21 @@ def test_the_papers_bpe_splits_punctuation_and_numbers_its_specials_first(tmp_pa
     assert (tok.encode("<pad>"), tok.encode("<unk>"), tok.encode("\u00e9")) == ([0], [1], [1])
 
 
+def test_decoding_shows_the_unknown_token_and_leaves_padding_out(tmp_path):
+    """Decoded text left every special token out, ``<unk>`` too: WikiText v1's rare words (2.7% of WikiText-2's
+    training words) and a generated unknown token read as nothing. ``<unk>`` is now shown as ``<unk>``, as the
+    corpus writes it; ``<pad>`` is still left out unless asked for; the ids are unchanged."""
+    data = tmp_path / "c"
+    data.mkdir()
+    for split in ("train", "valid", "test"):
+        (data / f"{split}.txt").write_text("the cat sat on the <unk> mat\n" * 20)
+    tok = get_tokenizer("bpe", load_corpus(str(data)), vocab_size=60, verbose=False)
+    ids = tok.encode("the <unk> mat \u00e9")
+    assert ids[1] == ids[3] == tok.unknown_id == 1
+    assert tok.decode([0, *ids, 0]) == "the <unk> mat <unk>" and tok.decode([1]) == "<unk>"
+    assert tok.decode([0, *ids], skip_special=False) == "<pad> the <unk> mat <unk>"
+
+
 def test_a_tokenizers_added_tokens_count_in_its_size():
     """A tokenizer.json whose end-of-text token was added after its vocabulary (id 3 of a 3-word
     model): the size counts it, so the model has a row for it."""

@@ -15,6 +15,7 @@ A tokenizer file (``tokenizer.json`` in a run directory) is validated when read.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -120,13 +121,23 @@ class Tokenizer:
             return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
-        """Text of ``ids``; special tokens (``<pad>``, ``<unk>``) are left out unless ``skip_special`` is
-        False (what analysis shows per token, where WikiText's many ``<unk>`` must not read as nothing)."""
+        """Text of ``ids``; special tokens (``<pad>``, an end-of-text token) are left out unless ``skip_special``
+        is False. The unknown token is always shown, as ``<unk>`` (WikiText v1's own spelling of its rare words):
+        left out, a generated one would read as a word silently missing."""
         ids = [int(i) for i in ids]
         if self.kind == "char":
             return "".join(self.chars[i] for i in ids)
+        if skip_special:
+            skipped = self._skipped_special_ids
+            ids = [i for i in ids if i not in skipped]
         with hf_failures_as_data_errors("decoding"):
-            return self._hf.decode(ids, skip_special_tokens=skip_special)
+            return self._hf.decode(ids, skip_special_tokens=False)
+
+    @functools.cached_property
+    def _skipped_special_ids(self) -> frozenset[int]:
+        """The ids :meth:`decode` leaves out: the special tokens but the unknown one."""
+        special = {i for i, token in self._hf.get_added_tokens_decoder().items() if token.special}
+        return frozenset(special - {self.unknown_id})
 
     def to_json(self) -> str:
         return json.dumps({"kind": self.kind, "payload": self.payload})

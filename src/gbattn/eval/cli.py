@@ -118,10 +118,11 @@ def cmd_generate(args) -> None:
     if not ids:
         raise UserError("the prompt encodes to no tokens")
     unknown = ids.count(run.tokenizer.unknown_id) if run.tokenizer.unknown_id is not None else 0
-    if unknown:  # decoded, <unk> is left out: the prompt shown would silently lack those characters
+    if unknown:  # the prompt shown has <unk> where the user typed other text: say why
         print(f"note: {unknown} of the prompt's {len(ids)} token{'s' if len(ids) != 1 else ''} "
               f"{'is' if unknown == 1 else 'are'} <unk> (text this tokenizer never saw in "
-              f"training); the model reads them as <unk>, and the text shown leaves them out", file=sys.stderr)
+              f"training, or <unk> itself); the model reads them as <unk>, and the text shown has <unk> in their place",
+              file=sys.stderr)
     idx = torch.tensor([ids] * args.num_samples, device=device)
     step, how = decoder_for(run.model, compile=False if args.no_cache else args.compile,
                             max_new_tokens=args.max_new_tokens, prompt_length=len(ids))
