@@ -1528,6 +1528,10 @@ def test_a_bpe_tokenizers_unk_token_is_its_own(tmp_path):
     unk = bpe.encode("<unk>")
     assert hf.unk_token == "<unk>" and [hf.unk_token_id] == unk and len(hf) == bpe.vocab_size
     assert hf.encode("the \u00e9 cat") == bpe.encode("the \u00e9 cat") and unk[0] in hf.encode("\u00e9")
+    # README: as the unk_token it is special, so skip_special_tokens=True leaves it out, where gbattn shows it
+    ids = bpe.encode("<pad> the \u00e9 cat")
+    assert bpe.decode(ids) == "the <unk> cat" and hf.decode(ids, skip_special_tokens=True) == " the cat"
+    assert hf.decode(ids, skip_special_tokens=False) == " <pad> the <unk> cat"
     char = get_tokenizer("char", corpus)
     assert hf_tokenizer(char, 64).unk_token is None  # unseen characters are an error, as in gbattn
     assert hf_tokenizer(char, 64).decode(char.encode("the cat . a")) == "the cat . a"  # no clean-up of spaces

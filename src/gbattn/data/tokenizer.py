@@ -3,7 +3,8 @@ hash under ``$GBATTN_CACHE`` (default ``~/.cache/gbattn``).
 
 * ``bpe`` (the paper's, docs/paper.md): HF ``tokenizers`` BPE, Whitespace pre-tokenizer, specials
   ``<pad>`` ``<unk>``, trained on the first 100k non-empty training lines. Unlike the authors'
-  tokenizer it keeps an ``<unk>`` token for characters unseen in training (docs/deviations.md).
+  tokenizer it keeps an ``<unk>`` token for characters unseen in training (docs/deviations.md); decoded text
+  shows it as ``<unk>``, WikiText v1's spelling of its rare words.
 * ``gpt2``: GPT-2's byte-level BPE (50,257 tokens) from the Hugging Face hub, or any
   ``tokenizer.json`` file given by path (``gpt2=PATH``).
 * ``hf``: any Hugging Face ``tokenizer.json`` (``hf=PATH``), e.g. a converted checkpoint's (``gbattn upcycle``).

@@ -23,7 +23,9 @@ tokenizer's newline) must not pad, because transformers treats every padding tok
 padding (``generate()`` without an ``attention_mask`` would mask the prompt's newlines, and
 ``DataCollatorForLanguageModeling`` would never train on them). Pad a char model's batch by giving
 ``pad_token_id`` and the ``attention_mask`` yourself. ``<unk>`` is the unknown token where present
-(a char tokenizer has none: unseen characters are an error, as in gbattn).
+(a char tokenizer has none: unseen characters are an error, as in gbattn); being the ``unk_token``, it is
+special, so ``skip_special_tokens=True`` leaves it out of decoded text, where gbattn's decoding shows it
+(transformers 5.x marks an ``unk_token`` special again whenever it loads a tokenizer).
 """
 
 from __future__ import annotations
