@@ -27,7 +27,7 @@ from gbattn import files, rundir
 from gbattn.data.corpus import load_corpus
 from gbattn.errors import UserError
 from gbattn.train.trainer import train
-from helpers import TINY, run_cli, tiny_configs, write_corpus, write_text
+from helpers import LFS_MESSAGE, LFS_POINTER, TINY, run_cli, tiny_configs, write_corpus, write_text
 
 GBATTN = [sys.executable, "-m", "gbattn.cli"]
 
@@ -986,6 +986,22 @@ def test_every_bad_input_is_one_line_with_status_2(trained, tmp_path, capsys, mo
     # A new run that failed before writing anything leaves no directory behind (a typo in --data).
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 15)), sorted(tmp_path.glob("o*"))
     (tmp_path / "bad-inputs.txt").write_text("\n".join(report) + "\n")
+
+
+@pytest.mark.parametrize("layout", ["single file", "single .gz file", "split file in a folder"])
+def test_a_corpus_file_that_is_a_git_lfs_pointer_is_refused_in_one_line(layout, tmp_path, capsys, monkeypatch):
+    """A clone without Git LFS holds a pointer in place of the corpus: read as text, its three lines were trained
+    on. The file's own bytes are checked, so a pointer named .gz is one too (not 'not complete gzip data')."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    if layout == "split file in a folder":
+        pointer = write_corpus(tmp_path / "corpus") / "wiki.valid.tokens"
+        data = pointer.parent
+    else:
+        data = pointer = tmp_path / ("input.txt.gz" if layout == "single .gz file" else "input.txt")
+    pointer.write_text(LFS_POINTER)
+    code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "o", "--data", data, "--tokenizer", "char"])
+    assert one_line(code, err) == f"gbattn: error: --data file {pointer} {LFS_MESSAGE} in its repository to fetch it"
+    assert not (tmp_path / "o").exists()
 
 
 def test_unwritable_cache_directory_is_one_line(trained, tmp_path, capsys, monkeypatch):

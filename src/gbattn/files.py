@@ -185,10 +185,11 @@ def check_writable_file(path: str | Path, what: str) -> Path:
 GIT_LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # how a Git LFS pointer file starts
 
 
-def refuse_lfs_pointer(path: str | Path, head: bytes | None = None) -> None:
-    """A one-line :class:`CheckpointError` when ``path`` (whose first bytes are ``head``, read here when not
-    given) is a Git LFS pointer: the few lines of text that stand for a large file a clone without Git LFS
-    did not fetch. A file that cannot be read is left to its reader's error."""
+def refuse_lfs_pointer(path: str | Path, head: bytes | None = None, error: type[UserError] = CheckpointError,
+                       what: str = "") -> None:
+    """A one-line ``error`` naming the file (``what`` in front: "--data file ") when ``path`` (whose first bytes
+    are ``head``, read here when not given) is a Git LFS pointer: the few lines of text that stand for a large
+    file a clone without Git LFS did not fetch. A file that cannot be read is left to its reader's error."""
     if head is None:
         try:
             with open(path, "rb") as f:
@@ -196,8 +197,8 @@ def refuse_lfs_pointer(path: str | Path, head: bytes | None = None) -> None:
         except OSError:
             return
     if head.startswith(GIT_LFS_POINTER):
-        raise CheckpointError(f"{path} is a Git LFS pointer, not the file itself (cloned without Git LFS): run "
-                              f"`git lfs pull` in its repository to fetch it")
+        raise error(f"{what}{path} is a Git LFS pointer, not the file itself (cloned without Git LFS): run "
+                    f"`git lfs pull` in its repository to fetch it")
 
 
 MAX_JSON_BYTES = 256 * 2**20  # far above any JSON file gbattn reads (a Llama tokenizer.json: about 9 MiB)

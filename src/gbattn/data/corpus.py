@@ -13,7 +13,7 @@
 Every local file is checked before use: UTF-8 text (a leading byte order mark is dropped; the error
 names the file and the byte offset of the first bad byte, or of a NUL byte in a binary file, and says
 so of UTF-16 or UTF-32 text with its byte order mark), real gzip data behind a ``.gz`` name, not
-empty. A corpus yields lines per split; its fingerprint identifies the content for the caches.
+empty, not a Git LFS pointer. A corpus yields lines per split; its fingerprint identifies the content for the caches.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gbattn.errors import DataError, DataNotFound
-from gbattn.files import error_detail
+from gbattn.files import error_detail, refuse_lfs_pointer
 
 SPLITS = ("train", "valid", "test")
 NO_TEST_SPLIT = "no separate test split: test = valid"  # a corpus note; the summaries say so beside test figures
@@ -79,7 +79,9 @@ def open_text(path: Path):
 
 
 def checked_digest(path: Path) -> str:
-    """SHA-256 of the (decompressed) content, after checking it is non-empty UTF-8 text."""
+    """SHA-256 of the (decompressed) content, after checking it is non-empty UTF-8 text and not a Git LFS
+    pointer (read as text, its three lines would be trained on)."""
+    refuse_lfs_pointer(path, error=DataError, what="--data file ")  # the file's own bytes: a .gz one is not gzip
     h = hashlib.sha256()
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
