@@ -312,6 +312,17 @@ def test_generate_takes_numpy_numbers_as_python_numbers():
                                 seed=np.uint64(3)), expected)
 
 
+def test_generate_takes_integral_floats_as_config_fields_do():
+    """generate checked its counts by its own rule, which refused 4.0 where a config field (checks.coerce, as
+    ``--set max_steps=4.0``) takes it as 4; one rule now: an integral float is its integer, 4.5 is refused."""
+    model = tiny_model(("standard", {}))
+    ids = torch.tensor([[5, 6, 7]])
+    expected = generate(model, ids, 4, temperature=0.5, top_k=5, seed=3)
+    assert torch.equal(generate(model, ids, 4.0, temperature=0.5, top_k=5.0, seed=3.0), expected)
+    with pytest.raises(ValueError, match=re.escape("top_k=4.5 must be an integer >= 1")):
+        generate(model, ids, 4, top_k=4.5)
+
+
 def test_a_tiny_temperature_samples_the_largest_logit():
     """logits / 1e-45 overflows to inf (softmax of inf - inf is NaN, and multinomial failed); the row
     is then shifted by its largest logit first, which samples it."""
