@@ -618,6 +618,18 @@ def test_a_user_error_message_is_one_line_and_an_interrupt_exits_130(capsys, mon
         f"--num-samples, ...)\n")
 
 
+def test_terminal_text_and_line_share_one_escaping_and_keep_their_rules():
+    """One escaping of a character (``\\x1b``), two rules: generated text keeps its newlines, tabs and non-ASCII
+    spaces and escapes other control characters; an error line collapses whitespace (a carriage return and a
+    no-break space too) and escapes every other character that is not printable (a right-to-left override)."""
+    from gbattn import terminal
+
+    text = "a\x1b[31mb\rc\n\td\u00a0e\u202ef"
+    assert terminal.terminal_text(text) == "a\\x1b[31mb\\rc\n\td\u00a0e\u202ef"
+    assert terminal.terminal_line(text) == "a\\x1b[31mb c d e\\u202ef"
+    assert all(terminal.escaped(c) == ascii(c)[1:-1] for c in "\x1b\r\u202e")
+
+
 def test_sigterm_during_a_command_is_one_line_status_143_and_unwinds(tmp_path):
     """SIGTERM outside a training loop (data preparation, an export, a benchmark) ended the process at
     once with no word (status -15): it now unwinds as Ctrl-C does (the command's cleanup runs) and exits

@@ -85,7 +85,7 @@ def test_generate_shows_control_characters_escaped_on_a_terminal_and_as_decoded_
     import sys
     import unicodedata
 
-    from gbattn.eval.cli import terminal_text
+    from gbattn.terminal import terminal_text
 
     data = write_corpus(tmp_path / "c")
     train(tmp_path / "run", *tiny_configs(data, max_steps=1, eval_every=1), quiet=True)

@@ -16,6 +16,7 @@ import threading
 
 from gbattn import arguments
 from gbattn.errors import Terminated, UserError
+from gbattn.terminal import terminal_line
 
 COMMAND_MODULES = ["gbattn.train.cli", "gbattn.eval.cli", "gbattn.hf_cli", "gbattn.experiments.cli",
                    "gbattn.synthetic.cli", "gbattn.analysis.cli", "gbattn.bench.cli", "gbattn.upcycle"]
@@ -113,13 +114,6 @@ def _terminated(signum, frame) -> None:
     raise Terminated
 
 
-def _terminal_line(text: str) -> str:
-    """``text`` as one line of printable characters: whitespace runs become one space, and any other
-    control character (an escape sequence in a weight name or a key of a file being read) is shown
-    escaped, never sent to the terminal."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(text.split()))
-
-
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -164,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
         sys.stdout.flush()
     except UserError as e:  # one write: torchrun's processes write unbuffered (-u) to one stderr, at once
-        sys.stderr.write(f"gbattn: error: {_terminal_line(str(e))}\n")
+        sys.stderr.write(f"gbattn: error: {terminal_line(str(e))}\n")
         return getattr(e, "exit_code", 2)
     except KeyboardInterrupt as e:
         print(f"gbattn: {'terminated' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
@@ -173,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         # torch.OutOfMemoryError on CUDA; on CPU the allocator raises a plain RuntimeError.
         if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and CPU_ALLOCATION_FAILED not in str(e):
             raise
-        detail = _terminal_line(str(e))[:200]
+        detail = terminal_line(str(e))[:200]
         print(f"gbattn: error: out of memory{f' ({detail})' if detail else ''}: choose smaller sizes (batch_size, "
               f"seq_len, d_model, --num-samples, ...)", file=sys.stderr)
         return 2
@@ -182,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except OSError as e:  # what the file system refused where no check named it (a name too long, a full disk, ...)
         where = f"{e.filename}: " if e.filename is not None else ""
-        sys.stderr.write(f"gbattn: error: {_terminal_line(where + (e.strerror or str(e)))}\n")
+        sys.stderr.write(f"gbattn: error: {terminal_line(where + (e.strerror or str(e)))}\n")
         return 2
     finally:
         if term_default:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 import json
 import sys
-import unicodedata
 from pathlib import Path
 
 from gbattn import arguments
+from gbattn.terminal import terminal_text
 
 
 def register(sub) -> None:
@@ -46,13 +46,6 @@ def register(sub) -> None:
     arguments.device(p)
     arguments.threads(p)
     p.set_defaults(func=cmd_generate)
-
-
-def terminal_text(text: str) -> str:
-    """Generated text for a terminal: every control character but newline and tab (an escape sequence that a
-    hostile tokenizer's token decodes to, a carriage return over the line) shown escaped (``\\x1b``), never sent
-    to the terminal; every other character, non-ASCII spaces included, as it is."""
-    return "".join(ascii(c)[1:-1] if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
 
 
 def cmd_eval(args) -> None:

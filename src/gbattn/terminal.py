@@ -1,0 +1,27 @@
+"""Text bound for the user's terminal: a control character in it (an escape sequence in a hostile file's
+weight name or tokenizer) is shown escaped, ``\\x1b``, never sent to the terminal. One escaping, two uses:
+generated text keeps its lines (:func:`terminal_text`), an error message is one line (:func:`terminal_line`).
+Imports nothing of gbattn, so the CLI's error path stays fast."""
+
+from __future__ import annotations
+
+import unicodedata
+
+
+def escaped(char: str) -> str:
+    """One character as Python spells it in ASCII: ``\\x1b``, ``\\u202e``."""
+    return ascii(char)[1:-1]
+
+
+def terminal_text(text: str) -> str:
+    """Generated text for a terminal: every control character but newline and tab (an escape sequence that a
+    hostile tokenizer's token decodes to, a carriage return over the line) escaped; every other character,
+    non-ASCII spaces included, as it is."""
+    return "".join(escaped(c) if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
+
+
+def terminal_line(text: str) -> str:
+    """``text`` as one line of printable characters: whitespace runs become one space, and any other
+    character that is not printable (an escape sequence in a weight name or a key of a file being read, a
+    right-to-left override) escaped."""
+    return "".join(c if c.isprintable() else escaped(c) for c in " ".join(text.split()))
