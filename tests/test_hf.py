@@ -13,12 +13,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -317,8 +319,12 @@ def test_forward_honours_every_argument_it_takes():
     for keep in (1, 3, torch.tensor([0, 3])):
         with pytest.raises(ValueError, match=r"labels need the logits of every position; logits_to_keep=.* keeps only"):
             hf(idx, labels=idx, logits_to_keep=keep)
-    with pytest.raises(ValueError, match="logits_to_keep=-1: give 0 .every position."):  # was every logit, silently
-        hf(idx, logits_to_keep=-1)
+    # numpy's integers are integers as config fields take them: np.int64(3) was every logit, np.int64(-1) taken
+    torch.testing.assert_close(hf(idx, logits_to_keep=np.int64(3)).logits, full[:, -3:], rtol=1e-12, atol=1e-12)
+    for keep in (-1, np.int64(-1), 2.5, True):  # -1 was every logit, silently; True was 1
+        with pytest.raises(ValueError, match=re.escape(f"logits_to_keep={keep!r} must be 0 (every position), the "
+                                                       f"number of last positions to keep, or a tensor of positions")):
+            hf(idx, logits_to_keep=keep)
     # position_ids given with a padded batch are the ones used (not recomputed from the mask)
     rows = [idx[0], idx[1, :4]]
     ids, mask = left_pad(rows)

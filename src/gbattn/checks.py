@@ -16,6 +16,7 @@ import math
 import numbers
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 from gbattn.errors import ConfigError
@@ -175,6 +176,19 @@ def coerce(name: str, value: Any, tp) -> Any:
             return dict(value)
         raise ConfigError(f"{name}={value!r} must be a mapping")
     return value
+
+
+def checked(name: str, value: Any, tp, ok: Callable[[Any], bool], rule: str) -> Any:
+    """``value`` as type ``tp`` (:func:`coerce`) when ``ok`` of it holds, else a ConfigError saying
+    ``name=value must be rule``: a keyword argument outside a config (generate's options, the HF model's)
+    checked by the rules config fields follow."""
+    try:
+        number = coerce(name, value, tp)
+    except ConfigError:
+        number = None
+    if number is None or not ok(number):
+        raise ConfigError(f"{name}={value!r} must be {rule}")
+    return number
 
 
 class Typed:

@@ -20,6 +20,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from gbattn.attention.boosted import Gate
 from gbattn.attention.core import AttentionBase, DynamicLayerCache, positions_of
+from gbattn.checks import checked
 from gbattn.hf.configuration import GbattnConfig
 from gbattn.model.attnres import AttnResStream
 from gbattn.model.gpt import GPT, init_weights, lm_loss
@@ -311,10 +312,11 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(f"labels of shape {tuple(labels.shape)} for input_ids of shape {tuple(input_ids.shape)}: "
                              f"labels are the input ids (-100 = ignored), shifted inside")
+        if not isinstance(logits_to_keep, Tensor):  # a count, numpy's integers included (np.int64(3) kept every logit)
+            logits_to_keep = checked("logits_to_keep", logits_to_keep, int, lambda n: n >= 0,
+                                     "0 (every position), the number of last positions to keep, or a tensor of "
+                                     "positions")
         keeps_some = isinstance(logits_to_keep, Tensor) or logits_to_keep != 0
-        if isinstance(logits_to_keep, int) and logits_to_keep < 0:
-            raise ValueError(f"logits_to_keep={logits_to_keep}: give 0 (every position), the number of last positions "
-                             f"to keep, or a tensor of positions")
         if labels is not None and keeps_some:
             # The loss needs every position's logits (cross_entropy said "Expected input batch_size (0) to match ...").
             raise ValueError(f"labels need the logits of every position; logits_to_keep={logits_to_keep!r} keeps "

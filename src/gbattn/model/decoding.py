@@ -14,8 +14,7 @@ import torch
 from torch import Tensor
 
 from gbattn.attention.core import positions_of
-from gbattn.checks import MAX_INT, coerce
-from gbattn.errors import ConfigError
+from gbattn.checks import MAX_INT, checked
 
 
 def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
@@ -87,29 +86,17 @@ def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0,
     return None, f"KV cache{past}"
 
 
-def _checked(name: str, value, tp: type, ok, rule: str):
-    """``value`` as ``tp`` by the configs' rule (:func:`gbattn.checks.coerce`: numpy's numbers and an integral
-    float such as 4.0 are taken, a bool is not) when ``ok`` of it holds, else a ConfigError (a ValueError)
-    saying ``name=value must be rule``."""
-    try:
-        number = coerce(name, value, tp)
-    except ConfigError:
-        number = None
-    if number is None or not ok(number):
-        raise ConfigError(f"{name}={value!r} must be {rule}")
-    return number
-
-
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None,
                    seed: int | None = None) -> tuple[int, float, int | None, int | None]:
-    """The sampling options as Python numbers, checked as config fields are, or a ValueError naming the bad one."""
-    max_new_tokens = _checked("max_new_tokens", max_new_tokens, int, lambda n: n >= 0, "an integer >= 0")
+    """The sampling options as Python numbers, checked as config fields are (numpy's numbers and an integral float
+    such as 4.0 are taken, a bool is not), or a ValueError naming the bad one."""
+    max_new_tokens = checked("max_new_tokens", max_new_tokens, int, lambda n: n >= 0, "an integer >= 0")
     # NaN and inf are refused (coerce takes finite numbers only): at inf every token ties and top-k keeps them all
-    temperature = _checked("temperature", temperature, float, lambda t: t >= 0, "a finite number >= 0 (0 = greedy)")
+    temperature = checked("temperature", temperature, float, lambda t: t >= 0, "a finite number >= 0 (0 = greedy)")
     if top_k is not None:
-        top_k = _checked("top_k", top_k, int, lambda k: k >= 1, "an integer >= 1 (or None for no top-k)")
+        top_k = checked("top_k", top_k, int, lambda k: k >= 1, "an integer >= 1 (or None for no top-k)")
     if seed is not None:
-        seed = _checked("seed", seed, int, lambda s: 0 <= s <= MAX_INT,
+        seed = checked("seed", seed, int, lambda s: 0 <= s <= MAX_INT,
                         "an integer in [0, 2**63 - 1] (or None for a new draw each time)")
     return max_new_tokens, temperature, top_k, seed
 
