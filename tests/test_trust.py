@@ -1493,6 +1493,21 @@ def test_load_run_on_a_device_it_cannot_use_says_so_not_that_the_checkpoint_is_d
             assert lines[0] == lines[1].replace(" or mps", ""), lines
 
 
+def test_load_run_docstring_names_every_device_it_takes():
+    """load_run's docstring listed cpu, cuda, cuda:N and mps but not auto, which it takes (resolve_device, whose
+    refusal lists them all): it now names each one."""
+    import re
+
+    from gbattn.runtime import resolve_device
+
+    with pytest.raises(UserError) as caught:
+        resolve_device("bogus", mps=True)
+    allowed = str(caught.value).split("choose ", 1)[1].replace(" or ", ", ").split(", ")
+    assert allowed == ["auto", "cpu", "cuda", "cuda:N", "mps"]
+    doc = " ".join(rundir.load_run.__doc__.split())
+    assert [d for d in allowed if not re.search(rf"\b{re.escape(d)}\b", doc)] == []
+
+
 def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):
     (tmp_path / "outside.safetensors").write_bytes(b"")
     exported = tmp_path / "exported"

@@ -586,8 +586,8 @@ def check_exported_checkpoint(path: Path, checkpoint: str | None, recorded) -> N
 def load_run(path: str | Path, checkpoint: str | None = None, device: str | torch.device = "cpu") -> LoadedRun:
     """The model of a run directory (``checkpoint``: best-validation weights, the default, or
     ``last``) or of an exported directory, with its tokenizer and configs, in eval mode on ``device``
-    (cpu, cuda, cuda:N or, on a Mac, mps; README, "Using gbattn from Python"; what is checked on the way:
-    README, "Trust")."""
+    (:func:`gbattn.runtime.resolve_device`: auto for CUDA when available, else the CPU; cpu, cuda, cuda:N or, on a
+    Mac, mps; README, "Using gbattn from Python"; what is checked on the way: README, "Trust")."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)")
