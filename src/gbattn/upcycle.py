@@ -41,8 +41,9 @@ REFUSED = {
 def register(sub) -> None:
     p = sub.add_parser("upcycle", help="a trained standard model (HF GPT-2/Llama or a gbattn run) as an exactly "
                        "equal model of another attention variant, for `gbattn train --init-from`")
-    p.add_argument("source", help="a Hugging Face checkpoint directory (GPT2LMHeadModel or LlamaForCausalLM, "
-                   "with tokenizer.json) or a gbattn run directory of a standard-attention model")
+    p.add_argument("source", help="a Hugging Face checkpoint directory (GPT2LMHeadModel or LlamaForCausalLM, or a "
+                   "base GPT2Model or LlamaModel whose config ties the head, with tokenizer.json) or a gbattn run "
+                   "directory of a standard-attention model")
     p.add_argument("--attn", required=True, help="the new attention variant: boosted, gated (or standard: a copy)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="attn.KEY=VALUE",
                    help="an option of the new attention variant, e.g. --set attn.rounds=3 --set attn.kv_source=input")
