@@ -8,7 +8,8 @@ change. ``eos_token`` (which lm-eval uses as end of text, as a stop string and, 
   Llama's ``</s>``, ...).
 * ``bpe`` (the paper's, docs/paper.md): it has no end-of-text token; ``<pad>`` stands in (a token
   the model never saw in training).
-* ``char``: ``"\\n"``. Decoding with ``skip_special_tokens=True`` drops it, as any special token
+* ``char``: ``"\\n"``; for a corpus without newlines (text8), the vocabulary's first character (a space
+  there). Decoding with ``skip_special_tokens=True`` drops it, as any special token
   (``gbattn lm-eval`` decodes generations with it kept).
 
 ``bos_token`` is the vocabulary's start-of-text token where it has one, a special token named in
