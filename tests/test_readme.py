@@ -90,3 +90,36 @@ def test_readme_names_the_cpu_recipe_with_a_published_number():
     assert others and all(f"`{name}`'s column holds {recipe.published_source.split()[0]}'s" in prose
                            for name, recipe in others.items())
     assert "The CPU recipes have no published numbers" not in prose
+
+
+def anchors(path: Path) -> set[str]:
+    """The #fragments GitHub gives a Markdown file's headings: lower case, punctuation but `-` dropped, spaces as
+    `-`, a repeated heading suffixed -1, -2, ... (fenced code skipped)."""
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    found: set[str] = set()
+    count: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", text, flags=re.M):
+        heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        found.add(f"{slug}-{count[slug]}" if slug in count else slug)
+        count[slug] = count.get(slug, 0) + 1
+    return found
+
+
+def test_every_link_of_the_readme_and_docs_resolves_inside_the_repository():
+    """A relative link of README.md or docs/*.md names a file of the repository (never one outside it), and its
+    #anchor a heading of that file: the contents line and the cross-references survive renamed sections."""
+    root = README.parent
+    broken = []
+    for page in [README, *sorted((root / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists() or root not in file.parents:
+                broken.append(f"{page.name}: {target} (no such file in the repository)")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert broken == []
