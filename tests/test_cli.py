@@ -107,7 +107,7 @@ def test_out_of_memory_is_one_line_and_other_errors_are_not_hidden(capsys, monke
         main(["list"])
 
 
-def test_an_os_error_no_check_named_is_one_line_naming_the_file(tmp_path, capsys):
+def test_an_os_error_no_check_named_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     """A name the file system refuses (300 characters: 'File name too long') was a traceback and status 1 from
     export, bench and plot; every command now answers one line naming the file, status 2."""
     long_name = str(tmp_path / ("a" * 300))
@@ -116,6 +116,16 @@ def test_an_os_error_no_check_named_is_one_line_naming_the_file(tmp_path, capsys
         code, _, err = run_cli(capsys, argv)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
         assert "File name too long" in err and "a" * 300 in err, (argv, err)
+    # A rename's second name is the file replaced (atomic_write's temporary file -> a directory in its place): it
+    # was left out, so the line named only the temporary file, which no longer exists
+    import gbattn.cli
+    from gbattn.files import atomic_write
+
+    (tmp_path / "report.json").mkdir()
+    monkeypatch.setattr(gbattn.cli, "cmd_list", lambda args: atomic_write(tmp_path / "report.json", "{}"))
+    code, _, err = run_cli(capsys, ["list"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{tmp_path / 'report.json'}: Is a directory" in err, err
 
 
 @pytest.mark.parametrize("module", ["gbattn.cli", "gbattn"])

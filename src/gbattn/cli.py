@@ -175,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as e:  # what the file system refused where no check named it (a name too long, a full disk, ...)
-        where = f"{e.filename}: " if e.filename is not None else ""
+        # both names of a rename (atomic_write's temporary file -> the file it replaces, e.g. a directory)
+        names = " -> ".join(str(name) for name in (e.filename, e.filename2) if name is not None)
+        where = f"{names}: " if names else ""
         sys.stderr.write(f"gbattn: error: {terminal_line(where + (e.strerror or str(e)))}\n")
         return 2
     finally:
