@@ -236,6 +236,15 @@ def test_past_key_values_keyword_and_tuple_output():
         for given in (padded, inferred):
             with pytest.raises(ValueError, match="4.x.s chunked prefill .prefill_chunk_size. gives every row"):
                 hf.generate(ids, prefill_chunk_size=2, **given)
+    # The check (4.x's generate runs it) takes the token ids as transformers does, tensors too: an eos_token_id of
+    # tensor([7, 8]) made 4.x's chunked prefill of an unpadded batch a RuntimeError ('Boolean value of Tensor ...')
+    unpadded, padding_only = idx.clamp_min(1), dict(pad_token_id=torch.tensor(0), eos_token_id=torch.tensor([7, 8]))
+    assert not GbattnForCausalLM._padded_batch((unpadded,), padding_only, hf.generation_config)
+    assert GbattnForCausalLM._padded_batch((ids,), padding_only, hf.generation_config)
+    assert not GbattnForCausalLM._padded_batch((ids,), dict(padding_only, eos_token_id=torch.tensor([7, 0])),
+                                               hf.generation_config)  # pad is an end-of-text token: no mask made
+    assert torch.equal(hf.generate(unpadded, prefill_chunk_size=2, **dict(kw, eos_token_id=torch.tensor([7, 8]))),
+                       hf.generate(unpadded, **dict(kw, eos_token_id=torch.tensor([7, 8]))))
     with warnings.catch_warnings():  # the name before transformers 5.24 (deprecated there)
         warnings.simplefilter("ignore", FutureWarning)
         assert torch.equal(hf.generate(idx, past_key_values=GbattnCache(2), **kw), ref)

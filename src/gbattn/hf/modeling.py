@@ -284,8 +284,12 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         ids = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
         pad = kwargs.get("pad_token_id", getattr(settings, "pad_token_id", None))
         eos = kwargs.get("eos_token_id", getattr(settings, "eos_token_id", None))
-        ends = eos if isinstance(eos, (list, tuple)) else [eos]
-        return isinstance(ids, Tensor) and pad is not None and pad not in ends and bool((ids == pad).any())
+        if not isinstance(ids, Tensor) or pad is None:
+            return False
+        # an int, a list or a tensor, as transformers takes them (`pad in [tensor([2, 7])]` raised a RuntimeError)
+        ends = torch.as_tensor(eos).flatten().tolist() if eos is not None else []
+        pad = int(torch.as_tensor(pad))
+        return pad not in ends and bool((ids == pad).any())
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
         """transformers' resize (tied head included), with gbattn's own config kept in step."""
