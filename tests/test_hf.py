@@ -1379,6 +1379,12 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
     err = capsys.readouterr().err
     assert "do not match its config (unexpected keys: model.blocks.1." in err and len(err.splitlines()) == 1, err
+    # ... gbattn's model field names at the config's top level: GbattnConfig's line whole, its advice included
+    (damaged / "config.json").write_text(json.dumps(dict(config, dropout=0.0)))
+    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith("delete them from config.json, or move them into its gbattn model dict)"), err
+    assert len(err.strip().splitlines()) == 1, err
     # ... weights of another shape (a block_size its position table does not have): transformers 5
     # raises itself, 4.x reports them as mismatched keys.
     config["gbattn"]["model"]["n_layers"] += 1

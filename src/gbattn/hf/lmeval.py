@@ -25,7 +25,7 @@ from lm_eval.utils import handle_non_serializable, make_table
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gbattn.errors import CheckpointError, UserError
+from gbattn.errors import CheckpointError, ConfigError, UserError
 from gbattn.files import atomic_write, error_detail, finite, refuse_lfs_pointer, relative_path, write_json
 from gbattn.hf.export import quiet_transformers, wrap_run
 from gbattn.rundir import (
@@ -86,6 +86,9 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
                 raise
             raise CheckpointError(f"the weights in {model_dir} do not match its config "
                                   f"({error_detail(e, 160)})") from None
+        except ConfigError as e:  # GbattnConfig's own line (gbattn's field names at the top level): whole, its advice
+            # included (cut at 160 characters it ended in '...; delet')
+            raise CheckpointError(f"{model_dir} does not load in transformers ({e})") from None
         except (SafetensorError, TypeError, ValueError, OSError) as e:  # a damaged model.safetensors or
             # generation_config.json (tracebacks before)
             for weights in sorted(Path(model_dir).glob("*.safetensors")):  # a clone without Git LFS, as gbattn eval
