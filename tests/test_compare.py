@@ -471,8 +471,8 @@ def test_upcycle_recipe_splits_the_scratch_budget_in_halves():
         assert split["base"] + split["standard-continued"] == split["standard-scratch"] == odd, split
         continued = {split[label] for label in ("standard-continued", "gba-upcycled", "gba-shared-upcycled")}
         assert continued == {odd // 2 + 1}, split
-    tenth = dataclasses.replace(recipe, models=[dataclasses.replace(s, steps_share=0.1) for s in recipe.models[:2]])
-    assert [spec_configs(tenth, s, "data", 42, {"max_steps": 30}, 64)[1].max_steps for s in tenth.models] == [3, 3]
+    share = dataclasses.replace(recipe, models=[dataclasses.replace(s, steps_share=0.55) for s in recipe.models[:2]])
+    assert [spec_configs(share, s, "data", 42, {"max_steps": 100}, 64)[1].max_steps for s in share.models] == [55, 55]
 
 
 def _run_result(test_ppl: float, wall_clock_s: float) -> dict:

@@ -49,7 +49,7 @@ def spec_configs(recipe: Recipe, spec: ModelSpec, data: str, seed: int, sets: di
             raise UserError(f"recipe {recipe.name}: {spec.label} trains a share of max_steps, which is not set")
         # A start rounds down and its continuation up, so that the two add up to the whole (an odd budget too;
         # round() made 41 steps 20 + 20).
-        share = round(steps * spec.steps_share, 9)  # 30 x 0.1 is 3.0000000000000004 in floats: 3, not 4
+        share = round(steps * spec.steps_share, 9)  # 100 x 0.55 is 55.00000000000001 in floats: 55, not 56
         merged["max_steps"] = max(1, math.ceil(share) if spec.init_from else math.floor(share))
     return build_configs(recipe.preset, spec.attn, data, merged, seed=seed)
 
