@@ -59,6 +59,17 @@ LFS_MESSAGE = "is a Git LFS pointer, not the file itself (cloned without Git LFS
 TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 33, "log_every": 1, "eval_batch_size": 16}
 
 
+def bpe_with_unknown_words(directory: Path):
+    """A 60-token BPE tokenizer trained on a corpus that writes an unknown word as WikiText v1 does, ``<unk>``."""
+    from gbattn.data.corpus import load_corpus
+    from gbattn.data.tokenizer import get_tokenizer
+
+    directory.mkdir()
+    for split in ("train", "valid", "test"):
+        (directory / f"{split}.txt").write_text("the cat sat on the <unk> mat\n" * 20)
+    return get_tokenizer("bpe", load_corpus(str(directory)), vocab_size=60, verbose=False)
+
+
 def tiny_configs(data, attn="boosted", **sets):
     """(model, train) configs of a tiny character-level run of ``paper-small`` on ``data`` (TINY's
     sizes, 12 steps, dropout 0.1); ``sets``: further ``--set`` values."""

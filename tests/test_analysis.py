@@ -23,7 +23,7 @@ from gbattn.data.tokens import rows_batch
 from gbattn.errors import UserError
 from gbattn.rundir import load_run
 from gbattn.train.trainer import train
-from helpers import TINY, tiny_configs, write_corpus
+from helpers import TINY, bpe_with_unknown_words, tiny_configs, write_corpus
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SEQ_LEN = TINY["block_size"] - 1
@@ -719,14 +719,8 @@ def test_analysis_shows_special_tokens_by_name(tmp_path):
     shows that token (as a target, an example's token and in a context) by name, as decoded text does, and
     ``<pad>`` too, which decoded text leaves out."""
     from gbattn.analysis.cli import _context_text, _token_text
-    from gbattn.data.corpus import load_corpus
-    from gbattn.data.tokenizer import get_tokenizer
 
-    data = tmp_path / "c"
-    data.mkdir()
-    for split in ("train", "valid", "test"):
-        (data / f"{split}.txt").write_text("the cat sat on the <unk> mat\n" * 20)
-    tok = get_tokenizer("bpe", load_corpus(str(data)), vocab_size=60, verbose=False)
+    tok = bpe_with_unknown_words(tmp_path / "c")
     ids = tok.encode("the <unk> mat")
     unk = ids[1]
     assert tok.decode([unk]) == "<unk>" and tok.decode([0]) == ""  # text: <pad> left out, <unk> shown

@@ -26,7 +26,17 @@ from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError, DataError, UserError
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
-from helpers import TINY, run_cli, run_record, tiny_configs, train_killed_at, train_losses, write_corpus, write_text
+from helpers import (
+    TINY,
+    bpe_with_unknown_words,
+    run_cli,
+    run_record,
+    tiny_configs,
+    train_killed_at,
+    train_losses,
+    write_corpus,
+    write_text,
+)
 
 
 def final_weights(run_dir: Path) -> dict:
@@ -1098,11 +1108,7 @@ def test_decoding_shows_the_unknown_token_and_leaves_padding_out(tmp_path):
     """Decoded text left every special token out, ``<unk>`` too: WikiText v1's rare words (2.7% of WikiText-2's
     training words) and a generated unknown token read as nothing. ``<unk>`` is now shown as ``<unk>``, as the
     corpus writes it; ``<pad>`` is still left out unless asked for; the ids are unchanged."""
-    data = tmp_path / "c"
-    data.mkdir()
-    for split in ("train", "valid", "test"):
-        (data / f"{split}.txt").write_text("the cat sat on the <unk> mat\n" * 20)
-    tok = get_tokenizer("bpe", load_corpus(str(data)), vocab_size=60, verbose=False)
+    tok = bpe_with_unknown_words(tmp_path / "c")
     ids = tok.encode("the <unk> mat \u00e9")
     assert ids[1] == ids[3] == tok.unknown_id == 1
     assert tok.decode([0, *ids, 0]) == "the <unk> mat <unk>" and tok.decode([1]) == "<unk>"
