@@ -365,6 +365,29 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
     assert not (tmp_path / "fig5").exists()
 
 
+def test_plot_of_a_run_export_or_denoise_output_names_what_the_folder_holds(tmp_path, capsys):
+    """`plot COMPARE RUN --gap M` said "RUN/results.json not found: is RUN a gbattn run directory?" of a run
+    directory, and `plot DENOISE_OUT` "is not the results.json of a `gbattn compare` directory (it has no
+    models)": each now names what the folder holds, in one line, and nothing is written."""
+    compare_dir = _gap_dir(tmp_path / "cmp", 400)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model": {}, "train": {}}))
+    (run / "checkpoint.pt").write_bytes(b"")
+    denoise = tmp_path / "denoise"
+    denoise.mkdir()
+    (denoise / "results.json").write_text(json.dumps({"protocol": {}, "tables": {}, "runs": []}))
+    cases = [(["plot", str(run)], f"{run} holds a run, not a `gbattn compare` directory"),
+             (["plot", str(compare_dir), str(run), "--gap", "gba-m2"], f"{run} holds a run, not a `gbattn compare`"),
+             (["plot", str(denoise)], f"{denoise} holds a `gbattn denoise` output, not a `gbattn compare` directory"),
+             (["plot", str(compare_dir), str(denoise), "--gap", "gba-m2"], f"{denoise} holds a `gbattn denoise`")]
+    for argv, expected in cases:
+        assert cli_main([*argv, "--out", str(tmp_path / "fig")]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0], (argv, err)
+    assert not (tmp_path / "fig").exists()
+
+
 def test_gap_to_a_longer_compute_matched_reference_says_its_end_is_not_paired(tmp_path):
     """A compute-matched reference trains 600 steps against GBA's 400: paired by step, the line (and its
     diamond) ends at step 400, mid-way through the reference's schedule, so the legend says so (it read like

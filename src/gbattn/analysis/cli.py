@@ -397,21 +397,40 @@ def read_curves(compare_dir: Path, report: dict) -> dict:
     return curves
 
 
+def read_comparison(compare_dir: Path) -> dict:
+    """The results.json of a comparison directory (:func:`gbattn.experiments.report.read_report`); a folder
+    gbattn recognises as something else (a run, an export, a denoise output, one model's seeds) is one line
+    naming what it holds."""
+    from gbattn.errors import UserError
+    from gbattn.experiments.report import read_report
+    from gbattn.rundir import COMPARISON, RUN, folder_holds
+
+    try:
+        held = folder_holds(compare_dir)
+    except OSError:  # a folder that cannot be searched: the results.json check below says so
+        held = None
+    if held is not None and held != COMPARISON and not held.startswith("a results.json"):
+        hint = "; `gbattn analyze` reads a run" if held == RUN else ""
+        raise UserError(f"{compare_dir} holds {held}, not a `gbattn compare` directory: `gbattn plot` draws a "
+                        f"comparison's results.json and curves{hint}")
+    if not (compare_dir / "results.json").is_file():
+        raise UserError(f"{compare_dir / 'results.json'} not found: is {compare_dir} a `gbattn compare` directory?")
+    return read_report(compare_dir / "results.json")
+
+
 def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     """results.png and curves.png of a comparison directory, from results.json and each run's
     metrics.jsonl only (no model is loaded). A UserError names every run that results.json lists
     but whose curves are missing (a copied results.json without its run directories)."""
     from gbattn.analysis import figures
     from gbattn.errors import UserError
-    from gbattn.experiments.report import read_report, run_steps_text
+    from gbattn.experiments.report import run_steps_text
     from gbattn.files import check_writable_dir
     from gbattn.rundir import METRICS
 
     figures.require_matplotlib()
     compare_dir = Path(compare_dir)
-    if not (compare_dir / "results.json").is_file():
-        raise UserError(f"{compare_dir / 'results.json'} not found: is {compare_dir} a `gbattn compare` directory?")
-    report = read_report(compare_dir / "results.json")
+    report = read_comparison(compare_dir)
     out = Path(out) if out else compare_dir / "figures"
     curves = read_curves(compare_dir, report)
     missing = []  # runs results.json lists whose curves cannot be read: a partial figure would mislead
@@ -449,11 +468,10 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     step), averaged over seeds, against the tokens per parameter ``model`` had seen; ``reference_steps``
     says how long the reference trained (a compute-matched one trains longer: its end is not paired)."""
     from gbattn.errors import UserError
-    from gbattn.experiments.report import read_report
     from gbattn.files import read_jsonl
     from gbattn.rundir import METRICS
 
-    report = read_report(compare_dir / "results.json")
+    report = read_comparison(compare_dir)
     rows = {r["label"]: r for r in report.get("models", [])}
     for label in (model, reference):
         if label not in rows:
