@@ -728,6 +728,9 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
     comparison = tmp_path / "comparison"  # compare's layout: LABEL/seedN run directories
     for label in ("gba", "standard"):
         shutil.copytree(run, comparison / label / "seed42")
+    denoise = tmp_path / "denoise"  # what `gbattn denoise` writes: tables, no model
+    denoise.mkdir()
+    (denoise / "results.json").write_text(json.dumps({"protocol": {}, "tables": {}, "runs": []}))
     cases = [
         ("binary data file", ["train", "--out", tmp_path / "o1", "--data", f["binary.txt"]],
          "NUL byte at byte offset 5"),
@@ -822,6 +825,10 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          f"{comparison} is not a run directory but holds 2: give one of them, e.g. {comparison}/gba/seed42"),
         ("generate of one model's seeds in a comparison", ["generate", comparison / "standard", "--prompt", "a"],
          f"{comparison}/standard is not a run directory but holds one: {comparison}/standard/seed42"),
+        # A denoise output was "config.json not found: is it a gbattn run directory?":
+        ("analyze of a denoise output", ["analyze", denoise, "--quiet"],
+         f"{denoise} holds a `gbattn denoise` output, not a run directory (nor one written by `gbattn export`)"),
+        ("eval of a denoise output", ["eval", denoise], f"{denoise} holds a `gbattn denoise` output, not a run"),
         ("resume without a run", ["train", "--resume", "--out", tmp_path / "empty-dir"], "not found"),
         ("--resume and --restart", ["train", "--resume", "--restart", "--out", run], "give one of them"),
         ("--resume and --init-from", ["train", "--resume", "--init-from", run, "--out", run],

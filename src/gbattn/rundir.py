@@ -603,6 +603,9 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
             raise CheckpointError(f"{path} is not a run directory but holds one: {runs[0]}" if len(runs) == 1 else
                                   f"{path} is not a run directory but holds {len(runs)}: give one of them, e.g. "
                                   f"{runs[0]}")
+        held = folder_holds(path)
+        if held is not None and held != RUN:  # a denoise output, a comparison's results without its runs, ...
+            raise CheckpointError(f"{path} holds {held}, not a run directory (nor one written by `gbattn export`)")
     config = read_config(path / CONFIG)
     refuse_hf_checkpoint(config, path)
     exported = _exported(path, config)
