@@ -337,6 +337,24 @@ def test_against_a_run_of_another_corpus_is_a_note_and_one_without_a_fingerprint
         assert (f"  note: {note}" in capsys.readouterr().out) is noted
 
 
+def test_against_records_which_weights_of_the_other_run_it_compared(runs, tmp_path, capsys):
+    """summary.json and the printed line named this run's checkpoint and step but not the --against run's: one
+    with no best.pt yet (stopped before its first evaluation) was compared on its last weights unsaid."""
+    s = analyze_run(runs["gba"], against=runs["std"], out=tmp_path / "a", max_rows=2, top=1, examples=0,
+                    device="cpu", quiet=True)
+    best_step = load_run(runs["std"]).step
+    assert (s["loss_diff"]["against_checkpoint"], s["loss_diff"]["against_step"]) == ("best", best_step)
+    assert f"(standard, best checkpoint at step {best_step}): loss" in capsys.readouterr().out
+    other = tmp_path / "no-best"
+    shutil.copytree(runs["std"], other)
+    (other / "best.pt").unlink()
+    last_step = load_run(other).step
+    s = analyze_run(runs["gba"], against=other, out=tmp_path / "b", max_rows=2, top=1, examples=0, device="cpu",
+                    quiet=True)
+    assert (s["loss_diff"]["against_checkpoint"], s["loss_diff"]["against_step"]) == ("last", last_step)
+    assert f"(standard, last checkpoint at step {last_step}): loss" in capsys.readouterr().out
+
+
 def test_against_with_another_tokenizer_or_seq_len_is_one_line(runs, tmp_path, capsys):
     other = tmp_path / "other"
     shutil.copytree(runs["std"], other)

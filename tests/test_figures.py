@@ -272,6 +272,7 @@ def test_print_summary_of_a_gba_run_against_another_line_by_line(tmp_path, capsy
     summary["norms"] = {"available": True,
                         "per_layer": [{"residual": 1.5, "gated_correction": 0.25, "residual_after": 1.25}]}
     summary["loss_diff"] = {"against": "standard/seed42", "against_attention": "standard", "against_loss": 2.1,
+                            "against_checkpoint": "last", "against_step": 5,
                             "loss": 2.0, "mean": 0.1, "median": 0.05, "fraction_positive": 0.6,
                             "fraction_negative": 0.3, "fraction_tied": 0.1, "tie_nats": 1e-4,
                             "top_tokens": [{"diff": 0.75, "token": "cat"}, {"diff": 0.5, "token": "dog"}]}
@@ -285,7 +286,8 @@ def test_print_summary_of_a_gba_run_against_another_line_by_line(tmp_path, capsy
         "  entropy, nats (bound log(t+1), max 3.43): round 0 2.00 -> round 1 1.50 (25% lower; change per layer "
         "L0 -25%)    paper: 3.31 -> 2.58 (22% lower, layer 0 the exception, T=256)",
         "  norms per layer, |r| -> |g*c| -> |x-F after|: 1.50->0.25->1.25",
-        "  vs standard/seed42 (standard): loss 2.1000 -> 2.0000 nats; per-token gain mean +0.1000, median +0.0500; "
+        "  vs standard/seed42 (standard, last checkpoint at step 5): loss 2.1000 -> 2.0000 nats; per-token gain mean "
+        "+0.1000, median +0.0500; "
         "this run better on 60% of tokens, worse on 30%, within 0.0001 nats on 10%; largest gain +0.75 on 'cat'",
         f"  note: {other}",
         f"  figures: {tmp_path / 'entropy.png'}",
@@ -629,6 +631,7 @@ def test_curves_are_drawn_in_the_units_of_the_token_axis():
 def test_print_summary_says_on_how_many_tokens_this_run_is_better_and_worse(tmp_path, capsys):
     summary = analysis_summary(0.1)
     summary["loss_diff"] = {"against": "standard/seed42", "against_attention": "standard", "against_loss": 2.1,
+                            "against_checkpoint": "best", "against_step": 8,
                             "loss": 2.0, "mean": 0.1, "median": 0.05, "fraction_positive": 0.6,
                             "fraction_negative": 0.3, "fraction_tied": 0.1, "tie_nats": 1e-4, "top_tokens": []}
     print_summary(summary, tmp_path / "summary.json")

@@ -272,6 +272,8 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
     summary = {
         "against": relative_path(other.run_dir, out.parent),
         "against_attention": _describe(other),
+        "against_checkpoint": other.checkpoint,  # best, last (a run with no best.pt yet) or exported
+        "against_step": other.step,
         "definition": "per token: loss of the --against run − loss of this run, nats; positive = this run better",
         "mean": float(flat.mean()),
         "median": float(np.median(flat)),
@@ -333,7 +335,9 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     d = summary.get("loss_diff")
     if d:
         best = d["top_tokens"][0] if d["top_tokens"] else None
-        print(f"  vs {d['against']} ({d['against_attention']}): loss {d['against_loss']:.4f} -> {d['loss']:.4f} nats; "
+        weights = f"{d['against_checkpoint']} checkpoint at step {d['against_step']}"
+        print(f"  vs {d['against']} ({d['against_attention']}, {weights}): loss {d['against_loss']:.4f} -> "
+              f"{d['loss']:.4f} nats; "
               f"per-token gain mean {d['mean']:+.4f}, median {d['median']:+.4f}; this run better on "
               f"{100 * d['fraction_positive']:.0f}% of tokens, worse on {100 * d['fraction_negative']:.0f}%, "
               f"within {d['tie_nats']:g} nats on {100 * d['fraction_tied']:.0f}%"
