@@ -796,6 +796,10 @@ def test_cli_upcycle_then_train_init_from(which, request, tmp_path, capsys, monk
     assert run.step == 0 and run.model_cfg.attn_options == {"rounds": 3}
     idx = torch.randint(0, run.model_cfg.vocab_size, (2, 16))
     torch.testing.assert_close(logits64(run.model, idx), logits64(load_source(source).build_model(), idx), **EXACT)
+    # Its last weights do not exist yet: one line saying so (it was "no such file: .../checkpoint.pt").
+    with pytest.raises(rundir.CheckpointError, match=r"has no last checkpoint \(checkpoint.pt\), only "
+                                                     r"best-validation weights \(best.pt\): an upcycled run"):
+        rundir.load_run(up_dir, "last")
 
     if which == "gpt2":  # trained elsewhere: the run records no corpus of its own
         assert main(["eval", str(up_dir)]) == 2

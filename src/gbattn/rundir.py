@@ -639,6 +639,10 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         if not weights.exists() and not (path / BEST).exists() and not (path / CHECKPOINT).exists():
             raise CheckpointError(f"{path} holds no weights: its training has not saved a checkpoint yet (one is "
                                   f"saved at each evaluation, every checkpoint_minutes, at the end and when stopped)")
+        if not weights.exists():  # checkpoint="last" where only best.pt is: an upcycled run before its training
+            raise CheckpointError(f"{path} has no last checkpoint ({CHECKPOINT}), only best-validation weights "
+                                  f"({BEST}): an upcycled run not trained yet, or a copy without it; use --checkpoint "
+                                  f"best")
         state, which = load_checkpoint(weights, map_location=device), checkpoint
         step = state.get("step", 0)
     model = GPT(model_cfg).to(device)
