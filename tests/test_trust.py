@@ -215,13 +215,21 @@ def test_resume_and_eval_refuse_other_data(trained, tmp_path, capsys, monkeypatc
     # The same corpus by another path (here: relative to another working directory) is the same data.
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli(capsys, ["eval", run, "--data", "corpus"])
-    assert code == 0 and "test perplexity" in out
+    assert code == 0 and "test perplexity" in out and "other_data" not in out and "not the data" not in out
     (data / "wiki.test.tokens").write_text("the cat sat on the mat .\n" * 300)  # same characters, other text
     code, _, err = run_cli(capsys, ["eval", run])
     line = one_line(code, err)
     assert "is not the data the run was trained on" in line and recorded[:16] in line and "--allow-other-data" in line
     code, out, _ = run_cli(capsys, ["eval", run, "--allow-other-data"])
     assert code == 0 and "test perplexity" in out
+    # Allowed, the figure says it is not of the run's own data (it was printed and recorded as if it were).
+    said = f"not the data the run was trained on (fingerprint {recorded[:16]} recorded, "
+    line, result = out.strip().splitlines()
+    assert said in line and said in json.loads(result)["other_data"]
+    code, out, _ = run_cli(capsys, ["analyze", run, "--allow-other-data", "--out", tmp_path / "an", "--max-rows", "2",
+                                    "--quiet"])
+    assert code == 0 and said in out
+    assert any(said in note for note in json.loads((tmp_path / "an" / "summary.json").read_text())["notes"])
     code, _, err = run_cli(capsys, ["analyze", run, "--out", tmp_path / "an", "--max-rows", "2"])
     assert "is not the data the run was trained on" in one_line(code, err)
     (run / rundir.RESULT).unlink()

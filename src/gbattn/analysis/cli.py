@@ -114,7 +114,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     from gbattn.analysis import figures, stats
     from gbattn.checks import check_choice
     from gbattn.data.corpus import test_split_note
-    from gbattn.data.prepare import prepare_run_data
+    from gbattn.data.prepare import other_data_note, prepare_run_data
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
     from gbattn.files import check_writable_dir, relative_path, write_json
@@ -146,6 +146,8 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     data = prepare_run_data(run, data, allow_other_data)
     if split == "test" and test_split_note(data.notes):  # as eval says beside its test figure
         notes.append(test_split_note(data.notes).strip(" ()"))
+    if other_data_note(run, data):  # --allow-other-data: as eval says beside its figure
+        notes.append(other_data_note(run, data))
     tokens = data.splits[split]
     n_rows = num_rows(tokens, run.seq_len)
     if n_rows == 0:

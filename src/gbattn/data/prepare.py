@@ -54,3 +54,14 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
             raise
         raise DataNotFound(f"{e}; that is the path {run.run_dir} recorded (relative to where it was trained): pass "
                         f"--data PATH where the corpus is now") from None
+
+
+def other_data_note(run, data: Data) -> str:
+    """What ``eval`` and ``analyze`` say beside their figures when ``--allow-other-data`` let in a corpus
+    other than the one the run recorded (its fingerprint); empty for the run's own data or a run that
+    recorded none."""
+    recorded = run.data_fingerprint
+    if not recorded or data.corpus_fingerprint == recorded:
+        return ""
+    return (f"evaluated on {data.corpus_name}, not the data the run was trained on (fingerprint {recorded[:16]} "
+            f"recorded, {data.corpus_fingerprint[:16]} here)")

@@ -52,7 +52,7 @@ def cmd_eval(args) -> None:
     import numpy as np
 
     from gbattn.data.corpus import test_split_note
-    from gbattn.data.prepare import prepare_run_data
+    from gbattn.data.prepare import other_data_note, prepare_run_data
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
     from gbattn.eval.perplexity import evaluate
@@ -78,6 +78,9 @@ def cmd_eval(args) -> None:
     bar.close()
     out = {"run_dir": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint, "step": run.step,
            "loss": res.loss, "ppl": res.ppl, "tokens": res.tokens}
+    other_data = other_data_note(run, data)
+    if other_data:  # --allow-other-data: not the run's own held-out data
+        out["other_data"] = other_data
     if args.per_token:  # serialised first, then written whole (files.atomic_write), its folder made if new
         buffer = io.BytesIO()
         if args.per_token.endswith(".npy"):
@@ -89,7 +92,7 @@ def cmd_eval(args) -> None:
         out["per_token_file"] = args.per_token
     print(f"{args.split} perplexity {res.ppl:.3f} (loss {res.loss:.4f} nats) over {res.tokens:,} tokens, "
           f"{run.checkpoint} weights at step {run.step}"
-          + (test_split_note(data.notes) if args.split == "test" else ""))
+          + (test_split_note(data.notes) if args.split == "test" else "") + (f"; {other_data}" if other_data else ""))
     print(json.dumps(out))
 
 
