@@ -240,7 +240,7 @@ def test_analyze_standard_run_reports_entropy_and_says_gates_do_not_exist(runs, 
     summary = analyze_run(runs["std"], out=out, max_rows=4, device="cpu", quiet=True)
     printed = capsys.readouterr().out
     assert summary["rounds"] == 1 and not summary["gates"]["available"] and not summary["norms"]["available"]
-    assert "gates and corrections do not exist" in printed
+    assert "gates and corrections do not exist" in printed and "softmax(Q1 K1^T)" not in printed
     assert_png(out / "entropy.png")
     assert not (out / "gates.png").exists() and not (out / "norms.png").exists()
     assert summary["entropy"]["mean_per_round"][0] == pytest.approx(
@@ -522,6 +522,8 @@ def test_analyze_differential_counts_its_half_as_many_maps(tmp_path, monkeypatch
         assert np.asarray(row["per_head"]).shape == (1, 2)
         assert row["mean_per_round"][0] == pytest.approx(np.mean(row["per_head"][0]))
     assert not s["gates"]["available"] and s["n_heads"] == 4
+    # Its round-0 entropy is of the first softmax map only: the reason says so (it read like any run's).
+    assert "the entropy of each head's first map, softmax(Q1 K1^T)" in s["gates"]["reason"]
 
 
 def test_a_short_run_draws_examples_from_a_quarter_of_its_row_into_its_own_analysis_folder(tmp_path, monkeypatch):

@@ -65,6 +65,14 @@ def select_rows(n_rows: int, max_rows: int):
     return np.unique(np.linspace(0, n_rows - 1, min(max_rows, n_rows)).round().astype(np.int64))
 
 
+# What the round-0 entropy of a variant without boosting rounds leaves out, said beside it.
+NOT_ANALYSED = {
+    "differential": "the entropy of each head's first map, softmax(Q1 K1^T); the map it applies, that minus "
+                    "lambda times its second, is not a distribution",
+    "gated": "its own output gate, G1, is not analysed",
+}
+
+
 def _describe(run) -> str:
     opts = ", ".join(f"{k}={v}" for k, v in run.model_cfg.attn_options.items())
     return run.model_cfg.attn + (f" ({opts})" if opts else "")
@@ -178,8 +186,9 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         "loss": {"mean_nats": mean_loss, "ppl": math.exp(mean_loss) if mean_loss < 50 else float("inf")},
         "paper": stats.PAPER,
     }
-    no_boost = (f"{_describe(run)} attention has no boosting rounds: gates and corrections do not exist "
-                f"(GBA runs only); only round-0 entropy is reported")
+    no_boost = (f"{_describe(run)} attention has no boosting rounds: GBA's gates and corrections do not exist "
+                f"(GBA runs only); only round-0 entropy is reported"
+                + (f" ({NOT_ANALYSED[run.model_cfg.attn]})" if run.model_cfg.attn in NOT_ANALYSED else ""))
     gates = st.gate_summary()
     if gates is None:
         notes.append(no_boost)
