@@ -383,6 +383,10 @@ def test_plot_of_a_run_export_or_denoise_output_names_what_the_folder_holds(tmp_
              (["plot", str(compare_dir), str(run), "--gap", "gba-m2"], f"{run} holds a run, not a `gbattn compare`"),
              (["plot", str(denoise)], f"{denoise} holds a `gbattn denoise` output, not a `gbattn compare` directory"),
              (["plot", str(compare_dir), str(denoise), "--gap", "gba-m2"], f"{denoise} holds a `gbattn denoise`")]
+    started = tmp_path / "started"  # a comparison stopped before its first run finished: recipe.json, no results
+    started.mkdir()
+    (started / "recipe.json").write_text(json.dumps({"recipe": "x"}))
+    cases.append((["plot", str(started)], f"{started} is a comparison with no finished run yet (no results.json"))
     for argv, expected in cases:
         assert cli_main([*argv, "--out", str(tmp_path / "fig")]) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()

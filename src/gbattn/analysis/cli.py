@@ -429,6 +429,9 @@ def read_comparison(compare_dir: Path) -> dict:
         raise UserError(f"{compare_dir} holds {held}, not a `gbattn compare` directory: `gbattn plot` draws a "
                         f"comparison's results.json and curves{hint}")
     if not (compare_dir / "results.json").is_file():
+        if held == COMPARISON:  # its recipe.json: a comparison stopped before its first run finished
+            raise UserError(f"{compare_dir} is a comparison with no finished run yet (no results.json, which "
+                            f"`gbattn compare` writes as each run finishes): plot it once one has")
         raise UserError(f"{compare_dir / 'results.json'} not found: is {compare_dir} a `gbattn compare` directory?")
     return read_report(compare_dir / "results.json")
 
