@@ -237,6 +237,32 @@ def test_bench_command_forwards_every_option(monkeypatch, capsys):
     assert len(calls) == 2
 
 
+def test_bench_out_holding_a_run_or_a_comparison_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """`bench --out RUN` wrote bench.json and bench.md into a run directory (and into a comparison), where they
+    read as that run's measurement; like every command writing a folder it is now one line, nothing written.
+    A folder of an earlier bench is still rewritten."""
+    from gbattn.bench import speed
+
+    monkeypatch.setattr(speed, "train_step", lambda *a, **k: pytest.fail("timed before --out was checked"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model": {}, "train": {}}))
+    (run / "checkpoint.pt").write_bytes(b"")
+    comparison = tmp_path / "cmp"
+    comparison.mkdir()
+    (comparison / "recipe.json").write_text("{}")
+    for out, held in ((run, "a run"), (comparison, "a `gbattn compare` comparison")):
+        assert cli_main(["bench", "--preset", "cpu-char", "--device", "cpu", "--out", str(out), "--quiet"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"gbattn: error: --out {out} holds {held}, not a folder for bench.json and bench.md: choose another --out"]
+        assert not (out / "bench.json").exists() and not (out / "bench.md").exists()
+    earlier = tmp_path / "bench"
+    earlier.mkdir()
+    (earlier / "bench.json").write_text("{}")
+    (earlier / "bench.md").write_text("x")
+    assert speed.check_out(earlier, (), "a folder for bench.json and bench.md") is None
+
+
 def test_bench_takes_medians_of_uneven_timings_and_labels_its_counts(monkeypatch):
     """Timings that differ from repeat to repeat (a constant clock hides mean, min and first-value
     bugs): per-step times are medians, paired ratios and their range follow the repeats, a compiled

@@ -163,7 +163,7 @@ def folder_holds(directory: str | Path) -> str | None:
 
 
 def check_out(directory: str | Path, own: tuple[str, ...], output: str) -> str | None:
-    """The one rule of every command writing a folder (train, compare, denoise, export, upcycle): an ``--out``
+    """The one rule of every command writing a folder (train, compare, denoise, export, upcycle, bench): an ``--out``
     holding anything gbattn recognises (:func:`folder_holds`) but the command's ``own`` kinds is refused, before
     any work and before its lock is taken, so it stays untouched; ``output`` names what the command writes.
     Returns what it holds (one of ``own``, or None)."""

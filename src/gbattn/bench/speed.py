@@ -31,6 +31,7 @@ from gbattn.model.decoding import compiled_decode_step, eager_decode_step
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
+from gbattn.rundir import check_out
 from gbattn.runtime import autocast as bf16_autocast
 from gbattn.runtime import command_line, device_name, resolve_device
 
@@ -187,7 +188,8 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     sets = dict(sets or {})
     if "attn" in sets:
         raise UserError("--set attn=... would make every variant benched that one: name the variants with --attn")
-    if out:
+    if out:  # a run, comparison, export or denoise output is not a benchmark's folder (rundir.check_out)
+        check_out(out, (), "a folder for bench.json and bench.md")
         check_writable_dir(out, "--out")
     if threads is not None:
         torch.set_num_threads(threads)
