@@ -355,6 +355,18 @@ def test_against_records_which_weights_of_the_other_run_it_compared(runs, tmp_pa
     assert f"(standard, last checkpoint at step {last_step}): loss" in capsys.readouterr().out
 
 
+def test_analyze_out_holding_another_run_is_refused_unwritten(runs, tmp_path, capsys):
+    """`analyze GBA --out STD_RUN` wrote summary.json and the figures into the other run's directory, where they
+    read as that run's analysis; it is now one line, before any work, and nothing is written there."""
+    other = tmp_path / "std"
+    shutil.copytree(runs["std"], other)
+    before = sorted(p.name for p in other.iterdir())
+    assert cli_main(["analyze", str(runs["gba"]), "--out", str(other), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gbattn: error: --out {other} holds a run, not a folder of figures: choose another --out"]
+    assert sorted(p.name for p in other.iterdir()) == before
+
+
 def test_against_with_another_tokenizer_or_seq_len_is_one_line(runs, tmp_path, capsys):
     other = tmp_path / "other"
     shutil.copytree(runs["std"], other)

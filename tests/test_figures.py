@@ -191,6 +191,13 @@ def test_plot_names_the_runs_whose_curves_are_missing(tmp_path, capsys):
     (compare_dir / "twicing" / "seed42").rmdir()
     write_run(compare_dir, "twicing", 42)
     assert [p.name for p in plot_compare(compare_dir)] == ["results.png", "curves.png"]
+    run = tmp_path / "run"  # --out a run directory: refused, nothing written into it
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    assert cli_main(["plot", str(compare_dir), "--out", str(run)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gbattn: error: --out {run} holds a run, not a folder of figures: choose another --out"]
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]
 
 
 def test_curves_name_the_setting_and_the_unfinished_runs_they_draw(tmp_path, monkeypatch):
@@ -392,6 +399,12 @@ def test_plot_of_a_run_export_or_denoise_output_names_what_the_folder_holds(tmp_
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and expected in err[0], (argv, err)
     assert not (tmp_path / "fig").exists()
+    # An --out holding a run (or a comparison) got the figures beside its own files; now refused, unwritten.
+    for out, held in ((run, "a run"), (compare_dir, "a `gbattn compare` comparison")):
+        assert cli_main(["plot", str(compare_dir), "--gap", "gba-m2", "--out", str(out)]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"gbattn: error: --out {out} holds {held}, not a folder of figures: choose another --out"]
+        assert not (out / "gap.png").exists() and not (out / "gap.json").exists()
 
 
 def test_gap_to_a_longer_compute_matched_reference_says_its_end_is_not_paired(tmp_path):

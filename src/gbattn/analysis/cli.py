@@ -73,6 +73,17 @@ NOT_ANALYSED = {
 }
 
 
+def check_figures_out(out, create: bool) -> Path:
+    """``analyze`` and ``plot``'s ``--out``: writable (:func:`gbattn.files.check_writable_dir`), and not a run,
+    comparison, export or denoise output (:func:`gbattn.rundir.check_out`), whose folder the figures and
+    summary would join as if they were its own."""
+    from gbattn.files import check_writable_dir
+    from gbattn.rundir import check_out
+
+    check_out(out, (), "a folder of figures")
+    return check_writable_dir(out, "--out", create=create)
+
+
 def _describe(run) -> str:
     opts = ", ".join(f"{k}={v}" for k, v in run.model_cfg.attn_options.items())
     return run.model_cfg.attn + (f" ({opts})" if opts else "")
@@ -125,7 +136,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     from gbattn.data.prepare import other_data_note, prepare_run_data
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
-    from gbattn.files import check_writable_dir, relative_path, write_json
+    from gbattn.files import relative_path, write_json
     from gbattn.progress import Progress
     from gbattn.rundir import load_run
     from gbattn.runtime import resolve_device
@@ -138,7 +149,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     check_choice("split", split, ("valid", "test"))  # the held-out splits (another was a KeyError after loading)
     run_dir = Path(run_dir)
     out = Path(out) if out else run_dir / "analysis"
-    check_writable_dir(out, "--out", create=False)
+    check_figures_out(out, create=False)
     dev = resolve_device(device)
     run = load_run(run_dir, checkpoint, dev)
     L = run.model_cfg.n_layers
@@ -443,7 +454,6 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     from gbattn.analysis import figures
     from gbattn.errors import UserError
     from gbattn.experiments.report import run_steps_text
-    from gbattn.files import check_writable_dir
     from gbattn.rundir import METRICS
 
     figures.require_matplotlib()
@@ -469,7 +479,7 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     if not curves:
         raise UserError(f"cannot plot {compare_dir}: no run has curves (results.json lists no finished run and no "
                         f"<label>/seed<S>/{METRICS} holds train or eval events)")
-    check_writable_dir(out, "--out", create=True)
+    check_figures_out(out, create=True)
     rows = report.get("models", [])
     finished = {(row["label"], str(seed)) for row in rows for seed in row.get("seeds", [])}
     unfinished = [f"{label} seed {seed}" for label, runs in curves.items() for seed in runs
@@ -518,7 +528,7 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
     length, one line per directory."""
     from gbattn.analysis import figures
     from gbattn.errors import UserError
-    from gbattn.files import check_writable_dir, write_json
+    from gbattn.files import write_json
     from gbattn.runtime import command_line
 
     figures.require_matplotlib()
@@ -531,7 +541,7 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
         by_path.setdefault(Path(d).resolve(), d)
     compare_dirs = list(by_path.values())
     series = [gap_series(Path(d), model, ref) for ref in references for d in compare_dirs]
-    out = check_writable_dir(out, "--out", create=True)
+    out = check_figures_out(out, create=True)
     write_json({"command": command_line(portable=True), "model": model, "references": references, "series": series},
                out / "gap.json")
     written = figures.save(figures.gap_figure(series, model, references), out, "gap", pdf)
