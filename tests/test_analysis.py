@@ -240,6 +240,7 @@ def test_analyze_standard_run_reports_entropy_and_says_gates_do_not_exist(runs, 
     summary = analyze_run(runs["std"], out=out, max_rows=4, device="cpu", quiet=True)
     printed = capsys.readouterr().out
     assert summary["rounds"] == 1 and not summary["gates"]["available"] and not summary["norms"]["available"]
+    assert (summary["residual"], summary["norm"]) == ("plain", "pre")
     assert "gates and corrections do not exist" in printed and "softmax(Q1 K1^T)" not in printed
     assert_png(out / "entropy.png")
     assert not (out / "gates.png").exists() and not (out / "norms.png").exists()

@@ -247,7 +247,8 @@ def test_curves_keep_a_run_that_only_trained_and_skip_boolean_counts(tmp_path):
 
 def analysis_summary(relative_drop: float) -> dict:
     return {
-        "run_dir": "gba-m2/seed42", "attention": "boosted (rounds=2)", "checkpoint": "best", "step": 8,
+        "run_dir": "gba-m2/seed42", "attention": "boosted (rounds=2)", "residual": "plain", "norm": "pre",
+        "checkpoint": "best", "step": 8,
         "rows": 4, "split": "test", "seq_len": 31, "loss": {"mean_nats": 2.0, "ppl": 7.39},
         "paper": {"gate_mean_per_layer": [0.35], "gate_mean_per_layer_revised": [0.3], "entropy_round0_nats": 3.31,
                   "entropy_correction_nats": 2.58, "entropy_relative_drop": 0.22},
@@ -300,6 +301,17 @@ def test_print_summary_of_a_gba_run_against_another_line_by_line(tmp_path, capsy
         f"  figures: {tmp_path / 'entropy.png'}",
         f"  summary: {tmp_path / 'summary.json'}",
     ]
+
+
+def test_print_summary_names_a_residual_stream_or_post_ln_that_is_not_the_default(tmp_path, capsys):
+    """An AttnRes or Post-LN run's header read exactly like a plain Pre-LN one's ("boosted (rounds=2), best
+    checkpoint ..."): it now names the residual stream and Post-LN where they are not the defaults."""
+    summary = analysis_summary(0.1)
+    for residual, norm, said in (("plain", "pre", "(boosted (rounds=2), best checkpoint"),
+                                 ("attnres-full", "pre", "(boosted (rounds=2), attnres-full residual, best checkpoint"),
+                                 ("attnres-block", "post", "attnres-block residual, Post-LN, best")):
+        print_summary({**summary, "residual": residual, "norm": norm}, tmp_path / "summary.json")
+        assert said in capsys.readouterr().out.splitlines()[0]
 
 
 def test_print_summary_states_an_unchanged_entropy(tmp_path, capsys):

@@ -183,6 +183,8 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     summary = {
         "run_dir": relative_path(run_dir, out.parent),
         "attention": _describe(run),
+        "residual": run.model_cfg.residual,  # plain, attnres-full or attnres-block
+        "norm": run.model_cfg.norm,  # pre (Pre-LN) or post (Post-LN)
         "checkpoint": run.checkpoint,
         "step": run.step,
         "split": split,
@@ -327,7 +329,9 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     from gbattn.analysis import figures
 
     paper = summary["paper"]
-    print(f"analyzed {summary['run_dir']} ({summary['attention']}, {summary['checkpoint']} checkpoint at step "
+    block = "".join([f", {summary['residual']} residual" if summary["residual"] != "plain" else "",
+                     ", Post-LN" if summary["norm"] == "post" else ""])  # the defaults (plain, Pre-LN) unsaid
+    print(f"analyzed {summary['run_dir']} ({summary['attention']}{block}, {summary['checkpoint']} checkpoint at step "
           f"{summary['step']}) on {summary['rows']} {summary['split']} rows x {summary['seq_len']} tokens: "
           f"loss {summary['loss']['mean_nats']:.4f} nats, ppl {summary['loss']['ppl']:.2f}")
     g = summary["gates"]
