@@ -323,6 +323,7 @@ def test_help_texts_say_what_each_command_uses(capsys):
     assert "recipe" not in help_of("bench")
     recipe, seeds = re.search(r"--seeds .*?\(([a-z0-9-]+)'s: ([\d ]+)\)", help_of("compare")).groups()
     assert get_recipe(recipe).seeds == [int(s) for s in seeds.split()]
+    assert "(its weights chosen by --checkpoint too)" in help_of("analyze")  # --against's run: the same choice
 
 
 def test_autocast_and_explicit_threads(monkeypatch):

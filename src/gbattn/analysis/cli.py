@@ -16,7 +16,8 @@ def register(sub) -> None:
                                        "of a trained run; summary.json + PNG figures")
     p.add_argument("run_dir", help="a trained run directory (GBA for gates and corrections; any run for entropy)")
     p.add_argument("--against", metavar="STANDARD_RUN_DIR",
-                   help="a run with the same tokenizer and seq_len: per-token loss difference and example figure")
+                   help="a run with the same tokenizer and seq_len: per-token loss difference and example figure "
+                        "(its weights chosen by --checkpoint too)")
     p.add_argument("--split", default="test", choices=["valid", "test"], help="held-out split (default test)")
     p.add_argument("--data", default=None, help="the corpus where it is now, if not where the run recorded it")
     p.add_argument("--allow-other-data", action="store_true",
