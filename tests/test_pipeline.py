@@ -278,6 +278,14 @@ def test_bad_data_path_exits_2_with_one_line(capsys, tmp_path):
     code = cli_main(["train", "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "files seen: none" in err
+    # a folder holding one text file (tiny-shakespeare's input.txt) names the file to give instead
+    (tmp_path / "one").mkdir()
+    write_text(tmp_path / "one" / "input.txt", "to be or not to be\n" * 50)
+    code = cli_main(["train", "--data", str(tmp_path / "one"), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    single = tmp_path / "one" / "input.txt"
+    assert err.endswith(f"a single text file is split 90/5/5 when given itself: --data {single}"), err
 
 
 # ---- training ----------------------------------------------------------------------------

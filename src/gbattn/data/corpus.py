@@ -182,10 +182,14 @@ def _local_directory(path: Path) -> Corpus:
                       for p in path.iterdir())
         shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "") if seen else "none"
         saved = any((path / n).is_file() for n in ("dataset_dict.json", "state.json"))  # datasets' save_to_disk
+        texts = [p for p in path.iterdir() if p.is_file() and p.suffix.lower() in (".txt", ".raw", ".tokens", ".gz")]
+        single = len(missing) == len(SPLITS) and len(texts) == 1 and not saved  # tiny-shakespeare's input.txt alone
         raise DataError(f"--data {path}: no {'/'.join(missing)} file found (files seen: {shown}); expected one text "
                         f"file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)"
                         + ("; this is a Hugging Face save_to_disk folder, which gbattn does not read: write each "
-                           "split's text to a file (README, 'Data')" if saved else ""))
+                           "split's text to a file (README, 'Data')" if saved else "")
+                        + (f"; a single text file is split 90/5/5 when given itself: --data {path / texts[0].name}"
+                           if single else ""))
     digests = {s: checked_digest(files[s]) for s in SPLITS}
     fingerprint = hashlib.sha256("|".join(f"{s}:{digests[s]}" for s in SPLITS).encode()).hexdigest()
 
