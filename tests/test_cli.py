@@ -324,6 +324,7 @@ def test_help_texts_say_what_each_command_uses(capsys):
     recipe, seeds = re.search(r"--seeds .*?\(([a-z0-9-]+)'s: ([\d ]+)\)", help_of("compare")).groups()
     assert get_recipe(recipe).seeds == [int(s) for s in seeds.split()]
     assert "(its weights chosen by --checkpoint too)" in help_of("analyze")  # --against's run: the same choice
+    assert "its first eval_tokens tokens (the run's setting), in whole rows of its seq_len" in help_of("eval")
 
 
 def test_autocast_and_explicit_threads(monkeypatch):

@@ -14,7 +14,9 @@ from gbattn.terminal import terminal_text
 def register(sub) -> None:
     p = sub.add_parser("eval", help="perplexity of a trained run on its valid or test split")
     p.add_argument("run_dir", help="a run directory or a directory written by `gbattn export`")
-    p.add_argument("--split", default="test", choices=["valid", "test"], help="(default %(default)s)")
+    p.add_argument("--split", default="test", choices=["valid", "test"],
+                   help="(default %(default)s) as the run scored it: its first eval_tokens tokens (the run's "
+                        "setting), in whole rows of its seq_len; the line says how many were scored")
     arguments.checkpoint(p)
     p.add_argument("--per-token", metavar="FILE", help="also write every token's loss (nats) to FILE (.npy or .txt)")
     p.add_argument("--batch-size", type=arguments.at_least(1), default=32, help="rows per batch (default %(default)s)")
