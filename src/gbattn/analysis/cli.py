@@ -166,8 +166,9 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     data = prepare_run_data(run, data, allow_other_data)
     if split == "test" and test_split_note(data.notes):  # as eval says beside its test figure
         notes.append(test_split_note(data.notes).strip(" ()"))
-    if other_data_note(run, data):  # --allow-other-data: as eval says beside its figure
-        notes.append(other_data_note(run, data))
+    other_data = other_data_note(run, data)
+    if other_data:  # --allow-other-data: as eval says beside its figure
+        notes.append(other_data)
     tokens = data.splits[split]
     n_rows = num_rows(tokens, run.seq_len)
     if n_rows == 0:

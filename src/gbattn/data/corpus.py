@@ -182,7 +182,7 @@ def _local_directory(path: Path) -> Corpus:
                       for p in path.iterdir())
         shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "") if seen else "none"
         saved = any((path / n).is_file() for n in ("dataset_dict.json", "state.json"))  # datasets' save_to_disk
-        texts = [p for p in path.iterdir() if p.is_file() and p.suffix.lower() in (".txt", ".raw", ".tokens", ".gz")]
+        texts = [p for p in path.iterdir() if p.is_file() and not p.name.startswith(".") and _is_text_name(p.name)]
         single = len(missing) == len(SPLITS) and len(texts) == 1 and not saved  # tiny-shakespeare's input.txt alone
         raise DataError(f"--data {path}: no {'/'.join(missing)} file found (files seen: {shown}); expected one text "
                         f"file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)"
