@@ -59,6 +59,16 @@ LFS_MESSAGE = "is a Git LFS pointer, not the file itself (cloned without Git LFS
 TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 33, "log_every": 1, "eval_batch_size": 16}
 
 
+def stand_in_run(directory: Path) -> Path:
+    """A folder that ``rundir.folder_holds`` reads as a run (a config.json and a checkpoint.pt), nothing loadable."""
+    import json
+
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"model": {}, "train": {}}))
+    (directory / "checkpoint.pt").write_bytes(b"")
+    return directory
+
+
 def bpe_with_unknown_words(directory: Path):
     """A 60-token BPE tokenizer trained on a corpus that writes an unknown word as WikiText v1 does, ``<unk>``."""
     from gbattn.data.corpus import load_corpus

@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_flatten
 
 from gbattn.attention import AttnArgs, build_attention
 from gbattn.cli import main as cli_main
+from helpers import stand_in_run
 
 
 class LiveMemory(TorchDispatchMode):
@@ -244,10 +245,7 @@ def test_bench_out_holding_a_run_or_a_comparison_is_refused_before_any_work(tmp_
     from gbattn.bench import speed
 
     monkeypatch.setattr(speed, "train_step", lambda *a, **k: pytest.fail("timed before --out was checked"))
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.json").write_text(json.dumps({"model": {}, "train": {}}))
-    (run / "checkpoint.pt").write_bytes(b"")
+    run = stand_in_run(tmp_path / "run")
     comparison = tmp_path / "cmp"
     comparison.mkdir()
     (comparison / "recipe.json").write_text("{}")

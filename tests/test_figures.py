@@ -20,6 +20,7 @@ from gbattn.cli import main as cli_main
 from gbattn.errors import UserError
 from gbattn.experiments.report import results_markdown
 from gbattn.files import relative_path
+from helpers import stand_in_run
 
 
 def model_row(label: str, test_ppl: dict, steps: int = 2000, published=None, compute_matched_to=None) -> dict:
@@ -391,10 +392,7 @@ def test_plot_of_a_run_export_or_denoise_output_names_what_the_folder_holds(tmp_
     directory, and `plot DENOISE_OUT` "is not the results.json of a `gbattn compare` directory (it has no
     models)": each now names what the folder holds, in one line, and nothing is written."""
     compare_dir = _gap_dir(tmp_path / "cmp", 400)
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.json").write_text(json.dumps({"model": {}, "train": {}}))
-    (run / "checkpoint.pt").write_bytes(b"")
+    run = stand_in_run(tmp_path / "run")
     denoise = tmp_path / "denoise"
     denoise.mkdir()
     (denoise / "results.json").write_text(json.dumps({"protocol": {}, "tables": {}, "runs": []}))
