@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gbattn.checks import coerce
+from gbattn.checks import checked
 from gbattn.config import ModelConfig
 from gbattn.model.gpt import GPT, check_model_config, lm_loss
 
@@ -24,9 +24,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool
     counted by ``torch.utils.flop_counter`` on the meta device (matmuls and SDPA; docs/method.md, "Cost")."""
     check_model_config(cfg, "flops_per_token")
     if seq_len is not None:  # an integer as a config field takes it (numpy's too): 2.5 or True is a ConfigError
-        seq_len = coerce("seq_len", seq_len, int)
-        if seq_len < 1:  # (0 was read as "the default" and gave block_size's figure; -1 a torch error on meta)
-            raise ValueError(f"seq_len={seq_len!r} must be an integer >= 1 (or None: block_size)")
+        # (0 was read as "the default" and gave block_size's figure; -1 a torch error on the meta device)
+        seq_len = checked("seq_len", seq_len, int, lambda n: n >= 1, "an integer >= 1 (or None: block_size)")
     T = seq_len or cfg.block_size
     with torch.device("meta"):
         model = GPT(cfg)
