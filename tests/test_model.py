@@ -649,6 +649,28 @@ def test_token_ids_outside_the_vocabulary_are_named():
     assert model(wrong).shape == (2, 5, 37)
 
 
+def test_targets_of_another_dtype_or_outside_the_vocabulary_are_named():
+    """int32 targets beside the int32 token ids a model takes were cross_entropy's "expected target dtype to be
+    Long or Byte, but got Int" (float ones the same), and a target past the vocabulary its "Target 37 is out of
+    bounds"; -100 stays the ignored target, and int32 ids with their int32 targets give the long ones' loss."""
+    model = tiny_model(("standard", {}))  # vocab_size 37
+    idx = torch.randint(0, 37, (2, 6))
+    loss = model(idx[:, :-1], idx[:, 1:])
+    torch.testing.assert_close(model(idx[:, :-1].int(), idx[:, 1:].int()), loss, rtol=0, atol=0)
+    for bad in (idx.float(), idx.bool()):
+        with pytest.raises(ValueError, match=rf"targets of dtype {bad.dtype}: expected integers \(torch\.long\)"):
+            model(idx[:, :-1], bad[:, 1:])
+    for bad in (37, -5):
+        wrong = idx[:, 1:].clone()
+        wrong[1, 3] = bad
+        with pytest.raises(ValueError, match=rf"target {bad} outside the vocabulary: targets are 0 \.\. 36 "
+                                             r"\(vocab_size=37\), or -100 for a position left out of the loss"):
+            model(idx[:, :-1], wrong)
+    ignored = idx[:, 1:].clone()
+    ignored[:, :2] = -100
+    assert torch.isfinite(model(idx[:, :-1], ignored))
+
+
 def test_malformed_forward_and_cache_calls_are_clear_errors():
     """No tokens, a cache longer than the block, a set-up cache without input_pos, a cache of another
     depth and position_ids past the block each raise their one-line message, not a torch error or

@@ -183,11 +183,25 @@ class GPT(nn.Module):
         if targets_BT is not None and targets_BT.shape != idx_BT.shape:
             raise ValueError(f"targets of shape {tuple(targets_BT.shape)} for token ids of shape "
                              f"{tuple(idx_BT.shape)}: give one target per token (model(idx[:, :-1], idx[:, 1:]))")
+        if targets_BT is not None:
+            self.check_targets(targets_BT)
         h_BTD, records = self.hidden(idx_BT, input_pos=input_pos, position_ids=position_ids,
                                      key_padding_mask=key_padding_mask, cache=cache, naive=naive,
                                      return_intermediates=return_intermediates)
         out = self.lm_head(h_BTD) if targets_BT is None else self.chunked_loss(h_BTD, targets_BT, loss_chunk)
         return (out, records) if return_intermediates else out
+
+    def check_targets(self, targets_BT: Tensor) -> None:
+        """Targets are integer token ids in the vocabulary, or -100 (ignored): a float or int32 tensor was
+        cross_entropy's "expected target dtype to be Long", an id past the vocabulary its "Target 70 is out of
+        bounds" (checked on the CPU only, where it needs no host sync, as the token ids are)."""
+        check_integers("targets", targets_BT)
+        if targets_BT.device.type == "cpu" and not torch.compiler.is_compiling():  # (no host sync on CPU)
+            vocab = self.lm_head.out_features
+            bad = targets_BT[(targets_BT != -100) & ((targets_BT < 0) | (targets_BT >= vocab))]
+            if bad.numel():
+                raise ValueError(f"target {int(bad[0])} outside the vocabulary: targets are 0 .. {vocab - 1} "
+                                 f"(vocab_size={vocab}), or -100 for a position left out of the loss")
 
     def generate(self, idx_BT: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
         """Continue ``idx_BT`` by ``max_new_tokens`` tokens; see :func:`gbattn.model.decoding.generate`."""
@@ -303,6 +317,6 @@ def lm_loss(logits_BTV: Tensor, targets_BT: Tensor, reduction: str = "mean") -> 
     """Next-token cross-entropy, nats, in float32 or wider (stable under autocast); targets of -100
     are ignored. ``reduction``: "mean" over counted targets, "sum", or "none" (B, T). The one loss
     of training, evaluation, analysis and the Hugging Face wrapper."""
-    nll = F.cross_entropy(upcast(logits_BTV).flatten(0, 1), targets_BT.flatten(), ignore_index=-100,
+    nll = F.cross_entropy(upcast(logits_BTV).flatten(0, 1), targets_BT.flatten().long(), ignore_index=-100,
                           reduction=reduction)
     return nll.view(targets_BT.shape) if reduction == "none" else nll
