@@ -500,6 +500,19 @@ def test_param_matched_width_below_the_models_own_width():
     assert param_matched_width(cfg, 1) == (4, count_params(cfg.replace(d_model=4)))
 
 
+def test_param_matched_width_refuses_a_target_that_is_no_parameter_count():
+    """NaN gave the model's own width (every comparison with it is false), 0 or a negative count the narrowest
+    width, a string Python's "'<' not supported"; an integral float or a numpy integer is a count."""
+    import numpy as np
+
+    cfg = preset_config("cpu-char", "standard")
+    for bad in (float("nan"), float("inf"), 0, -5, "1000", 1e5 + 0.5, True):
+        with pytest.raises(ConfigError, match=rf"target_params={bad!r} must be an integer >= 1 \(a parameter count"):
+            param_matched_width(cfg, bad)
+    target = count_params(cfg.replace(d_model=96))
+    assert param_matched_width(cfg, float(target)) == param_matched_width(cfg, np.int64(target)) == (96, target)
+
+
 def test_unknown_preset():
     with pytest.raises(ValueError, match="preset='huge' is not allowed; choose one of paper-small"):
         preset_config("huge")

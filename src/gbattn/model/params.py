@@ -43,6 +43,10 @@ def param_matched_width(cfg: ModelConfig, target_params: int) -> tuple[int, int]
     settings has at least ``target_params`` parameters. Returns (width, its parameter count)
     (docs/baselines.md, "Comparison rules")."""
     check_model_config(cfg, "param_matched_width")
+    # (NaN compared false and gave cfg's own width, a negative or zero count the narrowest width, a string
+    # Python's "'<' not supported between instances of 'int' and 'str'")
+    target_params = checked("target_params", target_params, int, lambda n: n >= 1, "an integer >= 1 (a parameter "
+                            "count, e.g. count_params(cfg))")
     step = cfg.n_heads * (2 if cfg.pos == "rope" else 1)  # RoPE rotates pairs: an even head width
     base = cfg.replace(attn="standard", attn_options={})
     # Parameter count grows monotonically with width: double to bracket, then bisect.
