@@ -287,12 +287,19 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
         ({"idx_BT": ids, "top_k": True}, "top_k=True must be an integer >= 1"),
         ({"idx_BT": ids[:, :0]}, "the prompt is empty"),
         ({"idx_BT": ids[:, :0], "prompt_mask": left[:, :0]}, "the prompt is empty"),  # was an IndexError
-        ({"idx_BT": ids[:1].repeat(1, 9), "prompt_mask": torch.ones(1, 27)}, "padded prompt of 27 tokens is longer"),
+        ({"idx_BT": ids[:1].repeat(1, 9), "prompt_mask": torch.ones(1, 27, dtype=torch.bool)},
+         "padded prompt of 27 tokens is longer"),
         # a seed the CLI refuses was taken (-1) or a torch error (1.5, True: "manual_seed expected a long")
         ({"idx_BT": ids, "seed": -1}, "seed=-1 must be an integer in [0, 2**63 - 1]"),
         ({"idx_BT": ids, "seed": 1.5}, "seed=1.5 must be an integer in [0, 2**63 - 1]"),
         ({"idx_BT": ids, "seed": True}, "seed=True must be an integer in [0, 2**63 - 1]"),
         ({"idx_BT": ids, "temperature": None}, "temperature=None must be a finite number >= 0"),  # was a TypeError
+        # a float mask, refused as a model's key_padding_mask is: an additive one (0 keep, -inf drop) read inverted
+        # and was told "must be left padding"; a 0/1 one was taken
+        ({"idx_BT": ids, "prompt_mask": torch.zeros(2, 3).masked_fill(left == 0, float("-inf"))},
+         "prompt_mask of dtype torch.float32: give a bool (or integer) mask, True for real tokens"),
+        ({"idx_BT": ids, "prompt_mask": left.double()},
+         "prompt_mask of dtype torch.float64: give a bool (or integer) mask, True for real tokens"),
     ]
     for kwargs, message in cases:
         kwargs = {"max_new_tokens": 2, **kwargs}

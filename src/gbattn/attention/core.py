@@ -149,6 +149,13 @@ def check_key_padding(mask_BS: Tensor | None, B: int, S: int) -> None:
                          f"expected ({B}, {S}), True for real tokens")
 
 
+def check_mask_dtype(what: str, mask: Tensor | None) -> None:
+    """A padding mask is bool or integer, True (nonzero) for real tokens: a float one is a ValueError, since an
+    additive mask (0 keep, -inf drop, as ``nn.MultiheadAttention`` takes) would read inverted."""
+    if mask is not None and mask.is_floating_point():
+        raise ValueError(f"{what} of dtype {mask.dtype}: give a bool (or integer) mask, True for real tokens")
+
+
 def positions_of(mask_BT: Tensor) -> Tensor:
     """Positions (B, T) of a padded batch: each real token's index among its row's real tokens (what
     it would have alone); padding before a row's first real token at 0, padding after a real token at
@@ -191,10 +198,7 @@ class AttnContext:
     _built: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.key_padding_BS is not None and self.key_padding_BS.is_floating_point():
-            # An additive float mask (0 keep, -inf drop, as nn.MultiheadAttention takes) would read inverted.
-            raise ValueError(f"key_padding_mask of dtype {self.key_padding_BS.dtype}: give a bool (or integer) mask, "
-                             f"True for real tokens")
+        check_mask_dtype("key_padding_mask", self.key_padding_BS)
 
     @property
     def square_causal(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gbattn.attention.core import positions_of
+from gbattn.attention.core import check_mask_dtype, positions_of
 from gbattn.checks import MAX_INT, checked
 
 
@@ -111,6 +111,7 @@ def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
         raise ValueError("the prompt is empty: give at least one token")
     if prompt_mask is None:
         return None
+    check_mask_dtype("prompt_mask", prompt_mask)  # (an additive float mask read inverted: "must be left padding")
     if prompt_mask.shape != idx_BT.shape:
         raise ValueError(f"prompt_mask of shape {tuple(prompt_mask.shape)} for token ids of shape "
                          f"{tuple(idx_BT.shape)}: give one entry per token")
