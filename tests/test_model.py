@@ -684,6 +684,39 @@ def test_targets_of_another_dtype_or_outside_the_vocabulary_are_named():
     assert torch.isfinite(model(idx[:, :-1], ignored))
 
 
+def test_a_list_or_numpy_array_where_a_tensor_goes_is_named():
+    """Token ids, targets, masks, positions and a module's input given as a list or a numpy array were Python's
+    "'list' object has no attribute 'dim'" (or 'dtype', 'shape') from inside the call."""
+    import numpy as np
+
+    from gbattn.attention.core import AttnArgs
+    from gbattn.attention.registry import build_attention
+
+    model = tiny_model(("standard", {}), pos="rope")
+    ids = [[1, 2, 3]]
+    tensor = torch.tensor(ids)
+    calls = {
+        "token ids": [lambda: model(ids), lambda: model(np.array(ids)), lambda: model.generate(ids, 2),
+                      lambda: model(ids, tensor)],
+        "targets": [lambda: model(tensor, ids)],
+        "key_padding_mask": [lambda: model(tensor, key_padding_mask=[[True] * 3])],
+        "position_ids": [lambda: model(tensor, position_ids=[0, 1, 2])],
+        "prompt_mask": [lambda: model.generate(tensor, 2, prompt_mask=[[True] * 3])],
+    }
+    attn = build_attention("standard", AttnArgs(d_model=8, n_heads=2, rope_base=100.0))
+    x = torch.randn(1, 3, 8)
+    calls["input"] = [lambda: attn(x.tolist()), lambda: attn(x.numpy())]
+    calls["key_padding_mask"].append(lambda: attn(x, key_padding_mask=np.ones((1, 3), dtype=bool)))
+    calls["positions"] = [lambda: attn(x, positions=[0, 1, 2])]
+    for what, refused in calls.items():
+        for call in refused:
+            with pytest.raises(ValueError, match=rf"^{what} of type (list|ndarray): give a torch tensor"):
+                call()
+    model.generate(tensor, 2, prompt_mask=torch.ones(1, 3, dtype=torch.bool))
+    model(tensor, tensor, key_padding_mask=torch.ones(1, 3, dtype=torch.bool), position_ids=torch.arange(3))
+    attn(x, key_padding_mask=torch.ones(1, 3, dtype=torch.bool), positions=torch.arange(3))
+
+
 def test_malformed_forward_and_cache_calls_are_clear_errors():
     """No tokens, a cache longer than the block, a set-up cache without input_pos, a cache of another
     depth and position_ids past the block each raise their one-line message, not a torch error or

@@ -133,9 +133,17 @@ def rope_for(positions: Tensor, d_head: int, base: float, dtype: torch.dtype) ->
     return cos, sin
 
 
+def check_tensor(what: str, value) -> None:
+    """``value`` is a torch tensor (or None): a list or a numpy array was Python's "'list' object has no
+    attribute 'dim'" from deep inside the call."""
+    if value is not None and not isinstance(value, Tensor):
+        raise ValueError(f"{what} of type {type(value).__name__}: give a torch tensor (e.g. torch.tensor(...))")
+
+
 def check_integers(what: str, t: Tensor | None) -> None:
     """Token ids, positions and cache slots are integer tensors: under RoPE a float or bool tensor of
     positions was read as (fractional or 0/1) positions, silently."""
+    check_tensor(what, t)
     if t is not None and t.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"{what} of dtype {t.dtype}: expected integers (torch.long)")
 
@@ -144,6 +152,7 @@ def check_key_padding(mask_BS: Tensor | None, B: int, S: int) -> None:
     """A ``key_padding_mask`` of shape (B, S) or (1, S) for B rows over S key slots, else a ValueError saying the
     shape expected: the one check of a model's forward and of a module used on its own (both use the mask before
     their :class:`AttnContext` exists)."""
+    check_tensor("key_padding_mask", mask_BS)
     if mask_BS is not None and (mask_BS.dim() != 2 or mask_BS.shape[0] not in (1, B) or mask_BS.shape[1] != S):
         raise ValueError(f"key_padding_mask of shape {tuple(mask_BS.shape)} for a batch of {B} over {S} key slots: "
                          f"expected ({B}, {S}), True for real tokens")
@@ -152,6 +161,7 @@ def check_key_padding(mask_BS: Tensor | None, B: int, S: int) -> None:
 def check_mask_dtype(what: str, mask: Tensor | None) -> None:
     """A padding mask is bool or integer, True (nonzero) for real tokens: a float one is a ValueError, since an
     additive mask (0 keep, -inf drop, as ``nn.MultiheadAttention`` takes) would read inverted."""
+    check_tensor(what, mask)
     if mask is not None and mask.is_floating_point():
         raise ValueError(f"{what} of dtype {mask.dtype}: give a bool (or integer) mask, True for real tokens")
 
@@ -568,6 +578,7 @@ class AttentionBase(nn.Module):
             if cache is not None and not causal:
                 raise ValueError("a cache is for causal decoding: with causal=False the cached tokens would have "
                                  "attended to the new ones; call the module on the whole sequence instead")
+            check_tensor("input", x_BTD)
             if x_BTD.dim() != 3 or x_BTD.shape[-1] != self.args.d_model:
                 raise ValueError(f"input of shape {tuple(x_BTD.shape)}: expected (batch, tokens, "
                                  f"d_model={self.args.d_model})")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gbattn.attention.core import check_mask_dtype, positions_of
+from gbattn.attention.core import check_mask_dtype, check_tensor, positions_of
 from gbattn.checks import MAX_INT, checked
 
 
@@ -105,6 +105,7 @@ def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
     """Token ids (B, T) with T >= 1, and a ``prompt_mask`` of their shape that is left padding: right
     padding would continue a row after its padding, unlike the row alone (one host sync per call).
     Returns the mask as bool (None without one)."""
+    check_tensor("token ids", idx_BT)
     if idx_BT.dim() != 2:
         raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens)")
     if idx_BT.shape[1] == 0:

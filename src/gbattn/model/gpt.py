@@ -21,6 +21,7 @@ from gbattn.attention.core import (
     StaticCache,
     check_integers,
     check_key_padding,
+    check_tensor,
     positions_of,
     rope_for,
 )
@@ -180,6 +181,8 @@ class GPT(nn.Module):
         ``naive``: the reference path.
         ``loss_chunk``: tokens per chunk of the loss's LM head (:meth:`chunked_loss`).
         """
+        check_tensor("token ids", idx_BT)
+        check_tensor("targets", targets_BT)
         if targets_BT is not None and targets_BT.shape != idx_BT.shape:
             raise ValueError(f"targets of shape {tuple(targets_BT.shape)} for token ids of shape "
                              f"{tuple(idx_BT.shape)}: give one target per token (model(idx[:, :-1], idx[:, 1:]))")
@@ -228,10 +231,10 @@ class GPT(nn.Module):
                key_padding_mask: Tensor | None = None, cache=None, naive: bool = False,
                return_intermediates: bool = False) -> tuple[Tensor, list[Record] | None]:
         """Final hidden states (after the final norm), (B, T, D), and the per-layer records."""
-        if idx_BT.dim() != 2 or idx_BT.shape[1] == 0:
-            raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens), at least one token")
         for what, ids in (("token ids", idx_BT), ("position_ids", position_ids), ("input_pos", input_pos)):
             check_integers(what, ids)
+        if idx_BT.dim() != 2 or idx_BT.shape[1] == 0:
+            raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens), at least one token")
         B, T = idx_BT.shape
         if position_ids is not None and tuple(position_ids.shape) not in ((T,), (B, T), (1, T)):
             raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} for token ids of shape {(B, T)}: "
