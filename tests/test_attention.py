@@ -359,6 +359,17 @@ def test_a_row_of_padding_only_attends_to_nothing(variant_case):
     assert all(torch.isfinite(p.grad).all() for p in attn.parameters() if p.grad is not None)
 
 
+def test_causal_takes_true_or_false_only():
+    """causal=None (a wrapper's unset default passed on) read as False and gave bidirectional attention, silently;
+    a string such as "False" read as True."""
+    attn = build_attention("standard", AttnArgs(d_model=8, n_heads=2))
+    x = torch.randn(1, 4, 8)
+    for bad in (None, "False", 0):
+        with pytest.raises(ValueError, match=rf"^causal={bad!r} must be true or false$"):
+            attn(x, causal=bad)
+    assert not torch.equal(attn(x, causal=False), attn(x, causal=True))
+
+
 def test_a_float_padding_mask_is_refused():
     """A float mask read as bool turned nn.MultiheadAttention's additive convention (0 = keep,
     -inf = padding) into its inverse: the padding was attended and the real tokens hidden, silently.

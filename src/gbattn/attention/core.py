@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gbattn.checks import Typed
+from gbattn.checks import Typed, coerce
 from gbattn.runtime import rng_state, set_rng_state
 
 
@@ -568,6 +568,7 @@ class AttentionBase(nn.Module):
         to: the new tokens attend to every cached one, their positions continue after them, and
         ``key_padding_mask`` then covers the cached and the new tokens, (B, cached + T)."""
         if context is None:
+            causal = coerce("causal", causal, bool)  # (None read as False: bidirectional attention, silently)
             if cache is not None and not isinstance(cache, DynamicLayerCache):
                 raise ValueError(f"cache of type {type(cache).__name__}: a module used on its own takes a "
                                  f"DynamicLayerCache (a model passes its own context with its cache)")
