@@ -1446,6 +1446,17 @@ def test_a_run_evaluated_never_yet_loads_its_last_checkpoint_as_best(trained, tm
             rundir.load_run(run, which)
 
 
+def test_load_run_leaves_the_callers_random_stream_where_it_was(trained):
+    """load_run built its model at a random init (replaced at once by the weights) from the global stream, so
+    torch.manual_seed(0); load_run(RUN); torch.randn(...) drew other numbers than without the load."""
+    torch.manual_seed(0)
+    expected = torch.randn(4)
+    torch.manual_seed(0)
+    run = rundir.load_run(trained["run"])
+    assert torch.equal(torch.randn(4), expected)
+    assert not run.model.training
+
+
 def test_load_run_on_cuda_without_cuda_says_so_not_that_the_checkpoint_is_damaged(trained, monkeypatch):
     """gbattn.load_run(RUN, device="cuda") on a machine without CUDA said "best.pt is truncated or
     corrupted ...; restore a copy of it" (torch.load's error on map_location), about a sound file."""

@@ -65,9 +65,7 @@ class Source:
 
     def build_model(self) -> GPT:
         """A :class:`GPT` holding these weights, in eval mode."""
-        model = GPT(self.model_cfg)
-        rundir.load_weights(model, self.state, self.name)
-        return model.eval()
+        return rundir.model_holding(self.model_cfg, self.state, self.name)
 
 
 def load_source(path: str | Path) -> Source:

@@ -645,9 +645,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
                                   f"best")
         state, which = load_checkpoint(weights, map_location=device), checkpoint
         step = state.get("step", 0)
-    model = GPT(model_cfg).to(device)
-    load_weights(model, state["model"], path)
-    model.eval()
+    model = model_holding(model_cfg, state["model"], path, device)
     return LoadedRun(path, model, model_cfg, train_cfg, tokenizer, config, int(step) if isinstance(step, int) else 0,
                      which)
 
@@ -668,6 +666,17 @@ def check_finite(weights: dict, where: str | Path) -> None:
     if damaged:
         raise CheckpointError(f"the weights in {where} hold NaN or infinite values ({', '.join(damaged[:3])}"
                               f"{', ...' if len(damaged) > 3 else ''}): the file is damaged; restore a copy of it")
+
+
+def model_holding(model_cfg, weights: dict, where: str | Path, device: str | torch.device = "cpu"):
+    """A :class:`GPT` of ``model_cfg`` on ``device`` holding ``weights`` (:func:`load_weights`), in eval mode. Its
+    initial values, replaced at once, are drawn from a forked random stream: loading a model leaves the caller's
+    ``torch.manual_seed`` stream where it was."""
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(model_cfg)
+    model = model.to(device)
+    load_weights(model, weights, where)
+    return model.eval()
 
 
 def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> None:
