@@ -631,6 +631,30 @@ def test_setup_cache_and_input_pos_of_the_wrong_kind_are_clear_errors():
     model.clear_cache()
 
 
+def test_a_cache_of_another_dtype_or_device_than_the_model_is_a_clear_error():
+    """setup_cache(dtype=torch.bfloat16) on a float model (or device="meta") was accepted, and the next forward
+    was SDPA's "Expected query, key, and value to have the same dtype" (index_copy's device error); a string or an
+    integer dtype was torch.empty's TypeError or the same dtype error. Under autocast another dtype decodes."""
+    model = tiny_model(("boosted", {"rounds": 2}))  # float64
+    idx = torch.randint(0, 37, (2, 5))
+    for dtype in ("float16", torch.int64):
+        with pytest.raises(ValueError, match=rf"setup_cache\(dtype={dtype!r}\): dtype must be a floating-point "
+                                             r"torch\.dtype"):
+            model.setup_cache(2, dtype=dtype)
+    model.setup_cache(2, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"a KV cache of dtype torch\.float32 for a model computing in "
+                                         r"torch\.float64: call setup_cache without dtype="):
+        model(idx, input_pos=torch.arange(5))
+    model.setup_cache(2, device="meta")
+    with pytest.raises(ValueError, match=r"a KV cache on meta for a model computing on cpu: call setup_cache "
+                                         r"without device="):
+        model(idx, input_pos=torch.arange(5))
+    model.float().setup_cache(2, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(model(idx, input_pos=torch.arange(5))).all()
+    model.clear_cache()
+
+
 def test_targets_of_another_shape_than_the_tokens_are_refused():
     """Targets transposed (T, B) or flattened (B*T,) hold as many entries as the tokens and gave a
     loss against the wrong targets, silently; off by one ((B, T+1)) was cross_entropy's "Expected

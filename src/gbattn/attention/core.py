@@ -403,6 +403,18 @@ class StaticCache(nn.Module):
     def key_length(self, T: int) -> int:
         return self.max_len
 
+    def check_serves(self, h_BTD: Tensor) -> None:
+        """A ValueError unless this cache can take the keys and values of activations like ``h_BTD``: on their
+        device, and in their dtype outside autocast (under it, the cache's dtype is autocast's choice to make)."""
+        placement = self.layers[0].placement
+        if placement.device != h_BTD.device:
+            raise ValueError(f"a KV cache on {placement.device} for a model computing on {h_BTD.device}: call "
+                             f"setup_cache without device= (the model's), or move the model with .to()")
+        if placement.dtype != h_BTD.dtype and not torch.is_autocast_enabled(h_BTD.device.type):
+            raise ValueError(f"a KV cache of dtype {placement.dtype} for a model computing in {h_BTD.dtype}: call "
+                             f"setup_cache without dtype= (the model's), or convert the model with .to(dtype); another "
+                             f"dtype is for autocast")
+
 
 # --------------------------------------------------------------------------------------
 # One forward call of one layer

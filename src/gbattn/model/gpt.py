@@ -148,6 +148,9 @@ class GPT(nn.Module):
         for name, value in (("batch", batch), ("max_len", max_len)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"setup_cache({name}={value!r}): {name} must be an integer >= 1")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"setup_cache(dtype={dtype!r}): dtype must be a floating-point torch.dtype, e.g. "
+                             f"torch.bfloat16 (or None: the model's)")
         max_len = max_len or self.cfg.block_size
         self.check_length(max_len)
         ref = self.wte.weight
@@ -286,6 +289,8 @@ class GPT(nn.Module):
         if self.wpe is not None:
             h_BTD = h_BTD + self.wpe(positions)
         h_BTD = self.drop(h_BTD)
+        if isinstance(cache, StaticCache) and not torch.compiler.is_compiling():
+            cache.check_serves(h_BTD)  # (else SDPA's "Expected query, key, and value to have the same dtype")
         rope = rope_for(positions, self.cfg.d_head, self.cfg.rope_base, h_BTD.dtype) if self.cfg.pos == "rope" else None
         ctx = AttnContext(T=T, S=S, device=idx_BT.device,
                           slots_T=input_pos if cache is not None else None, key_padding_BS=key_padding_mask,
