@@ -458,6 +458,21 @@ def test_overrides_leave_the_presets_as_they_were():
     assert PRESETS["cpu-char"].model["d_model"] == 128 and "data" not in PRESETS["cpu-char"].train
 
 
+def test_overrides_leave_the_callers_dicts_as_they_were():
+    """preset_config(..., {"attn_options": opts, "attn.gate": "mlp"}) wrote gate="mlp" into the caller's opts (the
+    next config built from them got it too), and --set attn.x into a preset holding attn_options would have
+    written into the preset."""
+    from gbattn.config import set_path
+
+    opts = {"rounds": 3}
+    cfg = preset_config("cpu-char", "boosted", {"attn_options": opts, "attn.gate": "mlp"})
+    assert cfg.attn_options == {"rounds": 3, "gate": "mlp"} and opts == {"rounds": 3}
+    template = {"attn_options": {"rounds": 2}}
+    built = dict(template)
+    set_path(built, "attn.kv_source", "shared")
+    assert built["attn_options"] == {"rounds": 2, "kv_source": "shared"} and template == {"attn_options": {"rounds": 2}}
+
+
 def test_flops_per_token_at_a_shorter_sequence():
     """At T tokens the attention scores cost 4 T d per layer (QK^T and AV), the matmuls of the
     weights the same per token: a shorter sequence counts fewer FLOPs per token."""

@@ -348,14 +348,15 @@ def merge_options(sets: dict[str, Any], **options: Any) -> dict[str, Any]:
 
 
 def set_path(d: dict, key: str, value: Any) -> None:
-    """``d[a][b] = value`` for ``key = "a.b"`` (``attn.x`` is short for ``attn_options.x``)."""
+    """``d[a][b] = value`` for ``key = "a.b"`` (``attn.x`` is short for ``attn_options.x``). Each inner dict on
+    the way is a copy: one that came from the caller's overrides (``{"attn_options": opts}``) or a preset is
+    left as it was."""
     if key.startswith("attn."):
         key = "attn_options." + key[len("attn."):]
     parts = key.split(".")
     target = d
     for part in parts[:-1]:
-        if not isinstance(target.get(part), dict):
-            target[part] = dict(target.get(part) or {})
+        target[part] = dict(target.get(part) or {})
         target = target[part]
     target[parts[-1]] = value
 
