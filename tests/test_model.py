@@ -272,6 +272,20 @@ def test_same_seed_same_model(variant_case):
     torch.testing.assert_close(a(idx), b(idx), rtol=0, atol=0)
 
 
+def test_a_model_keeps_its_own_copy_of_its_config():
+    """GPT held the caller's (mutable) config: cfg.n_layers = 3 to build a deeper model next made the first one
+    set up a 3-layer cache for its 2 blocks in generate ("a KV cache of 3 layers for a model of 2"), and
+    cfg.block_size moved past its position table."""
+    cfg = tiny_config(("boosted", {"rounds": 2}))
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, 37, (1, 4))
+    expected = model.generate(idx, 10, temperature=0)
+    cfg.n_layers, cfg.block_size = 3, 48
+    cfg.attn_options["rounds"] = 3
+    assert model.cfg == tiny_config(("boosted", {"rounds": 2}))
+    assert torch.equal(model.generate(idx, 10, temperature=0), expected)
+
+
 def test_each_block_is_built_for_its_own_layer():
     """Block i's attention is layer i of n_layers: ``attn.layers=[-1]`` puts correction rounds in the
     last layer only, and differential attention's lambda_init is 0.8 - 0.6 exp(-0.3 i) per layer."""
