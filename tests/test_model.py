@@ -286,6 +286,18 @@ def test_a_model_keeps_its_own_copy_of_its_config():
     assert torch.equal(model.generate(idx, 10, temperature=0), expected)
 
 
+def test_a_config_changed_after_it_was_built_is_checked_by_gpt():
+    """A field set on a built config skips its checks: GPT(cfg) then built a model of vocab_size 0, block_size 0 or
+    norm "mid" (read as Post-LN) silently, or failed in torch ("negative dimension -1")."""
+    cases = (("vocab_size", 0, "vocab_size=0 must be"), ("block_size", 0, "block_size=0 must be"),
+             ("norm", "mid", "norm='mid' is not allowed"), ("d_model", -1, "d_model=-1 must be"))
+    for field_name, bad, message in cases:
+        cfg = tiny_config(("boosted", {"rounds": 2}))
+        setattr(cfg, field_name, bad)
+        with pytest.raises(ConfigError, match=message):
+            GPT(cfg)
+
+
 def test_each_block_is_built_for_its_own_layer():
     """Block i's attention is layer i of n_layers: ``attn.layers=[-1]`` puts correction rounds in the
     last layer only, and differential attention's lambda_init is 0.8 - 0.6 exp(-0.3 i) per layer."""

@@ -10,8 +10,6 @@ Attention Residuals.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -124,8 +122,9 @@ class GPT(nn.Module):
         super().__init__()
         check_model_config(cfg, "GPT")
         # Its own copy: the caller's config is mutable, and e.g. cfg.n_layers = 8 to build a deeper model next
-        # made this model set up an 8-layer cache for its 4 blocks (and block_size moved past its wpe).
-        self.cfg = copy.deepcopy(cfg)
+        # made this model set up an 8-layer cache for its 4 blocks (and block_size moved past its wpe). The copy
+        # is checked as a new config is: a field set after construction (cfg.norm = "mid") is not.
+        self.cfg = cfg.replace()
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.pos == "learned" else None
         self.drop = make_dropout(cfg, "embedding")
