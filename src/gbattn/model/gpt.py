@@ -147,7 +147,8 @@ class GPT(nn.Module):
     # -- cache ---------------------------------------------------------------------
     def setup_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> None:
         """A fixed-size KV cache of ``max_len`` slots (default block_size) for ``batch`` rows, in
-        ``dtype`` on ``device`` (default: the model's); it follows the model's ``.to()``."""
+        ``dtype`` on ``device`` (default: the model's; a forward refuses a cache on another device, or of another
+        dtype outside autocast); it follows the model's ``.to()``."""
         for name, value in (("batch", batch), ("max_len", max_len)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"setup_cache({name}={value!r}): {name} must be an integer >= 1")
