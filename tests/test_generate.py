@@ -300,6 +300,10 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
          "prompt_mask of dtype torch.float32: give a bool (or integer) mask, True for real tokens"),
         ({"idx_BT": ids, "prompt_mask": left.double()},
          "prompt_mask of dtype torch.float64: give a bool (or integer) mask, True for real tokens"),
+        # a string read as True (compile="no" compiled the decode step), None as False
+        ({"idx_BT": ids, "compile": "no"}, "compile='no' must be True, False or None"),
+        ({"idx_BT": ids, "use_cache": "no"}, "use_cache='no' must be True or False"),
+        ({"idx_BT": ids, "use_cache": None}, "use_cache=None must be True or False"),
     ]
     for kwargs, message in cases:
         kwargs = {"max_new_tokens": 2, **kwargs}
