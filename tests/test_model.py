@@ -524,6 +524,15 @@ def test_flops_per_token_refuses_a_sequence_length_below_one():
     assert flops_per_token(cfg, seq_len=np.int64(32)) == flops_per_token(cfg, seq_len=32)
 
 
+def test_flops_per_token_takes_backward_true_or_false_only():
+    """backward="no" (or None) read as a truth value: "no" gave the forward + backward figure."""
+    cfg = preset_config("cpu-char", "standard")
+    for bad in ("no", None, 1):
+        with pytest.raises(ValueError, match=rf"^backward={bad!r} must be True or False$"):
+            flops_per_token(cfg, seq_len=8, backward=bad)
+    assert flops_per_token(cfg, seq_len=8, backward=True) > flops_per_token(cfg, seq_len=8, backward=False)
+
+
 def test_param_matched_width_of_an_exact_match_is_that_width():
     """``at least`` the target: a width whose count equals it exactly is the answer, not the next one."""
     cfg = preset_config("cpu-char", "standard")
