@@ -359,6 +359,16 @@ def test_a_row_of_padding_only_attends_to_nothing(variant_case):
     assert all(torch.isfinite(p.grad).all() for p in attn.parameters() if p.grad is not None)
 
 
+@pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
+def test_an_empty_batch_or_sequence_gives_an_empty_output(variant_case, naive):
+    """A module used on its own maps no rows or no tokens to no outputs, as torch's layers do; the mlp gate's fast
+    path divided by zero (ZeroDivisionError in its chunked entropy)."""
+    name, opts = variant_case
+    attn = build_attention(name, AttnArgs(d_model=16, n_heads=4, n_kv_heads=2), opts)
+    for shape in ((0, 5, 16), (2, 0, 16)):
+        assert attn(torch.randn(shape), naive=naive).shape == shape
+
+
 def test_causal_takes_true_or_false_only():
     """causal=None (a wrapper's unset default passed on) read as False and gave bidirectional attention, silently;
     a string such as "False" read as True."""

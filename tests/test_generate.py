@@ -286,6 +286,7 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
         ({"idx_BT": ids, "top_k": 2.5}, "top_k=2.5 must be an integer >= 1"),  # was topk()'s TypeError
         ({"idx_BT": ids, "top_k": True}, "top_k=True must be an integer >= 1"),
         ({"idx_BT": ids[:, :0]}, "the prompt is empty"),
+        ({"idx_BT": ids[:0]}, "the batch is empty: give at least one row"),  # was "setup_cache(batch=0): ..."
         ({"idx_BT": ids[:, :0], "prompt_mask": left[:, :0]}, "the prompt is empty"),  # was an IndexError
         ({"idx_BT": ids[:1].repeat(1, 9), "prompt_mask": torch.ones(1, 27, dtype=torch.bool)},
          "padded prompt of 27 tokens is longer"),

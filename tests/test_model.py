@@ -801,6 +801,9 @@ def test_malformed_forward_and_cache_calls_are_clear_errors():
     idx = torch.randint(0, 37, (1, 3))
     with pytest.raises(ValueError, match="at least one token"):
         model(idx[:, :0])
+    with pytest.raises(ValueError, match=r"token ids of shape \(0, 3\): expected \(batch, tokens\) with at least one "
+                                         r"token and at least one row"):
+        model(idx[:0])  # was the vocabulary check's "min(): Expected reduction dim to be specified"
     with pytest.raises(ValueError, match="exceeds block_size=24"):
         model.setup_cache(1, max_len=25)
     assert not model.has_cache

@@ -302,6 +302,8 @@ def chunked_entropy(q_BHTE: Tensor, k_BGSE: Tensor, ctx: AttnContext, scale: flo
     matrix at inference; under autograd the chunks' probabilities are kept for the backward pass
     (docs/method.md, section 5)."""
     B, H, T, _ = q_BHTE.shape
+    if q_BHTE.numel() == 0:  # no rows or no queries (the chunk size divided by zero)
+        return q_BHTE.new_zeros(B, H, T)
     chunk = max(1, (1 << 17) // (B * H * k_BGSE.shape[-2]))
     out = []
     for start in range(0, T, chunk):

@@ -102,7 +102,7 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None,
 
 
 def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
-    """Token ids (B, T) with T >= 1, and a ``prompt_mask`` of their shape that is left padding: right
+    """Token ids (B, T) with B, T >= 1, and a ``prompt_mask`` of their shape that is left padding: right
     padding would continue a row after its padding, unlike the row alone (one host sync per call).
     Returns the mask as bool (None without one)."""
     check_tensor("token ids", idx_BT)
@@ -110,6 +110,8 @@ def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
         raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens)")
     if idx_BT.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token")
+    if idx_BT.shape[0] == 0:  # (was "setup_cache(batch=0): batch must be an integer >= 1", a call never made)
+        raise ValueError("the batch is empty: give at least one row of prompt tokens")
     if prompt_mask is None:
         return None
     check_mask_dtype("prompt_mask", prompt_mask)  # (an additive float mask read inverted: "must be left padding")

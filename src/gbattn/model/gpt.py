@@ -240,8 +240,10 @@ class GPT(nn.Module):
         """Final hidden states (after the final norm), (B, T, D), and the per-layer records."""
         for what, ids in (("token ids", idx_BT), ("position_ids", position_ids), ("input_pos", input_pos)):
             check_integers(what, ids)
-        if idx_BT.dim() != 2 or idx_BT.shape[1] == 0:
-            raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens), at least one token")
+        if idx_BT.dim() != 2 or 0 in idx_BT.shape:  # (no rows was the vocabulary check's "min(): Expected reduction
+            # dim to be specified for input.numel() == 0")
+            raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens) with at least one "
+                             f"token and at least one row")
         B, T = idx_BT.shape
         if position_ids is not None and tuple(position_ids.shape) not in ((T,), (B, T), (1, T)):
             raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} for token ids of shape {(B, T)}: "
