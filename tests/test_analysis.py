@@ -368,6 +368,16 @@ def test_analyze_out_holding_another_run_is_refused_unwritten(runs, tmp_path, ca
     assert sorted(p.name for p in other.iterdir()) == before
 
 
+def test_analyze_of_a_file_names_the_file_not_an_out_never_given(tmp_path, capsys):
+    """`analyze RUN/best.pt` (a file for the run directory) said "--out RUN/best.pt/analysis: RUN/best.pt is a
+    file", blaming an --out the user never gave: the run directory is checked before its default --out is made."""
+    weights = tmp_path / "best.pt"
+    weights.write_bytes(b"x")
+    assert cli_main(["analyze", str(weights), "--quiet"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gbattn: error: {weights} is not a directory (a gbattn run directory or an exported one)"]
+
+
 def test_against_with_another_tokenizer_or_seq_len_is_one_line(runs, tmp_path, capsys):
     other = tmp_path / "other"
     shutil.copytree(runs["std"], other)

@@ -65,7 +65,7 @@ def cmd_lm_eval(args) -> None:
     require("lm_eval", "lm-eval")
     from gbattn.files import relative_path
     from gbattn.hf.lmeval import print_tables, results_stem, run_lm_eval, write_results
-    from gbattn.rundir import check_output_file
+    from gbattn.rundir import check_model_dir, check_output_file
     from gbattn.runtime import command_line, resolve_device, set_threads
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -76,9 +76,7 @@ def cmd_lm_eval(args) -> None:
     if args.limit is not None and args.limit >= 1 and not float(args.limit).is_integer():  # inf: a traceback
         raise UserError(f"--limit {args.limit:g} is not a whole number of documents (a fraction below 1 is a share of "
                         f"each task)")
-    model = Path(args.model)
-    if not model.is_dir():
-        raise UserError(f"{model} is not a directory (a gbattn run directory or an exported one)")
+    model = check_model_dir(args.model)
     stem = results_stem(tasks, args.limit, args.num_fewshot)
     out = Path(args.output) if args.output else model / "lm-eval" / f"results-{stem}.json"
     check_output_file(out, "--output")

@@ -583,14 +583,21 @@ def check_exported_checkpoint(path: Path, checkpoint: str | None, recorded) -> N
                         f"(export the run's {checkpoint} weights with `gbattn export RUN --checkpoint {checkpoint}`)")
 
 
+def check_model_dir(path: str | Path) -> Path:
+    """``path`` as a Path when it is a directory (a run's or an exported one), else a one-line
+    :class:`CheckpointError`: checked before anything is derived from it (a default output folder inside it)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)")
+    return path
+
+
 def load_run(path: str | Path, checkpoint: str | None = None, device: str | torch.device = "cpu") -> LoadedRun:
     """The model of a run directory (``checkpoint``: best-validation weights, the default, or
     ``last``) or of an exported directory, with its tokenizer and configs, in eval mode on ``device``
     (:func:`gbattn.runtime.resolve_device`: auto for CUDA when available, else the CPU; cpu, cuda, cuda:N or, on a
     Mac, mps; README, "Using gbattn from Python"; what is checked on the way: README, "Trust")."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)")
+    path = check_model_dir(path)
     device = resolve_device(device, mps=True)  # else torch.load's error on another device, read as damage
     if checkpoint is not None and checkpoint not in WHICH:
         raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")

@@ -139,7 +139,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     from gbattn.errors import UserError
     from gbattn.files import relative_path, write_json
     from gbattn.progress import Progress
-    from gbattn.rundir import load_run
+    from gbattn.rundir import check_model_dir, load_run
     from gbattn.runtime import resolve_device
 
     figures.require_matplotlib()  # fail before the slow part
@@ -148,7 +148,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     if top < 0 or examples < 0:  # (-1 listed every token that gained, and drew one example per row)
         raise UserError(f"--top ({top}) and --examples ({examples}) must be >= 0")
     check_choice("split", split, ("valid", "test"))  # the held-out splits (another was a KeyError after loading)
-    run_dir = Path(run_dir)
+    run_dir = check_model_dir(run_dir)  # before its default --out is derived (a file's was blamed on --out)
     out = Path(out) if out else run_dir / "analysis"
     check_figures_out(out, create=False)
     dev = resolve_device(device)
