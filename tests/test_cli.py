@@ -279,6 +279,42 @@ def test_generate_and_eval_help_state_their_defaults(capsys):
             assert stated and stated.group(1) == str(defaults[option]), (command, flag, help_text)
 
 
+def test_every_option_help_says_what_it_does_and_its_default():
+    """`generate --help` showed --prompt and `lm-eval --help` --num-fewshot with no text at all, --max-new-tokens
+    and --num-samples with "(default N)" only, and --residual, `params --preset`, `train --tokenizer`,
+    `lm-eval --limit` without their default: every option of every command says what it does (two words
+    outside parentheses and defaults) and, unless it is a switch, required or repeatable, its default."""
+    import argparse
+    import re
+
+    from gbattn.cli import build_parser
+    from gbattn.config import PRESETS
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    unclear = []
+    for command, parser in commands.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            text = action.help or ""
+            what = text
+            while re.search(r"\([^()]*\)", what):
+                what = re.sub(r"\([^()]*\)", "", what)
+            what = re.sub(r"default[^;]*", "", what)
+            name = f"{command} {'/'.join(action.option_strings) or action.dest}"
+            if len(what.split()) < 2:
+                unclear.append(f"{name}: says not what it does: {text!r}")
+            if action.nargs != 0 and action.option_strings and not action.required \
+                    and not isinstance(action, argparse._AppendAction) and "default" not in text:
+                unclear.append(f"{name}: no default: {text!r}")
+    assert unclear == []
+    tokenizer_help = " ".join(commands["train"]._option_string_actions["--tokenizer"].help.split())
+    for name, preset in PRESETS.items():  # the default it states is each preset's
+        tokenizer = preset.train.get("tokenizer", "bpe")
+        assert (f"{tokenizer} for" in tokenizer_help and name in tokenizer_help) if tokenizer != "bpe" \
+            else (name not in tokenizer_help and "else bpe" in tokenizer_help), (name, tokenizer)
+
+
 def test_quiet_help_says_what_train_and_compare_leave_out(capsys):
     """train --quiet also leaves out its plan, evaluation and summary lines (test_pipeline's quiet test), and
     compare --quiet each run's, where the help said "no progress display" only; the other commands print

@@ -74,7 +74,7 @@ def model(p: argparse.ArgumentParser, training: bool = True) -> None:
     """--attn, --residual and --set, for every command that builds a model (``training``: --set also
     takes the training fields)."""
     p.add_argument("--attn", default=None, help="attention variant (see `gbattn list`; default standard)")
-    p.add_argument("--residual", default=None, help="residual stream: plain, attnres-full or attnres-block")
+    p.add_argument("--residual", default=None, help="residual stream: plain (default), attnres-full or attnres-block")
     if training:
         sets(p, "a model or training field", f"--set lr=1e-3 {MODEL_SET_EXAMPLE}")
     else:

@@ -94,7 +94,7 @@ def build_parser() -> arguments.Parser:
     p = sub.add_parser("params", help="parameter count and forward FLOPs per token of a model")
     p.add_argument("preset", nargs="?", default=None, help="a preset name (see `gbattn list`; default paper-small)")
     p.add_argument("--preset", dest="preset_option", metavar="PRESET", default=None,
-                   help="the preset given as train and bench take it")
+                   help="the preset given as train and bench take it (default paper-small)")
     arguments.model(p, training=False)
     p.add_argument("--fair", action="store_true", help="also the parameter-matched standard width and its count")
     p.add_argument("--json", action="store_true", help="also print the numbers as one JSON line")

@@ -19,10 +19,13 @@ def register(sub) -> None:
     p = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks on a run or an exported directory")
     p.add_argument("model", help="a run directory or a directory written by `gbattn export`")
     p.add_argument("--tasks", required=True, help="comma-separated task names, e.g. hellaswag,piqa")
-    p.add_argument("--include-path", default=None, help="a directory of extra task YAML files")
+    p.add_argument("--include-path", default=None,
+                   help="a directory of extra task YAML files (default: none, the harness's own tasks only)")
     p.add_argument("--limit", type=float, default=None,
-                   help="at most N documents per task (a fraction < 1: that share of each task)")
-    p.add_argument("--num-fewshot", type=arguments.at_least(0), default=None)
+                   help="at most N documents per task (a fraction < 1: that share of each task; default: every "
+                   "document)")
+    p.add_argument("--num-fewshot", type=arguments.at_least(0), default=None,
+                   help="solved examples put before each question (default: each task's own setting)")
     p.add_argument("--batch-size", type=arguments.at_least(1), default=8,
                    help="requests per batch of the harness (default %(default)s)")
     p.add_argument("--log-samples", action="store_true", help="also write every document's requests and answers")

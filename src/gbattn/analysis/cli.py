@@ -17,9 +17,11 @@ def register(sub) -> None:
     p.add_argument("run_dir", help="a trained run directory (GBA for gates and corrections; any run for entropy)")
     p.add_argument("--against", metavar="STANDARD_RUN_DIR",
                    help="a run with the same tokenizer and seq_len: per-token loss difference and example figure "
-                        "(its weights chosen by --checkpoint too)")
+                        "(its weights chosen by --checkpoint too); none by default")
     p.add_argument("--split", default="test", choices=["valid", "test"], help="held-out split (default test)")
-    p.add_argument("--data", default=None, help="the corpus where it is now, if not where the run recorded it")
+    p.add_argument("--data", default=None,
+                   help="the corpus where it is now, if not where the run recorded it (default: where the run "
+                        "recorded it)")
     p.add_argument("--allow-other-data", action="store_true",
                    help="analyse even if the data differs from what the run was trained on (its fingerprint)")
     p.add_argument("--out", default=None, help="output directory (default RUN_DIR/analysis)")
@@ -45,7 +47,8 @@ def register(sub) -> None:
                    default=None, help="output directory (default COMPARE_DIR/figures)")
     p.add_argument("--gap", default=None, metavar="MODEL",
                    help="draw MODEL's validation loss minus each --against model's, paired by seed and step, against "
-                        "tokens per parameter of MODEL, one line per comparison directory (gap.png, gap.json)")
+                        "tokens per parameter of MODEL, one line per comparison directory (gap.png, gap.json; default: "
+                        "none, the results chart and curves instead)")
     p.add_argument("--against", nargs="+", default=None, metavar="MODEL", help="with --gap (default: standard)")
     p.add_argument("--pdf", action="store_true", help="also write PDFs")
     p.set_defaults(func=cmd_plot)

@@ -24,13 +24,15 @@ def register(sub) -> None:
                         "the prefill is up to 128 tokens, within the block size")
     p.add_argument("--sweep", type=at_least(1), nargs="*", default=None, metavar="T",
                    help="sequence lengths for the sweep (e.g. 256 512 1024 2048 4096); none by default")
-    p.add_argument("--sweep-attn", nargs="+", default=None, metavar="VARIANT", help="default: standard boosted")
+    p.add_argument("--sweep-attn", nargs="+", default=None, metavar="VARIANT",
+                   help="variants timed in the --sweep (default: standard boosted)")
     p.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")
     p.add_argument("--compile", default="off", choices=["off", "on", "both"],
                    help="torch.compile the training and decode steps: off, on, or both side by side (default off)")
     arguments.sets(p, "a model field for every variant", arguments.MODEL_SET_EXAMPLE)
     arguments.threads(p)
-    p.add_argument("--out", default=None, help="write bench.json and bench.md here")
+    p.add_argument("--out", default=None,
+                   help="write bench.json and bench.md here (default: none, the table is printed only)")
     arguments.quiet(p)
     p.set_defaults(func=cmd_bench)
 

@@ -18,7 +18,9 @@ def register(sub) -> None:
                    help="(default %(default)s) as the run scored it: its first eval_tokens tokens (the run's "
                         "setting), in whole rows of its seq_len; the line says how many were scored")
     arguments.checkpoint(p)
-    p.add_argument("--per-token", metavar="FILE", help="also write every token's loss (nats) to FILE (.npy or .txt)")
+    p.add_argument("--per-token", metavar="FILE",
+                   help="also write every token's loss (nats) to FILE: a numpy array for a .npy name, else text, "
+                        "one loss per line (default: not written)")
     p.add_argument("--batch-size", type=arguments.at_least(1), default=32, help="rows per batch (default %(default)s)")
     p.add_argument("--data", default=None,
                    help="the corpus (a name, file or directory) when it is not where the run recorded it, e.g. "
@@ -31,14 +33,16 @@ def register(sub) -> None:
 
     p = sub.add_parser("generate", help="generate text from a trained run (KV-cached decoding)")
     p.add_argument("run_dir", help="a run directory or a directory written by `gbattn export`")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=arguments.at_least(0), default=100, help="(default %(default)s)")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-new-tokens", type=arguments.at_least(0), default=100,
+                   help="tokens to generate after the prompt (default %(default)s)")
     p.add_argument("--temperature", type=arguments.non_negative_number, default=0.8,
                    help="0 = greedy (default %(default)s)")
     p.add_argument("--top-k", type=arguments.at_least(1), default=200,
                    help="sample from the k most likely tokens (default %(default)s)")
     p.add_argument("--seed", type=arguments.SEED, default=None, help="sampling seed (default: a new draw each time)")
-    p.add_argument("--num-samples", type=arguments.at_least(1), default=1, help="(default %(default)s)")
+    p.add_argument("--num-samples", type=arguments.at_least(1), default=1,
+                   help="samples to draw from the same prompt (default %(default)s)")
     arguments.checkpoint(p)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
     compiled = p.add_mutually_exclusive_group()

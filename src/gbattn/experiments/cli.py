@@ -11,14 +11,16 @@ def register(sub) -> None:
     p = sub.add_parser("compare", help="train every model of a recipe for every seed; results.json + results.md")
     p.add_argument("--recipe", required=True, help="one of: " + ", ".join(RECIPES))
     p.add_argument(
-        "--data", default=None, help="corpus (default: the recipe's, e.g. tiny-shakespeare or wikitext-103-raw-v1)"
+        "--data", default=None,
+        help="the corpus every model trains on (default: the recipe's, e.g. tiny-shakespeare or wikitext-103-raw-v1)"
     )
     p.add_argument("--out",
                    required=True, help="comparison directory (a killed comparison resumes from it)")
     p.add_argument("--seeds", type=arguments.SEED, nargs="+", default=None,
-                   help="default: the seeds the --out comparison holds, or the recipe's for a new one "
-                        "(paper-wt103's: 42 123)")
-    p.add_argument("--only", nargs="+", default=None, metavar="LABEL", help="train only these models of the recipe")
+                   help="training seeds, each model trained once per seed (default: the seeds the --out "
+                        "comparison holds, or the recipe's for a new one (paper-wt103's: 42 123))")
+    p.add_argument("--only", nargs="+", default=None, metavar="LABEL",
+                   help="train only these models of the recipe (default: every model)")
     p.add_argument("--residual", default=None,
                    help="residual stream for every model: plain, attnres-full or attnres-block (default: the recipe's)")
     arguments.sets(p, "a model or training field for every run", "--set device=cuda --set lr=1e-3")

@@ -21,8 +21,10 @@ def register(sub) -> None:
     p.add_argument("--out",
                    default="runs/denoise", help="output directory (default runs/denoise)")
     p.add_argument("--seeds", type=arguments.SEED, nargs="+", default=None,
-                   help=f"default {list(FULL_SEEDS)} ({list(QUICK_SEEDS)} with --quick)")
-    p.add_argument("--experiments", nargs="+", choices=EXPERIMENTS, default=None, help="default: all")
+                   help=f"training seeds, each model trained once per seed (default {list(FULL_SEEDS)}, "
+                   f"{list(QUICK_SEEDS)} with --quick)")
+    p.add_argument("--experiments", nargs="+", choices=EXPERIMENTS, default=None,
+                   help="the tables to run (default: all)")
     p.add_argument("--steps", type=arguments.at_least(1), default=None,
                    help="training steps per run (default 150, the paper's)")
     p.add_argument("--eval-queries", type=arguments.at_least(1), default=None,

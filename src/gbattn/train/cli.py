@@ -13,10 +13,14 @@ def register(sub) -> None:
     arguments.preset(p)
     arguments.model(p)
     p.add_argument("--data", default=None, help="a corpus: tiny-shakespeare (shipped), an HF name "
-                   "(wikitext-103-raw-v1, ...), a local directory or a text file (README, 'Data')")
+                   "(wikitext-103-raw-v1, ...), a local directory or a text file (README, 'Data'); required for a "
+                   "new run (default with --resume or --init-from: that run's)")
     p.add_argument("--out", required=True, help="run directory")
-    p.add_argument("--seed", type=arguments.SEED, default=None, help="default: the recipe's (42)")
-    p.add_argument("--tokenizer", default=None, help="bpe (paper), char, gpt2, gpt2=PATH or hf=PATH (a tokenizer.json)")
+    p.add_argument("--seed", type=arguments.SEED, default=None,
+                   help="the run's random seed (default: the recipe's, 42)")
+    p.add_argument("--tokenizer", default=None,
+                   help="bpe (paper), char, gpt2, gpt2=PATH or hf=PATH (a tokenizer.json) (default: the preset's: "
+                        "char for cpu-char, gpt2 for owt-125m and owt-350m, else bpe)")
     arguments.device(p)
     arguments.threads(p)
     compiled = p.add_mutually_exclusive_group()  # both at once: an error, not the last one silently
@@ -29,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--restart", action="store_true", help="discard the run in --out and start a new one in it")
     p.add_argument("--init-from", default=None, metavar="RUN_DIR",
                    help="start from this run's weights with a fresh optimizer (e.g. a `gbattn upcycle` directory); "
-                        "the model is that run's")
+                        "the model is that run's (default: none, a fresh initialisation)")
     arguments.quiet(p, also="plan or evaluation lines: the final JSON line only")
     p.set_defaults(func=cmd_train)
 
