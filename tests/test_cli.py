@@ -315,6 +315,22 @@ def test_every_option_help_says_what_it_does_and_its_default():
             else (name not in tokenizer_help and "else bpe" in tokenizer_help), (name, tokenizer)
 
 
+def test_a_file_given_for_a_run_or_comparison_directory_is_named_as_a_file(tmp_path, capsys):
+    """`train --resume --out FILE`, `train --init-from FILE` and `plot FILE` said "FILE/config.json not found: is
+    FILE a gbattn run directory?" (a path that cannot exist): one line naming FILE as a file, status 2."""
+    weights = tmp_path / "best.pt"
+    weights.write_bytes(b"x")
+    for argv, expected in (
+        (["train", "--resume", "--out", weights], f"{weights} is a file, not a gbattn run directory"),
+        (["train", "--init-from", weights, "--data", "tiny-shakespeare", "--out", tmp_path / "new"],
+         f"{weights} is a file, not a gbattn run directory"),
+        (["plot", weights], f"{weights} is a file, not a `gbattn compare` directory"),
+    ):
+        code, out, err = run_cli(capsys, argv)
+        assert (code, out, err) == (2, "", f"gbattn: error: {expected}\n"), argv
+    assert not (tmp_path / "new").exists()
+
+
 def test_quiet_help_says_what_train_and_compare_leave_out(capsys):
     """train --quiet also leaves out its plan, evaluation and summary lines (test_pipeline's quiet test), and
     compare --quiet each run's, where the help said "no progress display" only; the other commands print

@@ -225,6 +225,8 @@ def read_json(path: str | Path, what: str | None = None) -> dict:
     """A JSON object from ``path``, or a one-line :class:`CheckpointError` naming the file (read by
     :func:`read_json_bytes`: a huge file is refused unread)."""
     path = Path(path)
+    if path.parent.exists() and not path.parent.is_dir():  # a file given for the directory: not "FILE/config.json"
+        raise CheckpointError(f"{path.parent} is a file, not a gbattn run directory")
     if not path.is_file():
         raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
     content = read_json_bytes(path)

@@ -452,6 +452,8 @@ def read_comparison(compare_dir: Path) -> dict:
         if held == COMPARISON:  # its recipe.json: a comparison stopped before its first run finished
             raise UserError(f"{compare_dir} is a comparison with no finished run yet (no results.json, which "
                             f"`gbattn compare` writes as each run finishes): plot it once one has")
+        if compare_dir.exists() and not compare_dir.is_dir():  # not "FILE/results.json not found"
+            raise UserError(f"{compare_dir} is a file, not a `gbattn compare` directory")
         raise UserError(f"{compare_dir / 'results.json'} not found: is {compare_dir} a `gbattn compare` directory?")
     return read_report(compare_dir / "results.json")
 
