@@ -331,6 +331,28 @@ def test_a_file_given_for_a_run_or_comparison_directory_is_named_as_a_file(tmp_p
     assert not (tmp_path / "new").exists()
 
 
+def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
+    """A typo of a preset, variant, option, field, recipe, model label or tokenizer got the list of allowed names
+    only (up to 59 fields for --set): the one line also names the near miss; a name like none of them gets no guess."""
+    new_run = ["train", "--preset", "cpu-char", "--data", "tiny-shakespeare", "--out", tmp_path / "run"]
+    for argv, expected in (
+        (["params", "paper-smal"], "preset='paper-smal' is not allowed (did you mean 'paper-small'?); choose one of "),
+        (["params", "--attn", "boosed"], "attn='boosed' is not allowed (did you mean 'boosted'?); choose one of "),
+        (["params", "--attn", "boosted", "--set", "attn.gate=liner"], "(did you mean 'linear'?); choose one of "),
+        (["params", "--set", "d_modle=288"], "unknown model config field(s) ['d_modle'] (did you mean 'd_model'?); "),
+        (["params", "--attn", "boosted", "--set", "attn.rouds=3"], "['rouds'] (did you mean 'rounds'?); its options"),
+        ([*new_run, "--set", "max_step=3"], "--set max_step: unknown field (did you mean 'max_steps'?); model fields"),
+        ([*new_run, "--tokenizer", "chr"], "--tokenizer 'chr' is not allowed (did you mean 'char'?); choose one of "),
+        (["compare", "--recipe", "cpu-prox", "--out", tmp_path / "c"], "(did you mean 'cpu-proxy'?); choose one of "),
+        (["compare", "--recipe", "cpu-char", "--only", "standrd", "--out", tmp_path / "c"],
+         "--only ['standrd']: not in recipe 'cpu-char' (did you mean 'standard'?) (standard, "),
+        (["params", "--attn", "bogus"], "attn='bogus' is not allowed; choose one of standard, "),
+    ):
+        code, out, err = run_cli(capsys, argv)
+        assert (code, out, len(err.splitlines())) == (2, "", 1) and expected in err, (argv, err)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()
+
+
 def test_quiet_help_says_what_train_and_compare_leave_out(capsys):
     """train --quiet also leaves out its plan, evaluation and summary lines (test_pipeline's quiet test), and
     compare --quiet each run's, where the help said "no progress display" only; the other commands print

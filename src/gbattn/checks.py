@@ -11,6 +11,7 @@ here imports the rest of gbattn, so any module may use it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import numbers
@@ -33,10 +34,22 @@ def between(minimum: int, maximum: int) -> dict:
     return {"check": test}
 
 
+def did_you_mean(values, allowed) -> str:
+    """`` (did you mean 'x'?)`` naming the entry of ``allowed`` that each of ``values`` (a string or several) is a
+    near miss of (a typo: ``paper-smal``, ``max_step``), or ``""`` when none is."""
+    names = [str(a) for a in allowed]
+    close = []
+    for value in [values] if isinstance(values, str) else values:
+        match = difflib.get_close_matches(value, names, n=1, cutoff=0.8) if isinstance(value, str) else []
+        close += [m for m in match if m not in close]
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
 def check_choice(name: str, value: Any, allowed) -> None:
-    """``value`` must be one of ``allowed``."""
+    """``value`` must be one of ``allowed`` (the error names a near miss: :func:`did_you_mean`)."""
     if value not in allowed:
-        raise ConfigError(f"{name}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+        raise ConfigError(f"{name}={value!r} is not allowed{did_you_mean(value, allowed)}; choose one of "
+                          f"{', '.join(map(str, allowed))}")
 
 
 # --------------------------------------------------------------------------------------
@@ -225,7 +238,8 @@ class Typed:
         known = set(cls.field_names())
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ConfigError(f"unknown {cls.kind} field(s) {unknown}; allowed: {', '.join(sorted(known))}")
+            raise ConfigError(f"unknown {cls.kind} field(s) {unknown}{did_you_mean(unknown, sorted(known))}; "
+                              f"allowed: {', '.join(sorted(known))}")
         return cls(**d)
 
     def replace(self, **changes: Any):

@@ -19,6 +19,8 @@ from gbattn.checks import (
     Typed,
     at_least,
     between,
+    check_choice,
+    did_you_mean,
     each_one_of,
     fraction,
     greater_than,
@@ -285,8 +287,7 @@ PRESETS: dict[str, Preset] = {
 
 
 def get_preset(name: str) -> Preset:
-    if name not in PRESETS:
-        raise ConfigError(f"preset={name!r} is not allowed; choose one of {', '.join(PRESETS)}")
+    check_choice("preset", name, tuple(PRESETS))
     return PRESETS[name]
 
 
@@ -372,6 +373,7 @@ def split_overrides(sets: dict[str, Any]) -> tuple[dict, dict]:
         elif head in model_fields or head == "attn":
             model[key] = value
         else:
-            raise ConfigError(f"--set {key}: unknown field; model fields: {', '.join(sorted(model_fields))}; "
+            hint = did_you_mean(key, sorted(train_fields | model_fields))
+            raise ConfigError(f"--set {key}: unknown field{hint}; model fields: {', '.join(sorted(model_fields))}; "
                               f"training fields: {', '.join(sorted(train_fields))}")
     return train, model

@@ -16,7 +16,7 @@ from gbattn.attention.differential import DifferentialAttention
 from gbattn.attention.gated import GatedAttention
 from gbattn.attention.standard import StandardAttention
 from gbattn.attention.twicing import TwicingAttention
-from gbattn.checks import check_choice, coerce
+from gbattn.checks import check_choice, coerce, did_you_mean
 from gbattn.errors import ConfigError
 
 VARIANTS: dict[str, type[AttentionBase]] = {
@@ -42,7 +42,8 @@ def variant_options(name: str, options: dict | None = None, n_heads: int | None 
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(
-            f"attention {name!r} has no option(s) {unknown}; its options are: {', '.join(allowed) or 'none'}"
+            f"attention {name!r} has no option(s) {unknown}{did_you_mean(unknown, allowed)}; its options are: "
+            f"{', '.join(allowed) or 'none'}"
         )
     if n_heads is not None and (msg := cls.check_heads(n_heads, n_kv_heads or n_heads)):
         raise ConfigError(msg)

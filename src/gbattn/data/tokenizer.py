@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
 
+from gbattn.checks import did_you_mean
 from gbattn.errors import CheckpointError, DataError
 from gbattn.files import atomic_write, check_writable_dir, error_detail, read_json_bytes
 
@@ -233,7 +234,9 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
     """Train (or fetch from the cache) the tokenizer of ``kind`` for ``corpus``."""
     base = kind.split("=", 1)[0]
     if base not in KINDS or ("=" in kind and base not in FILE_KINDS) or kind == "hf":
-        raise DataError(f"--tokenizer {kind!r} is not allowed; choose one of bpe, char, gpt2, gpt2=PATH or hf=PATH")
+        hint = did_you_mean(base, KINDS) if base not in KINDS else ""  # "chr"; not "bpe=PATH"
+        raise DataError(f"--tokenizer {kind!r} is not allowed{hint}; choose one of bpe, char, gpt2, gpt2=PATH or "
+                        f"hf=PATH")
     if base in FILE_KINDS:
         return Tokenizer(base, _gpt2_payload(kind))
     key = hashlib.sha256(f"{base}|{vocab_size}|{BPE_TRAIN_LINES}|{corpus.fingerprint}".encode()).hexdigest()[:20]

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from gbattn import rundir
+from gbattn.checks import did_you_mean
 from gbattn.config import TrainConfig, build_configs
 from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
@@ -113,10 +114,11 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     lock = rundir.RunLock(out, what="comparison")
     try:
         specs = [s for s in recipe.models if not only or s.label in only]
-        unknown = sorted(set(only or []) - {s.label for s in recipe.models})
+        labels = [s.label for s in recipe.models]
+        unknown = sorted(set(only or []) - set(labels))
         if unknown:
             raise UserError(
-                f"--only {unknown}: not in recipe {recipe.name!r} ({', '.join(s.label for s in recipe.models)})"
+                f"--only {unknown}: not in recipe {recipe.name!r}{did_you_mean(unknown, labels)} ({', '.join(labels)})"
             )
         # Model keys a recipe sets per model are applied after --set (spec_configs): refuse them.
         per_model = sorted({key for spec in specs for key in (*spec.model, *(f"attn.{k}" for k in spec.attn_options))}

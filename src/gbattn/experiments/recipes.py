@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gbattn.checks import check_choice
 from gbattn.errors import ConfigError
 
 
@@ -283,6 +284,5 @@ _add(Recipe(
 
 
 def get_recipe(name: str) -> Recipe:
-    if name not in RECIPES:
-        raise ConfigError(f"recipe={name!r} is not allowed; choose one of {', '.join(RECIPES)}")
+    check_choice("recipe", name, tuple(RECIPES))
     return RECIPES[name]
