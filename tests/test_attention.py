@@ -690,8 +690,16 @@ def test_layers_at_both_ends_of_the_model_are_accepted():
 
 
 def test_an_option_given_to_a_variant_without_options_names_none():
-    with pytest.raises(ConfigError, match=r"has no option\(s\) \['rounds'\]; its options are: none$"):
+    """... and the variants it is an option of: `train --set attn.rounds=3` (train --help's example) without
+    `--attn boosted` said only that standard attention has no options."""
+    with pytest.raises(ConfigError, match=r"has no option\(s\) \['rounds'\] \(rounds is an option of boosted\); "
+                                          r"its options are: none$"):
         variant_options("standard", {"rounds": 2})
+    with pytest.raises(ConfigError, match=r"\['layers', 'mode'\] \(layers is an option of boosted and twicing; mode "
+                                          r"is an option of gated\); its options are: none$"):
+        variant_options("differential", {"layers": [0], "mode": "headwise"})
+    with pytest.raises(ConfigError, match=r"\['colour'\]; its options are: mode$"):
+        variant_options("gated", {"colour": 1})
 
 
 def test_options_that_are_not_a_dict_are_refused_in_one_line():

@@ -41,9 +41,13 @@ def variant_options(name: str, options: dict | None = None, n_heads: int | None 
     allowed = [f.name for f in dataclasses.fields(cls.Options)]
     unknown = sorted(set(options) - set(allowed))
     if unknown:
+        # --set attn.rounds=3 without --attn boosted (train --help's own example): say whose option it is
+        fields_of = {v: {f.name for f in dataclasses.fields(other.Options)} for v, other in VARIANTS.items()}
+        owners = {key: [v for v in VARIANTS if key in fields_of[v]] for key in unknown}
+        whose = "; ".join(f"{key} is an option of {' and '.join(names)}" for key, names in owners.items() if names)
         raise ConfigError(
-            f"attention {name!r} has no option(s) {unknown}{did_you_mean(unknown, allowed)}; its options are: "
-            f"{', '.join(allowed) or 'none'}"
+            f"attention {name!r} has no option(s) {unknown}{did_you_mean(unknown, allowed)}"
+            f"{f' ({whose})' if whose else ''}; its options are: {', '.join(allowed) or 'none'}"
         )
     if n_heads is not None and (msg := cls.check_heads(n_heads, n_kv_heads or n_heads)):
         raise ConfigError(msg)
