@@ -350,6 +350,15 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
     ):
         code, out, err = run_cli(capsys, argv)
         assert (code, out, len(err.splitlines())) == (2, "", 1) and expected in err, (argv, err)
+    # --data: a corpus name, or a file beside the one meant (WikiText's train split ships gzipped)
+    (tmp_path / "wikitext").mkdir()
+    (tmp_path / "wikitext" / "wiki.train.tokens.gz").write_bytes(b"")
+    for data, expected in (("tiny-shakspeare", "(did you mean 'tiny-shakespeare'?)"),
+                           (tmp_path / "wikitext" / "wiki.train.tokens",
+                            f"(did you mean '{tmp_path / 'wikitext' / 'wiki.train.tokens.gz'}'?)"),
+                           (tmp_path / "wikitext" / "nothing-like-it", "openwebtext)")):  # no guess
+        code, out, err = run_cli(capsys, [*new_run[:-4], "--data", data, *new_run[-2:]])
+        assert (code, out, len(err.splitlines())) == (2, "", 1) and err.endswith(f"{expected}\n"), (data, err)
     assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()
 
 

@@ -34,14 +34,21 @@ def between(minimum: int, maximum: int) -> dict:
     return {"check": test}
 
 
+def near_miss(value: Any, allowed) -> str | None:
+    """The entry of ``allowed`` that ``value`` is a typo of (``paper-smal``: ``paper-small``), or None."""
+    if not isinstance(value, str):
+        return None
+    match = difflib.get_close_matches(value, [str(a) for a in allowed], n=1, cutoff=0.8)
+    return match[0] if match else None
+
+
 def did_you_mean(values, allowed) -> str:
-    """`` (did you mean 'x'?)`` naming the entry of ``allowed`` that each of ``values`` (a string or several) is a
-    near miss of (a typo: ``paper-smal``, ``max_step``), or ``""`` when none is."""
-    names = [str(a) for a in allowed]
+    """`` (did you mean 'x'?)`` naming the :func:`near_miss` of each of ``values`` (a string or several), or ``""``
+    when none has one."""
     close = []
     for value in [values] if isinstance(values, str) else values:
-        match = difflib.get_close_matches(value, names, n=1, cutoff=0.8) if isinstance(value, str) else []
-        close += [m for m in match if m not in close]
+        match = near_miss(value, allowed)
+        close += [match] if match is not None and match not in close else []
     return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 

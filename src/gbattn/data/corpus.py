@@ -22,6 +22,7 @@ import codecs
 import contextlib
 import gzip
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gbattn.checks import did_you_mean, near_miss
 from gbattn.errors import DataError, DataNotFound
 from gbattn.files import error_detail, refuse_lfs_pointer
 
@@ -327,5 +329,17 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
         return _single_file(path, tuple(split))
     if path.exists():
         raise DataError(f"--data {data!r} is neither a regular file nor a directory (a device or a pipe)")
+    names = [*BUNDLED, *HF_NAMES]
     raise DataNotFound(f"--data {data!r}: no such file or directory, and not a known corpus name "
-                    f"({', '.join([*BUNDLED, *HF_NAMES])})")
+                       f"({', '.join(names)}){did_you_mean(data, names) or _file_beside(path)}")
+
+
+def _file_beside(path: Path, at_most: int = 10_000) -> str:
+    """`` (did you mean 'FOLDER/NAME'?)`` for the entry of ``path``'s folder (of its first ``at_most``) whose name
+    ``path``'s is a near miss of (``wiki.train.tokens`` where ``wiki.train.tokens.gz`` is), else ``""``."""
+    try:
+        with os.scandir(path.parent) as entries:
+            match = near_miss(path.name, [entry.name for entry in itertools.islice(entries, at_most)])
+    except OSError:  # no such folder, or one that cannot be read
+        return ""
+    return f" (did you mean {str(path.parent / match)!r}?)" if match else ""
