@@ -347,6 +347,10 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
         (["compare", "--recipe", "cpu-char", "--only", "standrd", "--out", tmp_path / "c"],
          "--only ['standrd']: not in recipe 'cpu-char' (did you mean 'standard'?) (standard, "),
         (["params", "--attn", "bogus"], "attn='bogus' is not allowed; choose one of standard, "),
+        (["lis"], "argument command: invalid choice: 'lis' (did you mean 'list'?) (choose from 'list', "),
+        (["eval", tmp_path, "--split", "valdi"], "invalid choice: 'valdi' (did you mean 'valid'?) (choose from "),
+        (["denoise", "--experiments", "gates", "round"], "invalid choice: 'round' (did you mean 'rounds'?) (choose "),
+        (["eval", tmp_path, "--split", "xx"], "invalid choice: 'xx' (choose from 'valid', 'test')"),
     ):
         code, out, err = run_cli(capsys, argv)
         assert (code, out, len(err.splitlines())) == (2, "", 1) and expected in err, (argv, err)

@@ -1,9 +1,11 @@
-"""Command-line arguments shared by several commands, defined once. Imports nothing but argparse, so
-``gbattn --help`` stays fast."""
+"""Command-line arguments shared by several commands, defined once. Imports nothing but argparse and
+:mod:`gbattn.checks` (no torch), so ``gbattn --help`` stays fast."""
 
 from __future__ import annotations
 
 import argparse
+
+from gbattn.checks import did_you_mean
 
 
 class Parser(argparse.ArgumentParser):
@@ -19,6 +21,13 @@ class Parser(argparse.ArgumentParser):
         if action.nargs != argparse.PARSER and any(not text.strip() for text in arg_strings):
             self.error(f"argument {'/'.join(action.option_strings) or action.dest}: is empty")
         return super()._get_values(action, arg_strings)
+
+    def _check_value(self, action, value):
+        # argparse's own check (a command, --split, --checkpoint, --experiments), naming a near miss ('lis': list)
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            raise argparse.ArgumentError(
+                action, f"invalid choice: {value!r}{did_you_mean(value, action.choices)} (choose from {choices})")
 
 
 MAX_COUNT = 2**31 - 1  # counts (threads, steps, tokens, rows) beyond this are typos, and overflow C ints
