@@ -252,6 +252,11 @@ def test_set_example_in_help_is_accepted(capsys, command, takes_training_fields)
     else:
         assert not train_sets, f"{command} --help suggests training fields {sorted(train_sets)}"
         preset_config("cpu-char", "boosted", sets)
+        # ... and a training field given there is named as one (it was "unknown model config field(s) ['lr']")
+        argv = [command, "--preset", "cpu-char", "--set", "lr=1e-3", "--set", "batch_size=8"]
+        assert main(argv) == 2
+        assert capsys.readouterr().err == ("gbattn: error: --set lr, batch_size: training field(s); only model fields "
+                                           "apply here (`gbattn train` and `compare` take training fields)\n")
 
 
 def test_generate_and_eval_help_state_their_defaults(capsys):

@@ -296,6 +296,10 @@ def preset_config(name: str, attn: str = "standard", overrides: dict | None = No
     (``{"d_model": 288, "attn.rounds": 3}``: model fields, ``attn.KEY`` a variant option, as ``--set``;
     README, "Presets and parameter counts"; the paper's in docs/paper.md)."""
     d = dict(get_preset(name).model, attn=attn)
+    training = [key for key in overrides or {} if key in TrainConfig.field_names()]
+    if training:  # `params --set lr=...` was "unknown model config field(s) ['lr']", as if lr were no field at all
+        raise ConfigError(f"--set {', '.join(training)}: training field(s); only model fields apply here (`gbattn "
+                          f"train` and `compare` take training fields)")
     for key, value in (overrides or {}).items():
         set_path(d, key, value)
     return ModelConfig.from_dict(d)
