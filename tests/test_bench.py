@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_flatten
 
 from gbattn.attention import AttnArgs, build_attention
 from gbattn.cli import main as cli_main
-from helpers import stand_in_run
+from helpers import run_cli, stand_in_run
 
 
 class LiveMemory(TorchDispatchMode):
@@ -567,6 +567,15 @@ def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(
         speed.run_bench("cpu-char", ["standard", "boosted", "standard"], **common)
     with pytest.raises(UserError, match="attn='bogus' is not allowed"):
         speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["standard", "bogus"], **common)
+
+
+def test_bench_sweep_options_without_a_sweep_are_refused(capsys):
+    """A bare `--sweep` (no lengths) and `--sweep-attn` without `--sweep` ran the whole timed bench and drew no
+    sweep, without a word: each is one line, status 2, before any work."""
+    for argv, expected in ((["--sweep"], "argument --sweep: expected at least one argument"),
+                           (["--sweep-attn", "twicing"], "--sweep-attn goes with --sweep T ...")):
+        code, out, err = run_cli(capsys, ["bench", "--preset", "cpu-char", *argv])
+        assert (code, out, len(err.splitlines())) == (2, "", 1) and expected in err, (argv, err)
 
 
 def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):

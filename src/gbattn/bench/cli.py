@@ -22,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("--decode", type=at_least(1), default=None,
                    help="cached decode steps after the prefill (default 64, or half the block size when smaller); "
                         "the prefill is up to 128 tokens, within the block size")
-    p.add_argument("--sweep", type=at_least(1), nargs="*", default=None, metavar="T",
+    p.add_argument("--sweep", type=at_least(1), nargs="+", default=None, metavar="T",  # a bare --sweep: no sweep
                    help="sequence lengths for the sweep (e.g. 256 512 1024 2048 4096); none by default")
     p.add_argument("--sweep-attn", nargs="+", default=None, metavar="VARIANT",
                    help="variants timed in the --sweep (default: standard boosted)")
@@ -40,8 +40,11 @@ def register(sub) -> None:
 def cmd_bench(args) -> None:
     from gbattn.bench.speed import bench_markdown, run_bench
     from gbattn.config import parse_sets
+    from gbattn.errors import UserError
     from gbattn.runtime import default_threads
 
+    if args.sweep_attn and not args.sweep:  # its variants were dropped, silently, with the sweep not asked for
+        raise UserError("--sweep-attn goes with --sweep T ... (the variants of the sequence-length sweep)")
     report = run_bench(args.preset or "paper-small", args.attn, args.device or "auto", args.batch, args.seq_len,
                        args.repeats, args.steps, None, args.decode, args.sweep, args.sweep_attn, not args.no_amp,
                        args.compile, args.threads or default_threads(), args.out, args.quiet, parse_sets(args.sets))
