@@ -28,11 +28,13 @@ def register(sub) -> None:
     p.add_argument("--max-rows", type=arguments.at_least(1), default=64,
                    help="held-out rows to analyse, evenly spaced (default 64)")
     p.add_argument("--batch-size", type=arguments.at_least(1), default=8, help="rows per batch (default %(default)s)")
-    p.add_argument("--layer", type=int, default=-1, help="layer of the example figure (default -1: the last)")
+    p.add_argument("--layer", type=int, default=-1,
+                   help="layer of the example figure (default -1: the last); with --against only")
     p.add_argument("--top", type=arguments.at_least(0), default=20,
-                   help="tokens with the largest gain listed in summary.json (default %(default)s)")
+                   help="tokens with the largest gain listed in summary.json (default %(default)s); with --against "
+                        "only")
     p.add_argument("--examples", type=arguments.at_least(0), default=3,
-                   help="positions drawn in examples.png, 0 for no figure (default %(default)s)")
+                   help="positions drawn in examples.png, 0 for no figure (default %(default)s); with --against only")
     arguments.checkpoint(p)
     arguments.device(p)
     arguments.threads(p)
