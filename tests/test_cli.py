@@ -368,6 +368,16 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
                            (tmp_path / "wikitext" / "nothing-like-it", "openwebtext)")):  # no guess
         code, out, err = run_cli(capsys, [*new_run[:-4], "--data", data, *new_run[-2:]])
         assert (code, out, len(err.splitlines())) == (2, "", 1) and err.endswith(f"{expected}\n"), (data, err)
+    # a run or comparison directory typed with two letters swapped (train --resume, eval, plot, ...)
+    (tmp_path / "runs" / "char-gba").mkdir(parents=True)
+    meant, typo = f"(did you mean '{tmp_path / 'runs' / 'char-gba'}'?)", tmp_path / "runs" / "char-gab"
+    for argv in (["eval", typo], ["train", "--resume", "--out", typo], ["generate", typo, "--prompt", "a"],
+                 ["plot", typo]):
+        code, out, err = run_cli(capsys, argv)
+        assert (code, out, len(err.splitlines())) == (2, "", 1) and err.endswith(f"{meant}\n"), (argv, err)
+    code, out, err = run_cli(capsys, ["eval", tmp_path / "runs" / "other-run"])
+    assert (code, err) == (2, f"gbattn: error: {tmp_path / 'runs' / 'other-run'} is not a directory (a gbattn run "
+                              f"directory or an exported one)\n")
     assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()
 
 

@@ -1,11 +1,12 @@
 """Files gbattn writes and reads: one atomic-write helper (temporary file, fsync, rename) used by
 every writer (run directories, tokenizer and token caches, results), and JSON readers that turn a
-bad file into a one-line error naming it. Nothing here imports the rest of gbattn but its errors."""
+bad file into a one-line error naming it. Nothing here imports the rest of gbattn but its errors and checks."""
 
 from __future__ import annotations
 
 import errno
 import io
+import itertools
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from gbattn.checks import near_miss
 from gbattn.errors import CheckpointError, UserError
 
 
@@ -228,7 +230,8 @@ def read_json(path: str | Path, what: str | None = None) -> dict:
     if path.parent.exists() and not path.parent.is_dir():  # a file given for the directory: not "FILE/config.json"
         raise CheckpointError(f"{path.parent} is a file, not a gbattn run directory")
     if not path.is_file():
-        raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
+        hint = "" if path.parent.exists() else did_you_mean_path(path.parent)  # runs/gab for runs/gba
+        raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?{hint}")
     content = read_json_bytes(path)
     try:
         obj = json.loads(content.decode("utf-8"))
@@ -241,6 +244,19 @@ def read_json(path: str | Path, what: str | None = None) -> dict:
             f"{path} holds {type(obj).__name__}, expected a JSON object{f' ({what})' if what else ''}"
         )
     return obj
+
+
+def did_you_mean_path(path: str | Path, at_most: int = 10_000) -> str:
+    """`` (did you mean 'FOLDER/NAME'?)`` for the entry of ``path``'s folder (of its first ``at_most``) whose name
+    ``path``'s is a near miss of (``wiki.train.tokens`` where ``wiki.train.tokens.gz`` is, ``runs/gab`` where
+    ``runs/gba`` is), else ``""``: compared by name, not by the whole path (which every sibling shares)."""
+    path = Path(path)
+    try:
+        with os.scandir(path.parent) as entries:
+            match = near_miss(path.name, [entry.name for entry in itertools.islice(entries, at_most)])
+    except OSError:  # no such folder, or one that cannot be read
+        return ""
+    return f" (did you mean {str(path.parent / match)!r}?)" if match else ""
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

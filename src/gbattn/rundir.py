@@ -46,6 +46,7 @@ from gbattn.files import (
     atomic_write,
     check_writable_dir,
     check_writable_file,
+    did_you_mean_path,
     error_detail,
     read_json,
     read_jsonl,
@@ -588,7 +589,8 @@ def check_model_dir(path: str | Path) -> Path:
     :class:`CheckpointError`: checked before anything is derived from it (a default output folder inside it)."""
     path = Path(path)
     if not path.is_dir():
-        raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)")
+        hint = "" if path.exists() else did_you_mean_path(path)
+        raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one){hint}")
     return path
 
 

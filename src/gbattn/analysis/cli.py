@@ -440,6 +440,7 @@ def read_comparison(compare_dir: Path) -> dict:
     naming what it holds."""
     from gbattn.errors import UserError
     from gbattn.experiments.report import read_report
+    from gbattn.files import did_you_mean_path
     from gbattn.rundir import COMPARISON, RUN, folder_holds
 
     try:
@@ -456,7 +457,9 @@ def read_comparison(compare_dir: Path) -> dict:
                             f"`gbattn compare` writes as each run finishes): plot it once one has")
         if compare_dir.exists() and not compare_dir.is_dir():  # not "FILE/results.json not found"
             raise UserError(f"{compare_dir} is a file, not a `gbattn compare` directory")
-        raise UserError(f"{compare_dir / 'results.json'} not found: is {compare_dir} a `gbattn compare` directory?")
+        hint = "" if compare_dir.exists() else did_you_mean_path(compare_dir)  # runs/cpu-chra for runs/cpu-char
+        raise UserError(f"{compare_dir / 'results.json'} not found: is {compare_dir} a `gbattn compare` "
+                        f"directory?{hint}")
     return read_report(compare_dir / "results.json")
 
 

@@ -22,7 +22,6 @@ import codecs
 import contextlib
 import gzip
 import hashlib
-import itertools
 import logging
 import os
 import re
@@ -31,9 +30,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gbattn.checks import did_you_mean, near_miss
+from gbattn.checks import did_you_mean
 from gbattn.errors import DataError, DataNotFound
-from gbattn.files import error_detail, refuse_lfs_pointer
+from gbattn.files import did_you_mean_path, error_detail, refuse_lfs_pointer
 
 SPLITS = ("train", "valid", "test")
 NO_TEST_SPLIT = "no separate test split: test = valid"  # a corpus note; the summaries say so beside test figures
@@ -331,15 +330,4 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
         raise DataError(f"--data {data!r} is neither a regular file nor a directory (a device or a pipe)")
     names = [*BUNDLED, *HF_NAMES]
     raise DataNotFound(f"--data {data!r}: no such file or directory, and not a known corpus name "
-                       f"({', '.join(names)}){did_you_mean(data, names) or _file_beside(path)}")
-
-
-def _file_beside(path: Path, at_most: int = 10_000) -> str:
-    """`` (did you mean 'FOLDER/NAME'?)`` for the entry of ``path``'s folder (of its first ``at_most``) whose name
-    ``path``'s is a near miss of (``wiki.train.tokens`` where ``wiki.train.tokens.gz`` is), else ``""``."""
-    try:
-        with os.scandir(path.parent) as entries:
-            match = near_miss(path.name, [entry.name for entry in itertools.islice(entries, at_most)])
-    except OSError:  # no such folder, or one that cannot be read
-        return ""
-    return f" (did you mean {str(path.parent / match)!r}?)" if match else ""
+                       f"({', '.join(names)}){did_you_mean(data, names) or did_you_mean_path(path)}")
