@@ -562,3 +562,25 @@ def test_a_world_size_not_a_number_is_one_line_for_every_command(monkeypatch, ca
     got, out, err = run_cli(capsys, ["list"])
     assert (got, err) == (code, message)
     assert bool(out) == (code == 0)
+
+
+def test_a_run_resumed_on_another_number_of_processes_says_it_is_not_exact(tmp_path, monkeypatch, capsys):
+    """A checkpoint of 2 processes resumed in one: the run went on and said 'redone, exactly', yet rank 1's dropout
+    stream and the two-way gradient sum are gone (a 2-process DDP run killed at step 5 and resumed alone ended at
+    valid ppl 13.535, the uninterrupted one at 13.513). It now warns, on stderr, and says how to continue exactly."""
+    from gbattn.train.trainer import train
+    from helpers import tiny_configs, train_killed_at
+
+    data = write_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    train_killed_at(5, run, *tiny_configs(data), monkeypatch)
+    state = rundir.load_checkpoint(run / rundir.CHECKPOINT)
+    state["rng_per_rank"] = [state["rng_per_rank"][0], state["rng_per_rank"][0]]  # as 2 processes save it
+    rundir.save_checkpoint(state, run / rundir.CHECKPOINT)
+    capsys.readouterr()
+    train(run, resume=True)
+    printed = capsys.readouterr()
+    assert "resuming at step 4 of 12, the last checkpoint (work after it is redone)\n" in printed.out
+    assert (f"warning: the checkpoint of {run} holds the random streams of 2 processes and this run has 1: it goes "
+            f"on, but not exactly as the uninterrupted run would") in printed.err
+    assert f"resume as it ran: `torchrun --nproc_per_node 2 -m gbattn.cli train --resume --out {run}`" in printed.err

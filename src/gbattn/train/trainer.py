@@ -265,6 +265,7 @@ class Trainer:
         # The training losses since the last "train" record (sum, steps): a record after a resume
         # averages the same steps as the uninterrupted run's.
         self.window_loss, self.window_n = 0.0, 0
+        self.saved_processes = None  # how many processes the resumed checkpoint holds random streams of
         if has_checkpoint:
             self._load(self.run_dir / rundir.CHECKPOINT)
         self.dist.main_only(lambda: self._write_config(resumed=has_checkpoint))
@@ -273,12 +274,14 @@ class Trainer:
                 print(line)
             if has_checkpoint:
                 print(f"resuming at step {self.step:,} of {self.total_steps:,}, the last checkpoint (work after it "
-                      f"is redone, exactly)")
+                      f"is redone{'' if self.saved_processes not in (None, self.dist.world) else ', exactly'})")
             elif self.resume:
                 print(f"{self.run_dir} has no {rundir.CHECKPOINT} yet: training starts at step 0")
         # Warnings and changed settings: stderr, apart from the output, and shown under --quiet too.
         if warmup_note and self.main:
             print(warmup_note, file=sys.stderr)
+        if self.saved_processes not in (None, self.dist.world) and self.main:
+            print(self._other_processes_note(), file=sys.stderr)
         if self.train_cfg.parallel != "ddp" and not self.dist.enabled and self.main:
             print(f"parallel={self.train_cfg.parallel} applies under torchrun only (torchrun --nproc_per_node N -m "
                   f"gbattn.cli train ...); this is one process", file=sys.stderr)
@@ -438,6 +441,7 @@ class Trainer:
             if not (isinstance(per_rank, list) and per_rank and all(
                     isinstance(r, dict) and isinstance(r.get("torch"), torch.Tensor) for r in per_rank)):
                 raise ValueError("its random number generator states are malformed")
+            self.saved_processes = len(per_rank)
             if len(per_rank) == self.dist.world:  # every process resumes its own random stream
                 restore_rng_states(per_rank[self.dist.rank], self.device)
             else:  # saved by another number of processes: rank 0's stream, distinct ones for the others
@@ -598,6 +602,17 @@ class Trainer:
         received one, else SIGINT; one process alone may have been sent it."""
         received = self.dist.gather(stop.signum if stop.requested else None)
         return signal.SIGTERM if signal.SIGTERM in received else signal.SIGINT
+
+    def _other_processes_note(self) -> str:
+        """The warning of a run resumed on another number of processes than its checkpoint holds the random streams
+        of: it goes on, but not exactly as an uninterrupted run (:meth:`_load` seeds the streams it lacks)."""
+        saved, args = self.saved_processes, f"train --resume --out {self.run_dir}"
+        again = (f"`gbattn {args}` (one process)" if saved == 1
+                 else f"`torchrun --nproc_per_node {saved} -m gbattn.cli {args}`")
+        return (f"warning: the checkpoint of {self.run_dir} holds the random streams of {saved} process"
+                f"{'es' if saved > 1 else ''} and this run has {self.dist.world}: it goes on, but not exactly as the "
+                f"uninterrupted run would (gradients add up in another order, and a process without its own stream "
+                f"draws other dropout masks); to continue exactly, resume as it ran: {again}")
 
     def _resume_command(self) -> str:
         """How to continue this run: under torchrun, launched as it was (in one process it would train on
