@@ -609,6 +609,23 @@ def test_existing_run_needs_resume(tmp_path, capsys):
     assert code == 2 and "pass --resume" in capsys.readouterr().err
 
 
+def test_resume_of_a_run_killed_before_its_config_says_to_start_it_again(tmp_path, capsys):
+    """kill -9 during data preparation (the token cache being built, under torchrun too) leaves the run directory
+    with its lock alone; `train --resume` then asked 'config.json not found: is RUN a gbattn run directory?'. It now
+    says that the run had not trained yet and how to start it; started so, it trains."""
+    data = write_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ckpt.LOCK).write_text("12345\n")  # what the killed process left
+    code = cli_main(["train", "--resume", "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and err == (f"gbattn: error: {run} holds no run to resume (no config.json: a run stopped before "
+                                 f"writing it had not trained yet): start it with the command that started it, without "
+                                 f"--resume\n")
+    train(run, *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    assert (run / ckpt.RESULT).is_file()
+
+
 def test_corrupted_checkpoint_is_a_clear_error(tmp_path, capsys):
     data = write_corpus(tmp_path / "c")
     run = tmp_path / "run"

@@ -117,6 +117,7 @@ def cmd_train(args) -> None:
         if args.init_from:
             raise UserError("--init-from starts a new run: it does not go with --resume")
         config_path = Path(args.out) / rundir.CONFIG
+        _refuse_resume_without_run(Path(args.out))
         saved = rundir.read_config(config_path)
         model_cfg, train_cfg = rundir.read_configs(saved, config_path)
         differ = resume_conflicts(args, saved, model_cfg, train_cfg)
@@ -148,6 +149,20 @@ def cmd_train(args) -> None:
     summary["test_split"] = result.get("test_split", "test")  # "valid": the data has no test split
     if is_first_process():  # under torchrun: one summary
         print(json.dumps(summary))
+
+
+def _refuse_resume_without_run(out: Path) -> None:
+    """``train --resume`` into a folder without a run's config.json: one a run was stopped in before writing it (killed
+    during data preparation: nothing trained yet, only its lock left) is said to be so, with the way to start it."""
+    from gbattn import rundir
+    from gbattn.errors import UserError
+
+    if not out.is_dir() or (out / rundir.CONFIG).exists():
+        return  # none at all, or a run: read_config names what is wrong with it
+    rundir.refuse_weights_without_config(out)
+    if rundir.folder_holds(out) is None:
+        raise UserError(f"{out} holds no run to resume (no {rundir.CONFIG}: a run stopped before writing it had not "
+                        f"trained yet): start it with the command that started it, without --resume")
 
 
 def _init_from_trainer(args, sets: dict):
