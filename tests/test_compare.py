@@ -328,6 +328,31 @@ def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):
     assert [r["test_ppl"] for r in again["models"]] == [r["test_ppl"] for r in report["models"]]
 
 
+def test_an_upcycled_start_killed_before_its_config_is_written_again(tmp_path):
+    """A comparison killed while writing a continuation's upcycled start, between its best.pt and its config.json
+    (written last): rerunning the same command, as a killed comparison is told to, was refused ("holds best.pt but no
+    config.json ...; delete it or choose another --out"). The comparison writes its own start again."""
+    import torch
+
+    from gbattn.train.trainer import train
+    from gbattn.upcycle import upcycle, write_run
+    from helpers import tiny_configs
+
+    data = write_corpus(tmp_path / "c")
+    out = tmp_path / "cmp"
+    configs = tiny_configs(data, attn="standard", max_steps=2, eval_every=2)
+    train(out / "base" / "seed1", *configs, quiet=True)
+    spec = next(s for s in get_recipe("upcycle").models if s.label == "gba-upcycled")
+    start = out / spec.label / "seed1-start"
+    write_run(upcycle(out / "base" / "seed1", spec.upcycle["attn"], spec.upcycle.get("attn_options")), start)
+    expected = rundir.load_checkpoint(start / rundir.BEST)["model"]
+    (start / rundir.CONFIG).unlink()  # what a kill between the two writes leaves
+    start_cfg, train_cfg = compare_mod._continuation(spec, 1, *configs, out)
+    assert train_cfg.init_from == str(start) and start_cfg.attn == "boosted"
+    written = rundir.load_run(start).model.state_dict()
+    assert written.keys() == expected.keys() and all(torch.equal(written[k], expected[k]) for k in expected)
+
+
 def test_a_damaged_result_of_a_finished_run_is_one_line(tmp_path):
     """A finished run whose result.json lost a field the report reads, or holds it as text: the
     comparison names the file and the field (it ended in a KeyError or TypeError in the report)."""

@@ -371,6 +371,8 @@ def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
     if spec.upcycle:
         start = out / spec.label / f"seed{seed}-start"
         if not (start / rundir.CONFIG).exists():
+            # This comparison's own folder; weights without config.json (written last) are an upcycle killed here
+            rundir.discard_run(start)  # before it finished, which write_run would refuse: written again
             write_run(upcycle(source, spec.upcycle["attn"], spec.upcycle.get("attn_options")), start)
     start_cfg, _ = rundir.read_configs(rundir.read_config(start / rundir.CONFIG), start)
     return start_cfg, train_cfg.replace(init_from=str(start))
