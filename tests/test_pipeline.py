@@ -519,6 +519,36 @@ def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once_when_resum
     assert run_record(tmp_path / "crashed")[1] == run_record(tmp_path / "ref")[1]
 
 
+@pytest.mark.parametrize("stop", ["sigint", "sigterm"])
+def test_a_stop_during_the_final_test_evaluation_says_how_to_continue(tmp_path, monkeypatch, stop):
+    """Ctrl-C or SIGTERM after the training loop, while the best weights are tested: the run said only 'gbattn:
+    interrupted' (or 'terminated'), not that its last step's checkpoint is saved nor how to continue. It now says
+    both, with the signal's status; resumed, it evaluates again and ends as the uninterrupted run."""
+    from gbattn.errors import Terminated
+
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data, attn="standard", max_steps=4, eval_every=2)
+    ref = train(tmp_path / "ref", *configs, quiet=True)
+    run = tmp_path / "run"
+    original = Trainer._evaluate
+
+    def stopped(self, split):
+        if split == "test":  # as cli's SIGTERM handler raises, or Python on Ctrl-C
+            raise Terminated if stop == "sigterm" else KeyboardInterrupt
+        return original(self, split)
+
+    monkeypatch.setattr(Trainer, "_evaluate", stopped)
+    with pytest.raises(BaseException) as stopped_run:  # (a KeyboardInterrupt let through would end the session)
+        train(run, *configs, quiet=True)
+    how = "terminated" if stop == "sigterm" else "interrupted"
+    assert isinstance(stopped_run.value, UserError), repr(stopped_run.value)
+    assert str(stopped_run.value) == (f"{how} during the test evaluation after the last step; its checkpoint is saved "
+                                      f"in {run}: continue with `gbattn train --resume --out {run}` (it tests again)")
+    assert stopped_run.value.exit_code == (143 if stop == "sigterm" else 130)
+    monkeypatch.setattr(Trainer, "_evaluate", original)
+    assert train(run, resume=True, quiet=True)["test_loss"] == ref["test_loss"]
+
+
 def test_a_second_signal_in_the_training_loop_stops_at_once_as_the_signal_it_is():
     """The first SIGINT or SIGTERM asks the loop to stop at a step boundary; a second one stops at once: a
     second SIGTERM raises cli's Terminated (status 143, 'terminated'), not a Ctrl-C's KeyboardInterrupt (130)."""

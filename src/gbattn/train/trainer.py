@@ -580,7 +580,14 @@ class Trainer:
                               + (" (or rerun the same `gbattn compare` command)" if "label" in self.extra else ""))
                     raise self._interrupted(self._stop_signal(stop), detail)
         self.bar.close()
-        result = self._finish()
+        try:
+            result = self._finish()
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (cli's Terminated): the last step's checkpoint is saved
+            signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+            detail = (f"during the test evaluation after the last step; its checkpoint is saved in {self.run_dir}: "
+                      f"continue with {self._resume_command()} (it tests again)"
+                      + (" (or rerun the same `gbattn compare` command)" if "label" in self.extra else ""))
+            raise self._interrupted(signum, detail) from None
         if stop.requested:  # during the last step: the run finished, and the stop is not lost (compare goes no further)
             raise self._interrupted(stop.signum, f"during the last step: {self.run_dir} finished all the same (its "
                                                  f"result.json is written); nothing is left to resume"
