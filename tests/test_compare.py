@@ -207,6 +207,31 @@ def test_a_stopped_invocation_leaves_every_finished_run_in_the_report(tmp_path, 
     assert "| gba-m2 |" in md and "INCOMPLETE" in md
 
 
+def test_the_report_of_a_comparison_stopped_before_a_model_trained_says_it_is_incomplete(tmp_path, monkeypatch):
+    """results.json and results.md are rewritten after every finished run, so they are what a comparison killed
+    (-9) between two runs leaves. A model asked for with no run finished yet did not count: after the upcycle recipe's
+    first 2 of 7 models, killed, the report read '"complete": true' and results.md had no INCOMPLETE mark. Now a
+    model asked for and not trained yet leaves the report incomplete; the rerun that trains it completes it."""
+    data = write_corpus(tmp_path / "c")
+    kwargs = dict(data=str(data), sets=tiny_sets(), seeds=[1], only=["standard", "gba-m2"], quiet=True)
+    real_train = compare_mod.train
+
+    def killed_at_gba(run_dir, *args, **kw):
+        if run_dir.parent.name == "gba-m2":
+            raise KeyboardInterrupt
+        return real_train(run_dir, *args, **kw)
+
+    monkeypatch.setattr(compare_mod, "train", killed_at_gba)
+    with pytest.raises(UserError, match=r"compare interrupted: the runs in progress \(gba-m2/seed1\)"):
+        run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    report = json.loads((tmp_path / "cmp" / "results.json").read_text())
+    assert [r["label"] for r in report["models"]] == ["standard"] and report["complete"] is False
+    assert "INCOMPLETE (runs missing)" in (tmp_path / "cmp" / "results.md").read_text()
+    monkeypatch.setattr(compare_mod, "train", real_train)
+    assert run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)["complete"]
+    assert "INCOMPLETE" not in (tmp_path / "cmp" / "results.md").read_text()
+
+
 def test_a_sigterm_outside_a_training_loop_stops_a_comparison_as_terminated(tmp_path, monkeypatch):
     """SIGTERM while a one-job comparison is between training loops (a run's final test evaluation, the report)
     raises cli's Terminated: the comparison says it was terminated and exits 143, not 'interrupted' with 130."""

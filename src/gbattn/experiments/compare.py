@@ -229,7 +229,9 @@ class _Runner:
                                                        self.results, self.out)
                 check_run(run_dir, model_cfg, train_cfg, self.fingerprint)
                 self.results.setdefault(spec.label, {})[seed] = rundir.read_result(run_dir / rundir.RESULT)
-        specs = [s for s in self.recipe.models if self.results.get(s.label)]
+        # The models with a finished run, and those asked now: one with none yet leaves the report incomplete.
+        asked = {s.label for s in self.specs}
+        specs = [s for s in self.recipe.models if self.results.get(s.label) or s.label in asked]
         return write_results(self.out, self.recipe, self.request, specs, self.results)
 
     def _waits_for(self, spec: ModelSpec, seed: int) -> str:
