@@ -1319,8 +1319,8 @@ def test_every_writing_command_refuses_an_out_holding_what_it_did_not_write(trai
 def test_weights_without_a_config_are_neither_trained_over_nor_deleted(trained, tmp_path, capsys, monkeypatch):
     """A folder holding best.pt but no config.json (an upcycle killed before its last write) counted as train's
     own run: `train --out` trained over the weights and `--restart` deleted them, while upcycle refused the same
-    folder. Now both refuse it as upcycle does, every file as it was; and --restart removes config.json last,
-    so that a kill inside it never leaves such a folder."""
+    folder. Now both refuse it as upcycle does, every file as it was, and so do the commands that read a run; and
+    --restart removes config.json last, so that a kill inside it never leaves such a folder."""
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     orphan = tmp_path / "orphan"
     orphan.mkdir()
@@ -1333,6 +1333,14 @@ def test_weights_without_a_config_are_neither_trained_over_nor_deleted(trained, 
         assert line == (f"gbattn: error: {orphan} holds best.pt but no config.json (written last): an upcycle or a run "
                         f"stopped before it finished; delete {orphan} or choose another --out"), extra
         assert every_file(orphan) == before, extra
+    # Read as a run (eval, generate, export, a start for --init-from) it was "config.json not found: is it a gbattn
+    # run directory?": now what it is and what to do.
+    for argv in (["eval", orphan], ["generate", orphan, "--prompt", "a"], ["export", orphan, "--out", tmp_path / "ex"],
+                 ["train", "--init-from", orphan, "--data", trained["data"], "--out", tmp_path / "new"]):
+        assert one_line(*run_cli(capsys, argv)[::2]) == (
+            f"gbattn: error: {orphan} holds best.pt but no config.json (written last): an upcycle or a run stopped "
+            f"before it finished; it cannot be loaded: upcycle or train it again"), argv[0]
+    assert every_file(orphan) == before and not (tmp_path / "new").exists() and not (tmp_path / "ex").exists()
     removed = []
     monkeypatch.setattr(Path, "unlink", lambda self, missing_ok=False: removed.append(self.name))
     copy = shutil.copytree(trained["run"], tmp_path / "copy")

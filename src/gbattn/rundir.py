@@ -177,15 +177,19 @@ def check_out(directory: str | Path, own: tuple[str, ...], output: str) -> str |
     return held
 
 
-def refuse_weights_without_config(directory: str | Path) -> None:
+def refuse_weights_without_config(directory: str | Path, then: str | None = None) -> None:
     """Weights without the config.json that train writes before any and upcycle after them (one stopped before it
     finished) are nobody's run that gbattn can name: kept, and refused as an ``--out``, so that nothing replaces
-    them unasked."""
+    them unasked, and as a run to read (``then``: what to do instead)."""
     directory = Path(directory)
     weights = [name for name in (CHECKPOINT, BEST) if (directory / name).exists()]
     if weights and not (directory / CONFIG).exists():
         raise UserError(f"{directory} holds {' and '.join(weights)} but no {CONFIG} (written last): an upcycle or "
-                        f"a run stopped before it finished; delete {directory} or choose another --out")
+                        f"a run stopped before it finished; {then or f'delete {directory} or choose another --out'}")
+
+
+# What to do with such weights given as a run to read (eval, generate, export, train --init-from, ...)
+UNFINISHED_RUN_ADVICE = "it cannot be loaded: upcycle or train it again"
 
 
 def check_output_file(path: str | Path, what: str) -> None:
@@ -615,6 +619,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         held = folder_holds(path)
         if held is not None and held != RUN:  # a denoise output, a comparison's results without its runs, ...
             raise CheckpointError(f"{path} holds {held}, not a run directory (nor one written by `gbattn export`)")
+        refuse_weights_without_config(path, then=UNFINISHED_RUN_ADVICE)
     config = read_config(path / CONFIG)
     refuse_hf_checkpoint(config, path)
     exported = _exported(path, config)

@@ -175,6 +175,7 @@ def _init_from_trainer(args, sets: dict):
     if Path(args.init_from).resolve() == Path(args.out).resolve():  # --restart would delete the weights to start from
         raise UserError(f"--init-from {args.init_from} is --out: a run started from its weights goes to another --out")
     path = Path(args.init_from) / rundir.CONFIG
+    rundir.refuse_weights_without_config(args.init_from, then=rundir.UNFINISHED_RUN_ADVICE)
     config = rundir.read_config(path)
     rundir.refuse_hf_checkpoint(config, args.init_from, then="--init-from DIR")
     source = rundir.gbattn_section(config, path)
