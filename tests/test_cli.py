@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -762,6 +763,22 @@ def test_sigterm_during_a_command_is_one_line_status_143_and_unwinds(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(cleaned)], capture_output=True, text=True, env=env,
                           timeout=120)
     assert (proc.returncode, proc.stderr) == (143, "gbattn: terminated\n") and cleaned.exists(), proc.stderr[-500:]
+
+
+def test_a_forked_worker_stopped_by_sigterm_dies_silently_as_by_default():
+    """A process forked during a command (a multiprocessing pool's worker: lm-eval's bootstrap of a perplexity's
+    standard error) inherited main's SIGTERM handler, so Pool.terminate() made each worker print a traceback of
+    Terminated and exit 1 in a run that succeeded. The worker now ends as SIGTERM's default ends it (-SIGTERM)."""
+    code = ("import multiprocessing, sys, time\nimport gbattn.cli\n"
+            "def wait(ready):\n    ready.set()\n    time.sleep(60)\n"
+            "def forks_a_worker(args):\n    fork = multiprocessing.get_context('fork')\n    ready = fork.Event()\n"
+            "    worker = fork.Process(target=wait, args=(ready,))\n    worker.start()\n    assert ready.wait(60)\n"
+            "    worker.terminate()\n    worker.join(60)\n    print(worker.exitcode)\n"
+            "gbattn.cli.cmd_list = forks_a_worker\nsys.argv[1:] = ['list']\nsys.exit(gbattn.cli.main())\n")
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, f"{-signal.SIGTERM}\n"), proc.stderr[-500:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-500:]
 
 
 def test_main_restores_the_ctrl_c_handler_it_set_while_starting(capsys):

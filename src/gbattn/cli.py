@@ -110,8 +110,21 @@ def _interrupted_while_starting(signum, frame) -> None:
     os._exit(130)
 
 
-def _terminated(signum, frame) -> None:
-    raise Terminated
+def terminated_handler():
+    """SIGTERM's handler for this process: raises Terminated (the command unwinds and exits 143). A process
+    forked from this one inherits the handler; there SIGTERM ends the process as its default does: a
+    multiprocessing pool's ``terminate()`` stops its workers with SIGTERM (lm-eval's bootstrap of a
+    perplexity's standard error, at the end of every such task), and each printed a traceback of Terminated."""
+    owner = os.getpid()
+
+    def terminated(signum, frame) -> None:
+        if os.getpid() != owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated
+
+    return terminated
 
 
 def _main_thread() -> bool:
@@ -148,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     term_default = (argv is None and _main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
                     and "LOCAL_RANK" not in os.environ)
     if term_default:
-        signal.signal(signal.SIGTERM, _terminated)
+        signal.signal(signal.SIGTERM, terminated_handler())
     set_invocation(sys.argv[1:] if argv is None else argv)
     try:
         processes = launched_processes()
