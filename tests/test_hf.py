@@ -1671,6 +1671,27 @@ def test_lm_eval_evaluates_an_export_saved_in_bfloat16_in_float32(trained, tmp_p
     torch.testing.assert_close(model.model.wte.weight, run.model.wte.weight, rtol=0, atol=0)
 
 
+def test_lm_eval_reads_plain_outputs_whatever_a_save_pretrained_asked_for(trained, tmp_path):
+    """A directory saved after `config.return_dict = False` or `output_hidden_states = True` (or the same, or
+    `return_dict_in_generate`, in the generation config) made every harness request a traceback: a tuple has no
+    .logits, and the wrapper returns no hidden states. lm-eval reads its own outputs: logits, generate()'s ids."""
+    from gbattn.hf.lmeval import load_model
+
+    _, out = trained
+    saved = tmp_path / "saved"
+    model = AutoModelForCausalLM.from_pretrained(out)
+    model.config.return_dict = False
+    model.config.output_hidden_states = True
+    model.generation_config.output_hidden_states = model.generation_config.return_dict_in_generate = True
+    model.save_pretrained(saved)
+    for name in ("gbattn-tokenizer.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(out / name, saved / name)
+    model, *_ = load_model(saved, None, torch.device("cpu"))
+    ids = torch.tensor([[1, 2, 3]])
+    assert model(ids).logits.shape == (1, 3, model.config.vocab_size)  # what HFLM's _model_call reads
+    assert model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2).shape == (1, 5)
+
+
 def test_lm_eval_passes_its_model_in_memory_without_the_harness_warnings(trained):
     """HFLM warns of a model given in memory that "many other model arguments may be ignored": the
     arguments gbattn gives (batch size, length) are used, so the warning is not printed; others are."""

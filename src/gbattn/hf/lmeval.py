@@ -100,6 +100,7 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
                                for k, v in wrong.items())
             raise CheckpointError(f"the weights in {model_dir} do not match its config ({detail})")
         check_finite(model.state_dict(), model_dir)  # the Auto classes evaluated NaN weights (acc 1 on a task)
+        harness_outputs(model)
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except Exception as e:  # a file that does not parse; transformers 4.x then tries other loaders (ImportError)
@@ -111,6 +112,21 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
         model, tokenizer = wrap_run(run)
         step, which = run.step, run.checkpoint
     return model.to(device).eval(), tokenizer, model.config.max_position_embeddings, step, which
+
+
+# What the harness reads of a forward (``.logits``) and of generate() (a tensor of ids), in the model's config and
+# its generation config; a save_pretrained after `config.return_dict = False` or `output_hidden_states = True` kept
+# other values, with which every request was a traceback (a tuple has no .logits; the wrapper returns no hidden states).
+HARNESS_OUTPUTS = {"return_dict": True, "output_attentions": False, "output_hidden_states": False}
+HARNESS_GENERATE_OUTPUTS = {"return_dict_in_generate": False, "output_attentions": False, "output_hidden_states": False}
+
+
+def harness_outputs(model) -> None:
+    """The outputs the harness reads, whatever the loaded directory's configs asked for (they change no score)."""
+    for name, value in HARNESS_OUTPUTS.items():
+        setattr(model.config, name, value)
+    for name, value in HARNESS_GENERATE_OUTPUTS.items():
+        setattr(model.generation_config, name, value)
 
 
 def close_progress_bars() -> None:
