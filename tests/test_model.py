@@ -500,6 +500,22 @@ def test_overrides_leave_the_callers_dicts_as_they_were():
     assert built["attn_options"] == {"rounds": 2, "kv_source": "shared"} and template == {"attn_options": {"rounds": 2}}
 
 
+def test_a_name_that_is_no_string_is_a_config_error_with_no_guess():
+    """check_choice's near-miss hint iterated a value that was no string: preset_config(None), get_recipe(3) and an
+    attention module of variant None were Python's "'NoneType' object is not iterable" (before the hint, the
+    ConfigError naming the choices), and a list ['pre'] was answered "did you mean 'pre'?"."""
+    from gbattn.attention import AttnArgs, build_attention
+    from gbattn.checks import check_choice
+    from gbattn.experiments.recipes import get_recipe
+
+    for call, shown in ((lambda: preset_config(None), "preset=None"), (lambda: get_recipe(3), "recipe=3"),
+                        (lambda: build_attention(None, AttnArgs(d_model=8, n_heads=2)), "attn=None"),
+                        (lambda: check_choice("norm", ["pre"], ("pre", "post")), "norm=['pre']")):
+        with pytest.raises(ConfigError) as error:
+            call()
+        assert str(error.value).startswith(f"{shown} is not allowed; choose one of "), error.value
+
+
 def test_flops_per_token_at_a_shorter_sequence():
     """At T tokens the attention scores cost 4 T d per layer (QK^T and AV), the matmuls of the
     weights the same per token: a shorter sequence counts fewer FLOPs per token."""

@@ -43,10 +43,10 @@ def near_miss(value: Any, allowed) -> str | None:
 
 
 def did_you_mean(values, allowed) -> str:
-    """`` (did you mean 'x'?)`` naming the :func:`near_miss` of each of ``values`` (a string or several), or ``""``
-    when none has one."""
+    """`` (did you mean 'x'?)`` naming the :func:`near_miss` of each of ``values`` (one value, or a list of them), or
+    ``""`` when none has one (a value of any other type has none: not iterated)."""
     close = []
-    for value in [values] if isinstance(values, str) else values:
+    for value in values if isinstance(values, list) else [values]:
         match = near_miss(value, allowed)
         close += [match] if match is not None and match not in close else []
     return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
@@ -55,7 +55,7 @@ def did_you_mean(values, allowed) -> str:
 def check_choice(name: str, value: Any, allowed) -> None:
     """``value`` must be one of ``allowed`` (the error names a near miss: :func:`did_you_mean`)."""
     if value not in allowed:
-        raise ConfigError(f"{name}={value!r} is not allowed{did_you_mean(value, allowed)}; choose one of "
+        raise ConfigError(f"{name}={value!r} is not allowed{did_you_mean([value], allowed)}; choose one of "
                           f"{', '.join(map(str, allowed))}")
 
 
