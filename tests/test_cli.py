@@ -77,6 +77,10 @@ def test_list_shows_variants_and_presets(capsys):
             "attn.kv_source='x' is not allowed",
         ),
         (["params", "paper-small", "--set", "d_model"], "expected key=value"),
+        # a field inside one that holds none (was Python's "'int' object is not iterable")
+        (["params", "paper-small", "--set", "d_model.x=3"], "--set d_model.x: d_model=256 has no fields to set"),
+        (["params", "paper-small", "--attn", "boosted", "--set", "attn.rounds=2", "--set", "attn.rounds.x=3"],
+         "--set attn.rounds.x: rounds=2 has no fields to set"),
         (["frobnicate"], "invalid choice"),
     ],
 )

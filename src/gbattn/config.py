@@ -355,13 +355,15 @@ def merge_options(sets: dict[str, Any], **options: Any) -> dict[str, Any]:
 def set_path(d: dict, key: str, value: Any) -> None:
     """``d[a][b] = value`` for ``key = "a.b"`` (``attn.x`` is short for ``attn_options.x``). Each inner dict on
     the way is a copy: one that came from the caller's overrides (``{"attn_options": opts}``) or a preset is
-    left as it was."""
-    if key.startswith("attn."):
-        key = "attn_options." + key[len("attn."):]
-    parts = key.split(".")
+    left as it was; a field inside one that is no mapping (``d_model.x``) is a ConfigError."""
+    parts = ("attn_options." + key[len("attn."):] if key.startswith("attn.") else key).split(".")
     target = d
     for part in parts[:-1]:
-        target[part] = dict(target.get(part) or {})
+        inner = target.get(part)
+        if inner is not None and not isinstance(inner, dict):  # (d_model.x=3: "'int' object is not iterable")
+            raise ConfigError(f"--set {key}: {part}={inner!r} has no fields to set (attn.KEY sets a variant option, "
+                              f"e.g. attn.rounds=3)")
+        target[part] = dict(inner or {})
         target = target[part]
     target[parts[-1]] = value
 
