@@ -773,6 +773,12 @@ def test_targets_of_another_dtype_or_outside_the_vocabulary_are_named():
     ignored = idx[:, 1:].clone()
     ignored[:, :2] = -100
     assert torch.isfinite(model(idx[:, :-1], ignored))
+    # lm_loss, the loss of evaluation and of the Hugging Face wrapper's labels too, took float targets as long
+    # (1.7 read as 1, silently) once it took int32 ones
+    logits = model(idx[:, :-1])
+    torch.testing.assert_close(lm_loss(logits, idx[:, 1:].int()), lm_loss(logits, idx[:, 1:]), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"targets of dtype torch.float32: expected integers \(torch\.long\)"):
+        lm_loss(logits, idx[:, 1:].float() + 0.7)
 
 
 def test_a_list_or_numpy_array_where_a_tensor_goes_is_named():

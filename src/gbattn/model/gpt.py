@@ -330,7 +330,9 @@ def upcast(x: Tensor) -> Tensor:
 def lm_loss(logits_BTV: Tensor, targets_BT: Tensor, reduction: str = "mean") -> Tensor:
     """Next-token cross-entropy, nats, in float32 or wider (stable under autocast); targets of -100
     are ignored. ``reduction``: "mean" over counted targets, "sum", or "none" (B, T). The one loss
-    of training, evaluation, analysis and the Hugging Face wrapper."""
+    of training, evaluation, analysis and the Hugging Face wrapper. Targets are integers (int32 taken as long; a
+    float tensor is a ValueError, not truncated)."""
+    check_integers("targets", targets_BT)
     nll = F.cross_entropy(upcast(logits_BTV).flatten(0, 1), targets_BT.flatten().long(), ignore_index=-100,
                           reduction=reduction)
     return nll.view(targets_BT.shape) if reduction == "none" else nll
