@@ -1163,7 +1163,7 @@ def test_trainer_lowers_the_loss_and_its_checkpoint_loads(trained, tmp_path):
     assert AutoTokenizer.from_pretrained(checkpoint).encode("Speak") == run.tokenizer.encode("Speak")
 
 
-def test_labels_of_another_shape_than_the_input_ids_are_refused():
+def test_labels_of_another_shape_or_outside_the_vocabulary_are_refused():
     """Labels already shifted by the caller, transposed or flattened were cross_entropy's "Expected
     input batch_size (20) to match target batch_size (16)" (counting tokens, not rows) or an IndexError."""
     _, hf = tiny_pair(("standard", {}), {})
@@ -1173,6 +1173,11 @@ def test_labels_of_another_shape_than_the_input_ids_are_refused():
                                              r"input ids \(-100 = ignored\), shifted inside"):
             hf(idx, labels=labels)
     assert torch.isfinite(hf(idx, labels=idx).loss)
+    # checked as the GPT's own targets: a label past the vocabulary was cross_entropy's "Target 37 is out of bounds"
+    wrong = idx.clone()
+    wrong[1, 3] = 37
+    with pytest.raises(ValueError, match=r"target 37 outside the vocabulary: targets are 0 \.\. 36"):
+        hf(idx, labels=wrong)
 
 
 def test_trainer_label_smoothing_shifts_the_labels(tmp_path):

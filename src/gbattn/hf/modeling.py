@@ -316,6 +316,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(f"labels of shape {tuple(labels.shape)} for input_ids of shape {tuple(input_ids.shape)}: "
                              f"labels are the input ids (-100 = ignored), shifted inside")
+        if labels is not None:  # integers in the vocabulary, or -100, as the GPT's own targets
+            self.model.check_targets(labels)
         if not isinstance(logits_to_keep, Tensor):  # a count, numpy's integers included (np.int64(3) kept every logit)
             logits_to_keep = checked("logits_to_keep", logits_to_keep, int, lambda n: n >= 0,
                                      "0 (every position), the number of last positions to keep, or a tensor of "
