@@ -567,6 +567,10 @@ def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(
         speed.run_bench("cpu-char", ["standard", "boosted", "standard"], **common)
     with pytest.raises(UserError, match="attn='bogus' is not allowed"):
         speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["standard", "bogus"], **common)
+    # sweep variants without a sweep: refused by run_bench itself, as by the CLI (they were dropped, silently)
+    for no_sweep in (None, []):
+        with pytest.raises(UserError, match=r"--sweep-attn goes with --sweep T \.\.\."):
+            speed.run_bench("cpu-char", ["standard"], sweep=no_sweep, sweep_variants=["twicing"], **common)
 
 
 def test_bench_sweep_options_without_a_sweep_are_refused(capsys):

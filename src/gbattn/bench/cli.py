@@ -40,11 +40,8 @@ def register(sub) -> None:
 def cmd_bench(args) -> None:
     from gbattn.bench.speed import bench_markdown, run_bench
     from gbattn.config import parse_sets
-    from gbattn.errors import UserError
     from gbattn.runtime import default_threads
 
-    if args.sweep_attn and not args.sweep:  # its variants were dropped, silently, with the sweep not asked for
-        raise UserError("--sweep-attn goes with --sweep T ... (the variants of the sequence-length sweep)")
     report = run_bench(args.preset or "paper-small", args.attn, args.device or "auto", args.batch, args.seq_len,
                        args.repeats, args.steps, None, args.decode, args.sweep, args.sweep_attn, not args.no_amp,
                        args.compile, args.threads or default_threads(), args.out, args.quiet, parse_sets(args.sets))

@@ -188,6 +188,8 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     sets = dict(sets or {})
     if "attn" in sets:
         raise UserError("--set attn=... would make every variant benched that one: name the variants with --attn")
+    if sweep_variants and not sweep:  # its variants were dropped, silently, with the sweep not asked for
+        raise UserError("--sweep-attn goes with --sweep T ... (the variants of the sequence-length sweep)")
     if out:  # a run, comparison, export or denoise output is not a benchmark's folder (rundir.check_out)
         check_out(out, (), "a folder for bench.json and bench.md")
         check_writable_dir(out, "--out")
