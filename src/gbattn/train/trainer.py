@@ -576,8 +576,7 @@ class Trainer:
                     self._log({"event": "interrupted", "step": self.step})
                     self.bar.close()
                     detail = (f"at step {self.step}; checkpoint saved in {self.run_dir}: continue with "
-                              f"{self._resume_command()}"
-                              + (" (or rerun the same `gbattn compare` command)" if "label" in self.extra else ""))
+                              f"{self._continue_with()}")
                     raise self._interrupted(self._stop_signal(stop), detail)
         self.bar.close()
         try:
@@ -585,8 +584,7 @@ class Trainer:
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (cli's Terminated): the last step's checkpoint is saved
             signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
             detail = (f"during the test evaluation after the last step; its checkpoint is saved in {self.run_dir}: "
-                      f"continue with {self._resume_command()} (it tests again)"
-                      + (" (or rerun the same `gbattn compare` command)" if "label" in self.extra else ""))
+                      f"continue with {self._continue_with(' (it tests again)')}")
             raise self._interrupted(signum, detail) from None
         if stop.requested:  # during the last step: the run finished, and the stop is not lost (compare goes no further)
             raise self._interrupted(stop.signum, f"during the last step: {self.run_dir} finished all the same (its "
@@ -620,6 +618,12 @@ class Trainer:
                 f"{'es' if saved > 1 else ''} and this run has {self.dist.world}: it goes on, but not exactly as the "
                 f"uninterrupted run would (gradients add up in another order, and a process without its own stream "
                 f"draws other dropout masks); to continue exactly, resume as it ran: {again}")
+
+    def _continue_with(self, note: str = "") -> str:
+        """The resume command (:meth:`_resume_command`), ``note``, and for a comparison's run the comparison's own
+        way to continue."""
+        return (self._resume_command() + note
+                + (" (or rerun the same `gbattn compare` command)" if "label" in self.extra else ""))
 
     def _resume_command(self) -> str:
         """How to continue this run: under torchrun, launched as it was (in one process it would train on
