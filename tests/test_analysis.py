@@ -448,12 +448,16 @@ def test_uniform_attention_has_normalised_entropy_one_and_bound_log_t_plus_1():
     norm = stats.normalised_entropy(ent_BHT)
     assert torch.isnan(norm[..., 0]).all()
     torch.testing.assert_close(norm[..., 1:], torch.ones(1, 1, T - 1))
+    # position 0 has no normalised entropy even where rounding leaves a trace of entropy there (not inf)
+    assert torch.isnan(stats.normalised_entropy(torch.full((1, 1, 2), 1e-7))[..., 0]).all()
 
 
 def test_top_gains_and_row_selection():
     diff = np.array([[0.0, 5.0, 1.0], [4.0, 3.0, 2.0]])
     assert stats.top_gains(diff, 3) == [(0, 1), (1, 0), (1, 1)]
     assert stats.top_gains(diff, 3, min_position=1, one_per_row=True) == [(0, 1), (1, 1)]
+    # more asked for than there are positions >= min_position: only those, never an excluded one
+    assert stats.top_gains(diff, 5, min_position=2) == [(1, 2), (0, 2)]
     assert select_rows(10, 4).tolist() == [0, 3, 6, 9] and select_rows(3, 64).tolist() == [0, 1, 2]
     assert select_rows(11, 4).tolist() == [0, 3, 7, 10]  # 0, 3.33, 6.67, 10 to the nearest row
 
@@ -673,6 +677,8 @@ def test_a_round_only_some_layers_have_is_averaged_over_those_layers_and_counts_
                 stats.LayerSample(entropies=[round0_BHT], attention_output=ones_BTD, corrections=[])])
     e = acc.entropy_summary()
     assert e["layers_per_round"] == [2, 1]
+    assert e["mean_per_round"] == pytest.approx([0.5, 0.5])  # round 1: layer 0's mean, not halved by layer 1
+    assert e["relative_drop"] == pytest.approx(0.0)  # over the layer with a correction only
     np.testing.assert_allclose(e["per_position_mean"], [[0.5] * T, [0.2, 0.4, 0.6, 0.8]])
     assert e["max_observed"] == pytest.approx(0.8)
 
@@ -711,6 +717,11 @@ def test_statistics_add_up_over_batches_with_exact_histograms_and_gate_range():
     assert layer0["per_dimension"] == pytest.approx([0.2, 0.5]) and layer1["per_dimension"] == pytest.approx([0.3, 0.5])
     assert (layer0["dimension_mean_min"], layer0["dimension_mean_max"]) == pytest.approx((0.2, 0.5))
     assert layer0["mean"] == pytest.approx(0.35) and layer1["mean"] == pytest.approx(0.4)
+    # the std over every (token, dimension) entry: layer 0's entries are 0.1, 0.5, 0.3, 0.5 equally often
+    assert layer0["std"] == pytest.approx(torch.tensor([0.1, 0.5, 0.3, 0.5]).std(unbiased=False).item())
+    with pytest.raises(ValueError, match="rows of 3 positions, expected 4"):
+        acc.update([stats.LayerSample(entropies=[e[:, :, :3] for e in s.entropies], attention_output=s.attention_output,
+                                      corrections=s.corrections) for s in [sample(1.0, 0.3)] * 2])
     norms = acc.norm_summary()["per_layer"][1]
     assert norms["residual"] == pytest.approx(5.0) and norms["gated_correction"] == pytest.approx(math.sqrt(0.34))
     assert norms["gated_over_residual"] == pytest.approx(math.sqrt(0.34) / 5)
@@ -783,3 +794,16 @@ def test_a_context_is_its_last_24_tokens(tmp_path):
         (data / f"{split}.txt").write_text("the cat sat on the mat\n" * 20)
     tok = get_tokenizer("char", load_corpus(str(data)), verbose=False)
     assert _context_text(tok, tok.encode("one cat sat on the hot mat at noon then ate")) == "hot mat at noon then ate"
+
+
+def test_one_row_of_one_position_reports_its_gate_and_no_relative_drop():
+    """A sequence of length 1 (one query, one key, entropy 0): the gate's mean and std are its one value's,
+    and the relative drop has no meaning (None)."""
+    ent_BHT = torch.zeros(1, 1, 1, dtype=torch.float64)
+    one_BTD = torch.ones(1, 1, 1, dtype=torch.float64)
+    acc = stats.IntermediateStats(1, 1, 1, 1)
+    acc.update([stats.LayerSample(entropies=[ent_BHT, ent_BHT], attention_output=one_BTD,
+                                  corrections=[(one_BTD, one_BTD, 0.25 * one_BTD)])])
+    (row,) = acc.gate_summary()["per_layer"]
+    assert (row["mean"], row["std"]) == (0.25, 0.0)
+    assert acc.entropy_summary()["relative_drop"] is None
