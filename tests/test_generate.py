@@ -272,6 +272,8 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
     ids = torch.tensor([[5, 6, 7], [5, 6, 0]])
     left, right = torch.tensor([[1, 1, 1], [0, 1, 1]]), torch.tensor([[1, 1, 1], [1, 1, 0]])
     assert generate(model, ids, 2, temperature=0, prompt_mask=left).shape == (2, 5)
+    full, full_mask = left_pad([torch.randint(0, 37, (24,)), torch.randint(0, 37, (20,))])  # exactly block_size
+    assert generate(model, full, 2, temperature=0, prompt_mask=full_mask).shape == (2, 26)
     cases = [
         ({"idx_BT": ids, "prompt_mask": right}, "must be left padding"),
         ({"idx_BT": ids, "prompt_mask": torch.tensor([[1, 1, 1], [0, 0, 0]])}, "must be left padding"),
@@ -409,3 +411,19 @@ def test_top_k_samples_only_the_k_largest_logits():
         drawn = sample_next(logits, 1.0, k, torch.Generator().manual_seed(k)).flatten()
         allowed = set(torch.topk(logits[0], k).indices.tolist())
         assert set(drawn.tolist()) == allowed, (k, sorted(set(drawn.tolist())), sorted(allowed))
+
+
+def test_decoder_for_counts_the_cached_steps_it_compiles_for_and_says_where_the_cache_ends(monkeypatch):
+    """The prefill predicts the first new token, each later one is a cached step while the sequence fits
+    block_size: at a threshold of 5 cached steps, 6 new tokens after a 1-token prompt compile the step and
+    5 do not. 24 new tokens after 1 are all predicted from the cache (the last from a full block); from
+    25 on the note says where the cache ends. A prompt that fills block_size has no cache, so no step,
+    even when compiling is asked for."""
+    model = tiny_model(("standard", {}))  # block_size 24
+    monkeypatch.setitem(decoding.MIN_TOKENS_TO_COMPILE, "cpu", 5)
+    monkeypatch.setattr(decoding, "compiled_decode_step", lambda model, mode=None: "compiled step")
+    assert decoding.decoder_for(model, None, 6, 1)[0] == "compiled step"
+    assert decoding.decoder_for(model, None, 5, 1)[0] is None
+    assert decoding.decoder_for(model, False, 24, 1) == (None, "KV cache")
+    assert decoding.decoder_for(model, False, 25, 1) == (None, "KV cache; no cache past block_size=24")
+    assert decoding.decoder_for(model, True, 5, 24) == (None, "no cache: the prompt fills block_size")
