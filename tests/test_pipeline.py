@@ -137,8 +137,21 @@ def _damage_no_digest(entry: Path) -> None:  # an entry from before digests were
     (entry / "meta.json").write_text(json.dumps(meta))
 
 
+def _damage_out_of_vocabulary(entry: Path) -> None:  # one id just past the vocabulary, its digest recorded to match
+    import hashlib
+
+    meta = json.loads((entry / "meta.json").read_text())
+    vocab = 1 + max(int(np.fromfile(entry / f"{s}.bin", dtype=meta["dtype"]).max()) for s in meta["counts"])
+    path = entry / "train.bin"
+    ids = np.fromfile(path, dtype=meta["dtype"])
+    ids[0] = vocab  # (a char tokenizer's every id occurs in some split: the largest is vocab_size - 1)
+    ids.tofile(path)
+    meta["sha256"]["train"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
 @pytest.mark.parametrize("damage", [_damage_meta, _damage_meta_type, _damage_count, _damage_size, _damage_missing,
-                                    _damage_content, _damage_one_id, _damage_no_digest])
+                                    _damage_content, _damage_one_id, _damage_no_digest, _damage_out_of_vocabulary])
 def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, damage):
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     tok = get_tokenizer("char", corpus)
@@ -183,6 +196,24 @@ def test_caps_take_the_first_tokens(tmp_path):
     capped = tokenize_corpus(corpus, tok, {"train": 1000, "valid": 100, "test": 100}, progress=False)
     assert len(capped["train"]) == 1000 and len(capped["valid"]) == 100
     np.testing.assert_array_equal(capped["train"], full["train"][:1000])
+
+
+def test_a_cap_stops_reading_its_split_once_reached(tmp_path, monkeypatch):
+    """The paper caps WikiText-103's training split (100M+ tokens) at 10M: tokenizing stops after the batch
+    of lines that reaches the cap, not after reading (and dropping) the rest of the split."""
+    corpus = load_corpus(str(write_corpus(tmp_path / "c", lines_per_split=(9000, 60, 60))))
+    tok = get_tokenizer("char", corpus)
+    read, lines = [], corpus.lines
+
+    def counted(split):
+        for line in lines(split):
+            read.append(split)
+            yield line
+
+    monkeypatch.setattr(corpus, "lines", counted)
+    capped = tokenize_corpus(corpus, tok, {"train": 1000}, progress=False)
+    assert len(capped["train"]) == 1000 and read.count("valid") == 60
+    assert read.count("train") < 9000
 
 
 def test_the_token_cache_is_keyed_by_the_tokenizer_and_the_corpus_content(tmp_path, monkeypatch):
