@@ -771,6 +771,16 @@ def test_refusals_are_one_line_exit_2(gbattn_dir, tmp_path, capsys, attn, sets, 
     assert not (tmp_path / "out" / rundir.CONFIG).exists()
 
 
+def test_kv_source_shared_refuses_every_gate_but_tanh(gbattn_dir):
+    """Only the tanh gate starts at exactly 0 (W_g = 0, b = 0: tanh(0) = 0); any other (a sigmoid's 0.5, a
+    constant, g = 1) would add A_m V_0 to round 0's output from the start, changing the function."""
+    from gbattn.attention.boosted import GATE_CLASSES
+
+    for gate in sorted(set(GATE_CLASSES) - {"tanh"}):
+        with pytest.raises(UserError, match=re.escape(f"use --set attn.gate=tanh (not {gate!r})")):
+            upcycle(gbattn_dir, "boosted", {"kv_source": "shared", "gate": gate})
+
+
 def test_upcycling_a_non_standard_run_refused(gbattn_dir, tmp_path):
     up_dir = tmp_path / "up"
     assert main(["upcycle", str(gbattn_dir), "--attn", "boosted", "--out", str(up_dir)]) == 0
