@@ -964,7 +964,9 @@ def test_a_hugging_face_name_that_is_also_a_local_folder_names_the_folder_when_t
 
 
 def test_bpe_trains_on_the_first_non_empty_training_lines(tmp_path, monkeypatch):
-    """The paper's BPE sees the first BPE_TRAIN_LINES non-empty lines of the train split only."""
+    """The paper's BPE sees the first BPE_TRAIN_LINES non-empty lines of the train split only (the
+    paper's 100k; 3 here)."""
+    assert tokenizer_mod.BPE_TRAIN_LINES == 100_000
     data = tmp_path / "c"
     data.mkdir()
     (data / "train.txt").write_text("one two\n\nthree four\n   \nfive six\nseven eight\n")
