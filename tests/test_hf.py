@@ -218,6 +218,8 @@ def test_past_key_values_keyword_and_tuple_output():
     fed = []
     hook = hf.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True)
     assert torch.equal(hf.generate(idx, prefill_chunk_size=4, **kw), ref)
+    with pytest.raises(ValueError, match="prefill chunking without a cache"):  # use_cache=False asks for none: no
+        hf.generate(idx, prefill_chunk_size=4, use_cache=False, **kw)  # cache is made behind the caller's back
     # 5.x feeds the prompt in chunks through the hooks; 4.x calls forward() directly for the first 5 tokens (no
     # hooks) and then one token at a time (unchunked, both would be [6, 1, 1, 1])
     assert fed == ([4, 2, 1, 1, 1] if int(transformers.__version__.split(".")[0]) >= 5 else [1, 1, 1, 1])
