@@ -316,7 +316,8 @@ def test_bad_data_path_exits_2_with_one_line(capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     single = tmp_path / "one" / "input.txt"
-    assert err.endswith(f"a single text file is split 90/5/5 when given itself: --data {single}"), err
+    assert err.endswith(f"a single text file is split by the split setting (default 90/5/5) when given itself: "
+                        f"--data {single}"), err
 
 
 # ---- training ----------------------------------------------------------------------------

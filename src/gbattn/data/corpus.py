@@ -189,8 +189,8 @@ def _local_directory(path: Path) -> Corpus:
                         f"file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)"
                         + ("; this is a Hugging Face save_to_disk folder, which gbattn does not read: write each "
                            "split's text to a file (README, 'Data')" if saved else "")
-                        + (f"; a single text file is split 90/5/5 when given itself: --data {path / texts[0].name}"
-                           if single else ""))
+                        + (f"; a single text file is split by the split setting (default 90/5/5) when given itself: "
+                           f"--data {path / texts[0].name}" if single else ""))
     digests = {s: checked_digest(files[s]) for s in SPLITS}
     fingerprint = hashlib.sha256("|".join(f"{s}:{digests[s]}" for s in SPLITS).encode()).hexdigest()
 
