@@ -531,7 +531,7 @@ class LoadedRun:
     model_cfg: Any  # ModelConfig
     train_cfg: Any  # TrainConfig
     tokenizer: Any  # gbattn.data.tokenizer.Tokenizer
-    config: dict  # config.json as written
+    config: dict  # the run's config.json as written (of an export: its config.json's gbattn section)
     step: int
     checkpoint: str  # which weights: best, last or exported
 
