@@ -113,7 +113,9 @@ def test_bench_command_report(tmp_path, capsys, monkeypatch):
         (64, "boosted"),
     ]
     assert "dropout 0.05" in (tmp_path / "bench.md").read_text()
-    assert "step / FLOP ratio" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "step / FLOP ratio" in out
+    assert out == (tmp_path / "bench.md").read_text()  # what is printed is what is written (no extra blank line)
 
 
 def test_bench_ratios_follow_their_definitions(monkeypatch):
@@ -220,7 +222,7 @@ def test_bench_command_forwards_every_option(monkeypatch, capsys):
 
     calls = []
     monkeypatch.setattr(speed, "run_bench", lambda *args: calls.append(args) or {})
-    monkeypatch.setattr(speed, "bench_markdown", lambda report: "the table")
+    monkeypatch.setattr(speed, "bench_markdown", lambda report: "the table\n")
     monkeypatch.setattr(runtime, "default_threads", lambda: 7)
     assert cli_main(["bench"]) == 0 and capsys.readouterr().out == "the table\n"
     assert calls[0] == ("paper-small", None, "auto", None, None, 5, 3, None, None, None, None, True, "off", 7, None,

@@ -45,4 +45,4 @@ def cmd_bench(args) -> None:
     report = run_bench(args.preset or "paper-small", args.attn, args.device or "auto", args.batch, args.seq_len,
                        args.repeats, args.steps, None, args.decode, args.sweep, args.sweep_attn, not args.no_amp,
                        args.compile, args.threads or default_threads(), args.out, args.quiet, parse_sets(args.sets))
-    print(bench_markdown(report))
+    print(bench_markdown(report), end="")  # stdout is bench.md, byte for byte (the table ends its own line)
