@@ -380,21 +380,30 @@ def test_bench_prefill_and_decode_defaults_fit_the_block_size():
     from gbattn.bench.speed import _prefill_and_decode_lengths, run_bench
     from gbattn.errors import UserError
 
-    assert _prefill_and_decode_lengths("p", 1024, None, None) == (128, 64)
-    assert _prefill_and_decode_lengths("p", 64, None, None) == (32, 32)
-    assert _prefill_and_decode_lengths("p", 64, None, 63) == (1, 63)
-    assert _prefill_and_decode_lengths("p", 64, 40, 24) == (40, 24)  # exactly the block
+    assert _prefill_and_decode_lengths("of preset p", 1024, None, None) == (128, 64)
+    assert _prefill_and_decode_lengths("of preset p", 64, None, None) == (32, 32)
+    assert _prefill_and_decode_lengths("of preset p", 64, None, 63) == (1, 63)
+    assert _prefill_and_decode_lengths("of preset p", 64, 40, 24) == (40, 24)  # exactly the block
     with pytest.raises(UserError, match="--decode 64 leaves no room for a prompt within the block size 64"):
-        _prefill_and_decode_lengths("p", 64, None, 64)
+        _prefill_and_decode_lengths("of preset p", 64, None, 64)
     with pytest.raises(UserError, match="a prefill of 41 tokens and 24 decode steps exceed the block size 64"):
-        _prefill_and_decode_lengths("p", 64, 41, 24)
+        _prefill_and_decode_lengths("of preset p", 64, 41, 24)
     # a block of one token: the hints were --decode 0 (refused by the option) and --set seq_len=1 (a train field)
     with pytest.raises(UserError, match="^the block size 1 of preset p holds no prompt and decode step together: bench "
                                         "needs a block size of 2 or more$"):
-        _prefill_and_decode_lengths("p", 1, None, None)
-    with pytest.raises(UserError, match="bench needs a block size of 2 or more$"):
+        _prefill_and_decode_lengths("of preset p", 1, None, None)
+    with pytest.raises(UserError, match="^the block size 1 from --set block_size=1 holds no prompt and decode step "
+                                        "together: bench needs a block size of 2 or more$"):
         run_bench("cpu-char", ["standard"], device="cpu", repeats=1, steps=1, threads=1, quiet=True,
                   sets={"block_size": 1})
+    # a block size from --set is named as such, not as the preset's (cpu-char's is 64)
+    with pytest.raises(UserError, match="^--seq-len 40 exceeds the block size 32 from --set block_size=32$"):
+        run_bench("cpu-char", ["standard"], device="cpu", seq_len=40, threads=1, quiet=True, sets={"block_size": 32})
+    with pytest.raises(UserError, match="^--decode 32 leaves no room for a prompt within the block size 32 from --set "
+                                        "block_size=32; use at most --decode 31$"):
+        run_bench("cpu-char", ["standard"], device="cpu", decode=32, threads=1, quiet=True, sets={"block_size": 32})
+    with pytest.raises(UserError, match="^--seq-len 65 exceeds the block size 64 of preset cpu-char$"):
+        run_bench("cpu-char", ["standard"], device="cpu", seq_len=65, threads=1, quiet=True)
 
 
 def test_a_bench_training_step_learns_and_clears_its_gradients():

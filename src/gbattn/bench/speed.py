@@ -206,11 +206,13 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     sweep_variants = sweep_variants or ["standard", "boosted"]
     for spec in sweep_variants if sweep else []:  # a bad --sweep-attn fails now, not after the timings
         _variant_config(preset, spec, sets)
-    prefill, decode = _prefill_and_decode_lengths(preset, base_cfg.block_size, prefill, decode)
+    # (the preset's block size, or the one --set gave: an error naming the preset's would cite a size it does not have)
+    block_source = f"from --set block_size={base_cfg.block_size}" if "block_size" in sets else f"of preset {preset}"
+    prefill, decode = _prefill_and_decode_lengths(block_source, base_cfg.block_size, prefill, decode)
     seq_len = base_cfg.input_length(seq_len)
     batch = batch or (32 if dev.type == "cuda" else 8)
     if seq_len > base_cfg.block_size:
-        raise UserError(f"--seq-len {seq_len} exceeds the block size {base_cfg.block_size} of preset {preset}")
+        raise UserError(f"--seq-len {seq_len} exceeds the block size {base_cfg.block_size} {block_source}")
     autocast = bf16_autocast(dev, "auto" if amp else "off")
     torch.backends.cuda.matmul.allow_tf32 = True
 
@@ -327,20 +329,21 @@ def add_ratios_to_standard(rows: list[dict]) -> None:
         r["decode_ratio"] = base["decode_tokens_per_s"] / r["decode_tokens_per_s"]
 
 
-def _prefill_and_decode_lengths(preset: str, block_size: int, prefill: int | None,
+def _prefill_and_decode_lengths(block_source: str, block_size: int, prefill: int | None,
                                 decode: int | None) -> tuple[int, int]:
-    """(prefill, decode) tokens that fit the block size together, or a one-line error."""
+    """(prefill, decode) tokens that fit the block size together, or a one-line error; ``block_source`` says
+    where the block size came from (``of preset cpu-char``, ``from --set block_size=32``)."""
     if block_size < 2:  # (the hints below would name --decode 0, which bench refuses)
-        raise UserError(f"the block size {block_size} of preset {preset} holds no prompt and decode step together: "
+        raise UserError(f"the block size {block_size} {block_source} holds no prompt and decode step together: "
                         f"bench needs a block size of 2 or more")
     decode = decode or max(1, min(64, block_size // 2))
     if decode >= block_size:
-        raise UserError(f"--decode {decode} leaves no room for a prompt within the block size {block_size} of preset "
-                        f"{preset}; use at most --decode {block_size - 1}")
+        raise UserError(f"--decode {decode} leaves no room for a prompt within the block size {block_size} "
+                        f"{block_source}; use at most --decode {block_size - 1}")
     prefill = prefill or min(128, block_size - decode)
     if prefill + decode > block_size:
         raise UserError(f"a prefill of {prefill} tokens and {decode} decode steps exceed the block size {block_size} "
-                        f"of preset {preset}")
+                        f"{block_source}")
     return prefill, decode
 
 
