@@ -480,7 +480,8 @@ def test_bench_markdown_follows_the_report():
     # a compiled row's prefill and the sweep run eagerly, and say so (they read as compiled timings)
     assert lines[10].endswith("(prefill of 32 tokens, then 8 cached steps, batch 1). A compiled row's ratios are to "
                               "standard compiled; its prefill runs eagerly (only the training and decode steps are "
-                              "compiled).")
+                              "compiled). Peak memory is measured on the eager training step only, so a compiled "
+                              "row has none (—).")
     assert lines[12] == "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)"
     assert lines[16] == "| standard | 12.5 | 5.0 | 2.50 | 400 | 1,000 | 2.50 | 12 / 3 |"
     assert lines[20] == "## Sequence-length sweep (batch 1, one training step, eager)"
@@ -641,6 +642,11 @@ def test_bench_reports_compile_time_with_compile_on(monkeypatch):
     assert all(r["compile_s"] == {"train": 5.5, "decode": 4.0} for r in report["variants"])
     assert ("Compile time (the warm-up round's extra time over the measured steps), train / decode: "
             "standard · compiled 6 / 4 s, boosted · compiled 6 / 4 s.") in speed.bench_markdown(report)
+    # no row has a memory figure (measured eagerly only): the table's dashes are explained, not left blank
+    assert all(r["peak_memory_bytes"] is None for r in report["variants"])
+    assert ("Peak memory is measured on the eager training step only, so a compiled row has none (—) and "
+            "--compile on, with no eager rows, has no memory figures; --compile both or off measures them."
+            ) in speed.bench_markdown(report)
 
 
 def test_a_failed_cpu_memory_probe_is_one_line(monkeypatch):

@@ -420,7 +420,10 @@ def bench_markdown(report: dict) -> str:
               "time per decoded token relative to standard (prefill of "
               f"{report['prefill_tokens']} tokens, then {report['decode_tokens']} cached steps, batch 1)."
               + (" A compiled row's ratios are to standard compiled; its prefill runs eagerly (only the training "
-                 "and decode steps are compiled)." if report["compile"] != "off" else "")]
+                 "and decode steps are compiled). Peak memory is measured on the eager training step only, so a "
+                 "compiled row has none (—)" + (" and --compile on, with no eager rows, has no memory figures; "
+                                                "--compile both or off measures them" if report["compile"] == "on"
+                                                else "") + "." if report["compile"] != "off" else "")]
     compiled = [r for r in report["variants"] if r.get("compiled_step_speedup")]
     if compiled:
         lines += ["", "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)", "",
