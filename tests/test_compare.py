@@ -181,6 +181,18 @@ def test_a_rerun_of_a_subset_keeps_every_finished_run_in_the_report(tmp_path):
     assert again["complete"]
 
 
+def train_interrupted_at(label: str):
+    """compare's ``train``, raising KeyboardInterrupt (Ctrl-C) when it starts a run of model ``label``."""
+    real_train = compare_mod.train
+
+    def train(run_dir, *args, **kw):
+        if run_dir.parent.name == label:
+            raise KeyboardInterrupt
+        return real_train(run_dir, *args, **kw)
+
+    return train
+
+
 def test_a_stopped_invocation_leaves_every_finished_run_in_the_report(tmp_path, monkeypatch):
     """Seed 1 of standard and GBA, then an invocation adding seed 2 that is interrupted while training GBA
     (Ctrl-C): results.json and results.md still hold seed 1 of both models, and seed 2 of standard (after
@@ -189,14 +201,7 @@ def test_a_stopped_invocation_leaves_every_finished_run_in_the_report(tmp_path, 
     sets = tiny_sets()
     kwargs = dict(data=str(data), sets=sets, only=["standard", "gba-m2"], quiet=True)
     first = run_compare("cpu-proxy", tmp_path / "cmp", seeds=[1], **kwargs)
-    real_train = compare_mod.train
-
-    def interrupted_gba(run_dir, *args, **kw):
-        if run_dir.parent.name == "gba-m2":
-            raise KeyboardInterrupt
-        return real_train(run_dir, *args, **kw)
-
-    monkeypatch.setattr(compare_mod, "train", interrupted_gba)
+    monkeypatch.setattr(compare_mod, "train", train_interrupted_at("gba-m2"))
     with pytest.raises(UserError, match=r"compare interrupted: the runs in progress \(gba-m2/seed2\)"):
         run_compare("cpu-proxy", tmp_path / "cmp", seeds=[2], **kwargs)
     report = json.loads((tmp_path / "cmp" / "results.json").read_text())
@@ -215,13 +220,7 @@ def test_the_report_of_a_comparison_stopped_before_a_model_trained_says_it_is_in
     data = write_corpus(tmp_path / "c")
     kwargs = dict(data=str(data), sets=tiny_sets(), seeds=[1], only=["standard", "gba-m2"], quiet=True)
     real_train = compare_mod.train
-
-    def killed_at_gba(run_dir, *args, **kw):
-        if run_dir.parent.name == "gba-m2":
-            raise KeyboardInterrupt
-        return real_train(run_dir, *args, **kw)
-
-    monkeypatch.setattr(compare_mod, "train", killed_at_gba)
+    monkeypatch.setattr(compare_mod, "train", train_interrupted_at("gba-m2"))
     with pytest.raises(UserError, match=r"compare interrupted: the runs in progress \(gba-m2/seed1\)"):
         run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
     report = json.loads((tmp_path / "cmp" / "results.json").read_text())
