@@ -1019,6 +1019,8 @@ def test_the_paired_t_test_p_value_is_students_t_in_closed_form():
     assert paired_t_p(many) == pytest.approx(math.erfc(t / math.sqrt(2)), abs=1e-5)
     assert paired_t_p([-0.02, -0.02]) == 0.0 and paired_t_p([0.0, 0.0]) is None and paired_t_p([0.1]) is None
     assert (p_text(0.2049), p_text(0.004), p_text(None)) == ("p 0.20", "p < 0.01", "")
+    # "p < 0.01" only where two decimals would read 0.00: 0.006 rounds to 0.01, and "p 0.00" never shows
+    assert (p_text(0.006), p_text(0.00499)) == ("p 0.01", "p < 0.01")
 
 
 def test_the_paired_table_needs_two_seeds_orders_them_by_number_and_skips_a_diverged_seed():
