@@ -656,6 +656,13 @@ def test_param_fair_width_is_the_smallest_with_the_reference_parameters():
     fair, _ = matched_configs(recipe, specs["param-fair"], "data", 1, sets, 50, {}, None)
     assert count_params(fair) >= count_params(gba) > count_params(fair.replace(d_model=fair.d_model - fair.n_heads))
     assert fair.d_model > gba.d_model and fair.attn == "standard"
+    # The width is solved for param-fair's own settings, not its reference's: with half GBA's FFN it is wider
+    # still, and has at least GBA's parameters all the same.
+    narrow_ffn = dataclasses.replace(specs["param-fair"], model={"ffn_mult": 2})
+    recipe = dataclasses.replace(recipe, models=[specs["gba-m2"], narrow_ffn])
+    fair_narrow_ffn, _ = matched_configs(recipe, narrow_ffn, "data", 1, sets, 50, {}, None)
+    assert fair_narrow_ffn.ffn_mult == 2 and fair_narrow_ffn.d_model > fair.d_model
+    assert count_params(fair_narrow_ffn) >= count_params(gba)
 
 
 def test_a_matched_or_continued_model_without_its_reference_is_one_line(tmp_path):
