@@ -541,12 +541,14 @@ def test_report_of_an_unfinished_comparison_says_so_and_averages_each_column(tmp
 
     recipe = Recipe("r", "a test (10 steps)", "cpu-char", [ModelSpec("standard"), ModelSpec("gba-m2", "boosted")])
     request = {"data": "x", "seeds": [1, 2], "sets": {}}
-    results = {"standard": {1: _run_result(10.0, 60.0), 2: _run_result(12.0, 120.0)},
+    results = {"standard": {1: _run_result(10.0, 60.0), 2: {**_run_result(12.0, 120.0), "valid_ppl": 14.0}},
                "gba-m2": {1: _run_result(9.0, 60.0)}}
     report = write_results(tmp_path, recipe, request, recipe.models, results)
     assert not report["complete"] and "INCOMPLETE (runs missing)" in (tmp_path / "results.md").read_text()
     standard = report["models"][0]
-    assert (standard["test_ppl_mean"], standard["valid_ppl_mean"], standard["wall_clock_s"]) == (11.0, 12.0, 90.0)
+    assert (standard["test_ppl_mean"], standard["valid_ppl_mean"], standard["wall_clock_s"]) == (11.0, 12.5, 90.0)
+    # each spread is its own column's sample std: test 10, 12; validation 11, 14
+    assert (standard["test_ppl_std"], standard["valid_ppl_std"]) == (pytest.approx(2 ** 0.5), pytest.approx(4.5 ** 0.5))
     results["gba-m2"][2] = _run_result(9.5, 60.0)
     assert write_results(tmp_path, recipe, request, recipe.models, results)["complete"]
     assert "INCOMPLETE" not in (tmp_path / "results.md").read_text()
