@@ -480,6 +480,7 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     # Out of range (the site was left without dropout, silently):
     ("gpt2", {"attn_pdrop": -1}, "attn_pdrop=-1 must be a rate in [0, 1)"),
     ("gpt2", {"resid_pdrop": float("nan")}, "resid_pdrop=NaN must be a rate in [0, 1)"),
+    ("gpt2", {"embd_pdrop": 1}, "embd_pdrop=1 must be a rate in [0, 1)"),  # every activation dropped
     ("llama", {"rope_theta": "abc", "rope_parameters": None}, 'rope_theta="abc" must be a number'),
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": [1]}}, "rope_theta=[1] must be"),
     ("llama", {"max_position_embeddings": 10**13}, "block_size=10000000000000 must be an integer in"),
@@ -532,15 +533,18 @@ def test_rope_entries_without_scaling_are_accepted(changes, base, llama_dir, tmp
 
 
 def test_llama_fields_left_out_take_transformers_defaults(llama_dir, tmp_path, float64_llama):
-    """A Llama config.json without tie_word_embeddings or num_key_value_heads means what transformers' LlamaConfig
-    makes of it: an untied head (GPT-2's default is tied) and as many key/value heads as query heads; and
-    attention_dropout is the model's (attention-only) dropout rate."""
+    """A Llama config.json without tie_word_embeddings, num_key_value_heads or a RoPE base means what
+    transformers' LlamaConfig makes of it: an untied head (GPT-2's default is tied), as many key/value heads as
+    query heads and a RoPE base of 10000; and attention_dropout is the model's (attention-only) dropout rate."""
     directory = save_hf(llama_model(num_key_value_heads=4), tmp_path / "mha")
     config = json.loads((directory / "config.json").read_text())
     del config["tie_word_embeddings"], config["num_key_value_heads"]
+    for key in ("rope_theta", "rope_parameters", "rope_scaling"):
+        config.pop(key, None)
     (directory / "config.json").write_text(json.dumps(config))
     source = load_source(directory)
     assert not source.model_cfg.tie_embeddings and source.model_cfg.kv_heads == 4
+    assert source.model_cfg.rope_base == 10000.0
     hf = transformers.LlamaForCausalLM.from_pretrained(directory).eval().double()
     idx = tokens()
     with torch.no_grad():
