@@ -15,6 +15,7 @@ import importlib.util
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import warnings
@@ -1042,6 +1043,18 @@ def test_an_export_killed_while_writing_is_not_taken_for_one_and_is_done_again(t
     code, _, err = run_cli(capsys, ["export", run_dir, "--out", out])
     assert code == 0, err
     assert _files(out) == _files(reference) and [p.name for p in out.iterdir() if p.is_dir()] == []
+    # The staging folder of an export killed in another process is removed by the next export; one of a process
+    # still alive (here: pytest's parent) or of another host is left alone.
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    host = socket.gethostname()
+    names = (f".export.tmp{finished.pid}@{host}", f".export.tmp{os.getppid()}@{host}", f".export.tmp{finished.pid}@x")
+    for name in names:
+        (out / name).mkdir()
+        (out / name / "model.safetensors").write_bytes(b"half")
+    code, _, err = run_cli(capsys, ["export", run_dir, "--out", out])
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(names[1:])
 
 
 @pytest.mark.parametrize("moved", range(6))  # six files: config.json is the last
