@@ -1241,8 +1241,28 @@ def test_what_a_directory_holds_is_told_by_its_files(tmp_path):
     llama.mkdir()
     (llama / rundir.CONFIG).write_text(json.dumps({"model_type": "llama"}))
     assert rundir.foreign_model(llama) == "a Hugging Face checkpoint (llama)" and not rundir.is_exported(llama)
+    best_only = tmp_path / "best-only"  # a run's best weights alone, without its last checkpoint or config
+    best_only.mkdir()
+    (best_only / rundir.BEST).write_bytes(b"")
+    assert rundir.folder_holds(best_only) == rundir.RUN
+    partial = tmp_path / "partial"  # a results.json with only some of the keys gbattn denoise writes
+    partial.mkdir()
+    (partial / "results.json").write_text(json.dumps({"protocol": {}}))
+    assert rundir.folder_holds(partial) == "a results.json that neither `gbattn compare` nor `gbattn denoise` wrote"
     with pytest.raises(UserError, match="holds a Hugging Face checkpoint \\(llama\\), not a gbattn run"):
         rundir.check_out(llama, (rundir.RUN,), "a gbattn run")
+
+
+def test_appending_never_writes_through_a_link_nor_into_a_device(tmp_path):
+    """A metrics file planted as a link is refused and its target left as it was; a device is refused too."""
+    target, link = tmp_path / "elsewhere.jsonl", tmp_path / "metrics.jsonl"
+    target.write_text("kept\n")
+    link.symlink_to(target)
+    with pytest.raises(UserError, match="a link, a directory or a FIFO is refused"):
+        files.append_jsonl(link, {"step": 1})
+    assert target.read_text() == "kept\n"
+    with pytest.raises(UserError, match="is not a regular file: remove it"):
+        files.open_to_append(os.devnull)
 
 
 def every_file(directory: Path) -> dict[str, bytes]:
@@ -1803,6 +1823,8 @@ def test_every_tokenizer_file_is_refused_unread_above_the_json_size_cap(tmp_path
                  lambda: hf_tokenizer(hf_dir, 2)):
         with pytest.raises(CheckpointError, match=too_large):
             read()
+    monkeypatch.setattr(files, "MAX_JSON_BYTES", (hf_dir / "tokenizer.json").stat().st_size)
+    assert hf_tokenizer(hf_dir, 2).vocab_size == 2  # a file of exactly the cap is read
 
 
 def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_traceback(tmp_path):
@@ -1812,6 +1834,9 @@ def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_tr
     from gbattn.experiments.report import other_setting, published_value
 
     assert files.portable_path("/home/me/data/wikitext-2") == "wikitext-2"
+    run = tmp_path / "runs" / "gba"
+    assert files.relative_path(run / "seed1", tmp_path) == "runs/gba/seed1"  # inside: relative to the base
+    assert files.relative_path(run, run) == "runs/gba"  # the base itself: its last two parts, never "."
     assert files.portable_path("data/../../corpora/wikitext-2") == "wikitext-2"
     assert files.portable_path("data/wikitext-2") == "data/wikitext-2"
     # cpu-char's own file by its absolute path: "input.txt" alone made the report say these runs trained on other
