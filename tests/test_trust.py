@@ -1253,6 +1253,16 @@ def test_what_a_directory_holds_is_told_by_its_files(tmp_path):
         rundir.check_out(llama, (rundir.RUN,), "a gbattn run")
 
 
+def test_a_checkpoint_without_a_model_dict_is_refused_in_one_line(tmp_path):
+    """A torch.save file of plain values but no ``model`` dict of weights is no gbattn checkpoint."""
+    from gbattn.errors import CheckpointError
+
+    for name, state in (("none.pt", {"step": 1}), ("list.pt", {"model": [torch.zeros(1)]})):
+        torch.save(state, tmp_path / name)
+        with pytest.raises(CheckpointError, match="is not a gbattn checkpoint \\(no model weights in it\\)"):
+            rundir.load_checkpoint(tmp_path / name)
+
+
 def test_appending_never_writes_through_a_link_nor_into_a_device(tmp_path):
     """A metrics file planted as a link is refused and its target left as it was; a device is refused too."""
     target, link = tmp_path / "elsewhere.jsonl", tmp_path / "metrics.jsonl"
