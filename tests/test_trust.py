@@ -1307,6 +1307,7 @@ def test_every_writing_command_refuses_an_out_holding_what_it_did_not_write(trai
     folder("comparison", rundir.COMPARISON, {"recipe.json": '{"recipe": "cpu-char"}', "results.json": '{"models": []}',
                                              "results.md": "# cpu-char"}, runs=["standard/seed42"])
     folder("comparison-results", rundir.COMPARISON, {"results.json": '{"models": []}'})
+    folder("comparison-started", rundir.COMPARISON, {"recipe.json": '{"recipe": "cpu-char"}'})  # no run finished yet
     folder("seeds", "run directories (seed42)", {}, runs=["seed42"])
     folder("denoise", rundir.DENOISE, {"results.json": '{"protocol": {}, "tables": {}, "runs": {}}',
                                        "results.md": "# denoise"})
