@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -293,6 +294,11 @@ def test_torch_bin_of_another_pickle_protocol(gpt2_dir, tmp_path, zip_format):
                                **EXACT)
     torch.save(state, directory / "pytorch_model.bin", pickle_protocol=4, _use_new_zipfile_serialization=zip_format)
     with pytest.raises(CheckpointError, match=re.escape("is pickled with protocol 4, which torch's safe reader")):
+        load_source(directory)
+    # Protocol 3, which the safe reader reads, refused for what it holds (a Python object), not for its protocol
+    torch.save({**state, "extra": Fraction(1, 3)}, directory / "pytorch_model.bin", pickle_protocol=3,
+               _use_new_zipfile_serialization=zip_format)
+    with pytest.raises(CheckpointError, match=r"holds Python objects beyond tensors \(loading it could run code\)"):
         load_source(directory)
 
 
