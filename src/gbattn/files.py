@@ -230,8 +230,8 @@ def read_json(path: str | Path, what: str | None = None) -> dict:
     if path.parent.exists() and not path.parent.is_dir():  # a file given for the directory: not "FILE/config.json"
         raise CheckpointError(f"{path.parent} is a file, not a gbattn run directory")
     if not path.is_file():
-        hint = "" if path.parent.exists() else did_you_mean_path(path.parent)  # runs/gab for runs/gba
-        raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?{hint}")
+        raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?"
+                              f"{did_you_mean_path(path.parent)}")  # runs/gab for runs/gba
     content = read_json_bytes(path)
     try:
         obj = json.loads(content.decode("utf-8"))
@@ -249,8 +249,11 @@ def read_json(path: str | Path, what: str | None = None) -> dict:
 def did_you_mean_path(path: str | Path, at_most: int = 10_000) -> str:
     """`` (did you mean 'FOLDER/NAME'?)`` for the entry of ``path``'s folder (of its first ``at_most``) whose name
     ``path``'s is a near miss of (``wiki.train.tokens`` where ``wiki.train.tokens.gz`` is, ``runs/gab`` where
-    ``runs/gba`` is), else ``""``: compared by name, not by the whole path (which every sibling shares)."""
+    ``runs/gba`` is), else ``""``: compared by name, not by the whole path (which every sibling shares). A path that
+    exists is no typo: ``""``."""
     path = Path(path)
+    if path.exists():
+        return ""
     try:
         with os.scandir(path.parent) as entries:
             match = near_miss(path.name, [entry.name for entry in itertools.islice(entries, at_most)])

@@ -593,8 +593,8 @@ def check_model_dir(path: str | Path) -> Path:
     :class:`CheckpointError`: checked before anything is derived from it (a default output folder inside it)."""
     path = Path(path)
     if not path.is_dir():
-        hint = "" if path.exists() else did_you_mean_path(path)
-        raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one){hint}")
+        raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)"
+                              f"{did_you_mean_path(path)}")
     return path
 
 

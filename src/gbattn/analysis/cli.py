@@ -457,9 +457,8 @@ def read_comparison(compare_dir: Path) -> dict:
                             f"`gbattn compare` writes as each run finishes): plot it once one has")
         if compare_dir.exists() and not compare_dir.is_dir():  # not "FILE/results.json not found"
             raise UserError(f"{compare_dir} is a file, not a `gbattn compare` directory")
-        hint = "" if compare_dir.exists() else did_you_mean_path(compare_dir)  # runs/cpu-chra for runs/cpu-char
         raise UserError(f"{compare_dir / 'results.json'} not found: is {compare_dir} a `gbattn compare` "
-                        f"directory?{hint}")
+                        f"directory?{did_you_mean_path(compare_dir)}")  # runs/cpu-chra for runs/cpu-char
     return read_report(compare_dir / "results.json")
 
 
