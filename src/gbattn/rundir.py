@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from gbattn.checks import check_choice
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError, ConfigError, UserError
@@ -605,8 +606,8 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
     Mac, mps; README, "Using gbattn from Python"; what is checked on the way: README, "Trust")."""
     path = check_model_dir(path)
     device = resolve_device(device, mps=True)  # else torch.load's error on another device, read as damage
-    if checkpoint is not None and checkpoint not in WHICH:
-        raise UserError(f"checkpoint={checkpoint!r} is not allowed; choose one of {', '.join(WHICH)}")
+    if checkpoint is not None:
+        check_choice("checkpoint", checkpoint, WHICH)
     if foreign_model(path) == UNFINISHED_EXPORT:
         raise CheckpointError(f"{path} holds an export that did not finish (it has no {CONFIG}: stopped while being "
                               f"written): export the run again")
