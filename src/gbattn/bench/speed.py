@@ -413,17 +413,22 @@ def bench_markdown(report: dict) -> str:
         )
     spread_note = ("(range: lowest and highest of those ratios). " if report["repeats"] > 1 else
                    "(one repeat: no range, so no sign of the noise; use --repeats 3 or more). ")
+    compile_note = ""
+    if report["compile"] != "off":
+        compile_note = (" A compiled row's ratios are to standard compiled; its prefill runs eagerly (only the "
+                        "training and decode steps are compiled). Peak memory is measured on the eager training step "
+                        "only, so a compiled row has none (—)")
+        if report["compile"] == "on":
+            compile_note += (" and --compile on, with no eager rows, has no memory figures; --compile both or off "
+                             "measures them")
+        compile_note += "."
     lines += ["", "Step ratio: median over repeats of the variant's step time over standard's in the same repeat "
               + spread_note +
               "FLOP ratio: training (forward + backward) FLOPs per token from torch.utils.flop_counter. "
               "Step / FLOP ratio 1.00 = the variant costs exactly its extra arithmetic. Decode cost ratio: "
               "time per decoded token relative to standard (prefill of "
               f"{report['prefill_tokens']} tokens, then {report['decode_tokens']} cached steps, batch 1)."
-              + (" A compiled row's ratios are to standard compiled; its prefill runs eagerly (only the training "
-                 "and decode steps are compiled). Peak memory is measured on the eager training step only, so a "
-                 "compiled row has none (—)" + (" and --compile on, with no eager rows, has no memory figures; "
-                                                "--compile both or off measures them" if report["compile"] == "on"
-                                                else "") + "." if report["compile"] != "off" else "")]
+              + compile_note]
     compiled = [r for r in report["variants"] if r.get("compiled_step_speedup")]
     if compiled:
         lines += ["", "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)", "",
