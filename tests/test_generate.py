@@ -413,6 +413,20 @@ def test_top_k_samples_only_the_k_largest_logits():
         assert set(drawn.tolist()) == allowed, (k, sorted(set(drawn.tolist())), sorted(allowed))
 
 
+def test_a_top_k_of_the_vocabulary_size_or_more_keeps_every_token_and_the_help_says_so(capsys):
+    """--top-k above the vocabulary (the default 200 for a character-level run's few dozen tokens) means no
+    top-k: the draws are those of top_k=None, and `gbattn generate --help` said nothing of it."""
+    from gbattn.model.decoding import sample_next
+
+    logits = torch.randn(50, 6)
+    for k in (6, 7, 200):
+        drawn = sample_next(logits, 1.0, k, torch.Generator().manual_seed(0))
+        assert torch.equal(drawn, sample_next(logits, 1.0, None, torch.Generator().manual_seed(0))), k
+    with pytest.raises(SystemExit):
+        cli_main(["generate", "--help"])
+    assert "a k of the vocabulary's size or more keeps every token" in " ".join(capsys.readouterr().out.split())
+
+
 def test_decoder_for_counts_the_cached_steps_it_compiles_for_and_says_where_the_cache_ends(monkeypatch):
     """The prefill predicts the first new token, each later one is a cached step while the sequence fits
     block_size: at a threshold of 5 cached steps, 6 new tokens after a 1-token prompt compile the step and

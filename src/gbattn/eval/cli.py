@@ -39,7 +39,8 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=arguments.non_negative_number, default=0.8,
                    help="0 = greedy (default %(default)s)")
     p.add_argument("--top-k", type=arguments.at_least(1), default=200,
-                   help="sample from the k most likely tokens (default %(default)s)")
+                   help="sample from the k most likely tokens (default %(default)s); a k of the vocabulary's size "
+                        "or more keeps every token")
     p.add_argument("--seed", type=arguments.SEED, default=None, help="sampling seed (default: a new draw each time)")
     p.add_argument("--num-samples", type=arguments.at_least(1), default=1,
                    help="samples to draw from the same prompt (default %(default)s)")

@@ -132,6 +132,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     """Continue ``idx_BT`` by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens) (README, "Using gbattn
     from Python").
 
+    ``top_k``: sample from the k largest logits (None, or a k of the vocabulary's size or more: from all of them).
     ``prompt_mask`` (B, T): True for real prompt tokens, for a left-padded batch (each row then
     continues as it would alone while the sequence fits in ``block_size``; past it a row's window
     still holds its padding). ``decode_step``: a replacement for the one-token cached forward
