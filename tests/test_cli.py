@@ -361,6 +361,13 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
         (["eval", tmp_path, "--split", "valdi"], "invalid choice: 'valdi' (did you mean 'valid'?) (choose from "),
         (["denoise", "--experiments", "gates", "round"], "invalid choice: 'round' (did you mean 'rounds'?) (choose "),
         (["eval", tmp_path, "--split", "xx"], "invalid choice: 'xx' (choose from 'valid', 'test')"),
+        # two neighbouring letters swapped in a short name (too far for the similarity cutoff alone)
+        (["eval", tmp_path, "--split", "tset"], "invalid choice: 'tset' (did you mean 'test'?) (choose from "),
+        (["generate", tmp_path, "--prompt", "a", "--device", "cdua"],
+         "device='cdua' is not allowed (did you mean 'cuda'?); choose auto, cpu, cuda, cuda:N"),
+        (["eval", tmp_path, "--device", "cpux"], "device='cpux' is not allowed (did you mean 'cpu'?); choose auto, "),
+        (["eval", tmp_path, "--device", "cdua:1"], "device='cdua:1' is not allowed (did you mean 'cuda'?); choose "),
+        (["eval", tmp_path, "--device", "gpu"], "device='gpu' is not allowed; choose auto, cpu, cuda, cuda:N"),
     ):
         code, out, err = run_cli(capsys, argv)
         assert (code, out, len(err.splitlines())) == (2, "", 1) and expected in err, (argv, err)

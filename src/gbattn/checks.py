@@ -35,11 +35,22 @@ def between(minimum: int, maximum: int) -> dict:
 
 
 def near_miss(value: Any, allowed) -> str | None:
-    """The entry of ``allowed`` that ``value`` is a typo of (``paper-smal``: ``paper-small``), or None."""
+    """The entry of ``allowed`` that ``value`` is a typo of (``paper-smal``: ``paper-small``; two neighbouring
+    letters swapped, ``cdua``: ``cuda``, which in a short name is too far for the similarity cutoff), or None."""
     if not isinstance(value, str):
         return None
-    match = difflib.get_close_matches(value, [str(a) for a in allowed], n=1, cutoff=0.8)
-    return match[0] if match else None
+    names = [str(a) for a in allowed]
+    match = difflib.get_close_matches(value, names, n=1, cutoff=0.8)
+    return match[0] if match else next((name for name in names if _one_swap_apart(value, name)), None)
+
+
+def _one_swap_apart(a: str, b: str) -> bool:
+    """Whether ``b`` is ``a`` with two neighbouring characters swapped."""
+    differ = [k for k in range(len(a)) if len(a) == len(b) and a[k] != b[k]]
+    if len(differ) != 2:
+        return False
+    i, j = differ
+    return j == i + 1 and (a[i], a[j]) == (b[j], b[i])
 
 
 def did_you_mean(values, allowed) -> str:

@@ -1,5 +1,5 @@
 """Process-level helpers: devices, autocast, random-number state, CPU threads and the command line
-being run. It imports only gbattn's errors and file helpers."""
+being run. It imports only gbattn's errors, checks and file helpers."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from gbattn.checks import did_you_mean
 from gbattn.errors import UserError
 from gbattn.files import portable_path
 
@@ -37,7 +38,11 @@ def resolve_device(name: str | torch.device = "auto", local_rank: int | None = N
     except (RuntimeError, TypeError):  # not a device name
         device = None
     if not isinstance(text, str) or device is None or device.type not in ("cpu", "cuda", *(("mps",) if mps else ())):
-        raise UserError(f"device={text!r} is not allowed; choose auto, cpu, cuda, cuda:N{' or mps' if mps else ''}")
+        names = ["auto", "cpu", "cuda", *(["mps"] if mps else [])]
+        kind = text.partition(":")[0] if isinstance(text, str) else text  # cdua:1 is a typo of cuda; cuda:x is not
+        hint = did_you_mean(kind, names) if kind not in names else ""
+        raise UserError(f"device={text!r} is not allowed{hint}; choose auto, cpu, cuda, cuda:N"
+                        f"{' or mps' if mps else ''}")
     if device.type == "cpu":
         return torch.device("cpu")  # cpu:0 too (torch.load cannot map to cpu:0)
     if device.type == "mps" and not torch.backends.mps.is_available():
