@@ -403,9 +403,23 @@ def test_against_with_another_tokenizer_or_seq_len_is_one_line(runs, tmp_path, c
 def test_bad_layer_is_one_line(runs, tmp_path, capsys):
     """The model has two layers: 0, 1 or -1, -2; 2 (one past the last) and -3 are refused like 7."""
     for layer in ("7", "2", "-3"):
-        code = cli_main(["analyze", str(runs["gba"]), "--layer", layer, "--out", str(tmp_path / "a"), "--quiet"])
+        code = cli_main(["analyze", str(runs["gba"]), "--against", str(runs["std"]), "--layer", layer,
+                         "--out", str(tmp_path / "a"), "--quiet"])
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1 and f"--layer {layer}: the model has 2 layers" in err, err
+
+
+def test_options_of_the_gains_over_against_are_refused_without_it(runs, tmp_path, capsys):
+    """--layer, --top and --examples only shape the per-token gains over --against: without it they were taken
+    and changed nothing. Now one line names them and --against, before anything is loaded or written."""
+    for flags, expected in ((["--layer", "0"], "--layer goes with --against STANDARD_RUN_DIR"),
+                            (["--top", "5", "--examples", "1"], "--top and --examples go with --against "),
+                            (["--examples", "3"], "--examples goes with --against "),
+                            (["--examples", "3", "--top", "1", "--layer", "1"], "--layer, --top and --examples go ")):
+        code = cli_main(["analyze", str(runs["gba"]), *flags, "--out", str(tmp_path / "a"), "--quiet"])
+        err = capsys.readouterr().err
+        assert (code, len(err.splitlines())) == (2, 1) and err.startswith(f"gbattn: error: {expected}"), err
+    assert not (tmp_path / "a").exists()
 
 
 def test_no_rows_to_analyse_is_refused(runs, tmp_path, capsys):

@@ -267,8 +267,10 @@ def test_set_example_in_help_is_accepted(capsys, command, takes_training_fields)
 def test_generate_and_eval_help_state_their_defaults(capsys):
     """`generate --help` gave no default for its sampling options (0.8 and 200, where the Python
     generate() samples at 1.0 from every token): each option's help names the default it parses to."""
+    import inspect
     import re
 
+    from gbattn.analysis.cli import AGAINST_ONLY, analyze_run
     from gbattn.cli import build_parser
 
     parser = build_parser()
@@ -280,6 +282,9 @@ def test_generate_and_eval_help_state_their_defaults(capsys):
                 "compare": [command, "--recipe", "cpu-char", "--out", "OUT"],
                 "lm-eval": [command, "RUN", "--tasks", "x"]}.get(command, [command, "RUN"])
         defaults = vars(parser.parse_args(argv))
+        if command == "analyze":  # --top and --examples are None when not given (refused without --against): the
+            # defaults used are analyze_run's
+            defaults.update({name: inspect.signature(analyze_run).parameters[name].default for name in AGAINST_ONLY})
         with pytest.raises(SystemExit):
             main([command, "--help"])
         help_text = " ".join(capsys.readouterr().out.split())

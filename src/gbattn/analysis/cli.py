@@ -28,13 +28,13 @@ def register(sub) -> None:
     p.add_argument("--max-rows", type=arguments.at_least(1), default=64,
                    help="held-out rows to analyse, evenly spaced (default 64)")
     p.add_argument("--batch-size", type=arguments.at_least(1), default=8, help="rows per batch (default %(default)s)")
-    p.add_argument("--layer", type=int, default=-1,
+    # default None: given without --against is refused (cmd_analyze); analyze_run holds the defaults
+    p.add_argument("--layer", type=int, default=None,
                    help="layer of the example figure (default -1: the last); with --against only")
-    p.add_argument("--top", type=arguments.at_least(0), default=20,
-                   help="tokens with the largest gain listed in summary.json (default %(default)s); with --against "
-                        "only")
-    p.add_argument("--examples", type=arguments.at_least(0), default=3,
-                   help="positions drawn in examples.png, 0 for no figure (default %(default)s); with --against only")
+    p.add_argument("--top", type=arguments.at_least(0), default=None,
+                   help="tokens with the largest gain listed in summary.json (default 20); with --against only")
+    p.add_argument("--examples", type=arguments.at_least(0), default=None,
+                   help="positions drawn in examples.png, 0 for no figure (default 3); with --against only")
     arguments.checkpoint(p)
     arguments.device(p)
     arguments.threads(p)
@@ -382,14 +382,23 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     print(f"  summary: {summary_path}")
 
 
+AGAINST_ONLY = ("layer", "top", "examples")  # analyze's options of the per-token gains over --against
+
+
 def cmd_analyze(args) -> None:
+    from gbattn.errors import UserError
     from gbattn.runtime import set_threads
 
+    given = {name: getattr(args, name) for name in AGAINST_ONLY if getattr(args, name) is not None}
+    if given and not args.against:  # (they were taken and changed nothing)
+        flags = [f"--{name}" for name in given]
+        flags = " and ".join(filter(None, [", ".join(flags[:-1]), flags[-1]]))
+        raise UserError(f"{flags} {'goes' if len(given) == 1 else 'go'} with --against STANDARD_RUN_DIR (the "
+                        f"per-token gains of this run over that one)")
     set_threads(args.threads)
     analyze_run(args.run_dir, against=args.against, split=args.split, out=args.out, max_rows=args.max_rows,
-                batch_size=args.batch_size, layer=args.layer, top=args.top, examples=args.examples,
-                checkpoint=args.checkpoint, device=args.device or "auto", pdf=args.pdf, quiet=args.quiet,
-                data=args.data, allow_other_data=args.allow_other_data)
+                batch_size=args.batch_size, checkpoint=args.checkpoint, device=args.device or "auto", pdf=args.pdf,
+                quiet=args.quiet, data=args.data, allow_other_data=args.allow_other_data, **given)
 
 
 # --------------------------------------------------------------------------------------
