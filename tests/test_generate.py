@@ -200,6 +200,45 @@ def test_generate_cli_compiles_only_as_it_says_past_the_threshold(tmp_path, caps
     assert ("compiled" in capsys.readouterr().err) == bool(compiles)
 
 
+def test_generate_cli_leaves_the_compiling_out_of_its_tokens_per_second(tmp_path, capsys, monkeypatch):
+    """A compiled decode step compiles on its first call (seconds on a CPU): `generate --compile` divided the tokens
+    by a time that held it (measured: 20 tokens in 15.76 s, "1 tokens/s"). Now the rate is of the tokens after the
+    first two, and the line says how long those took, compiling included. (A fake clock: the compiling takes 100 s,
+    every other reading of the clock 1 ms.)"""
+    import time
+
+    clock = [0.0]
+
+    def tick() -> float:
+        clock[0] += 0.001
+        return clock[0]
+
+    def compiling_step(model, mode=None):
+        eager, calls = decoding.eager_decode_step(model), []
+
+        def step(*args):
+            clock[0] += 100.0 if not calls else 0.0
+            calls.append(1)
+            return eager(*args)
+
+        return step
+
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    monkeypatch.setattr(decoding, "compiled_decode_step", compiling_step)
+    monkeypatch.setattr(time, "perf_counter", tick)
+    for flags in (["--max-new-tokens", "12", "--compile"], ["--max-new-tokens", "2", "--compile"],
+                  ["--max-new-tokens", "12", "--no-compile"]):
+        assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the", "--num-samples", "2", *flags]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if " tokens in " in line]
+    compiled = re.search(r"2 x 12 tokens in (\S+) s \(([\d,]+) tokens/s after the first 2 tokens, which took (\S+) s "
+                         r"with compiling the decode step, KV cache, compiled decode step\)", lines[0])
+    assert compiled and float(compiled[1]) >= 100 and float(compiled[3]) >= 100, lines[0]
+    assert int(compiled[2].replace(",", "")) >= 100  # 20 tokens in the 1 ms clock readings after the compiling
+    assert "2 x 2 tokens in " in lines[1] and "(compiling the decode step included, " in lines[1], lines[1]
+    assert re.search(r"2 x 12 tokens in \S+ s \([\d,]+ tokens/s, KV cache\)$", lines[2]), lines[2]
+
+
 def test_generate_cli_passes_samples_and_the_cache_choice_and_shows_a_bar_for_long_runs(tmp_path, capsys,
                                                                                         monkeypatch):
     """`--num-samples 3` prints three continuations; `--no-cache`, `--temperature`, `--top-k` and `--seed`

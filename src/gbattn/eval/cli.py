@@ -131,11 +131,20 @@ def cmd_generate(args) -> None:
                             max_new_tokens=args.max_new_tokens, prompt_length=len(ids))
     # A bar for long generations only (one token per step for the whole batch).
     bar = Progress(args.max_new_tokens, desc="generating", unit="token", disable=args.max_new_tokens < 1000)
+    made = []  # when each new token was made: a compiled step compiles on its first call, before the second token
+
+    def made_one(n: int) -> None:
+        made.append(time.perf_counter())
+        bar.update(n)
+
     t0 = time.perf_counter()
     # compile=False: the choice is made above (step, or eager decoding), not again by generate's own default
     out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
-                             use_cache=not args.no_cache, decode_step=step, compile=False, progress=bar.update)
-    dt = time.perf_counter() - t0
+                             use_cache=not args.no_cache, decode_step=step, compile=False, progress=made_one)
+    if device.type == "cuda":  # the tokens are queued, not made, until the GPU is done
+        torch.cuda.synchronize(device)
+    end = time.perf_counter()
+    dt = end - t0
     bar.close()
     on_terminal = sys.stdout.isatty()
     for row in out.tolist():
@@ -146,5 +155,12 @@ def cmd_generate(args) -> None:
         print("note: the paper's BPE keeps no word boundaries, so its pieces are shown separated by spaces "
               "(README, 'Data')", file=sys.stderr)
     tokens = args.num_samples * args.max_new_tokens
-    print(f"{args.num_samples} x {args.max_new_tokens} tokens in {dt:.2f} s ({tokens / max(dt, 1e-9):,.0f} tokens/s, "
+    if step is None or args.max_new_tokens < 2:  # no compiled step ran: the whole time is decoding
+        rate = f"{tokens / max(dt, 1e-9):,.0f} tokens/s"
+    elif args.max_new_tokens == 2:
+        rate = "compiling the decode step included"
+    else:  # the rate of the tokens after the compiling
+        rate = (f"{args.num_samples * (args.max_new_tokens - 2) / max(end - made[1], 1e-9):,.0f} tokens/s after the "
+                f"first 2 tokens, which took {made[1] - t0:.2f} s with compiling the decode step")
+    print(f"{args.num_samples} x {args.max_new_tokens} tokens in {dt:.2f} s ({rate}, "
           f"{'no cache' if args.no_cache else how})", file=sys.stderr)  # stdout holds the text alone
