@@ -577,6 +577,15 @@ def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(
         speed.run_bench("cpu-char", ["boosted", "twicing", "boosted"], **common)
     with pytest.raises(UserError, match="--attn names standard more than once"):
         speed.run_bench("cpu-char", ["standard", "boosted", "standard"], **common)
+    # an empty option list is the bare name, and options written two ways are one model: each was a row of its own
+    for specs, repeated in ((["standard", "standard:"], "standard"), (["boosted:", "twicing", "boosted"], "boosted"),
+                            (["standard:", "boosted", "standard"], "standard")):
+        with pytest.raises(UserError, match=f"^--attn names {repeated} more than once"):
+            speed.run_bench("cpu-char", specs, **common)
+    with pytest.raises(UserError, match=r"^--attn names boosted:rounds=3 twice \(boosted:rounds=3.0, is the same "):
+        speed.run_bench("cpu-char", ["boosted:rounds=3", "boosted:rounds=3.0,"], **common)
+    with pytest.raises(UserError, match="^--sweep-attn names boosted more than once"):
+        speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["boosted", "boosted:"], **common)
     with pytest.raises(UserError, match="attn='bogus' is not allowed"):
         speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["standard", "bogus"], **common)
     # sweep variants without a sweep: refused by run_bench itself, as by the CLI (they were dropped, silently)

@@ -196,16 +196,14 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     if threads is not None:
         torch.set_num_threads(threads)
     dev = resolve_device(device)
-    variants = list(variants or DEFAULT_VARIANTS)
+    variants = [_label(spec) for spec in variants or DEFAULT_VARIANTS]
     if variants[0] != "standard":  # every ratio is against standard
         variants = ["standard"] + [v for v in variants if v != "standard"]
-    repeated = sorted({v for v in variants if variants.count(v) > 1})
-    if repeated:
-        raise UserError(f"--attn names {', '.join(repeated)} more than once: each variant is benched once")
+    _refuse_repeats("--attn", variants, preset, sets)
     base_cfg = _variant_config(preset, "standard", sets)
-    sweep_variants = sweep_variants or ["standard", "boosted"]
-    for spec in sweep_variants if sweep else []:  # a bad --sweep-attn fails now, not after the timings
-        _variant_config(preset, spec, sets)
+    sweep_variants = [_label(spec) for spec in sweep_variants or ["standard", "boosted"]]
+    if sweep:  # a bad --sweep-attn fails now, not after the timings
+        _refuse_repeats("--sweep-attn", sweep_variants, preset, sets)
     # (the preset's block size, or the one --set gave: an error naming the preset's would cite a size it does not have)
     block_source = f"from --set block_size={base_cfg.block_size}" if "block_size" in sets else f"of preset {preset}"
     prefill, decode = _prefill_and_decode_lengths(block_source, base_cfg.block_size, prefill, decode)
@@ -350,6 +348,25 @@ def _prefill_and_decode_lengths(block_source: str, block_size: int, prefill: int
 def _variant_config(preset: str, spec: str, sets: dict) -> ModelConfig:
     name, options = parse_variant(spec)
     return preset_config(preset, name, {**sets, **{f"attn.{k}": v for k, v in options.items()}})
+
+
+def _label(spec: str) -> str:
+    """A variant's label in the table: ``spec`` as given, its bare name when it lists no options (``standard:``)."""
+    name, options = parse_variant(spec)
+    return spec if options else name
+
+
+def _refuse_repeats(option: str, specs: list[str], preset: str, sets: dict) -> None:
+    """Each of ``specs`` (checked) must make a model of its own: a variant named twice, or given the same options
+    twice (``boosted:rounds=2,`` after ``boosted:rounds=2``), would be benched twice under two rows."""
+    configs = [_variant_config(preset, spec, sets).to_dict() for spec in specs]
+    for i, config in enumerate(configs):
+        first = specs[configs.index(config)]
+        if first == specs[i] and configs.index(config) < i:
+            raise UserError(f"{option} names {first} more than once: each variant is benched once")
+        if first != specs[i]:
+            raise UserError(f"{option} names {first} twice ({specs[i]} is the same model): each variant is benched "
+                            f"once")
 
 
 def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
