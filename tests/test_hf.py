@@ -1358,6 +1358,27 @@ def write_task(tasks: Path, name: str, row: str, spec: str) -> None:
         f"test_split: test\ndoc_to_text: '{{{{q}}}}'\n" + spec)
 
 
+def test_lm_eval_names_a_bad_dtype_in_config_json_not_the_tokenizer(trained, capsys, tmp_path):
+    """An exported config.json whose dtype (torch_dtype in transformers 4.x) names no torch dtype: the model loads
+    (in float32, as asked), then transformers read the field again loading the tokenizer, and the error said "the
+    tokenizer in DIR does not load (module 'torch' has no attribute 'bogus')". Now it names the file and field."""
+    from gbattn.hf import lmeval
+
+    _, out = trained
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    config = json.loads((damaged / "config.json").read_text())
+    for field, value in (("dtype", "bogus"), ("torch_dtype", "bogus"), ("dtype", 5), ("dtype", "Tensor")):
+        (damaged / "config.json").write_text(json.dumps({**config, field: value}))
+        assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"gbattn: error: {damaged / 'config.json'}: {field}={value!r} is not the name of a torch dtype "
+                       f"(float32, bfloat16, float16, ...; `gbattn export` writes float32)\n"), err
+    for value in ("bfloat16", None):  # a dtype's name, or none: the model loads (in float32) and is evaluated
+        (damaged / "config.json").write_text(json.dumps({**config, "dtype": value}))
+        assert lmeval.load_model(damaged, None, torch.device("cpu"))[0].dtype == torch.float32
+
+
 def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     run_dir, out = trained
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "no_such_task_xyz", "--include-path",

@@ -60,6 +60,17 @@ class GbattnLM(HFLM):
         return super().tok_decode(tokens, skip_special_tokens=skip_special_tokens)
 
 
+def check_dtype_fields(config: dict, path: Path) -> None:
+    """``config.json``'s ``dtype`` (``torch_dtype`` in transformers 4.x): null or the name of a torch dtype.
+    transformers reads it again where it loads the tokenizer, and a bad one failed there, blamed on the
+    tokenizer ("the tokenizer in DIR does not load (module 'torch' has no attribute 'bogus')")."""
+    for field in ("dtype", "torch_dtype"):
+        value = config.get(field)
+        if value is not None and not (isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
+            raise CheckpointError(f"{path}: {field}={value!r} is not the name of a torch dtype (float32, bfloat16, "
+                                  f"float16, ...; `gbattn export` writes float32)")
+
+
 def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.device):
     """(model in eval mode on ``device``, tokenizer, block_size, step, which weights: ``exported`` or
     the run's ``best``/``last``) of a run or exported directory."""
@@ -68,6 +79,7 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
         # a transformers checkpoint's model.safetensors makes it look exported: the Auto classes would load a
         # model of another library, which has no gbattn record (a traceback before)
         refuse_hf_checkpoint(config, model_dir)
+        check_dtype_fields(config, Path(model_dir) / CONFIG)
         if not (Path(model_dir) / "tokenizer.json").is_file():
             raise CheckpointError(f"{model_dir} has no tokenizer.json (`gbattn export` writes it, transformers' "
                                   f"save_pretrained of the model does not): copy the tokenizer files from the "
