@@ -276,6 +276,36 @@ def test_resume_truncates_the_metrics_after_the_checkpoints_step(tmp_path):
     assert [json.loads(line) for line in path.read_text().splitlines()] == [events[0], events[1], events[7]]
 
 
+def test_a_killed_tokenizer_caching_leaves_no_temporary_file_behind_the_next_one(tmp_path):
+    """Killed between writing a tokenizer cache entry's temporary file and renaming it, a process left
+    NAME.json.tmp<pid> in the cache for good. The temporary name now holds the host (atomic_write), and the
+    next tokenizer cached removes those of this host's dead processes; a live process's, another host's and
+    files not named as ours stay."""
+    import socket
+
+    from gbattn.data.tokenizer import cache_dir
+    from gbattn.files import building_suffix
+
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    killed = subprocess.Popen([sys.executable, "-c", f"""
+import os
+from gbattn.data.corpus import load_corpus
+from gbattn.data.tokenizer import get_tokenizer
+os.replace = lambda *names: os._exit(137)  # killed between writing the temporary file and renaming it
+get_tokenizer("char", load_corpus({str(tmp_path / "c")!r}), verbose=False)
+"""], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    killed.wait()
+    folder = cache_dir() / "tokenizers"
+    left = [p.name for p in folder.iterdir()]
+    assert killed.returncode == 137 and len(left) == 1 and left[0].endswith(f".tmp{killed.pid}@{socket.gethostname()}")
+    kept = [f"char-x.json{building_suffix()}", f"char-x.json.tmp{killed.pid}@elsewhere", "notes.tmpfile",
+            f"char-x.json.tmp{killed.pid}"]  # a live process's; another host's; not ours; no host named: kept
+    for name in kept:
+        (folder / name).write_text("")
+    assert get_tokenizer("char", corpus, verbose=False).kind == "char"
+    assert sorted(p.name for p in folder.iterdir() if ".tmp" in p.name) == sorted(kept)
+
+
 def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path):
     """A build of a live process (this one) stays, and so does one of another host (its pid means
     nothing here); a build whose process has exited is removed."""

@@ -1717,7 +1717,7 @@ def test_atomic_write_never_writes_through_a_link_planted_at_its_temporary_name(
     run = tmp_path / "run"
     run.mkdir()
     for name, target in (("config.json", outside / "created"), ("result.json", outside / "kept")):
-        (run / f"{name}.tmp{os.getpid()}").symlink_to(target)
+        (run / f"{name}{files.building_suffix()}").symlink_to(target)
         files.write_json({"a": 1}, run / name)
         assert json.loads((run / name).read_text()) == {"a": 1}
     assert sorted(p.name for p in outside.iterdir()) == ["kept"] and (outside / "kept").read_text() == "not gbattn's"

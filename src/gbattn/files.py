@@ -46,7 +46,7 @@ def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     serialize first (``torch.save`` into ``io.BytesIO``, see ``rundir.save_checkpoint``): a library
     writing into the file itself could report the failed write as another exception."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(path.name + building_suffix())  # whose it is: remove_abandoned removes it after a kill
     try:
         with open(create_new(tmp), "wb") as f:
             f.write(content.encode("utf-8") if isinstance(content, str) else content)
@@ -70,14 +70,14 @@ def write_figure(fig, path: str | Path, **savefig_options) -> None:
 
 
 def building_suffix() -> str:
-    """The name suffix of a folder this process builds before renaming it into place (a token cache
-    entry, an export's staging folder): ``.tmp<pid>@<host>`` (a folder shared between machines holds
-    other hosts' builds, whose pids mean nothing here)."""
+    """The name suffix of a folder or file this process builds before renaming it into place (a token cache
+    entry, an export's staging folder, :func:`atomic_write`'s temporary file): ``.tmp<pid>@<host>`` (a folder
+    shared between machines holds other hosts' builds, whose pids mean nothing here)."""
     return f".tmp{os.getpid()}@{socket.gethostname()}"
 
 
 def remove_abandoned(directory: Path) -> None:
-    """Delete the folders being built in ``directory`` on this host (``NAME.tmp<pid>@<host>``) by
+    """Delete the folders and files being built in ``directory`` on this host (``NAME.tmp<pid>@<host>``) by
     processes that no longer exist (killed with -9: a Ctrl-C or an error removes its own)."""
     for path in directory.glob("*.tmp*") if directory.is_dir() else ():
         pid, _, host = path.name.rsplit(".tmp", 1)[-1].partition("@")
@@ -86,7 +86,10 @@ def remove_abandoned(directory: Path) -> None:
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         except (PermissionError, OverflowError):
             pass  # alive under another user, or not a pid
 

@@ -91,10 +91,11 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
 
 
 def remove_debris(directory: str | Path) -> list[str]:
-    """Delete temporary files that a killed or failed write left (``*.tmp<pid>``); returns their names."""
+    """Delete temporary files that a killed or failed write left (``*.tmp<pid>@<host>``, ``*.tmp<pid>`` before
+    the host was named), whoever wrote them (the caller holds the run's lock); returns their names."""
     removed = []
     for path in Path(directory).glob("*.tmp*"):
-        if path.is_file() and path.name.rsplit(".tmp", 1)[-1].isdigit():
+        if path.is_file() and path.name.rsplit(".tmp", 1)[-1].partition("@")[0].isdigit():
             path.unlink(missing_ok=True)
             removed.append(path.name)
     return removed

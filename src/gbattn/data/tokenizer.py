@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gbattn.checks import did_you_mean
 from gbattn.errors import CheckpointError, DataError
-from gbattn.files import atomic_write, check_writable_dir, error_detail, read_json_bytes
+from gbattn.files import atomic_write, check_writable_dir, error_detail, read_json_bytes, remove_abandoned
 
 BPE_TRAIN_LINES = 100_000
 SPECIALS = ["<pad>", "<unk>"]
@@ -257,6 +257,7 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(unwritable.format(why=e.strerror or e)) from None
+    remove_abandoned(path.parent)  # the temporary files of entries whose writing was killed
     if base == "char":
         chars = sorted({c for split in ("train", "valid", "test") for line in corpus.lines(split) for c in line})
         if not chars:
