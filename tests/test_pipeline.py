@@ -276,6 +276,28 @@ def test_resume_truncates_the_metrics_after_the_checkpoints_step(tmp_path):
     assert [json.loads(line) for line in path.read_text().splitlines()] == [events[0], events[1], events[7]]
 
 
+def test_eval_tokenizes_the_held_out_splits_only_with_the_runs_own_tokenizer(tmp_path, monkeypatch, capsys):
+    """gbattn eval (and analyze) score valid or test, but tokenized the training split too (most of a corpus) where
+    no token cache entry of the run's data was at hand (a run evaluated on another machine). The training split is
+    now not read, unless an entry of every split is cached (after training), which serves as it is; the tokenizer
+    is the run's own, from its directory (none is trained or cached)."""
+    from gbattn.data.corpus import Corpus
+
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    argv = ["eval", str(tmp_path / "run"), "--data", str(data), "--device", "cpu"]
+    assert cli_main(argv) == 0
+    expected = capsys.readouterr().out
+    read, lines = [], Corpus.lines
+    monkeypatch.setattr(Corpus, "lines", lambda self, split: read.append(split) or lines(self, split))
+    assert cli_main(argv) == 0 and capsys.readouterr().out == expected and read == []  # training's entry serves
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "elsewhere"))  # another machine's cache: no entry
+    assert cli_main(argv) == 0 and capsys.readouterr().out == expected
+    assert cli_main([*argv, "--split", "valid"]) == 0 and capsys.readouterr().out.startswith("valid perplexity ")
+    assert read == ["valid", "test"]  # once each, into one entry, which the second eval reads
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["tokens"]  # no tokenizer trained here
+
+
 def test_a_killed_tokenizer_caching_leaves_no_temporary_file_behind_the_next_one(tmp_path):
     """Killed between writing a tokenizer cache entry's temporary file and renaming it, a process left
     NAME.json.tmp<pid> in the cache for good. The temporary name now holds the host (atomic_write), and the

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gbattn.config import TrainConfig
-from gbattn.data.corpus import load_corpus
+from gbattn.data.corpus import SPLITS, load_corpus
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import DataNotFound, UserError
@@ -23,32 +23,33 @@ class Data:
 
 
 def prepare_data(cfg: TrainConfig, vocab_size: int, tokenizer: Tokenizer | None = None, progress: bool = True,
-                 trained_on: str | None = None, mismatch: str = "") -> Data:
+                 trained_on: str | None = None, mismatch: str = "", needed: tuple[str, ...] = SPLITS) -> Data:
     """The training config's corpus as token ids, with ``tokenizer`` (default: trained for it).
 
     ``trained_on``: the fingerprint a run recorded; other data is refused before it is tokenized (a
-    new character would otherwise fail first), with ``mismatch`` (what to do) ending the line."""
+    new character would otherwise fail first), with ``mismatch`` (what to do) ending the line.
+    ``needed``: the splits tokenized and returned (tokenize_corpus)."""
     corpus = load_corpus(cfg.data, tuple(cfg.split))
     if trained_on and corpus.fingerprint != trained_on:
         raise UserError(f"--data {cfg.data} is not the data the run was trained on (fingerprint {trained_on[:16]} "
                         f"recorded, {corpus.fingerprint[:16]} now){mismatch}")
     tok = tokenizer or get_tokenizer(cfg.tokenizer, corpus, vocab_size=vocab_size, verbose=progress)
     caps = {"train": cfg.train_tokens, "valid": cfg.eval_tokens, "test": cfg.eval_tokens}
-    splits = tokenize_corpus(corpus, tok, caps, progress=progress)
-    return Data(tok, splits, corpus.name, corpus.fingerprint, corpus.notes)
+    splits = tokenize_corpus(corpus, tok, caps, progress=progress, needed=needed)
+    return Data(tok, {s: splits[s] for s in needed}, corpus.name, corpus.fingerprint, corpus.notes)
 
 
 def prepare_run_data(run, data: str | None, allow_other_data: bool):
-    """A trained run's (:class:`gbattn.rundir.LoadedRun`) corpus as token ids (``eval``,
-    ``analyze``): at ``data`` if given, else where the run recorded it; data other than the run's
-    (its fingerprint) is refused unless allowed."""
+    """A trained run's (:class:`gbattn.rundir.LoadedRun`) held-out splits (valid and test) as token ids, by its own
+    tokenizer (``eval``, ``analyze``): at ``data`` if given, else where the run recorded it; data other than the run's
+    (its fingerprint) is refused unless allowed. The training split is not tokenized (it can be most of the corpus)."""
     if not data and not run.train_cfg.data:  # e.g. upcycled from a Hugging Face checkpoint: trained on nothing here
         raise UserError(f"{run.run_dir} records no corpus: pass --data (a corpus name, a directory or a text file)")
     train_cfg = run.train_cfg.replace(data=data) if data else run.train_cfg
     recorded = None if allow_other_data else run.data_fingerprint
     try:
         return prepare_data(train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False, trained_on=recorded,
-                            mismatch="; pass --allow-other-data to evaluate on it anyway")
+                            mismatch="; pass --allow-other-data to evaluate on it anyway", needed=("valid", "test"))
     except DataNotFound as e:
         if data:
             raise

@@ -29,8 +29,11 @@ def tokens_dtype(vocab_size: int):
 
 
 def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | None, path: Path, progress: bool) -> int:
-    """Stream-encode ``split`` into ``path`` (raw ids), stopping at ``cap`` tokens."""
+    """Stream-encode ``split`` into ``path`` (raw ids), stopping at ``cap`` tokens (0: the split is not read)."""
     dtype = tokens_dtype(tokenizer.vocab_size)
+    if cap == 0:  # a split the caller does not need (tokenize_corpus)
+        open(path, "wb").close()
+        return 0
     n = 0
     bar = Progress(cap, desc=f"tokenizing {split}", unit="token", disable=not progress)
     with open(path, "wb") as f:
@@ -63,27 +66,36 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
     return n
 
 
+def _entry_directory(corpus: Corpus, tokenizer: Tokenizer, caps: dict[str, int | None]) -> Path:
+    """The token cache entry of ``corpus`` encoded by ``tokenizer`` with ``caps``."""
+    # "lines-only": corpus lines encoded without special tokens (caches from before it may hold a start token per line).
+    key_src = f"{corpus.fingerprint}|{tokenizer.fingerprint}|{json.dumps(caps, sort_keys=True)}|lines-only"
+    return cache_dir() / "tokens" / hashlib.sha256(key_src.encode()).hexdigest()[:20]
+
+
 def tokenize_corpus(
     corpus: Corpus,
     tokenizer: Tokenizer,
     caps: dict[str, int | None] | None = None,
     progress: bool = True,
+    needed: tuple[str, ...] = SPLITS,
 ) -> dict[str, np.memmap]:
     """Token ids of every split as read-only memmaps (built once, then read from the cache).
 
     ``caps`` limits tokens per split (the paper: train 10M, valid/test 1M), taken from the start.
+    ``needed``: the splits the caller reads (eval: valid and test). A cached entry of every split serves as it
+    is; otherwise the others are not read, and empty in an entry of their own (their cap 0).
     """
     caps = {s: (caps or {}).get(s) for s in SPLITS}
-    # "lines-only": corpus lines encoded without special tokens (caches from before it may hold a start token per line).
-    key_src = f"{corpus.fingerprint}|{tokenizer.fingerprint}|{json.dumps(caps, sort_keys=True)}|lines-only"
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
-    directory = cache_dir() / "tokens" / key
+    directory = _entry_directory(corpus, tokenizer, caps)
     dtype = np.dtype(tokens_dtype(tokenizer.vocab_size))
-    if directory.exists():
-        cached = _read_cache(directory, dtype, tokenizer.vocab_size)
-        if cached is not None:
-            return cached
-        shutil.rmtree(directory, ignore_errors=True)  # a damaged cache entry: build it again
+    cached = _cached(directory, dtype, tokenizer.vocab_size)
+    if cached is None and set(needed) != set(SPLITS):
+        caps = {s: caps[s] if s in needed else 0 for s in SPLITS}
+        directory = _entry_directory(corpus, tokenizer, caps)
+        cached = _cached(directory, dtype, tokenizer.vocab_size)
+    if cached is not None:
+        return cached
     remove_abandoned(directory.parent)
     tmp = directory.with_name(directory.name + building_suffix())
     shutil.rmtree(tmp, ignore_errors=True)
@@ -115,6 +127,15 @@ def tokenize_corpus(
     cached = _read_cache(directory, dtype, tokenizer.vocab_size)
     if cached is None:
         raise DataError(f"the token cache {directory} cannot be read back after writing it; delete it and try again")
+    return cached
+
+
+def _cached(directory: Path, dtype: np.dtype, vocab_size: int) -> dict[str, np.ndarray] | None:
+    """The cache entry at ``directory`` (:func:`_read_cache`), or None: none there, or a damaged one, removed (its
+    splits are built again)."""
+    cached = _read_cache(directory, dtype, vocab_size) if directory.exists() else None
+    if cached is None:
+        shutil.rmtree(directory, ignore_errors=True)
     return cached
 
 
