@@ -312,6 +312,12 @@ WEIGHT_FILES = {
     # a LlamaModel's names (no model. prefix) and no head: tied, the embedding is the head (refused before)
     "llama-base-model-tied": (llama_model, {"tie_word_embeddings": True},
                               lambda sd: {k.removeprefix("model."): v for k, v in sd.items() if k != "lm_head.weight"}),
+    # a tied checkpoint holding the shared tensor once, as lm_head.weight (safetensors.torch.save_model keeps that
+    # name): transformers ties the embedding to it (refused before: "lacks the weight wte.weight")
+    "tied-tensor-stored-as-head": (gpt2_model, {}, lambda sd: {k: v for k, v in sd.items()
+                                                               if k != "transformer.wte.weight"}),
+    "llama-tied-tensor-stored-as-head": (llama_model, {"tie_word_embeddings": True},
+                                         lambda sd: {k: v for k, v in sd.items() if k != "model.embed_tokens.weight"}),
     "llama-no-model-prefix": (llama_model, {}, lambda sd: {k.removeprefix("model."): v for k, v in sd.items()}),
     "rope-frequencies": (llama_model, {}, lambda sd: {**sd, "model.layers.0.self_attn.rotary_emb.inv_freq":
                                                           torch.ones(4)}),

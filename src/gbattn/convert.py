@@ -17,6 +17,8 @@ Parameter layouts (gbattn's :class:`StandardAttention` and :class:`FeedForward`)
 
 Weights are read with or without the ``transformer.`` / ``model.`` prefix (a base ``GPT2Model`` or
 ``LlamaModel`` saves them without, and without ``lm_head.weight``: converted only when the config is tied).
+A tied checkpoint may hold the shared tensor under either name (``safetensors.torch.save_model`` keeps
+``lm_head.weight``).
 """
 
 from __future__ import annotations
@@ -278,6 +280,14 @@ class _Weights:
             raise CheckpointError(f"{self.where}: weight {name} has shape {tuple(w.shape)}, the config implies {shape}")
         return w.to(torch.float32) if w.is_floating_point() else w
 
+    def embedding(self, name: str, shape: tuple[int, ...], tied: bool) -> Tensor:
+        """The token embedding ``name``; a tied checkpoint that stores the shared tensor only as
+        ``lm_head.weight`` (as ``safetensors.torch.save_model`` keeps it) gives it from there, as
+        transformers does when it ties the two."""
+        if tied and name not in self.weights and "lm_head.weight" in self.weights:
+            return self.take("lm_head.weight", shape)
+        return self.take(name, shape)
+
     def head(self, embedding: Tensor, tied: bool, embedding_name: str) -> Tensor:
         """The output head: ``embedding`` when tied (a tied checkpoint may still store an equal
         ``lm_head.weight``), else the stored ``lm_head.weight``. A tied config whose checkpoint stores
@@ -308,7 +318,8 @@ def gpt2_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dic
     """A :class:`GPT` state dict from GPT-2 weights (with or without the ``transformer.`` prefix)."""
     w = _Weights(weights, "transformer.", where)
     d, h, V = cfg.d_model, cfg.ffn_width, cfg.vocab_size
-    out = {"wte.weight": w.take("wte.weight", (V, d)), "wpe.weight": w.take("wpe.weight", (cfg.block_size, d))}
+    out = {"wte.weight": w.embedding("wte.weight", (V, d), cfg.tie_embeddings),
+           "wpe.weight": w.take("wpe.weight", (cfg.block_size, d))}
     for i in range(cfg.n_layers):
         src, dst = f"h.{i}.", f"blocks.{i}."
         for name, (hf_name, d_in, d_out) in {"attn.qkv": ("attn.c_attn", d, 3 * d), "attn.out": ("attn.c_proj", d, d),
@@ -329,7 +340,7 @@ def llama_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> di
     saves them without)."""
     w = _Weights(weights, "model.", where)
     d, h, V, kv = cfg.d_model, cfg.ffn_width, cfg.vocab_size, cfg.kv_heads * cfg.d_head
-    out = {"wte.weight": w.take("embed_tokens.weight", (V, d))}
+    out = {"wte.weight": w.embedding("embed_tokens.weight", (V, d), cfg.tie_embeddings)}
     for i in range(cfg.n_layers):
         src, dst = f"layers.{i}.", f"blocks.{i}."
         stacks = {"attn.qkv": [("self_attn.q_proj", d), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)],
