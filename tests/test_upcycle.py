@@ -339,6 +339,31 @@ def test_weights_as_other_savers_store_them_convert_exactly(make, changes, edit,
     torch.testing.assert_close(logits64(load_source(directory).build_model(), idx), expected, rtol=1e-10, atol=1e-10)
 
 
+def test_float8_weights_convert_exactly(tmp_path, float64_llama):
+    """Weights stored as float8 (without a quantization scale): transformers reads their values into its float
+    model, and so does the conversion (a traceback before: torch's isfinite has no float8_e4m3fn kernel)."""
+    from safetensors.torch import load_file, save_file
+
+    directory = save_hf(llama_model(), tmp_path / "hf")
+    weights = {k: v.to(torch.float8_e4m3fn) for k, v in load_file(directory / "model.safetensors").items()}
+    save_file(weights, directory / "model.safetensors")
+    hf = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=torch.float64).eval()
+    idx = tokens()
+    with torch.no_grad():
+        expected = hf(idx).logits
+    torch.testing.assert_close(logits64(load_source(directory).build_model(), idx), expected, rtol=1e-10, atol=1e-10)
+    weights["model.norm.weight"][3] = float("nan")
+    save_file(weights, directory / "model.safetensors")
+    with pytest.raises(CheckpointError, match=re.escape("hold NaN or infinite values (model.norm.weight)")):
+        load_source(directory)
+    if hasattr(torch, "float4_e2m1fn_x2"):  # two values a byte: no float32 of it to read, refused in one line
+        weights["model.norm.weight"] = torch.zeros(32, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+        save_file(weights, directory / "model.safetensors")
+        with pytest.raises(CheckpointError, match=re.escape("not floating-point numbers (model.norm.weight: "
+                                                            "torch.float4_e2m1fn_x2)")):
+            load_source(directory)
+
+
 @pytest.mark.parametrize("make,prefix", [(gpt2_model, "transformer."), (llama_model, "model.")], ids=["gpt2", "llama"])
 def test_an_untied_base_model_without_a_head_is_refused_saying_so(make, prefix, tmp_path):
     """A GPT2Model or LlamaModel checkpoint (no prefix, no lm_head.weight) whose config is untied: there is no head
