@@ -339,6 +339,39 @@ def test_weights_as_other_savers_store_them_convert_exactly(make, changes, edit,
     torch.testing.assert_close(logits64(load_source(directory).build_model(), idx), expected, rtol=1e-10, atol=1e-10)
 
 
+def _int8_quantized(directory: Path) -> None:
+    """As bitsandbytes saves an 8-bit model: int8 weights, a scale per row, quantization_config in config.json."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(directory / "model.safetensors")
+    for name in [k for k in weights if k.endswith("proj.weight")]:
+        scale = weights[name].abs().amax(dim=1)
+        weights[name] = (weights[name] / scale[:, None] * 127).round().to(torch.int8)
+        weights[name.removesuffix("weight") + "SCB"] = scale
+    save_file(weights, directory / "model.safetensors")
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_8bit": True}
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("weights", ["int8", "float"])
+def test_a_quantized_checkpoint_is_refused_saying_so(weights, llama_dir, tmp_path):
+    """A config.json with a quantization_config: transformers runs the model quantized (its stored int8 weights and
+    scales, or float weights it quantizes as it loads them), which gbattn's floating-point weights cannot compute.
+    Before, stored int8 weights were "not floating-point numbers ...: the file is damaged; restore a copy of it", and
+    float ones were converted as if unquantized."""
+    directory = shutil.copytree(llama_dir, tmp_path / "quantized")
+    if weights == "int8":
+        _int8_quantized(directory)
+    else:
+        _edit_config(llama_dir, directory := tmp_path / "float", quantization_config={"quant_method": "bitsandbytes",
+                                                                                      "load_in_8bit": True})
+    with pytest.raises(CheckpointError, match=re.escape("quantization_config (bitsandbytes): a quantized checkpoint "
+                                                        "cannot be converted exactly")) as e:
+        load_source(directory)
+    assert "\n" not in str(e.value)
+
+
 def test_float8_weights_convert_exactly(tmp_path, float64_llama):
     """Weights stored as float8 (without a quantization scale): transformers reads their values into its float
     model, and so does the conversion (a traceback before: torch's isfinite has no float8_e4m3fn kernel)."""

@@ -5,7 +5,8 @@
 ``pytorch_model.bin`` read with ``weights_only=True``, ``tokenizer.json``), or a gbattn run
 directory. It returns a :class:`Source`: a gbattn :class:`ModelConfig`, a :class:`GPT` state dict
 with the same function, and the tokenizer. What cannot be converted exactly (RoPE scaling, a head
-width other than hidden/heads, other activations and model types) is refused with one line.
+width other than hidden/heads, other activations and model types, a quantized checkpoint) is refused with one
+line.
 
 Parameter layouts (gbattn's :class:`StandardAttention` and :class:`FeedForward`):
 
@@ -92,6 +93,7 @@ def convert_hf(path: str | Path) -> Source:
     path = Path(path)
     hf = read_json(path / rundir.CONFIG)
     model_type = hf.get("model_type")
+    refuse_quantized(hf, path)
     if model_type == "gpt2":
         model_cfg, notes = gpt2_config(hf, path)
         convert = gpt2_state
@@ -112,6 +114,17 @@ def convert_hf(path: str | Path) -> Source:
 # --------------------------------------------------------------------------------------
 # Configs
 # --------------------------------------------------------------------------------------
+
+
+def refuse_quantized(hf: dict, where: Path) -> None:
+    """A ``quantization_config`` means transformers runs the model quantized (stored integer or float8 weights with
+    their scales, or float weights it quantizes as it loads them): not a function gbattn's float weights compute."""
+    quantization = hf.get("quantization_config")
+    if quantization is not None:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise CheckpointError(f"{where}: quantization_config ({method if isinstance(method, str) else 'unknown'}): "
+                              f"a quantized checkpoint cannot be converted exactly; convert the model's unquantized "
+                              f"(float16, bfloat16 or float32) checkpoint")
 
 
 def _sizes(hf: dict, where: Path, *names: str) -> list[int]:
