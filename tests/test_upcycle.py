@@ -480,6 +480,15 @@ def _norm_gain_under_two_names(directory: Path) -> None:
     save_file(weights, directory / "model.safetensors")
 
 
+def _sparse_norm_gain(directory: Path) -> None:
+    from safetensors.torch import load_file
+
+    weights = load_file(directory / "model.safetensors")
+    weights["transformer.ln_f.weight"] = weights["transformer.ln_f.weight"].to_sparse()
+    torch.save(weights, directory / "pytorch_model.bin")
+    (directory / "model.safetensors").unlink()
+
+
 def _lfs_shard(directory: Path) -> None:
     from safetensors.torch import load_file
 
@@ -504,6 +513,9 @@ DAMAGED = {
     "tokenizer": (lambda d: (d / "tokenizer.json").write_text("{not json"), "is not a valid tokenizer.json"),
     # upcycled before, into a run that every later command refused as damaged
     "non-finite": (_infinite_norm_gain, "hold NaN or infinite values (transformer.ln_f.weight)"),
+    # a traceback before ("copy_() between dense and sparse Tensors is not implemented")
+    "sparse": (_sparse_norm_gain, "not floating-point numbers (transformer.ln_f.weight: torch.float32, "
+                                  "torch.sparse_coo, not dense)"),
     "two-names": (_norm_gain_under_two_names, "holds ln_f.weight both with and without the transformer. prefix"),
     # a clone without Git LFS: "header too large" (or "invalid load key", "not valid JSON") before, with no hint
     "lfs-safetensors": (lambda d: (d / "model.safetensors").write_text(LFS_POINTER),

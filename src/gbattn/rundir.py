@@ -673,16 +673,18 @@ PACKED_FLOATS = tuple(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if 
 def check_finite(weights: dict, where: str | Path) -> None:
     """A one-line error naming the weights that are not floating-point numbers in memory (a ``meta`` tensor
     holds none; a bool, integer or complex one was cast silently, to 0/1 or dropping its imaginary part; a
-    packed float4 one cannot be read),
+    packed float4 one cannot be read; a sparse one fits no dense parameter),
     or that hold NaN or infinite values (a trained model's never do: the trainer does not step on a
     non-finite loss)."""
-    odd = [f"{name}: {w.dtype}{' on meta' if w.is_meta else ''}" for name, w in weights.items()
-           if isinstance(w, torch.Tensor) and (w.is_meta or not w.is_floating_point() or w.dtype in PACKED_FLOATS)]
+    odd = [f"{name}: {w.dtype}{' on meta' if w.is_meta else ''}"
+           f"{'' if w.layout == torch.strided else f', {w.layout}, not dense'}" for name, w in weights.items()
+           if isinstance(w, torch.Tensor) and (w.is_meta or not w.is_floating_point() or w.dtype in PACKED_FLOATS
+                                               or w.layout != torch.strided)]
     if odd:
         raise CheckpointError(f"the weights in {where} are not floating-point numbers ({', '.join(odd[:3])}"
                               f"{', ...' if len(odd) > 3 else ''}): the file is damaged; restore a copy of it")
     damaged = [name for name, w in weights.items()
-               if isinstance(w, torch.Tensor) and w.layout == torch.strided and w.is_floating_point()
+               if isinstance(w, torch.Tensor) and w.is_floating_point()
                and not torch.isfinite(w if w.dtype.itemsize > 1 else w.float()).all()]  # no float8 isfinite
     if damaged:
         raise CheckpointError(f"the weights in {where} hold NaN or infinite values ({', '.join(damaged[:3])}"
