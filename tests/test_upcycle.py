@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import warnings
 from fractions import Fraction
 from pathlib import Path
 
@@ -370,6 +371,30 @@ def test_a_quantized_checkpoint_is_refused_saying_so(weights, llama_dir, tmp_pat
                                                         "cannot be converted exactly")) as e:
         load_source(directory)
     assert "\n" not in str(e.value)
+
+
+def test_a_torch_bin_of_quantized_tensors_is_refused_in_one_line(gpt2_dir, tmp_path, capsys):
+    """A pytorch_model.bin holding a torch-quantized (qint8) tensor: one line on stderr, as for any bad file (torch's
+    reader printed four lines of its deprecation warnings above it)."""
+    from safetensors.torch import load_file
+
+    directory = shutil.copytree(gpt2_dir, tmp_path / "qint8")
+    weights = load_file(directory / "model.safetensors")
+    with warnings.catch_warnings():  # torch deprecates its quantized tensors, and says so as one is made
+        warnings.simplefilter("ignore")
+        try:
+            weights["transformer.ln_f.weight"] = torch.quantize_per_tensor(weights["transformer.ln_f.weight"], 0.1, 0,
+                                                                           torch.qint8)
+        except (AttributeError, RuntimeError):
+            pytest.skip("this torch makes no quantized tensors")
+    torch.save(weights, directory / "pytorch_model.bin")
+    (directory / "model.safetensors").unlink()
+    with warnings.catch_warnings(record=True) as shown:  # outside pytest, each on stderr
+        warnings.simplefilter("always")
+        assert main(["upcycle", str(directory), "--attn", "boosted", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert [str(w.message) for w in shown] == []
+    assert err.count("\n") == 1 and "not floating-point numbers (transformer.ln_f.weight: torch.qint8)" in err, err
 
 
 def test_float8_weights_convert_exactly(tmp_path, float64_llama):

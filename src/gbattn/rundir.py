@@ -239,8 +239,10 @@ def read_torch_file(path: str | Path, map_location="cpu"):
     if not path.is_file():
         raise CheckpointError(f"no such file: {path}")
     try:
-        with warnings.catch_warnings():  # torch warns of every protocol but 2, on files it reads too
-            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+        # torch warns of every protocol but 2, and of its deprecated storages and quantized tensors as it reads them:
+        # lines about torch, not the file, above the one line a bad file gets
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         refuse_lfs_pointer(path)
