@@ -682,6 +682,16 @@ def test_layers_outside_the_model_are_refused_at_both_ends(layers, n_layers):
         build_attention("twicing", AttnArgs(d_model=D, n_heads=4, n_layers=n_layers), {"layers": layers})
 
 
+@pytest.mark.parametrize("layers, repeated", [([1, 1], r"\[1\]"), ([1, -3], r"\[1\]"), ([0, -4, 2, 2], r"\[0, 2\]")])
+def test_a_layer_named_twice_in_layers_is_refused(layers, repeated):
+    """``attn.layers`` names each layer once: a repeat (directly or by its negative index) is most likely a typo for
+    another layer, which would silently be left as it is."""
+    with pytest.raises(ConfigError, match=rf"names layer\(s\) {repeated} more than once"):
+        variant_options("boosted", {"layers": layers}, n_layers=4)
+    with pytest.raises(ConfigError, match=r"more than once"):
+        build_attention("twicing", AttnArgs(d_model=D, n_heads=4, n_layers=4), {"layers": layers})
+
+
 def test_layers_at_both_ends_of_the_model_are_accepted():
     assert variant_options("boosted", {"layers": [-2, 1]}, n_layers=2).layers == [-2, 1]
     built = [build_attention("boosted", AttnArgs(d_model=D, n_heads=4, layer_idx=i, n_layers=3), {"layers": [-3, 2]})

@@ -58,6 +58,10 @@ def variant_options(name: str, options: dict | None = None, n_heads: int | None 
         if outside:
             raise ConfigError(f"attn.layers={layers}: {outside} outside the model's {n_layers} layers (indices "
                               f"{-n_layers}..{n_layers - 1}, negative ones from the end)")
+        repeated = sorted({i % n_layers for i in layers if sum(j % n_layers == i % n_layers for j in layers) > 1})
+        if repeated:  # [1, 1] or [1, -3] of 4: a typo for another layer, most likely
+            raise ConfigError(f"attn.layers={layers} names layer(s) {repeated} more than once (negative indices count "
+                              f"from the end of the model's {n_layers} layers); name each layer once")
     return record
 
 
