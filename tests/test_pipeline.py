@@ -372,6 +372,19 @@ def test_bad_data_path_exits_2_with_one_line(capsys, tmp_path):
                         f"--data {single}"), err
 
 
+def test_a_data_path_that_is_a_link_to_nothing_is_named_so_not_offered_as_its_own_typo(capsys, tmp_path):
+    """A link whose target is gone was "no such file or directory ... (did you mean '<the same path>'?)":
+    the link's own name was the near miss of itself."""
+    link = tmp_path / "input.txt"
+    link.symlink_to(tmp_path / "moved" / "input.txt")
+    code, _, err = run_cli(capsys, ["train", "--data", link, "--out", tmp_path / "r"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"is a link to {tmp_path / 'moved' / 'input.txt'}, which does not exist" in err and "did you mean" not in err
+    assert files.did_you_mean_path(link) == ""
+    (tmp_path / "input.tx").write_text("a near miss is still offered")
+    assert files.did_you_mean_path(link) == f" (did you mean {str(tmp_path / 'input.tx')!r}?)"
+
+
 # ---- training ----------------------------------------------------------------------------
 
 

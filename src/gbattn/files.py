@@ -253,13 +253,14 @@ def did_you_mean_path(path: str | Path, at_most: int = 10_000) -> str:
     """`` (did you mean 'FOLDER/NAME'?)`` for the entry of ``path``'s folder (of its first ``at_most``) whose name
     ``path``'s is a near miss of (``wiki.train.tokens`` where ``wiki.train.tokens.gz`` is, ``runs/gab`` where
     ``runs/gba`` is), else ``""``: compared by name, not by the whole path (which every sibling shares). A path that
-    exists is no typo: ``""``."""
+    exists is no typo: ``""``; nor is a link to nothing, whose own name is no other entry's."""
     path = Path(path)
     if path.exists():
         return ""
     try:
         with os.scandir(path.parent) as entries:
-            match = near_miss(path.name, [entry.name for entry in itertools.islice(entries, at_most)])
+            others = [entry.name for entry in itertools.islice(entries, at_most) if entry.name != path.name]
+            match = near_miss(path.name, others)
     except OSError:  # no such folder, or one that cannot be read
         return ""
     return f" (did you mean {str(path.parent / match)!r}?)" if match else ""

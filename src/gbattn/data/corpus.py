@@ -328,6 +328,8 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
         return _single_file(path, tuple(split))
     if path.exists():
         raise DataError(f"--data {data!r} is neither a regular file nor a directory (a device or a pipe)")
+    if path.is_symlink():
+        raise DataNotFound(f"--data {data!r} is a link to {os.readlink(path)}, which does not exist")
     names = [*BUNDLED, *HF_NAMES]
     raise DataNotFound(f"--data {data!r}: no such file or directory, and not a known corpus name "
                        f"({', '.join(names)}){did_you_mean(data, names) or did_you_mean_path(path)}")
