@@ -385,6 +385,23 @@ def test_a_data_path_that_is_a_link_to_nothing_is_named_so_not_offered_as_its_ow
     assert files.did_you_mean_path(link) == f" (did you mean {str(tmp_path / 'input.tx')!r}?)"
 
 
+def test_a_data_file_of_whitespace_only_is_refused_for_every_tokenizer(capsys, tmp_path):
+    """Blank lines and spaces (a byte order mark before them, a split file of a folder, gzip-compressed) were
+    trained on by the char tokenizer, which makes tokens of them, while bpe said its training split held no text."""
+    blank = tmp_path / "blank.txt"
+    blank.write_bytes(b"\xef\xbb\xbf" + "\n \t\r\n\u3000".encode() * 500)  # a BOM, then Unicode whitespace too
+    code, _, err = run_cli(capsys, ["train", "--data", blank, "--tokenizer", "char", "--out", tmp_path / "r"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"--data file {blank} holds only whitespace" in err
+    folder = write_corpus(tmp_path / "c")
+    (folder / "wiki.valid.tokens").unlink()
+    write_text(folder / "wiki.valid.tokens.gz", "\n\n   \n")
+    with pytest.raises(DataError, match=r"wiki\.valid\.tokens\.gz holds only whitespace"):
+        load_corpus(str(folder))
+    write_text(folder / "wiki.valid.tokens.gz", "\n\n . \n")  # one character of text is text
+    assert list(load_corpus(str(folder)).lines("valid")) == ["\n", "\n", " . \n"]
+
+
 # ---- training ----------------------------------------------------------------------------
 
 
@@ -1283,14 +1300,18 @@ def test_a_tokenizers_added_tokens_count_in_its_size():
 
 
 def test_a_training_split_of_blank_lines_trains_no_bpe(tmp_path):
-    """Only the two special tokens would be learnt: a one-line error, not a tokenizer of no words."""
+    """Only the two special tokens would be learnt: a one-line error, not a tokenizer of no words (a split file
+    of blank lines is refused when read)."""
     data = tmp_path / "c"
     data.mkdir()
     (data / "train.txt").write_text("\n   \n\n")
     (data / "valid.txt").write_text("valid words\n")
     (data / "test.txt").write_text("test words\n")
+    with pytest.raises(DataError, match="train.txt holds only whitespace"):
+        load_corpus(str(data))
+    (data / "text.txt").write_text(" \n" * 1000 + "words only in the valid and test splits\n")
     with pytest.raises(DataError, match="the training split holds no text"):
-        get_tokenizer("bpe", load_corpus(str(data)), vocab_size=40, verbose=False)
+        get_tokenizer("bpe", load_corpus(str(data / "text.txt")), vocab_size=40, verbose=False)
 
 
 def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked(tmp_path):

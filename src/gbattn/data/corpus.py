@@ -13,7 +13,8 @@
 Every local file is checked before use: UTF-8 text (a leading byte order mark is dropped; the error
 names the file and the byte offset of the first bad byte, or of a NUL byte in a binary file, and says
 so of UTF-16 or UTF-32 text with its byte order mark), real gzip data behind a ``.gz`` name, not
-empty, not a Git LFS pointer. A corpus yields lines per split; its fingerprint identifies the content for the caches.
+empty nor only whitespace, not a Git LFS pointer. A corpus yields lines per split; its fingerprint identifies
+the content for the caches.
 """
 
 from __future__ import annotations
@@ -80,12 +81,14 @@ def open_text(path: Path):
 
 
 def checked_digest(path: Path) -> str:
-    """SHA-256 of the (decompressed) content, after checking it is non-empty UTF-8 text and not a Git LFS
-    pointer (read as text, its three lines would be trained on)."""
+    """SHA-256 of the (decompressed) content, after checking it is UTF-8 text holding more than whitespace (the
+    char tokenizer would train on blank lines) and not a Git LFS pointer (read as text, its three lines would be
+    trained on)."""
     refuse_lfs_pointer(path, error=DataError, what="--data file ")  # the file's own bytes: a .gz one is not gzip
     h = hashlib.sha256()
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
+    has_text = False
     try:
         with (gzip.open if _is_gzip_name(path) else open)(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -98,11 +101,12 @@ def checked_digest(path: Path) -> str:
                     raise DataError(f"--data file {path} looks binary (NUL byte at byte offset {offset + nul}); "
                                     f"give a UTF-8 text file")
                 try:
-                    decoder.decode(chunk)
+                    text = decoder.decode(chunk)
                 except UnicodeDecodeError as e:
                     raise DataError(f"--data file {path} is not UTF-8 text (invalid byte at byte offset "
                                     f"{offset + e.start}{' of the decompressed data' if _is_gzip_name(path) else ''})"
                                     ) from None
+                has_text = has_text or bool(text.replace("\ufeff", "").strip())  # a byte order mark is no text
                 h.update(chunk)
                 offset += len(chunk)
             decoder.decode(b"", final=True)
@@ -116,6 +120,9 @@ def checked_digest(path: Path) -> str:
         raise DataError(f"--data file {path} cannot be read ({e.strerror or e})") from None
     if offset == 0:
         raise DataError(f"--data file {path} is empty")
+    if not has_text:
+        raise DataError(f"--data file {path} holds only whitespace (blank lines, spaces): no text to train or "
+                        f"evaluate on")
     return h.hexdigest()
 
 
