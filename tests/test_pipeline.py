@@ -1345,6 +1345,28 @@ def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked
             get_tokenizer(f"hf={tmp_path / f'{own.kind}-run.json'}", corpus)
 
 
+def test_a_tokenizer_with_an_id_beyond_any_models_vocabulary_is_refused_as_its_file(tmp_path):
+    """A tokenizer.json holding an id of a billion was "vocab_size=1000000001 must be an integer in [1, 16777216]",
+    a setting the user never gave; a tokenizer cache entry edited so was that error too, not trained again."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models
+
+    from gbattn.config import MAX_VOCAB_SIZE
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(Backend(models.WordLevel({"a": 0, "<unk>": MAX_VOCAB_SIZE}, unk_token="<unk>")).to_str())
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    with pytest.raises(DataError, match=rf"^--tokenizer hf={path}: not a valid tokenizer.json \(ValueError: its "
+                                        rf"largest token id is 16,777,216; a model takes ids below 16,777,216\)$"):
+        get_tokenizer(f"hf={path}", corpus)
+    bpe = get_tokenizer("bpe", corpus, vocab_size=40, verbose=False)
+    [entry] = (tmp_path / "gbattn-cache" / "tokenizers").glob("bpe-*.json")
+    hf = json.loads(bpe.payload)
+    hf["model"]["vocab"]["huge"] = 10**9
+    entry.write_text(json.dumps({"kind": "bpe", "payload": json.dumps(hf)}))
+    assert get_tokenizer("bpe", corpus, vocab_size=40, verbose=False).fingerprint == bpe.fingerprint
+
+
 def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_trips(tmp_path):
     """A cached tokenizer file that does not parse, or holds another kind, is replaced, not an error; a
     saved tokenizer reads back as the same kind with the same fingerprint (the token caches' key)."""

@@ -29,6 +29,8 @@ from gbattn.checks import (
 )
 from gbattn.errors import ConfigError
 
+MAX_VOCAB_SIZE = 2**24  # the largest vocabulary a model (and so a tokenizer) may have
+
 # Where dropout can be applied (docs/paper.md, "The authors' training loop"). The default is the
 # authors' set: no dropout on the attention sublayer's output.
 DROPOUT_SITES = ("embedding", "attention", "attn-output", "ffn-hidden", "ffn-output")
@@ -45,7 +47,7 @@ class ModelConfig(Typed):
 
     # Sizes are bounded far above any model that fits a machine (beyond them tensor sizes overflow).
 
-    vocab_size: int = field(default=16384, metadata=between(1, 2**24))
+    vocab_size: int = field(default=16384, metadata=between(1, MAX_VOCAB_SIZE))
     block_size: int = field(default=256, metadata=between(1, 2**24))  # longest sequence (learned position table)
     d_model: int = field(default=256, metadata=between(1, 2**20))
     n_layers: int = field(default=4, metadata=between(1, 4096))

@@ -25,6 +25,7 @@ from itertools import islice
 from pathlib import Path
 
 from gbattn.checks import did_you_mean
+from gbattn.config import MAX_VOCAB_SIZE
 from gbattn.errors import CheckpointError, DataError
 from gbattn.files import atomic_write, check_writable_dir, error_detail, read_json_bytes, remove_abandoned
 
@@ -88,6 +89,9 @@ class Tokenizer:
                 self._hf.no_padding()
                 self.payload = self._hf.to_str()
             self._size = max(self._hf.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+            if self._size > MAX_VOCAB_SIZE:  # the model config would refuse it as a vocab_size the user never set
+                raise ValueError(f"its largest token id is {self._size - 1:,}; a model takes ids below "
+                                 f"{MAX_VOCAB_SIZE:,}")
 
     @property
     def vocab_size(self) -> int:
