@@ -1367,6 +1367,35 @@ def test_a_tokenizer_with_an_id_beyond_any_models_vocabulary_is_refused_as_its_f
     assert get_tokenizer("bpe", corpus, vocab_size=40, verbose=False).fingerprint == bpe.fingerprint
 
 
+@pytest.mark.parametrize("edit", ["two tokens share an id", "an unused id", "no <unk>", "another model"])
+def test_a_bpe_tokenizer_edited_by_hand_is_trained_again_in_the_cache_and_refused_in_a_run(tmp_path, edit):
+    """A bpe cache entry (or a run's tokenizer.json) whose ids were edited parsed and was used as it was: the run
+    trained on tokens that were not the corpus's (two words one id), or on a vocabulary of unused rows."""
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    bpe = get_tokenizer("bpe", corpus, vocab_size=40, verbose=False)
+    hf = json.loads(bpe.payload)
+    vocab = hf["model"]["vocab"]
+    first, second = [token for token, i in vocab.items() if i in (5, 6)]
+    if edit == "two tokens share an id":
+        vocab[first] = vocab[second]
+    elif edit == "an unused id":
+        vocab["far"] = len(vocab) + 100
+    elif edit == "no <unk>":
+        del vocab["<unk>"]
+        hf["added_tokens"] = hf["added_tokens"][:1]
+        hf["model"]["unk_token"] = None
+    else:
+        hf["model"] = {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    edited = json.dumps({"kind": "bpe", "payload": json.dumps(hf)})
+    [entry] = (tmp_path / "gbattn-cache" / "tokenizers").glob("bpe-*.json")
+    entry.write_text(edited)
+    assert get_tokenizer("bpe", corpus, vocab_size=40, verbose=False).payload == bpe.payload
+    (tmp_path / "tokenizer.json").write_text(edited)
+    with pytest.raises(CheckpointError, match=r"tokenizer.json is not a valid gbattn tokenizer file \(ValueError: "
+                                              r"not a bpe tokenizer as gbattn trains it"):
+        Tokenizer.load(tmp_path / "tokenizer.json")
+
+
 def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_trips(tmp_path):
     """A cached tokenizer file that does not parse, or holds another kind, is replaced, not an error; a
     saved tokenizer reads back as the same kind with the same fingerprint (the token caches' key)."""

@@ -92,6 +92,18 @@ class Tokenizer:
             if self._size > MAX_VOCAB_SIZE:  # the model config would refuse it as a vocab_size the user never set
                 raise ValueError(f"its largest token id is {self._size - 1:,}; a model takes ids below "
                                  f"{MAX_VOCAB_SIZE:,}")
+            if kind == "bpe":
+                self._check_trained_bpe()
+
+    def _check_trained_bpe(self) -> None:
+        """A ``bpe`` tokenizer is one gbattn trained (:func:`_train_bpe`): a BPE model whose ids 0 .. n-1 name one
+        token each, ``<pad>`` 0 and ``<unk>`` 1. A file edited otherwise (two tokens given one id, an id left
+        unused, ``<unk>`` gone) is refused: its tokens would not be what the run's were."""
+        vocab = self._hf.get_vocab(with_added_tokens=True)
+        if (type(self._hf.model).__name__ != "BPE" or sorted(vocab.values()) != list(range(len(vocab)))
+                or [vocab.get(token) for token in SPECIALS] != [0, 1]):
+            raise ValueError("not a bpe tokenizer as gbattn trains it (a BPE model whose ids 0 .. n-1 name one token "
+                             "each, <pad> 0 and <unk> 1)")
 
     @property
     def vocab_size(self) -> int:
