@@ -1046,6 +1046,44 @@ def test_a_hugging_face_name_that_is_also_a_local_folder_names_the_folder_when_t
     assert load_corpus("./wikitext-2-v1").name == "wikitext-2-v1"
 
 
+@pytest.mark.parametrize("resolves", [False, True])
+def test_the_hub_is_asked_offline_where_its_host_has_no_address(tmp_path, monkeypatch, resolves):
+    """Without the network, huggingface_hub retried each request for about half a minute before the one-line
+    error (a hub name for --data, --tokenizer gpt2): where the hub's host has no address, its offline mode is
+    on while gbattn asks it (a cached copy still loads), and off again after; where it has one, it stays off."""
+    import socket
+
+    from huggingface_hub import constants as hub
+    from tokenizers import Tokenizer as Backend
+
+    def getaddrinfo(host, *args, **kwargs):
+        if not resolves:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.0.2.1", 443))]
+
+    offline_while_asked = []
+
+    class Datasets:
+        @staticmethod
+        def load_dataset(*args, **kwargs):
+            offline_while_asked.append(hub.is_offline_mode())
+            raise ConnectionError("Couldn't reach 'Salesforce/wikitext' on the Hub")
+
+    def from_pretrained(*args, **kwargs):
+        offline_while_asked.append(hub.is_offline_mode())
+        raise OSError("offline")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setitem(sys.modules, "datasets", Datasets)
+    monkeypatch.setattr(Backend, "from_pretrained", staticmethod(from_pretrained))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    with pytest.raises(DataError, match="could not load 'wikitext-2-raw-v1' from the Hugging Face hub"):
+        load_corpus("wikitext-2-raw-v1")
+    with pytest.raises(DataError, match="could not fetch the GPT-2 tokenizer"):
+        get_tokenizer("gpt2", load_corpus(str(write_corpus(tmp_path / "c"))))
+    assert offline_while_asked == [not resolves] * 2 and hub.HF_HUB_OFFLINE is False
+
+
 def test_bpe_trains_on_the_first_non_empty_training_lines(tmp_path, monkeypatch):
     """The paper's BPE sees the first BPE_TRAIN_LINES non-empty lines of the train split only (the
     paper's 100k; 3 here)."""

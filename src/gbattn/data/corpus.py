@@ -26,6 +26,8 @@ import hashlib
 import logging
 import os
 import re
+import socket
+import urllib.parse
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -234,12 +236,25 @@ def _single_file(path: Path, split: tuple[float, float, float], name: str | None
 # --------------------------------------------------------------------------------------
 
 
+def _host_resolves(url: str) -> bool:
+    """Whether the host of ``url`` has an address here (no network, or no name server: it has none)."""
+    try:
+        socket.getaddrinfo(urllib.parse.urlparse(url).hostname, 443)
+    except (OSError, UnicodeError):  # socket.gaierror; a malformed host name
+        return False
+    return True
+
+
 @contextlib.contextmanager
-def quiet_hub_logs():
-    """Silence the Hugging Face hub's loggers for a download: without the network its connection
-    retries print a dozen warnings before our one-line error. Logging is disabled below CRITICAL as
-    well, because huggingface_hub sets its loggers' level again when its modules are first imported
-    (as the tokenizers library's download does, inside this block)."""
+def hub_access():
+    """A download from the Hugging Face hub, quiet and quick to fail without the network.
+
+    Quiet: its loggers are silenced (without the network its connection retries print a dozen warnings before our
+    one-line error). Logging is disabled below CRITICAL as well, because huggingface_hub sets its loggers' level
+    again when its modules are first imported (as the tokenizers library's download does, inside this block).
+
+    Quick: where the hub's host has no address, huggingface_hub is put in its offline mode for the block, so that
+    its requests fail at once (a copy in its cache still loads) instead of being retried for about half a minute."""
     quiet = [logging.getLogger(n) for n in ("huggingface_hub", "datasets", "fsspec", "urllib3")]
     levels = [logger.level for logger in quiet]
     disabled = logging.root.manager.disable
@@ -247,8 +262,17 @@ def quiet_hub_logs():
         logger.setLevel(logging.CRITICAL)
     logging.disable(logging.ERROR)
     try:
+        from huggingface_hub import constants as hub
+    except ImportError:  # the library that would fetch is missing too: its caller says so
+        hub = None
+    offline = getattr(hub, "HF_HUB_OFFLINE", None)
+    try:
+        if offline is False and not _host_resolves(hub.ENDPOINT):
+            hub.HF_HUB_OFFLINE = True
         yield
     finally:
+        if offline is not None:
+            hub.HF_HUB_OFFLINE = offline
         logging.disable(disabled)
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)
@@ -267,7 +291,7 @@ def _hugging_face(name: str) -> Corpus:
     except ImportError:
         raise DataError(hint.format(why="the `datasets` package is not installed: pip install 'gbattn[hf]'")) from None
     try:
-        with quiet_hub_logs():
+        with hub_access():
             if config is None:  # openwebtext: one train split, streamed; valid/test by document index
                 ds = datasets.load_dataset(dataset, split="train", streaming=True)
             else:

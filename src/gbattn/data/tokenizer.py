@@ -223,12 +223,12 @@ def _gpt2_payload(spec: str) -> str:
             detail = error_detail(e, with_type=True)
             raise DataError(f"--tokenizer {spec}: not a valid tokenizer.json ({detail})") from None
         return payload
-    from gbattn.data.corpus import quiet_hub_logs
+    from gbattn.data.corpus import hub_access
 
     try:
         from tokenizers import Tokenizer as HFTokenizer
 
-        with quiet_hub_logs():
+        with hub_access():
             return HFTokenizer.from_pretrained("gpt2").to_str()
     except Exception as e:
         raise DataError(f"could not fetch the GPT-2 tokenizer from the Hugging Face hub ({type(e).__name__}); "
