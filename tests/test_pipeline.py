@@ -958,6 +958,19 @@ def test_split_files_are_found_by_name(tmp_path, names, chosen):
     assert ["".join(corpus.lines(s)) for s in ("train", "valid", "test")] == [f"{n}\n" for n in chosen]
 
 
+@pytest.mark.parametrize("names", [["wiki.train.raw", "wiki.train.raw.gz", "wiki.valid.raw", "wiki.test.raw"],
+                                   ["train.txt", "train.txt.gz", "valid.txt", "test.txt"],
+                                   ["ptb.train.txt", "ptb.train.txt.gz", "ptb.valid.txt", "ptb.test.txt"]])
+def test_a_split_file_beside_its_gzip_copy_is_refused_for_every_naming(tmp_path, names):
+    """wiki.train.raw beside wiki.train.raw.gz (`gzip -k`, then an edit to one) read the plain file without a word,
+    while ptb.train.txt beside ptb.train.txt.gz was refused as two candidates: one rule for both namings now."""
+    for name in names:
+        write_text(tmp_path / name, f"{name}\n")
+    plain = names[0]
+    with pytest.raises(DataError, match=rf"several files could be the train split \({plain}, {plain}\.gz\)"):
+        load_corpus(str(tmp_path))
+
+
 @pytest.mark.parametrize("names, shared", [(["train_val.txt", "test.txt"], "train or the valid"),
                                            (["ptb.train.txt", "dev_test.txt"], "valid or the test")])
 def test_one_file_that_names_two_splits_is_refused(tmp_path, names, shared):

@@ -164,7 +164,11 @@ def _find_split_files(path: Path) -> dict[str, Path | None]:
     found: dict[str, Path | None] = {}
     for split in SPLITS:
         if exact[split]:
-            found[split] = path / exact[split][0]
+            name = exact[split][0]
+            if name + ".gz" in exact[split]:  # `gzip -k`: which of the two is meant (they may differ) is not said
+                raise DataError(f"--data {path}: several files could be the {split} split ({name}, {name}.gz); "
+                                f"keep one")
+            found[split] = path / name
             continue
         matches = [n for n in names if _is_text_name(n) and re.search(NAME_PATTERNS[split], n.lower())]
         if len(matches) > 1:
