@@ -1447,6 +1447,28 @@ def test_a_bpe_tokenizer_edited_by_hand_is_trained_again_in_the_cache_and_refuse
         Tokenizer.load(tmp_path / "tokenizer.json")
 
 
+@pytest.mark.parametrize("edit", ["a character fewer", "a character more", "no fingerprint"])
+def test_a_char_tokenizer_cache_entry_edited_by_hand_is_built_again(tmp_path, edit):
+    """A cached char tokenizer short of a character made every later run on that corpus fail with "characters
+    not in the tokenizer's vocabulary", blaming the data, until the cache was found and cleared; one with a
+    character more sized the model by it. An entry records its fingerprint: one that differs is built again."""
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    char = get_tokenizer("char", corpus)
+    [entry] = (tmp_path / "gbattn-cache" / "tokenizers").glob("char-*.json")
+    record = json.loads(entry.read_text())
+    assert record["fingerprint"] == char.fingerprint
+    chars = char.chars[:-1] if edit == "a character fewer" else [*char.chars, "\u00e9"] if edit == "a character more" \
+        else char.chars
+    record["payload"] = json.dumps({"chars": chars})
+    if edit == "no fingerprint":
+        del record["fingerprint"]
+    entry.write_text(json.dumps(record))
+    again = get_tokenizer("char", corpus)
+    assert (again.chars, again.fingerprint) == (char.chars, char.fingerprint)
+    assert tokenize_corpus(corpus, again, progress=False)["train"].size > 0
+    assert json.loads(entry.read_text())["fingerprint"] == char.fingerprint
+
+
 def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_trips(tmp_path):
     """A cached tokenizer file that does not parse, or holds another kind, is replaced, not an error; a
     saved tokenizer reads back as the same kind with the same fingerprint (the token caches' key)."""

@@ -157,8 +157,10 @@ class Tokenizer:
         special = {i for i, token in self._hf.get_added_tokens_decoder().items() if token.special}
         return frozenset(special - {self.unknown_id})
 
-    def to_json(self) -> str:
-        return json.dumps({"kind": self.kind, "payload": self.payload})
+    def to_json(self, fingerprint: bool = False) -> str:
+        """The tokenizer file's text; with its ``fingerprint`` too for a cache entry (:func:`get_tokenizer`)."""
+        record = {"kind": self.kind, "payload": self.payload}
+        return json.dumps({**record, "fingerprint": self.fingerprint} if fingerprint else record)
 
     @classmethod
     def from_json(cls, text: str) -> Tokenizer:
@@ -258,12 +260,9 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
     key = hashlib.sha256(f"{base}|{vocab_size}|{BPE_TRAIN_LINES}|{corpus.fingerprint}".encode()).hexdigest()[:20]
     path = cache_dir() / "tokenizers" / f"{base}-{key}.json"
     if path.is_file():
-        try:
-            cached = Tokenizer.load(path)
-            if cached.kind == base:  # another kind (a file copied over it) is no bpe or char tokenizer of this corpus
-                return cached
-        except CheckpointError:
-            pass
+        cached = _cache_entry(path, base)
+        if cached is not None:
+            return cached
         path.unlink(missing_ok=True)  # a damaged cache entry: train again
     unwritable = (f"the tokenizer cache entry {path} cannot be written ({{why}}): delete what is there, or set "
                   f"GBATTN_CACHE to another directory")
@@ -288,7 +287,19 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
         if tok.vocab_size < 3:
             raise DataError(f"--data {corpus.name}: the training split holds no text to train a tokenizer on")
     try:
-        tok.save(path)
+        atomic_write(path, tok.to_json(fingerprint=True))
     except OSError as e:
         raise DataError(unwritable.format(why=e.strerror or e)) from None
     return tok
+
+
+def _cache_entry(path: Path, kind: str) -> Tokenizer | None:
+    """The tokenizer a cache entry holds, or None where it is damaged: unreadable, of another kind (a file copied
+    over it), or its payload not the one whose fingerprint it records (edited by hand: a char tokenizer short of a
+    character would blame the corpus for it, one with a character more would size the model by it)."""
+    try:
+        cached = Tokenizer.load(path)
+        recorded = json.loads(path.read_bytes()).get("fingerprint")
+    except (CheckpointError, OSError, ValueError):
+        return None
+    return cached if cached.kind == kind and recorded == cached.fingerprint else None
