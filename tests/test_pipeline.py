@@ -1469,6 +1469,31 @@ def test_a_char_tokenizer_cache_entry_edited_by_hand_is_built_again(tmp_path, ed
     assert json.loads(entry.read_text())["fingerprint"] == char.fingerprint
 
 
+def test_a_tokenizer_path_that_names_no_file_says_what_it_names(tmp_path, monkeypatch):
+    """hf= (nothing after the =) was "is a directory; name its tokenizer file: --tokenizer hf=tokenizer.json"
+    (the working directory); a FIFO was "no such tokenizer.json file"; a quoted ~ was not the home directory,
+    as it is for --data; a near miss of a file's name got no hint, as it does for --data."""
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "tokenizer.json").write_text(get_tokenizer("bpe", corpus, vocab_size=40, verbose=False).payload)
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "gone.json").symlink_to(tmp_path / "moved.json")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    assert get_tokenizer("hf=~/tokenizer.json", corpus).kind == "hf"
+    for spec, message in (("hf=", "--tokenizer hf= names no file: give hf=PATH, the path of a tokenizer.json"),
+                          ("gpt2= ", "--tokenizer gpt2=  names no file: give gpt2=PATH, the path of a tokenizer.json"),
+                          ("hf=fifo.json", "--tokenizer hf=fifo.json: not a regular file (a device or a pipe)"),
+                          ("hf=gone.json", f"--tokenizer hf=gone.json: a link to {tmp_path / 'moved.json'}, which "
+                                           f"does not exist"),
+                          ("hf=~/tokenizer.jsn", f"--tokenizer hf=~/tokenizer.jsn: no such tokenizer.json file (did "
+                                                 f"you mean {str(home / 'tokenizer.json')!r}?)")):
+        with pytest.raises(DataError) as caught:
+            get_tokenizer(spec, corpus)
+        assert str(caught.value) == message
+
+
 def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_trips(tmp_path):
     """A cached tokenizer file that does not parse, or holds another kind, is replaced, not an error; a
     saved tokenizer reads back as the same kind with the same fingerprint (the token caches' key)."""

@@ -27,7 +27,14 @@ from pathlib import Path
 from gbattn.checks import did_you_mean
 from gbattn.config import MAX_VOCAB_SIZE
 from gbattn.errors import CheckpointError, DataError
-from gbattn.files import atomic_write, check_writable_dir, error_detail, read_json_bytes, remove_abandoned
+from gbattn.files import (
+    atomic_write,
+    check_writable_dir,
+    did_you_mean_path,
+    error_detail,
+    read_json_bytes,
+    remove_abandoned,
+)
 
 BPE_TRAIN_LINES = 100_000
 SPECIALS = ["<pad>", "<unk>"]
@@ -203,14 +210,19 @@ def _train_bpe(lines: Iterable[str], vocab_size: int) -> str:
 
 
 def _gpt2_payload(spec: str) -> str:
-    path = Path(spec.split("=", 1)[1]) if "=" in spec else None
-    if path is not None:
+    kind, _, given = spec.partition("=")
+    if "=" in spec:
+        if not given.strip():  # Path("") is the working directory
+            raise DataError(f"--tokenizer {spec} names no file: give {kind}=PATH, the path of a tokenizer.json")
+        path = Path(os.path.expanduser(given))  # a quoted ~, as --data takes it
         if path.is_dir():
-            kind = spec.split("=", 1)[0]
             raise DataError(f"--tokenizer {spec} is a directory; name its tokenizer file: --tokenizer "
                             f"{kind}={path / 'tokenizer.json'}")
-        if not path.is_file():
-            raise DataError(f"--tokenizer {spec}: no such tokenizer.json file")
+        if not path.is_file():  # a FIFO would block the read
+            why = ("not a regular file (a device or a pipe)" if path.exists() else
+                   f"a link to {os.readlink(path)}, which does not exist" if path.is_symlink() else
+                   f"no such tokenizer.json file{did_you_mean_path(path)}")
+            raise DataError(f"--tokenizer {spec}: {why}")
         content = read_json_bytes(path)  # a huge file is refused unread
         payload = None
         try:
