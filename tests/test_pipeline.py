@@ -1235,9 +1235,12 @@ def test_a_file_cut_inside_a_character_or_bad_past_two_chunks_is_named_at_its_of
     with pytest.raises(DataError, match=f"NUL byte at byte offset {2**21 + 7}"):
         load_corpus(str(tmp_path / "far.txt"))
     # in a gzip file (named so in capitals, as Windows may), the offset is in the decompressed data
-    (tmp_path / "zipped.TXT.GZ").write_bytes(gzip.compress(b"a\xff"))
-    with pytest.raises(DataError, match=r"invalid byte at byte offset 1 of the decompressed data\)"):
-        load_corpus(str(tmp_path / "zipped.TXT.GZ"))
+    # (a NUL byte and a cut character were given at offsets in the decompressed data as if in the file)
+    for content, why in ((b"a\xff", "invalid byte at byte offset 1"), (b"ab\x00", "NUL byte at byte offset 2"),
+                         (b"caf" + "\u00e9".encode()[:1], "it ends inside a character at byte offset 4")):
+        (tmp_path / "zipped.TXT.GZ").write_bytes(gzip.compress(content))
+        with pytest.raises(DataError, match=rf"\({why} of the decompressed data\)"):
+            load_corpus(str(tmp_path / "zipped.TXT.GZ"))
 
 
 def test_data_paths_expand_the_home_directory_and_an_empty_name_is_refused(tmp_path, monkeypatch):

@@ -91,6 +91,7 @@ def checked_digest(path: Path) -> str:
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
     has_text = False
+    of_data = " of the decompressed data" if _is_gzip_name(path) else ""  # where an offset counts in a .gz file
     try:
         with (gzip.open if _is_gzip_name(path) else open)(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -100,21 +101,20 @@ def checked_digest(path: Path) -> str:
                                     f"mark); save it as UTF-8")
                 nul = chunk.find(b"\x00")
                 if nul >= 0:
-                    raise DataError(f"--data file {path} looks binary (NUL byte at byte offset {offset + nul}); "
-                                    f"give a UTF-8 text file")
+                    raise DataError(f"--data file {path} looks binary (NUL byte at byte offset {offset + nul}"
+                                    f"{of_data}); give a UTF-8 text file")
                 try:
                     text = decoder.decode(chunk)
                 except UnicodeDecodeError as e:
                     raise DataError(f"--data file {path} is not UTF-8 text (invalid byte at byte offset "
-                                    f"{offset + e.start}{' of the decompressed data' if _is_gzip_name(path) else ''})"
-                                    ) from None
+                                    f"{offset + e.start}{of_data})") from None
                 has_text = has_text or bool(text.replace("\ufeff", "").strip())  # a byte order mark is no text
                 h.update(chunk)
                 offset += len(chunk)
             decoder.decode(b"", final=True)
     except UnicodeDecodeError:
         raise DataError(
-            f"--data file {path} is not UTF-8 text (it ends inside a character at byte offset {offset})"
+            f"--data file {path} is not UTF-8 text (it ends inside a character at byte offset {offset}{of_data})"
         ) from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise DataError(f"--data file {path} is named .gz but is not complete gzip data ({e})") from None
