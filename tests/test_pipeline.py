@@ -1243,6 +1243,31 @@ def test_a_file_cut_inside_a_character_or_bad_past_two_chunks_is_named_at_its_of
             load_corpus(str(tmp_path / "zipped.TXT.GZ"))
 
 
+def test_compressed_data_is_named_by_its_format_not_called_binary(tmp_path):
+    """A gzip file without .gz in its name, an xz, bzip2 or zip file, or gzip data gzipped again, was "looks binary
+    (NUL byte at byte offset 3); give a UTF-8 text file": not a word of what it is or that naming it .gz would do."""
+    import bz2
+    import lzma
+    import zipfile
+
+    text = b"to be or not to be\n" * 50
+    with zipfile.ZipFile(tmp_path / "corpus.zip", "w") as archive:
+        archive.writestr("corpus.txt", text)
+    cases = {"corpus.txt": (gzip.compress(text), "holds gzip-compressed data; name it .gz to have it read"),
+             "corpus.txt.xz": (lzma.compress(text), "holds xz-compressed data; decompress it"),
+             "corpus.txt.bz2": (bz2.compress(text), "holds bzip2-compressed data; decompress it"),
+             "twice.txt.gz": (gzip.compress(gzip.compress(text)),
+                              "holds gzip-compressed data \\(compressed twice\\); decompress it"),
+             "corpus.zip": (None, "holds zip-compressed data; decompress it")}
+    for name, (content, message) in cases.items():
+        if content is not None:
+            (tmp_path / name).write_bytes(content)
+        with pytest.raises(DataError, match=f"^--data file {tmp_path / name} {message}"):
+            load_corpus(str(tmp_path / name))
+    (tmp_path / "BZh.txt").write_text("BZh is a text's first word here\n" * 20)  # bzip2's magic needs its block mark
+    assert "".join(load_corpus(str(tmp_path / "BZh.txt")).lines("train")).startswith("BZh is")
+
+
 def test_data_paths_expand_the_home_directory_and_an_empty_name_is_refused(tmp_path, monkeypatch):
     """``--data ~/corpus`` is the home directory's; an empty --data is an error, never the working
     directory (even when that holds a corpus)."""

@@ -82,6 +82,17 @@ def open_text(path: Path):
     return open(path, encoding="utf-8-sig")
 
 
+COMPRESSED = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip",
+              b"7z\xbc\xaf\x27\x1c": "7z"}  # how their files start: never UTF-8 text
+
+
+def _compression(head: bytes) -> str | None:
+    """The compression format whose data starts with ``head``, else None (bzip2's "BZh" with its block magic)."""
+    if re.match(rb"BZh[1-9]1AY&SY", head):
+        return "bzip2"
+    return next((kind for magic, kind in COMPRESSED.items() if head.startswith(magic)), None)
+
+
 def checked_digest(path: Path) -> str:
     """SHA-256 of the (decompressed) content, after checking it is UTF-8 text holding more than whitespace (the
     char tokenizer would train on blank lines) and not a Git LFS pointer (read as text, its three lines would be
@@ -95,6 +106,12 @@ def checked_digest(path: Path) -> str:
     try:
         with (gzip.open if _is_gzip_name(path) else open)(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
+                packed = _compression(chunk) if offset == 0 else None
+                if packed:  # read as text, it is "binary": say what it is and how to give it
+                    raise DataError(f"--data file {path} holds {packed}-compressed data"
+                                    + (" (compressed twice)" if of_data else "")
+                                    + ("; name it .gz to have it read" if packed == "gzip" and not of_data else
+                                       "; decompress it (gbattn reads UTF-8 text, or gzip named .gz)"))
                 if offset == 0 and chunk.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_BE)):
                     # Windows PowerShell's ">" writes UTF-16: its NUL bytes would read as a binary file
                     raise DataError(f"--data file {path} is UTF-16 or UTF-32 text (it starts with their byte order "
