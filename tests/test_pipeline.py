@@ -402,6 +402,20 @@ def test_a_data_file_of_whitespace_only_is_refused_for_every_tokenizer(capsys, t
     assert list(load_corpus(str(folder)).lines("valid")) == ["\n", "\n", " . \n"]
 
 
+def test_a_split_setting_with_a_data_path_that_is_no_corpus_gets_the_paths_own_error(capsys, tmp_path):
+    """--set split with a --data typo (or a pipe) was told "--data ... has its own train, valid and test splits:
+    leave it out"; leaving it out then gave the real error. Only a directory or a hub name comes in splits."""
+    (tmp_path / "input.txt").write_text("to be or not to be\n" * 50)
+    os.mkfifo(tmp_path / "pipe")
+    for data, message in ((tmp_path / "input.tx", "no such file or directory"),
+                          (tmp_path / "pipe", "is neither a regular file nor a directory"),
+                          (tmp_path, "has its own train, valid and test splits: leave it out")):
+        for command in (["train", "--preset", "cpu-char"], ["compare", "--recipe", "cpu-char"]):
+            code, _, err = run_cli(capsys, [*command, "--data", data, "--out", tmp_path / "r", "--set",
+                                            "split=[0.8,0.1,0.1]"])
+            assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, (command, err)
+
+
 # ---- training ----------------------------------------------------------------------------
 
 

@@ -344,9 +344,10 @@ def _hugging_face(name: str) -> Corpus:
 
 def check_split_setting(data: str, sets: dict) -> None:
     """``--set split`` cuts one text (the shipped corpus or a file) into three; a corpus that comes in
-    splits would ignore it, so it is refused (``train`` and ``compare``)."""
-    one_text = data in BUNDLED or (data not in HF_NAMES and Path(os.path.expanduser(data)).is_file())
-    if "split" in sets and not one_text:
+    splits (a hub name, a directory) would ignore it, so it is refused (``train`` and ``compare``). A path that
+    is neither is left to :func:`load_corpus`, which says what it is (missing, a typo, a pipe)."""
+    in_splits = data in HF_NAMES or (data not in BUNDLED and Path(os.path.expanduser(data)).is_dir())
+    if "split" in sets and in_splits:
         raise DataError(f"--set split cuts a single text file by characters; --data {data} has its own train, valid "
                         f"and test splits: leave it out")
 
