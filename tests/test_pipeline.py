@@ -1768,6 +1768,25 @@ def test_random_windows_need_a_row_and_one_token_more_and_the_error_says_so(tmp_
         trainer.lock.release()
 
 
+@pytest.mark.parametrize("sampling, capped", [("random", "train_tokens"), ("rows", "train_tokens"),
+                                               ("random", "eval_tokens")])
+def test_a_split_cut_short_by_its_cap_names_the_cap_not_the_file(tmp_path, sampling, capped):
+    """A split too short for one row because train_tokens or eval_tokens cut it was told "use a longer file" (or,
+    with rows, nothing): the file was long enough; the cap is what to raise."""
+    path = tmp_path / "text.txt"
+    path.write_text("abcdefghij" * 200)
+    trainer = Trainer(tmp_path / "run", *tiny_configs(path, sampling=sampling, **{capped: 20}), quiet=True)
+    with pytest.raises(DataError, match=rf"[:;] {capped}=20 cut it there: raise it, or use a smaller seq_len$"):
+        trainer._setup()
+    trainer.lock.release()
+    short = tmp_path / "short.txt"
+    short.write_text("abcdefghij" * 2)
+    trainer = Trainer(tmp_path / "run2", *tiny_configs(short, sampling=sampling), quiet=True)
+    with pytest.raises(DataError, match=r"[:;] use a longer file or a smaller seq_len$"):
+        trainer._setup()
+    trainer.lock.release()
+
+
 def test_swapping_two_split_files_changes_the_corpus_fingerprint(tmp_path):
     data = write_corpus(tmp_path / "c")
     before = load_corpus(str(data)).fingerprint

@@ -228,21 +228,23 @@ class Trainer:
             self.n_rows = num_rows(train, self.seq_len)
             self.steps_per_epoch = self.n_rows // cfg.batch_size
             if self.steps_per_epoch == 0:
+                advice = self._advice("train", len(train))
                 raise DataError(f"the training split has {len(train):,} tokens: fewer than one batch of "
-                                f"{cfg.batch_size} rows of {self.seq_len + 1} tokens")
+                                f"{cfg.batch_size} rows of {self.seq_len + 1} tokens; {advice}")
             self.total_steps = cfg.max_steps or math.ceil(cfg.epochs * self.steps_per_epoch)
         else:
             if len(train) <= self.seq_len + 1:
                 raise DataError(  # no window ends at the last token (random_windows): one row and one token more
                     f"the training split has {len(train):,} tokens; random windows of {self.seq_len + 1} need at least "
-                    f"{self.seq_len + 2}: use a longer file or a smaller seq_len"
+                    f"{self.seq_len + 2}: {self._advice('train', len(train))}"
                 )
             self.steps_per_epoch = None
             self.total_steps = cfg.max_steps
         for split in ("valid", "test"):
+            count = len(self.data.splits[split])
             if num_rows(self.data.splits[split], self.seq_len) == 0:
-                raise DataError(f"the {split} split has {len(self.data.splits[split]):,} tokens: fewer than one row of "
-                                f"{self.seq_len + 1}; use a longer file or a smaller seq_len")
+                raise DataError(f"the {split} split has {count:,} tokens: fewer than one row of {self.seq_len + 1}; "
+                                f"{self._advice(split, count)}")
         self.warmup, warmup_note = fitted_warmup(cfg, self.total_steps)
 
         torch.manual_seed(cfg.seed)  # identical initial weights on every process
@@ -323,6 +325,15 @@ class Trainer:
         recorded = rundir.recorded_fingerprint(self.saved) if self.resume else None
         return prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show, trained_on=recorded,
                             mismatch=": it has changed since this run started, and a run does not resume on other data")
+
+    def _advice(self, split: str, count: int) -> str:
+        """What to do about a split of ``count`` tokens, too short for the run: raise its cap where the cap cut it
+        (``train_tokens``, ``eval_tokens``: the file itself may be long enough), else give a longer file."""
+        name = "train_tokens" if split == "train" else "eval_tokens"
+        cap = getattr(self.train_cfg, name)
+        if cap is not None and count >= cap:
+            return f"{name}={cap:,} cut it there: raise it, or use a smaller seq_len"
+        return "use a longer file or a smaller seq_len"
 
     def _plan(self) -> list[str]:
         """What this run will do, in a few lines (vocabulary, steps, learning rate and warmup, evaluations)."""
