@@ -1073,12 +1073,19 @@ def test_a_hugging_face_name_that_is_also_a_local_folder_names_the_folder_when_t
     assert load_corpus("./wikitext-2-v1").name == "wikitext-2-v1"
 
 
-@pytest.mark.parametrize("resolves", [False, True])
-def test_the_hub_is_asked_offline_where_its_host_has_no_address(tmp_path, monkeypatch, resolves):
+@pytest.mark.parametrize("resolves, proxy", [(False, ""), (True, ""), (False, "http://proxy.example:3128")])
+def test_the_hub_is_asked_offline_where_its_host_has_no_address(tmp_path, monkeypatch, resolves, proxy):
     """Without the network, huggingface_hub retried each request for about half a minute before the one-line
     error (a hub name for --data, --tokenizer gpt2): where the hub's host has no address, its offline mode is
-    on while gbattn asks it (a cached copy still loads), and off again after; where it has one, it stays off."""
+    on while gbattn asks it (a cached copy still loads), and off again after; where it has one, it stays off.
+    Behind a proxy the host need not resolve here (the proxy resolves it): it stays off too."""
     import socket
+
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    if proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy)
+    offline_expected = not resolves and not proxy
 
     from huggingface_hub import constants as hub
     from tokenizers import Tokenizer as Backend
@@ -1108,7 +1115,7 @@ def test_the_hub_is_asked_offline_where_its_host_has_no_address(tmp_path, monkey
         load_corpus("wikitext-2-raw-v1")
     with pytest.raises(DataError, match="could not fetch the GPT-2 tokenizer"):
         get_tokenizer("gpt2", load_corpus(str(write_corpus(tmp_path / "c"))))
-    assert offline_while_asked == [not resolves] * 2 and hub.HF_HUB_OFFLINE is False
+    assert offline_while_asked == [offline_expected] * 2 and hub.HF_HUB_OFFLINE is False
 
 
 def test_bpe_trains_on_the_first_non_empty_training_lines(tmp_path, monkeypatch):

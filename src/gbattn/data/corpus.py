@@ -28,6 +28,7 @@ import os
 import re
 import socket
 import urllib.parse
+import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -275,7 +276,8 @@ def hub_access():
     again when its modules are first imported (as the tokenizers library's download does, inside this block).
 
     Quick: where the hub's host has no address, huggingface_hub is put in its offline mode for the block, so that
-    its requests fail at once (a copy in its cache still loads) instead of being retried for about half a minute."""
+    its requests fail at once (a copy in its cache still loads) instead of being retried for about half a minute.
+    Not behind a proxy (an ``*_PROXY`` variable set): there the proxy resolves the host, which need not resolve here."""
     quiet = [logging.getLogger(n) for n in ("huggingface_hub", "datasets", "fsspec", "urllib3")]
     levels = [logger.level for logger in quiet]
     disabled = logging.root.manager.disable
@@ -288,7 +290,7 @@ def hub_access():
         hub = None
     offline = getattr(hub, "HF_HUB_OFFLINE", None)
     try:
-        if offline is False and not _host_resolves(hub.ENDPOINT):
+        if offline is False and not urllib.request.getproxies() and not _host_resolves(hub.ENDPOINT):
             hub.HF_HUB_OFFLINE = True
         yield
     finally:
