@@ -722,6 +722,23 @@ def test_a_cache_of_another_dtype_or_device_than_the_model_is_a_clear_error():
     model.clear_cache()
 
 
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # torch's RMSNorm under autocast
+@pytest.mark.parametrize("variant_case", [("boosted", {"rounds": 2}), ("twicing", {})], ids=["boosted", "twicing"])
+def test_a_cache_in_the_models_dtype_takes_autocasts_keys_and_values(variant_case):
+    """A float32 model with its default (float32) cache decodes under bfloat16 autocast: the bfloat16 keys and
+    values (and Twicing's value-only A V) are stored in the cache's dtype, and a cached step gives the uncached
+    forward's last logits (to bfloat16's precision)."""
+    model = tiny_model(variant_case).float()
+    idx = torch.randint(0, 37, (2, 6))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        full = model(idx)[:, -1].float()
+        model.setup_cache(2)
+        model(idx[:, :5], input_pos=torch.arange(5))
+        last = model(idx[:, 5:], input_pos=torch.tensor([5]))[:, -1].float()
+    model.clear_cache()
+    torch.testing.assert_close(last, full, rtol=0, atol=0.05)
+
+
 def test_targets_of_another_shape_than_the_tokens_are_refused():
     """Targets transposed (T, B) or flattened (B*T,) hold as many entries as the tokens and gave a
     loss against the wrong targets, silently; off by one ((B, T+1)) was cross_entropy's "Expected
