@@ -664,6 +664,21 @@ def test_a_cache_slot_past_the_block_is_a_clear_error(block):
     model.clear_cache()
 
 
+@pytest.mark.parametrize("block", ["gpt2", "llama"])
+def test_input_pos_without_a_cache_gives_positions_and_stays_causal(block):
+    """Without a cache, ``input_pos`` (here 3..9 for 7 tokens) gives the tokens' positions only: the output is
+    that of ``position_ids`` at those positions, causal, not a mask of key slots against query slots 3..9 (which
+    would let every token see up to 3 later ones)."""
+    model = tiny_model(("standard", {}), **BLOCKS[block])
+    idx = torch.randint(0, 37, (2, 7))
+    positions = torch.arange(3, 10)
+    logits = model(idx, input_pos=positions)
+    torch.testing.assert_close(logits, model(idx, position_ids=positions.expand(2, -1)), rtol=0, atol=0)
+    changed = idx.clone()
+    changed[:, -1] = (idx[:, -1] + 1) % 37
+    torch.testing.assert_close(model(changed, input_pos=positions)[:, :-1], logits[:, :-1], rtol=0, atol=0)
+
+
 def test_a_cache_slot_past_setup_caches_max_len_is_a_clear_error():
     """A cache shorter than the block (setup_cache(1, max_len=8) of a 24-token model) refuses slot 8
     and a negative slot in one line naming its max_len (it was index_copy_'s IndexError)."""
