@@ -690,6 +690,9 @@ def test_a_cache_slot_past_setup_caches_max_len_is_a_clear_error():
     for slot in (8, -1):
         with pytest.raises(ValueError, match=outside):
             model(idx, input_pos=torch.tensor([slot]))
+        # with position_ids (a left-padded row's positions lag its slots) the slots are checked, not the positions
+        with pytest.raises(ValueError, match=outside):
+            model(idx, input_pos=torch.tensor([slot]), position_ids=torch.tensor([[3]]))
     model.clear_cache()
 
 
