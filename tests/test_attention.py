@@ -314,6 +314,24 @@ def test_rope_positions_of_another_length_are_refused():
     torch.testing.assert_close(rope(x, positions=rows), rope(x), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rope_tables_of_a_low_precision_model_round_exact_angles_once(dtype):
+    """cos and sin at every position are the float64 values rounded once to the model's dtype: angles formed
+    in bfloat16 would round position 2047 to 2048 (and float16's large angles by several radians), turning
+    a long context's far tokens, silently. Per row, (B, T) positions give the (T,) tables."""
+    from gbattn.attention.core import rope_for
+
+    positions = torch.arange(0, 4096, 3)
+    exact = rope_for(positions, 16, 10000.0, torch.float64)
+    cos, sin = rope_for(positions, 16, 10000.0, dtype)
+    assert cos.dtype == sin.dtype == dtype and cos.shape == (len(positions), 16)
+    torch.testing.assert_close(cos, exact[0].to(dtype), rtol=0, atol=0)
+    torch.testing.assert_close(sin, exact[1].to(dtype), rtol=0, atol=0)
+    rows_cos, rows_sin = rope_for(positions.expand(2, -1), 16, 10000.0, dtype)
+    assert rows_cos.shape == (2, 1, len(positions), 16)
+    assert torch.equal(rows_cos[1, 0], cos) and torch.equal(rows_sin[0, 0], sin)
+
+
 def test_positions_for_a_module_without_rope_are_refused():
     """RoPE positions given to a module built without ``rope_base`` were ignored, silently: the
     caller's positions changed nothing and no error said the module had no RoPE."""
