@@ -1892,7 +1892,8 @@ def test_token_ids_fit_their_dtype_and_a_cap_spans_several_batches(tmp_path):
 def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tmp_path, monkeypatch):
     """A 10-step run evaluating every 4 steps evaluates at steps 4, 8 and at its end (10); with
     validation losses that rise after step 4, the final test loss is that of best.pt (step 4), not
-    of the last weights; and its 10 steps of 8 rows have read 10 * 8 * seq_len input tokens."""
+    of the last weights, scored on rows of the run's seq_len (16, shorter than the block); and its 10
+    steps of 8 rows have read 10 * 8 * seq_len input tokens."""
     from gbattn.data.prepare import prepare_data
     from gbattn.eval.perplexity import evaluate
     from gbattn.rundir import load_run
@@ -1905,14 +1906,17 @@ def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tm
         return dataclasses.replace(res, loss=float(self.step)) if split == "valid" else res
 
     monkeypatch.setattr(Trainer, "_evaluate", rising_valid)
-    result = train(tmp_path / "run", *tiny_configs(data, max_steps=10), quiet=True)
+    seq_len = 16
+    assert seq_len < TINY["block_size"] - 1  # the default rows would fill the block
+    result = train(tmp_path / "run", *tiny_configs(data, max_steps=10, seq_len=seq_len), quiet=True)
     assert [p["step"] for p in result["curve"]] == [4, 8, 10]
     assert result["best_step"] == 4 and result["valid_loss"] == 4.0
-    assert result["train_tokens_seen"] == 10 * 8 * (TINY["block_size"] - 1)
+    assert result["train_tokens_seen"] == 10 * 8 * seq_len
     losses = {}
     for which in ("best", "last"):
         run = load_run(tmp_path / "run", which)
         test = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False).splits["test"]
+        assert run.seq_len == seq_len
         losses[which] = evaluate(run.model, test, run.seq_len).loss
     assert result["test_loss"] == pytest.approx(losses["best"], rel=1e-6) != losses["last"]
 
