@@ -255,3 +255,28 @@ def test_every_update_of_a_run_uses_the_scheduled_lr_in_every_parameter_group(tm
     events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     logged = [(e["step"], e["lr"]) for e in events if e["event"] == "train"]
     assert logged == [(s + 1, pytest.approx(expected(s), rel=1e-12, abs=0)) for s in range(total)]
+
+
+def test_a_run_trains_with_its_fitted_warmup(tmp_path, monkeypatch):
+    """paper-small's default warmup (1,500 steps) in a 12-step run is fitted to 1 step, and the updates
+    use that warmup (lr 0 at the first update, the peak at the second, then cosine), not 1,500 steps of
+    a warmup the run never finishes; config.json records the warmup used."""
+    from gbattn import rundir
+    from gbattn.train.trainer import Trainer
+
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, tokenizer="char", batch_size=8, max_steps=12, eval_every=12, lr=3e-3, train_tokens=None,
+                eval_tokens=None, threads=1)
+    model_cfg, train_cfg = build_configs("paper-small", "standard", str(data), sets)
+    assert (train_cfg.warmup_steps, train_cfg.fit_warmup, fitted_warmup(train_cfg, 12)[0]) == (1500, True, 1)
+    original, seen = Trainer._train_step, []
+
+    def spy(self, step):
+        seen.append(self.optimizer.param_groups[0]["lr"])
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", spy)
+    train(tmp_path / "run", model_cfg, train_cfg, quiet=True)
+    assert seen == [learning_rate(s, train_cfg, 12, 1) for s in range(12)]
+    assert seen[:2] == [0.0, 3e-3]
+    assert rundir.read_config(tmp_path / "run" / rundir.CONFIG)["warmup_steps"] == 1
