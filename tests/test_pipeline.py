@@ -1966,16 +1966,20 @@ def test_tokens_per_second_count_training_time_only(tmp_path, monkeypatch):
 
 def test_a_validation_loss_equal_to_the_best_is_not_a_new_best(tmp_path, monkeypatch):
     """With the same validation loss at every evaluation (steps 4, 8, 12) the first stays the best:
-    best_step 4, best.pt from step 4, and only the first eval event flagged best."""
+    best_step 4, best.pt from step 4, and only the first eval event flagged best. The loss is 50, where
+    perplexity is infinite (evaluate's rule): the result's valid_ppl follows the same rule."""
+    from gbattn.eval.perplexity import EvalResult
+
     data = write_corpus(tmp_path / "c")
     original = Trainer._evaluate
 
     def flat_valid(self, split):
         res = original(self, split)
-        return dataclasses.replace(res, loss=1.0) if split == "valid" else res
+        return dataclasses.replace(res, loss=50.0) if split == "valid" else res
 
     monkeypatch.setattr(Trainer, "_evaluate", flat_valid)
     result = train(tmp_path / "run", *tiny_configs(data), quiet=True)
+    assert result["valid_loss"] == 50.0 and result["valid_ppl"] == EvalResult(loss=50.0, tokens=1).ppl == math.inf
     assert result["best_step"] == 4 and ckpt.load_checkpoint(tmp_path / "run" / ckpt.BEST)["step"] == 4
     events = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
     assert [(e["step"], e["best"]) for e in events if e["event"] == "eval"] == [(4, True), (8, False), (12, False)]
