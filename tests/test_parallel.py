@@ -584,3 +584,29 @@ def test_a_run_resumed_on_another_number_of_processes_says_it_is_not_exact(tmp_p
     assert (f"warning: the checkpoint of {run} holds the random streams of 2 processes and this run has 1: it goes "
             f"on, but not exactly as the uninterrupted run would") in printed.err
     assert f"resume as it ran: `torchrun --nproc_per_node 2 -m gbattn.cli train --resume --out {run}`" in printed.err
+
+
+def test_a_process_the_checkpoint_holds_no_stream_of_draws_a_stream_of_its_own(tmp_path, monkeypatch):
+    """A one-process checkpoint resumed by two processes: the first resumes the saved stream, the second
+    (which the checkpoint holds none of) one of its own, the same on every resume, not the first's (with
+    dropout, both processes would draw the same masks on their halves of a batch). _load runs here as
+    each process of two would run it."""
+    from gbattn.train.distributed import DistEnv
+    from gbattn.train.trainer import Trainer
+    from helpers import tiny_configs, train_killed_at
+
+    data = write_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    train_killed_at(5, run, *tiny_configs(data), monkeypatch)
+    saved = rundir.load_checkpoint(run / rundir.CHECKPOINT)["rng_per_rank"]
+    assert len(saved) == 1
+    trainer = Trainer(run, resume=True, quiet=True)
+    trainer._setup()
+    trainer.lock.release()
+    streams = {}
+    for rank in (0, 1, 1):
+        trainer.dist = DistEnv(rank=rank, world=2)
+        trainer._load(run / rundir.CHECKPOINT)
+        state = torch.get_rng_state()
+        assert streams.setdefault(rank, state).equal(state)  # the same stream on every resume
+    assert torch.equal(streams[0], saved[0]["torch"]) and not torch.equal(streams[1], streams[0])
