@@ -610,3 +610,31 @@ def test_a_process_the_checkpoint_holds_no_stream_of_draws_a_stream_of_its_own(t
         state = torch.get_rng_state()
         assert streams.setdefault(rank, state).equal(state)  # the same stream on every resume
     assert torch.equal(streams[0], saved[0]["torch"]) and not torch.equal(streams[1], streams[0])
+
+
+def test_gradient_accumulation_reduces_gradients_once_per_step():
+    """Under DDP every micro-step but the last runs in the model's no_sync() (the gradients are all-reduced
+    once, after the last); under FSDP2 gradient sync is turned off for those micro-steps and on again for
+    the last; in one process nothing is changed. (The results match either way: this is the all-reduces.)"""
+    import contextlib
+
+    from gbattn.train.distributed import DistEnv
+
+    class Model:
+        def __init__(self):
+            self.calls = []
+
+        def no_sync(self):
+            self.calls.append("no_sync")
+            return contextlib.nullcontext()
+
+        def set_requires_gradient_sync(self, flag):
+            self.calls.append(flag)
+
+    for world, parallel, expected in ((2, "ddp", ["no_sync", "no_sync"]), (2, "fsdp2", [False, False, True]),
+                                      (1, "ddp", []), (1, "fsdp2", [])):
+        model = Model()
+        for micro in range(3):
+            with DistEnv(world=world).no_sync(model, micro == 2, parallel):
+                pass
+        assert model.calls == expected, (world, parallel, model.calls)
