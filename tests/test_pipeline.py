@@ -2102,8 +2102,9 @@ def test_training_runs_under_the_configs_autocast_and_puts_the_thread_count_back
 
 
 def test_a_checkpoint_whose_adam_moments_do_not_fit_their_weights_is_refused(tmp_path):
-    """Either moment (exp_avg or exp_avg_sq) of another shape than its weight: a one-line
-    CheckpointError naming it, before anything is trained."""
+    """Either moment (exp_avg or exp_avg_sq) of another shape than its weight, or an exp_avg_sq below 0
+    (AdamW's square root of it is NaN: the run diverged at its next step): a one-line CheckpointError
+    naming it, before anything is trained."""
     data = write_corpus(tmp_path / "c")
     run = tmp_path / "run"
     train(run, *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
@@ -2118,6 +2119,14 @@ def test_a_checkpoint_whose_adam_moments_do_not_fit_their_weights_is_refused(tmp
         with pytest.raises(CheckpointError, match=f"optimizer's {key} of wte.weight has shape \\(3,\\)"):
             train(run, resume=True, quiet=True)
         assert ckpt.load_checkpoint(path)["step"] == 2  # left as it was
+    path.write_bytes(good)
+    state = ckpt.load_checkpoint(path)
+    state["optimizer"]["state"]["wte.weight"]["exp_avg_sq"][0, 0] = -1.0
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="optimizer's exp_avg_sq of wte.weight holds torch.float32 values that "
+                                              "are not finite floating-point numbers >= 0"):
+        train(run, resume=True, quiet=True)
+    assert ckpt.load_checkpoint(path)["step"] == 2
 
 
 def test_the_seconds_a_run_records_add_up_across_a_resume(tmp_path, monkeypatch):
