@@ -1794,6 +1794,24 @@ def test_a_split_cut_short_by_its_cap_names_the_cap_not_the_file(tmp_path, sampl
     trainer.lock.release()
 
 
+def test_a_valid_or_test_split_shorter_than_one_row_is_refused_before_training(tmp_path, monkeypatch):
+    """A validation or test split of fewer tokens than one row (here 10 characters, rows of 33) is a one-line
+    DataError before the first step, not an evaluation error after the steps before the first evaluation."""
+    original, steps = Trainer._train_step, []
+
+    def counted(self, step):
+        steps.append(step)
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", counted)
+    for split in ("valid", "test"):
+        data = write_corpus(tmp_path / f"short-{split}")
+        (data / f"wiki.{split}.tokens").write_text("the cat .\n")
+        with pytest.raises(DataError, match=f"^the {split} split has 10 tokens: fewer than one row of 33;"):
+            train(tmp_path / f"run-{split}", *tiny_configs(data), quiet=True)
+        assert steps == []
+
+
 def test_swapping_two_split_files_changes_the_corpus_fingerprint(tmp_path):
     data = write_corpus(tmp_path / "c")
     before = load_corpus(str(data)).fingerprint
