@@ -280,3 +280,24 @@ def test_a_run_trains_with_its_fitted_warmup(tmp_path, monkeypatch):
     assert seen == [learning_rate(s, train_cfg, 12, 1) for s in range(12)]
     assert seen[:2] == [0.0, 3e-3]
     assert rundir.read_config(tmp_path / "run" / rundir.CONFIG)["warmup_steps"] == 1
+
+
+def test_every_training_step_runs_with_dropout_on(tmp_path, monkeypatch):
+    """A run's steps run the model in training mode (dropout 0.1 drawn), the steps after each evaluation
+    (scored in eval mode) too: every run compared with another stays equal if none drops out at all."""
+    from gbattn.train.trainer import Trainer
+
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, tokenizer="char", batch_size=8, max_steps=6, eval_every=2, warmup_steps=1, train_tokens=None,
+                eval_tokens=None, threads=1)
+    model_cfg, train_cfg = build_configs("paper-small", "standard", str(data), sets)
+    assert model_cfg.dropout == 0.1
+    original, modes = Trainer._train_step, []
+
+    def spy(self, step):
+        modes.append(all(module.training for module in self.model.modules()))
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", spy)
+    train(tmp_path / "run", model_cfg, train_cfg, quiet=True)
+    assert modes == [True] * 6
