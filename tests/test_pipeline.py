@@ -2178,6 +2178,9 @@ def test_rows_that_fill_the_block_train(tmp_path):
     result = train(tmp_path / "run", *tiny_configs(data, seq_len=TINY["block_size"], max_steps=2, eval_every=2),
                    quiet=True)
     assert result["steps"] == 2 and result["train_tokens_seen"] == 2 * 8 * TINY["block_size"]
+    over = TINY["block_size"] + 1  # (the position table has block_size rows)
+    with pytest.raises(UserError, match=f"^seq_len={over} exceeds block_size={TINY['block_size']}$"):
+        train(tmp_path / "over", *tiny_configs(data, seq_len=over, max_steps=2, eval_every=2), quiet=True)
 
 
 def test_weights_with_a_name_missing_or_unknown_are_refused_and_the_model_left_alone():
