@@ -4,7 +4,6 @@ directory)."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
 
@@ -142,6 +141,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     from gbattn.data.prepare import other_data_note, prepare_run_data
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
+    from gbattn.eval.perplexity import perplexity
     from gbattn.files import relative_path, write_json
     from gbattn.progress import Progress
     from gbattn.rundir import check_model_dir, load_run
@@ -203,7 +203,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         "n_heads": run.model_cfg.n_heads,
         "d_model": run.model_cfg.d_model,
         "rounds": st.rounds,
-        "loss": {"mean_nats": mean_loss, "ppl": math.exp(mean_loss) if mean_loss < 50 else float("inf")},
+        "loss": {"mean_nats": mean_loss, "ppl": perplexity(mean_loss)},
         "paper": stats.PAPER,
     }
     no_boost = (f"{_describe(run)} attention has no boosting rounds: GBA's gates and corrections do not exist "
@@ -255,6 +255,7 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
 
     from gbattn.analysis import figures, stats
     from gbattn.data.tokens import rows_batch
+    from gbattn.eval.perplexity import perplexity
     from gbattn.files import relative_path
 
     diff_NT = collected.against_loss_NT - collected.loss_NT
@@ -315,7 +316,7 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
         "fraction_tied": float(1.0 - better.mean() - worse.mean()),
         "loss": float(collected.loss_NT.mean()),
         "against_loss": against_loss,
-        "against_ppl": math.exp(against_loss) if against_loss < 50 else float("inf"),
+        "against_ppl": perplexity(against_loss),
         "histogram": {"edges": edges.tolist(), "counts": counts.tolist()},
         "mean_by_position": diff_NT.mean(0).tolist(),
         "top_tokens": top_list,

@@ -13,6 +13,11 @@ from gbattn.data.tokens import num_rows, rows_batch
 from gbattn.model.gpt import lm_loss
 
 
+def perplexity(loss_nats: float) -> float:
+    """exp(loss), infinite from a loss of 50 nats (exp would be ~5e21 there: no model worth a perplexity)."""
+    return math.exp(loss_nats) if loss_nats < 50 else float("inf")
+
+
 @dataclass
 class EvalResult:
     loss: float  # mean next-token cross-entropy, nats
@@ -21,7 +26,7 @@ class EvalResult:
 
     @property
     def ppl(self) -> float:
-        return math.exp(self.loss) if self.loss < 50 else float("inf")
+        return perplexity(self.loss)
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ from gbattn.data.prepare import Data, prepare_data
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
 from gbattn.errors import CheckpointError, DataError, Terminated, UserError
-from gbattn.eval.perplexity import evaluate
+from gbattn.eval.perplexity import evaluate, perplexity
 from gbattn.files import error_detail
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
@@ -707,7 +707,7 @@ class Trainer:
         if best_path.exists():
             load_full_state(self.wrapped, rundir.load_checkpoint(best_path, self.device)["model"])
         test = self._evaluate("test")
-        valid_best = math.exp(self.best_valid) if self.best_valid < 50 else float("inf")
+        valid_best = perplexity(self.best_valid)
         result = {
             "run_dir": self.run_dir.name,
             "attn": self.model_cfg.attn,
