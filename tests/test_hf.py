@@ -166,6 +166,34 @@ def test_config_checks_what_it_is_given_and_copies_it():
     assert section == {"model": {"n_heads": 4}, "train": {"lr": 0.001}}
 
 
+def test_a_saved_config_needs_its_whole_gbattn_model_dict(tmp_path):
+    """from_pretrained reads a saved gbattn model dict as gbattn does: a missing field it always records, or a
+    missing gbattn dict, is refused (they were defaults: 2-head weights loaded silently as 4 heads, a config
+    without its gbattn dict as a 256-wide model); a field added later keeps its old meaning."""
+    torch.manual_seed(0)
+    model = GbattnForCausalLM(GbattnConfig.from_model_config(tiny_config(("standard", {}), n_heads=2)))
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+
+    def load_edited(edit):
+        config = json.loads(json.dumps(saved))
+        edit(config)
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        return AutoModelForCausalLM.from_pretrained(tmp_path)
+
+    with pytest.raises(ValueError, match=r"config.json \(gbattn\): its model section has no n_heads \(every gbattn"):
+        load_edited(lambda c: c["gbattn"]["model"].pop("n_heads"))
+    for edit in (lambda c: c.pop("gbattn"), lambda c: c["gbattn"].pop("model"),
+                 lambda c: c["gbattn"].update(model=[2])):
+        with pytest.raises(ValueError, match="the config has no gbattn model dict"):
+            load_edited(edit)
+    with pytest.raises(ValueError, match="config.json \\(gbattn\\): n_heads='2' must be an integer"):
+        load_edited(lambda c: c["gbattn"]["model"].update(n_heads="2"))
+    before = load_edited(lambda c: c["gbattn"]["model"].pop("dropout_sites"))  # saved before dropout_sites existed
+    assert before.config.model_config.dropout_sites == ["embedding", "attention", "attn-output", "ffn-output"]
+    assert before.model.cfg.n_heads == 2
+
+
 # ---- forward: logits, loss, cache, padding equal gbattn's ---------------------------------
 
 

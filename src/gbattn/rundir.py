@@ -500,21 +500,30 @@ def read_result(path: str | Path) -> dict:
     return result
 
 
+def recorded_model_config(model_d: dict, where: str | Path) -> ModelConfig:
+    """The ModelConfig of a recorded model section (a run's or an export's ``config.json``): a field every
+    gbattn run records that is missing is damage, a CheckpointError; fields it predates keep their old meaning."""
+    missing = [k for k in _ALWAYS_RECORDED_MODEL if k not in model_d]
+    if missing:
+        raise CheckpointError(f"{where}: its model section has no {', '.join(missing)} (every gbattn run records "
+                              f"them): a damaged or hand-edited config")
+    try:
+        return ModelConfig.from_dict({**_OLD_MODEL_DEFAULTS, **model_d})
+    except ConfigError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
 def read_configs(config: dict, where: str | Path):
     """(ModelConfig, TrainConfig) of a ``config.json`` dict; fields it predates keep their old meaning."""
     try:
         model_d, train_d = config["model"], config["train"]
         if not isinstance(model_d, dict) or not isinstance(train_d, dict):
             raise TypeError
-        missing = [k for k in _ALWAYS_RECORDED_MODEL if k not in model_d]
-        if missing:
-            raise CheckpointError(f"{where}: its model section has no {', '.join(missing)} (every gbattn run records "
-                                  f"them): a damaged or hand-edited config")
-        model_d = {**_OLD_MODEL_DEFAULTS, **model_d}
+        model_cfg = recorded_model_config(model_d, where)
         train_d = {**_OLD_TRAIN_DEFAULTS, **train_d}
         if train_d.get("eval_every") == 0:  # in older runs, 0 meant "every epoch only"
             train_d["eval_every"] = None
-        return ModelConfig.from_dict(model_d), TrainConfig.from_dict(train_d)
+        return model_cfg, TrainConfig.from_dict(train_d)
     except (KeyError, TypeError):
         raise CheckpointError(f"{where} has no model and train sections: is it a gbattn run directory?") from None
     except ConfigError as e:

@@ -32,7 +32,8 @@ import dataclasses
 from transformers import PretrainedConfig
 
 from gbattn.config import ModelConfig
-from gbattn.errors import ConfigError
+from gbattn.errors import CheckpointError, ConfigError
+from gbattn.rundir import recorded_model_config
 
 MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 STANDARD_NAMES = ("hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings, "
@@ -118,15 +119,26 @@ class GbattnConfig(PretrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
-        """transformers' ``from_dict`` (``from_pretrained`` ends here); gbattn's own field names among
-        the overrides are refused (transformers dropped them unused, silently)."""
+        """transformers' ``from_dict`` (``from_pretrained`` ends here): a saved config, so its gbattn model dict
+        must be whole, as gbattn itself reads it (``rundir.recorded_model_config``: a missing field was a
+        default, and 2-head weights ran as 4 heads); gbattn's own field names among the overrides are refused
+        (transformers dropped them unused, silently)."""
         stored = stray_model_fields(config_dict) if isinstance(config_dict, dict) else {}
         if stored:  # a config saved after `config.dropout = ...`, which nothing read: the model is the gbattn dict's
             raise ConfigError(f"the config holds gbattn's model field names at its top level ({stored!r}), where "
                               f"nothing reads them: the model is built from config.gbattn['model']; delete them "
                               f"from config.json, or move them into its gbattn model dict")
         refuse_model_fields(kwargs)
-        return super().from_dict(config_dict, **kwargs)
+        section = config_dict.get("gbattn") if isinstance(config_dict, dict) else None
+        if not isinstance(section, dict) or not isinstance(section.get("model"), dict):
+            raise ConfigError("the config has no gbattn model dict (config.json's gbattn: {model: {...}}, which "
+                              "`gbattn export` and save_pretrained write): not a saved gbattn model (a gbattn run "
+                              "directory loads after `gbattn export RUN --out DIR`)")
+        try:
+            model = recorded_model_config(section["model"], "config.json (gbattn)").to_dict()
+        except CheckpointError as e:  # a ValueError, as transformers' own config errors and the refusals above
+            raise ConfigError(str(e)) from None
+        return super().from_dict({**config_dict, "gbattn": {**section, "model": model}}, **kwargs)
 
     @classmethod
     def from_model_config(cls, model_cfg: ModelConfig, run: dict | None = None, **kwargs) -> GbattnConfig:
