@@ -1180,3 +1180,15 @@ def test_curves_legend_orders_seeds_as_numbers():
     fig = figures.curves_figure({"standard": {"123": run, "2": run, "10": run}})
     labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
     assert labels == ["standard", "seed 2", "seed 10", "seed 123"]
+
+
+def test_results_md_says_when_every_model_has_fewer_seeds_than_the_comparison_names():
+    """A comparison stopped after its seed 42 runs: the heading names seeds 42 and 123, so the table says
+    that each mean is over seed 42 alone; with every seed finished it says nothing of the kind."""
+    from gbattn.experiments.report import results_markdown
+
+    partial = [model_row("standard", {"42": 10.0}), model_row("gba-m2", {"42": 9.0})]
+    md = results_markdown(report_of(partial))
+    assert "Every model has seed 42 only (seed 123 not finished): each mean is over 1 seed." in md
+    full = [model_row("standard", {"42": 10.0, "123": 11.0}), model_row("gba-m2", {"42": 9.0, "123": 9.5})]
+    assert "Every model has" not in results_markdown(report_of(full))

@@ -382,6 +382,13 @@ def results_markdown(report: dict) -> str:
         seeds_per_model = "; ".join(f"{r['label']}: {', '.join(seed_values(r)) or 'none'}" for r in rows)
         lines += ["", f"Seeds differ between models ({seeds_per_model}): test ppl is each model's mean over its own "
                       f"seeds; Δ vs standard is over {over}."]
+    else:
+        held = sorted({s for r in rows for s in seed_values(r)}, key=seed_key)
+        missing = [str(s) for s in report.get("seeds", []) if str(s) not in held]
+        if held and missing:  # every model has the same seeds, but not all those the heading names
+            lines += ["", f"Every model has seed{'s' if len(held) > 1 else ''} {', '.join(held)} only (seed"
+                          f"{'s' if len(missing) > 1 else ''} {', '.join(missing)} not finished): each mean is over "
+                          f"{len(held)} seed{'s' if len(held) > 1 else ''}."]
     continued = continued_note(rows)
     if continued:
         lines += ["", continued]
