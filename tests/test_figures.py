@@ -771,7 +771,7 @@ def test_results_figure_error_bars_are_the_std_dots_every_seed_and_the_axis_hold
     dots = [list(line.get_ydata()) for line in ax.get_lines() if line.get_marker() == "."]
     assert dots == [[100.0, 110.0], [96.0]]
     bars = [[tuple(s[:, 1]) for s in c.lines[2][0].get_segments()] for c in ax.containers if c.has_yerr]
-    assert bars == [[(100.0, 100.0)], [(96.0, 96.0)], [(88.0, 92.0)]]
+    assert bars == [[(88.0, 92.0)]]  # the published value's std; a mean over one seed has no bar
     assert ax.get_ylim()[0] < 88.0 and ax.get_ylim()[1] > 110.0
     # Each mean's number sits above the top of its column: its highest dot, or the top of its bar.
     assert [(t.get_text(), t.xy) for t in ax.texts] == [("100.00", (0, 110.0)), ("96.00 (-4.0%)", (1, 96.0))]
@@ -782,6 +782,10 @@ def test_results_figure_error_bars_are_the_std_dots_every_seed_and_the_axis_hold
     assert ax.texts[0].xy[1] == pytest.approx(105.0 + 50 ** 0.5)
     ax = figures.results_figure(report_of([model_row("standard", {"42": 100.0})])).axes[0]
     assert ax.get_ylim() == pytest.approx((99.0, 102.0))  # twice the margin above, for the number
+    # A published value without a std (one seed) has no bar either: caps at the point would read as a std of 0.
+    rows = [model_row("standard", {"42": 100.0, "123": 110.0}, published=[90.0, None])]
+    ax = figures.results_figure(report_of(rows)).axes[0]
+    assert [c.has_yerr for c in ax.containers] == [True, False]
 
 
 def test_results_figure_numbers_and_long_names_overlap_nothing():

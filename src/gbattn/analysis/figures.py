@@ -429,8 +429,9 @@ def results_figure(report: dict):
             tick_labels.append(f"{name}\nn={n_mean}" + (f" (dots n={n_all})" if n_all != n_mean else ""))
             mean_label = ("ours: mean ± std over n seeds (n under each model)" if max(map(len, compared.values())) > 1
                           else "ours: one seed's value (no spread: no error bar)")
-            ax.errorbar([i], [mean], yerr=[std or 0.0], fmt="o", color="#1f77b4", markersize=9, capsize=6,
-                        elinewidth=2, label=mean_label if not values else None)
+            # One value has no spread: no bar (a zero-length one drew caps, as if it were a std of 0).
+            ax.errorbar([i], [mean], yerr=None if std is None else [std], fmt="o", color="#1f77b4", markersize=9,
+                        capsize=6, elinewidth=2, label=mean_label if not values else None)
             ax.plot([i] * n_all, list(every_seed.values()), ".", color="#1f77b4", alpha=0.5, markersize=7,
                     label="ours: all seeds (one dot each)" if not values else None)
             change = relative_change(compared[r["label"]], compared[base["label"]]) if base and r is not base else None
@@ -444,8 +445,8 @@ def results_figure(report: dict):
         for i, r in enumerate(rows):
             pub = published_value(report, r)
             if pub is not None:
-                ax.errorbar([i + 0.18], [pub[0]], yerr=[pub[1] or 0.0], fmt="D", color="black", mfc="white",
-                            markersize=7, capsize=4, label="published" if not published_drawn else None)
+                ax.errorbar([i + 0.18], [pub[0]], yerr=None if pub[1] is None else [pub[1]], fmt="D", color="black",
+                            mfc="white", markersize=7, capsize=4, label="published" if not published_drawn else None)
                 values += [pub[0] - (pub[1] or 0), pub[0] + (pub[1] or 0)]
                 published_drawn = True
         if values:
