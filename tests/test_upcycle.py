@@ -405,7 +405,7 @@ def test_float8_weights_convert_exactly(tmp_path, float64_llama):
     directory = save_hf(llama_model(), tmp_path / "hf")
     weights = {k: v.to(torch.float8_e4m3fn) for k, v in load_file(directory / "model.safetensors").items()}
     save_file(weights, directory / "model.safetensors")
-    hf = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=torch.float64).eval()
+    hf = transformers.LlamaForCausalLM.from_pretrained(directory).eval().double()  # (4.x names dtype torch_dtype)
     idx = tokens()
     with torch.no_grad():
         expected = hf(idx).logits
