@@ -359,14 +359,15 @@ def _label(spec: str) -> str:
 def _refuse_repeats(option: str, specs: list[str], preset: str, sets: dict) -> None:
     """Each of ``specs`` (checked) must make a model of its own: a variant named twice, or given the same options
     twice (``boosted:rounds=2,`` after ``boosted:rounds=2``), would be benched twice under two rows."""
-    configs = [_variant_config(preset, spec, sets).to_dict() for spec in specs]
-    for i, config in enumerate(configs):
-        first = specs[configs.index(config)]
-        if first == specs[i] and configs.index(config) < i:
-            raise UserError(f"{option} names {first} more than once: each variant is benched once")
-        if first != specs[i]:
-            raise UserError(f"{option} names {first} twice ({specs[i]} is the same model): each variant is benched "
-                            f"once")
+    configs = [_variant_config(preset, spec, sets).to_dict() for spec in specs]  # every spec checked first
+    seen: list[tuple[dict, str]] = []  # (model config, the spec that first made it)
+    for spec, config in zip(specs, configs):
+        first = next((earlier for model, earlier in seen if model == config), None)
+        if first == spec:
+            raise UserError(f"{option} names {spec} more than once: each variant is benched once")
+        if first is not None:
+            raise UserError(f"{option} names {first} twice ({spec} is the same model): each variant is benched once")
+        seen.append((config, spec))
 
 
 def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
