@@ -33,6 +33,11 @@ def seed_values(row: dict) -> dict[str, float]:
     return {str(s): v for s, v in values.items() if v is not None and math.isfinite(v)}
 
 
+def held_seeds(rows: list[dict]) -> list[str]:
+    """Every seed some model row has a result of, in order."""
+    return sorted({s for r in rows for s in seed_values(r)}, key=seed_key)
+
+
 def common_seeds(rows: list[dict]) -> list[str] | None:
     """None when every row with a result has the same seeds; else the seeds all of them share
     (possibly none)."""
@@ -74,7 +79,7 @@ def seeds_sentence(rows: list[dict]) -> str:
     """Which seeds the means (and Δ vs standard) are over, in words."""
     common = common_seeds(rows)
     if common is None:
-        seeds = sorted({s for r in rows for s in seed_values(r)}, key=seed_key)
+        seeds = held_seeds(rows)
         return f"means over seed{'s' if len(seeds) != 1 else ''} {', '.join(seeds)} (every model)"
     if common:
         return (f"means over the {len(common)} seed{'s' if len(common) > 1 else ''} all models share "
@@ -383,7 +388,7 @@ def results_markdown(report: dict) -> str:
         lines += ["", f"Seeds differ between models ({seeds_per_model}): test ppl is each model's mean over its own "
                       f"seeds; Δ vs standard is over {over}."]
     else:
-        held = sorted({s for r in rows for s in seed_values(r)}, key=seed_key)
+        held = held_seeds(rows)
         missing = [str(s) for s in report.get("seeds", []) if str(s) not in held]
         if held and missing:  # every model has the same seeds, but not all those the heading names
             lines += ["", f"Every model has seed{'s' if len(held) > 1 else ''} {', '.join(held)} only (seed"
