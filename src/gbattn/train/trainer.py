@@ -271,18 +271,19 @@ class Trainer:
         if has_checkpoint:
             self._load(self.run_dir / rundir.CHECKPOINT)
         self.dist.main_only(lambda: self._write_config(resumed=has_checkpoint))
+        other_processes = self.saved_processes not in (None, self.dist.world)  # resumed, but not exactly
         if self.show:
             for line in self._plan():
                 print(line)
             if has_checkpoint:
                 print(f"resuming at step {self.step:,} of {self.total_steps:,}, the last checkpoint (work after it "
-                      f"is redone{'' if self.saved_processes not in (None, self.dist.world) else ', exactly'})")
+                      f"is redone{'' if other_processes else ', exactly'})")
             elif self.resume:
                 print(f"{self.run_dir} has no {rundir.CHECKPOINT} yet: training starts at step 0")
         # Warnings and changed settings: stderr, apart from the output, and shown under --quiet too.
         if warmup_note and self.main:
             print(warmup_note, file=sys.stderr)
-        if self.saved_processes not in (None, self.dist.world) and self.main:
+        if other_processes and self.main:
             print(self._other_processes_note(), file=sys.stderr)
         if self.train_cfg.parallel != "ddp" and not self.dist.enabled and self.main:
             print(f"parallel={self.train_cfg.parallel} applies under torchrun only (torchrun --nproc_per_node N -m "
