@@ -209,15 +209,15 @@ def coerce(name: str, value: Any, tp) -> Any:
     return value
 
 
-def checked(name: str, value: Any, tp, ok: Callable[[Any], bool], rule: str) -> Any:
-    """``value`` as type ``tp`` (:func:`coerce`) when ``ok`` of it holds, else a ConfigError saying
+def checked(name: str, value: Any, tp, ok: Callable[[Any], bool] | None, rule: str) -> Any:
+    """``value`` as type ``tp`` (:func:`coerce`) when ``ok`` (None: any value) of it holds, else a ConfigError saying
     ``name=value must be rule``: a keyword argument outside a config (generate's options, the HF model's)
     checked by the rules config fields follow."""
     try:
         number = coerce(name, value, tp)
     except ConfigError:
         number = None
-    if number is None or not ok(number):
+    if number is None or (ok is not None and not ok(number)):
         raise ConfigError(f"{name}={value!r} must be {rule}")
     return number
 

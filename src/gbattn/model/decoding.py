@@ -146,9 +146,9 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     """
     max_new_tokens, temperature, top_k, seed = check_sampling(max_new_tokens, temperature, top_k, seed)
     # (a string read as True: compile="no" compiled; use_cache=None decoded without the cache)
-    use_cache = checked("use_cache", use_cache, bool, lambda _: True, "True or False")
+    use_cache = checked("use_cache", use_cache, bool, None, "True or False")
     if compile is not None:
-        compile = checked("compile", compile, bool, lambda _: True, "True, False or None (compiled where it pays)")
+        compile = checked("compile", compile, bool, None, "True, False or None (compiled where it pays)")
     prompt_mask = check_prompt(idx_BT, prompt_mask)
     was_training, callers_cache = model.training, model.kv_cache
     model.eval()

@@ -27,7 +27,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool
         # (0 was read as "the default" and gave block_size's figure; -1 a torch error on the meta device)
         seq_len = checked("seq_len", seq_len, int, lambda n: n >= 1, "an integer >= 1 (or None: block_size)")
     # (a string read as True: backward="no" gave the forward + backward figure, three times the forward's)
-    backward = checked("backward", backward, bool, lambda _: True, "True or False")
+    backward = checked("backward", backward, bool, None, "True or False")
     T = seq_len or cfg.block_size
     with torch.device("meta"):
         model = GPT(cfg)
