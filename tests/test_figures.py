@@ -491,6 +491,16 @@ def test_paired_differences_with_a_missing_seed_name_their_seeds_and_are_not_mar
     assert "(-0.030 / -0.030 / -0.030) **same sign**" in gba
 
 
+def test_results_footer_claims_a_spread_only_where_a_model_has_two_seeds():
+    """One seed per model: no "± std" is shown, and the footer says so instead of "mean ± sample std"."""
+    rows = [model_row("standard", {"42": 9.0}), model_row("gba-m2", {"42": 8.8})]
+    md = results_markdown(report_of(rows))
+    assert "one seed per model, so no spread" in md and "sample std" not in md
+    rows[1]["test_ppl"]["123"] = 8.7
+    md = results_markdown(report_of(rows))
+    assert "mean ± sample std over seeds" in md and "no spread" not in md
+
+
 def test_results_say_when_test_is_validation_and_how_far_param_fair_is_above_gba():
     rows = [model_row("standard", {"42": 9.0}), model_row("param-fair", {"42": 8.6}), model_row("gba-m2", {"42": 8.8})]
     rows[1].update(param_matched_to="gba-m2", parameters=840_000)

@@ -406,7 +406,9 @@ def results_markdown(report: dict) -> str:
     if report.get("published_source") and any(published_value(report, r) for r in rows):
         lines += ["", f"Published: {report['published_source']}."]
     lines += paired_table(rows)
-    lines += ["", "Test perplexity from the best-validation checkpoint; mean ± sample std over seeds."
+    spread = ("mean ± sample std over seeds" if any(len(seed_values(r)) > 1 for r in rows)
+              else "one seed per model, so no spread")
+    lines += ["", f"Test perplexity from the best-validation checkpoint; {spread}."
               + (f" {TEST_IS_VALIDATION}." if no_test_split(rows) else "")]
     matched = ([f"`param-fair`: the smallest standard width with at least GBA's parameters{param_gap_text(rows)}"]
                if any(r.get("param_matched_to") for r in rows) else [])
