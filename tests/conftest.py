@@ -11,6 +11,7 @@ from gbattn.attention.registry import VARIANTS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.pop("GBATTN_DEBUG", None)  # the tests check the one-line errors a user sees
 
 # (variant, options) pairs that the shared tests run over. Every registry entry must appear.
 VARIANT_CASES = [

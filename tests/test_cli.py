@@ -957,3 +957,23 @@ def test_error_classes_are_user_errors_and_the_builtin_errors_they_refine():
     for cls, builtin in ((ConfigError, ValueError), (DataError, ValueError), (DataNotFound, ValueError),
                          (CheckpointError, RuntimeError)):
         assert issubclass(cls, UserError) and issubclass(cls, builtin), cls
+
+
+def test_gbattn_debug_shows_the_traceback_of_an_error_the_cli_reports_in_one_line(tmp_path, monkeypatch, capsys):
+    """A bad input is one line and status 2; with GBATTN_DEBUG=1 the same error propagates with its traceback:
+    a user error, and an OSError no check named (here raised by the command itself)."""
+    import gbattn.cli
+    from gbattn.errors import UserError
+
+    def disk_full(args):
+        raise OSError(28, "No space left on device", "somewhere")
+
+    monkeypatch.setattr(gbattn.cli, "cmd_list", disk_full)
+    for argv, error in ((["eval", str(tmp_path / "no-such-run")], UserError), (["list"], OSError)):
+        for off in ("", "0"):
+            monkeypatch.setenv("GBATTN_DEBUG", off)
+            assert main(argv) == 2
+            assert capsys.readouterr().err.startswith("gbattn: error: ")
+        monkeypatch.setenv("GBATTN_DEBUG", "1")
+        with pytest.raises(error):
+            main(argv)

@@ -138,6 +138,11 @@ UNDER_TORCHRUN = ("train", "compare")
 CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 
 
+def show_tracebacks() -> bool:
+    """``GBATTN_DEBUG=1``: an error ends in its Python traceback instead of the one line (README, "Trust")."""
+    return os.environ.get("GBATTN_DEBUG", "") not in ("", "0")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # --help and usage errors end here, before anything heavy is imported
@@ -171,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
         sys.stdout.flush()
     except UserError as e:  # one write: torchrun's processes write unbuffered (-u) to one stderr, at once
+        if show_tracebacks():
+            raise
         sys.stderr.write(f"gbattn: error: {terminal_line(str(e))}\n")
         return getattr(e, "exit_code", 2)
     except KeyboardInterrupt as e:
@@ -178,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if isinstance(e, Terminated) else 130
     except (MemoryError, RuntimeError) as e:  # sizes a machine cannot hold (batch, width, samples)
         # torch.OutOfMemoryError on CUDA; on CPU the allocator raises a plain RuntimeError.
-        if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and CPU_ALLOCATION_FAILED not in str(e):
+        if (not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and CPU_ALLOCATION_FAILED not in str(e)
+                or show_tracebacks()):
             raise
         detail = terminal_line(str(e))[:200]
         print(f"gbattn: error: out of memory{f' ({detail})' if detail else ''}: choose smaller sizes (batch_size, "
@@ -188,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as e:  # what the file system refused where no check named it (a name too long, a full disk, ...)
+        if show_tracebacks():
+            raise
         # both names of a rename (atomic_write's temporary file -> the file it replaces, e.g. a directory)
         names = " -> ".join(str(name) for name in (e.filename, e.filename2) if name is not None)
         where = f"{names}: " if names else ""
