@@ -1040,3 +1040,23 @@ def test_results_record_the_protocols_initial_beta(tmp_path, monkeypatch):
         report = tables.run_denoise(tmp_path, ["gates"], (0,), Protocol(bayes_queries=100, beta_init=beta), quiet=True)
         assert report["init"] == f"PyTorch default nn.Linear init; log beta = log {beta}"
         assert json.loads((tmp_path / "results.json").read_text())["protocol"]["beta_init"] == beta
+
+
+def test_results_say_which_software_and_hardware_made_them(tmp_path, monkeypatch):
+    """results.json and results.md named the command and the protocol but not the gbattn, torch and Python
+    versions nor the hardware, though the accuracies are those of one torch's random streams and kernels."""
+    import platform
+
+    import gbattn
+    from gbattn.runtime import device_name
+    from gbattn.synthetic import tables
+
+    runs, _ = fake_runs((0,))
+    monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
+    tables.run_denoise(tmp_path, ["gates"], (0,), Protocol(bayes_queries=100), quiet=True)
+    report = json.loads((tmp_path / "results.json").read_text())
+    versions = {"gbattn": gbattn.__version__, "torch": torch.__version__, "python": platform.python_version()}
+    hardware = device_name(torch.device("cpu"))
+    assert report["versions"] == versions and report["hardware"] == hardware
+    assert (f" · gbattn {gbattn.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
+            f"{hardware}\n") in (tmp_path / "results.md").read_text()

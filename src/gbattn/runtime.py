@@ -79,6 +79,13 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({threads} thread{'s' if threads != 1 else ''}, {platform.processor() or platform.machine()})"
 
 
+def software_versions() -> dict:
+    """The versions that produced a results file or a run: gbattn's, torch's and Python's."""
+    from gbattn import __version__
+
+    return {"gbattn": __version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
 def rng_state(device: torch.device) -> torch.Tensor:
     """The generator state that dropout on ``device`` draws from."""
     return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()

@@ -16,6 +16,7 @@ from gbattn.experiments.report import mean_std
 from gbattn.files import atomic_write, write_figure, write_json
 from gbattn.progress import Progress
 from gbattn.rundir import DENOISE, RunLock, check_out
+from gbattn.runtime import device_name, software_versions
 from gbattn.synthetic.task import (
     DEQ_SETTINGS,
     DIFFICULTY_SETTINGS,
@@ -267,8 +268,9 @@ def write_tables(out: Path, experiments, seeds, protocol: Protocol, device: str,
         acc, se = bayes_optimal_accuracy(make_patterns(st, protocol.pattern_seed), st.sigma, protocol.bayes_queries)
         bayes[st.key] = {"accuracy": acc, "stderr": se, "queries": protocol.bayes_queries}
 
-    report = {"command": command, "protocol": asdict(protocol), "eval_steps": protocol.eval_steps,
-              "seeds": list(seeds), "device": device, "torch_threads": torch.get_num_threads(),
+    report = {"command": command, "versions": software_versions(), "protocol": asdict(protocol),
+              "eval_steps": protocol.eval_steps, "seeds": list(seeds), "device": device,
+              "hardware": device_name(torch.device(device)), "torch_threads": torch.get_num_threads(),
               "init": f"PyTorch default nn.Linear init; log beta = log {protocol.beta_init}", "bayes": bayes,
               "paper": PAPER, "tables": {}, "markdown": {}, "runs": {}, "experiments": list(experiments),
               "finished": False}
@@ -302,6 +304,16 @@ def write_results(out: Path, report: dict) -> None:
     atomic_write(out / "results.md", results_markdown(report))
 
 
+def software_words(report: dict) -> str:
+    """" · gbattn VERSION · torch VERSION · Python VERSION · HARDWARE": what produced the results
+    (nothing for results written before they recorded it)."""
+    versions = report.get("versions")
+    if not versions:
+        return ""
+    return (f" · gbattn {versions['gbattn']} · torch {versions['torch']} · Python {versions['python']} · "
+            f"{report['hardware']}")
+
+
 def results_markdown(report: dict) -> str:
     p = report["protocol"]
     lines = ["# Synthetic pattern denoising (docs/method.md §9)", "",
@@ -309,7 +321,7 @@ def results_markdown(report: dict) -> str:
              f"Seeds {', '.join(map(str, report['seeds']))} · {p['steps']} steps of {p['batch']} fresh queries · "
              f"best of evaluations at steps {', '.join(map(str, report['eval_steps']))} on {p['eval_queries']:,} "
              f"fresh queries · patterns seed {p['pattern_seed']} · device {report['device']} · "
-             f"wall-clock {report.get('wall_seconds', 0) / 60:.1f} min", ""]
+             f"wall-clock {report.get('wall_seconds', 0) / 60:.1f} min" + software_words(report), ""]
     # Written after each table (the rounds figure with its table): a stopped run leaves the tables it finished.
     missing = [] if report.get("finished", True) else [name for name in report["experiments"]
                                                        if name not in report["tables"]]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import platform
 import signal
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from gbattn import __version__, rundir
+from gbattn import rundir
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.corpus import test_split_note, tested_split
 from gbattn.data.prepare import Data, prepare_data
@@ -36,6 +35,7 @@ from gbattn.runtime import (
     resolve_device,
     restore_rng_states,
     set_threads,
+    software_versions,
 )
 from gbattn.train.distributed import (
     DistEnv,
@@ -390,7 +390,7 @@ class Trainer:
             parameters=self.model.num_params(),
             flops_per_token_train=self.flops_per_token,
             vocab_size_asked=self.requested_vocab,  # `train --resume --set vocab_size=` it is no change
-            versions={"gbattn": __version__, "torch": torch.__version__, "python": platform.python_version()},
+            versions=software_versions(),
         )
         if not (self.run_dir / rundir.TOKENIZER).exists():
             self.data.tokenizer.save(self.run_dir / rundir.TOKENIZER)
