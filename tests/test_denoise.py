@@ -1030,6 +1030,25 @@ def test_a_stopped_run_leaves_no_figure_of_an_earlier_call(tmp_path, monkeypatch
     assert not (tmp_path / "rounds.png").exists()
 
 
+def test_a_run_stopped_while_drawing_leaves_the_earlier_tables_beside_their_figure(tmp_path, monkeypatch):
+    """The rounds table was written before its figure was drawn (a second or two, the first time matplotlib
+    loads): a run killed meanwhile left its own 20-step rounds table beside the earlier call's 1-step figure."""
+    from gbattn.synthetic import tables
+
+    runs, _ = fake_runs((0,))
+    monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
+    tables.run_denoise(tmp_path, ["rounds"], (0,), Protocol(steps=1, bayes_queries=100), quiet=True)
+    earlier = {name: (tmp_path / name).read_bytes() for name in ("results.json", "results.md", "rounds.png")}
+
+    def stopped_while_drawing(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tables, "plot_rounds", stopped_while_drawing)
+    with pytest.raises(KeyboardInterrupt):
+        tables.run_denoise(tmp_path, ["rounds"], (0,), Protocol(steps=20, bayes_queries=100), quiet=True)
+    assert {name: (tmp_path / name).read_bytes() for name in earlier} == earlier
+
+
 def test_results_record_the_protocols_initial_beta(tmp_path, monkeypatch):
     """results.json's "init" said "log beta = log 2.0" whatever Protocol.beta_init the models were built with."""
     from gbattn.synthetic import tables

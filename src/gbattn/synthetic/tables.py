@@ -285,13 +285,15 @@ def write_tables(out: Path, experiments, seeds, protocol: Protocol, device: str,
         report["markdown"][name] = table_markdown(name, report["tables"][name], len(seeds), published)
         bar.write("")
         print(report["markdown"][name] + "\n", flush=True)
-        report["wall_seconds"] = time.perf_counter() - started
-        write_results(out, report)
-        # With the tables: a run stopped later keeps its figure, and no earlier call's sits beside tables without it.
+        # The figure before the tables that hold it (drawing takes a second or two): a run stopped while it draws
+        # leaves the earlier tables beside their own figure, one stopped later its own tables and figure, and no
+        # earlier call's figure sits beside tables without it.
         if name == "rounds":
             plot_rounds(report["tables"]["rounds"], out / "rounds.png", protocol.steps, published)
         elif "rounds" not in report["tables"]:
             remove_unwritten(out, ("rounds",), [])
+        report["wall_seconds"] = time.perf_counter() - started
+        write_results(out, report)
     bar.close()
     report["wall_seconds"] = time.perf_counter() - started
     report["finished"] = True
