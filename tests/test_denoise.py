@@ -293,7 +293,7 @@ def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):
 
 def test_a_run_reports_its_best_evaluation_on_held_out_queries(monkeypatch):
     """The protocol reports the best of its evaluations (not the last), each on queries of their own
-    stream: never the queries the model was trained on."""
+    stream: never the queries the model was trained on, and fresh ones at each evaluation."""
     from gbattn.synthetic import training
 
     drawn = []
@@ -303,8 +303,10 @@ def test_a_run_reports_its_best_evaluation_on_held_out_queries(monkeypatch):
     result = train_run(boosted_run(Setting(8, 4, 0.5), 1, None, 0), protocol)
     assert len(drawn) == 6  # step 1, eval, step 2, eval, step 3, eval
     train_queries = [drawn[i][0] for i in (0, 2, 4)]
-    for q_eval in (drawn[i][0] for i in (1, 3, 5)):
+    eval_queries = [drawn[i][0] for i in (1, 3, 5)]
+    for q_eval in eval_queries:
         assert not any(torch.equal(q_eval, q) for q in train_queries)
+    assert not any(torch.equal(a, b) for a, b in zip(eval_queries, eval_queries[1:]))
     assert result["accuracy"] == max(result["evals"].values())
 
     scores = iter([0.5, 0.4, 0.3])
