@@ -1082,3 +1082,17 @@ def test_results_say_which_software_and_hardware_made_them(tmp_path, monkeypatch
     assert report["versions"] == versions and report["hardware"] == hardware
     assert (f" · gbattn {gbattn.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
             f"{hardware}\n") in (tmp_path / "results.md").read_text()
+
+
+def test_readme_denoise_section_names_every_option():
+    """README's "Synthetic pattern denoising" listed --seeds, --experiments, --steps and --device but not
+    --eval-queries, --threads or --quiet, which `gbattn denoise --help` offers."""
+    import argparse
+
+    from gbattn.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    options = {o for action in commands["denoise"]._actions for o in action.option_strings} - {"-h", "--help"}
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Synthetic pattern denoising\n")[1].split("\n## ")[0]
+    assert sorted(o for o in options if f"`{o}" not in section) == []
