@@ -1386,6 +1386,25 @@ def write_task(tasks: Path, name: str, row: str, spec: str) -> None:
         f"test_split: test\ndoc_to_text: '{{{{q}}}}'\n" + spec)
 
 
+def test_lm_eval_refuses_an_export_whose_model_type_is_not_gbattns(trained, capsys, tmp_path):
+    """The Auto classes build the model config.json's model_type names, with that library's default sizes: an export
+    whose model_type read "llama" (its gbattn dict whole) built a 7-billion-parameter Llama before its weights were
+    found missing (killed for memory on a small machine); without a model_type they guess one from the directory's
+    name. Refused before anything is built."""
+    _, out = trained
+    for value in ("gpt2", None):  # (not "llama" here: without the check, 28 GB)
+        damaged = tmp_path / f"damaged-{value}-gpt2"  # without a model_type, transformers reads gpt2 in this name
+        shutil.copytree(out, damaged)
+        config = json.loads((damaged / "config.json").read_text())
+        config.pop("model_type") if value is None else config.update(model_type=value)
+        (damaged / "config.json").write_text(json.dumps(config))
+        assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
+                         "--limit", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"gbattn: error: {damaged / 'config.json'}: model_type={value!r}, not 'gbattn' as `gbattn "
+                       f"export` writes it: transformers would build another kind of model from it\n"), err
+
+
 def test_lm_eval_names_a_bad_dtype_in_config_json_not_the_tokenizer(trained, capsys, tmp_path):
     """An exported config.json whose dtype (torch_dtype in transformers 4.x) names no torch dtype: the model loads
     (in float32, as asked), then transformers read the field again loading the tokenizer, and the error said "the

@@ -79,6 +79,12 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
         # a transformers checkpoint's model.safetensors makes it look exported: the Auto classes would load a
         # model of another library, which has no gbattn record (a traceback before)
         refuse_hf_checkpoint(config, model_dir)
+        if config.get("model_type") != "gbattn":  # with a gbattn dict: the Auto classes would build the model
+            # model_type names at its library's default size (a 7B Llama for "llama"), or, without one, a model
+            # whose name is part of the directory's
+            raise CheckpointError(f"{Path(model_dir) / CONFIG}: model_type={config.get('model_type')!r}, not 'gbattn' "
+                                  f"as `gbattn export` writes it: transformers would build another kind of model "
+                                  f"from it")
         check_dtype_fields(config, Path(model_dir) / CONFIG)
         if not (Path(model_dir) / "tokenizer.json").is_file():
             raise CheckpointError(f"{model_dir} has no tokenizer.json (`gbattn export` writes it, transformers' "
