@@ -1405,6 +1405,30 @@ def test_lm_eval_refuses_an_export_whose_model_type_is_not_gbattns(trained, caps
                        f"export` writes it: transformers would build another kind of model from it\n"), err
 
 
+def test_lm_eval_refuses_the_weights_gbattns_readers_refuse(trained, capsys, tmp_path):
+    """lm-eval checks an export's stored weights as gbattn eval does: the Auto classes loaded a pytorch_model.bin (a
+    pickle) in place of model.safetensors, and cast integer weights to float silently; both were evaluated."""
+    from safetensors.torch import load_file, save_file
+
+    _, out = trained
+    weights = load_file(out / "model.safetensors")
+    pickled, integers = tmp_path / "pickled", tmp_path / "integers"
+    shutil.copytree(out, pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save(weights, pickled / "pytorch_model.bin")
+    shutil.copytree(out, integers)
+    save_file({**weights, "model.ln_f.weight": torch.ones_like(weights["model.ln_f.weight"], dtype=torch.int64)},
+              integers / "model.safetensors", metadata={"format": "pt"})
+    for damaged, expected in ((pickled, f"{pickled} has no model.safetensors (nor model.safetensors.index.json"),
+                              (integers, f"the weights in {integers} are not floating-point numbers (")):
+        assert cli_main(["eval", str(damaged)]) == 2  # gbattn's own reader
+        assert expected in capsys.readouterr().err
+        assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
+                         "--limit", "1"]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_lm_eval_names_a_bad_dtype_in_config_json_not_the_tokenizer(trained, capsys, tmp_path):
     """An exported config.json whose dtype (torch_dtype in transformers 4.x) names no torch dtype: the model loads
     (in float32, as asked), then transformers read the field again loading the tokenizer, and the error said "the
@@ -1490,7 +1514,7 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     weights["model.ln_f.weight"][0] = float("nan")
     save_file(weights, damaged / "model.safetensors", metadata={"format": "pt"})
     damages = {"hold NaN or infinite values (model.ln_f.weight)": lambda: None,
-               "does not load in transformers (Error while deserializing header": lambda: (
+               "is not a valid safetensors file (Error while deserializing header": lambda: (
                    damaged / "model.safetensors").write_bytes(b"\x10" + bytes(7) + b"{not json}"),
                # a clone without Git LFS (gbattn eval said so; lm-eval said "header too large")
                f"{damaged / 'model.safetensors'} is a Git LFS pointer, not the file itself": lambda: (

@@ -36,6 +36,7 @@ from gbattn.rundir import (
     is_exported,
     load_run,
     read_config,
+    read_exported_weights,
     refuse_hf_checkpoint,
 )
 
@@ -94,6 +95,9 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
         # the results); GbattnConfig checks the model's
         section = gbattn_section(config, Path(model_dir) / CONFIG) or {}
         check_exported_checkpoint(Path(model_dir), checkpoint, section.get("checkpoint"))
+        # the stored weights as gbattn's own readers check them: safetensors only (the Auto classes would unpickle a
+        # pytorch_model.bin in its place), floating-point and finite (integers were cast silently, NaN evaluated)
+        check_finite(read_exported_weights(Path(model_dir), "cpu"), model_dir)
         try:
             with quiet_transformers():  # float32, as a run directory's model: transformers 5.x would load the
                 # dtype the weights were saved in (bfloat16 after a save of a converted model), 4.x float32
@@ -117,7 +121,6 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
             detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v, key=str)[:3]))}"
                                for k, v in wrong.items())
             raise CheckpointError(f"the weights in {model_dir} do not match its config ({detail})")
-        check_finite(model.state_dict(), model_dir)  # the Auto classes evaluated NaN weights (acc 1 on a task)
         harness_outputs(model)
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
