@@ -1429,6 +1429,32 @@ def test_lm_eval_refuses_the_weights_gbattns_readers_refuse(trained, capsys, tmp
         assert expected in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_tied_export_holding_another_head_is_refused(trained, capsys, tmp_path):
+    """A tied config (tie_embeddings) whose model.safetensors also holds an lm_head.weight of other values: gbattn
+    loaded both into its one shared tensor (the head won, replacing the embedding), transformers 5 unties them and
+    keeps both, 4.x ties them and drops the head: three models from one directory. Refused by gbattn's readers and
+    lm-eval alike; a stored head equal to the embedding (as safetensors.torch.save_model keeps it) loads."""
+    from safetensors.torch import load_file, save_file
+
+    _, out = trained
+    weights = load_file(out / "model.safetensors")
+    assert "model.lm_head.weight" not in weights  # a tied head is saved once
+    damaged, equal = tmp_path / "damaged", tmp_path / "equal"
+    for folder, head in ((damaged, weights["model.wte.weight"] + 1.0), (equal, weights["model.wte.weight"].clone())):
+        shutil.copytree(out, folder)
+        save_file({**weights, "model.lm_head.weight": head}, folder / "model.safetensors", metadata={"format": "pt"})
+    expected = (f"gbattn: error: the weights in {damaged} tie the output head to the token embedding (tie_embeddings) "
+                f"but hold an lm_head.weight that differs from wte.weight: the file is damaged; restore a copy of it\n")
+    for argv in (["generate", str(damaged), "--prompt", "A", "--max-new-tokens", "1"],
+                 ["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
+                  "--limit", "1"]):
+        assert cli_main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == expected, err
+    x = torch.tensor([[1, 2, 3]])
+    assert torch.equal(rundir.load_run(equal).model(x), rundir.load_run(out).model(x))
+
+
 def test_lm_eval_names_a_bad_dtype_in_config_json_not_the_tokenizer(trained, capsys, tmp_path):
     """An exported config.json whose dtype (torch_dtype in transformers 4.x) names no torch dtype: the model loads
     (in float32, as asked), then transformers read the field again loading the tokenizer, and the error said "the

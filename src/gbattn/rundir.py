@@ -652,11 +652,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
                               f"directory this model came from")
     tokenizer = Tokenizer.load(tokenizer_file, expected_vocab=model_cfg.vocab_size)
     if exported:
-        weights = read_exported_weights(path, device)
-        if weights and all(k.startswith("model.") for k in weights):  # the transformers wrapper's names
-            weights = {k.removeprefix("model."): v for k, v in weights.items()}
-        if model_cfg.tie_embeddings and "lm_head.weight" not in weights and "wte.weight" in weights:
-            weights["lm_head.weight"] = weights["wte.weight"]  # a tied weight is saved once
+        weights = gpt_weights(read_exported_weights(path, device), model_cfg.tie_embeddings, path)
         state, step, which = {"model": weights}, config.get("step", 0), "exported"
     else:
         checkpoint = checkpoint or "best"
@@ -736,6 +732,22 @@ def read_exported_weights(path: Path, device) -> dict:
         return read_shards(path, SAFETENSORS_INDEX, lambda shard: read_safetensors(shard, device))
     raise CheckpointError(f"{path} has no {SAFETENSORS} (nor {SAFETENSORS_INDEX} and its shards): an exported "
                           f"directory keeps its weights there")
+
+
+def gpt_weights(weights: dict, tied: bool, where: str | Path) -> dict:
+    """An export's weights under the GPT's names: the transformers wrapper's ``model.`` prefix dropped, a tied head
+    (saved once) filled in from the embedding. A tied model whose file also holds an ``lm_head.weight`` of other
+    values is refused: gbattn loaded it over the embedding, transformers 5 unties the two, 4.x drops the head."""
+    if weights and all(k.startswith("model.") for k in weights):  # the transformers wrapper's names
+        weights = {k.removeprefix("model."): v for k, v in weights.items()}
+    if tied and "wte.weight" in weights:
+        embedding, head = weights["wte.weight"], weights.setdefault("lm_head.weight", weights["wte.weight"])
+        if head is not embedding and (head.shape != embedding.shape or head.dtype != embedding.dtype
+                                      or not torch.equal(head, embedding)):
+            raise CheckpointError(f"the weights in {where} tie the output head to the token embedding (tie_embeddings) "
+                                  f"but hold an lm_head.weight that differs from wte.weight: the file is damaged; "
+                                  f"restore a copy of it")
+    return weights
 
 
 def read_shards(path: Path, index: str, read) -> dict:

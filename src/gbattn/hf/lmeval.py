@@ -33,6 +33,7 @@ from gbattn.rundir import (
     check_exported_checkpoint,
     check_finite,
     gbattn_section,
+    gpt_weights,
     is_exported,
     load_run,
     read_config,
@@ -97,7 +98,8 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
         check_exported_checkpoint(Path(model_dir), checkpoint, section.get("checkpoint"))
         # the stored weights as gbattn's own readers check them: safetensors only (the Auto classes would unpickle a
         # pytorch_model.bin in its place), floating-point and finite (integers were cast silently, NaN evaluated)
-        check_finite(read_exported_weights(Path(model_dir), "cpu"), model_dir)
+        stored = read_exported_weights(Path(model_dir), "cpu")
+        check_finite(stored, model_dir)
         try:
             with quiet_transformers():  # float32, as a run directory's model: transformers 5.x would load the
                 # dtype the weights were saved in (bfloat16 after a save of a converted model), 4.x float32
@@ -121,6 +123,8 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
             detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, sorted(v, key=str)[:3]))}"
                                for k, v in wrong.items())
             raise CheckpointError(f"the weights in {model_dir} do not match its config ({detail})")
+        gpt_weights(stored, model.config.tie_word_embeddings, model_dir)  # a tied model's other head: refused
+        del stored
         harness_outputs(model)
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
