@@ -1455,6 +1455,40 @@ def test_a_tied_export_holding_another_head_is_refused(trained, capsys, tmp_path
     assert torch.equal(rundir.load_run(equal).model(x), rundir.load_run(out).model(x))
 
 
+def test_standard_names_at_a_configs_top_level_agree_with_its_gbattn_dict(trained, capsys, tmp_path):
+    """config.json's standard names at its top level (num_attention_heads, ...; save_pretrained writes none) are
+    what transformers builds the model from, gbattn's readers its gbattn model dict: an edited num_attention_heads=8
+    over a 4-head dict loaded silently as an 8-head model in the Auto classes and lm-eval, and as the 4-head one in
+    gbattn eval and generate. A value that disagrees is refused by both; one that agrees loads."""
+    _, out = trained
+    config = json.loads((out / "config.json").read_text())
+    model = config["gbattn"]["model"]
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    for name, value, field in (("num_attention_heads", 2 * model["n_heads"], "n_heads"),
+                               ("tie_word_embeddings", not model["tie_embeddings"], "tie_embeddings")):
+        (damaged / "config.json").write_text(json.dumps({**config, name: value}))
+        line = (f"{name}={value!r} at its top level disagrees with {field}={model[field]!r} in its gbattn model dict: "
+                f"transformers builds the model from the one, gbattn from the other; delete {name} from config.json")
+        for argv in (["generate", str(damaged), "--prompt", "A", "--max-new-tokens", "1"],
+                     ["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
+                      "--limit", "1"]):
+            assert cli_main(argv) == 2
+            err = capsys.readouterr().err
+            assert err == f"gbattn: error: {damaged / 'config.json'}: {line}\n", err
+        with pytest.raises(ValueError, match=re.escape(f"config.json: {line}")):
+            AutoModelForCausalLM.from_pretrained(damaged)
+    loaded = GbattnConfig.from_pretrained(out)  # rundir's table of the names is GbattnConfig's own
+    assert {name: getattr(loaded, name) for name in rundir.STANDARD_FIELDS} == {
+        name: model[field] if field != "n_kv_heads" else model[field] or model["n_heads"]
+        for name, field in rundir.STANDARD_FIELDS.items()}
+    agreeing = {"hidden_size": model["d_model"], "num_key_value_heads": model["n_kv_heads"] or model["n_heads"],
+                "vocab_size": model["vocab_size"], "tie_word_embeddings": model["tie_embeddings"]}
+    (damaged / "config.json").write_text(json.dumps({**config, **agreeing}))
+    x = torch.tensor([[1, 2, 3]])
+    assert torch.equal(rundir.load_run(damaged).model(x), AutoModelForCausalLM.from_pretrained(damaged)(x).logits)
+
+
 def test_lm_eval_names_a_bad_dtype_in_config_json_not_the_tokenizer(trained, capsys, tmp_path):
     """An exported config.json whose dtype (torch_dtype in transformers 4.x) names no torch dtype: the model loads
     (in float32, as asked), then transformers read the field again loading the tokenizer, and the error said "the

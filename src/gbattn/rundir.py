@@ -444,11 +444,35 @@ def read_config(path: str | Path) -> dict:
     return check_config(read_json(path), path)
 
 
+# The standard names transformers reads at the top level of a config.json, and the gbattn model fields they stand
+# for (gbattn.hf.GbattnConfig's properties over its gbattn model dict).
+STANDARD_FIELDS = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+                   "num_key_value_heads": "n_kv_heads", "max_position_embeddings": "block_size",
+                   "vocab_size": "vocab_size", "tie_word_embeddings": "tie_embeddings"}
+
+
+def check_standard_names(config: dict, where: str | Path) -> None:
+    """An exported ``config.json``'s standard names at its top level (which save_pretrained does not write) agree
+    with its gbattn model dict: transformers builds the model from them, gbattn's readers from the dict."""
+    model = config["gbattn"].get("model")
+    if not isinstance(model, dict):
+        return
+    for name, field in STANDARD_FIELDS.items():
+        recorded = model.get(field)
+        if field == "n_kv_heads":
+            recorded = recorded or model.get("n_heads")  # None: as many as the query heads
+        if name in config and config[name] != recorded:
+            raise CheckpointError(f"{where}: {name}={config[name]!r} at its top level disagrees with {field}="
+                                  f"{recorded!r} in its gbattn model dict: transformers builds the model from the "
+                                  f"one, gbattn from the other; delete {name} from config.json")
+
+
 def gbattn_section(config: dict, where: str | Path) -> dict | None:
     """The run's own config in a ``config.json`` (from :func:`read_config`): the file itself for a
-    run directory, its checked ``gbattn`` section for an exported one; None for another model's
-    config (a Hugging Face checkpoint)."""
+    run directory, its checked ``gbattn`` section for an exported one (:func:`check_standard_names`); None for
+    another model's config (a Hugging Face checkpoint)."""
     if isinstance(config.get("gbattn"), dict):
+        check_standard_names(config, where)
         return check_config(config["gbattn"], f"{where} (gbattn)")
     return config if "model" in config and "train" in config else None
 

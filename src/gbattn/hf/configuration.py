@@ -33,11 +33,10 @@ from transformers import PretrainedConfig
 
 from gbattn.config import ModelConfig
 from gbattn.errors import CheckpointError, ConfigError
-from gbattn.rundir import recorded_model_config
+from gbattn.rundir import STANDARD_FIELDS, check_standard_names, recorded_model_config
 
 MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
-STANDARD_NAMES = ("hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, max_position_embeddings, "
-                  "vocab_size, tie_word_embeddings")
+STANDARD_NAMES = ", ".join(STANDARD_FIELDS)
 
 
 def _model_field(name: str, doc: str) -> property:
@@ -135,6 +134,7 @@ class GbattnConfig(PretrainedConfig):
                               "`gbattn export` and save_pretrained write): not a saved gbattn model (a gbattn run "
                               "directory loads after `gbattn export RUN --out DIR`)")
         try:
+            check_standard_names(config_dict, "config.json")  # (an 8-head model was built over a 4-head dict)
             model = recorded_model_config(section["model"], "config.json (gbattn)").to_dict()
         except CheckpointError as e:  # a ValueError, as transformers' own config errors and the refusals above
             raise ConfigError(str(e)) from None
