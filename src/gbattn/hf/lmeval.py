@@ -131,6 +131,10 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
         except Exception as e:  # a file that does not parse; transformers 4.x then tries other loaders (ImportError)
             refuse_lfs_pointer(Path(model_dir) / "tokenizer.json")
             raise CheckpointError(f"the tokenizer in {model_dir} does not load ({error_detail(e, 160)})") from None
+        if len(tokenizer) > model.config.vocab_size:  # a request meeting such a token was a traceback from the model
+            raise CheckpointError(f"the tokenizer in {model_dir} has {len(tokenizer):,} tokens, more than the model's "
+                                  f"vocabulary of {model.config.vocab_size:,} (ids from {model.config.vocab_size:,} on "
+                                  f"have no embedding): its tokenizer files do not belong to this model")
         step, which = section.get("step", 0), "exported"
     else:
         run = load_run(model_dir, checkpoint, "cpu")
