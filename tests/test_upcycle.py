@@ -31,6 +31,8 @@ from gbattn.model.gpt import GPT
 from gbattn.upcycle import upcycle
 from helpers import LFS_MESSAGE, LFS_POINTER
 
+README = Path(__file__).resolve().parent.parent / "README.md"
+
 VOCAB = 50
 EXACT = dict(rtol=1e-12, atol=1e-12)  # float64 logits: equal up to summation order
 
@@ -960,6 +962,29 @@ def test_cli_upcycle_then_train_init_from(which, request, tmp_path, capsys, monk
     assert main(["train", "--resume", "--out", str(train_dir), "--quiet"]) == 2
     assert "has no checkpoint yet, so it starts again from its --init-from up, which is not a directory from " \
            "here: resume from the directory the run was started in" in capsys.readouterr().err
+
+
+def test_readme_names_what_train_init_from_refuses(gbattn_dir, tmp_path, capsys):
+    """README, "Upcycling a trained model": `train --init-from` refuses --attn, --residual and model --set values
+    even when they equal the source's, but a --preset or --tokenizer only when it differs from the source's (the
+    README said all five were refused). A missing corpus stops an accepted start before any training."""
+    up_dir = tmp_path / "up"
+    assert main(["upcycle", str(gbattn_dir), "--attn", "boosted", "--out", str(up_dir)]) == 0
+    recorded = json.loads((up_dir / "config.json").read_text())
+    own = {"--attn": "boosted", "--residual": "plain", "--preset": recorded["preset"],
+           "--tokenizer": recorded["train"]["tokenizer"], "--set": "d_model=" + str(recorded["model"]["d_model"])}
+    capsys.readouterr()
+    refused = []
+    for option, value in own.items():
+        out = tmp_path / option.strip("-")
+        assert main(["train", "--init-from", str(up_dir), "--out", str(out), "--data", str(tmp_path / "none"),
+                     option, value]) == 2
+        if "--init-from trains" in capsys.readouterr().err:
+            refused.append(option)
+    assert refused == ["--attn", "--residual", "--set"]
+    prose = " ".join(README.read_text(encoding="utf-8").split())
+    assert ("`train --init-from` keeps the source's model and tokenizer (`--attn`, `--residual` and model `--set` "
+            "values are refused, and so are a `--preset` or `--tokenizer` other than the source's)") in prose
 
 
 def test_init_from_starts_at_the_upcycled_weights_with_a_fresh_optimizer(gbattn_dir, tmp_path, monkeypatch):
