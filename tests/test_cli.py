@@ -472,6 +472,36 @@ def test_autocast_and_explicit_threads(monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_eval_scores_with_the_trainers_matmul_precision(tmp_path, monkeypatch, capsys):
+    """docs/deviations.md, entry 10: on CUDA the trainer (validation and test) and `gbattn eval` run float32
+    matmuls as TF32, so eval gives the run's own numbers again; eval left PyTorch's default (full float32)."""
+    import torch
+
+    from gbattn import runtime
+    from gbattn.train import trainer
+    from helpers import tiny_configs, write_corpus
+
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        runtime.use_tf32(torch.device("cpu"))
+        assert not torch.backends.cuda.matmul.allow_tf32
+        runtime.use_tf32(torch.device("cuda"))
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+    seen = []
+    monkeypatch.setattr(trainer, "use_tf32", lambda device: seen.append(("train", device.type)))
+    monkeypatch.setattr(runtime, "use_tf32", lambda device: seen.append(("eval", device.type)))
+    model_cfg, train_cfg = tiny_configs(write_corpus(tmp_path / "c"), "standard", max_steps=2, eval_every=2,
+                                        device="cpu", threads=1)
+    trainer.train(tmp_path / "run", model_cfg, train_cfg, quiet=True)
+    assert main(["eval", str(tmp_path / "run"), "--device", "cpu", "--threads", "1"]) == 0
+    capsys.readouterr()
+    assert seen == [("train", "cpu"), ("eval", "cpu")]
+
+
 def test_count_arguments_at_their_limits_and_empty_option_values(capsys):
     import argparse
 

@@ -70,6 +70,14 @@ def autocast(device: torch.device, amp: str = "auto"):
     return contextlib.nullcontext
 
 
+def use_tf32(device: torch.device) -> None:
+    """On CUDA, float32 matmuls and convolutions as TF32: the precision training, ``gbattn eval`` and
+    ``gbattn bench`` share (docs/deviations.md, entry 10), so eval gives a run's own numbers again."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def device_name(device: torch.device) -> str:
     """The hardware a run or a benchmark ran on, for results files: the GPU's name, or the CPU's
     with the thread count in use."""

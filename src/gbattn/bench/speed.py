@@ -33,7 +33,7 @@ from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
 from gbattn.rundir import check_out
 from gbattn.runtime import autocast as bf16_autocast
-from gbattn.runtime import command_line, device_name, resolve_device
+from gbattn.runtime import command_line, device_name, resolve_device, use_tf32
 
 COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
 
@@ -212,7 +212,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     if seq_len > base_cfg.block_size:
         raise UserError(f"--seq-len {seq_len} exceeds the block size {base_cfg.block_size} {block_source}")
     autocast = bf16_autocast(dev, "auto" if amp else "off")
-    torch.backends.cuda.matmul.allow_tf32 = True
+    use_tf32(dev)
 
     modes = {"off": [False], "on": [True], "both": [False, True]}[compile]
     cases = []

@@ -66,12 +66,13 @@ def cmd_eval(args) -> None:
     from gbattn.files import atomic_write
     from gbattn.progress import Progress
     from gbattn.rundir import check_output_file, load_run
-    from gbattn.runtime import autocast, resolve_device, set_threads
+    from gbattn.runtime import autocast, resolve_device, set_threads, use_tf32
 
     if args.per_token:
         check_output_file(args.per_token, "--per-token")
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
+    use_tf32(device)  # as the trainer scored valid and test
     run = load_run(args.run_dir, args.checkpoint, device)
     data = prepare_run_data(run, args.data, args.allow_other_data)
     tokens = data.splits[args.split]

@@ -36,6 +36,7 @@ from gbattn.runtime import (
     restore_rng_states,
     set_threads,
     software_versions,
+    use_tf32,
 )
 from gbattn.train.distributed import (
     DistEnv,
@@ -206,8 +207,7 @@ class Trainer:
         self.show = self.main and not self.quiet
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        use_tf32(self.device)
         self.autocast = autocast(self.device, cfg.amp)
         # The main process first (it builds the caches the others then read); a mistake it finds ends every process.
         self.data: Data = self.dist.main_first(self._claim_and_prepare)
