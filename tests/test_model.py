@@ -132,6 +132,38 @@ def test_gba_cost_at_paper_small_is_the_method_docs():
     assert count_params(shared) == count_params(standard) + layers * 197_120 == 8_207_872
 
 
+def test_docs_parameter_figures_are_the_counts():
+    """The parameter figures docs/paper.md and docs/baselines.md state, recomputed with count_params: the
+    standard paper-small formula and the param-fair bracket, G1's W_theta, differential attention's lambda
+    vectors and norm gains, AttnRes's pseudo-queries and gains, and a Llama-block GBA round."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    paper, baselines = (" ".join((docs / name).read_text(encoding="utf-8").split())
+                        for name in ("paper.md", "baselines.md"))
+
+    def extra(preset, attn, **overrides):
+        """Parameters over the preset's standard model (plain residual stream)."""
+        return count_params(preset_config(preset, attn, overrides)) - count_params(preset_config(preset, "standard"))
+
+    def standard(d):
+        return count_params(preset_config("paper-small", "standard", {"d_model": d}))
+
+    linear, rest = divmod(standard(256) - 48 * 256 * 256, 256)
+    assert rest == 0 and all(standard(d) == 48 * d * d + linear * d for d in (4, 284, 288))
+    assert f"`48 d^2 + (16384 + 256 + 4*13 + 2) d = 48 d^2 + {linear:,} d` parameters" in paper
+    gba = count_params(preset_config("paper-small", "boosted"))
+    assert standard(284) < gba <= standard(288)
+    assert f"d = 284 gives {standard(284):,} (too few) and d = 288 gives {standard(288):,}" in paper
+
+    assert f"`d^2` parameters per layer ({extra('paper-small', 'gated') // 4:,} at d = 256)" in baselines
+    assert f"That is `+6E` per layer, +{extra('paper-small', 'differential') // 4:,} at d = 256 (E = 64)" in baselines
+    attnres = extra("cpu-proxy", "standard", residual="attnres-full")
+    assert attnres == extra("cpu-proxy", "standard", residual="attnres-block") == 2 * (2 * 4 + 1) * 128
+    assert f"`2(2L + 1) d`. That is {attnres:,} at d = 128, L = 4." in baselines
+    assert f"({extra('llama-small', 'boosted') // 4:,} at `llama-small`: d = 256, H = 4, G = 2, E = 64)" in baselines
+
+
 def test_flops_count_matrix_products_only_and_training_is_three_forwards():
     """docs/baselines.md, "Compute-matched baseline": only matrix products count (a norm or an activation of
     another kind changes nothing), every variant's training FLOPs are 3x its forward's, Twicing adds one
