@@ -638,3 +638,50 @@ def test_gradient_accumulation_reduces_gradients_once_per_step():
             with DistEnv(world=world).no_sync(model, micro == 2, parallel):
                 pass
         assert model.calls == expected, (world, parallel, model.calls)
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_a_process_other_than_the_first_writes_and_prints_nothing(tmp_path, monkeypatch, capsys):
+    """Under torchrun the first process alone writes the run directory and reports: here this process is
+    the second of two (the first of a second machine: local rank 0), its peer's sums and gathers taken as
+    its own, on a one-process gloo group. A new run and a resumed one (whose checkpoint holds one process's
+    streams: a warning, the first process's to give) create, change and print nothing, and `train --resume` of a
+    finished run prints neither that it finished nor its summary."""
+    import torch.distributed as dist
+
+    from gbattn.train import trainer as trainer_module
+    from gbattn.train.distributed import DistEnv
+    from helpers import run_cli, tiny_configs, train_killed_at
+
+    class SecondOfTwo(DistEnv):
+        def all_sum(self, values: list[float]) -> list[float]:
+            return [2 * v for v in values]
+
+        def gather(self, obj) -> list:
+            return [obj, obj]
+
+    data = write_corpus(tmp_path / "c")
+    model_cfg, train_cfg = tiny_configs(data, max_steps=4, eval_every=2, warmup_steps=5)  # a warning: warmup > run
+    resumed = tmp_path / "resumed"
+    train_killed_at(3, resumed, *tiny_configs(data, max_steps=4, eval_every=2), monkeypatch)
+    finished = tmp_path / "finished"
+    trainer_module.train(finished, *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    before, finished_before = _snapshot(resumed), _snapshot(finished)
+    capsys.readouterr()
+    monkeypatch.setattr(trainer_module, "init_distributed", lambda device_type: SecondOfTwo(rank=1, world=2))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert run_cli(capsys, ["train", "--resume", "--out", finished]) == (0, "", "")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        new = trainer_module.Trainer(tmp_path / "new", model_cfg, train_cfg).run()
+        again = trainer_module.Trainer(resumed, resume=True).run()
+    finally:
+        dist.destroy_process_group()
+    assert new["steps"] == again["steps"] == 4
+    assert not (tmp_path / "new").exists()
+    assert _snapshot(resumed) == before and _snapshot(finished) == finished_before
+    assert capsys.readouterr() == ("", "")
