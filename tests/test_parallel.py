@@ -564,6 +564,29 @@ def test_a_world_size_not_a_number_is_one_line_for_every_command(monkeypatch, ca
     assert bool(out) == (code == 0)
 
 
+@pytest.mark.parametrize(("variables", "wrong"), [
+    ({}, "no RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT"),
+    ({"RANK": "x", "LOCAL_RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"},
+     "RANK='x' and LOCAL_RANK='0', not both process numbers below it"),
+])
+def test_a_world_size_without_the_rest_of_torchrun_is_one_line(tmp_path, monkeypatch, capsys, variables, wrong):
+    """`gbattn train` with WORLD_SIZE=2 exported but not started by torchrun (or with a rank that is not a number) was
+    torch's traceback from joining the process group; now one line, status 2, nothing written."""
+    from helpers import run_cli
+
+    for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in dict(variables, WORLD_SIZE="2").items():
+        monkeypatch.setenv(name, value)
+    data = write_corpus(tmp_path / "c")
+    code, out, err = run_cli(capsys, ["train", "--out", tmp_path / "run", *_train_argv(data, 2)])
+    assert (code, out) == (2, "")
+    assert err == (f"gbattn: error: WORLD_SIZE=2 in the environment, but {wrong}: torchrun sets them all for each "
+                   f"process it starts (torchrun --nproc_per_node N -m gbattn.cli train ...); unset WORLD_SIZE to "
+                   f"train in one process\n")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_run_resumed_on_another_number_of_processes_says_it_is_not_exact(tmp_path, monkeypatch, capsys):
     """A checkpoint of 2 processes resumed in one: the run went on and said 'redone, exactly', yet rank 1's dropout
     stream and the two-way gradient sum are gone (a 2-process DDP run killed at step 5 and resumed alone ended at

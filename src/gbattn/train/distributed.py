@@ -110,11 +110,24 @@ def is_first_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+# What torchrun sets for each process it starts, besides WORLD_SIZE: joining the process group reads them.
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def init_distributed(device_type: str) -> DistEnv:
-    """Join the process group that ``torchrun`` describes in the environment (if any)."""
+    """Join the process group that ``torchrun`` describes in the environment (if any). A WORLD_SIZE without
+    the rest of what torchrun sets (a job script's export, a process not started by torchrun) is one line."""
     world = launched_processes()
     if world <= 1:
         return DistEnv()
+    missing = [name for name in TORCHRUN_VARIABLES if not os.environ.get(name, "").strip()]
+    ranks = [os.environ.get(name, "").strip() for name in ("RANK", "LOCAL_RANK")]
+    if missing or not all(r.isdigit() and int(r) < world for r in ranks):
+        wrong = (f"no {', '.join(missing)}" if missing
+                 else f"RANK={ranks[0]!r} and LOCAL_RANK={ranks[1]!r}, not both process numbers below it")
+        raise UserError(f"WORLD_SIZE={world} in the environment, but {wrong}: torchrun sets them all for each process "
+                        f"it starts (torchrun --nproc_per_node N -m gbattn.cli train ...); unset WORLD_SIZE to train "
+                        f"in one process")
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
     return DistEnv(rank=dist.get_rank(), local_rank=int(os.environ.get("LOCAL_RANK", "0")), world=dist.get_world_size())
