@@ -226,6 +226,52 @@ def test_a_killed_comparison_leaves_no_run_training(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_torchrun_leaves_no_process_training(tmp_path):
+    """kill -9 of torchrun: its workers, each in a session of its own, trained on unseen to the end (holding
+    the run directory, so that `train --resume` said it was in use). Each is now sent SIGTERM when torchrun
+    dies: together they checkpoint, stop and say how to continue."""
+    data = write_corpus(tmp_path / "c", lines_per_split=(60, 20, 20))
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    run, err = tmp_path / "run", tmp_path / "err"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen([*TORCHRUN, "--out", str(run), *_train_argv(data, 100_000), "--set", "eval_every=2"],
+                                stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    workers = []
+    try:
+        deadline = time.monotonic() + 300  # a busy machine is slow, not wrong
+        while not (run / rundir.CHECKPOINT).exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = _children(proc.pid)
+        assert len(workers) == 2 and proc.poll() is None, err.read_text()[-3000:]
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in workers), "a worker trains on after torchrun was killed"
+    finally:
+        for pid in [proc.pid] * (proc.poll() is None) + [w for w in workers if _alive(w)]:
+            os.kill(pid, signal.SIGKILL)
+    step = rundir.load_checkpoint(run / rundir.CHECKPOINT)["step"]
+    events = [json.loads(line) for line in (run / rundir.METRICS).read_text().splitlines()]
+    assert events[-1] == {"event": "interrupted", "step": step}
+    assert f"gbattn: error: terminated at step {step}; checkpoint saved in {run}" in err.read_text()
+
+
 GRADIENT_WORKER = textwrap.dedent('''
     """Under torchrun: each process takes half of a global batch; FSDP2's full gradients (rank 0)
     are written for the test to compare with one process on the whole batch."""

@@ -30,7 +30,7 @@ from gbattn.experiments.report import write_results
 from gbattn.files import open_to_append, portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
 from gbattn.progress import Progress
-from gbattn.runtime import command_line, default_threads, launched_processes
+from gbattn.runtime import command_line, default_threads, launched_processes, stop_with_parent
 from gbattn.train.trainer import fitted_warmup, train
 from gbattn.upcycle import upcycle, write_run
 
@@ -325,12 +325,7 @@ def _neutral(train_cfg: TrainConfig, sets: dict) -> dict:
 def _die_with_parent() -> None:
     """In a child: receive SIGTERM when the comparison process dies (Linux), so a killed comparison
     leaves no run training on its own (the child checkpoints and stops)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    stop_with_parent()
     os.setpgrp()  # Ctrl-C in the terminal goes to the comparison, which stops its children cleanly
 
 

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from gbattn.errors import UserError
-from gbattn.runtime import launched_processes
+from gbattn.runtime import launched_processes, stop_with_parent
 
 
 @dataclass
@@ -128,6 +128,7 @@ def init_distributed(device_type: str) -> DistEnv:
         raise UserError(f"WORLD_SIZE={world} in the environment, but {wrong}: torchrun sets them all for each process "
                         f"it starts (torchrun --nproc_per_node N -m gbattn.cli train ...); unset WORLD_SIZE to train "
                         f"in one process")
+    stop_with_parent()  # torchrun killed (kill -9): its workers, in sessions of their own, would train on unseen
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
     return DistEnv(rank=dist.get_rank(), local_rank=int(os.environ.get("LOCAL_RANK", "0")), world=dist.get_world_size())
