@@ -578,6 +578,27 @@ def test_a_signal_to_one_process_stops_every_process_with_that_signals_words_and
     assert rundir.load_checkpoint(run / rundir.CHECKPOINT)["step"] == 3
 
 
+def test_a_diverged_run_says_to_start_again_as_it_was_launched(tmp_path, monkeypatch):
+    """A NaN loss under torchrun said to start again with `gbattn train ... --restart` (one process: slower, with
+    FSDP2 perhaps out of memory, another dropout stream), where its resume hint already said torchrun."""
+    from gbattn.train.distributed import DistEnv
+    from gbattn.train.trainer import Trainer
+    from helpers import tiny_configs
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    run = tmp_path / "run"
+    trainer = Trainer(run, *tiny_configs(write_corpus(tmp_path / "c")))
+    trainer.step = 2
+    said = {}
+    for world in (1, 2):
+        trainer.dist = DistEnv(world=world)
+        said[world] = trainer._diverged_message(float("nan"))
+    prefix = ("loss became nan at step 2, before the first checkpoint: nothing to keep; start again with corrected "
+              "settings: ")
+    assert said == {1: f"{prefix}gbattn train ... --out {run} --restart",
+                    2: f"{prefix}torchrun --nproc_per_node 2 -m gbattn.cli train ... --out {run} --restart"}
+
+
 def test_the_stop_signal_is_sigterm_where_any_process_received_one():
     """The signal every process reports is the same: SIGTERM where any received one (a scheduler's stop
     wins over a Ctrl-C), else SIGINT; a process that received none takes the others'."""

@@ -640,17 +640,22 @@ class Trainer:
     def _resume_command(self) -> str:
         """How to continue this run: under torchrun, launched as it was (in one process it would train on
         alone: slower, with FSDP2 perhaps out of memory, and with rank 0's dropout stream only)."""
-        args = f"train --resume --out {self.run_dir}"
+        command, where = self._launched_as(f"train --resume --out {self.run_dir}")
+        return f"`{command}`{where}"
+
+    def _launched_as(self, args: str) -> tuple[str, str]:
+        """``gbattn ARGS`` launched as this run was: in one process, or under torchrun with as many processes
+        (command, and " on each node, ..." where they span several)."""
         if not self.dist.enabled:
-            return f"`gbattn {args}`"
+            return f"gbattn {args}", ""
         per_node = os.environ.get("LOCAL_WORLD_SIZE", str(self.dist.world))
-        return (f"`torchrun --nproc_per_node {per_node} -m gbattn.cli {args}`"
-                + ("" if per_node == str(self.dist.world) else " on each node, launched as this run was"))
+        return (f"torchrun --nproc_per_node {per_node} -m gbattn.cli {args}",
+                "" if per_node == str(self.dist.world) else " on each node, launched as this run was")
 
     def _diverged_message(self, loss: float) -> str:
         kept = self._checkpoint_step()
-        again = (f"gbattn train ... --out {self.run_dir} --restart" if "label" not in self.extra else
-                 "gbattn compare ... with another --out (a comparison's directory keeps its settings)")
+        again = ("".join(self._launched_as(f"train ... --out {self.run_dir} --restart")) if "label" not in self.extra
+                 else "gbattn compare ... with another --out (a comparison's directory keeps its settings)")
         if kept is None:
             return (f"loss became {loss} at step {self.step}, before the first checkpoint: nothing to keep; start "
                     f"again with corrected settings: {again}")
