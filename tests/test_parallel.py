@@ -580,7 +580,8 @@ def test_a_signal_to_one_process_stops_every_process_with_that_signals_words_and
 
 def test_a_diverged_run_says_to_start_again_as_it_was_launched(tmp_path, monkeypatch):
     """A NaN loss under torchrun said to start again with `gbattn train ... --restart` (one process: slower, with
-    FSDP2 perhaps out of memory, another dropout stream), where its resume hint already said torchrun."""
+    FSDP2 perhaps out of memory, another dropout stream), where its resume hint already said torchrun; on several
+    machines both hints say the command is each node's."""
     from gbattn.train.distributed import DistEnv
     from gbattn.train.trainer import Trainer
     from helpers import tiny_configs
@@ -597,6 +598,12 @@ def test_a_diverged_run_says_to_start_again_as_it_was_launched(tmp_path, monkeyp
               "settings: ")
     assert said == {1: f"{prefix}gbattn train ... --out {run} --restart",
                     2: f"{prefix}torchrun --nproc_per_node 2 -m gbattn.cli train ... --out {run} --restart"}
+    # Two machines of two processes: each node's command, and that it is each node's (the resume hint too)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    trainer.dist = DistEnv(world=4)
+    each = " on each node, launched as this run was"
+    assert trainer._diverged_message(float("nan")) == f"{said[2]}{each}"
+    assert trainer._resume_command() == f"`torchrun --nproc_per_node 2 -m gbattn.cli train --resume --out {run}`{each}"
 
 
 def test_the_stop_signal_is_sigterm_where_any_process_received_one():
