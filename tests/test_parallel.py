@@ -741,6 +741,36 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
+@pytest.mark.parametrize(("sets", "processes", "error"), [
+    ({"batch_size": 7}, 2, "batch_size=7 must be divisible by processes x grad_accum = 2 x 1"),
+    ({"train_tokens": 40}, 1, "the training split has 40 tokens: fewer than one batch"),
+])
+def test_a_restart_that_fails_its_checks_leaves_the_old_run(tmp_path, monkeypatch, sets, processes, error):
+    """--restart discarded the run in --out before the new one was checked: under torchrun a batch size the
+    processes do not divide (or, in one process, too little data) then failed with the old run already deleted
+    (--out held only its lock). The old run is now discarded only once the new one has passed its checks."""
+    from gbattn.train import trainer as trainer_module
+    from gbattn.train.distributed import DistEnv
+    from helpers import tiny_configs
+
+    class FirstOf(DistEnv):  # the first of ``world`` processes, each contributing what this one does
+        def all_sum(self, values: list[float]) -> list[float]:
+            return [self.world * v for v in values]
+
+        def gather(self, obj) -> list:
+            return [obj] * self.world
+
+    data = write_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    trainer_module.train(run, *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    before = {name: content for name, content in _snapshot(run).items() if name != rundir.LOCK}
+    monkeypatch.setattr(trainer_module, "init_distributed", lambda device_type: FirstOf(world=processes))
+    with pytest.raises(UserError, match=error):
+        trainer_module.Trainer(run, *tiny_configs(data, max_steps=2, eval_every=2, **sets), quiet=True,
+                               restart=True).run()
+    assert {name: content for name, content in _snapshot(run).items() if name != rundir.LOCK} == before
+
+
 def test_a_process_other_than_the_first_writes_and_prints_nothing(tmp_path, monkeypatch, capsys):
     """Under torchrun the first process alone writes the run directory and reports: here this process is
     the second of two (the first of a second machine: local rank 0), its peer's sums and gathers taken as

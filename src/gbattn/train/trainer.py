@@ -300,9 +300,7 @@ class Trainer:
             if not self.resume:  # weights without a config.json (a killed upcycle): not trained over, not deleted
                 rundir.refuse_weights_without_config(self.run_dir)
             self.lock = rundir.RunLock(self.run_dir)
-            if self.restart:
-                rundir.discard_run(self.run_dir)
-            elif not self.resume and (
+            if not self.restart and not self.resume and (
                 (self.run_dir / rundir.CHECKPOINT).exists() or (self.run_dir / rundir.CONFIG).exists()
             ):
                 raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it, --restart to "
@@ -377,7 +375,11 @@ class Trainer:
 
     def _write_config(self, resumed: bool) -> None:
         """config.json and the tokenizer; a resumed run's metrics.jsonl is cut back to its checkpoint's step
-        (a run with no checkpoint, killed before its first one or planned by compare --jobs, starts at step 0)."""
+        (a run with no checkpoint, killed before its first one or planned by compare --jobs, starts at step 0).
+        A --restart discards the old run here, once the new one has passed every check (data, batch size over
+        the processes): one that fails leaves the old run as it was."""
+        if self.restart:
+            rundir.discard_run(self.run_dir)
         rundir.write_config(
             self.run_dir, self.preset, self.model_cfg, self.train_cfg, self.extra,
             data={"corpus": self.data.corpus_name, "fingerprint": self.data.corpus_fingerprint,
