@@ -1600,11 +1600,14 @@ def test_a_blank_cache_directory_is_refused_and_a_tilde_is_the_home_directory(tm
 
 
 def test_atomic_write_syncs_the_file_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
-    events = []
+    """The temporary file is synced holding all of its content (flushed from Python's buffer first), then
+    renamed into place, then its directory synced."""
+    events, sizes = [], []
     real_fsync, real_replace = os.fsync, os.replace
 
     def fsync(fd):
         events.append(("fsync", os.fstat(fd).st_ino))
+        sizes.append(os.fstat(fd).st_size)
         real_fsync(fd)
 
     def replace(src, dst):
@@ -1617,6 +1620,7 @@ def test_atomic_write_syncs_the_file_before_the_rename_and_the_directory_after(t
     files.atomic_write(target, '{"a": 1}')
     assert [kind for kind, _ in events] == ["fsync", "replace", "fsync"], events
     assert events[0][1] == events[1][1] == target.stat().st_ino  # the file synced is the one renamed into place
+    assert sizes[0] == len('{"a": 1}')  # synced with its content: not an empty file, the bytes still buffered
     assert events[2][1] == tmp_path.stat().st_ino  # then its directory, so the rename survives a crash
     assert target.read_text() == '{"a": 1}' and [p.name for p in tmp_path.iterdir()] == ["config.json"]
 
