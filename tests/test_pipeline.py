@@ -330,7 +330,8 @@ get_tokenizer("char", load_corpus({str(tmp_path / "c")!r}), verbose=False)
 
 def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path):
     """A build of a live process (this one) stays, and so does one of another host (its pid means
-    nothing here); a build whose process has exited is removed."""
+    nothing here) and a name whose pid is no number; a build whose process has exited is removed, and
+    a link named as one goes without what it leads to."""
     import socket
 
     from gbattn.files import remove_abandoned
@@ -342,8 +343,16 @@ def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path):
                          tmp_path / f"k.tmp{exited.pid}@elsewhere")
     for entry in (live, dead, other):
         entry.mkdir()
+    no_pid = tmp_path / f"notes.tmpfile@{host}"
+    no_pid.write_text("")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "kept").write_text("")
+    link = tmp_path / f"l.tmp{exited.pid}@{host}"
+    link.symlink_to(outside)
     remove_abandoned(tmp_path)
-    assert live.is_dir() and not dead.exists() and other.is_dir()
+    assert live.is_dir() and not dead.exists() and other.is_dir() and no_pid.is_file()
+    assert not link.is_symlink() and (outside / "kept").is_file()
 
 
 def test_hf_name_offline_is_one_clear_line(capsys, tmp_path):
