@@ -328,7 +328,7 @@ get_tokenizer("char", load_corpus({str(tmp_path / "c")!r}), verbose=False)
     assert sorted(p.name for p in folder.iterdir() if ".tmp" in p.name) == sorted(kept)
 
 
-def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path):
+def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path, monkeypatch):
     """A build of a live process (this one) stays, and so does one of another host (its pid means
     nothing here) and a name whose pid is no number; a build whose process has exited is removed, and
     a link named as one goes without what it leads to."""
@@ -353,6 +353,18 @@ def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path):
     remove_abandoned(tmp_path)
     assert live.is_dir() and not dead.exists() and other.is_dir() and no_pid.is_file()
     assert not link.is_symlink() and (outside / "kept").is_file()
+    # A process of another user (os.kill: PermissionError), alive in a shared cache, keeps its build.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    another_users = shared / f"k.tmp{exited.pid}@{host}"
+    another_users.write_text("")  # an atomic_write temporary file
+
+    def not_permitted(pid, signal):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "kill", not_permitted)
+    remove_abandoned(shared)
+    assert another_users.is_file()
 
 
 def test_hf_name_offline_is_one_clear_line(capsys, tmp_path):
