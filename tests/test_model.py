@@ -532,6 +532,13 @@ def test_overrides_leave_the_callers_dicts_as_they_were():
     assert built["attn_options"] == {"rounds": 2, "kv_source": "shared"} and template == {"attn_options": {"rounds": 2}}
 
 
+def test_a_near_miss_is_a_close_name_or_two_neighbouring_letters_swapped_only():
+    """Two letters swapped far apart ('ttse' for 'test') are no typo the hint names; neighbours ('tset') are."""
+    from gbattn.checks import near_miss
+
+    assert near_miss("tset", ["valid", "test"]) == "test" and near_miss("ttse", ["valid", "test"]) is None
+
+
 def test_a_name_that_is_no_string_is_a_config_error_with_no_guess():
     """check_choice's near-miss hint iterated a value that was no string: preset_config(None), get_recipe(3) and an
     attention module of variant None were Python's "'NoneType' object is not iterable" (before the hint, the
