@@ -1772,6 +1772,9 @@ def test_metrics_lines_store_no_nan_and_the_writable_probe_leaves_nothing(tmp_pa
         files.check_writable_dir("  ")
     with pytest.raises(UserError, match="is a directory; give a file name"):
         files.check_writable_file(tmp_path, "--per-token")
+    # a file in folders not there yet: the nearest existing one is probed, none is created by the check
+    per_token = tmp_path / "out" / "new" / "x.npy"
+    assert files.check_writable_file(per_token, "--per-token") == per_token
     assert list((tmp_path / "out").iterdir()) == []
     # A folder that is gone is not "a link, a directory or a FIFO" to remove (what the message said of any error)
     with pytest.raises(UserError, match=r"gone/m.jsonl cannot be opened to append to \(No such file or directory\)$"):
