@@ -1805,7 +1805,9 @@ def test_read_json_turns_every_bad_file_into_one_line_naming_it(tmp_path):
                               (b'{"a": "\xff"}', "is not valid JSON"),
                               (b"[" * 100_000, "its JSON is nested too deeply to read"),
                               # more digits than Python converts: its ValueError was a traceback through every command
-                              (b'{"seq_len": ' + b"1" * 5000 + b"}", "is not valid JSON (Exceeds the limit")):
+                              (b'{"seq_len": ' + b"1" * 5000 + b"}", "is not valid JSON (Exceeds the limit"),
+                              # a clone without Git LFS: named as such, not "not valid JSON"
+                              (LFS_POINTER.encode(), LFS_MESSAGE)):
         path.write_bytes(content)
         with pytest.raises(CheckpointError) as caught:
             files.read_json(path)
