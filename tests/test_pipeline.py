@@ -404,6 +404,7 @@ def test_a_data_path_that_is_a_link_to_nothing_is_named_so_not_offered_as_its_ow
     assert files.did_you_mean_path(link) == ""
     (tmp_path / "input.tx").write_text("a near miss is still offered")
     assert files.did_you_mean_path(link) == f" (did you mean {str(tmp_path / 'input.tx')!r}?)"
+    assert files.did_you_mean_path(tmp_path / "input.tx") == ""  # a path that exists is no typo of its neighbour
 
 
 def test_a_data_file_of_whitespace_only_is_refused_for_every_tokenizer(capsys, tmp_path):
