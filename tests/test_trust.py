@@ -1816,6 +1816,9 @@ def test_read_json_turns_every_bad_file_into_one_line_naming_it(tmp_path):
         f.truncate(files.MAX_JSON_BYTES + 1)
     with pytest.raises(CheckpointError, match=r"is 256 MiB: larger than any JSON file gbattn reads"):
         files.read_json(path)
+    # a file that cannot be read (no permission; here a folder, as tests run as root may read any file)
+    with pytest.raises(CheckpointError, match=r"cannot be read \(Is a directory\)"):
+        files.read_json_bytes(tmp_path)
     (tmp_path / "m.jsonl").write_bytes(b'{"a": 1}\n{"b": "\xff"}\n' + b"[" * 100_000 + b'\n{"c": 3}\n'
                                        + b'{"step": ' + b"1" * 5000 + b"}\n")
     assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": "\ufffd"}, {"c": 3}]
