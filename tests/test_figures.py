@@ -1178,7 +1178,8 @@ def test_read_report_refuses_text_steps_or_losses_and_a_seed_list_that_is_not_on
                              ({**report_of([row]), "description": 5}, "description=5 must be a string"),
                              (report_of([{**row, "valid_loss": {"42": "2.2"}}]),
                               "valid_loss must map seeds to numbers"),
-                             ({**report_of([row]), "seeds": "42"}, "seeds must be a list and sets a mapping")):
+                             ({**report_of([row]), "seeds": "42"}, "seeds must be a list and sets a mapping"),
+                             ({**report_of([row]), "models": [row, "gba"]}, "models must be a list of rows")):
         path.write_text(json.dumps(report))
         with pytest.raises(CheckpointError) as caught:
             read_report(path)
