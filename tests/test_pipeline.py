@@ -137,6 +137,12 @@ def _damage_no_digest(entry: Path) -> None:  # an entry from before digests were
     (entry / "meta.json").write_text(json.dumps(meta))
 
 
+def _damage_counts_type(entry: Path) -> None:  # counts a list, not a mapping of splits
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["counts"] = list(meta["counts"].values())
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
 def _damage_out_of_vocabulary(entry: Path) -> None:  # one id just past the vocabulary, its digest recorded to match
     import hashlib
 
@@ -151,7 +157,8 @@ def _damage_out_of_vocabulary(entry: Path) -> None:  # one id just past the voca
 
 
 @pytest.mark.parametrize("damage", [_damage_meta, _damage_meta_type, _damage_count, _damage_size, _damage_missing,
-                                    _damage_content, _damage_one_id, _damage_no_digest, _damage_out_of_vocabulary])
+                                    _damage_content, _damage_one_id, _damage_no_digest, _damage_out_of_vocabulary,
+                                    _damage_counts_type])
 def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, damage):
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     tok = get_tokenizer("char", corpus)
