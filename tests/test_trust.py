@@ -444,9 +444,11 @@ def test_temporary_files_of_a_killed_write_are_removed_when_the_run_is_opened(tr
     shutil.copytree(trained["run"], run)
     (run / "checkpoint.pt.tmp12345").write_bytes(b"half a checkpoint")
     (run / "notes.tmpfile").write_text("mine")  # not a gbattn temporary file: kept
+    (run / "drafts.tmp2024").mkdir()  # a folder named like one: no file gbattn writes, kept (not an error)
     with rundir.RunLock(run):
         pass
     assert not (run / "checkpoint.pt.tmp12345").exists() and (run / "notes.tmpfile").exists()
+    assert (run / "drafts.tmp2024").is_dir()
 
 
 class _FullDisk(io.FileIO):
