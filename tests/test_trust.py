@@ -1188,6 +1188,10 @@ def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path
                           "valid_ppl": float("inf")}])
     rundir.write_result(tmp_path, result)
     assert rundir.read_result(tmp_path / rundir.RESULT)["test_ppl"] is None
+    for key in set(result) - {"test_ppl", "valid_ppl", "valid_loss"}:  # every other field a comparison reads
+        files.write_json({k: v for k, v in result.items() if k != key}, tmp_path / rundir.RESULT)
+        with pytest.raises(CheckpointError, match=f"has no '{key}': not a complete gbattn record"):
+            rundir.read_result(tmp_path / rundir.RESULT)
     model = torch.nn.Linear(2, 2)
     with pytest.raises(CheckpointError, match=r"not floating-point numbers \(weight: torch.float32, "
                                                   r"torch.sparse_coo, not dense\)"):
