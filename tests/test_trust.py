@@ -507,14 +507,16 @@ def test_eval_per_token_leaves_every_model_directory_alone(trained, tmp_path, ca
     other, export, saved = tmp_path / "other-run", tmp_path / "export", tmp_path / "transformers-checkpoint"
     for folder, names in ((other, (rundir.CONFIG, rundir.BEST, rundir.CHECKPOINT)),
                           (export, (rundir.CONFIG, rundir.SAFETENSORS, "generation_config.json")),
-                          (saved, (rundir.CONFIG, rundir.SAFETENSORS, "optimizer.pt"))):
+                          (saved, (rundir.CONFIG, rundir.SAFETENSORS, "optimizer.pt", "training_args.bin",
+                                   "model-00001-of-00002.safetensors"))):
         folder.mkdir()
         for name in names:
             (folder / name).write_bytes(b"weights")
     own = trained["run"] / rundir.CHECKPOINT
     before = own.read_bytes()
     for target in (other / rundir.BEST, other / rundir.CONFIG, export / rundir.SAFETENSORS,
-                   export / "generation_config.json", saved / "optimizer.pt", own):
+                   export / "generation_config.json", saved / "optimizer.pt", saved / "training_args.bin",
+                   saved / "model-00001-of-00002.safetensors", own):
         code, out, err = run_cli(capsys, ["eval", trained["run"], "--per-token", target])
         assert code == 2 and out == "" and err.strip().splitlines() == [
             f"gbattn: error: --per-token {target} is a file of the model directory {target.parent}: write it "
