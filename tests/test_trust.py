@@ -1404,6 +1404,11 @@ def test_every_damaged_torch_file_is_one_checkpoint_error(tmp_path):
         path.write_bytes(data)
         with pytest.raises(rundir.CheckpointError, match=f"truncated or corrupted \\({detail}"):
             rundir.read_torch_file(path)
+    lfs = tmp_path / "lfs.pt"  # a clone without Git LFS: named as such, not "not a torch.save file"
+    lfs.write_text(LFS_POINTER)
+    with pytest.raises(rundir.CheckpointError) as caught:
+        rundir.read_torch_file(lfs)
+    assert str(caught.value) == f"{lfs} {LFS_MESSAGE} in its repository to fetch it"
 
 
 def test_a_config_nested_too_deeply_or_a_fifo_tells_no_directory_kind_and_waits_for_nothing(tmp_path):
