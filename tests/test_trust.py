@@ -1596,6 +1596,10 @@ def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):
     (exported / rundir.SAFETENSORS_INDEX).write_text(json.dumps({"weight_map": {"w": "../outside.safetensors"}}))
     with pytest.raises(rundir.CheckpointError, match="names shard '../outside.safetensors', which is not a file in"):
         rundir.read_shards(exported, rundir.SAFETENSORS_INDEX, lambda shard: {"w": torch.zeros(1)})
+    # a shard named by something other than a file name (a damaged index): one line, not a TypeError
+    (exported / rundir.SAFETENSORS_INDEX).write_text(json.dumps({"weight_map": {"w": 5}}))
+    with pytest.raises(rundir.CheckpointError, match="has no weight_map of tensor names to shard files"):
+        rundir.read_shards(exported, rundir.SAFETENSORS_INDEX, lambda shard: {"w": torch.zeros(1)})
 
 
 def test_a_resume_checkpoint_cannot_change_the_optimizers_settings(trained, tmp_path, monkeypatch):
