@@ -1240,6 +1240,8 @@ def test_what_a_directory_holds_is_told_by_its_files(tmp_path):
     assert rundir.foreign_model(d) is None and not rundir.is_exported(d)
     (d / rundir.CONFIG).write_text(json.dumps({"model_type": "gbattn"}))
     assert rundir.is_exported(d)
+    with pytest.raises(rundir.CheckpointError, match="config.json has no gbattn section: not a directory exported by"):
+        rundir.load_run(d)  # transformers' config alone, without the run's own: one line, not a traceback
     assert rundir.foreign_model(d) == "a transformers checkpoint of a gbattn model"  # no gbattn tokenizer file
     (d / rundir.EXPORTED_TOKENIZER).write_text("{}")
     assert rundir.foreign_model(d) == "a gbattn export"
