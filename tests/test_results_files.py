@@ -936,3 +936,18 @@ def test_readme_names_the_command_of_every_paper_table_and_figure():
     assert published == {"paper-wt103", "paper-owt", "paper-postln"} and published <= recipes
     commands = set(build_parser()._subparsers._group_actions[0].choices)
     assert set(re.findall(r"`gbattn ([\w-]+)", text)) <= commands
+
+
+def test_readme_threads_table_is_results_threads():
+    """The README's Threads table is what scripts/threads_measure.sh wrote (results/threads/threads.json)."""
+    report = json.loads((ROOT / "results/threads/threads.json").read_text(encoding="utf-8"))
+    rows = report["threads"]
+    section = README_TEXT.split("## Threads\n", 1)[1].split("\n## ", 1)[0]
+    assert report["command"] == "bash scripts/threads_measure.sh" and f"`{report['command']}`" in section
+    train, generate = (next(line for line in section.splitlines() if line.startswith(f"| {what}"))
+                       for what in ("training, tokens/s", "generation, tokens/s"))
+    chosen = re.search(r"\d+ threads?", rows["default"]["train_device"]).group()
+    two, one, default = (rows[k]["train_tokens_per_s"] for k in ("2", "1", "default"))
+    assert train.split(" | ")[1:] == [f"{two:,}", f"{one:,} ({one / two:.1f}x)", f"{default:,} ({chosen} chosen) |"]
+    two, one, default = (rows[k]["generate_tokens_per_s"] for k in ("2", "1", "default"))
+    assert generate.split(" | ")[1:] == [f"{two:,}", f"{one:,} ({one / two:.1f}x)", f"{default:,} |"]
