@@ -1429,6 +1429,16 @@ def test_lm_eval_refuses_the_weights_gbattns_readers_refuse(trained, capsys, tmp
         assert expected in err and len(err.strip().splitlines()) == 1, err
 
 
+def refused_by_generate_and_lm_eval(export, expected: str, capsys) -> None:
+    """`gbattn generate` and `gbattn lm-eval` of ``export`` each end with status 2 and exactly ``expected``."""
+    for argv in (["generate", str(export), "--prompt", "A", "--max-new-tokens", "1"],
+                 ["lm-eval", str(export), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
+                  "--limit", "1"]):
+        assert cli_main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == expected, err
+
+
 def test_a_tied_export_holding_another_head_is_refused(trained, capsys, tmp_path):
     """A tied config (tie_embeddings) whose model.safetensors also holds an lm_head.weight of other values: gbattn
     loaded both into its one shared tensor (the head won, replacing the embedding), transformers 5 unties them and
@@ -1445,12 +1455,7 @@ def test_a_tied_export_holding_another_head_is_refused(trained, capsys, tmp_path
         save_file({**weights, "model.lm_head.weight": head}, folder / "model.safetensors", metadata={"format": "pt"})
     expected = (f"gbattn: error: the weights in {damaged} tie the output head to the token embedding (tie_embeddings) "
                 f"but hold an lm_head.weight that differs from wte.weight: the file is damaged; restore a copy of it\n")
-    for argv in (["generate", str(damaged), "--prompt", "A", "--max-new-tokens", "1"],
-                 ["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
-                  "--limit", "1"]):
-        assert cli_main(argv) == 2
-        err = capsys.readouterr().err
-        assert err == expected, err
+    refused_by_generate_and_lm_eval(damaged, expected, capsys)
     x = torch.tensor([[1, 2, 3]])
     assert torch.equal(rundir.load_run(equal).model(x), rundir.load_run(out).model(x))
 
@@ -1470,12 +1475,7 @@ def test_standard_names_at_a_configs_top_level_agree_with_its_gbattn_dict(traine
         (damaged / "config.json").write_text(json.dumps({**config, name: value}))
         line = (f"{name}={value!r} at its top level disagrees with {field}={model[field]!r} in its gbattn model dict: "
                 f"transformers builds the model from the one, gbattn from the other; delete {name} from config.json")
-        for argv in (["generate", str(damaged), "--prompt", "A", "--max-new-tokens", "1"],
-                     ["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
-                      "--limit", "1"]):
-            assert cli_main(argv) == 2
-            err = capsys.readouterr().err
-            assert err == f"gbattn: error: {damaged / 'config.json'}: {line}\n", err
+        refused_by_generate_and_lm_eval(damaged, f"gbattn: error: {damaged / 'config.json'}: {line}\n", capsys)
         with pytest.raises(ValueError, match=re.escape(f"config.json: {line}")):
             AutoModelForCausalLM.from_pretrained(damaged)
     loaded = GbattnConfig.from_pretrained(out)  # rundir's table of the names is GbattnConfig's own

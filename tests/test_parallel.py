@@ -210,10 +210,7 @@ def test_a_killed_comparison_leaves_no_run_training(tmp_path):
         assert all(_alive(pid) for pid in pids)
         proc.kill()
         proc.wait()
-        deadline = time.monotonic() + 60
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(pid) for pid in pids), "a run trains on after its comparison was killed"
+        assert _all_gone(pids), "a run trains on after its comparison was killed"
         for run in runs:
             events = [json.loads(line)["event"] for line in (run / rundir.METRICS).read_text().splitlines()]
             assert "interrupted" in events, run
@@ -224,6 +221,14 @@ def test_a_killed_comparison_leaves_no_run_training(tmp_path):
         for pid in pids:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _all_gone(pids: list[int], seconds: float = 60) -> bool:
+    """Whether every process of ``pids`` has ended within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(_alive(pid) for pid in pids)
 
 
 def _children(pid: int) -> list[int]:
@@ -259,10 +264,7 @@ def test_a_killed_torchrun_leaves_no_process_training(tmp_path):
         assert len(workers) == 2 and proc.poll() is None, err.read_text()[-3000:]
         proc.kill()
         proc.wait()
-        deadline = time.monotonic() + 60
-        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(pid) for pid in workers), "a worker trains on after torchrun was killed"
+        assert _all_gone(workers), "a worker trains on after torchrun was killed"
     finally:
         for pid in [proc.pid] * (proc.poll() is None) + [w for w in workers if _alive(w)]:
             os.kill(pid, signal.SIGKILL)
