@@ -46,9 +46,7 @@ WORK="$WORK" OUT="$OUT" "$PY" - <<'EOF'
 import json, os, platform, re
 from pathlib import Path
 
-import torch
-
-import gbattn
+from gbattn.runtime import software_versions
 
 work, out = Path(os.environ["WORK"]), Path(os.environ["OUT"])
 rows = {}
@@ -67,7 +65,7 @@ report = {
     "what": "cpu-char standard, tiny-shakespeare: training 60 steps (train_tokens_per_s of result.json), "
             "generation of 300 tokens from 'ROMEO:' (seed 0), beside two single-threaded trainings",
     "cores": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-    "versions": {"gbattn": gbattn.__version__, "torch": torch.__version__, "python": platform.python_version()},
+    "versions": software_versions(),
     "threads": rows,
 }
 (out / "threads.json").write_text(json.dumps(report, indent=1) + "\n")
