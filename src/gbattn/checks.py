@@ -92,12 +92,12 @@ def greater_than(minimum: float) -> dict:
     return {"check": test}
 
 
-def fraction(upper_open: bool = True) -> dict:
-    """A value in [0, 1) (or [0, 1])."""
+def fraction() -> dict:
+    """A value in [0, 1)."""
 
     def test(name: str, value: Any) -> None:
-        if not (0.0 <= value < 1.0 if upper_open else 0.0 <= value <= 1.0):
-            raise ConfigError(f"{name}={value!r} must be in [0, 1{')' if upper_open else ']'}")
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{name}={value!r} must be in [0, 1)")
 
     return {"check": test}
 
