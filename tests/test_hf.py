@@ -324,6 +324,15 @@ def test_misuses_are_clear_errors():
     torch.testing.assert_close(hf(idx).logits, gpt(idx), rtol=0, atol=0)
     with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
         hf.generate(idx, prompt_lookup_num_tokens=2, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    # asked for by a generation config, given or the model's own (was "Assisted decoding requires a cache")
+    asking = transformers.GenerationConfig(prompt_lookup_num_tokens=2, max_new_tokens=2, do_sample=False,
+                                           pad_token_id=0)
+    with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
+        hf.generate(idx, generation_config=asking)
+    hf.generation_config.prompt_lookup_num_tokens = 2
+    with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
+        hf.generate(idx, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    hf.generation_config.prompt_lookup_num_tokens = None
     # A cache with fewer layers than blocks would skip the blocks past its end (wrong logits, no error).
     for layers in (1, 3):
         with pytest.raises(ValueError, match=f"a KV cache of {layers} layers for a model of 2"):

@@ -254,16 +254,17 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
 
     def generate(self, *args, **kwargs):
         """transformers' ``generate()``; assisted decoding is refused up front (it crops the cache,
-        and :class:`GbattnCache` is not croppable; transformers' own message says a cache is missing).
+        and :class:`GbattnCache` is not croppable; transformers' own message says a cache is missing), whether
+        asked for by keyword or by the generation config (given, or the model's own).
         Chunked prefill (``prefill_chunk_size``) gets a :class:`GbattnCache` made here: transformers
         makes none for this model (forward() does) and said "Cannot use prefill chunking without a cache".
         Under transformers 4.x a chunked prefill of a left-padded batch is refused (4.x positions the
         chunks over the padded width)."""
-        assisted = [k for k in ASSISTED if kwargs.get(k) is not None]
+        settings = kwargs.get("generation_config") or self.generation_config
+        assisted = [k for k in ASSISTED if kwargs.get(k, getattr(settings, k, None)) is not None]
         if assisted:
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
                              f"rolls back the cache, and GbattnCache cannot be cropped")
-        settings = kwargs.get("generation_config") or self.generation_config
         chunked = kwargs.get("prefill_chunk_size", getattr(settings, "prefill_chunk_size", None))
         use_cache = kwargs.get("use_cache", getattr(settings, "use_cache", True))
         if chunked and TF_MAJOR < 5 and self._padded_batch(args, kwargs, settings):
