@@ -55,6 +55,24 @@ def test_generate_leaves_the_callers_kv_cache_as_it_was():
     assert not model.has_cache
 
 
+def test_a_refused_generate_leaves_the_model_as_it_was():
+    """A padded prompt longer than block_size was refused after generate had put the model in eval mode
+    and dropped the caller's KV cache: the caller's model was left changed by a call that did nothing."""
+    model = tiny_model(("boosted", {}))
+    model.train()
+    model.setup_cache(batch=1, max_len=8)
+    callers_cache = model.kv_cache
+    long_BT = torch.randint(0, 37, (1, model.cfg.block_size + 1))
+    refused = [dict(prompt_mask=torch.ones_like(long_BT, dtype=torch.bool)), dict(temperature=-1.0)]
+    for kwargs in refused:
+        with pytest.raises(ValueError):
+            generate(model, long_BT, 2, **kwargs)
+        assert model.training and model.kv_cache is callers_cache
+    with pytest.raises(ValueError, match="outside the vocabulary"):  # refused by the forward, inside generate
+        generate(model, long_BT[:, :4] + 100, 2)
+    assert model.training and model.kv_cache is callers_cache
+
+
 def test_sampling_reproducible_with_seed():
     model = tiny_model(("boosted", {}))
     prompt = torch.randint(0, 37, (3, 4))

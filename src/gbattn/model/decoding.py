@@ -150,15 +150,12 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     if compile is not None:
         compile = checked("compile", compile, bool, None, "True, False or None (compiled where it pays)")
     prompt_mask = check_prompt(idx_BT, prompt_mask)
-    was_training, callers_cache = model.training, model.kv_cache
-    model.eval()
-    model.clear_cache()  # generate's own cache or none (use_cache=False), the caller's put back at the end
-    device = idx_BT.device
-    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     block = model.cfg.block_size
     B, T = idx_BT.shape
-    if prompt_mask is not None and block < T:
+    if prompt_mask is not None and block < T:  # (refused before the model's mode and cache change, below)
         raise ValueError(f"a padded prompt of {T} tokens is longer than block_size={block}")
+    device = idx_BT.device
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     # A prompt longer than the model's context is kept whole in the output; the model sees its end.
     kept_BT = idx_BT[:, :-block] if block < T else idx_BT[:, :0]
     if block < T:
@@ -166,6 +163,9 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     mask_BT = prompt_mask if prompt_mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
     out, cached = idx_BT, use_cache and block > T
     max_len = min(block, T + max_new_tokens)
+    was_training, callers_cache = model.training, model.kv_cache
+    model.eval()
+    model.clear_cache()  # generate's own cache or none (use_cache=False), the caller's put back at the end
     try:
         if cached:
             model.setup_cache(B, max_len=max_len)
