@@ -324,6 +324,18 @@ def test_print_summary_states_an_unchanged_entropy(tmp_path, capsys):
     assert "change per layer L0 +0%)" in printed and "-0%" not in printed
 
 
+def test_print_summary_of_gba_in_some_layers_gives_the_change_over_the_corrected_layers(tmp_path, capsys):
+    """GBA in layer 1 only: round 0's mean (3.10) is over both layers, round 1's over layer 1 alone, so "round 0
+    3.10 -> round 1 3.20 (0% higher)" read as a contradiction; each mean now says over how many layers, and the
+    change names the corrected layers' own round 0 and round 1."""
+    summary = analysis_summary(0.0)
+    summary["entropy"].update(mean_per_round=[3.1, 3.2], layers_per_round=[2, 1], per_layer=[
+        {"layer": 0, "mean_per_round": [3.0]}, {"layer": 1, "mean_per_round": [3.2, 3.2], "relative_drop": 0.0}])
+    print_summary(summary, tmp_path / "summary.json")
+    assert ("round 0 3.10 (2 layers) -> round 1 3.20 (1 layer) (in the 1 layer with a correction: 3.20 -> 3.20, "
+            "0% lower; change per layer L1 +0%)") in capsys.readouterr().out
+
+
 def test_relative_path_is_never_absolute(tmp_path):
     out = tmp_path / "work" / "analysis"
     assert relative_path(out / "gates.png", out) == "gates.png"
