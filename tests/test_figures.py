@@ -273,13 +273,15 @@ def test_print_summary_says_higher_for_a_rise_in_entropy(tmp_path, capsys):
 def test_print_summary_of_a_gba_run_against_another_line_by_line(tmp_path, capsys):
     """Every line for a GBA run analysed --against another: loss and perplexity, each layer's gate
     mean±std beside both versions of the paper's, rounds named from 0, the norms as |r| -> |g*c| ->
-    |x-F after|, the other run's loss before this one's, the median and the largest gain (the first
-    top token), and only the notes that do not restate the attention's own note."""
+    |x-F after| of each corrected layer by name (a layer without GBA has none), the other run's loss before
+    this one's, the median and the largest gain (the first top token), and only the notes that do not restate
+    the attention's own note."""
     summary = analysis_summary(0.25)
     summary["gates"] = {"available": True, "per_layer": [{"layer": 0, "round": 1, "mean": 0.4, "std": 0.1},
                                                          {"layer": 1, "round": 1, "mean": 0.55, "std": 0.05}]}
     summary["norms"] = {"available": True,
-                        "per_layer": [{"residual": 1.5, "gated_correction": 0.25, "residual_after": 1.25}]}
+                        "per_layer": [{"layer": 1, "round": 1, "residual": 1.5, "gated_correction": 0.25,
+                                       "residual_after": 1.25}]}
     summary["loss_diff"] = {"against": "standard/seed42", "against_attention": "standard", "against_loss": 2.1,
                             "against_checkpoint": "last", "against_step": 5,
                             "loss": 2.0, "mean": 0.1, "median": 0.05, "fraction_positive": 0.6,
@@ -294,7 +296,7 @@ def test_print_summary_of_a_gba_run_against_another_line_by_line(tmp_path, capsy
         "  gates, mean±std per layer:   L0 0.40±0.10 / L1 0.55±0.05    paper: 0.35 (revision 0.30)",
         "  entropy, nats (bound log(t+1), max 3.43): round 0 2.00 -> round 1 1.50 (25% lower; change per layer "
         "L0 -25%)    paper: 3.31 -> 2.58 (22% lower, layer 0 the exception, T=256)",
-        "  norms per layer, |r| -> |g*c| -> |x-F after|: 1.50->0.25->1.25",
+        "  norms per layer, |r| -> |g*c| -> |x-F after|: L1 1.50->0.25->1.25",
         "  vs standard/seed42 (standard, last checkpoint at step 5): loss 2.1000 -> 2.0000 nats; per-token gain mean "
         "+0.1000, median +0.0500; "
         "this run better on 60% of tokens, worse on 30%, within 0.0001 nats on 10%; largest gain +0.75 on 'cat'",
@@ -334,6 +336,18 @@ def test_print_summary_of_gba_in_some_layers_gives_the_change_over_the_corrected
     print_summary(summary, tmp_path / "summary.json")
     assert ("round 0 3.10 (2 layers) -> round 1 3.20 (1 layer) (in the 1 layer with a correction: 3.20 -> 3.20, "
             "0% lower; change per layer L1 +0%)") in capsys.readouterr().out
+
+
+def test_print_summary_names_the_layer_and_round_of_each_norm(tmp_path, capsys):
+    """With three rounds in two layers the norms line printed four unnamed triples ("5.80->0.37->5.85 / ..."):
+    each is now named by its layer and round, as on the gates line."""
+    summary = analysis_summary(0.1)
+    summary["norms"] = {"available": True, "per_layer": [
+        {"layer": li, "round": m, "residual": 1.0, "gated_correction": 0.5, "residual_after": 0.75}
+        for li in (0, 1) for m in (1, 2)]}
+    print_summary(summary, tmp_path / "summary.json")
+    assert ("norms per layer, |r| -> |g*c| -> |x-F after|: L0 round 1 1.00->0.50->0.75 / L0 round 2 1.00->0.50->0.75"
+            " / L1 round 1 1.00->0.50->0.75 / L1 round 2 1.00->0.50->0.75") in capsys.readouterr().out
 
 
 def test_relative_path_is_never_absolute(tmp_path):

@@ -376,8 +376,10 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     print(line)
     n = summary["norms"]
     if n["available"]:
+        several = any(r["round"] > 1 for r in n["per_layer"])  # named like the gates (GBA may skip layers)
         print("  norms per layer, |r| -> |g*c| -> |x-F after|: " + " / ".join(
-            f"{r['residual']:.2f}->{r['gated_correction']:.2f}->{r['residual_after']:.2f}" for r in n["per_layer"]))
+            f"L{r['layer']}" + (f" round {r['round']}" if several else "")
+            + f" {r['residual']:.2f}->{r['gated_correction']:.2f}->{r['residual_after']:.2f}" for r in n["per_layer"]))
     d = summary.get("loss_diff")
     if d:
         best = d["top_tokens"][0] if d["top_tokens"] else None
