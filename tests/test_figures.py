@@ -243,6 +243,31 @@ def test_curves_keep_a_run_that_only_trained_and_skip_boolean_counts(tmp_path):
         "standard": {"42": {"train": [(100, 4.0)], "valid": []}}}
 
 
+def test_plot_skips_non_finite_or_overflowing_numbers_in_metrics(tmp_path, capsys):
+    """gbattn writes a non-finite value as null, so NaN, Infinity or a 400-digit count in metrics.jsonl is damage:
+    a 400-digit token count was an OverflowError traceback from the curves, and a NaN validation loss gave --gap
+    points whose difference was null (an empty figure, exit 0). Such lines are now skipped like cut ones."""
+    from gbattn.analysis.cli import read_curves
+
+    compare_dir = _gap_dir(tmp_path / "cmp", 400)
+    metrics = compare_dir / "gba-m2" / "seed1" / "metrics.jsonl"
+    damaged = ['{"event": "train", "step": 1, "tokens": 1' + "0" * 400 + ', "loss": 4.0}',
+               '{"event": "train", "step": 2, "tokens": 20, "loss": NaN}',
+               '{"event": "train", "step": 3, "tokens": 30, "loss": 3.0}',
+               '{"event": "eval", "step": 400, "tokens": Infinity, "valid_ppl": 9.0, "valid_loss": 1.0}']
+    lines = metrics.read_text().splitlines()
+    lines = [line.replace('"valid_loss": ', '"valid_loss": NaN, "x": ') if '"step": 400,' in line else line
+             for line in lines]
+    metrics.write_text("\n".join(lines + damaged) + "\n")
+    curves = read_curves(compare_dir, json.loads((compare_dir / "results.json").read_text()))
+    assert curves["gba-m2"]["1"]["train"] == [(30, 3.0)]
+    figures.curves_figure(curves)  # (drawing the 400-digit count was the OverflowError)
+    assert cli_main(["plot", str(compare_dir), "--gap", "gba-m2", "--out", str(tmp_path / "gap")]) == 0
+    (series,) = json.loads((tmp_path / "gap" / "gap.json").read_text())["series"]
+    assert all(isinstance(p["difference"], float) for p in series["points"])
+    assert [p["seeds"] for p in series["points"] if p["step"] == 400] == [1]  # seed 1's damaged end is not paired
+
+
 # ---- gbattn analyze: wording and stored paths ----------------------------------------------
 
 

@@ -4,6 +4,7 @@ directory)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -422,8 +423,17 @@ def cmd_analyze(args) -> None:
 
 
 def numbers(event: dict, *keys: str) -> bool:
-    """Whether every key of a metrics event holds a number (a damaged line is skipped like a cut one)."""
-    return all(isinstance(event.get(k), (int, float)) and not isinstance(event.get(k), bool) for k in keys)
+    """Whether every key of a metrics event holds a finite number that fits a float (a damaged line is skipped
+    like a cut one: gbattn writes a non-finite value as null, so NaN, Infinity or a 400-digit count is damage)."""
+    def finite(value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        try:
+            return math.isfinite(value)
+        except OverflowError:  # an integer too large for a float
+            return False
+
+    return all(finite(event.get(k)) for k in keys)
 
 
 def read_curves(compare_dir: Path, report: dict) -> dict:
