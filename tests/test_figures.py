@@ -638,7 +638,7 @@ def test_report_std_is_the_sample_standard_deviation_of_the_finite_values():
 def test_entropy_figure_draws_densities_the_bound_and_each_layers_change():
     """The histogram is a density per nat (each round's integrates to 1; the bins here are not 1 nat
     wide), the position panel's bound is log(t + 1), and a layer whose correction lowers the
-    entropy by 20% is boxed -20%."""
+    entropy by 20% is boxed -20%, one that changes it by 0.4% +0%."""
     T = 8
     entropy = {"histogram": {"edges": np.linspace(0, math.log(T), 5).tolist(),
                              "counts_per_round": [[1, 2, 3, 4], [4, 3, 2, 1]]},
@@ -655,6 +655,9 @@ def test_entropy_figure_draws_densities_the_bound_and_each_layers_change():
     np.testing.assert_allclose(bound.get_ydata(), np.log(np.arange(T) + 1))
     assert [t.get_text() for t in layer_ax.texts] == ["-20%"]
     assert texts_outside(fig) == []  # the per-layer title on one line ran past the figure's right edge
+    # A drop that rounds to nothing is boxed +0%, as the terminal says it (the box read -0%).
+    entropy["per_layer"][0]["relative_drop"] = 0.004
+    assert [t.get_text() for t in figures.entropy_figure(entropy, None).axes[1].texts] == ["+0%"]
 
 
 def test_loss_diff_figure_names_the_difference_and_counts_ties_apart():

@@ -364,7 +364,7 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     line += " -> ".join(f"round {m} {v:.2f}" + (f" ({_count(layers[m], 'layer')})" if partial else "")
                         for m, v in enumerate(means))
     if e.get("relative_drop") is not None:
-        per_layer = ", ".join(f"L{r['layer']} {round(-100 * r['relative_drop']) + 0:+d}%" for r in e["per_layer"]
+        per_layer = ", ".join(f"L{r['layer']} {figures.change_percent(r['relative_drop'])}" for r in e["per_layer"]
                               if r.get("relative_drop") is not None)
         basis = ""
         if partial:  # the change is over the corrected layers only: say their own round 0 and round 1

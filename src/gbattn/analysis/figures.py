@@ -110,6 +110,12 @@ def change_words(relative_drop: float) -> str:
     return f"{abs(100 * relative_drop):.0f}% {'lower' if relative_drop >= 0 else 'higher'}"
 
 
+def change_percent(relative_drop: float) -> str:
+    """A relative drop as the signed change of the entropy: 0.2 -> '-20%', -0.03 -> '+3%', and a change that
+    rounds to nothing '+0%' (never '-0%')."""
+    return f"{round(-100 * relative_drop) + 0:+d}%"
+
+
 def plain_number(value: float, _pos=None) -> str:
     """A tick label without mathtext: 5, 0.5, 1,000, 50,000."""
     return f"{value:,.12g}"
@@ -247,7 +253,7 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
                              label=f"paper correction ({paper['entropy_correction_nats']:.2f}, T=256)")
         for li, r in enumerate(layers):
             if r.get("relative_drop") is not None:  # the correction's entropy change, inside the bars
-                layer_ax.annotate(f"{-100 * r['relative_drop']:+.0f}%", (li, 0), textcoords="offset points",
+                layer_ax.annotate(change_percent(r["relative_drop"]), (li, 0), textcoords="offset points",
                                   xytext=(0, 6), ha="center", fontsize=10,
                                   bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85, "linewidth": 0})
         tops = [max(max(h) for h in r["per_head"]) for r in layers]
