@@ -563,6 +563,8 @@ def test_analyze_differential_counts_its_half_as_many_maps(tmp_path, monkeypatch
         assert np.asarray(row["per_head"]).shape == (1, 2)
         assert row["mean_per_round"][0] == pytest.approx(np.mean(row["per_head"][0]))
     assert not s["gates"]["available"] and s["n_heads"] == 4
+    # The summary itself says per_head lists 2 maps, not the n_heads 4 beside it (it did not say so).
+    assert s["entropy"]["maps_per_round"] == 2 and "one per head pair" in s["entropy"]["per_head_definition"]
     # Its round-0 entropy is of the first softmax map only: the reason says so (it read like any run's).
     assert "the entropy of each head's first map, softmax(Q1 K1^T)" in s["gates"]["reason"]
 

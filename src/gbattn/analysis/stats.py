@@ -250,6 +250,10 @@ class IntermediateStats:
             "mean_per_round": mean_M.tolist(),
             "layers_per_round": layers_M.tolist(),
             "normalised_mean_per_round": over_layers(norm_LM).tolist(),
+            "maps_per_round": self.n_heads,
+            "per_head_definition": "per_head: each layer's mean entropy of each of its maps_per_round attention "
+                                   "maps per round, one per head (differential attention: one per head pair, "
+                                   "n_heads / 2: its first softmax map)",
             "per_layer": [],
             "per_position_mean": (
                 self.entropy_pos_sum_LMT.sum(0) / (layers_M[:, None] * self.rows * self.n_heads)
