@@ -438,6 +438,17 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
     assert not (tmp_path / "fig5").exists()
 
 
+def test_gap_names_a_comparison_given_as_dot_by_its_own_name(tmp_path, monkeypatch):
+    """`gbattn plot . --gap gba-m2` inside a comparison wrote "directory": "" into gap.json and drew the legend
+    "400-step runs (, 2 seeds)" (and ".." for `plot ..`): the folder's own name is used now."""
+    compare_dir = _gap_dir(tmp_path / "short", 400)
+    for given, cwd in ((".", compare_dir), ("..", compare_dir / "standard")):
+        monkeypatch.chdir(cwd)
+        assert cli_main(["plot", given, "--gap", "gba-m2", "--out", str(tmp_path / "fig")]) == 0
+        (series,) = json.loads((tmp_path / "fig" / "gap.json").read_text())["series"]
+        assert series["directory"] == "short"
+
+
 def test_plot_of_a_run_export_or_denoise_output_names_what_the_folder_holds(tmp_path, capsys):
     """`plot COMPARE RUN --gap M` said "RUN/results.json not found: is RUN a gbattn run directory?" of a run
     directory, and `plot DENOISE_OUT` "is not the results.json of a `gbattn compare` directory (it has no

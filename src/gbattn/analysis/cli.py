@@ -543,7 +543,8 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
 def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     """``model``'s validation loss minus ``reference``'s at every evaluation both ran (same seed and
     step), averaged over seeds, against the tokens per parameter ``model`` had seen; ``reference_steps``
-    says how long the reference trained (a compute-matched one trains longer: its end is not paired)."""
+    says how long the reference trained (a compute-matched one trains longer: its end is not paired). The
+    directory is named by its own name, also when given as ``.`` or ``..``."""
     from gbattn.errors import UserError
     from gbattn.files import read_jsonl
     from gbattn.rundir import METRICS
@@ -568,8 +569,8 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     parameters = rows[model]["parameters"]
     points = [{"step": step, "tokens_per_parameter": statistics.fmean(t for t, _ in v) / parameters,
                "difference": statistics.fmean(d for _, d in v), "seeds": len(v)} for step, v in sorted(paired.items())]
-    return {"directory": compare_dir.name, "steps": rows[model]["steps"], "model": model, "reference": reference,
-            "reference_steps": rows[reference]["steps"], "points": points}
+    return {"directory": compare_dir.resolve().name, "steps": rows[model]["steps"], "model": model,
+            "reference": reference, "reference_steps": rows[reference]["steps"], "points": points}
 
 
 def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bool = False) -> list[Path]:
