@@ -235,6 +235,15 @@ def test_statistics_match_a_computation_by_hand(runs):
             h_BTD = block(h_BTD, AttnContext(T=T, S=T, device=h_BTD.device))
 
 
+def test_figures_of_a_run_given_as_dot_name_its_folder(runs, tmp_path, monkeypatch, drawn):
+    """`gbattn analyze .` inside a run titled every figure "GBA M=2 (, test, ...)": the folder's own name now."""
+    monkeypatch.chdir(runs["gba"])
+    assert cli_main(["analyze", ".", "--out", str(tmp_path / "a"), "--max-rows", "2", "--quiet", "--device",
+                     "cpu"]) == 0
+    titles = [drawn["gates"].get_suptitle(), drawn["entropy"].get_suptitle(), drawn["norms"].axes[0].get_title()]
+    assert all("(gba, test, 2 rows" in title for title in titles), titles
+
+
 def test_analyze_standard_run_reports_entropy_and_says_gates_do_not_exist(runs, tmp_path, capsys):
     out = tmp_path / "std-analysis"
     summary = analyze_run(runs["std"], out=out, max_rows=4, device="cpu", quiet=True)

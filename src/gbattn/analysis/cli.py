@@ -182,7 +182,8 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
                         f"fewer than one row of {run.seq_len + 1}")
     row_ids = select_rows(n_rows, max_rows)
 
-    bar = Progress(len(row_ids), desc=f"analyze {run_dir.name}", unit="row", disable=quiet)
+    name = run_dir.resolve().name  # "." or "..": the folder's own name, not "" or ".."
+    bar = Progress(len(row_ids), desc=f"analyze {name}", unit="row", disable=quiet)
     collected = stats.collect(run.model, tokens, run.seq_len, row_ids, batch_size, dev,
                               against=other.model if other else None, progress=bar)
     bar.close()
@@ -226,7 +227,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     summary["norms"] = {"available": False, "reason": no_boost} if norms is None else {"available": True, **norms}
 
     written: list[Path] = []
-    title = f"{_short_name(run)} ({run_dir.name}, {split}, {len(row_ids)} rows × {run.seq_len} tokens)"
+    title = f"{_short_name(run)} ({name}, {split}, {len(row_ids)} rows × {run.seq_len} tokens)"
     if gates is not None:
         written += figures.save(figures.gates_figure(gates, stats.PAPER, f"GBA gates g_m — {title}"), out, "gates", pdf)
     written += figures.save(figures.entropy_figure(entropy, stats.PAPER if st.boosted else None,
