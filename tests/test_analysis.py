@@ -752,6 +752,20 @@ def test_statistics_add_up_over_batches_with_exact_histograms_and_gate_range():
     assert norms["gated_over_residual"] == pytest.approx(math.sqrt(0.34) / 5)
 
 
+def test_a_post_ln_runs_norms_say_x_is_the_stream_not_ln1_of_it(tmp_path, monkeypatch):
+    """A Post-LN block normalises after its sublayer, so its attention input x is the stream itself (layer 0's:
+    the embeddings); summary.json said "after ln1" and "LayerNorm-scale inputs" for every run."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    data = write_corpus(tmp_path / "corpus")
+    train(tmp_path / "run", *tiny_configs(data, "boosted", **{**SHORT, "norm": "post", "max_steps": 2}), quiet=True)
+    norms = analyze_run(tmp_path / "run", out=tmp_path / "a", max_rows=2, device="cpu", quiet=True)["norms"]
+    assert "after ln1" not in norms["definitions"]["x"] and "the residual stream itself" in norms["definitions"]["x"]
+    assert "LayerNorm-scale" not in norms["units"]
+    acc = stats.IntermediateStats(1, 1, 2, 3)  # Pre-LN (the default): as before
+    acc.update([stats.LayerSample([torch.ones(1, 1, 3)] * 2, torch.ones(1, 3, 2), [(torch.ones(1, 3, 2),) * 3])])
+    assert acc.norm_summary()["definitions"]["x"] == "attention sublayer input (after ln1)"
+
+
 def test_a_one_dimensional_gate_has_no_spread_of_dimension_means():
     """d_model 1: one dimension mean, whose spread is 0 (a sample std of one value would be NaN in
     summary.json)."""

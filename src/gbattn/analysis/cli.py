@@ -223,7 +223,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
                                                     "entropy_relative_drop", "entropy_note")}
     entropy["paper"]["seq_len"] = 256
     summary["entropy"] = entropy
-    norms = st.norm_summary()
+    norms = st.norm_summary(run.model_cfg.norm)
     summary["norms"] = {"available": False, "reason": no_boost} if norms is None else {"available": True, **norms}
 
     written: list[Path] = []

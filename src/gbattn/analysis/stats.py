@@ -303,9 +303,10 @@ class IntermediateStats:
             "std_definition": "std over every token and dimension of the layer's gate g_m (pooled over held-out rows)",
         }
 
-    def norm_summary(self) -> dict | None:
+    def norm_summary(self, norm: str = "pre") -> dict | None:
         """Mean per-token L2 norms of x, F_0, the residual r_m = x - F, the correction c_m, the
-        gated correction g_m * c_m and the residual left after round m; None without corrections."""
+        gated correction g_m * c_m and the residual left after round m; None without corrections.
+        ``norm`` (the model's, pre or post) says what x is: ln1 of the stream (Pre-LN) or the stream itself."""
         if not self.boosted:
             return None
         count = self.rows * self.seq_len
@@ -315,8 +316,15 @@ class IntermediateStats:
             row.update({key: float(total[li, c]) / count for key, total in self.norm_sums.items()})
             row["gated_over_residual"] = row["gated_correction"] / max(row["residual"], 1e-12)
             layers.append(row)
-        return {"units": "mean L2 norm per token (model units, LayerNorm-scale inputs)", "per_layer": layers,
-                "definitions": {"x": "attention sublayer input (after ln1)", "round0_output": "F_0",
+        if norm == "post":  # Post-LN normalises after the sublayer: its input is the stream itself
+            units = "mean L2 norm per token (model units; Post-LN: layer 0's x is the embeddings, not normalised)"
+            x = "attention sublayer input: the residual stream itself (Post-LN: the previous block's ln2 output, " \
+                "the embeddings at layer 0)"
+        else:
+            units = "mean L2 norm per token (model units, LayerNorm-scale inputs)"
+            x = "attention sublayer input (after ln1)"
+        return {"units": units, "per_layer": layers,
+                "definitions": {"x": x, "round0_output": "F_0",
                                 "residual": "r = x - F before round m", "correction": "c_m",
                                 "gated_correction": "g_m * c_m", "residual_after": "x - F after round m"}}
 
