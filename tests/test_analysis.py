@@ -556,6 +556,8 @@ def test_analyze_gba_in_some_layers_only(tmp_path, monkeypatch, layers):
     assert e["mean_per_round"][0] == pytest.approx(np.mean([r["mean_per_round"][0] for r in e["per_layer"]]))
     assert e["relative_drop"] == pytest.approx(e["per_layer"][boosted]["relative_drop"])
     assert [r["layer"] for r in s["gates"]["per_layer"]] == [boosted] == [r["layer"] for r in s["norms"]["per_layer"]]
+    # mean_per_layer lists the corrected layers only: it names them (its [0] read as layer 0's beside the paper's)
+    assert s["gates"]["mean_per_layer_layers"] == [boosted] and len(s["gates"]["mean_per_layer"]) == 1
     for name in ("gates", "entropy", "norms"):
         assert_png(tmp_path / "a" / f"{name}.png")
 

@@ -298,6 +298,9 @@ class IntermediateStats:
         return {
             "per_layer": layers,
             "mean_per_layer": [r["mean"] for r in layers if r["round"] == 1],
+            "mean_per_layer_layers": [r["layer"] for r in layers if r["round"] == 1],
+            "mean_per_layer_definition": "the mean of g_1 (the first correction's gate) in each layer of "
+                                         "mean_per_layer_layers: every layer unless GBA runs in some layers only",
             "min": self.gate_min,
             "max": self.gate_max,
             "std_definition": "std over every token and dimension of the layer's gate g_m (pooled over held-out rows)",
