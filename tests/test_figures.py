@@ -671,6 +671,24 @@ def test_entropy_figure_draws_densities_the_bound_and_each_layers_change():
     assert [t.get_text() for t in figures.entropy_figure(entropy, None).axes[1].texts] == ["+0%"]
 
 
+def test_entropy_figure_of_gba_in_some_layers_says_over_which_layers_each_mean_is():
+    """GBA in layer 1 of 2: the legend's round means are over 2 and 1 layers and the change is the corrected
+    layer's, not "overall" (the figure read "round 0: mean 3.10", "round 1: mean 3.20", "0% lower overall")."""
+    T = 8
+    entropy = {"histogram": {"edges": np.linspace(0, math.log(T), 5).tolist(),
+                             "counts_per_round": [[1, 2, 3, 4], [4, 3, 2, 1]]},
+               "mean_per_round": [3.1, 3.2], "layers_per_round": [2, 1], "relative_drop": 0.0,
+               "per_layer": [{"mean_per_round": [3.0], "per_head": [[3.0]]},
+                             {"mean_per_round": [3.2, 3.2], "per_head": [[3.2], [3.2]], "relative_drop": 0.0}],
+               "per_position_mean": [np.linspace(0, 2, T).tolist(), np.linspace(0, 1.6, T).tolist()]}
+    fig = figures.entropy_figure(entropy, None)
+    hist_ax, layer_ax = fig.axes[:2]
+    assert texts_outside(fig) == []
+    labels = [t.get_text() for t in hist_ax.get_legend().get_texts()]
+    assert labels[:2] == ["round 0 (attention): mean 3.10 (2 layers)", "round 1 (correction): mean 3.20 (1 layer)"]
+    assert "0% lower in the layers that have it;" in layer_ax.get_title() and "overall" not in layer_ax.get_title()
+
+
 def test_loss_diff_figure_names_the_difference_and_counts_ties_apart():
     """Five tokens better, three worse, two within the tie margin: 50% better, 30% worse, and the
     axis says which loss is subtracted from which."""

@@ -221,12 +221,15 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
             fig.add_subplot(grid[1, :]),
         )
         widths = np.diff(edges)
+        layers_M = entropy.get("layers_per_round") or []
+        partial = len(set(layers_M)) > 1  # GBA in some layers only: each round's mean is over its own layers
         for m in range(M):
             density = counts[m] / max(counts[m].sum(), 1) / widths
             mean = entropy["mean_per_round"][m]
+            over = f" ({layers_M[m]} layer{'' if layers_M[m] == 1 else 's'})" if partial else ""
             hist_ax.stairs(density, edges, color=round_color(m), fill=True, alpha=0.35)
             hist_ax.stairs(
-                density, edges, color=round_color(m), linewidth=1.5, label=f"{round_name(m)}: mean {mean:.2f}"
+                density, edges, color=round_color(m), linewidth=1.5, label=f"{round_name(m)}: mean {mean:.2f}{over}"
             )
             hist_ax.axvline(mean, color=round_color(m), linestyle="--", linewidth=1.2)
         hist_ax.axvline(edges[-1], color="gray", linestyle=":", label=f"max log T = {edges[-1]:.2f}")
@@ -264,7 +267,8 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
         layer_ax.set_xlabel("layer")
         layer_ax.set_ylabel("mean entropy (nats)")
         drop = entropy.get("relative_drop")
-        layer_ax.set_title("per layer" + (f"\n(correction {change_words(drop)} overall; change per layer in boxes)"
+        where = "in the layers that have it;\n" if partial else "overall; "  # (on one line it ran off the figure)
+        layer_ax.set_title("per layer" + (f"\n(correction {change_words(drop)} {where}change per layer in boxes)"
                                           if drop is not None else ""), fontsize=11)
         layer_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=9)
 
