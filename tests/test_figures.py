@@ -791,6 +791,22 @@ def test_plot_refuses_a_results_json_with_a_boolean_count_or_a_text_published_va
             assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
 
 
+def test_plot_refuses_a_label_that_leads_out_of_the_comparison(tmp_path, capsys):
+    """plot reads LABEL/seedS/metrics.jsonl of every row: a results.json label "../elsewhere" drew the curves of a
+    folder outside the comparison as that model's. A label that is not a folder name is damage, one line."""
+    compare_dir = tmp_path / "cmp"
+    compare_dir.mkdir()
+    write_run(compare_dir, "standard", 42)
+    write_run(tmp_path, "elsewhere", 42)
+    for label in ("../elsewhere", "..", "", "a/b"):
+        rows = [model_row("standard", {"42": 100.0}), model_row(label, {"42": 90.0})]
+        (compare_dir / "results.json").write_text(json.dumps(report_of(rows)))
+        code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and f"label={label!r}" in err, err
+    assert not (tmp_path / "fig").exists()
+
+
 def test_a_continued_model_counts_its_continuation_and_is_drawn_after_its_base(tmp_path):
     """``upcycle``: rows that continue ``base``'s weights say what their steps, tokens and FLOPs count
     and what the base adds; their curves start after the base's tokens; a recipe without param-fair

@@ -270,6 +270,8 @@ def read_report(path: str | Path) -> dict:
         label = r.get("label")
         if not isinstance(label, str):
             raise bad(f"a row has label={label!r}")
+        if label in ("", ".", "..") or "/" in label or "\\" in label:  # LABEL/seedS/ is read: never outside
+            raise bad(f"a row has label={label!r}, not the name of a folder in the comparison")
         for key in ("parameters", "steps"):  # plot --gap divides by the parameters
             if not is_int(r.get(key)) or r[key] < 1:
                 raise bad(f"{label}: {key}={r.get(key)!r} must be an integer >= 1")
