@@ -375,6 +375,32 @@ def test_print_summary_names_the_layer_and_round_of_each_norm(tmp_path, capsys):
             " / L1 round 1 1.00->0.50->0.75 / L1 round 2 1.00->0.50->0.75") in capsys.readouterr().out
 
 
+def test_against_names_the_other_runs_residual_stream_and_post_ln(tmp_path, capsys):
+    """A Pre-LN GBA run --against a Post-LN one printed "vs RUN (boosted, best checkpoint ...)" and drew
+    "loss(GBA M=2 (against)) − loss(GBA M=2)", as if the two were the same model: the other run's residual
+    stream and norm are now stored, printed and in the names the figures use."""
+    from types import SimpleNamespace
+
+    from gbattn.analysis.cli import _short_name
+
+    summary = analysis_summary(0.1)
+    summary["loss_diff"] = {"against": "post/seed42", "against_attention": "boosted (rounds=2)",
+                            "against_residual": "attnres-block", "against_norm": "post", "against_loss": 2.1,
+                            "against_checkpoint": "best", "against_step": 5, "loss": 2.0, "mean": 0.1,
+                            "median": 0.05, "fraction_positive": 0.6, "fraction_negative": 0.3, "fraction_tied": 0.1,
+                            "tie_nats": 1e-4, "top_tokens": []}
+    print_summary(summary, tmp_path / "summary.json")
+    assert "vs post/seed42 (boosted (rounds=2), attnres-block residual, Post-LN, best checkpoint at step 5)" in (
+        capsys.readouterr().out)
+
+    def run(residual, norm):
+        return SimpleNamespace(config={}, model_cfg=SimpleNamespace(attn="boosted", attn_options={},
+                                                                    residual=residual, norm=norm))
+
+    names = [_short_name(run(*stream)) for stream in (("plain", "pre"), ("plain", "post"), ("attnres-full", "pre"))]
+    assert names == ["GBA M=2", "GBA M=2, Post-LN", "GBA M=2, attnres-full residual"]
+
+
 def test_relative_path_is_never_absolute(tmp_path):
     out = tmp_path / "work" / "analysis"
     assert relative_path(out / "gates.png", out) == "gates.png"

@@ -95,14 +95,19 @@ def _describe(run) -> str:
     return run.model_cfg.attn + (f" ({opts})" if opts else "")
 
 
+def _stream_words(residual: str, norm: str) -> str:
+    """', attnres-block residual, Post-LN': a run's residual stream and norm where they are not the defaults
+    (plain, Pre-LN), for the lines that name a run's attention."""
+    return "".join([f", {residual} residual" if residual != "plain" else "", ", Post-LN" if norm == "post" else ""])
+
+
 def _short_name(run) -> str:
     label = (run.config.get("extra") or {}).get("label")
     if label:
         return label
     cfg = run.model_cfg
-    if cfg.attn == "boosted":
-        return f"GBA M={cfg.attn_options.get('rounds', 2)}"
-    return cfg.attn
+    name = f"GBA M={cfg.attn_options.get('rounds', 2)}" if cfg.attn == "boosted" else cfg.attn
+    return name + _stream_words(cfg.residual, cfg.norm)  # a Post-LN or AttnRes run is not the plain one
 
 
 def _check_against(run, other, run_dir, against_dir) -> list[str]:
@@ -306,6 +311,8 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
     summary = {
         "against": relative_path(other.run_dir, out.parent),
         "against_attention": _describe(other),
+        "against_residual": other.model_cfg.residual,
+        "against_norm": other.model_cfg.norm,
         "against_checkpoint": other.checkpoint,  # best, last (a run with no best.pt yet) or exported
         "against_step": other.step,
         "definition": "per token: loss of the --against run − loss of this run, nats; positive = this run better",
@@ -343,8 +350,7 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     from gbattn.analysis import figures
 
     paper = summary["paper"]
-    block = "".join([f", {summary['residual']} residual" if summary["residual"] != "plain" else "",
-                     ", Post-LN" if summary["norm"] == "post" else ""])  # the defaults (plain, Pre-LN) unsaid
+    block = _stream_words(summary["residual"], summary["norm"])  # the defaults (plain, Pre-LN) unsaid
     print(f"analyzed {summary['run_dir']} ({summary['attention']}{block}, {summary['checkpoint']} checkpoint at step "
           f"{summary['step']}) on {summary['rows']} {summary['split']} rows x {summary['seq_len']} tokens: "
           f"loss {summary['loss']['mean_nats']:.4f} nats, ppl {summary['loss']['ppl']:.2f}")
@@ -386,7 +392,8 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     if d:
         best = d["top_tokens"][0] if d["top_tokens"] else None
         weights = f"{d['against_checkpoint']} checkpoint at step {d['against_step']}"
-        print(f"  vs {d['against']} ({d['against_attention']}, {weights}): loss {d['against_loss']:.4f} -> "
+        other = d["against_attention"] + _stream_words(d.get("against_residual", "plain"), d.get("against_norm", "pre"))
+        print(f"  vs {d['against']} ({other}, {weights}): loss {d['against_loss']:.4f} -> "
               f"{d['loss']:.4f} nats; "
               f"per-token gain mean {d['mean']:+.4f}, median {d['median']:+.4f}; this run better on "
               f"{100 * d['fraction_positive']:.0f}% of tokens, worse on {100 * d['fraction_negative']:.0f}%, "
