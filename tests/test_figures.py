@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import statistics
 
 import numpy as np
@@ -266,6 +267,23 @@ def test_plot_skips_non_finite_or_overflowing_numbers_in_metrics(tmp_path, capsy
     (series,) = json.loads((tmp_path / "gap" / "gap.json").read_text())["series"]
     assert all(isinstance(p["difference"], float) for p in series["points"])
     assert [p["seeds"] for p in series["points"] if p["step"] == 400] == [1]  # seed 1's damaged end is not paired
+
+
+def test_plot_reads_only_the_seed_folders_compare_names(tmp_path):
+    """A backup copy standard/seed1.bak (or a folder 'seed') was drawn as an unfinished run of seed '1.bak', and
+    --gap paired it as a seed of its own: only seed<integer> folders are runs."""
+    from gbattn.analysis.cli import gap_series, read_curves
+
+    compare_dir = _gap_dir(tmp_path / "cmp", 400, seeds=(1,))
+    for label in ("standard", "gba-m2"):
+        with open(compare_dir / label / "seed1" / "metrics.jsonl", "a") as f:  # a training curve to draw
+            f.write(json.dumps({"event": "train", "step": 1, "tokens": 10, "loss": 4.0}) + "\n")
+        for copy in ("seed1.bak", "seed", "seed01"):
+            shutil.copytree(compare_dir / label / "seed1", compare_dir / label / copy)
+    report = json.loads((compare_dir / "results.json").read_text())
+    assert {label: list(runs) for label, runs in read_curves(compare_dir, report).items()} == {
+        "gba-m2": ["1"], "standard": ["1"]}
+    assert {p["seeds"] for p in gap_series(compare_dir, "gba-m2", "standard")["points"]} == {1}
 
 
 # ---- gbattn analyze: wording and stored paths ----------------------------------------------

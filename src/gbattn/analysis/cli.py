@@ -444,6 +444,19 @@ def numbers(event: dict, *keys: str) -> bool:
     return all(finite(event.get(k)) for k in keys)
 
 
+def seed_metrics(compare_dir: Path, label: str) -> list[tuple[str, Path]]:
+    """(seed, path) of ``<label>/seed<S>/metrics.jsonl`` for each run folder of a model, S as `gbattn compare`
+    names it (a non-negative integer): a copy such as ``seed42.bak`` is not a run of seed "42.bak"."""
+    from gbattn.rundir import METRICS
+
+    found = []
+    for path in sorted((compare_dir / label).glob("seed*/" + METRICS)):
+        seed = path.parent.name[len("seed"):]
+        if seed.isascii() and seed.isdecimal() and str(int(seed)) == seed:
+            found.append((seed, path))
+    return found
+
+
 def read_curves(compare_dir: Path, report: dict) -> dict:
     """label -> seed -> {"train": [(tokens, loss)], "valid": [(tokens, ppl)]} from every
     ``<label>/seed<S>/metrics.jsonl`` (finished runs in results.json order, then unfinished ones)."""
@@ -457,8 +470,7 @@ def read_curves(compare_dir: Path, report: dict) -> dict:
             labels.append(path.parent.parent.name)
     curves: dict = {}
     for label in labels:
-        for path in sorted((compare_dir / label).glob("seed*/" + METRICS)):
-            seed = path.parent.name[len("seed"):]
+        for seed, path in seed_metrics(compare_dir, label):
             events = read_jsonl(path)
             train = [(e["tokens"], e["loss"]) for e in events
                      if e.get("event") == "train" and numbers(e, "tokens", "loss")]
@@ -555,7 +567,6 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     directory is named by its own name, also when given as ``.`` or ``..``."""
     from gbattn.errors import UserError
     from gbattn.files import read_jsonl
-    from gbattn.rundir import METRICS
 
     report = read_comparison(compare_dir)
     rows = {r["label"]: r for r in report.get("models", [])}
@@ -564,10 +575,10 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
             raise UserError(f"{compare_dir} has no finished {label!r} runs (it has {', '.join(rows) or 'none'})")
     losses: dict[str, dict[tuple[str, int], tuple[int, float]]] = {}
     for label in (model, reference):
-        for path in sorted((compare_dir / label).glob("seed*/" + METRICS)):
+        for seed, path in seed_metrics(compare_dir, label):
             for e in read_jsonl(path):
                 if e.get("event") == "eval" and numbers(e, "step", "tokens", "valid_loss"):
-                    losses.setdefault(label, {})[(path.parent.name, e["step"])] = (e["tokens"], e["valid_loss"])
+                    losses.setdefault(label, {})[(seed, e["step"])] = (e["tokens"], e["valid_loss"])
     paired: dict[int, list[tuple[int, float]]] = {}
     for key, (tokens, loss) in losses.get(model, {}).items():
         if key in losses.get(reference, {}):
