@@ -1080,6 +1080,29 @@ def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys, monkeypatch)
     assert [p.name for p in (tmp_path / "config-dir").iterdir()] == ["config.json"]
 
 
+def test_out_holding_another_programs_tokenizer_is_refused(gbattn_dir, tmp_path, capsys):
+    """An --out holding a tokenizer.json but no config.json (a Hugging Face tokenizer folder, an upcycle stopped after
+    writing it) is refused by upcycle, which replaced the file before, and by train --init-from, which kept it as the
+    new run's, so that every later command refused the run; the folder stays as it was."""
+    folder = tmp_path / "hf-tokenizer"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {}}')
+    (folder / "tokenizer_config.json").write_text("{}")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    up_dir = tmp_path / "up"
+    assert main(["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(up_dir)]) == 0
+    capsys.readouterr()
+    for argv in (["upcycle", str(gbattn_dir), "--attn", "gated", "--out", str(folder)],
+                 ["train", "--init-from", str(up_dir), "--out", str(folder), "--threads", "1", "--no-compile",
+                  "--set", "max_steps=1", "--set", "seq_len=32", "--quiet"]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == (f"gbattn: error: --out {folder} holds tokenizer.json but no config.json: "
+                                           f"not a gbattn run's (another program's file, or an upcycle stopped before "
+                                           f"it finished), and a new run writes its own; delete it or choose another "
+                                           f"--out\n")
+        assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != ".lock"} == before
+
+
 def test_an_upcycle_refused_while_writing_leaves_no_file(tmp_path, capsys):
     """A source whose run record cannot be written (block_size 1 leaves no input token per row) is refused
     before any file is written: before, tokenizer.json and best.pt were left in --out, and every later try

@@ -182,12 +182,21 @@ def check_out(directory: str | Path, own: tuple[str, ...], output: str) -> str |
 def refuse_weights_without_config(directory: str | Path, then: str | None = None) -> None:
     """Weights without the config.json that train writes before any and upcycle after them (one stopped before it
     finished) are nobody's run that gbattn can name: kept, and refused as an ``--out``, so that nothing replaces
-    them unasked, and as a run to read (``then``: what to do instead)."""
+    them unasked, and as a run to read (``then``: what to do instead). An ``--out`` (``then`` None) holding a
+    tokenizer.json without config.json is refused too: upcycle would replace it and train would keep it as the new
+    run's (another program's file, such as a Hugging Face tokenizer folder's, or an upcycle stopped after writing
+    it)."""
     directory = Path(directory)
+    if (directory / CONFIG).exists():
+        return
     weights = [name for name in (CHECKPOINT, BEST) if (directory / name).exists()]
-    if weights and not (directory / CONFIG).exists():
+    if weights:
         raise UserError(f"{directory} holds {' and '.join(weights)} but no {CONFIG} (written last): an upcycle or "
                         f"a run stopped before it finished; {then or f'delete {directory} or choose another --out'}")
+    if then is None and (directory / TOKENIZER).exists():
+        raise UserError(f"--out {directory} holds {TOKENIZER} but no {CONFIG}: not a gbattn run's (another program's "
+                        f"file, or an upcycle stopped before it finished), and a new run writes its own; delete it or "
+                        f"choose another --out")
 
 
 # What to do with such weights given as a run to read (eval, generate, export, train --init-from, ...)
