@@ -28,7 +28,7 @@ from gbattn.data.tokenizer import get_tokenizer
 from gbattn.errors import CheckpointError, UserError
 from gbattn.hf.modeling import TF_MAJOR
 from gbattn.model.gpt import GPT
-from gbattn.upcycle import upcycle
+from gbattn.upcycle import upcycle, write_run
 from helpers import LFS_MESSAGE, LFS_POINTER
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -1012,6 +1012,25 @@ def test_init_from_starts_at_the_upcycled_weights_with_a_fresh_optimizer(gbattn_
     other = start.model_cfg.replace(attn="standard", attn_options={})
     with pytest.raises(UserError, match="its model config differs from this run's"):
         train(tmp_path / "other", other, train_cfg, quiet=True)
+
+
+def test_train_init_from_records_which_weights_it_started_from(gbattn_dir, tmp_path, capsys):
+    """A run started from another run records in its extra which of that run's weights it took (best, last or
+    exported) and their step, as an upcycled run records its source's: it recorded the directory alone, which does not
+    say which when the source holds best.pt and a later checkpoint.pt (or goes on training)."""
+    source = tmp_path / "source"
+    shutil.copytree(gbattn_dir, source)
+    best = rundir.load_checkpoint(source / rundir.BEST)
+    later = {k: v + 1 for k, v in best["model"].items()}
+    rundir.save_checkpoint({"model": later, "step": 9}, source / rundir.CHECKPOINT)
+    write_run(upcycle(source, "boosted"), tmp_path / "up")
+    common = ["--quiet", "--data", "tiny-shakespeare", "--threads", "1", "--no-compile", "--set", "max_steps=1",
+              "--set", "batch_size=4", "--set", "eval_tokens=2000", "--set", "seq_len=32"]
+    for start, step in ((source, 7), (tmp_path / "up", 0)):
+        out = tmp_path / f"from-{start.name}"
+        assert main(["train", "--init-from", str(start), "--out", str(out), *common]) == 0, capsys.readouterr()
+        assert rundir.read_config(out / rundir.CONFIG)["extra"] == {
+            "init_from": str(start), "init_from_checkpoint": "best", "init_from_step": step}
 
 
 def test_train_init_from_keeps_the_source_runs_data_split(gbattn_dir, tmp_path, capsys):

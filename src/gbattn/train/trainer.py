@@ -367,11 +367,13 @@ class Trainer:
         return f" with {self.threads} thread{'s' if self.threads > 1 else ''}{compiled}"
 
     def _init_from(self, start: rundir.LoadedRun) -> None:
-        """Start from another run's weights (e.g. ``gbattn upcycle``); the optimizer starts fresh."""
+        """Start from another run's weights (e.g. ``gbattn upcycle``); the optimizer starts fresh. ``extra`` records
+        which of its weights (best, last or exported) and their step, as an upcycled run records its source's."""
         if start.model_cfg != self.model_cfg:
             raise UserError(f"init_from={start.run_dir}: its model config differs from this run's; leave out --preset, "
                             f"--attn and model --set values to train the model as {start.run_dir}/config.json has it")
         rundir.load_weights(self.model, start.model.state_dict(), start.run_dir)
+        self.extra = {**self.extra, "init_from_checkpoint": start.checkpoint, "init_from_step": start.step}
 
     def _write_config(self, resumed: bool) -> None:
         """config.json and the tokenizer; a resumed run's metrics.jsonl is cut back to its checkpoint's step
