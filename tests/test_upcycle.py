@@ -1302,6 +1302,19 @@ def test_the_summary_names_a_source_once_when_its_folder_is_named_after_its_kind
     assert upcycle(llama_dir, "boosted").summary("out").startswith(f"upcycled llama {Path(llama_dir).name} into out: ")
 
 
+@pytest.mark.parametrize("given", [".", "./"])
+def test_a_source_given_as_the_working_directory_is_recorded_by_its_name(given, gbattn_dir, gpt2_dir, tmp_path, capsys,
+                                                                        monkeypatch):
+    """`gbattn upcycle . --out ../up` recorded "upcycled_from": "." (and printed "upcycled gbattn . into"), which names
+    no source once read from anywhere else: the directory's own name is recorded, as for any other path."""
+    for source in (gbattn_dir, gpt2_dir):
+        monkeypatch.chdir(source)
+        out = tmp_path / f"up-{source.name}-{len(given)}"
+        assert main(["upcycle", given, "--attn", "boosted", "--out", str(out)]) == 0
+        assert rundir.read_config(out / rundir.CONFIG)["extra"]["upcycled_from"] == source.name
+        assert f" {source.name} " in capsys.readouterr().out
+
+
 def test_upcycling_a_gbattn_run_says_which_weights_it_took(gbattn_dir, tmp_path, capsys):
     """A gbattn run holds best.pt and checkpoint.pt; upcycling takes best.pt (the last weights when there is none).
     The summary and config.json's extra name them and their step (before, neither said which)."""

@@ -82,10 +82,16 @@ def load_source(path: str | Path) -> Source:
     saved = rundir.gbattn_section(rundir.read_config(path / rundir.CONFIG), path / rundir.CONFIG)
     if saved is not None:
         run = rundir.load_run(path)
-        return Source(run.model_cfg, run.model.state_dict(), run.tokenizer, "gbattn", portable_path(str(path)),
+        return Source(run.model_cfg, run.model.state_dict(), run.tokenizer, "gbattn", source_name(path),
                       preset=saved.get("preset"), train_cfg=run.train_cfg, config=saved, checkpoint=run.checkpoint,
                       step=run.step)
     return convert_hf(path)
+
+
+def source_name(path: Path) -> str:
+    """The name an upcycled run records for its source (:func:`gbattn.files.portable_path`); the working directory
+    (``.``) by its own name, as ``.`` names nothing once read elsewhere."""
+    return portable_path(str(path if path.name else path.resolve()))
 
 
 def convert_hf(path: str | Path) -> Source:
@@ -108,7 +114,7 @@ def convert_hf(path: str | Path) -> Source:
     # else upcycled into a run that every command then calls damaged; a mask buffer may hold -inf
     rundir.check_finite({k: v for k, v in weights.items() if not k.endswith(IGNORED_SUFFIXES)}, path)
     state = convert(weights, model_cfg, path)
-    return Source(model_cfg, state, tokenizer, model_type, portable_path(str(path)), notes=notes)
+    return Source(model_cfg, state, tokenizer, model_type, source_name(path), notes=notes)
 
 
 # --------------------------------------------------------------------------------------
