@@ -1187,6 +1187,21 @@ def test_sources_that_are_not_what_a_command_wants_get_a_line_that_says_so(gpt2_
         assert message in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("lost", ["model", "train"])
+def test_a_run_whose_config_lost_a_section_is_called_so(lost, gbattn_dir, tmp_path, capsys):
+    """A gbattn run whose config.json lost its train (or model) section was read as a Hugging Face config:
+    "model_type=None cannot be converted; gbattn converts ... gbattn run directories". It gets the line every
+    command reading a run gives."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(gbattn_dir, damaged)
+    config = json.loads((damaged / rundir.CONFIG).read_text())
+    del config[lost]
+    (damaged / rundir.CONFIG).write_text(json.dumps(config))
+    assert main(["upcycle", str(damaged), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 2
+    assert capsys.readouterr().err == (f"gbattn: error: {damaged / rundir.CONFIG} has no model and train sections: is "
+                                       f"it a gbattn run directory?\n")
+
+
 def test_a_shard_index_naming_a_weight_no_shard_holds_is_refused(llama_dir, tmp_path):
     """A sharded checkpoint whose index names a tensor that none of its shards holds (a shard from another
     save, a download cut short) is refused, naming the tensor."""

@@ -79,7 +79,10 @@ def load_source(path: str | Path) -> Source:
     if not (path / rundir.CONFIG).is_file():
         raise CheckpointError(f"{path} has no {rundir.CONFIG}: neither a Hugging Face checkpoint directory nor a "
                               f"gbattn run directory")
-    saved = rundir.gbattn_section(rundir.read_config(path / rundir.CONFIG), path / rundir.CONFIG)
+    config = rundir.read_config(path / rundir.CONFIG)
+    saved = rundir.gbattn_section(config, path / rundir.CONFIG)
+    if saved is None and "model_type" not in config and ("model" in config or "train" in config):
+        rundir.read_configs(config, path / rundir.CONFIG)  # a run's config.json that lost a section: said so
     if saved is not None:
         run = rundir.load_run(path)
         return Source(run.model_cfg, run.model.state_dict(), run.tokenizer, "gbattn", source_name(path),
