@@ -884,6 +884,25 @@ def test_refusals_are_one_line_exit_2(gbattn_dir, tmp_path, capsys, attn, sets, 
     assert not (tmp_path / "out" / rundir.CONFIG).exists()
 
 
+def test_options_are_refused_before_the_source_is_read(gbattn_dir, tmp_path, capsys, monkeypatch):
+    """A bad --set attn.KEY=VALUE is refused before the source's weights are read (minutes for a large checkpoint;
+    they were read and converted first), and options given from Python as anything but a dict get the registry's
+    line (a ValueError or TypeError from dict() before)."""
+    import gbattn.convert
+    from gbattn.errors import ConfigError
+
+    monkeypatch.setattr(gbattn.convert, "load_source", lambda *a, **k: pytest.fail("read before the options"))
+    for sets, message in ((["attn.rounds=0"], "attn.rounds=0 must be an integer in [1, 1024]"),
+                          (["attn.kv_sourc=input"], "attention 'boosted' has no option(s) ['kv_sourc']"),
+                          (["attn.kv_source=shared", "attn.gate=null"], "attn.gate=None must be a string")):
+        argv = ["upcycle", str(gbattn_dir), "--attn", "boosted", "--out", str(tmp_path / "out")]
+        assert main([*argv, *(arg for item in sets for arg in ("--set", item))]) == 2
+        assert message in capsys.readouterr().err
+    for options in ("rounds=3", 3):
+        with pytest.raises(ConfigError, match="give the variant's options as a dict"):
+            upcycle(gbattn_dir, "boosted", options)
+
+
 def test_kv_source_shared_refuses_every_gate_but_tanh(gbattn_dir):
     """Only the tanh gate starts at exactly 0 (W_g = 0, b = 0: tanh(0) = 0); any other (a sigmoid's 0.5, a
     constant, g = 1) would add A_m V_0 to round 0's output from the start, changing the function."""

@@ -101,6 +101,7 @@ class Upcycled:
 def upcycle(source, attn: str, options: dict | None = None, seed: int = 0) -> Upcycled:
     """``source`` (a path, or a :class:`gbattn.convert.Source`) as a model of attention ``attn`` with
     ``options`` that computes the same function; see the module docstring for the rules."""
+    from gbattn.attention.registry import variant_options
     from gbattn.config import ModelConfig
     from gbattn.convert import Source, load_source
     from gbattn.errors import UserError
@@ -109,6 +110,7 @@ def upcycle(source, attn: str, options: dict | None = None, seed: int = 0) -> Up
         raise UserError(REFUSED[attn])
     if attn not in ("standard", "boosted", "gated"):
         raise UserError(f"--attn {attn!r} cannot be upcycled to; choose boosted, gated or standard (a copy)")
+    variant_options(attn, options)  # before the source, whose weights may take minutes to read (layers: checked below)
     src = source if isinstance(source, Source) else load_source(source)
     if src.model_cfg.attn != "standard":
         raise UserError(f"{src.name} has attn={src.model_cfg.attn!r}: upcycling starts from a standard-attention model")
