@@ -1221,6 +1221,17 @@ def test_a_run_whose_config_lost_a_section_is_called_so(lost, gbattn_dir, tmp_pa
                                        f"it a gbattn run directory?\n")
 
 
+def test_a_source_holding_weights_without_a_config_is_called_an_unfinished_run(gbattn_dir, tmp_path, capsys):
+    """A run or an upcycle stopped before writing config.json (written last), given as the source: the line every
+    command reading a run gives, not "neither a Hugging Face checkpoint directory nor a gbattn run directory"."""
+    stopped = tmp_path / "stopped"
+    shutil.copytree(gbattn_dir, stopped)
+    (stopped / rundir.CONFIG).unlink()
+    assert main(["upcycle", str(stopped), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 2
+    assert capsys.readouterr().err == (f"gbattn: error: {stopped} holds best.pt but no config.json (written last): an "
+                                       f"upcycle or a run stopped before it finished; {rundir.UNFINISHED_RUN_ADVICE}\n")
+
+
 def test_a_shard_index_naming_a_weight_no_shard_holds_is_refused(llama_dir, tmp_path):
     """A sharded checkpoint whose index names a tensor that none of its shards holds (a shard from another
     save, a download cut short) is refused, naming the tensor."""

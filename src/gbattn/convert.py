@@ -77,6 +77,7 @@ def load_source(path: str | Path) -> Source:
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (a Hugging Face checkpoint or a gbattn run directory)")
     if not (path / rundir.CONFIG).is_file():
+        rundir.refuse_weights_without_config(path, then=rundir.UNFINISHED_RUN_ADVICE)  # an upcycle or run stopped early
         raise CheckpointError(f"{path} has no {rundir.CONFIG}: neither a Hugging Face checkpoint directory nor a "
                               f"gbattn run directory")
     config = rundir.read_config(path / rundir.CONFIG)
