@@ -730,6 +730,14 @@ def test_an_option_given_to_a_variant_without_options_names_none():
         variant_options("gated", {"colour": 1})
 
 
+def test_gate_hidden_without_the_mlp_gate_is_refused():
+    """`--set attn.gate_hidden=64` with the default linear gate was accepted and built the same model as without it."""
+    with pytest.raises(ConfigError, match=r"attn.gate_hidden=64 is the mlp gate's width; attn.gate='linear' has none"):
+        variant_options("boosted", {"gate_hidden": 64})
+    assert variant_options("boosted", {"gate": "mlp", "gate_hidden": 64}).gate_hidden == 64
+    assert variant_options("boosted", {"gate": "vector", "gate_hidden": 32}).gate == "vector"  # the default: no change
+
+
 def test_options_that_are_not_a_dict_are_refused_in_one_line():
     """An options record (BoostedOptions(rounds=3)) or a list was "'BoostedOptions' object is not iterable" (a
     TypeError from inside): now a ConfigError that says to give a dict."""

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from gbattn.attention.core import AttentionBase, AttnArgs, Call
 from gbattn.checks import Typed, at_least, between, one_of
+from gbattn.errors import ConfigError
 
 # --------------------------------------------------------------------------------------
 # Gates g_m(F, c_m): the shrinkage of the boosting step
@@ -129,6 +130,11 @@ class BoostedOptions(Typed):
     kv_source: str = field(default="residual", metadata=one_of(*KV_SOURCES))
     gate_hidden: int = field(default=32, metadata=at_least(1))  # hidden width of the mlp gate
     layers: list[int] | None = None  # layer indices with correction rounds (negative from the end); None = all
+
+    def validate(self) -> None:
+        if self.gate != "mlp" and self.gate_hidden != 32:  # (it was accepted and changed nothing)
+            raise ConfigError(f"attn.gate_hidden={self.gate_hidden} is the mlp gate's width; attn.gate="
+                              f"{self.gate!r} has none (set attn.gate=mlp, or drop attn.gate_hidden)")
 
 
 class CorrectionRound(nn.Module):
