@@ -1684,6 +1684,24 @@ def test_evaluate_scores_every_non_overlapping_row_once():
     assert res.loss == pytest.approx(float(want.mean()), rel=1e-5)
 
 
+def test_evaluate_that_raises_leaves_the_model_in_training_mode():
+    """A forward that raised inside evaluate (here a progress callback that stops it) left the model in eval
+    mode, so a caller that caught the error went on training without dropout."""
+    from gbattn.config import ModelConfig
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2)).train()
+    tokens = np.random.default_rng(0).integers(0, 11, size=3 * 9).astype(np.uint16)
+
+    def stop(_rows):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(model, tokens, seq_len=8, batch_size=1, progress=stop)
+    assert model.training
+
+
 def test_evaluate_refuses_fewer_tokens_than_one_row():
     """8 tokens hold no row of 9: the result was a loss of 0 over 0 tokens, perplexity 1.0 (a perfect
     model); now a ValueError. 9 tokens are one row."""

@@ -57,23 +57,25 @@ def evaluate(
         rows = rows[dist_env.rank :: dist_env.world]
     total, count, losses = 0.0, 0, []
     autocast = autocast or contextlib.nullcontext
-    for b in range(n_batches):
-        batch_rows = rows[b * batch_size : (b + 1) * batch_size]
-        weight = 1.0 if len(batch_rows) else 0.0
-        x, y = rows_batch(tokens, seq_len, batch_rows if len(batch_rows) else np.arange(1))
-        x, y = x.to(device), y.to(device)
-        with autocast():
-            logits = model(x)
-        nll = lm_loss(logits, y, reduction="none")
-        total += weight * nll.sum().item()
-        count += int(weight * nll.numel())
-        if per_token and weight:
-            losses.append(nll.flatten().cpu().numpy())
-        if progress is not None:
-            progress(len(batch_rows))
-    if dist_env is not None and dist_env.enabled:
-        total, count = dist_env.all_sum([total, float(count)])
-    model.train(was_training)
+    try:  # a forward that raises leaves the model in the mode it was given in
+        for b in range(n_batches):
+            batch_rows = rows[b * batch_size : (b + 1) * batch_size]
+            weight = 1.0 if len(batch_rows) else 0.0
+            x, y = rows_batch(tokens, seq_len, batch_rows if len(batch_rows) else np.arange(1))
+            x, y = x.to(device), y.to(device)
+            with autocast():
+                logits = model(x)
+            nll = lm_loss(logits, y, reduction="none")
+            total += weight * nll.sum().item()
+            count += int(weight * nll.numel())
+            if per_token and weight:
+                losses.append(nll.flatten().cpu().numpy())
+            if progress is not None:
+                progress(len(batch_rows))
+        if dist_env is not None and dist_env.enabled:
+            total, count = dist_env.all_sum([total, float(count)])
+    finally:
+        model.train(was_training)
     return EvalResult(
         loss=total / max(count, 1),
         tokens=int(count),
