@@ -707,21 +707,56 @@ def test_a_stop_during_the_final_test_evaluation_says_how_to_continue(tmp_path, 
     assert train(run, resume=True, quiet=True)["test_loss"] == ref["test_loss"]
 
 
-def test_a_second_signal_in_the_training_loop_stops_at_once_as_the_signal_it_is():
-    """The first SIGINT or SIGTERM asks the loop to stop at a step boundary; a second one stops at once: a
-    second SIGTERM raises cli's Terminated (status 143, 'terminated'), not a Ctrl-C's KeyboardInterrupt (130)."""
+def test_a_second_ctrl_c_in_the_training_loop_stops_at_once_and_a_repeated_sigterm_does_not():
+    """The first SIGINT or SIGTERM asks the loop to stop at a step boundary; a second Ctrl-C stops at once
+    (KeyboardInterrupt, status 130). A repeated SIGTERM asks again: the kernel sends a parent-death SIGTERM once
+    per thread of the dying parent (torchrun, a comparison), and taken as "stop now" it ended a worker mid-step,
+    without its checkpoint or its line. A SIGTERM after a Ctrl-C makes the stop SIGTERM's, as among processes."""
     import signal
 
-    from gbattn.errors import Terminated
     from gbattn.train.trainer import _StopFlag
 
-    for signum, expected in ((signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)):
-        with pytest.raises(KeyboardInterrupt) as stop, _StopFlag() as flag:
-            handler = signal.getsignal(signum)
-            handler(signum, None)
-            assert flag.requested and flag.signum == signum
-            handler(signum, None)
-        assert type(stop.value) is expected
+    def send(signals):
+        for signum in signals:
+            signal.getsignal(signum)(signum, None)
+
+    for signals, stop in (((signal.SIGTERM,) * 3, signal.SIGTERM), ((signal.SIGINT, signal.SIGTERM), signal.SIGTERM)):
+        with _StopFlag() as flag:
+            try:
+                send(signals)
+            except KeyboardInterrupt as e:  # (it would end the test session)
+                pytest.fail(f"{signals} stopped at once: {e!r}")
+        assert flag.requested and flag.signum == stop, signals
+    for signals in ((signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGINT)):
+        with pytest.raises(KeyboardInterrupt) as stopped, _StopFlag():
+            send(signals)
+        assert type(stopped.value) is KeyboardInterrupt, signals  # not cli's Terminated: status 130
+
+
+def test_sigterm_sent_twice_stops_the_run_at_a_step_boundary_with_its_checkpoint(tmp_path, monkeypatch):
+    """Two SIGTERMs during a step (a killed torchrun's workers receive one per thread of it): the run still stops
+    after that step, checkpointed, with its "terminated" line, where it stopped mid-step without either."""
+    import signal
+
+    data = write_corpus(tmp_path / "c")
+    original = Trainer._train_step
+
+    def signalled_twice(self, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", signalled_twice)
+    with pytest.raises(UserError, match="^terminated at step 3; checkpoint saved") as stopped:
+        try:
+            train(tmp_path / "run", *tiny_configs(data, max_steps=6, eval_every=5), quiet=True)
+        except KeyboardInterrupt as e:  # (it would end the test session)
+            pytest.fail(f"stopped mid-step: {e!r}")
+    assert stopped.value.exit_code == 143
+    assert ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)["step"] == 3
+    events = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
+    assert events[-1] == {"event": "interrupted", "step": 3}
 
 
 def test_a_run_started_with_sigint_ignored_trains_on_through_one(tmp_path, monkeypatch):

@@ -21,7 +21,8 @@ from gbattn.files import portable_path
 def stop_with_parent() -> None:
     """Receive SIGTERM when the process that started this one dies (Linux's PR_SET_PDEATHSIG; elsewhere
     nothing): a comparison's run or a torchrun worker whose launcher was killed then checkpoints and stops,
-    as on SIGTERM, rather than training on unseen."""
+    as on SIGTERM, rather than training on unseen. The kernel sends it once per thread of the dying parent
+    (as it hands the child from one to the next), so it may come several times."""
     try:
         import ctypes
 

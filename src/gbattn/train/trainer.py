@@ -138,20 +138,26 @@ def _finite_amount(value) -> bool:
 
 
 class _StopFlag:
-    """SIGINT/SIGTERM ask the loop to checkpoint and stop at the next step boundary. A signal the process
-    was started with ignored (a shell's background job ignores SIGINT) stays ignored, as it is before and
-    after the loop."""
+    """SIGINT/SIGTERM ask the loop to checkpoint and stop at the next step boundary; a second Ctrl-C stops at
+    once (as cli reports it: 130). A repeated SIGTERM asks again and changes nothing: machines send it, often
+    more than once (the kernel sends a torchrun worker's or a comparison's run's parent-death SIGTERM once per
+    thread of the dying parent; a scheduler and torchrun each send one), and a process that took the second
+    as "stop now" left mid-step, without its checkpoint or its line, its peers failing in the next collective.
+    A signal the process was started with ignored (a shell's background job ignores SIGINT) stays ignored, as
+    it is before and after the loop."""
 
     def __init__(self) -> None:
         self.requested = False
-        self.signum = signal.SIGINT  # the signal that asked (exit status 128 + it)
+        self.signum = signal.SIGINT  # the signal that asked, SIGTERM where one did (exit status 128 + it)
         self._old = {}
 
     def __enter__(self):
         def handler(signum, frame):
-            if self.requested:  # a second Ctrl-C or SIGTERM: stop now (as cli reports it: 130 or 143)
-                raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
-            self.requested, self.signum = True, signum
+            if self.requested and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            if not self.requested or signum == signal.SIGTERM:  # as among processes (Trainer._stop_signal)
+                self.signum = signum
+            self.requested = True
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             if signal.getsignal(sig) is signal.SIG_IGN:
