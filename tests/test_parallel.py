@@ -130,6 +130,78 @@ def test_a_terminated_comparison_stops_its_runs_and_says_how_to_resume(tmp_path,
         assert "interrupted" in events, run
 
 
+SLOW_TO_STOP_RUN = textwrap.dedent('''
+    """A comparison's run that takes its time to reach a checkpoint after SIGTERM (a long step or evaluation) and
+    stops at once on SIGINT; it writes its pid when it starts and the name of each signal it receives."""
+    import os, signal, sys, time
+    from pathlib import Path
+
+    run = Path(sys.argv[sys.argv.index("--out") + 1])
+
+    def mark(signum, frame):
+        with open(run / "signals", "a") as f:
+            f.write(signal.Signals(signum).name + "\\n")
+        if signum == signal.SIGINT:
+            sys.exit(130)
+
+    signal.signal(signal.SIGTERM, mark)
+    signal.signal(signal.SIGINT, mark)
+    (run / "pid").write_text(str(os.getpid()))
+    time.sleep(120)
+''')
+
+COMPARE_WITH_SLOW_RUNS = textwrap.dedent('''
+    """`gbattn compare` whose runs are SLOW_TO_STOP_RUN (its path the first argument) instead of `gbattn train`."""
+    import subprocess, sys
+    from gbattn import cli
+
+    real, run = subprocess.Popen, sys.argv.pop(1)
+    subprocess.Popen = lambda cmd, **kwargs: real([sys.executable, run, *cmd[3:]], **kwargs)
+    sys.exit(cli.main())
+''')
+
+
+def test_a_second_ctrl_c_stops_a_comparisons_runs_at_once_and_it_waits_for_them(tmp_path):
+    """Ctrl-C asks the runs of `compare --jobs 2` to checkpoint and stop (SIGTERM) and waits for them; a second one,
+    while a run was still on its way to its checkpoint, ended the comparison at once ("gbattn: interrupted"), its
+    runs training on in its directory. Now the runs stop at once (SIGINT, as a second Ctrl-C stops `gbattn train`),
+    and the comparison waits for them and says how to resume."""
+    (tmp_path / "run.py").write_text(SLOW_TO_STOP_RUN)
+    (tmp_path / "compare.py").write_text(COMPARE_WITH_SLOW_RUNS)
+    out = tmp_path / "cmp"
+    sets = dict(TINY, max_steps=10, tokenizer="char", batch_size=4, seq_len=32, train_tokens="null",
+                eval_tokens="null", warmup_steps=2)
+    argv = [sys.executable, str(tmp_path / "compare.py"), str(tmp_path / "run.py"), "compare", "--recipe", "cpu-char",
+            "--data", str(write_corpus(tmp_path / "c")), "--seeds", "1", "--jobs", "2", "--threads", "2", "--out",
+            str(out), "--quiet", *sum((["--set", f"{k}={v}"] for k, v in sets.items()), [])]
+    env = dict(os.environ, GBATTN_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    runs: list[Path] = []
+    try:
+        deadline = time.monotonic() + 120  # a busy machine is slow, not wrong
+        while len(runs) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            runs = [p.parent for p in out.glob("*/seed1/pid") if p.read_text()]
+            time.sleep(0.05)
+        assert len(runs) == 2, proc.stderr.read() if proc.poll() is not None else runs
+        proc.send_signal(signal.SIGINT)
+        while not all((run / "signals").exists() for run in runs) and time.monotonic() < deadline:
+            time.sleep(0.05)  # each run was asked to stop at its checkpoint, and is on its way there
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        pids = [int((run / "pid").read_text()) for run in runs]
+        assert not any(_alive(pid) for pid in pids), "the comparison ended with its runs training"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in [int((run / "pid").read_text()) for run in runs]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("gbattn: error: compare interrupted: the runs in progress ("), err
+    assert all((run / "signals").read_text() == "SIGTERM\nSIGINT\n" for run in runs)
+
+
 def test_compare_jobs_runs_at_most_jobs_at_once_and_names_each_failed_run(tmp_path, monkeypatch, capsys):
     """--jobs 2 with every run's process failing: never more than two at once; each failure named with
     its exit status and its log's last line; the compute-matched runs never start (their reference

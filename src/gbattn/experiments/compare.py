@@ -199,10 +199,7 @@ class _Runner:
         finally:
             in_progress = [*running, self.training_here] if self.training_here else list(running)
             interrupted = [f"{label}/seed{seed}" for label, seed in in_progress]
-            for proc in running.values():  # this process is stopping: stop the children cleanly
-                proc.send_signal(signal.SIGTERM)
-            for proc in running.values():
-                proc.wait()
+            _stop_children(list(running.values()))
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         self.bar.close()
@@ -320,6 +317,23 @@ def _neutral(train_cfg: TrainConfig, sets: dict) -> dict:
     the threads, and the neutral keys given with --set (device, compile, ...)."""
     keys = [k for k in TrainConfig.RESULT_NEUTRAL if k in sets or k == "threads"]
     return {k: getattr(train_cfg, k) for k in keys if getattr(train_cfg, k) is not None}
+
+
+def _stop_children(procs: list[subprocess.Popen]) -> None:
+    """Ask each running child to checkpoint and stop (SIGTERM) and wait for them all. A Ctrl-C meanwhile (a second
+    one) stops them at once, as it stops `gbattn train`: SIGINT, each keeping its last checkpoint; this process
+    still waits, so that it never ends with runs training in its directory."""
+    signum = signal.SIGTERM
+    while True:
+        try:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signum)
+            for proc in procs:
+                proc.wait()
+            return
+        except KeyboardInterrupt:
+            signum = signal.SIGINT
 
 
 def _die_with_parent() -> None:
