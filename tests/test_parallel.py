@@ -349,6 +349,37 @@ def test_a_killed_torchrun_leaves_no_process_training(tmp_path):
         err.read_text()[-3000:]  # each worker's line
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_torchrun_killed_while_its_workers_import_torch_leaves_none_waiting(tmp_path):
+    """kill -9 of torchrun while its workers import torch: they asked for its death signal only on joining the
+    process group, so they never received it and waited for torchrun's store instead, retrying for 30 minutes
+    (still there 90 s later). They ask for it before importing torch now, and end with torchrun."""
+    data = write_corpus(tmp_path / "c", lines_per_split=(60, 20, 20))
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen([*TORCHRUN, "--out", str(tmp_path / "run"), *_train_argv(data, 300)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    workers = []
+
+    def importing_torch(pid: int) -> bool:
+        try:
+            return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            return False
+
+    try:
+        deadline = time.monotonic() + 120  # a busy machine is slow, not wrong
+        while not (len(workers) == 2 and all(importing_torch(w) for w in workers)) and time.monotonic() < deadline:
+            workers = _children(proc.pid)
+            time.sleep(0.02)
+        assert len(workers) == 2 and proc.poll() is None
+        proc.kill()
+        proc.wait()
+        assert _all_gone(workers), "a worker waits on after torchrun was killed"
+    finally:
+        for pid in [proc.pid] * (proc.poll() is None) + [w for w in workers if _alive(w)]:
+            os.kill(pid, signal.SIGKILL)
+
+
 GRADIENT_WORKER = textwrap.dedent('''
     """Under torchrun: each process takes half of a global batch; FSDP2's full gradients (rank 0)
     are written for the test to compare with one process on the whole batch."""

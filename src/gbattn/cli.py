@@ -16,6 +16,7 @@ import threading
 
 from gbattn import arguments
 from gbattn.errors import Terminated, UserError
+from gbattn.parent_death import stop_with_parent
 from gbattn.terminal import terminal_line
 
 COMMAND_MODULES = ["gbattn.train.cli", "gbattn.eval.cli", "gbattn.hf_cli", "gbattn.experiments.cli",
@@ -144,6 +145,8 @@ def show_tracebacks() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "LOCAL_RANK" in os.environ:  # a torchrun worker: torchrun killed while it imported torch left it waiting
+        stop_with_parent()  # for torchrun's store for 30 minutes, when it asked for this on joining the processes
     parser = build_parser()
     args = parser.parse_args(argv)  # --help and usage errors end here, before anything heavy is imported
     # Ctrl-C while torch is imported: torch's import can swallow the KeyboardInterrupt (the command

@@ -7,7 +7,6 @@ import contextlib
 import os
 import platform
 import shlex
-import signal
 import sys
 import time
 
@@ -16,19 +15,6 @@ import torch
 from gbattn.checks import did_you_mean
 from gbattn.errors import UserError
 from gbattn.files import portable_path
-
-
-def stop_with_parent() -> None:
-    """Receive SIGTERM when the process that started this one dies (Linux's PR_SET_PDEATHSIG; elsewhere
-    nothing): a comparison's run or a torchrun worker whose launcher was killed then checkpoints and stops,
-    as on SIGTERM, rather than training on unseen. The kernel sends it once per thread of the dying parent
-    (as it hands the child from one to the next), so it may come several times."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def launched_processes() -> int:

@@ -29,8 +29,9 @@ from gbattn.experiments.recipes import ModelSpec, Recipe, depends_on, get_recipe
 from gbattn.experiments.report import write_results
 from gbattn.files import open_to_append, portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
+from gbattn.parent_death import stop_with_parent
 from gbattn.progress import Progress
-from gbattn.runtime import command_line, default_threads, launched_processes, stop_with_parent
+from gbattn.runtime import command_line, default_threads, launched_processes
 from gbattn.train.trainer import fitted_warmup, train
 from gbattn.upcycle import upcycle, write_run
 

@@ -19,7 +19,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from gbattn.errors import UserError
-from gbattn.runtime import launched_processes, stop_with_parent
+from gbattn.parent_death import stop_with_parent
+from gbattn.runtime import launched_processes
 
 
 @dataclass
