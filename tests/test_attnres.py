@@ -135,14 +135,16 @@ def test_under_bf16_autocast_the_depth_mixture_stays_in_the_streams_float32(resi
     def recording(self, index, sources):
         out = mix(self, index, sources)
         with torch.autocast("cpu", enabled=False):
-            calls.append(([s.dtype for s in sources], torch.equal(out, mix(self, index, sources))))
+            calls.append(([s.dtype for s in sources], out.dtype, torch.equal(out, mix(self, index, sources))))
         return out
 
     monkeypatch.setattr(AttnResStream, "mix", recording)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(torch.randint(0, 37, (2, 10)))
     assert logits.dtype == torch.bfloat16 and len(calls) == 2 * model.cfg.n_layers + 1  # (the head is bf16)
-    assert all(dtypes == [torch.float32] * len(dtypes) and same for dtypes, same in calls), calls
+    # (the mixture's own dtype too: a mix that turned autocast on inside equals itself out of autocast)
+    assert all(dtypes == [torch.float32] * len(dtypes) and dtype == torch.float32 and same
+               for dtypes, dtype, same in calls), calls
 
 
 def test_the_first_sublayers_norm_is_frozen_and_every_other_trains():
