@@ -43,13 +43,16 @@ def test_cpu_presets_keep_their_measured_warmup():
 
 def count_dropout(model: GPT, idx_BT: torch.Tensor) -> dict[str, int]:
     """Dropout calls in one training-mode forward, by what they drop: the embedding sum or a
-    sublayer output (B, T, D), the FFN hidden layer (B, T, hidden), attention maps (B, H, T, T)."""
+    sublayer output (B, T, D), the FFN hidden layer (B, T, hidden), attention maps (B, H, T, T).
+    Every call drops with the config's probability."""
     cfg = model.cfg
     counts = {"width d": 0, "ffn hidden": 0, "attention maps": 0}
+    probabilities = set()
     original = F.dropout
 
     def counting(x, p=0.5, training=True, inplace=False):
         if training and p > 0:
+            probabilities.add(p)
             if x.dim() == 4:
                 counts["attention maps"] += 1
             elif x.shape[-1] == cfg.d_model:
@@ -63,6 +66,7 @@ def count_dropout(model: GPT, idx_BT: torch.Tensor) -> dict[str, int]:
         model.train()(idx_BT, naive=True)  # the reference path draws attention dropout through F.dropout
     finally:
         F.dropout = original
+    assert probabilities <= {cfg.dropout}, f"dropout probabilities {probabilities}, the config's {cfg.dropout}"
     return counts
 
 
