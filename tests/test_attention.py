@@ -304,7 +304,8 @@ def test_rope_positions_of_another_length_are_refused():
     were accepted as positions."""
     x = torch.randn(2, 5, D)
     rope = build_attention("boosted", AttnArgs(d_model=D, n_heads=4, rope_base=1e4))
-    for bad in (torch.arange(4), torch.arange(10).view(2, 5)[:, :4]):
+    # (3, 5): the right length for another batch was a broadcasting error inside RoPE
+    for bad in (torch.arange(4), torch.arange(10).view(2, 5)[:, :4], torch.arange(5).expand(3, 5)):
         with pytest.raises(ValueError, match=r"positions of shape .*: expected \(5,\) or \(2, 5\)"):
             rope(x, positions=bad)
     for bad in (torch.arange(5) + 0.5, torch.ones(2, 5, dtype=torch.bool)):  # were rotated by 0.5 .. 4.5, or by 0/1
