@@ -698,6 +698,8 @@ def test_a_cache_slot_past_the_block_is_a_clear_error(block):
     with pytest.raises(ValueError, match="exceeds block_size=24"):
         model(idx, input_pos=torch.tensor([24]))
     model.setup_cache(1)
+    assert model.kv_cache.max_len == 24  # the default cache holds the whole block: its last slot too
+    model(idx, input_pos=torch.tensor([23]))
     with pytest.raises(ValueError, match="exceeds block_size=24"):
         model(idx, input_pos=torch.tensor([24]))
     model.clear_cache()
