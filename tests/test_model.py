@@ -943,8 +943,9 @@ def test_token_ids_position_ids_and_padding_masks_of_the_wrong_kind_are_named(bl
                                              r"over 5 key slots: expected \(2, 5\)"):
             model(idx, key_padding_mask=torch.ones(shape, dtype=torch.bool))
     for name in ("position_ids", "input_pos"):
-        with pytest.raises(ValueError, match=rf"{name} reach -2; the model's positions are 0 \.\. 23"):
-            model(idx, **{name: torch.arange(5) - 2})
+        for lowest in (-2, -1):  # -1 too: the first position outside
+            with pytest.raises(ValueError, match=rf"{name} reach {lowest}; the model's positions are 0 \.\. 23"):
+                model(idx, **{name: torch.arange(5) + lowest})
     logits = model(idx)
     for positions in (torch.arange(5), torch.arange(5)[None], torch.arange(5).expand(2, 5)):
         torch.testing.assert_close(model(idx, position_ids=positions), logits, rtol=0, atol=0)
