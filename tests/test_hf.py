@@ -1148,6 +1148,24 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_weights_and_refuses_a_
     assert [p.name for p in blocked.iterdir()] == ["config.json"]  # no staging folder left
 
 
+def test_an_export_over_an_earlier_one_leaves_none_of_its_tokenizer_side_files(trained, tmp_path):
+    """transformers 4.x writes special_tokens_map.json beside the tokenizer, 5.x does not, and both read it over
+    tokenizer_config.json: an export made under 5.x over one of a paper's-BPE run made under 4.x kept the earlier
+    map, and AutoTokenizer loaded a char tokenizer with '<pad>' and '<unk>' as new tokens past the model's
+    vocabulary, '<pad>' its end-of-text token. Files of that kind the new export does not write are removed."""
+    run_dir, reference = trained
+    out = tmp_path / "over"
+    assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
+    earlier = {"eos_token": "<pad>", "pad_token": "<pad>", "unk_token": "<unk>"}  # what 4.x wrote for the BPE run
+    (out / "special_tokens_map.json").write_text(json.dumps(earlier))
+    (out / "added_tokens.json").write_text(json.dumps({"<extra>": 99}))
+    (out / "chat_template.jinja").write_text("{{ messages }}")
+    assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
+    assert _files(out) == _files(reference)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.eos_token == "\n" and len(tok) == rundir.load_run(run_dir).tokenizer.vocab_size
+
+
 def test_exported_weights_follow_a_strict_umask(trained, tmp_path):
     """Under umask 077 the weights are private like every other file export writes (not 0644)."""
     run_dir, _ = trained

@@ -42,6 +42,10 @@ from gbattn.rundir import (
 )
 
 GBATTN_TOKENIZER = rundir.EXPORTED_TOKENIZER
+# Files transformers may write beside a model and its tokenizer that an export does not always write (4.x writes
+# special_tokens_map.json, 5.x does not): transformers reads an earlier export's over the new tokenizer's own.
+TRANSFORMERS_SIDE_FILES = ("special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+                           "chat_template.json", "generation_config.json")
 
 
 @contextlib.contextmanager
@@ -133,7 +137,9 @@ def move_into_place(staging: Path, out: Path) -> None:
     """The staged export's files into ``out`` in an order that no kill can leave looking complete: an
     earlier export's config.json is removed before anything moves, gbattn's tokenizer file moves first
     (without config.json it marks an unfinished export, which gbattn refuses to load and a new export
-    replaces), config.json last (with it, gbattn and transformers take the directory for a model)."""
+    replaces), config.json last (with it, gbattn and transformers take the directory for a model). An earlier
+    export's weight files and transformers' side files (:data:`TRANSFORMERS_SIDE_FILES`) that this one does not
+    write are removed."""
     staged = {p.name for p in staging.iterdir()}
     blocked = sorted(name for name in staged if (out / name).is_dir() and not (out / name).is_symlink())
     if blocked:
@@ -141,8 +147,8 @@ def move_into_place(staging: Path, out: Path) -> None:
                         f"to another directory")
     (out / CONFIG).unlink(missing_ok=True)
     # An earlier export's weights that this one does not replace (a single file where shards now come, or the
-    # other way round) would be loaded beside or instead of the new ones.
-    for old in [*out.glob("model*.safetensors"), out / SAFETENSORS_INDEX]:
+    # other way round) would be loaded beside or instead of the new ones; so would its tokenizer's side files.
+    for old in [*out.glob("model*.safetensors"), out / SAFETENSORS_INDEX, *map(out.joinpath, TRANSFORMERS_SIDE_FILES)]:
         if old.name not in staged and (old.is_file() or old.is_symlink()):
             old.unlink()
     names = sorted(staged - {GBATTN_TOKENIZER, CONFIG})
