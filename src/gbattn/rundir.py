@@ -763,8 +763,12 @@ def read_exported_weights(path: Path, device) -> dict:
         return read_safetensors(path / SAFETENSORS, device)
     if (path / SAFETENSORS_INDEX).is_file():
         return read_shards(path, SAFETENSORS_INDEX, lambda shard: read_safetensors(shard, device))
+    pickled = next((name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (path / name).exists()),
+                   None)  # transformers 4.x's save_pretrained(safe_serialization=False)
+    hint = (f"; its {pickled} is a pickle, which gbattn does not read here: save with save_pretrained(DIR, "
+            f"safe_serialization=True)") if pickled else ""
     raise CheckpointError(f"{path} has no {SAFETENSORS} (nor {SAFETENSORS_INDEX} and its shards): an exported "
-                          f"directory keeps its weights there")
+                          f"directory keeps its weights there{hint}")
 
 
 def gpt_weights(weights: dict, tied: bool, where: str | Path) -> dict:
