@@ -113,6 +113,13 @@ def test_bench_command_report(tmp_path, capsys, monkeypatch):
         (64, "boosted"),
     ]
     assert "dropout 0.05" in (tmp_path / "bench.md").read_text()
+    # provenance: every version that produced the figures, as other results files record them, and in bench.md
+    from gbattn.runtime import software_versions
+
+    versions = software_versions()
+    assert report["versions"] == versions and report["threads"] == torch.get_num_threads()
+    assert f"gbattn {versions['gbattn']} · torch {versions['torch']} · Python {versions['python']}" in (
+        tmp_path / "bench.md").read_text()
     out = capsys.readouterr().out
     assert "step / FLOP ratio" in out
     assert out == (tmp_path / "bench.md").read_text()  # what is printed is what is written (no extra blank line)

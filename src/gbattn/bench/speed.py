@@ -33,7 +33,7 @@ from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
 from gbattn.rundir import check_out
 from gbattn.runtime import autocast as bf16_autocast
-from gbattn.runtime import command_line, device_name, resolve_device, use_tf32
+from gbattn.runtime import command_line, device_name, resolve_device, software_versions, use_tf32
 
 COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
 
@@ -299,6 +299,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         "amp_bf16": amp and dev.type == "cuda",
         "compile": compile,
         "torch": torch.__version__,
+        "versions": software_versions(),  # gbattn's, torch's and Python's: what produced the figures
         "threads": torch.get_num_threads(),
         "command": command_line(portable=True),
         "variants": rows,
@@ -406,7 +407,7 @@ def bench_markdown(report: dict) -> str:
     lines = [
         f"# gbattn bench: {report['preset']} on {report['device']}",
         "",
-        f"Command: `{report['command']}` · torch {report['torch']} · "
+        f"Command: `{report['command']}` · {_versions_text(report)} · "
         f"batch {report['batch']} x {report['seq_len']} tokens · "
         f"median of {report['repeats']} interleaved repeats of {report['steps_per_repeat']} steps · "
         f"dropout {report['dropout']:g}"
@@ -476,6 +477,14 @@ def bench_markdown(report: dict) -> str:
             lines.append(f"| {r['seq_len']:,} | {r['variant']} | {1000 * r['step_s']:.1f} | "
                          f"{r['peak_memory_bytes'] / mib:,.0f} | {matrix} |")
     return "\n".join(lines) + "\n"
+
+
+def _versions_text(report: dict) -> str:
+    """``gbattn V · torch V · Python V`` (a report written before bench recorded its versions: torch's alone)."""
+    versions = report.get("versions")
+    if not versions:
+        return f"torch {report['torch']}"
+    return f"gbattn {versions['gbattn']} · torch {versions['torch']} · Python {versions['python']}"
 
 
 def _small_mib(value: float) -> str:
