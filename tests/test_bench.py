@@ -685,3 +685,44 @@ def test_a_failed_cpu_memory_probe_is_one_line(monkeypatch):
         returncode=-9, stdout="", stderr=""))
     with pytest.raises(UserError, match="failed: exit status -9$"):
         speed.peak_memory_train_step(cfg, 2, 16, torch.device("cpu"), False)
+
+
+def test_a_variant_that_fails_to_compile_is_left_out_and_the_others_reported(monkeypatch, capsys, tmp_path):
+    """torch.compile failing on one variant (a backend error in the warm-up) is one warning line and a note in the
+    report, the other rows still timed; failing on compiled standard leaves out every compiled row (no baseline for
+    their ratios); with --compile on, nothing left to report is one line and exit status 2."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    clock, failing = [0.0], set()
+
+    def fake_step(case, x, y, autocast):
+        if case.label in failing:
+            raise BackendCompilerFailed("inductor", RuntimeError("no C++ compiler\nmore detail"), None)
+        clock[0] += 0.5
+
+    fake_timings(monkeypatch, clock, fake_step, lambda *args, **kwargs: (0.0, 1.0))
+    argv = ["bench", "--preset", "cpu-char", "--device", "cpu", "--attn", "standard", "boosted", "gated", "--repeats",
+            "2", "--steps", "1", "--batch", "1", "--seq-len", "8", "--decode", "2", "--set", "n_layers=1", "--threads",
+            "1", "--quiet", "--compile", "both", "--out", tmp_path / "one"]
+    failing.add("boosted · compiled")
+    code, out, err = run_cli(capsys, argv)
+    reason = "torch.compile failed: RuntimeError: no C++ compiler"
+    assert (code, err) == (0, f"gbattn: warning: boosted · compiled left out of the report, {reason}\n")
+    report = json.loads((tmp_path / "one" / "bench.json").read_text())
+    assert [r["variant"] for r in report["variants"]] == [
+        "standard", "standard · compiled", "boosted", "gated", "gated · compiled"]
+    assert report["left_out"] == [{"variant": "boosted · compiled", "reason": reason}]
+    assert f"Left out: boosted · compiled ({reason})." in out
+
+    failing.add("standard · compiled")
+    code, out, err = run_cli(capsys, argv[:-1] + [tmp_path / "two"])
+    report = json.loads((tmp_path / "two" / "bench.json").read_text())
+    assert code == 0 and [r["variant"] for r in report["variants"]] == ["standard", "boosted", "gated"]
+    no_baseline = "no baseline: standard · compiled failed to compile"
+    assert {r["variant"]: r["reason"] for r in report["left_out"]} == {
+        "standard · compiled": reason, "boosted · compiled": no_baseline, "gated · compiled": no_baseline}
+    assert err == f"gbattn: warning: standard · compiled left out of the report, {reason}\n"
+
+    code, out, err = run_cli(capsys, argv[:-3] + ["on"])
+    assert code == 2 and out == ""
+    assert err.splitlines()[-1] == f"gbattn: error: no variant to report: standard · compiled's {reason}"

@@ -34,6 +34,7 @@ from gbattn.progress import Progress
 from gbattn.rundir import check_out
 from gbattn.runtime import autocast as bf16_autocast
 from gbattn.runtime import command_line, device_name, resolve_device, software_versions, use_tf32
+from gbattn.terminal import terminal_line
 
 COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
 
@@ -231,16 +232,27 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     prompt = torch.randint(0, base_cfg.vocab_size, (1, prefill), device=dev)
     total = len(cases) * (repeats + 1)
     bar = Progress(total, desc=f"bench {preset} on {dev.type}", unit="round", disable=quiet, interval=15)
+    left_out: dict[str, str] = {}  # label -> why: a compiled case torch.compile failed on, reported as such
     for rep in range(repeats + 1):  # round 0 is the warm-up (and the compilation)
         for case in cases:
+            if case.label in left_out:
+                bar.update(1)
+                continue
             runner = Case(case.label, case.cfg, case.step_model, case.optimizer)
-            sync(dev)
-            t0 = time.perf_counter()
-            for _ in range(steps if rep else 2):
-                train_step(runner, x, x, autocast)
-            sync(dev)
-            elapsed = time.perf_counter() - t0
-            p, d = prefill_and_decode(case.model, prompt, decode, dev, autocast, case.decode_step)
+            try:
+                sync(dev)
+                t0 = time.perf_counter()
+                for _ in range(steps if rep else 2):
+                    train_step(runner, x, x, autocast)
+                sync(dev)
+                elapsed = time.perf_counter() - t0
+                p, d = prefill_and_decode(case.model, prompt, decode, dev, autocast, case.decode_step)
+            except torch._dynamo.exc.TorchDynamoException as e:
+                if not case.compiled:
+                    raise
+                _leave_out_failed_compile(case, cases, left_out, e)
+                bar.update(1)
+                continue
             if rep:
                 case.step_times.append(elapsed / steps)
                 case.prefill_times.append(p)
@@ -249,6 +261,9 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                 case.warmup_s = {"train_2_steps": elapsed, "decode": d}
             bar.update(1)
     bar.close()
+    cases = [case for case in cases if case.label not in left_out]
+    if not cases:
+        raise UserError(f"no variant to report: standard{COMPILED}'s {left_out['standard' + COMPILED]}")
 
     rows = []
     for case in cases:
@@ -303,12 +318,27 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         "threads": torch.get_num_threads(),
         "command": command_line(portable=True),
         "variants": rows,
+        "left_out": [{"variant": label, "reason": reason} for label, reason in left_out.items()],
         "sweep": sweep_rows,
     }
     if out:
         write_json(report, Path(out) / "bench.json")
         atomic_write(Path(out) / "bench.md", bench_markdown(report))
     return report
+
+
+def _leave_out_failed_compile(case: Case, cases: list[Case], left_out: dict[str, str], error: Exception) -> None:
+    """Record that torch.compile failed on ``case`` (one line on stderr, the reason in the report); the other
+    variants are still timed. Without compiled standard, no compiled row has its baseline: all are left out."""
+    inner = getattr(error, "inner_exception", None) or error  # a backend's own error, not dynamo's wrapper
+    message = next((line.strip() for line in str(inner).splitlines() if line.strip()), "")
+    left_out[case.label] = terminal_line(f"torch.compile failed: {type(inner).__name__}: {message}")[:300]
+    print(f"gbattn: warning: {case.label} left out of the report, {left_out[case.label]}", file=sys.stderr)
+    if case.label == "standard" + COMPILED:
+        for other in cases:
+            if other.compiled and other.label not in left_out:
+                left_out[other.label] = f"no baseline: standard{COMPILED} failed to compile"
+    case.model = case.step_model = case.optimizer = case.decode_step = None  # its memory back for the others
 
 
 def add_ratios_to_standard(rows: list[dict]) -> None:
@@ -448,6 +478,8 @@ def bench_markdown(report: dict) -> str:
               "time per decoded token relative to standard (prefill of "
               f"{report['prefill_tokens']} tokens, then {report['decode_tokens']} cached steps, batch 1)."
               + compile_note]
+    if report.get("left_out"):
+        lines += ["", "Left out: " + "; ".join(f"{r['variant']} ({r['reason']})" for r in report["left_out"]) + "."]
     compiled = [r for r in report["variants"] if r.get("compiled_step_speedup")]
     if compiled:
         lines += ["", "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)", "",
