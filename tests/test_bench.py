@@ -250,7 +250,8 @@ def test_bench_command_forwards_every_option(monkeypatch, capsys):
 def test_bench_out_holding_a_run_or_a_comparison_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
     """`bench --out RUN` wrote bench.json and bench.md into a run directory (and into a comparison), where they
     read as that run's measurement; like every command writing a folder it is now one line, nothing written.
-    A folder of an earlier bench is still rewritten."""
+    So did a bench.json or bench.md that `gbattn bench` did not write (someone's own notes, replaced unasked):
+    refused the same way. A folder of an earlier bench is still rewritten."""
     from gbattn.bench import speed
 
     monkeypatch.setattr(speed, "train_step", lambda *a, **k: pytest.fail("timed before --out was checked"))
@@ -258,14 +259,26 @@ def test_bench_out_holding_a_run_or_a_comparison_is_refused_before_any_work(tmp_
     comparison = tmp_path / "cmp"
     comparison.mkdir()
     (comparison / "recipe.json").write_text("{}")
-    for out, held in ((run, "a run"), (comparison, "a `gbattn compare` comparison")):
+    foreign = {}
+    for name, files in {"other-json": {"bench.json": '{"mine": 1}', "bench.md": "# my bench"},
+                        "list-json": {"bench.json": "[1]"}, "notes": {"bench.md": "# my notes"}}.items():
+        foreign[name] = tmp_path / name
+        foreign[name].mkdir()
+        for file, text in files.items():
+            (foreign[name] / file).write_text(text)
+    for out, held in ((run, "a run"), (comparison, "a `gbattn compare` comparison"),
+                      (foreign["other-json"], "a bench.json that `gbattn bench` did not write"),
+                      (foreign["list-json"], "a bench.json that gbattn cannot read (it holds list, expected a JSON "
+                                             "object)"),
+                      (foreign["notes"], "a bench.md without the bench.json gbattn writes beside it")):
+        before = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
         assert cli_main(["bench", "--preset", "cpu-char", "--device", "cpu", "--out", str(out), "--quiet"]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [
             f"gbattn: error: --out {out} holds {held}, not a folder for bench.json and bench.md: choose another --out"]
-        assert not (out / "bench.json").exists() and not (out / "bench.md").exists()
+        assert {p.name: p.read_text() for p in out.iterdir() if p.is_file()} == before
     earlier = tmp_path / "bench"
     earlier.mkdir()
-    (earlier / "bench.json").write_text("{}")
+    (earlier / "bench.json").write_text('{"command": "gbattn bench --preset cpu-char", "variants": []}')
     (earlier / "bench.md").write_text("x")
     assert speed.check_out(earlier, (), "a folder for bench.json and bench.md") is None
 

@@ -134,7 +134,7 @@ def folder_holds(directory: str | Path) -> str | None:
     """What a folder holds, in words: :data:`RUN` (its config.json or weights), a model of another kind
     (:func:`foreign_model`: :data:`EXPORT`, :data:`UNFINISHED_EXPORT`, a Hugging Face checkpoint, ...),
     :data:`COMPARISON` (recipe.json, or a results.json with models), :data:`DENOISE` (a results.json with
-    :data:`DENOISE_RESULTS_KEYS`), results files no gbattn command wrote, run directories (one model's seeds
+    :data:`DENOISE_RESULTS_KEYS`), results or bench files no gbattn command wrote, run directories (one model's seeds
     in a comparison); None for an empty or missing folder, or one of other files only."""
     directory = Path(directory)
     if any((directory / name).exists() for name in (CHECKPOINT, BEST)):
@@ -159,9 +159,29 @@ def folder_holds(directory: str | Path) -> str | None:
         return "a results.json that neither `gbattn compare` nor `gbattn denoise` wrote"
     if (directory / "results.md").is_file():
         return "a results.md without the results.json gbattn writes beside it"
+    bench_held = _foreign_bench(directory)
+    if bench_held:
+        return bench_held
     runs = sorted(p.parent.name for p in directory.glob(f"*/{CONFIG}"))
     if runs:
         return f"run directories ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''})"
+    return None
+
+
+def _foreign_bench(directory: Path) -> str | None:
+    """A bench.json or bench.md that ``gbattn bench`` did not write (``bench --out`` would replace it), in words;
+    None for none, or for a benchmark's own (bench continues or replaces it)."""
+    path = directory / "bench.json"
+    if not path.is_file():
+        markdown_alone = (directory / "bench.md").is_file()
+        return "a bench.md without the bench.json gbattn writes beside it" if markdown_alone else None
+    try:
+        bench = read_json(path)
+    except CheckpointError as e:  # its message names the file: "it" here
+        return f"a bench.json that gbattn cannot read (it {str(e).removeprefix(f'{path} ')})"
+    command, rows = bench.get("command"), bench.get("variants")
+    if not (isinstance(command, str) and command.startswith("gbattn bench") and isinstance(rows, list)):
+        return "a bench.json that `gbattn bench` did not write"
     return None
 
 
