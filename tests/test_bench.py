@@ -739,3 +739,28 @@ def test_a_variant_that_fails_to_compile_is_left_out_and_the_others_reported(mon
     code, out, err = run_cli(capsys, argv[:-3] + ["on"])
     assert code == 2 and out == ""
     assert err.splitlines()[-1] == f"gbattn: error: no variant to report: standard · compiled's {reason}"
+
+
+def test_bench_compiles_more_variants_than_dynamos_recompile_limit(monkeypatch):
+    """Each compiled variant compiles GPT.forward and the decode step anew, and dynamo allows 8 compilations of one
+    code object: a ninth compiled variant's training step ran eagerly, unsaid, in its "compiled" row, and its
+    decode step failed (10 variants, --compile on: measured). While bench times, the limit leaves room for every
+    compiled case; afterwards it is as it was."""
+    import torch._dynamo
+
+    from gbattn.bench import speed
+
+    clock, limits = [0.0], []
+
+    def fake_step(case, x, y, autocast):
+        limits.append(torch._dynamo.config.recompile_limit)
+        clock[0] += 0.5
+
+    fake_timings(monkeypatch, clock, fake_step, lambda *args, **kwargs: (0.0, 1.0))
+    variants = ["standard", "boosted", "boosted:rounds=3", "boosted:kv_source=shared", "twicing", "gated",
+                "differential", "boosted:gate=vector", "boosted:rounds=4", "boosted:rounds=5"]
+    before = torch._dynamo.config.recompile_limit
+    report = speed.run_bench("cpu-char", variants, device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2,
+                             compile="on", threads=1, quiet=True, sets={"n_layers": 1})
+    assert len(report["variants"]) == 10 and min(limits) >= before + 10
+    assert torch._dynamo.config.recompile_limit == before
