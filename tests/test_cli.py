@@ -893,9 +893,33 @@ def test_autocast_is_bfloat16_and_the_cpu_device_name_counts_threads(monkeypatch
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16
     monkeypatch.setattr(platform, "processor", lambda: "cpuX")
     monkeypatch.setattr(runtime.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(runtime, "cpu_model", lambda: None)  # no /proc/cpuinfo: the architecture alone
     for threads, expected in ((1, "cpu (1 thread, cpuX)"), (3, "cpu (3 threads, cpuX)")):
         monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
         assert runtime.device_name(torch.device("cpu")) == expected
+
+
+def test_the_cpu_device_name_holds_the_cpu_model(monkeypatch, tmp_path):
+    """A results file's hardware said `cpu (2 threads, x86_64)` for every x86 machine (platform.processor() is the
+    architecture on Linux), so two hosts' benchmarks could not be told apart; it now holds /proc/cpuinfo's model
+    name too, cleaned to one printable line; a missing file or field leaves the architecture alone."""
+    import platform
+
+    import torch
+
+    from gbattn import runtime
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  7B13\x1b[31m 64-Core\n"
+                       "processor\t: 1\nmodel name\t: other\n")
+    assert runtime.cpu_model(str(cpuinfo)) == "AMD EPYC 7B13[31m 64-Core"
+    assert runtime.cpu_model(str(tmp_path / "none")) is None
+    cpuinfo.write_text("processor\t: 0\nmodel name\t:   \n")
+    assert runtime.cpu_model(str(cpuinfo)) is None
+    monkeypatch.setattr(platform, "processor", lambda: "x86_64")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(runtime, "cpu_model", lambda: "AMD EPYC 7B13")
+    assert runtime.device_name(torch.device("cpu")) == "cpu (2 threads, x86_64, AMD EPYC 7B13)"
 
 
 def test_rng_states_of_a_cuda_device_are_its_generators(monkeypatch):

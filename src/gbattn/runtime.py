@@ -84,7 +84,24 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     threads = torch.get_num_threads()
-    return f"cpu ({threads} thread{'s' if threads != 1 else ''}, {platform.processor() or platform.machine()})"
+    model = cpu_model()
+    return (f"cpu ({threads} thread{'s' if threads != 1 else ''}, {platform.processor() or platform.machine()}"
+            f"{f', {model}' if model else ''})")
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The CPU's model name as Linux reports it (``AMD EPYC 7B13``), or None where it does not: the
+    architecture alone (``x86_64``) does not tell two machines' benchmarks apart."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = " ".join("".join(c for c in value if c.isprintable()).split())[:100]
+                    return name or None
+    except OSError:
+        pass
+    return None
 
 
 def software_versions() -> dict:
