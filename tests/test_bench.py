@@ -764,3 +764,31 @@ def test_bench_compiles_more_variants_than_dynamos_recompile_limit(monkeypatch):
                              compile="on", threads=1, quiet=True, sets={"n_layers": 1})
     assert len(report["variants"]) == 10 and min(limits) >= before + 10
     assert torch._dynamo.config.recompile_limit == before
+
+
+def test_bench_records_whether_inductor_could_load_earlier_compilations(monkeypatch):
+    """The compile times bench reports are a first compile only with inductor's caches disabled: the same tiny
+    bench run twice measured 28 / 9 s, then 3 / 1 s (train / decode), and neither bench.json nor its command said
+    which (README's runs set TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 outside the command). The report records it and
+    bench.md says what the compile times mean; an eager bench has nothing to record."""
+    import torch._inductor.config
+
+    from gbattn.bench import speed
+
+    clock = [0.0]
+
+    def fake_step(case, x, y, autocast):
+        clock[0] += 0.5
+
+    fake_timings(monkeypatch, clock, fake_step, lambda *args, **kwargs: (0.0, 1.0))
+    arguments = dict(device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2, threads=1, quiet=True,
+                     sets={"n_layers": 1})
+    for disabled, caches, note in ((False, "enabled", "Inductor's caches were enabled: a compilation an earlier run "
+                                    "cached is loaded, not redone"),
+                                   (True, "disabled", "Inductor's caches were disabled "
+                                    "(TORCHINDUCTOR_FORCE_DISABLE_CACHES=1): each a first compile.")):
+        monkeypatch.setattr(torch._inductor.config, "force_disable_caches", disabled)
+        for compile in ("on", "both"):
+            report = speed.run_bench("cpu-char", ["standard"], compile=compile, **arguments)
+            assert report["inductor_caches"] == caches and note in speed.bench_markdown(report)
+    assert "inductor_caches" not in speed.run_bench("cpu-char", ["standard"], compile="off", **arguments)

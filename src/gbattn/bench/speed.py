@@ -321,6 +321,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         "decode_tokens": decode,
         "amp_bf16": amp and dev.type == "cuda",
         "compile": compile,
+        **({} if compile == "off" else {"inductor_caches": _inductor_caches()}),
         "torch": torch.__version__,
         "versions": software_versions(),  # gbattn's, torch's and Python's: what produced the figures
         "threads": torch.get_num_threads(),
@@ -502,11 +503,12 @@ def bench_markdown(report: dict) -> str:
                          f"{r['decode_tokens_per_s']:,.0f} | {r['compiled_decode_speedup']:.2f} | "
                          f"{r['compile_s']['train']:.0f} / {r['compile_s']['decode']:.0f} |")
         lines += ["", "Speedups: the variant's eager time over its compiled time in the same repeats (step: median "
-                  "of the paired ratios). Compile time: the warm-up round's extra time over the measured steps."]
+                  "of the paired ratios). Compile time: the warm-up round's extra time over the measured steps."
+                  + _compile_cache_note(report)]
     if report["compile"] == "on":  # no eager rows to compare with, but the compile time is still the user's cost
         lines += ["", "Compile time (the warm-up round's extra time over the measured steps), train / decode: "
                   + ", ".join(f"{r['variant']} {r['compile_s']['train']:.0f} / {r['compile_s']['decode']:.0f} s"
-                              for r in report["variants"]) + "."]
+                              for r in report["variants"]) + "." + _compile_cache_note(report)]
     if report["sweep"]:
         eager = "" if report["compile"] == "off" else ", eager"  # the sweep is never compiled
         lines += ["", f"## Sequence-length sweep (batch 1, one training step{eager})", "",
@@ -517,6 +519,25 @@ def bench_markdown(report: dict) -> str:
             lines.append(f"| {r['seq_len']:,} | {r['variant']} | {1000 * r['step_s']:.1f} | "
                          f"{r['peak_memory_bytes'] / mib:,.0f} | {matrix} |")
     return "\n".join(lines) + "\n"
+
+
+def _inductor_caches() -> str:
+    """Whether torch.compile could load earlier compilations (``enabled``) or compiled from scratch (``disabled``,
+    TORCHINDUCTOR_FORCE_DISABLE_CACHES=1): the compile times mean a first compile only in the second case."""
+    import torch._inductor.config
+
+    return "disabled" if torch._inductor.config.force_disable_caches else "enabled"
+
+
+def _compile_cache_note(report: dict) -> str:
+    """What the compile times measured, from the report's ``inductor_caches`` (none in a report written before)."""
+    caches = report.get("inductor_caches")
+    if caches == "disabled":
+        return " Inductor's caches were disabled (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1): each a first compile."
+    if caches == "enabled":
+        return (" Inductor's caches were enabled: a compilation an earlier run cached is loaded, not redone, so a "
+                "compile time can be far below a first compile's (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 measures that).")
+    return ""
 
 
 def _versions_text(report: dict) -> str:
