@@ -583,8 +583,9 @@ def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch
 
 
 def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(monkeypatch):
-    """A variant named twice (two rows of one label, paired wrongly with compiled rows) and a bad
-    --sweep-attn are one-line errors before any training step, not after the whole timed run."""
+    """A variant named twice (two rows of one label, paired wrongly with compiled rows), a bad
+    --sweep-attn and a --sweep length too long are one-line errors before any training step, not after the
+    whole timed run."""
     from gbattn.bench import speed
     from gbattn.errors import UserError
 
@@ -608,6 +609,10 @@ def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(
         speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["boosted", "boosted:"], **common)
     with pytest.raises(UserError, match="attn='bogus' is not allowed"):
         speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["standard", "bogus"], **common)
+    # a --sweep length no model takes: refused only after every timing and memory probe (measured: 8 rounds, then
+    # the error, nothing written)
+    with pytest.raises(UserError, match=r"^block_size=99999999 must be an integer in \[1, 16777216\]$"):
+        speed.run_bench("cpu-char", ["standard"], sweep=[16, 99999999], **common)
     # sweep variants without a sweep: refused by run_bench itself, as by the CLI (they were dropped, silently)
     for no_sweep in (None, []):
         with pytest.raises(UserError, match=r"--sweep-attn goes with --sweep T \.\.\."):

@@ -204,8 +204,11 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     _refuse_repeats("--attn", variants, preset, sets)
     base_cfg = _variant_config(preset, "standard", sets)
     sweep_variants = [_label(spec) for spec in sweep_variants or ["standard", "boosted"]]
-    if sweep:  # a bad --sweep-attn fails now, not after the timings
+    if sweep:  # a bad --sweep-attn, or a --sweep length no model takes, fails now, not after the timings
         _refuse_repeats("--sweep-attn", sweep_variants, preset, sets)
+        for T in sweep:
+            for spec in sweep_variants:
+                _sweep_config(preset, spec, sets, T)
     # (the preset's block size, or the one --set gave: an error naming the preset's would cite a size it does not have)
     block_source = f"from --set block_size={base_cfg.block_size}" if "block_size" in sets else f"of preset {preset}"
     prefill, decode = _prefill_and_decode_lengths(block_source, base_cfg.block_size, prefill, decode)
@@ -390,6 +393,11 @@ def _variant_config(preset: str, spec: str, sets: dict) -> ModelConfig:
     return preset_config(preset, name, {**sets, **{f"attn.{k}": v for k, v in options.items()}})
 
 
+def _sweep_config(preset: str, spec: str, sets: dict, seq_len: int) -> ModelConfig:
+    """The model a sweep times at ``seq_len`` tokens (its block size), or a one-line error for a length too long."""
+    return _variant_config(preset, spec, sets).replace(block_size=seq_len)
+
+
 def _label(spec: str) -> str:
     """A variant's label in the table: ``spec`` as given, its bare name when it lists no options (``standard:``)."""
     name, options = parse_variant(spec)
@@ -419,7 +427,7 @@ def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
     bar = Progress(len(lengths) * len(variants), desc="sequence-length sweep", unit="case", disable=quiet, interval=15)
     for T in lengths:
         for spec in variants:
-            cfg = _variant_config(preset, spec, sets).replace(block_size=T)
+            cfg = _sweep_config(preset, spec, sets, T)
             torch.manual_seed(0)
             model = GPT(cfg).to(dev)
             case = Case(spec, cfg, model, bench_optimizer(model, dev))
