@@ -35,6 +35,30 @@ def test_readme_snippet_runs(index, tmp_path, monkeypatch, capsys):
         assert printed.startswith("boosted 2\nROMEO:")
 
 
+TRANSFORMERS_SNIPPETS = re.findall(r"^```\n(import gbattn\.hf\b.*?)^```", README.read_text(encoding="utf-8"),
+                                   flags=re.S | re.M)
+
+
+def test_readme_transformers_snippet_runs_and_equals_gbattn_generate(tmp_path, monkeypatch, capsys):
+    """README, "Hugging Face transformers": the Auto-classes snippet runs verbatim on the Quickstart run exported
+    to `runs/char-gba-hf`, and prints what gbattn's own greedy decoding gives (the sequence fits in block_size)."""
+    pytest.importorskip("transformers")
+    import gbattn
+    from gbattn.hf.export import export_run
+
+    assert len(TRANSFORMERS_SNIPPETS) == 1
+    monkeypatch.chdir(tmp_path)
+    model_cfg, train_cfg = build_configs("cpu-char", "boosted", "tiny-shakespeare",
+                                         {"max_steps": 2, "eval_every": 2, "threads": 1, "d_model": 32})
+    train("runs/char-gba", model_cfg, train_cfg, quiet=True)
+    export_run("runs/char-gba", "runs/char-gba-hf")
+    capsys.readouterr()
+    exec(compile(TRANSFORMERS_SNIPPETS[0], "README.md transformers snippet", "exec"), {})
+    printed = capsys.readouterr().out
+    expected = gbattn.load_run("runs/char-gba-hf").generate("ROMEO:", max_new_tokens=50, temperature=0)
+    assert printed == expected + "\n"
+
+
 DOCS = README.parent / "docs"
 CITATION = re.compile(r'(README|docs/[a-z]+\.md), "([^"]+)"')
 
