@@ -724,6 +724,29 @@ def test_an_exported_config_names_no_path_of_this_machine():
         assert portable_paths({"train": {"tokenizer": kept}})["train"]["tokenizer"] == kept
 
 
+def test_eval_of_an_export_whose_corpus_is_elsewhere_says_the_export_kept_only_the_paths_last_part(
+        tmp_path, capsys, monkeypatch):
+    """README, "Hugging Face transformers": an export records its corpus by the path's last part, so `gbattn eval
+    EXPORT` without the corpus there says so (it said the path was "relative to where it was trained", though the
+    run was trained on an absolute one); the run itself, with a relative path, says that one is relative."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    write_corpus(tmp_path / "data" / "corpus")
+    model_cfg, train_cfg = tiny_configs(str(tmp_path / "data" / "corpus"), max_steps=1, eval_tokens=512)
+    train(tmp_path / "run", model_cfg, train_cfg, quiet=True)
+    assert cli_main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export")]) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)  # no ./corpus here
+    code, _, err = run_cli(capsys, ["eval", tmp_path / "export"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "'corpus'" in err and "(an export keeps only its last part)" in err and "relative" not in err
+    monkeypatch.chdir(tmp_path / "data")
+    model_cfg, train_cfg = tiny_configs("corpus", max_steps=1, eval_tokens=512)
+    train(tmp_path / "relative", model_cfg, train_cfg, quiet=True)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, ["eval", tmp_path / "relative"])
+    assert code == 2 and "(a relative path is relative to where the run was trained)" in err, err
+
+
 def test_wrap_run_names_the_tokenizers_padding_and_length(tmp_path):
     """A bpe run's wrapper: the model's pad token is the tokenizer's, no eos (bpe's <pad> stands in),
     the tokenizer's model_max_length is the block size and it pads on the left, the run's step and

@@ -53,8 +53,10 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
     except DataNotFound as e:
         if data:
             raise
-        raise DataNotFound(f"{e}; that is the path {run.run_dir} recorded (relative to where it was trained): pass "
-                        f"--data PATH where the corpus is now") from None
+        kept = ("an export keeps only its last part" if run.checkpoint == "exported"
+                else "a relative path is relative to where the run was trained")
+        raise DataNotFound(f"{e}; that is the path {run.run_dir} recorded ({kept}): pass --data PATH where the corpus "
+                           f"is now") from None
 
 
 def other_data_note(run, data: Data) -> str:
