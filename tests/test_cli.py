@@ -425,6 +425,17 @@ def test_train_refuses_compile_and_no_compile_together(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_an_unknown_option_of_a_command_points_at_that_commands_help(tmp_path, capsys):
+    """A misspelt option of a command (`train --tokenzier char`) pointed at `gbattn --help`, which lists no
+    command's options; the line points at the command's own help, as every other usage error does."""
+    code, out, err = run_cli(capsys, ["train", "--out", tmp_path / "run", "--tokenzier", "char"])
+    assert (code, out) == (2, "")
+    assert err == "gbattn: error: unrecognized arguments: --tokenzier char (see: gbattn train --help)\n"
+    code, _, err = run_cli(capsys, ["list", "extra"])
+    assert (code, err) == (2, "gbattn: error: unrecognized arguments: extra (see: gbattn list --help)\n")
+    assert not (tmp_path / "run").exists()
+
+
 def test_help_texts_say_what_each_command_uses(capsys):
     """`bench --help` said of --preset "its training recipe is the default" (bench trains no recipe), and
     `compare --help` gave "(paper: 42 123)" as the seeds of every paper recipe (paper-postln's are 42,

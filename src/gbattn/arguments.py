@@ -14,6 +14,16 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"gbattn: error: {message} (see: {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        # argparse reports a command's unknown option from the top parser, whose --help does not list the
+        # command's options: point at the command's own help instead.
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            command = getattr(parsed, "command", None)
+            self.exit(2, f"gbattn: error: unrecognized arguments: {' '.join(unknown)} "
+                         f"(see: {self.prog}{f' {command}' if command else ''} --help)\n")
+        return parsed
+
     def _get_values(self, action, arg_strings):
         # An empty value is a script's unset variable (`--attn "$VARIANT"`, `gbattn eval "$RUN"`), never a
         # choice: refused here, once for every option and argument, instead of meaning "not given" (the
