@@ -1930,6 +1930,42 @@ def test_clipping_uses_grad_clip_on_the_accumulated_gradient(tmp_path, monkeypat
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
 
 
+def test_each_training_step_is_one_adamw_step_on_the_clipped_gradient_of_its_batch(tmp_path):
+    """Two steps of a run (grad_accum=2, clipping active, decay on matrices only) against the same steps written
+    out with torch's AdamW: the config's lr, betas and weight decay, AdamW's own eps, one update per step on the
+    clipped gradient of the mean loss of the step's batch; the step returns that mean loss."""
+    import copy
+
+    data = write_corpus(tmp_path / "c")
+    trainer = Trainer(tmp_path / "run", *tiny_configs(data, dropout=0.0, grad_accum=2, grad_clip=0.05,
+                                                      weight_decay=0.1, decay_matrices_only=True, beta2=0.95),
+                      quiet=True)
+    trainer._setup()
+    cfg, reference = trainer.train_cfg, copy.deepcopy(trainer.model)
+    params = list(reference.parameters())
+    adamw = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                              lr=1.0, betas=(0.9, 0.95))
+    for step, lr in enumerate([2e-3, 3e-3]):
+        for group in trainer.optimizer.param_groups + adamw.param_groups:
+            group["lr"] = lr
+        loss = trainer._train_step(step)
+        x, y = trainer._global_batch(step)
+        total = 0.0
+        for half in (slice(0, 4), slice(4, 8)):
+            with trainer.autocast():
+                part = reference(x[half], y[half]) / 2
+            part.backward()
+            total += part.item()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        adamw.step()
+        adamw.zero_grad(set_to_none=True)
+        assert loss == pytest.approx(total, rel=1e-6)
+        for name, weight in reference.state_dict().items():
+            torch.testing.assert_close(trainer.model.state_dict()[name], weight, rtol=1e-6, atol=1e-8,
+                                       msg=lambda m, name=name, step=step: f"step {step}, {name}: {m}")
+
+
 @pytest.mark.parametrize("preset", ["cpu-char", "paper-small"])
 def test_weight_decay_groups_and_betas_follow_the_preset(preset):
     """decay_matrices_only (nanoGPT, cpu-char): weight decay on every >= 2-dim weight (embeddings
