@@ -906,6 +906,21 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
         train(tmp_path / "compared", *tiny_configs(data), quiet=True, extra={"label": "gba-m2"})
 
 
+def test_an_infinite_loss_stops_as_a_nan_does(tmp_path, monkeypatch):
+    """A loss of +inf (no NaN: without clipping the gradient norm does not join it) stops the run at its step."""
+    data = write_corpus(tmp_path / "c")
+    original = Trainer._train_step
+
+    def infinite_at_6(self, step):
+        value = original(self, step)
+        return float("inf") if step == 6 else value
+
+    monkeypatch.setattr(Trainer, "_train_step", infinite_at_6)
+    with pytest.raises(TrainingDiverged, match="loss became inf at step 6"):
+        train(tmp_path / "run", *tiny_configs(data, grad_clip=0.0), quiet=True)
+    assert ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)["step"] == 4
+
+
 def test_an_infinite_gradient_with_a_finite_loss_also_stops(tmp_path, monkeypatch):
     """A gradient that overflows while the loss stays finite stops the run before the optimizer steps
     on it (the gradient norm joins the checked value)."""
