@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gbattn.config import PRESETS, build_configs, preset_config
+from gbattn.config import PRESETS, TrainConfig, build_configs, preset_config
 from gbattn.model import GPT
 from gbattn.train.trainer import fitted_warmup, learning_rate, train
 from helpers import TINY, write_corpus
@@ -151,6 +151,18 @@ def test_every_preset_holds_its_documented_model_and_recipe(preset):
     assert {k: getattr(model_cfg, k) for k in model_expected} == model_expected
     assert {k: getattr(train_cfg, k) for k in train_expected} == train_expected
     assert set(PRESETS) == set(DOCUMENTED)
+
+
+def test_the_training_defaults_are_the_papers_recipe():
+    """TrainConfig's own defaults (a config built in code, a field no preset names) are the paper's recipe: one
+    update per global batch of 32 rows, the default warmup fitted to a short run, the 90/5/5 split."""
+    defaults = TrainConfig()
+    assert {k: getattr(defaults, k) for k in PAPER_RECIPE} == PAPER_RECIPE
+    rest = dict(grad_accum=1, fit_warmup=True, split=[0.9, 0.05, 0.05], amp="auto")
+    assert {k: getattr(defaults, k) for k in rest} == rest
+    for name in PRESETS:
+        train_cfg = build_configs(name, "standard", "data", {})[1]
+        assert (train_cfg.grad_accum, train_cfg.fit_warmup, train_cfg.amp) == (1, True, "auto"), name
 
 
 # --------------------------------------------------------------------------------------
