@@ -920,3 +920,38 @@ def test_a_process_other_than_the_first_writes_and_prints_nothing(tmp_path, monk
     assert not (tmp_path / "new").exists()
     assert _snapshot(resumed) == before and _snapshot(finished) == finished_before
     assert capsys.readouterr() == ("", "")
+
+
+def test_every_process_starts_from_the_same_weights_and_draws_its_own_dropout_stream(tmp_path, monkeypatch):
+    """Every process builds the same initial weights (the seed), then seeds a random stream of its own for dropout
+    (seed + 1000 x rank): processes sharing one stream would drop the same units on their parts of each batch.
+    _setup runs here as the first and the second of two processes run it, on a one-process gloo group."""
+    import torch.distributed as dist
+
+    from gbattn.train import trainer as trainer_module
+    from gbattn.train.distributed import DistEnv
+    from helpers import tiny_configs
+
+    class OneOfTwo(DistEnv):
+        def all_sum(self, values: list[float]) -> list[float]:
+            return [2 * v for v in values]
+
+        def gather(self, obj) -> list:
+            return [obj, obj]
+
+    data = write_corpus(tmp_path / "c")
+    weights, streams = {}, {}
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for rank in (0, 1):
+            monkeypatch.setattr(trainer_module, "init_distributed", lambda device_type, rank=rank: OneOfTwo(rank=rank,
+                                                                                                          world=2))
+            trainer = trainer_module.Trainer(tmp_path / "run", *tiny_configs(data), quiet=True)
+            trainer._setup()
+            if getattr(trainer, "lock", None) is not None:
+                trainer.lock.release()
+            weights[rank], streams[rank] = trainer.model.state_dict(), torch.get_rng_state()
+    finally:
+        dist.destroy_process_group()
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+    assert not torch.equal(streams[0], streams[1])
