@@ -1155,6 +1155,16 @@ def test_paired_differences_are_marked_only_when_every_seed_agrees_in_sign_and_t
     assert "real" not in md
 
 
+def test_the_paired_reference_is_the_first_row_named_standard_with_or_without_a_suffix():
+    """Post-LN recipes name their reference standard-postln: the paired table still compares with it (not
+    with a later standard row, and not with none)."""
+    md = paired_md({"gba-m2": {"1": 2.1, "2": 2.0}, "standard-postln": {"1": 2.2, "2": 2.3},
+                    "standard": {"1": 9.0, "2": 9.0}}, seeds=(1, 2))
+    assert "Paired per-seed differences" in md
+    assert paired_cells(md, "gba-m2")[4].startswith("-0.200 (-0.100 / -0.300) **same sign**")
+    assert paired_cells(md, "standard-postln")[4] == "—"
+
+
 def test_the_paired_t_test_p_value_is_students_t_in_closed_form():
     """Two-sided p of the paired t-test against Student's t in closed form for 1 to 4 degrees of freedom
     (2 to 5 seeds) and the normal distribution for very many; equal differences are p 0 (or none when
