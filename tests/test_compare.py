@@ -575,6 +575,22 @@ def test_a_report_row_keeps_each_runs_losses_devices_norm_and_the_published_valu
     assert "| standard | standard, Post-LN |" in md and "| 6.50 ± 0.10 |" in md and "Published: a paper." in md
 
 
+def test_a_report_row_lists_its_seeds_in_numeric_order_whatever_order_they_finished_in(tmp_path):
+    """Runs finish in any order (--jobs, --seeds 123 7 42): the row's seeds and per-seed values are in
+    numeric seed order all the same."""
+    from gbattn.experiments.recipes import ModelSpec, Recipe
+    from gbattn.experiments.report import write_results
+
+    recipe = Recipe("r", "a test (10 steps)", "cpu-char", [ModelSpec("standard")])
+    runs = {123: _run_result(12.0, 60.0), 7: _run_result(10.0, 60.0), 42: _run_result(11.0, 60.0)}
+    report = write_results(tmp_path, recipe, {"data": "x", "seeds": [7, 42, 123], "sets": {}}, recipe.models,
+                           {"standard": runs})
+    (row,) = report["models"]
+    assert row["seeds"] == [7, 42, 123]
+    for key in ("test_ppl", "valid_ppl", "valid_loss", "curves"):
+        assert list(row[key]) == ["7", "42", "123"], key
+
+
 # -- what a recipe's rows are, and what compare asks of its directory --------------------------------
 
 # Options a GBA row's label names: (part of the label, option, value).
