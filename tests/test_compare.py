@@ -591,6 +591,20 @@ def test_a_report_row_lists_its_seeds_in_numeric_order_whatever_order_they_finis
         assert list(row[key]) == ["7", "42", "123"], key
 
 
+def test_a_report_rows_wall_clock_and_tokens_per_second_are_means_over_three_seeds(tmp_path):
+    """Wall-clock and tokens/s are means over the seeds (100 s, 200/s), not medians (60 s, 100/s), which
+    two seeds cannot tell apart."""
+    from gbattn.experiments.recipes import ModelSpec, Recipe
+    from gbattn.experiments.report import write_results
+
+    recipe = Recipe("r", "a test (10 steps)", "cpu-char", [ModelSpec("standard")])
+    runs = {1: _run_result(10.0, 60.0), 2: _run_result(11.0, 60.0), 3: _run_result(12.0, 180.0)}
+    runs[3]["train_tokens_per_s"] = 400.0
+    report = write_results(tmp_path, recipe, {"data": "x", "seeds": [1, 2, 3], "sets": {}}, recipe.models,
+                           {"standard": runs})
+    assert (report["models"][0]["wall_clock_s"], report["models"][0]["tokens_per_s"]) == (100.0, 200.0)
+
+
 # -- what a recipe's rows are, and what compare asks of its directory --------------------------------
 
 # Options a GBA row's label names: (part of the label, option, value).
