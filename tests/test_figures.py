@@ -992,6 +992,13 @@ def test_a_schedule_or_model_override_drops_published_numbers_and_says_which():
     assert "overrides the recipe's training length or schedule (max_steps=2000, lr=0.01)." in md
     md = results_markdown(report_of(rows, sets={"max_steps": 2000, "weight_decay": 0.5}))
     assert "overrides the recipe's training settings (max_steps=2000, weight_decay=0.5)." in md
+    # every length key at once is still the length, every length and schedule key at once the length or schedule
+    length = {"max_steps": 2000, "epochs": 1, "batch_size": 8, "seq_len": 64}
+    md = results_markdown(report_of(rows, sets=length))
+    assert "overrides the recipe's training length (max_steps=2000, epochs=1, batch_size=8, seq_len=64)." in md
+    md = results_markdown(report_of(rows, sets={**length, "lr": 0.01, "warmup_steps": 10}))
+    assert ("overrides the recipe's training length or schedule (max_steps=2000, epochs=1, batch_size=8, seq_len=64, "
+            "lr=0.01, warmup_steps=10).") in md
     md = results_markdown(report_of(rows, sets={"attn.rounds": 3}))
     assert "6.55" not in md and "published numbers omitted: this comparison changes the model (attn.rounds=3)." in md
     assert "Published: nanoGPT README." not in md
