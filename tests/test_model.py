@@ -578,6 +578,8 @@ def test_flops_per_token_refuses_a_sequence_length_below_one():
             flops_per_token(cfg, seq_len=bad)
     assert flops_per_token(cfg, seq_len=None) == flops_per_token(cfg, seq_len=cfg.block_size)
     assert flops_per_token(cfg, seq_len=np.int64(32)) == flops_per_token(cfg, seq_len=32)
+    # one token is the shortest sequence there is, and is counted (d 128, 4 layers, vocab 65, T 1)
+    assert flops_per_token(cfg, seq_len=1) == 2 * (4 * 12 * 128 * 128 + 65 * 128) + 4 * 4 * 1 * 128
 
 
 def test_flops_per_token_takes_backward_true_or_false_only():
