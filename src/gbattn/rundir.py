@@ -146,39 +146,40 @@ def folder_holds(directory: str | Path) -> str | None:
         return RUN
     if (directory / "recipe.json").is_file():  # a comparison, perhaps with an export or a copied run beside its models
         return COMPARISON
-    path = directory / "results.json"
-    if path.is_file():
-        try:
-            results = read_json(path)
-        except CheckpointError as e:  # its message names the file: "it" here
-            return f"a results.json that gbattn cannot read (it {str(e).removeprefix(f'{path} ')})"
-        if "models" in results:
-            return COMPARISON
-        if all(key in results for key in DENOISE_RESULTS_KEYS):
-            return DENOISE
-        return "a results.json that neither `gbattn compare` nor `gbattn denoise` wrote"
-    if (directory / "results.md").is_file():
-        return "a results.md without the results.json gbattn writes beside it"
-    bench_held = _foreign_bench(directory)
-    if bench_held:
-        return bench_held
+    held = _report_pair(directory, "results", _results_kind) or _report_pair(directory, "bench", _bench_kind)
+    if held:
+        return held
     runs = sorted(p.parent.name for p in directory.glob(f"*/{CONFIG}"))
     if runs:
         return f"run directories ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''})"
     return None
 
 
-def _foreign_bench(directory: Path) -> str | None:
-    """A bench.json or bench.md that ``gbattn bench`` did not write (``bench --out`` would replace it), in words;
-    None for none, or for a benchmark's own (bench continues or replaces it)."""
-    path = directory / "bench.json"
+def _report_pair(directory: Path, stem: str, kind_of) -> str | None:
+    """What ``STEM.json`` and the ``STEM.md`` gbattn writes beside it say a folder holds, in words: ``kind_of`` of
+    the JSON object (a kind, a file no gbattn command wrote, or None for a command's own that is no kind), a JSON
+    file gbattn cannot read, or a markdown file alone; None for neither file."""
+    path = directory / f"{stem}.json"
     if not path.is_file():
-        markdown_alone = (directory / "bench.md").is_file()
-        return "a bench.md without the bench.json gbattn writes beside it" if markdown_alone else None
+        alone = (directory / f"{stem}.md").is_file()
+        return f"a {stem}.md without the {stem}.json gbattn writes beside it" if alone else None
     try:
-        bench = read_json(path)
+        content = read_json(path)
     except CheckpointError as e:  # its message names the file: "it" here
-        return f"a bench.json that gbattn cannot read (it {str(e).removeprefix(f'{path} ')})"
+        return f"a {stem}.json that gbattn cannot read (it {str(e).removeprefix(f'{path} ')})"
+    return kind_of(content)
+
+
+def _results_kind(results: dict) -> str:
+    if "models" in results:
+        return COMPARISON
+    if all(key in results for key in DENOISE_RESULTS_KEYS):
+        return DENOISE
+    return "a results.json that neither `gbattn compare` nor `gbattn denoise` wrote"
+
+
+def _bench_kind(bench: dict) -> str | None:
+    """None for a benchmark's own bench.json (``bench --out`` continues or replaces it)."""
     command, rows = bench.get("command"), bench.get("variants")
     if not (isinstance(command, str) and command.startswith("gbattn bench") and isinstance(rows, list)):
         return "a bench.json that `gbattn bench` did not write"
