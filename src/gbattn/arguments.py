@@ -11,8 +11,9 @@ from gbattn.checks import did_you_mean
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and status 2."""
 
-    def error(self, message: str):
-        self.exit(2, f"gbattn: error: {message} (see: {self.prog} --help)\n")
+    def error(self, message: str, help_of: str | None = None):
+        """``help_of``: the command whose --help to point at (this parser's by default)."""
+        self.exit(2, f"gbattn: error: {message} (see: {help_of or self.prog} --help)\n")
 
     def parse_args(self, args=None, namespace=None):
         # argparse reports a command's unknown option from the top parser, whose --help does not list the
@@ -20,8 +21,7 @@ class Parser(argparse.ArgumentParser):
         parsed, unknown = self.parse_known_args(args, namespace)
         if unknown:
             command = getattr(parsed, "command", None)
-            self.exit(2, f"gbattn: error: unrecognized arguments: {' '.join(unknown)} "
-                         f"(see: {self.prog}{f' {command}' if command else ''} --help)\n")
+            self.error(f"unrecognized arguments: {' '.join(unknown)}", f"{self.prog} {command}" if command else None)
         return parsed
 
     def _get_values(self, action, arg_strings):
