@@ -336,10 +336,6 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
     return summary, written
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
 def _join(values, fmt="{:.2f}", sep=" / ") -> str:
     return sep.join(fmt.format(v) for v in values)
 
@@ -368,7 +364,7 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     line = "  entropy, nats (bound log(t+1), max {:.2f}): ".format(e["max_possible"])
     layers = e.get("layers_per_round") or []
     partial = len(set(layers)) > 1  # GBA in some layers only: round 0's mean is over more layers than round 1's
-    line += " -> ".join(f"round {m} {v:.2f}" + (f" ({_count(layers[m], 'layer')})" if partial else "")
+    line += " -> ".join(f"round {m} {v:.2f}" + (f" ({figures.count_words(layers[m], 'layer')})" if partial else "")
                         for m, v in enumerate(means))
     if e.get("relative_drop") is not None:
         per_layer = ", ".join(f"L{r['layer']} {figures.change_percent(r['relative_drop'])}" for r in e["per_layer"]
@@ -377,7 +373,8 @@ def print_summary(summary: dict, summary_path: Path) -> None:
         if partial:  # the change is over the corrected layers only: say their own round 0 and round 1
             corrected = [r["mean_per_round"] for r in e["per_layer"] if len(r["mean_per_round"]) > 1]
             round0, round1 = (statistics.fmean(m[k] for m in corrected) for k in (0, 1))
-            basis = f"in the {_count(len(corrected), 'layer')} with a correction: {round0:.2f} -> {round1:.2f}, "
+            basis = (f"in the {figures.count_words(len(corrected), 'layer')} with a correction: "
+                     f"{round0:.2f} -> {round1:.2f}, ")
         line += (f" ({basis}{figures.change_words(e['relative_drop'])}; change per layer {per_layer})    "
                  f"paper: {paper['entropy_round0_nats']:.2f} -> {paper['entropy_correction_nats']:.2f} "
                  f"({figures.change_words(paper['entropy_relative_drop'])}, layer 0 the exception, T=256)")

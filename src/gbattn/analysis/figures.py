@@ -110,6 +110,11 @@ def change_words(relative_drop: float) -> str:
     return f"{abs(100 * relative_drop):.0f}% {'lower' if relative_drop >= 0 else 'higher'}"
 
 
+def count_words(n: int, noun: str) -> str:
+    """``3 layers``, ``1 layer``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def change_percent(relative_drop: float) -> str:
     """A relative drop as the signed change of the entropy: 0.2 -> '-20%', -0.03 -> '+3%', and a change that
     rounds to nothing '+0%' (never '-0%')."""
@@ -226,7 +231,7 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
         for m in range(M):
             density = counts[m] / max(counts[m].sum(), 1) / widths
             mean = entropy["mean_per_round"][m]
-            over = f" ({layers_M[m]} layer{'' if layers_M[m] == 1 else 's'})" if partial else ""
+            over = f" ({count_words(layers_M[m], 'layer')})" if partial else ""
             hist_ax.stairs(density, edges, color=round_color(m), fill=True, alpha=0.35)
             hist_ax.stairs(
                 density, edges, color=round_color(m), linewidth=1.5, label=f"{round_name(m)}: mean {mean:.2f}{over}"
