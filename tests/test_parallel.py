@@ -24,6 +24,21 @@ from gbattn.experiments.compare import run_compare
 from helpers import TINY, write_corpus
 
 
+def process_of_identical_peers(rank: int, world: int):
+    """A DistEnv of process ``rank`` of ``world`` whose peers each contribute what this one does (their sums and
+    gathers taken as its own), for a trainer run on a one-process group as one of several."""
+    from gbattn.train.distributed import DistEnv
+
+    class IdenticalPeers(DistEnv):
+        def all_sum(self, values: list[float]) -> list[float]:
+            return [self.world * v for v in values]
+
+        def gather(self, obj) -> list:
+            return [obj] * self.world
+
+    return IdenticalPeers(rank=rank, world=world)
+
+
 def test_compare_with_two_jobs_equals_one_after_another(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
     data = write_corpus(tmp_path / "c")
@@ -858,21 +873,14 @@ def test_a_restart_that_fails_its_checks_leaves_the_old_run(tmp_path, monkeypatc
     processes do not divide (or, in one process, too little data) then failed with the old run already deleted
     (--out held only its lock). The old run is now discarded only once the new one has passed its checks."""
     from gbattn.train import trainer as trainer_module
-    from gbattn.train.distributed import DistEnv
     from helpers import tiny_configs
-
-    class FirstOf(DistEnv):  # the first of ``world`` processes, each contributing what this one does
-        def all_sum(self, values: list[float]) -> list[float]:
-            return [self.world * v for v in values]
-
-        def gather(self, obj) -> list:
-            return [obj] * self.world
 
     data = write_corpus(tmp_path / "c")
     run = tmp_path / "run"
     trainer_module.train(run, *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
     before = {name: content for name, content in _snapshot(run).items() if name != rundir.LOCK}
-    monkeypatch.setattr(trainer_module, "init_distributed", lambda device_type: FirstOf(world=processes))
+    monkeypatch.setattr(trainer_module, "init_distributed",
+                        lambda device_type: process_of_identical_peers(0, processes))
     with pytest.raises(UserError, match=error):
         trainer_module.Trainer(run, *tiny_configs(data, max_steps=2, eval_every=2, **sets), quiet=True,
                                restart=True).run()
@@ -888,15 +896,7 @@ def test_a_process_other_than_the_first_writes_and_prints_nothing(tmp_path, monk
     import torch.distributed as dist
 
     from gbattn.train import trainer as trainer_module
-    from gbattn.train.distributed import DistEnv
     from helpers import run_cli, tiny_configs, train_killed_at
-
-    class SecondOfTwo(DistEnv):
-        def all_sum(self, values: list[float]) -> list[float]:
-            return [2 * v for v in values]
-
-        def gather(self, obj) -> list:
-            return [obj, obj]
 
     data = write_corpus(tmp_path / "c")
     model_cfg, train_cfg = tiny_configs(data, max_steps=4, eval_every=2, warmup_steps=5)  # a warning: warmup > run
@@ -906,7 +906,7 @@ def test_a_process_other_than_the_first_writes_and_prints_nothing(tmp_path, monk
     trainer_module.train(finished, *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
     before, finished_before = _snapshot(resumed), _snapshot(finished)
     capsys.readouterr()
-    monkeypatch.setattr(trainer_module, "init_distributed", lambda device_type: SecondOfTwo(rank=1, world=2))
+    monkeypatch.setattr(trainer_module, "init_distributed", lambda device_type: process_of_identical_peers(1, 2))
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert run_cli(capsys, ["train", "--resume", "--out", finished]) == (0, "", "")
@@ -929,23 +929,15 @@ def test_every_process_starts_from_the_same_weights_and_draws_its_own_dropout_st
     import torch.distributed as dist
 
     from gbattn.train import trainer as trainer_module
-    from gbattn.train.distributed import DistEnv
     from helpers import tiny_configs
-
-    class OneOfTwo(DistEnv):
-        def all_sum(self, values: list[float]) -> list[float]:
-            return [2 * v for v in values]
-
-        def gather(self, obj) -> list:
-            return [obj, obj]
 
     data = write_corpus(tmp_path / "c")
     weights, streams = {}, {}
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         for rank in (0, 1):
-            monkeypatch.setattr(trainer_module, "init_distributed", lambda device_type, rank=rank: OneOfTwo(rank=rank,
-                                                                                                          world=2))
+            monkeypatch.setattr(trainer_module, "init_distributed",
+                                lambda device_type, rank=rank: process_of_identical_peers(rank, 2))
             trainer = trainer_module.Trainer(tmp_path / "run", *tiny_configs(data), quiet=True)
             trainer._setup()
             if getattr(trainer, "lock", None) is not None:
