@@ -51,14 +51,13 @@ def eager_decode_step(model):
 MIN_TOKENS_TO_COMPILE: dict[str, int | None] = {"cpu": 17_000, "cuda": None}
 
 
-def compiled_decode_step(model, mode: str | None = None):
-    """:func:`eager_decode_step`, compiled (``mode``: ``reduce-overhead`` = CUDA graphs, the default
-    on CUDA)."""
+def compiled_decode_step(model):
+    """:func:`eager_decode_step`, compiled with static shapes: through CUDA graphs on CUDA (as
+    ``mode="reduce-overhead"``), through inductor's C++ wrapper on a CPU."""
     device = next(model.parameters()).device
     # In-place buffer reuse off: with it, PyTorch 2.13's inductor miscompiles this step for a model with
     # several layers of 3-round GBA with the mlp gate (NaN logits; tests/test_compiled.py).
-    cudagraphs = device.type == "cuda" and (mode or "reduce-overhead") == "reduce-overhead"
-    options = {"inplace_buffers": False, "triton.cudagraphs": cudagraphs}
+    options = {"inplace_buffers": False, "triton.cudagraphs": device.type == "cuda"}
     if device.type == "cpu":
         # The C++ wrapper calls the step's kernels without Python in between: over eager decoding on 2
         # CPU cores, measured 1.4x -> 1.55x (standard) and 1.65x -> 1.8x (GBA) (README, "Compiled vs eager").
