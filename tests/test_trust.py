@@ -1879,6 +1879,7 @@ def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_tr
     from gbattn.experiments.report import other_setting, published_value
 
     assert files.portable_path("/home/me/data/wikitext-2") == "wikitext-2"
+    assert files.portable_path("/") == "/"  # not "" (a `--out /` was recorded as '')
     run = tmp_path / "runs" / "gba"
     assert files.relative_path(run / "seed1", tmp_path) == "runs/gba/seed1"  # inside: relative to the base
     assert files.relative_path(run, run) == "runs/gba"  # the base itself: its last two parts, never "."

@@ -301,4 +301,6 @@ def portable_path(text: str) -> str:
     if not (os.path.isabs(text) or ".." in Path(text).parts):
         return text
     path = Path(text)
-    return f"{path.parent.name}/{path.name}" if path.is_file() and path.parent.name not in ("", "..") else path.name
+    if path.is_file() and path.parent.name not in ("", ".."):
+        return f"{path.parent.name}/{path.name}"
+    return path.name or text  # the root has no last component: it stays "/" (it says nothing of this machine)
