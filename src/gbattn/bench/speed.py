@@ -325,7 +325,6 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         "amp_bf16": amp and dev.type == "cuda",
         "compile": compile,
         **({} if compile == "off" else {"inductor_caches": _inductor_caches()}),
-        "torch": torch.__version__,
         "versions": software_versions(),  # gbattn's, torch's and Python's: what produced the figures
         "threads": torch.get_num_threads(),
         "command": command_line(portable=True),
