@@ -795,6 +795,21 @@ def test_committed_results_are_what_the_tables_make_of_their_runs():
     assert results_markdown(report) == (RESULTS / "results.md").read_text()
 
 
+def test_committed_bayes_ceilings_are_the_same_queries_drawn_again():
+    """results/denoise's Bayes-optimal ceilings come back from bayes_optimal_accuracy with its default seed:
+    the same queries (targets, then noise added to the pattern), so the same count up to a float tie or
+    two. A changed draw (noise subtracted, the draws swapped, another seed) stays within the Monte Carlo
+    error and passed the tests of the ceiling, while no committed ceiling could be made again."""
+    from gbattn.synthetic.task import DEQ_SETTINGS
+
+    report = json.loads((RESULTS / "results.json").read_text())
+    for st in [st for st in DEQ_SETTINGS if st.d <= 32]:  # the small ones: well under a second in all
+        recorded = report["bayes"][st.key]
+        patterns_KD = make_patterns(st, report["protocol"]["pattern_seed"])
+        accuracy, _ = bayes_optimal_accuracy(patterns_KD, st.sigma, recorded["queries"])
+        assert abs(accuracy - recorded["accuracy"]) * recorded["queries"] <= 2, st.key
+
+
 def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, monkeypatch):
     """With training stubbed: every distinct run trained once (runs shared by tables too),
     results.json rewritten after each experiment's table and marked unfinished (results.md says which
