@@ -920,6 +920,23 @@ def test_rounds_figure_draws_each_rounds_mean_and_std(tmp_path, monkeypatch):
     assert calls[-1][2]["label"] == "ours (1 seed)"  # one value per row, not a mean and a spread
 
 
+def test_rounds_figure_draws_each_reference_line_at_its_own_values(tmp_path, monkeypatch):
+    """The paper's rows, the Bayes-optimal ceiling and chance are each drawn at their own numbers beside their
+    own labels (a ceiling line drawn at chance's height kept the label that named the ceiling's value)."""
+    from gbattn.synthetic import tables
+
+    figures = []
+    monkeypatch.setattr(tables, "write_figure", lambda fig, path: figures.append(fig))
+    rows = [{"rounds": 1, "ours": {"mean": 40.0, "std": 1.5, "n": 2}, "paper_v1": 41.3, "paper_revision": 46.0},
+            {"rounds": 2, "ours": {"mean": 50.0, "std": 0.5, "n": 2}, "paper_v1": 53.3, "paper_revision": 55.5}]
+    plot_rounds({"rows": rows, "bayes": 58.0, "chance": 6.25}, tmp_path / "rounds.png", 150)
+    [fig] = figures
+    lines = {line.get_label(): [float(y) for y in line.get_ydata()] for line in fig.axes[0].get_lines()
+             if not line.get_label().startswith("_")}
+    assert lines == {"paper (revision)": [46.0, 55.5], "paper (v1)": [41.3, 53.3],
+                     "Bayes-optimal (58.0%)": [58.0, 58.0], "chance 1/K (6.25%)": [6.25, 6.25]}
+
+
 def test_rounds_figure_legend_covers_no_point(tmp_path, monkeypatch):
     """The legend sat at the lower right, over the points of a short run (accuracies near 20-30%)."""
     import matplotlib.figure
