@@ -1817,6 +1817,29 @@ def test_evaluate_under_ddp_every_rank_runs_as_many_passes_and_scores_its_own_ro
         np.testing.assert_allclose(res.per_token, alone.per_token, rtol=1e-6)
 
 
+def test_evaluate_under_ddp_is_the_mean_over_every_ranks_tokens():
+    """Rank 0 of 2 (3 rows in batches of 1), its all_sum adding rank 1's loss sum and token count (row 1 scored
+    alone): the loss and token count of all 3 rows scored by one process. The tests above sum with a rank that
+    scored nothing, where dividing the world's loss sum by the rank's own count looked the same."""
+    from gbattn.config import ModelConfig
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2, dropout=0.0)).eval()
+    tokens = np.random.default_rng(0).integers(0, 11, size=3 * 9).astype(np.uint16)
+    whole, second = evaluate(model, tokens, seq_len=8), evaluate(model, tokens[9:18], seq_len=8)
+
+    class FirstOfTwo:
+        enabled, world, rank = True, 2, 0
+
+        def all_sum(self, values):
+            return [values[0] + second.loss * second.tokens, values[1] + second.tokens]
+
+    res = evaluate(model, tokens, seq_len=8, batch_size=1, dist_env=FirstOfTwo())
+    assert res.tokens == whole.tokens == 3 * 8
+    assert res.loss == pytest.approx(whole.loss, rel=1e-6)
+
+
 def test_evaluate_reports_progress_per_row_and_restores_training_mode():
     """7 rows in batches of 3: progress adds up to 7 rows (3 + 3 + 1); a model in training mode with
     dropout is scored without dropout and is back in training mode afterwards."""
