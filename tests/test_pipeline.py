@@ -1840,6 +1840,28 @@ def test_evaluate_under_ddp_is_the_mean_over_every_ranks_tokens():
     assert res.loss == pytest.approx(whole.loss, rel=1e-6)
 
 
+def test_evaluate_runs_the_model_under_the_autocast_it_is_given():
+    """The forward passes run inside ``autocast`` (a run's own precision, as its trainer scored it): under bf16
+    autocast on CPU the loss is that of the model's bf16 logits, not the float32 one. `gbattn eval` and the
+    trainer both call evaluate, so comparing the two could not tell whether autocast was used at all."""
+    from gbattn.config import ModelConfig
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT, lm_loss
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2, dropout=0.0)).eval()
+    tokens = np.random.default_rng(0).integers(0, 11, size=3 * 9).astype(np.uint16)
+
+    def bf16():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    rows = torch.from_numpy(tokens.astype(np.int64)).view(3, 9)
+    with torch.no_grad(), bf16():
+        want = lm_loss(model(rows[:, :-1]), rows[:, 1:]).item()
+    res = evaluate(model, tokens, seq_len=8, autocast=bf16)
+    assert res.loss == pytest.approx(want, rel=1e-6)
+    assert res.loss != pytest.approx(evaluate(model, tokens, seq_len=8).loss, rel=1e-6)
+
+
 def test_evaluate_reports_progress_per_row_and_restores_training_mode():
     """7 rows in batches of 3: progress adds up to 7 rows (3 + 3 + 1); a model in training mode with
     dropout is scored without dropout and is back in training mode afterwards."""
