@@ -546,6 +546,30 @@ def test_eval_scores_the_split_it_names(trained, capsys, monkeypatch):
     assert losses["valid"] != losses["test"]
 
 
+def test_eval_line_and_record_give_the_perplexity_of_the_loss_and_the_weights_scored(trained, capsys, monkeypatch):
+    """The printed line and the JSON record of ``eval`` (and ``--checkpoint last``) give the perplexity as exp of
+    the loss, the loss and token count of those weights (what evaluate gives with them), and name the weights
+    scored: the record's ppl and the line's weights were read by no test."""
+    import math
+
+    from gbattn.data.prepare import prepare_run_data
+    from gbattn.eval.perplexity import evaluate
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    for which in ("best", "last"):
+        run = rundir.load_run(trained["run"], which)
+        want = evaluate(run.model, prepare_run_data(run, None, False).splits["test"], run.seq_len)
+        code, out, err = run_cli(capsys, ["eval", trained["run"], "--checkpoint", which])
+        assert code == 0, err
+        line, record = out.strip().splitlines()
+        record = json.loads(record)
+        assert (record["checkpoint"], record["step"], record["tokens"]) == (which, run.step, want.tokens)
+        assert record["loss"] == pytest.approx(want.loss, rel=1e-6)
+        assert record["ppl"] == pytest.approx(math.exp(want.loss), rel=1e-6)
+        assert line == (f"test perplexity {record['ppl']:.3f} (loss {record['loss']:.4f} nats) over "
+                        f"{want.tokens:,} tokens, {which} weights at step {run.step}")
+
+
 def test_a_damaged_token_cache_is_rebuilt_and_the_run_still_works(trained, tmp_path, capsys, monkeypatch):
     cache = tmp_path / "cache"
     shutil.copytree(trained["cache"], cache)
