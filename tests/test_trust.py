@@ -479,10 +479,15 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, m
 
 def test_eval_per_token_files_hold_one_loss_per_scored_token(trained, tmp_path, capsys, monkeypatch):
     """``eval --per-token F`` (.txt: one loss per line; .npy: a flat array): as many losses as the
-    tokens scored, whose mean is the loss printed."""
+    tokens scored, whose mean is the loss printed, each the token's own loss (evaluate's; to 6 decimals in text)."""
     import numpy as np
 
+    from gbattn.data.prepare import prepare_run_data
+    from gbattn.eval.perplexity import evaluate
+
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = rundir.load_run(trained["run"])
+    want = evaluate(run.model, prepare_run_data(run, None, False).splits["test"], run.seq_len, per_token=True)
     for name, read in (("losses.txt", np.loadtxt), ("new-folder/losses.npy", np.load)):  # its folder is made
         code, out, err = run_cli(capsys, ["eval", trained["run"], "--per-token", tmp_path / name])
         assert code == 0, err
@@ -490,6 +495,7 @@ def test_eval_per_token_files_hold_one_loss_per_scored_token(trained, tmp_path, 
         losses = read(tmp_path / name)
         assert losses.shape == (record["tokens"],)
         assert losses.mean() == pytest.approx(record["loss"], rel=1e-5)
+        np.testing.assert_allclose(losses, want.per_token, rtol=0, atol=1e-6, err_msg=name)
 
 
 def test_eval_per_token_may_take_a_run_files_name_outside_the_run(trained, tmp_path, capsys, monkeypatch):
