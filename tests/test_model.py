@@ -1119,3 +1119,45 @@ def test_range_and_type_checks_hold_at_their_edges():
     for seed in (2**64, -(2**64)):
         with pytest.raises(ConfigError, match=r"seed=-?\d+ is out of range"):
             TrainConfig(seed=seed)
+
+
+# (field, its least value, the message of one below it): a count is at least 1 unless 0 means something.
+LEAST_TRAINING_VALUES = [
+    ("train_tokens", 1, r"train_tokens=0 must be an integer >= 1"),
+    ("eval_tokens", 1, r"eval_tokens=0 must be an integer >= 1"),
+    ("seq_len", 1, r"seq_len=0 must be an integer >= 1"),
+    ("batch_size", 1, r"batch_size=0 must be an integer >= 1"),
+    ("grad_accum", 1, r"grad_accum=0 must be an integer >= 1"),
+    ("max_steps", 1, r"max_steps=0 must be an integer >= 1"),
+    ("warmup_steps", 0, r"warmup_steps=-1 must be an integer >= 0"),
+    ("eval_every", 1, r"eval_every=0 must be an integer >= 1"),
+    ("eval_batch_size", 1, r"eval_batch_size=0 must be an integer >= 1"),
+    ("log_every", 1, r"log_every=0 must be an integer >= 1"),  # the loop takes step % log_every
+    ("seed", 0, r"seed=-1 must be an integer in \[0, "),
+    ("threads", 1, r"threads=0 must be an integer in \[1, "),
+]
+LEAST_MODEL_VALUES = [
+    ("vocab_size", 1, r"vocab_size=0 must be an integer in \[1, "),
+    ("block_size", 1, r"block_size=0 must be an integer in \[1, "),
+    ("d_model", 1, r"d_model=0 must be an integer in \[1, "),
+    ("n_layers", 1, r"n_layers=0 must be an integer in \[1, "),
+    ("n_heads", 1, r"n_heads=0 must be an integer in \[1, "),
+    ("n_kv_heads", 1, r"n_kv_heads=0 must be an integer >= 1"),
+    ("ffn_mult", 1, r"ffn_mult=0 must be an integer in \[1, "),
+    ("ffn_hidden", 1, r"ffn_hidden=0 must be an integer in \[1, "),
+    ("attnres_block", 1, r"attnres_block=0 must be an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize("name, least, refused", LEAST_TRAINING_VALUES + LEAST_MODEL_VALUES)
+def test_every_count_field_takes_its_least_value_and_refuses_the_one_below(name, least, refused):
+    """Each count's lower bound, written out: a batch of one row, a log line every step, a one-token
+    vocabulary are taken; one below is refused with the field named (log_every=0 would end the first step in a
+    ZeroDivisionError, batch_size=0 train on nothing)."""
+    from gbattn.config import TrainConfig
+
+    record = TrainConfig if name in TrainConfig.field_names() else ModelConfig
+    narrow = {"n_heads": 1} if record is ModelConfig and name in ("d_model", "n_kv_heads") else {}
+    assert getattr(record(**{name: least}, **narrow), name) == least
+    with pytest.raises(ConfigError, match=refused):
+        record(**{name: least - 1}, **narrow)
