@@ -2137,6 +2137,24 @@ def test_a_training_record_averages_the_steps_since_the_last_one(tmp_path, monke
     assert train_losses(tmp_path / "run") == [1.0, 3.5]
 
 
+def test_the_progress_bar_counts_each_step_once(tmp_path, monkeypatch):
+    """log_every=2 in a 5-step run: the bar, moved at each training record, ends at 5 of 5 steps."""
+    from gbattn.progress import Progress
+    from gbattn.train import trainer as trainer_mod
+
+    bars = []
+
+    class Kept(Progress):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(trainer_mod, "Progress", Kept)
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=5, log_every=2, eval_every=5), quiet=True)
+    assert [(bar.n, bar.total) for bar in bars] == [(5, 5)]
+
+
 def test_tokens_per_second_count_training_time_only(tmp_path, monkeypatch):
     """On a clock where a step takes 1 s and an evaluation or a checkpoint 100 s, every record's tok_s is
     one step's tokens a second: also the record after an evaluation between two records (it counted the
