@@ -815,7 +815,8 @@ def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
 
 def test_quiet_hides_progress_and_summary_lines_but_not_warnings(tmp_path, capsys):
     """--quiet is "no progress display": a warmup that never ends and parallel=fsdp2 outside torchrun
-    (one process after all) still say so on stderr, where they were hidden with the progress before."""
+    (one process after all) still say so on stderr, where they were hidden with the progress before; without
+    --quiet the plan and each evaluation's line are shown."""
     data = write_corpus(tmp_path / "c")
     train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2, warmup_steps=5, parallel="fsdp2"),
           quiet=True)
@@ -823,6 +824,9 @@ def test_quiet_hides_progress_and_summary_lines_but_not_warnings(tmp_path, capsy
     assert "warmup_steps=5 >= the run's 2 steps" in captured.err
     assert "parallel=fsdp2 applies under torchrun only" in captured.err
     assert "tokenizer:" not in captured.out and "step 2: valid" not in captured.out + captured.err
+    train(tmp_path / "shown", *tiny_configs(data, max_steps=2, eval_every=2))  # what --quiet leaves out
+    captured = capsys.readouterr()
+    assert "tokenizer:" in captured.out and "step 2: valid loss " in captured.err and "(best)" in captured.err
 
 
 def test_existing_run_needs_resume(tmp_path, capsys):
