@@ -82,6 +82,7 @@ def test_list_shows_variants_and_presets(capsys):
         (["params", "paper-small", "--attn", "boosted", "--set", "attn.rounds=2", "--set", "attn.rounds.x=3"],
          "--set attn.rounds.x: rounds=2 has no fields to set"),
         (["frobnicate"], "invalid choice"),
+        (["train", "--out", "new-run"], "--data is required for a new run"),  # (not "data=None must be a string")
     ],
 )
 def test_user_errors_one_line_status_2(capsys, argv, message):
