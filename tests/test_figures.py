@@ -1175,7 +1175,8 @@ def test_the_paired_reference_is_the_first_row_named_standard_with_or_without_a_
 def test_the_paired_t_test_p_value_is_students_t_in_closed_form():
     """Two-sided p of the paired t-test against Student's t in closed form for 1 to 4 degrees of freedom
     (2 to 5 seeds) and the normal distribution for very many; equal differences are p 0 (or none when
-    all are 0), one seed has none. The 3-seed value is the one the README quotes for the design study."""
+    all are 0), differences whose mean is exactly 0 are p 1, one seed has none. The 3-seed value is the
+    one the README quotes for the design study."""
     from gbattn.experiments.report import p_text, paired_t_p
 
     closed_form = {1: lambda t: 1 - 2 / math.pi * math.atan(t),
@@ -1192,6 +1193,9 @@ def test_the_paired_t_test_p_value_is_students_t_in_closed_form():
     t = abs(statistics.fmean(many)) / (statistics.stdev(many) / math.sqrt(len(many)))
     assert paired_t_p(many) == pytest.approx(math.erfc(t / math.sqrt(2)), abs=1e-5)
     assert paired_t_p([-0.02, -0.02]) == 0.0 and paired_t_p([0.0, 0.0]) is None and paired_t_p([0.1]) is None
+    # differences that cancel exactly (mean 0, so t = 0) are no evidence of a difference: p is 1
+    assert paired_t_p([0.25, -0.25]) == 1.0 and paired_t_p([-0.5, 0.0, 0.5]) == 1.0
+    assert p_text(paired_t_p([0.25, -0.25])) == "p 1.00"
     assert (p_text(0.2049), p_text(0.004), p_text(None)) == ("p 0.20", "p < 0.01", "")
     # "p < 0.01" only where two decimals would read 0.00: 0.006 rounds to 0.01, and "p 0.00" never shows
     assert (p_text(0.006), p_text(0.00499)) == ("p 0.01", "p < 0.01")
