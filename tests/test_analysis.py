@@ -770,15 +770,22 @@ def test_a_post_ln_runs_norms_say_x_is_the_stream_not_ln1_of_it(tmp_path, monkey
 
 def test_a_one_dimensional_gate_has_no_spread_of_dimension_means():
     """d_model 1: one dimension mean, whose spread is 0 (a sample std of one value would be NaN in
-    summary.json)."""
+    summary.json); from d_model 2 on, the spread is the sample std of the dimension means."""
     T = 3
     ent_BHT = stats.entropy_bound(T).expand(1, 1, T).clone()
-    one_BTD = torch.ones(1, T, 1, dtype=torch.float64)
-    acc = stats.IntermediateStats(1, 1, 1, T)
-    acc.update([stats.LayerSample(entropies=[ent_BHT, ent_BHT], attention_output=one_BTD,
-                                  corrections=[(one_BTD, one_BTD, 0.25 * one_BTD)])])
-    (row,) = acc.gate_summary()["per_layer"]
+
+    def gate_row(gate_D: list[float]) -> dict:
+        one_BTD = torch.ones(1, T, len(gate_D), dtype=torch.float64)
+        acc = stats.IntermediateStats(1, 1, len(gate_D), T)
+        acc.update([stats.LayerSample(entropies=[ent_BHT, ent_BHT], attention_output=one_BTD,
+                                      corrections=[(one_BTD, one_BTD, one_BTD * torch.tensor(gate_D))])])
+        (row,) = acc.gate_summary()["per_layer"]
+        return row
+
+    row = gate_row([0.25])
     assert row["std_of_dimension_means"] == 0.0 and row["per_dimension"] == [0.25]
+    row = gate_row([0.25, 0.75])  # the smallest width with a spread: |0.75 - 0.25| / sqrt(2)
+    assert row["std_of_dimension_means"] == pytest.approx(0.5 / math.sqrt(2)) and row["per_dimension"] == [0.25, 0.75]
 
 
 def test_collect_analyses_a_model_left_in_training_mode_without_dropout():
