@@ -595,6 +595,11 @@ def test_paired_differences_with_a_missing_seed_name_their_seeds_and_are_not_mar
     gba = next(line for line in results_markdown(report_of(rows)).splitlines()
                if line.startswith("| gba-m2 | 800,000 | 0.008 |"))
     assert "(-0.030 / -0.030 / -0.030) **same sign**" in gba
+    # a named seed's difference keeps its sign when it is worse, and every missing seed is named
+    from gbattn.experiments.report import paired_cell
+
+    assert paired_cell({"1": 0.02, "2": -0.01}, ["1", "2", "3", "4"]) == (
+        "+0.005 (1: +0.020 / 2: -0.010; seed 3, 4 missing), p 0.80")
 
 
 def test_results_footer_claims_a_spread_only_where_a_model_has_two_seeds():
