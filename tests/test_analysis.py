@@ -631,6 +631,11 @@ def test_summaries_of_hand_made_records():
     acc.update(samples)
     e = acc.entropy_summary()
     assert e["normalised_mean_per_round"] == pytest.approx([1.0] * 3)
+    # the fewest entries that have one: one row, one head, 2 positions (position 0 has no normalised entropy)
+    single = stats.IntermediateStats(1, 1, D, 2)
+    single.update([stats.LayerSample(entropies=[stats.entropy_bound(2).expand(1, 1, 2).clone()],
+                                     attention_output=torch.zeros(1, 2, D, dtype=torch.float64), corrections=[])])
+    assert single.entropy_summary()["normalised_mean_per_round"] == pytest.approx([1.0])
     assert e["histogram"]["edges"][0] == 0.0 and e["histogram"]["edges"][-1] == pytest.approx(math.log(T))
     gates = acc.gate_summary()
     assert gates["mean_per_layer"] == pytest.approx([0.2, 0.3])
