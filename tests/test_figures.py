@@ -919,6 +919,22 @@ def test_a_model_without_a_finite_result_is_no_result_and_the_others_compare_on_
     assert texts["annotations"] == ["96.00", "99.00"] and "standard mean" not in texts["legend"]
 
 
+def test_results_md_gives_a_model_whose_every_seed_diverged_no_value_and_no_difference():
+    """Every run of GBA diverged (null in results.json): its table rows hold no number where a mean, a
+    Δ or a paired difference would be, and standard's row is unchanged."""
+    rows = [model_row("standard", {"42": 9.0, "123": 9.2}), model_row("gba-m2", {"42": 9.0, "123": 9.2})]
+    rows[0]["valid_loss"] = {"42": 2.20, "123": 2.22}
+    diverged = {"42": None, "123": None}
+    rows[1].update(test_ppl=diverged, valid_ppl=diverged, valid_loss=diverged, test_ppl_mean=None, test_ppl_std=None,
+                   valid_ppl_mean=None, valid_ppl_std=None)
+    md = results_markdown(report_of(rows))
+    table = [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()
+             if line.startswith("| gba-m2 |")]
+    assert table[0][4:8] == ["—", "—", "—", "—"]  # test ppl, Δ vs standard, valid ppl, published
+    assert table[1][3:] == ["—", "—", "—"]  # valid loss, Δ vs standard, Δ vs compute-matched
+    assert "| standard | 800,000 | 0.008 | 2.210 ± 0.014 | — | — |" in md
+
+
 def test_results_figure_error_bars_are_the_std_dots_every_seed_and_the_axis_holds_them_all():
     """Standard on seeds 42 and 123, GBA on 42: standard's mean is over seed 42 (no std, so no bar),
     its dots are both seeds, and the zoomed axis still shows the 110 dot; GBA's published value has
