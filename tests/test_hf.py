@@ -282,19 +282,21 @@ def test_past_key_values_keyword_and_tuple_output():
 
 
 def test_cache_rows_follow_beam_reordering_selection_and_repetition():
-    """Every entry's keys and values (and a value-only entry's values) move with their batch rows."""
-    cache = GbattnCache(1)
+    """Every entry's keys and values (and a value-only entry's values) move with their batch rows, in every
+    layer (a change made to the first layer only went unnoticed with one layer)."""
+    cache = GbattnCache(2)
     k_BGSE, v_BGSE, av_BGSE = (torch.randn(3, 2, 4, 5) for _ in range(3))
-    cache.layers[0].entries = {"kv0": (k_BGSE, v_BGSE), "av": (None, av_BGSE)}
     rows = torch.tensor([2, 0])
     for change, expected in ((lambda c: c.batch_select_indices(rows), lambda t: t[rows]),
                              (lambda c: c.reorder_cache(rows), lambda t: t[rows]),
                              (lambda c: c.batch_repeat_interleave(2), lambda t: t.repeat_interleave(2, dim=0))):
-        cache.layers[0].entries = {"kv0": (k_BGSE, v_BGSE), "av": (None, av_BGSE)}
+        for layer in cache.layers:
+            layer.entries = {"kv0": (k_BGSE, v_BGSE), "av": (None, av_BGSE)}
         change(cache)
-        (k, v), (no_k, av) = cache.layers[0].entries["kv0"], cache.layers[0].entries["av"]
-        assert no_k is None and torch.equal(k, expected(k_BGSE)) and torch.equal(v, expected(v_BGSE))
-        assert torch.equal(av, expected(av_BGSE))
+        for layer in cache.layers:
+            (k, v), (no_k, av) = layer.entries["kv0"], layer.entries["av"]
+            assert no_k is None and torch.equal(k, expected(k_BGSE)) and torch.equal(v, expected(v_BGSE))
+            assert torch.equal(av, expected(av_BGSE))
 
 
 def test_misuses_are_clear_errors():
