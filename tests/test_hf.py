@@ -356,7 +356,8 @@ def test_misuses_are_clear_errors():
 def test_forward_honours_every_argument_it_takes():
     """Arguments forward() takes are honoured or refused, never silently ignored: inputs_embeds,
     output_attentions, explicit position_ids beside a padding mask, logits_to_keep as indices, labels
-    that are all ignored; a training-mode call keeps no cache; from_gpt keeps the GPT's mode."""
+    that are all ignored; a training-mode call, or a config made with use_cache=False, keeps no cache; from_gpt
+    keeps the GPT's mode."""
     gpt, hf = tiny_pair(("boosted", {}), {})
     idx = torch.randint(0, 37, (2, 6))
     with pytest.raises(ValueError, match="inputs_embeds are not supported"):
@@ -397,6 +398,10 @@ def test_forward_honours_every_argument_it_takes():
     assert getattr(hf(idx), CACHE_FIELD) is None  # training keeps no keys and values
     hf.eval()
     assert isinstance(getattr(hf(idx), CACHE_FIELD), GbattnCache)
+    # a config made with use_cache=False: no cache unless the call asks for one
+    uncached = GbattnForCausalLM.from_gpt(gpt, use_cache=False)
+    assert uncached.config.use_cache is False and getattr(uncached(idx), CACHE_FIELD) is None
+    assert isinstance(getattr(uncached(idx, use_cache=True), CACHE_FIELD), GbattnCache)
 
 
 def test_an_untied_head_stays_untied_saves_and_resizes(tmp_path):
