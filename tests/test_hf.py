@@ -274,6 +274,10 @@ def test_past_key_values_keyword_and_tuple_output():
     assert GbattnForCausalLM._padded_batch((ids,), padding_only, hf.generation_config)
     assert not GbattnForCausalLM._padded_batch((ids,), dict(padding_only, eos_token_id=torch.tensor([7, 0])),
                                                hf.generation_config)  # pad is an end-of-text token: no mask made
+    # a mask that is given decides (the 4.x refusal's other half; under 5.x generate() never asks)
+    assert GbattnForCausalLM._padded_batch((ids,), dict(padding_only, attention_mask=mask), hf.generation_config)
+    assert not GbattnForCausalLM._padded_batch((ids,), dict(padding_only, attention_mask=torch.ones_like(ids)),
+                                               hf.generation_config)
     assert torch.equal(hf.generate(unpadded, prefill_chunk_size=2, **dict(kw, eos_token_id=torch.tensor([7, 8]))),
                        hf.generate(unpadded, **dict(kw, eos_token_id=torch.tensor([7, 8]))))
     with warnings.catch_warnings():  # the name before transformers 5.24 (deprecated there)
