@@ -843,19 +843,24 @@ def test_generate_stops_at_a_real_end_of_text_token_and_gbattn_generate_goes_on(
     assert len(ours) == n + 6 and ours[n + 2] == eos and theirs == ours[:n + 3]
 
 
-def test_quiet_transformers_puts_the_log_level_back():
+def test_quiet_transformers_puts_the_log_level_and_progress_bars_back():
+    """The log level and the progress bars are as they were after the block: bars that were off stay off."""
     from transformers.utils import logging as hf_logging
 
     from gbattn.hf.export import quiet_transformers
 
-    before = hf_logging.get_verbosity()
+    before, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_info()
     try:
-        with quiet_transformers():
-            assert hf_logging.get_verbosity() == hf_logging.ERROR
-        assert hf_logging.get_verbosity() == hf_logging.INFO
+        for enabled in (True, False):
+            (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+            with quiet_transformers():
+                assert hf_logging.get_verbosity() == hf_logging.ERROR and not hf_logging.is_progress_bar_enabled()
+            assert hf_logging.get_verbosity() == hf_logging.INFO
+            assert hf_logging.is_progress_bar_enabled() == enabled
     finally:
         hf_logging.set_verbosity(before)
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
 
 
 # ---- a trained run, exported ---------------------------------------------------------------
