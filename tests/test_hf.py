@@ -1907,6 +1907,7 @@ def test_lm_eval_results_name_paths_relative_to_the_model_directorys_parent(tmp_
 
 def test_lm_eval_names_the_weights_it_evaluates(trained):
     """A run's best or last weights, or an export's, each with its step and the block size."""
+    from gbattn.errors import UserError
     from gbattn.hf.lmeval import load_model
 
     run_dir, out = trained
@@ -1915,6 +1916,9 @@ def test_lm_eval_names_the_weights_it_evaluates(trained):
         model, _, block_size, step, got = load_model(model_dir, checkpoint, torch.device("cpu"))
         assert (got, step, block_size) == (which, run.step, 33) and not model.training
         assert torch.equal(model.model.wte.weight, run.model.wte.weight)
+    # an export holds its run's best weights only: the last ones asked of it are refused, not the export's scored
+    with pytest.raises(UserError, match="is an exported directory holding its run's best weights: --checkpoint last"):
+        load_model(out, "last", torch.device("cpu"))
 
 
 def test_lm_eval_evaluates_an_export_saved_in_bfloat16_in_float32(trained, tmp_path):
