@@ -1469,6 +1469,15 @@ def test_lm_eval_refuses_an_export_whose_model_type_is_not_gbattns(trained, caps
         err = capsys.readouterr().err
         assert err == (f"gbattn: error: {damaged / 'config.json'}: model_type={value!r}, not 'gbattn' as `gbattn "
                        f"export` writes it: transformers would build another kind of model from it\n"), err
+    # another library's checkpoint (no gbattn dict): the advice to convert it first
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    shutil.copy(out / "model.safetensors", foreign)
+    assert cli_main(["lm-eval", str(foreign), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
+                     "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is a Hugging Face checkpoint (gpt2), not a gbattn run: convert it first with `gbattn upcycle" in err, err
 
 
 def test_lm_eval_refuses_the_weights_gbattns_readers_refuse(trained, capsys, tmp_path):
