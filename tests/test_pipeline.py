@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -156,9 +157,20 @@ def _damage_out_of_vocabulary(entry: Path) -> None:  # one id just past the voca
     (entry / "meta.json").write_text(json.dumps(meta))
 
 
+def _damage_replaced_by_a_file(entry: Path) -> None:
+    shutil.rmtree(entry)
+    entry.write_text("not a cache entry")
+
+
+def _damage_replaced_by_a_link_to_nothing(entry: Path) -> None:  # a cache folder moved away, its link left behind
+    shutil.rmtree(entry)
+    entry.symlink_to(entry.parent / "moved")
+
+
 @pytest.mark.parametrize("damage", [_damage_meta, _damage_meta_type, _damage_count, _damage_size, _damage_missing,
                                     _damage_content, _damage_one_id, _damage_no_digest, _damage_out_of_vocabulary,
-                                    _damage_counts_type])
+                                    _damage_counts_type, _damage_replaced_by_a_file,
+                                    _damage_replaced_by_a_link_to_nothing])
 def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, damage):
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     tok = get_tokenizer("char", corpus)
