@@ -866,7 +866,7 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize(("sets", "processes", "error"), [
     ({"batch_size": 7}, 2, "batch_size=7 must be divisible by processes x grad_accum = 2 x 1"),
-    ({"train_tokens": 40}, 1, "the training split has 40 tokens: fewer than one batch"),
+    ({"train_tokens": 40}, 1, "the train split of --data .* has 40 tokens: fewer than one batch"),
 ])
 def test_a_restart_that_fails_its_checks_leaves_the_old_run(tmp_path, monkeypatch, sets, processes, error):
     """--restart discarded the run in --out before the new one was checked: under torchrun a batch size the

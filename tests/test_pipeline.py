@@ -1959,7 +1959,8 @@ def test_a_split_cut_short_by_its_cap_names_the_cap_not_the_file(tmp_path, sampl
 
 def test_a_valid_or_test_split_shorter_than_one_row_is_refused_before_training(tmp_path, monkeypatch):
     """A validation or test split of fewer tokens than one row (here 10 characters, rows of 33) is a one-line
-    DataError before the first step, not an evaluation error after the steps before the first evaluation."""
+    DataError before the first step, not an evaluation error after the steps before the first evaluation; the line
+    names the data, which it did not."""
     original, steps = Trainer._train_step, []
 
     def counted(self, step):
@@ -1970,8 +1971,10 @@ def test_a_valid_or_test_split_shorter_than_one_row_is_refused_before_training(t
     for split in ("valid", "test"):
         data = write_corpus(tmp_path / f"short-{split}")
         (data / f"wiki.{split}.tokens").write_text("the cat .\n")
-        with pytest.raises(DataError, match=f"^the {split} split has 10 tokens: fewer than one row of 33;"):
+        with pytest.raises(DataError) as error:
             train(tmp_path / f"run-{split}", *tiny_configs(data), quiet=True)
+        assert str(error.value).startswith(f"the {split} split of --data {data} has 10 tokens: fewer than one row "
+                                           f"of 33;"), error.value
         assert steps == []
 
 

@@ -859,7 +859,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("eval --per-token onto the run's checkpoint", ["eval", run, "--per-token", run / rundir.BEST],
          "is a file of the model directory"),
         ("eval of a split shorter than one row", ["eval", run, "--data", short_test, "--allow-other-data"],
-         "fewer than one row"),
+         f"the test split of --data {short_test} has 3 tokens: fewer than one row"),
         ("eval of text with characters the char tokenizer never saw",
          ["eval", run, "--data", foreign_text, "--allow-other-data"],
          "foreign-text (test split): characters not in the tokenizer's vocabulary: ['\u00a7']"),

@@ -21,6 +21,10 @@ class Data:
     corpus_fingerprint: str
     notes: list[str]
 
+    def split_of(self, split: str) -> str:
+        """How an error names one of its splits: ``the valid split of --data NAME``."""
+        return f"the {split} split of --data {self.corpus_name}"
+
 
 def prepare_data(cfg: TrainConfig, vocab_size: int, tokenizer: Tokenizer | None = None, progress: bool = True,
                  trained_on: str | None = None, mismatch: str = "", needed: tuple[str, ...] = SPLITS) -> Data:

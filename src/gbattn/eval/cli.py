@@ -77,8 +77,8 @@ def cmd_eval(args) -> None:
     data = prepare_run_data(run, args.data, args.allow_other_data)
     tokens = data.splits[args.split]
     if num_rows(tokens, run.seq_len) == 0:
-        raise UserError(f"the {args.split} split has {len(tokens):,} tokens: fewer than one row of {run.seq_len + 1}, "
-                        f"so there is nothing to evaluate")
+        raise UserError(f"{data.split_of(args.split)} has {len(tokens):,} tokens: fewer than one row of "
+                        f"{run.seq_len + 1}, so there is nothing to evaluate")
     bar = Progress(num_rows(tokens, run.seq_len), desc=f"eval {args.split}", unit="row")
     # The run's own precision (amp), as its trainer scored valid and test: result.json's number again.
     res = evaluate(run.model, tokens, run.seq_len, args.batch_size, device, autocast(device, run.train_cfg.amp),

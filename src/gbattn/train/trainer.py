@@ -235,22 +235,22 @@ class Trainer:
             self.steps_per_epoch = self.n_rows // cfg.batch_size
             if self.steps_per_epoch == 0:
                 advice = self._advice("train", len(train))
-                raise DataError(f"the training split has {len(train):,} tokens: fewer than one batch of "
+                raise DataError(f"{self.data.split_of('train')} has {len(train):,} tokens: fewer than one batch of "
                                 f"{cfg.batch_size} rows of {self.seq_len + 1} tokens; {advice}")
             self.total_steps = cfg.max_steps or math.ceil(cfg.epochs * self.steps_per_epoch)
         else:
             if len(train) <= self.seq_len + 1:
                 raise DataError(  # no window ends at the last token (random_windows): one row and one token more
-                    f"the training split has {len(train):,} tokens; random windows of {self.seq_len + 1} need at least "
-                    f"{self.seq_len + 2}: {self._advice('train', len(train))}"
+                    f"{self.data.split_of('train')} has {len(train):,} tokens; random windows of {self.seq_len + 1} "
+                    f"need at least {self.seq_len + 2}: {self._advice('train', len(train))}"
                 )
             self.steps_per_epoch = None
             self.total_steps = cfg.max_steps
         for split in ("valid", "test"):
             count = len(self.data.splits[split])
             if num_rows(self.data.splits[split], self.seq_len) == 0:
-                raise DataError(f"the {split} split has {count:,} tokens: fewer than one row of {self.seq_len + 1}; "
-                                f"{self._advice(split, count)}")
+                raise DataError(f"{self.data.split_of(split)} has {count:,} tokens: fewer than one row of "
+                                f"{self.seq_len + 1}; {self._advice(split, count)}")
         self.warmup, warmup_note = fitted_warmup(cfg, self.total_steps)
 
         torch.manual_seed(cfg.seed)  # identical initial weights on every process
