@@ -80,6 +80,19 @@ def bpe_with_unknown_words(directory: Path):
     return get_tokenizer("bpe", load_corpus(str(directory)), vocab_size=60, verbose=False)
 
 
+def give_run_tokenizer(run_dir: Path, record: dict) -> None:
+    """Make ``record`` (a tokenizer file's ``kind`` and ``payload``) the tokenizer of the run in ``run_dir``, its
+    fingerprint recorded in config.json too: a run trained with it, not a file swapped in (which loading refuses)."""
+    import json
+
+    from gbattn.data.tokenizer import Tokenizer
+
+    (run_dir / "tokenizer.json").write_text(json.dumps(record))
+    config = json.loads((run_dir / "config.json").read_text())
+    config["data"]["tokenizer"] = Tokenizer.from_json(json.dumps(record)).fingerprint
+    (run_dir / "config.json").write_text(json.dumps(config))
+
+
 def tiny_configs(data, attn="boosted", **sets):
     """(model, train) configs of a tiny character-level run of ``paper-small`` on ``data`` (TINY's
     sizes, 12 steps, dropout 0.1); ``sets``: further ``--set`` values."""

@@ -23,7 +23,7 @@ from gbattn.data.tokens import rows_batch
 from gbattn.errors import UserError
 from gbattn.rundir import load_run
 from gbattn.train.trainer import train
-from helpers import TINY, bpe_with_unknown_words, tiny_configs, write_corpus
+from helpers import TINY, bpe_with_unknown_words, give_run_tokenizer, tiny_configs, write_corpus
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SEQ_LEN = TINY["block_size"] - 1
@@ -394,13 +394,13 @@ def test_against_with_another_tokenizer_or_seq_len_is_one_line(runs, tmp_path, c
     payload = json.loads(tok["payload"])
     payload["chars"] = payload["chars"][::-1]  # same size, different tokenizer
     tok["payload"] = json.dumps(payload)
-    (other / "tokenizer.json").write_text(json.dumps(tok))
+    give_run_tokenizer(other, tok)
     code = cli_main(["analyze", str(runs["gba"]), "--against", str(other), "--out", str(tmp_path / "a"), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "tokenizer" in err and "--against" in err
 
     shutil.copy(runs["std"] / "tokenizer.json", other / "tokenizer.json")
-    config = json.loads((other / "config.json").read_text())
+    config = json.loads((runs["std"] / "config.json").read_text())
     config["seq_len"] = SEQ_LEN // 2
     (other / "config.json").write_text(json.dumps(config))
     code = cli_main(["analyze", str(runs["gba"]), "--against", str(other), "--out", str(tmp_path / "a"), "--quiet"])

@@ -11,7 +11,7 @@ from gbattn.cli import main as cli_main
 from gbattn.model import decoding
 from gbattn.model.decoding import generate
 from gbattn.train.trainer import train
-from helpers import left_pad, tiny_configs, write_corpus
+from helpers import give_run_tokenizer, left_pad, tiny_configs, write_corpus
 from test_model import tiny_model
 
 
@@ -111,7 +111,7 @@ def test_generate_shows_control_characters_escaped_on_a_terminal_and_as_decoded_
     controls = iter(c for c in map(chr, range(0xA0)) if unicodedata.category(c) == "Cc" and c not in "\n\t")
     chars = [c if c == "t" else next(controls) for c in json.loads(record["payload"])["chars"]]
     record["payload"] = json.dumps({"chars": chars})
-    (tmp_path / "run" / "tokenizer.json").write_text(json.dumps(record))
+    give_run_tokenizer(tmp_path / "run", record)
     printed = {}
     for on_terminal in (False, True):
         monkeypatch.setattr(sys.stdout, "isatty", lambda on_terminal=on_terminal: on_terminal, raising=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import io
 import json
 import logging
@@ -1658,6 +1659,32 @@ def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_t
         tok.save(tmp_path / "tokenizer.json")
         back = Tokenizer.load(tmp_path / "tokenizer.json", expected_vocab=tok.vocab_size)
         assert (back.kind, back.payload, back.fingerprint) == (tok.kind, tok.payload, tok.fingerprint)
+
+
+def test_a_tokenizer_file_other_than_the_one_the_run_recorded_is_refused(tmp_path):
+    """A run's tokenizer.json replaced by another of the same size (another run's char tokenizer, its characters in
+    another order) was taken: eval scored and generate decoded through the wrong tokens, silently. The fingerprint
+    the run recorded is checked; a file written before truncation was turned off on reading (recorded as written)
+    still loads."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    path = tmp_path / "tokenizer.json"
+    char = Tokenizer("char", json.dumps({"chars": list("abc")}))
+    char.save(path)
+    assert Tokenizer.load(path, expected_vocab=3, recorded=char.fingerprint).payload == char.payload
+    reordered = Tokenizer("char", json.dumps({"chars": list("cba")}))
+    reordered.save(path)
+    with pytest.raises(CheckpointError, match=f"is not the tokenizer the run was trained with \\(fingerprint "
+                                              f"{reordered.fingerprint}; its config.json records {char.fingerprint}"):
+        Tokenizer.load(path, expected_vocab=3, recorded=char.fingerprint)
+    assert Tokenizer.load(path, expected_vocab=3).payload == reordered.payload  # nothing recorded: nothing to check
+    hf = HFTokenizer(models.WordLevel({"a": 0, "b": 1, "<unk>": 2}, unk_token="<unk>"))
+    hf.enable_truncation(max_length=2)
+    written = {"kind": "hf", "payload": hf.to_str()}  # as a run saved it before truncation was turned off on reading
+    path.write_text(json.dumps(written))
+    loaded = Tokenizer.load(path, recorded=hashlib.sha256("".join(written.values()).encode()).hexdigest()[:16])
+    assert loaded.payload != written["payload"] and json.loads(loaded.payload)["truncation"] is None
 
 
 @pytest.mark.parametrize("in_the_way", ["tokenizers", "tokenizer entry", "tokenizer entry link", "tokens"])

@@ -698,6 +698,10 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     payload = json.loads(tok["payload"])
     payload["chars"] = payload["chars"][:-1]
     (copy("small-tokenizer") / rundir.TOKENIZER).write_text(json.dumps({**tok, "payload": json.dumps(payload)}))
+    payload["chars"] = json.loads(tok["payload"])["chars"][::-1]  # as many tokens, each id naming another one
+    reordered = copy("reordered-tokenizer")
+    (reordered / rundir.TOKENIZER).write_text(json.dumps({**tok, "payload": json.dumps(payload)}))
+    (reordered / rundir.RESULT).unlink(missing_ok=True)  # so that --resume reads the tokenizer
     (copy("bad-config") / rundir.CONFIG).write_text("{ not json")
     (copy("no-sections") / rundir.CONFIG).write_text(json.dumps({"hello": 1}))
     config = json.loads((trained["run"] / rundir.CONFIG).read_text())
@@ -806,6 +810,11 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("invalid tokenizer.json", ["eval", broken["bad-tokenizer"]], "not a valid gbattn tokenizer file"),
         ("tokenizer of another model", ["generate", broken["small-tokenizer"], "--prompt", "a"],
          "does not belong to this model"),
+        *((f"tokenizer of the model's size but not the run's ({command[0]})", command,
+           "tokenizer.json is not the tokenizer the run was trained with")
+          for command in (["eval", broken["reordered-tokenizer"]],
+                          ["generate", broken["reordered-tokenizer"], "--prompt", "a"],
+                          ["train", "--resume", "--out", broken["reordered-tokenizer"], "--quiet"])),
         ("invalid config.json", ["eval", broken["bad-config"]], "is not valid JSON"),
         ("config.json without sections", ["eval", broken["no-sections"]], "no model and train sections"),
         ("config.json wrong type", ["eval", broken["typed-config"]], "d_model='abc' must be an integer"),

@@ -704,7 +704,8 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         raise CheckpointError(f"{path} has no {EXPORTED_TOKENIZER} (gbattn's own tokenizer file, which `gbattn export` "
                               f"writes and transformers' save_pretrained does not): copy it from the exported "
                               f"directory this model came from")
-    tokenizer = Tokenizer.load(tokenizer_file, expected_vocab=model_cfg.vocab_size)
+    tokenizer = Tokenizer.load(tokenizer_file, expected_vocab=model_cfg.vocab_size,
+                               recorded=(config.get("data") or {}).get("tokenizer"))
     if exported:
         weights = gpt_weights(read_exported_weights(path, device), model_cfg.tie_embeddings, path)
         state, step, which = {"model": weights}, config.get("step", 0), "exported"

@@ -126,7 +126,7 @@ class Tokenizer:
 
     @property
     def fingerprint(self) -> str:
-        return hashlib.sha256((self.kind + self.payload).encode()).hexdigest()[:16]
+        return _fingerprint(self.kind, self.payload)
 
     def encode(self, text: str) -> list[int]:
         if self.kind == "char":
@@ -178,14 +178,18 @@ class Tokenizer:
         atomic_write(path, self.to_json())
 
     @classmethod
-    def load(cls, path: str | Path, expected_vocab: int | None = None) -> Tokenizer:
-        """Read and validate a tokenizer file; ``expected_vocab``: the model's vocabulary size."""
+    def load(cls, path: str | Path, expected_vocab: int | None = None, recorded: str | None = None) -> Tokenizer:
+        """Read and validate a tokenizer file; ``expected_vocab``: the model's vocabulary size; ``recorded``: the
+        fingerprint the run recorded of its tokenizer (another run's file of the same size, its ids naming other
+        tokens, is refused: its scores and text would be silently wrong)."""
         path = Path(path)
         if not path.is_file():
             raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
         content = read_json_bytes(path)  # a huge file is refused unread
         try:
             tok = cls.from_json(content.decode("utf-8"))
+            saved = json.loads(content)
+            as_saved = _fingerprint(saved["kind"], saved["payload"])  # before truncation was turned off on reading
         except Exception as e:  # JSON, key, type or HF tokenizers errors: all mean a bad file
             raise CheckpointError(f"{path} is not a valid gbattn tokenizer file "
                                   f"({error_detail(e, with_type=True)})") from None
@@ -195,7 +199,16 @@ class Tokenizer:
         if expected_vocab is not None and tok.vocab_size != expected_vocab:
             raise CheckpointError(f"{path} has {tok.vocab_size:,} tokens but the model's vocabulary is "
                                   f"{expected_vocab:,}: the tokenizer does not belong to this model")
+        if recorded is not None and recorded not in (tok.fingerprint, as_saved):
+            raise CheckpointError(f"{path} is not the tokenizer the run was trained with (fingerprint {tok.fingerprint}"
+                                  f"; its config.json records {recorded}): a tokenizer file from another run? Put "
+                                  f"back the run's own")
         return tok
+
+
+def _fingerprint(kind: str, payload: str) -> str:
+    """What identifies a tokenizer (:attr:`Tokenizer.fingerprint`): its kind and payload."""
+    return hashlib.sha256((kind + payload).encode()).hexdigest()[:16]
 
 
 def _train_bpe(lines: Iterable[str], vocab_size: int) -> str:
