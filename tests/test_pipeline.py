@@ -1483,6 +1483,28 @@ def test_decoding_shows_the_unknown_token_and_leaves_padding_out(tmp_path):
     assert tok.decode([0, *ids], skip_special=False) == "<pad> the <unk> mat <unk>"
 
 
+@pytest.mark.parametrize("model", ["WordLevel", "WordPiece", "BPE", "Unigram"])
+def test_an_unknown_token_spelled_otherwise_is_shown_too(model):
+    """A tokenizer.json whose unknown token is a special token spelled otherwise (BERT's ``[UNK]``) had no
+    unknown id (only ``<unk>`` was looked up), so decoding left it out as a special token: ``a zz b`` read back
+    as ``a b``, a word silently missing. The unknown token is the one its model names."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "a": 2, "b": 3}
+    built = {"WordLevel": lambda: models.WordLevel(vocab, unk_token="[UNK]"),
+             "WordPiece": lambda: models.WordPiece(vocab, unk_token="[UNK]"),
+             "BPE": lambda: models.BPE(vocab, [], unk_token="[UNK]", fuse_unk=True),
+             "Unigram": lambda: models.Unigram([(t, -1.0) for t in vocab], unk_id=1)}[model]()
+    hf = HFTokenizer(built)
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.add_special_tokens(["[PAD]", "[UNK]"])
+    tok = Tokenizer("hf", hf.to_str())
+    ids = tok.encode("a zz b")
+    assert ids == [2, 1, 3] and tok.unknown_id == 1
+    assert tok.decode([0, *ids]) == "a [UNK] b"
+
+
 def test_a_tokenizers_added_tokens_count_in_its_size():
     """A tokenizer.json whose end-of-text token was added after its vocabulary (id 3 of a 3-word
     model): the size counts it, so the model has a row for it."""

@@ -118,11 +118,17 @@ class Tokenizer:
         unused ids still fits the embedding table)."""
         return len(self.chars) if self.kind == "char" else self._size
 
-    @property
+    @functools.cached_property
     def unknown_id(self) -> int | None:
-        """The id of ``<unk>``, which text the tokenizer never saw encodes to (None where there is none:
-        a char tokenizer refuses such text, a byte-level one has no unknown text)."""
-        return None if self.kind == "char" else self._hf.token_to_id("<unk>")
+        """The id of the unknown token (``<unk>``, BERT's ``[UNK]``: the one its model names), which text the
+        tokenizer never saw encodes to (None where there is none: a char tokenizer refuses such text, a byte-level
+        one has no unknown text)."""
+        if self.kind == "char":
+            return None
+        model = json.loads(self.payload).get("model") or {}
+        if type(model.get("unk_id")) is int:  # a Unigram model names it by id
+            return model["unk_id"]
+        return self._hf.token_to_id(model.get("unk_token") or "<unk>")
 
     @property
     def fingerprint(self) -> str:
@@ -147,8 +153,8 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Text of ``ids``; special tokens (``<pad>``, an end-of-text token) are left out unless ``skip_special``
-        is False. The unknown token is always shown, as ``<unk>`` (WikiText v1's own spelling of its rare words):
-        left out, a generated one would read as a word silently missing."""
+        is False. The unknown token is always shown, as it is spelled (``<unk>``, WikiText v1's own spelling of its
+        rare words; ``[UNK]``): left out, a generated one would read as a word silently missing."""
         ids = [int(i) for i in ids]
         if self.kind == "char":
             return "".join(self.chars[i] for i in ids)
