@@ -1382,8 +1382,9 @@ def test_compressed_data_is_named_by_its_format_not_called_binary(tmp_path):
             (tmp_path / name).write_bytes(content)
         with pytest.raises(DataError, match=f"^--data file {tmp_path / name} {message}"):
             load_corpus(str(tmp_path / name))
-    (tmp_path / "BZh.txt").write_text("BZh is a text's first word here\n" * 20)  # bzip2's magic needs its block mark
-    assert "".join(load_corpus(str(tmp_path / "BZh.txt")).lines("train")).startswith("BZh is")
+    for start in ("BZh is", "BZh9 is"):  # bzip2's magic with its block size, but not its block mark: text
+        (tmp_path / "BZh.txt").write_text(f"{start} a text's first word here\n" * 20)
+        assert "".join(load_corpus(str(tmp_path / "BZh.txt")).lines("train")).startswith(start)
 
 
 def test_data_paths_expand_the_home_directory_and_an_empty_name_is_refused(tmp_path, monkeypatch):
