@@ -1113,10 +1113,14 @@ def test_a_folder_mixing_raw_and_tokenized_wikitext_splits_is_refused(tmp_path):
 
 def test_a_character_across_a_read_chunk_is_text_and_offsets_count_every_chunk(tmp_path):
     """Files are checked 1 MiB at a time: a two-byte character that straddles the boundary is valid
-    UTF-8, and a NUL or a bad byte after the first MiB is reported at its offset in the file."""
+    UTF-8, a later chunk that starts like compressed data is text (only a file's start says it is compressed),
+    and a NUL or a bad byte after the first MiB is reported at its offset in the file."""
     straddle = tmp_path / "straddle.txt"
     straddle.write_bytes(b"a" * (2**20 - 1) + "\u00e9\n".encode())
     assert "".join(load_corpus(str(straddle), (0.5, 0.25, 0.25)).lines("test")).endswith("a\u00e9\n")
+    later = tmp_path / "later.txt"
+    later.write_bytes(b"a" * (2**20 - 1) + b"\nBZh91AY&SY is text here\n")  # bzip2's magic opens the second MiB
+    assert "".join(load_corpus(str(later), (0.5, 0.25, 0.25)).lines("test")).endswith("\nBZh91AY&SY is text here\n")
     for name, bad, why in (("nul.txt", b"\x00", "NUL byte"), ("latin1.txt", b"\xe9\n", "invalid byte")):
         (tmp_path / name).write_bytes(b"a" * (2**20 + 5) + bad)
         with pytest.raises(DataError, match=f"{why} at byte offset {2**20 + 5}"):
