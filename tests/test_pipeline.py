@@ -1591,7 +1591,8 @@ def test_a_tokenizer_with_an_id_beyond_any_models_vocabulary_is_refused_as_its_f
     assert get_tokenizer("bpe", corpus, vocab_size=40, verbose=False).fingerprint == bpe.fingerprint
 
 
-@pytest.mark.parametrize("edit", ["two tokens share an id", "an unused id", "no <unk>", "another model"])
+@pytest.mark.parametrize("edit", ["two tokens share an id", "an unused id", "no <unk>", "<unk> given another id",
+                                  "another model"])
 def test_a_bpe_tokenizer_edited_by_hand_is_trained_again_in_the_cache_and_refused_in_a_run(tmp_path, edit):
     """A bpe cache entry (or a run's tokenizer.json) whose ids were edited parsed and was used as it was: the run
     trained on tokens that were not the corpus's (two words one id), or on a vocabulary of unused rows."""
@@ -1608,6 +1609,9 @@ def test_a_bpe_tokenizer_edited_by_hand_is_trained_again_in_the_cache_and_refuse
         del vocab["<unk>"]
         hf["added_tokens"] = hf["added_tokens"][:1]
         hf["model"]["unk_token"] = None
+    elif edit == "<unk> given another id":  # ids 0 .. n-1 each naming one token still, <unk> 5 and the 6th token 1
+        vocab["<unk>"], vocab[first] = vocab[first], vocab["<unk>"]
+        next(t for t in hf["added_tokens"] if t["content"] == "<unk>")["id"] = vocab["<unk>"]
     else:
         hf["model"] = {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
     edited = json.dumps({"kind": "bpe", "payload": json.dumps(hf)})
