@@ -2048,6 +2048,19 @@ def test_swapping_two_split_files_changes_the_corpus_fingerprint(tmp_path):
     assert load_corpus(str(data)).fingerprint == before
 
 
+def test_any_changed_byte_changes_the_corpus_fingerprint(tmp_path):
+    """The fingerprint keys the caches and the data a run recorded: a byte changed anywhere in a file (its
+    first, its last, either side of the 1 MiB chunks it is read in) gives another one, folder or single file."""
+    data = write_corpus(tmp_path / "c")
+    (data / "wiki.train.tokens").write_text("x" * (2**20 - 1) + (data / "wiki.train.tokens").read_text())
+    content = (data / "wiki.train.tokens").read_bytes()
+    prints = {load_corpus(str(data)).fingerprint, load_corpus(str(data / "wiki.train.tokens")).fingerprint}
+    for at in (0, 2**20 - 1, 2**20, len(content) - 2):
+        (data / "wiki.train.tokens").write_bytes(content[:at] + b"y" + content[at + 1:])
+        prints |= {load_corpus(str(data)).fingerprint, load_corpus(str(data / "wiki.train.tokens")).fingerprint}
+    assert len(prints) == 10
+
+
 def test_clipping_uses_grad_clip_on_the_accumulated_gradient(tmp_path, monkeypatch):
     """grad_clip is the threshold, applied once per step to the whole batch's gradient: with clipping
     active (0.05), grad_accum=2 still trains the weights of one batch of 8."""
