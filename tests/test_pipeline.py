@@ -1508,6 +1508,9 @@ def test_an_unknown_token_spelled_otherwise_is_shown_too(model):
     ids = tok.encode("a zz b")
     assert ids == [2, 1, 3] and tok.unknown_id == 1
     assert tok.decode([0, *ids]) == "a [UNK] b"
+    from gbattn.hf.tokenization import hf_tokenizer  # an export names the same unknown token
+
+    assert hf_tokenizer(tok, 64).unk_token == "[UNK]"
 
 
 def test_a_tokenizers_added_tokens_count_in_its_size():

@@ -23,7 +23,8 @@ the vocabulary has it, else a real end-of-text token, else none: a token that oc
 tokenizer's newline) must not pad, because transformers treats every padding token in a batch as
 padding (``generate()`` without an ``attention_mask`` would mask the prompt's newlines, and
 ``DataCollatorForLanguageModeling`` would never train on them). Pad a char model's batch by giving
-``pad_token_id`` and the ``attention_mask`` yourself. ``<unk>`` is the unknown token where present
+``pad_token_id`` and the ``attention_mask`` yourself. The unknown token is gbattn's (``<unk>``, or as the
+tokenizer's model names it, e.g. ``[UNK]``)
 (a char tokenizer has none: unseen characters are an error, as in gbattn); being the ``unk_token``, it is
 special, so ``skip_special_tokens=True`` leaves it out of decoded text, where gbattn's decoding shows it
 (transformers 5.x marks an ``unk_token`` special again whenever it loads a tokenizer).
@@ -74,8 +75,9 @@ def special_tokens(tok: Tokenizer, vocab: dict[str, int], special: set[str]) -> 
     out = {"eos_token": eos}
     if "<pad>" in vocab or eos in EOS_NAMES:
         out["pad_token"] = "<pad>" if "<pad>" in vocab else eos
-    if "<unk>" in vocab:
-        out["unk_token"] = "<unk>"
+    spelled = {i: t for t, i in vocab.items()}
+    if tok.unknown_id in spelled:  # <unk>, or as its model names it (BERT's [UNK]); a char tokenizer has none
+        out["unk_token"] = spelled[tok.unknown_id]
     bos = next((t for t in BOS_NAMES if t in vocab and t in special), None)
     if bos is not None:
         out["bos_token"] = bos
