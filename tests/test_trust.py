@@ -1938,5 +1938,7 @@ def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_tr
     assert other_setting(report) is None
     assert published_value(report, {"published": [6.55, None], "steps": 2000}) == [6.55, None]
     error = ValueError("x" * 100 + "\nsecond line")
-    assert files.error_detail(error) == "x" * 80 and files.error_detail(error, 5, with_type=True) == "ValueError: xxxxx"
+    assert files.error_detail(error) == "x" * 79 + "…"
+    assert files.error_detail(error, 5, with_type=True) == "ValueError: xxxx…"
+    assert files.error_detail(ValueError("x" * 80)) == "x" * 80  # whole: no mark
     assert files.error_detail(ValueError()) == "malformed"

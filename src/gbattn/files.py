@@ -21,10 +21,12 @@ from gbattn.errors import CheckpointError, UserError
 
 
 def error_detail(e: BaseException, limit: int = 80, with_type: bool = False) -> str:
-    """The first line of an exception's message, at most ``limit`` characters ("malformed" when it
-    has none), with its type name in front if ``with_type``: the detail of a one-line error."""
+    """The first line of an exception's message, at most ``limit`` characters, a cut one ending in "…"
+    ("malformed" when it has none), with its type name in front if ``with_type``: the detail of a one-line error."""
     lines = str(e).splitlines()
-    text = lines[0][:limit] if lines else "malformed"
+    text = lines[0] if lines else "malformed"
+    if len(text) > limit:  # "(the tokeni)" read as a whole message
+        text = text[:limit - 1] + "…"
     return f"{type(e).__name__}: {text}" if with_type else text
 
 
