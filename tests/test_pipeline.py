@@ -1082,6 +1082,14 @@ def test_a_split_file_beside_its_gzip_copy_is_refused_for_every_naming(tmp_path,
         load_corpus(str(tmp_path))
 
 
+def test_two_exact_names_for_one_split_are_refused(tmp_path):
+    """valid.txt beside validation.txt: the first of the two names was read without a word."""
+    for name in ("train.txt", "valid.txt", "validation.txt", "test.txt"):
+        write_text(tmp_path / name, f"{name}\n")
+    with pytest.raises(DataError, match=r"several files could be the valid split \(valid.txt, validation.txt\)"):
+        load_corpus(str(tmp_path))
+
+
 @pytest.mark.parametrize("names, shared", [(["train_val.txt", "test.txt"], "train or the valid"),
                                            (["ptb.train.txt", "dev_test.txt"], "valid or the test")])
 def test_one_file_that_names_two_splits_is_refused(tmp_path, names, shared):

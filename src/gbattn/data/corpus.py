@@ -182,11 +182,13 @@ def _find_split_files(path: Path) -> dict[str, Path | None]:
     found: dict[str, Path | None] = {}
     for split in SPLITS:
         if exact[split]:
-            name = exact[split][0]
-            if name + ".gz" in exact[split]:  # `gzip -k`: which of the two is meant (they may differ) is not said
-                raise DataError(f"--data {path}: several files could be the {split} split ({name}, {name}.gz); "
-                                f"keep one")
-            found[split] = path / name
+            # `gzip -k`, or valid.txt beside validation.txt: which one is meant (they may differ) is not said (one
+            # file of each WikiText flavour is left to the flavour check below, which names what each split holds)
+            flavours = sorted(str(_wikitext_flavour(n)) for n in exact[split])
+            if len(exact[split]) > 1 and flavours != ["raw", "tokens"]:
+                raise DataError(f"--data {path}: several files could be the {split} split "
+                                f"({', '.join(exact[split])}); keep one")
+            found[split] = path / exact[split][0]
             continue
         matches = [n for n in names if _is_text_name(n) and re.search(NAME_PATTERNS[split], n.lower())]
         if len(matches) > 1:
