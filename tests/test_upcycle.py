@@ -491,6 +491,16 @@ def _shorter_positions(directory: Path) -> None:
     (directory / "config.json").write_text(json.dumps({**config, "n_positions": 32}))
 
 
+def _attention_weight_transposed(directory: Path) -> None:
+    """GPT-2's fused attention weight stored (out, in) as a Linear's, not (in, out) as Conv1D's: as many numbers."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(directory / "model.safetensors")
+    name = "transformer.h.0.attn.c_attn.weight"
+    weights[name] = weights[name].t().contiguous()
+    save_file(weights, directory / "model.safetensors")
+
+
 def _infinite_norm_gain(directory: Path) -> None:
     from safetensors.torch import load_file, save_file
 
@@ -536,6 +546,9 @@ DAMAGED = {
     "shard-outside": (_shard_outside, "names shard '../outside.safetensors', which is not a file in"),
     "no-weight-map": (_index_without_weight_map, "has no weight_map of tensor names to shard files"),
     "shape": (_shorter_positions, "weight wpe.weight has shape (64, 32), the config implies (32, 32)"),
+    # same number of elements: read as (in, out) it was another function
+    "transposed": (_attention_weight_transposed, "weight h.0.attn.c_attn.weight has shape (96, 32), the config "
+                                                 "implies (32, 96)"),
     "safetensors": (lambda d: (d / "model.safetensors").write_bytes(b"\x08" + bytes(15)), "is not a valid safetensors"),
     "tokenizer": (lambda d: (d / "tokenizer.json").write_text("{not json"), "is not a valid tokenizer.json"),
     # upcycled before, into a run that every later command refused as damaged
