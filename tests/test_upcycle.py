@@ -789,6 +789,20 @@ def test_a_source_lacking_a_weight_is_refused(gpt2_dir):
         upcycle(source, "boosted")
 
 
+@pytest.mark.parametrize("rows,message", [
+    (40, "weight wte.weight has shape (40, 32), the boosted model's is (50, 32)"),  # else the rest kept a random init
+    (60, "weight wte.weight has no place in the boosted model"),  # else a traceback
+])
+def test_a_source_weight_of_another_shape_is_refused(rows, message, gpt2_dir):
+    """A :class:`Source` given to :func:`upcycle` directly whose embedding has fewer or more rows than its config's
+    vocabulary: refused, naming it."""
+    source = load_source(gpt2_dir)
+    wte = source.state["wte.weight"]
+    source.state["wte.weight"] = wte[:rows] if rows < len(wte) else torch.cat([wte, wte[: rows - len(wte)]])
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        upcycle(source, "boosted")
+
+
 def test_no_correction_round_is_a_copy_and_says_so(gpt2_dir):
     up = upcycle(gpt2_dir, "boosted", {"rounds": 1})
     assert up.new == 0 and up.rule.startswith("a copy: no layer has a correction round")
