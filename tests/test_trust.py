@@ -1318,13 +1318,19 @@ def test_a_checkpoint_without_a_model_dict_is_refused_in_one_line(tmp_path):
 
 
 def test_appending_never_writes_through_a_link_nor_into_a_device(tmp_path):
-    """A metrics file planted as a link is refused and its target left as it was; a device is refused too."""
+    """A metrics file planted as a link is refused and its target left as it was; a directory and a FIFO
+    without a reader (which would block) are refused as such; a device is refused too."""
     target, link = tmp_path / "elsewhere.jsonl", tmp_path / "metrics.jsonl"
     target.write_text("kept\n")
     link.symlink_to(target)
     with pytest.raises(UserError, match="a link, a directory or a FIFO is refused"):
         files.append_jsonl(link, {"step": 1})
     assert target.read_text() == "kept\n"
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    for refused in (tmp_path, fifo):
+        with pytest.raises(UserError, match="a link, a directory or a FIFO is refused"):
+            files.append_jsonl(refused, {"step": 1})
     with pytest.raises(UserError, match="is not a regular file: remove it"):
         files.open_to_append(os.devnull)
 
@@ -1798,7 +1804,7 @@ def test_atomic_write_never_writes_through_a_link_planted_at_its_temporary_name(
 
 
 def test_sync_directory_closes_what_it_opens_and_passes_on_an_unexpected_error(tmp_path, monkeypatch):
-    """A filesystem that cannot sync a directory (EINVAL) is left as it is; an I/O error is not
+    """A filesystem that cannot sync a directory (EINVAL, EBADF, EACCES) is left as it is; an I/O error is not
     hidden; the directory's descriptor is closed either way."""
     def open_fds() -> set:
         return set(os.listdir("/proc/self/fd"))
@@ -1806,7 +1812,7 @@ def test_sync_directory_closes_what_it_opens_and_passes_on_an_unexpected_error(t
     before = open_fds()
     files.sync_directory(tmp_path)
     assert open_fds() == before
-    for code, raises in ((errno.EINVAL, False), (errno.EIO, True)):
+    for code, raises in ((errno.EINVAL, False), (errno.EBADF, False), (errno.EACCES, False), (errno.EIO, True)):
         def failing_fsync(fd, code=code):
             raise OSError(code, os.strerror(code))
 
