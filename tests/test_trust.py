@@ -1738,7 +1738,8 @@ def test_a_missing_data_path_given_is_not_blamed_on_the_runs_record(trained, tmp
 
 def test_json_writers_store_no_nan_and_jsonl_readers_keep_objects_only(tmp_path):
     """write_json stores NaN and infinities as null inside tuples as well as lists (JSON has no NaN),
-    and read_jsonl keeps only objects: a line holding a list, a number or a string is skipped."""
+    and read_jsonl keeps only objects: a line holding a list, a number or a string is skipped; a missing
+    file, or a directory in its place, holds none."""
     def no_constants(name):
         raise AssertionError(f"{name} written into JSON")
 
@@ -1747,6 +1748,7 @@ def test_json_writers_store_no_nan_and_jsonl_readers_keep_objects_only(tmp_path)
         "curve": [1.0, None], "best": [None]}
     (tmp_path / "m.jsonl").write_text('{"a": 1}\n[1, 2]\n3\n"x"\n{"b": 2}\n')
     assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": 2}]
+    assert files.read_jsonl(tmp_path / "none.jsonl") == files.read_jsonl(tmp_path) == []  # no file: no records
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
@@ -1918,6 +1920,16 @@ def test_every_tokenizer_file_is_refused_unread_above_the_json_size_cap(tmp_path
             read()
     monkeypatch.setattr(files, "MAX_JSON_BYTES", (hf_dir / "tokenizer.json").stat().st_size)
     assert hf_tokenizer(hf_dir, 2).vocab_size == 2  # a file of exactly the cap is read
+
+
+def test_a_file_named_through_its_parent_folder_keeps_its_name_alone_and_the_root_stays_dot(tmp_path, monkeypatch):
+    """``../input.txt`` (a file above the working directory) becomes ``input.txt``: its folder's name ``..`` says
+    nothing of the corpus. relative_path gives the root, which has no parts, as ``.``, never an empty name."""
+    (tmp_path / "input.txt").write_text("To be or not to be\n")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert files.portable_path("../input.txt") == "input.txt"
+    assert files.relative_path("/", tmp_path) == "."
 
 
 def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_traceback(tmp_path):
