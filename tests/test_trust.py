@@ -1307,6 +1307,34 @@ def test_what_a_directory_holds_is_told_by_its_files(tmp_path):
         rundir.check_out(llama, (rundir.RUN,), "a gbattn run")
 
 
+def test_a_damaged_config_a_lone_safetensors_file_and_a_folder_of_runs_are_told_as_such(tmp_path):
+    """A folder whose config.json is damaged is a run's; model.safetensors alone is a model directory; a run's
+    config.json beside an export's staging folder is a run, not an unfinished export; run folders are named up
+    to three, then "..."."""
+    def folder(name: str) -> Path:
+        (tmp_path / name).mkdir()
+        return tmp_path / name
+
+    damaged = folder("damaged")
+    (damaged / rundir.CONFIG).write_text("{not json")
+    assert rundir.folder_holds(damaged) == rundir.RUN
+    weights = folder("weights")
+    (weights / rundir.SAFETENSORS).write_bytes(b"")
+    assert rundir.folder_holds(weights) == f"a model directory ({rundir.SAFETENSORS})"
+    run = folder("run")
+    (run / rundir.CONFIG).write_text(json.dumps({"model": {}, "train": {}}))
+    (run / f"{rundir.EXPORT_STAGING}.tmp1@host").mkdir()
+    assert rundir.foreign_model(run) is None and rundir.folder_holds(run) == rundir.RUN
+    seeds = folder("seeds")
+    for seed in ("seed1", "seed2", "seed3"):
+        (seeds / seed).mkdir()
+        (seeds / seed / rundir.CONFIG).write_text("{}")
+    assert rundir.folder_holds(seeds) == "run directories (seed1, seed2, seed3)"
+    (seeds / "seed4").mkdir()
+    (seeds / "seed4" / rundir.CONFIG).write_text("{}")
+    assert rundir.folder_holds(seeds) == "run directories (seed1, seed2, seed3, ...)"
+
+
 def test_a_checkpoint_without_a_model_dict_is_refused_in_one_line(tmp_path):
     """A torch.save file of plain values but no ``model`` dict of weights is no gbattn checkpoint."""
     from gbattn.errors import CheckpointError
