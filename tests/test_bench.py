@@ -261,7 +261,11 @@ def test_bench_out_holding_a_run_or_a_comparison_is_refused_before_any_work(tmp_
     (comparison / "recipe.json").write_text("{}")
     foreign = {}
     for name, files in {"other-json": {"bench.json": '{"mine": 1}', "bench.md": "# my bench"},
-                        "list-json": {"bench.json": "[1]"}, "notes": {"bench.md": "# my notes"}}.items():
+                        "list-json": {"bench.json": "[1]"}, "notes": {"bench.md": "# my notes"},
+                        # another program's command, or gbattn bench's without its list of rows
+                        "other-command": {"bench.json": '{"command": "my-bench --fast", "variants": []}'},
+                        "no-rows": {"bench.json": '{"command": "gbattn bench --preset cpu-char", "variants": {}}'}
+                        }.items():
         foreign[name] = tmp_path / name
         foreign[name].mkdir()
         for file, text in files.items():
@@ -270,7 +274,9 @@ def test_bench_out_holding_a_run_or_a_comparison_is_refused_before_any_work(tmp_
                       (foreign["other-json"], "a bench.json that `gbattn bench` did not write"),
                       (foreign["list-json"], "a bench.json that gbattn cannot read (it holds list, expected a JSON "
                                              "object)"),
-                      (foreign["notes"], "a bench.md without the bench.json gbattn writes beside it")):
+                      (foreign["notes"], "a bench.md without the bench.json gbattn writes beside it"),
+                      (foreign["other-command"], "a bench.json that `gbattn bench` did not write"),
+                      (foreign["no-rows"], "a bench.json that `gbattn bench` did not write")):
         before = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
         assert cli_main(["bench", "--preset", "cpu-char", "--device", "cpu", "--out", str(out), "--quiet"]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [
