@@ -1467,6 +1467,18 @@ def test_weights_without_a_config_are_neither_trained_over_nor_deleted(trained, 
     assert removed[-1] == rundir.CONFIG and {rundir.BEST, rundir.CHECKPOINT} <= set(removed), removed
 
 
+def test_a_tokenizer_without_a_config_is_refused_as_an_out_but_read_as_no_run(tmp_path):
+    """A tokenizer.json without config.json is refused as an --out (a new run would keep or replace it); given as a
+    run to read it is simply no run directory, not told to choose another --out."""
+    folder = tmp_path / "tokenizer-only"
+    folder.mkdir()
+    (folder / rundir.TOKENIZER).write_text("{}")
+    with pytest.raises(UserError, match="holds tokenizer.json but no config.json"):
+        rundir.refuse_weights_without_config(folder)
+    with pytest.raises(rundir.CheckpointError, match="config.json not found: is .* a gbattn run directory"):
+        rundir.load_run(folder)
+
+
 def test_every_damaged_torch_file_is_one_checkpoint_error(tmp_path):
     """Damaged bytes make torch's safe unpickler raise what its code happens to raise; each is one line
     naming the file (fuzzing 1,200 damaged files gave 61 IndexErrors, 6 AssertionErrors, 7 struct.errors)."""
