@@ -1524,6 +1524,7 @@ def test_a_config_field_of_another_type_is_refused_in_a_run_and_in_an_exported_g
                             ({"seq_len": 0}, "seq_len=0 must be >= 1"),
                             ({"seq_len": True}, "seq_len=True must be an integer"),  # a bool is no count
                             ({"step": -3}, "step=-3 must be >= 0"),  # eval reported "weights at step -3"
+                            ({"step": -1}, "step=-1 must be >= 0"),  # the first value refused
                             ({"data": {"fingerprint": 7}}, "fingerprint=7 must be a string")):
         with pytest.raises(rundir.CheckpointError, match=message):
             rundir.check_config(config, tmp_path / rundir.CONFIG)
