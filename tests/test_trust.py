@@ -1691,6 +1691,12 @@ def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):
     (exported / rundir.SAFETENSORS_INDEX).write_text(json.dumps({"weight_map": {"w": 5}}))
     with pytest.raises(rundir.CheckpointError, match="has no weight_map of tensor names to shard files"):
         rundir.read_shards(exported, rundir.SAFETENSORS_INDEX, lambda shard: {"w": torch.zeros(1)})
+    # a tensor the index names that its shard does not hold: named, not left to a mismatch with the config
+    (exported / "shard.safetensors").write_bytes(b"")
+    (exported / rundir.SAFETENSORS_INDEX).write_text(json.dumps({"weight_map": {"w": "shard.safetensors",
+                                                                                "v": "shard.safetensors"}}))
+    with pytest.raises(rundir.CheckpointError, match="the shards lack v$"):
+        rundir.read_shards(exported, rundir.SAFETENSORS_INDEX, lambda shard: {"w": torch.zeros(1)})
 
 
 def test_a_resume_checkpoint_cannot_change_the_optimizers_settings(trained, tmp_path, monkeypatch):
