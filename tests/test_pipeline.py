@@ -484,6 +484,8 @@ def test_train_writes_a_self_describing_run(tmp_path):
         with pytest.raises(UserError, match=rf"prompt of type {type(ids).__name__}: give a string "
                                             r"\(run\.model\.generate takes token ids\)"):
             run.generate(ids, max_new_tokens=2)
+    with pytest.raises(UserError, match="the prompt encodes to no tokens"):  # not an error from inside the model
+        run.generate("", max_new_tokens=2)
     assert run.generate("to be", max_new_tokens=2, temperature=0).startswith("to be")
 
 
