@@ -485,6 +485,14 @@ def test_top_gains_and_row_selection():
     assert select_rows(11, 4).tolist() == [0, 3, 7, 10]  # 0, 3.33, 6.67, 10 to the nearest row
 
 
+def test_top_gains_breaks_ties_by_row_then_position():
+    """Equal gains are listed in reading order (earlier row, then earlier position), the same on every
+    call: an unstable sort of a few dozen tied values put them in another order."""
+    diff_NT = np.random.default_rng(0).integers(0, 3, size=(3, 20)).astype(np.float64)
+    by_hand = sorted(np.ndindex(*diff_NT.shape), key=lambda rt: (-diff_NT[rt], rt))
+    assert stats.top_gains(diff_NT, 25) == [(int(r), int(t)) for r, t in by_hand[:25]]
+
+
 # ---- gbattn plot -------------------------------------------------------------------------
 
 
