@@ -697,6 +697,7 @@ def test_every_round_of_a_three_round_layer_reports_the_same_input_x():
     acc = stats.IntermediateStats(1, H, D, T)
     acc.update([stats.LayerSample(entropies=ent, attention_output=f0, corrections=[(c1, r1, g1), (c2, r2, g2)])])
     first, second = acc.norm_summary()["per_layer"]
+    assert (first["round"], second["round"]) == (1, 2)
     x_norm = (r1 + f0).norm(dim=-1).mean().item()
     assert first["x"] == pytest.approx(x_norm) and second["x"] == pytest.approx(x_norm)
     assert second["residual"] == pytest.approx(r2.norm(dim=-1).mean().item())
@@ -765,6 +766,31 @@ def test_statistics_add_up_over_batches_with_exact_histograms_and_gate_range():
     norms = acc.norm_summary()["per_layer"][1]
     assert norms["residual"] == pytest.approx(5.0) and norms["gated_correction"] == pytest.approx(math.sqrt(0.34))
     assert norms["gated_over_residual"] == pytest.approx(math.sqrt(0.34) / 5)
+
+
+def test_entropy_histogram_counts_rounding_past_its_ends_in_the_end_bins():
+    """A uniform row's entropy computed in float may come out a hair above log(T), a one-hot row's a hair
+    below 0: each still counts, in the last or the first bin, so every query is in the histogram."""
+    H, T = 2, 4
+    ent_BHT = torch.tensor([-1e-12, 0.5, 1.0, math.log(T) + 1e-9], dtype=torch.float64).expand(1, H, T).clone()
+    acc = stats.IntermediateStats(1, H, 2, T)
+    acc.update([stats.LayerSample(entropies=[ent_BHT], attention_output=torch.zeros(1, T, 2, dtype=torch.float64),
+                                  corrections=[])])
+    (counts,) = acc.entropy_summary()["histogram"]["counts_per_round"]
+    assert sum(counts) == H * T and counts[0] == H and counts[-1] == H
+
+
+def test_a_batch_whose_layers_have_other_rounds_than_the_first_is_refused():
+    """The running sums are shaped by the first batch's rounds per layer: a batch with more or fewer is an
+    error, not a silent mix."""
+    T = 3
+    ent_BHT = torch.ones(1, 1, T, dtype=torch.float64)
+    one_BTD = torch.ones(1, T, 2, dtype=torch.float64)
+    acc = stats.IntermediateStats(1, 1, 2, T)
+    acc.update([stats.LayerSample(entropies=[ent_BHT, ent_BHT], attention_output=one_BTD,
+                                  corrections=[(one_BTD, one_BTD, one_BTD)])])
+    with pytest.raises(ValueError, match=r"layers with \[1\] rounds, expected \[2\]"):
+        acc.update([stats.LayerSample(entropies=[ent_BHT], attention_output=one_BTD, corrections=[])])
 
 
 def test_a_post_ln_runs_norms_say_x_is_the_stream_not_ln1_of_it(tmp_path, monkeypatch):
