@@ -255,7 +255,9 @@ def test_plot_skips_non_finite_or_overflowing_numbers_in_metrics(tmp_path, capsy
     damaged = ['{"event": "train", "step": 1, "tokens": 1' + "0" * 400 + ', "loss": 4.0}',
                '{"event": "train", "step": 2, "tokens": 20, "loss": NaN}',
                '{"event": "train", "step": 3, "tokens": 30, "loss": 3.0}',
-               '{"event": "eval", "step": 400, "tokens": Infinity, "valid_ppl": 9.0, "valid_loss": 1.0}']
+               '{"event": "eval", "step": 400, "tokens": Infinity, "valid_ppl": 9.0, "valid_loss": 1.0}',
+               '{"event": "eval", "tokens": 4000, "valid_ppl": 9.0, "valid_loss": 1.0}',  # no step to pair by
+               '{"event": "eval", "step": NaN, "tokens": 4000, "valid_ppl": 9.0, "valid_loss": 1.0}']
     lines = metrics.read_text().splitlines()
     lines = [line.replace('"valid_loss": ', '"valid_loss": NaN, "x": ') if '"step": 400,' in line else line
              for line in lines]
