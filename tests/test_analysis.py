@@ -185,11 +185,13 @@ def test_a_run_against_itself_ties_on_every_token(runs, tmp_path, capsys, drawn)
 
 
 def test_statistics_match_a_computation_by_hand(runs):
-    """Entropy per round, gates and norms as stats.py reports them == the same quantities computed
-    here by hand from each layer's own weights (round 0 from x, round 1 from the residual r = x - F_0)."""
+    """Entropy per round, gates, norms and the example figure's head-averaged maps as stats.py reports them ==
+    the same quantities computed here by hand from each layer's own weights (round 0 from x, round 1 from the
+    residual r = x - F_0)."""
     run = load_run(runs["gba"])
     model = run.model
     x_BT, _ = split_rows(run, np.arange(3))
+    test_tokens = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False).splits["test"]
     with torch.no_grad():
         _, record = model(x_BT, return_intermediates=True)
         B, T = x_BT.shape
@@ -205,7 +207,7 @@ def test_statistics_match_a_computation_by_hand(runs):
             p_BHTS = torch.softmax(scores.masked_fill(~causal_TT, float("-inf")), dim=-1)
             ent_BHT = -(p_BHTS * torch.log(p_BHTS.clamp_min(1e-30))).sum(-1)
             out_BTD = (p_BHTS @ heads(v_BTD)).transpose(1, 2).reshape(B, T, d)
-            return ent_BHT, out_BTD
+            return ent_BHT, out_BTD, p_BHTS
 
         h_BTD = model.wte(x_BT) + model.wpe(torch.arange(T))
         acc = stats.IntermediateStats(model.cfg.n_layers, H, d, T)
@@ -215,10 +217,10 @@ def test_statistics_match_a_computation_by_hand(runs):
             attn = block.attn
             x_BTD = block.ln1(h_BTD)
             q, k, v = attn.qkv(x_BTD).split(d, dim=-1)
-            ent0_BHT, f0_BTD = attention(q, k, v)
+            ent0_BHT, f0_BTD, p0_BHTS = attention(q, k, v)
             r_BTD = x_BTD - f0_BTD
             q1, k1, v1 = attn.corrections[0].proj(r_BTD).split(d, dim=-1)
-            ent1_BHT, c_BTD = attention(q1, k1, v1)
+            ent1_BHT, c_BTD, p1_BHTS = attention(q1, k1, v1)
             gate = attn.corrections[0].gate.proj
             g_BTD = torch.sigmoid(torch.cat([f0_BTD, c_BTD], -1) @ gate.weight.T + gate.bias)
             assert gates["per_layer"][li]["mean"] == pytest.approx(g_BTD.mean().item(), rel=1e-4)
@@ -232,6 +234,10 @@ def test_statistics_match_a_computation_by_hand(runs):
             torch.testing.assert_close(from_stats_MBHT[1], ent1_BHT, rtol=1e-4, atol=1e-5)
             assert summary["per_layer"][li]["mean_per_round"] == pytest.approx(
                 [ent0_BHT.mean().item(), ent1_BHT.mean().item()], rel=1e-5)
+            # the example figure's maps: each round's attention of one query, averaged over the heads
+            (example,) = stats.attention_examples(model, test_tokens, T, np.arange(B), [(B - 1, T - 1)], li)
+            by_hand_RS = torch.stack([p[B - 1, :, T - 1].mean(0) for p in (p0_BHTS, p1_BHTS)])
+            np.testing.assert_allclose(example["attention"], by_hand_RS.numpy(), rtol=1e-4, atol=1e-6)
             h_BTD = block(h_BTD, AttnContext(T=T, S=T, device=h_BTD.device))
 
 
