@@ -525,6 +525,37 @@ def test_plot_of_a_run_export_or_denoise_output_names_what_the_folder_holds(tmp_
         assert not (out / "gap.png").exists() and not (out / "gap.json").exists()
 
 
+def test_gap_averages_each_step_over_the_seeds_evaluated_there(tmp_path):
+    """Each --gap point is the mean over seeds of the model's minus the reference's loss at that step, and its
+    tokens per parameter the mean of the model's seeds' tokens: with every seed logging the same numbers, one
+    seed's alone passed too. The points go by step, also where a step was evaluated in a later seed only."""
+    from gbattn.analysis.cli import gap_series
+
+    compare_dir = _gap_dir(tmp_path / "cmp", 400)
+    metrics = compare_dir / "gba-m2" / "seed2" / "metrics.jsonl"
+    events = [json.loads(line) for line in metrics.read_text().splitlines()]
+    metrics.write_text("".join(json.dumps({**e, "valid_loss": e["valid_loss"] + 0.3, "tokens": e["tokens"] + 20}) + "\n"
+                               for e in events))
+    first_seed = compare_dir / "gba-m2" / "seed1" / "metrics.jsonl"
+    first_seed.write_text("".join(first_seed.read_text().splitlines(keepends=True)[1:]))  # no step 100 in seed 1
+    logged = {}  # (label, seed, step) -> (tokens, valid_loss), read back here
+    for label in ("gba-m2", "standard"):
+        for seed in (1, 2):
+            for line in (compare_dir / label / f"seed{seed}" / "metrics.jsonl").read_text().splitlines():
+                e = json.loads(line)
+                logged[label, seed, e["step"]] = (e["tokens"], e["valid_loss"])
+    points = gap_series(compare_dir, "gba-m2", "standard")["points"]
+    assert [p["step"] for p in points] == [100, 200, 300, 400]
+    for p in points:
+        step = p["step"]
+        seeds = [seed for seed in (1, 2) if ("gba-m2", seed, step) in logged]
+        gaps = [logged["gba-m2", seed, step][1] - logged["standard", seed, step][1] for seed in seeds]
+        assert p["difference"] == pytest.approx(statistics.fmean(gaps)) and p["seeds"] == len(seeds)
+        parameters = 100  # gba-m2's, as _gap_dir writes them
+        tokens = [logged["gba-m2", seed, step][0] for seed in seeds]
+        assert p["tokens_per_parameter"] == pytest.approx(statistics.fmean(tokens) / parameters)
+
+
 def test_gap_to_a_longer_compute_matched_reference_says_its_end_is_not_paired(tmp_path):
     """A compute-matched reference trains 600 steps against GBA's 400: paired by step, the line (and its
     diamond) ends at step 400, mid-way through the reference's schedule, so the legend says so (it read like
