@@ -303,14 +303,14 @@ def test_a_new_analysis_removes_the_figures_an_earlier_one_left_in_its_folder(ru
     assert f"note: {note}" in capsys.readouterr().out
 
 def test_analyze_against_records_each_top_token_and_example_where_it_is(runs, tmp_path, drawn):
-    """Each top token is the target at its (row id, position) with both models' losses there, each example
-    names its target and is drawn with its own gain; the perplexities are exp of the mean losses, the
+    """Each top token is the target at its (row id, position) with both models' losses and its context there, each
+    example names its target and is drawn with its own gain; the perplexities are exp of the mean losses, the
     mean by position is over rows, ties are what is neither better nor worse, and the entropy figure of
     a GBA run shows the paper's values."""
     s = analyze_run(runs["gba"], against=runs["std"], out=tmp_path / "a", max_rows=4, top=3, examples=2,
                     device="cpu", quiet=True)
     run = load_run(runs["gba"])
-    _, y_BT = split_rows(run, s["row_ids"])
+    x_BT, y_BT = split_rows(run, s["row_ids"])
     this_NT, that_NT = (token_losses(runs[k], s["row_ids"]) for k in ("gba", "std"))
     index = {r: i for i, r in enumerate(s["row_ids"])}
     d = s["loss_diff"]
@@ -318,6 +318,8 @@ def test_analyze_against_records_each_top_token_and_example_where_it_is(runs, tm
     for top in d["top_tokens"]:
         i, t = index[top["row"]], top["position"]
         assert top["token"] == run.tokenizer.decode([int(y_BT[i, t])])
+        # its context: the last 24 inputs up to and including position t's, the one that predicts the token
+        assert top["context"] == run.tokenizer.decode(x_BT[i, max(0, t - 23) : t + 1].tolist(), skip_special=False)
         assert top["loss"] == pytest.approx(this_NT[i, t].item(), abs=1e-5)
         assert top["against_loss"] == pytest.approx(that_NT[i, t].item(), abs=1e-5)
         assert top["diff"] == pytest.approx(top["against_loss"] - top["loss"], abs=1e-9)
