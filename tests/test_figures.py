@@ -470,9 +470,10 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
     assert code == 0 and json.loads((tmp_path / "fig3" / "gap.json").read_text())["references"] == ["standard"]
     code = cli_main(["plot", str(short), "--gap", "gba-m3", "--out", str(tmp_path / "fig2")])
     assert code == 2 and "has no finished 'gba-m3' runs" in capsys.readouterr().err
-    # A directory or reference given twice is drawn once (it was a second identical line or panel) ...
-    code = cli_main(["plot", str(short), str(long), f"{short}/", "--gap", "gba-m2", "--against", "standard",
-                     "standard", "--out", str(tmp_path / "fig4")])
+    # A directory or reference given twice is drawn once (it was a second identical line or panel), also when
+    # spelt another way ...
+    code = cli_main(["plot", str(short), str(long), f"{short}/", str(long / ".." / "long"), "--gap", "gba-m2",
+                     "--against", "standard", "standard", "--out", str(tmp_path / "fig4")])
     gap = json.loads((tmp_path / "fig4" / "gap.json").read_text())
     assert code == 0 and gap["references"] == ["standard"]
     assert [(s["directory"], s["reference"]) for s in gap["series"]] == [("short", "standard"), ("long", "standard")]
