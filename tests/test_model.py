@@ -77,12 +77,14 @@ def test_size_functions_given_a_model_or_a_preset_name_say_they_take_a_config():
     'vocab_size'"; a preset name, to them or to GPT, "'str' object has no attribute ..."."""
     cfg = tiny_config(("standard", {}))
     model = GPT(cfg)
-    for function in (count_params, flops_per_token, lambda c: param_matched_width(c, 10_000)):
-        with pytest.raises(ConfigError, match=r"takes a ModelConfig \(model\.cfg; a model counts its own with "
-                                              r"model\.num_params\(\)\), not a GPT"):
+    # Each names itself (without its own check, GPT's or count_params' would name that one)
+    for name, function in (("count_params", count_params), ("flops_per_token", flops_per_token),
+                           ("param_matched_width", lambda c: param_matched_width(c, 10_000))):
+        with pytest.raises(ConfigError, match=rf"^{name} takes a ModelConfig \(model\.cfg; a model counts its own "
+                                              r"with model\.num_params\(\)\), not a GPT"):
             function(model)
-        with pytest.raises(ConfigError, match=r"takes a ModelConfig \(e\.g\. preset_config\('cpu-char', 'boosted'\)\), "
-                                              r"not a str"):
+        with pytest.raises(ConfigError, match=rf"^{name} takes a ModelConfig \(e\.g\. preset_config\('cpu-char', "
+                                              r"'boosted'\)\), not a str"):
             function("cpu-char")
     assert count_params(model.cfg) == model.num_params()
     with pytest.raises(ConfigError, match=r"GPT takes a ModelConfig \(e\.g\. preset_config\('cpu-char', 'boosted'\)\), "
