@@ -395,6 +395,21 @@ def test_a_damaged_result_of_a_finished_run_is_one_line(tmp_path):
             run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
 
 
+def test_a_finished_run_without_its_config_is_refused_not_reused(tmp_path):
+    """A run directory holding result.json but no config.json (deleted, or a result copied in): nothing says it
+    is the recipe's run, so it is refused in one line naming the missing file (it was reused unchecked and its
+    result reported)."""
+    from gbattn.errors import CheckpointError
+
+    data = write_corpus(tmp_path / "c")
+    sets = tiny_sets()
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    run = tmp_path / "cmp" / "standard" / "seed42"
+    (run / rundir.CONFIG).unlink()
+    with pytest.raises(CheckpointError, match=r"standard/seed42/config\.json not found"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+
+
 def test_a_rerun_of_a_subset_checks_the_finished_runs_it_reports(tmp_path):
     """A rerun asking for standard only still reports gba-m2's finished run, and so checks it as a reused
     run is checked: one whose recorded config is not the recipe's is refused, not reported."""

@@ -258,10 +258,10 @@ class _Runner:
         run_dir = self.out / spec.label / f"seed{seed}"
         model_cfg, train_cfg = matched_configs(self.recipe, spec, self.data, seed, self.sets, self.vocab,
                                                self.results, self.out)
-        existing = (run_dir / rundir.CONFIG).exists()
-        if existing:
+        existing, finished = (run_dir / rundir.CONFIG).exists(), (run_dir / rundir.RESULT).exists()
+        if existing or finished:  # a result without its config.json: nothing says it is this run, refused
             check_run(run_dir, model_cfg, train_cfg, self.fingerprint)
-        if (run_dir / rundir.RESULT).exists():
+        if finished:
             self.results[spec.label][seed] = rundir.read_result(run_dir / rundir.RESULT)
             self.bar.update(1, last=f"{spec.label}/seed{seed} (done before)")
             return None
