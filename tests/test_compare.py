@@ -779,6 +779,21 @@ def test_each_seed_trains_its_own_run(tmp_path):
     assert ppl["1"] != ppl["2"], ppl
 
 
+def test_a_refused_run_names_four_differences_and_says_when_there_are_more(tmp_path):
+    """check_run's message lists at most four differing fields, and ends them in '; ...' only when there are
+    more than four."""
+    from gbattn.experiments.compare import check_run
+
+    model_cfg, train_cfg = build_configs("cpu-char", "standard", "data", {})
+    rundir.write_config(tmp_path, "cpu-char", model_cfg, train_cfg, planned=True)
+    four = train_cfg.replace(lr=5e-4, seed=7, batch_size=4, weight_decay=0.5)
+    for asked_model, more in ((model_cfg, False), (model_cfg.replace(n_layers=3), True)):
+        with pytest.raises(UserError) as refused:
+            check_run(tmp_path, asked_model, four)
+        message = str(refused.value)
+        assert message.count(", asked ") == 4 and ("; ...)" in message) is more, message
+
+
 def test_a_run_recorded_with_another_training_config_is_refused_finished_or_not(tmp_path):
     """A run directory whose recorded training config (here lr) is not the recipe's is refused, whether
     it finished or was killed before its result (it was resumed with the recorded lr)."""
