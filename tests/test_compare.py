@@ -956,6 +956,27 @@ def test_a_jobs_childs_log_that_is_a_link_is_refused_and_its_target_untouched(tm
     assert victim.read_text() == "not gbattn's\n" and not started
 
 
+def test_a_jobs_child_is_given_this_invocations_result_neutral_settings_as_its_cli_reads_them(tmp_path, monkeypatch):
+    """--jobs 2: each child's `train --resume` takes the threads divided between the jobs and the neutral --set
+    keys given, written so that --set reads them back as the same values (a bool as true/false: Python's
+    'False' would read as the string 'False', which compile refuses)."""
+    import subprocess
+
+    from gbattn.config import TrainConfig, parse_sets
+
+    started, real_popen = [], subprocess.Popen
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or real_popen(
+        ["false"], **kw))
+    sets = tiny_sets(compile=False, log_every=5)
+    with pytest.raises(UserError, match="1 run\\(s\\) failed"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(write_corpus(tmp_path / "c")), sets=sets,
+                    only=["standard"], quiet=True, jobs=2, threads=4)
+    (cmd,) = started
+    given = parse_sets([cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"])
+    assert given == {**{k: v for k, v in sets.items() if k in TrainConfig.RESULT_NEUTRAL}, "threads": 2}, cmd
+    assert given["compile"] is False and given["log_every"] == 5
+
+
 def test_a_run_of_jobs_stopped_during_its_last_step_is_finished_whatever_its_exit_status(tmp_path, monkeypatch):
     """A --jobs child sent Ctrl-C or SIGTERM from outside during its last step writes result.json and then
     exits 130 or 143: the comparison counts that run as finished and reports it (it listed it as failed and
