@@ -436,10 +436,12 @@ def test_compute_matched_steps_round_the_reference_flops(tmp_path):
     model_cfg, train_cfg = spec_configs(recipe, spec, "data", 1, sets, 50)
     assert train_cfg.seq_len == 32 and model_cfg.block_size == 33
     per_step = flops_per_token(model_cfg, seq_len=32, backward=True) * 8 * 32
-    for exact, expected in ((10.6, 11), (10.4, 10)):
-        results = {"gba-m2": {1: {"train_flops": exact * per_step, "steps": 10}}}
-        _, matched = matched_configs(recipe, spec, "data", 1, sets, 50, results, tmp_path)
-        assert matched.max_steps == expected, exact
+    # seq_len unset trains rows of block_size - 1 = 32 tokens too: the same steps (not a TypeError)
+    for sets in (tiny_sets(), {**tiny_sets(), "seq_len": None}):
+        for exact, expected in ((10.6, 11), (10.4, 10)):
+            results = {"gba-m2": {1: {"train_flops": exact * per_step, "steps": 10}}}
+            _, matched = matched_configs(recipe, spec, "data", 1, sets, 50, results, tmp_path)
+            assert matched.max_steps == expected, (exact, sets["seq_len"])
 
 
 def test_compute_matched_keeps_the_warmup_its_reference_used(tmp_path):
