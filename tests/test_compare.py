@@ -463,6 +463,11 @@ def test_compute_matched_keeps_the_warmup_its_reference_used(tmp_path):
     _, matched = matched_configs(recipe, specs["compute-matched"], "data", 1, sets, 50, results, tmp_path)
     assert matched.max_steps == 265
     assert fitted_warmup(matched, matched.max_steps) == (18, None)
+    # A matched run shorter than its reference (30 steps) keeps the 18 too: not fitted again to a tenth, 3
+    matched_model, _ = spec_configs(recipe, specs["compute-matched"], "data", 1, sets, 50)
+    results["gba-m2"][1]["train_flops"] = flops_per_token(matched_model, seq_len=32, backward=True) * 8 * 32 * 30
+    _, shorter = matched_configs(recipe, specs["compute-matched"], "data", 1, sets, 50, results, tmp_path)
+    assert shorter.max_steps == 30 and fitted_warmup(shorter, shorter.max_steps) == (18, None)
 
 
 def test_cpu_char_long_is_cpu_char_stretched_four_times():
