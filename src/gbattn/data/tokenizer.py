@@ -193,8 +193,8 @@ class Tokenizer:
             raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
         content = read_json_bytes(path)  # a huge file is refused unread
         try:
-            tok = cls.from_json(content.decode("utf-8"))
-            saved = json.loads(content)
+            saved = json.loads(content.decode("utf-8"))
+            tok = cls(saved["kind"], saved["payload"])
             as_saved = _fingerprint(saved["kind"], saved["payload"])  # before truncation was turned off on reading
         except Exception as e:  # JSON, key, type or HF tokenizers errors: all mean a bad file
             raise CheckpointError(f"{path} is not a valid gbattn tokenizer file "
