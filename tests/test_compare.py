@@ -1018,3 +1018,22 @@ def test_a_run_of_jobs_stopped_during_its_last_step_is_finished_whatever_its_exi
     report = run_compare("cpu-proxy", tmp_path / "cmp", jobs=2, threads=2, **kwargs)
     assert report["complete"] and report["models"][0]["test_ppl"] == first["models"][0]["test_ppl"]
     assert json.loads((tmp_path / "cmp" / "results.json").read_text())["models"][0]["seeds"] == [42]
+
+
+def test_a_run_is_refused_when_its_fitted_warmup_is_not_the_one_asked_for(tmp_path):
+    """fit_warmup itself is not compared (runs from before it existed record it off), the warmup it gives is:
+    a 180-step run that kept a warmup of 100 as given is not the run asked with fit_warmup on (which fits it to
+    18), and neither is the other way round; over 1,000 steps both keep the 100, and the run counts."""
+    from gbattn.experiments.compare import check_run
+
+    model_cfg, train_cfg = build_configs("cpu-char", "standard", "data", {})
+    fitted, kept = train_cfg.replace(warmup_steps=100, fit_warmup=True), train_cfg.replace(warmup_steps=100,
+                                                                                           fit_warmup=False)
+    for recorded, asked in ((kept, fitted), (fitted, kept)):
+        used = 18 if recorded.fit_warmup else 100
+        rundir.write_config(tmp_path, "cpu-char", model_cfg, recorded, steps=180, warmup_steps=used)
+        with pytest.raises(UserError, match=rf"the warmup over its 180 steps: recorded {used}, asked "
+                                            rf"{118 - used} \(fit_warmup={asked.fit_warmup}\)"):
+            check_run(tmp_path, model_cfg, asked)
+        rundir.write_config(tmp_path, "cpu-char", model_cfg, recorded, steps=1000, warmup_steps=100)
+        check_run(tmp_path, model_cfg, asked)

@@ -1525,7 +1525,10 @@ def test_a_config_field_of_another_type_is_refused_in_a_run_and_in_an_exported_g
                             ({"seq_len": True}, "seq_len=True must be an integer"),  # a bool is no count
                             ({"step": -3}, "step=-3 must be >= 0"),  # eval reported "weights at step -3"
                             ({"step": -1}, "step=-1 must be >= 0"),  # the first value refused
-                            ({"data": {"fingerprint": 7}}, "fingerprint=7 must be a string")):
+                            ({"data": {"fingerprint": 7}}, "fingerprint=7 must be a string"),
+                            # compare's check_run computes the warmup over these: a TypeError traceback
+                            ({"steps": "180"}, "steps='180' must be an integer"),
+                            ({"warmup_steps": 1.5}, "warmup_steps=1.5 must be an integer")):
         with pytest.raises(rundir.CheckpointError, match=message):
             rundir.check_config(config, tmp_path / rundir.CONFIG)
         with pytest.raises(rundir.CheckpointError, match=message):

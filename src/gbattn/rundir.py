@@ -453,7 +453,7 @@ def _check_fields(record: dict, kinds: dict[str, tuple[type, ...]], where: str |
 
 
 _CONFIG_FIELDS = {"preset": (str,), "data": (dict,), "extra": (dict,), "seq_len": (int,), "step": (int,),
-                  "gbattn": (dict,)}
+                  "steps": (int,), "warmup_steps": (int,), "gbattn": (dict,)}
 _DATA_FIELDS = {"corpus": (str,), "fingerprint": (str,), "tokenizer": (str,)}
 
 

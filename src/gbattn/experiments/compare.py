@@ -83,6 +83,13 @@ def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = Non
     differ = [f"{part}.{k}: recorded {have[part].get(k)!r}, asked {want[part].get(k)!r}"
               for part in ("model", "train") for k in sorted(set(want[part]) | set(have[part]))
               if want[part].get(k) != have[part].get(k)]
+    # fit_warmup is not compared as a field (runs from before it existed record it off): the warmup it gives
+    # over the run's steps is. With every other field equal, the asked run would have as many steps.
+    steps, used = config.get("steps"), config.get("warmup_steps")
+    asked = fitted_warmup(train_cfg, steps)[0] if steps is not None and used is not None else used
+    if not differ and asked != used:
+        differ.append(f"the warmup over its {steps:,} steps: recorded {used:,}, asked {asked:,} "
+                      f"(fit_warmup={train_cfg.fit_warmup})")
     if differ:
         raise UserError(f"{run_dir} holds another run than this recipe asks for ({'; '.join(differ[:4])}"
                         f"{'; ...' if len(differ) > 4 else ''}); move it away or use another --out")
