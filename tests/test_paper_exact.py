@@ -204,6 +204,31 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
     assert "66 steps (3 epochs of 22) of 4 x 32 tokens, lr 0.0003 (warmup 7, then cosine to 0), evaluation" in printed
 
 
+
+def test_the_plan_says_how_many_of_a_tokenizers_ids_name_no_token(tmp_path, capsys):
+    """A Hugging Face tokenizer.json whose ids leave gaps (its words at ids 0..n-1, <unk> at 5,000) gives a model
+    of 5,001 embedding rows, most of them for no token: the plan says so (it printed 5,001 tokens and nothing
+    else); one without gaps adds nothing."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
+    from helpers import WORDS
+
+    data = write_corpus(tmp_path / "c")
+    words = sorted({*WORDS, "."})
+    for unk_id, note in ((5_000, f"; {5_000 - len(words):,} of its ids name no token, and each still has an "
+                                 f"embedding row"), (len(words), "")):
+        backend = Backend(models.WordLevel({**{w: i for i, w in enumerate(words)}, "<unk>": unk_id},
+                                           unk_token="<unk>"))
+        backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        backend.save(str(tmp_path / "tokenizer.json"))
+        sets = dict(TINY, tokenizer=f"hf={tmp_path / 'tokenizer.json'}", batch_size=4, max_steps=1, threads=1,
+                    train_tokens=None, eval_tokens=None)
+        train(tmp_path / f"run{unk_id}", *build_configs("paper-small", "standard", str(data), sets), quiet=False)
+        printed = capsys.readouterr().out
+        assert f"hf tokenizer: {unk_id + 1:,} tokens (the model config asked for 16,384; the vocabulary is the " \
+               f"tokenizer's){note}\n" in printed, printed
+
 def test_the_plan_says_a_run_trains_compiled(tmp_path, capsys, monkeypatch):
     """A compiled run says so (its tokens/s counts the compile time), an eager one does not."""
     import torch

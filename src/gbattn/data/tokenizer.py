@@ -95,7 +95,8 @@ class Tokenizer:
                 self._hf.no_truncation()
                 self._hf.no_padding()
                 self.payload = self._hf.to_str()
-            self._size = max(self._hf.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+            ids = self._hf.get_vocab(with_added_tokens=True).values()
+            self._size, self._named = max(ids, default=-1) + 1, len(set(ids))
             if self._size > MAX_VOCAB_SIZE:  # the model config would refuse it as a vocab_size the user never set
                 raise ValueError(f"its largest token id is {self._size - 1:,}; a model takes ids below "
                                  f"{MAX_VOCAB_SIZE:,}")
@@ -117,6 +118,12 @@ class Tokenizer:
         """The ids it can produce: 0 .. vocab_size - 1 (one past the largest id, so a vocabulary with
         unused ids still fits the embedding table)."""
         return len(self.chars) if self.kind == "char" else self._size
+
+    @property
+    def unused_ids(self) -> int:
+        """Ids below :attr:`vocab_size` that name no token (a tokenizer.json whose ids leave gaps): each
+        still has a row in the model's embedding table."""
+        return 0 if self.kind == "char" else self._size - self._named
 
     @functools.cached_property
     def unknown_id(self) -> int | None:

@@ -344,9 +344,11 @@ class Trainer:
     def _plan(self) -> list[str]:
         """What this run will do, in a few lines (vocabulary, steps, learning rate and warmup, evaluations)."""
         cfg, v = self.train_cfg, self.data.tokenizer.vocab_size
+        unused = self.data.tokenizer.unused_ids
         lines = [f"{self.data.tokenizer.kind} tokenizer: {v:,} tokens"
                  + (f" (the model config asked for {self.requested_vocab:,}; the vocabulary is the tokenizer's)"
-                    if v != self.requested_vocab else "")]
+                    if v != self.requested_vocab else "")
+                 + (f"; {unused:,} of its ids name no token, and each still has an embedding row" if unused else "")]
         epochs = (
             f" ({self.total_steps / self.steps_per_epoch:.3g} epochs of {self.steps_per_epoch:,})"
             if self.steps_per_epoch
