@@ -265,6 +265,7 @@ def test_build_attention_refuses_what_a_model_config_refuses(name):
                                    ("d_model", 0, "d_model=0 must be an integer >= 1"),
                                    ("dropout", 1.5, r"dropout=1\.5 must be in \[0, 1\)"),
                                    ("dropout", 1.0, r"dropout=1\.0 must be in \[0, 1\)"),  # every probability dropped
+                                   ("dropout", -0.1, r"dropout=-0\.1 must be in \[0, 1\)"),  # torch's error in training
                                    ("rope_base", 0.0, r"rope_base=0\.0 must be > 0"),
                                    ("layer_idx", -1, "layer_idx=-1 must be an integer >= 0"),
                                    ("n_layers", 0, "n_layers=0 must be an integer >= 1"),
