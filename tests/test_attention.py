@@ -314,6 +314,7 @@ def test_rope_positions_of_another_length_are_refused():
             rope(x, positions=bad)
     rows = torch.arange(5).expand(2, 5)
     torch.testing.assert_close(rope(x, positions=rows), rope(x), rtol=0, atol=0)
+    torch.testing.assert_close(rope(x, positions=torch.arange(5)[None]), rope(x), rtol=0, atol=0)  # one row for all
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
