@@ -360,6 +360,9 @@ def test_an_input_of_another_dtype_than_the_module_is_named(name):
             module(bad)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert attn(x.bfloat16()).dtype == torch.bfloat16
+        with pytest.raises(ValueError, match=r"input of dtype torch\.int64 for a module whose parameters are "
+                                             r"torch\.float32"):
+            attn(x.long())  # token ids: autocast casts no integers (was a dtype error from inside a projection)
 
 
 def test_a_row_of_padding_only_attends_to_nothing(variant_case):
