@@ -545,6 +545,7 @@ def test_record_schema_and_consistency(variant_case, layer_idx):
     x = torch.randn(B, T, D, dtype=torch.float64)
     y, record = attn(x, return_intermediates=True)
     kinds = [r.kind for r in record.rounds]
+    assert record.of_kind(*set(kinds)) == record.rounds and record.of_kind("no-such-kind") == []
     chosen = opts.get("layers") is None or layer_idx == 1
     if name == "boosted":
         rounds = opts.get("rounds", 2) if chosen else 1
