@@ -236,9 +236,10 @@ def test_cached_decode_equals_full_forward(variant_case, block):
     torch.testing.assert_close(cached, full, rtol=1e-10, atol=1e-10)
     model.clear_cache()
     torch.testing.assert_close(model(idx), full, rtol=0, atol=0)
-    model.setup_cache(batch=1, max_len=16)  # a cache for one row does not silently take two
-    with pytest.raises(ValueError, match="a batch of 2 rows written to a KV cache set up for 1"):
-        model(idx[:, :prefill], input_pos=torch.arange(prefill))
+    for rows in (1, 3):  # a cache for one row does not silently take two; a cache for three is no torch size error
+        model.setup_cache(batch=rows, max_len=16)
+        with pytest.raises(ValueError, match=f"a batch of 2 rows written to a KV cache set up for {rows}"):
+            model(idx[:, :prefill], input_pos=torch.arange(prefill))
 
 
 @pytest.mark.parametrize("block", list(BLOCKS))
