@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gbattn.attention.core import AttnContext, positions_of, rope_for
-from gbattn.config import PRESETS, ConfigError, ModelConfig, preset_config
+from gbattn.config import DROPOUT_SITES, PRESETS, ConfigError, ModelConfig, preset_config
 from gbattn.model import GPT, count_params, flops_per_token, lm_loss, param_matched_width
 
 BLOCKS = {
@@ -665,14 +665,15 @@ def test_a_loss_with_every_target_ignored_is_zero_not_nan():
 
 
 def test_dropout_only_at_the_sites_named():
-    """dropout=0.5 with no sites drops nothing (training mode gives the eval logits); at the attention
-    probabilities alone it does."""
+    """dropout=0.5 with no sites drops nothing (training mode gives the eval logits); at any one site alone
+    it does, with the configured probability."""
     idx = torch.randint(0, 37, (2, 8))
-    for sites, drops in (([], False), (["attention"], True)):
+    for sites, drops in [([], False)] + [([site], True) for site in DROPOUT_SITES]:
         model = tiny_model(("standard", {}), dropout=0.5, dropout_sites=sites)
         expected = model(idx)
         torch.manual_seed(0)
         assert (not torch.equal(model.train()(idx), expected)) == drops, sites
+        assert {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)} <= {0.5}, sites
 
 
 def test_biases_off_means_no_bias_anywhere():
