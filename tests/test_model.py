@@ -344,13 +344,17 @@ def test_each_block_is_built_for_its_own_layer():
 
 
 def test_init_follows_paper():
+    """docs/paper.md: every Linear and Embedding weight (positions, GBA's gate included) is drawn from
+    N(0, 0.02), mean and spread, with zero biases; the output embedding is the token embedding."""
     model = GPT(preset_config("paper-small", "boosted"))
-    w = model.blocks[0].attn.qkv.weight
-    assert abs(w.std().item() - 0.02) < 0.001
-    assert model.blocks[0].attn.qkv.bias.abs().max() == 0
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
+    assert {"wte", "wpe", "blocks.0.attn.qkv", "blocks.0.attn.corrections.0.gate.proj", "blocks.1.mlp.fc"} <= \
+        set(layers)
+    for name, layer in layers.items():  # (each holds 65,536 weights or more: the mean's error is under 1e-4)
+        assert layer.weight.std().item() == pytest.approx(0.02, abs=0.001), name
+        assert abs(layer.weight.mean().item()) < 0.001, name
+        assert getattr(layer, "bias", None) is None or layer.bias.abs().max() == 0, name
     assert model.lm_head.weight is model.wte.weight
-    gate = model.blocks[0].attn.corrections[0].gate.proj
-    assert gate.weight.std().item() == pytest.approx(0.02, abs=0.001) and gate.bias.abs().max() == 0
 
 
 BLOCK_EQUATION_CASES = {
