@@ -850,7 +850,7 @@ def test_targets_of_another_dtype_or_outside_the_vocabulary_are_named():
     for bad in (idx.float(), idx.bool()):
         with pytest.raises(ValueError, match=rf"targets of dtype {bad.dtype}: expected integers \(torch\.long\)"):
             model(idx[:, :-1], bad[:, 1:])
-    for bad in (37, -5):
+    for bad in (37, -5, -1):
         wrong = idx[:, 1:].clone()
         wrong[1, 3] = bad
         with pytest.raises(ValueError, match=rf"target {bad} outside the vocabulary: targets are 0 \.\. 36 "
