@@ -108,6 +108,9 @@ def test_causality_parity_and_cache_inside_attnres(variant_case, residual):
     full = model(idx)
     # fast path == naive path
     torch.testing.assert_close(model(idx, naive=True), full, rtol=1e-10, atol=1e-10)
+    logits, records = model(idx, return_intermediates=True)  # each layer's attention fills its own record
+    torch.testing.assert_close(logits, full, rtol=1e-10, atol=1e-10)
+    assert len(records) == 2 and all(layer.rounds for layer in records)
     # causality
     idx2 = idx.clone()
     idx2[:, 5:] = (idx2[:, 5:] + 3) % 37
