@@ -765,6 +765,9 @@ def test_a_world_size_not_a_number_is_one_line_for_every_command(monkeypatch, ca
     ({}, "no RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT"),
     ({"RANK": "x", "LOCAL_RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"},
      "RANK='x' and LOCAL_RANK='0', not both process numbers below it"),
+    ({"RANK": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"},
+     "RANK='2' and LOCAL_RANK='0', not both process numbers below it"),  # ranks of 2 processes are 0 and 1
+    ({"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": " ", "MASTER_PORT": "29500"}, "no MASTER_ADDR"),  # blank: unset
 ])
 def test_a_world_size_without_the_rest_of_torchrun_is_one_line(tmp_path, monkeypatch, capsys, variables, wrong):
     """`gbattn train` with WORLD_SIZE=2 exported but not started by torchrun (or with a rank that is not a number) was
@@ -775,6 +778,8 @@ def test_a_world_size_without_the_rest_of_torchrun_is_one_line(tmp_path, monkeyp
         monkeypatch.delenv(name, raising=False)
     for name, value in dict(variables, WORLD_SIZE="2").items():
         monkeypatch.setenv(name, value)
+    # (joining a group these variables describe would wait for peers that never come: fail at once instead)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: pytest.fail("joined a process group"))
     data = write_corpus(tmp_path / "c")
     code, out, err = run_cli(capsys, ["train", "--out", tmp_path / "run", *_train_argv(data, 2)])
     assert (code, out) == (2, "")
