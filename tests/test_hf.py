@@ -1754,6 +1754,7 @@ def test_lm_eval_arguments_are_checked_before_any_work(tmp_path, capsys):
             (["--tasks", "t", "--include-path", str(tmp_path / "none")], "is not a directory"),
             (["--tasks", "t", "--include-path", str(tmp_path / "a-file")], "a-file is not a directory"),
             (["--tasks", "t", "--batch-size", "0"], "--batch-size"),
+            (["--tasks", "t", "--num-fewshot", "-1"], "--num-fewshot: -1 must be >= 0"),
     ):
         code, _, err = run_cli(capsys, ["lm-eval", model, *argv])
         assert code == 2 and message in err and len(err.strip().splitlines()) <= 2, (argv, err)
