@@ -2066,7 +2066,8 @@ def test_lm_eval_command_forwards_every_option(tmp_path, monkeypatch, capsys):
 def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
     """The model wrapper gets the batch size and the block size as max_length, simple_evaluate the
     task manager, limit, shots and log_samples; the tokenizer's "longer than" warning is filtered
-    only during the call; a refused task is a one-line error with the harness's bars closed."""
+    only during the call; a refused task is a one-line error with the harness's bars closed; any other failure
+    is raised as it is."""
     import io
     import logging
 
@@ -2112,6 +2113,14 @@ def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
     with pytest.raises(UserError, match="lm-eval refused the task for this model .*requested max tokens 64"):
         lmeval.run_lm_eval("dir", ["a"])
     assert bars[0] not in getattr(tqdm, "_instances", ()) and lmeval._windowed_by_the_harness not in log.filters
+
+    def fail(**kwargs):  # a bug, not a user's mistake: raised as it is, not as the untokenizable-character line
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(lmeval, "simple_evaluate", fail)
+    with pytest.raises(RuntimeError, match="device-side assert triggered"):
+        lmeval.run_lm_eval("dir", ["a"])
+    assert lmeval._windowed_by_the_harness not in log.filters
 
 
 def test_lm_eval_prints_the_groups_table_when_there_are_groups(monkeypatch, capsys):
