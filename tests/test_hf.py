@@ -687,6 +687,11 @@ def test_special_tokens_of_a_vocabulary_with_several_candidates():
     llama_like = hf_kind({"<unk>": 0, "<pad>": 1, "</s>": 2, "a": 3, "b": 4, "<s>": 5}, special=["<s>"])
     assert (llama_like.eos_token, llama_like.pad_token, llama_like.unk_token) == ("</s>", "<pad>", "<unk>")
     assert llama_like.bos_token == "<s>" and len(llama_like) == 6  # the start of text: lm-eval's rolling prefix
+    # special tokens added after the trained vocabulary (Llama 3's): found among the added tokens, ids kept
+    llama3_like = hf_kind({"<unk>": 0, "a": 1, "b": 2}, special=["<|begin_of_text|>", "<|end_of_text|>"])
+    assert (llama3_like.bos_token, llama3_like.eos_token, llama3_like.pad_token) == (
+        "<|begin_of_text|>", "<|end_of_text|>", "<|end_of_text|>")
+    assert (llama3_like.bos_token_id, llama3_like.eos_token_id, len(llama3_like)) == (3, 4, 5)
     text_token = hf_kind({"<unk>": 0, "</s>": 1, "<s>": 2})  # "<s>" as text (not special): no start of text
     assert text_token.bos_token is None and text_token.eos_token == "</s>"
     added_text = hf_kind({"<unk>": 0, "</s>": 1, "<s>": 2}, added=["<s>"])  # an added token, but not a special one
