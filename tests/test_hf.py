@@ -672,8 +672,9 @@ def test_a_tokenizer_file_saved_with_truncation_or_padding_encodes_whole_lines(t
 
 
 def test_special_tokens_of_a_vocabulary_with_several_candidates():
-    """A vocabulary with both ``</s>`` and ``<pad>``: eos is the real end of text, pad is ``<pad>``;
-    one with neither falls back to token 0 as eos and has no padding token."""
+    """A vocabulary with both ``</s>`` and ``<pad>``: eos is the real end of text, pad is ``<pad>``; one
+    with ``<pad>`` alone takes it as eos too; one with neither falls back to token 0 as eos and has no padding
+    token."""
     from tokenizers import Tokenizer as Backend
     from tokenizers import models, pre_tokenizers
 
@@ -697,6 +698,8 @@ def test_special_tokens_of_a_vocabulary_with_several_candidates():
     added_text = hf_kind({"<unk>": 0, "</s>": 1, "<s>": 2}, added=["<s>"])  # an added token, but not a special one
     assert added_text.bos_token is None
     assert set(llama_like("a b").keys()) == {"input_ids", "attention_mask"}  # no token_type_ids
+    pad_only = hf_kind({"<unk>": 0, "<pad>": 1, "a": 2})  # no end-of-text token: <pad> stands in, as for bpe
+    assert (pad_only.eos_token, pad_only.pad_token, pad_only.unk_token) == ("<pad>", "<pad>", "<unk>")
     plain = hf_kind({"x": 0, "a": 1, "b": 2})
     assert plain.eos_token == "x" and plain.eos_token_id == 0 and plain.pad_token is None and plain.bos_token is None
 
