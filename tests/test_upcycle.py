@@ -1145,6 +1145,16 @@ def test_out_holding_a_run_is_refused(gbattn_dir, tmp_path, capsys, monkeypatch)
     assert [p.name for p in (tmp_path / "config-dir").iterdir()] == ["config.json"]
 
 
+def test_write_run_refuses_an_out_that_came_to_hold_a_run(gbattn_dir, tmp_path):
+    """write_run checks --out again under its lock (another process may have written a run there since the command
+    checked it; the README's Python route calls write_run alone): a run there is refused and left as it was."""
+    write_run(upcycle(gbattn_dir, "gated"), tmp_path / "up")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "up").iterdir() if not p.name.startswith(".")}
+    with pytest.raises(UserError, match="already holds a run; choose another --out"):
+        write_run(upcycle(gbattn_dir, "boosted"), tmp_path / "up")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "up").iterdir() if not p.name.startswith(".")} == before
+
+
 def test_out_holding_another_programs_tokenizer_is_refused(gbattn_dir, tmp_path, capsys):
     """An --out holding a tokenizer.json but no config.json (a Hugging Face tokenizer folder, an upcycle stopped after
     writing it) is refused by upcycle, which replaced the file before, and by train --init-from, which kept it as the
