@@ -1193,8 +1193,9 @@ def test_an_upcycle_refused_while_writing_leaves_no_file(tmp_path, capsys):
 
 def test_upcycled_run_records_its_parameters_and_how_it_was_made(gpt2_dir, tmp_path, capsys):
     """config.json counts every parameter of the upcycled model (copied and new) and records the source's kind,
-    the rule and the seed of the new parameters (not recorded before: two --seed values gave the same record);
-    the command prints the conversion's notes before its summary."""
+    the rule and the seed of the new parameters (not recorded before: two --seed values gave the same record), and no
+    step trained; the command prints the conversion's notes before its summary, which counts the copied and new
+    parameters."""
     argv = ["upcycle", gpt2_dir, "--attn", "boosted", "--set", "attn.kv_source=shared", "--out", tmp_path / "up",
             "--seed", "5"]
     assert main([str(a) for a in argv]) == 0
@@ -1203,6 +1204,7 @@ def test_upcycled_run_records_its_parameters_and_how_it_was_made(gpt2_dir, tmp_p
     config = rundir.read_config(tmp_path / "up" / rundir.CONFIG)
     up = upcycle(gpt2_dir, "boosted", {"kv_source": "shared"}, seed=5)
     assert config["parameters"] == sum(p.numel() for p in upcycled_model(up).parameters()) > up.copied
+    assert f"{up.copied:,} parameters copied, {up.new:,} new; attn=boosted" in out[1] and config["steps"] == 0
     assert config["extra"] == {"upcycled_from": gpt2_dir.name, "source_kind": "gpt2", "rule": up.rule, "seed": 5}
     written = rundir.load_run(tmp_path / "up").model.state_dict()
     assert all(torch.equal(written[k], v) for k, v in up.state.items())  # the recorded seed remakes the weights
