@@ -104,7 +104,7 @@ def test_config_standard_names_map_both_ways(tmp_path):
     assert cfg.tie_word_embeddings is True and cfg.model_type == "gbattn"
     cfg.vocab_size, cfg.num_key_value_heads, cfg.hidden_size = 40, 4, 32  # as resize_token_embeddings does
     assert cfg.gbattn["model"]["vocab_size"] == 40 and cfg.gbattn["model"]["n_kv_heads"] == 4
-    assert cfg.model_config.d_model == 32
+    assert (cfg.model_config.d_model, cfg.model_config.n_kv_heads, cfg.model_config.vocab_size) == (32, 4, 40)
     assert GbattnConfig(gbattn={"model": {"n_heads": 4}}).num_key_value_heads == 4  # n_kv_heads None -> n_heads
     made = GbattnConfig(hidden_size=64, num_attention_heads=8, tie_word_embeddings=False)
     assert made.model_config.d_model == 64 and made.model_config.n_heads == 8 and not made.model_config.tie_embeddings
