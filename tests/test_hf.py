@@ -2113,14 +2113,21 @@ def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
     assert results == {"results": {}, "gbattn": {"step": 7, "block_size": 40, "checkpoint": "best"}}
     assert log.filters == filters and lmeval._windowed_by_the_harness not in log.filters  # (not even from a run before)
 
-    def refuse(**kwargs):
-        bars.append(tqdm(total=3, file=io.StringIO()))
-        raise AssertionError("requested max tokens 64 exceed the model's 32")
+    # Every failure that is the user's one line closes the bar the harness left open (it printed after the line)
+    for failure, line in ((AssertionError("requested max tokens 64 exceed the model's 32"),
+                           "lm-eval refused the task for this model .*requested max tokens 64"),
+                          (ConnectionError("hub unreachable"), "lm-eval could not load a task's data"),
+                          (FileNotFoundError("data/task.jsonl"), "lm-eval could not find a task's data"),
+                          (Exception("Missing [UNK] token"), "a task's text has a character")):
+        def refuse(failure=failure, **kwargs):
+            bars.append(tqdm(total=3, file=io.StringIO()))
+            raise failure
 
-    monkeypatch.setattr(lmeval, "simple_evaluate", refuse)
-    with pytest.raises(UserError, match="lm-eval refused the task for this model .*requested max tokens 64"):
-        lmeval.run_lm_eval("dir", ["a"])
-    assert bars[0] not in getattr(tqdm, "_instances", ()) and lmeval._windowed_by_the_harness not in log.filters
+        monkeypatch.setattr(lmeval, "simple_evaluate", refuse)
+        with pytest.raises(UserError, match=line):
+            lmeval.run_lm_eval("dir", ["a"])
+        assert bars[-1] not in getattr(tqdm, "_instances", ()), line
+        assert lmeval._windowed_by_the_harness not in log.filters
 
     def fail(**kwargs):  # a bug, not a user's mistake: raised as it is, not as the untokenizable-character line
         raise RuntimeError("CUDA error: device-side assert triggered")

@@ -209,6 +209,7 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
                         f"their data from the Hugging Face hub; run once where it is reachable (the datasets cache "
                         f"keeps it), or use local tasks (--include-path)") from None
     except FileNotFoundError as e:  # a task's data files (local paths are relative to the working directory)
+        close_progress_bars()
         raise UserError(f"lm-eval could not find a task's data ({error_detail(e, 160)}); a task YAML's local data "
                         f"paths are read relative to the working directory") from None
     except Exception as e:
