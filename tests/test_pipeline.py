@@ -1927,6 +1927,31 @@ def test_evaluate_under_ddp_is_the_mean_over_every_ranks_tokens():
     assert res.loss == pytest.approx(whole.loss, rel=1e-6)
 
 
+def test_evaluate_under_ddp_a_rank_without_rows_of_its_own_still_runs_its_pass():
+    """1 row over 2 ranks: rank 1 has no row of its own, yet runs its one forward pass (FSDP2 gathers parameters
+    in each) on a stand-in row of weight 0; its all_sum brings rank 0's sums, so it reports the row's loss."""
+    from gbattn.config import ModelConfig
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2, dropout=0.0)).eval()
+    tokens = np.random.default_rng(0).integers(0, 11, size=9).astype(np.uint16)
+    whole = evaluate(model, tokens, seq_len=8)
+
+    class SecondOfTwo:  # all_sum adds what rank 0 scored: the only row
+        enabled, world, rank = True, 2, 1
+
+        def all_sum(self, values):
+            return [values[0] + whole.loss * whole.tokens, values[1] + whole.tokens]
+
+    passes, ticks = [], []
+    model.register_forward_hook(lambda *_: passes.append(1))
+    res = evaluate(model, tokens, seq_len=8, batch_size=4, dist_env=SecondOfTwo(), per_token=True,
+                   progress=ticks.append)
+    assert len(passes) == 1 and ticks == [0] and res.per_token is None
+    assert res.tokens == whole.tokens == 8 and res.loss == pytest.approx(whole.loss, rel=1e-6)
+
+
 def test_evaluate_runs_the_model_under_the_autocast_it_is_given():
     """The forward passes run inside ``autocast`` (a run's own precision, as its trainer scored it): under bf16
     autocast on CPU the loss is that of the model's bf16 logits, not the float32 one. `gbattn eval` and the
