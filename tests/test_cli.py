@@ -1027,15 +1027,20 @@ def test_error_classes_are_user_errors_and_the_builtin_errors_they_refine():
 
 def test_gbattn_debug_shows_the_traceback_of_an_error_the_cli_reports_in_one_line(tmp_path, monkeypatch, capsys):
     """A bad input is one line and status 2; with GBATTN_DEBUG=1 the same error propagates with its traceback:
-    a user error, and an OSError no check named (here raised by the command itself)."""
+    a user error, an OSError no check named and running out of memory (the last two raised by the command itself)."""
     import gbattn.cli
     from gbattn.errors import UserError
 
     def disk_full(args):
         raise OSError(28, "No space left on device", "somewhere")
 
-    monkeypatch.setattr(gbattn.cli, "cmd_list", disk_full)
-    for argv, error in ((["eval", str(tmp_path / "no-such-run")], UserError), (["list"], OSError)):
+    def out_of_memory(args):
+        raise MemoryError("cannot allocate 8 GiB")
+
+    for argv, command, error in ((["eval", str(tmp_path / "no-such-run")], None, UserError),
+                                 (["list"], disk_full, OSError), (["list"], out_of_memory, MemoryError)):
+        if command is not None:
+            monkeypatch.setattr(gbattn.cli, "cmd_list", command)
         for off in ("", "0"):
             monkeypatch.setenv("GBATTN_DEBUG", off)
             assert main(argv) == 2
