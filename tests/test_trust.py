@@ -479,7 +479,8 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, m
 
 def test_eval_per_token_files_hold_one_loss_per_scored_token(trained, tmp_path, capsys, monkeypatch):
     """``eval --per-token F`` (.txt: one loss per line; .npy: a flat array): as many losses as the
-    tokens scored, whose mean is the loss printed, each the token's own loss (evaluate's; to 6 decimals in text)."""
+    tokens scored, whose mean is the loss printed, each the token's own loss (evaluate's; to 6 decimals in text);
+    the JSON record names the file."""
     import numpy as np
 
     from gbattn.data.prepare import prepare_run_data
@@ -492,6 +493,7 @@ def test_eval_per_token_files_hold_one_loss_per_scored_token(trained, tmp_path, 
         code, out, err = run_cli(capsys, ["eval", trained["run"], "--per-token", tmp_path / name])
         assert code == 0, err
         record = json.loads(out.strip().splitlines()[-1])
+        assert record["per_token_file"] == str(tmp_path / name)
         losses = read(tmp_path / name)
         assert losses.shape == (record["tokens"],)
         assert losses.mean() == pytest.approx(record["loss"], rel=1e-5)
