@@ -855,6 +855,18 @@ def test_main_restores_the_ctrl_c_handler_it_set_while_starting(capsys):
         signal.signal(signal.SIGINT, before)
 
 
+def test_ctrl_c_while_torch_is_imported_ends_the_command_at_once_with_status_130():
+    """Ctrl-C during torch's import (nothing has started yet): `gbattn: interrupted` and status 130, as a
+    Ctrl-C during a command, and the command never runs. In a child process: the handler ends the process."""
+    code = ("import builtins, os, signal\nimport gbattn.cli\nreal_import = builtins.__import__\n"
+            "def importing(name, *args, **kwargs):\n    if name == 'torch':\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n    return real_import(name, *args, **kwargs)\n"
+            "builtins.__import__ = importing\ngbattn.cli.main(['list'])\n")
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "gbattn: interrupted\n"), proc.stderr[-500:]
+
+
 def test_main_leaves_an_ignored_ctrl_c_ignored_while_starting(capsys, monkeypatch):
     """A process started with SIGINT ignored (a shell's background job) is not ended by a Ctrl-C meant for
     the script that started it, at the start either: no handler is set over the ignored signal."""
