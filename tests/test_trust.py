@@ -578,6 +578,33 @@ def test_eval_line_and_record_give_the_perplexity_of_the_loss_and_the_weights_sc
                         f"{want.tokens:,} tokens, {which} weights at step {run.step}")
 
 
+def test_eval_runs_batches_of_its_batch_size_on_its_threads(trained, capsys, monkeypatch):
+    """``eval --batch-size 3 --threads 2``: every forward pass holds 3 rows (the last the rows left), as many passes as
+    the rows need, on 2 threads; the loss is the default batch size's (to float rounding)."""
+    from gbattn.data.prepare import prepare_run_data
+    from gbattn.data.tokens import num_rows
+    from gbattn.model.gpt import GPT
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = rundir.load_run(trained["run"])
+    rows = num_rows(prepare_run_data(run, None, False).splits["test"], run.seq_len)
+    code, out, err = run_cli(capsys, ["eval", trained["run"]])
+    assert code == 0, err
+    default = json.loads(out.strip().splitlines()[-1])
+    torch.set_num_threads(1)
+    sizes = []
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda module, args: sizes.append(len(args[0])) if isinstance(module, GPT) else None)
+    try:
+        code, out, err = run_cli(capsys, ["eval", trained["run"], "--batch-size", "3", "--threads", "2"])
+    finally:
+        hook.remove()
+    assert code == 0, err
+    assert rows > 3 and sizes == [3] * (rows // 3) + ([rows % 3] if rows % 3 else []), (rows, sizes)
+    assert torch.get_num_threads() == 2
+    assert json.loads(out.strip().splitlines()[-1])["loss"] == pytest.approx(default["loss"], rel=1e-5)
+
+
 def test_a_damaged_token_cache_is_rebuilt_and_the_run_still_works(trained, tmp_path, capsys, monkeypatch):
     cache = tmp_path / "cache"
     shutil.copytree(trained["cache"], cache)
