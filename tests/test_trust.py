@@ -535,7 +535,8 @@ def test_eval_per_token_leaves_every_model_directory_alone(trained, tmp_path, ca
 
 def test_eval_scores_the_split_it_names(trained, capsys, monkeypatch):
     """``eval --split valid`` and ``--split test`` each report their own split's loss over its tokens
-    (what evaluate gives on that split), and name it in the JSON record."""
+    (what evaluate gives on that split), and name it in the JSON record, with the weights scored when no
+    --checkpoint is given (the best)."""
     from gbattn.data.prepare import prepare_run_data
     from gbattn.eval.perplexity import evaluate
 
@@ -549,6 +550,7 @@ def test_eval_scores_the_split_it_names(trained, capsys, monkeypatch):
         record = json.loads(out.strip().splitlines()[-1])
         want = evaluate(run.model, splits[split], run.seq_len)
         assert record["split"] == split and record["tokens"] == want.tokens, split
+        assert (record["checkpoint"], record["step"]) == ("best", run.step), split
         assert record["loss"] == pytest.approx(want.loss, rel=1e-5), split
         losses[split] = record["loss"]
     assert losses["valid"] != losses["test"]
