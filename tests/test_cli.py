@@ -541,6 +541,12 @@ def test_count_arguments_at_their_limits_and_empty_option_values(capsys):
     with pytest.raises(SystemExit):
         positional.parse_args([" "])
     assert "argument run_dir: is empty" in capsys.readouterr().err
+    threads = arguments.Parser(prog="gbattn test")  # up to 1024 CPU threads: more crashed OpenMP (MAX_THREADS)
+    arguments.threads(threads)
+    assert threads.parse_args(["--threads", "1024"]).threads == 1024
+    with pytest.raises(SystemExit):
+        threads.parse_args(["--threads", "1025"])
+    assert "argument --threads: 1025 must be <= 1024" in capsys.readouterr().err
 
 
 def test_integer_and_number_arguments_and_the_model_options_not_given(capsys):
