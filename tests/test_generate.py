@@ -84,6 +84,8 @@ def test_sampling_reproducible_with_seed():
 
 
 def test_generate_cli(tmp_path, capsys):
+    """A seeded generation prints the prompt and its continuation, the same twice; --max-new-tokens 0 the prompt
+    alone."""
     data = write_corpus(tmp_path / "c")
     train(tmp_path / "run", *tiny_configs(data, max_steps=4, eval_every=4), quiet=True)
     code = cli_main(["generate", str(tmp_path / "run"), "--prompt", "the cat", "--max-new-tokens", "10", "--seed", "1"])
@@ -92,6 +94,8 @@ def test_generate_cli(tmp_path, capsys):
     assert code == 0 and out.startswith("the cat") and "KV cache" in printed.err and "tokens/s" not in out
     cli_main(["generate", str(tmp_path / "run"), "--prompt", "the cat", "--max-new-tokens", "10", "--seed", "1"])
     assert capsys.readouterr().out.split("---")[0] == out.split("---")[0]
+    assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the cat", "--max-new-tokens", "0"]) == 0
+    assert capsys.readouterr().out == "the cat\n---\n"
 
 
 def test_generate_shows_control_characters_escaped_on_a_terminal_and_as_decoded_when_piped(tmp_path, capsys,
