@@ -242,6 +242,22 @@ def test_resume_and_eval_refuse_other_data(trained, tmp_path, capsys, monkeypatc
     assert "is not the data the run was trained on" in one_line(code, err)
 
 
+def test_other_data_is_read_with_the_runs_own_tokenizer(trained, tmp_path, monkeypatch):
+    """``--allow-other-data``: the corpus is tokenized by the run's tokenizer, whose ids the model was trained on,
+    not by one trained for it (a char tokenizer of its fewer characters numbers them otherwise)."""
+    from gbattn.data.prepare import prepare_run_data
+
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    other = tmp_path / "other"
+    other.mkdir()
+    for split, line in (("train", "the cat sat .\n"), ("valid", "a cat ran .\n"), ("test", "the mat .\n")):
+        (other / f"wiki.{split}.tokens").write_text(line * 40)
+    run = rundir.load_run(trained["run"])
+    data = prepare_run_data(run, str(other), allow_other_data=True)
+    for split in ("valid", "test"):
+        assert run.tokenizer.decode(data.splits[split].tolist()) == (other / f"wiki.{split}.tokens").read_text()
+
+
 def test_a_run_started_elsewhere_finds_its_data_by_another_path(trained, tmp_path, capsys, monkeypatch):
     """A run trained on a relative --data path, used from another working directory: eval says how
     to name the corpus, and eval --data and train --resume --data take another path to it."""
