@@ -1171,12 +1171,16 @@ class _OfflineDatasets:
 
 def test_a_hugging_face_name_that_is_also_a_local_folder_names_the_folder_when_the_hub_fails(tmp_path, monkeypatch):
     """A bare name such as wikitext-2-v1 is the hub's dataset even where a folder of that name is in
-    the working directory: without the hub the error says how to use the folder (./NAME)."""
+    the working directory: without the hub the error says how to use the folder (./NAME). The local copy it
+    names has the files of that flavour (.tokens for the <unk>-tokenized -v1 names, .raw for -raw-v1)."""
     monkeypatch.setitem(sys.modules, "datasets", _OfflineDatasets)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DataError) as plain:
         load_corpus("wikitext-2-v1")
     assert "./wikitext-2-v1" not in str(plain.value)
+    assert "a directory with wiki.train.tokens/wiki.valid.tokens/wiki.test.tokens" in str(plain.value)
+    with pytest.raises(DataError, match="a directory with wiki.train.raw/wiki.valid.raw/wiki.test.raw"):
+        load_corpus("wikitext-103-raw-v1")
     write_corpus(tmp_path / "wikitext-2-v1")
     with pytest.raises(DataError, match=r"; \./wikitext-2-v1 is here, but a bare name is the hub's dataset: pass "
                                         r"--data \./wikitext-2-v1 to use the local one$"):
