@@ -83,6 +83,8 @@ def test_list_shows_variants_and_presets(capsys):
          "--set attn.rounds.x: rounds=2 has no fields to set"),
         (["frobnicate"], "invalid choice"),
         (["train", "--out", "new-run"], "--data is required for a new run"),  # (not "data=None must be a string")
+        (["train", "--out", "new-run", "--resume", "--restart"],
+         "--resume continues the run in --out and --restart replaces it: give one of them"),
     ],
 )
 def test_user_errors_one_line_status_2(capsys, argv, message):
