@@ -1188,6 +1188,29 @@ def test_a_hugging_face_name_that_is_also_a_local_folder_names_the_folder_when_t
     assert load_corpus("./wikitext-2-v1").name == "wikitext-2-v1"
 
 
+class _DatasetsOfAnotherError:
+    @staticmethod
+    def load_dataset(*args, **kwargs):
+        raise ValueError("BuilderConfig 'wikitext-2-raw-v1' not found")
+
+
+def test_a_hub_corpus_that_cannot_load_is_one_data_error_whatever_went_wrong(monkeypatch):
+    """Without the `datasets` package, or with any error of the hub or its cache (not only a connection error), the
+    hub name is one DataError saying what went wrong and how to give a local copy; a hub address whose host name
+    is malformed (HF_ENDPOINT mistyped) is a host without an address, not a crash."""
+    from gbattn.data.corpus import _host_resolves
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
+    with pytest.raises(DataError, match=r"the `datasets` package is not installed: pip install 'gbattn\[hf\]'\); "
+                                        r"download it once"):
+        load_corpus("wikitext-2-raw-v1")
+    monkeypatch.setitem(sys.modules, "datasets", _DatasetsOfAnotherError)
+    with pytest.raises(DataError, match=r"from the Hugging Face hub \(ValueError: BuilderConfig 'wikitext-2-raw-v1' "
+                                        r"not found\); download it once"):
+        load_corpus("wikitext-2-raw-v1")
+    assert _host_resolves("https://" + "a" * 64 + ".example") is False
+
+
 @pytest.mark.parametrize("resolves, proxy", [(False, ""), (True, ""), (False, "http://proxy.example:3128")])
 def test_the_hub_is_asked_offline_where_its_host_has_no_address(tmp_path, monkeypatch, resolves, proxy):
     """Without the network, huggingface_hub retried each request for about half a minute before the one-line
