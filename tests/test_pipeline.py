@@ -1151,9 +1151,10 @@ class _FakeDatasets:
 
 def test_hugging_face_corpora_map_their_splits(monkeypatch):
     """WikiText's ``validation`` split is gbattn's valid; OpenWebText's documents i % 200 == 0 are
-    valid, i % 200 == 1 test, the rest train."""
+    valid, i % 200 == 1 test, the rest train. Each corpus is named by the name given (as results files name it)."""
     monkeypatch.setitem(sys.modules, "datasets", _FakeDatasets)
     wiki = load_corpus("wikitext-2-raw-v1")
+    assert (wiki.name, load_corpus("openwebtext").name) == ("wikitext-2-raw-v1", "openwebtext")
     assert [list(wiki.lines(s)) for s in ("train", "valid", "test")] == [
         ["train 0\n", "train 1\n"], ["validation 0\n", "validation 1\n"], ["test 0\n", "test 1\n"]]
     owt = load_corpus("openwebtext")
