@@ -1459,9 +1459,10 @@ class _FingerprintedDatasets:
 
 def test_hugging_face_names_are_their_configs_fingerprinted_by_content_and_logging_put_back(monkeypatch):
     """Each WikiText name loads the config of that name; the fingerprint follows every split's
-    content fingerprint; the libraries' loggers are quiet while loading and put back after."""
+    content fingerprint; the libraries' loggers are quiet while loading and put back after, as is logging
+    itself (disabled below CRITICAL while loading)."""
     logger = logging.getLogger("datasets")
-    level = logger.level
+    level, disabled = logger.level, logging.root.manager.disable
     monkeypatch.setattr(_FingerprintedDatasets, "asked", [])
     monkeypatch.setitem(sys.modules, "datasets", _FingerprintedDatasets)
     logger.setLevel(logging.INFO)
@@ -1470,7 +1471,7 @@ def test_hugging_face_names_are_their_configs_fingerprinted_by_content_and_loggi
         prints = {name: load_corpus(name).fingerprint for name in names}
         assert [(d, c) for d, c, _ in _FingerprintedDatasets.asked] == [("Salesforce/wikitext", n) for n in names]
         assert {level for *_, level in _FingerprintedDatasets.asked} == {logging.CRITICAL}
-        assert logger.level == logging.INFO
+        assert logger.level == logging.INFO and logging.root.manager.disable == disabled
         before = dict(_FingerprintedDatasets.fingerprints)
         for split in before:  # the content of any split changed: another corpus for the caches
             monkeypatch.setattr(_FingerprintedDatasets, "fingerprints", {**before, split: "changed"})
