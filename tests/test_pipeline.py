@@ -1189,6 +1189,17 @@ def test_a_hugging_face_name_that_is_also_a_local_folder_names_the_folder_when_t
     assert load_corpus("./wikitext-2-v1").name == "wikitext-2-v1"
 
 
+def test_a_split_setting_is_refused_for_a_hub_corpus():
+    """A hub corpus comes in its own splits: --set split (which cuts a single text) would be ignored, so it is
+    refused, as for a local directory."""
+    from gbattn.data.corpus import check_split_setting
+
+    with pytest.raises(DataError, match="--set split cuts a single text file by characters; --data wikitext-2-raw-v1 "
+                                        "has its own train, valid and test splits: leave it out"):
+        check_split_setting("wikitext-2-raw-v1", {"split": [0.8, 0.1, 0.1]})
+    check_split_setting("wikitext-2-raw-v1", {})
+
+
 class _DatasetsOfAnotherError:
     @staticmethod
     def load_dataset(*args, **kwargs):
