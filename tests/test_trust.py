@@ -295,9 +295,9 @@ def test_resume_refuses_options_that_would_change_the_run(trained, capsys, monke
                  "--compile (recorded: trained eager; with dropout"):
         assert part in line, part
     # values equal to the recorded ones change nothing and are accepted (the run is finished: returns its result)
-    code, out, _ = run_cli(capsys, ["train", "--resume", "--out", run, "--attn", "boosted", "--set", "lr=0.003",
-                                    "--no-compile"])
-    assert code == 0 and '"steps": 4' in out
+    code, out, err = run_cli(capsys, ["train", "--resume", "--out", run, "--attn", "boosted", "--set", "lr=0.003",
+                                      "--set", "d_model=32", "--no-compile"])
+    assert code == 0 and '"steps": 4' in out, err
     assert snapshot(run) == before
     # The vocabulary the command asked for, which the run replaced by its tokenizer's, is the command's again:
     # resuming with the same --set vocab_size is no change (it was refused as one); another value still is.
