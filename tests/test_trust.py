@@ -258,6 +258,22 @@ def test_other_data_is_read_with_the_runs_own_tokenizer(trained, tmp_path, monke
         assert run.tokenizer.decode(data.splits[split].tolist()) == (other / f"wiki.{split}.tokens").read_text()
 
 
+def test_a_run_that_records_no_corpus_is_evaluated_on_the_data_given(trained, tmp_path, monkeypatch):
+    """A run without a corpus of its own (upcycled from a Hugging Face checkpoint) needs --data, and takes it."""
+    import dataclasses
+
+    from gbattn.data.prepare import prepare_run_data
+    from gbattn.errors import UserError
+
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    run = rundir.load_run(trained["run"])
+    bare = dataclasses.replace(run, train_cfg=run.train_cfg.replace(data=""))
+    with pytest.raises(UserError, match="records no corpus: pass --data"):
+        prepare_run_data(bare, None, allow_other_data=False)
+    data = prepare_run_data(bare, str(trained["data"]), allow_other_data=False)
+    assert data.corpus_fingerprint == run.data_fingerprint and len(data.splits["test"]) > 0
+
+
 def test_a_run_started_elsewhere_finds_its_data_by_another_path(trained, tmp_path, capsys, monkeypatch):
     """A run trained on a relative --data path, used from another working directory: eval says how
     to name the corpus, and eval --data and train --resume --data take another path to it."""
