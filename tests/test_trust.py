@@ -1508,7 +1508,7 @@ def test_weights_without_a_config_are_neither_trained_over_nor_deleted(trained, 
     orphan.mkdir()
     shutil.copy(Path(trained["run"]) / rundir.BEST, orphan / rundir.BEST)
     tiny = ["--set", "max_steps=1", *sum((["--set", f"{k}={v}"] for k, v in TINY.items()), [])]
-    for extra in ([], ["--restart"]):
+    for extra in ([], ["--restart"], ["--resume"]):  # --resume: it is no run to resume either
         before = every_file(orphan)
         line = one_line(*run_cli(capsys, ["train", "--data", trained["data"], "--tokenizer", "char", "--quiet", *tiny,
                                           *extra, "--out", orphan])[::2])
