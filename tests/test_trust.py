@@ -1049,6 +1049,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "--init-from trains the model of"),
         ("--init-from with a model --set", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
                                             "d_model=64"], "--init-from trains the model of"),
+        ("--init-from with another --preset", ["train", "--init-from", run, "--out", tmp_path / "o13", "--preset",
+                                               "cpu-proxy"], "--init-from trains the model of"),
         ("--init-from with --residual", ["train", "--init-from", run, "--out", tmp_path / "o13", "--residual",
                                          "attnres-full"],  # refused with a message that did not name --residual
          "as it is: leave out --attn, --residual, --preset and model --set values"),
