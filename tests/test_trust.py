@@ -448,6 +448,22 @@ def test_init_from_trains_on_the_data_given(trained, tmp_path, capsys, monkeypat
         assert (seen[-1].data, seen[-1].init_from, seen[-1].tokenizer) == (data, str(trained["run"]), "char")
 
 
+def test_a_new_run_without_a_preset_is_paper_small(trained, tmp_path, capsys, monkeypatch):
+    """``train`` without --preset trains paper-small, with its recipe, and records that preset."""
+    from gbattn.config import PRESETS
+    from gbattn.train.trainer import Trainer
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    seen = []
+    summary = dict.fromkeys(("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s"))
+    monkeypatch.setattr(Trainer, "run", lambda self: seen.append(self) or summary)
+    code, _, err = run_cli(capsys, ["train", "--data", trained["data"], "--out", tmp_path / "new", "--quiet"])
+    assert code == 0, err
+    paper_small = PRESETS["paper-small"]
+    assert seen[0].preset == "paper-small" and seen[0].model_cfg.d_model == paper_small.model["d_model"]
+    assert seen[0].train_cfg.lr == paper_small.train["lr"]
+
+
 # --------------------------------------------------------------------------------------
 # 4. compare trusts nothing it did not check
 # --------------------------------------------------------------------------------------
