@@ -464,6 +464,25 @@ def test_a_new_run_without_a_preset_is_paper_small(trained, tmp_path, capsys, mo
     assert seen[0].train_cfg.lr == paper_small.train["lr"]
 
 
+def test_init_from_takes_the_recipe_of_the_source_runs_preset(trained, tmp_path, capsys, monkeypatch):
+    """A run started from another's weights has that run's preset, and its recipe (here cpu-char's, not the
+    paper-small default's)."""
+    from gbattn.config import PRESETS
+    from gbattn.train.trainer import Trainer
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    source = Path(shutil.copytree(trained["run"], tmp_path / "source"))
+    config = json.loads((source / rundir.CONFIG).read_text())
+    (source / rundir.CONFIG).write_text(json.dumps({**config, "preset": "cpu-char"}))
+    seen = []
+    summary = dict.fromkeys(("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s"))
+    monkeypatch.setattr(Trainer, "run", lambda self: seen.append(self) or summary)
+    code, _, err = run_cli(capsys, ["train", "--init-from", source, "--out", tmp_path / "new", "--quiet"])
+    assert code == 0, err
+    assert PRESETS["cpu-char"].train["lr"] != PRESETS["paper-small"].train["lr"]
+    assert (seen[0].preset, seen[0].train_cfg.lr) == ("cpu-char", PRESETS["cpu-char"].train["lr"])
+
+
 # --------------------------------------------------------------------------------------
 # 4. compare trusts nothing it did not check
 # --------------------------------------------------------------------------------------
