@@ -694,6 +694,19 @@ def test_plot_of_a_damaged_comparison_is_one_line_and_skips_damaged_metrics(tmp_
     assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 0
 
 
+def test_plot_of_a_comparison_whose_values_are_not_keyed_by_integer_seeds_is_one_line(tmp_path, capsys):
+    """Seeds are sorted as numbers: a results.json whose test_ppl names seed "--7" was a ValueError traceback."""
+    compare_dir = tmp_path / "cmp"
+    compare_dir.mkdir()
+    write_run(compare_dir, "standard", 42)
+    row = model_row("standard", {"42": 100.0})
+    (compare_dir / "results.json").write_text(json.dumps(report_of([{**row, "test_ppl": {"42": 100.0, "--7": 90.0}}])))
+    code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "results.json is damaged: standard: test_ppl has seed '--7', not an integer" in err
+
+
 def test_gate_figure_shows_negative_tanh_gates():
     """A tanh gate (upcycled models) can be negative: the axes reach -1 instead of cutting it at 0."""
     rows = [{"layer": 0, "round": 1, "mean": -0.2, "std": 0.1, "per_dimension": [-0.3, -0.1]},

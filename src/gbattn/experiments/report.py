@@ -281,6 +281,9 @@ def read_report(path: str | Path) -> dict:
             values = r.get(key, {})
             if not isinstance(values, dict) or not all(v is None or is_number(v) for v in values.values()):
                 raise bad(f"{label}: {key} must map seeds to numbers")
+            seed = next((s for s in values if not re.fullmatch(r"-?[0-9]+", s)), None)  # sorted as numbers
+            if seed is not None:
+                raise bad(f"{label}: {key} has seed {seed!r}, not an integer")
         for key in ("published", "compute_matched_to", "param_matched_to", "init_from"):
             if r.get(key) is not None and not isinstance(r[key], list if key == "published" else str):
                 raise bad(f"{label}: {key}={r[key]!r} is of the wrong type")
