@@ -707,6 +707,20 @@ def test_plot_of_a_comparison_whose_values_are_not_keyed_by_integer_seeds_is_one
     assert "results.json is damaged: standard: test_ppl has seed '--7', not an integer" in err
 
 
+def test_plot_of_a_comparison_with_a_perplexity_of_zero_is_one_line(tmp_path, capsys):
+    """The Δ vs standard divides by standard's mean perplexity: a results.json holding 0 was a ZeroDivisionError."""
+    compare_dir = tmp_path / "cmp"
+    compare_dir.mkdir()
+    write_run(compare_dir, "standard", 42)
+    write_run(compare_dir, "gba-m2", 42)
+    rows = [model_row("standard", {"42": 0.0}), model_row("gba-m2", {"42": 96.0})]
+    (compare_dir / "results.json").write_text(json.dumps(report_of(rows)))
+    code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "results.json is damaged: standard: test_ppl={'42': 0.0} must be perplexities (numbers above 0)" in err
+
+
 def test_gate_figure_shows_negative_tanh_gates():
     """A tanh gate (upcycled models) can be negative: the axes reach -1 instead of cutting it at 0."""
     rows = [{"layer": 0, "round": 1, "mean": -0.2, "std": 0.1, "per_dimension": [-0.3, -0.1]},

@@ -284,6 +284,8 @@ def read_report(path: str | Path) -> dict:
             seed = next((s for s in values if not re.fullmatch(r"-?[0-9]+", s)), None)  # sorted as numbers
             if seed is not None:
                 raise bad(f"{label}: {key} has seed {seed!r}, not an integer")
+            if key != "valid_loss" and any(v is not None and not v > 0 for v in values.values()):  # Δ divides by it
+                raise bad(f"{label}: {key}={values!r} must be perplexities (numbers above 0)")
         for key in ("published", "compute_matched_to", "param_matched_to", "init_from"):
             if r.get(key) is not None and not isinstance(r[key], list if key == "published" else str):
                 raise bad(f"{label}: {key}={r[key]!r} is of the wrong type")
