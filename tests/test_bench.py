@@ -450,6 +450,8 @@ def test_a_bench_training_step_learns_and_clears_its_gradients():
         "boosted", {"layers": [0, 1], "rounds": 3, "gate": "vector"})
     with pytest.raises(UserError, match="options are key=value"):
         parse_variant("boosted:rounds")
+    # a value is everything after the first "=": gate=tanh=x is refused as a gate, not benched as tanh
+    assert parse_variant("boosted:gate=tanh=x") == ("boosted", {"gate": "tanh=x"})
     model = GPT(preset_config("cpu-char", "standard", {"n_layers": 1, "d_model": 32, "n_heads": 2}))
     before = [p.detach().clone() for p in model.parameters()]
     case = Case("standard", model.cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-2))
