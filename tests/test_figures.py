@@ -1083,6 +1083,8 @@ def test_a_schedule_or_model_override_drops_published_numbers_and_says_which():
             "lr=0.01, warmup_steps=10).") in md
     md = results_markdown(report_of(rows, sets={"attn.rounds": 3}))
     assert "6.55" not in md and "published numbers omitted: this comparison changes the model (attn.rounds=3)." in md
+    md = results_markdown(report_of(rows, sets={"attn_options.rounds": 3}))  # the long form of attn.rounds
+    assert "6.55" not in md and "changes the model (attn_options.rounds=3)." in md
     assert "Published: nanoGPT README." not in md
     assert "Published: nanoGPT README." in results_markdown(report_of(rows))
 
