@@ -673,6 +673,9 @@ def test_the_hardware_line_names_every_device_the_runs_used_once():
     rows[0]["device"] = "cpu (1 thread, x86_64)"
     line = next(x for x in results_markdown(report_of(rows)).splitlines() if x.startswith("Data:"))
     assert line.endswith("· hardware: cpu (1 thread, x86_64); cuda (NVIDIA H200) · INCOMPLETE (runs missing)")
+    rows.reverse()  # in order of appearance, not sorted
+    line = next(x for x in results_markdown(report_of(rows)).splitlines() if x.startswith("Data:"))
+    assert line.endswith("· hardware: cuda (NVIDIA H200); cpu (1 thread, x86_64) · INCOMPLETE (runs missing)")
 
 
 def test_plot_of_a_damaged_comparison_is_one_line_and_skips_damaged_metrics(tmp_path, capsys):
