@@ -1165,6 +1165,9 @@ def test_the_heading_states_the_steps_when_the_description_names_none():
     rows = [model_row("standard", {"42": 9.0}, steps=2500), model_row("gba-m2", {"42": 8.8}, steps=2500)]
     md = results_markdown({**report_of(rows), "description": "a test"})
     assert md.splitlines()[0] == "# cpu-char: a test (this run: 2,500 steps)"
+    rows[0]["published"] = [6.55, None]  # a description naming no step count leaves a published value in
+    md = results_markdown({**report_of(rows), "description": "a test"})
+    assert "| 6.55 |" in md and "omitted" not in md
     assert run_steps_text([{"steps": 291, "compute_matched_to": "gba-m2"}]) == "291 steps"
     assert run_steps_text([{"steps": 0}]) == "steps unknown"
 
