@@ -1060,6 +1060,11 @@ def test_results_figure_names_the_published_source_only_when_a_published_value_i
     for r in rows:
         r["steps"] = 2000
     assert "published: nanoGPT README" in drawn_texts(figures.results_figure(report_of(rows)))["all"]
+    # a published entry without a mean (null in results.json) is no published value: no source named for it
+    rows[0]["published"] = [None, None]
+    md = results_markdown(report_of(rows))
+    assert "Published:" not in md and "omitted" not in md
+    assert "published" not in drawn_texts(figures.results_figure(report_of(rows)))["all"]
 
 
 def test_a_schedule_or_model_override_drops_published_numbers_and_says_which():
