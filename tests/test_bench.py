@@ -145,6 +145,7 @@ def test_bench_ratios_follow_their_definitions(monkeypatch):
     assert gba["step_ratio"] == pytest.approx(statistics.median(paired))
     assert gba["step_ratio_range"] == pytest.approx([paired[0], paired[-1]])
     assert gba["flop_ratio"] == pytest.approx(gba["train_flops_per_token"] / base["train_flops_per_token"])
+    assert gba["step_over_flop_ratio"] == pytest.approx(gba["step_ratio"] / gba["flop_ratio"])
     assert gba["memory_ratio"] == pytest.approx(1.5)
     assert gba["decode_ratio"] == pytest.approx(base["decode_tokens_per_s"] / gba["decode_tokens_per_s"])
     # a compiled row's ratios are to standard compiled (to eager standard they would fold in the compile speedup)
