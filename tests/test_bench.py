@@ -163,6 +163,23 @@ def test_bench_ratios_follow_their_definitions(monkeypatch):
         statistics.median(t0 / t for t, t0 in zip(compiled["step_s_all"], gba["step_s_all"])))
 
 
+def test_a_memory_ratio_to_a_standard_without_a_memory_figure_is_none():
+    """The CPU probe can measure no growth (0 bytes) for standard: its variants' memory ratio is none (—), not a
+    ZeroDivisionError after every timing; a row measured as 0 has none either."""
+    from gbattn.bench.speed import add_ratios_to_standard
+
+    def row(memory):
+        return {"compiled": False, "step_s_all": [1.0], "train_flops_per_token": 1.0, "peak_memory_bytes": memory,
+                "decode_tokens_per_s": 1.0}
+
+    rows = [row(0.0), row(2e6)]
+    add_ratios_to_standard(rows)
+    assert [r["memory_ratio"] for r in rows] == [None, None]
+    rows = [row(2e6), row(0.0)]
+    add_ratios_to_standard(rows)
+    assert [r["memory_ratio"] for r in rows] == [1.0, None]
+
+
 def fake_timings(monkeypatch, clock, fake_step, fake_decode) -> None:
     """bench on a fake clock: ``fake_step``/``fake_decode`` advance ``clock[0]``; memory 1e6 bytes;
     torch.compile and the compiled decode step are stand-ins."""
