@@ -688,7 +688,9 @@ def test_plot_of_a_damaged_comparison_is_one_line_and_skips_damaged_metrics(tmp_
         f.write('{"event": "train", "loss": 1.0}\n{"event": "train", "step": 9, "tokens": 9, "loss": "x"}\n')
     report = report_of([model_row("standard", {"42": 100.0})])
     for models, expected in ((5, "models must be a list of rows"), ([{"x": 1}], "a row has label=None"),
-                             ([{**report["models"][0], "seeds": "42"}], "seeds='42' must be a list of integers")):
+                             ([{**report["models"][0], "seeds": "42"}], "seeds='42' must be a list of integers"),
+                             ([{**report["models"][0], "valid_loss": {"42": True}}],
+                              "valid_loss must map seeds to numbers")):
         (compare_dir / "results.json").write_text(json.dumps({**report, "models": models}))
         code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
         err = capsys.readouterr().err.strip()
