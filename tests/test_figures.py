@@ -695,6 +695,10 @@ def test_plot_of_a_damaged_comparison_is_one_line_and_skips_damaged_metrics(tmp_
         code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1 and "results.json is damaged" in err and expected in err, err
+    (compare_dir / "results.json").write_text(json.dumps({**report, "sets": ["max_steps=9"]}))  # --set values
+    assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 2
+    assert capsys.readouterr().err.strip().endswith("seeds must be a list and sets a mapping; rerun `gbattn compare` "
+                                                    "with the same arguments to write it again")
     (compare_dir / "results.json").write_text(json.dumps({"x": 1}))  # another program's file, not a damaged one
     assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 2
     assert capsys.readouterr().err.strip().endswith(
