@@ -1476,3 +1476,5 @@ def test_results_md_says_when_every_model_has_fewer_seeds_than_the_comparison_na
     assert "Every model has seed 42 only (seed 123 not finished): each mean is over 1 seed." in md
     full = [model_row("standard", {"42": 10.0, "123": 11.0}), model_row("gba-m2", {"42": 9.0, "123": 9.5})]
     assert "Every model has" not in results_markdown(report_of(full))
+    diverged = [{**row, "test_ppl": {"42": None}} for row in partial]  # no model has a result: no seed to name
+    assert "Every model has" not in results_markdown(report_of(diverged))
