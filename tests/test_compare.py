@@ -628,6 +628,27 @@ def test_a_report_rows_wall_clock_and_tokens_per_second_are_means_over_three_see
     assert (report["models"][0]["wall_clock_s"], report["models"][0]["tokens_per_s"]) == (100.0, 200.0)
 
 
+def test_a_report_row_names_the_models_it_is_matched_to_and_continues(tmp_path):
+    """Each row carries its spec's param_matched_to, compute_matched_to and init_from, and results.md says what
+    the param-fair and compute-matched rows are matched to (the table's reader relies on those lines)."""
+    from gbattn.experiments.recipes import ModelSpec, Recipe
+    from gbattn.experiments.report import write_results
+
+    specs = [ModelSpec("standard"), ModelSpec("param-fair", param_matched_to="gba-m2"),
+             ModelSpec("compute-matched", compute_matched_to="gba-m2"), ModelSpec("gba-m2", "boosted"),
+             ModelSpec("standard-continued", init_from="standard")]
+    recipe = Recipe("r", "a test (10 steps)", "cpu-char", specs)
+    report = write_results(tmp_path, recipe, {"data": "x", "seeds": [1], "sets": {}}, specs,
+                           {s.label: {1: _run_result(10.0, 60.0)} for s in specs})
+    assert [(r["param_matched_to"], r["compute_matched_to"], r["init_from"]) for r in report["models"]] == [
+        (None, None, None), ("gba-m2", None, None), (None, "gba-m2", None), (None, None, None),
+        (None, None, "standard")]
+    md = (tmp_path / "results.md").read_text()
+    assert "`param-fair`: the smallest standard width with at least GBA's parameters" in md
+    assert "`compute-matched`: standard trained for as many training FLOPs" in md and "as gba-m2 used." in md
+    assert "standard-continued continue standard's trained weights" in md
+
+
 # -- what a recipe's rows are, and what compare asks of its directory --------------------------------
 
 # Options a GBA row's label names: (part of the label, option, value).
