@@ -622,9 +622,10 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
     """Each comparison of a recipe run without --set was trained as the recipe says now: each row matched to and
     continuing the models the recipe names, each from-scratch row's steps the recipe's and evaluated at every
     multiple of the recipe's eval_every (a recipe edited after its runs, e.g. cpu-proxy's eval_every or the upcycle
-    recipe's compute-matched reference, would describe runs that were never made)."""
+    recipe's compute-matched reference, would describe runs that were never made), on the recipe's own corpus."""
     from gbattn.experiments.compare import spec_configs
     from gbattn.experiments.recipes import RECIPES
+    from gbattn.experiments.report import other_setting
 
     checked = 0
     for path in sorted((ROOT / "results").glob("*/results.json")):
@@ -632,6 +633,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
         recipe = RECIPES.get(report.get("recipe"))
         if "models" not in report or recipe is None or report.get("sets"):
             continue
+        assert other_setting(report) is None, (path, recipe.default_data)  # e.g. WikiText-2, not another corpus
         specs = {s.label: s for s in recipe.models}
         for row in report["models"]:
             spec = specs[row["label"]]
