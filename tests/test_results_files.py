@@ -640,6 +640,8 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             references = (spec.compute_matched_to, spec.param_matched_to, spec.init_from)
             recorded = (row["compute_matched_to"], row["param_matched_to"], row.get("init_from"))  # older: no init_from
             assert recorded == references, (path, row["label"])
+            published = recipe.published.get(row["label"])  # the recipe's published value, as compare recorded it
+            assert row["published"] == (list(published) if published else None), (path, row["label"])
             if spec.compute_matched_to or spec.init_from:  # their steps follow their reference's
                 continue
             _, train_cfg = spec_configs(recipe, spec, "data", row["seeds"][0], {}, None)
