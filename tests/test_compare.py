@@ -486,6 +486,20 @@ def test_cpu_char_long_is_cpu_char_stretched_four_times():
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
+def test_a_recipe_description_names_steps_its_models_train_for(name):
+    """A step count in a recipe's description decides whether results.md shows the published numbers (only for
+    runs that long): it must be one its models train for (cpu-char's "2,000 steps" is its preset's max_steps)."""
+    from gbattn.experiments.compare import spec_configs
+    from gbattn.experiments.report import described_steps
+
+    recipe = get_recipe(name)
+    described = described_steps(recipe.description)
+    steps = {spec_configs(recipe, spec, "data", 42, {}, None)[1].max_steps for spec in recipe.models
+             if not spec.compute_matched_to}
+    assert described is None or described in steps, (recipe.description, steps)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_seeds_are_distinct_and_as_many_as_published(name):
     """A recipe compared with published numbers runs as many seeds as they were reported over."""
     import re
