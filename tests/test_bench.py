@@ -220,8 +220,10 @@ def test_bench_timings_follow_a_fake_clock(monkeypatch):
 
     fake_timings(monkeypatch, clock, fake_step, fake_decode)
     report = speed.run_bench("cpu-char", ["boosted", "standard"], device="cpu", batch=2, seq_len=16, repeats=2,
-                             steps=3, decode=4, sweep=[8], compile="both", threads=1, quiet=True,
+                             steps=3, decode=4, sweep=[8], compile="both", threads=None, quiet=True,
                              sets={"n_layers": 1})
+    # what it ran at: threads=None is torch's own count, recorded as that count
+    assert (report["batch"], report["seq_len"], report["threads"]) == (2, 16, torch.get_num_threads())
     assert [r["variant"] for r in report["variants"]] == ["standard", "standard · compiled", "boosted",
                                                          "boosted · compiled"]
     rows = {r["variant"]: r for r in report["variants"]}
