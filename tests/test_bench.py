@@ -241,6 +241,30 @@ def test_bench_timings_follow_a_fake_clock(monkeypatch):
         ("standard", 0.5, 4 * 8 * 8), ("boosted", 0.5, 4 * 8 * 8)]
 
 
+def test_bench_rows_are_block_size_minus_one_tokens_by_default(monkeypatch):
+    """Without --seq-len a row is block_size - 1 tokens, as in training (input and its shifted target fit the
+    block), and the FLOPs per token are counted at that length."""
+    from gbattn.bench import speed
+    from gbattn.model.params import flops_per_token
+
+    clock = [0.0]
+
+    def fake_step(case, x, y, autocast):
+        clock[0] += 1.0
+
+    def fake_decode(model, prompt, n_decode, device, autocast, step=None):
+        clock[0] += 1.0
+        return 0.5, 0.5
+
+    fake_timings(monkeypatch, clock, fake_step, fake_decode)
+    sets = {"n_layers": 1, "block_size": 16}
+    report = speed.run_bench("cpu-char", ["standard"], device="cpu", batch=2, repeats=1, steps=1, decode=4,
+                             threads=1, quiet=True, sets=sets)
+    (row,) = report["variants"]
+    assert report["seq_len"] == 15 and row["tokens_per_s"] == 2 * 15 / 1.0
+    assert row["forward_flops_per_token"] == flops_per_token(speed._variant_config("cpu-char", "standard", sets), 15)
+
+
 def test_bench_command_forwards_every_option(monkeypatch, capsys):
     """`gbattn bench`: each option reaches run_bench in its place; the defaults are paper-small, device
     auto, 5 repeats of 3 steps, bf16 autocast, no compile, the default CPU threads."""
