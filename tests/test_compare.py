@@ -601,15 +601,17 @@ def test_a_report_row_keeps_each_runs_losses_devices_norm_and_the_published_valu
     recipe = Recipe("r", "a test (10 steps)", "cpu-char", [ModelSpec("standard")], published={"standard": (6.5, 0.1)},
                     published_source="a paper")
     first, second = _run_result(10.0, 60.0), _run_result(12.0, 60.0)
-    first.update(norm="post", train_tokens_per_s=100.0, valid_loss=2.25)
-    second.update(norm="post", train_tokens_per_s=300.0, valid_loss=2.5, device="cuda (a GPU)")
+    first.update(norm="post", residual="attnres-block", train_tokens_per_s=100.0, valid_loss=2.25)
+    second.update(norm="post", residual="attnres-block", train_tokens_per_s=300.0, valid_loss=2.5,
+                  device="cuda (a GPU)")
     report = write_results(tmp_path, recipe, {"data": "x", "seeds": [1, 2], "sets": {}}, recipe.models,
                            {"standard": {1: first, 2: second}})
     (row,) = report["models"]
     assert row["tokens_per_s"] == 200.0 and row["device"] == "cpu; cuda (a GPU)"
     assert row["valid_loss"] == {"1": 2.25, "2": 2.5} and row["norm"] == "post" and row["published"] == (6.5, 0.1)
     md = (tmp_path / "results.md").read_text()
-    assert "| standard | standard, Post-LN |" in md and "| 6.50 ± 0.10 |" in md and "Published: a paper." in md
+    assert "| standard | standard, Post-LN, attnres-block |" in md and "| 6.50 ± 0.10 |" in md
+    assert "Published: a paper." in md and row["residual"] == "attnres-block"
 
 
 def test_a_report_row_lists_its_seeds_in_numeric_order_whatever_order_they_finished_in(tmp_path):
