@@ -690,7 +690,9 @@ def test_plot_of_a_damaged_comparison_is_one_line_and_skips_damaged_metrics(tmp_
     for models, expected in ((5, "models must be a list of rows"), ([{"x": 1}], "a row has label=None"),
                              ([{**report["models"][0], "seeds": "42"}], "seeds='42' must be a list of integers"),
                              ([{**report["models"][0], "valid_loss": {"42": True}}],
-                              "valid_loss must map seeds to numbers")):
+                              "valid_loss must map seeds to numbers"),
+                             ([{**report["models"][0], "init_from": ["base"]}],
+                              "init_from=['base'] is of the wrong type")):
         (compare_dir / "results.json").write_text(json.dumps({**report, "models": models}))
         code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
         err = capsys.readouterr().err.strip()
