@@ -336,8 +336,8 @@ def _cache_entry(path: Path, kind: str) -> Tokenizer | None:
     over it), or its payload not the one whose fingerprint it records (edited by hand: a char tokenizer short of a
     character would blame the corpus for it, one with a character more would size the model by it)."""
     try:
-        text = read_json_bytes(path).decode("utf-8")  # read once: the tokenizer and the fingerprint it records
-        cached, recorded = Tokenizer.from_json(text), json.loads(text).get("fingerprint")
+        saved = json.loads(read_json_bytes(path).decode("utf-8"))  # parsed once: the tokenizer and its fingerprint
+        cached = Tokenizer(saved["kind"], saved["payload"])
     except Exception:  # too large, unreadable, JSON, key, type or HF tokenizers errors (as Tokenizer.load): damaged
         return None
-    return cached if cached.kind == kind and recorded == cached.fingerprint else None
+    return cached if cached.kind == kind and saved.get("fingerprint") == cached.fingerprint else None
