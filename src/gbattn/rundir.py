@@ -516,9 +516,10 @@ def refuse_hf_checkpoint(config: dict, path: str | Path, then: str = "give DIR")
                         f"`gbattn upcycle {path} --attn standard --out DIR` (or --attn boosted), then {then}")
 
 
-def recorded_fingerprint(config: dict) -> str | None:
-    """The data fingerprint a run recorded (None if it recorded none); ``config`` from :func:`read_config`."""
-    return (config.get("data") or {}).get("fingerprint")
+def recorded_fingerprint(config: dict, of: str = "data") -> str | None:
+    """The fingerprint a run recorded of its data (``of="tokenizer"``: of its tokenizer); None if it recorded
+    none. ``config`` from :func:`read_config`."""
+    return (config.get("data") or {}).get("fingerprint" if of == "data" else of)
 
 
 def valid_curve(curve) -> bool:
@@ -705,7 +706,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
                               f"writes and transformers' save_pretrained does not): copy it from the exported "
                               f"directory this model came from")
     tokenizer = Tokenizer.load(tokenizer_file, expected_vocab=model_cfg.vocab_size,
-                               recorded=(config.get("data") or {}).get("tokenizer"))
+                               recorded=recorded_fingerprint(config, of="tokenizer"))
     if exported:
         weights = gpt_weights(read_exported_weights(path, device), model_cfg.tie_embeddings, path)
         state, step, which = {"model": weights}, config.get("step", 0), "exported"

@@ -322,7 +322,7 @@ class Trainer:
             tokenizer = self.start.tokenizer
         elif self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
             tokenizer = Tokenizer.load(self.run_dir / rundir.TOKENIZER, expected_vocab=self.model_cfg.vocab_size,
-                                       recorded=(self.saved.get("data") or {}).get("tokenizer"))
+                                       recorded=rundir.recorded_fingerprint(self.saved, of="tokenizer"))
         self.seq_len = self.model_cfg.input_length(cfg.seq_len)  # checked before the data is prepared
         if self.seq_len > self.model_cfg.block_size:
             raise UserError(f"seq_len={self.seq_len} exceeds block_size={self.model_cfg.block_size}")
