@@ -1114,6 +1114,18 @@ def test_set_values_options_and_keywords_keep_what_was_given():
     assert preset_config("paper-small", "boosted", {"attn_options.rounds": 3}).attn_options == {"rounds": 3}
 
 
+def test_a_set_field_given_twice_must_agree():
+    """`--set lr=1e-3 --set lr=2e-3` is refused, not settled by the last (as a flag and a --set that disagree
+    are); `attn.rounds` and `attn_options.rounds` name one field; the same value twice is accepted."""
+    from gbattn.config import parse_sets
+
+    with pytest.raises(ConfigError, match=r"^--set lr=1e-3 and --set lr = 2e-3 disagree: give one of them$"):
+        parse_sets(["lr=1e-3", "lr = 2e-3"])
+    with pytest.raises(ConfigError, match=r"--set attn.rounds=3 and --set attn_options.rounds=2 disagree"):
+        parse_sets(["attn.rounds=3", "attn_options.rounds=2"])
+    assert parse_sets(["lr=1e-3", "lr=0.001", "attn.gate=scalar"]) == {"lr": 1e-3, "attn.gate": "scalar"}
+
+
 def test_range_and_type_checks_hold_at_their_edges():
     """between() includes both ends (n_layers 4096 allowed, 4097 refused), a number field refuses
     true/false as an int field does, and an int field refuses -2**64 as it refuses 2**64."""

@@ -329,13 +329,25 @@ def build_configs(
 
 
 def parse_sets(items: list[str] | None) -> dict[str, Any]:
+    """``--set key=value`` items as a dict. A field set twice to different values (``attn.x`` and
+    ``attn_options.x`` name one field) is an error, as a flag and a ``--set`` that disagree are."""
     out: dict[str, Any] = {}
+    first: dict[str, tuple[str, Any]] = {}  # field -> (the item that set it as typed, its value)
     for item in items or []:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. attn.rounds=3 or d_model=288")
         key, value = item.split("=", 1)
-        out[key.strip()] = parse_value(value.strip())
+        key, value = key.strip(), parse_value(value.strip())
+        earlier = first.setdefault(field_path(key), (item, value))
+        if earlier[1] != value:
+            raise ConfigError(f"--set {earlier[0]} and --set {item} disagree: give one of them")
+        out[key] = value
     return out
+
+
+def field_path(key: str) -> str:
+    """The dotted field a ``--set`` key names: ``attn.x`` is short for ``attn_options.x``."""
+    return "attn_options." + key[len("attn."):] if key.startswith("attn.") else key
 
 
 def merge_options(sets: dict[str, Any], **options: Any) -> dict[str, Any]:
@@ -358,7 +370,7 @@ def set_path(d: dict, key: str, value: Any) -> None:
     """``d[a][b] = value`` for ``key = "a.b"`` (``attn.x`` is short for ``attn_options.x``). Each inner dict on
     the way is a copy: one that came from the caller's overrides (``{"attn_options": opts}``) or a preset is
     left as it was; a field inside one that is no mapping (``d_model.x``) is a ConfigError."""
-    parts = ("attn_options." + key[len("attn."):] if key.startswith("attn.") else key).split(".")
+    parts = field_path(key).split(".")
     target = d
     for part in parts[:-1]:
         inner = target.get(part)

@@ -94,7 +94,9 @@ def _same_corpus(data: str, saved: dict, train_cfg) -> bool:
 
 
 def _recorded(d: dict, key: str):
-    for part in key.replace("attn.", "attn_options.", 1).split("."):
+    from gbattn.config import field_path
+
+    for part in field_path(key).split("."):
         d = d.get(part) if isinstance(d, dict) else None
     return d
 
