@@ -361,6 +361,20 @@ def test_resume_refuses_another_tokenizer_or_residual_stream(trained, capsys, mo
     assert snapshot(run) == before
 
 
+def test_resume_refuses_a_preset_for_a_run_made_without_one(trained, tmp_path, capsys, monkeypatch):
+    """A run made from configs alone (Python's train(), upcycle) recorded no preset: --preset X on --resume
+    names another run's recipe and is refused, as --init-from refuses it; no --preset still resumes."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    config = json.loads((run / rundir.CONFIG).read_text())
+    (run / rundir.CONFIG).write_text(json.dumps({**config, "preset": None}))
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--preset", "paper-small"])
+    assert "--preset paper-small (recorded: none)" in one_line(code, err)
+    code, out, err = run_cli(capsys, ["train", "--resume", "--out", run])
+    assert code == 0 and '"steps": 4' in out, err
+
+
 def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained, tmp_path, monkeypatch):
     """--set compile=true is --compile: with dropout, switching a run trained eager is refused; with no
     dropout (or no dropout site) compiled and eager draw nothing, and the switch is accepted."""

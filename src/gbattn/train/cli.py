@@ -56,9 +56,10 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
     recorded = {"preset": saved.get("preset"), "attn": model_cfg.attn, "residual": model_cfg.residual,
                 "data": train_cfg.data, "seed": train_cfg.seed, "tokenizer": train_cfg.tokenizer}
     differ = [
-        f"--{name} {getattr(args, name)} (recorded: {recorded[name]})"
+        f"--{name} {getattr(args, name)} (recorded: {'none' if recorded[name] is None else recorded[name]})"
         for name in RUN_OPTIONS
-        if getattr(args, name) is not None and recorded[name] is not None and getattr(args, name) != recorded[name]
+        if getattr(args, name) is not None and getattr(args, name) != recorded[name]
+        and (recorded[name] is not None or name == "preset")  # a run made without a preset was made by no preset
         and not (name == "data" and _same_corpus(args.data, saved, train_cfg))
     ]
     train_sets, model_sets = split_overrides(parse_sets(args.sets))
