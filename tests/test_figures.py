@@ -485,6 +485,22 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
     assert not (tmp_path / "fig5").exists()
 
 
+def test_gap_pairs_only_the_seeds_results_json_lists_as_finished(tmp_path):
+    """A seed still training (its folder is there, results.json does not list it) added its early evaluations
+    only: the first points averaged three seeds, the last two, and the curve mixed populations."""
+    from gbattn.analysis.cli import gap_series
+
+    compare_dir = _gap_dir(tmp_path / "cmp", 400)
+    for label, loss in (("gba-m2", 9.0), ("standard", 1.0)):  # seed 3 stopped after its first evaluation
+        run = compare_dir / label / "seed3"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(json.dumps({"event": "eval", "step": 100, "tokens": 1000,
+                                                       "valid_loss": loss}) + "\n")
+    points = gap_series(compare_dir, "gba-m2", "standard")["points"]
+    assert [p["seeds"] for p in points] == [2, 2, 2, 2]
+    assert points[0]["difference"] == pytest.approx(-0.0025)
+
+
 def test_gap_names_a_comparison_given_as_dot_by_its_own_name(tmp_path, monkeypatch):
     """`gbattn plot . --gap gba-m2` inside a comparison wrote "directory": "" into gap.json and drew the legend
     "400-step runs (, 2 seeds)" (and ".." for `plot ..`): the folder's own name is used now."""

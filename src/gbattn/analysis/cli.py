@@ -559,7 +559,8 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
 
 def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     """``model``'s validation loss minus ``reference``'s at every evaluation both ran (same seed and
-    step), averaged over seeds, against the tokens per parameter ``model`` had seen; ``reference_steps``
+    step), averaged over the seeds results.json lists as finished for both (a run still training would add
+    its early points only), against the tokens per parameter ``model`` had seen; ``reference_steps``
     says how long the reference trained (a compute-matched one trains longer: its end is not paired). The
     directory is named by its own name, also when given as ``.`` or ``..``."""
     from gbattn.errors import UserError
@@ -572,7 +573,10 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
             raise UserError(f"{compare_dir} has no finished {label!r} runs (it has {', '.join(rows) or 'none'})")
     losses: dict[str, dict[tuple[str, int], tuple[int, float]]] = {}
     for label in (model, reference):
+        finished = {str(seed) for seed in rows[label].get("seeds", [])}
         for seed, path in seed_metrics(compare_dir, label):
+            if seed not in finished:
+                continue
             for e in read_jsonl(path):
                 if e.get("event") == "eval" and numbers(e, "step", "tokens", "valid_loss"):
                     losses.setdefault(label, {})[(seed, e["step"])] = (e["tokens"], e["valid_loss"])
