@@ -183,8 +183,8 @@ PAPER_RECIPE: dict[str, Any] = dict(
     tokenizer="bpe", train_tokens=10_000_000, eval_tokens=1_000_000, batch_size=32, epochs=15.0, lr=3e-4,
     min_lr=0.0, warmup_steps=1500, warmup_from_zero=True, weight_decay=0.01, grad_clip=1.0,
 )
-# The paper's recipe scaled to 2 CPU cores (README, "Choosing cpu-proxy"): all of WikiText-2, a short
-# warmup, a higher lr; a compare recipe sets the length (max_steps).
+# The paper's recipe scaled to 2 CPU cores (README, "Design notes and deviations": choosing cpu-proxy): all of
+# WikiText-2, a short warmup, a higher lr; a compare recipe sets the length (max_steps).
 CPU_PROXY_RECIPE: dict[str, Any] = dict(
     tokenizer="bpe", train_tokens=None, eval_tokens=None, batch_size=32, epochs=2.0, lr=1e-3, min_lr=0.0,
     warmup_steps=100, warmup_from_zero=False, weight_decay=0.01, grad_clip=1.0,
@@ -239,7 +239,7 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             "cpu-proxy",
-            "the paper's model scaled to 2 CPU cores (README, 'Choosing cpu-proxy')",
+            "the paper's model scaled to 2 CPU cores (README, 'Design notes and deviations': choosing cpu-proxy)",
             dict(vocab_size=4096, block_size=128, d_model=128, n_layers=4, n_heads=4, dropout=0.0),
             dict(CPU_PROXY_RECIPE),
         ),

@@ -221,7 +221,7 @@ class GPT(nn.Module):
         """Mean cross-entropy of the LM head over chunks of ``chunk_tokens`` rows, so no (B*T, V)
         logits tensor is held at once. On CPU the default keeps each chunk near 16 MB: large fresh
         allocations are page-faulted on every step, and this measured 1.7x faster end to end
-        (README, "Choosing cpu-proxy"). Targets of -100 are ignored."""
+        (README, "Design notes and deviations": chunked LM loss). Targets of -100 are ignored."""
         if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int)
                                          or chunk_tokens < 1):
             raise ValueError(f"loss_chunk={chunk_tokens!r} must be an integer >= 1 (tokens per chunk of the LM head)")
