@@ -10,7 +10,6 @@ import json
 import math
 import re
 import statistics
-from itertools import count
 from pathlib import Path
 
 import pytest
@@ -59,36 +58,6 @@ def test_readme_links_to_results_that_exist():
     assert links, "the README links no results files"
     missing = [link for link in links if not (ROOT / link).exists()]
     assert not missing, missing
-
-
-def heading_anchors(markdown: str) -> set[str]:
-    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces as
-    hyphens, "-1", "-2", ... after a repeated one (code blocks hold no headings)."""
-    anchors, fenced = set(), False
-    for line in markdown.splitlines():
-        fenced ^= line.startswith("```")
-        if not fenced and (match := re.match(r"#+ (.*)", line)):
-            slug = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower()).replace(" ", "-")
-            anchors.add(slug if slug not in anchors else next(f"{slug}-{i}" for i in count(1)
-                                                              if f"{slug}-{i}" not in anchors))
-    return anchors
-
-
-def test_links_between_the_readme_and_docs_reach_their_files_and_headings():
-    """Every relative link of README.md and docs/*.md names a file of the repository, and a #heading
-    that its target has (docs/README.md's index and the cross references between documents)."""
-    broken = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for link in re.findall(r"\]\(([^)\s]+)\)", path.read_text(encoding="utf-8")):
-            if re.match(r"[a-z]+:", link):
-                continue
-            target_name, _, anchor = link.partition("#")
-            target = (path.parent / target_name).resolve() if target_name else path
-            if not target.exists() or not target.is_relative_to(ROOT):
-                broken.append(f"{path.relative_to(ROOT)}: {link} (no such file in the repository)")
-            elif anchor and anchor not in heading_anchors(target.read_text(encoding="utf-8")):
-                broken.append(f"{path.relative_to(ROOT)}: {link} (no such heading)")
-    assert not broken, "\n".join(broken)
 
 
 OUTSIDE = re.compile(r"SPEC\.md|DESIGN\.md|\.\./shared")
