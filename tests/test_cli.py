@@ -357,7 +357,12 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
         (["params", "paper-smal"], "preset='paper-smal' is not allowed (did you mean 'paper-small'?); choose one of "),
         (["params", "--attn", "boosed"], "attn='boosed' is not allowed (did you mean 'boosted'?); choose one of "),
         (["params", "--attn", "boosted", "--set", "attn.gate=liner"], "(did you mean 'linear'?); choose one of "),
-        (["params", "--set", "d_modle=288"], "unknown model config field(s) ['d_modle'] (did you mean 'd_model'?); "),
+        (["params", "--set", "d_modle=288"], "--set d_modle: unknown field (did you mean 'd_model'?); model fields"),
+        # a variant's option without its attn. prefix, the likeliest reading first (it had no hint at all)
+        (["params", "--attn", "boosted", "--set", "rounds=3"], "--set rounds: unknown field (did you mean "
+                                                                 "'attn.rounds'?); model fields"),
+        ([*new_run, "--attn", "twicing", "--set", "layers=[-1]"], "(did you mean 'attn.layers' or 'n_layers'?)"),
+        (["bench", "--preset", "cpu-char", "--set", "kv_source=shared"], "(did you mean 'attn.kv_source'?)"),
         (["params", "--attn", "boosted", "--set", "attn.rouds=3"], "['rouds'] (did you mean 'rounds'?); its options"),
         ([*new_run, "--set", "max_step=3"], "--set max_step: unknown field (did you mean 'max_steps'?); model fields"),
         ([*new_run, "--tokenizer", "chr"], "--tokenizer 'chr' is not allowed (did you mean 'char'?); choose one of "),

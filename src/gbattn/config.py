@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gbattn.arguments import MAX_THREADS
-from gbattn.attention.registry import check_head_layout, variant_options
+from gbattn.attention.registry import check_head_layout, variant_options, variants_with_option
 from gbattn.checks import (
     MAX_INT,
     Typed,
@@ -298,11 +298,11 @@ def preset_config(name: str, attn: str = "standard", overrides: dict | None = No
     (``{"d_model": 288, "attn.rounds": 3}``: model fields, ``attn.KEY`` a variant option, as ``--set``;
     README, "Presets and parameter counts"; the paper's in docs/paper.md)."""
     d = dict(get_preset(name).model, attn=attn)
-    training = [key for key in overrides or {} if key in TrainConfig.field_names()]
+    training, model = split_overrides(overrides or {})  # an unknown key is named as `train --set` names it
     if training:  # `params --set lr=...` was "unknown model config field(s) ['lr']", as if lr were no field at all
         raise ConfigError(f"--set {', '.join(training)}: training field(s); only model fields apply here (`gbattn "
                           f"train` and `compare` take training fields)")
-    for key, value in (overrides or {}).items():
+    for key, value in model.items():
         set_path(d, key, value)
     return ModelConfig.from_dict(d)
 
@@ -392,8 +392,9 @@ def split_overrides(sets: dict[str, Any]) -> tuple[dict, dict]:
             train[key] = value
         elif head in model_fields or head == "attn":
             model[key] = value
-        else:
-            hint = did_you_mean(key, sorted(train_fields | model_fields))
+        else:  # a variant's option without its prefix (`--set rounds=3`) is named as attn.KEY first
+            prefixed = [f"attn.{key}"] if variants_with_option(key) else []
+            hint = did_you_mean([*prefixed, key], [*prefixed, *sorted(train_fields | model_fields)])
             raise ConfigError(f"--set {key}: unknown field{hint}; model fields: {', '.join(sorted(model_fields))}; "
                               f"training fields: {', '.join(sorted(train_fields))}")
     return train, model

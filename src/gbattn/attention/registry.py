@@ -28,6 +28,11 @@ VARIANTS: dict[str, type[AttentionBase]] = {
 }
 
 
+def variants_with_option(key: str) -> list[str]:
+    """The variants that have the option ``key`` (``rounds``: boosted; ``layers``: boosted and twicing)."""
+    return [name for name, cls in VARIANTS.items() if key in {f.name for f in dataclasses.fields(cls.Options)}]
+
+
 def variant_options(name: str, options: dict | None = None, n_heads: int | None = None, n_kv_heads: int | None = None,
                     n_layers: int | None = None):
     """Check a variant name, its options, head counts and layer indices; return the variant's Options record
@@ -42,8 +47,7 @@ def variant_options(name: str, options: dict | None = None, n_heads: int | None 
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         # --set attn.rounds=3 without --attn boosted (train --help's own example): say whose option it is
-        fields_of = {v: {f.name for f in dataclasses.fields(other.Options)} for v, other in VARIANTS.items()}
-        owners = {key: [v for v in VARIANTS if key in fields_of[v]] for key in unknown}
+        owners = {key: variants_with_option(key) for key in unknown}
         whose = "; ".join(f"{key} is an option of {' and '.join(names)}" for key, names in owners.items() if names)
         raise ConfigError(
             f"attention {name!r} has no option(s) {unknown}{did_you_mean(unknown, allowed)}"
