@@ -397,7 +397,7 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
     (tmp_path / "runs" / "char-gba").mkdir(parents=True)
     meant, typo = f"(did you mean '{tmp_path / 'runs' / 'char-gba'}'?)", tmp_path / "runs" / "char-gab"
     for argv in (["eval", typo], ["train", "--resume", "--out", typo], ["generate", typo, "--prompt", "a"],
-                 ["plot", typo]):
+                 ["plot", typo], ["upcycle", typo, "--attn", "boosted", "--out", tmp_path / "up"]):
         code, out, err = run_cli(capsys, argv)
         assert (code, out, len(err.splitlines())) == (2, "", 1) and err.endswith(f"{meant}\n"), (argv, err)
     code, out, err = run_cli(capsys, ["eval", tmp_path / "runs" / "other-run"])

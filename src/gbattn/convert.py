@@ -35,7 +35,7 @@ from gbattn import rundir
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError, ConfigError
-from gbattn.files import error_detail, portable_path, read_json, read_json_bytes
+from gbattn.files import did_you_mean_path, error_detail, portable_path, read_json, read_json_bytes
 from gbattn.model.gpt import GPT
 
 TORCH_BIN = "pytorch_model.bin"
@@ -75,7 +75,8 @@ def load_source(path: str | Path) -> Source:
     """A gbattn run directory (or one written by ``gbattn export``) or a Hugging Face checkpoint directory."""
     path = Path(path)
     if not path.is_dir():
-        raise CheckpointError(f"{path} is not a directory (a Hugging Face checkpoint or a gbattn run directory)")
+        raise CheckpointError(f"{path} is not a directory (a Hugging Face checkpoint or a gbattn run directory)"
+                              f"{did_you_mean_path(path)}")
     if not (path / rundir.CONFIG).is_file():
         rundir.refuse_weights_without_config(path, then=rundir.UNFINISHED_RUN_ADVICE)  # an upcycle or run stopped early
         raise CheckpointError(f"{path} has no {rundir.CONFIG}: neither a Hugging Face checkpoint directory nor a "
