@@ -291,6 +291,17 @@ def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):
         plot_rounds(table, tmp_path / "rounds.png", 150)
 
 
+def test_denoise_without_matplotlib_stops_before_training_with_the_install_line(tmp_path, monkeypatch, capsys):
+    """The rounds table draws rounds.png: without matplotlib, `gbattn denoise` says how to install it in one line
+    before any run trains, and writes nothing."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "denoise"
+    assert main(["denoise", "--quick", "--experiments", "rounds", "--out", str(out), "--steps", "1", "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "gbattn: error: figures need matplotlib: pip install 'gbattn[plot]'\n"
+    assert captured.out == "" and not (out / "results.json").exists()
+
+
 def test_a_run_reports_its_best_evaluation_on_held_out_queries(monkeypatch):
     """The protocol reports the best of its evaluations (not the last), each on queries of their own
     stream: never the queries the model was trained on, and fresh ones at each evaluation."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import time
 from dataclasses import asdict
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from gbattn.analysis.figures import remove_unwritten
+from gbattn.analysis.figures import remove_unwritten, require_matplotlib
 from gbattn.errors import UserError
 from gbattn.experiments.report import mean_std
 from gbattn.files import atomic_write, write_figure, write_json
@@ -199,13 +198,9 @@ def table_markdown(name: str, table: dict, n_seeds: int, published: bool = True)
 def plot_rounds(table: dict, path: Path, steps: int, published: bool = True) -> None:
     """Accuracy vs rounds with error bars (std over seeds), the paper's rows (when ``published``: runs of the
     paper's length), chance and Bayes-optimal; the title names the ``steps`` each run trained for."""
-    try:
-        import matplotlib
+    require_matplotlib().use("Agg")
+    import matplotlib.pyplot as plt
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise UserError("the figure needs matplotlib: pip install 'gbattn[plot]'") from e
     rows = table["rows"]
     rounds = [r["rounds"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
@@ -245,8 +240,8 @@ def write_tables(out: Path, experiments, seeds, protocol: Protocol, device: str,
     seeds = list(dict.fromkeys(seeds))  # each once, in the order given: a repeat is not another replicate
     experiments = list(dict.fromkeys(experiments))  # each table once (results.json counts those asked)
     started = time.perf_counter()
-    if "rounds" in experiments and importlib.util.find_spec("matplotlib") is None:  # fail before training
-        raise UserError("the rounds figure needs matplotlib: pip install 'gbattn[plot]'")
+    if "rounds" in experiments:  # the rounds figure: fail before training
+        require_matplotlib()
     for name in ("results.json", "results.md") + (("rounds.png",) if "rounds" in experiments else ()):
         if (out / name).is_dir() and not (out / name).is_symlink():  # replacing it failed after the first table
             raise UserError(f"--out {out}: {name} there is a directory, where gbattn denoise writes its {name}; "
