@@ -388,6 +388,30 @@ def test_readme_recipe_times_are_the_measured_wall_clock():
     assert scale["`cpu-postln`, `depth`"] == f"2 CPU cores, {duration('cpu-postln')} and {duration('depth')}"
 
 
+def test_readme_reference_tables_name_every_variant_preset_and_recipe():
+    """The README's variants, presets and recipes tables have a row for each registered variant (naming each of
+    its options), each preset (its d, layers, heads (K/V), T and vocabulary, as config.py holds them) and each
+    recipe: a variant, preset or recipe added without its row, or a preset reshaped, passed every test."""
+    import dataclasses
+
+    from gbattn.attention.registry import VARIANTS
+    from gbattn.config import PRESETS
+    from gbattn.experiments.recipes import RECIPES
+
+    options = {row[0].strip("`"): row[2] for row in readme_table("## Attention variants")}
+    assert list(options) == list(VARIANTS)
+    unnamed = {name: [f.name for f in dataclasses.fields(cls.Options) if f"`{f.name}`" not in options[name]]
+               for name, cls in VARIANTS.items()}
+    assert all(not missing for missing in unnamed.values()), unnamed
+    shapes = {row[0].strip("`"): row[1:6] for row in readme_table("## Presets and parameter counts")}
+    assert shapes == {name: [str(m["d_model"]), str(m["n_layers"]),
+                             f"{m['n_heads']} ({m['n_kv_heads']})" if m.get("n_kv_heads") else str(m["n_heads"]),
+                             str(m["block_size"]), f"{m['vocab_size']:,}"]
+                      for name, m in ((name, preset.model) for name, preset in PRESETS.items())}
+    recipes = re.findall(r"`([\w-]+)`", " ".join(row[0] for row in readme_table("## Reproducing the paper's tables")))
+    assert sorted(recipes) == sorted(RECIPES)
+
+
 def test_readme_should_i_use_gba_is_the_tables():
     """The summary's numbers are the tables' (the step, memory and decode ranges over every CPU benchmark
     of paper-small)."""
