@@ -356,6 +356,8 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
     for argv, expected in (
         (["params", "paper-smal"], "preset='paper-smal' is not allowed (did you mean 'paper-small'?); choose one of "),
         (["params", "--attn", "boosed"], "attn='boosed' is not allowed (did you mean 'boosted'?); choose one of "),
+        (["upcycle", tmp_path, "--attn", "boosed", "--out", tmp_path / "up"],
+         "attn='boosed' is not allowed (did you mean 'boosted'?); choose one of "),
         (["params", "--attn", "boosted", "--set", "attn.gate=liner"], "(did you mean 'linear'?); choose one of "),
         (["params", "--set", "d_modle=288"], "--set d_modle: unknown field (did you mean 'd_model'?); model fields"),
         # a variant's option without its attn. prefix, the likeliest reading first (it had no hint at all)

@@ -101,11 +101,13 @@ class Upcycled:
 def upcycle(source, attn: str, options: dict | None = None, seed: int = 0) -> Upcycled:
     """``source`` (a path, or a :class:`gbattn.convert.Source`) as a model of attention ``attn`` with
     ``options`` that computes the same function; see the module docstring for the rules."""
-    from gbattn.attention.registry import variant_options
+    from gbattn.attention.registry import VARIANTS, variant_options
+    from gbattn.checks import check_choice
     from gbattn.config import ModelConfig
     from gbattn.convert import Source, load_source
     from gbattn.errors import UserError
 
+    check_choice("attn", attn, tuple(VARIANTS))  # a typo is named as every command names it (did you mean ...?)
     if attn in REFUSED:
         raise UserError(REFUSED[attn])
     if attn not in ("standard", "boosted", "gated"):
