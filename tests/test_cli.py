@@ -349,6 +349,21 @@ def test_a_file_given_for_a_run_or_comparison_directory_is_named_as_a_file(tmp_p
     assert not (tmp_path / "new").exists()
 
 
+def test_a_local_folder_named_as_a_path_is_not_guessed_to_be_the_hub_corpus(tmp_path, capsys, monkeypatch):
+    """`--data ./wikitext-2-v1` is the README's way to name a local folder of a hub corpus's name: when it is
+    missing, the line names a near folder, never the hub name (it asked "did you mean 'wikitext-2-v1'?",
+    which fetches the hub's copy); a bare name still gets the corpus it misses."""
+    monkeypatch.chdir(tmp_path)
+    new_run = ["train", "--preset", "cpu-char", "--out", "run", "--data"]
+    code, out, err = run_cli(capsys, [*new_run, "./wikitext-2-v1"])
+    assert (code, out) == (2, "") and err.endswith("wikitext-2-v1, openwebtext)\n"), err
+    (tmp_path / "wikitext-2-v0").mkdir()
+    code, out, err = run_cli(capsys, [*new_run, "./wikitext-2-v1"])
+    assert (code, out) == (2, "") and err.endswith("openwebtext) (did you mean 'wikitext-2-v0'?)\n"), err
+    code, out, err = run_cli(capsys, [*new_run, "wikitext-2-v"])
+    assert (code, out) == (2, "") and err.endswith("(did you mean 'wikitext-2-v1'?)\n"), err
+
+
 def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
     """A typo of a preset, variant, option, field, recipe, model label or tokenizer got the list of allowed names
     only (up to 59 fields for --set): the one line also names the near miss; a name like none of them gets no guess."""

@@ -388,5 +388,8 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
     if path.is_symlink():
         raise DataNotFound(f"--data {data!r} is a link to {os.readlink(path)}, which does not exist")
     names = [*BUNDLED, *HF_NAMES]
+    # A path (`./wikitext-2-v1`, the README's name for a local folder of a hub corpus's name) is no typo of a
+    # corpus name: following "did you mean 'wikitext-2-v1'?" would fetch the hub's copy instead.
+    named = did_you_mean(data, names) if "/" not in data and os.sep not in data else ""
     raise DataNotFound(f"--data {data!r}: no such file or directory, and not a known corpus name "
-                       f"({', '.join(names)}){did_you_mean(data, names) or did_you_mean_path(path)}")
+                       f"({', '.join(names)}){named or did_you_mean_path(path)}")
