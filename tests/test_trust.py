@@ -1670,6 +1670,19 @@ def test_a_model_field_every_run_records_is_never_a_default(trained, tmp_path, c
         assert "its model section has no n_heads" in one_line(code, err), err
 
 
+def test_a_config_larger_than_its_weights_is_refused_before_the_model_takes_memory(trained, tmp_path, capsys):
+    """A config.json edited to sizes its weights do not have built that model first: d_model=2**20 tried to
+    allocate terabytes and was told as "out of memory: choose smaller sizes" (d_model=8192 took gigabytes first).
+    The weights are compared with a model on the meta device, which takes no memory."""
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    config = json.loads((run / rundir.CONFIG).read_text())
+    config["model"]["d_model"] = 2**20
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, ["eval", run])
+    assert f"the weights in {run} do not match its config (size mismatch for wte.weight" in one_line(code, err), err
+
+
 def test_a_checkpoint_whose_weights_are_not_named_tensors_is_refused(tmp_path):
     """weights_only=True reads lists and integer keys too: such weights are one line naming the file,
     not an AttributeError later (a gate's logit is reshaped on load)."""

@@ -755,13 +755,17 @@ def check_finite(weights: dict, where: str | Path) -> None:
 
 
 def model_holding(model_cfg, weights: dict, where: str | Path, device: str | torch.device = "cpu"):
-    """A :class:`GPT` of ``model_cfg`` on ``device`` holding ``weights`` (:func:`load_weights`), in eval mode. Its
-    initial values, replaced at once, are drawn from a forked random stream: loading a model leaves the caller's
-    ``torch.manual_seed`` stream where it was."""
+    """A :class:`GPT` of ``model_cfg`` on ``device`` holding ``weights`` (:func:`load_weights`), in eval mode. The
+    weights are checked against a model on the meta device first, which takes no memory: a config.json whose sizes
+    the weights do not have (``d_model`` edited to 8192) is a one-line error before the model takes its memory (it
+    took gigabytes, then failed as "out of memory: choose smaller sizes"). Its initial values, replaced at once, are
+    drawn from a forked random stream: loading a model leaves the caller's ``torch.manual_seed`` stream where it was."""
+    with torch.device("meta"):
+        load_weights(GPT(model_cfg), weights, where)
     with torch.random.fork_rng(devices=[]):
         model = GPT(model_cfg)
     model = model.to(device)
-    load_weights(model, weights, where)
+    model.load_state_dict(weights)
     return model.eval()
 
 
@@ -770,7 +774,9 @@ def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> No
     are not finite (:func:`check_finite`)."""
     check_finite(weights, where)
     try:
-        model.load_state_dict(weights)
+        meta = next(model.parameters()).is_meta  # a meta model takes them as they are: names and shapes checked
+        # (a plain dict: assign=True marks a state dict's _metadata, and a later load of it assigned too, untying)
+        model.load_state_dict(dict(weights) if meta else weights, assign=meta)
     except (RuntimeError, KeyError, ValueError) as e:
         # torch's message starts "Error(s) in loading state_dict for GPT:"; what went wrong is on the next lines
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
