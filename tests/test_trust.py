@@ -2073,6 +2073,25 @@ def test_read_json_turns_every_bad_file_into_one_line_naming_it(tmp_path):
     assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": "\ufffd"}, {"c": 3}]
 
 
+def test_a_metrics_file_above_its_size_cap_is_refused_unread_by_resume_and_plot(trained, tmp_path, capsys):
+    """read_jsonl read a metrics.jsonl whole: a sparse file of 20 GiB filled the memory, then was told as "out of
+    memory: choose smaller sizes". Above MAX_JSONL_BYTES it is one line naming the file, for every reader."""
+    from gbattn.errors import CheckpointError
+
+    path = tmp_path / rundir.METRICS
+    with open(path, "wb") as f:
+        f.truncate(files.MAX_JSONL_BYTES + 1)
+    with pytest.raises(CheckpointError, match=f"{path} is 1,024 MiB: larger than any metrics file gbattn reads "
+                                              r"\(1024 MiB at most\); not read"):
+        files.read_jsonl(path)
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.RESULT).unlink()  # so that --resume reads the metrics
+    os.replace(path, run / rundir.METRICS)
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
+    assert "larger than any metrics file gbattn reads" in one_line(code, err), err
+
+
 def test_every_tokenizer_file_is_refused_unread_above_the_json_size_cap(tmp_path, monkeypatch):
     """A run's tokenizer.json, a --tokenizer hf=PATH file and an HF directory's tokenizer.json are read under
     the cap every JSON file has: a 1 GiB sparse tokenizer.json was read whole (2.3 GB of memory, then 'not a

@@ -209,18 +209,25 @@ def refuse_lfs_pointer(path: str | Path, head: bytes | None = None, error: type[
 
 
 MAX_JSON_BYTES = 256 * 2**20  # far above any JSON file gbattn reads (a Llama tokenizer.json: about 9 MiB)
+MAX_JSONL_BYTES = 2**30  # far above any metrics.jsonl (every step of a million-step run logged: about 300 MiB)
+
+
+def refuse_oversized(path: Path, limit: int, kind: str) -> None:
+    """A one-line :class:`CheckpointError` for a file larger than ``limit`` bytes (``kind``: what gbattn reads of
+    that sort), refused unread: a file linked to a huge one, or a sparse one, would fill the memory."""
+    size = path.stat().st_size
+    if size > limit:
+        raise CheckpointError(f"{path} is {size / 2**20:,.0f} MiB: larger than any {kind} gbattn reads "
+                              f"({limit // 2**20} MiB at most); not read")
 
 
 def read_json_bytes(path: str | Path) -> bytes:
     """The bytes of a JSON file (a config, a tokenizer), or a one-line :class:`CheckpointError` naming it. A file
-    larger than :data:`MAX_JSON_BYTES` is refused unread (a file linked to a huge one would fill the memory), a
-    Git LFS pointer as one (:func:`refuse_lfs_pointer`)."""
+    larger than :data:`MAX_JSON_BYTES` is refused unread (:func:`refuse_oversized`), a Git LFS pointer as one
+    (:func:`refuse_lfs_pointer`)."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise CheckpointError(f"{path} is {size / 2**20:,.0f} MiB: larger than any JSON file gbattn reads "
-                                  f"({MAX_JSON_BYTES // 2**20} MiB at most); not read")
+        refuse_oversized(path, MAX_JSON_BYTES, "JSON file")
         content = path.read_bytes()
     except OSError as e:
         raise CheckpointError(f"{path} cannot be read ({e.strerror or e})") from None
@@ -269,9 +276,13 @@ def did_you_mean_path(path: str | Path, at_most: int = 10_000) -> str:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
+    """The JSON objects of the lines of ``path`` (a metrics.jsonl), [] when it is not a file; a line cut short or
+    damaged is skipped. A file larger than :data:`MAX_JSONL_BYTES` is a one-line :class:`CheckpointError`, unread (a
+    sparse 20 GiB file filled the memory, then read as "out of memory: choose smaller sizes")."""
     path = Path(path)
     if not path.is_file():
         return []
+    refuse_oversized(path, MAX_JSONL_BYTES, "metrics file")
     out = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
