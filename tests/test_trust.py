@@ -2092,6 +2092,38 @@ def test_a_metrics_file_above_its_size_cap_is_refused_unread_by_resume_and_plot(
     assert "larger than any metrics file gbattn reads" in one_line(code, err), err
 
 
+def test_a_directory_device_or_pipe_where_a_file_is_read_is_named_as_such_not_as_missing(trained, tmp_path, capsys):
+    """A config.json, tokenizer.json or checkpoint that is a directory, a link to a device or a FIFO was told as
+    "not found" (or "no such file"): the user looked for a missing file. Each reader names what is there instead,
+    without reading it (a FIFO would wait for a writer)."""
+    from gbattn.data.tokenizer import Tokenizer
+    from gbattn.errors import CheckpointError
+
+    for name, read in ((rundir.CONFIG, files.read_json), (rundir.TOKENIZER, Tokenizer.load),
+                       (rundir.BEST, rundir.read_torch_file)):
+        directory, device, fifo = (tmp_path / kind / name for kind in ("directory", "device", "fifo"))
+        directory.mkdir(parents=True)
+        device.parent.mkdir()
+        device.symlink_to("/dev/zero")
+        fifo.parent.mkdir()
+        os.mkfifo(fifo)
+        for path, what in ((directory, "a directory"), (device, "a device or a pipe (a link to /dev/zero)"),
+                           (fifo, "a device or a pipe")):
+            with pytest.raises(CheckpointError) as caught:
+                read(path)
+            assert str(caught.value) == f"{path} is {what}, not a regular file: put the file itself there"
+        shutil.rmtree(tmp_path / "directory")
+        shutil.rmtree(tmp_path / "device")
+        shutil.rmtree(tmp_path / "fifo")
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.CONFIG).unlink()
+    (run / rundir.CONFIG).mkdir()
+    code, _, err = run_cli(capsys, ["eval", run])
+    assert one_line(code, err) == f"gbattn: error: {run / rundir.CONFIG} is a directory, not a regular file: put the " \
+                                  f"file itself there"
+
+
 def test_every_tokenizer_file_is_refused_unread_above_the_json_size_cap(tmp_path, monkeypatch):
     """A run's tokenizer.json, a --tokenizer hf=PATH file and an HF directory's tokenizer.json are read under
     the cap every JSON file has: a 1 GiB sparse tokenizer.json was read whole (2.3 GB of memory, then 'not a

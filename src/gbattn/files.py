@@ -235,6 +235,20 @@ def read_json_bytes(path: str | Path) -> bytes:
     return content
 
 
+def refuse_not_regular(path: Path) -> None:
+    """A one-line :class:`CheckpointError` where a file to read is wanted at ``path`` and something else is there: a
+    directory, a device or a pipe (never read: /dev/zero never ends, a FIFO waits for a writer), or a link to one.
+    Nothing there (a link to nothing too) is left to the reader's own words. Such a file was told as "not found"."""
+    if path.is_dir():
+        kind = "a directory"
+    elif path.exists() and not path.is_file():
+        kind = "a device or a pipe"
+    else:
+        return
+    link = f" (a link to {os.readlink(path)})" if path.is_symlink() else ""
+    raise CheckpointError(f"{path} is {kind}{link}, not a regular file: put the file itself there")
+
+
 def read_json(path: str | Path, what: str | None = None) -> dict:
     """A JSON object from ``path``, or a one-line :class:`CheckpointError` naming the file (read by
     :func:`read_json_bytes`: a huge file is refused unread)."""
@@ -242,6 +256,7 @@ def read_json(path: str | Path, what: str | None = None) -> dict:
     if path.parent.exists() and not path.parent.is_dir():  # a file given for the directory: not "FILE/config.json"
         raise CheckpointError(f"{path.parent} is a file, not a gbattn run directory")
     if not path.is_file():
+        refuse_not_regular(path)
         raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?"
                               f"{did_you_mean_path(path.parent)}")  # runs/gab for runs/gba
     content = read_json_bytes(path)

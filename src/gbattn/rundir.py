@@ -52,6 +52,7 @@ from gbattn.files import (
     read_json,
     read_jsonl,
     refuse_lfs_pointer,
+    refuse_not_regular,
     write_json,
 )
 from gbattn.model.gpt import GPT
@@ -267,6 +268,7 @@ def read_torch_file(path: str | Path, map_location="cpu"):
     needs arbitrary unpickling (it could run code) is refused; a damaged one is a one-line error."""
     path = Path(path)
     if not path.is_file():
+        refuse_not_regular(path)
         raise CheckpointError(f"no such file: {path}")
     try:
         # torch warns of every protocol but 2, and of its deprecated storages and quantized tensors as it reads them:

@@ -33,6 +33,7 @@ from gbattn.files import (
     did_you_mean_path,
     error_detail,
     read_json_bytes,
+    refuse_not_regular,
     remove_abandoned,
 )
 
@@ -197,6 +198,7 @@ class Tokenizer:
         tokens, is refused: its scores and text would be silently wrong)."""
         path = Path(path)
         if not path.is_file():
+            refuse_not_regular(path)
             raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?")
         content = read_json_bytes(path)  # a huge file is refused unread
         try:
