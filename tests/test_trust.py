@@ -1683,6 +1683,22 @@ def test_a_config_larger_than_its_weights_is_refused_before_the_model_takes_memo
     assert f"the weights in {run} do not match its config (size mismatch for wte.weight" in one_line(code, err), err
 
 
+def test_a_nested_weight_is_refused_in_one_line_not_a_traceback(trained, tmp_path, capsys):
+    """weights_only=True reads a nested tensor (layout strided, like a dense one): its NaN check raised
+    NotImplementedError, a traceback through every command that reads weights."""
+    import warnings
+
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    best = rundir.load_checkpoint(run / rundir.BEST)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # nested tensors are a prototype
+        nested = torch.nested.nested_tensor([best["model"]["wte.weight"][:2], best["model"]["wte.weight"][:3]])
+    torch.save({**best, "model": {**best["model"], "wte.weight": nested}}, run / rundir.BEST)
+    code, _, err = run_cli(capsys, ["eval", run])
+    assert "not floating-point numbers (wte.weight: torch.float32, nested, not dense)" in one_line(code, err), err
+
+
 def test_a_checkpoint_whose_weights_are_not_named_tensors_is_refused(tmp_path):
     """weights_only=True reads lists and integer keys too: such weights are one line naming the file,
     not an AttributeError later (a gate's logit is reshaped on load)."""

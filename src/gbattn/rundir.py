@@ -738,13 +738,15 @@ PACKED_FLOATS = tuple(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if 
 def check_finite(weights: dict, where: str | Path) -> None:
     """A one-line error naming the weights that are not floating-point numbers in memory (a ``meta`` tensor
     holds none; a bool, integer or complex one was cast silently, to 0/1 or dropping its imaginary part; a
-    packed float4 one cannot be read; a sparse one fits no dense parameter),
-    or that hold NaN or infinite values (a trained model's never do: the trainer does not step on a
-    non-finite loss)."""
-    odd = [f"{name}: {w.dtype}{' on meta' if w.is_meta else ''}"
-           f"{'' if w.layout == torch.strided else f', {w.layout}, not dense'}" for name, w in weights.items()
+    packed float4 one cannot be read; a sparse or nested one fits no dense parameter: a nested one's NaN check was a
+    NotImplementedError traceback), or that hold NaN or infinite values (a trained model's never do: the trainer does
+    not step on a non-finite loss)."""
+    def layout(w: torch.Tensor) -> str:
+        return ", nested, not dense" if w.is_nested else "" if w.layout == torch.strided else f", {w.layout}, not dense"
+
+    odd = [f"{name}: {w.dtype}{' on meta' if w.is_meta else ''}{layout(w)}" for name, w in weights.items()
            if isinstance(w, torch.Tensor) and (w.is_meta or not w.is_floating_point() or w.dtype in PACKED_FLOATS
-                                               or w.layout != torch.strided)]
+                                               or layout(w))]
     if odd:
         raise CheckpointError(f"the weights in {where} are not floating-point numbers ({', '.join(odd[:3])}"
                               f"{', ...' if len(odd) > 3 else ''}): the file is damaged; restore a copy of it")
