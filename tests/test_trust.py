@@ -1699,6 +1699,19 @@ def test_a_nested_weight_is_refused_in_one_line_not_a_traceback(trained, tmp_pat
     assert "not floating-point numbers (wte.weight: torch.float32, nested, not dense)" in one_line(code, err), err
 
 
+def test_an_expanded_weight_is_refused_before_its_values_are_checked(trained, tmp_path, capsys):
+    """torch.save keeps an expanded tensor as its one stored value and its strides: a weight of 10**12 values from
+    one stored made the NaN check allocate a terabyte, told as "out of memory: choose smaller sizes"."""
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    best = rundir.load_checkpoint(run / rundir.BEST)
+    torch.save({**best, "model": {**best["model"], "wte.weight": torch.zeros(1).expand(10**6, 10**6)}},
+               run / rundir.BEST)
+    code, _, err = run_cli(capsys, ["eval", run])
+    assert ("not floating-point numbers (wte.weight: torch.float32, 1,000,000,000,000 values from 1 stored, not dense)"
+            in one_line(code, err)), err
+
+
 def test_a_checkpoint_whose_weights_are_not_named_tensors_is_refused(tmp_path):
     """weights_only=True reads lists and integer keys too: such weights are one line naming the file,
     not an AttributeError later (a gate's logit is reshaped on load)."""

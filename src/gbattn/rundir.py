@@ -739,10 +739,17 @@ def check_finite(weights: dict, where: str | Path) -> None:
     """A one-line error naming the weights that are not floating-point numbers in memory (a ``meta`` tensor
     holds none; a bool, integer or complex one was cast silently, to 0/1 or dropping its imaginary part; a
     packed float4 one cannot be read; a sparse or nested one fits no dense parameter: a nested one's NaN check was a
-    NotImplementedError traceback), or that hold NaN or infinite values (a trained model's never do: the trainer does
-    not step on a non-finite loss)."""
+    NotImplementedError traceback; an expanded one, more values than its file stores, made that check take the memory of
+    all of them: 10**12 values from one stored), or that hold NaN or infinite values (a trained model's never do: the
+    trainer does not step on a non-finite loss)."""
     def layout(w: torch.Tensor) -> str:
-        return ", nested, not dense" if w.is_nested else "" if w.layout == torch.strided else f", {w.layout}, not dense"
+        if w.is_nested:
+            return ", nested, not dense"
+        if w.layout != torch.strided:
+            return f", {w.layout}, not dense"
+        if w.is_meta or w.numel() <= (stored := w.untyped_storage().nbytes() // w.element_size()):
+            return ""
+        return f", {w.numel():,} values from {stored:,} stored, not dense"
 
     odd = [f"{name}: {w.dtype}{' on meta' if w.is_meta else ''}{layout(w)}" for name, w in weights.items()
            if isinstance(w, torch.Tensor) and (w.is_meta or not w.is_floating_point() or w.dtype in PACKED_FLOATS
