@@ -1879,12 +1879,15 @@ def test_a_resume_checkpoint_cannot_change_the_optimizers_settings(trained, tmp_
 @pytest.mark.parametrize("damage", [{"elapsed": float("nan")}, {"train_seconds": -1.0}, {"best_step": True},
                                     {"elapsed": True}, {"train_seconds": float("inf")}, {"tokens_seen": -8},
                                     {"train_window": [float("nan"), 1]}, {"train_window": [1.0]},
-                                    {"rng_per_rank": []}])
+                                    {"rng_per_rank": []}, {"best_valid": -1.0}, {"best_valid": True},
+                                    {"best_step": 10**6}])
 def test_a_resume_checkpoint_with_malformed_bookkeeping_is_one_line(trained, tmp_path, capsys, monkeypatch, damage):
     """A NaN elapsed time resumed and finished with wall_clock_s null in result.json, which compare then refuses
     as incomplete; negative or infinite seconds, a best step of true and seconds of true (1 s to float()) were
     taken as they were too. A negative count of tokens seen, a NaN training-loss window, a window of one number
-    and no random streams at all are refused the same way."""
+    and no random streams at all are refused the same way. A negative best validation loss (or true, 1.0) kept
+    every later evaluation from counting as better: the run finished with that loss as its result (valid ppl 0.37)
+    and its old best.pt; a best step after the checkpoint's own step was reported as the best one's."""
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)

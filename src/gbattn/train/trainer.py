@@ -444,13 +444,17 @@ class Trainer:
                 raise ValueError(f"step={step!r} and tokens_seen={tokens_seen!r} must be integers, 0 <= step <= "
                                  f"{self.total_steps} (the run's steps) and tokens_seen >= 0")
             self.step = step
-            best_step, curve = state["best_step"], state["curve"]
+            best_step, curve, best_valid = state["best_step"], state["curve"], state["best_valid"]
             if not (best_step is None or isinstance(best_step, int) and not isinstance(best_step, bool) and
-                    best_step >= 0) or not rundir.valid_curve(curve):
+                    0 <= best_step <= step) or not rundir.valid_curve(curve):
                 raise ValueError("its best step or validation curve is malformed")
-            self.best_valid, self.best_step = float(state["best_valid"]), best_step
-            if math.isnan(self.best_valid):  # (no evaluation yet: inf) no loss would ever count as better
+            if isinstance(best_valid, bool) or not isinstance(best_valid, (int, float)):
+                raise ValueError(f"its best validation loss {best_valid!r} is not a number")
+            if math.isnan(best_valid):  # (no evaluation yet: inf) no loss would ever count as better
                 raise ValueError("its best validation loss is NaN")
+            if best_valid < 0:  # a cross-entropy never is: no later loss would count as better, nor be kept as best
+                raise ValueError(f"its best validation loss {best_valid!r} is negative")
+            self.best_valid, self.best_step = float(best_valid), best_step
             seconds = (state["elapsed"], state["train_seconds"])  # NaN: a result.json without its wall-clock time
             if not all(_finite_amount(v) for v in seconds):
                 raise ValueError(f"elapsed={seconds[0]!r} and train_seconds={seconds[1]!r} must be numbers of "
