@@ -1241,6 +1241,27 @@ def test_a_tokenizer_with_unused_ids_counts_up_to_its_largest_id(tmp_path, capsy
     assert code == 0, err
 
 
+def test_a_char_tokenizer_listing_a_lone_surrogate_is_refused_on_reading(trained, tmp_path, capsys):
+    """A char tokenizer.json may spell a lone surrogate ("\\ud800"), which no UTF-8 text holds: generate printed it
+    (a UnicodeEncodeError traceback) and export handed it to the tokenizers library (another). It is refused as
+    the damaged file it is, by every command reading it."""
+    from gbattn.data.tokenizer import _fingerprint
+
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    chars = json.loads(json.loads((run / rundir.TOKENIZER).read_text())["payload"])["chars"]
+    payload = json.dumps({"chars": [*chars[:-1], "\ud800"]})
+    (run / rundir.TOKENIZER).write_text(json.dumps({"kind": "char", "payload": payload}))
+    config = json.loads((run / rundir.CONFIG).read_text())
+    config["data"]["tokenizer"] = _fingerprint("char", payload)  # the run's own, as far as its config says
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    for argv in (["generate", run, "--prompt", "the", "--max-new-tokens", "2", "--seed", "1"],
+                 ["export", run, "--out", tmp_path / "exported"]):
+        code, _, err = run_cli(capsys, argv)
+        assert ("is not a valid gbattn tokenizer file (ValueError: a char tokenizer's payload must list distinct "
+                "single characters (of UTF-8 text))") in one_line(code, err), err
+
+
 def test_a_tokenizer_whose_regex_backtracks_past_its_limit_is_one_data_error():
     """A tokenizer.json whose pre-tokenizer regex backtracks without end makes the tokenizers library panic
     (a BaseException): that was a traceback from generate's prompt and eval's corpus, now a DataError; so are

@@ -78,9 +78,12 @@ class Tokenizer:
         self.payload = payload  # HF tokenizer JSON, or {"chars": [...]} for char
         if kind == "char":
             chars = json.loads(payload)["chars"]
-            if not (isinstance(chars, list) and chars and all(isinstance(c, str) and len(c) == 1 for c in chars)
+            # A lone surrogate ("\ud800" in JSON) is no character of any UTF-8 text: decoding it to print or export
+            # was a UnicodeEncodeError traceback.
+            if not (isinstance(chars, list) and chars and all(isinstance(c, str) and len(c) == 1
+                                                              and not "\ud800" <= c <= "\udfff" for c in chars)
                     and len(set(chars)) == len(chars)):
-                raise ValueError("a char tokenizer's payload must list distinct single characters")
+                raise ValueError("a char tokenizer's payload must list distinct single characters (of UTF-8 text)")
             self.chars = chars
             self.stoi = {c: i for i, c in enumerate(self.chars)}
             self._hf = None
