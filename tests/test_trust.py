@@ -2177,6 +2177,33 @@ def test_a_directory_device_or_pipe_where_a_file_is_read_is_named_as_such_not_as
                                   f"file itself there"
 
 
+def test_every_reader_that_looks_for_a_file_names_a_directory_there_as_such(trained, tmp_path, capsys):
+    """An export's gbattn-tokenizer.json or model.safetensors, an upcycled source's config.json or a comparison's
+    results.json that is a directory was told as missing ("has no ...", "no finished run yet"), as read_json,
+    Tokenizer.load and read_torch_file told theirs: each names what is there instead."""
+    exported = tmp_path / "exported"
+    assert run_cli(capsys, ["export", trained["run"], "--out", exported])[0] == 0
+    comparison = tmp_path / "comparison"
+    comparison.mkdir()
+    (comparison / "recipe.json").write_text("{}")
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    for argv, path in ((["eval", exported], exported / rundir.EXPORTED_TOKENIZER),
+                       (["eval", exported], exported / rundir.SAFETENSORS),
+                       (["upcycle", run, "--attn", "boosted", "--out", tmp_path / "up"], run / rundir.CONFIG),
+                       (["plot", comparison], comparison / "results.json")):
+        kept = path.with_name(path.name + ".kept")
+        if path.exists():
+            path.rename(kept)
+        path.mkdir()
+        code, _, err = run_cli(capsys, argv)
+        assert one_line(code, err) == f"gbattn: error: {path} is a directory, not a regular file: put the file " \
+                                      f"itself there", err
+        path.rmdir()
+        if kept.exists():
+            kept.rename(path)
+
+
 def test_every_tokenizer_file_is_refused_unread_above_the_json_size_cap(tmp_path, monkeypatch):
     """A run's tokenizer.json, a --tokenizer hf=PATH file and an HF directory's tokenizer.json are read under
     the cap every JSON file has: a 1 GiB sparse tokenizer.json was read whole (2.3 GB of memory, then 'not a

@@ -35,7 +35,7 @@ from gbattn import rundir
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError, ConfigError
-from gbattn.files import did_you_mean_path, error_detail, portable_path, read_json, read_json_bytes
+from gbattn.files import did_you_mean_path, error_detail, portable_path, read_json, read_json_bytes, refuse_not_regular
 from gbattn.model.gpt import GPT
 
 TORCH_BIN = "pytorch_model.bin"
@@ -78,6 +78,7 @@ def load_source(path: str | Path) -> Source:
         raise CheckpointError(f"{path} is not a directory (a Hugging Face checkpoint or a gbattn run directory)"
                               f"{did_you_mean_path(path)}")
     if not (path / rundir.CONFIG).is_file():
+        refuse_not_regular(path / rundir.CONFIG)
         rundir.refuse_weights_without_config(path, then=rundir.UNFINISHED_RUN_ADVICE)  # an upcycle or run stopped early
         raise CheckpointError(f"{path} has no {rundir.CONFIG}: neither a Hugging Face checkpoint directory nor a "
                               f"gbattn run directory")
@@ -272,6 +273,8 @@ def read_hf_weights(path: str | Path) -> dict[str, Tensor]:
         return read_torch_weights(path / TORCH_BIN)
     if (path / TORCH_BIN_INDEX).is_file():
         return rundir.read_shards(path, TORCH_BIN_INDEX, read_torch_weights)
+    for name in (rundir.SAFETENSORS, TORCH_BIN):
+        refuse_not_regular(path / name)
     raise CheckpointError(f"{path} has no {rundir.SAFETENSORS}, {rundir.SAFETENSORS_INDEX}, {TORCH_BIN} or "
                           f"{TORCH_BIN_INDEX}")
 
@@ -392,6 +395,7 @@ def hf_tokenizer(path: Path, vocab_size: int) -> Tokenizer:
     """The directory's ``tokenizer.json`` as a gbattn tokenizer of kind ``hf``, with the model's vocabulary size."""
     file = path / HF_TOKENIZER
     if not file.is_file():
+        refuse_not_regular(file)
         raise CheckpointError(f"{path} has no {HF_TOKENIZER} (the Hugging Face tokenizers file); write one with "
                               f"AutoTokenizer.from_pretrained(...).save_pretrained('{path}')")
     content = read_json_bytes(file)  # a huge file is refused unread

@@ -704,6 +704,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
                               f"{model_cfg.block_size}: the file is damaged")
     tokenizer_file = path / (EXPORTED_TOKENIZER if exported else TOKENIZER)
     if exported and not tokenizer_file.is_file():
+        refuse_not_regular(tokenizer_file)
         raise CheckpointError(f"{path} has no {EXPORTED_TOKENIZER} (gbattn's own tokenizer file, which `gbattn export` "
                               f"writes and transformers' save_pretrained does not): copy it from the exported "
                               f"directory this model came from")
@@ -807,6 +808,7 @@ def read_exported_weights(path: Path, device) -> dict:
                    None)  # transformers 4.x's save_pretrained(safe_serialization=False)
     hint = (f"; its {pickled} is a pickle, which gbattn does not read here: save with save_pretrained(DIR, "
             f"safe_serialization=True)") if pickled else ""
+    refuse_not_regular(path / SAFETENSORS)
     raise CheckpointError(f"{path} has no {SAFETENSORS} (nor {SAFETENSORS_INDEX} and its shards): an exported "
                           f"directory keeps its weights there{hint}")
 

@@ -491,7 +491,7 @@ def read_comparison(compare_dir: Path) -> dict:
     naming what it holds."""
     from gbattn.errors import UserError
     from gbattn.experiments.report import read_report
-    from gbattn.files import did_you_mean_path
+    from gbattn.files import did_you_mean_path, refuse_not_regular
     from gbattn.rundir import COMPARISON, RUN, folder_holds
 
     try:
@@ -503,6 +503,7 @@ def read_comparison(compare_dir: Path) -> dict:
         raise UserError(f"{compare_dir} holds {held}, not a `gbattn compare` directory: `gbattn plot` draws a "
                         f"comparison's results.json and curves{hint}")
     if not (compare_dir / "results.json").is_file():
+        refuse_not_regular(compare_dir / "results.json")
         if held == COMPARISON:  # its recipe.json: a comparison stopped before its first run finished
             raise UserError(f"{compare_dir} is a comparison with no finished run yet (no results.json, which "
                             f"`gbattn compare` writes as each run finishes): plot it once one has")
