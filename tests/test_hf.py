@@ -1460,6 +1460,20 @@ def write_task(tasks: Path, name: str, row: str, spec: str) -> None:
         f"test_split: test\ndoc_to_text: '{{{{q}}}}'\n" + spec)
 
 
+def test_lm_eval_reads_the_generation_config_with_gbattns_reader_first(trained, capsys, tmp_path):
+    """transformers reads generation_config.json with json.load while it loads the model: one nested too deeply
+    was a RecursionError traceback. gbattn's reader reads it first: one line naming the file."""
+    _, out = trained
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    (damaged / "generation_config.json").write_text("[" * 100_000)
+    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
+                     "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"gbattn: error: {damaged / 'generation_config.json'} is not a gbattn file (its JSON is nested too "
+                   f"deeply to read)\n"), err
+
+
 def test_lm_eval_refuses_an_export_whose_model_type_is_not_gbattns(trained, capsys, tmp_path):
     """The Auto classes build the model config.json's model_type names, with that library's default sizes: an export
     whose model_type read "llama" (its gbattn dict whole) built a 7-billion-parameter Llama before its weights were

@@ -26,7 +26,7 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gbattn.errors import CheckpointError, ConfigError, UserError
-from gbattn.files import atomic_write, error_detail, finite, refuse_lfs_pointer, relative_path, write_json
+from gbattn.files import atomic_write, error_detail, finite, read_json, refuse_lfs_pointer, relative_path, write_json
 from gbattn.hf.export import quiet_transformers, wrap_run
 from gbattn.rundir import (
     CONFIG,
@@ -73,6 +73,11 @@ def check_dtype_fields(config: dict, path: Path) -> None:
                                   f"float16, ...; `gbattn export` writes float32)")
 
 
+# The JSON file of an exported directory that transformers reads besides config.json and outside the tokenizer's
+# loading (whose every failure is one line, "the tokenizer in DIR does not load").
+TRANSFORMERS_JSON = ("generation_config.json",)
+
+
 def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.device):
     """(model in eval mode on ``device``, tokenizer, block_size, step, which weights: ``exported`` or
     the run's ``best``/``last``) of a run or exported directory."""
@@ -88,6 +93,11 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
                                   f"as `gbattn export` writes it: transformers would build another kind of model "
                                   f"from it")
         check_dtype_fields(config, Path(model_dir) / CONFIG)
+        # gbattn's reader first, as for config.json: a file nested too deeply was a RecursionError traceback from
+        # transformers' json.load, a huge one would fill the memory
+        for name in TRANSFORMERS_JSON:
+            if (Path(model_dir) / name).exists():
+                read_json(Path(model_dir) / name)
         if not (Path(model_dir) / "tokenizer.json").is_file():
             raise CheckpointError(f"{model_dir} has no tokenizer.json (`gbattn export` writes it, transformers' "
                                   f"save_pretrained of the model does not): copy the tokenizer files from the "
