@@ -1474,6 +1474,22 @@ def test_lm_eval_reads_the_generation_config_with_gbattns_reader_first(trained, 
                    f"deeply to read)\n"), err
 
 
+def test_lm_eval_refuses_a_tokenizer_naming_no_end_of_text_token(trained, capsys, tmp_path):
+    """Without tokenizer_config.json (or its eos_token) the tokenizer has neither an eos nor a bos token, and the
+    harness decoded None as each text's prefix: a TypeError traceback at the first request."""
+    _, out = trained
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    config = json.loads((damaged / "tokenizer_config.json").read_text())
+    del config["eos_token"]
+    (damaged / "tokenizer_config.json").write_text(json.dumps(config))
+    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
+                     "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"gbattn: error: the tokenizer in {damaged} names no end-of-text token (eos_token in its" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def test_lm_eval_refuses_an_export_whose_model_type_is_not_gbattns(trained, capsys, tmp_path):
     """The Auto classes build the model config.json's model_type names, with that library's default sizes: an export
     whose model_type read "llama" (its gbattn dict whole) built a 7-billion-parameter Llama before its weights were

@@ -141,6 +141,11 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
         except Exception as e:  # a file that does not parse; transformers 4.x then tries other loaders (ImportError)
             refuse_lfs_pointer(Path(model_dir) / "tokenizer.json")
             raise CheckpointError(f"the tokenizer in {model_dir} does not load ({error_detail(e, 160)})") from None
+        if tokenizer.eos_token_id is None and tokenizer.bos_token_id is None:  # the harness decoded None: a traceback
+            raise CheckpointError(f"the tokenizer in {model_dir} names no end-of-text token (eos_token in its "
+                                  f"tokenizer_config.json, which `gbattn export` writes), nor a bos_token: lm-eval "
+                                  f"starts the text it scores with one; copy the tokenizer files from the exported "
+                                  f"directory")
         if len(tokenizer) > model.config.vocab_size:  # a request meeting such a token was a traceback from the model
             raise CheckpointError(f"the tokenizer in {model_dir} has {len(tokenizer):,} tokens, more than the model's "
                                   f"vocabulary of {model.config.vocab_size:,} (ids from {model.config.vocab_size:,} on "
