@@ -1934,6 +1934,25 @@ def test_resuming_a_finished_run_whose_result_lacks_its_perplexities_prints_them
     assert summary["test_ppl"] is None and summary["valid_ppl"] is None and summary["steps"] == result["steps"]
 
 
+def test_a_result_lacking_its_perplexities_is_read_with_them_as_null_by_compare(trained, tmp_path):
+    """read_result takes a result.json without test_ppl, valid_ppl or valid_loss, or a curve point without its
+    valid_ppl, as null; compare's table then indexed them: a KeyError traceback. Each reads as null."""
+    result = json.loads((trained["run"] / rundir.RESULT).read_text())
+    lacking = {k: v for k, v in result.items() if k not in ("test_ppl", "valid_ppl", "valid_loss")}
+    lacking["curve"] = [{k: v for k, v in point.items() if k != "valid_ppl"} for point in result["curve"]]
+    (tmp_path / rundir.RESULT).write_text(json.dumps(lacking))
+    read = rundir.read_result(tmp_path / rundir.RESULT)
+    assert read["test_ppl"] is None and read["valid_ppl"] is None and read["valid_loss"] is None
+    assert all(point["valid_ppl"] is None for point in read["curve"]) and read["curve"]  # as results.md reads them
+    from gbattn.experiments.recipes import get_recipe
+    from gbattn.experiments.report import aggregate
+
+    recipe = get_recipe("cpu-char")
+    spec = next(s for s in recipe.models if s.label == "standard")
+    row = aggregate(recipe, [spec], {"standard": {42: read}})[0]
+    assert row["test_ppl_mean"] is None and row["valid_loss"] == {"42": None}
+
+
 def test_old_records_keep_their_meaning_and_a_results_curve_is_checked(trained, tmp_path):
     """eval_every=0 in a run from before it meant "every epoch only" (None now); result.json's
     validation curve is checked point by point."""

@@ -554,6 +554,12 @@ def read_result(path: str | Path) -> dict:
     if not valid_curve(result["curve"]):
         raise CheckpointError(f"{path}: its validation curve is malformed (points need step, tokens, valid_loss and "
                               f"valid_ppl)")
+    # Taken without them (as null), they are there as null for every reader: compare's table indexed them, a
+    # KeyError traceback where a result.json or a point of its curve lacked one.
+    for record, keys in ((result, ("test_ppl", "valid_ppl", "valid_loss")), *((p, ("valid_loss", "valid_ppl"))
+                                                                            for p in result["curve"])):
+        for key in keys:
+            record.setdefault(key, None)
     return result
 
 
