@@ -328,8 +328,10 @@ def test_misuses_are_clear_errors():
     with pytest.raises(ValueError, match=f"position_ids reach {block}; the model's positions are 0 .. {block - 1}"):
         hf(idx, position_ids=torch.arange(block - 5, block + 1)[None])
     torch.testing.assert_close(hf(idx).logits, gpt(idx), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
-        hf.generate(idx, prompt_lookup_num_tokens=2, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    # each way of asking for it: a draft model, prompt lookup, or the model's own first layers (early exit)
+    for name, value in (("assistant_model", hf), ("prompt_lookup_num_tokens", 2), ("assistant_early_exit", 1)):
+        with pytest.raises(ValueError, match=f"does not support assisted decoding .{name}."):
+            hf.generate(idx, max_new_tokens=2, do_sample=False, pad_token_id=0, **{name: value})
     # asked for by a generation config, given or the model's own (was "Assisted decoding requires a cache")
     asking = transformers.GenerationConfig(prompt_lookup_num_tokens=2, max_new_tokens=2, do_sample=False,
                                            pad_token_id=0)
