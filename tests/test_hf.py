@@ -278,6 +278,13 @@ def test_past_key_values_keyword_and_tuple_output():
     assert GbattnForCausalLM._padded_batch((ids,), dict(padding_only, attention_mask=mask), hf.generation_config)
     assert not GbattnForCausalLM._padded_batch((ids,), dict(padding_only, attention_mask=torch.ones_like(ids)),
                                                hf.generation_config)
+    # the ids given by keyword, as generate() takes them; none at all (a generate() without a prompt), or no
+    # pad_token_id: no mask is made from them (the keywords were not read; the others were tracebacks)
+    for keyword in ("input_ids", "inputs"):
+        assert GbattnForCausalLM._padded_batch((), dict(padding_only, **{keyword: ids}), hf.generation_config)
+    assert not GbattnForCausalLM._padded_batch((), padding_only, hf.generation_config)
+    assert hf.generation_config.pad_token_id is None and not GbattnForCausalLM._padded_batch((ids,), {},
+                                                                                              hf.generation_config)
     assert torch.equal(hf.generate(unpadded, prefill_chunk_size=2, **dict(kw, eos_token_id=torch.tensor([7, 8]))),
                        hf.generate(unpadded, **dict(kw, eos_token_id=torch.tensor([7, 8]))))
     with warnings.catch_warnings():  # the name before transformers 5.24 (deprecated there)
