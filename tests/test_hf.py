@@ -373,8 +373,10 @@ def test_forward_honours_every_argument_it_takes():
     keeps the GPT's mode."""
     gpt, hf = tiny_pair(("boosted", {}), {})
     idx = torch.randint(0, 37, (2, 6))
-    with pytest.raises(ValueError, match="inputs_embeds are not supported"):
-        hf(idx, inputs_embeds=torch.zeros(2, 6, 16, dtype=torch.float64))
+    # inputs_embeds beside the ids, or no ids at all (was an AttributeError from input_ids.dim())
+    for given in (dict(input_ids=idx, inputs_embeds=torch.zeros(2, 6, 16, dtype=torch.float64)), {}):
+        with pytest.raises(ValueError, match=r"takes input_ids \(inputs_embeds are not supported\)"):
+            hf(**given)
     with pytest.raises(ValueError, match="output_attentions asked for"):
         hf(idx, output_attentions=True)
     full = gpt(idx)
