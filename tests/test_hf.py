@@ -325,6 +325,8 @@ def test_misuses_are_clear_errors():
     hf.config.output_hidden_states = True
     with pytest.raises(ValueError, match="output_hidden_states asked for, by argument or config") as refused:
         hf(idx)
+    # an argument decides over the config (output_hidden_states=False was refused as asked for)
+    torch.testing.assert_close(hf(idx, output_hidden_states=False).logits, gpt(idx), rtol=0, atol=0)
     hf.config.output_hidden_states = False
     # the advice names a call that runs on the wrapper (before, it named GPT(idx, ...), a constructor call)
     assert "model.model(input_ids, return_intermediates=True)" in str(refused.value)
