@@ -581,6 +581,12 @@ def test_fresh_model_keeps_gbattn_init():
     for (name, a), b in zip(gpt.state_dict().items(), hf.model.state_dict().values()):
         assert torch.equal(a, b), name
     assert hf.model.lm_head.weight is hf.model.wte.weight
+    # from_gpt marks the GPT's weights initialised: transformers' init passes leave a wrapped (trained) model's
+    # weights alone (init_weights() drew them again)
+    kept = {name: t.clone() for name, t in gpt.state_dict().items()}
+    GbattnForCausalLM.from_gpt(gpt).init_weights()
+    for name, t in gpt.state_dict().items():
+        assert torch.equal(t, kept[name]), name
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
