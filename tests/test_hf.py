@@ -2114,6 +2114,9 @@ def test_lm_eval_command_forwards_every_option(tmp_path, monkeypatch, capsys):
     assert written[-1][1:] == (tmp_path / "r.json", [model.resolve(), tasks.resolve()]) and threads[-1] == 2
     assert cli_main(["lm-eval", str(model), "--tasks", "a", "--limit", "100", "--num-fewshot", "5"]) == 0
     assert written[-1][1] == model / "lm-eval" / "results-a-limit100-5shot.json"
+    # --device reaches resolve_device (on a machine without CUDA, --device cpu reads the same as the default, auto)
+    code, _, err = run_cli(capsys, ["lm-eval", model, "--tasks", "a", "--device", "cdua"])
+    assert code == 2 and "device='cdua' is not allowed (did you mean 'cuda'?)" in err and len(calls) == 3, err
     monkeypatch.setattr(lmeval, "run_lm_eval", lambda *args, **kwargs: None)
     capsys.readouterr()
     assert cli_main(["lm-eval", str(model), "--tasks", "a"]) == 0
