@@ -2099,7 +2099,9 @@ def test_lm_eval_command_forwards_every_option(tmp_path, monkeypatch, capsys):
     model, tasks = tmp_path / "model", tmp_path / "tasks"
     model.mkdir()
     tasks.mkdir()
+    capsys.readouterr()
     assert cli_main(["lm-eval", str(model), "--tasks", "a"]) == 0
+    assert capsys.readouterr().out == f"wrote {model / 'lm-eval' / 'results-a.json'}\n"  # where the results went
     assert calls[-1] == ((model, ["a"]), dict(include_path=None, limit=None, batch_size=8,
                                               device=runtime.resolve_device("auto"), checkpoint=None,
                                               num_fewshot=None, log_samples=False))
