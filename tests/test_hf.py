@@ -60,6 +60,9 @@ LAYOUTS = {
     "llama-post": dict(BLOCKS["llama"], norm="post"),
     "llama-attnres": dict(BLOCKS["llama"], **ATTNRES),
 }
+# The llama layouts are Llama blocks with grouped-query attention (RMSNorm, SwiGLU, RoPE, no biases, fewer key/value
+# heads than query heads): every test over LAYOUTS or BLOCKS["llama"] runs a GQA model through the wrapper.
+assert BLOCKS["llama"]["n_kv_heads"] < tiny_config(("standard", {}), **BLOCKS["llama"]).n_heads, BLOCKS["llama"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
