@@ -1427,3 +1427,12 @@ def test_a_run_whose_weights_are_a_git_lfs_pointer_is_refused_in_one_line(gbattn
     assert main(["upcycle", str(run), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 2
     err = capsys.readouterr().err
     assert f"best.pt {LFS_MESSAGE}" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_source_that_is_not_a_directory_is_refused_saying_so(gpt2_dir, tmp_path, capsys):
+    """A source path that names no directory (a typo, or a checkpoint's weights file given instead of its folder):
+    one line saying what a source must be, not "has no config.json", which reads as if the folder were there."""
+    for source in (tmp_path / "missing", gpt2_dir / "model.safetensors"):
+        assert main(["upcycle", str(source), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 2
+        assert capsys.readouterr().err == (f"gbattn: error: {source} is not a directory (a Hugging Face checkpoint "
+                                           f"or a gbattn run directory)\n")
