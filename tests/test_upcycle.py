@@ -596,6 +596,8 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ("gpt2", {"activation_function": "relu"}, "activation_function='relu'"),
     ("gpt2", {"model_type": "bert"}, "model_type='bert'"),
+    # Llama-like, but with a sliding attention window (and Mistral's own weight names): not converted as a Llama
+    ("llama", {"model_type": "mistral"}, "model_type='mistral' cannot be converted"),
     # Fields of the wrong type (tracebacks before):
     ("gpt2", {"activation_function": ["gelu"]}, 'activation_function=["gelu"] must be a string'),
     ("gpt2", {"embd_pdrop": "0.1"}, 'embd_pdrop="0.1" must be a number'),
