@@ -1438,3 +1438,10 @@ def test_a_source_that_is_not_a_directory_is_refused_saying_so(gpt2_dir, tmp_pat
         assert main(["upcycle", str(source), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 2
         assert capsys.readouterr().err == (f"gbattn: error: {source} is not a directory (a Hugging Face checkpoint "
                                            f"or a gbattn run directory)\n")
+
+
+def test_the_summary_names_the_new_variants_options(gpt2_dir):
+    """The summary line says which options the new variant was given (none: no parentheses)."""
+    assert " 0 new; attn=standard: a copy" in upcycle(gpt2_dir, "standard").summary("out")
+    assert " new; attn=boosted (rounds=3, kv_source=\"input\"): value rows" in upcycle(
+        gpt2_dir, "boosted", {"rounds": 3, "kv_source": "input"}).summary("out")
