@@ -622,6 +622,7 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     # A bool is no number (JSON true would count as 1):
     ("llama", {"rms_norm_eps": True}, "rms_norm_eps=true must be a number"),
     ("gpt2", {"n_layer": True}, "n_layer=True must be a positive integer"),
+    ("gpt2", {"n_head": 0}, "n_head=0 must be a positive integer"),
 ])
 def test_inexact_conversions_refused_in_one_line(which, changes, message, request, tmp_path):
     directory = _edit_config(request.getfixturevalue(f"{which}_dir"), tmp_path / "edited", **changes)
