@@ -623,6 +623,9 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     ("llama", {"rms_norm_eps": True}, "rms_norm_eps=true must be a number"),
     ("gpt2", {"n_layer": True}, "n_layer=True must be a positive integer"),
     ("gpt2", {"n_head": 0}, "n_head=0 must be a positive integer"),
+    # a quantization_config naming no method, or not a mapping: quantized all the same (transformers refuses to load it)
+    ("llama", {"quantization_config": {"load_in_8bit": True}}, "quantization_config (unknown): a quantized checkpoint"),
+    ("llama", {"quantization_config": "bitsandbytes"}, "quantization_config (unknown): a quantized checkpoint"),
 ])
 def test_inexact_conversions_refused_in_one_line(which, changes, message, request, tmp_path):
     directory = _edit_config(request.getfixturevalue(f"{which}_dir"), tmp_path / "edited", **changes)
