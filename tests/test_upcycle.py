@@ -190,6 +190,7 @@ NON_DEFAULT = [
     (gpt2_model, {"layer_norm_epsilon": 1e-2}),
     (gpt2_model, {"activation_function": "gelu"}),  # exact GELU, not the tanh approximation
     (gpt2_model, {"activation_function": "gelu_fast"}),  # the tanh approximation written another way
+    (gpt2_model, {"activation_function": "gelu_pytorch_tanh"}),  # and a third
     (llama_model, {"hidden_act": "swish"}),  # silu's other name
     (llama_model, {"rms_norm_eps": 1e-2}),
     (llama_model, {"attention_bias": True, "mlp_bias": True}),
