@@ -684,15 +684,18 @@ def test_llama_fields_left_out_take_transformers_defaults(llama_dir, tmp_path, f
 
 
 def test_gpt2_fields_left_out_take_transformers_defaults(gpt2_dir, tmp_path):
-    """A GPT-2 config.json without layer_norm_epsilon or tie_word_embeddings means what transformers'
-    GPT2Config makes of it (eps 1e-5, a tied head): the converted model's logits are transformers'."""
+    """A GPT-2 config.json without the fields below means what transformers' GPT2Config makes of it (eps 1e-5, a
+    tied head, the tanh GELU, a hidden width of 4 * n_embd, scaled attention, 0.1 dropout at every site): the
+    converted model's logits are transformers'."""
     directory = shutil.copytree(gpt2_dir, tmp_path / "gpt2")
     config = json.loads((directory / "config.json").read_text())
-    for key in ("layer_norm_epsilon", "tie_word_embeddings"):
+    for key in ("layer_norm_epsilon", "tie_word_embeddings", "activation_function", "n_inner", "scale_attn_weights",
+                "scale_attn_by_inverse_layer_idx", "add_cross_attention", "embd_pdrop", "attn_pdrop", "resid_pdrop"):
         config.pop(key, None)
     (directory / "config.json").write_text(json.dumps(config))
     source = load_source(directory)
     assert (source.model_cfg.norm_eps, source.model_cfg.tie_embeddings) == (1e-5, True)
+    assert (source.model_cfg.ffn, source.model_cfg.ffn_width, source.model_cfg.dropout) == ("gelu-tanh", 128, 0.1)
     hf = transformers.GPT2LMHeadModel.from_pretrained(directory).eval().double()
     idx = tokens()
     with torch.no_grad():
