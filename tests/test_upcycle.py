@@ -594,6 +594,7 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
                "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
     ("llama", {"head_dim": 16}, "head_dim=16"),
+    ("llama", {"head_dim": 4}, "head_dim=4 is not hidden_size/num_attention_heads"),  # narrower heads, too
     ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ("gpt2", {"activation_function": "relu"}, "activation_function='relu'"),
     ("gpt2", {"model_type": "bert"}, "model_type='bert'"),
