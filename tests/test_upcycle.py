@@ -609,6 +609,7 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     ("gpt2", {"embd_pdrop": 1}, "embd_pdrop=1 must be a rate in [0, 1)"),  # every activation dropped
     ("llama", {"rope_theta": "abc", "rope_parameters": None}, 'rope_theta="abc" must be a number'),
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": [1]}}, "rope_theta=[1] must be"),
+    ("llama", {"rope_scaling": "linear"}, 'rope_scaling="linear" is not a dict of RoPE parameters'),
     ("llama", {"max_position_embeddings": 10**13}, "block_size=10000000000000 must be an integer in"),
     ("llama", {"head_dim": "16"}, 'head_dim="16" must be an integer'),
     # What gbattn cannot compute exactly, each refused in one line:
