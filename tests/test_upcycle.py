@@ -645,6 +645,8 @@ def test_inexact_conversions_refused_in_one_line(which, changes, message, reques
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 500.0}, "rope_theta": 100.0,
       "rope_scaling": {"rope_type": "default"}}, 100.0),
     ({"rope_parameters": None, "rope_theta": 100.0, "rope_scaling": {"type": "default", "rope_theta": 700.0}}, 700.0),
+    # a base written as a JSON integer (as many released configs write it)
+    ({"rope_parameters": None, "rope_theta": 300, "rope_scaling": {"rope_type": "default"}}, 300.0),
 ])
 def test_rope_entries_without_scaling_are_accepted(changes, base, llama_dir, tmp_path, float64_llama):
     """A ``default`` RoPE entry (what older configs write for no scaling) converts, with the base
