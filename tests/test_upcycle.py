@@ -666,18 +666,21 @@ def test_rope_entries_without_scaling_are_accepted(changes, base, llama_dir, tmp
 
 
 def test_llama_fields_left_out_take_transformers_defaults(llama_dir, tmp_path, float64_llama):
-    """A Llama config.json without tie_word_embeddings, num_key_value_heads or a RoPE base means what
-    transformers' LlamaConfig makes of it: an untied head (GPT-2's default is tied), as many key/value heads as
-    query heads and a RoPE base of 10000; and attention_dropout is the model's (attention-only) dropout rate."""
+    """A Llama config.json without tie_word_embeddings, num_key_value_heads, a RoPE base or the other fields below
+    means what transformers' LlamaConfig makes of it: an untied head (GPT-2's default is tied), as many key/value
+    heads as query heads, a RoPE base of 10000, 2048 positions, eps 1e-6, no dropout, silu and no biases; and
+    attention_dropout is the model's (attention-only) dropout rate."""
     directory = save_hf(llama_model(num_key_value_heads=4), tmp_path / "mha")
     config = json.loads((directory / "config.json").read_text())
     del config["tie_word_embeddings"], config["num_key_value_heads"]
-    for key in ("rope_theta", "rope_parameters", "rope_scaling"):
+    for key in ("rope_theta", "rope_parameters", "rope_scaling", "max_position_embeddings", "rms_norm_eps",
+                "attention_dropout", "hidden_act", "attention_bias", "mlp_bias", "head_dim"):
         config.pop(key, None)
     (directory / "config.json").write_text(json.dumps(config))
     source = load_source(directory)
     assert not source.model_cfg.tie_embeddings and source.model_cfg.kv_heads == 4
     assert source.model_cfg.rope_base == 10000.0
+    assert (source.model_cfg.block_size, source.model_cfg.norm_eps, source.model_cfg.dropout) == (2048, 1e-6, 0.0)
     hf = transformers.LlamaForCausalLM.from_pretrained(directory).eval().double()
     idx = tokens()
     with torch.no_grad():
