@@ -545,6 +545,9 @@ def _lfs_torch_bin(directory: Path) -> None:
 DAMAGED = {
     "training-checkpoint": (_training_checkpoint, "pytorch_model.bin is not a state dict of named tensors"),
     "shard-outside": (_shard_outside, "names shard '../outside.safetensors', which is not a file in"),
+    "no-weights": (lambda d: (d / "model.safetensors").unlink(),
+                   "has no model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
+                   "pytorch_model.bin.index.json"),
     "no-weight-map": (_index_without_weight_map, "has no weight_map of tensor names to shard files"),
     "shape": (_shorter_positions, "weight wpe.weight has shape (64, 32), the config implies (32, 32)"),
     # same number of elements: read as (in, out) it was another function
