@@ -542,8 +542,22 @@ def _lfs_torch_bin(directory: Path) -> None:
     (directory / "pytorch_model.bin").write_text(LFS_POINTER)
 
 
+def _torch_bin_holding(content):
+    """The weights replaced by a ``pytorch_model.bin`` holding ``content``."""
+
+    def damage(directory: Path) -> None:
+        (directory / "model.safetensors").unlink()
+        torch.save(content, directory / "pytorch_model.bin")
+
+    return damage
+
+
 DAMAGED = {
     "training-checkpoint": (_training_checkpoint, "pytorch_model.bin is not a state dict of named tensors"),
+    # tensors that are not a mapping of names (tracebacks without the check)
+    "tensor-list": (_torch_bin_holding([torch.zeros(2)]), "pytorch_model.bin is not a state dict of named tensors"),
+    "numbered-tensors": (_torch_bin_holding({0: torch.zeros(2)}), "pytorch_model.bin is not a state dict of named "
+                                                                  "tensors"),
     "shard-outside": (_shard_outside, "names shard '../outside.safetensors', which is not a file in"),
     "no-weights": (lambda d: (d / "model.safetensors").unlink(),
                    "has no model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
