@@ -542,6 +542,19 @@ def _lfs_torch_bin(directory: Path) -> None:
     (directory / "pytorch_model.bin").write_text(LFS_POINTER)
 
 
+def _without(name: str):
+    """The weight ``name`` left out of the checkpoint."""
+
+    def damage(directory: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(directory / "model.safetensors")
+        del weights[name]
+        save_file(weights, directory / "model.safetensors")
+
+    return damage
+
+
 def _torch_bin_holding(content):
     """The weights replaced by a ``pytorch_model.bin`` holding ``content``."""
 
@@ -563,6 +576,8 @@ DAMAGED = {
                    "has no model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
                    "pytorch_model.bin.index.json"),
     "no-weight-map": (_index_without_weight_map, "has no weight_map of tensor names to shard files"),
+    # the embedding (tied: the head too) left out, not stored as lm_head.weight either
+    "no-embedding": (_without("transformer.wte.weight"), "the checkpoint lacks the weight wte.weight"),
     "shape": (_shorter_positions, "weight wpe.weight has shape (64, 32), the config implies (32, 32)"),
     # same number of elements: read as (in, out) it was another function
     "transposed": (_attention_weight_transposed, "weight h.0.attn.c_attn.weight has shape (96, 32), the config "
