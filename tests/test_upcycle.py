@@ -1257,6 +1257,7 @@ def test_upcycled_run_records_its_parameters_and_how_it_was_made(gpt2_dir, tmp_p
     assert config["parameters"] == sum(p.numel() for p in upcycled_model(up).parameters()) > up.copied
     assert f"{up.copied:,} parameters copied, {up.new:,} new; attn=boosted" in out[1] and config["steps"] == 0
     assert config["extra"] == {"upcycled_from": gpt2_dir.name, "source_kind": "gpt2", "rule": up.rule, "seed": 5}
+    assert config["train"]["tokenizer"] == "hf"  # its tokenizer.json, which train --init-from then keeps
     written = rundir.load_run(tmp_path / "up").model.state_dict()
     assert all(torch.equal(written[k], v) for k, v in up.state.items())  # the recorded seed remakes the weights
 
