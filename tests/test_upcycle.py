@@ -873,6 +873,14 @@ def test_the_rule_names_no_gate_where_there_is_none(gpt2_dir):
                                                                        "normal init")
 
 
+def test_the_rule_names_the_parameters_it_zeroed(gpt2_dir):
+    """The rule recorded in the run (and printed) names what starts at zero: each kv_source zeroes other parameters."""
+    for options, start in (({}, "value rows W_V^m of the correction projections zeroed"),
+                           ({"kv_source": "input"}, "value rows W_V^m of the fused input projection zeroed"),
+                           ({"kv_source": "shared"}, "tanh gates zeroed (W_g = 0, b = 0")):
+        assert upcycle(gpt2_dir, "boosted", options).rule.startswith(start), options
+
+
 # --------------------------------------------------------------------------------------
 # Upcycling: the new parameters learn
 # --------------------------------------------------------------------------------------
