@@ -852,6 +852,17 @@ def test_a_source_weight_of_another_shape_is_refused(rows, message, gpt2_dir):
         upcycle(source, "boosted")
 
 
+@pytest.mark.parametrize("key,value", [("blocks.2.ln1.weight", torch.ones(32)), ("wte.weight", torch.zeros(50, 16))],
+                         ids=["unknown-name", "other-width"])
+def test_a_source_weight_the_new_model_has_no_place_for_is_refused(key, value, gpt2_dir):
+    """A :class:`Source` given to :func:`upcycle` directly holding a weight of a layer the model lacks, or a weight of
+    another width: refused naming it (without those checks, tracebacks: no such key, a copy that cannot broadcast)."""
+    source = load_source(gpt2_dir)
+    source.state[key] = value
+    with pytest.raises(CheckpointError, match=re.escape(f"weight {key} has no place in the boosted model")):
+        upcycle(source, "boosted")
+
+
 def test_no_correction_round_is_a_copy_and_says_so(gpt2_dir):
     up = upcycle(gpt2_dir, "boosted", {"rounds": 1})
     assert up.new == 0 and up.rule.startswith("a copy: no layer has a correction round")
