@@ -467,6 +467,15 @@ def test_a_tied_config_whose_checkpoint_stores_another_head_is_refused(make, emb
                                rtol=1e-10, atol=1e-10)
 
 
+def test_an_untied_checkpoint_without_its_embedding_is_refused_naming_it(tmp_path):
+    """Untied, the stored head is no stand-in for a missing embedding (only a tied checkpoint may keep the shared
+    tensor as lm_head.weight): "lacks the weight wte.weight", not a complaint about the head."""
+    directory = save_hf(gpt2_model(tie_word_embeddings=False), tmp_path / "hf")
+    _without("transformer.wte.weight")(directory)
+    with pytest.raises(CheckpointError, match=re.escape("the checkpoint lacks the weight wte.weight")):
+        load_source(directory)
+
+
 def _training_checkpoint(directory: Path) -> None:
     from safetensors.torch import load_file
 
