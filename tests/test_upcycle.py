@@ -467,6 +467,17 @@ def test_a_tied_config_whose_checkpoint_stores_another_head_is_refused(make, emb
                                rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("which,key", [("gpt2", "n_embd"), ("llama", "intermediate_size")])
+def test_a_config_lacking_a_size_is_refused_naming_it(which, key, request, tmp_path):
+    """A config.json without one of the sizes the conversion has no default for: one line naming it."""
+    directory = shutil.copytree(request.getfixturevalue(f"{which}_dir"), tmp_path / "edited")
+    config = json.loads((directory / "config.json").read_text())
+    del config[key]
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=re.escape(f"config.json lacks {key}: not a complete model config")):
+        load_source(directory)
+
+
 def test_an_untied_checkpoint_without_its_embedding_is_refused_naming_it(tmp_path):
     """Untied, the stored head is no stand-in for a missing embedding (only a tied checkpoint may keep the shared
     tensor as lm_head.weight): "lacks the weight wte.weight", not a complaint about the head."""
