@@ -789,6 +789,27 @@ def test_a_world_size_without_the_rest_of_torchrun_is_one_line(tmp_path, monkeyp
     assert not (tmp_path / "run").exists()
 
 
+def test_torchruns_variables_join_one_group_with_this_machines_gpu_index(monkeypatch):
+    """With all that torchrun sets, init_distributed asks to stop with torchrun, joins no second group where one is
+    joined already, and takes the GPU index (local_rank) from LOCAL_RANK, the rank and the world from the group:
+    process 3 of 4 is GPU 1 of its machine. The group here is a one-process gloo group, joined beforehand."""
+    import torch.distributed as dist
+
+    from gbattn.train import distributed
+
+    asked = []
+    monkeypatch.setattr(distributed, "stop_with_parent", lambda: asked.append("stop with torchrun"))
+    for name, value in {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "localhost",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        env = distributed.init_distributed("cpu")
+    finally:
+        dist.destroy_process_group()
+    assert env == distributed.DistEnv(rank=0, local_rank=1, world=1) and asked == ["stop with torchrun"]
+
+
 def test_a_run_resumed_on_another_number_of_processes_says_it_is_not_exact(tmp_path, monkeypatch, capsys):
     """A checkpoint of 2 processes resumed in one: the run went on and said 'redone, exactly', yet rank 1's dropout
     stream and the two-way gradient sum are gone (a 2-process DDP run killed at step 5 and resumed alone ended at
