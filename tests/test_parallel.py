@@ -810,6 +810,23 @@ def test_torchruns_variables_join_one_group_with_this_machines_gpu_index(monkeyp
     assert env == distributed.DistEnv(rank=0, local_rank=1, world=1) and asked == ["stop with torchrun"]
 
 
+def test_a_mistake_of_this_process_is_raised_as_itself():
+    """main_only and main_first raise this process's own error (its type and traceback: a TrainingDiverged, a
+    DataNotFound), not a UserError copied from its message as another process's is."""
+    from gbattn.errors import DataNotFound
+    from gbattn.train.distributed import DistEnv
+
+    error = DataNotFound("no corpus here")
+
+    def fail():
+        raise error
+
+    for share in (DistEnv().main_only, DistEnv().main_first):
+        with pytest.raises(DataNotFound) as raised:
+            share(fail)
+        assert raised.value is error
+
+
 def test_a_run_resumed_on_another_number_of_processes_says_it_is_not_exact(tmp_path, monkeypatch, capsys):
     """A checkpoint of 2 processes resumed in one: the run went on and said 'redone, exactly', yet rank 1's dropout
     stream and the two-way gradient sum are gone (a 2-process DDP run killed at step 5 and resumed alone ended at
