@@ -2566,4 +2566,8 @@ def test_weights_with_a_name_missing_or_unknown_are_refused_and_the_model_left_a
         load_full_state(model, {**state, "blocks.9.extra": torch.zeros(2)})
     with pytest.raises(ValueError, match=r"\(missing: ln_f\.weight\)"):
         load_full_state(model, {k: v for k, v in state.items() if k != "ln_f.weight"})
+    first = ", ".join(sorted(state)[:3])  # of many: the first three by name, then "..."
+    with pytest.raises(ValueError) as refused:
+        load_full_state(model, {})
+    assert str(refused.value) == f"its model weights do not match the model (missing: {first}, ...)"
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
