@@ -827,6 +827,27 @@ def test_a_mistake_of_this_process_is_raised_as_itself():
         assert raised.value is error
 
 
+def test_a_mistake_one_process_finds_is_every_processs_with_its_line_and_status():
+    """raise_together sends this process's error as its line and exit status; a process that found nothing raises
+    the line another found with that status (a diverged loss's 3, not a UserError's 2). Here the first of two
+    processes finds the loss diverged, the second nothing: each sees what the other sends."""
+    from gbattn.train.distributed import DistEnv
+    from gbattn.train.trainer import TrainingDiverged
+
+    class OneOfTwo(DistEnv):
+        def gather(self, obj) -> list:
+            sent.append(obj)
+            return [("loss became nan at step 2", 3), obj]
+
+    sent = []
+    with pytest.raises(TrainingDiverged):
+        OneOfTwo(rank=0, world=2).raise_together(TrainingDiverged("loss became nan at step 2"))
+    with pytest.raises(UserError) as raised:
+        OneOfTwo(rank=1, world=2).raise_together(None)
+    assert sent == [("loss became nan at step 2", 3), None]
+    assert (str(raised.value), raised.value.exit_code) == ("loss became nan at step 2", 3)
+
+
 def test_a_run_resumed_on_another_number_of_processes_says_it_is_not_exact(tmp_path, monkeypatch, capsys):
     """A checkpoint of 2 processes resumed in one: the run went on and said 'redone, exactly', yet rank 1's dropout
     stream and the two-way gradient sum are gone (a 2-process DDP run killed at step 5 and resumed alone ended at
