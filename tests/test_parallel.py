@@ -848,6 +848,38 @@ def test_a_mistake_one_process_finds_is_every_processs_with_its_line_and_status(
     assert (str(raised.value), raised.value.exit_code) == ("loss became nan at step 2", 3)
 
 
+def test_main_first_works_on_the_first_process_then_on_the_others_all_joining_each_collective():
+    """main_first (the data: prepared by the first process, read by the others) is two collectives that every
+    process joins, the first process working before the first, the others between the two, each passing on its
+    error instead of raising it alone (which left the other processes waiting). Here each process of two is run
+    alone, its peer taken to send what it sends."""
+    from gbattn.train.distributed import DistEnv
+
+    class OneOfTwo(DistEnv):
+        def gather(self, obj) -> list:
+            events.append(("collective", obj))
+            return [obj] * self.world
+
+    def work():
+        events.append("work")
+        if failing:
+            raise UserError("no data")
+        return "data"
+
+    said = ("no data", 2)
+    for rank, failing, expected in (
+            (0, False, ["work", ("collective", None), ("collective", None)]),
+            (1, False, [("collective", None), "work", ("collective", None)]),
+            (0, True, ["work", ("collective", said)]),
+            (1, True, [("collective", None), "work", ("collective", said)])):
+        events = []
+        try:
+            got = OneOfTwo(rank=rank, world=2).main_first(work)
+        except UserError as e:
+            got = str(e)
+        assert (got, events) == ("no data" if failing else "data", expected), (rank, failing)
+
+
 def test_a_run_resumed_on_another_number_of_processes_says_it_is_not_exact(tmp_path, monkeypatch, capsys):
     """A checkpoint of 2 processes resumed in one: the run went on and said 'redone, exactly', yet rank 1's dropout
     stream and the two-way gradient sum are gone (a 2-process DDP run killed at step 5 and resumed alone ended at
