@@ -421,6 +421,27 @@ def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained,
     assert Trainer(trained["run"], resume=True, overrides={"compile": False}).train_cfg.compile is False
 
 
+def test_resume_conflicts_name_a_variant_options_recorded_value_and_keep_vocab_size_apart(trained):
+    """A conflicting --set attn.X names the run's value of that variant option (attn.X is attn_options.X), not
+    None; and only vocab_size is compared with the vocabulary the command asked for: another model --set of that
+    number is a conflict."""
+    from gbattn.cli import build_parser
+    from gbattn.train.cli import resume_conflicts
+
+    saved = json.loads((trained["run"] / rundir.CONFIG).read_text())
+    model_cfg, train_cfg = rundir.read_configs(saved, trained["run"])
+    gated = model_cfg.replace(attn_options={"gate": "scalar"})
+    asked = saved["vocab_size_asked"]
+    parser = build_parser()
+
+    def conflicts(model, *sets):
+        args = parser.parse_args(["train", "--resume", "--out", str(trained["run"]), *sets])
+        return resume_conflicts(args, saved, model, train_cfg)
+
+    assert conflicts(gated, "--set", "attn.gate=vector") == ["--set attn.gate=vector (recorded: scalar)"]
+    assert conflicts(model_cfg, "--set", f"d_model={asked}") == [f"--set d_model={asked} (recorded: 32)"]
+
+
 def test_run_options_reach_the_training_config_of_a_new_and_a_resumed_run(trained, tmp_path, capsys, monkeypatch):
     """--seed, --tokenizer, --device, --threads and --no-compile of a new run, and the result-neutral
     --device, --threads and --no-compile of a resumed one, are what the trainer trains with."""
