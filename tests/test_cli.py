@@ -83,6 +83,7 @@ def test_list_shows_variants_and_presets(capsys):
          "--set attn.rounds.x: rounds=2 has no fields to set"),
         (["frobnicate"], "invalid choice"),
         (["train", "--out", "new-run"], "--data is required for a new run"),  # (not "data=None must be a string")
+        (["train", "--out", "new-run", "--set", "data="], "--data is required for a new run"),  # not "no --data given"
         (["train", "--out", "new-run", "--resume", "--restart"],
          "--resume continues the run in --out and --restart replaces it: give one of them"),
     ],
