@@ -444,19 +444,22 @@ def test_resume_conflicts_name_a_variant_options_recorded_value_and_keep_vocab_s
 
 def test_run_options_reach_the_training_config_of_a_new_and_a_resumed_run(trained, tmp_path, capsys, monkeypatch):
     """--seed, --tokenizer, --device, --threads and --no-compile of a new run, and the result-neutral
-    --device, --threads and --no-compile of a resumed one, are what the trainer trains with."""
+    --device, --threads and --no-compile of a resumed one, are what the trainer trains with; a new run without
+    --attn and --preset is standard attention with paper-small's recipe."""
     from gbattn.train.trainer import Trainer
 
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
-    seen = []
+    seen, made = [], []
     summary = dict.fromkeys(("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s"))
-    monkeypatch.setattr(Trainer, "run", lambda self: seen.append(self.train_cfg) or summary)
+    monkeypatch.setattr(Trainer, "run", lambda self: seen.append(self.train_cfg)
+                        or made.append((self.model_cfg.attn, self.preset, self.quiet)) or summary)
     options = ["--device", "cpu", "--threads", "2", "--no-compile", "--quiet"]
     code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "new", "--data", trained["data"], "--tokenizer",
                                     "char", "--seed", "7", *options])
     assert code == 0, err
     assert (seen[0].seed, seen[0].tokenizer, seen[0].device, seen[0].threads, seen[0].compile) == (7, "char", "cpu", 2,
                                                                                                    False)
+    assert made == [("standard", "paper-small", True)]
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
     (run / rundir.RESULT).unlink()
