@@ -84,6 +84,8 @@ def test_list_shows_variants_and_presets(capsys):
         (["frobnicate"], "invalid choice"),
         (["train", "--out", "new-run"], "--data is required for a new run"),  # (not "data=None must be a string")
         (["train", "--out", "new-run", "--set", "data="], "--data is required for a new run"),  # not "no --data given"
+        # a folder that is not there is no run (not "holds no run to resume ... start it with the command ...")
+        (["train", "--resume", "--out", "no-such-run"], "no-such-run/config.json not found"),
         (["train", "--out", "new-run", "--resume", "--restart"],
          "--resume continues the run in --out and --restart replaces it: give one of them"),
     ],
