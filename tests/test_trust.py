@@ -445,18 +445,21 @@ def test_resume_conflicts_name_a_variant_options_recorded_value_and_keep_vocab_s
 def test_run_options_reach_the_training_config_of_a_new_and_a_resumed_run(trained, tmp_path, capsys, monkeypatch):
     """--seed, --tokenizer, --device, --threads and --no-compile of a new run, and the result-neutral
     --device, --threads and --no-compile of a resumed one, are what the trainer trains with; a new run without
-    --attn and --preset is standard attention with paper-small's recipe."""
+    --attn and --preset is standard attention with paper-small's recipe. The JSON line printed is the result's summary,
+    its test split included."""
     from gbattn.train.trainer import Trainer
 
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     seen, made = [], []
-    summary = dict.fromkeys(("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s"))
+    summary = {**dict.fromkeys(("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s")),
+               "test_split": "valid"}  # (the data has no test split)
     monkeypatch.setattr(Trainer, "run", lambda self: seen.append(self.train_cfg)
                         or made.append((self.model_cfg.attn, self.preset, self.quiet)) or summary)
     options = ["--device", "cpu", "--threads", "2", "--no-compile", "--quiet"]
-    code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "new", "--data", trained["data"], "--tokenizer",
-                                    "char", "--seed", "7", *options])
+    code, out, err = run_cli(capsys, ["train", "--out", tmp_path / "new", "--data", trained["data"], "--tokenizer",
+                                      "char", "--seed", "7", *options])
     assert code == 0, err
+    assert json.loads(out) == summary
     assert (seen[0].seed, seen[0].tokenizer, seen[0].device, seen[0].threads, seen[0].compile) == (7, "char", "cpu", 2,
                                                                                                    False)
     assert made == [("standard", "paper-small", True)]
@@ -468,6 +471,7 @@ def test_run_options_reach_the_training_config_of_a_new_and_a_resumed_run(traine
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, *options])
     assert code == 0, err
     assert (seen[1].seed, seen[1].device, seen[1].threads, seen[1].compile) == (42, "cpu", 2, False)
+    assert made[1] == ("boosted", "paper-small", True)
 
 
 def test_init_from_trains_on_the_data_given(trained, tmp_path, capsys, monkeypatch):
