@@ -1140,6 +1140,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         # --restart deleted the weights it was to start from, then failed:
         ("--init-from its own --out, restarted", ["train", "--init-from", run, "--out", run, "--restart"],
          f"--init-from {run} is --out: a run started from its weights goes to another --out"),
+        ("--init-from its own --out by another path", ["train", "--init-from", f"{run}/../{run.name}", "--out", run,
+                                                       "--restart"], f"--init-from {run}/../{run.name} is --out: "),
         ("--set split of a corpus in split files", [*new_run, "--set", "split=[0.8,0.1,0.1]"],  # was ignored
          f"--set split cuts a single text file by characters; --data {data} has its own train, valid and test "
          f"splits: leave it out"),
