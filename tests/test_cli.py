@@ -336,6 +336,20 @@ def test_every_option_help_says_what_it_does_and_its_default():
             else (name not in tokenizer_help and "else bpe" in tokenizer_help), (name, tokenizer)
 
 
+def test_train_init_from_a_hugging_face_checkpoint_says_to_upcycle_it_first(tmp_path, capsys):
+    """--init-from a Hugging Face checkpoint's directory (its config.json another model's) is one line saying how to
+    convert it, not what a run's config.json lacks."""
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text('{"model_type": "llama"}')
+    code, out, err = run_cli(capsys, ["train", "--init-from", llama, "--out", tmp_path / "new"])
+    assert (code, out) == (2, "")
+    assert err == (f"gbattn: error: {llama} is a Hugging Face checkpoint (llama), not a gbattn run: convert it "
+                   f"first with `gbattn upcycle {llama} --attn standard --out DIR` (or --attn boosted), then "
+                   f"--init-from DIR\n")
+    assert not (tmp_path / "new").exists()
+
+
 def test_a_file_given_for_a_run_or_comparison_directory_is_named_as_a_file(tmp_path, capsys):
     """`train --resume --out FILE`, `train --init-from FILE` and `plot FILE` said "FILE/config.json not found: is
     FILE a gbattn run directory?" (a path that cannot exist): one line naming FILE as a file, status 2."""
