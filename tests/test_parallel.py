@@ -750,6 +750,9 @@ def test_the_stop_signal_is_sigterm_where_any_process_received_one():
     ("", 0, ""),  # a job script's empty export: one process
     ("two", 2, "gbattn: error: WORLD_SIZE='two' in the environment is not a number of processes (torchrun sets "
                "it): unset it to run in one process\n"),
+    (" ", 0, ""),  # blank is empty
+    ("0", 2, "gbattn: error: WORLD_SIZE='0' in the environment is not a number of processes (torchrun sets "
+             "it): unset it to run in one process\n"),
 ])
 def test_a_world_size_not_a_number_is_one_line_for_every_command(monkeypatch, capsys, world, code, message):
     """Every command reads WORLD_SIZE (to refuse torchrun): an empty or bad one was a traceback, `gbattn list` too."""
