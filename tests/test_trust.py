@@ -490,6 +490,26 @@ def test_init_from_trains_on_the_data_given(trained, tmp_path, capsys, monkeypat
         assert (seen[-1].data, seen[-1].init_from, seen[-1].tokenizer) == (data, str(trained["run"]), "char")
 
 
+def test_init_from_keeps_the_source_runs_split_and_windows(trained, tmp_path, capsys, monkeypatch):
+    """A run started --init-from trains on the source run's split and windows (seq_len), not its preset's; the
+    source's tokenizer and split given again change nothing and are accepted."""
+    from gbattn.train.trainer import Trainer
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    source = tmp_path / "source"
+    shutil.copytree(trained["run"], source)
+    config = json.loads((source / rundir.CONFIG).read_text())
+    config["train"].update(seq_len=16, split=[0.8, 0.1, 0.1])
+    (source / rundir.CONFIG).write_text(json.dumps(config))
+    seen = []
+    summary = dict.fromkeys(("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s"))
+    monkeypatch.setattr(Trainer, "run", lambda self: seen.append(self.train_cfg) or summary)
+    code, _, err = run_cli(capsys, ["train", "--init-from", source, "--out", tmp_path / "new", "--quiet",
+                                    "--tokenizer", "char", "--set", "split=[0.8,0.1,0.1]"])
+    assert code == 0, err
+    assert (seen[0].seq_len, list(seen[0].split), seen[0].init_from) == (16, [0.8, 0.1, 0.1], str(source))
+
+
 def test_a_new_run_without_a_preset_is_paper_small(trained, tmp_path, capsys, monkeypatch):
     """``train`` without --preset trains paper-small, with its recipe, and records that preset."""
     from gbattn.config import PRESETS
