@@ -937,7 +937,8 @@ def test_main_leaves_an_ignored_ctrl_c_ignored_while_starting(capsys, monkeypatc
 
 
 def test_resolve_device_refuses_what_torch_cannot_name():
-    """A non-string device and `cuda:x` (torch's RuntimeError) are one-line UserErrors."""
+    """A non-string device, `cuda:x` (torch's RuntimeError) and mps where it is not allowed are one-line
+    UserErrors."""
     import torch
 
     from gbattn.errors import UserError
@@ -949,6 +950,11 @@ def test_resolve_device_refuses_what_torch_cannot_name():
         patch.setattr(torch.cuda, "is_available", lambda: True)
         with pytest.raises(UserError, match=r"^device='cuda:x' is not allowed; choose auto, cpu, cuda, cuda:N$"):
             resolve_device("cuda:x")
+    # mps only where the caller allows it (load_run), and then named among the choices
+    with pytest.raises(UserError, match=r"^device='mps' is not allowed; choose auto, cpu, cuda, cuda:N$"):
+        resolve_device("mps")
+    with pytest.raises(UserError, match=r"^device='xpu' is not allowed; choose auto, cpu, cuda, cuda:N or mps$"):
+        resolve_device("xpu", mps=True)
 
 
 def test_autocast_is_bfloat16_and_the_cpu_device_name_counts_threads(monkeypatch):
