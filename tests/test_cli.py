@@ -509,6 +509,7 @@ def test_autocast_and_explicit_threads(monkeypatch):
     from gbattn import runtime
 
     assert runtime.autocast(torch.device("cpu"), "auto") is contextlib.nullcontext
+    assert runtime.autocast(torch.device("mps"), "auto") is contextlib.nullcontext  # CUDA only, a Mac's GPU too
     assert runtime.autocast(torch.device("cuda"), "off") is contextlib.nullcontext
     assert runtime.autocast(torch.device("cuda"), "auto") is not contextlib.nullcontext
     with runtime.autocast(torch.device("cpu"), "bf16")():
