@@ -491,8 +491,9 @@ def test_init_from_trains_on_the_data_given(trained, tmp_path, capsys, monkeypat
 
 
 def test_init_from_keeps_the_source_runs_split_and_windows(trained, tmp_path, capsys, monkeypatch):
-    """A run started --init-from trains on the source run's split and windows (seq_len), not its preset's; the
-    source's tokenizer and split given again change nothing and are accepted."""
+    """A run started --init-from trains on the source run's split and windows (seq_len), not its preset's, and records
+    the source among its extras; the source's tokenizer and split given again change nothing and are accepted, and
+    --restart reaches the trainer."""
     from gbattn.train.trainer import Trainer
 
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
@@ -503,11 +504,14 @@ def test_init_from_keeps_the_source_runs_split_and_windows(trained, tmp_path, ca
     (source / rundir.CONFIG).write_text(json.dumps(config))
     seen = []
     summary = dict.fromkeys(("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s"))
-    monkeypatch.setattr(Trainer, "run", lambda self: seen.append(self.train_cfg) or summary)
-    code, _, err = run_cli(capsys, ["train", "--init-from", source, "--out", tmp_path / "new", "--quiet",
+    monkeypatch.setattr(Trainer, "run", lambda self: seen.append(self) or summary)
+    code, _, err = run_cli(capsys, ["train", "--init-from", source, "--out", tmp_path / "new", "--quiet", "--restart",
                                     "--tokenizer", "char", "--set", "split=[0.8,0.1,0.1]"])
     assert code == 0, err
-    assert (seen[0].seq_len, list(seen[0].split), seen[0].init_from) == (16, [0.8, 0.1, 0.1], str(source))
+    (trainer,) = seen
+    assert (trainer.train_cfg.seq_len, list(trainer.train_cfg.split), trainer.train_cfg.init_from) == (
+        16, [0.8, 0.1, 0.1], str(source))
+    assert (trainer.extra, trainer.restart) == ({"init_from": str(source)}, True)
 
 
 def test_a_new_run_without_a_preset_is_paper_small(trained, tmp_path, capsys, monkeypatch):
