@@ -1002,7 +1002,8 @@ def test_the_cpu_device_name_holds_the_cpu_model(monkeypatch, tmp_path):
 
 def test_rng_states_of_a_cuda_device_are_its_generators(monkeypatch):
     """On CUDA, dropout draws from the device's generator: rng_state/set_rng_state use it, a checkpoint
-    holds both generators; on the CPU only the CPU's, even when the checkpoint came from a GPU run."""
+    holds both generators; on the CPU only the CPU's, even when the checkpoint came from a GPU run, and on a GPU only
+    the CPU's where the checkpoint came from a CPU run."""
     import torch
 
     from gbattn import runtime
@@ -1022,6 +1023,8 @@ def test_rng_states_of_a_cuda_device_are_its_generators(monkeypatch):
     runtime.restore_rng_states({"torch": cpu_state, "cuda": "g"}, torch.device("cpu"))
     assert calls == []
     runtime.restore_rng_states({"torch": cpu_state, "cuda": "g"}, cuda)
+    assert calls == [("g", cuda)]
+    runtime.restore_rng_states({"torch": cpu_state}, cuda)  # a CPU run's checkpoint resumed on a GPU: its own stream
     assert calls == [("g", cuda)]
 
 
