@@ -1031,7 +1031,8 @@ def test_rng_states_of_a_cuda_device_are_its_generators(monkeypatch):
 def test_busy_cores_fall_back_to_the_load_average_and_proc_stat_edge_cases(monkeypatch):
     """Two /proc/stat readings with no time between them, or none: the load average (none readable:
     nothing busy); the sample waits `interval` (0.2 s by default); guest time (fields 9-10, already in
-    user and nice) is not counted twice; a line of fewer than five fields is unreadable."""
+    user and nice) is not counted twice, steal time is; a line of fewer than five fields, or with a value that is not a
+    number, is unreadable."""
     import io
 
     from gbattn import runtime
@@ -1051,7 +1052,9 @@ def test_busy_cores_fall_back_to_the_load_average_and_proc_stat_edge_cases(monke
     monkeypatch.setattr(runtime.os, "cpu_count", lambda: 64)
     assert runtime.busy_cores() == 0.0 and runtime.free_cores() == 3
     monkeypatch.undo()
-    for line, expected in (("cpu  100 5 50 800 40 3 2 0 7 9\n", (160.0, 1000.0)), ("cpu  100 5 50 800\n", None)):
+    for line, expected in (("cpu  100 5 50 800 40 3 2 0 7 9\n", (160.0, 1000.0)), ("cpu  100 5 50 800\n", None),
+                           ("cpu  100 5 50 800 40 3 2 6 7 9\n", (166.0, 1006.0)),  # steal time (field 8) is busy
+                           ("cpu  100 x 50 800 40\n", None)):  # a value that is not a number: unreadable
         monkeypatch.setattr(runtime, "open", lambda *a, line=line, **k: io.StringIO(line), raising=False)
         assert runtime._cpu_times() == expected
 
