@@ -1071,6 +1071,8 @@ def test_default_threads_divide_among_this_machines_processes_only(monkeypatch):
     assert runtime.default_threads() == 8
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert runtime.default_threads() == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "0")  # not a number of processes: ignored
+    assert runtime.default_threads() == 8
 
 
 def test_command_line_quotes_arguments_and_falls_back_to_sys_argv(monkeypatch):
