@@ -296,6 +296,10 @@ def test_a_run_started_elsewhere_finds_its_data_by_another_path(trained, tmp_pat
     other = write_corpus(tmp_path / "other", seed=1)
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--data", other])
     assert "--data" in one_line(code, err)  # another corpus is still refused
+    # the same corpus by another path excuses --data alone: another option given with it is still refused
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--data", tmp_path / "corpus",
+                                    "--seed", "7"])
+    assert "--seed 7 (recorded: 42)" in one_line(code, err)
 
 
 def test_resume_refuses_options_that_would_change_the_run(trained, capsys, monkeypatch):
