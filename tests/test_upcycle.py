@@ -1352,10 +1352,13 @@ def test_a_run_whose_config_lost_a_section_is_called_so(lost, gbattn_dir, tmp_pa
 
 
 def test_a_hugging_face_config_with_a_field_named_like_a_run_section_converts(gpt2_dir, tmp_path):
-    """A config.json with a model_type is a Hugging Face config even when it holds a field named "train" (a field
-    transformers keeps as an attribute): converted, not called a run that lost its model section."""
+    """A config.json with a model_type is a Hugging Face config even when it holds a field named "train", or fields
+    named "model" and "train" (fields transformers keeps as attributes): converted, not called a run that lost its
+    model section, nor read as a run."""
     directory = _edit_config(gpt2_dir, tmp_path / "edited", train={"lr": 0.1})
     assert load_source(directory).kind == "gpt2"
+    both = _edit_config(gpt2_dir, tmp_path / "both", train={"lr": 0.1}, model={"name": "mine"})  # and "model" too
+    assert load_source(both).kind == "gpt2"
 
 
 def test_a_source_holding_weights_without_a_config_is_called_an_unfinished_run(gbattn_dir, tmp_path, capsys):

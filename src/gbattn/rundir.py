@@ -506,7 +506,8 @@ def gbattn_section(config: dict, where: str | Path) -> dict | None:
     if isinstance(config.get("gbattn"), dict):
         check_standard_names(config, where)
         return check_config(config["gbattn"], f"{where} (gbattn)")
-    return config if "model" in config and "train" in config else None
+    # a run's own config.json has no model_type; a Hugging Face config with fields named model and train does
+    return config if "model" in config and "train" in config and "model_type" not in config else None
 
 
 def refuse_hf_checkpoint(config: dict, path: str | Path, then: str = "give DIR") -> None:
