@@ -989,7 +989,7 @@ def test_new_parameters_get_gradient(gpt2_dir, attn, options, live):
     ("boosted", ["attn.rounds=0"], "attn.rounds"),
     ("boosted", ["attn.layers=[5]"], "[5] outside the model's 2 layers"),
     # not a variant at all: upcycle's own line, not the registry's, which offers twicing and differential too
-    ("bogus", [], "--attn 'bogus' cannot be upcycled to; choose boosted, gated or standard (a copy)"),
+    ("bogus", [], "attn='bogus' is not allowed; choose one of boosted, gated, standard"),
 ])
 def test_refusals_are_one_line_exit_2(gbattn_dir, tmp_path, capsys, attn, sets, message):
     argv = ["upcycle", str(gbattn_dir), "--attn", attn, "--out", str(tmp_path / "out")]

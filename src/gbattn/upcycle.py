@@ -29,6 +29,7 @@ from typing import Any
 
 from gbattn import arguments
 
+UPCYCLED = ("boosted", "gated", "standard")  # the variants upcycling makes (standard: a copy)
 REFUSED = {
     "twicing": "twicing cannot be upcycled exactly: its output 2AV - A(AV) differs from the source's AV and it has no "
                "parameters that could start at zero; train it from scratch, or upcycle to boosted or gated",
@@ -101,17 +102,16 @@ class Upcycled:
 def upcycle(source, attn: str, options: dict | None = None, seed: int = 0) -> Upcycled:
     """``source`` (a path, or a :class:`gbattn.convert.Source`) as a model of attention ``attn`` with
     ``options`` that computes the same function; see the module docstring for the rules."""
-    from gbattn.attention.registry import VARIANTS, variant_options
+    from gbattn.attention.registry import variant_options
     from gbattn.checks import check_choice
     from gbattn.config import ModelConfig
     from gbattn.convert import Source, load_source
     from gbattn.errors import UserError
 
-    check_choice("attn", attn, tuple(VARIANTS))  # a typo is named as every command names it (did you mean ...?)
     if attn in REFUSED:
         raise UserError(REFUSED[attn])
-    if attn not in ("standard", "boosted", "gated"):
-        raise UserError(f"--attn {attn!r} cannot be upcycled to; choose boosted, gated or standard (a copy)")
+    # a typo is named as every command names it (did you mean ...?), among the variants upcycling makes
+    check_choice("attn", attn, UPCYCLED)
     variant_options(attn, options)  # before the source, whose weights may take minutes to read (layers: checked below)
     src = source if isinstance(source, Source) else load_source(source)
     if src.model_cfg.attn != "standard":
