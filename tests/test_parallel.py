@@ -342,7 +342,7 @@ def test_a_killed_torchrun_leaves_no_process_training(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
     run, err = tmp_path / "run", tmp_path / "err"
     with open(err, "w") as stderr:
-        proc = subprocess.Popen([*TORCHRUN, "--out", str(run), *_train_argv(data, 100_000), "--set", "eval_every=2"],
+        proc = subprocess.Popen([*TORCHRUN, "--out", str(run), *_train_argv(data, 100_000, eval_every=2)],
                                 stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     workers = []
     try:
@@ -466,12 +466,13 @@ def test_fsdp2_gradients_are_the_single_process_average(tmp_path):
                                        msg=lambda m, c=case, n=name: f"{c} {n}: {m}")
 
 
-def _train_argv(data, steps: int) -> list[str]:
+def _train_argv(data, steps: int, **sets) -> list[str]:
+    """A tiny GBA + AttnRes run's train options; ``sets`` replace the --set values (a field given twice is refused)."""
     argv = ["--preset", "paper-small", "--attn", "boosted", "--residual", "attnres-block", "--data", str(data),
-            "--tokenizer", "char", "--quiet", "--set", "dropout=0.0", "--set", "batch_size=8",
-            "--set", f"max_steps={steps}", "--set", "eval_every=3", "--set", "warmup_steps=2", "--set", "lr=3e-3",
-            "--set", "train_tokens=null", "--set", "eval_tokens=null", "--set", "attn.gate=scalar"]
-    for k, v in TINY.items():
+            "--tokenizer", "char", "--quiet"]
+    values = {"dropout": 0.0, "batch_size": 8, "max_steps": steps, "eval_every": 3, "warmup_steps": 2, "lr": 3e-3,
+              "train_tokens": "null", "eval_tokens": "null", "attn.gate": "scalar", **TINY, **sets}
+    for k, v in values.items():
         argv += ["--set", f"{k}={v}"]
     return argv
 
@@ -513,7 +514,7 @@ def test_an_interrupted_run_of_two_processes_resumes_exactly(tmp_path, parallel)
     (every process resumes its own random stream)."""
     data = write_corpus(tmp_path / "c")
     env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
-    argv = [*_train_argv(data, 40), "--set", f"parallel={parallel}", "--set", "dropout=0.1"]
+    argv = [*_train_argv(data, 40, parallel=parallel, dropout=0.1)]
     ref = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "ref"), *argv], capture_output=True, text=True, env=env)
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert ref.stdout.count('"test_ppl"') == 1, ref.stdout  # one summary, not one per process
@@ -644,9 +645,9 @@ def test_processes_whose_clocks_disagree_save_time_based_checkpoints_together(tm
     data = write_corpus(tmp_path / "c", lines_per_split=(60, 20, 20))
     env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                             str(worker), "train", "--out", str(tmp_path / "run"), *_train_argv(data, 4),
-                             "--set", "eval_every=100"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                             str(worker), "train", "--out", str(tmp_path / "run"),
+                             *_train_argv(data, 4, eval_every=100)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         _, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
