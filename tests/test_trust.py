@@ -1718,6 +1718,9 @@ def test_a_config_field_of_another_type_is_refused_in_a_run_and_in_an_exported_g
                             ({"seq_len": True}, "seq_len=True must be an integer"),  # a bool is no count
                             ({"step": -3}, "step=-3 must be >= 0"),  # eval reported "weights at step -3"
                             ({"step": -1}, "step=-1 must be >= 0"),  # the first value refused
+                            # compare's reuse check printed "the warmup over its -1 steps: recorded -5, asked 0"
+                            ({"steps": -1}, "steps=-1 must be >= 0"),
+                            ({"warmup_steps": -5}, "warmup_steps=-5 must be >= 0"),
                             ({"data": {"fingerprint": 7}}, "fingerprint=7 must be a string"),
                             # compare's check_run computes the warmup over these: a TypeError traceback
                             ({"steps": "180"}, "steps='180' must be an integer"),

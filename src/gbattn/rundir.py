@@ -466,8 +466,9 @@ def check_config(config: dict, where: str | Path) -> dict:
     _check_fields(config.get("data") or {}, _DATA_FIELDS, f"{where} (data)")
     if isinstance(config.get("seq_len"), int) and config["seq_len"] < 1:
         raise CheckpointError(f"{where}: seq_len={config['seq_len']} must be >= 1")
-    if isinstance(config.get("step"), int) and config["step"] < 0:  # an export's step, which eval reports
-        raise CheckpointError(f"{where}: step={config['step']} must be >= 0")
+    for count in ("step", "steps", "warmup_steps"):  # an export's step, which eval reports; a run's steps and warmup
+        if isinstance(config.get(count), int) and config[count] < 0:
+            raise CheckpointError(f"{where}: {count}={config[count]} must be >= 0")
     return config
 
 
