@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
 import stat
@@ -2026,6 +2027,22 @@ def test_old_records_keep_their_meaning_and_a_results_curve_is_checked(trained, 
     (tmp_path / rundir.RESULT).write_text(json.dumps(result))
     with pytest.raises(rundir.CheckpointError, match="validation curve is malformed"):
         rundir.read_result(tmp_path / rundir.RESULT)
+
+
+def test_a_result_with_a_value_no_run_can_record_is_refused(trained, tmp_path):
+    """A perplexity below 1, a negative count or a NaN (write_json writes none: null) in a result.json was published
+    in compare's table as measured; the trained run's own values are accepted."""
+    result = json.loads((trained["run"] / rundir.RESULT).read_text())
+    rundir.read_result(trained["run"] / rundir.RESULT)
+    for key, value, message in (("test_ppl", 0.5, "test_ppl=0.5 must be >= 1"),
+                                ("valid_ppl", float("nan"), "valid_ppl=nan must be >= 1"),
+                                ("valid_loss", -0.1, "valid_loss=-0.1 must be >= 0"),
+                                ("parameters", 0, "parameters=0 must be >= 1"),
+                                ("train_flops", -1.0, "train_flops=-1.0 must be >= 0"),
+                                ("steps", -2, "steps=-2 must be >= 0")):
+        (tmp_path / rundir.RESULT).write_text(json.dumps({**result, key: value}))
+        with pytest.raises(rundir.CheckpointError, match=re.escape(message)):
+            rundir.read_result(tmp_path / rundir.RESULT)
 
 
 def test_a_lock_file_that_is_a_fifo_is_refused(tmp_path):

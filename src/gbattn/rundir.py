@@ -545,6 +545,9 @@ _RESULT_FIELDS = {"attn": (str,), "attn_options": (dict,), "d_model": (int,), "p
                   "steps": (int,), "train_tokens_seen": (int,), "tokens_per_parameter": _NUMBER,
                   "train_flops": _NUMBER, "wall_clock_s": _NUMBER, "train_tokens_per_s": _NUMBER, "device": (str,),
                   "curve": (list,)}
+# The least value of each count or measure a finished run records: a perplexity is exp(a loss >= 0).
+_RESULT_LEAST = {**{k: 0 for k, kind in _RESULT_FIELDS.items() if kind in (_NUMBER, (int,))},
+                 "d_model": 1, "parameters": 1, "test_ppl": 1, "valid_ppl": 1}
 
 
 def read_result(path: str | Path) -> dict:
@@ -553,6 +556,9 @@ def read_result(path: str | Path) -> dict:
     # Perplexities and losses may be null: write_json stores an infinite one (a loss >= 50) or NaN so.
     _check_fields(result, _RESULT_FIELDS, path, required=tuple(k for k in _RESULT_FIELDS
                                                                  if k not in ("test_ppl", "valid_ppl", "valid_loss")))
+    for key, least in _RESULT_LEAST.items():  # write_json never writes NaN (null): a hand-made one is refused too
+        if result.get(key) is not None and not result[key] >= least:
+            raise CheckpointError(f"{path}: {key}={result[key]!r} must be >= {least}")
     if not valid_curve(result["curve"]):
         raise CheckpointError(f"{path}: its validation curve is malformed (points need step, tokens, valid_loss and "
                               f"valid_ppl)")
