@@ -926,7 +926,7 @@ def test_a_process_the_checkpoint_holds_no_stream_of_draws_a_stream_of_its_own(t
     streams = {}
     for rank in (0, 1, 1):
         trainer.dist = DistEnv(rank=rank, world=2)
-        trainer._load(run / rundir.CHECKPOINT)
+        trainer._load(rundir.load_checkpoint(run / rundir.CHECKPOINT), run / rundir.CHECKPOINT)
         state = torch.get_rng_state()
         assert streams.setdefault(rank, state).equal(state)  # the same stream on every resume
     assert torch.equal(streams[0], saved[0]["torch"]) and not torch.equal(streams[1], streams[0])

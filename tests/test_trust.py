@@ -1008,7 +1008,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("checkpoint with a negative step", ["train", "--resume", "--out", broken["negative-step"], "--quiet"],
          "step=-10"),
         ("checkpoint lacking a weight", ["train", "--resume", "--out", broken["lacking-weight"], "--quiet"],
-         "its model weights do not match the model (missing: ln_f.weight)"),
+         "do not match its config (Missing key(s) in state_dict: \"ln_f.weight\""),
         # A finished run resumed at a step past its end wrote its result at once; "2" was read as 2:
         ("checkpoint with a step beyond the run", ["train", "--resume", "--out", broken["step-beyond"], "--quiet"],
          "step=1000000 and tokens_seen=1024 must be integers, 0 <= step <= 4 (the run's steps)"),
@@ -1764,6 +1764,12 @@ def test_a_config_larger_than_its_weights_is_refused_before_the_model_takes_memo
     (run / rundir.CONFIG).write_text(json.dumps(config))
     code, _, err = run_cli(capsys, ["eval", run])
     assert f"the weights in {run} do not match its config (size mismatch for wte.weight" in one_line(code, err), err
+    # train --resume built the model of the edited config before reading its checkpoint
+    torch.save({**rundir.load_checkpoint(run / rundir.BEST), "step": 1}, run / rundir.CHECKPOINT)
+    (run / rundir.RESULT).unlink()
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
+    assert (f"the weights in {run / rundir.CHECKPOINT} do not match its config (size mismatch for wte.weight"
+            in one_line(code, err)), err
 
 
 def test_a_nested_weight_is_refused_in_one_line_not_a_traceback(trained, tmp_path, capsys):

@@ -253,6 +253,12 @@ class Trainer:
                                 f"{self.seq_len + 1}; {self._advice(split, count)}")
         self.warmup, warmup_note = fitted_warmup(cfg, self.total_steps)
 
+        # The checkpoint's weights checked against a model on the meta device before the model takes memory: a
+        # config.json edited to sizes they do not have is one line, not "out of memory" (rundir.model_holding).
+        state = rundir.load_checkpoint(self.run_dir / rundir.CHECKPOINT, self.device) if has_checkpoint else None
+        if state is not None:
+            with torch.device("meta"):
+                rundir.load_weights(GPT(self.model_cfg), state["model"], self.run_dir / rundir.CHECKPOINT)
         torch.manual_seed(cfg.seed)  # identical initial weights on every process
         self.model = GPT(self.model_cfg).to(self.device)
         if self.start is not None:
@@ -274,8 +280,8 @@ class Trainer:
         # averages the same steps as the uninterrupted run's.
         self.window_loss, self.window_n = 0.0, 0
         self.saved_processes = None  # how many processes the resumed checkpoint holds random streams of
-        if has_checkpoint:
-            self._load(self.run_dir / rundir.CHECKPOINT)
+        if state is not None:
+            self._load(state, self.run_dir / rundir.CHECKPOINT)
         self.dist.main_only(lambda: self._write_config(resumed=has_checkpoint))
         other_processes = self.saved_processes not in (None, self.dist.world)  # resumed, but not exactly
         if self.show:
@@ -425,9 +431,8 @@ class Trainer:
         state = self._state()
         self.dist.main_only(lambda: rundir.save_checkpoint(state, self.run_dir / rundir.CHECKPOINT))
 
-    def _load(self, path: Path) -> None:
-        state = rundir.load_checkpoint(path, map_location=self.device)
-        rundir.check_finite(state["model"], path)  # as every other reader of weights does
+    def _load(self, state: dict, path: Path) -> None:
+        """The run's state from ``state``, its checkpoint read from ``path`` (its weights checked by load_weights)."""
         try:
             check_optimizer_moments(state["model"], state["optimizer"], self.optimizer)
             # AdamW's settings are the run's (its config, this device), not the file's: a checkpoint's eps of "x" or
