@@ -469,7 +469,9 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
     code = cli_main(["plot", str(short), "--gap", "gba-m2", "--out", str(tmp_path / "fig3")])  # against standard
     assert code == 0 and json.loads((tmp_path / "fig3" / "gap.json").read_text())["references"] == ["standard"]
     code = cli_main(["plot", str(short), "--gap", "gba-m3", "--out", str(tmp_path / "fig2")])
-    assert code == 2 and "has no finished 'gba-m3' runs" in capsys.readouterr().err
+    assert code == 2 and "has no finished 'gba-m3' runs (did you mean 'gba-m2'?)" in capsys.readouterr().err
+    code = cli_main(["plot", str(short), "--gap", "gba-m2", "--against", "standrd", "--out", str(tmp_path / "fig2")])
+    assert code == 2 and "has no finished 'standrd' runs (did you mean 'standard'?)" in capsys.readouterr().err
     # A directory or reference given twice is drawn once (it was a second identical line or panel), also when
     # spelt another way ...
     code = cli_main(["plot", str(short), str(long), f"{short}/", str(long / ".." / "long"), "--gap", "gba-m2",

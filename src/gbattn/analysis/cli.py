@@ -564,6 +564,7 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     its early points only), against the tokens per parameter ``model`` had seen; ``reference_steps``
     says how long the reference trained (a compute-matched one trains longer: its end is not paired). The
     directory is named by its own name, also when given as ``.`` or ``..``."""
+    from gbattn.checks import did_you_mean
     from gbattn.errors import UserError
     from gbattn.files import read_jsonl
 
@@ -571,7 +572,8 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     rows = {r["label"]: r for r in report.get("models", [])}
     for label in (model, reference):
         if label not in rows:
-            raise UserError(f"{compare_dir} has no finished {label!r} runs (it has {', '.join(rows) or 'none'})")
+            raise UserError(f"{compare_dir} has no finished {label!r} runs{did_you_mean(label, list(rows))} (it has "
+                            f"{', '.join(rows) or 'none'})")
     losses: dict[str, dict[tuple[str, int], tuple[int, float]]] = {}
     for label in (model, reference):
         finished = {str(seed) for seed in rows[label].get("seeds", [])}
