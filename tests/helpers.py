@@ -104,13 +104,14 @@ def tiny_configs(data, attn="boosted", **sets):
     return build_configs("paper-small", attn, str(data), s)
 
 
-def left_pad(prompts):
-    """A left-padded batch of 1-D token tensors: (tokens (B, W), mask (B, W), True on real tokens)."""
+def left_pad(prompts, mask_dtype=None):
+    """A left-padded batch of 1-D token tensors, padded with 0: (tokens (B, W), mask (B, W), True on real tokens;
+    ``mask_dtype=torch.long`` for transformers' 1/0 ``attention_mask``)."""
     import torch
 
     width = max(len(p) for p in prompts)
     batch = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.bool)
+    mask = torch.zeros(len(prompts), width, dtype=mask_dtype or torch.bool)
     for i, p in enumerate(prompts):
         batch[i, width - len(p):], mask[i, width - len(p):] = p, True
     return batch, mask

@@ -44,7 +44,7 @@ from gbattn.hf import GbattnCache, GbattnConfig, GbattnForCausalLM, hf_tokenizer
 from gbattn.hf.modeling import CACHE_FIELD, INIT_TYPES, init_module
 from gbattn.model.gpt import GPT
 from gbattn.train.trainer import train
-from helpers import LFS_POINTER, run_cli, tiny_configs, write_corpus
+from helpers import LFS_POINTER, left_pad, run_cli, tiny_configs, write_corpus
 from test_model import BLOCKS, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,16 +80,6 @@ def tiny_pair(variant_case, layout: dict, seed: int = 0):
                 p.normal_(0.0, 1.0)
     gpt.eval()
     return gpt, GbattnForCausalLM.from_gpt(gpt).eval()
-
-
-def left_pad(prompts: list[torch.Tensor], pad: int = 0):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = p
-        mask[i, width - len(p):] = 1
-    return ids, mask
 
 
 # ---- import hygiene and the config ---------------------------------------------------
@@ -221,7 +211,7 @@ def test_logits_and_loss_equal_gbattn(variant_case, layout):
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-10)
     # left padding: each row's logits are those of the row alone
     rows = [idx[0, :9], idx[1, :5]]
-    ids, mask = left_pad(rows)
+    ids, mask = left_pad(rows, torch.long)
     padded = hf(ids, attention_mask=mask).logits
     for i, row in enumerate(rows):
         torch.testing.assert_close(padded[i, ids.shape[1] - len(row):], gpt(row[None])[0], rtol=1e-10, atol=1e-10)
@@ -258,7 +248,7 @@ def test_past_key_values_keyword_and_tuple_output():
     hook.remove()
     beams = dict(kw, num_beams=3, num_return_sequences=2)
     assert torch.equal(hf.generate(idx, prefill_chunk_size=3, **beams), hf.generate(idx, **beams))
-    ids, mask = left_pad([idx[0].clamp_min(1), idx[1, :3].clamp_min(1)])  # only the padding is pad_token_id
+    ids, mask = left_pad([idx[0].clamp_min(1), idx[1, :3].clamp_min(1)], torch.long)  # only the padding is pad_token_id
     padded = dict(kw, attention_mask=mask)
     inferred = dict(kw, attention_mask=None)  # transformers makes the mask from pad_token_id (0) itself
     assert torch.equal(hf.generate(ids, **inferred), hf.generate(ids, **padded))
@@ -399,7 +389,7 @@ def test_forward_honours_every_argument_it_takes():
             hf(idx, logits_to_keep=keep)
     # position_ids given with a padded batch are the ones used (not recomputed from the mask)
     rows = [idx[0], idx[1, :4]]
-    ids, mask = left_pad(rows)
+    ids, mask = left_pad(rows, torch.long)
     shifted = torch.zeros_like(ids)
     for i, row in enumerate(rows):
         shifted[i, ids.shape[1] - len(row):] = torch.arange(1, len(row) + 1)
@@ -509,7 +499,7 @@ def test_generate_matches_gbattn(variant_case, residual, block):
                                  do_sample=False, use_cache=use_cache, pad_token_id=0)[0, len(p):]
             assert theirs.tolist() == ours.tolist(), f"use_cache={use_cache}"
         alone.append(ours)
-    ids, mask = left_pad(prompts)
+    ids, mask = left_pad(prompts, torch.long)
     for use_cache in (True, False):
         together = hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, use_cache=use_cache,
                                pad_token_id=0)[:, ids.shape[1]:]
@@ -519,7 +509,7 @@ def test_generate_matches_gbattn(variant_case, residual, block):
 
 def test_beam_search_and_sampling_run_through_the_cache():
     gpt, hf = tiny_pair(("twicing", {}), BLOCKS["llama"])
-    ids, mask = left_pad([torch.randint(1, 37, (n,)) for n in (5, 3)])
+    ids, mask = left_pad([torch.randint(1, 37, (n,)) for n in (5, 3)], torch.long)
     kw = dict(attention_mask=mask, max_new_tokens=5, pad_token_id=0)
     beams = hf.generate(ids, num_beams=3, do_sample=False, **kw)
     assert torch.equal(beams, hf.generate(ids, num_beams=3, do_sample=False, use_cache=False, **kw))
