@@ -2571,3 +2571,20 @@ def test_weights_with_a_name_missing_or_unknown_are_refused_and_the_model_left_a
         load_full_state(model, {})
     assert str(refused.value) == f"its model weights do not match the model (missing: {first}, ...)"
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("kind", ["char", "hf"])
+def test_decoding_an_id_outside_the_vocabulary_is_refused_naming_it(kind):
+    """A char tokenizer decoded -1 as its last character and an HF one dropped an id past its vocabulary, silently
+    (decoding a row of targets holding -100 read as text); each is one ValueError naming the id."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    tok = Tokenizer("char", json.dumps({"chars": list("abc")})) if kind == "char" else \
+        Tokenizer("hf", HFTokenizer(models.WordLevel({"a": 0, "b": 1, "c": 2}, unk_token="c")).to_str())
+    assert tok.decode([0, 1]).replace(" ", "") == "ab"
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match=f"token id {bad} outside the vocabulary: ids are 0 .. 2 "):
+            tok.decode([0, bad])
+    with pytest.raises(ValueError, match="-100 marks a target left out of a loss"):
+        tok.decode([-100])

@@ -165,8 +165,15 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Text of ``ids``; special tokens (``<pad>``, an end-of-text token) are left out unless ``skip_special``
         is False. The unknown token is always shown, as it is spelled (``<unk>``, WikiText v1's own spelling of its
-        rare words; ``[UNK]``): left out, a generated one would read as a word silently missing."""
+        rare words; ``[UNK]``): left out, a generated one would read as a word silently missing. An id outside
+        0 .. vocab_size - 1 is a ValueError (a char tokenizer read -1 as its last character, an HF one dropped an id
+        past its vocabulary silently)."""
         ids = [int(i) for i in ids]
+        outside = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if outside is not None:
+            ignored = " (-100 marks a target left out of a loss, not a token)" if outside == -100 else ""
+            raise ValueError(f"token id {outside} outside the vocabulary: ids are 0 .. {self.vocab_size - 1} "
+                             f"(vocab_size={self.vocab_size}){ignored}")
         if self.kind == "char":
             return "".join(self.chars[i] for i in ids)
         if skip_special:
