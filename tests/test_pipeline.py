@@ -2588,3 +2588,18 @@ def test_decoding_an_id_outside_the_vocabulary_is_refused_naming_it(kind):
             tok.decode([0, bad])
     with pytest.raises(ValueError, match="-100 marks a target left out of a loss"):
         tok.decode([-100])
+
+
+def test_train_names_a_config_argument_of_another_type(tmp_path):
+    """train() from Python with a config as a dict, or the two configs swapped, was "'dict' object has no attribute
+    'data'" from inside the trainer; it is one ConfigError naming the argument, before anything is written."""
+    from gbattn.config import build_configs
+    from gbattn.errors import ConfigError
+
+    model_cfg, train_cfg = build_configs("cpu-char", "standard", "tiny-shakespeare", {"max_steps": 1})
+    for args, named in (((model_cfg.to_dict(), train_cfg), "model_cfg of type dict: give a ModelConfig"),
+                        ((model_cfg, train_cfg.to_dict()), "train_cfg of type dict: give a TrainConfig"),
+                        ((train_cfg, model_cfg), "model_cfg of type TrainConfig: give a ModelConfig")):
+        with pytest.raises(ConfigError, match=named):
+            train(tmp_path / "run", *args)
+    assert not (tmp_path / "run").exists()

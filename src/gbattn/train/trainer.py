@@ -22,7 +22,7 @@ from gbattn.data.corpus import test_split_note, tested_split
 from gbattn.data.prepare import Data, prepare_data
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
-from gbattn.errors import CheckpointError, DataError, Terminated, UserError
+from gbattn.errors import CheckpointError, ConfigError, DataError, Terminated, UserError
 from gbattn.eval.perplexity import evaluate, perplexity
 from gbattn.files import error_detail
 from gbattn.model.gpt import GPT
@@ -198,6 +198,10 @@ class Trainer:
         else:
             if model_cfg is None or train_cfg is None:
                 raise ValueError("model_cfg and train_cfg are required for a new run")
+            for name, value, kind in (("model_cfg", model_cfg, ModelConfig), ("train_cfg", train_cfg, TrainConfig)):
+                if not isinstance(value, kind):  # (a dict, or the two swapped: "'dict' object has no attribute 'data'")
+                    raise ConfigError(f"{name} of type {type(value).__name__}: give a {kind.__name__} (build_configs("
+                                      f"preset, attn, data, sets) returns the model's and the training's)")
             self.saved, self.model_cfg, self.train_cfg = None, model_cfg, train_cfg
         if not self.train_cfg.data:
             raise UserError("no --data given")
