@@ -539,6 +539,18 @@ def test_overrides_leave_the_callers_dicts_as_they_were():
     assert built["attn_options"] == {"rounds": 2, "kv_source": "shared"} and template == {"attn_options": {"rounds": 2}}
 
 
+def test_overrides_that_are_no_dict_are_refused_naming_the_argument():
+    """preset_config(..., [("d_model", 64)]) and build_configs(..., sets=None) were "'list' object has no attribute
+    'items'" from inside config.py; each is one ConfigError naming the argument."""
+    from gbattn.config import build_configs
+
+    with pytest.raises(ConfigError, match=r"overrides of type list: give a dict of field names and values"):
+        preset_config("cpu-char", "boosted", [("d_model", 64)])
+    with pytest.raises(ConfigError, match=r"sets of type NoneType: give a dict of field names and values"):
+        build_configs("cpu-char", "boosted", "tiny-shakespeare", None)
+    assert preset_config("cpu-char", "boosted", None) == preset_config("cpu-char", "boosted")  # None: no overrides
+
+
 def test_a_near_miss_is_a_close_name_or_two_neighbouring_letters_swapped_only():
     """Two letters swapped far apart ('ttse' for 'test') are no typo the hint names; neighbours ('tset') are."""
     from gbattn.checks import near_miss

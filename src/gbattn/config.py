@@ -298,7 +298,7 @@ def preset_config(name: str, attn: str = "standard", overrides: dict | None = No
     (``{"d_model": 288, "attn.rounds": 3}``: model fields, ``attn.KEY`` a variant option, as ``--set``;
     README, "Presets and parameter counts"; the paper's in docs/paper.md)."""
     d = dict(get_preset(name).model, attn=attn)
-    training, model = split_overrides(overrides or {})  # an unknown key is named as `train --set` names it
+    training, model = split_overrides(overrides or {}, "overrides")  # an unknown key is named as `train --set` names it
     if training:  # `params --set lr=...` was "unknown model config field(s) ['lr']", as if lr were no field at all
         raise ConfigError(f"--set {', '.join(training)}: training field(s); only model fields apply here (`gbattn "
                           f"train` and `compare` take training fields)")
@@ -312,7 +312,7 @@ def build_configs(
 ) -> tuple[ModelConfig, TrainConfig]:
     """Model and training configs: the preset's record, then keyword values, then ``--set`` overrides.
     A warmup the user sets explicitly is kept as given (``fit_warmup`` off)."""
-    train_sets, model_sets = split_overrides(sets)
+    train_sets, model_sets = split_overrides(sets, "sets")
     train_d = dict(get_preset(preset).train)
     train_d.update({k: v for k, v in train_kwargs.items() if v is not None})
     train_d["data"] = data
@@ -382,8 +382,12 @@ def set_path(d: dict, key: str, value: Any) -> None:
     target[parts[-1]] = value
 
 
-def split_overrides(sets: dict[str, Any]) -> tuple[dict, dict]:
-    """Route ``--set`` keys to the training config or the model config."""
+def split_overrides(sets: dict[str, Any], what: str = "sets") -> tuple[dict, dict]:
+    """Route ``--set`` keys to the training config or the model config; ``what``: how an error names ``sets``, the
+    caller's argument (a list was "'list' object has no attribute 'items'")."""
+    if not isinstance(sets, dict):
+        raise ConfigError(f"{what} of type {type(sets).__name__}: give a dict of field names and values, e.g. "
+                          f"{{'d_model': 288, 'attn.rounds': 3}}")
     train_fields, model_fields = set(TrainConfig.field_names()), set(ModelConfig.field_names())
     train, model = {}, {}
     for key, value in sets.items():
