@@ -814,6 +814,16 @@ def test_wrap_run_names_the_tokenizers_padding_and_length(tmp_path):
     assert unprompted.shape == (1, 3) and unprompted[0, 0] == tokenizer.bos_token_id
 
 
+def test_wrap_run_given_a_path_says_it_takes_a_loaded_run(tmp_path):
+    """wrap_run(path), as export_run takes a path, was "'str' object has no attribute 'tokenizer'" from inside it."""
+    from gbattn.hf import wrap_run
+
+    for given in (str(tmp_path), tmp_path):
+        with pytest.raises(TypeError, match=r"wrap_run takes a loaded run \(gbattn.load_run\(path\)\), not a "
+                                            rf"{type(given).__name__}"):
+            wrap_run(given)
+
+
 def test_a_bpe_continuation_decoded_alone_keeps_its_word_boundary(tmp_path):
     """transformers' text-generation pipeline appends the decoded new tokens to the prompt: a paper's-BPE
     continuation keeps the space before its first piece ("the cat" + "sat" read "the catsat"), and the

@@ -82,6 +82,8 @@ def portable_paths(section: dict) -> dict:
 def wrap_run(run: LoadedRun):
     """(model, tokenizer) in transformers' form of a loaded run; the model shares the run's GPT
     (README, "Hugging Face transformers")."""
+    if not isinstance(run, LoadedRun):  # (a path, as export_run takes: "'str' object has no attribute 'tokenizer'")
+        raise TypeError(f"wrap_run takes a loaded run (gbattn.load_run(path)), not a {type(run).__name__}")
     tokenizer = hf_tokenizer(run.tokenizer, run.model_cfg.block_size)
     section = portable_paths({k: v for k, v in run.config.items() if k != "model"})
     section["step"] = run.step
