@@ -824,6 +824,14 @@ def test_wrap_run_given_a_path_says_it_takes_a_loaded_run(tmp_path):
             wrap_run(given)
 
 
+def test_a_config_from_something_other_than_a_model_config_is_refused_naming_it():
+    """GbattnConfig.from_model_config({...}) was "'dict' object has no attribute 'to_dict'" from inside it."""
+    from gbattn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"GbattnConfig.from_model_config takes a ModelConfig .*, not a dict"):
+        GbattnConfig.from_model_config(tiny_config(("standard", {})).to_dict())
+
+
 def test_a_bpe_continuation_decoded_alone_keeps_its_word_boundary(tmp_path):
     """transformers' text-generation pipeline appends the decoded new tokens to the prompt: a paper's-BPE
     continuation keeps the space before its first piece ("the cat" + "sat" read "the catsat"), and the

@@ -33,6 +33,7 @@ from transformers import PretrainedConfig
 
 from gbattn.config import ModelConfig
 from gbattn.errors import CheckpointError, ConfigError
+from gbattn.model.gpt import check_model_config
 from gbattn.rundir import STANDARD_FIELDS, check_standard_names, recorded_model_config
 
 MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -143,6 +144,7 @@ class GbattnConfig(PretrainedConfig):
     @classmethod
     def from_model_config(cls, model_cfg: ModelConfig, run: dict | None = None, **kwargs) -> GbattnConfig:
         """The config of a gbattn model; ``run``: the rest of a run's config.json (train, preset, data, ...)."""
+        check_model_config(model_cfg, "GbattnConfig.from_model_config")  # (a dict: "has no attribute 'to_dict'")
         return cls(gbattn={**(run or {}), "model": model_cfg.to_dict()}, **kwargs)
 
     @property
