@@ -257,6 +257,7 @@ class Trainer:
                                 f"{self.seq_len + 1}; {self._advice(split, count)}")
         self.warmup, warmup_note = fitted_warmup(cfg, self.total_steps)
 
+        self.callers_rng = all_rng_states(self.device)  # (put back when the run ends: Trainer.run)
         # The checkpoint's weights checked against a model on the meta device before the model takes memory: a
         # config.json edited to sizes they do not have is one line, not "out of memory" (rundir.model_holding).
         state = rundir.load_checkpoint(self.run_dir / rundir.CHECKPOINT, self.device) if has_checkpoint else None
@@ -551,11 +552,13 @@ class Trainer:
                 print(f"{self.run_dir} finished at step {result['steps']} (its result.json): nothing to resume; "
                       f"--restart trains it again")
             return result
-        threads = torch.get_num_threads()
+        threads, self.callers_rng = torch.get_num_threads(), None
         try:
             return self._run()
         finally:
             torch.set_num_threads(threads)  # `threads` applies to this run only
+            if self.callers_rng is not None:  # and so do its seeds: a caller's random stream goes on where it was
+                restore_rng_states(self.callers_rng, self.device)
             if getattr(self, "lock", None) is not None:
                 self.lock.release()
 
