@@ -1861,6 +1861,21 @@ def test_evaluate_scores_every_non_overlapping_row_once():
     assert res.loss == pytest.approx(float(want.mean()), rel=1e-5)
 
 
+def test_evaluate_names_a_batch_size_or_seq_len_below_one():
+    """evaluate(..., batch_size=0) was a ZeroDivisionError, seq_len=0 the model's "token ids of shape (32, 0)"."""
+    from gbattn.config import ModelConfig
+    from gbattn.errors import ConfigError
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2)).eval()
+    tokens = np.random.default_rng(0).integers(0, 11, size=3 * 9).astype(np.uint16)
+    with pytest.raises(ConfigError, match=r"batch_size=0 must be an integer >= 1 \(rows per batch\)"):
+        evaluate(model, tokens, seq_len=8, batch_size=0)
+    with pytest.raises(ConfigError, match=r"seq_len=0 must be an integer >= 1 \(input tokens per row\)"):
+        evaluate(model, tokens, seq_len=0)
+
+
 def test_evaluate_that_raises_leaves_the_model_in_training_mode():
     """A forward that raised inside evaluate (here a progress callback that stops it) left the model in eval
     mode, so a caller that caught the error went on training without dropout."""

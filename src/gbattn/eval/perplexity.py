@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gbattn.checks import checked
 from gbattn.data.tokens import num_rows, rows_batch
 from gbattn.model.gpt import lm_loss
 
@@ -43,6 +44,9 @@ def evaluate(
 ) -> EvalResult:
     """Mean loss over every non-overlapping row of ``seq_len + 1`` tokens of ``tokens`` (fewer tokens
     than one row: a ValueError). Under DDP each process takes a slice of the rows and the sums are all-reduced."""
+    # (a batch_size of 0 divided by zero; a seq_len of 0 was the model's "token ids of shape (32, 0)")
+    seq_len = checked("seq_len", seq_len, int, lambda n: n >= 1, "an integer >= 1 (input tokens per row)")
+    batch_size = checked("batch_size", batch_size, int, lambda n: n >= 1, "an integer >= 1 (rows per batch)")
     rows = np.arange(num_rows(tokens, seq_len))
     if not len(rows):  # else a loss of 0 over no tokens: perplexity 1.0
         raise ValueError(f"{len(tokens):,} tokens: fewer than one row of seq_len + 1 = {seq_len + 1}, nothing to "
