@@ -1542,3 +1542,13 @@ def test_the_summary_names_the_new_variants_options(gpt2_dir):
     assert " 0 new; attn=standard: a copy" in upcycle(gpt2_dir, "standard").summary("out")
     assert " new; attn=boosted (rounds=3, kv_source=\"input\"): value rows" in upcycle(
         gpt2_dir, "boosted", {"rounds": 3, "kv_source": "input"}).summary("out")
+
+
+def test_write_run_given_anything_but_an_upcycled_model_says_what_it_takes(tmp_path):
+    """write_run(SOURCE_PATH, OUT), the source where upcycle's result goes, was "'str' object has no attribute
+    'source'" after --out had been made; it is a TypeError naming what it takes, and --out is not made."""
+    for given in ("runs/std", tmp_path):
+        with pytest.raises(TypeError, match=rf"write_run takes what upcycle\(SOURCE, attn\) returns, not a "
+                                            rf"{type(given).__name__}"):
+            write_run(given, tmp_path / "up")
+    assert not (tmp_path / "up").exists()

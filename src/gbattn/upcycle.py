@@ -241,6 +241,8 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
     from gbattn.config import TrainConfig
     from gbattn.files import check_writable_dir
 
+    if not isinstance(result, Upcycled):  # (a source path: "'str' object has no attribute 'source'", --out made)
+        raise TypeError(f"write_run takes what upcycle(SOURCE, attn) returns, not a {type(result).__name__}")
     out = check_writable_dir(out)
     src = result.source
     if src.train_cfg is not None:
