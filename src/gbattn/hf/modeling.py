@@ -209,7 +209,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
     logits_to_keep)``: ``attention_mask`` (B, past + T) is 1 for real tokens (left padding works);
     positions come from ``position_ids``, else ``cumsum(attention_mask) - 1``, else past..past+T-1.
     ``labels`` are the input ids (-100 = ignored), shifted here: the loss is gbattn's
-    ``GPT(idx[:, :-1], idx[:, 1:])``; with ``num_items_in_batch`` (``Trainer``) it is the summed
+    ``self.model(input_ids[:, :-1], input_ids[:, 1:])``; with ``num_items_in_batch`` (``Trainer``) it is the summed
     cross-entropy divided by that count.
     """
 
