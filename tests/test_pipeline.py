@@ -2618,3 +2618,20 @@ def test_train_names_a_config_argument_of_another_type(tmp_path):
         with pytest.raises(ConfigError, match=named):
             train(tmp_path / "run", *args)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("kind", ["char", "hf"])
+def test_encoding_anything_but_a_string_is_a_type_error_not_a_damaged_tokenizer(kind):
+    """An HF tokenizer's refusal of bytes (or a list, or None) read "its tokenizer.json is damaged", and a char
+    tokenizer took bytes for the characters numbered 97, 98, ...: each is a TypeError naming the type."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    tok = Tokenizer("char", json.dumps({"chars": list("abc")})) if kind == "char" else \
+        Tokenizer("hf", HFTokenizer(models.WordLevel({"a": 0, "b": 1, "c": 2}, unk_token="c")).to_str())
+    assert tok.encode("a") == [0]
+    with pytest.raises(TypeError, match=r"encode takes a string, not a bytes \(decode bytes to text first\)"):
+        tok.encode(b"ab")
+    for given in (["a", "b"], None):
+        with pytest.raises(TypeError, match=f"encode takes a string, not a {type(given).__name__}$"):
+            tok.encode(given)

@@ -146,6 +146,11 @@ class Tokenizer:
         return _fingerprint(self.kind, self.payload)
 
     def encode(self, text: str) -> list[int]:
+        """The ids of ``text``, a string (other types are a TypeError: an HF tokenizer's refusal of bytes or a list
+        read as a damaged tokenizer.json, and a char tokenizer took bytes for characters numbered 97, 98, ...)."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a string, not a {type(text).__name__}" +
+                            (" (decode bytes to text first)" if isinstance(text, (bytes, bytearray)) else ""))
         if self.kind == "char":
             unknown = set(text) - self.stoi.keys()
             if unknown:
