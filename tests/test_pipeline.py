@@ -2503,6 +2503,25 @@ def test_training_runs_under_the_configs_autocast_and_puts_the_thread_count_back
         assert torch.get_num_threads() == 2
 
 
+def test_training_leaves_the_callers_random_stream_where_it_was(tmp_path):
+    """train() seeds torch for its weights and dropout; from Python it left the global stream at its own seed's, so a
+    caller's torch.manual_seed no longer decided what came next (loading a run leaves it alone, rundir.model_holding).
+    A finished run and one stopped by a mistake put the caller's stream back."""
+    data = write_corpus(tmp_path / "c")
+    torch.manual_seed(7)
+    expected = torch.rand(4)
+    torch.manual_seed(7)
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2, threads=1), quiet=True)
+    assert torch.equal(torch.rand(4), expected)
+    (tmp_path / "run" / ckpt.RESULT).unlink()  # resumed from a checkpoint past the run's end: refused after the seeds
+    state = ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)
+    torch.save({**state, "step": 10**6}, tmp_path / "run" / ckpt.CHECKPOINT)
+    torch.manual_seed(7)
+    with pytest.raises(CheckpointError):
+        train(tmp_path / "run", resume=True, quiet=True)
+    assert torch.equal(torch.rand(4), expected)
+
+
 def test_a_checkpoint_whose_adam_moments_do_not_fit_their_weights_is_refused(tmp_path):
     """Either moment (exp_avg or exp_avg_sq) of another shape than its weight, or an exp_avg_sq below 0
     (AdamW's square root of it is NaN: the run diverged at its next step): a one-line CheckpointError
