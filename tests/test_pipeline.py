@@ -2522,6 +2522,25 @@ def test_training_leaves_the_callers_random_stream_where_it_was(tmp_path):
     assert torch.equal(torch.rand(4), expected)
 
 
+def test_training_puts_the_callers_matmul_precision_back(tmp_path, monkeypatch):
+    """On CUDA a run trains with TF32 matmuls (runtime.use_tf32); from Python they stayed on after train() returned,
+    changing the precision of the caller's later float32 work. Here use_tf32 acts as on CUDA."""
+    from gbattn.train import trainer
+
+    def as_on_cuda(device):
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+    monkeypatch.setattr(trainer, "use_tf32", as_on_cuda)
+    data = write_corpus(tmp_path / "c")
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        train(tmp_path / "run", *tiny_configs(data, max_steps=1, eval_every=1, threads=1), quiet=True)
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
 def test_a_checkpoint_whose_adam_moments_do_not_fit_their_weights_is_refused(tmp_path):
     """Either moment (exp_avg or exp_avg_sq) of another shape than its weight, or an exp_avg_sq below 0
     (AdamW's square root of it is NaN: the run diverged at its next step): a one-line CheckpointError

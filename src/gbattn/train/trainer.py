@@ -553,10 +553,12 @@ class Trainer:
                       f"--restart trains it again")
             return result
         threads, self.callers_rng = torch.get_num_threads(), None
+        tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # use_tf32 sets them on CUDA
         try:
             return self._run()
         finally:
             torch.set_num_threads(threads)  # `threads` applies to this run only
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32  # its precision too
             if self.callers_rng is not None:  # and so do its seeds: a caller's random stream goes on where it was
                 restore_rng_states(self.callers_rng, self.device)
             if getattr(self, "lock", None) is not None:
