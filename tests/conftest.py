@@ -12,6 +12,8 @@ from gbattn.attention.registry import VARIANTS
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.pop("GBATTN_DEBUG", None)  # the tests check the one-line errors a user sees
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `pytest -n N`: the cores divided between the N workers
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 # (variant, options) pairs that the shared tests run over. Every registry entry must appear.
 VARIANT_CASES = [
