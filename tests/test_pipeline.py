@@ -1164,6 +1164,15 @@ def test_hugging_face_corpora_map_their_splits(monkeypatch):
     assert len(train) == 396 and train[:2] == ["doc 2\n", "doc 3\n"] and "doc 200\n" not in train
 
 
+def test_a_split_is_named_train_valid_or_test(monkeypatch):
+    """Every corpus takes gbattn's split names only: OpenWebText's reader, asked for the hub's own name of its
+    validation split, would have given the training documents (the split it gives any name but valid and test)."""
+    monkeypatch.setitem(sys.modules, "datasets", _FakeDatasets)
+    for name in ("openwebtext", "wikitext-2-raw-v1"):
+        with pytest.raises(ValueError, match="^split='validation'; choose one of train, valid, test$"):
+            load_corpus(name).lines("validation")
+
+
 class _OfflineDatasets:
     @staticmethod
     def load_dataset(*args, **kwargs):
@@ -1415,8 +1424,9 @@ def test_a_file_cut_inside_a_character_or_bad_past_two_chunks_is_named_at_its_of
 
 
 def test_compressed_data_is_named_by_its_format_not_called_binary(tmp_path):
-    """A gzip file without .gz in its name, an xz, bzip2 or zip file, or gzip data gzipped again, was "looks binary
-    (NUL byte at byte offset 3); give a UTF-8 text file": not a word of what it is or that naming it .gz would do."""
+    """A gzip file without .gz in its name, an xz, bzip2, zip, zstd or 7z file, or gzip data gzipped again, was
+    "looks binary (NUL byte at byte offset 3); give a UTF-8 text file": not a word of what it is or that naming it
+    .gz would do."""
     import bz2
     import lzma
     import zipfile
@@ -1429,7 +1439,9 @@ def test_compressed_data_is_named_by_its_format_not_called_binary(tmp_path):
              "corpus.txt.bz2": (bz2.compress(text), "holds bzip2-compressed data; decompress it"),
              "twice.txt.gz": (gzip.compress(gzip.compress(text)),
                               "holds gzip-compressed data \\(compressed twice\\); decompress it"),
-             "corpus.zip": (None, "holds zip-compressed data; decompress it")}
+             "corpus.zip": (None, "holds zip-compressed data; decompress it"),
+             "corpus.txt.zst": (b"\x28\xb5\x2f\xfd" + bytes(range(64)), "holds zstd-compressed data; decompress it"),
+             "corpus.7z": (b"7z\xbc\xaf\x27\x1c" + bytes(range(64)), "holds 7z-compressed data; decompress it")}
     for name, (content, message) in cases.items():
         if content is not None:
             (tmp_path / name).write_bytes(content)
