@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import gzip
 import hashlib
@@ -1135,6 +1136,10 @@ def test_a_character_across_a_read_chunk_is_text_and_offsets_count_every_chunk(t
         (tmp_path / name).write_bytes(b"a" * (2**20 + 5) + bad)
         with pytest.raises(DataError, match=f"{why} at byte offset {2**20 + 5}"):
             load_corpus(str(tmp_path / name))
+    # likewise a UTF-16 byte order mark only at the file's start says it is UTF-16: at the second MiB it is a bad byte
+    (tmp_path / "bom-later.txt").write_bytes(b"a" * 2**20 + codecs.BOM_UTF16_LE + b"text\n")
+    with pytest.raises(DataError, match=f"is not UTF-8 text \\(invalid byte at byte offset {2**20}\\)$"):
+        load_corpus(str(tmp_path / "bom-later.txt"))
 
 
 class _FakeDatasets:
