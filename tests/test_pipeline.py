@@ -1379,6 +1379,10 @@ def test_tokenizer_kinds_are_checked(tmp_path):
     for chars in (["a", "b", "a"], ["a", "bc"], [], ["a", 1]):
         with pytest.raises(ValueError, match="distinct single characters"):
             Tokenizer("char", json.dumps({"chars": chars}))
+    # a tokenizer file's kind is one of gbattn's: another, with a valid Hugging Face payload, is not read as one
+    bpe_json = get_tokenizer("bpe", corpus, vocab_size=60, verbose=False).payload
+    with pytest.raises(ValueError, match="^tokenizer kind 'wordpiece'; expected one of bpe, gpt2, char, hf$"):
+        Tokenizer("wordpiece", bpe_json)
 
 
 def test_a_tokenizer_of_another_vocabulary_size_is_not_taken_from_the_cache(tmp_path):
