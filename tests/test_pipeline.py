@@ -1385,6 +1385,17 @@ def test_tokenizer_kinds_are_checked(tmp_path):
         Tokenizer("wordpiece", bpe_json)
 
 
+def test_ctrl_c_inside_the_tokenizer_library_is_no_tokenizer_failure():
+    """Errors of the tokenizers library (its panics too) are one DataError; a KeyboardInterrupt or SystemExit
+    there is passed on as it is, never told as a damaged tokenizer.json."""
+    for stop in (KeyboardInterrupt, SystemExit):
+        with pytest.raises(stop), tokenizer_mod.hf_failures_as_data_errors("encoding"):
+            raise stop()
+    damaged = r"^boom \(the tokenizer failed while encoding: its tokenizer.json is damaged"
+    with pytest.raises(DataError, match=damaged), tokenizer_mod.hf_failures_as_data_errors("encoding"):
+        raise RuntimeError("boom")
+
+
 def test_a_tokenizer_of_another_vocabulary_size_is_not_taken_from_the_cache(tmp_path):
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     small = get_tokenizer("bpe", corpus, vocab_size=40, verbose=False)
