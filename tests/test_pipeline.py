@@ -1136,6 +1136,11 @@ def test_a_character_across_a_read_chunk_is_text_and_offsets_count_every_chunk(t
         (tmp_path / name).write_bytes(b"a" * (2**20 + 5) + bad)
         with pytest.raises(DataError, match=f"{why} at byte offset {2**20 + 5}"):
             load_corpus(str(tmp_path / name))
+    # a NUL that is the first byte of a read chunk (of the file, or of its second MiB) is found too
+    for start in (0, 2**20):
+        (tmp_path / "nul-first.txt").write_bytes(b"a" * start + b"\x00text\n")
+        with pytest.raises(DataError, match=f"looks binary \\(NUL byte at byte offset {start}\\)"):
+            load_corpus(str(tmp_path / "nul-first.txt"))
     # likewise a UTF-16 byte order mark only at the file's start says it is UTF-16: at the second MiB it is a bad byte
     (tmp_path / "bom-later.txt").write_bytes(b"a" * 2**20 + codecs.BOM_UTF16_LE + b"text\n")
     with pytest.raises(DataError, match=f"is not UTF-8 text \\(invalid byte at byte offset {2**20}\\)$"):
