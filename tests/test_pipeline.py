@@ -1448,6 +1448,16 @@ def test_a_file_cut_inside_a_character_or_bad_past_two_chunks_is_named_at_its_of
             load_corpus(str(tmp_path / "zipped.TXT.GZ"))
 
 
+def test_a_data_file_that_cannot_be_read_is_one_data_error(tmp_path):
+    """A split file gone between listing its folder and reading it (or a directory in its place) is one line
+    naming the file and why, not an OSError traceback."""
+    from gbattn.data.corpus import checked_digest
+
+    for path, why in ((tmp_path / "gone.txt", "No such file or directory"), (tmp_path, "Is a directory")):
+        with pytest.raises(DataError, match=f"^--data file {path} cannot be read \\({why}\\)$"):
+            checked_digest(path)
+
+
 def test_compressed_data_is_named_by_its_format_not_called_binary(tmp_path):
     """A gzip file without .gz in its name, an xz, bzip2, zip, zstd or 7z file, or gzip data gzipped again, was
     "looks binary (NUL byte at byte offset 3); give a UTF-8 text file": not a word of what it is or that naming it
