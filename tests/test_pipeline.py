@@ -1322,6 +1322,20 @@ def test_prepared_data_follows_the_configs_caps_and_split(tmp_path):
     assert [len(splits[s]) for s in ("train", "valid", "test")] == [500, 300, 200]
 
 
+def test_prepared_data_without_progress_prints_nothing(tmp_path, capsys):
+    """eval and analyze prepare their data with progress=False: neither the BPE training line nor a tokenizing
+    count is printed (with progress on, both are)."""
+    from gbattn.config import TrainConfig
+    from gbattn.data.prepare import prepare_data
+
+    cfg = TrainConfig(data=str(write_corpus(tmp_path / "c")), tokenizer="bpe", train_tokens=500, eval_tokens=70)
+    prepare_data(cfg, vocab_size=60, progress=True)
+    out, err = capsys.readouterr()
+    assert "training a BPE tokenizer" in out and "tokenizing train: 500/500 tokens" in err
+    prepare_data(cfg, vocab_size=61, progress=False)  # another tokenizer: trained and tokenized again, quietly
+    assert capsys.readouterr() == ("", "")
+
+
 def test_char_vocabulary_covers_every_split(tmp_path):
     """A character seen only in valid or test is in the char vocabulary: every split encodes."""
     data = tmp_path / "c"
