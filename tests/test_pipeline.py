@@ -1092,6 +1092,14 @@ def test_two_exact_names_for_one_split_are_refused(tmp_path):
     with pytest.raises(DataError, match=r"several files could be the valid split \(valid.txt, validation.txt\)"):
         load_corpus(str(tmp_path))
 
+def test_a_train_txt_beside_a_complete_wikitext_folder_is_refused_as_a_second_train_split(tmp_path):
+    """Choosing the WikiText flavour with all three splits sets the other flavour's files aside, not a train.txt
+    beside them: which of the two train files is meant is not said."""
+    for name in ("wiki.train.raw", "wiki.valid.raw", "wiki.test.raw", "train.txt"):
+        write_text(tmp_path / name, f"{name}\n")
+    with pytest.raises(DataError, match=r"several files could be the train split \(wiki.train.raw, train.txt\)"):
+        load_corpus(str(tmp_path))
+
 
 @pytest.mark.parametrize("names, shared", [(["train_val.txt", "test.txt"], "train or the valid"),
                                            (["ptb.train.txt", "dev_test.txt"], "valid or the test")])
