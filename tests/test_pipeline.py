@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1109,6 +1110,32 @@ def test_one_file_that_names_two_splits_is_refused(tmp_path, names, shared):
         write_text(tmp_path / name, f"{name}\n")
     with pytest.raises(DataError, match=f"could be the {shared} split; give each split its own file"):
         load_corpus(str(tmp_path))
+
+
+def test_a_folder_without_split_files_lists_what_it_holds_and_points_a_lone_text_file_out(tmp_path):
+    """The error lists the folder's first 12 entries (a directory marked as one) and counts the rest; only a folder
+    holding a single text file and no split file at all (tiny-shakespeare's input.txt), and no save_to_disk
+    folder, is told to give that file itself."""
+    expected = "expected one text file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)"
+    many = tmp_path / "many"
+    (many / "a-folder").mkdir(parents=True)
+    for i in range(12):
+        (many / f"f{i:02d}.json").write_text("{}")
+    seen = ", ".join(["a-folder (a directory)", *(f"f{i:02d}.json" for i in range(11))]) + " and 1 more"
+    with pytest.raises(DataError, match=re.escape(f"no train/valid/test file found (files seen: {seen}); {expected}")
+                       + "$"):
+        load_corpus(str(many))
+    single = "; a single text file is split by the split setting (default 90/5/5) when given itself: --data "
+    for names, hint in ((["input.txt"], True), (["input.txt", "more.txt"], False), (["train.txt"], False),
+                        (["input.txt", "dataset_dict.json"], False)):
+        folder = tmp_path / "-".join(names)
+        folder.mkdir()
+        for name in names:
+            write_text(folder / name, "some text\n")
+        with pytest.raises(DataError) as caught:
+            load_corpus(str(folder))
+        message = str(caught.value)
+        assert message.endswith(single + str(folder / "input.txt")) if hint else single not in message, message
 
 
 def test_a_hugging_face_save_to_disk_folder_is_named_as_such(tmp_path):
