@@ -1114,8 +1114,8 @@ def test_one_file_that_names_two_splits_is_refused(tmp_path, names, shared):
 
 def test_a_folder_without_split_files_lists_what_it_holds_and_points_a_lone_text_file_out(tmp_path):
     """The error lists the folder's first 12 entries (a directory marked as one) and counts the rest; only a folder
-    holding a single text file and no split file at all (tiny-shakespeare's input.txt), and no save_to_disk
-    folder, is told to give that file itself."""
+    holding a single text file (macOS's hidden ._ copy aside) and no split file at all (tiny-shakespeare's
+    input.txt), and no save_to_disk folder, is told to give that file itself."""
     expected = "expected one text file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)"
     many = tmp_path / "many"
     (many / "a-folder").mkdir(parents=True)
@@ -1126,8 +1126,8 @@ def test_a_folder_without_split_files_lists_what_it_holds_and_points_a_lone_text
                        + "$"):
         load_corpus(str(many))
     single = "; a single text file is split by the split setting (default 90/5/5) when given itself: --data "
-    for names, hint in ((["input.txt"], True), (["input.txt", "more.txt"], False), (["train.txt"], False),
-                        (["input.txt", "dataset_dict.json"], False)):
+    for names, hint in ((["input.txt"], True), (["input.txt", "._input.txt"], True), (["input.txt", "more.txt"], False),
+                        (["train.txt"], False), (["input.txt", "dataset_dict.json"], False)):
         folder = tmp_path / "-".join(names)
         folder.mkdir()
         for name in names:
