@@ -1071,6 +1071,7 @@ def test_split_files_are_found_by_name(tmp_path, names, chosen):
         write_text(tmp_path / name, f"{name}\n")
     corpus = load_corpus(str(tmp_path))
     assert ["".join(corpus.lines(s)) for s in ("train", "valid", "test")] == [f"{n}\n" for n in chosen]
+    assert corpus.notes == [f"{s}: {n}" for s, n in zip(("train", "valid", "test"), chosen)]  # the summaries' words
 
 
 @pytest.mark.parametrize("names", [["wiki.train.raw", "wiki.train.raw.gz", "wiki.valid.raw", "wiki.test.raw"],
