@@ -25,7 +25,7 @@ from gbattn import files
 from gbattn import rundir as ckpt
 from gbattn.cli import main as cli_main
 from gbattn.data import tokenizer as tokenizer_mod
-from gbattn.data.corpus import load_corpus
+from gbattn.data.corpus import NO_TEST_SPLIT, load_corpus, tested_split
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError, DataError, UserError
@@ -1021,6 +1021,9 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
     parts = {s: "".join(corpus.lines(s)) for s in ("train", "valid", "test")}
     assert (parts["train"], parts["valid"], parts["test"]) == (text[:900], text[900:950], text[950:])
     nano = load_corpus(str(path), (0.9, 0.1, 0.0))  # nanoGPT's 90/10: test is the valid split
+    assert corpus.notes == ["single file split by characters 0.90/0.05/0.05"]
+    assert nano.notes == ["single file split by characters 0.90/0.10/0.00", NO_TEST_SPLIT]
+    assert (tested_split(corpus.notes), tested_split(nano.notes)) == ("test", "valid")
     assert "".join(nano.lines("valid")) == "".join(nano.lines("test")) == text[900:]
     assert "".join(nano.lines("train")) == text[:900]
     # Valid takes the second fraction, test the third (unequal here); the same file split another
