@@ -1267,7 +1267,8 @@ class _DatasetsOfAnotherError:
 def test_a_hub_corpus_that_cannot_load_is_one_data_error_whatever_went_wrong(monkeypatch):
     """Without the `datasets` package, or with any error of the hub or its cache (not only a connection error), the
     hub name is one DataError saying what went wrong and how to give a local copy; a hub address whose host name
-    is malformed (HF_ENDPOINT mistyped) is a host without an address, not a crash."""
+    is malformed (HF_ENDPOINT mistyped) is a host without an address, not a crash, and huggingface_hub missing
+    leaves the hub's error as it is."""
     from gbattn.data.corpus import _host_resolves
 
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
@@ -1279,6 +1280,11 @@ def test_a_hub_corpus_that_cannot_load_is_one_data_error_whatever_went_wrong(mon
                                         r"not found\); download it once"):
         load_corpus("wikitext-2-raw-v1")
     assert _host_resolves("https://" + "a" * 64 + ".example") is False
+    # without huggingface_hub (nothing to put offline) the error is still the hub's own, not one of gbattn's
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    monkeypatch.setitem(sys.modules, "datasets", _OfflineDatasets)
+    with pytest.raises(DataError, match=r"from the Hugging Face hub \(ConnectionError: Couldn't reach"):
+        load_corpus("wikitext-2-raw-v1")
 
 
 @pytest.mark.parametrize("resolves, proxy", [(False, ""), (True, ""), (False, "http://proxy.example:3128")])
