@@ -25,7 +25,7 @@ from gbattn import files
 from gbattn import rundir as ckpt
 from gbattn.cli import main as cli_main
 from gbattn.data import tokenizer as tokenizer_mod
-from gbattn.data.corpus import NO_TEST_SPLIT, load_corpus, tested_split
+from gbattn.data.corpus import NO_TEST_SPLIT, load_corpus, test_split_note, tested_split
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError, DataError, UserError
@@ -1024,6 +1024,8 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
     assert corpus.notes == ["single file split by characters 0.90/0.05/0.05"]
     assert nano.notes == ["single file split by characters 0.90/0.10/0.00", NO_TEST_SPLIT]
     assert (tested_split(corpus.notes), tested_split(nano.notes)) == ("test", "valid")
+    assert (test_split_note(corpus.notes), test_split_note(nano.notes)) == ("", " (this data has no test split: "
+                                                                               "test is valid)")
     assert "".join(nano.lines("valid")) == "".join(nano.lines("test")) == text[900:]
     assert "".join(nano.lines("train")) == text[:900]
     # Valid takes the second fraction, test the third (unequal here); the same file split another
