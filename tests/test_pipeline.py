@@ -1260,6 +1260,21 @@ def test_a_split_setting_is_refused_for_a_hub_corpus():
     check_split_setting("wikitext-2-raw-v1", {})
 
 
+def test_a_split_setting_is_refused_for_a_folder_given_with_a_tilde_and_kept_for_the_bundled_corpus(tmp_path,
+                                                                                                  monkeypatch):
+    """``--data ~/corpus`` names a folder in the home directory (the split setting is refused there as for any
+    folder), while ``tiny-shakespeare`` is the shipped text even where a folder of that name is here."""
+    from gbattn.data.corpus import check_split_setting
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for name in ("corpus", "tiny-shakespeare"):
+        (tmp_path / name).mkdir()
+    with pytest.raises(DataError, match="^--set split cuts a single text file by characters; --data ~/corpus has"):
+        check_split_setting("~/corpus", {"split": [0.8, 0.1, 0.1]})
+    check_split_setting("tiny-shakespeare", {"split": [0.8, 0.1, 0.1]})
+
+
 class _DatasetsOfAnotherError:
     @staticmethod
     def load_dataset(*args, **kwargs):
