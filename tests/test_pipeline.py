@@ -1534,6 +1534,19 @@ def test_a_data_file_that_cannot_be_read_is_one_data_error(tmp_path):
             checked_digest(path)
 
 
+def test_a_data_folder_that_cannot_be_listed_is_one_data_error(tmp_path, monkeypatch):
+    """A folder without read permission (its listing refused) is one line naming it, not a PermissionError traceback
+    (as root, the permission is not enforced: the refusal is made here)."""
+    folder = write_corpus(tmp_path / "c")
+
+    def refused(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "iterdir", refused)
+    with pytest.raises(DataError, match=f"^--data {folder} cannot be read \\(Permission denied\\)$"):
+        load_corpus(str(folder))
+
+
 def test_compressed_data_is_named_by_its_format_not_called_binary(tmp_path):
     """A gzip file without .gz in its name, an xz, bzip2, zip, zstd or 7z file, or gzip data gzipped again, was
     "looks binary (NUL byte at byte offset 3); give a UTF-8 text file": not a word of what it is or that naming it
