@@ -1674,6 +1674,22 @@ def test_decoding_shows_the_unknown_token_and_leaves_padding_out(tmp_path):
     assert tok.decode([0, *ids], skip_special=False) == "<pad> the <unk> mat <unk>"
 
 
+
+def test_decoding_leaves_out_special_added_tokens_only():
+    """An added token that is not special (a tokenizer's own word, a separator) is text: decoded as any token;
+    only special ones (an end-of-text token) are left out."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models
+
+    backend = Backend(models.WordLevel({"a": 0, "b": 1, "<unk>": 2}, unk_token="<unk>"))
+    backend.add_tokens(["<sep>"])
+    backend.add_special_tokens(["<eos>"])
+    tok = Tokenizer("hf", backend.to_str())
+    sep, eos = backend.token_to_id("<sep>"), backend.token_to_id("<eos>")
+    assert tok.decode([0, sep, 1, eos]) == "a <sep> b"
+    assert tok.decode([0, sep, 1, eos], skip_special=False) == "a <sep> b <eos>"
+
+
 @pytest.mark.parametrize("model", ["WordLevel", "WordPiece", "BPE", "Unigram"])
 def test_an_unknown_token_spelled_otherwise_is_shown_too(model):
     """A tokenizer.json whose unknown token is a special token spelled otherwise (BERT's ``[UNK]``) had no
