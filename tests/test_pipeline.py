@@ -1897,6 +1897,16 @@ def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_t
         assert (back.kind, back.payload, back.fingerprint) == (tok.kind, tok.payload, tok.fingerprint)
 
 
+def test_a_char_tokenizer_file_of_another_size_than_the_model_is_refused_in_one_line(tmp_path):
+    """A char tokenizer has no Hugging Face vocabulary to fall back on (the count older runs used): one of another
+    size than the model's vocabulary is refused as not the model's, not an AttributeError."""
+    Tokenizer("char", json.dumps({"chars": list("abc")})).save(tmp_path / "tokenizer.json")
+    assert Tokenizer.load(tmp_path / "tokenizer.json", expected_vocab=3).vocab_size == 3
+    with pytest.raises(CheckpointError, match="has 3 tokens but the model's vocabulary is 4: the tokenizer does not "
+                                              "belong to this model$"):
+        Tokenizer.load(tmp_path / "tokenizer.json", expected_vocab=4)
+
+
 def test_a_tokenizer_file_other_than_the_one_the_run_recorded_is_refused(tmp_path):
     """A run's tokenizer.json replaced by another of the same size (another run's char tokenizer, its characters in
     another order) was taken: eval scored and generate decoded through the wrong tokens, silently. The fingerprint
