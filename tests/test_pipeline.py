@@ -212,6 +212,17 @@ def test_a_token_cache_entry_finished_by_another_process_at_the_same_moment_is_t
     assert [p.name for p in entry.parent.iterdir()] == [entry.name]
 
 
+def test_a_token_cache_entry_that_cannot_be_read_back_is_one_data_error(tmp_path, monkeypatch):
+    """An entry written but not readable after its rename (a file system losing writes) is one line saying so."""
+    from gbattn.data import tokens as tokens_mod
+
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    tok = get_tokenizer("char", corpus)
+    monkeypatch.setattr(tokens_mod, "_read_cache", lambda *args: None)
+    with pytest.raises(DataError, match="cannot be read back after writing it; delete it and try again$"):
+        tokenize_corpus(corpus, tok, progress=False)
+
+
 def test_caps_take_the_first_tokens(tmp_path):
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     tok = get_tokenizer("char", corpus)
