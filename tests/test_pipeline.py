@@ -1380,7 +1380,7 @@ def test_bpe_trains_on_the_first_non_empty_training_lines(tmp_path, monkeypatch)
 
 def test_prepared_data_follows_the_configs_caps_and_split(tmp_path):
     """train_tokens caps train, eval_tokens caps valid and test; a single file is split by the
-    config's fractions."""
+    config's fractions; the splits asked for are the ones returned (eval's valid and test, not train)."""
     from gbattn.config import TrainConfig
     from gbattn.data.prepare import prepare_data
 
@@ -1393,6 +1393,8 @@ def test_prepared_data_follows_the_configs_caps_and_split(tmp_path):
                       eval_tokens=None)
     splits = prepare_data(cfg, vocab_size=64, progress=False).splits
     assert [len(splits[s]) for s in ("train", "valid", "test")] == [500, 300, 200]
+    held_out = prepare_data(cfg, vocab_size=64, progress=False, needed=("valid", "test")).splits  # eval's splits
+    assert sorted(held_out) == ["test", "valid"] and [len(held_out[s]) for s in ("valid", "test")] == [300, 200]
 
 
 def test_prepared_data_without_progress_prints_nothing(tmp_path, capsys):
