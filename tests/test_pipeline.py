@@ -1785,6 +1785,11 @@ def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked
                                             rf"file \({own.kind}\), not a Hugging Face tokenizer.json: --tokenizer "
                                             rf"{own.kind} on that run's data and vocab_size builds the same one"):
             get_tokenizer(f"hf={tmp_path / f'{own.kind}-run.json'}", corpus)
+    # JSON with a kind but no payload, or a kind gbattn has not, is no run's file: only "not a valid tokenizer.json"
+    for record in ({"kind": "bpe"}, {"kind": "sentencepiece", "payload": "{}"}):
+        (tmp_path / "other.json").write_text(json.dumps(record))
+        with pytest.raises(DataError, match=r"^--tokenizer hf=.*other.json: not a valid tokenizer.json"):
+            get_tokenizer(f"hf={tmp_path / 'other.json'}", corpus)
 
 
 def test_a_tokenizer_with_an_id_beyond_any_models_vocabulary_is_refused_as_its_file(tmp_path):
