@@ -1411,6 +1411,20 @@ def test_prepared_data_without_progress_prints_nothing(tmp_path, capsys):
     assert capsys.readouterr() == ("", "")
 
 
+def test_the_other_data_note_names_data_other_than_the_runs_only():
+    """eval's note beside its figures: nothing for the run's own data or for a run that recorded no corpus (an
+    upcycled checkpoint), else both fingerprints."""
+    from types import SimpleNamespace
+
+    from gbattn.data.prepare import Data, other_data_note
+
+    data = Data(tokenizer=None, splits={}, corpus_name="c", corpus_fingerprint="f" * 64, notes=[])
+    assert other_data_note(SimpleNamespace(data_fingerprint=None), data) == ""
+    assert other_data_note(SimpleNamespace(data_fingerprint="f" * 64), data) == ""
+    assert other_data_note(SimpleNamespace(data_fingerprint="e" * 64), data) == (
+        f"evaluated on c, not the data the run was trained on (fingerprint {'e' * 16} recorded, {'f' * 16} here)")
+
+
 def test_char_vocabulary_covers_every_split(tmp_path):
     """A character seen only in valid or test is in the char vocabulary: every split encodes."""
     data = tmp_path / "c"
