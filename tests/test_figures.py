@@ -1498,3 +1498,14 @@ def test_results_md_says_when_every_model_has_fewer_seeds_than_the_comparison_na
     assert "Every model has" not in results_markdown(report_of(full))
     diverged = [{**row, "test_ppl": {"42": None}} for row in partial]  # no model has a result: no seed to name
     assert "Every model has" not in results_markdown(report_of(diverged))
+
+
+def test_the_seeds_results_md_names_are_in_numeric_order_negative_ones_too():
+    """Seeds are named in numeric order (9 before 10, not as text), a negative one (read_report allows it)
+    first: in the line that says which seeds every model has."""
+    from gbattn.experiments.report import results_markdown
+
+    rows = [model_row("standard", {"10": 10.0, "9": 10.5, "-1": 11.0}), model_row("gba-m2", {"10": 9.0, "9": 9.5,
+                                                                                               "-1": 9.2})]
+    md = results_markdown({**report_of(rows), "seeds": [-1, 9, 10, 11]})
+    assert "Every model has seeds -1, 9, 10 only (seed 11 not finished): each mean is over 3 seeds." in md
