@@ -775,6 +775,13 @@ def test_report_change_vs_standard_is_over_the_seeds_both_have():
     assert relative_change({"1": 90.0}, {"2": 100.0}) is None
 
 
+def test_a_model_as_good_as_standard_shows_a_change_of_zero_not_a_missing_one():
+    """A Δ vs standard of exactly 0 is a change, "+0.0%", not "—" (which says there is none to give)."""
+    rows = [model_row("standard", {"42": 9.0}), model_row("gba-m2", {"42": 9.0})]
+    gba = next(line for line in results_markdown(report_of(rows)).splitlines() if line.startswith("| gba-m2 |"))
+    assert gba.split(" | ")[5] == "+0.0%"
+
+
 def test_report_std_is_the_sample_standard_deviation_of_the_finite_values():
     import math
 
