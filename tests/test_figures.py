@@ -782,6 +782,20 @@ def test_a_model_as_good_as_standard_shows_a_change_of_zero_not_a_missing_one():
     assert gba.split(" | ")[5] == "+0.0%"
 
 
+def test_the_seeds_sentence_counts_its_seeds_in_words():
+    """The results figure's subtitle: "seeds" for two, "seed" for one, both where every model has the same
+    seeds and where the means are over the seeds all models share."""
+    from gbattn.experiments.report import seeds_sentence
+
+    both = [model_row("standard", {"42": 9.0, "123": 9.1}), model_row("gba-m2", {"42": 8.8, "123": 8.9})]
+    assert seeds_sentence(both) == "means over seeds 42, 123 (every model)"
+    assert seeds_sentence(both[:1] + [model_row("gba-m2", {"42": 8.8})]) == (
+        "means over the 1 seed all models share (42); 'all seeds' dots show the rest")
+    three = [model_row("standard", {"1": 9.0, "2": 9.0, "3": 9.0}), model_row("gba-m2", {"1": 8.8, "2": 8.8})]
+    assert seeds_sentence(three).startswith("means over the 2 seeds all models share (1, 2)")
+    assert seeds_sentence([model_row("standard", {"42": 9.0})]) == "means over seed 42 (every model)"
+
+
 def test_report_std_is_the_sample_standard_deviation_of_the_finite_values():
     import math
 
