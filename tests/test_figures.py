@@ -1521,6 +1521,18 @@ def test_results_md_says_when_every_model_has_fewer_seeds_than_the_comparison_na
     assert "Every model has" not in results_markdown(report_of(diverged))
 
 
+def test_a_published_row_without_a_mean_shows_no_value_and_names_no_published_source():
+    """results.json may record published = [null, null] (read_report allows it): no published value is shown,
+    so results.md names no source for one."""
+    from gbattn.experiments.report import results_markdown
+
+    rows = [model_row("standard", {"42": 9.0}, published=[None, None]), model_row("gba-m2", {"42": 8.8})]
+    md = results_markdown(report_of(rows))
+    assert "Published:" not in md and "published numbers omitted" not in md
+    rows[0]["published"] = [6.55, None]
+    assert "Published: nanoGPT README." in results_markdown(report_of(rows))
+
+
 def test_the_seeds_results_md_names_are_in_numeric_order_negative_ones_too():
     """Seeds are named in numeric order (9 before 10, not as text), a negative one (read_report allows it)
     first: in the line that says which seeds every model has."""
