@@ -1257,6 +1257,16 @@ def test_the_validation_curve_table_averages_every_seed_when_no_seed_is_shared_b
     assert "## Validation perplexity during training (seed mean)" in md and "| 2,000 | 9.00 | 8.00 |" in md
 
 
+def test_results_md_says_the_delta_is_over_the_seeds_each_model_shares_with_standard_when_none_is_shared_by_all():
+    """No seed is shared by every model: the line under the table says so, names each model's seeds, and gives
+    the Δ column's seeds as those each model shares with standard (not "the seeds all models share ()")."""
+    rows = [model_row("standard", {"1": 9.0, "2": 9.2}), model_row("twicing", {"1": 8.9, "3": 9.0}),
+            model_row("gba-m2", {"2": 8.8, "3": 8.7})]
+    assert ("Seeds differ between models (standard: 1, 2; twicing: 1, 3; gba-m2: 2, 3): test ppl is each model's "
+            "mean over its own seeds; Δ vs standard is over the seeds each model shares with standard (no seed is "
+            "shared by all models).") in results_markdown({**report_of(rows), "seeds": [1, 2, 3]})
+
+
 def test_continued_models_are_named_once_per_base_they_continue():
     rows = [model_row("base", {"42": 200.0}), {**model_row("a", {"42": 129.0}), "init_from": "base"},
             {**model_row("b", {"42": 128.0}), "init_from": "base"}, {**model_row("c", {"42": 127.0}), "init_from": "x"}]
