@@ -634,6 +634,17 @@ def test_plot_without_pdf_removes_the_pdfs_of_an_earlier_plot(tmp_path):
         assert cli_main(["plot", str(gap), "--gap", "gba-m2", "--out", str(tmp_path / "g"), *pdf]) == 0
     assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["gap.json", "gap.png"]
 
+def test_a_seed_the_reference_lacks_is_left_out_of_the_paired_differences():
+    """GBA finished seeds 1, 2 and 3, standard 1 and 2 (its seed 3 failed): GBA's paired differences are over
+    seeds 1 and 2, the ones both have, and the cell is marked, every seed of the table agreeing in sign."""
+    rows = [model_row("standard", {"1": 9.0, "2": 9.1}), model_row("gba-m2", {"1": 8.8, "2": 8.9, "3": 8.7})]
+    rows[0]["valid_loss"] = {"1": 2.20, "2": 2.21}
+    rows[1]["valid_loss"] = {"1": 2.17, "2": 2.18, "3": 9.99}
+    md = results_markdown({**report_of(rows), "seeds": [1, 2, 3]})
+    gba = next(line for line in md.splitlines() if line.startswith("| gba-m2 | 800,000 | 0.008 |"))
+    assert "-0.030 (-0.030 / -0.030) **same sign**" in gba
+
+
 def test_paired_differences_with_a_missing_seed_name_their_seeds_and_are_not_marked():
     """Standard on seeds 1, 2, 3 and GBA on 1 and 2 (its seed 3 failed): GBA's cell names each
     value's seed, says seed 3 is missing, and is not marked although both seeds agree in sign."""
