@@ -1542,6 +1542,21 @@ def test_results_md_says_when_every_model_has_fewer_seeds_than_the_comparison_na
     assert "Every model has" not in results_markdown(report_of(diverged))
 
 
+def test_read_report_refuses_a_label_that_is_no_folder_name_and_takes_integer_numbers(tmp_path):
+    """A row's label names its folder (LABEL/seedS/ is read): "", "..", one with a slash or a backslash is
+    damage; a perplexity or published number written as an integer (100, not 100.0) is a number."""
+    from gbattn.errors import CheckpointError
+    from gbattn.experiments.report import read_report
+
+    row, path = model_row("standard", {"42": 100.0}), tmp_path / "results.json"
+    for label in ("", "..", "a/b", "a\\b"):
+        path.write_text(json.dumps(report_of([{**row, "label": label}])))
+        with pytest.raises(CheckpointError, match="not the name of a folder in the comparison"):
+            read_report(path)
+    path.write_text(json.dumps(report_of([{**row, "test_ppl": {"42": 100}, "published": [72, None]}])))
+    assert read_report(path)["models"][0]["test_ppl"] == {"42": 100}
+
+
 def test_a_published_row_without_a_mean_shows_no_value_and_names_no_published_source():
     """results.json may record published = [null, null] (read_report allows it): no published value is shown,
     so results.md names no source for one."""
