@@ -916,6 +916,13 @@ def test_compare_refuses_another_recipe_or_data_or_only_label_in_the_same_direct
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard", "gba-m4"], quiet=True)
 
 
+def test_an_empty_data_is_refused_not_replaced_by_the_recipes_default(tmp_path):
+    """--data "" is a mistake to name, not a request for the recipe's default corpus (which None asks for)."""
+    with pytest.raises(UserError, match="--data is empty"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data="", sets=tiny_sets(), only=["standard"], quiet=True)
+    assert not (tmp_path / "cmp" / "recipe.json").exists()
+
+
 def test_a_comparison_whose_data_cannot_be_read_records_nothing(tmp_path):
     """A typo in --data wrote recipe.json before the data was read, so the corrected command was refused
     in the same --out ("holds a comparison with data='typo'")."""
