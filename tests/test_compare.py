@@ -947,7 +947,7 @@ def test_recipe_json_keeps_the_seeds_of_every_invocation_and_refuses_damaged_one
     assert json.loads((out / "recipe.json").read_text())["seeds"] == [1, 2]
     report = run_compare("cpu-proxy", out, data=str(data), seeds=[1], sets=sets, only=["standard"], quiet=True)
     assert report["seeds"] == [1, 2] and set(report["models"][0]["test_ppl"]) == {"1", "2"}
-    for seeds in ("1", [1, True]):
+    for seeds in ("1", [1, True], 5):  # 5: a TypeError traceback without the list check
         (out / "recipe.json").write_text(json.dumps({**json.loads((out / "recipe.json").read_text()),
                                                      "seeds": seeds}))
         with pytest.raises(CheckpointError, match=r"must be a list of integers"):
