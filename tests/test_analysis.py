@@ -788,6 +788,17 @@ def test_entropy_histogram_counts_rounding_past_its_ends_in_the_end_bins():
     assert sum(counts) == H * T and counts[0] == H and counts[-1] == H
 
 
+def test_a_sequence_of_one_position_counts_its_entropy_of_0_in_the_first_bin():
+    """At seq_len 1 every entropy is 0 and the histogram's edges are all 0 (0 .. log 1): each query counts in the
+    first bin, as an entropy of 0 does at any length, not in a middle one."""
+    ent_BHT = torch.zeros(3, 2, 1, dtype=torch.float64)
+    acc = stats.IntermediateStats(1, 2, 2, 1)
+    acc.update([stats.LayerSample(entropies=[ent_BHT], attention_output=torch.zeros(3, 1, 2, dtype=torch.float64),
+                                  corrections=[])])
+    (counts,) = acc.entropy_summary()["histogram"]["counts_per_round"]
+    assert counts == [6.0] + [0.0] * (stats.ENTROPY_BINS - 1)
+
+
 def test_a_batch_whose_layers_have_other_rounds_than_the_first_is_refused():
     """The running sums are shaped by the first batch's rounds per layer: a batch with more or fewer is an
     error, not a silent mix."""

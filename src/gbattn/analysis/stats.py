@@ -202,7 +202,9 @@ class IntermediateStats:
             self.norm_entropy_sum_LM[li, :M] += normalised_entropy(ent_MBHT)[..., 1:].sum(dim=(1, 2, 3))
             self.entropy_max = max(self.entropy_max, float(ent_MBHT.max()))
             for m in range(M):
-                self.entropy_hist_LMK[li, m] += torch.histc(ent_MBHT[m].clamp(0, hi), ENTROPY_BINS, 0.0, hi)
+                # (hi or 1.0: at seq_len 1 every entropy is 0, and histc over the range 0..0 would take the
+                # data's own range instead, counting them in a middle bin, not the first)
+                self.entropy_hist_LMK[li, m] += torch.histc(ent_MBHT[m].clamp(0, hi), ENTROPY_BINS, 0.0, hi or 1.0)
             if not sample.boosted:
                 continue
             x_BTD = sample.corrections[0][1] + sample.attention_output  # r_1 + F_0
