@@ -259,6 +259,20 @@ def test_other_data_is_read_with_the_runs_own_tokenizer(trained, tmp_path, monke
         assert run.tokenizer.decode(data.splits[split].tolist()) == (other / f"wiki.{split}.tokens").read_text()
 
 
+def test_eval_of_a_split_shorter_than_one_row_is_one_line(trained, tmp_path, capsys, monkeypatch):
+    """Other data (--allow-other-data) whose test split holds fewer tokens than one row of seq_len + 1: one line
+    naming the split and the row, no traceback of evaluate's ValueError and no perplexity of nothing."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    other = tmp_path / "other"
+    other.mkdir()
+    for split, text in (("train", "the cat sat .\n" * 40), ("valid", "a cat ran .\n" * 40), ("test", "the mat .\n")):
+        (other / f"wiki.{split}.tokens").write_text(text)
+    code, _, err = run_cli(capsys, ["eval", trained["run"], "--data", other, "--allow-other-data"])
+    line = one_line(code, err)
+    seq_len = rundir.load_run(trained["run"]).seq_len
+    assert "has 10 tokens: fewer than one row of" in line and f"{seq_len + 1}, so there is nothing to evaluate" in line
+
+
 def test_a_run_that_records_no_corpus_is_evaluated_on_the_data_given(trained, tmp_path, monkeypatch):
     """A run without a corpus of its own (upcycled from a Hugging Face checkpoint) needs --data, and takes it."""
     import dataclasses
