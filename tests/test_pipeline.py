@@ -2102,6 +2102,20 @@ def test_evaluate_refuses_fewer_tokens_than_one_row():
     assert evaluate(model, tokens, seq_len=8).tokens == 8
 
 
+def test_evaluate_of_one_row_of_one_prediction_is_that_predictions_loss():
+    """seq_len 1 over 2 tokens: one row, one predicted token, and the loss is its loss (not halved)."""
+    from gbattn.config import ModelConfig
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT, lm_loss
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=1, d_model=16, n_layers=1, n_heads=2, dropout=0.0)).eval()
+    tokens = np.array([3, 7], dtype=np.uint16)
+    res = evaluate(model, tokens, seq_len=1)
+    with torch.no_grad():
+        want = lm_loss(model(torch.tensor([[3]])), torch.tensor([[7]]))
+    assert res.tokens == 1 and res.loss == pytest.approx(float(want), rel=1e-6)
+
+
 def test_evaluate_under_ddp_counts_no_tokens_of_a_repeated_row():
     from gbattn.config import ModelConfig
     from gbattn.eval.perplexity import evaluate
