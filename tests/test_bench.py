@@ -757,6 +757,21 @@ def test_a_failed_cpu_memory_probe_is_one_line(monkeypatch):
         speed.peak_memory_train_step(cfg, 2, 16, torch.device("cpu"), False)
 
 
+def test_the_cpu_memory_probes_figure_is_the_last_line_it_prints(monkeypatch):
+    """The probe's process prints its figure last: a line something else printed before it (a library's notice)
+    is not the figure."""
+    import subprocess
+    import types
+
+    from gbattn.bench import speed
+    from gbattn.config import preset_config
+
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: types.SimpleNamespace(
+        returncode=0, stdout="a notice printed on import\n1234567\n", stderr=""))
+    cfg = preset_config("cpu-char", "standard", {})
+    assert speed.peak_memory_train_step(cfg, 2, 16, torch.device("cpu"), False) == 1234567.0
+
+
 def test_a_variant_that_fails_to_compile_is_left_out_and_the_others_reported(monkeypatch, capsys, tmp_path):
     """torch.compile failing on one variant (a backend error in the warm-up) is one warning line and a note in the
     report, the other rows still timed; failing on compiled standard leaves out every compiled row (no baseline for
