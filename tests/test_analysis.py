@@ -776,6 +776,21 @@ def test_statistics_add_up_over_batches_with_exact_histograms_and_gate_range():
     assert norms["gated_over_residual"] == pytest.approx(math.sqrt(0.34) / 5)
 
 
+@pytest.mark.parametrize("low, high", [(0.6, 0.8), (-0.4, -0.2)])
+def test_the_gate_range_is_the_gates_own_wherever_they_lie(low, high):
+    """The smallest and largest gate value are those of the gates seen, also when every gate lies above 0.5 or
+    below 0 (a tanh gate): no starting value of the running minimum or maximum shows through."""
+    T, D = 2, 2
+    g_BTD = torch.tensor([low, high], dtype=torch.float64).expand(1, T, D)
+    one_BTD = torch.ones(1, T, D, dtype=torch.float64)
+    acc = stats.IntermediateStats(1, 1, D, T)
+    ent_BHT = torch.full((1, 1, T), 0.5, dtype=torch.float64)
+    acc.update([stats.LayerSample(entropies=[ent_BHT, ent_BHT], attention_output=one_BTD,
+                                  corrections=[(one_BTD, one_BTD, g_BTD)])])
+    gates = acc.gate_summary()
+    assert (gates["min"], gates["max"]) == (low, high)
+
+
 def test_entropy_histogram_counts_rounding_past_its_ends_in_the_end_bins():
     """A uniform row's entropy computed in float may come out a hair above log(T), a one-hot row's a hair
     below 0: each still counts, in the last or the first bin, so every query is in the histogram."""
