@@ -680,6 +680,17 @@ def test_bench_sweep_options_without_a_sweep_are_refused(capsys):
         assert (code, out, len(err.splitlines())) == (2, "", 1) and expected in err, (argv, err)
 
 
+def test_bench_refuses_a_set_of_attn_before_any_work():
+    """--set attn=... would turn every variant into that one (a table of one model under several names): refused
+    in one line, naming --attn, before a model is built."""
+    from gbattn.bench import speed
+    from gbattn.errors import UserError
+
+    with pytest.raises(UserError, match=r"^--set attn=\.\.\. would make every variant benched that one: name the "
+                                        r"variants with --attn$"):
+        speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", quiet=True, sets={"attn": "boosted"})
+
+
 def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
     """The memory probe and the sweep build the timed step's optimizer, not AdamW's default (on CUDA
     the timed step's is fused and the default foreach one holds more temporaries): every AdamW the
