@@ -634,6 +634,33 @@ def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch
         speed._status_bytes("VmHWM")
 
 
+def test_cpu_memory_probe_reports_no_growth_as_0_never_below(monkeypatch, capsys):
+    """A high-water mark read below the RSS taken as the start (the kernel's counters lag each other) is no
+    growth, 0 bytes: never a negative peak memory, whose ratios to standard would be negative too."""
+    import io
+    import json
+
+    from gbattn.bench import speed
+    from gbattn.config import preset_config
+
+    status = {"VmRSS": 2000 * 1024, "VmHWM": 2000 * 1024}
+    monkeypatch.setattr(speed, "open", lambda path, mode="r": io.StringIO(), raising=False)  # clear_refs
+    monkeypatch.setattr(speed, "_status_bytes", lambda field: status[field])
+
+    def fake_steps(cfg, batch, seq_len, device, amp, steps):
+        if steps == 2:  # the measured steps: the mark read lower than the start
+            status["VmHWM"] = 1900 * 1024
+
+    monkeypatch.setattr(speed, "_run_steps", fake_steps)
+    threads = torch.get_num_threads()
+    cfg = preset_config("cpu-char", "standard", {})
+    try:
+        speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(), "batch": 1, "seq_len": 4, "threads": threads}))
+    finally:
+        torch.set_num_threads(threads)
+    assert capsys.readouterr().out == "0\n"
+
+
 def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(monkeypatch):
     """A variant named twice (two rows of one label, paired wrongly with compiled rows), a bad
     --sweep-attn and a --sweep length too long are one-line errors before any training step, not after the
