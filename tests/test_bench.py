@@ -241,6 +241,30 @@ def test_bench_timings_follow_a_fake_clock(monkeypatch):
         ("standard", 0.5, 4 * 8 * 8), ("boosted", 0.5, 4 * 8 * 8)]
 
 
+def test_bench_runs_on_the_threads_it_is_given_and_records_them(monkeypatch):
+    """threads=N: every timed step runs on N threads, and the report records N (the count the timings are of)."""
+    from gbattn.bench import speed
+
+    clock, seen = [0.0], set()
+
+    def fake_step(case, x, y, autocast):
+        seen.add(torch.get_num_threads())
+        clock[0] += 0.5
+
+    def fake_decode(model, prompt, n_decode, device, autocast, step=None):
+        clock[0] += 1.0
+        return 0.5, 0.5
+
+    fake_timings(monkeypatch, clock, fake_step, fake_decode)
+    threads = torch.get_num_threads()
+    try:
+        report = speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=1, steps=1,
+                                 decode=2, threads=threads + 1, quiet=True, sets={"n_layers": 1})
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == {threads + 1} and report["threads"] == threads + 1
+
+
 def test_bench_rows_are_block_size_minus_one_tokens_by_default(monkeypatch):
     """Without --seq-len a row is block_size - 1 tokens, as in training (input and its shifted target fit the
     block), and the FLOPs per token are counted at that length."""
