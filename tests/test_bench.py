@@ -265,6 +265,28 @@ def test_bench_runs_on_the_threads_it_is_given_and_records_them(monkeypatch):
     assert seen == {threads + 1} and report["threads"] == threads + 1
 
 
+def test_bench_rows_may_fill_the_block_size_and_no_more(monkeypatch):
+    """--seq-len equal to the block size is a row the model takes whole (timed); one token more is one line."""
+    from gbattn.bench import speed
+    from gbattn.errors import UserError
+
+    clock = [0.0]
+
+    def fake_step(case, x, y, autocast):
+        clock[0] += 0.5
+
+    def fake_decode(model, prompt, n_decode, device, autocast, step=None):
+        clock[0] += 1.0
+        return 0.5, 0.5
+
+    fake_timings(monkeypatch, clock, fake_step, fake_decode)
+    options = dict(device="cpu", batch=1, repeats=1, steps=1, decode=2, quiet=True,
+                   sets={"n_layers": 1, "block_size": 8})
+    assert speed.run_bench("cpu-char", ["standard"], seq_len=8, **options)["seq_len"] == 8
+    with pytest.raises(UserError, match="^--seq-len 9 exceeds the block size 8 from --set block_size=8$"):
+        speed.run_bench("cpu-char", ["standard"], seq_len=9, **options)
+
+
 def test_bench_rows_are_block_size_minus_one_tokens_by_default(monkeypatch):
     """Without --seq-len a row is block_size - 1 tokens, as in training (input and its shifted target fit the
     block), and the FLOPs per token are counted at that length."""
