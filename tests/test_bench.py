@@ -287,6 +287,22 @@ def test_bench_rows_may_fill_the_block_size_and_no_more(monkeypatch):
         speed.run_bench("cpu-char", ["standard"], seq_len=9, **options)
 
 
+def test_a_dynamo_error_of_an_eager_row_is_raised_not_reported_as_a_failed_compile(monkeypatch):
+    """Only a compiled row is left out when torch.compile fails: an eager row that raises dynamo's error (code it
+    runs that compiles itself) is a failure of the bench, raised, not a row left out as "torch.compile failed"."""
+    from gbattn.bench import speed
+
+    clock = [0.0]
+
+    def fake_step(case, x, y, autocast):
+        raise torch._dynamo.exc.TorchDynamoException("inside an eager step")
+
+    fake_timings(monkeypatch, clock, fake_step, lambda *args, **kwargs: (0.5, 0.5))
+    with pytest.raises(torch._dynamo.exc.TorchDynamoException, match="inside an eager step"):
+        speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2,
+                        quiet=True, sets={"n_layers": 1})
+
+
 def test_bench_rows_are_block_size_minus_one_tokens_by_default(monkeypatch):
     """Without --seq-len a row is block_size - 1 tokens, as in training (input and its shifted target fit the
     block), and the FLOPs per token are counted at that length."""
