@@ -791,6 +791,20 @@ def test_the_gate_range_is_the_gates_own_wherever_they_lie(low, high):
     assert (gates["min"], gates["max"]) == (low, high)
 
 
+def test_a_three_round_layer_is_listed_once_among_the_first_gates_layers():
+    """mean_per_layer holds each layer's first gate g_1, and mean_per_layer_layers names those layers: a layer
+    with two corrections is one entry in each, not one per correction."""
+    T, D = 2, 1
+    one_BTD = torch.ones(1, T, D, dtype=torch.float64)
+    ent_BHT = torch.full((1, 1, T), 0.5, dtype=torch.float64)
+    acc = stats.IntermediateStats(1, 1, D, T)
+    acc.update([stats.LayerSample(entropies=[ent_BHT] * 3, attention_output=one_BTD,
+                                  corrections=[(one_BTD, one_BTD, 0.25 * one_BTD),
+                                               (one_BTD, one_BTD, 0.75 * one_BTD)])])
+    gates = acc.gate_summary()
+    assert gates["mean_per_layer"] == [0.25] and gates["mean_per_layer_layers"] == [0]
+
+
 def test_entropy_histogram_counts_rounding_past_its_ends_in_the_end_bins():
     """A uniform row's entropy computed in float may come out a hair above log(T), a one-hot row's a hair
     below 0: each still counts, in the last or the first bin, so every query is in the histogram."""
