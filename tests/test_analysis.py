@@ -805,6 +805,20 @@ def test_a_three_round_layer_is_listed_once_among_the_first_gates_layers():
     assert gates["mean_per_layer"] == [0.25] and gates["mean_per_layer_layers"] == [0]
 
 
+def test_the_gated_correction_over_a_residual_below_1_is_their_ratio():
+    """gated_over_residual is |g*c| / |r| whatever the scale of r: a residual of norm 0.5 doubles the ratio."""
+    T, D = 2, 2
+    r_BTD = torch.tensor([0.3, 0.4], dtype=torch.float64).expand(1, T, D)  # |r| = 0.5
+    c_BTD = torch.tensor([0.2, 0.0], dtype=torch.float64).expand(1, T, D)
+    one_BTD = torch.ones(1, T, D, dtype=torch.float64)
+    ent_BHT = torch.full((1, 1, T), 0.5, dtype=torch.float64)
+    acc = stats.IntermediateStats(1, 1, D, T)
+    acc.update([stats.LayerSample(entropies=[ent_BHT] * 2, attention_output=one_BTD,
+                                  corrections=[(c_BTD, r_BTD, 0.5 * one_BTD)])])
+    (row,) = acc.norm_summary()["per_layer"]
+    assert row["residual"] == pytest.approx(0.5) and row["gated_over_residual"] == pytest.approx(0.1 / 0.5)
+
+
 def test_entropy_histogram_counts_rounding_past_its_ends_in_the_end_bins():
     """A uniform row's entropy computed in float may come out a hair above log(T), a one-hot row's a hair
     below 0: each still counts, in the last or the first bin, so every query is in the histogram."""
