@@ -303,6 +303,28 @@ def test_a_dynamo_error_of_an_eager_row_is_raised_not_reported_as_a_failed_compi
                         quiet=True, sets={"n_layers": 1})
 
 
+def test_bench_reports_the_median_prefill(monkeypatch):
+    """Prefills of 1, 1 and 7 s over three repeats: 1 s, their median (the mean, 3 s, lets one slow repeat through)."""
+    from gbattn.bench import speed
+
+    clock, calls = [0.0], []
+
+    def fake_step(case, x, y, autocast):
+        clock[0] += 0.5
+
+    def fake_decode(model, prompt, n_decode, device, autocast, step=None):
+        prefill, decode = [(9.0, 0.5), (1.0, 2.0), (1.0, 2.0), (7.0, 2.0)][len(calls)]
+        calls.append(step)
+        clock[0] += prefill + decode
+        return prefill, decode
+
+    fake_timings(monkeypatch, clock, fake_step, fake_decode)
+    report = speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=3, steps=1, decode=2,
+                             compile="on", quiet=True, sets={"n_layers": 1})
+    (row,) = report["variants"]
+    assert row["prefill_s_all"] == [1.0, 1.0, 7.0] and row["prefill_s"] == 1.0
+
+
 def test_bench_rows_are_block_size_minus_one_tokens_by_default(monkeypatch):
     """Without --seq-len a row is block_size - 1 tokens, as in training (input and its shifted target fit the
     block), and the FLOPs per token are counted at that length."""
