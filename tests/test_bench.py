@@ -303,8 +303,9 @@ def test_a_dynamo_error_of_an_eager_row_is_raised_not_reported_as_a_failed_compi
                         quiet=True, sets={"n_layers": 1})
 
 
-def test_bench_reports_the_median_prefill(monkeypatch):
-    """Prefills of 1, 1 and 7 s over three repeats: 1 s, their median (the mean, 3 s, lets one slow repeat through)."""
+def test_bench_reports_the_median_prefill_and_no_negative_compile_time(monkeypatch):
+    """Prefills of 1, 1 and 7 s over three repeats: 1 s, their median (the mean, 3 s, lets one slow repeat through).
+    A warm-up decode faster than the measured ones (0.5 s against 2 s) compiled in no time: 0, never negative."""
     from gbattn.bench import speed
 
     clock, calls = [0.0], []
@@ -323,6 +324,7 @@ def test_bench_reports_the_median_prefill(monkeypatch):
                              compile="on", quiet=True, sets={"n_layers": 1})
     (row,) = report["variants"]
     assert row["prefill_s_all"] == [1.0, 1.0, 7.0] and row["prefill_s"] == 1.0
+    assert row["compile_s"]["decode"] == 0.0
 
 
 def test_bench_rows_are_block_size_minus_one_tokens_by_default(monkeypatch):
