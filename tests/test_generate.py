@@ -502,3 +502,13 @@ def test_decoder_for_counts_the_cached_steps_it_compiles_for_and_says_where_the_
     assert decoding.decoder_for(model, False, 24, 1) == (None, "KV cache")
     assert decoding.decoder_for(model, False, 25, 1) == (None, "KV cache; no cache past block_size=24")
     assert decoding.decoder_for(model, True, 5, 24) == (None, "no cache: the prompt fills block_size")
+
+
+def test_use_cache_false_takes_no_cached_decode_step():
+    """use_cache=False predicts every token from a full forward: the decode step is never called (while
+    the greedy tokens, the same either way, could not tell a cached run from an uncached one)."""
+    model = tiny_model(("standard", {}))
+    calls = []
+    prompt = torch.randint(0, 37, (2, 5))
+    out = generate(model, prompt, 4, temperature=0, use_cache=False, decode_step=lambda *a: calls.append(a))
+    assert calls == [] and out.shape == (2, 9)
