@@ -512,3 +512,16 @@ def test_use_cache_false_takes_no_cached_decode_step():
     prompt = torch.randint(0, 37, (2, 5))
     out = generate(model, prompt, 4, temperature=0, use_cache=False, decode_step=lambda *a: calls.append(a))
     assert calls == [] and out.shape == (2, 9)
+
+
+
+def test_no_seed_draws_from_the_global_rng():
+    """seed=None draws from torch's global generator: it repeats after the same torch.manual_seed and
+    changes with another (a fixed generator would give every call the same draws)."""
+    model = tiny_model(("standard", {}))
+    prompt = torch.randint(0, 37, (2, 4))
+    draws = []
+    for global_seed in (1, 1, 2):
+        torch.manual_seed(global_seed)
+        draws.append(generate(model, prompt, 12, temperature=2.0))
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
