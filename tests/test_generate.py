@@ -525,3 +525,13 @@ def test_no_seed_draws_from_the_global_rng():
         torch.manual_seed(global_seed)
         draws.append(generate(model, prompt, 12, temperature=2.0))
     assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+
+
+
+def test_the_largest_seed_is_taken_and_one_more_is_refused():
+    """seed takes 0 .. 2**63 - 1, the range torch.Generator.manual_seed and the CLI take, both ends included."""
+    model = tiny_model(("standard", {}))
+    ids = torch.tensor([[5, 6, 7]])
+    assert generate(model, ids, 2, seed=2**63 - 1).shape == (1, 5)
+    with pytest.raises(ValueError, match=re.escape("seed=9223372036854775808")):
+        generate(model, ids, 2, seed=2**63)
