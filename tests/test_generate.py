@@ -535,3 +535,13 @@ def test_the_largest_seed_is_taken_and_one_more_is_refused():
     assert generate(model, ids, 2, seed=2**63 - 1).shape == (1, 5)
     with pytest.raises(ValueError, match=re.escape("seed=9223372036854775808")):
         generate(model, ids, 2, seed=2**63)
+
+
+def test_a_device_with_no_measured_threshold_compiles_only_when_asked(monkeypatch):
+    """MIN_TOKENS_TO_COMPILE of None (a device where compiling was not measured, as CUDA): the default
+    (compile=None) never compiles, however many cached steps; compile=True still does."""
+    model = tiny_model(("standard", {}))  # block_size 24
+    monkeypatch.setitem(decoding.MIN_TOKENS_TO_COMPILE, "cpu", None)
+    monkeypatch.setattr(decoding, "compiled_decode_step", lambda model: "compiled step")
+    assert decoding.decoder_for(model, None, 24, 1) == (None, "KV cache")
+    assert decoding.decoder_for(model, True, 24, 1)[0] == "compiled step"
