@@ -545,3 +545,14 @@ def test_a_device_with_no_measured_threshold_compiles_only_when_asked(monkeypatc
     monkeypatch.setattr(decoding, "compiled_decode_step", lambda model: "compiled step")
     assert decoding.decoder_for(model, None, 24, 1) == (None, "KV cache")
     assert decoding.decoder_for(model, True, 24, 1)[0] == "compiled step"
+
+
+def test_a_prompt_that_is_no_tensor_is_named():
+    """A list or numpy array of token ids is a ValueError saying to give a tensor, not Python's "'list' object
+    has no attribute 'dim'"."""
+    import numpy as np
+
+    model = tiny_model(("standard", {}))
+    for prompt, kind in (([[5, 6, 7]], "list"), (np.array([[5, 6, 7]]), "ndarray")):
+        with pytest.raises(ValueError, match=re.escape(f"token ids of type {kind}: give a torch tensor")):
+            generate(model, prompt, 2)
