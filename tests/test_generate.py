@@ -556,3 +556,15 @@ def test_a_prompt_that_is_no_tensor_is_named():
     for prompt, kind in (([[5, 6, 7]], "list"), (np.array([[5, 6, 7]]), "ndarray")):
         with pytest.raises(ValueError, match=re.escape(f"token ids of type {kind}: give a torch tensor")):
             generate(model, prompt, 2)
+
+
+def test_an_integer_prompt_mask_is_read_as_nonzero_for_real_tokens():
+    """An integer prompt_mask marks real tokens by any nonzero entry, as a model's key_padding_mask does:
+    a mask of 0s and 2s decodes as the bool mask, with the cache and without (its positions count real
+    tokens, not the mask's sum)."""
+    model = tiny_model(("standard", {}))
+    batch, mask = left_pad([torch.randint(0, 37, (n,)) for n in (6, 3)])
+    for use_cache in (True, False):
+        expected = generate(model, batch, 4, temperature=0, prompt_mask=mask, use_cache=use_cache)
+        assert torch.equal(generate(model, batch, 4, temperature=0, prompt_mask=mask.long() * 2,
+                                    use_cache=use_cache), expected), use_cache
