@@ -568,3 +568,17 @@ def test_an_integer_prompt_mask_is_read_as_nonzero_for_real_tokens():
         expected = generate(model, batch, 4, temperature=0, prompt_mask=mask, use_cache=use_cache)
         assert torch.equal(generate(model, batch, 4, temperature=0, prompt_mask=mask.long() * 2,
                                     use_cache=use_cache), expected), use_cache
+
+
+def test_generate_counts_the_cached_steps_after_its_own_prompt_to_decide_compiling(monkeypatch):
+    """generate's default choice counts the cached steps its prompt leaves before block_size: at a threshold of
+    5, 8 new tokens after a 20-token prompt take 4 cached steps (eager), after a 1-token prompt 7 (compiled)."""
+    model = tiny_model(("standard", {}))  # block_size 24
+    compiled = []
+    monkeypatch.setitem(decoding.MIN_TOKENS_TO_COMPILE, "cpu", 5)
+    monkeypatch.setattr(decoding, "compiled_decode_step",
+                        lambda model: compiled.append(model) or decoding.eager_decode_step(model))
+    generate(model, torch.randint(0, 37, (1, 20)), 8, temperature=0)
+    assert compiled == []
+    generate(model, torch.randint(0, 37, (1, 1)), 8, temperature=0)
+    assert compiled == [model]
