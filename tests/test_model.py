@@ -879,6 +879,20 @@ def test_targets_of_another_dtype_or_outside_the_vocabulary_are_named():
         lm_loss(logits, idx[:, 1:].float() + 0.7)
 
 
+def test_targets_are_checked_against_the_output_heads_vocabulary():
+    """A replaced (resized) output head sets the targets' range, as a replaced embedding sets the token ids': a
+    target of 39 is taken by a 40-token head and 40 is named."""
+    model = tiny_model(("standard", {}))  # vocab_size 37
+    model.lm_head = torch.nn.Linear(model.cfg.d_model, 40, bias=False, dtype=torch.float64)  # as a resize does
+    idx = torch.randint(0, 37, (2, 6))
+    targets = idx[:, 1:].clone()
+    targets[1, 3] = 39
+    assert torch.isfinite(model(idx[:, :-1], targets))
+    targets[1, 3] = 40
+    with pytest.raises(ValueError, match=r"target 40 outside the vocabulary: targets are 0 \.\. 39 \(vocab_size=40\)"):
+        model(idx[:, :-1], targets)
+
+
 def test_a_list_or_numpy_array_where_a_tensor_goes_is_named():
     """Token ids, targets, masks, positions and a module's input given as a list or a numpy array were Python's
     "'list' object has no attribute 'dim'" (or 'dtype', 'shape') from inside the call."""
