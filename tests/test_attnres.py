@@ -64,6 +64,18 @@ def test_block_mode_sources():
     assert seen == [(0, 1), (1, 2), (2, 2), (3, 3), (4, 3)]
 
 
+def test_full_mode_sources_grow_by_one_per_sublayer():
+    """Full AttnRes (S = 1) with 2 layers: sublayer l mixes the embedding and every earlier output, l + 1
+    sources, and the final aggregation all 5; a block counter not reset after a completed block kept only
+    the first block apart (2 layers of S = 2 see the same counts either way)."""
+    model = tiny_model(("standard", {}), residual="attnres-full")
+    seen = []
+    original = model.residual.mix
+    model.residual.mix = lambda i, sources: seen.append((i, len(sources))) or original(i, sources)
+    model(torch.randint(0, 37, (1, 4)))
+    assert seen == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+
+
 def test_block_attnres_equals_its_equations_written_out():
     """Block AttnRes with S = 3 over 2 layers (sublayers attn 0, FFN 0, attn 1, FFN 1), written out with
     the sublayers as black boxes: each input mixes [embedding, completed blocks, the partial block's
