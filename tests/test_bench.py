@@ -195,6 +195,21 @@ def fake_timings(monkeypatch, clock, fake_step, fake_decode) -> None:
     monkeypatch.setattr(speed, "compiled_decode_step", lambda model: "compiled step")
 
 
+def steady_timings(monkeypatch, step_s: float) -> None:
+    """:func:`fake_timings` where every training step takes ``step_s`` and every decode 0.5 s of prefill and
+    0.5 s of decoding."""
+    clock = [0.0]
+
+    def fake_step(case, x, y, autocast):
+        clock[0] += step_s
+
+    def fake_decode(model, prompt, n_decode, device, autocast, step=None):
+        clock[0] += 1.0
+        return 0.5, 0.5
+
+    fake_timings(monkeypatch, clock, fake_step, fake_decode)
+
+
 def test_bench_timings_follow_a_fake_clock(monkeypatch):
     """A clock that training steps and decodes advance by known amounts: eager steps 0.5 s, compiled
     steps 0.25 s after a 3 s warm-up step each, a decode of 2 s eager and 1 s compiled after a 5 s
@@ -270,16 +285,7 @@ def test_bench_rows_may_fill_the_block_size_and_no_more(monkeypatch):
     from gbattn.bench import speed
     from gbattn.errors import UserError
 
-    clock = [0.0]
-
-    def fake_step(case, x, y, autocast):
-        clock[0] += 0.5
-
-    def fake_decode(model, prompt, n_decode, device, autocast, step=None):
-        clock[0] += 1.0
-        return 0.5, 0.5
-
-    fake_timings(monkeypatch, clock, fake_step, fake_decode)
+    steady_timings(monkeypatch, 0.5)
     options = dict(device="cpu", batch=1, repeats=1, steps=1, decode=2, quiet=True,
                    sets={"n_layers": 1, "block_size": 8})
     assert speed.run_bench("cpu-char", ["standard"], seq_len=8, **options)["seq_len"] == 8
@@ -333,16 +339,7 @@ def test_bench_rows_are_block_size_minus_one_tokens_by_default(monkeypatch):
     from gbattn.bench import speed
     from gbattn.model.params import flops_per_token
 
-    clock = [0.0]
-
-    def fake_step(case, x, y, autocast):
-        clock[0] += 1.0
-
-    def fake_decode(model, prompt, n_decode, device, autocast, step=None):
-        clock[0] += 1.0
-        return 0.5, 0.5
-
-    fake_timings(monkeypatch, clock, fake_step, fake_decode)
+    steady_timings(monkeypatch, 1.0)
     sets = {"n_layers": 1, "block_size": 16}
     report = speed.run_bench("cpu-char", ["standard"], device="cpu", batch=2, repeats=1, steps=1, decode=4,
                              threads=1, quiet=True, sets=sets)
