@@ -780,14 +780,19 @@ def check_finite(weights: dict, where: str | Path) -> None:
                               f"{', ...' if len(damaged) > 3 else ''}): the file is damaged; restore a copy of it")
 
 
-def model_holding(model_cfg, weights: dict, where: str | Path, device: str | torch.device = "cpu"):
-    """A :class:`GPT` of ``model_cfg`` on ``device`` holding ``weights`` (:func:`load_weights`), in eval mode. The
-    weights are checked against a model on the meta device first, which takes no memory: a config.json whose sizes
-    the weights do not have (``d_model`` edited to 8192) is a one-line error before the model takes its memory (it
-    took gigabytes, then failed as "out of memory: choose smaller sizes"). Its initial values, replaced at once, are
-    drawn from a forked random stream: loading a model leaves the caller's ``torch.manual_seed`` stream where it was."""
+def check_weights_fit(model_cfg, weights: dict, where: str | Path) -> None:
+    """``weights`` checked (:func:`load_weights`) against a :class:`GPT` of ``model_cfg`` on the meta device, which
+    takes no memory: a config.json whose sizes the weights do not have (``d_model`` edited to 8192) is a one-line
+    error before a model takes its memory (it took gigabytes, then failed as "out of memory: choose smaller sizes")."""
     with torch.device("meta"):
         load_weights(GPT(model_cfg), weights, where)
+
+
+def model_holding(model_cfg, weights: dict, where: str | Path, device: str | torch.device = "cpu"):
+    """A :class:`GPT` of ``model_cfg`` on ``device`` holding ``weights`` (:func:`load_weights`), in eval mode, the
+    weights checked first (:func:`check_weights_fit`). Its initial values, replaced at once, are drawn from a forked
+    random stream: loading a model leaves the caller's ``torch.manual_seed`` stream where it was."""
+    check_weights_fit(model_cfg, weights, where)
     with torch.random.fork_rng(devices=[]):
         model = GPT(model_cfg)
     model = model.to(device)

@@ -258,12 +258,10 @@ class Trainer:
         self.warmup, warmup_note = fitted_warmup(cfg, self.total_steps)
 
         self.callers_rng = all_rng_states(self.device)  # (put back when the run ends: Trainer.run)
-        # The checkpoint's weights checked against a model on the meta device before the model takes memory: a
-        # config.json edited to sizes they do not have is one line, not "out of memory" (rundir.model_holding).
+        # The checkpoint's weights checked before the model takes memory (rundir.check_weights_fit)
         state = rundir.load_checkpoint(self.run_dir / rundir.CHECKPOINT, self.device) if has_checkpoint else None
         if state is not None:
-            with torch.device("meta"):
-                rundir.load_weights(GPT(self.model_cfg), state["model"], self.run_dir / rundir.CHECKPOINT)
+            rundir.check_weights_fit(self.model_cfg, state["model"], self.run_dir / rundir.CHECKPOINT)
         torch.manual_seed(cfg.seed)  # identical initial weights on every process
         self.model = GPT(self.model_cfg).to(self.device)
         if self.start is not None:
