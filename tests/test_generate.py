@@ -450,7 +450,7 @@ def test_the_cache_is_used_up_to_its_last_slot():
 
 def test_no_decode_step_for_the_last_token_progress_per_token_and_zero_new_tokens():
     """The last new token's logits would go unused, so it gets no decode step; progress(1) follows each
-    new token; max_new_tokens=0 returns the prompt, with the cache or without."""
+    new token; max_new_tokens=0 returns the prompt, with the cache or without, running no forward."""
     model = tiny_model(("standard", {}))
     step = decoding.eager_decode_step(model)
     calls, ticks = [], []
@@ -458,8 +458,11 @@ def test_no_decode_step_for_the_last_token_progress_per_token_and_zero_new_token
     out = generate(model, prompt, 3, temperature=0, progress=ticks.append,
                    decode_step=lambda *a: calls.append(int(a[1])) or step(*a))
     assert calls == [5, 6] and ticks == [1, 1, 1] and out.shape == (2, 8)
+    forwards = []
+    model.register_forward_hook(lambda *a: forwards.append(1))
     for use_cache in (True, False):
         assert torch.equal(generate(model, prompt, 0, temperature=0, use_cache=use_cache), prompt)
+    assert forwards == []  # (no prefill whose logits would go unused)
 
 
 def test_top_k_samples_only_the_k_largest_logits():

@@ -160,7 +160,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     if block < T:
         idx_BT, T = idx_BT[:, -block:], block
     mask_BT = prompt_mask if prompt_mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
-    out, cached = idx_BT, use_cache and block > T
+    out, cached = idx_BT, use_cache and block > T and max_new_tokens > 0  # (0 new tokens: no prefill to run)
     max_len = min(block, T + max_new_tokens)
     was_training, callers_cache = model.training, model.kv_cache
     model.eval()
