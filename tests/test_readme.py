@@ -18,6 +18,7 @@ SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8")
 def test_the_readme_has_python_snippets():
     assert len(SNIPPETS) >= 3
     assert any("load_run" in s for s in SNIPPETS) and any("causal=False" in s for s in SNIPPETS)
+    assert any("gbattn.train_run(" in s for s in SNIPPETS)
 
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
@@ -33,6 +34,10 @@ def test_readme_snippet_runs(index, tmp_path, monkeypatch, capsys):
         assert "['attention', 'correction']" in printed
     if "load_run" in SNIPPETS[index]:
         assert printed.startswith("boosted 2\nROMEO:")
+    if "gbattn.train_run(" in SNIPPETS[index]:  # the run directory `gbattn train` writes, its result as printed
+        from gbattn.rundir import read_result
+        result = read_result(tmp_path / "runs/py-gba" / "result.json")
+        assert printed == f"20 {round(result['valid_ppl'], 1)}\n" and result["attn"] == "boosted"
 
 
 TRANSFORMERS_SNIPPETS = re.findall(r"^```\n(import gbattn\.hf\b.*?)^```", README.read_text(encoding="utf-8"),

@@ -19,6 +19,8 @@ _EXPORTS = {
     "ModelConfig": "gbattn.config",
     "TrainConfig": "gbattn.config",
     "preset_config": "gbattn.config",
+    "build_configs": "gbattn.config",
+    "train_run": "gbattn.train.trainer:train",  # (`gbattn.train` is the subpackage)
     "GPT": "gbattn.model.gpt",
     "generate": "gbattn.model.decoding",
     "count_params": "gbattn.model.params",
@@ -37,7 +39,8 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+        module, _, attr = _EXPORTS[name].partition(":")
+        return getattr(importlib.import_module(module), attr or name)
     raise AttributeError(f"module 'gbattn' has no attribute {name!r}")
 
 

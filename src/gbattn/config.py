@@ -310,8 +310,8 @@ def preset_config(name: str, attn: str = "standard", overrides: dict | None = No
 def build_configs(
     preset: str, attn: str, data: str, sets: dict[str, Any], **train_kwargs
 ) -> tuple[ModelConfig, TrainConfig]:
-    """Model and training configs: the preset's record, then keyword values, then ``--set`` overrides.
-    A warmup the user sets explicitly is kept as given (``fit_warmup`` off)."""
+    """Model and training configs: the preset's record, then keyword values, then ``--set`` overrides
+    (README, "Using gbattn from Python"). A warmup the user sets explicitly is kept as given (``fit_warmup`` off)."""
     train_sets, model_sets = split_overrides(sets, "sets")
     train_d = dict(get_preset(preset).train)
     train_d.update({k: v for k, v in train_kwargs.items() if v is not None})

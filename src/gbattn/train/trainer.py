@@ -814,6 +814,7 @@ def check_optimizer_moments(model_state: dict, optim_state, optimizer: torch.opt
 
 def train(run_dir, model_cfg=None, train_cfg=None, resume=False, quiet=False, extra=None, preset=None,
           overrides=None) -> dict:
-    """Train (or resume) one run; returns its result record."""
+    """Train (or, ``resume=True``, resume) one run into the run directory ``run_dir``, as `gbattn train` does;
+    returns its result record (``result.json``; README, "Using gbattn from Python")."""
     return Trainer(run_dir, model_cfg, train_cfg, resume=resume, quiet=quiet, extra=extra, preset=preset,
                    overrides=overrides).run()
