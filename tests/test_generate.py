@@ -368,6 +368,7 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
         ({"idx_BT": ids, "compile": "no"}, "compile='no' must be True, False or None"),
         ({"idx_BT": ids, "use_cache": "no"}, "use_cache='no' must be True or False"),
         ({"idx_BT": ids, "use_cache": None}, "use_cache=None must be True or False"),
+        ({"idx_BT": ids, "prompt_mask": left.to("meta")}, "prompt_mask on meta, token ids on cpu: put both on one"),
     ]
     for kwargs, message in cases:
         kwargs = {"max_new_tokens": 2, **kwargs}

@@ -114,6 +114,8 @@ def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
     if prompt_mask is None:
         return None
     check_mask_dtype("prompt_mask", prompt_mask)  # (an additive float mask read inverted: "must be left padding")
+    if prompt_mask.device != idx_BT.device:  # (a CUDA prompt with a CPU mask: a torch error mid-decoding)
+        raise ValueError(f"prompt_mask on {prompt_mask.device}, token ids on {idx_BT.device}: put both on one device")
     if prompt_mask.shape != idx_BT.shape:
         raise ValueError(f"prompt_mask of shape {tuple(prompt_mask.shape)} for token ids of shape "
                          f"{tuple(idx_BT.shape)}: give one entry per token")
