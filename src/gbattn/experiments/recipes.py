@@ -44,16 +44,15 @@ class Recipe:
 GBA = dict(attn="boosted", attn_options={"rounds": 2})
 
 
-def paper_models(extra: dict | None = None, suffix: str = "") -> list[ModelSpec]:
+def paper_models() -> list[ModelSpec]:
     """The paper's table: standard, twicing, parameter-matched standard, GBA M=2, plus the
     compute-matched standard row (listed in display order; see :func:`training_order`)."""
-    m = dict(extra or {})
     return [
-        ModelSpec("standard" + suffix, model=m),
-        ModelSpec("twicing" + suffix, attn="twicing", model=m),
-        ModelSpec("param-fair" + suffix, model=m, param_matched_to="gba-m2" + suffix),
-        ModelSpec("compute-matched" + suffix, model=m, compute_matched_to="gba-m2" + suffix),
-        ModelSpec("gba-m2" + suffix, model=m, **GBA),
+        ModelSpec("standard"),
+        ModelSpec("twicing", attn="twicing"),
+        ModelSpec("param-fair", param_matched_to="gba-m2"),
+        ModelSpec("compute-matched", compute_matched_to="gba-m2"),
+        ModelSpec("gba-m2", **GBA),
     ]
 
 
