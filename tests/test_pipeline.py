@@ -493,6 +493,15 @@ def test_train_writes_a_self_describing_run(tmp_path):
     run = load_run(tmp_path / "run")
     d = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
     assert evaluate(run.model, d.splits["test"], run.seq_len).ppl == pytest.approx(result["test_ppl"], rel=1e-6)
+    # run.perplexity(text) scores text as the trainer scored its test split; a text shorter than a row is one row
+    test_text = run.tokenizer.decode(d.splits["test"].tolist())
+    assert run.perplexity(test_text).ppl == pytest.approx(result["test_ppl"], rel=1e-6)
+    ids = torch.tensor([run.tokenizer.encode("to be or")])
+    by_hand = torch.nn.functional.cross_entropy(run.model(ids[:, :-1])[0], ids[0, 1:]).item()
+    scored = run.perplexity("to be or")
+    assert scored.tokens == ids.shape[1] - 1 and scored.loss == pytest.approx(by_hand, rel=1e-6)
+    with pytest.raises(UserError, match="the text encodes to 1 token: a perplexity needs at least 2"):
+        run.perplexity("t")
     # token ids given to the text API were the tokenizer's "'int' object is not iterable"
     for ids in ([3, 4], torch.tensor([[3, 4]])):
         with pytest.raises(UserError, match=rf"prompt of type {type(ids).__name__}: give a string "

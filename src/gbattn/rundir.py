@@ -641,6 +641,26 @@ class LoadedRun:
         out = self.model.generate(torch.tensor([ids], device=device), max_new_tokens, **kwargs)
         return self.tokenizer.decode(out[0].tolist())
 
+    def perplexity(self, text: str, batch_size: int = 32):
+        """The model's perplexity on ``text`` (an :class:`gbattn.eval.perplexity.EvalResult`: ``.ppl``, ``.loss``
+        in nats, ``.tokens`` predicted), scored as `gbattn eval` scores a split, in the run's precision:
+        non-overlapping rows of ``seq_len + 1`` tokens, a remainder shorter than a row not scored; a text
+        shorter than one row is scored as one row of its own length (README, "Using gbattn from Python")."""
+        import numpy as np
+
+        from gbattn.eval.perplexity import evaluate
+        from gbattn.runtime import autocast
+
+        if not isinstance(text, str):
+            raise UserError(f"text of type {type(text).__name__}: give a string")
+        ids = np.asarray(self.tokenizer.encode(text), dtype=np.int64)
+        if len(ids) < 2:
+            raise UserError(f"the text encodes to {len(ids)} token{'s' * (len(ids) != 1)}: a perplexity needs at "
+                            f"least 2 (one predicted from another)")
+        device = next(self.model.parameters()).device
+        return evaluate(self.model, ids, min(self.seq_len, len(ids) - 1), batch_size, device,
+                        autocast(device, self.train_cfg.amp))
+
 
 WHICH = ("best", "last")
 
