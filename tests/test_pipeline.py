@@ -2874,6 +2874,9 @@ def test_train_names_a_config_argument_of_another_type(tmp_path):
                         ((train_cfg, model_cfg), "model_cfg of type TrainConfig: give a ModelConfig")):
         with pytest.raises(ConfigError, match=named):
             train(tmp_path / "run", *args)
+    # (was "no --data given", a flag the Python caller never saw)
+    with pytest.raises(UserError, match=r"^no data given \(train_cfg\.data: a corpus name"):
+        train(tmp_path / "run", *build_configs("cpu-char", "standard", "", {}))
     assert not (tmp_path / "run").exists()
 
 

@@ -204,7 +204,7 @@ class Trainer:
                                       f"preset, attn, data, sets) returns the model's and the training's)")
             self.saved, self.model_cfg, self.train_cfg = None, model_cfg, train_cfg
         if not self.train_cfg.data:
-            raise UserError("no --data given")
+            raise UserError("no data given (train_cfg.data: a corpus name, a file or a folder; `gbattn train --data`)")
 
     # -- setup ---------------------------------------------------------------------
     def _setup(self) -> None:
