@@ -552,6 +552,7 @@ def test_settings_and_protocol_are_the_documented_ones():
     # a third and two thirds of the run, rounded to the nearest step, never step 0
     assert Protocol(steps=4).eval_steps == [1, 3, 4] and Protocol(steps=2).eval_steps == [1, 2]
     assert Protocol(steps=1).eval_steps == [1]
+    assert Protocol(steps=10).eval_steps == [3, 7, 10]  # in order (a set of them is not, for 10 steps)
     setting = Setting(128, 32, 0.3)
     assert (setting.label, setting.key) == ("d=128, K=32, sigma=0.3", "d128-K32-s0.3")
 
