@@ -89,6 +89,19 @@ def test_denoiser_initial_weights_are_the_published_tables_ones():
                     "corrections.0.gate.proj.weight": 1.320846456, "corrections.0.gate.proj.bias": 0.147056774}
 
 
+def test_denoiser_gates_are_the_documented_ones():
+    """docs/method.md §9's gates: mlp is Linear(2d+1 -> 32), GELU, Linear(32 -> d); scalar is sigmoid(a) with a
+    at 0.5; none has no parameters. The synthetic model takes them from the GBA layer's defaults, which the
+    equations test (any width, any activation of the same module) and the pinned linear-gate weights do not see."""
+    mlp = PatternDenoiser(8, rounds=2, gate="mlp").corrections[0].gate.net
+    assert {name: tuple(p.shape) for name, p in mlp.named_parameters()} == {
+        "0.weight": (32, 17), "0.bias": (32,), "2.weight": (8, 32), "2.bias": (8,)}
+    assert type(mlp[1]) is torch.nn.GELU and mlp[1].approximate == "none"
+    scalar = PatternDenoiser(8, rounds=3, gate="scalar")
+    assert [correction.gate.logit.tolist() for correction in scalar.corrections] == [[0.5], [0.5]]
+    assert list(PatternDenoiser(8, rounds=2, gate="none").corrections[0].gate.parameters()) == []
+
+
 def test_loss_uses_probabilities_as_logits():
     patterns_KD = torch.eye(3)
     probs_BK = torch.tensor([[1.0, 0.0, 0.0]])
