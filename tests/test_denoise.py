@@ -178,6 +178,32 @@ def test_implicit_gradient_matches_unrolled_iteration():
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
+def test_deq_answers_one_step_past_its_fixed_point_search_and_runs_frozen():
+    """docs/method.md §9: the output is one more application of f, to z* in evaluation and to the re-entered
+    f(z*) in training (here max_iter = 2, so z* = f(f(q))); a DEQ with frozen weights, called with gradients
+    on, answers as in training (a hook on an output that needs no gradient raised a RuntimeError)."""
+    model, patterns_KD, query_BD, _ = deq_case(beta=4.0, n_queries=5, seed=2)
+    model.tol, model.max_iter = 0.0, 2
+
+    def f_times(n):
+        z_BD = query_BD
+        with torch.no_grad():
+            for _ in range(n):
+                z_BD = model.step(z_BD, patterns_KD)[0]
+        return z_BD
+
+    model.eval()
+    with torch.no_grad():
+        evaluated_BD, _ = model(query_BD, patterns_KD)
+    torch.testing.assert_close(evaluated_BD, f_times(3), rtol=0, atol=0)
+    model.train()
+    trained_BD, _ = model(query_BD, patterns_KD)
+    torch.testing.assert_close(trained_BD.detach(), f_times(4), rtol=0, atol=0)
+    model.requires_grad_(False)
+    frozen_BD, _ = model(query_BD, patterns_KD)
+    torch.testing.assert_close(frozen_BD, f_times(4), rtol=0, atol=0)
+
+
 def test_cli_tiny_run_writes_tables_and_figure(tmp_path, capsys):
     out = tmp_path / "denoise"
     code = main(["denoise", "--quick", "--out", str(out), "--steps", "2", "--seeds", "0", "1",
