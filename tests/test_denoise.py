@@ -519,14 +519,18 @@ def test_deq_table_reports_the_worst_seed_and_ceilings_in_percent():
 
 def test_quick_and_explicit_options_reach_the_protocol(tmp_path, monkeypatch):
     """--quick: seed 0, 1,000 queries per evaluation and 20,000 Bayes queries; the defaults are the
-    paper's protocol and seeds 0, 1, 2; --eval-queries and --steps override either."""
+    paper's protocol and seeds 0, 1, 2, into runs/denoise (the default --help names); --eval-queries and --steps
+    override either."""
     from gbattn.synthetic import tables
 
-    calls = []
+    calls, outs = [], []
     monkeypatch.setattr(tables, "run_denoise", lambda out, experiments, seeds, protocol, *rest:
-                        calls.append((list(experiments), list(seeds), protocol)) or
+                        outs.append(out) or calls.append((list(experiments), list(seeds), protocol)) or
                         {"tables": {}, "wall_seconds": 0.0})
     out = str(tmp_path / "d")
+    monkeypatch.chdir(tmp_path)  # (nothing is written: run_denoise is stubbed)
+    assert main(["denoise", "--quiet"]) == 0 and calls.pop()[0] == ["rounds", "gates", "difficulty", "deq"]
+    assert outs == ["runs/denoise"]
     assert main(["denoise", "--out", out, "--quiet"]) == 0
     assert main(["denoise", "--quick", "--out", out, "--quiet"]) == 0
     assert main(["denoise", "--quick", "--out", out, "--eval-queries", "300", "--steps", "7",
