@@ -725,6 +725,19 @@ def test_denoise_count_options_refuse_zero(tmp_path, monkeypatch):
         assert exit_info.value.code == 2
 
 
+def test_denoise_refuses_a_negative_seed_in_one_line(tmp_path, monkeypatch, capsys):
+    """--seeds takes integers in [0, 2**63 - 1] (arguments.SEED, what torch.manual_seed takes): -1 is a usage error
+    in one line, exit 2, before anything runs (read as a plain int, it passed every test and trained)."""
+    from gbattn.synthetic import tables
+
+    monkeypatch.setattr(tables, "run_denoise", lambda *a: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["denoise", "--out", str(tmp_path / "d"), "--seeds", "0", "-1", "--quiet"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "gbattn: error: argument --seeds: -1 must be >= 0 (see: gbattn denoise --help)"]
+
+
 def test_a_run_evaluates_with_its_sigma_seed_and_clip(monkeypatch):
     """Evaluations draw eval_queries queries of the run's sigma from generator 20,000 + s, and the
     gradient is clipped at the protocol's norm."""
