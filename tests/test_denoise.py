@@ -1003,6 +1003,8 @@ def test_rounds_figure_draws_each_reference_line_at_its_own_values(tmp_path, mon
              if not line.get_label().startswith("_")}
     assert lines == {"paper (revision)": [46.0, 55.5], "paper (v1)": [41.3, 53.3],
                      "Bayes-optimal (58.0%)": [58.0, 58.0], "chance 1/K (6.25%)": [6.25, 6.25]}
+    # accuracy on the full 0-100% scale (a run's figure comparable with another's), a tick at each rounds count
+    assert fig.axes[0].get_ylim() == (0.0, 100.0) and list(fig.axes[0].get_xticks()) == [1, 2]
 
 
 def test_rounds_figure_legend_covers_no_point(tmp_path, monkeypatch):
