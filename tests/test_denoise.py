@@ -563,16 +563,18 @@ def test_denoise_help_names_every_device_and_what_overrides_quick(tmp_path, monk
     assert calls == [([4, 5], 300, str(resolve_device("auto")))]
 
 
-def test_cli_passes_quiet_to_the_run(tmp_path, monkeypatch):
-    """--quiet reaches run_denoise (its plan line and progress display are left out), and only with --quiet."""
+def test_cli_passes_quiet_and_a_portable_command_to_the_run(tmp_path, monkeypatch):
+    """--quiet reaches run_denoise (its plan line and progress display are left out), and only with --quiet; the
+    command results.json records names --out by its last component, not this machine's path."""
     from gbattn.synthetic import tables
 
-    quiets = []
+    quiets, commands = [], []
     monkeypatch.setattr(tables, "run_denoise", lambda out, experiments, seeds, protocol, device, quiet, command:
-                        quiets.append(quiet) or {"tables": {}, "wall_seconds": 0.0})
+                        quiets.append(quiet) or commands.append(command) or {"tables": {}, "wall_seconds": 0.0})
     assert main(["denoise", "--out", str(tmp_path / "d"), "--quiet"]) == 0
     assert main(["denoise", "--out", str(tmp_path / "d")]) == 0
     assert quiets == [True, False]
+    assert commands == ["gbattn denoise --out d --quiet", "gbattn denoise --out d"]
 
 
 def test_the_clis_copies_of_the_experiments_and_seeds_are_the_tables_ones():
