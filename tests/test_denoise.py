@@ -935,9 +935,12 @@ def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, 
     assert "300 fresh queries" in markdown and (tmp_path / "rounds.png").stat().st_size > 10_000
     assert "(the best of three evaluations on fresh queries is reported, as the authors do)" in markdown
     # --steps 2 evaluates at steps 1 and 2 only: the footer said "the best of three evaluations" all the same.
-    tables.run_denoise(tmp_path, ["rounds"], (3,), Protocol(steps=2, bayes_queries=100), quiet=True)
+    report = tables.run_denoise(tmp_path, ["rounds"], (3,), Protocol(steps=2, bayes_queries=100), quiet=True)
     assert ("(the better of two evaluations on fresh queries is reported, where the authors report the best of "
             "three)") in (tmp_path / "results.md").read_text()
+    report["eval_steps"] = Protocol(steps=1).eval_steps  # --steps 1: one evaluation
+    assert ("(the one evaluation on fresh queries is reported, where the authors report the best of three)"
+            in tables.results_markdown(report))
 
 
 def test_a_seed_given_twice_counts_once(tmp_path, monkeypatch):
