@@ -1172,16 +1172,17 @@ def test_a_run_stopped_while_drawing_leaves_the_earlier_tables_beside_their_figu
 
 
 def test_denoise_announces_its_runs_and_their_time_unless_quiet(tmp_path, monkeypatch, capsys):
-    """Before training, one line on stderr names the runs and estimates their time (0.55 s per run of 150 steps,
-    scaled by the steps); --quiet leaves it out, and every progress line."""
+    """Before training, one line on stderr names the runs (a run two tables share counted once) and estimates their
+    time (0.55 s per run of 150 steps, scaled by the steps); --quiet leaves it out, and every progress line."""
     from gbattn.synthetic import tables
 
     runs, _ = fake_runs((0,))
     monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
-    tables.run_denoise(tmp_path / "loud", ["gates"], (0,), Protocol(steps=300, bayes_queries=100), quiet=False)
+    tables.run_denoise(tmp_path / "loud", ["gates", "deq"], (0,), Protocol(steps=300, bayes_queries=100), quiet=False)
     plan = capsys.readouterr().err.splitlines()[0]
-    assert plan == (f"gbattn denoise: 6 training runs (gates; seeds [0]; 300 steps each; device cpu; torch threads "
-                    f"{torch.get_num_threads()}); about 7 s on one idle CPU thread")  # 6 x 0.55 s x 300 / 150
+    # 6 gates runs and 12 DEQ ones, the M = 1 model at d=64, K=16, sigma=0.5 in both: 17 runs, 17 x 0.55 s x 300 / 150
+    assert plan == (f"gbattn denoise: 17 training runs (gates, deq; seeds [0]; 300 steps each; device cpu; torch "
+                    f"threads {torch.get_num_threads()}); about 19 s on one idle CPU thread")
     tables.run_denoise(tmp_path / "quiet", ["gates"], (0,), Protocol(steps=300, bayes_queries=100), quiet=True)
     assert capsys.readouterr().err == ""
 
