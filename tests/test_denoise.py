@@ -931,6 +931,7 @@ def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, 
     assert written["finished"] is True and written["experiments"] == ["gates", "difficulty", "rounds"]
     assert "Unfinished" not in markdown
     assert "Seeds 3, 5 ·" in markdown and "(Monte Carlo, 2,000 queries)" in markdown
+    assert "· patterns seed 7 ·" in markdown  # the protocol's, not the default 42
     assert markdown.count("ours (mean ± std, 2 seeds)") == 4  # rounds, gates, difficulty M = 1 and M = 2
     assert "300 fresh queries" in markdown and (tmp_path / "rounds.png").stat().st_size > 10_000
     assert "(the best of three evaluations on fresh queries is reported, as the authors do)" in markdown
