@@ -898,6 +898,7 @@ def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, 
     tables are missing) until the last, the Bayes ceilings from the protocol's
     queries and pattern seed, and the seeds and query counts in results.md."""
     from gbattn.synthetic import tables
+    from gbattn.synthetic.task import PAPER
 
     runs, _ = fake_runs((3, 5))
     trained, seen_tables = [], []
@@ -924,6 +925,7 @@ def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, 
     assert seen_tables[first["difficulty"]] == ["gates"] and seen_tables[first["rounds"]] == ["difficulty", "gates"]
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["seeds"] == [3, 5] and set(written["tables"]) == {"difficulty", "gates", "rounds"}
+    assert written["paper"] == json.loads(json.dumps(PAPER))  # the published numbers beside ours
     for st in (Setting(64, 16, 0.5), Setting(64, 16, 0.3), Setting(128, 32, 0.3)):
         accuracy, stderr = bayes_optimal_accuracy(make_patterns(st, 7), st.sigma, 2000)
         assert report["bayes"][st.key] == {"accuracy": accuracy, "stderr": stderr, "queries": 2000}
