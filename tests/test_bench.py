@@ -655,6 +655,31 @@ def test_bench_markdown_follows_the_report():
     assert "(one repeat: no range, so no sign of the noise; use --repeats 3 or more)" in lines[10]
 
 
+def test_bench_markdown_keeps_a_small_peak_memory_from_reading_as_0():
+    """A tiny model's peak memory under 0.5 MiB printed as "0" MiB in both tables (read as nothing measured):
+    two significant digits below 10 MiB, whole MiB with thousands separators from 10 up."""
+    from gbattn.bench.speed import bench_markdown
+
+    def row(variant, peak_memory_bytes):
+        return dict(variant=variant, parameters=1_000, forward_flops_per_token=1e6, compiled=False, step_s=0.01,
+                    tokens_per_s=100.0, peak_memory_bytes=peak_memory_bytes, step_ratio=1.0,
+                    step_ratio_range=[1.0, 1.0], flop_ratio=1.0, step_over_flop_ratio=1.0, memory_ratio=1.0,
+                    prefill_s=0.001, decode_tokens_per_s=100.0, decode_ratio=1.0)
+
+    def sweep_row(peak_memory_bytes):
+        return {"seq_len": 8, "variant": "standard", "step_s": 0.001, "peak_memory_bytes": peak_memory_bytes,
+                "attention_matrix_bytes_per_head": 4 * 8 * 8}
+
+    report = {"preset": "cpu-char", "device": "cpu", "command": "gbattn bench", "torch": "9.9", "batch": 1,
+              "seq_len": 8, "repeats": 1, "steps_per_repeat": 1, "dropout": 0.0, "amp_bf16": False, "compile": "off",
+              "prefill_tokens": 4, "decode_tokens": 4,
+              "variants": [row("standard", 0.25 * 2**20), row("boosted", 1234.4 * 2**20)],
+              "sweep": [sweep_row(0.3 * 2**20), sweep_row(12.6 * 2**20)]}
+    lines = bench_markdown(report).splitlines()
+    assert [line.split(" | ")[4] for line in lines[6:8]] == ["0.25", "1,234"]
+    assert [line.split(" | ")[3] for line in lines[-2:]] == ["0.3", "13"]
+
+
 def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch, capsys):
     """The probe's figure is VmHWM after two training steps less VmRSS before them, both read from
     /proc/self/status in kB of 1024 bytes, after a warm-up step and a reset of the high-water mark

@@ -466,7 +466,7 @@ def bench_markdown(report: dict) -> str:
     ]
     for r in report["variants"]:
         mem_ratio = f"{r['memory_ratio']:.2f}" if r["memory_ratio"] else "—"
-        memory = f"{r['peak_memory_bytes'] / mib:,.0f}" if r["peak_memory_bytes"] else "—"
+        memory = _small_mib(r["peak_memory_bytes"] / mib) if r["peak_memory_bytes"] else "—"
         lo, hi = r["step_ratio_range"]
         spread = f" ({lo:.2f}–{hi:.2f})" if report["repeats"] > 1 else ""  # one repeat: no range to show
         lines.append(
@@ -524,7 +524,7 @@ def bench_markdown(report: dict) -> str:
         for r in report["sweep"]:
             matrix = _small_mib(r["attention_matrix_bytes_per_head"] / mib)
             lines.append(f"| {r['seq_len']:,} | {r['variant']} | {1000 * r['step_s']:.1f} | "
-                         f"{r['peak_memory_bytes'] / mib:,.0f} | {matrix} |")
+                         f"{_small_mib(r['peak_memory_bytes'] / mib)} | {matrix} |")
     return "\n".join(lines) + "\n"
 
 
@@ -556,7 +556,8 @@ def _versions_text(report: dict) -> str:
 
 
 def _small_mib(value: float) -> str:
-    """MiB without rounding a small matrix to 0 (at T = 128 one T x T fp32 matrix is 0.0625 MiB)."""
+    """MiB without rounding a small figure to 0 (at T = 128 one T x T fp32 matrix is 0.0625 MiB; a tiny model's
+    peak memory can be under 0.5 MiB): whole MiB from 10 up, two significant digits below."""
     return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
 
 
