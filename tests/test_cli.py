@@ -478,6 +478,14 @@ def test_an_unknown_option_of_a_command_points_at_that_commands_help(tmp_path, c
     assert not (tmp_path / "run").exists()
 
 
+def test_a_usage_error_quoting_what_was_typed_is_one_line_with_control_characters_escaped(capsys):
+    """An unrecognized argument was quoted as typed: a newline in it split the usage error over two lines and an
+    escape sequence in it reached the terminal; escaped as every other error line is (terminal_line)."""
+    code, out, err = run_cli(capsys, ["list", "a\nb\x1b[31mc"])
+    assert (code, out) == (2, "")
+    assert err == "gbattn: error: unrecognized arguments: a b\\x1b[31mc (see: gbattn list --help)\n"
+
+
 def test_help_texts_say_what_each_command_uses(capsys):
     """`bench --help` said of --preset "its training recipe is the default" (bench trains no recipe), and
     `compare --help` gave "(paper: 42 123)" as the seeds of every paper recipe (paper-postln's are 42,

@@ -1,19 +1,21 @@
-"""Command-line arguments shared by several commands, defined once. Imports nothing but argparse and
-:mod:`gbattn.checks` (no torch), so ``gbattn --help`` stays fast."""
+"""Command-line arguments shared by several commands, defined once. Imports nothing but argparse,
+:mod:`gbattn.checks` and :mod:`gbattn.terminal` (no torch), so ``gbattn --help`` stays fast."""
 
 from __future__ import annotations
 
 import argparse
 
 from gbattn.checks import did_you_mean
+from gbattn.terminal import terminal_line
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and status 2."""
 
     def error(self, message: str, help_of: str | None = None):
-        """``help_of``: the command whose --help to point at (this parser's by default)."""
-        self.exit(2, f"gbattn: error: {message} (see: {help_of or self.prog} --help)\n")
+        """``help_of``: the command whose --help to point at (this parser's by default). The message quotes what
+        was typed (an unrecognized argument as it is): one line, control characters escaped, as every error is."""
+        self.exit(2, f"gbattn: error: {terminal_line(message)} (see: {help_of or self.prog} --help)\n")
 
     def parse_args(self, args=None, namespace=None):
         # argparse reports a command's unknown option from the top parser, whose --help does not list the
