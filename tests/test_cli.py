@@ -695,6 +695,17 @@ def test_progress_lines_off_a_terminal(capsys):
     assert quiet.n == 2 and capsys.readouterr().err == ""
 
 
+def test_progress_lines_show_every_postfix_item_separated_by_spaces(capsys):
+    """Off a terminal, several postfix items (loss and learning rate) are each key=value, separated by a space as
+    tqdm's bar shows them; the latest update's items replace the earlier ones."""
+    from gbattn.progress import Progress
+
+    bar = Progress(2, desc="train", interval=1e9)
+    bar.update(1, loss=2.5, lr=0.001)
+    bar.update(1, loss=2.25, lr=0.0005)
+    assert capsys.readouterr().err == "train: 2/2 steps loss=2.25 lr=0.0005\n"
+
+
 def test_progress_lines_keep_their_interval_start_at_initial_and_count_past_the_total(monkeypatch, capsys):
     """Off a terminal, with a clock the test moves: a line once `interval` seconds have passed since the
     last line (not since the start), the count from `initial`, an unknown total left out, a count
