@@ -739,6 +739,19 @@ def test_progress_lines_keep_their_interval_start_at_initial_and_count_past_the_
     assert capsys.readouterr().err == ""
 
 
+def test_progress_eta_without_a_postfix_follows_the_unit_after_one_space(monkeypatch, capsys):
+    """A line off a terminal with a time left but no postfix (a count of tokens read, say): one space between
+    the unit and the eta, as between the unit and a postfix."""
+    from gbattn import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    bar = progress.Progress(100, desc="train", interval=10.0)
+    now[0] = 10.0
+    bar.update(20)
+    assert capsys.readouterr().err == "train: 20/100 steps eta 00:40\n"
+
+
 def test_progress_on_a_terminal_is_a_tqdm_bar_unless_disabled(monkeypatch):
     """On a terminal: a tqdm bar from `initial`, with the latest postfix, closed by close(); disabled:
     no bar at all."""
