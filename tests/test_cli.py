@@ -752,6 +752,22 @@ def test_progress_eta_without_a_postfix_follows_the_unit_after_one_space(monkeyp
     assert capsys.readouterr().err == "train: 20/100 steps eta 00:40\n"
 
 
+def test_progress_shows_no_eta_before_a_rate_can_be_measured(monkeypatch, capsys):
+    """No eta (and no division by zero) for a line with no count since the start (an update of 0 that only
+    refreshes the postfix) or printed at the instant the bar started (interval 0)."""
+    from gbattn import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    bar = progress.Progress(10, desc="train", initial=5, interval=10.0)
+    now[0] = 20.0
+    bar.update(0, loss=2.5)
+    assert capsys.readouterr().err == "train: 5/10 steps loss=2.5\n"
+    at_once = progress.Progress(10, desc="train", interval=0.0)
+    at_once.update(1)
+    assert capsys.readouterr().err == "train: 1/10 steps \n"
+
+
 def test_progress_on_a_terminal_is_a_tqdm_bar_unless_disabled(monkeypatch):
     """On a terminal: a tqdm bar from `initial`, with the latest postfix, closed by close(); disabled:
     no bar at all."""
