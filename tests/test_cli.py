@@ -768,6 +768,22 @@ def test_progress_shows_no_eta_before_a_rate_can_be_measured(monkeypatch, capsys
     assert capsys.readouterr().err == "train: 1/10 steps \n"
 
 
+def test_progress_first_line_off_a_terminal_waits_an_interval_from_the_start(monkeypatch, capsys):
+    """The first line comes `interval` seconds after the bar started, not at the first update (a log line for
+    every bar, however short)."""
+    from gbattn import progress
+
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    bar = progress.Progress(100, desc="train", interval=10.0)
+    now[0] = 1005.0
+    bar.update(1)
+    assert capsys.readouterr().err == ""
+    now[0] = 1010.0
+    bar.update(1)
+    assert capsys.readouterr().err.startswith("train: 2/100 steps ")
+
+
 def test_progress_on_a_terminal_is_a_tqdm_bar_unless_disabled(monkeypatch):
     """On a terminal: a tqdm bar from `initial`, with the latest postfix, closed by close(); disabled:
     no bar at all."""
