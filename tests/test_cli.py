@@ -784,6 +784,15 @@ def test_progress_first_line_off_a_terminal_waits_an_interval_from_the_start(mon
     assert capsys.readouterr().err.startswith("train: 2/100 steps ")
 
 
+def test_progress_messages_off_a_terminal_go_to_stderr(capsys):
+    """write() off a terminal (an evaluation line during training): the message on stderr, as it is."""
+    from gbattn.progress import Progress
+
+    bar = Progress(10, desc="train", interval=1e9)
+    bar.write("step 5: val loss 2.50")
+    assert capsys.readouterr() == ("", "step 5: val loss 2.50\n")
+
+
 def test_progress_on_a_terminal_is_a_tqdm_bar_unless_disabled(monkeypatch):
     """On a terminal: a tqdm bar from `initial`, with the latest postfix, closed by close(); disabled:
     no bar at all."""
