@@ -807,6 +807,18 @@ def test_progress_on_a_terminal_is_a_tqdm_bar_unless_disabled(monkeypatch):
     assert bar._bar.disable
 
 
+def test_progress_on_a_terminal_advances_the_bar_by_each_update_count(monkeypatch):
+    """On a terminal, update(n) moves the tqdm bar by n (tokens read a row at a time), not by one."""
+    from gbattn import progress
+
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: True, raising=False)
+    bar = progress.Progress(None, desc="read", unit="token")
+    bar.update(64)
+    bar.update(36)
+    assert (bar.n, bar._bar.n) == (100, 100)
+    bar.close()
+
+
 def test_params_without_a_preset_is_paper_small_standard_and_its_json_record(capsys):
     """`gbattn params` alone: paper-small, standard attention, plain residual; the JSON line holds the
     printed numbers, FLOPs as counted by hand (2 per weight of 12 d^2 per layer and the LM head, 4 T d
