@@ -469,10 +469,16 @@ def test_train_refuses_compile_and_no_compile_together(tmp_path, capsys):
 
 def test_an_unknown_option_of_a_command_points_at_that_commands_help(tmp_path, capsys):
     """A misspelt option of a command (`train --tokenzier char`) pointed at `gbattn --help`, which lists no
-    command's options; the line points at the command's own help, as every other usage error does."""
+    command's options; the line points at the command's own help, as every other usage error does, and names
+    the near miss among the command's options, as for a misspelt value."""
     code, out, err = run_cli(capsys, ["train", "--out", tmp_path / "run", "--tokenzier", "char"])
     assert (code, out) == (2, "")
-    assert err == "gbattn: error: unrecognized arguments: --tokenzier char (see: gbattn train --help)\n"
+    assert err == ("gbattn: error: unrecognized arguments: --tokenzier char (did you mean '--tokenizer'?) (see: "
+                   "gbattn train --help)\n")
+    # the near miss is among that command's own options (bench has --threads; --seeds, say, is compare's)
+    code, _, err = run_cli(capsys, ["bench", "--treads=2", "--seds", "1"])
+    assert (code, err) == (2, "gbattn: error: unrecognized arguments: --treads=2 --seds 1 (did you mean '--threads'?) "
+                              "(see: gbattn bench --help)\n")
     code, _, err = run_cli(capsys, ["list", "extra"])
     assert (code, err) == (2, "gbattn: error: unrecognized arguments: extra (see: gbattn list --help)\n")
     assert not (tmp_path / "run").exists()

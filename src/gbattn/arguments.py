@@ -19,12 +19,21 @@ class Parser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         # argparse reports a command's unknown option from the top parser, whose --help does not list the
-        # command's options: point at the command's own help instead.
+        # command's options: point at the command's own help instead, and name the near miss of a misspelt
+        # option among that command's options (`--tokenzier`: '--tokenizer'), as for a misspelt value.
         parsed, unknown = self.parse_known_args(args, namespace)
         if unknown:
             command = getattr(parsed, "command", None)
-            self.error(f"unrecognized arguments: {' '.join(unknown)}", f"{self.prog} {command}" if command else None)
+            options = [option for action in self._parser_of(command)._actions for option in action.option_strings]
+            typed = [text.split("=", 1)[0] for text in unknown if text.startswith("--")]
+            self.error(f"unrecognized arguments: {' '.join(unknown)}{did_you_mean(typed, options)}",
+                       f"{self.prog} {command}" if command else None)
         return parsed
+
+    def _parser_of(self, command: str | None) -> argparse.ArgumentParser:
+        """The parser of ``command`` (this one's without a command)."""
+        commands = next((a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)), {})
+        return commands.get(command, self)
 
     def _get_values(self, action, arg_strings):
         # An empty value is a script's unset variable (`--attn "$VARIANT"`, `gbattn eval "$RUN"`), never a
