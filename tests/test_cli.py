@@ -623,6 +623,19 @@ def test_integer_and_number_arguments_and_the_model_options_not_given(capsys):
     assert code == 0 and out.startswith("paper-small · attn=boosted · residual=attnres-block · d_model=256\n")
 
 
+def test_a_number_argument_refuses_a_negative_an_infinite_and_a_nan_value():
+    """A temperature is a finite number >= 0: -0.5, inf and nan (all of which float() reads) are refused with
+    the same line; 0 (greedy) is taken."""
+    import argparse
+
+    from gbattn import arguments
+
+    for text in ("-0.5", "inf", "nan", "1e999"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"must be a finite number >= 0$"):
+            arguments.non_negative_number(text)
+    assert arguments.non_negative_number("0") == 0.0 and arguments.non_negative_number("0.7") == 0.7
+
+
 def test_cpu_busy_time_is_read_from_proc_stat_deltas(monkeypatch):
     """/proc/stat's first line: busy = total - idle - iowait (a core waiting on the disk is free to
     compute), and the busy share is that of the interval between two readings, not since boot."""
