@@ -603,6 +603,9 @@ def test_count_arguments_at_their_limits_and_empty_option_values(capsys):
     with pytest.raises(SystemExit):
         threads.parse_args(["--threads", "1025"])
     assert "argument --threads: 1025 must be <= 1024" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # no thread at all: torch.set_num_threads(0) is an error after the start
+        threads.parse_args(["--threads", "0"])
+    assert "argument --threads: 0 must be >= 1" in capsys.readouterr().err
 
 
 def test_integer_and_number_arguments_and_the_model_options_not_given(capsys):
