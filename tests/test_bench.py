@@ -293,6 +293,18 @@ def test_bench_rows_may_fill_the_block_size_and_no_more(monkeypatch):
         speed.run_bench("cpu-char", ["standard"], seq_len=9, **options)
 
 
+def test_bench_progress_counts_every_round_of_every_variant_warm_up_included(monkeypatch, capsys):
+    """Off a terminal the bench's progress line ends at its total: each variant's warm-up round and its repeats
+    (2 variants x (3 + 1) rounds = 8), never a count past the total."""
+    from gbattn.bench import speed
+
+    steady_timings(monkeypatch, 0.5)
+    speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=1, seq_len=8, repeats=3, steps=1,
+                    decode=2, threads=1, quiet=False, sets={"n_layers": 1})
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench cpu-char on cpu: ")]
+    assert lines[-1] == "bench cpu-char on cpu: 8/8 rounds "
+
+
 def test_a_dynamo_error_of_an_eager_row_is_raised_not_reported_as_a_failed_compile(monkeypatch):
     """Only a compiled row is left out when torch.compile fails: an eager row that raises dynamo's error (code it
     runs that compiles itself) is a failure of the bench, raised, not a row left out as "torch.compile failed"."""
