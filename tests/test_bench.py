@@ -288,7 +288,8 @@ def test_bench_rows_may_fill_the_block_size_and_no_more(monkeypatch):
     steady_timings(monkeypatch, 0.5)
     options = dict(device="cpu", batch=1, repeats=1, steps=1, decode=2, quiet=True,
                    sets={"n_layers": 1, "block_size": 8})
-    assert speed.run_bench("cpu-char", ["standard"], seq_len=8, **options)["seq_len"] == 8
+    report = speed.run_bench("cpu-char", ["standard"], seq_len=8, **options)
+    assert report["seq_len"] == 8 and report["sets"] == {"n_layers": 1, "block_size": 8}  # the model benched
     with pytest.raises(UserError, match="^--seq-len 9 exceeds the block size 8 from --set block_size=8$"):
         speed.run_bench("cpu-char", ["standard"], seq_len=9, **options)
 
