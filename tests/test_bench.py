@@ -633,7 +633,9 @@ def test_bench_markdown_follows_the_report():
                   {"seq_len": 768, "variant": "standard", "step_s": 0.01, "peak_memory_bytes": 12 * 2**20,
                    "attention_matrix_bytes_per_head": 4 * 768 * 768}],
     }
-    lines = bench_markdown(report).splitlines()
+    text = bench_markdown(report)
+    assert text.endswith(" |\n")  # bench.md ends its last line (the sweep's last row)
+    lines = text.splitlines()
     assert lines[0] == "# gbattn bench: cpu-char on cpu (1 thread)"
     assert lines[2] == ("Command: `gbattn bench --compile both` · torch 9.9 · batch 2 x 16 tokens · median of 3 "
                         "interleaved repeats of 4 steps · dropout 0 · torch.compile: both")
