@@ -189,10 +189,12 @@ def test_portable_command_line_holds_no_path_outside_the_working_directory():
 
 
 def test_help_imports_nothing_heavy():
-    """`gbattn --help` and every command's --help: no torch, numpy, transformers or matplotlib."""
+    """`gbattn --help` and every command's --help: no torch, numpy, transformers, matplotlib or tqdm (the progress
+    display's import alone takes about as long as the whole --help)."""
     code = ("import sys\nfrom gbattn.cli import main\nfor argv in (['--help'], ['train', '--help'], "
             "['lm-eval', '--help'], ['analyze', '--help']):\n    try:\n        main(argv)\n    except SystemExit:\n"
-            "        pass\nheavy = [m for m in ('torch', 'numpy', 'transformers', 'matplotlib') if m in sys.modules]\n"
+            "        pass\nheavy = [m for m in ('torch', 'numpy', 'transformers', 'matplotlib', 'tqdm')\n"
+            "         if m in sys.modules]\n"
             "print('HEAVY', heavy, file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "HEAVY []" in proc.stderr, proc.stderr[-500:]
