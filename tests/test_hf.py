@@ -1637,23 +1637,29 @@ def test_standard_names_at_a_configs_top_level_agree_with_its_gbattn_dict(traine
 def test_lm_eval_refuses_a_tokenizer_with_ids_past_the_models_vocabulary(trained, capsys, tmp_path):
     """Tokenizer files with tokens the model has no embedding for (an edited tokenizer_class of LlamaTokenizer added
     <s>, </s> and <unk> as ids 65 to 67 of a 65-character model): a request that met one ended in a traceback from
-    the model ("token id 65 outside the vocabulary", status 1). Refused in one line when the tokenizer loads."""
+    the model ("token id 65 outside the vocabulary", status 1). Refused in one line when the tokenizer loads; so is
+    a tokenizer.json whose ids leave a gap, with no more tokens than the model has but an id past them (the count
+    alone let it through)."""
     _, out = trained
-    damaged = tmp_path / "damaged"
+    damaged, gapped = tmp_path / "damaged", tmp_path / "gapped"
     shutil.copytree(out, damaged)
     tokenizer = json.loads((damaged / "tokenizer.json").read_text())
     vocab = json.loads((damaged / "config.json").read_text())["gbattn"]["model"]["vocab_size"]
+    shutil.copytree(out, gapped)
+    moved = dict(tokenizer, model=dict(tokenizer["model"], vocab={**tokenizer["model"]["vocab"], "e": vocab + 4}))
+    (gapped / "tokenizer.json").write_text(json.dumps(moved))  # "e" (in every document) at id vocab + 4
     tokenizer["added_tokens"].append({"id": vocab, "content": "<s>", "single_word": False, "lstrip": False,
                                       "rstrip": False, "normalized": False, "special": True})
     (damaged / "tokenizer.json").write_text(json.dumps(tokenizer))
     (damaged / "tokenizer_config.json").write_text(json.dumps(
         {**json.loads((out / "tokenizer_config.json").read_text()), "bos_token": "<s>"}))
-    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_ppl", "--include-path", str(LMEVAL_DATA),
-                     "--limit", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err == (f"gbattn: error: the tokenizer in {damaged} has {vocab + 1} tokens, more than the model's "
-                   f"vocabulary of {vocab} (ids from {vocab} on have no embedding): its tokenizer files do not belong "
-                   f"to this model\n"), err
+    for folder, top_id in ((damaged, vocab), (gapped, vocab + 4)):
+        assert cli_main(["lm-eval", str(folder), "--tasks", "gbattn_toy_ppl", "--include-path", str(LMEVAL_DATA),
+                         "--limit", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"gbattn: error: the tokenizer in {folder} has token ids up to {top_id}, past the model's "
+                       f"vocabulary of {vocab} (ids from {vocab} on have no embedding): its tokenizer files do not "
+                       f"belong to this model\n"), err
 
 
 def test_lm_eval_names_a_bad_dtype_in_config_json_not_the_tokenizer(trained, capsys, tmp_path):

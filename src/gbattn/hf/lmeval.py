@@ -146,8 +146,11 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
                                   f"tokenizer_config.json, which `gbattn export` writes), nor a bos_token: lm-eval "
                                   f"starts the text it scores with one; copy the tokenizer files from the exported "
                                   f"directory")
-        if len(tokenizer) > model.config.vocab_size:  # a request meeting such a token was a traceback from the model
-            raise CheckpointError(f"the tokenizer in {model_dir} has {len(tokenizer):,} tokens, more than the model's "
+        # a request meeting an id past the vocabulary was a traceback from the model; the largest id, not the count of
+        # tokens (a tokenizer.json whose ids leave gaps has fewer tokens than its largest id)
+        top_id = max(tokenizer.get_vocab().values(), default=-1)
+        if top_id >= model.config.vocab_size:
+            raise CheckpointError(f"the tokenizer in {model_dir} has token ids up to {top_id:,}, past the model's "
                                   f"vocabulary of {model.config.vocab_size:,} (ids from {model.config.vocab_size:,} on "
                                   f"have no embedding): its tokenizer files do not belong to this model")
         step, which = section.get("step", 0), "exported"
