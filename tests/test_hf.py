@@ -2086,11 +2086,13 @@ def test_lm_eval_results_file_names_and_contents(tmp_path):
     assert results_stem(["piqa"], 100.0, 5) == "piqa-limit100-5shot"
     assert results_stem(["piqa"], 0.5, 0) == "piqa-limit0.5-0shot"
     assert results_stem(["arc-easy", "a+b.c"], None, None) == "arc-easy+a+b.c"  # already safe: kept
-    samples = {"toy": [{"doc": {"text": "a"}, "resps": [[float("nan")]]}]}
+    samples = {"toy": [{"doc": {"text": "a"}, "resps": [[float("nan")]]}], "my/task x": [{"doc": {"text": "b"}}]}
     results = {"results": {"toy": {"acc": 0.5}}, "pretty_env_info": "PyTorch version: 2", "samples": samples}
     out = tmp_path / "lm-eval" / "results-toy.json"
     written = write_results(results, out, [tmp_path])
-    assert written == [out, out.with_name("samples-toy-toy.jsonl")] and results["samples"] is samples
+    # a task YAML's name as the results stem has it (with its "/" the samples file was a FileNotFoundError)
+    assert written == [out, out.with_name("samples-toy-toy.jsonl"), out.with_name("samples-my_task_x-toy.jsonl")]
+    assert results["samples"] is samples and json.loads(written[2].read_text()) == {"doc": {"text": "b"}}
     assert json.loads(out.read_text()) == {"results": {"toy": {"acc": 0.5}}}
 
     def strict(constant):

@@ -254,9 +254,14 @@ def _windowed_by_the_harness(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("Token indices sequence length is longer than")
 
 
+def file_name_part(task: str) -> str:
+    """A task's name safe as part of a file name (a task YAML may name it ``my/task``)."""
+    return re.sub(r"[^\w.+-]", "_", task)
+
+
 def results_stem(tasks: list[str], limit: float | None, num_fewshot: int | None) -> str:
     """``hellaswag+piqa[-limit100][-5shot]``, safe as a file name."""
-    stem = "+".join(re.sub(r"[^\w.+-]", "_", t) for t in tasks)
+    stem = "+".join(map(file_name_part, tasks))
     if limit is not None:
         stem += f"-limit{limit:g}"
     if num_fewshot is not None:
@@ -297,7 +302,7 @@ def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(portable(results, roots), out)
     for task, rows in (samples or {}).items():
-        path = out.with_name(f"samples-{task}-{out.stem.removeprefix('results-')}.jsonl")
+        path = out.with_name(f"samples-{file_name_part(task)}-{out.stem.removeprefix('results-')}.jsonl")
         lines = (json.dumps(finite(portable(r, roots)), ensure_ascii=False) for r in rows)
         atomic_write(path, "".join(line + "\n" for line in lines))
         written.append(path)
