@@ -1504,6 +1504,21 @@ def test_lm_eval_reads_the_generation_config_with_gbattns_reader_first(trained, 
                    f"deeply to read)\n"), err
 
 
+def test_lm_eval_refuses_a_generation_config_that_transformers_rejects_in_one_line(trained, capsys, tmp_path):
+    """A generation_config.json that reads as JSON but whose values transformers refuses while it loads the model
+    (a ValueError: an unknown cache_implementation) is one line naming the directory, not a traceback."""
+    _, out = trained
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    config = json.loads((damaged / "generation_config.json").read_text())
+    (damaged / "generation_config.json").write_text(json.dumps({**config, "cache_implementation": "bogus"}))
+    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
+                     "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gbattn: error: {damaged} does not load in transformers (Invalid `cache_implementation` "
+                          f"(bogus)") and len(err.strip().splitlines()) == 1, err
+
+
 def test_lm_eval_refuses_a_tokenizer_naming_no_end_of_text_token(trained, capsys, tmp_path):
     """Without tokenizer_config.json (or its eos_token) the tokenizer has neither an eos nor a bos token, and the
     harness decoded None as each text's prefix: a TypeError traceback at the first request."""
