@@ -1223,6 +1223,15 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_weights_and_refuses_a_
     code, _, err = run_cli(capsys, ["export", run_dir, "--out", blocked])
     assert code == 2 and "has a directory named config.json where the export writes that file" in err, err
     assert [p.name for p in blocked.iterdir()] == ["config.json"]  # no staging folder left
+    # a link to a folder where the export writes a file is replaced, not refused; the folder stays as it was
+    elsewhere, linked = tmp_path / "elsewhere", tmp_path / "linked"
+    elsewhere.mkdir()
+    (elsewhere / "kept").write_text("x")
+    linked.mkdir()
+    (linked / "tokenizer.json").symlink_to(elsewhere)
+    assert cli_main(["export", str(run_dir), "--out", str(linked)]) == 0
+    assert not (linked / "tokenizer.json").is_symlink() and _files(linked) == _files(reference)
+    assert _files(elsewhere) == {"kept": b"x"}
 
 
 def test_an_export_over_an_earlier_one_leaves_none_of_its_tokenizer_side_files(trained, tmp_path):
