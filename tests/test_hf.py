@@ -1216,8 +1216,10 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_weights_and_refuses_a_
     for stale in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
                   "model.safetensors.index.json"):
         (out / stale).write_text("{}")
+    (out / "model-00003-of-00003.safetensors").symlink_to(tmp_path / "gone")  # a link to a shard no longer there
     assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
     assert _files(out) == _files(reference)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())  # no link left
     blocked = tmp_path / "blocked"
     (blocked / "config.json").mkdir(parents=True)
     code, _, err = run_cli(capsys, ["export", run_dir, "--out", blocked])
