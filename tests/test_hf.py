@@ -1934,6 +1934,14 @@ def test_a_bpe_tokenizers_unk_token_is_its_own(tmp_path):
         == "thecat"
 
 
+def test_a_char_tokenizers_end_of_text_is_its_newline_whatever_comes_first():
+    """A character vocabulary's end of text is "\\n" even where a character sorts before it (a tab has id 0):
+    token 0 stands in only for a vocabulary without a newline."""
+    chars = Tokenizer("char", json.dumps({"chars": sorted(set("ab\t\n "))}))
+    assert chars.encode("\t") == [0]
+    assert hf_tokenizer(chars, 64).eos_token == "\n"
+
+
 def test_a_char_export_names_no_eos_so_generate_runs_past_newlines(trained):
     """A char model's "\\n" is eos only for lm-eval's windows: neither the exported config nor its
     generation config names an eos_token_id, and sampled generations go on after the newlines they hold."""
