@@ -1927,6 +1927,8 @@ def test_a_bpe_tokenizers_unk_token_is_its_own(tmp_path):
     assert hf.decode(ids, skip_special_tokens=False) == " <pad> the <unk> cat"
     char = get_tokenizer("char", corpus)
     assert hf_tokenizer(char, 64).unk_token is None  # unseen characters are an error, as in gbattn
+    with pytest.raises(Exception, match=r"Missing \[UNK\] token"):  # not some character's id
+        hf_tokenizer(char, 64).encode("the \u00e9")
     assert hf_tokenizer(char, 64).decode(char.encode("the cat . a")) == "the cat . a"  # no clean-up of spaces
     # README: a character vocabulary without a newline (text8's) takes its first character, a space, as eos
     no_newline = hf_tokenizer(Tokenizer("char", json.dumps({"chars": sorted(set("the cat"))})), 64)
