@@ -2025,7 +2025,7 @@ def test_lm_eval_results_name_paths_relative_to_the_model_directorys_parent(tmp_
                     [spaced]) == {"model": "gba", "via": "gba/x.json", "text": "/ not a path"}
 
 
-def test_lm_eval_names_the_weights_it_evaluates(trained):
+def test_lm_eval_names_the_weights_it_evaluates(trained, tmp_path):
     """A run's best or last weights, or an export's, each with its step and the block size."""
     from gbattn.errors import UserError
     from gbattn.hf.lmeval import load_model
@@ -2036,6 +2036,13 @@ def test_lm_eval_names_the_weights_it_evaluates(trained):
         model, _, block_size, step, got = load_model(model_dir, checkpoint, torch.device("cpu"))
         assert (got, step, block_size) == (which, run.step, 33) and not model.training
         assert torch.equal(model.model.wte.weight, run.model.wte.weight)
+    # a saved config whose gbattn dict records no step (a GbattnConfig built by hand): step 0, as gbattn eval says
+    no_step = tmp_path / "no-step"
+    shutil.copytree(out, no_step)
+    config = json.loads((no_step / "config.json").read_text())
+    del config["gbattn"]["step"]
+    (no_step / "config.json").write_text(json.dumps(config))
+    assert load_model(no_step, None, torch.device("cpu"))[3] == rundir.load_run(no_step).step == 0
     # an export holds its run's best weights only: the last ones asked of it are refused, not the export's scored
     with pytest.raises(UserError, match="is an exported directory holding its run's best weights: --checkpoint last"):
         load_model(out, "last", torch.device("cpu"))
