@@ -2021,8 +2021,9 @@ def test_lm_eval_results_name_paths_relative_to_the_model_directorys_parent(tmp_
     spaced = (tmp_path / "A User" / "gba").resolve()  # a home directory with a space in its name
     spaced.mkdir(parents=True)
     (tmp_path / "link").symlink_to(spaced)  # the same directory reached through a symlink
-    assert portable({"model": str(spaced), "via": str(tmp_path / "link" / "x.json"), "text": "/ not a path"},
-                    [spaced]) == {"model": "gba", "via": "gba/x.json", "text": "/ not a path"}
+    assert portable({"model": str(spaced), "via": str(tmp_path / "link" / "x.json"), "text": "/ not a path",
+                     "deep": str(tmp_path / "link" / "sub" / "x.json")},
+                    [spaced]) == {"model": "gba", "via": "gba/x.json", "text": "/ not a path", "deep": "gba/sub/x.json"}
 
 
 def test_lm_eval_names_the_weights_it_evaluates(trained, tmp_path):
