@@ -154,6 +154,7 @@ def test_config_checks_what_it_is_given_and_copies_it():
     cfg.gbattn["model"]["dropout"], cfg.num_attention_heads = 0.0, 2  # the model dict, and a standard name
     assert cfg.model_config.dropout == 0.0 and cfg.model_config.n_heads == 2
     assert GbattnConfig(vocab_size=40).model_config.vocab_size == 40  # a standard name that is also gbattn's
+    assert GbattnConfig(use_cache=False).use_cache is False and GbattnConfig().use_cache is True  # generate()'s default
     section = {"model": {"n_heads": 4}, "train": {"lr": 0.001}}
     GbattnConfig(gbattn=section).gbattn["train"]["lr"] = 0.5
     assert section == {"model": {"n_heads": 4}, "train": {"lr": 0.001}}
