@@ -1545,6 +1545,12 @@ def test_lm_eval_refuses_a_tokenizer_naming_no_end_of_text_token(trained, capsys
     err = capsys.readouterr().err
     assert f"gbattn: error: the tokenizer in {damaged} names no end-of-text token (eos_token in its" in err, err
     assert len(err.strip().splitlines()) == 1, err
+    # a bos_token alone is enough: lm-eval starts each text with it
+    (damaged / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "\n"}))
+    from gbattn.hf.lmeval import load_model
+
+    tokenizer = load_model(damaged, None, torch.device("cpu"))[1]
+    assert (tokenizer.eos_token, tokenizer.bos_token) == (None, "\n")
 
 
 def test_lm_eval_refuses_an_export_whose_model_type_is_not_gbattns(trained, capsys, tmp_path):
