@@ -351,6 +351,20 @@ def test_print_summary_of_a_gba_run_against_another_line_by_line(tmp_path, capsy
     ]
 
 
+def test_print_summary_prints_a_note_whose_folder_begins_with_the_attentions_name(tmp_path, capsys):
+    """A standard run --against `standard-wiki/seed42`, trained on another corpus: that note begins with "standard",
+    the attention's name, and was dropped as if it were the "no boosting rounds" note the gates line already
+    prints; only that one is left out."""
+    no_boost = "standard attention has no boosting rounds: GBA's gates and corrections do not exist"
+    other = "standard-wiki/seed42 was trained on another corpus; both models are evaluated on standard/seed42's rows"
+    summary = {**analysis_summary(0.1), "attention": "standard", "gates": {"available": False, "reason": no_boost},
+               "notes": [no_boost, other]}
+    print_summary(summary, tmp_path / "summary.json")
+    printed = capsys.readouterr().out
+    assert f"  note: {other}\n" in printed and f"  note: {no_boost}" not in printed
+    assert f"  gates: {no_boost}\n" in printed
+
+
 def test_print_summary_names_a_residual_stream_or_post_ln_that_is_not_the_default(tmp_path, capsys):
     """An AttnRes or Post-LN run's header read exactly like a plain Pre-LN one's ("boosted (rounds=2), best
     checkpoint ..."): it now names the residual stream and Post-LN where they are not the defaults."""

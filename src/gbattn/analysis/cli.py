@@ -396,8 +396,8 @@ def print_summary(summary: dict, summary_path: Path) -> None:
               f"{100 * d['fraction_positive']:.0f}% of tokens, worse on {100 * d['fraction_negative']:.0f}%, "
               f"within {d['tie_nats']:g} nats on {100 * d['fraction_tied']:.0f}%"
               + (f"; largest gain {best['diff']:+.2f} on {best['token']!r}" if best else ""))
-    for note in summary.get("notes", []):
-        if not note.startswith(summary["attention"]):
+    for note in summary.get("notes", []):  # the "no boosting rounds" note is on the gates line already
+        if not note.startswith(f"{summary['attention']} attention "):
             print(f"  note: {note}")
     print("  figures: " + ", ".join(str(Path(summary_path).parent / name) for name in summary["figures"]))
     print(f"  summary: {summary_path}")
