@@ -1452,6 +1452,21 @@ def test_a_log_axis_labels_powers_of_ten_over_many_decades_and_no_minor_tick_in_
     assert {"20", "50", "100", "200"} <= major and not minor, (major, minor)
 
 
+def test_a_log_axis_ticks_each_decade_from_three_decades_and_every_digit_under_one():
+    """The ticks per decade follow the view's span: three decades (5 to 5,000) take one per decade, as four do;
+    under one decade (20 to 70, a log axis from a ratio over 3) every digit, 30 and 40 too."""
+    def major(values: list[float]) -> set:
+        fig = figures.curves_figure({"standard": {"42": {"train": [], "valid": list(enumerate(values))}}})
+        with figures.style():
+            fig.canvas.draw()
+        assert fig.axes[1].get_yscale() == "log"
+        return {t.get_text() for t in fig.axes[1].get_yticklabels()} - {""}
+
+    three = major([5_000.0, 500.0, 50.0, 5.0])
+    assert three and three <= {"1", "10", "100", "1,000", "10,000"}, three
+    assert {"30", "40", "60"} <= major([70.0, 40.0, 20.0])
+
+
 def test_gap_figure_counts_the_seeds_of_a_run_length_and_marks_where_it_ends():
     """A line whose points average different numbers of seeds (a seed that stopped early) says so: it read
     '2 seeds' while its first point was one seed's difference."""
