@@ -878,6 +878,35 @@ def test_entropy_figure_of_gba_in_some_layers_says_over_which_layers_each_mean_i
     assert "0% lower in the layers that have it;" in layer_ax.get_title() and "overall" not in layer_ax.get_title()
 
 
+def test_entropy_figure_of_gba_in_every_layer_boxes_an_unchanged_layer_and_labels_each_thing_once():
+    """GBA in both layers: the round means are over all layers (no "(2 layers)", the change is "overall"), a
+    layer whose correction leaves the entropy unchanged is boxed +0% (not left bare), the histogram's bound is
+    the top edge log T, "per head" is one legend entry, and the paper's lines set the axis top with 10% room.
+    A one-round model (no correction) gets no paper correction line to compare with."""
+    T = 8
+    entropy = {"histogram": {"edges": np.linspace(0, math.log(T), 5).tolist(),
+                             "counts_per_round": [[1, 2, 3, 4], [4, 3, 2, 1]]},
+               "mean_per_round": [1.5, 1.2], "layers_per_round": [2, 2], "relative_drop": 0.2,
+               "per_layer": [
+                   {"mean_per_round": [1.5, 1.5], "per_head": [[1.4, 1.6], [1.4, 1.6]], "relative_drop": 0.0},
+                   {"mean_per_round": [1.5, 0.9], "per_head": [[1.4, 1.6], [0.8, 1.0]], "relative_drop": 0.4}],
+               "per_position_mean": [np.linspace(0, 2, T).tolist(), np.linspace(0, 1.6, T).tolist()]}
+    paper = {"entropy_round0_nats": 3.31, "entropy_correction_nats": 2.58}
+    hist_ax, layer_ax = figures.entropy_figure(entropy, paper).axes[:2]
+    assert [t.get_text() for t in hist_ax.get_legend().get_texts()] == [
+        "round 0 (attention): mean 1.50", "round 1 (correction): mean 1.20", f"max log T = {math.log(T):.2f}"]
+    assert "(correction 20% lower overall; " in layer_ax.get_title()
+    assert [t.get_text() for t in layer_ax.texts] == ["+0%", "-40%"]
+    assert [t.get_text() for t in layer_ax.get_legend().get_texts()].count("per head") == 1
+    assert layer_ax.get_ylim()[1] == pytest.approx(1.1 * 3.31)
+    one_round = {**entropy, "mean_per_round": [1.5], "layers_per_round": [2], "relative_drop": None,
+                 "histogram": {**entropy["histogram"], "counts_per_round": [[1, 2, 3, 4]]},
+                 "per_layer": [{"mean_per_round": [1.5], "per_head": [[1.4, 1.6]]}] * 2,
+                 "per_position_mean": entropy["per_position_mean"][:1]}
+    layer_ax = figures.entropy_figure(one_round, paper).axes[1]
+    assert not [line for line in layer_ax.get_lines() if line.get_label().startswith("paper")]
+
+
 def test_loss_diff_figure_names_the_difference_and_counts_ties_apart():
     """Five tokens better, three worse, two within the tie margin: 50% better, 30% worse, and the
     axis says which loss is subtracted from which."""
