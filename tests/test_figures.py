@@ -907,6 +907,20 @@ def test_entropy_figure_of_gba_in_every_layer_boxes_an_unchanged_layer_and_label
     assert not [line for line in layer_ax.get_lines() if line.get_label().startswith("paper")]
 
 
+def test_gate_figure_of_two_correction_rounds_names_each_row_and_sets_the_rounds_bars_side_by_side():
+    """Three rounds in layers 0 and 1: the heatmap's rows are named by layer and gate (g1, g2), each layer's two
+    bars sit either side of its tick, and without a title of its own the figure says what it shows."""
+    rows = [{"layer": li, "round": c, "mean": 0.5, "std": 0.1, "per_dimension": [0.4, 0.6]}
+            for li in (0, 1) for c in (1, 2)]
+    fig = figures.gates_figure({"per_layer": rows}, {})
+    heat_ax, bar_ax = fig.axes[:2]
+    assert [t.get_text() for t in heat_ax.get_yticklabels()] == ["layer 0 g1", "layer 0 g2", "layer 1 g1",
+                                                                 "layer 1 g2"]
+    centres = [[bar.get_x() + bar.get_width() / 2 for bar in c] for c in bar_ax.containers if hasattr(c, "patches")]
+    assert centres == [pytest.approx([-0.2, 0.8]), pytest.approx([0.2, 1.2])]
+    assert fig.get_suptitle() == "GBA gates g_m: shrinkage of the correction round"
+
+
 def test_loss_diff_figure_names_the_difference_and_counts_ties_apart():
     """Five tokens better, three worse, two within the tie margin: 50% better, 30% worse, and the
     axis says which loss is subtracted from which."""
