@@ -921,6 +921,22 @@ def test_gate_figure_of_two_correction_rounds_names_each_row_and_sets_the_rounds
     assert fig.get_suptitle() == "GBA gates g_m: shrinkage of the correction round"
 
 
+def test_norms_figure_names_each_group_by_layer_and_round_and_each_norm_in_the_legend():
+    """Two correction rounds in layer 0: the groups are "layer 0, round 1" and "layer 0, round 2" (one round: the
+    layer alone), each group says |gc|/|r| to two places above its tallest bar, and the legend names the six
+    norms."""
+    def row(layer: int, m: int) -> dict:
+        return {"layer": layer, "round": m, "x": 4.0, "round0_output": 3.0, "residual": 2.0, "correction": 1.5,
+                "gated_correction": 0.5, "residual_after": 1.8, "gated_over_residual": 0.25}
+
+    ax = figures.norms_figure({"per_layer": [row(0, 1), row(0, 2)]}).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["layer 0, round 1", "layer 0, round 2"]
+    assert [(t.get_text(), t.xy) for t in ax.texts] == [("|gc|/|r| = 0.25", (0, 4.0)), ("|gc|/|r| = 0.25", (1, 4.0))]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [label for _, label in figures.NORM_KEYS]
+    one = figures.norms_figure({"per_layer": [row(1, 1)]}).axes[0]
+    assert [t.get_text() for t in one.get_xticklabels()] == ["layer 1"]
+
+
 def test_loss_diff_figure_names_the_difference_and_counts_ties_apart():
     """Five tokens better, three worse, two within the tie margin: 50% better, 30% worse, and the
     axis says which loss is subtracted from which."""
