@@ -957,6 +957,14 @@ def test_loss_diff_figure_names_the_difference_and_counts_ties_apart():
     assert ties.get_xlabel() == "loss(standard) − loss(gba)  (nats per token)"
 
 
+def test_loss_diff_figure_signs_its_mean_either_way():
+    """The mean line's label carries its sign: a run worse on average reads "mean -0.100 nats", a better one
+    "mean +0.100 nats"."""
+    for diff, said in ((np.full((1, 4), -0.1), "mean -0.100 nats"), (np.full((1, 4), 0.1), "mean +0.100 nats")):
+        hist_ax = figures.loss_diff_figure(diff, "gba", "standard", 1e-4).axes[0]
+        assert [t.get_text() for t in hist_ax.get_legend().get_texts()] == [said]
+
+
 def test_examples_figure_shows_the_last_context_tokens_and_the_gain():
     """A query at position 29 with context 24: the bars are over tokens 6..29 (ending at the query's
     own), and the gain is the other model's loss minus this one's."""
