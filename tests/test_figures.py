@@ -977,6 +977,20 @@ def test_examples_figure_shows_the_last_context_tokens_and_the_gain():
     assert "(gain +0.50)" in ax.get_title()
 
 
+def test_examples_figure_of_a_short_context_shows_every_token_upright_with_the_query_in_bold():
+    """A query at position 4 (five tokens, fewer than the 24 of context): five bars, one per token, the
+    one-character names upright, the last (the query's own token) bold; no example at all is a figure that says so."""
+    example = {"row": 0, "position": 4, "attention": np.full((2, 5), 0.2), "tokens": list("abcde"), "target": "f",
+               "loss": 1.0, "against_loss": 1.5}
+    ax = figures.examples_figure([example], layer=0, context=24).axes[0]
+    ticks = ax.get_xticklabels()
+    assert [t.get_text() for t in ticks] == list("abcde") and {t.get_rotation() for t in ticks} == {0.0}
+    assert [t.get_fontweight() for t in ticks] == ["normal"] * 4 + ["bold"]
+    assert ax.get_xlim() == pytest.approx((-0.6, 4.6))
+    empty = figures.examples_figure([], layer=0).axes[0]
+    assert [t.get_text() for t in empty.texts] == ["no example positions"]
+
+
 def test_gate_figure_error_bars_are_the_std_and_paper_markers_sit_at_their_layer():
     """GBA in layers 1 and 3 only: each bar's error bar spans mean ± std, and the paper's markers are
     its values for layers 1 and 3 (0.48 and 0.43), not for the first two layers."""
