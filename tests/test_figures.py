@@ -963,6 +963,10 @@ def test_loss_diff_figure_signs_its_mean_either_way():
     for diff, said in ((np.full((1, 4), -0.1), "mean -0.100 nats"), (np.full((1, 4), 0.1), "mean +0.100 nats")):
         hist_ax = figures.loss_diff_figure(diff, "gba", "standard", 1e-4).axes[0]
         assert [t.get_text() for t in hist_ax.get_legend().get_texts()] == [said]
+    # the position panel is the mean over rows at each position, not their sum
+    diff = np.array([[0.1, 0.4, -0.2], [0.3, 0.0, -0.4]])
+    (by_position,) = figures.loss_diff_figure(diff, "gba", "standard", 1e-4).axes[1].get_lines()[:1]
+    assert list(by_position.get_ydata()) == pytest.approx([0.2, 0.2, -0.3])
 
 
 def test_examples_figure_shows_the_last_context_tokens_and_the_gain():
