@@ -899,6 +899,10 @@ def test_entropy_figure_of_gba_in_every_layer_boxes_an_unchanged_layer_and_label
     assert [t.get_text() for t in layer_ax.texts] == ["+0%", "-40%"]
     assert [t.get_text() for t in layer_ax.get_legend().get_texts()].count("per head") == 1
     assert layer_ax.get_ylim()[1] == pytest.approx(1.1 * 3.31)
+    centres = [[bar.get_x() + bar.get_width() / 2 for bar in c] for c in layer_ax.containers]
+    assert centres == [pytest.approx([-0.2, 0.8]), pytest.approx([0.2, 1.2])]  # each round beside the other
+    assert {"paper round 0 (3.31, T=256)", "paper correction (2.58, T=256)"} <= {
+        t.get_text() for t in layer_ax.get_legend().get_texts()}
     one_round = {**entropy, "mean_per_round": [1.5], "layers_per_round": [2], "relative_drop": None,
                  "histogram": {**entropy["histogram"], "counts_per_round": [[1, 2, 3, 4]]},
                  "per_layer": [{"mean_per_round": [1.5], "per_head": [[1.4, 1.6]]}] * 2,
