@@ -1018,6 +1018,14 @@ def test_gate_figure_error_bars_are_the_std_and_paper_markers_sit_at_their_layer
     assert texts_outside(fig) == []
 
 
+def test_curves_count_thousands_of_tokens_in_thousands_and_fewer_as_they_are():
+    """5,000 tokens: the axis is in thousands (x 5.0); 500: plain tokens."""
+    for last, xlabel, x in ((5_000, "tokens seen (thousands)", 5.0), (500, "tokens seen", 500.0)):
+        fig = figures.curves_figure({"standard": {"42": {"train": [(last, 3.0)], "valid": [(last, 20.0)]}}})
+        assert fig.axes[0].get_xlabel() == fig.axes[1].get_xlabel() == xlabel
+        assert list(fig.axes[1].get_lines()[0].get_xdata()) == [x]
+
+
 def test_curves_are_drawn_in_the_units_of_the_token_axis():
     """Two million tokens: the x axis is in millions, for the training and the validation curve alike."""
     points = [(500_000, 40.0), (1_000_000, 20.0), (2_000_000, 10.0)]
