@@ -1616,6 +1616,10 @@ def test_round_colours_repeat_after_eight_and_long_tokens_are_cut_to_twelve_char
     assert figures.token_label("  ") == "␣␣" and figures.token_label("a\nb") == "a↵b"
 
 
+def test_count_words_is_singular_for_one_only():
+    assert [figures.count_words(n, "layer") for n in (0, 1, 2)] == ["0 layers", "1 layer", "2 layers"]
+
+
 def test_results_figure_tilts_the_model_names_only_when_there_are_more_than_four():
     def rotations(n: int) -> set:
         rows = [model_row("standard", {"42": 100.0})] + [model_row(f"gba-{i}", {"42": 90.0 + i}) for i in range(n - 1)]
