@@ -256,7 +256,10 @@ def test_analyze_standard_run_reports_entropy_and_says_gates_do_not_exist(runs, 
     printed = capsys.readouterr().out
     assert summary["rounds"] == 1 and not summary["gates"]["available"] and not summary["norms"]["available"]
     assert (summary["residual"], summary["norm"]) == ("plain", "pre")
+    assert summary["attention"] == "standard"  # no options: no empty "()"
     assert "gates and corrections do not exist" in printed and "softmax(Q1 K1^T)" not in printed
+    # said once, on the gates line, not again as a note
+    assert "  gates: standard attention has no boosting rounds" in printed and "note: standard attention" not in printed
     assert_png(out / "entropy.png")
     assert not (out / "gates.png").exists() and not (out / "norms.png").exists()
     assert summary["entropy"]["mean_per_round"][0] == pytest.approx(
