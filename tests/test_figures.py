@@ -435,6 +435,17 @@ def test_against_names_the_other_runs_residual_stream_and_post_ln(tmp_path, caps
     assert names == ["GBA M=2", "GBA M=2, Post-LN", "GBA M=2, attnres-full residual"]
 
 
+def test_a_runs_own_label_names_it_in_the_figures():
+    """A run that `gbattn compare` labelled (config extra.label) is named by that label, whatever its attention."""
+    from types import SimpleNamespace
+
+    from gbattn.analysis.cli import _short_name
+
+    cfg = SimpleNamespace(attn="boosted", attn_options={"rounds": 3}, residual="plain", norm="post")
+    assert _short_name(SimpleNamespace(config={"extra": {"label": "gba-wide"}}, model_cfg=cfg)) == "gba-wide"
+    assert _short_name(SimpleNamespace(config={"extra": None}, model_cfg=cfg)) == "GBA M=3, Post-LN"
+
+
 def test_relative_path_is_never_absolute(tmp_path):
     out = tmp_path / "work" / "analysis"
     assert relative_path(out / "gates.png", out) == "gates.png"
