@@ -446,6 +446,22 @@ def test_a_runs_own_label_names_it_in_the_figures():
     assert _short_name(SimpleNamespace(config={"extra": None}, model_cfg=cfg)) == "GBA M=3, Post-LN"
 
 
+def test_against_a_run_of_the_same_corpus_has_no_note():
+    """Only a different recorded corpus is a note; the same one (or one run without a fingerprint) is not."""
+    from types import SimpleNamespace
+
+    from gbattn.analysis.cli import _check_against
+
+    def run(data_fingerprint):
+        return SimpleNamespace(tokenizer=SimpleNamespace(fingerprint="tok"), seq_len=32,
+                               data_fingerprint=data_fingerprint)
+
+    assert _check_against(run("abc"), run("abc"), "gba", "std") == []
+    assert _check_against(run("abc"), run(None), "gba", "std") == []
+    assert _check_against(run("abc"), run("xyz"), "gba", "std") == [
+        "std was trained on another corpus; both models are evaluated on gba's rows"]
+
+
 def test_relative_path_is_never_absolute(tmp_path):
     out = tmp_path / "work" / "analysis"
     assert relative_path(out / "gates.png", out) == "gates.png"
