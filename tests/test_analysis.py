@@ -447,6 +447,8 @@ def test_no_rows_to_analyse_is_refused(runs, tmp_path, capsys):
     row are UserErrors (the split: one line, exit status 2), not an empty analysis or a traceback."""
     with pytest.raises(UserError, match=r"--max-rows \(0\) and --batch-size \(8\) must be >= 1"):
         analyze_run(runs["std"], out=tmp_path / "a", max_rows=0, device="cpu", quiet=True)
+    with pytest.raises(UserError, match=r"--max-rows \(64\) and --batch-size \(0\) must be >= 1"):
+        analyze_run(runs["std"], out=tmp_path / "a", batch_size=0, device="cpu", quiet=True)
     # and, before any model is loaded, a negative --top or --examples (-1 listed every token that gained) and a
     # split other than valid or test (KeyError: 'bogus', after loading the run and its data)
     with pytest.raises(UserError, match=r"--top \(-1\) and --examples \(3\) must be >= 0"):
