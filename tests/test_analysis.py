@@ -342,6 +342,16 @@ def test_analyze_against_records_each_top_token_and_example_where_it_is(runs, tm
     assert "paper round 0 (3.31, T=256)" in layer_legend and "paper correction (2.58, T=256)" in layer_legend
 
 
+def test_top_and_examples_of_0_list_no_token_and_draw_no_example_figure(runs, tmp_path):
+    """--top 0 and --examples 0 are allowed (>= 0): no token listed, and no examples.png rather than an empty one."""
+    out = tmp_path / "a"
+    summary = analyze_run(runs["gba"], against=runs["std"], out=out, max_rows=1, top=0, examples=0, device="cpu",
+                          quiet=True)
+    assert summary["loss_diff"]["top_tokens"] == [] and summary["loss_diff"]["examples"]["positions"] == []
+    assert "examples.png" not in summary["figures"] and not (out / "examples.png").exists()
+    assert "loss_diff.png" in summary["figures"]
+
+
 def test_against_a_run_of_another_corpus_is_a_note_and_one_without_a_fingerprint_is_not(runs, tmp_path, capsys):
     """--against a run whose recorded data fingerprint differs: a printed note (both are evaluated on this
     run's rows); one that recorded no fingerprint (an older run) is not said to be of another corpus."""
