@@ -397,6 +397,19 @@ def test_print_summary_of_gba_in_some_layers_gives_the_change_over_the_corrected
             "0% lower; change per layer L1 +0%)") in capsys.readouterr().out
 
 
+def test_print_summary_of_gba_in_every_layer_with_two_correction_rounds(tmp_path, capsys):
+    """GBA in both layers (2 and 2 layers per round): the round means and the change are overall, with no layer
+    counts; with two correction rounds each gate is named by its layer and round (L0 g1, L0 g2)."""
+    summary = analysis_summary(0.25)
+    summary["entropy"]["layers_per_round"] = [2, 2]
+    summary["gates"] = {"available": True, "per_layer": [{"layer": 0, "round": m, "mean": 0.5, "std": 0.1}
+                                                         for m in (1, 2)]}
+    print_summary(summary, tmp_path / "summary.json")
+    printed = capsys.readouterr().out
+    assert "round 0 2.00 -> round 1 1.50 (25% lower; change per layer L0 -25%)" in printed
+    assert "gates, mean±std per layer:   L0 g1 0.50±0.10 / L0 g2 0.50±0.10    paper" in printed
+
+
 def test_print_summary_names_the_layer_and_round_of_each_norm(tmp_path, capsys):
     """With three rounds in two layers the norms line printed four unnamed triples ("5.80->0.37->5.85 / ..."):
     each is now named by its layer and round, as on the gates line."""
