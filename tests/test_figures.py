@@ -577,7 +577,8 @@ def test_plot_of_a_run_export_or_denoise_output_names_what_the_folder_holds(tmp_
     denoise = tmp_path / "denoise"
     denoise.mkdir()
     (denoise / "results.json").write_text(json.dumps({"protocol": {}, "tables": {}, "runs": []}))
-    cases = [(["plot", str(run)], f"{run} holds a run, not a `gbattn compare` directory"),
+    cases = [(["plot", str(run)], f"{run} holds a run, not a `gbattn compare` directory: `gbattn plot` draws a "
+                                  f"comparison's results.json and curves; `gbattn analyze` reads a run"),
              (["plot", str(compare_dir), str(run), "--gap", "gba-m2"], f"{run} holds a run, not a `gbattn compare`"),
              (["plot", str(denoise)], f"{denoise} holds a `gbattn denoise` output, not a `gbattn compare` directory"),
              (["plot", str(compare_dir), str(denoise), "--gap", "gba-m2"], f"{denoise} holds a `gbattn denoise`")]
