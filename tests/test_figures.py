@@ -202,6 +202,18 @@ def test_plot_names_the_runs_whose_curves_are_missing(tmp_path, capsys):
     assert sorted(p.name for p in run.iterdir()) == ["config.json"]
 
 
+def test_plot_of_a_comparison_with_no_run_at_all_is_one_line_and_draws_nothing(tmp_path, capsys):
+    """A results.json that lists no model, and no run folder beside it: one line, not two empty figures."""
+    compare_dir = tmp_path / "cmp"
+    compare_dir.mkdir()
+    (compare_dir / "results.json").write_text(json.dumps({"recipe": "x", "models": []}))
+    assert cli_main(["plot", str(compare_dir)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gbattn: error: cannot plot {compare_dir}: no run has curves (results.json lists no finished run and no "
+        f"<label>/seed<S>/metrics.jsonl holds train or eval events)"]
+    assert not (compare_dir / "figures").exists()
+
+
 def test_curves_name_the_setting_and_the_unfinished_runs_they_draw(tmp_path, monkeypatch):
     """results.json lists standard and gba-m2 on seed 42; gba-m2/seed7 is still training. Its curve is drawn,
     and was indistinguishable from a finished run's (the legend says only 'seed 7'): the footer now names it,
