@@ -611,6 +611,18 @@ def test_plot_of_a_run_export_or_denoise_output_names_what_the_folder_holds(tmp_
         assert not (out / "gap.png").exists() and not (out / "gap.json").exists()
 
 
+def test_gap_skips_an_evaluation_whose_loss_is_not_a_number(tmp_path):
+    """A diverged evaluation (valid_loss null) of seed 1 at step 100 is left out: that step is seed 2's alone."""
+    from gbattn.analysis.cli import gap_series
+
+    compare_dir = _gap_dir(tmp_path / "cmp", 400)
+    metrics = compare_dir / "gba-m2" / "seed1" / "metrics.jsonl"
+    events = [json.loads(line) for line in metrics.read_text().splitlines()]
+    events[0]["valid_loss"] = None
+    metrics.write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert [p["seeds"] for p in gap_series(compare_dir, "gba-m2", "standard")["points"]] == [1, 2, 2, 2]
+
+
 def test_gap_averages_each_step_over_the_seeds_evaluated_there(tmp_path):
     """Each --gap point is the mean over seeds of the model's minus the reference's loss at that step, and its
     tokens per parameter the mean of the model's seeds' tokens: with every seed logging the same numbers, one
