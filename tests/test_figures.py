@@ -623,6 +623,23 @@ def test_gap_skips_an_evaluation_whose_loss_is_not_a_number(tmp_path):
     assert [p["seeds"] for p in gap_series(compare_dir, "gba-m2", "standard")["points"]] == [1, 2, 2, 2]
 
 
+def test_gap_of_models_without_a_shared_evaluation_is_one_line_and_goes_to_the_first_directory(tmp_path, capsys):
+    """A reference evaluated at other steps than the model shares no point: one line, nothing drawn. Without
+    --out, the gap of several directories goes to the first one's figures folder."""
+    compare_dir = _gap_dir(tmp_path / "cmp", 400)
+    for seed in (1, 2):
+        metrics = compare_dir / "standard" / f"seed{seed}" / "metrics.jsonl"
+        events = [json.loads(line) for line in metrics.read_text().splitlines()]
+        metrics.write_text("".join(json.dumps({**e, "step": e["step"] + 1}) + "\n" for e in events))
+    assert cli_main(["plot", str(compare_dir), "--gap", "gba-m2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gbattn: error: {compare_dir}: gba-m2 and standard share no evaluation (same seed and step)"]
+    assert not (compare_dir / "figures").exists()
+    short, long = _gap_dir(tmp_path / "short", 400), _gap_dir(tmp_path / "long", 800)
+    assert cli_main(["plot", str(short), str(long), "--gap", "gba-m2"]) == 0
+    assert (short / "figures" / "gap.png").is_file() and not (long / "figures").exists()
+
+
 def test_gap_averages_each_step_over_the_seeds_evaluated_there(tmp_path):
     """Each --gap point is the mean over seeds of the model's minus the reference's loss at that step, and its
     tokens per parameter the mean of the model's seeds' tokens: with every seed logging the same numbers, one
