@@ -91,6 +91,16 @@ def test_results_figure_marks_seed_counts_and_compares_on_the_shared_seed():
     assert texts["annotations"] == ["100.00", "96.00"]  # no seed shared with standard: no Δ
 
 
+def test_results_figure_compares_with_a_suffixed_standard_and_signs_every_change():
+    """The reference is the first model named standard, suffix or not ("standard-2k"), and says so in the legend;
+    a change of exactly 0 is "+0.0%" (not left out) and a worse model's is signed "+"."""
+    rows = [model_row("standard-2k", {"42": 10.0}), model_row("gba-m2", {"42": 10.0}),
+            model_row("gba-m3", {"42": 11.0})]
+    texts = drawn_texts(figures.results_figure(report_of(rows)))
+    assert texts["annotations"] == ["10.00", "10.00 (+0.0%)", "11.00 (+10.0%)"]
+    assert "standard-2k mean" in texts["legend"]
+
+
 def test_results_figure_and_markdown_omit_published_numbers_of_a_shorter_run():
     """--set max_steps=200 on a recipe whose published number is for 2,000 steps: no published
     value, a line saying why, and the steps of this run in the heading and the chart's title."""
