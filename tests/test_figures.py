@@ -99,6 +99,12 @@ def test_results_figure_compares_with_a_suffixed_standard_and_signs_every_change
     texts = drawn_texts(figures.results_figure(report_of(rows)))
     assert texts["annotations"] == ["10.00", "10.00 (+0.0%)", "11.00 (+10.0%)"]
     assert "standard-2k mean" in texts["legend"]
+    # each kind of mark is one legend entry, however many models; a published value sits beside its model's column
+    assert texts["legend"].count("ours: all seeds (one dot each)") == 1
+    rows[1]["published"] = [9.5, None]
+    ax = figures.results_figure(report_of(rows)).axes[0]
+    (published,) = [line for line in ax.get_lines() if line.get_marker() == "D"]
+    assert list(published.get_xdata()) == [1.18]
 
 
 def test_results_figure_and_markdown_omit_published_numbers_of_a_shorter_run():
