@@ -1750,6 +1750,12 @@ def test_read_report_refuses_text_steps_or_losses_and_a_seed_list_that_is_not_on
     assert read_report(path)["models"][0]["test_ppl"] == {"42": 100.0, "123": None}
 
 
+def test_curves_give_each_of_three_models_its_own_colour():
+    run = {"train": [(1, 3.0), (2, 2.5)], "valid": [(1, 20.0), (2, 15.0)]}
+    fig = figures.curves_figure({"standard": {"1": run}, "gba-m2": {"1": run}, "gba-m3": {"1": run}})
+    assert [line.get_color() for line in fig.axes[1].get_lines()] == ["C0", "C1", "C2"]
+
+
 def test_curves_legend_orders_seeds_as_numbers():
     """Seeds 2, 10 and 123 are listed 2, 10, 123 in the legend (as strings, "10" < "123" < "2")."""
     run = {"train": [(1, 3.0), (2, 2.5)], "valid": [(1, 20.0), (2, 15.0)]}
