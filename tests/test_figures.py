@@ -1677,6 +1677,9 @@ def test_gap_figure_counts_the_seeds_of_a_run_length_and_marks_where_it_ends():
                                                                    "1,600-step runs (long, 1 seed)"]
     ends = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines() if line.get_marker() == "D"]
     assert ends == [([2.0], [-0.2]), ([4.0], [-0.3])]
+    # the difference is the model's minus the reference's, on two lines beside the axis
+    assert ax.get_title() == "gba-m2 − standard (below 0: gba-m2 better)"
+    assert ax.get_ylabel() == "validation loss (nats)\ngba-m2 − standard"
 
 
 def texts_outside(fig) -> list[str]:
