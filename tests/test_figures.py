@@ -1680,6 +1680,7 @@ def test_gap_figure_counts_the_seeds_of_a_run_length_and_marks_where_it_ends():
     # the difference is the model's minus the reference's, on two lines beside the axis
     assert ax.get_title() == "gba-m2 − standard (below 0: gba-m2 better)"
     assert ax.get_ylabel() == "validation loss (nats)\ngba-m2 − standard"
+    assert ax.get_xlabel() == "training tokens per parameter of gba-m2"
 
 
 def texts_outside(fig) -> list[str]:
