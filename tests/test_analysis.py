@@ -436,7 +436,8 @@ def test_bad_layer_is_one_line(runs, tmp_path, capsys):
         code = cli_main(["analyze", str(runs["gba"]), "--against", str(runs["std"]), "--layer", layer,
                          "--out", str(tmp_path / "a"), "--quiet"])
         err = capsys.readouterr().err.strip()
-        assert code == 2 and len(err.splitlines()) == 1 and f"--layer {layer}: the model has 2 layers" in err, err
+        assert code == 2 and len(err.splitlines()) == 1 and err.endswith(
+            f"--layer {layer}: the model has 2 layers (use 0..1, or -1 for the last)"), err
 
 
 def test_options_of_the_gains_over_against_are_refused_without_it(runs, tmp_path, capsys):
