@@ -419,6 +419,9 @@ def test_fixed_point_converges_by_the_relative_residual():
     # A relative residual exactly at the tolerance stops the iteration and counts as converged.
     _, stats = fixed_point(lambda z: torch.full_like(z, 2.0), torch.ones(3, 1), tol=0.5, max_iter=10)
     assert (stats.iterations, stats.converged) == (1, 1.0)
+    # No iteration at all has no residual to report: refused by name (was an UnboundLocalError).
+    with pytest.raises(ValueError, match="max_iter=0: the fixed point needs at least one iteration"):
+        fixed_point(f, torch.zeros_like(b_BD), tol=1e-3, max_iter=0)
 
 
 def test_fixed_point_statistics_are_per_query_max_mean_and_fraction():

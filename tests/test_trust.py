@@ -1092,6 +1092,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("--set threads=40000", [*new_run, "--set", "threads=40000"], "threads=40000 must be an integer in [1, 1024]"),
         ("generate --threads 40000", ["generate", run, "--prompt", "a", "--threads", "40000"], "must be <= 1024"),
         ("denoise --threads 40000", ["denoise", "--threads", "40000", "--out", tmp_path / "d"], "must be <= 1024"),
+        ("denoise --eval-queries 10**9", ["denoise", "--eval-queries", "1000000000", "--out", tmp_path / "d"],
+         "must be <= 1000000"),
         ("compare --threads 40000", ["compare", "--recipe", "cpu-char", "--threads", "40000", "--out", tmp_path / "c2"],
          "must be <= 1024"),
         ("--set d_model=128.5", [*new_run, "--set", "d_model=128.5"], "d_model=128.5 must be an integer"),

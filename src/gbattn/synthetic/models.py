@@ -75,7 +75,9 @@ class FixedPointStats:
 
 def fixed_point(f, z0_BD: Tensor, tol: float, max_iter: int) -> tuple[Tensor, FixedPointStats]:
     """Plain fixed-point iteration z <- f(z) from z0 until every row's relative residual
-    ||f(z) - z|| / ||f(z)|| is at most ``tol`` (or ``max_iter``). Returns the last f(z)."""
+    ||f(z) - z|| / ||f(z)|| is at most ``tol`` (or ``max_iter``, at least 1). Returns the last f(z)."""
+    if max_iter < 1:
+        raise ValueError(f"max_iter={max_iter}: the fixed point needs at least one iteration")
     z_BD = z0_BD
     iteration = 0
     while iteration < max_iter:
