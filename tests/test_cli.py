@@ -742,11 +742,11 @@ def test_progress_lines_keep_their_interval_start_at_initial_and_count_past_the_
     for t in (10.0, 15.0, 20.0):
         now[0] = t
         bar.update(5)
-    assert capsys.readouterr().err == "read: 10 tokens \nread: 20 tokens \n"
+    assert capsys.readouterr().err == "read: 10 tokens\nread: 20 tokens\n"
     bar = progress.Progress(3, desc="train", interval=1e9)
     bar.update(2)
     bar.update(2)
-    assert capsys.readouterr().err == "train: 4/3 steps \n"
+    assert capsys.readouterr().err == "train: 4/3 steps\n"
     # The time left, at the rate since the start (a resumed count from `initial`), until the total.
     now[0] = 100.0
     bar = progress.Progress(100, desc="train", initial=10, interval=10.0)
@@ -789,7 +789,7 @@ def test_progress_shows_no_eta_before_a_rate_can_be_measured(monkeypatch, capsys
     assert capsys.readouterr().err == "train: 5/10 steps loss=2.5\n"
     at_once = progress.Progress(10, desc="train", interval=0.0)
     at_once.update(1)
-    assert capsys.readouterr().err == "train: 1/10 steps \n"
+    assert capsys.readouterr().err == "train: 1/10 steps\n"
 
 
 def test_progress_first_line_off_a_terminal_waits_an_interval_from_the_start(monkeypatch, capsys):

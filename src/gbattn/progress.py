@@ -37,14 +37,15 @@ class Progress:
         elif time.monotonic() - self._last >= self.interval or (self.total is not None and self.n >= self.total):
             self._last = time.monotonic()
             of = "" if self.total is None else f"/{self.total}"
-            print(f"{self.desc}: {self.n}{of} {self.unit}s {self.postfix}{self._eta()}", file=sys.stderr, flush=True)
+            parts = (f"{self.desc}: {self.n}{of} {self.unit}s", self.postfix, self._eta())
+            print(" ".join(part for part in parts if part), file=sys.stderr, flush=True)
 
     def _eta(self) -> str:
-        """' eta M:SS' at the rate since the start (what tqdm's bar shows), while the total is ahead."""
+        """'eta M:SS' at the rate since the start (what tqdm's bar shows), while the total is ahead."""
         if self.total is None or not self._initial < self.n < self.total or self._last <= self._start:
             return ""
         rate = (self.n - self._initial) / (self._last - self._start)
-        return f"{' ' if self.postfix else ''}eta {tqdm.format_interval((self.total - self.n) / rate)}"
+        return f"eta {tqdm.format_interval((self.total - self.n) / rate)}"
 
     def write(self, message: str) -> None:
         if self.disable:
