@@ -303,7 +303,7 @@ def test_bench_progress_counts_every_round_of_every_variant_warm_up_included(mon
     speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=1, seq_len=8, repeats=3, steps=1,
                     decode=2, threads=1, quiet=False, sets={"n_layers": 1})
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench cpu-char on cpu: ")]
-    assert lines[-1] == "bench cpu-char on cpu: 8/8 rounds "
+    assert lines[-1] == "bench cpu-char on cpu: 8/8 rounds"
 
 
 def test_a_dynamo_error_of_an_eager_row_is_raised_not_reported_as_a_failed_compile(monkeypatch):
