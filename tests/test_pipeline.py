@@ -582,6 +582,23 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
     assert resumed_events == ref_events
 
 
+def test_resume_from_python_checks_the_configs_given_against_the_recorded_ones(tmp_path, monkeypatch):
+    """``train(run, model_cfg, train_cfg, resume=True)`` (the script that started a killed run, run again with
+    resume=True): the run's own configs resume it exactly, a result-neutral field (threads) may differ, and configs
+    that would change the run (more steps, another width) are a UserError naming the field: they were ignored for
+    the recorded ones, silently."""
+    data = write_corpus(tmp_path / "c")
+    model_cfg, train_cfg = tiny_configs(data, sampling="random", max_steps=6, eval_every=3)
+    ref = train(tmp_path / "ref", model_cfg, train_cfg, quiet=True)
+    train_killed_at(5, tmp_path / "crashed", model_cfg, train_cfg, monkeypatch)
+    with pytest.raises(UserError, match=r"max_steps: recorded 6, given 12"):
+        train(tmp_path / "crashed", model_cfg, train_cfg.replace(max_steps=12), resume=True, quiet=True)
+    with pytest.raises(UserError, match=r"d_model: recorded 32, given 64"):
+        train(tmp_path / "crashed", model_cfg.replace(d_model=64), train_cfg, resume=True, quiet=True)
+    resumed = train(tmp_path / "crashed", model_cfg, train_cfg.replace(threads=1), resume=True, quiet=True)
+    assert resumed["steps"] == 6 and resumed["test_loss"] == ref["test_loss"]
+
+
 def test_a_run_killed_writing_its_result_logs_its_test_once_when_resumed(tmp_path, monkeypatch):
     """Killed after its test evaluation was logged but before result.json was in place (the checkpoint
     is at the last step): the resumed run tests again, and metrics.jsonl holds one test event, as an

@@ -171,6 +171,35 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
+def given_neutral(saved: dict, recorded_model: ModelConfig, recorded_train: TrainConfig, model_cfg: ModelConfig | None,
+                  train_cfg: TrainConfig | None, run_dir: Path) -> dict:
+    """The result-neutral fields of ``train_cfg`` (threads, device, ...; the corpus at another path) that a run resumed
+    with configs given takes over its recorded ones, or a UserError naming each field of ``model_cfg`` or
+    ``train_cfg`` (None: not given) that would change the run, as `train --resume` refuses a ``--set`` that would."""
+    from gbattn.experiments.compare import comparable
+    from gbattn.train.cli import _same_corpus
+
+    if model_cfg is not None and model_cfg.vocab_size == saved.get("vocab_size_asked"):
+        model_cfg = model_cfg.replace(vocab_size=recorded_model.vocab_size)  # the tokenizer's was taken, as recorded
+    given = comparable(model_cfg or recorded_model, train_cfg or recorded_train)
+    have = comparable(recorded_model, recorded_train)
+    neutral = {}
+    if train_cfg is not None and train_cfg.data != recorded_train.data and _same_corpus(train_cfg.data, saved,
+                                                                                           recorded_train):
+        given["train"]["data"] = recorded_train.data
+        neutral["data"] = train_cfg.data  # the recorded corpus at another path
+    differ = [f"{part}.{k}: recorded {have[part].get(k)!r}, given {given[part].get(k)!r}"
+              for part in ("model", "train") for k in sorted(set(given[part]) | set(have[part]))
+              if given[part].get(k) != have[part].get(k)]
+    if differ:
+        raise UserError(f"resume=True continues {run_dir} as it was started; these configs would change it: "
+                        f"{'; '.join(differ)}. Give the run's own configs (or none), or start a new run in "
+                        f"another directory")
+    if train_cfg is not None:
+        neutral.update({k: getattr(train_cfg, k) for k in TrainConfig.RESULT_NEUTRAL})
+    return neutral
+
+
 class Trainer:
     """Train one model into ``run_dir``. ``Trainer(...).run()`` returns the result record.
 
@@ -184,9 +213,17 @@ class Trainer:
         self.resume, self.quiet, self.restart = resume, quiet, restart
         self.extra, self.preset = extra or {}, preset
         config_path = self.run_dir / rundir.CONFIG
+        # (a dict, or the two swapped, was "'dict' object has no attribute 'data'"; a resumed run checks them too)
+        for name, value, kind in (("model_cfg", model_cfg, ModelConfig), ("train_cfg", train_cfg, TrainConfig)):
+            if value is not None and not isinstance(value, kind):
+                raise ConfigError(f"{name} of type {type(value).__name__}: give a {kind.__name__} (build_configs("
+                                  f"preset, attn, data, sets) returns the model's and the training's)")
         if resume:
             self.saved = rundir.read_config(config_path)
             self.model_cfg, recorded = rundir.read_configs(self.saved, config_path)
+            if model_cfg is not None or train_cfg is not None:  # (a script that started the run, run again to resume)
+                overrides = {**given_neutral(self.saved, self.model_cfg, recorded, model_cfg, train_cfg, self.run_dir),
+                             **(overrides or {})}
             self.train_cfg = recorded.replace(**(overrides or {}))  # result-neutral: threads, device, ...
             self.extra, self.preset = self.saved.get("extra") or {}, self.saved.get("preset")
             switched = compile_switch(self.model_cfg, recorded, self.train_cfg)  # ... but for this
@@ -198,10 +235,6 @@ class Trainer:
         else:
             if model_cfg is None or train_cfg is None:
                 raise ValueError("model_cfg and train_cfg are required for a new run")
-            for name, value, kind in (("model_cfg", model_cfg, ModelConfig), ("train_cfg", train_cfg, TrainConfig)):
-                if not isinstance(value, kind):  # (a dict, or the two swapped: "'dict' object has no attribute 'data'")
-                    raise ConfigError(f"{name} of type {type(value).__name__}: give a {kind.__name__} (build_configs("
-                                      f"preset, attn, data, sets) returns the model's and the training's)")
             self.saved, self.model_cfg, self.train_cfg = None, model_cfg, train_cfg
         if not self.train_cfg.data:
             raise UserError("no data given (train_cfg.data: a corpus name, a file or a folder; `gbattn train --data`)")
@@ -815,6 +848,7 @@ def check_optimizer_moments(model_state: dict, optim_state, optimizer: torch.opt
 def train(run_dir, model_cfg=None, train_cfg=None, resume=False, quiet=False, extra=None, preset=None,
           overrides=None) -> dict:
     """Train (or, ``resume=True``, resume) one run into the run directory ``run_dir``, as `gbattn train` does;
-    returns its result record (``result.json``; README, "Using gbattn from Python")."""
+    returns its result record (``result.json``; README, "Using gbattn from Python"). A resumed run needs no configs;
+    given, they must be its own but for result-neutral fields (``TrainConfig.RESULT_NEUTRAL``), which they set."""
     return Trainer(run_dir, model_cfg, train_cfg, resume=resume, quiet=quiet, extra=extra, preset=preset,
                    overrides=overrides).run()
