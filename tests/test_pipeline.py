@@ -597,6 +597,7 @@ def test_resume_from_python_checks_the_configs_given_against_the_recorded_ones(t
         train(tmp_path / "crashed", model_cfg.replace(d_model=64), train_cfg, resume=True, quiet=True)
     resumed = train(tmp_path / "crashed", model_cfg, train_cfg.replace(threads=1), resume=True, quiet=True)
     assert resumed["steps"] == 6 and resumed["test_loss"] == ref["test_loss"]
+    assert ckpt.read_config(tmp_path / "crashed" / ckpt.CONFIG)["train"]["threads"] == 1  # the neutral field taken
 
 
 def test_a_run_killed_writing_its_result_logs_its_test_once_when_resumed(tmp_path, monkeypatch):
