@@ -2880,6 +2880,22 @@ def test_decoding_an_id_outside_the_vocabulary_is_refused_naming_it(kind):
         tok.decode([-100])
 
 
+def test_train_from_python_restarts_a_run_as_train_restart_does(tmp_path):
+    """A script run again into its run directory is told the run is there ("--restart to replace it"); train() takes
+    restart=True as `gbattn train --restart` does (it had no such argument: the old run had to be deleted by hand)."""
+    from gbattn.config import build_configs
+
+    sets = {"max_steps": 2, "eval_every": 2, "d_model": 16, "n_layers": 1, "threads": 1}
+    train(tmp_path / "run", *build_configs("cpu-char", "standard", "tiny-shakespeare", sets), quiet=True)
+    wider = build_configs("cpu-char", "standard", "tiny-shakespeare", {**sets, "d_model": 32})
+    with pytest.raises(UserError, match="already holds a run"):
+        train(tmp_path / "run", *wider, quiet=True)
+    assert train(tmp_path / "run", *wider, quiet=True, restart=True)["d_model"] == 32
+    assert ckpt.load_run(tmp_path / "run").model_cfg.d_model == 32
+    with pytest.raises(UserError, match="resume=True continues the run in run_dir and restart=True replaces it"):
+        train(tmp_path / "run", resume=True, restart=True)
+
+
 def test_train_names_a_config_argument_of_another_type(tmp_path):
     """train() from Python with a config as a dict, or the two configs swapped, was "'dict' object has no attribute
     'data'" from inside the trainer; it is one ConfigError naming the argument, before anything is written."""

@@ -210,6 +210,8 @@ class Trainer:
                  resume: bool = False, quiet: bool = False, extra: dict | None = None, preset: str | None = None,
                  restart: bool = False, overrides: dict | None = None) -> None:
         self.run_dir = Path(run_dir)
+        if resume and restart:  # (`train --resume --restart` is refused the same way)
+            raise UserError("resume=True continues the run in run_dir and restart=True replaces it: give one of them")
         self.resume, self.quiet, self.restart = resume, quiet, restart
         self.extra, self.preset = extra or {}, preset
         config_path = self.run_dir / rundir.CONFIG
@@ -846,9 +848,10 @@ def check_optimizer_moments(model_state: dict, optim_state, optimizer: torch.opt
 
 
 def train(run_dir, model_cfg=None, train_cfg=None, resume=False, quiet=False, extra=None, preset=None,
-          overrides=None) -> dict:
+          overrides=None, restart=False) -> dict:
     """Train (or, ``resume=True``, resume) one run into the run directory ``run_dir``, as `gbattn train` does;
     returns its result record (``result.json``; README, "Using gbattn from Python"). A resumed run needs no configs;
-    given, they must be its own but for result-neutral fields (``TrainConfig.RESULT_NEUTRAL``), which they set."""
+    given, they must be its own but for result-neutral fields (``TrainConfig.RESULT_NEUTRAL``), which they set.
+    ``restart=True`` replaces a run already in ``run_dir``, as `gbattn train --restart` does."""
     return Trainer(run_dir, model_cfg, train_cfg, resume=resume, quiet=quiet, extra=extra, preset=preset,
-                   overrides=overrides).run()
+                   overrides=overrides, restart=restart).run()
