@@ -595,7 +595,12 @@ def test_resume_from_python_checks_the_configs_given_against_the_recorded_ones(t
         train(tmp_path / "crashed", model_cfg, train_cfg.replace(max_steps=12), resume=True, quiet=True)
     with pytest.raises(UserError, match=r"d_model: recorded 32, given 64"):
         train(tmp_path / "crashed", model_cfg.replace(d_model=64), train_cfg, resume=True, quiet=True)
-    resumed = train(tmp_path / "crashed", model_cfg, train_cfg.replace(threads=1), resume=True, quiet=True)
+    with pytest.raises(UserError, match=r"data: recorded .*, given .*other"):  # another corpus
+        train(tmp_path / "crashed", model_cfg, train_cfg.replace(data=str(write_corpus(tmp_path / "other", seed=1))),
+              resume=True, quiet=True)
+    moved = shutil.copytree(data, tmp_path / "moved")  # the same corpus at another path, as train --resume --data
+    resumed = train(tmp_path / "crashed", model_cfg, train_cfg.replace(threads=1, data=str(moved)), resume=True,
+                    quiet=True)
     assert resumed["steps"] == 6 and resumed["test_loss"] == ref["test_loss"]
     assert ckpt.read_config(tmp_path / "crashed" / ckpt.CONFIG)["train"]["threads"] == 1  # the neutral field taken
 
