@@ -1152,6 +1152,22 @@ def test_a_set_field_given_twice_must_agree():
     assert parse_sets(["lr=1e-3", "lr=0.001", "attn.gate=scalar"]) == {"lr": 1e-3, "attn.gate": "scalar"}
 
 
+def test_the_attention_and_data_given_as_arguments_and_in_the_overrides_must_agree():
+    """build_configs("cpu-char", "boosted", data, {"attn": "standard"}) built the standard model, silently (the
+    overrides won over the argument; the data too): a field given both ways with different values is refused, as
+    `--attn` and `--set attn=` that disagree are; the same value both ways is taken."""
+    from gbattn.config import build_configs
+
+    with pytest.raises(ConfigError, match=r"^attn='boosted' and the overrides' attn='standard' disagree: give one"):
+        build_configs("cpu-char", "boosted", "tiny-shakespeare", {"attn": "standard"})
+    with pytest.raises(ConfigError, match=r"^attn='boosted' and the overrides' attn='gated' disagree"):
+        preset_config("cpu-char", "boosted", {"attn": "gated"})
+    with pytest.raises(ConfigError, match=r"^data='a.txt' and the overrides' data='b.txt' disagree"):
+        build_configs("cpu-char", "boosted", "a.txt", {"data": "b.txt"})
+    model_cfg, train_cfg = build_configs("cpu-char", "boosted", "a.txt", {"attn": "boosted", "data": "a.txt"})
+    assert (model_cfg.attn, train_cfg.data) == ("boosted", "a.txt")
+
+
 def test_range_and_type_checks_hold_at_their_edges():
     """between() includes both ends (n_layers 4096 allowed, 4097 refused), a number field refuses
     true/false as an int field does, and an int field refuses -2**64 as it refuses 2**64."""

@@ -302,9 +302,17 @@ def preset_config(name: str, attn: str = "standard", overrides: dict | None = No
     if training:  # `params --set lr=...` was "unknown model config field(s) ['lr']", as if lr were no field at all
         raise ConfigError(f"--set {', '.join(training)}: training field(s); only model fields apply here (`gbattn "
                           f"train` and `compare` take training fields)")
+    check_agrees("attn", attn, model)
     for key, value in model.items():
         set_path(d, key, value)
     return ModelConfig.from_dict(d)
+
+
+def check_agrees(name: str, value: Any, overrides: dict) -> None:
+    """A field given as an argument (``attn``, ``data``) and in the overrides must have one value: the overrides'
+    won, silently, as a flag and a ``--set`` of one field that disagree would (:func:`merge_options`)."""
+    if name in overrides and overrides[name] != value:
+        raise ConfigError(f"{name}={value!r} and the overrides' {name}={overrides[name]!r} disagree: give one of them")
 
 
 def build_configs(
@@ -316,6 +324,7 @@ def build_configs(
     train_d = dict(get_preset(preset).train)
     train_d.update({k: v for k, v in train_kwargs.items() if v is not None})
     train_d["data"] = data
+    check_agrees("data", data, train_sets)
     for key, value in train_sets.items():
         train_d[key] = value
     if "warmup_steps" in train_sets and "fit_warmup" not in train_sets:
