@@ -1552,3 +1552,20 @@ def test_write_run_given_anything_but_an_upcycled_model_says_what_it_takes(tmp_p
                                             rf"{type(given).__name__}"):
             write_run(given, tmp_path / "up")
     assert not (tmp_path / "up").exists()
+
+
+def test_upcycle_takes_a_loaded_run_and_names_a_source_of_another_type(gbattn_dir):
+    """upcycle(gbattn.load_run(DIR), attn), a run a researcher has loaded, was pathlib's "expected str, bytes or
+    os.PathLike object, not LoadedRun" from inside load_source: it upcycles that run as upcycle(DIR, attn) does (and
+    write_run records the same source); a source of another type (a model) is a TypeError saying what it takes."""
+    from_dir = upcycle(gbattn_dir, "boosted", seed=1)
+    from_run = upcycle(rundir.load_run(gbattn_dir), "boosted", seed=1)
+    assert from_run.model_cfg == from_dir.model_cfg and from_run.summary("out") == from_dir.summary("out")
+    assert from_run.state.keys() == from_dir.state.keys()
+    assert all(torch.equal(from_run.state[k], from_dir.state[k]) for k in from_dir.state)
+    fields = ("kind", "name", "preset", "train_cfg", "config", "checkpoint", "step", "notes")
+    assert [getattr(from_run.source, f) for f in fields] == [getattr(from_dir.source, f) for f in fields]
+    assert from_run.source.tokenizer.fingerprint == from_dir.source.tokenizer.fingerprint
+    with pytest.raises(TypeError, match=r"^a source of type GPT: give a directory \(a gbattn run or a Hugging Face "
+                                        r"checkpoint\), a loaded run \(gbattn.load_run\) or a Source$"):
+        upcycle(from_run.source.build_model(), "boosted")

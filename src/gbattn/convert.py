@@ -25,6 +25,7 @@ A tied checkpoint may hold the shared tensor under either name (``safetensors.to
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,9 @@ class Source:
 
 def load_source(path: str | Path) -> Source:
     """A gbattn run directory (or one written by ``gbattn export``) or a Hugging Face checkpoint directory."""
+    if not isinstance(path, (str, os.PathLike)):  # (a model: pathlib's "expected str, bytes or os.PathLike object")
+        raise TypeError(f"a source of type {type(path).__name__}: give a directory (a gbattn run or a Hugging Face "
+                        f"checkpoint), a loaded run (gbattn.load_run) or a Source")
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (a Hugging Face checkpoint or a gbattn run directory)"
@@ -87,11 +91,16 @@ def load_source(path: str | Path) -> Source:
     if saved is None and "model_type" not in config and ("model" in config or "train" in config):
         rundir.read_configs(config, path / rundir.CONFIG)  # a run's config.json that lost a section: said so
     if saved is not None:
-        run = rundir.load_run(path)
-        return Source(run.model_cfg, run.model.state_dict(), run.tokenizer, "gbattn", source_name(path),
-                      preset=saved.get("preset"), train_cfg=run.train_cfg, config=saved, checkpoint=run.checkpoint,
-                      step=run.step)
+        return source_of_run(rundir.load_run(path))
     return convert_hf(path)
+
+
+def source_of_run(run: rundir.LoadedRun) -> Source:
+    """A loaded gbattn run (:func:`gbattn.load_run`: its config.json, or an export's gbattn section) as a source, with
+    its model's weights."""
+    return Source(run.model_cfg, run.model.state_dict(), run.tokenizer, "gbattn", source_name(run.run_dir),
+                  preset=run.config.get("preset"), train_cfg=run.train_cfg, config=run.config,
+                  checkpoint=run.checkpoint, step=run.step)
 
 
 def source_name(path: Path) -> str:
