@@ -1566,6 +1566,7 @@ def test_upcycle_takes_a_loaded_run_and_names_a_source_of_another_type(gbattn_di
     fields = ("kind", "name", "preset", "train_cfg", "config", "checkpoint", "step", "notes")
     assert [getattr(from_run.source, f) for f in fields] == [getattr(from_dir.source, f) for f in fields]
     assert from_run.source.tokenizer.fingerprint == from_dir.source.tokenizer.fingerprint
+    assert (from_run.source.preset, from_run.source.step, from_run.source.checkpoint) == ("cpu-char", 7, "best")
     with pytest.raises(TypeError, match=r"^a source of type GPT: give a directory \(a gbattn run or a Hugging Face "
                                         r"checkpoint\), a loaded run \(gbattn.load_run\) or a Source$"):
         upcycle(from_run.source.build_model(), "boosted")
