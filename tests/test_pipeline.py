@@ -605,6 +605,23 @@ def test_resume_from_python_checks_the_configs_given_against_the_recorded_ones(t
     assert ckpt.read_config(tmp_path / "crashed" / ckpt.CONFIG)["train"]["threads"] == 1  # the neutral field taken
 
 
+def test_train_overrides_are_result_neutral_fields_of_a_resumed_run_only(tmp_path):
+    """train(..., overrides={"lr": 1.0}) was ignored by a new run and applied to a resumed one, silently (changing a
+    run `train --resume` keeps as it was started): overrides are the result-neutral fields of a resumed run (threads,
+    device, ...; what compare passes), and anything else is a UserError naming it."""
+    from gbattn.config import build_configs
+
+    configs = build_configs("cpu-char", "standard", "tiny-shakespeare",
+                            {"max_steps": 2, "eval_every": 2, "d_model": 16, "n_layers": 1, "threads": 1})
+    with pytest.raises(UserError, match=r"^overrides are for a resumed run \(resume=True\)"):
+        train(tmp_path / "new", *configs, overrides={"lr": 1.0})
+    assert not (tmp_path / "new").exists()
+    train(tmp_path / "run", *configs, quiet=True)
+    with pytest.raises(UserError, match=r"^overrides \['lr'\] would change the resumed run"):
+        train(tmp_path / "run", resume=True, overrides={"lr": 1.0, "threads": 1})
+    assert train(tmp_path / "run", resume=True, quiet=True, overrides={"threads": 1})["steps"] == 2
+
+
 def test_a_run_killed_writing_its_result_logs_its_test_once_when_resumed(tmp_path, monkeypatch):
     """Killed after its test evaluation was logged but before result.json was in place (the checkpoint
     is at the last step): the resumed run tests again, and metrics.jsonl holds one test event, as an

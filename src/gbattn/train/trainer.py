@@ -212,6 +212,13 @@ class Trainer:
         self.run_dir = Path(run_dir)
         if resume and restart:  # (`train --resume --restart` is refused the same way)
             raise UserError("resume=True continues the run in run_dir and restart=True replaces it: give one of them")
+        if overrides and not resume:  # (ignored, silently)
+            raise UserError("overrides are for a resumed run (resume=True): a new run takes every value from train_cfg")
+        # (any other field was applied to the resumed run, silently: `train --resume` refuses such --set values)
+        changing = sorted(set(overrides or {}) - {*TrainConfig.RESULT_NEUTRAL, "data"})  # data: the corpus moved
+        if changing:
+            raise UserError(f"overrides {changing} would change the resumed run: only result-neutral fields "
+                            f"({', '.join(TrainConfig.RESULT_NEUTRAL)}) may differ from the recorded ones")
         self.resume, self.quiet, self.restart = resume, quiet, restart
         self.extra, self.preset = extra or {}, preset
         config_path = self.run_dir / rundir.CONFIG
