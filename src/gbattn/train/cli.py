@@ -51,7 +51,7 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
         set_path,
         split_overrides,
     )
-    from gbattn.train.trainer import compile_switch
+    from gbattn.train.trainer import compile_switch, same_corpus
 
     recorded = {"preset": saved.get("preset"), "attn": model_cfg.attn, "residual": model_cfg.residual,
                 "data": train_cfg.data, "seed": train_cfg.seed, "tokenizer": train_cfg.tokenizer}
@@ -60,7 +60,7 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
         for name in RUN_OPTIONS
         if getattr(args, name) is not None and getattr(args, name) != recorded[name]
         and (recorded[name] is not None or name == "preset")  # a run made without a preset was made by no preset
-        and not (name == "data" and _same_corpus(args.data, saved, train_cfg))
+        and not (name == "data" and same_corpus(args.data, saved, train_cfg))
     ]
     train_sets, model_sets = split_overrides(parse_sets(args.sets))
     for key, value in model_sets.items():
@@ -78,20 +78,6 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
     if switched:
         differ.append(switched)
     return differ
-
-
-def _same_corpus(data: str, saved: dict, train_cfg) -> bool:
-    """Whether ``--data`` names the recorded corpus by another path (the recorded one may be relative
-    to where the run was started): the same fingerprint."""
-    from gbattn import rundir
-    from gbattn.data.corpus import load_corpus
-    from gbattn.errors import UserError
-
-    recorded = rundir.recorded_fingerprint(saved)
-    try:
-        return recorded is not None and load_corpus(data, tuple(train_cfg.split)).fingerprint == recorded
-    except UserError:
-        return False
 
 
 def _recorded(d: dict, key: str):

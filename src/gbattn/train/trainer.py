@@ -18,7 +18,7 @@ import torch
 
 from gbattn import rundir
 from gbattn.config import ModelConfig, TrainConfig
-from gbattn.data.corpus import test_split_note, tested_split
+from gbattn.data.corpus import load_corpus, test_split_note, tested_split
 from gbattn.data.prepare import Data, prepare_data
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
@@ -171,20 +171,29 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
+def same_corpus(data: str, saved: dict, train_cfg) -> bool:
+    """Whether ``data`` (``train --resume --data``, a resumed run's ``train_cfg.data``) names the recorded corpus by
+    another path (the recorded one may be relative to where the run was started): the same fingerprint."""
+    recorded = rundir.recorded_fingerprint(saved)
+    try:
+        return recorded is not None and load_corpus(data, tuple(train_cfg.split)).fingerprint == recorded
+    except UserError:
+        return False
+
+
 def given_neutral(saved: dict, recorded_model: ModelConfig, recorded_train: TrainConfig, model_cfg: ModelConfig | None,
                   train_cfg: TrainConfig | None, run_dir: Path) -> dict:
     """The result-neutral fields of ``train_cfg`` (threads, device, ...; the corpus at another path) that a run resumed
     with configs given takes over its recorded ones, or a UserError naming each field of ``model_cfg`` or
     ``train_cfg`` (None: not given) that would change the run, as `train --resume` refuses a ``--set`` that would."""
     from gbattn.experiments.compare import comparable
-    from gbattn.train.cli import _same_corpus
 
     if model_cfg is not None and model_cfg.vocab_size == saved.get("vocab_size_asked"):
         model_cfg = model_cfg.replace(vocab_size=recorded_model.vocab_size)  # the tokenizer's was taken, as recorded
     given = comparable(model_cfg or recorded_model, train_cfg or recorded_train)
     have = comparable(recorded_model, recorded_train)
     neutral = {}
-    if train_cfg is not None and train_cfg.data != recorded_train.data and _same_corpus(train_cfg.data, saved,
+    if train_cfg is not None and train_cfg.data != recorded_train.data and same_corpus(train_cfg.data, saved,
                                                                                            recorded_train):
         given["train"]["data"] = recorded_train.data
         neutral["data"] = train_cfg.data  # the recorded corpus at another path
