@@ -343,6 +343,24 @@ def test_each_block_is_built_for_its_own_layer():
     assert [block.attn.lambda_init for block in model.blocks] == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("block", BLOCKS)
+def test_a_block_called_on_its_own_is_the_block_inside_the_model(block):
+    """``block(h, None)`` (gbattn.model.Block on its own) is causal attention over positions 0 .. T-1 with the
+    config's RoPE, as inside the model (its context's rope tables): a RoPE block called so ran without RoPE,
+    silently. GBA and differential attention (its own RoPE'd pairs) both."""
+    for case in (("boosted", {}), ("differential", {})):
+        model = tiny_model(case, **BLOCKS[block])
+        h_BTD = torch.randn(2, 7, 16, dtype=torch.float64)
+        cfg = model.cfg
+        rope = rope_for(torch.arange(7), cfg.d_head, cfg.rope_base, h_BTD.dtype) if cfg.pos == "rope" else None
+        ctx = AttnContext(T=7, S=7, device=h_BTD.device, causal=True, rope=rope)
+        for layer in model.blocks:
+            torch.testing.assert_close(layer(h_BTD, None), layer(h_BTD, ctx), rtol=1e-12, atol=1e-12)
+        if rope is not None:  # (the check above is not vacuous: the same block without RoPE differs)
+            plain = AttnContext(T=7, S=7, device=h_BTD.device, causal=True)
+            assert not torch.allclose(model.blocks[0](h_BTD, None), model.blocks[0](h_BTD, plain))
+
+
 def test_init_follows_paper():
     """docs/paper.md: every Linear and Embedding weight (positions, GBA's gate included) is drawn from
     N(0, 0.02), mean and spread, with zero biases; the output embedding is the token embedding."""

@@ -71,14 +71,19 @@ class Block(nn.Module):
 
     Pre-LN: ``h = h + drop(attn(ln1(h)))``, ``h = h + drop(ffn(ln2(h)))``.
     Post-LN: ``h = ln1(h + drop(attn(h)))``, ``h = ln2(h + drop(ffn(h)))``.
+
+    ``GPT`` passes its shared :class:`AttnContext`; ``block(h_BTD, None)`` on its own is causal attention over
+    positions 0 .. T-1 (with the config's RoPE, if it has one).
     """
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.ln1 = make_norm(cfg)
+        # rope_base: a block called on its own (ctx None) applies the model's RoPE itself; in the model, the
+        # context's tables (the same rope_for) are used instead. Without it, such a call ran without RoPE, silently.
         args = AttnArgs(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dropout_at("attention"), cfg.bias, layer_idx,
-                        cfg.n_layers)
+                        cfg.n_layers, rope_base=cfg.rope_base if cfg.pos == "rope" else None)
         self.attn = build_attention(cfg.attn, args, cfg.attn_options)
         self.ln2 = make_norm(cfg)
         self.mlp = FeedForward(cfg)
