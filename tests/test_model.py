@@ -1186,6 +1186,18 @@ def test_the_attention_and_data_given_as_arguments_and_in_the_overrides_must_agr
     assert (model_cfg.attn, train_cfg.data) == ("boosted", "a.txt")
 
 
+def test_build_configs_takes_a_path_for_its_data_and_names_a_model_field_given_as_a_keyword(tmp_path):
+    """build_configs(preset, attn, pathlib.Path(...), sets) was "data must be a string"; it takes the path's string.
+    A model field given as a keyword (d_model=64) was an "unknown training config field": it is named as a model
+    field, which goes in sets."""
+    from gbattn.config import build_configs
+
+    assert build_configs("cpu-char", "boosted", tmp_path / "a.txt", {})[1].data == str(tmp_path / "a.txt")
+    with pytest.raises(ConfigError, match=r"^d_model, n_layers: model field\(s\), which build_configs takes in sets "
+                                          r"\(\{'d_model': \.\.\., 'n_layers': \.\.\.\}\)"):
+        build_configs("cpu-char", "boosted", "a.txt", {}, n_layers=1, d_model=64, lr=1e-3)
+
+
 def test_range_and_type_checks_hold_at_their_edges():
     """between() includes both ends (n_layers 4096 allowed, 4097 refused), a number field refuses
     true/false as an int field does, and an int field refuses -2**64 as it refuses 2**64."""

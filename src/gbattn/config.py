@@ -9,6 +9,7 @@ options live in ``attn_options`` and are checked by that variant's ``Options`` r
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -316,13 +317,18 @@ def check_agrees(name: str, value: Any, overrides: dict) -> None:
 
 
 def build_configs(
-    preset: str, attn: str, data: str, sets: dict[str, Any], **train_kwargs
+    preset: str, attn: str, data: str | os.PathLike, sets: dict[str, Any], **train_kwargs
 ) -> tuple[ModelConfig, TrainConfig]:
     """Model and training configs: the preset's record, then keyword values, then ``--set`` overrides
     (README, "Using gbattn from Python"). A warmup the user sets explicitly is kept as given (``fit_warmup`` off)."""
     train_sets, model_sets = split_overrides(sets, "sets")
+    misplaced = sorted(set(train_kwargs) & set(ModelConfig.field_names()))  # (was "unknown training config field")
+    if misplaced:
+        raise ConfigError(f"{', '.join(misplaced)}: model field(s), which build_configs takes in sets "
+                          f"({{{', '.join(f'{k!r}: ...' for k in misplaced)}}}), not as keywords (training fields)")
     train_d = dict(get_preset(preset).train)
     train_d.update({k: v for k, v in train_kwargs.items() if v is not None})
+    data = os.fspath(data) if isinstance(data, os.PathLike) else data  # a pathlib.Path as its string
     train_d["data"] = data
     check_agrees("data", data, train_sets)
     for key, value in train_sets.items():
