@@ -563,6 +563,26 @@ def test_a_given_cache_is_used_with_use_cache_false():
     assert getattr(out, CACHE_FIELD) is cache and cache.get_seq_length() == 6
 
 
+def test_a_cache_of_another_model_is_refused_and_a_reset_one_serves_any():
+    """A GbattnCache holds one model's keys and values: given to another model (another variant, or the same one
+    with other weights) it is a ValueError naming that, left untouched (it was a torch size error deep in the
+    attention, or, for the same shapes, the other model's keys mixed in silently); reset, it serves any model."""
+    _, boosted = tiny_pair(("boosted", {}), {})
+    _, standard = tiny_pair(("standard", {}), {})
+    _, retrained = tiny_pair(("boosted", {}), {}, seed=1)
+    idx = torch.randint(1, 37, (2, 6))
+    for other in (standard, retrained):
+        cache = getattr(boosted(idx[:, :4], use_cache=True), CACHE_FIELD)
+        with pytest.raises(ValueError, match="^this KV cache holds another model's keys and values"):
+            other(idx[:, 4:], cache=cache)
+        with pytest.raises(ValueError, match="^this KV cache holds another model's keys and values"):
+            other.generate(idx, max_new_tokens=1, pad_token_id=0, **{CACHE_FIELD: cache})
+        assert cache.get_seq_length() == 4  # untouched
+        torch.testing.assert_close(boosted(idx[:, 4:], cache=cache).logits, boosted(idx).logits[:, 4:])
+    cache.reset()
+    torch.testing.assert_close(retrained(idx, cache=cache).logits, retrained(idx).logits)
+
+
 # ---- initialisation ---------------------------------------------------------------------
 
 

@@ -382,6 +382,14 @@ class DynamicLayerCache:
     def length(self) -> int:
         return next(iter(self.entries.values()))[1].shape[2] if self.entries else 0
 
+    def serves(self, module: nn.Module) -> bool:
+        """Whether this cache may take ``module``'s keys and values: it is bound to no module yet, or to that one."""
+        return self.owner is None or self.owner() is module
+
+    def bind(self, module: nn.Module) -> None:
+        """Serve ``module`` from now on (held weakly)."""
+        self.owner = weakref.ref(module)
+
     def update(self, name: str, slots_T: Tensor | None, k_BGTE: Tensor | None, v_BGTF: Tensor):
         if name in self.entries:
             k_old, v_old = self.entries[name]
@@ -587,7 +595,7 @@ class AttentionBase(nn.Module):
             if cache is not None and not isinstance(cache, DynamicLayerCache):
                 raise ValueError(f"cache of type {type(cache).__name__}: a module used on its own takes a "
                                  f"DynamicLayerCache (a model passes its own context with its cache)")
-            if cache is not None and cache.owner is not None and cache.owner() is not self:  # else entries mix layers
+            if cache is not None and not cache.serves(self):  # else entries mix layers
                 raise ValueError("this DynamicLayerCache holds another attention module's keys and values (the "
                                  "module it was first used with; a deep copy of that module is another one): give "
                                  "each module (each layer) its own cache")
@@ -619,7 +627,7 @@ class AttentionBase(nn.Module):
             context = AttnContext(T=T, S=past + T, device=x_BTD.device, key_padding_BS=key_padding_mask, causal=causal,
                                   naive=naive, rope=rope)
             if cache is not None:  # (after every check: a call refused leaves the cache unbound)
-                cache.owner = weakref.ref(self)
+                cache.bind(self)
         if return_intermediates and record is None:
             record = Record()
         y_BTD = self.compute(x_BTD, Call(self, context, cache, record))

@@ -68,8 +68,8 @@ class GbattnLayerCache(DynamicLayerCache):
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._map(lambda t: t.repeat_interleave(repeats, dim=0))
 
-    def reset(self) -> None:
-        self.entries = {}
+    def reset(self) -> None:  # holding no keys, it serves any model again
+        self.entries, self.owner = {}, None
 
     def offload(self) -> None:  # kept where it is
         pass

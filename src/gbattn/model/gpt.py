@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from gbattn.attention.core import (
     AttnArgs,
     AttnContext,
+    DynamicLayerCache,
     Record,
     StaticCache,
     check_integers,
@@ -265,6 +266,13 @@ class GPT(nn.Module):
         if cache is not None and len(cache.layers) != len(self.blocks):
             raise ValueError(f"a KV cache of {len(cache.layers)} layers for a model of {len(self.blocks)}: each block "
                              f"needs its own layer cache")
+        # A growing cache (the Hugging Face wrapper's) serves the model it was first used with: another model's keys
+        # were a torch size error deep in the attention, or, of the same shapes, mixed in silently.
+        bound = [] if cache is None else [(layer, block.attn) for block, layer in zip(self.blocks, cache.layers)
+                                          if isinstance(layer, DynamicLayerCache)]
+        if not all(layer_cache.serves(attn) for layer_cache, attn in bound):
+            raise ValueError("this KV cache holds another model's keys and values (the model it was first used with; "
+                             "a copy or a reloaded copy of that model is another one): pass a new cache, or none")
         if position_ids is not None:
             positions = position_ids
         elif input_pos is not None:
@@ -307,6 +315,8 @@ class GPT(nn.Module):
                           slots_T=input_pos if cache is not None else None, key_padding_BS=key_padding_mask,
                           causal=True, naive=naive, rope=rope)
         records = [Record() for _ in self.blocks] if return_intermediates else None
+        for layer_cache, attn in bound:  # (after every check: a call refused leaves the cache as it was)
+            layer_cache.bind(attn)
         layer_caches = cache.layers if cache is not None else [None] * len(self.blocks)
         layer_records = records or [None] * len(self.blocks)
         if self.residual is None:
