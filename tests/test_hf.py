@@ -1522,6 +1522,31 @@ def write_task(tasks: Path, name: str, row: str, spec: str) -> None:
         f"test_split: test\ndoc_to_text: '{{{{q}}}}'\n" + spec)
 
 
+MC_ROW = '{"q": "A:", "choices": ["b", "c"], "label": 0}'
+MC_SPEC = "doc_to_choice: '{{choices}}'\ndoc_to_target: label\nmetric_list:\n  - metric: acc\n"
+
+
+@pytest.mark.parametrize("spec,detail", [
+    ("output_type: bogus\n", "ValueError: Got invalid output_type 'bogus'"),
+    ("output_type: multiple_choice\n" + MC_SPEC.replace("metric: acc", "metric: no_such_metric"), "KeyError: None"),
+    ("output_type: multiple_choice\nfewshot_split: nosplit\nnum_fewshot: 1\n" + MC_SPEC, "KeyError: 'nosplit'"),
+    ("output_type: multiple_choice\n" + MC_SPEC.replace("label\n", "'{{nofield}}'\n"),
+     "UndefinedError: 'nofield' is undefined"),
+    ("output_type: multiple_choice\n" + MC_SPEC.replace("'{{choices}}'", "'{{choices'"),
+     "TemplateSyntaxError: unexpected end of template"),
+], ids=["output-type", "metric", "split", "template-field", "template-syntax"])
+def test_lm_eval_names_a_task_yaml_it_cannot_build_in_one_line(trained, capsys, tmp_path, spec, detail):
+    """A task YAML the harness cannot build into a task (an output_type, a metric, a split or a template of its
+    own) is one line naming the task, with the harness's reason (tracebacks, exit status 1, before)."""
+    run_dir, _ = trained
+    write_task(tmp_path, "toy_bad", MC_ROW, spec)
+    assert cli_main(["lm-eval", str(run_dir), "--tasks", "toy_bad", "--include-path", str(tmp_path),
+                     "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        f"gbattn: error: lm-eval could not build the task(s) ['toy_bad'] from their YAML ({detail}"), err
+
+
 def test_lm_eval_reads_the_generation_config_with_gbattns_reader_first(trained, capsys, tmp_path):
     """transformers reads generation_config.json with json.load while it loads the model: one nested too deeply
     was a RecursionError traceback. gbattn's reader reads it first: one line naming the file."""

@@ -184,6 +184,24 @@ def close_progress_bars() -> None:
         bar.close()
 
 
+class GbattnTaskManager(TaskManager):
+    """The harness's task index, whose building of the tasks (``simple_evaluate``'s first step: each task's YAML
+    made into a task, its data loaded, its first document rendered) turns a mistake of a task's own (an
+    output_type, a metric, a split or a template: tracebacks before) into one line. Its data not found or
+    not reachable is left to :func:`run_lm_eval`, which says where to look."""
+
+    def load(self, tasks, *args, **kwargs):
+        try:
+            return super().load(tasks, *args, **kwargs)
+        except (FileNotFoundError, ConnectionError):
+            raise
+        except Exception as e:
+            close_progress_bars()
+            raise UserError(f"lm-eval could not build the task(s) {list(tasks)} from their YAML "
+                            f"({error_detail(e, 160, with_type=True)}): check the task's output_type, metric_list, "
+                            f"splits and templates") from None
+
+
 def task_manager(tasks: list[str], include_path: str | None) -> TaskManager:
     """The harness's task index: the include path alone when it has every task (fast), else with the
     harness's own tasks; unknown names are a one-line error."""
@@ -191,10 +209,10 @@ def task_manager(tasks: list[str], include_path: str | None) -> TaskManager:
     if include_path:
         if not Path(include_path).is_dir():
             raise UserError(f"--include-path {include_path} is not a directory")
-        manager = TaskManager(include_path=include_path, include_defaults=False)
+        manager = GbattnTaskManager(include_path=include_path, include_defaults=False)
         if any(not manager.match_tasks([t]) for t in tasks):
             manager = None
-    manager = manager or TaskManager(include_path=include_path)
+    manager = manager or GbattnTaskManager(include_path=include_path)
     unknown = [t for t in tasks if not manager.match_tasks([t])]
     if unknown:
         raise UserError(f"unknown lm-eval task(s) {unknown}: see `lm-eval ls tasks`, or pass --include-path DIR "
