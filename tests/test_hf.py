@@ -2165,12 +2165,19 @@ def test_lm_eval_passes_its_model_in_memory_without_the_harness_warnings(trained
         harness_log.removeHandler(catcher)
 
 
-def test_lm_eval_takes_a_harness_task_beside_an_include_path():
-    """An --include-path that lacks one of the tasks is searched together with the harness's own tasks."""
+def test_lm_eval_takes_a_harness_task_beside_an_include_path(tmp_path):
+    """An --include-path that lacks one of the tasks is searched together with the harness's own tasks; that index
+    builds a local task's mistake into one line too (one index: building it takes seconds)."""
+    from gbattn.errors import UserError
     from gbattn.hf.lmeval import task_manager
 
-    manager = task_manager(["gbattn_toy_mc", "arc_easy"], str(LMEVAL_DATA))
+    shutil.copytree(LMEVAL_DATA, tmp_path / "tasks")
+    write_task(tmp_path / "tasks", "toy_bad", MC_ROW, "output_type: bogus\n")
+    manager = task_manager(["gbattn_toy_mc", "arc_easy"], str(tmp_path / "tasks"))
     assert manager.match_tasks(["gbattn_toy_mc"]) and manager.match_tasks(["arc_easy"])
+    with pytest.raises(UserError, match=r"^lm-eval could not build the task\(s\) \['toy_bad'\] from their YAML "
+                                        r"\(ValueError: Got invalid output_type 'bogus'"):
+        manager.load(["toy_bad"])
 
 
 def test_lm_eval_results_file_names_and_contents(tmp_path):
