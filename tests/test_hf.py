@@ -1547,6 +1547,29 @@ def test_lm_eval_names_a_task_yaml_it_cannot_build_in_one_line(trained, capsys, 
         f"gbattn: error: lm-eval could not build the task(s) ['toy_bad'] from their YAML ({detail}"), err
 
 
+def test_an_unknown_task_names_the_yaml_files_of_the_include_path_that_do_not_parse(tmp_path, monkeypatch):
+    """The harness's index skips a task YAML that does not parse, saying so only at debug level: the task was
+    "unknown", with the advice to pass the --include-path that was passed. The line names the skipped file.
+    (The index here leaves out the harness's own tasks, whose indexing takes seconds.)"""
+    from lm_eval.tasks import TaskManager
+
+    from gbattn.errors import UserError
+    from gbattn.hf import lmeval
+    from gbattn.hf.lmeval import task_manager
+
+    def local_only(self, include_path=None, include_defaults=True, **kwargs):
+        TaskManager.__init__(self, include_path=include_path, include_defaults=False, **kwargs)
+
+    monkeypatch.setattr(lmeval.GbattnTaskManager, "__init__", local_only)
+
+    write_task(tmp_path, "toy_ok", MC_ROW, "output_type: multiple_choice\n" + MC_SPEC)
+    (tmp_path / "toy_broken.yaml").write_text("task: toy_broken\n  dataset_path: [unclosed\n")
+    with pytest.raises(UserError, match=r"^unknown lm-eval task\(s\) \['toy_broken'\]: .*; the harness skipped "
+                                        r"toy_broken.yaml \(\w*Error: .*\), which does not parse$"):
+        task_manager(["toy_ok", "toy_broken"], str(tmp_path))
+    assert task_manager(["toy_ok"], str(tmp_path)).match_tasks(["toy_ok"])
+
+
 def test_lm_eval_reads_the_generation_config_with_gbattns_reader_first(trained, capsys, tmp_path):
     """transformers reads generation_config.json with json.load while it loads the model: one nested too deeply
     was a RecursionError traceback. gbattn's reader reads it first: one line naming the file."""

@@ -215,9 +215,29 @@ def task_manager(tasks: list[str], include_path: str | None) -> TaskManager:
     manager = manager or GbattnTaskManager(include_path=include_path)
     unknown = [t for t in tasks if not manager.match_tasks([t])]
     if unknown:
+        skipped = unparsed_task_files(include_path) if include_path else []
+        verb = "does" if len(skipped) == 1 else "do"
+        hint = f"; the harness skipped {', '.join(skipped[:3])}, which {verb} not parse" if skipped else ""
         raise UserError(f"unknown lm-eval task(s) {unknown}: see `lm-eval ls tasks`, or pass --include-path DIR "
-                        f"with the task's YAML")
+                        f"with the task's YAML{hint}")
     return manager
+
+
+def unparsed_task_files(include_path: str) -> list[str]:
+    """``name (reason)`` of each YAML file under ``include_path`` that the harness's task index skips, as it
+    reads them (its loader, then its entry for the file), saying so only at debug level."""
+    try:
+        from lm_eval.tasks._index import TaskIndex
+        from lm_eval.tasks._yaml_loader import load_yaml
+    except ImportError:  # another version of the harness: no hint
+        return []
+    skipped = []
+    for path in TaskIndex._iter_yaml_files(Path(include_path)):
+        try:
+            TaskIndex.process_cfg(load_yaml(path, resolve_func=False, recursive=True), path, {})
+        except Exception as e:
+            skipped.append(f"{path.relative_to(include_path)} ({error_detail(e, 80, with_type=True)})")
+    return skipped
 
 
 def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | None = None, limit: float | None = None,
