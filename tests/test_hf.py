@@ -1567,6 +1567,10 @@ def test_an_unknown_task_names_the_yaml_files_of_the_include_path_that_do_not_pa
     with pytest.raises(UserError, match=r"^unknown lm-eval task\(s\) \['toy_broken'\]: .*; the harness skipped "
                                         r"toy_broken.yaml \(\w*Error: .*\), which does not parse$"):
         task_manager(["toy_ok", "toy_broken"], str(tmp_path))
+    (tmp_path / "zz_list.yaml").write_text("- task: zz_list\n")  # every file is read, each named
+    with pytest.raises(UserError, match=r"skipped toy_broken.yaml \(.*\), zz_list.yaml \(ValueError: Expected YAML "
+                                        r"dict from .*\), which do not parse$"):
+        task_manager(["zz_list"], str(tmp_path))
     assert task_manager(["toy_ok"], str(tmp_path)).match_tasks(["toy_ok"])
 
 
