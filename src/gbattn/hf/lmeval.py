@@ -226,13 +226,15 @@ def task_manager(tasks: list[str], include_path: str | None) -> TaskManager:
 def unparsed_task_files(include_path: str) -> list[str]:
     """``name (reason)`` of each YAML file under ``include_path`` that the harness's task index skips, as it
     reads them (its loader, then its entry for the file), saying so only at debug level."""
-    try:
+    try:  # (private parts of the pinned harness, 0.4.13)
         from lm_eval.tasks._index import TaskIndex
         from lm_eval.tasks._yaml_loader import load_yaml
-    except ImportError:  # another version of the harness: no hint
+
+        files = list(TaskIndex._iter_yaml_files(Path(include_path)))
+    except (ImportError, AttributeError):  # another version of the harness: no hint
         return []
     skipped = []
-    for path in TaskIndex._iter_yaml_files(Path(include_path)):
+    for path in files:
         try:
             TaskIndex.process_cfg(load_yaml(path, resolve_func=False, recursive=True), path, {})
         except Exception as e:
