@@ -2217,6 +2217,9 @@ def test_lm_eval_results_file_names_and_contents(tmp_path):
     assert results_stem(["piqa"], 100.0, 5) == "piqa-limit100-5shot"
     assert results_stem(["piqa"], 0.5, 0) == "piqa-limit0.5-0shot"
     assert results_stem(["arc-easy", "a+b.c"], None, None) == "arc-easy+a+b.c"  # already safe: kept
+    # --checkpoint last has its own results file (it replaced the best weights'); best, the default, has none
+    assert results_stem(["piqa"], 100.0, 5, "last") == "piqa-limit100-5shot-last"
+    assert results_stem(["piqa"], None, None, "best") == results_stem(["piqa"], None, None) == "piqa"
     samples = {"toy": [{"doc": {"text": "a"}, "resps": [[float("nan")]]}], "my/task x": [{"doc": {"text": "b"}}]}
     results = {"results": {"toy": {"acc": 0.5}}, "pretty_env_info": "PyTorch version: 2", "samples": samples}
     out = tmp_path / "lm-eval" / "results-toy.json"
@@ -2266,13 +2269,16 @@ def test_lm_eval_command_forwards_every_option(tmp_path, monkeypatch, capsys):
     assert written[-1][1:] == (tmp_path / "r.json", [model.resolve(), tasks.resolve()]) and threads[-1] == 2
     assert cli_main(["lm-eval", str(model), "--tasks", "a", "--limit", "100", "--num-fewshot", "5"]) == 0
     assert written[-1][1] == model / "lm-eval" / "results-a-limit100-5shot.json"
+    # a task named twice is evaluated once; --checkpoint last has its own results file (it replaced best's)
+    assert cli_main(["lm-eval", str(model), "--tasks", "a,b,a", "--checkpoint", "last"]) == 0
+    assert calls[-1][0] == (model, ["a", "b"]) and written[-1][1] == model / "lm-eval" / "results-a+b-last.json"
     # --device reaches resolve_device (on a machine without CUDA, --device cpu reads the same as the default, auto)
     code, _, err = run_cli(capsys, ["lm-eval", model, "--tasks", "a", "--device", "cdua"])
-    assert code == 2 and "device='cdua' is not allowed (did you mean 'cuda'?)" in err and len(calls) == 3, err
+    assert code == 2 and "device='cdua' is not allowed (did you mean 'cuda'?)" in err and len(calls) == 4, err
     monkeypatch.setattr(lmeval, "run_lm_eval", lambda *args, **kwargs: None)
     capsys.readouterr()
     assert cli_main(["lm-eval", str(model), "--tasks", "a"]) == 0
-    assert len(written) == 3 and capsys.readouterr().out == ""
+    assert len(written) == 4 and capsys.readouterr().out == ""
 
 
 def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):

@@ -30,7 +30,8 @@ def register(sub) -> None:
                    help="requests per batch of the harness (default %(default)s)")
     p.add_argument("--log-samples", action="store_true", help="also write every document's requests and answers")
     p.add_argument("--output", default=None,
-                   help="results file (default MODEL/lm-eval/results-<tasks>.json; samples-<task>-... beside it)")
+                   help="results file (default MODEL/lm-eval/results-<tasks>[-limitN][-Nshot][-last].json; "
+                   "samples-<task>-... beside it)")
     arguments.checkpoint(p)
     arguments.device(p)
     arguments.threads(p)
@@ -71,7 +72,7 @@ def cmd_lm_eval(args) -> None:
     from gbattn.rundir import check_model_dir, check_output_file
     from gbattn.runtime import command_line, resolve_device, set_threads
 
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    tasks = list(dict.fromkeys(t.strip() for t in args.tasks.split(",") if t.strip()))  # a task named twice: once
     if not tasks:
         raise UserError("--tasks names no task; e.g. --tasks hellaswag,piqa")
     if args.limit is not None and not args.limit > 0:
@@ -80,7 +81,7 @@ def cmd_lm_eval(args) -> None:
         raise UserError(f"--limit {args.limit:g} is not a whole number of documents (a fraction below 1 is a share of "
                         f"each task)")
     model = check_model_dir(args.model)
-    stem = results_stem(tasks, args.limit, args.num_fewshot)
+    stem = results_stem(tasks, args.limit, args.num_fewshot, args.checkpoint)
     out = Path(args.output) if args.output else model / "lm-eval" / f"results-{stem}.json"
     check_output_file(out, "--output")
     set_threads(args.threads)

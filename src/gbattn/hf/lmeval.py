@@ -299,13 +299,16 @@ def file_name_part(task: str) -> str:
     return re.sub(r"[^\w.+-]", "_", task)
 
 
-def results_stem(tasks: list[str], limit: float | None, num_fewshot: int | None) -> str:
-    """``hellaswag+piqa[-limit100][-5shot]``, safe as a file name."""
+def results_stem(tasks: list[str], limit: float | None, num_fewshot: int | None, checkpoint: str | None = None) -> str:
+    """``hellaswag+piqa[-limit100][-5shot][-last]``, safe as a file name: ``--checkpoint last`` has its own (it
+    replaced the best weights' results file); ``best``, the default, none."""
     stem = "+".join(map(file_name_part, tasks))
     if limit is not None:
         stem += f"-limit{limit:g}"
     if num_fewshot is not None:
         stem += f"-{num_fewshot}shot"
+    if checkpoint == "last":
+        stem += "-last"
     return stem
 
 
