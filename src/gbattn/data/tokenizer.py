@@ -227,8 +227,11 @@ class Tokenizer:
                 tok._hf.get_vocab_size() == expected_vocab):
             tok._size = expected_vocab  # a run from before sizes counted up to the largest id: the count it used
         if expected_vocab is not None and tok.vocab_size != expected_vocab:
+            resized = (" (or the model's embeddings were resized past it, as transformers' resize_token_embeddings "
+                       "does: gbattn reads a model whose vocabulary is its tokenizer's)"
+                       if tok.vocab_size < expected_vocab else "")
             raise CheckpointError(f"{path} has {tok.vocab_size:,} tokens but the model's vocabulary is "
-                                  f"{expected_vocab:,}: the tokenizer does not belong to this model")
+                                  f"{expected_vocab:,}: the tokenizer does not belong to this model{resized}")
         if recorded is not None and recorded not in (tok.fingerprint, as_saved):
             raise CheckpointError(f"{path} is not the tokenizer the run was trained with (fingerprint {tok.fingerprint}"
                                   f"; its config.json records {recorded}): a tokenizer file from another run? Put "
