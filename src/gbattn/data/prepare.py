@@ -57,10 +57,15 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
     except DataNotFound as e:
         if data:
             raise
-        kept = ("an export keeps only its last part" if run.checkpoint == "exported"
-                else "a relative path is relative to where the run was trained")
-        raise DataNotFound(f"{e}; that is the path {run.run_dir} recorded ({kept}): pass --data PATH where the corpus "
-                           f"is now") from None
+        raise DataNotFound(f"{e}; {recorded_path_advice(run.run_dir, exported=run.checkpoint == 'exported')}") from None
+
+
+def recorded_path_advice(run_dir, exported: bool = False) -> str:
+    """What follows a corpus not found at the path ``run_dir`` recorded (``eval``, ``analyze``, ``train --resume``):
+    the path was not typed now, and ``--data`` names where the corpus is."""
+    kept = ("an export keeps only its last part" if exported
+            else "a relative path is relative to where the run was trained")
+    return f"that is the path {run_dir} recorded ({kept}): pass --data PATH where the corpus is now"
 
 
 def other_data_note(run, data: Data) -> str:

@@ -19,10 +19,10 @@ import torch
 from gbattn import rundir
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.corpus import load_corpus, test_split_note, tested_split
-from gbattn.data.prepare import Data, prepare_data
+from gbattn.data.prepare import Data, prepare_data, recorded_path_advice
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
-from gbattn.errors import CheckpointError, ConfigError, DataError, Terminated, UserError
+from gbattn.errors import CheckpointError, ConfigError, DataError, DataNotFound, Terminated, UserError
 from gbattn.eval.perplexity import evaluate, perplexity
 from gbattn.files import error_detail
 from gbattn.model.gpt import GPT
@@ -243,6 +243,7 @@ class Trainer:
                 overrides = {**given_neutral(self.saved, self.model_cfg, recorded, model_cfg, train_cfg, self.run_dir),
                              **(overrides or {})}
             self.train_cfg = recorded.replace(**(overrides or {}))  # result-neutral: threads, device, ...
+            self.recorded_data = recorded.data  # the corpus path the run was started with
             self.extra, self.preset = self.saved.get("extra") or {}, self.saved.get("preset")
             switched = compile_switch(self.model_cfg, recorded, self.train_cfg)  # ... but for this
             if switched:  # (compare resumes its runs with its --set compile=...: its own words there)
@@ -254,6 +255,7 @@ class Trainer:
             if model_cfg is None or train_cfg is None:
                 raise ValueError("model_cfg and train_cfg are required for a new run")
             self.saved, self.model_cfg, self.train_cfg = None, model_cfg, train_cfg
+            self.recorded_data = None
         if not self.train_cfg.data:
             raise UserError("no data given (train_cfg.data: a corpus name, a file or a folder; `gbattn train --data`)")
 
@@ -389,8 +391,14 @@ class Trainer:
         asked = self.saved.get("vocab_size_asked") if self.resume else None  # recorded when it was not the tokenizer's
         self.requested_vocab = asked if type(asked) is int and asked > 0 else self.model_cfg.vocab_size
         recorded = rundir.recorded_fingerprint(self.saved) if self.resume else None
-        return prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show, trained_on=recorded,
-                            mismatch=": it has changed since this run started, and a run does not resume on other data")
+        changed = ": it has changed since this run started, and a run does not resume on other data"
+        try:
+            return prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show, trained_on=recorded,
+                                mismatch=changed)
+        except DataNotFound as e:  # a resumed run's recorded path (moved, or relative to elsewhere), not one typed now
+            if cfg.data != self.recorded_data:
+                raise
+            raise DataNotFound(f"{e}; {recorded_path_advice(self.run_dir)}") from None
 
     def _advice(self, split: str, count: int) -> str:
         """What to do about a split of ``count`` tokens, too short for the run: raise its cap where the cap cut it
