@@ -307,6 +307,12 @@ def test_a_run_started_elsewhere_finds_its_data_by_another_path(trained, tmp_pat
     (tmp_path / "run" / rundir.RESULT).unlink()
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--quiet"])
     assert "that is the path" in err and "pass --data PATH where the corpus is now" in one_line(code, err)
+    from gbattn.errors import DataNotFound
+    from gbattn.train.trainer import Trainer
+
+    with pytest.raises(DataNotFound, match="'nowhere'") as raised:  # a path given now is not the run's recorded one
+        Trainer(tmp_path / "run", resume=True, quiet=True, overrides={"data": "nowhere"}).run()
+    assert "recorded" not in str(raised.value)
     code, out, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--data", tmp_path / "corpus",
                                       "--quiet"])
     assert code == 0, err
