@@ -291,7 +291,8 @@ def test_a_run_that_records_no_corpus_is_evaluated_on_the_data_given(trained, tm
 
 def test_a_run_started_elsewhere_finds_its_data_by_another_path(trained, tmp_path, capsys, monkeypatch):
     """A run trained on a relative --data path, used from another working directory: eval says how
-    to name the corpus, as train --resume does, and eval --data and train --resume --data take another path to it."""
+    to name the corpus, as train --resume and --init-from do, and eval --data and train --resume --data take another
+    path to it."""
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     write_corpus(tmp_path / "corpus")
@@ -307,6 +308,8 @@ def test_a_run_started_elsewhere_finds_its_data_by_another_path(trained, tmp_pat
     (tmp_path / "run" / rundir.RESULT).unlink()
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--quiet"])
     assert "that is the path" in err and "pass --data PATH where the corpus is now" in one_line(code, err)
+    code, _, err = run_cli(capsys, ["train", "--init-from", tmp_path / "run", "--out", tmp_path / "again", "--quiet"])
+    assert f"that is the path {tmp_path / 'run'} recorded" in one_line(code, err)  # --init-from's default data
     from gbattn.errors import DataNotFound
     from gbattn.train.trainer import Trainer
 

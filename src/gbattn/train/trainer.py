@@ -395,10 +395,13 @@ class Trainer:
         try:
             return prepare_data(cfg, self.model_cfg.vocab_size, tokenizer, progress=self.show, trained_on=recorded,
                                 mismatch=changed)
-        except DataNotFound as e:  # a resumed run's recorded path (moved, or relative to elsewhere), not one typed now
-            if cfg.data != self.recorded_data:
-                raise
-            raise DataNotFound(f"{e}; {recorded_path_advice(self.run_dir)}") from None
+        except DataNotFound as e:  # a path this run or --init-from's recorded (moved, or relative to elsewhere)
+            if self.resume and cfg.data == self.recorded_data:
+                raise DataNotFound(f"{e}; {recorded_path_advice(self.run_dir)}") from None
+            if self.start is not None and cfg.data == self.start.train_cfg.data:
+                exported = self.start.checkpoint == "exported"
+                raise DataNotFound(f"{e}; {recorded_path_advice(self.start.run_dir, exported)}") from None
+            raise
 
     def _advice(self, split: str, count: int) -> str:
         """What to do about a split of ``count`` tokens, too short for the run: raise its cap where the cap cut it
