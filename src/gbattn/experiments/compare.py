@@ -176,6 +176,7 @@ class _Runner:
         todo = [(spec, seed) for seed in self.seeds for spec in training_order(self.specs)]
         running: dict[tuple[str, int], subprocess.Popen] = {}
         failed: list[str] = []
+        unasked = 0  # of the failed: runs that wait for a model this invocation leaves out
         stopped: list[int] = []  # SIGTERM to this process: stop the children (they checkpoint), then say so
         previous = None
         if self.jobs > 1 and threading.current_thread() is threading.main_thread():
@@ -200,6 +201,7 @@ class _Runner:
                     time.sleep(0.5)
                 elif todo and not started:  # what is left waits for a run that failed or was not asked for
                     failed += [f"{s.label}/seed{seed} (not trained: {self._waits_for(s, seed)})" for s, seed in todo]
+                    unasked += sum(1 for s, seed in todo if self._not_asked_for(s, seed))
                     break
         except KeyboardInterrupt as e:  # Ctrl-C, or a SIGTERM between training loops (cli's Terminated): as for a
             # SIGTERM caught above, the children stop at a checkpoint and it is said so, with the signal that came
@@ -217,8 +219,9 @@ class _Runner:
                               f"at their last checkpoint; rerun the same command to resume")
             error.exit_code = 128 + int(stopped[0])  # 130 or 143, as a shell reports an interrupted or terminated one
             raise error
-        if failed:
-            raise UserError(f"{len(failed)} run(s) failed: {'; '.join(failed)}; rerun the same command to retry them")
+        if failed:  # a run waiting for a model not asked for would wait again: its reason says to add it to --only
+            retry = "; rerun the same command to retry them" if len(failed) > unasked else ""
+            raise UserError(f"{len(failed)} run(s) failed: {'; '.join(failed)}{retry}")
         return self._report()
 
     def _report(self) -> dict:
@@ -242,13 +245,18 @@ class _Runner:
     def _waits_for(self, spec: ModelSpec, seed: int) -> str:
         """Why a run cannot start: the run it starts from or is matched to failed, or is not part of
         this invocation (--only) and not finished in the directory."""
-        asked = {s.label for s in self.specs}
-        missing = [ref for ref in depends_on(spec) if ref not in asked
-                   and not (self.out / ref / f"seed{seed}" / rundir.RESULT).exists()]
+        missing = self._not_asked_for(spec, seed)
         if missing:
             return (f"it needs {', '.join(missing)} seed {seed}, which is neither finished here nor asked for: add it "
                     f"to --only")
         return "the run it starts from or is matched to failed"
+
+    def _not_asked_for(self, spec: ModelSpec, seed: int) -> list[str]:
+        """The models ``spec`` starts from or is matched to that this invocation leaves out (--only) and
+        the directory holds no finished run of, for ``seed``."""
+        asked = {s.label for s in self.specs}
+        return [ref for ref in depends_on(spec) if ref not in asked
+                and not (self.out / ref / f"seed{seed}" / rundir.RESULT).exists()]
 
     def _ready(self, spec: ModelSpec, seed: int) -> bool:
         """A run waits for the runs it starts from or is matched to."""
