@@ -92,10 +92,17 @@ def test_compare_refuses_other_settings_in_same_dir(tmp_path):
     data = write_corpus(tmp_path / "c")
     sets = tiny_sets()
     run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
-    with pytest.raises(Exception, match="holds a comparison with sets"):
+    # the --set values that differ, as typed (a Python dict of every --set value, before)
+    with pytest.raises(UserError, match=r"holds a comparison with other --set values: lr: not set there, --set lr=0.5 "
+                                        r"now; use another --out or the same settings$"):
         run_compare(
             "cpu-proxy", tmp_path / "cmp", data=str(data), sets={**sets, "lr": 0.5}, only=["standard"], quiet=True
         )
+    changed = {**sets, "max_steps": sets["max_steps"] + 1, "attn.gate": "scalar"}
+    with pytest.raises(UserError, match=rf"other --set values: attn.gate: not set there, --set attn.gate=scalar now; "
+                                        rf"max_steps: --set max_steps={sets['max_steps']} there, --set "
+                                        rf"max_steps={sets['max_steps'] + 1} now;"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=changed, only=["standard"], quiet=True)
 
 
 def test_a_call_without_seeds_continues_the_seeds_the_comparison_holds(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ them; each run is the same computation as when trained alone with the same threa
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -413,6 +414,12 @@ def _results_part(key: str, value):
     return {k: v for k, v in value.items() if k not in TrainConfig.RESULT_NEUTRAL}
 
 
+def _set_value(sets: dict, key: str) -> str:
+    """``--set key=value`` as typed, or that it was not given."""
+    return f"--set {key}={json.dumps(sets[key]) if not isinstance(sets[key], str) else sets[key]}" if key in sets \
+        else "not set"
+
+
 def _check_request(path: Path, request: dict, seeds_given: bool = True) -> None:
     """Refuse a comparison directory that holds another comparison; complete this request from it (run_compare
     records it once the data is read). Its seeds become the recorded ones and those given, or the recorded ones
@@ -426,11 +433,16 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True) -> None:
                 # tiny-shakespeare/input.txt): the same data, which check_run confirms by its fingerprint
                 before["data"] = request["data"]
         for key in ("recipe", "data", "sets"):
-            if _results_part(key, before.get(key)) != _results_part(key, request[key]):
-                raise UserError(
-                    f"{path.parent} holds a comparison with {key}={before.get(key)!r}, not {request[key]!r}; "
-                    f"use another --out or the same settings"
-                )
+            had, asked = _results_part(key, before.get(key)), _results_part(key, request[key])
+            if had == asked:
+                continue
+            if key == "sets" and isinstance(had, dict):  # the --set values that differ, as typed (not a Python dict)
+                differ = [f"{k}: {_set_value(had, k)} there, {_set_value(asked, k)} now"
+                          for k in sorted({*had, *asked}) if had.get(k) != asked.get(k)]
+                raise UserError(f"{path.parent} holds a comparison with other --set values: {'; '.join(differ)}; use "
+                                f"another --out or the same settings")
+            raise UserError(f"{path.parent} holds a comparison with {key}={before.get(key)!r}, not {request[key]!r}; "
+                            f"use another --out or the same settings")
         seeds = before.get("seeds", [])
         if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
             raise CheckpointError(f"{path}: seeds={seeds!r} must be a list of integers; restore the file or use "
