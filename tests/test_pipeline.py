@@ -2956,3 +2956,27 @@ def test_encoding_anything_but_a_string_is_a_type_error_not_a_damaged_tokenizer(
     for given in (["a", "b"], None):
         with pytest.raises(TypeError, match=f"encode takes a string, not a {type(given).__name__}$"):
             tok.encode(given)
+
+
+def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_dropped(tmp_path):
+    """A tokenizer.json whose BPE model has no unknown token (``models.BPE()``, the library's default) encodes a
+    character missing from its vocabulary to nothing: the run trained and scored a text with those characters
+    silently cut out. Such text is refused in one line naming the characters, as the char tokenizer refuses it."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers, trainers
+
+    no_unknown = Backend(models.BPE())
+    no_unknown.pre_tokenizer = pre_tokenizers.Whitespace()
+    no_unknown.train_from_iterator(["the quick brown fox\n"] * 20, trainers.BpeTrainer(vocab_size=40,
+                                                                                       show_progress=False))
+    (tmp_path / "tokenizer.json").write_text(no_unknown.to_str())
+    path = tmp_path / "t.txt"
+    path.write_text("the quick brown fox\n" * 30 + "the quick brown föx 狐\n" * 10)
+    corpus = load_corpus(str(path), (0.5, 0.25, 0.25))
+    tok = get_tokenizer(f"hf={tmp_path / 'tokenizer.json'}", corpus)
+    assert tok.decode(tok.encode("the fox")) == "the fox"  # text it has tokens for: unchanged
+    with pytest.raises(DataError, match=r"^.*t\.txt \(test split\): characters the tokenizer has no token for "
+                                        r"\(and no unknown token\): \['ö', '狐'\]; "):
+        tokenize_corpus(corpus, tok, progress=False)
+    with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['ö'\]"):
+        tok.encode("föx")  # a prompt too

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import unicodedata
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
@@ -156,6 +157,7 @@ class Tokenizer:
             if unknown:
                 raise DataError(f"characters not in the tokenizer's vocabulary: {sorted(unknown)[:10]}")
             return [self.stoi[c] for c in text]
+        self._refuse_unencodable([text])
         with hf_failures_as_data_errors("encoding"):
             return self._hf.encode(text).ids
 
@@ -164,8 +166,30 @@ class Tokenizer:
         the tokenizer's post-processor would add (a Llama tokenizer's start token before every line)."""
         if self.kind == "char":
             return [self.encode(t) for t in texts]
+        self._refuse_unencodable(texts)
         with hf_failures_as_data_errors("encoding"):
             return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
+
+    @functools.cached_property
+    def _encodable(self) -> set[str]:
+        """The characters :meth:`_refuse_unencodable` has found to have tokens, grown as text is encoded."""
+        return set()
+
+    def _refuse_unencodable(self, texts: list[str]) -> None:
+        """A DataError naming the characters of ``texts`` that an HF tokenizer without an unknown token encodes to
+        nothing (a ``models.BPE()`` lacking them): the library drops them silently, and a run would train and score
+        a text with them cut out. Whitespace and control or format characters (which normalizers remove) pass."""
+        if self.unknown_id is not None:
+            return
+        new = set().union(*texts) - self._encodable
+        with hf_failures_as_data_errors("encoding"):
+            missing = sorted(c for c in new if not c.isspace() and unicodedata.category(c)[0] != "C"
+                             and not self._hf.encode(c, add_special_tokens=False).ids)
+        if missing:
+            raise DataError(f"characters the tokenizer has no token for (and no unknown token): {missing[:10]}; "
+                            f"it would leave them out silently: use a tokenizer.json with an unknown token or byte "
+                            f"fallback, or take them out of the text")
+        self._encodable.update(new)
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Text of ``ids``; special tokens (``<pad>``, an end-of-text token) are left out unless ``skip_special``
