@@ -2980,3 +2980,13 @@ def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_
         tokenize_corpus(corpus, tok, progress=False)
     with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['ö'\]"):
         tok.encode("föx")  # a prompt too
+
+
+def test_a_char_tokenizer_names_every_unknown_character_of_a_batch_not_the_first_lines_only(tmp_path):
+    """Text a char tokenizer lacks characters for is refused naming them all (up to ten), wherever they are in the
+    lines encoded together: naming the first line's only, a user who took those out met the next line's next run."""
+    path = tmp_path / "t.txt"
+    path.write_text("abc\n" * 40)
+    tok = get_tokenizer("char", load_corpus(str(path), (0.5, 0.25, 0.25)))
+    with pytest.raises(DataError, match=r"^characters not in the tokenizer's vocabulary: \['ö', '狐'\]$"):
+        tok.encode_batch(["abc\n", "aöc\n", "ab\n", "狐\n"])

@@ -153,9 +153,7 @@ class Tokenizer:
             raise TypeError(f"encode takes a string, not a {type(text).__name__}" +
                             (" (decode bytes to text first)" if isinstance(text, (bytes, bytearray)) else ""))
         if self.kind == "char":
-            unknown = set(text) - self.stoi.keys()
-            if unknown:
-                raise DataError(f"characters not in the tokenizer's vocabulary: {sorted(unknown)[:10]}")
+            self._refuse_unknown_characters([text])
             return [self.stoi[c] for c in text]
         self._refuse_unencodable([text])
         with hf_failures_as_data_errors("encoding"):
@@ -165,10 +163,17 @@ class Tokenizer:
         """Lines of a corpus: their tokens only. Unlike :meth:`encode` (a prompt), no special token
         the tokenizer's post-processor would add (a Llama tokenizer's start token before every line)."""
         if self.kind == "char":
+            self._refuse_unknown_characters(texts)  # all the batch's, not the first line's only
             return [self.encode(t) for t in texts]
         self._refuse_unencodable(texts)
         with hf_failures_as_data_errors("encoding"):
             return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
+
+    def _refuse_unknown_characters(self, texts: list[str]) -> None:
+        """A char tokenizer's DataError naming the characters of ``texts`` it has no token for (up to ten)."""
+        unknown = set().union(*texts) - self.stoi.keys()
+        if unknown:
+            raise DataError(f"characters not in the tokenizer's vocabulary: {sorted(unknown)[:10]}")
 
     @functools.cached_property
     def _encodable(self) -> set[str]:
