@@ -442,6 +442,19 @@ def test_a_data_path_that_is_a_link_to_nothing_is_named_so_not_offered_as_its_ow
     assert files.did_you_mean_path(tmp_path / "input.tx") == ""  # a path that exists is no typo of its neighbour
 
 
+def test_a_split_file_in_a_data_folder_that_is_a_link_to_nothing_is_named_so(capsys, tmp_path):
+    """A folder whose valid.txt is a link to nothing (a Hugging Face hub snapshot copied without its blobs: its files
+    are links into ../../blobs) listed it as "valid.txt (not a regular file)", as if it were a device or a pipe."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "test"):
+        (data / f"{split}.txt").write_text("abc\n" * 50)
+    (data / "valid.txt").symlink_to(tmp_path / "blobs" / "0123")
+    code, _, err = run_cli(capsys, ["train", "--data", data, "--out", tmp_path / "r"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"valid.txt (a link to {tmp_path / 'blobs' / '0123'}, which does not exist)" in err, err
+
+
 def test_a_data_file_of_whitespace_only_is_refused_for_every_tokenizer(capsys, tmp_path):
     """Blank lines and spaces (a byte order mark before them, a split file of a folder, gzip-compressed) were
     trained on by the char tokenizer, which makes tokens of them, while bpe said its training split held no text."""

@@ -208,12 +208,23 @@ def _find_split_files(path: Path) -> dict[str, Path | None]:
     return found
 
 
+def _listed(entry: Path) -> str:
+    """A folder's entry as an error lists it: its name, and what it is where it is no file (a link to nothing: a
+    Hugging Face hub snapshot copied without the blobs its files link to)."""
+    if entry.is_file():
+        return entry.name
+    if entry.is_dir():
+        return f"{entry.name} (a directory)"
+    if entry.is_symlink() and not entry.exists():
+        return f"{entry.name} (a link to {os.readlink(entry)}, which does not exist)"
+    return f"{entry.name} (not a regular file)"
+
+
 def _local_directory(path: Path) -> Corpus:
     files = _find_split_files(path)
     missing = [s for s, f in files.items() if f is None]
     if missing:
-        seen = sorted(p.name + ("" if p.is_file() else " (a directory)" if p.is_dir() else " (not a regular file)")
-                      for p in path.iterdir())
+        seen = sorted(map(_listed, path.iterdir()))
         shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "") if seen else "none"
         saved = any((path / n).is_file() for n in ("dataset_dict.json", "state.json"))  # datasets' save_to_disk
         texts = [p for p in path.iterdir() if p.is_file() and not p.name.startswith(".") and _is_text_name(p.name)]
