@@ -450,9 +450,12 @@ def test_a_split_file_in_a_data_folder_that_is_a_link_to_nothing_is_named_so(cap
     for split in ("train", "test"):
         (data / f"{split}.txt").write_text("abc\n" * 50)
     (data / "valid.txt").symlink_to(tmp_path / "blobs" / "0123")
+    os.mkfifo(tmp_path / "fifo")
+    (data / "pipe").symlink_to(tmp_path / "fifo")  # a link to something there, which is no file
     code, _, err = run_cli(capsys, ["train", "--data", data, "--out", tmp_path / "r"])
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"valid.txt (a link to {tmp_path / 'blobs' / '0123'}, which does not exist)" in err, err
+    assert "pipe (not a regular file)" in err, err
 
 
 def test_a_data_file_of_whitespace_only_is_refused_for_every_tokenizer(capsys, tmp_path):
