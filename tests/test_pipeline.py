@@ -2991,6 +2991,7 @@ def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_
     corpus = load_corpus(str(path), (0.5, 0.25, 0.25))
     tok = get_tokenizer(f"hf={tmp_path / 'tokenizer.json'}", corpus)
     assert tok.decode(tok.encode("the fox")) == "the fox"  # text it has tokens for: unchanged
+    assert tok.encode("the\u200dfox\x07") == tok.encode("thefox")  # format and control characters pass (dropped)
     with pytest.raises(DataError, match=r"^.*t\.txt \(test split\): characters the tokenizer has no token for "
                                         r"\(and no unknown token\): \['ö', '狐'\]; "):
         tokenize_corpus(corpus, tok, progress=False)
