@@ -2388,6 +2388,19 @@ def test_a_split_cut_short_by_its_cap_names_the_cap_not_the_file(tmp_path, sampl
     trainer.lock.release()
 
 
+def test_a_split_of_blank_lines_only_is_told_so_not_to_use_a_longer_file(tmp_path):
+    """A single file ending in blank lines (a paragraph of empty lines past its last text) gave a bpe run a valid
+    split of 0 tokens, refused with "use a longer file or a smaller seq_len": neither helps, as every tokenizer but
+    char leaves blank lines out. The line says the split holds no text."""
+    path = tmp_path / "text.txt"
+    path.write_text("the quick brown fox\n" * 200 + "\n" * 1000)
+    trainer = Trainer(tmp_path / "run", *tiny_configs(path, tokenizer="bpe", vocab_size=40), quiet=True)
+    with pytest.raises(DataError, match=r"valid split .* has 0 tokens: fewer than one row of 33; none of its lines "
+                                        r"holds text \(blank lines are left out by every tokenizer but char\)"):
+        trainer._setup()
+    trainer.lock.release()
+
+
 def test_a_valid_or_test_split_shorter_than_one_row_is_refused_before_training(tmp_path, monkeypatch):
     """A validation or test split of fewer tokens than one row (here 10 characters, rows of 33) is a one-line
     DataError before the first step, not an evaluation error after the steps before the first evaluation; the line

@@ -405,11 +405,15 @@ class Trainer:
 
     def _advice(self, split: str, count: int) -> str:
         """What to do about a split of ``count`` tokens, too short for the run: raise its cap where the cap cut it
-        (``train_tokens``, ``eval_tokens``: the file itself may be long enough), else give a longer file."""
+        (``train_tokens``, ``eval_tokens``: the file itself may be long enough), text where it holds none, else give a
+        longer file."""
         name = "train_tokens" if split == "train" else "eval_tokens"
         cap = getattr(self.train_cfg, name)
         if cap is not None and count >= cap:
             return f"{name}={cap:,} cut it there: raise it, or use a smaller seq_len"
+        if count == 0 and self.data.tokenizer.kind != "char":  # a single file's last tenth of blank lines, say
+            return ("none of its lines holds text (blank lines are left out by every tokenizer but char): give it "
+                    "text, or for a single file another split setting")
         return "use a longer file or a smaller seq_len"
 
     def _plan(self) -> list[str]:
