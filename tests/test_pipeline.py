@@ -2399,6 +2399,11 @@ def test_a_split_of_blank_lines_only_is_told_so_not_to_use_a_longer_file(tmp_pat
                                         r"holds text \(blank lines are left out by every tokenizer but char\)"):
         trainer._setup()
     trainer.lock.release()
+    # char keeps blank lines: its split of 0 tokens is one of no characters, which a longer file does fill
+    trainer = Trainer(tmp_path / "run2", *tiny_configs(path, split=[0.9999, 0.00005, 0.00005]), quiet=True)
+    with pytest.raises(DataError, match=r"valid split .* has 0 tokens: .*; use a longer file or a smaller seq_len$"):
+        trainer._setup()
+    trainer.lock.release()
 
 
 def test_a_valid_or_test_split_shorter_than_one_row_is_refused_before_training(tmp_path, monkeypatch):
