@@ -3015,6 +3015,18 @@ def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_
         tokenize_corpus(corpus, tok, progress=False)
     with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['ö'\]"):
         tok.encode("föx")  # a prompt too
+    # A byte-level tokenizer (GPT-2's) has no unknown token either, but encodes any text: it is not scanned
+    from tokenizers import decoders
+
+    byte_level = Backend(models.BPE())
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level.decoder = decoders.ByteLevel()
+    byte_level.train_from_iterator(["the quick brown fox\n"] * 20, trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    (tmp_path / "tokenizer.json").write_text(byte_level.to_str())
+    tok = get_tokenizer(f"hf={tmp_path / 'tokenizer.json'}", corpus)
+    assert (tok.unknown_id, tok._may_drop_text) == (None, False)
+    assert tok.decode(tok.encode("the quick brown föx 狐")) == "the quick brown föx 狐"
 
 
 def test_a_char_tokenizer_names_every_unknown_character_of_a_batch_not_the_first_lines_only(tmp_path):

@@ -176,6 +176,16 @@ class Tokenizer:
             raise DataError(f"characters not in the tokenizer's vocabulary: {sorted(unknown)[:10]}")
 
     @functools.cached_property
+    def _may_drop_text(self) -> bool:
+        """Whether text can encode to fewer characters' tokens than it has: no unknown token, and neither byte-level
+        (GPT-2's, every byte a token) nor byte fallback, which encode any text (their text is not scanned)."""
+        if self.unknown_id is not None:
+            return False
+        saved = json.loads(self.payload)
+        byte_level = '"ByteLevel"' in json.dumps(saved.get("pre_tokenizer"))  # (alone, or in a Sequence)
+        return not byte_level and not (saved.get("model") or {}).get("byte_fallback")
+
+    @functools.cached_property
     def _encodable(self) -> set[str]:
         """The characters :meth:`_refuse_unencodable` has found to have tokens, grown as text is encoded."""
         return set()
@@ -184,7 +194,7 @@ class Tokenizer:
         """A DataError naming the characters of ``texts`` that an HF tokenizer without an unknown token encodes to
         nothing (a ``models.BPE()`` lacking them): the library drops them silently, and a run would train and score
         a text with them cut out. Whitespace and control or format characters (which normalizers remove) pass."""
-        if self.unknown_id is not None:
+        if not self._may_drop_text:
             return
         new = set().union(*texts) - self._encodable
         with hf_failures_as_data_errors("encoding"):
