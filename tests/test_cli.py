@@ -730,14 +730,22 @@ def test_progress_lines_show_every_postfix_item_separated_by_spaces(capsys):
     assert capsys.readouterr().err == "train: 2/2 steps loss=2.25 lr=0.0005\n"
 
 
+def progress_clock(monkeypatch, start: float) -> list[float]:
+    """The progress display's clock, set by the test: ``now[0] = t`` moves it to t seconds."""
+    from gbattn import progress
+
+    now = [start]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    return now
+
+
 def test_progress_lines_keep_their_interval_start_at_initial_and_count_past_the_total(monkeypatch, capsys):
     """Off a terminal, with a clock the test moves: a line once `interval` seconds have passed since the
     last line (not since the start), the count from `initial`, an unknown total left out, a count
     that jumps past the total still printed; a disabled bar writes nothing, not even messages."""
     from gbattn import progress
 
-    now = [0.0]
-    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    now = progress_clock(monkeypatch, 0.0)
     bar = progress.Progress(None, desc="read", unit="token", initial=5, interval=10.0)
     for t in (10.0, 15.0, 20.0):
         now[0] = t
@@ -768,8 +776,7 @@ def test_progress_eta_without_a_postfix_follows_the_unit_after_one_space(monkeyp
     the unit and the eta, as between the unit and a postfix."""
     from gbattn import progress
 
-    now = [0.0]
-    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    now = progress_clock(monkeypatch, 0.0)
     bar = progress.Progress(100, desc="train", interval=10.0)
     now[0] = 10.0
     bar.update(20)
@@ -781,8 +788,7 @@ def test_progress_shows_no_eta_before_a_rate_can_be_measured(monkeypatch, capsys
     refreshes the postfix) or printed at the instant the bar started (interval 0)."""
     from gbattn import progress
 
-    now = [0.0]
-    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    now = progress_clock(monkeypatch, 0.0)
     bar = progress.Progress(10, desc="train", initial=5, interval=10.0)
     now[0] = 20.0
     bar.update(0, loss=2.5)
@@ -797,8 +803,7 @@ def test_progress_first_line_off_a_terminal_waits_an_interval_from_the_start(mon
     every bar, however short)."""
     from gbattn import progress
 
-    now = [1000.0]
-    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    now = progress_clock(monkeypatch, 1000.0)
     bar = progress.Progress(100, desc="train", interval=10.0)
     now[0] = 1005.0
     bar.update(1)
