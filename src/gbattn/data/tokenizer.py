@@ -164,7 +164,7 @@ class Tokenizer:
         the tokenizer's post-processor would add (a Llama tokenizer's start token before every line)."""
         if self.kind == "char":
             self._refuse_unknown_characters(texts)  # all the batch's, not the first line's only
-            return [self.encode(t) for t in texts]
+            return [[self.stoi[c] for c in t] for t in texts]
         self._refuse_unencodable(texts)
         with hf_failures_as_data_errors("encoding"):
             return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
