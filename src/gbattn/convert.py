@@ -72,12 +72,17 @@ class Source:
         return rundir.model_holding(self.model_cfg, self.state, self.name)
 
 
-def load_source(path: str | Path) -> Source:
-    """A gbattn run directory (or one written by ``gbattn export``) or a Hugging Face checkpoint directory."""
-    if not isinstance(path, (str, os.PathLike)):  # (a model: pathlib's "expected str, bytes or os.PathLike object")
-        raise TypeError(f"a source of type {type(path).__name__}: give a directory (a gbattn run or a Hugging Face "
+def load_source(source: str | Path | rundir.LoadedRun | Source) -> Source:
+    """A gbattn run directory (or one written by ``gbattn export``) or a Hugging Face checkpoint directory as a
+    source; a loaded run (:func:`gbattn.load_run`) as one too, and a :class:`Source` as it is."""
+    if isinstance(source, Source):
+        return source
+    if isinstance(source, rundir.LoadedRun):
+        return source_of_run(source)
+    if not isinstance(source, (str, os.PathLike)):  # (a model: pathlib's "expected str, bytes or os.PathLike object")
+        raise TypeError(f"a source of type {type(source).__name__}: give a directory (a gbattn run or a Hugging Face "
                         f"checkpoint), a loaded run (gbattn.load_run) or a Source")
-    path = Path(path)
+    path = Path(source)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (a Hugging Face checkpoint or a gbattn run directory)"
                               f"{did_you_mean_path(path)}")

@@ -105,17 +105,15 @@ def upcycle(source, attn: str, options: dict | None = None, seed: int = 0) -> Up
     from gbattn.attention.registry import variant_options
     from gbattn.checks import check_choice
     from gbattn.config import ModelConfig
-    from gbattn.convert import Source, load_source, source_of_run
+    from gbattn.convert import load_source
     from gbattn.errors import UserError
-    from gbattn.rundir import LoadedRun
 
     if attn in REFUSED:
         raise UserError(REFUSED[attn])
     # a typo is named as every command names it (did you mean ...?), among the variants upcycling makes
     check_choice("attn", attn, UPCYCLED)
     variant_options(attn, options)  # before the source, whose weights may take minutes to read (layers: checked below)
-    src = source if isinstance(source, Source) else source_of_run(source) if isinstance(source, LoadedRun) else \
-        load_source(source)
+    src = load_source(source)
     if src.model_cfg.attn != "standard":
         raise UserError(f"{src.name} has attn={src.model_cfg.attn!r}: upcycling starts from a standard-attention model")
     options, notes = dict(options or {}), list(src.notes)

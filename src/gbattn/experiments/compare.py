@@ -201,8 +201,10 @@ class _Runner:
                 if running:
                     time.sleep(0.5)
                 elif todo and not started:  # what is left waits for a run that failed or was not asked for
-                    failed += [f"{s.label}/seed{seed} (not trained: {self._waits_for(s, seed)})" for s, seed in todo]
-                    unasked += sum(1 for s, seed in todo if self._not_asked_for(s, seed))
+                    for s, seed in todo:
+                        missing = self._not_asked_for(s, seed)
+                        failed.append(f"{s.label}/seed{seed} (not trained: {self._waits_for(missing, seed)})")
+                        unasked += bool(missing)
                     break
         except KeyboardInterrupt as e:  # Ctrl-C, or a SIGTERM between training loops (cli's Terminated): as for a
             # SIGTERM caught above, the children stop at a checkpoint and it is said so, with the signal that came
@@ -243,10 +245,10 @@ class _Runner:
         specs = [s for s in self.recipe.models if self.results.get(s.label) or s.label in asked]
         return write_results(self.out, self.recipe, self.request, specs, self.results)
 
-    def _waits_for(self, spec: ModelSpec, seed: int) -> str:
+    @staticmethod
+    def _waits_for(missing: list[str], seed: int) -> str:
         """Why a run cannot start: the run it starts from or is matched to failed, or is not part of
-        this invocation (--only) and not finished in the directory."""
-        missing = self._not_asked_for(spec, seed)
+        this invocation (--only) and not finished in the directory (``missing``, :meth:`_not_asked_for`)."""
         if missing:
             return (f"it needs {', '.join(missing)} seed {seed}, which is neither finished here nor asked for: add it "
                     f"to --only")
