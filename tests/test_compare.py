@@ -10,7 +10,7 @@ import pytest
 
 from gbattn import rundir
 from gbattn.config import build_configs
-from gbattn.errors import Terminated, UserError
+from gbattn.errors import Interrupted, Terminated, UserError
 from gbattn.experiments import compare as compare_mod
 from gbattn.experiments.compare import run_compare
 from gbattn.experiments.recipes import RECIPES, get_recipe
@@ -209,7 +209,7 @@ def test_a_stopped_invocation_leaves_every_finished_run_in_the_report(tmp_path, 
     kwargs = dict(data=str(data), sets=sets, only=["standard", "gba-m2"], quiet=True)
     first = run_compare("cpu-proxy", tmp_path / "cmp", seeds=[1], **kwargs)
     monkeypatch.setattr(compare_mod, "train", train_interrupted_at("gba-m2"))
-    with pytest.raises(UserError, match=r"compare interrupted: the runs in progress \(gba-m2/seed2\)"):
+    with pytest.raises(Interrupted, match=r"compare interrupted: the runs in progress \(gba-m2/seed2\)"):
         run_compare("cpu-proxy", tmp_path / "cmp", seeds=[2], **kwargs)
     report = json.loads((tmp_path / "cmp" / "results.json").read_text())
     rows = {r["label"]: r for r in report["models"]}
@@ -228,7 +228,7 @@ def test_the_report_of_a_comparison_stopped_before_a_model_trained_says_it_is_in
     kwargs = dict(data=str(data), sets=tiny_sets(), seeds=[1], only=["standard", "gba-m2"], quiet=True)
     real_train = compare_mod.train
     monkeypatch.setattr(compare_mod, "train", train_interrupted_at("gba-m2"))
-    with pytest.raises(UserError, match=r"compare interrupted: the runs in progress \(gba-m2/seed1\)"):
+    with pytest.raises(Interrupted, match=r"compare interrupted: the runs in progress \(gba-m2/seed1\)"):
         run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
     report = json.loads((tmp_path / "cmp" / "results.json").read_text())
     assert [r["label"] for r in report["models"]] == ["standard"] and report["complete"] is False
@@ -236,6 +236,30 @@ def test_the_report_of_a_comparison_stopped_before_a_model_trained_says_it_is_in
     monkeypatch.setattr(compare_mod, "train", real_train)
     assert run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)["complete"]
     assert "INCOMPLETE" not in (tmp_path / "cmp" / "results.md").read_text()
+
+
+def test_ctrl_c_in_a_run_trained_by_a_one_job_comparison_says_where_its_checkpoint_is(tmp_path, monkeypatch):
+    """Ctrl-C during a step of a run that a one-job comparison trains in its own process: the run's own stop
+    (a KeyboardInterrupt) goes through compare unchanged, saying at which step its checkpoint is saved and that
+    rerunning the comparison continues it, with status 130."""
+    import os
+    import signal
+
+    from gbattn.train.trainer import Trainer
+
+    data = write_corpus(tmp_path / "c")
+    original = Trainer._train_step
+
+    def ctrl_c_in_the_first_step(self, step):
+        if step == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", ctrl_c_in_the_first_step)
+    with pytest.raises(Interrupted, match=r"^interrupted at step 1; checkpoint saved in .*standard.seed42: continue "
+                                          r"with .* \(or rerun the same `gbattn compare` command\)$") as stop:
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=tiny_sets(), only=["standard"], quiet=True)
+    assert stop.value.exit_code == 130
 
 
 def test_a_sigterm_outside_a_training_loop_stops_a_comparison_as_terminated(tmp_path, monkeypatch):
@@ -247,7 +271,7 @@ def test_a_sigterm_outside_a_training_loop_stops_a_comparison_as_terminated(tmp_
         raise Terminated
 
     monkeypatch.setattr(compare_mod, "train", terminated)
-    with pytest.raises(UserError, match=r"compare terminated: the runs in progress \(standard/seed42\)") as stop:
+    with pytest.raises(Interrupted, match=r"compare terminated: the runs in progress \(standard/seed42\)") as stop:
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=tiny_sets(), only=["standard"], quiet=True)
     assert stop.value.exit_code == 143
 

@@ -29,7 +29,7 @@ from gbattn.data import tokenizer as tokenizer_mod
 from gbattn.data.corpus import NO_TEST_SPLIT, load_corpus
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
-from gbattn.errors import CheckpointError, DataError, UserError
+from gbattn.errors import CheckpointError, DataError, Interrupted, UserError
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
 from helpers import (
     TINY,
@@ -793,7 +793,7 @@ def test_a_stop_during_the_final_test_evaluation_says_how_to_continue(tmp_path, 
     with pytest.raises(BaseException) as stopped_run:  # (a KeyboardInterrupt let through would end the session)
         train(run, *configs, quiet=True)
     how = "terminated" if stop == "sigterm" else "interrupted"
-    assert isinstance(stopped_run.value, UserError), repr(stopped_run.value)
+    assert isinstance(stopped_run.value, Interrupted), repr(stopped_run.value)
     assert str(stopped_run.value) == (f"{how} during the test evaluation after the last step; its checkpoint is saved "
                                       f"in {run}: continue with `gbattn train --resume --out {run}` (it tests again)")
     assert stopped_run.value.exit_code == (143 if stop == "sigterm" else 130)
@@ -842,15 +842,43 @@ def test_sigterm_sent_twice_stops_the_run_at_a_step_boundary_with_its_checkpoint
         return original(self, step)
 
     monkeypatch.setattr(Trainer, "_train_step", signalled_twice)
-    with pytest.raises(UserError, match="^terminated at step 3; checkpoint saved") as stopped:
+    with pytest.raises(Interrupted, match="^terminated at step 3; checkpoint saved") as stopped:
         try:
             train(tmp_path / "run", *tiny_configs(data, max_steps=6, eval_every=5), quiet=True)
-        except KeyboardInterrupt as e:  # (it would end the test session)
+        except KeyboardInterrupt as e:  # a bare one: stopped mid-step (it would end the test session)
+            if isinstance(e, Interrupted):
+                raise
             pytest.fail(f"stopped mid-step: {e!r}")
     assert stopped.value.exit_code == 143
     assert ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)["step"] == 3
     events = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
     assert events[-1] == {"event": "interrupted", "step": 3}
+
+
+def test_ctrl_c_stops_a_python_sweep_that_catches_exception(tmp_path, monkeypatch):
+    """A sweep in Python that goes on to its next run when one fails (``except Exception``) went on after Ctrl-C too:
+    the stop was a UserError. It is a KeyboardInterrupt now, which ``except Exception`` lets through, with its line
+    and status (the checkpoint is saved; the sweep's next run never starts)."""
+    import signal
+
+    data = write_corpus(tmp_path / "c")
+    original = Trainer._train_step
+
+    def ctrl_c_at_step_2(self, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", ctrl_c_at_step_2)
+    started = []
+    with pytest.raises(Interrupted, match="^interrupted at step 3; checkpoint saved") as stopped:
+        for name in ("first", "second"):
+            started.append(name)
+            try:
+                train(tmp_path / name, *tiny_configs(data, max_steps=6, eval_every=5), quiet=True)
+            except Exception:  # a failed run: on to the next
+                continue
+    assert started == ["first"] and isinstance(stopped.value, KeyboardInterrupt) and stopped.value.exit_code == 130
 
 
 def test_a_run_started_with_sigint_ignored_trains_on_through_one(tmp_path, monkeypatch):
@@ -874,7 +902,7 @@ def test_a_run_started_with_sigint_ignored_trains_on_through_one(tmp_path, monke
         assert train(tmp_path / "background", *configs, quiet=True)["steps"] == 6
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
         monkeypatch.setattr(Trainer, "_train_step", lambda self, step: signalled(self, step, signal.SIGTERM))
-        with pytest.raises(UserError, match="terminated at step 3"):
+        with pytest.raises(Interrupted, match="terminated at step 3"):
             train(tmp_path / "terminated", *configs, quiet=True)
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -885,12 +913,12 @@ def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
     configs = tiny_configs(data)
     ref = train(tmp_path / "ref", *configs, quiet=True)
     monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: self.step == 6)
-    with pytest.raises(Exception) as stopped:
+    with pytest.raises(Interrupted) as stopped:
         train(tmp_path / "int", *configs, quiet=True)
     # A run of its own is continued by train --resume only (no `gbattn compare` command ran it).
     assert str(stopped.value) == (f"interrupted at step 6; checkpoint saved in {tmp_path / 'int'}: continue with "
                                   f"`gbattn train --resume --out {tmp_path / 'int'}`")
-    with pytest.raises(Exception, match=r"interrupted at step 6; .*`gbattn train --resume --out .*compared` \(or "
+    with pytest.raises(Interrupted, match=r"interrupted at step 6; .*`gbattn train --resume --out .*compared` \(or "
                                         r"rerun the same `gbattn compare` command\)$"):
         train(tmp_path / "compared", *configs, quiet=True, extra={"label": "gba-m2", "recipe": "cpu-char"})
     monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: False)
@@ -2734,11 +2762,11 @@ def test_ctrl_c_during_the_last_step_finishes_the_run_and_is_not_lost(tmp_path, 
         return original(self, step)
 
     monkeypatch.setattr(Trainer, "_train_step", ctrl_c_in_the_last_step)
-    with pytest.raises(UserError, match=rf"{how} during the last step: .*run finished all the same .*nothing is "
+    with pytest.raises(Interrupted, match=rf"{how} during the last step: .*run finished all the same .*nothing is "
                                         r"left to resume$") as stopped:
         train(tmp_path / "run", *tiny_configs(data), quiet=True)
     assert stopped.value.exit_code == status and ckpt.read_result(tmp_path / "run" / ckpt.RESULT)["steps"] == 12
-    with pytest.raises(UserError, match=r"; rerun the same `gbattn compare` command for the rest of the comparison$"):
+    with pytest.raises(Interrupted, match=r"; rerun the same `gbattn compare` command for the rest of the comparison$"):
         train(tmp_path / "compared", *tiny_configs(data), quiet=True, extra={"label": "gba-m2", "recipe": "cpu-char"})
 
 

@@ -15,7 +15,7 @@ import sys
 import threading
 
 from gbattn import arguments
-from gbattn.errors import Terminated, UserError
+from gbattn.errors import Interrupted, Terminated, UserError
 from gbattn.parent_death import stop_with_parent
 from gbattn.terminal import terminal_line
 
@@ -183,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         sys.stderr.write(f"gbattn: error: {terminal_line(str(e))}\n")
         return getattr(e, "exit_code", 2)
+    except Interrupted as e:  # stopped where nothing is lost: what was kept, and how to continue
+        if show_tracebacks():
+            raise
+        sys.stderr.write(f"gbattn: error: {terminal_line(str(e))}\n")
+        return e.exit_code
     except KeyboardInterrupt as e:
         print(f"gbattn: {'terminated' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130

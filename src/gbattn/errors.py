@@ -24,3 +24,11 @@ class CheckpointError(UserError, RuntimeError):
 class Terminated(KeyboardInterrupt):
     """SIGTERM outside a training loop (which checkpoints and stops on its own): unwinds as Ctrl-C does, so
     locks and temporary files are released, and the command exits 143 with one line."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM that stopped work where nothing is lost: the message says what was kept and how to
+    continue, and ``exit_code`` is the status a shell reports for the signal (130 or 143). A KeyboardInterrupt,
+    not a UserError: a Python caller's ``except Exception`` (a sweep going on to its next run) lets it through."""
+
+    exit_code = 130

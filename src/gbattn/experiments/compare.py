@@ -25,7 +25,7 @@ from gbattn.checks import did_you_mean
 from gbattn.config import TrainConfig, build_configs
 from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
-from gbattn.errors import CheckpointError, Terminated, UserError
+from gbattn.errors import CheckpointError, Interrupted, Terminated, UserError
 from gbattn.experiments.recipes import ModelSpec, Recipe, depends_on, get_recipe, training_order
 from gbattn.experiments.report import write_results
 from gbattn.files import open_to_append, portable_path, write_json
@@ -208,6 +208,8 @@ class _Runner:
                     break
         except KeyboardInterrupt as e:  # Ctrl-C, or a SIGTERM between training loops (cli's Terminated): as for a
             # SIGTERM caught above, the children stop at a checkpoint and it is said so, with the signal that came
+            if isinstance(e, Interrupted):  # the run trained here stopped at its checkpoint, in its own words
+                raise
             stopped.append(signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
         finally:
             in_progress = [*running, self.training_here] if self.training_here else list(running)
@@ -218,8 +220,8 @@ class _Runner:
         self.bar.close()
         if stopped:
             how = "interrupted" if stopped[0] == signal.SIGINT else "terminated"
-            error = UserError(f"compare {how}: the runs in progress ({', '.join(interrupted) or 'none'}) stopped "
-                              f"at their last checkpoint; rerun the same command to resume")
+            error = Interrupted(f"compare {how}: the runs in progress ({', '.join(interrupted) or 'none'}) stopped "
+                                f"at their last checkpoint; rerun the same command to resume")
             error.exit_code = 128 + int(stopped[0])  # 130 or 143, as a shell reports an interrupted or terminated one
             raise error
         if failed:  # a run waiting for a model not asked for would wait again: its reason says to add it to --only

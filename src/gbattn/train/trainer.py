@@ -22,7 +22,7 @@ from gbattn.data.corpus import load_corpus, test_split_note, tested_split
 from gbattn.data.prepare import Data, prepare_data, recorded_path_advice
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
-from gbattn.errors import CheckpointError, ConfigError, DataError, DataNotFound, Terminated, UserError
+from gbattn.errors import CheckpointError, ConfigError, DataError, DataNotFound, Interrupted, Terminated, UserError
 from gbattn.eval.perplexity import evaluate, perplexity
 from gbattn.files import error_detail
 from gbattn.model.gpt import GPT
@@ -58,10 +58,8 @@ class TrainingDiverged(UserError):
     exit_code = 3
 
 
-class TrainingInterrupted(UserError):
+class TrainingInterrupted(Interrupted):
     """SIGINT or SIGTERM: a checkpoint was saved at a step boundary; ``--resume`` continues."""
-
-    exit_code = 130
 
 
 def learning_rate(step: int, cfg: TrainConfig, total_steps: int, warmup: int) -> float:
