@@ -1301,6 +1301,28 @@ def test_upcycled_run_records_its_parameters_and_how_it_was_made(gpt2_dir, tmp_p
     assert all(torch.equal(written[k], v) for k, v in up.state.items())  # the recorded seed remakes the weights
 
 
+def test_perplexity_of_an_upcycled_llama_scores_the_texts_tokens_as_eval_does(tmp_path):
+    """A Llama tokenizer's post-processor puts its start token before a prompt; ``run.perplexity(text)``, scored as
+    `gbattn eval` scores a split, scores the text's own tokens, as a split holds them (it scored the start token too:
+    one more token predicted and another perplexity than `gbattn eval` gives for the same text)."""
+    from tokenizers import processors
+
+    directory = save_hf(llama_model(), tmp_path / "llama")
+    vocab = {"<unk>": 0, "<s>": 1, **{f"w{i}": i for i in range(2, VOCAB)}}
+    backend = HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens(["<unk>", "<s>"])
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    backend.save(str(directory / "tokenizer.json"))
+    run = rundir.load_run(write_run(upcycle(directory, "boosted"), tmp_path / "up"))
+    assert run.tokenizer.encode("w5 w6 w7 w8") == [1, 5, 6, 7, 8]  # a prompt keeps its start token
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        by_hand = torch.nn.functional.cross_entropy(run.model(ids[:, :-1])[0], ids[0, 1:]).item()
+    scored = run.perplexity("w5 w6 w7 w8")
+    assert scored.tokens == 3 and scored.loss == pytest.approx(by_hand, rel=1e-6)
+
+
 def test_sources_that_are_not_what_a_command_wants_get_a_line_that_says_so(gpt2_dir, tmp_path, capsys):
     """A config field of the wrong type, a directory without config.json, and a Hugging Face
     checkpoint (safetensors or pytorch_model.bin) given to a command that wants a gbattn run: each one

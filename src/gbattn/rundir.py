@@ -645,7 +645,9 @@ class LoadedRun:
         """The model's perplexity on ``text`` (an :class:`gbattn.eval.perplexity.EvalResult`: ``.ppl``, ``.loss``
         in nats, ``.tokens`` predicted), scored as `gbattn eval` scores a split, in the run's precision:
         non-overlapping rows of ``seq_len + 1`` tokens, a remainder shorter than a row not scored; a text
-        shorter than one row is scored as one row of its own length (README, "Using gbattn from Python")."""
+        shorter than one row is scored as one row of its own length (README, "Using gbattn from Python"). The text's
+        own tokens, as a split holds them: not the start token a Llama tokenizer's post-processor puts before a
+        prompt (:meth:`Tokenizer.encode_batch`)."""
         import numpy as np
 
         from gbattn.eval.perplexity import evaluate
@@ -653,7 +655,7 @@ class LoadedRun:
 
         if not isinstance(text, str):
             raise UserError(f"text of type {type(text).__name__}: give a string")
-        ids = np.asarray(self.tokenizer.encode(text), dtype=np.int64)
+        ids = np.asarray(self.tokenizer.encode_batch([text])[0], dtype=np.int64)
         if len(ids) < 2:
             raise UserError(f"the text encodes to {len(ids)} token{'s' * (len(ids) != 1)}: a perplexity needs at "
                             f"least 2 (one predicted from another)")
