@@ -838,6 +838,26 @@ def test_the_python_route_of_the_readme_gives_transformers_the_source_logits(gpt
         torch.testing.assert_close(wrapped(idx).logits, expected, **EXACT)
 
 
+def test_a_save_pretrained_of_the_python_route_says_what_gbattn_needs_to_read_it(gpt2_dir, tmp_path, capsys):
+    """The README's Python route, ``from_gpt(model)`` then ``save_pretrained``, writes a model without its run (no
+    train section, no gbattn tokenizer): gbattn's commands say that, and the way to a directory they read, in one
+    line (they said "has no model and train sections: is it a gbattn run directory?", though it has a model)."""
+    from gbattn.hf import GbattnForCausalLM
+
+    up = upcycle(gpt2_dir, "boosted")
+    model = GPT(up.model_cfg)
+    model.load_state_dict(up.state)
+    GbattnForCausalLM.from_gpt(model).save_pretrained(tmp_path / "saved")
+    capsys.readouterr()  # (transformers' progress bar)
+    with pytest.raises(CheckpointError, match=re.escape("from_gpt(model) without run=")):
+        rundir.load_run(tmp_path / "saved")
+    saved = tmp_path / "saved"
+    for argv in (["eval", saved], ["upcycle", saved, "--attn", "gated", "--out", tmp_path / "o"]):
+        assert main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "a model but no run" in err and "gbattn export" in err, err
+
+
 def test_shared_without_a_gate_takes_tanh_and_says_so(gpt2_dir):
     up = upcycle(gpt2_dir, "boosted", {"kv_source": "shared"})
     assert up.model_cfg.attn_options["gate"] == "tanh"
