@@ -542,6 +542,27 @@ def test_autocast_and_explicit_threads(monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_more_threads_than_cores_are_set_with_a_warning(monkeypatch, capsys):
+    """`--threads 100` on 2 cores was taken silently, and every step ran slower for it (README, "Threads"): it is
+    still set, with a warning naming the cores; as many threads as cores, or the default, say nothing."""
+    import torch
+
+    from gbattn import runtime
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(runtime, "usable_cpus", lambda: {0, 1})
+    try:
+        assert runtime.set_threads(3) == 3 and torch.get_num_threads() == 3
+        assert capsys.readouterr().err == ("warning: threads=3 is more than the 2 cores this process may use: the "
+                                           "threads beyond them take turns on the cores, which slows every step "
+                                           "(README, \"Threads\")\n")
+        monkeypatch.setattr(runtime, "default_threads", lambda: 2)
+        assert runtime.set_threads(2) == 2 and runtime.set_threads(None) == 2
+        assert capsys.readouterr().err == ""
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_eval_scores_with_the_trainers_matmul_precision(tmp_path, monkeypatch, capsys):
     """docs/deviations.md, entry 10: on CUDA the trainer (validation and test) and `gbattn eval` run float32
     matmuls as TF32, so eval gives the run's own numbers again; eval left PyTorch's default (full float32)."""

@@ -215,8 +215,14 @@ def default_threads() -> int:
 
 
 def set_threads(threads: int | None) -> int:
-    """Use ``threads`` CPU threads (None: :func:`default_threads`); returns the number set."""
+    """Use ``threads`` CPU threads (None: :func:`default_threads`); returns the number set. More than the cores
+    this process may use is done, with a warning: the threads beyond them take turns on the cores."""
     n = threads or default_threads()
+    cores = core_count(usable_cpus())
+    if threads and threads > cores:
+        print(f"warning: threads={threads} is more than the {cores} core{'s' * (cores != 1)} this process may use: "
+              f"the threads beyond them take turns on the cores, which slows every step (README, \"Threads\")",
+              file=sys.stderr)
     torch.set_num_threads(n)
     return n
 

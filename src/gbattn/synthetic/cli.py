@@ -45,14 +45,12 @@ def cmd_denoise(args) -> None:
     from dataclasses import replace
     from pathlib import Path
 
-    import torch
-
-    from gbattn.runtime import command_line, resolve_device
+    from gbattn.runtime import command_line, resolve_device, set_threads
     from gbattn.synthetic.tables import run_denoise
     from gbattn.synthetic.task import Protocol
 
     device = resolve_device(args.device)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     protocol = Protocol()
     seeds = args.seeds or list(FULL_SEEDS)
     if args.quick:
