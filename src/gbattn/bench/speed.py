@@ -466,7 +466,7 @@ def bench_markdown(report: dict) -> str:
     ]
     for r in report["variants"]:
         mem_ratio = f"{r['memory_ratio']:.2f}" if r["memory_ratio"] else "—"
-        memory = _small_mib(r["peak_memory_bytes"] / mib) if r["peak_memory_bytes"] else "—"
+        memory = _small_figure(r["peak_memory_bytes"] / mib) if r["peak_memory_bytes"] else "—"
         lo, hi = r["step_ratio_range"]
         spread = f" ({lo:.2f}–{hi:.2f})" if report["repeats"] > 1 else ""  # one repeat: no range to show
         lines.append(
@@ -508,13 +508,13 @@ def bench_markdown(report: dict) -> str:
             lines.append(f"| {e['variant']} | {1000 * e['step_s']:.1f} | {1000 * r['step_s']:.1f} | "
                          f"{r['compiled_step_speedup']:.2f} | {e['decode_tokens_per_s']:,.0f} | "
                          f"{r['decode_tokens_per_s']:,.0f} | {r['compiled_decode_speedup']:.2f} | "
-                         f"{r['compile_s']['train']:.0f} / {r['compile_s']['decode']:.0f} |")
+                         f"{_compile_times(r)} |")
         lines += ["", "Speedups: the variant's eager time over its compiled time in the same repeats (step: median "
                   "of the paired ratios). Compile time: the warm-up round's extra time over the measured steps."
                   + _compile_cache_note(report)]
     if report["compile"] == "on":  # no eager rows to compare with, but the compile time is still the user's cost
         lines += ["", "Compile time (the warm-up round's extra time over the measured steps), train / decode: "
-                  + ", ".join(f"{r['variant']} {r['compile_s']['train']:.0f} / {r['compile_s']['decode']:.0f} s"
+                  + ", ".join(f"{r['variant']} {_compile_times(r)} s"
                               for r in report["variants"]) + "." + _compile_cache_note(report)]
     if report["sweep"]:
         eager = "" if report["compile"] == "off" else ", eager"  # the sweep is never compiled
@@ -522,9 +522,9 @@ def bench_markdown(report: dict) -> str:
                   "| T | variant | step (ms) | peak memory (MiB) | one T x T fp32 matrix (MiB) |",
                   "| ---: | --- | ---: | ---: | ---: |"]
         for r in report["sweep"]:
-            matrix = _small_mib(r["attention_matrix_bytes_per_head"] / mib)
+            matrix = _small_figure(r["attention_matrix_bytes_per_head"] / mib)
             lines.append(f"| {r['seq_len']:,} | {r['variant']} | {1000 * r['step_s']:.1f} | "
-                         f"{_small_mib(r['peak_memory_bytes'] / mib)} | {matrix} |")
+                         f"{_small_figure(r['peak_memory_bytes'] / mib)} | {matrix} |")
     return "\n".join(lines) + "\n"
 
 
@@ -555,9 +555,15 @@ def _versions_text(report: dict) -> str:
     return f"gbattn {versions['gbattn']} · torch {versions['torch']} · Python {versions['python']}"
 
 
-def _small_mib(value: float) -> str:
-    """MiB without rounding a small figure to 0 (at T = 128 one T x T fp32 matrix is 0.0625 MiB; a tiny model's
-    peak memory can be under 0.5 MiB): whole MiB from 10 up, two significant digits below."""
+def _compile_times(row: dict) -> str:
+    """A compiled row's compile times, "train / decode" in seconds."""
+    return f"{_small_figure(row['compile_s']['train'])} / {_small_figure(row['compile_s']['decode'])}"
+
+
+def _small_figure(value: float) -> str:
+    """A figure without rounding a small one to 0 (at T = 128 one T x T fp32 matrix is 0.0625 MiB; a tiny model's
+    peak memory can be under 0.5 MiB, a compile from a warm cache take 0.3 s): whole from 10 up, two significant
+    digits below."""
     return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
 
 
