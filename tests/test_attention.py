@@ -779,3 +779,15 @@ def test_differential_lambda_vectors_are_redrawn_from_n_0_0_1():
     draws = torch.cat(draws)
     assert draws.numel() == 8000
     assert abs(draws.mean().item()) < 0.005 and abs(draws.std().item() - 0.1) < 0.005
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore:`torch.jit.trace.*` is deprecated")
+@pytest.mark.parametrize("heads", ["mha", "gqa-rope"])
+def test_torch_jit_trace_of_a_module_gives_its_output(variant_case, heads):
+    """``torch.jit.trace`` of a module was a TypeError from inside SDPA ("argument 'enable_gqa' must be bool, not
+    Tensor"): under tracing the head counts are tensors, and the fast path passed their comparison on as is
+    (deprecated in torch, but still how TorchScript models are made)."""
+    attn = make(variant_case, heads).eval()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    traced = torch.jit.trace(attn, (x,))
+    torch.testing.assert_close(traced(x), attn(x))

@@ -281,7 +281,7 @@ def fast_path(
     heads when keys and values share them, and q/k zero-padded to the value width when that is
     wider (the scores and the explicit scale are unchanged, and the fused kernels still run)."""
     H, G, Gv = q_BHTE.shape[1], k_BGSE.shape[1], v_BGSF.shape[1]
-    gqa = G != H and Gv == G
+    gqa = bool(G != H and Gv == G)
     if not gqa:
         k_BGSE, v_BGSF = _grouped(q_BHTE, k_BGSE), _grouped(q_BHTE, v_BGSF)
     # The fused kernels take contiguous inputs only (a strided view, like every other head, would
