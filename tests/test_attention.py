@@ -217,6 +217,26 @@ def test_a_cache_deep_copied_with_its_module_serves_the_copy():
     torch.testing.assert_close(attn(x[:, 3:], cache=pickle.loads(pickle.dumps(cache))), expected)  # pickled too
 
 
+def test_a_cache_filled_with_autograd_on_deep_copies_as_it_pickles():
+    """A cache filled outside ``torch.no_grad()`` holds keys and values with an autograd graph, and its deep copy
+    (alone or with its module) was torch's "Only Tensors created explicitly by the user (graph leaves) support the
+    deepcopy protocol"; pickled, it decoded on. The copy holds the values, as a pickled one does."""
+    import copy
+
+    from gbattn.attention.core import DynamicLayerCache
+
+    attn = build_attention("boosted", AttnArgs(d_model=D, n_heads=4)).eval()
+    x = torch.randn(1, 4, D)
+    cache = DynamicLayerCache()
+    attn(x[:, :3], cache=cache)
+    assert cache.entries["kv0"][0].grad_fn is not None  # (what the test is about)
+    expected = attn(x)[:, 3:]
+    torch.testing.assert_close(attn(x[:, 3:], cache=copy.deepcopy(cache)), expected)
+    module_copy, cache_copy = copy.deepcopy((attn, cache))
+    assert all(t.grad_fn is None for pair in cache_copy.entries.values() for t in pair)
+    torch.testing.assert_close(module_copy(x[:, 3:], cache=cache_copy), expected)
+
+
 def test_queries_default_to_the_last_slots_of_the_keys():
     """A context with T queries over S > T keys and no slots: query t sits in slot S - T + t and sees
     keys 0 .. S - T + t (the docstring's default), as with those slots given explicitly."""

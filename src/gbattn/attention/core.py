@@ -364,10 +364,12 @@ class DynamicLayerCache:
 
     def __deepcopy__(self, memo: dict) -> DynamicLayerCache:
         """A copy of the entries, serving the same module; in a deep copy that copied its module first (``copy.
-        deepcopy((module, cache))``), serving that module's copy."""
+        deepcopy((module, cache))``), serving that module's copy. The copy holds the keys and values without their
+        autograd graph (as a pickled cache does; torch deep-copies no tensor that has one)."""
         copied = type(self).__new__(type(self))
         memo[id(self)] = copied
-        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        values = {name: tuple(None if t is None else t.detach() for t in pair) for name, pair in self.entries.items()}
+        copied.__dict__.update(copy.deepcopy({**self.__dict__, "entries": values}, memo))
         owner = None if self.owner is None else self.owner()
         if owner is not None and id(owner) in memo:
             copied.owner = weakref.ref(memo[id(owner)])
