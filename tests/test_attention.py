@@ -320,6 +320,24 @@ def test_a_module_on_its_own_names_a_misshapen_input_or_mask(name):
     torch.testing.assert_close(attn(x, causal=False, key_padding_mask=one), attn(x, causal=False))
 
 
+def test_a_module_on_its_own_names_a_tensor_on_another_device():
+    """An input, a key_padding_mask or positions on another device than the module's (here the meta device, the
+    one other device every machine has) were torch's "Tensor on device meta is not on the expected device cpu!",
+    and a mask on another device under causal=False reached SDPA, which read it as garbage: outputs near 1e31."""
+    attn = build_attention("boosted", AttnArgs(d_model=D, n_heads=4, rope_base=100.0))
+    x = torch.randn(2, 5, D)
+    with pytest.raises(ValueError, match=r"^input on meta for a module on cpu: give it on cpu"):
+        attn(x.to("meta"))
+    mask = torch.ones(2, 5, dtype=torch.bool, device="meta")
+    for causal in (True, False):
+        with pytest.raises(ValueError, match=r"^key_padding_mask on meta for an input on cpu: give it on cpu"):
+            attn(x, causal=causal, key_padding_mask=mask)
+    with pytest.raises(ValueError, match=r"^positions on meta for an input on cpu: give it on cpu"):
+        attn(x, positions=torch.arange(5, device="meta"))
+    meta_attn = build_attention("boosted", AttnArgs(d_model=D, n_heads=4)).to("meta")  # (all on meta: shapes only)
+    assert meta_attn(x.to("meta"), causal=False, key_padding_mask=mask).shape == x.shape
+
+
 def test_rope_positions_of_another_length_are_refused():
     """RoPE positions of another length than the input were a broadcasting error inside RoPE; float or bool ones
     were accepted as positions."""

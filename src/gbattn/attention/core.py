@@ -148,11 +148,19 @@ def check_integers(what: str, t: Tensor | None) -> None:
         raise ValueError(f"{what} of dtype {t.dtype}: expected integers (torch.long)")
 
 
-def check_key_padding(mask_BS: Tensor | None, B: int, S: int) -> None:
-    """A ``key_padding_mask`` of shape (B, S) or (1, S) for B rows over S key slots, else a ValueError saying the
-    shape expected: the one check of a model's forward and of a module used on its own (both use the mask before
-    their :class:`AttnContext` exists)."""
+def check_device(what: str, t: Tensor | None, device: torch.device, whose: str) -> None:
+    """``t`` (or None) on ``device``, where ``whose`` computes: else torch's "Tensor on device meta is not on the
+    expected device cpu!" from deep inside, or (a mask reaching SDPA) a silent garbage output."""
+    if t is not None and t.device != device:
+        raise ValueError(f"{what} on {t.device} for {whose} on {device}: give it on {device} (.to('{device}'))")
+
+
+def check_key_padding(mask_BS: Tensor | None, B: int, S: int, device: torch.device) -> None:
+    """A ``key_padding_mask`` of shape (B, S) or (1, S) for B rows over S key slots, on the input's ``device``, else
+    a ValueError saying the shape (or device) expected: the one check of a model's forward and of a module used on
+    its own (both use the mask before their :class:`AttnContext` exists)."""
     check_tensor("key_padding_mask", mask_BS)
+    check_device("key_padding_mask", mask_BS, device, "an input")
     if mask_BS is not None and (mask_BS.dim() != 2 or mask_BS.shape[0] not in (1, B) or mask_BS.shape[1] != S):
         raise ValueError(f"key_padding_mask of shape {tuple(mask_BS.shape)} for a batch of {B} over {S} key slots: "
                          f"expected ({B}, {S}), True for real tokens")
@@ -608,20 +616,23 @@ class AttentionBase(nn.Module):
             if x_BTD.dim() != 3 or x_BTD.shape[-1] != self.args.d_model:
                 raise ValueError(f"input of shape {tuple(x_BTD.shape)}: expected (batch, tokens, "
                                  f"d_model={self.args.d_model})")
-            weight_dtype = next(self.parameters()).dtype
+            weight = next(self.parameters())
+            check_device("input", x_BTD, weight.device, "a module")
+            weight_dtype = weight.dtype
             if not x_BTD.is_floating_point() or (x_BTD.dtype != weight_dtype
                                                  and not torch.is_autocast_enabled(x_BTD.device.type)):
                 raise ValueError(f"input of dtype {x_BTD.dtype} for a module whose parameters are {weight_dtype}: "
                                  f"give {weight_dtype} activations (or convert the module with .to(dtype))")
             B, T = x_BTD.shape[:2]
             past = 0 if cache is None else cache.length  # keys already cached, before these T tokens
-            check_key_padding(key_padding_mask, B, past + T)
+            check_key_padding(key_padding_mask, B, past + T, x_BTD.device)
             rope = None
             if positions is not None and self.args.rope_base is None:
                 raise ValueError("positions are for RoPE, which this module does not use: build it with "
                                  "AttnArgs(rope_base=...) or leave positions out")
             if self.args.rope_base is not None:
                 check_integers("positions", positions)
+                check_device("positions", positions, x_BTD.device, "an input")
                 if positions is not None and tuple(positions.shape) not in ((T,), (B, T), (1, T)):
                     raise ValueError(f"positions of shape {tuple(positions.shape)}: expected ({T},) or ({B}, {T})")
                 pos = positions if positions is not None else torch.arange(past, past + T, device=x_BTD.device)

@@ -256,7 +256,7 @@ class GPT(nn.Module):
                              f"expected ({B}, {T}) or ({T},)")
         cache = self.kv_cache if cache is None else cache
         S = cache.key_length(T) if cache is not None else T
-        check_key_padding(key_padding_mask, B, S)
+        check_key_padding(key_padding_mask, B, S, idx_BT.device)
         if input_pos is not None and tuple(input_pos.shape) != (T,):
             raise ValueError(f"input_pos of shape {tuple(input_pos.shape)} for {T} tokens: expected ({T},), one cache "
                              f"slot per token (position_ids (B, T) gives positions per row)")
