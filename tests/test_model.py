@@ -1006,6 +1006,34 @@ def test_token_ids_position_ids_and_padding_masks_of_the_wrong_kind_are_named(bl
     torch.testing.assert_close(model(idx, key_padding_mask=torch.ones(1, 5, dtype=torch.bool)), logits)
 
 
+@pytest.mark.parametrize("block", ["gpt2", "llama"])
+def test_token_ids_targets_positions_and_masks_on_another_device_are_named(block):
+    """Token ids on another device than the model (here the meta device, the one other device every machine has)
+    gave logits read from garbage, silently; targets, position_ids, input_pos or a key_padding_mask on another
+    device than the token ids were torch's "Tensor on device meta is not on the expected device cpu!" (or
+    "Cannot copy out of meta tensor"). A model on meta (shapes only; or its weights offloaded there until
+    used, as accelerate does) takes token ids on any device."""
+    model = tiny_model(("boosted", {"rounds": 2}), **BLOCKS[block])
+    idx = torch.randint(0, 37, (2, 5))
+    with pytest.raises(ValueError, match=r"^token ids on meta for a model on cpu: give it on cpu"):
+        model(idx.to("meta"))
+    meta = {"position_ids": torch.arange(5), "input_pos": torch.arange(5),
+            "key_padding_mask": torch.ones(2, 5, dtype=torch.bool)}
+    for name, value in meta.items():
+        with pytest.raises(ValueError, match=rf"^{name} on meta for token ids on cpu: give it on cpu"):
+            model(idx, **{name: value.to("meta")})
+    with pytest.raises(ValueError, match=r"^targets on meta for token ids on cpu: give it on cpu"):
+        model(idx, idx.to("meta"))
+    assert GPT(model.cfg).to("meta")(idx.to("meta")).shape == (2, 5, 37)  # (all on meta: shapes only)
+    untied = tiny_model(("boosted", {"rounds": 2}), tie_embeddings=False, **BLOCKS[block])
+    expected, weight = untied(idx), untied.wte.weight
+    offloaded = torch.nn.Parameter(weight.to("meta"))  # as accelerate offloads: loaded for the embedding's forward only
+    untied.wte.weight = offloaded
+    untied.wte.register_forward_pre_hook(lambda module, args: setattr(module, "weight", weight))
+    untied.wte.register_forward_hook(lambda module, args, out: setattr(module, "weight", offloaded))
+    torch.testing.assert_close(untied(idx), expected, rtol=0, atol=0)
+
+
 def test_dropout_sites_listed_twice_are_refused():
     twice = r"dropout_sites=\['embedding', 'attention', 'embedding'\] lists an entry twice"
     with pytest.raises(ConfigError, match=twice):

@@ -155,12 +155,12 @@ def check_device(what: str, t: Tensor | None, device: torch.device, whose: str) 
         raise ValueError(f"{what} on {t.device} for {whose} on {device}: give it on {device} (.to('{device}'))")
 
 
-def check_key_padding(mask_BS: Tensor | None, B: int, S: int, device: torch.device) -> None:
-    """A ``key_padding_mask`` of shape (B, S) or (1, S) for B rows over S key slots, on the input's ``device``, else
-    a ValueError saying the shape (or device) expected: the one check of a model's forward and of a module used on
-    its own (both use the mask before their :class:`AttnContext` exists)."""
+def check_key_padding(mask_BS: Tensor | None, B: int, S: int, device: torch.device, whose: str = "an input") -> None:
+    """A ``key_padding_mask`` of shape (B, S) or (1, S) for B rows over S key slots, on the ``device`` of ``whose``
+    (the input, or a model's token ids), else a ValueError saying the shape (or device) expected: the one check of a
+    model's forward and of a module used on its own (both use the mask before their :class:`AttnContext` exists)."""
     check_tensor("key_padding_mask", mask_BS)
-    check_device("key_padding_mask", mask_BS, device, "an input")
+    check_device("key_padding_mask", mask_BS, device, whose)
     if mask_BS is not None and (mask_BS.dim() != 2 or mask_BS.shape[0] not in (1, B) or mask_BS.shape[1] != S):
         raise ValueError(f"key_padding_mask of shape {tuple(mask_BS.shape)} for a batch of {B} over {S} key slots: "
                          f"expected ({B}, {S}), True for real tokens")

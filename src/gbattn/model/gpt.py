@@ -20,6 +20,7 @@ from gbattn.attention.core import (
     DynamicLayerCache,
     Record,
     StaticCache,
+    check_device,
     check_integers,
     check_key_padding,
     check_tensor,
@@ -204,6 +205,7 @@ class GPT(nn.Module):
         h_BTD, records = self.hidden(idx_BT, input_pos=input_pos, position_ids=position_ids,
                                      key_padding_mask=key_padding_mask, cache=cache, naive=naive,
                                      return_intermediates=return_intermediates)
+        check_device("targets", targets_BT, idx_BT.device, "token ids")  # (after hidden's check of the token ids)
         out = self.lm_head(h_BTD) if targets_BT is None else self.chunked_loss(h_BTD, targets_BT, loss_chunk)
         return (out, records) if return_intermediates else out
 
@@ -250,13 +252,18 @@ class GPT(nn.Module):
             # dim to be specified for input.numel() == 0")
             raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens) with at least one "
                              f"token and at least one row")
+        if self.wte.weight.device.type != "meta":  # (a model on meta computes shapes only; accelerate's offloading
+            # keeps the weights there until the embedding's own forward)
+            check_device("token ids", idx_BT, self.wte.weight.device, "a model")  # (else, on meta, garbage logits)
+        for what, tensor in (("position_ids", position_ids), ("input_pos", input_pos)):
+            check_device(what, tensor, idx_BT.device, "token ids")
         B, T = idx_BT.shape
         if position_ids is not None and tuple(position_ids.shape) not in ((T,), (B, T), (1, T)):
             raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} for token ids of shape {(B, T)}: "
                              f"expected ({B}, {T}) or ({T},)")
         cache = self.kv_cache if cache is None else cache
         S = cache.key_length(T) if cache is not None else T
-        check_key_padding(key_padding_mask, B, S, idx_BT.device)
+        check_key_padding(key_padding_mask, B, S, idx_BT.device, "token ids")
         if input_pos is not None and tuple(input_pos.shape) != (T,):
             raise ValueError(f"input_pos of shape {tuple(input_pos.shape)} for {T} tokens: expected ({T},), one cache "
                              f"slot per token (position_ids (B, T) gives positions per row)")
