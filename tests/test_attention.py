@@ -157,6 +157,21 @@ def test_a_module_on_its_own_refuses_a_cache_it_cannot_use():
         attn(torch.randn(B + 1, 1, D), cache=cache)  # another batch: a new cache, not a bare torch.cat error
 
 
+def test_a_cache_on_another_device_than_the_new_tokens_is_named():
+    """A module moved to another device after its prefill (here the meta device, the one other device every machine
+    has) decoded on into a cache holding the old device's keys and values: torch.cat's "Tensor on device meta is
+    not on the expected device cpu!". A model's StaticCache names this (check_serves); a DynamicLayerCache now
+    too."""
+    from gbattn.attention.core import DynamicLayerCache
+
+    attn = build_attention("boosted", AttnArgs(d_model=D, n_heads=4))
+    cache = DynamicLayerCache()
+    attn(torch.randn(B, 3, D), cache=cache)
+    attn.to("meta")
+    with pytest.raises(ValueError, match=r"^this cache holds keys and values on cpu and the new tokens are on meta: "):
+        attn(torch.randn(B, 1, D, device="meta"), cache=cache)
+
+
 def test_a_cache_serves_one_module_used_on_its_own():
     """Two modules stacked by hand and given one DynamicLayerCache wrote to the same "kv" entry: the
     second layer attended to the first's keys too, a silently wrong output. Now the second module's

@@ -406,6 +406,9 @@ class DynamicLayerCache:
             if v_old.shape[0] != v_BGTF.shape[0]:  # else a bare torch.cat size error
                 raise ValueError(f"this cache holds {v_old.shape[0]} rows and the new tokens come in "
                                  f"{v_BGTF.shape[0]}: decode another batch with a new cache")
+            if v_old.device != v_BGTF.device:  # (a module moved after its prefill) else torch.cat's device error
+                raise ValueError(f"this cache holds keys and values on {v_old.device} and the new tokens are on "
+                                 f"{v_BGTF.device}: decode on one device, or start a new cache on {v_BGTF.device}")
             k_BGTE = None if k_BGTE is None else torch.cat([k_old, k_BGTE], dim=2)
             v_BGTF = torch.cat([v_old, v_BGTF], dim=2)
         self.entries[name] = (k_BGTE, v_BGTF)
