@@ -597,7 +597,8 @@ class AttentionBase(nn.Module):
                 positions: Tensor | None = None, naive: bool = False, return_intermediates: bool = False,
                 context: AttnContext | None = None, cache=None, record: Record | None = None):
         """``x_BTD`` in the parameters' dtype (or under autocast); ``key_padding_mask`` (B, T): True
-        for real tokens; ``positions`` (T,) or (B, T) for RoPE (only with ``AttnArgs.rope_base``).
+        for real tokens (``nn.MultiheadAttention``'s is True for padding: pass ``~mask``); ``positions`` (T,)
+        or (B, T) for RoPE (only with ``AttnArgs.rope_base``).
         A model passes its shared ``context``, this layer's ``cache`` and ``record`` instead.
 
         Used on its own, ``cache`` is a :class:`DynamicLayerCache` (one per module) that each causal call appends
