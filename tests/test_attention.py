@@ -844,3 +844,15 @@ def test_torch_jit_trace_of_a_module_gives_its_output(variant_case, heads):
     x = torch.randn(B, T, D, dtype=torch.float64)
     traced = torch.jit.trace(attn, (x,))
     torch.testing.assert_close(traced(x), attn(x))
+
+
+def test_a_module_prints_its_heads_and_options():
+    """``print(module)`` showed only its Linear widths: not the heads, the K/V heads, nor the variant's options
+    (rounds, gate, kv_source), which change what it computes. They are shown now, each as its keyword."""
+    boosted = build_attention("boosted", AttnArgs(d_model=32, n_heads=4, n_kv_heads=2, dropout=0.1, layer_idx=1,
+                                                  n_layers=2), {"rounds": 3, "kv_source": "shared"})
+    assert repr(boosted).splitlines()[1].strip() == ("d_model=32, n_heads=4, n_kv_heads=2, dropout=0.1, layer=1 of 2, "
+                                                     "rounds=3, gate=linear, kv_source=shared, gate_hidden=32, "
+                                                     "layers=None")
+    standard = build_attention("standard", AttnArgs(d_model=32, n_heads=4, rope_base=500.0))
+    assert repr(standard).splitlines()[1].strip() == "d_model=32, n_heads=4, rope_base=500.0"

@@ -584,6 +584,16 @@ class AttentionBase(nn.Module):
         self.dropout_p = args.dropout
         self.scale = 1.0 / math.sqrt(args.d_head)
 
+    def extra_repr(self) -> str:
+        """``print(module)``: the head layout and the variant's options (its Linear submodules show widths only)."""
+        args = self.args
+        shown = [f"d_model={args.d_model}", f"n_heads={self.n_heads}"]
+        shown += [f"n_kv_heads={self.n_kv_heads}"] * (self.n_kv_heads != self.n_heads)
+        shown += [f"dropout={args.dropout}"] * bool(args.dropout) + [f"rope_base={args.rope_base}"] * (
+            args.rope_base is not None)
+        shown += [f"layer={args.layer_idx} of {args.n_layers}"] * (args.n_layers > 1)
+        return ", ".join(shown + [f"{key}={value}" for key, value in self.options.to_dict().items()])
+
     def init_own_parameters(self, init=nn.init) -> None:
         """Initialise the parameters this layer holds itself (not those of its Linear and norm
         submodules, which the model initialises). A variant's own constructor calls it once it has made
