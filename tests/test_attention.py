@@ -398,7 +398,7 @@ def test_positions_for_a_module_without_rope_are_refused():
         plain(x, positions=torch.arange(5) + 3)
 
 
-@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # torch's RMSNorm under autocast
+@pytest.mark.filterwarnings("error:Mismatch dtype between input and weight")  # differential's RMSNorm
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_an_input_of_another_dtype_than_the_module_is_named(name):
     """Token ids or float64 activations given to a float32 module (or float32 ones to a module moved

@@ -821,7 +821,6 @@ def test_a_cache_of_another_dtype_or_device_than_the_model_is_a_clear_error():
     model.clear_cache()
 
 
-@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # torch's RMSNorm under autocast
 @pytest.mark.parametrize("variant_case", [("boosted", {"rounds": 2}), ("twicing", {})], ids=["boosted", "twicing"])
 def test_a_cache_in_the_models_dtype_takes_autocasts_keys_and_values(variant_case):
     """A float32 model with its default (float32) cache decodes under bfloat16 autocast: the bfloat16 keys and

@@ -64,5 +64,8 @@ class DifferentialAttention(StandardAttention):
         k_BGSE, v_BGSF = call.keys_values("kv", k_BTX, v_BTX, value_heads=self.n_kv_heads // 2)
         positive_BHTF = call.attend(q_BHTE[:, 0::2], k_BGSE[:, 0::2], v_BGSF)
         negative_BHTF = call.attend(q_BHTE[:, 1::2], k_BGSE[:, 1::2], v_BGSF, kind="negative-map")
-        o_BHTF = self.subln(positive_BHTF - self.lambda_full() * negative_BHTF) * (1.0 - self.lambda_init)
+        diff_BHTF = positive_BHTF - self.lambda_full() * negative_BHTF
+        # normalised in the gain's precision (float32 under autocast, as the authors' RMSNorm computes in float32)
+        normed_BHTF = self.subln(diff_BHTF.to(self.subln.weight.dtype)).to(diff_BHTF.dtype)
+        o_BHTF = normed_BHTF * (1.0 - self.lambda_init)
         return self.out(call.merge(o_BHTF))
