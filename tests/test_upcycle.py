@@ -1140,7 +1140,28 @@ def test_readme_names_what_train_init_from_refuses(gbattn_dir, tmp_path, capsys)
     assert refused == ["--attn", "--residual", "--set"]
     prose = " ".join(README.read_text(encoding="utf-8").split())
     assert ("`train --init-from` keeps the source's model and tokenizer (`--attn`, `--residual` and model `--set` "
-            "values are refused, and so are a `--preset` or `--tokenizer` other than the source's)") in prose
+            "values are refused, but for `dropout` and `dropout_sites`, which change no parameter, and so are a "
+            "`--preset` or `--tokenizer` other than the source's)") in prose
+
+
+def test_train_init_from_takes_another_dropout(gbattn_dir, tmp_path, capsys):
+    """Fine-tuning often wants another dropout, which changes no parameter: `train --init-from` refused `--set
+    dropout` as it refuses a model change. It trains with the dropout given (and its sites), from the source's
+    weights; another width is still refused."""
+    common = ["--quiet", "--data", "tiny-shakespeare", "--threads", "1", "--no-compile", "--set", "max_steps=1",
+              "--set", "batch_size=4", "--set", "eval_tokens=2000", "--set", "seq_len=32"]
+    out = tmp_path / "ft"
+    assert main(["train", "--init-from", str(gbattn_dir), "--out", str(out), *common, "--set", "dropout=0.25",
+                 "--set", "dropout_sites=attention"]) == 0, capsys.readouterr()
+    model = rundir.read_config(out / rundir.CONFIG)["model"]
+    source = rundir.read_config(gbattn_dir / rundir.CONFIG)["model"]
+    assert (model["dropout"], model["dropout_sites"]) == (0.25, ["attention"])
+    assert {k: v for k, v in model.items() if k not in ("dropout", "dropout_sites")} == {
+        k: v for k, v in source.items() if k not in ("dropout", "dropout_sites")}
+    capsys.readouterr()
+    assert main(["train", "--init-from", str(gbattn_dir), "--out", str(tmp_path / "wider"), *common, "--set",
+                 "dropout=0", "--set", f"d_model={2 * source['d_model']}"]) == 2
+    assert "model --set values other than dropout and dropout_sites" in capsys.readouterr().err
 
 
 def test_init_from_starts_at_the_upcycled_weights_with_a_fresh_optimizer(gbattn_dir, tmp_path, monkeypatch):
@@ -1166,8 +1187,12 @@ def test_init_from_starts_at_the_upcycled_weights_with_a_fresh_optimizer(gbattn_
     assert seen["state"].keys() == start.model.state_dict().keys()
     assert all(torch.equal(seen["state"][k], v) for k, v in start.model.state_dict().items())
     other = start.model_cfg.replace(attn="standard", attn_options={})
-    with pytest.raises(UserError, match="its model config differs from this run's"):
+    with pytest.raises(UserError, match=r"its model config differs from this run's \(other than in dropout and "):
         train(tmp_path / "other", other, train_cfg, quiet=True)
+    seen.clear()  # another dropout changes no parameter: it starts from the same weights
+    with pytest.raises(RuntimeError, match="stopped before the first step"):
+        train(tmp_path / "dropout", start.model_cfg.replace(dropout=0.0), train_cfg, quiet=True)
+    assert all(torch.equal(seen["state"][k], v) for k, v in start.model.state_dict().items())
 
 
 def test_train_init_from_records_which_weights_it_started_from(gbattn_dir, tmp_path, capsys):

@@ -36,6 +36,8 @@ MAX_VOCAB_SIZE = 2**24  # the largest vocabulary a model (and so a tokenizer) ma
 # authors' set: no dropout on the attention sublayer's output.
 DROPOUT_SITES = ("embedding", "attention", "attn-output", "ffn-hidden", "ffn-output")
 AUTHORS_DROPOUT_SITES = ["embedding", "attention", "ffn-hidden", "ffn-output"]
+# The model fields that change no parameter: a run started from another run's weights may set them.
+DROPOUT_FIELDS = ("dropout", "dropout_sites")
 
 
 @dataclass

@@ -157,7 +157,7 @@ def _refuse_resume_without_run(out: Path) -> None:
 def _init_from_trainer(args, sets: dict):
     """A new run whose model (and default data and recipe) is the one in ``--init-from``."""
     from gbattn import rundir
-    from gbattn.config import build_configs, split_overrides
+    from gbattn.config import DROPOUT_FIELDS, build_configs, split_overrides
     from gbattn.errors import UserError
     from gbattn.train.trainer import Trainer
 
@@ -171,9 +171,12 @@ def _init_from_trainer(args, sets: dict):
     source = source if source is not None else config  # read_configs names what is missing
     model_cfg, source_train = rundir.read_configs(source, args.init_from)
     train_sets, model_sets = split_overrides(sets)  # ``sets`` holds --attn, --data, --seed, ... too
+    dropout = {key: model_sets.pop(key) for key in DROPOUT_FIELDS if key in model_sets}  # no parameter changes
     if args.preset and args.preset != source.get("preset") or model_sets:
         raise UserError(f"--init-from trains the model of {args.init_from} as it is: leave out --attn, --residual, "
-                        f"--preset and model --set values (upcycle first to change the model: `gbattn upcycle`)")
+                        f"--preset and model --set values other than {' and '.join(DROPOUT_FIELDS)} (upcycle first "
+                        f"to change the model: `gbattn upcycle`)")
+    model_cfg = model_cfg.replace(**dropout)
     split = train_sets.pop("split", None)
     if split is not None and list(split) != list(source_train.split):
         raise UserError(f"--init-from trains on the split of {args.init_from} (recorded: {source_train.split}): "

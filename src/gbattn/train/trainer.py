@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from gbattn import rundir
-from gbattn.config import ModelConfig, TrainConfig
+from gbattn.config import DROPOUT_FIELDS, ModelConfig, TrainConfig
 from gbattn.data.corpus import load_corpus, test_split_note, tested_split
 from gbattn.data.prepare import Data, prepare_data, recorded_path_advice
 from gbattn.data.tokenizer import Tokenizer
@@ -451,9 +451,10 @@ class Trainer:
     def _init_from(self, start: rundir.LoadedRun) -> None:
         """Start from another run's weights (e.g. ``gbattn upcycle``); the optimizer starts fresh. ``extra`` records
         which of its weights (best, last or exported) and their step, as an upcycled run records its source's."""
-        if start.model_cfg != self.model_cfg:
-            raise UserError(f"init_from={start.run_dir}: its model config differs from this run's; leave out --preset, "
-                            f"--attn and model --set values to train the model as {start.run_dir}/config.json has it")
+        if start.model_cfg.replace(**{key: getattr(self.model_cfg, key) for key in DROPOUT_FIELDS}) != self.model_cfg:
+            raise UserError(f"init_from={start.run_dir}: its model config differs from this run's (other than in "
+                            f"{' and '.join(DROPOUT_FIELDS)}); leave out --preset, --attn and model --set values to "
+                            f"train the model as {start.run_dir}/config.json has it")
         rundir.load_weights(self.model, start.model.state_dict(), start.run_dir)
         self.extra = {**self.extra, "init_from_checkpoint": start.checkpoint, "init_from_step": start.step}
 
