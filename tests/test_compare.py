@@ -697,6 +697,24 @@ def test_a_report_row_names_the_models_it_is_matched_to_and_continues(tmp_path):
     assert "standard-continued continue standard's trained weights" in md
 
 
+def test_the_validation_table_says_continued_steps_count_from_the_continuation(tmp_path):
+    """A continued model's curve restarts at step 1 after its base's steps: the validation table's step column
+    pairs it with a from-scratch model's earlier step, so results.md says how many steps to add (the curves
+    figure draws it after the base's tokens)."""
+    from gbattn.experiments.recipes import ModelSpec, Recipe
+    from gbattn.experiments.report import write_results
+
+    specs = [ModelSpec("base", steps_share=0.5), ModelSpec("standard-continued", init_from="base", steps_share=0.5),
+             ModelSpec("standard-scratch")]
+    recipe = Recipe("r", "a test (10 steps)", "cpu-char", specs)
+    curve = [{"step": 5, "tokens": 320, "valid_loss": 2.0, "valid_ppl": 7.4}]
+    results = {s.label: {1: {**_run_result(10.0, 60.0), "curve": curve}} for s in specs}
+    write_results(tmp_path, recipe, {"data": "x", "seeds": [1], "sets": {}}, specs, results)
+    validation_table = (tmp_path / "results.md").read_text().split("## Validation perplexity during training")[1]
+    assert ("The steps of standard-continued count from the start of their continuation: add base's 10 steps"
+            in validation_table)
+
+
 # -- what a recipe's rows are, and what compare asks of its directory --------------------------------
 
 # Options a GBA row's label names: (part of the label, option, value).

@@ -428,6 +428,9 @@ def results_markdown(report: dict) -> str:
     curve_seeds = (f"mean over seed{'s' if len(common) > 1 else ''} {', '.join(common)}, the ones all models share"
                    if common else "seed mean")
     lines += ["", f"## Validation perplexity during training ({curve_seeds})", ""]
+    continued_steps = continued_steps_note(rows)
+    if continued_steps:
+        lines += [continued_steps, ""]
     steps = sorted({p["step"] for r in rows for c in r["curves"].values() for p in c})
     if steps:
         lines.append("| step | " + " | ".join(r["label"] for r in rows) + " |")
@@ -458,6 +461,21 @@ def continued_note(rows: list[dict]) -> str:
                      f"train tokens, tokens/param, train PFLOP and wall-clock count the continuation only; for the "
                      f"whole training add {base}'s {add} (the curves figure draws them after {base}'s tokens)")
     return " ".join(f"{note}." for note in notes)
+
+
+def continued_steps_note(rows: list[dict]) -> str | None:
+    """For the validation table: the steps of a model that continues another's trained weights count from the
+    start of its continuation, so a line of the table does not pair equal training lengths; None when no row
+    continues one."""
+    by_label = {r["label"]: r for r in rows}
+    notes = []
+    for base in dict.fromkeys(r["init_from"] for r in rows if r.get("init_from")):
+        labels = ", ".join(r["label"] for r in rows if r.get("init_from") == base)
+        b = by_label.get(base)
+        after = f"{base}'s {b['steps']:,} steps" if b else f"{base}'s steps"
+        notes.append(f"The steps of {labels} count from the start of their continuation: add {after} to compare "
+                     f"them with a model trained from scratch at the same training length")
+    return " ".join(f"{note}." for note in notes) or None
 
 
 def block_text(row: dict) -> str:
