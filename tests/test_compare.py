@@ -262,6 +262,32 @@ def test_ctrl_c_in_a_run_trained_by_a_one_job_comparison_says_where_its_checkpoi
     assert stop.value.exit_code == 130
 
 
+def test_a_rerun_of_a_subset_leaves_the_report_incomplete_while_another_model_has_an_unfinished_run(
+        tmp_path, monkeypatch):
+    """Standard and GBA asked, stopped while GBA trained (its run directory holds config.json, no result.json),
+    then a rerun with --only standard: the table has no GBA row, so it must not read complete (it did: only the
+    models this invocation asked for counted). Once GBA finishes, it is complete."""
+    data = write_corpus(tmp_path / "c")
+    kwargs = dict(data=str(data), sets=tiny_sets(), seeds=[1], quiet=True)
+    real_train = compare_mod.train
+
+    def train_started_then_stopped(run_dir, model_cfg=None, train_cfg=None, **kw):
+        if run_dir.parent.name != "gba-m2":
+            return real_train(run_dir, model_cfg, train_cfg, **kw)
+        run_dir.mkdir(parents=True)
+        rundir.write_config(run_dir, kw["preset"], model_cfg, train_cfg, kw["extra"])  # as training starts
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare_mod, "train", train_started_then_stopped)
+    with pytest.raises(Interrupted, match="compare interrupted"):
+        run_compare("cpu-proxy", tmp_path / "cmp", only=["standard", "gba-m2"], **kwargs)
+    monkeypatch.setattr(compare_mod, "train", real_train)
+    report = run_compare("cpu-proxy", tmp_path / "cmp", only=["standard"], **kwargs)
+    assert [r["label"] for r in report["models"]] == ["standard"] and report["complete"] is False
+    assert "INCOMPLETE (runs missing)" in (tmp_path / "cmp" / "results.md").read_text()
+    assert run_compare("cpu-proxy", tmp_path / "cmp", only=["gba-m2"], **kwargs)["complete"]
+
+
 def test_a_sigterm_outside_a_training_loop_stops_a_comparison_as_terminated(tmp_path, monkeypatch):
     """SIGTERM while a one-job comparison is between training loops (a run's final test evaluation, the report)
     raises cli's Terminated: the comparison says it was terminated and exits 143, not 'interrupted' with 130."""

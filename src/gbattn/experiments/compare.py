@@ -242,8 +242,11 @@ class _Runner:
                                                        self.results, self.out)
                 check_run(run_dir, model_cfg, train_cfg, self.fingerprint)
                 self.results.setdefault(spec.label, {})[seed] = rundir.read_result(run_dir / rundir.RESULT)
-        # The models with a finished run, and those asked now: one with none yet leaves the report incomplete.
-        asked = {s.label for s in self.specs}
+        # The models with a finished run, those asked now, and those with a run started by an earlier invocation
+        # (config.json, no result.json): one with none finished yet leaves the report incomplete, not left out.
+        asked = {s.label for s in self.specs} | {
+            s.label for s in self.recipe.models for seed in self.request["seeds"]
+            if (self.out / s.label / f"seed{seed}" / rundir.CONFIG).exists()}
         specs = [s for s in self.recipe.models if self.results.get(s.label) or s.label in asked]
         return write_results(self.out, self.recipe, self.request, specs, self.results)
 
