@@ -313,10 +313,27 @@ def test_a_comparison_recorded_with_a_corpus_file_name_alone_continues(tmp_path)
     def request(data):
         return {"recipe": "cpu-char", "data": data, "seeds": [42], "sets": {}, "command": "gbattn y"}
 
-    compare_mod._check_request(path, request("tiny-shakespeare/input.txt"))
+    compare_mod._check_request(path, request("tiny-shakespeare/input.txt"),
+                               data_as_given="/data/tiny-shakespeare/input.txt")
     for other in ("tiny-shakespeare/other.txt", "wikitext-2"):
         with pytest.raises(UserError, match="holds a comparison with data='input.txt'"):
-            compare_mod._check_request(path, request(other))
+            compare_mod._check_request(path, request(other), data_as_given=f"/data/{other}")
+
+
+def test_a_folder_named_otherwise_is_refused_before_recipe_json_takes_its_name(tmp_path, monkeypatch):
+    """A comparison started with --data 'wt small' and rerun with --data './wt small/' (the same folder, written
+    otherwise): the old-recipe.json shim above took it for a corpus file's folder, so recipe.json was rewritten
+    with './wt small/' before its runs refused it, and the first command was refused from then on. Refused
+    before anything is written, and the first command continues."""
+    monkeypatch.chdir(tmp_path)
+    write_corpus(tmp_path / "wt small")
+    kwargs = dict(sets=tiny_sets(), seeds=[1], only=["standard"], quiet=True)
+    run_compare("cpu-proxy", "cmp", data="wt small", **kwargs)
+    recorded = (tmp_path / "cmp" / "recipe.json").read_text()
+    with pytest.raises(UserError, match="holds a comparison with data='wt small', not './wt small/'"):
+        run_compare("cpu-proxy", "cmp", data="./wt small/", **kwargs)
+    assert (tmp_path / "cmp" / "recipe.json").read_text() == recorded
+    assert run_compare("cpu-proxy", "cmp", data="wt small", **kwargs)["complete"]
 
 
 def test_a_comparison_is_never_written_into_a_run_or_a_folder_of_runs(tmp_path, monkeypatch):

@@ -137,7 +137,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
                             f"per model, so the value would be overridden; train such a model with `gbattn train`")
         request = {"recipe": recipe.name, "data": portable_path(data), "seeds": seeds, "sets": sets,
                    "command": command_line(portable=True)}
-        _check_request(out / "recipe.json", request, seeds_given)
+        _check_request(out / "recipe.json", request, seeds_given, data_as_given=data)
         if not seeds_given:  # no --seeds: the seeds the comparison holds (the recipe's for a new one)
             seeds = request["seeds"]
         in_all = (threads or default_threads()) if jobs > 1 else threads  # measured once: it can change between reads
@@ -427,17 +427,20 @@ def _set_value(sets: dict, key: str) -> str:
         else "not set"
 
 
-def _check_request(path: Path, request: dict, seeds_given: bool = True) -> None:
+def _check_request(path: Path, request: dict, seeds_given: bool = True, *, data_as_given: str) -> None:
     """Refuse a comparison directory that holds another comparison; complete this request from it (run_compare
     records it once the data is read). Its seeds become the recorded ones and those given, or the recorded ones
-    alone when none were given."""
+    alone when none were given. ``data_as_given``: --data as typed, before :func:`portable_path`."""
     if path.exists():
         before = rundir.read_json(path)
         if isinstance(before.get("data"), str):  # written before data paths were made portable
             before["data"] = portable_path(before["data"])
-            if "/" not in before["data"] and before["data"] == Path(request["data"]).name:
+            if ("/" not in before["data"] and before["data"] == Path(request["data"]).name
+                    and request["data"] != data_as_given):
                 # written before a corpus file given by absolute path kept its folder (input.txt for
-                # tiny-shakespeare/input.txt): the same data, which check_run confirms by its fingerprint
+                # tiny-shakespeare/input.txt): the same data, which check_run confirms by its fingerprint.
+                # Only for a path portable_path shortened: './wt/' is not the 'wt' a comparison recorded as
+                # typed, and its runs would refuse it once recipe.json had taken its name.
                 before["data"] = request["data"]
         for key in ("recipe", "data", "sets"):
             had, asked = _results_part(key, before.get(key)), _results_part(key, request[key])
