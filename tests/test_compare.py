@@ -172,6 +172,14 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
     with pytest.raises(UserError, match="was trained on other data"):
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard", "gba-m2"],
                     quiet=True)
+    # A new seed first (it trains first): refused before it trains or recipe.json records it, where it trained and
+    # only then was the old run refused.
+    recorded = (tmp_path / "cmp" / "recipe.json").read_text()
+    with pytest.raises(UserError, match=r"standard.seed42 was trained on other data"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, seeds=[1, 42], only=["standard"],
+                    quiet=True)
+    assert not (tmp_path / "cmp" / "standard" / "seed1").exists()
+    assert (tmp_path / "cmp" / "recipe.json").read_text() == recorded
 
 
 def test_a_rerun_of_a_subset_keeps_every_finished_run_in_the_report(tmp_path):

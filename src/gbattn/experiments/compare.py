@@ -70,15 +70,20 @@ def comparable(model_cfg, train_cfg) -> dict:
     return {"model": model_d, "train": train_d}
 
 
+def check_run_data(run_dir: Path, config: dict, data: str, fingerprint: str | None) -> None:
+    """Refuse a run (its ``config``) that trained on other data than ``data`` holds now (``fingerprint``)."""
+    recorded = rundir.recorded_fingerprint(config)
+    if fingerprint and recorded and recorded != fingerprint:
+        raise UserError(f"{run_dir} was trained on other data than {data} holds now (fingerprint "
+                        f"{recorded[:16]} recorded, {fingerprint[:16]} now); move it away or use another --out")
+
+
 def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = None) -> None:
     """Refuse a run directory whose recorded configs are not the ones asked for, or that trained on
     other data (its recorded fingerprint differs from ``fingerprint``, the data's now)."""
     config_path = run_dir / rundir.CONFIG
     config = rundir.read_config(config_path)
-    recorded = rundir.recorded_fingerprint(config)
-    if fingerprint and recorded and recorded != fingerprint:
-        raise UserError(f"{run_dir} was trained on other data than {train_cfg.data} holds now (fingerprint "
-                        f"{recorded[:16]} recorded, {fingerprint[:16]} now); move it away or use another --out")
+    check_run_data(run_dir, config, train_cfg.data, fingerprint)
     recorded_model, recorded_train = rundir.read_configs(config, config_path)
     want, have = comparable(model_cfg, train_cfg), comparable(recorded_model, recorded_train)
     differ = [f"{part}.{k}: recorded {have[part].get(k)!r}, asked {want[part].get(k)!r}"
@@ -149,6 +154,14 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
         probe_model, probe_train = spec_configs(recipe, specs[0], data, seeds[0], run_sets, None)
         prepared = prepare_data(probe_train, probe_model.vocab_size, progress=not quiet)
+        # Every run already here trained on this data, before anything trains or is recorded: a corpus changed since
+        # refused only when its run was reached, after the new seeds' runs had trained and recipe.json taken them.
+        for seed in request["seeds"]:
+            for spec in recipe.models:
+                run_dir = out / spec.label / f"seed{seed}"
+                if (run_dir / rundir.CONFIG).is_file():
+                    check_run_data(run_dir, rundir.read_config(run_dir / rundir.CONFIG), data,
+                                   prepared.corpus_fingerprint)
         # Recorded once the data is read: a --data that cannot be (a typo, a folder without splits) leaves no
         # recipe.json behind to refuse the corrected command as "another comparison".
         write_json(request, out / "recipe.json")
