@@ -240,7 +240,7 @@ def test_the_report_of_a_comparison_stopped_before_a_model_trained_says_it_is_in
         run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
     report = json.loads((tmp_path / "cmp" / "results.json").read_text())
     assert [r["label"] for r in report["models"]] == ["standard"] and report["complete"] is False
-    assert "INCOMPLETE (runs missing)" in (tmp_path / "cmp" / "results.md").read_text()
+    assert "INCOMPLETE (runs missing: gba-m2/seed1)" in (tmp_path / "cmp" / "results.md").read_text()
     monkeypatch.setattr(compare_mod, "train", real_train)
     assert run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)["complete"]
     assert "INCOMPLETE" not in (tmp_path / "cmp" / "results.md").read_text()
@@ -292,7 +292,7 @@ def test_a_rerun_of_a_subset_leaves_the_report_incomplete_while_another_model_ha
     monkeypatch.setattr(compare_mod, "train", real_train)
     report = run_compare("cpu-proxy", tmp_path / "cmp", only=["standard"], **kwargs)
     assert [r["label"] for r in report["models"]] == ["standard"] and report["complete"] is False
-    assert "INCOMPLETE (runs missing)" in (tmp_path / "cmp" / "results.md").read_text()
+    assert "INCOMPLETE (runs missing: gba-m2/seed1)" in (tmp_path / "cmp" / "results.md").read_text()
     assert run_compare("cpu-proxy", tmp_path / "cmp", only=["gba-m2"], **kwargs)["complete"]
 
 
@@ -657,14 +657,18 @@ def test_report_of_an_unfinished_comparison_says_so_and_averages_each_column(tmp
     is incomplete; test ppl is the mean of the test perplexities (not the validation ones) and the
     wall-clock column the mean per run. With GBA's seed 2 in, it is complete."""
     from gbattn.experiments.recipes import ModelSpec, Recipe
-    from gbattn.experiments.report import write_results
+    from gbattn.experiments.report import results_markdown, write_results
 
     recipe = Recipe("r", "a test (10 steps)", "cpu-char", [ModelSpec("standard"), ModelSpec("gba-m2", "boosted")])
     request = {"data": "x", "seeds": [1, 2], "sets": {}}
     results = {"standard": {1: _run_result(10.0, 60.0), 2: {**_run_result(12.0, 120.0), "valid_ppl": 14.0}},
                "gba-m2": {1: _run_result(9.0, 60.0)}}
     report = write_results(tmp_path, recipe, request, recipe.models, results)
-    assert not report["complete"] and "INCOMPLETE (runs missing)" in (tmp_path / "results.md").read_text()
+    assert not report["complete"] and report["missing"] == ["gba-m2/seed2"]
+    assert "INCOMPLETE (runs missing: gba-m2/seed2)" in (tmp_path / "results.md").read_text()
+    many = {**report, "missing": [f"m/seed{seed}" for seed in range(8)]}  # the first six named
+    assert "INCOMPLETE (runs missing: m/seed0, m/seed1, m/seed2, m/seed3, m/seed4, m/seed5, and 2 more)" in (
+        results_markdown(many))
     standard = report["models"][0]
     assert (standard["test_ppl_mean"], standard["valid_ppl_mean"], standard["wall_clock_s"]) == (11.0, 12.5, 90.0)
     # each spread is its own column's sample std: test 10, 12; validation 11, 14

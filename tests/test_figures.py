@@ -842,6 +842,9 @@ def test_plot_of_a_damaged_comparison_is_one_line_and_skips_damaged_metrics(tmp_
     assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 2
     assert capsys.readouterr().err.strip().endswith("seeds must be a list and sets a mapping; rerun `gbattn compare` "
                                                     "with the same arguments to write it again")
+    (compare_dir / "results.json").write_text(json.dumps({**report, "missing": [1]}))  # written into results.md
+    assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 2
+    assert "missing=[1] must be a list of run names" in capsys.readouterr().err
     (compare_dir / "results.json").write_text(json.dumps({"x": 1}))  # another program's file, not a damaged one
     assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 2
     assert capsys.readouterr().err.strip().endswith(

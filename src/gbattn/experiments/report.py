@@ -294,6 +294,9 @@ def read_report(path: str | Path) -> dict:
             raise bad(f"{label}: published={published!r} must be [mean, std] (numbers or null)")
     if not isinstance(report.get("seeds", []), list) or not isinstance(report.get("sets", {}), dict):
         raise bad("seeds must be a list and sets a mapping")
+    missing = report.get("missing", [])
+    if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
+        raise bad(f"missing={report['missing']!r} must be a list of run names")
     for key in ("recipe", "description", "data", "published_source"):  # looked up and searched as text
         if report.get(key) is not None and not isinstance(report[key], str):
             raise bad(f"{key}={report[key]!r} must be a string")
@@ -303,6 +306,8 @@ def read_report(path: str | Path) -> dict:
 def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpec], results: dict) -> dict:
     rows = aggregate(recipe, specs, results)
     complete = all(len(results.get(s.label, {})) == len(request["seeds"]) for s in specs)
+    missing = [f"{s.label}/seed{seed}" for s in specs for seed in request["seeds"]
+               if seed not in results.get(s.label, {})]
     report = {
         "recipe": recipe.name,
         "description": recipe.description,
@@ -313,12 +318,23 @@ def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpe
         "command": request.get("command", ""),
         "commands": request.get("commands") or [request.get("command", "")],
         "complete": complete,
+        "missing": missing,  # the runs asked for and not finished, LABEL/seedN
         "published_source": recipe.published_source,
         "models": rows,
     }
     write_json(report, out / "results.json")
     atomic_write(out / "results.md", results_markdown(report))
     return report
+
+
+def missing_text(report: dict, shown: int = 6) -> str:
+    """'runs missing: a/seed1, b/seed2' for an incomplete report (the first ``shown`` named; a results.json written
+    before it recorded them: 'runs missing')."""
+    missing = report.get("missing") or []
+    if not missing:
+        return "runs missing"
+    more = f", and {len(missing) - shown} more" if len(missing) > shown else ""
+    return f"runs missing: {', '.join(missing[:shown])}{more}"
 
 
 def _fmt(mean, std, digits=2) -> str:
@@ -361,7 +377,7 @@ def results_markdown(report: dict) -> str:
         *(f"{'Command' if i == 0 else 'then'}: `{c}`  " for i, c in enumerate(report.get("commands") or
                                                                         [report["command"]])),
         f"Data: `{report['data']}` · seeds {', '.join(map(str, report['seeds']))} · hardware: "
-        f"{devices_text(rows)}{'' if report['complete'] else ' · INCOMPLETE (runs missing)'}",
+        f"{devices_text(rows)}{'' if report['complete'] else ' · INCOMPLETE (' + missing_text(report) + ')'}",
         "",
         "| model | attention | d | parameters | test ppl | Δ vs standard | valid ppl | published | steps | "
         "train tokens | tokens/param | train PFLOP | tokens/s | wall-clock |",
