@@ -1468,7 +1468,7 @@ def test_the_results_table_row_holds_each_column_in_its_units():
                                          "120.0 min"]
     assert table_cells(md, "twicing")[5] == "-1.0%" and table_cells(md, "standard-postln")[5] == "—"
     assert ("Seeds differ between models (standard-postln: 1, 2; gba-m2: 1, 2; twicing: 1): test ppl is each "
-            "model's mean over its own seeds; Δ vs standard is over the seed all models share (1).") in md
+            "model's mean over its own seeds; Δ vs standard-postln is over the seed all models share (1).") in md
     two = [model_row("standard", {"1": 9.0, "2": 9.0}), model_row("gba-m2", {"1": 8.0, "2": 8.0})]
     assert table_cells(results_markdown(report_of(two)), "standard")[4] == "9.00 ± 0.00"  # two seeds, no spread
 
@@ -1821,3 +1821,16 @@ def test_the_seeds_results_md_names_are_in_numeric_order_negative_ones_too():
                                                                                                "-1": 9.2})]
     md = results_markdown({**report_of(rows), "seeds": [-1, 9, 10, 11]})
     assert "Every model has seeds -1, 9, 10 only (seed 11 not finished): each mean is over 3 seeds." in md
+
+
+def test_the_delta_columns_name_their_reference_when_it_is_another_standard():
+    """The Δ columns divide by the first row whose label starts with "standard": in the upcycle recipe that is
+    standard-continued, and results.md's header said "Δ vs standard". Each header, and the seeds line, names it."""
+    rows = [model_row("gba-scratch", {"42": 9.0, "123": 9.5}), model_row("standard-continued", {"42": 10.0}),
+            model_row("standard", {"42": 11.0, "123": 12.0})]
+    md = results_markdown(report_of(rows))
+    assert "| model | attention | d | parameters | test ppl | Δ vs standard-continued | valid ppl |" in md
+    assert "Δ vs standard-continued is over the seed all models share (42)." in md
+    assert "| gba-scratch | boosted | 128 | 800,000 | 9.25 ± 0.35 | -10.0% |" in md  # over seed 42: 9 / 10
+    plain = results_markdown(report_of([model_row("standard", {"42": 10.0}), model_row("gba-m2", {"42": 9.0})]))
+    assert "| test ppl | Δ vs standard | valid ppl |" in plain

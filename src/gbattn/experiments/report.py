@@ -327,6 +327,17 @@ def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpe
     return report
 
 
+def standard_row(rows: list[dict]) -> dict | None:
+    """The reference of the Δ columns: the first row whose label starts with "standard" (the upcycle recipe's is
+    ``standard-continued``; the headers name it)."""
+    return next((r for r in rows if r["label"].startswith("standard")), None)
+
+
+def delta_header(base: dict | None) -> str:
+    """'Δ vs standard', naming the reference row when it is another standard (``Δ vs standard-continued``)."""
+    return f"Δ vs {base['label'] if base else 'standard'}"
+
+
 def missing_text(report: dict, shown: int = 6) -> str:
     """'runs missing: a/seed1, b/seed2' for an incomplete report (the first ``shown`` named; a results.json written
     before it recorded them: 'runs missing')."""
@@ -366,7 +377,7 @@ def results_markdown(report: dict) -> str:
     - the heading states this run's steps when the description names none or another count.
     """
     rows = report["models"]
-    base = next((r for r in rows if r["label"].startswith("standard")), None)
+    base = standard_row(rows)
     compared = compared_values(rows)
     heading = f"# {report['recipe']}: {report['description']}"
     if steps_differ_from_description(report):
@@ -379,7 +390,7 @@ def results_markdown(report: dict) -> str:
         f"Data: `{report['data']}` · seeds {', '.join(map(str, report['seeds']))} · hardware: "
         f"{devices_text(rows)}{'' if report['complete'] else ' · INCOMPLETE (' + missing_text(report) + ')'}",
         "",
-        "| model | attention | d | parameters | test ppl | Δ vs standard | valid ppl | published | steps | "
+        f"| model | attention | d | parameters | test ppl | {delta_header(base)} | valid ppl | published | steps | "
         "train tokens | tokens/param | train PFLOP | tokens/s | wall-clock |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -406,10 +417,11 @@ def results_markdown(report: dict) -> str:
     common = common_seeds(rows)
     if common is not None:
         over = (f"the seed{'s' if len(common) > 1 else ''} all models share ({', '.join(common)})" if common
-                else "the seeds each model shares with standard (no seed is shared by all models)")
+                else f"the seeds each model shares with {base['label'] if base else 'standard'} (no seed is shared by "
+                     f"all models)")
         seeds_per_model = "; ".join(f"{r['label']}: {', '.join(seed_values(r)) or 'none'}" for r in rows)
         lines += ["", f"Seeds differ between models ({seeds_per_model}): test ppl is each model's mean over its own "
-                      f"seeds; Δ vs standard is over {over}."]
+                      f"seeds; {delta_header(base)} is over {over}."]
     else:
         held = held_seeds(rows)
         missing = [str(s) for s in report.get("seeds", []) if str(s) not in held]
@@ -505,7 +517,7 @@ def other_stream_note(rows: list[dict]) -> str | None:
     """A line naming the rows whose block or residual stream differs from the Δ columns' references (the
     first standard row; the compute-matched one, when the paired table shows Δ vs compute-matched), whose Δ
     therefore includes that change; None when none does."""
-    base = next((r for r in rows if r["label"].startswith("standard")), None)
+    base = standard_row(rows)
     if base is None:
         return None
     matched = next((r for r in rows if r.get("compute_matched_to")), None)
@@ -629,7 +641,7 @@ def paired_table(rows: list[dict]) -> list[str]:
     """Paired per-seed differences of validation loss to standard and to compute-matched, when the
     runs have more than one seed, each marked when every seed's difference has the same sign (with the chance
     of that between models that do not differ: :func:`same_sign_note`)."""
-    base = next((r for r in rows if r["label"].startswith("standard")), None)
+    base = standard_row(rows)
     matched = next((r for r in rows if r.get("compute_matched_to")), None)
     if base is None or len(valid_losses(base)) < 2:
         return []
@@ -637,7 +649,7 @@ def paired_table(rows: list[dict]) -> list[str]:
     lines = ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
              f"Each cell: the mean over seeds of (model − reference) on the same seed, then each seed's difference "
              f"({', '.join(seeds)}); {same_sign_note(len(seeds))}.", "",
-             "| model | parameters | train PFLOP | valid loss | Δ vs standard | Δ vs compute-matched |",
+             f"| model | parameters | train PFLOP | valid loss | {delta_header(base)} | Δ vs compute-matched |",
              "| --- | ---: | ---: | ---: | --- | --- |"]
     for r in rows:
         mean, std = mean_std(valid_losses(r).values())
