@@ -1186,3 +1186,22 @@ def test_a_run_is_refused_when_its_fitted_warmup_is_not_the_one_asked_for(tmp_pa
             check_run(tmp_path, model_cfg, asked)
         rundir.write_config(tmp_path, "cpu-char", model_cfg, recorded, steps=1000, warmup_steps=100)
         check_run(tmp_path, model_cfg, asked)
+
+
+def test_a_finished_runs_result_that_describes_another_model_is_refused(tmp_path):
+    """A finished run is reused when its config.json is the recipe's; its result.json was taken as it was, so a
+    hand-edited one (another attention, width or parameter count) was published in the table as that run's.
+    Now each of those is checked against the model config.json records, and a mismatch is one line."""
+    data = write_corpus(tmp_path / "c")
+    kwargs = dict(data=str(data), sets=tiny_sets(), seeds=[1], only=["standard"], quiet=True)
+    report = run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    result_path = tmp_path / "cmp" / "standard" / "seed1" / rundir.RESULT
+    pristine = json.loads(result_path.read_text())
+    assert pristine["parameters"] == report["models"][0]["parameters"]
+    for key, value in (("attn", "boosted"), ("parameters", pristine["parameters"] + 1), ("norm", "post")):
+        result_path.write_text(json.dumps({**pristine, key: value}))
+        with pytest.raises(UserError, match=rf"result.json describes another model than its run's config.json "
+                                            rf"\({key}: {value!r}, config.json's model "):
+            run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    result_path.write_text(json.dumps(pristine))
+    assert run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)["models"] == report["models"]

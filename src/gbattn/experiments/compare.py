@@ -78,6 +78,21 @@ def check_run_data(run_dir: Path, config: dict, data: str, fingerprint: str | No
                         f"{recorded[:16]} recorded, {fingerprint[:16]} now); move it away or use another --out")
 
 
+def read_run_result(run_dir: Path, model_cfg) -> dict:
+    """A finished run's result.json (:func:`rundir.read_result`) whose model, as it describes it for the table, is
+    ``model_cfg`` (the one its config.json records, :func:`check_run`): a hand-edited one is refused, not published."""
+    path = run_dir / rundir.RESULT
+    result = rundir.read_result(path)
+    model = {"attn": model_cfg.attn, "residual": model_cfg.residual, "norm": model_cfg.norm,
+             "d_model": model_cfg.d_model, "parameters": count_params(model_cfg)}
+    differ = [f"{key}: {result[key]!r}, config.json's model {value!r}" for key, value in model.items()
+              if key in result and result[key] != value]  # (residual and norm: not in results before they existed)
+    if differ:
+        raise UserError(f"{path} describes another model than its run's config.json ({'; '.join(differ)}): move the "
+                        f"run away or use another --out")
+    return result
+
+
 def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = None) -> None:
     """Refuse a run directory whose recorded configs are not the ones asked for, or that trained on
     other data (its recorded fingerprint differs from ``fingerprint``, the data's now)."""
@@ -254,7 +269,7 @@ class _Runner:
                 model_cfg, train_cfg = matched_configs(self.recipe, spec, self.data, seed, self.sets, self.vocab,
                                                        self.results, self.out)
                 check_run(run_dir, model_cfg, train_cfg, self.fingerprint)
-                self.results.setdefault(spec.label, {})[seed] = rundir.read_result(run_dir / rundir.RESULT)
+                self.results.setdefault(spec.label, {})[seed] = read_run_result(run_dir, model_cfg)
         # The models with a finished run, those asked now, and those with a run started by an earlier invocation
         # (config.json, no result.json): one with none finished yet leaves the report incomplete, not left out.
         asked = {s.label for s in self.specs} | {
@@ -298,7 +313,7 @@ class _Runner:
         if existing or finished:  # a result without its config.json: nothing says it is this run, refused
             check_run(run_dir, model_cfg, train_cfg, self.fingerprint)
         if finished:
-            self.results[spec.label][seed] = rundir.read_result(run_dir / rundir.RESULT)
+            self.results[spec.label][seed] = read_run_result(run_dir, model_cfg)
             self.bar.update(1, last=f"{spec.label}/seed{seed} (done before)")
             return None
         if self.request["command"] not in self.request["commands"]:
