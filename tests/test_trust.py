@@ -816,6 +816,15 @@ def test_restart_discards_every_file_of_the_run_and_nothing_else(tmp_path):
         (tmp_path / name).write_text("x")
     assert sorted(rundir.discard_run(tmp_path)) == sorted(own)
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    # What `gbattn analyze RUN` wrote into RUN/analysis describes the discarded weights: it goes too (it stayed, and
+    # its gates.png read as the new run's); the folder's other files stay.
+    analysis = tmp_path / "analysis"
+    analysis.mkdir()
+    drawn = ("summary.json", "gates.png", "entropy.pdf", "norms.png")
+    for name in (*drawn, "my-notes.md", "gates.svg"):
+        (analysis / name).write_text("x")
+    assert sorted(rundir.discard_run(tmp_path)) == sorted(f"analysis/{name}" for name in drawn)
+    assert sorted(p.name for p in analysis.iterdir()) == ["gates.svg", "my-notes.md"]
 
 
 @pytest.mark.parametrize("names", [

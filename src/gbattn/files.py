@@ -96,6 +96,19 @@ def remove_abandoned(directory: Path) -> None:
             pass  # alive under another user, or not a pid
 
 
+def remove_unwritten(out_dir: Path, names: tuple[str, ...], written: list[Path]) -> list[str]:
+    """Delete ``out_dir/NAME.png`` and ``.pdf`` of the figures ``names`` that this command draws but did
+    not write this time (left by an earlier call: another run's gates, PDFs from an earlier --pdf),
+    so the folder holds only figures of what it now describes; returns the file names removed."""
+    removed = []
+    for name in names:
+        for path in (Path(out_dir) / f"{name}.png", Path(out_dir) / f"{name}.pdf"):
+            if path.is_file() and path not in written:
+                path.unlink()
+                removed.append(path.name)
+    return removed
+
+
 def sync_directory(directory: Path) -> None:
     """Make a rename in ``directory`` durable (a crash after it keeps the new name). Filesystems that
     cannot sync a directory are left as they are."""

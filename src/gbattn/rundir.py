@@ -53,6 +53,7 @@ from gbattn.files import (
     read_jsonl,
     refuse_lfs_pointer,
     refuse_not_regular,
+    remove_unwritten,
     write_json,
 )
 from gbattn.model.gpt import GPT
@@ -74,6 +75,9 @@ EXPORT_STAGING = ".export"  # + files.building_suffix()
 UNFINISHED_EXPORT = "an unfinished gbattn export"
 EXPORT = "a gbattn export"  # a finished one (foreign_model)
 RUN_FILES = (CONFIG, TOKENIZER, CHECKPOINT, BEST, METRICS, RESULT)
+ANALYSIS_DIR = "analysis"  # `gbattn analyze RUN`'s default folder, in the run
+ANALYSIS_SUMMARY = "summary.json"
+ANALYSIS_FIGURES = ("gates", "entropy", "norms", "loss_diff", "examples")  # what `analyze` may draw there
 OWN_FILES = (*RUN_FILES, LOCK, SAFETENSORS, EXPORTED_TOKENIZER)  # every file gbattn reads in a run or exported dir
 
 
@@ -240,9 +244,14 @@ def check_output_file(path: str | Path, what: str) -> None:
 
 
 def discard_run(directory: str | Path) -> list[str]:
-    """Delete a run's own files (``--restart``, after :func:`check_out`); other files stay. config.json goes
-    last: weights without it are refused (:func:`refuse_weights_without_config`), so a kill here leaves a run."""
-    removed = []
+    """Delete a run's own files (``--restart``, after :func:`check_out`), and what `gbattn analyze` wrote in its
+    default folder (it describes the discarded weights); other files stay. config.json goes last: weights without it
+    are refused (:func:`refuse_weights_without_config`), so a kill here leaves a run."""
+    analysis = Path(directory) / ANALYSIS_DIR
+    removed = [f"{ANALYSIS_DIR}/{name}" for name in remove_unwritten(analysis, ANALYSIS_FIGURES, [])]
+    if (analysis / ANALYSIS_SUMMARY).is_file():
+        (analysis / ANALYSIS_SUMMARY).unlink()
+        removed.append(f"{ANALYSIS_DIR}/{ANALYSIS_SUMMARY}")
     for name in (*(n for n in RUN_FILES if n != CONFIG), CONFIG):
         if (Path(directory) / name).is_file():
             (Path(directory) / name).unlink()

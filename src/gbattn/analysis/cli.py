@@ -61,7 +61,6 @@ def register(sub) -> None:
 # --------------------------------------------------------------------------------------
 
 
-ANALYSIS_FIGURES = ("gates", "entropy", "norms", "loss_diff", "examples")  # what `analyze` may draw
 
 
 def select_rows(n_rows: int, max_rows: int):
@@ -148,9 +147,9 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
     from gbattn.eval.perplexity import perplexity
-    from gbattn.files import relative_path, write_json
+    from gbattn.files import relative_path, remove_unwritten, write_json
     from gbattn.progress import Progress
-    from gbattn.rundir import check_model_dir, load_run
+    from gbattn.rundir import ANALYSIS_DIR, ANALYSIS_FIGURES, ANALYSIS_SUMMARY, check_model_dir, load_run
     from gbattn.runtime import resolve_device
 
     figures.require_matplotlib()  # fail before the slow part
@@ -160,7 +159,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         raise UserError(f"--top ({top}) and --examples ({examples}) must be >= 0")
     check_choice("split", split, ("valid", "test"))  # the held-out splits (another was a KeyError after loading)
     run_dir = check_model_dir(run_dir)  # before its default --out is derived (a file's was blamed on --out)
-    out = Path(out) if out else run_dir / "analysis"
+    out = Path(out) if out else run_dir / ANALYSIS_DIR
     check_figures_out(out, create=False)
     dev = resolve_device(device)
     run = load_run(run_dir, checkpoint, dev)
@@ -245,14 +244,14 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         summary["loss_diff"], more = _loss_difference(run, other, collected, tokens, row_ids, layer, top, examples,
                                                       dev, out, pdf)
         written += more
-    removed = figures.remove_unwritten(out, ANALYSIS_FIGURES, written)
+    removed = remove_unwritten(out, ANALYSIS_FIGURES, written)
     if removed:
         notes.append(f"removed {', '.join(removed)}: figures an earlier analysis left in this folder that this one "
                      f"does not draw")
     summary["notes"] = notes
     summary["figures"] = [relative_path(p, out) for p in written]
-    write_json(summary, out / "summary.json")
-    print_summary(summary, out / "summary.json")
+    write_json(summary, out / ANALYSIS_SUMMARY)
+    print_summary(summary, out / ANALYSIS_SUMMARY)
     return summary
 
 
@@ -521,6 +520,7 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     from gbattn.analysis import figures
     from gbattn.errors import UserError
     from gbattn.experiments.report import run_steps_text
+    from gbattn.files import remove_unwritten
     from gbattn.rundir import METRICS
 
     figures.require_matplotlib()
@@ -554,7 +554,7 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     setting = f"{report.get('recipe', '')} on {report.get('data', '')} ({run_steps_text(rows)})"
     written = figures.save(figures.results_figure(report), out, "results", pdf)
     written += figures.save(figures.curves_figure(curves, setting, unfinished), out, "curves", pdf)
-    figures.remove_unwritten(out, ("results", "curves"), written)  # PDFs of an earlier --pdf, now out of date
+    remove_unwritten(out, ("results", "curves"), written)  # PDFs of an earlier --pdf, now out of date
     return written
 
 
@@ -601,7 +601,7 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
     length, one line per directory."""
     from gbattn.analysis import figures
     from gbattn.errors import UserError
-    from gbattn.files import write_json
+    from gbattn.files import remove_unwritten, write_json
     from gbattn.runtime import command_line
 
     figures.require_matplotlib()
@@ -618,7 +618,7 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
     write_json({"command": command_line(portable=True), "model": model, "references": references, "series": series},
                out / "gap.json")
     written = figures.save(figures.gap_figure(series, model, references), out, "gap", pdf)
-    figures.remove_unwritten(out, ("gap",), written)  # a PDF of an earlier --pdf, now out of date
+    remove_unwritten(out, ("gap",), written)  # a PDF of an earlier --pdf, now out of date
     return written + [out / "gap.json"]
 
 

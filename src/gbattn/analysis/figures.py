@@ -92,19 +92,6 @@ def save(fig, out_dir: Path, name: str, pdf: bool = False) -> list[Path]:
     return paths
 
 
-def remove_unwritten(out_dir: Path, names: tuple[str, ...], written: list[Path]) -> list[str]:
-    """Delete ``out_dir/NAME.png`` and ``.pdf`` of the figures ``names`` that this command draws but did
-    not write this time (left by an earlier call: another run's gates, PDFs from an earlier --pdf),
-    so the folder holds only figures of what it now describes; returns the file names removed."""
-    removed = []
-    for name in names:
-        for path in (Path(out_dir) / f"{name}.png", Path(out_dir) / f"{name}.pdf"):
-            if path.is_file() and path not in written:
-                path.unlink()
-                removed.append(path.name)
-    return removed
-
-
 def change_words(relative_drop: float) -> str:
     """A relative drop in words, right for both signs: 0.22 -> '22% lower', -0.03 -> '3% higher'."""
     return f"{abs(100 * relative_drop):.0f}% {'lower' if relative_drop >= 0 else 'higher'}"

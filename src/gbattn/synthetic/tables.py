@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from gbattn.analysis.figures import remove_unwritten, require_matplotlib
+from gbattn.analysis.figures import require_matplotlib
 from gbattn.errors import UserError
 from gbattn.experiments.report import mean_std
-from gbattn.files import atomic_write, write_figure, write_json
+from gbattn.files import atomic_write, remove_unwritten, write_figure, write_json
 from gbattn.progress import Progress
 from gbattn.rundir import DENOISE, RunLock, check_out
 from gbattn.runtime import device_name, software_versions
