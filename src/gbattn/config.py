@@ -329,13 +329,15 @@ def build_configs(
         raise ConfigError(f"{', '.join(misplaced)}: model field(s), which build_configs takes in sets "
                           f"({{{', '.join(f'{k!r}: ...' for k in misplaced)}}}), not as keywords (training fields)")
     train_d = dict(get_preset(preset).train)
-    train_d.update({k: v for k, v in train_kwargs.items() if v is not None})
+    given = {k: v for k, v in train_kwargs.items() if v is not None}
+    train_d.update(given)
     data = os.fspath(data) if isinstance(data, os.PathLike) else data  # a pathlib.Path as its string
     train_d["data"] = data
     check_agrees("data", data, train_sets)
     for key, value in train_sets.items():
         train_d[key] = value
-    if "warmup_steps" in train_sets and "fit_warmup" not in train_sets:
+    explicit = {**given, **train_sets}  # a warmup set as a keyword is as explicit as one in sets
+    if "warmup_steps" in explicit and "fit_warmup" not in explicit:
         train_d["fit_warmup"] = False
     return preset_config(preset, attn, model_sets), TrainConfig.from_dict(train_d)
 
