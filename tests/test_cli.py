@@ -1272,3 +1272,5 @@ def test_build_configs_keeps_an_explicit_warmup_given_either_way(as_keyword):
     assert fitted_warmup(train_cfg, 20) == (15, None)
     _, preset_default = build_configs("cpu-char", "standard", "data", {"max_steps": 20})
     assert fitted_warmup(preset_default, 20)[0] == 2  # the preset's warmup of 100 is fitted to the run
+    _, asked_to_fit = build_configs("cpu-char", "standard", "data", {**sets, "fit_warmup": True}, **keywords)
+    assert fitted_warmup(asked_to_fit, 20)[0] == 2  # fit_warmup given too: it is what was asked for
