@@ -1220,6 +1220,7 @@ def test_build_configs_takes_a_path_for_its_data_and_names_a_model_field_given_a
     from gbattn.config import build_configs
 
     assert build_configs("cpu-char", "boosted", tmp_path / "a.txt", {})[1].data == str(tmp_path / "a.txt")
+    assert build_configs("cpu-char", "boosted", "a.txt") == build_configs("cpu-char", "boosted", "a.txt", {})  # no sets
     with pytest.raises(ConfigError, match=r"^d_model, n_layers: model field\(s\), which build_configs takes in sets "
                                           r"\(\{'d_model': \.\.\., 'n_layers': \.\.\.\}\)"):
         build_configs("cpu-char", "boosted", "a.txt", {}, n_layers=1, d_model=64, lr=1e-3)

@@ -319,11 +319,12 @@ def check_agrees(name: str, value: Any, overrides: dict) -> None:
 
 
 def build_configs(
-    preset: str, attn: str, data: str | os.PathLike, sets: dict[str, Any], **train_kwargs
+    preset: str, attn: str, data: str | os.PathLike, sets: dict[str, Any] | None = None, **train_kwargs
 ) -> tuple[ModelConfig, TrainConfig]:
-    """Model and training configs: the preset's record, then keyword values, then ``--set`` overrides
-    (README, "Using gbattn from Python"). A warmup the user sets explicitly is kept as given (``fit_warmup`` off)."""
-    train_sets, model_sets = split_overrides(sets, "sets")
+    """Model and training configs: the preset's record, then keyword values, then ``--set`` overrides ``sets``
+    (None: none; README, "Using gbattn from Python"). A warmup the user sets explicitly is kept as given
+    (``fit_warmup`` off)."""
+    train_sets, model_sets = split_overrides({} if sets is None else sets, "sets")
     misplaced = sorted(set(train_kwargs) & set(ModelConfig.field_names()))  # (was "unknown training config field")
     if misplaced:
         raise ConfigError(f"{', '.join(misplaced)}: model field(s), which build_configs takes in sets "
