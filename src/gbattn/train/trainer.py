@@ -427,10 +427,10 @@ class Trainer:
             if self.steps_per_epoch
             else ""
         )
-        evals = []
-        if self.steps_per_epoch and not cfg.eval_every:
+        evals = []  # an interval as long as the run or longer: evaluation at the end (only)
+        if self.steps_per_epoch and not cfg.eval_every and self.steps_per_epoch < self.total_steps:
             evals.append(f"every epoch = every {self.steps_per_epoch:,} steps")
-        if cfg.eval_every:
+        if cfg.eval_every and cfg.eval_every < self.total_steps:
             evals.append(f"every {cfg.eval_every:,} steps")
         n_evals = sum(self._is_eval_step(s) for s in range(1, self.total_steps + 1))
         steps = f"{self.total_steps:,} step{'s' if self.total_steps != 1 else ''}"
