@@ -172,6 +172,19 @@ def test_generated_unknown_tokens_are_shown_as_unk_and_padding_is_left_out(tmp_p
     assert "<unk>" not in printed.err  # the prompt holds none
 
 
+def test_generate_says_when_a_run_without_best_weights_generates_from_its_last_ones(tmp_path, capsys):
+    """The default is the best-validation weights; a run with no best.pt (stopped before its first evaluation)
+    generated from its last checkpoint without a word, where `eval` and `analyze` name the weights they used."""
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    args = ["generate", str(tmp_path / "run"), "--prompt", "the cat", "--max-new-tokens", "2", "--seed", "1"]
+    assert cli_main(args) == 0 and "last" not in capsys.readouterr().err
+    (tmp_path / "run" / "best.pt").unlink()
+    assert cli_main(args) == 0
+    note = "no best-validation weights (best.pt): generating from the last checkpoint, step 2"
+    assert note in capsys.readouterr().err
+
+
 def test_a_prompt_longer_than_the_context_is_returned_whole(tmp_path, capsys):
     """The output keeps every prompt token (the model sees the last block_size) and the CLI prints the
     whole prompt and says no cache was used."""

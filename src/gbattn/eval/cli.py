@@ -118,6 +118,9 @@ def cmd_generate(args) -> None:
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)
+    if args.checkpoint != "last" and run.checkpoint == "last":  # (load_run's fallback, which eval and analyze name)
+        print(f"note: {args.run_dir} has no best-validation weights (best.pt): generating from the last checkpoint, "
+              f"step {run.step}", file=sys.stderr)
     ids = run.tokenizer.encode(args.prompt)
     if not ids:
         raise UserError("the prompt encodes to no tokens")
