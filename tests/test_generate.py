@@ -183,6 +183,7 @@ def test_generate_says_when_a_run_without_best_weights_generates_from_its_last_o
     assert cli_main(args) == 0
     note = "no best-validation weights (best.pt): generating from the last checkpoint, step 2"
     assert note in capsys.readouterr().err
+    assert cli_main(args + ["--checkpoint", "last"]) == 0 and "note" not in capsys.readouterr().err  # as asked
 
 
 def test_a_prompt_longer_than_the_context_is_returned_whole(tmp_path, capsys):
