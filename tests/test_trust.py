@@ -2023,6 +2023,34 @@ def test_a_resume_checkpoint_with_malformed_bookkeeping_is_one_line(trained, tmp
     assert not (run / rundir.RESULT).exists()
 
 
+@pytest.mark.parametrize("damage", ["missing", "unexpected", "transposed", "nan", "integer"])
+def test_a_damaged_best_checkpoint_read_as_a_resumed_run_finishes_is_one_line(trained, tmp_path, capsys, monkeypatch,
+                                                                             damage):
+    """A resumed run at its last step tests its best.pt's weights, read only then: a missing or unexpected weight was
+    a ValueError traceback, a transposed one torch's size-mismatch traceback, a NaN one a NaN test perplexity, and an
+    integer one was cast silently (another test perplexity)."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.RESULT).unlink()
+    best = rundir.load_checkpoint(run / rundir.BEST)
+    weights = dict(best["model"])
+    if damage == "missing":
+        del weights["ln_f.bias"]
+    elif damage == "unexpected":
+        weights["blocks.9.extra.weight"] = torch.zeros(2)
+    elif damage == "transposed":
+        weights["wte.weight"] = weights["wte.weight"].t().contiguous()
+    elif damage == "nan":
+        weights["ln_f.weight"] = torch.full_like(weights["ln_f.weight"], float("nan"))
+    else:
+        weights["blocks.0.mlp.fc.weight"] = weights["blocks.0.mlp.fc.weight"].to(torch.int64)
+    torch.save({**best, "model": weights}, run / rundir.BEST)
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
+    assert str(run / rundir.BEST) in one_line(code, err)
+    assert not (run / rundir.RESULT).exists()
+
+
 def test_resuming_a_finished_run_whose_result_lacks_its_perplexities_prints_them_as_null(trained, tmp_path, capsys,
                                                                                          monkeypatch):
     """read_result takes a result.json without test_ppl or valid_ppl; the summary line was a KeyError traceback."""

@@ -804,8 +804,10 @@ class Trainer:
     def _finish(self) -> dict:
         """Test perplexity from the best-validation checkpoint; write result.json."""
         best_path = self.run_dir / rundir.BEST
-        if best_path.exists():
-            load_full_state(self.wrapped, rundir.load_checkpoint(best_path, self.device)["model"])
+        if best_path.exists():  # written by an earlier process when resumed: checked as the run's checkpoint is
+            best = rundir.load_checkpoint(best_path, self.device)["model"]
+            rundir.check_weights_fit(self.model_cfg, best, best_path)
+            load_full_state(self.wrapped, best)
         test = self._evaluate("test")
         valid_best = perplexity(self.best_valid)
         result = {
