@@ -1876,6 +1876,20 @@ def test_a_run_evaluated_never_yet_loads_its_last_checkpoint_as_best(trained, tm
             rundir.load_run(run, which)
 
 
+@pytest.mark.parametrize("step", [-1, "4", True, 2**70])
+def test_a_checkpoint_step_that_is_no_count_of_steps_is_refused_not_reported(trained, tmp_path, capsys, step):
+    """A best.pt whose step was -1, "4" or true was evaluated, generated from and upcycled as "best weights at step -1",
+    "step 0" and "step 1"; export wrote that step into a config.json its own reader then refused (a config.json's
+    step is checked: >= 0, at most 2**63 - 1)."""
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    torch.save({**rundir.load_checkpoint(run / rundir.BEST), "step": step}, run / rundir.BEST)
+    with pytest.raises(rundir.CheckpointError, match=f"{run / rundir.BEST}: step="):
+        rundir.load_run(run)
+    code, _, err = run_cli(capsys, ["export", run, "--out", tmp_path / "export"])
+    assert "step=" in one_line(code, err) and not (tmp_path / "export").exists()
+
+
 def test_load_run_leaves_the_callers_random_stream_where_it_was(trained):
     """load_run built its model at a random init (replaced at once by the weights) from the global stream, so
     torch.manual_seed(0); load_run(RUN); torch.randn(...) drew other numbers than without the load."""

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from gbattn.checks import check_choice
+from gbattn.checks import MAX_INT, check_choice
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError, ConfigError, UserError
@@ -777,6 +777,9 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
                                   f"best")
         state, which = load_checkpoint(weights, map_location=device), checkpoint
         step = state.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_INT:  # as a config's step
+            raise CheckpointError(f"{weights}: step={step!r} must be an integer in [0, 2**63 - 1] (the weights' "
+                                  f"training step): the file is damaged; restore a copy of it")
     model = model_holding(model_cfg, state["model"], path, device)
     return LoadedRun(path, model, model_cfg, train_cfg, tokenizer, config, int(step) if isinstance(step, int) else 0,
                      which)
