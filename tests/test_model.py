@@ -576,6 +576,17 @@ def test_a_near_miss_is_a_close_name_or_two_neighbouring_letters_swapped_only():
     assert near_miss("tset", ["valid", "test"]) == "test" and near_miss("ttse", ["valid", "test"]) is None
 
 
+def test_an_integer_out_of_range_is_named_as_it_was_given():
+    """A float out of an integer field's range was shown converted: --set seed=1e30 said
+    "seed=1000000000000000019884624838656 is out of range", a config.json's 1e308 a 309-digit number."""
+    from gbattn.checks import coerce
+
+    for value, shown in ((1e30, "seed=1e+30"), (-1e308, "seed=-1e+308"), (2**70, "seed=1180591620717411303424")):
+        with pytest.raises(ConfigError) as error:
+            coerce("seed", value, int)
+        assert str(error.value) == f"{shown} is out of range (at most 2**63 - 1)"
+
+
 def test_a_name_that_is_no_string_is_a_config_error_with_no_guess():
     """check_choice's near-miss hint iterated a value that was no string: preset_config(None), get_recipe(3) and an
     attention module of variant None were Python's "'NoneType' object is not iterable" (before the hint, the

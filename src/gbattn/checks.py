@@ -181,6 +181,7 @@ def coerce(name: str, value: Any, tp) -> Any:
     if tp is int:
         if isinstance(value, bool):
             raise ConfigError(f"{name}={value!r} must be an integer")
+        given = value  # named as written: 1e30 as a float, not its integer 1000000000000000019884624838656
         if isinstance(value, numbers.Integral):  # numpy's integers too, kept as Python ints (JSON writes those)
             value = int(value)
         elif isinstance(value, numbers.Real) and not isinstance(value, float):  # numpy's float32 (128.0): as a float
@@ -190,7 +191,7 @@ def coerce(name: str, value: Any, tp) -> Any:
         if not isinstance(value, int):
             raise ConfigError(f"{name}={value!r} must be an integer")
         if abs(value) > MAX_INT:
-            raise ConfigError(f"{name}={value!r} is out of range (at most 2**63 - 1)")
+            raise ConfigError(f"{name}={given!r} is out of range (at most 2**63 - 1)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):  # (numpy's numbers are Real)
