@@ -1625,6 +1625,21 @@ def test_lm_eval_refuses_a_tokenizer_naming_no_end_of_text_token(trained, capsys
     assert (tokenizer.eos_token, tokenizer.bos_token) == (None, "\n")
 
 
+def test_lm_eval_refuses_a_tokenizer_whose_length_limit_is_no_number(trained, capsys, tmp_path):
+    """A tokenizer_config.json's model_max_length of "x" loaded, and transformers compared it with each text's length:
+    a TypeError traceback at the first request."""
+    _, out = trained
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    config = json.loads((damaged / "tokenizer_config.json").read_text())
+    (damaged / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": "x"}))
+    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
+                     "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"gbattn: error: the tokenizer in {damaged}: model_max_length='x'" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def test_lm_eval_refuses_an_export_whose_model_type_is_not_gbattns(trained, capsys, tmp_path):
     """The Auto classes build the model config.json's model_type names, with that library's default sizes: an export
     whose model_type read "llama" (its gbattn dict whole) built a 7-billion-parameter Llama before its weights were

@@ -146,6 +146,11 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
                                   f"tokenizer_config.json, which `gbattn export` writes), nor a bos_token: lm-eval "
                                   f"starts the text it scores with one; copy the tokenizer files from the exported "
                                   f"directory")
+        limit = tokenizer.model_max_length  # compared with each text's length (a TypeError traceback at the first)
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+            raise CheckpointError(f"the tokenizer in {model_dir}: model_max_length={limit!r} in its "
+                                  f"tokenizer_config.json is not a number of tokens; copy the tokenizer files from the "
+                                  f"exported directory")
         # a request meeting an id past the vocabulary was a traceback from the model; the largest id, not the count of
         # tokens (a tokenizer.json whose ids leave gaps has fewer tokens than its largest id)
         top_id = max(tokenizer.get_vocab().values(), default=-1)
