@@ -558,14 +558,17 @@ def test_overrides_leave_the_callers_dicts_as_they_were():
 
 
 def test_overrides_that_are_no_dict_are_refused_naming_the_argument():
-    """preset_config(..., [("d_model", 64)]) and build_configs(..., sets=None) were "'list' object has no attribute
+    """preset_config(..., [("d_model", 64)]) and build_configs(..., sets=[...]) were "'list' object has no attribute
     'items'" from inside config.py; each is one ConfigError naming the argument."""
     from gbattn.config import build_configs
 
     with pytest.raises(ConfigError, match=r"overrides of type list: give a dict of field names and values"):
         preset_config("cpu-char", "boosted", [("d_model", 64)])
-    with pytest.raises(ConfigError, match=r"sets of type NoneType: give a dict of field names and values"):
-        build_configs("cpu-char", "boosted", "tiny-shakespeare", None)
+    with pytest.raises(ConfigError, match=r"sets of type list: give a dict of field names and values"):
+        build_configs("cpu-char", "boosted", "tiny-shakespeare", [("d_model", 64)])
+    # None: no overrides, as for preset_config
+    assert build_configs("cpu-char", "boosted", "tiny-shakespeare", None) == build_configs("cpu-char", "boosted",
+                                                                                           "tiny-shakespeare", {})
     assert preset_config("cpu-char", "boosted", None) == preset_config("cpu-char", "boosted")  # None: no overrides
 
 
