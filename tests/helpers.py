@@ -137,6 +137,25 @@ def train_killed_at(step: int, run_dir: Path, model_cfg, train_cfg, monkeypatch)
             train(run_dir, model_cfg, train_cfg, quiet=True)
 
 
+def signal_during_step(step: int, monkeypatch, *signums: int) -> None:
+    """Make the trainer send this process ``signums`` (default SIGINT: Ctrl-C) during its training step ``step``
+    (0-based), as a user or a scheduler would while it trains."""
+    import os
+    import signal
+
+    from gbattn.train.trainer import Trainer
+
+    original = Trainer._train_step
+
+    def signalled(self, s):
+        if s == step:
+            for signum in signums or (signal.SIGINT,):
+                os.kill(os.getpid(), signum)
+        return original(self, s)
+
+    monkeypatch.setattr(Trainer, "_train_step", signalled)
+
+
 def train_losses(run_dir: Path) -> list[float]:
     """The training losses a run logged, in order (metrics.jsonl)."""
     import json

@@ -15,7 +15,7 @@ from gbattn.experiments import compare as compare_mod
 from gbattn.experiments.compare import run_compare
 from gbattn.experiments.recipes import RECIPES, get_recipe
 from gbattn.model.params import count_params
-from helpers import TINY, write_corpus
+from helpers import TINY, signal_during_step, write_corpus
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -250,20 +250,8 @@ def test_ctrl_c_in_a_run_trained_by_a_one_job_comparison_says_where_its_checkpoi
     """Ctrl-C during a step of a run that a one-job comparison trains in its own process: the run's own stop
     (a KeyboardInterrupt) goes through compare unchanged, saying at which step its checkpoint is saved and that
     rerunning the comparison continues it, with status 130."""
-    import os
-    import signal
-
-    from gbattn.train.trainer import Trainer
-
     data = write_corpus(tmp_path / "c")
-    original = Trainer._train_step
-
-    def ctrl_c_in_the_first_step(self, step):
-        if step == 0:
-            os.kill(os.getpid(), signal.SIGINT)
-        return original(self, step)
-
-    monkeypatch.setattr(Trainer, "_train_step", ctrl_c_in_the_first_step)
+    signal_during_step(0, monkeypatch)  # Ctrl-C in the first step
     with pytest.raises(Interrupted, match=r"^interrupted at step 1; checkpoint saved in .*standard.seed42: continue "
                                           r"with .* \(or rerun the same `gbattn compare` command\)$") as stop:
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=tiny_sets(), only=["standard"], quiet=True)

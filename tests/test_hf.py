@@ -1574,6 +1574,15 @@ def test_an_unknown_task_names_the_yaml_files_of_the_include_path_that_do_not_pa
     assert task_manager(["toy_ok"], str(tmp_path)).match_tasks(["toy_ok"])
 
 
+def lm_eval_refused(directory, capsys) -> str:
+    """`gbattn lm-eval DIRECTORY` on the toy task: exit 2 with one line on stderr, which is returned."""
+    assert cli_main(["lm-eval", str(directory), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
+                     "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
 def test_lm_eval_reads_the_generation_config_with_gbattns_reader_first(trained, capsys, tmp_path):
     """transformers reads generation_config.json with json.load while it loads the model: one nested too deeply
     was a RecursionError traceback. gbattn's reader reads it first: one line naming the file."""
@@ -1581,9 +1590,7 @@ def test_lm_eval_reads_the_generation_config_with_gbattns_reader_first(trained, 
     damaged = tmp_path / "damaged"
     shutil.copytree(out, damaged)
     (damaged / "generation_config.json").write_text("[" * 100_000)
-    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
-                     "--limit", "1"]) == 2
-    err = capsys.readouterr().err
+    err = lm_eval_refused(damaged, capsys)
     assert err == (f"gbattn: error: {damaged / 'generation_config.json'} is not a gbattn file (its JSON is nested too "
                    f"deeply to read)\n"), err
 
@@ -1596,11 +1603,9 @@ def test_lm_eval_refuses_a_generation_config_that_transformers_rejects_in_one_li
     shutil.copytree(out, damaged)
     config = json.loads((damaged / "generation_config.json").read_text())
     (damaged / "generation_config.json").write_text(json.dumps({**config, "cache_implementation": "bogus"}))
-    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
-                     "--limit", "1"]) == 2
-    err = capsys.readouterr().err
+    err = lm_eval_refused(damaged, capsys)
     assert err.startswith(f"gbattn: error: {damaged} does not load in transformers (Invalid `cache_implementation` "
-                          f"(bogus)") and len(err.strip().splitlines()) == 1, err
+                          f"(bogus)"), err
 
 
 def test_lm_eval_refuses_a_tokenizer_naming_no_end_of_text_token(trained, capsys, tmp_path):
@@ -1612,11 +1617,8 @@ def test_lm_eval_refuses_a_tokenizer_naming_no_end_of_text_token(trained, capsys
     config = json.loads((damaged / "tokenizer_config.json").read_text())
     del config["eos_token"]
     (damaged / "tokenizer_config.json").write_text(json.dumps(config))
-    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
-                     "--limit", "1"]) == 2
-    err = capsys.readouterr().err
+    err = lm_eval_refused(damaged, capsys)
     assert f"gbattn: error: the tokenizer in {damaged} names no end-of-text token (eos_token in its" in err, err
-    assert len(err.strip().splitlines()) == 1, err
     # a bos_token alone is enough: lm-eval starts each text with it
     (damaged / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "\n"}))
     from gbattn.hf.lmeval import load_model
@@ -1633,11 +1635,8 @@ def test_lm_eval_refuses_a_tokenizer_whose_length_limit_is_no_number(trained, ca
     shutil.copytree(out, damaged)
     config = json.loads((damaged / "tokenizer_config.json").read_text())
     (damaged / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": "x"}))
-    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
-                     "--limit", "1"]) == 2
-    err = capsys.readouterr().err
+    err = lm_eval_refused(damaged, capsys)
     assert f"gbattn: error: the tokenizer in {damaged}: model_max_length='x'" in err, err
-    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_lm_eval_refuses_an_export_whose_model_type_is_not_gbattns(trained, capsys, tmp_path):
@@ -1652,9 +1651,7 @@ def test_lm_eval_refuses_an_export_whose_model_type_is_not_gbattns(trained, caps
         config = json.loads((damaged / "config.json").read_text())
         config.pop("model_type") if value is None else config.update(model_type=value)
         (damaged / "config.json").write_text(json.dumps(config))
-        assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
-                         "--limit", "1"]) == 2
-        err = capsys.readouterr().err
+        err = lm_eval_refused(damaged, capsys)
         assert err == (f"gbattn: error: {damaged / 'config.json'}: model_type={value!r}, not 'gbattn' as `gbattn "
                        f"export` writes it: transformers would build another kind of model from it\n"), err
     # another library's checkpoint (no gbattn dict): the advice to convert it first
@@ -1688,10 +1685,8 @@ def test_lm_eval_refuses_the_weights_gbattns_readers_refuse(trained, capsys, tmp
                               (integers, f"the weights in {integers} are not floating-point numbers (")):
         assert cli_main(["eval", str(damaged)]) == 2  # gbattn's own reader
         assert expected in capsys.readouterr().err
-        assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
-                         "--limit", "1"]) == 2
-        err = capsys.readouterr().err
-        assert expected in err and len(err.strip().splitlines()) == 1, err
+        err = lm_eval_refused(damaged, capsys)
+        assert expected in err, err
 
 
 def refused_by_generate_and_lm_eval(export, expected: str, capsys) -> None:
@@ -1877,10 +1872,8 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
                    (damaged / "generation_config.json").write_text('{"max_new_tokens": "many"}'))}
     for expected, damage in damages.items():
         damage()
-        assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
-                         "--limit", "1"]) == 2
-        err = capsys.readouterr().err
-        assert expected in err and len(err.strip().splitlines()) == 1, err
+        err = lm_eval_refused(damaged, capsys)
+        assert expected in err, err
     shutil.copy(out / "generation_config.json", damaged / "generation_config.json")
     config["gbattn"]["step"] = "many"  # went into the results as the step
     (damaged / "config.json").write_text(json.dumps(config))

@@ -36,6 +36,7 @@ from helpers import (
     bpe_with_unknown_words,
     run_cli,
     run_record,
+    signal_during_step,
     tiny_configs,
     train_killed_at,
     train_losses,
@@ -833,15 +834,7 @@ def test_sigterm_sent_twice_stops_the_run_at_a_step_boundary_with_its_checkpoint
     import signal
 
     data = write_corpus(tmp_path / "c")
-    original = Trainer._train_step
-
-    def signalled_twice(self, step):
-        if step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGTERM)
-        return original(self, step)
-
-    monkeypatch.setattr(Trainer, "_train_step", signalled_twice)
+    signal_during_step(2, monkeypatch, signal.SIGTERM, signal.SIGTERM)
     with pytest.raises(Interrupted, match="^terminated at step 3; checkpoint saved") as stopped:
         try:
             train(tmp_path / "run", *tiny_configs(data, max_steps=6, eval_every=5), quiet=True)
@@ -859,17 +852,8 @@ def test_ctrl_c_stops_a_python_sweep_that_catches_exception(tmp_path, monkeypatc
     """A sweep in Python that goes on to its next run when one fails (``except Exception``) went on after Ctrl-C too:
     the stop was a UserError. It is a KeyboardInterrupt now, which ``except Exception`` lets through, with its line
     and status (the checkpoint is saved; the sweep's next run never starts)."""
-    import signal
-
     data = write_corpus(tmp_path / "c")
-    original = Trainer._train_step
-
-    def ctrl_c_at_step_2(self, step):
-        if step == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return original(self, step)
-
-    monkeypatch.setattr(Trainer, "_train_step", ctrl_c_at_step_2)
+    signal_during_step(2, monkeypatch)  # Ctrl-C
     started = []
     with pytest.raises(Interrupted, match="^interrupted at step 3; checkpoint saved") as stopped:
         for name in ("first", "second"):
@@ -889,19 +873,12 @@ def test_a_run_started_with_sigint_ignored_trains_on_through_one(tmp_path, monke
 
     data = write_corpus(tmp_path / "c")
     configs = tiny_configs(data, max_steps=6, eval_every=3)
-    original = Trainer._train_step
-
-    def signalled(self, step, signum):
-        if step == 2:
-            os.kill(os.getpid(), signum)
-        return original(self, step)
-
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        monkeypatch.setattr(Trainer, "_train_step", lambda self, step: signalled(self, step, signal.SIGINT))
+        signal_during_step(2, monkeypatch, signal.SIGINT)
         assert train(tmp_path / "background", *configs, quiet=True)["steps"] == 6
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        monkeypatch.setattr(Trainer, "_train_step", lambda self, step: signalled(self, step, signal.SIGTERM))
+        signal_during_step(2, monkeypatch, signal.SIGTERM)
         with pytest.raises(Interrupted, match="terminated at step 3"):
             train(tmp_path / "terminated", *configs, quiet=True)
     finally:
