@@ -1574,6 +1574,13 @@ def test_an_unknown_task_names_the_yaml_files_of_the_include_path_that_do_not_pa
     assert task_manager(["toy_ok"], str(tmp_path)).match_tasks(["toy_ok"])
 
 
+def copy_with_json_changed(directory, copy, name: str, **changes):
+    """A copy of ``directory`` whose JSON file ``name`` has ``changes`` applied; returns the copy."""
+    shutil.copytree(directory, copy)
+    (copy / name).write_text(json.dumps({**json.loads((copy / name).read_text()), **changes}))
+    return copy
+
+
 def lm_eval_refused(directory, capsys) -> str:
     """`gbattn lm-eval DIRECTORY` on the toy task: exit 2 with one line on stderr, which is returned."""
     assert cli_main(["lm-eval", str(directory), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA),
@@ -1598,11 +1605,8 @@ def test_lm_eval_reads_the_generation_config_with_gbattns_reader_first(trained, 
 def test_lm_eval_refuses_a_generation_config_that_transformers_rejects_in_one_line(trained, capsys, tmp_path):
     """A generation_config.json that reads as JSON but whose values transformers refuses while it loads the model
     (a ValueError: an unknown cache_implementation) is one line naming the directory, not a traceback."""
-    _, out = trained
-    damaged = tmp_path / "damaged"
-    shutil.copytree(out, damaged)
-    config = json.loads((damaged / "generation_config.json").read_text())
-    (damaged / "generation_config.json").write_text(json.dumps({**config, "cache_implementation": "bogus"}))
+    damaged = copy_with_json_changed(trained[1], tmp_path / "damaged", "generation_config.json",
+                                     cache_implementation="bogus")
     err = lm_eval_refused(damaged, capsys)
     assert err.startswith(f"gbattn: error: {damaged} does not load in transformers (Invalid `cache_implementation` "
                           f"(bogus)"), err
@@ -1630,11 +1634,7 @@ def test_lm_eval_refuses_a_tokenizer_naming_no_end_of_text_token(trained, capsys
 def test_lm_eval_refuses_a_tokenizer_whose_length_limit_is_no_number(trained, capsys, tmp_path):
     """A tokenizer_config.json's model_max_length of "x" loaded, and transformers compared it with each text's length:
     a TypeError traceback at the first request."""
-    _, out = trained
-    damaged = tmp_path / "damaged"
-    shutil.copytree(out, damaged)
-    config = json.loads((damaged / "tokenizer_config.json").read_text())
-    (damaged / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": "x"}))
+    damaged = copy_with_json_changed(trained[1], tmp_path / "damaged", "tokenizer_config.json", model_max_length="x")
     err = lm_eval_refused(damaged, capsys)
     assert f"gbattn: error: the tokenizer in {damaged}: model_max_length='x'" in err, err
 
