@@ -562,7 +562,7 @@ def _compile_times(row: dict) -> str:
 
 def _small_figure(value: float) -> str:
     """A figure without rounding a small one to 0 (at T = 128 one T x T fp32 matrix is 0.0625 MiB; a tiny model's
-    peak memory can be under 0.5 MiB, a compile from a warm cache take 0.3 s): whole from 10 up, two significant
+    peak memory can be under 0.5 MiB, a compile from a warm cache 0.3 s): whole from 10 up, two significant
     digits below."""
     return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
 
