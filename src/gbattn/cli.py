@@ -178,16 +178,13 @@ def main(argv: list[str] | None = None) -> int:
                             f"processes here): only gbattn train runs on several")
         args.func(args)
         sys.stdout.flush()
-    except UserError as e:  # one write: torchrun's processes write unbuffered (-u) to one stderr, at once
+    # A mistake, or a stop where nothing is lost (Interrupted: what was kept, and how to continue). One write:
+    # torchrun's processes write unbuffered (-u) to one stderr, at once.
+    except (UserError, Interrupted) as e:
         if show_tracebacks():
             raise
         sys.stderr.write(f"gbattn: error: {terminal_line(str(e))}\n")
         return getattr(e, "exit_code", 2)
-    except Interrupted as e:  # stopped where nothing is lost: what was kept, and how to continue
-        if show_tracebacks():
-            raise
-        sys.stderr.write(f"gbattn: error: {terminal_line(str(e))}\n")
-        return e.exit_code
     except KeyboardInterrupt as e:
         print(f"gbattn: {'terminated' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
