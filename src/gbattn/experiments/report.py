@@ -305,7 +305,6 @@ def read_report(path: str | Path) -> dict:
 
 def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpec], results: dict) -> dict:
     rows = aggregate(recipe, specs, results)
-    complete = all(len(results.get(s.label, {})) == len(request["seeds"]) for s in specs)
     missing = [f"{s.label}/seed{seed}" for s in specs for seed in request["seeds"]
                if seed not in results.get(s.label, {})]
     report = {
@@ -317,7 +316,7 @@ def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpe
         "sets": request["sets"],
         "command": request.get("command", ""),
         "commands": request.get("commands") or [request.get("command", "")],
-        "complete": complete,
+        "complete": not missing,
         "missing": missing,  # the runs asked for and not finished, LABEL/seedN
         "published_source": recipe.published_source,
         "models": rows,
@@ -333,9 +332,14 @@ def standard_row(rows: list[dict]) -> dict | None:
     return next((r for r in rows if r["label"].startswith("standard")), None)
 
 
+def reference_label(base: dict | None) -> str:
+    """The Δ columns' reference as the table names it: its label (``standard-continued``), or "standard"."""
+    return base["label"] if base else "standard"
+
+
 def delta_header(base: dict | None) -> str:
     """'Δ vs standard', naming the reference row when it is another standard (``Δ vs standard-continued``)."""
-    return f"Δ vs {base['label'] if base else 'standard'}"
+    return f"Δ vs {reference_label(base)}"
 
 
 def missing_text(report: dict, shown: int = 6) -> str:
@@ -417,8 +421,7 @@ def results_markdown(report: dict) -> str:
     common = common_seeds(rows)
     if common is not None:
         over = (f"the seed{'s' if len(common) > 1 else ''} all models share ({', '.join(common)})" if common
-                else f"the seeds each model shares with {base['label'] if base else 'standard'} (no seed is shared by "
-                     f"all models)")
+                else f"the seeds each model shares with {reference_label(base)} (no seed is shared by all models)")
         seeds_per_model = "; ".join(f"{r['label']}: {', '.join(seed_values(r)) or 'none'}" for r in rows)
         lines += ["", f"Seeds differ between models ({seeds_per_model}): test ppl is each model's mean over its own "
                       f"seeds; {delta_header(base)} is over {over}."]
