@@ -486,6 +486,8 @@ def test_sequence_longer_than_position_table():
         (dict(dropout=1), r"dropout=1.0 must be in \[0, 1\)"),
         (dict(pos="rope", d_model=12, n_heads=4), r"pos='rope' needs an even head width; d_model/n_heads = 3"),
         (dict(norm="post", residual="attnres-block"), r"residual='attnres-block' is defined for norm='pre' only"),
+        # A RoPE base given to a model with learned positions was ignored, silently.
+        (dict(rope_base=500.0), r"rope_base=500.0 is used by pos='rope' only; this model has pos='learned'"),
         (dict(attn_options="rounds=3"), r"attn_options='rounds=3' must be a mapping"),
         (dict(dropout_sites=5), r"dropout_sites=5 must be a list of strings"),
         (dict(dropout_sites="embedding,1"), r"dropout_sites entry='1' is not allowed; choose one of embedding, "),

@@ -78,6 +78,9 @@ class ModelConfig(Typed):
         check_head_layout(self.d_model, self.n_heads, self.n_kv_heads, "pos='rope'" if self.pos == "rope" else None)
         if self.residual != "plain" and self.norm != "pre":
             raise ConfigError(f"residual={self.residual!r} is defined for norm='pre' only (docs/baselines.md)")
+        if self.pos != "rope" and self.rope_base != ModelConfig.rope_base:
+            raise ConfigError(f"rope_base={self.rope_base} is used by pos='rope' only; this model has "
+                              f"pos={self.pos!r}: set pos=rope too, or leave rope_base out")
         options = variant_options(self.attn, self.attn_options, n_heads=self.n_heads, n_kv_heads=self.kv_heads,
                                   n_layers=self.n_layers)
         self.attn_options = {k: v for k, v in dataclasses.asdict(options).items() if k in self.attn_options}
