@@ -1549,6 +1549,37 @@ def test_byte_level_tokens_decode_to_the_text_less_its_blank_lines(tmp_path):
         assert tok.decode(tokenize_corpus(corpus, tok, progress=False)["train"]) == expected
 
 
+def test_run_perplexity_of_a_split_text_scores_what_eval_scores_with_a_byte_level_tokenizer(tmp_path):
+    """README, "Using gbattn from Python": ``run.perplexity(text)`` scores the text as `gbattn eval` scores a split.
+    A split leaves blank lines out for every tokenizer but char, and a byte-level tokenizer's ids keep newlines: the
+    whole text encoded at once scored the blank lines' newlines as tokens of their own (valid.txt scored more tokens
+    than `gbattn eval --split valid`, at another loss)."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from gbattn.data.prepare import prepare_data
+    from gbattn.eval.perplexity import evaluate
+
+    data = tmp_path / "c"
+    data.mkdir()
+    for split, n in (("train", 60), ("valid", 12), ("test", 12)):
+        (data / f"{split}.txt").write_text("the quick brown fox .\n\njumps over it .\n\n\n" * n)
+    byte_level = Backend(models.BPE())
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level.decoder = decoders.ByteLevel()
+    byte_level.train_from_iterator(["the quick brown fox .\n", "jumps over it .\n"] * 20, trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    (tmp_path / "tokenizer.json").write_text(byte_level.to_str())
+    model_cfg, train_cfg = tiny_configs(data, tokenizer=f"hf={tmp_path / 'tokenizer.json'}", vocab_size=300,
+                                        max_steps=1, eval_every=1, warmup_steps=0)
+    train(tmp_path / "run", model_cfg, train_cfg, quiet=True)
+    run = ckpt.load_run(tmp_path / "run")
+    valid_ids = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False).splits["valid"]
+    expected = evaluate(run.model, valid_ids, run.seq_len)
+    scored = run.perplexity((data / "valid.txt").read_text())
+    assert scored.tokens == expected.tokens and scored.loss == pytest.approx(expected.loss, rel=1e-6)
+
+
 def test_tokenizer_kinds_are_checked(tmp_path):
     """``hf`` needs a file (``hf=PATH``; a bare ``hf`` must not quietly fetch GPT-2's), only file
     kinds take one, and a char tokenizer's payload lists each character once."""

@@ -655,16 +655,20 @@ class LoadedRun:
         in nats, ``.tokens`` predicted), scored as `gbattn eval` scores a split, in the run's precision:
         non-overlapping rows of ``seq_len + 1`` tokens, a remainder shorter than a row not scored; a text
         shorter than one row is scored as one row of its own length (README, "Using gbattn from Python"). The text's
-        own tokens, as a split holds them: not the start token a Llama tokenizer's post-processor puts before a
-        prompt (:meth:`Tokenizer.encode_batch`)."""
+        own tokens, as a split holds them: line by line, blank lines left out but with char (README, "Data"), and
+        not the start token a Llama tokenizer's post-processor puts before a prompt (:meth:`Tokenizer.encode_batch`)."""
         import numpy as np
 
+        from gbattn.data.tokens import encoded_lines
         from gbattn.eval.perplexity import evaluate
         from gbattn.runtime import autocast
 
         if not isinstance(text, str):
             raise UserError(f"text of type {type(text).__name__}: give a string")
-        ids = np.asarray(self.tokenizer.encode_batch([text])[0], dtype=np.int64)
+        # Its lines as a split's file is read (universal newlines) and encoded: a byte-level tokenizer's blank lines
+        # were tokens of their own, which a split leaves out
+        lines = list(encoded_lines(io.StringIO(text, newline=None), self.tokenizer))
+        ids = np.asarray([i for seq in self.tokenizer.encode_batch(lines) for i in seq], dtype=np.int64)
         if len(ids) < 2:
             raise UserError(f"the text encodes to {len(ids)} token{'s' * (len(ids) != 1)}: a perplexity needs at "
                             f"least 2 (one predicted from another)")

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,12 @@ from gbattn.progress import Progress
 
 def tokens_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
+
+
+def encoded_lines(lines: Iterable[str], tokenizer: Tokenizer) -> Iterator[str]:
+    """The lines of a text that a split's token ids hold: every tokenizer but char leaves blank lines (paragraph
+    breaks) out (README, "Data")."""
+    return (line for line in lines if tokenizer.kind == "char" or line.strip())
 
 
 def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | None, path: Path, progress: bool) -> int:
@@ -53,9 +60,7 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
             batch.clear()
             return cap is not None and n >= cap
 
-        for line in corpus.lines(split):
-            if not line.strip() and tokenizer.kind != "char":
-                continue
+        for line in encoded_lines(corpus.lines(split), tokenizer):
             batch.append(line)
             if len(batch) >= 4096 and flush():
                 break
