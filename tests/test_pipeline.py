@@ -1553,7 +1553,8 @@ def test_run_perplexity_of_a_split_text_scores_what_eval_scores_with_a_byte_leve
     """README, "Using gbattn from Python": ``run.perplexity(text)`` scores the text as `gbattn eval` scores a split.
     A split leaves blank lines out for every tokenizer but char, and a byte-level tokenizer's ids keep newlines: the
     whole text encoded at once scored the blank lines' newlines as tokens of their own (valid.txt scored more tokens
-    than `gbattn eval --split valid`, at another loss)."""
+    than `gbattn eval --split valid`, at another loss). Its lines are split as a file is read: Windows's line ends
+    too."""
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -1562,8 +1563,9 @@ def test_run_perplexity_of_a_split_text_scores_what_eval_scores_with_a_byte_leve
 
     data = tmp_path / "c"
     data.mkdir()
-    for split, n in (("train", 60), ("valid", 12), ("test", 12)):
-        (data / f"{split}.txt").write_text("the quick brown fox .\n\njumps over it .\n\n\n" * n)
+    for split, n, newline in (("train", 60, "\n"), ("valid", 12, "\r\n"), ("test", 12, "\n")):  # valid: Windows's
+        text = f"the quick brown fox .{newline}{newline}jumps over it .{newline}"
+        (data / f"{split}.txt").write_bytes(text.encode() * n)
     byte_level = Backend(models.BPE())
     byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     byte_level.decoder = decoders.ByteLevel()
@@ -1576,7 +1578,7 @@ def test_run_perplexity_of_a_split_text_scores_what_eval_scores_with_a_byte_leve
     run = ckpt.load_run(tmp_path / "run")
     valid_ids = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False).splits["valid"]
     expected = evaluate(run.model, valid_ids, run.seq_len)
-    scored = run.perplexity((data / "valid.txt").read_text())
+    scored = run.perplexity((data / "valid.txt").read_bytes().decode())  # its line ends as they are, read as a file is
     assert scored.tokens == expected.tokens and scored.loss == pytest.approx(expected.loss, rel=1e-6)
 
 
