@@ -117,6 +117,22 @@ def test_config_standard_names_map_both_ways(tmp_path):
         GbattnConfig(gbattn={"model": {"d_model": 30, "n_heads": 4}})
 
 
+def test_rope_theta_is_the_standard_name_of_rope_base(tmp_path):
+    """GbattnConfig(rope_theta=...), Llama's name for the RoPE base, was kept as an attribute that nothing read: the
+    model was built with rope_base=10000, and the saved config.json held both, disagreeing."""
+    cfg = GbattnConfig.from_model_config(tiny_config(("boosted", {}), **BLOCKS["llama"]), rope_theta=500000.0)
+    assert cfg.rope_theta == 500000.0 and cfg.model_config.rope_base == 500000.0
+    assert GbattnForCausalLM(cfg).model.cfg.rope_base == 500000.0
+    cfg.rope_theta = 1000.0
+    assert cfg.gbattn["model"]["rope_base"] == 1000.0
+    cfg.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "rope_theta" not in saved and AutoConfig.from_pretrained(tmp_path).model_config.rope_base == 1000.0
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "rope_theta": 2.0}))
+    with pytest.raises(ValueError, match=r"rope_theta=2.0 at its top level disagrees with rope_base=1000.0"):
+        AutoConfig.from_pretrained(tmp_path)
+
+
 def test_readme_names_every_refusal_of_the_wrapper():
     """The README's list of what the wrapper does not do names each of its one-line refusals (labels with
     logits_to_keep, a 4.x chunked prefill of a padded batch and gbattn's field names in GbattnConfig were not)."""

@@ -490,7 +490,7 @@ def read_config(path: str | Path) -> dict:
 # for (gbattn.hf.GbattnConfig's properties over its gbattn model dict).
 STANDARD_FIELDS = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                    "num_key_value_heads": "n_kv_heads", "max_position_embeddings": "block_size",
-                   "vocab_size": "vocab_size", "tie_word_embeddings": "tie_embeddings"}
+                   "vocab_size": "vocab_size", "tie_word_embeddings": "tie_embeddings", "rope_theta": "rope_base"}
 
 
 def check_standard_names(config: dict, where: str | Path) -> None:

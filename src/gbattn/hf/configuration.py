@@ -14,6 +14,7 @@ dict, readable and writable:
 ``max_position_embeddings``  ``block_size``
 ``vocab_size``             ``vocab_size``
 ``tie_word_embeddings``    ``tie_embeddings``
+``rope_theta``             ``rope_base``
 =========================  ==========================
 
 The standard names are also keywords of ``GbattnConfig(...)``; gbattn's own field names are not
@@ -83,6 +84,7 @@ class GbattnConfig(PretrainedConfig):
     max_position_embeddings = _model_field("block_size", "longest sequence (block_size)")
     vocab_size = _model_field("vocab_size", "vocabulary size")
     tie_word_embeddings = _model_field("tie_embeddings", "output embedding tied to the input embedding")
+    rope_theta = _model_field("rope_base", "RoPE base (rope_base; read when pos='rope')")
 
     @property
     def num_key_value_heads(self) -> int:
