@@ -140,7 +140,7 @@ def test_readme_names_every_refusal_of_the_wrapper():
     listed = prose[prose.index("What the wrapper does not do"):].split("; only `AutoModelForCausalLM`")[0]
     for refused in ("output_hidden_states", "output_attentions", "inputs_embeds", "gradient checkpointing",
                     "`GbattnCache`", "assisted decoding", "`labels` with `logits_to_keep`", "`prefill_chunk_size`",
-                    "`GbattnConfig` keywords or attributes"):
+                    "`GbattnConfig` keywords or attributes", "`cache_implementation`"):
         assert refused in listed, refused
 
 
@@ -376,6 +376,23 @@ def test_misuses_are_clear_errors():
     hf.resize_token_embeddings(40)  # gbattn's own config follows, and the head stays tied
     assert hf.model.cfg.vocab_size == hf.config.vocab_size == hf.config.model_config.vocab_size == 40
     assert hf.model.lm_head.weight is hf.model.wte.weight and hf(idx).logits.shape[-1] == 40
+
+
+def test_generate_refuses_a_cache_implementation_other_than_its_own():
+    """cache_implementation="static" (or "offloaded", "quantized", ...) was ignored with transformers' warning that the
+    model "does not support Cache instances", and generate() ran on a GbattnCache: one error names what it uses.
+    "dynamic", which GbattnCache is, runs, as does leaving it unset."""
+    gpt, hf = tiny_pair(("boosted", {}), {})
+    idx = torch.randint(0, 37, (1, 6))
+    expected = gpt.generate(idx, max_new_tokens=3, temperature=0)
+    for kind in ("static", "offloaded", "quantized"):
+        with pytest.raises(ValueError, match=f"cache_implementation={kind!r}: GbattnForCausalLM keeps"):
+            hf.generate(idx, max_new_tokens=3, do_sample=False, cache_implementation=kind)
+    asking = transformers.GenerationConfig(cache_implementation="static", max_new_tokens=3, do_sample=False)
+    with pytest.raises(ValueError, match="cache_implementation='static': GbattnForCausalLM keeps"):
+        hf.generate(idx, generation_config=asking)
+    assert torch.equal(hf.generate(idx, max_new_tokens=3, do_sample=False, cache_implementation="dynamic"), expected)
+    assert torch.equal(hf.generate(idx, max_new_tokens=3, do_sample=False), expected)
 
 
 def test_forward_honours_every_argument_it_takes():

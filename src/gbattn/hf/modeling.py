@@ -255,7 +255,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
     def generate(self, *args, **kwargs):
         """transformers' ``generate()``; assisted decoding is refused up front (it crops the cache,
         and :class:`GbattnCache` is not croppable; transformers' own message says a cache is missing), whether
-        asked for by keyword or by the generation config (given, or the model's own).
+        asked for by keyword or by the generation config (given, or the model's own); so is a
+        ``cache_implementation`` other than ``"dynamic"`` (transformers ignored it with a warning).
         Chunked prefill (``prefill_chunk_size``) gets a :class:`GbattnCache` made here: transformers
         makes none for this model (forward() does) and said "Cannot use prefill chunking without a cache".
         Under transformers 4.x a chunked prefill of a left-padded batch is refused (4.x positions the
@@ -265,6 +266,10 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if assisted:
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
                              f"rolls back the cache, and GbattnCache cannot be cropped")
+        kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
+        if kind not in (None, "dynamic"):  # transformers ignored it, warning that the model takes no Cache instances
+            raise ValueError(f"cache_implementation={kind!r}: GbattnForCausalLM keeps its keys and values in its own "
+                             f"GbattnCache, which grows as a dynamic cache; leave cache_implementation unset")
         chunked = kwargs.get("prefill_chunk_size", getattr(settings, "prefill_chunk_size", None))
         use_cache = kwargs.get("use_cache", getattr(settings, "use_cache", True))
         if chunked and TF_MAJOR < 5 and self._padded_batch(args, kwargs, settings):
