@@ -378,6 +378,24 @@ def test_misuses_are_clear_errors():
     assert hf.model.lm_head.weight is hf.model.wte.weight and hf(idx).logits.shape[-1] == 40
 
 
+def test_forward_and_generate_name_an_argument_that_is_no_tensor():
+    """input_ids, attention_mask or labels given as lists (or numpy arrays) were Python's "'list' object has no
+    attribute 'dim'" (or 'shape') from inside forward() or transformers' generate(); gbattn's own check names them."""
+    _, hf = tiny_pair(("boosted", {}), {})
+    idx = torch.randint(0, 37, (1, 6))
+    for name, value in (("input_ids", idx.tolist()), ("attention_mask", [[1] * 6]), ("labels", idx.numpy()),
+                        ("position_ids", list(range(6)))):
+        arguments = {"input_ids": idx, name: value}
+        with pytest.raises(ValueError, match=f"^{name} of type (list|ndarray): give a torch tensor"):
+            hf(**arguments)
+    for arguments in ({"inputs": idx.tolist()}, {"input_ids": idx.tolist()},
+                      {"inputs": idx, "attention_mask": [[1] * 6]}):
+        with pytest.raises(ValueError, match="of type list: give a torch tensor"):
+            hf.generate(**arguments, max_new_tokens=2, do_sample=False)
+    with pytest.raises(ValueError, match="^input_ids of type list: give a torch tensor"):
+        hf.generate(idx.tolist(), max_new_tokens=2, do_sample=False)
+
+
 def test_generate_refuses_a_cache_implementation_other_than_its_own():
     """cache_implementation="static" (or "offloaded", "quantized", ...) was ignored with transformers' warning that the
     model "does not support Cache instances", and generate() ran on a GbattnCache: one error names what it uses.

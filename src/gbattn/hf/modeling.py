@@ -19,7 +19,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from gbattn.attention.boosted import Gate
-from gbattn.attention.core import AttentionBase, DynamicLayerCache, positions_of
+from gbattn.attention.core import AttentionBase, DynamicLayerCache, check_tensor, positions_of
 from gbattn.checks import checked
 from gbattn.hf.configuration import GbattnConfig
 from gbattn.model.attnres import AttnResStream
@@ -261,6 +261,9 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         makes none for this model (forward() does) and said "Cannot use prefill chunking without a cache".
         Under transformers 4.x a chunked prefill of a left-padded batch is refused (4.x positions the
         chunks over the padded width)."""
+        inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+        for name, value in (("input_ids", inputs), ("attention_mask", kwargs.get("attention_mask"))):
+            check_tensor(name, value)  # (a list was "'list' object has no attribute 'shape'" inside transformers)
         settings = kwargs.get("generation_config") or self.generation_config
         assisted = [k for k in ASSISTED if kwargs.get(k, getattr(settings, k, None)) is not None]
         if assisted:
@@ -317,6 +320,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                 logits_to_keep: int | Tensor = 0, **kwargs):
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("GbattnForCausalLM takes input_ids (inputs_embeds are not supported)")
+        for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask), ("labels", labels)):
+            check_tensor(name, value)  # (a list was "'list' object has no attribute 'dim'")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids of shape {tuple(input_ids.shape)}: expected (batch, tokens)")
         if labels is not None and labels.shape != input_ids.shape:
