@@ -243,15 +243,22 @@ def check_output_file(path: str | Path, what: str) -> None:
         raise UserError(f"{what} {path} is a file of the model directory {folder}: write it elsewhere")
 
 
-def discard_run(directory: str | Path) -> list[str]:
-    """Delete a run's own files (``--restart``, after :func:`check_out`), and what `gbattn analyze` wrote in its
-    default folder (it describes the discarded weights); other files stay. config.json goes last: weights without it
-    are refused (:func:`refuse_weights_without_config`), so a kill here leaves a run."""
+def discard_analysis(directory: str | Path) -> list[str]:
+    """Delete what `gbattn analyze` wrote in a model directory's default folder (summary.json and its figures), which
+    describes weights being replaced (``train --restart``, an export over an earlier one); other files stay."""
     analysis = Path(directory) / ANALYSIS_DIR
     removed = [f"{ANALYSIS_DIR}/{name}" for name in remove_unwritten(analysis, ANALYSIS_FIGURES, [])]
     if (analysis / ANALYSIS_SUMMARY).is_file():
         (analysis / ANALYSIS_SUMMARY).unlink()
         removed.append(f"{ANALYSIS_DIR}/{ANALYSIS_SUMMARY}")
+    return removed
+
+
+def discard_run(directory: str | Path) -> list[str]:
+    """Delete a run's own files (``--restart``, after :func:`check_out`), and what `gbattn analyze` wrote in its
+    default folder (:func:`discard_analysis`); other files stay. config.json goes last: weights without it
+    are refused (:func:`refuse_weights_without_config`), so a kill here leaves a run."""
+    removed = discard_analysis(directory)
     for name in (*(n for n in RUN_FILES if n != CONFIG), CONFIG):
         if (Path(directory) / name).is_file():
             (Path(directory) / name).unlink()
