@@ -413,6 +413,21 @@ def test_generate_refuses_a_cache_implementation_other_than_its_own():
     assert torch.equal(hf.generate(idx, max_new_tokens=3, do_sample=False), expected)
 
 
+def test_generate_past_the_models_positions_is_refused_before_it_starts():
+    """max_new_tokens (or max_length) past block_size decoded up to the last position, then stopped with "position_ids
+    reach 24", the tokens lost: refused up front, naming how many fit. The last new token is never fed back: a
+    sequence one token longer than the positions runs, and equals gbattn's own generate."""
+    gpt, hf = tiny_pair(("standard", {}), {})
+    idx = torch.randint(0, 37, (1, 6))
+    with pytest.raises(ValueError, match=r"^a prompt of 6 tokens and max_new_tokens=20 feed the model positions "
+                                         r"0 \.\. 24; it has 0 \.\. 23 \(max_position_embeddings, gbattn's "
+                                         r"block_size\): ask for at most 19 new tokens"):
+        hf.generate(idx, max_new_tokens=20, do_sample=False)
+    with pytest.raises(ValueError, match=r"^max_length=26 feed the model positions 0 \.\. 24; it has 0 \.\. 23"):
+        hf.generate(idx, max_length=26, do_sample=False)
+    assert torch.equal(hf.generate(idx, max_new_tokens=19, do_sample=False), gpt.generate(idx, 19, temperature=0))
+
+
 def test_forward_honours_every_argument_it_takes():
     """Arguments forward() takes are honoured or refused, never silently ignored: inputs_embeds,
     output_attentions, explicit position_ids beside a padding mask, logits_to_keep as indices, labels

@@ -269,6 +269,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if assisted:
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
                              f"rolls back the cache, and GbattnCache cannot be cropped")
+        self._check_length(inputs, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
+                           kwargs.get("max_length"))
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
         if kind not in (None, "dynamic"):  # transformers ignored it, warning that the model takes no Cache instances
             raise ValueError(f"cache_implementation={kind!r}: GbattnForCausalLM keeps its keys and values in its own "
@@ -282,6 +284,19 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if chunked and use_cache is not False and all(kwargs.get(k) is None for k in ("cache", "past_key_values")):
             kwargs[CACHE_FIELD] = GbattnCache(len(self.model.blocks))
         return super().generate(*args, **kwargs)
+
+    def _check_length(self, inputs, max_new_tokens, max_length) -> None:
+        """A generation asked to run past the model's positions is refused before it starts (it stopped at the
+        position past block_size with "position_ids reach N", the tokens so far lost). The last new token is never
+        fed back, so a sequence may end one token past the positions."""
+        block = self.config.max_position_embeddings
+        prompt = inputs.shape[-1] if isinstance(inputs, Tensor) else 0
+        asked = (f"a prompt of {prompt} tokens and max_new_tokens={max_new_tokens}", prompt + max_new_tokens) \
+            if isinstance(max_new_tokens, int) else (f"max_length={max_length}", max_length)
+        if isinstance(asked[1], int) and asked[1] - 1 > block:
+            raise ValueError(f"{asked[0]} feed the model positions 0 .. {asked[1] - 2}; it has 0 .. {block - 1} "
+                             f"(max_position_embeddings, gbattn's block_size): ask for at most "
+                             f"{max(block + 1 - prompt, 0)} new tokens")
 
     @staticmethod
     def _padded_batch(args: tuple, kwargs: dict, settings) -> bool:
