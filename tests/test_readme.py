@@ -4,6 +4,7 @@ where the Quickstart's run `runs/char-gba` exists (a tiny one, trained here)."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,27 @@ def test_the_readme_has_python_snippets():
     assert any("gbattn.train_run(" in s for s in SNIPPETS)
 
 
-@pytest.mark.parametrize("index", range(len(SNIPPETS)))
-def test_readme_snippet_runs(index, tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def quickstart_run(tmp_path_factory) -> Path:
+    """The Quickstart's run `runs/char-gba` (a tiny one), trained once for the module: each test works in a copy."""
+    root = tmp_path_factory.mktemp("readme")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GBATTN_CACHE", str(root / "cache"))
+        model_cfg, train_cfg = build_configs("cpu-char", "boosted", "tiny-shakespeare",
+                                             {"max_steps": 2, "eval_every": 2, "threads": 1, "d_model": 32})
+        train(root / "char-gba", model_cfg, train_cfg, quiet=True)
+    return root / "char-gba"
+
+
+@pytest.fixture
+def in_quickstart_directory(quickstart_run, tmp_path, monkeypatch):
+    """The test's directory as the current one, holding a copy of the Quickstart's run at `runs/char-gba`."""
+    shutil.copytree(quickstart_run, tmp_path / "runs" / "char-gba")
     monkeypatch.chdir(tmp_path)
-    model_cfg, train_cfg = build_configs("cpu-char", "boosted", "tiny-shakespeare",
-                                         {"max_steps": 2, "eval_every": 2, "threads": 1, "d_model": 32})
-    train("runs/char-gba", model_cfg, train_cfg, quiet=True)
+
+
+@pytest.mark.parametrize("index", range(len(SNIPPETS)))
+def test_readme_snippet_runs(index, tmp_path, in_quickstart_directory, capsys):
     capsys.readouterr()
     exec(compile(SNIPPETS[index], f"README.md snippet {index}", "exec"), {})
     printed = capsys.readouterr().out
@@ -44,7 +60,7 @@ TRANSFORMERS_SNIPPETS = re.findall(r"^```\n(import gbattn\.hf\b.*?)^```", README
                                    flags=re.S | re.M)
 
 
-def test_readme_transformers_snippet_runs_and_equals_gbattn_generate(tmp_path, monkeypatch, capsys):
+def test_readme_transformers_snippet_runs_and_equals_gbattn_generate(in_quickstart_directory, capsys):
     """README, "Hugging Face transformers": the Auto-classes snippet runs verbatim on the Quickstart run exported
     to `runs/char-gba-hf`, and prints what gbattn's own greedy decoding gives (the sequence fits in block_size)."""
     pytest.importorskip("transformers")
@@ -52,10 +68,6 @@ def test_readme_transformers_snippet_runs_and_equals_gbattn_generate(tmp_path, m
     from gbattn.hf.export import export_run
 
     assert len(TRANSFORMERS_SNIPPETS) == 1
-    monkeypatch.chdir(tmp_path)
-    model_cfg, train_cfg = build_configs("cpu-char", "boosted", "tiny-shakespeare",
-                                         {"max_steps": 2, "eval_every": 2, "threads": 1, "d_model": 32})
-    train("runs/char-gba", model_cfg, train_cfg, quiet=True)
     export_run("runs/char-gba", "runs/char-gba-hf")
     capsys.readouterr()
     exec(compile(TRANSFORMERS_SNIPPETS[0], "README.md transformers snippet", "exec"), {})
