@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -445,14 +446,14 @@ def _fsdp_cases() -> dict[str, dict]:
     return cases
 
 
-def test_fsdp2_gradients_are_the_single_process_average(tmp_path):
+def test_fsdp2_gradients_are_the_single_process_average(tmp_path, monkeypatch):
     worker = tmp_path / "worker.py"
     worker.write_text(GRADIENT_WORKER)
     cases = json.dumps(_fsdp_cases())
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    single = subprocess.run([sys.executable, str(worker), str(tmp_path / "one.json"), cases], capture_output=True,
-                            text=True, env=env)
-    assert single.returncode == 0, single.stderr[-2000:]
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # the one process, the whole batch: this one (no start-up)
+    monkeypatch.setattr(sys, "argv", [str(worker), str(tmp_path / "one.json"), cases])
+    runpy.run_path(str(worker), run_name="__main__")
     sharded = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                               "--standalone", str(worker), str(tmp_path / "two.json"), cases],
                              capture_output=True, text=True, env=env)
@@ -479,24 +480,35 @@ def _train_argv(data, steps: int, **sets) -> list[str]:
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
             "-m", "gbattn.cli", "train"]
+ONE_PROCESS_STEPS = 6
 
 
-def test_fsdp2_training_matches_one_process_with_full_checkpoints(tmp_path):
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory) -> tuple[Path, Path]:
+    """The reference that two processes must match: `gbattn train` of _train_argv's run (dropout off) for
+    ONE_PROCESS_STEPS steps in one process, trained once for the module. (its corpus, its run directory)"""
+    root = tmp_path_factory.mktemp("one-process")
+    data = write_corpus(root / "c")
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(root / "cache"))
+    single = subprocess.run([sys.executable, "-m", "gbattn.cli", "train", "--out", str(root / "one"),
+                             *_train_argv(data, ONE_PROCESS_STEPS)], capture_output=True, text=True, env=env)
+    assert single.returncode == 0, single.stderr
+    return data, root / "one"
+
+
+def test_fsdp2_training_matches_one_process_with_full_checkpoints(tmp_path, one_process_run):
     """2 processes x 4 rows under FSDP2 == 1 process x 8 rows (dropout off), AttnRes, a scalar gate and
     tied embeddings included; the checkpoint holds the full weights, loadable by one process."""
-    data = write_corpus(tmp_path / "c")
+    data, single = one_process_run
     env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
-    single = subprocess.run([sys.executable, "-m", "gbattn.cli", "train", "--out", str(tmp_path / "one"),
-                             *_train_argv(data, 6)], capture_output=True, text=True, env=env)
-    assert single.returncode == 0, single.stderr
-    fsdp = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "two"), *_train_argv(data, 6), "--set", "parallel=fsdp2"],
-                          capture_output=True, text=True, env=env)
+    fsdp = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "two"), *_train_argv(data, ONE_PROCESS_STEPS), "--set",
+                           "parallel=fsdp2"], capture_output=True, text=True, env=env)
     assert fsdp.returncode == 0, fsdp.stderr[-3000:]
-    one = json.loads((tmp_path / "one" / rundir.RESULT).read_text())
+    one = json.loads((single / rundir.RESULT).read_text())
     two = json.loads((tmp_path / "two" / rundir.RESULT).read_text())
     assert two["processes"] == 2
     assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)  # float32 reductions in another order
-    a = rundir.load_checkpoint(tmp_path / "one" / rundir.CHECKPOINT)["model"]
+    a = rundir.load_checkpoint(single / rundir.CHECKPOINT)["model"]
     b = rundir.load_checkpoint(tmp_path / "two" / rundir.CHECKPOINT)["model"]
     assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)  # full, not sharded
     for k in a:
@@ -543,26 +555,23 @@ def test_an_interrupted_run_of_two_processes_resumes_exactly(tmp_path, parallel)
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-def test_two_processes_with_gradient_accumulation_match_one_process(tmp_path, parallel):
+def test_two_processes_with_gradient_accumulation_match_one_process(tmp_path, one_process_run, parallel):
     """2 processes x 2 micro-batches of 2 rows == 1 process x 8 rows: gradients are reduced once per step,
     after the last micro-batch, and averaged; metrics.jsonl holds the global batch's mean loss, once; the
     checkpoint keeps each process's own random stream (seeded apart: dropout masks differ across processes)."""
     from helpers import train_losses
 
-    data = write_corpus(tmp_path / "c")
+    data, single = one_process_run
     env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
-    single = subprocess.run([sys.executable, "-m", "gbattn.cli", "train", "--out", str(tmp_path / "one"),
-                             *_train_argv(data, 3)], capture_output=True, text=True, env=env)
-    assert single.returncode == 0, single.stderr
-    two = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "two"), *_train_argv(data, 3), "--set",
+    two = subprocess.run([*TORCHRUN, "--out", str(tmp_path / "two"), *_train_argv(data, ONE_PROCESS_STEPS), "--set",
                           f"parallel={parallel}", "--set", "grad_accum=2"], capture_output=True, text=True, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
-    a = rundir.load_checkpoint(tmp_path / "one" / rundir.CHECKPOINT)["model"]
+    a = rundir.load_checkpoint(single / rundir.CHECKPOINT)["model"]
     b = rundir.load_checkpoint(tmp_path / "two" / rundir.CHECKPOINT)["model"]
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
-    one_losses, two_losses = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
-    assert len(two_losses) == len(one_losses) == 3
+    one_losses, two_losses = train_losses(single), train_losses(tmp_path / "two")
+    assert len(two_losses) == len(one_losses) == ONE_PROCESS_STEPS
     assert two_losses == pytest.approx(one_losses, rel=1e-4)
     streams = rundir.load_checkpoint(tmp_path / "two" / rundir.CHECKPOINT)["rng_per_rank"]
     assert len(streams) == 2 and not torch.equal(streams[0]["torch"], streams[1]["torch"])
