@@ -1,7 +1,5 @@
 """``python -m gbattn ...``: the ``gbattn`` command."""
 
-import sys
+from gbattn.cli import run
 
-from gbattn.cli import main
-
-sys.exit(main())
+run()

@@ -7,6 +7,7 @@ with status 2; tracebacks are kept for bugs. Command modules import their heavy 
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -214,5 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> None:
+    """The ``gbattn`` program (its console script, ``python -m gbattn`` and ``python -m gbattn.cli``): :func:`main`
+    on the command line's arguments, then the process ends with its status. Before it ends, ``gc.freeze()``: the
+    interpreter's last garbage collections went over every object of torch and its compiler's modules, about 0.7 s
+    of CPU at every exit of a command that trained."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
