@@ -144,6 +144,22 @@ def test_readme_names_every_refusal_of_the_wrapper():
         assert refused in listed, refused
 
 
+@pytest.mark.parametrize("keywords, match", [
+    (dict(intermediate_size=1024), r"^GbattnConfig\(intermediate_size=1024\) is another model's name, which gbattn "
+                                   r"does not read: gbattn's model field for it is ffn_hidden: "
+                                   r"GbattnConfig\(gbattn=\{'model': \{'ffn_hidden': \.\.\.\}\}\)$"),
+    (dict(n_embd=64, rms_norm_eps=1e-6),
+     r"^GbattnConfig\(n_embd=64\) is another model's name, .*: use hidden_size=\.\.\.$"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), r"rope_scaling=.*: gbattn has no such setting"),
+])
+def test_config_refuses_other_models_names_for_its_fields(keywords, match):
+    """Llama's or GPT-2's names for a setting (intermediate_size, n_embd, rope_scaling, ...) were kept as attributes
+    nothing reads: a model of another width or without the RoPE scaling asked for was built, silently. The error
+    names the standard name or gbattn field that holds it; a config saved and loaded again is untouched."""
+    with pytest.raises(ValueError, match=match):
+        GbattnConfig(**keywords)
+
+
 def test_config_checks_what_it_is_given_and_copies_it():
     """Standard names given as keywords are validated like gbattn's own fields; a section that is not
     gbattn's config.json content is a clear error; the caller's dict is copied, not shared."""

@@ -57,6 +57,34 @@ def stray_model_fields(mapping: dict) -> dict:
             if name in MODEL_FIELDS and not isinstance(getattr(GbattnConfig, name, None), property)}
 
 
+# Other models' config names (Llama's, GPT-2's, BERT's) for what a standard name or a gbattn model field holds: given
+# to GbattnConfig, transformers kept them as attributes nothing reads, and the model was built without them.
+OTHER_MODELS_NAMES = {
+    "n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+    "n_positions": "max_position_embeddings", "intermediate_size": "ffn_hidden", "n_inner": "ffn_hidden",
+    "hidden_act": "ffn", "activation_function": "ffn", "rms_norm_eps": "norm_eps", "layer_norm_eps": "norm_eps",
+    "layer_norm_epsilon": "norm_eps", "attention_dropout": "dropout", "hidden_dropout": "dropout",
+    "hidden_dropout_prob": "dropout", "attention_probs_dropout_prob": "dropout", "resid_pdrop": "dropout",
+    "embd_pdrop": "dropout", "attn_pdrop": "dropout", "attention_bias": "bias", "mlp_bias": "bias",
+    "head_dim": None, "rope_scaling": None,
+}
+
+
+def refuse_other_models_names(keywords: dict) -> None:
+    """Another model's config name (``intermediate_size``, ``n_embd``, ...) is a ConfigError naming the standard name
+    or gbattn model field that holds it (it was kept as an attribute nothing reads)."""
+    given = sorted(name for name in keywords if name in OTHER_MODELS_NAMES)
+    if not given:
+        return
+    name = given[0]
+    ours = OTHER_MODELS_NAMES[name]
+    where = (f"use {ours}=..." if ours in STANDARD_FIELDS else
+             f"gbattn's model field for it is {ours}: GbattnConfig(gbattn={{'model': {{{ours!r}: ...}}}})" if ours
+             else "gbattn has no such setting (the head width is d_model / n_heads; RoPE is not scaled)")
+    raise ConfigError(f"GbattnConfig({name}={keywords[name]!r}) is another model's name, which gbattn does not read: "
+                      f"{where}")
+
+
 def refuse_model_fields(keywords: dict, assigned: bool = False) -> None:
     """gbattn's own model field names given as keywords (or, ``assigned``, set as attributes) are a ConfigError:
     they belong in the ``gbattn`` dict (otherwise they were plain attributes that nothing reads, or dropped)."""
@@ -99,6 +127,7 @@ class GbattnConfig(PretrainedConfig):
     def __init__(self, gbattn: dict | None = None, use_cache: bool = True, pad_token_id: int | None = None,
                  bos_token_id: int | None = None, eos_token_id: int | None = None, **kwargs) -> None:
         refuse_model_fields(kwargs)
+        refuse_other_models_names(kwargs)
         section = copy.deepcopy(gbattn) if gbattn is not None else {}
         if not isinstance(section, dict) or not isinstance(section.get("model", {}), dict):
             raise ConfigError("GbattnConfig(gbattn=...) takes gbattn's config.json content: a dict with a model dict")
