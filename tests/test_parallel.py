@@ -739,6 +739,27 @@ def test_a_diverged_run_says_to_start_again_as_it_was_launched(tmp_path, monkeyp
     assert trainer._resume_command() == f"`torchrun --nproc_per_node 2 -m gbattn.cli train --resume --out {run}`{each}"
 
 
+def test_the_commands_a_run_suggests_quote_its_directory(tmp_path):
+    """The resume, start-again and resume-as-it-ran commands a run prints are to be pasted into a shell: a run
+    directory with a space in its name said `gbattn train --resume --out my run`, which argparse refuses."""
+    import shlex
+
+    from gbattn.train.distributed import DistEnv
+    from gbattn.train.trainer import Trainer
+    from helpers import tiny_configs
+
+    run = tmp_path / "my run"
+    trainer = Trainer(run, *tiny_configs(write_corpus(tmp_path / "c")))
+    trainer.step, trainer.saved_processes = 2, 2
+    for world in (1, 2):
+        trainer.dist = DistEnv(world=world)
+        said = [trainer._resume_command().strip("`"), trainer._diverged_message(float("nan")).split(": ")[-1],
+                trainer._other_processes_note().split(": ")[-1].strip("`")]
+        for command in said:
+            words = shlex.split(command)
+            assert words[words.index("--out") + 1] == str(run), command
+
+
 def test_the_stop_signal_is_sigterm_where_any_process_received_one():
     """The signal every process reports is the same: SIGTERM where any received one (a scheduler's stop
     wins over a Ctrl-C), else SIGINT; a process that received none takes the others'."""

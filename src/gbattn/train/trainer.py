@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shlex
 import signal
 import sys
 import time
@@ -717,7 +718,7 @@ class Trainer:
     def _other_processes_note(self) -> str:
         """The warning of a run resumed on another number of processes than its checkpoint holds the random streams
         of: it goes on, but not exactly as an uninterrupted run (:meth:`_load` seeds the streams it lacks)."""
-        saved, args = self.saved_processes, f"train --resume --out {self.run_dir}"
+        saved, args = self.saved_processes, f"train --resume {self._out_option()}"
         again = (f"`gbattn {args}` (one process)" if saved == 1
                  else f"`torchrun --nproc_per_node {saved} -m gbattn.cli {args}`")
         return (f"warning: the checkpoint of {self.run_dir} holds the random streams of {saved} process"
@@ -734,8 +735,13 @@ class Trainer:
     def _resume_command(self) -> str:
         """How to continue this run: under torchrun, launched as it was (in one process it would train on
         alone: slower, with FSDP2 perhaps out of memory, and with rank 0's dropout stream only)."""
-        command, where = self._launched_as(f"train --resume --out {self.run_dir}")
+        command, where = self._launched_as(f"train --resume {self._out_option()}")
         return f"`{command}`{where}"
+
+    def _out_option(self) -> str:
+        """``--out RUN_DIR`` as a shell reads it back (a directory named with a space, say), for the commands a run
+        suggests."""
+        return f"--out {shlex.quote(str(self.run_dir))}"
 
     def _launched_as(self, args: str) -> tuple[str, str]:
         """``gbattn ARGS`` launched as this run was: in one process, or under torchrun with as many processes
@@ -748,7 +754,7 @@ class Trainer:
 
     def _diverged_message(self, loss: float) -> str:
         kept = self._checkpoint_step()
-        again = ("".join(self._launched_as(f"train ... --out {self.run_dir} --restart")) if "label" not in self.extra
+        again = ("".join(self._launched_as(f"train ... {self._out_option()} --restart")) if "label" not in self.extra
                  else "gbattn compare ... with another --out (a comparison's directory keeps its settings)")
         if kept is None:
             return (f"loss became {loss} at step {self.step}, before the first checkpoint: nothing to keep; start "
