@@ -323,6 +323,23 @@ def test_an_out_holding_results_denoise_did_not_write_is_refused_before_training
                                                             f"output, not a comparison: choose another --out"]
 
 
+def test_an_out_holding_a_figure_denoise_did_not_write_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    """A rounds.png in an --out that holds no denoise output (a user's folder of figures) was deleted by a run
+    without the rounds table and replaced by one with it; now one line, exit 2, nothing trained or touched."""
+    from gbattn.synthetic import tables
+
+    monkeypatch.setattr(tables, "train_run", lambda *a: pytest.fail("trained"))
+    out = tmp_path / "my figures"
+    out.mkdir()
+    (out / "rounds.png").write_bytes(b"my figure")
+    for experiments in (["deq"], ["rounds"]):
+        assert main(["denoise", "--out", str(out), "--experiments", *experiments, "--quiet"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"gbattn: error: --out {out} holds a rounds.png without the results.json gbattn denoise writes beside "
+            f"it, not a `gbattn denoise` output: choose another --out"]
+        assert [p.name for p in out.iterdir()] == ["rounds.png"] and (out / "rounds.png").read_bytes() == b"my figure"
+
+
 def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     table = {"rows": [], "bayes": 58.0, "chance": 6.25}

@@ -230,7 +230,10 @@ def run_denoise(out_dir: str | Path, experiments=EXPERIMENTS, seeds=FULL_SEEDS, 
     """Train every run the experiments need, print each table when its runs are done, and write
     ``results.json``, ``results.md`` and (with ``rounds``) ``rounds.png`` into ``out_dir``: its one writer,
     holding its lock (:class:`gbattn.rundir.RunLock`, as ``gbattn compare`` does) from before any work to the end."""
-    check_out(out_dir, (DENOISE,), "a `gbattn denoise` output")  # a comparison, a run, other results: refused
+    held = check_out(out_dir, (DENOISE,), "a `gbattn denoise` output")  # a comparison, a run, other results: refused
+    if held is None and (Path(out_dir) / "rounds.png").is_file():  # a user's figure: replaced or deleted below
+        raise UserError(f"--out {out_dir} holds a rounds.png without the results.json gbattn denoise writes beside it, "
+                        f"not a `gbattn denoise` output: choose another --out")
     with RunLock(out_dir, what="`gbattn denoise` output"):
         return write_tables(Path(out_dir), experiments, seeds, protocol or Protocol(), device, quiet, command)
 
