@@ -1027,6 +1027,17 @@ def test_a_comparison_whose_data_cannot_be_read_records_nothing(tmp_path):
     assert json.loads((out / "recipe.json").read_text())["data"] == str(data.name)
 
 
+def test_a_seq_len_beyond_block_size_is_refused_before_the_comparison_is_recorded(tmp_path, monkeypatch):
+    """--set seq_len longer than block_size was refused by each run only: every run failed, and recipe.json
+    (written before) refused the corrected command ("holds a comparison with other --set values")."""
+    monkeypatch.setattr(compare_mod, "train", lambda *a, **k: pytest.fail("trained"))
+    data, out = write_corpus(tmp_path / "c"), tmp_path / "cmp"
+    sets = {**tiny_sets(), "block_size": 16, "seq_len": 17}
+    with pytest.raises(UserError, match="^seq_len=17 exceeds block_size=16$"):
+        run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True)
+    assert not (out / "recipe.json").exists() and not (out / "standard").exists()
+
+
 def test_recipe_json_keeps_the_seeds_of_every_invocation_and_refuses_damaged_ones(tmp_path):
     """Seeds 1, then 2, then 1 again: recipe.json records [1, 2] after the second, so the third still
     reports both; a recipe.json whose seeds are not a list of integers is one line (a first invocation whose

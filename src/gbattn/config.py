@@ -346,6 +346,16 @@ def build_configs(
     return preset_config(preset, attn, model_sets), TrainConfig.from_dict(train_d)
 
 
+def training_input_length(model_cfg: ModelConfig, train_cfg: TrainConfig) -> int:
+    """Input tokens per training row (:meth:`ModelConfig.input_length` of ``train_cfg.seq_len``), refused where
+    they exceed the model's ``block_size``: checked by a run before its data, and by a comparison before it is
+    recorded."""
+    seq_len = model_cfg.input_length(train_cfg.seq_len)
+    if seq_len > model_cfg.block_size:
+        raise ConfigError(f"seq_len={seq_len} exceeds block_size={model_cfg.block_size}")
+    return seq_len
+
+
 # --------------------------------------------------------------------------------------
 # `--set key=value`: `d_model=288`, `attn.rounds=3`, `lr=1e-3`.
 # --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gbattn import rundir
 from gbattn.checks import did_you_mean
-from gbattn.config import TrainConfig, build_configs
+from gbattn.config import TrainConfig, build_configs, training_input_length
 from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
 from gbattn.errors import CheckpointError, Interrupted, Terminated, UserError
@@ -168,6 +168,8 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         run_sets = {**sets, "threads": per_run_threads} if per_run_threads else sets
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
         probe_model, probe_train = spec_configs(recipe, specs[0], data, seeds[0], run_sets, None)
+        for spec in specs:  # a mistake every run would stop at, found before recipe.json records the settings
+            training_input_length(*spec_configs(recipe, spec, data, seeds[0], run_sets, None))
         prepared = prepare_data(probe_train, probe_model.vocab_size, progress=not quiet)
         # Every run already here trained on this data, before anything trains or is recorded: a corpus changed since
         # refused only when its run was reached, after the new seeds' runs had trained and recipe.json taken them.

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from gbattn import rundir
-from gbattn.config import DROPOUT_FIELDS, ModelConfig, TrainConfig
+from gbattn.config import DROPOUT_FIELDS, ModelConfig, TrainConfig, training_input_length
 from gbattn.data.corpus import load_corpus, test_split_note, tested_split
 from gbattn.data.prepare import Data, prepare_data, recorded_path_advice
 from gbattn.data.tokenizer import Tokenizer
@@ -384,9 +384,7 @@ class Trainer:
         elif self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
             tokenizer = Tokenizer.load(self.run_dir / rundir.TOKENIZER, expected_vocab=self.model_cfg.vocab_size,
                                        recorded=rundir.recorded_fingerprint(self.saved, of="tokenizer"))
-        self.seq_len = self.model_cfg.input_length(cfg.seq_len)  # checked before the data is prepared
-        if self.seq_len > self.model_cfg.block_size:
-            raise UserError(f"seq_len={self.seq_len} exceeds block_size={self.model_cfg.block_size}")
+        self.seq_len = training_input_length(self.model_cfg, cfg)  # checked before the data is prepared
         asked = self.saved.get("vocab_size_asked") if self.resume else None  # recorded when it was not the tokenizer's
         self.requested_vocab = asked if type(asked) is int and asked > 0 else self.model_cfg.vocab_size
         recorded = rundir.recorded_fingerprint(self.saved) if self.resume else None
