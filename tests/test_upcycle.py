@@ -1637,3 +1637,12 @@ def test_upcycle_takes_a_loaded_run_and_names_a_source_of_another_type(gbattn_di
     with pytest.raises(TypeError, match=r"^a source of type GPT: give a directory \(a gbattn run or a Hugging Face "
                                         r"checkpoint\), a loaded run \(gbattn.load_run\) or a Source$"):
         upcycle(from_run.source.build_model(), "boosted")
+
+
+def test_the_conversion_a_hugging_face_checkpoint_is_told_to_run_quotes_its_path(tmp_path):
+    """`gbattn upcycle my model --attn ...`, suggested for a checkpoint in `my model`, failed when pasted
+    ("unrecognized arguments"): the path is quoted as a shell reads it back."""
+    from gbattn.rundir import refuse_hf_checkpoint
+
+    with pytest.raises(UserError, match=r"convert it first with `gbattn upcycle '.*/my model' --attn standard "):
+        refuse_hf_checkpoint({"model_type": "gpt2"}, tmp_path / "my model")

@@ -28,6 +28,7 @@ import io
 import json
 import os
 import pickle
+import shlex
 import stat
 import struct
 import warnings
@@ -533,7 +534,8 @@ def refuse_hf_checkpoint(config: dict, path: str | Path, then: str = "give DIR")
     model_type = config.get("model_type")
     if model_type is not None and model_type != "gbattn" and gbattn_section(config, Path(path) / CONFIG) is None:
         raise UserError(f"{path} is a Hugging Face checkpoint ({model_type}), not a gbattn run: convert it first with "
-                        f"`gbattn upcycle {path} --attn standard --out DIR` (or --attn boosted), then {then}")
+                        f"`gbattn upcycle {shlex.quote(str(path))} --attn standard --out DIR` (or --attn boosted), "
+                        f"then {then}")
 
 
 def recorded_fingerprint(config: dict, of: str = "data") -> str | None:
