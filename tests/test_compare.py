@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from gbattn import rundir
 from gbattn.config import build_configs
@@ -1035,6 +1036,17 @@ def test_a_seq_len_beyond_block_size_is_refused_before_the_comparison_is_recorde
     sets = {**tiny_sets(), "block_size": 16, "seq_len": 17}
     with pytest.raises(UserError, match="^seq_len=17 exceeds block_size=16$"):
         run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True)
+    assert not (out / "recipe.json").exists() and not (out / "standard").exists()
+
+
+def test_a_device_that_is_not_here_is_refused_before_the_comparison_is_recorded(tmp_path, monkeypatch):
+    """--set device=cuda on a machine without CUDA was found by each run in turn ("5 run(s) failed")."""
+    monkeypatch.setattr(compare_mod, "train", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    data, out = write_corpus(tmp_path / "c"), tmp_path / "cmp"
+    with pytest.raises(UserError, match="^device='cuda' but CUDA is not available here; use cpu$"):
+        run_compare("cpu-proxy", out, data=str(data), sets={**tiny_sets(), "device": "cuda"}, only=["standard"],
+                    quiet=True)
     assert not (out / "recipe.json").exists() and not (out / "standard").exists()
 
 

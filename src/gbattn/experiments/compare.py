@@ -32,7 +32,7 @@ from gbattn.files import open_to_append, portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
 from gbattn.parent_death import stop_with_parent
 from gbattn.progress import Progress
-from gbattn.runtime import command_line, default_threads, launched_processes
+from gbattn.runtime import command_line, default_threads, launched_processes, resolve_device
 from gbattn.train.trainer import fitted_warmup, train
 from gbattn.upcycle import upcycle, write_run
 
@@ -168,7 +168,10 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         run_sets = {**sets, "threads": per_run_threads} if per_run_threads else sets
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
         probe_model, probe_train = spec_configs(recipe, specs[0], data, seeds[0], run_sets, None)
-        for spec in specs:  # a mistake every run would stop at, found before recipe.json records the settings
+        # Mistakes every run would stop at, found before recipe.json records the settings (a device that is not here,
+        # --set device=cuda on a CPU machine, was "5 run(s) failed", one after another)
+        resolve_device(probe_train.device)
+        for spec in specs:
             training_input_length(*spec_configs(recipe, spec, data, seeds[0], run_sets, None))
         prepared = prepare_data(probe_train, probe_model.vocab_size, progress=not quiet)
         # Every run already here trained on this data, before anything trains or is recorded: a corpus changed since
