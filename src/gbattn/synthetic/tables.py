@@ -43,8 +43,8 @@ SECONDS_PER_RUN = 0.55  # measured: 72 runs of 150 steps in 37 s, 24 (--quick) i
 
 
 def duration_words(seconds: float) -> str:
-    """``seconds`` as "15 s" or "3 min"."""
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+    """``seconds`` as "under 1 s", "15 s" or "3 min"."""
+    return "under 1 s" if seconds < 1 else f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def percent_cell(values: list[float]) -> dict:
