@@ -113,7 +113,8 @@ def test_parameter_counts():
 
 @pytest.mark.parametrize("residual", ["attnres-full", "attnres-block"])
 def test_causality_parity_and_cache_inside_attnres(variant_case, residual):
-    model = tiny_model(variant_case, residual=residual, attnres_block=3)
+    sizes = {"attnres_block": 3} if residual == "attnres-block" else {}  # attnres-full: blocks of one
+    model = tiny_model(variant_case, residual=residual, **sizes)
     with torch.no_grad():
         model.residual.queries.normal_(0, 1.0)
     idx = torch.randint(0, 37, (2, 10))
@@ -140,7 +141,8 @@ def test_under_bf16_autocast_the_depth_mixture_stays_in_the_streams_float32(resi
     mixture sees float32 sources (a block's partial sum too, though its sublayers' outputs are bf16)
     and computes its depth logits and weighted sum in float32, equal to the same mixture out of
     autocast (autocast's bf16 einsum once gave 3-6x the plain stream's error against float32)."""
-    model = tiny_model(("boosted", {}), residual=residual, attnres_block=3).float()
+    sizes = {"attnres_block": 3} if residual == "attnres-block" else {}  # attnres-full: blocks of one
+    model = tiny_model(("boosted", {}), residual=residual, **sizes).float()
     with torch.no_grad():
         model.residual.queries.normal_()
     assert flops_per_token(model.cfg) > 0  # on the meta device, which has no autocast to leave

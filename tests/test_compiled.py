@@ -35,7 +35,8 @@ def test_compiled_decoding_gives_the_eager_tokens(variant_case):
 
 @pytest.mark.parametrize("residual", ["attnres-full", "attnres-block"])
 def test_compiled_decoding_inside_attention_residuals(residual):
-    model = tiny_model(("boosted", {"rounds": 3, "gate": "mlp"}), residual=residual, attnres_block=3).float()
+    sizes = {"attnres_block": 3} if residual == "attnres-block" else {}  # attnres-full: blocks of one
+    model = tiny_model(("boosted", {"rounds": 3, "gate": "mlp"}), residual=residual, **sizes).float()
     with torch.no_grad():
         model.residual.queries.normal_()
     prompt = torch.randint(0, 37, (1, 4))

@@ -488,6 +488,10 @@ def test_sequence_longer_than_position_table():
         (dict(norm="post", residual="attnres-block"), r"residual='attnres-block' is defined for norm='pre' only"),
         # A RoPE base given to a model with learned positions was ignored, silently.
         (dict(rope_base=500.0), r"rope_base=500.0 is used by pos='rope' only; this model has pos='learned'"),
+        # A block size given to a model without block AttnRes was ignored, silently (attnres-full is blocks of one).
+        (dict(attnres_block=3), r"attnres_block=3 is used by residual='attnres-block' only; this model has "
+                                r"residual='plain'"),
+        (dict(residual="attnres-full", attnres_block=3), r"this model has residual='attnres-full': set residual="),
         (dict(attn_options="rounds=3"), r"attn_options='rounds=3' must be a mapping"),
         (dict(dropout_sites=5), r"dropout_sites=5 must be a list of strings"),
         (dict(dropout_sites="embedding,1"), r"dropout_sites entry='1' is not allowed; choose one of embedding, "),
@@ -1294,6 +1298,7 @@ def test_every_count_field_takes_its_least_value_and_refuses_the_one_below(name,
 
     record = TrainConfig if name in TrainConfig.field_names() else ModelConfig
     narrow = {"n_heads": 1} if record is ModelConfig and name in ("d_model", "n_kv_heads") else {}
+    narrow = {"residual": "attnres-block"} if name == "attnres_block" else narrow
     assert getattr(record(**{name: least}, **narrow), name) == least
     with pytest.raises(ConfigError, match=refused):
         record(**{name: least - 1}, **narrow)

@@ -81,6 +81,10 @@ class ModelConfig(Typed):
         if self.pos != "rope" and self.rope_base != ModelConfig.rope_base:
             raise ConfigError(f"rope_base={self.rope_base} is used by pos='rope' only; this model has "
                               f"pos={self.pos!r}: set pos=rope too, or leave rope_base out")
+        if self.residual != "attnres-block" and self.attnres_block != ModelConfig.attnres_block:  # (was ignored)
+            raise ConfigError(f"attnres_block={self.attnres_block} is used by residual='attnres-block' only; this "
+                              f"model has residual={self.residual!r}: set residual=attnres-block too, or leave "
+                              f"attnres_block out")
         options = variant_options(self.attn, self.attn_options, n_heads=self.n_heads, n_kv_heads=self.kv_heads,
                                   n_layers=self.n_layers)
         self.attn_options = {k: v for k, v in dataclasses.asdict(options).items() if k in self.attn_options}
