@@ -83,7 +83,12 @@ def test_list_shows_variants_and_presets(capsys):
          "--set attn.rounds.x: rounds=2 has no fields to set"),
         (["frobnicate"], "invalid choice"),
         (["train", "--out", "new-run"], "--data is required for a new run"),  # (not "data=None must be a string")
-        (["train", "--out", "new-run", "--set", "data="], "--data is required for a new run"),  # not "no --data given"
+        # An empty --set value is a script's unset variable, as an empty option's is: `--set init_from=` trained from
+        # scratch, `--set dropout_sites=` without dropout, `--attn boosted --set attn.layers=` a standard model.
+        (["train", "--out", "new-run", "--set", "data="], "--set 'data=': the value is empty; give null for none"),
+        (["train", "--out", "new-run", "--data", "d.txt", "--set", "init_from= "], "--set 'init_from= ': the value is"),
+        (["params", "--set", "dropout_sites="], "--set 'dropout_sites=': the value is empty"),
+        (["params", "--attn", "boosted", "--set", "attn.layers="], "--set 'attn.layers=': the value is empty"),
         # a folder that is not there is no run (not "holds no run to resume ... start it with the command ...")
         (["train", "--resume", "--out", "no-such-run"], "no-such-run/config.json not found"),
         (["train", "--out", "new-run", "--resume", "--restart"],

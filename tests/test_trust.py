@@ -1227,7 +1227,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("compare --set threads=0", ["compare", "--recipe", "cpu-char", "--data", data, "--out", tmp_path / "c3",
                                      "--set", "threads=0"], "threads=0 must be an integer in [1, 1024]"),
         ("compare --set data= (empty)", ["compare", "--recipe", "cpu-char", "--out", tmp_path / "c3", "--set", "data=",
-                                         "--set", "max_steps=1", "--only", "standard", "--quiet"], "--data is empty"),
+                                         "--set", "max_steps=1", "--only", "standard", "--quiet"],
+         "--set 'data=': the value is empty"),
         ("bench --set attn", ["bench", "--preset", "cpu-char", "--set", "attn=boosted"],
          "name the variants with --attn"),
     ]

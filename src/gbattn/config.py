@@ -374,6 +374,8 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. attn.rounds=3 or d_model=288")
         key, value = item.split("=", 1)
+        if not value.strip():  # a script's unset variable (`--set init_from=$RUN`), refused as an empty option is
+            raise ConfigError(f"--set {item!r}: the value is empty; give null for none, [] for an empty list")
         key, value = key.strip(), parse_value(value.strip())
         earlier = first.setdefault(field_path(key), (item, value))
         if earlier[1] != value:
