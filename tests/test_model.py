@@ -488,6 +488,9 @@ def test_sequence_longer_than_position_table():
         (dict(norm="post", residual="attnres-block"), r"residual='attnres-block' is defined for norm='pre' only"),
         # A RoPE base given to a model with learned positions was ignored, silently.
         (dict(rope_base=500.0), r"rope_base=500.0 is used by pos='rope' only; this model has pos='learned'"),
+        # ffn_mult beside an explicit hidden width was ignored, silently.
+        (dict(ffn_hidden=64, ffn_mult=2), r"ffn_mult=2 and ffn_hidden=64 both set the FFN's width, and ffn_hidden "
+                                          r"wins: give one of them"),
         # A block size given to a model without block AttnRes was ignored, silently (attnres-full is blocks of one).
         (dict(attnres_block=3), r"attnres_block=3 is used by residual='attnres-block' only; this model has "
                                 r"residual='plain'"),

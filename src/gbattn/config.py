@@ -81,6 +81,9 @@ class ModelConfig(Typed):
         if self.pos != "rope" and self.rope_base != ModelConfig.rope_base:
             raise ConfigError(f"rope_base={self.rope_base} is used by pos='rope' only; this model has "
                               f"pos={self.pos!r}: set pos=rope too, or leave rope_base out")
+        if self.ffn_hidden is not None and self.ffn_mult != ModelConfig.ffn_mult:  # (the width was ffn_hidden's)
+            raise ConfigError(f"ffn_mult={self.ffn_mult} and ffn_hidden={self.ffn_hidden} both set the FFN's width, "
+                              f"and ffn_hidden wins: give one of them")
         if self.residual != "attnres-block" and self.attnres_block != ModelConfig.attnres_block:  # (was ignored)
             raise ConfigError(f"attnres_block={self.attnres_block} is used by residual='attnres-block' only; this "
                               f"model has residual={self.residual!r}: set residual=attnres-block too, or leave "
