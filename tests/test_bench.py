@@ -809,6 +809,8 @@ def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(
         speed.run_bench("cpu-char", ["boosted:rounds=3", "boosted:rounds=3.0,"], **common)
     with pytest.raises(UserError, match="^--sweep-attn names boosted more than once"):
         speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["boosted", "boosted:"], **common)
+    with pytest.raises(UserError, match=r"^--sweep names length\(s\) \[16\] more than once: each length is timed once"):
+        speed.run_bench("cpu-char", ["standard"], sweep=[16, 32, 16], **common)
     with pytest.raises(UserError, match="attn='bogus' is not allowed"):
         speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["standard", "bogus"], **common)
     # a --sweep length no model takes: refused only after every timing and memory probe (measured: 8 rounds, then

@@ -206,6 +206,9 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     sweep_variants = [_label(spec) for spec in sweep_variants or ["standard", "boosted"]]
     if sweep:  # a bad --sweep-attn, or a --sweep length no model takes, fails now, not after the timings
         _refuse_repeats("--sweep-attn", sweep_variants, preset, sets)
+        repeated = sorted({T for T in sweep if sweep.count(T) > 1})  # (each was timed again, a row of its own)
+        if repeated:
+            raise UserError(f"--sweep names length(s) {repeated} more than once: each length is timed once")
         for T in sweep:
             for spec in sweep_variants:
                 _sweep_config(preset, spec, sets, T)
