@@ -696,6 +696,20 @@ def test_eval_per_token_leaves_every_model_directory_alone(trained, tmp_path, ca
     assert own.read_bytes() == before
 
 
+def test_eval_per_token_never_writes_over_the_data_it_reads(trained, tmp_path, capsys, monkeypatch):
+    """--per-token naming a corpus file replaced it with losses, silently; a new file in the corpus folder can change
+    which files its splits are read from: both refused (a copy of the run's data, passed by --data)."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    data = tmp_path / "data copy"
+    shutil.copytree(trained["data"], data)
+    before = snapshot(data)
+    for target in (data / "wiki.test.tokens", data / "test-losses.txt"):
+        code, out, err = run_cli(capsys, ["eval", trained["run"], "--data", data, "--per-token", target])
+        assert one_line(code, err) == (f"gbattn: error: --per-token {target} is a file of the data being read "
+                                       f"(--data {data}): write it elsewhere")
+    assert snapshot(data) == before
+
+
 def test_eval_scores_the_split_it_names(trained, capsys, monkeypatch):
     """``eval --split valid`` and ``--split test`` each report their own split's loss over its tokens
     (what evaluate gives on that split), and name it in the JSON record, with the weights scored when no

@@ -226,6 +226,18 @@ def refuse_weights_without_config(directory: str | Path, then: str | None = None
                         f"choose another --out")
 
 
+def check_output_outside_data(path: str | Path, data: str, what: str) -> None:
+    """An output file is neither the corpus being read (``data``, as --data names it: a file or folder here) nor a
+    file in its folder, where a new file can change which files the folder's splits are read from."""
+    corpus = Path(data)
+    if not corpus.exists():  # a bundled or Hugging Face name
+        return
+    target, corpus = Path(path).resolve(), corpus.resolve()
+    if target == corpus or corpus in target.parents:
+        raise UserError(f"{what} {path} is {'a file of ' * (target != corpus)}the data being read (--data {data}): "
+                        f"write it elsewhere")
+
+
 # What to do with such weights given as a run to read (eval, generate, export, train --init-from, ...)
 UNFINISHED_RUN_ADVICE = "it cannot be loaded: upcycle or train it again"
 

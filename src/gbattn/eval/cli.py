@@ -65,7 +65,7 @@ def cmd_eval(args) -> None:
     from gbattn.eval.perplexity import evaluate
     from gbattn.files import atomic_write
     from gbattn.progress import Progress
-    from gbattn.rundir import check_output_file, load_run
+    from gbattn.rundir import check_output_file, check_output_outside_data, load_run
     from gbattn.runtime import autocast, resolve_device, set_threads, use_tf32
 
     if args.per_token:
@@ -75,6 +75,8 @@ def cmd_eval(args) -> None:
     use_tf32(device)  # as the trainer scored valid and test
     run = load_run(args.run_dir, args.checkpoint, device)
     data = prepare_run_data(run, args.data, args.allow_other_data)
+    if args.per_token:  # (it replaced a corpus file with losses)
+        check_output_outside_data(args.per_token, data.corpus_name, "--per-token")
     tokens = data.splits[args.split]
     if num_rows(tokens, run.seq_len) == 0:
         raise UserError(f"{data.split_of(args.split)} has {len(tokens):,} tokens: fewer than one row of "
