@@ -1150,6 +1150,10 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
      ["ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"]),
     # names in capitals, as Windows tools may write them; a gzip file named .GZ is still gzip
     (["TRAIN.TXT", "VALID.TXT", "TEST.TXT.GZ"], ["TRAIN.TXT", "VALID.TXT", "TEST.TXT.GZ"]),
+    # the split word as the suffix (corpus.train, as some toolkits name splits) is a text file: the README reads any
+    # name holding the split word, and these were "no train/valid/test file found" while the error listed them
+    (["corpus.train", "corpus.dev", "corpus.test"], ["corpus.train", "corpus.dev", "corpus.test"]),
+    (["a.train.gz", "a.valid", "a.test"], ["a.train.gz", "a.valid", "a.test"]),
     # a suffix that is no file type (a version, a year) is still a text file
     (["news.train.2024", "news.valid.2024", "news.test.2024"], ["news.train.2024", "news.valid.2024",
                                                                "news.test.2024"]),

@@ -157,12 +157,13 @@ EXACT_NAMES = {
 }
 NAME_PATTERNS = {"train": r"train", "valid": r"valid|(?<![a-z])(val|dev)(?![a-z])", "test": r"test"}
 TEXT_SUFFIXES = ("", ".txt", ".raw", ".tokens")
+SPLIT_SUFFIXES = (".train", ".valid", ".validation", ".val", ".dev", ".test")  # corpus.train: the split word as suffix
 
 
 def _is_text_name(name: str) -> bool:
     name = name.lower()  # TRAIN.TXT
     stem = name[:-3] if name.endswith(".gz") else name
-    return Path(stem).suffix in TEXT_SUFFIXES or not Path(stem).suffix.strip(".").isalpha()
+    return Path(stem).suffix in TEXT_SUFFIXES + SPLIT_SUFFIXES or not Path(stem).suffix.strip(".").isalpha()
 
 
 def _wikitext_flavour(name: str) -> str | None:
