@@ -1231,6 +1231,18 @@ def test_a_folder_without_split_files_lists_what_it_holds_and_points_a_lone_text
         assert message.endswith(single + str(folder / "input.txt")) if hint else single not in message, message
 
 
+@pytest.mark.parametrize("names, unread", [(["train.en", "valid.en", "test.en"], "test.en, train.en, valid.en"),
+                                           (["train.txt", "valid.txt", "data_test.jsonl"], "data_test.jsonl")])
+def test_a_split_file_of_another_suffix_is_named_as_not_read(tmp_path, names, unread):
+    """fairseq's train.en, or a JSON-lines test file: the error said no such split file was found while listing
+    the files that name the splits, without saying why they were passed over (their suffix)."""
+    for name in names:
+        write_text(tmp_path / name, f"{name}\n")
+    with pytest.raises(DataError, match=re.escape(f"; not read as text for their suffix: {unread} (gbattn reads "
+                                                  f".txt, .raw, .tokens, a split word or no suffix, optionally .gz)")):
+        load_corpus(str(tmp_path))
+
+
 def test_a_hugging_face_save_to_disk_folder_is_named_as_such(tmp_path):
     """Its train/validation/test subfolders were listed as if text files were missing beside them."""
     (tmp_path / "dataset_dict.json").write_text('{"splits": ["train", "validation", "test"]}')

@@ -230,8 +230,13 @@ def _local_directory(path: Path) -> Corpus:
         saved = any((path / n).is_file() for n in ("dataset_dict.json", "state.json"))  # datasets' save_to_disk
         texts = [p for p in path.iterdir() if p.is_file() and not p.name.startswith(".") and _is_text_name(p.name)]
         single = len(missing) == len(SPLITS) and len(texts) == 1 and not saved  # tiny-shakespeare's input.txt alone
+        unread = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
+                        and not _is_text_name(p.name) and any(re.search(NAME_PATTERNS[s], p.name.lower())
+                                                              for s in missing))  # fairseq's train.en
         raise DataError(f"--data {path}: no {'/'.join(missing)} file found (files seen: {shown}); expected one text "
                         f"file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)"
+                        + (f"; not read as text for their suffix: {', '.join(unread[:6])} (gbattn reads .txt, .raw, "
+                           f".tokens, a split word or no suffix, optionally .gz)" if unread else "")
                         + ("; this is a Hugging Face save_to_disk folder, which gbattn does not read: write each "
                            "split's text to a file (README, 'Data')" if saved else "")
                         + (f"; a single text file is split by the split setting (default 90/5/5) when given itself: "
