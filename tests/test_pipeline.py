@@ -3083,6 +3083,29 @@ def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_
     assert tok.decode(tok.encode("the quick brown föx 狐")) == "the quick brown föx 狐"
 
 
+def test_a_character_the_tokenizers_own_normalizer_removes_is_not_refused_as_lacking_a_token(tmp_path):
+    """A tokenizer.json without an unknown token whose normalizer strips accents (NFD, then StripAccents) removes a
+    combining accent by design, as BERT's uncased one does: text holding one was refused as holding a character the
+    tokenizer "has no token for". What its normalizer keeps and its vocabulary lacks is still refused."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, normalizers, pre_tokenizers, trainers
+
+    stripping = Backend(models.BPE())
+    stripping.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents()])
+    stripping.pre_tokenizer = pre_tokenizers.Whitespace()
+    stripping.train_from_iterator(["the quick brown fox cafe\n"] * 20, trainers.BpeTrainer(vocab_size=40,
+                                                                                            show_progress=False))
+    (tmp_path / "tokenizer.json").write_text(stripping.to_str())
+    path = tmp_path / "t.txt"
+    path.write_text("the quick brown fox cafe\u0301 café\n" * 40)
+    corpus = load_corpus(str(path), (0.5, 0.25, 0.25))
+    tok = get_tokenizer(f"hf={tmp_path / 'tokenizer.json'}", corpus)
+    assert tok.encode("cafe\u0301 café") == tok.encode("cafe cafe")
+    assert len(tokenize_corpus(corpus, tok, progress=False)["train"]) > 0
+    with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['狐'\]"):
+        tok.encode("cafe\u0301 狐")
+
+
 def test_a_char_tokenizer_names_every_unknown_character_of_a_batch_not_the_first_lines_only(tmp_path):
     """Text a char tokenizer lacks characters for is refused naming them all (up to ten), wherever they are in the
     lines encoded together: naming the first line's only, a user who took those out met the next line's next run."""

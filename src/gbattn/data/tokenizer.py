@@ -193,12 +193,15 @@ class Tokenizer:
     def _refuse_unencodable(self, texts: list[str]) -> None:
         """A DataError naming the characters of ``texts`` that an HF tokenizer without an unknown token encodes to
         nothing (a ``models.BPE()`` lacking them): the library drops them silently, and a run would train and score
-        a text with them cut out. Whitespace and control or format characters (which normalizers remove) pass."""
+        a text with them cut out. Whitespace and control or format characters (which normalizers remove) pass, and so
+        do those the tokenizer's own normalizer removes (a combining accent, where it strips accents)."""
         if not self._may_drop_text:
             return
         new = set().union(*texts) - self._encodable
+        normalizer = self._hf.normalizer
         with hf_failures_as_data_errors("encoding"):
             missing = sorted(c for c in new if not c.isspace() and unicodedata.category(c)[0] != "C"
+                             and (normalizer is None or normalizer.normalize_str(c).strip())
                              and not self._hf.encode(c, add_special_tokens=False).ids)
         if missing:
             raise DataError(f"characters the tokenizer has no token for (and no unknown token): {missing[:10]}; "
