@@ -26,6 +26,7 @@ import torch
 
 from gbattn import files, rundir
 from gbattn.data.corpus import load_corpus
+from gbattn.data.tokenizer import cache_dir
 from gbattn.errors import UserError
 from gbattn.train.trainer import train
 from helpers import LFS_MESSAGE, LFS_POINTER, TINY, run_cli, tiny_configs, write_corpus, write_text
@@ -2252,6 +2253,20 @@ def test_sync_directory_closes_what_it_opens_and_passes_on_an_unexpected_error(t
             files.sync_directory(tmp_path)
         monkeypatch.undo()
         assert open_fds() == before
+
+
+def test_a_directory_given_as_a_link_to_nothing_is_named_as_such(tmp_path, monkeypatch):
+    """--out or $GBATTN_CACHE a link whose target is gone: creating it failed with EEXIST, and the line said the
+    directory "is not writable (File exists)", naming neither the link nor its missing target."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone" / "run")
+    gone = re.escape(f"is a link to {tmp_path / 'gone' / 'run'}, which does not exist")
+    with pytest.raises(UserError, match=f"^--out {re.escape(str(link))} {gone}$"):
+        files.check_writable_dir(link)
+    monkeypatch.setenv("GBATTN_CACHE", str(link))
+    with pytest.raises(UserError, match=f"^the cache directory .*{re.escape(str(link))} {gone}$"):
+        cache_dir()
+    assert not (tmp_path / "gone").exists()  # nothing created through the link
 
 
 def test_metrics_lines_store_no_nan_and_the_writable_probe_leaves_nothing(tmp_path, monkeypatch):

@@ -172,6 +172,8 @@ def check_writable_dir(path: str | Path, what: str = "--out", create: bool = Tru
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"{what} {path} is a file, not a directory")
+    if path.is_symlink() and not path.exists():  # mkdir would fail with "File exists"
+        raise UserError(f"{what} {path} is a link to {os.readlink(path)}, which does not exist")
     target = path
     if not create:
         while not target.exists() and target != target.parent:
