@@ -2267,6 +2267,8 @@ def test_a_directory_given_as_a_link_to_nothing_is_named_as_such(tmp_path, monke
     with pytest.raises(UserError, match=f"^the cache directory .*{re.escape(str(link))} {gone}$"):
         cache_dir()
     assert not (tmp_path / "gone").exists()  # nothing created through the link
+    (tmp_path / "gone" / "run").mkdir(parents=True)  # a link to a directory that is there is a directory
+    assert files.check_writable_dir(link) == link and cache_dir() == link
 
 
 def test_metrics_lines_store_no_nan_and_the_writable_probe_leaves_nothing(tmp_path, monkeypatch):
