@@ -1190,8 +1190,11 @@ def test_init_from_starts_at_the_upcycled_weights_with_a_fresh_optimizer(gbattn_
     with pytest.raises(UserError, match=r"its model config differs from this run's \(other than in dropout and "):
         train(tmp_path / "other", other, train_cfg, quiet=True)
     seen.clear()  # another dropout changes no parameter: it starts from the same weights
+    other_dropout = start.model_cfg.replace(dropout=start.model_cfg.dropout + 0.1, dropout_sites=["attention"])
+    assert (other_dropout.dropout, other_dropout.dropout_sites) != (start.model_cfg.dropout,
+                                                                    start.model_cfg.dropout_sites)
     with pytest.raises(RuntimeError, match="stopped before the first step"):
-        train(tmp_path / "dropout", start.model_cfg.replace(dropout=0.0), train_cfg, quiet=True)
+        train(tmp_path / "dropout", other_dropout, train_cfg, quiet=True)
     assert all(torch.equal(seen["state"][k], v) for k, v in start.model.state_dict().items())
 
 
