@@ -183,6 +183,20 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
     assert (tmp_path / "cmp" / "recipe.json").read_text() == recorded
 
 
+def test_a_finished_run_that_recorded_no_data_fingerprint_is_reused(tmp_path):
+    """A run written before runs recorded their data's fingerprint has nothing to compare with the data's now: it is
+    reused (its configs are still checked), not refused as "trained on other data"."""
+    data = write_corpus(tmp_path / "c")
+    sets = tiny_sets()
+    first = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    config_path = tmp_path / "cmp" / "standard" / "seed42" / rundir.CONFIG
+    config = json.loads(config_path.read_text())
+    assert config["data"].pop("fingerprint")
+    config_path.write_text(json.dumps(config))
+    again = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    assert again["models"][0]["test_ppl"] == first["models"][0]["test_ppl"]
+
+
 def test_a_rerun_of_a_subset_keeps_every_finished_run_in_the_report(tmp_path):
     """Standard and GBA on seeds 1 and 2, then a rerun asking for standard on seed 1 only: the
     report still holds both models on both seeds (it held only what the rerun asked for)."""
