@@ -1219,14 +1219,22 @@ def test_a_finished_runs_result_that_describes_another_model_is_refused(tmp_path
     Now each of those is checked against the model config.json records, and a mismatch is one line."""
     data = write_corpus(tmp_path / "c")
     kwargs = dict(data=str(data), sets=tiny_sets(), seeds=[1], only=["standard"], quiet=True)
-    report = run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    report = run_compare("cpu-proxy", tmp_path / "cmp", **{**kwargs, "only": ["standard", "gba-m2"]})
     result_path = tmp_path / "cmp" / "standard" / "seed1" / rundir.RESULT
     pristine = json.loads(result_path.read_text())
     assert pristine["parameters"] == report["models"][0]["parameters"]
-    for key, value in (("attn", "boosted"), ("parameters", pristine["parameters"] + 1), ("norm", "post")):
+    for key, value in (("attn", "boosted"), ("parameters", pristine["parameters"] + 1), ("norm", "post"),
+                       ("d_model", pristine["d_model"] * 2)):
         result_path.write_text(json.dumps({**pristine, key: value}))
         with pytest.raises(UserError, match=rf"result.json describes another model than its run's config.json "
                                             rf"\({key}: {value!r}, config.json's model "):
             run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
     result_path.write_text(json.dumps(pristine))
+    # A finished run not asked for now (--only standard) is read for the report: checked as well
+    other_path = tmp_path / "cmp" / "gba-m2" / "seed1" / rundir.RESULT
+    other = json.loads(other_path.read_text())
+    other_path.write_text(json.dumps({**other, "attn": "standard"}))
+    with pytest.raises(UserError, match=r"gba-m2.seed1.result.json describes another model .*\(attn: 'standard'"):
+        run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    other_path.write_text(json.dumps(other))
     assert run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)["models"] == report["models"]
