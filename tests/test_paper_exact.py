@@ -202,13 +202,18 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
     assert "warmup_steps=1,500 is longer than half of this" in warned and "warmup_steps" not in printed
     assert "evaluation every epoch = every" in printed and "--set eval_every=N evaluates less often" in printed
     assert "66 steps (3 epochs of 22) of 4 x 32 tokens, lr 0.0003 (warmup 7, then cosine to 0), evaluation" in printed
-    # An interval longer than the run (the preset's 250 steps in a 20-step run): "at the end", where it said
-    # "every 250 steps (1 in all)".
-    del sets["epochs"]
-    sets.update(max_steps=20, eval_every=250)
-    train(tmp_path / "short", *build_configs("paper-small", "standard", str(data), sets))
+    # One epoch: its evaluation is the one at the end, where it said "every epoch = every 22 steps (1 in all)".
+    train(tmp_path / "one-epoch", *build_configs("paper-small", "standard", str(data), {**sets, "epochs": 1}))
     printed = capsys.readouterr().out
-    assert "(warmup 2, then cosine to 0), evaluation at the end (1 in all), cpu with 1 thread" in printed
+    assert "evaluation at the end (1 in all)" in printed and "every epoch" not in printed
+    # An interval as long as the run or longer (the preset's 250 steps in a 20-step run): "at the end", where it
+    # said "every 250 steps (1 in all)".
+    del sets["epochs"]
+    for interval in (250, 20):
+        sets.update(max_steps=20, eval_every=interval)
+        train(tmp_path / f"short{interval}", *build_configs("paper-small", "standard", str(data), sets))
+        printed = capsys.readouterr().out
+        assert "(warmup 2, then cosine to 0), evaluation at the end (1 in all), cpu with 1 thread" in printed
 
 
 
