@@ -331,6 +331,26 @@ def test_a_comparison_recorded_with_a_corpus_file_name_alone_continues(tmp_path)
             compare_mod._check_request(path, request(other), data_as_given=f"/data/{other}")
 
 
+def test_run_compare_continues_a_comparison_recorded_with_a_corpus_file_name_alone(tmp_path, monkeypatch):
+    """The same, through run_compare: it passes --data as typed (an absolute path), not its portable form, so the
+    old recipe.json's 'input.txt' is taken for the file now recorded as tiny-shakespeare/input.txt."""
+    corpus = tmp_path / "tiny-shakespeare" / "input.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("to be or not to be\n" * 50)
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "recipe.json").write_text(json.dumps({"recipe": "cpu-proxy", "data": "input.txt", "seeds": [1],
+                                                 "sets": tiny_sets(), "command": "gbattn x"}))
+
+    def past_the_request_check(*args, **kwargs):
+        raise RuntimeError("past the request check")
+
+    monkeypatch.setattr(compare_mod, "prepare_data", past_the_request_check)
+    with pytest.raises(RuntimeError, match="past the request check"):
+        run_compare("cpu-proxy", out, data=str(corpus.resolve()), sets=tiny_sets(), seeds=[1], only=["standard"],
+                    quiet=True)
+
+
 def test_a_folder_named_otherwise_is_refused_before_recipe_json_takes_its_name(tmp_path, monkeypatch):
     """A comparison started with --data 'wt small' and rerun with --data './wt small/' (the same folder, written
     otherwise): the old-recipe.json shim above took it for a corpus file's folder, so recipe.json was rewritten
