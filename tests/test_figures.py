@@ -1831,6 +1831,11 @@ def test_the_delta_columns_name_their_reference_when_it_is_another_standard():
     md = results_markdown(report_of(rows))
     assert "| model | attention | d | parameters | test ppl | Δ vs standard-continued | valid ppl |" in md
     assert "Δ vs standard-continued is over the seed all models share (42)." in md
+    apart = results_markdown(report_of([model_row("gba-scratch", {"42": 9.0}),
+                                        model_row("standard-continued", {"42": 10.0, "123": 11.0}),
+                                        model_row("standard", {"123": 12.0})]))
+    assert ("Δ vs standard-continued is over the seeds each model shares with standard-continued (no seed is shared "
+            "by all models)." in apart)
     assert "| gba-scratch | boosted | 128 | 800,000 | 9.25 ± 0.35 | -10.0% |" in md  # over seed 42: 9 / 10
     plain = results_markdown(report_of([model_row("standard", {"42": 10.0}), model_row("gba-m2", {"42": 9.0})]))
     assert "| test ppl | Δ vs standard | valid ppl |" in plain
