@@ -1836,6 +1836,12 @@ def test_the_delta_columns_name_their_reference_when_it_is_another_standard():
                                         model_row("standard", {"123": 12.0})]))
     assert ("Δ vs standard-continued is over the seeds each model shares with standard-continued (no seed is shared "
             "by all models)." in apart)
+    paired = results_markdown(report_of([{**model_row("standard-continued", {"42": 10.0, "123": 11.0}),
+                                           "valid_loss": {"42": 2.3, "123": 2.4}},
+                                          {**model_row("gba-m2", {"42": 9.0, "123": 10.0}),
+                                           "valid_loss": {"42": 2.2, "123": 2.3}}]))
+    header = "| model | parameters | train PFLOP | valid loss | Δ vs standard-continued | Δ vs compute-matched |"
+    assert header in paired
     assert "| gba-scratch | boosted | 128 | 800,000 | 9.25 ± 0.35 | -10.0% |" in md  # over seed 42: 9 / 10
     plain = results_markdown(report_of([model_row("standard", {"42": 10.0}), model_row("gba-m2", {"42": 9.0})]))
     assert "| test ppl | Δ vs standard | valid ppl |" in plain
