@@ -441,6 +441,10 @@ def test_generate_past_the_models_positions_is_refused_before_it_starts():
         hf.generate(idx, max_new_tokens=20, do_sample=False)
     with pytest.raises(ValueError, match=r"^max_length=26 feed the model positions 0 \.\. 24; it has 0 \.\. 23"):
         hf.generate(idx, max_length=26, do_sample=False)
+    for asking, match in ((dict(max_new_tokens=20), "^a prompt of 6 tokens and max_new_tokens=20 feed"),
+                          (dict(max_length=26), "^max_length=26 feed")):  # asked in a generation config
+        with pytest.raises(ValueError, match=match):
+            hf.generate(idx, generation_config=transformers.GenerationConfig(do_sample=False, **asking))
     assert torch.equal(hf.generate(idx, max_new_tokens=19, do_sample=False), gpt.generate(idx, 19, temperature=0))
 
 

@@ -269,8 +269,9 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if assisted:
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
                              f"rolls back the cache, and GbattnCache cannot be cropped")
+        # (max_length from a generation config given here only: the model's own has transformers' default)
         self._check_length(inputs, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
-                           kwargs.get("max_length"))
+                           kwargs.get("max_length", getattr(kwargs.get("generation_config"), "max_length", None)))
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
         if kind not in (None, "dynamic"):  # transformers ignored it, warning that the model takes no Cache instances
             raise ValueError(f"cache_implementation={kind!r}: GbattnForCausalLM keeps its keys and values in its own "
