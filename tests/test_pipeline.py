@@ -1920,6 +1920,14 @@ def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked
                                             rf"file \({own.kind}\), not a Hugging Face tokenizer.json: --tokenizer "
                                             rf"{own.kind} on that run's data and vocab_size builds the same one"):
             get_tokenizer(f"hf={tmp_path / f'{own.kind}-run.json'}", corpus)
+    # transformers' tokenizer_config.json beside a tokenizer.json (the settings, not the tokenizer): the library's
+    # parse error was cut mid-line ("expected `,` or `}` at line 1 column 17 (the tokenizer failed while reading its…")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer",
+                                                                "model_max_length": 2048}))
+    with pytest.raises(DataError, match=r"^--tokenizer hf=.*tokenizer_config.json is a transformers "
+                                        r"tokenizer_config.json \(a tokenizer's settings\), not the tokenizer: give "
+                                        r"the tokenizer.json beside it$"):
+        get_tokenizer(f"hf={tmp_path / 'tokenizer_config.json'}", corpus)
     # JSON with a kind but no payload, or a kind gbattn has not, is no run's file: only "not a valid tokenizer.json"
     for record in ({"kind": "bpe"}, {"kind": "sentencepiece", "payload": "{}"}):
         (tmp_path / "other.json").write_text(json.dumps(record))

@@ -322,6 +322,9 @@ def _gpt2_payload(spec: str) -> str:
                 raise DataError(f"--tokenizer {spec} is a gbattn run's tokenizer file ({own}), not a Hugging Face "
                                 f"tokenizer.json: --tokenizer {own} on that run's data and vocab_size builds the same "
                                 f"one (or --init-from that run starts from its model and tokenizer)") from None
+            if payload is not None and _is_tokenizer_settings(payload):
+                raise DataError(f"--tokenizer {spec} is a transformers tokenizer_config.json (a tokenizer's "
+                                f"settings), not the tokenizer: give the tokenizer.json beside it") from None
             detail = error_detail(e, with_type=True)
             raise DataError(f"--tokenizer {spec}: not a valid tokenizer.json ({detail})") from None
         return payload
@@ -335,6 +338,17 @@ def _gpt2_payload(spec: str) -> str:
     except Exception as e:
         raise DataError(f"could not fetch the GPT-2 tokenizer from the Hugging Face hub ({type(e).__name__}); "
                         f"pass a local file instead: --tokenizer gpt2=/path/to/tokenizer.json") from None
+
+
+def _is_tokenizer_settings(text: str) -> bool:
+    """Whether ``text`` is a transformers ``tokenizer_config.json``: no tokenizer model, a tokenizer's settings (the
+    library's error on it was a JSON parse error cut mid-line)."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return False
+    return (isinstance(record, dict) and "model" not in record
+            and bool({"tokenizer_class", "model_max_length", "added_tokens_decoder"} & set(record)))
 
 
 def _run_tokenizer_kind(text: str) -> str | None:
