@@ -1090,6 +1090,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("eval of text with characters the char tokenizer never saw",
          ["eval", run, "--data", foreign_text, "--allow-other-data"],
          "foreign-text (test split): characters not in the tokenizer's vocabulary: ['\u00a7']"),
+        ("generate from a prompt with characters the char tokenizer lacks", ["generate", run, "--prompt", "a\u00a7"],
+         "gbattn: error: --prompt: characters not in the tokenizer's vocabulary: ['\u00a7']"),
         ("run dir is a file", ["eval", f["a-file"]], "is not a directory"),
         ("eval of a comparison's directory", ["eval", comparison],
          f"{comparison} is not a run directory but holds 2: give one of them, e.g. {comparison}/gba/seed42"),

@@ -111,7 +111,7 @@ def cmd_generate(args) -> None:
 
     import torch
 
-    from gbattn.errors import UserError
+    from gbattn.errors import DataError, UserError
     from gbattn.model.decoding import decoder_for
     from gbattn.progress import Progress
     from gbattn.rundir import load_run
@@ -123,7 +123,10 @@ def cmd_generate(args) -> None:
     if args.checkpoint != "last" and run.checkpoint == "last":  # (load_run's fallback, which eval and analyze name)
         print(f"note: {args.run_dir} has no best-validation weights (best.pt): generating from the last checkpoint, "
               f"step {run.step}", file=sys.stderr)
-    ids = run.tokenizer.encode(args.prompt)
+    try:
+        ids = run.tokenizer.encode(args.prompt)
+    except DataError as e:  # (the line named neither the prompt nor the option)
+        raise DataError(f"--prompt: {e}") from None
     if not ids:
         raise UserError("the prompt encodes to no tokens")
     unknown = ids.count(run.tokenizer.unknown_id) if run.tokenizer.unknown_id is not None else 0
