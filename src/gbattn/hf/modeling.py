@@ -292,10 +292,14 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         fed back, so a sequence may end one token past the positions."""
         block = self.config.max_position_embeddings
         prompt = inputs.shape[-1] if isinstance(inputs, Tensor) else 0
-        asked = (f"a prompt of {prompt} tokens and max_new_tokens={max_new_tokens}", prompt + max_new_tokens) \
-            if isinstance(max_new_tokens, int) else (f"max_length={max_length}", max_length)
-        if isinstance(asked[1], int) and asked[1] - 1 > block:
-            raise ValueError(f"{asked[0]} feed the model positions 0 .. {asked[1] - 2}; it has 0 .. {block - 1} "
+        if isinstance(max_new_tokens, int):
+            asked, length = f"a prompt of {prompt} tokens and max_new_tokens={max_new_tokens}", prompt + max_new_tokens
+        elif isinstance(max_length, int):
+            asked, length = f"max_length={max_length}", max_length
+        else:
+            return
+        if length - 1 > block:
+            raise ValueError(f"{asked} feed the model positions 0 .. {length - 2}; it has 0 .. {block - 1} "
                              f"(max_position_embeddings, gbattn's block_size): ask for at most "
                              f"{max(block + 1 - prompt, 0)} new tokens")
 
