@@ -1929,8 +1929,10 @@ def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked
                                         r"the tokenizer.json beside it$"):
         get_tokenizer(f"hf={tmp_path / 'tokenizer_config.json'}", corpus)
     # JSON with a kind but no payload, or a kind gbattn has not, is no run's file: only "not a valid tokenizer.json"
-    for record in ({"kind": "bpe"}, {"kind": "sentencepiece", "payload": "{}"}):
-        (tmp_path / "other.json").write_text(json.dumps(record))
+    # (nor is a JSON array, or one nested past Python's recursion limit: a RecursionError traceback once)
+    for record in ({"kind": "bpe"}, {"kind": "sentencepiece", "payload": "{}"}, ["kind", "payload"],
+                   "[" * 100_000 + "]" * 100_000):
+        (tmp_path / "other.json").write_text(record if isinstance(record, str) else json.dumps(record))
         with pytest.raises(DataError, match=r"^--tokenizer hf=.*other.json: not a valid tokenizer.json"):
             get_tokenizer(f"hf={tmp_path / 'other.json'}", corpus)
 

@@ -317,12 +317,15 @@ def _gpt2_payload(spec: str) -> str:
             payload = content.decode("utf-8")
             Tokenizer("gpt2", payload)
         except Exception as e:
-            own = _run_tokenizer_kind(payload) if payload is not None else None
-            if own:
+            record = _json_object(payload) if payload is not None else {}
+            if set(record) >= {"kind", "payload"} and record["kind"] in KINDS:  # a run's own {"kind", "payload"}
+                own = record["kind"]
                 raise DataError(f"--tokenizer {spec} is a gbattn run's tokenizer file ({own}), not a Hugging Face "
                                 f"tokenizer.json: --tokenizer {own} on that run's data and vocab_size builds the same "
                                 f"one (or --init-from that run starts from its model and tokenizer)") from None
-            if payload is not None and _is_tokenizer_settings(payload):
+            # transformers' tokenizer_config.json: no tokenizer model, a tokenizer's settings (the library's error
+            # on it was a JSON parse error cut mid-line)
+            if "model" not in record and {"tokenizer_class", "model_max_length", "added_tokens_decoder"} & set(record):
                 raise DataError(f"--tokenizer {spec} is a transformers tokenizer_config.json (a tokenizer's "
                                 f"settings), not the tokenizer: give the tokenizer.json beside it") from None
             detail = error_detail(e, with_type=True)
@@ -340,26 +343,13 @@ def _gpt2_payload(spec: str) -> str:
                         f"pass a local file instead: --tokenizer gpt2=/path/to/tokenizer.json") from None
 
 
-def _is_tokenizer_settings(text: str) -> bool:
-    """Whether ``text`` is a transformers ``tokenizer_config.json``: no tokenizer model, a tokenizer's settings (the
-    library's error on it was a JSON parse error cut mid-line)."""
+def _json_object(text: str) -> dict:
+    """``text`` parsed as a JSON object, else an empty dict."""
     try:
         record = json.loads(text)
-    except ValueError:
-        return False
-    return (isinstance(record, dict) and "model" not in record
-            and bool({"tokenizer_class", "model_max_length", "added_tokens_decoder"} & set(record)))
-
-
-def _run_tokenizer_kind(text: str) -> str | None:
-    """The kind recorded in a run's own tokenizer file (``{"kind": ..., "payload": ...}``), else None."""
-    try:
-        record = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(record, dict) and set(record) >= {"kind", "payload"} and record["kind"] in KINDS:
-        return record["kind"]
-    return None
+    except (ValueError, RecursionError):  # a file nested too deeply was a RecursionError traceback
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: bool = True) -> Tokenizer:
