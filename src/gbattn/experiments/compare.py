@@ -167,12 +167,13 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
                   f"{jobs} in all (on a CPU, more runs than cores only slows each down)", file=sys.stderr)
         run_sets = {**sets, "threads": per_run_threads} if per_run_threads else sets
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
-        probe_model, probe_train = spec_configs(recipe, specs[0], data, seeds[0], run_sets, None)
+        first_configs = [spec_configs(recipe, spec, data, seeds[0], run_sets, None) for spec in specs]
+        probe_model, probe_train = first_configs[0]
         # Mistakes every run would stop at, found before recipe.json records the settings (a device that is not here,
         # --set device=cuda on a CPU machine, was "5 run(s) failed", one after another)
         resolve_device(probe_train.device)
-        for spec in specs:
-            training_input_length(*spec_configs(recipe, spec, data, seeds[0], run_sets, None))
+        for configs in first_configs:
+            training_input_length(*configs)
         prepared = prepare_data(probe_train, probe_model.vocab_size, progress=not quiet)
         # Every run already here trained on this data, before anything trains or is recorded: a corpus changed since
         # refused only when its run was reached, after the new seeds' runs had trained and recipe.json taken them.
