@@ -78,16 +78,14 @@ class ModelConfig(Typed):
         check_head_layout(self.d_model, self.n_heads, self.n_kv_heads, "pos='rope'" if self.pos == "rope" else None)
         if self.residual != "plain" and self.norm != "pre":
             raise ConfigError(f"residual={self.residual!r} is defined for norm='pre' only (docs/baselines.md)")
-        if self.pos != "rope" and self.rope_base != ModelConfig.rope_base:
-            raise ConfigError(f"rope_base={self.rope_base} is used by pos='rope' only; this model has "
-                              f"pos={self.pos!r}: set pos=rope too, or leave rope_base out")
         if self.ffn_hidden is not None and self.ffn_mult != ModelConfig.ffn_mult:  # (the width was ffn_hidden's)
             raise ConfigError(f"ffn_mult={self.ffn_mult} and ffn_hidden={self.ffn_hidden} both set the FFN's width, "
                               f"and ffn_hidden wins: give one of them")
-        if self.residual != "attnres-block" and self.attnres_block != ModelConfig.attnres_block:  # (was ignored)
-            raise ConfigError(f"attnres_block={self.attnres_block} is used by residual='attnres-block' only; this "
-                              f"model has residual={self.residual!r}: set residual=attnres-block too, or leave "
-                              f"attnres_block out")
+        # a field one setting reads, given beside another (it was ignored)
+        for name, owner, value in (("rope_base", "pos", "rope"), ("attnres_block", "residual", "attnres-block")):
+            if getattr(self, owner) != value and getattr(self, name) != getattr(ModelConfig, name):
+                raise ConfigError(f"{name}={getattr(self, name)} is used by {owner}={value!r} only; this model has "
+                                  f"{owner}={getattr(self, owner)!r}: set {owner}={value} too, or leave {name} out")
         options = variant_options(self.attn, self.attn_options, n_heads=self.n_heads, n_kv_heads=self.kv_heads,
                                   n_layers=self.n_layers)
         self.attn_options = {k: v for k, v in dataclasses.asdict(options).items() if k in self.attn_options}
