@@ -290,26 +290,25 @@ def test_past_key_values_keyword_and_tuple_output():
         assert torch.equal(hf.generate(ids, prefill_chunk_size=2, **inferred), hf.generate(ids, **padded))
     else:  # 4.x gives the chunks positions 0.. of the padded width (the short row's tokens were silently others),
         # with the mask given or made from the padding (which the refusal missed)
+        # the ids given by position or by keyword, as generate() takes them (the keywords were once not read)
         for given in (padded, inferred):
-            with pytest.raises(ValueError, match="4.x.s chunked prefill .prefill_chunk_size. gives every row"):
-                hf.generate(ids, prefill_chunk_size=2, **given)
+            for positional, keyword in (((ids,), {}), ((), {"input_ids": ids}), ((), {"inputs": ids})):
+                with pytest.raises(ValueError, match="4.x.s chunked prefill .prefill_chunk_size. gives every row"):
+                    hf.generate(*positional, prefill_chunk_size=2, **keyword, **given)
     # The check (4.x's generate runs it) takes the token ids as transformers does, tensors too: an eos_token_id of
     # tensor([7, 8]) made 4.x's chunked prefill of an unpadded batch a RuntimeError ('Boolean value of Tensor ...')
     unpadded, padding_only = idx.clamp_min(1), dict(pad_token_id=torch.tensor(0), eos_token_id=torch.tensor([7, 8]))
-    assert not GbattnForCausalLM._padded_batch((unpadded,), padding_only, hf.generation_config)
-    assert GbattnForCausalLM._padded_batch((ids,), padding_only, hf.generation_config)
-    assert not GbattnForCausalLM._padded_batch((ids,), dict(padding_only, eos_token_id=torch.tensor([7, 0])),
+    assert not GbattnForCausalLM._padded_batch(unpadded, padding_only, hf.generation_config)
+    assert GbattnForCausalLM._padded_batch(ids, padding_only, hf.generation_config)
+    assert not GbattnForCausalLM._padded_batch(ids, dict(padding_only, eos_token_id=torch.tensor([7, 0])),
                                                hf.generation_config)  # pad is an end-of-text token: no mask made
     # a mask that is given decides (the 4.x refusal's other half; under 5.x generate() never asks)
-    assert GbattnForCausalLM._padded_batch((ids,), dict(padding_only, attention_mask=mask), hf.generation_config)
-    assert not GbattnForCausalLM._padded_batch((ids,), dict(padding_only, attention_mask=torch.ones_like(ids)),
+    assert GbattnForCausalLM._padded_batch(ids, dict(padding_only, attention_mask=mask), hf.generation_config)
+    assert not GbattnForCausalLM._padded_batch(ids, dict(padding_only, attention_mask=torch.ones_like(ids)),
                                                hf.generation_config)
-    # the ids given by keyword, as generate() takes them; none at all (a generate() without a prompt), or no
-    # pad_token_id: no mask is made from them (the keywords were not read; the others were tracebacks)
-    for keyword in ("input_ids", "inputs"):
-        assert GbattnForCausalLM._padded_batch((), dict(padding_only, **{keyword: ids}), hf.generation_config)
-    assert not GbattnForCausalLM._padded_batch((), padding_only, hf.generation_config)
-    assert hf.generation_config.pad_token_id is None and not GbattnForCausalLM._padded_batch((ids,), {},
+    # no ids at all (a generate() without a prompt), or no pad_token_id: no mask is made from them (tracebacks once)
+    assert not GbattnForCausalLM._padded_batch(None, padding_only, hf.generation_config)
+    assert hf.generation_config.pad_token_id is None and not GbattnForCausalLM._padded_batch(ids, {},
                                                                                               hf.generation_config)
     assert torch.equal(hf.generate(unpadded, prefill_chunk_size=2, **dict(kw, eos_token_id=torch.tensor([7, 8]))),
                        hf.generate(unpadded, **dict(kw, eos_token_id=torch.tensor([7, 8]))))

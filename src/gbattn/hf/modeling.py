@@ -278,7 +278,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                              f"GbattnCache, which grows as a dynamic cache; leave cache_implementation unset")
         chunked = kwargs.get("prefill_chunk_size", getattr(settings, "prefill_chunk_size", None))
         use_cache = kwargs.get("use_cache", getattr(settings, "use_cache", True))
-        if chunked and TF_MAJOR < 5 and self._padded_batch(args, kwargs, settings):
+        if chunked and TF_MAJOR < 5 and self._padded_batch(inputs, kwargs, settings):
             raise ValueError("transformers 4.x's chunked prefill (prefill_chunk_size) gives every row of a left-padded "
                              "batch the positions 0, 1, ... of the padded width, not its own: leave prefill_chunk_size "
                              "unset for a padded batch, or use transformers >= 5")
@@ -304,13 +304,12 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                              f"{max(block + 1 - prompt, 0)} new tokens")
 
     @staticmethod
-    def _padded_batch(args: tuple, kwargs: dict, settings) -> bool:
+    def _padded_batch(ids, kwargs: dict, settings) -> bool:
         """Whether generate() gets a padded batch: its attention_mask holds a 0, or, without one, the input ids
-        hold pad_token_id (other than the end-of-text token), from which transformers makes the mask itself."""
+        ``ids`` hold pad_token_id (other than the end-of-text token), from which transformers makes the mask itself."""
         mask = kwargs.get("attention_mask")
         if mask is not None:
             return not bool(mask.all())
-        ids = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
         pad = kwargs.get("pad_token_id", getattr(settings, "pad_token_id", None))
         eos = kwargs.get("eos_token_id", getattr(settings, "eos_token_id", None))
         if not isinstance(ids, Tensor) or pad is None:
