@@ -27,7 +27,7 @@ def test_compiled_decoding_gives_the_eager_tokens(variant_case):
     model = tiny_model(variant_case).float()
     prompt = torch.randint(0, 37, (2, 5))
     step = compiled_decode_step(model)
-    for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=10, seed=3)):
+    for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=10, top_p=0.9, seed=3)):
         eager = generate(model, prompt, 14, **kwargs)
         compiled = generate(model, prompt, 14, decode_step=step, **kwargs)
         assert torch.equal(compiled, eager), kwargs
@@ -54,7 +54,7 @@ def test_compiled_decoding_of_a_left_padded_batch_gives_the_eager_tokens(block):
     model = tiny_model(("boosted", {"rounds": 3}), **BLOCKS[block]).float()
     batch, mask = left_pad([torch.randint(0, 37, (n,)) for n in (6, 2, 4)])
     step = compiled_decode_step(model)
-    for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=10, seed=3)):
+    for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=10, top_p=0.9, seed=3)):
         eager = generate(model, batch, 10, prompt_mask=mask, **kwargs)
         assert torch.equal(generate(model, batch, 10, prompt_mask=mask, decode_step=step, **kwargs), eager), kwargs
 

@@ -290,15 +290,16 @@ def test_generate_cli_passes_samples_and_the_cache_choice_and_shows_a_bar_for_lo
     assert out.count("---") == 3 and all(text.strip().startswith("the") for text in out.split("---")[:3])
     seen, bars, real_bar = [], [], progress.Progress
     def record(self, idx, n, **kw):
-        seen.append((kw["use_cache"], kw["temperature"], kw["top_k"], kw["seed"]))
+        seen.append((kw["use_cache"], kw["temperature"], kw["top_k"], kw["top_p"], kw["seed"]))
         return idx
 
     monkeypatch.setattr(GPT, "generate", record)
     monkeypatch.setattr(progress, "Progress", lambda *a, **kw: bars.append(kw["disable"]) or real_bar(*a, **kw))
     for flags in (["--max-new-tokens", "999"],
-                  ["--max-new-tokens", "1000", "--no-cache", "--temperature", "0.3", "--top-k", "2", "--seed", "5"]):
+                  ["--max-new-tokens", "1000", "--no-cache", "--temperature", "0.3", "--top-k", "2", "--top-p", "0.9",
+                   "--seed", "5"]):
         assert cli_main(["generate", run, "--prompt", "the", *flags]) == 0
-    assert seen == [(True, 0.8, 200, None), (False, 0.3, 2, 5)] and bars == [True, False]
+    assert seen == [(True, 0.8, 200, None, None), (False, 0.3, 2, 0.9, 5)] and bars == [True, False]
 
 
 @pytest.mark.parametrize("block", ["gpt2", "llama"])
@@ -362,6 +363,9 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
         ({"idx_BT": ids, "top_k": 0}, "top_k=0 must be an integer >= 1"),
         ({"idx_BT": ids, "top_k": 2.5}, "top_k=2.5 must be an integer >= 1"),  # was topk()'s TypeError
         ({"idx_BT": ids, "top_k": True}, "top_k=True must be an integer >= 1"),
+        ({"idx_BT": ids, "top_p": 0}, "top_p=0.0 must be a number in (0, 1]"),
+        ({"idx_BT": ids, "top_p": 1.5}, "top_p=1.5 must be a number in (0, 1]"),
+        ({"idx_BT": ids, "top_p": float("nan")}, "top_p=nan must be a number in (0, 1]"),
         ({"idx_BT": ids[:, :0]}, "the prompt is empty"),
         ({"idx_BT": ids[:0]}, "the batch is empty: give at least one row"),  # was "setup_cache(batch=0): ..."
         ({"idx_BT": ids[:, :0], "prompt_mask": left[:, :0]}, "the prompt is empty"),  # was an IndexError
@@ -490,6 +494,27 @@ def test_top_k_samples_only_the_k_largest_logits():
         drawn = sample_next(logits, 1.0, k, torch.Generator().manual_seed(k)).flatten()
         allowed = set(torch.topk(logits[0], k).indices.tolist())
         assert set(drawn.tolist()) == allowed, (k, sorted(set(drawn.tolist())), sorted(allowed))
+
+
+def test_top_p_samples_the_smallest_set_of_likeliest_tokens_holding_p_after_top_k(capsys):
+    """Nucleus sampling: the draws are the likeliest tokens whose probabilities, ranked, first reach top_p (given
+    out of rank order, so the cut is mapped back to the vocabulary), after top-k's cut and renormalisation; top_p=1
+    is no cut; `gbattn generate --top-p 0` is one line."""
+    from gbattn.model.decoding import sample_next
+
+    probs = torch.tensor([0.15, 0.5, 0.05, 0.3])  # ranked: 1 (0.5), 3 (0.3), 0 (0.15), 2 (0.05)
+    logits = probs.log()[None].repeat(4000, 1)
+    for top_k, top_p, allowed in ((None, 0.4, {1}), (None, 0.7, {1, 3}), (None, 0.85, {1, 3, 0}),
+                                  (None, 0.97, {0, 1, 2, 3}), (2, 0.6, {1}), (2, 0.9, {1, 3}), (3, 0.9, {1, 3, 0})):
+        drawn = sample_next(logits, 1.0, top_k, torch.Generator().manual_seed(0), top_p).flatten()
+        assert set(drawn.tolist()) == allowed, (top_k, top_p, sorted(set(drawn.tolist())))
+    for top_k in (None, 3):
+        assert torch.equal(sample_next(logits, 1.0, top_k, torch.Generator().manual_seed(1), 1.0),
+                           sample_next(logits, 1.0, top_k, torch.Generator().manual_seed(1)))
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["generate", "runs/none", "--prompt", "a", "--top-p", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --top-p: 0.0 must be a number in (0, 1]" in capsys.readouterr().err
 
 
 def test_a_top_k_of_the_vocabulary_size_or_more_keeps_every_token_and_the_help_says_so(capsys):

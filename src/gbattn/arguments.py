@@ -90,6 +90,17 @@ def non_negative_number(text: str) -> float:
     return value
 
 
+def probability_mass(text: str) -> float:
+    """A number in (0, 1] (a nucleus sampling's top-p)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"{value} must be a number in (0, 1]")
+    return value
+
+
 def preset(p: argparse.ArgumentParser, training: bool = True) -> None:
     """--preset (``training``: the command trains, with the preset's recipe as its default)."""
     recipe = "; its training recipe is the default" if training else ""

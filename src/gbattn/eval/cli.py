@@ -41,6 +41,9 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=arguments.at_least(1), default=200,
                    help="sample from the k most likely tokens (default %(default)s); a k of the vocabulary's size "
                         "or more keeps every token")
+    p.add_argument("--top-p", type=arguments.probability_mass, default=None,
+                   help="nucleus sampling: from the most likely tokens that together hold at least this probability, "
+                        "after --top-k (default: no cut)")
     p.add_argument("--seed", type=arguments.SEED, default=None, help="sampling seed (default: a new draw each time)")
     p.add_argument("--num-samples", type=arguments.at_least(1), default=1,
                    help="samples to draw from the same prompt (default %(default)s)")
@@ -148,7 +151,8 @@ def cmd_generate(args) -> None:
 
     t0 = time.perf_counter()
     # compile=False: the choice is made above (step, or eager decoding), not again by generate's own default
-    out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
+    out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             seed=args.seed,
                              use_cache=not args.no_cache, decode_step=step, compile=False, progress=made_one)
     if device.type == "cuda":  # the tokens are queued, not made, until the GPU is done
         torch.cuda.synchronize(device)

@@ -17,8 +17,10 @@ from gbattn.attention.core import check_mask_dtype, check_tensor, positions_of
 from gbattn.checks import MAX_INT, checked
 
 
-def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
-    """Next token ids (B, 1): greedy at temperature 0, else softmax sampling with optional top-k."""
+def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None,
+                top_p: float | None = None) -> Tensor:
+    """Next token ids (B, 1): greedy at temperature 0, else softmax sampling with optional top-k, then top-p
+    (nucleus sampling, Holtzman et al. 2020: the most likely tokens whose probabilities, ranked, reach ``top_p``)."""
     if temperature <= 0 or float(torch.tensor(temperature, dtype=torch.float32)) == 0:  # 0 in float32: greedy
         return logits_BV.argmax(-1, keepdim=True)
     scaled_BV = logits_BV.float() / temperature
@@ -29,6 +31,12 @@ def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, genera
     if top_k is not None and top_k < logits_BV.shape[-1]:
         kth = torch.topk(logits_BV, top_k, dim=-1).values[:, -1:]
         logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        ranked_BV, order_BV = torch.sort(logits_BV, dim=-1, descending=True)
+        probs_BV = torch.softmax(ranked_BV, dim=-1)
+        # a token is cut when the tokens ranked above it already hold top_p (the most likely one never is)
+        cut_ranked_BV = probs_BV.cumsum(-1) - probs_BV >= top_p
+        logits_BV = logits_BV.masked_fill(cut_ranked_BV.scatter(-1, order_BV, cut_ranked_BV), float("-inf"))
     return torch.multinomial(torch.softmax(logits_BV, dim=-1), 1, generator=generator)
 
 
@@ -85,8 +93,8 @@ def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0,
     return None, f"KV cache{past}"
 
 
-def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None,
-                   seed: int | None = None) -> tuple[int, float, int | None, int | None]:
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, seed: int | None = None,
+                   top_p: float | None = None) -> tuple[int, float, int | None, int | None, float | None]:
     """The sampling options as Python numbers, checked as config fields are (numpy's numbers and an integral float
     such as 4.0 are taken, a bool is not), or a ValueError naming the bad one."""
     max_new_tokens = checked("max_new_tokens", max_new_tokens, int, lambda n: n >= 0, "an integer >= 0")
@@ -94,10 +102,12 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None,
     temperature = checked("temperature", temperature, float, lambda t: t >= 0, "a finite number >= 0 (0 = greedy)")
     if top_k is not None:
         top_k = checked("top_k", top_k, int, lambda k: k >= 1, "an integer >= 1 (or None for no top-k)")
+    if top_p is not None:
+        top_p = checked("top_p", top_p, float, lambda p: 0 < p <= 1, "a number in (0, 1] (or None for no top-p)")
     if seed is not None:
         seed = checked("seed", seed, int, lambda s: 0 <= s <= MAX_INT,
                         "an integer in [0, 2**63 - 1] (or None for a new draw each time)")
-    return max_new_tokens, temperature, top_k, seed
+    return max_new_tokens, temperature, top_k, seed, top_p
 
 
 def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
@@ -129,11 +139,12 @@ def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
 @torch.no_grad()
 def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              seed: int | None = None, use_cache: bool = True, prompt_mask: Tensor | None = None,
-             decode_step=None, compile: bool | None = None, progress=None) -> Tensor:
+             decode_step=None, compile: bool | None = None, progress=None, top_p: float | None = None) -> Tensor:
     """Continue ``idx_BT`` by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens) (README, "Using gbattn
     from Python").
 
     ``top_k``: sample from the k largest logits (None, or a k of the vocabulary's size or more: from all of them).
+    ``top_p``: then from the most likely tokens that together hold at least this probability (None or 1: all).
     ``prompt_mask`` (B, T): True for real prompt tokens, for a left-padded batch (each row then
     continues as it would alone while the sequence fits in ``block_size``; past it a row's window
     still holds its padding). ``decode_step``: a replacement for the one-token cached forward
@@ -145,7 +156,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     ``progress(1)`` is called after each new token (e.g. a progress bar's update). The model's
     training mode and its own KV cache (``setup_cache``) are as they were afterwards.
     """
-    max_new_tokens, temperature, top_k, seed = check_sampling(max_new_tokens, temperature, top_k, seed)
+    max_new_tokens, temperature, top_k, seed, top_p = check_sampling(max_new_tokens, temperature, top_k, seed, top_p)
     # (a string read as True: compile="no" compiled; use_cache=None decoded without the cache)
     use_cache = checked("use_cache", use_cache, bool, None, "True or False")
     if compile is not None:
@@ -182,7 +193,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             if not cached:
                 window = out[:, -block:]
                 logits = model(window, **_padded_window(mask_BT, out.shape[1], window.shape[1], prompt_mask))[:, -1]
-            nxt = sample_next(logits, temperature, top_k, generator)
+            nxt = sample_next(logits, temperature, top_k, generator, top_p)
             out = torch.cat([out, nxt], dim=1)
             if progress is not None:
                 progress(1)
