@@ -83,6 +83,15 @@ def test_corpus_lines_get_no_special_tokens_from_a_post_processor(tmp_path):
     assert all(0 not in splits[s] for s in splits)
     characters = sum(len(line) for s in splits for line in corpus.lines(s) if line.strip())
     assert sum(len(splits[s]) for s in splits) == characters
+    # A template that also ends the text (BERT's "[CLS] $A [SEP]"): a prompt keeps the start, not the end, after
+    # which generation went on; an empty text keeps both
+    backend.add_special_tokens(["</s>"])
+    end = backend.token_to_id("</s>")
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A </s>",
+                                                           special_tokens=[("<s>", 0), ("</s>", end)])
+    tok = Tokenizer("hf", backend.to_str())
+    assert tok.encode("to be") == [0, *(vocab[c] for c in "to be")]
+    assert tok.encode("") == [0, end]
 
 
 def test_token_memmap_round_trip_and_reuse(tmp_path, monkeypatch):

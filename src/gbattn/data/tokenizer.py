@@ -147,7 +147,9 @@ class Tokenizer:
         return _fingerprint(self.kind, self.payload)
 
     def encode(self, text: str) -> list[int]:
-        """The ids of ``text``, a string (other types are a TypeError: an HF tokenizer's refusal of bytes or a list
+        """The ids of ``text``, a prompt: with the special tokens the tokenizer's post-processor puts before it (a
+        Llama's start token), not those it puts after it (a BERT template's ``[SEP]``, after which generation went
+        on). ``text`` is a string (other types are a TypeError: an HF tokenizer's refusal of bytes or a list
         read as a damaged tokenizer.json, and a char tokenizer took bytes for characters numbered 97, 98, ...)."""
         if not isinstance(text, str):
             raise TypeError(f"encode takes a string, not a {type(text).__name__}" +
@@ -157,7 +159,10 @@ class Tokenizer:
             return [self.stoi[c] for c in text]
         self._refuse_unencodable([text])
         with hf_failures_as_data_errors("encoding"):
-            return self._hf.encode(text).ids
+            encoding = self._hf.encode(text)
+        # the text's own tokens have a sequence id, those the post-processor added None; an empty text's are kept
+        own = [i for i, sequence in enumerate(encoding.sequence_ids) if sequence is not None]
+        return encoding.ids[: own[-1] + 1] if own else encoding.ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Lines of a corpus: their tokens only. Unlike :meth:`encode` (a prompt), no special token
