@@ -3048,6 +3048,25 @@ def test_train_names_a_config_argument_of_another_type(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_train_refuses_a_preset_or_extra_that_no_reader_of_the_run_would_take(tmp_path):
+    """train() records ``preset`` and ``extra`` in config.json, whose readers take a preset name and a JSON object:
+    preset=5 or extra=[1] trained the whole run, then load_run and every command refused it ("preset=5 must be a
+    string"), and an extra of a Path was a json TypeError from deep inside the first write. Each is one ConfigError
+    naming the argument, before anything is written."""
+    from gbattn.config import build_configs
+    from gbattn.errors import ConfigError
+
+    configs = build_configs("cpu-char", "standard", "tiny-shakespeare", {"max_steps": 1})
+    for kwargs, named in (({"preset": 5}, r"^preset=5 is not allowed; choose one of paper-small"),
+                          ({"preset": "cpu-chr"}, r"^preset='cpu-chr' is not allowed \(did you mean 'cpu-char'\?\)"),
+                          ({"extra": [1]}, r"^extra of type list: give a dict"),
+                          ({"extra": {"source": Path("x")}}, r"^extra holds a value JSON cannot record \(Object of "
+                                                             r"type PosixPath is not JSON serializable\)")):
+        with pytest.raises(ConfigError, match=named):
+            train(tmp_path / "run", *configs, quiet=True, **kwargs)
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("kind", ["char", "hf"])
 def test_encoding_anything_but_a_string_is_a_type_error_not_a_damaged_tokenizer(kind):
     """An HF tokenizer's refusal of bytes (or a list, or None) read "its tokenizer.json is damaged", and a char

@@ -7,6 +7,7 @@ checkpoints, one writer per run directory, and a stop on a non-finite loss.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shlex
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from gbattn import rundir
-from gbattn.config import DROPOUT_FIELDS, ModelConfig, TrainConfig, training_input_length
+from gbattn.config import DROPOUT_FIELDS, ModelConfig, TrainConfig, get_preset, training_input_length
 from gbattn.data.corpus import load_corpus, test_split_note, tested_split
 from gbattn.data.prepare import Data, prepare_data, recorded_path_advice
 from gbattn.data.tokenizer import Tokenizer
@@ -208,6 +209,23 @@ def given_neutral(saved: dict, recorded_model: ModelConfig, recorded_train: Trai
     return neutral
 
 
+def check_recorded(preset, extra) -> None:
+    """``preset`` and ``extra`` as config.json records them for its readers (:func:`gbattn.rundir.check_config`): a
+    preset's name (``train --init-from`` builds its recipe from it) and a dict of JSON values, or None; else a
+    ConfigError, where a Python caller's other values trained a whole run that no command could read back."""
+    if preset is not None:
+        get_preset(preset)
+    if extra is None:
+        return
+    if not isinstance(extra, dict):
+        raise ConfigError(f"extra of type {type(extra).__name__}: give a dict (recorded in config.json) or None")
+    try:
+        json.dumps(extra)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"extra holds a value JSON cannot record ({e}): give strings, numbers, lists and "
+                          f"dicts") from None
+
+
 class Trainer:
     """Train one model into ``run_dir``. ``Trainer(...).run()`` returns the result record.
 
@@ -235,6 +253,7 @@ class Trainer:
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(f"{name} of type {type(value).__name__}: give a {kind.__name__} (build_configs("
                                   f"preset, attn, data, sets) returns the model's and the training's)")
+        check_recorded(preset, extra)
         if resume:
             self.saved = rundir.read_config(config_path)
             self.model_cfg, recorded = rundir.read_configs(self.saved, config_path)
