@@ -3067,6 +3067,20 @@ def test_train_refuses_a_preset_or_extra_that_no_reader_of_the_run_would_take(tm
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("given", [None, 3, b"run", ["run"]])
+def test_load_run_and_train_name_a_directory_of_another_type(tmp_path, given):
+    """load_run(None) or train(3, ...) was pathlib's "expected str, bytes or os.PathLike object, not NoneType" (bytes:
+    "argument should be a str object ..."), naming neither the argument nor what it takes: a TypeError naming both."""
+    from gbattn.config import build_configs
+
+    kind = type(given).__name__
+    with pytest.raises(TypeError, match=rf"^path of type {kind}: give a run directory \(a str or pathlib\.Path\)"):
+        ckpt.load_run(given)
+    configs = build_configs("cpu-char", "standard", "tiny-shakespeare", {"max_steps": 1})
+    with pytest.raises(TypeError, match=rf"^run_dir of type {kind}: give a run directory \(a str or pathlib\.Path\)"):
+        train(given, *configs, quiet=True)
+
+
 @pytest.mark.parametrize("kind", ["char", "hf"])
 def test_encoding_anything_but_a_string_is_a_type_error_not_a_damaged_tokenizer(kind):
     """An HF tokenizer's refusal of bytes (or a list, or None) read "its tokenizer.json is damaged", and a char

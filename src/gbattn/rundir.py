@@ -728,10 +728,19 @@ def check_exported_checkpoint(path: Path, checkpoint: str | None, recorded) -> N
                         f"(export the run's {checkpoint} weights with `gbattn export RUN --checkpoint {checkpoint}`)")
 
 
+def as_directory(value, name: str) -> Path:
+    """``value``, a run directory given from Python as a str or ``os.PathLike``, as a Path; anything else (None, an
+    int, bytes, a loaded run) is a TypeError naming the argument ``name``, where pathlib's "expected str, bytes or
+    os.PathLike object" named neither it nor what it takes."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} of type {type(value).__name__}: give a run directory (a str or pathlib.Path)")
+    return Path(value)
+
+
 def check_model_dir(path: str | Path) -> Path:
     """``path`` as a Path when it is a directory (a run's or an exported one), else a one-line
     :class:`CheckpointError`: checked before anything is derived from it (a default output folder inside it)."""
-    path = Path(path)
+    path = as_directory(path, "path")
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)"
                               f"{did_you_mean_path(path)}")

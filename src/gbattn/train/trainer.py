@@ -235,7 +235,7 @@ class Trainer:
     def __init__(self, run_dir: str | Path, model_cfg: ModelConfig | None = None, train_cfg: TrainConfig | None = None,
                  resume: bool = False, quiet: bool = False, extra: dict | None = None, preset: str | None = None,
                  restart: bool = False, overrides: dict | None = None) -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir = rundir.as_directory(run_dir, "run_dir")
         if resume and restart:  # (`train --resume --restart` is refused the same way)
             raise UserError("resume=True continues the run in run_dir and restart=True replaces it: give one of them")
         if overrides and not resume:  # (ignored, silently)
