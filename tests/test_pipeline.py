@@ -3014,6 +3014,30 @@ def test_decoding_an_id_outside_the_vocabulary_is_refused_naming_it(kind):
         tok.decode([-100])
 
 
+@pytest.mark.parametrize("kind", ["char", "hf"])
+def test_decode_takes_one_sequence_of_integer_ids(kind):
+    """``run.tokenizer.decode(run.model.generate(...))`` passed the (1, T) batch: torch's "only one element tensors
+    can be converted to Python scalars", naming no row; a string of digits decoded as ids 1, 2 and a float id was
+    truncated to an integer, silently. A row, a list, a numpy array or a 1-D integer tensor decode as before."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    tok = Tokenizer("char", json.dumps({"chars": list("abc")})) if kind == "char" else \
+        Tokenizer("hf", HFTokenizer(models.WordLevel({"a": 0, "b": 1, "c": 2}, unk_token="c")).to_str())
+    row = tok.decode([0, 1])
+    for ids in (torch.tensor([0, 1]), np.array([0, 1]), (np.int64(0), 1), torch.tensor([[0, 1]])[0]):
+        assert tok.decode(ids) == row
+    for batch in (torch.tensor([[0, 1]]), np.array([[0, 1]]), [[0, 1]]):
+        with pytest.raises(TypeError, match=r"^decode takes one sequence of token ids, not a batch of them: decode "
+                                            r"each row \(ids\[0\]\)"):
+            tok.decode(batch)
+    with pytest.raises(TypeError, match=r"^decode takes token ids, not a str \(encode takes text\)"):
+        tok.decode("12")
+    for floats in ([0.5], torch.tensor([0.0, 1.0])):
+        with pytest.raises(TypeError, match=r"^decode takes integer token ids, not float \(0\.[05]\)"):
+            tok.decode(floats)
+
+
 def test_train_from_python_restarts_a_run_as_train_restart_does(tmp_path):
     """A script run again into its run directory is told the run is there ("--restart to replace it"); train() takes
     restart=True as `gbattn train --restart` does (it had no such argument: the old run had to be deleted by hand)."""

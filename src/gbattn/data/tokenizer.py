@@ -19,6 +19,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import operator
 import os
 import unicodedata
 from collections.abc import Iterable
@@ -219,8 +220,14 @@ class Tokenizer:
         is False. The unknown token is always shown, as it is spelled (``<unk>``, WikiText v1's own spelling of its
         rare words; ``[UNK]``): left out, a generated one would read as a word silently missing. An id outside
         0 .. vocab_size - 1 is a ValueError (a char tokenizer read -1 as its last character, an HF one dropped an id
-        past its vocabulary silently)."""
-        ids = [int(i) for i in ids]
+        past its vocabulary silently). One sequence of integer ids: a batch of them (the (1, T) tensor generate
+        returns), a string or a float id is a TypeError (the batch was torch's "only one element tensors can be
+        converted to Python scalars", a string of digits and a float were read as ids)."""
+        if isinstance(ids, (str, bytes, bytearray)):
+            raise TypeError(f"decode takes token ids, not a {type(ids).__name__} (encode takes text)")
+        if hasattr(ids, "tolist") and not isinstance(ids, (list, tuple)):  # a tensor or numpy array: Python numbers
+            ids = ids.tolist()
+        ids = [_token_id(i) for i in ids]
         outside = next((i for i in ids if not 0 <= i < self.vocab_size), None)
         if outside is not None:
             ignored = " (-100 marks a target left out of a loss, not a token)" if outside == -100 else ""
@@ -412,3 +419,15 @@ def _cache_entry(path: Path, kind: str) -> Tokenizer | None:
     except Exception:  # too large, unreadable, JSON, key, type or HF tokenizers errors (as Tokenizer.load): damaged
         return None
     return cached if cached.kind == kind and saved.get("fingerprint") == cached.fingerprint else None
+
+
+def _token_id(value) -> int:
+    """One token id for :meth:`Tokenizer.decode`: an integer (Python's or numpy's), else a TypeError naming what it
+    is (a row of a batch, a float)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) >= 1:
+            raise TypeError("decode takes one sequence of token ids, not a batch of them: decode each row (ids[0])"
+                            ) from None
+        raise TypeError(f"decode takes integer token ids, not {type(value).__name__} ({value!r})") from None
