@@ -659,8 +659,10 @@ class LoadedRun:
         return recorded_fingerprint(self.config)
 
     def generate(self, prompt: str, max_new_tokens: int = 100, **kwargs) -> str:
-        """``prompt`` followed by the text generated after it (see :func:`gbattn.model.decoding.generate`
-        for the options)."""
+        """The text of the prompt's tokens and of those generated after them, decoded together as `gbattn generate`
+        prints them (see :func:`gbattn.model.decoding.generate` for the options). It starts with ``prompt`` where the
+        tokenizer decodes text as it was (char, gpt2); the paper's BPE spells it piece by piece (``"First Citizen :"``
+        for ``"First Citizen:"``), so ``len(prompt)`` does not mark where the new text starts."""
         if not isinstance(prompt, str):  # token ids went on to the tokenizer's "'int' object is not iterable"
             raise UserError(f"prompt of type {type(prompt).__name__}: give a string (run.model.generate takes "
                             f"token ids)")
