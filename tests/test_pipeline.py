@@ -3091,6 +3091,29 @@ def test_train_refuses_a_preset_or_extra_that_no_reader_of_the_run_would_take(tm
     assert not (tmp_path / "run").exists()
 
 
+def test_train_checks_a_config_field_set_after_the_config_was_built(tmp_path):
+    """A config's fields are checked when it is built, not when one is set afterwards (``train_cfg.max_steps = 0``,
+    a script's way to change a run): max_steps=0 or eval_every=-1 trained and wrote a run that load_run and every
+    command refused, lr='x' was a TypeError from inside AdamW. train() checks its own copy of each config, as GPT
+    does: one ConfigError naming the field, before anything is written."""
+    from gbattn.config import build_configs
+    from gbattn.errors import ConfigError
+
+    model_cfg, train_cfg = build_configs("cpu-char", "standard", "tiny-shakespeare", {"max_steps": 1})
+    for field, value, named in (("max_steps", 0, r"^max_steps=0 must be an integer >= 1"),
+                                ("eval_every", -1, r"^eval_every=-1 must be an integer >= 1"),
+                                ("lr", "x", r"^lr='x' must be a number")):
+        changed = train_cfg.replace()
+        setattr(changed, field, value)
+        with pytest.raises(ConfigError, match=named):
+            train(tmp_path / "run", model_cfg, changed, quiet=True)
+    changed = model_cfg.replace()
+    changed.dropout = 1.5
+    with pytest.raises(ConfigError, match=r"^dropout=1\.5 must be in \[0, 1\)"):
+        train(tmp_path / "run", changed, train_cfg, quiet=True)
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("given", [None, 3, b"run", ["run"]])
 def test_load_run_and_train_name_a_directory_of_another_type(tmp_path, given):
     """load_run(None) or train(3, ...) was pathlib's "expected str, bytes or os.PathLike object, not NoneType" (bytes:

@@ -272,7 +272,9 @@ class Trainer:
         else:
             if model_cfg is None or train_cfg is None:
                 raise ValueError("model_cfg and train_cfg are required for a new run")
-            self.saved, self.model_cfg, self.train_cfg = None, model_cfg, train_cfg
+            # Its own copies, checked as new configs are: a field the caller set after building one (train_cfg.max_steps
+            # = 0) trained a run no command could read back, or failed inside the optimizer
+            self.saved, self.model_cfg, self.train_cfg = None, model_cfg.replace(), train_cfg.replace()
             self.recorded_data = None
         if not self.train_cfg.data:
             raise UserError("no data given (train_cfg.data: a corpus name, a file or a folder; `gbattn train --data`)")
