@@ -909,6 +909,9 @@ def train(run_dir, model_cfg=None, train_cfg=None, resume=False, quiet=False, ex
     """Train (or, ``resume=True``, resume) one run into the run directory ``run_dir``, as `gbattn train` does;
     returns its result record (``result.json``; README, "Using gbattn from Python"). A resumed run needs no configs;
     given, they must be its own but for result-neutral fields (``TrainConfig.RESULT_NEUTRAL``), which they set.
-    ``restart=True`` replaces a run already in ``run_dir``, as `gbattn train --restart` does."""
+    ``restart=True`` replaces a run already in ``run_dir``, as `gbattn train --restart` does. ``preset``: the name of
+    the preset the configs were built from, recorded in config.json as `gbattn train --preset` records it (None: none
+    is recorded, and `gbattn train --init-from` the run then trains with paper-small's recipe); ``extra``: a dict of
+    JSON values recorded with it."""
     return Trainer(run_dir, model_cfg, train_cfg, resume=resume, quiet=quiet, extra=extra, preset=preset,
                    overrides=overrides, restart=restart).run()
