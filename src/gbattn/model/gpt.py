@@ -144,7 +144,8 @@ class GPT(nn.Module):
         # A submodule slot from the start, so setting up and clearing a cache never changes where the
         # attribute lives (that would make a compiled training step recompile after a decode).
         self.register_module("kv_cache", None)
-        self.apply(init_weights)
+        if not self.wte.weight.is_meta:  # a meta model has no values to draw (and drawing them took most of its build)
+            self.apply(init_weights)
 
     # -- sizes ---------------------------------------------------------------------
     def num_params(self) -> int:
