@@ -1824,6 +1824,13 @@ def test_a_config_larger_than_its_weights_is_refused_before_the_model_takes_memo
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
     assert (f"the weights in {run / rundir.CHECKPOINT} do not match its config (size mismatch for wte.weight"
             in one_line(code, err)), err
+    # n_layers edited to the largest a config takes: its layers are counted before a meta model is built (which
+    # took minutes for 2,000 layers)
+    config["model"].update(d_model=json.loads((trained["run"] / rundir.CONFIG).read_text())["model"]["d_model"],
+                           n_layers=4096)
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, ["eval", run])
+    assert f"the weights in {run} do not match its config (n_layers=4096; the weights hold " in one_line(code, err), err
 
 
 def test_a_nested_weight_is_refused_in_one_line_not_a_traceback(trained, tmp_path, capsys):
