@@ -624,6 +624,8 @@ def test_resume_from_python_checks_the_configs_given_against_the_recorded_ones(t
     with pytest.raises(UserError, match=r"data: recorded .*, given .*other"):  # another corpus
         train(tmp_path / "crashed", model_cfg, train_cfg.replace(data=str(write_corpus(tmp_path / "other", seed=1))),
               resume=True, quiet=True)
+    with pytest.raises(UserError, match=r"preset: recorded None, given 'cpu-char'"):  # was ignored, silently
+        train(tmp_path / "crashed", model_cfg, train_cfg, resume=True, quiet=True, preset="cpu-char")
     moved = shutil.copytree(data, tmp_path / "moved")  # the same corpus at another path, as train --resume --data
     resumed = train(tmp_path / "crashed", model_cfg, train_cfg.replace(threads=1, data=str(moved)), resume=True,
                     quiet=True)

@@ -263,6 +263,10 @@ class Trainer:
             self.train_cfg = recorded.replace(**(overrides or {}))  # result-neutral: threads, device, ...
             self.recorded_data = recorded.data  # the corpus path the run was started with
             self.extra, self.preset = self.saved.get("extra") or {}, self.saved.get("preset")
+            if preset is not None and preset != self.preset:  # (ignored, silently; `train --resume --preset` refused)
+                raise UserError(f"resume=True continues {self.run_dir} as it was started; preset: recorded "
+                                f"{self.preset!r}, given {preset!r}. Leave preset out, or start a new run in another "
+                                f"directory")
             switched = compile_switch(self.model_cfg, recorded, self.train_cfg)  # ... but for this
             if switched:  # (compare resumes its runs with its --set compile=...: its own words there)
                 how = ("Leave it out of the `gbattn compare` command, or compare into another --out"
