@@ -1244,6 +1244,12 @@ def test_build_configs_takes_a_path_for_its_data_and_names_a_model_field_given_a
 
     assert build_configs("cpu-char", "boosted", tmp_path / "a.txt", {})[1].data == str(tmp_path / "a.txt")
     assert build_configs("cpu-char", "boosted", "a.txt") == build_configs("cpu-char", "boosted", "a.txt", {})  # no sets
+    # ... in sets and as a keyword too (init_from=Path(...) was "must be a string"; data given twice "disagreed")
+    _, train_cfg = build_configs("cpu-char", "boosted", tmp_path / "a.txt", {"data": tmp_path / "a.txt",
+                                                                            "init_from": tmp_path / "run"})
+    assert (train_cfg.data, train_cfg.init_from) == (str(tmp_path / "a.txt"), str(tmp_path / "run"))
+    _, train_cfg = build_configs("cpu-char", "boosted", "a.txt", init_from=tmp_path / "run")
+    assert train_cfg.init_from == str(tmp_path / "run")
     with pytest.raises(ConfigError, match=r"^d_model, n_layers: model field\(s\), which build_configs takes in sets "
                                           r"\(\{'d_model': \.\.\., 'n_layers': \.\.\.\}\)"):
         build_configs("cpu-char", "boosted", "a.txt", {}, n_layers=1, d_model=64, lr=1e-3)
