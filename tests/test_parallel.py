@@ -591,8 +591,9 @@ def test_a_mistake_only_the_first_process_sees_ends_every_process_with_its_line(
                           env=env, timeout=300)
     assert proc.returncode != 0
     own = [line for line in proc.stderr.splitlines() if line.startswith("gbattn: error:")]
-    assert own and set(own) == {f"gbattn: error: {held} already holds a run; pass --resume to continue it, "
-                                f"--restart to replace it, or choose another --out"}, proc.stderr[-3000:]
+    assert own and set(own) == {f"gbattn: error: {held} already holds a run; pass --resume (from Python: "
+                                f"resume=True) to continue it, --restart (restart=True) to replace it, or choose "
+                                f"another --out"}, proc.stderr[-3000:]
     assert "[rank" not in proc.stderr and "exitcode: 2" in proc.stderr, proc.stderr[-3000:]
     assert sorted(p.name for p in held.iterdir()) == [".lock", rundir.CONFIG]
 

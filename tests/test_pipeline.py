@@ -3048,7 +3048,8 @@ def test_train_from_python_restarts_a_run_as_train_restart_does(tmp_path):
     sets = {"max_steps": 2, "eval_every": 2, "d_model": 16, "n_layers": 1, "threads": 1}
     train(tmp_path / "run", *build_configs("cpu-char", "standard", "tiny-shakespeare", sets), quiet=True)
     wider = build_configs("cpu-char", "standard", "tiny-shakespeare", {**sets, "d_model": 32})
-    with pytest.raises(UserError, match="already holds a run"):
+    with pytest.raises(UserError, match=r"already holds a run; pass --resume \(from Python: resume=True\) to "
+                                        r"continue it, --restart \(restart=True\) to replace it"):
         train(tmp_path / "run", *wider, quiet=True)
     assert train(tmp_path / "run", *wider, quiet=True, restart=True)["d_model"] == 32
     assert ckpt.load_run(tmp_path / "run").model_cfg.d_model == 32

@@ -395,8 +395,8 @@ class Trainer:
             if not self.restart and not self.resume and (
                 (self.run_dir / rundir.CHECKPOINT).exists() or (self.run_dir / rundir.CONFIG).exists()
             ):
-                raise UserError(f"{self.run_dir} already holds a run; pass --resume to continue it, --restart to "
-                                f"replace it, or choose another --out")
+                raise UserError(f"{self.run_dir} already holds a run; pass --resume (from Python: resume=True) to "
+                                f"continue it, --restart (restart=True) to replace it, or choose another --out")
         tokenizer, self.start = None, None
         self.has_checkpoint = self.resume and (self.run_dir / rundir.CHECKPOINT).exists()
         if cfg.init_from and not self.has_checkpoint:
