@@ -1648,6 +1648,37 @@ def test_lm_eval_names_a_task_yaml_it_cannot_build_in_one_line(trained, capsys, 
         f"gbattn: error: lm-eval could not build the task(s) ['toy_bad'] from their YAML ({detail}"), err
 
 
+def test_lm_eval_names_the_harness_check_a_request_fails(trained, capsys, tmp_path):
+    """The harness asserts without a message that an answer fits the model and has tokens of its own: the line
+    said "lm-eval refused the task for this model (malformed)". It names what is wrong with the task's answers."""
+    from lm_eval.api.instance import Instance
+
+    from gbattn.hf import wrap_run
+    from gbattn.hf.lmeval import GbattnLM, harness_refusal
+
+    run_dir, _ = trained
+    write_task(tmp_path, "toy_answer", json.dumps({"q": "A:", "choices": ["b" * 40, "c"], "label": 0}),
+               "output_type: multiple_choice\n" + MC_SPEC)
+    assert cli_main(["lm-eval", str(run_dir), "--tasks", "toy_answer", "--include-path", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+        "gbattn: error: lm-eval refused the task for this model (an answer (continuation) is longer than the model's "
+        "block_size of 33 tokens)"), err
+    # a BPE answer whose first piece merges with the question's last one ("the ca" + "t sat": "the cat sat")
+    bpe = get_tokenizer("bpe", load_corpus(str(write_corpus(tmp_path / "c"))), vocab_size=120, verbose=False)
+    assert len(bpe.encode("the cat sat")) == len(bpe.encode("the ca"))
+    cfg = tiny_config(("boosted", {}), vocab_size=bpe.vocab_size)
+    model, tokenizer = wrap_run(rundir.LoadedRun(tmp_path, GPT(cfg).eval(), cfg, None, bpe, {"model": cfg.to_dict()},
+                                                 7, "last"))
+    lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=1, max_length=cfg.block_size)
+    with pytest.raises(AssertionError) as refused:
+        lm.loglikelihood([Instance("loglikelihood", {}, ("the ca", "t sat"), 0)], disable_tqdm=True)
+    assert harness_refusal(refused.value, cfg.block_size) == (
+        "an answer (continuation) encodes to no tokens of its own: it is empty, or its tokens merge with the end of "
+        "the question's (a task's target_delimiter, such as ' ', keeps them apart)")
+    assert harness_refusal(AssertionError("requested max tokens"), 33) == "requested max tokens"  # the harness's own
+
+
 def test_an_unknown_task_names_the_yaml_files_of_the_include_path_that_do_not_parse(tmp_path, monkeypatch):
     """The harness's index skips a task YAML that does not parse, saying so only at debug level: the task was
     "unknown", with the advice to pass the --include-path that was passed. The line names the skipped file.

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import traceback
 from pathlib import Path
 
 import torch
@@ -265,7 +266,7 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
                                   log_samples=log_samples, batch_size=batch_size, device=str(device))
     except AssertionError as e:  # the harness checks a task against the model so (max_gen_toks < block size)
         close_progress_bars()  # the harness's bar, left open by the failed check, would print after the error
-        raise UserError(f"lm-eval refused the task for this model ({error_detail(e, 200)})") from None
+        raise UserError(f"lm-eval refused the task for this model ({harness_refusal(e, block_size)})") from None
     except ConnectionError as e:  # `datasets` without the hub and with no cached copy of a task's data
         close_progress_bars()
         raise UserError(f"lm-eval could not load a task's data ({error_detail(e, 160)}): the harness's tasks download "
@@ -286,6 +287,29 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
         tokenizer_log.removeFilter(_windowed_by_the_harness)
     results["gbattn"] = {"step": step, "block_size": block_size, "checkpoint": which}
     return results
+
+
+# The harness's checks of a log-likelihood request that it asserts without a message, by their source line: what
+# each means for a task's answers.
+HARNESS_CHECKS = {
+    "len(continuation_enc) > 0": "an answer (continuation) encodes to no tokens of its own: it is empty, or its tokens "
+                                 "merge with the end of the question's (a task's target_delimiter, such as ' ', keeps "
+                                 "them apart)",
+    "len(continuation_enc) <= self.max_length": "an answer (continuation) is longer than the model's block_size of "
+                                                "{block_size} tokens",
+}
+
+
+def harness_refusal(e: AssertionError, block_size: int) -> str:
+    """Why the harness refused a task: its assertion's message, or for a check it asserts without one, what that check
+    means (the message was "malformed"), else the check's source line."""
+    if str(e):
+        return error_detail(e, 200)
+    frames = traceback.extract_tb(e.__traceback__)
+    check = (frames[-1].line or "").removeprefix("assert ").strip() if frames else ""
+    if check in HARNESS_CHECKS:
+        return HARNESS_CHECKS[check].format(block_size=block_size)
+    return f"its check `{check}` failed" if check else "an assertion without a message"
 
 
 IN_MEMORY_WARNINGS = ("`pretrained` model kwarg is not of type `str`", "Passed an already-initialized model")
