@@ -1931,9 +1931,19 @@ def test_lm_eval_names_a_bad_dtype_in_config_json_not_the_tokenizer(trained, cap
 
 
 def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
+    from lm_eval.tasks import TaskManager
+
+    from gbattn.hf import lmeval
+
     run_dir, out = trained
-    assert cli_main(["lm-eval", str(run_dir), "--tasks", "no_such_task_xyz", "--include-path",
-                     str(LMEVAL_DATA)]) == 2
+
+    def local_only(self, include_path=None, include_defaults=True, **kwargs):  # (the harness's index takes 30 s)
+        TaskManager.__init__(self, include_path=include_path, include_defaults=False, **kwargs)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(lmeval.GbattnTaskManager, "__init__", local_only)
+        assert cli_main(["lm-eval", str(run_dir), "--tasks", "no_such_task_xyz", "--include-path",
+                         str(LMEVAL_DATA)]) == 2
     assert "unknown lm-eval task(s) ['no_such_task_xyz']" in capsys.readouterr().err
     # The task YAMLs' data paths are relative to the repository root: from elsewhere they are missing.
     monkeypatch.chdir(tmp_path)
@@ -1941,8 +1951,6 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     err = capsys.readouterr().err
     assert "could not find a task's data" in err and len(err.strip().splitlines()) == 1, err
     # A harness task whose data is on the hub, without the hub (a traceback and status 1).
-    from gbattn.hf import lmeval
-
     def offline(**kwargs):
         raise ConnectionError("Couldn't reach 'Rowan/hellaswag' on the Hub (LocalEntryNotFoundError)")
 
