@@ -89,8 +89,6 @@ def cmd_lm_eval(args) -> None:
     results = run_lm_eval(model, tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,
                           device=device, checkpoint=args.checkpoint, num_fewshot=args.num_fewshot,
                           log_samples=args.log_samples)
-    if results is None:  # the harness returns nothing on non-zero ranks of a distributed run
-        return
     print_tables(results)
     results["gbattn"].update(model=relative_path(model, Path.cwd()), command=command_line(portable=True))
     roots = [model.resolve()] + ([Path(args.include_path).resolve()] if args.include_path else [])
