@@ -1180,6 +1180,31 @@ def test_plot_refuses_a_results_json_with_a_boolean_count_or_a_text_published_va
             assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
 
 
+def test_plot_refuses_a_results_json_with_a_number_too_large_for_a_float(tmp_path, capsys):
+    """A 400-digit integer is a JSON number but no float: as a perplexity or a published value the chart's
+    mean, and as the parameters --gap's tokens per parameter, were an OverflowError traceback (exit 1); as the train
+    tokens of a model another continues (added to its curves' tokens) it is not added."""
+    compare_dir = tmp_path / "cmp"
+    compare_dir.mkdir()
+    for label in ("standard", "gba-m2"):
+        write_run(compare_dir, label, 42)
+        with open(compare_dir / label / "seed42" / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"event": "eval", "step": 2, "tokens": 200, "valid_loss": 3.9}) + "\n")
+    huge, row = 10**400, model_row("standard", {"42": 100.0})
+    for damaged, expected in (({**row, "test_ppl": {"42": huge}}, "test_ppl must map seeds to numbers"),
+                              ({**row, "published": [huge, None]}, "must be [mean, std] (numbers or null)"),
+                              ({**row, "parameters": huge}, "must be an integer >= 1")):
+        (compare_dir / "results.json").write_text(json.dumps(report_of([row, {**damaged, "label": "gba-m2"}])))
+        for argv in (["--out", str(tmp_path / "fig")], ["--gap", "gba-m2", "--out", str(tmp_path / "gap")]):
+            code = cli_main(["plot", str(compare_dir), *argv])
+            err = capsys.readouterr().err.strip()
+            assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
+    # the train tokens of a model another continues are added to its curves' tokens: too large, they are not
+    continued = {**row, "label": "gba-m2", "init_from": "standard"}
+    (compare_dir / "results.json").write_text(json.dumps(report_of([{**row, "train_tokens": huge}, continued])))
+    assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 0
+
+
 def test_plot_refuses_a_label_that_leads_out_of_the_comparison(tmp_path, capsys):
     """plot reads LABEL/seedS/metrics.jsonl of every row: a results.json label "../elsewhere" drew the curves of a
     folder outside the comparison as that model's. A label that is not a folder name is damage, one line."""

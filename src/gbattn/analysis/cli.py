@@ -429,15 +429,9 @@ def cmd_analyze(args) -> None:
 def numbers(event: dict, *keys: str) -> bool:
     """Whether every key of a metrics event holds a finite number that fits a float (a damaged line is skipped
     like a cut one: gbattn writes a non-finite value as null, so NaN, Infinity or a 400-digit count is damage)."""
-    def finite(value) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        try:
-            return math.isfinite(value)
-        except OverflowError:  # an integer too large for a float
-            return False
+    from gbattn.experiments.report import is_number
 
-    return all(finite(event.get(k)) for k in keys)
+    return all(is_number(event.get(k)) and math.isfinite(event[k]) for k in keys)
 
 
 def seed_metrics(compare_dir: Path, label: str) -> list[tuple[str, Path]]:
@@ -456,6 +450,7 @@ def seed_metrics(compare_dir: Path, label: str) -> list[tuple[str, Path]]:
 def read_curves(compare_dir: Path, report: dict) -> dict:
     """label -> seed -> {"train": [(tokens, loss)], "valid": [(tokens, ppl)]} from every
     ``<label>/seed<S>/metrics.jsonl`` (finished runs in results.json order, then unfinished ones)."""
+    from gbattn.experiments.report import is_number
     from gbattn.files import read_jsonl
     from gbattn.rundir import METRICS
 
@@ -478,7 +473,8 @@ def read_curves(compare_dir: Path, report: dict) -> dict:
     rows = {r["label"]: r for r in report.get("models", [])}
     for label, row in rows.items():
         base = rows.get(row.get("init_from"))
-        if base and label in curves and isinstance(base.get("train_tokens"), int):
+        # (a count: not a bool, and not a 400-digit number, which no float holds)
+        if base and label in curves and isinstance(base.get("train_tokens"), int) and is_number(base["train_tokens"]):
             curves[label] = {seed: {kind: [(t + base["train_tokens"], v) for t, v in points]
                                     for kind, points in c.items()} for seed, c in curves[label].items()}
     return curves

@@ -246,6 +246,18 @@ def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dic
     return rows
 
 
+def is_number(value) -> bool:
+    """A JSON number the report can compute with: an int (not a bool) or a float, that fits a float (a 400-digit
+    integer does not: float() of it is an OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
 def read_report(path: str | Path) -> dict:
     """A comparison's ``results.json`` with what the figures and gaps read checked: a damaged file is
     one line (:class:`CheckpointError`) naming the file and the field."""
@@ -257,9 +269,6 @@ def read_report(path: str | Path) -> dict:
 
     def is_int(v) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
-
-    def is_number(v) -> bool:
-        return is_int(v) or isinstance(v, float)
 
     if "models" not in report:
         raise CheckpointError(f"{path} is not the results.json of a `gbattn compare` directory (it has no models)")
@@ -273,7 +282,7 @@ def read_report(path: str | Path) -> dict:
         if label in ("", ".", "..") or "/" in label or "\\" in label:  # LABEL/seedS/ is read: never outside
             raise bad(f"a row has label={label!r}, not the name of a folder in the comparison")
         for key in ("parameters", "steps"):  # plot --gap divides by the parameters
-            if not is_int(r.get(key)) or r[key] < 1:
+            if not (is_int(r.get(key)) and is_number(r[key])) or r[key] < 1:
                 raise bad(f"{label}: {key}={r.get(key)!r} must be an integer >= 1")
         if not isinstance(r.get("seeds"), list) or not all(is_int(s) for s in r["seeds"]):
             raise bad(f"{label}: seeds={r.get('seeds')!r} must be a list of integers")
