@@ -748,6 +748,23 @@ def test_a_round_only_some_layers_have_is_averaged_over_those_layers_and_counts_
     assert e["max_observed"] == pytest.approx(0.8)
 
 
+def test_gba_in_a_later_layer_only_sizes_the_rounds_by_the_layer_with_the_most():
+    """GBA in layer 1 only, layer 0 without: the statistics have two rounds (the most any layer has, not layer 0's
+    one), round 1 is over layer 1 alone, and the gates are layer 1's."""
+    B, H, T, D = 1, 2, 4, 2
+    round0_BHT = torch.full((B, H, T), 0.5, dtype=torch.float64)
+    round1_BHT = torch.full((B, H, T), 0.25, dtype=torch.float64)
+    ones_BTD = torch.ones(B, T, D, dtype=torch.float64)
+    acc = stats.IntermediateStats(2, H, D, T)
+    acc.update([stats.LayerSample(entropies=[round0_BHT], attention_output=ones_BTD, corrections=[]),
+                stats.LayerSample(entropies=[round0_BHT, round1_BHT], attention_output=ones_BTD,
+                                  corrections=[(ones_BTD, ones_BTD, 0.5 * ones_BTD)])])
+    e = acc.entropy_summary()
+    assert acc.rounds == 2 and e["layers_per_round"] == [2, 1]
+    assert e["mean_per_round"] == pytest.approx([0.5, 0.25]) and e["relative_drop"] == pytest.approx(0.5)
+    assert acc.gate_summary()["mean_per_layer_layers"] == [1]
+
+
 def test_statistics_add_up_over_batches_with_exact_histograms_and_gate_range():
     """Two batches of one row each (T = 4, bins of log(4) / 60 nats): round 0 at 1.2 nats then 1.0, round 1
     at 0.1, in both layers. Means, the largest entropy and the bin counts are over both batches (and
