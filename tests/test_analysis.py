@@ -765,6 +765,21 @@ def test_gba_in_a_later_layer_only_sizes_the_rounds_by_the_layer_with_the_most()
     assert acc.gate_summary()["mean_per_layer_layers"] == [1]
 
 
+def test_per_head_entropy_is_each_maps_own_mean_and_the_maps_are_counted_from_the_records():
+    """per_head holds each map's mean entropy over rows and positions (not divided by the number of maps again),
+    and the number of maps per round is what the records hold (differential attention records n_heads / 2), not
+    the n_heads the statistics were built with."""
+    B, T, D = 2, 3, 2
+    ent_BHT = torch.tensor([[[0.1, 0.2, 0.3], [0.6, 0.8, 1.0]]] * B, dtype=torch.float64)  # 2 maps
+    acc = stats.IntermediateStats(1, 4, D, T)  # built with 4 heads, recorded with 2 maps
+    acc.update([stats.LayerSample(entropies=[ent_BHT], attention_output=torch.zeros(B, T, D, dtype=torch.float64),
+                                  corrections=[])])
+    e = acc.entropy_summary()
+    assert e["maps_per_round"] == 2
+    assert e["per_layer"][0]["per_head"] == [pytest.approx([0.2, 0.8])]
+    assert e["mean_per_round"] == pytest.approx([0.5])
+
+
 def test_statistics_add_up_over_batches_with_exact_histograms_and_gate_range():
     """Two batches of one row each (T = 4, bins of log(4) / 60 nats): round 0 at 1.2 nats then 1.0, round 1
     at 0.1, in both layers. Means, the largest entropy and the bin counts are over both batches (and
