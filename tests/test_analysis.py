@@ -669,6 +669,8 @@ def test_summaries_of_hand_made_records():
                                      attention_output=torch.zeros(1, 2, D, dtype=torch.float64), corrections=[])])
     assert single.entropy_summary()["normalised_mean_per_round"] == pytest.approx([1.0])
     assert e["histogram"]["edges"][0] == 0.0 and e["histogram"]["edges"][-1] == pytest.approx(math.log(T))
+    # the edges bound every bin: one more than the counts of a round
+    assert len(e["histogram"]["edges"]) == len(e["histogram"]["counts_per_round"][0]) + 1 == stats.ENTROPY_BINS + 1
     gates = acc.gate_summary()
     assert gates["mean_per_layer"] == pytest.approx([0.2, 0.3])
     assert [(r["layer"], r["round"]) for r in gates["per_layer"]] == [(0, 1), (0, 2), (1, 1), (1, 2)]
