@@ -782,6 +782,24 @@ def test_per_head_entropy_is_each_maps_own_mean_and_the_maps_are_counted_from_th
     assert e["mean_per_round"] == pytest.approx([0.5])
 
 
+def test_each_corrected_layers_relative_drop_is_its_first_correction_against_round_0():
+    """A layer's relative_drop is 1 - round 1 / round 0, also in a layer of three rounds (not its last round),
+    and a layer with a single correction has one too."""
+    B, H, T, D = 1, 1, 3, 2
+
+    def ent(value):
+        return torch.full((B, H, T), value, dtype=torch.float64)
+
+    ones_BTD = torch.ones(B, T, D, dtype=torch.float64)
+    correction = (ones_BTD, ones_BTD, 0.5 * ones_BTD)
+    acc = stats.IntermediateStats(2, H, D, T)
+    acc.update([stats.LayerSample(entropies=[ent(1.0), ent(0.5), ent(0.25)], attention_output=ones_BTD,
+                                  corrections=[correction, correction]),
+                stats.LayerSample(entropies=[ent(2.0), ent(1.5)], attention_output=ones_BTD, corrections=[correction])])
+    per_layer = acc.entropy_summary()["per_layer"]
+    assert [r.get("relative_drop") for r in per_layer] == [pytest.approx(0.5), pytest.approx(0.25)]
+
+
 def test_statistics_add_up_over_batches_with_exact_histograms_and_gate_range():
     """Two batches of one row each (T = 4, bins of log(4) / 60 nats): round 0 at 1.2 nats then 1.0, round 1
     at 0.1, in both layers. Means, the largest entropy and the bin counts are over both batches (and
