@@ -754,6 +754,24 @@ def test_a_report_rows_wall_clock_and_tokens_per_second_are_means_over_three_see
     assert (report["models"][0]["wall_clock_s"], report["models"][0]["tokens_per_s"]) == (100.0, 200.0)
 
 
+def test_a_report_rows_length_columns_are_the_runs_own(tmp_path):
+    """The row's parameters, steps, train tokens, tokens per parameter and train FLOPs are the run's result (its
+    train_tokens_seen as train_tokens), and results.md shows them in their units (M tokens, PFLOP)."""
+    from gbattn.experiments.recipes import ModelSpec, Recipe
+    from gbattn.experiments.report import write_results
+
+    recipe = Recipe("r", "a test (10 steps)", "cpu-char", [ModelSpec("standard")])
+    run = {**_run_result(10.0, 60.0), "parameters": 2_000, "steps": 30, "train_tokens_seen": 5_000_000,
+           "tokens_per_parameter": 2_500.0, "train_flops": 7.5e15}
+    report = write_results(tmp_path, recipe, {"data": "x", "seeds": [1], "sets": {}}, recipe.models,
+                           {"standard": {1: run}})
+    (row,) = report["models"]
+    assert (row["parameters"], row["steps"], row["train_tokens"], row["train_flops"]) == (2_000, 30, 5_000_000, 7.5e15)
+    assert row["tokens_per_parameter"] == row["train_tokens"] / row["parameters"] == 2_500.0
+    assert "| 2,000 | 10.00 | — | 11.00 | — | 30 | 5.00M | 2.5e+03 | 7.5 | 100 | 1.0 min |" in (
+        tmp_path / "results.md").read_text()
+
+
 def test_a_report_row_names_the_models_it_is_matched_to_and_continues(tmp_path):
     """Each row carries its spec's param_matched_to, compute_matched_to and init_from, and results.md says what
     the param-fair and compute-matched rows are matched to (the table's reader relies on those lines)."""
