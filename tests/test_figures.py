@@ -1679,7 +1679,7 @@ def test_a_log_axis_labels_powers_of_ten_over_many_decades_and_no_minor_tick_in_
 
 def test_a_log_axis_ticks_each_decade_from_three_decades_and_every_digit_under_one():
     """The ticks per decade follow the view's span: three decades (5 to 5,000) take one per decade, as four do;
-    under one decade (20 to 70, a log axis from a ratio over 3) every digit, 30 and 40 too."""
+    under one decade (20 to 70, a log axis from a ratio over 3) every digit, 30 and 40 too; in between 1, 2 and 5."""
     def major(values: list[float]) -> set:
         fig = figures.curves_figure({"standard": {"42": {"train": [], "valid": list(enumerate(values))}}})
         with figures.style():
@@ -1690,6 +1690,8 @@ def test_a_log_axis_ticks_each_decade_from_three_decades_and_every_digit_under_o
     three = major([5_000.0, 500.0, 50.0, 5.0])
     assert three and three <= {"1", "10", "100", "1,000", "10,000"}, three
     assert {"30", "40", "60"} <= major([70.0, 40.0, 20.0])
+    # between one and two and a half decades (10 to 1,000, about 2.2 with the margins): 1, 2 and 5 in each
+    assert {"20", "50", "200", "500"} <= major([1_000.0, 100.0, 10.0])
 
 
 def test_gap_figure_counts_the_seeds_of_a_run_length_and_marks_where_it_ends():
