@@ -423,6 +423,12 @@ def test_print_summary_of_gba_in_some_layers_gives_the_change_over_the_corrected
     print_summary(summary, tmp_path / "summary.json")
     assert ("round 0 3.10 (2 layers) -> round 1 3.20 (1 layer) (in the 1 layer with a correction: 3.20 -> 3.20, "
             "0% lower; change per layer L1 +0%)") in capsys.readouterr().out
+    # a sharper correction: its own round 0 first, then round 1
+    summary["entropy"].update(mean_per_round=[2.9, 2.4], relative_drop=0.25, per_layer=[
+        {"layer": 0, "mean_per_round": [2.6]}, {"layer": 1, "mean_per_round": [3.2, 2.4], "relative_drop": 0.25}])
+    print_summary(summary, tmp_path / "summary.json")
+    assert ("round 0 2.90 (2 layers) -> round 1 2.40 (1 layer) (in the 1 layer with a correction: 3.20 -> 2.40, "
+            "25% lower; change per layer L1 -25%)") in capsys.readouterr().out
 
 
 def test_print_summary_of_gba_in_every_layer_with_two_correction_rounds(tmp_path, capsys):
