@@ -1114,6 +1114,8 @@ def test_gate_figure_error_bars_are_the_std_and_paper_markers_sit_at_their_layer
     rows = [{"layer": 1, "round": 1, "mean": 0.4, "std": 0.1, "per_dimension": [0.3, 0.5]},
             {"layer": 3, "round": 1, "mean": 0.6, "std": 0.05, "per_dimension": [0.55, 0.65]}]
     fig = figures.gates_figure({"per_layer": rows}, {"gate_mean_per_layer": [0.35, 0.48, 0.41, 0.43]})
+    # one correction round: each heatmap row is named by its layer alone (no "g1")
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["layer 1", "layer 3"]
     bar_ax = fig.axes[1]
     (errorbars,) = [c for c in bar_ax.containers if hasattr(c, "has_yerr")]
     segments = errorbars.lines[2][0].get_segments()
