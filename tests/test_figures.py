@@ -960,6 +960,8 @@ def test_entropy_figure_draws_densities_the_bound_and_each_layers_change():
         assert float(np.sum(values * np.diff(edges))) == pytest.approx(1.0)
     (bound,) = [line for line in pos_ax.get_lines() if line.get_label().startswith("bound")]
     np.testing.assert_allclose(bound.get_ydata(), np.log(np.arange(T) + 1))
+    # the histogram's vertical lines: each round's mean and the largest possible entropy, log T (the last edge)
+    assert sorted(line.get_xdata()[0] for line in hist_ax.get_lines()) == pytest.approx([1.2, 1.5, math.log(T)])
     assert [t.get_text() for t in layer_ax.texts] == ["-20%"]
     assert texts_outside(fig) == []  # the per-layer title on one line ran past the figure's right edge
     # A drop that rounds to nothing is boxed +0%, as the terminal says it (the box read -0%).
