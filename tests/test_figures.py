@@ -985,6 +985,9 @@ def test_entropy_figure_of_gba_in_some_layers_says_over_which_layers_each_mean_i
     labels = [t.get_text() for t in hist_ax.get_legend().get_texts()]
     assert labels[:2] == ["round 0 (attention): mean 3.10 (2 layers)", "round 1 (correction): mean 3.20 (1 layer)"]
     assert "0% lower in the layers that have it;" in layer_ax.get_title() and "overall" not in layer_ax.get_title()
+    # round 1's bars: none for layer 0, which has no correction (not its round 0 again)
+    heights = [bar.get_height() for bar in layer_ax.containers[1]]
+    assert math.isnan(heights[0]) and heights[1] == pytest.approx(3.2)
 
 
 def test_entropy_figure_of_gba_in_every_layer_boxes_an_unchanged_layer_and_labels_each_thing_once():
