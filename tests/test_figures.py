@@ -665,10 +665,11 @@ def test_gap_of_models_without_a_shared_evaluation_is_one_line_and_goes_to_the_f
 def test_gap_averages_each_step_over_the_seeds_evaluated_there(tmp_path):
     """Each --gap point is the mean over seeds of the model's minus the reference's loss at that step, and its
     tokens per parameter the mean of the model's seeds' tokens: with every seed logging the same numbers, one
-    seed's alone passed too. The points go by step, also where a step was evaluated in a later seed only."""
+    seed's alone passed too, and with three seeds the mean is not their median. The points go by step, also where a
+    step was evaluated in a later seed only."""
     from gbattn.analysis.cli import gap_series
 
-    compare_dir = _gap_dir(tmp_path / "cmp", 400)
+    compare_dir = _gap_dir(tmp_path / "cmp", 400, seeds=(1, 2, 3))
     metrics = compare_dir / "gba-m2" / "seed2" / "metrics.jsonl"
     events = [json.loads(line) for line in metrics.read_text().splitlines()]
     metrics.write_text("".join(json.dumps({**e, "valid_loss": e["valid_loss"] + 0.3, "tokens": e["tokens"] + 20}) + "\n"
@@ -677,7 +678,7 @@ def test_gap_averages_each_step_over_the_seeds_evaluated_there(tmp_path):
     first_seed.write_text("".join(first_seed.read_text().splitlines(keepends=True)[1:]))  # no step 100 in seed 1
     logged = {}  # (label, seed, step) -> (tokens, valid_loss), read back here
     for label in ("gba-m2", "standard"):
-        for seed in (1, 2):
+        for seed in (1, 2, 3):
             for line in (compare_dir / label / f"seed{seed}" / "metrics.jsonl").read_text().splitlines():
                 e = json.loads(line)
                 logged[label, seed, e["step"]] = (e["tokens"], e["valid_loss"])
@@ -685,7 +686,7 @@ def test_gap_averages_each_step_over_the_seeds_evaluated_there(tmp_path):
     assert [p["step"] for p in points] == [100, 200, 300, 400]
     for p in points:
         step = p["step"]
-        seeds = [seed for seed in (1, 2) if ("gba-m2", seed, step) in logged]
+        seeds = [seed for seed in (1, 2, 3) if ("gba-m2", seed, step) in logged]
         gaps = [logged["gba-m2", seed, step][1] - logged["standard", seed, step][1] for seed in seeds]
         assert p["difference"] == pytest.approx(statistics.fmean(gaps)) and p["seeds"] == len(seeds)
         parameters = 100  # gba-m2's, as _gap_dir writes them
