@@ -692,6 +692,8 @@ def test_report_of_an_unfinished_comparison_says_so_and_averages_each_column(tmp
     many = {**report, "missing": [f"m/seed{seed}" for seed in range(8)]}  # the first six named
     assert "INCOMPLETE (runs missing: m/seed0, m/seed1, m/seed2, m/seed3, m/seed4, m/seed5, and 2 more)" in (
         results_markdown(many))
+    six = {**report, "missing": [f"m/seed{seed}" for seed in range(6)]}  # all six named: no "and 0 more"
+    assert "INCOMPLETE (runs missing: m/seed0, m/seed1, m/seed2, m/seed3, m/seed4, m/seed5)" in results_markdown(six)
     standard = report["models"][0]
     assert (standard["test_ppl_mean"], standard["valid_ppl_mean"], standard["wall_clock_s"]) == (11.0, 12.5, 90.0)
     # each spread is its own column's sample std: test 10, 12; validation 11, 14
