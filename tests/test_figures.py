@@ -589,6 +589,12 @@ def test_gap_pairs_only_the_seeds_results_json_lists_as_finished(tmp_path):
     points = gap_series(compare_dir, "gba-m2", "standard")["points"]
     assert [p["seeds"] for p in points] == [2, 2, 2, 2]
     assert points[0]["difference"] == pytest.approx(-0.0025)
+    # a seed the model finished and the reference did not: not paired, though the reference has its steps in others
+    report = json.loads((compare_dir / "results.json").read_text())
+    report["models"][0]["seeds"] = [1, 2, 3]  # gba-m2 lists seed 3 as finished, standard does not
+    (compare_dir / "results.json").write_text(json.dumps(report))
+    points = gap_series(compare_dir, "gba-m2", "standard")["points"]
+    assert [p["seeds"] for p in points] == [2, 2, 2, 2] and points[0]["difference"] == pytest.approx(-0.0025)
 
 
 def test_gap_names_a_comparison_given_as_dot_by_its_own_name(tmp_path, monkeypatch):
