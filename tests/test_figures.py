@@ -962,6 +962,7 @@ def test_entropy_figure_draws_densities_the_bound_and_each_layers_change():
                "per_position_mean": [np.linspace(0, 2, T).tolist(), np.linspace(0, 1.6, T).tolist()]}
     fig = figures.entropy_figure(entropy, None)
     hist_ax, layer_ax, pos_ax = fig.axes[:3]
+    assert layer_ax.get_ylim()[1] == pytest.approx(1.1 * 1.6)  # room for the highest head's dot, above the means
     for patch in hist_ax.patches:
         values, edges = patch.get_data()[:2]
         assert float(np.sum(values * np.diff(edges))) == pytest.approx(1.0)
