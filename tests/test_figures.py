@@ -1115,6 +1115,8 @@ def test_examples_figure_of_a_short_context_shows_every_token_upright_with_the_q
     assert [t.get_text() for t in ticks] == list("abcde") and {t.get_rotation() for t in ticks} == {0.0}
     assert [t.get_fontweight() for t in ticks] == ["normal"] * 4 + ["bold"]
     assert ax.get_xlim() == pytest.approx((-0.6, 4.6))
+    pairs = figures.examples_figure([{**example, "tokens": ["ab", "cd", "ef", "gh", "ij"]}], layer=0).axes[0]
+    assert {t.get_rotation() for t in pairs.get_xticklabels()} == {0.0}  # two characters stay upright too
     newline = figures.examples_figure([{**example, "target": "\n"}], layer=0).axes[0]
     assert "predicting '↵'" in newline.get_title()  # the target drawn as the axis draws a token
     empty = figures.examples_figure([], layer=0).axes[0]
