@@ -1077,6 +1077,13 @@ def test_loss_diff_figure_names_the_difference_and_counts_ties_apart():
     assert hist_ax.get_xlabel() == (f"loss(standard) − loss(gba)  (nats per token)\n"
                                     f"10 tokens outside [{lo:+.2f}, {hi:+.2f}] counted in the end bins")
     # nothing outside the range: no such line
+    # a token at the range's end is inside it: ten at exactly the 0.5th percentile are not counted as outside
+    edge = np.concatenate([np.full(10, -1.0), np.linspace(-0.5, 0.5, 990)])[None, :]
+    lo, hi = np.percentile(edge, [0.5, 99.5])
+    assert lo == -1.0
+    hist_ax = figures.loss_diff_figure(edge, "gba", "standard", 1e-4).axes[0]
+    assert hist_ax.get_xlabel().endswith(f"\n{int((edge > hi).sum())} tokens outside [{lo:+.2f}, {hi:+.2f}] counted in "
+                                         f"the end bins")
     ties = figures.loss_diff_figure(np.zeros((2, 5)), "gba", "standard", 1e-4).axes[0]
     assert ties.get_xlabel() == "loss(standard) − loss(gba)  (nats per token)"
 
