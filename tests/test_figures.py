@@ -1150,8 +1150,10 @@ def test_gate_figure_error_bars_are_the_std_and_paper_markers_sit_at_their_layer
 
 
 def test_curves_count_thousands_of_tokens_in_thousands_and_fewer_as_they_are():
-    """5,000 tokens: the axis is in thousands (x 5.0); 500: plain tokens."""
-    for last, xlabel, x in ((5_000, "tokens seen (thousands)", 5.0), (500, "tokens seen", 500.0)):
+    """5,000 tokens: the axis is in thousands (x 5.0); 500: plain tokens; exactly 1,000 and 1,000,000 in
+    thousands and millions."""
+    for last, xlabel, x in ((5_000, "tokens seen (thousands)", 5.0), (500, "tokens seen", 500.0),
+                            (1_000, "tokens seen (thousands)", 1.0), (1_000_000, "tokens seen (millions)", 1.0)):
         fig = figures.curves_figure({"standard": {"42": {"train": [(last, 3.0)], "valid": [(last, 20.0)]}}})
         assert fig.axes[0].get_xlabel() == fig.axes[1].get_xlabel() == xlabel
         assert list(fig.axes[1].get_lines()[0].get_xdata()) == [x]
