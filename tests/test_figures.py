@@ -1645,6 +1645,7 @@ def test_the_paired_table_needs_two_seeds_orders_them_by_number_and_skips_a_dive
     md = paired_md({"standard": {"42": 2.2, "123": 2.3}, "gba-m2": {"42": 2.1, "123": None}}, seeds=(42, 123))
     assert ("then each seed's difference (42, 123); **same sign** = every seed's difference has the same sign, "
             "which 2 seeds give by chance alone 1 time in 2") in md
+    assert "over the seeds (1 degree of freedom)" in md  # one, singular
     gba = paired_cells(md, "gba-m2")
     assert gba[3] == "2.100" and gba[4] == "-0.100 (42: -0.100; seed 123 missing)"
     # In memory (write_results, before results.json turns it into null) a run whose every evaluation was
@@ -1655,7 +1656,7 @@ def test_the_paired_table_needs_two_seeds_orders_them_by_number_and_skips_a_dive
     # each seed's difference in the header's numeric order (7, 42, 123), not as text ("123" < "42" < "7")
     md = paired_md({"standard": {"7": 2.41, "42": 2.3, "123": 2.5}, "gba-m2": {"7": 2.38, "42": 2.2, "123": 2.45}},
                    seeds=(7, 42, 123))
-    assert "then each seed's difference (7, 42, 123);" in md
+    assert "then each seed's difference (7, 42, 123);" in md and "over the seeds (2 degrees of freedom)" in md
     assert paired_cells(md, "gba-m2")[4].startswith("-0.060 (-0.030 / -0.100 / -0.050) **same sign**")
 
 
