@@ -89,6 +89,10 @@ def test_results_figure_marks_seed_counts_and_compares_on_the_shared_seed():
     texts = drawn_texts(figures.results_figure(report_of(disjoint)))
     assert "means over different seeds" in texts["title"]
     assert texts["annotations"] == ["100.00", "96.00"]  # no seed shared with standard: no Δ
+    # a two-seed mean beside a one-seed value (no seed shared): the legend promises the spread the first one has
+    mixed = [model_row("standard", {"42": 100.0, "123": 110.0}), model_row("gba-m2", {"7": 96.0})]
+    assert "ours: mean ± std over n seeds (n under each model)" in drawn_texts(
+        figures.results_figure(report_of(mixed)))["legend"]
 
 
 def test_results_figure_compares_with_a_suffixed_standard_and_signs_every_change():
