@@ -681,6 +681,7 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     # a quantization_config naming no method, or not a mapping: quantized all the same (transformers refuses to load it)
     ("llama", {"quantization_config": {"load_in_8bit": True}}, "quantization_config (unknown): a quantized checkpoint"),
     ("llama", {"quantization_config": "bitsandbytes"}, "quantization_config (unknown): a quantized checkpoint"),
+    ("llama", {"quantization_config": {}}, "quantization_config (unknown): a quantized checkpoint"),  # empty: still one
 ])
 def test_inexact_conversions_refused_in_one_line(which, changes, message, request, tmp_path):
     directory = _edit_config(request.getfixturevalue(f"{which}_dir"), tmp_path / "edited", **changes)
@@ -1548,6 +1549,18 @@ def test_weights_gbattn_does_not_convert_are_refused(gpt2_dir, llama_dir, tmp_pa
         with pytest.raises(CheckpointError, match=re.escape("holds weights gbattn does not convert "
                                                             "(extra.adapter.weight)")):
             load_source(directory)
+
+
+def test_many_weights_gbattn_does_not_convert_are_named_five_then_elided(gpt2_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    directory = shutil.copytree(gpt2_dir, tmp_path / "gpt2")
+    weights = load_file(directory / "model.safetensors")
+    weights.update({f"extra.{i}.weight": torch.zeros(2) for i in range(6)})
+    save_file(weights, directory / "model.safetensors")
+    named = ", ".join(f"extra.{i}.weight" for i in range(5))
+    with pytest.raises(CheckpointError, match=re.escape(f"does not convert ({named}, ...)")):
+        load_source(directory)
 
 
 def test_the_summary_names_a_source_once_when_its_folder_is_named_after_its_kind(tmp_path, llama_dir):
