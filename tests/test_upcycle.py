@@ -732,6 +732,7 @@ def test_llama_fields_left_out_take_transformers_defaults(llama_dir, tmp_path, f
     (directory / "config.json").write_text(json.dumps(config))
     source = load_source(directory)
     assert not source.model_cfg.tie_embeddings and source.model_cfg.kv_heads == 4
+    assert source.model_cfg.n_kv_heads is None  # as many key/value heads as query heads: recorded as gbattn's own runs
     assert source.model_cfg.rope_base == 10000.0
     assert (source.model_cfg.block_size, source.model_cfg.norm_eps, source.model_cfg.dropout) == (2048, 1e-6, 0.0)
     hf = transformers.LlamaForCausalLM.from_pretrained(directory).eval().double()
