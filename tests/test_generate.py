@@ -363,7 +363,7 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
         ({"idx_BT": ids, "top_k": 0}, "top_k=0 must be an integer >= 1"),
         ({"idx_BT": ids, "top_k": 2.5}, "top_k=2.5 must be an integer >= 1"),  # was topk()'s TypeError
         ({"idx_BT": ids, "top_k": True}, "top_k=True must be an integer >= 1"),
-        ({"idx_BT": ids, "top_p": 0}, "top_p=0.0 must be a number in (0, 1]"),
+        ({"idx_BT": ids, "top_p": 0}, "top_p=0 must be a number in (0, 1]"),
         ({"idx_BT": ids, "top_p": 1.5}, "top_p=1.5 must be a number in (0, 1]"),
         ({"idx_BT": ids, "top_p": float("nan")}, "top_p=nan must be a number in (0, 1]"),
         ({"idx_BT": ids[:, :0]}, "the prompt is empty"),
