@@ -860,7 +860,7 @@ def check_weights_fit(model_cfg, weights: dict, where: str | Path) -> None:
     takes no memory: a config.json whose sizes the weights do not have (``d_model`` edited to 8192) is a one-line
     error before a model takes its memory (it took gigabytes, then failed as "out of memory: choose smaller sizes").
     Its layers are counted first: building a meta model of ``n_layers`` edited to 2000 took minutes."""
-    layers = {name.split(".")[1] for name in weights if name.startswith("blocks.")}
+    layers = {name.split(".")[1] for name in weights if isinstance(name, str) and name.startswith("blocks.")}
     if len(layers) != model_cfg.n_layers:
         raise CheckpointError(f"the weights in {where} do not match its config (n_layers={model_cfg.n_layers}; the "
                               f"weights hold {len(layers)} blocks)")

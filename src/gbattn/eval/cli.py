@@ -152,8 +152,8 @@ def cmd_generate(args) -> None:
     t0 = time.perf_counter()
     # compile=False: the choice is made above (step, or eager decoding), not again by generate's own default
     out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                             seed=args.seed,
-                             use_cache=not args.no_cache, decode_step=step, compile=False, progress=made_one)
+                             seed=args.seed, use_cache=not args.no_cache, decode_step=step, compile=False,
+                             progress=made_one)
     if device.type == "cuda":  # the tokens are queued, not made, until the GPU is done
         torch.cuda.synchronize(device)
     end = time.perf_counter()
