@@ -1231,7 +1231,8 @@ def test_a_folder_without_split_files_lists_what_it_holds_and_points_a_lone_text
         load_corpus(str(many))
     single = "; a single text file is split by the split setting (default 90/5/5) when given itself: --data "
     for names, hint in ((["input.txt"], True), (["input.txt", "._input.txt"], True), (["input.txt", "more.txt"], False),
-                        (["train.txt"], False), (["input.txt", "dataset_dict.json"], False)):
+                        (["train.txt"], False), (["input.txt", "dataset_dict.json"], False),
+                        (["input.txt", "notes.json"], True)):  # a file not read as text is no second text file
         folder = tmp_path / "-".join(names)
         folder.mkdir()
         for name in names:

@@ -172,8 +172,13 @@ def _wikitext_flavour(name: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _visible_files(path: Path) -> list[str]:
+    """The names of the regular files in the folder ``path`` that are not hidden, sorted."""
+    return sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
 def _find_split_files(path: Path) -> dict[str, Path | None]:
-    names = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    names = _visible_files(path)
     exact = {s: [n + gz for n in EXACT_NAMES[s] for gz in ("", ".gz") if n + gz in names] for s in SPLITS}
     # Both WikiText flavours in one folder: the first one that has all three splits (raw, else tokens), so
     # that a folder lacking wiki.train.raw is not read as <unk>-tokenized train with raw valid and test.
@@ -228,11 +233,11 @@ def _local_directory(path: Path) -> Corpus:
         seen = sorted(map(_listed, path.iterdir()))
         shown = ", ".join(seen[:12]) + (f" and {len(seen) - 12} more" if len(seen) > 12 else "") if seen else "none"
         saved = any((path / n).is_file() for n in ("dataset_dict.json", "state.json"))  # datasets' save_to_disk
-        texts = [p for p in path.iterdir() if p.is_file() and not p.name.startswith(".") and _is_text_name(p.name)]
+        names = _visible_files(path)
+        texts = [n for n in names if _is_text_name(n)]
         single = len(missing) == len(SPLITS) and len(texts) == 1 and not saved  # tiny-shakespeare's input.txt alone
-        unread = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
-                        and not _is_text_name(p.name) and any(re.search(NAME_PATTERNS[s], p.name.lower())
-                                                              for s in missing))  # fairseq's train.en
+        unread = [n for n in names if not _is_text_name(n)
+                  and any(re.search(NAME_PATTERNS[s], n.lower()) for s in missing)]  # fairseq's train.en
         raise DataError(f"--data {path}: no {'/'.join(missing)} file found (files seen: {shown}); expected one text "
                         f"file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)"
                         + (f"; not read as text for their suffix: {', '.join(unread[:6])} (gbattn reads .txt, .raw, "
@@ -240,7 +245,7 @@ def _local_directory(path: Path) -> Corpus:
                         + ("; this is a Hugging Face save_to_disk folder, which gbattn does not read: write each "
                            "split's text to a file (README, 'Data')" if saved else "")
                         + (f"; a single text file is split by the split setting (default 90/5/5) when given itself: "
-                           f"--data {path / texts[0].name}" if single else ""))
+                           f"--data {path / texts[0]}" if single else ""))
     digests = {s: checked_digest(files[s]) for s in SPLITS}
     fingerprint = hashlib.sha256("|".join(f"{s}:{digests[s]}" for s in SPLITS).encode()).hexdigest()
 
