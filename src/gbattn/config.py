@@ -333,9 +333,12 @@ def build_configs(
     (None: none; README, "Using gbattn from Python"). A warmup the user sets explicitly is kept as given
     (``fit_warmup`` off)."""
     train_sets, model_sets = split_overrides({} if sets is None else sets, "sets")
-    # a pathlib.Path (data, init_from) as its string, wherever it is given (init_from=Path(...) was "must be a string")
-    train_sets = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in train_sets.items()}
-    train_kwargs = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in train_kwargs.items()}
+
+    def as_text(value):  # a pathlib.Path (data, init_from) as its string, wherever given ("must be a string" was told)
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    train_sets = {k: as_text(v) for k, v in train_sets.items()}
+    train_kwargs = {k: as_text(v) for k, v in train_kwargs.items()}
     misplaced = sorted(set(train_kwargs) & set(ModelConfig.field_names()))  # (was "unknown training config field")
     if misplaced:
         raise ConfigError(f"{', '.join(misplaced)}: model field(s), which build_configs takes in sets "
@@ -343,7 +346,7 @@ def build_configs(
     train_d = dict(get_preset(preset).train)
     given = {k: v for k, v in train_kwargs.items() if v is not None}
     train_d.update(given)
-    data = os.fspath(data) if isinstance(data, os.PathLike) else data
+    data = as_text(data)
     train_d["data"] = data
     check_agrees("data", data, train_sets)
     for key, value in train_sets.items():
