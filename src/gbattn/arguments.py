@@ -79,26 +79,22 @@ SEED = at_least(0, 2**63 - 1)  # what torch.manual_seed and numpy's generators t
 SEED.__name__ = "seed (an integer in [0, 2**63 - 1])"
 
 
-def non_negative_number(text: str) -> float:
-    """A finite number >= 0 (a sampling temperature)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < float("inf"):  # also refuses NaN
-        raise argparse.ArgumentTypeError(f"{value} must be a finite number >= 0")
-    return value
+def number_where(holds, words: str):
+    """An argparse type: a number for which ``holds(value)`` is true, else '{value} must be {words}'."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not holds(value):  # NaN holds no bound
+            raise argparse.ArgumentTypeError(f"{value} must be {words}")
+        return value
+
+    return parse
 
 
-def probability_mass(text: str) -> float:
-    """A number in (0, 1] (a nucleus sampling's top-p)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 1:  # also refuses NaN
-        raise argparse.ArgumentTypeError(f"{value} must be a number in (0, 1]")
-    return value
+non_negative_number = number_where(lambda t: 0 <= t < float("inf"), "a finite number >= 0")  # a temperature
+probability_mass = number_where(lambda p: 0 < p <= 1, "a number in (0, 1]")  # a nucleus sampling's top-p
 
 
 def preset(p: argparse.ArgumentParser, training: bool = True) -> None:
