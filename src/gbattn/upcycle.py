@@ -176,7 +176,7 @@ def _has_rounds(cfg) -> bool:
 
 def _zero_rows(linear, rows: slice) -> None:
     linear.weight[rows] = 0
-    if linear.bias is not None and rows.start < linear.bias.shape[0]:
+    if linear.bias is not None:
         linear.bias[rows] = 0
 
 
