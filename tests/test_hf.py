@@ -1120,8 +1120,9 @@ def test_gbattn_commands_take_the_exported_directory(trained, capsys):
         assert cli_main([str(a) for a in argv]) == 2, argv
         err = capsys.readouterr().err
         assert err.strip().splitlines() == [f"gbattn: error: {out} is an exported directory holding its run's best "
-                                            f"weights: --checkpoint last does not apply (export the run's last "
-                                            f"weights with `gbattn export RUN --checkpoint last`)"], argv
+                                            f"weights: --checkpoint last (from Python: checkpoint='last') does not "
+                                            f"apply (export the run's last weights with `gbattn export RUN "
+                                            f"--checkpoint last`)"], argv
     assert rundir.load_run(out, "best").checkpoint == "exported"  # the one it holds may be named
 
 

@@ -726,8 +726,9 @@ def check_exported_checkpoint(path: Path, checkpoint: str | None, recorded) -> N
     for the run's other checkpoint is a one-line error, not silently ignored."""
     if checkpoint is not None and checkpoint != recorded:
         held = f"its run's {recorded} weights" if recorded in WHICH else "one set of weights"
-        raise UserError(f"{path} is an exported directory holding {held}: --checkpoint {checkpoint} does not apply "
-                        f"(export the run's {checkpoint} weights with `gbattn export RUN --checkpoint {checkpoint}`)")
+        raise UserError(f"{path} is an exported directory holding {held}: --checkpoint {checkpoint} (from Python: "
+                        f"checkpoint={checkpoint!r}) does not apply (export the run's {checkpoint} weights with "
+                        f"`gbattn export RUN --checkpoint {checkpoint}`)")
 
 
 def as_directory(value, name: str) -> Path:
@@ -810,7 +811,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         if not weights.exists():  # checkpoint="last" where only best.pt is: an upcycled run before its training
             raise CheckpointError(f"{path} has no last checkpoint ({CHECKPOINT}), only best-validation weights "
                                   f"({BEST}): an upcycled run not trained yet, or a copy without it; use --checkpoint "
-                                  f"best")
+                                  f"best (from Python: checkpoint='best')")
         state, which = load_checkpoint(weights, map_location=device), checkpoint
         step = state.get("step", 0)
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_INT:  # as a config's step

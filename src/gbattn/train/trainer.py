@@ -477,8 +477,9 @@ class Trainer:
         which of its weights (best, last or exported) and their step, as an upcycled run records its source's."""
         if start.model_cfg.replace(**{key: getattr(self.model_cfg, key) for key in DROPOUT_FIELDS}) != self.model_cfg:
             raise UserError(f"init_from={start.run_dir}: its model config differs from this run's (other than in "
-                            f"{' and '.join(DROPOUT_FIELDS)}); leave out --preset, --attn and model --set values to "
-                            f"train the model as {start.run_dir}/config.json has it")
+                            f"{' and '.join(DROPOUT_FIELDS)}); leave out --preset, --attn and model --set values (from "
+                            f"Python: give its own, gbattn.load_run(...).model_cfg) to train the model as "
+                            f"{start.run_dir}/config.json has it")
         rundir.load_weights(self.model, start.model.state_dict(), start.run_dir)
         self.extra = {**self.extra, "init_from_checkpoint": start.checkpoint, "init_from_step": start.step}
 
