@@ -452,6 +452,17 @@ def test_a_data_path_that_is_a_link_to_nothing_is_named_so_not_offered_as_its_ow
     assert files.did_you_mean_path(tmp_path / "input.tx") == ""  # a path that exists is no typo of its neighbour
 
 
+def test_a_tokenizer_file_that_is_a_link_to_nothing_is_named_so(capsys, tmp_path):
+    """`--tokenizer hf=PATH` where PATH is a link to nothing says so, as --data does (not "no such file")."""
+    link = tmp_path / "tokenizer.json"
+    link.symlink_to(tmp_path / "moved" / "tokenizer.json")
+    code, _, err = run_cli(capsys, ["train", "--data", "tiny-shakespeare", "--tokenizer", f"hf={link}",
+                                    "--out", tmp_path / "r"])
+    assert code == 2 and err.strip().splitlines() == [
+        f"gbattn: error: --tokenizer hf={link}: a link to {tmp_path / 'moved' / 'tokenizer.json'}, which does not "
+        f"exist"], err
+
+
 def test_a_split_file_in_a_data_folder_that_is_a_link_to_nothing_is_named_so(capsys, tmp_path):
     """A folder whose valid.txt is a link to nothing (a Hugging Face hub snapshot copied without its blobs: its files
     are links into ../../blobs) listed it as "valid.txt (not a regular file)", as if it were a device or a pipe."""

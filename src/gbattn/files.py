@@ -164,6 +164,14 @@ def append_jsonl(path: str | Path, record: dict) -> None:
         f.flush()
 
 
+def dangling_link(path: Path) -> str | None:
+    """"a link to TARGET, which does not exist" where ``path`` is a link to nothing (a Hugging Face hub snapshot
+    copied without its blobs, say); None otherwise."""
+    if path.is_symlink() and not path.exists():
+        return f"a link to {os.readlink(path)}, which does not exist"
+    return None
+
+
 def check_writable_dir(path: str | Path, what: str = "--out", create: bool = True) -> Path:
     """Prove a file can be written in directory ``path`` before long work starts: create it and
     write a probe file, or (``create=False``) probe the nearest existing parent without creating anything."""
@@ -172,8 +180,8 @@ def check_writable_dir(path: str | Path, what: str = "--out", create: bool = Tru
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"{what} {path} is a file, not a directory")
-    if path.is_symlink() and not path.exists():  # mkdir would fail with "File exists"
-        raise UserError(f"{what} {path} is a link to {os.readlink(path)}, which does not exist")
+    if dangling_link(path):  # mkdir would fail with "File exists"
+        raise UserError(f"{what} {path} is {dangling_link(path)}")
     target = path
     if not create:
         while not target.exists() and target != target.parent:

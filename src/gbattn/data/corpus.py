@@ -36,7 +36,7 @@ from pathlib import Path
 
 from gbattn.checks import did_you_mean
 from gbattn.errors import DataError, DataNotFound
-from gbattn.files import did_you_mean_path, error_detail, refuse_lfs_pointer
+from gbattn.files import dangling_link, did_you_mean_path, error_detail, refuse_lfs_pointer
 
 SPLITS = ("train", "valid", "test")
 NO_TEST_SPLIT = "no separate test split: test = valid"  # a corpus note; the summaries say so beside test figures
@@ -221,8 +221,8 @@ def _listed(entry: Path) -> str:
         return entry.name
     if entry.is_dir():
         return f"{entry.name} (a directory)"
-    if entry.is_symlink() and not entry.exists():
-        return f"{entry.name} (a link to {os.readlink(entry)}, which does not exist)"
+    if dangling_link(entry):
+        return f"{entry.name} ({dangling_link(entry)})"
     return f"{entry.name} (not a regular file)"
 
 
@@ -407,8 +407,8 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
         return _single_file(path, tuple(split))
     if path.exists():
         raise DataError(f"--data {data!r} is neither a regular file nor a directory (a device or a pipe)")
-    if path.is_symlink():
-        raise DataNotFound(f"--data {data!r} is a link to {os.readlink(path)}, which does not exist")
+    if dangling_link(path):
+        raise DataNotFound(f"--data {data!r} is {dangling_link(path)}")
     names = [*BUNDLED, *HF_NAMES]
     # A path (`./wikitext-2-v1`, the README's name for a local folder of a hub corpus's name) is no typo of a
     # corpus name: following "did you mean 'wikitext-2-v1'?" would fetch the hub's copy instead.

@@ -32,6 +32,7 @@ from gbattn.errors import CheckpointError, DataError
 from gbattn.files import (
     atomic_write,
     check_writable_dir,
+    dangling_link,
     did_you_mean_path,
     error_detail,
     read_json_bytes,
@@ -320,7 +321,7 @@ def _gpt2_payload(spec: str) -> str:
                             f"{kind}={path / 'tokenizer.json'}")
         if not path.is_file():  # a FIFO would block the read
             why = ("not a regular file (a device or a pipe)" if path.exists() else
-                   f"a link to {os.readlink(path)}, which does not exist" if path.is_symlink() else
+                   dangling_link(path) or
                    f"no such tokenizer.json file{did_you_mean_path(path)}")
             raise DataError(f"--tokenizer {spec}: {why}")
         content = read_json_bytes(path)  # a huge file is refused unread
