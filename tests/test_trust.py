@@ -829,7 +829,8 @@ def test_restart_discards_every_file_of_the_run_and_nothing_else(tmp_path):
     own = ("config.json", "tokenizer.json", "checkpoint.pt", "best.pt", "metrics.jsonl", "result.json")
     for name in (*own, "notes.txt"):
         (tmp_path / name).write_text("x")
-    assert sorted(rundir.discard_run(tmp_path)) == sorted(own)
+    removed = rundir.discard_run(tmp_path)
+    assert sorted(removed) == sorted(own) and removed[-1] == "config.json"  # last: a kill before it leaves a run
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
     # What `gbattn analyze RUN` wrote into RUN/analysis describes the discarded weights: it goes too (it stayed, and
     # its gates.png read as the new run's); the folder's other files stay.
