@@ -1834,6 +1834,21 @@ def test_a_config_larger_than_its_weights_is_refused_before_the_model_takes_memo
     assert f"the weights in {run} do not match its config (n_layers=4096; the weights hold " in one_line(code, err), err
 
 
+def test_weights_missing_many_names_are_one_line_cut_after_a_whole_name():
+    """torch lists every missing weight on one line after its heading: the error keeps its first 240 characters, cut
+    after a whole name, and says more follow (without the cut, a model of many layers listed every weight)."""
+    from gbattn.config import ModelConfig
+    from gbattn.model import GPT
+
+    model = GPT(ModelConfig(vocab_size=20, block_size=8, d_model=16, n_layers=4, n_heads=2))
+    with pytest.raises(rundir.CheckpointError) as refused:
+        rundir.load_weights(model, {}, "w.pt")
+    (line,) = str(refused.value).splitlines()
+    detail = line.removeprefix("the weights in w.pt do not match its config (").removesuffix(")")
+    assert detail.startswith('Missing key(s) in state_dict: "wte.weight"') and detail.endswith('", ...'), line
+    assert len(detail) <= 240 + len(", ..."), line
+
+
 def test_a_nested_weight_is_refused_in_one_line_not_a_traceback(trained, tmp_path, capsys):
     """weights_only=True reads a nested tensor (layout strided, like a dense one): its NaN check raised
     NotImplementedError, a traceback through every command that reads weights."""
