@@ -1876,6 +1876,10 @@ def test_an_expanded_weight_is_refused_before_its_values_are_checked(trained, tm
     code, _, err = run_cli(capsys, ["eval", run])
     assert ("not floating-point numbers (wte.weight: torch.float32, 1,000,000,000,000 values from 1 stored, not dense)"
             in one_line(code, err)), err
+    # twice the values stored is refused as well; a view of fewer values than its storage holds is no expansion
+    with pytest.raises(rundir.CheckpointError, match=r"\(w: torch.float32, 6 values from 3 stored, not dense\)"):
+        rundir.check_finite({"w": torch.zeros(3).expand(2, 3)}, "w.pt")
+    rundir.check_finite({"w": torch.zeros(10)[:2]}, "w.pt")
 
 
 def test_a_checkpoint_whose_weights_are_not_named_tensors_is_refused(tmp_path):
