@@ -1608,8 +1608,10 @@ def test_appending_never_writes_through_a_link_nor_into_a_device(tmp_path):
     for refused in (tmp_path, fifo):
         with pytest.raises(UserError, match="a link, a directory or a FIFO is refused"):
             files.append_jsonl(refused, {"step": 1})
+    fds = set(os.listdir("/proc/self/fd"))
     with pytest.raises(UserError, match="is not a regular file: remove it"):
         files.open_to_append(os.devnull)
+    assert set(os.listdir("/proc/self/fd")) == fds  # the device's descriptor is closed
 
 
 def every_file(directory: Path) -> dict[str, bytes]:
