@@ -2196,15 +2196,15 @@ def test_a_missing_data_path_given_is_not_blamed_on_the_runs_record(trained, tmp
 
 def test_json_writers_store_no_nan_and_jsonl_readers_keep_objects_only(tmp_path):
     """write_json stores NaN and infinities as null inside tuples as well as lists (JSON has no NaN),
-    and read_jsonl keeps only objects: a line holding a list, a number or a string is skipped; a missing
-    file, or a directory in its place, holds none."""
+    and read_jsonl keeps only objects: a line holding a list, a number or a string is skipped, and so is one nested
+    too deeply to read (a RecursionError); a missing file, or a directory in its place, holds none."""
     def no_constants(name):
         raise AssertionError(f"{name} written into JSON")
 
     files.write_json({"curve": (1.0, float("nan")), "best": [float("inf")]}, tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text(), parse_constant=no_constants) == {
         "curve": [1.0, None], "best": [None]}
-    (tmp_path / "m.jsonl").write_text('{"a": 1}\n[1, 2]\n3\n"x"\n{"b": 2}\n')
+    (tmp_path / "m.jsonl").write_text('{"a": 1}\n[1, 2]\n3\n"x"\n' + "[" * 100_000 + '\n{"b": 2}\n')  # too deep to read
     assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": 2}]
     assert files.read_jsonl(tmp_path / "none.jsonl") == files.read_jsonl(tmp_path) == []  # no file: no records
 
