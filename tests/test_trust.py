@@ -2516,3 +2516,4 @@ def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_tr
     assert files.error_detail(error, 5, with_type=True) == "ValueError: xxxx…"
     assert files.error_detail(ValueError("x" * 80)) == "x" * 80  # whole: no mark
     assert files.error_detail(ValueError()) == "malformed"
+    assert files.error_detail(ValueError("first line\nsecond line")) == "first line"  # a short one too
