@@ -2264,8 +2264,8 @@ def test_atomic_write_never_writes_through_a_link_planted_at_its_temporary_name(
 
 
 def test_sync_directory_closes_what_it_opens_and_passes_on_an_unexpected_error(tmp_path, monkeypatch):
-    """A filesystem that cannot sync a directory (EINVAL, EBADF, EACCES) is left as it is; an I/O error is not
-    hidden; the directory's descriptor is closed either way."""
+    """A filesystem that cannot sync a directory (EINVAL, EBADF, EACCES), or a directory that cannot be opened, is
+    left as it is; an I/O error is not hidden; the directory's descriptor is closed either way."""
     def open_fds() -> set:
         return set(os.listdir("/proc/self/fd"))
 
@@ -2284,6 +2284,12 @@ def test_sync_directory_closes_what_it_opens_and_passes_on_an_unexpected_error(t
             files.sync_directory(tmp_path)
         monkeypatch.undo()
         assert open_fds() == before
+
+    def unopenable(path, flags):  # a directory its user may write in but not read (mode 0o300)
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(files.os, "open", unopenable)
+    files.sync_directory(tmp_path)  # left as it is: the rename it follows is done
 
 
 def test_a_directory_given_as_a_link_to_nothing_is_named_as_such(tmp_path, monkeypatch):
