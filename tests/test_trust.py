@@ -1686,6 +1686,17 @@ def test_every_writing_command_refuses_an_out_holding_what_it_did_not_write(trai
             assert every_file(path) == before, (name, path.name)
 
 
+def test_an_out_whose_files_cannot_be_looked_at_is_one_line(tmp_path, monkeypatch):
+    """An --out without search permission hides what it holds (its files' stat fails with EACCES): check_out says
+    it cannot be read, one line, not a PermissionError traceback. Simulated: root may search any folder."""
+    def denied(directory):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(rundir, "foreign_model", denied)
+    with pytest.raises(UserError, match=rf"^--out {re.escape(str(tmp_path))} cannot be read \(Permission denied\)$"):
+        rundir.check_out(tmp_path, (rundir.RUN,), "a run")
+
+
 def test_weights_without_a_config_are_neither_trained_over_nor_deleted(trained, tmp_path, capsys, monkeypatch):
     """A folder holding best.pt but no config.json (an upcycle killed before its last write) counted as train's
     own run: `train --out` trained over the weights and `--restart` deleted them, while upcycle refused the same
