@@ -2467,6 +2467,10 @@ def test_every_reader_that_looks_for_a_file_names_a_directory_there_as_such(trai
         path.rmdir()
         if kept.exists():
             kept.rename(path)
+    # none at all (what transformers' save_pretrained leaves): named as missing, with where to find it
+    (exported / rundir.EXPORTED_TOKENIZER).unlink()
+    code, _, err = run_cli(capsys, ["eval", exported])
+    assert f"{exported} has no {rundir.EXPORTED_TOKENIZER} (gbattn's own tokenizer file" in one_line(code, err), err
 
 
 def test_every_tokenizer_file_is_refused_unread_above_the_json_size_cap(tmp_path, monkeypatch):
