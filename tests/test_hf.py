@@ -2273,6 +2273,10 @@ def test_lm_eval_names_the_weights_it_evaluates(trained, tmp_path):
     del config["gbattn"]["step"]
     (no_step / "config.json").write_text(json.dumps(config))
     assert load_model(no_step, None, torch.device("cpu"))[3] == rundir.load_run(no_step).step == 0
+    del config["gbattn"]["checkpoint"]  # nor which of its run's weights it holds: no "its run's None weights"
+    (no_step / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="is an exported directory holding one set of weights: --checkpoint last "):
+        rundir.load_run(no_step, "last")
     # an export holds its run's best weights only: the last ones asked of it are refused, not the export's scored
     with pytest.raises(UserError, match="is an exported directory holding its run's best weights: --checkpoint last"):
         load_model(out, "last", torch.device("cpu"))
