@@ -202,6 +202,20 @@ def test_a_run_lock_writes_its_pid_removes_only_an_empty_directory_it_made_and_i
         assert proc.returncode != 0 and "in use by another gbattn process" in proc.stderr, proc.stderr
 
 
+def test_a_lock_another_process_holds_is_refused_in_this_one_and_its_file_closed(tmp_path):
+    """The refusal in the process asking (a Python sweep retrying runs would otherwise keep one descriptor per
+    refused attempt open)."""
+    holder = hold_lock(tmp_path / "run")
+    try:
+        fds = set(os.listdir("/proc/self/fd"))
+        with pytest.raises(UserError, match="is in use by another gbattn process"):
+            rundir.RunLock(tmp_path / "run")
+        assert set(os.listdir("/proc/self/fd")) == fds
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+
 # --------------------------------------------------------------------------------------
 # 3. Provenance
 # --------------------------------------------------------------------------------------
@@ -2191,8 +2205,10 @@ def test_a_lock_file_that_is_a_fifo_is_refused(tmp_path):
     fifo = tmp_path / "fifo"
     fifo.mkdir()
     os.mkfifo(fifo / rundir.LOCK)
+    fds = set(os.listdir("/proc/self/fd"))
     with pytest.raises(UserError, match="is not a regular file: remove it"):
         rundir.RunLock(fifo)
+    assert set(os.listdir("/proc/self/fd")) == fds  # the FIFO's descriptor is closed
 
 
 def test_a_missing_data_path_given_is_not_blamed_on_the_runs_record(trained, tmp_path):
