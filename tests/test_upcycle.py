@@ -304,6 +304,12 @@ def test_torch_bin_of_another_pickle_protocol(gpt2_dir, tmp_path, zip_format):
                _use_new_zipfile_serialization=zip_format)
     with pytest.raises(CheckpointError, match=r"holds Python objects beyond tensors \(loading it could run code\)"):
         load_source(directory)
+    # Protocols 0 and 1 start data.pkl with no PROTO opcode: its first bytes are no protocol number (zip format)
+    for protocol in (0, 1) if zip_format else ():
+        torch.save({"extra": Fraction(1, 3)}, directory / "pytorch_model.bin", pickle_protocol=protocol,
+                   _use_new_zipfile_serialization=zip_format)
+        with pytest.raises(CheckpointError, match=r"holds Python objects beyond tensors \(loading it could run code\)"):
+            load_source(directory)
 
 
 # How other savers (older transformers, a plain torch.save, GPT2Model) name and store the same weights.
