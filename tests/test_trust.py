@@ -1011,6 +1011,9 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
     denoise = tmp_path / "denoise"  # what `gbattn denoise` writes: tables, no model
     denoise.mkdir()
     (denoise / "results.json").write_text(json.dumps({"protocol": {}, "tables": {}, "runs": []}))
+    planned = tmp_path / "planned"  # a comparison's folder holding its recipe.json and no run yet
+    planned.mkdir()
+    (planned / "recipe.json").write_text("{}")
     cases = [
         ("binary data file", ["train", "--out", tmp_path / "o1", "--data", f["binary.txt"]],
          "NUL byte at byte offset 5"),
@@ -1116,6 +1119,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("analyze of a denoise output", ["analyze", denoise, "--quiet"],
          f"{denoise} holds a `gbattn denoise` output, not a run directory (nor one written by `gbattn export`)"),
         ("eval of a denoise output", ["eval", denoise], f"{denoise} holds a `gbattn denoise` output, not a run"),
+        ("eval of a comparison holding no run yet", ["eval", planned],
+         f"{planned} holds a `gbattn compare` comparison, not a run directory"),
         ("resume without a run", ["train", "--resume", "--out", tmp_path / "empty-dir"],
          "holds no run to resume (no config.json"),
         ("--resume and --restart", ["train", "--resume", "--restart", "--out", run], "give one of them"),
