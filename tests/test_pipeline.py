@@ -2639,6 +2639,31 @@ def test_each_epoch_reads_every_row_once_in_its_own_order(tmp_path):
     trainer.lock.release()
 
 
+@pytest.mark.parametrize("sampling", ["rows", "random"])
+def test_the_runs_seed_alone_decides_its_initial_weights_and_batches(tmp_path, sampling):
+    """A run's initial weights and its batches (rows in each epoch's order, or random windows) are those of its seed,
+    whatever the caller's random stream held; another seed draws other weights and other batches."""
+    data = write_corpus(tmp_path / "c")
+
+    def set_up(seed, callers_seed):
+        torch.manual_seed(callers_seed)
+        trainer = Trainer(tmp_path / f"seed{seed}-caller{callers_seed}",
+                          *tiny_configs(data, sampling=sampling, seed=seed), quiet=True)
+        trainer._setup()
+        trainer.lock.release()
+        weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        batches = [trainer._global_batch(step)[0] for step in (0, trainer.steps_per_epoch or 1)]
+        return weights, batches
+
+    (weights, batches), (same_weights, same_batches), (other_weights, other_batches) = (
+        set_up(1, callers_seed=0), set_up(1, callers_seed=5), set_up(2, callers_seed=0))
+    for k in weights:
+        torch.testing.assert_close(same_weights[k], weights[k], rtol=0, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip(same_batches, batches))
+    assert not torch.equal(other_weights["wte.weight"], weights["wte.weight"])
+    assert not any(torch.equal(a, b) for a, b in zip(other_batches, batches))
+
+
 def test_token_ids_fit_their_dtype_and_a_cap_spans_several_batches(tmp_path):
     """uint16 holds ids of a vocabulary up to 65,536 tokens, one more needs uint32; a cap larger than one
     batch of encoded lines (4,096) keeps exactly the first ``cap`` tokens."""
