@@ -686,7 +686,8 @@ def test_a_run_killed_writing_its_result_logs_its_test_once_when_resumed(tmp_pat
 
 def test_resume_keeps_the_best_validation_so_far(tmp_path, monkeypatch):
     """The best validation loss and its step survive a resume: with validation losses that rise
-    after the last checkpoint (step 4), best.pt and best_step stay at step 4."""
+    after step 4, best.pt and best_step stay at step 4, whether the last checkpoint is the best one's
+    (killed at step 7) or a later one's (killed at step 9: checkpoint at step 8, best step 4)."""
     data = write_corpus(tmp_path / "c")
     configs = tiny_configs(data)
     original = Trainer._evaluate
@@ -697,14 +698,16 @@ def test_resume_keeps_the_best_validation_so_far(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Trainer, "_evaluate", rising_valid)
     ref = train(tmp_path / "ref", *configs, quiet=True)
-    train_killed_at(7, tmp_path / "crashed", *configs, monkeypatch)
-    resumed = train(tmp_path / "crashed", resume=True, quiet=True)
-    assert ref["best_step"] == resumed["best_step"] == 4
-    # the result's validation numbers are the best evaluation's (loss 4.0), not the last one's (12.0)
-    assert ref["valid_loss"] == resumed["valid_loss"] == 4.0
-    assert ref["valid_ppl"] == resumed["valid_ppl"] == pytest.approx(math.exp(4.0), rel=1e-12)
-    assert ckpt.load_checkpoint(tmp_path / "crashed" / ckpt.BEST)["step"] == 4
-    assert run_record(tmp_path / "crashed")[1] == run_record(tmp_path / "ref")[1]  # the events' "best" flags
+    for killed_at in (7, 9):
+        crashed = tmp_path / f"crashed-at-{killed_at}"
+        train_killed_at(killed_at, crashed, *configs, monkeypatch)
+        resumed = train(crashed, resume=True, quiet=True)
+        assert ref["best_step"] == resumed["best_step"] == 4, killed_at
+        # the result's validation numbers are the best evaluation's (loss 4.0), not the last one's (12.0)
+        assert ref["valid_loss"] == resumed["valid_loss"] == 4.0, killed_at
+        assert ref["valid_ppl"] == resumed["valid_ppl"] == pytest.approx(math.exp(4.0), rel=1e-12)
+        assert ckpt.load_checkpoint(crashed / ckpt.BEST)["step"] == 4
+        assert run_record(crashed)[1] == run_record(tmp_path / "ref")[1]  # the events' "best" flags
 
 
 def test_gradient_accumulation_equals_the_whole_batch(tmp_path):
