@@ -3093,6 +3093,8 @@ def test_train_from_python_restarts_a_run_as_train_restart_does(tmp_path):
         train(tmp_path / "run", *wider, quiet=True)
     assert train(tmp_path / "run", *wider, quiet=True, restart=True)["d_model"] == 32
     assert ckpt.load_run(tmp_path / "run").model_cfg.d_model == 32
+    events = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
+    assert [e["event"] for e in events].count("test") == 1  # the replaced run's records went with it
     with pytest.raises(UserError, match="resume=True continues the run in run_dir and restart=True replaces it"):
         train(tmp_path / "run", resume=True, restart=True)
 
