@@ -195,10 +195,15 @@ def test_a_run_lock_writes_its_pid_removes_only_an_empty_directory_it_made_and_i
     with rundir.RunLock(made):
         (made / rundir.CONFIG).write_text("{}")
     assert sorted(p.name for p in made.iterdir()) == [rundir.LOCK, rundir.CONFIG]
+    code = f"from gbattn.rundir import RunLock; RunLock({str(made)!r})"
     with rundir.RunLock(made):  # taken again in this process after the release: held, not assumed held
-        code = f"from gbattn.rundir import RunLock; RunLock({str(made)!r})"
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert proc.returncode != 0 and "in use by another gbattn process" in proc.stderr, proc.stderr
+        with rundir.RunLock(made):  # this process already holds it: no refusal of itself as "another process" ...
+            pass
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # ... and the inner
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))  # release left the outer lock held
         assert proc.returncode != 0 and "in use by another gbattn process" in proc.stderr, proc.stderr
 
 
