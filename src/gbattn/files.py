@@ -272,7 +272,7 @@ def refuse_not_regular(path: Path) -> None:
     raise CheckpointError(f"{path} is {kind}{link}, not a regular file: put the file itself there")
 
 
-def read_json(path: str | Path, what: str | None = None) -> dict:
+def read_json(path: str | Path) -> dict:
     """A JSON object from ``path``, or a one-line :class:`CheckpointError` naming the file (read by
     :func:`read_json_bytes`: a huge file is refused unread)."""
     path = Path(path)
@@ -290,9 +290,7 @@ def read_json(path: str | Path, what: str | None = None) -> dict:
     except RecursionError:
         raise CheckpointError(f"{path} is not a gbattn file (its JSON is nested too deeply to read)") from None
     if not isinstance(obj, dict):
-        raise CheckpointError(
-            f"{path} holds {type(obj).__name__}, expected a JSON object{f' ({what})' if what else ''}"
-        )
+        raise CheckpointError(f"{path} holds {type(obj).__name__}, expected a JSON object")
     return obj
 
 
