@@ -312,11 +312,11 @@ def read_torch_file(path: str | Path, map_location="cpu"):
             raise CheckpointError(f"{path} is not a torch.save file (another kind of file, or corrupted): restore "
                                   f"a copy of it") from None
         if "weights_only" in str(e) or "Weights only load failed" in str(e):
-            if (protocol or 2) > 3:  # torch's safe reader stops at protocol 4's first opcode, tensors or not
-                raise CheckpointError(f"{path} is pickled with protocol {protocol}, which torch's safe reader "
-                                      f"(weights_only=True) does not read, or holds Python objects beyond tensors "
-                                      f"(loading it otherwise could run code): refused; save its tensors with "
-                                      f"torch.save's default protocol, or as safetensors") from None
+            if protocol is not None and protocol not in (2, 3):  # torch's safe reader reads neither 0, 1 nor 4
+                raise CheckpointError(f"{path} is pickled with protocol {protocol or '0 or 1'}, which torch's safe "
+                                      f"reader (weights_only=True) does not read, or holds Python objects beyond "
+                                      f"tensors (loading it otherwise could run code): refused; save its tensors "
+                                      f"with torch.save's default protocol, or as safetensors") from None
             raise CheckpointError(f"{path} holds Python objects beyond tensors (loading it could run code): refused; "
                                   f"only files of tensors and plain values are read") from None
         detail = error_detail(e)
@@ -328,21 +328,31 @@ def read_torch_file(path: str | Path, map_location="cpu"):
     raise CheckpointError(f"{path} is truncated or corrupted ({detail}); restore a copy of it")
 
 
+# The first bytes of a legacy-format torch.save file of pickle protocol 0 or 1 (its magic number pickled without PROTO)
+_LEGACY_MAGIC_NO_PROTO = b"L119547037146038801333356L"
+
+
 def _pickle_protocol(path: Path) -> int | None:
-    """The protocol of the pickle a torch.save file holds, from its PROTO opcode (protocol 2 or later):
-    at the start of the file (the legacy format, and plain pickles) or of the zip format's data.pkl;
-    None where there is none."""
+    """The protocol of the pickle a torch.save file holds, from its PROTO opcode (protocol 2 or later) at the start
+    of the file (the legacy format, and plain pickles) or of the zip format's data.pkl; 0 for torch's pickle without
+    one (protocol 0 or 1); None where there is none."""
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
                 name = next((n for n in archive.namelist() if n.rsplit("/", 1)[-1] == "data.pkl"), None)
-                head = archive.open(name).read(2) if name else b""
+                if name is None:
+                    return None
+                head = archive.open(name).read(2)
+                no_proto = len(head) == 2
         else:
             with open(path, "rb") as f:
-                head = f.read(2)
+                head = f.read(len(_LEGACY_MAGIC_NO_PROTO))
+            no_proto = head == _LEGACY_MAGIC_NO_PROTO
     except (OSError, zipfile.BadZipFile, RuntimeError):  # RuntimeError: an encrypted member
         return None
-    return head[1] if len(head) == 2 and head[0] == 0x80 else None
+    if len(head) >= 2 and head[0] == 0x80:
+        return head[1]
+    return 0 if no_proto else None
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
