@@ -98,6 +98,21 @@ def test_generate_cli(tmp_path, capsys):
     assert capsys.readouterr().out == "the cat\n---\n"
 
 
+def test_generate_continues_a_prompt_of_whitespace_and_refuses_an_empty_one(tmp_path, capsys):
+    """A character-level model continues a newline or a space (nanoGPT's sample.py starts from "\\n"); `--prompt
+    $'\\n'` was refused as "argument --prompt: is empty", as a blank path is. "" is still empty: one line, status 2."""
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=1, eval_every=1), quiet=True)
+    for prompt in ("\n", " "):
+        code = cli_main(["generate", str(tmp_path / "run"), "--prompt", prompt, "--max-new-tokens", "3", "--seed", "1"])
+        printed = capsys.readouterr()
+        assert code == 0 and printed.out.startswith(prompt) and printed.out.endswith("\n---\n"), printed.err
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["generate", str(tmp_path / "run"), "--prompt", ""])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "gbattn: error: argument --prompt: is empty (see: gbattn generate --help)\n"
+
+
 def test_generate_shows_control_characters_escaped_on_a_terminal_and_as_decoded_when_piped(tmp_path, capsys,
                                                                                            monkeypatch):
     """A run whose tokenizer decodes to control characters (ESC, CSI, a carriage return): they were printed raw,

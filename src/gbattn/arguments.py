@@ -39,7 +39,9 @@ class Parser(argparse.ArgumentParser):
         # An empty value is a script's unset variable (`--attn "$VARIANT"`, `gbattn eval "$RUN"`), never a
         # choice: refused here, once for every option and argument, instead of meaning "not given" (the
         # default, silently) or, for a path, the current directory. (A command's own arguments are its parser's.)
-        if action.nargs != argparse.PARSER and any(not text.strip() for text in arg_strings):
+        # A text argument (type=text) is empty only when it is "": its whitespace is text.
+        blank = (lambda t: not t) if action.type is text else (lambda t: not t.strip())
+        if action.nargs != argparse.PARSER and any(blank(t) for t in arg_strings):
             self.error(f"argument {'/'.join(action.option_strings) or action.dest}: is empty")
         return super()._get_values(action, arg_strings)
 
@@ -49,6 +51,12 @@ class Parser(argparse.ArgumentParser):
             choices = ", ".join(map(repr, action.choices))
             raise argparse.ArgumentError(
                 action, f"invalid choice: {value!r}{did_you_mean(value, action.choices)} (choose from {choices})")
+
+
+def text(value: str) -> str:
+    """The type of an argument whose value is text (generate's --prompt), where a space or a newline is text,
+    not a blank value: a character-level model continues "\\n" as nanoGPT's sample.py does."""
+    return value
 
 
 MAX_COUNT = 2**31 - 1  # counts (threads, steps, tokens, rows) beyond this are typos, and overflow C ints

@@ -33,7 +33,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("generate", help="generate text from a trained run (KV-cached decoding)")
     p.add_argument("run_dir", help="a run directory or a directory written by `gbattn export`")
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--prompt", required=True, type=arguments.text, help="the text to continue")
     p.add_argument("--max-new-tokens", type=arguments.at_least(0), default=100,
                    help="tokens to generate after the prompt (default %(default)s)")
     p.add_argument("--temperature", type=arguments.non_negative_number, default=0.8,
