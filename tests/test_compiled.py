@@ -89,6 +89,22 @@ def test_decoding_compiles_only_where_it_pays(monkeypatch):
     assert decoder_for(model, compile=None, max_new_tokens=10**6)[0] is None
 
 
+def test_each_compiled_generation_has_its_own_recompile_limit(monkeypatch):
+    """Every generate(..., compile=True) compiles a decode step for its model and shapes, and dynamo keeps at most
+    recompile_limit (8) compilations of one code object: the ninth such call in a process (a loop over prompts)
+    failed with FailOnRecompileLimitHit. Here the limit is 1 and two calls with different prompt lengths (so other
+    cache shapes) both decode, giving the eager tokens (dynamo's eager backend: the same guards, no code generation)."""
+    original = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: original(fn, backend="eager", fullgraph=True,
+                                                                          dynamic=False))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    model = tiny_model(("boosted", {})).float()
+    for length in (3, 5):
+        prompt = torch.randint(0, 37, (1, length))
+        assert torch.equal(generate(model, prompt, 6, temperature=0, compile=True),
+                           generate(model, prompt, 6, temperature=0, compile=False))
+
+
 def _aot_eager(monkeypatch):
     """torch.compile with the aot_eager backend: the same graph capture and autograd as inductor
     (so graph breaks, guards and the training step are exercised) without its minutes of C++

@@ -70,7 +70,12 @@ def compiled_decode_step(model):
         # The C++ wrapper calls the step's kernels without Python in between: over eager decoding on 2
         # CPU cores, measured 1.4x -> 1.55x (standard) and 1.65x -> 1.8x (GBA) (README, "Compiled vs eager").
         options["cpp_wrapper"] = True
-    return torch.compile(eager_decode_step(model), options=options, fullgraph=True, dynamic=False)
+    step = eager_decode_step(model)
+    # A code object of its own: dynamo keeps a code object's compilations, at most recompile_limit (8) of them, and
+    # every generate(..., compile=True) compiles a step for its model and shapes. Sharing `step`'s code, the ninth
+    # call in one process failed (FailOnRecompileLimitHit); now each step's compilations go with it.
+    step.__code__ = step.__code__.replace()
+    return torch.compile(step, options=options, fullgraph=True, dynamic=False)
 
 
 def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0,
