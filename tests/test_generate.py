@@ -113,6 +113,19 @@ def test_generate_continues_a_prompt_of_whitespace_and_refuses_an_empty_one(tmp_
     assert capsys.readouterr().err == "gbattn: error: argument --prompt: is empty (see: gbattn generate --help)\n"
 
 
+def test_a_prompt_that_starts_with_a_dash_is_shown_how_to_give(tmp_path, capsys):
+    """`--prompt "-ROMEO"` was read by argparse as an option: "argument --prompt: expected one argument", with no word
+    of how to give such a text; the line now says (--prompt=-ROMEO), and that form is the prompt."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["generate", str(tmp_path / "run"), "--prompt", "-ROMEO"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == ("gbattn: error: argument --prompt: expected one argument; a text that starts "
+                                       "with '-' is given as --prompt=TEXT (see: gbattn generate --help)\n")
+    from gbattn.cli import build_parser
+
+    assert build_parser().parse_args(["generate", "run", "--prompt=-ROMEO"]).prompt == "-ROMEO"
+
+
 def test_generate_shows_control_characters_escaped_on_a_terminal_and_as_decoded_when_piped(tmp_path, capsys,
                                                                                            monkeypatch):
     """A run whose tokenizer decodes to control characters (ESC, CSI, a carriage return): they were printed raw,

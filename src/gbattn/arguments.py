@@ -15,6 +15,9 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str, help_of: str | None = None):
         """``help_of``: the command whose --help to point at (this parser's by default). The message quotes what
         was typed (an unrecognized argument as it is): one line, control characters escaped, as every error is."""
+        for option in (o for action in self._actions if action.type is text for o in action.option_strings):
+            if message == f"argument {option}: expected one argument":  # (`--prompt "-Hello"`: argparse read an option)
+                message += f"; a text that starts with '-' is given as {option}=TEXT"
         self.exit(2, f"gbattn: error: {terminal_line(message)} (see: {help_of or self.prog} --help)\n")
 
     def parse_args(self, args=None, namespace=None):
