@@ -180,8 +180,8 @@ def check_writable_dir(path: str | Path, what: str = "--out", create: bool = Tru
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"{what} {path} is a file, not a directory")
-    if dangling_link(path):  # mkdir would fail with "File exists"
-        raise UserError(f"{what} {path} is {dangling_link(path)}")
+    if link := dangling_link(path):  # mkdir would fail with "File exists"
+        raise UserError(f"{what} {path} is {link}")
     target = path
     if not create:
         while not target.exists() and target != target.parent:

@@ -221,8 +221,8 @@ def _listed(entry: Path) -> str:
         return entry.name
     if entry.is_dir():
         return f"{entry.name} (a directory)"
-    if dangling_link(entry):
-        return f"{entry.name} ({dangling_link(entry)})"
+    if link := dangling_link(entry):
+        return f"{entry.name} ({link})"
     return f"{entry.name} (not a regular file)"
 
 
@@ -407,8 +407,8 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
         return _single_file(path, tuple(split))
     if path.exists():
         raise DataError(f"--data {data!r} is neither a regular file nor a directory (a device or a pipe)")
-    if dangling_link(path):
-        raise DataNotFound(f"--data {data!r} is {dangling_link(path)}")
+    if link := dangling_link(path):
+        raise DataNotFound(f"--data {data!r} is {link}")
     names = [*BUNDLED, *HF_NAMES]
     # A path (`./wikitext-2-v1`, the README's name for a local folder of a hub corpus's name) is no typo of a
     # corpus name: following "did you mean 'wikitext-2-v1'?" would fetch the hub's copy instead.
