@@ -181,6 +181,13 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
                     quiet=True)
     assert not (tmp_path / "cmp" / "standard" / "seed1").exists()
     assert (tmp_path / "cmp" / "recipe.json").read_text() == recorded
+    # The same when the old run is not among those asked now: another seed alone (the comparison holds seed 42 too)
+    # or another model alone (the comparison holds standard too) is refused before it trains.
+    for seeds, only in (([1], ["standard"]), ([42], ["twicing"])):
+        with pytest.raises(UserError, match=r"standard.seed42 was trained on other data"):
+            run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, seeds=seeds, only=only, quiet=True)
+        assert not (tmp_path / "cmp" / only[0] / f"seed{seeds[0]}").exists()
+        assert (tmp_path / "cmp" / "recipe.json").read_text() == recorded
 
 
 def test_a_finished_run_that_recorded_no_data_fingerprint_is_reused(tmp_path):
