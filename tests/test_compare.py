@@ -1285,3 +1285,19 @@ def test_a_finished_runs_result_that_describes_another_model_is_refused(tmp_path
         run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
     other_path.write_text(json.dumps(other))
     assert run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)["models"] == report["models"]
+
+
+def test_a_matched_run_waits_for_its_references_run_of_the_same_seed(tmp_path):
+    """--jobs: compute-matched seed 2 is not ready while only gba-m2 seed 1 has finished (it would be matched to
+    a run that does not exist yet), whether gba-m2 is asked now or left out (--only) with its run on disk."""
+    recipe = get_recipe("cpu-proxy")
+    specs = {s.label: s for s in recipe.models}
+    runner = compare_mod._Runner.__new__(compare_mod._Runner)
+    runner.out = tmp_path
+    runner.results = {"gba-m2": {1: {"train_flops": 1.0, "steps": 1}}, "compute-matched": {}}
+    assert runner._ready(specs["compute-matched"], 1) and not runner._ready(specs["compute-matched"], 2)
+    runner.results = {"compute-matched": {}}  # --only compute-matched: gba-m2's finished runs are read from disk
+    (tmp_path / "gba-m2" / "seed1").mkdir(parents=True)
+    (tmp_path / "gba-m2" / "seed1" / rundir.RESULT).write_text("{}")
+    assert runner._ready(specs["compute-matched"], 1) and not runner._ready(specs["compute-matched"], 2)
+    assert runner._ready(specs["standard"], 2)  # nothing to wait for
