@@ -539,8 +539,8 @@ def test_a_rerun_of_a_subset_checks_the_finished_runs_it_reports(tmp_path):
 
 
 def test_compute_matched_steps_round_the_reference_flops(tmp_path):
-    """Steps = the reference's training FLOPs / (forward+backward FLOPs per token x batch x seq_len), to the
-    nearest step: 10.6 steps' worth trains 11 steps, 10.4 trains 10."""
+    """Steps = the reference's training FLOPs (its run of the same seed) / (forward+backward FLOPs per token x batch
+    x seq_len), to the nearest step: 10.6 steps' worth trains 11 steps, 10.4 trains 10."""
     from gbattn.experiments.compare import matched_configs, spec_configs
     from gbattn.model.params import flops_per_token
 
@@ -553,7 +553,9 @@ def test_compute_matched_steps_round_the_reference_flops(tmp_path):
     # seq_len unset trains rows of block_size - 1 = 32 tokens too: the same steps (not a TypeError)
     for sets in (tiny_sets(), {**tiny_sets(), "seq_len": None}):
         for exact, expected in ((10.6, 11), (10.4, 10)):
-            results = {"gba-m2": {1: {"train_flops": exact * per_step, "steps": 10}}}
+            # seed 7's reference first: seed 1 is matched to its own seed's run, not to the first one finished
+            results = {"gba-m2": {7: {"train_flops": 50 * per_step, "steps": 50},
+                                  1: {"train_flops": exact * per_step, "steps": 10}}}
             _, matched = matched_configs(recipe, spec, "data", 1, sets, 50, results, tmp_path)
             assert matched.max_steps == expected, (exact, sets["seq_len"])
 
