@@ -446,10 +446,14 @@ def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):
                          "standard-continued-compute-matched", "gba-scratch", "standard-scratch"}
     out = tmp_path / "cmp"
     base = rundir.load_run(out / "base" / "seed42")
+    upcycled_to = {s.label: s.upcycle for s in get_recipe("upcycle").models if s.upcycle}
     for label in ("gba-upcycled", "gba-shared-upcycled"):
         config = json.loads((out / label / "seed42" / rundir.CONFIG).read_text())
         assert config["train"]["init_from"] == str(out / label / "seed42-start")
         start = rundir.load_run(out / label / "seed42-start")
+        # upcycled to the recipe's options (shared K/V, tanh gate), not the variant's defaults
+        assert start.model_cfg.attn == upcycled_to[label]["attn"]
+        assert upcycled_to[label]["attn_options"].items() <= start.model_cfg.attn_options.items(), label
         idx = torch.randint(0, base.model_cfg.vocab_size, (2, 20))
         torch.testing.assert_close(start.model(idx), base.model(idx), rtol=1e-5, atol=1e-5)
     assert json.loads((out / "standard-continued" / "seed42" / rundir.CONFIG).read_text())["train"]["init_from"] == str(
