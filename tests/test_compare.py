@@ -1282,6 +1282,9 @@ def test_a_finished_runs_result_that_describes_another_model_is_refused(tmp_path
         with pytest.raises(UserError, match=rf"result.json describes another model than its run's config.json "
                                             rf"\({key}: {value!r}, config.json's model "):
             run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    # A result written before results recorded residual and norm leaves them out: reused, not refused
+    result_path.write_text(json.dumps({k: v for k, v in pristine.items() if k not in ("residual", "norm")}))
+    assert run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)["models"][0]["norm"] == "pre"
     result_path.write_text(json.dumps(pristine))
     # A finished run not asked for now (--only standard) is read for the report: checked as well
     other_path = tmp_path / "cmp" / "gba-m2" / "seed1" / rundir.RESULT
