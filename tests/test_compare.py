@@ -1317,3 +1317,16 @@ def test_a_matched_run_waits_for_its_references_run_of_the_same_seed(tmp_path):
     (tmp_path / "gba-m2" / "seed1" / rundir.RESULT).write_text("{}")
     assert runner._ready(specs["compute-matched"], 1) and not runner._ready(specs["compute-matched"], 2)
     assert runner._ready(specs["standard"], 2)  # nothing to wait for
+
+
+def test_a_run_stuck_behind_a_failed_reference_names_only_what_is_neither_asked_nor_finished(tmp_path):
+    """standard-continued-compute-matched starts from base and is matched to gba-upcycled. With --only
+    gba-upcycled and it: base, left out but finished in the directory, is not 'neither finished here nor
+    asked for' (the run waits for gba-upcycled, which failed); without base's run it is, for that seed alone."""
+    specs = {s.label: s for s in get_recipe("upcycle").models}
+    runner = compare_mod._Runner.__new__(compare_mod._Runner)
+    runner.out, runner.specs = tmp_path, [specs["gba-upcycled"], specs["standard-continued-compute-matched"]]
+    (tmp_path / "base" / "seed1").mkdir(parents=True)
+    (tmp_path / "base" / "seed1" / rundir.RESULT).write_text("{}")
+    assert runner._not_asked_for(specs["standard-continued-compute-matched"], 1) == []
+    assert runner._not_asked_for(specs["standard-continued-compute-matched"], 2) == ["base"]
