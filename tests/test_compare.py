@@ -1139,6 +1139,9 @@ def test_recipe_json_keeps_the_seeds_of_every_invocation_and_refuses_damaged_one
                                                      "seeds": seeds}))
         with pytest.raises(CheckpointError, match=r"must be a list of integers"):
             run_compare("cpu-proxy", out, data=str(data), seeds=[1], sets=sets, only=["standard"], quiet=True)
+    # A recipe.json holding no seeds, and no --seeds: the recipe's seeds, as for a new comparison (not none at all)
+    (out / "recipe.json").write_text(json.dumps({**json.loads((out / "recipe.json").read_text()), "seeds": []}))
+    assert run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True)["seeds"] == [42]
 
 
 def test_compare_command_forwards_every_option_and_prints_the_report(tmp_path, monkeypatch, capsys):
