@@ -167,6 +167,8 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
     with pytest.raises(UserError, match=r"--set attn.rounds: the recipe sets it per model"):
         run_compare("cpu-proxy", tmp_path / "b", data=str(data), sets={**sets, "attn.rounds": 3}, only=["gba-m2"],
                     quiet=True)
+    with pytest.raises(UserError, match=r"^--set attn=\.\.\. would give every model of the recipe that one attention"):
+        run_compare("cpu-proxy", tmp_path / "s", data=str(data), sets={**sets, "attn": "boosted"}, quiet=True)
     # --set split of a corpus that comes in splits (a folder) would be ignored: refused before anything is recorded
     with pytest.raises(UserError, match=r"^--set split cuts a single text file by characters; --data .* has its own"):
         run_compare("cpu-proxy", tmp_path / "s", data=str(data), sets={**sets, "split": [0.8, 0.1, 0.1]}, quiet=True)
