@@ -1335,3 +1335,15 @@ def test_a_run_stuck_behind_a_failed_reference_names_only_what_is_neither_asked_
     (tmp_path / "base" / "seed1" / rundir.RESULT).write_text("{}")
     assert runner._not_asked_for(specs["standard-continued-compute-matched"], 1) == []
     assert runner._not_asked_for(specs["standard-continued-compute-matched"], 2) == ["base"]
+
+
+def test_a_comparison_says_which_run_it_trains_and_which_it_resumes(tmp_path, capsys):
+    """Without --quiet each run started is announced with its model, steps and directory: 'training' for a new
+    run, 'resuming' for one an earlier invocation left unfinished (config.json, no result.json)."""
+    kwargs = dict(data=str(write_corpus(tmp_path / "c")), sets=tiny_sets(), seeds=[1], only=["standard"])
+    run_dir = tmp_path / "cmp" / "standard" / "seed1"
+    run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    assert f"training standard seed 1: attn=standard d_model=32 steps=2 -> {run_dir}\n" in capsys.readouterr().err
+    (run_dir / rundir.RESULT).unlink()  # stopped before its result was written
+    run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    assert f"resuming standard seed 1: attn=standard d_model=32 steps=2 -> {run_dir}\n" in capsys.readouterr().err
