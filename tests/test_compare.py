@@ -1144,6 +1144,11 @@ def test_recipe_json_keeps_the_seeds_of_every_invocation_and_refuses_damaged_one
     # A recipe.json holding no seeds, and no --seeds: the recipe's seeds, as for a new comparison (not none at all)
     (out / "recipe.json").write_text(json.dumps({**json.loads((out / "recipe.json").read_text()), "seeds": []}))
     assert run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True)["seeds"] == [42]
+    for commands in ("gbattn compare", ["gbattn compare", 1]):  # the commands of results.md: a list of strings too
+        (out / "recipe.json").write_text(json.dumps({**json.loads((out / "recipe.json").read_text()),
+                                                     "commands": commands}))
+        with pytest.raises(CheckpointError, match=r"commands=.* must be a list of strings; restore the file"):
+            run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True)
 
 
 def test_compare_command_forwards_every_option_and_prints_the_report(tmp_path, monkeypatch, capsys):
