@@ -1261,6 +1261,33 @@ def test_a_run_of_jobs_stopped_during_its_last_step_is_finished_whatever_its_exi
     assert json.loads((tmp_path / "cmp" / "results.json").read_text())["models"][0]["seeds"] == [42]
 
 
+def test_a_failed_jobs_child_is_named_by_its_logs_last_line_and_a_clean_exit_with_a_damaged_result_is_one_line(
+        tmp_path, monkeypatch):
+    """--jobs 2: a child that fails is named with the last line of its train.log (where its error is), not
+    the first; one that exits 0 with a result.json that does not read back is that file's one line, not a
+    failed run to retry. Either way the comparison gives back the SIGTERM handler it found."""
+    import signal
+    import subprocess
+    import sys
+
+    from gbattn.errors import CheckpointError
+
+    real_popen, script = subprocess.Popen, [""]
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", lambda cmd, **kw: real_popen(
+        [sys.executable, "-c", script[0], cmd[cmd.index("--out") + 1]], **kw))
+    kwargs = dict(data=str(write_corpus(tmp_path / "c")), sets=tiny_sets(), only=["standard"], quiet=True, jobs=2,
+                  threads=2)
+    handler = signal.getsignal(signal.SIGTERM)
+    script[0] = "print('loading the data'); print('step 1'); print('boom'); raise SystemExit(3)"
+    with pytest.raises(UserError, match=r"^1 run\(s\) failed: standard/seed42 \(exit 3: boom\); rerun"):
+        run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    assert signal.getsignal(signal.SIGTERM) is handler
+    script[0] = "import pathlib, sys; (pathlib.Path(sys.argv[1]) / 'result.json').write_text('{')"
+    with pytest.raises(CheckpointError, match=r"result.json"):
+        run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    assert signal.getsignal(signal.SIGTERM) is handler
+
+
 def test_a_run_is_refused_when_its_fitted_warmup_is_not_the_one_asked_for(tmp_path):
     """fit_warmup itself is not compared (runs from before it existed record it off), the warmup it gives is:
     a 180-step run that kept a warmup of 100 as given is not the run asked with fit_warmup on (which fits it to
