@@ -326,6 +326,20 @@ def test_a_sigterm_outside_a_training_loop_stops_a_comparison_as_terminated(tmp_
     assert stop.value.exit_code == 143
 
 
+def test_a_one_job_comparison_leaves_sigterm_to_the_handler_it_found(tmp_path, monkeypatch):
+    """One job trains in this process: SIGTERM stays with the handler the comparison found (cli's, which raises
+    Terminated at once, and the trainer's during a loop), not --jobs' own, which only notes it: with that one, a SIGTERM
+    during a run's final evaluation would let the run go on to its end and name no run in progress."""
+    import signal
+
+    handler, seen, real_train = signal.getsignal(signal.SIGTERM), [], compare_mod.train
+    monkeypatch.setattr(compare_mod, "train", lambda *a, **kw: seen.append(signal.getsignal(signal.SIGTERM)) or
+                        real_train(*a, **kw))
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(write_corpus(tmp_path / "c")), sets=tiny_sets(),
+                only=["standard"], quiet=True)
+    assert seen == [handler]
+
+
 def test_a_comparison_recorded_with_a_corpus_file_name_alone_continues(tmp_path):
     """recipe.json written before an absolute corpus file kept its folder recorded its name alone (input.txt for
     /data/tiny-shakespeare/input.txt): the same command, now recorded as tiny-shakespeare/input.txt, continues
