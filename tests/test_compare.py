@@ -445,6 +445,12 @@ def test_only_a_matched_model_says_what_it_needs_and_seeds_count_once(tmp_path):
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets, only=["compute-matched"],
                     quiet=True)
     assert "rerun the same command" not in str(e.value)  # it would stop the same way: --only must name gba-m2
+    # Once gba-m2's run is finished here, --only compute-matched trains, matched to that run read from disk
+    run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets, only=["gba-m2"], quiet=True)
+    rows = {r["label"]: r for r in run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets,
+                                                only=["compute-matched"], quiet=True)["models"]}
+    assert rows["compute-matched"]["steps"] > rows["gba-m2"]["steps"]
+    assert rows["compute-matched"]["train_flops"] == pytest.approx(rows["gba-m2"]["train_flops"], rel=0.5)
     report = run_compare("cpu-proxy", tmp_path / "two", data=str(data), seeds=[1, 1], sets=sets, only=["standard"],
                          quiet=True)
     assert report["seeds"] == [1] and report["complete"]
