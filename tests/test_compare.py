@@ -1246,6 +1246,24 @@ def test_a_jobs_child_is_given_this_invocations_result_neutral_settings_as_its_c
     assert given["compile"] is False and given["log_every"] == 5
 
 
+def test_a_jobs_invocation_resumes_an_unfinished_run_without_rewriting_what_its_config_records(tmp_path, monkeypatch):
+    """--jobs 2 writes config.json for a planned run only: an unfinished run's config.json stays as its training
+    wrote it (its data fingerprint with it) until the child resumes it, so a child that fails before then leaves a
+    run that later data checks still refuse on other data, not one that records none."""
+    import subprocess
+
+    kwargs = dict(data=str(write_corpus(tmp_path / "c")), sets=tiny_sets(), only=["standard"], quiet=True)
+    run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    run_dir = tmp_path / "cmp" / "standard" / "seed42"
+    (run_dir / rundir.RESULT).unlink()  # stopped before its result was written
+    recorded = (run_dir / rundir.CONFIG).read_text()
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", lambda cmd, **kw: real_popen(["false"], **kw))
+    with pytest.raises(UserError, match=r"1 run\(s\) failed: standard/seed42"):
+        run_compare("cpu-proxy", tmp_path / "cmp", jobs=2, threads=2, **kwargs)
+    assert (run_dir / rundir.CONFIG).read_text() == recorded
+
+
 def test_a_run_of_jobs_stopped_during_its_last_step_is_finished_whatever_its_exit_status(tmp_path, monkeypatch):
     """A --jobs child sent Ctrl-C or SIGTERM from outside during its last step writes result.json and then
     exits 130 or 143: the comparison counts that run as finished and reports it (it listed it as failed and
