@@ -194,6 +194,12 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
             run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, seeds=seeds, only=only, quiet=True)
         assert not (tmp_path / "cmp" / only[0] / f"seed{seeds[0]}").exists()
         assert (tmp_path / "cmp" / "recipe.json").read_text() == recorded
+    # and when that run is unfinished (config.json, no result.json): refused before seed 1 trains, not only once
+    # seed 42 is asked again
+    (tmp_path / "cmp" / "standard" / "seed42" / rundir.RESULT).unlink()
+    with pytest.raises(UserError, match=r"standard.seed42 was trained on other data"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, seeds=[1], only=["standard"], quiet=True)
+    assert not (tmp_path / "cmp" / "standard" / "seed1").exists()
 
 
 def test_a_finished_run_that_recorded_no_data_fingerprint_is_reused(tmp_path):
