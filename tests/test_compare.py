@@ -1270,6 +1270,33 @@ def test_a_jobs_invocation_resumes_an_unfinished_run_without_rewriting_what_its_
     assert (run_dir / rundir.CONFIG).read_text() == recorded
 
 
+def test_a_jobs_comparison_rewrites_its_report_as_each_childs_run_finishes(tmp_path, monkeypatch):
+    """--jobs 2: results.json is rewritten as each child's run finishes, so a comparison that then fails (another
+    run's child exits 3) still reports the run that finished, as a one-job comparison does."""
+    import subprocess
+    import sys
+
+    kwargs = dict(data=str(write_corpus(tmp_path / "c")), sets=tiny_sets(), quiet=True)
+    run_compare("cpu-proxy", tmp_path / "cmp", only=["standard"], **kwargs)
+    out = tmp_path / "cmp"
+    finished = (out / "standard" / "seed42" / rundir.RESULT).read_text()
+    for path in (out / "standard" / "seed42" / rundir.RESULT, out / "results.json", out / "results.md"):
+        path.unlink()  # standard's run in progress again, and no report yet
+    real_popen = subprocess.Popen
+
+    def child(cmd, **kw):  # standard's child writes its result and exits 0; twicing's fails
+        run_dir = cmd[cmd.index("--out") + 1]
+        script = ("import pathlib, sys\nif 'standard' in sys.argv[1]:\n    (pathlib.Path(sys.argv[1]) / 'result.json')"
+                  ".write_text(sys.argv[2])\nelse:\n    sys.exit(3)")
+        return real_popen([sys.executable, "-c", script, run_dir, finished], **kw)
+
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", child)
+    with pytest.raises(UserError, match=r"^1 run\(s\) failed: twicing/seed42 \(exit 3"):
+        run_compare("cpu-proxy", out, only=["standard", "twicing"], jobs=2, threads=2, **kwargs)
+    report = json.loads((out / "results.json").read_text())
+    assert [(r["label"], r["seeds"]) for r in report["models"] if r["seeds"]] == [("standard", [42])]
+
+
 def test_a_run_of_jobs_stopped_during_its_last_step_is_finished_whatever_its_exit_status(tmp_path, monkeypatch):
     """A --jobs child sent Ctrl-C or SIGTERM from outside during its last step writes result.json and then
     exits 130 or 143: the comparison counts that run as finished and reports it (it listed it as failed and
