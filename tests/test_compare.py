@@ -104,6 +104,11 @@ def test_compare_refuses_other_settings_in_same_dir(tmp_path):
                                         rf"max_steps: --set max_steps={sets['max_steps']} there, --set "
                                         rf"max_steps={sets['max_steps'] + 1} now;"):
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=changed, only=["standard"], quiet=True)
+    # a recipe.json whose --set values are not a JSON object (edited by hand): one line, not an AttributeError
+    recipe_json = tmp_path / "cmp" / "recipe.json"
+    recipe_json.write_text(json.dumps({**json.loads(recipe_json.read_text()), "sets": ["lr=0.5"]}))
+    with pytest.raises(UserError, match=r"holds a comparison with sets=\['lr=0.5'\], not \{"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
 
 
 def test_a_call_without_seeds_continues_the_seeds_the_comparison_holds(tmp_path, monkeypatch):
