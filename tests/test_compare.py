@@ -362,8 +362,9 @@ def test_a_comparison_recorded_with_a_corpus_file_name_alone_continues(tmp_path)
     def request(data):
         return {"recipe": "cpu-char", "data": data, "seeds": [42], "sets": {}, "command": "gbattn y"}
 
-    compare_mod._check_request(path, request("tiny-shakespeare/input.txt"),
-                               data_as_given="/data/tiny-shakespeare/input.txt")
+    continued = request("tiny-shakespeare/input.txt")
+    compare_mod._check_request(path, continued, data_as_given="/data/tiny-shakespeare/input.txt")
+    assert continued["commands"] == ["gbattn x"]  # recorded before `commands` was: its one command comes first
     for other in ("tiny-shakespeare/other.txt", "wikitext-2"):
         with pytest.raises(UserError, match="holds a comparison with data='input.txt'"):
             compare_mod._check_request(path, request(other), data_as_given=f"/data/{other}")
