@@ -1387,6 +1387,22 @@ def test_a_run_is_refused_when_its_fitted_warmup_is_not_the_one_asked_for(tmp_pa
         check_run(tmp_path, model_cfg, asked)
 
 
+def test_check_run_refuses_a_run_recorded_on_other_data(tmp_path):
+    """check_run refuses a run whose config.json records another data fingerprint than the data's now, not only
+    run_compare's pre-check over the directory; a run that recorded none, or no fingerprint now, is not refused."""
+    from gbattn.experiments.compare import check_run
+
+    model_cfg, train_cfg = build_configs("cpu-char", "standard", "data", {})
+    rundir.write_config(tmp_path, "cpu-char", model_cfg, train_cfg, data={"fingerprint": "a" * 64})
+    with pytest.raises(UserError, match=rf"was trained on other data than data holds now \(fingerprint {'a' * 16} "
+                                        rf"recorded, {'b' * 16} now\)"):
+        check_run(tmp_path, model_cfg, train_cfg, "b" * 64)
+    check_run(tmp_path, model_cfg, train_cfg, "a" * 64)
+    check_run(tmp_path, model_cfg, train_cfg)
+    rundir.write_config(tmp_path, "cpu-char", model_cfg, train_cfg)
+    check_run(tmp_path, model_cfg, train_cfg, "b" * 64)
+
+
 def test_a_finished_runs_result_that_describes_another_model_is_refused(tmp_path):
     """A finished run is reused when its config.json is the recipe's; its result.json was taken as it was, so a
     hand-edited one (another attention, width or parameter count) was published in the table as that run's.
