@@ -2075,9 +2075,10 @@ def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_t
     assert get_tokenizer("char", corpus).fingerprint == char.fingerprint
     assert Tokenizer.load(cached).fingerprint == char.fingerprint
     bpe = get_tokenizer("bpe", corpus, vocab_size=60, verbose=False)
-    # A valid tokenizer of another kind in an entry's place (the char one was returned for bpe): trained again.
+    # A valid tokenizer of another kind in an entry's place (the char one was returned for bpe): trained again, even
+    # where it is a whole cache entry, its own fingerprint recorded and matching (another entry copied over it).
     [bpe_entry] = (tmp_path / "gbattn-cache" / "tokenizers").glob("bpe-*.json")
-    bpe_entry.write_text(char.to_json())
+    bpe_entry.write_text(char.to_json(fingerprint=True))
     again = get_tokenizer("bpe", corpus, vocab_size=60, verbose=False)
     assert (again.kind, again.fingerprint) == ("bpe", bpe.fingerprint)
     for tok in (char, bpe, Tokenizer("hf", bpe.payload), Tokenizer("gpt2", bpe.payload)):
