@@ -787,6 +787,10 @@ def test_a_tokenizer_file_saved_with_truncation_or_padding_encodes_whole_lines(t
     assert json.loads(saved.payload)["truncation"] is None and json.loads(saved.payload)["padding"] is None
     saved.save(tmp_path / "run-tokenizer.json")
     assert Tokenizer.load(tmp_path / "run-tokenizer.json").fingerprint == saved.fingerprint
+    # padding alone (no truncation) is turned off too: the shorter lines of a batch were padded to the longest
+    padded = Backend.from_str(plain.payload)
+    padded.enable_padding(pad_id=0, pad_token="<|endoftext|>")
+    assert Tokenizer("hf", padded.to_str()).encode_batch(lines) == plain.encode_batch(lines)
 
 
 def test_special_tokens_of_a_vocabulary_with_several_candidates():
