@@ -129,6 +129,11 @@ def _damage_size(entry: Path) -> None:  # a file cut short (a full disk, a kill 
     path.write_bytes(path.read_bytes()[:-10])
 
 
+def _damage_appended(entry: Path) -> None:  # bytes past the ids it records (two copies written into one file)
+    path = entry / "train.bin"
+    path.write_bytes(path.read_bytes() * 2)
+
+
 def _damage_missing(entry: Path) -> None:
     (entry / "valid.bin").unlink()
 
@@ -181,7 +186,8 @@ def _damage_replaced_by_a_link_to_nothing(entry: Path) -> None:  # a cache folde
     entry.symlink_to(entry.parent / "moved")
 
 
-@pytest.mark.parametrize("damage", [_damage_meta, _damage_meta_type, _damage_count, _damage_size, _damage_missing,
+@pytest.mark.parametrize("damage", [_damage_meta, _damage_meta_type, _damage_count, _damage_size, _damage_appended,
+                                    _damage_missing,
                                     _damage_content, _damage_one_id, _damage_no_digest, _damage_out_of_vocabulary,
                                     _damage_counts_type, _damage_replaced_by_a_file,
                                     _damage_replaced_by_a_link_to_nothing])
@@ -196,6 +202,7 @@ def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, damage):
         np.testing.assert_array_equal(again[s], splits[s])
     meta = json.loads((entry / "meta.json").read_text())  # the entry built again, digests and all
     assert meta["counts"] == {s: len(v) for s, v in splits.items()} and set(meta["sha256"]) == set(splits)
+    assert {s: (entry / f"{s}.bin").stat().st_size for s in splits} == {s: v.nbytes for s, v in splits.items()}
 
 
 def test_a_token_cache_entry_finished_by_another_process_at_the_same_moment_is_taken(tmp_path, monkeypatch):
