@@ -1460,9 +1460,18 @@ def test_an_interrupted_tokenization_leaves_no_cache_debris(tmp_path, monkeypatc
     elsewhere = cache / "0123456789abcdef0123.tmp999999999@another-host"  # a build on a machine sharing the cache
     elsewhere.mkdir()
     (abandoned / "train.bin").write_bytes(b"\0" * 10)
+    # One left by a killed process whose id this one has now (a container's process starts with the same id every
+    # time): it is this build's own folder, taken over (it was "could not write the token cache ... File exists").
+    from gbattn.files import building_suffix
+
+    entry = tokens._entry_directory(corpus, tok, dict.fromkeys(("train", "valid", "test")))
+    own = entry.with_name(entry.name + building_suffix())
+    own.mkdir()
+    (own / "train.bin").write_bytes(b"\0" * 10)
     monkeypatch.setattr(tokens, "_encode_split", real)
-    tokens.tokenize_corpus(corpus, tok, progress=False)
+    splits = tokens.tokenize_corpus(corpus, tok, progress=False)
     assert [p.name for p in cache.iterdir() if ".tmp" in p.name] == [elsewhere.name]
+    assert tok.decode(splits["train"][:40].tolist()) == (data / "wiki.train.tokens").read_text()[:40]
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
