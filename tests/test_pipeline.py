@@ -1925,6 +1925,10 @@ def test_a_training_split_of_blank_lines_trains_no_bpe(tmp_path):
     (data / "text.txt").write_text(" \n" * 1000 + "words only in the valid and test splits\n")
     with pytest.raises(DataError, match="the training split holds no text"):
         get_tokenizer("bpe", load_corpus(str(data / "text.txt")), vocab_size=40, verbose=False)
+    # A corpus no file check reads (a hub dataset whose rows are empty) holds no character to list: one line too
+    empty = corpus_mod.Corpus(name="empty-rows", fingerprint="hf:empty", reader=lambda split: iter(["", ""]))
+    with pytest.raises(DataError, match="^--data empty-rows holds no text$"):
+        get_tokenizer("char", empty)
 
 
 def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked(tmp_path):
