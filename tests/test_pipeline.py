@@ -228,6 +228,18 @@ def test_a_token_cache_entry_finished_by_another_process_at_the_same_moment_is_t
     for s in expected:
         np.testing.assert_array_equal(again[s], expected[s])
     assert [p.name for p in entry.parent.iterdir()] == [entry.name]
+    # A rename that fails with no entry in its place (no other process finished it) is raised, its build folder gone
+    shutil.rmtree(entry)
+
+    def refused(src, dst):  # the entry's rename only (meta.json is written by a rename too)
+        if Path(dst) == entry:
+            raise PermissionError(13, "Permission denied")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(tokens_mod.os, "replace", refused)
+    with pytest.raises(PermissionError):
+        tokenize_corpus(corpus, tok, progress=False)
+    assert list(entry.parent.iterdir()) == []
 
 
 def test_a_token_cache_entry_that_cannot_be_read_back_is_one_data_error(tmp_path, monkeypatch):
