@@ -980,8 +980,8 @@ def test_a_seed_given_twice_counts_once(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "cli" / "results.json").read_text())["seeds"] == [3]
 
 def test_cli_threads_output_checks_and_printed_files(tmp_path, monkeypatch, capsys):
-    """--threads sets torch's thread count for the run; an --out that is a file is refused before any
-    training; the closing line names rounds.png only when the rounds table was made."""
+    """--threads sets torch's thread count for the run, and results.json records it; an --out that is a file
+    is refused before any training; the closing line names rounds.png only when the rounds table was made."""
     from gbattn.synthetic import tables
 
     threads, real_run_denoise = [], tables.run_denoise
@@ -997,8 +997,10 @@ def test_cli_threads_output_checks_and_printed_files(tmp_path, monkeypatch, caps
     monkeypatch.setattr(tables, "run_denoise", real_run_denoise)
     monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
     for experiments, figure in ((["rounds"], True), (["deq"], False)):
-        assert main(["denoise", "--out", str(out), "--experiments", *experiments, "--seeds", "0", "--quick"]) == 0
+        assert main(["denoise", "--out", str(out), "--experiments", *experiments, "--seeds", "0", "--quick",
+                     "--threads", "2"]) == 0
         assert (out / "rounds.png").exists() == figure
+        assert json.loads((out / "results.json").read_text())["torch_threads"] == 2  # the run's, recorded
     (tmp_path / "file").write_text("")
     assert main(["denoise", "--out", str(tmp_path / "file"), "--quiet"]) == 2 and len(threads) == 2
     assert "is a file" in capsys.readouterr().err
