@@ -708,13 +708,14 @@ def test_evaluate_scores_the_models_output_against_the_target():
 
 def test_a_runs_first_loss_is_its_seeds_model_on_its_seeds_batch():
     """Step 1's loss (steps=1) is the loss of the model torch.manual_seed(s) builds, with the
-    protocol's beta, on a batch of the run's sigma drawn from generator 10,000 + s, weighted by the
-    protocol's ce_weight."""
-    setting, protocol = Setting(8, 4, 0.7), Protocol(steps=1, batch=16, eval_queries=4, ce_weight=0.2, beta_init=3.0)
+    protocol's beta, on a batch of the run's sigma drawn from generator 10,000 + s from the protocol's
+    patterns (its pattern_seed, which the Bayes ceiling uses too), weighted by the protocol's ce_weight."""
+    setting = Setting(8, 4, 0.7)
+    protocol = Protocol(steps=1, batch=16, eval_queries=4, ce_weight=0.2, beta_init=3.0, pattern_seed=7)
     result = train_run(boosted_run(setting, 1, None, seed=1), protocol)
     torch.manual_seed(1)
     model = PatternDenoiser(8, rounds=1, gate="none", beta_init=3.0)
-    patterns_KD = make_patterns(setting)
+    patterns_KD = make_patterns(setting, seed=7)
     query_BD, target_B = sample_queries(patterns_KD, 0.7, 16, torch.Generator().manual_seed(10_001))
     with torch.no_grad():
         output_BD, probs_BK = model(query_BD, patterns_KD)
