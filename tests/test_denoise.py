@@ -491,7 +491,7 @@ def test_a_run_anneals_its_learning_rate_to_zero_over_its_steps(monkeypatch):
 
 def test_a_runs_initial_weights_come_from_its_own_seed(monkeypatch):
     """Seed s starts from the weights torch.manual_seed(s) draws (seeds differ in their
-    initialisation, not only in their data)."""
+    initialisation, not only in their data), and its result records s."""
     from gbattn.synthetic import training
 
     initial = {}
@@ -505,7 +505,8 @@ def test_a_runs_initial_weights_come_from_its_own_seed(monkeypatch):
     monkeypatch.setattr(training, "build_model", build)
     protocol = Protocol(steps=1, batch=4, eval_queries=4)
     for seed in (0, 1):
-        train_run(boosted_run(Setting(8, 4, 0.5), 1, None, seed), protocol)
+        result = train_run(boosted_run(Setting(8, 4, 0.5), 1, None, seed), protocol)
+        assert (result["seed"], result["key"]) == (seed, f"d8-K4-s0.5-M1-seed{seed}")
     torch.manual_seed(1)
     assert torch.equal(initial[1], PatternDenoiser(8, rounds=1, gate="none").qkv.weight)
     assert not torch.equal(initial[0], initial[1])
