@@ -918,7 +918,7 @@ def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, 
     """With training stubbed: every distinct run trained once (runs shared by tables too),
     results.json rewritten after each experiment's table and marked unfinished (results.md says which
     tables are missing) until the last, the Bayes ceilings from the protocol's
-    queries and pattern seed, and the seeds and query counts in results.md."""
+    queries and pattern seed, and the seeds, steps, batch, device and query counts in results.md."""
     from gbattn.synthetic import tables
     from gbattn.synthetic.task import PAPER
 
@@ -939,14 +939,15 @@ def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, 
         return runs[spec.key]
 
     monkeypatch.setattr(tables, "train_run", fake_train)
-    protocol = Protocol(bayes_queries=2000, pattern_seed=7, eval_queries=300)
-    report = tables.run_denoise(tmp_path, ["gates", "difficulty", "rounds"], (3, 5), protocol, quiet=True)
+    protocol = Protocol(bayes_queries=2000, pattern_seed=7, eval_queries=300, batch=64)
+    report = tables.run_denoise(tmp_path, ["gates", "difficulty", "rounds"], (3, 5), protocol, "cpu:0", quiet=True)
     assert len(trained) == len(set(trained)) == 2 * (6 + 4 + 3)  # rounds' M = 1 and M = 2 come from the gates
     first = {name: trained.index(boosted_run(st, m, "mlp", 3).key)
              for name, st, m in (("difficulty", Setting(64, 16, 0.3), 1), ("rounds", Setting(64, 16, 0.5), 3))}
     assert seen_tables[first["difficulty"]] == ["gates"] and seen_tables[first["rounds"]] == ["difficulty", "gates"]
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["seeds"] == [3, 5] and set(written["tables"]) == {"difficulty", "gates", "rounds"}
+    assert written["device"] == "cpu:0"  # the device the runs were given, not a default
     assert written["paper"] == json.loads(json.dumps(PAPER))  # the published numbers beside ours
     for st in (Setting(64, 16, 0.5), Setting(64, 16, 0.3), Setting(128, 32, 0.3)):
         accuracy, stderr = bayes_optimal_accuracy(make_patterns(st, 7), st.sigma, 2000)
@@ -954,13 +955,15 @@ def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, 
     markdown = (tmp_path / "results.md").read_text()
     assert written["finished"] is True and written["experiments"] == ["gates", "difficulty", "rounds"]
     assert "Unfinished" not in markdown
-    assert "Seeds 3, 5 ·" in markdown and "(Monte Carlo, 2,000 queries)" in markdown
+    assert "Seeds 3, 5 · 150 steps of 64 fresh queries ·" in markdown and "(Monte Carlo, 2,000 queries)" in markdown
+    assert "· device cpu:0 ·" in markdown
     assert "· patterns seed 7 ·" in markdown  # the protocol's, not the default 42
     assert markdown.count("ours (mean ± std, 2 seeds)") == 4  # rounds, gates, difficulty M = 1 and M = 2
     assert "300 fresh queries" in markdown and (tmp_path / "rounds.png").stat().st_size > 10_000
     assert "(the best of three evaluations on fresh queries is reported, as the authors do)" in markdown
     # --steps 2 evaluates at steps 1 and 2 only: the footer said "the best of three evaluations" all the same.
     report = tables.run_denoise(tmp_path, ["rounds"], (3,), Protocol(steps=2, bayes_queries=100), quiet=True)
+    assert "Seeds 3 · 2 steps of 512 fresh queries ·" in (tmp_path / "results.md").read_text()
     assert ("(the better of two evaluations on fresh queries is reported, where the authors report the best of "
             "three)") in (tmp_path / "results.md").read_text()
     report["eval_steps"] = Protocol(steps=1).eval_steps  # --steps 1: one evaluation
