@@ -732,6 +732,7 @@ def test_a_short_run_is_the_training_loop_written_out():
     gradient clipped (here at a norm small enough to bind) and zeroed before each backward pass."""
     setting, protocol = Setting(8, 4, 0.5), Protocol(steps=3, batch=16, eval_queries=4, grad_clip=0.05)
     result = train_run(boosted_run(setting, 2, "scalar", seed=2), protocol)
+    assert (result["rounds"], result["gate"], result["kind"]) == (2, "scalar", "boosted")  # what results.json records
     torch.manual_seed(2)
     model = PatternDenoiser(8, rounds=2, gate="scalar")
     patterns_KD = make_patterns(setting)
