@@ -733,6 +733,7 @@ def test_a_short_run_is_the_training_loop_written_out():
     setting, protocol = Setting(8, 4, 0.5), Protocol(steps=3, batch=16, eval_queries=4, grad_clip=0.05)
     result = train_run(boosted_run(setting, 2, "scalar", seed=2), protocol)
     assert (result["rounds"], result["gate"], result["kind"]) == (2, "scalar", "boosted")  # what results.json records
+    assert result["setting"] == {"d": 8, "K": 4, "sigma": 0.5}  # the run's own setting, not the rounds table's
     torch.manual_seed(2)
     model = PatternDenoiser(8, rounds=2, gate="scalar")
     patterns_KD = make_patterns(setting)
