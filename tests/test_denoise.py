@@ -751,6 +751,27 @@ def test_a_short_run_is_the_training_loop_written_out():
     assert result["final_loss"] == pytest.approx(loss.item(), rel=1e-6)
 
 
+def test_a_deq_run_records_its_kind_and_its_last_evaluations_fixed_point(monkeypatch):
+    """A DEQ run's result says kind "deq" (one round, no gate) and carries the fixed-point statistics of its
+    last evaluation, which the DEQ table's residual and iteration rows report."""
+    from gbattn.synthetic import training
+    from gbattn.synthetic.training import RunSpec
+
+    stats = []
+    real_evaluate = training.evaluate
+
+    def evaluate(model, *args):
+        accuracy = real_evaluate(model, *args)
+        stats.append(asdict(model.last_stats))
+        return accuracy
+
+    monkeypatch.setattr(training, "evaluate", evaluate)
+    protocol = Protocol(steps=2, batch=8, eval_queries=16, deq_max_iter=7)
+    result = train_run(RunSpec(Setting(8, 4, 0.5), kind="deq", seed=1), protocol)
+    assert (result["key"], result["kind"], result["rounds"], result["gate"]) == ("d8-K4-s0.5-deq-seed1", "deq", 1, None)
+    assert len(stats) == 2 and stats[0] != stats[1] and result["fixed_point"] == stats[-1]
+
+
 def test_denoise_count_options_refuse_zero(tmp_path, monkeypatch):
     """--steps, --eval-queries and --threads take counts of at least 1: 0 is a usage error (exit 2)
     and nothing runs."""
