@@ -433,6 +433,11 @@ def test_fixed_point_converges_by_the_relative_residual():
     torch.testing.assert_close(z_BD, 2 * b_BD, rtol=2e-3, atol=0)
     _, stats = fixed_point(f, torch.zeros_like(b_BD), tol=1e-3, max_iter=4)
     assert stats.iterations == 4 and stats.converged == 0.0
+    # Near zero the tolerance is still relative: with |b| about 1e-4 every absolute residual is within 1e-3 from the
+    # first iteration, but the relative one from z = 0 is 1 / (2^k - 1) after k iterations, within 1e-3 at k = 10.
+    small_BD = 1e-8 * b_BD
+    _, stats = fixed_point(lambda z: 0.5 * z + small_BD, torch.zeros_like(small_BD), tol=1e-3, max_iter=100)
+    assert (stats.iterations, stats.converged) == (10, 1.0)
     # A relative residual exactly at the tolerance stops the iteration and counts as converged.
     _, stats = fixed_point(lambda z: torch.full_like(z, 2.0), torch.ones(3, 1), tol=0.5, max_iter=10)
     assert (stats.iterations, stats.converged) == (1, 1.0)
