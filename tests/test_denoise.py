@@ -1275,6 +1275,12 @@ def test_results_say_which_software_and_hardware_made_them(tmp_path, monkeypatch
     assert report["versions"] == versions and report["hardware"] == hardware
     assert (f" · gbattn {gbattn.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
             f"{hardware}\n") in (tmp_path / "results.md").read_text()
+    # The command given and the hardware of the runs' device (not the CPU's whatever the device was) are recorded.
+    monkeypatch.setattr(tables, "device_name", lambda device: f"hardware of {device}")
+    tables.run_denoise(tmp_path, ["gates"], (0,), Protocol(bayes_queries=100), "cpu:0", True, "gbattn denoise --out d")
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert (report["command"], report["hardware"]) == ("gbattn denoise --out d", "hardware of cpu:0")
+    assert "Command: `gbattn denoise --out d`" in (tmp_path / "results.md").read_text()
 
 
 def test_readme_denoise_section_names_every_option():
