@@ -589,15 +589,17 @@ def test_denoise_help_names_every_device_and_what_overrides_quick(tmp_path, monk
     assert calls == [([4, 5], 300, str(resolve_device("auto")))]
 
 
-def test_cli_passes_quiet_and_a_portable_command_to_the_run(tmp_path, monkeypatch):
+def test_cli_passes_quiet_and_a_portable_command_to_the_run(tmp_path, monkeypatch, capsys):
     """--quiet reaches run_denoise (its plan line and progress display are left out), and only with --quiet; the
-    command results.json records names --out by its last component, not this machine's path."""
+    command results.json records names --out by its last component, not this machine's path. The closing line
+    is the run's wall-clock."""
     from gbattn.synthetic import tables
 
     quiets, commands = [], []
     monkeypatch.setattr(tables, "run_denoise", lambda out, experiments, seeds, protocol, device, quiet, command:
-                        quiets.append(quiet) or commands.append(command) or {"tables": {}, "wall_seconds": 0.0})
+                        quiets.append(quiet) or commands.append(command) or {"tables": {}, "wall_seconds": 150.0})
     assert main(["denoise", "--out", str(tmp_path / "d"), "--quiet"]) == 0
+    assert "Total wall-clock: 150 s (2.5 min)\n" in capsys.readouterr().out
     assert main(["denoise", "--out", str(tmp_path / "d")]) == 0
     assert quiets == [True, False]
     assert commands == ["gbattn denoise --out d --quiet", "gbattn denoise --out d"]
