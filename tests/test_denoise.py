@@ -178,6 +178,18 @@ def test_implicit_gradient_matches_unrolled_iteration():
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
+def test_implicit_gradient_solves_the_adjoint_to_its_tolerance():
+    """f(z) = 0.9 z + b has z* = 10 b, so dz*/db = 10: the adjoint fixed point g = 0.9 g + v converges by only
+    10% an iteration, and iterated until its step is within tol = 1e-6 of g its relative error is about 1e-5
+    (the Hopfield case above contracts so fast that a 1,000 times looser tolerance gave the same gradients)."""
+    from gbattn.synthetic.models import attach_implicit_gradient
+
+    b_BD = torch.ones(2, 3, dtype=torch.float64, requires_grad=True)
+    z_BD = attach_implicit_gradient(lambda z_BD: 0.9 * z_BD + b_BD, (10 * b_BD).detach(), tol=1e-6, max_iter=1000)
+    (grad_BD,) = torch.autograd.grad(z_BD.sum(), b_BD)
+    torch.testing.assert_close(grad_BD, torch.full_like(grad_BD, 10.0), rtol=1e-4, atol=0)
+
+
 def test_deq_answers_one_step_past_its_fixed_point_search_and_runs_frozen():
     """docs/method.md §9: the output is one more application of f, to z* in evaluation and to the re-entered
     f(z*) in training (here max_iter = 2, so z* = f(f(q))); a DEQ with frozen weights, called with gradients
