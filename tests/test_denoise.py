@@ -559,6 +559,7 @@ def test_quick_and_explicit_options_reach_the_protocol(tmp_path, monkeypatch):
     """--quick: seed 0, 1,000 queries per evaluation and 20,000 Bayes queries; the defaults are the
     paper's protocol and seeds 0, 1, 2, into runs/denoise (the default --help names); --eval-queries and --steps
     override either."""
+    from gbattn.cli import build_parser
     from gbattn.synthetic import tables
 
     calls, outs = [], []
@@ -578,6 +579,9 @@ def test_quick_and_explicit_options_reach_the_protocol(tmp_path, monkeypatch):
                                                                                         "difficulty", "deq"]
     assert quick[1] == [0] and quick[2] == Protocol(eval_queries=1000, bayes_queries=20_000)
     assert explicit[0] == ["deq"] and explicit[2] == Protocol(steps=7, eval_queries=300, bayes_queries=20_000)
+    # The default device is the CPU (the models are tiny), not auto, which would take a GPU unasked (both are the
+    # CPU on a machine without one, so the parser's default is read).
+    assert build_parser().parse_args(["denoise"]).device == "cpu"
 
 
 def test_denoise_help_names_every_device_and_what_overrides_quick(tmp_path, monkeypatch, capsys):
