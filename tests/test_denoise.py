@@ -795,16 +795,18 @@ def test_a_deq_run_records_its_kind_and_its_last_evaluations_fixed_point(monkeyp
     assert len(stats) == 2 and stats[0] != stats[1] and result["fixed_point"] == stats[-1]
 
 
-def test_denoise_count_options_refuse_zero(tmp_path, monkeypatch):
+def test_denoise_count_options_refuse_zero_and_too_many_queries(tmp_path, monkeypatch):
     """--steps, --eval-queries and --threads take counts of at least 1: 0 is a usage error (exit 2)
-    and nothing runs."""
+    and nothing runs; so is more than 1,000,000 --eval-queries (drawn and run through the model at once)."""
+    from gbattn.cli import build_parser
     from gbattn.synthetic import tables
 
     monkeypatch.setattr(tables, "run_denoise", lambda *a: pytest.fail("ran"))
-    for option in ("--steps", "--eval-queries", "--threads"):
+    for option, count in (("--steps", "0"), ("--eval-queries", "0"), ("--threads", "0"), ("--eval-queries", "1000001")):
         with pytest.raises(SystemExit) as exit_info:
-            main(["denoise", "--out", str(tmp_path / "d"), option, "0", "--quiet"])
+            main(["denoise", "--out", str(tmp_path / "d"), option, count, "--quiet"])
         assert exit_info.value.code == 2
+    assert build_parser().parse_args(["denoise", "--eval-queries", "1000000"]).eval_queries == 1_000_000
 
 
 def test_denoise_refuses_a_negative_seed_in_one_line(tmp_path, monkeypatch, capsys):
