@@ -450,6 +450,9 @@ def test_fixed_point_converges_by_the_relative_residual():
     small_BD = 1e-8 * b_BD
     _, stats = fixed_point(lambda z: 0.5 * z + small_BD, torch.zeros_like(small_BD), tol=1e-3, max_iter=100)
     assert (stats.iterations, stats.converged) == (10, 1.0)
+    # It returns the last f(z), the iterate within the tolerance (z = 1.5 after z = 0, 1), not the z before it.
+    z_BD, stats = fixed_point(lambda z: 0.5 * z + 1.0, torch.zeros(2, 3, dtype=torch.float64), tol=0.5, max_iter=10)
+    assert stats.iterations == 2 and torch.equal(z_BD, torch.full((2, 3), 1.5, dtype=torch.float64))
     # A relative residual exactly at the tolerance stops the iteration and counts as converged.
     _, stats = fixed_point(lambda z: torch.full_like(z, 2.0), torch.ones(3, 1), tol=0.5, max_iter=10)
     assert (stats.iterations, stats.converged) == (1, 1.0)
