@@ -983,6 +983,7 @@ def test_run_denoise_trains_each_run_once_and_writes_after_each_table(tmp_path, 
         # The first call (26 runs): what a run stopped now leaves says it is unfinished, and which tables are missing.
         if path.exists() and len(trained) <= 26:
             assert json.loads(path.read_text())["finished"] is False
+            assert "wall_seconds" in json.loads(path.read_text())  # the time so far (results.md said 0.0 min)
             missing = sorted({"gates", "difficulty", "rounds"} - set(seen_tables[-1]), key=["gates", "difficulty",
                                                                                              "rounds"].index)
             assert (f"**Unfinished**: {3 - len(missing)} of 3 tables ({', '.join(missing)} not yet run)"
