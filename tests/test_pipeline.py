@@ -13,6 +13,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -873,6 +874,35 @@ def test_a_second_ctrl_c_in_the_training_loop_stops_at_once_and_a_repeated_sigte
         with pytest.raises(KeyboardInterrupt) as stopped, _StopFlag():
             send(signals)
         assert type(stopped.value) is KeyboardInterrupt, signals  # not cli's Terminated: status 130
+
+
+LEAVING_AFTER_ITS_STOP = """
+import os, signal, sys, time
+from gbattn.parent_death import stop_with_parent
+from gbattn.train.trainer import _StopFlag
+if sys.argv[1] == "stops with its parent":
+    stop_with_parent()
+with _StopFlag() as stop:
+    os.kill(os.getpid(), signal.SIGTERM)  # the first parent-death SIGTERM: the loop stops
+    while not stop.requested:
+        time.sleep(0.01)
+os.kill(os.getpid(), signal.SIGTERM)  # the dying parent's next thread's, while the process leaves
+time.sleep(0.2)
+print("its line")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_parent_death_sigterm_after_the_loop_stopped_leaves_the_process_its_line():
+    """A torchrun worker's loop stopped on torchrun's death, and the next of the kernel's parent-death SIGTERMs
+    (one per thread of torchrun; seconds apart on a busy machine) ended it with SIGTERM's default before its
+    line (CI: test_a_killed_torchrun_leaves_no_process_training). After a stop, a process its parent's death
+    stops absorbs them; any other process gets SIGTERM's own handler back (here the default: it ends)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for kind, status, out in (("stops with its parent", 0, "its line\n"), ("alone", -signal.SIGTERM, "")):
+        done = subprocess.run([sys.executable, "-c", LEAVING_AFTER_ITS_STOP, kind], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert (done.returncode, done.stdout) == (status, out), (kind, done.stderr[-2000:])
 
 
 def test_sigterm_sent_twice_stops_the_run_at_a_step_boundary_with_its_checkpoint(tmp_path, monkeypatch):

@@ -17,3 +17,16 @@ def stop_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def parent_death_signal() -> int:
+    """The signal this process receives when its parent dies: SIGTERM where :func:`stop_with_parent` asked for
+    it (it lasts across exec: a comparison asks for it before its run's ``gbattn train`` starts), else 0."""
+    try:
+        import ctypes
+
+        value = ctypes.c_int(0)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(2, ctypes.byref(value))  # PR_GET_PDEATHSIG
+        return value.value
+    except OSError:
+        return 0

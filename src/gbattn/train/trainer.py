@@ -29,6 +29,7 @@ from gbattn.eval.perplexity import evaluate, perplexity
 from gbattn.files import error_detail
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
+from gbattn.parent_death import parent_death_signal
 from gbattn.progress import Progress
 from gbattn.runtime import (
     all_rng_states,
@@ -167,8 +168,14 @@ class _StopFlag:
         return self
 
     def __exit__(self, *exc):
+        # Stopped in a process its parent's death stops (a torchrun worker, a comparison's run): the rest of the
+        # parent-death SIGTERMs, one per thread of the dying parent and spread out on a busy machine, still come,
+        # and SIGTERM's own handler (torchrun's workers: the default) ended the process silently before its line
+        # (test_a_killed_torchrun_leaves_no_process_training, under load). It is leaving: they change nothing.
+        repeats_come = self.requested and parent_death_signal() == signal.SIGTERM
         for sig, old in self._old.items():
-            signal.signal(sig, old)
+            if not (sig == signal.SIGTERM and repeats_come):
+                signal.signal(sig, old)
 
 
 def same_corpus(data: str, saved: dict, train_cfg) -> bool:
