@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
@@ -12,6 +13,10 @@ from gbattn.attention.registry import VARIANTS
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.pop("GBATTN_DEBUG", None)  # the tests check the one-line errors a user sees
+# The Ctrl-C tests send a real SIGINT to this process. Started as a shell's background job, it has SIGINT ignored,
+# and gbattn leaves an ignored SIGINT ignored (tests of that set it themselves), so those tests saw no stop.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `pytest -n N`: the cores divided between the N workers
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
