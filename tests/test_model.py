@@ -242,6 +242,27 @@ def test_cached_decode_equals_full_forward(variant_case, block):
             model(idx[:, :prefill], input_pos=torch.arange(prefill))
 
 
+@pytest.mark.parametrize("block", ["gpt2", "llama"])
+def test_cached_decode_with_position_ids_other_than_its_slots_equals_full_forward(variant_case, block):
+    """With a cache, ``position_ids`` give the positions and ``input_pos`` only the slots: positions 2s + row
+    (a gap RoPE sees too, and another per row) decode as the full forward at those positions does. Positions
+    taken from the slots instead of from ``position_ids`` are another model's logits."""
+    model = tiny_model(variant_case, **BLOCKS[block])
+    idx = torch.randint(0, 37, (2, 11))
+    positions_BT = 2 * torch.arange(11).expand(2, -1) + torch.tensor([[0], [1]])
+    full = model(idx, position_ids=positions_BT)
+    assert (full - model(idx)).abs().max() > 1e-6  # the positions matter here
+    model.setup_cache(batch=2, max_len=16)
+    prefill = 4
+    step_logits = [model(idx[:, :prefill], input_pos=torch.arange(prefill), position_ids=positions_BT[:, :prefill])]
+    for t in range(prefill, idx.shape[1]):
+        step_logits.append(
+            model(idx[:, t : t + 1], input_pos=torch.tensor([t]), position_ids=positions_BT[:, t : t + 1])
+        )
+    torch.testing.assert_close(torch.cat(step_logits, dim=1), full, rtol=1e-10, atol=1e-10)
+    model.clear_cache()
+
+
 @pytest.mark.parametrize("block", list(BLOCKS))
 def test_a_left_padded_batch_with_only_a_mask_gives_each_row_as_alone(block):
     """model(idx, key_padding_mask=keep) gave a left-padded row's tokens positions 0..T-1, shifted by
