@@ -193,3 +193,25 @@ def test_differential_equals_hand_written():
         outs.append(o * (1 - (0.8 - 0.6 * math.exp(-0.6))))
     expected = linear(torch.cat(outs, -1)[None], d.out)
     torch.testing.assert_close(d(x), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("gate", sorted(GATE_CLASSES))
+def test_every_gate_starts_at_the_method_docs_initial_value(gate):
+    """docs/method.md, section 5, "initial value", in a model as built (gbattn's N(0, 0.02) init): vector
+    exactly 0.5, scalar exactly sigmoid(0.5), none 1, linear and mlp near 0.5, tanh near 0."""
+    from gbattn.config import ModelConfig
+    from gbattn.model import GPT
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=37, block_size=16, d_model=D, n_layers=2, n_heads=H, dropout=0.0,
+                      attn="boosted", attn_options={"rounds": 3, "gate": gate})
+    _, records = GPT(cfg)(torch.randint(0, 37, (2, 9)), return_intermediates=True)
+    gates = [r.gate.expand(2, 9, D) for record in records for r in record.of_kind("correction")]
+    assert len(gates) == 4  # two layers, two extra rounds each
+    g = torch.stack(gates)
+    exact = {"vector": 0.5, "scalar": 1 / (1 + math.exp(-0.5)), "none": 1.0}
+    if gate in exact:
+        torch.testing.assert_close(g, torch.full_like(g, exact[gate]), rtol=0, atol=1e-7)
+    else:
+        centre = 0.0 if gate == "tanh" else 0.5
+        assert (g - centre).abs().max() < 0.05, (gate, (g - centre).abs().max())
