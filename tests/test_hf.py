@@ -2174,6 +2174,9 @@ def test_a_char_tokenizers_end_of_text_is_its_newline_whatever_comes_first():
     chars = Tokenizer("char", json.dumps({"chars": sorted(set("ab\t\n "))}))
     assert chars.encode("\t") == [0]
     assert hf_tokenizer(chars, 64).eos_token == "\n"
+    # Without a newline it is token 0, whichever character that is (not the smallest or the last one)
+    unsorted = Tokenizer("char", json.dumps({"chars": list("tca ")}))
+    assert unsorted.encode("t") == [0] and hf_tokenizer(unsorted, 64).eos_token == "t"
 
 
 def test_a_char_export_names_no_eos_so_generate_runs_past_newlines(trained):
