@@ -750,6 +750,21 @@ def test_a_round_only_some_layers_have_is_averaged_over_those_layers_and_counts_
     assert e["max_observed"] == pytest.approx(0.8)
 
 
+
+def test_the_relative_drop_compares_round_1_with_round_0_of_the_corrected_layers_only():
+    """Layer 0 corrected (round 0 at 0.5 nats, round 1 at 0.25), layer 1 not (round 0 at 1.5): the drop is
+    1 - 0.25 / 0.5 = 0.5, not 1 - 0.25 / 1.0 over both layers' round 0."""
+    B, H, T, D = 1, 2, 4, 2
+    full = lambda value: torch.full((B, H, T), value, dtype=torch.float64)  # noqa: E731
+    ones_BTD = torch.ones(B, T, D, dtype=torch.float64)
+    acc = stats.IntermediateStats(2, H, D, T)
+    acc.update([stats.LayerSample(entropies=[full(0.5), full(0.25)], attention_output=ones_BTD,
+                                  corrections=[(ones_BTD, ones_BTD, 0.5 * ones_BTD)]),
+                stats.LayerSample(entropies=[full(1.5)], attention_output=ones_BTD, corrections=[])])
+    e = acc.entropy_summary()
+    assert e["mean_per_round"] == pytest.approx([1.0, 0.25])
+    assert e["relative_drop"] == pytest.approx(0.5) == e["per_layer"][0]["relative_drop"]
+
 def test_gba_in_a_later_layer_only_sizes_the_rounds_by_the_layer_with_the_most():
     """GBA in layer 1 only, layer 0 without: the statistics have two rounds (the most any layer has, not layer 0's
     one), round 1 is over layer 1 alone, and the gates are layer 1's."""
