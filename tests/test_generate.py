@@ -536,6 +536,10 @@ def test_top_p_samples_the_smallest_set_of_likeliest_tokens_holding_p_after_top_
                                   (None, 0.97, {0, 1, 2, 3}), (2, 0.6, {1}), (2, 0.9, {1, 3}), (3, 0.9, {1, 3, 0})):
         drawn = sample_next(logits, 1.0, top_k, torch.Generator().manual_seed(0), top_p).flatten()
         assert set(drawn.tolist()) == allowed, (top_k, top_p, sorted(set(drawn.tolist())))
+    # Ranked mass reaching top_p exactly is enough: four equal tokens (0.25 each, exact in float32) keep 1, 2, 3
+    for top_p, kept in ((0.25, 1), (0.5, 2), (0.75, 3)):
+        drawn = sample_next(torch.zeros(4000, 4), 1.0, None, torch.Generator().manual_seed(0), top_p)
+        assert len(set(drawn.flatten().tolist())) == kept, top_p
     for top_k in (None, 3):
         assert torch.equal(sample_next(logits, 1.0, top_k, torch.Generator().manual_seed(1), 1.0),
                            sample_next(logits, 1.0, top_k, torch.Generator().manual_seed(1)))
