@@ -98,6 +98,30 @@ def test_generate_cli(tmp_path, capsys):
     assert capsys.readouterr().out == "the cat\n---\n"
 
 
+
+def test_ctrl_c_during_generate_prints_the_text_made_so_far(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after 6 of 40 tokens: the prompt and those 6 tokens are printed (a seeded run's first 6), a note says
+    how many were made, and the command ends as interrupted (130); a long generation stopped printed nothing."""
+    from gbattn.progress import Progress
+
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=4, eval_every=4), quiet=True)
+    command = ["generate", str(tmp_path / "run"), "--prompt", "the cat", "--seed", "1", "--max-new-tokens"]
+    assert cli_main([*command, "6"]) == 0
+    six = capsys.readouterr().out
+    made = []
+
+    def update(self, n=1):
+        made.append(n)
+        if len(made) == 6:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Progress, "update", update)
+    assert cli_main([*command, "40"]) == 130
+    printed = capsys.readouterr()
+    assert printed.out == six and len(six) > len("the cat\n---\n")
+    assert "note: stopped after 6 of 40 new tokens" in printed.err and printed.err.endswith("gbattn: interrupted\n")
+
 def test_generate_continues_a_prompt_of_whitespace_and_refuses_an_empty_one(tmp_path, capsys):
     """A character-level model continues a newline or a space (nanoGPT's sample.py starts from "\\n"); `--prompt
     $'\\n'` was refused as "argument --prompt: is empty", as a blank path is. "" is still empty: one line, status 2."""

@@ -149,21 +149,32 @@ def cmd_generate(args) -> None:
         made.append(time.perf_counter())
         bar.update(n)
 
+    def show(out) -> None:
+        on_terminal = sys.stdout.isatty()
+        for row in out.tolist():
+            text = run.tokenizer.decode(row)
+            print(terminal_text(text) if on_terminal else text)  # piped: the text as decoded
+            print("---")
+
     t0 = time.perf_counter()
-    # compile=False: the choice is made above (step, or eager decoding), not again by generate's own default
-    out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                             seed=args.seed, use_cache=not args.no_cache, decode_step=step, compile=False,
-                             progress=made_one)
+    try:
+        # compile=False: the choice is made above (step, or eager decoding), not again by generate's own default
+        out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                 top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache, decode_step=step,
+                                 compile=False, progress=made_one)
+    except KeyboardInterrupt as stop:  # Ctrl-C: what was made is shown, then the command stops as interrupted
+        bar.close()
+        partial = getattr(stop, "partial_BT", None)
+        if partial is not None:
+            show(partial)
+            print(f"note: stopped after {len(made):,} of {args.max_new_tokens:,} new tokens", file=sys.stderr)
+        raise
     if device.type == "cuda":  # the tokens are queued, not made, until the GPU is done
         torch.cuda.synchronize(device)
     end = time.perf_counter()
     dt = end - t0
     bar.close()
-    on_terminal = sys.stdout.isatty()
-    for row in out.tolist():
-        text = run.tokenizer.decode(row)
-        print(terminal_text(text) if on_terminal else text)  # piped: the text as decoded
-        print("---")
+    show(out)
     if run.tokenizer.kind == "bpe":
         print("note: the paper's BPE keeps no word boundaries, so its pieces are shown separated by spaces "
               "(README, 'Data')", file=sys.stderr)

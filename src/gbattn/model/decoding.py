@@ -159,7 +159,8 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     tokens without a cache, as nanoGPT does; a prompt longer than ``block_size`` is returned whole,
     the model seeing its end.
     ``progress(1)`` is called after each new token (e.g. a progress bar's update). The model's
-    training mode and its own KV cache (``setup_cache``) are as they were afterwards.
+    training mode and its own KV cache (``setup_cache``) are as they were afterwards. A KeyboardInterrupt
+    (Ctrl-C) that stops it carries the tokens so far, prompt included, as ``partial_BT``.
     """
     max_new_tokens, temperature, top_k, seed, top_p = check_sampling(max_new_tokens, temperature, top_k, seed, top_p)
     # (a string read as True: compile="no" compiled; use_cache=None decoded without the cache)
@@ -211,6 +212,9 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             elif cached:
                 model.clear_cache()
                 cached = False
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the tokens made so far go with it (`gbattn generate`
+        stop.partial_BT = torch.cat([kept_BT, out], dim=1)  # prints them)
+        raise
     finally:
         model.kv_cache = callers_cache  # (dropped, a decode step the caller makes next had no past, silently)
         model.train(was_training)
