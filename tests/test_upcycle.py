@@ -650,6 +650,8 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
 
 @pytest.mark.parametrize("which,changes,message", [
     ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "RoPE scaling"),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 1.5, "rope_theta": 500.0}}, "RoPE scaling"),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": True, "rope_theta": 500.0}}, "RoPE scaling"),
     ("llama", {"rope_parameters": None, "rope_theta": 500.0, "rope_scaling": {"type": "dynamic"}}, "rope_scaling"),
     # Both keys: transformers applies the older rope_scaling's llama3 scaling on top of rope_parameters.
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
@@ -703,6 +705,9 @@ def test_inexact_conversions_refused_in_one_line(which, changes, message, reques
     ({"rope_parameters": None, "rope_theta": 500.0, "rope_scaling": {"rope_type": "default"}}, 500.0),
     ({"rope_parameters": None, "rope_theta": 500.0, "rope_scaling": {"type": "default", "factor": 1.0}}, 500.0),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 250.0}, "rope_scaling": None}, 250.0),
+    # linear scaling by a factor of 1 divides the positions by 1 (it was refused as RoPE scaling)
+    ({"rope_parameters": None, "rope_theta": 500.0, "rope_scaling": {"rope_type": "linear", "factor": 1.0}}, 500.0),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 1, "rope_theta": 250.0}, "rope_scaling": None}, 250.0),
     # rope_scaling, when present, replaces rope_parameters whole (gbattn took 500 and 100 before):
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 500.0}, "rope_theta": 100.0,
       "rope_scaling": {"rope_type": "default"}}, 100.0),

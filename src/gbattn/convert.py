@@ -219,9 +219,12 @@ def gpt2_config(hf: dict, where: Path) -> tuple[ModelConfig, list[str]]:
 
 def _scales(rope: dict) -> bool:
     """Whether a ``rope_parameters`` / ``rope_scaling`` dict changes RoPE (a type other than
-    ``default``, under either key name, or a partial rotation)."""
+    ``default``, under either key name, or a partial rotation). ``linear`` with factor 1 divides the
+    positions by 1: no scaling."""
     kind = rope.get("rope_type", rope.get("type", "default"))
-    return kind != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0
+    factor = rope.get("factor")
+    identity = kind == "linear" and isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor == 1
+    return (kind != "default" and not identity) or rope.get("partial_rotary_factor", 1.0) != 1.0
 
 
 def llama_rope_base(hf: dict, where: Path) -> float:
