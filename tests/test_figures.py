@@ -1318,6 +1318,12 @@ def test_a_model_without_a_finite_result_is_no_result_and_the_others_compare_on_
     texts = drawn_texts(figures.results_figure(report_of(rows)))
     assert texts["ticks"] == ["standard\nno result", "gba-m2\nn=1 (dots n=2)", "twicing\nn=1"]
     assert texts["annotations"] == ["96.00", "99.00"] and "standard mean" not in texts["legend"]
+    # A later standard row is not the reference either: results.md's Δ column has none, so the chart has none
+    rows.append(model_row("standard-2x", {"42": 100.0}))
+    texts = drawn_texts(figures.results_figure(report_of(rows)))
+    assert texts["annotations"] == ["96.00", "99.00", "100.00"] and "standard-2x mean" not in texts["legend"]
+    md = results_markdown(report_of(rows))
+    assert [table_cells(md, label)[5] for label in ("gba-m2", "twicing", "standard-2x")] == ["—"] * 3
 
 
 def test_results_md_gives_a_model_whose_every_seed_diverged_no_value_and_no_difference():

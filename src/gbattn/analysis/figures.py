@@ -29,6 +29,7 @@ from gbattn.experiments.report import (
     seed_key,
     seed_values,
     seeds_sentence,
+    standard_row,
 )
 from gbattn.files import write_figure
 
@@ -415,7 +416,8 @@ def results_figure(report: dict):
     with ctx:
         ax = fig.subplots()
         values = []
-        base = next((r for r in rows if r["label"].startswith("standard") and compared[r["label"]]), None)
+        base = standard_row(rows)  # results.md's reference: without a result, no line and no Δ (as there)
+        base = base if base is not None and compared[base["label"]] else None
         if base is not None:
             base_mean, _ = mean_std(compared[base["label"]].values())
             ax.axhline(base_mean, color="gray", linestyle="--", linewidth=1, label=f"{base['label']} mean")
