@@ -99,6 +99,18 @@ def test_generate_cli(tmp_path, capsys):
 
 
 
+
+def test_run_generate_has_the_clis_defaults(tmp_path, capsys):
+    """gbattn.load_run(...).generate(prompt, seed=1) is `gbattn generate --prompt ... --seed 1`'s text: the same
+    number of tokens, temperature and top-k (it sampled at temperature 1 without a top-k, other text)."""
+    import gbattn
+
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=4, eval_every=4), quiet=True)
+    assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the cat", "--seed", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert gbattn.load_run(tmp_path / "run").generate("the cat", seed=1) + "\n---\n" == printed
+
 def test_ctrl_c_during_generate_prints_the_text_made_so_far(tmp_path, capsys, monkeypatch):
     """Ctrl-C after 6 of 40 tokens: the prompt and those 6 tokens are printed (a seeded run's first 6), a note says
     how many were made, and the command ends as interrupted (130); a long generation stopped printed nothing."""

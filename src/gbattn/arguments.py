@@ -115,6 +115,9 @@ def preset(p: argparse.ArgumentParser, training: bool = True) -> None:
                    help=f"model preset{recipe} (see `gbattn list`; default paper-small)")
 
 
+# `gbattn generate`'s sampling defaults, which `run.generate` (gbattn.load_run) shares (nanoGPT's sample.py's)
+GENERATE_DEFAULTS = {"max_new_tokens": 100, "temperature": 0.8, "top_k": 200}
+
 MODEL_SET_EXAMPLE = "--set d_model=288 --set attn.rounds=3"
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from gbattn.arguments import GENERATE_DEFAULTS
 from gbattn.checks import MAX_INT, check_choice
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
@@ -668,9 +669,12 @@ class LoadedRun:
         """The fingerprint of the corpus the run trained on (None if it recorded none)."""
         return recorded_fingerprint(self.config)
 
-    def generate(self, prompt: str, max_new_tokens: int = 100, **kwargs) -> str:
+    def generate(self, prompt: str, max_new_tokens: int = GENERATE_DEFAULTS["max_new_tokens"],
+                 temperature: float = GENERATE_DEFAULTS["temperature"], top_k: int | None = GENERATE_DEFAULTS["top_k"],
+                 **kwargs) -> str:
         """The text of the prompt's tokens and of those generated after them, decoded together as `gbattn generate`
-        prints them (see :func:`gbattn.model.decoding.generate` for the options). It starts with ``prompt`` where the
+        prints them, with its defaults (see :func:`gbattn.model.decoding.generate` for the options; that function's
+        own are temperature 1 and no top-k). It starts with ``prompt`` where the
         tokenizer decodes text as it was (char, gpt2); the paper's BPE spells it piece by piece (``"First Citizen :"``
         for ``"First Citizen:"``), so ``len(prompt)`` does not mark where the new text starts."""
         if not isinstance(prompt, str):  # token ids went on to the tokenizer's "'int' object is not iterable"
@@ -680,7 +684,8 @@ class LoadedRun:
         if not ids:
             raise UserError("the prompt encodes to no tokens")
         device = next(self.model.parameters()).device
-        out = self.model.generate(torch.tensor([ids], device=device), max_new_tokens, **kwargs)
+        out = self.model.generate(torch.tensor([ids], device=device), max_new_tokens, temperature=temperature,
+                                  top_k=top_k, **kwargs)
         return self.tokenizer.decode(out[0].tolist())
 
     def perplexity(self, text: str, batch_size: int = 32):

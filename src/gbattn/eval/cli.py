@@ -34,11 +34,13 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a trained run (KV-cached decoding)")
     p.add_argument("run_dir", help="a run directory or a directory written by `gbattn export`")
     p.add_argument("--prompt", required=True, type=arguments.text, help="the text to continue")
-    p.add_argument("--max-new-tokens", type=arguments.at_least(0), default=100,
+    p.add_argument("--max-new-tokens", type=arguments.at_least(0),
+                   default=arguments.GENERATE_DEFAULTS["max_new_tokens"],
                    help="tokens to generate after the prompt (default %(default)s)")
-    p.add_argument("--temperature", type=arguments.non_negative_number, default=0.8,
+    p.add_argument("--temperature", type=arguments.non_negative_number,
+                   default=arguments.GENERATE_DEFAULTS["temperature"],
                    help="0 = greedy (default %(default)s)")
-    p.add_argument("--top-k", type=arguments.at_least(1), default=200,
+    p.add_argument("--top-k", type=arguments.at_least(1), default=arguments.GENERATE_DEFAULTS["top_k"],
                    help="sample from the k most likely tokens (default %(default)s); a k of the vocabulary's size "
                         "or more keeps every token")
     p.add_argument("--top-p", type=arguments.probability_mass, default=None,
