@@ -1110,6 +1110,9 @@ def test_cli_upcycle_then_train_init_from(which, request, tmp_path, capsys, monk
     assert main([*argv, "--set", "parallel=fsdp2"]) == 0, capsys.readouterr().err
     captured = capsys.readouterr()
     assert "parallel=fsdp2 applies under torchrun only" in captured.err  # not silently one process
+    # a source without a preset says whose recipe it trains with (it was silent); one with a preset says nothing
+    noted = f"note: {up_dir} records no preset: training with paper-small's recipe" in captured.err
+    assert noted == (which != "gbattn")
     summary = json.loads(captured.out.strip().splitlines()[-1])
     assert summary["steps"] == 3 and summary["attn"] == "boosted"
     trained = json.loads((train_dir / "config.json").read_text())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from gbattn import arguments
@@ -187,6 +188,9 @@ def _init_from_trainer(args, sets: dict):
                         f"{source_train.tokenizer}): leave out --tokenizer / --set tokenizer={tokenizer}")
     train_sets.setdefault("seq_len", source_train.seq_len)  # its windows (None: block_size - 1), not the preset's
     preset = source.get("preset") or "paper-small"
+    if source.get("preset") is None and not args.quiet:  # (README, "Upcycling a trained model"; it was silent)
+        print(f"note: {args.init_from} records no preset: training with paper-small's recipe (lr, warmup, epochs, "
+              f"batch); --set changes any of them", file=sys.stderr)
     _, train_cfg = build_configs(preset, model_cfg.attn, train_sets.pop("data", None) or source_train.data, train_sets,
                                  tokenizer=source_train.tokenizer)
     train_cfg = train_cfg.replace(init_from=str(args.init_from), split=source_train.split)
