@@ -110,7 +110,7 @@ class GbattnCache(Cache):
         return -1
 
     @property
-    def is_linear(self) -> list[bool]:  # 5.x slices generate()'s inputs to the new tokens unless all linear
+    def is_linear(self) -> list[bool]:  # 5.x asks which layers are linear attention (Mamba-like): none are
         return [False] * len(self.layers)
 
     @property

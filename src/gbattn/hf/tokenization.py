@@ -60,7 +60,7 @@ def backend_tokenizer(tok: Tokenizer) -> BackendTokenizer:
             backend.decoder = decoders.Replace(Regex(r"\A"), " ")
         return backend
     backend = BackendTokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(tok.chars)}, unk_token=None))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # "." would skip "\n"
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # "." left "\n\n" one piece
     backend.decoder = decoders.Fuse()
     return backend
 
