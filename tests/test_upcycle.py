@@ -275,6 +275,31 @@ def test_pickle_that_would_run_code_is_refused(gpt2_dir, tmp_path):
     assert not marker.exists()
 
 
+def test_safetensors_weights_are_read_before_a_pickle_or_an_index_beside_them(gpt2_dir, tmp_path):
+    """A directory holding model.safetensors and also a pytorch_model.bin or a shard index (many hub
+    repositories ship both formats; a left-over index): the single safetensors file is read, as transformers
+    reads it, and safetensors shards before a pytorch_model.bin. Reading the pickle first would unpickle a file
+    transformers never loads (here one that runs code), and an index first reads shards that may be stale."""
+    from safetensors.torch import load_file, save_file
+
+    marker = tmp_path / "ran"
+    directory = shutil.copytree(gpt2_dir, tmp_path / "both")
+    torch.save({"transformer.wte.weight": torch.zeros(VOCAB, 32), "payload": _RunsCode(marker)},
+               directory / "pytorch_model.bin")
+    weights = load_file(directory / "model.safetensors")
+    (directory / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": dict.fromkeys(weights, "model-00001-of-00001.safetensors")}))  # a shard no longer there
+    idx = tokens()
+    expected = logits64(load_source(gpt2_dir).build_model(), idx)
+    torch.testing.assert_close(logits64(load_source(directory).build_model(), idx), expected, **EXACT)
+    assert not marker.exists()
+    # shards with their index (no single file): read before the pickle beside them
+    (directory / "model.safetensors").unlink()
+    save_file(weights, directory / "model-00001-of-00001.safetensors")
+    torch.testing.assert_close(logits64(load_source(directory).build_model(), idx), expected, **EXACT)
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
 def test_torch_bin_of_another_pickle_protocol(gpt2_dir, tmp_path, zip_format):
     """A ``pytorch_model.bin`` of tensors saved with ``pickle_protocol=3`` converts without torch's warning
