@@ -1047,6 +1047,8 @@ def test_new_parameters_get_gradient(gpt2_dir, attn, options, live):
     ("differential", [], "differential attention cannot be upcycled exactly"),
     ("boosted", ["attn.kv_source=shared", "attn.gate=linear"], "--set attn.gate=tanh"),
     ("boosted", ["d_model=64"], "attn.KEY=VALUE"),
+    # named like an attention option but without the dot: refused too (read as attn.rounds=3, it was taken silently)
+    ("boosted", ["attn_rounds=3"], "--set attn_rounds: upcycle keeps the source's block"),
     ("boosted", ["attn.rounds=0"], "attn.rounds"),
     ("boosted", ["attn.layers=[5]"], "[5] outside the model's 2 layers"),
     # not a variant at all: upcycle's own line, not the registry's, which offers twicing and differential too
