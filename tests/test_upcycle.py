@@ -1646,6 +1646,16 @@ def test_upcycling_a_gbattn_run_says_which_weights_it_took(gbattn_dir, tmp_path,
     assert extra["source_checkpoint"] == "last" and extra["source_step"] == 9
 
 
+def test_upcycling_a_run_at_step_0_still_says_which_weights_it_took(gbattn_dir, tmp_path):
+    """A source whose weights are at step 0 (a `standard` copy that upcycle wrote, upcycled again): the summary names
+    its weights and their step, as for any other gbattn run (a check on the step, not on the weights' name, dropped
+    them there)."""
+    copy = write_run(upcycle(gbattn_dir, "standard"), tmp_path / "copy")
+    up = upcycle(copy, "boosted")
+    assert (up.source.checkpoint, up.source.step) == ("best", 0)
+    assert up.summary("out").startswith("upcycled gbattn copy (best weights, step 0) into out: ")
+
+
 def test_a_run_whose_weights_are_a_git_lfs_pointer_is_refused_in_one_line(gbattn_dir, tmp_path, capsys):
     """A gbattn run directory cloned without Git LFS: best.pt is a pointer; one line saying so, exit 2."""
     run = tmp_path / "run"
