@@ -1656,6 +1656,17 @@ def test_upcycling_a_run_at_step_0_still_says_which_weights_it_took(gbattn_dir, 
     assert up.summary("out").startswith("upcycled gbattn copy (best weights, step 0) into out: ")
 
 
+def test_upcycle_without_seed_draws_the_new_parameters_as_upcycle_does_and_records_seed_0(gpt2_dir, tmp_path):
+    """`gbattn upcycle` without --seed uses upcycle()'s default seed (0), records it, and so writes the weights
+    upcycle(SOURCE, attn) gives from Python (the README's route); another default on the command line would give
+    other new parameters than the Python route for the same source."""
+    assert main(["upcycle", str(gpt2_dir), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 0
+    assert rundir.read_config(tmp_path / "up" / rundir.CONFIG)["extra"]["seed"] == 0
+    written = rundir.load_run(tmp_path / "up").model.state_dict()
+    up = upcycle(gpt2_dir, "boosted")
+    assert up.seed == 0 and all(torch.equal(written[k], v) for k, v in up.state.items())
+
+
 def test_a_run_whose_weights_are_a_git_lfs_pointer_is_refused_in_one_line(gbattn_dir, tmp_path, capsys):
     """A gbattn run directory cloned without Git LFS: best.pt is a pointer; one line saying so, exit 2."""
     run = tmp_path / "run"
