@@ -1316,6 +1316,38 @@ def test_an_export_killed_while_replacing_an_earlier_one_never_looks_complete(tr
     assert _files(out) == _files(reference) and [p.name for p in out.iterdir() if p.is_dir()] == []
 
 
+@pytest.mark.parametrize("moved", range(1, 5))  # gbattn's tokenizer file is the first, config.json the sixth
+def test_an_export_that_fails_while_moving_its_files_in_is_called_unfinished_and_done_again(trained, tmp_path, capsys,
+                                                                                           monkeypatch, moved):
+    """An export into a new --out that fails (a full disk: an OSError, its staging folder removed as it stops)
+    after ``moved`` of its files are in place: gbattn's tokenizer file moves first, so what is left is called an
+    export that did not finish and the next export replaces it. Had the weights moved in before it, --out would
+    hold model.safetensors alone, "a model directory" that every later export to it refuses."""
+    from gbattn.hf import export
+
+    run_dir, reference = trained
+    out = tmp_path / "failed"
+    replace, done = os.replace, []
+
+    def full_after(src, dst):
+        if Path(dst).parent == out:
+            if len(done) == moved:
+                raise OSError(28, "No space left on device")
+            done.append(Path(dst).name)
+        replace(src, dst)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(export.os, "replace", full_after)
+        with pytest.raises(OSError, match="No space left"):
+            export.export_run(run_dir, out)
+    assert done[0] == "gbattn-tokenizer.json" and not any(p.is_dir() for p in out.iterdir())  # no staging folder
+    code, _, err = run_cli(capsys, ["eval", out])
+    assert code == 2 and "holds an export that did not finish" in err, err
+    code, _, err = run_cli(capsys, ["export", run_dir, "--out", out])
+    assert code == 0, err
+    assert _files(out) == _files(reference)
+
+
 def test_an_export_over_an_earlier_one_leaves_none_of_its_weights_and_refuses_a_directory_in_the_way(
         trained, tmp_path, capsys):
     """Exporting over an earlier export whose weights were sharded (or were a single file where shards
