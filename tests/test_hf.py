@@ -1348,6 +1348,26 @@ def test_an_export_that_fails_while_moving_its_files_in_is_called_unfinished_and
     assert _files(out) == _files(reference)
 
 
+def test_a_sharded_export_over_a_single_file_one_leaves_no_earlier_weights_file(trained, tmp_path, monkeypatch):
+    """An export whose weights come as shards (a model over transformers' shard size) over an earlier export
+    of one model.safetensors: the earlier file goes, or transformers and gbattn would load it beside or instead
+    of the shards."""
+    from gbattn.hf import export
+
+    run_dir, _ = trained
+    out = tmp_path / "over"
+    assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
+    assert (out / "model.safetensors").is_file()
+    save = GbattnForCausalLM.save_pretrained
+    monkeypatch.setattr(export.GbattnForCausalLM, "save_pretrained",
+                        lambda self, path, **kw: save(self, path, max_shard_size="100KB", **kw))
+    assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
+    assert not (out / "model.safetensors").exists() and len(list(out.glob("model-*.safetensors"))) >= 2
+    exported, run = rundir.load_run(out), rundir.load_run(run_dir)
+    for name, tensor in run.model.state_dict().items():
+        assert torch.equal(exported.model.state_dict()[name], tensor), name
+
+
 def test_an_export_over_an_earlier_one_leaves_none_of_its_weights_and_refuses_a_directory_in_the_way(
         trained, tmp_path, capsys):
     """Exporting over an earlier export whose weights were sharded (or were a single file where shards
