@@ -683,6 +683,7 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
                "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
     ("llama", {"head_dim": 16}, "head_dim=16"),
     ("llama", {"head_dim": 4}, "head_dim=4 is not hidden_size/num_attention_heads"),  # narrower heads, too
+    ("llama", {"head_dim": 0}, "head_dim=0 is not hidden_size/num_attention_heads"),  # not read as "absent"
     ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ("gpt2", {"activation_function": "relu"}, "activation_function='relu'"),
     ("gpt2", {"model_type": "bert"}, "model_type='bert'"),
