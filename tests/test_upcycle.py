@@ -1704,6 +1704,17 @@ def test_write_run_given_anything_but_an_upcycled_model_says_what_it_takes(tmp_p
     assert not (tmp_path / "up").exists()
 
 
+def test_a_checkpoints_tokenizer_json_that_is_a_directory_is_named_as_such(gpt2_dir, tmp_path):
+    """A Hugging Face checkpoint whose tokenizer.json is a directory (an unpacked archive, a copy gone wrong):
+    named as what is there, not as a missing file ("has no tokenizer.json" sends the user to write one)."""
+    directory = shutil.copytree(gpt2_dir, tmp_path / "hf")
+    (directory / "tokenizer.json").unlink()
+    (directory / "tokenizer.json").mkdir()
+    with pytest.raises(CheckpointError, match=re.escape(f"{directory / 'tokenizer.json'} is a directory, not a "
+                                                        f"regular file")):
+        load_source(directory)
+
+
 def test_upcycle_takes_a_loaded_run_and_names_a_source_of_another_type(gbattn_dir):
     """upcycle(gbattn.load_run(DIR), attn), a run a researcher has loaded, was pathlib's "expected str, bytes or
     os.PathLike object, not LoadedRun" from inside load_source: it upcycles that run as upcycle(DIR, attn) does (and
