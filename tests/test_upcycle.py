@@ -906,6 +906,18 @@ def test_shared_without_a_gate_takes_tanh_and_says_so(gpt2_dir):
     assert any("tanh gate" in note for note in up.notes)
 
 
+def test_upcycle_leaves_the_callers_source_and_options_as_they_were(gpt2_dir):
+    """upcycle() adds the tanh gate to its own copy of the options and its note to its own list: the caller's
+    options dict and the Source's notes are left as given, so upcycling the same Source again (another seed, another
+    variant) gives one note, not one more each time, and the options can be reused for another source."""
+    source = load_source(gpt2_dir)
+    options = {"kv_source": "shared"}
+    first = upcycle(source, "boosted", options)
+    second = upcycle(source, "boosted", options, seed=1)
+    assert options == {"kv_source": "shared"} and source.notes == []
+    assert len(first.notes) == len(second.notes) == 1 and second.model_cfg.attn_options["gate"] == "tanh"
+
+
 def test_layers_option_puts_rounds_only_there(gpt2_dir):
     model = upcycled_model(upcycle(gpt2_dir, "boosted", {"layers": [-1]}))
     assert [len(b.attn.corrections) for b in model.blocks] == [0, 1]
