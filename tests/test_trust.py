@@ -2204,6 +2204,18 @@ def test_old_records_keep_their_meaning_and_a_results_curve_is_checked(trained, 
         rundir.read_result(tmp_path / rundir.RESULT)
 
 
+def test_a_recorded_dropout_site_list_is_read_as_recorded_and_only_a_missing_one_takes_the_old_sites(trained):
+    """The old meaning of dropout_sites (every site) fills only a config written before the field existed. Put over
+    a recorded list, a run trained with the authors' sites would resume, evaluate and export with dropout at sites it
+    never had."""
+    config = json.loads((trained["run"] / rundir.CONFIG).read_text())
+    config["model"]["dropout_sites"] = ["embedding"]
+    assert rundir.read_configs(config, trained["run"])[0].dropout_sites == ["embedding"]
+    del config["model"]["dropout_sites"]
+    assert rundir.read_configs(config, trained["run"])[0].dropout_sites == ["embedding", "attention", "attn-output",
+                                                                            "ffn-output"]
+
+
 def test_a_result_with_a_value_no_run_can_record_is_refused(trained, tmp_path):
     """A perplexity below 1, a negative count or a NaN (write_json writes none: null) in a result.json was published
     in compare's table as measured; the trained run's own values are accepted."""
