@@ -1544,6 +1544,17 @@ def test_a_config_whose_seq_len_exceeds_the_block_size_is_one_line(trained, tmp_
     assert f"seq_len={config['seq_len']} exceeds the model's block_size" in one_line(code, err)
 
 
+def test_a_config_whose_seq_len_is_the_block_size_loads(trained, tmp_path):
+    """seq_len equal to block_size is a run's full context (training refuses only a longer one): refused as damage,
+    a run trained with --set seq_len=BLOCK_SIZE could not be evaluated, generated from or exported."""
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    config = json.loads((run / rundir.CONFIG).read_text())
+    config["seq_len"] = config["model"]["block_size"]
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    assert rundir.load_run(run).seq_len == config["model"]["block_size"]
+
+
 def test_a_run_directory_with_a_stray_safetensors_file_is_still_a_run(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
