@@ -435,6 +435,20 @@ def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path, 
     assert another_users.is_file()
 
 
+def test_a_build_named_with_a_pid_beyond_any_process_is_kept_not_a_traceback(tmp_path):
+    """``NAME.tmp<20 digits>@<this host>``: digits, but past any pid, so os.kill raises OverflowError rather than
+    ProcessLookupError; kept, as a name whose pid is no number is. Let through, the OverflowError would end the
+    command opening that cache folder (or an export's --out) in a traceback."""
+    import socket
+
+    from gbattn.files import remove_abandoned
+
+    huge = tmp_path / f"k.tmp{10**20}@{socket.gethostname()}"
+    huge.mkdir()
+    remove_abandoned(tmp_path)
+    assert huge.is_dir()
+
+
 def test_hf_name_offline_is_one_clear_line(capsys, tmp_path):
     code = cli_main(["train", "--data", "wikitext-103-raw-v1", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
