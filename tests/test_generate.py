@@ -149,6 +149,19 @@ def test_generate_continues_a_prompt_of_whitespace_and_refuses_an_empty_one(tmp_
     assert capsys.readouterr().err == "gbattn: error: argument --prompt: is empty (see: gbattn generate --help)\n"
 
 
+def test_run_generate_passes_its_top_k_on(tmp_path):
+    """run.generate(prompt, top_k=1) samples from the likeliest token alone: the greedy text, whatever the seed. The
+    defaults test above cannot tell a top_k that is dropped: the CLI's default top-k, 200, is more than a char run's
+    vocabulary."""
+    import gbattn
+
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=4, eval_every=4), quiet=True)
+    run = gbattn.load_run(tmp_path / "run")
+    greedy = run.generate("the cat", 20, temperature=0)
+    assert [run.generate("the cat", 20, top_k=1, seed=seed) for seed in (1, 2, 3)] == [greedy] * 3
+
+
 def test_a_prompt_that_starts_with_a_dash_is_shown_how_to_give(tmp_path, capsys):
     """`--prompt "-ROMEO"` was read by argparse as an option: "argument --prompt: expected one argument", with no word
     of how to give such a text; the line now says (--prompt=-ROMEO), and that form is the prompt."""
