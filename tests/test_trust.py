@@ -2099,6 +2099,16 @@ def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):
         rundir.read_shards(exported, rundir.SAFETENSORS_INDEX, lambda shard: {"w": torch.zeros(1)})
 
 
+def test_a_shard_index_without_a_weight_map_object_is_one_line(tmp_path):
+    """An index with no weight_map, or one that is a list or null (a damaged or hand-made file), gets the one line a
+    weight_map of other values gets: read as an object, it would end in an AttributeError traceback ("'list' object
+    has no attribute 'values'")."""
+    for index in ({}, {"weight_map": ["model-00001-of-00001.safetensors"]}, {"weight_map": None}):
+        (tmp_path / rundir.SAFETENSORS_INDEX).write_text(json.dumps(index))
+        with pytest.raises(rundir.CheckpointError, match="has no weight_map of tensor names to shard files"):
+            rundir.read_shards(tmp_path, rundir.SAFETENSORS_INDEX, lambda shard: {})
+
+
 def test_a_resume_checkpoint_cannot_change_the_optimizers_settings(trained, tmp_path, monkeypatch):
     """AdamW's settings come from the run's config, not the checkpoint's param_groups: eps="x" and amsgrad=true
     were tracebacks at the next step, maximize=true (gradient ascent) and betas of 2 trained on silently."""
