@@ -862,6 +862,20 @@ def test_restart_discards_every_file_of_the_run_and_nothing_else(tmp_path):
     assert sorted(p.name for p in analysis.iterdir()) == ["gates.svg", "my-notes.md"]
 
 
+def test_restart_discards_every_figure_analyze_draws_in_the_run(tmp_path):
+    """Each figure `gbattn analyze RUN` may draw in RUN/analysis, as PNG and PDF, describes the discarded weights:
+    loss_diff and examples (drawn with --against), which the test above does not draw, would otherwise stay after a
+    restart or an export over an earlier one and read as the new weights'."""
+    analysis = tmp_path / "analysis"
+    analysis.mkdir()
+    figures = [f"{name}.{ext}" for name in ("gates", "entropy", "norms", "loss_diff", "examples")
+               for ext in ("png", "pdf")]
+    for name in figures:
+        (analysis / name).write_text("x")
+    assert sorted(rundir.discard_analysis(tmp_path)) == sorted(f"analysis/{name}" for name in figures)
+    assert list(analysis.iterdir()) == []
+
+
 @pytest.mark.parametrize("names", [
     ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"),
     ("train.txt.gz", "val.txt", "test.txt"),
