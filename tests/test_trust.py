@@ -2123,6 +2123,17 @@ def test_a_shard_index_without_a_weight_map_object_is_one_line(tmp_path):
             rundir.read_shards(tmp_path, rundir.SAFETENSORS_INDEX, lambda shard: {})
 
 
+def test_export_weights_lose_the_transformers_prefix_only_when_every_name_has_it():
+    """The wrapper's ``model.`` prefix is dropped where every name has it (a transformers save). A file mixing prefixed
+    and bare names is damaged: its names are left as they are, to be refused against the config, rather than
+    stripped, where ``model.wte.weight`` and ``wte.weight`` would become one name and either could be loaded."""
+    a, b = torch.zeros(1), torch.ones(1)
+    assert rundir.gpt_weights({"model.wte.weight": a, "model.lm_head.weight": b}, False, "x") == {"wte.weight": a,
+                                                                                                 "lm_head.weight": b}
+    mixed = {"model.wte.weight": a, "wte.weight": b}
+    assert rundir.gpt_weights(dict(mixed), False, "x") == mixed
+
+
 def test_a_resume_checkpoint_cannot_change_the_optimizers_settings(trained, tmp_path, monkeypatch):
     """AdamW's settings come from the run's config, not the checkpoint's param_groups: eps="x" and amsgrad=true
     were tracebacks at the next step, maximize=true (gradient ascent) and betas of 2 trained on silently."""
