@@ -2262,6 +2262,18 @@ def test_a_recorded_dropout_site_list_is_read_as_recorded_and_only_a_missing_one
                                                                             "ffn-output"]
 
 
+def test_recorded_warmup_switches_are_read_as_recorded_and_only_missing_ones_are_off(trained):
+    """warmup_from_zero and fit_warmup (the paper-exact warmup) are off only in a config written before they existed.
+    Put over recorded values, a paper-exact run would resume on another learning-rate schedule than it started on."""
+    config = json.loads((trained["run"] / rundir.CONFIG).read_text())
+    config["train"].update(warmup_from_zero=True, fit_warmup=True)
+    train_cfg = rundir.read_configs(config, trained["run"])[1]
+    assert (train_cfg.warmup_from_zero, train_cfg.fit_warmup) == (True, True)
+    del config["train"]["warmup_from_zero"], config["train"]["fit_warmup"]
+    train_cfg = rundir.read_configs(config, trained["run"])[1]
+    assert (train_cfg.warmup_from_zero, train_cfg.fit_warmup) == (False, False)
+
+
 def test_a_result_with_a_value_no_run_can_record_is_refused(trained, tmp_path):
     """A perplexity below 1, a negative count or a NaN (write_json writes none: null) in a result.json was published
     in compare's table as measured; the trained run's own values are accepted."""
