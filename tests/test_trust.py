@@ -730,6 +730,20 @@ def test_eval_per_token_never_writes_over_the_data_it_reads(trained, tmp_path, c
     assert snapshot(data) == before
 
 
+def test_an_output_file_that_is_the_corpus_file_itself_is_refused(tmp_path, monkeypatch):
+    """--data naming one file and --per-token naming that same file (by any spelling of its path) would replace the
+    corpus with losses; the test above covers a folder's files only. A file beside it is fine."""
+    corpus = tmp_path / "input.txt"
+    corpus.write_text("to be or not to be\n")
+    monkeypatch.chdir(tmp_path)
+    for target in (corpus, "input.txt", "./input.txt"):
+        with pytest.raises(UserError, match=rf"^--per-token {re.escape(str(target))} is the data being read "
+                                            rf"\(--data {re.escape(str(corpus))}\): write it elsewhere$"):
+            rundir.check_output_outside_data(target, str(corpus), "--per-token")
+    rundir.check_output_outside_data(tmp_path / "losses.txt", str(corpus), "--per-token")
+    assert corpus.read_text() == "to be or not to be\n"
+
+
 def test_eval_scores_the_split_it_names(trained, capsys, monkeypatch):
     """``eval --split valid`` and ``--split test`` each report their own split's loss over its tokens
     (what evaluate gives on that split), and name it in the JSON record, with the weights scored when no
