@@ -2006,6 +2006,15 @@ def test_a_run_evaluated_never_yet_loads_its_last_checkpoint_as_best(trained, tm
             rundir.load_run(run, which)
 
 
+def test_a_loaded_run_reports_the_step_its_weights_were_saved_at(trained):
+    """load_run(...).step is the step of the checkpoint it loaded (eval and export report it: "weights at step N"):
+    the test above compares two loads with each other, which a step always read as 0 would pass."""
+    for which, name in (("last", rundir.CHECKPOINT), ("best", rundir.BEST)):
+        saved = rundir.load_checkpoint(trained["run"] / name)["step"]
+        assert rundir.load_run(trained["run"], which).step == saved
+    assert rundir.load_run(trained["run"], "last").step == SHORT["max_steps"]
+
+
 @pytest.mark.parametrize("step", [-1, "4", True, 2**70])
 def test_a_checkpoint_step_that_is_no_count_of_steps_is_refused_not_reported(trained, tmp_path, capsys, step):
     """A best.pt whose step was -1, "4" or true was evaluated, generated from and upcycled as "best weights at step -1",
