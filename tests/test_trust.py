@@ -716,6 +716,22 @@ def test_eval_per_token_leaves_every_model_directory_alone(trained, tmp_path, ca
     assert own.read_bytes() == before
 
 
+def test_an_output_file_named_as_any_file_gbattn_reads_in_a_model_directory_is_refused(tmp_path):
+    """Every file gbattn reads in a run or exported directory, gbattn's own tokenizer of an export too (its name ends
+    neither in config.json nor in a weights suffix), is refused as an output there: --per-token
+    EXPORT/gbattn-tokenizer.json would replace the tokenizer the export is read with."""
+    export = tmp_path / "export"
+    export.mkdir()
+    for name in (rundir.CONFIG, rundir.SAFETENSORS):
+        (export / name).write_text("x")
+    for name in ("config.json", "tokenizer.json", "checkpoint.pt", "best.pt", "metrics.jsonl", "result.json", ".lock",
+                 "model.safetensors", "gbattn-tokenizer.json", "model.safetensors.index.json"):
+        with pytest.raises(UserError, match=f"^--per-token {re.escape(str(export / name))} is a file of the model "
+                                            f"directory {re.escape(str(export))}: write it elsewhere$"):
+            rundir.check_output_file(export / name, "--per-token")
+    rundir.check_output_file(export / "losses.npy", "--per-token")  # another name there is fine
+
+
 def test_eval_per_token_never_writes_over_the_data_it_reads(trained, tmp_path, capsys, monkeypatch):
     """--per-token naming a corpus file replaced it with losses, silently; a new file in the corpus folder can change
     which files its splits are read from: both refused (a copy of the run's data, passed by --data)."""
