@@ -1879,6 +1879,9 @@ def test_a_config_field_of_another_type_is_refused_in_a_run_and_in_an_exported_g
                             ({"steps": -1}, "steps=-1 must be >= 0"),
                             ({"warmup_steps": -5}, "warmup_steps=-5 must be >= 0"),
                             ({"data": {"fingerprint": 7}}, "fingerprint=7 must be a string"),
+                            # the tokenizer's fingerprint (load_run compares it) and an export's section, each checked
+                            ({"data": {"tokenizer": 7}}, "tokenizer=7 must be a string"),
+                            ({"gbattn": []}, r"gbattn=\[\] must be a JSON object"),
                             # compare's check_run computes the warmup over these: a TypeError traceback
                             ({"steps": "180"}, "steps='180' must be an integer"),
                             ({"warmup_steps": 1.5}, "warmup_steps=1.5 must be an integer")):
@@ -2322,6 +2325,7 @@ def test_a_result_with_a_value_no_run_can_record_is_refused(trained, tmp_path):
                                 ("valid_ppl", float("nan"), "valid_ppl=nan must be >= 1"),
                                 ("valid_loss", -0.1, "valid_loss=-0.1 must be >= 0"),
                                 ("parameters", 0, "parameters=0 must be >= 1"),
+                                ("d_model", 0, "d_model=0 must be >= 1"),
                                 ("train_flops", -1.0, "train_flops=-1.0 must be >= 0"),
                                 ("steps", -2, "steps=-2 must be >= 0")):
         (tmp_path / rundir.RESULT).write_text(json.dumps({**result, key: value}))
