@@ -2059,6 +2059,19 @@ def test_load_run_leaves_the_callers_random_stream_where_it_was(trained):
     assert not run.model.training
 
 
+def test_a_loaded_tied_model_keeps_its_head_and_embedding_one_tensor(trained):
+    """Weights are checked on a meta model with assign=True before the real model loads them. Given a model's
+    state_dict() itself (a source built from a loaded run: convert.Source.build_model), that check marks the dict's
+    _metadata and the real load assigns too: the head and the token embedding become two tensors, which an upcycled
+    or fine-tuned model would then train and save apart."""
+    run = rundir.load_run(trained["run"])
+    assert run.model_cfg.tie_embeddings and run.model.lm_head.weight is run.model.wte.weight
+    weights = run.model.state_dict()  # what a source built from a loaded run holds (convert.Source.build_model)
+    for _ in range(2):  # and built again from the same dict
+        model = rundir.model_holding(run.model_cfg, weights, "x")
+        assert model.lm_head.weight is model.wte.weight
+
+
 def test_load_run_on_cuda_without_cuda_says_so_not_that_the_checkpoint_is_damaged(trained, monkeypatch):
     """gbattn.load_run(RUN, device="cuda") on a machine without CUDA said "best.pt is truncated or
     corrupted ...; restore a copy of it" (torch.load's error on map_location), about a sound file."""
