@@ -1672,6 +1672,20 @@ def test_a_damaged_config_a_lone_safetensors_file_and_a_folder_of_runs_are_told_
     assert rundir.folder_holds(seeds) == "run directories (seed1, seed2, seed3, ...)"
 
 
+def test_load_run_and_eval_of_a_hugging_face_checkpoint_say_to_upcycle_it(tmp_path, capsys):
+    """A transformers checkpoint (its model_type another library's, its weights in model.safetensors) given where a
+    run is read: the line says what it is and how to convert it, not that its config.json "has no gbattn section"."""
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / rundir.CONFIG).write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    (llama / rundir.SAFETENSORS).write_bytes(b"")
+    advice = f"{llama} is a Hugging Face checkpoint (llama), not a gbattn run: convert it first with `gbattn upcycle"
+    with pytest.raises(UserError, match=re.escape(advice)):
+        rundir.load_run(llama)
+    code, _, err = run_cli(capsys, ["eval", llama])
+    assert one_line(code, err).startswith(f"gbattn: error: {advice}"), err
+
+
 def test_a_checkpoint_without_a_model_dict_is_refused_in_one_line(tmp_path):
     """A torch.save file of plain values but no ``model`` dict of weights is no gbattn checkpoint."""
     from gbattn.errors import CheckpointError
