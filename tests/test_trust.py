@@ -1608,6 +1608,14 @@ def test_a_run_directory_with_a_stray_safetensors_file_is_still_a_run(trained, t
     assert loaded.checkpoint == "best" and loaded.step == original.step
     assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(),
                                                  original.model.state_dict().values()))
+    # with best.pt alone (an upcycled run before its training): still a run, loaded from best.pt (it was read as an
+    # export: "config.json has no gbattn section")
+    (run / rundir.CHECKPOINT).unlink()
+    assert not rundir.is_exported(run) and rundir.folder_holds(run) == rundir.RUN
+    loaded = rundir.load_run(run)
+    assert loaded.checkpoint == "best" and loaded.step == original.step
+    assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(),
+                                                 original.model.state_dict().values()))
 
 
 def test_what_a_directory_holds_is_told_by_its_files(tmp_path):

@@ -730,8 +730,9 @@ def is_exported(path: str | Path) -> bool:
 
 
 def _exported(path: Path, config) -> bool:
-    """:func:`is_exported` with ``config.json`` already read (anything, or None)."""
-    if (path / CHECKPOINT).is_file():
+    """:func:`is_exported` with ``config.json`` already read (anything, or None). A run's weights (checkpoint.pt,
+    or best.pt alone, as an upcycled run has them before training) make it a run whatever lies beside them."""
+    if (path / CHECKPOINT).is_file() or (path / BEST).is_file():
         return False
     return (path / SAFETENSORS).is_file() or (isinstance(config, dict) and config.get("model_type") == "gbattn")
 
