@@ -2632,6 +2632,26 @@ def test_clipping_uses_grad_clip_on_the_accumulated_gradient(tmp_path, monkeypat
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
 
 
+def test_a_grad_clip_of_zero_trains_without_clipping(tmp_path, monkeypatch):
+    """grad_clip=0 means no clipping (config: "0 = no clipping"): the run never clips, and its weights are those of a
+    run whose threshold is never reached; clipping at a norm of 0 would zero every gradient (no learning at all)."""
+    data = write_corpus(tmp_path / "c")
+    original, seen = torch.nn.utils.clip_grad_norm_, []
+
+    def spy(parameters, max_norm, *args, **kwargs):
+        seen.append(max_norm)
+        return original(parameters, max_norm, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    train(tmp_path / "off", *tiny_configs(data, dropout=0.0, max_steps=3, eval_every=3, grad_clip=0.0), quiet=True)
+    assert seen == []
+    train(tmp_path / "far", *tiny_configs(data, dropout=0.0, max_steps=3, eval_every=3, grad_clip=1e9), quiet=True)
+    assert seen == [1e9] * 3
+    a, b = final_weights(tmp_path / "off"), final_weights(tmp_path / "far")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=lambda m, k=k: f"{k}: {m}")
+
+
 def test_each_training_step_is_one_adamw_step_on_the_clipped_gradient_of_its_batch(tmp_path):
     """Two steps of a run (grad_accum=2, clipping active, decay on matrices only) against the same steps written
     out with torch's AdamW: the config's lr, betas and weight decay, AdamW's own eps, one update per step on the
