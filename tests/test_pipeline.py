@@ -1026,6 +1026,23 @@ def test_existing_run_needs_resume(tmp_path, capsys):
     assert code == 2 and "pass --resume" in capsys.readouterr().err
 
 
+def test_train_from_python_releases_the_runs_lock_when_it_returns_or_fails(tmp_path, monkeypatch):
+    """train() holds the run directory's lock while it trains and lets go when it returns or raises, as the end of
+    `gbattn train` does: held on, the directory would stay "in use by another gbattn process" for every other process
+    (a `gbattn train --resume`, another script) until the Python session that trained it ended."""
+    import fcntl
+
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    train_killed_at(3, tmp_path / "killed", *tiny_configs(data, max_steps=4, eval_every=2), monkeypatch)
+    for run in (tmp_path / "run", tmp_path / "killed"):
+        fd = os.open(run / ckpt.LOCK, os.O_RDWR)
+        try:  # another open file takes the lock as another process would: refused while it is still held
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+
+
 def test_resume_of_a_run_killed_before_its_config_says_to_start_it_again(tmp_path, capsys):
     """kill -9 during data preparation (the token cache being built, under torchrun too) leaves the run directory
     with its lock alone; `train --resume` then asked 'config.json not found: is RUN a gbattn run directory?'. It now
