@@ -3043,6 +3043,15 @@ def test_training_leaves_the_callers_random_stream_where_it_was(tmp_path):
     assert torch.equal(torch.rand(4), expected)
 
 
+def test_training_puts_the_callers_signal_handlers_back(tmp_path):
+    """The loop's SIGINT/SIGTERM handlers (a stop at the next step boundary) are the run's alone: left installed
+    after train() returned, a Ctrl-C in the caller's later work would only set the finished run's flag, and be lost."""
+    data = write_corpus(tmp_path / "c")
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2, threads=1), quiet=True)
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+
+
 def test_training_puts_the_callers_matmul_precision_back(tmp_path, monkeypatch):
     """On CUDA a run trains with TF32 matmuls (runtime.use_tf32); from Python they stayed on after train() returned,
     changing the precision of the caller's later float32 work. Here use_tf32 acts as on CUDA."""
