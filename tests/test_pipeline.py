@@ -2992,6 +2992,12 @@ def test_a_checkpoint_is_also_saved_every_checkpoint_minutes(tmp_path, monkeypat
     monkeypatch.setattr(Trainer, "_save", spy_save)
     train(tmp_path / "run", *tiny_configs(data, eval_every=100, checkpoint_minutes=2.5), quiet=True)
     assert saved == [3, 6, 9, 12]
+    # An evaluation's checkpoint restarts the clock: evaluations at 4, 8 and 12, timed saves 3 minutes after each
+    # checkpoint (at 3, 7, 11), not 3 minutes after the last timed one (at 3, 6, 9: a save just after an evaluation's).
+    saved.clear()
+    now[0] = 0.0
+    train(tmp_path / "evaluated", *tiny_configs(data, eval_every=4, checkpoint_minutes=2.5), quiet=True)
+    assert saved == [3, 4, 7, 8, 11, 12]
 
 
 def test_training_runs_under_the_configs_autocast_and_puts_the_thread_count_back(tmp_path, monkeypatch):
