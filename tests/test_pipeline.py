@@ -559,6 +559,11 @@ def test_train_writes_a_self_describing_run(tmp_path):
     assert [e["step"] for e in events if e["event"] == "eval"] == [4, 8, 12]
     assert result["steps"] == 12 and result["test_ppl"] < 30  # learned something (char vocab ~30)
     assert [p["step"] for p in result["curve"]] == [4, 8, 12]
+    per_step = result["train_tokens_seen"] // 12  # each point counts the tokens trained on by its step
+    assert [p["tokens"] for p in result["curve"]] == [4 * per_step, 8 * per_step, 12 * per_step]
+    # config.json records the run's length and warmup for its readers (compare checks a run it reuses against them)
+    config = json.loads((tmp_path / "run" / ckpt.CONFIG).read_text())
+    assert (config["steps"], config["warmup_steps"]) == (12, 3)
     # `gbattn eval` on the run gives the same test perplexity as the trainer's final record.
     from gbattn.data.prepare import prepare_data
     from gbattn.eval.perplexity import evaluate
