@@ -264,7 +264,7 @@ def test_the_plan_says_a_run_trains_compiled(tmp_path, capsys, monkeypatch):
 
 def test_cosine_decays_to_min_lr_and_constant_holds():
     """cpu-char (nanoGPT): cosine from lr to min_lr=lr/10 after the warmup, halfway at the middle;
-    schedule=constant stays at lr after the warmup."""
+    schedule=constant stays at lr after the warmup, and warms up as cosine does."""
     _, cfg = build_configs("cpu-char", "standard", "data", {})
     assert cfg.min_lr > 0 and cfg.min_lr == pytest.approx(cfg.lr / 10)
     W, total = cfg.warmup_steps, cfg.warmup_steps + 2000
@@ -274,6 +274,10 @@ def test_cosine_decays_to_min_lr_and_constant_holds():
     assert min(learning_rate(s, cfg, total, W) for s in range(W, total)) >= cfg.min_lr
     flat = cfg.replace(schedule="constant")
     assert [learning_rate(s, flat, total, W) for s in (W, W + 1000, total - 1)] == [cfg.lr] * 3
+    # ... after the same warmup (lr * (step + 1) / W here, warmup_from_zero off): not the peak from the first step
+    assert not cfg.warmup_from_zero
+    assert [learning_rate(s, flat, total, W) for s in (0, W // 2, W - 1)] == pytest.approx(
+        [cfg.lr / W, cfg.lr * (W // 2 + 1) / W, cfg.lr], rel=1e-12)
 
 
 @pytest.mark.parametrize("from_zero", [True, False])
