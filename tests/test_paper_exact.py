@@ -214,6 +214,7 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
         train(tmp_path / f"short{interval}", *build_configs("paper-small", "standard", str(data), sets))
         printed = capsys.readouterr().out
         assert "(warmup 2, then cosine to 0), evaluation at the end (1 in all), cpu with 1 thread" in printed
+        assert "evaluates less often" not in printed  # eval_every is given: no advice to give it
 
 
 
