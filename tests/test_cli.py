@@ -1200,8 +1200,8 @@ def test_busy_cores_fall_back_to_the_load_average_and_proc_stat_edge_cases(monke
 
 
 def test_default_threads_divide_among_this_machines_processes_only(monkeypatch):
-    """LOCAL_WORLD_SIZE (processes on this machine) divides the free cores; WORLD_SIZE (all machines)
-    does not."""
+    """LOCAL_WORLD_SIZE (processes on this machine) divides the free cores, rounded down to whole threads;
+    WORLD_SIZE (all machines) does not."""
     from gbattn import runtime
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -1211,6 +1211,8 @@ def test_default_threads_divide_among_this_machines_processes_only(monkeypatch):
     assert runtime.default_threads() == 8
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert runtime.default_threads() == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # a whole number of threads each (torch takes no 2.67 threads)
+    assert runtime.default_threads() == 2 and type(runtime.default_threads()) is int
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "0")  # not a number of processes: ignored
     assert runtime.default_threads() == 8
 
