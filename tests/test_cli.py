@@ -1120,7 +1120,8 @@ def test_autocast_is_bfloat16_and_the_cpu_device_name_counts_threads(monkeypatch
 def test_the_cpu_device_name_holds_the_cpu_model(monkeypatch, tmp_path):
     """A results file's hardware said `cpu (2 threads, x86_64)` for every x86 machine (platform.processor() is the
     architecture on Linux), so two hosts' benchmarks could not be told apart; it now holds /proc/cpuinfo's model
-    name too, cleaned to one printable line; a missing file or field leaves the architecture alone."""
+    name too, cleaned to one printable line of at most 100 characters; a missing file or field leaves the
+    architecture alone."""
     import platform
 
     import torch
@@ -1134,6 +1135,8 @@ def test_the_cpu_device_name_holds_the_cpu_model(monkeypatch, tmp_path):
     assert runtime.cpu_model(str(tmp_path / "none")) is None
     cpuinfo.write_text("processor\t: 0\nmodel name\t:   \n")
     assert runtime.cpu_model(str(cpuinfo)) is None
+    cpuinfo.write_text(f"model name\t: {'Z' * 300}\n")  # a damaged or odd file: a bounded name, not its whole line
+    assert runtime.cpu_model(str(cpuinfo)) == "Z" * 100
     monkeypatch.setattr(platform, "processor", lambda: "x86_64")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(runtime, "cpu_model", lambda: "AMD EPYC 7B13")
