@@ -564,6 +564,24 @@ def test_init_from_keeps_the_source_runs_split_and_windows(trained, tmp_path, ca
     assert (trainer.extra, trainer.restart) == ({"init_from": str(source)}, True)
 
 
+def test_a_run_started_init_from_resumes_from_its_own_checkpoint_without_its_source(trained, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """--init-from takes the source's weights (and tokenizer) once, at the start: a run with a checkpoint of its own
+    resumes from that, and needs its source no more (deleted or moved since); taking the source again on resume
+    would refuse the run as one with no checkpoint yet, whose --init-from is not a directory."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    source, run = shutil.copytree(trained["run"], tmp_path / "source"), tmp_path / "run"
+    code, _, err = run_cli(capsys, ["train", "--init-from", source, "--out", run, "--quiet", "--set", "max_steps=2",
+                                    "--set", "eval_every=2", "--threads", "1"])
+    assert code == 0, err
+    finished = json.loads((run / rundir.RESULT).read_text())
+    (run / rundir.RESULT).unlink()  # killed writing its result: its checkpoint is at the last step
+    shutil.rmtree(source)
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
+    assert code == 0, err
+    assert json.loads((run / rundir.RESULT).read_text())["test_loss"] == finished["test_loss"]
+
+
 def test_a_new_run_without_a_preset_is_paper_small(trained, tmp_path, capsys, monkeypatch):
     """``train`` without --preset trains paper-small, with its recipe, and records that preset."""
     from gbattn.config import PRESETS
