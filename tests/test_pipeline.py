@@ -564,6 +564,9 @@ def test_train_writes_a_self_describing_run(tmp_path):
     # config.json records the run's length and warmup for its readers (compare checks a run it reuses against them)
     config = json.loads((tmp_path / "run" / ckpt.CONFIG).read_text())
     assert (config["steps"], config["warmup_steps"]) == (12, 3)
+    # ... and metrics.jsonl its test evaluation, once, with result.json's numbers
+    tested = [(e["step"], e["test_loss"], e["test_ppl"]) for e in events if e["event"] == "test"]
+    assert tested == [(12, result["test_loss"], result["test_ppl"])]
     # `gbattn eval` on the run gives the same test perplexity as the trainer's final record.
     from gbattn.data.prepare import prepare_data
     from gbattn.eval.perplexity import evaluate
