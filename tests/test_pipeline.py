@@ -804,6 +804,22 @@ def test_a_checkpoint_in_the_older_format_resumes_exactly(tmp_path, monkeypatch)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_checkpoint_without_its_training_loss_window_resumes_with_an_empty_one(tmp_path, monkeypatch):
+    """Checkpoints written before the training-loss window was kept lack "train_window": resumed, the window starts
+    empty (as it is at the checkpoint of a run that logs every step), so the training records are the uninterrupted
+    run's; a window of one phantom step would halve the next record's loss."""
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data)  # log_every=1
+    train(tmp_path / "ref", *configs, quiet=True)
+    train_killed_at(7, tmp_path / "crashed", *configs, monkeypatch)
+    path = tmp_path / "crashed" / ckpt.CHECKPOINT
+    state = ckpt.load_checkpoint(path)
+    assert state.pop("train_window") == [0.0, 0]
+    torch.save(state, path)
+    train(tmp_path / "crashed", resume=True, quiet=True)
+    assert train_losses(tmp_path / "crashed") == train_losses(tmp_path / "ref")
+
+
 def test_continuation_killed_before_its_first_checkpoint_resumes_from_its_start(tmp_path, monkeypatch):
     """A run started from another run's weights (``init_from``) that has no checkpoint yet, because it
     was killed before its first evaluation or planned by ``compare --jobs N`` (which trains every run
