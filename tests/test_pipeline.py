@@ -820,6 +820,17 @@ def test_a_checkpoint_without_its_training_loss_window_resumes_with_an_empty_one
     assert train_losses(tmp_path / "crashed") == train_losses(tmp_path / "ref")
 
 
+def test_a_resumed_run_keeps_the_extra_it_recorded(tmp_path):
+    """A run resumed without its extra (compare's labels; a script's notes) keeps the one config.json recorded, in
+    config.json and result.json alike: rewriting it from the resuming call's (none) dropped a comparison's labels."""
+    data = write_corpus(tmp_path / "c")
+    extra = {"label": "gba-m2", "recipe": "cpu-char", "note": "kept"}
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True, extra=extra)
+    (tmp_path / "run" / ckpt.RESULT).unlink()  # killed writing its result: resumed at its last step
+    assert train(tmp_path / "run", resume=True, quiet=True)["extra"] == extra
+    assert ckpt.read_config(tmp_path / "run" / ckpt.CONFIG)["extra"] == extra
+
+
 def test_continuation_killed_before_its_first_checkpoint_resumes_from_its_start(tmp_path, monkeypatch):
     """A run started from another run's weights (``init_from``) that has no checkpoint yet, because it
     was killed before its first evaluation or planned by ``compare --jobs N`` (which trains every run
