@@ -831,6 +831,26 @@ def test_a_resumed_run_keeps_the_extra_it_recorded(tmp_path):
     assert ckpt.read_config(tmp_path / "run" / ckpt.CONFIG)["extra"] == extra
 
 
+def test_a_run_trains_in_a_thread_other_than_the_main_one(tmp_path):
+    """Python allows signal handlers in the main thread only: a run trained in another thread (a script's worker)
+    trains without the Ctrl-C handlers instead of failing with signal's ValueError."""
+    import threading
+
+    data = write_corpus(tmp_path / "c")
+    outcome = []
+
+    def work():
+        try:
+            outcome.append(train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True))
+        except Exception as e:  # reported below
+            outcome.append(e)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert isinstance(outcome[0], dict) and outcome[0]["steps"] == 2, outcome
+
+
 def test_continuation_killed_before_its_first_checkpoint_resumes_from_its_start(tmp_path, monkeypatch):
     """A run started from another run's weights (``init_from``) that has no checkpoint yet, because it
     was killed before its first evaluation or planned by ``compare --jobs N`` (which trains every run
