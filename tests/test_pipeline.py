@@ -2872,6 +2872,7 @@ def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tm
     assert [p["step"] for p in result["curve"]] == [4, 8, 10]
     assert result["best_step"] == 4 and result["valid_loss"] == 4.0
     assert result["train_tokens_seen"] == 10 * 8 * seq_len
+    assert result["train_flops"] == result["flops_per_token_train"] * 10 * 8 * seq_len  # FLOPs of the tokens seen
     losses = {}
     for which in ("best", "last"):
         run = load_run(tmp_path / "run", which)
