@@ -221,7 +221,7 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
 def test_the_plan_says_how_many_of_a_tokenizers_ids_name_no_token(tmp_path, capsys):
     """A Hugging Face tokenizer.json whose ids leave gaps (its words at ids 0..n-1, <unk> at 5,000) gives a model
     of 5,001 embedding rows, most of them for no token: the plan says so (it printed 5,001 tokens and nothing
-    else); one without gaps adds nothing."""
+    else); one without gaps adds nothing, and a model config asking for the tokenizer's own size is not told apart."""
     from tokenizers import Tokenizer as Backend
     from tokenizers import models, pre_tokenizers
 
@@ -241,6 +241,11 @@ def test_the_plan_says_how_many_of_a_tokenizers_ids_name_no_token(tmp_path, caps
         printed = capsys.readouterr().out
         assert f"hf tokenizer: {unk_id + 1:,} tokens (the model config asked for 16,384; the vocabulary is the " \
                f"tokenizer's){note}\n" in printed, printed
+        assert "\n1 step (" in printed, printed  # one step, not "1 steps"
+    # A model config that asks for the tokenizer's own size: no note of what it asked for
+    sets["vocab_size"] = len(words) + 1
+    train(tmp_path / "asked", *build_configs("paper-small", "standard", str(data), sets), quiet=False)
+    assert f"hf tokenizer: {len(words) + 1:,} tokens\n" in capsys.readouterr().out
 
 def test_the_plan_says_a_run_trains_compiled(tmp_path, capsys, monkeypatch):
     """A compiled run says so (its tokens/s counts the compile time), an eager one does not."""
