@@ -230,6 +230,7 @@ def test_default_threads_are_the_cores_free_now(monkeypatch, busy_ticks, loadavg
     (None, None, 2, 2),  # nothing set: the free cores
     ("1", "2", 2, 1),    # torchrun's OMP_NUM_THREADS=1 for each of several processes is kept
     ("3", None, 2, 3),   # an explicit OMP_NUM_THREADS is kept
+    (" 3 ", None, 2, 3),  # ... written with spaces by a job script too
     (None, "2", 2, 1),   # torchrun without it: the free cores shared among this machine's processes
     (None, "4", 2, 1),   # at least 1
     ("0", None, 2, 2),   # not a thread count: ignored
