@@ -682,11 +682,13 @@ def test_resume_from_python_checks_the_configs_given_against_the_recorded_ones(t
               resume=True, quiet=True)
     with pytest.raises(UserError, match=r"preset: recorded None, given 'cpu-char'"):  # was ignored, silently
         train(tmp_path / "crashed", model_cfg, train_cfg, resume=True, quiet=True, preset="cpu-char")
-    moved = shutil.copytree(data, tmp_path / "moved")  # the same corpus at another path, as train --resume --data
+    # the same corpus moved to another path, as train --resume --data: read there (the recorded path is gone)
+    moved = shutil.move(data, tmp_path / "moved")
     resumed = train(tmp_path / "crashed", model_cfg, train_cfg.replace(threads=1, data=str(moved)), resume=True,
                     quiet=True)
     assert resumed["steps"] == 6 and resumed["test_loss"] == ref["test_loss"]
-    assert ckpt.read_config(tmp_path / "crashed" / ckpt.CONFIG)["train"]["threads"] == 1  # the neutral field taken
+    recorded = ckpt.read_config(tmp_path / "crashed" / ckpt.CONFIG)["train"]
+    assert (recorded["threads"], recorded["data"]) == (1, str(moved))  # the neutral fields taken
 
 
 def test_train_overrides_are_result_neutral_fields_of_a_resumed_run_only(tmp_path):
