@@ -1033,6 +1033,19 @@ def test_a_run_started_with_sigint_ignored_trains_on_through_one(tmp_path, monke
         signal.signal(signal.SIGINT, previous)
 
 
+def test_the_resume_command_of_a_stopped_run_quotes_its_directory_for_the_shell(tmp_path, monkeypatch):
+    """The command a stopped run suggests is one a shell reads back: a run directory named with a space is quoted
+    (unquoted, `gbattn train --resume --out my run` would be two arguments)."""
+    import shlex
+
+    data = write_corpus(tmp_path / "c")
+    monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: self.step == 2)
+    with pytest.raises(Interrupted) as stopped:
+        train(tmp_path / "my run", *tiny_configs(data, max_steps=4, eval_every=2), quiet=True)
+    command = str(stopped.value).split("continue with `", 1)[1].rstrip("`")
+    assert shlex.split(command) == ["gbattn", "train", "--resume", "--out", str(tmp_path / "my run")]
+
+
 def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
     data = write_corpus(tmp_path / "c")
     configs = tiny_configs(data)
