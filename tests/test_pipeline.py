@@ -3150,8 +3150,8 @@ def test_training_puts_the_callers_matmul_precision_back(tmp_path, monkeypatch):
 
 def test_a_checkpoint_whose_adam_moments_do_not_fit_their_weights_is_refused(tmp_path):
     """Either moment (exp_avg or exp_avg_sq) of another shape than its weight, or an exp_avg_sq below 0
-    (AdamW's square root of it is NaN: the run diverged at its next step): a one-line CheckpointError
-    naming it, before anything is trained."""
+    (AdamW's square root of it is NaN: the run diverged at its next step), or moments of integers: a one-line
+    CheckpointError naming it, before anything is trained."""
     data = write_corpus(tmp_path / "c")
     run = tmp_path / "run"
     train(run, *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
@@ -3172,6 +3172,16 @@ def test_a_checkpoint_whose_adam_moments_do_not_fit_their_weights_is_refused(tmp
     torch.save(state, path)
     with pytest.raises(CheckpointError, match="optimizer's exp_avg_sq of wte.weight holds torch.float32 values that "
                                               "are not finite floating-point numbers >= 0"):
+        train(run, resume=True, quiet=True)
+    assert ckpt.load_checkpoint(path)["step"] == 2
+    # Moments of integers (finite, >= 0, the weight's shape) are refused too: AdamW would train on with them
+    path.write_bytes(good)
+    state = ckpt.load_checkpoint(path)
+    state["optimizer"]["state"]["wte.weight"]["exp_avg"] = torch.zeros_like(state["model"]["wte.weight"],
+                                                                         dtype=torch.long)
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="optimizer's exp_avg of wte.weight holds torch.int64 values that are "
+                                              "not finite floating-point numbers"):
         train(run, resume=True, quiet=True)
     assert ckpt.load_checkpoint(path)["step"] == 2
 
