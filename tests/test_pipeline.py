@@ -2897,6 +2897,17 @@ def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tm
     assert result["test_loss"] == pytest.approx(losses["best"], rel=1e-6) != losses["last"]
 
 
+def test_result_json_names_the_runs_attention_options_seed_and_tokens_per_parameter(tmp_path):
+    """result.json is what compare, report and the figures read a run by: its attention with its options, its seed,
+    and tokens seen per parameter are the run's own (a seed or options of another run would mislabel its row)."""
+    data = write_corpus(tmp_path / "c")
+    model_cfg, train_cfg = tiny_configs(data, max_steps=2, eval_every=2, seed=7, **{"attn.gate": "scalar"})
+    result = train(tmp_path / "run", model_cfg, train_cfg, quiet=True)
+    assert (result["attn"], result["attn_options"], result["seed"]) == ("boosted", {"gate": "scalar"}, 7)
+    assert result["tokens_per_parameter"] == result["train_tokens_seen"] / result["parameters"]
+    assert ckpt.read_result(tmp_path / "run" / ckpt.RESULT) == result
+
+
 def test_a_training_record_averages_the_steps_since_the_last_one(tmp_path, monkeypatch):
     """log_every=3 in a 5-step run: the record at step 3 averages steps 0-2 and the one at the end
     (step 5) the two steps since, not their sum over three."""
