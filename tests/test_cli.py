@@ -1101,7 +1101,7 @@ def test_resolve_device_refuses_what_torch_cannot_name():
 
 def test_autocast_is_bfloat16_and_the_cpu_device_name_counts_threads(monkeypatch):
     """amp=bf16 autocasts to bfloat16 (not float16); a CPU's name holds the torch thread count in use,
-    `1 thread` singular."""
+    `1 thread` singular, and the architecture where platform.processor() names none."""
     import platform
 
     import torch
@@ -1116,6 +1116,10 @@ def test_autocast_is_bfloat16_and_the_cpu_device_name_counts_threads(monkeypatch
     for threads, expected in ((1, "cpu (1 thread, cpuX)"), (3, "cpu (3 threads, cpuX)")):
         monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
         assert runtime.device_name(torch.device("cpu")) == expected
+    # platform.processor() is often empty on Linux: the machine's architecture, not an empty name
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert runtime.device_name(torch.device("cpu")) == "cpu (3 threads, aarch64)"
 
 
 def test_the_cpu_device_name_holds_the_cpu_model(monkeypatch, tmp_path):
