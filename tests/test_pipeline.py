@@ -561,12 +561,13 @@ def test_train_writes_a_self_describing_run(tmp_path):
     assert [p["step"] for p in result["curve"]] == [4, 8, 12]
     per_step = result["train_tokens_seen"] // 12  # each point counts the tokens trained on by its step
     assert [p["tokens"] for p in result["curve"]] == [4 * per_step, 8 * per_step, 12 * per_step]
+    assert [e["tokens"] for e in events if e["event"] == "train"] == [s * per_step for s in range(1, 13)]
     # config.json records the run's length and warmup for its readers (compare checks a run it reuses against them)
     config = json.loads((tmp_path / "run" / ckpt.CONFIG).read_text())
     assert (config["steps"], config["warmup_steps"]) == (12, 3)
     # ... and metrics.jsonl its test evaluation, once, with result.json's numbers
-    tested = [(e["step"], e["test_loss"], e["test_ppl"]) for e in events if e["event"] == "test"]
-    assert tested == [(12, result["test_loss"], result["test_ppl"])]
+    tested = [(e["step"], e["test_loss"], e["test_ppl"], e["tokens"]) for e in events if e["event"] == "test"]
+    assert tested == [(12, result["test_loss"], result["test_ppl"], result["test_tokens"])]
     # `gbattn eval` on the run gives the same test perplexity as the trainer's final record.
     from gbattn.data.prepare import prepare_data
     from gbattn.eval.perplexity import evaluate
@@ -574,7 +575,8 @@ def test_train_writes_a_self_describing_run(tmp_path):
 
     run = load_run(tmp_path / "run")
     d = prepare_data(run.train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False)
-    assert evaluate(run.model, d.splits["test"], run.seq_len).ppl == pytest.approx(result["test_ppl"], rel=1e-6)
+    tested = evaluate(run.model, d.splits["test"], run.seq_len)
+    assert tested.ppl == pytest.approx(result["test_ppl"], rel=1e-6) and tested.tokens == result["test_tokens"] > 0
     # run.perplexity(text) scores text as the trainer scored its test split; a text shorter than a row is one row
     test_text = run.tokenizer.decode(d.splits["test"].tolist())
     assert run.perplexity(test_text).ppl == pytest.approx(result["test_ppl"], rel=1e-6)
