@@ -2901,11 +2901,16 @@ def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tm
 
 def test_result_json_names_the_runs_attention_options_seed_and_tokens_per_parameter(tmp_path):
     """result.json is what compare, report and the figures read a run by: its attention with its options, its seed,
-    and tokens seen per parameter are the run's own (a seed or options of another run would mislabel its row)."""
+    its hardware and tokens seen per parameter are the run's own (a seed or options of another run would mislabel
+    its row)."""
+    from gbattn.runtime import device_name
+
     data = write_corpus(tmp_path / "c")
-    model_cfg, train_cfg = tiny_configs(data, max_steps=2, eval_every=2, seed=7, **{"attn.gate": "scalar"})
+    model_cfg, train_cfg = tiny_configs(data, max_steps=2, eval_every=2, seed=7, threads=torch.get_num_threads(),
+                                        **{"attn.gate": "scalar"})
     result = train(tmp_path / "run", model_cfg, train_cfg, quiet=True)
     assert (result["attn"], result["attn_options"], result["seed"]) == ("boosted", {"gate": "scalar"}, 7)
+    assert result["device"] == device_name(torch.device("cpu"))  # the CPU's model and the threads it trained with
     assert result["tokens_per_parameter"] == result["train_tokens_seen"] / result["parameters"]
     assert ckpt.read_result(tmp_path / "run" / ckpt.RESULT) == result
 
