@@ -684,6 +684,8 @@ def test_resume_from_python_checks_the_configs_given_against_the_recorded_ones(t
               resume=True, quiet=True)
     with pytest.raises(UserError, match=r"preset: recorded None, given 'cpu-char'"):  # was ignored, silently
         train(tmp_path / "crashed", model_cfg, train_cfg, resume=True, quiet=True, preset="cpu-char")
+    with pytest.raises(UserError, match=r'extra: recorded \{\}, given \{"note": "b"\}'):  # was ignored, silently
+        train(tmp_path / "crashed", model_cfg, train_cfg, resume=True, quiet=True, extra={"note": "b"})
     # the same corpus moved to another path, as train --resume --data: read there (the recorded path is gone)
     moved = shutil.move(data, tmp_path / "moved")
     resumed = train(tmp_path / "crashed", model_cfg, train_cfg.replace(threads=1, data=str(moved)), resume=True,

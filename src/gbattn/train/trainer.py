@@ -274,6 +274,10 @@ class Trainer:
                 raise UserError(f"resume=True continues {self.run_dir} as it was started; preset: recorded "
                                 f"{self.preset!r}, given {preset!r}. Leave preset out, or start a new run in another "
                                 f"directory")
+            if extra is not None and json.loads(json.dumps(extra)) != self.extra:  # (it was ignored, silently)
+                raise UserError(f"resume=True continues {self.run_dir} as it was started; extra: recorded "
+                                f"{json.dumps(self.extra)}, given {json.dumps(extra)}. Leave extra out, or start a new "
+                                f"run in another directory")
             switched = compile_switch(self.model_cfg, recorded, self.train_cfg)  # ... but for this
             if switched:  # (compare resumes its runs with its --set compile=...: its own words there)
                 how = ("Leave it out of the `gbattn compare` command, or compare into another --out"
@@ -924,6 +928,6 @@ def train(run_dir, model_cfg=None, train_cfg=None, resume=False, quiet=False, ex
     ``restart=True`` replaces a run already in ``run_dir``, as `gbattn train --restart` does. ``preset``: the name of
     the preset the configs were built from, recorded in config.json as `gbattn train --preset` records it (None: none
     is recorded, and `gbattn train --init-from` the run then trains with paper-small's recipe); ``extra``: a dict of
-    JSON values recorded with it."""
+    JSON values recorded with it. A resumed run keeps its recorded preset and extra: others given are a UserError."""
     return Trainer(run_dir, model_cfg, train_cfg, resume=resume, quiet=quiet, extra=extra, preset=preset,
                    overrides=overrides, restart=restart).run()
