@@ -569,7 +569,7 @@ def test_a_run_started_init_from_resumes_from_its_own_checkpoint_without_its_sou
     """--init-from takes the source's weights (and tokenizer) once, at the start: a run with a checkpoint of its own
     resumes from that, and needs its source no more (deleted or moved since); taking the source again on resume
     would refuse the run as one with no checkpoint yet, whose --init-from is not a directory."""
-    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))  # (its windows' entry stays out of the module's)
     source, run = shutil.copytree(trained["run"], tmp_path / "source"), tmp_path / "run"
     code, _, err = run_cli(capsys, ["train", "--init-from", source, "--out", run, "--quiet", "--set", "max_steps=2",
                                     "--set", "eval_every=2", "--threads", "1"])
@@ -853,8 +853,10 @@ def test_eval_runs_batches_of_its_batch_size_on_its_threads(trained, capsys, mon
 
 
 def test_a_damaged_token_cache_is_rebuilt_and_the_run_still_works(trained, tmp_path, capsys, monkeypatch):
+    """Each damage of the cache entry eval reads is found, the entry rebuilt, and eval's line the same. The cache
+    starts empty, so it holds eval's entry alone (a copy of the module's held the entries other tests' runs added,
+    which eval never reads, so they stayed damaged)."""
     cache = tmp_path / "cache"
-    shutil.copytree(trained["cache"], cache)
     monkeypatch.setenv("GBATTN_CACHE", str(cache))
     code, expected, err = run_cli(capsys, ["eval", trained["run"]])
     assert code == 0 and "test perplexity" in expected, err
