@@ -2704,10 +2704,8 @@ def test_any_changed_byte_changes_the_corpus_fingerprint(tmp_path):
     assert len(prints) == 10
 
 
-def test_clipping_uses_grad_clip_on_the_accumulated_gradient(tmp_path, monkeypatch):
-    """grad_clip is the threshold, applied once per step to the whole batch's gradient: with clipping
-    active (0.05), grad_accum=2 still trains the weights of one batch of 8."""
-    data = write_corpus(tmp_path / "c")
+def clip_thresholds(monkeypatch) -> list:
+    """The max_norm of every clip_grad_norm_ call from now on (each call still clips)."""
     original, seen = torch.nn.utils.clip_grad_norm_, []
 
     def spy(parameters, max_norm, *args, **kwargs):
@@ -2715,6 +2713,14 @@ def test_clipping_uses_grad_clip_on_the_accumulated_gradient(tmp_path, monkeypat
         return original(parameters, max_norm, *args, **kwargs)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    return seen
+
+
+def test_clipping_uses_grad_clip_on_the_accumulated_gradient(tmp_path, monkeypatch):
+    """grad_clip is the threshold, applied once per step to the whole batch's gradient: with clipping
+    active (0.05), grad_accum=2 still trains the weights of one batch of 8."""
+    data = write_corpus(tmp_path / "c")
+    seen = clip_thresholds(monkeypatch)
     train(tmp_path / "one", *tiny_configs(data, dropout=0.0, max_steps=4, grad_clip=0.05), quiet=True)
     assert seen == [0.05] * 4
     train(tmp_path / "two", *tiny_configs(data, dropout=0.0, max_steps=4, grad_clip=0.05, grad_accum=2), quiet=True)
@@ -2727,13 +2733,7 @@ def test_a_grad_clip_of_zero_trains_without_clipping(tmp_path, monkeypatch):
     """grad_clip=0 means no clipping (config: "0 = no clipping"): the run never clips, and its weights are those of a
     run whose threshold is never reached; clipping at a norm of 0 would zero every gradient (no learning at all)."""
     data = write_corpus(tmp_path / "c")
-    original, seen = torch.nn.utils.clip_grad_norm_, []
-
-    def spy(parameters, max_norm, *args, **kwargs):
-        seen.append(max_norm)
-        return original(parameters, max_norm, *args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    seen = clip_thresholds(monkeypatch)
     train(tmp_path / "off", *tiny_configs(data, dropout=0.0, max_steps=3, eval_every=3, grad_clip=0.0), quiet=True)
     assert seen == []
     train(tmp_path / "far", *tiny_configs(data, dropout=0.0, max_steps=3, eval_every=3, grad_clip=1e9), quiet=True)
