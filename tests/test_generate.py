@@ -95,7 +95,8 @@ def test_generate_cli(tmp_path, capsys):
     cli_main(["generate", str(tmp_path / "run"), "--prompt", "the cat", "--max-new-tokens", "10", "--seed", "1"])
     assert capsys.readouterr().out.split("---")[0] == out.split("---")[0]
     assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the cat", "--max-new-tokens", "0"]) == 0
-    assert capsys.readouterr().out == "the cat\n---\n"
+    printed = capsys.readouterr()
+    assert printed.out == "the cat\n---\n" and printed.err == "1 x 0 tokens: the prompt alone, no decoding\n"
 
 
 

@@ -181,6 +181,9 @@ def cmd_generate(args) -> None:
         print("note: the paper's BPE keeps no word boundaries, so its pieces are shown separated by spaces "
               "(README, 'Data')", file=sys.stderr)
     tokens = args.num_samples * args.max_new_tokens
+    if tokens == 0:  # (it said "0 tokens/s, KV cache")
+        print(f"{args.num_samples} x 0 tokens: the prompt alone, no decoding", file=sys.stderr)
+        return
     if step is None or args.max_new_tokens < 2:  # no compiled step ran: the whole time is decoding
         rate = f"{tokens / max(dt, 1e-9):,.0f} tokens/s"
     elif args.max_new_tokens == 2:
