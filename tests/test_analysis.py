@@ -305,6 +305,7 @@ def test_a_new_analysis_removes_the_figures_an_earlier_one_left_in_its_folder(ru
                            "loss_diff.pdf, examples.png, examples.pdf: figures an earlier analysis left")
     assert f"note: {note}" in capsys.readouterr().out
 
+
 def test_analyze_against_records_each_top_token_and_example_where_it_is(runs, tmp_path, drawn):
     """Each top token is the target at its (row id, position) with both models' losses and its context there, each
     example names its target and is drawn with its own gain; the perplexities are exp of the mean losses, the
@@ -750,7 +751,6 @@ def test_a_round_only_some_layers_have_is_averaged_over_those_layers_and_counts_
     assert e["max_observed"] == pytest.approx(0.8)
 
 
-
 def test_the_relative_drop_compares_round_1_with_round_0_of_the_corrected_layers_only():
     """Layer 0 corrected (round 0 at 0.5 nats, round 1 at 0.25), layer 1 not (round 0 at 1.5): the drop is
     1 - 0.25 / 0.5 = 0.5, not 1 - 0.25 / 1.0 over both layers' round 0."""
@@ -764,6 +764,7 @@ def test_the_relative_drop_compares_round_1_with_round_0_of_the_corrected_layers
     e = acc.entropy_summary()
     assert e["mean_per_round"] == pytest.approx([1.0, 0.25])
     assert e["relative_drop"] == pytest.approx(0.5) == e["per_layer"][0]["relative_drop"]
+
 
 def test_gba_in_a_later_layer_only_sizes_the_rounds_by_the_layer_with_the_most():
     """GBA in layer 1 only, layer 0 without: the statistics have two rounds (the most any layer has, not layer 0's

@@ -15,6 +15,14 @@ from helpers import give_run_tokenizer, left_pad, tiny_configs, write_corpus
 from test_model import tiny_model
 
 
+@pytest.fixture(scope="module")
+def four_step_run(tmp_path_factory):
+    """A tiny run trained 4 steps, which the tests that only generate from it share (they leave it as it is)."""
+    root = tmp_path_factory.mktemp("four-step")
+    train(root / "run", *tiny_configs(write_corpus(root / "c"), max_steps=4, eval_every=4), quiet=True)
+    return root / "run"
+
+
 def test_greedy_cached_equals_uncached(variant_case):
     model = tiny_model(variant_case)
     prompt = torch.randint(0, 37, (2, 5))
@@ -83,43 +91,36 @@ def test_sampling_reproducible_with_seed():
     assert torch.equal(a[:, :4], prompt)
 
 
-def test_generate_cli(tmp_path, capsys):
+def test_generate_cli(four_step_run, capsys):
     """A seeded generation prints the prompt and its continuation, the same twice; --max-new-tokens 0 the prompt
     alone."""
-    data = write_corpus(tmp_path / "c")
-    train(tmp_path / "run", *tiny_configs(data, max_steps=4, eval_every=4), quiet=True)
-    code = cli_main(["generate", str(tmp_path / "run"), "--prompt", "the cat", "--max-new-tokens", "10", "--seed", "1"])
+    code = cli_main(["generate", str(four_step_run), "--prompt", "the cat", "--max-new-tokens", "10", "--seed", "1"])
     printed = capsys.readouterr()
     out = printed.out
     assert code == 0 and out.startswith("the cat") and "KV cache" in printed.err and "tokens/s" not in out
-    cli_main(["generate", str(tmp_path / "run"), "--prompt", "the cat", "--max-new-tokens", "10", "--seed", "1"])
+    cli_main(["generate", str(four_step_run), "--prompt", "the cat", "--max-new-tokens", "10", "--seed", "1"])
     assert capsys.readouterr().out.split("---")[0] == out.split("---")[0]
-    assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the cat", "--max-new-tokens", "0"]) == 0
+    assert cli_main(["generate", str(four_step_run), "--prompt", "the cat", "--max-new-tokens", "0"]) == 0
     printed = capsys.readouterr()
     assert printed.out == "the cat\n---\n" and printed.err == "1 x 0 tokens: the prompt alone, no decoding\n"
 
 
-
-
-def test_run_generate_has_the_clis_defaults(tmp_path, capsys):
+def test_run_generate_has_the_clis_defaults(four_step_run, capsys):
     """gbattn.load_run(...).generate(prompt, seed=1) is `gbattn generate --prompt ... --seed 1`'s text: the same
     number of tokens, temperature and top-k (it sampled at temperature 1 without a top-k, other text)."""
     import gbattn
 
-    data = write_corpus(tmp_path / "c")
-    train(tmp_path / "run", *tiny_configs(data, max_steps=4, eval_every=4), quiet=True)
-    assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the cat", "--seed", "1"]) == 0
+    assert cli_main(["generate", str(four_step_run), "--prompt", "the cat", "--seed", "1"]) == 0
     printed = capsys.readouterr().out
-    assert gbattn.load_run(tmp_path / "run").generate("the cat", seed=1) + "\n---\n" == printed
+    assert gbattn.load_run(four_step_run).generate("the cat", seed=1) + "\n---\n" == printed
 
-def test_ctrl_c_during_generate_prints_the_text_made_so_far(tmp_path, capsys, monkeypatch):
+
+def test_ctrl_c_during_generate_prints_the_text_made_so_far(four_step_run, capsys, monkeypatch):
     """Ctrl-C after 6 of 40 tokens: the prompt and those 6 tokens are printed (a seeded run's first 6), a note says
     how many were made, and the command ends as interrupted (130); a long generation stopped printed nothing."""
     from gbattn.progress import Progress
 
-    data = write_corpus(tmp_path / "c")
-    train(tmp_path / "run", *tiny_configs(data, max_steps=4, eval_every=4), quiet=True)
-    command = ["generate", str(tmp_path / "run"), "--prompt", "the cat", "--seed", "1", "--max-new-tokens"]
+    command = ["generate", str(four_step_run), "--prompt", "the cat", "--seed", "1", "--max-new-tokens"]
     assert cli_main([*command, "6"]) == 0
     six = capsys.readouterr().out
     made = []
@@ -134,6 +135,7 @@ def test_ctrl_c_during_generate_prints_the_text_made_so_far(tmp_path, capsys, mo
     printed = capsys.readouterr()
     assert printed.out == six and len(six) > len("the cat\n---\n")
     assert "note: stopped after 6 of 40 new tokens" in printed.err and printed.err.endswith("gbattn: interrupted\n")
+
 
 def test_generate_continues_a_prompt_of_whitespace_and_refuses_an_empty_one(tmp_path, capsys):
     """A character-level model continues a newline or a space (nanoGPT's sample.py starts from "\\n"); `--prompt
@@ -150,15 +152,13 @@ def test_generate_continues_a_prompt_of_whitespace_and_refuses_an_empty_one(tmp_
     assert capsys.readouterr().err == "gbattn: error: argument --prompt: is empty (see: gbattn generate --help)\n"
 
 
-def test_run_generate_passes_its_top_k_on(tmp_path):
+def test_run_generate_passes_its_top_k_on(four_step_run):
     """run.generate(prompt, top_k=1) samples from the likeliest token alone: the greedy text, whatever the seed. The
     defaults test above cannot tell a top_k that is dropped: the CLI's default top-k, 200, is more than a char run's
     vocabulary."""
     import gbattn
 
-    data = write_corpus(tmp_path / "c")
-    train(tmp_path / "run", *tiny_configs(data, max_steps=4, eval_every=4), quiet=True)
-    run = gbattn.load_run(tmp_path / "run")
+    run = gbattn.load_run(four_step_run)
     greedy = run.generate("the cat", 20, temperature=0)
     assert [run.generate("the cat", 20, top_k=1, seed=seed) for seed in (1, 2, 3)] == [greedy] * 3
 
@@ -367,6 +367,7 @@ def test_generate_cli_passes_samples_and_the_cache_choice_and_shows_a_bar_for_lo
     out = capsys.readouterr().out
     assert out.count("---") == 3 and all(text.strip().startswith("the") for text in out.split("---")[:3])
     seen, bars, real_bar = [], [], progress.Progress
+
     def record(self, idx, n, **kw):
         seen.append((kw["use_cache"], kw["temperature"], kw["top_k"], kw["top_p"], kw["seed"]))
         return idx
@@ -639,7 +640,6 @@ def test_use_cache_false_takes_no_cached_decode_step():
     assert calls == [] and out.shape == (2, 9)
 
 
-
 def test_no_seed_draws_from_the_global_rng():
     """seed=None draws from torch's global generator: it repeats after the same torch.manual_seed and
     changes with another (a fixed generator would give every call the same draws)."""
@@ -650,7 +650,6 @@ def test_no_seed_draws_from_the_global_rng():
         torch.manual_seed(global_seed)
         draws.append(generate(model, prompt, 12, temperature=2.0))
     assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
-
 
 
 def test_the_largest_seed_is_taken_and_one_more_is_refused():

@@ -217,7 +217,6 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
         assert "evaluates less often" not in printed  # eval_every is given: no advice to give it
 
 
-
 def test_the_plan_says_how_many_of_a_tokenizers_ids_name_no_token(tmp_path, capsys):
     """A Hugging Face tokenizer.json whose ids leave gaps (its words at ids 0..n-1, <unk> at 5,000) gives a model
     of 5,001 embedding rows, most of them for no token: the plan says so (it printed 5,001 tokens and nothing
@@ -246,6 +245,7 @@ def test_the_plan_says_how_many_of_a_tokenizers_ids_name_no_token(tmp_path, caps
     sets["vocab_size"] = len(words) + 1
     train(tmp_path / "asked", *build_configs("paper-small", "standard", str(data), sets), quiet=False)
     assert f"hf tokenizer: {len(words) + 1:,} tokens\n" in capsys.readouterr().out
+
 
 def test_the_plan_says_a_run_trains_compiled(tmp_path, capsys, monkeypatch):
     """A compiled run says so (its tokens/s counts the compile time), an eager one does not."""
