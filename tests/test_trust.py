@@ -1620,23 +1620,21 @@ def test_a_config_whose_seq_len_is_the_block_size_loads(trained, tmp_path):
 
 
 def test_a_run_directory_with_a_stray_safetensors_file_is_still_a_run(trained, tmp_path):
+    """A model.safetensors beside a run's weights leaves it a run, loaded from best.pt; so does one beside best.pt
+    alone, as an upcycled run has it before its training (it was read as an export: "config.json has no gbattn
+    section")."""
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
     (run / rundir.SAFETENSORS).write_bytes(b"weights someone saved beside the run")
-    assert not rundir.is_exported(run)
-    loaded, original = rundir.load_run(run), rundir.load_run(trained["run"])
-    assert loaded.checkpoint == "best" and loaded.step == original.step
-    assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(),
-                                                 original.model.state_dict().values()))
-    # with best.pt alone (an upcycled run before its training): still a run, loaded from best.pt (it was read as an
-    # export: "config.json has no gbattn section")
-    (run / rundir.CHECKPOINT).unlink()
-    assert not rundir.is_exported(run) and rundir.folder_holds(run) == rundir.RUN
-    loaded = rundir.load_run(run)
-    assert loaded.checkpoint == "best" and loaded.step == original.step
-    assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(),
-                                                 original.model.state_dict().values()))
-
+    original = rundir.load_run(trained["run"])
+    for removed in (None, rundir.CHECKPOINT):
+        if removed:
+            (run / removed).unlink()
+        assert not rundir.is_exported(run) and rundir.folder_holds(run) == rundir.RUN
+        loaded = rundir.load_run(run)
+        assert loaded.checkpoint == "best" and loaded.step == original.step
+        assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(),
+                                                     original.model.state_dict().values()))
 
 def test_what_a_directory_holds_is_told_by_its_files(tmp_path):
     """An exported directory is one of model_type gbattn (or with model.safetensors) and no checkpoint.pt;
