@@ -105,5 +105,5 @@ if wants extra; then
     keep "$WORK/$recipe/results.json" "$recipe.json"
   done
 fi
-tail -n 3 "$WORK"/*.log >> "$OUT/log.txt" 2>/dev/null
-log "done; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+(cd "$WORK" && tail -n 3 ./*.log) >> "$OUT/log.txt" 2>/dev/null  # names relative: no machine paths
+log "done; files in OUT: $(ls "$OUT" | tr '\n' ' ')"

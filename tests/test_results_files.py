@@ -114,6 +114,9 @@ def assert_table(anchor: str, expected: list[list[str | None]]) -> None:
     assert not wrong, "\n".join(wrong)
 
 
+GPU = "gpu-paper-small-wt2-3seeds"  # the paper-scale comparison the README reports (three seeds, one H200)
+
+
 def compare_rows(name: str) -> dict[str, dict]:
     return {m["label"]: m for m in json.loads((ROOT / "results" / name / "results.json").read_text())["models"]}
 
@@ -175,16 +178,26 @@ def test_readme_parameter_and_flop_table_is_what_gbattn_params_counts():
 
 
 def test_readme_gpu_table_is_results_gpu():
-    rows = compare_rows("gpu-paper-small-wt2")
-    std = rows["standard"]
+    """The paper-scale table: three seeds' mean ± sample std of test perplexity, the change of the means, and the
+    paired validation-loss differences to standard and to compute-matched, seed by seed."""
+    rows = compare_rows(GPU)
+    std, matched = rows["standard"], rows["compute-matched"]
     names = {"standard": "standard", "twicing": "twicing", "param-fair": "param-fair standard", "gba-m2": "GBA M=2",
-             "compute-matched": f"compute-matched standard ({rows['compute-matched']['steps']:,} steps)"}
+             "compute-matched": f"compute-matched standard ({matched['steps']:,} steps)"}
+    seeds = ["42", "123", "7"]
+
+    def mean(row):
+        return statistics.fmean(row["test_ppl"][s] for s in seeds)
+
     expected = []
     for label, name in names.items():
         r, paper = rows[label], rows[label]["published"]
-        expected.append([name, str(r["d_model"]), f"{r['parameters']:,}", f"{r['test_ppl']['42']:.2f}",
-                         "—" if r is std else change(r["test_ppl"]["42"], std["test_ppl"]["42"]),
-                         f"{r['test_ppl']['123']:.2f}" if "123" in r["test_ppl"] else None,
+        assert sorted(r["test_ppl"]) == sorted(seeds)
+        expected.append([name, str(r["d_model"]), f"{r['parameters']:,}", f"{r['train_flops'] / 1e15:.2f}",
+                         f"{mean(r):.2f} ± {statistics.stdev(r['test_ppl'][s] for s in seeds):.2f}",
+                         "—" if r is std else change(mean(r), mean(std)),
+                         "—" if r is std else paired_text(paired(r, std, seeds)),
+                         "—" if r is matched else paired_text(paired(r, matched, seeds)),
                          f"{paper[0]:.1f} ± {paper[1]:.1f}" if paper else "—",
                          "—" if r is std or not paper else change(paper[0], std["published"][0])])
     assert_table("### Paper recipe at paper scale", expected)
@@ -415,14 +428,18 @@ def test_readme_reference_tables_name_every_variant_preset_and_recipe():
 def test_readme_should_i_use_gba_is_the_tables():
     """The summary's numbers are the tables' (the step, memory and decode ranges over every CPU benchmark
     of paper-small)."""
-    gpu, proxy, design = compare_rows("gpu-paper-small-wt2"), compare_rows("cpu-proxy"), compare_rows("gba-design")
+    gpu, proxy, design = compare_rows(GPU), compare_rows("cpu-proxy"), compare_rows("gba-design")
     modern, modern123 = compare_rows("cpu-modern"), compare_rows("cpu-modern-seed123")
     upcycle, design_proxy = compare_rows("upcycle"), compare_rows("gba-design-proxy")
     seeds = ["42", "123", "7"]
     char_gain = statistics.fmean(paired(design["gba-m2"], design["standard"], seeds))
-    paper_gain, proxy_gain = (change(rows["gba-m2"]["test_ppl"]["42"], rows["standard"]["test_ppl"]["42"])
-                              for rows in (gpu, proxy))
-    assert (f"{paper_gain} test perplexity at paper scale (one seed, one H200), {proxy_gain} at `cpu-proxy` and "
+    paper_gain = change(*(statistics.fmean(gpu[label]["test_ppl"][s] for s in seeds)
+                          for label in ("gba-m2", "standard")))
+    paper_diffs = paired(gpu["gba-m2"], gpu["standard"], seeds)
+    assert all(d < 0 for d in paper_diffs)
+    proxy_gain = change(proxy["gba-m2"]["test_ppl"]["42"], proxy["standard"]["test_ppl"]["42"])
+    assert (f"{paper_gain} test perplexity at paper scale (every one of 3 seeds, paired t-test p = "
+            f"{paired_t_p(paper_diffs):.2f}, one H200), {proxy_gain} at `cpu-proxy` and "
             f"{signed(char_gain, 3, '')} nats on `cpu-char` (every one of 3 seeds, but within seed noise there: "
             f"paired t-test p = {paired_t_p(paired(design['gba-m2'], design['standard'], seeds)):.2f})") in README_PROSE
     assert (f"{change(modern['gba-m2']['test_ppl']['42'], modern['standard']['test_ppl']['42'])} and "
@@ -460,10 +477,11 @@ def test_readme_should_i_use_gba_is_the_tables():
 def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
     """Line 1's "ahead in every GPT-2-style run" is every GPT-2-style results file's GBA M=2 against the standard model
     of its block and stream, seed by seed; line 2 says which design-study configurations no baseline was matched to
-    (they use fewer parameters and FLOPs than GBA M=2, whose baselines they were compared with); line 5 says that at
-    paper scale the wider model's lead is one seed's and within the seed spread (it read as shown at every scale)."""
-    pairs = [("gpu-paper-small-wt2", "gba-m2", "standard"), ("cpu-proxy", "gba-m2", "standard"),
-             ("cpu-char", "gba-m2", "standard"), ("gba-design", "gba-m2", "standard"),
+    (they use fewer parameters and FLOPs than GBA M=2, whose baselines they were compared with); line 5 gives the
+    paper-scale means over three seeds, where the wider and the longer-trained models beat GBA on every seed."""
+    pairs = [(GPU, "gba-m2", "standard"), ("gpu-paper-small-wt2", "gba-m2", "standard"),
+             ("cpu-proxy", "gba-m2", "standard"), ("cpu-char", "gba-m2", "standard"),
+             ("gba-design", "gba-m2", "standard"),
              ("cpu-char-long", "gba-m2", "standard"), ("gba-design-proxy", "gba-m2", "standard"),
              ("cpu-postln", "gba-m2-postln", "standard-postln"), ("depth", "gba-m2", "standard"),
              ("depth", "gba-m2-attnres", "standard-attnres")]
@@ -471,8 +489,8 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
         rows = compare_rows(name)
         seeds = sorted(set(rows[model]["valid_ppl"]) & set(rows[reference]["valid_ppl"]))
         assert seeds and all(d < 0 for d in paired(rows[model], rows[reference], seeds)), name
-    assert "In a GPT-2-style block it came out ahead of standard attention of the same width in every run, never " \
-           "significantly where seeds allow a test" in README_PROSE
+    assert "In a GPT-2-style block it came out ahead of standard attention of the same width in every run**:" \
+        in README_PROSE
 
     design = compare_rows("gba-design")
     m2 = design["gba-m2"]
@@ -483,11 +501,13 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
             f"study (the {len(cheaper)} with fewer parameters and FLOPs than GBA M=2 were compared only with the "
             "baselines matched to GBA M=2, larger than they are)") in README_PROSE
 
-    gpu = compare_rows("gpu-paper-small-wt2")
-    fair, gba = gpu["param-fair"]["test_ppl"], gpu["gba-m2"]["test_ppl"]
-    assert list(gba) == ["42"] and fair["42"] < gba["42"] and gba["42"] - fair["42"] < abs(fair["42"] - fair["123"])
-    assert (f"(at paper scale on one seed, where the wider model's lead over GBA, {fair['42']:.2f} against "
-            f"{gba['42']:.2f}, is within the seed spread)") in README_PROSE
+    gpu, seeds = compare_rows(GPU), ["42", "123", "7"]
+    fair, matched, gba = (gpu[label] for label in ("param-fair", "compute-matched", "gba-m2"))
+    assert all(d > 0 for d in paired(gba, fair, seeds)) and all(d > 0 for d in paired(gba, matched, seeds))
+    assert "not at paper scale (the wider model won on every one of 3 seeds)" in README_PROSE
+    fair, matched, gba = (statistics.fmean(r["test_ppl"][s] for s in seeds) for r in (fair, matched, gba))
+    assert (f"(at paper scale, mean test perplexity over 3 seeds: {fair:.2f} for the wider model and {matched:.2f} "
+            f"for the longer-trained one, against {gba:.2f} for GBA)") in README_PROSE
 
 
 def test_readme_denoise_table_and_gate_spread_are_results_denoise():
@@ -609,7 +629,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 11
+    assert checked == 12
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -724,7 +744,7 @@ def test_readme_results_prose_is_the_results_files():
     proxy, modern, modern123 = compare_rows("cpu-proxy"), compare_rows("cpu-modern"), compare_rows("cpu-modern-seed123")
     depth, postln, upcycle = compare_rows("depth"), compare_rows("cpu-postln"), compare_rows("upcycle")
     design, design_proxy, char = compare_rows("gba-design"), compare_rows("gba-design-proxy"), compare_rows("cpu-char")
-    gpu = compare_rows("gpu-paper-small-wt2")
+    gpu, earlier = compare_rows(GPU), compare_rows("gpu-paper-small-wt2")
 
     def test(row):
         return row["test_ppl"]["42"]
@@ -737,9 +757,33 @@ def test_readme_results_prose_is_the_results_files():
         return f"{100 * (1 - row[key] / other[key]):.0f}%"
 
     expected = []
-    # paper scale: the seed spread of the param-fair model
-    fair = gpu["param-fair"]["test_ppl"]
-    expected.append(f"within the seed spread of {abs(fair['42'] - fair['123']):.1f})")
+    # paper scale: three seeds, against the wider model, and against the earlier single-seed run
+    seeds = ["42", "123", "7"]
+
+    def mean(row):
+        return statistics.fmean(row["test_ppl"][s] for s in seeds)
+
+    gba, fair, matched = gpu["gba-m2"], gpu["param-fair"], gpu["compute-matched"]
+    gain = paired(gba, gpu["standard"], seeds)
+    expected.append(f"GBA's gain over standard ({change(mean(gba), mean(gpu['standard']))} test perplexity, "
+                    f"every seed, paired t-test p = {paired_t_p(gain):.2f}) is close to the paper's")
+    behind = paired(gba, fair, seeds)
+    assert all(d > 0 for d in behind) and mean(matched) < min(mean(fair), mean(gba))
+    expected.append(f"the wider model is better on every seed ({mean(fair):.2f} against {mean(gba):.2f} test "
+                    f"perplexity; GBA's validation loss is {signed(statistics.fmean(behind), 3, '')} nats higher, "
+                    f"{' / '.join(signed(d, 3, '') for d in behind)}, p = {paired_t_p(behind):.2f})")
+    expected.append(f"beats both ({mean(matched):.2f})")
+    expected.append(f"had standard {test(earlier['standard']):.2f}, param-fair {test(earlier['param-fair']):.2f} and "
+                    f"GBA {test(earlier['gba-m2']):.2f}")
+    rises = [test(gpu[label]) - test(earlier[label]) for label in gpu]
+    expected.append(f"every model's test perplexity is {min(rises):.1f} to {max(rises):.1f} points higher than that "
+                    f"run's, and GBA's gain over standard is {change(test(gba), test(gpu['standard']))} against "
+                    f"{change(test(earlier['gba-m2']), test(earlier['standard']))}")
+    deviations = " ".join((ROOT / "docs" / "deviations.md").read_text(encoding="utf-8").split())
+    assert f"rose by {min(rises):.1f} to {max(rises):.1f} points per model" in deviations
+    log = (ROOT / "results" / GPU / "device-log.txt").read_text(encoding="utf-8")
+    begun, ended = (int(re.search(rf"\[(\d+) s\] {what} paper-wt103", log).group(1)) for what in ("start", "end"))
+    expected.append(f"all 15 runs in {ended - begun} s with five at a time")
 
     # design study: the gaps of every GBA configuration to compute-matched
     seeds = ["42", "123", "7"]
@@ -905,13 +949,14 @@ def test_docs_paper_md_analysis_numbers_are_the_analysis_modules():
 
 
 def test_readme_says_the_papers_regime_as_the_paper_recipe_runs_it():
-    """Where the README names the paper's own regime, its data, epochs and seed count are paper-wt103's."""
+    """Where the README names the paper's own corpus, its name and token count are paper-wt103's."""
     from gbattn.config import get_preset
     from gbattn.experiments.recipes import get_recipe
 
     recipe = get_recipe("paper-wt103")
-    said = re.findall(r"The paper's own regime \(([^)]*)\)", README_PROSE)
-    assert said == [f"WikiText-103, {get_preset(recipe.preset).train['epochs']:.0f} epochs, {len(recipe.seeds)} seeds"]
+    said = re.findall(r"The paper's own corpus \(([^)]*)\)", README_PROSE)
+    assert recipe.default_data.startswith("wikitext-103")
+    assert said == [f"WikiText-103, {get_preset(recipe.preset).train['train_tokens'] / 1e6:.0f}M tokens"]
 
 
 def test_readme_names_the_command_of_every_paper_table_and_figure():
