@@ -15,9 +15,11 @@ import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -1023,6 +1025,7 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     gain[0] = float("inf")
     torch.save({**best, "model": {**best["model"], one_gain: gain}}, copy("inf-norm-gain") / rundir.BEST)
     (copy("text-best") / rundir.BEST).write_text("0.1 0.2\n")
+    flip_one_bit(copy("flipped-bit") / rundir.BEST)
     meta = {k: torch.empty_like(v, device="meta") if v.dim() == 2 else v for k, v in best["model"].items()}
     torch.save({**best, "model": meta}, copy("meta-best") / rundir.BEST)
     torch.save({**best, "model": {k: v > 0 for k, v in best["model"].items()}}, copy("bool-best") / rundir.BEST)
@@ -1135,6 +1138,8 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "hold NaN or infinite values"),
         ("checkpoint with one infinite norm gain", ["eval", broken["inf-norm-gain"]], "hold NaN or infinite values"),
         ("checkpoint that is a text file", ["eval", broken["text-best"]], "is not a torch.save file"),
+        ("checkpoint with one bit of a weight flipped", ["eval", broken["flipped-bit"]],
+         "fails the CRC-32 check that torch.save stored with it"),
         # torch's safe unpickler ran "r" (LONG_BINPUT) on an empty stack: an IndexError traceback
         ("checkpoint that is a password file", ["generate", broken["passwd-best"], "--prompt", "a"],
          "truncated or corrupted (IndexError"),
@@ -1867,6 +1872,40 @@ def test_a_tokenizer_without_a_config_is_refused_as_an_out_but_read_as_no_run(tm
         rundir.refuse_weights_without_config(folder)
     with pytest.raises(rundir.CheckpointError, match="config.json not found: is .* a gbattn run directory"):
         rundir.load_run(folder)
+
+
+def flip_one_bit(path: Path, record: str | None = None) -> str:
+    """Flip one bit in the middle of a record of the torch.save zip file at ``path`` (its largest, or the one
+    whose name ends with ``record``), as a bad disk or transfer would; the record's name."""
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+    info = max(infos, key=lambda i: i.file_size) if record is None else \
+        next(i for i in infos if i.filename.endswith(record))
+    data = bytearray(path.read_bytes())
+    name_length, extra_length = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    data[info.header_offset + 30 + name_length + extra_length + info.file_size // 2] ^= 0x01
+    path.write_bytes(data)
+    return info.filename
+
+
+def test_a_flipped_bit_in_a_checkpoint_is_refused_not_loaded(tmp_path):
+    """torch.load does not check the CRC-32 that torch.save stores with each record: a flipped bit in a weight
+    loads as another weight. read_torch_file checks them, in the weights and in the pickle, and names the record."""
+    weights = {"w": torch.arange(64, dtype=torch.float32)}
+    for record in ("data/0", "data.pkl"):
+        path = tmp_path / f"{record.replace('/', '-')}.pt"
+        torch.save({"model": weights, "step": 3}, path)
+        name = flip_one_bit(path, record)
+        if record == "data/0":  # what torch.load alone makes of it: one weight changed, no error
+            loaded = torch.load(path, weights_only=True)
+            assert int((loaded["model"]["w"] != weights["w"]).sum()) == 1
+        with pytest.raises(rundir.CheckpointError) as caught:
+            rundir.read_torch_file(path)
+        assert str(caught.value) == (f"{path} is corrupted: its record {name} fails the CRC-32 check that torch.save "
+                                     "stored with it; restore a copy of it")
+    intact = tmp_path / "intact.pt"
+    torch.save({"model": weights}, intact)
+    assert torch.equal(rundir.read_torch_file(intact)["model"]["w"], weights["w"])
 
 
 def test_every_damaged_torch_file_is_one_checkpoint_error(tmp_path):

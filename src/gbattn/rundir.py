@@ -300,6 +300,7 @@ def read_torch_file(path: str | Path, map_location="cpu"):
     if not path.is_file():
         refuse_not_regular(path)
         raise CheckpointError(f"no such file: {path}")
+    _check_records(path)
     try:
         # torch warns of every protocol but 2, and of its deprecated storages and quantized tensors as it reads them:
         # lines about torch, not the file, above the one line a bad file gets
@@ -327,6 +328,22 @@ def read_torch_file(path: str | Path, map_location="cpu"):
             AssertionError, struct.error) as e:
         detail = error_detail(e, with_type=True)
     raise CheckpointError(f"{path} is truncated or corrupted ({detail}); restore a copy of it")
+
+
+def _check_records(path: Path) -> None:
+    """A torch.save zip file's records against the CRC-32 that torch.save stored with each. torch.load does not
+    check them: a flipped bit in a weight would load as another weight, and train, evaluate or be shared so.
+    A file that zipfile cannot read is left to torch.load, which reports what it makes of it."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return  # the legacy format (no checksums), or not a zip file at all
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, zipfile.BadZipFile):
+        return  # RuntimeError: an encrypted record; NotImplementedError: a compression zipfile lacks
+    if bad is not None:
+        raise CheckpointError(f"{path} is corrupted: its record {bad} fails the CRC-32 check that torch.save "
+                              f"stored with it; restore a copy of it")
 
 
 # The first bytes of a legacy-format torch.save file of pickle protocol 0 or 1 (its magic number pickled without PROTO)
