@@ -784,6 +784,13 @@ def test_readme_results_prose_is_the_results_files():
     log = (ROOT / "results" / GPU / "device-log.txt").read_text(encoding="utf-8")
     begun, ended = (int(re.search(rf"\[(\d+) s\] {what} paper-wt103", log).group(1)) for what in ("start", "end"))
     expected.append(f"all 15 runs in {ended - begun} s with five at a time")
+    assert all(sorted(row["test_ppl"]) == sorted(seeds) for row in gpu.values())  # wall_clock_s: a mean over seeds
+    summed = sum(3 * row["wall_clock_s"] for row in gpu.values())
+    one_seed = sum(row["wall_clock_s"] for row in earlier.values())  # each model's mean over its seeds, alone
+    expected.append(f"`paper-wt103`'s 15 runs (three seeds) took {ended - begun} s with `--jobs 5`, while their own "
+                    f"wall-clock times add up to {summed:,.0f} s")
+    expected.append(f"took {one_seed:.0f} s per seed (other code: the earlier dropout sites), {3 * one_seed:.0f} s "
+                    f"for three seeds: about {3 * one_seed / (ended - begun):.1f}x, a comparison across two sessions")
 
     # design study: the gaps of every GBA configuration to compute-matched
     seeds = ["42", "123", "7"]
