@@ -3,15 +3,21 @@
 # can reach. Each stage runs under a deadline and its files are copied to OUT as soon as it ends, so a
 # session cut short still returns what finished. README, "Reproducing the paper's tables" and "Speed and memory".
 #
-#   bash scripts/gpu_session.sh [DATA_DIR] [OUT]          # every stage, in order
-#   STAGES="smoke paper" bash scripts/gpu_session.sh ...  # some of them (two device calls: paper, then bench)
+#   bash scripts/gpu_session.sh [DATA_DIR] [OUT]          # the default stages, in order
+#   STAGES="smoke paper" bash scripts/gpu_session.sh ...  # others, or some of them
 #   TINY=1 bash scripts/gpu_session.sh                    # the same stages at a toy size on a CPU (its test)
 #
-# Stages: smoke (30 steps of GBA and a 3-step comparison of the five paper models with --jobs 5: the script
-# stops at once if they fail, before the long stages); paper (compare paper-wt103, seeds 42 123 7, five
-# models, --jobs 5: the paper table over three seeds; the run directories come back without weights);
-# analyze (gates and entropy of GBA seed 42); bench (paper-small, standard and GBA, eager and compiled);
-# owt (the same at owt-125m); extra (paper-postln, gba-design-paper, depth-paper, seed 42).
+# Stages (the default: smoke bench owt analysis extra; paper ran on 2026-12-04, README):
+#   smoke     30 steps of GBA; the script stops at once if they fail. Before the first comparison, a 3-step
+#             comparison of the five paper models with --jobs 5 (comparisons are skipped if it fails)
+#   paper     compare paper-wt103, seeds 42 123 7, five models, --jobs 5 (the run directories come back
+#             without weights, which are too large to come back)
+#   bench     paper-small, standard and GBA, eager and compiled (training step and decoding)
+#   owt       the same at owt-125m
+#   analysis  standard and GBA of paper-wt103 seed 42 (trained unless paper ran), then gbattn analyze
+#             GBA --against standard: summary and figures in one archive
+#   extra     paper-postln, gba-design-paper, depth-paper, seed 42: their results in one archive
+# At most 8 files come back from one device call: the default stages write 7.
 # DATA_DIR defaults to .device/data/wikitext-2, a git-ignored copy that the device tool carries; a
 # GBATTN_CACHE set beforehand (a carried token cache) is kept.
 set -uo pipefail
@@ -19,7 +25,7 @@ cd "$(dirname "$0")/.."
 DATA=${1:-.device/data/wikitext-2}
 OUT=${2:-${OUT:-runs/gpu-session}}
 BUDGET=${BUDGET:-540}  # seconds of work before no new stage starts
-STAGES=${STAGES:-smoke paper analyze bench owt extra}
+STAGES=${STAGES:-smoke bench owt analysis extra}
 WORK=${WORK:-/tmp/gbattn-gpu}
 start=$(date +%s)
 mkdir -p "$OUT" "$WORK"
@@ -57,7 +63,7 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee -a 
 stage() {  # stage NAME SECONDS COMMAND...: run under a deadline, never past the budget; its exit status
   local name=$1 limit=$2 budget status; shift 2
   budget=$(left)
-  if [ "$budget" -lt 30 ]; then log "skip $name: budget spent"; return 1; fi
+  if [ "$budget" -lt 30 ]; then log "skip $name: budget spent"; return 200; fi
   [ "$limit" -gt "$budget" ] && limit=$budget
   log "start $name (at most $limit s)"
   timeout --signal=TERM --kill-after=20 "$limit" "$@" >> "$WORK/$name.log" 2>&1
@@ -70,23 +76,32 @@ runs_without_weights() {  # the run directories of a comparison as one archive, 
   [ -d "$1" ] && tar -C "$1" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.lock' -czf "$OUT/$2" .
 }
 
+compare_checked=""  # the 3-step comparison's verdict: "", yes or no
+comparisons_work() {  # the 3-step comparison, once, before the first comparison stage
+  if [ -z "$compare_checked" ]; then
+    stage smoke-compare 120 "${GB[@]}" compare --recipe paper-wt103 --seeds 42 --jobs $JOBS \
+      --out "$WORK/smoke-compare" --quiet --set max_steps=3 --set eval_every=3 "${SMOKE[@]}"
+    case $? in
+      0) compare_checked=yes ;;
+      200) return 1 ;;  # no time left to check: nothing known, nothing run
+      *) compare_checked=no
+         tail -n 30 "$WORK/smoke-compare.log" | tee -a "$OUT/log.txt"; log "comparisons fail: skipping them" ;;
+    esac
+  fi
+  [ "$compare_checked" = yes ]
+}
+
 if wants smoke; then
   stage smoke-train 120 "${GB[@]}" train --preset paper-small --attn boosted --set max_steps=30 --set eval_every=15 \
-    --out "$WORK/smoke-train" --quiet "${SMOKE[@]}" &&
-  stage smoke-compare 120 "${GB[@]}" compare --recipe paper-wt103 --seeds 42 --jobs $JOBS --out "$WORK/smoke-compare" \
-    --quiet --set max_steps=3 --set eval_every=3 "${SMOKE[@]}" || {
-    tail -n 30 "$WORK"/smoke-*.log | tee -a "$OUT/log.txt"; log "smoke failed: stopping"; exit 3; }
+    --out "$WORK/smoke-train" --quiet "${SMOKE[@]}" || {
+    tail -n 30 "$WORK/smoke-train.log" | tee -a "$OUT/log.txt"; log "smoke failed: stopping"; exit 3; }
 fi
-if wants paper; then
+if wants paper && comparisons_work; then
   stage paper-wt103 480 "${GB[@]}" compare --recipe paper-wt103 --seeds 42 123 7 --jobs $JOBS --out "$WORK/paper-wt103" \
     --quiet "${SMALL[@]}"
   keep "$WORK/paper-wt103/results.json" paper-wt103.json
   keep "$WORK/paper-wt103/results.md" paper-wt103.md
   runs_without_weights "$WORK/paper-wt103" paper-wt103-runs.tar.gz
-fi
-if wants analyze; then
-  stage analyze 60 "${GB[@]}" analyze "$WORK/paper-wt103/gba-m2/seed42" --device $DEVICE --quiet
-  keep "$WORK/paper-wt103/gba-m2/seed42/analysis/summary.json" analysis-gba-m2-seed42.json
 fi
 if wants bench; then
   stage bench-paper-small 240 "${GB[@]}" bench --device $DEVICE "${BENCH[@]}" --out "$WORK/bench-paper-small"
@@ -98,12 +113,20 @@ if wants owt; then
   keep "$WORK/bench-owt-125m/bench.json" bench-owt-125m.json
   keep "$WORK/bench-owt-125m/bench.md" bench-owt-125m.md
 fi
-if wants extra; then
+if wants analysis && comparisons_work; then
+  # (a comparison continues: the runs of a paper stage before it are reused)
+  stage analysis-runs 240 "${GB[@]}" compare --recipe paper-wt103 --seeds 42 --only standard gba-m2 --jobs 2 \
+    --out "$WORK/paper-wt103" --quiet "${SMALL[@]}" &&
+  stage analysis 90 "${GB[@]}" analyze "$WORK/paper-wt103/gba-m2/seed42" --against "$WORK/paper-wt103/standard/seed42" \
+    --device $DEVICE --quiet &&
+  tar -C "$WORK/paper-wt103/gba-m2/seed42" -czf "$OUT/analysis-gba-m2-seed42.tar.gz" analysis
+fi
+if wants extra && comparisons_work; then
   for recipe in paper-postln gba-design-paper depth-paper; do
-    stage "$recipe" 300 "${GB[@]}" compare --recipe $recipe --seeds 42 --jobs $JOBS --out "$WORK/$recipe" --quiet \
-      "${SMALL[@]}" || break
-    keep "$WORK/$recipe/results.json" "$recipe.json"
+    stage "$recipe" 300 "${GB[@]}" compare --recipe $recipe --seeds 42 --jobs $JOBS --out "$WORK/extra/$recipe" \
+      --quiet "${SMALL[@]}" || break
   done
+  [ -d "$WORK/extra" ] && (cd "$WORK/extra" && tar -czf "$OUT/extra-results.tar.gz" ./*/results.json ./*/results.md)
 fi
 (cd "$WORK" && tail -n 3 ./*.log) >> "$OUT/log.txt" 2>/dev/null  # names relative: no machine paths
 log "done; files in OUT: $(ls "$OUT" | tr '\n' ' ')"
