@@ -1908,6 +1908,20 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_not_loaded(tmp_path):
     assert torch.equal(rundir.read_torch_file(intact)["model"]["w"], weights["w"])
 
 
+def test_a_checkpoint_saved_without_checksums_loads(tmp_path, monkeypatch):
+    """torch.save with compute_crc32=False (faster for large files) stores CRC 0 for every record: such a file is
+    read as before (its records unchecked), not refused as corrupted."""
+    from torch.utils.serialization import config
+
+    monkeypatch.setattr(config.save, "compute_crc32", False)
+    path = tmp_path / "unchecked.pt"
+    weights = {"w": torch.arange(64, dtype=torch.float32)}
+    torch.save({"model": weights}, path)
+    with zipfile.ZipFile(path) as archive:
+        assert {info.CRC for info in archive.infolist()} == {0}
+    assert torch.equal(rundir.read_torch_file(path)["model"]["w"], weights["w"])
+
+
 def test_every_damaged_torch_file_is_one_checkpoint_error(tmp_path):
     """Damaged bytes make torch's safe unpickler raise what its code happens to raise; each is one line
     naming the file (fuzzing 1,200 damaged files gave 61 IndexErrors, 6 AssertionErrors, 7 struct.errors)."""

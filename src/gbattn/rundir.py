@@ -33,6 +33,7 @@ import stat
 import struct
 import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -333,17 +334,29 @@ def read_torch_file(path: str | Path, map_location="cpu"):
 def _check_records(path: Path) -> None:
     """A torch.save zip file's records against the CRC-32 that torch.save stored with each. torch.load does not
     check them: a flipped bit in a weight would load as another weight, and train, evaluate or be shared so.
-    A file that zipfile cannot read is left to torch.load, which reports what it makes of it."""
+    A record stored with CRC 0 is not checked: torch.save with ``compute_crc32=False`` stores no checksums (a real
+    CRC of 0 is 1 in 2**32). A file that zipfile cannot open is left to torch.load, which says what it makes of it."""
     try:
         if not zipfile.is_zipfile(path):
             return  # the legacy format (no checksums), or not a zip file at all
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, zipfile.BadZipFile):
-        return  # RuntimeError: an encrypted record; NotImplementedError: a compression zipfile lacks
-    if bad is not None:
-        raise CheckpointError(f"{path} is corrupted: its record {bad} fails the CRC-32 check that torch.save "
-                              f"stored with it; restore a copy of it")
+        archive = zipfile.ZipFile(path)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile):
+        return
+    with archive:
+        for info in archive.infolist():
+            if info.CRC == 0:
+                continue
+            try:
+                with archive.open(info) as record:
+                    while record.read(1 << 20):
+                        pass
+            except zipfile.BadZipFile as e:  # zipfile checks the CRC-32 as the record's last bytes are read
+                why = ("fails the CRC-32 check that torch.save stored with it" if "CRC" in str(e)
+                       else f"is damaged ({e})")
+                raise CheckpointError(f"{path} is corrupted: its record {info.filename} {why}; "
+                                      f"restore a copy of it") from None
+            except (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, zlib.error):
+                return  # RuntimeError: an encrypted record; NotImplementedError: a compression zipfile lacks
 
 
 # The first bytes of a legacy-format torch.save file of pickle protocol 0 or 1 (its magic number pickled without PROTO)
