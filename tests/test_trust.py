@@ -1908,15 +1908,21 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_not_loaded(tmp_path):
     assert torch.equal(rundir.read_torch_file(intact)["model"]["w"], weights["w"])
 
 
-def test_a_checkpoint_saved_without_checksums_loads(tmp_path, monkeypatch):
+def test_a_checkpoint_saved_without_checksums_loads(tmp_path):
     """torch.save with compute_crc32=False (faster for large files) stores CRC 0 for every record: such a file is
     read as before (its records unchecked), not refused as corrupted."""
     from torch.utils.serialization import config
 
-    monkeypatch.setattr(config.save, "compute_crc32", False)
+    # (set and put back by hand: monkeypatch's undo deleted the setting from torch's config, and every later
+    # torch.save failed)
     path = tmp_path / "unchecked.pt"
     weights = {"w": torch.arange(64, dtype=torch.float32)}
-    torch.save({"model": weights}, path)
+    before = config.save.compute_crc32
+    config.save.compute_crc32 = False
+    try:
+        torch.save({"model": weights}, path)
+    finally:
+        config.save.compute_crc32 = before
     with zipfile.ZipFile(path) as archive:
         assert {info.CRC for info in archive.infolist()} == {0}
     assert torch.equal(rundir.read_torch_file(path)["model"]["w"], weights["w"])
