@@ -18,6 +18,8 @@
 #             GBA --against standard: summary and figures in one archive
 #   extra     paper-postln, gba-design-paper, depth-paper, seed 42: their results in one archive
 # At most 8 files come back from one device call: the default stages write 7.
+# Sizing (2026-12-04, one H200): the machine held 570 s for a 531 s command (start and transfers: 39 s); smoke
+# took 61 s and paper 469 s. A second call finds the machine warm only within 30 s of the first one's end.
 # DATA_DIR defaults to .device/data/wikitext-2, a git-ignored copy that the device tool carries; a
 # GBATTN_CACHE set beforehand (a carried token cache) is kept.
 set -uo pipefail
