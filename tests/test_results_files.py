@@ -438,7 +438,8 @@ def test_readme_should_i_use_gba_is_the_tables():
     paper_diffs = paired(gpu["gba-m2"], gpu["standard"], seeds)
     assert all(d < 0 for d in paper_diffs)
     proxy_gain = change(proxy["gba-m2"]["test_ppl"]["42"], proxy["standard"]["test_ppl"]["42"])
-    assert (f"{paper_gain} test perplexity at paper scale (every one of 3 seeds, paired t-test p = "
+    assert (f"{paper_gain} test perplexity at paper scale (every one of 3 seeds, paired t-test of the validation "
+            f"losses p = "
             f"{paired_t_p(paper_diffs):.2f}, one H200), {proxy_gain} at `cpu-proxy` and "
             f"{signed(char_gain, 3, '')} nats on `cpu-char` (every one of 3 seeds, but within seed noise there: "
             f"paired t-test p = {paired_t_p(paired(design['gba-m2'], design['standard'], seeds)):.2f})") in README_PROSE
