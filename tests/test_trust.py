@@ -1448,6 +1448,19 @@ def test_a_tokenizer_with_unused_ids_counts_up_to_its_largest_id(tmp_path, capsy
     assert code == 0, err
 
 
+def test_unused_ids_count_the_ids_below_the_vocabulary_size_that_name_no_token():
+    """``unused_ids`` (the run plan's "ids name no token" line): a vocabulary of ids 0, 1 and 100 has 101 ids, 98 of
+    them naming no token; a char tokenizer has none."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    from gbattn.data.tokenizer import Tokenizer
+
+    gaps = Tokenizer("hf", HFTokenizer(models.WordLevel({"a": 0, "b": 1, "<unk>": 100}, unk_token="<unk>")).to_str())
+    assert (gaps.vocab_size, gaps.unused_ids) == (101, 98)
+    chars = Tokenizer("char", json.dumps({"chars": ["a", "b"]}))
+    assert (chars.vocab_size, chars.unused_ids) == (2, 0)
+
 def test_a_char_tokenizer_listing_a_lone_surrogate_is_refused_on_reading(trained, tmp_path, capsys):
     """A char tokenizer.json may spell a lone surrogate ("\\ud800"), which no UTF-8 text holds: generate printed it
     (a UnicodeEncodeError traceback) and export handed it to the tokenizers library (another). It is refused as
