@@ -254,6 +254,18 @@ def test_a_token_cache_entry_that_cannot_be_read_back_is_one_data_error(tmp_path
         tokenize_corpus(corpus, tok, progress=False)
 
 
+def test_the_token_ids_handed_out_are_read_only(tmp_path):
+    """The splits tokenize_corpus hands out, built or read from the cache, cannot be written: a write through a
+    writable memmap would change the cache entry every later run reads."""
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    tok = get_tokenizer("char", corpus)
+    for splits in (tokenize_corpus(corpus, tok, progress=False), tokenize_corpus(corpus, tok, progress=False)):
+        assert all(len(ids) for ids in splits.values())
+        for ids in splits.values():
+            with pytest.raises(ValueError, match="read-only"):
+                ids[0] = 0
+
+
 def test_caps_take_the_first_tokens(tmp_path):
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     tok = get_tokenizer("char", corpus)
