@@ -2817,6 +2817,19 @@ def test_weight_decay_groups_and_betas_follow_the_preset(preset):
     assert (train_cfg.beta1, train_cfg.beta2) == ((0.9, 0.99) if preset == "cpu-char" else (0.9, 0.999))
 
 
+def test_the_pinned_draws_take_the_seed_and_the_epoch_or_step_in_their_order():
+    """The pinned row order and windows at a seed and an epoch (or step) that differ: seed 0, epoch 0 alone could
+    not tell ``default_rng([seed, epoch])`` from ``default_rng([epoch, seed])``, and either swap trains a published
+    run on other batches."""
+    from gbattn.data.tokens import epoch_permutation, random_windows
+
+    assert epoch_permutation(10, 1, 0).tolist() == [8, 4, 7, 0, 1, 2, 5, 9, 6, 3]
+    assert epoch_permutation(10, 0, 1).tolist() == [9, 1, 3, 8, 7, 6, 0, 4, 2, 5]
+    tokens = np.arange(1000, dtype=np.uint16)
+    assert random_windows(tokens, 8, 4, seed=1, step=0)[0][:, 0].tolist() == [967, 686, 763, 221]
+    assert random_windows(tokens, 8, 4, seed=0, step=1)[0][:, 0].tolist() == [668, 841, 810, 251]
+
+
 def test_each_epoch_reads_every_row_once_in_its_own_order(tmp_path):
     """Sampling by rows, batches of 10 rows (the split's rows are not a multiple of 10): an epoch is
     whole batches of distinct rows (the rows left over are not read as a short batch), and the next
