@@ -1867,6 +1867,18 @@ def test_a_file_cut_inside_a_character_or_bad_past_two_chunks_is_named_at_its_of
             load_corpus(str(tmp_path / "zipped.TXT.GZ"))
 
 
+def test_a_gzip_file_cut_short_is_one_data_error_naming_it(tmp_path):
+    """A .gz file whose download stopped early (gzip's end-of-stream marker missing) is "named .gz but is not complete
+    gzip data", one line naming the file, not an EOFError traceback; likewise a .gz file that holds no gzip data."""
+    complete = gzip.compress(b"to be or not to be\n" * 50)
+    for name, content in (("cut.txt.gz", complete[: len(complete) // 2]), ("no-trailer.txt.gz", complete[:-4]),
+                          ("plain.txt.gz", b"to be or not to be\n")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(DataError, match=f"^--data file {re.escape(str(tmp_path / name))} is named .gz but is not "
+                                            f"complete gzip data"):
+            load_corpus(str(tmp_path / name))
+
+
 def test_a_data_file_that_cannot_be_read_is_one_data_error(tmp_path):
     """A split file gone between listing its folder and reading it (or a directory in its place) is one line
     naming the file and why, not an OSError traceback."""
