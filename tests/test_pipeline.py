@@ -1879,6 +1879,17 @@ def test_a_gzip_file_cut_short_is_one_data_error_naming_it(tmp_path):
             load_corpus(str(tmp_path / name))
 
 
+def test_an_empty_data_file_is_called_empty(tmp_path):
+    """A file of no bytes (plain, or gzip of nothing) is "is empty", not "holds only whitespace" (it holds nothing)."""
+    from gbattn.data.corpus import checked_digest
+
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "empty.txt.gz").write_bytes(gzip.compress(b""))
+    for name in ("empty.txt", "empty.txt.gz"):
+        with pytest.raises(DataError, match=f"^--data file {re.escape(str(tmp_path / name))} is empty$"):
+            checked_digest(tmp_path / name)
+
+
 def test_a_data_file_that_cannot_be_read_is_one_data_error(tmp_path):
     """A split file gone between listing its folder and reading it (or a directory in its place) is one line
     naming the file and why, not an OSError traceback."""
