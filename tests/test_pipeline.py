@@ -2739,6 +2739,19 @@ def test_any_changed_byte_changes_the_corpus_fingerprint(tmp_path):
     assert len(prints) == 10
 
 
+def test_whitespace_added_at_the_start_or_end_of_a_file_changes_the_corpus_fingerprint(tmp_path):
+    """The char tokenizer trains on newlines and spaces too: a blank line added at the end of a split file, or spaces
+    before its first word, is other data for the caches (another fingerprint), folder or single file."""
+    data = write_corpus(tmp_path / "c")
+    valid = data / "wiki.valid.tokens"
+    content = valid.read_text()
+    prints = set()
+    for edited in (content, content + "\n", "  " + content):
+        valid.write_text(edited)
+        prints |= {load_corpus(str(data)).fingerprint, load_corpus(str(valid)).fingerprint}
+    assert len(prints) == 6
+
+
 def clip_thresholds(monkeypatch) -> list:
     """The max_norm of every clip_grad_norm_ call from now on (each call still clips)."""
     original, seen = torch.nn.utils.clip_grad_norm_, []
