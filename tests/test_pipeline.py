@@ -1867,6 +1867,17 @@ def test_a_file_cut_inside_a_character_or_bad_past_two_chunks_is_named_at_its_of
             load_corpus(str(tmp_path / "zipped.TXT.GZ"))
 
 
+def test_the_offset_of_a_bad_byte_counts_the_byte_order_mark_before_it(tmp_path):
+    """A file saved by a Windows tool starts with a UTF-8 byte order mark: the offset of a bad byte after it counts
+    the mark's three bytes, as a hex editor shows the file (plain, or in the decompressed data of a gzip file)."""
+    content = codecs.BOM_UTF8 + b"ab\xff\n"
+    (tmp_path / "bom.txt").write_bytes(content)
+    (tmp_path / "bom.txt.gz").write_bytes(gzip.compress(content))
+    for name, where in (("bom.txt", ""), ("bom.txt.gz", " of the decompressed data")):
+        with pytest.raises(DataError, match=rf"is not UTF-8 text \(invalid byte at byte offset 5{where}\)$"):
+            load_corpus(str(tmp_path / name))
+
+
 def test_a_gzip_file_cut_short_is_one_data_error_naming_it(tmp_path):
     """A .gz file whose download stopped early (gzip's end-of-stream marker missing) is "named .gz but is not complete
     gzip data", one line naming the file, not an EOFError traceback; likewise a .gz file that holds no gzip data."""
