@@ -1482,6 +1482,15 @@ def test_a_character_across_a_read_chunk_is_text_and_offsets_count_every_chunk(t
         load_corpus(str(tmp_path / "bom-later.txt"))
 
 
+def test_text_in_the_first_mebibyte_and_blank_lines_after_it_is_not_whitespace_only(tmp_path):
+    """Files are checked 1 MiB at a time: a file whose words are all in its first chunk and whose later chunks hold
+    only blank lines (plain or gzipped) has text; only text in no chunk at all is "holds only whitespace"."""
+    content = "to be or not to be\n" + "\n" * 2**20
+    for name in ("padded.txt", "padded.txt.gz"):
+        write_text(tmp_path / name, content)
+        assert "".join(load_corpus(str(tmp_path / name)).lines("train")).startswith("to be or not to be\n")
+
+
 class _FakeDatasets:
     """The ``datasets`` module as corpus.py uses it: WikiText as three named splits, OpenWebText as
     one streamed train split of documents."""
