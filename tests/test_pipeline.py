@@ -1703,6 +1703,26 @@ def test_prepared_data_without_progress_prints_nothing(tmp_path, capsys):
     assert capsys.readouterr() == ("", "")
 
 
+def test_the_held_out_splits_of_a_run_are_prepared_quietly(tmp_path, capsys):
+    """eval and analyze print their figures only: tokenizing a run's valid and test splits (no token cache entry
+    at hand) prints no progress count, and the splits are the run's held-out ones only."""
+    from types import SimpleNamespace
+
+    from gbattn.config import TrainConfig
+    from gbattn.data.prepare import prepare_run_data
+
+    data = write_corpus(tmp_path / "c")
+    tokenizer = get_tokenizer("char", load_corpus(str(data)), verbose=False)
+    run = SimpleNamespace(train_cfg=TrainConfig(data=str(data), tokenizer="char", eval_tokens=70), run_dir=tmp_path,
+                          model_cfg=SimpleNamespace(vocab_size=tokenizer.vocab_size), tokenizer=tokenizer,
+                          data_fingerprint=load_corpus(str(data)).fingerprint, checkpoint="best")
+    capsys.readouterr()
+    prepared = prepare_run_data(run, None, allow_other_data=False)
+    assert sorted(prepared.splits) == ["test", "valid"] and [len(prepared.splits[s]) for s in ("valid", "test")] == [
+        70, 70]
+    assert capsys.readouterr() == ("", "")
+
+
 def test_the_other_data_note_names_data_other_than_the_runs_only():
     """eval's note beside its figures: nothing for the run's own data or for a run that recorded no corpus (an
     upcycled checkpoint), else both fingerprints."""
