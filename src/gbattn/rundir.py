@@ -337,11 +337,9 @@ def _check_records(path: Path) -> None:
     A record stored with CRC 0 is not checked: torch.save with ``compute_crc32=False`` stores no checksums (a real
     CRC of 0 is 1 in 2**32). A file that zipfile cannot open is left to torch.load, which says what it makes of it."""
     try:
-        if not zipfile.is_zipfile(path):
-            return  # the legacy format (no checksums), or not a zip file at all
         archive = zipfile.ZipFile(path)
     except (OSError, EOFError, ValueError, zipfile.BadZipFile):
-        return
+        return  # BadZipFile: the legacy format (no checksums), or not a zip file at all
     with archive:
         for info in archive.infolist():
             if info.CRC == 0:
