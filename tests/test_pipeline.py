@@ -1457,6 +1457,18 @@ def test_a_folder_mixing_raw_and_tokenized_wikitext_splits_is_refused(tmp_path):
         load_corpus(str(tmp_path))
 
 
+def test_a_txt_suffixed_raw_wikitext_split_beside_tokenized_ones_is_refused(tmp_path):
+    """Some copies name the files wiki.test.raw.txt: found by the split word, such a raw test split beside
+    <unk>-tokenized train and valid splits passed the flavour check, which knew only the exact names."""
+    for name in ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.raw.txt"):
+        write_text(tmp_path / name, f"{name}\n")
+    with pytest.raises(DataError, match=r"mixes raw and <unk>-tokenized WikiText files \(train: wiki.train.tokens, "
+                                        r"valid: wiki.valid.tokens, test: wiki.test.raw.txt\)"):
+        load_corpus(str(tmp_path))
+    (tmp_path / "wiki.test.raw.txt").rename(tmp_path / "wiki.test.tokens.txt")  # one flavour: read
+    assert "".join(load_corpus(str(tmp_path)).lines("test")) == "wiki.test.raw.txt\n"
+
+
 def test_a_character_across_a_read_chunk_is_text_and_offsets_count_every_chunk(tmp_path):
     """Files are checked 1 MiB at a time: a two-byte character that straddles the boundary is valid
     UTF-8, a later chunk that starts like compressed data is text (only a file's start says it is compressed),

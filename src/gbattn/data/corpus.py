@@ -167,8 +167,9 @@ def _is_text_name(name: str) -> bool:
 
 
 def _wikitext_flavour(name: str) -> str | None:
-    """The WikiText flavour of a file name: ``raw`` or ``tokens`` (``wiki.train.tokens.gz``), else None."""
-    match = re.fullmatch(r"wiki\.(?:train|valid|test)\.(raw|tokens)(?:\.gz)?", name)
+    """The WikiText flavour of a file name: ``raw`` or ``tokens`` (``wiki.train.tokens.gz``, also with ``.txt``
+    as some copies have it: ``wiki.test.raw.txt``), else None."""
+    match = re.fullmatch(r"wiki\.(?:train|valid|test)\.(raw|tokens)(?:\.txt)?(?:\.gz)?", name.lower())
     return match.group(1) if match else None
 
 
