@@ -379,6 +379,27 @@ def test_readme_cpu_char_table_is_results_cpu_char():
     assert_table("**`cpu-char`**:", expected)
 
 
+def test_deviations_warmup_effect_is_results_cpu_char_warmup_from_zero():
+    """docs/deviations.md's measured effect of the authors' warmup formula at cpu-char: the two comparisons'
+    per-seed validation losses and GBA's paired gain in each."""
+    ours, theirs = compare_rows("cpu-char"), compare_rows("cpu-char-warmup-from-zero")
+    seeds = ["42", "123"]
+
+    def each(values):
+        return " / ".join(f"{v:+.3f}" for v in values)
+
+    shift = {label: [nats(theirs[label], s) - nats(ours[label], s) for s in seeds] for label in ("standard", "gba-m2")}
+    gains = [paired(rows["gba-m2"], rows["standard"], seeds) for rows in (theirs, ours)]
+    expected = (f"With the authors' formula the validation loss is {each(shift['standard'])} nats (seed 42 / 123) for "
+                f"standard and {each(shift['gba-m2'])} for GBA M=2; GBA's paired gain over standard is "
+                f"{statistics.fmean(gains[0]):+.3f} nats ({each(gains[0])}) against {statistics.fmean(gains[1]):+.3f} "
+                f"({each(gains[1])}) with gbattn's.")
+    deviations = " ".join((ROOT / "docs" / "deviations.md").read_text(encoding="utf-8").split())
+    assert expected in deviations, expected
+    spread = min(abs(nats(rows[label], "42") - nats(rows[label], "123")) for rows in (ours, theirs) for label in shift)
+    assert max(abs(v) for values in shift.values() for v in values) < spread  # "smaller than the seed spread"
+
+
 def test_readme_quickstart_training_is_the_cpu_char_gba_run():
     """The Quickstart's `gbattn train --preset cpu-char --attn boosted` is cpu-char's GBA M=2 run (seed 42)."""
     gba = compare_rows("cpu-char")["gba-m2"]
@@ -630,7 +651,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 12
+    assert checked == 13
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
