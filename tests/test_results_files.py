@@ -400,6 +400,30 @@ def test_deviations_warmup_effect_is_results_cpu_char_warmup_from_zero():
     assert max(abs(v) for values in shift.values() for v in values) < spread  # "smaller than the seed spread"
 
 
+def test_deviations_last_batch_effect_is_results_eval_last_batch():
+    """docs/deviations.md's measured effect of the authors' dropped last rows, from each row's summed loss: the rows
+    their loop keeps (batch starts 0, B, ... below rows - B), and the perplexity over all rows, which is what
+    `gbattn eval` printed."""
+    record = json.loads((ROOT / "results" / "eval-last-batch" / "row-losses.json").read_text(encoding="utf-8"))
+    B, per_row = record["batch_size"], record["predictions_per_row"]
+    text = []
+    for split in ("valid", "test"):
+        sums = record["row_loss_sums"][split]
+        kept = B * len(range(0, len(sums) - B, B))
+        every, theirs = (math.exp(sum(sums[:n]) / (n * per_row)) for n in (len(sums), kept))
+        assert every == pytest.approx(record["eval_ppl"][split], rel=1e-6)
+        dropped = math.exp(sum(sums[kept:]) / ((len(sums) - kept) * per_row))
+        text.append((len(sums) - kept, len(sums), every, theirs, dropped))
+    (nv, rv, av, tv, dv), (nt, rt, at, tt, dt) = text
+    expected = (f"the authors' loop drops the last {nv} of {rv:,} valid rows and {nt} of {rt:,} test rows, which moves "
+                f"validation perplexity from {av:.2f} to {tv:.2f} ({100 * (tv / av - 1):+.2f}%) and test perplexity from "
+                f"{at:.2f} to {tt:.2f} ({100 * (tt / at - 1):+.2f}%). The dropped rows, the end of each split, are harder "
+                f"than the average (perplexity {dv:.1f} and {dt:.1f}).")
+    deviations = " ".join((ROOT / "docs" / "deviations.md").read_text(encoding="utf-8").split())
+    assert expected in deviations, expected
+    assert dv > av and dt > at
+
+
 def test_readme_quickstart_training_is_the_cpu_char_gba_run():
     """The Quickstart's `gbattn train --preset cpu-char --attn boosted` is cpu-char's GBA M=2 run (seed 42)."""
     gba = compare_rows("cpu-char")["gba-m2"]
