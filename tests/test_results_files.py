@@ -415,10 +415,10 @@ def test_deviations_last_batch_effect_is_results_eval_last_batch():
         dropped = math.exp(sum(sums[kept:]) / ((len(sums) - kept) * per_row))
         text.append((len(sums) - kept, len(sums), every, theirs, dropped))
     (nv, rv, av, tv, dv), (nt, rt, at, tt, dt) = text
-    expected = (f"the authors' loop drops the last {nv} of {rv:,} valid rows and {nt} of {rt:,} test rows, which moves "
-                f"validation perplexity from {av:.2f} to {tv:.2f} ({100 * (tv / av - 1):+.2f}%) and test perplexity from "
-                f"{at:.2f} to {tt:.2f} ({100 * (tt / at - 1):+.2f}%). The dropped rows, the end of each split, are harder "
-                f"than the average (perplexity {dv:.1f} and {dt:.1f}).")
+    expected = (f"the authors' loop drops the last {nv} of {rv:,} valid rows and {nt} of {rt:,} test rows, which "
+                f"moves validation perplexity from {av:.2f} to {tv:.2f} ({100 * (tv / av - 1):+.2f}%) and test "
+                f"perplexity from {at:.2f} to {tt:.2f} ({100 * (tt / at - 1):+.2f}%). The dropped rows, the end of "
+                f"each split, are harder than the average (perplexity {dv:.1f} and {dt:.1f}).")
     deviations = " ".join((ROOT / "docs" / "deviations.md").read_text(encoding="utf-8").split())
     assert expected in deviations, expected
     assert dv > av and dt > at
