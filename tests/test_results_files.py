@@ -424,6 +424,29 @@ def test_deviations_last_batch_effect_is_results_eval_last_batch():
     assert dv > av and dt > at
 
 
+def test_deviations_twicing_layer_choice_is_results_cpu_char_twicing_last_layer():
+    """docs/deviations.md's measured Twicing in the last layer only, against cpu-char's standard and every-layer
+    Twicing on the same seeds."""
+    table, last = compare_rows("cpu-char"), compare_rows("cpu-char-twicing-last-layer")["twicing"]
+    seeds = ["42", "123"]
+    assert last["attn_options"] == {"layers": [-1]} and table["twicing"]["attn_options"] in ({}, None)
+
+    def ppl(row):
+        values = [row["valid_ppl"][s] for s in seeds]
+        return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+    def each(reference):
+        return " / ".join(f"{d:+.3f}" for d in paired(last, reference, seeds))
+
+    expected = (f"Twicing in the last layer only reaches validation perplexity {ppl(last)}, against "
+                f"{ppl(table['twicing'])} in every layer and {ppl(table['standard'])} for standard: its validation "
+                f"loss is {each(table['standard'])} nats (seed 42 / 123) from standard's, and "
+                f"{each(table['twicing'])} from every-layer Twicing's.")
+    deviations = " ".join((ROOT / "docs" / "deviations.md").read_text(encoding="utf-8").split())
+    assert expected in deviations, expected
+    assert all(d > 0 for d in paired(last, table["standard"], seeds))  # "none of Twicing's gain"
+
+
 def test_readme_quickstart_training_is_the_cpu_char_gba_run():
     """The Quickstart's `gbattn train --preset cpu-char --attn boosted` is cpu-char's GBA M=2 run (seed 42)."""
     gba = compare_rows("cpu-char")["gba-m2"]
@@ -675,7 +698,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 13
+    assert checked == 14
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
