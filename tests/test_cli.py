@@ -1277,14 +1277,15 @@ def test_gbattn_debug_shows_the_traceback_of_an_error_the_cli_reports_in_one_lin
 @pytest.mark.parametrize("as_keyword", [False, True])
 def test_build_configs_keeps_an_explicit_warmup_given_either_way(as_keyword):
     """build_configs keeps a warmup the user sets as given, in ``sets`` or as a keyword: the keyword was
-    fitted to a tenth of a short run (15 -> 2 steps of 20), as the preset's own default is."""
+    fitted to a tenth of a short run (25 -> 2 steps of 20), as the preset's own default is."""
     from gbattn.config import build_configs
     from gbattn.train.trainer import fitted_warmup
 
-    sets, keywords = ({"max_steps": 20}, {"warmup_steps": 15}) if as_keyword else ({"max_steps": 20,
-                                                                                  "warmup_steps": 15}, {})
+    sets, keywords = ({"max_steps": 20}, {"warmup_steps": 25}) if as_keyword else ({"max_steps": 20,
+                                                                                  "warmup_steps": 25}, {})
     _, train_cfg = build_configs("cpu-char", "standard", "data", sets, **keywords)
-    assert fitted_warmup(train_cfg, 20) == (15, None)
+    warmup, note = fitted_warmup(train_cfg, 20)
+    assert warmup == 25 and note.startswith("warning: warmup_steps=25 >= the run's 20 steps")
     _, preset_default = build_configs("cpu-char", "standard", "data", {"max_steps": 20})
     assert fitted_warmup(preset_default, 20)[0] == 2  # the preset's warmup of 100 is fitted to the run
     _, asked_to_fit = build_configs("cpu-char", "standard", "data", {**sets, "fit_warmup": True}, **keywords)

@@ -604,28 +604,28 @@ def test_compute_matched_steps_round_the_reference_flops(tmp_path):
 
 def test_compute_matched_keeps_the_warmup_its_reference_used(tmp_path):
     """docs/baselines.md: the compute-matched row keeps the reference's warmup and only its cosine stretches.
-    cpu-proxy's default warmup of 100 steps in a 180-step GBA run is fitted to 18 (a tenth of the run); the
-    compute-matched row's 265 steps would have kept all 100 (not above half of 265), so it warms up for
-    18 as given, not fitted again."""
+    cpu-proxy's default warmup of 100 steps in an 80-step GBA run is fitted to 8 (a tenth of the run); the
+    compute-matched row's 118 steps would have kept all 100 (not above 118), so it warms up for 8 as given, not
+    fitted again."""
     from gbattn.experiments.compare import matched_configs, spec_configs
     from gbattn.model.params import flops_per_token
     from gbattn.train.trainer import fitted_warmup
 
     recipe = get_recipe("cpu-proxy")
     specs = {s.label: s for s in recipe.models}
-    sets = dict(TINY, max_steps=180, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None, eval_tokens=None)
+    sets = dict(TINY, max_steps=80, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None, eval_tokens=None)
     gba_model, gba_train = spec_configs(recipe, specs["gba-m2"], "data", 1, sets, 50)
-    assert gba_train.warmup_steps == 100 and fitted_warmup(gba_train, 180)[0] == 18
-    results = {"gba-m2": {1: {"train_flops": flops_per_token(gba_model, seq_len=32, backward=True) * 8 * 32 * 180,
-                              "steps": 180}}}
+    assert gba_train.warmup_steps == 100 and fitted_warmup(gba_train, 80)[0] == 8
+    results = {"gba-m2": {1: {"train_flops": flops_per_token(gba_model, seq_len=32, backward=True) * 8 * 32 * 80,
+                              "steps": 80}}}
     _, matched = matched_configs(recipe, specs["compute-matched"], "data", 1, sets, 50, results, tmp_path)
-    assert matched.max_steps == 265
-    assert fitted_warmup(matched, matched.max_steps) == (18, None)
-    # A matched run shorter than its reference (30 steps) keeps the 18 too: not fitted again to a tenth, 3
+    assert matched.max_steps == 118
+    assert fitted_warmup(matched, matched.max_steps) == (8, None)
+    # A matched run shorter than its reference (30 steps) keeps the 8 too: not fitted again to a tenth, 3
     matched_model, _ = spec_configs(recipe, specs["compute-matched"], "data", 1, sets, 50)
     results["gba-m2"][1]["train_flops"] = flops_per_token(matched_model, seq_len=32, backward=True) * 8 * 32 * 30
     _, shorter = matched_configs(recipe, specs["compute-matched"], "data", 1, sets, 50, results, tmp_path)
-    assert shorter.max_steps == 30 and fitted_warmup(shorter, shorter.max_steps) == (18, None)
+    assert shorter.max_steps == 30 and fitted_warmup(shorter, shorter.max_steps) == (8, None)
 
 
 def test_cpu_char_long_is_cpu_char_stretched_four_times():
@@ -1367,20 +1367,20 @@ def test_a_failed_jobs_child_is_named_by_its_logs_last_line_and_a_clean_exit_wit
 
 def test_a_run_is_refused_when_its_fitted_warmup_is_not_the_one_asked_for(tmp_path):
     """fit_warmup itself is not compared (runs from before it existed record it off), the warmup it gives is:
-    a 180-step run that kept a warmup of 100 as given is not the run asked with fit_warmup on (which fits it to
-    18), and neither is the other way round; over 1,000 steps both keep the 100, and the run counts."""
+    a 180-step run that kept a warmup of 200 as given is not the run asked with fit_warmup on (which fits it to
+    18), and neither is the other way round; over 1,000 steps both keep the 200, and the run counts."""
     from gbattn.experiments.compare import check_run
 
     model_cfg, train_cfg = build_configs("cpu-char", "standard", "data", {})
-    fitted, kept = train_cfg.replace(warmup_steps=100, fit_warmup=True), train_cfg.replace(warmup_steps=100,
+    fitted, kept = train_cfg.replace(warmup_steps=200, fit_warmup=True), train_cfg.replace(warmup_steps=200,
                                                                                            fit_warmup=False)
     for recorded, asked in ((kept, fitted), (fitted, kept)):
-        used = 18 if recorded.fit_warmup else 100
+        used = 18 if recorded.fit_warmup else 200
         rundir.write_config(tmp_path, "cpu-char", model_cfg, recorded, steps=180, warmup_steps=used)
         with pytest.raises(UserError, match=rf"the warmup over its 180 steps: recorded {used}, asked "
-                                            rf"{118 - used} \(fit_warmup={asked.fit_warmup}\)"):
+                                            rf"{218 - used} \(fit_warmup={asked.fit_warmup}\)"):
             check_run(tmp_path, model_cfg, asked)
-        rundir.write_config(tmp_path, "cpu-char", model_cfg, recorded, steps=1000, warmup_steps=100)
+        rundir.write_config(tmp_path, "cpu-char", model_cfg, recorded, steps=1000, warmup_steps=200)
         check_run(tmp_path, model_cfg, asked)
         # config.json from before it recorded the warmup used: nothing to compare it with, the run counts
         rundir.write_config(tmp_path, "cpu-char", model_cfg, recorded, steps=180)

@@ -170,15 +170,19 @@ def test_the_training_defaults_are_the_papers_recipe():
 # --------------------------------------------------------------------------------------
 
 
-def test_a_default_warmup_longer_than_half_the_run_is_fitted_and_said():
-    """The limit is half the run: 1,500 warmup steps in a 2,999-step run become 300; in 3,000, kept; in a
-    4-step run, 1 (never 0)."""
+def test_a_default_warmup_longer_than_the_run_is_fitted_and_said():
+    """The limit is the run (docs/deviations.md, entry 9): 1,500 warmup steps in a 1,499-step run become 150; in
+    1,500 and 2,999 steps (a warmup over half the run, fitted before it was measured) kept, with the warning at
+    exactly the run's length; in a 4-step run, 1 (never 0)."""
     _, cfg = build_configs("paper-small", "standard", "data", {})
     warmup, note = fitted_warmup(cfg, 135)
-    assert warmup == 14 and "warmup_steps=1,500 is longer than half of this 135-step run: using 14" in note
-    warmup, note = fitted_warmup(cfg, 2_999)
-    assert warmup == 300 and "longer than half of this 2,999-step run" in note
-    assert fitted_warmup(cfg, 3_000) == fitted_warmup(cfg, 18_375) == (1500, None)
+    assert warmup == 14 and note == ("warmup_steps=1,500 is longer than this 135-step run (the learning rate would "
+                                     "never reach lr=0.0003): using 14 (a tenth of the run); --set warmup_steps=N "
+                                     "keeps a warmup as given")
+    warmup, note = fitted_warmup(cfg, 1_499)
+    assert warmup == 150 and "longer than this 1,499-step run" in note
+    assert fitted_warmup(cfg, 1_500)[0] == 1500 and fitted_warmup(cfg, 1_500)[1].startswith("warning: warmup_steps=")
+    assert fitted_warmup(cfg, 2_999) == fitted_warmup(cfg, 18_375) == (1500, None)
     assert fitted_warmup(cfg, 4)[0] == 1
 
 
@@ -199,7 +203,7 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
     printed, warned = printed.out, printed.err
     assert "bpe tokenizer: " in printed
     assert "(the model config asked for 16,384; the vocabulary is the tokenizer's)" in printed
-    assert "warmup_steps=1,500 is longer than half of this" in warned and "warmup_steps" not in printed
+    assert "warmup_steps=1,500 is longer than this" in warned and "warmup_steps" not in printed
     assert "evaluation every epoch = every" in printed and "--set eval_every=N evaluates less often" in printed
     assert "66 steps (3 epochs of 22) of 4 x 32 tokens, lr 0.0003 (warmup 7, then cosine to 0), evaluation" in printed
     # One epoch: its evaluation is the one at the end, where it said "every epoch = every 22 steps (1 in all)".
@@ -343,6 +347,36 @@ def test_a_run_trains_with_its_fitted_warmup(tmp_path, monkeypatch):
     assert seen == [learning_rate(s, train_cfg, 12, 1) for s in range(12)]
     assert seen[:2] == [0.0, 3e-3]
     assert rundir.read_config(tmp_path / "run" / rundir.CONFIG)["warmup_steps"] == 1
+
+
+def test_a_resumed_run_keeps_the_warmup_it_started_with(tmp_path, monkeypatch):
+    """A run whose warmup was fitted by an earlier gbattn's rule (a warmup over half the run: 9 of 12 steps fitted
+    to 1) resumes with the warmup its config.json records, not the 9 today's rule keeps: killed at step 7 and
+    resumed, it ends on the uninterrupted run's weights exactly."""
+    from gbattn import rundir
+    from gbattn.train import trainer
+    from helpers import tiny_configs, train_killed_at
+
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data, warmup_steps=9, fit_warmup=True)
+    with monkeypatch.context() as earlier_rule:
+        earlier_rule.setattr(trainer, "WARMUP_FIT_LIMIT", 0.5)
+        train(tmp_path / "ref", *configs, quiet=True)
+        train_killed_at(7, tmp_path / "killed", *configs, monkeypatch)
+    assert rundir.read_config(tmp_path / "killed" / rundir.CONFIG)["warmup_steps"] == 1
+    assert fitted_warmup(configs[1], 12)[0] == 9  # what a new run would use today
+    seen, original = [], trainer.Trainer._train_step
+
+    def spy(self, step):
+        seen.append((step, self.optimizer.param_groups[0]["lr"]))
+        return original(self, step)
+
+    monkeypatch.setattr(trainer.Trainer, "_train_step", spy)
+    train(tmp_path / "killed", resume=True, quiet=True)
+    assert seen and all(lr == learning_rate(step, configs[1], 12, 1) for step, lr in seen)
+    ref, resumed = (rundir.load_checkpoint(tmp_path / run / rundir.CHECKPOINT)["model"] for run in ("ref", "killed"))
+    for name in ref:
+        torch.testing.assert_close(resumed[name], ref[name], rtol=0, atol=0)
 
 
 def test_every_training_step_runs_with_dropout_on(tmp_path, monkeypatch):

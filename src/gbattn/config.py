@@ -142,7 +142,7 @@ class TrainConfig(Typed):
     lr: float = field(default=3e-4, metadata=greater_than(0))
     min_lr: float = field(default=0.0, metadata=at_least(0))
     warmup_steps: int = field(default=1500, metadata=at_least(0))
-    fit_warmup: bool = True  # shorten a warmup longer than half the run to a tenth of it (and say so)
+    fit_warmup: bool = True  # shorten a warmup longer than the run to a tenth of it (and say so)
     warmup_from_zero: bool = True  # lr = peak*step/W (the authors': first update at 0); false: (step+1)/W
     schedule: str = field(default="cosine", metadata=one_of("cosine", "constant"))
     weight_decay: float = field(default=0.01, metadata=at_least(0))

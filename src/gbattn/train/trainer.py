@@ -50,7 +50,10 @@ from gbattn.train.distributed import (
     wrap_model,
 )
 
-WARMUP_FIT_LIMIT = 0.5  # a default warmup longer than this fraction of the run is fitted ...
+# A default warmup longer than the run (the learning rate would never reach its peak) is fitted to a tenth of the
+# run. A warmup that ends within the run is kept: shortening one of 0.5-1.0 runs to a tenth trained worse in every
+# case measured (docs/deviations.md, entry 9).
+WARMUP_FIT_LIMIT = 1.0  # a default warmup longer than this fraction of the run is fitted ...
 WARMUP_FIT_TO = 0.1  # ... to this fraction of it
 FREQUENT_EVAL_STEPS = 50  # an epoch shorter than this: say how often evaluations run
 
@@ -81,8 +84,9 @@ def fitted_warmup(cfg: TrainConfig, total_steps: int) -> tuple[int, str | None]:
     w = cfg.warmup_steps
     if cfg.fit_warmup and w > WARMUP_FIT_LIMIT * total_steps:
         fitted = max(1, round(WARMUP_FIT_TO * total_steps))
-        return fitted, (f"warmup_steps={w:,} is longer than half of this {total_steps:,}-step run: using {fitted:,} "
-                        f"(a tenth of the run); --set warmup_steps=N keeps a warmup as given")
+        return fitted, (f"warmup_steps={w:,} is longer than this {total_steps:,}-step run (the learning rate "
+                        f"would never reach lr={cfg.lr:g}): using {fitted:,} (a tenth of the run); --set "
+                        f"warmup_steps=N keeps a warmup as given")
     if w >= total_steps:
         return w, (f"warning: warmup_steps={w:,} >= the run's {total_steps:,} steps: the learning rate never reaches "
                    f"lr={cfg.lr:g}")
@@ -344,6 +348,11 @@ class Trainer:
                 raise DataError(f"{self.data.split_of(split)} has {count:,} tokens: fewer than one row of "
                                 f"{self.seq_len + 1}; {self._advice(split, count)}")
         self.warmup, warmup_note = fitted_warmup(cfg, self.total_steps)
+        recorded_warmup = self.saved.get("warmup_steps") if self.saved is not None else None
+        if isinstance(recorded_warmup, int) and recorded_warmup != self.warmup:
+            # A resumed run keeps the warmup it started with: one fitted by an earlier gbattn's rule (a default
+            # warmup over half the run) would otherwise change its schedule midway
+            self.warmup, warmup_note = recorded_warmup, None
 
         self.callers_rng = all_rng_states(self.device)  # (put back when the run ends: Trainer.run)
         # The checkpoint's weights checked before the model takes memory (rundir.check_weights_fit)
