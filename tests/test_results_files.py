@@ -121,6 +121,16 @@ def compare_rows(name: str) -> dict[str, dict]:
     return {m["label"]: m for m in json.loads((ROOT / "results" / name / "results.json").read_text())["models"]}
 
 
+def deviations_prose() -> str:
+    """docs/deviations.md with its line breaks and indentation folded to single spaces."""
+    return " ".join((ROOT / "docs" / "deviations.md").read_text(encoding="utf-8").split())
+
+
+def each_seed(values) -> str:
+    """Per-seed differences as the documents write them: '+0.005 / -0.001'."""
+    return " / ".join(f"{v:+.3f}" for v in values)
+
+
 def bench_rows(name: str) -> dict[str, dict]:
     return {v["variant"]: v for v in json.loads((ROOT / "results" / name).read_text())["variants"]}
 
@@ -385,16 +395,14 @@ def test_deviations_warmup_effect_is_results_cpu_char_warmup_from_zero():
     ours, theirs = compare_rows("cpu-char"), compare_rows("cpu-char-warmup-from-zero")
     seeds = ["42", "123"]
 
-    def each(values):
-        return " / ".join(f"{v:+.3f}" for v in values)
-
     shift = {label: [nats(theirs[label], s) - nats(ours[label], s) for s in seeds] for label in ("standard", "gba-m2")}
     gains = [paired(rows["gba-m2"], rows["standard"], seeds) for rows in (theirs, ours)]
-    expected = (f"With the authors' formula the validation loss is {each(shift['standard'])} nats (seed 42 / 123) for "
-                f"standard and {each(shift['gba-m2'])} for GBA M=2; GBA's paired gain over standard is "
-                f"{statistics.fmean(gains[0]):+.3f} nats ({each(gains[0])}) against {statistics.fmean(gains[1]):+.3f} "
-                f"({each(gains[1])}) with gbattn's.")
-    deviations = " ".join((ROOT / "docs" / "deviations.md").read_text(encoding="utf-8").split())
+    theirs_gain, ours_gain = (statistics.fmean(g) for g in gains)
+    expected = (f"With the authors' formula the validation loss is {each_seed(shift['standard'])} nats (seed 42 / "
+                f"123) for standard and {each_seed(shift['gba-m2'])} for GBA M=2; GBA's paired gain over standard is "
+                f"{theirs_gain:+.3f} nats ({each_seed(gains[0])}) against {ours_gain:+.3f} ({each_seed(gains[1])}) "
+                f"with gbattn's.")
+    deviations = deviations_prose()
     assert expected in deviations, expected
     spread = min(abs(nats(rows[label], "42") - nats(rows[label], "123")) for rows in (ours, theirs) for label in shift)
     assert max(abs(v) for values in shift.values() for v in values) < spread  # "smaller than the seed spread"
@@ -419,7 +427,7 @@ def test_deviations_last_batch_effect_is_results_eval_last_batch():
                 f"moves validation perplexity from {av:.2f} to {tv:.2f} ({100 * (tv / av - 1):+.2f}%) and test "
                 f"perplexity from {at:.2f} to {tt:.2f} ({100 * (tt / at - 1):+.2f}%). The dropped rows, the end of "
                 f"each split, are harder than the average (perplexity {dv:.1f} and {dt:.1f}).")
-    deviations = " ".join((ROOT / "docs" / "deviations.md").read_text(encoding="utf-8").split())
+    deviations = deviations_prose()
     assert expected in deviations, expected
     assert dv > av and dt > at
 
@@ -436,13 +444,13 @@ def test_deviations_twicing_layer_choice_is_results_cpu_char_twicing_last_layer(
         return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
 
     def each(reference):
-        return " / ".join(f"{d:+.3f}" for d in paired(last, reference, seeds))
+        return each_seed(paired(last, reference, seeds))
 
     expected = (f"Twicing in the last layer only reaches validation perplexity {ppl(last)}, against "
                 f"{ppl(table['twicing'])} in every layer and {ppl(table['standard'])} for standard: its validation "
                 f"loss is {each(table['standard'])} nats (seed 42 / 123) from standard's, and "
                 f"{each(table['twicing'])} from every-layer Twicing's.")
-    deviations = " ".join((ROOT / "docs" / "deviations.md").read_text(encoding="utf-8").split())
+    deviations = deviations_prose()
     assert expected in deviations, expected
     assert all(d > 0 for d in paired(last, table["standard"], seeds))  # "none of Twicing's gain"
 
@@ -896,7 +904,7 @@ def test_readme_results_prose_is_the_results_files():
     expected.append(f"every model's test perplexity is {min(rises):.1f} to {max(rises):.1f} points higher than that "
                     f"run's, and GBA's gain over standard is {change(test(gba), test(gpu['standard']))} against "
                     f"{change(test(earlier['gba-m2']), test(earlier['standard']))}")
-    deviations = " ".join((ROOT / "docs" / "deviations.md").read_text(encoding="utf-8").split())
+    deviations = deviations_prose()
     assert f"rose by {min(rises):.1f} to {max(rises):.1f} points per model" in deviations
     log = (ROOT / "results" / GPU / "device-log.txt").read_text(encoding="utf-8")
     begun, ended = (int(re.search(rf"\[(\d+) s\] {what} paper-wt103", log).group(1)) for what in ("start", "end"))
