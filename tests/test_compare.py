@@ -1385,6 +1385,15 @@ def test_a_run_is_refused_when_its_fitted_warmup_is_not_the_one_asked_for(tmp_pa
         # config.json from before it recorded the warmup used: nothing to compare it with, the run counts
         rundir.write_config(tmp_path, "cpu-char", model_cfg, recorded, steps=180)
         check_run(tmp_path, model_cfg, asked)
+    # fitted by the earlier rule (a default warmup over half the run): the error says so
+    rundir.write_config(tmp_path, "cpu-char", model_cfg, fitted.replace(warmup_steps=100), steps=180, warmup_steps=18)
+    with pytest.raises(UserError, match=r"recorded 18, asked 100 \(fit_warmup=True; gbattn before 2026-12-04 "
+                                        r"shortened a default warmup over half the run to a tenth of it, "
+                                        r"docs/deviations.md entry 9\)"):
+        check_run(tmp_path, model_cfg, fitted.replace(warmup_steps=100))
+    with pytest.raises(UserError, match=r"recorded 18, asked 200 \(fit_warmup=False\)"):  # not that rule's doing
+        rundir.write_config(tmp_path, "cpu-char", model_cfg, fitted, steps=180, warmup_steps=18)
+        check_run(tmp_path, model_cfg, kept)
 
 
 def test_check_run_refuses_a_run_recorded_on_other_data(tmp_path):
