@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from gbattn.config import PRESETS, TrainConfig, build_configs, preset_config
 from gbattn.model import GPT
 from gbattn.train.trainer import fitted_warmup, learning_rate, train
-from helpers import TINY, write_corpus
+from helpers import TINY, tiny_configs, train_killed_at, write_corpus
 
 
 def authors_lr(step: int, peak: float, warmup: int, total: int) -> float:
@@ -355,12 +355,11 @@ def test_a_resumed_run_keeps_the_warmup_it_started_with(tmp_path, monkeypatch):
     resumed, it ends on the uninterrupted run's weights exactly."""
     from gbattn import rundir
     from gbattn.train import trainer
-    from helpers import tiny_configs, train_killed_at
 
     data = write_corpus(tmp_path / "c")
     configs = tiny_configs(data, warmup_steps=9, fit_warmup=True)
     with monkeypatch.context() as earlier_rule:
-        earlier_rule.setattr(trainer, "WARMUP_FIT_LIMIT", 0.5)
+        earlier_rule.setattr(trainer, "WARMUP_FIT_LIMIT", trainer.EARLIER_WARMUP_FIT_LIMIT)
         train(tmp_path / "ref", *configs, quiet=True)
         train_killed_at(7, tmp_path / "killed", *configs, monkeypatch)
     assert rundir.read_config(tmp_path / "killed" / rundir.CONFIG)["warmup_steps"] == 1

@@ -55,6 +55,7 @@ from gbattn.train.distributed import (
 # case measured (docs/deviations.md, entry 9).
 WARMUP_FIT_LIMIT = 1.0  # a default warmup longer than this fraction of the run is fitted ...
 WARMUP_FIT_TO = 0.1  # ... to this fraction of it
+EARLIER_WARMUP_FIT_LIMIT = 0.5  # the limit before 2026-12-04: runs it fitted record the warmup they used
 FREQUENT_EVAL_STEPS = 50  # an epoch shorter than this: say how often evaluations run
 
 
@@ -79,11 +80,16 @@ def learning_rate(step: int, cfg: TrainConfig, total_steps: int, warmup: int) ->
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
+def shortened_warmup(total_steps: int) -> int:
+    """The warmup a default one too long for a ``total_steps`` run is fitted to: a tenth of the run, at least 1."""
+    return max(1, round(WARMUP_FIT_TO * total_steps))
+
+
 def fitted_warmup(cfg: TrainConfig, total_steps: int) -> tuple[int, str | None]:
     """The warmup this run uses, and a one-line note when it differs from the config's or is suspect."""
     w = cfg.warmup_steps
     if cfg.fit_warmup and w > WARMUP_FIT_LIMIT * total_steps:
-        fitted = max(1, round(WARMUP_FIT_TO * total_steps))
+        fitted = shortened_warmup(total_steps)
         return fitted, (f"warmup_steps={w:,} is longer than this {total_steps:,}-step run (the learning rate "
                         f"would never reach lr={cfg.lr:g}): using {fitted:,} (a tenth of the run); --set "
                         f"warmup_steps=N keeps a warmup as given")
