@@ -7,19 +7,27 @@
 #   STAGES="smoke paper" bash scripts/gpu_session.sh ...  # others, or some of them
 #   TINY=1 bash scripts/gpu_session.sh                    # the same stages at a toy size on a CPU (its test)
 #
-# Stages (the default: smoke bench owt analysis extra; paper ran on 2026-12-04, README):
-#   smoke     30 steps of GBA; the script stops at once if they fail. Before the first comparison, a 3-step
-#             comparison of the five paper models with --jobs 5 (comparisons are skipped if it fails)
+# Stages (the default: smoke resume bench owt extra analysis; paper ran on 2026-12-04, README):
+#   smoke     30 steps of GBA; the script stops at once if they fail
+#   resume    a GBA run stopped by SIGTERM after 30 s and resumed for 15 s more: the log says whether resuming works
+#             on this device (on 2026-12-04 it did not on CUDA, and the extra stage's runs were lost with it)
+#   check     a 3-step comparison of the five paper models with --jobs, once before the first comparison stage
+#             (comparisons are skipped if it fails): worth it when other stages follow the comparisons
 #   paper     compare paper-wt103, seeds 42 123 7, five models, --jobs 5 (the run directories come back
 #             without weights, which are too large to come back)
 #   bench     paper-small, standard and GBA, eager and compiled (training step and decoding)
 #   owt       the same at owt-125m
-#   analysis  standard and GBA of paper-wt103 seed 42 (trained unless paper ran), then gbattn analyze
-#             GBA --against standard: summary and figures in one archive
-#   extra     paper-postln, gba-design-paper, depth-paper, seed 42: their results in one archive
+#   extra     at once, on one device: paper-postln (seed 42, six models), gba-design-paper's new row (GBA M=3,
+#             seeds 42 123 7) and depth-paper's standard and GBA M=2 (seed 42: the analysis stage's runs, and
+#             a check that a seed trains to the same figures as in the paper stage's session); their run
+#             directories, results included, in one archive without weights
+#   analysis  gbattn analyze GBA --against standard, seed 42 of paper-wt103's models (extra's runs when it ran,
+#             trained here otherwise): summary and figures in one archive
 # At most 8 files come back from one device call: the default stages write 7.
 # Sizing (2026-12-04, one H200): the machine held 570 s for a 531 s command (start and transfers: 39 s); smoke
-# took 61 s and paper 469 s. A second call finds the machine warm only within 30 s of the first one's end.
+# took 19 s and paper 469 s. A second call finds the machine warm only within 30 s of the first one's end; the
+# stages' work folder (WORK) lies under runs/, which the device keeps between calls to a warm machine, so a
+# stage cut short by the budget continues in the next call (STAGES="extra analysis").
 # DATA_DIR defaults to .device/data/wikitext-2, a git-ignored copy that the device tool carries; a
 # GBATTN_CACHE set beforehand (a carried token cache) is kept.
 set -uo pipefail
@@ -27,8 +35,8 @@ cd "$(dirname "$0")/.."
 DATA=${1:-.device/data/wikitext-2}
 OUT=${2:-${OUT:-runs/gpu-session}}
 BUDGET=${BUDGET:-540}  # seconds of work before no new stage starts
-STAGES=${STAGES:-smoke bench owt analysis extra}
-WORK=${WORK:-/tmp/gbattn-gpu}
+STAGES=${STAGES:-smoke resume bench owt extra analysis}
+WORK=${WORK:-runs/gpu-work}
 start=$(date +%s)
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 GBATTN_CACHE=${GBATTN_CACHE:-$WORK/cache}
@@ -79,7 +87,8 @@ runs_without_weights() {  # the run directories of a comparison as one archive, 
 }
 
 compare_checked=""  # the 3-step comparison's verdict: "", yes or no
-comparisons_work() {  # the 3-step comparison, once, before the first comparison stage
+comparisons_work() {  # the 3-step comparison (stage check), once, before the first comparison stage
+  wants check || return 0
   if [ -z "$compare_checked" ]; then
     stage smoke-compare 120 "${GB[@]}" compare --recipe paper-wt103 --seeds 42 --jobs $JOBS \
       --out "$WORK/smoke-compare" --quiet --set max_steps=3 --set eval_every=3 "${SMOKE[@]}"
@@ -98,6 +107,16 @@ if wants smoke; then
     --out "$WORK/smoke-train" --quiet "${SMOKE[@]}" || {
     tail -n 30 "$WORK/smoke-train.log" | tee -a "$OUT/log.txt"; log "smoke failed: stopping"; exit 3; }
 fi
+if wants resume; then  # both stop at their deadline (124) when they train; a refused resume ends at once (2)
+  RESUME=(train --preset paper-small --attn boosted --set max_steps=100000 --set eval_every=100000
+          --out "$WORK/smoke-resume" --quiet "${SMOKE[@]}")
+  stage resume-start 30 "${GB[@]}" "${RESUME[@]}"
+  stage resume-continue 15 "${GB[@]}" "${RESUME[@]}" --resume
+  case $? in
+    124) log "resume works on this device" ;;
+    *) tail -n 5 "$WORK/resume-continue.log" | tee -a "$OUT/log.txt"; log "RESUME FAILS on this device" ;;
+  esac
+fi
 if wants paper && comparisons_work; then
   stage paper-wt103 480 "${GB[@]}" compare --recipe paper-wt103 --seeds 42 123 7 --jobs $JOBS --out "$WORK/paper-wt103" \
     --quiet "${SMALL[@]}"
@@ -111,24 +130,38 @@ if wants bench; then
   keep "$WORK/bench-paper-small/bench.md" bench-paper-small.md
 fi
 if wants owt; then
-  stage bench-owt-125m 150 "${GB[@]}" bench --device $DEVICE "${OWT[@]}" --out "$WORK/bench-owt-125m"
+  stage bench-owt-125m 300 "${GB[@]}" bench --device $DEVICE "${OWT[@]}" --out "$WORK/bench-owt-125m"
   keep "$WORK/bench-owt-125m/bench.json" bench-owt-125m.json
   keep "$WORK/bench-owt-125m/bench.md" bench-owt-125m.md
 fi
-if wants analysis && comparisons_work; then
-  # (a comparison continues: the runs of a paper stage before it are reused)
-  stage analysis-runs 240 "${GB[@]}" compare --recipe paper-wt103 --seeds 42 --only standard gba-m2 --jobs 2 \
-    --out "$WORK/paper-wt103" --quiet "${SMALL[@]}" &&
-  stage analysis 90 "${GB[@]}" analyze "$WORK/paper-wt103/gba-m2/seed42" --against "$WORK/paper-wt103/standard/seed42" \
-    --device $DEVICE --quiet &&
-  tar -C "$WORK/paper-wt103/gba-m2/seed42" -czf "$OUT/analysis-gba-m2-seed42.tar.gz" analysis
-fi
 if wants extra && comparisons_work; then
-  for recipe in paper-postln gba-design-paper depth-paper; do
-    stage "$recipe" 300 "${GB[@]}" compare --recipe $recipe --seeds 42 --jobs $JOBS --out "$WORK/extra/$recipe" \
-      --quiet "${SMALL[@]}" || break
-  done
-  [ -d "$WORK/extra" ] && (cd "$WORK/extra" && tar -czf "$OUT/extra-results.tar.gz" ./*/results.json ./*/results.md)
+  # Three comparisons at once (eleven runs at most): a small model leaves an H200 mostly idle
+  EXTRA=$WORK/extra
+  limit=$(left); [ "$limit" -gt 420 ] && limit=420
+  if [ "$limit" -lt 30 ]; then log "skip extra: budget spent"; else
+    log "start extra (at most $limit s)"
+    extra_compare() {  # extra_compare RECIPE ARGS...: one comparison, in the background
+      local recipe=$1; shift
+      timeout --signal=TERM --kill-after=20 "$limit" "${GB[@]}" compare --recipe "$recipe" --out "$EXTRA/$recipe" \
+        "$@" --quiet "${SMALL[@]}" >> "$WORK/extra-$recipe.log" 2>&1 &
+    }
+    extra_compare paper-postln --seeds 42 --jobs $((JOBS + 1))
+    extra_compare gba-design-paper --only gba-m3 --seeds 42 123 7 --jobs 3
+    extra_compare depth-paper --only standard gba-m2 --seeds 42 --jobs 2
+    status=0; for _ in 1 2 3; do wait -n || status=$?; done
+    log "end extra (exit $status)"
+    runs_without_weights "$EXTRA" extra-runs.tar.gz
+  fi
+fi
+if wants analysis && comparisons_work; then
+  RUNS=$WORK/extra/depth-paper
+  [ -f "$RUNS/gba-m2/seed42/result.json" ] && [ -f "$RUNS/standard/seed42/result.json" ] || {
+    RUNS=$WORK/paper-wt103
+    stage analysis-runs 240 "${GB[@]}" compare --recipe paper-wt103 --seeds 42 --only standard gba-m2 --jobs 2 \
+      --out "$RUNS" --quiet "${SMALL[@]}"; }
+  stage analysis 90 "${GB[@]}" analyze "$RUNS/gba-m2/seed42" --against "$RUNS/standard/seed42" \
+    --device $DEVICE --quiet &&
+  tar -C "$RUNS/gba-m2/seed42" -czf "$OUT/analysis-gba-m2-seed42.tar.gz" analysis
 fi
 (cd "$WORK" && tail -n 3 ./*.log) >> "$OUT/log.txt" 2>/dev/null  # names relative: no machine paths
 log "done; files in OUT: $(ls "$OUT" | tr '\n' ' ')"

@@ -1168,12 +1168,39 @@ def test_rng_states_of_a_cuda_device_are_its_generators(monkeypatch):
     assert states["cuda"] == ("cuda-state", cuda) and torch.equal(states["torch"], cpu_state)
     assert set(runtime.all_rng_states(torch.device("cpu"))) == {"torch"}
     calls.clear()
-    runtime.restore_rng_states({"torch": cpu_state, "cuda": "g"}, torch.device("cpu"))
+    runtime.restore_rng_states({"torch": cpu_state, "cuda": OnTheGPU("g")}, torch.device("cpu"))
     assert calls == []
-    runtime.restore_rng_states({"torch": cpu_state, "cuda": "g"}, cuda)
+    runtime.restore_rng_states({"torch": cpu_state, "cuda": OnTheGPU("g")}, cuda)
     assert calls == [("g", cuda)]
     runtime.restore_rng_states({"torch": cpu_state}, cuda)  # a CPU run's checkpoint resumed on a GPU: its own stream
     assert calls == [("g", cuda)]
+
+
+class OnTheGPU:
+    """A generator state as a checkpoint read onto the run's GPU holds it: torch.set_rng_state refuses it ("RNG
+    state must be a torch.ByteTensor", every resume on CUDA did) until it is back on the CPU."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def cpu(self):
+        return self.state
+
+
+def test_generator_states_read_onto_the_gpu_are_restored_from_the_cpu(monkeypatch):
+    """A GPU run's checkpoint is read onto its GPU: both generators' states come back through the CPU, so that the
+    run resumes the same random streams (the CPU's state here a real one, checked after the restore)."""
+    import torch
+
+    from gbattn import runtime
+
+    cuda, calls = torch.device("cuda", 0), []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: calls.append((state, device)))
+    saved = torch.get_rng_state()
+    expected = torch.rand(3)
+    torch.manual_seed(12345)
+    runtime.restore_rng_states({"torch": OnTheGPU(saved), "cuda": OnTheGPU("cuda-state")}, cuda)
+    assert torch.equal(torch.rand(3), expected) and calls == [("cuda-state", cuda)]
 
 
 def test_busy_cores_fall_back_to_the_load_average_and_proc_stat_edge_cases(monkeypatch):

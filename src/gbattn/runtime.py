@@ -132,9 +132,11 @@ def all_rng_states(device: torch.device) -> dict:
 
 
 def restore_rng_states(states: dict, device: torch.device) -> None:
-    torch.set_rng_state(states["torch"])
+    """Put back :func:`all_rng_states`' states. They are set from the CPU, where a checkpoint read onto the run's
+    GPU does not leave them (torch refuses a state that is not a CPU ByteTensor: on CUDA, every resume did)."""
+    torch.set_rng_state(states["torch"].cpu())
     if device.type == "cuda" and "cuda" in states:
-        torch.cuda.set_rng_state(states["cuda"], device)
+        torch.cuda.set_rng_state(states["cuda"].cpu(), device)
 
 
 # --------------------------------------------------------------------------------------

@@ -361,8 +361,10 @@ class Trainer:
             self.warmup, warmup_note = recorded_warmup, None
 
         self.callers_rng = all_rng_states(self.device)  # (put back when the run ends: Trainer.run)
-        # The checkpoint's weights checked before the model takes memory (rundir.check_weights_fit)
-        state = rundir.load_checkpoint(self.run_dir / rundir.CHECKPOINT, self.device) if has_checkpoint else None
+        # The checkpoint's weights checked before the model takes memory (rundir.check_weights_fit). Read onto the
+        # CPU, as a fresh run holds what is not a weight (generator states, AdamW's step counts); loading the state
+        # puts weights and moments on the run's device
+        state = rundir.load_checkpoint(self.run_dir / rundir.CHECKPOINT) if has_checkpoint else None
         if state is not None:
             rundir.check_weights_fit(self.model_cfg, state["model"], self.run_dir / rundir.CHECKPOINT)
         torch.manual_seed(cfg.seed)  # identical initial weights on every process
