@@ -15,7 +15,7 @@
 #             (comparisons are skipped if it fails): worth it when other stages follow the comparisons
 #   paper     compare paper-wt103, seeds 42 123 7, five models, --jobs 5 (the run directories come back
 #             without weights, which are too large to come back)
-#   bench     paper-small, standard and GBA, eager and compiled (training step and decoding)
+#   bench     paper-small, every variant, eager and compiled (training step and decoding)
 #   owt       the same at owt-125m
 #   extra     at once, on one device: paper-postln (seed 42, six models), gba-design-paper's new row (GBA M=3,
 #             seeds 42 123 7) and depth-paper's standard and GBA M=2 (seed 42: the analysis stage's runs, and
@@ -60,7 +60,8 @@ if [ "${TINY:-0}" = 1 ]; then
 else
   DEVICE=cuda
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
-  BENCH=(--preset paper-small --attn standard boosted --compile both --repeats 3 --steps 5 --decode 64 --quiet)
+  BENCH=(--preset paper-small --attn standard boosted boosted:kv_source=shared twicing gated differential --compile both
+         --repeats 3 --steps 5 --decode 64 --quiet)
   OWT=(--preset owt-125m --attn standard boosted --compile both --batch 8 --repeats 3 --steps 3 --decode 32 --quiet)
   SMALL=(--data "$DATA" --set device=cuda)
   SMOKE=(--data "$DATA" --set device=cuda --set eval_tokens=16384)

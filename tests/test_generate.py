@@ -662,7 +662,7 @@ def test_the_largest_seed_is_taken_and_one_more_is_refused():
 
 
 def test_a_device_with_no_measured_threshold_compiles_only_when_asked(monkeypatch):
-    """MIN_TOKENS_TO_COMPILE of None (a device where compiling was not measured, as CUDA): the default
+    """MIN_TOKENS_TO_COMPILE of None (a device where compiling was not measured, as MPS): the default
     (compile=None) never compiles, however many cached steps; compile=True still does."""
     model = tiny_model(("standard", {}))  # block_size 24
     monkeypatch.setitem(decoding.MIN_TOKENS_TO_COMPILE, "cpu", None)

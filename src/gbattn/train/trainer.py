@@ -112,7 +112,9 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
 # Whether `compile` unset means on, per device: where `gbattn bench --compile both` measured compiled
 # training faster end to end, compile time included (README, "Compiled vs eager"). CPU: no (over a CPU
 # recipe's 1,200 steps it saved about 8 s (standard) to 22 s (GBA), against 19-22 s of compiling: at best
-# even); CUDA: not measured yet (no GPU was lent).
+# even); CUDA: no, not yet (one H200: a compiled step 1.4-1.5x faster at paper-small, 2.1x at owt-125m, paying
+# for its 17-45 s of compiling after 1,100 to 5,200 steps; but compiled training on CUDA was measured for standard
+# and GBA only: `--compile` asks for it, scripts/gpu_session.sh's bench stage checks every variant).
 COMPILE_BY_DEFAULT = {"cpu": False, "cuda": False}
 
 
