@@ -706,3 +706,28 @@ def test_generate_counts_the_cached_steps_after_its_own_prompt_to_decide_compili
     assert compiled == []
     generate(model, torch.randint(0, 37, (1, 1)), 8, temperature=0)
     assert compiled == [model]
+
+
+def test_decode_steps_take_their_cache_slots_from_one_device_tensor():
+    """generate's cached steps (and the benchmark's) get their slot as a view of one tensor made on the device
+    beforehand: a tensor made from a Python number per token is a host-to-device copy that waits for the GPU
+    (a host sync per token, which CUDA graphs cannot hide). The slots run on from the prompt, one per token."""
+    from gbattn.bench.speed import prefill_and_decode
+
+    model = tiny_model(("standard", {}))
+    eager = decoding.eager_decode_step(model)
+    seen = []
+
+    def step(token_B1, slot_1, position_B1, key_padding_BS):
+        seen.append(slot_1)
+        return eager(token_B1, slot_1, position_B1, key_padding_BS)
+
+    prompt = torch.randint(0, 37, (2, 5))
+    out = generate(model, prompt, 7, temperature=0, decode_step=step)
+    assert torch.equal(out, generate(model, prompt, 7, temperature=0, compile=False))
+    assert [int(s) for s in seen] == list(range(5, 11))
+    assert len({s.untyped_storage().data_ptr() for s in seen}) == 1
+    seen.clear()
+    prefill_and_decode(model, prompt, 4, torch.device("cpu"), lambda: torch.autocast("cpu", enabled=False), step=step)
+    assert [int(s) for s in seen] == list(range(5, 9))
+    assert len({s.untyped_storage().data_ptr() for s in seen}) == 1

@@ -95,6 +95,7 @@ def prefill_and_decode(model: GPT, prompt, n_decode: int, device, autocast, step
     T = prompt.shape[1]
     model.setup_cache(prompt.shape[0], max_len=T + n_decode)
     step = step or eager_decode_step(model)
+    slots = torch.arange(T, T + n_decode, device=device)  # (views of it: no host sync per token, as in generate)
     sync(device)
     t0 = time.perf_counter()
     with autocast():
@@ -104,7 +105,7 @@ def prefill_and_decode(model: GPT, prompt, n_decode: int, device, autocast, step
     nxt = logits[:, -1:].argmax(-1)
     for i in range(n_decode):
         with autocast():
-            logits_BV = step(nxt, torch.tensor([T + i], device=device), None, None)
+            logits_BV = step(nxt, slots[i:i + 1], None, None)
         nxt = logits_BV.argmax(-1, keepdim=True)
     sync(device)
     t2 = time.perf_counter()

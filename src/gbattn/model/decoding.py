@@ -198,6 +198,9 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             logits = model(out, input_pos=torch.arange(T, device=device), position_ids=positions,
                            key_padding_mask=key_padding)[:, -1]
             step = decode_step or decoder_for(model, compile, max_new_tokens, T)[0] or eager_decode_step(model)
+            # Each step's cache slot a view of one device tensor: a tensor made from a Python number per token
+            # would copy it to the device and wait for the GPU (a host sync per token)
+            slots_S = torch.arange(max_len, device=device)
         for i in range(max_new_tokens):
             if not cached:
                 window = out[:, -block:]
@@ -211,7 +214,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
                 break  # the last token's logits would go unused
             if cached and slot < max_len:
                 pos = None if prompt_mask is None else real_B1 + (slot - T)
-                logits = step(nxt, torch.tensor([slot], device=device), pos, key_padding)
+                logits = step(nxt, slots_S[slot:slot + 1], pos, key_padding)
             elif cached:
                 model.clear_cache()
                 cached = False
