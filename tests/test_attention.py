@@ -798,6 +798,25 @@ def test_gate_hidden_without_the_mlp_gate_is_refused():
     assert variant_options("boosted", {"gate": "vector", "gate_hidden": 32}).gate == "vector"  # the default: no change
 
 
+def test_the_scalar_gate_starts_at_its_logit_and_the_option_needs_that_gate():
+    """attn.scalar_gate_logit sets every round's scalar gate a at init (the authors' 0.5 by default: a gate of
+    sigmoid(0.5) = 0.62; 0 starts it at 0.5, docs/deviations.md entry 13); with another gate it is refused."""
+    from gbattn.attention.boosted import ScalarGate
+    from gbattn.config import ModelConfig
+    from gbattn.model import GPT
+
+    def gates(**options):
+        cfg = ModelConfig(vocab_size=11, block_size=8, n_layers=2, n_heads=2, d_model=8, attn="boosted",
+                          attn_options={"gate": "scalar", "rounds": 3, **options})
+        return [m.logit.item() for m in GPT(cfg).modules() if isinstance(m, ScalarGate)]
+
+    assert gates() == [0.5] * 4 and gates(scalar_gate_logit=0) == [0.0] * 4
+    assert math.isclose(torch.sigmoid(torch.tensor(0.5)).item(), 0.6225, abs_tol=1e-4)
+    with pytest.raises(ConfigError, match=r"attn.scalar_gate_logit=0.0 starts the scalar gate; attn.gate='vector' "
+                                          r"is another"):
+        variant_options("boosted", {"gate": "vector", "scalar_gate_logit": 0})
+
+
 def test_options_that_are_not_a_dict_are_refused_in_one_line():
     """An options record (BoostedOptions(rounds=3)) or a list was "'BoostedOptions' object is not iterable" (a
     TypeError from inside): now a ConfigError that says to give a dict."""

@@ -91,15 +91,17 @@ class VectorGate(Gate):
 
 
 class ScalarGate(Gate):
-    """One learned constant per round (MART's shrinkage eta_m): ``sigmoid(a)``, a initialised to 0.5."""
+    """One learned constant per round (MART's shrinkage eta_m): ``sigmoid(a)``, a initialised to
+    ``scalar_gate_logit`` (0.5, the authors' value: a gate of 0.62; docs/deviations.md, entry 13)."""
 
     def __init__(self, d: int, options: BoostedOptions) -> None:
         super().__init__()
         self.logit = nn.Parameter(torch.empty(1))
+        self.initial_logit = options.scalar_gate_logit
         self.init_own_parameters()
 
     def init_own_parameters(self, init=nn.init) -> None:
-        init.constant_(self.logit, 0.5)
+        init.constant_(self.logit, self.initial_logit)
 
     def forward(self, f_BTD: Tensor, c_BTD: Tensor, entropy_BT1: Tensor | None) -> Tensor:
         return torch.sigmoid(self.logit)
@@ -130,11 +132,15 @@ class BoostedOptions(Typed):
     kv_source: str = field(default="residual", metadata=one_of(*KV_SOURCES))
     gate_hidden: int = field(default=32, metadata=at_least(1))  # hidden width of the mlp gate
     layers: list[int] | None = None  # layer indices with correction rounds (negative from the end); None = all
+    scalar_gate_logit: float = 0.5  # the scalar gate's a at init: sigmoid(0.5) = 0.62; 0 starts it at 0.5
 
     def validate(self) -> None:
         if self.gate != "mlp" and self.gate_hidden != 32:  # (it was accepted and changed nothing)
             raise ConfigError(f"attn.gate_hidden={self.gate_hidden} is the mlp gate's width; attn.gate="
                               f"{self.gate!r} has none (set attn.gate=mlp, or drop attn.gate_hidden)")
+        if self.gate != "scalar" and self.scalar_gate_logit != 0.5:
+            raise ConfigError(f"attn.scalar_gate_logit={self.scalar_gate_logit} starts the scalar gate; attn.gate="
+                              f"{self.gate!r} is another (set attn.gate=scalar, or drop attn.scalar_gate_logit)")
 
 
 class CorrectionRound(nn.Module):
