@@ -432,6 +432,34 @@ def test_deviations_last_batch_effect_is_results_eval_last_batch():
     assert dv > av and dt > at
 
 
+def test_deviations_scalar_gate_start_is_results_gba_design_scalar_at_half():
+    """docs/deviations.md's measured scalar gate started at 0.5 (a = 0) against the design study's scalar gate
+    (a = 0.5, a gate of 0.62) on the same seeds, its paired differences to standard in each, and the repeated
+    seed-42 run of the design study's row."""
+    design = compare_rows("gba-design")
+    half = compare_rows("gba-design-scalar-at-half")["gba-gate-scalar"]
+    repeat = compare_rows("gba-design-scalar-repro")["gba-gate-scalar"]
+    assert half["attn_options"] == {"rounds": 2, "gate": "scalar", "scalar_gate_logit": 0.0}
+    assert design["gba-gate-scalar"]["attn_options"] == repeat["attn_options"] == {"rounds": 2, "gate": "scalar"}
+    seeds = ["42", "123", "7"]
+    authors = design["gba-gate-scalar"]
+    shift = paired(half, authors, seeds)
+    expected = (f"Started at 0.5, the scalar-gate model reaches validation perplexity {half['valid_ppl_mean']:.2f} ± "
+                f"{half['valid_ppl_std']:.2f}, against {authors['valid_ppl_mean']:.2f} ± "
+                f"{authors['valid_ppl_std']:.2f} started at 0.62: its validation loss moves by {each_seed(shift)} nats "
+                f"(seed 42 / 123 / 7), "
+                f"differences of both signs and far below the seeds' spread. Its paired difference to standard is "
+                f"{each_seed(paired(half, design['standard'], seeds))} against "
+                f"{each_seed(paired(authors, design['standard'], seeds))}.")
+    deviations = deviations_prose()
+    assert expected in deviations, expected
+    assert min(shift) < 0 < max(shift)  # "of both signs"
+    spread = max(nats(authors, s) for s in seeds) - min(nats(authors, s) for s in seeds)
+    assert max(abs(v) for v in shift) < spread / 5  # "far below the seeds' spread"
+    again = abs(nats(repeat, "42") - nats(authors, "42"))
+    assert again < 1e-6 and f"reached the same validation loss to {again:.0e} nats" in deviations
+
+
 def test_deviations_twicing_layer_choice_is_results_cpu_char_twicing_last_layer():
     """docs/deviations.md's measured Twicing in the last layer only, against cpu-char's standard and every-layer
     Twicing on the same seeds."""
@@ -788,7 +816,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 14
+    assert checked == 16
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -825,7 +853,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 40, checked
+    assert checked == 41, checked
 
 
 def test_bench_md_is_its_bench_json():
