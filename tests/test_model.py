@@ -1332,3 +1332,27 @@ def test_every_count_field_takes_its_least_value_and_refuses_the_one_below(name,
     assert getattr(record(**{name: least}, **narrow), name) == least
     with pytest.raises(ConfigError, match=refused):
         record(**{name: least - 1}, **narrow)
+
+
+def test_the_final_norm_follows_the_block_unless_set():
+    """final_norm unset: a norm before the LM head with Pre-LN, none with Post-LN (its blocks end in one);
+    final_norm=true gives a Post-LN model one (docs/deviations.md entry 16): its d (RMSNorm, or bias-free) or 2d
+    parameters, and the head reads the normalised states, which a Pre-LN model without it does not."""
+    d = 16
+    base = dict(vocab_size=19, block_size=8, n_layers=2, n_heads=2, d_model=d, dropout=0.0)
+    for block, extra in ((dict(), 2 * d), (dict(norm_type="rmsnorm"), d), (dict(bias=False), d)):
+        post = ModelConfig(**base, **block, norm="post")
+        assert count_params(post.replace(final_norm=True)) == count_params(post) + extra, block
+        pre = post.replace(norm="pre")
+        assert count_params(pre) == count_params(pre.replace(final_norm=False)) + extra, block
+    torch.manual_seed(0)
+    with_norm = GPT(ModelConfig(**base, norm="post", final_norm=True)).eval()
+    without = GPT(ModelConfig(**base, norm="post")).eval()
+    with torch.no_grad():  # the last block's norm scaled by 3: its output is no longer unit-normalised
+        with_norm.blocks[1].ln2.weight.mul_(3.0)
+    without.load_state_dict({k: v for k, v in with_norm.state_dict().items() if not k.startswith("ln_f.")})
+    idx = torch.randint(0, 19, (2, 8))
+    stream_BTD = without.hidden(idx)[0]  # (no final norm: the last block's output)
+    logits_with = with_norm(idx)
+    torch.testing.assert_close(logits_with, with_norm.lm_head(with_norm.ln_f(stream_BTD)))
+    assert not torch.allclose(logits_with, without(idx), atol=1e-2)

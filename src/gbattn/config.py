@@ -63,6 +63,8 @@ class ModelConfig(Typed):
     dropout_sites: list[str] = field(default_factory=lambda: list(AUTHORS_DROPOUT_SITES),
                                      metadata=each_one_of(*DROPOUT_SITES))
     norm: str = field(default="pre", metadata=one_of("pre", "post"))  # Pre-LN (paper) or Post-LN
+    # A norm before the LM head; None: with Pre-LN only (a Post-LN block already ends in one; docs/deviations.md 16)
+    final_norm: bool | None = None
     norm_type: str = field(default="layernorm", metadata=one_of("layernorm", "rmsnorm"))
     norm_eps: float = field(default=1e-5, metadata=greater_than(0))
     pos: str = field(default="learned", metadata=one_of("learned", "rope"))

@@ -136,7 +136,8 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.pos == "learned" else None
         self.drop = make_dropout(cfg, "embedding")
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.ln_f = make_norm(cfg) if cfg.norm == "pre" else nn.Identity()  # Post-LN blocks end in a norm
+        final_norm = cfg.norm == "pre" if cfg.final_norm is None else cfg.final_norm  # (Post-LN blocks end in one)
+        self.ln_f = make_norm(cfg) if final_norm else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
