@@ -460,6 +460,35 @@ def test_deviations_scalar_gate_start_is_results_gba_design_scalar_at_half():
     assert again < 1e-6 and f"reached the same validation loss to {again:.0e} nats" in deviations
 
 
+def test_deviations_post_ln_final_norm_is_results_cpu_postln_final_norm():
+    """docs/deviations.md's measured final LayerNorm in Post-LN models against cpu-postln's rows on the same seed,
+    GBA's gain over standard with and without it, and the two-seed variation of that gain it is compared with
+    (cpu-modern, seeds 42 and 123)."""
+    report = json.loads((ROOT / "results" / "cpu-postln-final-norm" / "results.json").read_text())
+    assert report["sets"] == {"final_norm": True} and report["seeds"] == [42]
+    ours, theirs = compare_rows("cpu-postln"), compare_rows("cpu-postln-final-norm")
+    std, gba = "standard-postln", "gba-m2-postln"
+    d = {label: ours[label]["parameters"] for label in (std, gba)}
+    assert all(theirs[label]["parameters"] - d[label] == 2 * 128 for label in (std, gba))  # "256 more parameters"
+    shift = [nats(theirs[label], "42") - nats(ours[label], "42") for label in (std, gba)]
+    with_norm, without = (paired(rows[gba], rows[std], ["42"])[0] for rows in (theirs, ours))
+    modern = paired(compare_rows("cpu-modern")["gba-m2"], compare_rows("cpu-modern")["standard"], ["42"]) + \
+        paired(compare_rows("cpu-modern-seed123")["gba-m2"], compare_rows("cpu-modern-seed123")["standard"], ["123"])
+    ppl = {(name, label): f"{rows[label]['valid_ppl']['42']:.2f}" for name, rows in (("ours", ours), ("theirs", theirs))
+           for label in (std, gba)}
+    test_change = [f"{100 * (rows[gba]['test_ppl']['42'] / rows[std]['test_ppl']['42'] - 1):+.1f}%"
+                   for rows in (theirs, ours)]
+    expected = (f"validation perplexity is {ppl['theirs', std]} for standard and {ppl['theirs', gba]} for GBA M=2, "
+                f"against {ppl['ours', std]} and {ppl['ours', gba]} without: {shift[0]:+.3f} and {shift[1]:+.3f} nats. "
+                f"GBA's gain over standard in validation loss halves, from {without:+.3f} to {with_norm:+.3f} nats "
+                f"(test perplexity {test_change[0]} against {test_change[1]}). One seed: that change, "
+                f"{with_norm - without:.3f} nats, is smaller than the {abs(modern[1] - modern[0]):.3f} nats by which "
+                f"GBA's paired difference to standard varied between two seeds at this size in the Llama-style block "
+                f"(`cpu-modern`: {each_seed(modern).replace(' / ', ' and ')} nats)")
+    assert expected in deviations_prose(), expected
+    assert with_norm - without < abs(modern[1] - modern[0]) and 1.7 < without / with_norm < 2.3  # "halves"
+
+
 def test_deviations_twicing_layer_choice_is_results_cpu_char_twicing_last_layer():
     """docs/deviations.md's measured Twicing in the last layer only, against cpu-char's standard and every-layer
     Twicing on the same seeds."""
@@ -816,7 +845,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 16
+    assert checked == 17
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
