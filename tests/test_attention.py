@@ -836,7 +836,7 @@ def test_describe_variants_gives_each_module_docstring_and_option_defaults():
     assert rows["standard"]["description"] == "Standard multi-head causal softmax attention (docs/baselines.md)."
     assert rows["standard"]["options"] == {} and rows["differential"]["options"] == {}
     assert rows["boosted"]["options"] == {"rounds": 2, "gate": "linear", "kv_source": "residual", "gate_hidden": 32,
-                                          "layers": None}
+                                          "layers": None, "scalar_gate_logit": 0.5}
     assert rows["gated"]["options"] == {"mode": "elementwise"}
 
 
@@ -872,6 +872,6 @@ def test_a_module_prints_its_heads_and_options():
                                                   n_layers=2), {"rounds": 3, "kv_source": "shared"})
     assert repr(boosted).splitlines()[1].strip() == ("d_model=32, n_heads=4, n_kv_heads=2, dropout=0.1, layer=1 of 2, "
                                                      "rounds=3, gate=linear, kv_source=shared, gate_hidden=32, "
-                                                     "layers=None")
+                                                     "layers=None, scalar_gate_logit=0.5")
     standard = build_attention("standard", AttnArgs(d_model=32, n_heads=4, rope_base=500.0))
     assert repr(standard).splitlines()[1].strip() == "d_model=32, n_heads=4, rope_base=500.0"
