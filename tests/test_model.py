@@ -1356,3 +1356,21 @@ def test_the_final_norm_follows_the_block_unless_set():
     logits_with = with_norm(idx)
     torch.testing.assert_close(logits_with, with_norm.lm_head(with_norm.ln_f(stream_BTD)))
     assert not torch.allclose(logits_with, without(idx), atol=1e-2)
+
+
+def test_attn_bias_switches_the_attention_projections_biases_alone():
+    """attn_bias=false drops the Q/K/V and output biases of every attention variant and nothing else (the official
+    differential attention has none; docs/deviations.md entry 14): 4d per layer, a GBA round's own Q/K/V 3d more;
+    unset it follows `bias`, and attn_bias=true keeps them in a bias-free block."""
+    d, layers = 16, 3
+    base = dict(vocab_size=19, block_size=8, n_layers=layers, n_heads=2, d_model=d)
+    for attn, dropped in (("standard", 4 * d), ("differential", 4 * d), ("gated", 4 * d), ("twicing", 4 * d),
+                          ("boosted", 4 * d + 3 * d)):
+        cfg = ModelConfig(**base, attn=attn)
+        without = GPT(cfg.replace(attn_bias=False))
+        assert count_params(cfg) - count_params(cfg.replace(attn_bias=False)) == dropped * layers, attn
+        names = {n for n, _ in GPT(cfg).named_parameters()} - {n for n, _ in without.named_parameters()}
+        assert names and all(".attn." in n and n.endswith("bias") for n in names), (attn, names)
+    free = ModelConfig(**base, bias=False)
+    assert count_params(free.replace(attn_bias=True)) - count_params(free) == 4 * d * layers
+    assert count_params(ModelConfig(**base, attn_bias=True)) == count_params(ModelConfig(**base))

@@ -70,6 +70,7 @@ class ModelConfig(Typed):
     pos: str = field(default="learned", metadata=one_of("learned", "rope"))
     rope_base: float = field(default=10000.0, metadata=greater_than(0))
     bias: bool = True  # biases of every Linear and LayerNorm
+    attn_bias: bool | None = None  # biases of the attention projections; None = bias (docs/deviations.md 14)
     tie_embeddings: bool = True
     attn: str = "standard"  # a name from gbattn.attention.registry
     attn_options: dict = field(default_factory=dict)  # the variant's own options

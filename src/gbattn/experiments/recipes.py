@@ -127,6 +127,19 @@ def design_models() -> list[ModelSpec]:
     ]
 
 
+def baseline_models() -> list[ModelSpec]:
+    """Every attention mechanism in scope on the same data and seeds: standard, Twicing, gated (G1), differential
+    (with the block's biases, and without attention biases as its authors have it) and GBA M=2 (docs/baselines.md)."""
+    return [
+        ModelSpec("standard"),
+        ModelSpec("twicing", attn="twicing"),
+        ModelSpec("gated", attn="gated"),
+        ModelSpec("differential", attn="differential"),
+        ModelSpec("differential-no-attn-bias", attn="differential", model={"attn_bias": False}),
+        ModelSpec("gba-m2", **GBA),
+    ]
+
+
 def best_design_models() -> list[ModelSpec]:
     """The design study's two best GBA configurations (M=2 and M=3) with standard, param-fair and
     compute-matched (README, "GBA design study")."""
@@ -270,6 +283,15 @@ _add(Recipe(
     seeds=[42, 123],
     default_data="tiny-shakespeare",
     train=dict(max_steps=8000),
+))
+_add(Recipe(
+    name="cpu-baselines",
+    description="every attention mechanism at cpu-char (2,000 steps): standard, Twicing, gated, differential "
+                "(with and without attention biases) and GBA M=2",
+    preset="cpu-char",
+    models=baseline_models(),
+    seeds=[42, 123],
+    default_data="tiny-shakespeare",
 ))
 _add(Recipe(
     name="gba-design",

@@ -82,9 +82,10 @@ class Block(nn.Module):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.ln1 = make_norm(cfg)
+        attn_bias = cfg.bias if cfg.attn_bias is None else cfg.attn_bias
         # rope_base: a block called on its own (ctx None) applies the model's RoPE itself; in the model, the
         # context's tables (the same rope_for) are used instead. Without it, such a call ran without RoPE, silently.
-        args = AttnArgs(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dropout_at("attention"), cfg.bias, layer_idx,
+        args = AttnArgs(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.dropout_at("attention"), attn_bias, layer_idx,
                         cfg.n_layers, rope_base=cfg.rope_base if cfg.pos == "rope" else None)
         self.attn = build_attention(cfg.attn, args, cfg.attn_options)
         self.ln2 = make_norm(cfg)
