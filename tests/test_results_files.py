@@ -213,6 +213,51 @@ def test_readme_gpu_table_is_results_gpu():
     assert_table("### Paper recipe at paper scale", expected)
 
 
+def test_readme_baselines_table_and_claims_are_results_cpu_baselines():
+    """The cpu-baselines table (each model's validation loss over seeds 42 and 123, paired to standard and to
+    GBA M=2), the prose and "Should I use GBA?" claims drawn from it, its reproduction of cpu-char's rows, and
+    docs/deviations.md's differential-attention bias effect (entry 14)."""
+    rows, seeds = compare_rows("cpu-baselines"), ["42", "123"]
+    std, gba = rows["standard"], rows["gba-m2"]
+    assert rows["differential-no-attn-bias"]["attn"] == "differential"
+    expected = []
+    for label, r in rows.items():
+        losses = [nats(r, s) for s in seeds]
+        expected.append([label, None, f"{r['parameters']:,}", pflop(r),
+                         f"{statistics.fmean(losses):.3f} ± {statistics.stdev(losses):.3f}",
+                         "—" if r is std else paired_text(paired(r, std, seeds)),
+                         "—" if r is gba else paired_text(paired(r, gba, seeds))])
+    assert_table("### Every attention mechanism", expected)
+
+    def gain(label):
+        return statistics.fmean(paired(rows[label], std, seeds))
+
+    assert min(rows, key=gain) == "twicing" and rows["twicing"]["parameters"] == std["parameters"]
+    flops = {label: 100 * (rows[label]["train_flops"] / std["train_flops"] - 1) for label in ("twicing", "gba-m2")}
+    assert (f"Twicing gains the most here ({signed(gain('twicing'), 3, '')} nats) for no parameters and "
+            f"{flops['twicing']:.0f}% more training FLOPs, GBA M=2 {signed(gain('gba-m2'), 3, '')} for "
+            f"{100 * (gba['parameters'] / std['parameters'] - 1):.0f}% more parameters and {flops['gba-m2']:.0f}% more "
+            f"FLOPs") in README_PROSE
+    gated = paired(rows["gated"], std, seeds)
+    assert min(gated) < 0 < max(gated)  # "gated attention is within noise of standard"
+    assert all(d > 0 for label in ("differential", "differential-no-attn-bias")
+               for d in paired(rows[label], std, seeds))  # "behind standard on both seeds"
+    assert gain("differential-no-attn-bias") > gain("differential")  # "and more so without its attention biases"
+    assert (f"Twicing gained more than GBA ({signed(gain('twicing'), 3, '')} against {signed(gain('gba-m2'), 3, '')} "
+            f"nats on 2 seeds) for no extra parameters") in README_PROSE
+    char = compare_rows("cpu-char")
+    worst = max(abs(rows[label]["valid_ppl"][s] - char[label]["valid_ppl"][s])
+                for label in ("standard", "twicing", "gba-m2") for s in seeds)
+    assert worst < 3e-6 and "reproduce the `cpu-char` table's runs of the same seeds to within 3e-6" in README_PROSE
+
+    bias = paired(rows["differential-no-attn-bias"], rows["differential"], seeds)
+    assert (f"without the biases the validation loss is {statistics.fmean(bias):+.3f} nats on average "
+            f"({each_seed(bias)}, seed 42 / 123), so the seeds disagree in sign. With or without them, differential "
+            f"attention is behind standard attention at this scale ({gain('differential'):+.3f} and "
+            f"{gain('differential-no-attn-bias'):+.3f} nats)") in deviations_prose()
+    assert min(bias) < 0 < max(bias)
+
+
 def test_readme_design_study_tables_are_results_gba_design():
     design = compare_rows("gba-design")
     std, matched = design["standard"], design["compute-matched"]
@@ -845,7 +890,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 17
+    assert checked == 18
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -882,7 +927,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 41, checked
+    assert checked == 47, checked
 
 
 def test_bench_md_is_its_bench_json():
