@@ -171,6 +171,18 @@ def pflop(row: dict) -> str:
     return f"{row['train_flops'] / 1e15:.4f}"
 
 
+def paired_table(rows: dict[str, dict], seeds: list[str], references: tuple[dict, dict]) -> list[list]:
+    """A README table of paired validation losses: each model's label, parameters, training PFLOP, loss mean ± std
+    over ``seeds``, then its paired differences to each reference ("—" in the reference's own row)."""
+    expected = []
+    for label, r in rows.items():
+        losses = [nats(r, s) for s in seeds]
+        expected.append([label, None, f"{r['parameters']:,}", pflop(r),
+                         f"{statistics.fmean(losses):.3f} ± {statistics.stdev(losses):.3f}",
+                         *("—" if r is ref else paired_text(paired(r, ref, seeds)) for ref in references)])
+    return expected
+
+
 def test_readme_parameter_and_flop_table_is_what_gbattn_params_counts():
     """The README's `gbattn params` table: every parameter count and forward FLOPs per token (at T = block_size)
     is count_params' and flops_per_token's for the model its row names (the FLOP column was pinned nowhere)."""
@@ -220,14 +232,7 @@ def test_readme_baselines_table_and_claims_are_results_cpu_baselines():
     rows, seeds = compare_rows("cpu-baselines"), ["42", "123"]
     std, gba = rows["standard"], rows["gba-m2"]
     assert rows["differential-no-attn-bias"]["attn"] == "differential"
-    expected = []
-    for label, r in rows.items():
-        losses = [nats(r, s) for s in seeds]
-        expected.append([label, None, f"{r['parameters']:,}", pflop(r),
-                         f"{statistics.fmean(losses):.3f} ± {statistics.stdev(losses):.3f}",
-                         "—" if r is std else paired_text(paired(r, std, seeds)),
-                         "—" if r is gba else paired_text(paired(r, gba, seeds))])
-    assert_table("### Every attention mechanism", expected)
+    assert_table("### Every attention mechanism", paired_table(rows, seeds, (std, gba)))
 
     def gain(label):
         return statistics.fmean(paired(rows[label], std, seeds))
@@ -262,14 +267,7 @@ def test_readme_design_study_tables_are_results_gba_design():
     design = compare_rows("gba-design")
     std, matched = design["standard"], design["compute-matched"]
     seeds = ["42", "123", "7"]
-    expected = []
-    for label, r in design.items():
-        losses = [nats(r, s) for s in seeds]
-        expected.append([label, None, f"{r['parameters']:,}", pflop(r),
-                         f"{statistics.fmean(losses):.3f} ± {statistics.stdev(losses):.3f}",
-                         "—" if r is std else paired_text(paired(r, std, seeds)),
-                         "—" if r is matched else paired_text(paired(r, matched, seeds))])
-    assert_table("### GBA design study", expected)
+    assert_table("### GBA design study", paired_table(design, seeds, (std, matched)))
     gba = [label for label in design if label.startswith("gba")]
     beat = [label for label in gba if all(d < 0 for d in paired(design[label], std, seeds))]
     p_matched = max(paired_t_p(paired(design[label], matched, seeds)) for label in gba)
