@@ -38,14 +38,14 @@ def test_every_recipe_builds_its_models(name):
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_recipe_judges_gba_at_equal_parameters_and_equal_compute(name):
-    """Every recipe has a compute-matched standard row, matched to a GBA model of the
-    same norm and residual stream, and all but depth, depth-paper and upcycle a parameter-matched one
-    (README, "Reproducing the paper's tables")."""
+    """Every recipe but cpu-baselines (mechanisms side by side at one size; cpu-char matches GBA at the same
+    setting) has a compute-matched standard row, matched to a GBA model of the same norm and residual stream, and
+    all but depth, depth-paper and upcycle a parameter-matched one (README, "Reproducing the paper's tables")."""
     specs = {s.label: s for s in get_recipe(name).models}
     matched = [s for s in specs.values() if s.compute_matched_to]
-    assert matched, f"{name} has no compute-matched row"
+    assert bool(matched) == (name != "cpu-baselines"), f"{name} has no compute-matched row"
     param_matched = [s for s in specs.values() if s.param_matched_to]
-    assert bool(param_matched) == (name not in ("depth", "depth-paper", "upcycle")), name
+    assert bool(param_matched) == (name not in ("depth", "depth-paper", "upcycle", "cpu-baselines")), name
     assert all(s.attn == "standard" and specs[s.param_matched_to].attn == "boosted" for s in param_matched)
     for s in matched:
         ref = specs[s.compute_matched_to]
@@ -874,7 +874,8 @@ LABEL_OPTIONS = [("-m3", "rounds", 3), ("kv-input", "kv_source", "input"), ("sha
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_recipe_row_is_the_model_its_label_names(name):
     """Built as compare builds it (spec_configs): a gba row is GBA M=2 (M=3 for -m3) with the option its
-    label names, nothing else; twicing is twicing, every other row standard; postln rows are Post-LN and
+    label names, nothing else; twicing, gated and differential rows those variants (no-attn-bias: without
+    attention biases), every other row standard; postln rows are Post-LN and
     attnres rows AttnRes-block, the others Pre-LN with plain residuals; a param-fair row has its
     reference's block; continued and upcycled rows start from base."""
     from gbattn.experiments.compare import spec_configs
@@ -894,7 +895,9 @@ def test_every_recipe_row_is_the_model_its_label_names(name):
             assert attn == "boosted" and {k: options.get(k) for k in named} == named, (label, options)
             assert set(options) - set(named) <= ({"gate"} if spec.upcycle else set()), (label, options)
         else:
-            assert (attn, options) == ("twicing" if "twicing" in label else "standard", {}), label
+            named = next((a for a in ("twicing", "gated", "differential") if label.startswith(a)), "standard")
+            assert (attn, options) == (named, {}), label
+        assert model_cfg.attn_bias is (False if "no-attn-bias" in label else None), label
         if spec.param_matched_to:
             assert spec.model == specs[spec.param_matched_to].model, label
         if "continued" in label or "upcycled" in label:
