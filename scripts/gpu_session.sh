@@ -71,12 +71,15 @@ fi
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee -a "$OUT/log.txt" || {
   log "no torch in $PY: set PY=/path/to/python"; exit 1; }
 
-stage() {  # stage NAME SECONDS COMMAND...: run under a deadline, never past the budget; its exit status
-  local name=$1 limit=$2 budget status; shift 2
+deadline() {  # deadline NAME SECONDS: sets limit to SECONDS, or what is left of the budget; 200 when it is spent
+  local budget
   budget=$(left)
-  if [ "$budget" -lt 30 ]; then log "skip $name: budget spent"; return 200; fi
-  [ "$limit" -gt "$budget" ] && limit=$budget
-  log "start $name (at most $limit s)"
+  if [ "$budget" -lt 30 ]; then log "skip $1: budget spent"; return 200; fi
+  limit=$2; [ "$limit" -gt "$budget" ] && limit=$budget
+  log "start $1 (at most $limit s)"
+}
+stage() {  # stage NAME SECONDS COMMAND...: run under a deadline, never past the budget; its exit status
+  local name=$1 limit status; deadline "$1" "$2" || return 200; shift 2
   timeout --signal=TERM --kill-after=20 "$limit" "$@" >> "$WORK/$name.log" 2>&1
   status=$?
   log "end $name (exit $status)"
@@ -138,9 +141,7 @@ fi
 if wants extra && comparisons_work; then
   # Three comparisons at once (eleven runs at most): a small model leaves an H200 mostly idle
   EXTRA=$WORK/extra
-  limit=$(left); [ "$limit" -gt 420 ] && limit=420
-  if [ "$limit" -lt 30 ]; then log "skip extra: budget spent"; else
-    log "start extra (at most $limit s)"
+  if deadline extra 420; then
     extra_compare() {  # extra_compare RECIPE ARGS...: one comparison, in the background
       local recipe=$1; shift
       timeout --signal=TERM --kill-after=20 "$limit" "${GB[@]}" compare --recipe "$recipe" --out "$EXTRA/$recipe" \
