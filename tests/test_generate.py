@@ -713,6 +713,7 @@ def test_decode_steps_take_their_cache_slots_from_one_device_tensor():
     beforehand: a tensor made from a Python number per token is a host-to-device copy that waits for the GPU
     (a host sync per token, which CUDA graphs cannot hide). The slots run on from the prompt, one per token."""
     from gbattn.bench.speed import prefill_and_decode
+    from gbattn.runtime import autocast
 
     model = tiny_model(("standard", {}))
     eager = decoding.eager_decode_step(model)
@@ -728,6 +729,6 @@ def test_decode_steps_take_their_cache_slots_from_one_device_tensor():
     assert [int(s) for s in seen] == list(range(5, 11))
     assert len({s.untyped_storage().data_ptr() for s in seen}) == 1
     seen.clear()
-    prefill_and_decode(model, prompt, 4, torch.device("cpu"), lambda: torch.autocast("cpu", enabled=False), step=step)
+    prefill_and_decode(model, prompt, 4, torch.device("cpu"), autocast(torch.device("cpu"), "off"), step=step)
     assert [int(s) for s in seen] == list(range(5, 9))
     assert len({s.untyped_storage().data_ptr() for s in seen}) == 1

@@ -132,8 +132,8 @@ def all_rng_states(device: torch.device) -> dict:
 
 
 def restore_rng_states(states: dict, device: torch.device) -> None:
-    """Put back :func:`all_rng_states`' states. They are set from the CPU, where a checkpoint read onto the run's
-    GPU does not leave them (torch refuses a state that is not a CPU ByteTensor: on CUDA, every resume did)."""
+    """Put back :func:`all_rng_states`' states, from the CPU wherever they were read to: torch refuses a state that
+    is not a CPU ByteTensor (a checkpoint read onto the GPU made every resume on CUDA fail)."""
     torch.set_rng_state(states["torch"].cpu())
     if device.type == "cuda" and "cuda" in states:
         torch.cuda.set_rng_state(states["cuda"].cpu(), device)
