@@ -171,3 +171,43 @@ def test_the_decode_summary_says_no_cache_exactly_when_generate_runs_without_it(
         generate(model, torch.randint(0, 37, (1, prompt_length)), new_tokens, temperature=0)
         how = decoder_for(model, compile=False, max_new_tokens=new_tokens, prompt_length=prompt_length)[1]
         assert ("no cache" in how) == (uncached[-1] > 0), (prompt_length, new_tokens, how)
+
+
+def test_compiled_twicing_draws_one_dropout_mask_for_both_products():
+    """Twicing shares one dropout mask between A V and A (A V) by replaying the RNG state
+    (Call.shared_dropout), which torch.compile graph-breaks around; compiled by inductor, with gradients on as in
+    training, the fast path's output must still be W_out (2 A'V - A'(A'V)) for one mask A' = A * M / (1 - p).
+    With W_out = I and V invertible (T = head width), Y = output V^-1 = 2 A' - A'^2, and a search over every causal
+    mask finds the one that gives it (planted two independent masks: 3 of 4 heads had none)."""
+    import itertools
+
+    from gbattn.attention.core import AttnArgs
+    from gbattn.attention.registry import build_attention
+
+    torch.manual_seed(0)
+    D, H, T, p = 16, 4, 4, 0.5
+    E = D // H
+    attn = build_attention("twicing", AttnArgs(d_model=D, n_heads=H, dropout=p), {}).double().train()
+    with torch.no_grad():
+        attn.out.weight.copy_(torch.eye(D))
+        attn.out.bias.zero_()
+    x_BTD = torch.randn(1, T, D, dtype=torch.float64, requires_grad=True)
+    q_BHTE, k_BHTE, v_BHTE = (part.view(1, T, H, E).transpose(1, 2) for part in attn.qkv(x_BTD).detach().split(D, -1))
+    future_TT = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+    A_HTT = torch.softmax(q_BHTE @ k_BHTE.transpose(-1, -2) / E**0.5 + future_TT, -1)[0]
+    below = [(i, j) for i in range(T) for j in range(i + 1)]
+    masks_NTT = torch.zeros(2 ** len(below), T, T, dtype=torch.float64)
+    for n, bits in enumerate(itertools.product([0.0, 1.0], repeat=len(below))):
+        for (i, j), bit in zip(below, bits):
+            masks_NTT[n, i, j] = bit / (1 - p)
+    compiled = torch.compile(attn)
+    for seed in range(2):
+        torch.manual_seed(seed)
+        y_HTE = compiled(x_BTD).detach().view(T, H, E).transpose(0, 1)
+        assert (y_HTE - attn.eval()(x_BTD).detach().view(T, H, E).transpose(0, 1)).abs().max() > 1e-3  # dropout ran
+        attn.train()
+        Y_HTT = y_HTE @ torch.linalg.inv(v_BHTE[0])
+        for h in range(H):
+            dropped_NTT = A_HTT[h] * masks_NTT
+            explained = (2 * dropped_NTT - dropped_NTT @ dropped_NTT - Y_HTT[h]).abs().amax((1, 2)) < 1e-9
+            assert explained.any(), f"seed {seed}, head {h}: no single dropout mask gives the compiled output"
