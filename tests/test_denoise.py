@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from gbattn.errors import UserError
 from gbattn.synthetic.models import EquilibriumDenoiser, PatternDenoiser, fixed_point
 from gbattn.synthetic.tables import plot_rounds
 from gbattn.synthetic.task import Protocol, Setting, bayes_optimal_accuracy, make_patterns, sample_queries
-from gbattn.synthetic.training import boosted_run, denoise_loss, train_run
+from gbattn.synthetic.training import EXPERIMENTS, boosted_run, denoise_loss, train_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -852,6 +852,60 @@ def test_models_get_the_protocols_beta_and_fixed_point_settings():
     torch.testing.assert_close(deq.step.log_beta.exp(), torch.full((1,), 3.0))
 
 
+def test_the_normal_init_is_the_language_models_and_the_default_is_pytorchs():
+    """--init normal (docs/deviations.md, entry 18): every Linear weight N(0, 0.02) and its bias 0, as the language
+    model's init_weights; log beta and the gates' own constants as before. The default keeps nn.Linear's
+    uniform +-1/sqrt(fan_in), whose std at fan_in 64 is 0.072."""
+    from gbattn.synthetic.training import RunSpec, build_model
+
+    spec = boosted_run(Setting(64, 16, 0.5), 2, "linear", 0)
+    torch.manual_seed(0)
+    normal = build_model(spec, Protocol(init="normal"))
+    torch.manual_seed(0)
+    default = build_model(spec, Protocol())
+    for name, weight in normal.named_parameters():
+        if name.endswith("weight"):
+            assert abs(weight.std().item() - 0.02) < 0.002, name
+            assert abs(dict(default.named_parameters())[name].std().item() - 0.02) > 0.02, name
+        elif name.endswith("bias"):
+            assert weight.abs().max().item() == 0.0
+    torch.testing.assert_close(normal.log_beta, default.log_beta)
+    deq = build_model(RunSpec(Setting(64, 16, 0.5), kind="deq"), Protocol(init="normal"))
+    assert abs(deq.step.qkv.weight.std().item() - 0.02) < 0.002
+    with pytest.raises(ValueError, match="init='xavier': expected one of pytorch, normal"):
+        build_model(spec, Protocol(init="xavier"))
+
+
+def test_init_and_deq_solver_options_reach_the_protocol_and_the_results(tmp_path, monkeypatch, capsys):
+    """--init, --deq-tol and --deq-max-iter set the protocol; results.json's "init" and results.md say what differs
+    from the defaults; a tolerance outside (0, 1) is a usage error in one line."""
+    from gbattn.synthetic import tables
+
+    runs, _ = fake_runs((0,))
+    monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
+    seen = []
+    real = tables.run_denoise
+    monkeypatch.setattr(tables, "run_denoise", lambda out, exps, seeds, protocol, *rest: seen.append(protocol) or
+                        real(out, exps, seeds, replace(protocol, bayes_queries=100), *rest))
+    out = tmp_path / "d"
+    assert main(["denoise", "--out", str(out), "--experiments", "deq", "--seeds", "0", "--init", "normal",
+                 "--deq-tol", "1e-7", "--deq-max-iter", "900", "--quiet"]) == 0
+    assert seen.pop() == Protocol(init="normal", deq_tol=1e-7, deq_max_iter=900)
+    report = json.loads((out / "results.json").read_text())
+    assert report["init"] == "N(0, 0.02) Linear weights, zero biases; log beta = log 2.0"
+    assert report["protocol"]["init"] == "normal"
+    assert ("Not the defaults: initialisation N(0, 0.02) Linear weights, zero biases; log beta = log 2.0; DEQ solver "
+            "to relative residual 1e-07, at most 900 iterations") in (out / "results.md").read_text()
+    assert main(["denoise", "--out", str(out), "--experiments", "deq", "--seeds", "0", "--quiet"]) == 0
+    assert seen.pop() == Protocol() and "Not the defaults" not in (out / "results.md").read_text()
+    capsys.readouterr()
+    for value in ("0", "1", "nan"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["denoise", "--out", str(out), "--deq-tol", value, "--quiet"])
+        assert exit_info.value.code == 2
+        assert len(capsys.readouterr().err.splitlines()) == 1
+
+
 def test_the_full_run_trains_24_distinct_models_per_seed():
     """3 seeds x 24 models (the help text's 72 runs): M = 1 is one model shared by the rounds, gates,
     difficulty and DEQ tables (its key carries no gate), not one per table."""
@@ -932,22 +986,30 @@ def test_difficulty_and_deq_tables_row_by_row():
     assert "| one step (trained), paper | 78.9 | 59.7 | 59.8 | 39.5 | 39.2 | 22.9 |" in lines
 
 
-def test_committed_results_are_what_the_tables_make_of_their_runs():
-    """results/denoise: its tables, Markdown and results.md are summarise / table_markdown /
-    results_markdown of its own runs, with the default protocol and the 72 runs of seeds 0, 1, 2."""
+@pytest.mark.parametrize("folder, protocol, experiments", [
+    ("denoise", Protocol(), EXPERIMENTS),
+    ("denoise-init-normal", Protocol(init="normal"), EXPERIMENTS),
+    ("denoise-deq-tight", Protocol(deq_tol=1e-6, deq_max_iter=1000), ("deq",)),
+])
+def test_committed_results_are_what_the_tables_make_of_their_runs(folder, protocol, experiments):
+    """results/denoise and the runs of docs/deviations.md entry 18: their tables, Markdown and results.md are
+    summarise / table_markdown / results_markdown of their own runs, with their protocol (results/denoise was
+    written before the protocol named its init: PyTorch's) and every run of seeds 0, 1, 2."""
     from gbattn.synthetic.tables import results_markdown, summarise, table_markdown
     from gbattn.synthetic.task import PAPER
-    from gbattn.synthetic.training import EXPERIMENTS, experiment_runs
+    from gbattn.synthetic.training import experiment_runs
 
-    report = json.loads((RESULTS / "results.json").read_text())
-    assert report["protocol"] == asdict(Protocol()) and report["seeds"] == [0, 1, 2]
+    results = RESULTS.parent / folder
+    report = json.loads((results / "results.json").read_text())
+    assert {"init": "pytorch", **report["protocol"]} == asdict(protocol) and report["seeds"] == [0, 1, 2]
     assert report["paper"] == json.loads(json.dumps(PAPER))
-    assert set(report["runs"]) == {spec.key for name in EXPERIMENTS for spec in experiment_runs(name, (0, 1, 2))}
-    for name in EXPERIMENTS:
+    assert report.get("experiments", list(EXPERIMENTS)) == list(experiments)  # (results/denoise: before it was kept)
+    assert set(report["runs"]) == {spec.key for name in experiments for spec in experiment_runs(name, (0, 1, 2))}
+    for name in experiments:
         table = summarise(name, report["runs"], report["bayes"], report["seeds"])
         assert json.loads(json.dumps(table)) == report["tables"][name]
         assert table_markdown(name, table, 3) == report["markdown"][name]
-    assert results_markdown(report) == (RESULTS / "results.md").read_text()
+    assert results_markdown(report) == (results / "results.md").read_text()
 
 
 def test_committed_bayes_ceilings_are_the_same_queries_drawn_again():

@@ -33,6 +33,14 @@ def register(sub) -> None:
     p.add_argument("--eval-queries", type=arguments.at_least(1, MAX_EVAL_QUERIES), default=None,
                    help=f"fresh queries per evaluation (default 5000, at most {MAX_EVAL_QUERIES:,}: they are drawn "
                    "and run through the model at once)")
+    p.add_argument("--init", choices=("pytorch", "normal"), default="pytorch",
+                   help="initialisation of the Linear weights: pytorch (default: nn.Linear's own, as the "
+                   "authors' code has it) or normal (the language model's N(0, 0.02), zero biases; "
+                   "docs/deviations.md, entry 18)")
+    p.add_argument("--deq-tol", type=arguments.number_where(lambda t: 0 < t < 1, "a number in (0, 1)"), default=None,
+                   help="the DEQ's fixed-point tolerance, relative residual per query (default 1e-5)")
+    p.add_argument("--deq-max-iter", type=arguments.at_least(1, 100_000), default=None,
+                   help="the DEQ's most fixed-point iterations, forward and adjoint (default 200)")
     p.add_argument("--device", default="cpu",
                    help="cpu (default: the models are tiny), auto (CUDA if available), cuda or cuda:N")
     p.add_argument("--threads", type=arguments.at_least(1, arguments.MAX_THREADS), default=1,
@@ -60,6 +68,11 @@ def cmd_denoise(args) -> None:
         protocol = replace(protocol, steps=args.steps)
     if args.eval_queries is not None:
         protocol = replace(protocol, eval_queries=args.eval_queries)
+    protocol = replace(protocol, init=args.init)
+    if args.deq_tol is not None:
+        protocol = replace(protocol, deq_tol=args.deq_tol)
+    if args.deq_max_iter is not None:
+        protocol = replace(protocol, deq_max_iter=args.deq_max_iter)
     report = run_denoise(args.out, args.experiments or list(EXPERIMENTS), seeds, protocol, str(device), args.quiet,
                          command_line(portable=True))
     print(

@@ -39,6 +39,7 @@ from gbattn.synthetic.training import (
 )
 
 FULL_SEEDS = (0, 1, 2)
+INIT_WORDS = {"pytorch": "PyTorch default nn.Linear init", "normal": "N(0, 0.02) Linear weights, zero biases"}
 SECONDS_PER_RUN = 0.55  # measured: 72 runs of 150 steps in 37 s, 24 (--quick) in 14 s, one idle CPU thread
 
 
@@ -269,7 +270,7 @@ def write_tables(out: Path, experiments, seeds, protocol: Protocol, device: str,
     report = {"command": command, "versions": software_versions(), "protocol": asdict(protocol),
               "eval_steps": protocol.eval_steps, "seeds": list(seeds), "device": device,
               "hardware": device_name(torch.device(device)), "torch_threads": torch.get_num_threads(),
-              "init": f"PyTorch default nn.Linear init; log beta = log {protocol.beta_init}", "bayes": bayes,
+              "init": f"{INIT_WORDS[protocol.init]}; log beta = log {protocol.beta_init}", "bayes": bayes,
               "paper": PAPER, "tables": {}, "markdown": {}, "runs": {}, "experiments": list(experiments),
               "finished": False}
     runs = report["runs"]
@@ -322,6 +323,9 @@ def results_markdown(report: dict) -> str:
              f"best of evaluations at steps {', '.join(map(str, report['eval_steps']))} on {p['eval_queries']:,} "
              f"fresh queries · patterns seed {p['pattern_seed']} · device {report['device']} · "
              f"wall-clock {report.get('wall_seconds', 0) / 60:.1f} min" + software_words(report), ""]
+    if p.get("init", "pytorch") != "pytorch" or (p["deq_tol"], p["deq_max_iter"]) != (1e-5, 200):
+        lines += [f"Not the defaults: initialisation {report['init']}; DEQ solver to relative residual "
+                  f"{p['deq_tol']:g}, at most {p['deq_max_iter']:,} iterations (docs/deviations.md, entry 18).", ""]
     # Written after each table (the rounds figure with its table): a stopped run leaves the tables it finished.
     missing = [] if report.get("finished", True) else [name for name in report["experiments"]
                                                        if name not in report["tables"]]

@@ -68,6 +68,9 @@ class Protocol:
     bayes_queries: int = 200_000  # Monte Carlo queries for the Bayes-optimal ceiling (ours)
     deq_tol: float = 1e-5  # relative residual ||f(z) - z|| / ||f(z)|| per query (ours)
     deq_max_iter: int = 200  # (ours)
+    # "pytorch": nn.Linear's default uniform +-1/sqrt(fan_in) (no init is given for this task); "normal": the
+    # language model's N(0, 0.02) weights and zero biases (docs/deviations.md, entry 18)
+    init: str = "pytorch"
 
     @property
     def eval_steps(self) -> list[int]:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gbattn.model.gpt import init_weights
 from gbattn.synthetic.models import EquilibriumDenoiser, PatternDenoiser
 from gbattn.synthetic.task import (
     DEQ_SETTINGS,
@@ -58,10 +59,20 @@ def boosted_run(setting: Setting, rounds: int, gate: str, seed: int) -> RunSpec:
     return RunSpec(setting, rounds, gate if rounds > 1 else None, "boosted", seed)
 
 
+INITS = ("pytorch", "normal")
+
+
 def build_model(spec: RunSpec, protocol: Protocol) -> nn.Module:
+    """The run's model, initialised as ``protocol.init`` says (log beta and the gates' own constants either way)."""
+    if protocol.init not in INITS:
+        raise ValueError(f"init={protocol.init!r}: expected one of {', '.join(INITS)}")
     if spec.kind == "deq":
-        return EquilibriumDenoiser(spec.setting.d, protocol.beta_init, protocol.deq_tol, protocol.deq_max_iter)
-    return PatternDenoiser(spec.setting.d, spec.rounds, spec.gate or "none", protocol.beta_init)
+        model = EquilibriumDenoiser(spec.setting.d, protocol.beta_init, protocol.deq_tol, protocol.deq_max_iter)
+    else:
+        model = PatternDenoiser(spec.setting.d, spec.rounds, spec.gate or "none", protocol.beta_init)
+    if protocol.init == "normal":
+        model.apply(init_weights)
+    return model
 
 
 @torch.no_grad()
