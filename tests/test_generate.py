@@ -732,3 +732,63 @@ def test_decode_steps_take_their_cache_slots_from_one_device_tensor():
     prefill_and_decode(model, prompt, 4, torch.device("cpu"), autocast(torch.device("cpu"), "off"), step=step)
     assert [int(s) for s in seen] == list(range(5, 9))
     assert len({s.untyped_storage().data_ptr() for s in seen}) == 1
+
+
+def test_stop_ends_decoding_after_the_token_it_returns_true_for(variant_case):
+    """generate(..., stop=f) calls f with the new tokens so far after each token and ends where it returns True:
+    the tokens are the start of the unstopped generation's, cached or not; a stop that is no function is refused."""
+    model = tiny_model(variant_case)
+    prompt_BT = torch.randint(0, 37, (2, 5))
+    full_BT = generate(model, prompt_BT, 12, temperature=0)
+    for use_cache in (True, False):
+        seen = []
+
+        def stop(new_BN, seen=seen):
+            seen.append(new_BN.clone())
+            return new_BN.shape[1] == 4
+
+        out_BT = generate(model, prompt_BT, 12, temperature=0, use_cache=use_cache, stop=stop)
+        assert torch.equal(out_BT, full_BT[:, :9])
+        assert [new_BN.shape for new_BN in seen] == [(2, n) for n in range(1, 5)]
+        assert torch.equal(seen[-1], full_BT[:, 5:9])
+    with pytest.raises(ValueError, match="stop of type list: give a function stop"):
+        generate(model, prompt_BT, 3, stop=["x"])
+
+
+def test_stop_strings_wait_for_every_row_and_cut_each_before_its_first_stop_string():
+    """StopStrings: True once every row's new text has held a stop string (one that spans tokens is seen at the token
+    that completes it; a row stays stopped after its match leaves the decoded window); cut ends a row's text before
+    the first stop string of its new text, not one in the prompt."""
+    letters = "abcdefghij\n"
+    stop = decoding.StopStrings(lambda ids: "".join(letters[i] for i in ids), ["\n\n", "ji"])
+    assert stop.window == 3
+    rows = [[0, 10, 10, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 9, 8]]  # "a\n\nbcdef", "abcdefji"
+    answers = [stop(torch.tensor(rows)[:, :n]) for n in range(1, 9)]
+    assert answers == [False] * 7 + [True]
+    assert stop.stopped == [True, True]
+    assert stop.cut("prompt: a\n\nbcdef", "a\n\nbcdef") == "prompt: a"
+    assert stop.cut("ji: abcdefji", "abcdefji") == "ji: abcdef"  # the prompt's "ji" is not where it ends
+    assert stop.cut("no stop here", "here") == "no stop here"
+    for bad in ([], [""], [1]):
+        with pytest.raises(ValueError, match="give one or more non-empty strings"):
+            decoding.StopStrings(str, bad)
+
+
+def test_generate_cli_stops_at_stop_text_and_prints_up_to_it(four_step_run, capsys):
+    """--stop TEXT (repeatable): the greedy text is the unstopped one up to the first TEXT of its new text, the
+    decoding ends at the token that completes it, and the summary says after how many tokens; the Python API's
+    run.generate(..., stop=...) gives the same text."""
+    import gbattn
+
+    run_dir = str(four_step_run)
+    assert cli_main(["generate", run_dir, "--prompt", "the cat", "--max-new-tokens", "40", "--temperature", "0"]) == 0
+    new_text = capsys.readouterr().out.split("\n---\n")[0].removeprefix("the cat")
+    stop_text = new_text[6:8]  # two characters made by the 7th and 8th new tokens (a char tokenizer)
+    first = new_text.index(stop_text)
+    assert cli_main(["generate", run_dir, "--prompt", "the cat", "--max-new-tokens", "40", "--temperature", "0",
+                     "--stop", stop_text, "--stop", "never made"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == "the cat" + new_text[:first] + "\n---\n"
+    assert f"stopped at --stop after {first + 2} of 40" in printed.err and f"1 x {first + 2} tokens" in printed.err
+    text = gbattn.load_run(four_step_run).generate("the cat", max_new_tokens=40, temperature=0, stop=stop_text)
+    assert text == "the cat" + new_text[:first]

@@ -59,6 +59,7 @@ from gbattn.files import (
     remove_unwritten,
     write_json,
 )
+from gbattn.model.decoding import StopStrings
 from gbattn.model.gpt import GPT
 from gbattn.runtime import resolve_device
 
@@ -699,10 +700,11 @@ class LoadedRun:
 
     def generate(self, prompt: str, max_new_tokens: int = GENERATE_DEFAULTS["max_new_tokens"],
                  temperature: float = GENERATE_DEFAULTS["temperature"], top_k: int | None = GENERATE_DEFAULTS["top_k"],
-                 **kwargs) -> str:
+                 stop: str | list[str] | None = None, **kwargs) -> str:
         """The text of the prompt's tokens and of those generated after them, decoded together as `gbattn generate`
         prints them, with its defaults (see :func:`gbattn.model.decoding.generate` for the options; that function's
-        own are temperature 1 and no top-k). It starts with ``prompt`` where the
+        own are temperature 1 and no top-k). ``stop``: a text or texts at which the new text ends (left out, as
+        `gbattn generate --stop` does). It starts with ``prompt`` where the
         tokenizer decodes text as it was (char, gpt2); the paper's BPE spells it piece by piece (``"First Citizen :"``
         for ``"First Citizen:"``), so ``len(prompt)`` does not mark where the new text starts."""
         if not isinstance(prompt, str):  # token ids went on to the tokenizer's "'int' object is not iterable"
@@ -712,9 +714,11 @@ class LoadedRun:
         if not ids:
             raise UserError("the prompt encodes to no tokens")
         device = next(self.model.parameters()).device
+        stop = StopStrings(self.tokenizer.decode, stop) if stop is not None else None
         out = self.model.generate(torch.tensor([ids], device=device), max_new_tokens, temperature=temperature,
-                                  top_k=top_k, **kwargs)
-        return self.tokenizer.decode(out[0].tolist())
+                                  top_k=top_k, stop=stop, **kwargs)[0].tolist()
+        text = self.tokenizer.decode(out)
+        return stop.cut(text, self.tokenizer.decode(out[len(ids):])) if stop is not None else text
 
     def perplexity(self, text: str, batch_size: int = 32):
         """The model's perplexity on ``text`` (an :class:`gbattn.eval.perplexity.EvalResult`: ``.ppl``, ``.loss``

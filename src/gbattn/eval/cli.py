@@ -49,6 +49,9 @@ def register(sub) -> None:
     p.add_argument("--seed", type=arguments.SEED, default=None, help="sampling seed (default: a new draw each time)")
     p.add_argument("--num-samples", type=arguments.at_least(1), default=1,
                    help="samples to draw from the same prompt (default %(default)s)")
+    p.add_argument("--stop", metavar="TEXT", action="append", type=arguments.text, default=None,
+                   help="stop once every sample's new text holds TEXT, and print each sample up to it (TEXT left "
+                        "out); repeat for several; taken as typed, so a newline is $'\\n' in bash (default: none)")
     arguments.checkpoint(p)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context at every step")
     compiled = p.add_mutually_exclusive_group()
@@ -117,7 +120,7 @@ def cmd_generate(args) -> None:
     import torch
 
     from gbattn.errors import DataError, UserError
-    from gbattn.model.decoding import decoder_for
+    from gbattn.model.decoding import StopStrings, cache_plan, decoder_for
     from gbattn.progress import Progress
     from gbattn.rundir import load_run
     from gbattn.runtime import resolve_device, set_threads
@@ -140,6 +143,7 @@ def cmd_generate(args) -> None:
               f"{'is' if unknown == 1 else 'are'} <unk> (text this tokenizer never saw in "
               f"training, or <unk> itself); the model reads them as <unk>, and the text shown has <unk> in their place",
               file=sys.stderr)
+    stop_at = StopStrings(run.tokenizer.decode, args.stop) if args.stop else None
     idx = torch.tensor([ids] * args.num_samples, device=device)
     step, how = decoder_for(run.model, compile=False if args.no_cache else args.compile,
                             max_new_tokens=args.max_new_tokens, prompt_length=len(ids))
@@ -155,6 +159,8 @@ def cmd_generate(args) -> None:
         on_terminal = sys.stdout.isatty()
         for row in out.tolist():
             text = run.tokenizer.decode(row)
+            if stop_at is not None:  # up to the first stop string of the new text
+                text = stop_at.cut(text, run.tokenizer.decode(row[len(ids):]))
             print(terminal_text(text) if on_terminal else text)  # piped: the text as decoded
             print("---")
 
@@ -163,7 +169,7 @@ def cmd_generate(args) -> None:
         # compile=False: the choice is made above (step, or eager decoding), not again by generate's own default
         out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                  top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache, decode_step=step,
-                                 compile=False, progress=made_one)
+                                 compile=False, progress=made_one, stop=stop_at)
     except KeyboardInterrupt as stop:  # Ctrl-C: what was made is shown, then the command stops as interrupted
         bar.close()
         partial = getattr(stop, "partial_BT", None)
@@ -180,16 +186,22 @@ def cmd_generate(args) -> None:
     if run.tokenizer.kind == "bpe":
         print("note: the paper's BPE keeps no word boundaries, so its pieces are shown separated by spaces "
               "(README, 'Data')", file=sys.stderr)
-    tokens = args.num_samples * args.max_new_tokens
+    new = len(made)  # fewer than --max-new-tokens where --stop ended it
+    tokens = args.num_samples * new
     if tokens == 0:  # (it said "0 tokens/s, KV cache")
         print(f"{args.num_samples} x 0 tokens: the prompt alone, no decoding", file=sys.stderr)
         return
-    if step is None or args.max_new_tokens < 2:  # no compiled step ran: the whole time is decoding
+    if step is None or new < 2:  # no compiled step ran: the whole time is decoding
         rate = f"{tokens / max(dt, 1e-9):,.0f} tokens/s"
-    elif args.max_new_tokens == 2:
+    elif new == 2:
         rate = "compiling the decode step included"
     else:  # the rate of the tokens after the compiling
-        rate = (f"{args.num_samples * (args.max_new_tokens - 2) / max(end - made[1], 1e-9):,.0f} tokens/s after the "
+        rate = (f"{args.num_samples * (new - 2) / max(end - made[1], 1e-9):,.0f} tokens/s after the "
                 f"first 2 tokens, which took {made[1] - t0:.2f} s with compiling the decode step")
-    print(f"{args.num_samples} x {args.max_new_tokens} tokens in {dt:.2f} s ({rate}, "
-          f"{'no cache' if args.no_cache else how})", file=sys.stderr)  # stdout holds the text alone
+    stopped = ""
+    if new < args.max_new_tokens:  # the summary of the tokens made, not of those asked for
+        planned_past = cache_plan(run.model.cfg.block_size, args.max_new_tokens, len(ids))[1]
+        how = how.removesuffix(planned_past) + cache_plan(run.model.cfg.block_size, new, len(ids))[1]
+        stopped = f"; stopped at --stop after {new:,} of {args.max_new_tokens:,}"
+    print(f"{args.num_samples} x {new} tokens in {dt:.2f} s ({rate}, "
+          f"{'no cache' if args.no_cache else how}{stopped})", file=sys.stderr)  # stdout holds the text alone

@@ -92,13 +92,19 @@ def decoder_for(model, compile: bool | None = None, max_new_tokens: int = 0,
         return None, "no cache: the prompt fills block_size"
     device = next(model.parameters()).device
     threshold = MIN_TOKENS_TO_COMPILE.get(device.type)
-    # The prefill predicts the first new token; each later one takes a cached step, at slots prompt_length ..
-    # block_size - 1. Past them the context is cropped and recomputed: the cache serves only the tokens before.
-    cached_steps = max(0, min(max_new_tokens - 1, model.cfg.block_size - prompt_length))
-    past = "" if max_new_tokens - 1 <= cached_steps else f"; no cache past block_size={model.cfg.block_size}"
+    cached_steps, past = cache_plan(model.cfg.block_size, max_new_tokens, prompt_length)
     if compile or (compile is None and threshold is not None and cached_steps >= threshold):
         return compiled_decode_step(model), f"KV cache, compiled decode step{past}"
     return None, f"KV cache{past}"
+
+
+def cache_plan(block_size: int, max_new_tokens: int, prompt_length: int) -> tuple[int, str]:
+    """(cached decode steps, ``"; no cache past block_size=N"`` or ``""``) of ``max_new_tokens`` new tokens after a
+    prompt of ``prompt_length`` that fits: the prefill predicts the first new token; each later one takes a cached
+    step, at slots prompt_length .. block_size - 1. Past them the context is cropped and recomputed: the cache
+    serves only the tokens before."""
+    cached_steps = max(0, min(max_new_tokens - 1, block_size - prompt_length))
+    return cached_steps, "" if max_new_tokens - 1 <= cached_steps else f"; no cache past block_size={block_size}"
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, seed: int | None = None,
@@ -147,7 +153,8 @@ def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
 @torch.no_grad()
 def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              seed: int | None = None, use_cache: bool = True, prompt_mask: Tensor | None = None,
-             decode_step=None, compile: bool | None = None, progress=None, top_p: float | None = None) -> Tensor:
+             decode_step=None, compile: bool | None = None, progress=None, top_p: float | None = None,
+             stop=None) -> Tensor:
     """Continue ``idx_BT`` by ``max_new_tokens`` tokens; returns (B, T + max_new_tokens) (README, "Using gbattn
     from Python").
 
@@ -161,7 +168,9 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     sequence fills the model's ``block_size``, later tokens are predicted from the last ``block_size``
     tokens without a cache, as nanoGPT does; a prompt longer than ``block_size`` is returned whole,
     the model seeing its end.
-    ``progress(1)`` is called after each new token (e.g. a progress bar's update). The model's
+    ``progress(1)`` is called after each new token (e.g. a progress bar's update). ``stop(new_BN)``, called after each
+    new token with the new tokens so far (B, N), ends the decoding when it returns True (e.g. :class:`StopStrings`;
+    one host sync per token), so fewer than ``max_new_tokens`` may come back. The model's
     training mode and its own KV cache (``setup_cache``) are as they were afterwards. A KeyboardInterrupt
     (Ctrl-C) that stops it carries the tokens so far, prompt included, as ``partial_BT``.
     """
@@ -170,6 +179,9 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     use_cache = checked("use_cache", use_cache, bool, None, "True or False")
     if compile is not None:
         compile = checked("compile", compile, bool, None, "True, False or None (compiled where it pays)")
+    if stop is not None and not callable(stop):  # (a list of strings failed at the first token, "not callable")
+        raise ValueError(f"stop of type {type(stop).__name__}: give a function stop(new_BN) -> bool, e.g. "
+                         "StopStrings(tokenizer.decode, strings) (a run's generate takes the strings)")
     prompt_mask = check_prompt(idx_BT, prompt_mask)
     block = model.cfg.block_size
     B, T = idx_BT.shape
@@ -210,7 +222,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             if progress is not None:
                 progress(1)
             slot = out.shape[1] - 1
-            if i == max_new_tokens - 1:
+            if i == max_new_tokens - 1 or (stop is not None and stop(out[:, T:])):
                 break  # the last token's logits would go unused
             if cached and slot < max_len:
                 pos = None if prompt_mask is None else real_B1 + (slot - T)
@@ -225,6 +237,39 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
         model.kv_cache = callers_cache  # (dropped, a decode step the caller makes next had no past, silently)
         model.train(was_training)
     return torch.cat([kept_BT, out], dim=1)
+
+
+class StopStrings:
+    """The ``stop`` of :func:`generate` for text: True once every row's new text holds one of ``strings``.
+    ``decode(ids) -> str`` is the tokenizer's. Each call decodes only the last tokens of each row, enough for the
+    longest string (a token is at least one character), so a long generation does not decode its text again at
+    every token. :meth:`cut` ends a row's text before its first stop string in the new text."""
+
+    def __init__(self, decode, strings) -> None:
+        strings = [strings] if isinstance(strings, str) else list(strings)
+        if not strings or not all(isinstance(text, str) and text for text in strings):
+            raise ValueError(f"stop strings {strings!r}: give one or more non-empty strings")
+        self.decode, self.strings = decode, strings
+        self.window = max(map(len, strings)) + 1  # tokens: the last one's text may start the stop string
+        self.stopped: list[bool] = []
+
+    def __call__(self, new_BN: Tensor) -> bool:
+        rows = new_BN[:, -self.window:].tolist()
+        if len(self.stopped) != len(rows):
+            self.stopped = [False] * len(rows)
+        for b, tail in enumerate(rows):
+            if not self.stopped[b]:
+                text = self.decode(tail)
+                self.stopped[b] = any(stop in text for stop in self.strings)
+        return all(self.stopped)
+
+    def cut(self, text: str, new_text: str) -> str:
+        """``text`` (prompt and new tokens decoded together) up to the first stop string of ``new_text`` (the new
+        tokens decoded alone, which ends ``text``; where it does not, the search starts after ``text``'s first
+        ``len(text) - len(new_text)`` characters), the stop string left out; ``text`` itself where none is found."""
+        start = len(text) - len(new_text)
+        found = [i for i in (text.find(stop, max(start, 0)) for stop in self.strings) if i >= 0]
+        return text[:min(found)] if found else text
 
 
 def _padded_window(mask_BT: Tensor, length: int, window: int, prompt_mask: Tensor | None) -> dict:
