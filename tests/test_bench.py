@@ -1032,3 +1032,26 @@ def test_bench_records_whether_inductor_could_load_earlier_compilations(monkeypa
                 assert report["inductor_caches"] == caches and note in speed.bench_markdown(report)
     assert isinstance(torch._inductor.config.force_disable_caches, bool)  # still readable
     assert "inductor_caches" not in speed.run_bench("cpu-char", ["standard"], compile="off", **arguments)
+
+
+def test_decode_kernels_script_counts_each_variants_matrix_products_and_attention_calls():
+    """scripts/decode_kernels.py (README, "Compiled vs eager") counts the calls of inductor's compiled decode step:
+    at cpu-char (4 layers), standard's 4 per layer (qkv, out, two FFN) and the LM head are 17 matrix products with 4
+    attention calls; GBA M=2 adds round 1's projection and the gate per layer (25) and a second attention (8)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "decode_kernels.py"
+    spec = importlib.util.spec_from_file_location("decode_kernels", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    body = ("def call(args):\n    extern_kernels.addmm(a, b, c)\n    cpp_fused_gelu_0(x)\n"
+            "    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)\n"
+            "    extern_kernels.mm(a, b)\n\ndef later():\n    extern_kernels.mm(a, b)\n")
+    assert script.count_calls("header\n" + body) == {"matrix products": 2, "attention": 1, "fused (inductor)": 1}
+    standard = script.decode_step_kernels("cpu-char", "standard")
+    boosted = script.decode_step_kernels("cpu-char", "boosted:rounds=2")
+    assert (standard["matrix products"], standard["attention"]) == (17, 4)
+    assert (boosted["matrix products"], boosted["attention"]) == (25, 8)
+    assert boosted["fused (inductor)"] > standard["fused (inductor)"] > 0
+    assert standard["all"] == sum(standard[kind] for kind in script.KINDS)
