@@ -555,6 +555,30 @@ def test_deviations_twicing_layer_choice_is_results_cpu_char_twicing_last_layer(
     assert all(d > 0 for d in paired(last, table["standard"], seeds))  # "none of Twicing's gain"
 
 
+def test_deviations_dropout_sites_are_results_dropout_sites():
+    """docs/deviations.md entry 4's measured dropout sites at cpu-char with dropout 0.1: each model's shift in
+    validation loss from the earlier sites to the authors' on the same seeds, and GBA's paired difference to
+    standard under each (a changed cell, or runs with other settings, turn it red)."""
+    seeds = ["42", "123"]
+    authors, before = compare_rows("dropout-sites-authors"), compare_rows("dropout-sites-before")
+    earlier = ["embedding", "attention", "attn-output", "ffn-output"]
+    for name, sets in (("dropout-sites-authors", {"dropout": 0.1}),
+                       ("dropout-sites-before", {"dropout": 0.1, "dropout_sites": earlier})):
+        report = json.loads((ROOT / "results" / name / "results.json").read_text())
+        assert (report["recipe"], report["sets"], report["seeds"]) == ("cpu-char", sets, [42, 123])
+
+    def gain(rows):
+        diffs = paired(rows["gba-m2"], rows["standard"], seeds)
+        return f"{statistics.fmean(diffs):+.3f} ({each_seed(diffs)})"
+
+    expected = (f"the authors' sites minus the earlier ones: standard "
+                f"{each_seed(paired(authors['standard'], before['standard'], seeds))} nats (seed 42 / 123), GBA M=2 "
+                f"{each_seed(paired(authors['gba-m2'], before['gba-m2'], seeds))}. GBA's paired difference to standard "
+                f"is {gain(authors)} nats with the authors' sites and {gain(before)} with the earlier ones.")
+    assert expected in deviations_prose(), expected
+    assert all(d < 0 for d in paired(authors["gba-m2"], before["gba-m2"], seeds))  # "help GBA on both seeds"
+
+
 def warmup_cells(record: dict) -> dict[tuple, dict[int, float]]:
     """results/warmup-fit by (setting, steps, peak lr, warmup used): each seed's validation perplexity (a run the
     fitting rule shortened and the same warmup given by hand are one cell, and must agree)."""
@@ -888,7 +912,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 18
+    assert checked == 20
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
