@@ -763,9 +763,10 @@ def test_stop_strings_wait_for_every_row_and_cut_each_before_its_first_stop_stri
     stop = decoding.StopStrings(lambda ids: "".join(letters[i] for i in ids), ["\n\n", "ji"])
     assert stop.window == 3
     rows = [[0, 10, 10, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 9, 8]]  # "a\n\nbcdef", "abcdefji"
-    answers = [stop(torch.tensor(rows)[:, :n]) for n in range(1, 9)]
-    assert answers == [False] * 7 + [True]
-    assert stop.stopped == [True, True]
+    for _ in range(2):  # the same object for a second generation starts afresh
+        answers = [stop(torch.tensor(rows)[:, :n]) for n in range(1, 9)]
+        assert answers == [False] * 7 + [True]
+        assert stop.stopped == [True, True]
     assert stop.cut("prompt: a\n\nbcdef", "a\n\nbcdef") == "prompt: a"
     assert stop.cut("ji: abcdefji", "abcdefji") == "ji: abcdef"  # the prompt's "ji" is not where it ends
     assert stop.cut("no stop here", "here") == "no stop here"

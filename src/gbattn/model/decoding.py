@@ -255,7 +255,7 @@ class StopStrings:
 
     def __call__(self, new_BN: Tensor) -> bool:
         rows = new_BN[:, -self.window:].tolist()
-        if len(self.stopped) != len(rows):
+        if new_BN.shape[1] == 1 or len(self.stopped) != len(rows):  # a new generation: no row has stopped
             self.stopped = [False] * len(rows)
         for b, tail in enumerate(rows):
             if not self.stopped[b]:
