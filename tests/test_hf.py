@@ -2564,3 +2564,29 @@ def test_lm_eval_prints_the_groups_table_when_there_are_groups(monkeypatch, caps
     assert capsys.readouterr().out == "results of 1\n"
     lmeval.print_tables({"results": {}, "groups": {"g": {}}})
     assert capsys.readouterr().out == "results of 2\ngroups of 2\n"
+
+
+def test_generate_stop_strings_stop_where_gbattns_stop_strings_do(tmp_path):
+    """transformers' generate(stop_strings=..., tokenizer=...) works on the wrapper and ends at the token where
+    gbattn's StopStrings ends the same greedy decoding, for a stop text that lies in the new text; one that begins
+    in the prompt ends transformers' decoding there, where gbattn's looks at the new text only (README, "Using
+    gbattn from Python")."""
+    from gbattn.hf import wrap_run
+    from gbattn.model.decoding import StopStrings
+
+    chars = get_tokenizer("char", load_corpus(str(write_corpus(tmp_path / "c"))))
+    torch.manual_seed(1)  # a tiny random model whose greedy text changes character (most repeat one)
+    cfg = tiny_config(("boosted", {}), vocab_size=chars.vocab_size)
+    gpt = GPT(cfg).eval()
+    prompt = torch.tensor([chars.encode("the cat")])
+    n = prompt.shape[1]
+    model, tokenizer = wrap_run(rundir.LoadedRun(tmp_path, gpt, cfg, None, chars, {"model": cfg.to_dict()}, 7, "last"))
+    new_text = chars.decode(gpt.generate(prompt, 12, top_k=1)[0, n:].tolist())  # greedy
+    assert new_text.startswith("t")  # so "t" + "t", the prompt's last character and the first new one, reads "tt"
+    inside = next(new_text[i:i + 2] for i in range(1, 11) if new_text[i] != new_text[i + 1])
+    for stop_text, theirs_new in ((inside, new_text.index(inside) + 2), ("tt", 1)):
+        ours = gpt.generate(prompt, 12, top_k=1, stop=StopStrings(chars.decode, [stop_text]))[0].tolist()
+        assert len(ours) == n + new_text.index(stop_text) + 2
+        theirs = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                                do_sample=False, stop_strings=[stop_text], tokenizer=tokenizer)[0].tolist()
+        assert theirs == ours[:n + theirs_new], stop_text
