@@ -921,7 +921,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 21
+    assert checked == 22
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -958,7 +958,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 49, checked
+    assert checked == 50, checked
 
 
 def test_bench_md_is_its_bench_json():
@@ -1113,6 +1113,13 @@ def test_readme_results_prose_is_the_results_files():
         behind += [g["valid_ppl"] > s["valid_ppl"] for s, g in zip(rows["standard"]["curves"][seed],
                                                                      rows["gba-m2"]["curves"][seed], strict=True)]
     assert all(gap > 0 for gap in gaps) and len(behind) == 12 and all(behind)
+    twicing = compare_rows("cpu-modern-twicing")["twicing"]
+    assert twicing["seeds"] == [7, 123]
+    changes = [change(modern["twicing"]["test_ppl"]["42"], modern["standard"]["test_ppl"]["42"])] + [
+        change(twicing["test_ppl"][seed], rows["standard"]["test_ppl"][seed])
+        for rows, seed in ((modern123, "123"), (compare_rows("cpu-modern-seed7"), "7"))]
+    assert all(c.startswith("+") for c in changes)  # "on every seed"
+    expected.append(f"loss, on every seed: {changes[0]} (seed 42), {changes[1]} (seed 123) and {changes[2]} (seed 7)")
     expected.append(f"{signed(statistics.fmean(gaps), 3, '')} nats on average")
     expected.append(f"param-fair here has {more(modern['param-fair'], modern['gba-m2'], 'parameters', 1)} more "
                     f"parameters than GBA, against {more(proxy['param-fair'], proxy['gba-m2'], 'parameters', 1)} in "
