@@ -633,6 +633,7 @@ def test_the_clis_copies_of_the_experiments_and_seeds_are_the_tables_ones():
 
     assert cli.EXPERIMENTS == training.EXPERIMENTS == tables.EXPERIMENTS
     assert cli.FULL_SEEDS == tables.FULL_SEEDS
+    assert cli.INITS == training.INITS == tuple(tables.INIT_WORDS) and cli.INITS[0] == Protocol().init
 
 
 # ---- mutation sweep of the synthetic task: data, protocol, tables, outputs ----------------------------

@@ -6,6 +6,7 @@ from gbattn import arguments
 
 EXPERIMENTS = ("rounds", "gates", "difficulty", "deq")
 FULL_SEEDS = (0, 1, 2)
+INITS = ("pytorch", "normal")  # training.INITS, the first the Protocol's default
 QUICK_SEEDS = (0,)
 # Evaluation queries are drawn and run through the model in one batch: a million at d = 128 through four rounds
 # peaked at 3.6 GB of memory (measured); --eval-queries 10**9 was an out-of-memory crash, not a usage error.
@@ -33,10 +34,10 @@ def register(sub) -> None:
     p.add_argument("--eval-queries", type=arguments.at_least(1, MAX_EVAL_QUERIES), default=None,
                    help=f"fresh queries per evaluation (default 5000, at most {MAX_EVAL_QUERIES:,}: they are drawn "
                    "and run through the model at once)")
-    p.add_argument("--init", choices=("pytorch", "normal"), default="pytorch",
-                   help="initialisation of the Linear weights: pytorch (default: nn.Linear's own, as the "
-                   "authors' code has it) or normal (the language model's N(0, 0.02), zero biases; "
-                   "docs/deviations.md, entry 18)")
+    p.add_argument("--init", choices=INITS, default=INITS[0],
+                   help="initialisation of the Linear weights: pytorch (default: nn.Linear's own; no "
+                   "initialisation is given for this task) or normal (the language model's N(0, 0.02), zero "
+                   "biases; docs/deviations.md, entry 18)")
     p.add_argument("--deq-tol", type=arguments.number_where(lambda t: 0 < t < 1, "a number in (0, 1)"), default=None,
                    help="the DEQ's fixed-point tolerance, relative residual per query (default 1e-5)")
     p.add_argument("--deq-max-iter", type=arguments.at_least(1, 100_000), default=None,

@@ -323,7 +323,9 @@ def results_markdown(report: dict) -> str:
              f"best of evaluations at steps {', '.join(map(str, report['eval_steps']))} on {p['eval_queries']:,} "
              f"fresh queries · patterns seed {p['pattern_seed']} · device {report['device']} · "
              f"wall-clock {report.get('wall_seconds', 0) / 60:.1f} min" + software_words(report), ""]
-    if p.get("init", "pytorch") != "pytorch" or (p["deq_tol"], p["deq_max_iter"]) != (1e-5, 200):
+    default = Protocol()  # (results written before the protocol named its init: PyTorch's, the default)
+    if (p.get("init", default.init), p["deq_tol"], p["deq_max_iter"]) != (default.init, default.deq_tol,
+                                                                          default.deq_max_iter):
         lines += [f"Not the defaults: initialisation {report['init']}; DEQ solver to relative residual "
                   f"{p['deq_tol']:g}, at most {p['deq_max_iter']:,} iterations (docs/deviations.md, entry 18).", ""]
     # Written after each table (the rounds figure with its table): a stopped run leaves the tables it finished.
