@@ -717,8 +717,7 @@ class LoadedRun:
         stop = StopStrings(self.tokenizer.decode, stop) if stop is not None else None
         out = self.model.generate(torch.tensor([ids], device=device), max_new_tokens, temperature=temperature,
                                   top_k=top_k, stop=stop, **kwargs)[0].tolist()
-        text = self.tokenizer.decode(out)
-        return stop.cut(text, self.tokenizer.decode(out[len(ids):])) if stop is not None else text
+        return stop.text(out, len(ids)) if stop is not None else self.tokenizer.decode(out)
 
     def perplexity(self, text: str, batch_size: int = 32):
         """The model's perplexity on ``text`` (an :class:`gbattn.eval.perplexity.EvalResult`: ``.ppl``, ``.loss``

@@ -158,9 +158,7 @@ def cmd_generate(args) -> None:
     def show(out) -> None:
         on_terminal = sys.stdout.isatty()
         for row in out.tolist():
-            text = run.tokenizer.decode(row)
-            if stop_at is not None:  # up to the first stop string of the new text
-                text = stop_at.cut(text, run.tokenizer.decode(row[len(ids):]))
+            text = stop_at.text(row, len(ids)) if stop_at is not None else run.tokenizer.decode(row)
             print(terminal_text(text) if on_terminal else text)  # piped: the text as decoded
             print("---")
 

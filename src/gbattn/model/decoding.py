@@ -263,6 +263,10 @@ class StopStrings:
                 self.stopped[b] = any(stop in text for stop in self.strings)
         return all(self.stopped)
 
+    def text(self, ids: list[int], prompt_length: int) -> str:
+        """A row's tokens (its prompt's ``prompt_length`` first) decoded, up to its first stop string (:meth:`cut`)."""
+        return self.cut(self.decode(ids), self.decode(ids[prompt_length:]))
+
     def cut(self, text: str, new_text: str) -> str:
         """``text`` (prompt and new tokens decoded together) up to the first stop string of ``new_text`` (the new
         tokens decoded alone, which ends ``text``; where it does not, the search starts after ``text``'s first
