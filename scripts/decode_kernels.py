@@ -45,6 +45,8 @@ def decode_step_kernels(preset: str, spec: str) -> dict[str, int]:
     model.setup_cache(1, max_len=16)
     with torch.no_grad():
         model(torch.zeros(1, 8, dtype=torch.long), input_pos=torch.arange(8))
+        # compiled_decode_step's graph and options (in-place buffer reuse off), but without its C++ wrapper on a CPU,
+        # which would hide the calls from the generated Python
         step = torch.compile(eager_decode_step(model), options={"inplace_buffers": False}, fullgraph=True,
                              dynamic=False)
         _, sources = run_and_get_code(step, torch.zeros(1, 1, dtype=torch.long), torch.arange(8, 9), None, None)
