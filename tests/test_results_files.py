@@ -6,6 +6,7 @@ command writes from its JSON."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import math
 import re
@@ -1313,3 +1314,53 @@ def test_readme_threads_table_is_results_threads():
     assert train.split(" | ")[1:] == [f"{two:,}", f"{one:,} ({one / two:.1f}x)", f"{default:,} ({chosen} chosen) |"]
     two, one, default = (rows[k]["generate_tokens_per_s"] for k in ("2", "1", "default"))
     assert generate.split(" | ")[1:] == [f"{two:,}", f"{one:,} ({one / two:.1f}x)", f"{default:,} |"]
+
+
+def _unk_token_counts_script():
+    path = ROOT / "scripts" / "unk_token_counts.py"
+    spec = importlib.util.spec_from_file_location("unk_token_counts", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_unk_token_counts_script_counts_what_the_authors_tokenizer_drops(tmp_path, monkeypatch):
+    """scripts/unk_token_counts.py: a test line with one character training never shows is one <unk> id more in
+    gbattn's ids than in the same BPE without an unknown token, and the line with it is the only one that differs."""
+    train, text = tmp_path / "train", tmp_path / "text"
+    train.mkdir(), text.mkdir()
+    words = "the cat sat on the mat and the dog ran far away\n" * 40
+    for split in ("train", "valid", "test"):
+        (train / f"wiki.{split}.raw").write_text(words, encoding="utf-8")
+    (text / "wiki.valid.raw").write_text("the cat sat\n", encoding="utf-8")
+    (text / "wiki.test.raw").write_text("the cat sat\n \nthe dog \u00df ran\n", encoding="utf-8")
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "counts.json"
+    monkeypatch.setattr("sys.argv", ["unk_token_counts.py", "--train", str(train), "--text", str(text),
+                                     "--vocab-size", "64", "--out", str(out)])
+    _unk_token_counts_script().main()
+    record = json.loads(out.read_text(encoding="utf-8"))
+    test, valid = record["splits"]["test"], record["splits"]["valid"]
+    assert test["unk_tokens_gbattn"] == test["unseen_characters"] == test["distinct_unseen_characters"] == 1
+    assert test["tokens_gbattn"] - test["tokens_authors"] == 1 and test["lines_that_differ"] == 1
+    assert valid["tokens_gbattn"] == valid["tokens_authors"] and valid["unk_tokens_gbattn"] == 0
+    assert record["train"] == "train" and record["text"] == "text"  # names, not this machine's paths
+
+
+def test_deviations_unk_token_counts_are_results_unk_token_counts():
+    """docs/deviations.md (entry 1) and the README's Data section quote results/unk-token-counts."""
+    record = json.loads((ROOT / "results" / "unk-token-counts" / "counts.json").read_text(encoding="utf-8"))
+    test, valid = record["splits"]["test"], record["splits"]["valid"]
+    assert (record["train"], record["text"], record["vocab_size"]) == ("wikitext-2", "wikitext-2-raw", 16_384)
+    fewer = test["tokens_gbattn"] - test["tokens_authors"]
+    expected = (f"test has {test['unseen_characters']} characters ({test['distinct_unseen_characters']} distinct "
+                f"ones, such as `ß`, `ł`, `×`) that training never shows, each one `<unk>` here. gbattn gives "
+                f"{test['tokens_gbattn']:,} test tokens and the authors' tokenizer {test['tokens_authors']:,} "
+                f"({fewer} fewer, {100 * fewer / test['tokens_gbattn']:.3f}%; {test['lines_that_differ']} lines "
+                f"differ); valid {valid['tokens_gbattn']:,} and {valid['tokens_authors']:,} "
+                f"({valid['tokens_gbattn'] - valid['tokens_authors']} fewer, {valid['unk_tokens_gbattn']} `<unk>`).")
+    assert expected in deviations_prose(), expected
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    expected = (f"gbattn gives {test['tokens_gbattn']:,} tokens, {test['unk_tokens_gbattn']} of them `<unk>`, and "
+                f"the authors' tokenizer {fewer} fewer")
+    assert expected in readme, expected
