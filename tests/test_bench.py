@@ -1055,3 +1055,26 @@ def test_decode_kernels_script_counts_each_variants_matrix_products_and_attentio
     assert (boosted["matrix products"], boosted["attention"]) == (25, 8)
     assert boosted["fused (inductor)"] > standard["fused (inductor)"] > 0
     assert standard["all"] == sum(standard[kind] for kind in script.KINDS)
+
+
+def test_a_variants_model_fields_set_its_row_so_two_blocks_are_timed_in_one_run(monkeypatch):
+    """`--attn standard:residual=attnres-block` times that block next to the plain one in the same run: a spec's
+    model fields set its row's model, its other options the attention's; block_size and vocab_size, which shape
+    every row's batch, are refused there with one line."""
+    from gbattn.bench import speed
+    from gbattn.errors import UserError
+    from gbattn.model.gpt import GPT
+
+    cfg = speed._variant_config("cpu-char", "boosted:residual=attnres-block,rounds=3", {"n_layers": 1})
+    assert (cfg.residual, cfg.attn, cfg.attn_options) == ("attnres-block", "boosted", {"rounds": 3})
+    steady_timings(monkeypatch, 1.0)
+    report = speed.run_bench("cpu-char", ["standard", "standard:residual=attnres-block"], device="cpu", batch=1,
+                             seq_len=8, repeats=1, steps=1, decode=2, threads=1, quiet=True, sets={"n_layers": 2})
+    plain, attnres = report["variants"]
+    assert (plain["variant"], attnres["variant"]) == ("standard", "standard:residual=attnres-block")
+    expected = GPT(speed._variant_config("cpu-char", "standard", {"n_layers": 2, "residual": "attnres-block"}))
+    assert attnres["parameters"] == expected.num_params() > plain["parameters"]
+    for key in ("block_size", "vocab_size"):
+        with pytest.raises(UserError, match=f"^--attn standard:{key}=64: {key} shape every row's batch"):
+            speed.run_bench("cpu-char", ["standard", f"standard:{key}=64"], device="cpu", batch=1, seq_len=8,
+                            repeats=1, steps=1, decode=2, threads=1, quiet=True)

@@ -11,7 +11,9 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="speed, memory and FLOPs of each variant next to standard (one interleaved run)")
     arguments.preset(p, training=False)
     p.add_argument("--attn", nargs="+", default=None, metavar="VARIANT",
-                   help=f"variants, name or name:key=value,... (default: {' '.join(DEFAULT_VARIANTS)})")
+                   help=f"variants, name or name:key=value,... with attention options or model fields, e.g. "
+                        f"boosted:rounds=3 or standard:residual=attnres-block (default: "
+                        f"{' '.join(DEFAULT_VARIANTS)})")
     arguments.device(p)
     p.add_argument("--batch", type=at_least(1), default=None,
                    help="rows per training step (default 8 on CPU, 32 on CUDA)")

@@ -11,6 +11,7 @@ exactly its extra arithmetic. Plus a sequence-length sweep of time and peak memo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -391,9 +392,19 @@ def _prefill_and_decode_lengths(block_source: str, block_size: int, prefill: int
     return prefill, decode
 
 
+SHARED_KEYS = ("block_size", "vocab_size")  # the shape of every row's batch: --set, not one row's
+MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig)) - {"attn", "attn_options", *SHARED_KEYS}
+
+
 def _variant_config(preset: str, spec: str, sets: dict) -> ModelConfig:
+    """A spec's model: its options set the variant's attention options, except model fields
+    (``boosted:residual=attnres-block``), which set that row's model, so that two blocks are timed in one run."""
     name, options = parse_variant(spec)
-    return preset_config(preset, name, {**sets, **{f"attn.{k}": v for k, v in options.items()}})
+    if shared := [k for k in SHARED_KEYS if k in options]:
+        raise UserError(f"--attn {spec}: {' and '.join(shared)} shape every row's batch, so they are set for all "
+                        f"rows with --set {shared[0]}=...")
+    return preset_config(preset, name, {**sets, **{k if k in MODEL_KEYS else f"attn.{k}": v
+                                                   for k, v in options.items()}})
 
 
 def _sweep_config(preset: str, spec: str, sets: dict, seq_len: int) -> ModelConfig:
