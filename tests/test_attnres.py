@@ -102,7 +102,19 @@ def test_block_attnres_equals_its_equations_written_out():
     a1 = second.attn_branch(mix(2, [emb, a0 + f0]), ctx)  # partial: a0 + f0
     f1 = second.ffn_branch(mix(3, [emb, a0 + f0 + a1]))  # block 1 (3 sublayers) completed
     h = mix(4, [emb, a0 + f0 + a1, f1])  # the final mix: block 1 and the partial block 2
-    torch.testing.assert_close(model(idx), model.lm_head(model.ln_f(h)), rtol=1e-10, atol=1e-10)
+    expected = model.lm_head(model.ln_f(h))
+    torch.testing.assert_close(model(idx), expected, rtol=1e-10, atol=1e-10)
+    # and every gradient, the pseudo-queries' and the key norms' gains included
+    weights = torch.randn_like(expected)
+    params = [p for p in model.parameters() if p.requires_grad]
+    ours = torch.autograd.grad((model(idx) * weights).sum(), params, allow_unused=True)
+    written_out = torch.autograd.grad((expected * weights).sum(), params, allow_unused=True)
+    for a, b in zip(ours, written_out):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    mixed = [next(g for p, g in zip(params, ours) if p is q) for q in (stream.queries, stream.norms[4].weight)]
+    assert all(g is not None and g.abs().sum() > 0 for g in mixed)  # the depth mixture's own parameters are checked
 
 
 def test_parameter_counts():

@@ -974,7 +974,7 @@ def test_bench_md_is_its_bench_json():
             report["compile"] = report["compile"] or "off"  # recorded as false before --compile took a mode
             assert bench_markdown(report) == path.with_suffix(".md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 8
+    assert checked == 10
 
 
 def test_bench_json_ratios_follow_from_their_timings():
@@ -994,7 +994,7 @@ def test_bench_json_ratios_follow_from_their_timings():
             assert r["decode_ratio"] == pytest.approx(base["decode_tokens_per_s"] / r["decode_tokens_per_s"]), (
                 path, r["variant"])
             checked += 1
-    assert checked == 6 + 6 + 4 + 4 + 4 + 6 + 6 + 4 + 4
+    assert checked == 6 + 6 + 4 + 4 + 4 + 6 + 6 + 4 + 4 + 4 + 4
 
 
 def test_readme_cpu_memory_remeasurement_is_its_bench_file():
@@ -1364,3 +1364,22 @@ def test_deviations_unk_token_counts_are_results_unk_token_counts():
     expected = (f"gbattn gives {test['tokens_gbattn']:,} tokens, {test['unk_tokens_gbattn']} of them `<unk>`, and "
                 f"the authors' tokenizer {fewer} fewer")
     assert expected in readme, expected
+
+
+def test_readme_attnres_cost_is_results_bench_attnres():
+    """The README's cost of Attention Residuals (section "Residual streams"), today's stream and the one before
+    2026-12-04, from their bench files: each row a model field set on one variant of the same run."""
+    now, before = (bench_rows(f"{name}/bench.json") for name in ("bench-attnres", "bench-attnres-before"))
+    standard, gba = "standard:residual=attnres-block,attnres_block=2", "boosted:residual=attnres-block,attnres_block=2"
+    for rows in (now, before):
+        assert rows[standard]["parameters"] == 1_336_320 and rows[gba]["parameters"] == 1_666_048
+    s = now[standard]
+    quoted = (f"A training step of standard with AttnRes takes {s['step_ratio']:.2f}x the plain standard's "
+              f"time for {s['flop_ratio']:.3f}x its FLOPs, at {s['memory_ratio']:.2f}x its peak "
+              f"memory, and GBA with AttnRes {now[gba]['step_ratio']:.2f}x (GBA on the plain stream "
+              f"{now['boosted']['step_ratio']:.2f}x); a cached decoding step costs {s['decode_ratio']:.2f}x. "
+              f"Before 2026-12-04")
+    assert quoted in README_PROSE, quoted
+    quoted = (f"the same command then gave {before[standard]['step_ratio']:.2f}x the step time and "
+              f"{before[standard]['memory_ratio']:.2f}x the memory")
+    assert quoted in README_PROSE, quoted

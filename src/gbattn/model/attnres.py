@@ -38,10 +38,33 @@ class AttnResStream(nn.Module):
         """The pseudo-queries start at 0 (every depth mixture starts uniform)."""
         init.zeros_(self.queries)
 
+    def mixture_sizes(self) -> list[int]:
+        """The number of sources each aggregation mixes (the sublayers', then the final one's): the embedding,
+        the ``l // S`` blocks completed before sublayer ``l``, and its block's partial sum if it has begun."""
+        S = self.block_size
+        return [1 + index // S + (1 if index % S else 0) for index in range(self.n_sublayers + 1)]
+
+    def mixture_flops_per_token(self, d_model: int) -> int:
+        """Forward FLOPs per token of the weighted sums over depth, ``2 N d`` for each mixture of N > 1 sources
+        (docs/baselines.md, "Comparison rules"). They run as broadcast products, which
+        ``torch.utils.flop_counter`` does not see, so :func:`gbattn.model.params.flops_per_token` adds them."""
+        return sum(2 * n * d_model for n in self.mixture_sizes() if n > 1)
+
     def depth_weights(self, index: int, sources: list[Tensor]) -> Tensor:
         """Softmax over the sources, per position: (N, B, T)."""
-        keys_NBTD = self.norms[index](torch.stack(sources))
-        return torch.softmax(keys_NBTD @ self.queries[index], dim=0)
+        return self._depth_weights(index, torch.stack(sources))
+
+    def _depth_weights(self, index: int, sources_NBTD: Tensor) -> Tensor:
+        """``softmax_i(w . RMSNorm(v_i))`` computed as ``softmax_i((v_i . (g * w)) / rms(v_i))``: the same
+        numbers, without a normalised copy of every source (which, kept for the backward pass beside the
+        stacked sources, made a step of this stream cost 1.9x the plain stream's memory; README, "Residual
+        streams"). ``eps`` is nn.RMSNorm's default for the sources' dtype, as the norm module would use."""
+        norm = self.norms[index]
+        eps = norm.eps if norm.eps is not None else torch.finfo(sources_NBTD.dtype).eps
+        accumulate = torch.promote_types(sources_NBTD.dtype, torch.float32)  # as RMSNorm's, float32 at least
+        inv_rms_NBT = torch.rsqrt(sources_NBTD.pow(2).mean(-1, dtype=accumulate) + eps)
+        logits_NBT = (sources_NBTD @ (norm.weight * self.queries[index])) * inv_rms_NBT
+        return torch.softmax(logits_NBT, dim=0).to(sources_NBTD.dtype)
 
     def mix(self, index: int, sources: list[Tensor]) -> Tensor:
         """h = sum_i alpha_i v_i for aggregation ``index`` (a sublayer, or the final one)."""
@@ -52,8 +75,11 @@ class AttnResStream(nn.Module):
         # float32 (tests/test_attnres.py). The meta device (count_params, flops_per_token) has no autocast.
         device = sources[0].device.type
         with torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext():
-            alpha_NBT = self.depth_weights(index, sources)
-            return torch.einsum("nbt,nbtd->btd", alpha_NBT, torch.stack(sources))
+            sources_NBTD = torch.stack(sources)  # one copy, read by the weights and the sum
+            alpha_NBT = self._depth_weights(index, sources_NBTD)
+            # (a broadcast product summed over depth: einsum's batched (1 x N) @ (N x D) products, one per position,
+            # ran one small matrix product per position on CPU)
+            return (alpha_NBT[..., None] * sources_NBTD).sum(0)
 
     def forward(self, emb_BTD: Tensor, blocks: nn.ModuleList, ctx, caches: list, records: list) -> Tensor:
         """The stream through every sublayer of ``blocks``; ``caches`` and ``records`` one per block."""

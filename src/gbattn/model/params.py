@@ -21,7 +21,8 @@ def count_params(cfg: ModelConfig) -> int:
 
 def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool = False) -> float:
     """Forward (or forward + backward) FLOPs per token at ``seq_len`` (default block_size),
-    counted by ``torch.utils.flop_counter`` on the meta device (matmuls and SDPA; docs/method.md, "Cost")."""
+    counted by ``torch.utils.flop_counter`` on the meta device (matmuls and SDPA; docs/method.md, "Cost"),
+    plus AttnRes's weighted sums over depth, counted from their sizes (the backward pass twice the forward's)."""
     check_model_config(cfg, "flops_per_token")
     if seq_len is not None:  # an integer as a config field takes it (numpy's too): 2.5 or True is a ConfigError
         # (0 was read as "the default" and gave block_size's figure; -1 a torch error on the meta device)
@@ -37,7 +38,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool
             logits = model(idx)
             if backward:
                 lm_loss(logits, idx).backward()
-    return counter.get_total_flops() / T
+    depth_sums = model.residual.mixture_flops_per_token(cfg.d_model) if cfg.residual != "plain" else 0
+    return counter.get_total_flops() / T + depth_sums * (3 if backward else 1)
 
 
 def param_matched_width(cfg: ModelConfig, target_params: int) -> tuple[int, int]:
