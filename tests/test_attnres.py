@@ -62,6 +62,7 @@ def test_block_mode_sources():
     model.residual.mix = lambda i, sources: seen.append((i, len(sources))) or original(i, sources)
     model(torch.randint(0, 37, (1, 4)))
     assert seen == [(0, 1), (1, 2), (2, 2), (3, 3), (4, 3)]
+    assert model.residual.mixture_sizes() == [n for _, n in seen]  # what the FLOP count adds up
 
 
 def test_full_mode_sources_grow_by_one_per_sublayer():
@@ -74,6 +75,7 @@ def test_full_mode_sources_grow_by_one_per_sublayer():
     model.residual.mix = lambda i, sources: seen.append((i, len(sources))) or original(i, sources)
     model(torch.randint(0, 37, (1, 4)))
     assert seen == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    assert model.residual.mixture_sizes() == [n for _, n in seen]
 
 
 def test_block_attnres_equals_its_equations_written_out():
