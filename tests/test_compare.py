@@ -835,13 +835,19 @@ def test_a_report_row_names_the_models_it_is_matched_to_and_continues(tmp_path):
              ModelSpec("compute-matched", compute_matched_to="gba-m2"), ModelSpec("gba-m2", "boosted"),
              ModelSpec("standard-continued", init_from="standard")]
     recipe = Recipe("r", "a test (10 steps)", "cpu-char", specs)
-    report = write_results(tmp_path, recipe, {"data": "x", "seeds": [1], "sets": {}}, specs,
-                           {s.label: {1: _run_result(10.0, 60.0)} for s in specs})
+    results = {s.label: {1: {**_run_result(10.0, 60.0), "attn": s.attn}} for s in specs}
+    report = write_results(tmp_path, recipe, {"data": "x", "seeds": [1], "sets": {}}, specs, results)
     assert [(r["param_matched_to"], r["compute_matched_to"], r["init_from"]) for r in report["models"]] == [
         (None, None, None), ("gba-m2", None, None), (None, "gba-m2", None), (None, None, None),
         (None, None, "standard")]
     md = (tmp_path / "results.md").read_text()
     assert "`param-fair`: the smallest standard width with at least GBA's parameters" in md
+    # matched to a model of the user's own that is not GBA (compare --matched): not "GBA's"
+    mine = [*specs, ModelSpec("tw", "twicing"), ModelSpec("param-fair-tw", param_matched_to="tw")]
+    write_results(tmp_path, recipe, {"data": "x", "seeds": [1], "sets": {}}, mine,
+                  {**results, **{s.label: {1: {**_run_result(10.0, 60.0), "attn": s.attn}} for s in mine[-2:]}})
+    assert "`param-fair`: the smallest standard width with at least its model's parameters" in (
+        tmp_path / "results.md").read_text()
     assert "`compute-matched`: standard trained for as many training FLOPs" in md and "as gba-m2 used." in md
     assert "standard-continued continue standard's trained weights" in md
 
@@ -1204,21 +1210,29 @@ def test_compare_command_forwards_every_option_and_prints_the_report(tmp_path, m
     code, out, _ = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", "cmp"])
     assert (code, out) == (0, "# the report\n\n")
     assert calls[0] == ("cpu-char", "cmp", {"data": None, "seeds": None, "sets": {}, "only": None, "quiet": False,
-                                            "threads": None, "jobs": 1})
+                                            "threads": None, "jobs": 1, "models": {}, "matched": None})
     code, out, _ = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", "cmp", "--data", "corpus", "--seeds",
                                     "7", "8", "--only", "standard", "--residual", "attnres-full", "--set", "lr=1e-3",
                                     "--jobs", "2", "--threads", "3", "--quiet"])
     assert (code, out) == (0, "# the report\n\n(incomplete: some runs are missing)\n")
     assert calls[1][2] == {"data": "corpus", "seeds": [7, 8], "sets": {"lr": 1e-3, "residual": "attnres-full"},
-                           "only": ["standard"], "quiet": True, "threads": 3, "jobs": 2}
+                           "only": ["standard"], "quiet": True, "threads": 3, "jobs": 2, "models": {},
+                           "matched": None}
     # --set data and --set threads are --data and --threads (recipe.json records that data; the threads are
     # in all): they trained on the --set corpus while recipe.json recorded the recipe's.
     code, _, _ = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", "cmp", "--set", "data=corpus", "--set",
                                   "threads=3", "--set", "lr=1e-3"])
     assert code == 0 and calls[2][2] == {"data": "corpus", "seeds": None, "sets": {"lr": 1e-3}, "only": None,
-                                         "quiet": False, "threads": 3, "jobs": 1}
+                                         "quiet": False, "threads": 3, "jobs": 1, "models": {}, "matched": None}
+    # --model LABEL=VARIANT[:options] (split at the first '=': the options have their own) and --matched
+    code, _, _ = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", "cmp", "--model",
+                                  "gba-m4=boosted:rounds=4,residual=attnres-block", "--model", "std=standard",
+                                  "--matched", "gba-m4", "--matched", "std"])
+    assert code == 0 and calls[3][2]["models"] == {"gba-m4": "boosted:rounds=4,residual=attnres-block",
+                                                   "std": "standard"}
+    assert calls[3][2]["matched"] == ["gba-m4", "std"]
     code, _, err = run_cli(capsys, ["compare", "--recipe", "cpu-char", "--out", "cmp", "--seeds", "-1"])
-    assert code == 2 and "argument --seeds: -1 must be >= 0" in err and len(calls) == 3
+    assert code == 2 and "argument --seeds: -1 must be >= 0" in err and len(calls) == 4
 
 
 def test_a_jobs_childs_log_that_is_a_link_is_refused_and_its_target_untouched(tmp_path, monkeypatch):
@@ -1484,3 +1498,46 @@ def test_a_comparison_says_which_run_it_trains_and_which_it_resumes(tmp_path, ca
     (run_dir / rundir.RESULT).unlink()  # stopped before its result was written
     run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
     assert f"resuming standard seed 1: attn=standard d_model=32 steps=2 -> {run_dir}\n" in capsys.readouterr().err
+
+
+def test_a_model_of_your_own_gets_its_matched_baselines_and_stays_in_the_comparison(tmp_path, monkeypatch):
+    """`compare --model gba-m3=boosted:rounds=3 --matched gba-m3`: the model trains beside the recipe's, with
+    param-fair-gba-m3 (standard, at least its parameters) and compute-matched-gba-m3 (standard, its training
+    FLOPs); recipe.json records them, so a later call without --model keeps them, and one that gives the label
+    another variant is refused. Model fields in the spec set that model and its baselines."""
+    data = write_corpus(tmp_path / "c")
+    out = tmp_path / "cmp"
+    report = run_compare("cpu-char", out, data=str(data), seeds=[1], sets=tiny_sets(), only=["standard"],
+                         quiet=True, models={"gba-m3": "boosted:rounds=3,norm_type=rmsnorm"}, matched=["gba-m3"])
+    rows = {r["label"]: r for r in report["models"]}
+    assert list(rows) == ["standard"]  # --only: the added models are not trained yet
+    assert json.loads((out / "recipe.json").read_text())["models"] == {"gba-m3": "boosted:rounds=3,norm_type=rmsnorm"}
+    report = run_compare("cpu-char", out, data=str(data), quiet=True, sets=tiny_sets(),
+                         only=["gba-m3", "param-fair-gba-m3", "compute-matched-gba-m3"])
+    rows = {r["label"]: r for r in report["models"]}
+    assert list(rows) == ["standard", "gba-m3", "param-fair-gba-m3", "compute-matched-gba-m3"]  # the recipe's, then
+    # the added ones in the order given, each model's baselines after it
+    mine, fair, matched = rows["gba-m3"], rows["param-fair-gba-m3"], rows["compute-matched-gba-m3"]
+    assert (mine["attn"], mine["attn_options"]) == ("boosted", {"rounds": 3})
+    assert fair["attn"] == matched["attn"] == "standard" and fair["param_matched_to"] == "gba-m3"
+    assert fair["parameters"] >= mine["parameters"] > rows["standard"]["parameters"]
+    assert matched["steps"] > mine["steps"] and matched["compute_matched_to"] == "gba-m3"
+    assert matched["train_flops"] == pytest.approx(mine["train_flops"], rel=1 / mine["steps"])
+    for label in ("gba-m3", "param-fair-gba-m3", "compute-matched-gba-m3"):  # the spec's model field, baselines too
+        assert rundir.read_config(out / label / "seed1" / rundir.CONFIG)["model"]["norm_type"] == "rmsnorm"
+    with pytest.raises(UserError, match=r"holds model gba-m3 as --model gba-m3=boosted:rounds=3,norm_type=rmsnorm, "
+                                        r"not boosted:rounds=4; use another label or --out$"):
+        run_compare("cpu-char", out, data=str(data), quiet=True, sets=tiny_sets(),
+                    models={"gba-m3": "boosted:rounds=4"})
+    for models, matched, message in (
+            ({"standard": "boosted"}, [], r"--model standard=boosted: recipe 'cpu-char' has a model 'standard' "
+                                          r"already"),
+            ({"../x": "boosted"}, [], r"--model ../x=boosted: a label is a folder name"),
+            ({"m": ":rounds=3"}, [], r"--model m=':rounds=3': name the attention variant first"),
+            ({"m": "boosted:rounds"}, [], r"--model m='boosted:rounds': options are key=value"),
+            ({}, ["gba-m9"], r"--matched gba-m9: no such model in recipe 'cpu-char' or --model"),
+            ({"x": "boosted", "param-fair-x": "standard"}, ["x"], r"--matched x: its baseline's label 'param-fair-x' "
+                                                                   r"is taken")):
+        with pytest.raises(UserError, match=f"^{message}"):
+            run_compare("cpu-char", tmp_path / "other", data=str(data), quiet=True, sets=tiny_sets(), models=models,
+                        matched=matched)

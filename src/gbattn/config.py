@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -392,6 +393,30 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
             raise ConfigError(f"--set {earlier[0]} and --set {item} disagree: give one of them")
         out[key] = value
     return out
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``name`` or ``name:key=value,key=value`` -> (name, options); a list value keeps its commas
+    (``twicing:layers=[-2,-1]``)."""
+    name, _, rest = spec.partition(":")
+    options = {}
+    for item in filter(None, re.split(r",(?![^\[]*\])", rest)):  # not at a comma inside [...]
+        if "=" not in item:
+            raise ConfigError(f"{spec!r}: options are key=value, e.g. boosted:rounds=3,kv_source=shared")
+        key, value = item.split("=", 1)
+        options[key] = parse_value(value)
+    return name, options
+
+
+def variant_sets(spec: str) -> tuple[str, dict[str, Any]]:
+    """A variant as ``bench --attn`` and ``compare --model`` take it: (name, ``--set`` overrides), where an option
+    that names a model field sets that field (``boosted:rounds=3,residual=attnres-block``: ``attn.rounds`` and
+    ``residual``) and any other sets an attention option."""
+    name, options = parse_variant(spec)
+    if not name:
+        raise ConfigError(f"{spec!r}: name the attention variant first, e.g. boosted:rounds=3")
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"attn", "attn_options"}
+    return name, {key if key in model_fields else f"attn.{key}": value for key, value in options.items()}
 
 
 def field_path(key: str) -> str:

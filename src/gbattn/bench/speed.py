@@ -11,10 +11,8 @@ exactly its extra arithmetic. Plus a sequence-length sweep of time and peak memo
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -25,9 +23,8 @@ from pathlib import Path
 import torch
 
 from gbattn.bench import DEFAULT_VARIANTS
-from gbattn.checks import parse_value
-from gbattn.config import ModelConfig, preset_config
-from gbattn.errors import UserError
+from gbattn.config import ModelConfig, parse_variant, preset_config, variant_sets
+from gbattn.errors import ConfigError, UserError
 from gbattn.files import atomic_write, check_writable_dir, write_json
 from gbattn.model.decoding import compiled_decode_step, eager_decode_step
 from gbattn.model.gpt import GPT
@@ -39,19 +36,6 @@ from gbattn.runtime import command_line, device_name, resolve_device, software_v
 from gbattn.terminal import terminal_line
 
 COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
-
-
-def parse_variant(spec: str) -> tuple[str, dict]:
-    """``name`` or ``name:key=value,key=value`` -> (name, options); a list value keeps its commas
-    (``twicing:layers=[-2,-1]``)."""
-    name, _, rest = spec.partition(":")
-    options = {}
-    for item in filter(None, re.split(r",(?![^\[]*\])", rest)):  # not at a comma inside [...]
-        if "=" not in item:
-            raise UserError(f"--attn {spec!r}: options are key=value, e.g. boosted:rounds=3,kv_source=shared")
-        key, value = item.split("=", 1)
-        options[key] = parse_value(value)
-    return name, options
 
 
 def sync(device: torch.device) -> None:
@@ -393,18 +377,19 @@ def _prefill_and_decode_lengths(block_source: str, block_size: int, prefill: int
 
 
 SHARED_KEYS = ("block_size", "vocab_size")  # the shape of every row's batch: --set, not one row's
-MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig)) - {"attn", "attn_options", *SHARED_KEYS}
 
 
 def _variant_config(preset: str, spec: str, sets: dict) -> ModelConfig:
     """A spec's model: its options set the variant's attention options, except model fields
     (``boosted:residual=attnres-block``), which set that row's model, so that two blocks are timed in one run."""
-    name, options = parse_variant(spec)
-    if shared := [k for k in SHARED_KEYS if k in options]:
+    try:
+        name, overrides = variant_sets(spec)
+    except ConfigError as e:
+        raise UserError(f"--attn {e}") from None
+    if shared := [k for k in SHARED_KEYS if k in overrides]:
         raise UserError(f"--attn {spec}: {' and '.join(shared)} shape every row's batch, so they are set for all "
                         f"rows with --set {shared[0]}=...")
-    return preset_config(preset, name, {**sets, **{k if k in MODEL_KEYS else f"attn.{k}": v
-                                                   for k, v in options.items()}})
+    return preset_config(preset, name, {**sets, **overrides})
 
 
 def _sweep_config(preset: str, spec: str, sets: dict, seq_len: int) -> ModelConfig:

@@ -21,6 +21,12 @@ def register(sub) -> None:
                         "comparison holds, or the recipe's for a new one (paper-wt103's: 42 123))")
     p.add_argument("--only", nargs="+", default=None, metavar="LABEL",
                    help="train only these models of the recipe (default: every model)")
+    p.add_argument("--model", action="append", default=None, metavar="LABEL=VARIANT[:KEY=VALUE,...]",
+                   help="add a model of your own, e.g. --model gba-m4=boosted:rounds=4 (attention options and model "
+                        "fields, as `gbattn bench --attn` takes them); repeatable")
+    p.add_argument("--matched", nargs="+", action="extend", default=None, metavar="LABEL",
+                   help="give these models a parameter-matched (param-fair-LABEL) and a compute-matched "
+                        "(compute-matched-LABEL) standard baseline")
     p.add_argument("--residual", default=None,
                    help="residual stream for every model: plain, attnres-full or attnres-block (default: the recipe's)")
     arguments.sets(p, "a model or training field for every run", "--set device=cuda --set lr=1e-3")
@@ -37,6 +43,7 @@ def cmd_compare(args) -> None:
     from pathlib import Path
 
     from gbattn.config import TrainConfig, merge_options, parse_sets
+    from gbattn.errors import UserError
     from gbattn.experiments.compare import run_compare
 
     # An option and a --set of the same field are one setting (both given and different: an error); --data
@@ -44,8 +51,16 @@ def cmd_compare(args) -> None:
     sets = merge_options(parse_sets(args.sets), residual=args.residual, data=args.data, threads=args.threads)
     own = {key: sets.pop(key) for key in ("data", "threads") if key in sets}
     checked = TrainConfig.from_dict(own)
+    models: dict[str, str] = {}
+    for item in args.model or []:
+        label, _, spec = item.partition("=")
+        if not spec:
+            raise UserError(f"--model {item}: expected LABEL=VARIANT, e.g. --model gba-m4=boosted:rounds=4")
+        if models.setdefault(label, spec) != spec:
+            raise UserError(f"--model {label}={models[label]} and --model {item} disagree: give one of them")
     report = run_compare(args.recipe, args.out, data=checked.data if "data" in own else None, seeds=args.seeds,
-                         sets=sets, only=args.only, quiet=args.quiet, threads=checked.threads, jobs=args.jobs)
+                         sets=sets, only=args.only, quiet=args.quiet, threads=checked.threads, jobs=args.jobs,
+                         models=models, matched=args.matched)
     print((Path(args.out) / "results.md").read_text(encoding="utf-8"))
     if not report["complete"]:
         print("(incomplete: some runs are missing)")

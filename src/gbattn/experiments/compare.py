@@ -26,7 +26,7 @@ from gbattn.config import TrainConfig, build_configs, training_input_length
 from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
 from gbattn.errors import CheckpointError, Interrupted, Terminated, UserError
-from gbattn.experiments.recipes import ModelSpec, Recipe, depends_on, get_recipe, training_order
+from gbattn.experiments.recipes import ModelSpec, Recipe, depends_on, get_recipe, training_order, with_models
 from gbattn.experiments.report import write_results
 from gbattn.files import open_to_append, portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
@@ -122,9 +122,13 @@ def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = Non
 
 def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, seeds: list[int] | None = None,
                 sets: dict | None = None, only: list[str] | None = None, quiet: bool = False,
-                threads: int | None = None, jobs: int = 1) -> dict:
+                threads: int | None = None, jobs: int = 1, models: dict[str, str] | None = None,
+                matched: list[str] | None = None) -> dict:
     """Train (or reuse) every run of a recipe; returns the report. ``threads``: CPU threads in all
-    (divided between ``jobs``); it changes speed, not the comparison's identity."""
+    (divided between ``jobs``); it changes speed, not the comparison's identity. ``models`` (label -> variant
+    spec) and ``matched`` (labels given their parameter- and compute-matched baselines) add models of the
+    user's own (:func:`~gbattn.experiments.recipes.with_models`); the comparison records them, and a later call
+    continues with them whether or not it names them again."""
     if launched_processes() > 1:  # each process would run the whole comparison, and its runs would wait for the others
         raise UserError(f"compare runs in one process, not under torchrun ({launched_processes()} processes here): "
                         f"--jobs N trains N of its runs at once; torchrun --nproc_per_node N -m gbattn.cli train "
@@ -146,6 +150,14 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     rundir.check_out(out, (rundir.COMPARISON,), "a comparison")  # a run, denoise's results, ...: refused
     lock = rundir.RunLock(out, what="comparison")
     try:
+        request = {"recipe": recipe.name, "data": portable_path(data), "seeds": seeds, "sets": sets,
+                   "command": command_line(portable=True), "models": dict(models or {}),
+                   "matched": list(dict.fromkeys(matched or []))}
+        _check_request(out / "recipe.json", request, seeds_given, data_as_given=data)
+        for key in ("models", "matched"):  # recorded only when there are some: a recipe.json as before otherwise
+            if not request[key]:
+                del request[key]
+        recipe = with_models(recipe, request.get("models", {}), request.get("matched", []))
         specs = [s for s in recipe.models if not only or s.label in only]
         labels = [s.label for s in recipe.models]
         unknown = sorted(set(only or []) - set(labels))
@@ -159,9 +171,6 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         if per_model:
             raise UserError(f"--set {', '.join(per_model)}: the recipe sets {'it' if len(per_model) == 1 else 'them'} "
                             f"per model, so the value would be overridden; train such a model with `gbattn train`")
-        request = {"recipe": recipe.name, "data": portable_path(data), "seeds": seeds, "sets": sets,
-                   "command": command_line(portable=True)}
-        _check_request(out / "recipe.json", request, seeds_given, data_as_given=data)
         if not seeds_given:  # no --seeds: the seeds the comparison holds (the recipe's for a new one)
             seeds = request["seeds"]
         in_all = (threads or default_threads()) if jobs > 1 else threads  # measured once: it can change between reads
@@ -501,5 +510,20 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True, *, data_
             raise CheckpointError(f"{path}: commands={commands!r} must be a list of strings; restore the file or use "
                                   f"another --out")
         request["commands"] = commands
+        recorded = before.get("models", {})
+        if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+            raise CheckpointError(f"{path}: models={recorded!r} must map labels to variants; restore the file or use "
+                                  f"another --out")
+        asked = request.setdefault("models", {})
+        for label, text in asked.items():
+            if recorded.get(label, text) != text:
+                raise UserError(f"{path.parent} holds model {label} as --model {label}={recorded[label]}, not "
+                                f"{text}; use another label or --out")
+        request["models"] = {**recorded, **asked}
+        matched = before.get("matched", [])
+        if not isinstance(matched, list) or not all(isinstance(label, str) for label in matched):
+            raise CheckpointError(f"{path}: matched={matched!r} must be a list of labels; restore the file or use "
+                                  f"another --out")
+        request["matched"] = list(dict.fromkeys([*matched, *request.get("matched", [])]))
     else:
         request["commands"] = []

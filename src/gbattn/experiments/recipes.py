@@ -9,6 +9,8 @@ with gbattn (``tiny-shakespeare``); ``--data DIR`` points them at a local copy (
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from gbattn.checks import check_choice
@@ -302,6 +304,49 @@ _add(Recipe(
     seeds=[42, 123, 7],
     default_data="tiny-shakespeare",
 ))
+
+
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a folder name in the comparison
+
+
+def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> Recipe:
+    """``recipe`` with models of the user's own (``compare --model LABEL=SPEC``, SPEC as ``bench --attn`` takes it)
+    and, for each label in ``matched``, its two baselines (docs/baselines.md, "Comparison rules"):
+    ``param-fair-LABEL``, standard attention widened to at least that model's parameters, and
+    ``compute-matched-LABEL``, standard attention trained for that model's training FLOPs, both with that model's
+    other fields (norm, residual stream, block, sizes)."""
+    from gbattn.config import variant_sets
+
+    taken = {spec.label for spec in recipe.models}
+    added: list[ModelSpec] = []
+    for label, text in models.items():
+        if not LABEL.fullmatch(label):
+            raise ConfigError(f"--model {label}={text}: a label is a folder name: letters, digits, '.', '_' and '-', "
+                              f"starting with a letter or digit, at most 64 characters")
+        if label in taken:
+            raise ConfigError(f"--model {label}={text}: recipe {recipe.name!r} has a model {label!r} already; "
+                              f"choose another label")
+        try:
+            name, overrides = variant_sets(text)
+        except ConfigError as e:
+            raise ConfigError(f"--model {label}={e}") from None
+        attn_options = {key[len("attn."):]: value for key, value in overrides.items() if key.startswith("attn.")}
+        model = {key: value for key, value in overrides.items() if not key.startswith("attn.")}
+        added.append(ModelSpec(label, attn=name, attn_options=attn_options, model=model))
+        taken.add(label)
+    for label in matched:
+        target = next((spec for spec in [*recipe.models, *added] if spec.label == label), None)
+        if target is None:
+            raise ConfigError(f"--matched {label}: no such model in recipe {recipe.name!r} or --model "
+                              f"({', '.join(sorted(taken))})")
+        for baseline in (ModelSpec(f"param-fair-{label}", model=dict(target.model), param_matched_to=label),
+                         ModelSpec(f"compute-matched-{label}", model=dict(target.model), compute_matched_to=label)):
+            if baseline.label in taken:
+                raise ConfigError(f"--matched {label}: its baseline's label {baseline.label!r} is taken; give the "
+                                  f"model another label")
+            added.append(baseline)
+            taken.add(baseline.label)
+    return dataclasses.replace(recipe, models=[*recipe.models, *added]) if added else recipe
 
 
 def get_recipe(name: str) -> Recipe:

@@ -457,8 +457,11 @@ def results_markdown(report: dict) -> str:
               else "one seed per model, so no spread")
     lines += ["", f"Test perplexity from the best-validation checkpoint; {spread}."
               + (f" {TEST_IS_VALIDATION}." if no_test_split(rows) else "")]
-    matched = ([f"`param-fair`: the smallest standard width with at least GBA's parameters{param_gap_text(rows)}"]
-               if any(r.get("param_matched_to") for r in rows) else [])
+    by_label = {r["label"]: r for r in rows}
+    targets = [by_label.get(r["param_matched_to"], {}).get("attn") for r in rows if r.get("param_matched_to")]
+    whose = "GBA's" if all(attn == "boosted" for attn in targets) else "its model's"  # --matched: any model
+    matched = ([f"`param-fair`: the smallest standard width with at least {whose} parameters{param_gap_text(rows)}"]
+               if targets else [])
     matched += [f"`{r['label']}`: standard trained for as many training FLOPs (torch.utils.flop_counter, forward "
                 f"+ backward) as {r['compute_matched_to']} used" for r in rows if r.get("compute_matched_to")]
     if matched:
