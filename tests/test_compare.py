@@ -1541,3 +1541,29 @@ def test_a_model_of_your_own_gets_its_matched_baselines_and_stays_in_the_compari
         with pytest.raises(UserError, match=f"^{message}"):
             run_compare("cpu-char", tmp_path / "other", data=str(data), quiet=True, sets=tiny_sets(), models=models,
                         matched=matched)
+
+
+def test_a_model_with_its_own_compute_matched_row_is_paired_with_that_row(tmp_path):
+    """With `compare --matched`, a comparison holds more than one compute-matched row: the paired table sets each
+    model (and its param-fair row) against its own, every other model against the recipe's, and says so."""
+    from gbattn.experiments.recipes import ModelSpec, Recipe
+    from gbattn.experiments.report import write_results
+
+    specs = [ModelSpec("standard"), ModelSpec("gba-m2", "boosted"),
+             ModelSpec("compute-matched", compute_matched_to="gba-m2"), ModelSpec("mine", "twicing"),
+             ModelSpec("param-fair-mine", param_matched_to="mine"),
+             ModelSpec("compute-matched-mine", compute_matched_to="mine")]
+    losses = {"standard": 2.0, "gba-m2": 1.9, "compute-matched": 1.8, "mine": 1.5, "param-fair-mine": 1.45,
+              "compute-matched-mine": 1.25}
+    results = {s.label: {seed: {**_run_result(10.0, 60.0), "attn": s.attn, "valid_loss": losses[s.label] + seed / 100}
+                         for seed in (1, 2)} for s in specs}
+    write_results(tmp_path, Recipe("r", "a test (10 steps)", "cpu-char", specs),
+                  {"data": "x", "seeds": [1, 2], "sets": {}}, specs, results)
+    md = (tmp_path / "results.md").read_text()
+    cells = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[-1].rstrip(" |")
+             for line in md.splitlines() if line.startswith("| ") and "nats" not in line}
+    assert cells["mine"].startswith("+0.250 (+0.250 / +0.250)")  # against compute-matched-mine, not compute-matched
+    assert cells["param-fair-mine"].startswith("+0.200 (+0.200 / +0.200)")
+    assert cells["gba-m2"].startswith("+0.100 (+0.100 / +0.100)") and cells["compute-matched-mine"].startswith("-0.550")
+    assert ("a model with a compute-matched row of its own, and its param-fair row, against that row; every other "
+            "model against compute-matched.") in md
