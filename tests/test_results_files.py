@@ -922,7 +922,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 22
+    assert checked == 23
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -959,7 +959,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 50, checked
+    assert checked == 51, checked
 
 
 def test_bench_md_is_its_bench_json():
@@ -1383,3 +1383,16 @@ def test_readme_attnres_cost_is_results_bench_attnres():
     quoted = (f"the same command then gave {before[standard]['step_ratio']:.2f}x the step time and "
               f"{before[standard]['memory_ratio']:.2f}x the memory")
     assert quoted in README_PROSE, quoted
+
+
+def test_readme_attnres_rerun_is_results_depth_attnres_rerun():
+    """The AttnRes standard model of `depth`, trained again after the depth mixture was rewritten, against the
+    table's run: the same perplexities to the digits the README gives."""
+    before = compare_rows("depth")["standard-attnres"]
+    again = compare_rows("depth-attnres-rerun")["standard-attnres"]
+    assert before["attn_options"] == again["attn_options"] and before["residual"] == again["residual"]
+    test, valid = (again[key]["42"] for key in ("test_ppl", "valid_ppl"))
+    quoted = (f"reaches test perplexity {test:.4f} against {before['test_ppl']['42']:.4f} before (valid {valid:.4f} "
+              f"and {before['valid_ppl']['42']:.4f})")
+    assert quoted in README_PROSE, quoted
+    assert abs(test / before["test_ppl"]["42"] - 1) < 1e-5  # float rounding, not another model
