@@ -315,7 +315,7 @@ def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> R
     ``param-fair-LABEL``, standard attention widened to at least that model's parameters, and
     ``compute-matched-LABEL``, standard attention trained for that model's training FLOPs, both with that model's
     other fields (norm, residual stream, block, sizes)."""
-    from gbattn.config import variant_sets
+    from gbattn.config import variant_sets  # (it imports torch; the recipes alone stay light for `--help`)
 
     taken = {spec.label for spec in recipe.models}
     added: list[ModelSpec] = []
