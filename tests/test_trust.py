@@ -1254,6 +1254,9 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "must be <= 1024"),
         ("unknown preset", [*new_run, "--preset", "huge"], "preset='huge' is not allowed"),
         ("unknown attention", ["params", "--attn", "nope"], "attn='nope' is not allowed"),
+        ("--attn with bench's options", ["params", "--attn", "boosted:rounds=3"],
+         "attn='boosted:rounds=3': give the variant alone and its options apart, e.g. --attn boosted --set "
+         "attn.rounds=3"),
         ("unknown recipe", ["compare", "--recipe", "nope", "--out", tmp_path / "c"], "recipe='nope' is not allowed"),
         ("compare --model without a variant", ["compare", "--recipe", "cpu-char", "--out", tmp_path / "c",
                                                "--model", "mine"], "--model mine: expected LABEL=VARIANT"),

@@ -33,11 +33,21 @@ def variants_with_option(key: str) -> list[str]:
     return [name for name, cls in VARIANTS.items() if key in {f.name for f in dataclasses.fields(cls.Options)}]
 
 
+def check_variant_name(name) -> None:
+    """``name`` must name a variant; ``boosted:rounds=3`` (the spec ``bench --attn`` and ``compare --model`` take)
+    is told where the options go."""
+    if isinstance(name, str) and name.partition(":")[0] in VARIANTS and ":" in name:
+        option = name.partition(":")[2].split(",")[0]
+        raise ConfigError(f"attn={name!r}: give the variant alone and its options apart, e.g. --attn "
+                          f"{name.partition(':')[0]} --set attn.{option or 'KEY=VALUE'}")
+    check_choice("attn", name, tuple(VARIANTS))
+
+
 def variant_options(name: str, options: dict | None = None, n_heads: int | None = None, n_kv_heads: int | None = None,
                     n_layers: int | None = None):
     """Check a variant name, its options, head counts and layer indices; return the variant's Options record
     (README, "Attention variants")."""
-    check_choice("attn", name, tuple(VARIANTS))
+    check_variant_name(name)
     cls = VARIANTS[name]
     if options is not None and not isinstance(options, dict):  # (a BoostedOptions record: "object is not iterable")
         raise ConfigError(f"options of type {type(options).__name__}: give the variant's options as a dict, e.g. "
@@ -108,7 +118,7 @@ def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> A
     ``options``: the variant's own (``describe_variants()`` lists them with their defaults); a bad name,
     option or head layout is a :class:`ConfigError` naming it. README, "Using gbattn from Python" and
     "Attention variants"; the equations in docs/method.md (``boosted``) and docs/baselines.md (the others)."""
-    check_choice("attn", name, tuple(VARIANTS))
+    check_variant_name(name)
     args = check_args(args)
     record = variant_options(name, options, args.n_heads, args.kv_heads, args.n_layers)
     if getattr(record, "layers", None) is not None and args.layer_idx >= args.n_layers:
