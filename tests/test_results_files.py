@@ -980,7 +980,7 @@ def test_bench_md_is_its_bench_json():
             report["compile"] = report["compile"] or "off"  # recorded as false before --compile took a mode
             assert bench_markdown(report) == path.with_suffix(".md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 10
+    assert checked == 12
 
 
 def test_bench_json_ratios_follow_from_their_timings():
@@ -1000,7 +1000,7 @@ def test_bench_json_ratios_follow_from_their_timings():
             assert r["decode_ratio"] == pytest.approx(base["decode_tokens_per_s"] / r["decode_tokens_per_s"]), (
                 path, r["variant"])
             checked += 1
-    assert checked == 6 + 6 + 4 + 4 + 4 + 6 + 6 + 4 + 4 + 4 + 4
+    assert checked == 6 + 6 + 4 + 4 + 4 + 6 + 6 + 4 + 4 + 4 + 4 + 4 + 4
 
 
 def test_readme_cpu_memory_remeasurement_is_its_bench_file():
@@ -1402,3 +1402,14 @@ def test_readme_attnres_rerun_is_results_depth_attnres_rerun():
               f"and {before['valid_ppl']['42']:.4f})")
     assert quoted in README_PROSE, quoted
     assert abs(test / before["test_ppl"]["42"] - 1) < 1e-5  # float rounding, not another model
+
+
+def test_readme_compiled_twicing_with_dropout_is_its_bench_files():
+    """The compile speedups of standard and Twicing with dropout 0.1 at cpu-proxy, two runs of one command."""
+    runs = [bench_rows(f"bench-compile-twicing-dropout/{name}.json") for name in ("bench", "bench-recheck")]
+    speedup = {label: [rows[f"{label} · compiled"]["compiled_step_speedup"] for rows in runs]
+               for label in ("standard", "twicing")}  # the median over repeats of eager / compiled
+    quoted = (f"compiling sped a step of standard by {speedup['standard'][0]:.2f}x and {speedup['standard'][1]:.2f}x "
+              f"and one of Twicing by {speedup['twicing'][0]:.2f}x and {speedup['twicing'][1]:.2f}x")
+    assert quoted in README_PROSE, quoted
+    assert max(speedup["twicing"]) < 1 <= min(speedup["standard"])
