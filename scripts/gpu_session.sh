@@ -5,7 +5,8 @@
 #
 #   bash scripts/gpu_session.sh [DATA_DIR] [OUT]          # the default stages, in order
 #   STAGES="smoke paper" bash scripts/gpu_session.sh ...  # others, or some of them
-#   TINY=1 bash scripts/gpu_session.sh                    # the same stages at a toy size on a CPU (its test)
+#   TINY=1 bash scripts/gpu_session.sh                    # the same stages at a toy size on a CPU
+#                                                         # (tests/test_gpu_session.py runs some of them so)
 #
 # Stages (the default: smoke resume bench owt extra analysis; paper ran on 2026-12-04, README):
 #   smoke     30 steps of GBA; the script stops at once if they fail
@@ -46,7 +47,8 @@ log() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUT/log.txt"; }
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 wants() { [[ " $STAGES " == *" $1 "* ]]; }
 
-"$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
+# INSTALL=0: gbattn is installed already (its test, which must not reinstall it under the other tests)
+[ "${INSTALL:-1}" = 1 ] && "$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
 GB=("$PY" -m gbattn.cli)
 if [ "${TINY:-0}" = 1 ]; then
   DEVICE=cpu
