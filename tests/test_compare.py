@@ -1567,3 +1567,18 @@ def test_a_model_with_its_own_compute_matched_row_is_paired_with_that_row(tmp_pa
     assert cells["gba-m2"].startswith("+0.100 (+0.100 / +0.100)") and cells["compute-matched-mine"].startswith("-0.550")
     assert ("a model with a compute-matched row of its own, and its param-fair row, against that row; every other "
             "model against compute-matched.") in md
+
+
+def test_a_recipe_json_whose_added_models_are_damaged_is_one_line(tmp_path):
+    """recipe.json's models (label -> variant) and matched (labels), edited into other types: a CheckpointError
+    naming the file, not a traceback."""
+    from gbattn.errors import CheckpointError
+
+    path = tmp_path / "recipe.json"
+    base = {"recipe": "cpu-char", "data": "x", "seeds": [1], "sets": {}, "command": "c"}
+    for damaged, message in (({"models": ["gba-m3"]}, r"models=\['gba-m3'\] must map labels to variants"),
+                             ({"models": {"m": 3}}, r"models=\{'m': 3\} must map labels to variants"),
+                             ({"matched": "gba-m3"}, r"matched='gba-m3' must be a list of labels")):
+        path.write_text(json.dumps({**base, **damaged}))
+        with pytest.raises(CheckpointError, match=message):
+            compare_mod._check_request(path, {**base, "models": {}, "matched": []}, data_as_given="x")
