@@ -1413,3 +1413,26 @@ def test_readme_compiled_twicing_with_dropout_is_its_bench_files():
               f"and one of Twicing by {speedup['twicing'][0]:.2f}x and {speedup['twicing'][1]:.2f}x")
     assert quoted in README_PROSE, quoted
     assert max(speedup["twicing"]) < 1 <= min(speedup["standard"])
+
+
+def test_readme_gba_m3_against_its_own_matched_baselines_is_results_gba_design_m3_matched():
+    """`compare --matched gba-m3` on gba-design's seeds: GBA M=3 against a standard model of at least its parameters
+    and one trained for its FLOPs, every seed; its own runs reproduce gba-design's."""
+    rows, design = compare_rows("gba-design-m3-matched"), compare_rows("gba-design")
+    seeds = ["42", "123", "7"]
+    mine, fair, matched = rows["gba-m3"], rows["param-fair-gba-m3"], rows["compute-matched-gba-m3"]
+    assert fair["param_matched_to"] == matched["compute_matched_to"] == "gba-m3"
+    assert mine["attn_options"] == design["gba-m3"]["attn_options"] == {"rounds": 2 + 1}
+    worst = max(abs(mine["test_ppl"][s] / design["gba-m3"]["test_ppl"][s] - 1) for s in ("42", "123"))
+    behind = {label: paired(mine, rows[label], seeds) for label in ("param-fair-gba-m3", "compute-matched-gba-m3")}
+    assert all(d > 0 for diffs in behind.values() for d in diffs)  # "on every seed"
+    quoted = (f"a standard model of width {fair['d_model']} ({fair['parameters']:,} parameters, "
+              f"{100 * (fair['parameters'] / mine['parameters'] - 1):.0f}% more than GBA M=3) is "
+              f"{statistics.fmean(behind['param-fair-gba-m3']):.3f} nats below it "
+              f"({each_seed(behind['param-fair-gba-m3'])}, seeds 42 / 123 / 7), and standard attention trained for "
+              f"GBA M=3's training FLOPs ({matched['steps']:,} steps) "
+              f"{statistics.fmean(behind['compute-matched-gba-m3']):.3f} below "
+              f"({each_seed(behind['compute-matched-gba-m3'])}), on every seed. GBA M=3's runs reproduce "
+              f"`gba-design`'s to within {worst:.0e} in perplexity (relative) on seeds 42 and 123; seed 7's ends at "
+              f"{mine['test_ppl']['7']:.3f} against {design['gba-m3']['test_ppl']['7']:.3f}").replace("e-0", "e-")
+    assert quoted in README_PROSE, quoted
