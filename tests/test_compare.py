@@ -1582,3 +1582,24 @@ def test_a_recipe_json_whose_added_models_are_damaged_is_one_line(tmp_path):
         path.write_text(json.dumps({**base, **damaged}))
         with pytest.raises(CheckpointError, match=message):
             compare_mod._check_request(path, {**base, "models": {}, "matched": []}, data_as_given="x")
+
+
+def test_results_json_records_the_added_models_and_refuses_them_damaged(tmp_path):
+    """results.json carries compare --model and --matched (what joined the recipe's models), so the rows can be
+    traced to their variants; read_report refuses them edited into other types with one line."""
+    from gbattn.errors import CheckpointError
+    from gbattn.experiments.recipes import ModelSpec, Recipe
+    from gbattn.experiments.report import read_report, write_results
+
+    specs = [ModelSpec("standard"), ModelSpec("mine", "twicing")]
+    request = {"data": "x", "seeds": [1], "sets": {}, "models": {"mine": "twicing"}, "matched": ["mine"]}
+    write_results(tmp_path, Recipe("r", "a test (10 steps)", "cpu-char", specs), request, specs,
+                  {s.label: {1: {**_run_result(10.0, 60.0), "attn": s.attn}} for s in specs})
+    path = tmp_path / "results.json"
+    report = read_report(path)
+    assert (report["added"], report["matched"]) == ({"mine": "twicing"}, ["mine"])
+    for key, value, message in (("added", ["mine"], r"added=\['mine'\] must map labels to variants"),
+                                ("matched", "mine", r"matched='mine' must be a list of labels")):
+        path.write_text(json.dumps({**report, key: value}))
+        with pytest.raises(CheckpointError, match=message):
+            read_report(path)

@@ -764,7 +764,11 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
     assert all(design[label]["parameters"] < design["param-fair"]["parameters"] for label in cheaper)
     assert (f"not in any of the {sum(label.startswith('gba') for label in design)} GBA configurations of the design "
             f"study (the {len(cheaper)} with fewer parameters and FLOPs than GBA M=2 were compared only with the "
-            "baselines matched to GBA M=2, larger than they are)") in README_PROSE
+            "baselines matched to GBA M=2, larger than they are; GBA M=3 lost to baselines matched to its own size "
+            "too, on every seed)") in README_PROSE
+    own = compare_rows("gba-design-m3-matched")
+    assert all(d > 0 for label in ("param-fair-gba-m3", "compute-matched-gba-m3")
+               for d in paired(own["gba-m3"], own[label], ["42", "123", "7"]))
 
     gpu, seeds = compare_rows(GPU), ["42", "123", "7"]
     fair, matched, gba = (gpu[label] for label in ("param-fair", "compute-matched", "gba-m2"))
@@ -928,7 +932,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 23
+    assert checked == 24
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -937,7 +941,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
     multiple of the recipe's eval_every (a recipe edited after its runs, e.g. cpu-proxy's eval_every or the upcycle
     recipe's compute-matched reference, would describe runs that were never made), on the recipe's own corpus."""
     from gbattn.experiments.compare import spec_configs
-    from gbattn.experiments.recipes import RECIPES
+    from gbattn.experiments.recipes import RECIPES, with_models
     from gbattn.experiments.report import other_setting
 
     checked = 0
@@ -946,6 +950,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
         recipe = RECIPES.get(report.get("recipe"))
         if "models" not in report or recipe is None or report.get("sets"):
             continue
+        recipe = with_models(recipe, report.get("added", {}), report.get("matched", []))  # compare --model, --matched
         assert other_setting(report) is None, (path, recipe.default_data)  # e.g. WikiText-2, not another corpus
         specs = {s.label: s for s in recipe.models}
         for row in report["models"]:
@@ -965,7 +970,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 51, checked
+    assert checked == 53, checked
 
 
 def test_bench_md_is_its_bench_json():

@@ -303,6 +303,11 @@ def read_report(path: str | Path) -> dict:
             raise bad(f"{label}: published={published!r} must be [mean, std] (numbers or null)")
     if not isinstance(report.get("seeds", []), list) or not isinstance(report.get("sets", {}), dict):
         raise bad("seeds must be a list and sets a mapping")
+    added, matched = report.get("added", {}), report.get("matched", [])
+    if not isinstance(added, dict) or not all(isinstance(v, str) for v in added.values()):
+        raise bad(f"added={added!r} must map labels to variants")
+    if not isinstance(matched, list) or not all(isinstance(label, str) for label in matched):
+        raise bad(f"matched={matched!r} must be a list of labels")
     missing = report.get("missing", [])
     if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
         raise bad(f"missing={report['missing']!r} must be a list of run names")
@@ -330,6 +335,9 @@ def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpe
         "published_source": recipe.published_source,
         "models": rows,
     }
+    for key, recorded in (("added", request.get("models")), ("matched", request.get("matched"))):
+        if recorded:  # compare --model / --matched: what the recipe's models were joined by (recipes.with_models)
+            report[key] = recorded
     write_json(report, out / "results.json")
     atomic_write(out / "results.md", results_markdown(report))
     return report
