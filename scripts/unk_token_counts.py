@@ -52,11 +52,10 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=16_384)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    train = load_corpus(args.train)
-    ours = Tokenizer("bpe", _train_bpe(islice((s for s in train.lines("train") if s.strip()), BPE_TRAIN_LINES),
-                                       args.vocab_size))
+    training = list(islice((s for s in load_corpus(args.train).lines("train") if s.strip()), BPE_TRAIN_LINES))
+    ours = Tokenizer("bpe", _train_bpe(training, args.vocab_size))
     authors = without_unknown_token(ours)
-    seen = {c for line in islice((s for s in train.lines("train") if s.strip()), BPE_TRAIN_LINES) for c in line}
+    seen = {c for line in training for c in line}  # the characters the BPE was trained on
     record = {"train": Path(args.train).name, "text": Path(args.text).name, "vocab_size": ours.vocab_size,
               "train_lines": BPE_TRAIN_LINES, "splits": {}}
     for split in ("valid", "test"):

@@ -408,15 +408,16 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     return name, options
 
 
-def variant_sets(spec: str) -> tuple[str, dict[str, Any]]:
-    """A variant as ``bench --attn`` and ``compare --model`` take it: (name, ``--set`` overrides), where an option
-    that names a model field sets that field (``boosted:rounds=3,residual=attnres-block``: ``attn.rounds`` and
-    ``residual``) and any other sets an attention option."""
+def variant_spec(spec: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A variant as ``bench --attn`` and ``compare --model`` take it: (name, attention options, model fields), where
+    an option that names a model field sets that field (``boosted:rounds=3,residual=attnres-block``: the option
+    ``rounds`` and the field ``residual``) and any other is an attention option."""
     name, options = parse_variant(spec)
     if not name:
         raise ConfigError(f"{spec!r}: name the attention variant first, e.g. boosted:rounds=3")
     model_fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"attn", "attn_options"}
-    return name, {key if key in model_fields else f"attn.{key}": value for key, value in options.items()}
+    return (name, {key: value for key, value in options.items() if key not in model_fields},
+            {key: value for key, value in options.items() if key in model_fields})
 
 
 def field_path(key: str) -> str:

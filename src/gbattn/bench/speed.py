@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from gbattn.bench import DEFAULT_VARIANTS
-from gbattn.config import ModelConfig, parse_variant, preset_config, variant_sets
+from gbattn.config import ModelConfig, parse_variant, preset_config, variant_spec
 from gbattn.errors import ConfigError, UserError
 from gbattn.files import atomic_write, check_writable_dir, write_json
 from gbattn.model.decoding import compiled_decode_step, eager_decode_step
@@ -383,13 +383,13 @@ def _variant_config(preset: str, spec: str, sets: dict) -> ModelConfig:
     """A spec's model: its options set the variant's attention options, except model fields
     (``boosted:residual=attnres-block``), which set that row's model, so that two blocks are timed in one run."""
     try:
-        name, overrides = variant_sets(spec)
+        name, attn_options, model = variant_spec(spec)
     except ConfigError as e:
         raise UserError(f"--attn {e}") from None
-    if shared := [k for k in SHARED_KEYS if k in overrides]:
+    if shared := [k for k in SHARED_KEYS if k in model]:
         raise UserError(f"--attn {spec}: {' and '.join(shared)} shape every row's batch, so they are set for all "
                         f"rows with --set {shared[0]}=...")
-    return preset_config(preset, name, {**sets, **overrides})
+    return preset_config(preset, name, {**sets, **model, **{f"attn.{k}": v for k, v in attn_options.items()}})
 
 
 def _sweep_config(preset: str, spec: str, sets: dict, seq_len: int) -> ModelConfig:

@@ -315,7 +315,7 @@ def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> R
     ``param-fair-LABEL``, standard attention widened to at least that model's parameters, and
     ``compute-matched-LABEL``, standard attention trained for that model's training FLOPs, both with that model's
     other fields (norm, residual stream, block, sizes)."""
-    from gbattn.config import variant_sets  # (it imports torch; the recipes alone stay light for `--help`)
+    from gbattn.config import variant_spec  # (it imports torch; the recipes alone stay light for `--help`)
 
     taken = {spec.label for spec in recipe.models}
     added: list[ModelSpec] = []
@@ -327,11 +327,9 @@ def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> R
             raise ConfigError(f"--model {label}={text}: recipe {recipe.name!r} has a model {label!r} already; "
                               f"choose another label")
         try:
-            name, overrides = variant_sets(text)
+            name, attn_options, model = variant_spec(text)
         except ConfigError as e:
             raise ConfigError(f"--model {label}={e}") from None
-        attn_options = {key[len("attn."):]: value for key, value in overrides.items() if key.startswith("attn.")}
-        model = {key: value for key, value in overrides.items() if not key.startswith("attn.")}
         added.append(ModelSpec(label, attn=name, attn_options=attn_options, model=model))
         taken.add(label)
     for label in matched:

@@ -38,7 +38,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool
             logits = model(idx)
             if backward:
                 lm_loss(logits, idx).backward()
-    depth_sums = model.residual.mixture_flops_per_token(cfg.d_model) if cfg.residual != "plain" else 0
+    depth_sums = model.residual.mixture_flops_per_token(cfg.d_model) if model.residual is not None else 0
     return counter.get_total_flops() / T + depth_sums * (3 if backward else 1)
 
 
