@@ -1113,6 +1113,7 @@ def test_autocast_is_bfloat16_and_the_cpu_device_name_counts_threads(monkeypatch
     monkeypatch.setattr(platform, "processor", lambda: "cpuX")
     monkeypatch.setattr(runtime.os, "cpu_count", lambda: 64)
     monkeypatch.setattr(runtime, "cpu_model", lambda: None)  # no /proc/cpuinfo: the architecture alone
+    monkeypatch.setattr(runtime, "cpu_kernels", lambda: None)
     for threads, expected in ((1, "cpu (1 thread, cpuX)"), (3, "cpu (3 threads, cpuX)")):
         monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
         assert runtime.device_name(torch.device("cpu")) == expected
@@ -1145,7 +1146,33 @@ def test_the_cpu_device_name_holds_the_cpu_model(monkeypatch, tmp_path):
     monkeypatch.setattr(platform, "processor", lambda: "x86_64")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(runtime, "cpu_model", lambda: "AMD EPYC 7B13")
+    monkeypatch.setattr(runtime, "cpu_kernels", lambda: None)
     assert runtime.device_name(torch.device("cpu")) == "cpu (2 threads, x86_64, AMD EPYC 7B13)"
+
+
+def test_the_cpu_device_name_holds_the_kernels_instruction_set(monkeypatch):
+    """Two CPU runs of one seed bit-match only when torch dispatches to the same kernels: the same code
+    gave a different validation loss at step 250 with AVX2 kernels than with AVX512 ones on one machine
+    (docs/deviations.md, hardware), so the device name records the instruction set, as torch reports
+    it, after the CPU's model."""
+    import platform
+
+    import torch
+
+    from gbattn import runtime
+
+    monkeypatch.setattr(platform, "processor", lambda: "x86_64")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(runtime, "cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert runtime.device_name(torch.device("cpu")) == "cpu (1 thread, x86_64, AMD EPYC, AVX2)"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "")
+    assert runtime.device_name(torch.device("cpu")) == "cpu (1 thread, x86_64, AMD EPYC)"
+    # the real call, with torch's kernels forced down to the baseline
+    code = "import torch; from gbattn import runtime; print(runtime.cpu_kernels())"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "DEFAULT"
 
 
 def test_rng_states_of_a_cuda_device_are_its_generators(monkeypatch):

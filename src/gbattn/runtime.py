@@ -80,13 +80,23 @@ def use_tf32(device: torch.device) -> None:
 
 def device_name(device: torch.device) -> str:
     """The hardware a run or a benchmark ran on, for results files: the GPU's name, or the CPU's
-    with the thread count in use."""
+    with the thread count in use and the instruction set torch's kernels use (runs on two CPUs bit-match
+    only with the same kernels: docs/deviations.md, hardware)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     threads = torch.get_num_threads()
-    model = cpu_model()
-    return (f"cpu ({threads} thread{'s' if threads != 1 else ''}, {platform.processor() or platform.machine()}"
-            f"{f', {model}' if model else ''})")
+    parts = [f"{threads} thread{'s' if threads != 1 else ''}", platform.processor() or platform.machine()]
+    parts += [name for name in (cpu_model(), cpu_kernels()) if name]
+    return f"cpu ({', '.join(parts)})"
+
+
+def cpu_kernels() -> str | None:
+    """The instruction set torch dispatches its CPU kernels to (``AVX512``, ``AVX2``, ``DEFAULT``), which
+    ``ATEN_CPU_CAPABILITY`` may lower; None where torch does not say."""
+    try:
+        return torch.backends.cpu.get_cpu_capability() or None
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
