@@ -1671,6 +1671,25 @@ def test_the_paired_table_needs_two_seeds_orders_them_by_number_and_skips_a_dive
     assert paired_cells(md, "gba-m2")[4].startswith("-0.060 (-0.030 / -0.100 / -0.050) **same sign**")
 
 
+def test_a_comparison_without_a_standard_row_has_the_compute_matched_column_alone():
+    """`compare --only gba-gate-vector param-fair-gba-gate-vector compute-matched-gba-gate-vector --matched
+    gba-gate-vector` has no standard row: its paired table was left out entirely; it now pairs each model with its
+    compute-matched row, the one column there is."""
+    md = paired_md({"gba-v": {"1": 2.20, "2": 2.25, "3": 2.22}, "param-fair-gba-v": {"1": 2.18, "2": 2.21, "3": 2.23},
+                    "compute-matched-gba-v": {"1": 2.10, "2": 2.12, "3": 2.15}},
+                   updates={"param-fair-gba-v": {"param_matched_to": "gba-v"},
+                            "compute-matched-gba-v": {"compute_matched_to": "gba-v"}})
+    assert "| model | parameters | train PFLOP | valid loss | Δ vs compute-matched |" in md
+    assert "Δ vs standard" not in md.split("## Paired per-seed differences")[1].split("##")[0]
+    gba = paired_cells(md, "gba-v")
+    assert len(gba) == 5 and gba[4].startswith("+0.100 (+0.100 / +0.130 / +0.070) **same sign**")
+    assert paired_cells(md, "param-fair-gba-v")[4].startswith("+0.083 (+0.080 / +0.090 / +0.080) **same sign**")
+    assert paired_cells(md, "compute-matched-gba-v")[4] == "—"
+    # nothing to pair with at all: no table
+    alone = paired_md({"gba-v": {"1": 2.2, "2": 2.3}, "gba-w": {"1": 2.1, "2": 2.2}}, seeds=(1, 2))
+    assert "Paired per-seed" not in alone
+
+
 def test_the_curve_table_leaves_out_an_evaluation_that_was_not_finite():
     """A NaN evaluation is an infinite perplexity in memory and null in result.json (read_result accepts
     it): both give the mean of the finite seeds, where the null crashed statistics.fmean (TypeError) and

@@ -663,28 +663,33 @@ def paired_cell(diffs: dict[str, float], seeds: list[str] | None = None) -> str:
 def paired_table(rows: list[dict]) -> list[str]:
     """Paired per-seed differences of validation loss to standard and to compute-matched, when the
     runs have more than one seed, each marked when every seed's difference has the same sign (with the chance
-    of that between models that do not differ: :func:`same_sign_note`)."""
+    of that between models that do not differ: :func:`same_sign_note`). A comparison of some of a recipe's
+    models (``compare --only``) without a standard row has the compute-matched column alone."""
     base = standard_row(rows)
     first = next((r for r in rows if r.get("compute_matched_to")), None)
     own = {}  # a model (and its param-fair row) -> its own compute-matched row (compare --matched adds more than one)
     for r in rows:
         if r.get("compute_matched_to"):
             own.setdefault(r["compute_matched_to"], r)
-    if base is None or len(valid_losses(base)) < 2:
+    reference = base or first
+    if reference is None or len(valid_losses(reference)) < 2:
         return []
-    seeds = sorted(valid_losses(base), key=seed_key)
+    seeds = sorted(valid_losses(reference), key=seed_key)
+    columns = [delta_header(base)] * (base is not None) + ["Δ vs compute-matched"]
     lines = ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
              f"Each cell: the mean over seeds of (model − reference) on the same seed, then each seed's difference "
              f"({', '.join(seeds)}); {same_sign_note(len(seeds))}."
              + (f" Δ vs compute-matched: a model with a compute-matched row of its own, and its param-fair row, "
                 f"against that row; every other model against {first['label']}." if len(own) > 1 else ""), "",
-             f"| model | parameters | train PFLOP | valid loss | {delta_header(base)} | Δ vs compute-matched |",
-             "| --- | ---: | ---: | ---: | --- | --- |"]
+             f"| model | parameters | train PFLOP | valid loss | {' | '.join(columns)} |",
+             "| --- | ---: | ---: | ---: |" + " --- |" * len(columns)]
     for r in rows:
         mean, std = mean_std(valid_losses(r).values())
-        vs_base = paired_cell(paired_differences(r, base), seeds) if r is not base else "—"
+        cells = []
+        if base is not None:
+            cells.append(paired_cell(paired_differences(r, base), seeds) if r is not base else "—")
         matched = own.get(r["label"]) or own.get(r.get("param_matched_to")) or first
-        vs_matched = paired_cell(paired_differences(r, matched), seeds) if matched and r is not matched else "—"
+        cells.append(paired_cell(paired_differences(r, matched), seeds) if matched and r is not matched else "—")
         lines.append(f"| {r['label']} | {r['parameters']:,} | {r['train_flops'] / 1e15:.3g} | {_fmt(mean, std, 3)} | "
-                     f"{vs_base} | {vs_matched} |")
+                     f"{' | '.join(cells)} |")
     return lines
