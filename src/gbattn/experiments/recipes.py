@@ -292,7 +292,7 @@ _add(Recipe(
                 "(with and without attention biases) and GBA M=2",
     preset="cpu-char",
     models=baseline_models(),
-    seeds=[42, 123],
+    seeds=[42, 123, 7],
     default_data="tiny-shakespeare",
 ))
 _add(Recipe(
