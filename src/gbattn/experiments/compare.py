@@ -26,7 +26,15 @@ from gbattn.config import TrainConfig, build_configs, training_input_length
 from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
 from gbattn.errors import CheckpointError, Interrupted, Terminated, UserError
-from gbattn.experiments.recipes import ModelSpec, Recipe, depends_on, get_recipe, training_order, with_models
+from gbattn.experiments.recipes import (
+    ModelSpec,
+    Recipe,
+    added_models_problem,
+    depends_on,
+    get_recipe,
+    training_order,
+    with_models,
+)
 from gbattn.experiments.report import write_results
 from gbattn.files import open_to_append, portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
@@ -510,20 +518,15 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True, *, data_
             raise CheckpointError(f"{path}: commands={commands!r} must be a list of strings; restore the file or use "
                                   f"another --out")
         request["commands"] = commands
-        recorded = before.get("models", {})
-        if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
-            raise CheckpointError(f"{path}: models={recorded!r} must map labels to variants; restore the file or use "
-                                  f"another --out")
+        recorded, matched = before.get("models", {}), before.get("matched", [])
+        if problem := added_models_problem(recorded, matched):
+            raise CheckpointError(f"{path}: {problem}; restore the file or use another --out")
         asked = request.setdefault("models", {})
         for label, text in asked.items():
             if recorded.get(label, text) != text:
                 raise UserError(f"{path.parent} holds model {label} as --model {label}={recorded[label]}, not "
                                 f"{text}; use another label or --out")
         request["models"] = {**recorded, **asked}
-        matched = before.get("matched", [])
-        if not isinstance(matched, list) or not all(isinstance(label, str) for label in matched):
-            raise CheckpointError(f"{path}: matched={matched!r} must be a list of labels; restore the file or use "
-                                  f"another --out")
         request["matched"] = list(dict.fromkeys([*matched, *request.get("matched", [])]))
     else:
         request["commands"] = []

@@ -309,6 +309,16 @@ _add(Recipe(
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a folder name in the comparison
 
 
+def added_models_problem(models, matched, models_key: str = "models") -> str | None:
+    """What is wrong with a recorded ``compare --model`` mapping and ``--matched`` list (recipe.json's ``models``,
+    results.json's ``added``, named by ``models_key``), or None: both are untrusted input."""
+    if not isinstance(models, dict) or not all(isinstance(v, str) for v in models.values()):
+        return f"{models_key}={models!r} must map labels to variants"
+    if not isinstance(matched, list) or not all(isinstance(label, str) for label in matched):
+        return f"matched={matched!r} must be a list of labels"
+    return None
+
+
 def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> Recipe:
     """``recipe`` with models of the user's own (``compare --model LABEL=SPEC``, SPEC as ``bench --attn`` takes it)
     and, for each label in ``matched``, its two baselines (docs/baselines.md, "Comparison rules"):

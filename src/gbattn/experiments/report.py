@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gbattn.errors import CheckpointError
-from gbattn.experiments.recipes import ModelSpec, Recipe
+from gbattn.experiments.recipes import ModelSpec, Recipe, added_models_problem
 from gbattn.files import atomic_write, read_json, write_json
 
 # Like with like: results.json rows can hold different seeds (a budget that ran out) and runs
@@ -303,11 +303,8 @@ def read_report(path: str | Path) -> dict:
             raise bad(f"{label}: published={published!r} must be [mean, std] (numbers or null)")
     if not isinstance(report.get("seeds", []), list) or not isinstance(report.get("sets", {}), dict):
         raise bad("seeds must be a list and sets a mapping")
-    added, matched = report.get("added", {}), report.get("matched", [])
-    if not isinstance(added, dict) or not all(isinstance(v, str) for v in added.values()):
-        raise bad(f"added={added!r} must map labels to variants")
-    if not isinstance(matched, list) or not all(isinstance(label, str) for label in matched):
-        raise bad(f"matched={matched!r} must be a list of labels")
+    if problem := added_models_problem(report.get("added", {}), report.get("matched", []), "added"):
+        raise bad(problem)
     missing = report.get("missing", [])
     if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
         raise bad(f"missing={report['missing']!r} must be a list of run names")
