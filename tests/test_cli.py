@@ -1153,7 +1153,7 @@ def test_the_cpu_device_name_holds_the_cpu_model(monkeypatch, tmp_path):
 def test_the_cpu_device_name_holds_the_kernels_instruction_set(monkeypatch):
     """Two CPU runs of one seed bit-match only when torch dispatches to the same kernels: the same code
     gave a different validation loss at step 250 with AVX2 kernels than with AVX512 ones on one machine
-    (docs/deviations.md, hardware), so the device name records the instruction set, as torch reports
+    (docs/deviations.md, entry 21), so the device name records the instruction set, as torch reports
     it, after the CPU's model."""
     import platform
 

@@ -493,12 +493,21 @@ def torchrun(out: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
     what these tests check, which every other failure still fails. A fresh run's folder is cleared first."""
     for attempt in (1, 2):
         proc = subprocess.run([*TORCHRUN, "--out", str(out), *args], capture_output=True, text=True, env=env)
-        if attempt == 2 or proc.returncode == 0 or not NATIVE_CRASH.search(proc.stderr):
+        # (a resumed run goes on from its last checkpoint, exactly: its folder stays)
+        if attempt == 2 or proc.returncode == 0 or not crashed_natively(proc.stderr, out, clear="--resume" not in args):
             return proc
-        print(f"torchrun: a process crashed in native code; running it again:\n{proc.stderr[-2000:]}")
-        if "--resume" not in args:  # (a resumed run goes on from its last checkpoint, exactly)
-            shutil.rmtree(out, ignore_errors=True)
     return proc
+
+
+def crashed_natively(stderr: str, out: Path, clear: bool = True) -> bool:
+    """Whether one of a torchrun's processes died of SIGABRT or SIGSEGV (:func:`torchrun`); if so, it says so and
+    clears a fresh run's folder ``out`` for the second try."""
+    if not NATIVE_CRASH.search(stderr):
+        return False
+    print(f"torchrun: a process crashed in native code; running it again:\n{stderr[-2000:]}")
+    if clear:
+        shutil.rmtree(out, ignore_errors=True)
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -553,13 +562,8 @@ def test_an_interrupted_run_of_two_processes_resumes_exactly(tmp_path, parallel)
         deadline = time.monotonic() + 600  # a busy machine is slow, not wrong
         while not (run / rundir.CHECKPOINT).exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        if proc.poll() is None or attempt == 2:
+        if proc.poll() is None or attempt == 2 or not crashed_natively(proc.communicate()[1], run):
             break
-        _, err = proc.communicate()
-        if not NATIVE_CRASH.search(err):
-            break
-        print(f"torchrun: a process crashed in native code; running it again:\n{err[-2000:]}")
-        shutil.rmtree(run, ignore_errors=True)
     assert proc.poll() is None and (run / rundir.CHECKPOINT).exists(), "no checkpoint before the run ended"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)

@@ -81,7 +81,7 @@ def use_tf32(device: torch.device) -> None:
 def device_name(device: torch.device) -> str:
     """The hardware a run or a benchmark ran on, for results files: the GPU's name, or the CPU's
     with the thread count in use and the instruction set torch's kernels use (runs on two CPUs bit-match
-    only with the same kernels: docs/deviations.md, hardware)."""
+    only with the same kernels: docs/deviations.md, entry 21)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     threads = torch.get_num_threads()
