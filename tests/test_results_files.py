@@ -766,10 +766,7 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
     cheaper = [label for label, r in design.items() if label.startswith("gba")
                and r["parameters"] < m2["parameters"] and r["train_flops"] < m2["train_flops"]]
     assert all(design[label]["parameters"] < design["param-fair"]["parameters"] for label in cheaper)
-    assert len(cheaper) == len(CHEAPER_MATCHED)  # each compared with baselines matched to it (the test below)
-    own = compare_rows("gba-design-m3-matched")
-    assert all(d > 0 for label in ("param-fair-gba-m3", "compute-matched-gba-m3")
-               for d in paired(own["gba-m3"], own[label], ["42", "123", "7"]))
+    assert len(cheaper) == len(CHEAPER_MATCHED)  # each, and GBA M=3, against baselines matched to it: the test below
 
     gpu, seeds = compare_rows(GPU), ["42", "123", "7"]
     fair, matched, gba = (gpu[label] for label in ("param-fair", "compute-matched", "gba-m2"))
