@@ -1685,6 +1685,10 @@ def test_a_comparison_without_a_standard_row_has_the_compute_matched_column_alon
     assert len(gba) == 5 and gba[4].startswith("+0.100 (+0.100 / +0.130 / +0.070) **same sign**")
     assert paired_cells(md, "param-fair-gba-v")[4].startswith("+0.083 (+0.080 / +0.090 / +0.080) **same sign**")
     assert paired_cells(md, "compute-matched-gba-v")[4] == "—"
+    # nor a main-table column of dashes: "Δ vs standard" is nowhere
+    assert "Δ vs standard" not in md and "| model | attention | d | parameters | test ppl | valid ppl |" in md
+    main = md.split("\n\n")[2].splitlines()
+    assert len({row.count("|") for row in main}) == 1 and main[2].split("|")[5].strip() != "—", main
     # nothing to pair with at all: no table
     alone = paired_md({"gba-v": {"1": 2.2, "2": 2.3}, "gba-w": {"1": 2.1, "2": 2.2}}, seeds=(1, 2))
     assert "Paired per-seed" not in alone

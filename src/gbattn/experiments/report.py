@@ -387,7 +387,8 @@ def results_markdown(report: dict) -> str:
     Like with like (rules shared with the results figure):
 
     - Δ vs standard: when the models have different seeds, over the seeds all models share (or,
-      if none is, the seeds each model shares with standard); a line below the table says so.
+      if none is, the seeds each model shares with standard); a line below the table says so. No column
+      without a standard row (``compare --only`` leaving it out).
     - published: shown for a row only when its runs trained as the published number's did: not when
       ``sets`` overrides a training field that is not result-neutral (max_steps, lr, tokenizer,
       train_tokens, ...), nor when the recipe description names a step count other than the row's
@@ -408,10 +409,11 @@ def results_markdown(report: dict) -> str:
         f"Data: `{report['data']}` · seeds {', '.join(map(str, report['seeds']))} · hardware: "
         f"{devices_text(rows)}{'' if report['complete'] else ' · INCOMPLETE (' + missing_text(report) + ')'}",
         "",
-        f"| model | attention | d | parameters | test ppl | {delta_header(base)} | valid ppl | published | steps | "
-        "train tokens | tokens/param | train PFLOP | tokens/s | wall-clock |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+        f"| model | attention | d | parameters | test ppl | {delta_header(base) + ' | ' if base else ''}valid ppl | "
+        "published | steps | train tokens | tokens/param | train PFLOP | tokens/s | wall-clock |",
+        "| --- | --- | ---: | ---: | ---: | " + ("---: | " if base else "") + "---: | ---: | ---: | ---: | ---: | "
+        "---: | ---: | ---: |",
+    ]  # no standard row (compare --only ... without one): no Δ column of dashes
     for r in rows:
         delta = "—"
         if base and r is not base:
@@ -426,7 +428,7 @@ def results_markdown(report: dict) -> str:
         pub = published_value(report, r)
         lines.append(
             f"| {r['label']} | {attn} | {r['d_model']} | {r['parameters']:,} | "
-            f"{_fmt(r['test_ppl_mean'], r['test_ppl_std'])} | {delta} | "
+            f"{_fmt(r['test_ppl_mean'], r['test_ppl_std'])} | {delta + ' | ' if base else ''}"
             f"{_fmt(r['valid_ppl_mean'], r['valid_ppl_std'])} | "
             f"{_fmt(*pub) if pub else '—'} | {r['steps']:,} | "
             f"{r['train_tokens'] / 1e6:.2f}M | {r['tokens_per_parameter']:.3g} | {r['train_flops'] / 1e15:.3g} | "
@@ -438,7 +440,7 @@ def results_markdown(report: dict) -> str:
                 else f"the seeds each model shares with {reference_label(base)} (no seed is shared by all models)")
         seeds_per_model = "; ".join(f"{r['label']}: {', '.join(seed_values(r)) or 'none'}" for r in rows)
         lines += ["", f"Seeds differ between models ({seeds_per_model}): test ppl is each model's mean over its own "
-                      f"seeds; {delta_header(base)} is over {over}."]
+                      f"seeds{f'; {delta_header(base)} is over {over}' if base else ''}."]
     else:
         held = held_seeds(rows)
         missing = [str(s) for s in report.get("seeds", []) if str(s) not in held]
