@@ -400,6 +400,55 @@ def test_readme_wikitext_tables_are_their_results():
     assert_table("**Post-LN** (`cpu-postln`)", expected)
 
 
+def proxy_three_seeds() -> dict[str, dict]:
+    """cpu-proxy's five models over seed 42 (results/cpu-proxy, 2026-11-30) and seeds 123 and 7
+    (results/cpu-proxy-seeds, 2026-12-05: the same recipe, data and settings): one row per model, each seed's
+    perplexities in it."""
+    first, later = compare_rows("cpu-proxy"), compare_rows("cpu-proxy-seeds")
+    assert list(first) == list(later)
+    rows = {}
+    for label, r in first.items():
+        other = later[label]
+        assert sorted(r["test_ppl"]) == ["42"] and sorted(other["test_ppl"]) == ["123", "7"]
+        assert all(other[key] == r[key] for key in ("attn", "attn_options", "d_model", "parameters", "steps"))
+        assert math.isclose(other["train_flops"], r["train_flops"], rel_tol=1e-9)
+        rows[label] = {**r, **{key: {**r[key], **other[key]} for key in ("test_ppl", "valid_ppl")}}
+    return rows
+
+
+def test_readme_cpu_proxy_three_seed_table_is_its_results():
+    """cpu-proxy over seeds 42, 123 and 7: test perplexity mean ± std and the change of the means, then each model's
+    paired validation-loss differences to standard and to GBA M=2, and the prose's claims drawn from them."""
+    rows, seeds = proxy_three_seeds(), ["42", "123", "7"]
+    std, gba = rows["standard"], rows["gba-m2"]
+    names = {"standard": "standard", "twicing": "twicing", "param-fair": "param-fair standard", "gba-m2": "GBA M=2",
+             "compute-matched": f"compute-matched standard ({rows['compute-matched']['steps']:,} steps)"}
+
+    def mean(row):
+        return statistics.fmean(row["test_ppl"][s] for s in seeds)
+
+    expected = [[name, f"{rows[label]['parameters']:,}", pflop(rows[label]),
+                 f"{mean(rows[label]):.2f} ± {statistics.stdev(rows[label]['test_ppl'][s] for s in seeds):.2f}",
+                 "—" if label == "standard" else change(mean(rows[label]), mean(std)),
+                 *("—" if rows[label] is ref else paired_text(paired(rows[label], ref, seeds)) for ref in (std, gba))]
+                for label, name in names.items()]
+    assert_table("**`cpu-proxy` over seeds 42, 123 and 7**", expected)
+
+    gain = paired(gba, std, seeds)
+    tests = [change(gba["test_ppl"][s], std["test_ppl"][s]) for s in seeds]
+    assert all(d < 0 for d in gain)  # "ahead of standard on every seed"
+    assert (f"GBA M=2 is ahead of standard on every seed ({', '.join(tests[:2])} and {tests[2]} test perplexity; "
+            f"{signed(statistics.fmean(gain), 3, '')} nats of validation loss on average, paired t-test "
+            f"p = {paired_t_p(gain):.2f})") in README_PROSE
+    twicing = paired(rows["twicing"], gba, seeds)
+    assert min(twicing) < 0 < max(twicing)  # "the seeds disagree"
+    behind = {label: paired(gba, rows[label], seeds) for label in ("param-fair", "compute-matched")}
+    assert all(d > 0 for diffs in behind.values() for d in diffs)  # "behind both on every seed"
+    assert (f"behind the wider model ({signed(statistics.fmean(behind['param-fair']), 3, '')} nats) and the "
+            f"longer-trained one ({signed(statistics.fmean(behind['compute-matched']), 3, '')}) on every seed"
+            ) in README_PROSE
+
+
 def test_readme_upcycle_table_is_results_upcycle():
     rows = compare_rows("upcycle")
     base, continued = rows["base"], rows["standard-continued"]
@@ -694,7 +743,7 @@ def test_readme_reference_tables_name_every_variant_preset_and_recipe():
 def test_readme_should_i_use_gba_is_the_tables():
     """The summary's numbers are the tables' (the step, memory and decode ranges over every CPU benchmark
     of paper-small)."""
-    gpu, proxy, design = compare_rows(GPU), compare_rows("cpu-proxy"), compare_rows("gba-design")
+    gpu, design = compare_rows(GPU), compare_rows("gba-design")
     modern, modern123 = compare_rows("cpu-modern"), compare_rows("cpu-modern-seed123")
     upcycle, design_proxy = compare_rows("upcycle"), compare_rows("gba-design-proxy")
     seeds = ["42", "123", "7"]
@@ -703,12 +752,17 @@ def test_readme_should_i_use_gba_is_the_tables():
                           for label in ("gba-m2", "standard")))
     paper_diffs = paired(gpu["gba-m2"], gpu["standard"], seeds)
     assert all(d < 0 for d in paper_diffs)
-    proxy_gain = change(proxy["gba-m2"]["test_ppl"]["42"], proxy["standard"]["test_ppl"]["42"])
+    proxy3 = proxy_three_seeds()
+    proxy_gain = change(*(statistics.fmean(proxy3[label]["test_ppl"][s] for s in seeds)
+                          for label in ("gba-m2", "standard")))
+    proxy_diffs, char_diffs = (paired(rows["gba-m2"], rows["standard"], seeds) for rows in (proxy3, design))
+    assert all(d < 0 for d in proxy_diffs + char_diffs)  # "each on every one of 3 seeds"
     assert (f"{paper_gain} test perplexity at paper scale (every one of 3 seeds, paired t-test of the validation "
             f"losses p = "
             f"{paired_t_p(paper_diffs):.2f}, one H200), {proxy_gain} at `cpu-proxy` and "
-            f"{signed(char_gain, 3, '')} nats on `cpu-char` (every one of 3 seeds, but within seed noise there: "
-            f"paired t-test p = {paired_t_p(paired(design['gba-m2'], design['standard'], seeds)):.2f})") in README_PROSE
+            f"{signed(char_gain, 3, '')} nats on `cpu-char` (each on every one of 3 seeds, but within seed noise "
+            f"there: paired t-tests p = {paired_t_p(proxy_diffs):.2f} and {paired_t_p(char_diffs):.2f})"
+            ) in README_PROSE
     modern7 = compare_rows("cpu-modern-seed7")
     assert (f"{change(modern['gba-m2']['test_ppl']['42'], modern['standard']['test_ppl']['42'])}, "
             f"{change(modern123['gba-m2']['test_ppl']['123'], modern123['standard']['test_ppl']['123'])} and "
@@ -749,7 +803,8 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
     baselines matched to it (the test after the next); line 5 gives the
     paper-scale means over three seeds, where the wider and the longer-trained models beat GBA on every seed."""
     pairs = [(GPU, "gba-m2", "standard"), ("gpu-paper-small-wt2", "gba-m2", "standard"),
-             ("cpu-proxy", "gba-m2", "standard"), ("cpu-char", "gba-m2", "standard"),
+             ("cpu-proxy", "gba-m2", "standard"), ("cpu-proxy-seeds", "gba-m2", "standard"),
+             ("cpu-char", "gba-m2", "standard"),
              ("gba-design", "gba-m2", "standard"),
              ("cpu-char-long", "gba-m2", "standard"), ("gba-design-proxy", "gba-m2", "standard"),
              ("cpu-postln", "gba-m2-postln", "standard-postln"), ("depth", "gba-m2", "standard"),
@@ -930,7 +985,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 26
+    assert checked == 27
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -968,7 +1023,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 60, checked
+    assert checked == 64, checked
 
 
 def test_bench_md_is_its_bench_json():
@@ -1131,6 +1186,11 @@ def test_readme_results_prose_is_the_results_files():
     assert all(c.startswith("+") for c in changes)  # "on every seed"
     expected.append(f"loss, on every seed: {changes[0]} (seed 42), {changes[1]} (seed 123) and {changes[2]} (seed 7)")
     expected.append(f"{signed(statistics.fmean(gaps), 3, '')} nats on average")
+    proxy3, seeds = proxy_three_seeds(), ["42", "123", "7"]
+    gpt2 = [change(proxy3["gba-m2"]["test_ppl"][s], proxy3["standard"]["test_ppl"][s]) for s in seeds]
+    gpt2_nats = statistics.fmean(paired(proxy3["gba-m2"], proxy3["standard"], seeds))
+    expected.append(f"GPT-2-style block gave {gpt2[0]}, {gpt2[1]} and {gpt2[2]} on the same seeds "
+                    f"({signed(gpt2_nats, 3, '')} nats; `cpu-proxy` below)")
     expected.append(f"param-fair here has {more(modern['param-fair'], modern['gba-m2'], 'parameters', 1)} more "
                     f"parameters than GBA, against {more(proxy['param-fair'], proxy['gba-m2'], 'parameters', 1)} in "
                     "`cpu-proxy`")
