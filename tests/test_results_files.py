@@ -449,6 +449,36 @@ def test_readme_cpu_proxy_three_seed_table_is_its_results():
             ) in README_PROSE
 
 
+def test_readme_gba_m3_three_seeds_is_its_results():
+    """GBA M=3 at cpu-proxy over seeds 42 (gba-design-proxy) and 123 and 7 (gba-design-proxy-m3), against cpu-proxy's
+    three seeds of the other models; and "Should I use GBA?" line 4 drawn from it."""
+    first, later, proxy3 = compare_rows("gba-design-proxy"), compare_rows("gba-design-proxy-m3"), proxy_three_seeds()
+    assert list(later) == ["gba-m3"] and sorted(later["gba-m3"]["test_ppl"]) == ["123", "7"]
+    assert all(abs(first[label]["test_ppl"]["42"] - proxy3[label]["test_ppl"]["42"]) < 5e-3
+               for label in ("standard", "param-fair", "compute-matched", "gba-m2"))  # the same runs' numbers
+    m3 = {**first["gba-m3"], **{key: {**first["gba-m3"][key], **later["gba-m3"][key]}
+                                for key in ("test_ppl", "valid_ppl")}}
+    assert all(later["gba-m3"][key] == m3[key] for key in ("parameters", "steps", "attn_options"))
+    seeds = ["42", "123", "7"]
+    std = proxy3["standard"]
+    tests = [change(m3["test_ppl"][s], std["test_ppl"][s]) for s in seeds]
+    mean_change = change(*(statistics.fmean(r["test_ppl"][s] for s in seeds) for r in (m3, std)))
+    gain = paired(m3, std, seeds)
+    assert all(d < 0 for d in gain)  # "on every seed"
+    versus = {label: paired(m3, proxy3[label], seeds) for label in ("gba-m2", "param-fair", "compute-matched")}
+    assert all(d < 0 for d in versus["gba-m2"])  # "ahead of GBA M=2 on every seed"
+    assert all(d > 0 for label in ("param-fair", "compute-matched") for d in versus[label])  # "behind both"
+    assert (f"GBA M=3 is ahead of standard on every seed ({tests[0]}, {tests[1]} and {tests[2]} test perplexity, "
+            f"{mean_change} for the means; {signed(statistics.fmean(gain), 3, '')} nats, paired t-test "
+            f"p = {paired_t_p(gain):.2f}) and of GBA M=2 ({paired_text(versus['gba-m2'])}), and behind param-fair "
+            f"({signed(statistics.fmean(versus['param-fair']), 3, '')}) and compute-matched "
+            f"({signed(statistics.fmean(versus['compute-matched']), 3, '')}) on every seed") in README_PROSE
+    m2_change = change(*(statistics.fmean(proxy3[label]["test_ppl"][s] for s in seeds)
+                         for label in ("gba-m2", "standard")))
+    assert (f"which about doubles the gain ({mean_change} against {m2_change} at `cpu-proxy`, means over 3 seeds, "
+            f"ahead of standard and of M=2 on every seed)") in README_PROSE
+
+
 def test_readme_upcycle_table_is_results_upcycle():
     rows = compare_rows("upcycle")
     base, continued = rows["base"], rows["standard-continued"]
@@ -792,7 +822,7 @@ def test_readme_should_i_use_gba_is_the_tables():
 
     m3, std = design_proxy["gba-m3"], design_proxy["standard"]
     flops = 100 * (m3["train_flops"] / std["train_flops"] - 1)
-    assert (f"doubles the gain ({change(m3['test_ppl']['42'], std['test_ppl']['42'])} at `cpu-proxy`) for "
+    assert (f"ahead of standard and of M=2 on every seed) for "  # the gain: test_readme_gba_m3_three_seeds_...
             f"{100 * (m3['parameters'] / std['parameters'] - 1):.0f}% more parameters and "
             f"{flops:.0f}% more training FLOPs than standard") in README_PROSE
 
@@ -985,7 +1015,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 27
+    assert checked == 28
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -1023,7 +1053,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 64, checked
+    assert checked == 65, checked
 
 
 def test_bench_md_is_its_bench_json():
