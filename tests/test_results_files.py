@@ -444,6 +444,13 @@ def test_readme_cpu_proxy_three_seed_table_is_its_results():
     assert min(twicing) < 0 < max(twicing)  # "the seeds disagree"
     behind = {label: paired(gba, rows[label], seeds) for label in ("param-fair", "compute-matched")}
     assert all(d > 0 for diffs in behind.values() for d in diffs)  # "behind both on every seed"
+    spread = statistics.stdev(std["test_ppl"][s] for s in seeds) / mean(std)
+    upcycled = compare_rows("upcycle")
+    gains = [upcycled[label]["test_ppl"]["42"] / upcycled["standard-continued"]["test_ppl"]["42"] - 1
+             for label in ("gba-upcycled", "gba-shared-upcycled")]
+    assert all(-1.5 * spread < g < -0.5 * spread for g in gains)  # upcycling's "about the size of the seed spread"
+    assert (f"standard's test perplexity varies by {100 * spread:.1f}% over three seeds, sample std over mean"
+            in README_PROSE)
     assert (f"behind the wider model ({signed(statistics.fmean(behind['param-fair']), 3, '')} nats) and the "
             f"longer-trained one ({signed(statistics.fmean(behind['compute-matched']), 3, '')}) on every seed"
             ) in README_PROSE
