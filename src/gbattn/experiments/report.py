@@ -409,16 +409,16 @@ def results_markdown(report: dict) -> str:
         f"Data: `{report['data']}` · seeds {', '.join(map(str, report['seeds']))} · hardware: "
         f"{devices_text(rows)}{'' if report['complete'] else ' · INCOMPLETE (' + missing_text(report) + ')'}",
         "",
-        f"| model | attention | d | parameters | test ppl | {delta_header(base) + ' | ' if base else ''}valid ppl | "
-        "published | steps | train tokens | tokens/param | train PFLOP | tokens/s | wall-clock |",
-        "| --- | --- | ---: | ---: | ---: | " + ("---: | " if base else "") + "---: | ---: | ---: | ---: | ---: | "
-        "---: | ---: | ---: |",
-    ]  # no standard row (compare --only ... without one): no Δ column of dashes
+    ]
+    delta_column = [delta_header(base)] if base else []  # no standard row (compare --only): no column of dashes
+    header = ["model", "attention", "d", "parameters", "test ppl", *delta_column, "valid ppl", "published", "steps",
+              "train tokens", "tokens/param", "train PFLOP", "tokens/s", "wall-clock"]
+    lines += ["| " + " | ".join(header) + " |", "| --- | --- |" + " ---: |" * (len(header) - 2)]
     for r in rows:
-        delta = "—"
-        if base and r is not base:
-            change = relative_change(compared[r["label"]], compared[base["label"]])
-            delta = f"{100 * change:+.1f}%" if change is not None else "—"
+        delta = []
+        if base:
+            change = relative_change(compared[r["label"]], compared[base["label"]]) if r is not base else None
+            delta = [f"{100 * change:+.1f}%" if change is not None else "—"]
         opts = ", ".join(f"{k}={v}" for k, v in r["attn_options"].items())
         attn = r["attn"] + (f" ({opts})" if opts else "")
         if r["norm"] != "pre":
@@ -426,14 +426,12 @@ def results_markdown(report: dict) -> str:
         if r["residual"] != "plain":
             attn += f", {r['residual']}"
         pub = published_value(report, r)
-        lines.append(
-            f"| {r['label']} | {attn} | {r['d_model']} | {r['parameters']:,} | "
-            f"{_fmt(r['test_ppl_mean'], r['test_ppl_std'])} | {delta + ' | ' if base else ''}"
-            f"{_fmt(r['valid_ppl_mean'], r['valid_ppl_std'])} | "
-            f"{_fmt(*pub) if pub else '—'} | {r['steps']:,} | "
-            f"{r['train_tokens'] / 1e6:.2f}M | {r['tokens_per_parameter']:.3g} | {r['train_flops'] / 1e15:.3g} | "
-            f"{r['tokens_per_s']:,.0f} | {r['wall_clock_s'] / 60:.1f} min |"
-        )
+        cells = [r["label"], attn, str(r["d_model"]), f"{r['parameters']:,}",
+                 _fmt(r["test_ppl_mean"], r["test_ppl_std"]), *delta, _fmt(r["valid_ppl_mean"], r["valid_ppl_std"]),
+                 _fmt(*pub) if pub else "—", f"{r['steps']:,}", f"{r['train_tokens'] / 1e6:.2f}M",
+                 f"{r['tokens_per_parameter']:.3g}", f"{r['train_flops'] / 1e15:.3g}", f"{r['tokens_per_s']:,.0f}",
+                 f"{r['wall_clock_s'] / 60:.1f} min"]
+        lines.append("| " + " | ".join(cells) + " |")
     common = common_seeds(rows)
     if common is not None:
         over = (f"the seed{'s' if len(common) > 1 else ''} all models share ({', '.join(common)})" if common
