@@ -153,6 +153,21 @@ def paired(row: dict, reference: dict, seeds: list[str]) -> list[float]:
     return [nats(row, s) - nats(reference, s) for s in seeds]
 
 
+def mean_test_ppl(row: dict, seeds: list[str]) -> float:
+    """A model's test perplexity, the mean over ``seeds``."""
+    return statistics.fmean(row["test_ppl"][s] for s in seeds)
+
+
+def seed_changes(row: dict, reference: dict, seeds: list[str]) -> list[str]:
+    """Each seed's change of test perplexity against ``reference`` on the same seed: ['−1.6%', '−1.5%', ...]."""
+    return [change(row["test_ppl"][s], reference["test_ppl"][s]) for s in seeds]
+
+
+def with_later_seeds(row: dict, later: dict) -> dict:
+    """``row`` with the perplexities of ``later``, a later run of the same model on other seeds, added seed by seed."""
+    return {**row, **{key: {**row[key], **later[key]} for key in ("test_ppl", "valid_ppl")}}
+
+
 def paired_text(diffs: list[float]) -> str:
     """'−0.016 (−0.032 / −0.003 / −0.012) same sign': the mean, each seed's, and whether every seed agrees."""
     agree = all(d < 0 for d in diffs) or all(d > 0 for d in diffs)
@@ -209,16 +224,13 @@ def test_readme_gpu_table_is_results_gpu():
              "compute-matched": f"compute-matched standard ({matched['steps']:,} steps)"}
     seeds = ["42", "123", "7"]
 
-    def mean(row):
-        return statistics.fmean(row["test_ppl"][s] for s in seeds)
-
     expected = []
     for label, name in names.items():
         r, paper = rows[label], rows[label]["published"]
         assert sorted(r["test_ppl"]) == sorted(seeds)
         expected.append([name, str(r["d_model"]), f"{r['parameters']:,}", f"{r['train_flops'] / 1e15:.2f}",
-                         f"{mean(r):.2f} ± {statistics.stdev(r['test_ppl'][s] for s in seeds):.2f}",
-                         "—" if r is std else change(mean(r), mean(std)),
+                         f"{mean_test_ppl(r, seeds):.2f} ± {statistics.stdev(r['test_ppl'][s] for s in seeds):.2f}",
+                         "—" if r is std else change(mean_test_ppl(r, seeds), mean_test_ppl(std, seeds)),
                          "—" if r is std else paired_text(paired(r, std, seeds)),
                          "—" if r is matched else paired_text(paired(r, matched, seeds)),
                          f"{paper[0]:.1f} ± {paper[1]:.1f}" if paper else "—",
@@ -412,7 +424,7 @@ def proxy_three_seeds() -> dict[str, dict]:
         assert sorted(r["test_ppl"]) == ["42"] and sorted(other["test_ppl"]) == ["123", "7"]
         assert all(other[key] == r[key] for key in ("attn", "attn_options", "d_model", "parameters", "steps"))
         assert math.isclose(other["train_flops"], r["train_flops"], rel_tol=1e-9)
-        rows[label] = {**r, **{key: {**r[key], **other[key]} for key in ("test_ppl", "valid_ppl")}}
+        rows[label] = with_later_seeds(r, other)
     return rows
 
 
@@ -424,18 +436,16 @@ def test_readme_cpu_proxy_three_seed_table_is_its_results():
     names = {"standard": "standard", "twicing": "twicing", "param-fair": "param-fair standard", "gba-m2": "GBA M=2",
              "compute-matched": f"compute-matched standard ({rows['compute-matched']['steps']:,} steps)"}
 
-    def mean(row):
-        return statistics.fmean(row["test_ppl"][s] for s in seeds)
-
+    mean = {label: mean_test_ppl(row, seeds) for label, row in rows.items()}
     expected = [[name, f"{rows[label]['parameters']:,}", pflop(rows[label]),
-                 f"{mean(rows[label]):.2f} ± {statistics.stdev(rows[label]['test_ppl'][s] for s in seeds):.2f}",
-                 "—" if label == "standard" else change(mean(rows[label]), mean(std)),
+                 f"{mean[label]:.2f} ± {statistics.stdev(rows[label]['test_ppl'][s] for s in seeds):.2f}",
+                 "—" if label == "standard" else change(mean[label], mean["standard"]),
                  *("—" if rows[label] is ref else paired_text(paired(rows[label], ref, seeds)) for ref in (std, gba))]
                 for label, name in names.items()]
     assert_table("**`cpu-proxy` over seeds 42, 123 and 7**", expected)
 
     gain = paired(gba, std, seeds)
-    tests = [change(gba["test_ppl"][s], std["test_ppl"][s]) for s in seeds]
+    tests = seed_changes(gba, std, seeds)
     assert all(d < 0 for d in gain)  # "ahead of standard on every seed"
     assert (f"GBA M=2 is ahead of standard on every seed ({', '.join(tests[:2])} and {tests[2]} test perplexity; "
             f"{signed(statistics.fmean(gain), 3, '')} nats of validation loss on average, paired t-test "
@@ -444,7 +454,7 @@ def test_readme_cpu_proxy_three_seed_table_is_its_results():
     assert min(twicing) < 0 < max(twicing)  # "the seeds disagree"
     behind = {label: paired(gba, rows[label], seeds) for label in ("param-fair", "compute-matched")}
     assert all(d > 0 for diffs in behind.values() for d in diffs)  # "behind both on every seed"
-    spread = statistics.stdev(std["test_ppl"][s] for s in seeds) / mean(std)
+    spread = statistics.stdev(std["test_ppl"][s] for s in seeds) / mean["standard"]
     upcycled = compare_rows("upcycle")
     gains = [upcycled[label]["test_ppl"]["42"] / upcycled["standard-continued"]["test_ppl"]["42"] - 1
              for label in ("gba-upcycled", "gba-shared-upcycled")]
@@ -463,13 +473,12 @@ def test_readme_gba_m3_three_seeds_is_its_results():
     assert list(later) == ["gba-m3"] and sorted(later["gba-m3"]["test_ppl"]) == ["123", "7"]
     assert all(abs(first[label]["test_ppl"]["42"] - proxy3[label]["test_ppl"]["42"]) < 5e-3
                for label in ("standard", "param-fair", "compute-matched", "gba-m2"))  # the same runs' numbers
-    m3 = {**first["gba-m3"], **{key: {**first["gba-m3"][key], **later["gba-m3"][key]}
-                                for key in ("test_ppl", "valid_ppl")}}
+    m3 = with_later_seeds(first["gba-m3"], later["gba-m3"])
     assert all(later["gba-m3"][key] == m3[key] for key in ("parameters", "steps", "attn_options"))
     seeds = ["42", "123", "7"]
     std = proxy3["standard"]
-    tests = [change(m3["test_ppl"][s], std["test_ppl"][s]) for s in seeds]
-    mean_change = change(*(statistics.fmean(r["test_ppl"][s] for s in seeds) for r in (m3, std)))
+    tests = seed_changes(m3, std, seeds)
+    mean_change = change(mean_test_ppl(m3, seeds), mean_test_ppl(std, seeds))
     gain = paired(m3, std, seeds)
     assert all(d < 0 for d in gain)  # "on every seed"
     versus = {label: paired(m3, proxy3[label], seeds) for label in ("gba-m2", "param-fair", "compute-matched")}
@@ -480,8 +489,7 @@ def test_readme_gba_m3_three_seeds_is_its_results():
             f"p = {paired_t_p(gain):.2f}) and of GBA M=2 ({paired_text(versus['gba-m2'])}), and behind param-fair "
             f"({signed(statistics.fmean(versus['param-fair']), 3, '')}) and compute-matched "
             f"({signed(statistics.fmean(versus['compute-matched']), 3, '')}) on every seed") in README_PROSE
-    m2_change = change(*(statistics.fmean(proxy3[label]["test_ppl"][s] for s in seeds)
-                         for label in ("gba-m2", "standard")))
+    m2_change = change(mean_test_ppl(proxy3["gba-m2"], seeds), mean_test_ppl(std, seeds))
     assert (f"which about doubles the gain ({mean_change} against {m2_change} at `cpu-proxy`, means over 3 seeds, "
             f"ahead of standard and of M=2 on every seed)") in README_PROSE
 
@@ -785,13 +793,11 @@ def test_readme_should_i_use_gba_is_the_tables():
     upcycle, design_proxy = compare_rows("upcycle"), compare_rows("gba-design-proxy")
     seeds = ["42", "123", "7"]
     char_gain = statistics.fmean(paired(design["gba-m2"], design["standard"], seeds))
-    paper_gain = change(*(statistics.fmean(gpu[label]["test_ppl"][s] for s in seeds)
-                          for label in ("gba-m2", "standard")))
+    paper_gain = change(mean_test_ppl(gpu["gba-m2"], seeds), mean_test_ppl(gpu["standard"], seeds))
     paper_diffs = paired(gpu["gba-m2"], gpu["standard"], seeds)
     assert all(d < 0 for d in paper_diffs)
     proxy3 = proxy_three_seeds()
-    proxy_gain = change(*(statistics.fmean(proxy3[label]["test_ppl"][s] for s in seeds)
-                          for label in ("gba-m2", "standard")))
+    proxy_gain = change(mean_test_ppl(proxy3["gba-m2"], seeds), mean_test_ppl(proxy3["standard"], seeds))
     proxy_diffs, char_diffs = (paired(rows["gba-m2"], rows["standard"], seeds) for rows in (proxy3, design))
     assert all(d < 0 for d in proxy_diffs + char_diffs)  # "each on every one of 3 seeds"
     assert (f"{paper_gain} test perplexity at paper scale (every one of 3 seeds, paired t-test of the validation "
@@ -864,7 +870,7 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
     fair, matched, gba = (gpu[label] for label in ("param-fair", "compute-matched", "gba-m2"))
     assert all(d > 0 for d in paired(gba, fair, seeds)) and all(d > 0 for d in paired(gba, matched, seeds))
     assert "not at paper scale (the wider model won on every one of 3 seeds)" in README_PROSE
-    fair, matched, gba = (statistics.fmean(r["test_ppl"][s] for s in seeds) for r in (fair, matched, gba))
+    fair, matched, gba = (mean_test_ppl(r, seeds) for r in (fair, matched, gba))
     assert (f"(at paper scale, mean test perplexity over 3 seeds: {fair:.2f} for the wider model and {matched:.2f} "
             f"for the longer-trained one, against {gba:.2f} for GBA)") in README_PROSE
 
@@ -1162,20 +1168,19 @@ def test_readme_results_prose_is_the_results_files():
     expected = []
     # paper scale: three seeds, against the wider model, and against the earlier single-seed run
     seeds = ["42", "123", "7"]
+    mean = {label: mean_test_ppl(row, seeds) for label, row in gpu.items()}
 
-    def mean(row):
-        return statistics.fmean(row["test_ppl"][s] for s in seeds)
-
-    gba, fair, matched = gpu["gba-m2"], gpu["param-fair"], gpu["compute-matched"]
+    gba, fair = gpu["gba-m2"], gpu["param-fair"]
     gain = paired(gba, gpu["standard"], seeds)
-    expected.append(f"GBA's gain over standard ({change(mean(gba), mean(gpu['standard']))} test perplexity, "
+    expected.append(f"GBA's gain over standard ({change(mean['gba-m2'], mean['standard'])} test perplexity, "
                     f"every seed, paired t-test p = {paired_t_p(gain):.2f}) is close to the paper's")
     behind = paired(gba, fair, seeds)
-    assert all(d > 0 for d in behind) and mean(matched) < min(mean(fair), mean(gba))
-    expected.append(f"the wider model is better on every seed ({mean(fair):.2f} against {mean(gba):.2f} test "
-                    f"perplexity; GBA's validation loss is {signed(statistics.fmean(behind), 3, '')} nats higher, "
+    assert all(d > 0 for d in behind) and mean["compute-matched"] < min(mean["param-fair"], mean["gba-m2"])
+    expected.append(f"the wider model is better on every seed ({mean['param-fair']:.2f} against "
+                    f"{mean['gba-m2']:.2f} test perplexity; GBA's validation loss is "
+                    f"{signed(statistics.fmean(behind), 3, '')} nats higher, "
                     f"{' / '.join(signed(d, 3, '') for d in behind)}, p = {paired_t_p(behind):.2f})")
-    expected.append(f"beats both ({mean(matched):.2f})")
+    expected.append(f"beats both ({mean['compute-matched']:.2f})")
     expected.append(f"had standard {test(earlier['standard']):.2f}, param-fair {test(earlier['param-fair']):.2f} and "
                     f"GBA {test(earlier['gba-m2']):.2f}")
     rises = [test(gpu[label]) - test(earlier[label]) for label in gpu]
@@ -1223,8 +1228,8 @@ def test_readme_results_prose_is_the_results_files():
     assert all(c.startswith("+") for c in changes)  # "on every seed"
     expected.append(f"loss, on every seed: {changes[0]} (seed 42), {changes[1]} (seed 123) and {changes[2]} (seed 7)")
     expected.append(f"{signed(statistics.fmean(gaps), 3, '')} nats on average")
-    proxy3, seeds = proxy_three_seeds(), ["42", "123", "7"]
-    gpt2 = [change(proxy3["gba-m2"]["test_ppl"][s], proxy3["standard"]["test_ppl"][s]) for s in seeds]
+    proxy3 = proxy_three_seeds()
+    gpt2 = seed_changes(proxy3["gba-m2"], proxy3["standard"], seeds)
     gpt2_nats = statistics.fmean(paired(proxy3["gba-m2"], proxy3["standard"], seeds))
     expected.append(f"GPT-2-style block gave {gpt2[0]}, {gpt2[1]} and {gpt2[2]} on the same seeds "
                     f"({signed(gpt2_nats, 3, '')} nats; `cpu-proxy` below)")
