@@ -412,20 +412,25 @@ def test_readme_wikitext_tables_are_their_results():
     assert_table("**Post-LN** (`cpu-postln`)", expected)
 
 
-def proxy_three_seeds() -> dict[str, dict]:
-    """cpu-proxy's five models over seed 42 (results/cpu-proxy, 2026-11-30) and seeds 123 and 7
-    (results/cpu-proxy-seeds, 2026-12-05: the same recipe, data and settings): one row per model, each seed's
-    perplexities in it."""
-    first, later = compare_rows("cpu-proxy"), compare_rows("cpu-proxy-seeds")
-    assert list(first) == list(later)
+def over_seeds(first_name: str, later_name: str) -> dict[str, dict]:
+    """The models of ``later_name`` (results of seeds 123 and 7) with seed 42's perplexities from ``first_name`` (the
+    same recipe, data and settings, trained earlier) added: one row per model, each seed's perplexities in it."""
+    first, later = compare_rows(first_name), compare_rows(later_name)
     rows = {}
-    for label, r in first.items():
-        other = later[label]
+    for label, other in later.items():
+        r = first[label]
         assert sorted(r["test_ppl"]) == ["42"] and sorted(other["test_ppl"]) == ["123", "7"]
         assert all(other[key] == r[key] for key in ("attn", "attn_options", "d_model", "parameters", "steps"))
         assert math.isclose(other["train_flops"], r["train_flops"], rel_tol=1e-9)
         rows[label] = with_later_seeds(r, other)
     return rows
+
+
+def proxy_three_seeds() -> dict[str, dict]:
+    """cpu-proxy's five models over seed 42 (results/cpu-proxy, 2026-11-30) and seeds 123 and 7
+    (results/cpu-proxy-seeds, 2026-12-05)."""
+    assert list(compare_rows("cpu-proxy")) == list(compare_rows("cpu-proxy-seeds"))
+    return over_seeds("cpu-proxy", "cpu-proxy-seeds")
 
 
 def test_readme_cpu_proxy_three_seed_table_is_its_results():
