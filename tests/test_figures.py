@@ -1338,8 +1338,8 @@ def test_results_md_gives_a_model_whose_every_seed_diverged_no_value_and_no_diff
     table = [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()
              if line.startswith("| gba-m2 |")]
     assert table[0][4:8] == ["—", "—", "—", "—"]  # test ppl, Δ vs standard, valid ppl, published
-    assert table[1][3:] == ["—", "—", "—"]  # valid loss, Δ vs standard, Δ vs compute-matched
-    assert "| standard | 800,000 | 0.008 | 2.210 ± 0.014 | — | — |" in md
+    assert table[1][3:] == ["—", "—"]  # valid loss, Δ vs standard (no compute-matched row: no column)
+    assert "| standard | 800,000 | 0.008 | 2.210 ± 0.014 | — |" in md
 
 
 def test_results_figure_error_bars_are_the_std_dots_every_seed_and_the_axis_holds_them_all():
@@ -1694,6 +1694,17 @@ def test_a_comparison_without_a_standard_row_has_the_compute_matched_column_alon
     assert "Paired per-seed" not in alone
 
 
+def test_a_comparison_without_a_compute_matched_row_has_the_standard_column_alone():
+    """`compare --only standard gba-m2` (or a recipe with no compute-matched model) had a "Δ vs compute-matched"
+    column of dashes beside the standard one; now the standard column is the only one."""
+    md = paired_md({"standard": {"1": 2.20, "2": 2.25, "3": 2.22}, "gba-v": {"1": 2.18, "2": 2.21, "3": 2.23}})
+    paired_part = md.split("## Paired per-seed differences")[1].split("##")[0]
+    assert "| model | parameters | train PFLOP | valid loss | Δ vs standard |" in paired_part
+    assert "compute-matched" not in paired_part
+    assert len(paired_cells(md, "gba-v")) == 5 and paired_cells(md, "standard")[4] == "—"
+    assert paired_cells(md, "gba-v")[4].startswith("-0.017 (-0.020 / -0.040 / +0.010)")
+
+
 def test_the_curve_table_leaves_out_an_evaluation_that_was_not_finite():
     """A NaN evaluation is an infinite perplexity in memory and null in result.json (read_result accepts
     it): both give the mean of the finite seeds, where the null crashed statistics.fmean (TypeError) and
@@ -1939,7 +1950,7 @@ def test_the_delta_columns_name_their_reference_when_it_is_another_standard():
                                            "valid_loss": {"42": 2.3, "123": 2.4}},
                                           {**model_row("gba-m2", {"42": 9.0, "123": 10.0}),
                                            "valid_loss": {"42": 2.2, "123": 2.3}}]))
-    header = "| model | parameters | train PFLOP | valid loss | Δ vs standard-continued | Δ vs compute-matched |"
+    header = "| model | parameters | train PFLOP | valid loss | Δ vs standard-continued |"
     assert header in paired
     assert "| gba-scratch | boosted | 128 | 800,000 | 9.25 ± 0.35 | -10.0% |" in md  # over seed 42: 9 / 10
     plain = results_markdown(report_of([model_row("standard", {"42": 10.0}), model_row("gba-m2", {"42": 9.0})]))

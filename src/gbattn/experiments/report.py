@@ -661,7 +661,8 @@ def paired_table(rows: list[dict]) -> list[str]:
     """Paired per-seed differences of validation loss to standard and to compute-matched, when the
     runs have more than one seed, each marked when every seed's difference has the same sign (with the chance
     of that between models that do not differ: :func:`same_sign_note`). A comparison of some of a recipe's
-    models (``compare --only``) without a standard row has the compute-matched column alone."""
+    models (``compare --only``) without a standard row has the compute-matched column alone, and one without a
+    compute-matched row the standard column alone."""
     base = standard_row(rows)
     first = next((r for r in rows if r.get("compute_matched_to")), None)
     own = {}  # a model (and its param-fair row) -> its own compute-matched row (compare --matched adds more than one)
@@ -672,7 +673,7 @@ def paired_table(rows: list[dict]) -> list[str]:
     if reference is None or len(valid_losses(reference)) < 2:
         return []
     seeds = sorted(valid_losses(reference), key=seed_key)
-    columns = [delta_header(base)] * (base is not None) + ["Δ vs compute-matched"]
+    columns = [delta_header(base)] * (base is not None) + ["Δ vs compute-matched"] * (first is not None)
     lines = ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
              f"Each cell: the mean over seeds of (model − reference) on the same seed, then each seed's difference "
              f"({', '.join(seeds)}); {same_sign_note(len(seeds))}."
@@ -685,8 +686,9 @@ def paired_table(rows: list[dict]) -> list[str]:
         cells = []
         if base is not None:
             cells.append(paired_cell(paired_differences(r, base), seeds) if r is not base else "—")
-        matched = own.get(r["label"]) or own.get(r.get("param_matched_to")) or first
-        cells.append(paired_cell(paired_differences(r, matched), seeds) if matched and r is not matched else "—")
+        if first is not None:
+            matched = own.get(r["label"]) or own.get(r.get("param_matched_to")) or first
+            cells.append(paired_cell(paired_differences(r, matched), seeds) if r is not matched else "—")
         lines.append(f"| {r['label']} | {r['parameters']:,} | {r['train_flops'] / 1e15:.3g} | {_fmt(mean, std, 3)} | "
                      f"{' | '.join(cells)} |")
     return lines
