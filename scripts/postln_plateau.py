@@ -1,15 +1,16 @@
 """When Post-LN models leave the loss plateau at the start of training (README, "Residual streams").
 
-Every `cpu-postln` run first sits near the unigram loss (about 6.7 nats on WikiText-2 at BPE 4,096) before
-its loss falls. This trains the recipe's Post-LN standard and GBA M=2 models, with exactly the configs
+Every `cpu-postln` run first sits on a plateau, a training loss of about 6.7 nats (WikiText-2, BPE 4,096),
+before its loss falls. This trains the recipe's Post-LN standard and GBA M=2 models, with exactly the configs
 `gbattn compare --recipe cpu-postln` gives them (same schedule, so the same learning rate at every step),
 but only until their training loss leaves the plateau: the first logged step (a mean over the last
-`log_every` steps) below ``--threshold``, or ``--cap`` steps. Runs already trained in full (``--also``) are
-read the same way. Two runs at a time with one thread each, on 2 CPU cores, from the repository root with a
-local copy of WikiText-2 (README, "Data"):
+`log_every` steps) below ``--threshold``, or ``--cap`` steps. Comparisons already trained in full
+(``--also``) are read the same way, every model in them (a Pre-LN one too, for contrast). Two runs at a
+time with one thread each, on 2 CPU cores, from the repository root with a local copy of WikiText-2
+(README, "Data"):
 
     python scripts/postln_plateau.py --data path/to/wikitext-2 --out runs/postln-plateau --seeds 42 1 2 3 4 5 \\
-        --also runs/cpu-postln-seeds --results results/postln-plateau/plateau.json
+        --also runs/cpu-postln-seeds runs/cpu-proxy-seeds --results results/postln-plateau/plateau.json
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def main() -> None:
     parser.add_argument("--data", required=True)
     parser.add_argument("--out", required=True, help="folder of the probe runs (one per model and seed)")
     parser.add_argument("--seeds", type=int, nargs="+", required=True)
-    parser.add_argument("--also", nargs="*", default=[], help="`compare --recipe cpu-postln` folders trained in full")
+    parser.add_argument("--also", nargs="*", default=[],
+                        help="comparison folders trained in full (cpu-postln's, or another recipe's for contrast)")
     parser.add_argument("--threshold", type=float, default=6.4, help="loss (nats) that counts as off the plateau")
     parser.add_argument("--cap", type=int, default=900, help="stop a run still on the plateau at this step")
     parser.add_argument("--jobs", type=int, default=2)
@@ -90,14 +92,16 @@ def main() -> None:
                 print(f"{key[0]} seed {key[1]}: {plateau_exit(metrics, args.threshold)}", flush=True)
     runs = []
     for folder, kind in [(out, "probe")] + [(Path(a), "full run") for a in args.also]:
-        for label in LABELS:
+        labels = LABELS if kind == "probe" else sorted(p.name for p in folder.iterdir() if p.is_dir())
+        for label in labels:
             for run_dir in sorted((folder / label).glob("seed*")):
                 metrics = run_dir / "metrics.jsonl"
                 if not metrics.exists():
                     continue
                 exit_step, last = plateau_exit(metrics, args.threshold)
                 runs.append({"label": label, "seed": int(run_dir.name.removeprefix("seed")), "run": kind,
-                             "exit_step": exit_step, "last_step": last})
+                             "comparison": portable_path(str(folder)), "exit_step": exit_step, "last_step": last})
+    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     write_json({"recipe": RECIPE, "data": portable_path(args.data), "threshold": args.threshold, "cap": args.cap,
                 "command": command(args), "runs": runs},
                args.results)

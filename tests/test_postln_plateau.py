@@ -42,7 +42,7 @@ def test_probes_train_the_recipes_configs_and_stop_once_off_the_plateau(tmp_path
     also = tmp_path / "full"
     (also / "gba-m2-postln" / "seed7").mkdir(parents=True)
     _metrics(also / "gba-m2-postln" / "seed7" / "metrics.jsonl", {10: 7.0, 20: 6.7, 30: 6.3})
-    out, results = tmp_path / "probes", tmp_path / "plateau.json"
+    out, results = tmp_path / "probes", tmp_path / "results" / "plateau.json"  # a folder not made yet
     monkeypatch.setattr("sys.argv", ["postln_plateau.py", "--data", data, "--out", str(out), "--seeds", "3",
                                      "--also", str(also), "--threshold", "100", "--results", str(results)])
     script.main()

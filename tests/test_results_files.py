@@ -471,6 +471,63 @@ def test_readme_cpu_proxy_three_seed_table_is_its_results():
             ) in README_PROSE
 
 
+def postln_plateau() -> tuple[dict, dict[tuple[str, int], int | None]]:
+    """results/postln-plateau: the step each Post-LN run's training loss left the start-of-training plateau, by (model,
+    seed), from the probes (stopped there) and the full runs of results/cpu-postln-seeds."""
+    record = json.loads((ROOT / "results" / "postln-plateau" / "plateau.json").read_text(encoding="utf-8"))
+    exits = {(r["label"], r["seed"]): r["exit_step"] for r in record["runs"]}
+    assert len(exits) == len(record["runs"])  # no model and seed twice (a probe beside a full run)
+    assert all(r["run"] == "full run" for r in record["runs"] if r["seed"] in (123, 7))
+    return record, exits
+
+
+def test_readme_post_ln_three_seeds_and_plateau_are_their_results():
+    """Post-LN over seeds 42, 123 and 7 (each seed's test perplexity and change, the paired validation loss), the
+    plateau table over every seed measured, and the prose's claims drawn from them."""
+    rows, seeds = over_seeds("cpu-postln", "cpu-postln-seeds"), ["42", "123", "7"]
+    record, exits = postln_plateau()
+    std, gba = rows["standard-postln"], rows["gba-m2-postln"]
+    expected = []
+    for r, name in ((std, "standard"), (gba, "GBA M=2")):
+        expected.append([name, f"{r['parameters']:,}", " / ".join(f"{r['test_ppl'][s]:.2f}" for s in seeds),
+                         "—" if r is std else " / ".join(seed_changes(r, std, seeds)),
+                         "—" if r is std else paired_text(paired(r, std, seeds)),
+                         " / ".join(str(exits[r["label"], int(s)]) for s in seeds)])
+    assert_table("**Post-LN over seeds 42, 123 and 7**", expected)
+    postln = ("standard-postln", "gba-m2-postln")
+    all_seeds = [42, 123, 7] + sorted({seed for label, seed in exits if label in postln} - {42, 123, 7})
+    assert all((label, seed) in exits for label in postln for seed in all_seeds)
+    expected = []
+    for label, name in zip(postln, ("standard", "GBA M=2")):
+        steps = [exits[label, seed] for seed in all_seeds]
+        expected.append([name, " / ".join(map(str, steps)), f"{statistics.median(steps):g}", f"{max(steps)}"])
+    assert_table("**The Post-LN plateau**", expected)
+    assert f"seeds {', '.join(map(str, all_seeds[:-1]))} and {all_seeds[-1]}" in README_PROSE
+    assert f"falls below {record['threshold']} nats" in README_PROSE
+    delays = {s: exits["gba-m2-postln", s] - exits["standard-postln", s] for s in all_seeds}
+    later, same = [s for s, d in delays.items() if d > 0], [s for s, d in delays.items() if d == 0]
+    earlier = [s for s, d in delays.items() if d < 0]
+    assert earlier == [4]
+    assert exits["gba-m2-postln", 7] > 2 * max(exits["standard-postln", s] for s in all_seeds)  # "more than twice"
+    assert {min(delays[s] for s in later if s != 7), max(delays[s] for s in later if s != 7)} == {30, 50}
+    assert (f"GBA left it later than standard on {len(later)} of {len(all_seeds)} seeds and at the same step on "
+            f"{len(same)} (earlier on seed 4), by 30 to 50 steps except on seed 7") in README_PROSE
+    pre_ln = {(label, seed): step for (label, seed), step in exits.items() if label not in postln}
+    assert len(pre_ln) == 10 and max(pre_ln.values()) == 120  # cpu-proxy's five models, seeds 123 and 7
+    assert "each of `cpu-proxy`'s five models is below 6.4 nats by step 120" in README_PROSE
+    assert max(exits["standard-postln", s] for s in all_seeds) <= 300  # "leaves it by step 300 on every seed"
+    later_runs = compare_rows("cpu-postln-seeds")
+    curve, std_curve = ({c["step"]: c["valid_ppl"] for c in later_runs[label]["curves"]["7"]} for label in
+                        ("gba-m2-postln", "standard-postln"))
+    assert (f"(validation {curve[600]:.0f} at step 600 against standard's {std_curve[600]:.0f})") in README_PROSE
+    assert 1.95 < gba["test_ppl"]["7"] / std["test_ppl"]["7"] < 2.05  # "twice standard's perplexity"
+    assert f"the seeds disagree, paired t-test p = {paired_t_p(paired(gba, std, seeds)):.2f}" in README_PROSE
+    pre = proxy_three_seeds()
+    assert (f"under Pre-LN it was ahead on every one of the same seeds "
+            f"({', '.join(seed_changes(pre['gba-m2'], pre['standard'], seeds)[:2])} and "
+            f"{seed_changes(pre['gba-m2'], pre['standard'], seeds)[2]})") in README_PROSE
+
+
 def test_readme_gba_m3_three_seeds_is_its_results():
     """GBA M=3 at cpu-proxy over seeds 42 (gba-design-proxy) and 123 and 7 (gba-design-proxy-m3), against cpu-proxy's
     three seeds of the other models; and "Should I use GBA?" line 4 drawn from it."""
@@ -610,8 +667,8 @@ def test_deviations_scalar_gate_start_is_results_gba_design_scalar_at_half():
 
 def test_deviations_post_ln_final_norm_is_results_cpu_postln_final_norm():
     """docs/deviations.md's measured final LayerNorm in Post-LN models against cpu-postln's rows on the same seed,
-    GBA's gain over standard with and without it, and the two-seed variation of that gain it is compared with
-    (cpu-modern, seeds 42 and 123)."""
+    GBA's gain over standard with and without it, and the variation of that gain over seeds it is compared with
+    (cpu-postln, seeds 42, 123 and 7)."""
     report = json.loads((ROOT / "results" / "cpu-postln-final-norm" / "results.json").read_text())
     assert report["sets"] == {"final_norm": True} and report["seeds"] == [42]
     ours, theirs = compare_rows("cpu-postln"), compare_rows("cpu-postln-final-norm")
@@ -620,8 +677,8 @@ def test_deviations_post_ln_final_norm_is_results_cpu_postln_final_norm():
     assert all(theirs[label]["parameters"] - d[label] == 2 * 128 for label in (std, gba))  # "256 more parameters"
     shift = [nats(theirs[label], "42") - nats(ours[label], "42") for label in (std, gba)]
     with_norm, without = (paired(rows[gba], rows[std], ["42"])[0] for rows in (theirs, ours))
-    modern = paired(compare_rows("cpu-modern")["gba-m2"], compare_rows("cpu-modern")["standard"], ["42"]) + \
-        paired(compare_rows("cpu-modern-seed123")["gba-m2"], compare_rows("cpu-modern-seed123")["standard"], ["123"])
+    seeds = over_seeds("cpu-postln", "cpu-postln-seeds")
+    spread = paired(seeds[gba], seeds[std], ["42", "123", "7"])
     ppl = {(name, label): f"{rows[label]['valid_ppl']['42']:.2f}" for name, rows in (("ours", ours), ("theirs", theirs))
            for label in (std, gba)}
     test_change = [f"{100 * (rows[gba]['test_ppl']['42'] / rows[std]['test_ppl']['42'] - 1):+.1f}%"
@@ -630,11 +687,12 @@ def test_deviations_post_ln_final_norm_is_results_cpu_postln_final_norm():
                 f"against {ppl['ours', std]} and {ppl['ours', gba]} without: {shift[0]:+.3f} and {shift[1]:+.3f} nats. "
                 f"GBA's gain over standard in validation loss halves, from {without:+.3f} to {with_norm:+.3f} nats "
                 f"(test perplexity {test_change[0]} against {test_change[1]}). One seed: that change, "
-                f"{with_norm - without:.3f} nats, is smaller than the {abs(modern[1] - modern[0]):.3f} nats by which "
-                f"GBA's paired difference to standard varied between two seeds at this size in the Llama-style block "
-                f"(`cpu-modern`: {each_seed(modern).replace(' / ', ' and ')} nats)")
+                f"{with_norm - without:.3f} nats, is smaller than the {abs(spread[1] - spread[0]):.3f} nats by which "
+                f"GBA's paired difference to standard varied between seeds 42 and 123 in these Post-LN models without "
+                f"it (`cpu-postln`: {each_seed(spread[:2]).replace(' / ', ' and ')} nats; seed 7, whose start "
+                f"stalled, {spread[2]:+.3f}")
     assert expected in deviations_prose(), expected
-    assert with_norm - without < abs(modern[1] - modern[0]) and 1.7 < without / with_norm < 2.3  # "halves"
+    assert with_norm - without < abs(spread[1] - spread[0]) and 1.7 < without / with_norm < 2.3  # "halves"
 
 
 def test_deviations_twicing_layer_choice_is_results_cpu_char_twicing_last_layer():
@@ -861,8 +919,13 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
         rows = compare_rows(name)
         seeds = sorted(set(rows[model]["valid_ppl"]) & set(rows[reference]["valid_ppl"]))
         assert seeds and all(d < 0 for d in paired(rows[model], rows[reference], seeds)), name
-    assert "In a GPT-2-style block it came out ahead of standard attention of the same width in every run**:" \
+    assert "In a GPT-2-style Pre-LN block it came out ahead of standard attention of the same width in every run**:" \
         in README_PROSE
+    postln, seeds = over_seeds("cpu-postln", "cpu-postln-seeds"), ["42", "123", "7"]
+    changes = seed_changes(postln["gba-m2-postln"], postln["standard-postln"], seeds)
+    assert [c[0] for c in changes] == ["\u2212", "+", "+"]  # ahead on seed 42 only
+    assert (f"Under Post-LN it did not: at `cpu-proxy` it was ahead on seed 42 ({changes[0]}), behind on seed 123 "
+            f"({changes[1]}), and on seed 7 its training stalled and it ended {changes[2]} worse") in README_PROSE
 
     design = compare_rows("gba-design")
     m2 = design["gba-m2"]
@@ -1033,7 +1096,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 28
+    assert checked == 30
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -1071,7 +1134,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 65, checked
+    assert checked == 69, checked
 
 
 def test_bench_md_is_its_bench_json():
