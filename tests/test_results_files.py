@@ -471,6 +471,70 @@ def test_readme_cpu_proxy_three_seed_table_is_its_results():
             ) in README_PROSE
 
 
+def depth_three_seeds() -> dict[str, dict]:
+    """depth's AttnRes models over seed 42 (results/depth) and seeds 123 and 7 (results/depth-seeds), the
+    parameter-matched AttnRes standard model (results/depth-attnres-matched, all three seeds), and cpu-proxy's
+    plain-residual models over the same seeds."""
+    rows = {f"{label} plain": row for label, row in proxy_three_seeds().items()}
+    rows.update({f"{label.removesuffix('-attnres')} AttnRes-block": row
+                 for label, row in over_seeds("depth", "depth-seeds").items()})
+    fair = compare_rows("depth-attnres-matched")["param-fair-gba-m2-attnres"]
+    assert sorted(fair["valid_ppl"]) == ["123", "42", "7"] and fair["residual"] == "attnres-block"
+    rows["param-fair AttnRes-block"] = fair
+    return rows
+
+
+def test_readme_depth_three_seed_table_is_its_results():
+    """GBA on the AttnRes stream over seeds 42, 123 and 7, against the standard model of its stream, its own
+    parameter-matched AttnRes baseline and the plain models, and the prose's claims drawn from it."""
+    rows, seeds = depth_three_seeds(), ["42", "123", "7"]
+    gba = rows["gba-m2 AttnRes-block"]
+    order = [("standard plain", "standard", "standard plain"),
+             ("standard AttnRes-block", "standard", "standard AttnRes-block"),
+             ("param-fair AttnRes-block", f"param-fair standard (d {rows['param-fair AttnRes-block']['d_model']})",
+              "standard AttnRes-block"),
+             ("gba-m2 plain", "GBA M=2", "standard plain"),
+             ("gba-m2 AttnRes-block", "GBA M=2", "standard AttnRes-block"),
+             ("param-fair plain", f"param-fair standard (d {rows['param-fair plain']['d_model']})", "standard plain"),
+             ("compute-matched plain", f"compute-matched standard ({rows['compute-matched plain']['steps']:,} steps)",
+              "standard plain")]
+    expected = []
+    for key, name, reference in order:
+        r = rows[key]
+        expected.append([name, key.partition(" ")[2], f"{r['parameters']:,}", pflop(r),
+                         f"{mean_test_ppl(r, seeds):.2f} ± {statistics.stdev(r['test_ppl'][s] for s in seeds):.2f}",
+                         "—" if key == reference else paired_text(paired(r, rows[reference], seeds)),
+                         "—" if r is gba else paired_text(paired(r, gba, seeds))])
+    assert_table("**`depth` over seeds 42, 123 and 7**", expected)
+    gain = paired(gba, rows["standard AttnRes-block"], seeds)
+    plain_gain = paired(rows["gba-m2 plain"], rows["standard plain"], seeds)
+    assert all(d < 0 for d in gain)  # "ahead of the AttnRes standard model on every seed"
+    per_seed = paired_text(gain).removesuffix(" same sign")
+    assert (f"GBA M=2 is ahead of the AttnRes standard model on every seed ({per_seed} nats, paired t-test "
+            f"p = {paired_t_p(gain):.2f}; on the plain stream "
+            f"{signed(statistics.fmean(plain_gain), 3, '')}, p = {paired_t_p(plain_gain):.2f})") in README_PROSE
+    behind = {key: paired(gba, rows[key], seeds) for key in ("param-fair AttnRes-block", "compute-matched plain")}
+    assert all(d > 0 for diffs in behind.values() for d in diffs)  # "behind ... on every seed"
+    fair = rows["param-fair AttnRes-block"]
+    assert (f"behind its own parameter-matched AttnRes baseline on every seed "
+            f"({signed(statistics.fmean(behind['param-fair AttnRes-block']), 3, '')} nats; test perplexity "
+            f"{mean_test_ppl(gba, seeds):.2f} against {mean_test_ppl(fair, seeds):.2f}, for "
+            f"{100 * (1 - gba['parameters'] / fair['parameters']):.1f}% fewer parameters and "
+            f"{100 * (gba['train_flops'] / fair['train_flops'] - 1):.0f}% more training FLOPs) and behind the plain "
+            f"standard model trained for GBA's FLOPs "
+            f"({signed(statistics.fmean(behind['compute-matched plain']), 3, '')})") in README_PROSE
+    over_plain_fair = paired(gba, rows["param-fair plain"], seeds)
+    assert all(d < 0 for d in over_plain_fair)
+    widening = [statistics.fmean(paired(rows[f"param-fair {s}"], rows[f"standard {s}"], seeds))
+                for s in ("AttnRes-block", "plain")]
+    assert (f"It is ahead of the plain param-fair model on every seed "
+            f"({signed(statistics.fmean(over_plain_fair), 3, '')}), but that credits it with AttnRes's own gain: "
+            f"widening helps the AttnRes model as much as the plain one "
+            f"({signed(widening[0], 3, '')} and {signed(widening[1], 3, '')} nats)") in README_PROSE
+    assert "not on the Attention Residuals stream (its own AttnRes baseline of the same parameters won on every " \
+        "one of 3 seeds)" in README_PROSE
+
+
 def postln_plateau() -> tuple[dict, dict[tuple[str, int], int | None]]:
     """results/postln-plateau: the step each Post-LN run's training loss left the start-of-training plateau, by (model,
     seed), from the probes (stopped there) and the full runs of results/cpu-postln-seeds."""
@@ -914,7 +978,7 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
              ("gba-design", "gba-m2", "standard"),
              ("cpu-char-long", "gba-m2", "standard"), ("gba-design-proxy", "gba-m2", "standard"),
              ("cpu-postln", "gba-m2-postln", "standard-postln"), ("depth", "gba-m2", "standard"),
-             ("depth", "gba-m2-attnres", "standard-attnres")]
+             ("depth", "gba-m2-attnres", "standard-attnres"), ("depth-seeds", "gba-m2-attnres", "standard-attnres")]
     for name, model, reference in pairs:
         rows = compare_rows(name)
         seeds = sorted(set(rows[model]["valid_ppl"]) & set(rows[reference]["valid_ppl"]))
@@ -1096,7 +1160,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 30
+    assert checked == 31
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -1134,7 +1198,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 69, checked
+    assert checked == 70, checked
 
 
 def test_bench_md_is_its_bench_json():
