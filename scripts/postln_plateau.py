@@ -19,16 +19,16 @@ import argparse
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from gbattn import rundir
-from gbattn.experiments.compare import spec_configs
+from gbattn.data.prepare import prepare_data
+from gbattn.experiments.compare import spec_configs, start_run
 from gbattn.experiments.recipes import get_recipe
 from gbattn.files import portable_path, write_json
 
 RECIPE, LABELS = "cpu-postln", ("standard-postln", "gba-m2-postln")
+SETS = {"threads": 1}  # as `compare --jobs 2` on 2 cores sets it
 
 
 def plateau_exit(metrics: Path, threshold: float) -> tuple[int | None, int]:
@@ -44,20 +44,6 @@ def plateau_exit(metrics: Path, threshold: float) -> tuple[int | None, int]:
     return exit_step, last
 
 
-def probe(run_dir: Path, label: str, seed: int, data: str) -> subprocess.Popen:
-    """Start one run (a planned run directory trained by `gbattn train --resume`, as `compare --jobs` starts it)."""
-    recipe = get_recipe(RECIPE)
-    spec = next(s for s in recipe.models if s.label == label)
-    model_cfg, train_cfg = spec_configs(recipe, spec, data, seed, {"threads": 1}, None)
-    if not (run_dir / rundir.CONFIG).exists():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        rundir.write_config(run_dir, recipe.preset, model_cfg, train_cfg, {"label": label, "recipe": RECIPE},
-                            planned=True)
-    with open(run_dir / "train.log", "a") as log:
-        return subprocess.Popen([sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", str(run_dir),
-                                 "--quiet"], stdout=log, stderr=subprocess.STDOUT)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
@@ -71,25 +57,37 @@ def main() -> None:
     parser.add_argument("--results", required=True)
     args = parser.parse_args()
     out = Path(args.out)
+
+    def progress(metrics: Path) -> tuple[int | None, int]:
+        return plateau_exit(metrics, args.threshold) if metrics.exists() else (None, 0)
+
+    recipe = get_recipe(RECIPE)
+    specs = {spec.label: spec for spec in recipe.models if spec.label in LABELS}
+    # The vocabulary as `compare` fixes it for every model: the tokenizer's (which also warms the token cache once)
+    model_cfg, train_cfg = spec_configs(recipe, specs[LABELS[0]], args.data, args.seeds[0], SETS, None)
+    vocab = prepare_data(train_cfg, model_cfg.vocab_size, progress=False).tokenizer.vocab_size
     queue = [(label, seed) for seed in args.seeds for label in LABELS]
-    running: dict[tuple[str, int], subprocess.Popen] = {}
+    running: dict[tuple[str, int], tuple[subprocess.Popen, Path]] = {}
     while queue or running:
         while queue and len(running) < args.jobs:
             label, seed = queue.pop(0)
             run_dir = out / label / f"seed{seed}"
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.exists() and _settled(metrics, args.threshold, args.cap):
+            exit_step, last = progress(run_dir / "metrics.jsonl")
+            if exit_step is not None or last >= args.cap:  # measured by an earlier call
                 continue
-            running[(label, seed)] = probe(run_dir, label, seed, args.data)
+            model_cfg, train_cfg = spec_configs(recipe, specs[label], args.data, seed, SETS, vocab)
+            proc = start_run(run_dir, recipe.preset, model_cfg, train_cfg, {"label": label, "recipe": RECIPE}, {})
+            running[label, seed] = proc, run_dir / "metrics.jsonl"
         time.sleep(2)
-        for key, proc in list(running.items()):
-            metrics = out / key[0] / f"seed{key[1]}" / "metrics.jsonl"
-            if proc.poll() is not None or (metrics.exists() and _settled(metrics, args.threshold, args.cap)):
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)  # it checkpoints and stops
-                proc.wait()
-                del running[key]
-                print(f"{key[0]} seed {key[1]}: {plateau_exit(metrics, args.threshold)}", flush=True)
+        for (label, seed), (proc, metrics) in list(running.items()):
+            exit_step, last = progress(metrics)
+            if proc.poll() is None:
+                if exit_step is None and last < args.cap:
+                    continue
+                proc.send_signal(signal.SIGTERM)  # it checkpoints and stops
+            proc.wait()
+            del running[label, seed]
+            print(f"{label} seed {seed}: {progress(metrics)}", flush=True)
     runs = []
     for folder, kind in [(out, "probe")] + [(Path(a), "full run") for a in args.also]:
         labels = LABELS if kind == "probe" else sorted(p.name for p in folder.iterdir() if p.is_dir())
@@ -114,11 +112,6 @@ def command(args) -> str:
             f"--seeds {' '.join(map(str, args.seeds))}" + (f" --also {also}" if also else "")
             + f" --threshold {args.threshold} --cap {args.cap} --jobs {args.jobs} --results "
             f"{portable_path(args.results)}")
-
-
-def _settled(metrics: Path, threshold: float, cap: int) -> bool:
-    exit_step, last = plateau_exit(metrics, threshold)
-    return exit_step is not None or last >= cap
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ metrics, and the probe runs that stop there, trained with the configs `gbattn co
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -62,4 +61,4 @@ def test_probes_train_the_recipes_configs_and_stop_once_off_the_plateau(tmp_path
                                             {"threads": 1}, None)
         assert config["model"]["norm"] == "post" and config["train"]["max_steps"] == 1200
         assert config["model"]["attn"] == model_cfg.attn and config["train"]["lr"] == train_cfg.lr
-        assert config["model"]["d_model"] == dataclasses.asdict(model_cfg)["d_model"]
+        assert config["model"]["d_model"] == model_cfg.d_model

@@ -359,14 +359,7 @@ class _Runner:
             self.training_here = None
             self._finished(spec.label, seed)
             return None
-        if not existing:  # a planned run: config.json now, trained by `gbattn train --resume`
-            run_dir.mkdir(parents=True, exist_ok=True)
-            rundir.write_config(run_dir, self.recipe.preset, model_cfg, train_cfg, extra, planned=True)
-        cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", str(run_dir), "--quiet"]
-        for key, value in _neutral(train_cfg, self.sets).items():
-            cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
-        with open_to_append(run_dir / "train.log") as log:  # the child keeps its own handle; never through a link
-            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        return start_run(run_dir, self.recipe.preset, model_cfg, train_cfg, extra, _neutral(train_cfg, self.sets))
 
     def _collect(self, label: str, seed: int, returncode: int, failed: list[str]) -> None:
         run_dir = self.out / label / f"seed{seed}"
@@ -389,6 +382,21 @@ class _Runner:
         the earlier invocations' runs in results.json and results.md, not this one's alone)."""
         self.bar.update(1, last=f"{label}/seed{seed}")
         self._report()
+
+
+def start_run(run_dir: Path, preset: str | None, model_cfg, train_cfg: TrainConfig, extra: dict,
+              neutral: dict) -> subprocess.Popen:
+    """Train ``run_dir`` in a child process, `gbattn train --resume` with the result-neutral settings ``neutral``
+    (threads, device, ...), writing its config.json first (a planned run) when it has none. The child logs to its
+    train.log and gets SIGTERM (checkpoints and stops) when this process dies."""
+    if not (run_dir / rundir.CONFIG).exists():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.write_config(run_dir, preset, model_cfg, train_cfg, extra, planned=True)
+    cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", str(run_dir), "--quiet"]
+    for key, value in neutral.items():
+        cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
+    with open_to_append(run_dir / "train.log") as log:  # the child keeps its own handle; never through a link
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
 
 
 def _neutral(train_cfg: TrainConfig, sets: dict) -> dict:
