@@ -544,13 +544,38 @@ def test_readme_post_ln_three_seeds_and_plateau_are_their_results():
     rows, seeds = over_seeds("cpu-postln", "cpu-postln-seeds"), ["42", "123", "7"]
     record, exits = postln_plateau()
     std, gba = rows["standard-postln"], rows["gba-m2-postln"]
+    fair, matched = rows["param-fair-postln"], rows["compute-matched-postln"]
+    names = {"standard-postln": "standard", "param-fair-postln": f"param-fair standard (d {fair['d_model']})",
+             "compute-matched-postln": f"compute-matched standard ({matched['steps']:,} steps)",
+             "gba-m2-postln": "GBA M=2"}
+    assert list(rows) == list(names)
     expected = []
-    for r, name in ((std, "standard"), (gba, "GBA M=2")):
+    for label, name in names.items():
+        r = rows[label]
+        # seed 42's matched runs were not kept (their plateau step is unknown: "—")
+        steps = [str(exits[label, int(s)]) if (label, int(s)) in exits else "—" for s in seeds]
+        assert steps.count("—") == (1 if r in (fair, matched) else 0)
         expected.append([name, f"{r['parameters']:,}", " / ".join(f"{r['test_ppl'][s]:.2f}" for s in seeds),
                          "—" if r is std else " / ".join(seed_changes(r, std, seeds)),
                          "—" if r is std else paired_text(paired(r, std, seeds)),
-                         " / ".join(str(exits[r["label"], int(s)]) for s in seeds)])
+                         " / ".join(steps)])
     assert_table("**Post-LN over seeds 42, 123 and 7**", expected)
+    behind = {ref: paired(gba, rows[ref], seeds) for ref in ("param-fair-postln", "compute-matched-postln")}
+    assert all(d > 0 for diffs in behind.values() for d in diffs)  # "beat GBA on every seed"
+    assert "not under Post-LN (both matched models won on every one of 3 seeds)" in README_PROSE  # "Should I use GBA?"
+    assert (f"the wider one by {signed(statistics.fmean(behind['param-fair-postln']), 3, '')} nats on average "
+            f"({each_seed(behind['param-fair-postln'])}) and the longer-trained one by "
+            f"{signed(statistics.fmean(behind['compute-matched-postln']), 3, '')} "
+            f"({each_seed(behind['compute-matched-postln'])})") in README_PROSE
+    pre = proxy_three_seeds()
+    widen, widen_pre = seed_changes(fair, std, seeds), seed_changes(pre["param-fair"], pre["standard"], seeds)
+    assert (f"Widening gains less under Post-LN on seeds 123 and 7 ({widen[1]} and {widen[2]}) than on seed 42 "
+            f"({widen[0]}; under Pre-LN {widen_pre[0]}, {widen_pre[1]} and {widen_pre[2]} on the same seeds)"
+            ) in README_PROSE
+    wider_later = [exits["param-fair-postln", s] - exits["standard-postln", s] for s in (123, 7)]
+    assert all(d > 0 for d in wider_later)
+    assert f"later than standard on both seeds it was measured on (by {wider_later[0]} and {wider_later[1]} steps" \
+        in README_PROSE
     postln = ("standard-postln", "gba-m2-postln")
     all_seeds = [42, 123, 7] + sorted({seed for label, seed in exits if label in postln} - {42, 123, 7})
     assert all((label, seed) in exits for label in postln for seed in all_seeds)
@@ -569,7 +594,7 @@ def test_readme_post_ln_three_seeds_and_plateau_are_their_results():
     assert {min(delays[s] for s in later if s != 7), max(delays[s] for s in later if s != 7)} == {30, 50}
     assert (f"GBA left it later than standard on {len(later)} of {len(all_seeds)} seeds and at the same step on "
             f"{len(same)} (earlier on seed 4), by 30 to 50 steps except on seed 7") in README_PROSE
-    pre_ln = {(label, seed): step for (label, seed), step in exits.items() if label not in postln}
+    pre_ln = {(label, seed): step for (label, seed), step in exits.items() if not label.endswith("-postln")}
     assert len(pre_ln) == 10 and max(pre_ln.values()) == 120  # cpu-proxy's five models, seeds 123 and 7
     assert "each of `cpu-proxy`'s five models is below 6.4 nats by step 120" in README_PROSE
     assert max(exits["standard-postln", s] for s in all_seeds) <= 300  # "leaves it by step 300 on every seed"
@@ -1249,7 +1274,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 71, checked
+    assert checked == 72, checked
 
 
 def test_bench_md_is_its_bench_json():
