@@ -464,6 +464,61 @@ def test_readme_cpu_proxy_three_seed_table_is_its_results():
             ) in README_PROSE
 
 
+def modern_three_seeds() -> dict[str, dict]:
+    """cpu-modern's five models over seed 42 (results/cpu-modern) and seeds 123 and 7: standard and GBA M=2 from
+    results/cpu-modern-seed123 and -seed7, Twicing from results/cpu-modern-twicing, param-fair and compute-matched
+    from results/cpu-modern-matched (whose GBA M=2 runs, the references of its compute-matched rows, are seed 7's
+    copied and seed 123's trained again)."""
+    rows = compare_rows("cpu-modern")
+    later = [("cpu-modern-seed123", ("standard", "gba-m2")), ("cpu-modern-seed7", ("standard", "gba-m2")),
+             ("cpu-modern-twicing", ("twicing",)), ("cpu-modern-matched", ("param-fair", "compute-matched"))]
+    for name, labels in later:
+        other = compare_rows(name)
+        for label in labels:
+            assert not set(rows[label]["test_ppl"]) & set(other[label]["test_ppl"])  # no seed twice
+            assert all(other[label][key] == rows[label][key]
+                       for key in ("attn", "attn_options", "d_model", "parameters", "steps"))
+            rows[label] = with_later_seeds(rows[label], other[label])
+    assert all(sorted(r["test_ppl"]) == ["123", "42", "7"] for r in rows.values())
+    return rows
+
+
+def test_readme_cpu_modern_three_seed_table_is_its_results():
+    """cpu-modern over seeds 42, 123 and 7: test perplexity mean ± std and the change of the means, each model's paired
+    validation-loss differences to standard and to GBA M=2; the retrained GBA reference; the prose's claims."""
+    rows, seeds = modern_three_seeds(), ["42", "123", "7"]
+    std, gba = rows["standard"], rows["gba-m2"]
+    names = {"standard": "standard", "twicing": "twicing", "param-fair": "param-fair standard", "gba-m2": "GBA M=2",
+             "compute-matched": f"compute-matched standard ({rows['compute-matched']['steps']:,} steps)"}
+    mean = {label: mean_test_ppl(row, seeds) for label, row in rows.items()}
+    expected = [[name, f"{rows[label]['parameters']:,}", pflop(rows[label]),
+                 f"{mean[label]:.2f} ± {statistics.stdev(rows[label]['test_ppl'][s] for s in seeds):.2f}",
+                 "—" if label == "standard" else change(mean[label], mean["standard"]),
+                 *("—" if rows[label] is ref else paired_text(paired(rows[label], ref, seeds)) for ref in (std, gba))]
+                for label, name in names.items()]
+    assert_table("**`cpu-modern` over seeds 42, 123 and 7**", expected)
+
+    reference = compare_rows("cpu-modern-matched")["gba-m2"]  # the compute-matched rows' GBA runs
+    assert reference["test_ppl"]["7"] == gba["test_ppl"]["7"]  # seed 7's: the run itself, copied
+    again = reference["test_ppl"]["123"]
+    assert again != gba["test_ppl"]["123"] and abs(again / gba["test_ppl"]["123"] - 1) < 2e-8
+    assert (f"reproduced the earlier run's test perplexity to 2e-8 ({again:.6f} against "
+            f"{gba['test_ppl']['123']:.6f})") in README_PROSE
+
+    diffs = {label: paired(rows[label], std, seeds) for label in rows if label != "standard"}
+    assert all(min(d) > 0 or max(d) < 0 for d in diffs.values())  # "one sign on every seed"
+    assert (f"behind it ({signed(statistics.fmean(diffs['gba-m2']), 3, '')} and "
+            f"{signed(statistics.fmean(diffs['twicing']), 3, '')} nats, paired t-tests p = "
+            f"{paired_t_p(diffs['gba-m2']):.2f} and {paired_t_p(diffs['twicing']):.2f})") in README_PROSE
+    proxy3 = proxy_three_seeds()
+    gpt2 = {label: statistics.fmean(paired(proxy3[label], proxy3["standard"], seeds))
+            for label in ("param-fair", "compute-matched")}
+    assert (f"widening gains more here ({signed(statistics.fmean(diffs['param-fair']), 3, '')} against "
+            f"{signed(gpt2['param-fair'], 3, '')} nats) and training for GBA's FLOPs about as much "
+            f"({signed(statistics.fmean(diffs['compute-matched']), 3, '')} against "
+            f"{signed(gpt2['compute-matched'], 3, '')})") in README_PROSE
+
+
 def depth_three_seeds() -> dict[str, dict]:
     """depth's AttnRes models over seed 42 (results/depth) and seeds 123 and 7 (results/depth-seeds), the
     parameter-matched AttnRes standard model (results/depth-attnres-matched, all three seeds), and cpu-proxy's
@@ -1236,7 +1291,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 32
+    assert checked == 33
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -1274,7 +1329,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 72, checked
+    assert checked == 74, checked
 
 
 def test_bench_md_is_its_bench_json():
