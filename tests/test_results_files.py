@@ -433,21 +433,26 @@ def proxy_three_seeds() -> dict[str, dict]:
     return over_seeds("cpu-proxy", "cpu-proxy-seeds")
 
 
+def paper_models_three_seeds(rows: dict[str, dict], seeds: list[str]) -> list[list]:
+    """The rows of a three-seed table of the paper's five models (cpu-proxy's, cpu-modern's): parameters, FLOPs, test
+    perplexity mean ± std and the change of the means, the paired differences to standard and to GBA M=2."""
+    std, gba = rows["standard"], rows["gba-m2"]
+    names = {"standard": "standard", "twicing": "twicing", "param-fair": "param-fair standard", "gba-m2": "GBA M=2",
+             "compute-matched": f"compute-matched standard ({rows['compute-matched']['steps']:,} steps)"}
+    mean = {label: mean_test_ppl(row, seeds) for label, row in rows.items()}
+    return [[name, f"{rows[label]['parameters']:,}", pflop(rows[label]),
+             f"{mean[label]:.2f} ± {statistics.stdev(rows[label]['test_ppl'][s] for s in seeds):.2f}",
+             "—" if label == "standard" else change(mean[label], mean["standard"]),
+             *("—" if rows[label] is ref else paired_text(paired(rows[label], ref, seeds)) for ref in (std, gba))]
+            for label, name in names.items()]
+
+
 def test_readme_cpu_proxy_three_seed_table_is_its_results():
     """cpu-proxy over seeds 42, 123 and 7: test perplexity mean ± std and the change of the means, then each model's
     paired validation-loss differences to standard and to GBA M=2, and the prose's claims drawn from them."""
     rows, seeds = proxy_three_seeds(), ["42", "123", "7"]
     std, gba = rows["standard"], rows["gba-m2"]
-    names = {"standard": "standard", "twicing": "twicing", "param-fair": "param-fair standard", "gba-m2": "GBA M=2",
-             "compute-matched": f"compute-matched standard ({rows['compute-matched']['steps']:,} steps)"}
-
-    mean = {label: mean_test_ppl(row, seeds) for label, row in rows.items()}
-    expected = [[name, f"{rows[label]['parameters']:,}", pflop(rows[label]),
-                 f"{mean[label]:.2f} ± {statistics.stdev(rows[label]['test_ppl'][s] for s in seeds):.2f}",
-                 "—" if label == "standard" else change(mean[label], mean["standard"]),
-                 *("—" if rows[label] is ref else paired_text(paired(rows[label], ref, seeds)) for ref in (std, gba))]
-                for label, name in names.items()]
-    assert_table("**`cpu-proxy` over seeds 42, 123 and 7**", expected)
+    assert_table("**`cpu-proxy` over seeds 42, 123 and 7**", paper_models_three_seeds(rows, seeds))
 
     gain = paired(gba, std, seeds)
     tests = seed_changes(gba, std, seeds)
@@ -488,15 +493,7 @@ def test_readme_cpu_modern_three_seed_table_is_its_results():
     validation-loss differences to standard and to GBA M=2; the retrained GBA reference; the prose's claims."""
     rows, seeds = modern_three_seeds(), ["42", "123", "7"]
     std, gba = rows["standard"], rows["gba-m2"]
-    names = {"standard": "standard", "twicing": "twicing", "param-fair": "param-fair standard", "gba-m2": "GBA M=2",
-             "compute-matched": f"compute-matched standard ({rows['compute-matched']['steps']:,} steps)"}
-    mean = {label: mean_test_ppl(row, seeds) for label, row in rows.items()}
-    expected = [[name, f"{rows[label]['parameters']:,}", pflop(rows[label]),
-                 f"{mean[label]:.2f} ± {statistics.stdev(rows[label]['test_ppl'][s] for s in seeds):.2f}",
-                 "—" if label == "standard" else change(mean[label], mean["standard"]),
-                 *("—" if rows[label] is ref else paired_text(paired(rows[label], ref, seeds)) for ref in (std, gba))]
-                for label, name in names.items()]
-    assert_table("**`cpu-modern` over seeds 42, 123 and 7**", expected)
+    assert_table("**`cpu-modern` over seeds 42, 123 and 7**", paper_models_three_seeds(rows, seeds))
 
     reference = compare_rows("cpu-modern-matched")["gba-m2"]  # the compute-matched rows' GBA runs
     assert reference["test_ppl"]["7"] == gba["test_ppl"]["7"]  # seed 7's: the run itself, copied
