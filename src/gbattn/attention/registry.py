@@ -118,7 +118,7 @@ def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> A
     ``options``: the variant's own (``describe_variants()`` lists them with their defaults); a bad name,
     option or head layout is a :class:`ConfigError` naming it. README, "Using gbattn from Python" and
     "Attention variants"; the equations in docs/method.md (``boosted``) and docs/baselines.md (the others)."""
-    check_variant_name(name)
+    check_variant_name(name)  # (before the head layout: a misspelt variant is the error to report first)
     args = check_args(args)
     record = variant_options(name, options, args.n_heads, args.kv_heads, args.n_layers)
     if getattr(record, "layers", None) is not None and args.layer_idx >= args.n_layers:
