@@ -164,7 +164,11 @@ def seed_changes(row: dict, reference: dict, seeds: list[str]) -> list[str]:
 
 
 def with_later_seeds(row: dict, later: dict) -> dict:
-    """``row`` with the perplexities of ``later``, a later run of the same model on other seeds, added seed by seed."""
+    """``row`` with the perplexities of ``later``, a later run of the same model on other seeds, added seed by seed;
+    asserts that it is the same model (attention, options, width, parameters, steps) and that no seed is in both."""
+    assert all(later[key] == row[key] for key in ("attn", "attn_options", "d_model", "parameters", "steps")), \
+        (row["label"], later["label"])
+    assert not set(row["test_ppl"]) & set(later["test_ppl"])  # no seed twice
     return {**row, **{key: {**row[key], **later[key]} for key in ("test_ppl", "valid_ppl")}}
 
 
@@ -420,7 +424,6 @@ def over_seeds(first_name: str, later_name: str) -> dict[str, dict]:
     for label, other in later.items():
         r = first[label]
         assert sorted(r["test_ppl"]) == ["42"] and sorted(other["test_ppl"]) == ["123", "7"]
-        assert all(other[key] == r[key] for key in ("attn", "attn_options", "d_model", "parameters", "steps"))
         assert math.isclose(other["train_flops"], r["train_flops"], rel_tol=1e-9)
         rows[label] = with_later_seeds(r, other)
     return rows
@@ -480,9 +483,6 @@ def modern_three_seeds() -> dict[str, dict]:
     for name, labels in later:
         other = compare_rows(name)
         for label in labels:
-            assert not set(rows[label]["test_ppl"]) & set(other[label]["test_ppl"])  # no seed twice
-            assert all(other[label][key] == rows[label][key]
-                       for key in ("attn", "attn_options", "d_model", "parameters", "steps"))
             rows[label] = with_later_seeds(rows[label], other[label])
     assert all(sorted(r["test_ppl"]) == ["123", "42", "7"] for r in rows.values())
     return rows
@@ -656,7 +656,6 @@ def test_readme_post_ln_three_seeds_and_plateau_are_their_results():
     assert (f"(validation {curve[600]:.0f} at step 600 against standard's {std_curve[600]:.0f})") in README_PROSE
     assert 1.95 < gba["test_ppl"]["7"] / std["test_ppl"]["7"] < 2.05  # "twice standard's perplexity"
     assert f"the seeds disagree, paired t-test p = {paired_t_p(paired(gba, std, seeds)):.2f}" in README_PROSE
-    pre = proxy_three_seeds()
     assert (f"under Pre-LN it was ahead on every one of the same seeds "
             f"({', '.join(seed_changes(pre['gba-m2'], pre['standard'], seeds)[:2])} and "
             f"{seed_changes(pre['gba-m2'], pre['standard'], seeds)[2]})") in README_PROSE
@@ -718,7 +717,6 @@ def upcycle_three_seeds() -> dict[str, dict]:
     assert list(rows) == ["base", "standard-continued", "gba-upcycled", "gba-shared-upcycled",
                           "standard-continued-compute-matched"]
     scratch, proxy = compare_rows("upcycle")["gba-scratch"], compare_rows("cpu-proxy-seeds")["gba-m2"]
-    assert all(scratch[key] == proxy[key] for key in ("attn_options", "d_model", "parameters", "steps"))
     rows["gba-scratch"] = with_later_seeds(scratch, proxy)
     return rows
 
