@@ -16,27 +16,27 @@ time with one thread each, on 2 CPU cores, from the repository root with a local
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+from gbattn.analysis.cli import numbers, seed_metrics
 from gbattn.data.prepare import prepare_data
 from gbattn.experiments.compare import spec_configs, start_run
 from gbattn.experiments.recipes import get_recipe
-from gbattn.files import portable_path, write_json
+from gbattn.files import portable_path, read_jsonl, write_json
 
 RECIPE, LABELS = "cpu-postln", ("standard-postln", "gba-m2-postln")
 SETS = {"threads": 1}  # as `compare --jobs 2` on 2 cores sets it
 
 
 def plateau_exit(metrics: Path, threshold: float) -> tuple[int | None, int]:
-    """The first logged training step whose loss is below ``threshold`` (None: not yet) and the last step logged."""
+    """The first logged training step whose loss is below ``threshold`` (None: not yet) and the last step logged
+    (a metrics file is read as `gbattn plot` reads it: a cut or damaged line is skipped, never trusted)."""
     exit_step, last = None, 0
-    for line in metrics.read_text().splitlines():
-        event = json.loads(line)
-        if event.get("event") != "train":
+    for event in read_jsonl(metrics):
+        if event.get("event") != "train" or not numbers(event, "step", "loss"):
             continue
         last = event["step"]
         if exit_step is None and event["loss"] < threshold:
@@ -92,12 +92,9 @@ def main() -> None:
     for folder, kind in [(out, "probe")] + [(Path(a), "full run") for a in args.also]:
         labels = LABELS if kind == "probe" else sorted(p.name for p in folder.iterdir() if p.is_dir())
         for label in labels:
-            for run_dir in sorted((folder / label).glob("seed*")):
-                metrics = run_dir / "metrics.jsonl"
-                if not metrics.exists():
-                    continue
+            for seed, metrics in seed_metrics(folder, label):
                 exit_step, last = plateau_exit(metrics, args.threshold)
-                runs.append({"label": label, "seed": int(run_dir.name.removeprefix("seed")), "run": kind,
+                runs.append({"label": label, "seed": int(seed), "run": kind,
                              "comparison": portable_path(str(folder)), "exit_step": exit_step, "last_step": last})
     Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     write_json({"recipe": RECIPE, "data": portable_path(args.data), "threshold": args.threshold, "cap": args.cap,

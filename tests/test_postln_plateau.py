@@ -32,6 +32,17 @@ def test_plateau_exit_is_the_first_logged_training_loss_below_the_threshold(tmp_
     assert script.plateau_exit(metrics, 9.0) == (10, 60)
 
 
+def test_a_damaged_metrics_line_is_skipped_not_trusted(tmp_path):
+    """A line cut short by a kill, a loss that is no number and a line that is no object are skipped (as `gbattn
+    plot` skips them): the exit is the first sound logged loss below the threshold."""
+    script = _script()
+    metrics = _metrics(tmp_path / "metrics.jsonl", {10: 8.3, 20: 6.7})
+    with metrics.open("a") as f:
+        f.write('{"event": "train", "step": 30, "loss": "6.0"}\n[1, 2]\n{"event": "train", "step": 40, "loss": 6.3}\n'
+                '{"event": "train", "step": 50, "lo')
+    assert script.plateau_exit(metrics, 6.4) == (40, 40)
+
+
 def test_probes_train_the_recipes_configs_and_stop_once_off_the_plateau(tmp_path, monkeypatch):
     """A threshold above every loss: each probe stops at its first logged step (10 of the recipe's 1,200), and the
     results name the data by its folder, with a fully trained folder (--also) read the same way."""
@@ -41,6 +52,8 @@ def test_probes_train_the_recipes_configs_and_stop_once_off_the_plateau(tmp_path
     also = tmp_path / "full"
     (also / "gba-m2-postln" / "seed7").mkdir(parents=True)
     _metrics(also / "gba-m2-postln" / "seed7" / "metrics.jsonl", {10: 7.0, 20: 6.7, 30: 6.3})
+    (also / "gba-m2-postln" / "seed7.bak").mkdir()  # a copy, not a run of seed "7.bak"
+    _metrics(also / "gba-m2-postln" / "seed7.bak" / "metrics.jsonl", {10: 7.0})
     out, results = tmp_path / "probes", tmp_path / "results" / "plateau.json"  # a folder not made yet
     monkeypatch.setattr("sys.argv", ["postln_plateau.py", "--data", data, "--out", str(out), "--seeds", "3",
                                      "--also", str(also), "--threshold", "100", "--results", str(results)])
@@ -51,6 +64,7 @@ def test_probes_train_the_recipes_configs_and_stop_once_off_the_plateau(tmp_path
     assert runs[("standard-postln", 3, "probe")][0] == 10 and runs[("gba-m2-postln", 3, "probe")][0] == 10
     assert all(last < 1200 for exit_step, last in runs.values())  # stopped, not trained to the end
     assert runs[("gba-m2-postln", 7, "full run")] == (10, 30)  # read with the same threshold
+    assert len(runs) == 3  # the two probes and seed 7's full run
     from gbattn.experiments.compare import spec_configs
     from gbattn.experiments.recipes import get_recipe
 
