@@ -628,18 +628,23 @@ def test_compute_matched_keeps_the_warmup_its_reference_used(tmp_path):
     assert shorter.max_steps == 30 and fitted_warmup(shorter, shorter.max_steps) == (8, None)
 
 
-def test_cpu_char_long_is_cpu_char_stretched_four_times():
-    """Same preset, data and schedule settings as cpu-char; 4x the steps (the cosine stretched over them)."""
+@pytest.mark.parametrize("short_name, long_name, factor, steps", [
+    ("cpu-char", "cpu-char-long", 4, 8000), ("cpu-proxy", "cpu-proxy-long", 2, 2400)])
+def test_a_training_length_recipe_is_its_recipe_stretched(short_name, long_name, factor, steps):
+    """Same preset, data, models (less Twicing) and schedule settings as the shorter recipe; ``factor`` times the
+    steps (the cosine stretched over them)."""
     from gbattn.experiments.compare import spec_configs
 
-    short, long = get_recipe("cpu-char"), get_recipe("cpu-char-long")
+    short, long = get_recipe(short_name), get_recipe(long_name)
     assert long.preset == short.preset and long.default_data == short.default_data
-    spec = next(s for s in long.models if s.label == "standard")
-    _, a = spec_configs(short, spec, "data", 42, {}, 65)
-    _, b = spec_configs(long, spec, "data", 42, {}, 65)
-    assert b.max_steps == 4 * a.max_steps == 8000
-    assert {k: v for k, v in b.to_dict().items() if k != "max_steps"} == {
-        k: v for k, v in a.to_dict().items() if k != "max_steps"}
+    assert long.models == [m for m in short.models if m.label != "twicing"]
+    for spec in long.models:
+        model_a, a = spec_configs(short, spec, "data", 42, {}, 65)
+        model_b, b = spec_configs(long, spec, "data", 42, {}, 65)
+        assert model_a == model_b
+        assert b.max_steps == factor * a.max_steps == steps
+        assert {k: v for k, v in b.to_dict().items() if k != "max_steps"} == {
+            k: v for k, v in a.to_dict().items() if k != "max_steps"}
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

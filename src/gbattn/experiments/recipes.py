@@ -251,6 +251,16 @@ _add(cpu_recipe(
     "WikiText-2, 1,200 steps, against standard, param-fair and compute-matched",
     best_design_models(),
 ))
+_add(Recipe(
+    name="cpu-proxy-long",
+    description="training length on WikiText-2: cpu-proxy's standard, param-fair, compute-matched and GBA M=2 at "
+                "2,400 steps (2x cpu-proxy, the same schedule stretched)",
+    preset="cpu-proxy",
+    models=[m for m in paper_models() if m.label != "twicing"],
+    seeds=[42, 123],
+    default_data="wikitext-2-v1",
+    train=dict(CPU_STEPS, max_steps=2 * CPU_STEPS["max_steps"]),
+))
 _add(cpu_recipe(
     "upcycle",
     "upcycling at cpu-proxy on WikiText-2: standard for 600 steps, then 600 more as standard, upcycled GBA (residual "
