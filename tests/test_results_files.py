@@ -298,27 +298,93 @@ def test_readme_design_study_tables_are_results_gba_design():
         f"where every GBA configuration's deficit to compute-matched has p ≤ {math.ceil(100 * p_matched) / 100:.2f})"
     ) in README_PROSE
 
-    long = compare_rows("cpu-char-long")
-    two = ["42", "123"]
+    assert_table("### Training length", training_length_table(design, compare_rows("cpu-char-long"), ["42", "123"], 4))
+
+
+def training_length_table(short: dict[str, dict], long: dict[str, dict], seeds: list[str], factor: int) -> list[list]:
+    """The rows of a training-length table (cpu-char-long's, cpu-proxy-long's): each model's tokens per parameter
+    and validation loss (perplexity), the means over ``seeds``, in the shorter runs and in the runs ``factor`` times
+    longer, and the paired differences to standard and to param-fair in both."""
+    assert list(long) == ["standard", "param-fair", "compute-matched", "gba-m2"]
+    assert all(set(seeds) <= set(long[label]["valid_ppl"]) for label in long)
+    assert all(long[label]["steps"] == factor * short[label]["steps"] for label in ("standard", "param-fair", "gba-m2"))
     names = {"standard": "standard", "param-fair": f"param-fair (d {long['param-fair']['d_model']})",
-             "compute-matched": f"compute-matched ({design['compute-matched']['steps']:,} / "
+             "compute-matched": f"compute-matched ({short['compute-matched']['steps']:,} / "
                                 f"{long['compute-matched']['steps']:,} steps)", "gba-m2": "GBA M=2"}
 
     def cell(r):
-        losses = [nats(r, s) for s in two]
+        losses = [nats(r, s) for s in seeds]
         return (f"{r['tokens_per_parameter']:.2f}, {statistics.fmean(losses):.3f} "
-                f"({statistics.fmean(r['valid_ppl'][s] for s in two):.2f})")
+                f"({statistics.fmean(r['valid_ppl'][s] for s in seeds):.2f})")
 
     def gap(label, reference):
         if label == reference:
             return "—"
-        short = statistics.fmean(paired(design[label], design[reference], two))
-        longer = statistics.fmean(paired(long[label], long[reference], two))
-        return f"{signed(short, 3, '')} → {signed(longer, 3, '')}"
+        shorter = statistics.fmean(paired(short[label], short[reference], seeds))
+        longer = statistics.fmean(paired(long[label], long[reference], seeds))
+        return f"{signed(shorter, 3, '')} → {signed(longer, 3, '')}"
 
-    assert_table("### Training length", [[name, f"{long[label]['parameters']:,}", cell(design[label]),
-                                          cell(long[label]), gap(label, "standard"), gap(label, "param-fair")]
-                                         for label, name in names.items()])
+    return [[name, f"{long[label]['parameters']:,}", cell(short[label]), cell(long[label]), gap(label, "standard"),
+             gap(label, "param-fair")] for label, name in names.items()]
+
+
+def test_readme_cpu_proxy_long_is_its_results():
+    """The WikiText-2 training-length table (seed 42: cpu-proxy's runs at 1,200 steps, cpu-proxy-long's at 2,400)
+    and the numbers of its prose."""
+    short, long = proxy_three_seeds(), compare_rows("cpu-proxy-long")
+    assert_table("### Longer training on WikiText-2", training_length_table(short, long, ["42"], 2))
+    gba, std, fair, matched = (long[label] for label in ("gba-m2", "standard", "param-fair", "compute-matched"))
+    end = {label: r["curves"]["42"][-1] for label, r in long.items()}
+
+    def test(r: dict) -> float:
+        return r["test_ppl"]["42"]
+
+    def gap(reference: str) -> tuple[str, str]:
+        """GBA M=2 minus ``reference`` in validation nats, seed 42: at 1,200 steps and at 2,400."""
+        return (signed(paired(short["gba-m2"], short[reference], ["42"])[0], 3, ""),
+                signed(paired(gba, long[reference], ["42"])[0], 3, ""))
+
+    assert gap("standard")[0] == gap("standard")[1]  # "at both lengths"
+    expected = [
+        f"(2x the tokens, {end['standard']['epoch']:.1f} epochs of the training split)",
+        f"({gap('standard')[0]} nats at both lengths; test perplexity "
+        f"{change(test(short['gba-m2']), test(short['standard']))} → {change(test(gba), test(std))}, "
+        f"{test(gba):.2f} against {test(std):.2f})",
+        f"({' → '.join(gap('param-fair'))} nats; test perplexity {test(gba):.2f} against {test(fair):.2f})",
+        f"({end['compute-matched']['epoch']:.1f} epochs for its {matched['steps']:,} steps)",
+        f"{nats(gba, '42') - nats(matched, '42'):.3f} nats ahead of GBA",
+    ]
+    # seed 123: standard, param-fair and GBA only (compute-matched not trained for it)
+    assert sorted(matched["valid_ppl"]) == ["42"] and all(
+        sorted(long[label]["valid_ppl"]) == ["123", "42"] for label in ("standard", "param-fair", "gba-m2"))
+
+    def seed_gap(reference: str, seeds: list[str]) -> str:
+        return " → ".join(signed(statistics.fmean(paired(rows["gba-m2"], rows[reference], seeds)), 3, "")
+                          for rows in (short, long))
+
+    expected += [
+        "(−0.013 → −0.029 nats; test perplexity "
+        + " → ".join(change(r["gba-m2"]["test_ppl"]["123"], r["standard"]["test_ppl"]["123"]) for r in (short, long))
+        + ")",
+        f"shrinks ({seed_gap('param-fair', ['123'])} nats)",
+        f"goes from {seed_gap('param-fair', ['42', '123']).replace(' → ', ' to ')} nats",
+    ]
+    assert seed_gap("standard", ["123"]) == "−0.013 → −0.029"
+    # the figure: gap.json of the 2,400-step runs, both seeds
+    gap = json.loads((ROOT / "results" / "training-length-proxy" / "gap.json").read_text())
+    points = {s["reference"]: {p["step"]: p for p in s["points"]} for s in gap["series"]}
+    assert {s["directory"] for s in gap["series"]} == {"cpu-proxy-long"}
+    assert all(p["seeds"] == 2 for series in points.values() for p in series.values())
+    fair, std_gap = points["param-fair"], points["standard"]
+    assert min(fair, key=lambda step: fair[step]["difference"]) == 900
+    expected += [
+        f"smallest at step 900 ({signed(fair[900]['difference'], 3, '')} nats) and grows back to "
+        f"{signed(fair[2400]['difference'], 3, '')}",
+        f"in place by step 900 ({signed(std_gap[900]['difference'], 3, '')}) and holds "
+        f"({signed(std_gap[2400]['difference'], 3, '')} at step 2,400)",
+    ]
+    missing = [text for text in expected if text not in README_PROSE]
+    assert not missing, "\n".join(missing)
 
 
 def test_readme_wikitext_tables_are_their_results():
@@ -1286,7 +1352,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 33
+    assert checked == 34
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
@@ -1324,7 +1390,7 @@ def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedu
             every = set(range(train_cfg.eval_every, row["steps"] + 1, train_cfg.eval_every))
             assert every <= evaluated, (path, row["label"], sorted(every - evaluated))
             checked += 1
-    assert checked == 74, checked
+    assert checked == 77, checked
 
 
 def test_bench_md_is_its_bench_json():
