@@ -227,6 +227,14 @@ _add(Recipe(
 # -- CPU proxies -------------------------------------------------------------------------------
 
 
+def longer(base: Recipe, name: str, steps: int, description: str) -> Recipe:
+    """A training-length recipe: ``base``'s models but Twicing, trained for ``steps`` with ``base``'s schedule
+    stretched over them (the cosine follows max_steps), seeds 42 and 123 (README, "Training length")."""
+    return Recipe(name=name, description=description, preset=base.preset,
+                  models=[m for m in base.models if m.label != "twicing"], seeds=[42, 123],
+                  default_data=base.default_data, train=dict(base.train, max_steps=steps))
+
+
 def cpu_recipe(name: str, description: str, models: list[ModelSpec], preset: str = "cpu-proxy") -> Recipe:
     """A CPU recipe on WikiText-2 (BPE 4,096) at the cpu-proxy budget (:data:`CPU_STEPS`), seed 42."""
     return Recipe(name=name, description=description, preset=preset, models=models, default_data="wikitext-2-v1",
@@ -251,15 +259,10 @@ _add(cpu_recipe(
     "WikiText-2, 1,200 steps, against standard, param-fair and compute-matched",
     best_design_models(),
 ))
-_add(Recipe(
-    name="cpu-proxy-long",
-    description="training length on WikiText-2: cpu-proxy's standard, param-fair, compute-matched and GBA M=2 at "
-                "2,400 steps (2x cpu-proxy, the same schedule stretched)",
-    preset="cpu-proxy",
-    models=[m for m in paper_models() if m.label != "twicing"],
-    seeds=[42, 123],
-    default_data="wikitext-2-v1",
-    train=dict(CPU_STEPS, max_steps=2 * CPU_STEPS["max_steps"]),
+_add(longer(
+    RECIPES["cpu-proxy"], "cpu-proxy-long", 2 * CPU_STEPS["max_steps"],
+    "training length on WikiText-2: cpu-proxy's standard, param-fair, compute-matched and GBA M=2 at 2,400 steps "
+    "(2x cpu-proxy, the same schedule stretched)",
 ))
 _add(cpu_recipe(
     "upcycle",
@@ -286,15 +289,10 @@ _add(Recipe(
     published={"standard": (6.55, None)},
     published_source="nanoGPT README (shakespeare_char on CPU): validation loss ~1.88 = perplexity ~6.55 for standard",
 ))
-_add(Recipe(
-    name="cpu-char-long",
-    description="training length: cpu-char's standard, param-fair, compute-matched and GBA M=2 at 8,000 steps "
-                "(4x cpu-char, the same schedule stretched)",
-    preset="cpu-char",
-    models=[m for m in paper_models() if m.label != "twicing"],
-    seeds=[42, 123],
-    default_data="tiny-shakespeare",
-    train=dict(max_steps=8000),
+_add(longer(
+    RECIPES["cpu-char"], "cpu-char-long", 8000,
+    "training length: cpu-char's standard, param-fair, compute-matched and GBA M=2 at 8,000 steps (4x cpu-char, "
+    "the same schedule stretched)",
 ))
 _add(Recipe(
     name="cpu-baselines",
