@@ -59,7 +59,7 @@ def main() -> None:
     out = Path(args.out)
 
     def progress(metrics: Path) -> tuple[int | None, int]:
-        return plateau_exit(metrics, args.threshold) if metrics.exists() else (None, 0)
+        return plateau_exit(metrics, args.threshold)  # (None, 0) before the run has logged
 
     recipe = get_recipe(RECIPE)
     specs = {spec.label: spec for spec in recipe.models if spec.label in LABELS}
