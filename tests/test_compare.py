@@ -932,6 +932,7 @@ def test_recipes_hold_the_models_their_descriptions_name():
     # three (every seed agrees in sign by chance 1 time in 4, against 1 in 2 with two seeds), the paper's tables two.
     assert get_recipe("gba-design").seeds == [42, 123, 7] == get_recipe("gba-design-paper").seeds
     assert get_recipe("paper-wt103").seeds == [42, 123] == get_recipe("cpu-char-long").seeds
+    assert get_recipe("cpu-proxy-long").seeds == [42, 123, 7]  # its README table: the three seeds of cpu-proxy's
 
 
 def test_training_order_keeps_display_order_and_refuses_a_cycle():

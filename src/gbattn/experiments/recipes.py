@@ -227,11 +227,11 @@ _add(Recipe(
 # -- CPU proxies -------------------------------------------------------------------------------
 
 
-def longer(base: Recipe, name: str, steps: int, description: str) -> Recipe:
+def longer(base: Recipe, name: str, steps: int, description: str, seeds: list[int]) -> Recipe:
     """A training-length recipe: ``base``'s models but Twicing, trained for ``steps`` with ``base``'s schedule
-    stretched over them (the cosine follows max_steps), seeds 42 and 123 (README, "Training length")."""
+    stretched over them (the cosine follows max_steps), for ``seeds`` (README, "Training length")."""
     return Recipe(name=name, description=description, preset=base.preset,
-                  models=[m for m in base.models if m.label != "twicing"], seeds=[42, 123],
+                  models=[m for m in base.models if m.label != "twicing"], seeds=seeds,
                   default_data=base.default_data, train=dict(base.train, max_steps=steps))
 
 
@@ -263,6 +263,7 @@ _add(longer(
     RECIPES["cpu-proxy"], "cpu-proxy-long", 2 * CPU_STEPS["max_steps"],
     "training length on WikiText-2: cpu-proxy's standard, param-fair, compute-matched and GBA M=2 at 2,400 steps "
     "(2x cpu-proxy, the same schedule stretched)",
+    seeds=[42, 123, 7],
 ))
 _add(cpu_recipe(
     "upcycle",
@@ -293,6 +294,7 @@ _add(longer(
     RECIPES["cpu-char"], "cpu-char-long", 8000,
     "training length: cpu-char's standard, param-fair, compute-matched and GBA M=2 at 8,000 steps (4x cpu-char, "
     "the same schedule stretched)",
+    seeds=[42, 123],
 ))
 _add(Recipe(
     name="cpu-baselines",
