@@ -601,6 +601,35 @@ def test_gap_pairs_only_the_seeds_results_json_lists_as_finished(tmp_path):
     assert [p["seeds"] for p in points] == [2, 2, 2, 2] and points[0]["difference"] == pytest.approx(-0.0025)
 
 
+def test_gap_of_a_copied_comparison_reads_the_curves_results_json_records(tmp_path, capsys):
+    """results.json copied without its run folders (as the repository's results/ holds them): --gap said the
+    models "share no evaluation"; it reads the validation curves results.json records, the same points."""
+    import shutil
+
+    from gbattn.analysis.cli import gap_series
+
+    compare_dir = _gap_dir(tmp_path / "cmp", 400)
+    report = json.loads((compare_dir / "results.json").read_text())
+    for row in report["models"]:  # the curves as `gbattn compare` records them: each seed's evaluations
+        row["curves"] = {str(seed): [{k: e[k] for k in ("step", "tokens", "valid_loss")} | {"valid_ppl": 1.0}
+                                     for e in map(json.loads, (compare_dir / row["label"] / f"seed{seed}" /
+                                                               "metrics.jsonl").read_text().splitlines())]
+                         for seed in row["seeds"]}
+    (compare_dir / "results.json").write_text(json.dumps(report))
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    shutil.copy(compare_dir / "results.json", copied)
+    assert gap_series(copied, "gba-m2", "standard")["points"] == gap_series(compare_dir, "gba-m2", "standard")["points"]
+    # a damaged curve is no evaluation (one line, exit 2), and a run folder, where there is one, comes first
+    report["models"][1]["curves"] = {"1": "damaged", "2": [{"step": "x"}]}
+    (copied / "results.json").write_text(json.dumps(report))
+    assert cli_main(["plot", str(copied), "--gap", "gba-m2", "--out", str(tmp_path / "fig")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gbattn: error: {copied}: gba-m2 and standard share no evaluation (same seed and step)"]
+    shutil.copytree(compare_dir / "standard", copied / "standard")
+    assert gap_series(copied, "gba-m2", "standard")["points"] == gap_series(compare_dir, "gba-m2", "standard")["points"]
+
+
 def test_gap_names_a_comparison_given_as_dot_by_its_own_name(tmp_path, monkeypatch):
     """`gbattn plot . --gap gba-m2` inside a comparison wrote "directory": "" into gap.json and drew the legend
     "400-step runs (, 2 seeds)" (and ".." for `plot ..`): the folder's own name is used now."""

@@ -388,6 +388,19 @@ def test_readme_cpu_proxy_long_is_its_results():
     assert not missing, "\n".join(missing)
 
 
+def test_the_training_length_figures_redraw_from_the_results_files():
+    """`gbattn plot results/... --gap` on the repository's results.json files (no run folders) gives the points of
+    the published gap.json: a reader can redraw both training-length figures without training."""
+    from gbattn.analysis.cli import gap_series
+
+    for figure in ("training-length", "training-length-proxy"):
+        for series in json.loads((ROOT / "results" / figure / "gap.json").read_text())["series"]:
+            redrawn = gap_series(ROOT / "results" / series["directory"], "gba-m2", series["reference"])["points"]
+            assert [(p["step"], p["seeds"]) for p in redrawn] == [(p["step"], p["seeds"]) for p in series["points"]]
+            assert [p["difference"] for p in redrawn] == pytest.approx([p["difference"] for p in series["points"]],
+                                                                       abs=1e-12)
+
+
 def test_readme_wikitext_tables_are_their_results():
     proxy, design_proxy = compare_rows("cpu-proxy"), compare_rows("gba-design-proxy")
     design = compare_rows("gba-design")

@@ -49,8 +49,9 @@ def register(sub) -> None:
                    default=None, help="output directory (default COMPARE_DIR/figures)")
     p.add_argument("--gap", default=None, metavar="MODEL",
                    help="draw MODEL's validation loss minus each --against model's, paired by seed and step, against "
-                        "tokens per parameter of MODEL, one line per comparison directory (gap.png, gap.json; default: "
-                        "none, the results chart and curves instead)")
+                        "tokens per parameter of MODEL, one line per comparison directory (gap.png, gap.json; a "
+                        "results.json copied without its run folders is enough; default: none, the results chart "
+                        "and curves instead)")
     p.add_argument("--against", nargs="+", default=None, metavar="MODEL", help="with --gap (default: standard)")
     p.add_argument("--pdf", action="store_true", help="also write PDFs")
     p.set_defaults(func=cmd_plot)
@@ -557,12 +558,15 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
 def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     """``model``'s validation loss minus ``reference``'s at every evaluation both ran (same seed and
     step), averaged over the seeds results.json lists as finished for both (a run still training would add
-    its early points only), against the tokens per parameter ``model`` had seen; ``reference_steps``
+    its early points only), against the tokens per parameter ``model`` had seen. A finished seed whose run
+    folder is not there (results.json copied alone, as in the repository's ``results/``) is read from the
+    validation curve results.json records for it, the same evaluations; ``reference_steps``
     says how long the reference trained (a compute-matched one trains longer: its end is not paired). The
     directory is named by its own name, also when given as ``.`` or ``..``."""
     from gbattn.checks import did_you_mean
     from gbattn.errors import UserError
     from gbattn.files import read_jsonl
+    from gbattn.rundir import valid_curve
 
     report = read_comparison(compare_dir)
     rows = {r["label"]: r for r in report.get("models", [])}
@@ -573,11 +577,15 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
     losses: dict[str, dict[tuple[str, int], tuple[int, float]]] = {}
     for label in (model, reference):
         finished = {str(seed) for seed in rows[label].get("seeds", [])}
-        for seed, path in seed_metrics(compare_dir, label):
-            if seed not in finished:
-                continue
-            for e in read_jsonl(path):
-                if e.get("event") == "eval" and numbers(e, "step", "tokens", "valid_loss"):
+        evaluations = {seed: [e for e in read_jsonl(path) if e.get("event") == "eval"]
+                       for seed, path in seed_metrics(compare_dir, label) if seed in finished}
+        curves = rows[label].get("curves")
+        for seed in sorted(finished - set(evaluations)) if isinstance(curves, dict) else []:
+            if valid_curve(curves.get(seed)):  # a copied comparison (results.json alone): its validation curves
+                evaluations[seed] = curves[seed]
+        for seed, events in evaluations.items():
+            for e in events:
+                if numbers(e, "step", "tokens", "valid_loss"):
                     losses.setdefault(label, {})[(seed, e["step"])] = (e["tokens"], e["valid_loss"])
     paired: dict[int, list[tuple[int, float]]] = {}
     for key, (tokens, loss) in losses.get(model, {}).items():
