@@ -301,6 +301,13 @@ def test_readme_design_study_tables_are_results_gba_design():
     assert_table("### Training length", training_length_table(design, compare_rows("cpu-char-long"), ["42", "123"], 4))
 
 
+def gba_gaps(short: dict[str, dict], long: dict[str, dict], reference: str,
+             seeds: list[str]) -> tuple[list[float], list[float]]:
+    """GBA M=2 minus ``reference`` in validation nats, seed by seed, in the shorter runs and in the longer ones of a
+    training-length study."""
+    return paired(short["gba-m2"], short[reference], seeds), paired(long["gba-m2"], long[reference], seeds)
+
+
 def training_length_table(short: dict[str, dict], long: dict[str, dict], seeds: list[str], factor: int) -> list[list]:
     """The rows of a training-length table (cpu-char-long's, cpu-proxy-long's): each model's tokens per parameter
     and validation loss (perplexity), the means over ``seeds``, in the shorter runs and in the runs ``factor`` times
@@ -337,10 +344,6 @@ def test_readme_cpu_proxy_long_is_its_results():
     assert_table("### Longer training on WikiText-2", training_length_table(short, long, seeds, 2))
     end = {label: r["curves"]["42"][-1] for label, r in long.items()}
 
-    def gaps(reference: str) -> tuple[list[float], list[float]]:
-        """GBA M=2 minus ``reference`` in validation nats, seed by seed, at 1,200 and at 2,400 steps."""
-        return tuple(paired(rows["gba-m2"], rows[reference], seeds) for rows in (short, long))
-
     def text(before: list[float], after: list[float]) -> str:
         """'from −0.012 to −0.028 nats (seeds 42 / 123 / 7: −0.020 → −0.020 / ...' (the parenthesis left open)."""
         each = " / ".join(f"{signed(a, 3, '')} → {signed(b, 3, '')}" for a, b in zip(before, after))
@@ -350,8 +353,8 @@ def test_readme_cpu_proxy_long_is_its_results():
     def test_change(rows: dict, reference: str) -> str:
         return change(mean_test_ppl(rows["gba-m2"], seeds), mean_test_ppl(rows[reference], seeds))
 
-    std_before, std_after = gaps("standard")
-    fair_before, fair_after = gaps("param-fair")
+    std_before, std_after = gba_gaps(short, long, "standard", seeds)
+    fair_before, fair_after = gba_gaps(short, long, "param-fair", seeds)
     # the deficit to the wider model shrinks on every seed and stays on the wrong side on every seed
     assert all(b < a for a, b in zip(fair_before, fair_after)) and min(fair_after) > 0
     # the gain over standard grows on two seeds of three; seed 42's is unchanged at three decimals
@@ -384,7 +387,7 @@ def test_readme_cpu_proxy_long_is_its_results():
         f"in place by step 900 ({signed(std_gap[900]['difference'], 3, '')}) and grows to "
         f"{signed(std_gap[2400]['difference'], 3, '')} at step 2,400",
     ]
-    missing = [text for text in expected if text not in README_PROSE]
+    missing = [line for line in expected if line not in README_PROSE]
     assert not missing, "\n".join(missing)
 
 
@@ -1207,8 +1210,7 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
     assert len(cheaper) == len(CHEAPER_MATCHED)  # each, and GBA M=3, against baselines matched to it: the test below
 
     seeds = ["42", "123", "7"]
-    before, after = (paired(rows["gba-m2"], rows["param-fair"], seeds)
-                     for rows in (proxy_three_seeds(), compare_rows("cpu-proxy-long")))
+    before, after = gba_gaps(proxy_three_seeds(), compare_rows("cpu-proxy-long"), "param-fair", seeds)
     assert all(0 < b < a for a, b in zip(before, after))
     assert (f"2x on WikiText-2 (where its deficit to the wider model shrank on every one of 3 seeds, "
             f"{signed(statistics.fmean(before), 3, '')} → {signed(statistics.fmean(after), 3, '')} nats, and stayed a "

@@ -580,8 +580,9 @@ def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
         evaluations = {seed: [e for e in read_jsonl(path) if e.get("event") == "eval"]
                        for seed, path in seed_metrics(compare_dir, label) if seed in finished}
         curves = rows[label].get("curves")
-        for seed in sorted(finished - set(evaluations)) if isinstance(curves, dict) else []:
-            if valid_curve(curves.get(seed)):  # a copied comparison (results.json alone): its validation curves
+        curves = curves if isinstance(curves, dict) else {}
+        for seed in sorted(finished - set(evaluations)):  # a copied comparison (results.json alone): its curves
+            if valid_curve(curves.get(seed)):
                 evaluations[seed] = curves[seed]
         for seed, events in evaluations.items():
             for e in events:
