@@ -935,17 +935,22 @@ def test_recipes_hold_the_models_their_descriptions_name():
     assert get_recipe("cpu-proxy-long").seeds == [42, 123, 7]  # its README table: the three seeds of cpu-proxy's
 
 
-def test_training_order_keeps_display_order_and_refuses_a_cycle():
-    """Models train in display order except that a matched or continued model waits for its reference;
-    models that wait for each other are one line, not an endless loop."""
+def test_training_order_starts_the_runs_others_wait_for_first_and_refuses_a_cycle():
+    """A matched or continued model trains after its reference, the models others wait for start first (the
+    longest chain of waiting models first: with --jobs 2 cpu-char-long trained standard and param-fair at once,
+    then GBA, and compute-matched alone at the end), the rest in display order; models that wait for each other
+    are one line, not an endless loop."""
     from gbattn.errors import ConfigError
     from gbattn.experiments.recipes import ModelSpec, training_order
 
     order = [s.label for s in training_order(get_recipe("cpu-proxy").models)]
-    assert order == ["standard", "twicing", "param-fair", "gba-m2", "compute-matched"]
+    assert order == ["gba-m2", "standard", "twicing", "param-fair", "compute-matched"]
+    order = [s.label for s in training_order(get_recipe("cpu-char-long").models)]
+    assert order == ["gba-m2", "standard", "param-fair", "compute-matched"]
+    # base <- gba-upcycled <- standard-continued-compute-matched: the longest chain, then its second link
     order = [s.label for s in training_order(get_recipe("upcycle").models)]
-    assert order == ["base", "gba-scratch", "standard-scratch", "standard-continued", "gba-upcycled",
-                     "gba-shared-upcycled", "standard-continued-compute-matched"]
+    assert order[:2] == ["base", "gba-upcycled"]
+    assert order[2:] == [s.label for s in get_recipe("upcycle").models if s.label not in order[:2]]
     cycle = [ModelSpec("a", compute_matched_to="b"), ModelSpec("b", init_from="a"), ModelSpec("c")]
     with pytest.raises(ConfigError, match=r"models \['a', 'b'\] depend on each other"):
         training_order(cycle)

@@ -59,16 +59,21 @@ def paper_models() -> list[ModelSpec]:
 
 
 def training_order(specs: list[ModelSpec]) -> list[ModelSpec]:
-    """Display order, except that a model trains after the ones it starts from or is matched to."""
-    done: list[ModelSpec] = []
+    """The order runs start in: a model always after the ones it starts from or is matched to, and before that
+    display order, except that the models others wait for come first, the longest chain of waiting models first,
+    so that ``--jobs`` does not leave a job idle while a compute-matched run waits for its reference."""
+    ready_order: list[ModelSpec] = []
     waiting = list(specs)
     while waiting:
         ready = [s for s in waiting if all(d not in {w.label for w in waiting} for d in depends_on(s))]
         if not ready:
             raise ConfigError(f"models {[s.label for s in waiting]} depend on each other")
-        done += ready
+        ready_order += ready
         waiting = [s for s in waiting if s not in ready]
-    return done
+    chain: dict[str, int] = {}  # how many models wait, one after another, for this one's result
+    for spec in reversed(ready_order):
+        chain[spec.label] = max((chain[s.label] + 1 for s in specs if spec.label in depends_on(s)), default=0)
+    return sorted(specs, key=lambda s: -chain[s.label])  # stable: display order among equal chains
 
 
 def depends_on(spec: ModelSpec) -> list[str]:
