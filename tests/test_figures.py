@@ -579,6 +579,31 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
     assert not (tmp_path / "fig5").exists()
 
 
+def test_gap_pools_the_seeds_of_one_comparison_continued_in_another_directory(tmp_path, capsys):
+    """A comparison given more seeds in another directory (`compare --seeds 7 --out OTHER`, as the repository's
+    cpu-char-long and cpu-char-long-seed7) is one line over all its seeds, not a line per directory; the same
+    recipe at another length stays a line of its own, and a seed in both directories is one line, exit 2."""
+    first, later = _gap_dir(tmp_path / "first", 400), _gap_dir(tmp_path / "later", 400, seeds=(3,))
+    events = (later / "gba-m2" / "seed3" / "metrics.jsonl").read_text().splitlines()
+    shifted = [dict(json.loads(e), valid_loss=json.loads(e)["valid_loss"] - 0.03) for e in events]
+    (later / "gba-m2" / "seed3" / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in shifted))
+    longer = _gap_dir(tmp_path / "longer", 1600)
+    out = tmp_path / "fig"
+    assert cli_main(["plot", str(first), str(longer), str(later), "--gap", "gba-m2", "--out", str(out)]) == 0
+    gap = json.loads((tmp_path / "fig" / "gap.json").read_text())
+    assert [(s["directory"], s["steps"]) for s in gap["series"]] == [("first + later", 400), ("longer", 1600)]
+    pooled = gap["series"][0]["points"]
+    assert [p["seeds"] for p in pooled] == [3, 3, 3, 3]
+    assert pooled[-1]["difference"] == pytest.approx((-0.01 - 0.01 - 0.04) / 3)  # seed 3 is 0.03 further ahead
+    texts = [t.get_text() for t in figures.gap_figure(gap["series"], "gba-m2", ["standard"]).axes[0]
+             .get_legend().get_texts()]
+    assert texts[0] == "400-step runs (first + later, 3 seeds)"
+    again = _gap_dir(tmp_path / "again", 400, seeds=(2,))
+    assert cli_main(["plot", str(first), str(again), "--gap", "gba-m2", "--out", str(tmp_path / "fig2")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gbattn: error: gba-m2 seed 2 is in both {first} and {again}: plot one of them"]
+
+
 def test_gap_pairs_only_the_seeds_results_json_lists_as_finished(tmp_path):
     """A seed still training (its folder is there, results.json does not list it) added its early evaluations
     only: the first points averaged three seeds, the last two, and the curve mixed populations."""

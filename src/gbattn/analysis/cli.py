@@ -4,6 +4,7 @@ directory)."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -49,7 +50,8 @@ def register(sub) -> None:
                    default=None, help="output directory (default COMPARE_DIR/figures)")
     p.add_argument("--gap", default=None, metavar="MODEL",
                    help="draw MODEL's validation loss minus each --against model's, paired by seed and step, against "
-                        "tokens per parameter of MODEL, one line per comparison directory (gap.png, gap.json; a "
+                        "tokens per parameter of MODEL, one line per comparison directory (directories of one "
+                        "recipe, data, settings and steps pool their seeds into one line; gap.png, gap.json; a "
                         "results.json copied without its run folders is enough; default: none, the results chart "
                         "and curves instead)")
     p.add_argument("--against", nargs="+", default=None, metavar="MODEL", help="with --gap (default: standard)")
@@ -555,55 +557,82 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     return written
 
 
-def gap_series(compare_dir: Path, model: str, reference: str) -> dict:
+def gap_series(compare_dirs: Path | list[Path], model: str, reference: str) -> dict:
     """``model``'s validation loss minus ``reference``'s at every evaluation both ran (same seed and
     step), averaged over the seeds results.json lists as finished for both (a run still training would add
     its early points only), against the tokens per parameter ``model`` had seen. A finished seed whose run
     folder is not there (results.json copied alone, as in the repository's ``results/``) is read from the
     validation curve results.json records for it, the same evaluations; ``reference_steps``
-    says how long the reference trained (a compute-matched one trains longer: its end is not paired). The
-    directory is named by its own name, also when given as ``.`` or ``..``."""
+    says how long the reference trained (a compute-matched one trains longer: its end is not paired). Several
+    directories (one comparison continued elsewhere with ``--seeds``, see :func:`same_comparison`) pool their
+    seeds; a seed in two of them is one line. Each directory is named by its own name, also when given as ``.``
+    or ``..``, the names joined with " + "."""
     from gbattn.checks import did_you_mean
     from gbattn.errors import UserError
     from gbattn.files import read_jsonl
     from gbattn.rundir import valid_curve
 
-    report = read_comparison(compare_dir)
-    rows = {r["label"]: r for r in report.get("models", [])}
-    for label in (model, reference):
-        if label not in rows:
-            raise UserError(f"{compare_dir} has no finished {label!r} runs{did_you_mean(label, list(rows))} (it has "
-                            f"{', '.join(rows) or 'none'})")
+    compare_dirs = [compare_dirs] if isinstance(compare_dirs, Path) else compare_dirs
+    name = " + ".join(d.resolve().name for d in compare_dirs)
     losses: dict[str, dict[tuple[str, int], tuple[int, float]]] = {}
-    for label in (model, reference):
-        finished = {str(seed) for seed in rows[label].get("seeds", [])}
-        evaluations = {seed: [e for e in read_jsonl(path) if e.get("event") == "eval"]
-                       for seed, path in seed_metrics(compare_dir, label) if seed in finished}
-        curves = rows[label].get("curves")
-        curves = curves if isinstance(curves, dict) else {}
-        for seed in sorted(finished - set(evaluations)):  # a copied comparison (results.json alone): its curves
-            if valid_curve(curves.get(seed)):
-                evaluations[seed] = curves[seed]
-        for seed, events in evaluations.items():
-            for e in events:
-                if numbers(e, "step", "tokens", "valid_loss"):
-                    losses.setdefault(label, {})[(seed, e["step"])] = (e["tokens"], e["valid_loss"])
+    seen: dict[tuple[str, str], Path] = {}  # (label, seed) -> the directory it came from
+    first: dict = {}
+    for compare_dir in compare_dirs:
+        rows = {r["label"]: r for r in read_comparison(compare_dir).get("models", [])}
+        for label in (model, reference):
+            if label not in rows:
+                raise UserError(f"{compare_dir} has no finished {label!r} runs{did_you_mean(label, list(rows))} "
+                                f"(it has {', '.join(rows) or 'none'})")
+        first = first or rows
+        for label in (model, reference):
+            finished = {str(seed) for seed in rows[label].get("seeds", [])}
+            for seed in sorted(finished):
+                if (label, seed) in seen:
+                    raise UserError(f"{label} seed {seed} is in both {seen[label, seed]} and {compare_dir}: "
+                                    f"plot one of them")
+                seen[label, seed] = compare_dir
+            evaluations = {seed: [e for e in read_jsonl(path) if e.get("event") == "eval"]
+                           for seed, path in seed_metrics(compare_dir, label) if seed in finished}
+            curves = rows[label].get("curves")
+            curves = curves if isinstance(curves, dict) else {}
+            for seed in sorted(finished - set(evaluations)):  # a copied comparison (results.json alone): its curves
+                if valid_curve(curves.get(seed)):
+                    evaluations[seed] = curves[seed]
+            for seed, events in evaluations.items():
+                for e in events:
+                    if numbers(e, "step", "tokens", "valid_loss"):
+                        losses.setdefault(label, {})[(seed, e["step"])] = (e["tokens"], e["valid_loss"])
     paired: dict[int, list[tuple[int, float]]] = {}
     for key, (tokens, loss) in losses.get(model, {}).items():
         if key in losses.get(reference, {}):
             paired.setdefault(key[1], []).append((tokens, loss - losses[reference][key][1]))
     if not paired:
-        raise UserError(f"{compare_dir}: {model} and {reference} share no evaluation (same seed and step)")
-    parameters = rows[model]["parameters"]
+        raise UserError(f"{' + '.join(map(str, compare_dirs))}: {model} and {reference} share no evaluation (same "
+                        f"seed and step)")
+    parameters = first[model]["parameters"]
     points = [{"step": step, "tokens_per_parameter": statistics.fmean(t for t, _ in v) / parameters,
                "difference": statistics.fmean(d for _, d in v), "seeds": len(v)} for step, v in sorted(paired.items())]
-    return {"directory": compare_dir.resolve().name, "steps": rows[model]["steps"], "model": model,
-            "reference": reference, "reference_steps": rows[reference]["steps"], "points": points}
+    return {"directory": name, "steps": first[model]["steps"], "model": model,
+            "reference": reference, "reference_steps": first[reference]["steps"], "points": points}
+
+
+def same_comparison(compare_dirs: list, model: str) -> list[list[Path]]:
+    """The directories grouped into lines of a gap figure: those holding the same recipe on the same data with
+    the same settings and ``model`` trained as long (one comparison continued in another directory with
+    ``--seeds``) are one line, in the order first given; the others a line each."""
+    groups: dict[str, list[Path]] = {}
+    for d in compare_dirs:
+        report = read_comparison(Path(d))
+        rows = {r.get("label"): r for r in report.get("models", []) if isinstance(r, dict)}
+        key = json.dumps([report.get("recipe"), report.get("data"), report.get("sets"),
+                          rows.get(model, {}).get("steps")], sort_keys=True, default=str)
+        groups.setdefault(key if report.get("recipe") else str(Path(d).resolve()), []).append(Path(d))
+    return list(groups.values())
 
 
 def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bool = False) -> list[Path]:
     """gap.png and gap.json (with the command that wrote it): ``model`` minus each reference against training
-    length, one line per directory."""
+    length, one line per comparison (directories that continue one another pool their seeds)."""
     from gbattn.analysis import figures
     from gbattn.errors import UserError
     from gbattn.files import remove_unwritten, write_json
@@ -618,7 +647,7 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
     for d in compare_dirs:
         by_path.setdefault(Path(d).resolve(), d)
     compare_dirs = list(by_path.values())
-    series = [gap_series(Path(d), model, ref) for ref in references for d in compare_dirs]
+    series = [gap_series(group, model, ref) for ref in references for group in same_comparison(compare_dirs, model)]
     out = check_figures_out(out, create=True)
     write_json({"command": command_line(portable=True), "model": model, "references": references, "series": series},
                out / "gap.json")
