@@ -931,8 +931,9 @@ def test_recipes_hold_the_models_their_descriptions_name():
     # The seeds the issues and the README name: the design study and the paper-scale GPU script use
     # three (every seed agrees in sign by chance 1 time in 4, against 1 in 2 with two seeds), the paper's tables two.
     assert get_recipe("gba-design").seeds == [42, 123, 7] == get_recipe("gba-design-paper").seeds
-    assert get_recipe("paper-wt103").seeds == [42, 123] == get_recipe("cpu-char-long").seeds
-    assert get_recipe("cpu-proxy-long").seeds == [42, 123, 7]  # its README table: the three seeds of cpu-proxy's
+    assert get_recipe("paper-wt103").seeds == [42, 123]
+    # the training-length tables: the three seeds of cpu-proxy's and gba-design's
+    assert get_recipe("cpu-proxy-long").seeds == [42, 123, 7] == get_recipe("cpu-char-long").seeds
 
 
 def test_training_order_starts_the_runs_others_wait_for_first_and_refuses_a_cycle():

@@ -597,7 +597,7 @@ def test_gap_pools_the_seeds_of_one_comparison_continued_in_another_directory(tm
     assert pooled[-1]["difference"] == pytest.approx((-0.01 - 0.01 - 0.04) / 3)  # seed 3 is 0.03 further ahead
     texts = [t.get_text() for t in figures.gap_figure(gap["series"], "gba-m2", ["standard"]).axes[0]
              .get_legend().get_texts()]
-    assert texts[0] == "400-step runs (first + later, 3 seeds)"
+    assert texts[0] == "400-step runs (first +\nlater, 3 seeds)"  # one directory to a line
     again = _gap_dir(tmp_path / "again", 400, seeds=(2,))
     assert cli_main(["plot", str(first), str(again), "--gap", "gba-m2", "--out", str(tmp_path / "fig2")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [

@@ -546,7 +546,8 @@ def gap_figure(series: list[dict], model: str, references: list[str]):
                 fewest, most = min(p["seeds"] for p in s["points"]), max(p["seeds"] for p in s["points"])
                 seeds = (f"{most} seed{'s' if most > 1 else ''}" if fewest == most
                          else f"{fewest}–{most} seeds per point")
-                label = f"{s['steps']:,}-step runs ({s['directory']}, {seeds})"
+                # pooled directories ("a + b") one to a line: on one, the legend was wider than the panel
+                label = f"{s['steps']:,}-step runs ({s['directory'].replace(' + ', ' +' + chr(10))}, {seeds})"
                 if s.get("reference_steps") not in (None, s["steps"]):  # a compute-matched reference: not its end
                     label += f"\n{ref} trains {s['reference_steps']:,} steps: paired at equal steps only"
                 ax.plot(xs, ys, marker="o", markersize=3, color=f"C{i}", label=label)

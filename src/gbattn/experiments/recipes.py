@@ -299,7 +299,7 @@ _add(longer(
     RECIPES["cpu-char"], "cpu-char-long", 8000,
     "training length: cpu-char's standard, param-fair, compute-matched and GBA M=2 at 8,000 steps (4x cpu-char, "
     "the same schedule stretched)",
-    seeds=[42, 123],
+    seeds=[42, 123, 7],
 ))
 _add(Recipe(
     name="cpu-baselines",
