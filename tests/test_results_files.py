@@ -1164,8 +1164,8 @@ def test_readme_should_i_use_gba_is_the_tables():
             f"{100 * (1 - means[1] / means[2]):.1f}% ahead of the standard model continued for the same steps, also "
             "on every seed)") in README_PROSE
 
-    cpu = [bench_rows(f"{name}/bench.json") for name in
-           ("bench-cpu", "bench-cpu-nodrop", "bench-compile-cpu", "bench-compile-cpu-recheck")]
+    cpu = [bench_rows(f"{name}/bench.json") for name in ("bench-cpu", "bench-cpu-nodrop", "bench-compile-cpu",
+                                                          "bench-compile-cpu-recheck", "bench-compile-cpu-xeon")]
     h200 = bench_rows("gpu-paper-small-wt2/bench-cuda.json")
     gba, std = cpu[0]["boosted"], cpu[0]["standard"]
     steps = [b["boosted"]["step_ratio"] for b in cpu]
@@ -1180,7 +1180,8 @@ def test_readme_should_i_use_gba_is_the_tables():
             f"({h200['boosted']['memory_ratio']:.2f}x on the H200), a second KV cache and "
             f"{min(decode):.2f}–{max(decode):.2f}x the time per decoded token on a CPU "
             f"({min(compiled):.2f}–{max(compiled):.2f}x with the compiled decode step; "
-            f"{h200['boosted']['decode_ratio']:.2f}x on the H200, eager)") in README_PROSE
+            f"{h200['boosted']['decode_ratio']:.2f}x on the H200, eager), over the five CPU benchmarks") in README_PROSE
+    assert len(cpu) == 5  # "five"
 
     m3, std = design_proxy["gba-m3"], design_proxy["standard"]
     flops = 100 * (m3["train_flops"] / std["train_flops"] - 1)
@@ -1303,8 +1304,18 @@ def test_readme_speed_tables_are_the_bench_files():
                 for variant, name in (("standard", "standard"), ("boosted", "boosted (M=2)"))
                 for c in [bench[f"{variant} · compiled"]]]
 
-    first, recheck, proxy = (bench_rows(f"{name}/bench.json") for name in
-                             ("bench-compile-cpu", "bench-compile-cpu-recheck", "bench-compile-cpu-proxy"))
+    first, recheck, proxy, xeon = (bench_rows(f"{name}/bench.json") for name in (
+        "bench-compile-cpu", "bench-compile-cpu-recheck", "bench-compile-cpu-proxy", "bench-compile-cpu-xeon"))
+    xeon_rows = [f"{1000 * xeon[v]['step_s']:.1f} / {1000 * xeon[f'{v} · compiled']['step_s']:.1f} ms {name}"
+                 for v, name in (("standard", "standard"), ("boosted", "GBA"))]
+    xeon_speed = {v: xeon[f"{v} · compiled"] for v in ("standard", "boosted")}
+    assert (f"training steps {xeon_rows[0]} and {xeon_rows[1]} "
+            f"({xeon_speed['standard']['compiled_step_speedup']:.2f}x and "
+            f"{xeon_speed['boosted']['compiled_step_speedup']:.2f}x), decoding "
+            f"{xeon['standard']['decode_tokens_per_s']:,.0f} → {xeon_speed['standard']['decode_tokens_per_s']:,.0f} "
+            f"tokens/s standard ({xeon_speed['standard']['compiled_decode_speedup']:.2f}x) and "
+            f"{xeon['boosted']['decode_tokens_per_s']:,.0f} → {xeon_speed['boosted']['decode_tokens_per_s']:,.0f} GBA "
+            f"({xeon_speed['boosted']['compiled_decode_speedup']:.2f}x)") in README_PROSE
     assert_table("### Compiled vs eager", compile_rows(first))
     assert_table("The same at the CPU recipes' size", compile_rows(proxy))
 
@@ -1319,6 +1330,12 @@ def test_readme_speed_tables_are_the_bench_files():
     assert (f"{pays_after(first, 'boosted')} (GBA) to {pays_after(first, 'standard')} (standard) new tokens in the "
             f"first run and {pays_after(recheck, 'boosted')} to {pays_after(recheck, 'standard')} in the re-run "
             f"({pays_after(proxy, 'boosted')} and {pays_after(proxy, 'standard')} at `cpu-proxy` size)") in README_PROSE
+    assert (f"paying after about {pays_after(xeon, 'standard')} and {pays_after(xeon, 'boosted')} new tokens"
+            in README_PROSE)
+    # the range the README gives covers every machine measured
+    for variant, low, high in (("standard", 1.15, 1.6), ("boosted", 1.2, 2.0)):
+        measured = [b[f"{variant} · compiled"]["compiled_decode_speedup"] for b in (first, recheck, xeon)]
+        assert round(min(measured), 2) == low and round(max(measured), 1) == high, (variant, measured)
     cuda, owt = bench_rows("bench-compile-cuda/bench.json"), bench_rows("bench-compile-cuda-owt/bench.json")
     assert_table("On CUDA, one H200 (stage `bench`", compile_rows(cuda))
     assert_table("At `owt-125m` (stage `owt`", compile_rows(owt))
@@ -1348,7 +1365,7 @@ def test_readme_speed_tables_are_the_bench_files():
     # generate's default on each device lies above every break-even measured there, and says so
     from gbattn.model import decoding
 
-    for device, benches in (("cpu", (first, recheck, proxy)), ("cuda", (cuda, owt))):
+    for device, benches in (("cpu", (first, recheck, proxy, xeon)), ("cuda", (cuda, owt))):
         break_even = max(float(pays_after(b, v).replace(",", "")) for b in benches for v in ("standard", "boosted"))
         assert decoding.MIN_TOKENS_TO_COMPILE[device] > break_even, device
     assert (f"compiles by default on CUDA only from {decoding.MIN_TOKENS_TO_COMPILE['cuda']:,} cached decode steps"
@@ -1367,9 +1384,9 @@ def test_readme_speed_tables_are_the_bench_files():
     assert (f"peak memory grows from {memory['standard'][0]:,.0f} to {memory['standard'][1]:,.0f} MiB (standard) and "
             f"{memory['boosted'][0]:,.0f} to {memory['boosted'][1]:,.0f} MiB (GBA)") in README_PROSE
 
-    speedups = [b[f"{v} · compiled"]["compiled_step_speedup"] for b in (first, recheck)
+    speedups = [b[f"{v} · compiled"]["compiled_step_speedup"] for b in (first, recheck, xeon)
                 for v in ("standard", "boosted")]
-    assert (f"gains nothing at `paper-small` ({min(speedups):.2f}-{max(speedups):.2f}x on the two machines measured)"
+    assert (f"gains nothing at `paper-small` ({min(speedups):.2f}-{max(speedups):.2f}x on the three machines measured)"
             in README_PROSE)
     saved_ms = [1000 * (proxy[v]["step_s"] - proxy[f"{v} · compiled"]["step_s"]) for v in ("standard", "boosted")]
     assert (f"saves {saved_ms[0]:.1f} ms (standard) to {saved_ms[1]:.1f} ms (GBA) a step, which over the 1,200 steps "
@@ -1445,7 +1462,7 @@ def test_bench_md_is_its_bench_json():
             report["compile"] = report["compile"] or "off"  # recorded as false before --compile took a mode
             assert bench_markdown(report) == path.with_suffix(".md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 12
+    assert checked == 13
 
 
 def test_bench_json_ratios_follow_from_their_timings():
@@ -1465,7 +1482,7 @@ def test_bench_json_ratios_follow_from_their_timings():
             assert r["decode_ratio"] == pytest.approx(base["decode_tokens_per_s"] / r["decode_tokens_per_s"]), (
                 path, r["variant"])
             checked += 1
-    assert checked == 6 + 6 + 4 + 4 + 4 + 6 + 6 + 4 + 4 + 4 + 4 + 4 + 4
+    assert checked == 6 + 6 + 4 + 4 + 4 + 6 + 6 + 4 + 4 + 4 + 4 + 4 + 4 + 4
 
 
 def test_readme_cpu_memory_remeasurement_is_its_bench_file():
