@@ -10,6 +10,7 @@ import math
 import random
 import shutil
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1832,16 +1833,21 @@ def test_a_log_axis_ticks_each_decade_from_three_decades_and_every_digit_under_o
 
 
 def test_gap_figure_counts_the_seeds_of_a_run_length_and_marks_where_it_ends():
-    """A line whose points average different numbers of seeds (a seed that stopped early) says so: it read
-    '2 seeds' while its first point was one seed's difference."""
+    """A line whose points average different numbers of seeds (a seed that stopped early, an evaluation one seed
+    made) says so: it read '2 seeds' while its first point was one seed's difference; such a point is drawn hollow,
+    apart from the line (joined in, seed 42's extra evaluation of cpu-proxy at step 689 looked like a dip of the
+    three-seed mean)."""
     series = [{"reference": "standard", "steps": 400, "directory": "short",
                "points": [{"tokens_per_parameter": 1.0, "difference": -0.1, "seeds": 1},
                           {"tokens_per_parameter": 2.0, "difference": -0.2, "seeds": 2}]},
               {"reference": "standard", "steps": 1600, "directory": "long",
                "points": [{"tokens_per_parameter": 4.0, "difference": -0.3, "seeds": 1}]}]
     ax = figures.gap_figure(series, "gba-m2", ["standard"]).axes[0]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["400-step runs (short, 1–2 seeds per point)",
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["400-step runs (short, 2 seeds; hollow: fewer)",
                                                                    "1,600-step runs (long, 1 seed)"]
+    lines = [(list(line.get_xdata()), line.get_markerfacecolor(), line.get_linestyle()) for line in ax.get_lines()
+             if line.get_marker() == "o"]
+    assert lines[:2] == [([2.0], lines[0][1], "-"), ([1.0], "none", "None")]  # the line, then the hollow point
     ends = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines() if line.get_marker() == "D"]
     assert ends == [([2.0], [-0.2]), ([4.0], [-0.3])]
     # the difference is the model's minus the reference's, on two lines beside the axis
@@ -1869,12 +1875,17 @@ def texts_outside(fig) -> list[str]:
 def test_gap_figure_keeps_its_title_and_axis_labels_inside():
     # One panel is 5.5 inches wide; the title on one line was 8 inches wide, cut at both ends.
     # Two: the y label naming both models on one line was taller than the panel.
-    series = [{"reference": ref, "steps": 400, "directory": "short",
-               "points": [{"tokens_per_parameter": 1.0, "difference": -0.1, "seeds": 1}]}
+    # Three: a line pooling two directories, named on one line, made its legend wider than the panel.
+    series = [{"reference": ref, "steps": 8000, "directory": "cpu-char-long + cpu-char-long-seed7",
+               "points": [{"tokens_per_parameter": x, "difference": -0.1 + 0.01 * x, "seeds": 3} for x in range(6)]}
               for ref in ("standard", "compute-matched")]
     for references in (["standard"], ["standard", "compute-matched"]):
         fig = figures.gap_figure(series, "gba-m2", references)
         assert texts_outside(fig) == [], references
+    # Three, where it happened: the published training-length figures, drawn again from their gap.json
+    for published in sorted((Path(__file__).resolve().parents[1] / "results").glob("training-length*/gap.json")):
+        gap = json.loads(published.read_text())
+        assert texts_outside(figures.gap_figure(gap["series"], gap["model"], gap["references"])) == [], published
         assert fig.get_suptitle().startswith("How the gap moves with training length")
 
 def test_round_colours_repeat_after_eight_and_long_tokens_are_cut_to_twelve_characters():

@@ -385,9 +385,25 @@ def test_readme_cpu_proxy_long_is_its_results():
     ]
     # the figure: gap.json of the 2,400-step runs, all three seeds
     gap = json.loads((ROOT / "results" / "training-length-proxy" / "gap.json").read_text())
-    points = {s["reference"]: {p["step"]: p for p in s["points"]} for s in gap["series"]}
-    assert {s["directory"] for s in gap["series"]} == {"cpu-proxy-long"}
+    assert {s["directory"] for s in gap["series"]} == {"cpu-proxy-long", "cpu-proxy + cpu-proxy-seeds"}
+    points = {s["reference"]: {p["step"]: p for p in s["points"]} for s in gap["series"]
+              if s["directory"] == "cpu-proxy-long"}
     assert all(p["seeds"] == 3 for series in points.values() for p in series.values())
+    shorter = {s["reference"]: {p["step"]: p for p in s["points"]} for s in gap["series"]
+               if s["directory"] == "cpu-proxy + cpu-proxy-seeds"}
+    for reference, before in (("standard", std_before), ("param-fair", fair_before)):  # the table's 1,200 steps
+        assert math.isclose(shorter[reference][1200]["difference"], statistics.fmean(before), abs_tol=1e-9)
+        # every evaluation three seeds made but step 689, seed 42's extra one (drawn hollow)
+        assert [step for step, p in shorter[reference].items() if p["seeds"] < 3] == [689]
+    short_fair, short_std = shorter["param-fair"], shorter["standard"]
+    expected.append(f"In the 1,200-step runs the deficit to param-fair has no such dip "
+                    f"({signed(short_fair[600]['difference'], 3, '')} at step 600, "
+                    f"{signed(short_fair[900]['difference'], 3, '')} at 900, "
+                    f"{signed(short_fair[1200]['difference'], 3, '')} at 1,200) and the gain over standard is "
+                    f"{signed(short_std[900]['difference'], 3, '')} at step 900 and "
+                    f"{signed(short_std[1200]['difference'], 3, '')} at the end")
+    flat = [short_fair[step]["difference"] for step in (600, 900, 1200)]
+    assert max(flat) - min(flat) < 0.002  # "no such dip"
     fair, std_gap = points["param-fair"], points["standard"]
     assert math.isclose(fair[2400]["difference"], statistics.fmean(fair_after), abs_tol=1e-9)
     closest = min(fair, key=lambda step: fair[step]["difference"])

@@ -543,14 +543,20 @@ def gap_figure(series: list[dict], model: str, references: list[str]):
             for i, s in enumerate(x for x in series if x["reference"] == ref):
                 xs = [p["tokens_per_parameter"] for p in s["points"]]
                 ys = [p["difference"] for p in s["points"]]
-                fewest, most = min(p["seeds"] for p in s["points"]), max(p["seeds"] for p in s["points"])
-                seeds = (f"{most} seed{'s' if most > 1 else ''}" if fewest == most
-                         else f"{fewest}–{most} seeds per point")
+                most = max(p["seeds"] for p in s["points"])
+                # A point fewer seeds evaluated (an extra evaluation of one seed, a diverged one) is drawn hollow
+                # and left out of the line: joined in, one seed's value looked like a turn of the mean.
+                partial = [(p["tokens_per_parameter"], p["difference"]) for p in s["points"] if p["seeds"] < most]
+                seeds = f"{most} seed{'s' if most > 1 else ''}{'; hollow: fewer' if partial else ''}"
                 # pooled directories ("a + b") one to a line: on one, the legend was wider than the panel
                 label = f"{s['steps']:,}-step runs ({s['directory'].replace(' + ', ' +' + chr(10))}, {seeds})"
                 if s.get("reference_steps") not in (None, s["steps"]):  # a compute-matched reference: not its end
                     label += f"\n{ref} trains {s['reference_steps']:,} steps: paired at equal steps only"
-                ax.plot(xs, ys, marker="o", markersize=3, color=f"C{i}", label=label)
+                full = [(x, y) for x, y, p in zip(xs, ys, s["points"]) if p["seeds"] == most]
+                ax.plot(*zip(*full), marker="o", markersize=3, color=f"C{i}", label=label)
+                if partial:
+                    ax.plot(*zip(*partial), linestyle="none", marker="o", markersize=5, markerfacecolor="none",
+                            color=f"C{i}")
                 ax.plot(xs[-1:], ys[-1:], marker="D", markersize=8, color=f"C{i}")
             ax.axhline(0, color="black", linewidth=1)
             ax.set_xlabel(f"training tokens per parameter of {model}")
