@@ -417,6 +417,40 @@ def test_readme_cpu_proxy_long_is_its_results():
     assert not missing, "\n".join(missing)
 
 
+def test_readme_cpu_proxy_4x_probe_is_its_results():
+    """The 4x probe on WikiText-2 (seed 42 only): its table puts seed 42 of cpu-proxy (1,200 steps), cpu-proxy-long
+    (2,400) and cpu-proxy-4x (4,800, the same recipe with max_steps=4800 and no compute-matched model) side by side,
+    and its prose's changes are the table's."""
+    lengths = [compare_rows(name) for name in ("cpu-proxy", "cpu-proxy-long", "cpu-proxy-4x")]
+    longest = lengths[-1]
+    assert list(longest) == ["standard", "param-fair", "gba-m2"]
+    assert [r["gba-m2"]["steps"] for r in lengths] == [1200, 2400, 4800]
+    report = json.loads((ROOT / "results" / "cpu-proxy-4x" / "results.json").read_text())
+    assert report["recipe"] == "cpu-proxy-long" and report["sets"] == {"max_steps": 4800}
+    rows, gaps = [], []
+    for r in lengths:
+        std, fair = (paired(r["gba-m2"], r[ref], ["42"])[0] for ref in ("standard", "param-fair"))
+        gaps.append((std, fair))
+        rows.append([f"{r['gba-m2']['steps']:,}", f"{r['gba-m2']['tokens_per_parameter']:.2f}", signed(std, 3, ""),
+                     signed(fair, 3, ""), " / ".join(f"{r[k]['test_ppl']['42']:.2f}"
+                                                     for k in ("standard", "param-fair", "gba-m2"))])
+    assert_table("How far does the deficit to param-fair keep shrinking?", rows)
+    epochs = longest["standard"]["curves"]["42"][-1]["epoch"]
+    test = {k: longest[k]["test_ppl"]["42"] for k in ("param-fair", "gba-m2")}
+    expected = [
+        f"A probe at 4x (4,800 steps, {epochs:.1f} epochs), seed 42",
+        f"4x shrinks it by {100 * (1 - gaps[2][1] / gaps[1][1]):.0f}% ({signed(gaps[1][1], 3, '')} → "
+        f"{signed(gaps[2][1], 3, '')}) and doubles the gain over standard ({signed(gaps[1][0], 3, '')} → "
+        f"{signed(gaps[2][0], 3, '')})",
+        f"(test perplexity {test['param-fair']:.2f} against {test['gba-m2']:.2f}, "
+        f"{change(test['gba-m2'], test['param-fair'])} for GBA)",
+    ]
+    assert 1.9 < gaps[2][0] / gaps[1][0] < 2.3  # "doubles"
+    assert abs(gaps[1][1] - gaps[0][1]) < 0.002  # "2x the training barely moved"
+    missing = [line for line in expected if line not in README_PROSE]
+    assert not missing, "\n".join(missing)
+
+
 def test_the_training_length_figures_redraw_from_the_results_files():
     """`gbattn plot results/... --gap` on the repository's results.json files (no run folders) gives the points of
     the published gap.json: a reader can redraw both training-length figures without training."""
@@ -1243,9 +1277,12 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
     seeds = ["42", "123", "7"]
     before, after = gba_gaps(proxy_three_seeds(), compare_rows("cpu-proxy-long"), "param-fair", seeds)
     assert all(0 < b < a for a, b in zip(before, after))
+    longest = compare_rows("cpu-proxy-4x")
+    gap_4x = paired(longest["gba-m2"], longest["param-fair"], ["42"])[0]
+    assert gap_4x > 0 and sorted(longest["gba-m2"]["valid_ppl"]) == ["42"]
     assert (f"2x on WikiText-2 (where its deficit to the wider model shrank on every one of 3 seeds, "
             f"{signed(statistics.fmean(before), 3, '')} → {signed(statistics.fmean(after), 3, '')} nats, and stayed a "
-            f"deficit on every one)") in README_PROSE
+            f"deficit on every one, also at 4x on the one seed measured, {signed(gap_4x, 3, '')})") in README_PROSE
 
     gpu = compare_rows(GPU)
     fair, matched, gba = (gpu[label] for label in ("param-fair", "compute-matched", "gba-m2"))
@@ -1425,7 +1462,7 @@ def test_compare_results_md_is_its_results_json():
         if "models" in report:
             assert results_markdown(read_report(path)) == (path.parent / "results.md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 35
+    assert checked == 36
 
 
 def test_each_recipes_results_were_trained_with_its_length_and_evaluation_schedule():
