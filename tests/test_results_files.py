@@ -304,11 +304,9 @@ def test_readme_design_study_tables_are_results_gba_design():
 def char_long_three_seeds() -> dict[str, dict]:
     """cpu-char-long's models over seeds 42, 123 (results/cpu-char-long) and 7 (results/cpu-char-long-seed7, the
     same recipe continued in another directory with --seeds 7)."""
-    first, later = compare_rows("cpu-char-long"), compare_rows("cpu-char-long-seed7")
-    assert list(first) == list(later)
-    assert all(sorted(first[k]["valid_ppl"]) == ["123", "42"] and list(later[k]["valid_ppl"]) == ["7"] for k in first)
-    assert all(math.isclose(first[k]["train_flops"], later[k]["train_flops"], rel_tol=1e-9) for k in first)
-    return {label: with_later_seeds(r, later[label]) for label, r in first.items()}
+    rows = over_seeds("cpu-char-long", "cpu-char-long-seed7", ("42", "123"), ("7",))
+    assert list(rows) == list(compare_rows("cpu-char-long"))  # the same models, in the same order
+    return rows
 
 
 def gba_gaps(short: dict[str, dict], long: dict[str, dict], reference: str,
@@ -386,11 +384,10 @@ def test_readme_cpu_proxy_long_is_its_results():
     # the figure: gap.json of the 2,400-step runs, all three seeds
     gap = json.loads((ROOT / "results" / "training-length-proxy" / "gap.json").read_text())
     assert {s["directory"] for s in gap["series"]} == {"cpu-proxy-long", "cpu-proxy + cpu-proxy-seeds"}
-    points = {s["reference"]: {p["step"]: p for p in s["points"]} for s in gap["series"]
-              if s["directory"] == "cpu-proxy-long"}
+    by_line = {(s["directory"], s["reference"]): {p["step"]: p for p in s["points"]} for s in gap["series"]}
+    points, shorter = ({ref: by_line[directory, ref] for ref in ("standard", "param-fair")}
+                       for directory in ("cpu-proxy-long", "cpu-proxy + cpu-proxy-seeds"))
     assert all(p["seeds"] == 3 for series in points.values() for p in series.values())
-    shorter = {s["reference"]: {p["step"]: p for p in s["points"]} for s in gap["series"]
-               if s["directory"] == "cpu-proxy + cpu-proxy-seeds"}
     for reference, before in (("standard", std_before), ("param-fair", fair_before)):  # the table's 1,200 steps
         assert math.isclose(shorter[reference][1200]["difference"], statistics.fmean(before), abs_tol=1e-9)
         # every evaluation three seeds made but step 689, seed 42's extra one (drawn hollow)
@@ -560,14 +557,16 @@ def test_readme_wikitext_tables_are_their_results():
     assert_table("**Post-LN** (`cpu-postln`)", expected)
 
 
-def over_seeds(first_name: str, later_name: str) -> dict[str, dict]:
-    """The models of ``later_name`` (results of seeds 123 and 7) with seed 42's perplexities from ``first_name`` (the
-    same recipe, data and settings, trained earlier) added: one row per model, each seed's perplexities in it."""
+def over_seeds(first_name: str, later_name: str, first_seeds: tuple[str, ...] = ("42",),
+               later_seeds: tuple[str, ...] = ("123", "7")) -> dict[str, dict]:
+    """The models of ``later_name`` (results of ``later_seeds``) with the perplexities of ``first_seeds`` from
+    ``first_name`` (the same recipe, data and settings, trained earlier) added: one row per model, each seed's
+    perplexities in it."""
     first, later = compare_rows(first_name), compare_rows(later_name)
     rows = {}
     for label, other in later.items():
         r = first[label]
-        assert sorted(r["test_ppl"]) == ["42"] and sorted(other["test_ppl"]) == ["123", "7"]
+        assert sorted(r["test_ppl"]) == sorted(first_seeds) and sorted(other["test_ppl"]) == sorted(later_seeds)
         assert math.isclose(other["train_flops"], r["train_flops"], rel_tol=1e-9)
         rows[label] = with_later_seeds(r, other)
     return rows

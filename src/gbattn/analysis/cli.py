@@ -623,7 +623,7 @@ def same_comparison(compare_dirs: list, model: str) -> list[list[Path]]:
     groups: dict[str, list[Path]] = {}
     for d in compare_dirs:
         report = read_comparison(Path(d))
-        rows = {r.get("label"): r for r in report.get("models", []) if isinstance(r, dict)}
+        rows = {r["label"]: r for r in report["models"]}  # read_report checked: a list of rows, each labelled
         key = json.dumps([report.get("recipe"), report.get("data"), report.get("sets"),
                           rows.get(model, {}).get("steps")], sort_keys=True, default=str)
         groups.setdefault(key if report.get("recipe") else str(Path(d).resolve()), []).append(Path(d))

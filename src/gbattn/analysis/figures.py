@@ -546,13 +546,14 @@ def gap_figure(series: list[dict], model: str, references: list[str]):
                 most = max(p["seeds"] for p in s["points"])
                 # A point fewer seeds evaluated (an extra evaluation of one seed, a diverged one) is drawn hollow
                 # and left out of the line: joined in, one seed's value looked like a turn of the mean.
-                partial = [(p["tokens_per_parameter"], p["difference"]) for p in s["points"] if p["seeds"] < most]
+                full = [(x, y) for x, y, p in zip(xs, ys, s["points"]) if p["seeds"] == most]
+                partial = [(x, y) for x, y, p in zip(xs, ys, s["points"]) if p["seeds"] < most]
                 seeds = f"{most} seed{'s' if most > 1 else ''}{'; hollow: fewer' if partial else ''}"
                 # pooled directories ("a + b") one to a line: on one, the legend was wider than the panel
-                label = f"{s['steps']:,}-step runs ({s['directory'].replace(' + ', ' +' + chr(10))}, {seeds})"
+                directories = s["directory"].replace(" + ", " +\n")
+                label = f"{s['steps']:,}-step runs ({directories}, {seeds})"
                 if s.get("reference_steps") not in (None, s["steps"]):  # a compute-matched reference: not its end
                     label += f"\n{ref} trains {s['reference_steps']:,} steps: paired at equal steps only"
-                full = [(x, y) for x, y, p in zip(xs, ys, s["points"]) if p["seeds"] == most]
                 ax.plot(*zip(*full), marker="o", markersize=3, color=f"C{i}", label=label)
                 if partial:
                     ax.plot(*zip(*partial), linestyle="none", marker="o", markersize=5, markerfacecolor="none",
