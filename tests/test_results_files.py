@@ -309,6 +309,13 @@ def char_long_three_seeds() -> dict[str, dict]:
     return rows
 
 
+def proxy_gap_lines() -> dict[tuple[str, str], dict[int, dict]]:
+    """The WikiText-2 training-length figure's lines (results/training-length-proxy/gap.json): for each (directory,
+    reference), its points by step."""
+    gap = json.loads((ROOT / "results" / "training-length-proxy" / "gap.json").read_text())
+    return {(s["directory"], s["reference"]): {p["step"]: p for p in s["points"]} for s in gap["series"]}
+
+
 def gba_gaps(short: dict[str, dict], long: dict[str, dict], reference: str,
              seeds: list[str]) -> tuple[list[float], list[float]]:
     """GBA M=2 minus ``reference`` in validation nats, seed by seed, in the shorter runs and in the longer ones of a
@@ -382,9 +389,8 @@ def test_readme_cpu_proxy_long_is_its_results():
         f"({' → '.join(signed(g, 3, '') for g in char_fair)})",
     ]
     # the figure: gap.json of the 2,400-step runs, all three seeds
-    gap = json.loads((ROOT / "results" / "training-length-proxy" / "gap.json").read_text())
-    assert {s["directory"] for s in gap["series"]} == {"cpu-proxy-long", "cpu-proxy + cpu-proxy-seeds", "cpu-proxy-4x"}
-    by_line = {(s["directory"], s["reference"]): {p["step"]: p for p in s["points"]} for s in gap["series"]}
+    by_line = proxy_gap_lines()
+    assert {directory for directory, _ in by_line} == {"cpu-proxy-long", "cpu-proxy + cpu-proxy-seeds", "cpu-proxy-4x"}
     points, shorter = ({ref: by_line[directory, ref] for ref in ("standard", "param-fair")}
                        for directory in ("cpu-proxy-long", "cpu-proxy + cpu-proxy-seeds"))
     assert all(p["seeds"] == 3 for series in points.values() for p in series.values())
@@ -414,13 +420,6 @@ def test_readme_cpu_proxy_long_is_its_results():
     assert not missing, "\n".join(missing)
 
 
-def proxy_4x_seeds() -> list[str]:
-    """The seeds of the 4x probe (results/cpu-proxy-4x), in the order the README gives them."""
-    seeds = sorted(compare_rows("cpu-proxy-4x")["gba-m2"]["valid_ppl"], key=["42", "123", "7"].index)
-    assert all(sorted(row["valid_ppl"]) == sorted(seeds) for row in compare_rows("cpu-proxy-4x").values())
-    return seeds
-
-
 def mean_and_each(diffs: list[float]) -> str:
     """'−0.017 (−0.020 / −0.013)': the mean of paired differences, then each seed's."""
     return f"{signed(statistics.fmean(diffs), 3, '')} ({' / '.join(signed(d, 3, '') for d in diffs)})"
@@ -430,10 +429,11 @@ def test_readme_cpu_proxy_4x_probe_is_its_results():
     """The 4x probe on WikiText-2 (the seeds it ran): its table puts the same seeds of cpu-proxy (1,200 steps),
     cpu-proxy-long (2,400) and cpu-proxy-4x (4,800, the same recipe with max_steps=4800 and no compute-matched model)
     side by side, and its prose's changes are the table's and the gap figure's."""
-    seeds = proxy_4x_seeds()
+    seeds = ["42", "123", "7"]
     lengths = [proxy_three_seeds(), compare_rows("cpu-proxy-long"), compare_rows("cpu-proxy-4x")]
     longest = lengths[-1]
-    assert list(longest) == ["standard", "param-fair", "gba-m2"] and len(seeds) >= 2
+    assert list(longest) == ["standard", "param-fair", "gba-m2"]
+    assert all(sorted(row["valid_ppl"]) == sorted(seeds) for row in longest.values())
     assert [r["gba-m2"]["steps"] for r in lengths] == [1200, 2400, 4800]
     report = json.loads((ROOT / "results" / "cpu-proxy-4x" / "results.json").read_text())
     assert report["recipe"] == "cpu-proxy-long" and report["sets"] == {"max_steps": 4800}
@@ -446,16 +446,14 @@ def test_readme_cpu_proxy_4x_probe_is_its_results():
         rows.append([f"{r['gba-m2']['steps']:,}", f"{r['gba-m2']['tokens_per_parameter']:.2f}", mean_and_each(std),
                      mean_and_each(fair), " / ".join(f"{v:.2f}" for v in tests[-1].values())])
     assert_table("How far does the deficit to param-fair keep shrinking?", rows)
-    names = " and ".join([", ".join(seeds[:-1]), seeds[-1]])
-    assert f"| steps (seeds {', '.join(seeds)}) |" in README_TEXT and "paired by seed (42, 123 and 7)" in README_PROSE
+    assert "| steps (seeds 42, 123, 7) |" in README_TEXT
     (std_2x, fair_2x), (std_4x, fair_4x) = gaps[1], gaps[2]
     assert all(b < a for a, b in zip(fair_2x, fair_4x)) and all(b < a for a, b in zip(std_2x, std_4x))
     assert all(d > 0 for d in fair_4x)  # the wider model still ahead on every seed
     mean = statistics.fmean
     epochs = longest["standard"]["curves"]["42"][-1]["epoch"]
     # the gap figure's 4,800-step line: the deficit to param-fair, the mean of the seeds at each evaluation
-    gap = json.loads((ROOT / "results" / "training-length-proxy" / "gap.json").read_text())
-    line = {(s["directory"], s["reference"]): {p["step"]: p for p in s["points"]} for s in gap["series"]}
+    line = proxy_gap_lines()
     fair_line, long_line = line["cpu-proxy-4x", "param-fair"], line["cpu-proxy-long", "param-fair"]
     assert all(p["seeds"] == len(seeds) for p in fair_line.values())
     # the figure's last point is the evaluation at step 4,800, the table's the best checkpoint's (a seed's best may
@@ -465,11 +463,11 @@ def test_readme_cpu_proxy_4x_probe_is_its_results():
     late = [p["difference"] for step, p in fair_line.items() if step >= 2700]
     assert abs(mean(late) - min(p["difference"] for p in long_line.values())) < 0.002  # "about where"
     expected = [
-        f"A probe at 4x (4,800 steps, {epochs:.1f} epochs), seeds {names}",
-        f"--seeds {' '.join(seeds)} --jobs 3 --threads 3 --data wikitext-2",
-        f"The same {'two' if len(seeds) == 2 else 'three'} seeds at each length",
-        f"each seed's ({' / '.join(seeds)})",
-        f"shrinks on {'both seeds' if len(seeds) == 2 else 'every seed'}, by "
+        f"A probe at 4x (4,800 steps, {epochs:.1f} epochs), seeds 42, 123 and 7",
+        "--seeds 42 123 7 --jobs 3 --threads 3 --data wikitext-2",
+        "The same three seeds at each length",
+        "each seed's (42 / 123 / 7)",
+        "shrinks on every seed, by "
         f"{100 * (1 - mean(fair_4x) / mean(fair_2x)):.0f}% on average ({signed(mean(fair_2x), 3, '')} → "
         f"{signed(mean(fair_4x), 3, '')})",
         f"({signed(mean(std_2x), 3, '')} → {signed(mean(std_4x), 3, '')})",
@@ -478,7 +476,8 @@ def test_readme_cpu_proxy_4x_probe_is_its_results():
         f"the deficit is smallest at step {smallest:,} ({signed(fair_line[smallest]['difference'], 3, '')} nats) and "
         f"ends at {signed(fair_line[4800]['difference'], 3, '')}, between {signed(min(late), 3, '')} and "
         f"{signed(max(late), 3, '')} since step 2,700",
-        f"for the 4,800-step probe (seeds {names})",
+        "paired by seed (42, 123 and 7)",
+        "for the 4,800-step probe (seeds 42, 123 and 7)",
     ]
     missing = [line for line in expected if line not in README_PROSE]
     assert not missing, "\n".join(missing)
@@ -1312,13 +1311,12 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
     seeds = ["42", "123", "7"]
     before, after = gba_gaps(proxy_three_seeds(), compare_rows("cpu-proxy-long"), "param-fair", seeds)
     assert all(0 < b < a for a, b in zip(before, after))
-    longest, seeds_4x = compare_rows("cpu-proxy-4x"), proxy_4x_seeds()
-    gaps_4x = paired(longest["gba-m2"], longest["param-fair"], seeds_4x)
+    longest = compare_rows("cpu-proxy-4x")
+    gaps_4x = paired(longest["gba-m2"], longest["param-fair"], seeds)
     assert all(d > 0 for d in gaps_4x)
-    on_each = "both seeds" if len(seeds_4x) == 2 else f"each of {len(seeds_4x)} seeds"
     assert (f"2x on WikiText-2 (where its deficit to the wider model shrank on every one of 3 seeds, "
             f"{signed(statistics.fmean(before), 3, '')} → {signed(statistics.fmean(after), 3, '')} nats, and stayed a "
-            f"deficit on every one, also at 4x on {on_each} measured, "
+            f"deficit on every one, also at 4x on each of 3 seeds measured, "
             f"{signed(statistics.fmean(gaps_4x), 3, '')})") in README_PROSE
 
     gpu = compare_rows(GPU)
