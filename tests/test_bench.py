@@ -1078,3 +1078,29 @@ def test_a_variants_model_fields_set_its_row_so_two_blocks_are_timed_in_one_run(
         with pytest.raises(UserError, match=f"^--attn standard:{key}=64: {key} shape every row's batch"):
             speed.run_bench("cpu-char", ["standard", f"standard:{key}=64"], device="cpu", batch=1, seq_len=8,
                             repeats=1, steps=1, decode=2, threads=1, quiet=True)
+
+
+def test_decode_floor_script_reads_every_matrix_a_decode_step_multiplies_once():
+    """scripts/decode_floor.py (README, "Compiled vs eager"): the weight-read floor multiplies one vector by every
+    Linear weight of the model, the output layer's whether or not it is tied to the token embedding, and by nothing
+    else (the position table and an untied token embedding are lookups, not products)."""
+    import importlib.util
+    from pathlib import Path
+
+    from gbattn.config import preset_config
+    from gbattn.model.gpt import GPT
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "decode_floor.py"
+    spec = importlib.util.spec_from_file_location("decode_floor", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for attn, sets in (("standard", {}), ("boosted", {"attn.rounds": 3}), ("standard", {"tie_embeddings": False})):
+        model = GPT(preset_config("cpu-char", attn, sets))
+        lookups = {"wpe.weight"} | ({"wte.weight"} if not model.cfg.tie_embeddings else set())
+        expected = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and name not in lookups)
+        matrices = script.weight_matrices(model)
+        assert sum(w.numel() for w in matrices) == expected
+    with torch.no_grad():
+        floor, n_weights = script.weight_read_floor(model)
+        outputs = floor()
+    assert n_weights == expected and [o.shape for o in outputs] == [(1, w.shape[0]) for w in matrices]

@@ -2103,3 +2103,26 @@ def test_readme_every_design_configuration_lost_to_baselines_matched_to_it():
             f"its own parameters and FLOPs (standard attention trained for each one's FLOPs was ahead on every seed; "
             f"the wider model was ahead of {len(wider_ahead)} on every seed and tied with the vector and scalar "
             f"gates)") in README_PROSE
+
+
+def test_readme_decode_floor_is_results_decode_floor_cpu():
+    """README "Compiled vs eager": the weight-read floor table and the 2x arithmetic under it are the rows of
+    results/decode-floor-cpu/floor.md (scripts/decode_floor.py's output), whose ratio columns follow from its times."""
+    text = (ROOT / "results" / "decode-floor-cpu" / "floor.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| standard") or line.startswith("| boosted"):
+            eager, compiled, floor = (float(c) for c in cells[2:5])
+            assert cells[5:8] == [f"{eager / compiled:.2f}x", f"{eager / floor:.2f}x", f"{compiled / floor:.2f}x"]
+            rows[cells[0]] = cells
+    assert set(rows) == {"standard", "boosted"}
+    names = {"standard": "standard", "boosted": "boosted (M=2)"}
+    assert_table("How far could compiling go on a CPU?", [[names[v]] + rows[v][2:8] for v in names])
+    eager, compiled, floor = (float(c) for c in rows["standard"][2:5])
+    assert (f"for standard it leaves {eager / 2 - floor:.3f} ms a token for everything besides the weight products, "
+            f"where the compiled step spends {compiled - floor:.3f} ms on it") in README_PROSE
+    assert eager / 2 - floor < compiled - floor  # "within reach only in principle": not reached in this run
+    assert f"and {rows['standard'][8]} ms for calling a compiled function at all" in README_PROSE
+    assert "python scripts/decode_floor.py --repeats 15" in text and "python scripts/decode_floor.py --repeats 15" \
+        in README_PROSE
