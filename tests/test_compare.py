@@ -207,6 +207,22 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
     assert not (tmp_path / "cmp" / "standard" / "seed1").exists()
 
 
+def test_the_same_corpus_by_another_path_keeps_the_finished_runs(tmp_path, monkeypatch):
+    """A comparison trained with --data as an absolute path, then asked again from the corpus's parent folder with
+    --data as a relative path (the same bytes, the same fingerprint): its runs are reused, not refused as "another
+    run", as train --resume and eval take the same corpus by another path; the report is the same."""
+    data = write_corpus(tmp_path / "c")
+    sets = tiny_sets()
+    first = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data.resolve()), sets=sets, only=["standard"],
+                        quiet=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(compare_mod, "train", lambda *args, **kwargs: pytest.fail("a finished run was trained again"))
+    again = run_compare("cpu-proxy", tmp_path / "cmp", data="c", sets=sets, only=["standard"], quiet=True)
+    assert again["models"][0]["test_ppl"] == first["models"][0]["test_ppl"]
+    recorded = json.loads((tmp_path / "cmp" / "standard" / "seed42" / rundir.CONFIG).read_text())["train"]["data"]
+    assert recorded == str(data.resolve())  # the run's own record is left as it was
+
+
 def test_a_finished_run_that_recorded_no_data_fingerprint_is_reused(tmp_path):
     """A run written before runs recorded their data's fingerprint has nothing to compare with the data's now: it is
     reused (its configs are still checked), not refused as "trained on other data"."""

@@ -103,12 +103,16 @@ def read_run_result(run_dir: Path, model_cfg) -> dict:
 
 def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = None) -> None:
     """Refuse a run directory whose recorded configs are not the ones asked for, or that trained on
-    other data (its recorded fingerprint differs from ``fingerprint``, the data's now)."""
+    other data (its recorded fingerprint differs from ``fingerprint``, the data's now). Data with the run's
+    fingerprint is its data whatever path reaches it (another working directory, a link, a copy), as for
+    ``train --resume`` and ``eval``; without both fingerprints the paths must be equal."""
     config_path = run_dir / rundir.CONFIG
     config = rundir.read_config(config_path)
     check_run_data(run_dir, config, train_cfg.data, fingerprint)
     recorded_model, recorded_train = rundir.read_configs(config, config_path)
     want, have = comparable(model_cfg, train_cfg), comparable(recorded_model, recorded_train)
+    if fingerprint and rundir.recorded_fingerprint(config) == fingerprint:
+        want["train"].pop("data", None), have["train"].pop("data", None)
     differ = [f"{part}.{k}: recorded {have[part].get(k)!r}, asked {want[part].get(k)!r}"
               for part in ("model", "train") for k in sorted(set(want[part]) | set(have[part]))
               if want[part].get(k) != have[part].get(k)]
