@@ -427,25 +427,35 @@ def mean_and_each(diffs: list[float]) -> str:
 
 def test_readme_cpu_proxy_4x_probe_is_its_results():
     """The 4x probe on WikiText-2 (the seeds it ran): its table puts the same seeds of cpu-proxy (1,200 steps),
-    cpu-proxy-long (2,400) and cpu-proxy-4x (4,800, the same recipe with max_steps=4800 and no compute-matched model)
-    side by side, and its prose's changes are the table's and the gap figure's."""
+    cpu-proxy-long (2,400) and cpu-proxy-4x (4,800, the same recipe with max_steps=4800, its compute-matched model
+    trained by a later command) side by side, and its prose's changes are the table's and the gap figure's."""
     seeds = ["42", "123", "7"]
     lengths = [proxy_three_seeds(), compare_rows("cpu-proxy-long"), compare_rows("cpu-proxy-4x")]
     longest = lengths[-1]
-    assert list(longest) == ["standard", "param-fair", "gba-m2"]
+    assert list(longest) == ["standard", "param-fair", "compute-matched", "gba-m2"]
     assert all(sorted(row["valid_ppl"]) == sorted(seeds) for row in longest.values())
     assert [r["gba-m2"]["steps"] for r in lengths] == [1200, 2400, 4800]
     report = json.loads((ROOT / "results" / "cpu-proxy-4x" / "results.json").read_text())
     assert report["recipe"] == "cpu-proxy-long" and report["sets"] == {"max_steps": 4800}
     assert sorted(report["seeds"]) == sorted(int(s) for s in seeds)
-    rows, gaps, tests = [], [], []
+    rows, gaps, tests, matched = [], [], [], []
     for r in lengths:
-        std, fair = (paired(r["gba-m2"], r[ref], seeds) for ref in ("standard", "param-fair"))
+        std, fair, cm = (paired(r["gba-m2"], r[ref], seeds) for ref in ("standard", "param-fair", "compute-matched"))
         gaps.append((std, fair))
-        tests.append({k: mean_test_ppl(r[k], seeds) for k in ("standard", "param-fair", "gba-m2")})
+        matched.append(cm)
+        tests.append({k: mean_test_ppl(r[k], seeds) for k in ("standard", "param-fair", "compute-matched", "gba-m2")})
         rows.append([f"{r['gba-m2']['steps']:,}", f"{r['gba-m2']['tokens_per_parameter']:.2f}", mean_and_each(std),
-                     mean_and_each(fair), " / ".join(f"{v:.2f}" for v in tests[-1].values())])
+                     mean_and_each(fair), mean_and_each(cm), " / ".join(f"{v:.2f}" for v in tests[-1].values())])
     assert_table("How far does the deficit to param-fair keep shrinking?", rows)
+    # the compute-matched model: trained for GBA's FLOPs in each directory, ahead of GBA on every seed at each length,
+    # its lead shrinking; at 4,800 steps the wider model is ahead of it on average
+    assert all(abs(r["compute-matched"]["train_flops"] / r["gba-m2"]["train_flops"] - 1) < 1e-3 for r in lengths)
+    assert all(d > 0 for cm in matched for d in cm)
+    leads = [statistics.fmean(cm) for cm in matched]
+    assert leads[0] > leads[1] > leads[2]
+    fair_vs_matched = paired(longest["param-fair"], longest["compute-matched"], seeds)
+    assert statistics.fmean(fair_vs_matched) < 0
+    matched_epochs = longest["compute-matched"]["curves"]["42"][-1]["epoch"]
     assert "| steps (seeds 42, 123, 7) |" in README_TEXT
     (std_2x, fair_2x), (std_4x, fair_4x) = gaps[1], gaps[2]
     assert all(b < a for a, b in zip(fair_2x, fair_4x)) and all(b < a for a, b in zip(std_2x, std_4x))
@@ -478,6 +488,14 @@ def test_readme_cpu_proxy_4x_probe_is_its_results():
         f"{signed(max(late), 3, '')} since step 2,700",
         "paired by seed (42, 123 and 7)",
         "for the 4,800-step probe (seeds 42, 123 and 7)",
+        "--only compute-matched --seeds 42 123 7 --threads 2",
+        f"({longest['compute-matched']['steps']:,} steps, {matched_epochs:.1f} epochs, about 25 minutes a seed",
+        f"its lead falls fastest of all, from {leads[0]:.3f} to {leads[1]:.3f} to {leads[2]:.3f} nats, as it repeats "
+        f"the data more ({matched_epochs:.1f} epochs for its {longest['compute-matched']['steps']:,} steps)",
+        f"the wider model is {-statistics.fmean(fair_vs_matched):.3f} nats ahead of it on average "
+        f"({' / '.join(signed(d, 3, '') for d in fair_vs_matched)})",
+        f"every matched baseline still beats GBA, by {min(leads[2], mean(fair_4x)):.3f} to "
+        f"{max(leads[2], mean(fair_4x)):.3f} nats",
     ]
     missing = [line for line in expected if line not in README_PROSE]
     assert not missing, "\n".join(missing)
@@ -1313,11 +1331,13 @@ def test_readme_should_i_use_gba_claims_no_more_than_the_runs_show():
     assert all(0 < b < a for a, b in zip(before, after))
     longest = compare_rows("cpu-proxy-4x")
     gaps_4x = paired(longest["gba-m2"], longest["param-fair"], seeds)
-    assert all(d > 0 for d in gaps_4x)
+    matched_4x = paired(longest["gba-m2"], longest["compute-matched"], seeds)
+    assert all(d > 0 for d in gaps_4x) and all(d > 0 for d in matched_4x)
     assert (f"2x on WikiText-2 (where its deficit to the wider model shrank on every one of 3 seeds, "
             f"{signed(statistics.fmean(before), 3, '')} → {signed(statistics.fmean(after), 3, '')} nats, and stayed a "
             f"deficit on every one, also at 4x on each of 3 seeds measured, "
-            f"{signed(statistics.fmean(gaps_4x), 3, '')})") in README_PROSE
+            f"{signed(statistics.fmean(gaps_4x), 3, '')}, where the standard model trained for its FLOPs was ahead on "
+            f"every seed too, by {statistics.fmean(matched_4x):.3f})") in README_PROSE
 
     gpu = compare_rows(GPU)
     fair, matched, gba = (gpu[label] for label in ("param-fair", "compute-matched", "gba-m2"))
