@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` imported as a module (the scripts are not a package), for a test of its functions."""
+    spec = importlib.util.spec_from_file_location(name, REPOSITORY / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 WORDS = [
     "the",

@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_flatten
 
 from gbattn.attention import AttnArgs, build_attention
 from gbattn.cli import main as cli_main
-from helpers import run_cli, stand_in_run
+from helpers import load_script, run_cli, stand_in_run
 
 
 class LiveMemory(TorchDispatchMode):
@@ -1038,13 +1038,7 @@ def test_decode_kernels_script_counts_each_variants_matrix_products_and_attentio
     """scripts/decode_kernels.py (README, "Compiled vs eager") counts the calls of inductor's compiled decode step:
     at cpu-char (4 layers), standard's 4 per layer (qkv, out, two FFN) and the LM head are 17 matrix products with 4
     attention calls; GBA M=2 adds round 1's projection and the gate per layer (25) and a second attention (8)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / "decode_kernels.py"
-    spec = importlib.util.spec_from_file_location("decode_kernels", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("decode_kernels")
     body = ("def call(args):\n    extern_kernels.addmm(a, b, c)\n    cpp_fused_gelu_0(x)\n"
             "    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)\n"
             "    extern_kernels.mm(a, b)\n\ndef later():\n    extern_kernels.mm(a, b)\n")
@@ -1084,16 +1078,10 @@ def test_decode_floor_script_reads_every_matrix_a_decode_step_multiplies_once():
     """scripts/decode_floor.py (README, "Compiled vs eager"): the weight-read floor multiplies one vector by every
     Linear weight of the model, the output layer's whether or not it is tied to the token embedding, and by nothing
     else (the position table and an untied token embedding are lookups, not products)."""
-    import importlib.util
-    from pathlib import Path
-
     from gbattn.config import preset_config
     from gbattn.model.gpt import GPT
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "decode_floor.py"
-    spec = importlib.util.spec_from_file_location("decode_floor", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("decode_floor")
     for attn, sets in (("standard", {}), ("boosted", {"attn.rounds": 3}), ("standard", {"tie_embeddings": False})):
         model = GPT(preset_config("cpu-char", attn, sets))
         lookups = {"wpe.weight"} | ({"wte.weight"} if not model.cfg.tie_embeddings else set())

@@ -3,18 +3,10 @@ metrics, and the probe runs that stop there, trained with the configs `gbattn co
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("postln_plateau", ROOT / "scripts" / "postln_plateau.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script
 
 
 def _metrics(path: Path, losses: dict[int, float]) -> Path:
@@ -25,7 +17,7 @@ def _metrics(path: Path, losses: dict[int, float]) -> Path:
 
 
 def test_plateau_exit_is_the_first_logged_training_loss_below_the_threshold(tmp_path):
-    script = _script()
+    script = load_script("postln_plateau")
     metrics = _metrics(tmp_path / "metrics.jsonl", {10: 8.3, 20: 6.7, 30: 6.71, 40: 6.39, 50: 6.5, 60: 6.0})
     assert script.plateau_exit(metrics, 6.4) == (40, 60)
     assert script.plateau_exit(metrics, 6.0) == (None, 60)  # 6.0 is not below 6.0
@@ -35,7 +27,7 @@ def test_plateau_exit_is_the_first_logged_training_loss_below_the_threshold(tmp_
 def test_a_damaged_metrics_line_is_skipped_not_trusted(tmp_path):
     """A line cut short by a kill, a loss that is no number and a line that is no object are skipped (as `gbattn
     plot` skips them): the exit is the first sound logged loss below the threshold."""
-    script = _script()
+    script = load_script("postln_plateau")
     metrics = _metrics(tmp_path / "metrics.jsonl", {10: 8.3, 20: 6.7})
     with metrics.open("a") as f:
         f.write('{"event": "train", "step": 30, "loss": "6.0"}\n[1, 2]\n{"event": "train", "step": 40, "loss": 6.3}\n'
@@ -46,7 +38,7 @@ def test_a_damaged_metrics_line_is_skipped_not_trusted(tmp_path):
 def test_probes_train_the_recipes_configs_and_stop_once_off_the_plateau(tmp_path, monkeypatch):
     """A threshold above every loss: each probe stops at its first logged step (10 of the recipe's 1,200), and the
     results name the data by its folder, with a fully trained folder (--also) read the same way."""
-    script = _script()
+    script = load_script("postln_plateau")
     data = "tiny-shakespeare"  # shipped with the package
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
     also = tmp_path / "full"

@@ -6,7 +6,6 @@ command writes from its JSON."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import math
 import re
@@ -14,6 +13,8 @@ import statistics
 from pathlib import Path
 
 import pytest
+
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 ABSOLUTE = re.compile(r"""(?:^|[\s"'`(=:])(/(?:tmp|work|root|home|opt|usr|Users|mnt|var)/[^\s"'`)]*)""")
@@ -1931,14 +1932,6 @@ def test_readme_threads_table_is_results_threads():
     assert generate.split(" | ")[1:] == [f"{two:,}", f"{one:,} ({one / two:.1f}x)", f"{default:,} |"]
 
 
-def _unk_token_counts_script():
-    path = ROOT / "scripts" / "unk_token_counts.py"
-    spec = importlib.util.spec_from_file_location("unk_token_counts", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_unk_token_counts_script_counts_what_the_authors_tokenizer_drops(tmp_path, monkeypatch):
     """scripts/unk_token_counts.py: a test line with one character training never shows is one <unk> id more in
     gbattn's ids than in the same BPE without an unknown token, and the line with it is the only one that differs."""
@@ -1953,7 +1946,7 @@ def test_unk_token_counts_script_counts_what_the_authors_tokenizer_drops(tmp_pat
     out = tmp_path / "counts.json"
     monkeypatch.setattr("sys.argv", ["unk_token_counts.py", "--train", str(train), "--text", str(text),
                                      "--vocab-size", "64", "--out", str(out)])
-    _unk_token_counts_script().main()
+    load_script("unk_token_counts").main()
     record = json.loads(out.read_text(encoding="utf-8"))
     test, valid = record["splits"]["test"], record["splits"]["valid"]
     assert test["unk_tokens_gbattn"] == test["unseen_characters"] == test["distinct_unseen_characters"] == 1
