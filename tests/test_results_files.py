@@ -2124,8 +2124,8 @@ def test_readme_decode_floor_is_results_decode_floor_cpu():
     text = (ROOT / "results" / "decode-floor-cpu" / "floor.md").read_text(encoding="utf-8")
     rows = {}
     for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| standard") or line.startswith("| boosted"):
+        if line.startswith(("| standard", "| boosted")):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
             eager, compiled, floor = (float(c) for c in cells[2:5])
             assert cells[5:8] == [f"{eager / compiled:.2f}x", f"{eager / floor:.2f}x", f"{compiled / floor:.2f}x"]
             rows[cells[0]] = cells
@@ -2137,5 +2137,5 @@ def test_readme_decode_floor_is_results_decode_floor_cpu():
             f"where the compiled step spends {compiled - floor:.3f} ms on it") in README_PROSE
     assert eager / 2 - floor < compiled - floor  # "within reach only in principle": not reached in this run
     assert f"and {rows['standard'][8]} ms for calling a compiled function at all" in README_PROSE
-    assert "python scripts/decode_floor.py --repeats 15" in text and "python scripts/decode_floor.py --repeats 15" \
-        in README_PROSE
+    command = "python scripts/decode_floor.py --repeats 15"
+    assert command in text and command in README_PROSE
