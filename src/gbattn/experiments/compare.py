@@ -78,6 +78,13 @@ def comparable(model_cfg, train_cfg) -> dict:
     return {"model": model_d, "train": train_d}
 
 
+def config_differences(recorded: dict, other: dict, other_word: str) -> list[str]:
+    """Each field where two :func:`comparable` records differ, as ``part.key: recorded R, <other_word> O``."""
+    return [f"{part}.{k}: recorded {recorded[part].get(k)!r}, {other_word} {other[part].get(k)!r}"
+            for part in ("model", "train") for k in sorted(set(other[part]) | set(recorded[part]))
+            if other[part].get(k) != recorded[part].get(k)]
+
+
 def check_run_data(run_dir: Path, config: dict, data: str, fingerprint: str | None) -> None:
     """Refuse a run (its ``config``) that trained on other data than ``data`` holds now (``fingerprint``)."""
     recorded = rundir.recorded_fingerprint(config)
@@ -113,9 +120,7 @@ def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = Non
     want, have = comparable(model_cfg, train_cfg), comparable(recorded_model, recorded_train)
     if fingerprint and rundir.recorded_fingerprint(config) == fingerprint:
         want["train"].pop("data", None), have["train"].pop("data", None)
-    differ = [f"{part}.{k}: recorded {have[part].get(k)!r}, asked {want[part].get(k)!r}"
-              for part in ("model", "train") for k in sorted(set(want[part]) | set(have[part]))
-              if want[part].get(k) != have[part].get(k)]
+    differ = config_differences(have, want, "asked")
     # fit_warmup is not compared as a field (runs from before it existed record it off): the warmup it gives
     # over the run's steps is. With every other field equal, the asked run would have as many steps.
     steps, used = config.get("steps"), config.get("warmup_steps")

@@ -205,7 +205,7 @@ def given_neutral(saved: dict, recorded_model: ModelConfig, recorded_train: Trai
     """The result-neutral fields of ``train_cfg`` (threads, device, ...; the corpus at another path) that a run resumed
     with configs given takes over its recorded ones, or a UserError naming each field of ``model_cfg`` or
     ``train_cfg`` (None: not given) that would change the run, as `train --resume` refuses a ``--set`` that would."""
-    from gbattn.experiments.compare import comparable
+    from gbattn.experiments.compare import comparable, config_differences
 
     if model_cfg is not None and model_cfg.vocab_size == saved.get("vocab_size_asked"):
         model_cfg = model_cfg.replace(vocab_size=recorded_model.vocab_size)  # the tokenizer's was taken, as recorded
@@ -216,9 +216,7 @@ def given_neutral(saved: dict, recorded_model: ModelConfig, recorded_train: Trai
                                                                                            recorded_train):
         given["train"]["data"] = recorded_train.data
         neutral["data"] = train_cfg.data  # the recorded corpus at another path
-    differ = [f"{part}.{k}: recorded {have[part].get(k)!r}, given {given[part].get(k)!r}"
-              for part in ("model", "train") for k in sorted(set(given[part]) | set(have[part]))
-              if given[part].get(k) != have[part].get(k)]
+    differ = config_differences(have, given, "given")
     if differ:
         raise UserError(f"resume=True continues {run_dir} as it was started; these configs would change it: "
                         f"{'; '.join(differ)}. Give the run's own configs (or none), or start a new run in "
