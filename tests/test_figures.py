@@ -580,6 +580,20 @@ def test_gap_plot_pairs_by_seed_and_step_across_run_lengths(tmp_path, capsys):
     assert not (tmp_path / "fig5").exists()
 
 
+def test_gap_reads_each_results_json_once(tmp_path, monkeypatch):
+    """Grouping the directories into lines and each reference's series read the same results.json files: they
+    were read (and checked) again for every reference and once more for the grouping."""
+    import gbattn.analysis.cli as analysis_cli
+
+    short, long = _gap_dir(tmp_path / "short", 400), _gap_dir(tmp_path / "long", 1600)
+    reads: list[str] = []
+    real = analysis_cli.read_comparison
+    monkeypatch.setattr(analysis_cli, "read_comparison", lambda d: reads.append(Path(d).name) or real(d))
+    assert cli_main(["plot", str(short), str(long), "--gap", "gba-m2", "--against", "standard",
+                     "--out", str(tmp_path / "fig")]) == 0
+    assert sorted(reads) == ["long", "short"]
+
+
 def test_gap_pools_the_seeds_of_one_comparison_continued_in_another_directory(tmp_path, capsys):
     """A comparison given more seeds in another directory (`compare --seeds 7 --out OTHER`, as the repository's
     cpu-char-long and cpu-char-long-seed7) is one line over all its seeds, not a line per directory; the same

@@ -557,7 +557,7 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     return written
 
 
-def gap_series(compare_dirs: Path | list[Path], model: str, reference: str) -> dict:
+def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read=None) -> dict:
     """``model``'s validation loss minus ``reference``'s at every evaluation both ran (same seed and
     step), averaged over the seeds results.json lists as finished for both (a run still training would add
     its early points only), against the tokens per parameter ``model`` had seen. A finished seed whose run
@@ -566,7 +566,8 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str) -> d
     says how long the reference trained (a compute-matched one trains longer: its end is not paired). Several
     directories (one comparison continued elsewhere with ``--seeds``, see :func:`same_comparison`) pool their
     seeds; a seed in two of them is one line. Each directory is named by its own name, also when given as ``.``
-    or ``..``, the names joined with " + "."""
+    or ``..``, the names joined with " + ". ``read``: how a directory's results.json is read (default
+    :func:`read_comparison`)."""
     from gbattn.checks import did_you_mean
     from gbattn.errors import UserError
     from gbattn.files import read_jsonl
@@ -578,7 +579,7 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str) -> d
     seen: dict[tuple[str, str], Path] = {}  # (label, seed) -> the directory it came from
     first: dict = {}
     for compare_dir in compare_dirs:
-        rows = {r["label"]: r for r in read_comparison(compare_dir).get("models", [])}
+        rows = {r["label"]: r for r in (read or read_comparison)(compare_dir).get("models", [])}
         for label in (model, reference):
             if label not in rows:
                 raise UserError(f"{compare_dir} has no finished {label!r} runs{did_you_mean(label, list(rows))} "
@@ -616,13 +617,14 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str) -> d
             "reference": reference, "reference_steps": first[reference]["steps"], "points": points}
 
 
-def same_comparison(compare_dirs: list, model: str) -> list[list[Path]]:
+def same_comparison(compare_dirs: list, model: str, read=None) -> list[list[Path]]:
     """The directories grouped into lines of a gap figure: those holding the same recipe on the same data with
     the same settings and ``model`` trained as long (one comparison continued in another directory with
-    ``--seeds``) are one line, in the order first given; the others a line each."""
+    ``--seeds``) are one line, in the order first given; the others a line each. ``read`` as for
+    :func:`gap_series`."""
     groups: dict[str, list[Path]] = {}
     for d in compare_dirs:
-        report = read_comparison(Path(d))
+        report = (read or read_comparison)(Path(d))
         rows = {r["label"]: r for r in report["models"]}  # read_report checked: a list of rows, each labelled
         key = json.dumps([report.get("recipe"), report.get("data"), report.get("sets"),
                           rows.get(model, {}).get("steps")], sort_keys=True, default=str)
@@ -647,7 +649,15 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
     for d in compare_dirs:
         by_path.setdefault(Path(d).resolve(), d)
     compare_dirs = list(by_path.values())
-    series = [gap_series(group, model, ref) for ref in references for group in same_comparison(compare_dirs, model)]
+    reports: dict[Path, dict] = {}  # each results.json read (and checked) once, however many references
+
+    def read(compare_dir: Path) -> dict:
+        if compare_dir not in reports:
+            reports[compare_dir] = read_comparison(compare_dir)
+        return reports[compare_dir]
+
+    groups = same_comparison(compare_dirs, model, read)
+    series = [gap_series(group, model, ref, read) for ref in references for group in groups]
     out = check_figures_out(out, create=True)
     write_json({"command": command_line(portable=True), "model": model, "references": references, "series": series},
                out / "gap.json")
