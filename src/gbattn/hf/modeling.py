@@ -6,7 +6,7 @@ residual stream and block option (docs/baselines.md) runs through gbattn's own c
 :class:`GbattnCache` is the ``Cache`` that ``generate()`` drives: per layer, one named key/value
 entry per attention call (GBA's ``kv0``, ``kv1``, ...; Twicing's value-only ``av``; differential
 attention's grouped ``kv``), grown by concatenation (gbattn's ``DynamicLayerCache``).
-Written for transformers >= 4.57, < 6 (tested: 4.57.6 and 5.24.0).
+Written for transformers >= 4.57, < 6 (tested: 4.57.6 and 5.25.0).
 """
 
 from __future__ import annotations
