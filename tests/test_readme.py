@@ -178,3 +178,23 @@ def test_every_link_of_the_readme_and_docs_resolves_inside_the_repository():
             elif anchor and file.suffix == ".md" and anchor not in anchors(file):
                 broken.append(f"{page.name}: {target} (no such heading)")
     assert broken == []
+
+
+def test_a_results_heading_naming_a_recipe_gives_that_recipes_default_seeds():
+    """A results heading such as "(`cpu-baselines`: cpu-char, 2,000 steps, seeds 42, 123 and 7)" promises that
+    `gbattn compare --recipe cpu-baselines` trains those seeds: the first seeds it names are the recipe's default
+    (a recipe's seeds edited in the code left the README's table with a command that no longer reproduced it)."""
+    from gbattn.experiments.recipes import get_recipe
+
+    headings = [line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("### ")]
+    checked = []
+    for heading in headings:
+        named = re.search(r"\(`([a-z0-9-]+)`[:,]", heading)
+        if named is None:
+            continue
+        seeds = re.search(r"seeds? (\d+(?:, \d+)*(?: and \d+)?)", heading[named.end():])
+        assert seeds, heading
+        assert get_recipe(named.group(1)).seeds == [int(s) for s in re.findall(r"\d+", seeds.group(1))], heading
+        checked.append(named.group(1))
+    assert {"cpu-baselines", "gba-design", "cpu-char-long", "cpu-proxy-long", "gba-design-proxy",
+            "cpu-modern"} <= set(checked)
