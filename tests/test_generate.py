@@ -770,6 +770,8 @@ def test_stop_strings_wait_for_every_row_and_cut_each_before_its_first_stop_stri
     assert stop.cut("prompt: a\n\nbcdef", "a\n\nbcdef") == "prompt: a"
     assert stop.cut("ji: abcdefji", "abcdefji") == "ji: abcdef"  # the prompt's "ji" is not where it ends
     assert stop.cut("no stop here", "here") == "no stop here"
+    # of two stop strings, the text ends at the first, whichever of them it is
+    assert stop.cut("p: ab\n\ncdji", "ab\n\ncdji") == stop.cut("p: abjicd\n\n", "abjicd\n\n") == "p: ab"
     for bad in ([], [""], [1]):
         with pytest.raises(ValueError, match="give one or more non-empty strings"):
             decoding.StopStrings(str, bad)
