@@ -4,6 +4,7 @@ directory)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -649,13 +650,7 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
     for d in compare_dirs:
         by_path.setdefault(Path(d).resolve(), d)
     compare_dirs = list(by_path.values())
-    reports: dict[Path, dict] = {}  # each results.json read (and checked) once, however many references
-
-    def read(compare_dir: Path) -> dict:
-        if compare_dir not in reports:
-            reports[compare_dir] = read_comparison(compare_dir)
-        return reports[compare_dir]
-
+    read = functools.cache(read_comparison)  # each results.json read (and checked) once, however many references
     groups = same_comparison(compare_dirs, model, read)
     series = [gap_series(group, model, ref, read) for ref in references for group in groups]
     out = check_figures_out(out, create=True)
