@@ -489,6 +489,12 @@ def test_an_unknown_option_of_a_command_points_at_that_commands_help(tmp_path, c
                               "(see: gbattn bench --help)\n")
     code, _, err = run_cli(capsys, ["list", "extra"])
     assert (code, err) == (2, "gbattn: error: unrecognized arguments: extra (see: gbattn list --help)\n")
+    # `--set a=1 b=2` (two settings after one --set) says that each --set takes one, where the command has --set
+    code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "run", "--set", "lr=1e-3", "d_model=64", "seed=1"])
+    assert (code, err) == (2, "gbattn: error: unrecognized arguments: d_model=64 seed=1; each --set takes one "
+                              "KEY=VALUE: --set d_model=64 (see: gbattn train --help)\n")
+    code, _, err = run_cli(capsys, ["list", "lr=1e-3"])
+    assert (code, err) == (2, "gbattn: error: unrecognized arguments: lr=1e-3 (see: gbattn list --help)\n")
     assert not (tmp_path / "run").exists()
 
 

@@ -29,7 +29,11 @@ class Parser(argparse.ArgumentParser):
             command = getattr(parsed, "command", None)
             options = [option for action in self._parser_of(command)._actions for option in action.option_strings]
             typed = [text.split("=", 1)[0] for text in unknown if text.startswith("--")]
-            self.error(f"unrecognized arguments: {' '.join(unknown)}{did_you_mean(typed, options)}",
+            # `--set lr=1e-3 d_model=64`: argparse took the first and left the rest over
+            settings = [text for text in unknown if "=" in text and not text.startswith("-")]
+            hint = (f"; each --set takes one KEY=VALUE: --set {settings[0]}"
+                    if settings and "--set" in options else "")
+            self.error(f"unrecognized arguments: {' '.join(unknown)}{did_you_mean(typed, options)}{hint}",
                        f"{self.prog} {command}" if command else None)
         return parsed
 
