@@ -138,7 +138,7 @@ def test_readme_names_every_refusal_of_the_wrapper():
     logits_to_keep, a 4.x chunked prefill of a padded batch and gbattn's field names in GbattnConfig were not)."""
     prose = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     listed = prose[prose.index("What the wrapper does not do"):].split("; only `AutoModelForCausalLM`")[0]
-    for refused in ("output_hidden_states", "output_attentions", "inputs_embeds", "gradient checkpointing",
+    for refused in ("output_attentions", "inputs_embeds",
                     "`GbattnCache`", "assisted decoding", "`labels` with `logits_to_keep`", "`prefill_chunk_size`",
                     "`GbattnConfig` keywords or attributes", "`cache_implementation`"):
         assert refused in listed, refused
@@ -254,6 +254,76 @@ def test_logits_and_loss_equal_gbattn(variant_case, layout):
     torch.testing.assert_close(step[:, -1], padded[:, -1], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_hidden_states_are_each_blocks_input_then_what_the_head_reads(layout):
+    """output_hidden_states (by argument or config): n_layers + 1 tensors as transformers' models give them, each
+    block's input (caught by a hook on the block, or with Attention Residuals on the norm its attention sublayer
+    applies to the depth mixture), then the final norm's output, from which the head's logits come; a cached
+    decoding step gives the same states for its token as the full forward; the tuple output holds them too."""
+    gpt, hf = tiny_pair(("boosted", {}), LAYOUTS[layout])
+    idx = torch.randint(0, 37, (2, 9))
+    caught = []
+    attnres = "residual" in LAYOUTS[layout]
+    hooks = [(block.ln1 if attnres else block).register_forward_pre_hook(lambda m, a: caught.append(a[0]))
+             for block in gpt.blocks]
+    out = hf(idx, output_hidden_states=True)
+    for hook in hooks:
+        hook.remove()
+    states = out.hidden_states
+    assert len(states) == gpt.cfg.n_layers + 1 and len(caught) == gpt.cfg.n_layers
+    for state, expected in zip(states, caught):
+        torch.testing.assert_close(state, expected, rtol=0, atol=0)
+    torch.testing.assert_close(gpt.lm_head(states[-1]), out.logits, rtol=0, atol=0)
+    torch.testing.assert_close(out.logits, gpt(idx), rtol=1e-10, atol=1e-10)
+    assert hf(idx).hidden_states is None and hf(idx, return_dict=False)[-1] is not None
+    hf.config.output_hidden_states = True
+    cache = getattr(hf(idx[:, :-1]), CACHE_FIELD)
+    step = hf(idx[:, -1:], cache=cache).hidden_states
+    hf.config.output_hidden_states = False
+    for state, full in zip(step, states, strict=True):
+        torch.testing.assert_close(state, full[:, -1:], rtol=1e-10, atol=1e-10)
+
+
+def test_gradient_checkpointing_through_transformers_recomputes_gbattns_blocks():
+    """transformers' gradient_checkpointing_enable() (activation_checkpointing_enable() in 5.x) with its own
+    keywords, reentrant or not: each block's attention runs again in the backward pass, the loss and gradients
+    are those without it (float64, dropout at every site), is_gradient_checkpointing says so, and
+    gradient_checkpointing_disable() turns it off; every_n_layers (5.x) picks the blocks."""
+    torch.manual_seed(0)
+    hf = GbattnForCausalLM(GbattnConfig.from_model_config(tiny_config(("boosted", {}), dropout=0.1))).double().train()
+    idx = torch.randint(0, 37, (2, 9))
+
+    def step():
+        hf.zero_grad(set_to_none=True)
+        calls = []
+        hooks = [block.attn.register_forward_pre_hook(lambda m, a, i=i: calls.append(i))
+                 for i, block in enumerate(hf.model.blocks)]
+        torch.manual_seed(3)
+        loss = hf(idx, labels=idx).loss
+        loss.backward()
+        for hook in hooks:
+            hook.remove()
+        return loss.detach(), [p.grad.clone() for p in hf.parameters()], sorted(calls)
+
+    loss, grads, calls = step()
+    assert calls == [0, 1] and not hf.is_gradient_checkpointing
+    enable = getattr(hf, "activation_checkpointing_enable", hf.gradient_checkpointing_enable)
+    keyword = "activation_checkpointing_kwargs" if hasattr(hf, "activation_checkpointing_enable") else \
+        "gradient_checkpointing_kwargs"
+    for reentrant in (True, False):
+        enable(**{keyword: {"use_reentrant": reentrant}})
+        assert hf.is_gradient_checkpointing
+        again, again_grads, calls = step()
+        assert calls == [0, 0, 1, 1], reentrant
+        torch.testing.assert_close(again, loss, rtol=0, atol=1e-12)
+        for grad, expected in zip(again_grads, grads, strict=True):
+            torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+    hf._set_gradient_checkpointing(True, every_n_layers=2)  # (what 5.x's every_n_layers=2 calls)
+    assert step()[2] == [0, 0, 1]
+    hf.gradient_checkpointing_disable()
+    assert step()[2] == [0, 1] and not hf.is_gradient_checkpointing
+
+
 def test_past_key_values_keyword_and_tuple_output():
     gpt, hf = tiny_pair(("boosted", {"rounds": 3, "gate": "mlp"}), {})
     idx = torch.randint(0, 37, (2, 6))
@@ -337,8 +407,7 @@ def test_cache_rows_follow_beam_reordering_selection_and_repetition():
 
 def test_misuses_are_clear_errors():
     """A cache of another kind (it would never be written: the next call would silently see no past),
-    hidden states or attentions asked for by the config, and positions past block_size each raise an
-    error that names the cause."""
+    attention maps, and positions past block_size each raise an error that names the cause."""
     from transformers import DynamicCache
 
     gpt, hf = tiny_pair(("boosted", {}), {})
@@ -347,11 +416,11 @@ def test_misuses_are_clear_errors():
         hf(idx, past_key_values=DynamicCache())
     with pytest.raises(TypeError, match="GbattnCache, not a tuple"):
         hf(idx, past_key_values=((torch.zeros(1), torch.zeros(1)),))
+    with pytest.raises(ValueError, match="output_attentions asked for, by argument or config") as refused:
+        hf(idx, output_attentions=True)
+    # the config's output_hidden_states holds unless an argument decides
     hf.config.output_hidden_states = True
-    with pytest.raises(ValueError, match="output_hidden_states asked for, by argument or config") as refused:
-        hf(idx)
-    # an argument decides over the config (output_hidden_states=False was refused as asked for)
-    torch.testing.assert_close(hf(idx, output_hidden_states=False).logits, gpt(idx), rtol=0, atol=0)
+    assert len(hf(idx).hidden_states) == 3 and hf(idx, output_hidden_states=False).hidden_states is None
     hf.config.output_hidden_states = False
     # the advice names a call that runs on the wrapper (before, it named GPT(idx, ...), a constructor call)
     assert "model.model(input_ids, return_intermediates=True)" in str(refused.value)
@@ -1482,12 +1551,13 @@ def test_trainer_lowers_the_loss_and_its_checkpoint_loads(trained, tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=10, per_device_train_batch_size=4,
                              gradient_accumulation_steps=2, learning_rate=3e-3, warmup_steps=1, logging_steps=5,
                              save_steps=10, report_to="none", use_cpu=True, dataloader_num_workers=0,
-                             disable_tqdm=True, seed=0)
+                             disable_tqdm=True, seed=0, gradient_checkpointing=True)
     # Rows of one length: no padding (a char tokenizer has no padding token, see tokenization.py).
     Trainer(model=model, args=args, train_dataset=Rows(train_rows), processing_class=tokenizer,
             data_collator=default_data_collator).train()
     after = held_loss(model)
     assert after < before - 0.3, (before, after)
+    assert model.is_gradient_checkpointing  # (the Trainer turned on gbattn's per-block recomputation)
     # The loss is divided by the Trainer's count of one optimizer step's labels (2 micro-batches of 4
     # rows): transformers 5 counts the shifted labels (31 a row), 4.x every label (32 a row), as it
     # does for its own causal LMs.

@@ -1374,3 +1374,56 @@ def test_attn_bias_switches_the_attention_projections_biases_alone():
     free = ModelConfig(**base, bias=False)
     assert count_params(free.replace(attn_bias=True)) - count_params(free) == 4 * d * layers
     assert count_params(ModelConfig(**base, attn_bias=True)) == count_params(ModelConfig(**base))
+
+
+# ---- activation checkpointing ----------------------------------------------------------
+
+
+CHECKPOINT_LAYOUTS = {"pre": {}, "post": dict(norm="post"), "attnres-full": dict(residual="attnres-full"),
+                      "attnres-block": dict(residual="attnres-block", attnres_block=3)}
+
+
+def loss_and_grads(model: GPT, idx_BT: torch.Tensor, **kw) -> tuple[torch.Tensor, dict]:
+    """A training step's loss and gradients, and each block's calls of its attention and its FFN (a recomputed
+    block runs each twice)."""
+    model.zero_grad(set_to_none=True)
+    calls = [[0, 0] for _ in model.blocks]
+
+    def count(block: int, sublayer: int):
+        return lambda *_: calls[block].__setitem__(sublayer, calls[block][sublayer] + 1)
+
+    # (pre-hooks: a recomputation stops once it has what the backward pass needs, before a module's forward returns)
+    hooks = [module.register_forward_pre_hook(count(i, j))
+             for i, block in enumerate(model.blocks) for j, module in enumerate((block.attn, block.mlp))]
+    torch.manual_seed(7)  # the same dropout masks for both
+    out = model(idx_BT[:, :-1], idx_BT[:, 1:], **kw)
+    loss = out[0] if isinstance(out, tuple) else out
+    loss.backward()
+    for hook in hooks:
+        hook.remove()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, calls
+
+
+@pytest.mark.parametrize("layout", list(CHECKPOINT_LAYOUTS))
+def test_activation_checkpointing_recomputes_each_block_with_the_same_loss_and_gradients(variant_case, layout):
+    """float64, dropout at every site: a model that recomputes its blocks in the backward pass gives the loss and
+    every gradient of one that keeps their activations (the same dropout masks are drawn again), and each chosen
+    block's FFN really runs twice; a forward that writes analysis records is not recomputed (it would record twice)."""
+    model = tiny_model(variant_case, dropout=0.1, **CHECKPOINT_LAYOUTS[layout]).train()
+    idx_BT = torch.randint(0, 37, (2, 13))
+    loss, grads, calls = loss_and_grads(model, idx_BT)
+    assert calls == [[1, 1], [1, 1]]
+    for every, recomputed in ((2, [[2, 2], [1, 1]]), (1, [[2, 2], [2, 2]])):
+        model.set_activation_checkpointing(True, every_n_layers=every)
+        again, again_grads, calls = loss_and_grads(model, idx_BT)
+        assert calls == recomputed
+        torch.testing.assert_close(again, loss, rtol=0, atol=1e-12)
+        assert again_grads.keys() == grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(again_grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
+    # (with Attention Residuals the FFN sublayer, which writes no record, is still recomputed)
+    assert [attn for attn, _ in loss_and_grads(model, idx_BT, return_intermediates=True)[2]] == [1, 1]
+    model.set_activation_checkpointing(False)
+    assert loss_and_grads(model, idx_BT)[2] == [[1, 1], [1, 1]]
+    with pytest.raises(ValueError, match=r"every_n_layers=0 must be an integer >= 1"):
+        model.set_activation_checkpointing(True, every_n_layers=0)

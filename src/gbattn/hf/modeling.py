@@ -191,7 +191,7 @@ class GbattnPreTrainedModel(PreTrainedModel):
 
     config_class = GbattnConfig
     base_model_prefix = "model"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True  # (GPT.set_activation_checkpointing: per block)
     _no_split_modules = ["Block"]
     _supports_cache_class = True  # <= 4.55: lets generate() take a Cache instance
     # gbattn's fast path is F.scaled_dot_product_attention already: attn_implementation="sdpa" (the
@@ -206,11 +206,13 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
     """gbattn's GPT behind the transformers causal-LM interface (README, "Hugging Face transformers").
 
     ``forward(input_ids, attention_mask, position_ids, cache | past_key_values, labels, use_cache,
-    logits_to_keep)``: ``attention_mask`` (B, past + T) is 1 for real tokens (left padding works);
-    positions come from ``position_ids``, else ``cumsum(attention_mask) - 1``, else past..past+T-1.
+    logits_to_keep, output_hidden_states)``: ``attention_mask`` (B, past + T) is 1 for real tokens (left padding
+    works); positions come from ``position_ids``, else ``cumsum(attention_mask) - 1``, else past..past+T-1.
     ``labels`` are the input ids (-100 = ignored), shifted here: the loss is gbattn's
     ``self.model(input_ids[:, :-1], input_ids[:, 1:])``; with ``num_items_in_batch`` (``Trainer``) it is the summed
-    cross-entropy divided by that count.
+    cross-entropy divided by that count. ``hidden_states``: n_layers + 1 tensors, each block's input (the
+    embeddings first) and the final norm's output, which the head reads. ``gradient_checkpointing_enable()``
+    recomputes each block in the backward pass.
     """
 
     # 5.x: {tied: source} (applied when config.tie_word_embeddings); 4.x: the list of tied keys.
@@ -319,6 +321,13 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         pad = int(torch.as_tensor(pad))
         return pad not in ends and bool((ids == pad).any())
 
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
+                                    every_n_layers: int = 1) -> None:
+        """What ``gradient_checkpointing_enable()`` (``activation_checkpointing_enable()`` in 5.x) and ``_disable()``
+        call: gbattn's own per-block checkpointing (:meth:`GPT.set_activation_checkpointing`) with transformers'
+        function and its keywords (``use_reentrant``, ...), every ``every_n_layers``-th block (5.x's option)."""
+        self.model.set_activation_checkpointing(enable, every_n_layers, gradient_checkpointing_func)
+
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
         """transformers' resize (tied head included), with gbattn's own config kept in step."""
         embeddings = super().resize_token_embeddings(*args, **kwargs)
@@ -357,14 +366,13 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             # The loss needs every position's logits (cross_entropy said "Expected input batch_size (0) to match ...").
             raise ValueError(f"labels need the logits of every position; logits_to_keep={logits_to_keep!r} keeps "
                              f"only some: leave it at 0 when passing labels")
-        asked = {name: value if value is not None else getattr(self.config, name, False)
-                 for name, value in (("output_attentions", output_attentions),
-                                     ("output_hidden_states", output_hidden_states))}
-        if any(asked.values()):
-            names = ", ".join(name for name, value in asked.items() if value)
-            raise ValueError(f"GbattnForCausalLM returns no attentions or hidden states ({names} asked for, by "
-                             "argument or config); use its gbattn GPT, "
-                             "model.model(input_ids, return_intermediates=True), for the per-layer records")
+        if output_attentions if output_attentions is not None else getattr(self.config, "output_attentions", False):
+            # (GBA attends M times per layer with other queries and keys; no one (B, H, T, T) map is its attention)
+            raise ValueError("GbattnForCausalLM returns no attention maps (output_attentions asked for, by argument or "
+                             "config); use its gbattn GPT, model.model(input_ids, return_intermediates=True), for "
+                             "the per-layer records of every attention round")
+        if output_hidden_states is None:
+            output_hidden_states = getattr(self.config, "output_hidden_states", False)
         cache = cache if cache is not None else past_key_values
         if cache is not None and not isinstance(cache, GbattnCache):
             # Another kind of cache would not be written (every GBA round keeps its own keys and values).
@@ -389,8 +397,11 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if position_ids is None and key_padding_BS is not None:
             position_ids = positions_of(attention_mask)[:, -T:]
         input_pos = torch.arange(past, past + T, device=input_ids.device) if cache is not None else None
+        layer_inputs = [] if output_hidden_states else None
         h_BTD, _ = self.model.hidden(input_ids, input_pos=input_pos, position_ids=position_ids,
-                                     key_padding_mask=key_padding_BS, cache=cache)
+                                     key_padding_mask=key_padding_BS, cache=cache, layer_inputs=layer_inputs)
+        # transformers' convention: the embeddings, each later block's input, then the final norm's output
+        hidden_states = (*layer_inputs, h_BTD) if output_hidden_states else None
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             h_BTD = h_BTD[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
@@ -400,7 +411,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = shifted_loss(logits_BTV, labels.to(logits_BTV.device), kwargs.get("num_items_in_batch"))
-        out = CausalLMOutputWithPast(loss=loss, logits=logits_BTV, **{CACHE_FIELD: cache})
+        out = CausalLMOutputWithPast(loss=loss, logits=logits_BTV, hidden_states=hidden_states, **{CACHE_FIELD: cache})
         return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
         return out if return_dict else out.to_tuple()
 

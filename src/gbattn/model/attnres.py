@@ -81,18 +81,22 @@ class AttnResStream(nn.Module):
             # ran one small matrix product per position on CPU)
             return (alpha_NBT[..., None] * sources_NBTD).sum(0)
 
-    def forward(self, emb_BTD: Tensor, blocks: nn.ModuleList, ctx, caches: list, records: list) -> Tensor:
-        """The stream through every sublayer of ``blocks``; ``caches`` and ``records`` one per block."""
+    def forward(self, emb_BTD: Tensor, blocks: nn.ModuleList, ctx, caches: list, records: list,
+                layer_inputs: list | None = None) -> Tensor:
+        """The stream through every sublayer of ``blocks``; ``caches`` and ``records`` one per block;
+        ``layer_inputs``: a list to which each block's attention input h_{2i} is appended."""
         completed: list[Tensor] = [emb_BTD]
         partial: Tensor | None = None
         in_block = 0
         for sub in range(self.n_sublayers):
             h_BTD = self.mix(sub, completed + ([partial] if partial is not None else []))
             i = sub // 2
+            if sub % 2 == 0 and layer_inputs is not None:
+                layer_inputs.append(h_BTD)
             v_BTD = (
-                blocks[i].attn_branch(h_BTD, ctx, caches[i], records[i])
+                blocks[i].checkpointed(blocks[i].attn_branch, h_BTD, ctx, caches[i], records[i])
                 if sub % 2 == 0
-                else blocks[i].ffn_branch(h_BTD)
+                else blocks[i].checkpointed(blocks[i].ffn_branch, h_BTD)
             )
             # a block's sum in the stream's dtype (a sublayer's output is bf16 under autocast), as the plain stream's
             partial = v_BTD.to(emb_BTD.dtype) if partial is None else partial + v_BTD

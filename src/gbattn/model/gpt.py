@@ -10,9 +10,12 @@ Attention Residuals.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from gbattn.attention.core import (
     AttnArgs,
@@ -78,6 +81,10 @@ class Block(nn.Module):
     positions 0 .. T-1 (with the config's RoPE, if it has one).
     """
 
+    # Activation checkpointing (GPT.set_activation_checkpointing): off, or the function that recomputes.
+    gradient_checkpointing = False  # (the name transformers' gradient_checkpointing_enable() looks for)
+    _gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
+
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
@@ -101,6 +108,16 @@ class Block(nn.Module):
     def ffn_branch(self, h_BTD: Tensor) -> Tensor:
         x = self.ln2(h_BTD) if self.pre_norm else h_BTD
         return self.drop_ffn(self.mlp(x))
+
+    def checkpointed(self, fn, h_BTD: Tensor, *state) -> Tensor:
+        """``fn(h_BTD, *state)`` (this block, or one of its branches). With activation checkpointing on, in training
+        with gradients recorded, its activations are recomputed in the backward pass instead of kept (dropout
+        draws the same masks again). ``state``: the context, then a layer cache and a record: a call that writes
+        either runs as it is, since its recomputation would write them twice."""
+        if (self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+                and all(s is None for s in state[1:])):
+            return self._gradient_checkpointing_func(fn, h_BTD, *state)
+        return fn(h_BTD, *state)
 
     def forward(self, h_BTD: Tensor, ctx: AttnContext, cache=None, record: Record | None = None) -> Tensor:
         if self.pre_norm:
@@ -172,6 +189,21 @@ class GPT(nn.Module):
 
     def clear_cache(self) -> None:
         self.kv_cache = None
+
+    # -- activation checkpointing ----------------------------------------------------
+    def set_activation_checkpointing(self, enable: bool = True, every_n_layers: int = 1, checkpoint_fn=None) -> None:
+        """Recompute the activations of every ``every_n_layers``-th block (0, n, 2n, ...) in the backward pass
+        instead of keeping them: less memory for one more forward pass of those blocks, the same loss and
+        gradients (tested, dropout included). ``checkpoint_fn``: the function that recomputes (default
+        ``torch.utils.checkpoint.checkpoint`` with ``use_reentrant=False``). Only training with gradients is
+        affected; a forward that writes a KV cache or analysis records is never recomputed. The Hugging Face
+        wrapper's ``gradient_checkpointing_enable()`` calls this."""
+        if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
+            raise ValueError(f"every_n_layers={every_n_layers!r} must be an integer >= 1")
+        func = checkpoint_fn or Block._gradient_checkpointing_func
+        for index, block in enumerate(self.blocks):
+            block.gradient_checkpointing = bool(enable) and index % every_n_layers == 0
+            block._gradient_checkpointing_func = func
 
     @property
     def has_cache(self) -> bool:
@@ -247,8 +279,11 @@ class GPT(nn.Module):
 
     def hidden(self, idx_BT: Tensor, *, input_pos: Tensor | None = None, position_ids: Tensor | None = None,
                key_padding_mask: Tensor | None = None, cache=None, naive: bool = False,
-               return_intermediates: bool = False) -> tuple[Tensor, list[Record] | None]:
-        """Final hidden states (after the final norm), (B, T, D), and the per-layer records."""
+               return_intermediates: bool = False,
+               layer_inputs: list[Tensor] | None = None) -> tuple[Tensor, list[Record] | None]:
+        """Final hidden states (after the final norm), (B, T, D), and the per-layer records. ``layer_inputs``: a
+        list to which each block's input (B, T, D) is appended (the embedding's first; with Attention
+        Residuals, the depth mixture its attention sublayer reads), as transformers' ``hidden_states``."""
         for what, ids in (("token ids", idx_BT), ("position_ids", position_ids), ("input_pos", input_pos)):
             check_integers(what, ids)
         if idx_BT.dim() != 2 or 0 in idx_BT.shape:  # (no rows was the vocabulary check's "min(): Expected reduction
@@ -331,9 +366,11 @@ class GPT(nn.Module):
         layer_records = records or [None] * len(self.blocks)
         if self.residual is None:
             for block, layer_cache, record in zip(self.blocks, layer_caches, layer_records):
-                h_BTD = block(h_BTD, ctx, layer_cache, record)
+                if layer_inputs is not None:
+                    layer_inputs.append(h_BTD)
+                h_BTD = block.checkpointed(block, h_BTD, ctx, layer_cache, record)
         else:
-            h_BTD = self.residual(h_BTD, self.blocks, ctx, layer_caches, layer_records)
+            h_BTD = self.residual(h_BTD, self.blocks, ctx, layer_caches, layer_records, layer_inputs)
         return self.ln_f(h_BTD), records
 
 
