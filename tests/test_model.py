@@ -1179,7 +1179,8 @@ def test_typed_records_coerce_lists_and_refuse_what_is_not_a_record():
     assert TrainConfig(split="[0.8, 0.1, 0.1]").split == [0.8, 0.1, 0.1]
     with pytest.raises(ConfigError, match=r"a model config must be a mapping, got list"):
         ModelConfig.from_dict([("d_model", 64)])
-    with pytest.raises(ConfigError, match=r"unknown training config field\(s\) \['colour'\]; allowed: amp, "):
+    with pytest.raises(ConfigError, match=r"unknown training config field\(s\) \['colour'\]; allowed: "
+                                          r"activation_checkpointing, amp, "):
         TrainConfig.from_dict({"lr": 1e-3, "colour": "red"})
 
 

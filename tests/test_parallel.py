@@ -525,10 +525,12 @@ def one_process_run(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_fsdp2_training_matches_one_process_with_full_checkpoints(tmp_path, one_process_run):
     """2 processes x 4 rows under FSDP2 == 1 process x 8 rows (dropout off), AttnRes, a scalar gate and
-    tied embeddings included; the checkpoint holds the full weights, loadable by one process."""
+    tied embeddings included, with activation checkpointing (each sharded block recomputed in the backward pass);
+    the checkpoint holds the full weights, loadable by one process."""
     data, single = one_process_run
     env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
-    fsdp = torchrun(tmp_path / "two", *_train_argv(data, ONE_PROCESS_STEPS), "--set", "parallel=fsdp2", env=env)
+    fsdp = torchrun(tmp_path / "two", *_train_argv(data, ONE_PROCESS_STEPS), "--set", "parallel=fsdp2",
+                    "--set", "activation_checkpointing=true", env=env)
     assert fsdp.returncode == 0, fsdp.stderr[-3000:]
     one = json.loads((single / rundir.RESULT).read_text())
     two = json.loads((tmp_path / "two" / rundir.RESULT).read_text())

@@ -678,6 +678,39 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
     assert resumed_events == ref_events
 
 
+def test_activation_checkpointing_trains_the_same_run_bit_for_bit_and_may_be_switched_on_resume(tmp_path, monkeypatch):
+    """A run that recomputes its blocks in the backward pass (activation_checkpointing, dropout 0.1) ends with the
+    weights, losses and training-loss records of one that keeps their activations, bit for bit, and so does a run
+    killed without it and resumed with it (a result-neutral field, taken from the resuming call). The recomputing
+    function is counted: the option reaches the model's blocks."""
+    from gbattn.model.gpt import Block
+
+    recomputed_blocks = []
+
+    def counted(fn, *args):
+        recomputed_blocks.append(fn)
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+
+    monkeypatch.setattr(Block, "_gradient_checkpointing_func", counted)
+    data = write_corpus(tmp_path / "c")
+    model_cfg, train_cfg = tiny_configs(data, epochs=3, log_every=3)
+    ref = train(tmp_path / "ref", model_cfg, train_cfg, quiet=True)
+    assert not recomputed_blocks
+    recomputing = train(tmp_path / "ac", model_cfg, train_cfg.replace(activation_checkpointing=True), quiet=True)
+    assert len(recomputed_blocks) == ref["steps"] * model_cfg.n_layers
+    train_killed_at(7, tmp_path / "crashed", model_cfg, train_cfg, monkeypatch)
+    recomputed_blocks.clear()
+    resumed = train(tmp_path / "crashed", resume=True, quiet=True, overrides={"activation_checkpointing": True})
+    assert len(recomputed_blocks) == (ref["steps"] - 4) * model_cfg.n_layers  # (from the checkpoint of step 4)
+    reference_weights = final_weights(tmp_path / "ref")
+    for run, result in (("ac", recomputing), ("crashed", resumed)):
+        assert (result["valid_loss"], result["test_loss"]) == (ref["valid_loss"], ref["test_loss"]), run
+        weights = final_weights(tmp_path / run)
+        for k in reference_weights:
+            torch.testing.assert_close(weights[k], reference_weights[k], rtol=0, atol=0, msg=f"{run}: {k}")
+        assert train_losses(tmp_path / run) == train_losses(tmp_path / "ref"), run
+
+
 def test_resume_from_python_checks_the_configs_given_against_the_recorded_ones(tmp_path, monkeypatch):
     """``train(run, model_cfg, train_cfg, resume=True)`` (the script that started a killed run, run again with
     resume=True): the run's own configs resume it exactly, a result-neutral field (threads) may differ, and configs

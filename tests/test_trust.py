@@ -387,8 +387,8 @@ def test_resume_applies_every_result_neutral_set(trained, tmp_path, capsys, monk
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
     (run / rundir.RESULT).unlink()
-    new = {"device": "cpu", "compile": False, "checkpoint_minutes": 7.5, "log_every": 3, "threads": 1,
-           "eval_batch_size": 5}
+    new = {"device": "cpu", "compile": False, "activation_checkpointing": True, "checkpoint_minutes": 7.5,
+           "log_every": 3, "threads": 1, "eval_batch_size": 5}
     assert set(new) == set(TrainConfig.RESULT_NEUTRAL)
     recorded = rundir.read_configs(json.loads((run / rundir.CONFIG).read_text()), run)[1]
     assert recorded.checkpoint_minutes != 7.5 and recorded.log_every != 3 and recorded.eval_batch_size != 5

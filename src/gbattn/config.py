@@ -160,6 +160,7 @@ class TrainConfig(Typed):
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: str = field(default="auto", metadata=one_of("auto", "bf16", "off"))
     compile: bool | None = None  # torch.compile the model; None = where it was measured faster (README)
+    activation_checkpointing: bool = False  # recompute each block in the backward pass (less memory, more time)
     parallel: str = field(default="ddp", metadata=one_of("ddp", "fsdp2"))  # under torchrun
     checkpoint_minutes: float = field(default=5.0, metadata=greater_than(0))
     log_every: int = field(default=10, metadata=at_least(1))
@@ -167,7 +168,8 @@ class TrainConfig(Typed):
     init_from: str | None = None  # start from this run directory's weights (fresh optimizer), e.g. upcycled
 
     # Fields that change how fast a run goes or where it runs, not what it computes.
-    RESULT_NEUTRAL = ("device", "compile", "checkpoint_minutes", "log_every", "threads", "eval_batch_size")
+    RESULT_NEUTRAL = ("device", "compile", "activation_checkpointing", "checkpoint_minutes", "log_every", "threads",
+                      "eval_batch_size")
 
     def validate(self) -> None:
         if len(self.split) != 3 or abs(sum(self.split) - 1) > 1e-9 or min(self.split) < 0 or min(self.split[:2]) <= 0:

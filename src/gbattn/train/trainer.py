@@ -369,6 +369,7 @@ class Trainer:
             rundir.check_weights_fit(self.model_cfg, state["model"], self.run_dir / rundir.CHECKPOINT)
         torch.manual_seed(cfg.seed)  # identical initial weights on every process
         self.model = GPT(self.model_cfg).to(self.device)
+        self.model.set_activation_checkpointing(cfg.activation_checkpointing)
         if self.start is not None:
             self._init_from(self.start)
         self.wrapped = wrap_model(self.model, cfg.parallel, self.dist, self.device)  # DDP, FSDP2 or the model
