@@ -138,7 +138,7 @@ def test_readme_names_every_refusal_of_the_wrapper():
     logits_to_keep, a 4.x chunked prefill of a padded batch and gbattn's field names in GbattnConfig were not)."""
     prose = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     listed = prose[prose.index("What the wrapper does not do"):].split("; only `AutoModelForCausalLM`")[0]
-    for refused in ("output_attentions", "inputs_embeds",
+    for refused in ("output_attentions",
                     "`GbattnCache`", "assisted decoding", "`labels` with `logits_to_keep`", "`prefill_chunk_size`",
                     "`GbattnConfig` keywords or attributes", "`cache_implementation`"):
         assert refused in listed, refused
@@ -282,6 +282,38 @@ def test_hidden_states_are_each_blocks_input_then_what_the_head_reads(layout):
     hf.config.output_hidden_states = False
     for state, full in zip(step, states, strict=True):
         torch.testing.assert_close(state, full[:, -1:], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_inputs_embeds_are_the_token_embeddings_in_place_of_the_ids(layout):
+    """inputs_embeds = the embedding of input_ids gives the same logits, loss, hidden states and cached steps, with
+    left padding too, and generate(inputs_embeds=...) the new tokens generate(input_ids) gives; a soft prompt
+    (embeddings no token has) gets a gradient, as prompt tuning and saliency maps need."""
+    gpt, hf = tiny_pair(("boosted", {}), LAYOUTS[layout])
+    idx = torch.randint(0, 37, (2, 9))
+    embeds = gpt.wte(idx).detach()
+    by_ids, by_embeds = hf(idx, labels=idx, output_hidden_states=True), hf(inputs_embeds=embeds, labels=idx,
+                                                                         output_hidden_states=True)
+    torch.testing.assert_close(by_embeds.logits, by_ids.logits, rtol=0, atol=0)
+    torch.testing.assert_close(by_embeds.loss, by_ids.loss, rtol=0, atol=0)
+    for a, b in zip(by_embeds.hidden_states, by_ids.hidden_states, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    prefill = hf(inputs_embeds=embeds[:, :-1], use_cache=True)  # a prompt of embeddings, then ids through the cache
+    step = hf(idx[:, -1:], cache=getattr(prefill, CACHE_FIELD)).logits
+    torch.testing.assert_close(step[:, -1], by_ids.logits[:, -1], rtol=1e-10, atol=1e-10)
+    ids, mask = left_pad([idx[0], idx[1, :5]], torch.long)
+    torch.testing.assert_close(hf(inputs_embeds=gpt.wte(ids).detach(), attention_mask=mask).logits,
+                               hf(ids, attention_mask=mask).logits, rtol=0, atol=0)
+    new = hf.generate(inputs_embeds=gpt.wte(ids).detach(), attention_mask=mask, max_new_tokens=4, do_sample=False,
+                      pad_token_id=0)
+    whole = hf.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(new, whole[:, ids.shape[1]:])
+    soft_prompt = torch.randn(1, 3, gpt.cfg.d_model, dtype=torch.float64, requires_grad=True)
+    hf(inputs_embeds=torch.cat([soft_prompt.expand(2, -1, -1), embeds], 1)).logits[:, -1].sum().backward()
+    assert soft_prompt.grad is not None and bool(soft_prompt.grad.abs().sum() > 0)
+    block = gpt.cfg.block_size
+    with pytest.raises(ValueError, match=rf"^a prompt of {block} tokens and max_new_tokens=3 feed the model"):
+        hf.generate(inputs_embeds=torch.zeros(1, block, gpt.cfg.d_model, dtype=torch.float64), max_new_tokens=3)
 
 
 def test_gradient_checkpointing_through_transformers_recomputes_gbattns_blocks():
@@ -523,10 +555,16 @@ def test_forward_honours_every_argument_it_takes():
     keeps the GPT's mode."""
     gpt, hf = tiny_pair(("boosted", {}), {})
     idx = torch.randint(0, 37, (2, 6))
-    # inputs_embeds beside the ids, or no ids at all (was an AttributeError from input_ids.dim())
+    # inputs_embeds beside the ids, or neither (was an AttributeError from input_ids.dim())
     for given in (dict(input_ids=idx, inputs_embeds=torch.zeros(2, 6, 16, dtype=torch.float64)), {}):
-        with pytest.raises(ValueError, match=r"takes input_ids \(inputs_embeds are not supported\)"):
+        with pytest.raises(ValueError, match=r"takes input_ids or inputs_embeds, one of the two"):
             hf(**given)
+    for embeds, match in ((torch.zeros(2, 6, dtype=torch.float64), r"inputs_embeds of shape \(2, 6\): expected "
+                                                                    r"\(batch, tokens, hidden_size\)"),
+                          (torch.zeros(2, 6, 8, dtype=torch.float64), r"expected \(batch, tokens, 16\)"),
+                          (torch.zeros(2, 6, 16), r"dtype torch.float32 for a model in torch.float64")):
+        with pytest.raises(ValueError, match=match):
+            hf(inputs_embeds=embeds)
     with pytest.raises(ValueError, match="output_attentions asked for"):
         hf(idx, output_attentions=True)
     full = gpt(idx)

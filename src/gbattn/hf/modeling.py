@@ -205,7 +205,7 @@ class GbattnPreTrainedModel(PreTrainedModel):
 class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
     """gbattn's GPT behind the transformers causal-LM interface (README, "Hugging Face transformers").
 
-    ``forward(input_ids, attention_mask, position_ids, cache | past_key_values, labels, use_cache,
+    ``forward(input_ids | inputs_embeds, attention_mask, position_ids, cache | past_key_values, labels, use_cache,
     logits_to_keep, output_hidden_states)``: ``attention_mask`` (B, past + T) is 1 for real tokens (left padding
     works); positions come from ``position_ids``, else ``cumsum(attention_mask) - 1``, else past..past+T-1.
     ``labels`` are the input ids (-100 = ignored), shifted here: the loss is gbattn's
@@ -264,7 +264,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         Under transformers 4.x a chunked prefill of a left-padded batch is refused (4.x positions the
         chunks over the padded width)."""
         inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
-        for name, value in (("input_ids", inputs), ("attention_mask", kwargs.get("attention_mask"))):
+        for name, value in (("input_ids", inputs), ("inputs_embeds", kwargs.get("inputs_embeds")),
+                            ("attention_mask", kwargs.get("attention_mask"))):
             check_tensor(name, value)  # (a list was "'list' object has no attribute 'shape'" inside transformers)
         settings = kwargs.get("generation_config") or self.generation_config
         assisted = [k for k in ASSISTED if kwargs.get(k, getattr(settings, k, None)) is not None]
@@ -272,7 +273,9 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
                              f"rolls back the cache, and GbattnCache cannot be cropped")
         # (max_length from a generation config given here only: the model's own has transformers' default)
-        self._check_length(inputs, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
+        embeds = kwargs.get("inputs_embeds")  # (a prompt given as embeddings: its length counts)
+        self._check_length(inputs if inputs is not None or embeds is None else embeds[..., 0],
+                           kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
                            kwargs.get("max_length", getattr(kwargs.get("generation_config"), "max_length", None)))
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
         if kind not in (None, "dynamic"):  # transformers ignored it, warning that the model takes no Cache instances
@@ -346,14 +349,17 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, cache_position: Tensor | None = None,
                 logits_to_keep: int | Tensor = 0, **kwargs):
-        if inputs_embeds is not None or input_ids is None:
-            raise ValueError("GbattnForCausalLM takes input_ids (inputs_embeds are not supported)")
-        for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask), ("labels", labels)):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("GbattnForCausalLM takes input_ids or inputs_embeds, one of the two")
+        for name, value in (("input_ids", input_ids), ("inputs_embeds", inputs_embeds),
+                            ("attention_mask", attention_mask), ("labels", labels)):
             check_tensor(name, value)  # (a list was "'list' object has no attribute 'dim'")
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids of shape {tuple(input_ids.shape)}: expected (batch, tokens)")
-        if labels is not None and labels.shape != input_ids.shape:
-            raise ValueError(f"labels of shape {tuple(labels.shape)} for input_ids of shape {tuple(input_ids.shape)}: "
+        given, name = (input_ids, "input_ids") if input_ids is not None else (inputs_embeds, "inputs_embeds")
+        if given.dim() != (2 if input_ids is not None else 3):
+            raise ValueError(f"{name} of shape {tuple(given.shape)}: expected (batch, tokens"
+                             f"{', hidden_size' if input_ids is None else ''})")
+        if labels is not None and labels.shape != given.shape[:2]:
+            raise ValueError(f"labels of shape {tuple(labels.shape)} for {name} of shape {tuple(given.shape)}: "
                              f"labels are the input ids (-100 = ignored), shifted inside")
         if labels is not None:  # integers in the vocabulary, or -100, as the GPT's own targets
             self.model.check_targets(labels)
@@ -385,7 +391,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             cache = GbattnCache(len(self.model.blocks))
         # A cache that is given is read and extended even with use_cache=False, as transformers' own
         # models do (use_cache only decides whether a new one is made).
-        B, T = input_ids.shape
+        B, T = given.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
         key_padding_BS = None
         if attention_mask is not None:
@@ -396,10 +402,11 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                 key_padding_BS = attention_mask.bool()
         if position_ids is None and key_padding_BS is not None:
             position_ids = positions_of(attention_mask)[:, -T:]
-        input_pos = torch.arange(past, past + T, device=input_ids.device) if cache is not None else None
+        input_pos = torch.arange(past, past + T, device=given.device) if cache is not None else None
         layer_inputs = [] if output_hidden_states else None
         h_BTD, _ = self.model.hidden(input_ids, input_pos=input_pos, position_ids=position_ids,
-                                     key_padding_mask=key_padding_BS, cache=cache, layer_inputs=layer_inputs)
+                                     key_padding_mask=key_padding_BS, cache=cache, layer_inputs=layer_inputs,
+                                     token_embeds_BTD=inputs_embeds)
         # transformers' convention: the embeddings, each later block's input, then the final norm's output
         hidden_states = (*layer_inputs, h_BTD) if output_hidden_states else None
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:

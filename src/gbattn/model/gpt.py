@@ -277,31 +277,45 @@ class GPT(nn.Module):
             total = total + lm_loss(logits_1NV, y_N[None, start : start + chunk_tokens], reduction="sum")
         return total / (y_N != -100).sum().clamp_min(1)
 
-    def hidden(self, idx_BT: Tensor, *, input_pos: Tensor | None = None, position_ids: Tensor | None = None,
+    def hidden(self, idx_BT: Tensor | None, *, input_pos: Tensor | None = None, position_ids: Tensor | None = None,
                key_padding_mask: Tensor | None = None, cache=None, naive: bool = False,
-               return_intermediates: bool = False,
-               layer_inputs: list[Tensor] | None = None) -> tuple[Tensor, list[Record] | None]:
+               return_intermediates: bool = False, layer_inputs: list[Tensor] | None = None,
+               token_embeds_BTD: Tensor | None = None) -> tuple[Tensor, list[Record] | None]:
         """Final hidden states (after the final norm), (B, T, D), and the per-layer records. ``layer_inputs``: a
         list to which each block's input (B, T, D) is appended (the embedding's first; with Attention
-        Residuals, the depth mixture its attention sublayer reads), as transformers' ``hidden_states``."""
+        Residuals, the depth mixture its attention sublayer reads), as transformers' ``hidden_states``.
+        ``token_embeds_BTD``: the tokens' embeddings in place of ``idx_BT`` (None), e.g. ``model.wte(idx_BT)`` or a
+        soft prompt; positions and dropout are added as for token ids (transformers' ``inputs_embeds``)."""
+        if (idx_BT is None) == (token_embeds_BTD is None):
+            raise ValueError("give token ids or token embeddings (token_embeds_BTD), one of the two")
         for what, ids in (("token ids", idx_BT), ("position_ids", position_ids), ("input_pos", input_pos)):
             check_integers(what, ids)
-        if idx_BT.dim() != 2 or 0 in idx_BT.shape:  # (no rows was the vocabulary check's "min(): Expected reduction
-            # dim to be specified for input.numel() == 0")
+        check_tensor("token embeddings", token_embeds_BTD)
+        whose, given = ("token ids", idx_BT) if idx_BT is not None else ("token embeddings", token_embeds_BTD)
+        D = self.cfg.d_model
+        if idx_BT is not None and (idx_BT.dim() != 2 or 0 in idx_BT.shape):  # (no rows was the vocabulary check's
+            # "min(): Expected reduction dim to be specified for input.numel() == 0")
             raise ValueError(f"token ids of shape {tuple(idx_BT.shape)}: expected (batch, tokens) with at least one "
                              f"token and at least one row")
+        if token_embeds_BTD is not None and (token_embeds_BTD.dim() != 3 or 0 in token_embeds_BTD.shape[:2]
+                                             or token_embeds_BTD.shape[2] != D):
+            raise ValueError(f"token embeddings of shape {tuple(token_embeds_BTD.shape)}: expected (batch, tokens, "
+                             f"{D}) with at least one token and at least one row")
         if self.wte.weight.device.type != "meta":  # (a model on meta computes shapes only; accelerate's offloading
             # keeps the weights there until the embedding's own forward)
-            check_device("token ids", idx_BT, self.wte.weight.device, "a model")  # (else, on meta, garbage logits)
+            check_device(whose, given, self.wte.weight.device, "a model")  # (else, on meta, garbage logits)
+            if token_embeds_BTD is not None and token_embeds_BTD.dtype != self.wte.weight.dtype:
+                raise ValueError(f"token embeddings of dtype {token_embeds_BTD.dtype} for a model in "
+                                 f"{self.wte.weight.dtype}: give them in {self.wte.weight.dtype}")
         for what, tensor in (("position_ids", position_ids), ("input_pos", input_pos)):
-            check_device(what, tensor, idx_BT.device, "token ids")
-        B, T = idx_BT.shape
+            check_device(what, tensor, given.device, whose)
+        B, T = given.shape[:2]
         if position_ids is not None and tuple(position_ids.shape) not in ((T,), (B, T), (1, T)):
             raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} for token ids of shape {(B, T)}: "
                              f"expected ({B}, {T}) or ({T},)")
         cache = self.kv_cache if cache is None else cache
         S = cache.key_length(T) if cache is not None else T
-        check_key_padding(key_padding_mask, B, S, idx_BT.device, "token ids")
+        check_key_padding(key_padding_mask, B, S, given.device, whose)
         if input_pos is not None and tuple(input_pos.shape) != (T,):
             raise ValueError(f"input_pos of shape {tuple(input_pos.shape)} for {T} tokens: expected ({T},), one cache "
                              f"slot per token (position_ids (B, T) gives positions per row)")
@@ -326,7 +340,7 @@ class GPT(nn.Module):
             self.check_length(T)
             # Without a cache the mask covers these tokens: a left-padded row's tokens keep the positions they
             # have alone (as the Hugging Face wrapper gives them; they were 0..T-1, shifted by the padding).
-            positions = torch.arange(T, device=idx_BT.device) if key_padding_mask is None else \
+            positions = torch.arange(T, device=given.device) if key_padding_mask is None else \
                 positions_of(key_padding_mask.bool())
         if (input_pos is not None or position_ids is not None) and not torch.compiler.is_compiling():
             # (one host sync: skipped in compiled decoding)
@@ -344,19 +358,19 @@ class GPT(nn.Module):
             if lowest < 0:
                 raise ValueError(f"{'position_ids' if position_ids is not None else 'input_pos'} reach {lowest}; the "
                                  f"model's positions are 0 .. {self.cfg.block_size - 1}")
-        if idx_BT.device.type == "cpu" and not torch.compiler.is_compiling():  # (no host sync on CPU)
+        if idx_BT is not None and idx_BT.device.type == "cpu" and not torch.compiler.is_compiling():  # (no host sync
             low, high, vocab = int(idx_BT.min()), int(idx_BT.max()), self.wte.num_embeddings  # (wte may be resized)
             if low < 0 or high >= vocab:
                 raise ValueError(f"token id {low if low < 0 else high} outside the vocabulary: ids are 0 .. "
                                  f"{vocab - 1} (vocab_size={vocab})")
-        h_BTD = self.wte(idx_BT)
+        h_BTD = self.wte(idx_BT) if idx_BT is not None else token_embeds_BTD
         if self.wpe is not None:
             h_BTD = h_BTD + self.wpe(positions)
         h_BTD = self.drop(h_BTD)
         if isinstance(cache, StaticCache) and not torch.compiler.is_compiling():
             cache.check_serves(h_BTD)  # (else SDPA's "Expected query, key, and value to have the same dtype")
         rope = rope_for(positions, self.cfg.d_head, self.cfg.rope_base, h_BTD.dtype) if self.cfg.pos == "rope" else None
-        ctx = AttnContext(T=T, S=S, device=idx_BT.device,
+        ctx = AttnContext(T=T, S=S, device=given.device,
                           slots_T=input_pos if cache is not None else None, key_padding_BS=key_padding_mask,
                           causal=True, naive=naive, rope=rope)
         records = [Record() for _ in self.blocks] if return_intermediates else None
