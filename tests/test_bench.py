@@ -87,7 +87,7 @@ def test_bench_command_report(tmp_path, capsys, monkeypatch):
     # The CPU memory probe (a subprocess per case) is tested above; here it is stubbed for speed.
     probed = []
     monkeypatch.setattr(speed, "peak_memory_train_step",
-                        lambda cfg, batch, seq_len, dev, amp: probed.append(cfg) or 1e6 * cfg.d_model)
+                        lambda cfg, batch, seq_len, dev, amp, recomputed=False: probed.append(cfg) or 1e6 * cfg.d_model)
     code = cli_main(["bench", "--preset", "cpu-char", "--attn", "standard", "boosted:gate=vector", "--repeats", "1",
                      "--steps", "1", "--batch", "2", "--sweep", "32", "64", "--set", "dropout=0.05",
                      "--out", str(tmp_path), "--quiet"])
@@ -134,7 +134,7 @@ def test_bench_ratios_follow_their_definitions(monkeypatch):
     from gbattn.model.decoding import eager_decode_step
 
     monkeypatch.setattr(speed, "peak_memory_train_step",
-                        lambda cfg, batch, seq_len, dev, amp: 3e6 if cfg.attn == "boosted" else 2e6)
+                        lambda cfg, batch, seq_len, dev, amp, recomputed=False: 3e6 if cfg.attn == "boosted" else 2e6)
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
     monkeypatch.setattr(speed, "compiled_decode_step", eager_decode_step)
     report = speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=2, seq_len=16, repeats=3,
@@ -190,7 +190,7 @@ def fake_timings(monkeypatch, clock, fake_step, fake_decode) -> None:
     monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(speed, "train_step", fake_step)
     monkeypatch.setattr(speed, "prefill_and_decode", fake_decode)
-    monkeypatch.setattr(speed, "peak_memory_train_step", lambda cfg, batch, seq_len, dev, amp: 1e6)
+    monkeypatch.setattr(speed, "peak_memory_train_step", lambda cfg, batch, seq_len, dev, amp, recomputed=False: 1e6)
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
     monkeypatch.setattr(speed, "compiled_decode_step", lambda model: "compiled step")
 
@@ -373,13 +373,13 @@ def test_bench_command_forwards_every_option(monkeypatch, capsys):
     monkeypatch.setattr(runtime, "default_threads", lambda: 7)
     assert cli_main(["bench"]) == 0 and capsys.readouterr().out == "the table\n"
     assert calls[0] == ("paper-small", None, "auto", None, None, 5, 3, None, None, None, None, True, "off", 7, None,
-                        False, {})
+                        False, {}, "off")
     assert cli_main(["bench", "--preset", "cpu-char", "--attn", "boosted", "--device", "cpu", "--batch", "2",
                      "--seq-len", "16", "--repeats", "4", "--steps", "6", "--decode", "8", "--sweep", "32", "64",
                      "--sweep-attn", "twicing", "--no-amp", "--compile", "both", "--set", "dropout=0.05",
-                     "--threads", "2", "--out", "b", "--quiet"]) == 0
+                     "--threads", "2", "--out", "b", "--quiet", "--activation-checkpointing", "on"]) == 0
     assert calls[1] == ("cpu-char", ["boosted"], "cpu", 2, 16, 4, 6, None, 8, [32, 64], ["twicing"], False, "both", 2,
-                        "b", True, {"dropout": 0.05})
+                        "b", True, {"dropout": 0.05}, "on")
     for option in ("--seq-len", "--batch", "--steps", "--repeats", "--decode", "--sweep"):
         with pytest.raises(SystemExit) as exit_info:
             cli_main(["bench", option, "0"])
@@ -473,7 +473,7 @@ def test_bench_takes_medians_of_uneven_timings_and_labels_its_counts(monkeypatch
         clock[0] += prefill + decode
         return prefill, decode
 
-    def fake_probe(cfg, batch, seq_len, dev, amp):
+    def fake_probe(cfg, batch, seq_len, dev, amp, recomputed=False):
         probed.append((cfg.attn, cfg.block_size, batch, seq_len))
         return 1e6
 
@@ -724,7 +724,7 @@ def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch
     assert speed._status_bytes("VmRSS") == 1500 * 1024 and speed._status_bytes("VmHWM") == 5000 * 1024
     runs = []
 
-    def fake_steps(cfg, batch, seq_len, device, amp, steps):
+    def fake_steps(cfg, batch, seq_len, device, amp, steps, recomputed=False):
         runs.append((cfg.d_model, batch, seq_len, device.type, amp, steps, torch.get_num_threads()))
         status["text"] = "VmRSS:\t 1800 kB\nVmHWM:\t 9000 kB\n"  # RSS fell back from its high-water mark
 
@@ -770,7 +770,7 @@ def test_cpu_memory_probe_reports_no_growth_as_0_never_below(monkeypatch, capsys
     monkeypatch.setattr(speed, "open", lambda path, mode="r": io.StringIO(), raising=False)  # clear_refs
     monkeypatch.setattr(speed, "_status_bytes", lambda field: status[field])
 
-    def fake_steps(cfg, batch, seq_len, device, amp, steps):
+    def fake_steps(cfg, batch, seq_len, device, amp, steps, recomputed=False):
         if steps == 2:  # the measured steps: the mark read lower than the start
             status["VmHWM"] = 1900 * 1024
 
@@ -855,7 +855,7 @@ def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
         built.append(options)
         return adamw(params, **options)
 
-    def in_process_probe(cfg, batch, seq_len, dev, amp):  # the CPU probe's subprocess, here in-process
+    def in_process_probe(cfg, batch, seq_len, dev, amp, recomputed=False):  # the CPU probe's subprocess, in-process
         speed._run_steps(cfg, batch, seq_len, dev, amp, steps=1)
         return 1e6
 
@@ -865,6 +865,69 @@ def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
                     sweep=[8], sweep_variants=["standard"], threads=1, quiet=True, sets={"n_layers": 1})
     assert len(built) == 4  # the timed case, its probe, the sweep case and its probe
     assert all(options == {"lr": 1e-4, "fused": False} for options in built), built
+
+
+def test_bench_times_and_probes_each_variant_with_and_without_activation_checkpointing(monkeypatch):
+    """--activation-checkpointing both: each variant's training step twice, keeping its activations and recomputing
+    its blocks (the recomputing function counted: only the second row's model calls it), each with its own memory
+    probe; ratios to standard are within the same way of training, and the recomputing row's step and memory
+    ratios to its kept row are paired by repeat. Decoding, which trains nothing, is timed for the kept row only.
+    With --compile, refused in one line before any work."""
+    from gbattn.bench import speed
+    from gbattn.errors import UserError
+    from gbattn.model.gpt import Block
+
+    probed, recomputing_blocks = [], set()
+
+    def counted(fn, *args):
+        recomputing_blocks.add(id(fn))  # (the block itself, called whole)
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+
+    def probe(cfg, batch, seq_len, dev, amp, recomputed=False):
+        probed.append((cfg.attn, recomputed))
+        return (1e6 if recomputed else 4e6) * (1.5 if cfg.attn == "boosted" else 1.0)
+
+    monkeypatch.setattr(Block, "_gradient_checkpointing_func", counted)
+    monkeypatch.setattr(speed, "peak_memory_train_step", probe)
+    report = speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=2, seq_len=8, repeats=2,
+                             steps=1, decode=2, threads=1, quiet=True, sets={"n_layers": 1},
+                             activation_checkpointing="both")
+    rows = {r["variant"]: r for r in report["variants"]}
+    assert list(rows) == ["standard", "standard · recomputed", "boosted", "boosted · recomputed"]
+    assert probed == [("standard", False), ("standard", True), ("boosted", False), ("boosted", True)]
+    assert len(recomputing_blocks) == 2  # the two recomputing rows' blocks (one a model), not the kept rows'
+    assert report["activation_checkpointing"] == "both"
+    for name in ("standard", "boosted"):
+        kept, recomputed = rows[name], rows[name + " · recomputed"]
+        assert not kept["activation_checkpointing"] and recomputed["activation_checkpointing"]
+        assert recomputed["recomputed_memory_ratio"] == 0.25
+        paired = sorted(t / t0 for t, t0 in zip(recomputed["step_s_all"], kept["step_s_all"]))
+        assert recomputed["recomputed_step_ratio"] == pytest.approx(sum(paired) / 2)  # (the median of two)
+        assert recomputed["decode_tokens_per_s"] is None and kept["decode_tokens_per_s"] > 0
+        assert "recomputed_step_ratio" not in kept
+    assert rows["boosted · recomputed"]["memory_ratio"] == 1.5  # to standard recomputing, not to standard
+    table = speed.bench_markdown(report)
+    assert "· activation checkpointing: both" in table.splitlines()[2]
+    recomputed_line = next(line for line in table.splitlines() if line.startswith("| boosted · recomputed |"))
+    assert recomputed_line.endswith("| 1.50 | — | — | — |")  # memory ratio to standard recomputing; no decoding
+    section = table[table.index("## Activation checkpointing vs kept activations"):]
+    boosted_line = next(line for line in section.splitlines() if line.startswith("| boosted |"))
+    assert boosted_line.endswith(f"| {rows['boosted · recomputed']['recomputed_step_ratio']:.2f} | 5.7 | 1.4 | 0.25 |")
+    with pytest.raises(UserError, match=r"^--activation-checkpointing on times eager training steps: give it with "
+                                        r"--compile off$"):
+        speed.run_bench("cpu-char", ["standard"], device="cpu", compile="both", activation_checkpointing="on")
+
+
+def test_cpu_memory_probe_of_a_recomputing_step_holds_less(monkeypatch):
+    """The CPU memory probe's fresh process trains with activation checkpointing when asked: a model whose
+    activations outweigh its weights peaks lower recomputing its blocks than keeping their activations."""
+    from gbattn.bench.speed import peak_memory_train_step
+    from gbattn.config import preset_config
+
+    cfg = preset_config("cpu-char", "boosted", {"d_model": 64, "n_layers": 6, "block_size": 257})
+    kept, recomputed = (peak_memory_train_step(cfg, batch=8, seq_len=256, device=torch.device("cpu"), amp=False,
+                                               recomputed=flag) for flag in (False, True))
+    assert recomputed < 0.7 * kept, (recomputed, kept)
 
 
 def test_bench_reports_compile_time_with_compile_on(monkeypatch):

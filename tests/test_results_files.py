@@ -1571,27 +1571,59 @@ def test_bench_md_is_its_bench_json():
             report["compile"] = report["compile"] or "off"  # recorded as false before --compile took a mode
             assert bench_markdown(report) == path.with_suffix(".md").read_text(encoding="utf-8"), path
             checked += 1
-    assert checked == 13
+    assert checked == 14
 
 
 def test_bench_json_ratios_follow_from_their_timings():
     """Every committed bench.json's ratios recomputed from its own raw numbers: each row against
-    standard run the same way (a compiled row against standard compiled), step ratios paired by repeat."""
+    standard run the same way (a compiled row against standard compiled, a recomputing one against standard
+    recomputing), step ratios paired by repeat; a recomputing row's ratios to its own kept row too."""
     checked = 0
     for path in sorted((ROOT / "results").rglob("bench*.json")):
         rows = json.loads(path.read_text(encoding="utf-8"))["variants"]
+        by_name = {v["variant"]: v for v in rows}
         for r in rows:
-            base = rows[0] if not r.get("compiled") else rows[[v["variant"] for v in rows].index("standard · compiled")]
+            base = by_name["standard" + (" · compiled" if r.get("compiled") else "")
+                           + (" · recomputed" if r.get("activation_checkpointing") else "")]
+            if r.get("activation_checkpointing"):
+                kept = by_name[r["variant"].removesuffix(" · recomputed")]
+                assert r["recomputed_step_ratio"] == pytest.approx(statistics.median(
+                    t / t0 for t, t0 in zip(r["step_s_all"], kept["step_s_all"])))
+                assert r["recomputed_memory_ratio"] == pytest.approx(r["peak_memory_bytes"] / kept["peak_memory_bytes"])
+                assert r["decode_tokens_per_s"] is r["decode_ratio"] is None  # (decoding is the kept row's)
             paired = sorted(t / t0 for t, t0 in zip(r["step_s_all"], base["step_s_all"]))
             if "step_ratio_range" in r:  # the H200 file predates paired ratios
                 assert r["step_ratio"] == pytest.approx(statistics.median(paired)), (path, r["variant"])
                 assert r["step_ratio_range"] == pytest.approx([paired[0], paired[-1]]), (path, r["variant"])
             assert r["flop_ratio"] == pytest.approx(r["train_flops_per_token"] / base["train_flops_per_token"])
             assert r["step_over_flop_ratio"] == pytest.approx(r["step_ratio"] / r["flop_ratio"])
-            assert r["decode_ratio"] == pytest.approx(base["decode_tokens_per_s"] / r["decode_tokens_per_s"]), (
-                path, r["variant"])
+            if not r.get("activation_checkpointing"):
+                assert r["decode_ratio"] == pytest.approx(base["decode_tokens_per_s"] / r["decode_tokens_per_s"]), (
+                    path, r["variant"])
             checked += 1
-    assert checked == 6 + 6 + 4 + 4 + 4 + 6 + 6 + 4 + 4 + 4 + 4 + 4 + 4 + 4
+    assert checked == 6 + 6 + 4 + 4 + 4 + 6 + 6 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 4
+
+
+def test_readme_activation_checkpointing_table_is_its_bench_file():
+    """The README's activation-checkpointing table, its figures in the prose beside it and in the training
+    options, from the bench file that measured them."""
+    rows = bench_rows("bench-activation-checkpointing-cpu/bench.json")
+    mib = 1 << 20
+    expected = []
+    for variant, name in (("standard", "standard"), ("boosted", "boosted (M=2)")):
+        kept, recomputed = rows[variant], rows[variant + " · recomputed"]
+        expected.append([name, f"{1000 * kept['step_s']:,.0f}", f"{1000 * recomputed['step_s']:,.0f}",
+                         f"{recomputed['recomputed_step_ratio']:.2f}", f"{kept['peak_memory_bytes'] / mib:,.0f}",
+                         f"{recomputed['peak_memory_bytes'] / mib:,.0f}",
+                         f"{recomputed['recomputed_memory_ratio']:.2f}"])
+    assert_table("--decode 16 --threads 2`, torch 2.13 CPU build, batch 8 x 255", expected)
+    gba, gba_recomputed = rows["boosted"], rows["boosted · recomputed"]
+    assert (f"its peak training memory is {gba_recomputed['memory_ratio']:.2f}x standard's instead of "
+            f"{gba['memory_ratio']:.2f}x") in README_PROSE
+    assert (f"took GBA's peak training memory to {gba_recomputed['recomputed_memory_ratio']:.2f}x for "
+            f"{gba_recomputed['recomputed_step_ratio']:.2f}x the step time") in README_PROSE
+    steps = [rows[v]["recomputed_step_ratio"] for v in ("standard · recomputed", "boosted · recomputed")]
+    assert all(abs(x - 1.4) < 0.05 for x in steps), steps  # "about 1.4x the step time of either"
 
 
 def test_readme_cpu_memory_remeasurement_is_its_bench_file():

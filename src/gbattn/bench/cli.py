@@ -31,6 +31,9 @@ def register(sub) -> None:
     p.add_argument("--no-amp", action="store_true", help="no bf16 autocast on CUDA")
     p.add_argument("--compile", default="off", choices=["off", "on", "both"],
                    help="torch.compile the training and decode steps: off, on, or both side by side (default off)")
+    p.add_argument("--activation-checkpointing", default="off", choices=["off", "on", "both"],
+                   help="recompute each block in the training step's backward pass: off, on, or both side by side "
+                        "(eager only; default off)")
     arguments.sets(p, "a model field for every variant", arguments.MODEL_SET_EXAMPLE)
     arguments.threads(p)
     p.add_argument("--out", default=None,
@@ -46,5 +49,6 @@ def cmd_bench(args) -> None:
 
     report = run_bench(args.preset or "paper-small", args.attn, args.device or "auto", args.batch, args.seq_len,
                        args.repeats, args.steps, None, args.decode, args.sweep, args.sweep_attn, not args.no_amp,
-                       args.compile, args.threads or default_threads(), args.out, args.quiet, parse_sets(args.sets))
+                       args.compile, args.threads or default_threads(), args.out, args.quiet, parse_sets(args.sets),
+                       args.activation_checkpointing)
     print(bench_markdown(report), end="")  # stdout is bench.md, byte for byte (the table ends its own line)

@@ -11,6 +11,7 @@ exactly its extra arithmetic. Plus a sequence-length sweep of time and peak memo
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -36,6 +37,7 @@ from gbattn.runtime import command_line, device_name, resolve_device, software_v
 from gbattn.terminal import terminal_line
 
 COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
+RECOMPUTED = " · recomputed"  # ... of its row with activation checkpointing (GPT.set_activation_checkpointing)
 
 
 def sync(device: torch.device) -> None:
@@ -53,6 +55,7 @@ class Case:
     prefill_times: list = field(default_factory=list)
     decode_times: list = field(default_factory=list)
     compiled: bool = False
+    recomputed: bool = False  # activation checkpointing: each block recomputed in the backward pass
     step_model: object = None
     decode_step: object = None
     warmup_s: dict = field(default_factory=dict)
@@ -99,18 +102,20 @@ def prefill_and_decode(model: GPT, prompt, n_decode: int, device, autocast, step
     return t1 - t0, t2 - t1
 
 
-def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, amp: bool) -> float:
+def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, amp: bool,
+                           recomputed: bool = False) -> float:
     """Peak memory (bytes) of a steady-state training step: parameters, gradients, AdamW state
-    and activations. CUDA: ``max_memory_allocated``. CPU: the peak resident-set growth of a
-    fresh subprocess (the CPU allocator keeps no statistics), after a one-token warm-up step there so
-    that loading and initialising libraries (about 90 MiB) is not counted."""
+    and activations (``recomputed``: with activation checkpointing). CUDA: ``max_memory_allocated``. CPU: the
+    peak resident-set growth of a fresh subprocess (the CPU allocator keeps no statistics), after a one-token
+    warm-up step there so that loading and initialising libraries (about 90 MiB) is not counted."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        _run_steps(cfg, batch, seq_len, device, amp, steps=2)
+        _run_steps(cfg, batch, seq_len, device, amp, steps=2, recomputed=recomputed)
         return torch.cuda.max_memory_allocated(device) - base
-    payload = json.dumps({"cfg": cfg.to_dict(), "batch": batch, "seq_len": seq_len, "threads": torch.get_num_threads()})
+    payload = json.dumps({"cfg": cfg.to_dict(), "batch": batch, "seq_len": seq_len, "threads": torch.get_num_threads(),
+                          "recomputed": recomputed})
     # A fixed mmap threshold: glibc otherwise raises it as large blocks are freed, so the warm-up's
     # freed tensors would stay resident and be reused uncounted by the measured steps.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -123,9 +128,10 @@ def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: t
     return float(proc.stdout.strip().splitlines()[-1])
 
 
-def _run_steps(cfg, batch, seq_len, device, amp, steps):
+def _run_steps(cfg, batch, seq_len, device, amp, steps, recomputed=False):
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
+    model.set_activation_checkpointing(recomputed)
     case = Case("probe", cfg, model, bench_optimizer(model, device))
     x = torch.randint(0, cfg.vocab_size, (batch, seq_len), device=device)
     autocast = bf16_autocast(device, "auto" if amp else "off")
@@ -152,14 +158,15 @@ def _memory_probe_main(payload: str) -> None:
     d = json.loads(payload)
     cfg = ModelConfig.from_dict(d["cfg"])
     torch.set_num_threads(d["threads"])  # the timed steps' threads (each keeps its own scratch memory)
-    _run_steps(cfg, 1, 1, torch.device("cpu"), False, steps=1)
+    recomputed = d.get("recomputed", False)
+    _run_steps(cfg, 1, 1, torch.device("cpu"), False, steps=1, recomputed=recomputed)
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:  # a kernel or sandbox without it: the warm-up's own peak (one token) is below the steps'
         pass
     base = _status_bytes("VmRSS")
-    _run_steps(cfg, d["batch"], d["seq_len"], torch.device("cpu"), False, steps=2)
+    _run_steps(cfg, d["batch"], d["seq_len"], torch.device("cpu"), False, steps=2, recomputed=recomputed)
     print(max(0, _status_bytes("VmHWM") - base))
 
 
@@ -167,13 +174,18 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
               seq_len: int | None = None, repeats: int = 5, steps: int = 3, prefill: int | None = None,
               decode: int | None = None, sweep: list[int] | None = None, sweep_variants: list[str] | None = None,
               amp: bool = True, compile: str = "off", threads: int | None = None, out: str | None = None,
-              quiet: bool = False, sets: dict | None = None) -> dict:
+              quiet: bool = False, sets: dict | None = None, activation_checkpointing: str = "off") -> dict:
     """``sets``: model-config overrides for every variant (``{"dropout": 0.0}``); a variant's own
     options (``boosted:rounds=3``) apply on top. ``compile``: off (eager), on, or both side by side
     (each variant eager and ``torch.compile``d, training step and decode step, same repeats).
+    ``activation_checkpointing``: off, on, or both side by side (each variant's training step keeping its
+    activations and recomputing each block in the backward pass; eager only).
     ``decode``: cached decode steps (default 64, or half the block size when smaller) after a prefill
     of ``prefill`` tokens (default up to 128, what the block size leaves)."""
     sets = dict(sets or {})
+    if activation_checkpointing != "off" and compile != "off":  # (four rows a variant, none of them compared)
+        raise UserError(f"--activation-checkpointing {activation_checkpointing} times eager training steps: "
+                        f"give it with --compile off")
     if "attn" in sets:
         raise UserError("--set attn=... would make every variant benched that one: name the variants with --attn")
     if sweep_variants and not sweep:  # its variants were dropped, silently, with the sweep not asked for
@@ -208,15 +220,16 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     autocast = bf16_autocast(dev, "auto" if amp else "off")
     use_tf32(dev)
 
-    modes = {"off": [False], "on": [True], "both": [False, True]}[compile]
+    modes = {"off": [False], "on": [True], "both": [False, True]}
     cases = []
     for spec in variants:
         cfg = _variant_config(preset, spec, sets)
-        for compiled in modes:
+        for compiled, recomputed in itertools.product(modes[compile], modes[activation_checkpointing]):
             torch.manual_seed(0)
             model = GPT(cfg).to(dev)
-            case = Case(spec + (COMPILED if compiled else ""), cfg, model,
-                        bench_optimizer(model, dev), compiled=compiled)
+            model.set_activation_checkpointing(recomputed)
+            case = Case(spec + (COMPILED if compiled else "") + (RECOMPUTED if recomputed else ""), cfg, model,
+                        bench_optimizer(model, dev), compiled=compiled, recomputed=recomputed)
             case.step_model = torch.compile(model) if compiled else model
             case.decode_step = compiled_decode_step(model) if compiled else None
             cases.append(case)
@@ -246,7 +259,9 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                         train_step(runner, x, x, autocast)
                     sync(dev)
                     elapsed = time.perf_counter() - t0
-                    p, d = prefill_and_decode(case.model, prompt, decode, dev, autocast, case.decode_step)
+                    # (decoding trains nothing: a recomputing row's would be its kept row's again)
+                    p, d = (None, None) if case.recomputed else \
+                        prefill_and_decode(case.model, prompt, decode, dev, autocast, case.decode_step)
                 except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as e:
                     if not case.compiled:
                         raise
@@ -275,14 +290,18 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             "step_s_all": case.step_times,
             "tokens_per_s": batch * seq_len / step,
             # (measured eagerly, in a fresh process on CPU: a compiled row has none, its eager row the figure)
-            "peak_memory_bytes": None if case.compiled else peak_memory_train_step(case.cfg, batch, seq_len, dev, amp),
+            "peak_memory_bytes": None if case.compiled else peak_memory_train_step(case.cfg, batch, seq_len, dev, amp,
+                                                                                   case.recomputed),
             "forward_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len),
             "train_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len, backward=True),
-            "prefill_s": statistics.median(case.prefill_times),
-            "prefill_s_all": case.prefill_times,
-            "decode_s_all": case.decode_times,  # each repeat's decode_tokens steps: the spread behind decode_ratio
-            "decode_tokens_per_s": decode / statistics.median(case.decode_times),
+            **({"prefill_s": None, "prefill_s_all": [], "decode_s_all": [], "decode_tokens_per_s": None}
+               if case.recomputed else {  # (a recomputing row decodes as its kept row)
+                "prefill_s": statistics.median(case.prefill_times),
+                "prefill_s_all": case.prefill_times,
+                "decode_s_all": case.decode_times,  # each repeat's decode_tokens steps: the spread behind decode_ratio
+                "decode_tokens_per_s": decode / statistics.median(case.decode_times)}),
             "compiled": case.compiled,
+            "activation_checkpointing": case.recomputed,
             "warmup_s": case.warmup_s,
         })
     add_ratios_to_standard(rows)
@@ -296,6 +315,13 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                 paired = [t0 / t for t, t0 in zip(r["step_s_all"], own["step_s_all"])]
                 r["compiled_step_speedup"] = statistics.median(paired)
                 r["compiled_decode_speedup"] = r["decode_tokens_per_s"] / own["decode_tokens_per_s"]
+    kept = {r["variant"]: r for r in rows if not r["activation_checkpointing"]}
+    for r in rows:
+        own = kept.get(r["variant"].removesuffix(RECOMPUTED)) if r["activation_checkpointing"] else None
+        if own is not None:  # against the same variant keeping its activations, in the same repeats
+            r["recomputed_step_ratio"] = statistics.median(t / t0 for t, t0 in zip(r["step_s_all"], own["step_s_all"]))
+            r["recomputed_memory_ratio"] = (r["peak_memory_bytes"] / own["peak_memory_bytes"]
+                                            if r["peak_memory_bytes"] and own["peak_memory_bytes"] else None)
     for case in cases:
         case.model = case.step_model = case.optimizer = case.decode_step = None
 
@@ -313,6 +339,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         "decode_tokens": decode,
         "amp_bf16": amp and dev.type == "cuda",
         "compile": compile,
+        "activation_checkpointing": activation_checkpointing,
         **({} if compile == "off" else {"inductor_caches": _inductor_caches()}),
         "versions": software_versions(),  # gbattn's, torch's and Python's: what produced the figures
         "threads": torch.get_num_threads(),
@@ -343,9 +370,13 @@ def _leave_out_failed_compile(case: Case, cases: list[Case], left_out: dict[str,
 
 def add_ratios_to_standard(rows: list[dict]) -> None:
     """Each row's ratios to standard run the same way: an eager row's to eager standard, a compiled
-    row's to compiled standard (so a compiled variant's ratios are not its compile speedup too)."""
+    row's to compiled standard (so a compiled variant's ratios are not its compile speedup too), and one with
+    activation checkpointing to standard with it."""
+    def way(row: dict) -> tuple:
+        return row["compiled"], row.get("activation_checkpointing", False)  # (not in a report from before it)
+
     for r in rows:
-        base = next(b for b in rows if b["compiled"] == r["compiled"])  # standard comes first in each
+        base = next(b for b in rows if way(b) == way(r))  # standard comes first in each
         # Paired: each repeat's time over standard's in the same repeat (they ran back to back), so
         # a machine that slows down for a while moves both; the median and range of those ratios.
         paired = sorted(t / t0 for t, t0 in zip(r["step_s_all"], base["step_s_all"]))
@@ -355,7 +386,7 @@ def add_ratios_to_standard(rows: list[dict]) -> None:
         r["step_over_flop_ratio"] = r["step_ratio"] / r["flop_ratio"]
         memory = r["peak_memory_bytes"]
         r["memory_ratio"] = memory / base["peak_memory_bytes"] if memory and base["peak_memory_bytes"] else None
-        r["decode_ratio"] = base["decode_tokens_per_s"] / r["decode_tokens_per_s"]
+        r["decode_ratio"] = base["decode_tokens_per_s"] / r["decode_tokens_per_s"] if r["decode_tokens_per_s"] else None
 
 
 def _prefill_and_decode_lengths(block_source: str, block_size: int, prefill: int | None,
@@ -458,7 +489,8 @@ def bench_markdown(report: dict) -> str:
         f"median of {report['repeats']} interleaved repeats of {report['steps_per_repeat']} steps · "
         f"dropout {report['dropout']:g}"
         f"{' · bf16 autocast' if report['amp_bf16'] else ''}"
-        f"{'' if report['compile'] == 'off' else ' · torch.compile: ' + report['compile']}",
+        f"{'' if report['compile'] == 'off' else ' · torch.compile: ' + report['compile']}"
+        f"{_checkpointing_text(report)}",
         "",
         "| variant | parameters | step (ms) | tokens/s | peak memory (MiB) | fwd MFLOP/token | step ratio (range) | "
         "FLOP ratio | step / FLOP ratio | memory ratio | prefill (ms) | decode tokens/s | decode cost ratio |",
@@ -466,15 +498,14 @@ def bench_markdown(report: dict) -> str:
     ]
     for r in report["variants"]:
         mem_ratio = f"{r['memory_ratio']:.2f}" if r["memory_ratio"] else "—"
-        memory = _small_figure(r["peak_memory_bytes"] / mib) if r["peak_memory_bytes"] else "—"
+        memory = _mib(r["peak_memory_bytes"])
         lo, hi = r["step_ratio_range"]
         spread = f" ({lo:.2f}–{hi:.2f})" if report["repeats"] > 1 else ""  # one repeat: no range to show
         lines.append(
             f"| {r['variant']} | {r['parameters']:,} | {1000 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
             f"{memory} | {r['forward_flops_per_token'] / 1e6:.2f} | "
             f"{r['step_ratio']:.3f}{spread} | "
-            f"{r['flop_ratio']:.3f} | {r['step_over_flop_ratio']:.3f} | {mem_ratio} | {1000 * r['prefill_s']:.1f} | "
-            f"{r['decode_tokens_per_s']:,.0f} | {r['decode_ratio']:.2f} |"
+            f"{r['flop_ratio']:.3f} | {r['step_over_flop_ratio']:.3f} | {mem_ratio} | {_decoding(r)} |"
         )
     spread_note = ("(range: lowest and highest of those ratios). " if report["repeats"] > 1 else
                    "(one repeat: no range, so no sign of the noise; use --repeats 3 or more). ")
@@ -516,6 +547,21 @@ def bench_markdown(report: dict) -> str:
         lines += ["", "Compile time (the warm-up round's extra time over the measured steps), train / decode: "
                   + ", ".join(f"{r['variant']} {_compile_times(r)} s"
                               for r in report["variants"]) + "." + _compile_cache_note(report)]
+    recomputed = [r for r in report["variants"] if r.get("recomputed_step_ratio")]
+    if recomputed:
+        lines += ["", "## Activation checkpointing vs kept activations (training step)", "",
+                  "| variant | step kept (ms) | step recomputed (ms) | step ratio | peak memory kept (MiB) | "
+                  "peak memory recomputed (MiB) | memory ratio |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        kept = {r["variant"]: r for r in report["variants"] if not r.get("activation_checkpointing")}
+        for r in recomputed:
+            k = kept[r["variant"].removesuffix(RECOMPUTED)]
+            memory_ratio = f"{r['recomputed_memory_ratio']:.2f}" if r.get("recomputed_memory_ratio") else "—"
+            lines.append(f"| {k['variant']} | {1000 * k['step_s']:.1f} | {1000 * r['step_s']:.1f} | "
+                         f"{r['recomputed_step_ratio']:.2f} | {_mib(k['peak_memory_bytes'])} | "
+                         f"{_mib(r['peak_memory_bytes'])} | {memory_ratio} |")
+        lines += ["", "Step ratio: median over repeats of the recomputing step's time over the same variant's keeping "
+                  "its activations, in the same repeat; memory ratio: its peak memory over that row's."]
     if report["sweep"]:
         eager = "" if report["compile"] == "off" else ", eager"  # the sweep is never compiled
         lines += ["", f"## Sequence-length sweep (batch 1, one training step{eager})", "",
@@ -547,6 +593,12 @@ def _compile_cache_note(report: dict) -> str:
     return ""
 
 
+def _checkpointing_text(report: dict) -> str:
+    """The heading's note on activation checkpointing (none in a report written before bench had it)."""
+    mode = report.get("activation_checkpointing", "off")
+    return "" if mode == "off" else f" · activation checkpointing: {mode}"
+
+
 def _versions_text(report: dict) -> str:
     """``gbattn V · torch V · Python V`` (a report written before bench recorded its versions: torch's alone)."""
     versions = report.get("versions")
@@ -558,6 +610,19 @@ def _versions_text(report: dict) -> str:
 def _compile_times(row: dict) -> str:
     """A compiled row's compile times, "train / decode" in seconds."""
     return f"{_small_figure(row['compile_s']['train'])} / {_small_figure(row['compile_s']['decode'])}"
+
+
+def _decoding(row: dict) -> str:
+    """A row's prefill (ms), decode tokens/s and decode cost ratio cells; — for a recomputing row, which decodes as
+    its kept row (activation checkpointing changes training only)."""
+    if row["decode_tokens_per_s"] is None:
+        return "— | — | —"
+    return f"{1000 * row['prefill_s']:.1f} | {row['decode_tokens_per_s']:,.0f} | {row['decode_ratio']:.2f}"
+
+
+def _mib(value_bytes: float | None) -> str:
+    """A peak memory in MiB (:func:`_small_figure`), or — where a row has none (a compiled row's)."""
+    return _small_figure(value_bytes / (1 << 20)) if value_bytes else "—"
 
 
 def _small_figure(value: float) -> str:
