@@ -29,6 +29,7 @@ import transformers
 from safetensors import safe_open
 from transformers import (
     AutoConfig,
+    AutoModel,
     AutoModelForCausalLM,
     AutoTokenizer,
     Trainer,
@@ -137,7 +138,7 @@ def test_readme_names_every_refusal_of_the_wrapper():
     """The README's list of what the wrapper does not do names each of its one-line refusals (labels with
     logits_to_keep, a 4.x chunked prefill of a padded batch and gbattn's field names in GbattnConfig were not)."""
     prose = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    listed = prose[prose.index("What the wrapper does not do"):].split("; only `AutoModelForCausalLM`")[0]
+    listed = prose[prose.index("What the wrapper does not do"):].split(". `AutoModel` loads the same weights")[0]
     for refused in ("output_attentions",
                     "`GbattnCache`", "assisted decoding", "`labels` with `logits_to_keep`", "`prefill_chunk_size`",
                     "`GbattnConfig` keywords or attributes", "`cache_implementation`"):
@@ -314,6 +315,40 @@ def test_inputs_embeds_are_the_token_embeddings_in_place_of_the_ids(layout):
     block = gpt.cfg.block_size
     with pytest.raises(ValueError, match=rf"^a prompt of {block} tokens and max_new_tokens=3 feed the model"):
         hf.generate(inputs_embeds=torch.zeros(1, block, gpt.cfg.d_model, dtype=torch.float64), max_new_tokens=3)
+
+
+@pytest.mark.parametrize("layout", ["gpt2-post", "llama-attnres"])
+def test_the_base_model_gives_what_the_causal_lm_reads_and_keeps_its_checks(layout, tmp_path):
+    """GbattnModel (AutoModel): last_hidden_state is the causal LM's last hidden state, through a left-padded batch
+    and a cached step; it saves and loads as the causal LM does (the same weight names, so each loads the other's
+    save), and refuses what the causal LM refuses, naming itself."""
+    from gbattn.hf import GbattnModel
+
+    gpt, hf = tiny_pair(("boosted", {"rounds": 3}), LAYOUTS[layout])
+    base = GbattnModel.from_gpt(gpt).eval()
+    idx = torch.randint(0, 37, (2, 9))
+    ids, mask = left_pad([idx[0], idx[1, :5]], torch.long)
+    full = hf(ids, attention_mask=mask, output_hidden_states=True)
+    out = base(ids, attention_mask=mask, output_hidden_states=True)
+    torch.testing.assert_close(out.last_hidden_state, full.hidden_states[-1], rtol=0, atol=0)
+    torch.testing.assert_close(gpt.lm_head(out.last_hidden_state), full.logits, rtol=0, atol=0)
+    assert len(out.hidden_states) == gpt.cfg.n_layers + 1
+    prefill = base(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
+    step = base(ids[:, -1:], attention_mask=mask, cache=getattr(prefill, CACHE_FIELD)).last_hidden_state
+    torch.testing.assert_close(step[:, -1], out.last_hidden_state[:, -1], rtol=1e-10, atol=1e-10)
+    base.save_pretrained(tmp_path / "base")
+    hf.save_pretrained(tmp_path / "lm")
+    head_input = hf(idx, output_hidden_states=True).hidden_states[-1]
+    for saved in ("base", "lm"):
+        again = AutoModel.from_pretrained(tmp_path / saved, dtype=torch.float64).eval()
+        lm = AutoModelForCausalLM.from_pretrained(tmp_path / saved, dtype=torch.float64).eval()
+        assert type(again) is GbattnModel and type(lm) is GbattnForCausalLM
+        torch.testing.assert_close(again(idx).last_hidden_state, head_input, rtol=0, atol=0)
+        torch.testing.assert_close(lm(idx).logits, hf(idx).logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"^GbattnModel takes input_ids or inputs_embeds, one of the two"):
+        base()
+    with pytest.raises(ValueError, match=r"^GbattnModel returns no attention maps"):
+        base(idx, output_attentions=True)
 
 
 def test_gradient_checkpointing_through_transformers_recomputes_gbattns_blocks():
@@ -1155,7 +1190,8 @@ def test_export_writes_safetensors_config_and_tokenizers(trained):
 
 def test_export_loads_with_auto_classes_in_a_fresh_process(trained):
     """Offline, in a new interpreter: the Auto classes need `import gbattn.hf`, then load the model
-    (same logits as the run, tie kept) and the tokenizer (gbattn's ids)."""
+    (same logits as the run, tie kept), the tokenizer (gbattn's ids), and with AutoModel the base model, whose
+    last hidden state the run's head turns into the same logits."""
     run_dir, out = trained
     run = rundir.load_run(run_dir)
     text = "First Citizen:\nBefore we proceed"
@@ -1178,6 +1214,11 @@ assert ids == {ids!r}, ids
 assert tok.decode(ids) == {text!r} and tok.eos_token == "\\n" and len(tok) == {run.tokenizer.vocab_size}
 ref = torch.load({str(out.parent / "ref.pt")!r}, weights_only=True)["logits"]
 assert torch.allclose(model(torch.tensor([ids])).logits, ref, rtol=0, atol=1e-6)
+from transformers import AutoModel
+base = AutoModel.from_pretrained({str(out)!r})  # the same weights as a base model: the head's input
+assert type(base).__name__ == "GbattnModel" and not base.training
+features = base(torch.tensor([ids])).last_hidden_state
+assert torch.allclose(base.model.lm_head(features), ref, rtol=0, atol=1e-6)
 print("ok")
 """
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

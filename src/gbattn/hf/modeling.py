@@ -16,7 +16,7 @@ import transformers
 from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from gbattn.attention.boosted import Gate
 from gbattn.attention.core import AttentionBase, DynamicLayerCache, check_tensor, positions_of
@@ -183,7 +183,10 @@ INIT_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm, *OWN_PARAMETERS
 
 
 class GbattnPreTrainedModel(PreTrainedModel):
-    """Initialisation: a model built here keeps the init of gbattn's own constructor (the same
+    """What the base model and the causal LM share: gbattn's GPT as ``self.model`` (so both hold the same
+    ``model.*`` weights), its embeddings, activation checkpointing and the forward pass up to the final norm.
+
+    Initialisation: a model built here keeps the init of gbattn's own constructor (the same
     weights as ``GPT(cfg)`` under the same seed): its parameters are marked initialised, so
     ``post_init()`` draws nothing again. ``_init_weights`` is a faithful replica
     (:func:`init_module`) for what ``from_pretrained`` builds on the meta device and finds missing
@@ -197,26 +200,11 @@ class GbattnPreTrainedModel(PreTrainedModel):
     # gbattn's fast path is F.scaled_dot_product_attention already: attn_implementation="sdpa" (the
     # default) and "eager" both run gbattn's own attention code.
     _supports_sdpa = True
+    # 5.x: {tied: source} (applied when config.tie_word_embeddings); 4.x: the list of tied keys.
+    _tied_weights_keys = {"model.lm_head.weight": "model.wte.weight"} if TF_MAJOR >= 5 else ["model.lm_head.weight"]
 
     def _init_weights(self, module: nn.Module) -> None:
         init_module(module)
-
-
-class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
-    """gbattn's GPT behind the transformers causal-LM interface (README, "Hugging Face transformers").
-
-    ``forward(input_ids | inputs_embeds, attention_mask, position_ids, cache | past_key_values, labels, use_cache,
-    logits_to_keep, output_hidden_states)``: ``attention_mask`` (B, past + T) is 1 for real tokens (left padding
-    works); positions come from ``position_ids``, else ``cumsum(attention_mask) - 1``, else past..past+T-1.
-    ``labels`` are the input ids (-100 = ignored), shifted here: the loss is gbattn's
-    ``self.model(input_ids[:, :-1], input_ids[:, 1:])``; with ``num_items_in_batch`` (``Trainer``) it is the summed
-    cross-entropy divided by that count. ``hidden_states``: n_layers + 1 tensors, each block's input (the
-    embeddings first) and the final norm's output, which the head reads. ``gradient_checkpointing_enable()``
-    recomputes each block in the backward pass.
-    """
-
-    # 5.x: {tied: source} (applied when config.tie_word_embeddings); 4.x: the list of tied keys.
-    _tied_weights_keys = {"model.lm_head.weight": "model.wte.weight"} if TF_MAJOR >= 5 else ["model.lm_head.weight"]
 
     def __init__(self, config: GbattnConfig) -> None:
         super().__init__(config)
@@ -226,7 +214,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         self.post_init()
 
     @classmethod
-    def from_gpt(cls, gpt: GPT, **config_kwargs) -> GbattnForCausalLM:
+    def from_gpt(cls, gpt: GPT, **config_kwargs) -> GbattnPreTrainedModel:
         """Wrap an existing GPT (its parameters are shared, not copied); ``config_kwargs`` go to the
         config (``run=`` the rest of a run's config.json, ``eos_token_id=``, ...). A ``torch.compile``'d
         GPT is wrapped as the GPT it compiles (its weights were saved under ``_orig_mod.`` names,
@@ -253,6 +241,123 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.model.lm_head = value
+
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
+                                    every_n_layers: int = 1) -> None:
+        """What ``gradient_checkpointing_enable()`` (``activation_checkpointing_enable()`` in 5.x) and ``_disable()``
+        call: gbattn's own per-block checkpointing (:meth:`GPT.set_activation_checkpointing`) with transformers'
+        function and its keywords (``use_reentrant``, ...), every ``every_n_layers``-th block (5.x's option)."""
+        self.model.set_activation_checkpointing(enable, every_n_layers, gradient_checkpointing_func)
+
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """transformers' resize (tied head included), with gbattn's own config kept in step."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        self.model.cfg = self.model.cfg.replace(vocab_size=embeddings.num_embeddings)
+        self.config.vocab_size = embeddings.num_embeddings
+        return embeddings
+
+    def _inputs(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, attention_mask: Tensor | None,
+                labels: Tensor | None = None) -> Tensor:
+        """The tokens given, ids (B, T) or embeddings (B, T, D), checked with the mask and labels beside them."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(f"{type(self).__name__} takes input_ids or inputs_embeds, one of the two")
+        for name, value in (("input_ids", input_ids), ("inputs_embeds", inputs_embeds),
+                            ("attention_mask", attention_mask), ("labels", labels)):
+            check_tensor(name, value)  # (a list was "'list' object has no attribute 'dim'")
+        given, name = (input_ids, "input_ids") if input_ids is not None else (inputs_embeds, "inputs_embeds")
+        if given.dim() != (2 if input_ids is not None else 3):
+            raise ValueError(f"{name} of shape {tuple(given.shape)}: expected (batch, tokens"
+                             f"{', hidden_size' if input_ids is None else ''})")
+        if labels is not None and labels.shape != given.shape[:2]:
+            raise ValueError(f"labels of shape {tuple(labels.shape)} for {name} of shape {tuple(given.shape)}: "
+                             f"labels are the input ids (-100 = ignored), shifted inside")
+        if labels is not None:  # integers in the vocabulary, or -100, as the GPT's own targets
+            self.model.check_targets(labels)
+        return given
+
+    def _stream(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, given: Tensor,
+                attention_mask: Tensor | None, position_ids: Tensor | None, cache: Cache | None,
+                use_cache: bool | None, output_attentions: bool | None,
+                output_hidden_states: bool | None) -> tuple[Tensor, tuple | None, GbattnCache | None]:
+        """The final norm's output (B, T, D), the hidden states if asked for (transformers' convention: the
+        embeddings, each later block's input, then that output), and the cache, through gbattn's GPT:
+        ``attention_mask`` (B, past + T) is 1 for real tokens (left padding works); positions come from
+        ``position_ids``, else ``cumsum(attention_mask) - 1``, else past..past+T-1."""
+        if output_attentions if output_attentions is not None else getattr(self.config, "output_attentions", False):
+            # (GBA attends M times per layer with other queries and keys; no one (B, H, T, T) map is its attention)
+            raise ValueError(f"{type(self).__name__} returns no attention maps (output_attentions asked for, by "
+                             "argument or config); use its gbattn GPT, model.model(input_ids, "
+                             "return_intermediates=True), for the per-layer records of every attention round")
+        if output_hidden_states is None:
+            output_hidden_states = getattr(self.config, "output_hidden_states", False)
+        if cache is not None and not isinstance(cache, GbattnCache):
+            # Another kind of cache would not be written (every GBA round keeps its own keys and values).
+            raise TypeError(f"{type(self).__name__} keeps its keys and values in a GbattnCache, not a "
+                            f"{type(cache).__name__}: pass None (forward() makes one and returns it) or "
+                            f"gbattn.hf.GbattnCache(config.num_hidden_layers)")
+        if use_cache is None:
+            use_cache = cache is not None or (self.config.use_cache and not self.training)
+        if use_cache and cache is None:
+            cache = GbattnCache(len(self.model.blocks))
+        # A cache that is given is read and extended even with use_cache=False, as transformers' own
+        # models do (use_cache only decides whether a new one is made).
+        B, T = given.shape[:2]
+        past = cache.get_seq_length() if cache is not None else 0
+        key_padding_BS = None
+        if attention_mask is not None:
+            if attention_mask.shape != (B, past + T):
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, past + "
+                                 f"new tokens) = ({B}, {past + T})")
+            if not bool(attention_mask.all()):
+                key_padding_BS = attention_mask.bool()
+        if position_ids is None and key_padding_BS is not None:
+            position_ids = positions_of(attention_mask)[:, -T:]
+        input_pos = torch.arange(past, past + T, device=given.device) if cache is not None else None
+        layer_inputs = [] if output_hidden_states else None
+        h_BTD, _ = self.model.hidden(input_ids, input_pos=input_pos, position_ids=position_ids,
+                                     key_padding_mask=key_padding_BS, cache=cache, layer_inputs=layer_inputs,
+                                     token_embeds_BTD=inputs_embeds)
+        return h_BTD, (*layer_inputs, h_BTD) if output_hidden_states else None, cache
+
+    def _output(self, out, return_dict: bool | None):
+        """``out``, or its tuple where ``return_dict`` (else the config's) says so."""
+        return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
+        return out if return_dict else out.to_tuple()
+
+
+class GbattnModel(GbattnPreTrainedModel):
+    """gbattn's GPT as a transformers base model (``AutoModel``): ``last_hidden_state`` is the final norm's output
+    (what the LM head reads), for features, probes and heads of one's own. It holds the same ``model.*`` weights as
+    :class:`GbattnForCausalLM`, so an exported causal LM loads as either (the head's weight is the embedding's
+    where tied, and unused here). ``forward`` takes what the causal LM's does but labels and ``logits_to_keep``
+    (README, "Hugging Face transformers")."""
+
+    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None, cache: Cache | None = None, past_key_values: Cache | None = None,
+                inputs_embeds: Tensor | None = None, use_cache: bool | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, cache_position: Tensor | None = None, **kwargs):
+        given = self._inputs(input_ids, inputs_embeds, attention_mask)
+        h_BTD, hidden_states, cache = self._stream(
+            input_ids, inputs_embeds, given, attention_mask, position_ids,
+            cache if cache is not None else past_key_values, use_cache, output_attentions, output_hidden_states)
+        return self._output(BaseModelOutputWithPast(last_hidden_state=h_BTD, hidden_states=hidden_states,
+                                                    **{CACHE_FIELD: cache}), return_dict)
+
+
+class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
+    """gbattn's GPT behind the transformers causal-LM interface (README, "Hugging Face transformers").
+
+    ``forward(input_ids | inputs_embeds, attention_mask, position_ids, cache | past_key_values, labels, use_cache,
+    logits_to_keep, output_hidden_states)``: ``attention_mask`` (B, past + T) is 1 for real tokens (left padding
+    works); positions come from ``position_ids``, else ``cumsum(attention_mask) - 1``, else past..past+T-1.
+    ``labels`` are the input ids (-100 = ignored), shifted here: the loss is gbattn's
+    ``self.model(input_ids[:, :-1], input_ids[:, 1:])``; with ``num_items_in_batch`` (``Trainer``) it is the summed
+    cross-entropy divided by that count. ``hidden_states``: n_layers + 1 tensors, each block's input (the
+    embeddings first) and the final norm's output, which the head reads. ``gradient_checkpointing_enable()``
+    recomputes each block in the backward pass.
+    """
 
     def generate(self, *args, **kwargs):
         """transformers' ``generate()``; assisted decoding is refused up front (it crops the cache,
@@ -324,20 +429,6 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         pad = int(torch.as_tensor(pad))
         return pad not in ends and bool((ids == pad).any())
 
-    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
-                                    every_n_layers: int = 1) -> None:
-        """What ``gradient_checkpointing_enable()`` (``activation_checkpointing_enable()`` in 5.x) and ``_disable()``
-        call: gbattn's own per-block checkpointing (:meth:`GPT.set_activation_checkpointing`) with transformers'
-        function and its keywords (``use_reentrant``, ...), every ``every_n_layers``-th block (5.x's option)."""
-        self.model.set_activation_checkpointing(enable, every_n_layers, gradient_checkpointing_func)
-
-    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
-        """transformers' resize (tied head included), with gbattn's own config kept in step."""
-        embeddings = super().resize_token_embeddings(*args, **kwargs)
-        self.model.cfg = self.model.cfg.replace(vocab_size=embeddings.num_embeddings)
-        self.config.vocab_size = embeddings.num_embeddings
-        return embeddings
-
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         """generate() makes no DynamicCache: forward() makes a :class:`GbattnCache`."""
@@ -349,20 +440,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, cache_position: Tensor | None = None,
                 logits_to_keep: int | Tensor = 0, **kwargs):
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("GbattnForCausalLM takes input_ids or inputs_embeds, one of the two")
-        for name, value in (("input_ids", input_ids), ("inputs_embeds", inputs_embeds),
-                            ("attention_mask", attention_mask), ("labels", labels)):
-            check_tensor(name, value)  # (a list was "'list' object has no attribute 'dim'")
-        given, name = (input_ids, "input_ids") if input_ids is not None else (inputs_embeds, "inputs_embeds")
-        if given.dim() != (2 if input_ids is not None else 3):
-            raise ValueError(f"{name} of shape {tuple(given.shape)}: expected (batch, tokens"
-                             f"{', hidden_size' if input_ids is None else ''})")
-        if labels is not None and labels.shape != given.shape[:2]:
-            raise ValueError(f"labels of shape {tuple(labels.shape)} for {name} of shape {tuple(given.shape)}: "
-                             f"labels are the input ids (-100 = ignored), shifted inside")
-        if labels is not None:  # integers in the vocabulary, or -100, as the GPT's own targets
-            self.model.check_targets(labels)
+        given = self._inputs(input_ids, inputs_embeds, attention_mask, labels)
         if not isinstance(logits_to_keep, Tensor):  # a count, numpy's integers included (np.int64(3) kept every logit)
             logits_to_keep = checked("logits_to_keep", logits_to_keep, int, lambda n: n >= 0,
                                      "0 (every position), the number of last positions to keep, or a tensor of "
@@ -372,43 +450,9 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             # The loss needs every position's logits (cross_entropy said "Expected input batch_size (0) to match ...").
             raise ValueError(f"labels need the logits of every position; logits_to_keep={logits_to_keep!r} keeps "
                              f"only some: leave it at 0 when passing labels")
-        if output_attentions if output_attentions is not None else getattr(self.config, "output_attentions", False):
-            # (GBA attends M times per layer with other queries and keys; no one (B, H, T, T) map is its attention)
-            raise ValueError("GbattnForCausalLM returns no attention maps (output_attentions asked for, by argument or "
-                             "config); use its gbattn GPT, model.model(input_ids, return_intermediates=True), for "
-                             "the per-layer records of every attention round")
-        if output_hidden_states is None:
-            output_hidden_states = getattr(self.config, "output_hidden_states", False)
-        cache = cache if cache is not None else past_key_values
-        if cache is not None and not isinstance(cache, GbattnCache):
-            # Another kind of cache would not be written (every GBA round keeps its own keys and values).
-            raise TypeError(f"GbattnForCausalLM keeps its keys and values in a GbattnCache, not a "
-                            f"{type(cache).__name__}: pass None (forward() makes one and returns it) or "
-                            f"gbattn.hf.GbattnCache(config.num_hidden_layers)")
-        if use_cache is None:
-            use_cache = cache is not None or (self.config.use_cache and not self.training)
-        if use_cache and cache is None:
-            cache = GbattnCache(len(self.model.blocks))
-        # A cache that is given is read and extended even with use_cache=False, as transformers' own
-        # models do (use_cache only decides whether a new one is made).
-        B, T = given.shape[:2]
-        past = cache.get_seq_length() if cache is not None else 0
-        key_padding_BS = None
-        if attention_mask is not None:
-            if attention_mask.shape != (B, past + T):
-                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, past + "
-                                 f"new tokens) = ({B}, {past + T})")
-            if not bool(attention_mask.all()):
-                key_padding_BS = attention_mask.bool()
-        if position_ids is None and key_padding_BS is not None:
-            position_ids = positions_of(attention_mask)[:, -T:]
-        input_pos = torch.arange(past, past + T, device=given.device) if cache is not None else None
-        layer_inputs = [] if output_hidden_states else None
-        h_BTD, _ = self.model.hidden(input_ids, input_pos=input_pos, position_ids=position_ids,
-                                     key_padding_mask=key_padding_BS, cache=cache, layer_inputs=layer_inputs,
-                                     token_embeds_BTD=inputs_embeds)
-        # transformers' convention: the embeddings, each later block's input, then the final norm's output
-        hidden_states = (*layer_inputs, h_BTD) if output_hidden_states else None
+        h_BTD, hidden_states, cache = self._stream(
+            input_ids, inputs_embeds, given, attention_mask, position_ids,
+            cache if cache is not None else past_key_values, use_cache, output_attentions, output_hidden_states)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             h_BTD = h_BTD[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
@@ -418,9 +462,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = shifted_loss(logits_BTV, labels.to(logits_BTV.device), kwargs.get("num_items_in_batch"))
-        out = CausalLMOutputWithPast(loss=loss, logits=logits_BTV, hidden_states=hidden_states, **{CACHE_FIELD: cache})
-        return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
-        return out if return_dict else out.to_tuple()
+        return self._output(CausalLMOutputWithPast(loss=loss, logits=logits_BTV, hidden_states=hidden_states,
+                                                   **{CACHE_FIELD: cache}), return_dict)
 
 
 ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")  # generate()'s assisted decoding
