@@ -69,6 +69,12 @@ assert BLOCKS["llama"]["n_kv_heads"] < tiny_config(("standard", {}), **BLOCKS["l
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+def without_standard_names(config: dict) -> dict:
+    """An exported config.json without the standard names it mirrors its gbattn model dict in (an edit of the dict
+    then reaches the model, as a file exported before the mirrors does)."""
+    return {k: v for k, v in config.items() if k not in rundir.STANDARD_FIELDS}
+
+
 def tiny_pair(variant_case, layout: dict, seed: int = 0):
     """(gbattn GPT, the wrapper sharing its weights), float64, weights scaled so attention is far from uniform."""
     torch.manual_seed(seed)
@@ -104,7 +110,12 @@ def test_config_standard_names_map_both_ways(tmp_path):
     assert made.model_config.d_model == 64 and made.model_config.n_heads == 8 and not made.model_config.tie_embeddings
     cfg.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["model_type"] == "gbattn" and saved["gbattn"]["step"] == 7 and "hidden_size" not in saved
+    assert saved["model_type"] == "gbattn" and saved["gbattn"]["step"] == 7
+    # the standard names beside the dict, for tools that read config.json itself (no rope_theta without RoPE)
+    assert {k: saved[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                  "max_position_embeddings", "vocab_size")} == dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=24,
+        vocab_size=40) and "rope_theta" not in saved
     back = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(back, GbattnConfig) and back.gbattn == cfg.gbattn and back.vocab_size == 40
     assert AutoConfig.from_pretrained(tmp_path, num_attention_heads=8).model_config.n_heads == 8
@@ -128,7 +139,7 @@ def test_rope_theta_is_the_standard_name_of_rope_base(tmp_path):
     assert cfg.gbattn["model"]["rope_base"] == 1000.0
     cfg.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert "rope_theta" not in saved and AutoConfig.from_pretrained(tmp_path).model_config.rope_base == 1000.0
+    assert saved["rope_theta"] == 1000.0 and AutoConfig.from_pretrained(tmp_path).model_config.rope_base == 1000.0
     (tmp_path / "config.json").write_text(json.dumps({**saved, "rope_theta": 2.0}))
     with pytest.raises(ValueError, match=r"rope_theta=2.0 at its top level disagrees with rope_base=1000.0"):
         AutoConfig.from_pretrained(tmp_path)
@@ -349,6 +360,45 @@ def test_the_base_model_gives_what_the_causal_lm_reads_and_keeps_its_checks(layo
         base()
     with pytest.raises(ValueError, match=r"^GbattnModel returns no attention maps"):
         base(idx, output_attentions=True)
+
+
+def test_peft_lora_and_prompt_tuning_adapt_a_gbattn_model():
+    """PEFT as its users call it (tested: peft 0.21.2). LoRA on gbattn's projections trains the adapters alone,
+    starts as the model it adapts (its B is zero), and merges back into a GbattnForCausalLM with the adapted
+    logits. Prompt tuning (which reads hidden_size, num_hidden_layers and num_attention_heads from the config's
+    dict, and feeds inputs_embeds) gives the loss of its soft prompt's embeddings before the tokens', with labels
+    only on the tokens, and trains the prompt alone. Both generate."""
+    from peft import LoraConfig, PromptTuningConfig, get_peft_model
+
+    gpt, hf = tiny_pair(("boosted", {}), {})
+    idx = torch.randint(0, 37, (2, 9))
+    before = hf(idx).logits
+    lora = get_peft_model(hf, LoraConfig(r=4, target_modules=["qkv", "proj"], task_type="CAUSAL_LM"))
+    trainable = [(n, p) for n, p in lora.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n, _ in trainable)
+    torch.testing.assert_close(lora(input_ids=idx).logits, before, rtol=0, atol=0)
+    lora(input_ids=idx, labels=idx).loss.backward()
+    with torch.no_grad():
+        for _, p in trainable:
+            p -= 0.5 * p.grad
+    adapted = lora(input_ids=idx).logits
+    assert not torch.allclose(adapted, before)
+    assert lora.generate(input_ids=idx, max_new_tokens=2, do_sample=False).shape == (2, 11)
+    merged = lora.merge_and_unload()
+    assert type(merged) is GbattnForCausalLM
+    torch.testing.assert_close(merged(idx).logits, adapted, rtol=1e-10, atol=1e-10)
+
+    gpt, hf = tiny_pair(("boosted", {}), {}, seed=1)
+    tuned = get_peft_model(hf, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3))
+    out = tuned(input_ids=idx, labels=idx)
+    prompt = tuned.get_prompt(batch_size=2)
+    expected = hf(inputs_embeds=torch.cat([prompt, gpt.wte(idx)], 1),
+                  labels=torch.cat([torch.full((2, 3), -100), idx], 1)).loss
+    torch.testing.assert_close(out.loss, expected, rtol=1e-12, atol=1e-12)
+    out.loss.backward()
+    trainable = [p for p in tuned.parameters() if p.requires_grad]
+    assert len(trainable) == 1 and trainable[0].shape == (3, gpt.cfg.d_model) and bool(trainable[0].grad.abs().sum())
+    assert tuned.generate(input_ids=idx, max_new_tokens=2, do_sample=False).shape == (2, 11)
 
 
 def test_gradient_checkpointing_through_transformers_recomputes_gbattns_blocks():
@@ -1341,7 +1391,7 @@ def test_export_errors_are_one_line(trained, tmp_path, capsys):
     assert "has no model.safetensors" in capsys.readouterr().err
     wider = tmp_path / "wider"
     shutil.copytree(out, wider)
-    config = json.loads((wider / "config.json").read_text())
+    config = without_standard_names(json.loads((wider / "config.json").read_text()))
     config["gbattn"]["model"]["block_size"] += 1  # the position table gets one more row than its weights
     (wider / "config.json").write_text(json.dumps(config))
     assert cli_main(["eval", str(wider)]) == 2
@@ -2174,7 +2224,12 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     damaged = tmp_path / "damaged"
     shutil.copytree(out, damaged)
     config = json.loads((damaged / "config.json").read_text())
-    config["gbattn"]["model"]["n_layers"] += 1
+    config["gbattn"]["model"]["n_layers"] += 1  # (the standard name beside it still says the old number)
+    (damaged / "config.json").write_text(json.dumps(config))
+    assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
+    err = capsys.readouterr().err
+    assert "num_hidden_layers=2 at its top level disagrees with n_layers=3 in its gbattn model dict" in err, err
+    config = without_standard_names(config)  # (as the line says: the model is then the dict's)
     (damaged / "config.json").write_text(json.dumps(config))
     assert cli_main(["lm-eval", str(damaged), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
     err = capsys.readouterr().err

@@ -554,8 +554,10 @@ STANDARD_FIELDS = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "n
 
 
 def check_standard_names(config: dict, where: str | Path) -> None:
-    """An exported ``config.json``'s standard names at its top level (which save_pretrained does not write) agree
-    with its gbattn model dict: transformers builds the model from them, gbattn's readers from the dict."""
+    """An exported ``config.json``'s standard names at its top level (mirrors that save_pretrained writes beside
+    the gbattn model dict, for tools that read the file itself) agree with that dict: transformers would build the
+    model from the one, gbattn's readers from the other. A field missing from the dict, or not a number there, is
+    left to the dict's own check, which names it."""
     model = config["gbattn"].get("model")
     if not isinstance(model, dict):
         return
@@ -563,6 +565,8 @@ def check_standard_names(config: dict, where: str | Path) -> None:
         recorded = model.get(field)
         if field == "n_kv_heads":
             recorded = recorded or model.get("n_heads")  # None: as many as the query heads
+        if not isinstance(recorded, (int, float)):  # (bool is an int: tie_embeddings)
+            continue
         if name in config and config[name] != recorded:
             raise CheckpointError(f"{where}: {name}={config[name]!r} at its top level disagrees with {field}="
                                   f"{recorded!r} in its gbattn model dict: transformers builds the model from the "

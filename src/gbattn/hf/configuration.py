@@ -170,7 +170,21 @@ class GbattnConfig(PretrainedConfig):
             model = recorded_model_config(section["model"], "config.json (gbattn)").to_dict()
         except CheckpointError as e:  # a ValueError, as transformers' own config errors and the refusals above
             raise ConfigError(str(e)) from None
+        mirrors = set(STANDARD_FIELDS)  # (checked above; kept, they would set n_kv_heads where the dict has None)
+        config_dict = {k: v for k, v in config_dict.items() if k not in mirrors}
         return super().from_dict({**config_dict, "gbattn": {**section, "model": model}}, **kwargs)
+
+    def to_dict(self) -> dict:
+        """transformers' dict (what ``save_pretrained`` writes), with the standard names beside the gbattn model
+        dict they are read from, for the tools that read config.json itself (PEFT's prompt learning takes
+        ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads`` from it): mirrors, checked against that
+        dict and then left out when read back (:meth:`from_dict`), so the dict stays the one record."""
+        config = super().to_dict()
+        model = self.gbattn["model"]
+        for name, field in STANDARD_FIELDS.items():
+            if field != "rope_base" or model["pos"] == "rope":  # (a RoPE base only where RoPE is used)
+                config[name] = getattr(self, name)
+        return config
 
     @classmethod
     def from_model_config(cls, model_cfg: ModelConfig, run: dict | None = None, **kwargs) -> GbattnConfig:
