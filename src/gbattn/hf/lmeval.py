@@ -169,7 +169,8 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
 
 # What the harness reads of a forward (``.logits``) and of generate() (a tensor of ids), in the model's config and
 # its generation config; a save_pretrained after `config.return_dict = False` or `output_hidden_states = True` kept
-# other values, with which every request was a traceback (a tuple has no .logits; the wrapper returns no hidden states).
+# other values, with which every request was a traceback (a tuple has no .logits), or held every layer's states for
+# nothing.
 HARNESS_OUTPUTS = {"return_dict": True, "output_attentions": False, "output_hidden_states": False}
 HARNESS_GENERATE_OUTPUTS = {"return_dict_in_generate": False, "output_attentions": False, "output_hidden_states": False}
 
