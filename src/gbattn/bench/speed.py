@@ -529,39 +529,38 @@ def bench_markdown(report: dict) -> str:
         lines += ["", "Left out: " + "; ".join(f"{r['variant']} ({r['reason']})" for r in report["left_out"]) + "."]
     compiled = [r for r in report["variants"] if r.get("compiled_step_speedup")]
     if compiled:
-        lines += ["", "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)", "",
-                  "| variant | step eager (ms) | step compiled (ms) | step speedup | decode eager (tokens/s) | "
-                  "decode compiled (tokens/s) | decode speedup | compile time: train / decode (s) |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         eager = {r["variant"]: r for r in report["variants"] if not r["compiled"]}
-        for r in compiled:
-            e = eager[r["variant"].removesuffix(COMPILED)]
-            lines.append(f"| {e['variant']} | {1000 * e['step_s']:.1f} | {1000 * r['step_s']:.1f} | "
-                         f"{r['compiled_step_speedup']:.2f} | {e['decode_tokens_per_s']:,.0f} | "
-                         f"{r['decode_tokens_per_s']:,.0f} | {r['compiled_decode_speedup']:.2f} | "
-                         f"{_compile_times(r)} |")
-        lines += ["", "Speedups: the variant's eager time over its compiled time in the same repeats (step: median "
-                  "of the paired ratios). Compile time: the warm-up round's extra time over the measured steps."
-                  + _compile_cache_note(report)]
+        rows = [(eager[r["variant"].removesuffix(COMPILED)], r) for r in compiled]
+        lines += _paired_section(
+            "Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)",
+            ["step eager (ms)", "step compiled (ms)", "step speedup", "decode eager (tokens/s)",
+             "decode compiled (tokens/s)", "decode speedup", "compile time: train / decode (s)"],
+            [(e["variant"], [f"{1000 * e['step_s']:.1f}", f"{1000 * r['step_s']:.1f}",
+                             f"{r['compiled_step_speedup']:.2f}", f"{e['decode_tokens_per_s']:,.0f}",
+                             f"{r['decode_tokens_per_s']:,.0f}", f"{r['compiled_decode_speedup']:.2f}",
+                             _compile_times(r)]) for e, r in rows],
+            "Speedups: the variant's eager time over its compiled time in the same repeats (step: median of the "
+            "paired ratios). Compile time: the warm-up round's extra time over the measured steps."
+            + _compile_cache_note(report))
     if report["compile"] == "on":  # no eager rows to compare with, but the compile time is still the user's cost
         lines += ["", "Compile time (the warm-up round's extra time over the measured steps), train / decode: "
                   + ", ".join(f"{r['variant']} {_compile_times(r)} s"
                               for r in report["variants"]) + "." + _compile_cache_note(report)]
     recomputed = [r for r in report["variants"] if r.get("recomputed_step_ratio")]
     if recomputed:
-        lines += ["", "## Activation checkpointing vs kept activations (training step)", "",
-                  "| variant | step kept (ms) | step recomputed (ms) | step ratio | peak memory kept (MiB) | "
-                  "peak memory recomputed (MiB) | memory ratio |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         kept = {r["variant"]: r for r in report["variants"] if not r.get("activation_checkpointing")}
-        for r in recomputed:
-            k = kept[r["variant"].removesuffix(RECOMPUTED)]
-            memory_ratio = f"{r['recomputed_memory_ratio']:.2f}" if r.get("recomputed_memory_ratio") else "—"
-            lines.append(f"| {k['variant']} | {1000 * k['step_s']:.1f} | {1000 * r['step_s']:.1f} | "
-                         f"{r['recomputed_step_ratio']:.2f} | {_mib(k['peak_memory_bytes'])} | "
-                         f"{_mib(r['peak_memory_bytes'])} | {memory_ratio} |")
-        lines += ["", "Step ratio: median over repeats of the recomputing step's time over the same variant's keeping "
-                  "its activations, in the same repeat; memory ratio: its peak memory over that row's."]
+        rows = [(kept[r["variant"].removesuffix(RECOMPUTED)], r) for r in recomputed]
+        lines += _paired_section(
+            "Activation checkpointing vs kept activations (training step)",
+            ["step kept (ms)", "step recomputed (ms)", "step ratio", "peak memory kept (MiB)",
+             "peak memory recomputed (MiB)", "memory ratio"],
+            [(k["variant"], [f"{1000 * k['step_s']:.1f}", f"{1000 * r['step_s']:.1f}",
+                             f"{r['recomputed_step_ratio']:.2f}", _mib(k["peak_memory_bytes"]),
+                             _mib(r["peak_memory_bytes"]),
+                             f"{r['recomputed_memory_ratio']:.2f}" if r.get("recomputed_memory_ratio") else "—"])
+             for k, r in rows],
+            "Step ratio: median over repeats of the recomputing step's time over the same variant's keeping its "
+            "activations, in the same repeat; memory ratio: its peak memory over that row's.")
     if report["sweep"]:
         eager = "" if report["compile"] == "off" else ", eager"  # the sweep is never compiled
         lines += ["", f"## Sequence-length sweep (batch 1, one training step{eager})", "",
@@ -572,6 +571,13 @@ def bench_markdown(report: dict) -> str:
             lines.append(f"| {r['seq_len']:,} | {r['variant']} | {1000 * r['step_s']:.1f} | "
                          f"{_small_figure(r['peak_memory_bytes'] / mib)} | {matrix} |")
     return "\n".join(lines) + "\n"
+
+
+def _paired_section(title: str, columns: list[str], rows: list[tuple[str, list[str]]], note: str) -> list[str]:
+    """A section comparing each variant run one way with the same variant run the other way: a heading, a table of
+    ``rows`` (the variant, then its cells under ``columns``), then ``note``."""
+    return ["", f"## {title}", "", "| variant | " + " | ".join(columns) + " |", "| --- |" + " ---: |" * len(columns),
+            *(f"| {variant} | " + " | ".join(cells) + " |" for variant, cells in rows), "", note]
 
 
 def _inductor_caches() -> str:
