@@ -678,7 +678,8 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
     assert resumed_events == ref_events
 
 
-def test_activation_checkpointing_trains_the_same_run_bit_for_bit_and_may_be_switched_on_resume(tmp_path, monkeypatch):
+def test_activation_checkpointing_trains_the_same_run_bit_for_bit_and_may_be_switched_on_resume(tmp_path, monkeypatch,
+                                                                                                 capsys):
     """A run that recomputes its blocks in the backward pass (activation_checkpointing, dropout 0.1) ends with the
     weights, losses and training-loss records of one that keeps their activations, bit for bit, and so does a run
     killed without it and resumed with it (a result-neutral field, taken from the resuming call). The recomputing
@@ -696,8 +697,10 @@ def test_activation_checkpointing_trains_the_same_run_bit_for_bit_and_may_be_swi
     model_cfg, train_cfg = tiny_configs(data, epochs=3, log_every=3)
     ref = train(tmp_path / "ref", model_cfg, train_cfg, quiet=True)
     assert not recomputed_blocks
-    recomputing = train(tmp_path / "ac", model_cfg, train_cfg.replace(activation_checkpointing=True), quiet=True)
+    capsys.readouterr()
+    recomputing = train(tmp_path / "ac", model_cfg, train_cfg.replace(activation_checkpointing=True))
     assert len(recomputed_blocks) == ref["steps"] * model_cfg.n_layers
+    assert ", each block recomputed in the backward pass (activation_checkpointing)" in capsys.readouterr().out
     train_killed_at(7, tmp_path / "crashed", model_cfg, train_cfg, monkeypatch)
     recomputed_blocks.clear()
     resumed = train(tmp_path / "crashed", resume=True, quiet=True, overrides={"activation_checkpointing": True})

@@ -496,10 +496,12 @@ class Trainer:
         return lines
 
     def _threads_text(self) -> str:
-        compiled = ", compiled (tokens/s counts the time it takes)" if self.compiled else ""
+        ways = ", compiled (tokens/s counts the time it takes)" if self.compiled else ""
+        if self.train_cfg.activation_checkpointing:
+            ways += ", each block recomputed in the backward pass (activation_checkpointing)"
         if self.device.type != "cpu":
-            return compiled
-        return f" with {self.threads} thread{'s' if self.threads > 1 else ''}{compiled}"
+            return ways
+        return f" with {self.threads} thread{'s' if self.threads > 1 else ''}{ways}"
 
     def _init_from(self, start: rundir.LoadedRun) -> None:
         """Start from another run's weights (e.g. ``gbattn upcycle``); the optimizer starts fresh. ``extra`` records
