@@ -268,8 +268,12 @@ def test_the_plan_says_a_run_trains_compiled(tmp_path, capsys, monkeypatch):
     from gbattn.train.trainer import Trainer
 
     for compiled in (True, False):
-        on_gpu = SimpleNamespace(device=torch.device("cuda"), compiled=compiled, threads=4)
-        assert Trainer._threads_text(on_gpu) == (", compiled (tokens/s counts the time it takes)" if compiled else "")
+        for recomputed in (True, False):
+            on_gpu = SimpleNamespace(device=torch.device("cuda"), compiled=compiled, threads=4,
+                                     train_cfg=SimpleNamespace(activation_checkpointing=recomputed))
+            assert Trainer._threads_text(on_gpu) == (
+                (", compiled (tokens/s counts the time it takes)" if compiled else "")
+                + (", each block recomputed in the backward pass (activation_checkpointing)" if recomputed else ""))
 
 
 def test_cosine_decays_to_min_lr_and_constant_holds():
