@@ -1384,7 +1384,7 @@ CHECKPOINT_LAYOUTS = {"pre": {}, "post": dict(norm="post"), "attnres-full": dict
                       "attnres-block": dict(residual="attnres-block", attnres_block=3)}
 
 
-def loss_and_grads(model: GPT, idx_BT: torch.Tensor, **kw) -> tuple[torch.Tensor, dict]:
+def loss_and_grads(model: GPT, idx_BT: torch.Tensor, **kw) -> tuple[torch.Tensor, dict, list[list[int]]]:
     """A training step's loss and gradients, and each block's calls of its attention and its FFN (a recomputed
     block runs each twice)."""
     model.zero_grad(set_to_none=True)
@@ -1409,7 +1409,8 @@ def loss_and_grads(model: GPT, idx_BT: torch.Tensor, **kw) -> tuple[torch.Tensor
 def test_activation_checkpointing_recomputes_each_block_with_the_same_loss_and_gradients(variant_case, layout):
     """float64, dropout at every site: a model that recomputes its blocks in the backward pass gives the loss and
     every gradient of one that keeps their activations (the same dropout masks are drawn again), and each chosen
-    block's FFN really runs twice; a forward that writes analysis records is not recomputed (it would record twice)."""
+    block's attention and FFN really run twice; a forward that writes analysis records does not recompute the
+    attention that writes them (it would record twice)."""
     model = tiny_model(variant_case, dropout=0.1, **CHECKPOINT_LAYOUTS[layout]).train()
     idx_BT = torch.randint(0, 37, (2, 13))
     loss, grads, calls = loss_and_grads(model, idx_BT)

@@ -271,7 +271,7 @@ def test_the_plan_says_a_run_trains_compiled(tmp_path, capsys, monkeypatch):
         for recomputed in (True, False):
             on_gpu = SimpleNamespace(device=torch.device("cuda"), compiled=compiled, threads=4,
                                      train_cfg=SimpleNamespace(activation_checkpointing=recomputed))
-            assert Trainer._threads_text(on_gpu) == (
+            assert Trainer._execution_text(on_gpu) == (
                 (", compiled (tokens/s counts the time it takes)" if compiled else "")
                 + (", each block recomputed in the backward pass (activation_checkpointing)" if recomputed else ""))
 

@@ -242,7 +242,6 @@ class GbattnPreTrainedModel(PreTrainedModel):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.model.lm_head = value
 
-
     def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
                                     every_n_layers: int = 1) -> None:
         """What ``gradient_checkpointing_enable()`` (``activation_checkpointing_enable()`` in 5.x) and ``_disable()``
@@ -379,8 +378,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                              f"rolls back the cache, and GbattnCache cannot be cropped")
         # (max_length from a generation config given here only: the model's own has transformers' default)
         embeds = kwargs.get("inputs_embeds")  # (a prompt given as embeddings: its length counts)
-        self._check_length(inputs if inputs is not None or embeds is None else embeds[..., 0],
-                           kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
+        prompt = inputs.shape[-1] if inputs is not None else embeds.shape[-2] if embeds is not None else 0
+        self._check_length(prompt, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
                            kwargs.get("max_length", getattr(kwargs.get("generation_config"), "max_length", None)))
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
         if kind not in (None, "dynamic"):  # transformers ignored it, warning that the model takes no Cache instances
@@ -396,12 +395,11 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             kwargs[CACHE_FIELD] = GbattnCache(len(self.model.blocks))
         return super().generate(*args, **kwargs)
 
-    def _check_length(self, inputs, max_new_tokens, max_length) -> None:
-        """A generation asked to run past the model's positions is refused before it starts (it stopped at the
-        position past block_size with "position_ids reach N", the tokens so far lost). The last new token is never
-        fed back, so a sequence may end one token past the positions."""
+    def _check_length(self, prompt: int, max_new_tokens, max_length) -> None:
+        """A generation of a ``prompt``-token prompt asked to run past the model's positions is refused before it
+        starts (it stopped at the position past block_size with "position_ids reach N", the tokens so far lost). The
+        last new token is never fed back, so a sequence may end one token past the positions."""
         block = self.config.max_position_embeddings
-        prompt = inputs.shape[-1] if isinstance(inputs, Tensor) else 0
         if isinstance(max_new_tokens, int):
             asked, length = f"a prompt of {prompt} tokens and max_new_tokens={max_new_tokens}", prompt + max_new_tokens
         elif isinstance(max_length, int):

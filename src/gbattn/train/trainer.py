@@ -490,12 +490,13 @@ class Trainer:
         decay = f"cosine to {cfg.min_lr:g}" if cfg.schedule == "cosine" else "constant"
         lines.append(f"{steps}{epochs} of {cfg.batch_size} x {self.seq_len} tokens, lr {cfg.lr:g} (warmup "
                      f"{self.warmup:,}, then {decay}), evaluation {' and '.join(evals) or 'at the end'} "
-                     f"({n_evals:,} in all), {self.device.type}{self._threads_text()}")
+                     f"({n_evals:,} in all), {self.device.type}{self._execution_text()}")
         if self.steps_per_epoch and self.steps_per_epoch < FREQUENT_EVAL_STEPS and not cfg.eval_every:
             lines[-1] += "; --set eval_every=N evaluates less often"
         return lines
 
-    def _threads_text(self) -> str:
+    def _execution_text(self) -> str:
+        """How the run computes: its CPU threads, compiled or not, recomputing its blocks or not."""
         ways = ", compiled (tokens/s counts the time it takes)" if self.compiled else ""
         if self.train_cfg.activation_checkpointing:
             ways += ", each block recomputed in the backward pass (activation_checkpointing)"
