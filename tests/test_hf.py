@@ -631,6 +631,13 @@ def test_generate_past_the_models_positions_is_refused_before_it_starts():
         with pytest.raises(ValueError, match=match):
             hf.generate(idx, generation_config=transformers.GenerationConfig(do_sample=False, **asking))
     assert torch.equal(hf.generate(idx, max_new_tokens=19, do_sample=False), gpt.generate(idx, 19, temperature=0))
+    # no prompt: generate() starts from the BOS token, one token (counted as none, 25 new tokens passed the check and
+    # stopped at position 24)
+    hf.generation_config.bos_token_id = 0
+    with pytest.raises(ValueError, match=r"^a prompt of 1 token and max_new_tokens=25 .* ask for at most 24 new"):
+        hf.generate(max_new_tokens=25, do_sample=False)
+    assert torch.equal(hf.generate(max_new_tokens=24, do_sample=False),
+                       gpt.generate(torch.zeros(1, 1, dtype=torch.long), 24, temperature=0))
 
 
 def test_forward_honours_every_argument_it_takes():

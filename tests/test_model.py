@@ -1415,8 +1415,8 @@ def test_activation_checkpointing_recomputes_each_block_with_the_same_loss_and_g
     idx_BT = torch.randint(0, 37, (2, 13))
     loss, grads, calls = loss_and_grads(model, idx_BT)
     assert calls == [[1, 1], [1, 1]]
-    for every, recomputed in ((2, [[2, 2], [1, 1]]), (1, [[2, 2], [2, 2]])):
-        model.set_activation_checkpointing(True, every_n_layers=every)
+    for every, recomputed in ((2, [[2, 2], [1, 1]]), (None, [[2, 2], [2, 2]])):  # (None: the defaults, every block)
+        model.set_activation_checkpointing(**({} if every is None else {"enable": True, "every_n_layers": every}))
         again, again_grads, calls = loss_and_grads(model, idx_BT)
         assert calls == recomputed
         torch.testing.assert_close(again, loss, rtol=0, atol=1e-12)

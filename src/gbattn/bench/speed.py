@@ -128,7 +128,7 @@ def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: t
     return float(proc.stdout.strip().splitlines()[-1])
 
 
-def _run_steps(cfg, batch, seq_len, device, amp, steps, recomputed=False):
+def _run_steps(cfg, batch, seq_len, device, amp, steps, recomputed):
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
     model.set_activation_checkpointing(recomputed)

@@ -377,8 +377,9 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
                              f"rolls back the cache, and GbattnCache cannot be cropped")
         # (max_length from a generation config given here only: the model's own has transformers' default)
-        embeds = kwargs.get("inputs_embeds")  # (a prompt given as embeddings: its length counts)
-        prompt = inputs.shape[-1] if inputs is not None else embeds.shape[-2] if embeds is not None else 0
+        embeds = kwargs.get("inputs_embeds")  # (a prompt given as embeddings: its length counts; none given:
+        # transformers starts every row from the BOS token, a one-token prompt)
+        prompt = inputs.shape[-1] if inputs is not None else embeds.shape[-2] if embeds is not None else 1
         self._check_length(prompt, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
                            kwargs.get("max_length", getattr(kwargs.get("generation_config"), "max_length", None)))
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
@@ -401,7 +402,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         last new token is never fed back, so a sequence may end one token past the positions."""
         block = self.config.max_position_embeddings
         if isinstance(max_new_tokens, int):
-            asked, length = f"a prompt of {prompt} tokens and max_new_tokens={max_new_tokens}", prompt + max_new_tokens
+            tokens = f"{prompt} token{'s' if prompt != 1 else ''}"
+            asked, length = f"a prompt of {tokens} and max_new_tokens={max_new_tokens}", prompt + max_new_tokens
         elif isinstance(max_length, int):
             asked, length = f"max_length={max_length}", max_length
         else:
