@@ -1429,3 +1429,29 @@ def test_activation_checkpointing_recomputes_each_block_with_the_same_loss_and_g
     assert loss_and_grads(model, idx_BT)[2] == [[1, 1], [1, 1]]
     with pytest.raises(ValueError, match=r"every_n_layers=0 must be an integer >= 1"):
         model.set_activation_checkpointing(True, every_n_layers=0)
+
+
+def test_hidden_takes_token_embeddings_in_place_of_ids_and_checks_them():
+    """GPT.hidden(None, token_embeds_BTD=wte(idx)) is hidden(idx) (learned positions and RoPE alike), and what it is
+    given wrongly is one ValueError each: ids and embeddings both or neither, a list, the wrong shape or width, no
+    rows or no tokens, another dtype than the model's."""
+    for pos in ("learned", "rope"):
+        model = tiny_model(("boosted", {}), pos=pos).eval()
+        idx_BT = torch.randint(0, 37, (2, 7))
+        expected, _ = model.hidden(idx_BT)
+        got, _ = model.hidden(None, token_embeds_BTD=model.wte(idx_BT))
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    embeds = model.wte(idx_BT).detach()
+    for args, kwargs, match in (
+            ((idx_BT,), {"token_embeds_BTD": embeds}, r"give token ids or token embeddings .* one of the two"),
+            ((None,), {}, r"give token ids or token embeddings .* one of the two"),
+            ((None,), {"token_embeds_BTD": embeds.tolist()}, r"token embeddings of type list: give a torch tensor"),
+            ((None,), {"token_embeds_BTD": embeds[0]}, r"token embeddings of shape \(7, 16\): expected \(batch, "
+                                                       r"tokens, 16\)"),
+            ((None,), {"token_embeds_BTD": embeds[..., :8]}, r"of shape \(2, 7, 8\): expected \(batch, tokens, 16\)"),
+            ((None,), {"token_embeds_BTD": embeds[:0]}, r"of shape \(0, 7, 16\): expected .* at least one row"),
+            ((None,), {"token_embeds_BTD": embeds[:, :0]}, r"of shape \(2, 0, 16\): expected .* at least one token"),
+            ((None,), {"token_embeds_BTD": embeds.float()}, r"token embeddings of dtype torch.float32 for a model in "
+                                                            r"torch.float64: give them in torch.float64")):
+        with pytest.raises(ValueError, match=match):
+            model.hidden(*args, **kwargs)
