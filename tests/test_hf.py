@@ -149,7 +149,7 @@ def test_readme_names_every_refusal_of_the_wrapper():
     """The README's list of what the wrapper does not do names each of its one-line refusals (labels with
     logits_to_keep, a 4.x chunked prefill of a padded batch and gbattn's field names in GbattnConfig were not)."""
     prose = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    listed = prose[prose.index("What the wrapper does not do"):].split(". `AutoModel` loads the same weights")[0]
+    listed = prose[prose.index("What the wrapper does not do"):].split("**The exported tokenizer.**")[0]
     for refused in ("output_attentions",
                     "`GbattnCache`", "assisted decoding", "`labels` with `logits_to_keep`", "`prefill_chunk_size`",
                     "`GbattnConfig` keywords or attributes", "`cache_implementation`"):
