@@ -169,8 +169,8 @@ def test_a_memory_ratio_to_a_standard_without_a_memory_figure_is_none():
     from gbattn.bench.speed import add_ratios_to_standard
 
     def row(memory):
-        return {"compiled": False, "step_s_all": [1.0], "train_flops_per_token": 1.0, "peak_memory_bytes": memory,
-                "decode_tokens_per_s": 1.0}
+        return {"compiled": False, "activation_checkpointing": False, "step_s_all": [1.0], "train_flops_per_token": 1.0,
+                "peak_memory_bytes": memory, "decode_tokens_per_s": 1.0}
 
     rows = [row(0.0), row(2e6)]
     add_ratios_to_standard(rows)

@@ -373,7 +373,7 @@ def add_ratios_to_standard(rows: list[dict]) -> None:
     row's to compiled standard (so a compiled variant's ratios are not its compile speedup too), and one with
     activation checkpointing to standard with it."""
     def way(row: dict) -> tuple:
-        return row["compiled"], row.get("activation_checkpointing", False)  # (not in a report from before it)
+        return row["compiled"], row["activation_checkpointing"]
 
     for r in rows:
         base = next(b for b in rows if way(b) == way(r))  # standard comes first in each
