@@ -118,6 +118,12 @@ def test_config_standard_names_map_both_ways(tmp_path):
         vocab_size=40) and "rope_theta" not in saved
     back = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(back, GbattnConfig) and back.gbattn == cfg.gbattn and back.vocab_size == 40
+    # n_kv_heads left None (one K/V head per query head) stays None through config.json, whose mirror
+    # num_key_value_heads says 4: the mirrors are read as a check, never as fields
+    unset = GbattnConfig.from_model_config(tiny_config(("boosted", {})))
+    unset.save_pretrained(tmp_path / "unset")
+    assert json.loads((tmp_path / "unset" / "config.json").read_text())["num_key_value_heads"] == 4
+    assert AutoConfig.from_pretrained(tmp_path / "unset").gbattn == unset.gbattn
     assert AutoConfig.from_pretrained(tmp_path, num_attention_heads=8).model_config.n_heads == 8
     with pytest.raises(ValueError, match=r"GbattnConfig\(dropout=0.5\): gbattn's model fields"):  # was dropped unused
         AutoConfig.from_pretrained(tmp_path, dropout=0.5)

@@ -250,10 +250,10 @@ class GbattnPreTrainedModel(PreTrainedModel):
         self.model.set_activation_checkpointing(enable, every_n_layers, gradient_checkpointing_func)
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
-        """transformers' resize (tied head included), with gbattn's own config kept in step."""
+        """transformers' resize (tied head included; it sets ``config.vocab_size`` itself), with the GPT's own
+        config kept in step."""
         embeddings = super().resize_token_embeddings(*args, **kwargs)
         self.model.cfg = self.model.cfg.replace(vocab_size=embeddings.num_embeddings)
-        self.config.vocab_size = embeddings.num_embeddings
         return embeddings
 
     def _inputs(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, attention_mask: Tensor | None,
