@@ -132,7 +132,7 @@ def _run_steps(cfg, batch, seq_len, device, amp, steps, recomputed):
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
     model.set_activation_checkpointing(recomputed)
-    case = Case("probe", cfg, model, bench_optimizer(model, device))
+    case = Case("probe", cfg, model, bench_optimizer(model, device), recomputed=recomputed)
     x = torch.randint(0, cfg.vocab_size, (batch, seq_len), device=device)
     autocast = bf16_autocast(device, "auto" if amp else "off")
     for _ in range(steps):
