@@ -772,6 +772,10 @@ def test_stop_strings_wait_for_every_row_and_cut_each_before_its_first_stop_stri
     assert stop.cut("no stop here", "here") == "no stop here"
     # of two stop strings, the text ends at the first, whichever of them it is
     assert stop.cut("p: ab\n\ncdji", "ab\n\ncdji") == stop.cut("p: abjicd\n\n", "abjicd\n\n") == "p: ab"
+    # stop strings of unlike lengths: the window fits the longest, so a long one is seen at its last token
+    uneven = decoding.StopStrings(lambda ids: "".join(letters[i] for i in ids), ["j", "cdef"])
+    assert uneven.window == 5
+    assert [uneven(torch.tensor([[0, 1, 2, 3, 4, 5]])[:, :n]) for n in range(1, 7)] == [False] * 5 + [True]
     for bad in ([], [""], [1]):
         with pytest.raises(ValueError, match="give one or more non-empty strings"):
             decoding.StopStrings(str, bad)
