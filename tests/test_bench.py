@@ -71,14 +71,15 @@ def test_cpu_memory_probe_counts_weights_gradients_and_adam_state():
     cfg = preset_config("cpu-char", "boosted", {"d_model": 256})
     # A large parent must not leak into the child's figure (Linux's ru_maxrss survives fork/exec).
     parent_ballast = torch.ones(256 * 2**20, dtype=torch.uint8)  # 256 MiB resident here
-    peak = peak_memory_train_step(cfg, batch=2, seq_len=16, device=torch.device("cpu"), amp=False)
+    peak = peak_memory_train_step(cfg, batch=2, seq_len=16, device=torch.device("cpu"), amp=False, recomputed=False)
     del parent_ballast
     n = count_params(cfg)
     assert 4 * 4 * n <= peak < 4 * 4 * n + 16 * 2**20  # fp32 weights + gradients + two AdamW moments, + a little
     # Loading and initialising the libraries a step uses (about 90 MiB) is not the step's memory: a
     # model of a few thousand parameters at one token peaks at well under a MiB.
     tiny = preset_config("cpu-char", "standard", {"d_model": 16, "n_layers": 1, "n_heads": 1})
-    assert peak_memory_train_step(tiny, batch=1, seq_len=1, device=torch.device("cpu"), amp=False) < 4 * 2**20
+    assert peak_memory_train_step(tiny, batch=1, seq_len=1, device=torch.device("cpu"), amp=False,
+                                  recomputed=False) < 4 * 2**20
 
 
 def test_bench_command_report(tmp_path, capsys, monkeypatch):
@@ -978,11 +979,11 @@ def test_a_failed_cpu_memory_probe_is_one_line(monkeypatch):
     cfg = preset_config("cpu-char", "boosted", {})
     with pytest.raises(UserError, match=r"^the CPU memory probe \(a fresh process training boosted at batch 2 x 16\) "
                                         r"failed: MemoryError: no room$"):
-        speed.peak_memory_train_step(cfg, 2, 16, torch.device("cpu"), False)
+        speed.peak_memory_train_step(cfg, 2, 16, torch.device("cpu"), False, False)
     monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: types.SimpleNamespace(
         returncode=-9, stdout="", stderr=""))
     with pytest.raises(UserError, match="failed: exit status -9$"):
-        speed.peak_memory_train_step(cfg, 2, 16, torch.device("cpu"), False)
+        speed.peak_memory_train_step(cfg, 2, 16, torch.device("cpu"), False, False)
 
 
 def test_the_cpu_memory_probes_figure_is_the_last_line_it_prints(monkeypatch):
@@ -997,7 +998,7 @@ def test_the_cpu_memory_probes_figure_is_the_last_line_it_prints(monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: types.SimpleNamespace(
         returncode=0, stdout="a notice printed on import\n1234567\n", stderr=""))
     cfg = preset_config("cpu-char", "standard", {})
-    assert speed.peak_memory_train_step(cfg, 2, 16, torch.device("cpu"), False) == 1234567.0
+    assert speed.peak_memory_train_step(cfg, 2, 16, torch.device("cpu"), False, False) == 1234567.0
 
 
 def test_a_variant_that_fails_to_compile_is_left_out_and_the_others_reported(monkeypatch, capsys, tmp_path):

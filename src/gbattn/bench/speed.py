@@ -103,7 +103,7 @@ def prefill_and_decode(model: GPT, prompt, n_decode: int, device, autocast, step
 
 
 def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, amp: bool,
-                           recomputed: bool = False) -> float:
+                           recomputed: bool) -> float:
     """Peak memory (bytes) of a steady-state training step: parameters, gradients, AdamW state
     and activations (``recomputed``: with activation checkpointing). CUDA: ``max_memory_allocated``. CPU: the
     peak resident-set growth of a fresh subprocess (the CPU allocator keeps no statistics), after a one-token
@@ -472,7 +472,7 @@ def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
                 times.append(time.perf_counter() - t0)
             del case, model
             rows.append({"seq_len": T, "variant": spec, "step_s": statistics.median(times),
-                         "peak_memory_bytes": peak_memory_train_step(cfg, 1, T, dev, amp),
+                         "peak_memory_bytes": peak_memory_train_step(cfg, 1, T, dev, amp, recomputed=False),
                          "attention_matrix_bytes_per_head": 4 * T * T})
             bar.update(1)
     bar.close()
