@@ -2034,3 +2034,21 @@ def test_the_delta_columns_name_their_reference_when_it_is_another_standard():
     assert "| gba-scratch | boosted | 128 | 800,000 | 9.25 ± 0.35 | -10.0% |" in md  # over seed 42: 9 / 10
     plain = results_markdown(report_of([model_row("standard", {"42": 10.0}), model_row("gba-m2", {"42": 9.0})]))
     assert "| test ppl | Δ vs standard | valid ppl |" in plain
+
+
+def test_gap_groups_comparisons_whose_settings_were_given_in_another_order(tmp_path):
+    """same_comparison: two directories of one recipe, data, model steps and settings are one line whatever order
+    their settings were given in (--set a=1 --set b=2 or the reverse); another recipe, or another step count, is a
+    line of its own."""
+    from gbattn.analysis.cli import same_comparison
+
+    def report(recipe, sets, steps):
+        return {"recipe": recipe, "data": "tiny-shakespeare", "sets": sets,
+                "models": [{"label": "gba-m2", "steps": steps}]}
+
+    reports = {"one": report("cpu-char", {"lr": 1e-3, "threads": 1}, 2000),
+               "two": report("cpu-char", {"threads": 1, "lr": 1e-3}, 2000),
+               "other": report("cpu-proxy", {"lr": 1e-3, "threads": 1}, 2000),
+               "longer": report("cpu-char", {"lr": 1e-3, "threads": 1}, 8000)}
+    groups = same_comparison([tmp_path / name for name in reports], "gba-m2", read=lambda d: reports[d.name])
+    assert [[d.name for d in group] for group in groups] == [["one", "two"], ["other"], ["longer"]]
