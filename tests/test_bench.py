@@ -733,7 +733,8 @@ def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch
     cfg = preset_config("cpu-char", "standard", {"d_model": 48})
     threads = torch.get_num_threads()
     try:
-        speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(), "batch": 3, "seq_len": 5, "threads": threads + 1}))
+        speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(),
+                                             "batch": 3, "seq_len": 5, "threads": threads + 1, "recomputed": False}))
     finally:
         torch.set_num_threads(threads)
     # at the timed steps' thread count: a one-token warm-up step, the high-water mark reset, the two measured steps
@@ -749,7 +750,8 @@ def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch
     monkeypatch.setattr(speed, "open", no_clear_refs, raising=False)
     status["text"] = "VmRSS:\t 1500 kB\nVmHWM:\t 1500 kB\n"
     try:
-        speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(), "batch": 3, "seq_len": 5, "threads": threads}))
+        speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(),
+                                             "batch": 3, "seq_len": 5, "threads": threads, "recomputed": False}))
     finally:
         torch.set_num_threads(threads)
     assert capsys.readouterr().out == f"{(9000 - 1800) * 1024}\n" and len(runs) == 4
@@ -779,7 +781,8 @@ def test_cpu_memory_probe_reports_no_growth_as_0_never_below(monkeypatch, capsys
     threads = torch.get_num_threads()
     cfg = preset_config("cpu-char", "standard", {})
     try:
-        speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(), "batch": 1, "seq_len": 4, "threads": threads}))
+        speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(),
+                                             "batch": 1, "seq_len": 4, "threads": threads, "recomputed": False}))
     finally:
         torch.set_num_threads(threads)
     assert capsys.readouterr().out == "0\n"

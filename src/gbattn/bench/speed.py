@@ -158,7 +158,7 @@ def _memory_probe_main(payload: str) -> None:
     d = json.loads(payload)
     cfg = ModelConfig.from_dict(d["cfg"])
     torch.set_num_threads(d["threads"])  # the timed steps' threads (each keeps its own scratch memory)
-    recomputed = d.get("recomputed", False)
+    recomputed = d["recomputed"]
     _run_steps(cfg, 1, 1, torch.device("cpu"), False, steps=1, recomputed=recomputed)
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -320,8 +320,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         own = kept.get(r["variant"].removesuffix(RECOMPUTED)) if r["activation_checkpointing"] else None
         if own is not None:  # against the same variant keeping its activations, in the same repeats
             r["recomputed_step_ratio"] = statistics.median(t / t0 for t, t0 in zip(r["step_s_all"], own["step_s_all"]))
-            r["recomputed_memory_ratio"] = (r["peak_memory_bytes"] / own["peak_memory_bytes"]
-                                            if r["peak_memory_bytes"] and own["peak_memory_bytes"] else None)
+            r["recomputed_memory_ratio"] = memory_ratio(r, own)
     for case in cases:
         case.model = case.step_model = case.optimizer = case.decode_step = None
 
@@ -384,9 +383,15 @@ def add_ratios_to_standard(rows: list[dict]) -> None:
         r["step_ratio_range"] = [paired[0], paired[-1]]
         r["flop_ratio"] = r["train_flops_per_token"] / base["train_flops_per_token"]
         r["step_over_flop_ratio"] = r["step_ratio"] / r["flop_ratio"]
-        memory = r["peak_memory_bytes"]
-        r["memory_ratio"] = memory / base["peak_memory_bytes"] if memory and base["peak_memory_bytes"] else None
+        r["memory_ratio"] = memory_ratio(r, base)
         r["decode_ratio"] = base["decode_tokens_per_s"] / r["decode_tokens_per_s"] if r["decode_tokens_per_s"] else None
+
+
+def memory_ratio(row: dict, base: dict) -> float | None:
+    """``row``'s peak memory over ``base``'s; None where either has no figure (a compiled row's, or a CPU probe that
+    measured no growth)."""
+    memory, base_memory = row["peak_memory_bytes"], base["peak_memory_bytes"]
+    return memory / base_memory if memory and base_memory else None
 
 
 def _prefill_and_decode_lengths(block_source: str, block_size: int, prefill: int | None,
