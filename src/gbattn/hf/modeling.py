@@ -256,8 +256,8 @@ class GbattnPreTrainedModel(PreTrainedModel):
         self.model.cfg = self.model.cfg.replace(vocab_size=embeddings.num_embeddings)
         return embeddings
 
-    def _inputs(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, attention_mask: Tensor | None,
-                labels: Tensor | None = None) -> Tensor:
+    def _check_inputs(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, attention_mask: Tensor | None,
+                      labels: Tensor | None = None) -> None:
         """The tokens given, ids (B, T) or embeddings (B, T, D), checked with the mask and labels beside them."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"{type(self).__name__} takes input_ids or inputs_embeds, one of the two")
@@ -273,9 +273,8 @@ class GbattnPreTrainedModel(PreTrainedModel):
                              f"labels are the input ids (-100 = ignored), shifted inside")
         if labels is not None:  # integers in the vocabulary, or -100, as the GPT's own targets
             self.model.check_targets(labels)
-        return given
 
-    def _stream(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, given: Tensor,
+    def _stream(self, input_ids: Tensor | None, inputs_embeds: Tensor | None,
                 attention_mask: Tensor | None, position_ids: Tensor | None, cache: Cache | None,
                 use_cache: bool | None, output_attentions: bool | None,
                 output_hidden_states: bool | None) -> tuple[Tensor, tuple | None, GbattnCache | None]:
@@ -301,6 +300,7 @@ class GbattnPreTrainedModel(PreTrainedModel):
             cache = GbattnCache(len(self.model.blocks))
         # A cache that is given is read and extended even with use_cache=False, as transformers' own
         # models do (use_cache only decides whether a new one is made).
+        given = input_ids if input_ids is not None else inputs_embeds  # (checked: one of the two)
         B, T = given.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
         key_padding_BS = None
@@ -337,9 +337,9 @@ class GbattnModel(GbattnPreTrainedModel):
                 inputs_embeds: Tensor | None = None, use_cache: bool | None = None,
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, cache_position: Tensor | None = None, **kwargs):
-        given = self._inputs(input_ids, inputs_embeds, attention_mask)
+        self._check_inputs(input_ids, inputs_embeds, attention_mask)
         h_BTD, hidden_states, cache = self._stream(
-            input_ids, inputs_embeds, given, attention_mask, position_ids,
+            input_ids, inputs_embeds, attention_mask, position_ids,
             cache if cache is not None else past_key_values, use_cache, output_attentions, output_hidden_states)
         return self._output(BaseModelOutputWithPast(last_hidden_state=h_BTD, hidden_states=hidden_states,
                                                     **{CACHE_FIELD: cache}), return_dict)
@@ -440,7 +440,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, cache_position: Tensor | None = None,
                 logits_to_keep: int | Tensor = 0, **kwargs):
-        given = self._inputs(input_ids, inputs_embeds, attention_mask, labels)
+        self._check_inputs(input_ids, inputs_embeds, attention_mask, labels)
         if not isinstance(logits_to_keep, Tensor):  # a count, numpy's integers included (np.int64(3) kept every logit)
             logits_to_keep = checked("logits_to_keep", logits_to_keep, int, lambda n: n >= 0,
                                      "0 (every position), the number of last positions to keep, or a tensor of "
@@ -451,7 +451,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             raise ValueError(f"labels need the logits of every position; logits_to_keep={logits_to_keep!r} keeps "
                              f"only some: leave it at 0 when passing labels")
         h_BTD, hidden_states, cache = self._stream(
-            input_ids, inputs_embeds, given, attention_mask, position_ids,
+            input_ids, inputs_embeds, attention_mask, position_ids,
             cache if cache is not None else past_key_values, use_cache, output_attentions, output_hidden_states)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             h_BTD = h_BTD[:, -logits_to_keep:]
