@@ -742,6 +742,31 @@ def test_attn_implementation_sdpa_and_eager_load_the_same_model(tmp_path):
         torch.testing.assert_close(loaded(idx).logits, gpt(idx), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("layout", ["gpt2-attnres", "llama-pre"])
+def test_device_map_and_dtype_loading_keep_the_weights(layout, tmp_path):
+    """The loading options users pass: device_map ("cpu", "auto", accelerate's dispatch through the meta device)
+    loads gbattn's weights and nothing stays on the meta device; dtype=bfloat16 loads every weight in bfloat16
+    and its logits follow gbattn's; both generate."""
+    gpt, hf = tiny_pair(("boosted", {"rounds": 3}), LAYOUTS[layout])
+    gpt.float()
+    hf.save_pretrained(tmp_path)
+    idx = torch.randint(1, 37, (2, 7))
+    expected = gpt(idx)
+    for options in ({"device_map": "cpu"}, {"device_map": "auto"}, {"dtype": torch.bfloat16}):
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path, **options).eval()
+        tensors = dict(loaded.named_parameters(), **dict(loaded.named_buffers()))
+        assert not [name for name, t in tensors.items() if t.is_meta], options
+        dtype = options.get("dtype", torch.float32)
+        assert {t.dtype for t in loaded.parameters()} == {dtype}, options
+        for name, weight in gpt.state_dict().items():
+            assert torch.equal(loaded.model.state_dict()[name], weight.to(dtype)), (options, name)
+        logits = loaded(idx).logits.float()
+        scale = expected.abs().max()
+        assert (logits - expected).abs().max() <= (1e-6 if dtype == torch.float32 else 0.05) * scale, options
+        assert loaded.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=3,
+                               do_sample=False).shape == (2, 10)
+
+
 @pytest.mark.parametrize(
     "case,names,value_only",
     [
