@@ -1,8 +1,10 @@
 """Named comparison recipes: which models, at which preset, on which data, with which seeds.
 
-Every recipe follows the comparison rules of docs/baselines.md: the same data, tokenizer, steps,
+The recipes follow the comparison rules of docs/baselines.md: the same data, tokenizer, steps,
 batch, schedule and seeds for every model; a parameter-matched standard baseline for the mechanism
 that adds parameters; and a compute-matched standard row (trained for as many FLOPs as GBA used).
+Where a recipe carries fewer baselines (``cpu-baselines``, ``depth``, the design studies beyond GBA M=2,
+``upcycle``), docs/baselines.md says so, and ``compare --matched LABEL`` adds them.
 The CPU recipes name their data as a Hugging Face name (``wikitext-2-v1``) or the corpus shipped
 with gbattn (``tiny-shakespeare``); ``--data DIR`` points them at a local copy (README, "Data").
 """
