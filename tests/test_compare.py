@@ -1439,6 +1439,11 @@ def test_a_run_is_refused_when_its_fitted_warmup_is_not_the_one_asked_for(tmp_pa
     with pytest.raises(UserError, match=r"recorded 18, asked 200 \(fit_warmup=False\)"):  # not that rule's doing
         rundir.write_config(tmp_path, "cpu-char", model_cfg, fitted, steps=180, warmup_steps=18)
         check_run(tmp_path, model_cfg, kept)
+    # a warmup of exactly half the run: the earlier rule kept it (it shortened those over half), so not its doing
+    with pytest.raises(UserError, match=r"recorded 18, asked 90 \(fit_warmup=True\)"):
+        rundir.write_config(tmp_path, "cpu-char", model_cfg, fitted.replace(warmup_steps=90), steps=180,
+                            warmup_steps=18)
+        check_run(tmp_path, model_cfg, fitted.replace(warmup_steps=90))
 
 
 def test_check_run_refuses_a_run_recorded_on_other_data(tmp_path):
