@@ -474,8 +474,8 @@ def test_bench_takes_medians_of_uneven_timings_and_labels_its_counts(monkeypatch
         clock[0] += prefill + decode
         return prefill, decode
 
-    def fake_probe(cfg, batch, seq_len, dev, amp, recomputed=False):
-        probed.append((cfg.attn, cfg.block_size, batch, seq_len))
+    def fake_probe(cfg, batch, seq_len, dev, amp, recomputed):
+        probed.append((cfg.attn, cfg.block_size, batch, seq_len, recomputed))
         return 1e6
 
     monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
@@ -506,9 +506,10 @@ def test_bench_takes_medians_of_uneven_timings_and_labels_its_counts(monkeypatch
     for row in report["variants"]:
         cfg = speed._variant_config("cpu-char", row["variant"].removesuffix(speed.COMPILED), {"n_layers": 1})
         assert row["train_flops_per_token"] == flops_per_token(cfg, seq_len=16, backward=True)
-    # memory probes: the eager rows at (batch 8, 16 tokens), then the sweep at (1, 128) with a block of 128
-    assert probed == [("standard", 64, 8, 16), ("boosted", 64, 8, 16), ("standard", 128, 1, 128),
-                      ("boosted", 128, 1, 128)]
+    # memory probes: the eager rows at (batch 8, 16 tokens), then the sweep at (1, 128) with a block of 128, each
+    # keeping its activations (activation checkpointing is off here; the sweep never recomputes)
+    assert probed == [("standard", 64, 8, 16, False), ("boosted", 64, 8, 16, False), ("standard", 128, 1, 128, False),
+                      ("boosted", 128, 1, 128, False)]
     assert [(r["variant"], r["step_s"]) for r in report["sweep"]] == [("standard", 2.5), ("boosted", 2.5)]
 
 
