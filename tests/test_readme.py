@@ -133,6 +133,21 @@ def test_readme_names_every_option_train_resume_refuses():
     assert [name for name in RUN_OPTIONS if f"`--{name}`" not in sentence] == []
 
 
+def test_readme_states_the_generate_defaults():
+    """README, "Using gbattn from Python": the defaults it gives for run.generate are gbattn generate's (one table
+    of them, arguments.GENERATE_DEFAULTS), and the generate command it shows spells them out."""
+    from gbattn.arguments import GENERATE_DEFAULTS
+
+    text = README.read_text(encoding="utf-8")
+    stated = re.search(r"gbattn generate's defaults: (\d+), ([\d.]+), top-k (\d+)", text)
+    assert stated, "the README no longer states generate's defaults"
+    assert (int(stated[1]), float(stated[2]), int(stated[3])) == (
+        GENERATE_DEFAULTS["max_new_tokens"], GENERATE_DEFAULTS["temperature"], GENERATE_DEFAULTS["top_k"])
+    spelled = "--max-new-tokens {max_new_tokens} --temperature {temperature} --top-k {top_k}".format(
+        **GENERATE_DEFAULTS)
+    assert spelled in text
+
+
 def test_readme_names_the_cpu_recipe_with_a_published_number():
     """README, "Reproducing the paper's tables": "The CPU recipes have no published numbers" while cpu-char's
     published column holds nanoGPT's number for standard; the README names each recipe whose published
