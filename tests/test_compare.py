@@ -466,6 +466,23 @@ def test_the_command_line_of_results_md_is_every_invocation_that_trained_part_of
     assert json.loads((tmp_path / "cmp" / "recipe.json").read_text())["commands"] == report["commands"]
 
 
+def test_the_recorded_command_holds_no_path_of_this_machine(tmp_path, monkeypatch):
+    """recipe.json, results.json and results.md record the command with its absolute paths cut to their last part,
+    as every results file does (README, "Results")."""
+    from gbattn import runtime
+
+    monkeypatch.setattr(runtime, "_INVOCATION", [])
+    data = write_corpus(tmp_path / "c")
+    runtime.set_invocation(["compare", "--recipe", "cpu-proxy", "--data", str(data), "--out", str(tmp_path / "cmp")])
+    report = run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=tiny_sets(), only=["standard"],
+                         quiet=True)
+    portable = "gbattn compare --recipe cpu-proxy --data c --out cmp"
+    assert report["command"] == portable
+    assert json.loads((tmp_path / "cmp" / "recipe.json").read_text())["command"] == portable
+    for name in ("recipe.json", "results.json", "results.md"):
+        assert str(tmp_path) not in (tmp_path / "cmp" / name).read_text(), name
+
+
 def test_only_a_matched_model_says_what_it_needs_and_seeds_count_once(tmp_path):
     data = write_corpus(tmp_path / "c")
     sets = tiny_sets()
