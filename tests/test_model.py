@@ -1427,8 +1427,9 @@ def test_activation_checkpointing_recomputes_each_block_with_the_same_loss_and_g
     assert [attn for attn, _ in loss_and_grads(model, idx_BT, return_intermediates=True)[2]] == [1, 1]
     model.set_activation_checkpointing(False)
     assert loss_and_grads(model, idx_BT)[2] == [[1, 1], [1, 1]]
-    with pytest.raises(ValueError, match=r"every_n_layers=0 must be an integer >= 1"):
-        model.set_activation_checkpointing(True, every_n_layers=0)
+    for every in (0, True, 2.0):  # (a bool is no count of layers; 2.0 would pick the blocks as 2 does, unchecked)
+        with pytest.raises(ValueError, match=rf"every_n_layers={every!r} must be an integer >= 1"):
+            model.set_activation_checkpointing(True, every_n_layers=every)
 
 
 def test_hidden_takes_token_embeddings_in_place_of_ids_and_checks_them():
