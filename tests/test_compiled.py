@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gbattn.model import decoding
-from gbattn.model.decoding import compiled_decode_step, decoder_for, generate
+from gbattn.model.decoding import cache_plan, compiled_decode_step, decoder_for, generate
 from gbattn.train.trainer import train
 from helpers import left_pad, tiny_configs, train_killed_at, train_losses, write_corpus
 from test_model import tiny_model
@@ -151,6 +151,8 @@ def test_a_prompt_that_fills_the_block_gets_no_decode_step():
     # `generate`'s summary said "KV cache" for 2,000 tokens at block_size 64, nearly all decoded without it.
     step, how = decoder_for(model, compile=False, max_new_tokens=5, prompt_length=23)
     assert step is None and how == "KV cache; no cache past block_size=24"
+    # a prompt of block_size tokens: the prefill predicts the first new token, the second has no position left
+    assert cache_plan(24, 2, 24) == (0, "; no cache past block_size=24") and cache_plan(24, 1, 24) == (0, "")
 
 
 def test_the_decode_summary_says_no_cache_exactly_when_generate_runs_without_it():
