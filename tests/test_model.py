@@ -1427,6 +1427,14 @@ def test_activation_checkpointing_recomputes_each_block_with_the_same_loss_and_g
     assert [attn for attn, _ in loss_and_grads(model, idx_BT, return_intermediates=True)[2]] == [1, 1]
     model.set_activation_checkpointing(False)
     assert loss_and_grads(model, idx_BT)[2] == [[1, 1], [1, 1]]
+    # the default recomputes without reentrant autograd: torch.autograd.grad works through it (reentrant raises)
+    model.set_activation_checkpointing(True)
+    torch.manual_seed(7)  # loss_and_grads' dropout masks
+    out = model(idx_BT[:, :-1], idx_BT[:, 1:])
+    loss = out[0] if isinstance(out, tuple) else out
+    trained = {n: p for n, p in model.named_parameters() if n in grads}
+    for name, grad in zip(trained, torch.autograd.grad(loss, list(trained.values()))):
+        torch.testing.assert_close(grad, grads[name], rtol=1e-10, atol=1e-12, msg=name)
     for every in (0, True, 2.0):  # (a bool is no count of layers; 2.0 would pick the blocks as 2 does, unchecked)
         with pytest.raises(ValueError, match=rf"every_n_layers={every!r} must be an integer >= 1"):
             model.set_activation_checkpointing(True, every_n_layers=every)
