@@ -770,6 +770,7 @@ def test_stop_strings_wait_for_every_row_and_cut_each_before_its_first_stop_stri
     assert stop.cut("prompt: a\n\nbcdef", "a\n\nbcdef") == "prompt: a"
     assert stop.cut("ji: abcdefji", "abcdefji") == "ji: abcdef"  # the prompt's "ji" is not where it ends
     assert stop.cut("no stop here", "here") == "no stop here"
+    assert stop.cut("\n\nabc", "\n\nabc") == ""  # no prompt text, and the new text begins with a stop string
     # of two stop strings, the text ends at the first, whichever of them it is
     assert stop.cut("p: ab\n\ncdji", "ab\n\ncdji") == stop.cut("p: abjicd\n\n", "abjicd\n\n") == "p: ab"
     # stop strings of unlike lengths: the window fits the longest, so a long one is seen at its last token
