@@ -1477,6 +1477,9 @@ def test_check_run_refuses_a_run_recorded_on_other_data(tmp_path):
     check_run(tmp_path, model_cfg, train_cfg)
     rundir.write_config(tmp_path, "cpu-char", model_cfg, train_cfg)
     check_run(tmp_path, model_cfg, train_cfg, "b" * 64)
+    # with no fingerprint on either side, the data paths are compared
+    with pytest.raises(UserError, match=r"train\.data: recorded 'data', asked 'elsewhere'"):
+        check_run(tmp_path, model_cfg, train_cfg.replace(data="elsewhere"))
 
 
 def test_a_finished_runs_result_that_describes_another_model_is_refused(tmp_path):
