@@ -860,7 +860,7 @@ def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
         built.append(options)
         return adamw(params, **options)
 
-    def in_process_probe(cfg, batch, seq_len, dev, amp, recomputed=False):  # the CPU probe's subprocess, in-process
+    def in_process_probe(cfg, batch, seq_len, dev, amp, recomputed):  # the CPU probe's subprocess, in-process
         speed._run_steps(cfg, batch, seq_len, dev, amp, steps=1, recomputed=recomputed)
         return 1e6
 

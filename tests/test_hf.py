@@ -752,6 +752,7 @@ def test_device_map_and_dtype_loading_keep_the_weights(layout, tmp_path):
     hf.save_pretrained(tmp_path)
     idx = torch.randint(1, 37, (2, 7))
     expected = gpt(idx)
+    scale = expected.abs().max()
     for options in ({"device_map": "cpu"}, {"device_map": "auto"}, {"dtype": torch.bfloat16}):
         loaded = AutoModelForCausalLM.from_pretrained(tmp_path, **options).eval()
         tensors = dict(loaded.named_parameters(), **dict(loaded.named_buffers()))
@@ -761,7 +762,6 @@ def test_device_map_and_dtype_loading_keep_the_weights(layout, tmp_path):
         for name, weight in gpt.state_dict().items():
             assert torch.equal(loaded.model.state_dict()[name], weight.to(dtype)), (options, name)
         logits = loaded(idx).logits.float()
-        scale = expected.abs().max()
         assert (logits - expected).abs().max() <= (1e-6 if dtype == torch.float32 else 0.05) * scale, options
         assert loaded.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=3,
                                do_sample=False).shape == (2, 10)
