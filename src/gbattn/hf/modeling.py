@@ -258,7 +258,7 @@ class GbattnPreTrainedModel(PreTrainedModel):
 
     def _check_inputs(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, attention_mask: Tensor | None,
                       labels: Tensor | None = None) -> None:
-        """The tokens given, ids (B, T) or embeddings (B, T, D), checked with the mask and labels beside them."""
+        """Check the tokens given, ids (B, T) or embeddings (B, T, D), with the mask and labels beside them."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"{type(self).__name__} takes input_ids or inputs_embeds, one of the two")
         for name, value in (("input_ids", input_ids), ("inputs_embeds", inputs_embeds),
