@@ -1641,6 +1641,16 @@ def test_a_source_given_as_the_working_directory_is_recorded_by_its_name(given, 
         assert f" {source.name} " in capsys.readouterr().out
 
 
+def test_a_source_given_as_the_parent_directory_is_recorded_by_its_name(gbattn_dir, tmp_path, monkeypatch):
+    """`gbattn upcycle .. --out ...` from a folder inside the source recorded "upcycled_from": "..", as "." was."""
+    source = tmp_path / "source"
+    shutil.copytree(gbattn_dir, source)
+    (source / "notes").mkdir()
+    monkeypatch.chdir(source / "notes")
+    assert main(["upcycle", "..", "--attn", "boosted", "--out", str(tmp_path / "up")]) == 0
+    assert rundir.read_config(tmp_path / "up" / rundir.CONFIG)["extra"]["upcycled_from"] == "source"
+
+
 def test_upcycling_a_gbattn_run_says_which_weights_it_took(gbattn_dir, tmp_path, capsys):
     """A gbattn run holds best.pt and checkpoint.pt; upcycling takes best.pt (the last weights when there is none).
     The summary and config.json's extra name them and their step (before, neither said which)."""

@@ -110,8 +110,8 @@ def source_of_run(run: rundir.LoadedRun) -> Source:
 
 def source_name(path: Path) -> str:
     """The name an upcycled run records for its source (:func:`gbattn.files.portable_path`); the working directory
-    (``.``) by its own name, as ``.`` names nothing once read elsewhere."""
-    return portable_path(str(path if path.name else path.resolve()))
+    (``.``) or a parent (``..``) by its own name, as neither names anything once read elsewhere."""
+    return portable_path(str(path if path.name not in ("", "..") else path.resolve()))
 
 
 def convert_hf(path: str | Path) -> Source:
