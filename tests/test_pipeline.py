@@ -2230,6 +2230,12 @@ def test_a_tokenizer_file_is_read_from_a_path_holding_an_equals_sign_and_checked
                                             rf"file \({own.kind}\), not a Hugging Face tokenizer.json: --tokenizer "
                                             rf"{own.kind} on that run's data and vocab_size builds the same one"):
             get_tokenizer(f"hf={tmp_path / f'{own.kind}-run.json'}", corpus)
+    for kind in ("hf", "gpt2"):  # a file's tokenizer (or the hub's GPT-2): `--tokenizer hf` would be refused
+        get_tokenizer(f"{kind}={path}", corpus).save(tmp_path / f"{kind}-run.json")
+        with pytest.raises(DataError, match=rf"^--tokenizer hf=.*{kind}-run.json is a gbattn run's tokenizer file "
+                                            rf"\({kind}\), not a Hugging Face tokenizer.json: gbattn export on that "
+                                            rf"run writes it as a tokenizer.json \(or --init-from"):
+            get_tokenizer(f"hf={tmp_path / f'{kind}-run.json'}", corpus)
     # transformers' tokenizer_config.json beside a tokenizer.json (the settings, not the tokenizer): the library's
     # parse error was cut mid-line ("expected `,` or `}` at line 1 column 17 (the tokenizer failed while reading its…")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer",
@@ -3570,22 +3576,26 @@ def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_
     from tokenizers import Tokenizer as Backend
     from tokenizers import models, pre_tokenizers, trainers
 
-    no_unknown = Backend(models.BPE())
-    no_unknown.pre_tokenizer = pre_tokenizers.Whitespace()
-    no_unknown.train_from_iterator(["the quick brown fox\n"] * 20, trainers.BpeTrainer(vocab_size=40,
-                                                                                       show_progress=False))
-    (tmp_path / "tokenizer.json").write_text(no_unknown.to_str())
     path = tmp_path / "t.txt"
     path.write_text("the quick brown fox\n" * 30 + "the quick brown föx 狐\n" * 10)
     corpus = load_corpus(str(path), (0.5, 0.25, 0.25))
-    tok = get_tokenizer(f"hf={tmp_path / 'tokenizer.json'}", corpus)
-    assert tok.decode(tok.encode("the fox")) == "the fox"  # text it has tokens for: unchanged
-    assert tok.encode("the\u200dfox\x07") == tok.encode("thefox")  # format and control characters pass (dropped)
-    with pytest.raises(DataError, match=r"^.*t\.txt \(test split\): characters the tokenizer has no token for "
-                                        r"\(and no unknown token\): \['ö', '狐'\]; "):
-        tokenize_corpus(corpus, tok, progress=False)
-    with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['ö'\]"):
-        tok.encode("föx")  # a prompt too
+    # also with an "<unk>" among its special tokens that its BPE model does not name (it was taken for the unknown
+    # token, so nothing was scanned and the text lost "föx 狐" silently)
+    for specials in ([], ["<unk>", "<pad>"]):
+        no_unknown = Backend(models.BPE())
+        no_unknown.pre_tokenizer = pre_tokenizers.Whitespace()
+        no_unknown.train_from_iterator(["the quick brown fox\n"] * 20, trainers.BpeTrainer(
+            vocab_size=40, special_tokens=specials, show_progress=False))
+        (tmp_path / "tokenizer.json").write_text(no_unknown.to_str())
+        tok = get_tokenizer(f"hf={tmp_path / 'tokenizer.json'}", corpus)
+        assert tok.unknown_id is None
+        assert tok.decode(tok.encode("the fox")) == "the fox"  # text it has tokens for: unchanged
+        assert tok.encode("the\u200dfox\x07") == tok.encode("thefox")  # format and control characters pass (dropped)
+        with pytest.raises(DataError, match=r"^.*t\.txt \(test split\): characters the tokenizer has no token for "
+                                            r"\(and no unknown token\): \['ö', '狐'\]; "):
+            tokenize_corpus(corpus, tok, progress=False)
+        with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['ö'\]"):
+            tok.encode("föx")  # a prompt too
     # A byte-level tokenizer (GPT-2's) has no unknown token either, but encodes any text: it is not scanned
     from tokenizers import decoders
 
@@ -3598,6 +3608,28 @@ def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_
     tok = get_tokenizer(f"hf={tmp_path / 'tokenizer.json'}", corpus)
     assert (tok.unknown_id, tok._may_drop_text) == (None, False)
     assert tok.decode(tok.encode("the quick brown föx 狐")) == "the quick brown föx 狐"
+
+
+def test_a_bpe_dropout_tokenizer_encodes_the_same_text_to_the_same_ids_every_time():
+    """A tokenizer.json whose BPE model has dropout (a regulariser that skips merges at random) encoded the same text
+    to other ids on every call: token caches, perplexities and prompts were random. It is read with dropout off, as
+    truncation and padding are, under a new fingerprint."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers, trainers
+
+    from gbattn.data.tokenizer import Tokenizer
+
+    backend = Backend(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.train_from_iterator(["hello world lower lowest newer wider\n"] * 20,
+                                trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>"], show_progress=False))
+    plain = Tokenizer("hf", backend.to_str())
+    backend.model.dropout = 0.5
+    tok = Tokenizer("hf", backend.to_str())
+    text = "hello world lower lowest newer wider " * 8
+    assert {tuple(tok.encode(text)) for _ in range(4)} == {tuple(plain.encode(text))}
+    assert tok.encode_batch([text] * 4) == [plain.encode(text)] * 4
+    assert json.loads(tok.payload)["model"]["dropout"] is None and tok.payload == plain.payload
 
 
 def test_a_character_the_tokenizers_own_normalizer_removes_is_not_refused_as_lacking_a_token(tmp_path):

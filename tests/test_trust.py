@@ -1598,7 +1598,7 @@ def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path
     from tokenizers import models
 
     from gbattn.data.tokenizer import Tokenizer
-    from gbattn.errors import CheckpointError
+    from gbattn.errors import CheckpointError, DataError
 
     result = dict.fromkeys(("d_model", "parameters", "steps", "train_tokens_seen"), 1)
     result.update(attn="standard", attn_options={}, flops_per_token_train=1.0, tokens_per_parameter=1.0,
@@ -1620,6 +1620,12 @@ def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path
     path = tmp_path / "tokenizer.json"
     path.write_text(Tokenizer("hf", hf.to_str()).to_json())
     assert Tokenizer.load(path, expected_vocab=3).vocab_size == 3 and Tokenizer.load(path).vocab_size == 101
+    legacy = Tokenizer.load(path, expected_vocab=3)  # its model has 3 rows: id 100 (<unk>) has none
+    assert legacy.encode("a") == [0] and legacy.encode_batch(["b", "a"]) == [[1], [0]]
+    for encode in (legacy.encode, lambda text: legacy.encode_batch(["a", text])):  # was an index past the table
+        with pytest.raises(DataError, match=r"^the tokenizer encodes this text to id 100, past the model's 3 ids: its "
+                                            r"ids go up to 100 with some unused"):
+            encode("a c")
     for other in (2, 50, 200):  # neither its entries nor up to its largest id: another model's tokenizer
         with pytest.raises(CheckpointError, match=f"has 101 tokens but the model's vocabulary is {other}"):
             Tokenizer.load(path, expected_vocab=other)

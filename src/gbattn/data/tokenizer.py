@@ -102,8 +102,15 @@ class Tokenizer:
                 self._hf.no_truncation()
                 self._hf.no_padding()
                 self.payload = self._hf.to_str()
+            if getattr(self._hf.model, "dropout", None):
+                # BPE-dropout (a regulariser for training a tokenizer's user) skips merges at random: the same text
+                # encoded to other ids on every call, so token caches, perplexities and prompts were random. Off,
+                # as transformers leaves it only for training; a new payload and fingerprint, as above.
+                self._hf.model.dropout = None
+                self.payload = self._hf.to_str()
             ids = self._hf.get_vocab(with_added_tokens=True).values()
             self._size, self._named = max(ids, default=-1) + 1, len(set(ids))
+            self._largest_id = self._size - 1  # above vocab_size - 1 only in a run from before sizes counted to it
             if self._size > MAX_VOCAB_SIZE:  # the model config would refuse it as a vocab_size the user never set
                 raise ValueError(f"its largest token id is {self._size - 1:,}; a model takes ids below "
                                  f"{MAX_VOCAB_SIZE:,}")
@@ -142,7 +149,8 @@ class Tokenizer:
         model = json.loads(self.payload).get("model") or {}
         if type(model.get("unk_id")) is int:  # a Unigram model names it by id
             return model["unk_id"]
-        return self._hf.token_to_id(model.get("unk_token") or "<unk>")
+        # a BPE model without unk_token drops what it cannot encode, even with an "<unk>" among its special tokens
+        return self._hf.token_to_id(model["unk_token"]) if isinstance(model.get("unk_token"), str) else None
 
     @property
     def fingerprint(self) -> str:
@@ -164,7 +172,7 @@ class Tokenizer:
             encoding = self._hf.encode(text)
         # the text's own tokens have a sequence id, those the post-processor added None; an empty text's are kept
         own = [i for i, sequence in enumerate(encoding.sequence_ids) if sequence is not None]
-        return encoding.ids[: own[-1] + 1] if own else encoding.ids
+        return self._within_vocabulary([encoding.ids[: own[-1] + 1] if own else encoding.ids])[0]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Lines of a corpus: their tokens only. Unlike :meth:`encode` (a prompt), no special token
@@ -174,7 +182,20 @@ class Tokenizer:
             return [[self.stoi[c] for c in t] for t in texts]
         self._refuse_unencodable(texts)
         with hf_failures_as_data_errors("encoding"):
-            return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
+            encodings = self._hf.encode_batch(texts, add_special_tokens=False)
+        return self._within_vocabulary([e.ids for e in encodings])
+
+    def _within_vocabulary(self, ids: list[list[int]]) -> list[list[int]]:
+        """``ids``, checked to be below :attr:`vocab_size` where the tokenizer has ids that are not (a run from before
+        sizes counted up to the largest id, whose model has a row per entry): a DataError naming the first one, not
+        an index past the model's embedding table."""
+        if self._largest_id >= self.vocab_size:
+            past = next((i for row in ids for i in row if i >= self.vocab_size), None)
+            if past is not None:
+                raise DataError(f"the tokenizer encodes this text to id {past:,}, past the model's {self.vocab_size:,} "
+                                f"ids: its ids go up to {self._largest_id:,} with some unused (a run from before "
+                                f"vocabulary sizes counted up to the largest id), and the model has no row for it")
+        return ids
 
     def _refuse_unknown_characters(self, texts: list[str]) -> None:
         """A char tokenizer's DataError naming the characters of ``texts`` it has no token for (up to ten)."""
@@ -333,9 +354,12 @@ def _gpt2_payload(spec: str) -> str:
             record = _json_object(payload) if payload is not None else {}
             if set(record) >= {"kind", "payload"} and record["kind"] in KINDS:  # a run's own {"kind", "payload"}
                 own = record["kind"]
+                rebuild = (f"--tokenizer {own} on that run's data and vocab_size builds the same one"
+                           if own in ("bpe", "char") else  # a file's, or the hub's GPT-2, which may be another
+                           "gbattn export on that run writes it as a tokenizer.json")
                 raise DataError(f"--tokenizer {spec} is a gbattn run's tokenizer file ({own}), not a Hugging Face "
-                                f"tokenizer.json: --tokenizer {own} on that run's data and vocab_size builds the same "
-                                f"one (or --init-from that run starts from its model and tokenizer)") from None
+                                f"tokenizer.json: {rebuild} (or --init-from that run starts from its model and "
+                                f"tokenizer)") from None
             # transformers' tokenizer_config.json: no tokenizer model, a tokenizer's settings (the library's error
             # on it was a JSON parse error cut mid-line)
             if "model" not in record and {"tokenizer_class", "model_max_length", "added_tokens_decoder"} & set(record):
