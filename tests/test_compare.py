@@ -1448,11 +1448,13 @@ def test_a_run_is_refused_when_its_fitted_warmup_is_not_the_one_asked_for(tmp_pa
         rundir.write_config(tmp_path, "cpu-char", model_cfg, recorded, steps=180)
         check_run(tmp_path, model_cfg, asked)
     # fitted by the earlier rule (a default warmup over half the run): the error says so
-    rundir.write_config(tmp_path, "cpu-char", model_cfg, fitted.replace(warmup_steps=100), steps=180, warmup_steps=18)
-    with pytest.raises(UserError, match=r"recorded 18, asked 100 \(fit_warmup=True; gbattn before 2026-12-04 "
-                                        r"shortened a default warmup over half the run to a tenth of it, "
-                                        r"docs/deviations.md entry 9\)"):
-        check_run(tmp_path, model_cfg, fitted.replace(warmup_steps=100))
+    for warmup in (100, 180):  # (up to the whole run, which today's rule keeps as given)
+        rundir.write_config(tmp_path, "cpu-char", model_cfg, fitted.replace(warmup_steps=warmup), steps=180,
+                            warmup_steps=18)
+        with pytest.raises(UserError, match=rf"recorded 18, asked {warmup} \(fit_warmup=True; gbattn before "
+                                            r"2026-12-04 shortened a default warmup over half the run to a tenth of "
+                                            r"it, docs/deviations.md entry 9\)"):
+            check_run(tmp_path, model_cfg, fitted.replace(warmup_steps=warmup))
     with pytest.raises(UserError, match=r"recorded 18, asked 200 \(fit_warmup=False\)"):  # not that rule's doing
         rundir.write_config(tmp_path, "cpu-char", model_cfg, fitted, steps=180, warmup_steps=18)
         check_run(tmp_path, model_cfg, kept)
