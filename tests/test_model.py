@@ -1094,6 +1094,9 @@ def test_number_fields_refuse_infinity(field_name):
         TrainConfig(**{field_name: float("inf")})
     with pytest.raises(ConfigError, match=r"norm_eps=inf must be a finite number"):
         ModelConfig(norm_eps=float("inf"))
+    # an integer past a float's range (json.loads reads 400 digits as one): was an OverflowError traceback
+    with pytest.raises(ConfigError, match=rf"^{field_name}=9{{400}} must be a finite number$"):
+        TrainConfig(**{field_name: int("9" * 400)})
 
 
 def test_several_attn_sets_all_apply():

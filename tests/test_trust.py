@@ -1631,6 +1631,22 @@ def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path
             Tokenizer.load(path, expected_vocab=other)
 
 
+def test_a_float_field_of_400_digits_is_one_line(trained, tmp_path, capsys, monkeypatch):
+    """A config.json whose norm_eps is an integer of 400 digits (JSON reads it as a Python int), and the same as a
+    --set value: one line naming the field, exit 2 (both were an OverflowError traceback from the finiteness check)."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    config = (run / rundir.CONFIG).read_text()
+    (run / rundir.CONFIG).write_text(re.sub(r'"norm_eps": [^,}]+', '"norm_eps": ' + "9" * 400, config, count=1))
+    for command in (["eval", run], ["analyze", run, "--max-rows", "2"]):
+        code, _, err = run_cli(capsys, command)
+        assert "norm_eps=" + "9" * 400 + " must be a finite number" in one_line(code, err)
+    code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "new", "--data", trained["data"], "--preset",
+                                    "cpu-char", "--set", "lr=" + "9" * 400, "--quiet"])
+    assert "lr=" + "9" * 400 + " must be a finite number" in one_line(code, err)
+
+
 def test_a_config_whose_seq_len_exceeds_the_block_size_is_one_line(trained, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     run = tmp_path / "run"

@@ -196,9 +196,13 @@ def coerce(name: str, value: Any, tp) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):  # (numpy's numbers are Real)
             raise ConfigError(f"{name}={value!r} must be a number")
-        if not math.isfinite(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past a float's range (400 digits in a JSON file or --set)
+            number = math.inf
+        if not math.isfinite(number):
             raise ConfigError(f"{name}={value!r} must be a finite number")
-        return float(value)
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
