@@ -8,6 +8,7 @@ import copy
 import json
 import math
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -336,7 +337,8 @@ def test_analyze_against_records_each_top_token_and_example_where_it_is(runs, tm
         assert title.endswith(f"(gain {gain:+.2f})")
     assert s["loss"]["ppl"] == pytest.approx(math.exp(s["loss"]["mean_nats"]))
     assert d["against_ppl"] == pytest.approx(math.exp(d["against_loss"]))
-    assert d["fraction_tied"] == pytest.approx(1.0 - d["fraction_positive"] - d["fraction_negative"])
+    assert d["fraction_tied"] == pytest.approx(1.0 - d["fraction_positive"] - d["fraction_negative"], abs=1e-12)
+    assert d["fraction_tied"] >= 0
     np.testing.assert_allclose(d["mean_by_position"], (that_NT - this_NT).mean(0).numpy(), atol=1e-5)
     assert s["attention"] == "boosted" and s["n_heads"] == TINY["n_heads"] and s["notes"] == []
     layer_legend = [t.get_text() for t in drawn["entropy"].axes[1].get_legend().get_texts()]
@@ -498,6 +500,15 @@ def test_uniform_attention_has_normalised_entropy_one_and_bound_log_t_plus_1():
     torch.testing.assert_close(norm[..., 1:], torch.ones(1, 1, T - 1))
     # position 0 has no normalised entropy even where rounding leaves a trace of entropy there (not inf)
     assert torch.isnan(stats.normalised_entropy(torch.full((1, 1, 2), 1e-7))[..., 0]).all()
+
+
+def test_tie_fractions_are_counted_so_none_is_negative():
+    """75 tokens better and 213 worse of 288: no tie, exactly 0 (1 - 75/288 - 213/288 is -1.1e-16, which
+    summary.json stored and the terminal printed as "-0%"); a difference of exactly TIE_NATS is a tie."""
+    diff = np.array([1.0] * 75 + [-1.0] * 213)
+    assert stats.tie_fractions(diff) == (75 / 288, 213 / 288, 0.0)
+    diff[:3] = [stats.TIE_NATS, -stats.TIE_NATS, 0.0]
+    assert stats.tie_fractions(diff) == (72 / 288, 213 / 288, 3 / 288)
 
 
 def test_top_gains_and_row_selection():
@@ -916,14 +927,29 @@ def test_entropy_histogram_counts_rounding_past_its_ends_in_the_end_bins():
 
 
 def test_a_sequence_of_one_position_counts_its_entropy_of_0_in_the_first_bin():
-    """At seq_len 1 every entropy is 0 and the histogram's edges are all 0 (0 .. log 1): each query counts in the
-    first bin, as an entropy of 0 does at any length, not in a middle one."""
+    """At seq_len 1 every entropy is 0: each query counts in the first bin, as an entropy of 0 does at any length,
+    not in a middle one; the edges are the 0 .. 1 the counts were taken over (they were all 0: the figure divided by
+    bins of no width, warned twice and drew an empty panel), and the normalised entropy, undefined at position 0,
+    is null (it was 0.0)."""
     ent_BHT = torch.zeros(3, 2, 1, dtype=torch.float64)
     acc = stats.IntermediateStats(1, 2, 2, 1)
     acc.update([stats.LayerSample(entropies=[ent_BHT], attention_output=torch.zeros(3, 1, 2, dtype=torch.float64),
                                   corrections=[])])
-    (counts,) = acc.entropy_summary()["histogram"]["counts_per_round"]
+    summary = acc.entropy_summary()
+    (counts,) = summary["histogram"]["counts_per_round"]
     assert counts == [6.0] + [0.0] * (stats.ENTROPY_BINS - 1)
+    assert summary["histogram"]["edges"] == np.linspace(0, 1, stats.ENTROPY_BINS + 1).tolist()
+    assert math.isnan(summary["normalised_mean_per_round"][0]) and summary["max_possible"] == 0.0
+    assert all(math.isnan(x) for x in summary["per_layer"][0]["normalised_mean_per_round"])
+    from gbattn.analysis import figures
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = figures.entropy_figure(summary, None)
+    assert "max log T = 0.00" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def test_a_batch_whose_layers_have_other_rounds_than_the_first_is_refused():

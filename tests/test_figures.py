@@ -1028,7 +1028,7 @@ def test_entropy_figure_draws_densities_the_bound_and_each_layers_change():
     entropy by 20% is boxed -20%, one that changes it by 0.4% +0%."""
     T = 8
     entropy = {"histogram": {"edges": np.linspace(0, math.log(T), 5).tolist(),
-                             "counts_per_round": [[1, 2, 3, 4], [4, 3, 2, 1]]},
+                             "counts_per_round": [[1, 2, 3, 4], [4, 3, 2, 1]]}, "max_possible": math.log(T),
                "mean_per_round": [1.5, 1.2], "relative_drop": 0.2,
                "per_layer": [{"mean_per_round": [1.5, 1.2], "per_head": [[1.4, 1.6], [1.1, 1.3]],
                               "relative_drop": 0.2}],
@@ -1055,7 +1055,7 @@ def test_entropy_figure_of_gba_in_some_layers_says_over_which_layers_each_mean_i
     layer's, not "overall" (the figure read "round 0: mean 3.10", "round 1: mean 3.20", "0% lower overall")."""
     T = 8
     entropy = {"histogram": {"edges": np.linspace(0, math.log(T), 5).tolist(),
-                             "counts_per_round": [[1, 2, 3, 4], [4, 3, 2, 1]]},
+                             "counts_per_round": [[1, 2, 3, 4], [4, 3, 2, 1]]}, "max_possible": math.log(T),
                "mean_per_round": [3.1, 3.2], "layers_per_round": [2, 1], "relative_drop": 0.0,
                "per_layer": [{"mean_per_round": [3.0], "per_head": [[3.0]]},
                              {"mean_per_round": [3.2, 3.2], "per_head": [[3.2], [3.2]], "relative_drop": 0.0}],
@@ -1078,7 +1078,7 @@ def test_entropy_figure_of_gba_in_every_layer_boxes_an_unchanged_layer_and_label
     A one-round model (no correction) gets no paper correction line to compare with."""
     T = 8
     entropy = {"histogram": {"edges": np.linspace(0, math.log(T), 5).tolist(),
-                             "counts_per_round": [[1, 2, 3, 4], [4, 3, 2, 1]]},
+                             "counts_per_round": [[1, 2, 3, 4], [4, 3, 2, 1]]}, "max_possible": math.log(T),
                "mean_per_round": [1.5, 1.2], "layers_per_round": [2, 2], "relative_drop": 0.2,
                "per_layer": [
                    {"mean_per_round": [1.5, 1.5], "per_head": [[1.4, 1.6], [1.4, 1.6]], "relative_drop": 0.0},

@@ -270,7 +270,7 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
 
     diff_NT = collected.against_loss_NT - collected.loss_NT
     flat = diff_NT.ravel()
-    better, worse = flat > stats.TIE_NATS, flat < -stats.TIE_NATS
+    positive, negative, tied = stats.tie_fractions(flat)
     this_name, other_name = _short_name(run), _short_name(other)
     if this_name == other_name:
         other_name += " (against)"
@@ -323,9 +323,9 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
         "median": float(np.median(flat)),
         "std": float(flat.std()),
         "tie_nats": stats.TIE_NATS,
-        "fraction_positive": float(better.mean()),  # this run better by more than tie_nats
-        "fraction_negative": float(worse.mean()),
-        "fraction_tied": float(1.0 - better.mean() - worse.mean()),
+        "fraction_positive": positive,  # this run better by more than tie_nats
+        "fraction_negative": negative,
+        "fraction_tied": tied,
         "loss": float(collected.loss_NT.mean()),
         "against_loss": against_loss,
         "against_ppl": perplexity(against_loss),

@@ -225,7 +225,8 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
                 density, edges, color=round_color(m), linewidth=1.5, label=f"{round_name(m)}: mean {mean:.2f}{over}"
             )
             hist_ax.axvline(mean, color=round_color(m), linestyle="--", linewidth=1.2)
-        hist_ax.axvline(edges[-1], color="gray", linestyle=":", label=f"max log T = {edges[-1]:.2f}")
+        hist_ax.axvline(entropy["max_possible"], color="gray", linestyle=":",
+                        label=f"max log T = {entropy['max_possible']:.2f}")
         hist_ax.set_xlabel("attention entropy per query (nats)")
         hist_ax.set_ylabel("density (per nat)")
         hist_ax.set_title("distribution (all layers, heads, positions)")

@@ -96,6 +96,13 @@ def token_norms(v_BTD: Tensor) -> Tensor:
 TIE_NATS = 1e-4
 
 
+def tie_fractions(diff: np.ndarray) -> tuple[float, float, float]:
+    """The fractions of ``diff`` above :data:`TIE_NATS`, below ``-TIE_NATS`` and within it, each counted (the
+    third as ``1 - first - second`` was a rounding error, as low as -1e-16, where no difference was a tie)."""
+    better, worse = diff > TIE_NATS, diff < -TIE_NATS
+    return float(better.mean()), float(worse.mean()), float((~better & ~worse).mean())
+
+
 def top_gains(diff_NT: np.ndarray, k: int, min_position: int = 0, one_per_row: bool = False) -> list[tuple[int, int]]:
     """(row, position) of the ``k`` largest values of ``diff_NT`` at positions >= ``min_position``,
     largest first; with ``one_per_row`` at most one position from each row."""
@@ -176,8 +183,9 @@ class IntermediateStats:
 
     @property
     def entropy_edges(self) -> np.ndarray:
-        """Histogram bin edges in nats: 0 .. log(T), the largest possible entropy."""
-        return np.linspace(0.0, math.log(self.seq_len), ENTROPY_BINS + 1)
+        """Histogram bin edges in nats: 0 .. log(T), the largest possible entropy (0 .. 1 at seq_len 1, where every
+        entropy is 0: the range its counts were taken over; all-zero edges left the figure's bins no width)."""
+        return np.linspace(0.0, math.log(self.seq_len) or 1.0, ENTROPY_BINS + 1)
 
     def _corrected(self) -> list[tuple[int, int]]:
         """(layer, correction index) of every correction round, in order."""
@@ -235,7 +243,9 @@ class IntermediateStats:
         mean_LMH = self.entropy_sum_LMH / tokens
         mean_LM = self.entropy_sum_LMH.sum(-1) / per_query
         std_LM = (self.entropy_sq_LM / per_query - mean_LM**2).clamp_min(0).sqrt()
-        norm_LM = self.norm_entropy_sum_LM / max(self.norm_entropy_count, 1)
+        # NaN (null in summary.json) with no position past the first, where normalised entropy is undefined
+        norm_LM = self.norm_entropy_sum_LM / self.norm_entropy_count if self.norm_entropy_count else \
+            torch.full_like(self.norm_entropy_sum_LM, math.nan)
         has_LM = torch.tensor([[m < rounds for m in range(self.rounds)] for rounds in self.layer_rounds])
         layers_M = has_LM.sum(0)  # layers that have round m
 
