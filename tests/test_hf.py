@@ -472,6 +472,8 @@ def test_past_key_values_keyword_and_tuple_output():
     # hooks) and then one token at a time (unchunked, both would be [6, 1, 1, 1])
     assert fed == ([4, 2, 1, 1, 1] if int(transformers.__version__.split(".")[0]) >= 5 else [1, 1, 1, 1])
     hook.remove()
+    chunked = transformers.GenerationConfig(prefill_chunk_size=4, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(hf.generate(idx, chunked, attention_mask=kw["attention_mask"]), ref)  # the config given second
     beams = dict(kw, num_beams=3, num_return_sequences=2)
     assert torch.equal(hf.generate(idx, prefill_chunk_size=3, **beams), hf.generate(idx, **beams))
     ids, mask = left_pad([idx[0].clamp_min(1), idx[1, :3].clamp_min(1)], torch.long)  # only the padding is pad_token_id
@@ -563,6 +565,8 @@ def test_misuses_are_clear_errors():
                                            pad_token_id=0)
     with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
         hf.generate(idx, generation_config=asking)
+    with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
+        hf.generate(idx, asking)  # given second, not by name (generate(inputs, generation_config, ...))
     hf.generation_config.prompt_lookup_num_tokens = 2
     with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
         hf.generate(idx, max_new_tokens=2, do_sample=False, pad_token_id=0)
@@ -614,8 +618,9 @@ def test_generate_refuses_a_cache_implementation_other_than_its_own():
         with pytest.raises(ValueError, match=f"cache_implementation={kind!r}: GbattnForCausalLM keeps"):
             hf.generate(idx, max_new_tokens=3, do_sample=False, cache_implementation=kind)
     asking = transformers.GenerationConfig(cache_implementation="static", max_new_tokens=3, do_sample=False)
-    with pytest.raises(ValueError, match="cache_implementation='static': GbattnForCausalLM keeps"):
-        hf.generate(idx, generation_config=asking)
+    for given in ({"generation_config": asking}, {}):
+        with pytest.raises(ValueError, match="cache_implementation='static': GbattnForCausalLM keeps"):
+            hf.generate(idx, *([] if given else [asking]), **given)  # by name, or second
     assert torch.equal(hf.generate(idx, max_new_tokens=3, do_sample=False, cache_implementation="dynamic"), expected)
     assert torch.equal(hf.generate(idx, max_new_tokens=3, do_sample=False), expected)
 
@@ -634,8 +639,10 @@ def test_generate_past_the_models_positions_is_refused_before_it_starts():
         hf.generate(idx, max_length=26, do_sample=False)
     for asking, match in ((dict(max_new_tokens=20), "^a prompt of 6 tokens and max_new_tokens=20 feed"),
                           (dict(max_length=26), "^max_length=26 feed")):  # asked in a generation config
-        with pytest.raises(ValueError, match=match):
-            hf.generate(idx, generation_config=transformers.GenerationConfig(do_sample=False, **asking))
+        config = transformers.GenerationConfig(do_sample=False, **asking)
+        for arguments, keywords in ((), {"generation_config": config}), ((config,), {}):  # by name, or second
+            with pytest.raises(ValueError, match=match):
+                hf.generate(idx, *arguments, **keywords)
     assert torch.equal(hf.generate(idx, max_new_tokens=19, do_sample=False), gpt.generate(idx, 19, temperature=0))
     # no prompt: generate() starts from the BOS token, one token (counted as none, 25 new tokens passed the check and
     # stopped at position 24)

@@ -371,7 +371,10 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         for name, value in (("input_ids", inputs), ("inputs_embeds", kwargs.get("inputs_embeds")),
                             ("attention_mask", kwargs.get("attention_mask"))):
             check_tensor(name, value)  # (a list was "'list' object has no attribute 'shape'" inside transformers)
-        settings = kwargs.get("generation_config") or self.generation_config
+        # generate(inputs, generation_config, ...): a config given second counts as one given by keyword (it was
+        # taken for none: every check below read the model's own, and chunked prefill got no cache)
+        given = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None)
+        settings = given or self.generation_config
         assisted = [k for k in ASSISTED if kwargs.get(k, getattr(settings, k, None)) is not None]
         if assisted:
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
@@ -381,7 +384,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         # transformers starts every row from the BOS token, a one-token prompt)
         prompt = inputs.shape[-1] if inputs is not None else embeds.shape[-2] if embeds is not None else 1
         self._check_length(prompt, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
-                           kwargs.get("max_length", getattr(kwargs.get("generation_config"), "max_length", None)))
+                           kwargs.get("max_length", getattr(given, "max_length", None)))
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
         if kind not in (None, "dynamic"):  # transformers ignored it, warning that the model takes no Cache instances
             raise ValueError(f"cache_implementation={kind!r}: GbattnForCausalLM keeps its keys and values in its own "
