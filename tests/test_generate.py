@@ -278,6 +278,15 @@ def test_a_prompt_longer_than_the_context_is_returned_whole(tmp_path, capsys):
     assert cli_main(["generate", str(tmp_path / "run"), "--prompt", long_prompt, "--max-new-tokens", "3"]) == 0
     printed = capsys.readouterr()
     assert printed.out.startswith(long_prompt) and "no cache: the prompt fills block_size" in printed.err
+    # stopped early (every two tokens' text a stop string): the summary still says why no cache was used, and not
+    # that it served the tokens up to block_size ("no cache: the prompt fills block_size; no cache past block_size=24")
+    from gbattn import load_run
+
+    tokenizer = load_run(tmp_path / "run").tokenizer
+    texts = {tokenizer.decode([i]) for i in range(tokenizer.vocab_size)} - {""}
+    stops = [flag for a in texts for b in texts for flag in ("--stop", a + b)]
+    assert cli_main(["generate", str(tmp_path / "run"), "--prompt", long_prompt, "--max-new-tokens", "3", *stops]) == 0
+    assert "s, no cache: the prompt fills block_size; stopped at --stop after 2 of 3)\n" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, asked", [([], None), (["--compile"], True), (["--no-compile"], False),
@@ -780,6 +789,26 @@ def test_stop_strings_wait_for_every_row_and_cut_each_before_its_first_stop_stri
     for bad in ([], [""], [1]):
         with pytest.raises(ValueError, match="give one or more non-empty strings"):
             decoding.StopStrings(str, bad)
+
+
+def test_stop_strings_spelled_in_more_tokens_than_characters_end_the_generation():
+    """A byte-level tokenizer spells "€" in three tokens: the decoded window of len("€") + 1 = 2 tokens held half of
+    it, so --stop "€" never ended a generation (its text was cut right, after max_new_tokens). The window counts UTF-8
+    bytes, and tokens that decode to no text (special ones, 256 here) are not counted in it."""
+    def decode(ids):
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    for stops, text in ((["€"], "5€ and"), (["5€"], "5€ and"), (["ok", "€"], "it is 5€"), (["€"], "\u20ac")):
+        stop = decoding.StopStrings(decode, stops)
+        spelled = list(text.encode())
+        end = len(text[:text.index("€") + 1].encode())  # the token that completes the "€"
+        answers = [stop(torch.tensor([spelled])[:, :n]) for n in range(1, len(spelled) + 1)]
+        assert answers == [False] * (end - 1) + [True] * (len(spelled) - end + 1), (stops, text)
+        # with special tokens between the bytes (pads, an end-of-text token), decoded as no text
+        spaced = [t for byte in spelled for t in (byte, *[256] * 9)]  # (more than the first tail read holds)
+        stop = decoding.StopStrings(decode, stops)
+        answers = [stop(torch.tensor([spaced])[:, :n]) for n in range(1, len(spaced) + 1)]
+        assert answers.index(True) == 10 * (end - 1), (stops, text)
 
 
 def test_generate_cli_stops_at_stop_text_and_prints_up_to_it(four_step_run, capsys):

@@ -198,8 +198,9 @@ def cmd_generate(args) -> None:
                 f"first 2 tokens, which took {made[1] - t0:.2f} s with compiling the decode step")
     stopped = ""
     if new < args.max_new_tokens:  # the summary of the tokens made, not of those asked for
-        planned_past = cache_plan(run.model.cfg.block_size, args.max_new_tokens, len(ids))[1]
-        how = how.removesuffix(planned_past) + cache_plan(run.model.cfg.block_size, new, len(ids))[1]
+        if len(ids) < run.model.cfg.block_size:  # (a prompt that fills it used no cache, and says so)
+            planned_past = cache_plan(run.model.cfg.block_size, args.max_new_tokens, len(ids))[1]
+            how = how.removesuffix(planned_past) + cache_plan(run.model.cfg.block_size, new, len(ids))[1]
         stopped = f"; stopped at --stop after {new:,} of {args.max_new_tokens:,}"
     print(f"{args.num_samples} x {new} tokens in {dt:.2f} s ({rate}, "
           f"{'no cache' if args.no_cache else how}{stopped})", file=sys.stderr)  # stdout holds the text alone

@@ -242,26 +242,44 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
 class StopStrings:
     """The ``stop`` of :func:`generate` for text: True once every row's new text holds one of ``strings``.
     ``decode(ids) -> str`` is the tokenizer's. Each call decodes only the last tokens of each row, enough for the
-    longest string (a token is at least one character), so a long generation does not decode its text again at
-    every token. :meth:`cut` ends a row's text before its first stop string in the new text."""
+    longest string, so a long generation does not decode its text again at every token: a token holds at least one
+    byte of text (a byte-level tokenizer splits "€" into three), but tokens that decode to no text at all (special
+    tokens, left out) are not counted. :meth:`cut` ends a row's text before its first stop string in the new text."""
 
     def __init__(self, decode, strings) -> None:
         strings = [strings] if isinstance(strings, str) else list(strings)
         if not strings or not all(isinstance(text, str) and text for text in strings):
             raise ValueError(f"stop strings {strings!r}: give one or more non-empty strings")
         self.decode, self.strings = decode, strings
-        self.window = max(map(len, strings)) + 1  # tokens: the last one's text may start the stop string
+        # tokens of text: the longest string's UTF-8 bytes, and one more, whose text may start it (in characters, a
+        # stop string a byte-level tokenizer spelled in more tokens than that never ended a generation)
+        self.window = max(len(text.encode("utf-8")) for text in strings) + 1
+        self._silent: dict[int, bool] = {}  # token id: whether it decodes to no text
         self.stopped: list[bool] = []
 
     def __call__(self, new_BN: Tensor) -> bool:
-        rows = new_BN[:, -self.window:].tolist()
-        if new_BN.shape[1] == 1 or len(self.stopped) != len(rows):  # a new generation: no row has stopped
-            self.stopped = [False] * len(rows)
-        for b, tail in enumerate(rows):
-            if not self.stopped[b]:
-                text = self.decode(tail)
+        if new_BN.shape[1] == 1 or len(self.stopped) != new_BN.shape[0]:  # a new generation: no row has stopped
+            self.stopped = [False] * new_BN.shape[0]
+        for b, stopped in enumerate(self.stopped):
+            if not stopped:
+                text = self.decode(self._tail(new_BN[b]))
                 self.stopped[b] = any(stop in text for stop in self.strings)
         return all(self.stopped)
+
+    def _tail(self, row_N: Tensor) -> list[int]:
+        """The last tokens of a row holding :attr:`window` tokens that decode to some text (all of it if fewer)."""
+        length = min(row_N.shape[0], 4 * self.window)
+        while True:
+            row, counted = row_N[-length:].tolist(), 0
+            for start in range(len(row) - 1, -1, -1):
+                if row[start] not in self._silent:
+                    self._silent[row[start]] = self.decode([row[start]]) == ""
+                counted += not self._silent[row[start]]
+                if counted == self.window:
+                    return row[start:]
+            if length == row_N.shape[0]:
+                return row
+            length = min(row_N.shape[0], 2 * length)
 
     def text(self, ids: list[int], prompt_length: int) -> str:
         """A row's tokens (its prompt's ``prompt_length`` first) decoded, up to its first stop string (:meth:`cut`)."""
