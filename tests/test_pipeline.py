@@ -3567,6 +3567,12 @@ def test_encoding_anything_but_a_string_is_a_type_error_not_a_damaged_tokenizer(
     for given in (["a", "b"], None):
         with pytest.raises(TypeError, match=f"encode takes a string, not a {type(given).__name__}$"):
             tok.encode(given)
+    # text that is not UTF-8: a shell argument's byte 0xe9 (Latin-1 é) kept as a surrogate, or a lone surrogate; the
+    # HF tokenizer said "TextInputSequence must be str ... its tokenizer.json is damaged"
+    for text, what in ((b"ab\xe9".decode("utf-8", "surrogateescape"), "byte 0xe9 at character 2"),
+                       ("a\ud800", "a lone surrogate U\\+D800 at character 1")):
+        with pytest.raises(DataError, match=f"^the text is not UTF-8: {what} \\(a prompt typed in another encoding"):
+            tok.encode(text)
 
 
 def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_dropped(tmp_path):

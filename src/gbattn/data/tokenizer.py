@@ -164,6 +164,13 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"encode takes a string, not a {type(text).__name__}" +
                             (" (decode bytes to text first)" if isinstance(text, (bytes, bytearray)) else ""))
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a shell argument in another encoding: Python keeps its bytes as surrogates
+            code = ord(text[e.start])
+            what = (f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}")
+            raise DataError(f"the text is not UTF-8: {what} at character {e.start} (a prompt typed in another "
+                            f"encoding than UTF-8?)") from None  # (the tokenizers library's words blamed its file)
         if self.kind == "char":
             self._refuse_unknown_characters([text])
             return [self.stoi[c] for c in text]
