@@ -774,6 +774,46 @@ def test_device_map_and_dtype_loading_keep_the_weights(layout, tmp_path):
                                do_sample=False).shape == (2, 10)
 
 
+@pytest.mark.parametrize("layout", ["gpt2-attnres", "llama-pre"])
+def test_a_model_offloaded_in_parts_runs_and_an_attnres_one_is_refused(layout, tmp_path):
+    """accelerate's offloading (device_map="auto" with max_memory too small for the model: blocks on the disk, loaded
+    by hooks at each block's forward) gives gbattn's logits for a plain residual stream. An Attention Residuals
+    stream calls its blocks' sublayers itself, so no hook loads them: it was "Cannot copy out of meta tensor" at the
+    first forward; it is one line at loading, and at the forward of one placed in parts by dispatch_model."""
+    from accelerate import dispatch_model
+
+    gpt, hf = tiny_pair(("boosted", {}), LAYOUTS[layout])
+    gpt.float()
+    hf.save_pretrained(tmp_path / "model")
+    idx = torch.randint(1, 37, (2, 7))
+    # accelerate's plan for two devices, the first too small for the whole model: a plain stream is split between
+    # them, an Attention Residuals one kept whole on the second (its no-split unit is the GPT, not a Block)
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import compute_module_sizes
+
+    size = compute_module_sizes(hf)[""]
+    plan = infer_auto_device_map(hf, max_memory={0: int(0.6 * size), 1: 3 * size, "cpu": 3 * size},
+                                 no_split_module_classes=list(hf._no_split_modules))
+    assert set(plan.values()) == ({0, 1} if gpt.cfg.residual == "plain" else {1})
+    offloaded = dict(device_map="auto", max_memory={"cpu": 20_000}, offload_folder=str(tmp_path / "offload"))
+    refused = r"an Attention Residuals model runs whole on one device, not placed in parts by a device_map \("
+    if gpt.cfg.residual == "plain":
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", **offloaded).eval()
+        assert "disk" in loaded.hf_device_map.values()
+        torch.testing.assert_close(loaded(idx).logits, gpt(idx), rtol=1e-5, atol=1e-5)
+        return
+    for info in (False, True):  # (with output_loading_info, from_pretrained returns the model and the info)
+        with pytest.raises(ValueError, match=f"^residual='attnres-block': {refused}"):
+            AutoModelForCausalLM.from_pretrained(tmp_path / "model", output_loading_info=info, **offloaded)
+    whole = dispatch_model(hf, {"": "cpu"})  # one device: it runs
+    torch.testing.assert_close(whole(idx).logits, gpt(idx), rtol=1e-5, atol=1e-5)
+    blocks = {f"model.blocks.{i}": "cpu" if i else "disk" for i in range(gpt.cfg.n_layers)}
+    split = dispatch_model(hf, {**{f"model.{name}": "cpu" for name, _ in hf.model.named_children() if name != "blocks"},
+                                **blocks}, offload_dir=str(tmp_path / "split"))
+    with pytest.raises(ValueError, match=f"^residual='attnres-block': {refused}cpu, disk\\)"):
+        split(idx)
+
+
 @pytest.mark.parametrize(
     "case,names,value_only",
     [

@@ -209,6 +209,8 @@ class GbattnPreTrainedModel(PreTrainedModel):
     def __init__(self, config: GbattnConfig) -> None:
         super().__init__(config)
         self.model = GPT(config.model_config)
+        if self.model.cfg.residual != "plain":  # device_map="auto" keeps it whole (_check_placement)
+            self._no_split_modules = ["GPT"]
         if self.model.wte.weight.device.type != "meta":  # built for use, not by from_pretrained: keep GPT's init
             mark_initialised(self.model)
         self.post_init()
@@ -228,6 +230,26 @@ class GbattnPreTrainedModel(PreTrainedModel):
             model = cls(config)
         model.model = mark_initialised(gpt)
         return model.train(gpt.training)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' ``from_pretrained``, with :meth:`_check_placement` of the model it loads (the first of what
+        it returns with ``output_loading_info=True``)."""
+        loaded = super().from_pretrained(*args, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded)._check_placement()
+        return loaded
+
+    def _check_placement(self) -> None:
+        """An Attention Residuals model placed in parts (accelerate's ``device_map``: some blocks offloaded to the
+        disk or the CPU, or on other devices) is refused: its stream calls every block's sublayers itself, so the
+        hooks that load offloaded weights and move tensors at each block's forward never run (the first forward was
+        "Cannot copy out of meta tensor"). Whole on one device, it runs."""
+        placed = set((getattr(self, "hf_device_map", None) or {}).values())
+        if self.model.cfg.residual != "plain" and (len(placed) > 1 or placed & {"disk", "meta"}):
+            raise ValueError(f"residual={self.model.cfg.residual!r}: an Attention Residuals model runs whole on one "
+                             f"device, not placed in parts by a device_map ({', '.join(sorted(map(str, placed)))}): "
+                             f"its depth attention calls every block itself; give device_map one device, and "
+                             f"max_memory room for the whole model")
 
     # embeddings: tie_weights (4.x), resize_token_embeddings, PEFT ...
     def get_input_embeddings(self) -> nn.Embedding:
@@ -258,7 +280,9 @@ class GbattnPreTrainedModel(PreTrainedModel):
 
     def _check_inputs(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, attention_mask: Tensor | None,
                       labels: Tensor | None = None) -> None:
-        """Check the tokens given, ids (B, T) or embeddings (B, T, D), with the mask and labels beside them."""
+        """Check the tokens given, ids (B, T) or embeddings (B, T, D), with the mask and labels beside them, and the
+        model's placement (:meth:`_check_placement`; accelerate's dispatch_model places one outside from_pretrained)."""
+        self._check_placement()
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"{type(self).__name__} takes input_ids or inputs_embeds, one of the two")
         for name, value in (("input_ids", input_ids), ("inputs_embeds", inputs_embeds),
