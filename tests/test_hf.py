@@ -1701,18 +1701,22 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_tokenizer_side_files(t
 
 
 def test_an_export_over_an_earlier_one_leaves_none_of_its_analysis(trained, tmp_path):
-    """`gbattn analyze EXPORT` writes EXPORT/analysis (summary.json and its figures) of the exported weights: an export
-    of other weights over it kept them, and they read as the new export's (as `train --restart` once kept a run's).
-    They go, as with --restart; the folder's other files stay."""
+    """`gbattn analyze EXPORT` writes EXPORT/analysis (summary.json and its figures) of the exported weights, and
+    `gbattn lm-eval EXPORT` EXPORT/lm-eval (results and samples): an export of other weights over it kept them, and
+    they read as the new export's (as `train --restart` once kept a run's). They go, as with --restart; the folders'
+    other files stay."""
     run_dir, reference = trained
     out = tmp_path / "over"
     assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
-    analysis = out / rundir.ANALYSIS_DIR
-    analysis.mkdir()
+    analysis, scores = out / rundir.ANALYSIS_DIR, out / rundir.LM_EVAL_DIR
+    analysis.mkdir(), scores.mkdir()
     for name in ("summary.json", "gates.png", "entropy.pdf", "norms.png", "my-notes.md", "gates.svg"):
         (analysis / name).write_text("x")
+    for name in ("results-toy.json", "samples-toy-toy.jsonl", "results-a+b-last.json", "my-notes.md"):
+        (scores / name).write_text("x")
     assert cli_main(["export", str(run_dir), "--out", str(out), "--checkpoint", "last"]) == 0
     assert sorted(p.name for p in analysis.iterdir()) == ["gates.svg", "my-notes.md"]
+    assert [p.name for p in scores.iterdir()] == ["my-notes.md"]
     assert _files(out).keys() == _files(reference).keys()
 
 

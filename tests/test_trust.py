@@ -910,8 +910,15 @@ def test_restart_discards_every_file_of_the_run_and_nothing_else(tmp_path):
     drawn = ("summary.json", "gates.png", "entropy.pdf", "norms.png")
     for name in (*drawn, "my-notes.md", "gates.svg"):
         (analysis / name).write_text("x")
-    assert sorted(rundir.discard_run(tmp_path)) == sorted(f"analysis/{name}" for name in drawn)
+    # and so does what `gbattn lm-eval RUN` wrote into RUN/lm-eval (results, samples)
+    scores = tmp_path / rundir.LM_EVAL_DIR
+    scores.mkdir()
+    for name in ("results-toy.json", "samples-toy-toy.jsonl", "results.json", "notes.jsonl"):
+        (scores / name).write_text("x")
+    assert sorted(rundir.discard_run(tmp_path)) == sorted([*(f"analysis/{name}" for name in drawn),
+                                                           "lm-eval/results-toy.json", "lm-eval/samples-toy-toy.jsonl"])
     assert sorted(p.name for p in analysis.iterdir()) == ["gates.svg", "my-notes.md"]
+    assert sorted(p.name for p in scores.iterdir()) == ["notes.jsonl", "results.json"]
 
 
 def test_restart_discards_every_figure_analyze_draws_in_the_run(tmp_path):
@@ -924,7 +931,7 @@ def test_restart_discards_every_figure_analyze_draws_in_the_run(tmp_path):
                for ext in ("png", "pdf")]
     for name in figures:
         (analysis / name).write_text("x")
-    assert sorted(rundir.discard_analysis(tmp_path)) == sorted(f"analysis/{name}" for name in figures)
+    assert sorted(rundir.discard_derived(tmp_path)) == sorted(f"analysis/{name}" for name in figures)
     assert list(analysis.iterdir()) == []
 
 

@@ -69,7 +69,7 @@ def cmd_lm_eval(args) -> None:
     require("lm_eval", "lm-eval")
     from gbattn.files import relative_path
     from gbattn.hf.lmeval import print_tables, results_stem, run_lm_eval, write_results
-    from gbattn.rundir import check_model_dir, check_output_file
+    from gbattn.rundir import LM_EVAL_DIR, check_model_dir, check_output_file
     from gbattn.runtime import command_line, resolve_device, set_threads
 
     tasks = list(dict.fromkeys(t.strip() for t in args.tasks.split(",") if t.strip()))  # a task named twice: once
@@ -82,7 +82,7 @@ def cmd_lm_eval(args) -> None:
                         f"each task)")
     model = check_model_dir(args.model)
     stem = results_stem(tasks, args.limit, args.num_fewshot, args.checkpoint)
-    out = Path(args.output) if args.output else model / "lm-eval" / f"results-{stem}.json"
+    out = Path(args.output) if args.output else model / LM_EVAL_DIR / f"results-{stem}.json"
     check_output_file(out, "--output")
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")

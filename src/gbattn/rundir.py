@@ -82,6 +82,7 @@ RUN_FILES = (CONFIG, TOKENIZER, CHECKPOINT, BEST, METRICS, RESULT)
 ANALYSIS_DIR = "analysis"  # `gbattn analyze RUN`'s default folder, in the run
 ANALYSIS_SUMMARY = "summary.json"
 ANALYSIS_FIGURES = ("gates", "entropy", "norms", "loss_diff", "examples")  # what `analyze` may draw there
+LM_EVAL_DIR = "lm-eval"  # `gbattn lm-eval MODEL`'s default folder: results-*.json and samples-*.jsonl
 OWN_FILES = (*RUN_FILES, LOCK, SAFETENSORS, EXPORTED_TOKENIZER)  # every file gbattn reads in a run or exported dir
 
 
@@ -259,22 +260,27 @@ def check_output_file(path: str | Path, what: str) -> None:
         raise UserError(f"{what} {path} is a file of the model directory {folder}: write it elsewhere")
 
 
-def discard_analysis(directory: str | Path) -> list[str]:
-    """Delete what `gbattn analyze` wrote in a model directory's default folder (summary.json and its figures), which
-    describes weights being replaced (``train --restart``, an export over an earlier one); other files stay."""
+def discard_derived(directory: str | Path) -> list[str]:
+    """Delete what was measured of a model directory's weights into its default folders, since the weights are being
+    replaced (``train --restart``, an export over an earlier one): `gbattn analyze`'s summary.json and figures in
+    ``analysis/``, `gbattn lm-eval`'s results and samples in ``lm-eval/`` (they stayed, and read as the new weights');
+    other files stay."""
     analysis = Path(directory) / ANALYSIS_DIR
     removed = [f"{ANALYSIS_DIR}/{name}" for name in remove_unwritten(analysis, ANALYSIS_FIGURES, [])]
-    if (analysis / ANALYSIS_SUMMARY).is_file():
-        (analysis / ANALYSIS_SUMMARY).unlink()
-        removed.append(f"{ANALYSIS_DIR}/{ANALYSIS_SUMMARY}")
+    scores = Path(directory) / LM_EVAL_DIR
+    for path in (analysis / ANALYSIS_SUMMARY, *sorted(scores.glob("results-*.json")),
+                 *sorted(scores.glob("samples-*.jsonl"))):
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+            removed.append(f"{path.parent.name}/{path.name}")
     return removed
 
 
 def discard_run(directory: str | Path) -> list[str]:
-    """Delete a run's own files (``--restart``, after :func:`check_out`), and what `gbattn analyze` wrote in its
-    default folder (:func:`discard_analysis`); other files stay. config.json goes last: weights without it
+    """Delete a run's own files (``--restart``, after :func:`check_out`), and what was measured of its weights in
+    its default folders (:func:`discard_derived`); other files stay. config.json goes last: weights without it
     are refused (:func:`refuse_weights_without_config`), so a kill here leaves a run."""
-    removed = discard_analysis(directory)
+    removed = discard_derived(directory)
     for name in (*(n for n in RUN_FILES if n != CONFIG), CONFIG):
         if (Path(directory) / name).is_file():
             (Path(directory) / name).unlink()

@@ -141,14 +141,14 @@ def move_into_place(staging: Path, out: Path) -> None:
     (without config.json it marks an unfinished export, which gbattn refuses to load and a new export
     replaces), config.json last (with it, gbattn and transformers take the directory for a model). An earlier
     export's weight files and transformers' side files (:data:`TRANSFORMERS_SIDE_FILES`) that this one does not
-    write are removed, and so is what `gbattn analyze` wrote of its weights (``rundir.discard_analysis``)."""
+    write are removed, and so is what was measured of its weights (``rundir.discard_derived``)."""
     staged = {p.name for p in staging.iterdir()}
     blocked = sorted(name for name in staged if (out / name).is_dir() and not (out / name).is_symlink())
     if blocked:
         raise UserError(f"--out {out} has a directory named {blocked[0]} where the export writes that file; export "
                         f"to another directory")
     (out / CONFIG).unlink(missing_ok=True)
-    rundir.discard_analysis(out)  # `gbattn analyze OUT` of the weights replaced here would read as the new ones'
+    rundir.discard_derived(out)  # analyze's and lm-eval's results of the weights replaced would read as the new ones'
     # An earlier export's weights that this one does not replace (a single file where shards now come, or the
     # other way round) would be loaded beside or instead of the new ones; so would its tokenizer's side files.
     for old in [*out.glob("model*.safetensors"), out / SAFETENSORS_INDEX, *map(out.joinpath, TRANSFORMERS_SIDE_FILES)]:
