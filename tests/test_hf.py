@@ -577,6 +577,10 @@ def test_misuses_are_clear_errors():
             hf(idx, cache=GbattnCache(layers))
     with pytest.raises(ValueError, match=r"input_ids of shape \(6,\): expected \(batch, tokens\)"):
         hf(idx[0])
+    with pytest.raises(ValueError, match=r"^input_ids of shape \(6,\): expected \(batch, tokens\)$"):
+        hf.generate(idx[0], max_new_tokens=2, do_sample=False, pad_token_id=0)  # (was an IndexError)
+    with pytest.raises(ValueError, match=r"^inputs_embeds of shape \(6, 16\): expected \(batch, tokens, hidden_size\)"):
+        hf.generate(inputs_embeds=hf.model.wte(idx)[0], max_new_tokens=2, do_sample=False, pad_token_id=0)
     with pytest.raises(ValueError, match=r"token ids of shape \(1, 0\)"):
         hf.generate(idx[:, :0], max_new_tokens=2, do_sample=False, pad_token_id=0)
     hf.config.return_dict = False  # the config's choice holds when forward() is given none

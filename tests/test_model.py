@@ -1428,6 +1428,10 @@ def test_activation_checkpointing_recomputes_each_block_with_the_same_loss_and_g
             torch.testing.assert_close(again_grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
     # (with Attention Residuals the FFN sublayer, which writes no record, is still recomputed)
     assert [attn for attn, _ in loss_and_grads(model, idx_BT, return_intermediates=True)[2]] == [1, 1]
+    # nor one that writes a KV cache (recomputed, it would write its keys and values again)
+    model.setup_cache(2)
+    assert [attn for attn, _ in loss_and_grads(model, idx_BT, input_pos=torch.arange(12))[2]] == [1, 1]
+    model.clear_cache()
     model.set_activation_checkpointing(False)
     assert loss_and_grads(model, idx_BT)[2] == [[1, 1], [1, 1]]
     # the default recomputes without reentrant autograd: torch.autograd.grad works through it (reentrant raises)

@@ -395,6 +395,10 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         for name, value in (("input_ids", inputs), ("inputs_embeds", kwargs.get("inputs_embeds")),
                             ("attention_mask", kwargs.get("attention_mask"))):
             check_tensor(name, value)  # (a list was "'list' object has no attribute 'shape'" inside transformers)
+        for name, value, dims in (("input_ids", inputs, 2), ("inputs_embeds", kwargs.get("inputs_embeds"), 3)):
+            if value is not None and value.dim() != dims:  # (a row of ids alone was an IndexError inside transformers)
+                raise ValueError(f"{name} of shape {tuple(value.shape)}: expected (batch, tokens"
+                                 f"{', hidden_size' if dims == 3 else ''})")
         # generate(inputs, generation_config, ...): a config given second counts as one given by keyword (it was
         # taken for none: every check below read the model's own, and chunked prefill got no cache)
         given = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None)
