@@ -282,11 +282,15 @@ def test_a_prompt_longer_than_the_context_is_returned_whole(tmp_path, capsys):
     # that it served the tokens up to block_size ("no cache: the prompt fills block_size; no cache past block_size=24")
     from gbattn import load_run
 
-    tokenizer = load_run(tmp_path / "run").tokenizer
+    run = load_run(tmp_path / "run")
+    tokenizer, block = run.tokenizer, run.model.cfg.block_size
     texts = {tokenizer.decode([i]) for i in range(tokenizer.vocab_size)} - {""}
     stops = [flag for a in texts for b in texts for flag in ("--stop", a + b)]
-    assert cli_main(["generate", str(tmp_path / "run"), "--prompt", long_prompt, "--max-new-tokens", "3", *stops]) == 0
-    assert "s, no cache: the prompt fills block_size; stopped at --stop after 2 of 3)\n" in capsys.readouterr().err
+    exact = tokenizer.decode(tokenizer.encode(long_prompt)[:block])  # a prompt of block_size tokens fills it too
+    assert len(tokenizer.encode(exact)) == block < len(tokenizer.encode(long_prompt))
+    for prompt in (long_prompt, exact):
+        assert cli_main(["generate", str(tmp_path / "run"), "--prompt", prompt, "--max-new-tokens", "3", *stops]) == 0
+        assert "s, no cache: the prompt fills block_size; stopped at --stop after 2 of 3)\n" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, asked", [([], None), (["--compile"], True), (["--no-compile"], False),
@@ -809,6 +813,12 @@ def test_stop_strings_spelled_in_more_tokens_than_characters_end_the_generation(
         stop = decoding.StopStrings(decode, stops)
         answers = [stop(torch.tensor([spaced])[:, :n]) for n in range(1, len(spaced) + 1)]
         assert answers.index(True) == 10 * (end - 1), (stops, text)
+    # each call decodes the last tokens only, not the whole text again (besides each token once, alone)
+    decoded = []
+    stop = decoding.StopStrings(lambda ids: decoded.append(len(ids)) or decode(ids), ["€"])
+    long = list(b"no stop string here " * 10)
+    assert not any(stop(torch.tensor([long])[:, :n]) for n in range(1, len(long) + 1))
+    assert max(decoded) == stop.window == 4
 
 
 def test_generate_cli_stops_at_stop_text_and_prints_up_to_it(four_step_run, capsys):
