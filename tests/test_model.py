@@ -862,7 +862,27 @@ def test_a_cache_of_another_dtype_or_device_than_the_model_is_a_clear_error():
     model.float().setup_cache(2, dtype=torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.isfinite(model(idx, input_pos=torch.arange(5))).all()
+    # but not float64, which autocast leaves as it is (its keys met bfloat16 queries: SDPA's dtype error)
+    model.setup_cache(2, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(
+            ValueError, match=r"^a KV cache of dtype torch\.float64 under autocast for a model computing in "
+                              r"torch\.float32: autocast leaves float64 as it is"):
+        model(idx, input_pos=torch.arange(5))
     model.clear_cache()
+
+
+def test_int32_cache_slots_are_taken_as_int32_positions_are():
+    """input_pos in int32 passes the model's integer check (as token ids and position_ids in int32 do) and was
+    index_copy_'s "Expected a long tensor for index": the cache takes it, with the int64 slots' logits."""
+    model = tiny_model(("boosted", {"rounds": 2})).eval()
+    idx = torch.randint(0, 37, (2, 6))
+    expected = []
+    for dtype in (torch.int64, torch.int32):
+        model.setup_cache(2)
+        first = model(idx[:, :5], input_pos=torch.arange(5, dtype=dtype))
+        expected.append(torch.cat([first, model(idx[:, 5:], input_pos=torch.tensor([5], dtype=dtype))], dim=1))
+    model.clear_cache()
+    torch.testing.assert_close(expected[1], expected[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("variant_case", [("boosted", {"rounds": 2}), ("twicing", {})], ids=["boosted", "twicing"])

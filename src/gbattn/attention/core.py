@@ -351,6 +351,7 @@ class StaticLayerCache(nn.Module):
         return getattr(self, name)
 
     def update(self, name: str, slots_T: Tensor, k_BGTE: Tensor | None, v_BGTF: Tensor) -> tuple[Tensor | None, Tensor]:
+        slots_T = slots_T.long()  # (int32 slots pass the model's checks; index_copy_ takes int64 only)
         k_all = None
         if k_BGTE is not None:
             k_all = self._buffer(f"{name}_k", k_BGTE)
@@ -433,10 +434,15 @@ class StaticCache(nn.Module):
         if placement.device != h_BTD.device:
             raise ValueError(f"a KV cache on {placement.device} for a model computing on {h_BTD.device}: call "
                              f"setup_cache without device= (the model's), or move the model with .to()")
-        if placement.dtype != h_BTD.dtype and not torch.is_autocast_enabled(h_BTD.device.type):
+        autocast = torch.is_autocast_enabled(h_BTD.device.type)
+        if placement.dtype != h_BTD.dtype and not autocast:
             raise ValueError(f"a KV cache of dtype {placement.dtype} for a model computing in {h_BTD.dtype}: call "
                              f"setup_cache without dtype= (the model's), or convert the model with .to(dtype); another "
                              f"dtype is for autocast")
+        if autocast and placement.dtype == torch.float64 != h_BTD.dtype:  # autocast casts no float64 tensor
+            raise ValueError(f"a KV cache of dtype torch.float64 under autocast for a model computing in "
+                             f"{h_BTD.dtype}: autocast leaves float64 as it is, so its keys would meet queries of "
+                             f"another dtype; call setup_cache without dtype= (the model's)")
 
 
 # --------------------------------------------------------------------------------------
