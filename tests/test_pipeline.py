@@ -1254,9 +1254,11 @@ def test_an_infinite_loss_stops_as_a_nan_does(tmp_path, monkeypatch):
     assert ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)["step"] == 4
 
 
-def test_an_infinite_gradient_with_a_finite_loss_also_stops(tmp_path, monkeypatch):
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+def test_an_infinite_gradient_with_a_finite_loss_also_stops(tmp_path, monkeypatch, grad_clip):
     """A gradient that overflows while the loss stays finite stops the run before the optimizer steps
-    on it (the gradient norm joins the checked value)."""
+    on it (the gradient norm joins the checked value), also without clipping (grad_clip=0 checked the loss alone:
+    AdamW stepped onto NaN weights, and the run kept them as its 'last good checkpoint', which --resume refused)."""
     data = write_corpus(tmp_path / "c")
     original, seen = Trainer._train_step, []
 
@@ -1274,7 +1276,7 @@ def test_an_infinite_gradient_with_a_finite_loss_also_stops(tmp_path, monkeypatc
 
     monkeypatch.setattr(Trainer, "_train_step", overflow_at_6)
     with pytest.raises(TrainingDiverged, match="at step 6"):
-        train(tmp_path / "run", *tiny_configs(data), quiet=True)
+        train(tmp_path / "run", *tiny_configs(data, grad_clip=grad_clip), quiet=True)
     assert seen == [True]
 
 
@@ -2872,12 +2874,14 @@ def test_clipping_uses_grad_clip_on_the_accumulated_gradient(tmp_path, monkeypat
 
 
 def test_a_grad_clip_of_zero_trains_without_clipping(tmp_path, monkeypatch):
-    """grad_clip=0 means no clipping (config: "0 = no clipping"): the run never clips, and its weights are those of a
-    run whose threshold is never reached; clipping at a norm of 0 would zero every gradient (no learning at all)."""
+    """grad_clip=0 means no clipping (config: "0 = no clipping"): the run's threshold is infinite (the gradient norm
+    is still taken, to stop on a non-finite one), and its weights are those of a run whose threshold is never reached;
+    clipping at a norm of 0 would zero every gradient (no learning at all)."""
     data = write_corpus(tmp_path / "c")
     seen = clip_thresholds(monkeypatch)
     train(tmp_path / "off", *tiny_configs(data, dropout=0.0, max_steps=3, eval_every=3, grad_clip=0.0), quiet=True)
-    assert seen == []
+    assert seen == [math.inf] * 3
+    seen.clear()
     train(tmp_path / "far", *tiny_configs(data, dropout=0.0, max_steps=3, eval_every=3, grad_clip=1e9), quiet=True)
     assert seen == [1e9] * 3
     a, b = final_weights(tmp_path / "off"), final_weights(tmp_path / "far")

@@ -850,11 +850,11 @@ class Trainer:
                     loss = self.step_model(xs, ys) / cfg.grad_accum
                 loss.backward()
             total += loss.detach()
-        if cfg.grad_clip:
-            norm = torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), cfg.grad_clip)
-            if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
-                norm = norm.full_tensor()
-            total = total + 0.0 * norm  # a non-finite gradient norm also stops the run
+        # the gradient norm, also without clipping (max_norm inf scales by exactly 1): a non-finite one stops the run
+        norm = torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), cfg.grad_clip or math.inf)
+        if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
+            norm = norm.full_tensor()
+        total = total + 0.0 * norm
         value = float(total)
         if self.dist.enabled:
             value = self.dist.all_sum([value])[0] / self.dist.world
