@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import re
@@ -341,9 +342,19 @@ def test_a_run_started_elsewhere_finds_its_data_by_another_path(trained, tmp_pat
     code, out, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--data", tmp_path / "corpus",
                                       "--quiet"])
     assert code == 0, err
+    # --set data=PATH, the same field given the other way (it was refused as an option changing the run), with the
+    # corpus moved again (read where it is now)
+    (tmp_path / "run" / rundir.RESULT).unlink()
+    (tmp_path / "corpus").rename(tmp_path / "moved")
+    code, out, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--set", "data=../moved",
+                                      "--quiet"])
+    assert code == 0, err
+    (tmp_path / "moved").rename(tmp_path / "corpus")
     other = write_corpus(tmp_path / "other", seed=1)
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--data", other])
     assert "--data" in one_line(code, err)  # another corpus is still refused
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--set", f"data={other}"])
+    assert f"these options would change it: --set data={other} (recorded: " in one_line(code, err)
     # the same corpus by another path excuses --data alone: another option given with it is still refused
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", tmp_path / "run", "--data", tmp_path / "corpus",
                                     "--seed", "7"])
@@ -1636,6 +1647,34 @@ def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path
     for other in (2, 50, 200):  # neither its entries nor up to its largest id: another model's tokenizer
         with pytest.raises(CheckpointError, match=f"has 101 tokens but the model's vocabulary is {other}"):
             Tokenizer.load(path, expected_vocab=other)
+
+
+def test_the_json_lines_of_train_and_eval_are_strict_json_with_an_infinite_perplexity(trained, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """An infinite perplexity (a diverged model's) printed Infinity in train's final JSON line and eval's, which is
+    no JSON (and train printed null for the same run once read back from result.json): null in both."""
+    import dataclasses
+
+    from gbattn.eval import perplexity
+    from gbattn.train.trainer import Trainer
+
+    def strict(line: str) -> dict:
+        return json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in {line}"))
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    evaluate = perplexity.evaluate
+    monkeypatch.setattr(perplexity, "evaluate", lambda *a, **k: dataclasses.replace(evaluate(*a, **k), loss=math.inf))
+    code, out, err = run_cli(capsys, ["eval", run])
+    assert code == 0, err
+    assert strict(out.splitlines()[-1])["ppl"] is None
+    result = rundir.read_result(run / rundir.RESULT)
+    monkeypatch.setattr(Trainer, "run", lambda self: {**result, "valid_ppl": math.inf, "test_ppl": math.inf})
+    code, out, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
+    assert code == 0, err
+    summary = strict(out.splitlines()[-1])
+    assert summary["valid_ppl"] is None and summary["test_ppl"] is None and summary["steps"] == result["steps"]
 
 
 def test_a_float_field_of_400_digits_is_one_line(trained, tmp_path, capsys, monkeypatch):

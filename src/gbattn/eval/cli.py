@@ -71,7 +71,7 @@ def cmd_eval(args) -> None:
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
     from gbattn.eval.perplexity import evaluate
-    from gbattn.files import atomic_write
+    from gbattn.files import atomic_write, finite
     from gbattn.progress import Progress
     from gbattn.rundir import check_output_file, check_output_outside_data, load_run
     from gbattn.runtime import autocast, resolve_device, set_threads, use_tf32
@@ -111,7 +111,7 @@ def cmd_eval(args) -> None:
     print(f"{args.split} perplexity {res.ppl:.3f} (loss {res.loss:.4f} nats) over {res.tokens:,} tokens, "
           f"{run.checkpoint} weights at step {run.step}"
           + (test_split_note(data.notes) if args.split == "test" else "") + (f"; {other_data}" if other_data else ""))
-    print(json.dumps(out))
+    print(json.dumps(finite(out)))  # strict JSON (an infinite perplexity is null)
 
 
 def cmd_generate(args) -> None:

@@ -72,6 +72,8 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
         if ModelConfig.from_dict(d) != model_cfg:
             differ.append(f"--set {key}={value} (recorded: {_recorded(model_cfg.to_dict(), key)})")
     for key, value in train_sets.items():
+        if key == "data" and same_corpus(value, saved, train_cfg):  # as --data: the same corpus at another path
+            continue
         if key not in TrainConfig.RESULT_NEUTRAL and train_cfg.replace(**{key: value}) != train_cfg:
             differ.append(f"--set {key}={value} (recorded: {getattr(train_cfg, key)})")
     asked = args.compile if args.compile is not None else train_sets.get("compile")
@@ -94,6 +96,7 @@ def cmd_train(args) -> None:
     from gbattn.config import TrainConfig, build_configs, merge_options, parse_sets
     from gbattn.data.corpus import check_split_setting
     from gbattn.errors import UserError
+    from gbattn.files import finite
     from gbattn.train.distributed import is_first_process, shutdown_distributed
     from gbattn.train.trainer import Trainer
 
@@ -115,8 +118,8 @@ def cmd_train(args) -> None:
             raise UserError(f"train --resume continues {args.out} as it was started; these options would change it: "
                             f"{'; '.join(differ)}. Leave them out, or start a new run (another --out, or --restart)")
         neutral = {k: v for k, v in sets.items() if k in TrainConfig.RESULT_NEUTRAL}  # with --threads, --device ...
-        if args.data and args.data != train_cfg.data:  # the same corpus at another path (resume_conflicts)
-            neutral["data"] = args.data
+        if sets.get("data") and sets["data"] != train_cfg.data:  # the same corpus at another path (resume_conflicts;
+            neutral["data"] = sets["data"]  # --data or --set data=)
         trainer = Trainer(args.out, resume=True, quiet=args.quiet, overrides=neutral)
     else:
         if args.init_from:
@@ -138,7 +141,7 @@ def cmd_train(args) -> None:
     summary = {k: result.get(k) for k in ("attn", "parameters", "steps", "valid_ppl", "test_ppl", "train_tokens_per_s")}
     summary["test_split"] = result.get("test_split", "test")  # "valid": the data has no test split
     if is_first_process():  # under torchrun: one summary
-        print(json.dumps(summary))
+        print(json.dumps(finite(summary)))  # strict JSON (an infinite perplexity is null, as in result.json)
 
 
 def _refuse_resume_without_run(out: Path) -> None:
