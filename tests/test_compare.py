@@ -1130,7 +1130,11 @@ def test_a_killed_run_of_a_comparison_resumes_with_the_threads_asked_now(tmp_pat
         patched.setattr(Trainer, "_train_step", crash)
         with pytest.raises(RuntimeError, match="simulated kill"):
             run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True, threads=1)
+        # rerun without --threads: this call's default (the run kept the 1 thread of the call that started it)
+        with pytest.raises(RuntimeError, match="simulated kill"):
+            run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True)
     run = out / "standard" / "seed42"
+    assert rundir.read_config(run / rundir.CONFIG)["train"]["threads"] is None
     assert (run / rundir.CHECKPOINT).exists() and not (run / rundir.RESULT).exists()
     report = run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True, threads=2)
     events = [json.loads(line) for line in (run / rundir.METRICS).read_text().splitlines()]

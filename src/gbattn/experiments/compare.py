@@ -403,16 +403,18 @@ def start_run(run_dir: Path, preset: str | None, model_cfg, train_cfg: TrainConf
         rundir.write_config(run_dir, preset, model_cfg, train_cfg, extra, planned=True)
     cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", str(run_dir), "--quiet"]
     for key, value in neutral.items():
-        cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
+        if value is not None:  # (threads: a child of --jobs N always gets its share)
+            cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
     with open_to_append(run_dir / "train.log") as log:  # the child keeps its own handle; never through a link
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
 
 
 def _neutral(train_cfg: TrainConfig, sets: dict) -> dict:
     """The result-neutral settings of this invocation a resumed run takes over its recorded ones:
-    the threads, and the neutral keys given with --set (device, compile, ...)."""
+    the threads (None, this call's default: a run an earlier --jobs N left kept that call's share of them), and the
+    neutral keys given with --set (device, compile, ...)."""
     keys = [k for k in TrainConfig.RESULT_NEUTRAL if k in sets or k == "threads"]
-    return {k: getattr(train_cfg, k) for k in keys if getattr(train_cfg, k) is not None}
+    return {k: getattr(train_cfg, k) for k in keys if k == "threads" or getattr(train_cfg, k) is not None}
 
 
 def _stop_children(procs: list[subprocess.Popen]) -> None:
