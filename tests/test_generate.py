@@ -786,6 +786,10 @@ def test_stop_strings_wait_for_every_row_and_cut_each_before_its_first_stop_stri
     assert stop.cut("\n\nabc", "\n\nabc") == ""  # no prompt text, and the new text begins with a stop string
     # of two stop strings, the text ends at the first, whichever of them it is
     assert stop.cut("p: ab\n\ncdji", "ab\n\ncdji") == stop.cut("p: abjicd\n\n", "abjicd\n\n") == "p: ab"
+    # four rows (the rows are counted, not the tokens): stopped at their 2nd, 4th, 3rd and 5th tokens, each staying
+    # stopped once its match has left the window, so the generation is done at the 5th
+    four = [[9, 8, 0, 1, 2, 3], [0, 1, 9, 8, 2, 3], [0, 9, 8, 1, 2, 3], [0, 1, 2, 9, 8, 3]]
+    assert [stop(torch.tensor(four)[:, :n]) for n in range(1, 7)] == [False] * 4 + [True] * 2
     # stop strings of unlike lengths: the window fits the longest, so a long one is seen at its last token
     uneven = decoding.StopStrings(lambda ids: "".join(letters[i] for i in ids), ["j", "cdef"])
     assert uneven.window == 5
