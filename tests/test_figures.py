@@ -860,7 +860,26 @@ def test_paired_differences_with_a_missing_seed_name_their_seeds_and_are_not_mar
     from gbattn.experiments.report import paired_cell
 
     assert paired_cell({"1": 0.02, "2": -0.01}, ["1", "2", "3", "4"]) == (
-        "+0.005 (1: +0.020 / 2: -0.010; seed 3, 4 missing), p 0.80")
+        "+0.005 (1: +0.020 / 2: -0.010; seed 3, 4 missing), p 0.80 over 2 seeds")
+
+
+def test_a_compute_matched_cell_with_seeds_beyond_the_tables_names_them():
+    """Standard on seeds 1 and 2 (the table's, named in the caption), compute-matched and GBA on 1, 2 and 3 (a
+    comparison continued with --only): GBA's cell against compute-matched was three unnamed values under a caption
+    naming two seeds, marked with the two seeds' chance of agreeing. Each value names its seed, the extra seed is
+    said, the p says over how many, and the cell is not marked."""
+    rows = [model_row("standard", {"1": 9.0, "2": 9.1}), model_row("gba-m2", {"1": 8.8, "2": 8.9, "3": 8.7}),
+            model_row("compute-matched", {"1": 8.5, "2": 8.6, "3": 8.4}, compute_matched_to="gba-m2")]
+    for row, losses in zip(rows, ({"1": 2.20, "2": 2.21}, {"1": 2.17, "2": 2.18, "3": 2.16},
+                                  {"1": 2.12, "2": 2.14, "3": 2.11})):
+        row["valid_loss"] = losses
+    md = results_markdown({**report_of(rows), "seeds": [1, 2, 3]})
+    assert "each seed's difference (1, 2); " in md
+    gba = next(line for line in md.splitlines() if line.startswith("| gba-m2 | 800,000 | 0.008 |"))
+    to_standard, to_matched = gba.split(" | ")[-2:]
+    assert to_standard.startswith("-0.030 (-0.030 / -0.030) **same sign**")
+    assert to_matched.startswith("+0.047 (1: +0.050 / 2: +0.040 / 3: +0.050; seed 3 beyond the table's), p ")
+    assert to_matched.endswith(" over 3 seeds |") and "**same sign**" not in to_matched
 
 
 def test_results_footer_claims_a_spread_only_where_a_model_has_two_seeds():

@@ -641,19 +641,25 @@ def same_sign_note(n_seeds: int) -> str:
 
 def paired_cell(diffs: dict[str, float], seeds: list[str] | None = None) -> str:
     """'-0.021 (-0.030 / -0.015 / -0.019) **same sign**, p 0.02': mean, each seed, whether every seed's
-    difference has the same sign, and the paired t-test's p (:func:`paired_t_p`). When a seed of ``seeds``
-    (the table's) is missing, each value is named by its seed and the cell is not marked (not every seed was
-    seen)."""
+    difference has the same sign, and the paired t-test's p (:func:`paired_t_p`). When the cell's seeds are not
+    ``seeds`` (the table's, which its caption names in order): a seed missing, or one beyond them (a
+    compute-matched reference with more seeds than standard), each value is named by its seed, the p says over how
+    many, and the cell is not marked (the caption's chance of the mark is for the table's seeds)."""
     if not diffs:
         return "—"
     values = list(diffs.values())
     missing = [s for s in (seeds or []) if s not in diffs]
-    agree = not missing and len(values) > 1 and (all(v < 0 for v in values) or all(v > 0 for v in values))
-    if missing:
-        per_seed = " / ".join(f"{s}: {v:+.3f}" for s, v in diffs.items()) + f"; seed {', '.join(missing)} missing"
+    extra = [s for s in diffs if seeds is not None and s not in seeds]
+    agree = not (missing or extra) and len(values) > 1 and (all(v < 0 for v in values) or all(v > 0 for v in values))
+    if missing or extra:
+        per_seed = " / ".join(f"{s}: {v:+.3f}" for s, v in diffs.items()) + "".join(
+            f"; seed {', '.join(those)} {why}" for those, why in ((missing, "missing"), (extra, "beyond the table's"))
+            if those)
     else:
         per_seed = " / ".join(f"{v:+.3f}" for v in values)
     p = p_text(paired_t_p(values))
+    if p and (missing or extra):
+        p += f" over {len(values)} seeds"
     return f"{statistics.fmean(values):+.3f} ({per_seed}){' ' + SAME_SIGN if agree else ''}{', ' + p if p else ''}"
 
 
