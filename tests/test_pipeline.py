@@ -1358,6 +1358,26 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
     assert ("".join(nano.lines("train")), "".join(nano.lines("valid"))) == (odd[:902], odd[902:])
 
 
+def test_a_single_file_is_cut_into_lines_at_newlines_only_as_a_folder_is(tmp_path):
+    """str.splitlines also broke a single file's text at form feeds, U+2028, U+0085 and the like (a folder's files and
+    run.perplexity break at newlines only): a byte-level tokenizer then saw other lines, and a line holding only such
+    a character was dropped. The file's lines are the folder's; a file without such characters keeps its
+    fingerprint, one with them gets another (its tokens were cut otherwise before)."""
+    line = "First Citizen:\x0cBefore we\u2028\u2028proceed.\x85All:\x1cSpeak, speak.\n"
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "train.txt").write_text(line * 3)
+    for split in ("valid", "test"):
+        (tmp_path / "folder" / f"{split}.txt").write_text("x\n")
+    (tmp_path / "one.txt").write_text(line * 3 + "x\n" * 20)  # (90% of it holds the three lines)
+    single = list(load_corpus(str(tmp_path / "one.txt"), (0.9, 0.05, 0.05)).lines("train"))
+    assert single[:3] == list(load_corpus(str(tmp_path / "folder")).lines("train")) == [line] * 3
+    plain = tmp_path / "plain.txt"
+    plain.write_text("to be or not to be\n" * 20)
+    for path, kept in ((plain, True), (tmp_path / "one.txt", False)):
+        before = hashlib.sha256(f"{corpus_mod.checked_digest(path)}|{corpus_mod.DEFAULT_SPLIT}".encode()).hexdigest()
+        assert (load_corpus(str(path)).fingerprint == before) == kept
+
+
 @pytest.mark.parametrize("names, chosen", [
     # both WikiText flavours present: the raw files (listed first) are the ones read
     (["wiki.train.raw", "wiki.train.tokens", "wiki.valid.raw", "wiki.valid.tokens", "wiki.test.raw",

@@ -23,6 +23,7 @@ import codecs
 import contextlib
 import gzip
 import hashlib
+import io
 import logging
 import os
 import re
@@ -50,6 +51,15 @@ HF_NAMES = {
 DEFAULT_SPLIT = (0.9, 0.05, 0.05)
 BUNDLED = {"tiny-shakespeare": "tiny-shakespeare.txt.gz"}  # shipped inside the package
 
+# Line breaks str.splitlines takes beside the newline (a form feed, U+2028, ...).
+OTHER_LINE_BREAKS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def text_lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` (newlines already translated), each ending at a newline, kept (the character tokenizer
+    must see it): as a folder's files and ``run.perplexity`` read text. ``str.splitlines`` also broke at form feeds,
+    U+2028 and the like, which changed a byte-level tokenizer's tokens and dropped a line holding only one."""
+    return iter(io.StringIO(text, newline="\n"))
 
 def bundled_path(name: str) -> Path:
     """Path of a corpus shipped with gbattn (see ``data/corpora/SOURCE.md``)."""
@@ -269,11 +279,12 @@ def _single_file(path: Path, split: tuple[float, float, float], name: str | None
     notes = [f"single file split by characters {split[0]:.2f}/{split[1]:.2f}/{split[2]:.2f}"]
     if split[2] == 0:
         notes.append(NO_TEST_SPLIT)
-    fingerprint = hashlib.sha256(f"{digest}|{tuple(split)}".encode()).hexdigest()
+    # (a text with a line break other than a newline was cut into other lines before: its token cache is not reused)
+    lines_rule = "|newline-lines" if OTHER_LINE_BREAKS.search(text) else ""
+    fingerprint = hashlib.sha256(f"{digest}|{tuple(split)}{lines_rule}".encode()).hexdigest()
 
     def reader(s: str) -> Iterator[str]:
-        # keepends: the character tokenizer must see newlines; BPE strips them anyway
-        yield from parts[s].splitlines(keepends=True)
+        yield from text_lines(parts[s])
 
     return Corpus(name=name or str(path), fingerprint=fingerprint, reader=reader, notes=notes)
 
@@ -354,9 +365,9 @@ def _hugging_face(name: str) -> Corpus:
             for i, row in enumerate(ds):
                 bucket = i % 200
                 if (want is None and bucket > 1) or bucket == want:
-                    yield from row["text"].splitlines(keepends=True)
+                    yield from text_lines(row["text"])
 
-        return Corpus(name=name, fingerprint=f"hf:{dataset}:stream:v1", reader=reader,
+        return Corpus(name=name, fingerprint=f"hf:{dataset}:stream:v2", reader=reader,  # v2: text_lines
                       notes=["openwebtext: documents i%200==0 -> valid, i%200==1 -> test"])
 
     names = {"train": "train", "valid": "validation", "test": "test"}
