@@ -137,6 +137,23 @@ def test_a_module_on_its_own_decodes_with_a_cache_as_without(variant_case, naive
     torch.testing.assert_close(torch.cat(parts, 1)[keep], full[keep], rtol=1e-10, atol=1e-10)
 
 
+def test_a_module_on_its_own_runs_as_a_data_parallel_replica(variant_case):
+    """nn.DataParallel's replicate() leaves each replica's weights as plain tensor attributes, none registered:
+    a module on its own read its device and dtype from next(self.parameters()) and raised StopIteration. A replica
+    made so (on the CPU: replicate itself needs CUDA) gives the module's output."""
+    import copy
+
+    attn = make(variant_case, "gqa-rope").eval()
+    replica = copy.deepcopy(attn)
+    for module in replica.modules():
+        for name in list(module._parameters):
+            tensor = module._parameters.pop(name)
+            object.__setattr__(module, name, None if tensor is None else tensor.detach().clone())
+    assert list(replica.parameters()) == []
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    torch.testing.assert_close(replica(x), attn(x), rtol=0, atol=0)
+
+
 def test_a_module_on_its_own_refuses_a_cache_it_cannot_use():
     """A model's StaticLayerCache needs the model's slots, bidirectional attention cannot grow token by
     token, and a cache holds one batch: each is a ValueError rather than a silently wrong output or a

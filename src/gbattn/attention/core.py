@@ -636,7 +636,7 @@ class AttentionBase(nn.Module):
             if x_BTD.dim() != 3 or x_BTD.shape[-1] != self.args.d_model:
                 raise ValueError(f"input of shape {tuple(x_BTD.shape)}: expected (batch, tokens, "
                                  f"d_model={self.args.d_model})")
-            weight = next(self.parameters())
+            weight = self.out.weight  # (every variant's; a DataParallel replica holds no registered parameters)
             check_device("input", x_BTD, weight.device, "a module")
             weight_dtype = weight.dtype
             if not x_BTD.is_floating_point() or (x_BTD.dtype != weight_dtype
