@@ -596,6 +596,12 @@ def test_train_writes_a_self_describing_run(tmp_path):
     by_hand = torch.nn.functional.cross_entropy(run.model(ids[:, :-1])[0], ids[0, 1:]).item()
     scored = run.perplexity("to be or")
     assert scored.tokens == ids.shape[1] - 1 and scored.loss == pytest.approx(by_hand, rel=1e-6)
+    # with a KV cache the caller set up: scored as without it (each whole-row forward was refused for lacking
+    # input_pos), and the cache is the caller's again afterwards, as generate() leaves it
+    run.model.setup_cache(1)
+    cache = run.model.kv_cache
+    assert run.perplexity("to be or").loss == scored.loss and run.model.kv_cache is cache
+    run.model.clear_cache()
     with pytest.raises(UserError, match="the text encodes to 1 token: a perplexity needs at least 2"):
         run.perplexity("t")
     # token ids given to the text API were the tokenizer's "'int' object is not iterable"

@@ -43,7 +43,8 @@ def evaluate(
     progress=None,
 ) -> EvalResult:
     """Mean loss over every non-overlapping row of ``seq_len + 1`` tokens of ``tokens`` (fewer tokens
-    than one row: a ValueError). Under DDP each process takes a slice of the rows and the sums are all-reduced."""
+    than one row: a ValueError). Under DDP each process takes a slice of the rows and the sums are all-reduced. The
+    model's mode and KV cache are as they were afterwards."""
     # (a batch_size of 0 divided by zero; a seq_len of 0 was the model's "token ids of shape (32, 0)")
     seq_len = checked("seq_len", seq_len, int, lambda n: n >= 1, "an integer >= 1 (input tokens per row)")
     batch_size = checked("batch_size", batch_size, int, lambda n: n >= 1, "an integer >= 1 (rows per batch)")
@@ -51,8 +52,10 @@ def evaluate(
     if not len(rows):  # else a loss of 0 over no tokens: perplexity 1.0
         raise ValueError(f"{len(tokens):,} tokens: fewer than one row of seq_len + 1 = {seq_len + 1}, nothing to "
                          f"evaluate")
-    was_training = model.training
+    was_training, callers_cache = model.training, getattr(model, "kv_cache", None)
     model.eval()
+    if callers_cache is not None:  # a KV cache the caller set up (setup_cache) is set aside, as generate() does:
+        model.clear_cache()  # every forward here is a whole row (with it, each was refused for lacking input_pos)
     n_batches = math.ceil(len(rows) / batch_size)
     if dist_env is not None and dist_env.enabled:
         # Every process runs the same number of forward passes (FSDP2 gathers parameters in each);
@@ -80,6 +83,8 @@ def evaluate(
             total, count = dist_env.all_sum([total, float(count)])
     finally:
         model.train(was_training)
+        if callers_cache is not None:
+            model.kv_cache = callers_cache
     return EvalResult(
         loss=total / max(count, 1),
         tokens=int(count),
