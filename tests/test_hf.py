@@ -2786,6 +2786,30 @@ def test_lm_eval_command_forwards_every_option(tmp_path, monkeypatch, capsys):
     assert code == 2 and "device='cdua' is not allowed (did you mean 'cuda'?)" in err and len(calls) == 4, err
 
 
+def test_lm_eval_refuses_file_names_too_long_for_the_file_system_before_it_evaluates(tmp_path, monkeypatch, capsys):
+    """Six long task names: the results file's name (246 bytes) was legal, but atomic_write's temporary name was not,
+    and a samples file's name was longer still: the command failed after the whole evaluation, its results lost. Such
+    names are refused before anything runs, in one line naming the file; a short --output takes the results."""
+    from gbattn.files import building_suffix
+    from gbattn.hf import lmeval
+
+    calls = []
+    monkeypatch.setattr(lmeval, "run_lm_eval", lambda *args, **kwargs: calls.append(args) or {"gbattn": {}})
+    monkeypatch.setattr(lmeval, "print_tables", lambda results: None)
+    monkeypatch.setattr(lmeval, "write_results", lambda results, out, roots: [out])
+    model = tmp_path / "model"
+    model.mkdir()
+    room = lmeval.NAME_MAX - len(building_suffix())  # the longest results name that fits, temporary suffix and all
+    task = "t" * (room - len("results-.json"))
+    assert cli_main(["lm-eval", str(model), "--tasks", task]) == 0 and len(calls) == 1
+    for argv in (["--tasks", task + "x"], ["--tasks", task, "--log-samples"]):  # one byte over; its samples file
+        code, _, err = run_cli(capsys, ["lm-eval", model, *argv])
+        assert code == 2 and err.count("\n") == 1 and "longer than the 255 a file name may have" in err, err
+    assert len(calls) == 1  # nothing evaluated
+    assert cli_main(["lm-eval", str(model), "--tasks", task + "x", "--output", str(tmp_path / "r.json")]) == 0
+    assert len(calls) == 2
+
+
 def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
     """The model wrapper gets the batch size and the block size as max_length, simple_evaluate the
     task manager, limit, shots and log_samples; the tokenizer's "longer than" warning is filtered

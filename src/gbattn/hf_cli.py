@@ -68,7 +68,7 @@ def cmd_lm_eval(args) -> None:
     require("transformers", "lm-eval")
     require("lm_eval", "lm-eval")
     from gbattn.files import relative_path
-    from gbattn.hf.lmeval import print_tables, results_stem, run_lm_eval, write_results
+    from gbattn.hf.lmeval import check_file_names, print_tables, results_stem, run_lm_eval, write_results
     from gbattn.rundir import LM_EVAL_DIR, check_model_dir, check_output_file
     from gbattn.runtime import command_line, resolve_device, set_threads
 
@@ -84,6 +84,7 @@ def cmd_lm_eval(args) -> None:
     stem = results_stem(tasks, args.limit, args.num_fewshot, args.checkpoint)
     out = Path(args.output) if args.output else model / LM_EVAL_DIR / f"results-{stem}.json"
     check_output_file(out, "--output")
+    check_file_names(out, tasks, args.log_samples)
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     results = run_lm_eval(model, tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,

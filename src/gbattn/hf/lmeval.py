@@ -27,7 +27,16 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gbattn.errors import CheckpointError, ConfigError, UserError
-from gbattn.files import atomic_write, error_detail, finite, read_json, refuse_lfs_pointer, relative_path, write_json
+from gbattn.files import (
+    atomic_write,
+    building_suffix,
+    error_detail,
+    finite,
+    read_json,
+    refuse_lfs_pointer,
+    relative_path,
+    write_json,
+)
 from gbattn.hf.export import quiet_transformers, wrap_run
 from gbattn.rundir import (
     CONFIG,
@@ -367,6 +376,26 @@ def portable(obj, roots: list[Path]):
     return portable(handle_non_serializable(obj), roots)
 
 
+NAME_MAX = 255  # bytes in a file name on the usual file systems (ext4, XFS, APFS, NTFS)
+
+
+def samples_path(out: Path, task: str) -> Path:
+    """Where a task's samples go beside the results file ``out``: ``samples-<task>-<stem>.jsonl``."""
+    return out.with_name(f"samples-{file_name_part(task)}-{out.stem.removeprefix('results-')}.jsonl")
+
+
+def check_file_names(out: Path, tasks: list[str], log_samples: bool) -> None:
+    """A results file, or with ``--log-samples`` a task's samples file, whose name with atomic_write's temporary
+    suffix is longer than a file system takes is refused before the evaluation: it failed after it, the results (or
+    the samples) lost. (A group's subtasks, known only once it runs, can name longer samples files.)"""
+    names = [out.name] + [samples_path(out, task).name for task in tasks if log_samples]
+    longest = max(names, key=lambda name: len(os.fsencode(name)))
+    if len(os.fsencode(longest + building_suffix())) > NAME_MAX:
+        raise UserError(f"lm-eval would write {longest[:40]}... ({len(os.fsencode(longest)):,} bytes, and "
+                        f"{len(building_suffix())} more while it is written): longer than the {NAME_MAX} a file name "
+                        f"may have; give --output a shorter name, or fewer tasks per call")
+
+
 def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
     """``out`` (the results, without samples) and, with samples, ``samples-<task>.jsonl`` beside it."""
     samples = results.pop("samples", None)
@@ -375,7 +404,7 @@ def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(portable(results, roots), out)
     for task, rows in (samples or {}).items():
-        path = out.with_name(f"samples-{file_name_part(task)}-{out.stem.removeprefix('results-')}.jsonl")
+        path = samples_path(out, task)
         lines = (json.dumps(finite(portable(r, roots)), ensure_ascii=False) for r in rows)
         atomic_write(path, "".join(line + "\n" for line in lines))
         written.append(path)
