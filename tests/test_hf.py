@@ -2053,6 +2053,13 @@ def test_an_unknown_task_names_the_yaml_files_of_the_include_path_that_do_not_pa
                                         r"dict from .*\), which do not parse$"):
         task_manager(["zz_list"], str(tmp_path))
     assert task_manager(["toy_ok"], str(tmp_path)).match_tasks(["toy_ok"])
+    # a glob passed the check and reached the harness unexpanded, which blamed the task's YAML: named as a pattern
+    write_task(tmp_path, "toy_ok2", MC_ROW, "output_type: multiple_choice\n" + MC_SPEC)
+    (tmp_path / "toy_broken.yaml").unlink()
+    (tmp_path / "zz_list.yaml").unlink()
+    with pytest.raises(UserError, match=r"^--tasks 'toy_ok\*' is a pattern; name the tasks it matches: "
+                                        r"toy_ok,toy_ok2$"):
+        task_manager(["toy_ok", "toy_ok*"], str(tmp_path))
 
 
 def copy_with_json_changed(directory, copy, name: str, **changes):
@@ -2729,13 +2736,19 @@ def test_lm_eval_results_file_names_and_contents(tmp_path):
     # --checkpoint last has its own results file (it replaced the best weights'); best, the default, has none
     assert results_stem(["piqa"], 100.0, 5, "last") == "piqa-limit100-5shot-last"
     assert results_stem(["piqa"], None, None, "best") == results_stem(["piqa"], None, None) == "piqa"
-    samples = {"toy": [{"doc": {"text": "a"}, "resps": [[float("nan")]]}], "my/task x": [{"doc": {"text": "b"}}]}
+    # a document's text that looks like a path ("/wiki/Coriolanus", an answer "/2") is text: kept (it was cut to
+    # "wiki/Coriolanus"), while a path of this machine is made relative
+    doc = {"text": "b", "source": "/wiki/Coriolanus", "target": "/2", "file": str(tmp_path / "data" / "x.jsonl")}
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.jsonl").write_text("")
+    samples = {"toy": [{"doc": {"text": "a"}, "resps": [[float("nan")]]}], "my/task x": [{"doc": doc}]}
     results = {"results": {"toy": {"acc": 0.5}}, "pretty_env_info": "PyTorch version: 2", "samples": samples}
     out = tmp_path / "lm-eval" / "results-toy.json"
     written = write_results(results, out, [tmp_path])
     # a task YAML's name as the results stem has it (with its "/" the samples file was a FileNotFoundError)
     assert written == [out, out.with_name("samples-toy-toy.jsonl"), out.with_name("samples-my_task_x-toy.jsonl")]
-    assert results["samples"] is samples and json.loads(written[2].read_text()) == {"doc": {"text": "b"}}
+    assert results["samples"] is samples and json.loads(written[2].read_text()) == {"doc": {
+        "text": "b", "source": "/wiki/Coriolanus", "target": "/2", "file": f"{tmp_path.name}/data/x.jsonl"}}
     assert json.loads(out.read_text()) == {"results": {"toy": {"acc": 0.5}}}
 
     def strict(constant):

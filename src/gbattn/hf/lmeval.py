@@ -236,6 +236,12 @@ def task_manager(tasks: list[str], include_path: str | None) -> TaskManager:
         hint = f"; the harness skipped {', '.join(skipped[:3])}, which {verb} not parse" if skipped else ""
         raise UserError(f"unknown lm-eval task(s) {unknown}: see `lm-eval ls tasks`, or pass --include-path DIR "
                         f"with the task's YAML{hint}")
+    # a glob ("mmlu_*") passed the check above and reached the harness unexpanded, which blamed the task's YAML
+    patterns = {t: manager.match_tasks([t]) for t in tasks if manager.match_tasks([t]) != [t]}
+    if patterns:
+        pattern, matched = next(iter(patterns.items()))
+        raise UserError(f"--tasks {pattern!r} is a pattern; name the tasks it matches: "
+                        f"{','.join(matched[:20])}{',...' if len(matched) > 20 else ''}")
     return manager
 
 
@@ -358,22 +364,23 @@ def is_machine_path(text: str) -> bool:
         not any(c.isspace() for c in text) or os.path.exists(text))
 
 
-def portable(obj, roots: list[Path]):
+def portable(obj, roots: list[Path], existing_only: bool = False):
     """``obj`` as JSON values, with every string that is an absolute path made relative: to the
     parent of the first of ``roots`` holding it, else to the working directory, else its last two
-    parts (results files hold no paths of the machine that wrote them). Values JSON has no type for
-    (numpy numbers, sets, ...) become what lm-evaluation-harness writes for them."""
+    parts (results files hold no paths of the machine that wrote them). ``existing_only`` (the logged samples:
+    documents, prompts and answers, where "/2" or "/wiki/Coriolanus" is text): only paths that exist here. Values
+    JSON has no type for (numpy numbers, sets, ...) become what lm-evaluation-harness writes for them."""
     if isinstance(obj, dict):
-        return {k: portable(v, roots) for k, v in obj.items()}
+        return {k: portable(v, roots, existing_only) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [portable(v, roots) for v in obj]
-    if isinstance(obj, str) and is_machine_path(obj):
+        return [portable(v, roots, existing_only) for v in obj]
+    if isinstance(obj, str) and is_machine_path(obj) and (not existing_only or os.path.exists(obj)):
         resolved = Path(obj).resolve()  # through symlinks, as the roots are
         base = next((root.parent for root in roots if resolved.is_relative_to(root.resolve())), Path.cwd())
         return relative_path(resolved, base)
     if obj is None or isinstance(obj, (str, int, float)):
         return obj
-    return portable(handle_non_serializable(obj), roots)
+    return portable(handle_non_serializable(obj), roots, existing_only)
 
 
 NAME_MAX = 255  # bytes in a file name on the usual file systems (ext4, XFS, APFS, NTFS)
@@ -405,7 +412,7 @@ def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
     write_json(portable(results, roots), out)
     for task, rows in (samples or {}).items():
         path = samples_path(out, task)
-        lines = (json.dumps(finite(portable(r, roots)), ensure_ascii=False) for r in rows)
+        lines = (json.dumps(finite(portable(r, roots, existing_only=True)), ensure_ascii=False) for r in rows)
         atomic_write(path, "".join(line + "\n" for line in lines))
         written.append(path)
     if samples is not None:
