@@ -794,7 +794,7 @@ def test_stop_strings_wait_for_every_row_and_cut_each_before_its_first_stop_stri
     uneven = decoding.StopStrings(lambda ids: "".join(letters[i] for i in ids), ["j", "cdef"])
     assert uneven.window == 5
     assert [uneven(torch.tensor([[0, 1, 2, 3, 4, 5]])[:, :n]) for n in range(1, 7)] == [False] * 5 + [True]
-    for bad in ([], [""], [1]):
+    for bad in ([], [""], [1], ["ji", ""], ["ji", 1]):  # (every one checked, not the first alone)
         with pytest.raises(ValueError, match="give one or more non-empty strings"):
             decoding.StopStrings(str, bad)
 
