@@ -1467,6 +1467,29 @@ def test_activation_checkpointing_recomputes_each_block_with_the_same_loss_and_g
             model.set_activation_checkpointing(True, every_n_layers=every)
 
 
+@pytest.mark.parametrize("layout", [{}, {"residual": "attnres-block", "attnres_block": 2}], ids=["plain", "attnres"])
+def test_per_sample_gradients_through_torch_func_vmap(layout):
+    """torch.func.vmap(grad(loss)) over a batch gives each row's own gradient (per-sample gradients, as for
+    differential privacy or influence estimates), and vmap of the forward the batched logits: the input checks that
+    read values on the host (a boolean mask of targets, ids' min and max) stopped both ("vmap: ... .item()"); they
+    are left out under torch.func transforms, as under torch.compile."""
+    from torch.func import functional_call, grad, vmap
+
+    model = tiny_model(("boosted", {"rounds": 2}), **layout).eval()
+    idx = torch.randint(0, 37, (3, 9))
+    params = {name: p.detach() for name, p in model.named_parameters()}
+
+    def loss(p, x_T, y_T):
+        return functional_call(model, p, (x_T[None], y_T[None]))
+
+    per_row = vmap(grad(loss), in_dims=(None, 0, 0))(params, idx[:, :-1], idx[:, 1:])
+    for row in range(3):
+        alone = grad(loss)(params, idx[row, :-1], idx[row, 1:])
+        for name, g in alone.items():
+            torch.testing.assert_close(per_row[name][row], g, rtol=1e-10, atol=1e-12, msg=name)
+    torch.testing.assert_close(vmap(lambda x_T: model(x_T[None])[0])(idx), model(idx), rtol=1e-10, atol=1e-12)
+
+
 def test_hidden_takes_token_embeddings_in_place_of_ids_and_checks_them():
     """GPT.hidden(None, token_embeds_BTD=wte(idx)) is hidden(idx) (learned positions and RoPE alike), and what it is
     given wrongly is one ValueError each: ids and embeddings both or neither, a list, the wrong shape or width, no

@@ -49,6 +49,12 @@ def make_dropout(cfg: ModelConfig, site: str) -> nn.Module:
     return nn.Dropout(p) if p > 0 else nn.Identity()
 
 
+
+def _traced() -> bool:
+    """Whether the forward runs under torch.compile or a torch.func transform (vmap, grad: per-sample gradients),
+    where the input checks that read values on the host (``.item()``, a boolean mask) cannot run: left out there."""
+    return torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is not None
+
 class FeedForward(nn.Module):
     """d -> hidden -> d: ``proj(drop(gelu(fc(x))))`` or SwiGLU ``proj(drop(silu(x W_g) * x W_u))``
     (the gate and up projections are one fused ``fc``)."""
@@ -249,7 +255,7 @@ class GPT(nn.Module):
         cross_entropy's "expected target dtype to be Long", an id past the vocabulary its "Target 70 is out of
         bounds" (checked on the CPU only, where it needs no host sync, as the token ids are)."""
         check_integers("targets", targets_BT)
-        if targets_BT.device.type == "cpu" and not torch.compiler.is_compiling():  # (no host sync on CPU)
+        if targets_BT.device.type == "cpu" and not _traced():  # (no host sync on CPU)
             vocab = self.lm_head.out_features
             bad = targets_BT[(targets_BT != -100) & ((targets_BT < 0) | (targets_BT >= vocab))]
             if bad.numel():
@@ -342,7 +348,7 @@ class GPT(nn.Module):
             # have alone (as the Hugging Face wrapper gives them; they were 0..T-1, shifted by the padding).
             positions = torch.arange(T, device=given.device) if key_padding_mask is None else \
                 positions_of(key_padding_mask.bool())
-        if (input_pos is not None or position_ids is not None) and not torch.compiler.is_compiling():
+        if (input_pos is not None or position_ids is not None) and not _traced():
             # (one host sync: skipped in compiled decoding)
             lowest, last = map(int, torch.stack(torch.aminmax(positions)).tolist())
             if position_ids is not None and last >= self.cfg.block_size:
@@ -358,7 +364,7 @@ class GPT(nn.Module):
             if lowest < 0:
                 raise ValueError(f"{'position_ids' if position_ids is not None else 'input_pos'} reach {lowest}; the "
                                  f"model's positions are 0 .. {self.cfg.block_size - 1}")
-        if idx_BT is not None and idx_BT.device.type == "cpu" and not torch.compiler.is_compiling():  # (no host sync
+        if idx_BT is not None and idx_BT.device.type == "cpu" and not _traced():  # (no host sync
             low, high, vocab = int(idx_BT.min()), int(idx_BT.max()), self.wte.num_embeddings  # (wte may be resized)
             if low < 0 or high >= vocab:
                 raise ValueError(f"token id {low if low < 0 else high} outside the vocabulary: ids are 0 .. "
@@ -367,7 +373,7 @@ class GPT(nn.Module):
         if self.wpe is not None:
             h_BTD = h_BTD + self.wpe(positions)
         h_BTD = self.drop(h_BTD)
-        if isinstance(cache, StaticCache) and not torch.compiler.is_compiling():
+        if isinstance(cache, StaticCache) and not _traced():
             cache.check_serves(h_BTD)  # (else SDPA's "Expected query, key, and value to have the same dtype")
         rope = rope_for(positions, self.cfg.d_head, self.cfg.rope_base, h_BTD.dtype) if self.cfg.pos == "rope" else None
         ctx = AttnContext(T=T, S=S, device=given.device,
