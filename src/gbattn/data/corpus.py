@@ -61,6 +61,7 @@ def text_lines(text: str) -> Iterator[str]:
     U+2028 and the like, which changed a byte-level tokenizer's tokens and dropped a line holding only one."""
     return iter(io.StringIO(text, newline="\n"))
 
+
 def bundled_path(name: str) -> Path:
     """Path of a corpus shipped with gbattn (see ``data/corpora/SOURCE.md``)."""
     return Path(__file__).parent / "corpora" / BUNDLED[name]

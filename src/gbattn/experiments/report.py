@@ -650,15 +650,16 @@ def paired_cell(diffs: dict[str, float], seeds: list[str] | None = None) -> str:
     values = list(diffs.values())
     missing = [s for s in (seeds or []) if s not in diffs]
     extra = [s for s in diffs if seeds is not None and s not in seeds]
-    agree = not (missing or extra) and len(values) > 1 and (all(v < 0 for v in values) or all(v > 0 for v in values))
-    if missing or extra:
+    named = bool(missing or extra)  # the cell's seeds are not the table's
+    agree = not named and len(values) > 1 and (all(v < 0 for v in values) or all(v > 0 for v in values))
+    if named:
         per_seed = " / ".join(f"{s}: {v:+.3f}" for s, v in diffs.items()) + "".join(
             f"; seed {', '.join(those)} {why}" for those, why in ((missing, "missing"), (extra, "beyond the table's"))
             if those)
     else:
         per_seed = " / ".join(f"{v:+.3f}" for v in values)
     p = p_text(paired_t_p(values))
-    if p and (missing or extra):
+    if p and named:
         p += f" over {len(values)} seeds"
     return f"{statistics.fmean(values):+.3f} ({per_seed}){' ' + SAME_SIGN if agree else ''}{', ' + p if p else ''}"
 

@@ -229,7 +229,8 @@ def task_manager(tasks: list[str], include_path: str | None) -> TaskManager:
         if any(not manager.match_tasks([t]) for t in tasks):
             manager = None
     manager = manager or GbattnTaskManager(include_path=include_path)
-    unknown = [t for t in tasks if not manager.match_tasks([t])]
+    matches = {t: manager.match_tasks([t]) for t in tasks}
+    unknown = [t for t, matched in matches.items() if not matched]
     if unknown:
         skipped = unparsed_task_files(include_path) if include_path else []
         verb = "does" if len(skipped) == 1 else "do"
@@ -237,7 +238,7 @@ def task_manager(tasks: list[str], include_path: str | None) -> TaskManager:
         raise UserError(f"unknown lm-eval task(s) {unknown}: see `lm-eval ls tasks`, or pass --include-path DIR "
                         f"with the task's YAML{hint}")
     # a glob ("mmlu_*") passed the check above and reached the harness unexpanded, which blamed the task's YAML
-    patterns = {t: manager.match_tasks([t]) for t in tasks if manager.match_tasks([t]) != [t]}
+    patterns = {t: matched for t, matched in matches.items() if matched != [t]}
     if patterns:
         pattern, matched = next(iter(patterns.items()))
         raise UserError(f"--tasks {pattern!r} is a pattern; name the tasks it matches: "

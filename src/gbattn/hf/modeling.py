@@ -288,10 +288,8 @@ class GbattnPreTrainedModel(PreTrainedModel):
         for name, value in (("input_ids", input_ids), ("inputs_embeds", inputs_embeds),
                             ("attention_mask", attention_mask), ("labels", labels)):
             check_tensor(name, value)  # (a list was "'list' object has no attribute 'dim'")
+        check_token_shapes(input_ids, inputs_embeds)
         given, name = (input_ids, "input_ids") if input_ids is not None else (inputs_embeds, "inputs_embeds")
-        if given.dim() != (2 if input_ids is not None else 3):
-            raise ValueError(f"{name} of shape {tuple(given.shape)}: expected (batch, tokens"
-                             f"{', hidden_size' if input_ids is None else ''})")
         if labels is not None and labels.shape != given.shape[:2]:
             raise ValueError(f"labels of shape {tuple(labels.shape)} for {name} of shape {tuple(given.shape)}: "
                              f"labels are the input ids (-100 = ignored), shifted inside")
@@ -395,10 +393,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         for name, value in (("input_ids", inputs), ("inputs_embeds", kwargs.get("inputs_embeds")),
                             ("attention_mask", kwargs.get("attention_mask"))):
             check_tensor(name, value)  # (a list was "'list' object has no attribute 'shape'" inside transformers)
-        for name, value, dims in (("input_ids", inputs, 2), ("inputs_embeds", kwargs.get("inputs_embeds"), 3)):
-            if value is not None and value.dim() != dims:  # (a row of ids alone was an IndexError inside transformers)
-                raise ValueError(f"{name} of shape {tuple(value.shape)}: expected (batch, tokens"
-                                 f"{', hidden_size' if dims == 3 else ''})")
+        check_token_shapes(inputs, kwargs.get("inputs_embeds"))  # (a row of ids alone: an IndexError in transformers)
         # generate(inputs, generation_config, ...): a config given second counts as one given by keyword (it was
         # taken for none: every check below read the model's own, and chunked prefill got no cache)
         given = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None)
@@ -498,6 +493,14 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
 
 
 ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")  # generate()'s assisted decoding
+
+
+def check_token_shapes(input_ids: Tensor | None, inputs_embeds: Tensor | None) -> None:
+    """A ValueError unless the ids given are (batch, tokens) and the embeddings (batch, tokens, hidden_size)."""
+    for name, value, dims in (("input_ids", input_ids, 2), ("inputs_embeds", inputs_embeds, 3)):
+        if value is not None and value.dim() != dims:
+            raise ValueError(f"{name} of shape {tuple(value.shape)}: expected (batch, tokens"
+                             f"{', hidden_size' if dims == 3 else ''})")
 
 
 def mark_initialised(gpt: GPT) -> GPT:

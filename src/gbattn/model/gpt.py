@@ -49,11 +49,11 @@ def make_dropout(cfg: ModelConfig, site: str) -> nn.Module:
     return nn.Dropout(p) if p > 0 else nn.Identity()
 
 
-
 def _traced() -> bool:
     """Whether the forward runs under torch.compile or a torch.func transform (vmap, grad: per-sample gradients),
     where the input checks that read values on the host (``.item()``, a boolean mask) cannot run: left out there."""
     return torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is not None
+
 
 class FeedForward(nn.Module):
     """d -> hidden -> d: ``proj(drop(gelu(fc(x))))`` or SwiGLU ``proj(drop(silu(x W_g) * x W_u))``
