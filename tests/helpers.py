@@ -194,6 +194,16 @@ def run_record(run_dir: Path) -> tuple[dict, list[dict]]:
     return result, [e for e in events if e["event"] not in ("resume", "interrupted")]
 
 
+def strict_json(text: str):
+    """``json.loads`` that fails on NaN, Infinity and -Infinity (the project writes strict JSON: null instead)."""
+    import json
+
+    def refuse(constant: str):
+        raise AssertionError(f"{constant} written into JSON: {text[:200]}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def run_cli(capsys, argv) -> tuple[int, str, str]:
     """``gbattn ARGV`` in this process (arguments may be paths): exit status, stdout, stderr."""
     from gbattn.cli import main

@@ -45,7 +45,7 @@ from gbattn.hf import GbattnCache, GbattnConfig, GbattnForCausalLM, hf_tokenizer
 from gbattn.hf.modeling import CACHE_FIELD, INIT_TYPES, init_module
 from gbattn.model.gpt import GPT
 from gbattn.train.trainer import train
-from helpers import LFS_POINTER, left_pad, run_cli, tiny_configs, write_corpus
+from helpers import LFS_POINTER, left_pad, run_cli, strict_json, tiny_configs, write_corpus
 from test_model import BLOCKS, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -2751,10 +2751,7 @@ def test_lm_eval_results_file_names_and_contents(tmp_path):
         "text": "b", "source": "/wiki/Coriolanus", "target": "/2", "file": f"{tmp_path.name}/data/x.jsonl"}}
     assert json.loads(out.read_text()) == {"results": {"toy": {"acc": 0.5}}}
 
-    def strict(constant):
-        raise ValueError(constant)
-
-    assert json.loads(written[1].read_text(), parse_constant=strict)["resps"] == [[None]]
+    assert strict_json(written[1].read_text())["resps"] == [[None]]
 
 
 def test_lm_eval_command_forwards_every_option(tmp_path, monkeypatch, capsys):

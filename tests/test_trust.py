@@ -32,7 +32,16 @@ from gbattn.data.corpus import load_corpus
 from gbattn.data.tokenizer import cache_dir
 from gbattn.errors import UserError
 from gbattn.train.trainer import train
-from helpers import LFS_MESSAGE, LFS_POINTER, TINY, run_cli, tiny_configs, write_corpus, write_text
+from helpers import (
+    LFS_MESSAGE,
+    LFS_POINTER,
+    TINY,
+    run_cli,
+    strict_json,
+    tiny_configs,
+    write_corpus,
+    write_text,
+)
 
 GBATTN = [sys.executable, "-m", "gbattn.cli"]
 
@@ -1658,9 +1667,6 @@ def test_the_json_lines_of_train_and_eval_are_strict_json_with_an_infinite_perpl
     from gbattn.eval import perplexity
     from gbattn.train.trainer import Trainer
 
-    def strict(line: str) -> dict:
-        return json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in {line}"))
-
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
@@ -1668,12 +1674,12 @@ def test_the_json_lines_of_train_and_eval_are_strict_json_with_an_infinite_perpl
     monkeypatch.setattr(perplexity, "evaluate", lambda *a, **k: dataclasses.replace(evaluate(*a, **k), loss=math.inf))
     code, out, err = run_cli(capsys, ["eval", run])
     assert code == 0, err
-    assert strict(out.splitlines()[-1])["ppl"] is None
+    assert strict_json(out.splitlines()[-1])["ppl"] is None
     result = rundir.read_result(run / rundir.RESULT)
     monkeypatch.setattr(Trainer, "run", lambda self: {**result, "valid_ppl": math.inf, "test_ppl": math.inf})
     code, out, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
     assert code == 0, err
-    summary = strict(out.splitlines()[-1])
+    summary = strict_json(out.splitlines()[-1])
     assert summary["valid_ppl"] is None and summary["test_ppl"] is None and summary["steps"] == result["steps"]
 
 
@@ -2562,11 +2568,8 @@ def test_json_writers_store_no_nan_and_jsonl_readers_keep_objects_only(tmp_path)
     """write_json stores NaN and infinities as null inside tuples as well as lists (JSON has no NaN),
     and read_jsonl keeps only objects: a line holding a list, a number or a string is skipped, and so is one nested
     too deeply to read (a RecursionError); a missing file, or a directory in its place, holds none."""
-    def no_constants(name):
-        raise AssertionError(f"{name} written into JSON")
-
     files.write_json({"curve": (1.0, float("nan")), "best": [float("inf")]}, tmp_path / "r.json")
-    assert json.loads((tmp_path / "r.json").read_text(), parse_constant=no_constants) == {
+    assert strict_json((tmp_path / "r.json").read_text()) == {
         "curve": [1.0, None], "best": [None]}
     (tmp_path / "m.jsonl").write_text('{"a": 1}\n[1, 2]\n3\n"x"\n' + "[" * 100_000 + '\n{"b": 2}\n')  # too deep to read
     assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": 2}]
@@ -2675,12 +2678,9 @@ def test_a_directory_given_as_a_link_to_nothing_is_named_as_such(tmp_path, monke
 def test_metrics_lines_store_no_nan_and_the_writable_probe_leaves_nothing(tmp_path, monkeypatch):
     """append_jsonl writes NaN and infinities as null like write_json; proving --out writable leaves no
     probe file; a blank --out or a directory given for a file is one line, and nothing is created."""
-    def no_constants(name):
-        raise AssertionError(f"{name} written into JSON")
-
     files.append_jsonl(tmp_path / "m.jsonl", {"loss": float("nan"), "ppl": float("inf"), "step": 1})
     (line,) = (tmp_path / "m.jsonl").read_text().splitlines()
-    assert json.loads(line, parse_constant=no_constants) == {"loss": None, "ppl": None, "step": 1}
+    assert strict_json(line) == {"loss": None, "ppl": None, "step": 1}
     assert files.check_writable_dir(tmp_path / "out") == tmp_path / "out"
     assert list((tmp_path / "out").iterdir()) == []
     monkeypatch.chdir(tmp_path / "out")
