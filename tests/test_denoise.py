@@ -985,6 +985,25 @@ def test_difficulty_and_deq_tables_row_by_row():
     assert "| one step (trained), ours (mean ± std, 2 seeds) | " + " | ".join(["10.1 ± 0.1"] * 6) + " |" in lines
     assert "| converged (trained DEQ), ours (mean ± std, 2 seeds) | " + " | ".join(["2.1 ± 0.1"] * 6) + " |" in lines
     assert "| one step (trained), paper | 78.9 | 59.7 | 59.8 | 39.5 | 39.2 | 22.9 |" in lines
+    converged = "| queries converged within tolerance (ours, fewest of any seed), % | "
+    assert converged + " | ".join(["100"] * 6) + " |" in lines and "reach" not in lines[-1]
+
+
+def test_the_deq_table_says_when_queries_did_not_converge():
+    """A DEQ whose iteration stopped at --deq-max-iter before the tolerance (0% of queries converged at
+    --deq-max-iter 2) was printed as "converged" beside the paper's converged row with nothing to tell:
+    the table now gives each setting's fewest converged queries over the seeds and says what the row holds."""
+    from gbattn.synthetic.tables import summarise, table_markdown
+
+    runs, bayes = fake_runs((0, 2))
+    stopped_early = {"d16-K4-s0.5-deq-seed0": 0.5, "d16-K4-s0.5-deq-seed2": 0.25, "d32-K8-s0.8-deq-seed0": 0.0}
+    for key, converged in stopped_early.items():
+        runs[key]["fixed_point"] = {**runs[key]["fixed_point"], "converged": converged}
+    lines = table_markdown("deq", summarise("deq", runs, bayes, (0, 2)), 2).splitlines()
+    assert "| queries converged within tolerance (ours, fewest of any seed), % | 25 | 100 | 100 | 0 | 100 | 100 |" in (
+        lines)
+    assert lines[-2:] == ["", "Not every query reached the fixed point's tolerance: the \"converged\" accuracies of "
+                          "those settings are of the last iterate (raise --deq-max-iter)."]
 
 
 @pytest.mark.parametrize("folder, protocol, experiments", [
@@ -1112,7 +1131,10 @@ def test_cli_threads_output_checks_and_printed_files(tmp_path, monkeypatch, caps
     assert threads == [2] and "rounds.png" not in capsys.readouterr().out
     assert main(["denoise", "--out", str(out), "--experiments", "rounds", "--quiet"]) == 0
     assert threads == [2, 1] and "results.md, rounds.png" in capsys.readouterr().out
-    # For real (training stubbed): the rounds figure of an earlier call goes when the tables no longer hold it.
+    # For real (training stubbed): the rounds figure of an earlier call goes when the tables no longer hold it; a
+    # rounds.pdf beside it stays (denoise writes none: a user's, deleted once with the figure's PDF).
+    out.mkdir()
+    (out / "rounds.pdf").write_bytes(b"my figure")
     runs, _ = fake_runs((0,))
     monkeypatch.setattr(tables, "run_denoise", real_run_denoise)
     monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
@@ -1121,6 +1143,7 @@ def test_cli_threads_output_checks_and_printed_files(tmp_path, monkeypatch, caps
                      "--threads", "2"]) == 0
         assert (out / "rounds.png").exists() == figure
         assert json.loads((out / "results.json").read_text())["torch_threads"] == 2  # the run's, recorded
+    assert (out / "rounds.pdf").read_bytes() == b"my figure"
     (tmp_path / "file").write_text("")
     assert main(["denoise", "--out", str(tmp_path / "file"), "--quiet"]) == 2 and len(threads) == 2
     assert "is a file" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import torch
 from gbattn.analysis.figures import require_matplotlib
 from gbattn.errors import UserError
 from gbattn.experiments.report import mean_std
-from gbattn.files import atomic_write, remove_unwritten, write_figure, write_json
+from gbattn.files import atomic_write, write_figure, write_json
 from gbattn.progress import Progress
 from gbattn.rundir import DENOISE, RunLock, check_out
 from gbattn.runtime import device_name, software_versions
@@ -189,8 +189,13 @@ def table_markdown(name: str, table: dict, n_seeds: int, published: bool = True)
                  row("converged (trained DEQ), paper", [paper(c["paper_converged"]) for c in cols]),
                  row("max residual ‖f(z*) − z*‖ (ours)", [f"{c['residual_max']:.1e}" for c in cols]),
                  row("max forward iterations (ours)", [str(c["iterations_max"]) for c in cols]),
+                 row("queries converged within tolerance (ours, fewest of any seed), %",
+                     [f"{100 * c['converged_fraction']:g}" for c in cols]),
                  row("chance (1/K)", [chance_cell(c["chance"]) for c in cols]),
                  row("Bayes-optimal (nearest true pattern)", [bayes_cell(c) for c in cols])]
+        if any(c["converged_fraction"] < 1 for c in cols):  # the "converged" row then holds last iterates
+            lines += ["", "Not every query reached the fixed point's tolerance: the \"converged\" accuracies of those "
+                      "settings are of the last iterate (raise --deq-max-iter)."]
     else:
         raise ValueError(name)
     return "\n".join(lines)
@@ -289,8 +294,8 @@ def write_tables(out: Path, experiments, seeds, protocol: Protocol, device: str,
         # earlier call's figure sits beside tables without it.
         if name == "rounds":
             plot_rounds(report["tables"]["rounds"], out / "rounds.png", protocol.steps, published)
-        elif "rounds" not in report["tables"]:
-            remove_unwritten(out, ("rounds",), [])
+        elif "rounds" not in report["tables"] and (out / "rounds.png").is_file():  # an earlier call's (never a PDF:
+            (out / "rounds.png").unlink()                                         # denoise writes none)
         report["wall_seconds"] = time.perf_counter() - started
         write_results(out, report)
     bar.close()
