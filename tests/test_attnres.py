@@ -42,6 +42,21 @@ def test_mix_is_softmax_weighted_sum_of_normalised_keys():
     torch.testing.assert_close(stream.mix(1, v), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_depth_weights_in_half_precision_are_those_of_the_streams_own_norms(dtype):
+    """In bfloat16 or float16 the depth logits are w . norms[l](v_i) with the norm module's own eps (nn.RMSNorm's
+    default is float32's, the type it computes in): the half type's eps (0.0078 for bfloat16) made the
+    weights of embedding-sized sources 0.64 / 0.36 where the norm gives 0.78 / 0.22."""
+    torch.manual_seed(0)
+    stream = AttnResStream(ModelConfig(d_model=32, n_heads=2, n_layers=1, residual="attnres-full"))
+    with torch.no_grad():
+        stream.queries.normal_(0, 0.3)
+    stream = stream.to(dtype)
+    sources = [(torch.randn(2, 3, 32) * scale).to(dtype) for scale in (0.02, 0.05)]  # an embedding's size
+    logits = torch.stack([(stream.norms[1](v).float() * stream.queries[1].float()).sum(-1) for v in sources])
+    torch.testing.assert_close(stream.depth_weights(1, sources).float(), torch.softmax(logits, 0), atol=1e-2, rtol=0)
+
+
 def test_block_size_one_equals_full():
     torch.manual_seed(1)
     full = tiny_model(("boosted", {}), residual="attnres-full")
