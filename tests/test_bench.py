@@ -281,6 +281,27 @@ def test_bench_runs_on_the_threads_it_is_given_and_records_them(monkeypatch):
     assert seen == {threads + 1} and report["threads"] == threads + 1
 
 
+def test_bench_warns_of_more_threads_than_cores_as_train_does(monkeypatch, capsys):
+    """`bench --threads 3` on 2 usable cores ran on 3 threads without a word, where train, eval and generate warn
+    (README, "Threads"): bench sets its threads through runtime.set_threads, the one place that warns; as many
+    threads as cores say nothing."""
+    from gbattn import runtime
+
+    steady_timings(monkeypatch, 0.5)
+    monkeypatch.setattr(runtime, "usable_cpus", lambda: {0, 1})
+    argv = ["bench", "--preset", "cpu-char", "--device", "cpu", "--attn", "standard", "--repeats", "1", "--steps",
+            "1", "--batch", "1", "--seq-len", "8", "--decode", "2", "--set", "n_layers=1", "--quiet", "--threads"]
+    before = torch.get_num_threads()
+    try:
+        code, out, err = run_cli(capsys, argv + ["3"])
+        assert (code, err) == (0, "warning: threads=3 is more than the 2 cores this process may use: the threads "
+                                  "beyond them take turns on the cores, which slows every step (README, \"Threads\")\n")
+        assert "(3 threads" in out  # still run on the threads asked for
+        assert run_cli(capsys, argv + ["2"])[::2] == (0, "")
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_bench_rows_may_fill_the_block_size_and_no_more(monkeypatch):
     """--seq-len equal to the block size is a row the model takes whole (timed); one token more is one line."""
     from gbattn.bench import speed
@@ -819,8 +840,9 @@ def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(
     with pytest.raises(UserError, match="attn='bogus' is not allowed"):
         speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["standard", "bogus"], **common)
     # a --sweep length no model takes: refused only after every timing and memory probe (measured: 8 rounds, then
-    # the error, nothing written)
-    with pytest.raises(UserError, match=r"^block_size=99999999 must be an integer in \[1, 16777216\]$"):
+    # the error, nothing written); it blamed block_size=99999999, which no --set gave: it blames --sweep
+    with pytest.raises(UserError, match=r"^--sweep 99999999: a sweep length is the model's block size, which must be "
+                                        r"an integer in \[1, 16777216\]$"):
         speed.run_bench("cpu-char", ["standard"], sweep=[16, 99999999], **common)
     # sweep variants without a sweep: refused by run_bench itself, as by the CLI (they were dropped, silently)
     for no_sweep in (None, []):
@@ -921,6 +943,44 @@ def test_bench_times_and_probes_each_variant_with_and_without_activation_checkpo
     with pytest.raises(UserError, match=r"^--activation-checkpointing on times eager training steps: give it with "
                                         r"--compile off$"):
         speed.run_bench("cpu-char", ["standard"], device="cpu", compile="both", activation_checkpointing="on")
+
+
+def test_bench_with_activation_checkpointing_on_times_decoding_on_its_recomputing_rows(monkeypatch):
+    """--activation-checkpointing on: decoding was skipped on every recomputing row (left to a kept row, and with on
+    there is none), so the table's decoding cells were all — while its note cited the prefill and decode steps, and
+    bench.json their counts. Each row's decoding is timed (checkpointing changes training only, as the note says);
+    with both, still the kept row's only."""
+    from gbattn.bench import speed
+
+    steady_timings(monkeypatch, 0.5)
+    report = speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=2, seq_len=8, repeats=2,
+                             steps=1, decode=4, threads=1, quiet=True, sets={"n_layers": 1},
+                             activation_checkpointing="on")
+    assert [r["variant"] for r in report["variants"]] == ["standard · recomputed", "boosted · recomputed"]
+    for row in report["variants"]:
+        assert row["activation_checkpointing"] and row["decode_s_all"] == [0.5, 0.5]
+        assert (row["prefill_s"], row["decode_tokens_per_s"], row["decode_ratio"]) == (0.5, 8.0, 1.0)
+    lines = speed.bench_markdown(report).splitlines()
+    assert lines[7].startswith("| boosted · recomputed |") and lines[7].endswith("| 500.0 | 8 | 1.00 |")
+    assert lines[9].endswith("(prefill of 60 tokens, then 4 cached steps, batch 1). Decoding trains nothing, so a "
+                              "recomputing row decodes as it would keeping its activations.")
+
+
+def test_bench_sweep_heading_says_its_steps_keep_their_activations(monkeypatch):
+    """The sequence-length sweep never recomputes its blocks, but with --activation-checkpointing on or both its
+    heading read as the rows' way of training: it says "activations kept" (as a compiled bench's says "eager"), and
+    each sweep row in bench.json records it; with off, the heading is as before."""
+    from gbattn.bench import speed
+
+    steady_timings(monkeypatch, 0.5)
+    options = dict(device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2, threads=1, quiet=True,
+                   sets={"n_layers": 1}, sweep=[8], sweep_variants=["standard"])
+    for mode, heading in (("on", "## Sequence-length sweep (batch 1, one training step, activations kept)"),
+                          ("both", "## Sequence-length sweep (batch 1, one training step, activations kept)"),
+                          ("off", "## Sequence-length sweep (batch 1, one training step)")):
+        report = speed.run_bench("cpu-char", ["standard"], activation_checkpointing=mode, **options)
+        assert [row["activation_checkpointing"] for row in report["sweep"]] == [False], mode
+        assert heading in speed.bench_markdown(report).splitlines(), mode
 
 
 def test_cpu_memory_probe_of_a_recomputing_step_holds_less(monkeypatch):
@@ -1044,6 +1104,36 @@ def test_a_variant_that_fails_to_compile_is_left_out_and_the_others_reported(mon
     code, out, err = run_cli(capsys, argv[:-3] + ["on"])
     assert code == 2 and out == ""
     assert err.splitlines()[-1] == f"gbattn: error: no variant to report: standard · compiled's {reason}"
+
+
+def test_a_failed_compiles_reason_in_the_results_files_holds_no_absolute_path(monkeypatch, capsys, tmp_path):
+    """torch.compile's error can name a path of this machine (a compiler that is not there: CXX=/opt/.../g++), and
+    bench.json and bench.md stored it as given. The warning on stderr keeps the whole message; the results files keep
+    each absolute path's last component (a URL as it is)."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    clock = [0.0]
+    message = ("No working C++ compiler found in torch._inductor.config.cpp.cxx: (None, '/opt/nonexistent/bin/g++'), "
+               "see https://pytorch.org/docs/main/torch.compiler.html")
+
+    def fake_step(case, x, y, autocast):
+        if case.label == "boosted · compiled":
+            raise BackendCompilerFailed("inductor", RuntimeError(message), None)
+        clock[0] += 0.5
+
+    fake_timings(monkeypatch, clock, fake_step, lambda *args, **kwargs: (0.0, 1.0))
+    code, out, err = run_cli(capsys, [
+        "bench", "--preset", "cpu-char", "--device", "cpu", "--attn", "standard", "boosted", "--repeats", "1",
+        "--steps", "1", "--batch", "1", "--seq-len", "8", "--decode", "2", "--set", "n_layers=1", "--threads", "1",
+        "--quiet", "--compile", "both", "--out", tmp_path / "bench"])
+    assert (code, err) == (0, f"gbattn: warning: boosted · compiled left out of the report, torch.compile failed: "
+                              f"RuntimeError: {message}\n")
+    reason = ("torch.compile failed: RuntimeError: No working C++ compiler found in torch._inductor.config.cpp.cxx: "
+              "(None, 'g++'), see https://pytorch.org/docs/main/torch.compiler.html")
+    report = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert report["left_out"] == [{"variant": "boosted · compiled", "reason": reason}]
+    assert f"Left out: boosted · compiled ({reason})." in out
+    assert "/opt/" not in (tmp_path / "bench" / "bench.md").read_text() and "/opt/" not in out
 
 
 def test_bench_compiles_more_variants_than_dynamos_recompile_limit(monkeypatch):

@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -26,14 +27,14 @@ import torch
 from gbattn.bench import DEFAULT_VARIANTS
 from gbattn.config import ModelConfig, parse_variant, preset_config, variant_spec
 from gbattn.errors import ConfigError, UserError
-from gbattn.files import atomic_write, check_writable_dir, write_json
+from gbattn.files import atomic_write, check_writable_dir, portable_path, write_json
 from gbattn.model.decoding import compiled_decode_step, eager_decode_step
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
 from gbattn.rundir import check_out
 from gbattn.runtime import autocast as bf16_autocast
-from gbattn.runtime import command_line, device_name, resolve_device, software_versions, use_tf32
+from gbattn.runtime import command_line, device_name, resolve_device, set_threads, software_versions, use_tf32
 from gbattn.terminal import terminal_line
 
 COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
@@ -56,6 +57,7 @@ class Case:
     decode_times: list = field(default_factory=list)
     compiled: bool = False
     recomputed: bool = False  # activation checkpointing: each block recomputed in the backward pass
+    decodes: bool = True  # False: a recomputing row beside its kept row, which decodes the same (training only differs)
     step_model: object = None
     decode_step: object = None
     warmup_s: dict = field(default_factory=dict)
@@ -193,8 +195,8 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     if out:  # a run, comparison, export or denoise output is not a benchmark's folder (rundir.check_out)
         check_out(out, (), "a folder for bench.json and bench.md")
         check_writable_dir(out, "--out")
-    if threads is not None:
-        torch.set_num_threads(threads)
+    if threads is not None:  # (more than the usable cores: a warning, as train's and eval's)
+        set_threads(threads)
     dev = resolve_device(device)
     variants = [_label(spec) for spec in variants or DEFAULT_VARIANTS]
     if variants[0] != "standard":  # every ratio is against standard
@@ -228,8 +230,11 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             torch.manual_seed(0)
             model = GPT(cfg).to(dev)
             model.set_activation_checkpointing(recomputed)
+            # (decoding trains nothing: with --activation-checkpointing both a recomputing row's would be its kept
+            # row's again; with on, no row keeps its activations, so the recomputing rows decode)
             case = Case(spec + (COMPILED if compiled else "") + (RECOMPUTED if recomputed else ""), cfg, model,
-                        bench_optimizer(model, dev), compiled=compiled, recomputed=recomputed)
+                        bench_optimizer(model, dev), compiled=compiled, recomputed=recomputed,
+                        decodes=not (recomputed and activation_checkpointing == "both"))
             case.step_model = torch.compile(model) if compiled else model
             case.decode_step = compiled_decode_step(model) if compiled else None
             cases.append(case)
@@ -259,9 +264,8 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                         train_step(runner, x, x, autocast)
                     sync(dev)
                     elapsed = time.perf_counter() - t0
-                    # (decoding trains nothing: a recomputing row's would be its kept row's again)
-                    p, d = (None, None) if case.recomputed else \
-                        prefill_and_decode(case.model, prompt, decode, dev, autocast, case.decode_step)
+                    p, d = prefill_and_decode(case.model, prompt, decode, dev, autocast, case.decode_step) \
+                        if case.decodes else (None, None)
                 except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as e:
                     if not case.compiled:
                         raise
@@ -295,7 +299,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             "forward_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len),
             "train_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len, backward=True),
             **({"prefill_s": None, "prefill_s_all": [], "decode_s_all": [], "decode_tokens_per_s": None}
-               if case.recomputed else {  # (a recomputing row decodes as its kept row)
+               if not case.decodes else {  # (a recomputing row beside its kept row decodes as that row)
                 "prefill_s": statistics.median(case.prefill_times),
                 "prefill_s_all": case.prefill_times,
                 "decode_s_all": case.decode_times,  # each repeat's decode_tokens steps: the spread behind decode_ratio
@@ -358,13 +362,21 @@ def _leave_out_failed_compile(case: Case, cases: list[Case], left_out: dict[str,
     variants are still timed. Without compiled standard, no compiled row has its baseline: all are left out."""
     inner = getattr(error, "inner_exception", None) or error  # a backend's own error, not dynamo's wrapper
     message = next((line.strip() for line in str(inner).splitlines() if line.strip()), "")
-    left_out[case.label] = terminal_line(f"torch.compile failed: {type(inner).__name__}: {message}")[:300]
-    print(f"gbattn: warning: {case.label} left out of the report, {left_out[case.label]}", file=sys.stderr)
+    reason = terminal_line(f"torch.compile failed: {type(inner).__name__}: {message}")
+    print(f"gbattn: warning: {case.label} left out of the report, {reason[:300]}", file=sys.stderr)
+    left_out[case.label] = _portable_text(reason)[:300]  # (bench.json and bench.md hold no path of this machine)
     if case.label == "standard" + COMPILED:
         for other in cases:
             if other.compiled and other.label not in left_out:
                 left_out[other.label] = f"no baseline: standard{COMPILED} failed to compile"
     case.model = case.step_model = case.optimizer = case.decode_step = None  # its memory back for the others
+
+
+def _portable_text(text: str) -> str:
+    """``text`` with each absolute path in it as :func:`gbattn.files.portable_path` writes it, its last component
+    (an existing file's with its folder), for a results file: a compiler's path in torch.compile's error,
+    ``(None, '/opt/bin/g++')``, becomes ``(None, 'g++')``; a URL's path (``https://host/path``) stays."""
+    return re.sub(r"(?<![\w.~/:-])/[^\s'\"(),;]+", lambda path: portable_path(path.group()), text)
 
 
 def add_ratios_to_standard(rows: list[dict]) -> None:
@@ -429,8 +441,13 @@ def _variant_config(preset: str, spec: str, sets: dict) -> ModelConfig:
 
 
 def _sweep_config(preset: str, spec: str, sets: dict, seq_len: int) -> ModelConfig:
-    """The model a sweep times at ``seq_len`` tokens (its block size), or a one-line error for a length too long."""
-    return _variant_config(preset, spec, sets).replace(block_size=seq_len)
+    """The model a sweep times at ``seq_len`` tokens (its block size), or a one-line error for a length too long,
+    blaming --sweep (not a ``block_size`` the user never set)."""
+    try:
+        return _variant_config(preset, spec, sets).replace(block_size=seq_len)
+    except ConfigError as e:  # (the block size's bound, the one field set here: "must be an integer in [1, N]")
+        raise UserError(f"--sweep {seq_len}: a sweep length is the model's block size, which "
+                        f"{str(e).removeprefix(f'block_size={seq_len} ')}") from None
 
 
 def _label(spec: str) -> str:
@@ -478,7 +495,8 @@ def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
             del case, model
             rows.append({"seq_len": T, "variant": spec, "step_s": statistics.median(times),
                          "peak_memory_bytes": peak_memory_train_step(cfg, 1, T, dev, amp, recomputed=False),
-                         "attention_matrix_bytes_per_head": 4 * T * T})
+                         "attention_matrix_bytes_per_head": 4 * T * T,
+                         "activation_checkpointing": False})  # (whatever --activation-checkpointing says)
             bar.update(1)
     bar.close()
     return rows
@@ -529,7 +547,7 @@ def bench_markdown(report: dict) -> str:
               "Step / FLOP ratio 1.00 = the variant costs exactly its extra arithmetic. Decode cost ratio: "
               "time per decoded token relative to standard (prefill of "
               f"{report['prefill_tokens']} tokens, then {report['decode_tokens']} cached steps, batch 1)."
-              + compile_note]
+              + _decode_checkpointing_note(report) + compile_note]
     if report.get("left_out"):
         lines += ["", "Left out: " + "; ".join(f"{r['variant']} ({r['reason']})" for r in report["left_out"]) + "."]
     compiled = [r for r in report["variants"] if r.get("compiled_step_speedup")]
@@ -568,7 +586,8 @@ def bench_markdown(report: dict) -> str:
             "activations, in the same repeat; memory ratio: its peak memory over that row's.")
     if report["sweep"]:
         eager = "" if report["compile"] == "off" else ", eager"  # the sweep is never compiled
-        lines += ["", f"## Sequence-length sweep (batch 1, one training step{eager})", "",
+        kept = "" if report.get("activation_checkpointing", "off") == "off" else ", activations kept"  # nor recomputes
+        lines += ["", f"## Sequence-length sweep (batch 1, one training step{eager}{kept})", "",
                   "| T | variant | step (ms) | peak memory (MiB) | one T x T fp32 matrix (MiB) |",
                   "| ---: | --- | ---: | ---: | ---: |"]
         for r in report["sweep"]:
@@ -610,6 +629,16 @@ def _checkpointing_text(report: dict) -> str:
     return "" if mode == "off" else f" · activation checkpointing: {mode}"
 
 
+def _decode_checkpointing_note(report: dict) -> str:
+    """What activation checkpointing does to the decoding columns: nothing (decoding trains nothing)."""
+    mode = report.get("activation_checkpointing", "off")
+    if mode == "on":
+        return " Decoding trains nothing, so a recomputing row decodes as it would keeping its activations."
+    if mode == "both":
+        return " A recomputing row decodes as its kept row (decoding trains nothing): its decoding cells are —."
+    return ""
+
+
 def _versions_text(report: dict) -> str:
     """``gbattn V · torch V · Python V`` (a report written before bench recorded its versions: torch's alone)."""
     versions = report.get("versions")
@@ -624,8 +653,8 @@ def _compile_times(row: dict) -> str:
 
 
 def _decoding(row: dict) -> str:
-    """A row's prefill (ms), decode tokens/s and decode cost ratio cells; — for a recomputing row, which decodes as
-    its kept row (activation checkpointing changes training only)."""
+    """A row's prefill (ms), decode tokens/s and decode cost ratio cells; — for a recomputing row beside its kept
+    row, which decodes as that row (activation checkpointing changes training only)."""
     if row["decode_tokens_per_s"] is None:
         return "— | — | —"
     return f"{1000 * row['prefill_s']:.1f} | {row['decode_tokens_per_s']:,.0f} | {row['decode_ratio']:.2f}"
