@@ -56,8 +56,8 @@ def save_hf(model, directory: Path) -> Path:
 def gpt2_model(**changes):
     """A tiny random GPT-2 (``changes``: further config fields)."""
     torch.manual_seed(1)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64,
-                                  bos_token_id=0, eos_token_id=0, **changes)
+    cfg = transformers.GPT2Config(**{**dict(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                            bos_token_id=0, eos_token_id=0), **changes})
     model = transformers.GPT2LMHeadModel(cfg)
     perturb(model)
     return model.eval()
@@ -204,6 +204,25 @@ def test_non_default_config_fields_convert_exactly(make, changes, tmp_path, floa
     """Each field the conversion reads, away from its default, still gives transformers' logits."""
     hf = make(**changes)
     source = load_source(save_hf(hf, tmp_path / "hf"))
+    idx = tokens()
+    with torch.no_grad():
+        expected = hf.double()(idx).logits
+    torch.testing.assert_close(logits64(source.build_model(), idx), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("attention_bias,mlp_bias,attn_bias", [(True, False, True), (False, True, False),
+                                                             (True, True, None)])
+def test_a_llama_with_biases_in_attention_or_mlp_alone_converts_exactly(attention_bias, mlp_bias, attn_bias, tmp_path,
+                                                                        float64_llama):
+    """A Llama whose attention_bias and mlp_bias differ was refused ("gbattn's bias flag covers both"), though
+    ModelConfig's attn_bias gives the attention projections' biases apart from bias: attention_bias is now attn_bias
+    (None where it equals mlp_bias, as gbattn's own configs record it) and mlp_bias is bias, each projection takes its
+    biases where it has them, and the logits are transformers'."""
+    hf = llama_model(attention_bias=attention_bias, mlp_bias=mlp_bias)
+    source = load_source(save_hf(hf, tmp_path / "hf"))
+    assert (source.model_cfg.bias, source.model_cfg.attn_bias) == (mlp_bias, attn_bias)
+    assert [f"blocks.0.{name}.bias" in source.state for name in ("attn.qkv", "attn.out", "mlp.fc", "mlp.proj")] == [
+        attention_bias, attention_bias, mlp_bias, mlp_bias]
     idx = tokens()
     with torch.no_grad():
         expected = hf.double()(idx).logits
@@ -704,7 +723,6 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     # What gbattn cannot compute exactly, each refused in one line:
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}},
      "RoPE scaling"),
-    ("llama", {"attention_bias": True}, "attention_bias=True and mlp_bias=False differ"),
     ("gpt2", {"scale_attn_weights": False}, "scale_attn_weights=false cannot be converted exactly (gbattn needs true)"),
     ("gpt2", {"scale_attn_weights": None}, "scale_attn_weights=null cannot be converted exactly"),  # false to HF
     # a flag of another type: said to be one (before: "cannot be converted exactly")
@@ -1375,17 +1393,36 @@ def test_out_holding_another_programs_tokenizer_is_refused(gbattn_dir, tmp_path,
         assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != ".lock"} == before
 
 
-def test_an_upcycle_refused_while_writing_leaves_no_file(tmp_path, capsys):
+def test_an_upcycle_refused_while_writing_leaves_no_file(gpt2_dir, tmp_path):
     """A source whose run record cannot be written (block_size 1 leaves no input token per row) is refused
     before any file is written: before, tokenizer.json and best.pt were left in --out, and every later try
-    with that --out was refused as "already holds a run"."""
-    torch.manual_seed(1)
-    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=1, bos_token_id=0,
-                                  eos_token_id=0)
-    source = save_hf(transformers.GPT2LMHeadModel(cfg), tmp_path / "one-position")
-    assert main(["upcycle", str(source), "--attn", "boosted", "--out", str(tmp_path / "up")]) == 2
-    assert "block_size=1 leaves no input tokens per row" in capsys.readouterr().err
+    with that --out was refused as "already holds a run". (A Hugging Face checkpoint of one position is refused as
+    it is read, below; a Source made from Python still reaches write_run.)"""
+    from gbattn.config import ModelConfig
+    from gbattn.convert import Source
+    from gbattn.errors import ConfigError
+
+    cfg = ModelConfig.from_dict(dict(vocab_size=VOCAB, block_size=1, d_model=32, n_layers=1, n_heads=4))
+    source = Source(cfg, GPT(cfg).state_dict(), load_source(gpt2_dir).tokenizer, "gbattn", "one-position")
+    with pytest.raises(ConfigError, match="block_size=1 leaves no input tokens per row"):
+        write_run(upcycle(source, "boosted"), tmp_path / "up")
     assert sorted(p.name for p in (tmp_path / "up").iterdir() if not p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("make,key", [(gpt2_model, "n_positions"), (llama_model, "max_position_embeddings")],
+                         ids=["gpt2", "llama"])
+def test_a_checkpoint_of_one_position_is_refused_naming_it(make, key, tmp_path, capsys):
+    """A checkpoint of one position was refused by `gbattn upcycle` with "block_size=1 leaves no input tokens per row
+    ...: use block_size >= 2, or --set seq_len=1", advice upcycle itself refuses (it keeps the source's block, and
+    --set seq_len is not an attention option); it is refused in one line naming the source and its key now, as the
+    config is read, and --out is left unmade."""
+    source = save_hf(make(**{key: 1}), tmp_path / "one-position")
+    capsys.readouterr()  # (transformers' progress bar)
+    assert main(["upcycle", str(source), "--attn", "standard", "--out", str(tmp_path / "up")]) == 2
+    assert capsys.readouterr().err == (f"gbattn: error: {source}: {key}=1: a model of one position leaves its upcycled "
+                                       f"run no input tokens per row (seq_len = block_size - 1 = 0, and upcycle keeps "
+                                       f"the source's block); upcycle a model of 2 positions or more\n")
+    assert not (tmp_path / "up").exists()
 
 
 def test_upcycled_run_records_its_parameters_and_how_it_was_made(gpt2_dir, tmp_path, capsys):

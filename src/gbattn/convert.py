@@ -186,9 +186,19 @@ def _model_config(d: dict, where: Path) -> ModelConfig:
         raise CheckpointError(f"{where}: cannot be converted ({e})") from None
 
 
+def _refuse_one_position(block: int, key: str, where: Path) -> None:
+    """The source's positions ``block`` (its ``key``), refused at 1: upcycle keeps the source's block and refuses
+    --set seq_len, so its run would train on rows of block_size - 1 = 0 input tokens (ModelConfig.input_length)."""
+    if block == 1:
+        raise CheckpointError(f"{where}: {key}=1: a model of one position leaves its upcycled run no input tokens "
+                              f"per row (seq_len = block_size - 1 = 0, and upcycle keeps the source's block); "
+                              f"upcycle a model of 2 positions or more")
+
+
 def gpt2_config(hf: dict, where: Path) -> tuple[ModelConfig, list[str]]:
     """The gbattn config of a GPT-2 ``config.json`` (with a note where dropout rates differ)."""
     vocab, block, d, layers, heads = _sizes(hf, where, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+    _refuse_one_position(block, "n_positions", where)
     act = _field(hf, where, "activation_function", "gelu_new", str)
     if act not in GPT2_ACTIVATIONS:
         raise CheckpointError(f"{where}: activation_function={act!r} cannot be converted exactly; gbattn has "
@@ -257,17 +267,18 @@ def llama_config(hf: dict, where: Path) -> ModelConfig:
     if head_dim is not None and head_dim * heads != d:
         raise CheckpointError(f"{where}: head_dim={head_dim} is not hidden_size/num_attention_heads = {d}/{heads}; "
                               f"gbattn's heads are d_model/n_heads wide")
+    # attention_bias: the q/k/v and o projections' biases (gbattn's attn_bias, None where it equals bias: the
+    # default); mlp_bias: the gate, up and down projections' (gbattn's bias; RMSNorm has none)
     attn_bias, mlp_bias = (_field(hf, where, key, False, bool) for key in ("attention_bias", "mlp_bias"))
-    if attn_bias != mlp_bias:
-        raise CheckpointError(f"{where}: attention_bias={attn_bias} and mlp_bias={mlp_bias} differ; gbattn's bias "
-                              f"flag covers both")
     kv = _field(hf, where, "num_key_value_heads", heads, int)
     block = _field(hf, where, "max_position_embeddings", 2048, int)
+    _refuse_one_position(block, "max_position_embeddings", where)
     d_cfg = dict(vocab_size=vocab, block_size=block, d_model=d, n_layers=layers,
                  n_heads=heads, n_kv_heads=None if kv == heads else kv, ffn="swiglu", ffn_hidden=hidden,
                  dropout=_field(hf, where, "attention_dropout", 0.0, int, float), dropout_sites=["attention"],
                  norm="pre", norm_type="rmsnorm", norm_eps=_field(hf, where, "rms_norm_eps", 1e-6, int, float),
-                 pos="rope", rope_base=llama_rope_base(hf, where), bias=attn_bias,
+                 pos="rope", rope_base=llama_rope_base(hf, where), bias=mlp_bias,
+                 attn_bias=None if attn_bias == mlp_bias else attn_bias,
                  tie_embeddings=_field(hf, where, "tie_word_embeddings", False, bool), attn="standard")
     return _model_config(d_cfg, where)
 
@@ -381,9 +392,11 @@ def gpt2_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dic
 
 def llama_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dict[str, Tensor]:
     """A :class:`GPT` state dict from Llama weights (with or without the ``model.`` prefix: a ``LlamaModel``
-    saves them without)."""
+    saves them without); the attention projections' biases where they have them (``attention_bias``), the MLP's
+    where it has them (``mlp_bias``)."""
     w = _Weights(weights, "model.", where)
     d, h, V, kv = cfg.d_model, cfg.ffn_width, cfg.vocab_size, cfg.kv_heads * cfg.d_head
+    attn_bias = cfg.bias if cfg.attn_bias is None else cfg.attn_bias  # (as gbattn's Block reads it)
     out = {"wte.weight": w.embedding("embed_tokens.weight", (V, d), cfg.tie_embeddings)}
     for i in range(cfg.n_layers):
         src, dst = f"layers.{i}.", f"blocks.{i}."
@@ -393,7 +406,7 @@ def llama_state(weights: dict[str, Tensor], cfg: ModelConfig, where: Path) -> di
         for name, parts in stacks.items():
             d_in = h if name == "mlp.proj" else d
             out[dst + name + ".weight"] = torch.cat([w.take(src + p + ".weight", (n, d_in)) for p, n in parts])
-            if cfg.bias:
+            if cfg.bias if name.startswith("mlp.") else attn_bias:
                 out[dst + name + ".bias"] = torch.cat([w.take(src + p + ".bias", (n,)) for p, n in parts])
         out[dst + "ln1.weight"] = w.take(src + "input_layernorm.weight", (d,))
         out[dst + "ln2.weight"] = w.take(src + "post_attention_layernorm.weight", (d,))
