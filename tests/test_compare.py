@@ -169,9 +169,11 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
     sets = tiny_sets()
     with pytest.raises(UserError, match="use --seeds"):
         run_compare("cpu-proxy", tmp_path / "a", data=str(data), sets={**sets, "seed": 7}, quiet=True)
-    with pytest.raises(UserError, match=r"--set attn.rounds: the recipe sets it per model"):
-        run_compare("cpu-proxy", tmp_path / "b", data=str(data), sets={**sets, "attn.rounds": 3}, only=["gba-m2"],
-                    quiet=True)
+    # ... however the option is spelt: attn_options.rounds, and attn_options={...}, passed and were ignored
+    for key, value in (("attn.rounds", 3), ("attn_options.rounds", 3), ("attn_options", {"rounds": 3})):
+        with pytest.raises(UserError, match=rf"^--set {key}: the recipe sets it per model"):
+            run_compare("cpu-proxy", tmp_path / "b", data=str(data), sets={**sets, key: value}, only=["gba-m2"],
+                        quiet=True)
     with pytest.raises(UserError, match=r"^--set attn=\.\.\. would give every model of the recipe that one attention"):
         run_compare("cpu-proxy", tmp_path / "s", data=str(data), sets={**sets, "attn": "boosted"}, quiet=True)
     # --set split of a corpus that comes in splits (a folder) would be ignored: refused before anything is recorded

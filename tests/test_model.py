@@ -4,6 +4,7 @@ cached decoding, dropout sites, errors."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -1263,6 +1264,25 @@ def test_a_set_field_given_twice_must_agree():
     with pytest.raises(ConfigError, match=r"--set attn.rounds=3 and --set attn_options.rounds=2 disagree"):
         parse_sets(["attn.rounds=3", "attn_options.rounds=2"])
     assert parse_sets(["lr=1e-3", "lr=0.001", "attn.gate=scalar"]) == {"lr": 1e-3, "attn.gate": "scalar"}
+    # A whole attn_options mapping and one of its options: the last given won (either order), silently
+    for items in (['attn_options={"rounds": 3}', "attn.rounds=4"], ["attn.rounds=4", 'attn_options={"rounds": 3}'],
+                  ["attn.gate=linear", 'attn_options={"rounds": 3}']):
+        with pytest.raises(ConfigError, match=rf"^--set {re.escape(items[0])} and --set {re.escape(items[1])} "
+                                              r"disagree: give one of them$"):
+            parse_sets(items)
+    assert parse_sets(["attn.rounds=3", 'attn_options={"rounds": 3}']) == {"attn.rounds": 3,
+                                                                          "attn_options": {"rounds": 3}}
+
+
+def test_a_set_value_nested_too_deeply_is_one_line():
+    """5,000 nested lists in a --set value (or a variant's option) were a RecursionError traceback, exit 1."""
+    from gbattn.config import parse_sets, variant_spec
+
+    deep = "[" * 5000
+    with pytest.raises(ConfigError, match=r"^--set d_model: nested too deeply to read$"):
+        parse_sets([f"d_model={deep}"])
+    with pytest.raises(ConfigError, match=r"^boosted:rounds: nested too deeply to read$"):
+        variant_spec(f"boosted:rounds={deep}")
 
 
 def test_the_attention_and_data_given_as_arguments_and_in_the_overrides_must_agree():

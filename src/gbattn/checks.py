@@ -126,13 +126,15 @@ def each_one_of(*allowed: str) -> dict:
 # --------------------------------------------------------------------------------------
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str, name: str = "the value") -> Any:
     """A ``--set`` value: JSON where it parses (numbers, true/false, null, lists), else the raw string.
-    ``NaN`` and ``Infinity`` stay strings (and are refused by number fields)."""
+    ``NaN`` and ``Infinity`` stay strings (and are refused by number fields); ``name`` is how an error names it."""
     try:
-        return json.loads(text, parse_constant=lambda name: name)
+        return json.loads(text, parse_constant=lambda constant: constant)
     except ValueError:  # not JSON, or an integer of more digits than Python converts (4,300)
         return text
+    except RecursionError:  # thousands of nested lists: a RecursionError traceback
+        raise ConfigError(f"{name}: nested too deeply to read") from None
 
 
 def _type_name(tp) -> str:
@@ -168,7 +170,7 @@ def coerce(name: str, value: Any, tp) -> Any:
         if isinstance(value, str):
             value = [item.strip() for item in value.strip("[]").split(",") if item.strip()]
             if args and args[0] is not str:
-                value = [parse_value(item) for item in value]
+                value = [parse_value(item, f"{name}[{i}]") for i, item in enumerate(value)]
         if isinstance(value, tuple):
             value = list(value)
         if not isinstance(value, list):

@@ -389,12 +389,35 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
         key, value = item.split("=", 1)
         if not value.strip():  # a script's unset variable (`--set init_from=$RUN`), refused as an empty option is
             raise ConfigError(f"--set {item!r}: the value is empty; give null for none, [] for an empty list")
-        key, value = key.strip(), parse_value(value.strip())
-        earlier = first.setdefault(field_path(key), (item, value))
-        if earlier[1] != value:
-            raise ConfigError(f"--set {earlier[0]} and --set {item} disagree: give one of them")
+        key = key.strip()
+        value = parse_value(value.strip(), f"--set {key}")
+        path = field_path(key)
+        for other, (other_item, other_value) in first.items():  # one field, or a mapping and a field inside it
+            if other == path:
+                agree = other_value == value
+            elif path.startswith(other + ".") or other.startswith(path + "."):  # attn_options={...} and attn.x
+                pairs = sorted([(other, other_value), (path, value)], key=lambda pair: len(pair[0]))
+                (whole, mapping), (inner, inner_value) = pairs
+                agree = isinstance(mapping, dict) and _inside(mapping, inner[len(whole) + 1:]) == inner_value
+            else:
+                continue
+            if not agree:
+                raise ConfigError(f"--set {other_item} and --set {item} disagree: give one of them")
+        first.setdefault(path, (item, value))
         out[key] = value
     return out
+
+
+def _inside(mapping: dict, dotted: str) -> Any:
+    """``mapping[a][b]`` for ``dotted = "a.b"``, or a value no field holds where one is missing."""
+    for part in dotted.split("."):
+        if not isinstance(mapping, dict) or part not in mapping:
+            return _MISSING
+        mapping = mapping[part]
+    return mapping
+
+
+_MISSING = object()
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -406,7 +429,7 @@ def parse_variant(spec: str) -> tuple[str, dict]:
         if "=" not in item:
             raise ConfigError(f"{spec!r}: options are key=value, e.g. boosted:rounds=3,kv_source=shared")
         key, value = item.split("=", 1)
-        options[key] = parse_value(value)
+        options[key] = parse_value(value, f"{name}:{key}")
     return name, options
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gbattn import rundir
 from gbattn.checks import did_you_mean
-from gbattn.config import TrainConfig, build_configs, training_input_length
+from gbattn.config import TrainConfig, build_configs, field_path, training_input_length
 from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
 from gbattn.errors import CheckpointError, Interrupted, Terminated, UserError
@@ -183,8 +183,10 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
                 f"--only {unknown}: not in recipe {recipe.name!r}{did_you_mean(unknown, labels)} ({', '.join(labels)})"
             )
         # Model keys a recipe sets per model are applied after --set (spec_configs): refuse them.
-        per_model = sorted({key for spec in specs for key in (*spec.model, *(f"attn.{k}" for k in spec.attn_options))}
-                           & set(sets))
+        # (a key as typed: attn.x and attn_options.x name one field, and attn_options={...} sets every option)
+        fixed = {path for spec in specs for path in (*spec.model, *(f"attn_options.{k}" for k in spec.attn_options))}
+        per_model = sorted(key for key in sets for path in [field_path(key)]
+                           if any(path == f or f.startswith(path + ".") or path.startswith(f + ".") for f in fixed))
         if per_model:
             raise UserError(f"--set {', '.join(per_model)}: the recipe sets {'it' if len(per_model) == 1 else 'them'} "
                             f"per model, so the value would be overridden; train such a model with `gbattn train`")
