@@ -1350,3 +1350,39 @@ def test_build_configs_keeps_an_explicit_warmup_given_either_way(as_keyword):
     assert fitted_warmup(preset_default, 20)[0] == 2  # the preset's warmup of 100 is fitted to the run
     _, asked_to_fit = build_configs("cpu-char", "standard", "data", {**sets, "fit_warmup": True}, **keywords)
     assert fitted_warmup(asked_to_fit, 20)[0] == 2  # fit_warmup given too: it is what was asked for
+
+
+def test_a_value_equal_to_its_default_changes_no_recorded_model():
+    """A run recorded with no variant options (rounds 2 by default) was refused `train --resume --set attn.rounds=2`
+    as a change '(recorded: None)', as was --set final_norm=true of a Pre-LN run (which has one); and `bench --attn
+    boosted boosted:rounds=2,gate=linear` benched one model twice. Two configs that build one model are one model;
+    a real change names the value the run has."""
+    from gbattn.bench.speed import _refuse_repeats
+    from gbattn.cli import build_parser
+    from gbattn.config import build_configs
+    from gbattn.errors import UserError
+    from gbattn.train.cli import resume_conflicts
+
+    model_cfg, train_cfg = build_configs("cpu-char", "boosted", "tiny-shakespeare")
+    assert model_cfg.attn_options == {} and model_cfg.final_norm is None
+
+    def conflicts(*sets):
+        args = build_parser().parse_args(["train", "--resume", "--out", "run", *sets])
+        return resume_conflicts(args, {"preset": "cpu-char"}, model_cfg, train_cfg)
+
+    same = ["attn.rounds=2", "attn.gate=linear", "attn_options.kv_source=residual", "final_norm=true", "attn_bias=true",
+            "n_kv_heads=4"]
+    assert conflicts(*[arg for item in same for arg in ("--set", item)]) == []
+    assert conflicts("--set", "attn.rounds=3") == ["--set attn.rounds=3 (recorded: 2)"]
+    assert conflicts("--set", "final_norm=false") == ["--set final_norm=False (recorded: True)"]
+    with pytest.raises(UserError, match=r"^--attn names boosted twice \(boosted:rounds=2,gate=linear is the same"):
+        _refuse_repeats("--attn", ["standard", "boosted", "boosted:rounds=2,gate=linear"], "cpu-char", {})
+    _refuse_repeats("--attn", ["standard", "boosted", "boosted:rounds=3"], "cpu-char", {})
+
+
+def test_params_with_a_second_setting_after_one_set_says_each_set_takes_one(capsys):
+    """`params --set d_model=64 n_heads=2`: the optional preset took 'n_heads=2' ("preset='n_heads=2' is not
+    allowed"), where the other commands say each --set takes one KEY=VALUE."""
+    code, out, err = run_cli(capsys, ["params", "--set", "d_model=64", "n_heads=2"])
+    assert (code, out, err) == (2, "", "gbattn: error: 'n_heads=2' is not a preset; each --set takes one KEY=VALUE: "
+                                       "--set n_heads=2\n")

@@ -584,6 +584,12 @@ def test_init_from_keeps_the_source_runs_split_and_windows(trained, tmp_path, ca
     assert (trainer.train_cfg.seq_len, list(trainer.train_cfg.split), trainer.train_cfg.init_from) == (
         16, [0.8, 0.1, 0.1], str(source))
     assert (trainer.extra, trainer.restart) == ({"init_from": str(source)}, True)
+    # The split as the comma form (refused: "0.8,0.1,0.1" was compared character by character), and the source as
+    # --set init_from=RUN, the field --init-from sets (it was "leave out --preset, --attn and model --set values")
+    code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "new2", "--quiet", "--set", f"init_from={source}",
+                                    "--set", "split=0.8,0.1,0.1"])
+    assert code == 0, err
+    assert (seen[-1].train_cfg.init_from, list(seen[-1].train_cfg.split)) == (str(source), [0.8, 0.1, 0.1])
 
 
 def test_a_run_started_init_from_resumes_from_its_own_checkpoint_without_its_source(trained, tmp_path, capsys,
@@ -1349,6 +1355,11 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("--init-from with another split", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
                                             "split=[0.8,0.1,0.1]"],  # was trained on the run's split silently
          f"--init-from trains on the split of {run} (recorded: [0.9, 0.05, 0.05]): leave out --set split"),
+        ("--init-from and --set init_from differ", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
+                                                    "init_from=elsewhere"],  # trained from --init-from silently
+         f"--init-from {run} and --set init_from=elsewhere disagree: give one of them"),
+        ("--set compile=no on resume", ["train", "--resume", "--out", run, "--set", "compile=no"],
+         "compile='no' must be true or false or null"),  # was "would change it: --compile (recorded: trained eager"
         ("--threads and --set threads differ on resume", ["train", "--resume", "--out", run, "--threads", "1", "--set",
                                                           "threads=2"],  # --threads was taken silently
          "--threads 1 and --set threads=2 disagree: give one of them"),

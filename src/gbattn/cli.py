@@ -57,6 +57,8 @@ def cmd_list(args) -> None:
 def cmd_params(args) -> None:
     from gbattn.model import count_params, flops_per_token, param_matched_width
 
+    if args.preset is not None and "=" in args.preset:  # `--set d_model=64 n_heads=2`: the positional took the second
+        raise UserError(f"{args.preset!r} is not a preset; each --set takes one KEY=VALUE: --set {args.preset}")
     if args.preset_option is not None:  # `params --preset X`, as `train --preset X`
         if args.preset is not None and args.preset != args.preset_option:
             raise UserError(f"the preset {args.preset} and --preset {args.preset_option} disagree: give one")

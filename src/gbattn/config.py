@@ -113,6 +113,15 @@ class ModelConfig(Typed):
             return width
         return -(-(2 * width // 3) // 16) * 16
 
+    def resolved(self) -> ModelConfig:
+        """This model with its defaults spelt out (every option of its variant, the final norm, the attention
+        projections' biases, the key/value heads): two configs that build the same model resolve equal, where a
+        value given that equals its default made them differ (``attn.rounds=2`` against ``{}``)."""
+        options = variant_options(self.attn, self.attn_options, n_heads=self.n_heads, n_kv_heads=self.kv_heads)
+        return self.replace(attn_options=dataclasses.asdict(options), n_kv_heads=self.kv_heads,
+                            final_norm=self.norm == "pre" if self.final_norm is None else self.final_norm,
+                            attn_bias=self.bias if self.attn_bias is None else self.attn_bias)
+
     def input_length(self, seq_len: int | None) -> int:
         """Input tokens per row: ``seq_len``, or ``block_size - 1`` when it is None (the default of
         ``TrainConfig.seq_len``, and of ``gbattn bench --seq-len``)."""
@@ -398,7 +407,8 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
             elif path.startswith(other + ".") or other.startswith(path + "."):  # attn_options={...} and attn.x
                 pairs = sorted([(other, other_value), (path, value)], key=lambda pair: len(pair[0]))
                 (whole, mapping), (inner, inner_value) = pairs
-                agree = isinstance(mapping, dict) and _inside(mapping, inner[len(whole) + 1:]) == inner_value
+                # (a field inside a value that is no mapping: set_path says so, naming it)
+                agree = not isinstance(mapping, dict) or _inside(mapping, inner[len(whole) + 1:]) == inner_value
             else:
                 continue
             if not agree:
@@ -459,7 +469,8 @@ def merge_options(sets: dict[str, Any], **options: Any) -> dict[str, Any]:
         if value is None:
             continue
         if key in out and out[key] != value:
-            flag = (f"--{key}" if value else f"--no-{key}") if isinstance(value, bool) else f"--{key} {value}"
+            option = key.replace("_", "-")  # (the option's spelling: init_from is --init-from)
+            flag = (f"--{option}" if value else f"--no-{option}") if isinstance(value, bool) else f"--{option} {value}"
             given = str(out[key]).lower() if isinstance(out[key], bool) else out[key]  # as it was typed
             raise ConfigError(f"{flag} and --set {key}={given} disagree: give one of them")
         out[key] = value

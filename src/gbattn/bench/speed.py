@@ -458,8 +458,9 @@ def _label(spec: str) -> str:
 
 def _refuse_repeats(option: str, specs: list[str], preset: str, sets: dict) -> None:
     """Each of ``specs`` (checked) must make a model of its own: a variant named twice, or given the same options
-    twice (``boosted:rounds=2,`` after ``boosted:rounds=2``), would be benched twice under two rows."""
-    configs = [_variant_config(preset, spec, sets).to_dict() for spec in specs]  # every spec checked first
+    twice (``boosted:rounds=2,`` after ``boosted:rounds=2``, or its default spelt out), would be benched twice under
+    two rows."""
+    configs = [_variant_config(preset, spec, sets).resolved() for spec in specs]  # every spec checked first
     seen: list[tuple[dict, str]] = []  # (model config, the spec that first made it)
     for spec, config in zip(specs, configs):
         first = next((earlier for model, earlier in seen if model == config), None)

@@ -64,20 +64,22 @@ def resume_conflicts(args, saved: dict, model_cfg, train_cfg) -> list[str]:
         and not (name == "data" and same_corpus(args.data, saved, train_cfg))
     ]
     train_sets, model_sets = split_overrides(parse_sets(args.sets))
+    resolved = model_cfg.resolved()  # (a value equal to its default changes nothing: attn.rounds=2 of a run with {})
     for key, value in model_sets.items():
         if key == "vocab_size" and value == saved.get("vocab_size_asked"):  # the tokenizer's vocabulary was taken
             continue
         d = model_cfg.to_dict()
         set_path(d, key, value)
-        if ModelConfig.from_dict(d) != model_cfg:
-            differ.append(f"--set {key}={value} (recorded: {_recorded(model_cfg.to_dict(), key)})")
+        if ModelConfig.from_dict(d).resolved() != resolved:
+            differ.append(f"--set {key}={value} (recorded: {_recorded(resolved.to_dict(), key)})")
     for key, value in train_sets.items():
         if key == "data" and same_corpus(value, saved, train_cfg):  # as --data: the same corpus at another path
             continue
         if key not in TrainConfig.RESULT_NEUTRAL and train_cfg.replace(**{key: value}) != train_cfg:
             differ.append(f"--set {key}={value} (recorded: {getattr(train_cfg, key)})")
     asked = args.compile if args.compile is not None else train_sets.get("compile")
-    switched = asked is not None and compile_switch(model_cfg, train_cfg, train_cfg.replace(compile=bool(asked)))
+    # (checked first: --set compile=no is "must be true or false or null", not a switch to compiled training)
+    switched = asked is not None and compile_switch(model_cfg, train_cfg, train_cfg.replace(compile=asked))
     if switched:
         differ.append(switched)
     return differ
@@ -93,6 +95,7 @@ def _recorded(d: dict, key: str):
 
 def cmd_train(args) -> None:
     from gbattn import rundir
+    from gbattn.checks import coerce
     from gbattn.config import TrainConfig, build_configs, merge_options, parse_sets
     from gbattn.data.corpus import check_split_setting
     from gbattn.errors import UserError
@@ -105,7 +108,7 @@ def cmd_train(args) -> None:
     # Options and --set name the same fields one way: both given and different is an error.
     sets = merge_options(parse_sets(args.sets), attn=args.attn, residual=args.residual, data=args.data,
                          seed=args.seed, tokenizer=args.tokenizer, device=args.device, compile=args.compile,
-                         threads=args.threads)
+                         threads=args.threads, init_from=args.init_from)
     if args.resume:
         if args.init_from:
             raise UserError("--init-from starts a new run: it does not go with --resume")
@@ -122,8 +125,9 @@ def cmd_train(args) -> None:
             neutral["data"] = sets["data"]  # --data or --set data=)
         trainer = Trainer(args.out, resume=True, quiet=args.quiet, overrides=neutral)
     else:
-        if args.init_from:
-            trainer = _init_from_trainer(args, sets)
+        init_from = coerce("init_from", sets.pop("init_from", None), str | None)  # --init-from RUN or --set
+        if init_from:  # init_from=RUN: one field, two spellings
+            trainer = _init_from_trainer(args, init_from, sets)
         else:
             data = sets.pop("data", None)
             if not data:
@@ -158,44 +162,44 @@ def _refuse_resume_without_run(out: Path) -> None:
                         f"trained yet): start it with the command that started it, without --resume")
 
 
-def _init_from_trainer(args, sets: dict):
-    """A new run whose model (and default data and recipe) is the one in ``--init-from``."""
+def _init_from_trainer(args, init_from: str, sets: dict):
+    """A new run whose model (and default data and recipe) is the one in ``init_from`` (``--init-from``)."""
     from gbattn import rundir
     from gbattn.config import DROPOUT_FIELDS, build_configs, split_overrides
     from gbattn.errors import UserError
     from gbattn.train.trainer import Trainer
 
-    if Path(args.init_from).resolve() == Path(args.out).resolve():  # --restart would delete the weights to start from
-        raise UserError(f"--init-from {args.init_from} is --out: a run started from its weights goes to another --out")
-    path = Path(args.init_from) / rundir.CONFIG
-    rundir.refuse_weights_without_config(args.init_from, then=rundir.UNFINISHED_RUN_ADVICE)
+    if Path(init_from).resolve() == Path(args.out).resolve():  # --restart would delete the weights to start from
+        raise UserError(f"--init-from {init_from} is --out: a run started from its weights goes to another --out")
+    path = Path(init_from) / rundir.CONFIG
+    rundir.refuse_weights_without_config(init_from, then=rundir.UNFINISHED_RUN_ADVICE)
     config = rundir.read_config(path)
-    rundir.refuse_hf_checkpoint(config, args.init_from, then="--init-from DIR")
+    rundir.refuse_hf_checkpoint(config, init_from, then="--init-from DIR")
     source = rundir.gbattn_section(config, path)
     source = source if source is not None else config  # read_configs names what is missing
-    model_cfg, source_train = rundir.read_configs(source, args.init_from)
+    model_cfg, source_train = rundir.read_configs(source, init_from)
     train_sets, model_sets = split_overrides(sets)  # ``sets`` holds --attn, --data, --seed, ... too
     dropout = {key: model_sets.pop(key) for key in DROPOUT_FIELDS if key in model_sets}  # no parameter changes
     if args.preset and args.preset != source.get("preset") or model_sets:
-        raise UserError(f"--init-from trains the model of {args.init_from} as it is: leave out --attn, --residual, "
+        raise UserError(f"--init-from trains the model of {init_from} as it is: leave out --attn, --residual, "
                         f"--preset and model --set values other than {' and '.join(DROPOUT_FIELDS)} (upcycle first "
                         f"to change the model: `gbattn upcycle`)")
     model_cfg = model_cfg.replace(**dropout)
     split = train_sets.pop("split", None)
-    if split is not None and list(split) != list(source_train.split):
-        raise UserError(f"--init-from trains on the split of {args.init_from} (recorded: {source_train.split}): "
+    if split is not None and source_train.replace(split=split).split != source_train.split:  # (0.9,0.1,0 as typed)
+        raise UserError(f"--init-from trains on the split of {init_from} (recorded: {source_train.split}): "
                         f"leave out --set split")
     tokenizer = train_sets.pop("tokenizer", None)
     if tokenizer is not None and tokenizer != source_train.tokenizer:
-        raise UserError(f"--init-from trains with the tokenizer of {args.init_from} (recorded: "
+        raise UserError(f"--init-from trains with the tokenizer of {init_from} (recorded: "
                         f"{source_train.tokenizer}): leave out --tokenizer / --set tokenizer={tokenizer}")
     train_sets.setdefault("seq_len", source_train.seq_len)  # its windows (None: block_size - 1), not the preset's
     preset = source.get("preset") or "paper-small"
     if source.get("preset") is None and not args.quiet:  # (README, "Upcycling a trained model"; it was silent)
-        print(f"note: {args.init_from} records no preset: training with paper-small's recipe (lr, warmup, epochs, "
+        print(f"note: {init_from} records no preset: training with paper-small's recipe (lr, warmup, epochs, "
               f"batch); --set changes any of them", file=sys.stderr)
     _, train_cfg = build_configs(preset, model_cfg.attn, train_sets.pop("data", None) or source_train.data, train_sets,
                                  tokenizer=source_train.tokenizer)
-    train_cfg = train_cfg.replace(init_from=str(args.init_from), split=source_train.split)
+    train_cfg = train_cfg.replace(init_from=str(init_from), split=source_train.split)
     return Trainer(args.out, model_cfg, train_cfg, quiet=args.quiet, preset=preset, restart=args.restart,
-                   extra={"init_from": str(args.init_from)})
+                   extra={"init_from": str(init_from)})
