@@ -982,7 +982,8 @@ def test_plot_of_a_comparison_with_a_perplexity_of_zero_is_one_line(tmp_path, ca
     code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert "results.json is damaged: standard: test_ppl={'42': 0.0} must be perplexities (numbers above 0)" in err
+    assert ("results.json is damaged: standard: test_ppl={'42': 0.0} must be perplexities (numbers above 0 and at "
+            "most e^50; gbattn writes null from a loss of 50 nats)") in err
 
 
 def test_gate_figure_shows_negative_tanh_gates():
@@ -1329,6 +1330,61 @@ def test_plot_refuses_a_results_json_with_a_number_too_large_for_a_float(tmp_pat
     assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 0
 
 
+def test_plot_refuses_a_results_json_with_values_gbattn_never_writes(tmp_path, capsys):
+    """read_report took a negative published std, an infinite published mean, perplexities of 1e308, a negative
+    validation loss and a curve's validation loss of 1.7e308, none of which gbattn writes (a perplexity is null from a
+    loss of 50 nats, and a loss, computed in float32, null beyond the largest float32): the chart's error bar and axis
+    limits, the mean over seeds and --gap's mean difference were tracebacks (exit 1). Each is one line naming the
+    file and the field, exit 2; a
+    validation loss above 50 nats (a diverged seed's, which gbattn writes) is taken, and a metrics line with a loss
+    gbattn never writes is skipped like any damaged one."""
+    compare_dir = tmp_path / "cmp"
+    compare_dir.mkdir()
+    for label in ("standard", "gba-m2"):
+        write_run(compare_dir, label, 42)
+        with open(compare_dir / label / "seed42" / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"event": "eval", "step": 2, "tokens": 200, "valid_loss": 3.9}) + "\n")
+    row = model_row("standard", {"42": 100.0})
+    ppl = "must be perplexities (numbers above 0 and at most e^50; gbattn writes null from a loss of 50 nats)"
+    published = ("must be [mean, std] of a perplexity: a mean above 0 and a std from 0, both finite and at most e^50 "
+                 "(or null)")
+    for damaged, expected in (
+            ({**row, "published": [6.55, -1.0]}, f"gba-m2: published=[6.55, -1.0] {published}"),
+            ({**row, "published": [math.inf, None]}, f"gba-m2: published=[inf, None] {published}"),
+            ({**row, "test_ppl": {"42": 1e308, "123": 1.5e308}},
+             f"gba-m2: test_ppl={{'42': 1e+308, '123': 1.5e+308}} {ppl}"),
+            ({**row, "valid_loss": {"42": -1.0}}, "gba-m2: valid_loss={'42': -1.0} must be losses (numbers from 0 to "
+                                                  "3.4e38, the largest float32; gbattn writes null beyond)")):
+        (compare_dir / "results.json").write_text(json.dumps(report_of([row, {**damaged, "label": "gba-m2"}])))
+        code = cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")])
+        assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
+            f"gbattn: error: {compare_dir / 'results.json'} is damaged: {expected}; rerun `gbattn compare` with the "
+            f"same arguments to write it again"], damaged
+    # a comparison copied without its run folders: --gap reads the curves results.json records
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    curve = [{"step": 2, "tokens": 200, "valid_loss": 1.7e308, "valid_ppl": None}]
+    rows = [{**row, "curves": {"42": [{**curve[0], "valid_loss": 3.9}]}}, {**row, "label": "gba-m2", "curves": {
+        "42": curve, "7": curve}, "seeds": [7, 42], "test_ppl": {"7": 100.0, "42": 100.0}}]
+    (copied / "results.json").write_text(json.dumps(report_of(rows)))
+    assert cli_main(["plot", str(copied), "--gap", "gba-m2", "--out", str(tmp_path / "gap")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gbattn: error: {copied / 'results.json'} is damaged: gba-m2: the curve of seed 42 has valid_loss=1.7e+308 at "
+        f"step 2, which must be a loss (a number from 0 to 3.4e38, the largest float32; gbattn writes null beyond); "
+        f"rerun `gbattn compare` with the same arguments to write it again"]
+    # what gbattn writes for a seed that diverged: a loss above 50 nats, its perplexity null
+    diverged = {**row, "test_ppl": {"42": None}, "valid_ppl": {"42": None}, "valid_loss": {"42": 64.49}}
+    (compare_dir / "results.json").write_text(json.dumps(report_of([row, {**diverged, "label": "gba-m2"}])))
+    assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 0
+    with open(compare_dir / "gba-m2" / "seed42" / "metrics.jsonl", "a") as f:  # a loss no float32 holds: skipped
+        f.write(json.dumps({"event": "eval", "step": 3, "tokens": 300, "valid_loss": 1.7e308}) + "\n")
+    with open(compare_dir / "standard" / "seed42" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"event": "eval", "step": 3, "tokens": 300, "valid_loss": 3.8}) + "\n")
+    (compare_dir / "results.json").write_text(json.dumps(report_of([row, {**row, "label": "gba-m2"}])))
+    assert cli_main(["plot", str(compare_dir), "--gap", "gba-m2", "--out", str(tmp_path / "gap")]) == 0
+    assert [p["step"] for p in json.loads((tmp_path / "gap" / "gap.json").read_text())["series"][0]["points"]] == [2]
+
+
 def test_plot_refuses_a_label_that_leads_out_of_the_comparison(tmp_path, capsys):
     """plot reads LABEL/seedS/metrics.jsonl of every row: a results.json label "../elsewhere" drew the curves of a
     folder outside the comparison as that model's. A label that is not a folder name is damage, one line."""
@@ -1506,19 +1562,19 @@ def test_a_schedule_or_model_override_drops_published_numbers_and_says_which():
     assert "6.55" not in md
     assert ("published numbers omitted: this comparison overrides the recipe's training length or schedule "
             "(lr=0.01).") in md
-    md = results_markdown(report_of(rows, sets={"max_steps": 2000, "seq_len": 64}))
-    assert "6.55" not in md and "overrides the recipe's training length (max_steps=2000, seq_len=64)." in md
+    md = results_markdown(report_of(rows, sets={"max_steps": 1000, "seq_len": 32}))
+    assert "6.55" not in md and "overrides the recipe's training length (max_steps=1000, seq_len=32)." in md
     # a length key beside another is named by the wider word: lr is no length, weight_decay neither length nor schedule
-    md = results_markdown(report_of(rows, sets={"max_steps": 2000, "lr": 0.01}))
-    assert "overrides the recipe's training length or schedule (max_steps=2000, lr=0.01)." in md
-    md = results_markdown(report_of(rows, sets={"max_steps": 2000, "weight_decay": 0.5}))
-    assert "overrides the recipe's training settings (max_steps=2000, weight_decay=0.5)." in md
+    md = results_markdown(report_of(rows, sets={"max_steps": 1000, "lr": 0.01}))
+    assert "overrides the recipe's training length or schedule (max_steps=1000, lr=0.01)." in md
+    md = results_markdown(report_of(rows, sets={"max_steps": 1000, "weight_decay": 0.5}))
+    assert "overrides the recipe's training settings (max_steps=1000, weight_decay=0.5)." in md
     # every length key at once is still the length, every length and schedule key at once the length or schedule
-    length = {"max_steps": 2000, "epochs": 1, "batch_size": 8, "seq_len": 64}
+    length = {"max_steps": 1000, "epochs": 1, "batch_size": 8, "seq_len": 32}
     md = results_markdown(report_of(rows, sets=length))
-    assert "overrides the recipe's training length (max_steps=2000, epochs=1, batch_size=8, seq_len=64)." in md
+    assert "overrides the recipe's training length (max_steps=1000, epochs=1, batch_size=8, seq_len=32)." in md
     md = results_markdown(report_of(rows, sets={**length, "lr": 0.01, "warmup_steps": 10}))
-    assert ("overrides the recipe's training length or schedule (max_steps=2000, epochs=1, batch_size=8, seq_len=64, "
+    assert ("overrides the recipe's training length or schedule (max_steps=1000, epochs=1, batch_size=8, seq_len=32, "
             "lr=0.01, warmup_steps=10).") in md
     md = results_markdown(report_of(rows, sets={"attn.rounds": 3}))
     assert "6.55" not in md and "published numbers omitted: this comparison changes the model (attn.rounds=3)." in md
@@ -1575,6 +1631,31 @@ def test_a_data_or_optimizer_override_drops_published_numbers_and_a_neutral_one_
         assert "published" not in texts["legend"], key
     md = results_markdown(report_of(rows, sets={"device": "cuda", "log_every": 50, "eval_batch_size": 8}))
     assert "| 6.55 |" in md and "omitted" not in md
+
+
+def test_a_set_that_repeats_the_recipes_own_value_keeps_published_numbers():
+    """--set max_steps=2000 on cpu-char (its preset's 2,000 steps), residual=plain or dropout=0.0 (its model's) trains
+    the recipe's own runs: the published number was withheld "for overriding the recipe's training length
+    (max_steps=2000)" or "for changing the model". A value other than the recipe's own (its training settings, then
+    its preset's, then the config defaults) still withholds it, and is the only one named."""
+    from gbattn.experiments.report import other_setting, result_overrides
+
+    rows = [model_row("standard", {"42": 9.0}, published=[6.55, None]), model_row("gba-m2", {"42": 8.8})]
+    own = {"max_steps": 2000, "seq_len": 64, "tokenizer": "char", "split": [0.9, 0.1, 0.0], "residual": "plain",
+           "dropout": 0.0, "n_layers": 4, "final_norm": True, "device": "cpu"}  # (a Pre-LN model has its final norm)
+    assert result_overrides(report_of(rows, sets=own)) == {} and other_setting(report_of(rows, sets=own)) is None
+    md = results_markdown(report_of(rows, sets=own))
+    assert "| 6.55 |" in md and "omitted" not in md
+    md = results_markdown(report_of(rows, sets={**own, "max_steps": 1000}))
+    assert "6.55" not in md and "overrides the recipe's training length (max_steps=1000)." in md
+    md = results_markdown(report_of(rows, sets={**own, "dropout": 0.1}))
+    assert "6.55" not in md and "published numbers omitted: this comparison changes the model (dropout=0.1)." in md
+    # a setting the recipe leaves at the config default (cpu-char sets no beta1: 0.9) is its own value too, and one
+    # the recipe sets over its preset's (cpu-char-long's 8,000 steps) is that recipe's own
+    assert result_overrides(report_of(rows, sets={"beta1": 0.9, "beta2": 0.95})) == {"beta2": 0.95}
+    longer = {**report_of(rows), "recipe": "cpu-char-long"}
+    assert result_overrides({**longer, "sets": {"max_steps": 8000}}) == {}
+    assert result_overrides({**longer, "sets": {"max_steps": 2000}}) == {"max_steps": 2000}
 
 
 def test_published_numbers_are_kept_for_the_recipes_corpus_however_it_is_named_and_only_at_its_length():
@@ -1993,6 +2074,25 @@ def test_results_md_says_when_every_model_has_fewer_seeds_than_the_comparison_na
     assert "Every model has" not in results_markdown(report_of(diverged))
 
 
+def test_results_md_names_seeds_that_diverged_apart_from_seeds_not_finished():
+    """Every run of seeds 42, 123 and 7 finished, but seeds 123 and 7 diverged (test perplexity null: a loss of 50
+    nats or more): results.md said "seeds 123, 7 not finished" of a complete comparison. A seed is "not finished"
+    where a model's row lacks it; one every model finished without a finite perplexity is named as diverged."""
+    def row(label: str, value: float, diverged: list[str]) -> dict:
+        return {**model_row(label, {"42": value}), "seeds": sorted([42, *map(int, diverged)]),
+                "test_ppl": {"42": value, **dict.fromkeys(diverged)}}
+
+    rows = [row("standard", 10.0, ["123", "7"]), row("gba-m2", 9.0, ["123", "7"])]
+    md = results_markdown({**report_of(rows), "seeds": [7, 42, 123], "complete": True})
+    assert ("Every model has seed 42 only (seeds 7, 123 diverged, with no finite perplexity): each mean is over 1 "
+            "seed.") in md
+    assert "not finished" not in md
+    rows = [row("standard", 10.0, ["123"]), row("gba-m2", 9.0, ["123"])]
+    md = results_markdown({**report_of(rows), "seeds": [7, 42, 123]})  # seed 7 not finished: no row has it
+    assert ("Every model has seed 42 only (seed 7 not finished; seed 123 diverged, with no finite perplexity): each "
+            "mean is over 1 seed.") in md
+
+
 def test_read_report_refuses_a_label_that_is_no_folder_name_and_takes_integer_numbers(tmp_path):
     """A row's label names its folder (LABEL/seedS/ is read): "", "..", one with a slash or a backslash is
     damage; a perplexity or published number written as an integer (100, not 100.0) is a number."""
@@ -2071,3 +2171,85 @@ def test_gap_groups_comparisons_whose_settings_were_given_in_another_order(tmp_p
                "longer": report("cpu-char", {"lr": 1e-3, "threads": 1}, 8000)}
     groups = same_comparison([tmp_path / name for name in reports], "gba-m2", read=lambda d: reports[d.name])
     assert [[d.name for d in group] for group in groups] == [["one", "two"], ["other"], ["longer"]]
+
+
+def test_gap_keeps_apart_directories_whose_model_of_one_label_is_another_model(tmp_path):
+    """`compare --model mine=boosted:rounds=2` in one directory and `--model mine=boosted:rounds=4` in another, of one
+    recipe, data, settings and steps: --gap mine pooled them into one line, "a + b", with a's parameter count for
+    both. What defines the model (the models --model and --matched added, and the row's variant, options and size)
+    keeps them apart: a line each, each over its own parameters."""
+    from gbattn.analysis.cli import same_comparison
+
+    dirs = {}
+    for name, rounds, params in (("a", 2, 100), ("b", 4, 130)):
+        root = _gap_dir(tmp_path / name, 400, seeds=(1,) if name == "a" else (2,))
+        shutil.move(root / "gba-m2", root / "mine")
+        report = json.loads((root / "results.json").read_text())
+        report["models"][0].update(label="mine", attn="boosted", attn_options={"rounds": rounds}, parameters=params)
+        report.update(recipe="cpu-char", data="tiny-shakespeare", sets={"max_steps": 400},
+                      added={"mine": f"boosted:rounds={rounds}"})
+        (root / "results.json").write_text(json.dumps(report))
+        dirs[name] = root
+    assert cli_main(["plot", str(dirs["a"]), str(dirs["b"]), "--gap", "mine", "--out", str(tmp_path / "fig")]) == 0
+    series = json.loads((tmp_path / "fig" / "gap.json").read_text())["series"]
+    assert [(s["directory"], s["points"][-1]["tokens_per_parameter"]) for s in series] == [
+        ("a", pytest.approx(4000 / 100)), ("b", pytest.approx(4000 / 130))]
+    # the row alone tells them apart too (a results.json of a recipe's own model, with the same added models)
+    reports = {name: json.loads((root / "results.json").read_text()) for name, root in dirs.items()}
+    reports["b"]["added"] = reports["a"]["added"]
+    groups = same_comparison([dirs["a"], dirs["b"]], "mine", read=lambda d: reports[d.name])
+    assert [[d.name for d in group] for group in groups] == [["a"], ["b"]]
+    reports["b"]["models"][0].update(attn_options={"rounds": 2}, parameters=100)  # the same model: one line
+    groups = same_comparison([dirs["a"], dirs["b"]], "mine", read=lambda d: reports[d.name])
+    assert [[d.name for d in group] for group in groups] == [["a", "b"]]
+
+
+def test_gap_pools_directories_that_differ_only_in_a_result_neutral_setting(tmp_path):
+    """One comparison continued elsewhere with --seeds and another --set eval_batch_size (or device, compile,
+    log_every ...), which `gbattn compare` itself takes for the same comparison, was drawn as two lines; the
+    result-neutral settings (TrainConfig.RESULT_NEUTRAL) are left out of the comparison, another lr is not."""
+    from gbattn.analysis.cli import same_comparison
+
+    def report(sets):
+        return {"recipe": "cpu-char", "data": "tiny-shakespeare", "sets": {"lr": 1e-3, **sets},
+                "models": [{"label": "gba-m2", "steps": 2000}]}
+
+    reports = {"first": report({"eval_batch_size": 4}), "later": report({"eval_batch_size": 8, "device": "cuda"}),
+               "other": report({"lr": 3e-3, "eval_batch_size": 4}),
+               "again": report({"log_every": 50, "compile": True, "threads": 2})}
+    groups = same_comparison([tmp_path / name for name in reports], "gba-m2", read=lambda d: reports[d.name])
+    assert [[d.name for d in group] for group in groups] == [["first", "later", "again"], ["other"]]
+
+
+def test_gap_pairs_a_continued_model_at_its_whole_training_length(tmp_path):
+    """upcycle: gba-upcycled continues base's 200 steps (2,000 tokens) for 200 more, whose steps and tokens count
+    from the start of the continuation. --gap gba-upcycled --against standard-scratch paired the continuation's step
+    200 with the from-scratch model's step 200 and drew it at the continuation's tokens only, while the curves
+    figure draws it after base's tokens. Its steps and tokens are now the whole training's: step 400 is paired with
+    the from-scratch model's step 400, at 4,000 tokens per its parameters; two continuations of one base pair as
+    before."""
+    from gbattn.analysis.cli import gap_series
+
+    root = tmp_path / "up"
+    rows = []
+    for label, steps, init_from, loss in (("base", 200, None, 3.0), ("gba-upcycled", 200, "base", 2.0),
+                                          ("standard-continued", 200, "base", 2.1),
+                                          ("standard-scratch", 400, None, 2.5)):
+        for seed in (1, 2):
+            run = root / label / f"seed{seed}"
+            run.mkdir(parents=True)
+            events = [{"event": "eval", "step": s, "tokens": 10 * s, "valid_loss": loss + 1 / s}
+                      for s in range(100, steps + 1, 100)]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        rows.append({"label": label, "parameters": 100, "steps": steps, "seeds": [1, 2], "init_from": init_from,
+                     "train_tokens": 10 * steps})
+    (root / "results.json").write_text(json.dumps({"recipe": "upcycle", "models": rows}))
+    gap = gap_series(root, "gba-upcycled", "standard-scratch")
+    assert (gap["steps"], gap["reference_steps"]) == (400, 400)
+    assert [(p["step"], p["tokens_per_parameter"]) for p in gap["points"]] == [(300, 30.0), (400, 40.0)]
+    # continuation step 100 (whole step 300) against scratch step 300, and 200 (400) against 400
+    assert [p["difference"] for p in gap["points"]] == [pytest.approx(2.0 + 1 / 100 - 2.5 - 1 / 300),
+                                                        pytest.approx(2.0 + 1 / 200 - 2.5 - 1 / 400)]
+    gap = gap_series(root, "gba-upcycled", "standard-continued")  # both continue base: step for step
+    assert [(p["step"], p["difference"]) for p in gap["points"]] == [(300, pytest.approx(-0.1)),
+                                                                     (400, pytest.approx(-0.1))]

@@ -454,7 +454,6 @@ def seed_metrics(compare_dir: Path, label: str) -> list[tuple[str, Path]]:
 def read_curves(compare_dir: Path, report: dict) -> dict:
     """label -> seed -> {"train": [(tokens, loss)], "valid": [(tokens, ppl)]} from every
     ``<label>/seed<S>/metrics.jsonl`` (finished runs in results.json order, then unfinished ones)."""
-    from gbattn.experiments.report import is_number
     from gbattn.files import read_jsonl
     from gbattn.rundir import METRICS
 
@@ -475,13 +474,26 @@ def read_curves(compare_dir: Path, report: dict) -> dict:
                 curves.setdefault(label, {})[seed] = {"train": train, "valid": valid}
     # A model that continues another's trained weights is drawn after that model's tokens.
     rows = {r["label"]: r for r in report.get("models", [])}
-    for label, row in rows.items():
-        base = rows.get(row.get("init_from"))
-        # (a count: not a bool, and not a 400-digit number, which no float holds)
-        if base and label in curves and isinstance(base.get("train_tokens"), int) and is_number(base["train_tokens"]):
-            curves[label] = {seed: {kind: [(t + base["train_tokens"], v) for t, v in points]
+    for label in rows:
+        _, before = trained_before(rows, label)
+        if before and label in curves:
+            curves[label] = {seed: {kind: [(t + before, v) for t, v in points]
                                     for kind, points in c.items()} for seed, c in curves[label].items()}
     return curves
+
+
+def trained_before(rows: dict, label: str) -> tuple[int, int]:
+    """(steps, train tokens) the model ``label`` of results.json's ``rows`` (label -> row) was trained for before its
+    own first step: those of the model whose trained weights it continues (``init_from``, whose steps and tokens its
+    own count from the start of the continuation), or (0, 0). The curves figure draws a continuation after them, and
+    --gap pairs it with a model trained from scratch at the same whole training length."""
+    from gbattn.experiments.report import is_number
+
+    base = rows.get(rows[label].get("init_from"))
+    # (a count: not a bool, and not a 400-digit number, which no float holds)
+    if base and isinstance(base.get("train_tokens"), int) and is_number(base["train_tokens"]):
+        return base["steps"], base["train_tokens"]
+    return 0, 0
 
 
 def read_comparison(compare_dir: Path) -> dict:
@@ -567,10 +579,14 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read
     says how long the reference trained (a compute-matched one trains longer: its end is not paired). Several
     directories (one comparison continued elsewhere with ``--seeds``, see :func:`same_comparison`) pool their
     seeds; a seed in two of them is one line. Each directory is named by its own name, also when given as ``.``
-    or ``..``, the names joined with " + ". ``read``: how a directory's results.json is read (default
-    :func:`read_comparison`)."""
+    or ``..``, the names joined with " + ". A model that continues another's trained weights (``init_from``,
+    the upcycle recipe's) counts its steps and tokens from the start of its continuation: those of the model it
+    continues are added (:func:`trained_before`, as the curves figure draws it), so that it is paired with a model
+    trained from scratch at the same whole training length, and its ``steps`` are the whole training's. ``read``:
+    how a directory's results.json is read (default :func:`read_comparison`)."""
     from gbattn.checks import did_you_mean
     from gbattn.errors import UserError
+    from gbattn.experiments.report import is_loss
     from gbattn.files import read_jsonl
     from gbattn.rundir import valid_curve
 
@@ -600,10 +616,12 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read
             for seed in sorted(finished - set(evaluations)):  # a copied comparison (results.json alone): its curves
                 if valid_curve(curves.get(seed)):
                     evaluations[seed] = curves[seed]
+            steps_before, tokens_before = trained_before(rows, label)  # a continuation: its whole training
             for seed, events in evaluations.items():
                 for e in events:
-                    if numbers(e, "step", "tokens", "valid_loss"):
-                        losses.setdefault(label, {})[(seed, e["step"])] = (e["tokens"], e["valid_loss"])
+                    if numbers(e, "step", "tokens", "valid_loss") and is_loss(e["valid_loss"]):
+                        losses.setdefault(label, {})[(seed, steps_before + e["step"])] = (tokens_before + e["tokens"],
+                                                                                          e["valid_loss"])
     paired: dict[int, list[tuple[int, float]]] = {}
     for key, (tokens, loss) in losses.get(model, {}).items():
         if key in losses.get(reference, {}):
@@ -614,21 +632,30 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read
     parameters = first[model]["parameters"]
     points = [{"step": step, "tokens_per_parameter": statistics.fmean(t for t, _ in v) / parameters,
                "difference": statistics.fmean(d for _, d in v), "seeds": len(v)} for step, v in sorted(paired.items())]
-    return {"directory": name, "steps": first[model]["steps"], "model": model,
-            "reference": reference, "reference_steps": first[reference]["steps"], "points": points}
+    return {"directory": name, "steps": trained_before(first, model)[0] + first[model]["steps"], "model": model,
+            "reference": reference, "reference_steps": trained_before(first, reference)[0] + first[reference]["steps"],
+            "points": points}
 
 
 def same_comparison(compare_dirs: list, model: str, read=None) -> list[list[Path]]:
     """The directories grouped into lines of a gap figure: those holding the same recipe on the same data with
-    the same settings and ``model`` trained as long (one comparison continued in another directory with
-    ``--seeds``) are one line, in the order first given; the others a line each. ``read`` as for
-    :func:`gap_series`."""
+    the same settings (result-neutral ones aside) and the same ``model`` trained as long (one comparison continued
+    in another directory with ``--seeds``) are one line, in the order first given; the others a line each. ``read``
+    as for :func:`gap_series`."""
+    from gbattn.experiments.compare import results_part
+
     groups: dict[str, list[Path]] = {}
     for d in compare_dirs:
         report = (read or read_comparison)(Path(d))
         rows = {r["label"]: r for r in report["models"]}  # read_report checked: a list of rows, each labelled
-        key = json.dumps([report.get("recipe"), report.get("data"), report.get("sets"),
-                          rows.get(model, {}).get("steps")], sort_keys=True, default=str)
+        row = rows.get(model, {})
+        # The settings as `gbattn compare` tells one comparison from another (a result-neutral --set, such as
+        # eval_batch_size or device, is the same comparison), and what the models are: the models --model and
+        # --matched added, and the variant and size of ``model`` (a label names another model in each).
+        key = json.dumps([report.get("recipe"), report.get("data"), results_part("sets", report.get("sets")),
+                          report.get("added"), report.get("matched"),
+                          [row.get(k) for k in ("attn", "attn_options", "norm", "residual", "parameters", "steps")]],
+                         sort_keys=True, default=str)
         groups.setdefault(key if report.get("recipe") else str(Path(d).resolve()), []).append(Path(d))
     return list(groups.values())
 

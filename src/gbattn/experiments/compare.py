@@ -489,7 +489,7 @@ def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
     return start_cfg, train_cfg.replace(init_from=str(start))
 
 
-def _results_part(key: str, value):
+def results_part(key: str, value):
     """What of a recorded request must match a new one: all of it but the ``--set`` keys that change
     no result (device, compile, log_every, ...: a comparison continues on another device)."""
     if key != "sets" or not isinstance(value, dict):
@@ -519,7 +519,7 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True, *, data_
                 # typed, and its runs would refuse it once recipe.json had taken its name.
                 before["data"] = request["data"]
         for key in ("recipe", "data", "sets"):
-            had, asked = _results_part(key, before.get(key)), _results_part(key, request[key])
+            had, asked = results_part(key, before.get(key)), results_part(key, request[key])
             if had == asked:
                 continue
             if key == "sets" and isinstance(had, dict):  # the --set values that differ, as typed (not a Python dict)

@@ -100,9 +100,49 @@ def result_overrides(report: dict) -> dict:
     another setting than a published number's."""
     from gbattn.config import TrainConfig
 
-    sets = report.get("sets") or {}
     changing = set(TrainConfig.field_names()) - set(TrainConfig.RESULT_NEUTRAL)
-    return {k: v for k, v in sets.items() if k in changing}
+    return {k: v for k, v in changed_sets(report).items() if k in changing}
+
+
+def changed_sets(report: dict) -> dict:
+    """The report's ``--set`` values other than its recipe's own (its training settings, then its preset's, then the
+    config defaults, as :func:`gbattn.config.build_configs` builds them): ``--set max_steps=2000`` on a 2,000-step
+    recipe changes nothing, where it withheld the published numbers as an override. Every one where the recipe is not
+    known, and one the configs refuse (the recipe's own value builds)."""
+    from gbattn.config import build_configs, field_path
+    from gbattn.errors import ConfigError
+    from gbattn.experiments.recipes import RECIPES
+
+    sets = report.get("sets") or {}
+    recipe = RECIPES.get(report.get("recipe"))
+    if recipe is None:
+        return dict(sets)
+
+    def fields(extra: dict) -> dict:
+        """The recipe's model (its defaults spelt out: final_norm=true is a Pre-LN model's own) and training fields
+        with ``extra`` set."""
+        model_cfg, train_cfg = build_configs(recipe.preset, "standard", str(report.get("data")),
+                                             {**recipe.train, **extra})
+        return {**model_cfg.resolved().to_dict(), **train_cfg.to_dict()}
+
+    def field(found: dict, key: str):
+        """The value of the field ``key`` names (``attn.x``: an attention option), a KeyError where none is."""
+        for part in field_path(key).split("."):
+            if not isinstance(found, dict):
+                raise KeyError(part)
+            found = found[part]
+        return found
+
+    own = fields({})
+    changed = {}
+    for key, given in sets.items():
+        try:
+            same = field(fields({key: given}), key) == field(own, key)
+        except (ConfigError, KeyError):
+            same = False
+        if not same:
+            changed[key] = given
+    return changed
 
 
 def _corpus_names(data: str) -> list[str]:
@@ -136,7 +176,7 @@ def other_setting(report: dict) -> str | None:
                                                        not in corpus_families(str(report.get("data")))):
         return f"these runs trained on {report.get('data')}, not {recipe.default_data}"
     model_fields = set(ModelConfig.__dataclass_fields__)
-    changed = {k: v for k, v in (report.get("sets") or {}).items() if k.split(".")[0] in model_fields
+    changed = {k: v for k, v in changed_sets(report).items() if k.split(".")[0] in model_fields
                or k.startswith("attn.")}
     if changed:
         return "this comparison changes the model (" + ", ".join(f"{k}={v}" for k, v in changed.items()) + ")"
@@ -258,9 +298,30 @@ def is_number(value) -> bool:
     return True
 
 
+# The finite values gbattn writes (it writes null for any other; a larger one overflowed a mean, a paired difference or
+# a figure's axis): a perplexity is infinite from a loss of 50 nats (gbattn.eval.perplexity.perplexity), and a loss,
+# cross-entropy computed in float32 (lm_loss), is infinite beyond the largest float32.
+MAX_PERPLEXITY = math.exp(50)
+MAX_LOSS = 3.4028234663852886e38
+PERPLEXITY_RANGE = "above 0 and at most e^50; gbattn writes null from a loss of 50 nats"
+LOSS_RANGE = "from 0 to 3.4e38, the largest float32; gbattn writes null beyond"
+
+
+def is_perplexity(value) -> bool:
+    """A finite perplexity as gbattn writes one (:data:`PERPLEXITY_RANGE`)."""
+    return is_number(value) and 0 < value <= MAX_PERPLEXITY
+
+
+def is_loss(value) -> bool:
+    """A finite loss as gbattn writes one (:data:`LOSS_RANGE`)."""
+    return is_number(value) and 0 <= value <= MAX_LOSS
+
+
 def read_report(path: str | Path) -> dict:
     """A comparison's ``results.json`` with what the figures and gaps read checked: a damaged file is
     one line (:class:`CheckpointError`) naming the file and the field."""
+    from gbattn.rundir import valid_curve
+
     report = read_json(path)
 
     def bad(what: str) -> CheckpointError:
@@ -293,14 +354,28 @@ def read_report(path: str | Path) -> dict:
             seed = next((s for s in values if not re.fullmatch(r"-?[0-9]+", s)), None)  # sorted as numbers
             if seed is not None:
                 raise bad(f"{label}: {key} has seed {seed!r}, not an integer")
-            if key != "valid_loss" and any(v is not None and not v > 0 for v in values.values()):  # Δ divides by it
-                raise bad(f"{label}: {key}={values!r} must be perplexities (numbers above 0)")
+            if key == "valid_loss" and not all(v is None or is_loss(v) for v in values.values()):
+                raise bad(f"{label}: {key}={values!r} must be losses (numbers {LOSS_RANGE})")
+            if key != "valid_loss" and not all(v is None or is_perplexity(v) for v in values.values()):  # Δ divides
+                raise bad(f"{label}: {key}={values!r} must be perplexities (numbers {PERPLEXITY_RANGE})")
+        curves = r.get("curves")  # plot --gap reads a copied comparison's; one that is no curve is no evaluation
+        for seed, curve in curves.items() if isinstance(curves, dict) else ():
+            for point in curve if valid_curve(curve) else ():
+                for key, fits, what in (("valid_loss", is_loss, f"a loss (a number {LOSS_RANGE})"),
+                                        ("valid_ppl", is_perplexity, f"a perplexity (a number {PERPLEXITY_RANGE})")):
+                    if point.get(key) is not None and not fits(point[key]):
+                        raise bad(f"{label}: the curve of seed {seed} has {key}={point[key]!r} at step "
+                                  f"{point['step']}, which must be {what}")
         for key in ("published", "compute_matched_to", "param_matched_to", "init_from"):
             if r.get(key) is not None and not isinstance(r[key], list if key == "published" else str):
                 raise bad(f"{label}: {key}={r[key]!r} is of the wrong type")
         published = r.get("published")  # (mean, std), either null
         if published is not None and (len(published) != 2 or not all(v is None or is_number(v) for v in published)):
             raise bad(f"{label}: published={published!r} must be [mean, std] (numbers or null)")
+        if published is not None and not ((published[0] is None or is_perplexity(published[0]))
+                                          and (published[1] is None or 0 <= published[1] <= MAX_PERPLEXITY)):
+            raise bad(f"{label}: published={published!r} must be [mean, std] of a perplexity: a mean above 0 and a "
+                      f"std from 0, both finite and at most e^50 (or null)")
     if not isinstance(report.get("seeds", []), list) or not isinstance(report.get("sets", {}), dict):
         raise bad("seeds must be a list and sets a mapping")
     if problem := added_models_problem(report.get("added", {}), report.get("matched", []), "added"):
@@ -443,9 +518,14 @@ def results_markdown(report: dict) -> str:
         held = held_seeds(rows)
         missing = [str(s) for s in report.get("seeds", []) if str(s) not in held]
         if held and missing:  # every model has the same seeds, but not all those the heading names
-            lines += ["", f"Every model has seed{'s' if len(held) > 1 else ''} {', '.join(held)} only (seed"
-                          f"{'s' if len(missing) > 1 else ''} {', '.join(missing)} not finished): each mean is over "
-                          f"{len(held)} seed{'s' if len(held) > 1 else ''}."]
+            # A seed every model finished has no result where its runs diverged (no finite perplexity); "not
+            # finished" is said of the seeds some model's row lacks.
+            diverged = [s for s in missing if all(s in map(str, r.get("seeds", [])) for r in rows)]
+            why = "; ".join(f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} {what}" for seeds, what in (
+                ([s for s in missing if s not in diverged], "not finished"),
+                (diverged, "diverged, with no finite perplexity")) if seeds)
+            lines += ["", f"Every model has seed{'s' if len(held) > 1 else ''} {', '.join(held)} only ({why}): each "
+                          f"mean is over {len(held)} seed{'s' if len(held) > 1 else ''}."]
     continued = continued_note(rows)
     if continued:
         lines += ["", continued]
