@@ -1460,6 +1460,17 @@ def test_an_export_holds_no_path_of_this_machine_and_eval_takes_data(tmp_path, c
     other = write_corpus(tmp_path / "other", seed=1)
     assert cli_main(["eval", str(tmp_path / "export"), "--data", str(other)]) == 2
     assert "is not the data the run was trained on" in capsys.readouterr().err
+    # A folder named as a corpus gbattn knows (tiny-shakespeare), exported as that name: without --data the bundled
+    # corpus was loaded and refused as "--data tiny-shakespeare is not the data ...", a --data never typed
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    config["gbattn"]["train"]["data"] = "tiny-shakespeare"
+    (tmp_path / "export" / "config.json").write_text(json.dumps(config))
+    assert cli_main(["eval", str(tmp_path / "export")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gbattn: error: the data {tmp_path / 'export'} recorded (tiny-shakespeare) is not the data "
+                          f"the run was trained on") and err.count("\n") == 1, err
+    assert (f"; that is the path {tmp_path / 'export'} recorded (an export keeps only its last part): pass --data PATH "
+            f"where the corpus is now; pass --allow-other-data to evaluate on it anyway\n") in err, err
 
 
 def test_export_errors_are_one_line(trained, tmp_path, capsys):

@@ -1556,6 +1556,10 @@ def test_a_character_across_a_read_chunk_is_text_and_offsets_count_every_chunk(t
     (tmp_path / "bom-later.txt").write_bytes(b"a" * 2**20 + codecs.BOM_UTF16_LE + b"text\n")
     with pytest.raises(DataError, match=f"is not UTF-8 text \\(invalid byte at byte offset {2**20}\\)$"):
         load_corpus(str(tmp_path / "bom-later.txt"))
+    # a character cut by the read's 1 MiB boundary, then a bad byte: its offset counted the held bytes twice (+1)
+    (tmp_path / "straddle.txt").write_bytes(b"a" * (2**20 - 1) + "\u00e9".encode() + b"b" * 9 + b"\xff")
+    with pytest.raises(DataError, match=f"is not UTF-8 text \\(invalid byte at byte offset {2**20 + 10}\\)$"):
+        load_corpus(str(tmp_path / "straddle.txt"))
 
 
 def test_text_in_the_first_mebibyte_and_blank_lines_after_it_is_not_whitespace_only(tmp_path):
@@ -3389,6 +3393,111 @@ def test_a_checkpoint_whose_adam_moments_do_not_fit_their_weights_is_refused(tmp
                                               "not finite floating-point numbers"):
         train(run, resume=True, quiet=True)
     assert ckpt.load_checkpoint(path)["step"] == 2
+
+
+def test_an_index_keyed_or_incomplete_optimizer_state_is_refused_before_the_run_is_touched(tmp_path):
+    """Moment shapes were checked for a state keyed by parameter name only: one keyed by index (checkpoints from before
+    FSDP2 support, still read) with two parameters' moments swapped was a RuntimeError traceback at AdamW's first
+    step, after config.json was rewritten and metrics.jsonl cut back; and a parameter's state without exp_avg,
+    exp_avg_sq or its step count resumed with that one started again from zero, "exactly". Now each index's moments
+    are checked against the optimizer's own parameter there, each state must hold all three, and an index the
+    optimizer has not is refused: the one-line malformed-checkpoint error, before any file of the run changes. An
+    intact index-keyed state still resumes."""
+    data = write_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    train(run, *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    (run / ckpt.RESULT).unlink()  # pretend it did not finish
+    path, good = run / ckpt.CHECKPOINT, tmp_path / "good.pt"
+    shutil.copy(path, good)
+    state = ckpt.load_checkpoint(good)
+    names = [name for group in state["optimizer"]["param_groups"] for name in group["params"]]
+    wte_VD, wpe_TD = state["model"]["wte.weight"], state["model"]["wpe.weight"]
+    assert names[:2] == ["wte.weight", "wpe.weight"] and wte_VD.shape != wpe_TD.shape
+
+    def by_index(state: dict) -> dict:  # the pre-FSDP2 layout of the same state
+        optimizer = state["optimizer"]
+        optimizer["state"] = {names.index(name): entry for name, entry in optimizer["state"].items()}
+        for group in optimizer["param_groups"]:
+            group["params"] = [names.index(name) for name in group["params"]]
+        return state
+
+    def refused(state: dict, detail: str) -> None:
+        torch.save(state, path)
+        before = {name: (run / name).read_bytes() for name in (ckpt.CHECKPOINT, ckpt.CONFIG, ckpt.METRICS)}
+        with pytest.raises(CheckpointError, match=re.escape(f"checkpoint {path} is malformed or does not match this "
+                                                            f"run ({detail})")):
+            train(run, resume=True, quiet=True)
+        assert {name: (run / name).read_bytes() for name in before} == before
+
+    swapped = by_index(ckpt.load_checkpoint(good))
+    moments = swapped["optimizer"]["state"]
+    moments[0], moments[1] = moments[1], moments[0]
+    refused(swapped, f"the optimizer's exp_avg of parameter 0 has shape {tuple(wpe_TD.shape)}, the weight "
+                     f"{tuple(wte_VD.shape)}")
+    beyond = by_index(ckpt.load_checkpoint(good))
+    beyond["optimizer"]["state"][len(names)] = beyond["optimizer"]["state"].pop(0)
+    refused(beyond, f"its optimizer's state names parameter {len(names)}, which this model's optimizer has not (it "
+                    f"has {len(names)}, numbered from 0)")
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        named, indexed = ckpt.load_checkpoint(good), by_index(ckpt.load_checkpoint(good))
+        del named["optimizer"]["state"]["wte.weight"][key], indexed["optimizer"]["state"][0][key]
+        refused(named, f"the optimizer's state of wte.weight has no {key}")
+        refused(indexed, f"the optimizer's state of parameter 0 has no {key}")
+    torch.save(by_index(ckpt.load_checkpoint(good)), path)
+    assert train(run, resume=True, quiet=True)["steps"] == 2
+
+
+def test_a_resumed_run_whose_best_checkpoint_is_lost_is_refused_not_tested_on_the_last_weights(tmp_path):
+    """A run resumed without its best.pt (lost, or a copy without it) tested its last weights and reported their
+    perplexity as the best step's. Now, where the best validation was not at the last step, a best.pt that is
+    missing, or holds another step's weights, is a one-line CheckpointError naming it and no result.json is written;
+    a best validation at the last step needs no best.pt (the last weights are the best)."""
+    data = write_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    train(run, *tiny_configs(data, max_steps=4, eval_every=2), quiet=True)
+    (run / ckpt.RESULT).unlink()  # killed during its test: --resume tests again
+    resume, best = ckpt.load_checkpoint(run / ckpt.CHECKPOINT), ckpt.load_checkpoint(run / ckpt.BEST)
+    torch.save({**resume, "best_step": 2}, run / ckpt.CHECKPOINT)  # its best validation at step 2 of 4
+    torch.save({**best, "step": 4}, run / ckpt.BEST)
+    with pytest.raises(CheckpointError, match=re.escape(f"{run / ckpt.BEST} holds the weights of step 4, not those of "
+                                                        f"the run's best validation (step 2): restore a copy of it, or "
+                                                        f"train again (--restart)")):
+        train(run, resume=True, quiet=True)
+    (run / ckpt.BEST).unlink()
+    with pytest.raises(CheckpointError, match=re.escape(f"{run / ckpt.BEST} is missing: the run's best validation was "
+                                                        f"at step 2, whose weights it held, so its test perplexity "
+                                                        f"cannot be measured; restore a copy of it, or train again "
+                                                        f"(--restart)")):
+        train(run, resume=True, quiet=True)
+    assert not (run / ckpt.RESULT).exists()
+    torch.save({**resume, "best_step": 4}, run / ckpt.CHECKPOINT)
+    assert train(run, resume=True, quiet=True)["best_step"] == 4
+
+
+def test_the_warmup_warning_and_fitting_follow_where_the_learning_rate_reaches_its_peak():
+    """fitted_warmup warned "warmup_steps=4 >= the run's 4 steps: the learning rate never reaches lr" where
+    lr * (step + 1) / W reaches it at the run's last step; and fitted a default warmup to 1 step in a one-step run
+    warming up from zero (lr * step / W), whose only update then had lr 0. Now the warning comes where the peak is
+    not reached (W past the run's steps; from zero, W from them on), and a fitted warmup always reaches it."""
+    from gbattn.config import build_configs
+    from gbattn.train.trainer import fitted_warmup, learning_rate
+
+    _, plus_one = build_configs("cpu-proxy", "standard", "data", {"warmup_steps": 4})
+    assert (plus_one.warmup_from_zero, plus_one.fit_warmup) == (False, False)
+    assert fitted_warmup(plus_one, 4) == (4, None) and learning_rate(3, plus_one, 4, 4) == plus_one.lr
+    assert fitted_warmup(plus_one, 3) == (4, f"warning: warmup_steps=4 >= the run's 3 steps: the learning rate never "
+                                             f"reaches lr={plus_one.lr:g}")
+    from_zero = plus_one.replace(warmup_from_zero=True)
+    assert fitted_warmup(from_zero, 4) == (4, f"warning: warmup_steps=4 >= the run's 4 steps: the learning rate never "
+                                              f"reaches lr={plus_one.lr:g}")
+    assert max(learning_rate(s, from_zero, 4, 4) for s in range(4)) < from_zero.lr
+    assert fitted_warmup(from_zero, 5) == (4, None) and learning_rate(4, from_zero, 5, 4) == from_zero.lr
+    for preset in ("paper-small", "cpu-proxy"):  # a default warmup (1,500 from zero; 100), fitted to short runs
+        _, default = build_configs(preset, "standard", "data", {})
+        for total in (1, 2, 3, 4, 10, 135):
+            warmup = fitted_warmup(default, total)[0]
+            assert max(learning_rate(s, default, total, warmup) for s in range(total)) == default.lr, (preset, total)
+        assert fitted_warmup(default, 1)[0] == (0 if default.warmup_from_zero else 1)
 
 
 def test_the_seconds_a_run_records_add_up_across_a_resume(tmp_path, monkeypatch):

@@ -253,6 +253,9 @@ def test_resume_and_eval_refuse_other_data(trained, tmp_path, capsys, monkeypatc
     code, _, err = run_cli(capsys, ["eval", run])
     line = one_line(code, err)
     assert "is not the data the run was trained on" in line and recorded[:16] in line and "--allow-other-data" in line
+    # not typed now: named as the run's record, with where it is (it read "--data PATH", as if typed)
+    assert line.startswith(f"gbattn: error: the data {run} recorded ({data}) is not the data the run was trained on")
+    assert f"; that is the path {run} recorded (a relative path is relative to where the run was trained)" in line
     code, out, _ = run_cli(capsys, ["eval", run, "--allow-other-data"])
     assert code == 0 and "test perplexity" in out
     # Allowed, the figure says it is not of the run's own data (it was printed and recorded as if it were).
@@ -804,6 +807,9 @@ def test_an_output_file_that_is_the_corpus_file_itself_is_refused(tmp_path, monk
             rundir.check_output_outside_data(target, str(corpus), "--per-token")
     rundir.check_output_outside_data(tmp_path / "losses.txt", str(corpus), "--per-token")
     assert corpus.read_text() == "to be or not to be\n"
+    # A folder here named as the bundled corpus is not what --data tiny-shakespeare reads (the bundled copy is)
+    (tmp_path / "tiny-shakespeare").mkdir()
+    rundir.check_output_outside_data("tiny-shakespeare/losses.txt", "tiny-shakespeare", "--per-token")
 
 
 def test_eval_scores_the_split_it_names(trained, capsys, monkeypatch):
@@ -1734,6 +1740,29 @@ def test_a_config_whose_seq_len_is_the_block_size_loads(trained, tmp_path):
     assert rundir.load_run(run).seq_len == config["model"]["block_size"]
 
 
+def test_a_recorded_warmup_that_gbattn_did_not_write_is_refused_on_resume(trained, tmp_path, capsys, monkeypatch):
+    """config.json's warmup_steps (the warmup the run used) edited from 1 to 1,000,000 was taken by `train --resume`
+    silently, its learning rate near 0 from then on, and the resume still said exact. A resumed run keeps a recorded
+    warmup that is the config's or what gbattn's fitting gives for the run (today's rule or the earlier one): any
+    other is one line naming the file, every file as it was."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.RESULT).unlink()  # killed during its test: --resume reads the checkpoint and tests
+    config = json.loads((run / rundir.CONFIG).read_text())
+    assert (config["train"]["warmup_steps"], config["warmup_steps"]) == (1, 1)
+    config["warmup_steps"] = 1_000_000
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    before = snapshot(run)
+    assert one_line(*run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])[::2]) == (
+        f"gbattn: error: {run / rundir.CONFIG}: warmup_steps=1,000,000 is not a warmup gbattn wrote for this run (its "
+        f"warmup_steps=1 over 4 steps gives 1): the file is damaged or was edited; restore a copy of it")
+    assert snapshot(run) == before
+    config["warmup_steps"] = 1
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    assert run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])[0] == 0
+
+
 def test_a_run_directory_with_a_stray_safetensors_file_is_still_a_run(trained, tmp_path):
     """A model.safetensors beside a run's weights leaves it a run, loaded from best.pt; so does one beside best.pt
     alone, as an upcycled run has it before its training (it was read as an export: "config.json has no gbattn
@@ -1970,6 +1999,39 @@ def test_weights_without_a_config_are_neither_trained_over_nor_deleted(trained, 
     copy = shutil.copytree(trained["run"], tmp_path / "copy")
     rundir.discard_run(copy)
     assert removed[-1] == rundir.CONFIG and {rundir.BEST, rundir.CHECKPOINT} <= set(removed), removed
+
+
+def test_an_upcycled_model_is_not_resumed_over_but_trained_with_init_from(trained, tmp_path, capsys, monkeypatch):
+    """`train --resume --out UP` on `gbattn upcycle`'s output (best.pt and a config.json of 0 steps, no
+    checkpoint.pt) said "no checkpoint.pt yet: training starts at step 0", trained a randomly initialised model and
+    replaced the upcycled best.pt; `train --out UP` advised --resume. Now both are one line pointing to `train
+    --init-from UP` (README, "Upcycling a trained model"), every file as it was; that command trains it."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    data = trained["data"]
+    standard = tmp_path / "standard-run"  # upcycle's source: a standard-attention run
+    train(standard, *tiny_configs(data, "standard", max_steps=1, eval_every=1, warmup_steps=0, threads=1), quiet=True,
+          preset="paper-small")
+    up = tmp_path / "up"
+    assert run_cli(capsys, ["upcycle", standard, "--attn", "boosted", "--out", up])[0] == 0
+    before = snapshot(up)
+    held = (f"{up} holds an upcycled model that no run has trained yet (best.pt, a config.json of 0 steps, no "
+            f"checkpoint.pt)")
+    how = f"`gbattn train --init-from {up} --out NEW_DIR` (from Python: train_cfg.init_from) trains it into a new run"
+    assert one_line(*run_cli(capsys, ["train", "--resume", "--out", up, "--threads", "1"])[::2]) == (
+        f"gbattn: error: {held}: nothing to resume; {how}, its weights kept")
+    assert snapshot(up) == before
+    tiny = ["--set", "max_steps=1", "--set", "threads=1", *sum((["--set", f"{k}={v}"] for k, v in TINY.items()), [])]
+    assert one_line(*run_cli(capsys, ["train", "--data", data, "--quiet", *tiny, "--out", up])[::2]) == (
+        f"gbattn: error: {held}; {how}, --restart (restart=True) replaces it, or choose another --out")
+    assert snapshot(up) == before
+    with pytest.raises(UserError, match=re.escape(f"{held}: nothing to resume")):
+        train(up, resume=True, quiet=True)
+    assert snapshot(up) == before
+    code, out, err = run_cli(capsys, ["train", "--init-from", up, "--data", data, "--quiet", "--set", "max_steps=1",
+                                      "--set", "threads=1", "--out", tmp_path / "new"])
+    assert code == 0, err
+    assert json.loads((tmp_path / "new" / rundir.CONFIG).read_text())["extra"]["init_from_step"] == 0
+    assert snapshot(up) == before
 
 
 def test_a_tokenizer_without_a_config_is_refused_as_an_out_but_read_as_no_run(tmp_path):
@@ -2684,6 +2746,18 @@ def test_a_directory_given_as_a_link_to_nothing_is_named_as_such(tmp_path, monke
     assert not (tmp_path / "gone").exists()  # nothing created through the link
     (tmp_path / "gone" / "run").mkdir(parents=True)  # a link to a directory that is there is a directory
     assert files.check_writable_dir(link) == link and cache_dir() == link
+
+
+def test_an_output_file_that_is_a_pipe_is_refused_not_replaced(trained, tmp_path, capsys, monkeypatch):
+    """`eval --per-token FIFO` (or a device: /dev/null, run as root) exited 0 having put a regular file in its place
+    (atomic_write renames over what is there); now one line, and the pipe is left as it was."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code, out, err = run_cli(capsys, ["eval", trained["run"], "--per-token", fifo])
+    assert (code, err) == (2, f"gbattn: error: --per-token {fifo} is a device or a pipe, which gbattn would replace "
+                              f"with a file; give a file name\n")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
 
 
 def test_metrics_lines_store_no_nan_and_the_writable_probe_leaves_nothing(tmp_path, monkeypatch):

@@ -199,10 +199,15 @@ def check_writable_dir(path: str | Path, what: str = "--out", create: bool = Tru
 
 
 def check_writable_file(path: str | Path, what: str) -> Path:
-    """The parent directory of ``path`` exists and is writable, and ``path`` is not a directory."""
+    """The parent directory of ``path`` exists and is writable, and ``path`` is not a directory, a device or a pipe
+    (:func:`atomic_write` replaces what is there: `eval --per-token /dev/null` as root put a regular file in place
+    of the machine's /dev/null)."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a directory; give a file name")
+    if path.exists() and not path.is_file():
+        raise UserError(f"{what} {path} is a device or a pipe, which gbattn would replace with a file; give a file "
+                        f"name")
     check_writable_dir(path.parent if str(path.parent) else Path("."), what, create=False)
     return path
 

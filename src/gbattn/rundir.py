@@ -233,8 +233,11 @@ def refuse_weights_without_config(directory: str | Path, then: str | None = None
 def check_output_outside_data(path: str | Path, data: str, what: str) -> None:
     """An output file is neither the corpus being read (``data``, as --data names it: a file or folder here) nor a
     file in its folder, where a new file can change which files the folder's splits are read from."""
+    from gbattn.data.corpus import BUNDLED, HF_NAMES
+
     corpus = Path(data)
-    if not corpus.exists():  # a bundled or Hugging Face name
+    # a bundled or Hugging Face name (read as that corpus where a folder of its name is here too, as load_corpus does)
+    if data in BUNDLED or data in HF_NAMES or not corpus.exists():
         return
     target, corpus = Path(path).resolve(), corpus.resolve()
     if target == corpus or corpus in target.parents:

@@ -132,11 +132,12 @@ def checked_digest(path: Path) -> str:
                 if nul >= 0:
                     raise DataError(f"--data file {path} looks binary (NUL byte at byte offset {offset + nul}"
                                     f"{of_data}); give a UTF-8 text file")
+                held = len(decoder.getstate()[0])  # the start of a character the last chunk cut, decoded with this one
                 try:
                     text = decoder.decode(chunk)
-                except UnicodeDecodeError as e:
+                except UnicodeDecodeError as e:  # (e.start counts from the held bytes)
                     raise DataError(f"--data file {path} is not UTF-8 text (invalid byte at byte offset "
-                                    f"{offset + e.start}{of_data})") from None
+                                    f"{offset - held + e.start}{of_data})") from None
                 has_text = has_text or bool(text.replace("\ufeff", "").strip())  # a byte order mark is no text
                 h.update(chunk)
                 offset += len(chunk)

@@ -10,7 +10,7 @@ from gbattn.config import TrainConfig
 from gbattn.data.corpus import SPLITS, load_corpus
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
-from gbattn.errors import DataNotFound, UserError
+from gbattn.errors import DataError, UserError
 
 
 @dataclass
@@ -27,16 +27,18 @@ class Data:
 
 
 def prepare_data(cfg: TrainConfig, vocab_size: int, tokenizer: Tokenizer | None = None, progress: bool = True,
-                 trained_on: str | None = None, mismatch: str = "", needed: tuple[str, ...] = SPLITS) -> Data:
+                 trained_on: str | None = None, mismatch: str = "", needed: tuple[str, ...] = SPLITS,
+                 named: str | None = None) -> Data:
     """The training config's corpus as token ids, with ``tokenizer`` (default: trained for it).
 
     ``trained_on``: the fingerprint a run recorded; other data is refused before it is tokenized (a
     new character would otherwise fail first), with ``mismatch`` (what to do) ending the line.
-    ``needed``: the splits tokenized and returned (tokenize_corpus)."""
+    ``needed``: the splits tokenized and returned (tokenize_corpus). ``named``: how that refusal names the data
+    (``--data NAME`` by default: as typed)."""
     corpus = load_corpus(cfg.data, tuple(cfg.split))
     if trained_on and corpus.fingerprint != trained_on:
-        raise UserError(f"--data {cfg.data} is not the data the run was trained on (fingerprint {trained_on[:16]} "
-                        f"recorded, {corpus.fingerprint[:16]} now){mismatch}")
+        raise UserError(f"{named or f'--data {cfg.data}'} is not the data the run was trained on (fingerprint "
+                        f"{trained_on[:16]} recorded, {corpus.fingerprint[:16]} now){mismatch}")
     tok = tokenizer or get_tokenizer(cfg.tokenizer, corpus, vocab_size=vocab_size, verbose=progress)
     caps = {"train": cfg.train_tokens, "valid": cfg.eval_tokens, "test": cfg.eval_tokens}
     splits = tokenize_corpus(corpus, tok, caps, progress=progress, needed=needed)
@@ -51,13 +53,18 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
         raise UserError(f"{run.run_dir} records no corpus: pass --data (a corpus name, a directory or a text file)")
     train_cfg = run.train_cfg.replace(data=data) if data else run.train_cfg
     recorded = None if allow_other_data else run.data_fingerprint
+    # Data not typed now is where the run recorded it: an export's path cut to its last part can name another corpus
+    # (a folder named tiny-shakespeare: the bundled one) or the hub's; said so, not "--data NAME" as if typed.
+    advice = "" if data else f"; {recorded_path_advice(run.run_dir, exported=run.checkpoint == 'exported')}"
     try:
         return prepare_data(train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False, trained_on=recorded,
-                            mismatch="; pass --allow-other-data to evaluate on it anyway", needed=("valid", "test"))
-    except DataNotFound as e:
+                            mismatch=f"{advice}; pass --allow-other-data to evaluate on it anyway",
+                            needed=("valid", "test"), named=None if data else f"the data {run.run_dir} recorded "
+                                                                              f"({train_cfg.data})")
+    except DataError as e:  # not found, or a hub name not loadable here
         if data:
             raise
-        raise DataNotFound(f"{e}; {recorded_path_advice(run.run_dir, exported=run.checkpoint == 'exported')}") from None
+        raise type(e)(f"{e}{advice}") from None
 
 
 def recorded_path_advice(run_dir, exported: bool = False) -> str:

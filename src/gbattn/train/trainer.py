@@ -80,20 +80,27 @@ def learning_rate(step: int, cfg: TrainConfig, total_steps: int, warmup: int) ->
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def shortened_warmup(total_steps: int) -> int:
-    """The warmup a default one too long for a ``total_steps`` run is fitted to: a tenth of the run, at least 1."""
-    return max(1, round(WARMUP_FIT_TO * total_steps))
+def longest_warmup(total_steps: int, from_zero: bool) -> int:
+    """The longest warmup whose learning rate reaches its peak within a ``total_steps`` run: ``lr * (step + 1) / W``
+    reaches it at step W - 1, ``lr * step / W`` (``warmup_from_zero``) only at step W, after the warmup."""
+    return total_steps - (1 if from_zero else 0)
+
+
+def shortened_warmup(total_steps: int, from_zero: bool = False) -> int:
+    """The warmup a default one too long for a ``total_steps`` run is fitted to: a tenth of the run, at least 1, and
+    no longer than reaches the peak (:func:`longest_warmup`: 0 in a one-step run warming up from zero)."""
+    return min(max(1, round(WARMUP_FIT_TO * total_steps)), longest_warmup(total_steps, from_zero))
 
 
 def fitted_warmup(cfg: TrainConfig, total_steps: int) -> tuple[int, str | None]:
     """The warmup this run uses, and a one-line note when it differs from the config's or is suspect."""
     w = cfg.warmup_steps
     if cfg.fit_warmup and w > WARMUP_FIT_LIMIT * total_steps:
-        fitted = shortened_warmup(total_steps)
+        fitted = shortened_warmup(total_steps, cfg.warmup_from_zero)
         return fitted, (f"warmup_steps={w:,} is longer than this {total_steps:,}-step run (the learning rate "
                         f"would never reach lr={cfg.lr:g}): using {fitted:,} (a tenth of the run); --set "
                         f"warmup_steps=N keeps a warmup as given")
-    if w >= total_steps:
+    if w > longest_warmup(total_steps, cfg.warmup_from_zero):
         return w, (f"warning: warmup_steps={w:,} >= the run's {total_steps:,} steps: the learning rate never reaches "
                    f"lr={cfg.lr:g}")
     return w, None
@@ -357,7 +364,15 @@ class Trainer:
         recorded_warmup = self.saved.get("warmup_steps") if self.saved is not None else None
         if isinstance(recorded_warmup, int) and recorded_warmup != self.warmup:
             # A resumed run keeps the warmup it started with: one fitted by an earlier gbattn's rule (a default
-            # warmup over half the run) would otherwise change its schedule midway
+            # warmup over half the run) would otherwise change its schedule midway. Any other (config.json edited
+            # by hand) was used silently, the resume still said exact.
+            earlier_rule = (cfg.fit_warmup and cfg.warmup_steps > EARLIER_WARMUP_FIT_LIMIT * self.total_steps
+                            and recorded_warmup == shortened_warmup(self.total_steps))
+            if recorded_warmup != cfg.warmup_steps and not earlier_rule:
+                raise CheckpointError(
+                    f"{self.run_dir / rundir.CONFIG}: warmup_steps={recorded_warmup:,} is not a warmup gbattn wrote "
+                    f"for this run (its warmup_steps={cfg.warmup_steps:,} over {self.total_steps:,} steps gives "
+                    f"{self.warmup:,}): the file is damaged or was edited; restore a copy of it")
             self.warmup, warmup_note = recorded_warmup, None
 
         self.callers_rng = all_rng_states(self.device)  # (put back when the run ends: Trainer.run)
@@ -421,6 +436,15 @@ class Trainer:
             if not self.resume:  # weights without a config.json (a killed upcycle): not trained over, not deleted
                 rundir.refuse_weights_without_config(self.run_dir)
             self.lock = rundir.RunLock(self.run_dir)
+            # An upcycled model (weights no training saved): resumed, it trained from a random init at step 0 and
+            # replaced them. `train --init-from` trains it (README, "Upcycling a trained model")
+            if not self.restart and self._upcycled():
+                held = (f"{self.run_dir} holds an upcycled model that no run has trained yet ({rundir.BEST}, a "
+                        f"{rundir.CONFIG} of 0 steps, no {rundir.CHECKPOINT})")
+                how = (f"`gbattn train --init-from {shlex.quote(str(self.run_dir))} --out NEW_DIR` (from Python: "
+                       f"train_cfg.init_from) trains it into a new run")
+                raise UserError(f"{held}: nothing to resume; {how}, its weights kept" if self.resume else
+                                f"{held}; {how}, --restart (restart=True) replaces it, or choose another --out")
             if not self.restart and not self.resume and (
                 (self.run_dir / rundir.CHECKPOINT).exists() or (self.run_dir / rundir.CONFIG).exists()
             ):
@@ -453,6 +477,17 @@ class Trainer:
                 exported = self.start.checkpoint == "exported"
                 raise DataNotFound(f"{e}; {recorded_path_advice(self.start.run_dir, exported)}") from None
             raise
+
+    def _upcycled(self) -> bool:
+        """Whether the run directory holds weights that no training saved: best.pt and a config.json of 0 steps
+        (`gbattn upcycle`'s output; a run records its steps, at least 1), no checkpoint.pt."""
+        if (self.run_dir / rundir.CHECKPOINT).exists() or not (self.run_dir / rundir.BEST).exists():
+            return False
+        try:
+            config = self.saved if self.saved is not None else rundir.read_config(self.run_dir / rundir.CONFIG)
+        except CheckpointError:  # a damaged config.json: refused as a run's is
+            return False
+        return config.get("steps") == 0
 
     def _advice(self, split: str, count: int) -> str:
         """What to do about a split of ``count`` tokens, too short for the run: raise its cap where the cap cut it
@@ -866,8 +901,18 @@ class Trainer:
     def _finish(self) -> dict:
         """Test perplexity from the best-validation checkpoint; write result.json."""
         best_path = self.run_dir / rundir.BEST
+        if self.best_step not in (None, self.step) and not best_path.exists():  # (lost before a resume: the last
+            # weights were tested and reported as the best step's)
+            raise CheckpointError(f"{best_path} is missing: the run's best validation was at step {self.best_step}, "
+                                  f"whose weights it held, so its test perplexity cannot be measured; restore a copy "
+                                  f"of it, or train again (--restart)")
         if best_path.exists():  # written by an earlier process when resumed: checked as the run's checkpoint is
-            best = rundir.load_checkpoint(best_path, self.device)["model"]
+            saved = rundir.load_checkpoint(best_path, self.device)
+            if self.best_step is not None and saved.get("step") != self.best_step:
+                raise CheckpointError(f"{best_path} holds the weights of step {saved.get('step')!r}, not those of the "
+                                      f"run's best validation (step {self.best_step}): restore a copy of it, or train "
+                                      f"again (--restart)")
+            best = saved["model"]
             rundir.check_weights_fit(self.model_cfg, best, best_path)
             load_full_state(self.wrapped, best)
         test = self._evaluate("test")
@@ -914,14 +959,30 @@ def check_optimizer_moments(model_state: dict, optim_state, optimizer: torch.opt
     """Refuse an optimizer state whose AdamW moments do not have their parameter's shape or are not finite
     floating-point numbers (``exp_avg_sq`` >= 0), whose step count is not a finite number >= 0, or whose
     parameter groups are not ``optimizer``'s: a damaged checkpoint would otherwise fail at the first step
-    (a traceback, after the run's files were touched), diverge there, or train on with integer moments."""
+    (a traceback, after the run's files were touched), diverge there, or train on with integer moments.
+    A parameter's state holds both moments and the step count (AdamW writes them together at its first step; one
+    missing was started again from zero, silently). A state keyed by parameter index (checkpoints from before FSDP2
+    support) is checked against ``optimizer``'s own parameter at each index (its moments were not checked at all)."""
     moments = optim_state.get("state") if isinstance(optim_state, dict) else None
     if not isinstance(moments, dict):
         raise ValueError("its optimizer state is malformed")
+    own = [p for group in optimizer.param_groups for p in group["params"]] if optimizer is not None else []
     for name, param_state in moments.items():
-        weight = model_state.get(name) if isinstance(name, str) else None
+        if isinstance(name, str):
+            weight = model_state.get(name)
+        elif type(name) is int and 0 <= name < len(own):
+            weight, name = own[name], f"parameter {name}"
+        elif optimizer is not None:
+            raise ValueError(f"its optimizer's state names parameter {name!r}, which this model's optimizer has not "
+                             f"(it has {len(own)}, numbered from 0)")
+        else:
+            weight = None
+        missing = [key for key in ("exp_avg", "exp_avg_sq", "step")
+                   if not isinstance(param_state, dict) or key not in param_state]
+        if missing:
+            raise ValueError(f"the optimizer's state of {name} has no {' and no '.join(missing)}")
         for key in ("exp_avg", "exp_avg_sq"):
-            value = param_state.get(key) if isinstance(param_state, dict) else None
+            value = param_state.get(key)
             if weight is not None and isinstance(value, torch.Tensor) and value.shape != weight.shape:
                 raise ValueError(f"the optimizer's {key} of {name} has shape {tuple(value.shape)}, "
                                  f"the weight {tuple(weight.shape)}")
@@ -929,10 +990,9 @@ def check_optimizer_moments(model_state: dict, optim_state, optimizer: torch.opt
                                                         and (key == "exp_avg" or (value >= 0).all())):
                 raise ValueError(f"the optimizer's {key} of {name} holds {value.dtype} values that are not finite "
                                  f"floating-point numbers{' >= 0' if key == 'exp_avg_sq' else ''}")
-        count = param_state.get("step") if isinstance(param_state, dict) else None
-        if count is not None and not (isinstance(count, (int, float, torch.Tensor)) and not isinstance(count, bool)
-                                      and torch.as_tensor(count).numel() == 1
-                                      and math.isfinite(float(count)) and float(count) >= 0):
+        count = param_state["step"]
+        if not (isinstance(count, (int, float, torch.Tensor)) and not isinstance(count, bool)
+                and torch.as_tensor(count).numel() == 1 and math.isfinite(float(count)) and float(count) >= 0):
             raise ValueError(f"the optimizer's step count of {name} is {count!r}, not a number >= 0")
     groups = optim_state.get("param_groups")
     if optimizer is not None and (not isinstance(groups, list) or [
