@@ -648,6 +648,12 @@ def test_generate_past_the_models_positions_is_refused_before_it_starts():
             with pytest.raises(ValueError, match=match):
                 hf.generate(idx, *arguments, **keywords)
     assert torch.equal(hf.generate(idx, max_new_tokens=19, do_sample=False), gpt.generate(idx, 19, temperature=0))
+    # ... or in the model's own generation config (an export's generation_config.json): it ran and stopped midway
+    hf.generation_config.max_length = 26
+    with pytest.raises(ValueError, match=r"^max_length=26 feed the model positions 0 \.\. 24; it has 0 \.\. 23"):
+        hf.generate(idx, do_sample=False)
+    hf.generation_config.max_length = 25
+    assert torch.equal(hf.generate(idx, do_sample=False), gpt.generate(idx, 19, temperature=0))
     # no prompt: generate() starts from the BOS token, one token (counted as none, 25 new tokens passed the check and
     # stopped at position 24)
     hf.generation_config.bos_token_id = 0
@@ -1046,6 +1052,39 @@ def test_bpe_and_byte_level_tokenizers_keep_gbattn_ids(tmp_path):
         short = len(tok.encode("the cat"))
         assert batch.input_ids[0, -short:].tolist() == tok.encode("the cat") and batch.attention_mask[0, -1] == 1
         assert batch.attention_mask[0, 0] == 0 and set(batch.input_ids[0, :-short].tolist()) == {back.pad_token_id}
+
+
+@pytest.mark.parametrize("processor", ["template", "bert", "roberta", "sequence", "leading"])
+def test_the_transformers_tokenizer_encodes_a_prompt_as_gbattn_does(tmp_path, processor):
+    """A tokenizer whose post-processor ends a text with a special token (T5's "$A </s>", BERT's [SEP]): gbattn
+    keeps only those before the text for a prompt, its transformers form kept those after it too, so generate()
+    stopped at once after the </s> where `gbattn generate` went on. Now both encode the prompt alike (a pair keeps
+    the separators between its texts), also saved and loaded by AutoTokenizer."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers, processors
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "[CLS]": 3, "[SEP]": 4, **{c: i + 5 for i, c in enumerate("abcde ")}}
+    backend = Backend(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    backend.add_special_tokens(["<unk>", "<s>", "</s>", "[CLS]", "[SEP]"])
+    backend.post_processor = {
+        "template": processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1",
+                                                  special_tokens=[("<s>", 1), ("</s>", 2)]),
+        "bert": processors.BertProcessing(("[SEP]", 4), ("[CLS]", 3)),
+        "roberta": processors.RobertaProcessing(("</s>", 2), ("<s>", 1)),
+        "sequence": processors.Sequence([processors.ByteLevel(), processors.TemplateProcessing(
+            single="$A </s>", special_tokens=[("</s>", 2)])]),
+        "leading": processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)]),
+    }[processor]
+    tok = Tokenizer("hf", backend.to_str())
+    start = {"template": [1], "bert": [3], "roberta": [1], "sequence": [], "leading": [1]}[processor]
+    assert tok.encode("abc") == [*start, 5, 6, 7]
+    hf_tokenizer(tok, 64).save_pretrained(tmp_path)
+    for loaded in (hf_tokenizer(tok, 64), AutoTokenizer.from_pretrained(tmp_path)):
+        assert loaded("abc")["input_ids"] == tok.encode("abc")
+    between = {"template": [2], "bert": [4], "roberta": [2, 2], "sequence": [], "leading": None}[processor]
+    if between is not None:  # (a template without a pair: transformers' own)
+        assert hf_tokenizer(tok, 64)("abc", "de")["input_ids"] == [*start, 5, 6, 7, *between, 8, 9]
 
 
 def test_a_tokenizer_file_saved_with_truncation_or_padding_encodes_whole_lines(tmp_path):
@@ -2684,6 +2723,8 @@ def test_lm_eval_reads_plain_outputs_whatever_a_save_pretrained_asked_for(traine
     model.config.return_dict = False
     model.config.output_hidden_states = True
     model.generation_config.output_hidden_states = model.generation_config.return_dict_in_generate = True
+    # generation settings the harness gives itself: max_new_tokens=1 won over its max_gen_toks (answers cut short)
+    model.generation_config.max_new_tokens, model.generation_config.do_sample = 1, True
     model.save_pretrained(saved)
     for name in ("gbattn-tokenizer.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(out / name, saved / name)
@@ -2691,6 +2732,8 @@ def test_lm_eval_reads_plain_outputs_whatever_a_save_pretrained_asked_for(traine
     ids = torch.tensor([[1, 2, 3]])
     assert model(ids).logits.shape == (1, 3, model.config.vocab_size)  # what HFLM's _model_call reads
     assert model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2).shape == (1, 5)
+    assert model.generation_config.max_new_tokens is None and not model.generation_config.do_sample
+    assert model.generate(ids, attention_mask=torch.ones_like(ids), max_length=6).shape == (1, 6)  # the harness's way
 
 
 def test_lm_eval_passes_its_model_in_memory_without_the_harness_warnings(trained):

@@ -185,9 +185,15 @@ HARNESS_GENERATE_OUTPUTS = {"return_dict_in_generate": False, "output_attentions
 
 
 def harness_outputs(model) -> None:
-    """The outputs the harness reads, whatever the loaded directory's configs asked for (they change no score)."""
+    """The outputs the harness reads, whatever the loaded directory's configs asked for (they change no score), and
+    generation as the harness asks for it: a generation config made from the model's config, as a run directory's
+    is (an export's generation_config.json with max_new_tokens=2 cut every answer to 2 tokens, transformers letting
+    it win over the harness's max_gen_toks; with 100, past the positions, every request was a traceback)."""
+    from transformers import GenerationConfig
+
     for name, value in HARNESS_OUTPUTS.items():
         setattr(model.config, name, value)
+    model.generation_config = GenerationConfig.from_model_config(model.config)
     for name, value in HARNESS_GENERATE_OUTPUTS.items():
         setattr(model.generation_config, name, value)
 

@@ -402,12 +402,13 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if assisted:
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
                              f"rolls back the cache, and GbattnCache cannot be cropped")
-        # (max_length from a generation config given here only: the model's own has transformers' default)
+        # (max_length from the generation config given, or else the model's own: an export's generation_config.json
+        # may set one, and transformers 4.x's default of 20 is used too)
         embeds = kwargs.get("inputs_embeds")  # (a prompt given as embeddings: its length counts; none given:
         # transformers starts every row from the BOS token, a one-token prompt)
         prompt = inputs.shape[-1] if inputs is not None else embeds.shape[-2] if embeds is not None else 1
         self._check_length(prompt, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
-                           kwargs.get("max_length", getattr(given, "max_length", None)))
+                           kwargs.get("max_length", getattr(settings, "max_length", None)))
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
         if kind not in (None, "dynamic"):  # transformers ignored it, warning that the model takes no Cache instances
             raise ValueError(f"cache_implementation={kind!r}: GbattnForCausalLM keeps its keys and values in its own "

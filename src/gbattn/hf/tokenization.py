@@ -28,6 +28,10 @@ tokenizer's model names it, e.g. ``[UNK]``)
 (a char tokenizer has none: unseen characters are an error, as in gbattn); being the ``unk_token``, it is
 special, so ``skip_special_tokens=True`` leaves it out of decoded text, where gbattn's decoding shows it
 (transformers 5.x marks an ``unk_token`` special again whenever it loads a tokenizer).
+
+A prompt is encoded as gbattn encodes one: with the special tokens the tokenizer's post-processor puts before the
+text (a Llama's ``<s>``), not those it puts after it (a T5 or BERT template's ``</s>`` or ``[SEP]``, after which
+``generate()`` stopped at once where ``gbattn generate`` went on): :func:`leading_specials_only`.
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ def backend_tokenizer(tok: Tokenizer) -> BackendTokenizer:
     ``decode(new tokens)`` to the prompt (``"the cat" + "sat"`` read ``"the catsat"``). A whole text
     decodes to gbattn's with one space in front."""
     if tok.kind != "char":
-        backend = BackendTokenizer.from_str(tok.payload)
+        stored = json.loads(tok.payload)
+        stored["post_processor"] = leading_specials_only(stored.get("post_processor"))
+        backend = BackendTokenizer.from_str(json.dumps(stored))
         if backend.decoder is None:
             backend.decoder = decoders.Replace(Regex(r"\A"), " ")
         return backend
@@ -63,6 +69,42 @@ def backend_tokenizer(tok: Tokenizer) -> BackendTokenizer:
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # "." left "\n\n" one piece
     backend.decoder = decoders.Fuse()
     return backend
+
+
+def leading_specials_only(processor: dict | None) -> dict | None:
+    """A ``tokenizer.json`` post-processor (its JSON) that adds the special tokens it puts before a text and none
+    after it (as :meth:`gbattn.data.tokenizer.Tokenizer.encode`): a template's items after its last sequence dropped,
+    BERT's and RoBERTa's ``[CLS] $A [SEP]`` made the template ``[CLS] $A`` (a pair keeps its separators between its
+    texts), a sequence of post-processors each so. Others (byte-level offsets) add no token."""
+    if not isinstance(processor, dict):
+        return processor
+    kind = processor.get("type")
+    if kind == "Sequence":
+        return {**processor, "processors": [leading_specials_only(p) for p in processor.get("processors", [])]}
+    if kind in ("BertProcessing", "RobertaProcessing"):
+        (sep, sep_id), (cls, cls_id) = processor["sep"], processor["cls"]
+        between = [sep] * (2 if kind == "RobertaProcessing" else 1)
+        processor = {"type": "TemplateProcessing", "single": [cls, "$A", sep], "pair": [cls, "$A", *between, "$B:1"],
+                     "special_tokens": {t: {"id": t, "ids": [i], "tokens": [t]} for t, i in ((cls, cls_id),
+                                                                                             (sep, sep_id))}}
+        processor = {**processor, **{key: [_template_item(item) for item in processor[key]]
+                                     for key in ("single", "pair")}}
+    if processor.get("type") != "TemplateProcessing":
+        return processor
+    trimmed = dict(processor)
+    for key in ("single", "pair"):
+        items = processor.get(key) or []
+        last = max((i for i, item in enumerate(items) if "Sequence" in item), default=len(items) - 1)
+        trimmed[key] = items[: last + 1]
+    return trimmed
+
+
+def _template_item(text: str) -> dict:
+    """One item of a template in its JSON form: ``$A`` / ``$B:1`` a sequence, anything else a special token."""
+    name, _, type_id = text.partition(":")
+    if name.startswith("$"):
+        return {"Sequence": {"id": name[1:], "type_id": int(type_id or 0)}}
+    return {"SpecialToken": {"id": name, "type_id": int(type_id or 0)}}
 
 
 def special_tokens(tok: Tokenizer, vocab: dict[str, int], special: set[str]) -> dict[str, str]:
