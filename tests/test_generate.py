@@ -44,6 +44,12 @@ def test_generate_runs_in_eval_mode_and_restores_the_mode():
     for use_cache in (True, False):
         assert torch.equal(generate(model, prompt, 12, temperature=0, use_cache=use_cache), expected)
         assert model.training
+    # each module's own mode: a block kept in eval mode while the rest trains stays so (model.train(was) set every
+    # module: its dropout came back on)
+    model.blocks[0].eval()
+    modes = {name: module.training for name, module in model.named_modules()}
+    generate(model, prompt, 3, temperature=0)
+    assert {name: module.training for name, module in model.named_modules()} == modes
 
 
 def test_generate_leaves_the_callers_kv_cache_as_it_was():
@@ -355,7 +361,7 @@ def test_generate_cli_leaves_the_compiling_out_of_its_tokens_per_second(tmp_path
     monkeypatch.setattr(decoding, "compiled_decode_step", compiling_step)
     monkeypatch.setattr(time, "perf_counter", tick)
     for flags in (["--max-new-tokens", "12", "--compile"], ["--max-new-tokens", "2", "--compile"],
-                  ["--max-new-tokens", "12", "--no-compile"]):
+                  ["--max-new-tokens", "12", "--no-compile"], ["--max-new-tokens", "1", "--compile"]):
         assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the", "--num-samples", "2", *flags]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if " tokens in " in line]
     compiled = re.search(r"2 x 12 tokens in (\S+) s \(([\d,]+) tokens/s after the first 2 tokens, which took (\S+) s "
@@ -364,6 +370,8 @@ def test_generate_cli_leaves_the_compiling_out_of_its_tokens_per_second(tmp_path
     assert int(compiled[2].replace(",", "")) >= 100  # 20 tokens in the 1 ms clock readings after the compiling
     assert "2 x 2 tokens in " in lines[1] and "(compiling the decode step included, " in lines[1], lines[1]
     assert re.search(r"2 x 12 tokens in \S+ s \([\d,]+ tokens/s, KV cache\)$", lines[2]), lines[2]
+    # one new token: the prefill's; no decode step ran (it said "compiled decode step")
+    assert re.search(r"2 x 1 tokens in \S+ s \([\d,]+ tokens/s, KV cache\)$", lines[3]), lines[3]
 
 
 def test_generate_cli_passes_samples_and_the_cache_choice_and_shows_a_bar_for_long_runs(tmp_path, capsys,
@@ -455,6 +463,9 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
         ({"idx_BT": ids, "top_k": 0}, "top_k=0 must be an integer >= 1"),
         ({"idx_BT": ids, "top_k": 2.5}, "top_k=2.5 must be an integer >= 1"),  # was topk()'s TypeError
         ({"idx_BT": ids, "top_k": True}, "top_k=True must be an integer >= 1"),
+        # past a 64-bit integer: said so (it said "must be an integer >= 1", a rule 2**63 meets)
+        ({"idx_BT": ids, "top_k": 2**63}, "top_k=9223372036854775808 is out of range (at most 2**63 - 1)"),
+        ({"idx_BT": ids, "max_new_tokens": 2**63}, "max_new_tokens=9223372036854775808 is out of range"),
         ({"idx_BT": ids, "top_p": 0}, "top_p=0 must be a number in (0, 1]"),
         ({"idx_BT": ids, "top_p": 1.5}, "top_p=1.5 must be a number in (0, 1]"),
         ({"idx_BT": ids, "top_p": float("nan")}, "top_p=nan must be a number in (0, 1]"),
@@ -607,6 +618,8 @@ def test_top_p_samples_the_smallest_set_of_likeliest_tokens_holding_p_after_top_
     for top_k in (None, 3):
         assert torch.equal(sample_next(logits, 1.0, top_k, torch.Generator().manual_seed(1), 1.0),
                            sample_next(logits, 1.0, top_k, torch.Generator().manual_seed(1)))
+    # A top_p that is 0 in float32 (1e-300 passes (0, 1]) keeps the likeliest token (it cut every token: an error)
+    assert set(sample_next(logits, 1.0, None, torch.Generator().manual_seed(0), 1e-300).flatten().tolist()) == {1}
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["generate", "runs/none", "--prompt", "a", "--top-p", "0"])
     assert exit_info.value.code == 2
@@ -766,6 +779,10 @@ def test_stop_ends_decoding_after_the_token_it_returns_true_for(variant_case):
         assert torch.equal(seen[-1], full_BT[:, 5:9])
     with pytest.raises(ValueError, match="stop of type list: give a function stop"):
         generate(model, prompt_BT, 3, stop=["x"])
+    # progress and decode_step that are no functions: refused up front (they failed after the first token)
+    for name in ("progress", "decode_step"):
+        with pytest.raises(ValueError, match=rf"^{name} of type int: give a function .*, or None$"):
+            generate(model, prompt_BT, 3, **{name: 5})
 
 
 def test_stop_strings_wait_for_every_row_and_cut_each_before_its_first_stop_string():
@@ -797,6 +814,8 @@ def test_stop_strings_wait_for_every_row_and_cut_each_before_its_first_stop_stri
     for bad in ([], [""], [1], ["ji", ""], ["ji", 1]):  # (every one checked, not the first alone)
         with pytest.raises(ValueError, match="give one or more non-empty strings"):
             decoding.StopStrings(str, bad)
+    with pytest.raises(ValueError, match=r"^stop strings of type function: give a string or a list of strings"):
+        decoding.StopStrings(str, lambda new_BN: False)  # (run.generate's stop: "'function' object is not iterable")
 
 
 def test_stop_strings_spelled_in_more_tokens_than_characters_end_the_generation():

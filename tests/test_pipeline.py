@@ -2737,6 +2737,10 @@ def test_evaluate_reports_progress_per_row_and_restores_training_mode():
     model.train()
     assert evaluate(model, tokens, seq_len=8, batch_size=3).loss == expected.loss
     assert model.training
+    model.blocks[0].eval()  # each module's own mode, as generate() keeps it
+    modes = {name: module.training for name, module in model.named_modules()}
+    evaluate(model, tokens, seq_len=8, batch_size=3)
+    assert {name: module.training for name, module in model.named_modules()} == modes
 
 
 def test_perplexity_of_a_loss_of_50_or_more_is_infinite():

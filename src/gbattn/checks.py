@@ -193,7 +193,7 @@ def coerce(name: str, value: Any, tp) -> Any:
         if not isinstance(value, int):
             raise ConfigError(f"{name}={value!r} must be an integer")
         if abs(value) > MAX_INT:
-            raise ConfigError(f"{name}={given!r} is out of range (at most 2**63 - 1)")
+            raise OutOfRange(f"{name}={given!r} is out of range (at most 2**63 - 1)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):  # (numpy's numbers are Real)
@@ -216,12 +216,18 @@ def coerce(name: str, value: Any, tp) -> Any:
     return value
 
 
+class OutOfRange(ConfigError):
+    """An integer past what a 64-bit integer holds (tensors and JSON readers take no more)."""
+
+
 def checked(name: str, value: Any, tp, ok: Callable[[Any], bool] | None, rule: str) -> Any:
     """``value`` as type ``tp`` (:func:`coerce`) when ``ok`` (None: any value) of it holds, else a ConfigError saying
     ``name=value must be rule``: a keyword argument outside a config (generate's options, the HF model's)
     checked by the rules config fields follow."""
     try:
         number = coerce(name, value, tp)
+    except OutOfRange:  # (its own words: top_k=2**63 "must be an integer >= 1" named a rule the value meets)
+        raise
     except ConfigError:
         number = None
     if number is None or (ok is not None and not ok(number)):

@@ -189,6 +189,8 @@ def cmd_generate(args) -> None:
     if tokens == 0:  # (it said "0 tokens/s, KV cache")
         print(f"{args.num_samples} x 0 tokens: the prompt alone, no decoding", file=sys.stderr)
         return
+    if step is not None and new < 2:  # the prefill made the only token: no decode step ran, so none compiled
+        how = how.replace(", compiled decode step", "", 1)
     if step is None or new < 2:  # no compiled step ran: the whole time is decoding
         rate = f"{tokens / max(dt, 1e-9):,.0f} tokens/s"
     elif new == 2:

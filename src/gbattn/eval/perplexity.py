@@ -11,6 +11,7 @@ import torch
 
 from gbattn.checks import checked
 from gbattn.data.tokens import num_rows, rows_batch
+from gbattn.model.decoding import restore_modes, set_eval
 from gbattn.model.gpt import lm_loss
 
 
@@ -52,8 +53,7 @@ def evaluate(
     if not len(rows):  # else a loss of 0 over no tokens: perplexity 1.0
         raise ValueError(f"{len(tokens):,} tokens: fewer than one row of seq_len + 1 = {seq_len + 1}, nothing to "
                          f"evaluate")
-    was_training, callers_cache = model.training, getattr(model, "kv_cache", None)
-    model.eval()
+    modes, callers_cache = set_eval(model), getattr(model, "kv_cache", None)
     if callers_cache is not None:  # a KV cache the caller set up (setup_cache) is set aside, as generate() does:
         model.clear_cache()  # every forward here is a whole row (with it, each was refused for lacking input_pos)
     n_batches = math.ceil(len(rows) / batch_size)
@@ -82,7 +82,7 @@ def evaluate(
         if dist_env is not None and dist_env.enabled:
             total, count = dist_env.all_sum([total, float(count)])
     finally:
-        model.train(was_training)
+        restore_modes(modes)
         if callers_cache is not None:
             model.kv_cache = callers_cache
     return EvalResult(

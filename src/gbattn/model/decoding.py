@@ -34,10 +34,27 @@ def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, genera
     if top_p is not None and top_p < 1:
         ranked_BV, order_BV = torch.sort(logits_BV, dim=-1, descending=True)
         probs_BV = torch.softmax(ranked_BV, dim=-1)
-        # a token is cut when the tokens ranked above it already hold top_p (the most likely one never is)
+        # a token is cut when the tokens ranked above it already hold top_p; the most likely one never is (a top_p
+        # below float32's smallest, 1e-46, is 0 there: 0 >= 0 cut it too, every logit -inf, a sampling error)
         cut_ranked_BV = probs_BV.cumsum(-1) - probs_BV >= top_p
+        cut_ranked_BV[:, 0] = False
         logits_BV = logits_BV.masked_fill(cut_ranked_BV.scatter(-1, order_BV, cut_ranked_BV), float("-inf"))
     return torch.multinomial(torch.softmax(logits_BV, dim=-1), 1, generator=generator)
+
+
+def set_eval(model: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
+    """Put ``model`` in eval mode; returns each module's own training flag, for :func:`restore_modes` (generation and
+    evaluation leave them as they were: ``model.train(was)`` set every module, so a block kept in eval mode while the
+    rest fine-tunes came back with its dropout on)."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    return modes
+
+
+def restore_modes(modes: list[tuple[torch.nn.Module, bool]]) -> None:
+    """Each module's training flag as :func:`set_eval` found it."""
+    for module, training in modes:
+        module.training = training
 
 
 def eager_decode_step(model):
@@ -182,6 +199,10 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     if stop is not None and not callable(stop):  # (a list of strings failed at the first token, "not callable")
         raise ValueError(f"stop of type {type(stop).__name__}: give a function stop(new_BN) -> bool, e.g. "
                          "StopStrings(tokenizer.decode, strings) (a run's generate takes the strings)")
+    for name, function, form in (("progress", progress, "progress(tokens)"),
+                                 ("decode_step", decode_step, "step(token_B1, slot_1, position_B1, key_padding_BS)")):
+        if function is not None and not callable(function):  # (it failed after the first token, "not callable")
+            raise ValueError(f"{name} of type {type(function).__name__}: give a function {form}, or None")
     prompt_mask = check_prompt(idx_BT, prompt_mask)
     block = model.cfg.block_size
     B, T = idx_BT.shape
@@ -196,8 +217,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     mask_BT = prompt_mask if prompt_mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
     out, cached = idx_BT, use_cache and block > T and max_new_tokens > 0  # (0 new tokens: no prefill to run)
     max_len = min(block, T + max_new_tokens)
-    was_training, callers_cache = model.training, model.kv_cache
-    model.eval()
+    modes, callers_cache = set_eval(model), model.kv_cache
     model.clear_cache()  # generate's own cache or none (use_cache=False), the caller's put back at the end
     try:
         if cached:
@@ -235,7 +255,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
         raise
     finally:
         model.kv_cache = callers_cache  # (dropped, a decode step the caller makes next had no past, silently)
-        model.train(was_training)
+        restore_modes(modes)
     return torch.cat([kept_BT, out], dim=1)
 
 
@@ -247,6 +267,9 @@ class StopStrings:
     tokens, left out) are not counted. :meth:`cut` ends a row's text before its first stop string in the new text."""
 
     def __init__(self, decode, strings) -> None:
+        if not isinstance(strings, (str, list, tuple)):  # (a function: "'function' object is not iterable")
+            raise ValueError(f"stop strings of type {type(strings).__name__}: give a string or a list of strings "
+                             f"(model.generate takes a function as its stop)")
         strings = [strings] if isinstance(strings, str) else list(strings)
         if not strings or not all(isinstance(text, str) and text for text in strings):
             raise ValueError(f"stop strings {strings!r}: give one or more non-empty strings")
