@@ -478,6 +478,24 @@ class Trainer:
                 raise DataNotFound(f"{e}; {recorded_path_advice(self.start.run_dir, exported)}") from None
             raise
 
+    def _read_best(self) -> dict | None:
+        """best.pt, read and checked to hold the weights of the run's best validation; None where there is none and
+        none is needed (no validation yet, or the best was the last step). One lost before a resume (the last weights
+        were tested and reported as the best step's), or of another step, is a one-line error."""
+        best_path = self.run_dir / rundir.BEST
+        if not best_path.exists():
+            if self.best_step not in (None, self.step):
+                raise CheckpointError(f"{best_path} is missing: the run's best validation was at step "
+                                      f"{self.best_step}, whose weights it held, so its test perplexity cannot be "
+                                      f"measured; restore a copy of it, or train again (--restart)")
+            return None
+        saved = rundir.load_checkpoint(best_path, self.device)
+        if self.best_step is not None and saved.get("step") != self.best_step:
+            raise CheckpointError(f"{best_path} holds the weights of step {saved.get('step')!r}, not those of the "
+                                  f"run's best validation (step {self.best_step}): restore a copy of it, or train "
+                                  f"again (--restart)")
+        return saved
+
     def _upcycled(self) -> bool:
         """Whether the run directory holds weights that no training saved: best.pt and a config.json of 0 steps
         (`gbattn upcycle`'s output; a run records its steps, at least 1), no checkpoint.pt."""
@@ -901,17 +919,12 @@ class Trainer:
     def _finish(self) -> dict:
         """Test perplexity from the best-validation checkpoint; write result.json."""
         best_path = self.run_dir / rundir.BEST
-        if self.best_step not in (None, self.step) and not best_path.exists():  # (lost before a resume: the last
-            # weights were tested and reported as the best step's)
-            raise CheckpointError(f"{best_path} is missing: the run's best validation was at step {self.best_step}, "
-                                  f"whose weights it held, so its test perplexity cannot be measured; restore a copy "
-                                  f"of it, or train again (--restart)")
-        if best_path.exists():  # written by an earlier process when resumed: checked as the run's checkpoint is
+        # The main process (the one that writes best.pt) reads and checks it, its error every process's; the others
+        # read their own copy (written by the main process before they went on)
+        saved = self.dist.main_only(self._read_best)
+        if saved is None and not self.dist.is_main and best_path.exists():
             saved = rundir.load_checkpoint(best_path, self.device)
-            if self.best_step is not None and saved.get("step") != self.best_step:
-                raise CheckpointError(f"{best_path} holds the weights of step {saved.get('step')!r}, not those of the "
-                                      f"run's best validation (step {self.best_step}): restore a copy of it, or train "
-                                      f"again (--restart)")
+        if saved is not None:  # written by an earlier process when resumed: checked as the run's checkpoint is
             best = saved["model"]
             rundir.check_weights_fit(self.model_cfg, best, best_path)
             load_full_state(self.wrapped, best)
