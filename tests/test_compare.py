@@ -541,6 +541,17 @@ def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):
     monkeypatch.setattr("gbattn.experiments.compare.upcycle", lambda *a, **k: pytest.fail("a start upcycled again"))
     again = run_compare("upcycle", moved, data=str(data), sets=sets, quiet=True)
     assert [r["test_ppl"] for r in again["models"]] == [r["test_ppl"] for r in report["models"]]
+    # ... and a continuation killed before its first checkpoint (its config.json and start kept): resumed in the moved
+    # comparison it was refused, its recorded start path the old one ("not a directory from here: resume from the
+    # directory the run was started in", which a moved comparison cannot); it starts again from its start here
+    monkeypatch.undo()
+    run = moved / "gba-upcycled" / "seed42"
+    for name in (rundir.CHECKPOINT, rundir.RESULT, rundir.BEST):
+        (run / name).unlink()
+    assert json.loads((run / rundir.CONFIG).read_text())["train"]["init_from"] == str(out / "gba-upcycled" /
+                                                                                     "seed42-start")
+    resumed = run_compare("upcycle", moved, data=str(data), sets=sets, quiet=True)
+    assert [r["test_ppl"] for r in resumed["models"]] == [r["test_ppl"] for r in report["models"]]
 
 
 def test_an_upcycled_start_killed_before_its_config_is_written_again(tmp_path):
@@ -1598,10 +1609,27 @@ def test_a_model_of_your_own_gets_its_matched_baselines_and_stays_in_the_compari
             ({"m": "boosted:rounds"}, [], r"--model m='boosted:rounds': options are key=value"),
             ({}, ["gba-m9"], r"--matched gba-m9: no such model in recipe 'cpu-char' or --model"),
             ({"x": "boosted", "param-fair-x": "standard"}, ["x"], r"--matched x: its baseline's label 'param-fair-x' "
-                                                                   r"is taken")):
+                                                                   r"is taken"),
+            # a label that is one of the comparison's own files: results.json trained into a folder that every later
+            # call needed as a file ("Not a directory"), recorded in recipe.json for good
+            ({"results.json": "boosted"}, [], r"--model results.json=boosted: results.json is a file or folder of "
+                                              r"the comparison itself \(results.json, results.md, recipe.json, "
+                                              r"figures\); choose another label"),
+            ({"figures": "boosted"}, [], r"--model figures=boosted: figures is a file or folder of the comparison")):
         with pytest.raises(UserError, match=f"^{message}"):
             run_compare("cpu-char", tmp_path / "other", data=str(data), quiet=True, sets=tiny_sets(), models=models,
                         matched=matched)
+    # --matched of a model that continues another's weights: its "param-fair" baseline was narrower than it (its
+    # parameters counted before the upcycle) and stated as matched
+    with pytest.raises(UserError, match=r"^--matched gba-upcycled: it continues base's trained weights; baselines "
+                                        r"are matched to a model trained from scratch"):
+        run_compare("upcycle", tmp_path / "up", data=str(data), quiet=True, sets=tiny_sets(), matched=["gba-upcycled"])
+    # a --set the recipe sets per model for a model --only leaves out: recorded for the comparison, it left that
+    # model refused for good
+    with pytest.raises(UserError, match=r"^--set residual: the recipe sets it per model"):
+        run_compare("depth", tmp_path / "depth", data=str(data), quiet=True, sets=tiny_sets(residual="attnres-block"),
+                    only=["standard", "gba-m2"])
+    assert not (tmp_path / "up" / "recipe.json").exists() and not (tmp_path / "depth" / "recipe.json").exists()
 
 
 def test_a_model_with_its_own_compute_matched_row_is_paired_with_that_row(tmp_path):

@@ -182,9 +182,11 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
             raise UserError(
                 f"--only {unknown}: not in recipe {recipe.name!r}{did_you_mean(unknown, labels)} ({', '.join(labels)})"
             )
-        # Model keys a recipe sets per model are applied after --set (spec_configs): refuse them.
+        # Model keys a recipe sets per model are applied after --set (spec_configs): refuse them, for every model of
+        # the comparison (--set is recorded for all: one given with --only for other models left those refused)
         # (a key as typed: attn.x and attn_options.x name one field, and attn_options={...} sets every option)
-        fixed = {path for spec in specs for path in (*spec.model, *(f"attn_options.{k}" for k in spec.attn_options))}
+        fixed = {path for spec in recipe.models
+                 for path in (*spec.model, *(f"attn_options.{k}" for k in spec.attn_options))}
         per_model = sorted(key for key in sets for path in [field_path(key)]
                            if any(path == f or f.startswith(path + ".") or path.startswith(f + ".") for f in fixed))
         if per_model:
@@ -354,6 +356,8 @@ class _Runner:
             self.results[spec.label][seed] = read_run_result(run_dir, model_cfg)
             self.bar.update(1, last=f"{spec.label}/seed{seed} (done before)")
             return None
+        if existing and train_cfg.init_from and not (run_dir / rundir.CHECKPOINT).exists():
+            _start_from_here(run_dir, train_cfg.init_from)
         if self.request["command"] not in self.request["commands"]:
             # The invocations that trained part of the table, in order: a rerun with --only or fewer
             # --seeds reports every finished run, so its command alone would not reproduce the table.
@@ -393,6 +397,17 @@ class _Runner:
         the earlier invocations' runs in results.json and results.md, not this one's alone)."""
         self.bar.update(1, last=f"{label}/seed{seed}")
         self._report()
+
+
+def _start_from_here(run_dir: Path, init_from: str) -> None:
+    """A continuation with no checkpoint yet starts again from its start weights: from ``init_from``, where this
+    call finds them. Its config.json records the path as it was where the run was first started (relative to that
+    working directory): a comparison moved, or continued from another directory, was refused ("not a directory
+    from here"), with advice it could not follow."""
+    config = rundir.read_config(run_dir / rundir.CONFIG)
+    if isinstance(config.get("train"), dict) and config["train"].get("init_from") != init_from:
+        config["train"]["init_from"] = init_from
+        write_json(config, run_dir / rundir.CONFIG)
 
 
 def start_run(run_dir: Path, preset: str | None, model_cfg, train_cfg: TrainConfig, extra: dict,

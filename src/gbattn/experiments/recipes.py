@@ -324,6 +324,9 @@ _add(Recipe(
 
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a folder name in the comparison
+# What a comparison's folder holds beside its models' folders (results, its record, `gbattn plot`'s default --out):
+# a model of such a label wrote its seed folders into them, or they over its folder
+COMPARISON_ENTRIES = ("results.json", "results.md", "recipe.json", "figures")
 
 
 def added_models_problem(models, matched, models_key: str = "models") -> str | None:
@@ -353,6 +356,9 @@ def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> R
         if label in taken:
             raise ConfigError(f"--model {label}={text}: recipe {recipe.name!r} has a model {label!r} already; "
                               f"choose another label")
+        if label.lower() in COMPARISON_ENTRIES:  # (results.json: every later call failed, "Not a directory")
+            raise ConfigError(f"--model {label}={text}: {label} is a file or folder of the comparison itself "
+                              f"({', '.join(COMPARISON_ENTRIES)}); choose another label")
         try:
             name, attn_options, model = variant_spec(text)
         except ConfigError as e:
@@ -364,6 +370,11 @@ def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> R
         if target is None:
             raise ConfigError(f"--matched {label}: no such model in recipe {recipe.name!r} or --model "
                               f"({', '.join(sorted(taken))})")
+        if target.init_from is not None:  # (its parameters were counted before the upcycle, its FLOPs of the
+            # continuation alone: a "param-fair" baseline smaller than it, stated as matched)
+            raise ConfigError(f"--matched {label}: it continues {target.init_from}'s trained weights; baselines are "
+                              f"matched to a model trained from scratch (the recipe's own baselines of {label} are "
+                              f"its references)")
         for baseline in (ModelSpec(f"param-fair-{label}", model=dict(target.model), param_matched_to=label),
                          ModelSpec(f"compute-matched-{label}", model=dict(target.model), compute_matched_to=label)):
             if baseline.label in taken:
