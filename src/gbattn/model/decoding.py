@@ -181,7 +181,9 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     continues as it would alone while the sequence fits in ``block_size``; past it a row's window
     still holds its padding). ``decode_step``: a replacement for the one-token cached forward
     ``step(token_B1, slot_1, position_B1, key_padding_BS) -> logits_BV``; by default the compiled one
-    where that is faster (``compile=None``, :func:`decoder_for`), ``compile=False`` never. Once the
+    where that is faster (``compile=None``, :func:`decoder_for`), ``compile=False`` never. A compiled step
+    (:func:`compiled_decode_step`) passed in is compiled for the cache of this call's prompt length plus
+    ``max_new_tokens``: reused for other lengths it compiles again, at most 8 times in all. Once the
     sequence fills the model's ``block_size``, later tokens are predicted from the last ``block_size``
     tokens without a cache, as nanoGPT does; a prompt longer than ``block_size`` is returned whole,
     the model seeing its end.
