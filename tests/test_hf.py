@@ -2666,6 +2666,9 @@ def test_lm_eval_results_name_paths_relative_to_the_model_directorys_parent(tmp_
     assert portable({"model": str(spaced), "via": str(tmp_path / "link" / "x.json"), "text": "/ not a path",
                      "deep": str(tmp_path / "link" / "sub" / "x.json")},
                     [spaced]) == {"model": "gba", "via": "gba/x.json", "text": "/ not a path", "deep": "gba/sub/x.json"}
+    # a generate_until task's stop sequences are text: "/" and "/end" were written "." and "end"
+    config = {"generation_kwargs": {"until": ["/", "/end", str(spaced)], "max_gen_toks": 8}}
+    assert portable(config, [spaced]) == config and portable(config, [spaced], existing_only=True) == config
 
 
 def test_lm_eval_names_the_weights_it_evaluates(trained, tmp_path):

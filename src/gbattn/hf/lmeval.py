@@ -375,10 +375,11 @@ def portable(obj, roots: list[Path], existing_only: bool = False):
     """``obj`` as JSON values, with every string that is an absolute path made relative: to the
     parent of the first of ``roots`` holding it, else to the working directory, else its last two
     parts (results files hold no paths of the machine that wrote them). ``existing_only`` (the logged samples:
-    documents, prompts and answers, where "/2" or "/wiki/Coriolanus" is text): only paths that exist here. Values
+    documents, prompts and answers, where "/2" or "/wiki/Coriolanus" is text): only paths that exist here. A
+    generation's stop sequences (``until``) are text, kept as they are. Values
     JSON has no type for (numpy numbers, sets, ...) become what lm-evaluation-harness writes for them."""
-    if isinstance(obj, dict):
-        return {k: portable(v, roots, existing_only) for k, v in obj.items()}
+    if isinstance(obj, dict):  # a task's stop sequences are text ("/" and "/end" were written "." and "end")
+        return {k: v if k == "until" else portable(v, roots, existing_only) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [portable(v, roots, existing_only) for v in obj]
     if isinstance(obj, str) and is_machine_path(obj) and (not existing_only or os.path.exists(obj)):
