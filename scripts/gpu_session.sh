@@ -69,9 +69,10 @@ else
   SMOKE=(--data "$DATA" --set device=cuda --set eval_tokens=16384)
   JOBS=5
 fi
+"$PY" -c "import torch" 2>> "$OUT/log.txt" || { log "no torch in $PY: set PY=/path/to/python"; exit 1; }
 "$PY" -c "import torch, gbattn; print('torch', torch.__version__, '| gbattn', gbattn.__version__, '|', \
-torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee -a "$OUT/log.txt" || {
-  log "no torch in $PY: set PY=/path/to/python"; exit 1; }
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" 2>&1 | tee -a "$OUT/log.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { log "gbattn does not import in $PY (its install failed?)"; exit 1; }
 
 deadline() {  # deadline NAME SECONDS: sets limit to SECONDS, or what is left of the budget; 200 when it is spent
   local budget
@@ -108,19 +109,29 @@ comparisons_work() {  # the 3-step comparison (stage check), once, before the fi
   [ "$compare_checked" = yes ]
 }
 
+# (--restart: WORK is kept between calls to a warm machine, where an earlier call's run was refused as "already
+# holds a run" and the smoke stage stopped the session)
 if wants smoke; then
   stage smoke-train 120 "${GB[@]}" train --preset paper-small --attn boosted --set max_steps=30 --set eval_every=15 \
-    --out "$WORK/smoke-train" --quiet "${SMOKE[@]}" || {
-    tail -n 30 "$WORK/smoke-train.log" | tee -a "$OUT/log.txt"; log "smoke failed: stopping"; exit 3; }
+    --out "$WORK/smoke-train" --restart --quiet "${SMOKE[@]}"
+  case $? in
+    0|200) ;;  # (200: skipped, the budget spent: so is every later stage's)
+    *) tail -n 30 "$WORK/smoke-train.log" | tee -a "$OUT/log.txt"; log "smoke failed: stopping"; exit 3 ;;
+  esac
 fi
 if wants resume; then  # both stop at their deadline (124) when they train; a refused resume ends at once (2)
   RESUME=(train --preset paper-small --attn boosted --set max_steps=100000 --set eval_every=100000
           --out "$WORK/smoke-resume" --quiet "${SMOKE[@]}")
-  stage resume-start 30 "${GB[@]}" "${RESUME[@]}"
-  stage resume-continue 15 "${GB[@]}" "${RESUME[@]}" --resume
+  stage resume-start 30 "${GB[@]}" "${RESUME[@]}" --restart
   case $? in
-    124) log "resume works on this device" ;;
-    *) tail -n 5 "$WORK/resume-continue.log" | tee -a "$OUT/log.txt"; log "RESUME FAILS on this device" ;;
+    124) stage resume-continue 15 "${GB[@]}" "${RESUME[@]}" --resume
+         case $? in
+           124) log "resume works on this device" ;;
+           200) log "resume not tested: budget spent" ;;
+           *) tail -n 5 "$WORK/resume-continue.log" | tee -a "$OUT/log.txt"; log "RESUME FAILS on this device" ;;
+         esac ;;
+    200) log "resume not tested: budget spent" ;;
+    *) tail -n 5 "$WORK/resume-start.log" | tee -a "$OUT/log.txt"; log "resume not tested: its run did not start" ;;
   esac
 fi
 if wants paper && comparisons_work; then

@@ -33,3 +33,16 @@ def test_the_gpu_session_script_runs_its_stages_at_a_toy_size(tmp_path):
         assert f"./gba-design-paper/gba-m3/seed{seed}/result.json" in names
     with tarfile.open(out / "analysis-gba-m2-seed42.tar.gz") as archive:
         assert "analysis/summary.json" in archive.getnames()
+
+
+def test_a_stage_skipped_for_its_budget_is_not_reported_as_failing(tmp_path):
+    """A budget spent before the smoke or resume stage skips them (status 200): the smoke stage said "smoke failed:
+    stopping" and exited 3, the resume stage "RESUME FAILS on this device", though neither ran."""
+    env = {**os.environ, "TINY": "1", "STAGES": "smoke resume", "BUDGET": "20", "WORK": str(tmp_path / "work"),
+           "PY": sys.executable, "INSTALL": "0", "GBATTN_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), "", str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "out" / "log.txt").read_text(encoding="utf-8")
+    assert proc.returncode == 0, log + proc.stderr[-2000:]
+    assert "skip smoke-train: budget spent" in log and "skip resume-start: budget spent" in log, log
+    assert "resume not tested: budget spent" in log and "FAIL" not in log and "failed" not in log, log
