@@ -23,7 +23,9 @@ gbattn() { "$PY" -m gbattn "$@"; }
 DATA=(--preset cpu-char --data tiny-shakespeare)
 
 for n in 1 2; do  # the other work: two single-threaded trainings that outlast the measurement
-  gbattn train "${DATA[@]}" --threads 1 --set max_steps=1000000 --quiet --out "$WORK/load$n" \
+  # (python itself in the background, not the function: $! was a subshell's, and killing it left the training
+  # running after the script, reparented to init)
+  "$PY" -m gbattn train "${DATA[@]}" --threads 1 --set max_steps=1000000 --quiet --out "$WORK/load$n" \
     >"$WORK/load$n.log" 2>&1 &
   LOADS+=($!)
 done
