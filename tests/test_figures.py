@@ -277,6 +277,23 @@ def test_curves_keep_a_run_that_only_trained_and_skip_boolean_counts(tmp_path):
         "standard": {"42": {"train": [(100, 4.0)], "valid": []}}}
 
 
+def test_curves_draw_an_unfinished_continuation_after_the_model_it_continues(tmp_path):
+    """A continuation (the upcycle recipe's standard-continued) is drawn after its base's training tokens, finished
+    or not: one killed midway has no results.json row yet, and was drawn from 0, over the start of the base's curve;
+    its recipe says what it continues."""
+    from gbattn.analysis.cli import read_curves
+
+    for label, tokens in (("base", 500), ("standard-continued", 100)):
+        run_dir = tmp_path / label / "seed42"
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"event": "train", "step": 1, "tokens": tokens,
+                                                           "loss": 4.0}) + "\n")
+    report = {**report_of([model_row("base", {"42": 100.0})]), "recipe": "upcycle"}
+    curves = read_curves(tmp_path, report)
+    assert curves["standard-continued"]["42"]["train"] == [(1_536_000 + 100, 4.0)]  # base's train_tokens + its own
+    assert curves["base"]["42"]["train"] == [(500, 4.0)]
+
+
 def test_plot_skips_non_finite_or_overflowing_numbers_in_metrics(tmp_path, capsys):
     """gbattn writes a non-finite value as null, so NaN, Infinity or a 400-digit count in metrics.jsonl is damage:
     a 400-digit token count was an OverflowError traceback from the curves, and a NaN validation loss gave --gap

@@ -454,6 +454,7 @@ def seed_metrics(compare_dir: Path, label: str) -> list[tuple[str, Path]]:
 def read_curves(compare_dir: Path, report: dict) -> dict:
     """label -> seed -> {"train": [(tokens, loss)], "valid": [(tokens, ppl)]} from every
     ``<label>/seed<S>/metrics.jsonl`` (finished runs in results.json order, then unfinished ones)."""
+    from gbattn.experiments.recipes import RECIPES
     from gbattn.files import read_jsonl
     from gbattn.rundir import METRICS
 
@@ -472,11 +473,14 @@ def read_curves(compare_dir: Path, report: dict) -> dict:
                      if e.get("event") == "eval" and numbers(e, "tokens", "valid_ppl")]
             if train or valid:
                 curves.setdefault(label, {})[seed] = {"train": train, "valid": valid}
-    # A model that continues another's trained weights is drawn after that model's tokens.
+    # A model that continues another's trained weights is drawn after that model's tokens; one not finished yet (no
+    # row) by its recipe's record of what it continues (it was drawn from 0, over the start of that model's curve)
     rows = {r["label"]: r for r in report.get("models", [])}
-    for label in rows:
-        _, before = trained_before(rows, label)
-        if before and label in curves:
+    recipe = RECIPES.get(report.get("recipe"))
+    continues = {spec.label: spec.init_from for spec in (recipe.models if recipe else ()) if spec.init_from}
+    for label in curves:
+        _, before = trained_before({**rows, label: rows.get(label, {"init_from": continues.get(label)})}, label)
+        if before:
             curves[label] = {seed: {kind: [(t + before, v) for t, v in points]
                                     for kind, points in c.items()} for seed, c in curves[label].items()}
     return curves
