@@ -23,8 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gbattn.arguments import at_least
 from gbattn.bench.speed import parse_variant, prefill_and_decode
+from gbattn.cli import run_script
 from gbattn.config import preset_config
+from gbattn.errors import UserError
 from gbattn.model.decoding import compiled_decode_step
 from gbattn.model.gpt import GPT
 
@@ -53,9 +56,9 @@ def main() -> None:
     parser.add_argument("--preset", default="paper-small")
     parser.add_argument("--attn", nargs="+", default=["standard", "boosted"],
                         help="variants, name or name:key=value,... as gbattn bench takes")
-    parser.add_argument("--repeats", type=int, default=7, help="interleaved rounds, the median reported")
-    parser.add_argument("--decode", type=int, default=64, help="cached decode steps per round")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=at_least(1), default=7, help="interleaved rounds, the median reported")
+    parser.add_argument("--decode", type=at_least(1), default=64, help="cached decode steps per round")
+    parser.add_argument("--threads", type=at_least(1), default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
@@ -68,6 +71,9 @@ def main() -> None:
         torch.manual_seed(0)
         name, options = parse_variant(spec)
         model = GPT(preset_config(args.preset, name, {f"attn.{k}": v for k, v in options.items()})).eval()
+        if args.decode >= model.cfg.block_size:  # (a prompt of no tokens: "negative dimension", a traceback)
+            raise UserError(f"--decode {args.decode}: a prompt and its cached steps fit in {args.preset}'s "
+                            f"block_size of {model.cfg.block_size}; give at most {model.cfg.block_size - 1}")
         prefill = min(128, model.cfg.block_size - args.decode)
         prompt = torch.randint(0, model.cfg.vocab_size, (1, prefill))
         with torch.no_grad():
@@ -105,4 +111,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

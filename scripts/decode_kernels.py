@@ -18,6 +18,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 from gbattn.bench.speed import parse_variant
+from gbattn.cli import run_script
 from gbattn.config import preset_config
 from gbattn.model.decoding import eager_decode_step
 from gbattn.model.gpt import GPT
@@ -72,4 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

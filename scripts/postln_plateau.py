@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 from gbattn.analysis.cli import numbers, seed_metrics
+from gbattn.arguments import at_least
+from gbattn.cli import run_script
 from gbattn.data.prepare import prepare_data
 from gbattn.experiments.compare import spec_configs, start_run
 from gbattn.experiments.recipes import get_recipe
@@ -52,8 +54,8 @@ def main() -> None:
     parser.add_argument("--also", nargs="*", default=[],
                         help="comparison folders trained in full (cpu-postln's, or another recipe's for contrast)")
     parser.add_argument("--threshold", type=float, default=6.4, help="loss (nats) that counts as off the plateau")
-    parser.add_argument("--cap", type=int, default=900, help="stop a run still on the plateau at this step")
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--cap", type=at_least(1), default=900, help="stop a run still on the plateau at this step")
+    parser.add_argument("--jobs", type=at_least(1), default=2)
     parser.add_argument("--results", required=True)
     args = parser.parse_args()
     out = Path(args.out)
@@ -93,6 +95,8 @@ def main() -> None:
         labels = LABELS if kind == "probe" else sorted(p.name for p in folder.iterdir() if p.is_dir())
         for label in labels:
             for seed, metrics in seed_metrics(folder, label):
+                if kind == "probe" and int(seed) not in args.seeds:  # another call's probe: not this command's
+                    continue
                 exit_step, last = plateau_exit(metrics, args.threshold)
                 runs.append({"label": label, "seed": int(seed), "run": kind,
                              "comparison": portable_path(str(folder)), "exit_step": exit_step, "last_step": last})
@@ -112,4 +116,4 @@ def command(args) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

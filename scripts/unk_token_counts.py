@@ -18,6 +18,8 @@ import tempfile
 from itertools import islice
 from pathlib import Path
 
+from gbattn.arguments import at_least
+from gbattn.cli import run_script
 from gbattn.data.corpus import load_corpus
 from gbattn.data.tokenizer import BPE_TRAIN_LINES, Tokenizer, _train_bpe
 from gbattn.data.tokens import encoded_lines
@@ -49,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", required=True, help="a corpus folder whose training split trains the BPE")
     parser.add_argument("--text", required=True, help="a WikiText folder whose valid and test splits are encoded")
-    parser.add_argument("--vocab-size", type=int, default=16_384)
+    parser.add_argument("--vocab-size", type=at_least(1), default=16_384)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     training = list(islice((s for s in load_corpus(args.train).lines("train") if s.strip()), BPE_TRAIN_LINES))
@@ -57,7 +59,7 @@ def main() -> None:
     authors = without_unknown_token(ours)
     seen = {c for line in training for c in line}  # the characters the BPE was trained on
     record = {"train": Path(args.train).name, "text": Path(args.text).name, "vocab_size": ours.vocab_size,
-              "train_lines": BPE_TRAIN_LINES, "splits": {}}
+              "train_lines": len(training), "splits": {}}  # (the lines trained on: at most BPE_TRAIN_LINES)
     for split in ("valid", "test"):
         lines = list(encoded_lines(text_lines(Path(args.text), split), ours))
         with_unk = ours.encode_batch(lines)
@@ -72,8 +74,9 @@ def main() -> None:
             "lines_that_differ": sum(a != b for a, b in zip(with_unk, dropped, strict=True)),
         }
         print(split, record["splits"][split])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write(Path(args.out), json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -227,5 +227,17 @@ def run() -> None:
     sys.exit(code)
 
 
+def run_script(script_main) -> None:
+    """A script of ``scripts/`` run as a command runs: a mistake (a :class:`UserError`: bad data, a bad preset or
+    variant) is one line on stderr naming the script, exit status 2, not a traceback."""
+    try:
+        script_main()
+    except UserError as e:
+        if show_tracebacks():
+            raise
+        sys.stderr.write(f"{os.path.basename(sys.argv[0])}: error: {terminal_line(str(e))}\n")
+        sys.exit(2)
+
+
 if __name__ == "__main__":
     run()
