@@ -1386,3 +1386,21 @@ def test_params_with_a_second_setting_after_one_set_says_each_set_takes_one(caps
     code, out, err = run_cli(capsys, ["params", "--set", "d_model=64", "n_heads=2"])
     assert (code, out, err) == (2, "", "gbattn: error: 'n_heads=2' is not a preset; each --set takes one KEY=VALUE: "
                                        "--set n_heads=2\n")
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["decode_kernels.py", "--preset", "nope"], "decode_kernels.py: error: preset='nope' is not allowed; choose"),
+    (["unk_token_counts.py", "--train", "no-such-corpus", "--text", "x", "--out", "c.json"],
+     "unk_token_counts.py: error: --data 'no-such-corpus': no such file or directory"),
+    (["postln_plateau.py", "--data", "x", "--out", "p", "--seeds", "1", "--jobs", "0", "--results", "r.json"],
+     "postln_plateau.py: error: argument --jobs: 0 must be >= 1"),  # (it looped forever)
+])
+def test_a_script_answers_a_mistake_in_one_line(tmp_path, argv, line):
+    """The scripts of scripts/ answer a bad preset, corpus or count as the commands do: one line, exit 2 (they were
+    tracebacks, exit 1)."""
+    from helpers import REPOSITORY
+
+    proc = subprocess.run([sys.executable, str(REPOSITORY / "scripts" / argv[0]), *argv[1:]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
+    assert "Traceback" not in proc.stderr
