@@ -1920,6 +1920,14 @@ def test_curves_colour_each_model_dash_each_seed_and_choose_the_log_axis_from_ev
     assert [t.get_text() for t in valid_ax.get_legend().get_texts()] == ["standard", "gba-m2", "seed 1", "seed 2"]
     assert valid_ax.get_yscale() == "log" and valid_ax.get_xlabel() == "tokens seen (millions)"
     assert valid_ax.get_ylabel() == "validation perplexity (log scale)"  # the axis says it is not linear
+    # seven seeds, seven line styles (after four they came round again: seed 5 drawn, and its legend entry, as seed 1)
+    from matplotlib.axes import Axes
+
+    styles, plot = [], Axes.plot
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Axes, "plot", lambda ax, *a, **k: styles.append(repr(k.get("linestyle"))) or plot(ax, *a, **k))
+        figures.curves_figure({"standard": {str(s): run(400.0, 500.0) for s in range(1, 8)}})
+    assert len(styles) == 14 and len(set(styles)) == 7  # each seed's training and validation lines
     one = figures.curves_figure({"standard": {"42": run(400.0, 500.0)}}).axes[1]
     assert [t.get_text() for t in one.get_legend().get_texts()] == ["standard"] and one.get_yscale() == "linear"
     assert one.get_ylabel() == "validation perplexity"

@@ -477,7 +477,9 @@ def results_figure(report: dict):
     return fig
 
 
-LINESTYLES = ["-", "--", ":", "-."]
+# One line style per seed: named ones, then dash patterns (after four seeds the styles came round again, and seed 5's
+# legend entry looked like seed 1's); more seeds than these share them.
+LINESTYLES = ["-", "--", ":", "-.", (0, (6, 1.5)), (0, (1, 3)), (0, (4, 1.5, 1, 1.5, 1, 1.5)), (0, (10, 3, 3, 3))]
 
 
 def curves_figure(curves: dict, setting: str = "", unfinished: list[str] | None = None):
@@ -502,11 +504,11 @@ def curves_figure(curves: dict, setting: str = "", unfinished: list[str] | None 
                 if c["train"]:
                     t, v = np.asarray(c["train"], dtype=float).T
                     # a run that logged once (a few steps, say) is a dot: a line through one point draws nothing
-                    train_ax.plot(t / scale, v, style, color=color, linewidth=1.2, alpha=0.9,
+                    train_ax.plot(t / scale, v, linestyle=style, color=color, linewidth=1.2, alpha=0.9,
                                   marker="o" if len(t) == 1 else None, markersize=4)
                 if c["valid"]:
                     t, v = np.asarray(c["valid"], dtype=float).T
-                    valid_ax.plot(t / scale, v, style, color=color, marker="o", markersize=4, linewidth=1.5)
+                    valid_ax.plot(t / scale, v, linestyle=style, color=color, marker="o", markersize=4, linewidth=1.5)
                     valid_values += list(v)
         finite = [v for v in valid_values if math.isfinite(v)]
         log_axis = bool(finite) and max(finite) / max(min(finite), 1e-9) > 3
