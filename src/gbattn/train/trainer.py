@@ -137,7 +137,8 @@ def trains_compiled(cfg: TrainConfig, device: torch.device) -> bool:
 def compile_switch(model_cfg, recorded: TrainConfig, resumed: TrainConfig) -> str | None:
     """Why resuming a run recorded as ``recorded`` with the settings ``resumed`` would change it, or None:
     compiled and eager training draw different dropout masks, so with dropout the switch changes the run's
-    path. The device each names decides the default (no GPU need be here)."""
+    path; so does switching activation checkpointing in a compiled run (compiled Twicing with dropout measured).
+    The device each names decides the default (no GPU need be here)."""
     if not (model_cfg.dropout > 0 and model_cfg.dropout_sites):
         return None
 
@@ -146,10 +147,19 @@ def compile_switch(model_cfg, recorded: TrainConfig, resumed: TrainConfig) -> st
         return trains_compiled(cfg, torch.device("cuda" if cuda else "cpu"))
 
     was, now = compiled(recorded), compiled(resumed)
-    if was == now:
-        return None
-    return (f"--{'' if now else 'no-'}compile (recorded: trained {'compiled' if was else 'eager'}; with dropout "
-            f"the two draw different masks)")
+    if was != now:
+        return (f"--{'' if now else 'no-'}compile (recorded: trained {'compiled' if was else 'eager'}; with dropout "
+                f"the two draw different masks)")
+    if now and recorded.activation_checkpointing != resumed.activation_checkpointing:
+        # (eager, recomputing a block draws its masks again, the same; compiled, Twicing's graph break fell back to
+        # eager masks inside a recomputed block: another run from the first step)
+        def said(value: bool) -> str:
+            return str(value).lower()
+
+        return (f"--set activation_checkpointing={said(resumed.activation_checkpointing)} (recorded: "
+                f"{said(recorded.activation_checkpointing)}; a compiled run with dropout can draw other masks with "
+                f"its blocks recomputed)")
+    return None
 
 
 def _finite_amount(value) -> bool:
