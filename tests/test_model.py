@@ -1274,6 +1274,23 @@ def test_a_set_field_given_twice_must_agree():
                                                                           "attn_options": {"rounds": 3}}
 
 
+def test_epochs_beside_a_max_steps_that_sets_the_length_is_refused():
+    """--set epochs=N on a preset whose max_steps sets the length (cpu-char's 2,000) trained the preset's steps,
+    epochs ignored silently; with max_steps given too, max_steps won. Both are one line now; epochs alone where the
+    preset trains for epochs is taken."""
+    from gbattn.config import build_configs
+
+    with pytest.raises(ConfigError, match=r"^epochs=0.5 is not used: max_steps=2000 \(preset cpu-char's\) sets "
+                                          r"the run's length; give max_steps=null to train for epochs, or leave "
+                                          r"epochs out$"):
+        build_configs("cpu-char", "standard", "tiny-shakespeare", {"epochs": 0.5})
+    with pytest.raises(ConfigError, match=r"^epochs=2 is not used: max_steps=5 \(given too\)"):
+        build_configs("paper-small", "standard", "tiny-shakespeare", {"epochs": 2, "max_steps": 5})
+    assert build_configs("paper-small", "standard", "tiny-shakespeare", {"epochs": 2})[1].epochs == 2
+    assert build_configs("cpu-char", "standard", "tiny-shakespeare", {"epochs": 2, "max_steps": None,
+                                                                      "sampling": "rows"})[1].epochs == 2
+
+
 def test_a_set_value_nested_too_deeply_is_one_line():
     """5,000 nested lists in a --set value (or a variant's option) were a RecursionError traceback, exit 1."""
     from gbattn.config import parse_sets, variant_spec

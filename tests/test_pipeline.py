@@ -663,7 +663,7 @@ def test_resume_after_crash_equals_uninterrupted(tmp_path, monkeypatch, sampling
     training-loss records (log_every=3: the one at step 6 averages steps 4-6 in both); under bf16
     autocast too (the resumed run computes in the precision the run recorded)."""
     data = write_corpus(tmp_path / "c")
-    configs = tiny_configs(data, sampling=sampling, epochs=3, log_every=3, amp=amp)
+    configs = tiny_configs(data, sampling=sampling, log_every=3, amp=amp)
     ref = train(tmp_path / "ref", *configs, quiet=True)
     train_killed_at(7, tmp_path / "crashed", *configs, monkeypatch)
     assert ckpt.load_checkpoint(tmp_path / "crashed" / ckpt.CHECKPOINT)["step"] == 4
@@ -700,7 +700,7 @@ def test_activation_checkpointing_trains_the_same_run_bit_for_bit_and_may_be_swi
 
     monkeypatch.setattr(Block, "_gradient_checkpointing_func", counted)
     data = write_corpus(tmp_path / "c")
-    model_cfg, train_cfg = tiny_configs(data, epochs=3, log_every=3)
+    model_cfg, train_cfg = tiny_configs(data, log_every=3)
     ref = train(tmp_path / "ref", model_cfg, train_cfg, quiet=True)
     assert not recomputed_blocks
     capsys.readouterr()

@@ -369,6 +369,10 @@ def build_configs(
     explicit = {**given, **train_sets}  # a warmup set as a keyword is as explicit as one in sets
     if "warmup_steps" in explicit and "fit_warmup" not in explicit:
         train_d["fit_warmup"] = False
+    if explicit.get("epochs") is not None and train_d.get("max_steps") is not None:  # (max_steps won, silently)
+        whose = "given too" if explicit.get("max_steps") is not None else f"preset {preset}'s"
+        raise ConfigError(f"epochs={explicit['epochs']} is not used: max_steps={train_d['max_steps']} ({whose}) sets "
+                          f"the run's length; give max_steps=null to train for epochs, or leave epochs out")
     return preset_config(preset, attn, model_sets), TrainConfig.from_dict(train_d)
 
 
