@@ -115,12 +115,14 @@ class ModelConfig(Typed):
 
     def resolved(self) -> ModelConfig:
         """This model with its defaults spelt out (every option of its variant, the final norm, the attention
-        projections' biases, the key/value heads): two configs that build the same model resolve equal, where a
-        value given that equals its default made them differ (``attn.rounds=2`` against ``{}``)."""
+        projections' biases, the key/value heads) and its dropout sites in one order: two configs that build the same
+        model resolve equal, where a value given that equals its default made them differ (``attn.rounds=2`` against
+        ``{}``), or the same sites in another order."""
         options = variant_options(self.attn, self.attn_options, n_heads=self.n_heads, n_kv_heads=self.kv_heads)
         return self.replace(attn_options=dataclasses.asdict(options), n_kv_heads=self.kv_heads,
                             final_norm=self.norm == "pre" if self.final_norm is None else self.final_norm,
-                            attn_bias=self.bias if self.attn_bias is None else self.attn_bias)
+                            attn_bias=self.bias if self.attn_bias is None else self.attn_bias,
+                            dropout_sites=[site for site in DROPOUT_SITES if site in self.dropout_sites])
 
     def input_length(self, seq_len: int | None) -> int:
         """Input tokens per row: ``seq_len``, or ``block_size - 1`` when it is None (the default of
