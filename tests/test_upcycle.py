@@ -25,7 +25,7 @@ from gbattn.config import build_configs, get_preset
 from gbattn.convert import load_source
 from gbattn.data.corpus import load_corpus
 from gbattn.data.tokenizer import get_tokenizer
-from gbattn.errors import CheckpointError, UserError
+from gbattn.errors import CheckpointError, ConfigError, UserError
 from gbattn.hf.modeling import TF_MAJOR
 from gbattn.model.gpt import GPT
 from gbattn.upcycle import upcycle, write_run
@@ -1100,7 +1100,6 @@ def test_options_are_refused_before_the_source_is_read(gbattn_dir, tmp_path, cap
     they were read and converted first), and options given from Python as anything but a dict get the registry's
     line (a ValueError or TypeError from dict() before)."""
     import gbattn.convert
-    from gbattn.errors import ConfigError
 
     monkeypatch.setattr(gbattn.convert, "load_source", lambda *a, **k: pytest.fail("read before the options"))
     for sets, message in ((["attn.rounds=0"], "attn.rounds=0 must be an integer in [1, 1024]"),
@@ -1290,8 +1289,9 @@ def test_train_init_from_records_which_weights_it_started_from(gbattn_dir, tmp_p
     for start, step in ((source, 7), (tmp_path / "up", 0)):
         out = tmp_path / f"from-{start.name}"
         assert main(["train", "--init-from", str(start), "--out", str(out), *common]) == 0, capsys.readouterr()
-        assert rundir.read_config(out / rundir.CONFIG)["extra"] == {
-            "init_from": str(start), "init_from_checkpoint": "best", "init_from_step": step}
+        assert rundir.read_config(out / rundir.CONFIG)["extra"] == {  # (by its last part: result.json holds it)
+            "init_from": start.name, "init_from_checkpoint": "best", "init_from_step": step}
+        assert str(tmp_path) not in (out / rundir.RESULT).read_text()  # (an absolute --init-from was written there)
 
 
 def test_train_init_from_keeps_the_source_runs_data_split(gbattn_dir, tmp_path, capsys):
@@ -1595,6 +1595,30 @@ def test_upcycle_seed_draws_only_the_new_parameters(gpt2_dir):
     torch.manual_seed(5)
     upcycle(source, "boosted", seed=3)
     assert torch.equal(torch.rand(3), expected)
+    # the seed as a run's: a numpy integer is that integer (it failed config.json's writing with best.pt written),
+    # others are refused before any work (1.5 seeded 1 and was recorded 1.5; "3" was recorded as a string)
+    import numpy as np
+
+    numpy_seed = upcycle(source, "boosted", seed=np.int64(3)).seed
+    assert numpy_seed == 3 and type(numpy_seed) is int
+    for bad in (1.5, "3", True, -1, 2**63):
+        with pytest.raises(ConfigError, match=r"^seed="):
+            upcycle(source, "boosted", seed=bad)
+
+
+def test_a_run_upcycled_from_an_export_says_its_data_path_was_cut():
+    """A run upcycled from an export records the export's data path, cut to its last part; where that corpus is
+    not found, eval and train --init-from said "a relative path is relative to where the run was trained" (it was
+    never trained) instead of what they say of the export itself."""
+    from gbattn.data.prepare import data_path_cut, recorded_path_advice
+
+    def run(checkpoint: str, extra) -> rundir.LoadedRun:
+        return rundir.LoadedRun(Path("up"), None, None, None, None, {"extra": extra}, 0, checkpoint)
+
+    assert data_path_cut(run("exported", {})) and data_path_cut(run("best", {"source_checkpoint": "exported"}))
+    assert not data_path_cut(run("best", {"source_checkpoint": "best"})) and not data_path_cut(run("last", None))
+    assert "(an export keeps only its last part)" in recorded_path_advice(
+        "up", data_path_cut(run("best", {"source_checkpoint": "exported"})))
 
 
 def test_upcycled_run_keeps_the_source_runs_data_record(gbattn_dir, gpt2_dir, tmp_path):

@@ -103,11 +103,14 @@ def upcycle(source, attn: str, options: dict | None = None, seed: int = 0) -> Up
     """``source`` (a path, a loaded run (``gbattn.load_run``) or a :class:`gbattn.convert.Source`) as a model of
     attention ``attn`` with ``options`` that computes the same function; see the module docstring for the rules."""
     from gbattn.attention.registry import variant_options
-    from gbattn.checks import check_choice
+    from gbattn.checks import MAX_INT, check_choice, checked
     from gbattn.config import ModelConfig
     from gbattn.convert import load_source
     from gbattn.errors import UserError
 
+    # the seed as a run's (a numpy integer was taken, then failed config.json's writing with best.pt written; 1.5
+    # seeded 1 and was recorded 1.5)
+    seed = checked("seed", seed, int, lambda n: 0 <= n <= MAX_INT, "an integer in [0, 2**63 - 1]")
     if attn in REFUSED:
         raise UserError(REFUSED[attn])
     # a typo is named as every command names it (did you mean ...?), among the variants upcycling makes

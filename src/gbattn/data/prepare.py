@@ -55,7 +55,7 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
     recorded = None if allow_other_data else run.data_fingerprint
     # Data not typed now is where the run recorded it: an export's path cut to its last part can name another corpus
     # (a folder named tiny-shakespeare: the bundled one) or the hub's; said so, not "--data NAME" as if typed.
-    advice = "" if data else f"; {recorded_path_advice(run.run_dir, exported=run.checkpoint == 'exported')}"
+    advice = "" if data else f"; {recorded_path_advice(run.run_dir, exported=data_path_cut(run))}"
     try:
         return prepare_data(train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False, trained_on=recorded,
                             mismatch=f"{advice}; pass --allow-other-data to evaluate on it anyway",
@@ -65,6 +65,13 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
         if data:
             raise
         raise type(e)(f"{e}{advice}") from None
+
+
+def data_path_cut(run) -> bool:
+    """Whether the corpus path a loaded run records was cut to its last part: an export's, or that of a run
+    upcycled from an export (its ``extra`` names the source's weights as ``exported``)."""
+    extra = run.config.get("extra") if isinstance(run.config, dict) else None
+    return run.checkpoint == "exported" or (isinstance(extra, dict) and extra.get("source_checkpoint") == "exported")
 
 
 def recorded_path_advice(run_dir, exported: bool = False) -> str:

@@ -167,6 +167,7 @@ def _init_from_trainer(args, init_from: str, sets: dict):
     from gbattn import rundir
     from gbattn.config import DROPOUT_FIELDS, build_configs, split_overrides
     from gbattn.errors import UserError
+    from gbattn.files import portable_path
     from gbattn.train.trainer import Trainer
 
     if Path(init_from).resolve() == Path(args.out).resolve():  # --restart would delete the weights to start from
@@ -201,5 +202,7 @@ def _init_from_trainer(args, init_from: str, sets: dict):
     _, train_cfg = build_configs(preset, model_cfg.attn, train_sets.pop("data", None) or source_train.data, train_sets,
                                  tokenizer=source_train.tokenizer)
     train_cfg = train_cfg.replace(init_from=str(init_from), split=source_train.split)
+    # (config.json's train.init_from keeps the path a resume reads; the extras go into result.json, which holds no
+    # path of this machine: an absolute one was written there)
     return Trainer(args.out, model_cfg, train_cfg, quiet=args.quiet, preset=preset, restart=args.restart,
-                   extra={"init_from": str(init_from)})
+                   extra={"init_from": portable_path(str(init_from))})

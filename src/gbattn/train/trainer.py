@@ -21,7 +21,7 @@ import torch
 from gbattn import rundir
 from gbattn.config import DROPOUT_FIELDS, ModelConfig, TrainConfig, get_preset, training_input_length
 from gbattn.data.corpus import load_corpus, test_split_note, tested_split
-from gbattn.data.prepare import Data, prepare_data, recorded_path_advice
+from gbattn.data.prepare import Data, data_path_cut, prepare_data, recorded_path_advice
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
 from gbattn.errors import CheckpointError, ConfigError, DataError, DataNotFound, Interrupted, Terminated, UserError
@@ -484,8 +484,8 @@ class Trainer:
             if self.resume and cfg.data == self.recorded_data:
                 raise DataNotFound(f"{e}; {recorded_path_advice(self.run_dir)}") from None
             if self.start is not None and cfg.data == self.start.train_cfg.data:
-                exported = self.start.checkpoint == "exported"
-                raise DataNotFound(f"{e}; {recorded_path_advice(self.start.run_dir, exported)}") from None
+                raise DataNotFound(f"{e}; {recorded_path_advice(self.start.run_dir, data_path_cut(self.start))}") \
+                    from None
             raise
 
     def _read_best(self) -> dict | None:
