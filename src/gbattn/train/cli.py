@@ -27,8 +27,9 @@ def register(sub) -> None:
     compiled = p.add_mutually_exclusive_group()  # both at once: an error, not the last one silently
     compiled.add_argument("--compile", dest="compile", action="store_true", default=None,
                           help="torch.compile the model (default off: on a CPU it saved at most about its own "
-                               "compile time over a CPU recipe's run; not measured on CUDA; README, 'Compiled vs "
-                               "eager')")
+                               "compile time over a CPU recipe's run; on one H200 a step ran 1.4-2.1x faster, paying "
+                               "for its compiling after 1,100-5,200 steps, measured for standard and GBA only; "
+                               "README, 'Compiled vs eager')")
     compiled.add_argument("--no-compile", dest="compile", action="store_false", help="never torch.compile")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--restart", action="store_true", help="discard the run in --out and start a new one in it")
