@@ -210,6 +210,13 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
     train(tmp_path / "one-epoch", *build_configs("paper-small", "standard", str(data), {**sets, "epochs": 1}))
     printed = capsys.readouterr().out
     assert "evaluation at the end (1 in all)" in printed and "every epoch" not in printed
+    assert "evaluates less often" not in printed  # (one evaluation: none is less often; it was advised)
+    # A fraction of an epoch is that many steps, a part of one counted whole: a float product a hair above a whole
+    # number (0.07 x 100 = 7.000000000000001) took a step more
+    from gbattn.train.trainer import steps_of_epochs
+
+    assert [steps_of_epochs(e, n) for e, n in ((0.07, 100), (1.1, 100), (0.55, 100), (8.3, 30), (0.5, 22),
+                                              (1.1, 22), (15, 2_100))] == [7, 110, 55, 249, 11, 25, 31_500]
     # An interval as long as the run or longer (the preset's 250 steps in a 20-step run): "at the end", where it
     # said "every 250 steps (1 in all)".
     del sets["epochs"]

@@ -1343,6 +1343,9 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
     nano = load_corpus(str(path), (0.9, 0.1, 0.0))  # nanoGPT's 90/10: test is the valid split
     assert corpus.notes == ["single file split by characters 0.90/0.05/0.05"]
     assert nano.notes == ["single file split by characters 0.90/0.10/0.00", NO_TEST_SPLIT]
+    # fractions that two decimals would misstate are written as given (0.004 read 0.00: a test split of none)
+    odd = load_corpus(str(path), (0.99, 0.006, 0.004))
+    assert odd.notes == ["single file split by characters 0.99/0.006/0.004"]
     # (imported as corpus_mod's: a test_* or tested_* name imported into a test file is collected as a test)
     assert (corpus_mod.tested_split(corpus.notes), corpus_mod.tested_split(nano.notes)) == ("test", "valid")
     assert corpus_mod.test_split_note(corpus.notes) == ""

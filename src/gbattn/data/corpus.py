@@ -278,7 +278,9 @@ def _single_file(path: Path, split: tuple[float, float, float], name: str | None
     a = int(n * split[0])
     b = a + int(n * split[1]) if split[2] > 0 else n
     parts = {"train": text[:a], "valid": text[a:b], "test": text[b:] if split[2] > 0 else text[a:b]}
-    notes = [f"single file split by characters {split[0]:.2f}/{split[1]:.2f}/{split[2]:.2f}"]
+    # each fraction as given (two decimals where they say it all: 0.006 was written 0.01, and 0.004 0.00, a test split
+    # of none while there was one)
+    notes = ["single file split by characters " + "/".join(f"{x:.2f}" if round(x, 2) == x else f"{x:g}" for x in split)]
     if split[2] == 0:
         notes.append(NO_TEST_SPLIT)
     # (a text with a line break other than a newline was cut into other lines before: its token cache is not reused)

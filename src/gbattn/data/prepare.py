@@ -70,7 +70,8 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
 def data_path_cut(run) -> bool:
     """Whether the corpus path a loaded run records was cut to its last part: an export's, or that of a run
     upcycled from an export (its ``extra`` names the source's weights as ``exported``)."""
-    extra = run.config.get("extra") if isinstance(run.config, dict) else None
+    config = getattr(run, "config", None)
+    extra = config.get("extra") if isinstance(config, dict) else None
     return run.checkpoint == "exported" or (isinstance(extra, dict) and extra.get("source_checkpoint") == "exported")
 
 

@@ -80,6 +80,12 @@ def learning_rate(step: int, cfg: TrainConfig, total_steps: int, warmup: int) ->
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
+def steps_of_epochs(epochs: float, steps_per_epoch: int) -> int:
+    """The steps of ``epochs`` epochs, a part of one counted whole; rounded first: 0.07 epochs of 100 steps is
+    7.000000000000001 in floats, which took an eighth step."""
+    return math.ceil(round(epochs * steps_per_epoch, 9))
+
+
 def longest_warmup(total_steps: int, from_zero: bool) -> int:
     """The longest warmup whose learning rate reaches its peak within a ``total_steps`` run: ``lr * (step + 1) / W``
     reaches it at step W - 1, ``lr * step / W`` (``warmup_from_zero``) only at step W, after the warmup."""
@@ -356,7 +362,7 @@ class Trainer:
                 advice = self._advice("train", len(train))
                 raise DataError(f"{self.data.split_of('train')} has {len(train):,} tokens: fewer than one batch of "
                                 f"{cfg.batch_size} rows of {self.seq_len + 1} tokens; {advice}")
-            self.total_steps = cfg.max_steps or math.ceil(cfg.epochs * self.steps_per_epoch)
+            self.total_steps = cfg.max_steps or steps_of_epochs(cfg.epochs, self.steps_per_epoch)
         else:
             if len(train) <= self.seq_len + 1:
                 raise DataError(  # no window ends at the last token (random_windows): one row and one token more
@@ -554,7 +560,8 @@ class Trainer:
         lines.append(f"{steps}{epochs} of {cfg.batch_size} x {self.seq_len} tokens, lr {cfg.lr:g} (warmup "
                      f"{self.warmup:,}, then {decay}), evaluation {' and '.join(evals) or 'at the end'} "
                      f"({n_evals:,} in all), {self.device.type}{self._execution_text()}")
-        if self.steps_per_epoch and self.steps_per_epoch < FREQUENT_EVAL_STEPS and not cfg.eval_every:
+        # (with one evaluation, none is less often: the hint was given for a run of one epoch or less too)
+        if self.steps_per_epoch and self.steps_per_epoch < FREQUENT_EVAL_STEPS and not cfg.eval_every and n_evals > 1:
             lines[-1] += "; --set eval_every=N evaluates less often"
         return lines
 
