@@ -2666,6 +2666,9 @@ def test_lm_eval_results_name_paths_relative_to_the_model_directorys_parent(tmp_
     assert portable({"model": str(spaced), "via": str(tmp_path / "link" / "x.json"), "text": "/ not a path",
                      "deep": str(tmp_path / "link" / "sub" / "x.json")},
                     [spaced]) == {"model": "gba", "via": "gba/x.json", "text": "/ not a path", "deep": "gba/sub/x.json"}
+    # "/" and a top-level folder name no machine's files: a task's answer "/" was written "." (both files)
+    answers = {"doc_to_choice": ["+", "/", "/usr", "/tmp"]}
+    assert portable(answers, [spaced]) == answers and portable(answers, [spaced], existing_only=True) == answers
     # a generate_until task's stop sequences are text: "/" and "/end" were written "." and "end"
     config = {"generation_kwargs": {"until": ["/", "/end", str(spaced)], "max_gen_toks": 8}}
     assert portable(config, [spaced]) == config and portable(config, [spaced], existing_only=True) == config
@@ -2789,6 +2792,9 @@ def test_lm_eval_results_file_names_and_contents(tmp_path):
     assert results_stem(["hellaswag", "my/task x"], None, None) == "hellaswag+my_task_x"
     assert results_stem(["piqa"], 100.0, 5) == "piqa-limit100-5shot"
     assert results_stem(["piqa"], 0.5, 0) == "piqa-limit0.5-0shot"
+    # the limit exactly as given (":g" kept 6 digits: 1234567 and 1234568 shared one file, named for neither)
+    assert [results_stem(["t"], limit, None) for limit in (1234567.0, 1234568.0, 0.1234567)] == [
+        "t-limit1234567", "t-limit1234568", "t-limit0.1234567"]
     assert results_stem(["arc-easy", "a+b.c"], None, None) == "arc-easy+a+b.c"  # already safe: kept
     # --checkpoint last has its own results file (it replaced the best weights'); best, the default, has none
     assert results_stem(["piqa"], 100.0, 5, "last") == "piqa-limit100-5shot-last"
@@ -2874,6 +2880,12 @@ def test_lm_eval_refuses_file_names_too_long_for_the_file_system_before_it_evalu
         assert code == 2 and err.count("\n") == 1 and "longer than the 255 a file name may have" in err, err
     assert len(calls) == 1  # nothing evaluated
     assert cli_main(["lm-eval", str(model), "--tasks", task + "x", "--output", str(tmp_path / "r.json")]) == 0
+    assert len(calls) == 2
+    # two tasks whose samples files would have one name (toy/mc and toy_mc): the second's replaced the first's
+    code, _, err = run_cli(capsys, ["lm-eval", model, "--tasks", "toy/mc,toy_mc", "--log-samples"])
+    assert (code, err) == (2, "gbattn: error: --log-samples: tasks toy/mc, toy_mc would write one samples file, "
+                              "samples-toy_mc-toy_mc+toy_mc.jsonl; evaluate them in separate calls (or with separate "
+                              "--output names)\n")
     assert len(calls) == 2
 
 

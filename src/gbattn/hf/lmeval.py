@@ -355,8 +355,8 @@ def results_stem(tasks: list[str], limit: float | None, num_fewshot: int | None,
     """``hellaswag+piqa[-limit100][-5shot][-last]``, safe as a file name: ``--checkpoint last`` has its own (it
     replaced the best weights' results file); ``best``, the default, none."""
     stem = "+".join(map(file_name_part, tasks))
-    if limit is not None:
-        stem += f"-limit{limit:g}"
+    if limit is not None:  # exactly as given (":g" kept 6 digits: --limit 1234567 and 1234568 shared one file)
+        stem += f"-limit{int(limit) if float(limit).is_integer() else repr(float(limit))}"
     if num_fewshot is not None:
         stem += f"-{num_fewshot}shot"
     if checkpoint == "last":
@@ -365,10 +365,11 @@ def results_stem(tasks: list[str], limit: float | None, num_fewshot: int | None,
 
 
 def is_machine_path(text: str) -> bool:
-    """An absolute path of one line: without whitespace, or (``/home/A User/...``) one that exists.
-    Document text that merely starts with ``/`` is neither."""
-    return os.path.isabs(text) and "\n" not in text and (
-        not any(c.isspace() for c in text) or os.path.exists(text))
+    """An absolute path of one line and two parts or more: without whitespace, or (``/home/A User/...``) one that
+    exists. Document text that merely starts with ``/`` is neither, and neither is ``/`` or ``/usr`` (a task's answer
+    "/" was written "."; a top-level folder names no machine's files)."""
+    return (os.path.isabs(text) and "\n" not in text and len(Path(text).parts) > 2
+            and (not any(c.isspace() for c in text) or os.path.exists(text)))
 
 
 def portable(obj, roots: list[Path], existing_only: bool = False):
@@ -402,8 +403,14 @@ def samples_path(out: Path, task: str) -> Path:
 def check_file_names(out: Path, tasks: list[str], log_samples: bool) -> None:
     """A results file, or with ``--log-samples`` a task's samples file, whose name with atomic_write's temporary
     suffix is longer than a file system takes is refused before the evaluation: it failed after it, the results (or
-    the samples) lost. (A group's subtasks, known only once it runs, can name longer samples files.)"""
+    the samples) lost; so are two tasks whose samples files would have one name. (A group's subtasks, known only
+    once it runs, can name longer samples files.)"""
     names = [out.name] + [samples_path(out, task).name for task in tasks if log_samples]
+    same = next((name for name in names[1:] if names[1:].count(name) > 1), None)
+    if same is not None:  # (toy/mc and toy_mc: the second's samples replaced the first's, both named written)
+        clashing = [task for task in tasks if samples_path(out, task).name == same]
+        raise UserError(f"--log-samples: tasks {', '.join(clashing)} would write one samples file, {same}; evaluate "
+                        f"them in separate calls (or with separate --output names)")
     longest = max(names, key=lambda name: len(os.fsencode(name)))
     if len(os.fsencode(longest + building_suffix())) > NAME_MAX:
         raise UserError(f"lm-eval would write {longest[:40]}... ({len(os.fsencode(longest)):,} bytes, and "
