@@ -54,7 +54,7 @@ if [ "${TINY:-0}" = 1 ]; then
   DEVICE=cpu
   BENCH=(--preset cpu-char --attn standard boosted --repeats 1 --steps 1 --decode 4 --batch 2 --compile off --quiet)
   OWT=(--preset cpu-char --attn standard boosted --repeats 1 --steps 1 --decode 4 --batch 2 --quiet)
-  SMALL=(--data tiny-shakespeare --set tokenizer=char --set d_model=32 --set max_steps=4 --set epochs=1
+  SMALL=(--data tiny-shakespeare --set tokenizer=char --set d_model=32 --set max_steps=4
          --set eval_every=2 --set train_tokens=null --set eval_tokens=null --set batch_size=4 --threads 2)
   SMOKE=(--data tiny-shakespeare --set tokenizer=char --set d_model=32 --set train_tokens=null
          --set eval_tokens=2048 --set batch_size=4 --threads 2)
