@@ -41,7 +41,7 @@ from gbattn.model.params import count_params, flops_per_token, param_matched_wid
 from gbattn.parent_death import stop_with_parent
 from gbattn.progress import Progress
 from gbattn.runtime import command_line, default_threads, launched_processes, resolve_device
-from gbattn.train.trainer import EARLIER_WARMUP_FIT_LIMIT, fitted_warmup, shortened_warmup, train
+from gbattn.train.trainer import fitted_by_the_earlier_rule, fitted_warmup, train
 from gbattn.upcycle import upcycle, write_run
 
 
@@ -126,8 +126,7 @@ def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = Non
     steps, used = config.get("steps"), config.get("warmup_steps")
     asked = fitted_warmup(train_cfg, steps)[0] if steps is not None and used is not None else used
     if not differ and asked != used:
-        earlier_rule = (train_cfg.fit_warmup and EARLIER_WARMUP_FIT_LIMIT * steps < asked <= steps
-                        and used == shortened_warmup(steps))
+        earlier_rule = fitted_by_the_earlier_rule(train_cfg, steps, used)
         differ.append(f"the warmup over its {steps:,} steps: recorded {used:,}, asked {asked:,} "
                       f"(fit_warmup={train_cfg.fit_warmup}"
                       + ("; gbattn before 2026-12-04 shortened a default warmup over half the run to a tenth of it, "

@@ -98,6 +98,13 @@ def shortened_warmup(total_steps: int, from_zero: bool = False) -> int:
     return min(max(1, round(WARMUP_FIT_TO * total_steps)), longest_warmup(total_steps, from_zero))
 
 
+def fitted_by_the_earlier_rule(cfg: TrainConfig, total_steps: int, recorded: int) -> bool:
+    """Whether ``recorded`` is the warmup gbattn before 2026-12-04 fitted ``cfg``'s to over a ``total_steps`` run (a
+    default warmup over half the run, shortened to a tenth of it): what such a run records and resumes with."""
+    return (cfg.fit_warmup and cfg.warmup_steps > EARLIER_WARMUP_FIT_LIMIT * total_steps
+            and recorded == shortened_warmup(total_steps))
+
+
 def fitted_warmup(cfg: TrainConfig, total_steps: int) -> tuple[int, str | None]:
     """The warmup this run uses, and a one-line note when it differs from the config's or is suspect."""
     w = cfg.warmup_steps
@@ -159,12 +166,9 @@ def compile_switch(model_cfg, recorded: TrainConfig, resumed: TrainConfig) -> st
     if now and recorded.activation_checkpointing != resumed.activation_checkpointing:
         # (eager, recomputing a block draws its masks again, the same; compiled, Twicing's graph break fell back to
         # eager masks inside a recomputed block: another run from the first step)
-        def said(value: bool) -> str:
-            return str(value).lower()
-
-        return (f"--set activation_checkpointing={said(resumed.activation_checkpointing)} (recorded: "
-                f"{said(recorded.activation_checkpointing)}; a compiled run with dropout can draw other masks with "
-                f"its blocks recomputed)")
+        return (f"--set activation_checkpointing={str(resumed.activation_checkpointing).lower()} (recorded: "
+                f"{str(recorded.activation_checkpointing).lower()}; a compiled run with dropout can draw other masks "
+                f"with its blocks recomputed)")
     return None
 
 
@@ -382,9 +386,8 @@ class Trainer:
             # A resumed run keeps the warmup it started with: one fitted by an earlier gbattn's rule (a default
             # warmup over half the run) would otherwise change its schedule midway. Any other (config.json edited
             # by hand) was used silently, the resume still said exact.
-            earlier_rule = (cfg.fit_warmup and cfg.warmup_steps > EARLIER_WARMUP_FIT_LIMIT * self.total_steps
-                            and recorded_warmup == shortened_warmup(self.total_steps))
-            if recorded_warmup != cfg.warmup_steps and not earlier_rule:
+            if recorded_warmup != cfg.warmup_steps and not fitted_by_the_earlier_rule(cfg, self.total_steps,
+                                                                                       recorded_warmup):
                 raise CheckpointError(
                     f"{self.run_dir / rundir.CONFIG}: warmup_steps={recorded_warmup:,} is not a warmup gbattn wrote "
                     f"for this run (its warmup_steps={cfg.warmup_steps:,} over {self.total_steps:,} steps gives "
