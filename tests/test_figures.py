@@ -188,6 +188,16 @@ def write_run(compare_dir, label: str, seed: int, events: bool = True) -> None:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
 
 
+def paired_runs(compare_dir: Path) -> Path:
+    """A comparison folder with standard's and gba-m2's seed-42 runs, each evaluated at step 2 (--gap pairs them)."""
+    compare_dir.mkdir()
+    for label in ("standard", "gba-m2"):
+        write_run(compare_dir, label, 42)
+        with open(compare_dir / label / "seed42" / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"event": "eval", "step": 2, "tokens": 200, "valid_loss": 3.9}) + "\n")
+    return compare_dir
+
+
 def test_plot_names_the_runs_whose_curves_are_missing(tmp_path, capsys):
     compare_dir = tmp_path / "copied"
     compare_dir.mkdir()
@@ -1326,12 +1336,7 @@ def test_plot_refuses_a_results_json_with_a_number_too_large_for_a_float(tmp_pat
     """A 400-digit integer is a JSON number but no float: as a perplexity or a published value the chart's
     mean, and as the parameters --gap's tokens per parameter, were an OverflowError traceback (exit 1); as the train
     tokens of a model another continues (added to its curves' tokens) it is not added."""
-    compare_dir = tmp_path / "cmp"
-    compare_dir.mkdir()
-    for label in ("standard", "gba-m2"):
-        write_run(compare_dir, label, 42)
-        with open(compare_dir / label / "seed42" / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"event": "eval", "step": 2, "tokens": 200, "valid_loss": 3.9}) + "\n")
+    compare_dir = paired_runs(tmp_path / "cmp")
     huge, row = 10**400, model_row("standard", {"42": 100.0})
     for damaged, expected in (({**row, "test_ppl": {"42": huge}}, "test_ppl must map seeds to numbers"),
                               ({**row, "published": [huge, None]}, "must be [mean, std] (numbers or null)"),
@@ -1355,12 +1360,7 @@ def test_plot_refuses_a_results_json_with_values_gbattn_never_writes(tmp_path, c
     file and the field, exit 2; a
     validation loss above 50 nats (a diverged seed's, which gbattn writes) is taken, and a metrics line with a loss
     gbattn never writes is skipped like any damaged one."""
-    compare_dir = tmp_path / "cmp"
-    compare_dir.mkdir()
-    for label in ("standard", "gba-m2"):
-        write_run(compare_dir, label, 42)
-        with open(compare_dir / label / "seed42" / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"event": "eval", "step": 2, "tokens": 200, "valid_loss": 3.9}) + "\n")
+    compare_dir = paired_runs(tmp_path / "cmp")
     row = model_row("standard", {"42": 100.0})
     ppl = "must be perplexities (numbers above 0 and at most e^50; gbattn writes null from a loss of 50 nats)"
     published = ("must be [mean, std] of a perplexity: a mean above 0 and a std from 0, both finite and at most e^50 "
