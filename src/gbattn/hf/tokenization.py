@@ -81,14 +81,13 @@ def leading_specials_only(processor: dict | None) -> dict | None:
     kind = processor.get("type")
     if kind == "Sequence":
         return {**processor, "processors": [leading_specials_only(p) for p in processor.get("processors", [])]}
-    if kind in ("BertProcessing", "RobertaProcessing"):
+    if kind in ("BertProcessing", "RobertaProcessing"):  # [CLS] $A [SEP] ([SEP] [SEP] between a pair's for RoBERTa)
         (sep, sep_id), (cls, cls_id) = processor["sep"], processor["cls"]
-        between = [sep] * (2 if kind == "RobertaProcessing" else 1)
-        processor = {"type": "TemplateProcessing", "single": [cls, "$A", sep], "pair": [cls, "$A", *between, "$B:1"],
+        between = [_special(sep, 0)] * (2 if kind == "RobertaProcessing" else 1)
+        processor = {"type": "TemplateProcessing", "single": [_special(cls, 0), _sequence("A", 0)],
+                     "pair": [_special(cls, 0), _sequence("A", 0), *between, _sequence("B", 1)],
                      "special_tokens": {t: {"id": t, "ids": [i], "tokens": [t]} for t, i in ((cls, cls_id),
                                                                                              (sep, sep_id))}}
-        processor = {**processor, **{key: [_template_item(item) for item in processor[key]]
-                                     for key in ("single", "pair")}}
     if processor.get("type") != "TemplateProcessing":
         return processor
     trimmed = dict(processor)
@@ -99,12 +98,14 @@ def leading_specials_only(processor: dict | None) -> dict | None:
     return trimmed
 
 
-def _template_item(text: str) -> dict:
-    """One item of a template in its JSON form: ``$A`` / ``$B:1`` a sequence, anything else a special token."""
-    name, _, type_id = text.partition(":")
-    if name.startswith("$"):
-        return {"Sequence": {"id": name[1:], "type_id": int(type_id or 0)}}
-    return {"SpecialToken": {"id": name, "type_id": int(type_id or 0)}}
+def _special(token: str, type_id: int) -> dict:
+    """A template's special token, in its JSON form."""
+    return {"SpecialToken": {"id": token, "type_id": type_id}}
+
+
+def _sequence(name: str, type_id: int) -> dict:
+    """A template's text (``A``, or a pair's ``B``), in its JSON form."""
+    return {"Sequence": {"id": name, "type_id": type_id}}
 
 
 def special_tokens(tok: Tokenizer, vocab: dict[str, int], special: set[str]) -> dict[str, str]:
