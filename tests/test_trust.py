@@ -793,6 +793,23 @@ def test_an_output_file_named_as_any_file_gbattn_reads_in_a_model_directory_is_r
     rundir.check_output_file(export / "losses.npy", "--per-token")  # another name there is fine
 
 
+def test_an_output_file_never_replaces_a_report_gbattn_wrote(tmp_path):
+    """--per-token COMPARISON/results.json replaced a comparison's report with losses, silently (the run evaluated
+    sits in that comparison, one folder down): an existing report of each kind is refused; a new file of such a name,
+    or an existing file of another name, is fine."""
+    folder = tmp_path / "comparison"
+    folder.mkdir()
+    for name in rundir.REPORT_FILES:
+        rundir.check_output_file(folder / name, "--per-token")  # none there yet
+        (folder / name).write_text("{}")
+        with pytest.raises(UserError, match=f"^--per-token {re.escape(str(folder / name))} would replace a report "
+                                            r"gbattn writes \(compare, denoise, bench, analyze\): write it elsewhere$"):
+            rundir.check_output_file(folder / name, "--per-token")
+    (folder / "losses.txt").write_text("1.0")
+    rundir.check_output_file(folder / "losses.txt", "--per-token")
+    assert set(rundir.REPORT_FILES) >= {"results.json", "results.md", "recipe.json", "bench.json", "bench.md"}
+
+
 def test_eval_per_token_never_writes_over_the_data_it_reads(trained, tmp_path, capsys, monkeypatch):
     """--per-token naming a corpus file replaced it with losses, silently; a new file in the corpus folder can change
     which files its splits are read from: both refused (a copy of the run's data, passed by --data)."""

@@ -84,6 +84,7 @@ ANALYSIS_SUMMARY = "summary.json"
 ANALYSIS_FIGURES = ("gates", "entropy", "norms", "loss_diff", "examples")  # what `analyze` may draw there
 LM_EVAL_DIR = "lm-eval"  # `gbattn lm-eval MODEL`'s default folder: results-*.json and samples-*.jsonl
 OWN_FILES = (*RUN_FILES, LOCK, SAFETENSORS, EXPORTED_TOKENIZER)  # every file gbattn reads in a run or exported dir
+REPORT_FILES = ("results.json", "results.md", "recipe.json", "bench.json", "bench.md", ANALYSIS_SUMMARY)  # its reports
 
 
 # --------------------------------------------------------------------------------------
@@ -253,7 +254,8 @@ def check_output_file(path: str | Path, what: str) -> None:
     """An output file (``eval --per-token``, ``lm-eval --output``) is writable
     (:func:`gbattn.files.check_writable_file`) and never replaces a file of a model directory (a run,
     an export, a transformers checkpoint: the one evaluated or any other): its weights, configs or
-    tokenizer. A file of another name there, or of such a name elsewhere, is fine."""
+    tokenizer; nor an existing report of :data:`REPORT_FILES` (a comparison's results.json). A file of another name
+    there, or of such a name elsewhere, is fine."""
     check_writable_file(path, what)
     target = Path(path).resolve()
     folder = target.parent
@@ -261,6 +263,9 @@ def check_output_file(path: str | Path, what: str) -> None:
                   or target.name.endswith("config.json"))
     if model_file and any((folder / n).is_file() for n in (CONFIG, CHECKPOINT, BEST, SAFETENSORS, SAFETENSORS_INDEX)):
         raise UserError(f"{what} {path} is a file of the model directory {folder}: write it elsewhere")
+    if target.name in REPORT_FILES and target.exists():
+        raise UserError(f"{what} {path} would replace a report gbattn writes (compare, denoise, bench, analyze): "
+                        "write it elsewhere")
 
 
 def discard_derived(directory: str | Path) -> list[str]:
