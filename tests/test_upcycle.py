@@ -1113,6 +1113,21 @@ def test_options_are_refused_before_the_source_is_read(gbattn_dir, tmp_path, cap
             upcycle(gbattn_dir, "boosted", options)
 
 
+def test_options_are_taken_in_every_spelling_train_takes():
+    """`upcycle --set attn_options.rounds=3` (or attn_options={...}) was refused as "not an attention option", while
+    `gbattn train` takes all three spellings of one option: each gives the same options now."""
+    from gbattn.config import parse_sets
+    from gbattn.upcycle import attn_options
+
+    want = {"rounds": 3, "kv_source": "input"}
+    for sets in (["attn.rounds=3", "attn.kv_source=input"], ["attn_options.rounds=3", "attn.kv_source=input"],
+                 ['attn_options={"rounds": 3, "kv_source": "input"}'],
+                 ['attn_options={"rounds": 3, "kv_source": "input"}', "attn.rounds=3"]):
+        assert attn_options(parse_sets(sets)) == want, sets
+    with pytest.raises(ConfigError, match="^--set attn_optionsx.rounds: upcycle keeps the source's block"):
+        attn_options(parse_sets(["attn_optionsx.rounds=3"]))
+
+
 def test_kv_source_shared_refuses_every_gate_but_tanh(gbattn_dir):
     """Only the tanh gate starts at exactly 0 (W_g = 0, b = 0: tanh(0) = 0); any other (a sigmoid's 0.5, a
     constant, g = 1) would add A_m V_0 to round 0's output from the start, changing the function."""

@@ -67,14 +67,19 @@ def cmd_upcycle(args) -> None:
 
 
 def attn_options(sets: dict[str, Any]) -> dict[str, Any]:
-    """The attention options of ``--set attn.KEY=VALUE``; any other field is refused (the block is the source's)."""
+    """The attention options of ``--set attn.KEY=VALUE`` (or ``attn_options.KEY=VALUE``, or ``attn_options={...}``,
+    as `gbattn train` takes them); any other field is refused (the block is the source's)."""
+    from gbattn.config import field_path, set_path
     from gbattn.errors import ConfigError
 
-    other = [k for k in sets if not k.startswith("attn.")]
+    other = [k for k in sets if field_path(k).split(".")[0] != "attn_options"]
     if other:
         raise ConfigError(f"--set {other[0]}: upcycle keeps the source's block and changes only the attention "
                           f"variant; give its options as attn.KEY=VALUE")
-    return {k[len("attn."):]: v for k, v in sets.items()}
+    d: dict[str, Any] = {}
+    for key, value in sets.items():
+        set_path(d, key, value)
+    return d.get("attn_options", {})
 
 
 @dataclass
