@@ -166,6 +166,20 @@ def test_curves_on_a_log_axis_have_plain_tick_labels():
     assert not [text for text in labels if "$" in text or "mathdefault" in text]
 
 
+def test_curves_give_every_model_its_own_colour():
+    """Colours were C0..C9 in turn: the eleventh model of a design study drew (and was listed) in the first's colour.
+    Twelve models, twelve colours, on the lines and in the legend alike."""
+    from matplotlib.colors import to_rgba
+
+    curves = {f"model-{i}": {"42": {"train": [(1_000, 3.0 - i / 10), (2_000, 2.9 - i / 10)],
+                                    "valid": [(2_000, 20.0 + i)]}} for i in range(12)}
+    fig = figures.curves_figure(curves)
+    line_colors = [to_rgba(line.get_color()) for line in fig.axes[0].get_lines()]
+    legend_colors = [to_rgba(h.get_color()) for h in fig.axes[1].get_legend().legend_handles]
+    assert len(set(line_colors)) == 12 and legend_colors == line_colors
+    assert [to_rgba(c) for c in figures.model_colors(3)] == [to_rgba(f"C{i}") for i in range(3)]  # the usual ten
+
+
 def test_curves_draw_a_run_that_logged_its_training_loss_once():
     """A short run (gbattn compare --set max_steps=4) logs one training loss: the panel showed nothing,
     a line through one point having no length; it is a dot now, and longer runs stay lines."""

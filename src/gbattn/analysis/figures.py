@@ -482,6 +482,16 @@ def results_figure(report: dict):
 LINESTYLES = ["-", "--", ":", "-.", (0, (6, 1.5)), (0, (1, 3)), (0, (4, 1.5, 1, 1.5, 1, 1.5)), (0, (10, 3, 3, 3))]
 
 
+def model_colors(n: int) -> list:
+    """One colour per model: matplotlib's ten for up to ten models, else ``n`` spread over a colour map (the ten came
+    round again, and the eleventh model's legend entry looked like the first's)."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    import matplotlib
+
+    return [matplotlib.colormaps["turbo"](0.05 + 0.9 * i / (n - 1)) for i in range(n)]
+
+
 def curves_figure(curves: dict, setting: str = "", unfinished: list[str] | None = None):
     """Training loss and validation perplexity against tokens seen, one line per run; ``setting`` (recipe,
     data, steps) goes under the title, and a footer names the ``unfinished`` runs drawn (not in results.json).
@@ -496,7 +506,7 @@ def curves_figure(curves: dict, setting: str = "", unfinished: list[str] | None 
         all_tokens = [t for runs in curves.values() for c in runs.values() for t, _ in c["train"] + c["valid"]]
         scale, xlabel = _tokens_axis(max(all_tokens, default=0))
         seeds = sorted({s for runs in curves.values() for s in runs}, key=seed_key)
-        colors = [f"C{i % 10}" for i in range(len(curves))]
+        colors = model_colors(len(curves))
         valid_values = []
         for color, (_label, runs) in zip(colors, curves.items()):
             for seed, c in runs.items():
