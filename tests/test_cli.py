@@ -289,7 +289,7 @@ def test_generate_and_eval_help_state_their_defaults(capsys):
 
     parser = build_parser()
     for command, options in (("generate", ("max_new_tokens", "temperature", "top_k", "num_samples")),
-                             ("eval", ("split", "batch_size")), ("bench", ("repeats", "steps")),
+                             ("eval", ("split",)), ("bench", ("repeats", "steps")),
                              ("analyze", ("max_rows", "batch_size", "top", "examples")), ("lm-eval", ("batch_size",)),
                              ("compare", ("jobs",))):
         argv = {"generate": [command, "RUN", "--prompt", "x"], "bench": [command],
@@ -603,6 +603,25 @@ def test_eval_scores_with_the_trainers_matmul_precision(tmp_path, monkeypatch, c
     assert main(["eval", str(tmp_path / "run"), "--device", "cpu", "--threads", "1"]) == 0
     capsys.readouterr()
     assert seen == [("train", "cpu"), ("eval", "cpu")]
+
+
+def test_eval_batches_rows_as_the_run_evaluated_unless_told(tmp_path, monkeypatch, capsys):
+    """`gbattn eval` batched 32 rows whatever the run's eval_batch_size (set smaller to fit a large model in memory,
+    it ran out there): it batches the run's eval_batch_size now, and --batch-size still wins."""
+    from gbattn.eval import perplexity
+    from gbattn.train import trainer
+    from helpers import tiny_configs, write_corpus
+
+    model_cfg, train_cfg = tiny_configs(write_corpus(tmp_path / "c"), "standard", max_steps=1, eval_batch_size=3,
+                                        device="cpu", threads=1)
+    trainer.train(tmp_path / "run", model_cfg, train_cfg, quiet=True)
+    batches, real = [], perplexity.evaluate
+    monkeypatch.setattr(perplexity, "evaluate", lambda model, tokens, seq_len, batch_size, *a, **kw: (
+        batches.append(batch_size), real(model, tokens, seq_len, batch_size, *a, **kw))[1])
+    for argv, want in (([], 3), (["--batch-size", "5"], 5)):
+        assert main(["eval", str(tmp_path / "run"), "--threads", "1", *argv]) == 0
+        capsys.readouterr()
+        assert batches[-1] == want
 
 
 def test_count_arguments_at_their_limits_and_empty_option_values(capsys):

@@ -21,7 +21,8 @@ def register(sub) -> None:
     p.add_argument("--per-token", metavar="FILE",
                    help="also write every token's loss (nats) to FILE: a numpy array for a .npy name, else text, "
                         "one loss per line (default: not written)")
-    p.add_argument("--batch-size", type=arguments.at_least(1), default=32, help="rows per batch (default %(default)s)")
+    p.add_argument("--batch-size", type=arguments.at_least(1), default=None,
+                   help="rows per batch (default: the run's eval_batch_size, as its trainer evaluated)")
     p.add_argument("--data", default=None,
                    help="the corpus (a name, file or directory) when it is not where the run recorded it, e.g. "
                         "for a run or export made on another machine (default: the run's --data)")
@@ -91,7 +92,8 @@ def cmd_eval(args) -> None:
                         f"{run.seq_len + 1}, so there is nothing to evaluate")
     bar = Progress(num_rows(tokens, run.seq_len), desc=f"eval {args.split}", unit="row")
     # The run's own precision (amp), as its trainer scored valid and test: result.json's number again.
-    res = evaluate(run.model, tokens, run.seq_len, args.batch_size, device, autocast(device, run.train_cfg.amp),
+    batch_size = args.batch_size or run.train_cfg.eval_batch_size
+    res = evaluate(run.model, tokens, run.seq_len, batch_size, device, autocast(device, run.train_cfg.amp),
                    per_token=bool(args.per_token), progress=bar.update)
     bar.close()
     out = {"run_dir": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint, "step": run.step,
