@@ -663,6 +663,27 @@ def test_generate_past_the_models_positions_is_refused_before_it_starts():
                        gpt.generate(torch.zeros(1, 1, dtype=torch.long), 24, temperature=0))
 
 
+def test_from_gpt_leaves_the_gpts_modules_as_they_were_and_its_own_cache_aside():
+    """from_gpt ended with train(gpt.training), which set every module of the caller's GPT: a block put in eval mode
+    trained with dropout again, silently. And with the GPT's own static cache set up (setup_cache, for its cached
+    decoding), the wrapper's forward with use_cache=False (or in training mode, as under Trainer) asked for input_pos,
+    which no transformers caller passes: the wrapper never reads that cache now, with use_cache on or off."""
+    gpt = GPT(tiny_config(("boosted", {})))
+    gpt.blocks[0].eval()
+    hf = GbattnForCausalLM.from_gpt(gpt)
+    assert hf.training and gpt.training and not gpt.blocks[0].training and not gpt.blocks[0].attn.training
+    assert gpt.blocks[1].training
+    gpt.eval()
+    idx = torch.randint(0, 37, (2, 6))
+    expected = gpt(idx)
+    gpt.setup_cache(2)
+    for use_cache in (True, False):
+        torch.testing.assert_close(hf(idx, use_cache=use_cache).logits, expected, rtol=0, atol=0)
+    hf.train()
+    assert hf(idx, labels=idx).loss.isfinite()
+    assert gpt.kv_cache is not None  # the GPT's own cache stays set up
+
+
 def test_forward_honours_every_argument_it_takes():
     """Arguments forward() takes are honoured or refused, never silently ignored: inputs_embeds,
     output_attentions, explicit position_ids beside a padding mask, logits_to_keep as indices, labels

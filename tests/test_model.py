@@ -773,6 +773,43 @@ def test_biases_off_in_every_variant(variant_case):
     assert all(".corrections." in n for n in names)
 
 
+def test_a_static_cache_written_under_inference_mode_or_with_autograd_decodes_on_and_deep_copies():
+    """StaticCache's buffers were made at their first write: a prefill under torch.inference_mode made inference
+    tensors, and the next decode under torch.no_grad was torch's "Inplace update to inference tensor outside
+    InferenceMode", for good. A prefill with autograd on left buffers holding a graph, and copy.deepcopy(model) was
+    "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol". Both decode on as the
+    full forward does; the copy holds the keys and values without their graph."""
+    import copy
+
+    model = tiny_model(("boosted", {"rounds": 2})).eval()
+    idx = torch.randint(0, 37, (1, 6))
+    full = model(idx)
+    model.setup_cache(1)
+    with torch.inference_mode():
+        model(idx[:, :5], input_pos=torch.arange(5))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx[:, 5:], input_pos=torch.tensor([5]))[:, 0], full[:, -1])
+    model.setup_cache(1)
+    model(idx[:, :5], input_pos=torch.arange(5))
+    assert model.kv_cache.layers[0].kv0_k.grad_fn is not None  # (what the copy is about)
+    copied = copy.deepcopy(model)
+    assert all(t.grad_fn is None for t in copied.kv_cache.layers[0].buffers())
+    for decoding in (model, copied):
+        torch.testing.assert_close(decoding(idx[:, 5:], input_pos=torch.tensor([5]))[:, 0], full[:, -1])
+
+
+def test_a_model_on_meta_computes_shapes_with_positions_and_a_cache():
+    """A model on the meta device computes shapes only (counting a decode step's FLOPs): with position_ids or a set
+    up cache it was "Cannot copy out of meta tensor" (the host-side position checks) and "unknown device type for
+    autocast" (the cache's dtype check)."""
+    with torch.device("meta"):
+        model = GPT(tiny_model(("boosted", {"rounds": 2})).cfg)
+        idx = torch.zeros(2, 5, dtype=torch.long)
+        assert model(idx, position_ids=torch.arange(5)).shape == (2, 5, 37)
+        model.setup_cache(2)
+        assert model(idx, input_pos=torch.arange(5)).shape == (2, 5, 37)
+
+
 @pytest.mark.parametrize("block", ["gpt2", "llama"])
 def test_a_cache_slot_past_the_block_is_a_clear_error(block):
     """input_pos reaching block_size (24 here) is refused with the block_size message, with or

@@ -346,9 +346,23 @@ class StaticLayerCache(nn.Module):
         if self.batch != rows:
             raise ValueError(f"a batch of {rows} rows written to a KV cache set up for {self.batch} (setup_cache)")
         if not hasattr(self, name):
-            empty = self.placement.new_zeros(rows, heads, self.max_len, width)
+            # (a normal tensor even when the first write runs under torch.inference_mode: an inference tensor could
+            # not be written outside it, and a prefill there broke every later decode under torch.no_grad)
+            outside = torch.inference_mode(False) if torch.is_inference_mode_enabled() else contextlib.nullcontext()
+            with outside:
+                empty = self.placement.new_zeros(rows, heads, self.max_len, width)
             self.register_buffer(name, empty, persistent=False)
         return getattr(self, name)
+
+    def __deepcopy__(self, memo: dict) -> StaticLayerCache:
+        """A copy whose buffers hold the keys and values without their autograd graph: written under grad mode, a
+        buffer is no graph leaf, which torch does not deep-copy (``copy.deepcopy(model)`` after a cached forward
+        raised)."""
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        buffers = {name: None if t is None else t.detach() for name, t in self._buffers.items()}
+        copied.__dict__.update(copy.deepcopy({**self.__dict__, "_buffers": buffers}, memo))
+        return copied
 
     def update(self, name: str, slots_T: Tensor, k_BGTE: Tensor | None, v_BGTF: Tensor) -> tuple[Tensor | None, Tensor]:
         slots_T = slots_T.long()  # (int32 slots pass the model's checks; index_copy_ takes int64 only)
@@ -434,7 +448,8 @@ class StaticCache(nn.Module):
         if placement.device != h_BTD.device:
             raise ValueError(f"a KV cache on {placement.device} for a model computing on {h_BTD.device}: call "
                              f"setup_cache without device= (the model's), or move the model with .to()")
-        autocast = torch.is_autocast_enabled(h_BTD.device.type)
+        # (a device without autocast, meta: "unknown device type for autocast")
+        autocast = torch.amp.is_autocast_available(h_BTD.device.type) and torch.is_autocast_enabled(h_BTD.device.type)
         if placement.dtype != h_BTD.dtype and not autocast:
             raise ValueError(f"a KV cache of dtype {placement.dtype} for a model computing in {h_BTD.dtype}: call "
                              f"setup_cache without dtype= (the model's), or convert the model with .to(dtype); another "

@@ -229,7 +229,10 @@ class GbattnPreTrainedModel(PreTrainedModel):
         with torch.device("meta"):
             model = cls(config)
         model.model = mark_initialised(gpt)
-        return model.train(gpt.training)
+        # The wrapper's own flag only: train() would set every module of the GPT too (a block the caller had put in
+        # eval mode trained with dropout again, silently).
+        model.training = gpt.training
+        return model
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -338,7 +341,7 @@ class GbattnPreTrainedModel(PreTrainedModel):
         layer_inputs = [] if output_hidden_states else None
         h_BTD, _ = self.model.hidden(input_ids, input_pos=input_pos, position_ids=position_ids,
                                      key_padding_mask=key_padding_BS, cache=cache, layer_inputs=layer_inputs,
-                                     token_embeds_BTD=inputs_embeds)
+                                     token_embeds_BTD=inputs_embeds, own_cache=False)
         return h_BTD, (*layer_inputs, h_BTD) if output_hidden_states else None, cache
 
     def _output(self, out, return_dict: bool | None):

@@ -286,12 +286,13 @@ class GPT(nn.Module):
     def hidden(self, idx_BT: Tensor | None, *, input_pos: Tensor | None = None, position_ids: Tensor | None = None,
                key_padding_mask: Tensor | None = None, cache=None, naive: bool = False,
                return_intermediates: bool = False, layer_inputs: list[Tensor] | None = None,
-               token_embeds_BTD: Tensor | None = None) -> tuple[Tensor, list[Record] | None]:
+               token_embeds_BTD: Tensor | None = None, own_cache: bool = True) -> tuple[Tensor, list[Record] | None]:
         """Final hidden states (after the final norm), (B, T, D), and the per-layer records. ``layer_inputs``: a
         list to which each block's input (B, T, D) is appended (the embedding's first; with Attention
         Residuals, the depth mixture its attention sublayer reads), as transformers' ``hidden_states``.
         ``token_embeds_BTD``: the tokens' embeddings in place of ``idx_BT`` (None), e.g. ``model.wte(idx_BT)`` or a
-        soft prompt; positions and dropout are added as for token ids (transformers' ``inputs_embeds``)."""
+        soft prompt; positions and dropout are added as for token ids (transformers' ``inputs_embeds``).
+        ``own_cache=False``: without ``cache``, no cache, not the model's own (:meth:`setup_cache`)."""
         if (idx_BT is None) == (token_embeds_BTD is None):
             raise ValueError("give token ids or token embeddings (token_embeds_BTD), one of the two")
         for what, ids in (("token ids", idx_BT), ("position_ids", position_ids), ("input_pos", input_pos)):
@@ -319,7 +320,7 @@ class GPT(nn.Module):
         if position_ids is not None and tuple(position_ids.shape) not in ((T,), (B, T), (1, T)):
             raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} for token ids of shape {(B, T)}: "
                              f"expected ({B}, {T}) or ({T},)")
-        cache = self.kv_cache if cache is None else cache
+        cache = self.kv_cache if cache is None and own_cache else cache
         S = cache.key_length(T) if cache is not None else T
         check_key_padding(key_padding_mask, B, S, given.device, whose)
         if input_pos is not None and tuple(input_pos.shape) != (T,):
@@ -348,7 +349,7 @@ class GPT(nn.Module):
             # have alone (as the Hugging Face wrapper gives them; they were 0..T-1, shifted by the padding).
             positions = torch.arange(T, device=given.device) if key_padding_mask is None else \
                 positions_of(key_padding_mask.bool())
-        if (input_pos is not None or position_ids is not None) and not _traced():
+        if (input_pos is not None or position_ids is not None) and not _traced() and not positions.is_meta:
             # (one host sync: skipped in compiled decoding)
             lowest, last = map(int, torch.stack(torch.aminmax(positions)).tolist())
             if position_ids is not None and last >= self.cfg.block_size:
