@@ -607,7 +607,8 @@ def test_eval_scores_with_the_trainers_matmul_precision(tmp_path, monkeypatch, c
 
 def test_eval_batches_rows_as_the_run_evaluated_unless_told(tmp_path, monkeypatch, capsys):
     """`gbattn eval` batched 32 rows whatever the run's eval_batch_size (set smaller to fit a large model in memory,
-    it ran out there): it batches the run's eval_batch_size now, and --batch-size still wins."""
+    it ran out there): it batches the run's eval_batch_size now, and --batch-size still wins; so does run.perplexity."""
+    from gbattn import load_run
     from gbattn.eval import perplexity
     from gbattn.train import trainer
     from helpers import tiny_configs, write_corpus
@@ -622,6 +623,13 @@ def test_eval_batches_rows_as_the_run_evaluated_unless_told(tmp_path, monkeypatc
         assert main(["eval", str(tmp_path / "run"), "--threads", "1", *argv]) == 0
         capsys.readouterr()
         assert batches[-1] == want
+    # run.perplexity(text), scored "as gbattn eval scores a split", batched 32 too
+    run = load_run(tmp_path / "run")
+    text = (tmp_path / "c" / "wiki.test.tokens").read_text()
+    run.perplexity(text)
+    assert batches[-1] == 3
+    run.perplexity(text, batch_size=5)
+    assert batches[-1] == 5
 
 
 def test_count_arguments_at_their_limits_and_empty_option_values(capsys):

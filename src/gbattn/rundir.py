@@ -737,13 +737,15 @@ class LoadedRun:
                                   top_k=top_k, stop=stop, **kwargs)[0].tolist()
         return stop.text(out, len(ids)) if stop is not None else self.tokenizer.decode(out)
 
-    def perplexity(self, text: str, batch_size: int = 32):
+    def perplexity(self, text: str, batch_size: int | None = None):
         """The model's perplexity on ``text`` (an :class:`gbattn.eval.perplexity.EvalResult`: ``.ppl``, ``.loss``
         in nats, ``.tokens`` predicted), scored as `gbattn eval` scores a split, in the run's precision:
         non-overlapping rows of ``seq_len + 1`` tokens, a remainder shorter than a row not scored; a text
         shorter than one row is scored as one row of its own length (README, "Using gbattn from Python"). The text's
         own tokens, as a split holds them: line by line, blank lines left out but with char (README, "Data"), and
-        not the start token a Llama tokenizer's post-processor puts before a prompt (:meth:`Tokenizer.encode_batch`)."""
+        not the start token a Llama tokenizer's post-processor puts before a prompt (:meth:`Tokenizer.encode_batch`).
+        ``batch_size``: rows per batch (default: the run's eval_batch_size, as `gbattn eval`; the batch's shape
+        changes the last bits of the loss)."""
         import numpy as np
 
         from gbattn.data.tokens import encoded_lines
@@ -760,8 +762,8 @@ class LoadedRun:
             raise UserError(f"the text encodes to {len(ids)} token{'s' * (len(ids) != 1)}: a perplexity needs at "
                             f"least 2 (one predicted from another)")
         device = next(self.model.parameters()).device
-        return evaluate(self.model, ids, min(self.seq_len, len(ids) - 1), batch_size, device,
-                        autocast(device, self.train_cfg.amp))
+        return evaluate(self.model, ids, min(self.seq_len, len(ids) - 1), batch_size or self.train_cfg.eval_batch_size,
+                        device, autocast(device, self.train_cfg.amp))
 
 
 WHICH = ("best", "last")
