@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -174,6 +175,12 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
         with pytest.raises(UserError, match=rf"^--set {key}: the recipe sets it per model"):
             run_compare("cpu-proxy", tmp_path / "b", data=str(data), sets={**sets, key: value}, only=["gba-m2"],
                         quiet=True)
+    # a depth the recipe's layer selection was not numbered for: gba-upper-half trained two middle layers of six
+    with pytest.raises(UserError, match=re.escape("--set n_layers: gba-upper-half gives attn.layers=[2, 3], layers "
+                                                  "numbered for the recipe's depth")):
+        run_compare("gba-design", tmp_path / "d", data=str(data), sets={**sets, "n_layers": 6}, only=["standard"],
+                    quiet=True)
+    assert not (tmp_path / "d").exists()
     with pytest.raises(UserError, match=r"^--set attn=\.\.\. would give every model of the recipe that one attention"):
         run_compare("cpu-proxy", tmp_path / "s", data=str(data), sets={**sets, "attn": "boosted"}, quiet=True)
     # --set split of a corpus that comes in splits (a folder) would be ignored: refused before anything is recorded

@@ -191,6 +191,14 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         if per_model:
             raise UserError(f"--set {', '.join(per_model)}: the recipe sets {'it' if len(per_model) == 1 else 'them'} "
                             f"per model, so the value would be overridden; train such a model with `gbattn train`")
+        # A model's layer selection numbers the recipe's layers: another depth would keep the numbers and the label
+        # ("gba-upper-half" was two middle layers of six, or an error about a model the user never named)
+        numbered = [spec for spec in recipe.models if "layers" in spec.attn_options]
+        if numbered and "n_layers" in map(field_path, sets):
+            spec = numbered[0]
+            raise UserError(f"--set n_layers: {spec.label} gives attn.layers={spec.attn_options['layers']}, layers "
+                            f"numbered for the recipe's depth, which its label describes; keep the depth, or train "
+                            f"such a model with `gbattn train`")
         if not seeds_given:  # no --seeds: the seeds the comparison holds (the recipe's for a new one)
             seeds = request["seeds"]
         in_all = (threads or default_threads()) if jobs > 1 else threads  # measured once: it can change between reads
