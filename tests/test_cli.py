@@ -571,6 +571,8 @@ def test_more_threads_than_cores_are_set_with_a_warning(monkeypatch, capsys):
         monkeypatch.setattr(runtime, "default_threads", lambda: 2)
         assert runtime.set_threads(2) == 2 and runtime.set_threads(None) == 2
         assert capsys.readouterr().err == ""
+        monkeypatch.setenv("RANK", "1")  # under torchrun the first process says it, once (each process said it)
+        assert runtime.set_threads(3) == 3 and capsys.readouterr().err == ""
     finally:
         torch.set_num_threads(before)
 

@@ -367,6 +367,41 @@ def test_a_killed_torchrun_leaves_no_process_training(tmp_path):
         err.read_text()[-3000:]  # each worker's line
 
 
+def test_sigterm_during_the_final_test_evaluation_of_a_torchrun_worker_says_how_to_continue(tmp_path):
+    """A torchrun worker keeps SIGTERM's default handler (cli leaves it, so processes never wait on each other when
+    torchrun terminates them); the training loop catches it, but a SIGTERM during the final test evaluation (torchrun
+    killed, a scheduler's stop) ended the worker silently, where one process says its checkpoint is saved and how to
+    continue. The real signal, sent to a process whose SIGTERM is the default, as a worker's is, in a process of its
+    own (the default handler would end this one)."""
+    data = write_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from helpers import tiny_configs
+        from gbattn.errors import Interrupted
+        from gbattn.train.trainer import Trainer, train
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        original = Trainer._evaluate
+        def evaluate(self, split):
+            if split == "test":
+                os.kill(os.getpid(), signal.SIGTERM)
+            return original(self, split)
+        Trainer._evaluate = evaluate
+        try:
+            train({str(run)!r}, *tiny_configs({str(data)!r}, attn="standard", max_steps=2, eval_every=2), quiet=True)
+        except Interrupted as e:
+            print(e, e.exit_code)
+        print("after:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    """)
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    assert done.stdout.splitlines() == [
+        f"terminated during the test evaluation after the last step; its checkpoint is saved in {run}: continue with "
+        f"`gbattn train --resume --out {run}` (it tests again) 143", "after: True"], done.stdout
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_torchrun_killed_while_its_workers_import_torch_leaves_none_waiting(tmp_path):
     """kill -9 of torchrun while its workers import torch: they asked for its death signal only on joining the

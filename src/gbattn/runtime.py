@@ -226,12 +226,18 @@ def default_threads() -> int:
     return max(1, free_cores() // (int(local) if local.isdigit() and int(local) > 0 else 1))
 
 
+def is_first_process() -> bool:
+    """Whether this is the process that reports (rank 0 under ``torchrun``; the only one without it),
+    known before the process group is joined."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def set_threads(threads: int | None) -> int:
     """Use ``threads`` CPU threads (None: :func:`default_threads`); returns the number set. More than the cores
     this process may use is done, with a warning: the threads beyond them take turns on the cores."""
     n = threads or default_threads()
     cores = core_count(usable_cpus())
-    if threads and threads > cores:
+    if threads and threads > cores and is_first_process():  # (under torchrun: said once, not by every process)
         print(f"warning: threads={threads} is more than the {cores} core{'s' * (cores != 1)} this process may use: "
               f"the threads beyond them take turns on the cores, which slows every step (README, \"Threads\")",
               file=sys.stderr)

@@ -101,7 +101,8 @@ def cmd_train(args) -> None:
     from gbattn.data.corpus import check_split_setting
     from gbattn.errors import UserError
     from gbattn.files import finite
-    from gbattn.train.distributed import is_first_process, shutdown_distributed
+    from gbattn.runtime import is_first_process
+    from gbattn.train.distributed import shutdown_distributed
     from gbattn.train.trainer import Trainer
 
     if args.resume and args.restart:
@@ -169,6 +170,7 @@ def _init_from_trainer(args, init_from: str, sets: dict):
     from gbattn.config import DROPOUT_FIELDS, build_configs, split_overrides
     from gbattn.errors import UserError
     from gbattn.files import portable_path
+    from gbattn.runtime import is_first_process
     from gbattn.train.trainer import Trainer
 
     if Path(init_from).resolve() == Path(args.out).resolve():  # --restart would delete the weights to start from
@@ -197,7 +199,8 @@ def _init_from_trainer(args, init_from: str, sets: dict):
                         f"{source_train.tokenizer}): leave out --tokenizer / --set tokenizer={tokenizer}")
     train_sets.setdefault("seq_len", source_train.seq_len)  # its windows (None: block_size - 1), not the preset's
     preset = source.get("preset") or "paper-small"
-    if source.get("preset") is None and not args.quiet:  # (README, "Upcycling a trained model"; it was silent)
+    # (README, "Upcycling a trained model"; it was silent; under torchrun, said once)
+    if source.get("preset") is None and not args.quiet and is_first_process():
         print(f"note: {init_from} records no preset: training with paper-small's recipe (lr, warmup, epochs, "
               f"batch); --set changes any of them", file=sys.stderr)
     _, train_cfg = build_configs(preset, model_cfg.attn, train_sets.pop("data", None) or source_train.data, train_sets,

@@ -105,12 +105,6 @@ class DistEnv:
         return model.no_sync()
 
 
-def is_first_process() -> bool:
-    """Whether this is the process that reports (rank 0 under ``torchrun``; the only one without it),
-    known before the process group is joined."""
-    return os.environ.get("RANK", "0") == "0"
-
-
 # What torchrun sets for each process it starts, besides WORLD_SIZE: joining the process group reads them.
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 

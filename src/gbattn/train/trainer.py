@@ -13,6 +13,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from gbattn.runtime import (
     all_rng_states,
     autocast,
     device_name,
+    is_first_process,
     resolve_device,
     restore_rng_states,
     set_threads,
@@ -45,7 +47,6 @@ from gbattn.train.distributed import (
     DistEnv,
     full_state,
     init_distributed,
-    is_first_process,
     load_full_state,
     wrap_model,
 )
@@ -215,6 +216,26 @@ class _StopFlag:
         for sig, old in self._old.items():
             if not (sig == signal.SIGTERM and repeats_come):
                 signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises :class:`Terminated` inside, where its handler is the default (a torchrun worker's: cli leaves
+    it), so a run stopped during its final test evaluation says, as in one process, that its checkpoint is saved and
+    how to continue; the default ended the worker silently there. Any other handler stays as it is."""
+    if not (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def same_corpus(data: str, saved: dict, train_cfg) -> bool:
@@ -816,7 +837,8 @@ class Trainer:
                     raise self._interrupted(self._stop_signal(stop), detail)
         self.bar.close()
         try:
-            result = self._finish()
+            with _sigterm_raises():
+                result = self._finish()
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (cli's Terminated): the last step's checkpoint is saved
             signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
             detail = (f"during the test evaluation after the last step; its checkpoint is saved in {self.run_dir}: "
