@@ -844,6 +844,26 @@ def test_stop_strings_spelled_in_more_tokens_than_characters_end_the_generation(
     assert max(decoded) == stop.window == 4
 
 
+def test_a_stop_text_that_is_not_utf8_is_refused_naming_its_byte_not_a_traceback(four_step_run, capsys):
+    """`gbattn generate RUN --stop $'\\xff'` (a byte of a shell argument in another encoding, which Python keeps as a
+    surrogate) was a UnicodeEncodeError traceback, exit 1, and run.generate(..., stop="\\ud800") the same: a
+    ValueError naming the byte from Python, and from the CLI one line, status 2, as --prompt $'\\xff' gives."""
+    import gbattn
+
+    byte = b"\xff".decode("utf-8", "surrogateescape")
+    for option in ("--prompt", "--stop"):
+        prompt, stop = (byte, "x") if option == "--prompt" else ("the cat", byte)
+        assert cli_main(["generate", str(four_step_run), "--prompt", prompt, "--max-new-tokens", "3", "--stop",
+                         stop]) == 2
+        assert capsys.readouterr().err == (f"gbattn: error: {option}: the text is not UTF-8: byte 0xff at character 0 "
+                                           f"(text typed or read in another encoding than UTF-8?)\n")
+    run = gbattn.load_run(four_step_run)
+    for stop, what in (("\ud800", r"a lone surrogate U\+D800 at character 0"), (["ok", "ok" + byte], "byte 0xff at "
+                                                                                                 "character 2")):
+        with pytest.raises(ValueError, match=f"^the text is not UTF-8: {what} "):
+            run.generate("the cat", 3, stop=stop)
+
+
 def test_generate_cli_stops_at_stop_text_and_prints_up_to_it(four_step_run, capsys):
     """--stop TEXT (repeatable): the greedy text is the unstopped one up to the first TEXT of its new text, the
     decoding ends at the token that completes it, and the summary says after how many tokens; the Python API's

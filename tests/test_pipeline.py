@@ -3714,11 +3714,14 @@ def test_encoding_anything_but_a_string_is_a_type_error_not_a_damaged_tokenizer(
         with pytest.raises(TypeError, match=f"encode takes a string, not a {type(given).__name__}$"):
             tok.encode(given)
     # text that is not UTF-8: a shell argument's byte 0xe9 (Latin-1 é) kept as a surrogate, or a lone surrogate; the
-    # HF tokenizer said "TextInputSequence must be str ... its tokenizer.json is damaged"
+    # HF tokenizer said "TextInputSequence must be str ... its tokenizer.json is damaged", and encode_batch (a corpus's
+    # lines, run.perplexity's text) still did
     for text, what in ((b"ab\xe9".decode("utf-8", "surrogateescape"), "byte 0xe9 at character 2"),
                        ("a\ud800", "a lone surrogate U\\+D800 at character 1")):
-        with pytest.raises(DataError, match=f"^the text is not UTF-8: {what} \\(a prompt typed in another encoding"):
-            tok.encode(text)
+        for encode in (tok.encode, lambda text: tok.encode_batch(["ab", text])):
+            with pytest.raises(DataError, match=f"^the text is not UTF-8: {what} \\(text typed or read in another "
+                                                f"encoding than UTF-8\\?\\)$"):
+                encode(text)
 
 
 def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_dropped(tmp_path):
@@ -3742,7 +3745,8 @@ def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_
         tok = get_tokenizer(f"hf={tmp_path / 'tokenizer.json'}", corpus)
         assert tok.unknown_id is None
         assert tok.decode(tok.encode("the fox")) == "the fox"  # text it has tokens for: unchanged
-        assert tok.encode("the\u200dfox\x07") == tok.encode("thefox")  # format and control characters pass (dropped)
+        with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['\\x07', '\\u200d'\]; "):
+            tok.encode("the\u200dfox\x07")  # control and format characters too: no normalizer removes them
         with pytest.raises(DataError, match=r"^.*t\.txt \(test split\): characters the tokenizer has no token for "
                                             r"\(and no unknown token\): \['ö', '狐'\]; "):
             tokenize_corpus(corpus, tok, progress=False)
@@ -3805,6 +3809,80 @@ def test_a_character_the_tokenizers_own_normalizer_removes_is_not_refused_as_lac
     assert len(tokenize_corpus(corpus, tok, progress=False)["train"]) > 0
     with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['狐'\]"):
         tok.encode("cafe\u0301 狐")
+
+
+def test_a_character_no_token_covers_is_refused_whatever_its_category_and_a_special_token_in_the_text_is_not():
+    """Text a tokenizer without an unknown token drops was judged a character at a time, control, format, private-use
+    and unassigned characters (Unicode's C categories) exempted: "the cat \\uf8ff sat" trained as "the cat sat"
+    without a word, where no normalizer removes them; a decomposed "e\\u0301" that an NFC normalizer composes into an
+    "é" without a token was dropped, as each character alone has a token; and a special token written in the text
+    ("<|endoftext|>" between documents) was refused as characters ['<', '>', 'x', '|'] that it encodes whole. Each
+    character of the text must now be covered by one of its tokens (whitespace, and what a normalizer removes, pass)."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, normalizers, pre_tokenizers, trainers
+
+    def trained(texts, normalizer=None, **options):
+        backend = Backend(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+        if normalizer is not None:
+            backend.normalizer = normalizer
+        backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=60, show_progress=False, **options))
+        return Tokenizer("hf", backend.to_str())
+
+    tok = trained(["the cat sat on the mat", "a dog ran far"], special_tokens=["<|endoftext|>"])
+    for c, named in (("\uf8ff", r"\\uf8ff"), ("\x07", r"\\x07"), ("\u0378", r"\\u0378"), ("Q", "Q")):
+        for encode in (tok.encode, lambda text: tok.encode_batch(["a dog", text])):
+            with pytest.raises(DataError, match=rf"^characters the tokenizer has no token for \(and no unknown "
+                                                rf"token\): \['{named}'\]; it would leave them out silently"):
+                encode(f"the cat {c} sat")
+    # inside a word, the tokens after the character dropped are placed as if it was not there: it is still the one named
+    with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['Q'\]; "):
+        tok.encode("the catQsat<|endoftext|>")
+    end_of_text = tok._hf.token_to_id("<|endoftext|>")
+    assert tok.encode("the cat<|endoftext|>a dog") == tok.encode("the cat") + [end_of_text] + tok.encode("a dog")
+    assert tok.encode_batch(["the cat<|endoftext|>a dog"]) == [tok.encode("the cat<|endoftext|>a dog")]
+    # composed by the normalizer into a character without a token: both characters are named
+    composing = trained(["the cafe sat", "a \u0301 mark"], normalizer=normalizers.NFC())
+    assert composing.decode(composing.encode("the cafe sat")) == "the cafe sat"
+    with pytest.raises(DataError, match="no token for \\(and no unknown token\\): \\['e', '\u0301'\\]; "):
+        composing.encode("the cafe\u0301 sat")
+    # a control character a normalizer removes (BERT's cleans text of them) still passes
+    cleaning = trained(["the cat sat"], normalizer=normalizers.BertNormalizer(lowercase=False))
+    assert cleaning.encode("the cat\x07 sat") == cleaning.encode("the cat sat")
+
+
+def test_a_byte_level_or_byte_fallback_tokenizer_lacking_some_bytes_tokens_is_scanned_for_text_it_drops():
+    """A byte-level tokenizer or one with byte fallback was never scanned for text it drops, as if it had a token for
+    every byte: a byte-level BPE trained without the whole byte alphabet (only its training text's bytes) encoded
+    "the CAT sat" to "the  sat", and one with byte_fallback but no <0xNN> tokens to "the sat", silently. Only one
+    with all 256 bytes' tokens is now left unscanned; a character some of whose bytes lack a token is named."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers, trainers
+
+    texts = ["the cat sat on the mat föx", "a dog ran far"]
+    byte_level = Backend(models.BPE())
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=60, show_progress=False))
+    tok = Tokenizer("hf", byte_level.to_str())
+    assert (tok.unknown_id, tok._may_drop_text) == (None, True)
+    assert tok.encode("the föx") == byte_level.encode("the föx").ids
+    # "é" shares its first byte with "ö": one of its bytes has a token, the other none
+    for text, named in (("the CAT sat", "'A', 'C', 'T'"), ("the fé", "'é'")):
+        with pytest.raises(DataError, match=rf"no token for \(and no unknown token\): \[{named}\]; "):
+            tok.encode(text)
+    for bytes_named in ([], [f"<0x{byte:02X}>" for byte in range(256)]):
+        fallback = Backend(models.BPE(byte_fallback=True))
+        fallback.pre_tokenizer = pre_tokenizers.Whitespace()
+        fallback.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=bytes_named,
+                                                                show_progress=False))
+        tok = Tokenizer("hf", fallback.to_str())
+        assert tok._may_drop_text == (not bytes_named)
+        if bytes_named:  # every byte has a token: "CAT" is three of them
+            assert tok.encode("the CAT") == [tok._hf.token_to_id(token) for token in ("the", "<0x43>", "<0x41>",
+                                                                                       "<0x54>")]
+        else:
+            with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['A', 'C', 'T'\]; "):
+                tok.encode("the CAT")
 
 
 def test_a_char_tokenizer_names_every_unknown_character_of_a_batch_not_the_first_lines_only(tmp_path):

@@ -21,7 +21,6 @@ import hashlib
 import json
 import operator
 import os
-import unicodedata
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
@@ -164,19 +163,13 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"encode takes a string, not a {type(text).__name__}" +
                             (" (decode bytes to text first)" if isinstance(text, (bytes, bytearray)) else ""))
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:  # a shell argument in another encoding: Python keeps its bytes as surrogates
-            code = ord(text[e.start])
-            what = (f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}")
-            raise DataError(f"the text is not UTF-8: {what} at character {e.start} (a prompt typed in another "
-                            f"encoding than UTF-8?)") from None  # (the tokenizers library's words blamed its file)
+        refuse_non_utf8(text)
         if self.kind == "char":
             self._refuse_unknown_characters([text])
             return [self.stoi[c] for c in text]
-        self._refuse_unencodable([text])
         with hf_failures_as_data_errors("encoding"):
             encoding = self._hf.encode(text)
+        self._refuse_dropped([text], [encoding])
         # the text's own tokens have a sequence id, those the post-processor added None; an empty text's are kept
         own = [i for i, sequence in enumerate(encoding.sequence_ids) if sequence is not None]
         return self._within_vocabulary([encoding.ids[: own[-1] + 1] if own else encoding.ids])[0]
@@ -184,12 +177,14 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Lines of a corpus: their tokens only. Unlike :meth:`encode` (a prompt), no special token
         the tokenizer's post-processor would add (a Llama tokenizer's start token before every line)."""
+        for text in texts:
+            refuse_non_utf8(text)
         if self.kind == "char":
             self._refuse_unknown_characters(texts)  # all the batch's, not the first line's only
             return [[self.stoi[c] for c in t] for t in texts]
-        self._refuse_unencodable(texts)
         with hf_failures_as_data_errors("encoding"):
             encodings = self._hf.encode_batch(texts, add_special_tokens=False)
+        self._refuse_dropped(texts, encodings)
         return self._within_vocabulary([e.ids for e in encodings])
 
     def _within_vocabulary(self, ids: list[list[int]]) -> list[list[int]]:
@@ -211,38 +206,88 @@ class Tokenizer:
             raise DataError(f"characters not in the tokenizer's vocabulary: {sorted(unknown)[:10]}")
 
     @functools.cached_property
-    def _may_drop_text(self) -> bool:
-        """Whether text can encode to fewer characters' tokens than it has: no unknown token, and neither byte-level
-        (GPT-2's, every byte a token) nor byte fallback, which encode any text (their text is not scanned)."""
-        if self.unknown_id is not None:
-            return False
-        saved = json.loads(self.payload)
-        byte_level = '"ByteLevel"' in json.dumps(saved.get("pre_tokenizer"))  # (alone, or in a Sequence)
-        return not byte_level and not (saved.get("model") or {}).get("byte_fallback")
+    def _byte_level(self) -> bool:
+        """Whether its pre-tokenizer is byte-level (GPT-2's), alone or in a Sequence: text split into bytes."""
+        return '"ByteLevel"' in json.dumps(json.loads(self.payload).get("pre_tokenizer"))
 
     @functools.cached_property
-    def _encodable(self) -> set[str]:
-        """The characters :meth:`_refuse_unencodable` has found to have tokens, grown as text is encoded."""
-        return set()
+    def _may_drop_text(self) -> bool:
+        """Whether text can encode to fewer characters' tokens than it has: no unknown token, and neither byte-level
+        nor byte fallback with a token for every byte (GPT-2's), which encode any text (their text is not scanned; one
+        lacking some bytes' tokens, a byte-level BPE trained without the whole byte alphabet, dropped text silently)."""
+        if self.unknown_id is not None:
+            return False
+        from tokenizers.pre_tokenizers import ByteLevel
 
-    def _refuse_unencodable(self, texts: list[str]) -> None:
-        """A DataError naming the characters of ``texts`` that an HF tokenizer without an unknown token encodes to
+        vocab = self._hf.get_vocab(with_added_tokens=True)
+        byte_fallback = (json.loads(self.payload).get("model") or {}).get("byte_fallback")
+        return not (self._byte_level and vocab.keys() >= set(ByteLevel.alphabet())
+                    or byte_fallback and vocab.keys() >= {f"<0x{byte:02X}>" for byte in range(256)})
+
+    @functools.cached_property
+    def _normalized_away(self) -> dict[str, bool]:
+        """Characters :meth:`_left_out` has found uncovered: whether the tokenizer's normalizer removes each."""
+        return {}
+
+    @functools.cached_property
+    def _bytes_lacking(self) -> dict[str, bool]:
+        """Characters :meth:`_refuse_dropped` has met in a byte-level tokenizer's text: whether one of their bytes has
+        no token (it is left out, the others kept: their tokens' offsets still cover the character)."""
+        return {}
+
+    def _left_out(self, text: str, encoding) -> set[str]:
+        """The characters of ``text`` that no token of its ``encoding`` covers (offsets count the text's own
+        characters), but whitespace and those the tokenizer's normalizer removes (a combining accent, where it strips
+        accents). Where a BPE model drops a character, the tokens after it in its word are placed as if it was not
+        there: the characters left uncovered end the word, and need not be the one dropped."""
+        uncovered, end = set(), 0  # end: where the tokens so far end (a sequence's come in the order of its text)
+        for start, stop in encoding.offsets:
+            if start > end and not text[end:start].isspace():
+                uncovered.update(text[end:start])
+            if stop > end:
+                end = stop
+        if not text[end:].isspace():
+            uncovered.update(text[end:])
+        normalizer = self._hf.normalizer
+        for c in uncovered - self._normalized_away.keys():
+            self._normalized_away[c] = normalizer is not None and not normalizer.normalize_str(c).strip()
+        return {c for c in uncovered if not c.isspace() and not self._normalized_away[c]}
+
+    def _refuse_dropped(self, texts: list[str], encodings) -> None:
+        """A DataError naming the characters of ``texts`` that an HF tokenizer without an unknown token encoded to
         nothing (a ``models.BPE()`` lacking them): the library drops them silently, and a run would train and score
-        a text with them cut out. Whitespace and control or format characters (which normalizers remove) pass, and so
-        do those the tokenizer's own normalizer removes (a combining accent, where it strips accents)."""
+        a text with them cut out. Text is judged by what its tokens cover (:meth:`_left_out`), not a character at a
+        time: a special token written in it (``<|endoftext|>``) is one token, and a decomposed accent that a
+        normalizer composes into a character without a token is dropped; a byte-level tokenizer's character is kept
+        where each of its bytes has a token. Named: the characters left out alone, else those left uncovered."""
         if not self._may_drop_text:
             return
-        new = set().union(*texts) - self._encodable
-        normalizer = self._hf.normalizer
+        missing = set()
         with hf_failures_as_data_errors("encoding"):
-            missing = sorted(c for c in new if not c.isspace() and unicodedata.category(c)[0] != "C"
-                             and (normalizer is None or normalizer.normalize_str(c).strip())
-                             and not self._hf.encode(c, add_special_tokens=False).ids)
+            if self._byte_level:
+                from tokenizers.pre_tokenizers import ByteLevel
+
+                vocab, chars = self._hf.get_vocab(with_added_tokens=True), set().union(*texts)
+                to_bytes = ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str
+                for c in chars - self._bytes_lacking.keys():
+                    self._bytes_lacking[c] = not all(byte in vocab for byte in to_bytes(c)[0][0])
+                missing.update(c for c in chars if self._bytes_lacking[c])
+            added = self._hf.get_added_tokens_decoder().keys()
+            for text, encoding in zip(texts, encodings):
+                uncovered = self._left_out(text, encoding)
+                if uncovered:  # the text outside the special tokens written in it, each of which is a token
+                    outside, end = [], 0
+                    for token, (start, stop) in zip(encoding.ids, encoding.offsets):
+                        if token in added and stop > start >= end:  # (not one a post-processor adds, at 0, 0)
+                            outside.append(text[end:start])
+                            end = stop
+                    alone = {c for c in set("".join(outside) + text[end:])
+                             if self._left_out(c, self._hf.encode(c, add_special_tokens=False))}
+                    missing.update(alone or uncovered)
         if missing:
-            raise DataError(f"characters the tokenizer has no token for (and no unknown token): {missing[:10]}; "
-                            f"it would leave them out silently: use a tokenizer.json with an unknown token or byte "
+            raise DataError(f"characters the tokenizer has no token for (and no unknown token): {sorted(missing)[:10]}"
+                            f"; it would leave them out silently: use a tokenizer.json with an unknown token or byte "
                             f"fallback, or take them out of the text")
-        self._encodable.update(new)
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Text of ``ids``; special tokens (``<pad>``, an end-of-text token) are left out unless ``skip_special``
@@ -320,6 +365,19 @@ class Tokenizer:
                                   f"; its config.json records {recorded}): a tokenizer file from another run? Put "
                                   f"back the run's own")
         return tok
+
+
+def refuse_non_utf8(text: str) -> None:
+    """A DataError naming the first character of ``text`` that is no UTF-8 text: a byte of a shell argument in another
+    encoding, which Python keeps as a surrogate, or a lone surrogate (the tokenizers library's refusal blamed its
+    tokenizer.json, and encoding a stop string was a UnicodeEncodeError)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        what = (f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}")
+        raise DataError(f"the text is not UTF-8: {what} at character {e.start} (text typed or read in another "
+                        f"encoding than UTF-8?)") from None
 
 
 def _fingerprint(kind: str, payload: str) -> str:

@@ -145,7 +145,10 @@ def cmd_generate(args) -> None:
               f"{'is' if unknown == 1 else 'are'} <unk> (text this tokenizer never saw in "
               f"training, or <unk> itself); the model reads them as <unk>, and the text shown has <unk> in their place",
               file=sys.stderr)
-    stop_at = StopStrings(run.tokenizer.decode, args.stop) if args.stop else None
+    try:
+        stop_at = StopStrings(run.tokenizer.decode, args.stop) if args.stop else None
+    except DataError as e:  # (text that is not UTF-8, named as --prompt's is)
+        raise DataError(f"--stop: {e}") from None
     idx = torch.tensor([ids] * args.num_samples, device=device)
     step, how = decoder_for(run.model, compile=False if args.no_cache else args.compile,
                             max_new_tokens=args.max_new_tokens, prompt_length=len(ids))

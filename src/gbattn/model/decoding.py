@@ -15,6 +15,7 @@ from torch import Tensor
 
 from gbattn.attention.core import check_mask_dtype, check_tensor, positions_of
 from gbattn.checks import MAX_INT, checked
+from gbattn.data.tokenizer import refuse_non_utf8
 
 
 def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None,
@@ -275,6 +276,8 @@ class StopStrings:
         strings = [strings] if isinstance(strings, str) else list(strings)
         if not strings or not all(isinstance(text, str) and text for text in strings):
             raise ValueError(f"stop strings {strings!r}: give one or more non-empty strings")
+        for text in strings:  # (a byte of a shell argument in another encoding was a UnicodeEncodeError traceback)
+            refuse_non_utf8(text)
         self.decode, self.strings = decode, strings
         # tokens of text: the longest string's UTF-8 bytes, and one more, whose text may start it (in characters, a
         # stop string a byte-level tokenizer spelled in more tokens than that never ended a generation)
