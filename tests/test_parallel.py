@@ -250,6 +250,32 @@ def test_compare_jobs_runs_at_most_jobs_at_once_and_names_each_failed_run(tmp_pa
     assert "note:" not in capsys.readouterr().err
 
 
+def test_compare_jobs_names_the_signal_that_killed_a_run_and_only_its_own_output(tmp_path, monkeypatch):
+    """A run of `compare --jobs 2` killed by SIGKILL (the OOM killer) after an earlier attempt stopped was reported
+    as `(exit -9: gbattn: error: terminated at step 85; ...)`: the earlier attempt's last line of train.log, which
+    every attempt appends to. Now the signal is named and the line is this attempt's own, "no output" where it wrote
+    none."""
+    from gbattn.experiments import compare as compare_mod
+
+    real, attempts = subprocess.Popen, iter([
+        "print('gbattn: error: terminated at step 85'); raise SystemExit(143)",  # the earlier invocation's attempt
+        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",  # killed before it wrote a line
+        "import os, signal; print('step 90', flush=True); os.kill(os.getpid(), signal.SIGKILL)",
+    ])
+    monkeypatch.setattr(compare_mod.subprocess, "Popen",
+                        lambda cmd, **kwargs: real([sys.executable, "-c", next(attempts)], **kwargs))
+    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
+                eval_tokens=None, warmup_steps=1)
+    data = str(write_corpus(tmp_path / "c"))
+    for reported in ("exit 143: gbattn: error: terminated at step 85", "killed by SIGKILL: no output",
+                     "killed by SIGKILL: step 90"):
+        with pytest.raises(UserError) as failed:
+            run_compare("cpu-proxy", tmp_path / "cmp", data=data, seeds=[1], sets=sets, only=["standard"], threads=2,
+                        jobs=2)
+        assert str(failed.value) == (f"1 run(s) failed: standard/seed1 ({reported}); rerun the same command to "
+                                     f"retry them")
+
+
 def test_compare_jobs_divides_the_free_cores_it_measured_once(tmp_path, monkeypatch, capsys):
     """Without --threads, the free cores are measured once (0.2 s of CPU use) and divided between the
     jobs: a second measurement, which on a busy machine can differ, no longer decides the note about

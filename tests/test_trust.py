@@ -4,6 +4,7 @@ line with exit status 2 for every bad input (a table of them, run through the CL
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import hashlib
@@ -13,6 +14,7 @@ import math
 import os
 import pickle
 import re
+import resource
 import shutil
 import signal
 import stat
@@ -717,6 +719,46 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, m
     with pytest.raises(UserError, match="No space left on device.*previous checkpoint.pt is kept"):
         rundir.save_checkpoint(big, path)
     monkeypatch.undo()
+    assert torch.equal(rundir.load_checkpoint(path)["model"]["w"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == [rundir.CHECKPOINT]
+
+
+def test_disk_full_while_writing_a_first_checkpoint_claims_no_previous_one(tmp_path, monkeypatch):
+    """A new run's first checkpoint on a full disk said "the previous checkpoint.pt is kept", where there was none;
+    now the line says what could not be written, and nothing more."""
+    path = tmp_path / rundir.CHECKPOINT
+    monkeypatch.setattr(files, "open", lambda name, mode: io.BufferedWriter(_FullDisk(name, "w")), raising=False)
+    with pytest.raises(UserError) as caught:
+        rundir.save_checkpoint({"model": {"w": torch.zeros(1 << 20)}}, path)
+    assert str(caught.value) == f"could not write {path} (No space left on device)"
+    assert list(tmp_path.iterdir()) == []
+
+
+@contextlib.contextmanager
+def _file_size_limit(nbytes: int):
+    """This process's files may grow to ``nbytes`` (`ulimit -f`): a write beyond fails with EFBIG (Python ignores
+    SIGXFSZ), as a file-size quota or a file over FAT's 4 GiB does."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_checkpoint_over_the_file_size_limit_is_one_line_naming_it(tmp_path):
+    """A checkpoint larger than a file may be (`ulimit -f`, a quota, FAT) was `gbattn: error: File too large`,
+    naming no file; now it is a full disk's line: the file, the reason, and the previous one kept (where there was
+    one)."""
+    path = tmp_path / rundir.CHECKPOINT
+    big = {"model": {"w": torch.zeros(1 << 20)}}  # 4 MB
+    with _file_size_limit(100_000), pytest.raises(UserError) as caught:
+        rundir.save_checkpoint(big, path)
+    assert str(caught.value) == f"could not write {path} (File too large)"
+    rundir.save_checkpoint({"model": {"w": torch.ones(2)}}, path)
+    with _file_size_limit(100_000), pytest.raises(UserError) as caught:
+        rundir.save_checkpoint(big, path)
+    assert str(caught.value) == f"could not write {path} (File too large); the previous checkpoint.pt is kept"
     assert torch.equal(rundir.load_checkpoint(path)["model"]["w"], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == [rundir.CHECKPOINT]
 
@@ -1659,6 +1701,20 @@ def test_a_full_disk_while_building_the_token_cache_is_one_line_and_leaves_nothi
     code_, _, err = run_cli(capsys, ["train", "--out", tmp_path / "run", "--data", write_corpus(tmp_path / "c"),
                                      "--tokenizer", "char", "--quiet", "--set", "max_steps=1"])
     assert "could not write the token cache under" in one_line(code_, err) and "GBATTN_CACHE" in err
+    assert list((tmp_path / "cache" / "tokens").iterdir()) == []
+
+
+def test_the_token_cache_over_the_file_size_limit_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """A token cache file over the file-size limit (`ulimit -f`, a quota; a full disk alike) printed numpy's own
+    words, `gbattn: error: 104077 requested and 10240 written` (its OSError holds no errno, so it was not told from
+    any other error); now the full disk's line naming the cache, and no half-written entry."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    data = write_corpus(tmp_path / "c")  # a train split of about 60 KB as char ids
+    with _file_size_limit(20_000):
+        code, _, err = run_cli(capsys, ["train", "--out", tmp_path / "run", "--data", data, "--tokenizer", "char",
+                                        "--quiet", "--set", "max_steps=1"])
+    assert one_line(code, err) == (f"gbattn: error: could not write the token cache under {tmp_path}/cache/tokens "
+                                   f"(File too large); free some space or set GBATTN_CACHE to another directory")
     assert list((tmp_path / "cache" / "tokens").iterdir()) == []
 
 
@@ -2678,7 +2734,7 @@ def test_json_writers_store_no_nan_and_jsonl_readers_keep_objects_only(tmp_path)
     assert files.read_jsonl(tmp_path / "none.jsonl") == files.read_jsonl(tmp_path) == []  # no file: no records
 
 
-@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG])
 def test_a_full_disk_quota_or_read_only_filesystem_is_one_line_and_keeps_the_file(tmp_path, monkeypatch, code):
     path = tmp_path / "results.json"
     path.write_text("old")
@@ -2708,6 +2764,21 @@ def test_atomic_write_leaves_no_temporary_file_on_an_interrupt_and_passes_other_
         monkeypatch.undo()
         assert caught.value is error
         assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_atomic_write_names_the_file_of_a_failed_write(tmp_path, monkeypatch, capsys):
+    """A write error other than a full disk (an I/O error from fsync) reached the CLI naming no file
+    (`gbattn: error: Input/output error`); now the error names the file it was writing."""
+    path = tmp_path / "results.json"
+
+    def failing_fsync(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(files.os, "fsync", failing_fsync)
+    monkeypatch.setattr("gbattn.cli.cmd_list", lambda args: files.atomic_write(path, "new"))
+    code, _, err = run_cli(capsys, ["list"])
+    assert one_line(code, err) == f"gbattn: error: {path}: Input/output error"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_atomic_write_never_writes_through_a_link_planted_at_its_temporary_name(tmp_path):

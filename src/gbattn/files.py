@@ -30,7 +30,9 @@ def error_detail(e: BaseException, limit: int = 80, with_type: bool = False) -> 
     return f"{type(e).__name__}: {text}" if with_type else text
 
 
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # write errors the user must fix: no space, quota, read-only
+# Write errors the user must fix: no space, a quota, a read-only file system, a file larger than the file system
+# (FAT's 4 GiB) or a file-size limit (`ulimit -f`) allows.
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
 def create_new(path: Path) -> int:
@@ -44,11 +46,14 @@ def create_new(path: Path) -> int:
 def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     """Write ``content`` (bytes, or text as UTF-8) to ``path`` through a temporary file in the same
     directory, then rename it into place and sync the directory. On any failure (a full disk, a kill)
-    the previous file stays and the temporary file is removed; a full disk is a one-line :class:`UserError`. Callers
-    serialize first (``torch.save`` into ``io.BytesIO``, see ``rundir.save_checkpoint``): a library
-    writing into the file itself could report the failed write as another exception."""
+    the previous file stays and the temporary file is removed; a full disk is a one-line :class:`UserError` (that
+    says the previous file is kept only where there was one), another failed write an :class:`OSError` naming
+    ``path`` (the CLI prints it). Callers serialize first (``torch.save`` into ``io.BytesIO``, see
+    ``rundir.save_checkpoint``): a library writing into the file itself could report the failed write as another
+    exception."""
     path = Path(path)
     tmp = path.with_name(path.name + building_suffix())  # whose it is: remove_abandoned removes it after a kill
+    existed = os.path.exists(path)  # never raises (a name too long is the write's error to report)
     try:
         with open(create_new(tmp), "wb") as f:
             f.write(content.encode("utf-8") if isinstance(content, str) else content)
@@ -59,7 +64,10 @@ def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.errno in FULL_DISK:
-            raise UserError(f"could not write {path} ({e.strerror}); the previous {path.name} is kept") from None
+            kept = f"; the previous {path.name} is kept" if existed else ""
+            raise UserError(f"could not write {path} ({e.strerror}){kept}") from None
+        if isinstance(e, OSError) and e.filename is None:  # a failed write or sync names no file of itself
+            e.filename = str(path)
         raise
 
 

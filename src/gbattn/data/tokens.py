@@ -54,7 +54,7 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
                 raise DataError(f"{corpus.name} ({split} split): {e}") from None
             if cap is not None:
                 ids = ids[: cap - n]
-            np.asarray(ids, dtype=dtype).tofile(f)
+            f.write(np.asarray(ids, dtype=dtype).tobytes())  # tofile's OSError of a full disk holds no errno
             n += len(ids)
             bar.update(len(ids))
             batch.clear()

@@ -262,7 +262,7 @@ class _Runner:
                 for key, proc in list(running.items()):
                     if proc.poll() is not None:
                         del running[key]
-                        self._collect(*key, proc.returncode, failed)
+                        self._collect(*key, proc, failed)
                 started = False
                 for spec, seed in list(todo):  # in training order; a compute-matched run waits for its reference
                     if len(running) >= self.jobs:
@@ -383,8 +383,10 @@ class _Runner:
             return None
         return start_run(run_dir, self.recipe.preset, model_cfg, train_cfg, extra, _neutral(train_cfg, self.sets))
 
-    def _collect(self, label: str, seed: int, returncode: int, failed: list[str]) -> None:
-        run_dir = self.out / label / f"seed{seed}"
+    def _collect(self, label: str, seed: int, proc: subprocess.Popen, failed: list[str]) -> None:
+        """A child (:func:`start_run`) ended: its result, or its failure in ``failed`` with its exit status (or the
+        signal that killed it) and the last line it wrote to train.log (which holds earlier attempts' lines too)."""
+        run_dir, returncode = self.out / label / f"seed{seed}", proc.returncode
         # Finished when its result.json reads back, whatever the exit status: a child sent Ctrl-C or SIGTERM
         # from outside during its last step writes it all the same, then exits 130 or 143.
         if (run_dir / rundir.RESULT).exists():
@@ -396,8 +398,11 @@ class _Runner:
             else:
                 self._finished(label, seed)
                 return
-        tail = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
-        failed.append(f"{label}/seed{seed} (exit {returncode}: {tail[0] if tail else 'no output'})")
+        with open(run_dir / "train.log", "rb") as log:
+            log.seek(proc.log_start)
+            tail = log.read().decode("utf-8", errors="replace").strip().splitlines()[-1:]
+        how = f"killed by {_signal_name(-returncode)}" if returncode < 0 else f"exit {returncode}"
+        failed.append(f"{label}/seed{seed} ({how}: {tail[0] if tail else 'no output'})")
 
     def _finished(self, label: str, seed: int) -> None:
         """A run finished: the report over every finished run (an invocation that is stopped now leaves
@@ -421,7 +426,8 @@ def start_run(run_dir: Path, preset: str | None, model_cfg, train_cfg: TrainConf
               neutral: dict) -> subprocess.Popen:
     """Train ``run_dir`` in a child process, `gbattn train --resume` with the result-neutral settings ``neutral``
     (threads, device, ...), writing its config.json first (a planned run) when it has none. The child logs to its
-    train.log and gets SIGTERM (checkpoints and stops) when this process dies."""
+    train.log and gets SIGTERM (checkpoints and stops) when this process dies; the process's ``log_start`` is the
+    size train.log had when it started (where its output begins: the log keeps every earlier attempt's)."""
     if not (run_dir / rundir.CONFIG).exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         rundir.write_config(run_dir, preset, model_cfg, train_cfg, extra, planned=True)
@@ -430,7 +436,18 @@ def start_run(run_dir: Path, preset: str | None, model_cfg, train_cfg: TrainConf
         if value is not None:  # (threads: a child of --jobs N always gets its share)
             cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
     with open_to_append(run_dir / "train.log") as log:  # the child keeps its own handle; never through a link
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        log_start = os.fstat(log.fileno()).st_size
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+    proc.log_start = log_start
+    return proc
+
+
+def _signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9: the name of the signal that ended a child (its negative return code), else "signal N"."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _neutral(train_cfg: TrainConfig, sets: dict) -> dict:
