@@ -501,6 +501,18 @@ def test_only_a_matched_model_says_what_it_needs_and_seeds_count_once(tmp_path):
     assert "rerun the same command" not in str(e.value)  # it would stop the same way: --only must name gba-m2
     # Once gba-m2's run is finished here, --only compute-matched trains, matched to that run read from disk
     run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets, only=["gba-m2"], quiet=True)
+    # ... whose training FLOPs must be its FLOPs per token times its tokens: a hand-edited 0 or 1e30 set the matched
+    # run's steps to 0 or 10^23, refused in words about a max_steps nobody gave
+    result_path = tmp_path / "cmp" / "gba-m2" / "seed1" / rundir.RESULT
+    recorded = result_path.read_text()
+    for flops in (0.0, 1e30):
+        result_path.write_text(json.dumps({**json.loads(recorded), "train_flops": flops}))
+        with pytest.raises(rundir.CheckpointError, match=re.escape(
+                f"{result_path}: train_flops={flops!r} is not its flops_per_token_train x train_tokens_seen: a "
+                f"damaged or hand-edited result")):
+            run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets, only=["compute-matched"],
+                        quiet=True)
+    result_path.write_text(recorded)
     rows = {r["label"]: r for r in run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets,
                                                 only=["compute-matched"], quiet=True)["models"]}
     assert rows["compute-matched"]["steps"] > rows["gba-m2"]["steps"]
@@ -1631,6 +1643,13 @@ def test_a_model_of_your_own_gets_its_matched_baselines_and_stays_in_the_compari
     with pytest.raises(UserError, match=r"^--matched gba-upcycled: it continues base's trained weights; baselines "
                                         r"are matched to a model trained from scratch"):
         run_compare("upcycle", tmp_path / "up", data=str(data), quiet=True, sets=tiny_sets(), matched=["gba-upcycled"])
+    # ... and a model trained for a share of the budget (upcycle's base: half) gives its param-fair baseline that share
+    # (it trained the whole budget, twice its model's steps, stated as matched); compute-matched's come from FLOPs
+    from gbattn.experiments.recipes import with_models
+
+    specs = {spec.label: spec for spec in with_models(get_recipe("upcycle"), {}, ["base"]).models}
+    assert specs["param-fair-base"].steps_share == specs["base"].steps_share == 0.5
+    assert specs["compute-matched-base"].steps_share is None
     # a --set the recipe sets per model for a model --only leaves out: recorded for the comparison, it left that
     # model refused for good
     with pytest.raises(UserError, match=r"^--set residual: the recipe sets it per model"):

@@ -681,6 +681,23 @@ def test_param_matched_width_of_an_exact_match_is_that_width():
     assert param_matched_width(cfg, target + 1)[0] == 100
 
 
+def test_param_matched_width_stops_at_the_widest_model_a_config_takes():
+    """Doubling to bracket the answer went past d_model's limit, 2**20, and was refused as a width nobody asked for
+    (d_model=1200000), though a width below the limit matched: it is found now, and a count no width up to the limit
+    reaches is said so."""
+    from gbattn.config import MAX_D_MODEL
+
+    cfg = preset_config("cpu-char", "boosted", {"d_model": 600_000, "n_layers": 1, "n_heads": 1})
+    width, n = param_matched_width(cfg, count_params(cfg))
+    assert width < MAX_D_MODEL and n >= count_params(cfg) > count_params(cfg.replace(attn="standard",
+                                                                                    attn_options={}, d_model=width - 1))
+    widest = count_params(cfg.replace(attn="standard", attn_options={}, d_model=MAX_D_MODEL))
+    assert param_matched_width(cfg, widest) == (MAX_D_MODEL, widest)
+    with pytest.raises(ConfigError, match=f"^no standard model up to d_model={MAX_D_MODEL:,} has {widest + 1:,} "
+                                          f"parameters, so none matches them$"):
+        param_matched_width(cfg, widest + 1)
+
+
 def test_param_matched_width_below_the_models_own_width():
     """A target far below the model's count: the search starts at one step, not near the model's width
     (cpu-char, 4 heads, d 128: the width whose count is the target is 32)."""

@@ -2686,18 +2686,21 @@ def test_recorded_warmup_switches_are_read_as_recorded_and_only_missing_ones_are
 
 
 def test_a_result_with_a_value_no_run_can_record_is_refused(trained, tmp_path):
-    """A perplexity below 1, a negative count or a NaN (write_json writes none: null) in a result.json was published
+    """A perplexity below 1, a negative count, a NaN or an infinity (write_json writes neither: null; 1e400 reads as
+    inf, and a compute-matched run's steps from it were an OverflowError traceback) in a result.json was published
     in compare's table as measured; the trained run's own values are accepted."""
     result = json.loads((trained["run"] / rundir.RESULT).read_text())
     rundir.read_result(trained["run"] / rundir.RESULT)
-    for key, value, message in (("test_ppl", 0.5, "test_ppl=0.5 must be >= 1"),
-                                ("valid_ppl", float("nan"), "valid_ppl=nan must be >= 1"),
-                                ("valid_loss", -0.1, "valid_loss=-0.1 must be >= 0"),
-                                ("parameters", 0, "parameters=0 must be >= 1"),
-                                ("d_model", 0, "d_model=0 must be >= 1"),
-                                ("train_flops", -1.0, "train_flops=-1.0 must be >= 0"),
-                                ("steps", -2, "steps=-2 must be >= 0")):
-        (tmp_path / rundir.RESULT).write_text(json.dumps({**result, key: value}))
+    for key, value, message in (("test_ppl", 0.5, "test_ppl=0.5 must be a finite number >= 1"),
+                                ("valid_ppl", float("nan"), "valid_ppl=nan must be a finite number >= 1"),
+                                ("valid_loss", -0.1, "valid_loss=-0.1 must be a finite number >= 0"),
+                                ("parameters", 0, "parameters=0 must be a finite number >= 1"),
+                                ("d_model", 0, "d_model=0 must be a finite number >= 1"),
+                                ("train_flops", -1.0, "train_flops=-1.0 must be a finite number >= 0"),
+                                ("train_flops", "1e400", "train_flops=inf must be a finite number >= 0"),
+                                ("steps", -2, "steps=-2 must be a finite number >= 0")):
+        text = json.dumps({**result, key: value})
+        (tmp_path / rundir.RESULT).write_text(text.replace('"1e400"', "1e400"))
         with pytest.raises(rundir.CheckpointError, match=re.escape(message)):
             rundir.read_result(tmp_path / rundir.RESULT)
 

@@ -39,6 +39,7 @@ DROPOUT_SITES = ("embedding", "attention", "attn-output", "ffn-hidden", "ffn-out
 AUTHORS_DROPOUT_SITES = ["embedding", "attention", "ffn-hidden", "ffn-output"]
 # The model fields that change no parameter: a run started from another run's weights may set them.
 DROPOUT_FIELDS = ("dropout", "dropout_sites")
+MAX_D_MODEL = 2**20  # the widest model a config takes
 
 
 @dataclass
@@ -53,7 +54,7 @@ class ModelConfig(Typed):
 
     vocab_size: int = field(default=16384, metadata=between(1, MAX_VOCAB_SIZE))
     block_size: int = field(default=256, metadata=between(1, 2**24))  # longest sequence (learned position table)
-    d_model: int = field(default=256, metadata=between(1, 2**20))
+    d_model: int = field(default=256, metadata=between(1, MAX_D_MODEL))
     n_layers: int = field(default=4, metadata=between(1, 4096))
     n_heads: int = field(default=4, metadata=between(1, 4096))
     n_kv_heads: int | None = field(default=None, metadata=at_least(1))  # grouped-query attention; None = n_heads

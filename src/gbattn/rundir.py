@@ -26,6 +26,7 @@ import errno
 import fcntl
 import io
 import json
+import math
 import os
 import pickle
 import shlex
@@ -644,9 +645,10 @@ def read_result(path: str | Path) -> dict:
     # Perplexities and losses may be null: write_json stores an infinite one (a loss >= 50) or NaN so.
     _check_fields(result, _RESULT_FIELDS, path, required=tuple(k for k in _RESULT_FIELDS
                                                                  if k not in ("test_ppl", "valid_ppl", "valid_loss")))
-    for key, least in _RESULT_LEAST.items():  # write_json never writes NaN (null): a hand-made one is refused too
-        if result.get(key) is not None and not result[key] >= least:
-            raise CheckpointError(f"{path}: {key}={result[key]!r} must be >= {least}")
+    # write_json never writes NaN or an infinity (null): a hand-made one (1e400 reads as inf) is refused too
+    for key, least in _RESULT_LEAST.items():
+        if result.get(key) is not None and not least <= result[key] < math.inf:
+            raise CheckpointError(f"{path}: {key}={result[key]!r} must be a finite number >= {least}")
     if not valid_curve(result["curve"]):
         raise CheckpointError(f"{path}: its validation curve is malformed (points need step, tokens, valid_loss and "
                               f"valid_ppl)")

@@ -495,14 +495,20 @@ def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
         model_cfg, train_cfg = _continuation(spec, seed, model_cfg, train_cfg, out)
     if spec.compute_matched_to:
         ref_result = results.get(spec.compute_matched_to, {}).get(seed)
+        path = out / spec.compute_matched_to / f"seed{seed}" / rundir.RESULT
         if ref_result is None:
-            path = out / spec.compute_matched_to / f"seed{seed}" / rundir.RESULT
             if not path.exists():
                 raise UserError(f"{spec.label} is matched to {spec.compute_matched_to}'s compute: run that model first")
             ref_result = rundir.read_result(path)
+        # Its training FLOPs are its FLOPs per token times its tokens, as the trainer wrote them: a hand-edited
+        # value (0, 1e30) set this run's steps to 0 or 10^23, each refused in words about a max_steps nobody gave.
+        flops, tokens = ref_result["train_flops"], ref_result["train_tokens_seen"]
+        if not (flops > 0 and math.isclose(flops, ref_result["flops_per_token_train"] * tokens, rel_tol=1e-9)):
+            raise rundir.CheckpointError(f"{path}: train_flops={flops!r} is not its flops_per_token_train x "
+                                         f"train_tokens_seen: a damaged or hand-edited result")
         seq_len = model_cfg.input_length(train_cfg.seq_len)
         per_token = flops_per_token(model_cfg, seq_len=seq_len, backward=True)
-        steps = round(ref_result["train_flops"] / (per_token * train_cfg.batch_size * seq_len))
+        steps = round(flops / (per_token * train_cfg.batch_size * seq_len))
         # The reference's warmup as its run used it (docs/baselines.md: the warmup stays the same and only
         # the cosine stretches); the longer run would fit a default warmup to a tenth of itself, or not at all.
         ref_spec = next(s for s in recipe.models if s.label == spec.compute_matched_to)

@@ -375,7 +375,10 @@ def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> R
             raise ConfigError(f"--matched {label}: it continues {target.init_from}'s trained weights; baselines are "
                               f"matched to a model trained from scratch (the recipe's own baselines of {label} are "
                               f"its references)")
-        for baseline in (ModelSpec(f"param-fair-{label}", model=dict(target.model), param_matched_to=label),
+        # (param-fair trains as many steps as its model: upcycle's base trains half the budget; compute-matched's
+        # steps come from the model's FLOPs)
+        for baseline in (ModelSpec(f"param-fair-{label}", model=dict(target.model), param_matched_to=label,
+                                   steps_share=target.steps_share),
                          ModelSpec(f"compute-matched-{label}", model=dict(target.model), compute_matched_to=label)):
             if baseline.label in taken:
                 raise ConfigError(f"--matched {label}: its baseline's label {baseline.label!r} is taken; give the "

@@ -7,7 +7,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gbattn.checks import checked
-from gbattn.config import ModelConfig
+from gbattn.config import MAX_D_MODEL, ModelConfig
+from gbattn.errors import ConfigError
 from gbattn.model.gpt import GPT, check_model_config, lm_loss
 
 
@@ -53,10 +54,15 @@ def param_matched_width(cfg: ModelConfig, target_params: int) -> tuple[int, int]
                             "count, e.g. count_params(cfg))")
     step = cfg.n_heads * (2 if cfg.pos == "rope" else 1)  # RoPE rotates pairs: an even head width
     base = cfg.replace(attn="standard", attn_options={})
-    # Parameter count grows monotonically with width: double to bracket, then bisect.
+    # Parameter count grows monotonically with width: double to bracket (up to the widest a config takes: a width past
+    # it was refused as if the caller had asked for it), then bisect.
+    widest = MAX_D_MODEL // step * step
     hi = max(step, (cfg.d_model // step) * step)
-    while count_params(base.replace(d_model=hi)) < target_params:
-        hi *= 2
+    while count_params(base.replace(d_model=hi)) < target_params and hi < widest:
+        hi = min(2 * hi, widest)
+    if count_params(base.replace(d_model=hi)) < target_params:
+        raise ConfigError(f"no standard model up to d_model={widest:,} has {target_params:,} parameters, so none "
+                          f"matches them")
     lo = step
     while lo < hi:
         mid = ((lo + hi) // 2 // step) * step
