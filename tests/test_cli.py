@@ -781,6 +781,23 @@ def test_progress_lines_off_a_terminal(capsys):
     assert quiet.n == 2 and capsys.readouterr().err == ""
 
 
+def test_progress_messages_go_to_stderr_on_a_terminal_too(capsys, monkeypatch):
+    """On a terminal the bar's messages (train's "step 5: valid loss ...", compare's "training standard seed 42")
+    went through tqdm.write, whose default is stdout: `gbattn train ... | jq` typed at a terminal got them in its
+    input. They go to stderr, as off a terminal."""
+    import sys
+
+    from gbattn.progress import Progress
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    bar = Progress(2, desc="train")
+    assert bar._bar is not None  # (the terminal's tqdm bar: what the test is about)
+    bar.write("step 1: valid loss 4.1556")
+    bar.close()
+    out, err = capsys.readouterr()
+    assert out == "" and "step 1: valid loss 4.1556" in err
+
+
 def test_progress_lines_show_every_postfix_item_separated_by_spaces(capsys):
     """Off a terminal, several postfix items (loss and learning rate) are each key=value, separated by a space as
     tqdm's bar shows them; the latest update's items replace the earlier ones."""

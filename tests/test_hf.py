@@ -2722,6 +2722,29 @@ def test_lm_eval_names_the_weights_it_evaluates(trained, tmp_path):
         load_model(out, "last", torch.device("cpu"))
 
 
+def test_lm_eval_writes_its_results_before_it_prints_them(trained, tmp_path, capsys, monkeypatch):
+    """The tables were printed first: a reader that left (`| true`, `| head`) or a stdout that could not print them
+    ended the command before the results file was written, and the evaluation was lost. Written first now."""
+    from gbattn.hf import lmeval
+
+    _, out = trained
+    results = {"results": {"toy": {"acc,none": 0.5}}, "gbattn": {"weights": "exported"}}
+    monkeypatch.setattr(lmeval, "run_lm_eval", lambda *a, **kw: json.loads(json.dumps(results)))
+
+    class CannotPrint(Exception):
+        pass
+
+    def cannot_print(results):
+        raise CannotPrint
+
+    monkeypatch.setattr(lmeval, "print_tables", cannot_print)
+    target = tmp_path / "scores" / "res.json"
+    with pytest.raises(CannotPrint):
+        cli_main(["lm-eval", str(out), "--tasks", "toy", "--output", str(target), "--threads", "1"])
+    assert json.loads(target.read_text())["results"] == results["results"]
+    capsys.readouterr()
+
+
 def test_lm_eval_evaluates_an_export_saved_in_bfloat16_in_float32(trained, tmp_path):
     """A directory saved in bfloat16 is evaluated in float32, as a run directory is, under every
     transformers version (5.x's from_pretrained would keep the saved dtype, 4.x load float32)."""

@@ -1536,6 +1536,21 @@ def test_output_piped_into_head_ends_quietly(trained, unbuffered):
     assert proc.returncode == 141  # SIGPIPE's status, as `yes | head` ends
 
 
+def test_a_closed_or_ascii_only_stdout_is_written_as_it_can_be(tmp_path):
+    """A character stdout's encoding lacks (PYTHONIOENCODING=ascii; LC_ALL=C without UTF-8 mode) was a
+    UnicodeEncodeError traceback, after the work (lm-eval's results were lost): it is written escaped, as stderr
+    writes it. A closed stdout (`gbattn list >&-`) was "'NoneType' object has no attribute 'flush'": the output goes
+    nowhere, and the command ends as it would."""
+    env = dict(os.environ, PYTHONIOENCODING="ascii", GBATTN_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run([*GBATTN, "params", "cpu-char"], capture_output=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stderr == b"", done.stderr
+    assert done.stdout.startswith(b"cpu-char \\xb7 attn=standard \\xb7"), done.stdout[:80]
+    for streams in ([1], [1, 2]):
+        closed = subprocess.run([*GBATTN, "list"], capture_output=True, env=env, timeout=120,
+                                preexec_fn=lambda streams=streams: [os.close(fd) for fd in streams])
+        assert closed.returncode == 0, closed
+
+
 def test_a_lock_file_that_is_a_link_is_refused_and_its_target_untouched(trained, tmp_path, capsys, monkeypatch):
     """The lock is opened without following links: a .lock symlink got the process id written into
     whatever file it pointed at."""

@@ -147,7 +147,20 @@ def show_tracebacks() -> bool:
     return os.environ.get("GBATTN_DEBUG", "") not in ("", "0")
 
 
+def _usable_standard_streams() -> None:
+    """The program's stdout and stderr as it can always write them: a closed one (``gbattn list >&-``: Python's None)
+    goes to the null device, and a character stdout's encoding lacks (``PYTHONIOENCODING=ascii``, ``LC_ALL=C`` without
+    UTF-8 mode) is written escaped, as stderr writes it; each was a traceback (after the work: lm-eval's results)."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 (for the process's life)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the program itself (a Python caller's streams are the caller's)
+        _usable_standard_streams()
     if "LOCAL_RANK" in os.environ:  # a torchrun worker: torchrun killed while it imported torch left it waiting
         stop_with_parent()  # for torchrun's store for 30 minutes, when it asked for this on joining the processes
     parser = build_parser()

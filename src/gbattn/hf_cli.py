@@ -90,8 +90,8 @@ def cmd_lm_eval(args) -> None:
     results = run_lm_eval(model, tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,
                           device=device, checkpoint=args.checkpoint, num_fewshot=args.num_fewshot,
                           log_samples=args.log_samples)
-    print_tables(results)
     results["gbattn"].update(model=relative_path(model, Path.cwd()), command=command_line(portable=True))
     roots = [model.resolve()] + ([Path(args.include_path).resolve()] if args.include_path else [])
     written = write_results(results, out, roots)
+    print_tables(results)  # after the files: a reader that left (`| head`) or a stdout that cannot print loses nothing
     print(f"wrote {', '.join(str(p) for p in written)}")

@@ -51,7 +51,7 @@ class Progress:
         if self.disable:
             return
         if self._bar is not None:
-            self._bar.write(message)
+            self._bar.write(message, file=sys.stderr)  # (tqdm's own default is stdout: a piped output took it)
         else:
             print(message, file=sys.stderr, flush=True)
 

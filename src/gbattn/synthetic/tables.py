@@ -44,8 +44,8 @@ SECONDS_PER_RUN = 0.55  # measured: 72 runs of 150 steps in 37 s, 24 (--quick) i
 
 
 def duration_words(seconds: float) -> str:
-    """``seconds`` as "under 1 s", "15 s" or "3 min"."""
-    return "under 1 s" if seconds < 1 else f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+    """``seconds`` as an estimate: "under 1 s", "about 15 s" or "about 3 min"."""
+    return "under 1 s" if seconds < 1 else f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.0f} min"
 
 
 def percent_cell(values: list[float]) -> dict:
@@ -261,7 +261,7 @@ def write_tables(out: Path, experiments, seeds, protocol: Protocol, device: str,
     bar = Progress(len(todo), desc="denoise", unit="run", disable=quiet, interval=10)
     bar.write(f"gbattn denoise: {len(todo)} training runs ({', '.join(experiments)}; seeds {list(seeds)}; "
               f"{protocol.steps} steps each; device {device}; torch threads {torch.get_num_threads()}); "
-              f"about {duration_words(len(todo) * SECONDS_PER_RUN * protocol.steps / 150)} on one idle CPU thread")
+              f"{duration_words(len(todo) * SECONDS_PER_RUN * protocol.steps / 150)} on one idle CPU thread")
 
     omitted = paper_omitted_note(asdict(protocol))
     published = omitted is None
