@@ -2,8 +2,9 @@
 instead of the plain residual sum.
 
 Sublayers (each attention and each FFN counts once) are numbered l = 0 .. 2L-1. Sources:
-v_0 = the embedding (tokens + positions), v_i = the raw output of a sublayer. The input of
-sublayer l is ``h_l = sum_i softmax_i(w_l . RMSNorm_l(v_i)) v_i`` with a zero-initialised
+v_0 = the embedding (tokens + positions), v_{i+1} = the raw output of sublayer i. The input of
+sublayer l is ``h_l = sum_{i=0..l} softmax_i(w_l . RMSNorm_l(v_i)) v_i`` (the embedding and the outputs of sublayers
+0 .. l-1) with a zero-initialised
 pseudo-query ``w_l`` (uniform weights at the start), one RMSNorm with gain per sublayer and no
 1/sqrt(d); the sublayer still applies its own pre-norm to h_l. A last aggregation with its own
 w feeds the final norm. Block AttnRes sums the outputs inside a block of S sublayers into a
