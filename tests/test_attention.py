@@ -812,6 +812,10 @@ def test_gate_hidden_without_the_mlp_gate_is_refused():
     with pytest.raises(ConfigError, match=r"attn.gate_hidden=64 is the mlp gate's width; attn.gate='linear' has none"):
         variant_options("boosted", {"gate_hidden": 64})
     assert variant_options("boosted", {"gate": "mlp", "gate_hidden": 64}).gate_hidden == 64
+    # bounded as ffn_hidden is: 10**17 was torch's "Storage size calculation overflowed" traceback
+    assert variant_options("boosted", {"gate": "mlp", "gate_hidden": 2**24}).gate_hidden == 2**24
+    with pytest.raises(ConfigError, match=r"gate_hidden=16777217 must be an integer in \[1, 16777216\]"):
+        variant_options("boosted", {"gate": "mlp", "gate_hidden": 2**24 + 1})
     assert variant_options("boosted", {"gate": "vector", "gate_hidden": 32}).gate == "vector"  # the default: no change
 
 

@@ -186,6 +186,37 @@ def test_a_default_warmup_longer_than_the_run_is_fitted_and_said():
     assert fitted_warmup(cfg, 4)[0] == 1
 
 
+def test_the_plan_counts_its_evaluations_without_going_over_every_step(tmp_path, monkeypatch):
+    """The plan counted its evaluations by asking of each step whether it evaluates: a run of 10**12 steps (or of
+    1e300 epochs) printed nothing for minutes before its first step. Counted arithmetically now, equal to asking
+    each step in small runs; and epochs that make more steps than a run can count are one line (1e308 epochs was an
+    OverflowError traceback)."""
+    import re
+
+    from gbattn.errors import ConfigError
+    from gbattn.train.trainer import Trainer, steps_of_epochs
+
+    trainer = Trainer(tmp_path / "run", *tiny_configs(write_corpus(tmp_path / "c")), quiet=True)
+    trainer._setup()
+
+    def planned() -> int:
+        return int(re.search(r"\(([\d,]+) in all\)", "\n".join(trainer._plan())).group(1).replace(",", ""))
+
+    for total, eval_every, per_epoch in ((1, None, None), (7, None, None), (7, 3, None), (9, 3, None), (9, None, 4),
+                                         (8, None, 4), (3, None, 4), (10, 20, 4), (10, 3, 4)):
+        trainer.total_steps, trainer.steps_per_epoch = total, per_epoch
+        trainer.train_cfg = trainer.train_cfg.replace(eval_every=eval_every)
+        assert planned() == sum(trainer._is_eval_step(s) for s in range(1, total + 1)), (total, eval_every, per_epoch)
+    monkeypatch.setattr(Trainer, "_is_eval_step", lambda self, step: pytest.fail("the plan went over every step"))
+    trainer.total_steps, trainer.train_cfg = 10**12, trainer.train_cfg.replace(eval_every=7)
+    assert planned() == 142_857_142_858
+    for epochs in (1e308, 1e300):
+        with pytest.raises(ConfigError, match=re.escape(f"epochs={epochs:g} of 100 steps each is more steps than a "
+                                                        f"run can count (9,223,372,036,854,775,807); set fewer "
+                                                        f"epochs, or max_steps")):
+            steps_of_epochs(epochs, 100)
+
+
 def test_an_explicit_warmup_is_kept_and_warned_about_when_longer_than_the_run():
     _, cfg = build_configs("paper-small", "standard", "data", {"warmup_steps": 200})
     assert cfg.fit_warmup is False

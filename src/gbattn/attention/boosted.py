@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from gbattn.attention.core import AttentionBase, AttnArgs, Call
-from gbattn.checks import Typed, at_least, between, one_of
+from gbattn.checks import Typed, between, one_of
 from gbattn.errors import ConfigError
 
 # --------------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ class BoostedOptions(Typed):
     rounds: int = field(default=2, metadata=between(1, 1024))  # M; M = 1 is standard attention
     gate: str = field(default="linear", metadata=one_of(*GATE_CLASSES))
     kv_source: str = field(default="residual", metadata=one_of(*KV_SOURCES))
-    gate_hidden: int = field(default=32, metadata=at_least(1))  # hidden width of the mlp gate
+    gate_hidden: int = field(default=32, metadata=between(1, 2**24))  # hidden width of the mlp gate (as ffn_hidden)
     layers: list[int] | None = None  # layer indices with correction rounds (negative from the end); None = all
     scalar_gate_logit: float = 0.5  # the scalar gate's a at init: sigmoid(0.5) = 0.62; 0 starts it at 0.5
 

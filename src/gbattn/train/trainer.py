@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from gbattn import rundir
+from gbattn.checks import MAX_INT
 from gbattn.config import DROPOUT_FIELDS, ModelConfig, TrainConfig, get_preset, training_input_length
 from gbattn.data.corpus import load_corpus, test_split_note, tested_split
 from gbattn.data.prepare import Data, data_path_cut, prepare_data, recorded_path_advice
@@ -83,8 +84,13 @@ def learning_rate(step: int, cfg: TrainConfig, total_steps: int, warmup: int) ->
 
 def steps_of_epochs(epochs: float, steps_per_epoch: int) -> int:
     """The steps of ``epochs`` epochs, a part of one counted whole; rounded first: 0.07 epochs of 100 steps is
-    7.000000000000001 in floats, which took an eighth step."""
-    return math.ceil(round(epochs * steps_per_epoch, 9))
+    7.000000000000001 in floats, which took an eighth step. More than a step count holds is a ConfigError (1e308
+    epochs was an OverflowError traceback)."""
+    steps = round(epochs * steps_per_epoch, 9)
+    if not steps <= MAX_INT:
+        raise ConfigError(f"epochs={epochs:g} of {steps_per_epoch:,} steps each is more steps than a run can count "
+                          f"({MAX_INT:,}); set fewer epochs, or max_steps")
+    return math.ceil(steps)
 
 
 def longest_warmup(total_steps: int, from_zero: bool) -> int:
@@ -578,7 +584,10 @@ class Trainer:
             evals.append(f"every epoch = every {self.steps_per_epoch:,} steps")
         if cfg.eval_every and cfg.eval_every < self.total_steps:
             evals.append(f"every {cfg.eval_every:,} steps")
-        n_evals = sum(self._is_eval_step(s) for s in range(1, self.total_steps + 1))
+        # (:meth:`_is_eval_step`'s steps, counted: a loop over every step kept a run of 10**9 steps silent for
+        # minutes before its first)
+        interval = cfg.eval_every or self.steps_per_epoch or self.total_steps
+        n_evals = -(-self.total_steps // interval)
         steps = f"{self.total_steps:,} step{'s' if self.total_steps != 1 else ''}"
         decay = f"cosine to {cfg.min_lr:g}" if cfg.schedule == "cosine" else "constant"
         lines.append(f"{steps}{epochs} of {cfg.batch_size} x {self.seq_len} tokens, lr {cfg.lr:g} (warmup "
