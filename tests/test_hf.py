@@ -1851,16 +1851,45 @@ def test_trainer_lowers_the_loss_and_its_checkpoint_loads(trained, tmp_path):
     after = held_loss(model)
     assert after < before - 0.3, (before, after)
     assert model.is_gradient_checkpointing  # (the Trainer turned on gbattn's per-block recomputation)
-    # The loss is divided by the Trainer's count of one optimizer step's labels (2 micro-batches of 4
-    # rows): transformers 5 counts the shifted labels (31 a row), 4.x every label (32 a row), as it
-    # does for its own causal LMs.
-    per_row = 31 if int(transformers.__version__.split(".")[0]) >= 5 else 32
-    assert int(seen[0]) == 2 * 4 * per_row
+    # The loss is divided by the Trainer's count of one optimizer step's labels (2 micro-batches of 4 rows):
+    # transformers 5 counts the shifted labels (31 a row); 4.x counted every label (32 a row), which no position
+    # predicts of a row's first, and is given no count: each batch's own mean is the loss.
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        assert int(seen[0]) == 2 * 4 * 31
+    else:
+        assert seen[0] is None
     checkpoint = tmp_path / "checkpoint-10"
     back = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
     assert back.model.lm_head.weight is back.model.wte.weight
     torch.testing.assert_close(back(held).logits, model(held).logits, rtol=0, atol=1e-6)
     assert AutoTokenizer.from_pretrained(checkpoint).encode("Speak") == run.tokenizer.encode("Speak")
+
+
+def test_trainers_loss_is_gbattns_loss_under_every_transformers_tested(tmp_path):
+    """Under transformers 4.57, Trainer divided the summed loss by every label's count, a row's first too (which no
+    position predicts): its loss, gradients and eval_loss were T/(T-1) too small (3.4557 for gbattn's 3.9494 at T=8).
+    At learning rate 0, the logged loss and eval_loss are gbattn's loss of the batch under both."""
+    gpt, hf = tiny_pair(("boosted", {"rounds": 2}), {})
+    hf = hf.float()
+    idx = torch.randint(0, 37, (2, 8))
+    with torch.no_grad():
+        expected = float(hf(idx, labels=idx).loss)
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return {"input_ids": idx[i], "labels": idx[i]}
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, per_device_eval_batch_size=2,
+                             max_steps=1, learning_rate=0.0, logging_steps=1, report_to="none", save_strategy="no",
+                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    trainer = Trainer(model=hf, args=args, train_dataset=Rows(), data_collator=default_data_collator)
+    trainer.train()
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert logged == [pytest.approx(expected, rel=1e-4)]
+    assert trainer.evaluate(Rows())["eval_loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_labels_of_another_shape_or_outside_the_vocabulary_are_refused():

@@ -377,11 +377,16 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
     logits_to_keep, output_hidden_states)``: ``attention_mask`` (B, past + T) is 1 for real tokens (left padding
     works); positions come from ``position_ids``, else ``cumsum(attention_mask) - 1``, else past..past+T-1.
     ``labels`` are the input ids (-100 = ignored), shifted here: the loss is gbattn's
-    ``self.model(input_ids[:, :-1], input_ids[:, 1:])``; with ``num_items_in_batch`` (``Trainer``) it is the summed
-    cross-entropy divided by that count. ``hidden_states``: n_layers + 1 tensors, each block's input (the
-    embeddings first) and the final norm's output, which the head reads. ``gradient_checkpointing_enable()``
-    recomputes each block in the backward pass.
+    ``self.model(input_ids[:, :-1], input_ids[:, 1:])``; with ``num_items_in_batch`` (transformers 5's ``Trainer``)
+    it is the summed cross-entropy divided by that count. ``hidden_states``: n_layers + 1 tensors, each block's
+    input (the embeddings first) and the final norm's output, which the head reads.
+    ``gradient_checkpointing_enable()`` recomputes each block in the backward pass.
     """
+
+    # Trainer's count of an optimizer step's labels: transformers 5 counts the shifted ones (the targets), 4.x every
+    # label, a row's first too, which no position predicts: its count divided the summed loss by T/(T-1) too much
+    # (loss, gradients and eval_loss ~6% low at T=16). Under 4.x each batch's own mean is the loss, gbattn's.
+    accepts_loss_kwargs = TF_MAJOR >= 5
 
     def generate(self, *args, **kwargs):
         """transformers' ``generate()``; assisted decoding is refused up front (it crops the cache,
