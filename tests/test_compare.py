@@ -645,6 +645,14 @@ def test_a_rerun_of_a_subset_checks_the_finished_runs_it_reports(tmp_path):
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
 
 
+def reference_result(train_flops: float, steps: int, tokens_per_step: int = 8 * 32) -> dict:
+    """The fields of a reference run's result.json that a compute-matched run reads, as the trainer writes them
+    (train_flops = flops_per_token_train x train_tokens_seen)."""
+    tokens = steps * tokens_per_step
+    return {"train_flops": train_flops, "steps": steps, "train_tokens_seen": tokens,
+            "flops_per_token_train": train_flops / tokens}
+
+
 def test_compute_matched_steps_round_the_reference_flops(tmp_path):
     """Steps = the reference's training FLOPs (its run of the same seed) / (forward+backward FLOPs per token x batch
     x seq_len), to the nearest step: 10.6 steps' worth trains 11 steps, 10.4 trains 10."""
@@ -661,8 +669,7 @@ def test_compute_matched_steps_round_the_reference_flops(tmp_path):
     for sets in (tiny_sets(), {**tiny_sets(), "seq_len": None}):
         for exact, expected in ((10.6, 11), (10.4, 10)):
             # seed 7's reference first: seed 1 is matched to its own seed's run, not to the first one finished
-            results = {"gba-m2": {7: {"train_flops": 50 * per_step, "steps": 50},
-                                  1: {"train_flops": exact * per_step, "steps": 10}}}
+            results = {"gba-m2": {7: reference_result(50 * per_step, 50), 1: reference_result(exact * per_step, 10)}}
             _, matched = matched_configs(recipe, spec, "data", 1, sets, 50, results, tmp_path)
             assert matched.max_steps == expected, (exact, sets["seq_len"])
 
@@ -681,14 +688,13 @@ def test_compute_matched_keeps_the_warmup_its_reference_used(tmp_path):
     sets = dict(TINY, max_steps=80, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None, eval_tokens=None)
     gba_model, gba_train = spec_configs(recipe, specs["gba-m2"], "data", 1, sets, 50)
     assert gba_train.warmup_steps == 100 and fitted_warmup(gba_train, 80)[0] == 8
-    results = {"gba-m2": {1: {"train_flops": flops_per_token(gba_model, seq_len=32, backward=True) * 8 * 32 * 80,
-                              "steps": 80}}}
+    results = {"gba-m2": {1: reference_result(flops_per_token(gba_model, seq_len=32, backward=True) * 8 * 32 * 80, 80)}}
     _, matched = matched_configs(recipe, specs["compute-matched"], "data", 1, sets, 50, results, tmp_path)
     assert matched.max_steps == 118
     assert fitted_warmup(matched, matched.max_steps) == (8, None)
     # A matched run shorter than its reference (30 steps) keeps the 8 too: not fitted again to a tenth, 3
     matched_model, _ = spec_configs(recipe, specs["compute-matched"], "data", 1, sets, 50)
-    results["gba-m2"][1]["train_flops"] = flops_per_token(matched_model, seq_len=32, backward=True) * 8 * 32 * 30
+    results["gba-m2"][1] = reference_result(flops_per_token(matched_model, seq_len=32, backward=True) * 8 * 32 * 30, 80)
     _, shorter = matched_configs(recipe, specs["compute-matched"], "data", 1, sets, 50, results, tmp_path)
     assert shorter.max_steps == 30 and fitted_warmup(shorter, shorter.max_steps) == (8, None)
 
