@@ -859,6 +859,10 @@ def test_describe_variants_gives_each_module_docstring_and_option_defaults():
     assert rows["boosted"]["options"] == {"rounds": 2, "gate": "linear", "kv_source": "residual", "gate_hidden": 32,
                                           "layers": None, "scalar_gate_logit": 0.5}
     assert rows["gated"]["options"] == {"mode": "elementwise"}
+    # the words an option takes, which `gbattn list` gives beside its default (the README alone listed them)
+    assert rows["boosted"]["choices"] == {"gate": ["linear", "mlp", "vector", "scalar", "tanh", "none"],
+                                          "kv_source": ["residual", "input", "shared"]}
+    assert rows["gated"]["choices"] == {"mode": ["elementwise", "headwise"]} and rows["twicing"]["choices"] == {}
 
 
 def test_differential_lambda_vectors_are_redrawn_from_n_0_0_1():

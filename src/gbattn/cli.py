@@ -39,8 +39,9 @@ def cmd_list(args) -> None:
     print("Attention variants (--attn NAME, options with --set attn.KEY=VALUE):")
     for row in describe_variants():
         print(f"  {row['name']:<13} {row['description']}")
-        for key, default in row["options"].items():
-            print(f"  {'':<13}   attn.{key} (default {json.dumps(default)})")
+        for key, default in row["options"].items():  # (the values of a choice too: the README alone listed them)
+            choices = f"; one of {', '.join(row['choices'][key])}" if key in row["choices"] else ""
+            print(f"  {'':<13}   attn.{key} (default {json.dumps(default)}{choices})")
     print("\nPresets (--preset NAME):")
     for name, p in PRESETS.items():
         m = p.model

@@ -129,12 +129,13 @@ def build_attention(name: str, args: AttnArgs, options: dict | None = None) -> A
 
 
 def describe_variants() -> list[dict]:
-    """Name, one-line description and options (with defaults) of every variant (what ``gbattn list``
-    shows; README, "Attention variants")."""
+    """Name, one-line description, options (with defaults) and the values of each option that takes a choice of
+    words (``choices``) of every variant (what ``gbattn list`` shows; README, "Attention variants")."""
     rows = []
     for name, cls in VARIANTS.items():
         doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip().splitlines()[0].rstrip(":.") + "."
-        opts = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
-                for f in dataclasses.fields(cls.Options)}
-        rows.append({"name": name, "description": doc, "options": opts})
+        fields = dataclasses.fields(cls.Options)
+        opts = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory()) for f in fields}
+        choices = {f.name: list(f.metadata["choices"]) for f in fields if "choices" in f.metadata}
+        rows.append({"name": name, "description": doc, "options": opts, "choices": choices})
     return rows
