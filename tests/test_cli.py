@@ -985,7 +985,7 @@ def test_list_shows_option_defaults_as_json_kv_heads_and_every_recipe(capsys):
     code, out, _ = run_cli(capsys, ["list"])
     assert code == 0
     lines = out.splitlines()
-    assert "                  attn.gate (default \"linear\")" in lines
+    assert "                  attn.gate (default \"linear\"; one of linear, mlp, vector, scalar, tanh, none)" in lines
     assert "                  attn.layers (default null)" in lines
     assert "                  attn.rounds (default 2)" in lines
     assert "d_model 256, 4 layers, 4/2 kv heads, block_size 256" in out
