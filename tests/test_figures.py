@@ -838,6 +838,18 @@ def test_gap_to_a_longer_compute_matched_reference_says_its_end_is_not_paired(tm
                        ["400-step runs (cmp, 2 seeds)\ncompute-matched trains 600 steps: paired at equal steps only"]]
     assert texts_outside(fig) == []
 
+    def diamonds(fig):
+        return [len(line.get_xdata()) for ax in fig.axes for line in ax.get_lines() if line.get_marker() == "D"]
+
+    assert diamonds(fig) == [1, 1]  # GBA's line ends at its own last step, 400, against either reference
+    # The other way round, the compute-matched model's gap to standard (400 steps) ends at its step 400 of 600: the
+    # diamond, "end of each run's schedule", marked it there; it is left out now.
+    assert cli_main(["plot", str(root), "--gap", "compute-matched", "--against", "standard",
+                     "--out", str(tmp_path / "fig2")]) == 0
+    (longer,) = json.loads((tmp_path / "fig2" / "gap.json").read_text())["series"]
+    assert (longer["steps"], longer["points"][-1]["step"]) == (600, 400)
+    assert diamonds(figures.gap_figure([longer], "compute-matched", ["standard"])) == []
+
 
 def test_plot_out_that_is_a_file_or_under_one_is_one_line(tmp_path, capsys):
     gap = _gap_dir(tmp_path / "gap", 400)

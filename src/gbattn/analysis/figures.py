@@ -571,7 +571,8 @@ def gap_figure(series: list[dict], model: str, references: list[str]):
                 if partial:
                     ax.plot(*zip(*partial), linestyle="none", marker="o", markersize=5, markerfacecolor="none",
                             color=f"C{i}")
-                ax.plot(xs[-1:], ys[-1:], marker="D", markersize=8, color=f"C{i}")
+                if s["points"][-1]["step"] == s["steps"]:  # (paired to a shorter reference, the line ends before)
+                    ax.plot(xs[-1:], ys[-1:], marker="D", markersize=8, color=f"C{i}")
             ax.axhline(0, color="black", linewidth=1)
             ax.set_xlabel(f"training tokens per parameter of {model}")
             ax.set_ylabel(f"validation loss (nats)\n{model} − {ref}")  # on one line, taller than the panel
