@@ -207,6 +207,8 @@ def test_the_plan_counts_its_evaluations_without_going_over_every_step(tmp_path,
         trainer.total_steps, trainer.steps_per_epoch = total, per_epoch
         trainer.train_cfg = trainer.train_cfg.replace(eval_every=eval_every)
         assert planned() == sum(trainer._is_eval_step(s) for s in range(1, total + 1)), (total, eval_every, per_epoch)
+    trainer.total_steps, trainer.train_cfg = 3, trainer.train_cfg.replace(eval_every=1)
+    assert "evaluation every step (3 in all)" in "\n".join(trainer._plan())  # (it said "every 1 steps")
     monkeypatch.setattr(Trainer, "_is_eval_step", lambda self, step: pytest.fail("the plan went over every step"))
     trainer.total_steps, trainer.train_cfg = 10**12, trainer.train_cfg.replace(eval_every=7)
     assert planned() == 142_857_142_858

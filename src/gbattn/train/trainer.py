@@ -93,6 +93,11 @@ def steps_of_epochs(epochs: float, steps_per_epoch: int) -> int:
     return math.ceil(steps)
 
 
+def _every_steps(n: int) -> str:
+    """"every step" or "every 250 steps" (it said "every 1 steps")."""
+    return "every step" if n == 1 else f"every {n:,} steps"
+
+
 def longest_warmup(total_steps: int, from_zero: bool) -> int:
     """The longest warmup whose learning rate reaches its peak within a ``total_steps`` run: ``lr * (step + 1) / W``
     reaches it at step W - 1, ``lr * step / W`` (``warmup_from_zero``) only at step W, after the warmup."""
@@ -581,9 +586,9 @@ class Trainer:
         )
         evals = []  # an interval as long as the run or longer: evaluation at the end (only)
         if self.steps_per_epoch and not cfg.eval_every and self.steps_per_epoch < self.total_steps:
-            evals.append(f"every epoch = every {self.steps_per_epoch:,} steps")
+            evals.append(f"every epoch = {_every_steps(self.steps_per_epoch)}")
         if cfg.eval_every and cfg.eval_every < self.total_steps:
-            evals.append(f"every {cfg.eval_every:,} steps")
+            evals.append(_every_steps(cfg.eval_every))
         # (:meth:`_is_eval_step`'s steps, counted: a loop over every step kept a run of 10**9 steps silent for
         # minutes before its first)
         interval = cfg.eval_every or self.steps_per_epoch or self.total_steps
