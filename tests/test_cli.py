@@ -571,8 +571,12 @@ def test_more_threads_than_cores_are_set_with_a_warning(monkeypatch, capsys):
         monkeypatch.setattr(runtime, "default_threads", lambda: 2)
         assert runtime.set_threads(2) == 2 and runtime.set_threads(None) == 2
         assert capsys.readouterr().err == ""
-        monkeypatch.setenv("RANK", "1")  # under torchrun the first process says it, once (each process said it)
+        monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun the first process says it, once (each process said it)
+        monkeypatch.setenv("RANK", "1")
         assert runtime.set_threads(3) == 3 and capsys.readouterr().err == ""
+        monkeypatch.delenv("WORLD_SIZE")  # a RANK left in the environment of one process: it is the first (it said
+        assert runtime.is_first_process()  # nothing, and its summary line was dropped)
+        assert runtime.set_threads(3) == 3 and "warning: threads=3" in capsys.readouterr().err
     finally:
         torch.set_num_threads(before)
 

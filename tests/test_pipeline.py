@@ -1690,18 +1690,24 @@ def test_a_hub_corpus_that_cannot_load_is_one_data_error_whatever_went_wrong(mon
         load_corpus("wikitext-2-raw-v1")
 
 
-@pytest.mark.parametrize("resolves, proxy", [(False, ""), (True, ""), (False, "http://proxy.example:3128")])
-def test_the_hub_is_asked_offline_where_its_host_has_no_address(tmp_path, monkeypatch, resolves, proxy):
+@pytest.mark.parametrize("resolves, proxy, no_proxy", [(False, "", ""), (True, "", ""),
+                                                       (False, "http://proxy.example:3128", ""),
+                                                       (False, "", "localhost,127.0.0.1")])
+def test_the_hub_is_asked_offline_where_its_host_has_no_address(tmp_path, monkeypatch, resolves, proxy, no_proxy):
     """Without the network, huggingface_hub retried each request for about half a minute before the one-line
     error (a hub name for --data, --tokenizer gpt2): where the hub's host has no address, its offline mode is
     on while gbattn asks it (a cached copy still loads), and off again after; where it has one, it stays off.
-    Behind a proxy the host need not resolve here (the proxy resolves it): it stays off too."""
+    Behind a proxy the host need not resolve here (the proxy resolves it): it stays off too. NO_PROXY alone (hosts to
+    reach without a proxy, common in CI) is no proxy: it was taken for one, and the error took 27 s, not 3."""
     import socket
 
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY",
+                 "no_proxy"):
         monkeypatch.delenv(name, raising=False)
     if proxy:
         monkeypatch.setenv("HTTPS_PROXY", proxy)
+    if no_proxy:
+        monkeypatch.setenv("NO_PROXY", no_proxy)
     offline_expected = not resolves and not proxy
 
     from huggingface_hub import constants as hub
@@ -2486,6 +2492,17 @@ def test_a_blank_cache_directory_is_refused_and_a_tilde_is_the_home_directory(tm
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # a quoted ~ (an env file): the home directory, as --data
     monkeypatch.setenv("GBATTN_CACHE", "~/gbattn-cache")
     assert tokenizer_mod.cache_dir() == tmp_path / "home" / "gbattn-cache" and not (tmp_path / "~").exists()
+    # a home directory nobody can tell (HOME unset for a user with none: a container's `--user 54321`) was
+    # Path.home()'s RuntimeError traceback: one line naming what to set
+    monkeypatch.setenv("GBATTN_CACHE", "~no-such-user-here/gbattn")
+    with pytest.raises(DataError, match=r"^cannot tell the home directory for the cache directory "
+                                        r"~no-such-user-here/gbattn: set GBATTN_CACHE to a directory \(or HOME\)$"):
+        tokenizer_mod.cache_dir()
+    monkeypatch.delenv("GBATTN_CACHE")
+    monkeypatch.delenv("HOME")
+    monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # (what it gives where no home is known)
+    with pytest.raises(DataError, match=r"^cannot tell the home directory for the cache directory ~/.cache/gbattn"):
+        tokenizer_mod.cache_dir()
 
 
 def test_atomic_write_syncs_the_file_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):

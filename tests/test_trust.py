@@ -3078,6 +3078,14 @@ def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_tr
     assert files.relative_path(run, run) == "runs/gba"  # the base itself: its last two parts, never "."
     assert files.portable_path("data/../../corpora/wikitext-2") == "wikitext-2"
     assert files.portable_path("data/wikitext-2") == "data/wikitext-2"
+    # a quoted ~ (the shell left it): a path of this machine's home, recorded by its last parts as the expanded one
+    (tmp_path / "home" / "data").mkdir(parents=True)
+    (tmp_path / "home" / "data" / "shake.txt").write_text("To be\n")
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setenv("HOME", str(tmp_path / "home"))
+        assert files.portable_path("~/data/shake.txt") == "data/shake.txt" == files.portable_path(
+            str(tmp_path / "home" / "data" / "shake.txt"))
+        assert files.portable_path("~/corpora") == "corpora"
     # cpu-char's own file by its absolute path: "input.txt" alone made the report say these runs trained on other
     # data than tiny-shakespeare, and leave out nanoGPT's published number.
     corpus = tmp_path / "tiny-shakespeare" / "input.txt"

@@ -359,7 +359,10 @@ def portable_path(text: str) -> str:
     working directory; an absolute path, or one that climbs out (``../data/wikitext-2``), becomes its
     last component, so results files hold no paths of this machine. A file keeps its folder too
     (``/home/me/data/tiny-shakespeare/input.txt`` -> ``tiny-shakespeare/input.txt``): a corpus file's name
-    alone does not say which corpus it is, and a comparison tells its recipe's data from other data by it."""
+    alone does not say which corpus it is, and a comparison tells its recipe's data from other data by it. A path
+    from a home directory (``~/data/x.txt``, quoted so the shell left it) is one of this machine's too."""
+    if text.startswith("~"):
+        text = os.path.expanduser(text)
     if not (os.path.isabs(text) or ".." in Path(text).parts):
         return text
     path = Path(text)

@@ -227,9 +227,9 @@ def default_threads() -> int:
 
 
 def is_first_process() -> bool:
-    """Whether this is the process that reports (rank 0 under ``torchrun``; the only one without it),
-    known before the process group is joined."""
-    return os.environ.get("RANK", "0") == "0"
+    """Whether this is the process that reports (rank 0 under ``torchrun``; the only one without it, whatever a
+    leftover ``RANK`` says: it dropped the run's summary line), known before the process group is joined."""
+    return launched_processes() == 1 or os.environ.get("RANK", "0") == "0"
 
 
 def set_threads(threads: int | None) -> int:

@@ -330,7 +330,9 @@ def hub_access():
         hub = None
     offline = getattr(hub, "HF_HUB_OFFLINE", None)
     try:
-        if offline is False and not urllib.request.getproxies() and not _host_resolves(hub.ENDPOINT):
+        # (NO_PROXY alone, common in CI, names hosts to reach without a proxy: no proxy, and the fast failure)
+        proxies = [scheme for scheme in urllib.request.getproxies() if scheme != "no"]
+        if offline is False and not proxies and not _host_resolves(hub.ENDPOINT):
             hub.HF_HUB_OFFLINE = True
         yield
     finally:

@@ -50,8 +50,13 @@ def cache_dir() -> Path:
     value = os.environ.get("GBATTN_CACHE")
     if value is not None and not value.strip():  # Path("") would be the working directory
         raise DataError("GBATTN_CACHE is set but empty: set it to a directory, or unset it for ~/.cache/gbattn")
-    path = Path(value).expanduser() if value is not None else Path.home() / ".cache" / "gbattn"
-    return check_writable_dir(path, "the cache directory (set GBATTN_CACHE to another)")
+    # os.path.expanduser leaves a "~" it cannot expand (no HOME, a user with no home directory: a container's
+    # `--user 54321`), where Path.home() and Path.expanduser() raised a RuntimeError traceback
+    path = os.path.expanduser(value if value is not None else os.path.join("~", ".cache", "gbattn"))
+    if path.startswith("~"):
+        raise DataError(f"cannot tell the home directory for the cache directory {path}: set GBATTN_CACHE to a "
+                        f"directory (or HOME)")
+    return check_writable_dir(Path(path), "the cache directory (set GBATTN_CACHE to another)")
 
 
 @contextlib.contextmanager
