@@ -393,6 +393,7 @@ class Trainer:
         self.micro_batch = per_rank
         if cfg.sampling == "rows":
             self.n_rows = num_rows(train, self.seq_len)
+            self._epoch_order = (None, None)  # (epoch, its row order): _global_batch's
             self.steps_per_epoch = self.n_rows // cfg.batch_size
             if self.steps_per_epoch == 0:
                 advice = self._advice("train", len(train))
@@ -730,7 +731,11 @@ class Trainer:
         train = self.data.splits["train"]
         if cfg.sampling == "rows":
             epoch, i = divmod(step, self.steps_per_epoch)
-            rows = epoch_permutation(self.n_rows, cfg.seed, epoch)[i * cfg.batch_size : (i + 1) * cfg.batch_size]
+            # The epoch's order, drawn once per epoch (a pure function of seed and epoch): drawn at every step, it
+            # cost 312 ms and 67 MiB a step for OpenWebText's 8.8M rows of 1,025 tokens.
+            if self._epoch_order[0] != epoch:
+                self._epoch_order = (epoch, epoch_permutation(self.n_rows, cfg.seed, epoch))
+            rows = self._epoch_order[1][i * cfg.batch_size : (i + 1) * cfg.batch_size]
             return rows_batch(train, self.seq_len, rows)
         return random_windows(train, self.seq_len, cfg.batch_size, cfg.seed, step)
 
