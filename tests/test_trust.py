@@ -688,13 +688,20 @@ def test_temporary_files_of_a_killed_write_are_removed_when_the_run_is_opened(tr
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
-    (run / "checkpoint.pt.tmp12345").write_bytes(b"half a checkpoint")
+    (run / "checkpoint.pt.tmp999999999").write_bytes(b"half a checkpoint")  # (no process has this id)
+    (run / "result.json.tmp999999999@another-host").write_text("{")  # another machine's, the run's lock now here
     (run / "notes.tmpfile").write_text("mine")  # not a gbattn temporary file: kept
     (run / "drafts.tmp2024").mkdir()  # a folder named like one: no file gbattn writes, kept (not an error)
+    # A live process's of this host is kept: a reader writing beside the run (eval --per-token RUN/losses.txt) or
+    # probing it lost its file mid-write whenever a train --resume took the lock.
+    live = [run / f"losses.txt{files.building_suffix()}", run / f".write-test.tmp{os.getpid()}"]
+    for path in live:
+        path.write_text("being written")
     with rundir.RunLock(run):
         pass
-    assert not (run / "checkpoint.pt.tmp12345").exists() and (run / "notes.tmpfile").exists()
-    assert (run / "drafts.tmp2024").is_dir()
+    assert not (run / "checkpoint.pt.tmp999999999").exists() and (run / "notes.tmpfile").exists()
+    assert not (run / "result.json.tmp999999999@another-host").exists()
+    assert (run / "drafts.tmp2024").is_dir() and all(path.read_text() == "being written" for path in live)
 
 
 class _FullDisk(io.FileIO):
@@ -2815,7 +2822,7 @@ def test_atomic_write_never_writes_through_a_link_planted_at_its_temporary_name(
     assert sorted(p.name for p in outside.iterdir()) == ["kept"] and (outside / "kept").read_text() == "not gbattn's"
     assert sorted(p.name for p in run.iterdir()) == ["config.json", "result.json"]
     # The probe proving --out writable (train, resume, export, ...) truncated a file a link at its name led to.
-    (run / f".write-test.tmp{os.getpid()}").symlink_to(outside / "kept")
+    (run / f".write-test{files.building_suffix()}").symlink_to(outside / "kept")
     files.check_writable_dir(run)
     assert (outside / "kept").read_text() == "not gbattn's"
     assert sorted(p.name for p in run.iterdir()) == ["config.json", "result.json"]

@@ -91,17 +91,24 @@ def remove_abandoned(directory: Path) -> None:
     processes that no longer exist (killed with -9: a Ctrl-C or an error removes its own)."""
     for path in directory.glob("*.tmp*") if directory.is_dir() else ():
         pid, _, host = path.name.rsplit(".tmp", 1)[-1].partition("@")
-        if not pid.isdigit() or host != socket.gethostname():
+        if not pid.isdigit() or host != socket.gethostname() or not process_gone(int(pid)):
             continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        except (PermissionError, OverflowError):
-            pass  # alive under another user, or not a pid
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether no process of this id runs on this host: False for a live one (under any user) and for a number no
+    pid can be (nothing is known of it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):  # alive under another user, or not a pid
+        return False
+    return False
 
 
 def remove_unwritten(out_dir: Path, names: tuple[str, ...], written: list[Path]) -> list[str]:
@@ -198,7 +205,7 @@ def check_writable_dir(path: str | Path, what: str = "--out", create: bool = Tru
             raise UserError(f"{what} {path}: {target} is a file, not a directory")
     try:
         target.mkdir(parents=True, exist_ok=True)
-        probe = target / f".write-test.tmp{os.getpid()}"
+        probe = target / f".write-test{building_suffix()}"  # (whose it is: a kill leaves it to remove_abandoned)
         os.close(create_new(probe))
         probe.unlink()
     except OSError as e:

@@ -30,6 +30,7 @@ import math
 import os
 import pickle
 import shlex
+import socket
 import stat
 import struct
 import warnings
@@ -53,6 +54,7 @@ from gbattn.files import (
     check_writable_file,
     did_you_mean_path,
     error_detail,
+    process_gone,
     read_json,
     read_jsonl,
     refuse_lfs_pointer,
@@ -104,12 +106,18 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
 
 def remove_debris(directory: str | Path) -> list[str]:
     """Delete temporary files that a killed or failed write left (``*.tmp<pid>@<host>``, ``*.tmp<pid>`` before
-    the host was named), whoever wrote them (the caller holds the run's lock); returns their names."""
+    the host was named), whoever wrote them (the caller holds the run's lock), but a live process's of this host:
+    a reader writing beside the run (``eval --per-token RUN/losses.txt``) or probing it for writing lost its file
+    mid-write. Another host's process cannot be asked: the lock says it writes no more. Returns their names."""
     removed = []
     for path in Path(directory).glob("*.tmp*"):
-        if path.is_file() and path.name.rsplit(".tmp", 1)[-1].partition("@")[0].isdigit():
-            path.unlink(missing_ok=True)
-            removed.append(path.name)
+        pid, _, host = path.name.rsplit(".tmp", 1)[-1].partition("@")
+        if not (path.is_file() and pid.isdigit()):
+            continue
+        if host in ("", socket.gethostname()) and not process_gone(int(pid)):
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
     return removed
 
 
