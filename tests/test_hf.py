@@ -2724,6 +2724,44 @@ def test_lm_eval_results_name_paths_relative_to_the_model_directorys_parent(tmp_
     assert portable(config, [spaced]) == config and portable(config, [spaced], existing_only=True) == config
 
 
+def test_an_export_replaced_while_it_is_read_is_refused_not_mixed(trained, tmp_path, monkeypatch):
+    """load_run reads an export's config.json (its step and config), tokenizer and weights one after another, and
+    `gbattn export` replaces them one after another: read during an export, the step of one went with the weights of
+    another, silently (46 of 2,079 reads of an export rewritten in a loop). A config.json replaced between the first
+    read and the last is refused now; an export left alone reads as before."""
+    from gbattn import files as files_module
+
+    _, out = trained
+    export = tmp_path / "export"
+    shutil.copytree(out, export)
+    assert rundir.load_run(export).checkpoint == "exported"
+    real = rundir.read_exported_weights
+
+    def read_while_exported_again(path, device):
+        weights = real(path, device)
+        config = path / "config.json"  # what move_into_place does: removed first, then put back (a new file)
+        text = config.read_text()
+        config.unlink()
+        (path / "config.json.new").write_text(text)
+        os.replace(path / "config.json.new", config)
+        return weights
+
+    monkeypatch.setattr(rundir, "read_exported_weights", read_while_exported_again)
+    with pytest.raises(rundir.CheckpointError, match=f"^{re.escape(str(export))} was replaced by another `gbattn "
+                                                     f"export` while it was read: read it again once that export "
+                                                     f"has finished$"):
+        rundir.load_run(export)
+    # Read in the moment the export has removed config.json and staged the new files: an unfinished export, not
+    # "not a run directory but holds one: EXPORT/.export.tmp<pid>@<host>", its staging folder offered as the run
+    staging = export / f"{rundir.EXPORT_STAGING}{files_module.building_suffix()}"
+    staging.mkdir()
+    shutil.copy(export / "config.json", staging / "config.json")
+    (export / "config.json").unlink()
+    monkeypatch.undo()
+    with pytest.raises(rundir.CheckpointError, match="holds an export that did not finish"):
+        rundir.load_run(export)
+
+
 def test_lm_eval_names_the_weights_it_evaluates(trained, tmp_path):
     """A run's best or last weights, or an export's, each with its step and the block size."""
     from gbattn.errors import UserError

@@ -827,6 +827,15 @@ def check_model_dir(path: str | Path) -> Path:
     return path
 
 
+def _file_identity(path: Path) -> tuple | None:
+    """What changes when a file is replaced or rewritten (its inode, size and time), None for no file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def load_run(path: str | Path, checkpoint: str | None = None, device: str | torch.device = "cpu") -> LoadedRun:
     """The model of a run directory (``checkpoint``: best-validation weights, the default, or
     ``last``) or of an exported directory, with its tokenizer and configs, in eval mode on ``device``
@@ -840,7 +849,9 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         raise CheckpointError(f"{path} holds an export that did not finish (it has no {CONFIG}: stopped while being "
                               f"written): export the run again")
     if not (path / CONFIG).exists():
-        runs = sorted(p.parent for p in (*path.glob(f"*/{CONFIG}"), *path.glob(f"*/*/{CONFIG}")))
+        # (not an export's staging folder, there while an export is written: it was offered as the run to load)
+        runs = sorted(p.parent for p in (*path.glob(f"*/{CONFIG}"), *path.glob(f"*/*/{CONFIG}"))
+                      if not any(part.startswith(f"{EXPORT_STAGING}.tmp") for part in p.relative_to(path).parts))
         if runs:  # a comparison's directory (or one model's), not a run
             raise CheckpointError(f"{path} is not a run directory but holds one: {runs[0]}" if len(runs) == 1 else
                                   f"{path} is not a run directory but holds {len(runs)}: give one of them, e.g. "
@@ -849,6 +860,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         if held is not None and held != RUN:  # a denoise output, a comparison's results without its runs, ...
             raise CheckpointError(f"{path} holds {held}, not a run directory (nor one written by `gbattn export`)")
         refuse_weights_without_config(path, then=UNFINISHED_RUN_ADVICE)
+    config_identity = _file_identity(path / CONFIG)  # (an export replacing this one meanwhile changes it)
     config = read_config(path / CONFIG)
     refuse_hf_checkpoint(config, path)
     exported = _exported(path, config)
@@ -877,6 +889,12 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
     if exported:
         weights = gpt_weights(read_exported_weights(path, device), model_cfg.tie_embeddings, path)
         state, step, which = {"model": weights}, config.get("step", 0), "exported"
+        # Its files are read one after another, and `gbattn export` replaces them one after another (config.json
+        # removed first, put back last): read during an export, one export's step and config went with another's
+        # weights, silently.
+        if _file_identity(path / CONFIG) != config_identity:
+            raise CheckpointError(f"{path} was replaced by another `gbattn export` while it was read: read it again "
+                                  f"once that export has finished")
     else:
         checkpoint = checkpoint or "best"
         weights = path / (BEST if checkpoint == "best" else CHECKPOINT)
