@@ -2003,10 +2003,10 @@ def test_gap_figure_counts_the_seeds_of_a_run_length_and_marks_where_it_ends():
     apart from the line (joined in, seed 42's extra evaluation of cpu-proxy at step 689 looked like a dip of the
     three-seed mean)."""
     series = [{"reference": "standard", "steps": 400, "directory": "short",
-               "points": [{"tokens_per_parameter": 1.0, "difference": -0.1, "seeds": 1},
-                          {"tokens_per_parameter": 2.0, "difference": -0.2, "seeds": 2}]},
+               "points": [{"step": 200, "tokens_per_parameter": 1.0, "difference": -0.1, "seeds": 1},
+                          {"step": 400, "tokens_per_parameter": 2.0, "difference": -0.2, "seeds": 2}]},
               {"reference": "standard", "steps": 1600, "directory": "long",
-               "points": [{"tokens_per_parameter": 4.0, "difference": -0.3, "seeds": 1}]}]
+               "points": [{"step": 1600, "tokens_per_parameter": 4.0, "difference": -0.3, "seeds": 1}]}]
     ax = figures.gap_figure(series, "gba-m2", ["standard"]).axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["400-step runs (short, 2 seeds; hollow: fewer)",
                                                                    "1,600-step runs (long, 1 seed)"]
@@ -2042,7 +2042,8 @@ def test_gap_figure_keeps_its_title_and_axis_labels_inside():
     # Two: the y label naming both models on one line was taller than the panel.
     # Three: a line pooling two directories, named on one line, made its legend wider than the panel.
     series = [{"reference": ref, "steps": 8000, "directory": "cpu-char-long + cpu-char-long-seed7",
-               "points": [{"tokens_per_parameter": x, "difference": -0.1 + 0.01 * x, "seeds": 3} for x in range(6)]}
+               "points": [{"step": 1600 * x, "tokens_per_parameter": x, "difference": -0.1 + 0.01 * x, "seeds": 3}
+                          for x in range(6)]}
               for ref in ("standard", "compute-matched")]
     for references in (["standard"], ["standard", "compute-matched"]):
         fig = figures.gap_figure(series, "gba-m2", references)

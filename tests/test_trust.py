@@ -1947,6 +1947,19 @@ def test_a_damaged_config_a_lone_safetensors_file_and_a_folder_of_runs_are_told_
     (seeds / "seed4").mkdir()
     (seeds / "seed4" / rundir.CONFIG).write_text("{}")
     assert rundir.folder_holds(seeds) == "run directories (seed1, seed2, seed3, ...)"
+    # an analyze output (its summary.json beside its figures): train, upcycle and export wrote a model there, its
+    # figures and summary then read as the new model's; analyze itself, and plot, still write there
+    figures = folder("figures")
+    (figures / rundir.ANALYSIS_SUMMARY).write_text("{}")
+    (figures / "gates.png").write_bytes(b"")
+    assert rundir.folder_holds(figures) == rundir.ANALYSIS_OUTPUT == "a `gbattn analyze` output"
+    for own, output in (((rundir.RUN,), "a gbattn run"), ((rundir.EXPORT,), "a gbattn export")):
+        with pytest.raises(UserError, match=f"^--out {re.escape(str(figures))} holds a `gbattn analyze` output, not "
+                                            f"{output}: choose another --out$"):
+            rundir.check_out(figures, own, output)
+    from gbattn.analysis.cli import check_figures_out
+
+    assert check_figures_out(figures, create=False) == figures
 
 
 def test_load_run_and_eval_of_a_hugging_face_checkpoint_say_to_upcycle_it(tmp_path, capsys):

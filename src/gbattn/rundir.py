@@ -148,14 +148,16 @@ RUN = "a run"
 COMPARISON = "a `gbattn compare` comparison"
 DENOISE = "a `gbattn denoise` output"
 DENOISE_RESULTS_KEYS = ("protocol", "tables", "runs")  # in every results.json gbattn denoise has written
+ANALYSIS_OUTPUT = "a `gbattn analyze` output"  # its summary.json (beside its figures)
 
 
 def folder_holds(directory: str | Path) -> str | None:
     """What a folder holds, in words: :data:`RUN` (its config.json or weights), a model of another kind
     (:func:`foreign_model`: :data:`EXPORT`, :data:`UNFINISHED_EXPORT`, a Hugging Face checkpoint, ...),
     :data:`COMPARISON` (recipe.json, or a results.json with models), :data:`DENOISE` (a results.json with
-    :data:`DENOISE_RESULTS_KEYS`), results or bench files no gbattn command wrote, run directories (one model's seeds
-    in a comparison); None for an empty or missing folder, or one of other files only."""
+    :data:`DENOISE_RESULTS_KEYS`), results or bench files no gbattn command wrote, :data:`ANALYSIS_OUTPUT` (its
+    summary.json), run directories (one model's seeds in a comparison); None for an empty or missing folder, or one
+    of other files only."""
     directory = Path(directory)
     if any((directory / name).exists() for name in (CHECKPOINT, BEST)):
         return RUN
@@ -169,6 +171,8 @@ def folder_holds(directory: str | Path) -> str | None:
     held = _report_pair(directory, "results", _results_kind) or _report_pair(directory, "bench", _bench_kind)
     if held:
         return held
+    if (directory / ANALYSIS_SUMMARY).is_file():  # (train, upcycle and export wrote a model beside another's figures)
+        return ANALYSIS_OUTPUT
     runs = sorted(p.parent.name for p in directory.glob(f"*/{CONFIG}"))
     if runs:
         return f"run directories ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''})"

@@ -87,9 +87,9 @@ def check_figures_out(out, create: bool) -> Path:
     comparison, export or denoise output (:func:`gbattn.rundir.check_out`), whose folder the figures and
     summary would join as if they were its own."""
     from gbattn.files import check_writable_dir
-    from gbattn.rundir import check_out
+    from gbattn.rundir import ANALYSIS_OUTPUT, check_out
 
-    check_out(out, (), "a folder of figures")
+    check_out(out, (ANALYSIS_OUTPUT,), "a folder of figures")  # (an earlier analysis: analyze replaces its own)
     return check_writable_dir(out, "--out", create=create)
 
 
