@@ -2414,6 +2414,11 @@ def test_a_run_evaluated_never_yet_loads_its_last_checkpoint_as_best(trained, tm
     for which in (None, "best", "last"):
         with pytest.raises(rundir.CheckpointError, match="holds no weights: its training has not saved a checkpoint"):
             rundir.load_run(run, which)
+    # still preparing its data (or planned by compare --jobs): no tokenizer.json either, which was blamed ("not
+    # found: is it a gbattn run directory?")
+    (run / rundir.TOKENIZER).unlink()
+    with pytest.raises(rundir.CheckpointError, match="holds no weights: its training has not saved a checkpoint"):
+        rundir.load_run(run)
 
 
 def test_a_loaded_run_reports_the_step_its_weights_were_saved_at(trained):

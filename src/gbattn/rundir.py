@@ -888,6 +888,11 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         raise CheckpointError(f"{path} has no {EXPORTED_TOKENIZER} (gbattn's own tokenizer file, which `gbattn export` "
                               f"writes and transformers' save_pretrained does not): copy it from the exported "
                               f"directory this model came from")
+    if not exported and not (path / BEST).exists() and not (path / CHECKPOINT).exists():
+        # (before its tokenizer, which a run still preparing its data has not written either: "tokenizer.json not
+        # found: is it a gbattn run directory?" was said of a run planned by compare --jobs or starting to train)
+        raise CheckpointError(f"{path} holds no weights: its training has not saved a checkpoint yet (one is "
+                              f"saved at each evaluation, every checkpoint_minutes, at the end and when stopped)")
     tokenizer = Tokenizer.load(tokenizer_file, expected_vocab=model_cfg.vocab_size,
                                recorded=recorded_fingerprint(config, of="tokenizer"))
     if exported:
@@ -904,9 +909,6 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         weights = path / (BEST if checkpoint == "best" else CHECKPOINT)
         if checkpoint == "best" and not weights.exists():  # no evaluation happened yet: the last weights are the
             weights, checkpoint = path / CHECKPOINT, "last"  # only ones, and are reported as what they are
-        if not weights.exists() and not (path / BEST).exists() and not (path / CHECKPOINT).exists():
-            raise CheckpointError(f"{path} holds no weights: its training has not saved a checkpoint yet (one is "
-                                  f"saved at each evaluation, every checkpoint_minutes, at the end and when stopped)")
         if not weights.exists():  # checkpoint="last" where only best.pt is: an upcycled run before its training
             raise CheckpointError(f"{path} has no last checkpoint ({CHECKPOINT}), only best-validation weights "
                                   f"({BEST}): an upcycled run not trained yet, or a copy without it; use --checkpoint "
