@@ -3105,6 +3105,32 @@ def test_token_ids_fit_their_dtype_and_a_cap_spans_several_batches(tmp_path):
     assert tok.decode(ids.tolist()) == "".join(f"{i % 10}\n" for i in range(10_000))[:cap]
 
 
+def test_a_long_line_is_encoded_in_pieces_and_the_cap_stops_the_encoding(tmp_path, monkeypatch):
+    """A corpus of one long line (text8: 100M characters on one line) was encoded whole before the cap cut its ids
+    (a 50 MB line peaked at 1.09 GB with char): a char tokenizer's line is encoded in pieces of FLUSH_CHARS (the
+    same ids), batches hold about FLUSH_CHARS characters, and encoding stops at the cap."""
+    from gbattn.data import tokens as tokens_mod
+
+    monkeypatch.setattr(tokens_mod, "FLUSH_CHARS", 10)
+    line = "".join(str(i % 10) for i in range(95)) + "\n"
+
+    class OneLine:
+        def lines(self, split):
+            return iter([line, "12\n", "3\n"])
+
+    tok = Tokenizer("char", json.dumps({"chars": sorted("0123456789\n")}))
+    sizes = []
+    real = tok.encode_batch
+    monkeypatch.setattr(tok, "encode_batch", lambda texts: sizes.append(sum(map(len, texts))) or real(texts))
+    count = tokens_mod._encode_split(OneLine(), "train", tok, None, tmp_path / "all.bin", progress=False)
+    ids = np.fromfile(tmp_path / "all.bin", dtype=tokens_mod.tokens_dtype(tok.vocab_size))
+    assert count == len(ids) == 101 and tok.decode(ids.tolist()) == line + "12\n3\n"
+    assert max(sizes) <= 10 + 3  # (a batch ends once it holds 10 characters or more: one short line past them)
+    sizes.clear()
+    assert tokens_mod._encode_split(OneLine(), "train", tok, 25, tmp_path / "cap.bin", progress=False) == 25
+    assert sum(sizes) == 30  # three pieces of 10, not the 96 characters of the line
+
+
 def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tmp_path, monkeypatch):
     """A 10-step run evaluating every 4 steps evaluates at steps 4, 8 and at its end (10); with
     validation losses that rise after step 4, the final test loss is that of best.pt (step 4), not

@@ -24,6 +24,8 @@ from gbattn.errors import CheckpointError, DataError
 from gbattn.files import FULL_DISK, building_suffix, read_json, remove_abandoned, write_json
 from gbattn.progress import Progress
 
+FLUSH_CHARS = 1 << 20  # characters encoded at a time, about (:func:`_encode_split`)
+
 
 def tokens_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
@@ -45,9 +47,10 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
     bar = Progress(cap, desc=f"tokenizing {split}", unit="token", disable=not progress)
     with open(path, "wb") as f:
         batch: list[str] = []
+        chars = 0
 
         def flush() -> bool:
-            nonlocal n
+            nonlocal n, chars
             try:
                 ids = [i for seq in tokenizer.encode_batch(batch) for i in seq]
             except DataError as e:  # a char tokenizer given another corpus: name the text it cannot read
@@ -58,11 +61,23 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
             n += len(ids)
             bar.update(len(ids))
             batch.clear()
+            chars = 0
             return cap is not None and n >= cap
 
-        for line in encoded_lines(corpus.lines(split), tokenizer):
+        def pieces(lines: Iterable[str]) -> Iterator[str]:
+            """A char tokenizer's long line in pieces of FLUSH_CHARS (its ids are a character's each: the same)."""
+            for line in lines:
+                if tokenizer.kind == "char" and len(line) > FLUSH_CHARS:
+                    yield from (line[i:i + FLUSH_CHARS] for i in range(0, len(line), FLUSH_CHARS))
+                else:
+                    yield line
+
+        # Batches of 4,096 lines or about FLUSH_CHARS characters: a corpus of one long line (text8, 100M characters)
+        # was encoded whole before the cap cut its ids (a 50 MB line peaked at 1.09 GB with char, 392 MB now).
+        for line in pieces(encoded_lines(corpus.lines(split), tokenizer)):
             batch.append(line)
-            if len(batch) >= 4096 and flush():
+            chars += len(line)
+            if (len(batch) >= 4096 or chars >= FLUSH_CHARS) and flush():
                 break
         else:
             if batch:
