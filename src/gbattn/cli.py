@@ -16,7 +16,7 @@ import sys
 import threading
 
 from gbattn import arguments
-from gbattn.errors import Interrupted, Terminated, UserError
+from gbattn.errors import Interrupted, Terminated, UserError, terminated_handler
 from gbattn.parent_death import stop_with_parent
 from gbattn.terminal import terminal_line
 
@@ -113,23 +113,6 @@ def build_parser() -> arguments.Parser:
 def _interrupted_while_starting(signum, frame) -> None:
     print("gbattn: interrupted", file=sys.stderr, flush=True)
     os._exit(130)
-
-
-def terminated_handler():
-    """SIGTERM's handler for this process: raises Terminated (the command unwinds and exits 143). A process
-    forked from this one inherits the handler; there SIGTERM ends the process as its default does: a
-    multiprocessing pool's ``terminate()`` stops its workers with SIGTERM (lm-eval's bootstrap of a
-    perplexity's standard error, at the end of every such task), and each printed a traceback of Terminated."""
-    owner = os.getpid()
-
-    def terminated(signum, frame) -> None:
-        if os.getpid() != owner:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        raise Terminated
-
-    return terminated
 
 
 def _main_thread() -> bool:

@@ -1,5 +1,8 @@
 """Error types for user mistakes. The CLI prints their message on one line and exits 2."""
 
+import os
+import signal
+
 
 class UserError(Exception):
     """A mistake the user can fix (bad option, missing file); never a bug (README, "Trust")."""
@@ -24,6 +27,23 @@ class CheckpointError(UserError, RuntimeError):
 class Terminated(KeyboardInterrupt):
     """SIGTERM outside a training loop (which checkpoints and stops on its own): unwinds as Ctrl-C does, so
     locks and temporary files are released, and the command exits 143 with one line."""
+
+
+def terminated_handler():
+    """SIGTERM's handler for this process: raises Terminated (the command unwinds and exits 143). A process
+    forked from this one inherits the handler; there SIGTERM ends the process as its default does: a
+    multiprocessing pool's ``terminate()`` stops its workers with SIGTERM (lm-eval's bootstrap of a
+    perplexity's standard error, at the end of every such task), and each printed a traceback of Terminated."""
+    owner = os.getpid()
+
+    def terminated(signum, frame) -> None:
+        if os.getpid() != owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated
+
+    return terminated
 
 
 class Interrupted(KeyboardInterrupt):

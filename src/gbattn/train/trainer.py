@@ -26,7 +26,16 @@ from gbattn.data.corpus import load_corpus, test_split_note, tested_split
 from gbattn.data.prepare import Data, data_path_cut, prepare_data, recorded_path_advice
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.data.tokens import epoch_permutation, num_rows, random_windows, rows_batch
-from gbattn.errors import CheckpointError, ConfigError, DataError, DataNotFound, Interrupted, Terminated, UserError
+from gbattn.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    DataNotFound,
+    Interrupted,
+    Terminated,
+    UserError,
+    terminated_handler,
+)
 from gbattn.eval.perplexity import evaluate, perplexity
 from gbattn.files import error_detail
 from gbattn.model.gpt import GPT
@@ -239,10 +248,7 @@ def _sigterm_raises():
         yield
         return
 
-    def terminated(signum, frame):
-        raise Terminated
-
-    signal.signal(signal.SIGTERM, terminated)
+    signal.signal(signal.SIGTERM, terminated_handler())
     try:
         yield
     finally:
