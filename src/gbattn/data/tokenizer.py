@@ -224,10 +224,15 @@ class Tokenizer:
             return False
         from tokenizers.pre_tokenizers import ByteLevel
 
-        vocab = self._hf.get_vocab(with_added_tokens=True)
         byte_fallback = (json.loads(self.payload).get("model") or {}).get("byte_fallback")
-        return not (self._byte_level and vocab.keys() >= set(ByteLevel.alphabet())
-                    or byte_fallback and vocab.keys() >= {f"<0x{byte:02X}>" for byte in range(256)})
+        return not (self._byte_level and self._token_strings >= set(ByteLevel.alphabet())
+                    or byte_fallback and self._token_strings >= {f"<0x{byte:02X}>" for byte in range(256)})
+
+    @functools.cached_property
+    def _token_strings(self) -> frozenset[str]:
+        """Every token of the vocabulary as its string (added tokens too), read once (the scan of each batch of lines
+        built the vocabulary's dict again)."""
+        return frozenset(self._hf.get_vocab(with_added_tokens=True))
 
     @functools.cached_property
     def _normalized_away(self) -> dict[str, bool]:
@@ -272,10 +277,10 @@ class Tokenizer:
             if self._byte_level:
                 from tokenizers.pre_tokenizers import ByteLevel
 
-                vocab, chars = self._hf.get_vocab(with_added_tokens=True), set().union(*texts)
+                chars = set().union(*texts)
                 to_bytes = ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str
                 for c in chars - self._bytes_lacking.keys():
-                    self._bytes_lacking[c] = not all(byte in vocab for byte in to_bytes(c)[0][0])
+                    self._bytes_lacking[c] = not all(byte in self._token_strings for byte in to_bytes(c)[0][0])
                 missing.update(c for c in chars if self._bytes_lacking[c])
             added = self._hf.get_added_tokens_decoder().keys()
             for text, encoding in zip(texts, encodings):
