@@ -86,11 +86,18 @@ def building_suffix() -> str:
     return f".tmp{os.getpid()}@{socket.gethostname()}"
 
 
+def building_owner(name: str) -> tuple[str, str]:
+    """The process id (text; digits for one of :func:`building_suffix`) and host a temporary name
+    ``NAME.tmp<pid>@<host>`` names; the host is empty in ``NAME.tmp<pid>``, written before the host was named."""
+    pid, _, host = name.rsplit(".tmp", 1)[-1].partition("@")
+    return pid, host
+
+
 def remove_abandoned(directory: Path) -> None:
     """Delete the folders and files being built in ``directory`` on this host (``NAME.tmp<pid>@<host>``) by
     processes that no longer exist (killed with -9: a Ctrl-C or an error removes its own)."""
     for path in directory.glob("*.tmp*") if directory.is_dir() else ():
-        pid, _, host = path.name.rsplit(".tmp", 1)[-1].partition("@")
+        pid, host = building_owner(path.name)
         if not pid.isdigit() or host != socket.gethostname() or not process_gone(int(pid)):
             continue
         if path.is_dir() and not path.is_symlink():

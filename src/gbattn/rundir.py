@@ -50,6 +50,7 @@ from gbattn.errors import CheckpointError, ConfigError, UserError
 from gbattn.files import (
     append_jsonl,
     atomic_write,
+    building_owner,
     check_writable_dir,
     check_writable_file,
     did_you_mean_path,
@@ -111,7 +112,7 @@ def remove_debris(directory: str | Path) -> list[str]:
     mid-write. Another host's process cannot be asked: the lock says it writes no more. Returns their names."""
     removed = []
     for path in Path(directory).glob("*.tmp*"):
-        pid, _, host = path.name.rsplit(".tmp", 1)[-1].partition("@")
+        pid, host = building_owner(path.name)
         if not (path.is_file() and pid.isdigit()):
             continue
         if host in ("", socket.gethostname()) and not process_gone(int(pid)):
