@@ -31,6 +31,7 @@ from gbattn.data.corpus import NO_TEST_SPLIT, load_corpus
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError, DataError, Interrupted, UserError
+from gbattn.runtime import device_name
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
 from helpers import (
     TINY,
@@ -846,6 +847,45 @@ def older_checkpoint_format(state: dict) -> dict:
             "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in optim["param_groups"]],
         },
     }
+
+
+def test_a_run_resumed_on_other_arithmetic_says_it_is_not_exact_and_how_to_resume_as_it_ran(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """A checkpoint trained on 1 CPU thread and resumed on 2 ended 1.6e-6 away from the uninterrupted run's weights,
+    yet the resume said "redone, exactly" and nothing warned (nor did one trained compiled and resumed eager, which
+    a run without dropout may do). The checkpoint now records its device, threads and compilation; a resume that
+    differs warns, on stderr, and says how to resume as it ran. One that does not still says "exactly"."""
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data, threads=1)
+    for run, threads in (("same", 1), ("more", 2)):
+        train_killed_at(5, tmp_path / run, *configs, monkeypatch)
+        capsys.readouterr()
+        train(tmp_path / run, resume=True, overrides={"threads": threads})
+        printed = capsys.readouterr()
+        exactly = ", exactly" if threads == 1 else ""
+        assert f"resuming at step 4 of 12, the last checkpoint (work after it is redone{exactly})\n" in printed.out
+        if threads == 1:
+            assert "warning" not in printed.err
+        else:
+            saved, now = device_name(torch.device("cpu"), 1), device_name(torch.device("cpu"), 2)
+            assert (f"warning: the checkpoint of {tmp_path / run} was trained on {saved} and this run "
+                                   f"is on {now} (resume with --threads 1): it goes on, but not exactly as the "
+                                   f"uninterrupted run would (the same sums add up in another order)\n") in printed.err
+    train_killed_at(5, tmp_path / "compiled", *configs, monkeypatch)
+    path = tmp_path / "compiled" / ckpt.CHECKPOINT
+    state = ckpt.load_checkpoint(path)
+    assert state["trained_on"] == {"device": device_name(torch.device("cpu"), 1), "threads": 1, "compiled": False}
+    state["trained_on"]["threads"] = "1"
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="its record of the hardware it trained on is malformed"):
+        train(tmp_path / "compiled", resume=True, quiet=True)
+    state["trained_on"].update(threads=1, compiled=True)  # as a run without dropout may switch
+    torch.save(state, path)
+    capsys.readouterr()
+    train(tmp_path / "compiled", resume=True, quiet=True)
+    assert capsys.readouterr().err.startswith(
+        f"warning: the checkpoint of {tmp_path / 'compiled'} was trained compiled and this run trains eager (resume "
+        f"with --compile): it goes on")
 
 
 def test_a_checkpoint_in_the_older_format_resumes_exactly(tmp_path, monkeypatch):

@@ -78,13 +78,13 @@ def use_tf32(device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-def device_name(device: torch.device) -> str:
+def device_name(device: torch.device, threads: int | None = None) -> str:
     """The hardware a run or a benchmark ran on, for results files: the GPU's name, or the CPU's
-    with the thread count in use and the instruction set torch's kernels use (runs on two CPUs bit-match
-    only with the same kernels: docs/deviations.md, entry 21)."""
+    with the thread count in use (or ``threads``) and the instruction set torch's kernels use (runs on two CPUs
+    bit-match only with the same kernels: docs/deviations.md, entry 21)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    threads = torch.get_num_threads()
+    threads = torch.get_num_threads() if threads is None else threads
     parts = [f"{threads} thread{'s' if threads != 1 else ''}", platform.processor() or platform.machine()]
     parts += [name for name in (cpu_model(), cpu_kernels()) if name]
     return f"cpu ({', '.join(parts)})"

@@ -462,16 +462,18 @@ class Trainer:
         # averages the same steps as the uninterrupted run's.
         self.window_loss, self.window_n = 0.0, 0
         self.saved_processes = None  # how many processes the resumed checkpoint holds random streams of
+        self.saved_trained_on = None  # the device, threads and compilation the resumed checkpoint was trained with
         if state is not None:
             self._load(state, self.run_dir / rundir.CHECKPOINT)
         self.dist.main_only(lambda: self._write_config(resumed=has_checkpoint))
         other_processes = self.saved_processes not in (None, self.dist.world)  # resumed, but not exactly
+        other_arithmetic = self._other_arithmetic()  # so too
         if self.show:
             for line in self._plan():
                 print(line)
             if has_checkpoint:
                 print(f"resuming at step {self.step:,} of {self.total_steps:,}, the last checkpoint (work after it "
-                      f"is redone{'' if other_processes else ', exactly'})")
+                      f"is redone{'' if other_processes or other_arithmetic else ', exactly'})")
             elif self.resume:
                 print(f"{self.run_dir} has no {rundir.CHECKPOINT} yet: training starts at step 0")
         # Warnings and changed settings: stderr, apart from the output, and shown under --quiet too.
@@ -479,6 +481,10 @@ class Trainer:
             print(warmup_note, file=sys.stderr)
         if other_processes and self.main:
             print(self._other_processes_note(), file=sys.stderr)
+        if other_arithmetic and self.main:
+            print(f"warning: the checkpoint of {self.run_dir} was trained {' and '.join(other_arithmetic)}: it goes "
+                  f"on, but not exactly as the uninterrupted run would (the same sums add up in another order)",
+                  file=sys.stderr)
         if self.train_cfg.parallel != "ddp" and not self.dist.enabled and self.main:
             print(f"parallel={self.train_cfg.parallel} applies under torchrun only (torchrun --nproc_per_node N -m "
                   f"gbattn.cli train ...); this is one process", file=sys.stderr)
@@ -665,7 +671,8 @@ class Trainer:
                 "best_valid": self.best_valid, "best_step": self.best_step, "elapsed": self.elapsed,
                 "train_seconds": self.train_seconds, "tokens_seen": self.tokens_seen, "curve": self.curve,
                 "train_window": [self.window_loss, self.window_n],
-                "rng_per_rank": self.dist.gather(all_rng_states(self.device))}
+                "rng_per_rank": self.dist.gather(all_rng_states(self.device)),
+                "trained_on": {"device": device_name(self.device), "threads": self.threads, "compiled": self.compiled}}
 
     def _save(self) -> None:
         state = self._state()
@@ -716,6 +723,13 @@ class Trainer:
                     isinstance(r, dict) and isinstance(r.get("torch"), torch.Tensor) for r in per_rank)):
                 raise ValueError("its random number generator states are malformed")
             self.saved_processes = len(per_rank)
+            trained_on = state.get("trained_on")  # (checkpoints from before it was kept: none)
+            if trained_on is not None and not (
+                    isinstance(trained_on, dict) and isinstance(trained_on.get("device"), str)
+                    and isinstance(trained_on.get("compiled"), bool) and type(trained_on.get("threads")) is int
+                    and trained_on["threads"] > 0):
+                raise ValueError(f"its record of the hardware it trained on is malformed: {trained_on!r}"[:200])
+            self.saved_trained_on = trained_on
             if len(per_rank) == self.dist.world:  # every process resumes its own random stream
                 restore_rng_states(per_rank[self.dist.rank], self.device)
             else:  # saved by another number of processes: rank 0's stream, distinct ones for the others
@@ -890,6 +904,26 @@ class Trainer:
         received one, else SIGINT; one process alone may have been sent it."""
         received = self.dist.gather(stop.signum if stop.requested else None)
         return signal.SIGTERM if signal.SIGTERM in received else signal.SIGINT
+
+    def _other_arithmetic(self) -> list[str]:
+        """How the resumed checkpoint was trained otherwise than this run trains, each with how to resume as it ran:
+        another device, CPU thread count or compilation adds up the same sums in another order (a tiny run killed at
+        step 5 on 1 thread and resumed on 2 ended 1.6e-6 away from the uninterrupted run's weights, yet said
+        "exactly"). Empty for a checkpoint from before this was recorded."""
+        saved = self.saved_trained_on
+        if saved is None:
+            return []
+        changes, device = [], device_name(self.device)
+        if saved["device"] != device:
+            threads = saved["threads"]
+            same_but_threads = self.device.type == "cpu" and device_name(self.device, threads) == saved["device"]
+            changes.append(f"on {saved['device']} and this run is on {device}"
+                           + (f" (resume with --threads {threads})" if same_but_threads else ""))
+        if saved["compiled"] != self.compiled:
+            was = saved["compiled"]
+            changes.append(f"{'compiled' if was else 'eager'} and this run trains {'eager' if was else 'compiled'} "
+                           f"(resume with --{'' if was else 'no-'}compile)")
+        return changes
 
     def _other_processes_note(self) -> str:
         """The warning of a run resumed on another number of processes than its checkpoint holds the random streams
