@@ -1066,3 +1066,16 @@ def test_one_row_of_one_position_reports_its_gate_and_no_relative_drop():
     (row,) = acc.gate_summary()["per_layer"]
     assert (row["mean"], row["std"]) == (0.25, 0.0)
     assert acc.entropy_summary()["relative_drop"] is None
+
+
+def test_analyze_of_a_run_trained_in_bfloat16_says_its_loss_is_in_float32(tmp_path, capsys):
+    """analyze scores in float32; `gbattn eval` in the run's own precision. For a run trained in bf16 the two losses
+    differed in the 4th decimal over the same rows and nothing said why; the summary now names its precision and a
+    note says how the run's own differs (none for a run trained in float32)."""
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "bf16", *tiny_configs(data, amp="bf16", max_steps=2), quiet=True)
+    s = analyze_run(tmp_path / "bf16", out=tmp_path / "a", max_rows=2, device="cpu", quiet=True)
+    note = ("the loss is in float32; the run trained in bfloat16 (amp=bf16), in which `gbattn eval` scores it, so "
+            "the two differ in the last digits")
+    assert s["loss"]["precision"] == "float32" and s["notes"] == [note]
+    assert f"note: {note}" in capsys.readouterr().out

@@ -63,10 +63,16 @@ def check_cuda_index(device: torch.device) -> None:
         raise UserError(f"device='{device}' but this machine has {held}; choose one of them")
 
 
+def autocast_dtype(device: torch.device, amp: str = "auto") -> torch.dtype | None:
+    """The dtype ``amp`` autocasts to on ``device``: bfloat16 on CUDA under ``auto`` or ``bf16``, else None."""
+    return torch.bfloat16 if amp == "bf16" or (amp == "auto" and device.type == "cuda") else None
+
+
 def autocast(device: torch.device, amp: str = "auto"):
     """A context-manager factory: bf16 autocast on CUDA under ``auto`` or ``bf16``, else nothing."""
-    if amp == "bf16" or (amp == "auto" and device.type == "cuda"):
-        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    dtype = autocast_dtype(device, amp)
+    if dtype is not None:
+        return lambda: torch.autocast(device.type, dtype=dtype)
     return contextlib.nullcontext
 
 

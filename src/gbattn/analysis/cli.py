@@ -154,7 +154,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     from gbattn.files import relative_path, remove_unwritten, write_json
     from gbattn.progress import Progress
     from gbattn.rundir import ANALYSIS_DIR, ANALYSIS_FIGURES, ANALYSIS_SUMMARY, check_model_dir, load_run
-    from gbattn.runtime import resolve_device
+    from gbattn.runtime import autocast_dtype, resolve_device
 
     figures.require_matplotlib()  # fail before the slow part
     if max_rows < 1 or batch_size < 1:
@@ -197,6 +197,9 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     bar.close()
     st = collected.stats
     mean_loss = float(collected.loss_NT.mean())
+    if autocast_dtype(dev, run.train_cfg.amp) is not None:  # (its loss differed from eval's in the 4th decimal)
+        notes.append(f"the loss is in float32; the run trained in bfloat16 (amp={run.train_cfg.amp}), in which "
+                     f"`gbattn eval` scores it, so the two differ in the last digits")
     summary = {
         "run_dir": relative_path(run_dir, out.parent),
         "attention": _describe(run),
@@ -213,7 +216,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         "n_heads": run.model_cfg.n_heads,
         "d_model": run.model_cfg.d_model,
         "rounds": st.rounds,
-        "loss": {"mean_nats": mean_loss, "ppl": perplexity(mean_loss)},
+        "loss": {"mean_nats": mean_loss, "ppl": perplexity(mean_loss), "precision": "float32"},
         "paper": stats.PAPER,
     }
     no_boost = (f"{_describe(run)} attention has no boosting rounds: GBA's gates and corrections do not exist "
