@@ -422,6 +422,29 @@ def test_left_padded_cached_batch_equals_each_row_alone(variant_case, block):
     assert (model(batch)[:2, -1] - masked[:2]).abs().max() > 1e-6
 
 
+def test_generation_stopped_by_ctrl_c_carries_the_whole_prompt_and_the_tokens_made(monkeypatch):
+    """A KeyboardInterrupt after two tokens carries the tokens so far as ``partial_BT``: the whole prompt, also one
+    longer than block_size (whose first tokens the model never sees), then the two tokens, as the uninterrupted
+    output begins. The test of the CLI's Ctrl-C used a short prompt, so a partial result that dropped the prompt's
+    first tokens (the CLI then printed the text cut in the wrong place) passed."""
+    def stopping_after_two_tokens():
+        made = []
+
+        def progress(n):
+            made.append(n)
+            if len(made) == 2:
+                raise KeyboardInterrupt
+        return progress
+
+    model = tiny_model(("boosted", {}))  # block_size 24
+    for length in (5, 30):
+        prompt = torch.randint(0, 37, (2, length))
+        whole = generate(model, prompt, 5, temperature=0)
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            generate(model, prompt, 5, temperature=0, progress=stopping_after_two_tokens())
+        assert torch.equal(stopped.value.partial_BT, whole[:, : length + 2]), length
+
+
 def test_a_left_padded_batch_past_block_size_sees_each_windows_own_padding():
     """Past block_size a left-padded batch goes on uncached (nanoGPT's window), written out here: each
     new token is the argmax of a forward over the last block_size tokens with those tokens' padding
