@@ -3497,6 +3497,13 @@ def test_a_checkpoint_whose_adam_moments_do_not_fit_their_weights_is_refused(tmp
                                               "are not finite floating-point numbers >= 0"):
         train(run, resume=True, quiet=True)
     assert ckpt.load_checkpoint(path)["step"] == 2
+    for value in (True, 2.5, None, "x"):  # (an AttributeError traceback at the first step, after files were touched)
+        path.write_bytes(good)
+        state = ckpt.load_checkpoint(path)
+        state["optimizer"]["state"]["wte.weight"]["exp_avg"] = value
+        torch.save(state, path)
+        with pytest.raises(CheckpointError, match=f"optimizer's exp_avg of wte.weight is {value!r}, not a tensor"):
+            train(run, resume=True, quiet=True)
     # Moments of integers (finite, >= 0, the weight's shape) are refused too: AdamW would train on with them
     path.write_bytes(good)
     state = ckpt.load_checkpoint(path)

@@ -1740,6 +1740,44 @@ def test_the_token_cache_over_the_file_size_limit_is_one_line_and_leaves_nothing
     assert list((tmp_path / "cache" / "tokens").iterdir()) == []
 
 
+@pytest.mark.parametrize("name", [rundir.TOKENIZER, rundir.BEST, rundir.METRICS])
+def test_a_resumed_run_with_a_directory_for_a_file_it_reads_later_is_one_line_before_it_trains(trained, tmp_path,
+                                                                                                capsys, monkeypatch,
+                                                                                                name):
+    """A resumed run reads its tokenizer.json, best.pt and metrics.jsonl (or replaces them) only after setup: a
+    directory there ran the whole run to exit 0 and left one no command could read (tokenizer.json), or trained until
+    its first evaluation and failed then naming a temporary file, the steps since the checkpoint lost (best.pt)."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.RESULT).unlink()
+    (run / name).unlink()
+    (run / name).mkdir()
+    before = snapshot(run)
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
+    assert one_line(code, err) == f"gbattn: error: {run / name} is a directory, not a regular file: put the file " \
+                                  f"itself there"
+    assert snapshot(run) == before
+
+
+def test_a_finished_runs_curve_with_values_no_run_writes_is_refused_where_it_is_read(tmp_path):
+    """read_result checked a curve's types only: a perplexity of 0 (or a loss of -1) went into compare's table as a
+    result, and plot then called the comparison's results.json damaged, whose advice rewrote the same file. The
+    curve's values are now checked as read_report checks them, at the run's result.json."""
+    from gbattn.errors import CheckpointError
+
+    result = dict.fromkeys(("d_model", "parameters", "steps", "train_tokens_seen"), 1)
+    result.update(attn="standard", attn_options={}, flops_per_token_train=1.0, tokens_per_parameter=1.0,
+                  train_flops=1.0, wall_clock_s=1.0, train_tokens_per_s=1.0, device="cpu", test_ppl=2.0,
+                  valid_ppl=2.0, valid_loss=0.7)
+    for point, wrong in (({"valid_ppl": 0}, "valid_ppl=0 at step 2, which must be a perplexity"),
+                         ({"valid_loss": -1.0}, "valid_loss=-1.0 at step 2, which must be a loss")):
+        curve = [{"step": 2, "tokens": 8, "epoch": None, "valid_loss": 0.7, "valid_ppl": 2.0, **point}]
+        files.write_json({**result, "curve": curve}, tmp_path / rundir.RESULT)
+        with pytest.raises(CheckpointError, match=f"result.json: its validation curve has {wrong}"):
+            rundir.read_result(tmp_path / rundir.RESULT)
+
+
 def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path):
     """What the stricter readers must keep accepting: a finished run whose perplexities were infinite
     (write_json stores them as null), a curve point with a NaN loss, sparse weights refused in one
@@ -2590,7 +2628,8 @@ def test_a_resume_checkpoint_cannot_change_the_optimizers_settings(trained, tmp_
     were tracebacks at the next step, maximize=true (gradient ascent) and betas of 2 trained on silently."""
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     state = rundir.load_checkpoint(trained["run"] / rundir.CHECKPOINT)
-    state.update(step=2, curve=[p for p in state["curve"] if p["step"] <= 2], best_step=2)  # 2 steps left to train
+    state.update(step=2, curve=[p for p in state["curve"] if p["step"] <= 2], best_step=2,  # 2 steps left to train
+                 tokens_seen=state["tokens_seen"] // state["step"] * 2)
     results = {}
     for name, damage in (("clean", {}), ("eps", {"eps": "x"}), ("amsgrad", {"amsgrad": True}),
                          ("ascent", {"maximize": True, "betas": (2.0, 0.5)})):
@@ -2607,14 +2646,17 @@ def test_a_resume_checkpoint_cannot_change_the_optimizers_settings(trained, tmp_
                                     {"elapsed": True}, {"train_seconds": float("inf")}, {"tokens_seen": -8},
                                     {"train_window": [float("nan"), 1]}, {"train_window": [1.0]},
                                     {"rng_per_rank": []}, {"best_valid": -1.0}, {"best_valid": True},
-                                    {"best_step": 10**6}])
+                                    {"best_step": 10**6}, {"tokens_seen": 10**30}, {"train_window": [1000.0, 0]},
+                                    {"train_window": [8.3, 0.5]}])
 def test_a_resume_checkpoint_with_malformed_bookkeeping_is_one_line(trained, tmp_path, capsys, monkeypatch, damage):
     """A NaN elapsed time resumed and finished with wall_clock_s null in result.json, which compare then refuses
     as incomplete; negative or infinite seconds, a best step of true and seconds of true (1 s to float()) were
     taken as they were too. A negative count of tokens seen, a NaN training-loss window, a window of one number
     and no random streams at all are refused the same way. A negative best validation loss (or true, 1.0) kept
     every later evaluation from counting as better: the run finished with that loss as its result (valid ppl 0.37)
-    and its old best.pt; a best step after the checkpoint's own step was reported as the best one's."""
+    and its old best.pt; a best step after the checkpoint's own step was reported as the best one's. A count of
+    tokens seen other than the steps' (10**30 went into result.json's tokens and FLOPs), and a training-loss window
+    of no steps but a sum of 1000, or of 0.5 steps, (a training loss of 170.7 logged where it was 4.1) too."""
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)

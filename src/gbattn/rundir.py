@@ -665,6 +665,11 @@ def read_result(path: str | Path) -> dict:
     if not valid_curve(result["curve"]):
         raise CheckpointError(f"{path}: its validation curve is malformed (points need step, tokens, valid_loss and "
                               f"valid_ppl)")
+    from gbattn.experiments.report import curve_out_of_range  # (it imports this module)
+
+    wrong = curve_out_of_range(result["curve"])  # (a perplexity of 0 went into compare's table, and plot refused it)
+    if wrong:
+        raise CheckpointError(f"{path}: its validation curve has {wrong}")
     # Taken without them (as null), they are there as null for every reader: compare's table indexed them, a
     # KeyError traceback where a result.json or a point of its curve lacked one.
     for record, keys in ((result, ("test_ppl", "valid_ppl", "valid_loss")), *((p, ("valid_loss", "valid_ppl"))

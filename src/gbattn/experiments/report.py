@@ -317,6 +317,17 @@ def is_loss(value) -> bool:
     return is_number(value) and 0 <= value <= MAX_LOSS
 
 
+def curve_out_of_range(curve: list[dict]) -> str | None:
+    """The first value of a validation curve (:func:`gbattn.rundir.valid_curve`) that no run writes, in words
+    ("valid_ppl=0 at step 2, which must be ..."), or None."""
+    for point in curve:
+        for key, fits, what in (("valid_loss", is_loss, f"a loss (a number {LOSS_RANGE})"),
+                                ("valid_ppl", is_perplexity, f"a perplexity (a number {PERPLEXITY_RANGE})")):
+            if point.get(key) is not None and not fits(point[key]):
+                return f"{key}={point[key]!r} at step {point['step']}, which must be {what}"
+    return None
+
+
 def read_report(path: str | Path) -> dict:
     """A comparison's ``results.json`` with what the figures and gaps read checked: a damaged file is
     one line (:class:`CheckpointError`) naming the file and the field."""
@@ -360,12 +371,9 @@ def read_report(path: str | Path) -> dict:
                 raise bad(f"{label}: {key}={values!r} must be perplexities (numbers {PERPLEXITY_RANGE})")
         curves = r.get("curves")  # plot --gap reads a copied comparison's; one that is no curve is no evaluation
         for seed, curve in curves.items() if isinstance(curves, dict) else ():
-            for point in curve if valid_curve(curve) else ():
-                for key, fits, what in (("valid_loss", is_loss, f"a loss (a number {LOSS_RANGE})"),
-                                        ("valid_ppl", is_perplexity, f"a perplexity (a number {PERPLEXITY_RANGE})")):
-                    if point.get(key) is not None and not fits(point[key]):
-                        raise bad(f"{label}: the curve of seed {seed} has {key}={point[key]!r} at step "
-                                  f"{point['step']}, which must be {what}")
+            wrong = curve_out_of_range(curve) if valid_curve(curve) else None
+            if wrong:
+                raise bad(f"{label}: the curve of seed {seed} has {wrong}")
         for key in ("published", "compute_matched_to", "param_matched_to", "init_from"):
             if r.get(key) is not None and not isinstance(r[key], list if key == "published" else str):
                 raise bad(f"{label}: {key}={r[key]!r} is of the wrong type")

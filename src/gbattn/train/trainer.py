@@ -37,7 +37,7 @@ from gbattn.errors import (
     terminated_handler,
 )
 from gbattn.eval.perplexity import evaluate, perplexity
-from gbattn.files import error_detail
+from gbattn.files import error_detail, refuse_not_regular
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.parent_death import parent_death_signal
@@ -500,6 +500,10 @@ class Trainer:
             if not self.resume:  # weights without a config.json (a killed upcycle): not trained over, not deleted
                 rundir.refuse_weights_without_config(self.run_dir)
             self.lock = rundir.RunLock(self.run_dir)
+            if self.resume:  # what a resumed run reads or replaces later: a directory or a pipe in their place ran the
+                # whole run and left one no command could read (tokenizer.json), or failed at the first evaluation
+                for name in (rundir.TOKENIZER, rundir.BEST, rundir.METRICS):
+                    refuse_not_regular(self.run_dir / name)
             # An upcycled model (weights no training saved): resumed, it trained from a random init at step 0 and
             # replaced them. `train --init-from` trains it (README, "Upcycling a trained model")
             if not self.restart and self._upcycled():
@@ -691,10 +695,12 @@ class Trainer:
             for group, own in zip(self.optimizer.param_groups, settings):
                 group.update(own)
             step, tokens_seen = state["step"], state["tokens_seen"]
+            per_step = self.train_cfg.batch_size * self.seq_len  # (every step reads as many: Trainer._run)
             if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (step, tokens_seen))
-                    and 0 <= step <= self.total_steps and tokens_seen >= 0):  # int() took "5", 5.5 and True
+                    and 0 <= step <= self.total_steps and tokens_seen == step * per_step):  # int() took "5", 5.5, True
                 raise ValueError(f"step={step!r} and tokens_seen={tokens_seen!r} must be integers, 0 <= step <= "
-                                 f"{self.total_steps} (the run's steps) and tokens_seen >= 0")
+                                 f"{self.total_steps} (the run's steps) and tokens_seen = step x {per_step:,} (the "
+                                 f"tokens of a step)")  # (10**30 went into result.json's tokens and FLOPs)
             self.step = step
             best_step, curve, best_valid = state["best_step"], state["curve"], state["best_valid"]
             if not (best_step is None or isinstance(best_step, int) and not isinstance(best_step, bool) and
@@ -714,9 +720,11 @@ class Trainer:
             self.elapsed, self.train_seconds = float(seconds[0]), float(seconds[1])
             self.tokens_seen, self.curve = tokens_seen, curve
             window = state.get("train_window", [0.0, 0])  # (checkpoints from before it was kept: none)
-            if not (isinstance(window, list) and len(window) == 2 and all(_finite_amount(v) for v in window)):
+            # (a count of 0 or 0.5 with a sum of 1000 logged a training loss of 170.7 where it was 4.1)
+            if not (isinstance(window, list) and len(window) == 2 and all(_finite_amount(v) for v in window)
+                    and type(window[1]) is int and window[1] <= step and (window[1] > 0 or window[0] == 0)):
                 raise ValueError("its training-loss window is malformed")
-            self.window_loss, self.window_n = float(window[0]), int(window[1])
+            self.window_loss, self.window_n = float(window[0]), window[1]
             # Checkpoints written before every process's state was kept hold rank 0's alone, as "rng".
             per_rank = state["rng_per_rank"] if "rng_per_rank" in state else [state["rng"]]
             if not (isinstance(per_rank, list) and per_rank and all(
@@ -1097,11 +1105,13 @@ def check_optimizer_moments(model_state: dict, optim_state, optimizer: torch.opt
             raise ValueError(f"the optimizer's state of {name} has no {' and no '.join(missing)}")
         for key in ("exp_avg", "exp_avg_sq"):
             value = param_state.get(key)
-            if weight is not None and isinstance(value, torch.Tensor) and value.shape != weight.shape:
+            if not isinstance(value, torch.Tensor):  # (a number or null was an AttributeError at the first step)
+                raise ValueError(f"the optimizer's {key} of {name} is {value!r:.40}, not a tensor")
+            if weight is not None and value.shape != weight.shape:
                 raise ValueError(f"the optimizer's {key} of {name} has shape {tuple(value.shape)}, "
                                  f"the weight {tuple(weight.shape)}")
-            if isinstance(value, torch.Tensor) and not (value.is_floating_point() and torch.isfinite(value).all()
-                                                        and (key == "exp_avg" or (value >= 0).all())):
+            if not (value.is_floating_point() and torch.isfinite(value).all()
+                    and (key == "exp_avg" or (value >= 0).all())):
                 raise ValueError(f"the optimizer's {key} of {name} holds {value.dtype} values that are not finite "
                                  f"floating-point numbers{' >= 0' if key == 'exp_avg_sq' else ''}")
         count = param_state["step"]
