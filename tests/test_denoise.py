@@ -366,7 +366,8 @@ def test_denoise_without_matplotlib_stops_before_training_with_the_install_line(
     out = tmp_path / "denoise"
     assert main(["denoise", "--quick", "--experiments", "rounds", "--out", str(out), "--steps", "1", "--quiet"]) == 2
     captured = capsys.readouterr()
-    assert captured.err == "gbattn: error: figures need matplotlib: pip install 'gbattn[plot]'\n"
+    assert captured.err == ("gbattn: error: figures need matplotlib, which is not installed: pip install "
+                            "'gbattn[plot]'\n")
     assert captured.out == "" and not (out / "results.json").exists()
 
 

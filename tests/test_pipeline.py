@@ -1720,6 +1720,36 @@ class _DatasetsOfAnotherError:
         raise ValueError("BuilderConfig 'wikitext-2-raw-v1' not found")
 
 
+def test_an_optional_package_installed_but_failing_to_import_is_one_line_that_says_so(tmp_path, monkeypatch):
+    """datasets 2.14.0 (allowed then) with pyarrow 26 failed to import: a 49-line traceback for a corpus by its hub
+    name; matplotlib 3.7 with numpy 2 was "figures need matplotlib: pip install 'gbattn[plot]'", a line that changed
+    nothing, as it was installed. A package that fails to import, its own error or a dependency it lacks, is now one
+    line that says so and names the error; one not installed is still told as not installed."""
+    from gbattn.errors import optional_module
+
+    for name, code in (("datasets", "raise AttributeError(\"module 'pyarrow' has no attribute 'PyExtensionType'\")"),
+                       ("lacking", "import not_a_package_here"), ("halfway", "raise ImportError('numpy.core.multiarray "
+                                                                             "failed to import')")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(code + "\n")
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(DataError, match=r"could not load 'wikitext-2-raw-v1' from the Hugging Face hub \(a corpus by "
+                                        r"its Hugging Face name needs datasets, which is installed but fails to import "
+                                        r"\(AttributeError: module 'pyarrow' has no attribute 'PyExtensionType'\): "
+                                        r"install versions that work together: pip install -U 'gbattn\[hf\]'\); "):
+        load_corpus("wikitext-2-raw-v1")
+    for name, error in (("lacking", "ModuleNotFoundError: No module named 'not_a_package_here'"),
+                        ("halfway", "ImportError: numpy.core.multiarray failed to import")):
+        with pytest.raises(UserError) as told:
+            optional_module(name, "plot", "figures need")
+        assert str(told.value) == (f"figures need {name}, which is installed but fails to import ({error}): install "
+                                   f"versions that work together: pip install -U 'gbattn[plot]'")
+    with pytest.raises(UserError) as told:
+        optional_module("absent_package.sub", "plot", "figures need")
+    assert str(told.value) == "figures need absent_package, which is not installed: pip install 'gbattn[plot]'"
+
+
 def test_a_hub_corpus_that_cannot_load_is_one_data_error_whatever_went_wrong(monkeypatch):
     """Without the `datasets` package, or with any error of the hub or its cache (not only a connection error), the
     hub name is one DataError saying what went wrong and how to give a local copy; a hub address whose host name
@@ -1728,8 +1758,8 @@ def test_a_hub_corpus_that_cannot_load_is_one_data_error_whatever_went_wrong(mon
     from gbattn.data.corpus import _host_resolves
 
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
-    with pytest.raises(DataError, match=r"the `datasets` package is not installed: pip install 'gbattn\[hf\]'\); "
-                                        r"download it once"):
+    with pytest.raises(DataError, match=r"a corpus by its Hugging Face name needs datasets, which is not installed: "
+                                        r"pip install 'gbattn\[hf\]'\); download it once"):
         load_corpus("wikitext-2-raw-v1")
     monkeypatch.setitem(sys.modules, "datasets", _DatasetsOfAnotherError)
     with pytest.raises(DataError, match=r"from the Hugging Face hub \(ValueError: BuilderConfig 'wikitext-2-raw-v1' "

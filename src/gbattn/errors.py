@@ -1,5 +1,6 @@
 """Error types for user mistakes. The CLI prints their message on one line and exits 2."""
 
+import importlib
 import os
 import signal
 
@@ -22,6 +23,25 @@ class DataNotFound(DataError):
 
 class CheckpointError(UserError, RuntimeError):
     """A run directory or checkpoint that is missing, truncated or corrupted (README, "Trust")."""
+
+
+def optional_module(module: str, extra: str, needs: str):
+    """``module`` (of an optional dependency) imported for what ``needs`` says ("figures need"), or a one-line
+    UserError with the pip line of gbattn's extra ``extra``: where the package is not installed, and where it is but
+    fails to import (one that does not fit its own dependencies: datasets 2.14.0 with pyarrow 26, matplotlib 3.7
+    with numpy 2), which was a traceback, or "not installed" with a pip line that changed nothing."""
+    package = module.split(".")[0]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == package:
+            raise UserError(f"{needs} {package}, which is not installed: pip install 'gbattn[{extra}]'") from None
+        cause = e
+    except Exception as e:  # (any error of the package's own code as it loads)
+        cause = e
+    detail = " ".join(str(cause).split())[:160]
+    raise UserError(f"{needs} {package}, which is installed but fails to import ({type(cause).__name__}: {detail}): "
+                    f"install versions that work together: pip install -U 'gbattn[{extra}]'") from None
 
 
 class Terminated(KeyboardInterrupt):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 from gbattn import arguments
 
 
@@ -39,11 +37,10 @@ def register(sub) -> None:
 
 
 def require(module: str, extra: str) -> None:
-    """A one-line error when an optional dependency is not installed."""
-    from gbattn.errors import UserError
+    """A one-line error when an optional dependency is not installed, or fails to import."""
+    from gbattn.errors import optional_module
 
-    if importlib.util.find_spec(module) is None:
-        raise UserError(f"this command needs {module}, which is not installed: pip install 'gbattn[{extra}]'")
+    optional_module(module, extra, "this command needs")
 
 
 def cmd_export(args) -> None:

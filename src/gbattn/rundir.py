@@ -46,7 +46,7 @@ from gbattn.arguments import GENERATE_DEFAULTS
 from gbattn.checks import MAX_INT, check_choice
 from gbattn.config import ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
-from gbattn.errors import CheckpointError, ConfigError, UserError
+from gbattn.errors import CheckpointError, ConfigError, UserError, optional_module
 from gbattn.files import (
     append_jsonl,
     atomic_write,
@@ -1054,10 +1054,7 @@ def read_shards(path: Path, index: str, read) -> dict:
 
 
 def read_safetensors(path: str | Path, device) -> dict:
-    try:
-        from safetensors.torch import load_file
-    except ImportError:
-        raise UserError("reading an exported directory needs safetensors: pip install 'gbattn[transformers]'") from None
+    load_file = optional_module("safetensors.torch", "transformers", f"reading {Path(path).name} needs").load_file
     try:
         return load_file(str(path), device=str(device))
     except Exception as e:  # safetensors raises its own error types for any malformed file

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gbattn.errors import UserError
+from gbattn.errors import optional_module
 from gbattn.experiments.report import (
     TEST_IS_VALIDATION,
     compared_values,
@@ -56,11 +56,10 @@ def round_color(m: int) -> str:
 
 
 def require_matplotlib():
-    """The matplotlib module, or a one-line UserError saying how to install it."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise UserError("figures need matplotlib: pip install 'gbattn[plot]'") from None
+    """The matplotlib module, or a one-line UserError saying how to install it (its pyplot-free Agg canvas is
+    imported too: matplotlib 3.7 with numpy 2 fails there)."""
+    matplotlib = optional_module("matplotlib", "plot", "figures need")
+    optional_module("matplotlib.backends.backend_agg", "plot", "figures need")
     return matplotlib
 
 

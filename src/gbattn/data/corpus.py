@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gbattn.checks import did_you_mean
-from gbattn.errors import DataError, DataNotFound
+from gbattn.errors import DataError, DataNotFound, UserError, optional_module
 from gbattn.files import dangling_link, did_you_mean_path, error_detail, refuse_lfs_pointer
 
 SPLITS = ("train", "valid", "test")
@@ -359,9 +359,9 @@ def _hugging_face(name: str) -> Corpus:
     if Path(name).exists():  # a bare name is the hub's dataset, even where a folder of that name is here
         hint += f"; ./{name} is here, but a bare name is the hub's dataset: pass --data ./{name} to use the local one"
     try:
-        import datasets
-    except ImportError:
-        raise DataError(hint.format(why="the `datasets` package is not installed: pip install 'gbattn[hf]'")) from None
+        datasets = optional_module("datasets", "hf", "a corpus by its Hugging Face name needs")
+    except UserError as e:
+        raise DataError(hint.format(why=str(e))) from None
     try:
         with hub_access():
             if config is None:  # openwebtext: one train split, streamed; valid/test by document index
