@@ -422,6 +422,25 @@ def test_a_resumed_run_keeps_the_warmup_it_started_with(tmp_path, monkeypatch):
         torch.testing.assert_close(resumed[name], ref[name], rtol=0, atol=0)
 
 
+def test_a_resumed_run_with_its_recorded_warmup_gives_no_note_of_todays_fit(tmp_path, monkeypatch, capsys):
+    """A from-zero warmup as long as the run (12 of 12 steps), fitted to 1 by the earlier rule: resumed, the run
+    trains with warmup 1, which reaches the peak, so the note today's fit would give ("the learning rate never
+    reaches lr") is not said."""
+    from gbattn import rundir
+    from gbattn.train import trainer
+
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data, warmup_steps=12, fit_warmup=True, warmup_from_zero=True)
+    with monkeypatch.context() as earlier_rule:
+        earlier_rule.setattr(trainer, "WARMUP_FIT_LIMIT", trainer.EARLIER_WARMUP_FIT_LIMIT)
+        train_killed_at(7, tmp_path / "killed", *configs, monkeypatch)
+    assert rundir.read_config(tmp_path / "killed" / rundir.CONFIG)["warmup_steps"] == 1
+    assert "never reaches" in fitted_warmup(configs[1], 12)[1]  # what today's fit would say
+    capsys.readouterr()
+    train(tmp_path / "killed", resume=True, quiet=True)
+    assert capsys.readouterr().err == ""
+
+
 def test_every_training_step_runs_with_dropout_on(tmp_path, monkeypatch):
     """A run's steps run the model in training mode (dropout 0.1 drawn), the steps after each evaluation
     (scored in eval mode) too: every run compared with another stays equal if none drops out at all."""

@@ -1030,8 +1030,8 @@ def test_a_run_resumed_on_another_number_of_processes_says_it_is_not_exact(tmp_p
 def test_a_process_the_checkpoint_holds_no_stream_of_draws_a_stream_of_its_own(tmp_path, monkeypatch):
     """A one-process checkpoint resumed by two processes: the first resumes the saved stream, the second
     (which the checkpoint holds none of) one of its own, the same on every resume, not the first's (with
-    dropout, both processes would draw the same masks on their halves of a batch). _load runs here as
-    each process of two would run it."""
+    dropout, both processes would draw the same masks on their halves of a batch), nor its own at step 0 (it would
+    draw the masks of the run's first steps again). _load runs here as each process of two would run it."""
     from gbattn.train.distributed import DistEnv
     from gbattn.train.trainer import Trainer
     from helpers import tiny_configs, train_killed_at
@@ -1051,6 +1051,8 @@ def test_a_process_the_checkpoint_holds_no_stream_of_draws_a_stream_of_its_own(t
         state = torch.get_rng_state()
         assert streams.setdefault(rank, state).equal(state)  # the same stream on every resume
     assert torch.equal(streams[0], saved[0]["torch"]) and not torch.equal(streams[1], streams[0])
+    torch.manual_seed(trainer.train_cfg.seed + 1000)  # rank 1's stream at the start of a 2-process run
+    assert not torch.equal(streams[1], torch.get_rng_state())  # (it would draw step 0's masks again)
 
 
 def test_gradient_accumulation_reduces_gradients_once_per_step():
