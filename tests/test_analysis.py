@@ -343,6 +343,7 @@ def test_analyze_against_records_each_top_token_and_example_where_it_is(runs, tm
     assert s["attention"] == "boosted" and s["n_heads"] == TINY["n_heads"] and s["notes"] == []
     layer_legend = [t.get_text() for t in drawn["entropy"].axes[1].get_legend().get_texts()]
     assert "paper round 0 (3.31, T=256)" in layer_legend and "paper correction (2.58, T=256)" in layer_legend
+    assert s["entropy"]["paper"]["seq_len"] == s["paper"]["seq_len"] == 256  # the paper's rows (docs/paper.md)
 
 
 def test_top_and_examples_of_0_list_no_token_and_draw_no_example_figure(runs, tmp_path):

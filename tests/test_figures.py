@@ -371,7 +371,7 @@ def analysis_summary(relative_drop: float) -> dict:
         "checkpoint": "best", "step": 8,
         "rows": 4, "split": "test", "seq_len": 31, "loss": {"mean_nats": 2.0, "ppl": 7.39},
         "paper": {"gate_mean_per_layer": [0.35], "gate_mean_per_layer_revised": [0.3], "entropy_round0_nats": 3.31,
-                  "entropy_correction_nats": 2.58, "entropy_relative_drop": 0.22},
+                  "entropy_correction_nats": 2.58, "entropy_relative_drop": 0.22, "seq_len": 256},
         "gates": {"available": False, "reason": "no gates"},
         "entropy": {"mean_per_round": [2.0, 2.0 * (1 - relative_drop)], "max_possible": 3.43,
                     "relative_drop": relative_drop, "per_layer": [{"layer": 0, "relative_drop": relative_drop}]},
@@ -383,7 +383,7 @@ def test_print_summary_says_higher_for_a_rise_in_entropy(tmp_path, capsys):
     print_summary(analysis_summary(-0.03), tmp_path / "summary.json")
     printed = capsys.readouterr().out
     assert "(3% higher; change per layer L0 +3%)" in printed and "% lower;" not in printed
-    assert "paper: 3.31 -> 2.58 (22% lower" in printed
+    assert "paper: 3.31 -> 2.58 (22% lower, layer 0 the exception, T=256)" in printed
     assert f"figures: {tmp_path / 'entropy.png'}" in printed
     print_summary(analysis_summary(0.22), tmp_path / "summary.json")
     assert "(22% lower; change per layer L0 -22%)" in capsys.readouterr().out
@@ -2143,6 +2143,10 @@ def test_results_md_names_seeds_that_diverged_apart_from_seeds_not_finished():
     md = results_markdown({**report_of(rows), "seeds": [7, 42, 123]})  # seed 7 not finished: no row has it
     assert ("Every model has seed 42 only (seed 7 not finished; seed 123 diverged, with no finite perplexity): each "
             "mean is over 1 seed.") in md
+    rows = [row("standard", 10.0, ["123"]), row("gba-m2", 9.0, [])]  # gba-m2 has not finished seed 123
+    md = results_markdown(report_of(rows))
+    assert "Every model has seed 42 only (seed 123 not finished): each mean is over 1 seed." in md
+    assert "diverged" not in md  # (said of every model where one had diverged and another not finished)
 
 
 def test_read_report_refuses_a_label_that_is_no_folder_name_and_takes_integer_numbers(tmp_path):
@@ -2302,6 +2306,8 @@ def test_gap_pairs_a_continued_model_at_its_whole_training_length(tmp_path):
     # continuation step 100 (whole step 300) against scratch step 300, and 200 (400) against 400
     assert [p["difference"] for p in gap["points"]] == [pytest.approx(2.0 + 1 / 100 - 2.5 - 1 / 300),
                                                         pytest.approx(2.0 + 1 / 200 - 2.5 - 1 / 400)]
+    gap = gap_series(root, "standard-scratch", "gba-upcycled")  # the continued model as the reference: its whole
+    assert (gap["steps"], gap["reference_steps"]) == (400, 400)  # training too (not 200, "paired at equal steps")
     gap = gap_series(root, "gba-upcycled", "standard-continued")  # both continue base: step for step
     assert [(p["step"], p["difference"]) for p in gap["points"]] == [(300, pytest.approx(-0.1)),
                                                                      (400, pytest.approx(-0.1))]

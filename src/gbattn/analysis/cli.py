@@ -232,7 +232,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     entropy = st.entropy_summary()
     entropy["paper"] = {k: stats.PAPER[k] for k in ("entropy_round0_nats", "entropy_correction_nats",
                                                     "entropy_relative_drop", "entropy_note")}
-    entropy["paper"]["seq_len"] = 256
+    entropy["paper"]["seq_len"] = stats.PAPER["seq_len"]
     summary["entropy"] = entropy
     norms = st.norm_summary(run.model_cfg.norm)
     summary["norms"] = {"available": False, "reason": no_boost} if norms is None else {"available": True, **norms}
@@ -383,7 +383,8 @@ def print_summary(summary: dict, summary_path: Path) -> None:
                      f"{round0:.2f} -> {round1:.2f}, ")
         line += (f" ({basis}{figures.change_words(e['relative_drop'])}; change per layer {per_layer})    "
                  f"paper: {paper['entropy_round0_nats']:.2f} -> {paper['entropy_correction_nats']:.2f} "
-                 f"({figures.change_words(paper['entropy_relative_drop'])}, layer 0 the exception, T=256)")
+                 f"({figures.change_words(paper['entropy_relative_drop'])}, layer 0 the exception, "
+                 f"T={paper['seq_len']})")
     print(line)
     n = summary["norms"]
     if n["available"]:

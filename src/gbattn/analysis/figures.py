@@ -244,9 +244,9 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
                               label="per head" if (li == 0 and m == 0) else None)
         if paper and M > 1:
             layer_ax.axhline(paper["entropy_round0_nats"], color=round_color(0), linestyle=":", linewidth=1.5,
-                             label=f"paper round 0 ({paper['entropy_round0_nats']:.2f}, T=256)")
+                             label=f"paper round 0 ({paper['entropy_round0_nats']:.2f}, T={paper['seq_len']})")
             layer_ax.axhline(paper["entropy_correction_nats"], color=round_color(1), linestyle=":", linewidth=1.5,
-                             label=f"paper correction ({paper['entropy_correction_nats']:.2f}, T=256)")
+                             label=f"paper correction ({paper['entropy_correction_nats']:.2f}, T={paper['seq_len']})")
         for li, r in enumerate(layers):
             if r.get("relative_drop") is not None:  # the correction's entropy change, inside the bars
                 layer_ax.annotate(change_percent(r["relative_drop"]), (li, 0), textcoords="offset points",
