@@ -1844,7 +1844,8 @@ def test_bpe_trains_on_the_first_non_empty_training_lines(tmp_path, monkeypatch)
 
 def test_prepared_data_follows_the_configs_caps_and_split(tmp_path):
     """train_tokens caps train, eval_tokens caps valid and test; a single file is split by the
-    config's fractions; the splits asked for are the ones returned (eval's valid and test, not train)."""
+    config's fractions; the splits asked for are the ones returned (eval's valid and test, not train), and those
+    prepared first on a fresh cache leave the train split to a later training run."""
     from gbattn.config import TrainConfig
     from gbattn.data.prepare import prepare_data
 
@@ -1859,6 +1860,12 @@ def test_prepared_data_follows_the_configs_caps_and_split(tmp_path):
     assert [len(splits[s]) for s in ("train", "valid", "test")] == [500, 300, 200]
     held_out = prepare_data(cfg, vocab_size=64, progress=False, needed=("valid", "test")).splits  # eval's splits
     assert sorted(held_out) == ["test", "valid"] and [len(held_out[s]) for s in ("valid", "test")] == [300, 200]
+    # eval first on a fresh cache (another machine's run): its held-out-only entry is no training run's entry
+    cfg = TrainConfig(data=str(data), tokenizer="char", train_tokens=400, eval_tokens=60)  # caps not cached yet
+    held_out = prepare_data(cfg, vocab_size=64, progress=False, needed=("valid", "test")).splits
+    assert [len(held_out[s]) for s in ("valid", "test")] == [60, 60]
+    splits = prepare_data(cfg, vocab_size=64, progress=False).splits
+    assert [len(splits[s]) for s in ("train", "valid", "test")] == [400, 60, 60]  # (train was 0: the entry's)
 
 
 def test_prepared_data_without_progress_prints_nothing(tmp_path, capsys):
@@ -2291,6 +2298,20 @@ def test_an_unknown_token_spelled_otherwise_is_shown_too(model):
     from gbattn.hf.tokenization import hf_tokenizer  # an export names the same unknown token
 
     assert hf_tokenizer(tok, 64).unk_token == "[UNK]"
+
+
+def test_a_unigram_tokenizers_unknown_token_at_id_0_is_shown():
+    """sentencepiece numbers its unknown token 0: a Unigram model's ``unk_id`` of 0 is an unknown id (a test of
+    truth, not of the type, would read it as none, and decoding would leave the unknown word out silently)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    hf = HFTokenizer(models.Unigram([(t, -1.0) for t in ("<unk>", "<pad>", "a", "b")], unk_id=0))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.add_special_tokens(["<unk>", "<pad>"])
+    tok = Tokenizer("hf", hf.to_str())
+    ids = tok.encode("a zz b")
+    assert ids == [2, 0, 3] and tok.unknown_id == 0 and tok.decode(ids) == "a <unk> b"
 
 
 def test_a_tokenizers_added_tokens_count_in_its_size():
@@ -2827,7 +2848,8 @@ def test_evaluate_runs_the_model_under_the_autocast_it_is_given():
 
 def test_evaluate_reports_progress_per_row_and_restores_training_mode():
     """7 rows in batches of 3: progress adds up to 7 rows (3 + 3 + 1); a model in training mode with
-    dropout is scored without dropout and is back in training mode afterwards."""
+    dropout is scored without dropout and is back in training mode afterwards; a KV cache the caller set up is
+    the model's again afterwards."""
     from gbattn.config import ModelConfig
     from gbattn.eval.perplexity import evaluate
     from gbattn.model.gpt import GPT
@@ -2844,6 +2866,16 @@ def test_evaluate_reports_progress_per_row_and_restores_training_mode():
     modes = {name: module.training for name, module in model.named_modules()}
     evaluate(model, tokens, seq_len=8, batch_size=3)
     assert {name: module.training for name, module in model.named_modules()} == modes
+    # and the KV cache a caller set up and filled: the caller's next decode step is the full forward's
+    model.eval()
+    idx_BT = torch.randint(0, 11, (1, 8))
+    full_BTV = model(idx_BT)
+    model.setup_cache(batch=1, max_len=8)
+    callers_cache = model.kv_cache
+    model(idx_BT[:, :7], input_pos=torch.arange(7))
+    evaluate(model, tokens, seq_len=8, batch_size=3)
+    assert model.kv_cache is callers_cache
+    torch.testing.assert_close(model(idx_BT[:, 7:], input_pos=torch.tensor([7]))[:, -1], full_BTV[:, -1])
 
 
 def test_perplexity_of_a_loss_of_50_or_more_is_infinite():
@@ -3199,6 +3231,18 @@ def test_a_long_line_is_encoded_in_pieces_and_the_cap_stops_the_encoding(tmp_pat
     sizes.clear()
     assert tokens_mod._encode_split(OneLine(), "train", tok, 25, tmp_path / "cap.bin", progress=False) == 25
     assert sum(sizes) == 30  # three pieces of 10, not the 96 characters of the line
+    # Only a char tokenizer's line is cut: a BPE one's token at the cut would be two tokens
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    hf = HFTokenizer(models.BPE({"a": 0, "b": 1, "ab": 2, "<unk>": 3}, [("a", "b")], unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    words = Tokenizer("hf", hf.to_str())
+    line = "ab " * 40 + "\n"  # a cut every 10 characters falls inside "ab" four times
+    count = tokens_mod._encode_split(OneLine(), "train", words, None, tmp_path / "bpe.bin", progress=False)
+    ids = np.fromfile(tmp_path / "bpe.bin", dtype=tokens_mod.tokens_dtype(words.vocab_size))
+    whole = [i for text in (line, "12\n", "3\n") for i in words.encode(text)]
+    assert count == len(ids) == len(whole) and ids.tolist() == whole and whole[:40] == [2] * 40
 
 
 def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tmp_path, monkeypatch):

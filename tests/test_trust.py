@@ -254,7 +254,8 @@ def test_resume_and_eval_refuse_other_data(trained, tmp_path, capsys, monkeypatc
     (data / "wiki.test.tokens").write_text("the cat sat on the mat .\n" * 300)  # same characters, other text
     code, _, err = run_cli(capsys, ["eval", run])
     line = one_line(code, err)
-    assert "is not the data the run was trained on" in line and recorded[:16] in line and "--allow-other-data" in line
+    assert "is not the data the run was trained on" in line and "--allow-other-data" in line
+    assert f"(fingerprint {recorded[:16]} recorded, {load_corpus(str(data)).fingerprint[:16]} now)" in line
     # not typed now: named as the run's record, with where it is (it read "--data PATH", as if typed)
     assert line.startswith(f"gbattn: error: the data {run} recorded ({data}) is not the data the run was trained on")
     assert f"; that is the path {run} recorded (a relative path is relative to where the run was trained)" in line
@@ -1809,6 +1810,10 @@ def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path
     path = tmp_path / "tokenizer.json"
     path.write_text(Tokenizer("hf", hf.to_str()).to_json())
     assert Tokenizer.load(path, expected_vocab=3).vocab_size == 3 and Tokenizer.load(path).vocab_size == 101
+    boundary = HFTokenizer(models.WordLevel({"a": 0, "b": 1, "<unk>": 3}, unk_token="<unk>"))  # id 2 unused
+    (tmp_path / "boundary.json").write_text(Tokenizer("hf", boundary.to_str()).to_json())
+    with pytest.raises(DataError, match=r"^the tokenizer encodes this text to id 3, past the model's 3 ids"):
+        Tokenizer.load(tmp_path / "boundary.json", expected_vocab=3).encode("a c")  # the first id past them
     legacy = Tokenizer.load(path, expected_vocab=3)  # its model has 3 rows: id 100 (<unk>) has none
     assert legacy.encode("a") == [0] and legacy.encode_batch(["b", "a"]) == [[1], [0]]
     for encode in (legacy.encode, lambda text: legacy.encode_batch(["a", text])):  # was an index past the table
