@@ -22,13 +22,17 @@ def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, genera
                 top_p: float | None = None) -> Tensor:
     """Next token ids (B, 1): greedy at temperature 0, else softmax sampling with optional top-k, then top-p
     (nucleus sampling, Holtzman et al. 2020: the most likely tokens whose probabilities, ranked, reach ``top_p``)."""
-    if temperature <= 0 or float(torch.tensor(temperature, dtype=torch.float32)) == 0:  # 0 in float32: greedy
+    if temperature <= 2.0**-150:  # 0 in float32 (2**-150 and below round to it): greedy
         return logits_BV.argmax(-1, keepdim=True)
     scaled_BV = logits_BV.float() / temperature
     # A tiny temperature overflows the division; shifted by the row's largest logit first it cannot
-    # (the same distribution; chosen per row without a host sync, so other rows keep their bits).
-    shifted_BV = (logits_BV.float() - logits_BV.float().amax(-1, keepdim=True)) / temperature
-    logits_BV = torch.where(torch.isfinite(scaled_BV).all(-1, keepdim=True), scaled_BV, shifted_BV)
+    # (the same distribution; chosen per row without a host sync, so other rows keep their bits). On a CPU, where
+    # reading the check costs no sync, the usual case (every row finite) skips computing the shifted rows.
+    finite_B1 = torch.isfinite(scaled_BV).all(-1, keepdim=True)
+    if not (logits_BV.device.type == "cpu" and bool(finite_B1.all())):
+        shifted_BV = (logits_BV.float() - logits_BV.float().amax(-1, keepdim=True)) / temperature
+        scaled_BV = torch.where(finite_B1, scaled_BV, shifted_BV)
+    logits_BV = scaled_BV
     if top_k is not None and top_k < logits_BV.shape[-1]:
         kth = torch.topk(logits_BV, top_k, dim=-1).values[:, -1:]
         logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))
