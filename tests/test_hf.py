@@ -1570,6 +1570,12 @@ def test_export_records_which_weights_it_holds(trained, tmp_path, capsys):
     assert cli_main(["export", str(out), "--out", str(tmp_path / "again")]) == 0
     assert "(its weights)" in capsys.readouterr().out
     assert json.loads((tmp_path / "again" / "config.json").read_text())["gbattn"]["checkpoint"] == "best"
+    # An export of the last weights asked for the best ones: refused as the other way round (it was evaluated, exit 0)
+    assert cli_main(["eval", str(tmp_path / "last"), "--checkpoint", "best"]) == 2
+    assert capsys.readouterr().err == (f"gbattn: error: {tmp_path / 'last'} is an exported directory holding its run's "
+                                       f"last weights: --checkpoint best (from Python: checkpoint='best') does not "
+                                       f"apply (export the run's best weights with `gbattn export RUN --checkpoint "
+                                       f"best`)\n")
     never = tmp_path / "never-evaluated"  # killed before its first evaluation: its last weights are its only ones
     shutil.copytree(run_dir, never, ignore=shutil.ignore_patterns(rundir.BEST))
     assert cli_main(["export", str(never), "--out", str(tmp_path / "only")]) == 0
@@ -1795,7 +1801,8 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_analysis(trained, tmp_
 
 
 def test_exported_weights_follow_a_strict_umask(trained, tmp_path):
-    """Under umask 077 the weights are private like every other file export writes (not 0644)."""
+    """Under umask 077 the weights are private like every other file export writes (not 0644); under 002, group-
+    writable like them (not 0644)."""
     run_dir, _ = trained
     umask = os.umask(0o077)
     try:
@@ -1804,6 +1811,13 @@ def test_exported_weights_follow_a_strict_umask(trained, tmp_path):
         os.umask(umask)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "private").iterdir()}
     assert set(modes.values()) == {0o600}, modes
+    umask = os.umask(0o002)  # a group's shared folder: the weights group-writable too, as every other file
+    try:
+        assert cli_main(["export", str(run_dir), "--out", str(tmp_path / "shared")]) == 0
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "shared").iterdir()}
+    assert set(modes.values()) == {0o664}, modes
 
 
 # ---- transformers.Trainer ----------------------------------------------------------------
@@ -2317,10 +2331,13 @@ def test_standard_names_at_a_configs_top_level_agree_with_its_gbattn_dict(traine
     model = config["gbattn"]["model"]
     damaged = tmp_path / "damaged"
     shutil.copytree(out, damaged)
+    assert model["n_kv_heads"] is None  # as many key/value heads as query heads: a top-level count other than that
     for name, value, field in (("num_attention_heads", 2 * model["n_heads"], "n_heads"),
-                               ("tie_word_embeddings", not model["tie_embeddings"], "tie_embeddings")):
+                               ("tie_word_embeddings", not model["tie_embeddings"], "tie_embeddings"),
+                               ("num_key_value_heads", model["n_heads"] // 2, "n_kv_heads")):
         (damaged / "config.json").write_text(json.dumps({**config, name: value}))
-        line = (f"{name}={value!r} at its top level disagrees with {field}={model[field]!r} in its gbattn model dict: "
+        recorded = model[field] if field != "n_kv_heads" else model["n_heads"]  # (null: as many as n_heads)
+        line = (f"{name}={value!r} at its top level disagrees with {field}={recorded!r} in its gbattn model dict: "
                 f"transformers builds the model from the one, gbattn from the other; delete {name} from config.json")
         refused_by_generate_and_lm_eval(damaged, f"gbattn: error: {damaged / 'config.json'}: {line}\n", capsys)
         with pytest.raises(ValueError, match=re.escape(f"config.json: {line}")):

@@ -723,6 +723,9 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     # What gbattn cannot compute exactly, each refused in one line:
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}},
      "RoPE scaling"),
+    # both names of the kind, disagreeing: transformers goes by rope_type (linear scaling), so must the check
+    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "type": "default", "rope_theta": 500.0}},
+     "RoPE scaling"),
     ("gpt2", {"scale_attn_weights": False}, "scale_attn_weights=false cannot be converted exactly (gbattn needs true)"),
     ("gpt2", {"scale_attn_weights": None}, "scale_attn_weights=null cannot be converted exactly"),  # false to HF
     # a flag of another type: said to be one (before: "cannot be converted exactly")
