@@ -1157,7 +1157,7 @@ def test_entropy_figure_of_gba_in_every_layer_boxes_an_unchanged_layer_and_label
                    {"mean_per_round": [1.5, 1.5], "per_head": [[1.4, 1.6], [1.4, 1.6]], "relative_drop": 0.0},
                    {"mean_per_round": [1.5, 0.9], "per_head": [[1.4, 1.6], [0.8, 1.0]], "relative_drop": 0.4}],
                "per_position_mean": [np.linspace(0, 2, T).tolist(), np.linspace(0, 1.6, T).tolist()]}
-    paper = {"entropy_round0_nats": 3.31, "entropy_correction_nats": 2.58}
+    paper = {"entropy_round0_nats": 3.31, "entropy_correction_nats": 2.58, "seq_len": 256}
     hist_ax, layer_ax = figures.entropy_figure(entropy, paper).axes[:2]
     assert [t.get_text() for t in hist_ax.get_legend().get_texts()] == [
         "round 0 (attention): mean 1.50", "round 1 (correction): mean 1.20", f"max log T = {math.log(T):.2f}"]

@@ -1290,7 +1290,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "are not floating-point numbers (wte.weight: torch.bool"),
         # The resume event was appended into a directory (IsADirectoryError) or through a link, outside the run:
         ("metrics.jsonl is a directory", ["train", "--resume", "--out", broken["metrics-dir"], "--quiet"],
-         "metrics.jsonl cannot be opened to append to (Is a directory; a link, a directory or a FIFO is refused)"),
+         "metrics.jsonl is a directory, not a regular file: put the file itself there"),
         ("metrics.jsonl is a link", ["train", "--resume", "--out", broken["metrics-link"], "--quiet"],
          "metrics.jsonl cannot be opened to append to (Too many levels of symbolic links;"),
         ("eval --per-token onto the run's checkpoint", ["eval", run, "--per-token", run / rundir.BEST],
