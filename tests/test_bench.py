@@ -833,6 +833,8 @@ def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(
             speed.run_bench("cpu-char", specs, **common)
     with pytest.raises(UserError, match=r"^--attn names boosted:rounds=3 twice \(boosted:rounds=3.0, is the same "):
         speed.run_bench("cpu-char", ["boosted:rounds=3", "boosted:rounds=3.0,"], **common)
+    with pytest.raises(UserError, match=r"^--attn names boosted twice \(boosted:rounds=2 is the same model\)"):
+        speed.run_bench("cpu-char", ["boosted", "boosted:rounds=2"], **common)  # a default spelled out
     with pytest.raises(UserError, match="^--sweep-attn names boosted more than once"):
         speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["boosted", "boosted:"], **common)
     with pytest.raises(UserError, match=r"^--sweep names length\(s\) \[16\] more than once: each length is timed once"):

@@ -1724,3 +1724,46 @@ def test_results_json_records_the_added_models_and_refuses_them_damaged(tmp_path
         path.write_text(json.dumps({**report, key: value}))
         with pytest.raises(CheckpointError, match=message):
             read_report(path)
+
+
+def test_compare_jobs_divide_the_threads_rounded_down_and_count_every_seeds_run(tmp_path, monkeypatch):
+    """--threads is every run's threads in all: --jobs 2 --threads 3 gives each run 1 (2 in all; rounded up, 4 in
+    all), and the progress bar counts the runs of every seed (3 seeds of one model: 3 runs, not "2/1 runs")."""
+    class Stop(Exception):
+        pass
+
+    data = str(write_corpus(tmp_path / "c"))
+    shares = []
+
+    def first_configs(recipe, spec, data, seed, sets, vocab):
+        shares.append(sets.get("threads"))
+        raise Stop
+
+    with monkeypatch.context() as patched:
+        patched.setattr(compare_mod, "spec_configs", first_configs)
+        for jobs, threads in ((2, 3), (4, 6), (2, 5), (3, 7)):
+            with pytest.raises(Stop):
+                run_compare("cpu-char", tmp_path / f"cmp-{jobs}-{threads}", data=data, sets=tiny_sets(), quiet=True,
+                            jobs=jobs, threads=threads)
+    assert shares == [1, 1, 2, 2]
+    totals = []
+
+    def bar(total, **kwargs):
+        totals.append(total)
+        raise Stop
+
+    monkeypatch.setattr(compare_mod, "Progress", bar)
+    with pytest.raises(Stop):
+        run_compare("cpu-char", tmp_path / "cmp", data=data, sets=tiny_sets(), only=["standard", "gba-m2"],
+                    seeds=[1, 2, 3], quiet=True, threads=1)
+    assert totals == [6]
+
+
+def test_a_model_label_is_at_most_64_characters(tmp_path):
+    """A label names the model's folder: 64 characters are taken, 65 refused, as the message says."""
+    from gbattn.experiments.recipes import get_recipe, with_models
+
+    recipe = get_recipe("cpu-char")
+    assert "m" * 64 in [spec.label for spec in with_models(recipe, {"m" * 64: "boosted:rounds=3"}, []).models]
+    with pytest.raises(UserError, match="at most 64 characters"):
+        with_models(recipe, {"m" * 65: "boosted:rounds=3"}, [])
