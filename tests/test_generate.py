@@ -372,6 +372,29 @@ def test_generate_cli_leaves_the_compiling_out_of_its_tokens_per_second(tmp_path
     assert re.search(r"2 x 12 tokens in \S+ s \([\d,]+ tokens/s, KV cache\)$", lines[2]), lines[2]
     # one new token: the prefill's; no decode step ran (it said "compiled decode step")
     assert re.search(r"2 x 1 tokens in \S+ s \([\d,]+ tokens/s, KV cache\)$", lines[3]), lines[3]
+    # The rates exactly, on a clock that moves only in the decode steps (the compiling 100 s, each later step
+    # 0.01 s): compiled, 2 x 10 tokens after the first two in 10 steps; eager, 4 x 12 tokens (every sample's) in 11
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    real_eager_step = decoding.eager_decode_step
+
+    def timed_step(model, mode=None):
+        eager, calls = real_eager_step(model), []
+
+        def step(*args):
+            clock[0] += 100.0 if mode != "eager" and not calls else 0.01
+            calls.append(1)
+            return eager(*args)
+
+        return step
+
+    monkeypatch.setattr(decoding, "compiled_decode_step", timed_step)
+    monkeypatch.setattr(decoding, "eager_decode_step", lambda model: timed_step(model, "eager"))
+    for flags in (["--num-samples", "2", "--compile"], ["--num-samples", "4", "--no-compile"]):
+        assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the", "--max-new-tokens", "12", *flags]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if " tokens in " in line]
+    assert "(200 tokens/s after the first 2 tokens, which took 100.00 s with compiling" in lines[0], lines[0]
+    assert "4 x 12 tokens in 0.11 s (436 tokens/s, KV cache)" in lines[1], lines[1]  # 48 tokens / 0.11 s
 
 
 def test_generate_cli_passes_samples_and_the_cache_choice_and_shows_a_bar_for_long_runs(tmp_path, capsys,
@@ -549,7 +572,7 @@ def test_a_tiny_temperature_samples_the_largest_logit():
     from gbattn.model.decoding import sample_next
 
     logits = torch.randn(3, 20)
-    for temperature in (1e-45, 1e-50):  # 1e-50 is 0 in float32: greedy
+    for temperature in (1e-45, 2.0**-149, 2.0**-150, 1e-50):  # 2**-150 and below are 0 in float32: greedy
         assert torch.equal(sample_next(logits, temperature, None, torch.Generator().manual_seed(0)),
                            logits.argmax(-1, True))
     # A row in which only the largest logit overflows (100 / 1e-38 is inf in float32, -1 / 1e-38 is not) is shifted too.
@@ -905,3 +928,15 @@ def test_generate_cli_stops_at_stop_text_and_prints_up_to_it(four_step_run, caps
     assert f"stopped at --stop after {first + 2} of 40" in printed.err and f"1 x {first + 2} tokens" in printed.err
     text = gbattn.load_run(four_step_run).generate("the cat", max_new_tokens=40, temperature=0, stop=stop_text)
     assert text == "the cat" + new_text[:first]
+    # ended by --stop inside the block: not "no cache past block_size", as the 40 tokens planned would have been
+    assert 7 + first + 2 <= gbattn.load_run(four_step_run).model.cfg.block_size < 7 + 40
+    assert "no cache past block_size" not in printed.err
+    # a stop text never made: the summary says nothing of --stop; one spanning the prompt's end and the first new
+    # character is no stop text of the new text (it cut the prompt: "the ca")
+    across = "t" + new_text[0]
+    assert across not in new_text
+    for stop in ("never made", across):
+        assert cli_main(["generate", run_dir, "--prompt", "the cat", "--max-new-tokens", "40", "--temperature", "0",
+                         "--stop", stop]) == 0
+        printed = capsys.readouterr()
+        assert printed.out == "the cat" + new_text + "\n---\n" and "stopped at --stop" not in printed.err, stop
