@@ -553,7 +553,8 @@ def torchrun(out: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
     detected") mid-run; 12 runs of the same test did not repeat it. Such a crash is torch's native code, not
     what these tests check, which every other failure still fails. A fresh run's folder is cleared first."""
     for attempt in (1, 2):
-        proc = subprocess.run([*TORCHRUN, "--out", str(out), *args], capture_output=True, text=True, env=env)
+        proc = subprocess.run([*TORCHRUN, "--out", str(out), *args], capture_output=True, text=True, env=env,
+                              timeout=900)  # (a process that waits forever for the other fails the test, not CI)
         # (a resumed run goes on from its last checkpoint, exactly: its folder stays)
         if attempt == 2 or proc.returncode == 0 or not crashed_natively(proc.stderr, out, clear="--resume" not in args):
             return proc
@@ -1195,3 +1196,62 @@ def test_torchrun_helper_runs_again_only_after_a_native_crash(tmp_path, monkeypa
     calls.clear()
     script = [(1, "exitcode  : -11 (pid: 1)"), (1, "exitcode  : -11 (pid: 1)")]
     assert torchrun(tmp_path / "out", "--resume", env={}).returncode == 1 and len(calls) == 2  # once more, not cleared
+
+
+def test_two_processes_test_the_best_weights_when_the_best_step_is_not_the_last(tmp_path, one_process_run):
+    """A run whose validation is best before its last step (lr 3: it diverges) tests best.pt's weights, in every
+    process: with rank 1 testing its last weights, result.json's test loss mixed two models (216.2, where best.pt
+    scores 149.8 and the last weights 287.5), and every torchrun test had its best step at its last."""
+    data, _ = one_process_run
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    run = tmp_path / "two"
+    proc = torchrun(run, *_train_argv(data, 12, lr=3.0, eval_every=2), "--set", "parallel=ddp", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = rundir.read_result(run / rundir.RESULT)
+    assert result["best_step"] < result["steps"] == 12, result["best_step"]
+    scored = subprocess.run([sys.executable, "-m", "gbattn.cli", "eval", str(run), "--threads", "1"],
+                            capture_output=True, text=True, env=env)  # best.pt, in one process
+    assert scored.returncode == 0, scored.stderr
+    best = json.loads(scored.stdout.splitlines()[-1])
+    assert best["checkpoint"] == "best" and result["test_loss"] == pytest.approx(best["loss"], rel=1e-5)
+
+
+def test_sums_across_processes_are_float64_and_fsdp2_on_cuda_reduces_in_float32(monkeypatch):
+    """DistEnv.all_sum adds evaluation sums, token counts and training losses in float64: in float32 a count of
+    16,777,217 tokens came back 16,777,216 and a loss of 4.123456789 as 4.1234569550. FSDP2's policy on a CUDA device
+    with bf16 computes in bf16 and reduces gradients in float32, on every sharded unit (never run by another test:
+    no GPU); on a CPU it is the default one. On a one-process gloo group, standing in for two."""
+    import torch.distributed as dist
+
+    from gbattn.config import ModelConfig
+    from gbattn.model import GPT
+    from gbattn.train.distributed import DistEnv, wrap_model
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert DistEnv(world=2).all_sum([16_777_217.0, 4.123456789]) == [16_777_217.0, 4.123456789]
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+        for device, dtypes in ((torch.device("cuda", 0), (torch.bfloat16, torch.float32)), (torch.device("cpu"),
+                                                                                            (None, None))):
+            model = GPT(ModelConfig(vocab_size=20, block_size=8, d_model=16, n_layers=1, n_heads=2))
+            wrap_model(model, "fsdp2", DistEnv(world=2), device)
+            for unit in (model, model.blocks[0].attn, model.blocks[0].mlp):
+                policy = unit._get_fsdp_state()._mp_policy
+                assert (policy.param_dtype, policy.reduce_dtype) == dtypes, (device, unit)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_note_of_a_one_process_checkpoint_resumed_by_two_names_one_process(tmp_path):
+    """The warning of a one-process checkpoint resumed under torchrun by two: "of 1 process", and how to resume it
+    as it ran (one process, no torchrun). Only the other way round (2 resumed by 1) was checked."""
+    from gbattn.train.distributed import DistEnv
+    from gbattn.train.trainer import Trainer
+
+    trainer = object.__new__(Trainer)
+    trainer.run_dir, trainer.saved_processes, trainer.dist = tmp_path / "run", 1, DistEnv(rank=0, world=2)
+    assert trainer._other_processes_note() == (
+        f"warning: the checkpoint of {tmp_path / 'run'} holds the random streams of 1 process and this run has 2: it "
+        f"goes on, but not exactly as the uninterrupted run would (gradients add up in another order, and a process "
+        f"without its own stream draws other dropout masks); to continue exactly, resume as it ran: `gbattn train "
+        f"--resume --out {tmp_path / 'run'}` (one process)")
