@@ -1748,6 +1748,23 @@ def test_an_optional_package_installed_but_failing_to_import_is_one_line_that_sa
     with pytest.raises(UserError) as told:
         optional_module("absent_package.sub", "plot", "figures need")
     assert str(told.value) == "figures need absent_package, which is not installed: pip install 'gbattn[plot]'"
+    # a Hugging Face checkpoint's weights (upcycle's source) without safetensors: named as the file they are, not as
+    # "an exported directory"
+    from gbattn.rundir import read_safetensors
+
+    class NotInstalled:  # finds no safetensors, as Python without it
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name.split(".")[0] == "safetensors":
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    for name in [m for m in sys.modules if m.split(".")[0] == "safetensors"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [NotInstalled(), *sys.meta_path])
+    with pytest.raises(UserError) as told:
+        read_safetensors(tmp_path / "model.safetensors", "cpu")
+    assert str(told.value) == ("reading model.safetensors needs safetensors, which is not installed: pip install "
+                               "'gbattn[transformers]'")
 
 
 def test_a_hub_corpus_that_cannot_load_is_one_data_error_whatever_went_wrong(monkeypatch):
