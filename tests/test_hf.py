@@ -1804,20 +1804,15 @@ def test_exported_weights_follow_a_strict_umask(trained, tmp_path):
     """Under umask 077 the weights are private like every other file export writes (not 0644); under 002, group-
     writable like them (not 0644)."""
     run_dir, _ = trained
-    umask = os.umask(0o077)
-    try:
-        assert cli_main(["export", str(run_dir), "--out", str(tmp_path / "private")]) == 0
-    finally:
-        os.umask(umask)
-    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "private").iterdir()}
-    assert set(modes.values()) == {0o600}, modes
-    umask = os.umask(0o002)  # a group's shared folder: the weights group-writable too, as every other file
-    try:
-        assert cli_main(["export", str(run_dir), "--out", str(tmp_path / "shared")]) == 0
-    finally:
-        os.umask(umask)
-    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "shared").iterdir()}
-    assert set(modes.values()) == {0o664}, modes
+    # (002: a group's shared folder, the weights group-writable too, as every other file)
+    for umask, name, mode in ((0o077, "private", 0o600), (0o002, "shared", 0o664)):
+        callers = os.umask(umask)
+        try:
+            assert cli_main(["export", str(run_dir), "--out", str(tmp_path / name)]) == 0
+        finally:
+            os.umask(callers)
+        modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / name).iterdir()}
+        assert set(modes.values()) == {mode}, modes
 
 
 # ---- transformers.Trainer ----------------------------------------------------------------

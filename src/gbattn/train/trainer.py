@@ -455,6 +455,7 @@ class Trainer:
         torch.manual_seed(cfg.seed + 1000 * self.dist.rank)  # dropout streams differ across processes
         self.flops_per_token = flops_per_token(self.model_cfg, seq_len=self.seq_len, backward=True)
 
+        self.tokens_per_step = cfg.batch_size * self.seq_len  # every step reads as many (tokens_seen counts them)
         # State that a checkpoint carries.
         self.step, self.best_valid, self.best_step = 0, float("inf"), None
         self.elapsed = 0.0  # wall-clock seconds of training and evaluation, across resumes
@@ -698,7 +699,7 @@ class Trainer:
             for group, own in zip(self.optimizer.param_groups, settings):
                 group.update(own)
             step, tokens_seen = state["step"], state["tokens_seen"]
-            per_step = self.train_cfg.batch_size * self.seq_len  # (every step reads as many: Trainer._run)
+            per_step = self.tokens_per_step
             if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (step, tokens_seen))
                     and 0 <= step <= self.total_steps and tokens_seen == step * per_step):  # int() took "5", 5.5, True
                 raise ValueError(f"step={step!r} and tokens_seen={tokens_seen!r} must be integers, 0 <= step <= "
@@ -833,7 +834,6 @@ class Trainer:
         cfg = self.train_cfg
         name = f"{self.extra['label']}/{self.run_dir.name}" if "label" in self.extra else self.run_dir.name
         self.bar = Progress(self.total_steps, desc=f"train {name}", initial=self.step, disable=not self.show)
-        tokens_per_step = cfg.batch_size * self.seq_len
         last_ckpt = time.monotonic()
         window_t0, window_steps, window_tokens = time.perf_counter(), 0, 0  # this process's, for speed
         self.model.train()
@@ -849,12 +849,12 @@ class Trainer:
                     self.bar.close()
                     raise TrainingDiverged(self._diverged_message(loss))
                 self.step += 1
-                self.tokens_seen += tokens_per_step
+                self.tokens_seen += self.tokens_per_step
                 dt = time.perf_counter() - t0
                 self.train_seconds += dt
                 self.elapsed += dt
                 self.window_loss, self.window_n = self.window_loss + loss, self.window_n + 1
-                window_steps, window_tokens = window_steps + 1, window_tokens + tokens_per_step
+                window_steps, window_tokens = window_steps + 1, window_tokens + self.tokens_per_step
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     now = time.perf_counter()
                     tok_s = window_tokens / max(now - window_t0, 1e-9)
