@@ -80,6 +80,19 @@ def test_block_mode_sources():
     assert model.residual.mixture_sizes() == [n for _, n in seen]  # what the FLOP count adds up
 
 
+@pytest.mark.parametrize("block_size,n_layers", [(3, 2), (3, 4), (4, 4), (5, 4)])
+def test_mixture_sizes_are_the_sources_each_mix_sees(block_size, n_layers):
+    """mixture_sizes (which the FLOP count adds up) equals the sources each aggregation is handed, for blocks
+    of 3 to 5 sublayers that end mid-layer: a partial block counted only one sublayer into it passed at
+    S = 1 and 2 and miscounted the FLOPs of every larger block."""
+    model = tiny_model(("standard", {}), residual="attnres-block", attnres_block=block_size, n_layers=n_layers)
+    seen = []
+    original = model.residual.mix
+    model.residual.mix = lambda i, sources: seen.append(len(sources)) or original(i, sources)
+    model(torch.randint(0, 37, (1, 4)))
+    assert len(seen) == 2 * n_layers + 1 and model.residual.mixture_sizes() == seen
+
+
 def test_full_mode_sources_grow_by_one_per_sublayer():
     """Full AttnRes (S = 1) with 2 layers: sublayer l mixes the embedding and every earlier output, l + 1
     sources, and the final aggregation all 5; a block counter not reset after a completed block kept only

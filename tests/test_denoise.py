@@ -185,9 +185,25 @@ def test_implicit_gradient_solves_the_adjoint_to_its_tolerance():
     from gbattn.synthetic.models import attach_implicit_gradient
 
     b_BD = torch.ones(2, 3, dtype=torch.float64, requires_grad=True)
-    z_BD = attach_implicit_gradient(lambda z_BD: 0.9 * z_BD + b_BD, (10 * b_BD).detach(), tol=1e-6, max_iter=1000)
-    (grad_BD,) = torch.autograd.grad(z_BD.sum(), b_BD)
-    torch.testing.assert_close(grad_BD, torch.full_like(grad_BD, 10.0), rtol=1e-4, atol=0)
+    for loss_scale in (1.0, 1e-4):  # the tolerance is relative: a small loss (or loss scale) is solved as well
+        z_BD = attach_implicit_gradient(lambda z_BD: 0.9 * z_BD + b_BD, (10 * b_BD).detach(), tol=1e-6,
+                                        max_iter=1000)
+        (grad_BD,) = torch.autograd.grad(loss_scale * z_BD.sum(), b_BD)
+        torch.testing.assert_close(grad_BD / loss_scale, torch.full_like(grad_BD, 10.0), rtol=1e-4, atol=0)
+
+
+def test_deq_max_iter_bounds_the_adjoint_solve_too(monkeypatch):
+    """--deq-max-iter is the most fixed-point iterations "forward and adjoint": with max_iter = 2 and tol = 0 the
+    backward pass runs exactly two vector-Jacobian products (one autograd.grad call each)."""
+    import gbattn.synthetic.models as models
+
+    model, patterns_KD, query_BD, target_B = deq_case(beta=4.0, n_queries=8, seed=3)
+    model.tol, model.max_iter = 0.0, 2
+    calls, real_grad = [], torch.autograd.grad
+    monkeypatch.setattr(models.torch.autograd, "grad", lambda *a, **k: calls.append(1) or real_grad(*a, **k))
+    out_BD, probs_BK = model(query_BD, patterns_KD)
+    denoise_loss(out_BD, probs_BK, target_B, patterns_KD).backward()
+    assert model.last_stats.iterations == 2 and len(calls) == 2
 
 
 def test_deq_answers_one_step_past_its_fixed_point_search_and_runs_frozen():
@@ -898,6 +914,12 @@ def test_init_and_deq_solver_options_reach_the_protocol_and_the_results(tmp_path
     assert report["protocol"]["init"] == "normal"
     assert ("Not the defaults: initialisation N(0, 0.02) Linear weights, zero biases; log beta = log 2.0; DEQ solver "
             "to relative residual 1e-07, at most 900 iterations") in (out / "results.md").read_text()
+    for option, value, note in (("--deq-tol", "1e-7", "DEQ solver to relative residual 1e-07, at most 200"),
+                                ("--deq-max-iter", "900", "DEQ solver to relative residual 1e-05, at most 900")):
+        assert main(["denoise", "--out", str(out), "--experiments", "deq", "--seeds", "0", option, value,
+                     "--quiet"]) == 0  # each solver option alone is named as not the default
+        text = (out / "results.md").read_text()
+        assert "Not the defaults: initialisation" in text and f"{note} iterations" in text
     assert main(["denoise", "--out", str(out), "--experiments", "deq", "--seeds", "0", "--quiet"]) == 0
     assert seen.pop() == Protocol() and "Not the defaults" not in (out / "results.md").read_text()
     capsys.readouterr()
