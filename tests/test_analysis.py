@@ -249,6 +249,12 @@ def test_figures_of_a_run_given_as_dot_name_its_folder(runs, tmp_path, monkeypat
                      "cpu"]) == 0
     titles = [drawn["gates"].get_suptitle(), drawn["entropy"].get_suptitle(), drawn["norms"].axes[0].get_title()]
     assert all("(gba, test, 2 rows" in title for title in titles), titles
+    # a --max-rows above the split's rows: the titles state the rows analysed, not the cap
+    assert cli_main(["analyze", ".", "--out", str(tmp_path / "b"), "--max-rows", "100000", "--quiet", "--device",
+                     "cpu"]) == 0
+    rows = json.loads((tmp_path / "b" / "summary.json").read_text())["rows"]
+    titles = [drawn["gates"].get_suptitle(), drawn["entropy"].get_suptitle(), drawn["norms"].axes[0].get_title()]
+    assert rows < 100_000 and all(f"(gba, test, {rows} rows" in title for title in titles), titles
 
 
 def test_analyze_standard_run_reports_entropy_and_says_gates_do_not_exist(runs, tmp_path, capsys):

@@ -912,9 +912,12 @@ def test_progress_on_a_terminal_is_a_tqdm_bar_unless_disabled(monkeypatch):
 
     monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: True, raising=False)
     assert progress.Progress(3, desc="q", disable=True)._bar is None
-    bar = progress.Progress(10, desc="train", initial=4)
+    bar = progress.Progress(10, desc="train", initial=4, unit="step")
     bar.update(1, loss=2.5)
     assert (bar._bar.n, bar._bar.postfix) == (5, "loss=2.5")
+    # its total (so the percentage and the time left), its name and its unit reach the bar
+    assert (bar._bar.total, bar._bar.desc, bar._bar.unit) == (10, "train", "step")
+    assert str(bar._bar).startswith("train:  50%") and " 5/10 " in str(bar._bar)
     bar.close()
     assert bar._bar.disable
 
@@ -1046,6 +1049,10 @@ def test_terminal_text_and_line_share_one_escaping_and_keep_their_rules():
     assert terminal.terminal_text(text) == "a\\x1b[31mb\\rc\n\td\u00a0e\u202ef"
     assert terminal.terminal_line(text) == "a\\x1b[31mb c d e\\u202ef"
     assert all(terminal.escaped(c) == ascii(c)[1:-1] for c in "\x1b\r\u202e")
+    # the 8-bit controls too: a CSI (\x9b) starts an escape sequence on many terminals, as \x1b[ does
+    eight_bit = "ok\x9b31mRED\x85x\x7fy"
+    assert terminal.terminal_text(eight_bit) == "ok\\x9b31mRED\\x85x\\x7fy"
+    assert terminal.terminal_line(eight_bit) == "ok\\x9b31mRED x\\x7fy"  # a next-line (\x85) is whitespace
 
 
 def test_sigterm_during_a_command_is_one_line_status_143_and_unwinds(tmp_path):

@@ -79,6 +79,10 @@ def test_results_figure_marks_seed_counts_and_compares_on_the_shared_seed():
     assert "ours: one seed's value (no spread: no error bar)" in texts["legend"]
     # Means and Δ vs standard over seed 42 only: 95 / 100 and 96 / 100.
     assert texts["annotations"] == ["100.00", "95.00 (-5.0%)", "96.00 (-4.0%)"]
+    # and the dashed reference line is that mean too (100, not the 105 of standard's two seeds)
+    ax = figures.results_figure(report_of(rows)).axes[0]
+    (reference,) = [line for line in ax.get_lines() if line.get_label() == "standard mean"]
+    assert list(reference.get_ydata()) == [100.0, 100.0]
 
     same = [model_row("standard", {"42": 100.0, "123": 110.0}), model_row("gba-m2", {"42": 96.0, "123": 98.0})]
     texts = drawn_texts(figures.results_figure(report_of(same)))
@@ -219,12 +223,16 @@ def test_plot_names_the_runs_whose_curves_are_missing(tmp_path, capsys):
     (compare_dir / "results.json").write_text(json.dumps(report_of(rows)))
     write_run(compare_dir, "standard", 42)
     write_run(compare_dir, "twicing", 42, events=False)  # gba-m2/seed42 not copied at all
+    (compare_dir / "param-fair" / "seed42" / "metrics.jsonl").mkdir(parents=True)  # not a file
+    rows.insert(1, model_row("param-fair", {"42": 97.0}))
+    (compare_dir / "results.json").write_text(json.dumps(report_of(rows)))
 
     with pytest.raises(UserError) as caught:
         plot_compare(compare_dir)
     message = str(caught.value)
     assert "gba-m2/seed42/ (no directory)" in message
     assert "twicing/seed42/metrics.jsonl (no train or eval events)" in message
+    assert "param-fair/seed42/metrics.jsonl (no file)" in message
     assert "standard/seed42" not in message
     assert not (compare_dir / "figures").exists()
 
@@ -237,6 +245,8 @@ def test_plot_names_the_runs_whose_curves_are_missing(tmp_path, capsys):
     (compare_dir / "twicing" / "seed42" / "metrics.jsonl").unlink()
     (compare_dir / "twicing" / "seed42").rmdir()
     write_run(compare_dir, "twicing", 42)
+    shutil.rmtree(compare_dir / "param-fair")
+    write_run(compare_dir, "param-fair", 42)
     assert [p.name for p in plot_compare(compare_dir)] == ["results.png", "curves.png"]
     run = tmp_path / "run"  # --out a run directory: refused, nothing written into it
     run.mkdir()
@@ -1255,7 +1265,7 @@ def test_examples_figure_shows_the_last_context_tokens_and_the_gain():
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == [f"t{i}" for i in range(6, 30)]
     assert [bar.get_height() for bar in ax.containers[0]] == pytest.approx(example["attention"][0, 6:])
-    assert "(gain +0.50)" in ax.get_title()
+    assert "loss 1.00 vs 1.50 nats for the other model (gain +0.50)" in ax.get_title()
 
 
 def test_examples_figure_of_a_short_context_shows_every_token_upright_with_the_query_in_bold():
@@ -1946,6 +1956,10 @@ def test_curves_colour_each_model_dash_each_seed_and_choose_the_log_axis_from_ev
     assert [t.get_text() for t in valid_ax.get_legend().get_texts()] == ["standard", "gba-m2", "seed 1", "seed 2"]
     assert valid_ax.get_yscale() == "log" and valid_ax.get_xlabel() == "tokens seen (millions)"
     assert valid_ax.get_ylabel() == "validation perplexity (log scale)"  # the axis says it is not linear
+    # a model with seed 2 alone draws it dashed, as the legend's "seed 2" (not in the style of its first run)
+    partial = figures.curves_figure({**curves, "gba-m2": {"2": run(100.0, 200.0)}}).axes[1]
+    assert [(line.get_color(), line.get_linestyle()) for line in partial.get_lines()] == [
+        ("C0", "-"), ("C0", "--"), ("C1", "--")]
     # seven seeds, seven line styles (after four they came round again: seed 5 drawn, and its legend entry, as seed 1)
     from matplotlib.axes import Axes
 
