@@ -177,6 +177,33 @@ def test_config_refuses_other_models_names_for_its_fields(keywords, match):
         GbattnConfig(**keywords)
 
 
+# Every other model's name GbattnConfig refuses, and what its message points to instead (written out here, apart
+# from configuration.OTHER_MODELS_NAMES: an entry dropped from that table was accepted and read by nothing).
+OTHER_NAMES_POINT_TO = {
+    "n_embd": "use hidden_size=", "n_layer": "use num_hidden_layers=", "n_head": "use num_attention_heads=",
+    "n_positions": "use max_position_embeddings=", "intermediate_size": "field for it is ffn_hidden",
+    "n_inner": "field for it is ffn_hidden", "hidden_act": "field for it is ffn",
+    "activation_function": "field for it is ffn", "rms_norm_eps": "field for it is norm_eps",
+    "layer_norm_eps": "field for it is norm_eps", "layer_norm_epsilon": "field for it is norm_eps",
+    "attention_dropout": "field for it is dropout", "hidden_dropout": "field for it is dropout",
+    "hidden_dropout_prob": "field for it is dropout", "attention_probs_dropout_prob": "field for it is dropout",
+    "resid_pdrop": "field for it is dropout", "embd_pdrop": "field for it is dropout",
+    "attn_pdrop": "field for it is dropout", "attention_bias": "field for it is bias",
+    "mlp_bias": "field for it is bias", "head_dim": "gbattn has no such setting",
+    "rope_scaling": "gbattn has no such setting",
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_NAMES_POINT_TO))
+def test_config_refuses_each_other_models_name_and_points_to_ours(name):
+    with pytest.raises(ValueError) as refused:
+        GbattnConfig(**{name: 8})
+    message = str(refused.value)
+    assert message.startswith(f"GbattnConfig({name}=8) is another model's name")
+    points_to = OTHER_NAMES_POINT_TO[name]
+    assert points_to + ("..." if points_to.startswith("use") else ":" if "field" in points_to else " ") in message
+
+
 def test_config_checks_what_it_is_given_and_copies_it():
     """Standard names given as keywords are validated like gbattn's own fields; a section that is not
     gbattn's config.json content is a clear error; the caller's dict is copied, not shared."""
@@ -352,6 +379,12 @@ def test_the_base_model_gives_what_the_causal_lm_reads_and_keeps_its_checks(layo
     prefill = base(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
     step = base(ids[:, -1:], attention_mask=mask, cache=getattr(prefill, CACHE_FIELD)).last_hidden_state
     torch.testing.assert_close(step[:, -1], out.last_hidden_state[:, -1], rtol=1e-10, atol=1e-10)
+    # the cache by its other keyword (4.x's only one): used, not dropped for a new one
+    prefill = base(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
+    cache = getattr(prefill, CACHE_FIELD)
+    step = base(ids[:, -1:], attention_mask=mask, past_key_values=cache).last_hidden_state
+    torch.testing.assert_close(step[:, -1], out.last_hidden_state[:, -1], rtol=1e-10, atol=1e-10)
+    assert cache.get_seq_length() == ids.shape[1]
     base.save_pretrained(tmp_path / "base")
     hf.save_pretrained(tmp_path / "lm")
     head_input = hf(idx, output_hidden_states=True).hidden_states[-1]
@@ -542,6 +575,13 @@ def test_misuses_are_clear_errors():
         hf(idx, past_key_values=((torch.zeros(1), torch.zeros(1)),))
     with pytest.raises(ValueError, match="output_attentions asked for, by argument or config") as refused:
         hf(idx, output_attentions=True)
+    # asked for by the config: refused too, not silently answered without maps (5.x asks for eager attention first)
+    with pytest.MonkeyPatch.context() as mp:
+        if hasattr(hf.config, "_attn_implementation"):
+            mp.setattr(hf.config, "_attn_implementation", "eager")
+        mp.setattr(hf.config, "output_attentions", True)
+        with pytest.raises(ValueError, match="output_attentions asked for, by argument or config"):
+            hf(idx)
     # the config's output_hidden_states holds unless an argument decides
     hf.config.output_hidden_states = True
     assert len(hf(idx).hidden_states) == 3 and hf(idx, output_hidden_states=False).hidden_states is None
@@ -1160,6 +1200,10 @@ def test_special_tokens_of_a_vocabulary_with_several_candidates():
     added_text = hf_kind({"<unk>": 0, "</s>": 1, "<s>": 2}, added=["<s>"])  # an added token, but not a special one
     assert added_text.bos_token is None
     assert set(llama_like("a b").keys()) == {"input_ids", "attention_mask"}  # no token_type_ids
+    gemma_like = hf_kind({"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "a": 4, "b": 5},
+                         special=["<pad>", "<eos>", "<bos>", "<unk>"])  # Gemma's names, padding first
+    assert (gemma_like.eos_token, gemma_like.pad_token, gemma_like.bos_token) == ("<eos>", "<pad>", "<bos>")
+    assert (gemma_like.eos_token_id, gemma_like.bos_token_id) == (1, 2)
     pad_only = hf_kind({"<unk>": 0, "<pad>": 1, "a": 2})  # no end-of-text token: <pad> stands in, as for bpe
     assert (pad_only.eos_token, pad_only.pad_token, pad_only.unk_token) == ("<pad>", "<pad>", "<unk>")
     plain = hf_kind({"x": 0, "a": 1, "b": 2})
