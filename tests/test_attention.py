@@ -105,6 +105,32 @@ def test_entropy_gate_in_several_query_chunks_equals_reference():
     assert_equals_reference(("boosted", {"rounds": 3, "gate": "mlp"}), "gqa-rope", naive=False, length=160)
 
 
+def test_entropy_gate_one_query_at_a_time_when_a_query_alone_has_too_many_scores():
+    """B * H * S over 2^17 (512 rows x 4 heads x 65 keys = 133,120): the chunk is one query, not zero (a chunk
+    size of 0 was a ValueError from range() in ordinary training, e.g. 64 rows x 8 heads x 512 tokens)."""
+    attn = make(("boosted", {"rounds": 2, "gate": "mlp"}))
+    x = torch.randn(512, 65, D, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), attn(x, naive=True), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_entropy_of_a_low_precision_map_with_zeros_is_finite(dtype):
+    """0 log 0 = 0 in every dtype: the clamp is the map's own dtype's tiny (float32's rounds to 0 in float16, and
+    a causal map's zeros made the mlp gate's input, so a float16 GBA model's logits, NaN)."""
+    from gbattn.attention.core import entropy
+
+    scores = torch.randn(2, 3, 5, 5, dtype=torch.float64).masked_fill(torch.ones(5, 5).triu(1).bool(), -math.inf)
+    probs = scores.softmax(-1).to(dtype)
+    assert (probs == 0).any()
+    torch.testing.assert_close(entropy(probs).double(), entropy(probs.double()), rtol=1e-2, atol=1e-2)
+    attn = make(("boosted", {"rounds": 3, "gate": "mlp"})).to(dtype)
+    x = torch.randn(B, T, D, dtype=dtype)
+    with torch.no_grad():
+        for naive in (False, True):
+            assert attn(x, naive=naive).isfinite().all(), naive
+
+
 @pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
 def test_rope_positions_with_gaps_equal_reference(variant_case, naive):
     """RoPE at the ``positions`` given, not 0..T-1: positions with gaps (not a shift of 0..T-1, which
@@ -507,6 +533,9 @@ def test_build_attention_names_the_variants_for_an_unknown_name():
     """It was KeyError('bogus'): the table was indexed before the name was checked."""
     with pytest.raises(ConfigError, match="attn='bogus' is not allowed; choose one of standard, boosted"):
         build_attention("bogus", AttnArgs(d_model=D, n_heads=4))
+    # a misspelt variant with options is the same unknown name (not told to give 'boostd' and its options apart)
+    with pytest.raises(ConfigError, match="attn='boostd:rounds=3' is not allowed; choose one of standard, boosted"):
+        build_attention("boostd:rounds=3", AttnArgs(d_model=D, n_heads=4))
 
 
 @pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
@@ -785,6 +814,30 @@ def test_a_layer_named_twice_in_layers_is_refused(layers, repeated):
         variant_options("boosted", {"layers": layers}, n_layers=4)
     with pytest.raises(ConfigError, match=r"more than once"):
         build_attention("twicing", AttnArgs(d_model=D, n_heads=4, n_layers=4), {"layers": layers})
+
+
+@pytest.mark.parametrize("kv_source", ["residual", "input", "shared"])
+def test_a_layer_outside_the_chosen_layers_has_a_standard_layers_parameters(kv_source):
+    """A boosted layer outside attn.layers is standard attention in its parameters too (names and shapes): with
+    kv_source=input its fused projection sized by the option's rounds, not the layer's, carried rows that
+    never had a gradient, and counted them."""
+    args = AttnArgs(d_model=D, n_heads=4, n_kv_heads=2, layer_idx=0, n_layers=2)
+    outside = build_attention("boosted", args, {"rounds": 3, "kv_source": kv_source, "layers": [-1]})
+    standard = build_attention("standard", args)
+    assert outside.rounds == 1
+    assert {n: p.shape for n, p in outside.named_parameters()} == {n: p.shape for n, p in standard.named_parameters()}
+
+
+def test_empty_layers_is_no_layer_for_boosted_and_twicing():
+    """attn.layers=[] names no layer (an upcycle with it is a copy): every layer plain attention, not every layer."""
+    for name in ("boosted", "twicing"):
+        built = [build_attention(name, AttnArgs(d_model=D, n_heads=4, layer_idx=i, n_layers=2), {"layers": []})
+                 for i in range(2)]
+        x = torch.randn(B, T, D)
+        for attn in built:
+            plain = build_attention("standard", attn.args)
+            plain.load_state_dict(attn.state_dict())
+            torch.testing.assert_close(attn(x), plain(x), rtol=0, atol=0)
 
 
 def test_layers_at_both_ends_of_the_model_are_accepted():
