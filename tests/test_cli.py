@@ -1198,7 +1198,8 @@ def test_the_cpu_device_name_holds_the_cpu_model(monkeypatch, tmp_path):
     from gbattn import runtime
 
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  7B13\x1b[31m 64-Core\n"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel\t\t: 1\n"  # the model number, first
+                       "model name\t: AMD EPYC  7B13\x1b[31m 64-Core\n"
                        "processor\t: 1\nmodel name\t: other\n")
     assert runtime.cpu_model(str(cpuinfo)) == "AMD EPYC 7B13[31m 64-Core"
     assert runtime.cpu_model(str(tmp_path / "none")) is None
@@ -1211,6 +1212,20 @@ def test_the_cpu_device_name_holds_the_cpu_model(monkeypatch, tmp_path):
     monkeypatch.setattr(runtime, "cpu_model", lambda: "AMD EPYC 7B13")
     monkeypatch.setattr(runtime, "cpu_kernels", lambda: None)
     assert runtime.device_name(torch.device("cpu")) == "cpu (2 threads, x86_64, AMD EPYC 7B13)"
+
+
+def test_the_cuda_device_name_is_the_devices_asked_for(monkeypatch):
+    """On a machine with two kinds of GPU, cuda:1's results record cuda:1's name, not the current device's (a
+    benchmark never makes its device the current one)."""
+    import torch
+
+    from gbattn import runtime
+
+    names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA A100-SXM4-40GB"}
+    monkeypatch.setattr(torch.cuda, "get_device_name",
+                        lambda device=None: names[0 if device is None else torch.device(device).index or 0])
+    assert runtime.device_name(torch.device("cuda", 1)) == "NVIDIA A100-SXM4-40GB"
+    assert runtime.device_name(torch.device("cuda", 0)) == "NVIDIA H100 80GB HBM3"
 
 
 def test_the_cpu_device_name_holds_the_kernels_instruction_set(monkeypatch):

@@ -610,6 +610,13 @@ def test_a_near_miss_is_a_close_name_or_two_neighbouring_letters_swapped_only():
     assert near_miss("tset", ["valid", "test"]) == "test" and near_miss("ttse", ["valid", "test"]) is None
 
 
+def test_two_misspellings_of_one_name_suggest_it_once():
+    """Two unknown names close to one field: the hint names it once (not "did you mean 'd_model' or 'd_model'?")."""
+    with pytest.raises(ConfigError) as error:
+        ModelConfig.from_dict({"d_modle": 64, "d_mdoel": 64})
+    assert str(error.value).count("'d_model'") == 1 and "did you mean 'd_model'?" in str(error.value)
+
+
 def test_an_integer_out_of_range_is_named_as_it_was_given():
     """A float out of an integer field's range was shown converted: --set seed=1e30 said
     "seed=1000000000000000019884624838656 is out of range", a config.json's 1e308 a 309-digit number."""

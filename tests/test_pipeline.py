@@ -431,9 +431,17 @@ def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path, 
     (outside / "kept").write_text("")
     link = tmp_path / f"l.tmp{exited.pid}@{host}"
     link.symlink_to(outside)
+    named_tmp = tmp_path / f"losses.tmp.txt.tmp{exited.pid}@{host}"  # a target whose own name holds ".tmp"
+    named_tmp.write_text("")
     remove_abandoned(tmp_path)
     assert live.is_dir() and not dead.exists() and other.is_dir() and no_pid.is_file()
-    assert not link.is_symlink() and (outside / "kept").is_file()
+    assert not link.is_symlink() and (outside / "kept").is_file() and not named_tmp.exists()
+    # the pid follows the last ".tmp" before the host, and a host name may hold ".tmp" itself
+    from gbattn.files import building_owner
+
+    assert building_owner("losses.tmp.txt.tmp41@vm") == ("41", "vm")
+    assert building_owner("checkpoint.pt.tmp41@build.tmp-runner") == ("41", "build.tmp-runner")
+    assert building_owner("checkpoint.pt.tmp41") == ("41", "")  # written before the host was named
     # A process of another user (os.kill: PermissionError), alive in a shared cache, keeps its build.
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -1729,7 +1737,7 @@ def test_an_optional_package_installed_but_failing_to_import_is_one_line_that_sa
 
     for name, code in (("datasets", "raise AttributeError(\"module 'pyarrow' has no attribute 'PyExtensionType'\")"),
                        ("lacking", "import not_a_package_here"), ("halfway", "raise ImportError('numpy.core.multiarray "
-                                                                             "failed to import')")):
+                                                                             "failed\\n\\n  to import')")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(code + "\n")
         monkeypatch.delitem(sys.modules, name, raising=False)
@@ -1740,7 +1748,7 @@ def test_an_optional_package_installed_but_failing_to_import_is_one_line_that_sa
                                         r"install versions that work together: pip install -U 'gbattn\[hf\]'\); "):
         load_corpus("wikitext-2-raw-v1")
     for name, error in (("lacking", "ModuleNotFoundError: No module named 'not_a_package_here'"),
-                        ("halfway", "ImportError: numpy.core.multiarray failed to import")):
+                        ("halfway", "ImportError: numpy.core.multiarray failed to import")):  # one line
         with pytest.raises(UserError) as told:
             optional_module(name, "plot", "figures need")
         assert str(told.value) == (f"figures need {name}, which is installed but fails to import ({error}): install "

@@ -2040,9 +2040,15 @@ def test_appending_never_writes_through_a_link_nor_into_a_device(tmp_path):
     assert target.read_text() == "kept\n"
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)
-    for refused in (tmp_path, fifo):
-        with pytest.raises(UserError, match="a link, a directory or a FIFO is refused"):
-            files.append_jsonl(refused, {"step": 1})
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("opening a FIFO without a reader blocked"))
+    signal.alarm(10)  # a regression fails here, not hangs the suite
+    try:
+        for refused in (tmp_path, fifo):
+            with pytest.raises(UserError, match="a link, a directory or a FIFO is refused"):
+                files.append_jsonl(refused, {"step": 1})
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     fds = set(os.listdir("/proc/self/fd"))
     with pytest.raises(UserError, match="is not a regular file: remove it"):
         files.open_to_append(os.devnull)

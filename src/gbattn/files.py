@@ -89,8 +89,8 @@ def building_suffix() -> str:
 def building_owner(name: str) -> tuple[str, str]:
     """The process id (text; digits for one of :func:`building_suffix`) and host a temporary name
     ``NAME.tmp<pid>@<host>`` names; the host is empty in ``NAME.tmp<pid>``, written before the host was named."""
-    pid, _, host = name.rsplit(".tmp", 1)[-1].partition("@")
-    return pid, host
+    stem, at, host = name.rpartition("@")  # a host name holds no "@" but may hold ".tmp" (build.tmp-runner)
+    return (stem if at else host).rsplit(".tmp", 1)[-1], host if at else ""
 
 
 def remove_abandoned(directory: Path) -> None:
