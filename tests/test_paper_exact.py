@@ -259,6 +259,7 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
         printed = capsys.readouterr().out
         assert "(warmup 2, then cosine to 0), evaluation at the end (1 in all), cpu with 1 thread" in printed
         assert "evaluates less often" not in printed  # eval_every is given: no advice to give it
+        assert "20 steps (0.909 epochs of 22) of 4 x 32 tokens" in printed  # these steps' epochs, not the preset's
 
 
 def test_the_plan_says_how_many_of_a_tokenizers_ids_name_no_token(tmp_path, capsys):

@@ -31,6 +31,7 @@ from gbattn.data.corpus import NO_TEST_SPLIT, load_corpus
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import CheckpointError, DataError, Interrupted, UserError
+from gbattn.model.params import flops_per_token
 from gbattn.runtime import device_name
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
 from helpers import (
@@ -3270,7 +3271,7 @@ def test_a_long_line_is_encoded_in_pieces_and_the_cap_stops_the_encoding(tmp_pat
     assert count == len(ids) == len(whole) and ids.tolist() == whole and whole[:40] == [2] * 40
 
 
-def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tmp_path, monkeypatch):
+def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tmp_path, monkeypatch, capsys):
     """A 10-step run evaluating every 4 steps evaluates at steps 4, 8 and at its end (10); with
     validation losses that rise after step 4, the final test loss is that of best.pt (step 4), not
     of the last weights, scored on rows of the run's seq_len (16, shorter than the block); and its 10
@@ -3289,11 +3290,21 @@ def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tm
     monkeypatch.setattr(Trainer, "_evaluate", rising_valid)
     seq_len = 16
     assert seq_len < TINY["block_size"] - 1  # the default rows would fill the block
-    result = train(tmp_path / "run", *tiny_configs(data, max_steps=10, seq_len=seq_len), quiet=True)
+    result = train(tmp_path / "run", *tiny_configs(data, max_steps=10, seq_len=seq_len))
     assert [p["step"] for p in result["curve"]] == [4, 8, 10]
+    # the summary names the best step (the test is of its weights), and a resume of the finished run its last step
+    printed = capsys.readouterr().out
+    assert f"{tmp_path / 'run'}: best valid ppl {math.exp(4.0):.2f} (step 4), test ppl" in printed
+    assert train(tmp_path / "run", resume=True) == result
+    assert capsys.readouterr().out.startswith(f"{tmp_path / 'run'} finished at step 10 (its result.json)")
     assert result["best_step"] == 4 and result["valid_loss"] == 4.0
     assert result["train_tokens_seen"] == 10 * 8 * seq_len
     assert result["train_flops"] == result["flops_per_token_train"] * 10 * 8 * seq_len  # FLOPs of the tokens seen
+    # a training step's FLOPs (forward and backward) at the run's seq_len, not the block's
+    model_cfg = ckpt.read_configs(json.loads((tmp_path / "run" / ckpt.CONFIG).read_text()), tmp_path / "run")[0]
+    assert result["flops_per_token_train"] == flops_per_token(model_cfg, seq_len=seq_len, backward=True)
+    assert flops_per_token(model_cfg, seq_len=seq_len, backward=True) not in (
+        flops_per_token(model_cfg, seq_len=seq_len), flops_per_token(model_cfg, backward=True))
     losses = {}
     for which in ("best", "last"):
         run = load_run(tmp_path / "run", which)
@@ -3663,6 +3674,14 @@ def test_an_index_keyed_or_incomplete_optimizer_state_is_refused_before_the_run_
         del named["optimizer"]["state"]["wte.weight"][key], indexed["optimizer"]["state"][0][key]
         refused(named, f"the optimizer's state of wte.weight has no {key}")
         refused(indexed, f"the optimizer's state of parameter 0 has no {key}")
+    # parameter groups split in two, short of a parameter, or none: the groups are the model's or refused
+    for regroup in (lambda groups: [{**groups[0], "params": groups[0]["params"][:3]},
+                                    {**groups[0], "params": groups[0]["params"][3:]}] + groups[1:],
+                    lambda groups: [{**groups[0], "params": groups[0]["params"][1:]}] + groups[1:],
+                    lambda groups: []):
+        damaged = ckpt.load_checkpoint(good)
+        damaged["optimizer"]["param_groups"] = regroup(damaged["optimizer"]["param_groups"])
+        refused(damaged, "its optimizer's parameter groups are not this model's")
     torch.save(by_index(ckpt.load_checkpoint(good)), path)
     assert train(run, resume=True, quiet=True)["steps"] == 2
 

@@ -2309,6 +2309,16 @@ def test_a_config_nested_too_deeply_or_a_fifo_tells_no_directory_kind_and_waits_
         signal.signal(signal.SIGALRM, previous)
 
 
+def test_a_recorded_count_of_zero_is_read_and_only_a_negative_one_refused(trained):
+    """config.json's step (an export's), steps and warmup_steps: 0 is a real value (no warmup; an upcycled run before
+    its training), -1 is damage."""
+    config = json.loads((trained["run"] / rundir.CONFIG).read_text())
+    for count in ("step", "steps", "warmup_steps"):
+        assert rundir.check_config({**config, count: 0}, "config.json")[count] == 0
+        with pytest.raises(rundir.CheckpointError, match=f"^config.json: {count}=-1 must be >= 0$"):
+            rundir.check_config({**config, count: -1}, "config.json")
+
+
 def test_a_config_field_of_another_type_is_refused_in_a_run_and_in_an_exported_gbattn_section(tmp_path):
     for config, message in (({"step": "5"}, "step='5' must be an integer"),
                             ({"seq_len": 0}, "seq_len=0 must be >= 1"),
@@ -2636,14 +2646,15 @@ def test_export_weights_lose_the_transformers_prefix_only_when_every_name_has_it
 
 def test_a_resume_checkpoint_cannot_change_the_optimizers_settings(trained, tmp_path, monkeypatch):
     """AdamW's settings come from the run's config, not the checkpoint's param_groups: eps="x" and amsgrad=true
-    were tracebacks at the next step, maximize=true (gradient ascent) and betas of 2 trained on silently."""
+    were tracebacks at the next step, maximize=true (gradient ascent) and betas of 2 trained on silently (and a
+    weight decay of 100 would)."""
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     state = rundir.load_checkpoint(trained["run"] / rundir.CHECKPOINT)
     state.update(step=2, curve=[p for p in state["curve"] if p["step"] <= 2], best_step=2,  # 2 steps left to train
                  tokens_seen=state["tokens_seen"] // state["step"] * 2)
     results = {}
     for name, damage in (("clean", {}), ("eps", {"eps": "x"}), ("amsgrad", {"amsgrad": True}),
-                         ("ascent", {"maximize": True, "betas": (2.0, 0.5)})):
+                         ("ascent", {"maximize": True, "betas": (2.0, 0.5)}), ("decay", {"weight_decay": 100.0})):
         run = tmp_path / name
         shutil.copytree(trained["run"], run)
         (run / rundir.RESULT).unlink()
@@ -2658,7 +2669,8 @@ def test_a_resume_checkpoint_cannot_change_the_optimizers_settings(trained, tmp_
                                     {"train_window": [float("nan"), 1]}, {"train_window": [1.0]},
                                     {"rng_per_rank": []}, {"best_valid": -1.0}, {"best_valid": True},
                                     {"best_step": 10**6}, {"tokens_seen": 10**30}, {"train_window": [1000.0, 0]},
-                                    {"train_window": [8.3, 0.5]}])
+                                    {"train_window": [8.3, 0.5]}, {"train_window": [8.0, 50]},
+                                    "step-beyond-the-run", "curve-tokens-not-a-number"])
 def test_a_resume_checkpoint_with_malformed_bookkeeping_is_one_line(trained, tmp_path, capsys, monkeypatch, damage):
     """A NaN elapsed time resumed and finished with wall_clock_s null in result.json, which compare then refuses
     as incomplete; negative or infinite seconds, a best step of true and seconds of true (1 s to float()) were
@@ -2667,12 +2679,19 @@ def test_a_resume_checkpoint_with_malformed_bookkeeping_is_one_line(trained, tmp
     every later evaluation from counting as better: the run finished with that loss as its result (valid ppl 0.37)
     and its old best.pt; a best step after the checkpoint's own step was reported as the best one's. A count of
     tokens seen other than the steps' (10**30 went into result.json's tokens and FLOPs), and a training-loss window
-    of no steps but a sum of 1000, or of 0.5 steps, (a training loss of 170.7 logged where it was 4.1) too."""
+    of no steps but a sum of 1000, or of 0.5 steps, (a training loss of 170.7 logged where it was 4.1) too; so is a
+    window of more steps than were trained, a step past the run's last with the tokens of that step (a 4-step run
+    resumed at step 1000 reported its tokens and FLOPs), and a curve point whose tokens are no count."""
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
     (run / rundir.RESULT).unlink()
-    torch.save({**rundir.load_checkpoint(run / rundir.CHECKPOINT), **damage}, run / rundir.CHECKPOINT)
+    state = rundir.load_checkpoint(run / rundir.CHECKPOINT)
+    if damage == "step-beyond-the-run":
+        damage = {"step": 1000, "tokens_seen": state["tokens_seen"] // state["step"] * 1000}
+    elif damage == "curve-tokens-not-a-number":
+        damage = {"curve": [{**point, "tokens": "many"} for point in state["curve"]]}
+    torch.save({**state, **damage}, run / rundir.CHECKPOINT)
     code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
     assert "is malformed or does not match this run" in one_line(code, err)
     assert not (run / rundir.RESULT).exists()
@@ -2748,10 +2767,11 @@ def test_old_records_keep_their_meaning_and_a_results_curve_is_checked(trained, 
     assert rundir.read_configs(config, trained["run"])[1].eval_every is None
     result = json.loads((trained["run"] / rundir.RESULT).read_text())
     assert rundir.read_result(trained["run"] / rundir.RESULT)["curve"] == result["curve"]
-    result["curve"] = [{"step": True, "tokens": 1, "valid_loss": 1.0, "valid_ppl": 2.7}]
-    (tmp_path / rundir.RESULT).write_text(json.dumps(result))
-    with pytest.raises(rundir.CheckpointError, match="validation curve is malformed"):
-        rundir.read_result(tmp_path / rundir.RESULT)
+    for point in ({"step": True, "tokens": 1}, {"step": 1, "tokens": "many"}, {"step": 1, "tokens": 1.5}):
+        result["curve"] = [{**point, "valid_loss": 1.0, "valid_ppl": 2.7}]
+        (tmp_path / rundir.RESULT).write_text(json.dumps(result))
+        with pytest.raises(rundir.CheckpointError, match="validation curve is malformed"):
+            rundir.read_result(tmp_path / rundir.RESULT)
 
 
 def test_a_recorded_dropout_site_list_is_read_as_recorded_and_only_a_missing_one_takes_the_old_sites(trained):
