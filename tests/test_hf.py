@@ -2575,7 +2575,8 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     assert cli_main(["lm-eval", str(out), "--tasks", "toy_mc2", "--include-path", str(tasks)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
-        "gbattn: error: a task's text has a character this model's tokenizer cannot encode"), err
+        "gbattn: error: a task's text (a prompt, an answer or a stop string) has a character this model's tokenizer "
+        "cannot encode"), err
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if not installed
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc"]) == 2
     assert capsys.readouterr().err == ("gbattn: error: this command needs lm_eval, which is not installed: pip install "
@@ -2900,6 +2901,8 @@ def test_lm_eval_reads_plain_outputs_whatever_a_save_pretrained_asked_for(traine
     model.save_pretrained(saved)
     for name in ("gbattn-tokenizer.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(out / name, saved / name)
+    config = json.loads((saved / "config.json").read_text())  # in config.json too, which 4.x copies into generation
+    (saved / "config.json").write_text(json.dumps({**config, "return_dict_in_generate": True}))
     model, *_ = load_model(saved, None, torch.device("cpu"))
     ids = torch.tensor([[1, 2, 3]])
     assert model(ids).logits.shape == (1, 3, model.config.vocab_size)  # what HFLM's _model_call reads
@@ -3053,6 +3056,25 @@ def test_lm_eval_refuses_file_names_too_long_for_the_file_system_before_it_evalu
                               "samples-toy_mc-toy_mc+toy_mc.jsonl; evaluate them in separate calls (or with separate "
                               "--output names)\n")
     assert len(calls) == 2
+
+
+def test_lm_eval_counts_file_names_in_bytes_as_the_file_system_does(tmp_path):
+    """A name of two-byte letters that fits in characters but not in bytes is refused (it failed after the whole
+    evaluation); of two samples files, the one longest in bytes is the one checked, not the one longest in letters."""
+    from gbattn.errors import UserError
+    from gbattn.files import building_suffix
+    from gbattn.hf import lmeval
+
+    room = lmeval.NAME_MAX - len(os.fsencode(building_suffix()))
+    letters = (room - len("results-.json")) // 2 + 1  # fits in characters, 2 bytes each: not in bytes
+    with pytest.raises(UserError, match=r"bytes, and \d+ more while it is written\): longer than the 255"):
+        lmeval.check_file_names(tmp_path / f"results-{'é' * letters}.json", ["t"], False)
+    fits = "a" * (room - len("samples--r.jsonl"))  # its samples file's name is exactly the room there is
+    lmeval.check_file_names(tmp_path / "r.json", [fits], True)
+    wide = "é" * ((room - len("samples--r.jsonl")) // 2 + 1)  # fewer letters than `fits`, more bytes than the room
+    assert len(wide) < len(fits)
+    with pytest.raises(UserError, match="lm-eval would write samples-é"):
+        lmeval.check_file_names(tmp_path / "r.json", [fits, wide], True)
 
 
 def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):

@@ -309,6 +309,44 @@ def test_eval_of_a_split_shorter_than_one_row_is_one_line(trained, tmp_path, cap
     line = one_line(code, err)
     seq_len = rundir.load_run(trained["run"]).seq_len
     assert "has 10 tokens: fewer than one row of" in line and f"{seq_len + 1}, so there is nothing to evaluate" in line
+    # at the boundary: seq_len tokens are still no row (one line); seq_len + 1 are one, scoring seq_len tokens
+    for length, scored in ((seq_len, None), (seq_len + 1, seq_len)):
+        (other / "wiki.test.tokens").write_text("m" * (length - 1) + "\n")
+        code, out, err = run_cli(capsys, ["eval", trained["run"], "--data", other, "--allow-other-data"])
+        if scored is None:
+            assert f"has {seq_len} tokens: fewer than one row of {seq_len + 1}" in one_line(code, err)
+        else:
+            assert code == 0, err
+            assert json.loads(out.splitlines()[-1])["tokens"] == scored
+
+
+def test_eval_of_a_run_without_best_weights_names_the_last_and_counts_its_rows(trained, tmp_path, capsys, monkeypatch):
+    """A run without best.pt is scored on its last checkpoint (load_run's fallback): the line and the record say
+    "last", not the "best" asked for by default; the progress bar's total is the rows evaluate scores."""
+    from gbattn import progress
+    from gbattn.data.tokens import num_rows
+
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.BEST).unlink()
+    bars = []
+
+    class Recorded(progress.Progress):
+        def close(self):
+            bars.append((self.total, self.n))
+            super().close()
+
+    monkeypatch.setattr(progress, "Progress", Recorded)
+    code, out, err = run_cli(capsys, ["eval", run])
+    assert code == 0, err
+    record = json.loads(out.splitlines()[-1])
+    assert record["checkpoint"] == "last" and f"last weights at step {record['step']}" in out.splitlines()[0]
+    loaded = rundir.load_run(run)
+    from gbattn.data.prepare import prepare_run_data
+
+    rows = num_rows(prepare_run_data(loaded, None, False).splits["test"], loaded.seq_len)
+    assert bars == [(rows, rows)] and record["tokens"] == rows * loaded.seq_len
 
 
 def test_a_run_that_records_no_corpus_is_evaluated_on_the_data_given(trained, tmp_path, monkeypatch):

@@ -304,8 +304,9 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
             raise
         # The tokenizers library's error for a character a character-level vocabulary lacks.
         close_progress_bars()
-        raise UserError(f"a task's text has a character this model's tokenizer cannot encode (a character-level "
-                        f"tokenizer knows only the characters of its training text; {error_detail(e, 120)})") from None
+        raise UserError(f"a task's text (a prompt, an answer or a stop string) has a character this model's tokenizer "
+                        f"cannot encode (a character-level tokenizer knows only the characters of its training text; "
+                        f"{error_detail(e, 120)})") from None
     finally:
         tokenizer_log.removeFilter(_windowed_by_the_harness)
     results["gbattn"] = {"step": step, "block_size": block_size, "checkpoint": which}
