@@ -80,6 +80,9 @@ def test_cpu_memory_probe_counts_weights_gradients_and_adam_state():
     tiny = preset_config("cpu-char", "standard", {"d_model": 16, "n_layers": 1, "n_heads": 1})
     assert peak_memory_train_step(tiny, batch=1, seq_len=1, device=torch.device("cpu"), amp=False,
                                   recomputed=False) < 4 * 2**20
+    # recomputing too: its warm-up step recomputes, so loading the checkpointing code (about 3.6 MiB) is not counted
+    assert peak_memory_train_step(tiny, batch=1, seq_len=1, device=torch.device("cpu"), amp=False,
+                                  recomputed=True) < 2 * 2**20
 
 
 def test_bench_command_report(tmp_path, capsys, monkeypatch):
@@ -124,6 +127,8 @@ def test_bench_command_report(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "step / FLOP ratio" in out
     assert out == (tmp_path / "bench.md").read_text()  # what is printed is what is written (no extra blank line)
+    # no absolute path of this machine in either file (the command records --out as given, made relative)
+    assert str(tmp_path) not in (tmp_path / "bench.json").read_text() + (tmp_path / "bench.md").read_text()
 
 
 def test_bench_ratios_follow_their_definitions(monkeypatch):
@@ -546,20 +551,22 @@ def test_prefill_and_decode_times_each_part_and_decodes_every_token(monkeypatch)
     from gbattn.model.decoding import eager_decode_step
     from gbattn.model.gpt import GPT
 
-    model = GPT(preset_config("cpu-char", "standard", {"n_layers": 1, "d_model": 32, "n_heads": 2}))
+    model = GPT(preset_config("cpu-char", "standard", {"n_layers": 1, "d_model": 32, "n_heads": 2, "dropout": 0.1}))
     readings = iter([10.0, 10.5, 13.0])
     monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
-    eager, positions = eager_decode_step(model), []
+    eager, positions, states = eager_decode_step(model), [], set()
 
     def step(token, slot, position, padding):
         positions.append(slot.tolist())
+        # as generate decodes: no dropout, no autograd graph, a cache of the prompt and the new tokens (5 + 4)
+        states.add((model.training, torch.is_grad_enabled(), model.kv_cache.max_len))
         return eager(token, slot, position, padding)
 
     prompt = torch.randint(0, model.cfg.vocab_size, (1, 5))
     prefill_s, decode_s = speed.prefill_and_decode(model, prompt, 4, torch.device("cpu"), contextlib.nullcontext,
                                                    step)
     assert (prefill_s, decode_s) == (0.5, 2.5)
-    assert positions == [[5], [6], [7], [8]]
+    assert positions == [[5], [6], [7], [8]] and states == {(False, False, 9)}
     assert model.training and not model.has_cache
 
 
@@ -942,9 +949,10 @@ def test_bench_times_and_probes_each_variant_with_and_without_activation_checkpo
     section = table[table.index("## Activation checkpointing vs kept activations"):]
     boosted_line = next(line for line in section.splitlines() if line.startswith("| boosted |"))
     assert boosted_line.endswith(f"| {rows['boosted · recomputed']['recomputed_step_ratio']:.2f} | 5.7 | 1.4 | 0.25 |")
-    with pytest.raises(UserError, match=r"^--activation-checkpointing on times eager training steps: give it with "
-                                        r"--compile off$"):
-        speed.run_bench("cpu-char", ["standard"], device="cpu", compile="both", activation_checkpointing="on")
+    for compile in ("both", "on"):
+        with pytest.raises(UserError, match=r"^--activation-checkpointing on times eager training steps: give it "
+                                            r"with --compile off$"):
+            speed.run_bench("cpu-char", ["standard"], device="cpu", compile=compile, activation_checkpointing="on")
 
 
 def test_bench_with_activation_checkpointing_on_times_decoding_on_its_recomputing_rows(monkeypatch):
@@ -1103,6 +1111,13 @@ def test_a_variant_that_fails_to_compile_is_left_out_and_the_others_reported(mon
         "standard · compiled": reason, "boosted · compiled": no_baseline, "gated · compiled": no_baseline}
     assert err == f"gbattn: warning: standard · compiled left out of the report, {reason}\n"
 
+    # a failing variant of standard with options is not standard itself: only its own row is left out
+    failing.clear()
+    failing.add("standard:n_heads=2 · compiled")
+    code, out, err = run_cli(capsys, [*argv[:7], "standard:n_heads=2", *argv[7:-1], tmp_path / "three"])
+    report = json.loads((tmp_path / "three" / "bench.json").read_text())
+    assert code == 0 and [r["variant"] for r in report["left_out"]] == ["standard:n_heads=2 · compiled"]
+    failing.add("standard · compiled")
     code, out, err = run_cli(capsys, argv[:-3] + ["on"])
     assert code == 2 and out == ""
     assert err.splitlines()[-1] == f"gbattn: error: no variant to report: standard · compiled's {reason}"
@@ -1252,3 +1267,111 @@ def test_decode_floor_script_reads_every_matrix_a_decode_step_multiplies_once():
         floor, n_weights = script.weight_read_floor(model)
         outputs = floor()
     assert n_weights == expected and [o.shape for o in outputs] == [(1, w.shape[0]) for w in matrices]
+
+
+def test_bench_interleaves_its_variants_round_by_round_and_its_progress_ends_at_the_total(monkeypatch, capsys):
+    """Rounds are interleaved (standard, boosted, standard, boosted, ...: each repeat's ratio pairs steps made back
+    to back, not minutes apart), and a compiled row left out still counts its rounds, so the progress ends at its
+    total."""
+    import itertools
+
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    from gbattn.bench import speed
+
+    clock, labels = [0.0], []
+
+    def fake_step(case, x, y, autocast):
+        labels.append(case.label)
+        if case.label == "boosted" + speed.COMPILED:
+            raise BackendCompilerFailed("inductor", RuntimeError("no C++ compiler"), None)
+        clock[0] += 0.5
+
+    fake_timings(monkeypatch, clock, fake_step, lambda *args, **kwargs: (0.0, 1.0))
+    speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=1, seq_len=8, repeats=2, steps=1,
+                    decode=2, threads=1, quiet=True, sets={"n_layers": 1})
+    assert [label for label, _ in itertools.groupby(labels)] == ["standard", "boosted"] * 3  # warm-up + 2 repeats
+    speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=1, seq_len=8, repeats=2, steps=1,
+                    decode=2, threads=1, quiet=False, sets={"n_layers": 1}, compile="both")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench cpu-char on cpu: ")]
+    assert lines[-1] == "bench cpu-char on cpu: 12/12 rounds"
+
+
+def test_recomputed_step_ratio_and_decode_compile_time_are_medians_of_uneven_repeats(monkeypatch):
+    """Three uneven repeats (1, 1 and 4 s): the recomputing row's step ratio to its kept row is their median (1.0, as
+    the table says, not the mean 2.0), and a compiled decode's compile time is its warm-up less the median decode
+    (5 - 1 = 4 s, not 5 - 2)."""
+    from gbattn.bench import speed
+
+    clock, calls = [0.0], {}
+
+    def uneven(key, warm_up_calls, warm_up):  # the warm-up round's calls, then 1, 1 and 4 s
+        calls[key] = calls.get(key, 0) + 1
+        return warm_up if calls[key] <= warm_up_calls else (1.0, 1.0, 4.0)[(calls[key] - warm_up_calls - 1) % 3]
+
+    def fake_step(case, x, y, autocast):  # (the warm-up round trains two steps)
+        clock[0] += uneven(case.label, 2, 1.0) if case.label.endswith(" · recomputed") else 1.0
+
+    def fake_decode(model, prompt, n_decode, device, autocast, step=None):
+        seconds = uneven(("decode", id(model)), 1, 5.0) if step is not None else 1.0
+        clock[0] += seconds
+        return 0.0, seconds
+
+    fake_timings(monkeypatch, clock, fake_step, fake_decode)
+    report = speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=3, steps=1,
+                             decode=2, threads=1, quiet=True, sets={"n_layers": 1}, activation_checkpointing="both")
+    rows = {r["variant"]: r for r in report["variants"]}
+    assert rows["standard · recomputed"]["step_s_all"] == [1.0, 1.0, 4.0]
+    assert rows["standard · recomputed"]["recomputed_step_ratio"] == 1.0
+    calls.clear()
+    report = speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=3, steps=1,
+                             decode=2, threads=1, quiet=True, sets={"n_layers": 1}, compile="on")
+    (row,) = report["variants"]
+    assert row["decode_tokens_per_s"] == 2.0 and row["compile_s"]["decode"] == 4.0
+
+
+def test_bench_markdown_shows_the_range_from_two_repeats(monkeypatch):
+    """Two repeats give each ratio a lowest and a highest: shown, as the note under the table says."""
+    from gbattn.bench import speed
+
+    steady_timings(monkeypatch, 0.5)
+    report = speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=1, seq_len=8, repeats=2,
+                             steps=1, decode=2, threads=1, quiet=True, sets={"n_layers": 1})
+    table = speed.bench_markdown(report)
+    assert "(range: lowest and highest of those ratios)" in table
+    assert next(line for line in table.splitlines() if line.startswith("| boosted |")).count("(1.00–1.00)") >= 1
+
+
+def test_the_memory_probes_get_the_benchs_precision_and_threads(monkeypatch):
+    """Every memory probe (each row's and the sweep's) measures at the bench's own amp; the CPU probe's fresh
+    process trains on the bench's thread count (each thread holds its own scratch memory); AdamW is fused on CUDA."""
+    import types
+
+    from gbattn.bench import speed
+    from gbattn.config import preset_config
+    from gbattn.model.gpt import GPT
+
+    probed = []
+    for amp in (True, False):
+        probed.clear()
+        steady_timings(monkeypatch, 0.5)
+        monkeypatch.setattr(speed, "peak_memory_train_step",
+                            lambda cfg, batch, seq_len, dev, amp, recomputed=False: probed.append(amp) or 1e6)
+        speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2,
+                        sweep=[16], threads=1, quiet=True, sets={"n_layers": 1}, amp=amp)
+        assert len(probed) >= 2 and set(probed) == {amp}  # a row's probe and the sweep's
+    monkeypatch.undo()
+    payloads = []
+    monkeypatch.setattr(speed.subprocess, "run", lambda argv, **kwargs: payloads.append(json.loads(argv[-1])) or
+                        types.SimpleNamespace(returncode=0, stdout="123\n", stderr=""))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        cfg = preset_config("cpu-char", "standard", {"n_layers": 1})
+        assert speed.peak_memory_train_step(cfg, 1, 8, torch.device("cpu"), False, False) == 123.0
+    finally:
+        torch.set_num_threads(threads)
+    assert payloads[0]["threads"] == 3
+    model = GPT(preset_config("cpu-char", "standard", {"n_layers": 1, "d_model": 16, "n_heads": 1}))
+    assert speed.bench_optimizer(model, torch.device("cuda")).defaults["fused"]
+    assert not speed.bench_optimizer(model, torch.device("cpu")).defaults["fused"]
