@@ -1644,7 +1644,7 @@ class _FakeDatasets:
     def load_dataset(dataset, config=None, split=None, streaming=False):
         if config is None:
             assert (split, streaming) == ("train", True)
-            return [{"text": f"doc {i}\n"} for i in range(402)]
+            return [{"text": f"doc {i}\n" if i != 2 else "doc 2\n\nits second paragraph\n"} for i in range(402)]
         return {s: [{"text": f"{s} {i}\n"} for i in range(2)] for s in ("train", "validation", "test")}
 
 
@@ -1659,8 +1659,9 @@ def test_hugging_face_corpora_map_their_splits(monkeypatch):
     owt = load_corpus("openwebtext")
     assert list(owt.lines("valid")) == ["doc 0\n", "doc 200\n", "doc 400\n"]
     assert list(owt.lines("test")) == ["doc 1\n", "doc 201\n", "doc 401\n"]
-    train = list(owt.lines("train"))
-    assert len(train) == 396 and train[:2] == ["doc 2\n", "doc 3\n"] and "doc 200\n" not in train
+    train = list(owt.lines("train"))  # a document of several lines gives each line (its blank one too) apart
+    assert len(train) == 398 and train[:4] == ["doc 2\n", "\n", "its second paragraph\n", "doc 3\n"]
+    assert "doc 200\n" not in train
 
 
 def test_a_split_is_named_train_valid_or_test(monkeypatch):
@@ -2433,6 +2434,8 @@ def test_a_tokenizer_with_an_id_beyond_any_models_vocabulary_is_refused_as_its_f
     from gbattn.config import MAX_VOCAB_SIZE
 
     path = tmp_path / "tokenizer.json"
+    largest = Backend(models.WordLevel({"a": 0, "<unk>": MAX_VOCAB_SIZE - 1}, unk_token="<unk>")).to_str()
+    assert Tokenizer("hf", largest).vocab_size == MAX_VOCAB_SIZE  # the largest vocabulary a model takes
     path.write_text(Backend(models.WordLevel({"a": 0, "<unk>": MAX_VOCAB_SIZE}, unk_token="<unk>")).to_str())
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     with pytest.raises(DataError, match=rf"^--tokenizer hf={path}: not a valid tokenizer.json \(ValueError: its "
@@ -3949,7 +3952,8 @@ def test_encoding_anything_but_a_string_is_a_type_error_not_a_damaged_tokenizer(
     # HF tokenizer said "TextInputSequence must be str ... its tokenizer.json is damaged", and encode_batch (a corpus's
     # lines, run.perplexity's text) still did
     for text, what in ((b"ab\xe9".decode("utf-8", "surrogateescape"), "byte 0xe9 at character 2"),
-                       ("a\ud800", "a lone surrogate U\\+D800 at character 1")):
+                       ("a\ud800", "a lone surrogate U\\+D800 at character 1"),
+                       ("a\udc41", "a lone surrogate U\\+DC41 at character 1")):  # (no escaped byte: those are 0x80+)
         for encode in (tok.encode, lambda text: tok.encode_batch(["ab", text])):
             with pytest.raises(DataError, match=f"^the text is not UTF-8: {what} \\(text typed or read in another "
                                                 f"encoding than UTF-8\\?\\)$"):
@@ -4068,8 +4072,9 @@ def test_a_character_no_token_covers_is_refused_whatever_its_category_and_a_spec
                                                 rf"token\): \['{named}'\]; it would leave them out silently"):
                 encode(f"the cat {c} sat")
     # inside a word, the tokens after the character dropped are placed as if it was not there: it is still the one named
-    with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['Q'\]; "):
-        tok.encode("the catQsat<|endoftext|>")
+    for text in ("the catQsat<|endoftext|>", "<|endoftext|>the catQsat"):  # the special token last or first
+        with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['Q'\]; "):
+            tok.encode(text)
     end_of_text = tok._hf.token_to_id("<|endoftext|>")
     assert tok.encode("the cat<|endoftext|>a dog") == tok.encode("the cat") + [end_of_text] + tok.encode("a dog")
     assert tok.encode_batch(["the cat<|endoftext|>a dog"]) == [tok.encode("the cat<|endoftext|>a dog")]
