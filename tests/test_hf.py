@@ -3124,7 +3124,7 @@ def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
                            "lm-eval refused the task for this model .*requested max tokens 64"),
                           (ConnectionError("hub unreachable"), "lm-eval could not load a task's data"),
                           (FileNotFoundError("data/task.jsonl"), "lm-eval could not find a task's data"),
-                          (Exception("Missing [UNK] token"), "a task's text has a character")):
+                          (Exception("Missing [UNK] token"), r"a task's text \(a prompt, an answer or a stop")):
         def refuse(failure=failure, **kwargs):
             bars.append(tqdm(total=3, file=io.StringIO()))
             raise failure
