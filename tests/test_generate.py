@@ -141,6 +141,9 @@ def test_ctrl_c_during_generate_prints_the_text_made_so_far(four_step_run, capsy
     printed = capsys.readouterr()
     assert printed.out == six and len(six) > len("the cat\n---\n")
     assert "note: stopped after 6 of 40 new tokens" in printed.err and printed.err.endswith("gbattn: interrupted\n")
+    made.clear()  # two samples: the note counts the tokens of a sample (6), not of both (12)
+    assert cli_main([*command, "40", "--num-samples", "2"]) == 130
+    assert "note: stopped after 6 of 40 new tokens" in capsys.readouterr().err
 
 
 def test_generate_continues_a_prompt_of_whitespace_and_refuses_an_empty_one(tmp_path, capsys):
@@ -643,6 +646,9 @@ def test_top_k_samples_only_the_k_largest_logits():
         drawn = sample_next(logits, 1.0, k, torch.Generator().manual_seed(k)).flatten()
         allowed = set(torch.topk(logits[0], k).indices.tolist())
         assert set(drawn.tolist()) == allowed, (k, sorted(set(drawn.tolist())), sorted(allowed))
+    # logits tied at the k-th value are all kept (which of them "the k largest" are is no choice the index should make)
+    tied = torch.tensor([[1.0, 0.0, 1.0, 1.0]]).repeat(3000, 1)
+    assert set(sample_next(tied, 1.0, 2, torch.Generator().manual_seed(0)).flatten().tolist()) == {0, 2, 3}
 
 
 def test_top_p_samples_the_smallest_set_of_likeliest_tokens_holding_p_after_top_k(capsys):
@@ -847,6 +853,10 @@ def test_stop_strings_wait_for_every_row_and_cut_each_before_its_first_stop_stri
     assert stop.cut("ji: abcdefji", "abcdefji") == "ji: abcdef"  # the prompt's "ji" is not where it ends
     assert stop.cut("no stop here", "here") == "no stop here"
     assert stop.cut("\n\nabc", "\n\nabc") == ""  # no prompt text, and the new text begins with a stop string
+    # a prompt ending inside a character: the new tokens alone decode longer ("\ufffd\ufffdabc") than the prompt and
+    # them together ("€abc"), and the stop string is still found in the new text
+    as_bytes = decoding.StopStrings(lambda ids: bytes(ids).decode("utf-8", errors="replace"), "a")
+    assert as_bytes.text(list("€".encode()) + list(b"abc"), 1) == "€"
     # of two stop strings, the text ends at the first, whichever of them it is
     assert stop.cut("p: ab\n\ncdji", "ab\n\ncdji") == stop.cut("p: abjicd\n\n", "abjicd\n\n") == "p: ab"
     # four rows (the rows are counted, not the tokens): stopped at their 2nd, 4th, 3rd and 5th tokens, each staying
@@ -926,6 +936,11 @@ def test_generate_cli_stops_at_stop_text_and_prints_up_to_it(four_step_run, caps
     printed = capsys.readouterr()
     assert printed.out == "the cat" + new_text[:first] + "\n---\n"
     assert f"stopped at --stop after {first + 2} of 40" in printed.err and f"1 x {first + 2} tokens" in printed.err
+    # two samples (greedy, so alike): the summary counts each sample's tokens, not both samples' together
+    assert cli_main(["generate", run_dir, "--prompt", "the cat", "--max-new-tokens", "40", "--temperature", "0",
+                     "--stop", stop_text, "--num-samples", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"stopped at --stop after {first + 2} of 40" in err and f"2 x {first + 2} tokens" in err
     text = gbattn.load_run(four_step_run).generate("the cat", max_new_tokens=40, temperature=0, stop=stop_text)
     assert text == "the cat" + new_text[:first]
     # ended by --stop inside the block: not "no cache past block_size", as the 40 tokens planned would have been
