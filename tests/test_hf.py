@@ -1770,6 +1770,9 @@ def test_a_sharded_export_over_a_single_file_one_leaves_no_earlier_weights_file(
                         lambda self, path, **kw: save(self, path, max_shard_size="100KB", **kw))
     assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
     assert not (out / "model.safetensors").exists() and len(list(out.glob("model-*.safetensors"))) >= 2
+    # each shard readable as the other files are (transformers writes them 0600)
+    assert {(p.stat().st_mode & 0o777) for p in out.glob("model*.safetensors*")} == {
+        (out / "config.json").stat().st_mode & 0o777}
     exported, run = rundir.load_run(out), rundir.load_run(run_dir)
     for name, tensor in run.model.state_dict().items():
         assert torch.equal(exported.model.state_dict()[name], tensor), name

@@ -505,12 +505,13 @@ def test_a_tied_config_whose_checkpoint_stores_another_head_is_refused(make, emb
     directory = save_hf(make(tie_word_embeddings=True), tmp_path / "hf")
     weights = load_file(directory / "model.safetensors")
     key = "transformer.wte.weight" if make is gpt2_model else embedding
-    weights["lm_head.weight"] = torch.randn_like(weights[key])
-    save_file(weights, directory / "model.safetensors")
-    with pytest.raises(CheckpointError, match=re.escape(f"tie_word_embeddings is true but the checkpoint's "
-                                                        f"lm_head.weight differs from {embedding}; set")) as e:
-        load_source(directory)
-    assert "\n" not in str(e.value)
+    for head in (torch.randn_like(weights[key]), torch.nextafter(weights[key], torch.full_like(weights[key], 2.0))):
+        weights["lm_head.weight"] = head  # another head, or one a float step from the embedding: not the same head
+        save_file(weights, directory / "model.safetensors")
+        with pytest.raises(CheckpointError, match=re.escape(f"tie_word_embeddings is true but the checkpoint's "
+                                                            f"lm_head.weight differs from {embedding}; set")) as e:
+            load_source(directory)
+        assert "\n" not in str(e.value)
     _edit_config(directory, tmp_path / "untied", tie_word_embeddings=False)
     hf = type(make()).from_pretrained(tmp_path / "untied").eval().double()
     idx = tokens()
@@ -1589,6 +1590,13 @@ def test_differing_gpt2_dropout_rates_are_noted(gpt2_dir, tmp_path):
     assert load_source(gpt2_dir).notes == []
     zero = load_source(_edit_config(gpt2_dir, tmp_path / "zero", attn_pdrop=0.0))  # one rate, a site without
     assert zero.notes == [] and zero.model_cfg.dropout_sites == ["embedding", "attn-output", "ffn-output"]
+    # the largest rate wherever it is (not resid_pdrop's), and a zero resid_pdrop does not turn dropout off
+    for rates, largest, sites in (((0.3, 0.1, 0.1), 0.3, ["embedding", "attention", "attn-output", "ffn-output"]),
+                                  ((0.1, 0.25, 0.0), 0.25, ["embedding", "attention"])):
+        edited = _edit_config(gpt2_dir, tmp_path / f"rates{largest}",
+                              **dict(zip(("embd_pdrop", "attn_pdrop", "resid_pdrop"), rates)))
+        source = load_source(edited)
+        assert (source.model_cfg.dropout, source.model_cfg.dropout_sites) == (largest, sites)
 
 
 def test_rope_parameters_without_a_base_take_the_top_level_rope_theta(llama_dir, tmp_path, float64_llama):

@@ -34,7 +34,6 @@ from gbattn.hf.tokenization import hf_tokenizer, is_end_of_text
 from gbattn.rundir import (
     CONFIG,
     EXPORT_STAGING,
-    SAFETENSORS,
     SAFETENSORS_INDEX,
     UNFINISHED_EXPORT,
     LoadedRun,
@@ -124,11 +123,10 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
             tokenizer.save_pretrained(staging)
         portable_tokenizer_class(staging / "tokenizer_config.json")
         run.tokenizer.save(staging / GBATTN_TOKENIZER)
-        weights = staging / SAFETENSORS
-        if weights.is_file():  # transformers writes it 0600; the other files get the umask's
-            umask = os.umask(0)
-            os.umask(umask)
-            weights.chmod(0o666 & ~umask)
+        umask = os.umask(0)
+        os.umask(umask)
+        for weights in staging.glob("model*.safetensors"):  # transformers writes them (or each shard) 0600; the
+            weights.chmod(0o666 & ~umask)                   # other files get the umask's
         move_into_place(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
