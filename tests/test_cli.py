@@ -970,6 +970,11 @@ def test_params_fair_reports_the_standard_models_numbers_at_the_matched_width(ca
     assert record["parameters"] == 8_734_208 and targets == [8_734_208]  # +0.63%: 8,789,184 / 8,734,208 - 1
     code, out, _ = run_cli(capsys, ["params", "paper-small", "--attn", "boosted"])
     assert code == 0 and "{" not in out  # no JSON line without --json
+    # the excess is the matched model's over GBA's count (+5.01% at cpu-char; 1 - n/n_fair would say +4.77%)
+    code, out, _ = run_cli(capsys, ["params", "cpu-char", "--attn", "boosted", "--fair", "--json"])
+    record = json.loads(out.strip().splitlines()[-1])
+    excess = 100 * (record["fair_parameters"] / record["parameters"] - 1)
+    assert f"parameters ({excess:+.2f}%)" in out and f"({excess:+.2f}%)" == "(+5.01%)"
 
 
 def test_params_residual_option_reaches_the_model(capsys):
@@ -997,6 +1002,12 @@ def test_list_shows_option_defaults_as_json_kv_heads_and_every_recipe(capsys):
     assert "                  attn.rounds (default 2)" in lines
     assert "d_model 256, 4 layers, 4/2 kv heads, block_size 256" in out
     assert "d_model 256, 4 layers, 4 heads, block_size 256" in out  # paper-small: no kv part
+    from gbattn.config import PRESETS, preset_config
+
+    for name in PRESETS:  # each preset's vocabulary and dropout are its own (its built model's)
+        cfg = preset_config(name, "standard")
+        assert f"block_size {cfg.block_size}, vocab {cfg.vocab_size}, dropout {cfg.dropout}:" in next(
+            line for line in lines if line.startswith(f"  {name} ")), name
     recipe_lines = lines[lines.index("Comparison recipes (gbattn compare --recipe NAME):") + 1 :]
     assert len(recipe_lines) == len(RECIPES)
     column = 2 + max(len(name) for name in RECIPES) + 2  # every description starts in one column
@@ -1447,6 +1458,12 @@ def test_a_value_equal_to_its_default_changes_no_recorded_model():
     assert conflicts(*[arg for item in same for arg in ("--set", item)]) == []
     assert conflicts("--set", "attn.rounds=3") == ["--set attn.rounds=3 (recorded: 2)"]
     assert conflicts("--set", "final_norm=false") == ["--set final_norm=False (recorded: True)"]
+    # a Post-LN, bias-free run: its unset final norm is none, its attention has no bias (what the block builds)
+    model_cfg, train_cfg = build_configs("cpu-llama", "boosted", "tiny-shakespeare", {"norm": "post"})
+    assert model_cfg.final_norm is None and model_cfg.attn_bias is None and not model_cfg.bias
+    assert conflicts("--set", "final_norm=false", "--set", "attn_bias=false") == []
+    assert conflicts("--set", "final_norm=true", "--set", "attn_bias=true") == [
+        "--set final_norm=True (recorded: False)", "--set attn_bias=True (recorded: False)"]
     with pytest.raises(UserError, match=r"^--attn names boosted twice \(boosted:rounds=2,gate=linear is the same"):
         _refuse_repeats("--attn", ["standard", "boosted", "boosted:rounds=2,gate=linear"], "cpu-char", {})
     _refuse_repeats("--attn", ["standard", "boosted", "boosted:rounds=3"], "cpu-char", {})

@@ -744,6 +744,19 @@ def test_recipe_seeds_are_distinct_and_as_many_as_published(name):
         assert len(recipe.seeds) == int(said.group(1)), recipe.published_source
 
 
+def test_each_recipe_trains_on_the_corpus_and_seeds_it_is_compared_on():
+    """A recipe's default data is the corpus its published numbers (or its CPU proxy) were measured on, and the paper
+    recipes run the paper's seeds (docs/paper.md: 42 and 123): another corpus would set its rows against the
+    published ones, mislabelled."""
+    corpus = {"paper-owt": "openwebtext", "cpu-char": "tiny-shakespeare", "cpu-char-long": "tiny-shakespeare",
+              "cpu-baselines": "tiny-shakespeare", "gba-design": "tiny-shakespeare"}
+    for name, recipe in RECIPES.items():
+        expected = corpus.get(name, "wikitext-103-raw-v1" if name.startswith("paper") or name.endswith("-paper")
+                              else "wikitext-2-v1")
+        assert recipe.default_data == expected, name
+    assert get_recipe("paper-wt103").seeds == get_recipe("paper-owt").seeds == [42, 123]
+
+
 def test_the_paper_table_says_its_published_spread_is_a_population_std():
     """The authors' WikiText-103 script reports np.std over its 2 seeds (n in the denominator); gbattn's
     rows are mean ± sample std (n - 1), sqrt(2) times as large for 2 seeds: the published line says

@@ -1309,6 +1309,11 @@ def test_set_values_options_and_keywords_keep_what_was_given():
     assert build_configs("paper-small", "standard", "data", {}, seed=0)[1].seed == 0
     _, train = build_configs("paper-small", "standard", "data", {"warmup_steps": 200, "fit_warmup": True})
     assert (train.warmup_steps, train.fit_warmup) == (200, True)
+    # a keyword is as explicit as a --set: its warmup is kept as given, its epochs refused beside a preset's max_steps
+    _, train = build_configs("paper-small", "standard", "data", warmup_steps=10)
+    assert (train.warmup_steps, train.fit_warmup) == (10, False)
+    with pytest.raises(ConfigError, match=r"^epochs=3.0 is not used: max_steps=2000 \(preset cpu-char's\) sets"):
+        build_configs("cpu-char", "standard", "data", epochs=3.0)
     d = {"attn_options": {"gate": "scalar"}}
     set_path(d, "attn_options.rounds", 3)
     assert d == {"attn_options": {"gate": "scalar", "rounds": 3}}

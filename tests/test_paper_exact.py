@@ -114,10 +114,10 @@ PAPER_RECIPE = dict(tokenizer="bpe", train_tokens=10_000_000, eval_tokens=1_000_
                     max_steps=None, lr=3e-4, min_lr=0.0, warmup_steps=1500, warmup_from_zero=True,
                     schedule="cosine", weight_decay=0.01, decay_matrices_only=False, beta1=0.9, beta2=0.999,
                     grad_clip=1.0, sampling="rows", seq_len=None, eval_every=None, seed=42)
-CPU_RECIPE = {**{k: v for k, v in PAPER_RECIPE.items() if k != "epochs"},  # a compare recipe sets max_steps
+CPU_RECIPE = {**PAPER_RECIPE, "epochs": 2.0,  # (a compare recipe sets max_steps; `train --preset` takes 2 epochs)
               "train_tokens": None, "eval_tokens": None, "lr": 1e-3, "warmup_steps": 100, "warmup_from_zero": False}
 OWT = dict(CPU_RECIPE, tokenizer="gpt2", eval_tokens=1_000_000, lr=6e-4, min_lr=6e-5, warmup_steps=2000,
-           weight_decay=0.1, decay_matrices_only=True, beta2=0.95)
+           weight_decay=0.1, decay_matrices_only=True, beta2=0.95, epochs=1.0)
 DOCUMENTED = {
     "paper-small": (dict(GPT2_BLOCK, d_model=256, n_layers=4, n_heads=4, block_size=256, vocab_size=16384,
                          dropout=0.1), PAPER_RECIPE),
@@ -138,7 +138,7 @@ DOCUMENTED = {
     "cpu-char": (dict(GPT2_BLOCK, d_model=128, n_layers=4, n_heads=4, block_size=64, vocab_size=65, dropout=0.0),
                  dict(CPU_RECIPE, tokenizer="char", split=[0.9, 0.1, 0.0], seq_len=64, sampling="random",
                       batch_size=12, max_steps=2000, min_lr=1e-4, weight_decay=0.1, decay_matrices_only=True,
-                      beta2=0.99, eval_every=250)),
+                      beta2=0.99, eval_every=250, epochs=15.0)),  # (the default's epochs: max_steps sets its length)
 }
 
 
