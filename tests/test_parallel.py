@@ -1255,3 +1255,79 @@ def test_the_note_of_a_one_process_checkpoint_resumed_by_two_names_one_process(t
         f"goes on, but not exactly as the uninterrupted run would (gradients add up in another order, and a process "
         f"without its own stream draws other dropout masks); to continue exactly, resume as it ran: `gbattn train "
         f"--resume --out {tmp_path / 'run'}` (one process)")
+
+
+def test_a_process_of_a_second_machine_takes_its_global_ranks_stream_rows_and_evaluation_rows(tmp_path, monkeypatch):
+    """Under torchrun on several machines a process's rank (global) and local rank (on its machine) differ: the first
+    process of the second of two one-process machines (rank 1, local rank 0) resumes rank 1's random stream, trains
+    on the second half of each batch and evaluates rows 1, 3, ...; by its local rank it would take rank 0's stream,
+    rows and dropout masks (and count some evaluation rows twice). A checkpoint of two streams resumed by one process
+    takes rank 0's."""
+    import numpy as np
+
+    from gbattn.config import ModelConfig
+    from gbattn.eval.perplexity import evaluate
+    from gbattn.model.gpt import GPT
+    from gbattn.train.distributed import DistEnv
+    from gbattn.train.trainer import Trainer, train
+    from helpers import tiny_configs
+
+    data = write_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    train(run, *tiny_configs(data, max_steps=4, eval_every=2, threads=1, dropout=0.0), quiet=True)
+    state = rundir.load_checkpoint(run / rundir.CHECKPOINT)
+    first = state["rng_per_rank"][0]
+    torch.manual_seed(12345)
+    second = dict(first, torch=torch.get_rng_state())
+    state["rng_per_rank"] = [first, second]  # two processes' streams, as they save them
+    rundir.save_checkpoint(state, run / rundir.CHECKPOINT)
+    trainer = Trainer(run, resume=True, quiet=True)
+    trainer._setup()
+    trainer.lock.release()
+    for dist_env, stream in ((DistEnv(rank=1, local_rank=0, world=2), second), (DistEnv(rank=0, world=1), first)):
+        trainer.dist = dist_env
+        trainer._load(rundir.load_checkpoint(run / rundir.CHECKPOINT), run / rundir.CHECKPOINT)
+        assert torch.equal(torch.get_rng_state(), stream["torch"]), dist_env
+    # its rows of a batch of 8: 4..7
+    x_BT, _ = trainer._global_batch(0)
+    seen, inner = [], trainer.step_model
+    monkeypatch.setattr(trainer, "step_model", lambda xs, ys: seen.append(xs.clone()) or inner(xs, ys))
+    trainer.dist = DistEnv(rank=1, local_rank=0, world=2)
+    monkeypatch.setattr(trainer.dist, "all_sum", lambda values: [2 * v for v in values])
+    trainer.micro_batch = 4
+    trainer._train_step(0)
+    assert len(seen) == 1 and torch.equal(seen[0], x_BT[4:8])
+
+    class SecondMachinesFirst(DistEnv):  # its own sums: what it scored alone
+        def all_sum(self, values):
+            return values
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=16, n_layers=1, n_heads=2, dropout=0.0)).eval()
+    tokens = np.random.default_rng(0).integers(0, 11, size=2 * 9).astype(np.uint16)  # two rows of 8 + 1
+    own = evaluate(model, tokens, seq_len=8, batch_size=1, dist_env=SecondMachinesFirst(rank=1, local_rank=0, world=2))
+    assert own.loss == pytest.approx(evaluate(model, tokens[9:18], seq_len=8).loss, abs=1e-6)  # row 1, not row 0
+
+
+def test_a_one_process_checkpoint_resumed_by_two_processes_says_it_is_not_exact(tmp_path, monkeypatch, capsys):
+    """More processes than the checkpoint's (one process's streams, resumed as rank 0 of 2): warned as fewer are, and
+    the plan does not say the work after the checkpoint is redone exactly."""
+    import torch.distributed as dist
+
+    from gbattn.train import trainer as trainer_module
+    from helpers import tiny_configs
+
+    data = write_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    trainer_module.train(run, *tiny_configs(data, max_steps=4, eval_every=2, threads=1), quiet=True)
+    capsys.readouterr()
+    monkeypatch.setattr(trainer_module, "init_distributed", lambda device_type: process_of_identical_peers(0, 2))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        trainer = trainer_module.Trainer(run, resume=True)
+        trainer._setup()
+        trainer.lock.release()
+    finally:
+        dist.destroy_process_group()
+    printed = capsys.readouterr()
+    assert "(work after it is redone)" in printed.out and "exactly" not in printed.out
+    assert f"the checkpoint of {run} holds the random streams of 1 process and this run has 2" in printed.err

@@ -3796,6 +3796,11 @@ def test_weights_with_a_name_missing_or_unknown_are_refused_and_the_model_left_a
     with pytest.raises(ValueError) as refused:
         load_full_state(model, {})
     assert str(refused.value) == f"its model weights do not match the model (missing: {first}, ...)"
+    for n, more in ((3, ""), (4, ", ...")):  # exactly three named whole; a fourth is "..." (not left unsaid)
+        names = sorted(state)[:n]
+        with pytest.raises(ValueError) as refused:
+            load_full_state(model, {k: v for k, v in state.items() if k not in names})
+        assert str(refused.value).endswith(f"(missing: {', '.join(names[:3])}{more})")
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
