@@ -171,7 +171,8 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
     with pytest.raises(UserError, match="use --seeds"):
         run_compare("cpu-proxy", tmp_path / "a", data=str(data), sets={**sets, "seed": 7}, quiet=True)
     # ... however the option is spelt: attn_options.rounds, and attn_options={...}, passed and were ignored
-    for key, value in (("attn.rounds", 3), ("attn_options.rounds", 3), ("attn_options", {"rounds": 3})):
+    for key, value in (("attn.rounds", 3), ("attn_options.rounds", 3), ("attn_options", {"rounds": 3}),
+                       ("attn.rounds.x", 3)):  # (a key under one the recipe sets: ignored silently before)
         with pytest.raises(UserError, match=rf"^--set {key}: the recipe sets it per model"):
             run_compare("cpu-proxy", tmp_path / "b", data=str(data), sets={**sets, key: value}, only=["gba-m2"],
                         quiet=True)
@@ -505,8 +506,10 @@ def test_only_a_matched_model_says_what_it_needs_and_seeds_count_once(tmp_path):
     # run's steps to 0 or 10^23, refused in words about a max_steps nobody gave
     result_path = tmp_path / "cmp" / "gba-m2" / "seed1" / rundir.RESULT
     recorded = result_path.read_text()
-    for flops in (0.0, 1e30):
-        result_path.write_text(json.dumps({**json.loads(recorded), "train_flops": flops}))
+    per_token_times_tokens = json.loads(recorded)["flops_per_token_train"] * json.loads(recorded)["train_tokens_seen"]
+    for flops, tokens in ((0.0, None), (1e30, None), (1.001 * per_token_times_tokens, None), (0.0, 0)):
+        edited = {**json.loads(recorded), "train_flops": flops}  # (0 FLOPs of 0 tokens: still no reference)
+        result_path.write_text(json.dumps(edited if tokens is None else {**edited, "train_tokens_seen": tokens}))
         with pytest.raises(rundir.CheckpointError, match=re.escape(
                 f"{result_path}: train_flops={flops!r} is not its flops_per_token_train x train_tokens_seen: a "
                 f"damaged or hand-edited result")):
@@ -697,6 +700,10 @@ def test_compute_matched_keeps_the_warmup_its_reference_used(tmp_path):
     results["gba-m2"][1] = reference_result(flops_per_token(matched_model, seq_len=32, backward=True) * 8 * 32 * 30, 80)
     _, shorter = matched_configs(recipe, specs["compute-matched"], "data", 1, sets, 50, results, tmp_path)
     assert shorter.max_steps == 30 and fitted_warmup(shorter, shorter.max_steps) == (8, None)
+    # ... and one shorter than that warmup (5 steps): the 8 as given, with the warning any run that long gets
+    results["gba-m2"][1] = reference_result(flops_per_token(matched_model, seq_len=32, backward=True) * 8 * 32 * 5, 80)
+    _, shortest = matched_configs(recipe, specs["compute-matched"], "data", 1, sets, 50, results, tmp_path)
+    assert shortest.max_steps == 5 and not shortest.fit_warmup and fitted_warmup(shortest, 5)[0] == 8
 
 
 @pytest.mark.parametrize("short_name, long_name, factor, steps", [
@@ -832,6 +839,8 @@ def test_report_of_an_unfinished_comparison_says_so_and_averages_each_column(tmp
     many = {**report, "missing": [f"m/seed{seed}" for seed in range(8)]}  # the first six named
     assert "INCOMPLETE (runs missing: m/seed0, m/seed1, m/seed2, m/seed3, m/seed4, m/seed5, and 2 more)" in (
         results_markdown(many))
+    seven = {**report, "missing": [f"m/seed{seed}" for seed in range(7)]}  # one past the six named: said
+    assert "m/seed4, m/seed5, and 1 more)" in results_markdown(seven)
     six = {**report, "missing": [f"m/seed{seed}" for seed in range(6)]}  # all six named: no "and 0 more"
     assert "INCOMPLETE (runs missing: m/seed0, m/seed1, m/seed2, m/seed3, m/seed4, m/seed5)" in results_markdown(six)
     standard = report["models"][0]
@@ -1534,9 +1543,10 @@ def test_check_run_refuses_a_run_recorded_on_other_data(tmp_path):
     check_run(tmp_path, model_cfg, train_cfg)
     rundir.write_config(tmp_path, "cpu-char", model_cfg, train_cfg)
     check_run(tmp_path, model_cfg, train_cfg, "b" * 64)
-    # with no fingerprint on either side, the data paths are compared
-    with pytest.raises(UserError, match=r"train\.data: recorded 'data', asked 'elsewhere'"):
-        check_run(tmp_path, model_cfg, train_cfg.replace(data="elsewhere"))
+    # with no fingerprint on either side (or on the run's side alone), the data paths are compared
+    for now in (None, "b" * 64):
+        with pytest.raises(UserError, match=r"train\.data: recorded 'data', asked 'elsewhere'"):
+            check_run(tmp_path, model_cfg, train_cfg.replace(data="elsewhere"), now)
 
 
 def test_a_finished_runs_result_that_describes_another_model_is_refused(tmp_path):
