@@ -68,6 +68,19 @@ def snapshot(directory: Path) -> dict[str, str]:
             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != rundir.LOCK}
 
 
+@contextlib.contextmanager
+def fails_if_blocked(message: str, seconds: int = 10):
+    """A test failing with ``message`` after ``seconds``, where a regression (a FIFO opened or read without a peer)
+    would block and hang the suite."""
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail(message))
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def one_line(code: int, err: str) -> str:
     assert code == 2, err
     lines = err.strip().splitlines()
@@ -324,6 +337,7 @@ def test_eval_of_a_run_without_best_weights_names_the_last_and_counts_its_rows(t
     """A run without best.pt is scored on its last checkpoint (load_run's fallback): the line and the record say
     "last", not the "best" asked for by default; the progress bar's total is the rows evaluate scores."""
     from gbattn import progress
+    from gbattn.data.prepare import prepare_run_data
     from gbattn.data.tokens import num_rows
 
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
@@ -343,8 +357,6 @@ def test_eval_of_a_run_without_best_weights_names_the_last_and_counts_its_rows(t
     record = json.loads(out.splitlines()[-1])
     assert record["checkpoint"] == "last" and f"last weights at step {record['step']}" in out.splitlines()[0]
     loaded = rundir.load_run(run)
-    from gbattn.data.prepare import prepare_run_data
-
     rows = num_rows(prepare_run_data(loaded, None, False).splits["test"], loaded.seq_len)
     assert bars == [(rows, rows)] and record["tokens"] == rows * loaded.seq_len
 
@@ -2082,15 +2094,10 @@ def test_appending_never_writes_through_a_link_nor_into_a_device(tmp_path):
     assert target.read_text() == "kept\n"
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)
-    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("opening a FIFO without a reader blocked"))
-    signal.alarm(10)  # a regression fails here, not hangs the suite
-    try:
+    with fails_if_blocked("opening a FIFO without a reader blocked"):
         for refused in (tmp_path, fifo):
             with pytest.raises(UserError, match="a link, a directory or a FIFO is refused"):
                 files.append_jsonl(refused, {"step": 1})
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
     fds = set(os.listdir("/proc/self/fd"))
     with pytest.raises(UserError, match="is not a regular file: remove it"):
         files.open_to_append(os.devnull)
@@ -2341,14 +2348,9 @@ def test_a_config_nested_too_deeply_or_a_fifo_tells_no_directory_kind_and_waits_
     (deep / rundir.CONFIG).write_text('{"a":' + "[" * 100_000 + "]" * 100_000 + "}")
     fifo.mkdir()
     os.mkfifo(fifo / rundir.CONFIG)
-    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("reading a FIFO config.json blocked"))
-    signal.alarm(10)
-    try:
+    with fails_if_blocked("reading a FIFO config.json blocked"):
         for d in (deep, fifo):
             assert not rundir.is_exported(d) and rundir.foreign_model(d) is None
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def test_a_recorded_count_of_zero_is_read_and_only_a_negative_one_refused(trained):
