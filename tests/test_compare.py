@@ -506,10 +506,12 @@ def test_only_a_matched_model_says_what_it_needs_and_seeds_count_once(tmp_path):
     # run's steps to 0 or 10^23, refused in words about a max_steps nobody gave
     result_path = tmp_path / "cmp" / "gba-m2" / "seed1" / rundir.RESULT
     recorded = result_path.read_text()
-    per_token_times_tokens = json.loads(recorded)["flops_per_token_train"] * json.loads(recorded)["train_tokens_seen"]
-    for flops, tokens in ((0.0, None), (1e30, None), (1.001 * per_token_times_tokens, None), (0.0, 0)):
-        edited = {**json.loads(recorded), "train_flops": flops}  # (0 FLOPs of 0 tokens: still no reference)
-        result_path.write_text(json.dumps(edited if tokens is None else {**edited, "train_tokens_seen": tokens}))
+    reference = json.loads(recorded)
+    near = 1.001 * reference["flops_per_token_train"] * reference["train_tokens_seen"]  # 0.1% off: still hand-edited
+    for edits in ({"train_flops": 0.0}, {"train_flops": 1e30}, {"train_flops": near},
+                  {"train_flops": 0.0, "train_tokens_seen": 0}):  # (0 FLOPs of 0 tokens: still no reference)
+        flops = edits["train_flops"]
+        result_path.write_text(json.dumps({**reference, **edits}))
         with pytest.raises(rundir.CheckpointError, match=re.escape(
                 f"{result_path}: train_flops={flops!r} is not its flops_per_token_train x train_tokens_seen: a "
                 f"damaged or hand-edited result")):
