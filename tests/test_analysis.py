@@ -245,16 +245,18 @@ def test_statistics_match_a_computation_by_hand(runs):
 def test_figures_of_a_run_given_as_dot_name_its_folder(runs, tmp_path, monkeypatch, drawn):
     """`gbattn analyze .` inside a run titled every figure "GBA M=2 (, test, ...)": the folder's own name now."""
     monkeypatch.chdir(runs["gba"])
-    assert cli_main(["analyze", ".", "--out", str(tmp_path / "a"), "--max-rows", "2", "--quiet", "--device",
-                     "cpu"]) == 0
-    titles = [drawn["gates"].get_suptitle(), drawn["entropy"].get_suptitle(), drawn["norms"].axes[0].get_title()]
-    assert all("(gba, test, 2 rows" in title for title in titles), titles
+
+    def titles(max_rows: int, out) -> list[str]:
+        assert cli_main(["analyze", ".", "--out", str(out), "--max-rows", str(max_rows), "--quiet", "--device",
+                         "cpu"]) == 0
+        return [drawn["gates"].get_suptitle(), drawn["entropy"].get_suptitle(), drawn["norms"].axes[0].get_title()]
+
+    drawn_titles = titles(2, tmp_path / "a")
+    assert all("(gba, test, 2 rows" in title for title in drawn_titles), drawn_titles
     # a --max-rows above the split's rows: the titles state the rows analysed, not the cap
-    assert cli_main(["analyze", ".", "--out", str(tmp_path / "b"), "--max-rows", "100000", "--quiet", "--device",
-                     "cpu"]) == 0
+    drawn_titles = titles(100_000, tmp_path / "b")
     rows = json.loads((tmp_path / "b" / "summary.json").read_text())["rows"]
-    titles = [drawn["gates"].get_suptitle(), drawn["entropy"].get_suptitle(), drawn["norms"].axes[0].get_title()]
-    assert rows < 100_000 and all(f"(gba, test, {rows} rows" in title for title in titles), titles
+    assert rows < 100_000 and all(f"(gba, test, {rows} rows" in title for title in drawn_titles), drawn_titles
 
 
 def test_analyze_standard_run_reports_entropy_and_says_gates_do_not_exist(runs, tmp_path, capsys):
