@@ -80,7 +80,7 @@ def test_cpu_memory_probe_counts_weights_gradients_and_adam_state():
     tiny = preset_config("cpu-char", "standard", {"d_model": 16, "n_layers": 1, "n_heads": 1})
     assert peak_memory_train_step(tiny, batch=1, seq_len=1, device=torch.device("cpu"), amp=False,
                                   recomputed=False) < 4 * 2**20
-    # recomputing too: its warm-up step recomputes, so loading the checkpointing code (about 3.6 MiB) is not counted
+    # recomputing too: its warm-up step recomputes, so loading the checkpointing code (3.5 MiB) is not counted
     assert peak_memory_train_step(tiny, batch=1, seq_len=1, device=torch.device("cpu"), amp=False,
                                   recomputed=True) < 2 * 2**20
 
