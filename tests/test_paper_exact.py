@@ -4,6 +4,7 @@ short run, the real vocabulary, how often evaluations run)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -173,7 +174,8 @@ def test_the_training_defaults_are_the_papers_recipe():
 def test_a_default_warmup_longer_than_the_run_is_fitted_and_said():
     """The limit is the run (docs/deviations.md, entry 9): 1,500 warmup steps in a 1,499-step run become 150; in
     1,500 and 2,999 steps (a warmup over half the run, fitted before it was measured) kept, with the warning at
-    exactly the run's length; in a 4-step run, 1 (never 0)."""
+    exactly the run's length; in a 4-step run, 1 (never 0, and the note says "at least 1 step", not just "a
+    tenth"); 0 in a 1-step run warming up from zero."""
     _, cfg = build_configs("paper-small", "standard", "data", {})
     warmup, note = fitted_warmup(cfg, 135)
     assert warmup == 14 and note == ("warmup_steps=1,500 is longer than this 135-step run (the learning rate would "
@@ -184,6 +186,10 @@ def test_a_default_warmup_longer_than_the_run_is_fitted_and_said():
     assert fitted_warmup(cfg, 1_500)[0] == 1500 and fitted_warmup(cfg, 1_500)[1].startswith("warning: warmup_steps=")
     assert fitted_warmup(cfg, 2_999) == fitted_warmup(cfg, 18_375) == (1500, None)
     assert fitted_warmup(cfg, 4)[0] == 1
+    assert "using 1 (a tenth of the run, at least 1 step);" in fitted_warmup(cfg, 4)[1]
+    assert "using 1 (a tenth of the run, at least 1 step);" in fitted_warmup(cfg, 5)[1]   # round(0.5) is 0
+    from_zero = dataclasses.replace(cfg, warmup_from_zero=True)
+    assert fitted_warmup(from_zero, 1)[0] == 0 and "using 0 (a tenth of the run);" in fitted_warmup(from_zero, 1)[1]
 
 
 def test_the_plan_counts_its_evaluations_without_going_over_every_step(tmp_path, monkeypatch):

@@ -131,8 +131,10 @@ def fitted_warmup(cfg: TrainConfig, total_steps: int) -> tuple[int, str | None]:
     w = cfg.warmup_steps
     if cfg.fit_warmup and w > WARMUP_FIT_LIMIT * total_steps:
         fitted = shortened_warmup(total_steps, cfg.warmup_from_zero)
+        tenth = round(WARMUP_FIT_TO * total_steps)
+        why = "a tenth of the run" if fitted == tenth else "a tenth of the run, at least 1 step"
         return fitted, (f"warmup_steps={w:,} is longer than this {total_steps:,}-step run (the learning rate "
-                        f"would never reach lr={cfg.lr:g}): using {fitted:,} (a tenth of the run); --set "
+                        f"would never reach lr={cfg.lr:g}): using {fitted:,} ({why}); --set "
                         f"warmup_steps=N keeps a warmup as given")
     if w > longest_warmup(total_steps, cfg.warmup_from_zero):
         return w, (f"warning: warmup_steps={w:,} >= the run's {total_steps:,} steps: the learning rate never reaches "
