@@ -3699,7 +3699,14 @@ def test_a_resumed_run_whose_best_checkpoint_is_lost_is_refused_not_tested_on_th
     train(run, *tiny_configs(data, max_steps=4, eval_every=2), quiet=True)
     (run / ckpt.RESULT).unlink()  # killed during its test: --resume tests again
     resume, best = ckpt.load_checkpoint(run / ckpt.CHECKPOINT), ckpt.load_checkpoint(run / ckpt.BEST)
-    torch.save({**resume, "best_step": 2}, run / ckpt.CHECKPOINT)  # its best validation at step 2 of 4
+
+    def best_at(step: int) -> dict:
+        """The checkpoint with its curve's other loss raised, so its best validation is at ``step``."""
+        loss = {p["step"]: p["valid_loss"] for p in resume["curve"]}[step]
+        curve = [{**p, "valid_loss": loss if p["step"] == step else loss + 1.0} for p in resume["curve"]]
+        return {**resume, "curve": curve, "best_step": step, "best_valid": loss}
+
+    torch.save(best_at(2), run / ckpt.CHECKPOINT)  # its best validation at step 2 of 4
     torch.save({**best, "step": 4}, run / ckpt.BEST)
     with pytest.raises(CheckpointError, match=re.escape(f"{run / ckpt.BEST} holds the weights of step 4, not those of "
                                                         f"the run's best validation (step 2): restore a copy of it, or "
@@ -3712,7 +3719,7 @@ def test_a_resumed_run_whose_best_checkpoint_is_lost_is_refused_not_tested_on_th
                                                         f"(--restart)")):
         train(run, resume=True, quiet=True)
     assert not (run / ckpt.RESULT).exists()
-    torch.save({**resume, "best_step": 4}, run / ckpt.CHECKPOINT)
+    torch.save(best_at(4), run / ckpt.CHECKPOINT)
     assert train(run, resume=True, quiet=True)["best_step"] == 4
 
 

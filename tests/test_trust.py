@@ -1213,12 +1213,25 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
     # A resume checkpoint lacking a weight (set_state_dict's strict=True let it keep its initial value).
     lacking = {k: v for k, v in resume_state["model"].items() if k != "ln_f.weight"}
     nan_weights = {k: torch.full_like(v, float("nan")) for k, v in resume_state["model"].items()}
+    # A tied model (paper-small's tie_embeddings) whose head differs from its embedding: the one loaded last won.
+    other_head = {**resume_state["model"], "lm_head.weight": torch.randn_like(resume_state["model"]["wte.weight"])}
     for name, changed in (("negative-step", {"step": -10}), ("lacking-weight", {"model": lacking}),
                           ("step-beyond", {"step": 10**6}), ("text-step", {"step": "2"}),
-                          ("nan-resume", {"model": nan_weights}), ("nan-best-valid", {"best_valid": float("nan")})):
+                          ("nan-resume", {"model": nan_weights}), ("nan-best-valid", {"best_valid": float("nan")}),
+                          ("best-valid-off-curve", {"best_valid": 0.5}), ("other-format", {"format": 3}),
+                          ("best-not-lowest", {"best_step": 2, "best_valid": 5.0, "curve": [
+                              {**point, "valid_loss": {2: 5.0, 4: 4.0}[point["step"]]}
+                              for point in resume_state["curve"]]}),
+                          ("untied-head-resume", {"model": other_head})):
         target = copy(name)
         (target / rundir.RESULT).unlink(missing_ok=True)
         torch.save({**resume_state, **changed}, target / rundir.CHECKPOINT)
+    # best.pt with no step (reported as "best weights at step 0"), a step past the run's last, an untied head
+    stepless = {k: v for k, v in best.items() if k != "step"}
+    for name, damaged in (("stepless-best", stepless), ("step-beyond-best", {**best, "step": 10**6}),
+                          ("untied-head-best", {**best, "model": {**best["model"], "lm_head.weight": torch.randn_like(
+                              best["model"]["wte.weight"])}})):
+        torch.save(damaged, copy(name) / rundir.BEST)
     # The optimizer's state: a NaN moment (the loss became NaN at the next step), a negative step count (a
     # RuntimeError traceback at the next step: complex bias corrections), no parameter groups (a traceback)
     for name, damage in (("nan-moment", lambda o: next(iter(o["state"].values()))["exp_avg"].fill_(float("nan"))),
@@ -1327,6 +1340,27 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          "hold NaN or infinite values"),  # was resumed (and, at its last step, finished with them)
         ("checkpoint with a NaN best validation loss", ["train", "--resume", "--out", broken["nan-best-valid"],
                                                         "--quiet"], "its best validation loss is NaN"),
+        # A best validation loss lower than its curve's was the run's reported valid loss (ppl 1.65 where the curve
+        # said 46.1), and the later, better evaluation was not kept as best:
+        ("checkpoint whose best validation is not its curve's", ["train", "--resume", "--out",
+                                                                 broken["best-valid-off-curve"], "--quiet"],
+         "its best validation (loss 0.5 at step 4) is not its validation curve's lowest loss"),
+        ("checkpoint whose best validation is not its curve's lowest", ["train", "--resume", "--out",
+                                                                        broken["best-not-lowest"], "--quiet"],
+         "its best validation (loss 5.0 at step 2) is not its validation curve's lowest loss"),
+        ("checkpoint of another format", ["train", "--resume", "--out", broken["other-format"], "--quiet"],
+         "its format is 3; this gbattn reads format 2"),
+        # A tied head of other values than the embedding replaced it (test perplexity 1.4e14), silently:
+        ("checkpoint whose tied head differs from its embedding", ["train", "--resume", "--out",
+                                                                   broken["untied-head-resume"], "--quiet"],
+         "hold wte.weight and lm_head.weight, one parameter of the model (tied), with different values"),
+        ("best weights whose tied head differs from the embedding", ["eval", broken["untied-head-best"]],
+         "hold wte.weight and lm_head.weight, one parameter of the model (tied), with different values"),
+        ("best weights whose tied head differs, exported",
+         ["export", broken["untied-head-best"], "--out", tmp_path / "e-untied"], "one parameter of the model (tied)"),
+        ("best weights without a step", ["eval", broken["stepless-best"]], "step=None must be an integer in [0, 4]"),
+        ("best weights of a step past the run's last", ["generate", broken["step-beyond-best"], "--prompt", "a"],
+         "step=1000000 must be an integer in [0, 4] (the weights' training step, at most the run's steps)"),
         ("checkpoint with a NaN optimizer moment", ["train", "--resume", "--out", broken["nan-moment"], "--quiet"],
          "the optimizer's exp_avg of wte.weight holds torch.float32 values that are not finite floating-point numbers"),
         ("checkpoint with a negative optimizer step", ["train", "--resume", "--out", broken["negative-moment-step"],
@@ -2667,6 +2701,23 @@ def test_a_shard_index_naming_a_file_outside_its_directory_is_refused(tmp_path):
         rundir.read_shards(exported, rundir.SAFETENSORS_INDEX, lambda shard: {"w": torch.zeros(1)})
 
 
+def test_a_shard_holding_a_tensor_the_index_assigns_elsewhere_is_refused(tmp_path):
+    """A tensor held by two shards, or by a shard the index does not assign it to, took the values of whichever
+    shard was read last (an export evaluated at ppl 295.983 instead of 296.033, silently): the shard is named."""
+    shards = {"a.safetensors": {"w": torch.zeros(1), "v": torch.ones(1)}, "b.safetensors": {"v": torch.full((1,), 2.)}}
+    for shard in shards:
+        (tmp_path / shard).write_bytes(b"")
+    index = {"weight_map": {"w": "a.safetensors", "v": "b.safetensors"}}
+    (tmp_path / rundir.SAFETENSORS_INDEX).write_text(json.dumps(index))
+    with pytest.raises(rundir.CheckpointError, match=re.escape(
+            f"{tmp_path / 'a.safetensors'} holds v, which {rundir.SAFETENSORS_INDEX} does not assign to it: the files "
+            f"are damaged or from different saves; restore a copy of them")):
+        rundir.read_shards(tmp_path, rundir.SAFETENSORS_INDEX, lambda path: shards[path.name])
+    shards["a.safetensors"] = {"w": torch.zeros(1)}  # each tensor where the index says: read
+    assert rundir.read_shards(tmp_path, rundir.SAFETENSORS_INDEX, lambda path: shards[path.name]) == {
+        "w": shards["a.safetensors"]["w"], "v": shards["b.safetensors"]["v"]}
+
+
 def test_a_shard_index_without_a_weight_map_object_is_one_line(tmp_path):
     """An index with no weight_map, or one that is a list or null (a damaged or hand-made file), gets the one line a
     weight_map of other values gets: read as an object, it would end in an AttributeError traceback ("'list' object
@@ -2696,6 +2747,7 @@ def test_a_resume_checkpoint_cannot_change_the_optimizers_settings(trained, tmp_
     state = rundir.load_checkpoint(trained["run"] / rundir.CHECKPOINT)
     state.update(step=2, curve=[p for p in state["curve"] if p["step"] <= 2], best_step=2,  # 2 steps left to train
                  tokens_seen=state["tokens_seen"] // state["step"] * 2)
+    state["best_valid"] = state["curve"][-1]["valid_loss"]
     results = {}
     for name, damage in (("clean", {}), ("eps", {"eps": "x"}), ("amsgrad", {"amsgrad": True}),
                          ("ascent", {"maximize": True, "betas": (2.0, 0.5)}), ("decay", {"weight_decay": 100.0})):

@@ -920,10 +920,11 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
                                   f"({BEST}): an upcycled run not trained yet, or a copy without it; use --checkpoint "
                                   f"best (from Python: checkpoint='best')")
         state, which = load_checkpoint(weights, map_location=device), checkpoint
-        step = state.get("step", 0)
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_INT:  # as a config's step
-            raise CheckpointError(f"{weights}: step={step!r} must be an integer in [0, 2**63 - 1] (the weights' "
-                                  f"training step): the file is damaged; restore a copy of it")
+        step = state.get("step")  # (left out, the weights were reported as those of step 0)
+        last = config.get("steps") if type(config.get("steps")) is int else MAX_INT  # the run's steps
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= last:  # as a config's step
+            raise CheckpointError(f"{weights}: step={step!r} must be an integer in [0, {last:,}] (the weights' "
+                                  f"training step, at most the run's steps): the file is damaged; restore a copy of it")
     model = model_holding(model_cfg, state["model"], path, device)
     return LoadedRun(path, model, model_cfg, train_cfg, tokenizer, config, int(step) if isinstance(step, int) else 0,
                      which)
@@ -992,6 +993,7 @@ def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> No
     """``model.load_state_dict(weights)`` with a one-line error when they do not fit the config or
     are not finite (:func:`check_finite`)."""
     check_finite(weights, where)
+    check_tied(model, weights, where)
     try:
         meta = next(model.parameters()).is_meta  # a meta model takes them as they are: names and shapes checked
         # (a plain dict: assign=True marks a state dict's _metadata, and a later load of it assigned too, untying)
@@ -1002,6 +1004,21 @@ def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> No
         detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else error_detail(e)
         detail = detail if len(detail) <= 240 else detail[:240].rsplit(", ", 1)[0] + ", ..."
         raise CheckpointError(f"the weights in {where} do not match its config ({detail})") from None
+
+
+def check_tied(model: torch.nn.Module, weights: dict, where: str | Path) -> None:
+    """A one-line error when ``weights`` hold two names of one parameter of ``model`` (``lm_head.weight`` and
+    ``wte.weight`` under ``tie_embeddings``) with different values: loaded one after the other, the last one
+    silently replaced the other (a head of other values became the embedding: test perplexity 1.4e14)."""
+    names_of: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(parameter), []).append(name)
+    for names in names_of.values():
+        held = [weights[n] for n in names if isinstance(weights.get(n), torch.Tensor)]
+        if any(w is not held[0] and (w.shape != held[0].shape or w.dtype != held[0].dtype
+                                     or not torch.equal(w, held[0])) for w in held[1:]):
+            raise CheckpointError(f"the weights in {where} hold {' and '.join(names)}, one parameter of the model "
+                                  f"(tied), with different values: the file is damaged; restore a copy of it")
 
 
 def read_exported_weights(path: Path, device) -> dict:
@@ -1046,7 +1063,14 @@ def read_shards(path: Path, index: str, read) -> dict:
     for shard in sorted(set(weight_map.values())):
         if Path(shard).name != shard or not (path / shard).is_file():
             raise CheckpointError(f"{path / index} names shard {shard!r}, which is not a file in {path}")
-        weights.update(read(path / shard))
+        held = read(path / shard)
+        # (a tensor in two shards, or in a shard the index does not assign it to, took whichever was read last)
+        elsewhere = sorted(name for name in held if weight_map.get(name) != shard)
+        if elsewhere:
+            named = ", ".join(elsewhere[:3]) + (", ..." if len(elsewhere) > 3 else "")
+            raise CheckpointError(f"{path / shard} holds {named}, which {index} does not assign to it: the files are "
+                                  f"damaged or from different saves; restore a copy of them")
+        weights.update(held)
     missing = sorted(set(weight_map) - set(weights))
     if missing:
         raise CheckpointError(f"{path / index}: the shards lack {', '.join(missing[:5])}")

@@ -68,6 +68,7 @@ WARMUP_FIT_LIMIT = 1.0  # a default warmup longer than this fraction of the run 
 WARMUP_FIT_TO = 0.1  # ... to this fraction of it
 EARLIER_WARMUP_FIT_LIMIT = 0.5  # the limit before 2026-12-04: runs it fitted record the warmup they used
 FREQUENT_EVAL_STEPS = 50  # an epoch shorter than this: say how often evaluations run
+CHECKPOINT_FORMAT = 2  # checkpoint.pt's layout; another (1: gbattn before 2026-11-30) is refused on resume
 
 
 class TrainingDiverged(UserError):
@@ -677,7 +678,7 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------
     def _state(self) -> dict:
         model_state, optim_state = full_state(self.wrapped, self.optimizer)
-        return {"format": 2, "model": model_state, "optimizer": optim_state, "step": self.step,
+        return {"format": CHECKPOINT_FORMAT, "model": model_state, "optimizer": optim_state, "step": self.step,
                 "best_valid": self.best_valid, "best_step": self.best_step, "elapsed": self.elapsed,
                 "train_seconds": self.train_seconds, "tokens_seen": self.tokens_seen, "curve": self.curve,
                 "train_window": [self.window_loss, self.window_n],
@@ -691,6 +692,8 @@ class Trainer:
     def _load(self, state: dict, path: Path) -> None:
         """The run's state from ``state``, its checkpoint read from ``path`` (its weights checked by load_weights)."""
         try:
+            if state.get("format") != CHECKPOINT_FORMAT:  # a layout this gbattn does not write was read as its own
+                raise ValueError(f"its format is {state.get('format')!r}; this gbattn reads format {CHECKPOINT_FORMAT}")
             check_optimizer_moments(state["model"], state["optimizer"], self.optimizer)
             # AdamW's settings are the run's (its config, this device), not the file's: a checkpoint's eps of "x" or
             # amsgrad of true was a traceback at the next step, its maximize=true or betas of 2 trained on silently.
@@ -718,6 +721,13 @@ class Trainer:
                 raise ValueError("its best validation loss is NaN")
             if best_valid < 0:  # a cross-entropy never is: no later loss would count as better, nor be kept as best
                 raise ValueError(f"its best validation loss {best_valid!r} is negative")
+            # The best is the curve's first lowest loss, as _eval_and_checkpoint keeps it (a best_valid of 0.5 set by
+            # hand was reported as the run's valid loss, and a better evaluation later was not kept as best)
+            at_best = [p["valid_loss"] for p in curve if p["step"] == best_step]
+            if ((best_step is None) != (best_valid == math.inf) or best_step is not None and at_best != [best_valid]
+                    or any(p["valid_loss"] is not None and p["valid_loss"] < best_valid for p in curve)):
+                raise ValueError(f"its best validation (loss {best_valid!r} at step {best_step!r}) is not its "
+                                 f"validation curve's lowest loss")
             self.best_valid, self.best_step = float(best_valid), best_step
             seconds = (state["elapsed"], state["train_seconds"])  # NaN: a result.json without its wall-clock time
             if not all(_finite_amount(v) for v in seconds):
