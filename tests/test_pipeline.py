@@ -457,6 +457,29 @@ def test_only_cache_builds_of_dead_processes_on_this_host_are_removed(tmp_path, 
     assert another_users.is_file()
 
 
+def test_a_write_removes_its_files_temporaries_left_by_a_killed_writer(tmp_path):
+    """atomic_write removes the temporary files of the same file left by a process killed with -9 during a write:
+    the folders of analyze, plot and bench take no lock and were never cleaned, so each kill left one more
+    ``gates.png.tmp<pid>@<host>`` beside the figures. A live writer's, another host's and another file's stay."""
+    import socket
+
+    from gbattn.files import atomic_write
+
+    exited = subprocess.Popen([sys.executable, "-c", ""])
+    exited.wait()
+    host = socket.gethostname()
+    dead, live, other_host, other_file = (tmp_path / f"gates.png.tmp{exited.pid}@{host}",
+                                          tmp_path / f"gates.png.tmp{os.getppid()}@{host}",  # a live process
+                                          tmp_path / f"gates.png.tmp{exited.pid}@elsewhere",
+                                          tmp_path / f"summary.json.tmp{exited.pid}@{host}")
+    for leftover in (dead, live, other_host, other_file):
+        leftover.write_text("half a figure")
+    atomic_write(tmp_path / "gates.png", b"figure")
+    assert (tmp_path / "gates.png").read_bytes() == b"figure"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["gates.png", live.name, other_host.name,
+                                                                 other_file.name])
+
+
 def test_a_build_named_with_a_pid_beyond_any_process_is_kept_not_a_traceback(tmp_path):
     """``NAME.tmp<20 digits>@<this host>``: digits, but past any pid, so os.kill raises OverflowError rather than
     ProcessLookupError; kept, as a name whose pid is no number is. Let through, the OverflowError would end the

@@ -5,6 +5,7 @@ bad file into a one-line error naming it. Nothing here imports the rest of gbatt
 from __future__ import annotations
 
 import errno
+import glob
 import io
 import itertools
 import json
@@ -53,6 +54,9 @@ def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     exception."""
     path = Path(path)
     tmp = path.with_name(path.name + building_suffix())  # whose it is: remove_abandoned removes it after a kill
+    # (and so does the next write of the file: the folders of analyze, plot and bench take no lock and were never
+    # cleaned, so each kill -9 during a write left one more gates.png.tmp<pid>@<host> beside the figures)
+    remove_abandoned(path.parent, path.name)
     existed = os.path.exists(path)  # never raises (a name too long is the write's error to report)
     try:
         with open(create_new(tmp), "wb") as f:
@@ -93,10 +97,11 @@ def building_owner(name: str) -> tuple[str, str]:
     return (stem if at else host).rsplit(".tmp", 1)[-1], host if at else ""
 
 
-def remove_abandoned(directory: Path) -> None:
-    """Delete the folders and files being built in ``directory`` on this host (``NAME.tmp<pid>@<host>``) by
-    processes that no longer exist (killed with -9: a Ctrl-C or an error removes its own)."""
-    for path in directory.glob("*.tmp*") if directory.is_dir() else ():
+def remove_abandoned(directory: Path, name: str | None = None) -> None:
+    """Delete the folders and files being built in ``directory`` on this host (``NAME.tmp<pid>@<host>``, of one
+    ``name`` where given) by processes that no longer exist (killed with -9: a Ctrl-C or an error removes its own)."""
+    pattern = f"{glob.escape(name)}.tmp*" if name is not None else "*.tmp*"
+    for path in directory.glob(pattern) if directory.is_dir() else ():
         pid, host = building_owner(path.name)
         if not pid.isdigit() or host != socket.gethostname() or not process_gone(int(pid)):
             continue
