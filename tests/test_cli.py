@@ -615,6 +615,7 @@ def test_eval_batches_rows_as_the_run_evaluated_unless_told(tmp_path, monkeypatc
     """`gbattn eval` batched 32 rows whatever the run's eval_batch_size (set smaller to fit a large model in memory,
     it ran out there): it batches the run's eval_batch_size now, and --batch-size still wins; so does run.perplexity."""
     from gbattn import load_run
+    from gbattn.errors import ConfigError
     from gbattn.eval import perplexity
     from gbattn.train import trainer
     from helpers import tiny_configs, write_corpus
@@ -636,6 +637,9 @@ def test_eval_batches_rows_as_the_run_evaluated_unless_told(tmp_path, monkeypatc
     assert batches[-1] == 3
     run.perplexity(text, batch_size=5)
     assert batches[-1] == 5
+    # 0 is refused as `eval --batch-size 0` is (it was taken for "not given": the run's 3, silently)
+    with pytest.raises(ConfigError, match=r"batch_size=0 must be an integer >= 1 \(rows per batch\)"):
+        run.perplexity(text, batch_size=0)
 
 
 def test_count_arguments_at_their_limits_and_empty_option_values(capsys):

@@ -3,6 +3,7 @@ where the Quickstart's run `runs/char-gba` exists (a tiny one, trained here)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -54,6 +55,8 @@ def test_readme_snippet_runs(index, tmp_path, in_quickstart_directory, capsys):
         from gbattn.rundir import read_result
         result = read_result(tmp_path / "runs/py-gba" / "result.json")
         assert printed == f"20 {round(result['valid_ppl'], 1)}\n" and result["attn"] == "boosted"
+        # the preset recorded, as `gbattn train --preset` records it ("train --init-from takes its recipe")
+        assert json.loads((tmp_path / "runs/py-gba" / "config.json").read_text())["preset"] == "cpu-char"
 
 
 TRANSFORMERS_SNIPPETS = re.findall(r"^```\n(import gbattn\.hf\b.*?)^```", README.read_text(encoding="utf-8"),

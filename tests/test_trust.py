@@ -1219,6 +1219,7 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
                           ("step-beyond", {"step": 10**6}), ("text-step", {"step": "2"}),
                           ("nan-resume", {"model": nan_weights}), ("nan-best-valid", {"best_valid": float("nan")}),
                           ("best-valid-off-curve", {"best_valid": 0.5}), ("other-format", {"format": 3}),
+                          ("best-stepless", {"best_step": None}),  # a finite best loss of no step
                           ("best-not-lowest", {"best_step": 2, "best_valid": 5.0, "curve": [
                               {**point, "valid_loss": {2: 5.0, 4: 4.0}[point["step"]]}
                               for point in resume_state["curve"]]}),
@@ -1348,6 +1349,9 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("checkpoint whose best validation is not its curve's lowest", ["train", "--resume", "--out",
                                                                         broken["best-not-lowest"], "--quiet"],
          "its best validation (loss 5.0 at step 2) is not its validation curve's lowest loss"),
+        ("checkpoint with a best validation loss of no step", ["train", "--resume", "--out", broken["best-stepless"],
+                                                               "--quiet"],
+         "at step None) is not its validation curve's lowest loss"),
         ("checkpoint of another format", ["train", "--resume", "--out", broken["other-format"], "--quiet"],
          "its format is 3; this gbattn reads format 2"),
         # A tied head of other values than the embedding replaced it (test perplexity 1.4e14), silently:

@@ -782,8 +782,9 @@ class LoadedRun:
             raise UserError(f"the text encodes to {len(ids)} token{'s' * (len(ids) != 1)}: a perplexity needs at "
                             f"least 2 (one predicted from another)")
         device = next(self.model.parameters()).device
-        return evaluate(self.model, ids, min(self.seq_len, len(ids) - 1), batch_size or self.train_cfg.eval_batch_size,
-                        device, autocast(device, self.train_cfg.amp))
+        batch_size = self.train_cfg.eval_batch_size if batch_size is None else batch_size  # (0 was the default)
+        return evaluate(self.model, ids, min(self.seq_len, len(ids) - 1), batch_size, device,
+                        autocast(device, self.train_cfg.amp))
 
 
 WHICH = ("best", "last")
