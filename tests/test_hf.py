@@ -2266,12 +2266,40 @@ def test_lm_eval_refuses_a_tokenizer_naming_no_end_of_text_token(trained, capsys
     (damaged / "tokenizer_config.json").write_text(json.dumps(config))
     err = lm_eval_refused(damaged, capsys)
     assert f"gbattn: error: the tokenizer in {damaged} names no end-of-text token (eos_token in its" in err, err
-    # a bos_token alone is enough: lm-eval starts each text with it
+    # a bos_token alone is enough: lm-eval starts each text with it (in a directory without gbattn's tokenizer file,
+    # a save_pretrained's, whose tokenizer files are not checked against an export's: lm-eval's next test)
     (damaged / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "\n"}))
+    (damaged / "gbattn-tokenizer.json").unlink()
     from gbattn.hf.lmeval import load_model
 
     tokenizer = load_model(damaged, None, torch.device("cpu"))[1]
     assert (tokenizer.eos_token, tokenizer.bos_token) == (None, "\n")
+
+
+def test_lm_eval_refuses_tokenizer_files_that_are_not_the_exports(trained, capsys, tmp_path):
+    """lm-eval reads an export's transformers tokenizer files (as any user of it would), which gbattn eval does not:
+    with two ids swapped in tokenizer.json, another eos_token or an added bos_token in tokenizer_config.json, or a
+    post-processor putting a token before each text, the export was scored silently (byte perplexity 59.57 and
+    59.16 where it is 58.97). Each is refused, naming what differs from what `gbattn export` writes."""
+    _, out = trained
+    tokenizer_json = json.loads((out / "tokenizer.json").read_text())
+    vocab = dict(tokenizer_json["model"]["vocab"])
+    vocab["e"], vocab["t"] = vocab["t"], vocab["e"]
+    prefixed = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "T", "type_id": 0}},
+                                                         {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"T": {"id": "T", "ids": [vocab["T"]], "tokens": ["T"]}}}
+    for name, file, changes, differs in (
+            ("swapped", "tokenizer.json", {"model": {**tokenizer_json["model"], "vocab": vocab}},
+             "vocabulary, encoding"),
+            ("eos", "tokenizer_config.json", {"eos_token": "e"}, "special tokens"),
+            ("bos", "tokenizer_config.json", {"bos_token": "T"}, "special tokens"),
+            ("prefixed", "tokenizer.json", {"post_processor": prefixed}, "encoding")):
+        damaged = copy_with_json_changed(out, tmp_path / name, file, **changes)
+        assert lm_eval_refused(damaged, capsys) == (
+            f"gbattn: error: the tokenizer files in {damaged} differ from those `gbattn export` writes for its "
+            f"gbattn-tokenizer.json ({differs}): they were edited or come from another model; copy them from the "
+            f"exported directory, or export again\n")
 
 
 def test_lm_eval_refuses_a_tokenizer_whose_length_limit_is_no_number(trained, capsys, tmp_path):

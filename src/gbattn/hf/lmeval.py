@@ -83,6 +83,35 @@ def check_dtype_fields(config: dict, path: Path) -> None:
                                   f"float16, ...; `gbattn export` writes float32)")
 
 
+def check_tokenizer_is_the_exported_one(tokenizer, model_dir: Path, config: dict, block_size: int) -> None:
+    """The transformers tokenizer of an exported directory checked against the one `gbattn export` writes from its
+    ``gbattn-tokenizer.json`` (whose fingerprint config.json records, as `gbattn eval` reads it): the same
+    vocabulary, special tokens and encodings. Its tokenizer.json with two ids swapped, or a tokenizer_config.json
+    naming another eos or bos token, was scored silently (byte perplexity 59.57 and 59.16 where it is 58.97). A
+    directory without gbattn's file (a save_pretrained, not an export) has nothing to be checked against."""
+    from gbattn.data.tokenizer import Tokenizer
+    from gbattn.hf.tokenization import hf_tokenizer
+    from gbattn.rundir import EXPORTED_TOKENIZER, recorded_fingerprint
+
+    if not (model_dir / EXPORTED_TOKENIZER).exists():
+        return
+    own = Tokenizer.load(model_dir / EXPORTED_TOKENIZER, recorded=recorded_fingerprint(config, of="tokenizer"))
+    expected = hf_tokenizer(own, block_size)
+    # every token's text, then plain text with blank lines: a changed normalizer, pre-tokenizer or post-processor
+    # encodes one of them otherwise
+    probe = "".join(expected.decode([i]) for i in range(len(expected))) + "\nHello, world!\n\nThe end.  "
+    differs = [what for what, of in (
+        ("vocabulary", lambda t: t.get_vocab()),
+        ("special tokens", lambda t: (t.special_tokens_map, t.all_special_ids)),
+        ("encoding", lambda t: (t(probe, verbose=False)["input_ids"],  # (a probe past model_max_length: no warning)
+                                t(probe, add_special_tokens=False, verbose=False)["input_ids"])),
+    ) if of(tokenizer) != of(expected)]
+    if differs:
+        raise CheckpointError(f"the tokenizer files in {model_dir} differ from those `gbattn export` writes for its "
+                              f"{EXPORTED_TOKENIZER} ({', '.join(differs)}): they were edited or come from another "
+                              f"model; copy them from the exported directory, or export again")
+
+
 # The JSON file of an exported directory that transformers reads besides config.json and outside the tokenizer's
 # loading (whose every failure is one line, "the tokenizer in DIR does not load").
 TRANSFORMERS_JSON = ("generation_config.json",)
@@ -168,6 +197,7 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
             raise CheckpointError(f"the tokenizer in {model_dir} has token ids up to {top_id:,}, past the model's "
                                   f"vocabulary of {model.config.vocab_size:,} (ids from {model.config.vocab_size:,} on "
                                   f"have no embedding): its tokenizer files do not belong to this model")
+        check_tokenizer_is_the_exported_one(tokenizer, Path(model_dir), config, model.config.max_position_embeddings)
         step, which = section.get("step", 0), "exported"
     else:
         run = load_run(model_dir, checkpoint, "cpu")
