@@ -2472,6 +2472,29 @@ def test_a_tokenizer_with_an_id_beyond_any_models_vocabulary_is_refused_as_its_f
     assert get_tokenizer("bpe", corpus, vocab_size=40, verbose=False).fingerprint == bpe.fingerprint
 
 
+def test_a_tokenizer_whose_post_processor_adds_an_id_it_does_not_hold_is_refused_as_its_file(tmp_path):
+    """A post-processor's special token (a Llama tokenizer's <s>, put before every prompt) of an id the vocabulary does
+    not hold escaped the size check, which counts the vocabulary: `gbattn upcycle` took such a tokenizer.json, and
+    `gbattn generate` on the result ended in a traceback ("token id 99999 outside the vocabulary")."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, processors
+
+    backend = Backend(models.WordLevel({"a": 0, "<s>": 1, "<unk>": 2}, unk_token="<unk>"))
+    for start_id, refused in ((1, False), (99_999, True)):
+        backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", start_id)])
+        path = tmp_path / "tokenizer.json"
+        path.write_text(backend.to_str())
+        corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+        if not refused:  # a start token of the vocabulary: put before a prompt, not before a corpus's lines
+            tok = get_tokenizer(f"hf={path}", corpus)
+            assert (tok.encode("a"), tok.encode_batch(["a"])) == ([1, 0], [[0]])
+            continue
+        with pytest.raises(DataError, match=rf"^--tokenizer hf={path}: not a valid tokenizer.json \(ValueError: its "
+                                            rf"post-processor adds token id 99,999, which its vocabulary does not "
+                                            rf"hold\)$"):
+            get_tokenizer(f"hf={path}", corpus)
+
+
 @pytest.mark.parametrize("edit", ["two tokens share an id", "an unused id", "no <unk>", "<unk> given another id",
                                   "another model"])
 def test_a_bpe_tokenizer_edited_by_hand_is_trained_again_in_the_cache_and_refused_in_a_run(tmp_path, edit):

@@ -118,6 +118,11 @@ class Tokenizer:
             if self._size > MAX_VOCAB_SIZE:  # the model config would refuse it as a vocab_size the user never set
                 raise ValueError(f"its largest token id is {self._size - 1:,}; a model takes ids below "
                                  f"{MAX_VOCAB_SIZE:,}")
+            # The ids its post-processor puts around a prompt (a Llama tokenizer's <s>) are tokens of its vocabulary:
+            # one that is not passed the size check and reached the model (a traceback at `gbattn generate`)
+            unnamed = sorted(set(self._hf.encode("").ids) - set(ids))
+            if unnamed:
+                raise ValueError(f"its post-processor adds token id {unnamed[0]:,}, which its vocabulary does not hold")
             if kind == "bpe":
                 self._check_trained_bpe()
 
