@@ -716,7 +716,14 @@ def test_gap_of_a_copied_comparison_reads_the_curves_results_json_records(tmp_pa
     (copied / "results.json").write_text(json.dumps(report))
     assert cli_main(["plot", str(copied), "--gap", "gba-m2", "--out", str(tmp_path / "fig")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"gbattn: error: {copied}: gba-m2 and standard share no evaluation (same seed and step)"]
+        f"gbattn: error: cannot plot the gap of {copied}: results.json lists standard seed 1, 2 as finished, but no "
+        f"standard/seed<S>/metrics.jsonl nor results.json holds its evaluations; copy every run directory along with "
+        f"results.json"]
+    # one seed's curve damaged, the other's kept: left out of the mean, silently, before
+    report["models"][1]["curves"]["2"] = report["models"][0]["curves"]["2"]
+    (copied / "results.json").write_text(json.dumps(report))
+    assert cli_main(["plot", str(copied), "--gap", "gba-m2", "--out", str(tmp_path / "fig")]) == 2
+    assert "results.json lists standard seed 1 as finished, but no" in capsys.readouterr().err
     shutil.copytree(compare_dir / "standard", copied / "standard")
     assert gap_series(copied, "gba-m2", "standard")["points"] == gap_series(compare_dir, "gba-m2", "standard")["points"]
 
@@ -761,6 +768,21 @@ def test_plot_of_a_run_export_or_denoise_output_names_what_the_folder_holds(tmp_
         assert capsys.readouterr().err.strip().splitlines() == [
             f"gbattn: error: --out {out} holds {held}, not a folder of figures: choose another --out"]
         assert not (out / "gap.png").exists() and not (out / "gap.json").exists()
+
+
+def test_gap_refuses_a_finished_seed_whose_metrics_hold_no_evaluation(tmp_path, capsys):
+    """A finished seed whose metrics.jsonl was emptied or cut inside its first line was left out of the gap's mean
+    (over one seed of two, exit 0), where `plot` refuses the same directory: one line naming the seed."""
+    compare_dir = _gap_dir(tmp_path / "cmp", 400)
+    metrics = compare_dir / "standard" / "seed1" / "metrics.jsonl"
+    for damaged in ("", metrics.read_text()[:10]):
+        metrics.write_text(damaged)
+        assert cli_main(["plot", str(compare_dir), "--gap", "gba-m2", "--out", str(tmp_path / "fig")]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"gbattn: error: cannot plot the gap of {compare_dir}: results.json lists standard seed 1 as finished, but "
+            f"no standard/seed<S>/metrics.jsonl nor results.json holds its evaluations; copy every run directory along "
+            f"with results.json"]
+        assert not (tmp_path / "fig").exists()
 
 
 def test_gap_skips_an_evaluation_whose_loss_is_not_a_number(tmp_path):

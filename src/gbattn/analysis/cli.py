@@ -596,7 +596,7 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read
     from gbattn.errors import UserError
     from gbattn.experiments.report import is_loss
     from gbattn.files import read_jsonl
-    from gbattn.rundir import valid_curve
+    from gbattn.rundir import METRICS, valid_curve
 
     compare_dirs = [compare_dirs] if isinstance(compare_dirs, Path) else compare_dirs
     name = " + ".join(d.resolve().name for d in compare_dirs)
@@ -624,6 +624,13 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read
             for seed in sorted(finished - set(evaluations)):  # a copied comparison (results.json alone): its curves
                 if valid_curve(curves.get(seed)):
                     evaluations[seed] = curves[seed]
+            # A finished seed without evaluations (an emptied or cut metrics.jsonl) was left out of the mean, silently,
+            # where plot refuses the same directory
+            lacking = [seed for seed in sorted(finished, key=int) if not evaluations.get(seed)]
+            if lacking:
+                raise UserError(f"cannot plot the gap of {compare_dir}: results.json lists {label} seed "
+                                f"{', '.join(lacking)} as finished, but no {label}/seed<S>/{METRICS} nor results.json "
+                                f"holds its evaluations; copy every run directory along with results.json")
             steps_before, tokens_before = trained_before(rows, label)  # a continuation: its whole training
             for seed, events in evaluations.items():
                 for e in events:
