@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -214,3 +216,18 @@ def run_cli(capsys, argv) -> tuple[int, str, str]:
         code = e.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def hold_lock(directory: Path) -> subprocess.Popen:
+    """Another process holding the directory's lock (gbattn.rundir.RunLock) until it is killed."""
+    code = (f"from gbattn.rundir import RunLock; import time; lock = RunLock({str(directory)!r}); "
+            f"print('locked', flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def in_use(directory: Path, what: str) -> list[str]:
+    """The one line a command writing into ``directory`` while another process holds its lock prints."""
+    return [f"gbattn: error: {directory} is in use by another gbattn process (its {what} is being written); wait "
+            f"for it to finish or choose another --out"]

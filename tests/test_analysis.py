@@ -24,7 +24,7 @@ from gbattn.data.tokens import rows_batch
 from gbattn.errors import UserError
 from gbattn.rundir import load_run
 from gbattn.train.trainer import train
-from helpers import TINY, bpe_with_unknown_words, give_run_tokenizer, tiny_configs, write_corpus
+from helpers import TINY, bpe_with_unknown_words, give_run_tokenizer, hold_lock, in_use, tiny_configs, write_corpus
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SEQ_LEN = TINY["block_size"] - 1
@@ -299,6 +299,21 @@ def test_a_figure_is_never_written_through_a_link_in_its_folder(tmp_path):
     assert written[0].read_bytes()[:4] == b"\x89PNG" and written[1].read_bytes()[:4] == b"%PDF"
 
 
+def test_an_analysis_into_a_folder_another_process_writes_is_one_line_and_writes_nothing(runs, tmp_path, capsys):
+    """Two analyses into one folder at once could leave one's figures beside the other's summary.json: the folder's
+    lock, as a run's, refuses the second writer."""
+    out = tmp_path / "analysis"
+    holder = hold_lock(out)
+    try:
+        assert cli_main(["analyze", str(runs["std"]), "--out", str(out), "--max-rows", "2", "--threads", "1",
+                        "--quiet"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == in_use(out, "analysis")
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_new_analysis_removes_the_figures_an_earlier_one_left_in_its_folder(runs, tmp_path, capsys):
     """Analysing a standard run into the folder of a GBA run's analysis (or rerunning without --pdf)
     left the GBA run's gates, norms, loss difference and examples and every PDF beside the new
@@ -308,7 +323,7 @@ def test_a_new_analysis_removes_the_figures_an_earlier_one_left_in_its_folder(ru
     assert len(list(out.glob("*.p*"))) == 10
     (out / "mine.png").write_bytes(b"x")  # a file analyze does not draw stays
     summary = analyze_run(runs["std"], out=out, max_rows=2, quiet=True, device="cpu")
-    assert sorted(p.name for p in out.iterdir()) == ["entropy.png", "mine.png", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "entropy.png", "mine.png", "summary.json"]
     note = summary["notes"][-1]
     assert note.startswith("removed gates.png, gates.pdf, entropy.pdf, norms.png, norms.pdf, loss_diff.png, "
                            "loss_diff.pdf, examples.png, examples.pdf: figures an earlier analysis left")

@@ -85,6 +85,23 @@ def test_cpu_memory_probe_counts_weights_gradients_and_adam_state():
                                   recomputed=True) < 2 * 2**20
 
 
+def test_a_bench_into_a_folder_another_process_writes_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """Two benches into one --out at once could leave one's bench.json beside the other's bench.md: the folder's
+    lock, as a run's, refuses the second writer (after its timings: they are what it writes)."""
+    from helpers import hold_lock, in_use
+
+    holder = hold_lock(tmp_path / "b")
+    try:
+        assert cli_main(["bench", "--preset", "cpu-char", "--attn", "standard", "--repeats", "1", "--steps", "1",
+                         "--batch", "2", "--decode", "2", "--set", "n_layers=1", "--set", "d_model=32", "--set",
+                         "n_heads=2", "--out", str(tmp_path / "b"), "--quiet", "--threads", "1"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == in_use(tmp_path / "b", "benchmark")
+        assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_bench_command_report(tmp_path, capsys, monkeypatch):
     from gbattn.bench import speed
 

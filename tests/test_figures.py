@@ -22,7 +22,7 @@ from gbattn.cli import main as cli_main
 from gbattn.errors import UserError
 from gbattn.experiments.report import results_markdown
 from gbattn.files import relative_path
-from helpers import stand_in_run
+from helpers import hold_lock, in_use, stand_in_run
 
 
 def model_row(label: str, test_ppl: dict, steps: int = 2000, published=None, compute_matched_to=None) -> dict:
@@ -911,11 +911,33 @@ def test_plot_without_pdf_removes_the_pdfs_of_an_earlier_plot(tmp_path):
     assert len(plot_compare(compare_dir, pdf=True)) == 4
     (compare_dir / "figures" / "notes.pdf").write_bytes(b"x")  # not one of plot's figures: it stays
     plot_compare(compare_dir)
-    assert sorted(p.name for p in (compare_dir / "figures").iterdir()) == ["curves.png", "notes.pdf", "results.png"]
+    assert sorted(p.name for p in (compare_dir / "figures").iterdir()) == [".lock", "curves.png", "notes.pdf",
+                                                                           "results.png"]
     gap = _gap_dir(tmp_path / "gap", 400)
     for pdf in (["--pdf"], []):
         assert cli_main(["plot", str(gap), "--gap", "gba-m2", "--out", str(tmp_path / "g"), *pdf]) == 0
-    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["gap.json", "gap.png"]
+    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == [".lock", "gap.json", "gap.png"]
+
+
+def test_a_plot_into_a_folder_another_process_writes_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """Two plots of different comparisons into one --out, at once, left one's curves.png beside the other's
+    results.png (each figure written whole, the two writers interleaved), silently: the folder's lock, as a run's."""
+    compare_dir = tmp_path / "cmp"
+    compare_dir.mkdir()
+    (compare_dir / "results.json").write_text(json.dumps(report_of([model_row("standard", {"42": 100.0})])))
+    write_run(compare_dir, "standard", 42)
+    gap_dir = _gap_dir(tmp_path / "gap", 400)
+    out = tmp_path / "fig"
+    holder = hold_lock(out)
+    try:
+        for argv in ([str(compare_dir)], [str(gap_dir), "--gap", "gba-m2"]):
+            assert cli_main(["plot", *argv, "--out", str(out)]) == 2
+            assert capsys.readouterr().err.strip().splitlines() == in_use(out, "folder of figures")
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cli_main(["plot", str(compare_dir), "--out", str(out)]) == 0  # the lock released with its process
 
 def test_a_seed_the_reference_lacks_is_left_out_of_the_paired_differences():
     """GBA finished seeds 1, 2 and 3, standard 1 and 2 (its seed 3 failed): GBA's paired differences are over

@@ -38,6 +38,7 @@ from helpers import (
     LFS_MESSAGE,
     LFS_POINTER,
     TINY,
+    hold_lock,
     run_cli,
     strict_json,
     tiny_configs,
@@ -130,15 +131,6 @@ def test_a_checkpoint_that_would_run_code_is_refused_by_every_command(trained, t
 # --------------------------------------------------------------------------------------
 # 2. One writer per run directory (two real processes)
 # --------------------------------------------------------------------------------------
-
-
-def hold_lock(directory: Path) -> subprocess.Popen:
-    """Another process holding the directory's lock until it is killed."""
-    code = (f"from gbattn.rundir import RunLock; import time; lock = RunLock({str(directory)!r}); "
-            f"print('locked', flush=True); time.sleep(600)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "locked"
-    return proc
 
 
 def test_a_second_writer_is_refused_and_a_killed_one_releases_the_lock(trained, tmp_path):

@@ -153,7 +153,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     from gbattn.eval.perplexity import perplexity
     from gbattn.files import relative_path, remove_unwritten, write_json
     from gbattn.progress import Progress
-    from gbattn.rundir import ANALYSIS_DIR, ANALYSIS_FIGURES, ANALYSIS_SUMMARY, check_model_dir, load_run
+    from gbattn.rundir import ANALYSIS_DIR, ANALYSIS_FIGURES, ANALYSIS_SUMMARY, RunLock, check_model_dir, load_run
     from gbattn.runtime import autocast_dtype, resolve_device
 
     figures.require_matplotlib()  # fail before the slow part
@@ -237,27 +237,29 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     norms = st.norm_summary(run.model_cfg.norm)
     summary["norms"] = {"available": False, "reason": no_boost} if norms is None else {"available": True, **norms}
 
-    written: list[Path] = []
-    title = f"{_short_name(run)} ({name}, {split}, {len(row_ids)} rows × {run.seq_len} tokens)"
-    if gates is not None:
-        written += figures.save(figures.gates_figure(gates, stats.PAPER, f"GBA gates g_m — {title}"), out, "gates", pdf)
-    written += figures.save(figures.entropy_figure(entropy, stats.PAPER if st.boosted else None,
-                                                   f"Attention entropy per round — {title}"), out, "entropy", pdf)
-    if norms is not None:
-        fig = figures.norms_figure(norms, f"Residual and gated-correction norms — {title}")
-        written += figures.save(fig, out, "norms", pdf)
+    with RunLock(out, what="analysis"):  # one writer: two analyses into one folder mixed their figures
+        written: list[Path] = []
+        title = f"{_short_name(run)} ({name}, {split}, {len(row_ids)} rows × {run.seq_len} tokens)"
+        if gates is not None:
+            fig = figures.gates_figure(gates, stats.PAPER, f"GBA gates g_m — {title}")
+            written += figures.save(fig, out, "gates", pdf)
+        written += figures.save(figures.entropy_figure(entropy, stats.PAPER if st.boosted else None,
+                                                       f"Attention entropy per round — {title}"), out, "entropy", pdf)
+        if norms is not None:
+            fig = figures.norms_figure(norms, f"Residual and gated-correction norms — {title}")
+            written += figures.save(fig, out, "norms", pdf)
 
-    if other is not None:
-        summary["loss_diff"], more = _loss_difference(run, other, collected, tokens, row_ids, layer, top, examples,
-                                                      dev, out, pdf)
-        written += more
-    removed = remove_unwritten(out, ANALYSIS_FIGURES, written)
-    if removed:
-        notes.append(f"removed {', '.join(removed)}: figures an earlier analysis left in this folder that this one "
-                     f"does not draw")
-    summary["notes"] = notes
-    summary["figures"] = [relative_path(p, out) for p in written]
-    write_json(summary, out / ANALYSIS_SUMMARY)
+        if other is not None:
+            summary["loss_diff"], more = _loss_difference(run, other, collected, tokens, row_ids, layer, top, examples,
+                                                          dev, out, pdf)
+            written += more
+        removed = remove_unwritten(out, ANALYSIS_FIGURES, written)
+        if removed:
+            notes.append(f"removed {', '.join(removed)}: figures an earlier analysis left in this folder that this one "
+                         f"does not draw")
+        summary["notes"] = notes
+        summary["figures"] = [relative_path(p, out) for p in written]
+        write_json(summary, out / ANALYSIS_SUMMARY)
     print_summary(summary, out / ANALYSIS_SUMMARY)
     return summary
 
@@ -541,7 +543,7 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     from gbattn.errors import UserError
     from gbattn.experiments.report import run_steps_text
     from gbattn.files import remove_unwritten
-    from gbattn.rundir import METRICS
+    from gbattn.rundir import METRICS, RunLock
 
     figures.require_matplotlib()
     compare_dir = Path(compare_dir)
@@ -572,9 +574,10 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     unfinished = [f"{label} seed {seed}" for label, runs in curves.items() for seed in runs
                   if (label, seed) not in finished]
     setting = f"{report.get('recipe', '')} on {report.get('data', '')} ({run_steps_text(rows)})"
-    written = figures.save(figures.results_figure(report), out, "results", pdf)
-    written += figures.save(figures.curves_figure(curves, setting, unfinished), out, "curves", pdf)
-    remove_unwritten(out, ("results", "curves"), written)  # PDFs of an earlier --pdf, now out of date
+    with RunLock(out, what="folder of figures"):  # one writer: two plots into one --out mixed their figures
+        written = figures.save(figures.results_figure(report), out, "results", pdf)
+        written += figures.save(figures.curves_figure(curves, setting, unfinished), out, "curves", pdf)
+        remove_unwritten(out, ("results", "curves"), written)  # PDFs of an earlier --pdf, now out of date
     return written
 
 
@@ -681,6 +684,7 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
     from gbattn.analysis import figures
     from gbattn.errors import UserError
     from gbattn.files import remove_unwritten, write_json
+    from gbattn.rundir import RunLock
     from gbattn.runtime import command_line
 
     figures.require_matplotlib()
@@ -696,10 +700,11 @@ def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bo
     groups = same_comparison(compare_dirs, model, read)
     series = [gap_series(group, model, ref, read) for ref in references for group in groups]
     out = check_figures_out(out, create=True)
-    write_json({"command": command_line(portable=True), "model": model, "references": references, "series": series},
-               out / "gap.json")
-    written = figures.save(figures.gap_figure(series, model, references), out, "gap", pdf)
-    remove_unwritten(out, ("gap",), written)  # a PDF of an earlier --pdf, now out of date
+    with RunLock(out, what="folder of figures"):  # one writer, as plot_compare
+        write_json({"command": command_line(portable=True), "model": model, "references": references,
+                    "series": series}, out / "gap.json")
+        written = figures.save(figures.gap_figure(series, model, references), out, "gap", pdf)
+        remove_unwritten(out, ("gap",), written)  # a PDF of an earlier --pdf, now out of date
     return written + [out / "gap.json"]
 
 

@@ -32,7 +32,7 @@ from gbattn.model.decoding import compiled_decode_step, eager_decode_step
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
-from gbattn.rundir import check_out
+from gbattn.rundir import RunLock, check_out
 from gbattn.runtime import autocast as bf16_autocast
 from gbattn.runtime import command_line, device_name, resolve_device, set_threads, software_versions, use_tf32
 from gbattn.terminal import terminal_line
@@ -352,8 +352,9 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         "sweep": sweep_rows,
     }
     if out:
-        write_json(report, Path(out) / "bench.json")
-        atomic_write(Path(out) / "bench.md", bench_markdown(report))
+        with RunLock(out, what="benchmark"):  # one writer: two benches into one --out mixed bench.json and bench.md
+            write_json(report, Path(out) / "bench.json")
+            atomic_write(Path(out) / "bench.md", bench_markdown(report))
     return report
 
 
