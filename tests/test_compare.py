@@ -941,13 +941,17 @@ def test_a_report_row_names_the_models_it_is_matched_to_and_continues(tmp_path):
         (None, None, None), ("gba-m2", None, None), (None, "gba-m2", None), (None, None, None),
         (None, None, "standard")]
     md = (tmp_path / "results.md").read_text()
-    assert "`param-fair`: the smallest standard width with at least GBA's parameters" in md
-    # matched to a model of the user's own that is not GBA (compare --matched): not "GBA's"
+    assert "`param-fair`: gba-m2 with standard attention at the smallest width giving at least its parameters" in md
+    # matched to a model of the user's own (compare --matched): each param-matched row by its own label and its own
+    # gap (the note called `param-fair-tw` "`param-fair`", and gave both rows' gaps under that one name)
     mine = [*specs, ModelSpec("tw", "twicing"), ModelSpec("param-fair-tw", param_matched_to="tw")]
+    sizes = {"tw": 100, "param-fair-tw": 103, "gba-m2": 200, "param-fair": 210}
     write_results(tmp_path, recipe, {"data": "x", "seeds": [1], "sets": {}}, mine,
-                  {**results, **{s.label: {1: {**_run_result(10.0, 60.0), "attn": s.attn}} for s in mine[-2:]}})
-    assert "`param-fair`: the smallest standard width with at least its model's parameters" in (
-        tmp_path / "results.md").read_text()
+                  {**{s.label: {1: {**_run_result(10.0, 60.0), "attn": s.attn, "parameters": sizes.get(s.label, 150)}}
+                      for s in mine}})
+    assert ("`param-fair`: gba-m2 with standard attention at the smallest width giving at least its parameters "
+            "(+5.0%); `param-fair-tw`: tw with standard attention at the smallest width giving at least its "
+            "parameters (+3.0%); `compute-matched`:") in (tmp_path / "results.md").read_text()
     assert "`compute-matched`: standard trained for as many training FLOPs" in md and "as gba-m2 used." in md
     assert "standard-continued continue standard's trained weights" in md
 

@@ -550,11 +550,10 @@ def results_markdown(report: dict) -> str:
               else "one seed per model, so no spread")
     lines += ["", f"Test perplexity from the best-validation checkpoint; {spread}."
               + (f" {TEST_IS_VALIDATION}." if no_test_split(rows) else "")]
-    by_label = {r["label"]: r for r in rows}
-    targets = [by_label.get(r["param_matched_to"], {}).get("attn") for r in rows if r.get("param_matched_to")]
-    whose = "GBA's" if all(attn == "boosted" for attn in targets) else "its model's"  # --matched: any model
-    matched = ([f"`param-fair`: the smallest standard width with at least {whose} parameters{param_gap_text(rows)}"]
-               if targets else [])
+    # Each param-matched row by its own label (a --matched model's `param-fair-LABEL` was called `param-fair`, and the
+    # gaps of two such rows were given under that one name), as the compute-matched rows are
+    matched = [f"`{r['label']}`: {r['param_matched_to']} with standard attention at the smallest width giving at "
+               f"least its parameters{param_gap_text(r, rows)}" for r in rows if r.get("param_matched_to")]
     matched += [f"`{r['label']}`: standard trained for as many training FLOPs (torch.utils.flop_counter, forward "
                 f"+ backward) as {r['compute_matched_to']} used" for r in rows if r.get("compute_matched_to")]
     if matched:
@@ -651,13 +650,10 @@ def other_stream_note(rows: list[dict]) -> str | None:
             f"the change of block or residual stream.")
 
 
-def param_gap_text(rows: list[dict]) -> str:
-    """' (+5.0% parameters against gba-m2)': how far each param-fair row is above its model."""
-    by_label = {r["label"]: r for r in rows}
-    gaps = [f"{100 * (r['parameters'] / by_label[r['param_matched_to']]['parameters'] - 1):+.1f}% parameters "
-            f"against {r['param_matched_to']}" for r in rows
-            if r.get("param_matched_to") in by_label and by_label[r["param_matched_to"]].get("parameters")]
-    return f" ({'; '.join(gaps)})" if gaps else ""
+def param_gap_text(row: dict, rows: list[dict]) -> str:
+    """' (+5.0%)': how far the param-matched ``row`` is above its model in parameters ('' where that is unknown)."""
+    target = next((r for r in rows if r["label"] == row["param_matched_to"]), {})
+    return f" ({100 * (row['parameters'] / target['parameters'] - 1):+.1f}%)" if target.get("parameters") else ""
 
 
 def valid_losses(row: dict) -> dict[str, float]:
