@@ -560,8 +560,9 @@ def test_more_threads_than_cores_are_set_with_a_warning(monkeypatch, capsys):
     import torch
 
     from gbattn import runtime
+    from gbattn.errors import UserError
 
-    before = torch.get_num_threads()
+    before, real_default_threads = torch.get_num_threads(), runtime.default_threads
     monkeypatch.setattr(runtime, "usable_cpus", lambda: {0, 1})
     try:
         assert runtime.set_threads(3) == 3 and torch.get_num_threads() == 3
@@ -577,6 +578,19 @@ def test_more_threads_than_cores_are_set_with_a_warning(monkeypatch, capsys):
         monkeypatch.delenv("WORLD_SIZE")  # a RANK left in the environment of one process: it is the first (it said
         assert runtime.is_first_process()  # nothing, and its summary line was dropped)
         assert runtime.set_threads(3) == 3 and "warning: threads=3" in capsys.readouterr().err
+        # A count from OMP_NUM_THREADS (a job script's) warns as --threads does (3 was taken silently), and one over
+        # --threads' bound is refused as --threads 1025 is (2000 trained at 93 tokens/s where 1 gave 10,000)
+        monkeypatch.setattr(runtime, "default_threads", real_default_threads)
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert runtime.set_threads(None) == 3 and capsys.readouterr().err.startswith(
+            "warning: OMP_NUM_THREADS=3 is more than the 2 cores this process may use: the threads beyond them")
+        monkeypatch.setenv("OMP_NUM_THREADS", "1025")
+        with pytest.raises(UserError, match=r"^OMP_NUM_THREADS=1025 is more than 1,024 threads \(OpenMP starts every "
+                                            r"thread at once, and beyond what the OS allows it crashed\): set it "
+                                            r"lower, or give --threads N"):
+            runtime.set_threads(None)
+        monkeypatch.setenv("OMP_NUM_THREADS", "1024")
+        assert runtime.default_threads() == 1024
     finally:
         torch.set_num_threads(before)
 

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from gbattn.arguments import MAX_THREADS
 from gbattn.checks import did_you_mean
 from gbattn.errors import UserError
 from gbattn.files import portable_path
@@ -227,6 +228,10 @@ def default_threads() -> int:
     machine's processes of one ``torchrun`` (``LOCAL_WORLD_SIZE``)."""
     asked = os.environ.get("OMP_NUM_THREADS", "").strip()
     if asked.isdigit() and int(asked) > 0:
+        if int(asked) > MAX_THREADS:  # bounded as --threads is (2000 ran at 93 tokens/s, silently)
+            raise UserError(f"OMP_NUM_THREADS={asked} is more than {MAX_THREADS:,} threads (OpenMP starts every "
+                            f"thread at once, and beyond what the OS allows it crashed): set it lower, or give "
+                            f"--threads N (README, \"Threads\")")
         return int(asked)
     local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
     return max(1, free_cores() // (int(local) if local.isdigit() and int(local) > 0 else 1))
@@ -243,8 +248,9 @@ def set_threads(threads: int | None) -> int:
     this process may use is done, with a warning: the threads beyond them take turns on the cores."""
     n = threads or default_threads()
     cores = core_count(usable_cpus())
-    if threads and threads > cores and is_first_process():  # (under torchrun: said once, not by every process)
-        print(f"warning: threads={threads} is more than the {cores} core{'s' * (cores != 1)} this process may use: "
+    if n > cores and is_first_process():  # (under torchrun: said once, not by every process)
+        given = f"threads={threads}" if threads else f"OMP_NUM_THREADS={n}"  # (the free cores: never more)
+        print(f"warning: {given} is more than the {cores} core{'s' * (cores != 1)} this process may use: "
               f"the threads beyond them take turns on the cores, which slows every step (README, \"Threads\")",
               file=sys.stderr)
     torch.set_num_threads(n)
