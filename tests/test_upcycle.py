@@ -1315,9 +1315,44 @@ def test_train_init_from_records_which_weights_it_started_from(gbattn_dir, tmp_p
     for start, step in ((source, 7), (tmp_path / "up", 0)):
         out = tmp_path / f"from-{start.name}"
         assert main(["train", "--init-from", str(start), "--out", str(out), *common]) == 0, capsys.readouterr()
-        assert rundir.read_config(out / rundir.CONFIG)["extra"] == {  # (by its last part: result.json holds it)
-            "init_from": start.name, "init_from_checkpoint": "best", "init_from_step": step}
+        extra = rundir.read_config(out / rundir.CONFIG)["extra"]
+        assert extra == {  # (by its last part: result.json holds it)
+            "init_from": start.name, "init_from_checkpoint": "best", "init_from_step": step,
+            "init_from_weights": rundir.weights_digest(rundir.load_run(start).model.state_dict())}
         assert str(tmp_path) not in (out / rundir.RESULT).read_text()  # (an absolute --init-from was written there)
+
+
+def test_a_continuation_killed_before_its_first_checkpoint_resumes_only_from_the_weights_it_started_from(
+        gbattn_dir, tmp_path, capsys):
+    """A `train --init-from` run killed before its first checkpoint starts again from its source when resumed: a
+    source that had trained on since (best.pt of a later step) or been trained again (the same step, other values)
+    gave it other weights, silently (test ppl 23.10 and 26.02 where the run started would give 26.16). Refused, in
+    one line, naming both; the source as it was resumes it."""
+    source = tmp_path / "source"
+    shutil.copytree(gbattn_dir, source)
+    out = tmp_path / "continued"
+    argv = ["train", "--init-from", str(source), "--out", str(out), "--quiet", "--data", "tiny-shakespeare",
+            "--threads", "1", "--no-compile", "--set", "max_steps=1", "--set", "batch_size=4", "--set",
+            "eval_tokens=2000", "--set", "seq_len=32"]
+    assert main(argv) == 0, capsys.readouterr()
+    finished = rundir.load_checkpoint(out / rundir.CHECKPOINT)["model"]
+    for name in (rundir.CHECKPOINT, rundir.BEST, rundir.RESULT, rundir.METRICS):  # as killed before its first save
+        (out / name).unlink()
+    best = rundir.load_checkpoint(source / rundir.BEST)
+    resume = ["train", "--resume", "--out", str(out), "--quiet", "--threads", "1"]
+    other_values = {k: v + 1 for k, v in best["model"].items()}
+    for changed, recorded in (({**best, "step": best["step"] - 1}, f"step {best['step'] - 1})"),
+                              ({**best, "model": other_values}, f"step {best['step']})")):
+        rundir.save_checkpoint(changed, source / rundir.BEST)
+        assert main(resume) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1:] == [  # (after the warmup note)
+            f"gbattn: error: {out} has no checkpoint yet, so it starts again from its --init-from {source}, whose best "
+            f"weights ({recorded} are not the ones it started from (best weights of step {best['step']}): restore "
+            f"those, or train it again from these with --restart"]
+    rundir.save_checkpoint(best, source / rundir.BEST)
+    assert main(resume) == 0, capsys.readouterr()
+    resumed = rundir.load_checkpoint(out / rundir.CHECKPOINT)["model"]
+    assert all(torch.equal(resumed[k], v) for k, v in finished.items())
 
 
 def test_train_init_from_keeps_the_source_runs_data_split(gbattn_dir, tmp_path, capsys):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import io
 import json
 import math
@@ -1005,6 +1006,17 @@ def load_weights(model: torch.nn.Module, weights: dict, where: str | Path) -> No
         detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else error_detail(e)
         detail = detail if len(detail) <= 240 else detail[:240].rsplit(", ", 1)[0] + ", ..."
         raise CheckpointError(f"the weights in {where} do not match its config ({detail})") from None
+
+
+def weights_digest(weights: dict) -> str:
+    """``sha256:...`` of a state dict's names, dtypes, shapes and values, in name order: which weights a run
+    continuing another's started from (``train --init-from``), to tell them from the ones there later."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        tensor = weights[name].detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}:{tensor.dtype}:{tuple(weights[name].shape)};".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    return f"sha256:{digest.hexdigest()}"
 
 
 def check_tied(model: torch.nn.Module, weights: dict, where: str | Path) -> None:

@@ -644,8 +644,20 @@ class Trainer:
                             f"{' and '.join(DROPOUT_FIELDS)}); leave out --preset, --attn and model --set values (from "
                             f"Python: give its own, gbattn.load_run(...).model_cfg) to train the model as "
                             f"{start.run_dir}/config.json has it")
-        rundir.load_weights(self.model, start.model.state_dict(), start.run_dir)
-        self.extra = {**self.extra, "init_from_checkpoint": start.checkpoint, "init_from_step": start.step}
+        weights = start.model.state_dict()
+        rundir.load_weights(self.model, weights, start.run_dir)
+        started = {"init_from_checkpoint": start.checkpoint, "init_from_step": start.step,
+                   "init_from_weights": rundir.weights_digest(weights)}
+        # A run killed before its first checkpoint starts again from its source, which may have trained on or been
+        # replaced since: it trained from those weights, silently, and was not the run that was started
+        recorded = {key: self.extra[key] for key in started if key in self.extra}
+        if self.resume and recorded and recorded != {key: started[key] for key in recorded}:
+            raise UserError(f"{self.run_dir} has no checkpoint yet, so it starts again from its --init-from "
+                            f"{start.run_dir}, whose {start.checkpoint} weights (step {start.step}) are not the ones "
+                            f"it started from ({recorded.get('init_from_checkpoint')} weights of step "
+                            f"{recorded.get('init_from_step')}): restore those, or train it again from these with "
+                            f"--restart")
+        self.extra = {**self.extra, **started}
 
     def _write_config(self, resumed: bool) -> None:
         """config.json and the tokenizer; a resumed run's metrics.jsonl is cut back to its checkpoint's step
