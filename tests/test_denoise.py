@@ -1143,6 +1143,40 @@ def test_a_seed_given_twice_counts_once(tmp_path, monkeypatch):
                  "--steps", "1", "--quiet"]) == 0
     assert json.loads((tmp_path / "cli" / "results.json").read_text())["seeds"] == [3]
 
+def test_a_call_stopped_between_its_tables_and_its_figure_leaves_no_figure_of_another_call(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """A second call into one --out stopped after drawing its rounds.png and before writing its tables (SIGINT,
+    SIGTERM or kill -9 at the results.json write) left its figure (30 steps, other accuracies) beside the first
+    call's tables (20 steps), which nothing said. The earlier figure goes before the new tables, and the new one is
+    drawn after them: stopped in between, the tables are one call's and no figure is another's."""
+    from gbattn.synthetic import tables
+
+    runs, _ = fake_runs((0,))
+    monkeypatch.setattr(tables, "train_run", lambda spec, protocol, device: runs[spec.key])
+    out = tmp_path / "d"
+    first = ["denoise", "--out", str(out), "--experiments", "rounds", "--seeds", "0", "--quick", "--quiet"]
+    assert main(first) == 0 and (out / "rounds.png").is_file()
+    recorded = (out / "results.json").read_text()
+    real_write_results, real_plot_rounds = tables.write_results, tables.plot_rounds
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    for stop_at in ("write_results", "plot_rounds"):
+        monkeypatch.setattr(tables, stop_at, stopped)
+        assert main([*first[:-2], "--steps", "30", "--quiet"]) == 130
+        capsys.readouterr()
+        if stop_at == "write_results":  # the first call's tables, its figure gone (drawn of them, but no longer
+            assert (out / "results.json").read_text() == recorded  # known to be: the next call would replace it)
+        else:  # this call's tables, its figure not drawn
+            assert json.loads((out / "results.json").read_text())["protocol"]["steps"] == 30
+        assert not (out / "rounds.png").exists()
+        monkeypatch.setattr(tables, "write_results", real_write_results)
+        monkeypatch.setattr(tables, "plot_rounds", real_plot_rounds)
+        assert main(first) == 0 and (out / "rounds.png").is_file()
+        recorded = (out / "results.json").read_text()
+
+
 def test_cli_threads_output_checks_and_printed_files(tmp_path, monkeypatch, capsys):
     """--threads sets torch's thread count for the run, and results.json records it; an --out that is a file
     is refused before any training; the closing line names rounds.png only when the rounds table was made."""

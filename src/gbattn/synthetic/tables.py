@@ -278,7 +278,7 @@ def write_tables(out: Path, experiments, seeds, protocol: Protocol, device: str,
               "init": f"{INIT_WORDS[protocol.init]}; log beta = log {protocol.beta_init}", "bayes": bayes,
               "paper": PAPER, "tables": {}, "markdown": {}, "runs": {}, "experiments": list(experiments),
               "finished": False}
-    runs = report["runs"]
+    runs, drawn = report["runs"], False
     for name, specs in plans.items():
         for spec in specs:
             if spec.key in runs:
@@ -289,15 +289,16 @@ def write_tables(out: Path, experiments, seeds, protocol: Protocol, device: str,
         report["markdown"][name] = table_markdown(name, report["tables"][name], len(seeds), published)
         bar.write("")
         print(report["markdown"][name] + "\n", flush=True)
-        # The figure before the tables that hold it (drawing takes a second or two): a run stopped while it draws
-        # leaves the earlier tables beside their own figure, one stopped later its own tables and figure, and no
-        # earlier call's figure sits beside tables without it.
-        if name == "rounds":
-            plot_rounds(report["tables"]["rounds"], out / "rounds.png", protocol.steps, published)
-        elif "rounds" not in report["tables"] and (out / "rounds.png").is_file():  # an earlier call's (never a PDF:
-            (out / "rounds.png").unlink()                                         # denoise writes none)
+        # An earlier call's figure goes before this call's first tables are written, and this call's figure is drawn
+        # after the tables that hold it: a call stopped in between leaves its tables without a figure, never beside
+        # another call's (drawn first, a call stopped before its tables left its figure beside the earlier tables).
+        if not drawn and (out / "rounds.png").is_file():  # (never a PDF: denoise writes none)
+            (out / "rounds.png").unlink()
         report["wall_seconds"] = time.perf_counter() - started
         write_results(out, report)
+        if name == "rounds":
+            plot_rounds(report["tables"]["rounds"], out / "rounds.png", protocol.steps, published)
+            drawn = True
     bar.close()
     report["wall_seconds"] = time.perf_counter() - started
     report["finished"] = True
