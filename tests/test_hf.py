@@ -3015,6 +3015,12 @@ def test_lm_eval_results_file_names_and_contents(tmp_path):
     assert json.loads(out.read_text()) == {"results": {"toy": {"acc": 0.5}}}
 
     assert strict_json(written[1].read_text())["resps"] == [[None]]
+    # Written again without samples (weights since resumed or re-exported): its tasks' samples of the earlier call go
+    # (step-200 log-likelihoods stayed beside step-300 results); another results file's samples stay
+    other = out.with_name("samples-toy-x-toy.jsonl")  # results-x-toy.json's samples of task "toy"
+    other.write_text("")
+    assert write_results({"results": {"toy": {"acc": 0.6}}, "configs": {"my/task x": {}}}, out, [tmp_path]) == [out]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["results-toy.json", other.name]
 
 
 def test_lm_eval_command_forwards_every_option(tmp_path, monkeypatch, capsys):

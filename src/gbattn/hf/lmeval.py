@@ -455,6 +455,11 @@ def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
     results.pop("pretty_env_info", None)  # the machine's description
     written = [out]
     out.parent.mkdir(parents=True, exist_ok=True)
+    # An earlier call's samples of these tasks that this call does not log: they described other weights (a run
+    # resumed since, re-exported) beside results that no longer hold them, and carry no step of their own
+    for task in set(results.get("results") or {}) | set(results.get("configs") or {}):
+        if task not in (samples or {}) and samples_path(out, task).is_file():
+            samples_path(out, task).unlink()
     write_json(portable(results, roots), out)
     for task, rows in (samples or {}).items():
         path = samples_path(out, task)
