@@ -245,6 +245,33 @@ def test_a_token_cache_entry_finished_by_another_process_at_the_same_moment_is_t
     assert list(entry.parent.iterdir()) == []
 
 
+def test_an_absent_token_cache_entry_is_not_removed_under_a_process_renaming_it_into_place(tmp_path, monkeypatch):
+    """Finding no entry, a process removed "it" anyway: another process's entry renamed into place between the check
+    and the removal was deleted, and that process failed ("cannot be read back after writing it"). Now only an
+    entry that is there and damaged is removed."""
+    from gbattn.data import tokens as tokens_mod
+
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    tok = get_tokenizer("char", corpus)
+    tokenize_corpus(corpus, tok, progress=False)
+    (entry,) = (Path(os.environ["GBATTN_CACHE"]) / "tokens").iterdir()
+    finished = tmp_path / "finished-by-the-other-process"
+    entry.rename(finished)
+    real_exists = Path.exists
+
+    def lands_after_the_check(path, *args, **kwargs):  # the other process's rename lands just after the check
+        there = real_exists(path, *args, **kwargs)
+        if path == entry and not there and real_exists(finished):
+            finished.rename(entry)
+        return there
+
+    monkeypatch.setattr(Path, "exists", lands_after_the_check)
+    dtype = np.dtype(tokens_mod.tokens_dtype(tok.vocab_size))
+    assert tokens_mod._cached(entry, dtype, tok.vocab_size) is None  # absent when looked at ...
+    monkeypatch.setattr(Path, "exists", real_exists)
+    assert tokens_mod._cached(entry, dtype, tok.vocab_size) is not None  # ... and the other process's entry kept
+
+
 def test_a_token_cache_entry_that_cannot_be_read_back_is_one_data_error(tmp_path, monkeypatch):
     """An entry written but not readable after its rename (a file system losing writes) is one line saying so."""
     from gbattn.data import tokens as tokens_mod

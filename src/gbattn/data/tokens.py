@@ -153,8 +153,11 @@ def tokenize_corpus(
 def _cached(directory: Path, dtype: np.dtype, vocab_size: int) -> dict[str, np.ndarray] | None:
     """The cache entry at ``directory`` (:func:`_read_cache`), or None: none there, or a damaged one, removed (its
     splits are built again), be it a folder, a file or a link (to nothing) in the entry's place."""
-    cached = _read_cache(directory, dtype, vocab_size) if directory.exists() else None
-    if cached is None:
+    # (nothing there: nothing to remove; removing "it" anyway deleted another process's entry renamed into place
+    # between the two)
+    exists = directory.exists()
+    cached = _read_cache(directory, dtype, vocab_size) if exists else None
+    if cached is None and (exists or directory.is_symlink()):
         if directory.is_symlink() or directory.is_file():  # the new entry could not be renamed over it
             directory.unlink(missing_ok=True)
         else:
