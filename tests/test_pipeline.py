@@ -272,6 +272,28 @@ def test_an_absent_token_cache_entry_is_not_removed_under_a_process_renaming_it_
     assert tokens_mod._cached(entry, dtype, tok.vocab_size) is not None  # ... and the other process's entry kept
 
 
+def test_a_tokenizer_cache_entry_another_process_writes_meanwhile_is_not_called_something_else(tmp_path,
+                                                                                               monkeypatch):
+    """A tokenizer cache entry written by another process just after this one found none was "something other than a
+    file is there" (a DataError, the run ended): it is a file, and this process trains and writes its own."""
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    expected = get_tokenizer("char", corpus)
+    (entry,) = (Path(os.environ["GBATTN_CACHE"]) / "tokenizers").iterdir()
+    written = entry.read_bytes()
+    entry.unlink()
+    real_is_file, calls = Path.is_file, []
+
+    def written_just_after_the_first_check(path):
+        there = real_is_file(path)
+        if path == entry and not calls:
+            calls.append(path)
+            entry.write_bytes(written)  # the other process's atomic write lands now
+        return there
+
+    monkeypatch.setattr(Path, "is_file", written_just_after_the_first_check)
+    assert get_tokenizer("char", corpus).fingerprint == expected.fingerprint and entry.read_bytes() == written
+
+
 def test_a_token_cache_entry_that_cannot_be_read_back_is_one_data_error(tmp_path, monkeypatch):
     """An entry written but not readable after its rename (a file system losing writes) is one line saying so."""
     from gbattn.data import tokens as tokens_mod

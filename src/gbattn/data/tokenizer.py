@@ -487,7 +487,9 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
         path.unlink(missing_ok=True)  # a damaged cache entry: train again
     unwritable = (f"the tokenizer cache entry {path} cannot be written ({{why}}): delete what is there, or set "
                   f"GBATTN_CACHE to another directory")
-    if path.exists() or path.is_symlink():  # a folder or a dangling link where the file goes: checked before training
+    # a folder or a dangling link where the file goes: checked before training (a file there now is another process's
+    # entry written since the check above: it was called "something other than a file")
+    if (path.exists() or path.is_symlink()) and not path.is_file():
         raise DataError(unwritable.format(why="something other than a file is there"))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
