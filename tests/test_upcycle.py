@@ -1588,6 +1588,28 @@ def test_a_hugging_face_config_with_a_field_named_like_a_run_section_converts(gp
     assert load_source(both).kind == "gpt2"
 
 
+def test_an_upcycle_stopped_before_its_config_leaves_nothing_and_runs_again(gbattn_dir, tmp_path, capsys,
+                                                                             monkeypatch):
+    """Ctrl-C or SIGTERM during an upcycle's writes left tokenizer.json and best.pt without config.json, and the same
+    command run again was refused ("holds best.pt but no config.json: ... delete it"), though that process made them.
+    A stopped upcycle removes what it wrote (a kill -9 cannot: that line stays for it)."""
+    from gbattn import rundir as rundir_mod
+
+    real_write_config = rundir_mod.write_config
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    argv = ["upcycle", str(gbattn_dir), "--attn", "boosted", "--out", str(tmp_path / "up")]
+    monkeypatch.setattr(rundir_mod, "write_config", stopped)
+    assert main(argv) == 130
+    capsys.readouterr()
+    assert [p.name for p in (tmp_path / "up").iterdir()] == [".lock"]
+    monkeypatch.setattr(rundir_mod, "write_config", real_write_config)
+    assert main(argv) == 0, capsys.readouterr()
+    assert sorted(p.name for p in (tmp_path / "up").iterdir()) == [".lock", "best.pt", "config.json", "tokenizer.json"]
+
+
 def test_a_source_holding_weights_without_a_config_is_called_an_unfinished_run(gbattn_dir, tmp_path, capsys):
     """A run or an upcycle stopped before writing config.json (written last), given as the source: the line every
     command reading a run gives, not "neither a Hugging Face checkpoint directory nor a gbattn run directory"."""

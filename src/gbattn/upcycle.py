@@ -262,15 +262,21 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
     seq_len = src.config.get("seq_len") or result.model_cfg.input_length(train_cfg.seq_len)  # refused before writing
     with rundir.RunLock(out, "upcycled model"):
         check_new_run_dir(out)  # again under the lock: another process may have written there since
-        src.tokenizer.save(out / rundir.TOKENIZER)
-        rundir.save_checkpoint({"model": result.state, "step": 0}, out / rundir.BEST)
-        rundir.write_config(
-            out, src.preset, result.model_cfg, train_cfg,
-            {"upcycled_from": src.name, "source_kind": src.kind, **taken, "rule": result.rule,
-             "seed": result.seed},
-            data=src.config.get("data", {"tokenizer": src.tokenizer.fingerprint}),
-            seq_len=seq_len,
-            steps=0,
-            parameters=result.copied + result.new,
-        )
+        try:
+            src.tokenizer.save(out / rundir.TOKENIZER)
+            rundir.save_checkpoint({"model": result.state, "step": 0}, out / rundir.BEST)
+            rundir.write_config(
+                out, src.preset, result.model_cfg, train_cfg,
+                {"upcycled_from": src.name, "source_kind": src.kind, **taken, "rule": result.rule,
+                 "seed": result.seed},
+                data=src.config.get("data", {"tokenizer": src.tokenizer.fingerprint}),
+                seq_len=seq_len,
+                steps=0,
+                parameters=result.copied + result.new,
+            )
+        except BaseException:  # stopped (Ctrl-C, SIGTERM) or failed before config.json: its files go, and the same
+            if not (out / rundir.CONFIG).exists():  # command runs again (they were refused as an unfinished run's)
+                for name in (rundir.TOKENIZER, rundir.BEST):
+                    (out / name).unlink(missing_ok=True)
+            raise
     return out
