@@ -1219,7 +1219,15 @@ def test_cli_upcycle_then_train_init_from(which, request, tmp_path, capsys, monk
     monkeypatch.chdir(train_dir)
     assert main(["train", "--resume", "--out", str(train_dir), "--quiet"]) == 2
     assert "has no checkpoint yet, so it starts again from its --init-from up, which is not a directory from " \
-           "here: resume from the directory the run was started in" in capsys.readouterr().err
+           "here: resume from the directory the run was started in, or restore it if it was moved or deleted" in \
+        capsys.readouterr().err
+    # recorded as an absolute path, it was moved or deleted (where the run was started does not matter)
+    trained["train"]["init_from"] = str(tmp_path / "gone")
+    (train_dir / "config.json").write_text(json.dumps(trained))
+    assert main(["train", "--resume", "--out", str(train_dir), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gbattn: error: {train_dir} has no checkpoint yet, so it starts again from its --init-from {tmp_path / 'gone'}"
+        f", which is not a directory from here: it was moved or deleted: restore it")
 
 
 def test_readme_names_what_train_init_from_refuses(gbattn_dir, tmp_path, capsys):

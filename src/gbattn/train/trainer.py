@@ -529,9 +529,10 @@ class Trainer:
         self.has_checkpoint = self.resume and (self.run_dir / rundir.CHECKPOINT).exists()
         if cfg.init_from and not self.has_checkpoint:
             if self.resume and not Path(cfg.init_from).is_dir():  # recorded as given, relative to where it started
+                how = ("it was moved or deleted: restore it" if Path(cfg.init_from).is_absolute() else
+                       "resume from the directory the run was started in, or restore it if it was moved or deleted")
                 raise UserError(f"{self.run_dir} has no checkpoint yet, so it starts again from its --init-from "
-                                f"{cfg.init_from}, which is not a directory from here: resume from the directory "
-                                f"the run was started in")
+                                f"{cfg.init_from}, which is not a directory from here: {how}")
             self.start = rundir.load_run(cfg.init_from, None, "cpu")
             tokenizer = self.start.tokenizer
         elif self.resume and (self.run_dir / rundir.TOKENIZER).is_file():
