@@ -1004,7 +1004,8 @@ def test_results_say_when_test_is_validation_and_how_far_param_fair_is_above_gba
     rows[1].update(param_matched_to="gba-m2", parameters=840_000)
     md = results_markdown(report_of(rows))
     assert "no test split: test perplexity is the validation perplexity" in md
-    assert "(+5.0% parameters against gba-m2)" in md
+    assert "`param-fair`: gba-m2 with standard attention at the smallest width giving at least its parameters (+5.0%)" \
+        in md
     # The results figure says so too (it read "test perplexity" with nothing beside it).
     footer = "this data has no test split: test perplexity is the validation perplexity of the checkpoint chosen on it"
     assert footer in drawn_texts(figures.results_figure(report_of(rows)))["all"].splitlines()

@@ -1822,6 +1822,8 @@ def test_upcycling_a_gbattn_run_says_which_weights_it_took(gbattn_dir, tmp_path,
     weights = rundir.load_checkpoint(last / rundir.BEST)
     rundir.save_checkpoint({**weights, "step": 9}, last / rundir.CHECKPOINT)
     (last / rundir.BEST).unlink()
+    config = json.loads((last / rundir.CONFIG).read_text())
+    (last / rundir.CONFIG).write_text(json.dumps({**config, "steps": 9}))  # a 9-step run (a step past it is refused)
     assert main(["upcycle", str(last), "--attn", "gated", "--out", str(tmp_path / "up-last")]) == 0
     assert "upcycled gbattn last (last weights, step 9) into " in capsys.readouterr().out
     extra = rundir.read_config(tmp_path / "up-last" / rundir.CONFIG)["extra"]
