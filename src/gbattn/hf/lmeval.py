@@ -11,6 +11,7 @@ vocabulary has one, else the end-of-text token (:mod:`gbattn.hf.tokenization`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -97,15 +98,27 @@ def check_tokenizer_is_the_exported_one(tokenizer, model_dir: Path, config: dict
         return
     own = Tokenizer.load(model_dir / EXPORTED_TOKENIZER, recorded=recorded_fingerprint(config, of="tokenizer"))
     expected = hf_tokenizer(own, block_size)
-    # every token's text, then plain text with blank lines: a changed normalizer, pre-tokenizer or post-processor
-    # encodes one of them otherwise
-    probe = "".join(expected.decode([i]) for i in range(len(expected))) + "\nHello, world!\n\nThe end.  "
+    # every token's text, then plain text with blank lines (where the tokenizer has its characters): a changed
+    # normalizer, pre-tokenizer or post-processor encodes one of them otherwise, a changed decoder decodes them so
+    probe = "".join(expected.decode([i]) for i in range(len(expected)))
+    with contextlib.suppress(Exception):  # (a char tokenizer without "H" has no token for it, nor an unknown one)
+        expected("\nHello, world!\n\nThe end.  ", verbose=False)
+        probe += "\nHello, world!\n\nThe end.  "
+    ids = expected(probe, verbose=False)["input_ids"]
+
+    def form(of, t):
+        try:
+            return of(t)
+        except Exception as e:  # a damaged file transformers loads but cannot use (an empty unk_token recursed)
+            return f"failed: {type(e).__name__}"
+
     differs = [what for what, of in (
         ("vocabulary", lambda t: t.get_vocab()),
         ("special tokens", lambda t: (t.special_tokens_map, t.all_special_ids)),
         ("encoding", lambda t: (t(probe, verbose=False)["input_ids"],  # (a probe past model_max_length: no warning)
                                 t(probe, add_special_tokens=False, verbose=False)["input_ids"])),
-    ) if of(tokenizer) != of(expected)]
+        ("decoding", lambda t: (t.decode(ids), t.decode(ids, skip_special_tokens=True))),
+    ) if form(of, tokenizer) != of(expected)]
     if differs:
         raise CheckpointError(f"the tokenizer files in {model_dir} differ from those `gbattn export` writes for its "
                               f"{EXPORTED_TOKENIZER} ({', '.join(differs)}): they were edited or come from another "
