@@ -43,6 +43,7 @@ from gbattn.rundir import (
     CONFIG,
     check_exported_checkpoint,
     check_finite,
+    exported_step,
     gbattn_section,
     gpt_weights,
     is_exported,
@@ -211,7 +212,9 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
                                   f"vocabulary of {model.config.vocab_size:,} (ids from {model.config.vocab_size:,} on "
                                   f"have no embedding): its tokenizer files do not belong to this model")
         check_tokenizer_is_the_exported_one(tokenizer, Path(model_dir), config, model.config.max_position_embeddings)
-        step, which = section.get("step", 0), "exported"
+        # (a model saved without a run, from_gpt's, records none: its weights have no training step to report)
+        step = exported_step(section, Path(model_dir) / CONFIG) if "train" in section else section.get("step", 0)
+        which = "exported"
     else:
         run = load_run(model_dir, checkpoint, "cpu")
         model, tokenizer = wrap_run(run)
