@@ -1292,10 +1292,12 @@ def test_recipe_json_keeps_the_seeds_of_every_invocation_and_refuses_damaged_one
     assert json.loads((out / "recipe.json").read_text())["seeds"] == [1, 2]
     report = run_compare("cpu-proxy", out, data=str(data), seeds=[1], sets=sets, only=["standard"], quiet=True)
     assert report["seeds"] == [1, 2] and set(report["models"][0]["test_ppl"]) == {"1", "2"}
-    for seeds in ("1", [1, True], 5):  # 5: a TypeError traceback without the list check
+    # 5: a TypeError traceback without the list check; -1 and 10**30 (no --seeds takes them) were trained, or reported
+    # as missing runs, with exit 0
+    for seeds in ("1", [1, True], 5, [-1, 1], [10**30]):
         (out / "recipe.json").write_text(json.dumps({**json.loads((out / "recipe.json").read_text()),
                                                      "seeds": seeds}))
-        with pytest.raises(CheckpointError, match=r"must be a list of integers"):
+        with pytest.raises(CheckpointError, match=r"must be a list of integers in \[0, 2\*\*63 - 1\]; restore"):
             run_compare("cpu-proxy", out, data=str(data), seeds=[1], sets=sets, only=["standard"], quiet=True)
     # A recipe.json holding no seeds, and no --seeds: the recipe's seeds, as for a new comparison (not none at all)
     (out / "recipe.json").write_text(json.dumps({**json.loads((out / "recipe.json").read_text()), "seeds": []}))

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from gbattn import rundir
-from gbattn.checks import did_you_mean
+from gbattn.checks import MAX_INT, did_you_mean
 from gbattn.config import TrainConfig, build_configs, field_path, training_input_length
 from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
@@ -575,9 +575,10 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True, *, data_
             raise UserError(f"{path.parent} holds a comparison with {key}={before.get(key)!r}, not {request[key]!r}; "
                             f"use another --out or the same settings")
         seeds = before.get("seeds", [])
-        if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-            raise CheckpointError(f"{path}: seeds={seeds!r} must be a list of integers; restore the file or use "
-                                  f"another --out")
+        if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_INT
+                                                  for s in seeds):  # (-1: a seed no --seeds takes, reported missing)
+            raise CheckpointError(f"{path}: seeds={seeds!r} must be a list of integers in [0, 2**63 - 1]; restore the "
+                                  f"file or use another --out")
         request["seeds"] = sorted(set(seeds) | set(request["seeds"]) if seeds_given or not seeds else set(seeds))
         commands = before.get("commands", [before["command"]] if isinstance(before.get("command"), str) else [])
         if not isinstance(commands, list) or not all(isinstance(c, str) for c in commands):
