@@ -515,6 +515,7 @@ _OLD_TRAIN_DEFAULTS = {"warmup_from_zero": False, "fit_warmup": False}
 _ALWAYS_RECORDED_MODEL = ("vocab_size", "block_size", "d_model", "n_layers", "n_heads", "ffn_mult", "dropout", "norm",
                           "pos", "rope_base", "bias", "tie_embeddings", "attn", "attn_options", "residual",
                           "attnres_block")
+_RECORDED_TOGETHER_MODEL = ("n_kv_heads", "ffn", "ffn_hidden", "norm_type", "norm_eps")
 
 
 def write_config(directory: str | Path, preset: str | None, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -696,7 +697,10 @@ def read_result(path: str | Path) -> dict:
 def recorded_model_config(model_d: dict, where: str | Path) -> ModelConfig:
     """The ModelConfig of a recorded model section (a run's or an export's ``config.json``): a field every
     gbattn run records that is missing is damage, a CheckpointError; fields it predates keep their old meaning."""
-    missing = [k for k in _ALWAYS_RECORDED_MODEL if k not in model_d]
+    # (fields added together, by the Llama-style block options: a section recording one of them records all, and a
+    # norm_type left out ran LayerNorm over RMSNorm weights, silently)
+    together = [k for k in _RECORDED_TOGETHER_MODEL if k in model_d]
+    missing = [k for k in _ALWAYS_RECORDED_MODEL + (_RECORDED_TOGETHER_MODEL if together else ()) if k not in model_d]
     if missing:
         raise CheckpointError(f"{where}: its model section has no {', '.join(missing)} (every gbattn run records "
                               f"them): a damaged or hand-edited config")
