@@ -2383,24 +2383,6 @@ def test_a_config_nested_too_deeply_or_a_fifo_tells_no_directory_kind_and_waits_
             assert not rundir.is_exported(d) and rundir.foreign_model(d) is None
 
 
-def test_an_export_without_its_step_is_refused_by_eval_and_lm_eval(trained, tmp_path, capsys, monkeypatch):
-    """An exported directory whose gbattn section lost its step was evaluated as "exported weights at step 0" (and
-    lm-eval wrote step 0 into its results): `gbattn export` always records it."""
-    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
-    exported = tmp_path / "exported"
-    assert run_cli(capsys, ["export", trained["run"], "--out", exported])[0] == 0
-    config = json.loads((exported / rundir.CONFIG).read_text())
-    del config["gbattn"]["step"]
-    (exported / rundir.CONFIG).write_text(json.dumps(config))
-    expected = (f"{exported / rundir.CONFIG}: its gbattn section records no step (the weights' training step, which "
-                f"`gbattn export` writes): the file is damaged; export again")
-    assert one_line(*run_cli(capsys, ["eval", exported])[::2]) == f"gbattn: error: {expected}"
-    from gbattn.hf.lmeval import load_model
-
-    with pytest.raises(rundir.CheckpointError, match=re.escape(expected)):
-        load_model(exported, None, torch.device("cpu"))
-
-
 def test_a_recorded_count_of_zero_is_read_and_only_a_negative_one_refused(trained):
     """config.json's step (an export's), steps and warmup_steps: 0 is a real value (no warmup; an upcycled run before
     its training), -1 is damage."""

@@ -575,15 +575,6 @@ def check_config(config: dict, where: str | Path) -> dict:
     return config
 
 
-def exported_step(section: dict, where: str | Path) -> int:
-    """The training step of an export's weights, which `gbattn export` records in its gbattn section (left out, the
-    weights were reported as those of step 0)."""
-    if section.get("step") is None:
-        raise CheckpointError(f"{where}: its gbattn section records no step (the weights' training step, which "
-                              f"`gbattn export` writes): the file is damaged; export again")
-    return section["step"]
-
-
 def read_config(path: str | Path) -> dict:
     """``config.json`` of a run (or exported) directory, checked (:func:`check_config`)."""
     return check_config(read_json(path), path)
@@ -922,7 +913,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
                                recorded=recorded_fingerprint(config, of="tokenizer"))
     if exported:
         weights = gpt_weights(read_exported_weights(path, device), model_cfg.tie_embeddings, path)
-        state, step, which = {"model": weights}, exported_step(config, path / CONFIG), "exported"
+        state, step, which = {"model": weights}, config.get("step", 0), "exported"
         # Its files are read one after another, and `gbattn export` replaces them one after another (config.json
         # removed first, put back last): read during an export, one export's step and config went with another's
         # weights, silently.

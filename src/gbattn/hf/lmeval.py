@@ -43,7 +43,6 @@ from gbattn.rundir import (
     CONFIG,
     check_exported_checkpoint,
     check_finite,
-    exported_step,
     gbattn_section,
     gpt_weights,
     is_exported,
@@ -188,7 +187,6 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
             raise CheckpointError(f"the weights in {model_dir} do not match its config ({detail})")
         gpt_weights(stored, model.config.tie_word_embeddings, model_dir)  # a tied model's other head: refused
         del stored
-        harness_outputs(model)
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except Exception as e:  # a file that does not parse; transformers 4.x then tries other loaders (ImportError)
@@ -212,9 +210,8 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
                                   f"vocabulary of {model.config.vocab_size:,} (ids from {model.config.vocab_size:,} on "
                                   f"have no embedding): its tokenizer files do not belong to this model")
         check_tokenizer_is_the_exported_one(tokenizer, Path(model_dir), config, model.config.max_position_embeddings)
-        # (a model saved without a run, from_gpt's, records none: its weights have no training step to report)
-        step = exported_step(section, Path(model_dir) / CONFIG) if "train" in section else section.get("step", 0)
-        which = "exported"
+        harness_outputs(model, tokenizer)
+        step, which = section.get("step", 0), "exported"
     else:
         run = load_run(model_dir, checkpoint, "cpu")
         model, tokenizer = wrap_run(run)
@@ -230,16 +227,25 @@ HARNESS_OUTPUTS = {"return_dict": True, "output_attentions": False, "output_hidd
 HARNESS_GENERATE_OUTPUTS = {"return_dict_in_generate": False, "output_attentions": False, "output_hidden_states": False}
 
 
-def harness_outputs(model) -> None:
+def harness_outputs(model, tokenizer) -> None:
     """The outputs the harness reads, whatever the loaded directory's configs asked for (they change no score), and
-    generation as the harness asks for it: a generation config made from the model's config, as a run directory's
-    is (an export's generation_config.json with max_new_tokens=2 cut every answer to 2 tokens, transformers letting
-    it win over the harness's max_gen_toks; with 100, past the positions, every request was a traceback)."""
+    generation as the harness asks for it: a generation config of the (checked) tokenizer's special tokens, as a run
+    directory's is (:func:`gbattn.hf.export.wrap_run`). An export's generation_config.json with max_new_tokens=2 cut
+    every answer to 2 tokens, transformers letting it win over the harness's max_gen_toks (with 100, past the
+    positions, every request was a traceback); its config.json's eos_token_id edited to the id of "e" cut the answer
+    "eeeeeeee" to "e", and suppress_tokens or repetition_penalty there changed answers under transformers 4.x."""
     from transformers import GenerationConfig
+
+    from gbattn.hf.configuration import GbattnConfig
+    from gbattn.hf.tokenization import is_end_of_text
 
     for name, value in HARNESS_OUTPUTS.items():
         setattr(model.config, name, value)
-    model.generation_config = GenerationConfig.from_model_config(model.config)
+    special = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+               "eos_token_id": tokenizer.eos_token_id if is_end_of_text(tokenizer) else None}  # as wrap_run's
+    for name, value in special.items():
+        setattr(model.config, name, value)
+    model.generation_config = GenerationConfig.from_model_config(GbattnConfig(gbattn=model.config.gbattn, **special))
     for name, value in HARNESS_GENERATE_OUTPUTS.items():
         setattr(model.generation_config, name, value)
 
