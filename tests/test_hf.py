@@ -2305,10 +2305,27 @@ def test_lm_eval_refuses_tokenizer_files_that_are_not_the_exports(trained, capsy
             continue                                                             # tokenizer as the export's
         line = lm_eval_refused(damaged, capsys)
         named = re.fullmatch(rf"gbattn: error: the tokenizer files in {re.escape(str(damaged))} differ from those "
-                             rf"`gbattn export` writes for its gbattn-tokenizer.json \((.*)\): they were edited or "
-                             rf"come from another model; copy them from the exported directory, or export again\n",
-                             line)
+                             rf"`gbattn export` writes for its gbattn-tokenizer.json \((.*)\): they were edited, "
+                             rf"come from another model, or were written by an earlier gbattn; copy them from the "
+                             rf"exported directory, or export again\n", line)
         assert named and set(differs.split(", ")) <= set(named.group(1).split(", ")), (name, line)
+
+
+def test_lm_eval_checks_an_exports_gbattn_tokenizer_against_its_recorded_fingerprint(trained, tmp_path):
+    """lm-eval read an export's gbattn-tokenizer.json against config.json's top level, which records no fingerprint
+    (the gbattn section does): a file edited with its transformers files to match was scored; gbattn eval refuses it."""
+    from gbattn.hf.lmeval import load_model
+
+    _, out = trained
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    record = json.loads((damaged / "gbattn-tokenizer.json").read_text())
+    payload = json.loads(record["payload"])
+    payload["chars"] = payload["chars"][::-1]
+    (damaged / "gbattn-tokenizer.json").write_text(json.dumps({**record, "payload": json.dumps(payload)}))
+    for load in (lambda d: load_model(d, None, torch.device("cpu")), rundir.load_run):
+        with pytest.raises(rundir.CheckpointError, match="is not the tokenizer the run was trained with"):
+            load(damaged)
 
 
 def test_lm_eval_generates_from_an_export_as_from_its_run_whatever_its_config_asks(trained, tmp_path):

@@ -527,6 +527,20 @@ def test_a_write_removes_its_files_temporaries_left_by_a_killed_writer(tmp_path)
     assert (tmp_path / "gates.png").read_bytes() == b"figure"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["gates.png", live.name, other_host.name,
                                                                  other_file.name])
+    # One that cannot be removed (another user's, in a shared sticky folder) is left: the write goes on (it was a
+    # PermissionError, the file unwritten)
+    dead.write_text("half a figure")
+    real_unlink = Path.unlink
+
+    def not_permitted(path, missing_ok=False):
+        if path == dead:
+            raise PermissionError(1, "Operation not permitted", str(path))
+        real_unlink(path, missing_ok=missing_ok)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Path, "unlink", not_permitted)
+        atomic_write(tmp_path / "gates.png", b"again")
+    assert (tmp_path / "gates.png").read_bytes() == b"again" and dead.is_file()
 
 
 def test_a_build_named_with_a_pid_beyond_any_process_is_kept_not_a_traceback(tmp_path):

@@ -207,6 +207,16 @@ def test_a_run_lock_writes_its_pid_removes_only_an_empty_directory_it_made_and_i
     with rundir.RunLock(existing):
         assert (existing / rundir.LOCK).read_text() == f"{os.getpid()}\n"
     assert existing.is_dir()  # not made by the lock: kept
+    # a new lock file gets the umask's permissions, as every file gbattn writes (0o644 kept the other members of a
+    # group's shared folder from locking it: "cannot be opened as the lock file")
+    fresh = tmp_path / "fresh"
+    umask = os.umask(0o002)
+    try:
+        with rundir.RunLock(fresh):
+            (fresh / "kept").write_text("")
+            assert (fresh / rundir.LOCK).stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(umask)
     made = tmp_path / "made"
     with rundir.RunLock(made):
         pass

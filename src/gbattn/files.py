@@ -4,6 +4,7 @@ bad file into a one-line error naming it. Nothing here imports the rest of gbatt
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import io
@@ -107,8 +108,9 @@ def remove_abandoned(directory: Path, name: str | None = None) -> None:
             continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        else:  # best effort (in a shared sticky folder, another user's file cannot be removed: the write goes on)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
 
 
 def process_gone(pid: int) -> bool:

@@ -462,7 +462,8 @@ class RunLock:
         self.created = not self.directory.exists()
         check_writable_dir(self.directory, "--out")
         try:  # never through a link: a .lock symlink would have the pid written into its target
-            self.fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            # (0o666 less the umask, as every file gbattn writes: a group's shared folder lets its members lock it)
+            self.fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         except OSError as e:
             raise UserError(f"{self.directory / LOCK} cannot be opened as the lock file ({e.strerror or e}; a link or "
                             f"a non-file is refused): remove it") from None

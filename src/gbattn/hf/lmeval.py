@@ -84,7 +84,7 @@ def check_dtype_fields(config: dict, path: Path) -> None:
                                   f"float16, ...; `gbattn export` writes float32)")
 
 
-def check_tokenizer_is_the_exported_one(tokenizer, model_dir: Path, config: dict, block_size: int) -> None:
+def check_tokenizer_is_the_exported_one(tokenizer, model_dir: Path, section: dict, block_size: int) -> None:
     """The transformers tokenizer of an exported directory checked against the one `gbattn export` writes from its
     ``gbattn-tokenizer.json`` (whose fingerprint config.json records, as `gbattn eval` reads it): the same
     vocabulary, special tokens and encodings. Its tokenizer.json with two ids swapped, or a tokenizer_config.json
@@ -96,7 +96,8 @@ def check_tokenizer_is_the_exported_one(tokenizer, model_dir: Path, config: dict
 
     if not (model_dir / EXPORTED_TOKENIZER).exists():
         return
-    own = Tokenizer.load(model_dir / EXPORTED_TOKENIZER, recorded=recorded_fingerprint(config, of="tokenizer"))
+    # (the gbattn section's record: config.json's top level holds none, and an edited file was read unchecked)
+    own = Tokenizer.load(model_dir / EXPORTED_TOKENIZER, recorded=recorded_fingerprint(section, of="tokenizer"))
     expected = hf_tokenizer(own, block_size)
     # every token's text, then plain text with blank lines (where the tokenizer has its characters): a changed
     # normalizer, pre-tokenizer or post-processor encodes one of them otherwise, a changed decoder decodes them so
@@ -121,8 +122,9 @@ def check_tokenizer_is_the_exported_one(tokenizer, model_dir: Path, config: dict
     ) if form(of, tokenizer) != of(expected)]
     if differs:
         raise CheckpointError(f"the tokenizer files in {model_dir} differ from those `gbattn export` writes for its "
-                              f"{EXPORTED_TOKENIZER} ({', '.join(differs)}): they were edited or come from another "
-                              f"model; copy them from the exported directory, or export again")
+                              f"{EXPORTED_TOKENIZER} ({', '.join(differs)}): they were edited, come from another "
+                              f"model, or were written by an earlier gbattn; copy them from the exported directory, "
+                              f"or export again")
 
 
 # The JSON file of an exported directory that transformers reads besides config.json and outside the tokenizer's
@@ -209,7 +211,7 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
             raise CheckpointError(f"the tokenizer in {model_dir} has token ids up to {top_id:,}, past the model's "
                                   f"vocabulary of {model.config.vocab_size:,} (ids from {model.config.vocab_size:,} on "
                                   f"have no embedding): its tokenizer files do not belong to this model")
-        check_tokenizer_is_the_exported_one(tokenizer, Path(model_dir), config, model.config.max_position_embeddings)
+        check_tokenizer_is_the_exported_one(tokenizer, Path(model_dir), section, model.config.max_position_embeddings)
         harness_outputs(model, tokenizer)
         step, which = section.get("step", 0), "exported"
     else:
