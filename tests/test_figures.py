@@ -686,7 +686,10 @@ def test_gap_pairs_only_the_seeds_results_json_lists_as_finished(tmp_path):
     assert points[0]["difference"] == pytest.approx(-0.0025)
     # a seed the model finished and the reference did not: not paired, though the reference has its steps in others
     report = json.loads((compare_dir / "results.json").read_text())
-    report["models"][0]["seeds"] = [1, 2, 3]  # gba-m2 lists seed 3 as finished, standard does not
+    report["models"][0]["seeds"] = [1, 2, 3]  # gba-m2 lists seed 3 as finished (evaluated to its end), standard not
+    (compare_dir / "gba-m2" / "seed3" / "metrics.jsonl").write_text("".join(
+        json.dumps({"event": "eval", "step": step, "tokens": 10 * step, "valid_loss": 9.0}) + "\n"
+        for step in (100, 200, 300, 400)))
     (compare_dir / "results.json").write_text(json.dumps(report))
     points = gap_series(compare_dir, "gba-m2", "standard")["points"]
     assert [p["seeds"] for p in points] == [2, 2, 2, 2] and points[0]["difference"] == pytest.approx(-0.0025)
@@ -775,13 +778,16 @@ def test_gap_refuses_a_finished_seed_whose_metrics_hold_no_evaluation(tmp_path, 
     (over one seed of two, exit 0), where `plot` refuses the same directory: one line naming the seed."""
     compare_dir = _gap_dir(tmp_path / "cmp", 400)
     metrics = compare_dir / "standard" / "seed1" / "metrics.jsonl"
-    for damaged in ("", metrics.read_text()[:10]):
+    whole = metrics.read_text()
+    second_line = whole.index("\n") + 10
+    # emptied, cut inside its first line, or cut after its first evaluation (steps 200 to 400 were seed 2's alone)
+    for damaged in ("", whole[:10], whole[:second_line]):
         metrics.write_text(damaged)
         assert cli_main(["plot", str(compare_dir), "--gap", "gba-m2", "--out", str(tmp_path / "fig")]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [
             f"gbattn: error: cannot plot the gap of {compare_dir}: results.json lists standard seed 1 as finished, but "
-            f"no standard/seed<S>/metrics.jsonl nor results.json holds its evaluations; copy every run directory along "
-            f"with results.json"]
+            f"no standard/seed<S>/metrics.jsonl nor results.json holds its evaluations up to step 400, as the other "
+            f"seeds do; copy every run directory along with results.json"]
         assert not (tmp_path / "fig").exists()
 
 

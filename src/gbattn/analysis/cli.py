@@ -629,11 +629,17 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read
                     evaluations[seed] = curves[seed]
             # A finished seed without evaluations (an emptied or cut metrics.jsonl) was left out of the mean, silently,
             # where plot refuses the same directory
-            lacking = [seed for seed in sorted(finished, key=int) if not evaluations.get(seed)]
+            # (or whose evaluations stop before the other seeds' do, each seed of a model training as many steps: one
+            # cut after its first evaluation left the later steps to the other seeds)
+            evaluated_to = {seed: max((e["step"] for e in events if type(e.get("step")) is int), default=-1)
+                            for seed, events in evaluations.items()}
+            last = max([0, *evaluated_to.values()])
+            lacking = [seed for seed in sorted(finished, key=int) if evaluated_to.get(seed, -1) < last]
             if lacking:
                 raise UserError(f"cannot plot the gap of {compare_dir}: results.json lists {label} seed "
                                 f"{', '.join(lacking)} as finished, but no {label}/seed<S>/{METRICS} nor results.json "
-                                f"holds its evaluations; copy every run directory along with results.json")
+                                f"holds its evaluations{f' up to step {last:,}, as the other seeds do' if last else ''}"
+                                f"; copy every run directory along with results.json")
             steps_before, tokens_before = trained_before(rows, label)  # a continuation: its whole training
             for seed, events in evaluations.items():
                 for e in events:
