@@ -2342,11 +2342,17 @@ def test_lm_eval_generates_from_an_export_as_from_its_run_whatever_its_config_as
     settings = {}
     for name, directory in (("run", run_dir), ("export", out), ("damaged", damaged)):
         model = load_model(directory, None, torch.device("cpu"))[0]
-        settings[name] = ({k: v for k, v in model.generation_config.to_diff_dict().items()
-                           if k not in HARNESS_GENERATE_OUTPUTS},  # (the harness's own, set on both)
+        settings[name] = ({k: v for k, v in model.generation_config.to_diff_dict().items()  # (the harness's own,
+                           if k not in {*HARNESS_GENERATE_OUTPUTS, "_from_model_config"}},  # set on both; a mark)
                           [getattr(model.config, k) for k in ("pad_token_id", "bos_token_id", "eos_token_id")])
     assert settings["damaged"] == settings["export"] == settings["run"]
     assert "suppress_tokens" not in settings["damaged"][0] and "repetition_penalty" not in settings["damaged"][0]
+    # and generate() keeps them (transformers 4.x rebuilt a generation config from config.json's settings there)
+    model = load_model(damaged, None, torch.device("cpu"))[0]
+    ids = torch.tensor([[e_id, e_id]])
+    assert torch.equal(model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False),
+                       load_model(out, None, torch.device("cpu"))[0].generate(
+                           ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False))
 
 
 def test_lm_eval_refuses_a_tokenizer_whose_length_limit_is_no_number(trained, capsys, tmp_path):

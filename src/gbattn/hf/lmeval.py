@@ -250,6 +250,9 @@ def harness_outputs(model, tokenizer) -> None:
     model.generation_config = GenerationConfig.from_model_config(GbattnConfig(gbattn=model.config.gbattn, **special))
     for name, value in HARNESS_GENERATE_OUTPUTS.items():
         setattr(model.generation_config, name, value)
+    # transformers 4.x rebuilds a generation config "from the model config" at generate() where config.json holds
+    # generation settings (return_dict_in_generate, suppress_tokens, ...): this one is gbattn's, kept
+    model.generation_config._from_model_config = False
 
 
 def close_progress_bars() -> None:
