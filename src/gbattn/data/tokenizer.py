@@ -112,15 +112,15 @@ class Tokenizer:
                 # as transformers leaves it only for training; a new payload and fingerprint, as above.
                 self._hf.model.dropout = None
                 self.payload = self._hf.to_str()
-            ids = self._hf.get_vocab(with_added_tokens=True).values()
-            self._size, self._named = max(ids, default=-1) + 1, len(set(ids))
+            ids = set(self._hf.get_vocab(with_added_tokens=True).values())
+            self._size, self._named = max(ids, default=-1) + 1, len(ids)
             self._largest_id = self._size - 1  # above vocab_size - 1 only in a run from before sizes counted to it
             if self._size > MAX_VOCAB_SIZE:  # the model config would refuse it as a vocab_size the user never set
                 raise ValueError(f"its largest token id is {self._size - 1:,}; a model takes ids below "
                                  f"{MAX_VOCAB_SIZE:,}")
             # The ids its post-processor puts around a prompt (a Llama tokenizer's <s>) are tokens of its vocabulary:
             # one that is not passed the size check and reached the model (a traceback at `gbattn generate`)
-            unnamed = sorted(set(self._hf.encode("").ids) - set(ids))
+            unnamed = sorted(set(self._hf.encode("").ids) - ids)
             if unnamed:
                 raise ValueError(f"its post-processor adds token id {unnamed[0]:,}, which its vocabulary does not hold")
             if kind == "bpe":

@@ -30,7 +30,7 @@ from gbattn.files import (
     write_json,
 )
 from gbattn.hf.modeling import GbattnForCausalLM
-from gbattn.hf.tokenization import hf_tokenizer, is_end_of_text
+from gbattn.hf.tokenization import hf_tokenizer, model_token_ids
 from gbattn.rundir import (
     CONFIG,
     EXPORT_STAGING,
@@ -88,11 +88,7 @@ def wrap_run(run: LoadedRun):
     section["step"] = run.step
     if run.checkpoint != "exported":
         section["checkpoint"] = run.checkpoint
-    # generate() stops at eos_token_id: only at a real end-of-text token (not the bpe or char stand-ins).
-    eos = tokenizer.eos_token_id if is_end_of_text(tokenizer) else None
-    # bos_token_id: where generate() starts without a prompt (an upcycled Llama's <s>, as its source's config names)
-    model = GbattnForCausalLM.from_gpt(run.model, run=section, pad_token_id=tokenizer.pad_token_id,
-                                       bos_token_id=tokenizer.bos_token_id, eos_token_id=eos)
+    model = GbattnForCausalLM.from_gpt(run.model, run=section, **model_token_ids(tokenizer))
     return model, tokenizer
 
 

@@ -239,12 +239,11 @@ def harness_outputs(model, tokenizer) -> None:
     from transformers import GenerationConfig
 
     from gbattn.hf.configuration import GbattnConfig
-    from gbattn.hf.tokenization import is_end_of_text
+    from gbattn.hf.tokenization import model_token_ids
 
     for name, value in HARNESS_OUTPUTS.items():
         setattr(model.config, name, value)
-    special = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
-               "eos_token_id": tokenizer.eos_token_id if is_end_of_text(tokenizer) else None}  # as wrap_run's
+    special = model_token_ids(tokenizer)  # as wrap_run's
     for name, value in special.items():
         setattr(model.config, name, value)
     model.generation_config = GenerationConfig.from_model_config(GbattnConfig(gbattn=model.config.gbattn, **special))
@@ -484,9 +483,9 @@ def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     # An earlier call's samples of these tasks that this call does not log: they described other weights (a run
     # resumed since, re-exported) beside results that no longer hold them, and carry no step of their own
-    for task in set(results.get("results") or {}) | set(results.get("configs") or {}):
-        if task not in (samples or {}) and samples_path(out, task).is_file():
-            samples_path(out, task).unlink()
+    for task in (set(results.get("results") or {}) | set(results.get("configs") or {})) - set(samples or {}):
+        if (stale := samples_path(out, task)).is_file():
+            stale.unlink()
     write_json(portable(results, roots), out)
     for task, rows in (samples or {}).items():
         path = samples_path(out, task)

@@ -148,3 +148,10 @@ def hf_tokenizer(tok: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFa
 def is_end_of_text(tokenizer: PreTrainedTokenizerFast) -> bool:
     """Whether the tokenizer's eos token really ends a text (not the bpe or char stand-in)."""
     return tokenizer.eos_token in EOS_NAMES
+
+
+def model_token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int | None]:
+    """The model config's pad, bos and eos token ids for ``tokenizer``: ``generate()`` starts at bos without a prompt
+    (an upcycled Llama's <s>) and stops at eos, only a real end-of-text token (not the bpe or char stand-ins)."""
+    return {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id if is_end_of_text(tokenizer) else None}
