@@ -299,9 +299,17 @@ def test_a_figure_is_never_written_through_a_link_in_its_folder(tmp_path):
     assert written[0].read_bytes()[:4] == b"\x89PNG" and written[1].read_bytes()[:4] == b"%PDF"
 
 
-def test_an_analysis_into_a_folder_another_process_writes_is_one_line_and_writes_nothing(runs, tmp_path, capsys):
+def test_an_analysis_into_a_folder_another_process_writes_is_one_line_and_writes_nothing(runs, tmp_path, capsys,
+                                                                                          monkeypatch):
     """Two analyses into one folder at once could leave one's figures beside the other's summary.json: the folder's
-    lock, as a run's, refuses the second writer."""
+    lock, as a run's, refuses the second writer, before any work (it was refused only when its figures were drawn,
+    after its minutes of scoring: here loading the run would fail the test)."""
+    import gbattn.rundir
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the analysis loaded its run before taking its folder's lock")
+
+    monkeypatch.setattr(gbattn.rundir, "load_run", no_work)
     out = tmp_path / "analysis"
     holder = hold_lock(out)
     try:

@@ -85,11 +85,17 @@ def test_cpu_memory_probe_counts_weights_gradients_and_adam_state():
                                   recomputed=True) < 2 * 2**20
 
 
-def test_a_bench_into_a_folder_another_process_writes_is_one_line_and_writes_nothing(tmp_path, capsys):
+def test_a_bench_into_a_folder_another_process_writes_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
     """Two benches into one --out at once could leave one's bench.json beside the other's bench.md: the folder's
-    lock, as a run's, refuses the second writer (after its timings: they are what it writes)."""
+    lock, as a run's, refuses the second writer, before its timings (it was refused only when writing its report,
+    its minutes of timings lost: here building a model would fail the test)."""
+    import gbattn.bench.speed
     from helpers import hold_lock, in_use
 
+    def no_work(*args, **kwargs):
+        raise AssertionError("the bench built a model before taking its folder's lock")
+
+    monkeypatch.setattr(gbattn.bench.speed, "GPT", no_work)
     holder = hold_lock(tmp_path / "b")
     try:
         assert cli_main(["bench", "--preset", "cpu-char", "--attn", "standard", "--repeats", "1", "--steps", "1",

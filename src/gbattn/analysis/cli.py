@@ -165,79 +165,81 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     run_dir = check_model_dir(run_dir)  # before its default --out is derived (a file's was blamed on --out)
     out = Path(out) if out else run_dir / ANALYSIS_DIR
     check_figures_out(out, create=False)
-    dev = resolve_device(device)
-    run = load_run(run_dir, checkpoint, dev)
-    L = run.model_cfg.n_layers
-    if not -L <= layer < L:
-        raise UserError(f"--layer {layer}: the model has {L} layers (use 0..{L - 1}, or -1 for the last)")
-    layer = layer % L
-    notes = []
-    other = None
-    if against:
-        other = load_run(against, checkpoint, dev)
-        notes += _check_against(run, other, run_dir, against)
+    # One writer, from before the slow part: a second analysis into this folder is refused at once (it was
+    # refused only when its figures were drawn, its minutes of work lost).
+    with RunLock(out, what="analysis"):  # (two analyses into one folder mixed their figures)
+        dev = resolve_device(device)
+        run = load_run(run_dir, checkpoint, dev)
+        L = run.model_cfg.n_layers
+        if not -L <= layer < L:
+            raise UserError(f"--layer {layer}: the model has {L} layers (use 0..{L - 1}, or -1 for the last)")
+        layer = layer % L
+        notes = []
+        other = None
+        if against:
+            other = load_run(against, checkpoint, dev)
+            notes += _check_against(run, other, run_dir, against)
 
-    data = prepare_run_data(run, data, allow_other_data)
-    if split == "test" and test_split_note(data.notes):  # as eval says beside its test figure
-        notes.append(test_split_note(data.notes).strip(" ()"))
-    other_data = other_data_note(run, data)
-    if other_data:  # --allow-other-data: as eval says beside its figure
-        notes.append(other_data)
-    tokens = data.splits[split]
-    n_rows = num_rows(tokens, run.seq_len)
-    if n_rows == 0:
-        raise UserError(f"the {split} split of {run_dir} has {len(tokens):,} tokens: "
-                        f"fewer than one row of {run.seq_len + 1}")
-    row_ids = select_rows(n_rows, max_rows)
+        data = prepare_run_data(run, data, allow_other_data)
+        if split == "test" and test_split_note(data.notes):  # as eval says beside its test figure
+            notes.append(test_split_note(data.notes).strip(" ()"))
+        other_data = other_data_note(run, data)
+        if other_data:  # --allow-other-data: as eval says beside its figure
+            notes.append(other_data)
+        tokens = data.splits[split]
+        n_rows = num_rows(tokens, run.seq_len)
+        if n_rows == 0:
+            raise UserError(f"the {split} split of {run_dir} has {len(tokens):,} tokens: "
+                            f"fewer than one row of {run.seq_len + 1}")
+        row_ids = select_rows(n_rows, max_rows)
 
-    name = run_dir.resolve().name  # "." or "..": the folder's own name, not "" or ".."
-    bar = Progress(len(row_ids), desc=f"analyze {name}", unit="row", disable=quiet)
-    collected = stats.collect(run.model, tokens, run.seq_len, row_ids, batch_size, dev,
-                              against=other.model if other else None, progress=bar)
-    bar.close()
-    st = collected.stats
-    mean_loss = float(collected.loss_NT.mean())
-    if autocast_dtype(dev, run.train_cfg.amp) is not None:  # (its loss differed from eval's in the 4th decimal)
-        notes.append(f"the loss is in float32; the run trained in bfloat16 (amp={run.train_cfg.amp}), in which "
-                     f"`gbattn eval` scores it, so the two differ in the last digits")
-    summary = {
-        "run_dir": relative_path(run_dir, out.parent),
-        "attention": _describe(run),
-        "residual": run.model_cfg.residual,  # plain, attnres-full or attnres-block
-        "norm": run.model_cfg.norm,  # pre (Pre-LN) or post (Post-LN)
-        "checkpoint": run.checkpoint,
-        "step": run.step,
-        "split": split,
-        "rows": len(row_ids),
-        "row_ids": row_ids.tolist(),
-        "seq_len": run.seq_len,
-        "tokens": int(collected.loss_NT.size),
-        "n_layers": L,
-        "n_heads": run.model_cfg.n_heads,
-        "d_model": run.model_cfg.d_model,
-        "rounds": st.rounds,
-        "loss": {"mean_nats": mean_loss, "ppl": perplexity(mean_loss), "precision": "float32"},
-        "paper": stats.PAPER,
-    }
-    no_boost = (f"{_describe(run)} attention has no boosting rounds: GBA's gates and corrections do not exist "
-                f"(GBA runs only); only round-0 entropy is reported"
-                + (f" ({NOT_ANALYSED[run.model_cfg.attn]})" if run.model_cfg.attn in NOT_ANALYSED else ""))
-    gates = st.gate_summary()
-    if gates is None:
-        notes.append(no_boost)
-        summary["gates"] = {"available": False, "reason": no_boost}
-    else:
-        summary["gates"] = {"available": True, **gates, "paper_mean_per_layer": stats.PAPER["gate_mean_per_layer"],
-                            "paper_mean_per_layer_revised": stats.PAPER["gate_mean_per_layer_revised"]}
-    entropy = st.entropy_summary()
-    entropy["paper"] = {k: stats.PAPER[k] for k in ("entropy_round0_nats", "entropy_correction_nats",
-                                                    "entropy_relative_drop", "entropy_note")}
-    entropy["paper"]["seq_len"] = stats.PAPER["seq_len"]
-    summary["entropy"] = entropy
-    norms = st.norm_summary(run.model_cfg.norm)
-    summary["norms"] = {"available": False, "reason": no_boost} if norms is None else {"available": True, **norms}
+        name = run_dir.resolve().name  # "." or "..": the folder's own name, not "" or ".."
+        bar = Progress(len(row_ids), desc=f"analyze {name}", unit="row", disable=quiet)
+        collected = stats.collect(run.model, tokens, run.seq_len, row_ids, batch_size, dev,
+                                  against=other.model if other else None, progress=bar)
+        bar.close()
+        st = collected.stats
+        mean_loss = float(collected.loss_NT.mean())
+        if autocast_dtype(dev, run.train_cfg.amp) is not None:  # (its loss differed from eval's in the 4th decimal)
+            notes.append(f"the loss is in float32; the run trained in bfloat16 (amp={run.train_cfg.amp}), in which "
+                         f"`gbattn eval` scores it, so the two differ in the last digits")
+        summary = {
+            "run_dir": relative_path(run_dir, out.parent),
+            "attention": _describe(run),
+            "residual": run.model_cfg.residual,  # plain, attnres-full or attnres-block
+            "norm": run.model_cfg.norm,  # pre (Pre-LN) or post (Post-LN)
+            "checkpoint": run.checkpoint,
+            "step": run.step,
+            "split": split,
+            "rows": len(row_ids),
+            "row_ids": row_ids.tolist(),
+            "seq_len": run.seq_len,
+            "tokens": int(collected.loss_NT.size),
+            "n_layers": L,
+            "n_heads": run.model_cfg.n_heads,
+            "d_model": run.model_cfg.d_model,
+            "rounds": st.rounds,
+            "loss": {"mean_nats": mean_loss, "ppl": perplexity(mean_loss), "precision": "float32"},
+            "paper": stats.PAPER,
+        }
+        no_boost = (f"{_describe(run)} attention has no boosting rounds: GBA's gates and corrections do not exist "
+                    f"(GBA runs only); only round-0 entropy is reported"
+                    + (f" ({NOT_ANALYSED[run.model_cfg.attn]})" if run.model_cfg.attn in NOT_ANALYSED else ""))
+        gates = st.gate_summary()
+        if gates is None:
+            notes.append(no_boost)
+            summary["gates"] = {"available": False, "reason": no_boost}
+        else:
+            summary["gates"] = {"available": True, **gates, "paper_mean_per_layer": stats.PAPER["gate_mean_per_layer"],
+                                "paper_mean_per_layer_revised": stats.PAPER["gate_mean_per_layer_revised"]}
+        entropy = st.entropy_summary()
+        entropy["paper"] = {k: stats.PAPER[k] for k in ("entropy_round0_nats", "entropy_correction_nats",
+                                                        "entropy_relative_drop", "entropy_note")}
+        entropy["paper"]["seq_len"] = stats.PAPER["seq_len"]
+        summary["entropy"] = entropy
+        norms = st.norm_summary(run.model_cfg.norm)
+        summary["norms"] = {"available": False, "reason": no_boost} if norms is None else {"available": True, **norms}
 
-    with RunLock(out, what="analysis"):  # one writer: two analyses into one folder mixed their figures
         written: list[Path] = []
         title = f"{_short_name(run)} ({name}, {split}, {len(row_ids)} rows × {run.seq_len} tokens)"
         if gates is not None:

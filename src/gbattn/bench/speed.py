@@ -195,167 +195,177 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
     if out:  # a run, comparison, export or denoise output is not a benchmark's folder (rundir.check_out)
         check_out(out, (), "a folder for bench.json and bench.md")
         check_writable_dir(out, "--out")
-    if threads is not None:  # (more than the usable cores: a warning, as train's and eval's)
-        set_threads(threads)
-    dev = resolve_device(device)
-    variants = [_label(spec) for spec in variants or DEFAULT_VARIANTS]
-    if variants[0] != "standard":  # every ratio is against standard
-        variants = ["standard"] + [v for v in variants if v != "standard"]
-    _refuse_repeats("--attn", variants, preset, sets)
-    base_cfg = _variant_config(preset, "standard", sets)
-    sweep_variants = [_label(spec) for spec in sweep_variants or ["standard", "boosted"]]
-    if sweep:  # a bad --sweep-attn, or a --sweep length no model takes, fails now, not after the timings
-        _refuse_repeats("--sweep-attn", sweep_variants, preset, sets)
-        repeated = sorted({T for T in sweep if sweep.count(T) > 1})  # (each was timed again, a row of its own)
-        if repeated:
-            raise UserError(f"--sweep names length(s) {repeated} more than once: each length is timed once")
-        for T in sweep:
-            for spec in sweep_variants:
-                _sweep_config(preset, spec, sets, T)
-    # (the preset's block size, or the one --set gave: an error naming the preset's would cite a size it does not have)
-    block_source = f"from --set block_size={base_cfg.block_size}" if "block_size" in sets else f"of preset {preset}"
-    prefill, decode = _prefill_and_decode_lengths(block_source, base_cfg.block_size, prefill, decode)
-    seq_len = base_cfg.input_length(seq_len)
-    batch = batch or (32 if dev.type == "cuda" else 8)
-    if seq_len > base_cfg.block_size:
-        raise UserError(f"--seq-len {seq_len} exceeds the block size {base_cfg.block_size} {block_source}")
-    autocast = bf16_autocast(dev, "auto" if amp else "off")
-    use_tf32(dev)
+    # One writer, from before the timings: a second bench into this folder is refused at once (it was refused
+    # only when its report was written, its minutes of timings lost). Two benches mixed bench.json and bench.md.
+    lock = RunLock(out, what="benchmark") if out else None
+    try:
+        if threads is not None:  # (more than the usable cores: a warning, as train's and eval's)
+            set_threads(threads)
+        dev = resolve_device(device)
+        variants = [_label(spec) for spec in variants or DEFAULT_VARIANTS]
+        if variants[0] != "standard":  # every ratio is against standard
+            variants = ["standard"] + [v for v in variants if v != "standard"]
+        _refuse_repeats("--attn", variants, preset, sets)
+        base_cfg = _variant_config(preset, "standard", sets)
+        sweep_variants = [_label(spec) for spec in sweep_variants or ["standard", "boosted"]]
+        if sweep:  # a bad --sweep-attn, or a --sweep length no model takes, fails now, not after the timings
+            _refuse_repeats("--sweep-attn", sweep_variants, preset, sets)
+            repeated = sorted({T for T in sweep if sweep.count(T) > 1})  # (each was timed again, a row of its own)
+            if repeated:
+                raise UserError(f"--sweep names length(s) {repeated} more than once: each length is timed once")
+            for T in sweep:
+                for spec in sweep_variants:
+                    _sweep_config(preset, spec, sets, T)
+        # (the preset's block size, or the one --set gave: an error naming the preset's would cite a size it does
+        # not have)
+        block_source = f"from --set block_size={base_cfg.block_size}" if "block_size" in sets else f"of preset {preset}"
+        prefill, decode = _prefill_and_decode_lengths(block_source, base_cfg.block_size, prefill, decode)
+        seq_len = base_cfg.input_length(seq_len)
+        batch = batch or (32 if dev.type == "cuda" else 8)
+        if seq_len > base_cfg.block_size:
+            raise UserError(f"--seq-len {seq_len} exceeds the block size {base_cfg.block_size} {block_source}")
+        autocast = bf16_autocast(dev, "auto" if amp else "off")
+        use_tf32(dev)
 
-    modes = {"off": [False], "on": [True], "both": [False, True]}
-    cases = []
-    for spec in variants:
-        cfg = _variant_config(preset, spec, sets)
-        for compiled, recomputed in itertools.product(modes[compile], modes[activation_checkpointing]):
-            torch.manual_seed(0)
-            model = GPT(cfg).to(dev)
-            model.set_activation_checkpointing(recomputed)
-            # (decoding trains nothing: with --activation-checkpointing both a recomputing row's would be its kept
-            # row's again; with on, no row keeps its activations, so the recomputing rows decode)
-            case = Case(spec + (COMPILED if compiled else "") + (RECOMPUTED if recomputed else ""), cfg, model,
-                        bench_optimizer(model, dev), compiled=compiled, recomputed=recomputed,
-                        decodes=not (recomputed and activation_checkpointing == "both"))
-            case.step_model = torch.compile(model) if compiled else model
-            case.decode_step = compiled_decode_step(model) if compiled else None
-            cases.append(case)
+        modes = {"off": [False], "on": [True], "both": [False, True]}
+        cases = []
+        for spec in variants:
+            cfg = _variant_config(preset, spec, sets)
+            for compiled, recomputed in itertools.product(modes[compile], modes[activation_checkpointing]):
+                torch.manual_seed(0)
+                model = GPT(cfg).to(dev)
+                model.set_activation_checkpointing(recomputed)
+                # (decoding trains nothing: with --activation-checkpointing both a recomputing row's would be its kept
+                # row's again; with on, no row keeps its activations, so the recomputing rows decode)
+                case = Case(spec + (COMPILED if compiled else "") + (RECOMPUTED if recomputed else ""), cfg, model,
+                            bench_optimizer(model, dev), compiled=compiled, recomputed=recomputed,
+                            decodes=not (recomputed and activation_checkpointing == "both"))
+                case.step_model = torch.compile(model) if compiled else model
+                case.decode_step = compiled_decode_step(model) if compiled else None
+                cases.append(case)
 
-    x = torch.randint(0, base_cfg.vocab_size, (batch, seq_len), device=dev)
-    prompt = torch.randint(0, base_cfg.vocab_size, (1, prefill), device=dev)
-    total = len(cases) * (repeats + 1)
-    bar = Progress(total, desc=f"bench {preset} on {dev.type}", unit="round", disable=quiet, interval=15)
-    left_out: dict[str, str] = {}  # label -> why: a compiled case torch.compile failed on, reported as such
-    # torch.compile compiles each variant's model through the same code (GPT.forward, the decode step): past dynamo's
-    # recompile limit (8 by default) a further variant's training step ran eagerly, unsaid, as its "compiled" row
-    # and its decode step failed. Room for every compiled case here, however many variants are benched.
-    compiled_cases = sum(case.compiled for case in cases)  # (eager only: dynamo not even imported)
-    room = (torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit + compiled_cases)
-            if compiled_cases else contextlib.nullcontext())
-    with room:
-        for rep in range(repeats + 1):  # round 0 is the warm-up (and the compilation)
-            for case in cases:
-                if case.label in left_out:
+        x = torch.randint(0, base_cfg.vocab_size, (batch, seq_len), device=dev)
+        prompt = torch.randint(0, base_cfg.vocab_size, (1, prefill), device=dev)
+        total = len(cases) * (repeats + 1)
+        bar = Progress(total, desc=f"bench {preset} on {dev.type}", unit="round", disable=quiet, interval=15)
+        left_out: dict[str, str] = {}  # label -> why: a compiled case torch.compile failed on, reported as such
+        # torch.compile compiles each variant's model through the same code (GPT.forward, the decode step): past
+        # dynamo's recompile limit (8 by default) a further variant's training step ran eagerly, unsaid, as its
+        # "compiled" row and its decode step failed. Room for every compiled case here, however many variants are
+        # benched.
+        compiled_cases = sum(case.compiled for case in cases)  # (eager only: dynamo not even imported)
+        room = (torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit + compiled_cases)
+                if compiled_cases else contextlib.nullcontext())
+        with room:
+            for rep in range(repeats + 1):  # round 0 is the warm-up (and the compilation)
+                for case in cases:
+                    if case.label in left_out:
+                        bar.update(1)
+                        continue
+                    runner = Case(case.label, case.cfg, case.step_model, case.optimizer)
+                    try:
+                        sync(dev)
+                        t0 = time.perf_counter()
+                        for _ in range(steps if rep else 2):
+                            train_step(runner, x, x, autocast)
+                        sync(dev)
+                        elapsed = time.perf_counter() - t0
+                        p, d = prefill_and_decode(case.model, prompt, decode, dev, autocast, case.decode_step) \
+                            if case.decodes else (None, None)
+                    except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as e:
+                        if not case.compiled:
+                            raise
+                        _leave_out_failed_compile(case, cases, left_out, e)
+                        bar.update(1)
+                        continue
+                    if rep:
+                        case.step_times.append(elapsed / steps)
+                        case.prefill_times.append(p)
+                        case.decode_times.append(d)
+                    else:
+                        case.warmup_s = {"train_2_steps": elapsed, "decode": d}
                     bar.update(1)
-                    continue
-                runner = Case(case.label, case.cfg, case.step_model, case.optimizer)
-                try:
-                    sync(dev)
-                    t0 = time.perf_counter()
-                    for _ in range(steps if rep else 2):
-                        train_step(runner, x, x, autocast)
-                    sync(dev)
-                    elapsed = time.perf_counter() - t0
-                    p, d = prefill_and_decode(case.model, prompt, decode, dev, autocast, case.decode_step) \
-                        if case.decodes else (None, None)
-                except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as e:
-                    if not case.compiled:
-                        raise
-                    _leave_out_failed_compile(case, cases, left_out, e)
-                    bar.update(1)
-                    continue
-                if rep:
-                    case.step_times.append(elapsed / steps)
-                    case.prefill_times.append(p)
-                    case.decode_times.append(d)
-                else:
-                    case.warmup_s = {"train_2_steps": elapsed, "decode": d}
-                bar.update(1)
-    bar.close()
-    cases = [case for case in cases if case.label not in left_out]
-    if not cases:
-        raise UserError(f"no variant to report: standard{COMPILED}'s {left_out['standard' + COMPILED]}")
+        bar.close()
+        cases = [case for case in cases if case.label not in left_out]
+        if not cases:
+            raise UserError(f"no variant to report: standard{COMPILED}'s {left_out['standard' + COMPILED]}")
 
-    rows = []
-    for case in cases:
-        step = statistics.median(case.step_times)
-        rows.append({
-            "variant": case.label,
-            "parameters": case.model.num_params(),
-            "step_s": step,
-            "step_s_all": case.step_times,
-            "tokens_per_s": batch * seq_len / step,
-            # (measured eagerly, in a fresh process on CPU: a compiled row has none, its eager row the figure)
-            "peak_memory_bytes": None if case.compiled else peak_memory_train_step(case.cfg, batch, seq_len, dev, amp,
-                                                                                   case.recomputed),
-            "forward_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len),
-            "train_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len, backward=True),
-            **({"prefill_s": None, "prefill_s_all": [], "decode_s_all": [], "decode_tokens_per_s": None}
-               if not case.decodes else {  # (a recomputing row beside its kept row decodes as that row)
-                "prefill_s": statistics.median(case.prefill_times),
-                "prefill_s_all": case.prefill_times,
-                "decode_s_all": case.decode_times,  # each repeat's decode_tokens steps: the spread behind decode_ratio
-                "decode_tokens_per_s": decode / statistics.median(case.decode_times)}),
-            "compiled": case.compiled,
-            "activation_checkpointing": case.recomputed,
-            "warmup_s": case.warmup_s,
-        })
-    add_ratios_to_standard(rows)
-    eager = {r["variant"]: r for r in rows if not r["compiled"]}
-    for r in rows:
-        if r["compiled"]:
-            r["compile_s"] = {"train": max(0.0, r["warmup_s"]["train_2_steps"] - 2 * r["step_s"]),
-                              "decode": max(0.0, r["warmup_s"]["decode"] - decode / r["decode_tokens_per_s"])}
-            own = eager.get(r["variant"].removesuffix(COMPILED))
-            if own is not None:  # against the same variant, eager, in the same repeats
-                paired = [t0 / t for t, t0 in zip(r["step_s_all"], own["step_s_all"])]
-                r["compiled_step_speedup"] = statistics.median(paired)
-                r["compiled_decode_speedup"] = r["decode_tokens_per_s"] / own["decode_tokens_per_s"]
-    kept = {r["variant"]: r for r in rows if not r["activation_checkpointing"]}
-    for r in rows:
-        own = kept.get(r["variant"].removesuffix(RECOMPUTED)) if r["activation_checkpointing"] else None
-        if own is not None:  # against the same variant keeping its activations, in the same repeats
-            r["recomputed_step_ratio"] = statistics.median(t / t0 for t, t0 in zip(r["step_s_all"], own["step_s_all"]))
-            r["recomputed_memory_ratio"] = memory_ratio(r, own)
-    for case in cases:
-        case.model = case.step_model = case.optimizer = case.decode_step = None
+        rows = []
+        for case in cases:
+            step = statistics.median(case.step_times)
+            rows.append({
+                "variant": case.label,
+                "parameters": case.model.num_params(),
+                "step_s": step,
+                "step_s_all": case.step_times,
+                "tokens_per_s": batch * seq_len / step,
+                # (measured eagerly, in a fresh process on CPU: a compiled row has none, its eager row the figure)
+                "peak_memory_bytes": None if case.compiled else peak_memory_train_step(case.cfg, batch, seq_len, dev,
+                                                                                       amp, case.recomputed),
+                "forward_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len),
+                "train_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len, backward=True),
+                **({"prefill_s": None, "prefill_s_all": [], "decode_s_all": [], "decode_tokens_per_s": None}
+                   if not case.decodes else {  # (a recomputing row beside its kept row decodes as that row)
+                    "prefill_s": statistics.median(case.prefill_times),
+                    "prefill_s_all": case.prefill_times,
+                    # each repeat's decode_tokens steps: the spread behind decode_ratio
+                    "decode_s_all": case.decode_times,
+                    "decode_tokens_per_s": decode / statistics.median(case.decode_times)}),
+                "compiled": case.compiled,
+                "activation_checkpointing": case.recomputed,
+                "warmup_s": case.warmup_s,
+            })
+        add_ratios_to_standard(rows)
+        eager = {r["variant"]: r for r in rows if not r["compiled"]}
+        for r in rows:
+            if r["compiled"]:
+                r["compile_s"] = {"train": max(0.0, r["warmup_s"]["train_2_steps"] - 2 * r["step_s"]),
+                                  "decode": max(0.0, r["warmup_s"]["decode"] - decode / r["decode_tokens_per_s"])}
+                own = eager.get(r["variant"].removesuffix(COMPILED))
+                if own is not None:  # against the same variant, eager, in the same repeats
+                    paired = [t0 / t for t, t0 in zip(r["step_s_all"], own["step_s_all"])]
+                    r["compiled_step_speedup"] = statistics.median(paired)
+                    r["compiled_decode_speedup"] = r["decode_tokens_per_s"] / own["decode_tokens_per_s"]
+        kept = {r["variant"]: r for r in rows if not r["activation_checkpointing"]}
+        for r in rows:
+            own = kept.get(r["variant"].removesuffix(RECOMPUTED)) if r["activation_checkpointing"] else None
+            if own is not None:  # against the same variant keeping its activations, in the same repeats
+                step_pairs = zip(r["step_s_all"], own["step_s_all"])
+                r["recomputed_step_ratio"] = statistics.median(t / t0 for t, t0 in step_pairs)
+                r["recomputed_memory_ratio"] = memory_ratio(r, own)
+        for case in cases:
+            case.model = case.step_model = case.optimizer = case.decode_step = None
 
-    sweep_rows = _sweep(preset, sweep or [], sweep_variants, dev, amp, quiet, sets)
-    report = {
-        "preset": preset,
-        "sets": sets,
-        "dropout": base_cfg.dropout,
-        "device": device_name(dev),
-        "batch": batch,
-        "seq_len": seq_len,
-        "repeats": repeats,
-        "steps_per_repeat": steps,
-        "prefill_tokens": prefill,
-        "decode_tokens": decode,
-        "amp_bf16": amp and dev.type == "cuda",
-        "compile": compile,
-        "activation_checkpointing": activation_checkpointing,
-        **({} if compile == "off" else {"inductor_caches": _inductor_caches()}),
-        "versions": software_versions(),  # gbattn's, torch's and Python's: what produced the figures
-        "threads": torch.get_num_threads(),
-        "command": command_line(portable=True),
-        "variants": rows,
-        "left_out": [{"variant": label, "reason": reason} for label, reason in left_out.items()],
-        "sweep": sweep_rows,
-    }
-    if out:
-        with RunLock(out, what="benchmark"):  # one writer: two benches into one --out mixed bench.json and bench.md
+        sweep_rows = _sweep(preset, sweep or [], sweep_variants, dev, amp, quiet, sets)
+        report = {
+            "preset": preset,
+            "sets": sets,
+            "dropout": base_cfg.dropout,
+            "device": device_name(dev),
+            "batch": batch,
+            "seq_len": seq_len,
+            "repeats": repeats,
+            "steps_per_repeat": steps,
+            "prefill_tokens": prefill,
+            "decode_tokens": decode,
+            "amp_bf16": amp and dev.type == "cuda",
+            "compile": compile,
+            "activation_checkpointing": activation_checkpointing,
+            **({} if compile == "off" else {"inductor_caches": _inductor_caches()}),
+            "versions": software_versions(),  # gbattn's, torch's and Python's: what produced the figures
+            "threads": torch.get_num_threads(),
+            "command": command_line(portable=True),
+            "variants": rows,
+            "left_out": [{"variant": label, "reason": reason} for label, reason in left_out.items()],
+            "sweep": sweep_rows,
+        }
+        if out:
             write_json(report, Path(out) / "bench.json")
             atomic_write(Path(out) / "bench.md", bench_markdown(report))
-    return report
+        return report
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _leave_out_failed_compile(case: Case, cases: list[Case], left_out: dict[str, str], error: Exception) -> None:
