@@ -502,21 +502,28 @@ def test_only_a_matched_model_says_what_it_needs_and_seeds_count_once(tmp_path):
     assert "rerun the same command" not in str(e.value)  # it would stop the same way: --only must name gba-m2
     # Once gba-m2's run is finished here, --only compute-matched trains, matched to that run read from disk
     run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets, only=["gba-m2"], quiet=True)
-    # ... whose training FLOPs must be its FLOPs per token times its tokens: a hand-edited 0 or 1e30 set the matched
-    # run's steps to 0 or 10^23, refused in words about a max_steps nobody gave
+    # ... whose training tokens and FLOPs must be the ones its configs give: a hand-edited 0 or 1e30 set the matched
+    # run's steps to 0 or 10^23, refused in words about a max_steps nobody gave; FLOPs per token and FLOPs (or
+    # tokens and FLOPs) scaled together by 10 kept train_flops = flops_per_token_train x train_tokens_seen, and the
+    # matched run trained 10x its steps, the table printing the scaled FLOPs (a result from a gbattn that counted
+    # FLOPs otherwise would do the same)
     result_path = tmp_path / "cmp" / "gba-m2" / "seed1" / rundir.RESULT
     recorded = result_path.read_text()
     reference = json.loads(recorded)
-    near = 1.001 * reference["flops_per_token_train"] * reference["train_tokens_seen"]  # 0.1% off: still hand-edited
-    for edits in ({"train_flops": 0.0}, {"train_flops": 1e30}, {"train_flops": near},
-                  {"train_flops": 0.0, "train_tokens_seen": 0}):  # (0 FLOPs of 0 tokens: still no reference)
-        flops = edits["train_flops"]
+    flops, per_token, tokens = (reference[k] for k in ("train_flops", "flops_per_token_train", "train_tokens_seen"))
+    for edits in ({"train_flops": 0.0}, {"train_flops": 1e30}, {"train_flops": 1.001 * flops},  # (0.1% off)
+                  {"train_flops": 0.0, "train_tokens_seen": 0},  # (0 FLOPs of 0 tokens: still no reference)
+                  {"train_flops": 10 * flops, "flops_per_token_train": 10 * per_token},
+                  {"train_flops": 10 * flops, "train_tokens_seen": 10 * tokens},
+                  {"steps": 2 * reference["steps"]}):
+        first = next(k for k in ("steps", "train_tokens_seen", "flops_per_token_train", "train_flops") if k in edits)
         result_path.write_text(json.dumps({**reference, **edits}))
-        with pytest.raises(rundir.CheckpointError, match=re.escape(
-                f"{result_path}: train_flops={flops!r} is not its flops_per_token_train x train_tokens_seen: a "
-                f"damaged or hand-edited result")):
+        with pytest.raises(UserError, match=re.escape(
+                f"{result_path} records other training tokens or FLOPs than its run's config.json gives ({first}: "
+                f"{edits[first]!r}, its configs give ")):
             run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets, only=["compute-matched"],
                         quiet=True)
+        assert not (tmp_path / "cmp" / "compute-matched").exists()
     result_path.write_text(recorded)
     rows = {r["label"]: r for r in run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), seeds=[1], sets=sets,
                                                 only=["compute-matched"], quiet=True)["models"]}
@@ -1582,6 +1589,12 @@ def test_a_finished_runs_result_that_describes_another_model_is_refused(tmp_path
     other = json.loads(other_path.read_text())
     other_path.write_text(json.dumps({**other, "attn": "standard"}))
     with pytest.raises(UserError, match=r"gba-m2.seed1.result.json describes another model .*\(attn: 'standard'"):
+        run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
+    # ... and its tokens and FLOPs too, against its configs: scaled together they were published as they were
+    other_path.write_text(json.dumps({**other, "flops_per_token_train": 10 * other["flops_per_token_train"],
+                                      "train_flops": 10 * other["train_flops"]}))
+    with pytest.raises(UserError, match=r"gba-m2.seed1.result.json records other training tokens or FLOPs than its "
+                                        r"run's config.json gives \(flops_per_token_train: "):
         run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)
     other_path.write_text(json.dumps(other))
     assert run_compare("cpu-proxy", tmp_path / "cmp", **kwargs)["models"] == report["models"]

@@ -93,9 +93,11 @@ def check_run_data(run_dir: Path, config: dict, data: str, fingerprint: str | No
                         f"{recorded[:16]} recorded, {fingerprint[:16]} now); move it away or use another --out")
 
 
-def read_run_result(run_dir: Path, model_cfg) -> dict:
+def read_run_result(run_dir: Path, model_cfg, train_cfg) -> dict:
     """A finished run's result.json (:func:`rundir.read_result`) whose model, as it describes it for the table, is
-    ``model_cfg`` (the one its config.json records, :func:`check_run`): a hand-edited one is refused, not published."""
+    ``model_cfg`` (the one its config.json records, :func:`check_run`), and whose training tokens and FLOPs are the
+    ones its configs give (``train_cfg``; docs/baselines.md: a compute-matched baseline's steps come from them): a
+    hand-edited one, or one from a gbattn that counted FLOPs otherwise, is refused, not published or matched."""
     path = run_dir / rundir.RESULT
     result = rundir.read_result(path)
     model = {"attn": model_cfg.attn, "residual": model_cfg.residual, "norm": model_cfg.norm,
@@ -105,6 +107,21 @@ def read_run_result(run_dir: Path, model_cfg) -> dict:
     if differ:
         raise UserError(f"{path} describes another model than its run's config.json ({'; '.join(differ)}): move the "
                         f"run away or use another --out")
+    # Its tokens and FLOPs as the trainer counts them (every step reads batch_size x seq_len tokens). Scaled
+    # together, train_flops = flops_per_token_train x train_tokens_seen still held: a compute-matched baseline
+    # trained 10x its steps and the table printed the scaled FLOPs.
+    seq_len = model_cfg.input_length(train_cfg.seq_len)
+    per_token = flops_per_token(model_cfg, seq_len=seq_len, backward=True)
+    recorded_steps = rundir.read_config(run_dir / rundir.CONFIG).get("steps", result["steps"])
+    tokens = recorded_steps * train_cfg.batch_size * seq_len
+    expected = {"steps": recorded_steps, "train_tokens_seen": tokens, "flops_per_token_train": per_token,
+                "train_flops": per_token * tokens, "tokens_per_parameter": tokens / model["parameters"]}
+    differ = [f"{key}: {result[key]!r}, its configs give {value!r}" for key, value in expected.items()
+              if key in result and not math.isclose(result[key], value, rel_tol=1e-9)]
+    if differ:
+        raise UserError(f"{path} records other training tokens or FLOPs than its run's config.json gives "
+                        f"({'; '.join(differ)}): a hand-edited result, or one from a gbattn that counted them "
+                        f"otherwise; move the run away (or delete its result.json and resume it) or use another --out")
     return result
 
 
@@ -316,7 +333,7 @@ class _Runner:
                 model_cfg, train_cfg = matched_configs(self.recipe, spec, self.data, seed, self.sets, self.vocab,
                                                        self.results, self.out)
                 check_run(run_dir, model_cfg, train_cfg, self.fingerprint)
-                self.results.setdefault(spec.label, {})[seed] = read_run_result(run_dir, model_cfg)
+                self.results.setdefault(spec.label, {})[seed] = read_run_result(run_dir, model_cfg, train_cfg)
         # The models with a finished run, those asked now, and those with a run started by an earlier invocation
         # (config.json, no result.json): one with none finished yet leaves the report incomplete, not left out.
         asked = {s.label for s in self.specs} | {
@@ -360,7 +377,7 @@ class _Runner:
         if existing or finished:  # a result without its config.json: nothing says it is this run, refused
             check_run(run_dir, model_cfg, train_cfg, self.fingerprint)
         if finished:
-            self.results[spec.label][seed] = read_run_result(run_dir, model_cfg)
+            self.results[spec.label][seed] = read_run_result(run_dir, model_cfg, train_cfg)
             self.bar.update(1, last=f"{spec.label}/seed{seed} (done before)")
             return None
         if existing and train_cfg.init_from and not (run_dir / rundir.CHECKPOINT).exists():
@@ -499,13 +516,13 @@ def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
         if ref_result is None:
             if not path.exists():
                 raise UserError(f"{spec.label} is matched to {spec.compute_matched_to}'s compute: run that model first")
-            ref_result = rundir.read_result(path)
-        # Its training FLOPs are its FLOPs per token times its tokens, as the trainer wrote them: a hand-edited
-        # value (0, 1e30) set this run's steps to 0 or 10^23, each refused in words about a max_steps nobody gave.
-        flops, tokens = ref_result["train_flops"], ref_result["train_tokens_seen"]
-        if not (flops > 0 and math.isclose(flops, ref_result["flops_per_token_train"] * tokens, rel_tol=1e-9)):
-            raise rundir.CheckpointError(f"{path}: train_flops={flops!r} is not its flops_per_token_train x "
-                                         f"train_tokens_seen: a damaged or hand-edited result")
+            # (--only left the reference out: read as a reused run is, its tokens and FLOPs checked against its configs)
+            ref_spec = next(s for s in recipe.models if s.label == spec.compute_matched_to)
+            ref_result = read_run_result(path.parent, *matched_configs(recipe, ref_spec, data, seed, sets, vocab,
+                                                                       results, out))
+        # Its training FLOPs as its configs give them (read_run_result checks a finished run's against them, the
+        # trainer wrote a run's just trained): a hand-edited 0 or 1e30 set this run's steps to 0 or 10^23.
+        flops = ref_result["train_flops"]
         seq_len = model_cfg.input_length(train_cfg.seq_len)
         per_token = flops_per_token(model_cfg, seq_len=seq_len, backward=True)
         steps = round(flops / (per_token * train_cfg.batch_size * seq_len))
