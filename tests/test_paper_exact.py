@@ -317,10 +317,17 @@ def test_the_plan_says_a_run_trains_compiled(tmp_path, capsys, monkeypatch):
     for compiled in (True, False):
         for recomputed in (True, False):
             on_gpu = SimpleNamespace(device=torch.device("cuda"), compiled=compiled, threads=4,
-                                     train_cfg=SimpleNamespace(activation_checkpointing=recomputed))
+                                     dist=SimpleNamespace(world=1),
+                                     train_cfg=SimpleNamespace(activation_checkpointing=recomputed, parallel="ddp"))
             assert Trainer._execution_text(on_gpu) == (
                 (", compiled (tokens/s counts the time it takes)" if compiled else "")
                 + (", each block recomputed in the backward pass (activation_checkpointing)" if recomputed else ""))
+    # Under torchrun it names its processes, and a CPU's threads are each process's (it said "cpu with 1 thread"
+    # for 2 processes of 1 thread each)
+    for device, said in (("cpu", " in 2 processes (fsdp2) with 1 thread each"), ("cuda", " in 2 processes (fsdp2)")):
+        two = SimpleNamespace(device=torch.device(device), compiled=False, threads=1, dist=SimpleNamespace(world=2),
+                              train_cfg=SimpleNamespace(activation_checkpointing=False, parallel="fsdp2"))
+        assert Trainer._execution_text(two) == said
 
 
 def test_cosine_decays_to_min_lr_and_constant_holds():

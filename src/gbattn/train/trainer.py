@@ -629,13 +629,17 @@ class Trainer:
         return lines
 
     def _execution_text(self) -> str:
-        """How the run computes: its CPU threads, compiled or not, recomputing its blocks or not."""
+        """How the run computes: its processes (torchrun), CPU threads, compiled or not, recomputing its blocks or
+        not. Under torchrun the threads are each process's (the plan said "cpu with 1 thread" for 2 processes)."""
         ways = ", compiled (tokens/s counts the time it takes)" if self.compiled else ""
         if self.train_cfg.activation_checkpointing:
             ways += ", each block recomputed in the backward pass (activation_checkpointing)"
+        world = self.dist.world
+        processes = f" in {world} processes ({self.train_cfg.parallel})" if world > 1 else ""
         if self.device.type != "cpu":
-            return ways
-        return f" with {self.threads} thread{'s' if self.threads > 1 else ''}{ways}"
+            return processes + ways
+        each = " each" if world > 1 else ""
+        return f"{processes} with {self.threads} thread{'s' if self.threads > 1 else ''}{each}{ways}"
 
     def _init_from(self, start: rundir.LoadedRun) -> None:
         """Start from another run's weights (e.g. ``gbattn upcycle``); the optimizer starts fresh. ``extra`` records
