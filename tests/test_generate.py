@@ -583,6 +583,27 @@ def test_a_tiny_temperature_samples_the_largest_logit():
     assert torch.equal(sample_next(mixed, 1e-38, None, torch.Generator().manual_seed(0)), torch.tensor([[0], [1]]))
 
 
+def test_a_tiny_temperature_samples_the_largest_logit_under_cudas_division_too():
+    """CUDA divides a tensor by a number as a x float32(1 / b): below 2.9e-39 1 / b is inf, and the shifted row's
+    largest logit, 0 x inf, was NaN (every probability NaN). That arithmetic, simulated here on the CPU, samples the
+    largest logit too."""
+    from torch.overrides import TorchFunctionMode
+
+    from gbattn.model.decoding import sample_next
+
+    class DivideByReciprocal(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (torch.Tensor.div, torch.Tensor.__truediv__, torch.div) and isinstance(args[1], float):
+                return args[0] * torch.tensor(1 / args[1], dtype=torch.float32)
+            return func(*args, **(kwargs or {}))
+
+    logits = torch.randn(3, 20)
+    with DivideByReciprocal():
+        for temperature in (1e-40, 2.0**-149, 1e-39):
+            assert torch.equal(sample_next(logits, temperature, None, torch.Generator().manual_seed(0)),
+                               logits.argmax(-1, True)), temperature
+
+
 def test_sampling_draws_from_softmax_of_logits_over_temperature():
     """At temperature t (not 1) the draws are exactly multinomial(softmax(logits / t)) with the same
     generator: the temperature divides the logits once."""

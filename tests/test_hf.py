@@ -940,6 +940,34 @@ def test_generate_matches_gbattn(variant_case, residual, block):
             assert together[i].tolist() == alone[i].tolist(), f"row {i}, use_cache={use_cache}"
 
 
+def test_gbattns_temperature_top_k_and_top_p_cut_what_transformers_warpers_cut_ties_included():
+    """An exported model samples through transformers' warpers, gbattn generate through its own: the filtered
+    logits must be equal bit for bit, or the same seed draws other tokens (README, "Hugging Face"). gbattn ranked
+    top-p's tokens from the likeliest down and transformers from the least likely up: with tied logits (common in
+    bfloat16) they kept other tokens ([1, 1, 0] at top_p=0.4: gbattn token 0, transformers token 1)."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    from gbattn.model.decoding import filtered_logits
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.zeros(64, 1, dtype=torch.long)
+    for temperature, top_k, top_p in ((1.0, None, 0.4), (0.7, None, 0.9), (1.3, 5, 0.5), (1.0, 3, None),
+                                      (0.5, 8, 0.75), (2.0, None, 0.25)):
+        logits = torch.randint(-3, 3, (64, 12), generator=generator).float()  # many ties in every row
+        warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)]
+                                      + ([TopKLogitsWarper(top_k)] if top_k else [])
+                                      + ([TopPLogitsWarper(top_p)] if top_p else []))
+        assert torch.equal(filtered_logits(logits, temperature, top_k, top_p), warpers(ids, logits.clone())), (
+            temperature, top_k, top_p)
+    tied = torch.tensor([[1.0, 1.0, 0.0]])
+    assert torch.isfinite(filtered_logits(tied, 1.0, None, 0.4)).tolist() == [[False, True, False]]
+
+
 def test_beam_search_and_sampling_run_through_the_cache():
     gpt, hf = tiny_pair(("twicing", {}), BLOCKS["llama"])
     ids, mask = left_pad([torch.randint(1, 37, (n,)) for n in (5, 3)], torch.long)

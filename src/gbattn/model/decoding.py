@@ -20,31 +20,42 @@ from gbattn.data.tokenizer import refuse_non_utf8
 
 def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None,
                 top_p: float | None = None) -> Tensor:
-    """Next token ids (B, 1): greedy at temperature 0, else softmax sampling with optional top-k, then top-p
-    (nucleus sampling, Holtzman et al. 2020: the most likely tokens whose probabilities, ranked, reach ``top_p``)."""
+    """Next token ids (B, 1): greedy at temperature 0, else softmax sampling of :func:`filtered_logits`."""
     if temperature <= 2.0**-150:  # 0 in float32 (2**-150 and below round to it): greedy
         return logits_BV.argmax(-1, keepdim=True)
+    logits_BV = filtered_logits(logits_BV, temperature, top_k, top_p)
+    return torch.multinomial(torch.softmax(logits_BV, dim=-1), 1, generator=generator)
+
+
+def filtered_logits(logits_BV: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
+    """Float32 logits divided by ``temperature`` (> 0), then cut to the ``top_k`` largest, then to the nucleus
+    (Holtzman et al. 2020: the likeliest tokens whose probabilities reach ``top_p``), cut tokens at -inf. In the
+    order and arithmetic of transformers' temperature, top-k and top-p warpers, so that an exported model's
+    sampled tokens are gbattn's under the same seed (README, "Hugging Face"), ties included."""
     scaled_BV = logits_BV.float() / temperature
     # A tiny temperature overflows the division; shifted by the row's largest logit first it cannot
     # (the same distribution; chosen per row without a host sync, so other rows keep their bits). On a CPU, where
     # reading the check costs no sync, the usual case (every row finite) skips computing the shifted rows.
     finite_B1 = torch.isfinite(scaled_BV).all(-1, keepdim=True)
     if not (logits_BV.device.type == "cpu" and bool(finite_B1.all())):
-        shifted_BV = (logits_BV.float() - logits_BV.float().amax(-1, keepdim=True)) / temperature
+        shifted_BV = logits_BV.float() - logits_BV.float().amax(-1, keepdim=True)
+        # The largest stays 0 exactly: CUDA divides by a number as a x float32(1 / b), and 1 / b is inf below
+        # 2.9e-39 (0 x inf made the row NaN)
+        shifted_BV = torch.where(shifted_BV == 0, 0.0, shifted_BV / temperature)
         scaled_BV = torch.where(finite_B1, scaled_BV, shifted_BV)
     logits_BV = scaled_BV
     if top_k is not None and top_k < logits_BV.shape[-1]:
         kth = torch.topk(logits_BV, top_k, dim=-1).values[:, -1:]
         logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))
     if top_p is not None and top_p < 1:
-        ranked_BV, order_BV = torch.sort(logits_BV, dim=-1, descending=True)
-        probs_BV = torch.softmax(ranked_BV, dim=-1)
-        # a token is cut when the tokens ranked above it already hold top_p; the most likely one never is (a top_p
-        # below float32's smallest, 1e-46, is 0 there: 0 >= 0 cut it too, every logit -inf, a sampling error)
-        cut_ranked_BV = probs_BV.cumsum(-1) - probs_BV >= top_p
-        cut_ranked_BV[:, 0] = False
+        # Ranked from the least likely up, a token is cut while the tokens up to it hold at most 1 - top_p; the most
+        # likely one never is (a top_p that is 0 in float32 cut every token, a sampling error). A descending rank
+        # (cut once the tokens above hold top_p) is the same set but for ties and rounding, where it kept others.
+        ranked_BV, order_BV = torch.sort(logits_BV, dim=-1, descending=False)
+        cut_ranked_BV = torch.softmax(ranked_BV, dim=-1).cumsum(-1) <= 1 - top_p
+        cut_ranked_BV[:, -1] = False
         logits_BV = logits_BV.masked_fill(cut_ranked_BV.scatter(-1, order_BV, cut_ranked_BV), float("-inf"))
-    return torch.multinomial(torch.softmax(logits_BV, dim=-1), 1, generator=generator)
+    return logits_BV
 
 
 def set_eval(model: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
