@@ -687,6 +687,13 @@ def test_generate_past_the_models_positions_is_refused_before_it_starts():
             with pytest.raises(ValueError, match=match):
                 hf.generate(idx, *arguments, **keywords)
     assert torch.equal(hf.generate(idx, max_new_tokens=19, do_sample=False), gpt.generate(idx, 19, temperature=0))
+    # numpy's and torch's integers too (np.int64(20) passed the check, and a tensor's was read as no max_new_tokens,
+    # the check refusing 19 by the default max_length)
+    for integer in (np.int64, torch.tensor):
+        with pytest.raises(ValueError, match=r"^a prompt of 6 tokens and max_new_tokens=20 feed the model positions"):
+            hf.generate(idx, max_new_tokens=integer(20), do_sample=False)
+        assert torch.equal(hf.generate(idx, max_new_tokens=integer(19), do_sample=False),
+                           gpt.generate(idx, 19, temperature=0))
     # ... or in the model's own generation config (an export's generation_config.json): it ran and stopped midway
     hf.generation_config.max_length = 26
     with pytest.raises(ValueError, match=r"^max_length=26 feed the model positions 0 \.\. 24; it has 0 \.\. 23"):

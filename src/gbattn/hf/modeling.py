@@ -11,6 +11,8 @@ Written for transformers >= 4.57, < 6 (tested: 4.57.6 and 5.25.0).
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import transformers
 from torch import Tensor, nn
@@ -436,10 +438,11 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         starts (it stopped at the position past block_size with "position_ids reach N", the tokens so far lost). The
         last new token is never fed back, so a sequence may end one token past the positions."""
         block = self.config.max_position_embeddings
-        if isinstance(max_new_tokens, int):
+        max_new_tokens, max_length = _integer(max_new_tokens), _integer(max_length)
+        if max_new_tokens is not None:
             tokens = f"{prompt} token{'s' if prompt != 1 else ''}"
             asked, length = f"a prompt of {tokens} and max_new_tokens={max_new_tokens}", prompt + max_new_tokens
-        elif isinstance(max_length, int):
+        elif max_length is not None:
             asked, length = f"max_length={max_length}", max_length
         else:
             return
@@ -531,3 +534,14 @@ def shifted_loss(logits_BTV: Tensor, labels_BT: Tensor, num_items_in_batch=None)
     if isinstance(num_items_in_batch, Tensor):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
+
+
+def _integer(value) -> int | None:
+    """``value`` as an int where it is an integer of any kind (numpy's, a 0-d integer tensor: ``isinstance(v, int)``
+    let ``np.int64(12)`` past the length check, and took ``torch.tensor(11)`` for no max_new_tokens), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
