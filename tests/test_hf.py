@@ -3279,6 +3279,25 @@ def test_lm_eval_prints_the_groups_table_when_there_are_groups(monkeypatch, caps
     assert capsys.readouterr().out == "results of 2\ngroups of 2\n"
 
 
+def test_generate_stop_strings_with_a_tokenizer_that_joins_its_pieces_with_spaces_is_one_error(tmp_path):
+    """The paper's BPE has no decoder: its export writes a space before each piece, so "abcdef" decodes as
+    " ab c de f", and transformers' stop-string criterion failed with "substring not found" deep in generate():
+    refused up front, naming why; without stop_strings it generates as gbattn does."""
+    from gbattn.hf import wrap_run
+
+    bpe = get_tokenizer("bpe", load_corpus(str(write_corpus(tmp_path / "c"))), vocab_size=120, verbose=False)
+    cfg = tiny_config(("standard", {}), vocab_size=bpe.vocab_size)
+    gpt = GPT(cfg).eval()
+    model, tokenizer = wrap_run(rundir.LoadedRun(tmp_path, gpt, cfg, None, bpe, {"model": cfg.to_dict()}, 7, "last"))
+    prompt = torch.tensor([bpe.encode("the cat")])
+    with pytest.raises(ValueError, match=r"^stop_strings need a tokenizer whose tokens decode back to their text .* "
+                                         r"writes a space before each piece"):
+        model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False,
+                       stop_strings=["the"], tokenizer=tokenizer)
+    assert torch.equal(model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4,
+                                      do_sample=False), gpt.generate(prompt, 4, top_k=1))
+
+
 def test_generate_stop_strings_stop_where_gbattns_stop_strings_do(tmp_path):
     """transformers' generate(stop_strings=..., tokenizer=...) works on the wrapper and ends at the token where
     gbattn's StopStrings ends the same greedy decoding, for a stop text that lies in the new text; one that begins

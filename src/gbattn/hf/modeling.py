@@ -412,6 +412,12 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if assisted:
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
                              f"rolls back the cache, and GbattnCache cannot be cropped")
+        stops = kwargs.get("stop_strings", getattr(settings, "stop_strings", None))
+        if stops and kwargs.get("tokenizer") is not None and not _decodes_to_its_text(kwargs["tokenizer"]):
+            raise ValueError("stop_strings need a tokenizer whose tokens decode back to their text (transformers "
+                             "finds each token's text so); this one writes a space before each piece (the paper's "
+                             "BPE has no decoder: its pieces are joined with spaces), and transformers failed with "
+                             "'substring not found': stop on the end-of-text token, or use `gbattn generate --stop`")
         # (max_length from the generation config given, or else the model's own: an export's generation_config.json
         # may set one, and transformers 4.x's default of 20 is used too)
         embeds = kwargs.get("inputs_embeds")  # (a prompt given as embeddings: its length counts; none given:
@@ -545,3 +551,13 @@ def _integer(value) -> int | None:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def _decodes_to_its_text(tokenizer, text: str = "abcdef") -> bool:
+    """Whether ``tokenizer``'s tokens of ``text`` decode back to a string holding it, as transformers' stop-string
+    criterion assumes of every tokenizer (it finds each token's text after the tokens of "abcdef")."""
+    try:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return text in tokenizer.convert_tokens_to_string(tokenizer.convert_ids_to_tokens(ids))
+    except Exception:  # (a tokenizer that cannot even do that fails in transformers' criterion too)
+        return False
