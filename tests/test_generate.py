@@ -77,7 +77,7 @@ def test_a_refused_generate_leaves_the_model_as_it_was():
     model.setup_cache(batch=1, max_len=8)
     callers_cache = model.kv_cache
     long_BT = torch.randint(0, 37, (1, model.cfg.block_size + 1))
-    refused = [dict(prompt_mask=torch.ones_like(long_BT, dtype=torch.bool)), dict(temperature=-1.0)]
+    refused = [dict(prompt_mask=torch.arange(long_BT.shape[1]).unsqueeze(0) > 0), dict(temperature=-1.0)]
     for kwargs in refused:
         with pytest.raises(ValueError):
             generate(model, long_BT, 2, **kwargs)
@@ -303,10 +303,11 @@ def test_a_prompt_longer_than_the_context_is_returned_whole(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, asked", [([], None), (["--compile"], True), (["--no-compile"], False),
-                                          (["--compile", "--no-cache"], False)])
+                                          (["--no-cache"], False), (["--compile", "--no-cache"], "refused")])
 def test_generate_cli_passes_the_compile_choice(tmp_path, capsys, monkeypatch, flags, asked):
     """`--compile` forces the compiled decode step, `--no-compile` and `--no-cache` never compile, and
-    no flag leaves it to the measured threshold (tests/test_compiled.py checks the decisions)."""
+    no flag leaves it to the measured threshold (tests/test_compiled.py checks the decisions). `--compile` with
+    `--no-cache` is one line (the compiling was dropped, unsaid)."""
     seen = []
 
     def record(model, compile, max_new_tokens, prompt_length=0):
@@ -316,12 +317,18 @@ def test_generate_cli_passes_the_compile_choice(tmp_path, capsys, monkeypatch, f
     monkeypatch.setattr(decoding, "decoder_for", record)
     data = write_corpus(tmp_path / "c")
     train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    if asked == "refused":
+        assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the", "--max-new-tokens", "3", *flags]) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == ("gbattn: error: --compile compiles the cached decode step, "
+                                                            "and --no-cache recomputes the whole context at every "
+                                                            "token: give one of them")
+        assert seen == []  # (before the run is loaded)
+        return
     assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the", "--max-new-tokens", "3", *flags]) == 0
     assert seen[0] == asked  # the command's own choice (generate() is then handed its decode step)
 
 
-@pytest.mark.parametrize("flags, compiles", [([], 1), (["--compile"], 1), (["--no-compile"], 0),
-                                             (["--compile", "--no-cache"], 0)])
+@pytest.mark.parametrize("flags, compiles", [([], 1), (["--compile"], 1), (["--no-compile"], 0), (["--no-cache"], 0)])
 def test_generate_cli_compiles_only_as_it_says_past_the_threshold(tmp_path, capsys, monkeypatch, flags, compiles):
     """With the measured threshold met, `--no-compile` decoded through a compiled step all the same
     (generate() made the default choice again) while the summary said "KV cache"."""
@@ -521,7 +528,7 @@ def test_generate_refuses_prompts_and_options_it_would_decode_wrongly():
         ({"idx_BT": ids[:, :0]}, "the prompt is empty"),
         ({"idx_BT": ids[:0]}, "the batch is empty: give at least one row"),  # was "setup_cache(batch=0): ..."
         ({"idx_BT": ids[:, :0], "prompt_mask": left[:, :0]}, "the prompt is empty"),  # was an IndexError
-        ({"idx_BT": ids[:1].repeat(1, 9), "prompt_mask": torch.ones(1, 27, dtype=torch.bool)},
+        ({"idx_BT": ids[:1].repeat(1, 9), "prompt_mask": torch.arange(27).unsqueeze(0) > 0},
          "padded prompt of 27 tokens is longer"),
         # a seed the CLI refuses was taken (-1) or a torch error (1.5, True: "manual_seed expected a long")
         ({"idx_BT": ids, "seed": -1}, "seed=-1 must be an integer in [0, 2**63 - 1]"),
@@ -729,14 +736,34 @@ def test_decoder_for_counts_the_cached_steps_it_compiles_for_and_says_where_the_
     assert decoding.decoder_for(model, True, 5, 24) == (None, "no cache: the prompt fills block_size")
 
 
-def test_use_cache_false_takes_no_cached_decode_step():
-    """use_cache=False predicts every token from a full forward: the decode step is never called (while
-    the greedy tokens, the same either way, could not tell a cached run from an uncached one)."""
+def test_use_cache_false_takes_no_cached_decode_step(monkeypatch):
+    """use_cache=False predicts every token from a full forward: no decode step is made or called (while
+    the greedy tokens, the same either way, could not tell a cached run from an uncached one). A decode_step or
+    compile=True given with it is refused (each was dropped, unsaid)."""
     model = tiny_model(("standard", {}))
     calls = []
+    monkeypatch.setattr(decoding, "eager_decode_step", lambda model: calls.append("made"))
+    monkeypatch.setattr(decoding, "decoder_for", lambda *a, **k: calls.append("chosen"))
     prompt = torch.randint(0, 37, (2, 5))
-    out = generate(model, prompt, 4, temperature=0, use_cache=False, decode_step=lambda *a: calls.append(a))
-    assert calls == [] and out.shape == (2, 9)
+    assert generate(model, prompt, 4, temperature=0, use_cache=False).shape == (2, 9) and calls == []
+    for given, name in ((dict(decode_step=lambda *a: calls.append(a)), "decode_step"), (dict(compile=True),
+                                                                                        "compile=True")):
+        with pytest.raises(ValueError, match=f"^{re.escape(name)} is for the cached decode step, and use_cache=False "
+                                             f"recomputes the whole context at every token: give one of them$"):
+            generate(model, prompt, 4, temperature=0, use_cache=False, **given)
+    assert calls == []
+
+
+def test_a_prompt_mask_of_ones_on_a_prompt_past_block_size_is_no_padding():
+    """A tokenizer's attention_mask of a prompt without padding is all ones: past block_size such a prompt was
+    refused as "a padded prompt ... longer than block_size", where the same prompt without the mask runs (its end
+    seen by the model). It runs as that one does."""
+    model = tiny_model(("boosted", {}))
+    prompt = torch.randint(0, 37, (2, model.cfg.block_size + 5))
+    for use_cache in (True, False):
+        assert torch.equal(generate(model, prompt, 3, temperature=0, use_cache=use_cache,
+                                    prompt_mask=torch.ones_like(prompt, dtype=torch.bool)),
+                           generate(model, prompt, 3, temperature=0, use_cache=use_cache))
 
 
 def test_no_seed_draws_from_the_global_rng():

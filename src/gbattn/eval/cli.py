@@ -127,6 +127,9 @@ def cmd_generate(args) -> None:
     from gbattn.rundir import load_run
     from gbattn.runtime import resolve_device, set_threads
 
+    if args.compile and args.no_cache:  # (--compile was dropped, unsaid)
+        raise UserError("--compile compiles the cached decode step, and --no-cache recomputes the whole context at "
+                        "every token: give one of them")
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)

@@ -221,11 +221,16 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
                                  ("decode_step", decode_step, "step(token_B1, slot_1, position_B1, key_padding_BS)")):
         if function is not None and not callable(function):  # (it failed after the first token, "not callable")
             raise ValueError(f"{name} of type {type(function).__name__}: give a function {form}, or None")
+    if not use_cache and (compile or decode_step is not None):  # (each was dropped, unsaid: no decode step runs)
+        raise ValueError(f"{'compile=True' if compile else 'decode_step'} is for the cached decode step, and "
+                         f"use_cache=False recomputes the whole context at every token: give one of them")
     prompt_mask = check_prompt(idx_BT, prompt_mask)
     block = model.cfg.block_size
     B, T = idx_BT.shape
     if prompt_mask is not None and block < T:  # (refused before the model's mode and cache change, below)
-        raise ValueError(f"a padded prompt of {T} tokens is longer than block_size={block}")
+        if not bool(prompt_mask.all()):
+            raise ValueError(f"a padded prompt of {T} tokens is longer than block_size={block}")
+        prompt_mask = None  # no padding (a tokenizer's attention_mask of ones): as a prompt given without one
     device = idx_BT.device
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     # A prompt longer than the model's context is kept whole in the output; the model sees its end.
