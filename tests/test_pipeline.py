@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import gzip
 import hashlib
@@ -3663,6 +3664,52 @@ def test_training_leaves_the_callers_random_stream_where_it_was(tmp_path):
     with pytest.raises(CheckpointError):
         train(tmp_path / "run", resume=True, quiet=True)
     assert torch.equal(torch.rand(4), expected)
+
+
+def test_a_run_trains_in_float32_with_gradients_whatever_the_caller_set(tmp_path):
+    """A run's arithmetic is its own: under a caller's torch.set_default_dtype(torch.float64) (a notebook's) it built
+    its model in float64, another run that nothing recorded (its resume went on in float32); under torch.no_grad() or
+    anomaly detection (set when chasing a NaN) it failed with a RuntimeError. Each trains the same weights as a run
+    with torch's defaults, and the caller's settings are as they were afterwards."""
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "plain", *tiny_configs(data, max_steps=3, eval_every=3, threads=1), quiet=True)
+    expected = ckpt.load_checkpoint(tmp_path / "plain" / ckpt.CHECKPOINT)["model"]
+    settings = {"float64": lambda: _default_dtype(torch.float64), "no_grad": torch.no_grad,
+                "anomaly": lambda: torch.autograd.set_detect_anomaly(True)}
+    for name, setting in settings.items():
+        with setting():
+            train(tmp_path / name, *tiny_configs(data, max_steps=3, eval_every=3, threads=1), quiet=True)
+            assert torch.get_default_dtype() == (torch.float64 if name == "float64" else torch.float32)
+            assert torch.is_grad_enabled() == (name != "no_grad")
+            assert torch.is_anomaly_enabled() == (name == "anomaly")
+        weights = ckpt.load_checkpoint(tmp_path / name / ckpt.CHECKPOINT)["model"]
+        assert weights.keys() == expected.keys()
+        for key, value in weights.items():
+            assert value.dtype == expected[key].dtype and torch.equal(value, expected[key]), (name, key)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def test_evaluation_does_not_depend_on_its_batch_size():
+    """Each batch's token losses were summed in float32, whose rounding depends on how the rows are grouped:
+    `gbattn eval --batch-size 5` and `7` gave losses 1e-8 apart, and a resume with another eval_batch_size recorded
+    other valid and test losses (the best step could change on a near tie). Summed in float64 they agree."""
+    from gbattn.eval.perplexity import evaluate
+    from test_model import tiny_model
+
+    torch.manual_seed(0)
+    model = tiny_model(("boosted", {})).float()  # (a run's model: float32 token losses)
+    tokens = np.random.default_rng(0).integers(0, 37, 200 * 24 + 1)
+    losses = {b: evaluate(model, tokens, 24, batch_size=b).loss for b in (1, 3, 5, 7, 64, 200)}
+    assert max(losses.values()) - min(losses.values()) <= 1e-13 * losses[1], losses
 
 
 def test_training_puts_the_callers_signal_handlers_back(tmp_path):

@@ -73,7 +73,9 @@ def evaluate(
             with autocast():
                 logits = model(x)
             nll = lm_loss(logits, y, reduction="none")
-            total += weight * nll.sum().item()
+            # summed in float64: a float32 sum's rounding depended on the batch size (eval --batch-size 5 and 7 gave
+            # other losses, and a resume with another eval_batch_size recorded others)
+            total += weight * nll.double().sum().item()
             count += int(weight * nll.numel())
             if per_token and weight:
                 losses.append(nll.flatten().cpu().numpy())

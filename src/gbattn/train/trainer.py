@@ -848,9 +848,16 @@ class Trainer:
             return result
         threads, self.callers_rng = torch.get_num_threads(), None
         tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # use_tf32 sets them on CUDA
+        # A run's arithmetic is its own, not the caller's: a default dtype of float64 set in a notebook built the
+        # model in float64 (another run, recorded nowhere, and its resume went on in float32), and torch.no_grad()
+        # around train_run trained nothing (a RuntimeError)
+        dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float32)
         try:
-            return self._run()
+            with torch.enable_grad():
+                return self._run()
         finally:
+            torch.set_default_dtype(dtype)
             torch.set_num_threads(threads)  # `threads` applies to this run only
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32  # its precision too
             if self.callers_rng is not None:  # and so do its seeds: a caller's random stream goes on where it was
