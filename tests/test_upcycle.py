@@ -191,6 +191,7 @@ NON_DEFAULT = [
     (gpt2_model, {"activation_function": "gelu"}),  # exact GELU, not the tanh approximation
     (gpt2_model, {"activation_function": "gelu_fast"}),  # the tanh approximation written another way
     (gpt2_model, {"activation_function": "gelu_pytorch_tanh"}),  # and a third
+    (gpt2_model, {"activation_function": "gelu_python"}),  # exact GELU written with erf (it was refused)
     (llama_model, {"hidden_act": "swish"}),  # silu's other name
     (llama_model, {"rms_norm_eps": 1e-2}),
     (llama_model, {"attention_bias": True, "mlp_bias": True}),
@@ -208,6 +209,23 @@ def test_non_default_config_fields_convert_exactly(make, changes, tmp_path, floa
     with torch.no_grad():
         expected = hf.double()(idx).logits
     torch.testing.assert_close(logits64(source.build_model(), idx), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_float64_weights_that_need_more_digits_than_float32_are_rounded_with_a_note(tmp_path, float64_llama):
+    """gbattn's parameters are float32: a float64 checkpoint whose weights need more digits was rounded silently (its
+    logits moved by ~3e-7, where the README promises the source's function to 1e-12). Said in the notes; a float64
+    checkpoint of float32 values converts exactly, with none."""
+    for make in (gpt2_model, llama_model):
+        exact = make().double()
+        source = load_source(save_hf(exact, tmp_path / f"exact-{make.__name__}"))
+        assert source.notes == []
+        with torch.no_grad():
+            next(exact.parameters()).add_(1e-12)  # (a digit float32 does not have)
+        source = load_source(save_hf(exact, tmp_path / f"finer-{make.__name__}"))
+        assert len(source.notes) == 1 and re.fullmatch(
+            r"1 weight\(s\) stored in float64 \(\S+\) need more digits than float32, gbattn's parameters, and are "
+            r"rounded to it: the model computes the source's function to float32's precision, not exactly",
+            source.notes[0]), source.notes
 
 
 @pytest.mark.parametrize("attention_bias,mlp_bias,attn_bias", [(True, False, True), (False, True, False),
@@ -706,6 +724,13 @@ def _edit_config(source: Path, directory: Path, **changes) -> Path:
     ("llama", {"head_dim": 0}, "head_dim=0 is not hidden_size/num_attention_heads"),  # not read as "absent"
     ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ("gpt2", {"activation_function": "relu"}, "activation_function='relu'"),
+    # null names no activation (transformers 5 refuses the config, 4.x fails on it): it was read as the default
+    ("gpt2", {"activation_function": None}, "activation_function=null names no activation"),
+    ("llama", {"hidden_act": None}, "hidden_act=null names no activation"),
+    # transformers 4.x rotates that share of each head, 5.x all of it: it was converted as if 1 (4.57's logits moved
+    # by 0.04 at 0.9; at 0.5 its forward failed)
+    ("llama", {"partial_rotary_factor": 0.9}, "partial_rotary_factor=0.9 cannot be converted exactly"),
+    ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5 cannot be converted exactly"),
     ("gpt2", {"model_type": "bert"}, "model_type='bert'"),
     # Llama-like, but with a sliding attention window (and Mistral's own weight names): not converted as a Llama
     ("llama", {"model_type": "mistral"}, "model_type='mistral' cannot be converted"),

@@ -44,7 +44,8 @@ TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
 HF_TOKENIZER = "tokenizer.json"
 # GPT-2 activations gbattn computes exactly ("gelu_new", "gelu_fast" and "gelu_pytorch_tanh" are three
 # implementations of GELU's tanh approximation).
-GPT2_ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_fast": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu"}
+GPT2_ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_fast": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu",
+                    "gelu_python": "gelu"}  # (gelu_python: x/2 (1 + erf(x/sqrt 2)), exact GELU as torch's)
 # Llama activations gbattn's SwiGLU computes ("swish" is transformers' other name for silu).
 LLAMA_ACTIVATIONS = ("silu", "swish")
 # Buffers older checkpoints carry that hold no parameters (causal masks, RoPE frequencies).
@@ -134,6 +135,14 @@ def convert_hf(path: str | Path) -> Source:
     # else upcycled into a run that every command then calls damaged; a mask buffer may hold -inf
     rundir.check_finite({k: v for k, v in weights.items() if not k.endswith(IGNORED_SUFFIXES)}, path)
     state = convert(weights, model_cfg, path)
+    # gbattn's parameters are float32: float64 weights that need more digits are rounded (their logits moved by
+    # about 1e-7, where the conversion is otherwise exact), said in the summary and the run's record
+    rounded = [k for k, v in weights.items() if v.dtype == torch.float64 and not k.endswith(IGNORED_SUFFIXES)
+               and not torch.equal(v.float().double(), v)]
+    if rounded:
+        notes.append(f"{len(rounded)} weight(s) stored in float64 ({rounded[0]}{', ...' if len(rounded) > 1 else ''}) "
+                     f"need more digits than float32, gbattn's parameters, and are rounded to it: the model computes "
+                     f"the source's function to float32's precision, not exactly")
     return Source(model_cfg, state, tokenizer, model_type, source_name(path), notes=notes)
 
 
@@ -179,6 +188,15 @@ def _field(hf: dict, where: Path, key: str, default, *kinds: type):
     return value
 
 
+def _activation(hf: dict, where: Path, key: str, default: str) -> str:
+    """The activation's name ``hf[key]`` (``default`` when absent); null is refused, not read as the default:
+    transformers refuses it (5.x) or fails on it (4.x), so it names no function the checkpoint computes."""
+    if key in hf and hf[key] is None:
+        raise CheckpointError(f"{where}: {key}=null names no activation (transformers cannot load it either); give "
+                              f"its name, or leave the key out for {default}")
+    return _field(hf, where, key, default, str)
+
+
 def _model_config(d: dict, where: Path) -> ModelConfig:
     try:
         return ModelConfig.from_dict(d)
@@ -199,7 +217,7 @@ def gpt2_config(hf: dict, where: Path) -> tuple[ModelConfig, list[str]]:
     """The gbattn config of a GPT-2 ``config.json`` (with a note where dropout rates differ)."""
     vocab, block, d, layers, heads = _sizes(hf, where, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
     _refuse_one_position(block, "n_positions", where)
-    act = _field(hf, where, "activation_function", "gelu_new", str)
+    act = _activation(hf, where, "activation_function", "gelu_new")
     if act not in GPT2_ACTIVATIONS:
         raise CheckpointError(f"{where}: activation_function={act!r} cannot be converted exactly; gbattn has "
                               f"{', '.join(GPT2_ACTIVATIONS)}")
@@ -260,9 +278,16 @@ def llama_config(hf: dict, where: Path) -> ModelConfig:
     """The gbattn config of a Llama ``config.json``."""
     vocab, d, layers, heads, hidden = _sizes(hf, where, "vocab_size", "hidden_size", "num_hidden_layers",
                                              "num_attention_heads", "intermediate_size")
-    if _field(hf, where, "hidden_act", "silu", str) not in LLAMA_ACTIVATIONS:
+    if _activation(hf, where, "hidden_act", "silu") not in LLAMA_ACTIVATIONS:
         raise CheckpointError(f"{where}: hidden_act={hf['hidden_act']!r} cannot be converted exactly; gbattn's "
                               f"SwiGLU uses silu")
+    # transformers 4.x's Llama rotates this share of each head (its default RoPE reads the top-level field), 5.x's
+    # all of it: the checkpoint's function depends on the version, and gbattn's RoPE rotates all of it
+    partial = _field(hf, where, "partial_rotary_factor", 1.0, int, float)
+    if partial != 1:
+        raise CheckpointError(f"{where}: partial_rotary_factor={json.dumps(partial)} cannot be converted exactly: "
+                              f"transformers 4.x rotates that share of each head (5.x all of it), gbattn's RoPE all "
+                              f"of it")
     head_dim = _field(hf, where, "head_dim", None, int)
     if head_dim is not None and head_dim * heads != d:
         raise CheckpointError(f"{where}: head_dim={head_dim} is not hidden_size/num_attention_heads = {d}/{heads}; "
