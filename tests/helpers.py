@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -231,3 +233,18 @@ def in_use(directory: Path, what: str) -> list[str]:
     """The one line a command writing into ``directory`` while another process holds its lock prints."""
     return [f"gbattn: error: {directory} is in use by another gbattn process (its {what} is being written); wait "
             f"for it to finish or choose another --out"]
+
+
+@contextlib.contextmanager
+def fails_if_blocked(message: str, seconds: int = 10):
+    """A test failing with ``message`` after ``seconds``, where a regression (a FIFO opened or read without a peer)
+    would block and hang the suite."""
+    import pytest
+
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail(message))
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -38,6 +38,7 @@ from gbattn.train.trainer import Trainer, TrainingDiverged, train
 from helpers import (
     TINY,
     bpe_with_unknown_words,
+    fails_if_blocked,
     run_cli,
     run_record,
     signal_during_step,
@@ -190,18 +191,24 @@ def _damage_replaced_by_a_link_to_nothing(entry: Path) -> None:  # a cache folde
     entry.symlink_to(entry.parent / "moved")
 
 
+def _damage_replaced_by_a_pipe(entry: Path) -> None:  # removing it opened it first, and waited for a writer forever
+    shutil.rmtree(entry)
+    os.mkfifo(entry)
+
+
 @pytest.mark.parametrize("damage", [_damage_meta, _damage_meta_type, _damage_count, _damage_size, _damage_appended,
                                     _damage_missing,
                                     _damage_content, _damage_one_id, _damage_no_digest, _damage_out_of_vocabulary,
                                     _damage_counts_type, _damage_replaced_by_a_file,
-                                    _damage_replaced_by_a_link_to_nothing])
+                                    _damage_replaced_by_a_link_to_nothing, _damage_replaced_by_a_pipe])
 def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, damage):
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     tok = get_tokenizer("char", corpus)
     splits = {s: np.array(ids) for s, ids in tokenize_corpus(corpus, tok, progress=False).items()}
     (entry,) = (Path(os.environ["GBATTN_CACHE"]) / "tokens").iterdir()
     damage(entry)
-    again = tokenize_corpus(corpus, tok, progress=False)
+    with fails_if_blocked("removing a pipe in the entry's place blocked", 60):  # (it hung the run forever)
+        again = tokenize_corpus(corpus, tok, progress=False)
     for s in splits:
         np.testing.assert_array_equal(again[s], splits[s])
     meta = json.loads((entry / "meta.json").read_text())  # the entry built again, digests and all
@@ -268,9 +275,10 @@ def test_an_absent_token_cache_entry_is_not_removed_under_a_process_renaming_it_
 
     monkeypatch.setattr(Path, "exists", lands_after_the_check)
     dtype = np.dtype(tokens_mod.tokens_dtype(tok.vocab_size))
-    assert tokens_mod._cached(entry, dtype, tok.vocab_size) is None  # absent when looked at ...
+    key = tokens_mod._entry_key(corpus, tok, dict.fromkeys(("train", "valid", "test")))
+    assert tokens_mod._cached(entry, dtype, tok.vocab_size, key) is None  # absent when looked at ...
     monkeypatch.setattr(Path, "exists", real_exists)
-    assert tokens_mod._cached(entry, dtype, tok.vocab_size) is not None  # ... and the other process's entry kept
+    assert tokens_mod._cached(entry, dtype, tok.vocab_size, key) is not None  # ... and the other process's entry kept
 
 
 def test_a_tokenizer_cache_entry_another_process_writes_meanwhile_is_not_called_something_else(tmp_path,
@@ -2143,11 +2151,45 @@ def test_ctrl_c_inside_the_tokenizer_library_is_no_tokenizer_failure():
 
 
 def test_a_tokenizer_of_another_vocabulary_size_is_not_taken_from_the_cache(tmp_path):
+    """Nor when its cache entry is copied over the other's (a valid entry, of another key): a 40-token BPE sized the
+    model asked for 60 by its own 40 (the message blamed the config), and a char entry with a character more sized
+    the model by it. The entry records what it holds; another one in its place is trained again."""
     corpus = load_corpus(str(write_corpus(tmp_path / "c")))
     small = get_tokenizer("bpe", corpus, vocab_size=40, verbose=False)
     large = get_tokenizer("bpe", corpus, vocab_size=60, verbose=False)
     assert (small.vocab_size, large.vocab_size) == (40, 60)
     assert get_tokenizer("bpe", corpus, vocab_size=40, verbose=False).fingerprint == small.fingerprint
+    entries = {}
+    for path in (Path(os.environ["GBATTN_CACHE"]) / "tokenizers").iterdir():
+        entries[json.loads(path.read_text())["key"].split("|")[1]] = path
+    shutil.copy(entries["40"], entries["60"])
+    assert get_tokenizer("bpe", corpus, vocab_size=60, verbose=False).fingerprint == large.fingerprint
+    assert json.loads(entries["60"].read_text())["key"].split("|")[1] == "60"  # trained again in its place
+
+
+def test_a_token_cache_entry_in_another_ones_place_is_built_again(tmp_path):
+    """Entries copied, swapped or linked into one another's place (each valid: its own ids and digests) were read
+    as the other's tokens, silently: a run trained on a training split of another cap, and eval scored another
+    tokenizer's ids. An entry records what it holds (corpus, tokenizer, caps) and is built again where it is not
+    what its place asks for."""
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    tok = get_tokenizer("char", corpus)
+    cache = Path(os.environ["GBATTN_CACHE"]) / "tokens"
+    small = {s: np.array(ids) for s, ids in tokenize_corpus(corpus, tok, {"train": 100}, progress=False).items()}
+    large = {s: np.array(ids) for s, ids in tokenize_corpus(corpus, tok, {"train": 200}, progress=False).items()}
+    assert len(small["train"]) == 100 and len(large["train"]) == 200
+    by_cap = {json.loads((e / "meta.json").read_text())["caps"]["train"]: e for e in cache.iterdir()}
+    for place in ("copy", "link"):
+        shutil.rmtree(by_cap[200])
+        if place == "copy":
+            shutil.copytree(by_cap[100], by_cap[200])
+        else:
+            by_cap[200].symlink_to(by_cap[100])
+        again = tokenize_corpus(corpus, tok, {"train": 200}, progress=False)
+        for s in large:
+            np.testing.assert_array_equal(again[s], large[s])
+        assert not by_cap[200].is_symlink() and len(np.array(tokenize_corpus(corpus, tok, {"train": 100},
+                                                                             progress=False)["train"])) == 100
 
 
 def test_a_single_file_without_a_split_is_90_5_5_and_a_bundled_corpus_takes_the_split_given(tmp_path):

@@ -38,6 +38,7 @@ from helpers import (
     LFS_MESSAGE,
     LFS_POINTER,
     TINY,
+    fails_if_blocked,
     hold_lock,
     run_cli,
     strict_json,
@@ -67,19 +68,6 @@ def trained(tmp_path_factory):
 def snapshot(directory: Path) -> dict[str, str]:
     return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != rundir.LOCK}
-
-
-@contextlib.contextmanager
-def fails_if_blocked(message: str, seconds: int = 10):
-    """A test failing with ``message`` after ``seconds``, where a regression (a FIFO opened or read without a peer)
-    would block and hang the suite."""
-    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail(message))
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def one_line(code: int, err: str) -> str:
@@ -1621,6 +1609,27 @@ def test_unwritable_cache_directory_is_one_line(trained, tmp_path, capsys, monke
     assert "GBATTN_CACHE is set but empty" in one_line(code, err) and not (tmp_path / "tokens").exists()
 
 
+def test_a_token_cache_error_of_eval_and_analyze_gives_no_advice_about_data(trained, tmp_path, capsys, monkeypatch):
+    """eval and analyze add "pass --data PATH where the corpus is now" to the recorded corpus not being found; they
+    added it to every data error, a token cache that cannot be written too, whose corpus was found and is fine."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "tokens").write_text("in the way")
+    monkeypatch.setenv("GBATTN_CACHE", str(cache))
+    for command in (["eval", trained["run"]], ["analyze", trained["run"], "--out", tmp_path / "analysis"]):
+        code, _, err = run_cli(capsys, command)
+        line = one_line(code, err)
+        assert line.startswith("gbattn: error: could not write the token cache under ") and "--data" not in line, line
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))  # the recorded corpus gone: the advice is given
+    moved = tmp_path / "run"
+    shutil.copytree(trained["run"], moved, ignore=shutil.ignore_patterns(rundir.LOCK))
+    config = json.loads((moved / rundir.CONFIG).read_text())
+    config["train"]["data"] = str(tmp_path / "gone")
+    (moved / rundir.CONFIG).write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, ["eval", moved])
+    assert "pass --data PATH where the corpus is now" in one_line(code, err)
+
+
 @pytest.mark.parametrize("unbuffered", [False, True])
 def test_output_piped_into_head_ends_quietly(trained, unbuffered):
     """Block-buffered stdout (a user's default) writes at the end: the flush is still in the command,
@@ -1790,7 +1799,7 @@ def test_an_interrupted_tokenization_leaves_no_cache_debris(tmp_path, monkeypatc
     # time): it is this build's own folder, taken over (it was "could not write the token cache ... File exists").
     from gbattn.files import building_suffix
 
-    entry = tokens._entry_directory(corpus, tok, dict.fromkeys(("train", "valid", "test")))
+    entry = tokens._entry_directory(tokens._entry_key(corpus, tok, dict.fromkeys(("train", "valid", "test"))))
     own = entry.with_name(entry.name + building_suffix())
     own.mkdir()
     (own / "train.bin").write_bytes(b"\0" * 10)

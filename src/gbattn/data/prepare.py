@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gbattn.config import TrainConfig
-from gbattn.data.corpus import SPLITS, load_corpus
+from gbattn.data.corpus import SPLITS, Corpus, load_corpus
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
 from gbattn.errors import DataError, UserError
@@ -28,14 +28,14 @@ class Data:
 
 def prepare_data(cfg: TrainConfig, vocab_size: int, tokenizer: Tokenizer | None = None, progress: bool = True,
                  trained_on: str | None = None, mismatch: str = "", needed: tuple[str, ...] = SPLITS,
-                 named: str | None = None) -> Data:
+                 named: str | None = None, corpus: Corpus | None = None) -> Data:
     """The training config's corpus as token ids, with ``tokenizer`` (default: trained for it).
 
     ``trained_on``: the fingerprint a run recorded; other data is refused before it is tokenized (a
     new character would otherwise fail first), with ``mismatch`` (what to do) ending the line.
     ``needed``: the splits tokenized and returned (tokenize_corpus). ``named``: how that refusal names the data
-    (``--data NAME`` by default: as typed)."""
-    corpus = load_corpus(cfg.data, tuple(cfg.split))
+    (``--data NAME`` by default: as typed). ``corpus``: ``cfg.data`` already loaded (:func:`load_corpus`)."""
+    corpus = corpus or load_corpus(cfg.data, tuple(cfg.split))
     if trained_on and corpus.fingerprint != trained_on:
         raise UserError(f"{named or f'--data {cfg.data}'} is not the data the run was trained on (fingerprint "
                         f"{trained_on[:16]} recorded, {corpus.fingerprint[:16]} now){mismatch}")
@@ -57,14 +57,15 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
     # (a folder named tiny-shakespeare: the bundled one) or the hub's; said so, not "--data NAME" as if typed.
     advice = "" if data else f"; {recorded_path_advice(run.run_dir, exported=data_path_cut(run))}"
     try:
-        return prepare_data(train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False, trained_on=recorded,
-                            mismatch=f"{advice}; pass --allow-other-data to evaluate on it anyway",
-                            needed=("valid", "test"), named=None if data else f"the data {run.run_dir} recorded "
-                                                                              f"({train_cfg.data})")
-    except DataError as e:  # not found, or a hub name not loadable here
-        if data:
+        corpus = load_corpus(train_cfg.data, tuple(train_cfg.split))
+    except DataError as e:  # not found, or a hub name not loadable here (not a token cache's error, which it was said
+        if data:  # to be: "could not write the token cache ...: pass --data PATH where the corpus is now")
             raise
         raise type(e)(f"{e}{advice}") from None
+    return prepare_data(train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False, trained_on=recorded,
+                        mismatch=f"{advice}; pass --allow-other-data to evaluate on it anyway",
+                        needed=("valid", "test"), corpus=corpus,
+                        named=None if data else f"the data {run.run_dir} recorded ({train_cfg.data})")
 
 
 def data_path_cut(run) -> bool:

@@ -478,10 +478,10 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
                         f"hf=PATH")
     if base in FILE_KINDS:
         return Tokenizer(base, _gpt2_payload(kind))
-    key = hashlib.sha256(f"{base}|{vocab_size}|{BPE_TRAIN_LINES}|{corpus.fingerprint}".encode()).hexdigest()[:20]
-    path = cache_dir() / "tokenizers" / f"{base}-{key}.json"
+    key = f"{base}|{vocab_size}|{BPE_TRAIN_LINES}|{corpus.fingerprint}"
+    path = cache_dir() / "tokenizers" / f"{base}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
     if path.is_file():
-        cached = _cache_entry(path, base)
+        cached = _cache_entry(path, base, key)
         if cached is not None:
             return cached
         path.unlink(missing_ok=True)  # a damaged cache entry: train again
@@ -510,22 +510,25 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
         if tok.vocab_size < 3:
             raise DataError(f"--data {corpus.name}: the training split holds no text to train a tokenizer on")
     try:
-        atomic_write(path, tok.to_json(fingerprint=True))
+        atomic_write(path, json.dumps({**json.loads(tok.to_json(fingerprint=True)), "key": key}))
     except OSError as e:
         raise DataError(unwritable.format(why=e.strerror or e)) from None
     return tok
 
 
-def _cache_entry(path: Path, kind: str) -> Tokenizer | None:
-    """The tokenizer a cache entry holds, or None where it is damaged: unreadable, of another kind (a file copied
-    over it), or its payload not the one whose fingerprint it records (edited by hand: a char tokenizer short of a
-    character would blame the corpus for it, one with a character more would size the model by it)."""
+def _cache_entry(path: Path, kind: str, key: str) -> Tokenizer | None:
+    """The tokenizer a cache entry holds, or None where it is damaged: unreadable, of another kind or another
+    ``key`` (a file copied over it: another vocabulary size's BPE sized the model by its own), or its payload not
+    the one whose fingerprint it records (edited by hand: a char tokenizer short of a character would blame the corpus
+    for it, one with a character more would size the model by it). An entry from before keys were recorded is
+    trained again."""
     try:
         saved = json.loads(read_json_bytes(path).decode("utf-8"))  # parsed once: the tokenizer and its fingerprint
         cached = Tokenizer(saved["kind"], saved["payload"])
     except Exception:  # too large, unreadable, JSON, key, type or HF tokenizers errors (as Tokenizer.load): damaged
         return None
-    return cached if cached.kind == kind and saved.get("fingerprint") == cached.fingerprint else None
+    return cached if (cached.kind == kind and saved.get("fingerprint") == cached.fingerprint
+                      and saved.get("key") == key) else None
 
 
 def _token_id(value) -> int:

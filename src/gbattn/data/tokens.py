@@ -86,11 +86,16 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
     return n
 
 
-def _entry_directory(corpus: Corpus, tokenizer: Tokenizer, caps: dict[str, int | None]) -> Path:
-    """The token cache entry of ``corpus`` encoded by ``tokenizer`` with ``caps``."""
+def _entry_key(corpus: Corpus, tokenizer: Tokenizer, caps: dict[str, int | None]) -> str:
+    """What a token cache entry holds: ``corpus`` encoded by ``tokenizer`` with ``caps``. Its ``meta.json`` records
+    it, checked on reading (an entry copied, swapped or linked into another's place was read as that one's tokens)."""
     # "lines-only": corpus lines encoded without special tokens (caches from before it may hold a start token per line).
-    key_src = f"{corpus.fingerprint}|{tokenizer.fingerprint}|{json.dumps(caps, sort_keys=True)}|lines-only"
-    return cache_dir() / "tokens" / hashlib.sha256(key_src.encode()).hexdigest()[:20]
+    return f"{corpus.fingerprint}|{tokenizer.fingerprint}|{json.dumps(caps, sort_keys=True)}|lines-only"
+
+
+def _entry_directory(key: str) -> Path:
+    """The token cache entry of :func:`_entry_key` ``key``."""
+    return cache_dir() / "tokens" / hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
 def tokenize_corpus(
@@ -107,13 +112,15 @@ def tokenize_corpus(
     is; otherwise the others are not read, and empty in an entry of their own (their cap 0).
     """
     caps = {s: (caps or {}).get(s) for s in SPLITS}
-    directory = _entry_directory(corpus, tokenizer, caps)
+    key = _entry_key(corpus, tokenizer, caps)
+    directory = _entry_directory(key)
     dtype = np.dtype(tokens_dtype(tokenizer.vocab_size))
-    cached = _cached(directory, dtype, tokenizer.vocab_size)
+    cached = _cached(directory, dtype, tokenizer.vocab_size, key)
     if cached is None and set(needed) != set(SPLITS):
         caps = {s: caps[s] if s in needed else 0 for s in SPLITS}
-        directory = _entry_directory(corpus, tokenizer, caps)
-        cached = _cached(directory, dtype, tokenizer.vocab_size)
+        key = _entry_key(corpus, tokenizer, caps)
+        directory = _entry_directory(key)
+        cached = _cached(directory, dtype, tokenizer.vocab_size, key)
     if cached is not None:
         return cached
     remove_abandoned(directory.parent)
@@ -128,7 +135,7 @@ def tokenize_corpus(
         counts = {s: _encode_split(corpus, s, tokenizer, caps[s], tmp / f"{s}.bin", progress) for s in SPLITS}
         digests = {s: _ids_digest(_split_ids(tmp / f"{s}.bin", dtype, counts[s])) for s in SPLITS}
         meta = {"dtype": dtype.name, "counts": counts, "sha256": digests, "caps": caps, "corpus": corpus.name,
-                "tokenizer": tokenizer.fingerprint}
+                "tokenizer": tokenizer.fingerprint, "key": key}
         write_json(meta, tmp / "meta.json")
     except BaseException as e:  # Ctrl-C, a bad file, a full disk: no half-written entry stays behind
         shutil.rmtree(tmp, ignore_errors=True)
@@ -144,24 +151,24 @@ def tokenize_corpus(
             raise
     # Another process (another rank of a torchrun job) finished the same entry first: it stays, ours goes.
     shutil.rmtree(tmp, ignore_errors=True)
-    cached = _read_cache(directory, dtype, tokenizer.vocab_size)
+    cached = _read_cache(directory, dtype, tokenizer.vocab_size, key)
     if cached is None:
         raise DataError(f"the token cache {directory} cannot be read back after writing it; delete it and try again")
     return cached
 
 
-def _cached(directory: Path, dtype: np.dtype, vocab_size: int) -> dict[str, np.ndarray] | None:
+def _cached(directory: Path, dtype: np.dtype, vocab_size: int, key: str) -> dict[str, np.ndarray] | None:
     """The cache entry at ``directory`` (:func:`_read_cache`), or None: none there, or a damaged one, removed (its
-    splits are built again), be it a folder, a file or a link (to nothing) in the entry's place."""
+    splits are built again), be it a folder, a file, a link (to nothing) or a pipe in the entry's place."""
     # (nothing there: nothing to remove; removing "it" anyway deleted another process's entry renamed into place
     # between the two)
     exists = directory.exists()
-    cached = _read_cache(directory, dtype, vocab_size) if exists else None
+    cached = _read_cache(directory, dtype, vocab_size, key) if exists else None
     if cached is None and (exists or directory.is_symlink()):
-        if directory.is_symlink() or directory.is_file():  # the new entry could not be renamed over it
-            directory.unlink(missing_ok=True)
-        else:
+        if directory.is_dir() and not directory.is_symlink():
             shutil.rmtree(directory, ignore_errors=True)
+        else:  # a file, a link, a FIFO (rmtree opened it, and waited for a writer forever)
+            directory.unlink(missing_ok=True)
     return cached
 
 
@@ -175,16 +182,16 @@ def _ids_digest(ids: np.ndarray) -> str:
     return hashlib.sha256(memoryview(np.ascontiguousarray(ids)).cast("B")).hexdigest()
 
 
-def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int) -> dict[str, np.ndarray] | None:
+def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int, key: str) -> dict[str, np.ndarray] | None:
     """The token ids of a cache entry as read-only memmaps, or None when the entry is damaged: its
-    ``meta.json`` unreadable or not what this module writes, a split's file not of the size it records or
-    not the content (SHA-256) it records (an entry from before digests were recorded is built again), or
-    an id outside the tokenizer's vocabulary (the model would fail on it mid-run with a traceback, or read
-    another token's row on a GPU, which does not check). Two passes over the ids: the digest, then the range."""
+    ``meta.json`` unreadable, not what this module writes, or of another entry (its ``key``), a split's file not
+    of the size it records or not the content (SHA-256) it records (an entry from before digests were recorded is
+    built again), or an id outside the tokenizer's vocabulary (the model would fail on it mid-run with a traceback,
+    or read another token's row on a GPU, which does not check). Two passes over the ids: the digest, then the range."""
     try:
         meta = read_json(directory / "meta.json")
-        if meta["dtype"] != dtype.name:
-            return None
+        if meta["dtype"] != dtype.name or meta.get("key") != key:  # (an entry from before keys were recorded: built
+            return None  # again)
         out = {}
         for s in SPLITS:
             count, path = meta["counts"][s], directory / f"{s}.bin"
