@@ -1967,6 +1967,28 @@ def test_a_comparison_without_a_standard_row_has_the_compute_matched_column_alon
     assert "Paired per-seed" not in alone
 
 
+def test_a_reference_of_one_seed_leaves_its_own_column_out_and_says_so():
+    """A standard row of one seed (`compare --seeds 1 --only standard ...`, then `--seeds 1 2 3` without it) removed
+    the whole paired table, the compute-matched column of three seeds with it, unsaid. Its own column alone is left
+    out, with a line saying why; the other reference's column stays."""
+    md = paired_md({"standard": {"1": 2.30}, "gba-m2": {"1": 2.20, "2": 2.25, "3": 2.22},
+                    "compute-matched": {"1": 2.10, "2": 2.12, "3": 2.15}},
+                   updates={"compute-matched": {"compute_matched_to": "gba-m2"}})
+    paired_part = md.split("## Paired per-seed differences")[1].split("\n## ")[0]
+    assert "| model | parameters | train PFLOP | valid loss | Δ vs compute-matched |" in paired_part
+    assert "Δ vs standard is left out: standard has 1 seed with a validation loss." in paired_part
+    assert paired_cells(md, "gba-m2")[4].startswith("+0.100 (+0.100 / +0.130 / +0.070) **same sign**")
+    # and the other way round: a compute-matched row of one seed leaves the standard column
+    md = paired_md({"standard": {"1": 2.30, "2": 2.31, "3": 2.33}, "gba-m2": {"1": 2.20, "2": 2.25, "3": 2.22},
+                    "compute-matched": {"1": 2.10}}, updates={"compute-matched": {"compute_matched_to": "gba-m2"}})
+    paired_part = md.split("## Paired per-seed differences")[1].split("\n## ")[0]
+    assert "| model | parameters | train PFLOP | valid loss | Δ vs standard |" in paired_part
+    assert "Δ vs compute-matched is left out: compute-matched has 1 seed with a validation loss." in paired_part
+    # neither has two: no table, as before
+    one = paired_md({"standard": {"1": 2.2}, "gba-m2": {"1": 2.1}}, seeds=(1,))
+    assert "Paired per-seed differences" not in one and "left out" not in one
+
+
 def test_a_comparison_without_a_compute_matched_row_has_the_standard_column_alone():
     """`compare --only standard gba-m2` (or a recipe with no compute-matched model) had a "Δ vs compute-matched"
     column of dashes beside the standard one; now the standard column is the only one."""

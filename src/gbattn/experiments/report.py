@@ -760,23 +760,31 @@ def paired_table(rows: list[dict]) -> list[str]:
     runs have more than one seed, each marked when every seed's difference has the same sign (with the chance
     of that between models that do not differ: :func:`same_sign_note`). A comparison of some of a recipe's
     models (``compare --only``) without a standard row has the compute-matched column alone, and one without a
-    compute-matched row the standard column alone."""
+    compute-matched row the standard column alone. A reference with fewer than two seeds leaves its column out,
+    saying so (a standard row of one seed beside three-seed rows took the compute-matched column with it, unsaid)."""
     base = standard_row(rows)
     first = next((r for r in rows if r.get("compute_matched_to")), None)
     own = {}  # a model (and its param-fair row) -> its own compute-matched row (compare --matched adds more than one)
     for r in rows:
         if r.get("compute_matched_to"):
             own.setdefault(r["compute_matched_to"], r)
-    reference = base or first
-    if reference is None or len(valid_losses(reference)) < 2:
+    left_out = []  # a reference of one seed (or none finite): nothing to pair over, said
+    for header, ref in ((delta_header(base), base), ("Δ vs compute-matched", first)):
+        n = len(valid_losses(ref)) if ref is not None else 2
+        if n < 2:
+            left_out.append(f"{header} is left out: {ref['label']} has {n} seed{'s' if n != 1 else ''} with a "
+                            f"validation loss.")
+    base, first = (ref if ref is not None and len(valid_losses(ref)) >= 2 else None for ref in (base, first))
+    if base is None and first is None:
         return []
-    seeds = sorted(valid_losses(reference), key=seed_key)
+    seeds = sorted(valid_losses(base or first), key=seed_key)
     columns = [delta_header(base)] * (base is not None) + ["Δ vs compute-matched"] * (first is not None)
     lines = ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
              f"Each cell: the mean over seeds of (model − reference) on the same seed, then each seed's difference "
              f"({', '.join(seeds)}); {same_sign_note(len(seeds))}."
              + (f" Δ vs compute-matched: a model with a compute-matched row of its own, and its param-fair row, "
-                f"against that row; every other model against {first['label']}." if len(own) > 1 else ""), "",
+                f"against that row; every other model against {first['label']}." if first and len(own) > 1 else "")
+             + "".join(f" {text}" for text in left_out), "",
              f"| model | parameters | train PFLOP | valid loss | {' | '.join(columns)} |",
              "| --- | ---: | ---: | ---: |" + " --- |" * len(columns)]
     for r in rows:
