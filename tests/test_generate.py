@@ -766,6 +766,35 @@ def test_a_prompt_mask_of_ones_on_a_prompt_past_block_size_is_no_padding():
                            generate(model, prompt, 3, temperature=0, use_cache=use_cache))
 
 
+def test_a_model_with_non_finite_logits_is_one_error_and_the_cli_one_line(tmp_path, capsys):
+    """Finite weights can give NaN logits (a diverged run's last update): sampling failed with torch's "probability
+    tensor contains either inf, nan or element < 0" (a traceback from `gbattn generate`), and greedy decoding made
+    tokens of NaN, unsaid. One error before the first token, cached or not, greedy or sampled."""
+    from gbattn.model.decoding import NonFiniteLogits
+
+    model = tiny_model(("boosted", {}))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1e308).mul_(1e308)  # (inf weights: the logits inf - inf, NaN)
+    prompt = torch.randint(0, 37, (2, 5))
+    for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=3), dict(use_cache=False, top_p=0.5)):
+        with pytest.raises(NonFiniteLogits, match=r"^the model's logits for the prompt are not finite \(NaN or inf\): "
+                                                  r"its weights are damaged or its training diverged$"):
+            generate(model, prompt, 3, **kwargs)
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    from gbattn import rundir
+
+    state = rundir.load_checkpoint(tmp_path / "run" / "best.pt")
+    state["model"]["blocks.0.ln1.weight"] = torch.full_like(state["model"]["blocks.0.ln1.weight"], 1e38)
+    state["model"]["blocks.0.ln2.weight"] = torch.full_like(state["model"]["blocks.0.ln2.weight"], 1e38)
+    torch.save(state, tmp_path / "run" / "best.pt")
+    capsys.readouterr()
+    assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the", "--max-new-tokens", "3"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "gbattn: error: the model's logits for the prompt are not finite (NaN or inf): its weights are damaged or "
+        "its training diverged")
+
+
 def test_no_seed_draws_from_the_global_rng():
     """seed=None draws from torch's global generator: it repeats after the same torch.manual_seed and
     changes with another (a fixed generator would give every call the same draws)."""

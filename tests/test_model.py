@@ -546,6 +546,9 @@ def test_config_errors_name_the_field(kwargs, match):
         (dict(min_lr=-1e-4), r"min_lr=-0.0001 must be >= 0"),
         (dict(weight_decay=float("nan")), r"weight_decay=nan must be a finite number"),
         (dict(seed=2**63), r"seed=9223372036854775808 is out of range \(at most 2\*\*63 - 1\)"),
+        # AdamW's first step, lr / (1 - beta1), past float32 (a RuntimeError mid-run, at every resume)
+        (dict(lr=4e37), r"lr=4e\+37 is too large: AdamW's first step of lr / \(1 - beta1\) = 4e\+38 is past float32"),
+        (dict(lr=1e36, beta1=0.999), r"lr=1e\+36 is too large"),
     ],
 )
 def test_training_config_errors_name_the_field(kwargs, match):
@@ -557,6 +560,7 @@ def test_training_config_errors_name_the_field(kwargs, match):
     edges = TrainConfig(warmup_steps=0, weight_decay=0, grad_clip=0, seed=0, beta1=0)
     assert (edges.warmup_steps, edges.weight_decay, edges.grad_clip, edges.seed) == (0, 0.0, 0.0, 0)
     assert TrainConfig(seed=2**63 - 1).seed == 2**63 - 1
+    assert TrainConfig(lr=3e37).lr == 3e37  # (its first step, 3e38, fits)
 
 
 def test_overrides_leave_the_presets_as_they_were():

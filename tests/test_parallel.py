@@ -818,7 +818,7 @@ def test_a_diverged_run_says_to_start_again_as_it_was_launched(tmp_path, monkeyp
     said = {}
     for world in (1, 2):
         trainer.dist = DistEnv(world=world)
-        said[world] = trainer._diverged_message(float("nan"))
+        said[world] = trainer._diverged_message("loss became nan")
     prefix = ("loss became nan at step 2, before the first checkpoint: nothing to keep; start again with corrected "
               "settings: ")
     assert said == {1: f"{prefix}gbattn train ... --out {run} --restart",
@@ -827,7 +827,7 @@ def test_a_diverged_run_says_to_start_again_as_it_was_launched(tmp_path, monkeyp
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     trainer.dist = DistEnv(world=4)
     each = " on each node, launched as this run was"
-    assert trainer._diverged_message(float("nan")) == f"{said[2]}{each}"
+    assert trainer._diverged_message("loss became nan") == f"{said[2]}{each}"
     assert trainer._resume_command() == f"`torchrun --nproc_per_node 2 -m gbattn.cli train --resume --out {run}`{each}"
 
 
@@ -845,7 +845,7 @@ def test_the_commands_a_run_suggests_quote_its_directory(tmp_path):
     trainer.step, trainer.saved_processes = 2, 2
     for world in (1, 2):
         trainer.dist = DistEnv(world=world)
-        said = [trainer._resume_command().strip("`"), trainer._diverged_message(float("nan")).split(": ")[-1],
+        said = [trainer._resume_command().strip("`"), trainer._diverged_message("loss became nan").split(": ")[-1],
                 trainer._other_processes_note().split(": ")[-1].strip("`")]
         for command in said:
             words = shlex.split(command)

@@ -1425,9 +1425,38 @@ def test_an_infinite_gradient_with_a_finite_loss_also_stops(tmp_path, monkeypatc
         return value
 
     monkeypatch.setattr(Trainer, "_train_step", overflow_at_6)
-    with pytest.raises(TrainingDiverged, match="at step 6"):
+    # named as the gradient's, with the step's finite loss (it said "loss became nan", the norm folded into the loss)
+    with pytest.raises(TrainingDiverged, match=r"^the gradient norm became (inf|nan) \(loss \d\.\d+\) at step 6: "
+                                               r"stopped; the last good checkpoint \(step 4\)"):
         train(tmp_path / "run", *tiny_configs(data, grad_clip=grad_clip), quiet=True)
     assert seen == [True]
+    events = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
+    assert events[-1]["event"] == "stop" and events[-1]["reason"] == "non-finite gradient"
+
+
+def test_a_non_finite_validation_loss_stops_the_run_keeping_the_last_good_checkpoint(tmp_path, monkeypatch):
+    """Weights that are finite can give NaN outputs (an update too large): the validation loss was NaN, never below
+    the best, so the point was logged and checkpointed as the run's last good state, and a run whose last update did
+    it ended with exit 0 and every figure null. It stops the run as a non-finite training loss does."""
+    from gbattn.eval.perplexity import EvalResult
+
+    data = write_corpus(tmp_path / "c")
+    original, calls = Trainer._evaluate, []
+
+    def nan_at_the_second(self, split):
+        calls.append(split)
+        result = original(self, split)
+        return EvalResult(float("nan"), result.tokens, None) if len(calls) == 2 else result
+
+    monkeypatch.setattr(Trainer, "_evaluate", nan_at_the_second)
+    with pytest.raises(TrainingDiverged, match=r"^the validation loss became nan at step 4: stopped; the last good "
+                                               r"checkpoint \(step 2\) is kept"):
+        train(tmp_path / "run", *tiny_configs(data, max_steps=6, eval_every=2), quiet=True)
+    assert ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)["step"] == 2
+    assert ckpt.load_checkpoint(tmp_path / "run" / ckpt.BEST)["step"] == 2
+    events = [json.loads(line) for line in (tmp_path / "run" / ckpt.METRICS).read_text().splitlines()]
+    assert events[-1] == {"event": "stop", "reason": "non-finite validation loss", "step": 4, "valid_loss": "nan"}
+    assert not (tmp_path / "run" / ckpt.RESULT).exists()
 
 
 def test_ddp_two_gloo_processes_match_one_process(tmp_path):
@@ -3738,6 +3767,14 @@ def _default_dtype(dtype):
         yield
     finally:
         torch.set_default_dtype(before)
+
+
+def test_the_perplexity_of_a_nan_loss_is_nan():
+    """A model whose outputs are NaN has no perplexity: `eval` printed "test perplexity inf (loss nan nats)"."""
+    from gbattn.eval.perplexity import perplexity
+
+    assert math.isnan(perplexity(float("nan")))
+    assert perplexity(50.0) == perplexity(float("inf")) == float("inf") and perplexity(1.0) == math.e
 
 
 def test_evaluation_does_not_depend_on_its_batch_size():

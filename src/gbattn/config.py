@@ -193,6 +193,11 @@ class TrainConfig(Typed):
             raise ConfigError("sampling='random' has no epochs: set max_steps")
         if self.min_lr > self.lr:
             raise ConfigError(f"min_lr={self.min_lr} is above lr={self.lr}")
+        # AdamW's first step moves a weight by up to lr / (1 - beta1), a float32 scalar in its update (past float32's
+        # largest, 3.4e38, a RuntimeError mid-run that every resume repeated)
+        if self.lr / (1 - self.beta1) > 3.4e38:
+            raise ConfigError(f"lr={self.lr:g} is too large: AdamW's first step of lr / (1 - beta1) = "
+                              f"{self.lr / (1 - self.beta1):.3g} is past float32's largest number (3.4e38)")
 
 
 # --------------------------------------------------------------------------------------

@@ -16,7 +16,10 @@ from gbattn.model.gpt import lm_loss
 
 
 def perplexity(loss_nats: float) -> float:
-    """exp(loss), infinite from a loss of 50 nats (exp would be ~5e21 there: no model worth a perplexity)."""
+    """exp(loss), infinite from a loss of 50 nats (exp would be ~5e21 there: no model worth a perplexity); NaN for a
+    NaN loss (a model whose outputs are NaN has none: it was called infinite)."""
+    if math.isnan(loss_nats):
+        return float("nan")
     return math.exp(loss_nats) if loss_nats < 50 else float("inf")
 
 

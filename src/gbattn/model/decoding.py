@@ -16,6 +16,7 @@ from torch import Tensor
 from gbattn.attention.core import check_mask_dtype, check_tensor, positions_of
 from gbattn.checks import MAX_INT, checked
 from gbattn.data.tokenizer import refuse_non_utf8
+from gbattn.errors import CheckpointError
 
 
 def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None,
@@ -56,6 +57,10 @@ def filtered_logits(logits_BV: Tensor, temperature: float, top_k: int | None, to
         cut_ranked_BV[:, -1] = False
         logits_BV = logits_BV.masked_fill(cut_ranked_BV.scatter(-1, order_BV, cut_ranked_BV), float("-inf"))
     return logits_BV
+
+
+class NonFiniteLogits(CheckpointError, ValueError):
+    """A model whose logits are NaN or inf: nothing to decode (:func:`generate`)."""
 
 
 def set_eval(model: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
@@ -260,6 +265,10 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             if not cached:
                 window = out[:, -block:]
                 logits = model(window, **_padded_window(mask_BT, out.shape[1], window.shape[1], prompt_mask))[:, -1]
+            if i == 0 and not bool(torch.isfinite(logits).all()):  # (one host sync; sampling failed with torch's
+                # "probability tensor contains either inf, nan", and greedy decoding made garbage, unsaid)
+                raise NonFiniteLogits("the model's logits for the prompt are not finite (NaN or inf): its weights "
+                                      "are damaged or its training diverged")
             nxt = sample_next(logits, temperature, top_k, generator, top_p)
             out = torch.cat([out, nxt], dim=1)
             if progress is not None:

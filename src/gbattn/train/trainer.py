@@ -464,6 +464,7 @@ class Trainer:
         self.elapsed = 0.0  # wall-clock seconds of training and evaluation, across resumes
         self.train_seconds = 0.0  # of training steps only (for tokens/s)
         self.tokens_seen = 0
+        self.grad_norm = 0.0  # of the last step's gradient (_train_step): a non-finite one stops the run
         self.curve: list[dict] = []
         # The training losses since the last "train" record (sum, steps): a record after a resume
         # averages the same steps as the uninterrupted run's.
@@ -815,6 +816,12 @@ class Trainer:
     def _eval_and_checkpoint(self) -> None:
         t0 = time.perf_counter()
         res = self._evaluate("valid")
+        if not math.isfinite(res.loss):  # (a NaN is never below the best: it was logged and checkpointed as good, and
+            # a run whose last update broke its model ended with exit 0, every figure null)
+            self._log({"event": "stop", "reason": "non-finite validation loss", "step": self.step,
+                       "valid_loss": str(res.loss)})
+            self.bar.close()
+            raise TrainingDiverged(self._diverged_message(f"the validation loss became {res.loss}"))
         improved = res.loss < self.best_valid
         if improved:
             self.best_valid, self.best_step = res.loss, self.step
@@ -880,10 +887,14 @@ class Trainer:
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 loss = self._train_step(self.step)
-                if not math.isfinite(loss):
-                    self._log({"event": "stop", "reason": "non-finite loss", "step": self.step, "loss": str(loss)})
+                if not (math.isfinite(loss) and math.isfinite(self.grad_norm)):
+                    gradient = math.isfinite(loss)  # (the loss finite: its gradient overflowed)
+                    self._log({"event": "stop", "reason": "non-finite gradient" if gradient else "non-finite loss",
+                               "step": self.step, "loss": str(loss), "grad_norm": str(self.grad_norm)})
                     self.bar.close()
-                    raise TrainingDiverged(self._diverged_message(loss))
+                    raise TrainingDiverged(self._diverged_message(
+                        f"the gradient norm became {self.grad_norm} (loss {loss:.4g})" if gradient
+                        else f"loss became {loss}"))
                 self.step += 1
                 self.tokens_seen += self.tokens_per_step
                 dt = time.perf_counter() - t0
@@ -1009,14 +1020,15 @@ class Trainer:
         return (f"torchrun --nproc_per_node {per_node} -m gbattn.cli {args}",
                 "" if per_node == str(self.dist.world) else " on each node, launched as this run was")
 
-    def _diverged_message(self, loss: float) -> str:
+    def _diverged_message(self, what: str) -> str:
+        """``what`` became non-finite ("loss became nan") at this step: the run stops, saying what is kept."""
         kept = self._checkpoint_step()
         again = ("".join(self._launched_as(f"train ... {self._out_option()} --restart")) if "label" not in self.extra
                  else "gbattn compare ... with another --out (a comparison's directory keeps its settings)")
         if kept is None:
-            return (f"loss became {loss} at step {self.step}, before the first checkpoint: nothing to keep; start "
+            return (f"{what} at step {self.step}, before the first checkpoint: nothing to keep; start "
                     f"again with corrected settings: {again}")
-        return (f"loss became {loss} at step {self.step}: stopped; the last good checkpoint (step {kept}) is kept in "
+        return (f"{what} at step {self.step}: stopped; the last good checkpoint (step {kept}) is kept in "
                 f"{self.run_dir}; to start again with other settings: {again}")
 
     def _should_stop(self, requested: bool) -> bool:
@@ -1052,14 +1064,15 @@ class Trainer:
                 loss.backward()
             total += loss.detach()
         # the gradient norm, also without clipping (max_norm inf scales by exactly 1): a non-finite one stops the run
+        # (self.grad_norm); read with the loss in one host sync
         norm = torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), cfg.grad_clip or math.inf)
         if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
             norm = norm.full_tensor()
-        total = total + 0.0 * norm
-        value = float(total)
+        value, self.grad_norm = torch.stack([torch.as_tensor(total, dtype=torch.float32, device=norm.device),
+                                             norm.float()]).tolist()
         if self.dist.enabled:
-            value = self.dist.all_sum([value])[0] / self.dist.world
-        if math.isfinite(value):  # never step on a non-finite loss or gradient
+            value, self.grad_norm = (v / self.dist.world for v in self.dist.all_sum([value, self.grad_norm]))
+        if math.isfinite(value) and math.isfinite(self.grad_norm):  # never step on a non-finite loss or gradient
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return value
