@@ -31,7 +31,7 @@ from gbattn.data import tokenizer as tokenizer_mod
 from gbattn.data.corpus import NO_TEST_SPLIT, load_corpus
 from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.data.tokens import tokenize_corpus
-from gbattn.errors import CheckpointError, DataError, Interrupted, UserError
+from gbattn.errors import CheckpointError, ConfigError, DataError, Interrupted, UserError
 from gbattn.model.params import flops_per_token
 from gbattn.runtime import device_name
 from gbattn.train.trainer import Trainer, TrainingDiverged, train
@@ -3746,17 +3746,30 @@ def test_a_run_trains_in_float32_with_gradients_whatever_the_caller_set(tmp_path
     train(tmp_path / "plain", *tiny_configs(data, max_steps=3, eval_every=3, threads=1), quiet=True)
     expected = ckpt.load_checkpoint(tmp_path / "plain" / ckpt.CHECKPOINT)["model"]
     settings = {"float64": lambda: _default_dtype(torch.float64), "no_grad": torch.no_grad,
-                "anomaly": lambda: torch.autograd.set_detect_anomaly(True)}
+                "anomaly": lambda: torch.autograd.set_detect_anomaly(True), "inference": torch.inference_mode}
     for name, setting in settings.items():
         with setting():
             train(tmp_path / name, *tiny_configs(data, max_steps=3, eval_every=3, threads=1), quiet=True)
             assert torch.get_default_dtype() == (torch.float64 if name == "float64" else torch.float32)
-            assert torch.is_grad_enabled() == (name != "no_grad")
+            assert torch.is_grad_enabled() == (name not in ("no_grad", "inference"))
+            assert torch.is_inference_mode_enabled() == (name == "inference")
             assert torch.is_anomaly_enabled() == (name == "anomaly")
         weights = ckpt.load_checkpoint(tmp_path / name / ckpt.CHECKPOINT)["model"]
         assert weights.keys() == expected.keys()
         for key, value in weights.items():
             assert value.dtype == expected[key].dtype and torch.equal(value, expected[key]), (name, key)
+
+
+def test_train_takes_true_or_false_for_resume_quiet_and_restart(tmp_path):
+    """restart="no" was true (a string), and replaced the run already in run_dir, its weights deleted; resume="no"
+    looked for a run to resume. Each is a ConfigError naming it, and the run is left as it was."""
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2, threads=1), quiet=True)
+    before = (tmp_path / "run" / ckpt.CHECKPOINT).read_bytes()
+    for name in ("restart", "resume", "quiet"):
+        with pytest.raises(ConfigError, match=f"^{name}='no' must be True or False$"):
+            train(tmp_path / "run", *tiny_configs(data, max_steps=4, eval_every=2, threads=1), **{name: "no"})
+    assert (tmp_path / "run" / ckpt.CHECKPOINT).read_bytes() == before
 
 
 @contextlib.contextmanager

@@ -31,9 +31,10 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool
     # (a string read as True: backward="no" gave the forward + backward figure, three times the forward's)
     backward = checked("backward", backward, bool, None, "True or False")
     T = seq_len or cfg.block_size
-    # (the caller's torch.no_grad() left nothing to backward, and its anomaly detection read a meta tensor's value:
-    # each a RuntimeError from train_run)
-    with torch.device("meta"), torch.enable_grad(), torch.autograd.set_detect_anomaly(False):
+    # (the caller's torch.no_grad() or inference_mode left nothing to backward, and its anomaly detection read a meta
+    # tensor's value: each a RuntimeError from train_run)
+    with (torch.device("meta"), torch.inference_mode(False), torch.enable_grad(),
+          torch.autograd.set_detect_anomaly(False)):
         model = GPT(cfg)
         idx = torch.zeros(1, T, dtype=torch.long)
         counter = FlopCounterMode(display=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from gbattn import rundir
-from gbattn.checks import MAX_INT
+from gbattn.checks import MAX_INT, checked
 from gbattn.config import DROPOUT_FIELDS, ModelConfig, TrainConfig, get_preset, training_input_length
 from gbattn.data.corpus import load_corpus, test_split_note, tested_split
 from gbattn.data.prepare import Data, data_path_cut, prepare_data, recorded_path_advice
@@ -324,6 +324,9 @@ class Trainer:
                  resume: bool = False, quiet: bool = False, extra: dict | None = None, preset: str | None = None,
                  restart: bool = False, overrides: dict | None = None) -> None:
         self.run_dir = rundir.as_directory(run_dir, "run_dir")
+        # True or False only: restart="no" was true, and replaced the run in run_dir (its weights deleted)
+        resume, quiet, restart = (checked(name, value, bool, None, "True or False")
+                                  for name, value in (("resume", resume), ("quiet", quiet), ("restart", restart)))
         if resume and restart:  # (`train --resume --restart` is refused the same way)
             raise UserError("resume=True continues the run in run_dir and restart=True replaces it: give one of them")
         if overrides and not resume:  # (ignored, silently)
@@ -861,7 +864,7 @@ class Trainer:
         dtype = torch.get_default_dtype()
         torch.set_default_dtype(torch.float32)
         try:
-            with torch.enable_grad():
+            with torch.inference_mode(False), torch.enable_grad():  # (the caller's inference_mode too)
                 return self._run()
         finally:
             torch.set_default_dtype(dtype)
