@@ -479,6 +479,22 @@ def test_gradient_checkpointing_through_transformers_recomputes_gbattns_blocks()
     assert step()[2] == [0, 1] and not hf.is_gradient_checkpointing
 
 
+def test_an_attention_mask_of_other_values_than_0_and_1_is_refused_and_a_float_one_of_0_and_1_taken():
+    """The positions were the mask's running sum: a mask of 2s (or -1s) gave each row other positions than alone
+    (logits off by 0.5, silently), and an additive float mask (0 keep, -inf drop) said "position_ids reach
+    9223372036854775807" though none was given. transformers' models take 0 and 1, of any dtype."""
+    gpt, hf = tiny_pair(("boosted", {}), {"pos": "rope"})
+    idx = torch.randint(0, 37, (2, 8))
+    keep = torch.ones(2, 8, dtype=torch.long)
+    keep[1, :3] = 0
+    expected = hf(idx, attention_mask=keep).logits
+    torch.testing.assert_close(hf(idx, attention_mask=keep.double()).logits, expected, rtol=0, atol=0)
+    torch.testing.assert_close(hf(idx, attention_mask=keep.bool()).logits, expected, rtol=0, atol=0)
+    for mask in (keep * 2, -keep, torch.where(keep.bool(), 0.0, float("-inf"))):
+        with pytest.raises(ValueError, match=r"^attention_mask must hold 0 \(padding\) and 1 \(a real token\) only"):
+            hf(idx, attention_mask=mask)
+
+
 def test_past_key_values_keyword_and_tuple_output():
     gpt, hf = tiny_pair(("boosted", {"rounds": 3, "gate": "mlp"}), {})
     idx = torch.randint(0, 37, (2, 6))

@@ -335,10 +335,15 @@ class GbattnPreTrainedModel(PreTrainedModel):
             if attention_mask.shape != (B, past + T):
                 raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, past + "
                                  f"new tokens) = ({B}, {past + T})")
+            # 0 and 1 only, as transformers' own models read it: a mask of 2s counted each real token twice in the
+            # positions, and an additive float mask (0 keep, -inf drop) said "position_ids reach 2**63 - 1"
+            if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+                raise ValueError("attention_mask must hold 0 (padding) and 1 (a real token) only, as a tokenizer "
+                                 "returns it; an additive mask (0 keep, -inf drop) is not taken")
             if not bool(attention_mask.all()):
                 key_padding_BS = attention_mask.bool()
         if position_ids is None and key_padding_BS is not None:
-            position_ids = positions_of(attention_mask)[:, -T:]
+            position_ids = positions_of(key_padding_BS)[:, -T:]
         input_pos = torch.arange(past, past + T, device=given.device) if cache is not None else None
         layer_inputs = [] if output_hidden_states else None
         h_BTD, _ = self.model.hidden(input_ids, input_pos=input_pos, position_ids=position_ids,
