@@ -2089,7 +2089,10 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
     run_dir, out = trained
     tasks = local_tasks(tmp_path / "tasks")
     run = rundir.load_run(run_dir)
-    L, eos = run.model_cfg.block_size, run.tokenizer.encode("\n")[0]
+    # the harness's windows are the input tokens the run trained on (its seq_len, block_size - 1 here): with learned
+    # positions the last one never trained (windows of block_size scored through it)
+    L, eos = run.seq_len, run.tokenizer.encode("\n")[0]
+    assert run.model_cfg.block_size - 1 == L
     argv = ["--tasks", " gbattn_toy_mc, gbattn_toy_ppl", "--include-path", str(tasks), "--batch-size", "4",
             "--log-samples", "--device", "cpu"]
     results = {}
@@ -2100,7 +2103,8 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
         folder = model_dir / "lm-eval"
         results[model_dir] = json.loads((folder / "results-gbattn_toy_mc+gbattn_toy_ppl.json").read_text())
         assert '"/' not in json.dumps(results[model_dir]) and "samples" not in results[model_dir]  # no absolute path
-        assert results[model_dir]["gbattn"]["step"] == run.step and results[model_dir]["gbattn"]["block_size"] == L
+        assert results[model_dir]["gbattn"]["step"] == run.step and results[model_dir]["gbattn"]["max_length"] == L
+        assert results[model_dir]["gbattn"]["block_size"] == run.model_cfg.block_size
         # the harness's record of how it ran (null for a model passed in memory, unless given)
         assert (results[model_dir]["config"]["batch_size"], results[model_dir]["config"]["device"]) == (4, "cpu")
         assert results[model_dir]["gbattn"]["model"] == "/".join(model_dir.parts[-2:])  # outside the working directory
@@ -2125,8 +2129,8 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
     assert not [m for m in warned if m.startswith("Token indices sequence length")], warned
     from gbattn.hf.lmeval import GbattnLM, load_model
 
-    model, tokenizer, block_size, _, _ = load_model(out, "best", torch.device("cpu"))
-    lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=1, max_length=block_size)
+    model, tokenizer, _, max_length, _, _ = load_model(out, "best", torch.device("cpu"))
+    lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=1, max_length=max_length)
     assert lm.prefix_token_id == eos and lm.tok_decode(tokenizer.encode("All:\nSpeak")) == "All:\nSpeak"
     a, b = (results[d]["results"] for d in (run_dir, out))
     for task in ("gbattn_toy_mc", "gbattn_toy_ppl"):
@@ -2217,8 +2221,8 @@ def test_lm_eval_names_the_harness_check_a_request_fails(trained, capsys, tmp_pa
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "toy_answer", "--include-path", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1] == (
-        "gbattn: error: lm-eval refused the task for this model (an answer (continuation) is longer than the model's "
-        "block_size of 33 tokens)"), err
+        "gbattn: error: lm-eval refused the task for this model (an answer (continuation) is longer than the 32 input "
+        "tokens the model trained on (its seq_len))"), err
     # a BPE answer whose first piece merges with the question's last one ("the ca" + "t sat": "the cat sat")
     bpe = get_tokenizer("bpe", load_corpus(str(write_corpus(tmp_path / "c"))), vocab_size=120, verbose=False)
     assert len(bpe.encode("the cat sat")) == len(bpe.encode("the ca"))
@@ -2693,7 +2697,7 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
         shutil.copy(out / name, tmp_path / "saved" / name)
     from gbattn.hf.lmeval import load_model
 
-    assert load_model(tmp_path / "saved", None, torch.device("cpu"))[3:] == (rundir.load_run(out).step, "exported")
+    assert load_model(tmp_path / "saved", None, torch.device("cpu"))[4:] == (rundir.load_run(out).step, "exported")
     # A generation task asking for more tokens than the model's block size (the harness's check).
     tasks = tmp_path / "tasks"
     tasks.mkdir()
@@ -2881,10 +2885,11 @@ def test_lm_eval_of_an_upcycled_llama_equals_the_harness_on_its_source(tmp_path)
         return lm.loglikelihood_rolling(requests[:1], disable_tqdm=True) + [
             lm.loglikelihood(requests[1:], disable_tqdm=True)[0][0]]
 
+    model, tokenizer, _, max_length, _, _ = load_model(tmp_path / "up", None, torch.device("cpu"))
+    assert max_length == model.config.max_position_embeddings - 1  # (the run's seq_len, as it would train)
     expected = scores(HFLM(pretrained=hf, tokenizer=AutoTokenizer.from_pretrained(source), backend="causal",
-                           batch_size=1, max_length=64))
-    model, tokenizer, block_size, _, _ = load_model(tmp_path / "up", None, torch.device("cpu"))
-    lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=1, max_length=block_size)
+                           batch_size=1, max_length=max_length))
+    lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=1, max_length=max_length)
     assert lm.prefix_token_id == 1
     assert scores(lm) == pytest.approx(expected, rel=1e-5)
 
@@ -2961,8 +2966,8 @@ def test_lm_eval_names_the_weights_it_evaluates(trained, tmp_path):
     run_dir, out = trained
     for model_dir, checkpoint, which in ((run_dir, "last", "last"), (run_dir, None, "best"), (out, None, "exported")):
         run = rundir.load_run(model_dir, checkpoint)
-        model, _, block_size, step, got = load_model(model_dir, checkpoint, torch.device("cpu"))
-        assert (got, step, block_size) == (which, run.step, 33) and not model.training
+        model, _, block_size, max_length, step, got = load_model(model_dir, checkpoint, torch.device("cpu"))
+        assert (got, step, block_size, max_length) == (which, run.step, 33, 32) and not model.training
         assert torch.equal(model.model.wte.weight, run.model.wte.weight)
     # a saved config whose gbattn dict records no step (a GbattnConfig built by hand): step 0, as gbattn eval says
     no_step = tmp_path / "no-step"
@@ -2970,7 +2975,7 @@ def test_lm_eval_names_the_weights_it_evaluates(trained, tmp_path):
     config = json.loads((no_step / "config.json").read_text())
     del config["gbattn"]["step"]
     (no_step / "config.json").write_text(json.dumps(config))
-    assert load_model(no_step, None, torch.device("cpu"))[3] == rundir.load_run(no_step).step == 0
+    assert load_model(no_step, None, torch.device("cpu"))[4] == rundir.load_run(no_step).step == 0
     del config["gbattn"]["checkpoint"]  # nor which of its run's weights it holds: no "its run's None weights"
     (no_step / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match="is an exported directory holding one set of weights: --checkpoint last "):
@@ -3056,15 +3061,15 @@ def test_lm_eval_passes_its_model_in_memory_without_the_harness_warnings(trained
     from gbattn.hf.lmeval import GbattnLM, load_model
 
     _, out = trained
-    model, tokenizer, block_size, _, _ = load_model(out, None, torch.device("cpu"))
+    model, tokenizer, _, max_length, _, _ = load_model(out, None, torch.device("cpu"))
     logged = []
     catcher = logging.Handler()
     catcher.emit = lambda record: logged.append(record.getMessage())
     harness_log = logging.getLogger(HFLM.__module__)
     harness_log.addHandler(catcher)
     try:
-        lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=3, max_length=block_size)
-        assert (lm.batch_size, lm.max_length) == (3, block_size) and not logged, logged
+        lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=3, max_length=max_length)
+        assert (lm.batch_size, lm.max_length) == (3, max_length) and not logged, logged
         assert not harness_log.filters
         harness_log.warning("another warning")
         assert logged == ["another warning"]
@@ -3247,7 +3252,7 @@ def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
         return {"results": {}}
 
     monkeypatch.setattr(lmeval, "task_manager", lambda tasks, include_path: ("manager", tasks, include_path))
-    monkeypatch.setattr(lmeval, "load_model", lambda *args: loads.append(args) or ("model", "tok", 40, 7, "best"))
+    monkeypatch.setattr(lmeval, "load_model", lambda *args: loads.append(args) or ("model", "tok", 41, 40, 7, "best"))
     monkeypatch.setattr(lmeval, "GbattnLM", LM)
     monkeypatch.setattr(lmeval, "simple_evaluate", evaluate)
     results = lmeval.run_lm_eval("dir", ["a"], include_path="inc", limit=0.5, batch_size=3, device="cpu",
@@ -3257,7 +3262,7 @@ def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
     assert isinstance(evaluated[0].pop("model"), LM)
     assert evaluated == [dict(tasks=["a"], task_manager=("manager", ["a"], "inc"), limit=0.5, num_fewshot=0,
                               log_samples=False, batch_size=3, device="cpu")]
-    assert results == {"results": {}, "gbattn": {"step": 7, "block_size": 40, "checkpoint": "best"}}
+    assert results == {"results": {}, "gbattn": {"step": 7, "block_size": 41, "max_length": 40, "checkpoint": "best"}}
     assert log.filters == filters and lmeval._windowed_by_the_harness not in log.filters  # (not even from a run before)
 
     # Every failure that is the user's one line closes the bar the harness left open (it printed after the line)

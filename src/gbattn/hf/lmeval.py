@@ -3,9 +3,11 @@ harness's own Hugging Face wrapper (``HFLM``) with the model in memory.
 
 A run directory is wrapped in memory (:func:`gbattn.hf.export.wrap_run`); an exported directory is
 loaded with the Auto classes, as any user of it would, in float32 as a run's model is (whatever dtype
-it was saved in). ``max_length`` is the model's ``block_size``: longer inputs keep their last
-``block_size`` tokens (lm-eval's rule), and a rolling log-likelihood (perplexity tasks) is summed
-over windows of ``block_size`` tokens, the first one after the start-of-text token where the
+it was saved in). ``max_length`` is the number of input tokens the run trained on (its ``seq_len``,
+``block_size - 1`` by default: with learned positions the last one, ``block_size - 1``, never trained, and
+scoring through it made a token's loss worse with more context), as ``gbattn eval`` scores: longer inputs
+keep their last ``max_length`` tokens (lm-eval's rule), and a rolling log-likelihood (perplexity tasks) is
+summed over windows of ``max_length`` tokens, the first one after the start-of-text token where the
 vocabulary has one, else the end-of-text token (:mod:`gbattn.hf.tokenization`).
 """
 
@@ -133,8 +135,8 @@ TRANSFORMERS_JSON = ("generation_config.json",)
 
 
 def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.device):
-    """(model in eval mode on ``device``, tokenizer, block_size, step, which weights: ``exported`` or
-    the run's ``best``/``last``) of a run or exported directory."""
+    """(model in eval mode on ``device``, tokenizer, block_size, max_length: the input tokens per row it trained on,
+    step, which weights: ``exported`` or the run's ``best``/``last``) of a run or exported directory."""
     if is_exported(model_dir):
         config = read_config(Path(model_dir) / CONFIG)
         # a transformers checkpoint's model.safetensors makes it look exported: the Auto classes would load a
@@ -214,11 +216,15 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
         check_tokenizer_is_the_exported_one(tokenizer, Path(model_dir), section, model.config.max_position_embeddings)
         harness_outputs(model, tokenizer)
         step, which = section.get("step", 0), "exported"
+        # as LoadedRun.seq_len reads it from the run's config.json (an export's gbattn section is that file's)
+        trained = section.get("seq_len") or (section.get("train") or {}).get("seq_len")
+        max_length = min(trained or model.config.max_position_embeddings - 1, model.config.max_position_embeddings)
     else:
         run = load_run(model_dir, checkpoint, "cpu")
         model, tokenizer = wrap_run(run)
-        step, which = run.step, run.checkpoint
-    return model.to(device).eval(), tokenizer, model.config.max_position_embeddings, step, which
+        step, which, max_length = run.step, run.checkpoint, run.seq_len
+    block_size = model.config.max_position_embeddings
+    return model.to(device).eval(), tokenizer, block_size, max_length, step, which
 
 
 # What the harness reads of a forward (``.logits``) and of generate() (a tensor of ids), in the model's config and
@@ -332,10 +338,10 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
                 num_fewshot: int | None = None, log_samples: bool = False) -> dict:
     """The harness's results dict (``samples`` in it with ``log_samples``)."""
     manager = task_manager(tasks, include_path)
-    model, tokenizer, block_size, step, which = load_model(model_dir, checkpoint, torch.device(device))
+    model, tokenizer, block_size, max_length, step, which = load_model(model_dir, checkpoint, torch.device(device))
     lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
-                  max_length=block_size)
-    # The harness encodes whole documents and cuts them into windows of block_size itself, so the
+                  max_length=max_length)
+    # The harness encodes whole documents and cuts them into windows of max_length itself, so the
     # tokenizer's warning that a text is longer than the model takes (with "indexing errors") is untrue here.
     tokenizer_log = logging.getLogger("transformers.tokenization_utils_base")
     tokenizer_log.addFilter(_windowed_by_the_harness)
@@ -345,7 +351,7 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
                                   log_samples=log_samples, batch_size=batch_size, device=str(device))
     except AssertionError as e:  # the harness checks a task against the model so (max_gen_toks < block size)
         close_progress_bars()  # the harness's bar, left open by the failed check, would print after the error
-        raise UserError(f"lm-eval refused the task for this model ({harness_refusal(e, block_size)})") from None
+        raise UserError(f"lm-eval refused the task for this model ({harness_refusal(e, max_length)})") from None
     except ConnectionError as e:  # `datasets` without the hub and with no cached copy of a task's data
         close_progress_bars()
         raise UserError(f"lm-eval could not load a task's data ({error_detail(e, 160)}): the harness's tasks download "
@@ -365,7 +371,7 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
                         f"{error_detail(e, 120)})") from None
     finally:
         tokenizer_log.removeFilter(_windowed_by_the_harness)
-    results["gbattn"] = {"step": step, "block_size": block_size, "checkpoint": which}
+    results["gbattn"] = {"step": step, "block_size": block_size, "max_length": max_length, "checkpoint": which}
     return results
 
 
@@ -375,12 +381,12 @@ HARNESS_CHECKS = {
     "len(continuation_enc) > 0": "an answer (continuation) encodes to no tokens of its own: it is empty, or its tokens "
                                  "merge with the end of the question's (a task's target_delimiter, such as ' ', keeps "
                                  "them apart)",
-    "len(continuation_enc) <= self.max_length": "an answer (continuation) is longer than the model's block_size of "
-                                                "{block_size} tokens",
+    "len(continuation_enc) <= self.max_length": "an answer (continuation) is longer than the {max_length} input "
+                                                "tokens the model trained on (its seq_len)",
 }
 
 
-def harness_refusal(e: AssertionError, block_size: int) -> str:
+def harness_refusal(e: AssertionError, max_length: int) -> str:
     """Why the harness refused a task: its assertion's message, or for a check it asserts without one, what that check
     means (the message was "malformed"), else the check's source line."""
     if str(e):
@@ -388,7 +394,7 @@ def harness_refusal(e: AssertionError, block_size: int) -> str:
     frames = traceback.extract_tb(e.__traceback__)
     check = (frames[-1].line or "").removeprefix("assert ").strip() if frames else ""
     if check in HARNESS_CHECKS:
-        return HARNESS_CHECKS[check].format(block_size=block_size)
+        return HARNESS_CHECKS[check].format(max_length=max_length)
     return f"its check `{check}` failed" if check else "an assertion without a message"
 
 
