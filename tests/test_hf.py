@@ -2172,6 +2172,16 @@ def test_lm_eval_of_a_bpe_model_scores_the_tokens_of_context_and_continuation_to
                                                                                   "do_sample": False}), 0)],
                                     disable_tqdm=True)
     assert generated == " " + bpe.decode(new)
+    # A prompt of no tokens (empty, or whitespace the paper's BPE drops) continues from the prefix token, as an empty
+    # context is scored: alone it was a (1, 0) batch and a traceback, in a batch a row of padding only, continued
+    # from nothing. Alone or beside another prompt, the same text; the other prompt's unchanged.
+    from_pad = run.model.generate(torch.tensor([[pad]]), 3, top_k=1)[0, 1:].tolist()
+    until = {"until": ["\n\n"], "max_gen_toks": 3, "do_sample": False}
+    for batch_size in (1, 2):
+        lm.batch_size_per_gpu = batch_size
+        texts = lm.generate_until([Instance("generate_until", {}, (prompt_text, until), i)
+                                   for i, prompt_text in enumerate(["", "the cat", "\n"])], disable_tqdm=True)
+        assert texts == [" " + bpe.decode(from_pad), " " + bpe.decode(new), " " + bpe.decode(from_pad)], batch_size
 
 
 def write_task(tasks: Path, name: str, row: str, spec: str) -> None:

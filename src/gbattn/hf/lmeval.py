@@ -74,6 +74,22 @@ class GbattnLM(HFLM):
     def tok_decode(self, tokens, skip_special_tokens: bool = False):
         return super().tok_decode(tokens, skip_special_tokens=skip_special_tokens)
 
+    def tok_batch_encode(self, strings, padding_side: str = "left", left_truncate_len=None, truncation: bool = False):
+        """The harness's left-padded batch of prompts (generate_until), a prompt that encodes to no tokens (an empty
+        one, or whitespace the paper's BPE drops) given the prefix token, as a log-likelihood's empty context is:
+        alone it was a (1, 0) batch and a traceback, in a batch a row of padding only, continued from nothing."""
+        ids_BT, mask_BT = super().tok_batch_encode(strings, padding_side, left_truncate_len, truncation)
+        empty_B = ~mask_BT.bool().any(-1) if mask_BT.shape[-1] else torch.ones(len(strings), dtype=torch.bool)
+        if not bool(empty_B.any()):
+            return ids_BT, mask_BT
+        if not mask_BT.shape[-1]:  # every prompt empty: one column for the prefix tokens
+            ids_BT = torch.zeros(len(strings), 1, dtype=torch.long)
+            mask_BT = torch.zeros(len(strings), 1, dtype=torch.long)
+        ids_BT, mask_BT = ids_BT.clone(), mask_BT.clone()
+        ids_BT[empty_B, -1] = self.prefix_token_id  # (its last column: the row stays left-padded)
+        mask_BT[empty_B, -1] = 1
+        return ids_BT, mask_BT
+
 
 def check_dtype_fields(config: dict, path: Path) -> None:
     """``config.json``'s ``dtype`` (``torch_dtype`` in transformers 4.x): null or the name of a torch dtype.
