@@ -2246,6 +2246,13 @@ def test_lm_eval_names_the_harness_check_a_request_fails(trained, capsys, tmp_pa
         "an answer (continuation) encodes to no tokens of its own: it is empty, or its tokens merge with the end of "
         "the question's (a task's target_delimiter, such as ' ', keeps them apart)")
     assert harness_refusal(AssertionError("requested max tokens"), 33) == "requested max tokens"  # the harness's own
+    # a question of whitespace only: the harness moves it into the answer, leaving the question empty ("its check
+    # `len(context_enc) > 0` failed", unexplained)
+    with pytest.raises(AssertionError) as refused:
+        lm.loglikelihood([Instance("loglikelihood", {}, (" ", "the cat"), 0)], disable_tqdm=True)
+    assert harness_refusal(refused.value, cfg.block_size) == (
+        "a question (context) encodes to no tokens: the harness moves a question's trailing whitespace into its "
+        "answer, so a question of whitespace only is empty (an empty one takes the prefix token: leave it empty)")
 
 
 def test_an_unknown_task_names_the_yaml_files_of_the_include_path_that_do_not_parse(tmp_path, monkeypatch):

@@ -397,6 +397,9 @@ HARNESS_CHECKS = {
     "len(continuation_enc) > 0": "an answer (continuation) encodes to no tokens of its own: it is empty, or its tokens "
                                  "merge with the end of the question's (a task's target_delimiter, such as ' ', keeps "
                                  "them apart)",
+    "len(context_enc) > 0": "a question (context) encodes to no tokens: the harness moves a question's trailing "
+                            "whitespace into its answer, so a question of whitespace only is empty (an empty one takes "
+                            "the prefix token: leave it empty)",
     "len(continuation_enc) <= self.max_length": "an answer (continuation) is longer than the {max_length} input "
                                                 "tokens the model trained on (its seq_len)",
 }
