@@ -1651,6 +1651,12 @@ def test_export_errors_are_one_line(trained, tmp_path, capsys):
     assert cli_main(["eval", str(wider)]) == 2
     err = capsys.readouterr().err
     assert "do not match its config (size mismatch for wpe.weight" in err and len(err.strip().splitlines()) == 1, err
+    # from Python, a directory that is no path is named (pathlib's "expected str, bytes or os.PathLike object")
+    from gbattn.hf.export import export_run
+
+    for args, name in (((None, tmp_path / "o"), "run_dir"), ((run_dir, None), "out")):
+        with pytest.raises(TypeError, match=f"^{name} of type NoneType: give a run directory"):
+            export_run(*args)
 
 
 def test_export_records_which_weights_it_holds(trained, tmp_path, capsys):

@@ -601,6 +601,9 @@ def test_overrides_that_are_no_dict_are_refused_naming_the_argument():
         preset_config("cpu-char", "boosted", [("d_model", 64)])
     with pytest.raises(ConfigError, match=r"sets of type list: give a dict of field names and values"):
         build_configs("cpu-char", "boosted", "tiny-shakespeare", [("d_model", 64)])
+    # a key that is no field name ("'int' object has no attribute 'split'")
+    with pytest.raises(ConfigError, match=r"^overrides: key 1 of type int: give field names as strings$"):
+        preset_config("cpu-char", "boosted", {1: 2})
     # None: no overrides, as for preset_config
     assert build_configs("cpu-char", "boosted", "tiny-shakespeare", None) == build_configs("cpu-char", "boosted",
                                                                                            "tiny-shakespeare", {})
@@ -1572,6 +1575,13 @@ def test_activation_checkpointing_recomputes_each_block_with_the_same_loss_and_g
     for every in (0, True, 2.0):  # (a bool is no count of layers; 2.0 would pick the blocks as 2 does, unchecked)
         with pytest.raises(ValueError, match=rf"every_n_layers={every!r} must be an integer >= 1"):
             model.set_activation_checkpointing(True, every_n_layers=every)
+    # enable="no" was true (every block recomputed); a checkpoint_fn that is no function failed at the next forward
+    model.set_activation_checkpointing(False)
+    with pytest.raises(ValueError, match=r"^enable='no' must be True or False$"):
+        model.set_activation_checkpointing("no")
+    with pytest.raises(ValueError, match=r"^checkpoint_fn of type int: give a function"):
+        model.set_activation_checkpointing(True, checkpoint_fn=5)
+    assert not any(block.gradient_checkpointing for block in model.blocks)  # (left as it was)
 
 
 @pytest.mark.parametrize("layout", [{}, {"residual": "attnres-block", "attnres_block": 2}], ids=["plain", "attnres"])

@@ -2887,6 +2887,17 @@ def test_evaluate_names_a_batch_size_or_seq_len_below_one():
         evaluate(model, tokens, seq_len=8, batch_size=0)
     with pytest.raises(ConfigError, match=r"seq_len=0 must be an integer >= 1 \(input tokens per row\)"):
         evaluate(model, tokens, seq_len=0)
+    # ids that are no row of integers: float ids were cut (1.9 read as 1), a (1, N) array counted as one token
+    for bad, described in ((tokens + 0.9, "shape (27,) and dtype float64"), (tokens[None], "shape (1, 27) and dtype "
+                                                                                          "uint16")):
+        with pytest.raises(ValueError, match=re.escape(f"tokens of {described}: give one row of integer token ids")):
+            evaluate(model, bad, seq_len=8)
+    with pytest.raises(ValueError, match=r"^per_token='no' must be True or False$"):  # ('no' was true)
+        evaluate(model, tokens, seq_len=8, per_token="no")
+    with pytest.raises(ValueError, match=r"^progress of type int: give a function, or None$"):
+        evaluate(model, tokens, seq_len=8, progress=5)
+    assert evaluate(model, torch.from_numpy(tokens.astype(np.int64)), seq_len=8).loss == evaluate(
+        model, tokens, seq_len=8).loss  # a tensor of ids, as an array
 
 
 def test_evaluate_that_raises_leaves_the_model_in_training_mode():

@@ -965,6 +965,30 @@ def test_upcycle_leaves_the_callers_source_and_options_as_they_were(gpt2_dir):
     assert len(first.notes) == len(second.notes) == 1 and second.model_cfg.attn_options["gate"] == "tanh"
 
 
+def test_write_run_checks_what_it_writes(gpt2_dir, tmp_path):
+    """An Upcycled whose model_cfg or state the caller changed after upcycle() was written as it was, and the run then
+    refused as damaged ("restore a copy of it", of a file just written); an out that is no path was pathlib's
+    TypeError. Each is refused before anything is written."""
+    import dataclasses
+
+    wrong_heads = upcycle(load_source(gpt2_dir), "boosted")
+    wrong_heads.model_cfg.n_heads = 3  # (a field set after construction: checked when written)
+    with pytest.raises(ConfigError, match="n_heads=3"):
+        write_run(wrong_heads, tmp_path / "heads")
+    up = upcycle(load_source(gpt2_dir), "boosted")
+    nan = dataclasses.replace(up, state={k: v.clone() for k, v in up.state.items()})
+    nan.state["wte.weight"][0, 0] = float("nan")
+    with pytest.raises(CheckpointError, match="the upcycled weights"):
+        write_run(nan, tmp_path / "nan")
+    wider = dataclasses.replace(up, model_cfg=up.model_cfg.replace(d_model=2 * up.model_cfg.d_model))
+    with pytest.raises(CheckpointError, match="the upcycled weights"):
+        write_run(wider, tmp_path / "wider")
+    with pytest.raises(TypeError, match="^out of type NoneType: give a run directory"):
+        write_run(up, None)
+    assert not any((tmp_path / name).exists() for name in ("heads", "nan", "wider"))
+    assert rundir.load_run(write_run(up, tmp_path / "fine")).model_cfg == up.model_cfg
+
+
 def test_layers_option_puts_rounds_only_there(gpt2_dir):
     model = upcycled_model(upcycle(gpt2_dir, "boosted", {"layers": [-1]}))
     assert [len(b.attn.corrections) for b in model.blocks] == [0, 1]

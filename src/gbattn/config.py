@@ -514,6 +514,8 @@ def split_overrides(sets: dict[str, Any], what: str = "sets") -> tuple[dict, dic
     train_fields, model_fields = set(TrainConfig.field_names()), set(ModelConfig.field_names())
     train, model = {}, {}
     for key, value in sets.items():
+        if not isinstance(key, str):  # ({1: 2} was "'int' object has no attribute 'split'")
+            raise ConfigError(f"{what}: key {key!r} of type {type(key).__name__}: give field names as strings")
         head = key.split(".", 1)[0]
         if key in train_fields:
             train[key] = value

@@ -251,6 +251,12 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
 
     if not isinstance(result, Upcycled):  # (a source path: "'str' object has no attribute 'source'", --out made)
         raise TypeError(f"write_run takes what upcycle(SOURCE, attn) returns, not a {type(result).__name__}")
+    out = rundir.as_directory(out, "out")  # (None was pathlib's "expected str, bytes or os.PathLike object")
+    # What it holds, checked as a run's files are read back (its config, shapes and finite values: the meta model
+    # is built from a checked copy of the config): a model_cfg or state changed after upcycle() (n_heads set to 3,
+    # NaN weights) was written, and the run then refused as damaged
+    model_cfg = result.model_cfg
+    rundir.check_weights_fit(model_cfg, result.state, "the upcycled weights")
     out = check_writable_dir(out)
     src = result.source
     if src.train_cfg is not None:
@@ -259,14 +265,14 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
         train_cfg = TrainConfig(tokenizer=src.tokenizer.kind)
     # which weights of a gbattn source (best, last or exported) at which step; a Hugging Face checkpoint has one set
     taken = {} if src.checkpoint is None else {"source_checkpoint": src.checkpoint, "source_step": src.step}
-    seq_len = src.config.get("seq_len") or result.model_cfg.input_length(train_cfg.seq_len)  # refused before writing
+    seq_len = src.config.get("seq_len") or model_cfg.input_length(train_cfg.seq_len)  # refused before writing
     with rundir.RunLock(out, "upcycled model"):
         check_new_run_dir(out)  # again under the lock: another process may have written there since
         try:
             src.tokenizer.save(out / rundir.TOKENIZER)
             rundir.save_checkpoint({"model": result.state, "step": 0}, out / rundir.BEST)
             rundir.write_config(
-                out, src.preset, result.model_cfg, train_cfg,
+                out, src.preset, model_cfg, train_cfg,
                 {"upcycled_from": src.name, "source_kind": src.kind, **taken, "rule": result.rule,
                  "seed": result.seed},
                 data=src.config.get("data", {"tokenizer": src.tokenizer.fingerprint}),

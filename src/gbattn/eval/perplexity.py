@@ -52,6 +52,16 @@ def evaluate(
     # (a batch_size of 0 divided by zero; a seq_len of 0 was the model's "token ids of shape (32, 0)")
     seq_len = checked("seq_len", seq_len, int, lambda n: n >= 1, "an integer >= 1 (input tokens per row)")
     batch_size = checked("batch_size", batch_size, int, lambda n: n >= 1, "an integer >= 1 (rows per batch)")
+    # (per_token="no" was true; float ids were cut to integers, 1.9 read as 1; a (1, N) array counted as 1 token)
+    per_token = checked("per_token", per_token, bool, None, "True or False")
+    shape, dtype = getattr(tokens, "shape", None), getattr(tokens, "dtype", None)
+    if shape is None or len(shape) != 1 or not (np.issubdtype(dtype, np.integer) if isinstance(dtype, np.dtype)
+                                                 else dtype in (torch.int64, torch.int32, torch.int16, torch.uint8)):
+        raise ValueError(f"tokens of shape {tuple(shape) if shape is not None else '?'} and dtype {dtype}: give "
+                         f"one row of integer token ids (a 1-D array)")
+    for name, function in (("progress", progress), ("autocast", autocast)):
+        if function is not None and not callable(function):  # (it failed after the first batch, "not callable")
+            raise ValueError(f"{name} of type {type(function).__name__}: give a function, or None")
     rows = np.arange(num_rows(tokens, seq_len))
     if not len(rows):  # else a loss of 0 over no tokens: perplexity 1.0
         raise ValueError(f"{len(tokens):,} tokens: fewer than one row of seq_len + 1 = {seq_len + 1}, nothing to "

@@ -104,7 +104,7 @@ def portable_tokenizer_class(config_path: Path) -> None:
 def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = None) -> Path:
     """Write the exported directory ``out`` for run ``run_dir`` (``best`` weights, the default, or ``last``)
     (README, "Hugging Face transformers")."""
-    run_dir, out = Path(run_dir), Path(out)
+    run_dir, out = rundir.as_directory(run_dir, "run_dir"), rundir.as_directory(out, "out")
     if out.exists() and run_dir.exists() and out.resolve() == run_dir.resolve():
         raise UserError(f"--out {out} is the run directory itself; export to another directory")
     rundir.check_out(out, (rundir.EXPORT, UNFINISHED_EXPORT), "a gbattn export")  # an earlier export is replaced

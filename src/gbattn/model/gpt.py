@@ -31,6 +31,7 @@ from gbattn.attention.core import (
     rope_for,
 )
 from gbattn.attention.registry import build_attention
+from gbattn.checks import checked
 from gbattn.config import ModelConfig
 from gbattn.errors import ConfigError
 from gbattn.model.attnres import AttnResStream
@@ -206,9 +207,14 @@ class GPT(nn.Module):
         wrapper's ``gradient_checkpointing_enable()`` calls this."""
         if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
             raise ValueError(f"every_n_layers={every_n_layers!r} must be an integer >= 1")
+        # (enable="no" was true; a checkpoint_fn of 5 failed at the next training forward, "not callable")
+        enable = checked("enable", enable, bool, None, "True or False")
+        if checkpoint_fn is not None and not callable(checkpoint_fn):
+            raise ValueError(f"checkpoint_fn of type {type(checkpoint_fn).__name__}: give a function (as "
+                             f"torch.utils.checkpoint.checkpoint), or None")
         func = checkpoint_fn or Block._gradient_checkpointing_func
         for index, block in enumerate(self.blocks):
-            block.gradient_checkpointing = bool(enable) and index % every_n_layers == 0
+            block.gradient_checkpointing = enable and index % every_n_layers == 0
             block._gradient_checkpointing_func = func
 
     @property
