@@ -1791,6 +1791,7 @@ def test_the_heading_states_the_steps_when_the_description_names_none():
     assert "| 6.55 |" in md and "omitted" not in md
     assert run_steps_text([{"steps": 291, "compute_matched_to": "gba-m2"}]) == "291 steps"
     assert run_steps_text([{"steps": 0}]) == "steps unknown"
+    assert run_steps_text([{"steps": 1}]) == "1 step"  # (it said "1 steps")
 
 
 def test_the_results_table_row_holds_each_column_in_its_units():

@@ -219,7 +219,7 @@ def run_steps_text(rows: list[dict]) -> str:
     matched = sorted({r["steps"] for r in rows if r.get("steps") and r.get("compute_matched_to")})
     if not plain and not matched:
         return "steps unknown"
-    text = " / ".join(f"{s:,}" for s in plain or matched) + " steps"
+    text = " / ".join(f"{s:,}" for s in plain or matched) + (" step" if (plain or matched) == [1] else " steps")
     if plain and matched:
         text += ", compute-matched " + " / ".join(f"{s:,}" for s in matched)
     return text
