@@ -2145,6 +2145,25 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
                 assert b[task][key] == pytest.approx(value, rel=1e-5), (task, key)
 
 
+def test_lm_eval_says_which_tasks_num_fewshot_does_not_apply_to(trained, tmp_path, capsys):
+    """--num-fewshot was passed to every task and the results file named by it: a task whose YAML fixes num_fewshot: 0
+    (79 of the harness's, ifeval among them) ran 0-shot in a "-1shot" file, and a rolling log-likelihood (wikitext)
+    scores each document alone, its table saying 1-shot. One note names them and why; the results record them."""
+    run_dir, _ = trained
+    tasks = local_tasks(tmp_path / "tasks")
+    pinned = (tasks / "gbattn_toy_mc.yaml").read_text().replace("task: gbattn_toy_mc", "task: gbattn_toy_mc0")
+    (tasks / "gbattn_toy_mc0.yaml").write_text(pinned + "num_fewshot: 0\n")
+    argv = ["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc,gbattn_toy_mc0,gbattn_toy_ppl", "--include-path",
+            str(tasks), "--num-fewshot", "1", "--output", str(tmp_path / "out" / "results.json")]
+    assert cli_main(argv) == 0
+    err = capsys.readouterr().err
+    assert ("note: --num-fewshot 1 does not apply to gbattn_toy_mc0 (its YAML fixes num_fewshot: 0); gbattn_toy_ppl "
+            "(a rolling log-likelihood scores each document alone): their results are 0-shot") in err, err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["gbattn"]["num_fewshot_not_applied"] == ["gbattn_toy_mc0", "gbattn_toy_ppl"]
+    assert results["n-shot"]["gbattn_toy_mc"] == 1  # (the one it applied to: not named)
+
+
 def test_lm_eval_of_a_bpe_model_scores_the_tokens_of_context_and_continuation_together(tmp_path):
     """The paper's BPE through the harness's wrapper: a continuation is scored on the last tokens of
     context + continuation (a context's trailing spaces move to the continuation, the harness's rule), a

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import sys
 import traceback
 from pathlib import Path
 
@@ -388,7 +389,28 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
     finally:
         tokenizer_log.removeFilter(_windowed_by_the_harness)
     results["gbattn"] = {"step": step, "block_size": block_size, "max_length": max_length, "checkpoint": which}
+    not_applied = fewshot_not_applied(results, num_fewshot)
+    if not_applied:  # (the results were named and labelled --num-fewshot's, silently)
+        print(f"note: --num-fewshot {num_fewshot} does not apply to {'; '.join(not_applied.values())}: "
+              f"{'its' if len(not_applied) == 1 else 'their'} results are 0-shot", file=sys.stderr)
+        results["gbattn"]["num_fewshot_not_applied"] = sorted(not_applied)
     return results
+
+
+def fewshot_not_applied(results: dict, num_fewshot: int | None) -> dict[str, str]:
+    """The tasks a ``num_fewshot`` of examples asked for did not go before, each with why: the harness keeps a task's
+    YAML ``num_fewshot: 0`` (``n-shot`` 0 in the results), and a rolling log-likelihood scores each document alone
+    (its ``n-shot`` says the number asked all the same)."""
+    if not num_fewshot:
+        return {}
+    configs = results.get("configs", {})
+    why = {}
+    for task, shots in results.get("n-shot", {}).items():
+        if shots != num_fewshot:
+            why[task] = f"{task} (its YAML fixes num_fewshot: {shots})"
+        elif configs.get(task, {}).get("output_type") == "loglikelihood_rolling":
+            why[task] = f"{task} (a rolling log-likelihood scores each document alone)"
+    return why
 
 
 # The harness's checks of a log-likelihood request that it asserts without a message, by their source line: what
