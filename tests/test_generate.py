@@ -780,6 +780,19 @@ def test_a_model_with_non_finite_logits_is_one_error_and_the_cli_one_line(tmp_pa
         with pytest.raises(NonFiniteLogits, match=r"^the model's logits for the prompt are not finite \(NaN or inf\): "
                                                   r"its weights are damaged or its training diverged$"):
             generate(model, prompt, 3, **kwargs)
+    # ... and at a later token (the prompt's logits finite): checked at every token on a CPU
+    model = tiny_model(("boosted", {}))
+    calls = []
+
+    def nan_from_the_third(module, args, output):
+        calls.append(1)
+        return output * float("nan") if len(calls) >= 3 else output
+
+    model.register_forward_hook(nan_from_the_third)
+    for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=3), dict(use_cache=False)):
+        calls.clear()
+        with pytest.raises(NonFiniteLogits, match=r"^the model's logits at new token 3 are not finite \(NaN or inf\)"):
+            generate(model, prompt, 5, **kwargs)
     data = write_corpus(tmp_path / "c")
     train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
     from gbattn import rundir

@@ -2896,8 +2896,11 @@ def test_evaluate_names_a_batch_size_or_seq_len_below_one():
         evaluate(model, tokens, seq_len=8, per_token="no")
     with pytest.raises(ValueError, match=r"^progress of type int: give a function, or None$"):
         evaluate(model, tokens, seq_len=8, progress=5)
-    assert evaluate(model, torch.from_numpy(tokens.astype(np.int64)), seq_len=8).loss == evaluate(
-        model, tokens, seq_len=8).loss  # a tensor of ids, as an array
+    for dtype in (torch.int64, torch.uint16, torch.int8):  # a tensor of ids of any integer type, as an array
+        assert evaluate(model, torch.from_numpy(tokens.astype(np.int64)).to(dtype), seq_len=8).loss == evaluate(
+            model, tokens, seq_len=8).loss, dtype
+    with pytest.raises(ValueError, match="dtype torch.bool: give one row of integer token ids"):
+        evaluate(model, torch.ones(27, dtype=torch.bool), seq_len=8)
 
 
 def test_evaluate_that_raises_leaves_the_model_in_training_mode():

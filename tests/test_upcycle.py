@@ -226,6 +226,12 @@ def test_float64_weights_that_need_more_digits_than_float32_are_rounded_with_a_n
             r"1 weight\(s\) stored in float64 \(\S+\) need more digits than float32, gbattn's parameters, and are "
             r"rounded to it: the model computes the source's function to float32's precision, not exactly",
             source.notes[0]), source.notes
+        # past float32's range: no rounding makes it (it became inf, and the weights were called damaged)
+        with torch.no_grad():
+            next(exact.parameters()).view(-1)[0] = 1e39
+        with pytest.raises(CheckpointError, match=r"holds values past float32's range \(3.4e38\), gbattn's parameters: "
+                                                  r"it cannot be converted$"):
+            load_source(save_hf(exact, tmp_path / f"past-{make.__name__}"))
 
 
 @pytest.mark.parametrize("attention_bias,mlp_bias,attn_bias", [(True, False, True), (False, True, False),
@@ -978,10 +984,12 @@ def test_write_run_checks_what_it_writes(gpt2_dir, tmp_path):
     up = upcycle(load_source(gpt2_dir), "boosted")
     nan = dataclasses.replace(up, state={k: v.clone() for k, v in up.state.items()})
     nan.state["wte.weight"][0, 0] = float("nan")
-    with pytest.raises(CheckpointError, match="the upcycled weights"):
+    with pytest.raises(UserError, match=r"^the weights in the upcycled model hold NaN or infinite values "
+                                        r"\(wte.weight\): changed after upcycle\(\) \(write_run writes what upcycle "
+                                        r"returns\)$"):
         write_run(nan, tmp_path / "nan")
     wider = dataclasses.replace(up, model_cfg=up.model_cfg.replace(d_model=2 * up.model_cfg.d_model))
-    with pytest.raises(CheckpointError, match="the upcycled weights"):
+    with pytest.raises(UserError, match=r"^the weights in the upcycled model do not match .*: changed after upcycle"):
         write_run(wider, tmp_path / "wider")
     with pytest.raises(TypeError, match="^out of type NoneType: give a run directory"):
         write_run(up, None)

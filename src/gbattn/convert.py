@@ -137,8 +137,12 @@ def convert_hf(path: str | Path) -> Source:
     state = convert(weights, model_cfg, path)
     # gbattn's parameters are float32: float64 weights that need more digits are rounded (their logits moved by
     # about 1e-7, where the conversion is otherwise exact), said in the summary and the run's record
-    rounded = [k for k, v in weights.items() if v.dtype == torch.float64 and not k.endswith(IGNORED_SUFFIXES)
-               and not torch.equal(v.float().double(), v)]
+    wide = {k: v for k, v in weights.items() if v.dtype == torch.float64 and not k.endswith(IGNORED_SUFFIXES)}
+    past = [k for k, v in wide.items() if not torch.isfinite(v.float()).all()]  # (made inf, and called damaged)
+    if past:
+        raise CheckpointError(f"{path}: weight {past[0]} holds values past float32's range (3.4e38), gbattn's "
+                              f"parameters: it cannot be converted")
+    rounded = [k for k, v in wide.items() if not torch.equal(v.float().double(), v)]
     if rounded:
         notes.append(f"{len(rounded)} weight(s) stored in float64 ({rounded[0]}{', ...' if len(rounded) > 1 else ''}) "
                      f"need more digits than float32, gbattn's parameters, and are rounded to it: the model computes "

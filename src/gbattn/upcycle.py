@@ -247,6 +247,7 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
     parameters), each written atomically."""
     from gbattn import rundir
     from gbattn.config import TrainConfig
+    from gbattn.errors import CheckpointError, UserError
     from gbattn.files import check_writable_dir
 
     if not isinstance(result, Upcycled):  # (a source path: "'str' object has no attribute 'source'", --out made)
@@ -256,7 +257,11 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
     # is built from a checked copy of the config): a model_cfg or state changed after upcycle() (n_heads set to 3,
     # NaN weights) was written, and the run then refused as damaged
     model_cfg = result.model_cfg
-    rundir.check_weights_fit(model_cfg, result.state, "the upcycled weights")
+    try:
+        rundir.check_weights_fit(model_cfg, result.state, "the upcycled model")
+    except CheckpointError as e:  # (its advice is a file's: "the file is damaged; restore a copy of it")
+        reason = str(e).removesuffix(": the file is damaged; restore a copy of it")
+        raise UserError(f"{reason}: changed after upcycle() (write_run writes what upcycle returns)") from None
     out = check_writable_dir(out)
     src = result.source
     if src.train_cfg is not None:

@@ -55,8 +55,9 @@ def evaluate(
     # (per_token="no" was true; float ids were cut to integers, 1.9 read as 1; a (1, N) array counted as 1 token)
     per_token = checked("per_token", per_token, bool, None, "True or False")
     shape, dtype = getattr(tokens, "shape", None), getattr(tokens, "dtype", None)
-    if shape is None or len(shape) != 1 or not (np.issubdtype(dtype, np.integer) if isinstance(dtype, np.dtype)
-                                                 else dtype in (torch.int64, torch.int32, torch.int16, torch.uint8)):
+    integer = (np.issubdtype(dtype, np.integer) if isinstance(dtype, np.dtype) else isinstance(dtype, torch.dtype)
+               and not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool))
+    if shape is None or len(shape) != 1 or not integer:
         raise ValueError(f"tokens of shape {tuple(shape) if shape is not None else '?'} and dtype {dtype}: give "
                          f"one row of integer token ids (a 1-D array)")
     for name, function in (("progress", progress), ("autocast", autocast)):

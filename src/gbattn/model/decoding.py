@@ -265,11 +265,19 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             if not cached:
                 window = out[:, -block:]
                 logits = model(window, **_padded_window(mask_BT, out.shape[1], window.shape[1], prompt_mask))[:, -1]
-            if i == 0 and not bool(torch.isfinite(logits).all()):  # (one host sync; sampling failed with torch's
-                # "probability tensor contains either inf, nan", and greedy decoding made garbage, unsaid)
-                raise NonFiniteLogits("the model's logits for the prompt are not finite (NaN or inf): its weights "
-                                      "are damaged or its training diverged")
-            nxt = sample_next(logits, temperature, top_k, generator, top_p)
+            # Sampling failed with torch's "probability tensor contains either inf, nan", and greedy decoding made
+            # garbage, unsaid: checked at every token on a CPU (no host sync there), at the prompt's on a GPU (one)
+            if (i == 0 or logits.device.type == "cpu") and not bool(torch.isfinite(logits).all()):
+                where = "for the prompt" if i == 0 else f"at new token {i + 1}"
+                raise NonFiniteLogits(f"the model's logits {where} are not finite (NaN or inf): its weights are "
+                                      f"damaged or its training diverged")
+            try:
+                nxt = sample_next(logits, temperature, top_k, generator, top_p)
+            except RuntimeError as e:  # a GPU's later token: multinomial's own check
+                if "probability tensor contains" not in str(e):
+                    raise
+                raise NonFiniteLogits(f"the model's logits at new token {i + 1} are not finite (NaN or inf): its "
+                                      f"weights are damaged or its training diverged") from None
             out = torch.cat([out, nxt], dim=1)
             if progress is not None:
                 progress(1)
