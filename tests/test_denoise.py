@@ -368,6 +368,21 @@ def test_an_out_holding_a_figure_denoise_did_not_write_is_refused_before_trainin
         assert [p.name for p in out.iterdir()] == ["rounds.png"] and (out / "rounds.png").read_bytes() == b"my figure"
 
 
+def test_deq_solver_options_without_the_deq_experiment_are_one_line(tmp_path, monkeypatch, capsys):
+    """--deq-tol and --deq-max-iter set the deq experiment's solver: without it they were ignored, and results.md
+    said "Not the defaults: DEQ solver to relative residual 0.001, at most 50 iterations" of no DEQ model."""
+    from gbattn.synthetic import tables
+
+    monkeypatch.setattr(tables, "train_run", lambda *a: pytest.fail("trained"))
+    out = tmp_path / "d"
+    assert main(["denoise", "--quick", "--experiments", "gates", "--deq-max-iter", "50", "--deq-tol", "1e-3",
+                 "--out", str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err == ("gbattn: error: --deq-tol and --deq-max-iter set the DEQ solver of the deq "
+                                       "experiment, which --experiments gates leaves out: add deq, or leave them "
+                                       "out\n")
+    assert not out.exists()
+
+
 def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     table = {"rows": [], "bayes": 58.0, "chance": 6.25}

@@ -54,10 +54,17 @@ def cmd_denoise(args) -> None:
     from dataclasses import replace
     from pathlib import Path
 
+    from gbattn.errors import UserError
     from gbattn.runtime import command_line, resolve_device, set_threads
     from gbattn.synthetic.tables import run_denoise
     from gbattn.synthetic.task import Protocol
 
+    experiments = args.experiments or list(EXPERIMENTS)
+    given = [flag for flag, value in (("--deq-tol", args.deq_tol), ("--deq-max-iter", args.deq_max_iter))
+             if value is not None]
+    if given and "deq" not in experiments:  # (ignored, and results.md said they were used)
+        raise UserError(f"{' and '.join(given)} set the DEQ solver of the deq experiment, which --experiments "
+                        f"{' '.join(experiments)} leaves out: add deq, or leave them out")
     device = resolve_device(args.device)
     set_threads(args.threads)
     protocol = Protocol()
@@ -74,7 +81,7 @@ def cmd_denoise(args) -> None:
         protocol = replace(protocol, deq_tol=args.deq_tol)
     if args.deq_max_iter is not None:
         protocol = replace(protocol, deq_max_iter=args.deq_max_iter)
-    report = run_denoise(args.out, args.experiments or list(EXPERIMENTS), seeds, protocol, str(device), args.quiet,
+    report = run_denoise(args.out, experiments, seeds, protocol, str(device), args.quiet,
                          command_line(portable=True))
     print(
         f"Wrote {Path(args.out) / 'results.json'}, results.md"
