@@ -160,7 +160,7 @@ def test_a_comparison_continues_with_other_result_neutral_settings(tmp_path, mon
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets={**sets, **neutral}, only=["standard"],
                     quiet=True, jobs=2, threads=2)
     (cmd,) = commands
-    assert all(f"{k}={v}" in cmd for k, v in neutral.items()) and "threads=1" in cmd
+    assert all(f"{k}={v}" in cmd for k, v in neutral.items()) and "threads=2" in cmd  # (one run: every thread)
 
 
 def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_path):
@@ -1379,7 +1379,7 @@ def test_a_jobs_childs_log_that_is_a_link_is_refused_and_its_target_untouched(tm
 
 
 def test_a_jobs_child_is_given_this_invocations_result_neutral_settings_as_its_cli_reads_them(tmp_path, monkeypatch):
-    """--jobs 2: each child's `train --resume` takes the threads divided between the jobs and the neutral --set
+    """--jobs 2: each child's `train --resume` takes the threads divided between the runs at once and the neutral --set
     keys given, written so that --set reads them back as the same values (a bool as true/false: Python's
     'False' would read as the string 'False', which compile refuses)."""
     import subprocess
@@ -1395,8 +1395,15 @@ def test_a_jobs_child_is_given_this_invocations_result_neutral_settings_as_its_c
                     only=["standard"], quiet=True, jobs=2, threads=4)
     (cmd,) = started
     given = parse_sets([cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"])
-    assert given == {**{k: v for k, v in sets.items() if k in TrainConfig.RESULT_NEUTRAL}, "threads": 2}, cmd
+    # (one run to train: it takes every thread; divided by --jobs it took 2 of 4, the other 2 idle)
+    assert given == {**{k: v for k, v in sets.items() if k in TrainConfig.RESULT_NEUTRAL}, "threads": 4}, cmd
     assert given["compile"] is False and given["log_every"] == 5
+    started.clear()
+    with pytest.raises(UserError, match="2 run\\(s\\) failed"):  # two runs at once: 2 threads each
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(write_corpus(tmp_path / "c")), sets=sets,
+                    only=["standard"], seeds=[1, 2], quiet=True, jobs=4, threads=4)
+    assert [parse_sets([cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"])["threads"] for cmd in started] == [
+        2, 2]
 
 
 def test_a_jobs_invocation_resumes_an_unfinished_run_without_rewriting_what_its_config_records(tmp_path, monkeypatch):

@@ -219,10 +219,13 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         if not seeds_given:  # no --seeds: the seeds the comparison holds (the recipe's for a new one)
             seeds = request["seeds"]
         in_all = (threads or default_threads()) if jobs > 1 else threads  # measured once: it can change between reads
-        per_run_threads = max(1, in_all // jobs) if jobs > 1 else threads
-        if jobs > 1 and in_all < jobs:  # a warning: stderr, apart from the output, under --quiet too
+        # Divided between the runs that can train at once: --jobs 4 of one run gave it a quarter of the threads, the
+        # other three quarters idle
+        at_once = max(1, min(jobs, len(specs) * len(set(seeds))))
+        per_run_threads = max(1, in_all // at_once) if jobs > 1 else threads
+        if jobs > 1 and in_all < at_once:  # a warning: stderr, apart from the output, under --quiet too
             print(f"note: --jobs {jobs} with {in_all} CPU thread(s): each run takes 1 thread, "
-                  f"{jobs} in all (on a CPU, more runs than cores only slows each down)", file=sys.stderr)
+                  f"{at_once} in all (on a CPU, more runs than cores only slows each down)", file=sys.stderr)
         run_sets = {**sets, "threads": per_run_threads} if per_run_threads else sets
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
         first_configs = [spec_configs(recipe, spec, data, seeds[0], run_sets, None) for spec in specs]
