@@ -302,6 +302,23 @@ def test_a_prompt_longer_than_the_context_is_returned_whole(tmp_path, capsys):
         assert "s, no cache: the prompt fills block_size; stopped at --stop after 2 of 3)\n" in capsys.readouterr().err
 
 
+def test_generate_says_what_greedy_decoding_leaves_unused(tmp_path, capsys):
+    """--temperature 0 decodes greedily: --top-p and --seed changed nothing and --num-samples 3 printed the same text
+    three times, without a word."""
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
+    run = ["generate", str(tmp_path / "run"), "--prompt", "the", "--max-new-tokens", "3", "--temperature", "0"]
+    for extra, note in ((["--top-p", "0.5", "--seed", "3", "--num-samples", "3"],
+                         "note: --temperature 0 decodes greedily: --top-p and --seed change nothing; the 3 samples "
+                         "are the same"),
+                        (["--seed", "3"], "note: --temperature 0 decodes greedily: --seed changes nothing"),
+                        ([], None)):
+        capsys.readouterr()
+        assert cli_main(run + extra) == 0
+        notes = [line for line in capsys.readouterr().err.splitlines() if "greedily" in line]
+        assert notes == ([note] if note else []), notes
+
+
 @pytest.mark.parametrize("flags, asked", [([], None), (["--compile"], True), (["--no-compile"], False),
                                           (["--no-cache"], False), (["--compile", "--no-cache"], "refused")])
 def test_generate_cli_passes_the_compile_choice(tmp_path, capsys, monkeypatch, flags, asked):

@@ -130,6 +130,14 @@ def cmd_generate(args) -> None:
     if args.compile and args.no_cache:  # (--compile was dropped, unsaid)
         raise UserError("--compile compiles the cached decode step, and --no-cache recomputes the whole context at "
                         "every token: give one of them")
+    if args.temperature <= 2.0**-150:  # greedy (sample_next): what only sampling reads changed nothing, unsaid
+        unused = [flag for flag, given in (("--top-p", args.top_p is not None), ("--seed", args.seed is not None))
+                  if given]
+        same = f"the {args.num_samples} samples are the same" if args.num_samples > 1 else ""
+        if unused or same:
+            print(f"note: --temperature {args.temperature:g} decodes greedily: "
+                  + "; ".join(filter(None, [f"{' and '.join(unused)} change{'s' if len(unused) == 1 else ''} nothing"
+                                            if unused else "", same])), file=sys.stderr)
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)
