@@ -1707,6 +1707,13 @@ def test_a_model_of_your_own_gets_its_matched_baselines_and_stays_in_the_compari
     specs = {spec.label: spec for spec in with_models(get_recipe("upcycle"), {}, ["base"]).models}
     assert specs["param-fair-base"].steps_share == specs["base"].steps_share == 0.5
     assert specs["compute-matched-base"].steps_share is None
+    # --matched of a baseline: a param-fair row's "param-fair" was sized from the model it matches (narrower than it,
+    # -32% stated as matched), a compute-matched row's trained the recipe's steps and another warmup
+    for target, reference in (("param-fair", "gba-m2"), ("compute-matched", "gba-m2")):
+        with pytest.raises(UserError, match=rf"^--matched {target}: it is itself a baseline matched to {reference}; "
+                                            rf"a baseline of a baseline is standard attention"):
+            run_compare("cpu-char", tmp_path / "baseline", data=str(data), quiet=True, sets=tiny_sets(),
+                        matched=[target])
     # a --set the recipe sets per model for a model --only leaves out: recorded for the comparison, it left that
     # model refused for good
     with pytest.raises(UserError, match=r"^--set residual: the recipe sets it per model"):

@@ -375,6 +375,12 @@ def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> R
             raise ConfigError(f"--matched {label}: it continues {target.init_from}'s trained weights; baselines are "
                               f"matched to a model trained from scratch (the recipe's own baselines of {label} are "
                               f"its references)")
+        reference = target.param_matched_to or target.compute_matched_to
+        if reference is not None:  # (its param-fair was sized from the model it is matched to, not from it, and
+            # trained its recipe's steps, not its matched steps; its compute-matched took another warmup)
+            raise ConfigError(f"--matched {label}: it is itself a baseline matched to {reference}; a baseline of "
+                              f"a baseline is standard attention matched to standard attention (match {reference} "
+                              f"instead)")
         # (param-fair trains as many steps as its model: upcycle's base trains half the budget; compute-matched's
         # steps come from the model's FLOPs)
         for baseline in (ModelSpec(f"param-fair-{label}", model=dict(target.model), param_matched_to=label,
