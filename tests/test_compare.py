@@ -1707,6 +1707,11 @@ def test_a_model_of_your_own_gets_its_matched_baselines_and_stays_in_the_compari
     specs = {spec.label: spec for spec in with_models(get_recipe("upcycle"), {}, ["base"]).models}
     assert specs["param-fair-base"].steps_share == specs["base"].steps_share == 0.5
     assert specs["compute-matched-base"].steps_share is None
+    # --set epochs with the recipe's max_steps: named as the recipe's (it said "max_steps=1200 (given too)")
+    no_steps = {k: v for k, v in tiny_sets().items() if k != "max_steps"}
+    with pytest.raises(UserError, match=r"^epochs=1 is not used: max_steps=1200 \(recipe cpu-proxy's\) sets the run's "
+                                        r"length; give max_steps=null"):
+        run_compare("cpu-proxy", tmp_path / "epochs", data=str(data), quiet=True, sets={**no_steps, "epochs": 1})
     # --matched of a baseline: a param-fair row's "param-fair" was sized from the model it matches (narrower than it,
     # -32% stated as matched), a compute-matched row's trained the recipe's steps and another warmup
     for target, reference in (("param-fair", "gba-m2"), ("compute-matched", "gba-m2")):

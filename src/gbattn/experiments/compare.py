@@ -25,7 +25,7 @@ from gbattn.checks import MAX_INT, did_you_mean
 from gbattn.config import TrainConfig, build_configs, field_path, training_input_length
 from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
-from gbattn.errors import CheckpointError, Interrupted, Terminated, UserError
+from gbattn.errors import CheckpointError, ConfigError, Interrupted, Terminated, UserError
 from gbattn.experiments.recipes import (
     ModelSpec,
     Recipe,
@@ -47,6 +47,11 @@ from gbattn.upcycle import upcycle, write_run
 
 def spec_configs(recipe: Recipe, spec: ModelSpec, data: str, seed: int, sets: dict, vocab_size: int | None):
     """Model and training configs of one model of a recipe (before width/step matching)."""
+    if sets.get("epochs") is not None and "max_steps" not in sets and recipe.train.get("max_steps") is not None:
+        # (build_configs takes the recipe's max_steps for one given with the --set: "max_steps=1200 (given too)")
+        raise ConfigError(f"epochs={sets['epochs']} is not used: max_steps={recipe.train['max_steps']} (recipe "
+                          f"{recipe.name}'s) sets the run's length; give max_steps=null to train for epochs, or leave "
+                          f"epochs out")
     merged = dict(recipe.train)
     merged.update(sets)
     merged.update(spec.model)
