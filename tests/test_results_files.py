@@ -1200,8 +1200,11 @@ def test_readme_recipe_times_are_the_measured_wall_clock():
         return f"~{minutes:.0f} min" if minutes < 90 else f"~{minutes / 60:.1f} h"
 
     scale = {row[0]: row[2] for row in readme_table("## Reproducing the paper's tables")}
-    for recipe in ("cpu-proxy", "cpu-modern", "upcycle", "cpu-char", "gba-design", "gba-design-proxy"):
+    for recipe in ("cpu-proxy", "cpu-modern", "upcycle", "cpu-char", "gba-design", "gba-design-proxy",
+                   "cpu-baselines"):  # (cpu-baselines said ~31 min, its --jobs 2 wall time: the runs took 55)
         assert scale[f"`{recipe}`"] == f"2 CPU cores, {duration(recipe)}", recipe
+    a_seed = sum(r["wall_clock_s"] for r in compare_rows("cpu-proxy-long").values()) / 3600
+    assert scale["`cpu-proxy-long`"] == f"2 CPU cores, ~{a_seed:.1f} h a seed"
     # its seed 7, on an idle machine (seeds 42 and 123 ran beside another experiment)
     assert scale["`cpu-char-long`"] == f"2 CPU cores, {duration('cpu-char-long', 'cpu-char-long-seed7')}"
     assert scale["`cpu-postln`, `depth`"] == f"2 CPU cores, {duration('cpu-postln')} and {duration('depth')}"
