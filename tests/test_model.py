@@ -592,6 +592,17 @@ def test_overrides_leave_the_callers_dicts_as_they_were():
     assert built["attn_options"] == {"rounds": 2, "kv_source": "shared"} and template == {"attn_options": {"rounds": 2}}
 
 
+def test_cpu_char_keeps_biases_that_nanogpt_leaves_out():
+    """docs/deviations.md, entry 7 and README's cpu-char caption: 809,856 parameters with GPT-2's biases, nanoGPT's
+    bias-free default 804,096 (`--set bias=false`)."""
+    from gbattn.config import build_configs
+
+    counts = {bias: count_params(build_configs("cpu-char", "standard", "tiny-shakespeare", {"bias": bias})[0])
+              for bias in (True, False)}
+    assert counts == {True: 809_856, False: 804_096}
+    assert build_configs("cpu-char", "standard", "tiny-shakespeare", {})[0].bias
+
+
 def test_overrides_that_are_no_dict_are_refused_naming_the_argument():
     """preset_config(..., [("d_model", 64)]) and build_configs(..., sets=[...]) were "'list' object has no attribute
     'items'" from inside config.py; each is one ConfigError naming the argument."""

@@ -294,6 +294,7 @@ PRESETS: dict[str, Preset] = {
         ),
         # nanoGPT's CPU run of shakespeare_char: batch 12, 2,000 steps, lr 1e-3 cosine to 1e-4, 100 warmup,
         # betas (0.9, 0.99), weight decay 0.1 on matrices, random windows, 90/10 split (vocab set by the data).
+        # With GPT-2's biases, which nanoGPT's default leaves out (docs/deviations.md, entry 7).
         Preset(
             "cpu-char",
             "nanoGPT's CPU configuration for character-level tiny-shakespeare",
