@@ -170,6 +170,22 @@ def test_analyze_against_writes_every_figure_and_values_in_range(runs, tmp_path,
         np.testing.assert_allclose(att.sum(1), 1.0, atol=1e-5)  # head mean of probability rows
 
 
+def test_examples_of_a_layer_without_a_correction_round_say_so(runs, tmp_path):
+    """GBA in layer 0 only: the default --layer -1 drew layer 1's "round 0 vs round 1" examples with round 0 alone,
+    unsaid. A note names the layer and the one to ask for; a corrected layer's examples get none."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+        train(tmp_path / "first", *tiny_configs(runs["data"], "boosted", **SHORT, **{"attn.layers": [0]}), quiet=True)
+        note = ("the examples show layer 1, which has no correction round (attn.layers): round 0 only; --layer 0 "
+                "shows the last layer that has one")
+        summary = analyze_run(tmp_path / "first", against=runs["std"], out=tmp_path / "a", max_rows=2, quiet=True)
+        assert note in summary["notes"]
+        assert {len(p["attention_per_round"]) for p in summary["loss_diff"]["examples"]["positions"]} == {1}
+        summary = analyze_run(tmp_path / "first", against=runs["std"], out=tmp_path / "b", max_rows=2, layer=0,
+                              quiet=True)
+        assert not [n for n in summary["notes"] if "no correction round" in n]
+
+
 def test_a_run_against_itself_ties_on_every_token(runs, tmp_path, capsys, drawn):
     """The same weights evaluated on two code paths differ by float32 rounding (about 1e-6 nats):
     ties, not gains. The two models share a name, so the other one is "(against)" on the figure, and
@@ -1107,7 +1123,8 @@ def test_analyze_of_a_run_trained_in_bfloat16_says_its_loss_is_in_float32(tmp_pa
     data = write_corpus(tmp_path / "c")
     train(tmp_path / "bf16", *tiny_configs(data, amp="bf16", max_steps=2), quiet=True)
     s = analyze_run(tmp_path / "bf16", out=tmp_path / "a", max_rows=2, device="cpu", quiet=True)
-    note = ("the loss is in float32; the run trained in bfloat16 (amp=bf16), in which `gbattn eval` scores it, so "
-            "the two differ in the last digits")
+    # (it said "the run trained in bfloat16": a run trained on a CPU with amp=auto and analysed on a GPU did not)
+    note = ("the loss is in float32; `gbattn eval` on cpu scores the run in bfloat16 (its amp=bf16), so the two "
+            "differ in the last digits")
     assert s["loss"]["precision"] == "float32" and s["notes"] == [note]
     assert f"note: {note}" in capsys.readouterr().out

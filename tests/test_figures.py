@@ -498,6 +498,12 @@ def test_print_summary_of_gba_in_every_layer_with_two_correction_rounds(tmp_path
     printed = capsys.readouterr().out
     assert "round 0 2.00 -> round 1 1.50 (25% lower; change per layer L0 -25%)" in printed
     assert "gates, mean±std per layer:   L0 g1 0.50±0.10 / L0 g2 0.50±0.10    paper" in printed
+    # three rounds: the change is round 1's, said so (after round 2's value it read as round 2's)
+    summary["entropy"]["mean_per_round"] = [2.0, 1.5, 2.1]
+    summary["entropy"]["layers_per_round"] = [2, 2, 2]
+    print_summary(summary, tmp_path / "summary.json")
+    assert ("round 0 2.00 -> round 1 1.50 -> round 2 2.10 (25% lower round 1 against round 0; change per layer "
+            "L0 -25%)") in capsys.readouterr().out
 
 
 def test_print_summary_names_the_layer_and_round_of_each_norm(tmp_path, capsys):
@@ -1224,6 +1230,18 @@ def test_entropy_figure_of_gba_in_every_layer_boxes_an_unchanged_layer_and_label
         "round 0 (attention): mean 1.50", "round 1 (correction): mean 1.20", f"max log T = {math.log(T):.2f}"]
     assert "(correction 20% lower overall; " in layer_ax.get_title()
     assert [t.get_text() for t in layer_ax.texts] == ["+0%", "-40%"]
+    # GBA in some layers: the by-position curves say over how many layers, as the histogram's legend (a round 0 over
+    # both beside a correction over one read as the correction raising the entropy); two corrections: "round 1"
+    partial = {**entropy, "layers_per_round": [2, 1, 1], "mean_per_round": [1.5, 1.2, 1.1],
+               "histogram": {**entropy["histogram"], "counts_per_round": [[1, 2, 3, 4], [4, 3, 2, 1], [4, 3, 2, 1]]},
+               "per_position_mean": entropy["per_position_mean"] + [np.linspace(0, 1.5, T).tolist()],
+               "per_layer": [{"mean_per_round": [1.5], "per_head": [[1.4, 1.6]]},
+                             {"mean_per_round": [1.5, 0.9, 0.8], "per_head": [[1.4, 1.6], [0.8, 1.0], [0.7, 0.9]],
+                              "relative_drop": 0.4}]}
+    _, partial_layer_ax, pos_ax = figures.entropy_figure(partial, paper).axes[:3]
+    assert [t.get_text() for t in pos_ax.get_legend().get_texts()][:3] == [
+        "round 0 (attention) (2 layers)", "round 1 (correction) (1 layer)", "round 2 (correction) (1 layer)"]
+    assert "(round 1 20% lower in the layers that have it;" in partial_layer_ax.get_title()
     assert [t.get_text() for t in layer_ax.get_legend().get_texts()].count("per head") == 1
     assert layer_ax.get_ylim()[1] == pytest.approx(1.1 * 3.31)
     centres = [[bar.get_x() + bar.get_width() / 2 for bar in c] for c in layer_ax.containers]

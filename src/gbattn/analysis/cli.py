@@ -201,8 +201,8 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         st = collected.stats
         mean_loss = float(collected.loss_NT.mean())
         if autocast_dtype(dev, run.train_cfg.amp) is not None:  # (its loss differed from eval's in the 4th decimal)
-            notes.append(f"the loss is in float32; the run trained in bfloat16 (amp={run.train_cfg.amp}), in which "
-                         f"`gbattn eval` scores it, so the two differ in the last digits")
+            notes.append(f"the loss is in float32; `gbattn eval` on {dev.type} scores the run in bfloat16 (its "
+                         f"amp={run.train_cfg.amp}), so the two differ in the last digits")
         summary = {
             "run_dir": relative_path(run_dir, out.parent),
             "attention": _describe(run),
@@ -255,6 +255,11 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
             summary["loss_diff"], more = _loss_difference(run, other, collected, tokens, row_ids, layer, top, examples,
                                                           dev, out, pdf)
             written += more
+            corrected = [r["layer"] for r in entropy["per_layer"] if len(r["mean_per_round"]) > 1]
+            if examples and corrected and layer not in corrected:  # (GBA in some layers: the default, the last one,
+                # may have none, and its "round 0 vs round 1" examples held round 0 alone, unsaid)
+                notes.append(f"the examples show layer {layer}, which has no correction round (attn.layers): round 0 "
+                             f"only; --layer {corrected[-1]} shows the last layer that has one")
         removed = remove_unwritten(out, ANALYSIS_FIGURES, written)
         if removed:
             notes.append(f"removed {', '.join(removed)}: figures an earlier analysis left in this folder that this one "
@@ -385,7 +390,8 @@ def print_summary(summary: dict, summary_path: Path) -> None:
             round0, round1 = (statistics.fmean(m[k] for m in corrected) for k in (0, 1))
             basis = (f"in the {figures.count_words(len(corrected), 'layer')} with a correction: "
                      f"{round0:.2f} -> {round1:.2f}, ")
-        line += (f" ({basis}{figures.change_words(e['relative_drop'])}; change per layer {per_layer})    "
+        of = " round 1 against round 0" if len(means) > 2 else ""  # (after round 2's value, it read as round 2's)
+        line += (f" ({basis}{figures.change_words(e['relative_drop'])}{of}; change per layer {per_layer})    "
                  f"paper: {paper['entropy_round0_nats']:.2f} -> {paper['entropy_correction_nats']:.2f} "
                  f"({figures.change_words(paper['entropy_relative_drop'])}, layer 0 the exception, "
                  f"T={paper['seq_len']})")

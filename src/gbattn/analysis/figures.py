@@ -261,14 +261,17 @@ def entropy_figure(entropy: dict, paper: dict | None, title: str = ""):
         layer_ax.set_ylabel("mean entropy (nats)")
         drop = entropy.get("relative_drop")
         where = "in the layers that have it;\n" if partial else "overall; "  # (on one line it ran off the figure)
-        layer_ax.set_title("per layer" + (f"\n(correction {change_words(drop)} {where}change per layer in boxes)"
+        first = "correction" if M == 2 else "round 1"  # (with 2 corrections, "correction" named no round)
+        layer_ax.set_title("per layer" + (f"\n({first} {change_words(drop)} {where}change per layer in boxes)"
                                           if drop is not None else ""), fontsize=11)
         layer_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=9)
 
         profile = np.asarray(entropy["per_position_mean"])  # (M, T)
         positions = np.arange(profile.shape[1])
-        for m in range(M):
-            pos_ax.plot(positions, profile[m], color=round_color(m), linewidth=1.8, label=round_name(m))
+        for m in range(M):  # (each round's curve over its own layers, as the histogram's: a round 0 over every layer
+            # beside a correction over some read as the correction raising the entropy)
+            over = f" ({count_words(layers_M[m], 'layer')})" if partial else ""
+            pos_ax.plot(positions, profile[m], color=round_color(m), linewidth=1.8, label=round_name(m) + over)
         pos_ax.plot(positions, np.log(positions + 1), color="gray", linestyle=":", linewidth=1.5,
                     label="bound log(t+1) (uniform attention)")
         pos_ax.set_xlabel("query position t (tokens)")
