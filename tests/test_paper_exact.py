@@ -346,6 +346,12 @@ def test_cosine_decays_to_min_lr_and_constant_holds():
     assert not cfg.warmup_from_zero
     assert [learning_rate(s, flat, total, W) for s in (0, W // 2, W - 1)] == pytest.approx(
         [cfg.lr / W, cfg.lr * (W // 2 + 1) / W, cfg.lr], rel=1e-12)
+    # a min_lr given with the constant schedule was ignored, silently; the preset's own (cpu-char's) is not refused
+    from gbattn.errors import ConfigError
+
+    assert build_configs("cpu-char", "standard", "data", {"schedule": "constant"})[1].schedule == "constant"
+    with pytest.raises(ConfigError, match=r"^min_lr=0.0001 is where the cosine schedule ends; schedule=constant holds"):
+        build_configs("cpu-char", "standard", "data", {"schedule": "constant", "min_lr": 1e-4})
 
 
 @pytest.mark.parametrize("from_zero", [True, False])

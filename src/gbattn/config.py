@@ -378,6 +378,10 @@ def build_configs(
     explicit = {**given, **train_sets}  # a warmup set as a keyword is as explicit as one in sets
     if "warmup_steps" in explicit and "fit_warmup" not in explicit:
         train_d["fit_warmup"] = False
+    if explicit.get("min_lr") and train_d.get("schedule") == "constant":  # (ignored, silently; a preset's own is not
+        # refused: `--preset cpu-char --set schedule=constant` keeps working)
+        raise ConfigError(f"min_lr={explicit['min_lr']} is where the cosine schedule ends; schedule=constant holds lr "
+                          f"after the warmup: leave min_lr out, or use schedule=cosine")
     if explicit.get("epochs") is not None and train_d.get("max_steps") is not None:  # (max_steps won, silently)
         whose = "given too" if explicit.get("max_steps") is not None else f"preset {preset}'s"
         raise ConfigError(f"epochs={explicit['epochs']} is not used: max_steps={train_d['max_steps']} ({whose}) sets "
