@@ -292,17 +292,17 @@ def test_compare_jobs_divides_the_free_cores_it_measured_once(tmp_path, monkeypa
     monkeypatch.setattr(compare_mod.subprocess, "Popen", failing_run)
     sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
                 eval_tokens=None, warmup_steps=1)
-    with pytest.raises(UserError, match="run\\(s\\) failed"):
-        run_compare("cpu-proxy", tmp_path / "cmp", data=str(write_corpus(tmp_path / "c")), seeds=[1], sets=sets,
+    with pytest.raises(UserError, match="run\\(s\\) failed"):  # (two runs, two at once)
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(write_corpus(tmp_path / "c")), seeds=[1, 2], sets=sets,
                     only=["standard"], jobs=2)
-    assert len(commands) == 1 and "threads=2" in commands[0], commands
+    assert len(commands) == 2 and all("threads=2" in cmd for cmd in commands), commands
     assert "note:" not in capsys.readouterr().err
     # Fewer free cores than jobs: each run takes 1 thread, as the note says (not the default, every core)
     measured = itertools.repeat(1)
     with pytest.raises(UserError, match="run\\(s\\) failed"):
-        run_compare("cpu-proxy", tmp_path / "cmp2", data=str(write_corpus(tmp_path / "c")), seeds=[1], sets=sets,
+        run_compare("cpu-proxy", tmp_path / "cmp2", data=str(write_corpus(tmp_path / "c")), seeds=[1, 2], sets=sets,
                     only=["standard"], jobs=2)
-    assert len(commands) == 2 and "threads=1" in commands[1], commands
+    assert len(commands) == 4 and all("threads=1" in cmd for cmd in commands[2:]), commands
     assert "each run takes 1 thread, 2 in all" in capsys.readouterr().err
 
 
