@@ -1406,6 +1406,20 @@ def test_a_jobs_child_is_given_this_invocations_result_neutral_settings_as_its_c
         2, 2]
 
 
+def test_the_threads_are_divided_between_the_runs_that_can_train_at_once(tmp_path):
+    """--jobs N divided the threads by the runs asked for: a run finished earlier, or one waiting for its reference
+    (compute-matched after gba-m2), still took its share, and those threads sat idle."""
+    specs = {spec.label: spec for spec in get_recipe("cpu-proxy").models}
+    pick = [specs["standard"], specs["gba-m2"], specs["compute-matched"]]
+    assert compare_mod.runs_at_once(pick, [1, 2], tmp_path) == 4  # standard and gba-m2 of both seeds, then 2
+    assert compare_mod.runs_at_once([specs["gba-m2"], specs["compute-matched"]], [1], tmp_path) == 1
+    (tmp_path / "standard" / "seed1").mkdir(parents=True)
+    (tmp_path / "standard" / "seed1" / rundir.RESULT).write_text("{}")  # finished before
+    assert compare_mod.runs_at_once([specs["standard"]], [1, 2], tmp_path) == 1
+    assert compare_mod.runs_at_once([specs["compute-matched"]], [1], tmp_path) == 1  # its reference not asked: ready
+    assert compare_mod.runs_at_once([specs["standard"]], [1], tmp_path) == 1  # nothing to train: 1, not 0
+
+
 def test_a_jobs_invocation_resumes_an_unfinished_run_without_rewriting_what_its_config_records(tmp_path, monkeypatch):
     """--jobs 2 writes config.json for a planned run only: an unfinished run's config.json stays as its training
     wrote it (its data fingerprint with it) until the child resumes it, so a child that fails before then leaves a

@@ -226,7 +226,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         in_all = (threads or default_threads()) if jobs > 1 else threads  # measured once: it can change between reads
         # Divided between the runs that can train at once: --jobs 4 of one run gave it a quarter of the threads, the
         # other three quarters idle
-        at_once = max(1, min(jobs, len(specs) * len(set(seeds))))
+        at_once = max(1, min(jobs, runs_at_once(specs, seeds, out)))
         per_run_threads = max(1, in_all // at_once) if jobs > 1 else threads
         if jobs > 1 and in_all < at_once:  # a warning: stderr, apart from the output, under --quiet too
             print(f"note: --jobs {jobs} with {in_all} CPU thread(s): each run takes 1 thread, "
@@ -505,6 +505,21 @@ def _die_with_parent() -> None:
     leaves no run training on its own (the child checkpoints and stops)."""
     stop_with_parent()
     os.setpgrp()  # Ctrl-C in the terminal goes to the comparison, which stops its children cleanly
+
+
+def runs_at_once(specs: list[ModelSpec], seeds: list[int], out: Path) -> int:
+    """The most runs of ``specs`` x ``seeds`` that can train at the same time: those without a result.json yet, in
+    stages, a run waiting for the runs it starts from or is matched to (:func:`depends_on`) a stage after them."""
+    asked = {spec.label: spec for spec in specs}
+    pending = {(spec.label, seed) for spec in specs for seed in set(seeds)
+               if not (out / spec.label / f"seed{seed}" / rundir.RESULT).exists()}
+
+    def stage(label: str, seed: int) -> int:
+        waits = [ref for ref in depends_on(asked[label]) if (ref, seed) in pending]
+        return 1 + max((stage(ref, seed) for ref in waits), default=-1)
+
+    stages = [stage(label, seed) for label, seed in pending]
+    return max((stages.count(k) for k in set(stages)), default=1)
 
 
 def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
