@@ -299,6 +299,11 @@ def test_generate_and_eval_help_state_their_defaults(capsys):
         if command == "analyze":  # --top and --examples are None when not given (refused without --against): the
             # defaults used are analyze_run's
             defaults.update({name: inspect.signature(analyze_run).parameters[name].default for name in AGAINST_ONLY})
+        if command == "generate":  # --top-k is None when not given (greedy decoding says it is unused): 200 is used
+            from gbattn.arguments import GENERATE_DEFAULTS
+
+            assert defaults["top_k"] is None
+            defaults["top_k"] = GENERATE_DEFAULTS["top_k"]
         with pytest.raises(SystemExit):
             main([command, "--help"])
         help_text = " ".join(capsys.readouterr().out.split())

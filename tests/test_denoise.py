@@ -380,6 +380,10 @@ def test_deq_solver_options_without_the_deq_experiment_are_one_line(tmp_path, mo
     assert capsys.readouterr().err == ("gbattn: error: --deq-tol and --deq-max-iter set the DEQ solver of the deq "
                                        "experiment, which --experiments gates leaves out: add deq, or leave them "
                                        "out\n")
+    assert main(["denoise", "--quick", "--experiments", "gates", "--deq-tol", "1e-3", "--out", str(out),
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err.endswith("--deq-tol sets the DEQ solver of the deq experiment, which --experiments "
+                                            "gates leaves out: add deq, or leave it out\n")
     assert not out.exists()
 
 

@@ -312,11 +312,16 @@ def test_generate_says_what_greedy_decoding_leaves_unused(tmp_path, capsys):
                          "note: --temperature 0 decodes greedily: --top-p and --seed change nothing; the 3 samples "
                          "are the same"),
                         (["--seed", "3"], "note: --temperature 0 decodes greedily: --seed changes nothing"),
+                        (["--top-k", "3"], "note: --temperature 0 decodes greedily: --top-k changes nothing"),
                         ([], None)):
         capsys.readouterr()
         assert cli_main(run + extra) == 0
         notes = [line for line in capsys.readouterr().err.splitlines() if "greedily" in line]
         assert notes == ([note] if note else []), notes
+    # a refused command is one line: the note came before the run directory's check
+    assert cli_main(["generate", str(tmp_path / "nothing"), "--prompt", "the", "--temperature", "0", "--seed",
+                     "1"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("flags, asked", [([], None), (["--compile"], True), (["--no-compile"], False),

@@ -2162,6 +2162,13 @@ def test_lm_eval_says_which_tasks_num_fewshot_does_not_apply_to(trained, tmp_pat
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["gbattn"]["num_fewshot_not_applied"] == ["gbattn_toy_mc0", "gbattn_toy_ppl"]
     assert results["n-shot"]["gbattn_toy_mc"] == 1  # (the one it applied to: not named)
+    # a group takes its tasks' count: it was named too, "its YAML fixes num_fewshot: 0", and it has no such YAML
+    (tasks / "toy_zero.yaml").write_text("group: toy_zero\ntask:\n  - gbattn_toy_mc0\n")
+    argv[3], argv[-1] = "toy_zero", str(tmp_path / "group" / "results.json")
+    assert cli_main(argv) == 0
+    err = capsys.readouterr().err
+    assert ("note: --num-fewshot 1 does not apply to gbattn_toy_mc0 (its YAML fixes num_fewshot: 0): its results are "
+            "0-shot") in err, err
 
 
 def test_lm_eval_of_a_bpe_model_scores_the_tokens_of_context_and_continuation_together(tmp_path):

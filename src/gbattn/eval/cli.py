@@ -41,9 +41,9 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=arguments.non_negative_number,
                    default=arguments.GENERATE_DEFAULTS["temperature"],
                    help="0 = greedy (default %(default)s)")
-    p.add_argument("--top-k", type=arguments.at_least(1), default=arguments.GENERATE_DEFAULTS["top_k"],
-                   help="sample from the k most likely tokens (default %(default)s); a k of the vocabulary's size "
-                        "or more keeps every token")
+    p.add_argument("--top-k", type=arguments.at_least(1), default=None,  # (None: not given, GENERATE_DEFAULTS')
+                   help=f"sample from the k most likely tokens (default {arguments.GENERATE_DEFAULTS['top_k']}); a k "
+                        f"of the vocabulary's size or more keeps every token")
     p.add_argument("--top-p", type=arguments.probability_mass, default=None,
                    help="nucleus sampling: from the most likely tokens that together hold at least this probability, "
                         "after --top-k (default: no cut)")
@@ -130,14 +130,6 @@ def cmd_generate(args) -> None:
     if args.compile and args.no_cache:  # (--compile was dropped, unsaid)
         raise UserError("--compile compiles the cached decode step, and --no-cache recomputes the whole context at "
                         "every token: give one of them")
-    if args.temperature <= 2.0**-150:  # greedy (sample_next): what only sampling reads changed nothing, unsaid
-        unused = [flag for flag, given in (("--top-p", args.top_p is not None), ("--seed", args.seed is not None))
-                  if given]
-        same = f"the {args.num_samples} samples are the same" if args.num_samples > 1 else ""
-        if unused or same:
-            print(f"note: --temperature {args.temperature:g} decodes greedily: "
-                  + "; ".join(filter(None, [f"{' and '.join(unused)} change{'s' if len(unused) == 1 else ''} nothing"
-                                            if unused else "", same])), file=sys.stderr)
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)
@@ -160,6 +152,15 @@ def cmd_generate(args) -> None:
         stop_at = StopStrings(run.tokenizer.decode, args.stop) if args.stop else None
     except DataError as e:  # (text that is not UTF-8, named as --prompt's is)
         raise DataError(f"--stop: {e}") from None
+    if args.temperature <= 2.0**-150:  # greedy (sample_next): what only sampling reads changed nothing, unsaid
+        # (after every check: a refused command says one line)
+        unused = [flag for flag, given in (("--top-k", args.top_k is not None), ("--top-p", args.top_p is not None),
+                                           ("--seed", args.seed is not None)) if given]
+        same = f"the {args.num_samples} samples are the same" if args.num_samples > 1 else ""
+        if unused or same:
+            print(f"note: --temperature {args.temperature:g} decodes greedily: "
+                  + "; ".join(filter(None, [f"{' and '.join(unused)} change{'s' if len(unused) == 1 else ''} nothing"
+                                            if unused else "", same])), file=sys.stderr)
     idx = torch.tensor([ids] * args.num_samples, device=device)
     step, how = decoder_for(run.model, compile=False if args.no_cache else args.compile,
                             max_new_tokens=args.max_new_tokens, prompt_length=len(ids))
@@ -181,7 +182,8 @@ def cmd_generate(args) -> None:
     t0 = time.perf_counter()
     try:
         # compile=False: the choice is made above (step, or eager decoding), not again by generate's own default
-        out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_k = arguments.GENERATE_DEFAULTS["top_k"] if args.top_k is None else args.top_k
+        out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=top_k,
                                  top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache, decode_step=step,
                                  compile=False, progress=made_one, stop=stop_at)
     except KeyboardInterrupt as stop:  # Ctrl-C: what was made is shown, then the command stops as interrupted

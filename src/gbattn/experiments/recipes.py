@@ -380,7 +380,8 @@ def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> R
             # trained its recipe's steps, not its matched steps; its compute-matched took another warmup)
             raise ConfigError(f"--matched {label}: it is itself a baseline matched to {reference}; a baseline of "
                               f"a baseline is standard attention matched to standard attention (match {reference} "
-                              f"instead)")
+                              f"instead; a comparison whose recipe.json records it was built before this check, "
+                              f"its baselines of {label} wrong: start it again in another --out)")
         # (param-fair trains as many steps as its model: upcycle's base trains half the budget; compute-matched's
         # steps come from the model's FLOPs)
         for baseline in (ModelSpec(f"param-fair-{label}", model=dict(target.model), param_matched_to=label,

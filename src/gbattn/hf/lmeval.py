@@ -404,8 +404,11 @@ def fewshot_not_applied(results: dict, num_fewshot: int | None) -> dict[str, str
     if not num_fewshot:
         return {}
     configs = results.get("configs", {})
+    groups = set(results.get("group_subtasks", {})) - set(configs)  # (a group takes its tasks' count: no YAML of it)
     why = {}
     for task, shots in results.get("n-shot", {}).items():
+        if task in groups:
+            continue
         if shots != num_fewshot:
             why[task] = f"{task} (its YAML fixes num_fewshot: {shots})"
         elif configs.get(task, {}).get("output_type") == "loglikelihood_rolling":

@@ -63,8 +63,10 @@ def cmd_denoise(args) -> None:
     given = [flag for flag, value in (("--deq-tol", args.deq_tol), ("--deq-max-iter", args.deq_max_iter))
              if value is not None]
     if given and "deq" not in experiments:  # (ignored, and results.md said they were used)
-        raise UserError(f"{' and '.join(given)} set the DEQ solver of the deq experiment, which --experiments "
-                        f"{' '.join(experiments)} leaves out: add deq, or leave them out")
+        one = len(given) == 1
+        raise UserError(f"{' and '.join(given)} set{'s' if one else ''} the DEQ solver of the deq experiment, which "
+                        f"--experiments {' '.join(experiments)} leaves out: add deq, or leave "
+                        f"{'it' if one else 'them'} out")
     device = resolve_device(args.device)
     set_threads(args.threads)
     protocol = Protocol()
