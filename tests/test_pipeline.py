@@ -2723,7 +2723,7 @@ def test_a_damaged_tokenizer_cache_entry_is_trained_again_and_every_kind_round_t
     # A valid tokenizer of another kind in an entry's place (the char one was returned for bpe): trained again, even
     # where it is a whole cache entry, its own fingerprint recorded and matching (another entry copied over it).
     [bpe_entry] = (tmp_path / "gbattn-cache" / "tokenizers").glob("bpe-*.json")
-    bpe_entry.write_text(char.to_json(fingerprint=True))
+    bpe_entry.write_text(char.to_json(cache_key=json.loads(bpe_entry.read_text())["key"]))  # (its key, its place's)
     again = get_tokenizer("bpe", corpus, vocab_size=60, verbose=False)
     assert (again.kind, again.fingerprint) == ("bpe", bpe.fingerprint)
     for tok in (char, bpe, Tokenizer("hf", bpe.payload), Tokenizer("gpt2", bpe.payload)):

@@ -336,10 +336,13 @@ class Tokenizer:
         special = {i for i, token in self._hf.get_added_tokens_decoder().items() if token.special}
         return frozenset(special - {self.unknown_id})
 
-    def to_json(self, fingerprint: bool = False) -> str:
-        """The tokenizer file's text; with its ``fingerprint`` too for a cache entry (:func:`get_tokenizer`)."""
+    def to_json(self, cache_key: str | None = None) -> str:
+        """The tokenizer file's text; a cache entry's (:func:`get_tokenizer`) with its ``fingerprint`` and the
+        ``cache_key`` it is stored under too."""
         record = {"kind": self.kind, "payload": self.payload}
-        return json.dumps({**record, "fingerprint": self.fingerprint} if fingerprint else record)
+        if cache_key is not None:
+            record.update(fingerprint=self.fingerprint, key=cache_key)
+        return json.dumps(record)
 
     @classmethod
     def from_json(cls, text: str) -> Tokenizer:
@@ -510,7 +513,7 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
         if tok.vocab_size < 3:
             raise DataError(f"--data {corpus.name}: the training split holds no text to train a tokenizer on")
     try:
-        atomic_write(path, json.dumps({**json.loads(tok.to_json(fingerprint=True)), "key": key}))
+        atomic_write(path, tok.to_json(cache_key=key))
     except OSError as e:
         raise DataError(unwritable.format(why=e.strerror or e)) from None
     return tok
