@@ -122,7 +122,7 @@ def cmd_generate(args) -> None:
     import torch
 
     from gbattn.errors import DataError, UserError
-    from gbattn.model.decoding import StopStrings, cache_plan, decoder_for
+    from gbattn.model.decoding import StopStrings, cache_plan, decoder_for, is_greedy
     from gbattn.progress import Progress
     from gbattn.rundir import load_run
     from gbattn.runtime import resolve_device, set_threads
@@ -152,7 +152,7 @@ def cmd_generate(args) -> None:
         stop_at = StopStrings(run.tokenizer.decode, args.stop) if args.stop else None
     except DataError as e:  # (text that is not UTF-8, named as --prompt's is)
         raise DataError(f"--stop: {e}") from None
-    if args.temperature <= 2.0**-150:  # greedy (sample_next): what only sampling reads changed nothing, unsaid
+    if is_greedy(args.temperature):  # what only sampling reads changed nothing, unsaid
         # (after every check: a refused command says one line)
         unused = [flag for flag, given in (("--top-k", args.top_k is not None), ("--top-p", args.top_p is not None),
                                            ("--seed", args.seed is not None)) if given]

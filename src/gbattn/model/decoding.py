@@ -19,10 +19,16 @@ from gbattn.data.tokenizer import refuse_non_utf8
 from gbattn.errors import CheckpointError
 
 
+def is_greedy(temperature: float) -> bool:
+    """Whether ``temperature`` decodes greedily: 0 in float32 (2**-150 and below round to it)."""
+    return temperature <= 2.0**-150
+
+
 def sample_next(logits_BV: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None,
                 top_p: float | None = None) -> Tensor:
-    """Next token ids (B, 1): greedy at temperature 0, else softmax sampling of :func:`filtered_logits`."""
-    if temperature <= 2.0**-150:  # 0 in float32 (2**-150 and below round to it): greedy
+    """Next token ids (B, 1): greedy at temperature 0 (:func:`is_greedy`), else softmax sampling of
+    :func:`filtered_logits`."""
+    if is_greedy(temperature):
         return logits_BV.argmax(-1, keepdim=True)
     logits_BV = filtered_logits(logits_BV, temperature, top_k, top_p)
     return torch.multinomial(torch.softmax(logits_BV, dim=-1), 1, generator=generator)
@@ -61,6 +67,12 @@ def filtered_logits(logits_BV: Tensor, temperature: float, top_k: int | None, to
 
 class NonFiniteLogits(CheckpointError, ValueError):
     """A model whose logits are NaN or inf: nothing to decode (:func:`generate`)."""
+
+
+def non_finite_logits(where: str) -> NonFiniteLogits:
+    """The error of logits ``where`` ("for the prompt", "at new token 3") that are NaN or inf."""
+    return NonFiniteLogits(f"the model's logits {where} are not finite (NaN or inf): its weights are damaged or its "
+                           f"training diverged")
 
 
 def set_eval(model: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
@@ -268,16 +280,13 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             # Sampling failed with torch's "probability tensor contains either inf, nan", and greedy decoding made
             # garbage, unsaid: checked at every token on a CPU (no host sync there), at the prompt's on a GPU (one)
             if (i == 0 or logits.device.type == "cpu") and not bool(torch.isfinite(logits).all()):
-                where = "for the prompt" if i == 0 else f"at new token {i + 1}"
-                raise NonFiniteLogits(f"the model's logits {where} are not finite (NaN or inf): its weights are "
-                                      f"damaged or its training diverged")
+                raise non_finite_logits("for the prompt" if i == 0 else f"at new token {i + 1}")
             try:
                 nxt = sample_next(logits, temperature, top_k, generator, top_p)
             except RuntimeError as e:  # a GPU's later token: multinomial's own check
                 if "probability tensor contains" not in str(e):
                     raise
-                raise NonFiniteLogits(f"the model's logits at new token {i + 1} are not finite (NaN or inf): its "
-                                      f"weights are damaged or its training diverged") from None
+                raise non_finite_logits(f"at new token {i + 1}") from None
             out = torch.cat([out, nxt], dim=1)
             if progress is not None:
                 progress(1)
