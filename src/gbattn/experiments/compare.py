@@ -534,13 +534,13 @@ def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
     if spec.init_from:
         model_cfg, train_cfg = _continuation(spec, seed, model_cfg, train_cfg, out)
     if spec.compute_matched_to:
+        ref_spec = next(s for s in recipe.models if s.label == spec.compute_matched_to)
         ref_result = results.get(spec.compute_matched_to, {}).get(seed)
         path = out / spec.compute_matched_to / f"seed{seed}" / rundir.RESULT
         if ref_result is None:
             if not path.exists():
                 raise UserError(f"{spec.label} is matched to {spec.compute_matched_to}'s compute: run that model first")
             # (--only left the reference out: read as a reused run is, its tokens and FLOPs checked against its configs)
-            ref_spec = next(s for s in recipe.models if s.label == spec.compute_matched_to)
             ref_result = read_run_result(path.parent, *matched_configs(recipe, ref_spec, data, seed, sets, vocab,
                                                                        results, out))
         # Its training FLOPs as its configs give them (read_run_result checks a finished run's against them, the
@@ -551,7 +551,6 @@ def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
         steps = round(flops / (per_token * train_cfg.batch_size * seq_len))
         # The reference's warmup as its run used it (docs/baselines.md: the warmup stays the same and only
         # the cosine stretches); the longer run would fit a default warmup to a tenth of itself, or not at all.
-        ref_spec = next(s for s in recipe.models if s.label == spec.compute_matched_to)
         warmup, _ = fitted_warmup(spec_configs(recipe, ref_spec, data, seed, sets, vocab)[1], ref_result["steps"])
         train_cfg = train_cfg.replace(max_steps=steps, warmup_steps=warmup, fit_warmup=False)
     return model_cfg, train_cfg
