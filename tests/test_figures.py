@@ -85,7 +85,7 @@ def test_results_figure_marks_seed_counts_and_compares_on_the_shared_seed():
     assert list(reference.get_ydata()) == [100.0, 100.0]
 
     same = [model_row("standard", {"42": 100.0, "123": 110.0}), model_row("gba-m2", {"42": 96.0, "123": 98.0})]
-    texts = drawn_texts(figures.results_figure(report_of(same)))
+    texts = drawn_texts(figures.results_figure({**report_of(same), "complete": True, "missing": []}))
     assert texts["ticks"] == ["standard\nn=2", "gba-m2\nn=2"] and "seeds 42, 123 (every model)" in texts["title"]
     assert texts["annotations"] == ["105.00", "97.00 (-7.6%)"]
     assert "ours: mean ± std over n seeds (n under each model)" in texts["legend"]
@@ -98,6 +98,46 @@ def test_results_figure_marks_seed_counts_and_compares_on_the_shared_seed():
     mixed = [model_row("standard", {"42": 100.0, "123": 110.0}), model_row("gba-m2", {"7": 96.0})]
     assert "ours: mean ± std over n seeds (n under each model)" in drawn_texts(
         figures.results_figure(report_of(mixed)))["legend"]
+
+
+def test_results_figure_of_an_incomplete_comparison_names_the_runs_missing_and_the_seeds_held(recwarn):
+    """A comparison stopped after one run: results.md said INCOMPLETE and named the runs missing, while results.png
+    drew the one model finished under "means over seed 42 (every model)", with nothing about the other two. A seed
+    asked for with no result in any model is named as in results.md; no finite value at all draws no empty legend
+    (matplotlib warned on stderr) and no empty seed list."""
+    rows = [model_row("gba-m2", {"42": 96.0})]
+    report = {**report_of(rows), "seeds": [42], "missing": ["standard/seed42", "compute-matched/seed42"]}
+    texts = drawn_texts(figures.results_figure(report))
+    assert "means over seed 42 (every model drawn)" in texts["title"]
+    assert "INCOMPLETE (runs missing: standard/seed42, compute-matched/seed42)" in texts["all"].splitlines()
+    assert "INCOMPLETE" in results_markdown(report)
+    complete = {**report_of(rows), "seeds": [42, 123], "complete": True, "missing": []}
+    note = "Every model has seed 42 only (seed 123 not finished): each mean is over 1 seed"
+    assert note in drawn_texts(figures.results_figure(complete))["all"].splitlines()
+    assert note + "." in results_markdown(complete)
+    assert "INCOMPLETE" not in drawn_texts(figures.results_figure(complete))["all"]
+    rows[0]["test_ppl"] = {"42": None}
+    texts = drawn_texts(figures.results_figure({**complete, "seeds": [42]}))
+    assert "no model has a finite test perplexity" in texts["title"] and texts["legend"] == []
+    assert not [w for w in recwarn if "No artists with labels" in str(w.message)]
+
+
+def test_curves_name_the_runs_asked_for_that_left_no_curve(tmp_path, monkeypatch):
+    """compare stopped before compute-matched started: curves.png ("curves of every run") named only the
+    unfinished standard run and left compute-matched out without a word."""
+    drawn = []
+    real_curves_figure = figures.curves_figure
+    monkeypatch.setattr(figures, "curves_figure", lambda *a, **kw: drawn.append(real_curves_figure(*a, **kw))
+                        or drawn[-1])
+    rows = [model_row("gba-m2", {"42": 96.0})]
+    report = {**report_of(rows), "seeds": [42], "missing": ["standard/seed42", "compute-matched/seed42"]}
+    (tmp_path / "results.json").write_text(json.dumps(report))
+    for label in ("gba-m2", "standard"):
+        write_run(tmp_path, label, 42)
+    plot_compare(tmp_path)
+    assert drawn[-1].get_supxlabel() == (
+        "unfinished, not in results.json (their curves stop where the runs stopped): standard seed 42\n"
+        "not drawn (not started, or nothing logged yet): compute-matched/seed42")
 
 
 def test_results_figure_compares_with_a_suffixed_standard_and_signs_every_change():

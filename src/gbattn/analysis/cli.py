@@ -581,10 +581,14 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     finished = {(row["label"], str(seed)) for row in rows for seed in row.get("seeds", [])}
     unfinished = [f"{label} seed {seed}" for label, runs in curves.items() for seed in runs
                   if (label, seed) not in finished]
+    # Runs asked for and not finished that left no curve (results.json's "missing", LABEL/seedN): named, not silently
+    # absent from a figure titled "every run".
+    not_drawn = [run for run in report.get("missing") or []
+                 if run.rpartition("/seed")[2] not in curves.get(run.rpartition("/seed")[0], {})]
     setting = f"{report.get('recipe', '')} on {report.get('data', '')} ({run_steps_text(rows)})"
     with RunLock(out, what="folder of figures"):  # one writer: two plots into one --out mixed their figures
         written = figures.save(figures.results_figure(report), out, "results", pdf)
-        written += figures.save(figures.curves_figure(curves, setting, unfinished), out, "curves", pdf)
+        written += figures.save(figures.curves_figure(curves, setting, unfinished, not_drawn), out, "curves", pdf)
         remove_unwritten(out, ("results", "curves"), written)  # PDFs of an earlier --pdf, now out of date
     return written
 

@@ -21,6 +21,7 @@ from gbattn.experiments.report import (
     TEST_IS_VALIDATION,
     compared_values,
     mean_std,
+    missing_text,
     no_test_split,
     published_omitted_note,
     published_value,
@@ -28,6 +29,7 @@ from gbattn.experiments.report import (
     run_steps_text,
     seed_key,
     seed_values,
+    seeds_held_note,
     seeds_sentence,
     standard_row,
 )
@@ -464,11 +466,16 @@ def results_figure(report: dict):
         ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_ylabel("test perplexity (lower is better)")
         ax.set_title(f"{report.get('recipe', '')} ({run_steps_text(rows)}): test perplexity (zoomed axis, not from 0)\n"
-                     f"{seeds_sentence(rows)}", fontsize=12)
-        if rows:
+                     f"{seeds_sentence(rows, complete=report.get('complete', True))}", fontsize=12)
+        if ax.get_legend_handles_labels()[0]:  # nothing drawn (no finite value): no empty legend, no warning
             ax.legend(loc="best")
         source = report.get("published_source")
-        footer = [f"published: {source}"] if published_drawn and source else []
+        footer = [] if report.get("complete", True) else [f"INCOMPLETE ({missing_text(report)})"]
+        held_note = seeds_held_note(report, rows)
+        if held_note:
+            footer.append(held_note)
+        if published_drawn and source:
+            footer.append(f"published: {source}")
         omitted = published_omitted_note(report)
         if omitted:
             footer.append(omitted)
@@ -494,9 +501,11 @@ def model_colors(n: int) -> list:
     return [matplotlib.colormaps["turbo"](0.05 + 0.9 * i / (n - 1)) for i in range(n)]
 
 
-def curves_figure(curves: dict, setting: str = "", unfinished: list[str] | None = None):
+def curves_figure(curves: dict, setting: str = "", unfinished: list[str] | None = None,
+                  not_drawn: list[str] | None = None):
     """Training loss and validation perplexity against tokens seen, one line per run; ``setting`` (recipe,
-    data, steps) goes under the title, and a footer names the ``unfinished`` runs drawn (not in results.json).
+    data, steps) goes under the title, and a footer names the ``unfinished`` runs drawn (not in results.json) and
+    the runs the comparison asked for that have no curve (``not_drawn``: never started, or no event logged).
 
     ``curves``: label -> seed -> {"train": [(tokens, loss)], "valid": [(tokens, ppl)]}."""
     require_matplotlib()
@@ -540,9 +549,14 @@ def curves_figure(curves: dict, setting: str = "", unfinished: list[str] | None 
         if handles:
             valid_ax.legend(handles=handles, loc="upper right")
         fig.suptitle("Training and validation curves of every run" + (f"\n{setting}" if setting else ""))
+        footer = []
         if unfinished:
-            fig.supxlabel(f"unfinished, not in results.json (their curves stop where the runs stopped): "
-                          f"{', '.join(unfinished)}", fontsize=9)
+            footer.append(f"unfinished, not in results.json (their curves stop where the runs stopped): "
+                          f"{', '.join(unfinished)}")
+        if not_drawn:
+            footer.append(f"not drawn (not started, or nothing logged yet): {', '.join(not_drawn)}")
+        if footer:
+            fig.supxlabel("\n".join(footer), fontsize=9)
     return fig
 
 

@@ -75,16 +75,39 @@ def relative_change(values: dict[str, float], base_values: dict[str, float]) -> 
     return statistics.fmean(values[s] for s in shared) / statistics.fmean(base_values[s] for s in shared) - 1
 
 
-def seeds_sentence(rows: list[dict]) -> str:
-    """Which seeds the means (and Δ vs standard) are over, in words."""
+def seeds_sentence(rows: list[dict], complete: bool = True) -> str:
+    """Which seeds the means (and Δ vs standard) are over, in words (of the models drawn, when the comparison is
+    not ``complete``)."""
     common = common_seeds(rows)
     if common is None:
         seeds = held_seeds(rows)
-        return f"means over seed{'s' if len(seeds) != 1 else ''} {', '.join(seeds)} (every model)"
+        if not seeds:
+            return "no model has a finite test perplexity"
+        return (f"means over seed{'s' if len(seeds) != 1 else ''} {', '.join(seeds)} "
+                f"(every model{'' if complete else ' drawn'})")
     if common:
         return (f"means over the {len(common)} seed{'s' if len(common) > 1 else ''} all models share "
                 f"({', '.join(common)}); 'all seeds' dots show the rest")
     return "means over different seeds (no seed is shared by all models); Δ vs standard over the seeds both share"
+
+
+def seeds_held_note(report: dict, rows: list[dict]) -> str | None:
+    """When every model has the same seeds but not all those the comparison asked for: which, and why the others
+    have no result (results.md and results.png say it alike)."""
+    if common_seeds(rows) is not None:
+        return None
+    held = held_seeds(rows)
+    missing = [str(s) for s in report.get("seeds", []) if str(s) not in held]
+    if not (held and missing):
+        return None
+    # A seed every model finished has no result where its runs diverged (no finite perplexity); "not
+    # finished" is said of the seeds some model's row lacks.
+    diverged = [s for s in missing if all(s in map(str, r.get("seeds", [])) for r in rows)]
+    why = "; ".join(f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} {what}" for seeds, what in (
+        ([s for s in missing if s not in diverged], "not finished"),
+        (diverged, "diverged, with no finite perplexity")) if seeds)
+    return (f"Every model has seed{'s' if len(held) > 1 else ''} {', '.join(held)} only ({why}): each "
+            f"mean is over {len(held)} seed{'s' if len(held) > 1 else ''}")
 
 
 def described_steps(description: str) -> int | None:
@@ -523,17 +546,9 @@ def results_markdown(report: dict) -> str:
         lines += ["", f"Seeds differ between models ({seeds_per_model}): test ppl is each model's mean over its own "
                       f"seeds{f'; {delta_header(base)} is over {over}' if base else ''}."]
     else:
-        held = held_seeds(rows)
-        missing = [str(s) for s in report.get("seeds", []) if str(s) not in held]
-        if held and missing:  # every model has the same seeds, but not all those the heading names
-            # A seed every model finished has no result where its runs diverged (no finite perplexity); "not
-            # finished" is said of the seeds some model's row lacks.
-            diverged = [s for s in missing if all(s in map(str, r.get("seeds", [])) for r in rows)]
-            why = "; ".join(f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} {what}" for seeds, what in (
-                ([s for s in missing if s not in diverged], "not finished"),
-                (diverged, "diverged, with no finite perplexity")) if seeds)
-            lines += ["", f"Every model has seed{'s' if len(held) > 1 else ''} {', '.join(held)} only ({why}): each "
-                          f"mean is over {len(held)} seed{'s' if len(held) > 1 else ''}."]
+        held_note = seeds_held_note(report, rows)
+        if held_note:
+            lines += ["", held_note + "."]
     continued = continued_note(rows)
     if continued:
         lines += ["", continued]
