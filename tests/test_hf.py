@@ -110,11 +110,12 @@ def test_config_standard_names_map_both_ways(tmp_path):
     cfg.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "gbattn" and saved["gbattn"]["step"] == 7
-    # the standard names beside the dict, for tools that read config.json itself (no rope_theta without RoPE)
-    assert {k: saved[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                                  "max_position_embeddings", "vocab_size")} == dict(
+    # the standard names beside the dict, for tools that read config.json itself (no rope_theta without RoPE); each
+    # version of transformers writes all of them (4.x left out tie_word_embeddings=True, its default)
+    assert {k: saved.get(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                      "max_position_embeddings", "vocab_size", "tie_word_embeddings")} == dict(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=24,
-        vocab_size=40) and "rope_theta" not in saved
+        vocab_size=40, tie_word_embeddings=True) and "rope_theta" not in saved
     back = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(back, GbattnConfig) and back.gbattn == cfg.gbattn and back.vocab_size == 40
     # n_kv_heads left None (one K/V head per query head) stays None through config.json, whose mirror

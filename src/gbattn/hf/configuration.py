@@ -186,6 +186,13 @@ class GbattnConfig(PretrainedConfig):
                 config[name] = getattr(self, name)
         return config
 
+    def to_diff_dict(self) -> dict:
+        """What ``save_pretrained`` writes: transformers' dict of the values that differ from its defaults, with
+        every mirror of :meth:`to_dict` kept (4.x dropped ``tie_word_embeddings`` of a tied model, equal to its
+        default, so the two versions wrote different files)."""
+        config, full = super().to_diff_dict(), self.to_dict()
+        return {**config, **{name: full[name] for name in STANDARD_FIELDS if name in full}}
+
     @classmethod
     def from_model_config(cls, model_cfg: ModelConfig, run: dict | None = None, **kwargs) -> GbattnConfig:
         """The config of a gbattn model; ``run``: the rest of a run's config.json (train, preset, data, ...)."""
