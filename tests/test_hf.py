@@ -1464,6 +1464,37 @@ def trained(tmp_path_factory):
     return root / "run", root / "export"
 
 
+def test_weights_saved_over_an_export_are_not_reported_as_the_exported_step(trained, capsys, tmp_path):
+    """An export loaded with AutoModelForCausalLM, fine-tuned and saved with save_pretrained (or saved in another
+    dtype): eval, generate and lm-eval reported the new weights as "exported weights at step 30", and a re-export
+    recorded them as the run's best. The export records a digest of its weights; weights that differ from it are
+    "changed", and so is a re-export of them. Saved unchanged, they stay the exported ones."""
+    from gbattn.hf.lmeval import load_model
+
+    _, out = trained
+    step = json.loads((out / "config.json").read_text())["gbattn"]["step"]
+    assert rundir.load_run(out).checkpoint == "exported"
+    model = AutoModelForCausalLM.from_pretrained(out)
+    same, tuned, again = tmp_path / "same", tmp_path / "tuned", tmp_path / "again"
+    model.save_pretrained(same)
+    with torch.no_grad():
+        model.model.wte.weight[0, 0] += 0.25  # one value of one training step's worth
+    model.save_pretrained(tuned)
+    for folder in (same, tuned):
+        for name in ("gbattn-tokenizer.json", "tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(out / name, folder / name)
+    assert rundir.load_run(same).checkpoint == "exported"
+    assert (rundir.load_run(tuned).checkpoint, rundir.load_run(tuned).step) == ("changed", step)
+    assert load_model(tuned, None, torch.device("cpu"))[5] == "changed"
+    assert load_model(same, None, torch.device("cpu"))[5] == "exported"
+    assert cli_main(["eval", str(tuned), "--split", "valid"]) == 0
+    printed = capsys.readouterr().out
+    assert f"weights changed since their export at step {step}" in printed and '"checkpoint": "changed"' in printed
+    assert cli_main(["export", str(tuned), "--out", str(again)]) == 0
+    assert json.loads((again / "config.json").read_text())["gbattn"]["checkpoint"] == "changed"
+    assert rundir.load_run(again).checkpoint == "changed"
+
+
 def test_export_writes_safetensors_config_and_tokenizers(trained):
     run_dir, out = trained
     names = sorted(p.name for p in out.iterdir() if p.name != "special_tokens_map.json")  # transformers 4.x adds it

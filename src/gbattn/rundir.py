@@ -555,7 +555,8 @@ def _check_fields(record: dict, kinds: dict[str, tuple[type, ...]], where: str |
 
 
 _CONFIG_FIELDS = {"preset": (str,), "data": (dict,), "extra": (dict,), "seq_len": (int,), "step": (int,),
-                  "steps": (int,), "warmup_steps": (int,), "gbattn": (dict,)}
+                  "steps": (int,), "warmup_steps": (int,), "gbattn": (dict,), "checkpoint": (str,),
+                  "weights_digest": (str,)}
 _DATA_FIELDS = {"corpus": (str,), "fingerprint": (str,), "tokenizer": (str,)}
 
 
@@ -742,6 +743,13 @@ class LoadedRun:
         return self.config.get("seq_len") or self.model_cfg.input_length(self.train_cfg.seq_len)
 
     @property
+    def weights_text(self) -> str:
+        """Which weights these are, as eval and generate say it ("best weights at step 400")."""
+        if self.checkpoint == CHANGED:
+            return f"weights changed since their export at step {self.step}"
+        return f"{self.checkpoint} weights at step {self.step}"
+
+    @property
     def data_fingerprint(self) -> str | None:
         """The fingerprint of the corpus the run trained on (None if it recorded none)."""
         return recorded_fingerprint(self.config)
@@ -798,6 +806,19 @@ class LoadedRun:
 
 
 WHICH = ("best", "last")
+# An exported directory's weights: the ones exported, or weights saved into it since (fine-tuned and saved with
+# save_pretrained, or saved in another dtype), which are not those of the step the export recorded.
+EXPORTED, CHANGED = "exported", "changed"
+
+
+def exported_weights_label(section: dict, weights: dict) -> str:
+    """``"exported"``, or ``"changed"`` where an export's ``weights`` (under the GPT's names) are not the ones its
+    gbattn ``section`` recorded (``weights_digest``, written by :func:`gbattn.hf.export.wrap_run`), or where it is a
+    re-export of such weights. An export written before the digest is taken at its word."""
+    recorded = section.get("weights_digest")
+    if section.get("checkpoint") == CHANGED or (recorded is not None and recorded != weights_digest(weights)):
+        return CHANGED
+    return EXPORTED
 
 
 def is_exported(path: str | Path) -> bool:
@@ -914,7 +935,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
                                recorded=recorded_fingerprint(config, of="tokenizer"))
     if exported:
         weights = gpt_weights(read_exported_weights(path, device), model_cfg.tie_embeddings, path)
-        state, step, which = {"model": weights}, config.get("step", 0), "exported"
+        state, step, which = {"model": weights}, config.get("step", 0), exported_weights_label(config, weights)
         # Its files are read one after another, and `gbattn export` replaces them one after another (config.json
         # removed first, put back last): read during an export, one export's step and config went with another's
         # weights, silently.

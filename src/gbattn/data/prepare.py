@@ -73,7 +73,10 @@ def data_path_cut(run) -> bool:
     upcycled from an export (its ``extra`` names the source's weights as ``exported``)."""
     config = getattr(run, "config", None)
     extra = config.get("extra") if isinstance(config, dict) else None
-    return run.checkpoint == "exported" or (isinstance(extra, dict) and extra.get("source_checkpoint") == "exported")
+    from gbattn.rundir import CHANGED, EXPORTED
+
+    exported = (EXPORTED, CHANGED)
+    return run.checkpoint in exported or (isinstance(extra, dict) and extra.get("source_checkpoint") in exported)
 
 
 def recorded_path_advice(run_dir, exported: bool = False) -> str:

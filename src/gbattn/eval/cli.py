@@ -111,7 +111,7 @@ def cmd_eval(args) -> None:
         atomic_write(args.per_token, buffer.getbuffer())
         out["per_token_file"] = args.per_token
     print(f"{args.split} perplexity {res.ppl:.3f} (loss {res.loss:.4f} nats) over {res.tokens:,} tokens, "
-          f"{run.checkpoint} weights at step {run.step}"
+          f"{run.weights_text}"
           + (test_split_note(data.notes) if args.split == "test" else "") + (f"; {other_data}" if other_data else ""))
     print(json.dumps(finite(out)))  # strict JSON (an infinite perplexity is null)
 

@@ -86,8 +86,10 @@ def wrap_run(run: LoadedRun):
     tokenizer = hf_tokenizer(run.tokenizer, run.model_cfg.block_size)
     section = portable_paths({k: v for k, v in run.config.items() if k != "model"})
     section["step"] = run.step
-    if run.checkpoint != "exported":
+    if run.checkpoint != rundir.EXPORTED:  # (a re-export keeps the run's best or last; changed weights say so)
         section["checkpoint"] = run.checkpoint
+    # which weights these are: weights saved over them later (fine-tuned, another dtype) are not this step's
+    section["weights_digest"] = rundir.weights_digest(run.model.state_dict())
     model = GbattnForCausalLM.from_gpt(run.model, run=section, **model_token_ids(tokenizer))
     return model, tokenizer
 

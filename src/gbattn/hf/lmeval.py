@@ -46,6 +46,7 @@ from gbattn.rundir import (
     CONFIG,
     check_exported_checkpoint,
     check_finite,
+    exported_weights_label,
     gbattn_section,
     gpt_weights,
     is_exported,
@@ -232,7 +233,7 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
                                   f"have no embedding): its tokenizer files do not belong to this model")
         check_tokenizer_is_the_exported_one(tokenizer, Path(model_dir), section, model.config.max_position_embeddings)
         harness_outputs(model, tokenizer)
-        step, which = section.get("step", 0), "exported"
+        step, which = section.get("step", 0), exported_weights_label(section, model.model.state_dict())
         # as LoadedRun.seq_len reads it from the run's config.json (an export's gbattn section is that file's)
         trained = section.get("seq_len") or (section.get("train") or {}).get("seq_len")
         max_length = min(trained or model.config.max_position_embeddings - 1, model.config.max_position_embeddings)
