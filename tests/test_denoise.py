@@ -16,10 +16,10 @@ import torch
 
 from gbattn.cli import main
 from gbattn.errors import UserError
-from gbattn.synthetic.models import EquilibriumDenoiser, PatternDenoiser, fixed_point
+from gbattn.synthetic.models import EquilibriumDenoiser, FixedPointStats, PatternDenoiser, fixed_point
 from gbattn.synthetic.tables import plot_rounds
 from gbattn.synthetic.task import Protocol, Setting, bayes_optimal_accuracy, make_patterns, sample_queries
-from gbattn.synthetic.training import EXPERIMENTS, boosted_run, denoise_loss, train_run
+from gbattn.synthetic.training import EXPERIMENTS, RunSpec, boosted_run, denoise_loss, train_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -387,6 +387,27 @@ def test_deq_solver_options_without_the_deq_experiment_are_one_line(tmp_path, mo
     assert not out.exists()
 
 
+def test_rounds_figure_draws_error_bars_only_of_a_spread(tmp_path, monkeypatch):
+    """One seed has no std: rounds.png drew zero-length error bars with caps at each mean, as if the spread were 0
+    (results.png had been fixed for it). Two seeds draw a bar of each std."""
+    from gbattn.synthetic import tables
+
+    drawn = []
+    monkeypatch.setattr(tables, "write_figure", lambda fig, path: drawn.append(fig))
+
+    def table(std, n):
+        rows = [{"rounds": m, "ours": {"mean": 20.0 + m, "std": std, "n": n}, "paper_revision": 30.0, "paper_v1": 31.0}
+                for m in (1, 2, 3)]
+        return {"rows": rows, "bayes": 58.0, "chance": 6.25}
+
+    for std, n, bars in ((None, 1, 0), (0.5, 2, 3)):
+        plot_rounds(table(std, n), tmp_path / "rounds.png", 150)
+        (ax,) = drawn[-1].axes
+        (ours,) = [c for c in ax.containers if c.get_label().startswith("ours")]
+        _, caps, bar_lines = ours.lines
+        assert len(caps) == (2 if bars else 0) and sum(len(b.get_segments()) for b in bar_lines) == bars
+
+
 def test_missing_matplotlib_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     table = {"rows": [], "bayes": 58.0, "chance": 6.25}
@@ -428,6 +449,19 @@ def test_a_run_reports_its_best_evaluation_on_held_out_queries(monkeypatch):
     monkeypatch.setattr(training, "evaluate", lambda *a: next(scores))
     result = train_run(boosted_run(Setting(8, 4, 0.5), 1, None, 0), protocol)
     assert result["evals"] == {1: 0.5, 2: 0.4, 3: 0.3} and result["accuracy"] == 0.5
+
+    # A DEQ's fixed-point statistics are those of the evaluation reported: the table prints them beside its
+    # accuracy (it printed the last evaluation's "100% converged" beside an earlier one's accuracy, 88% converged).
+    scores = iter([(0.5, 0.88), (0.4, 0.99), (0.3, 1.0)])
+
+    def evaluate_deq(model, *a):
+        accuracy, converged = next(scores)
+        model.last_stats = FixedPointStats(iterations=6, residual_mean=0.1, residual_max=0.2, converged=converged)
+        return accuracy
+
+    monkeypatch.setattr(training, "evaluate", evaluate_deq)
+    result = train_run(RunSpec(Setting(8, 4, 0.5), kind="deq", seed=0), protocol)
+    assert result["accuracy"] == 0.5 and result["fixed_point"]["converged"] == 0.88
 
 
 def test_difficulty_delta_is_paired_by_seed():
@@ -814,11 +848,10 @@ def test_a_short_run_is_the_training_loop_written_out():
     assert result["final_loss"] == pytest.approx(loss.item(), rel=1e-6)
 
 
-def test_a_deq_run_records_its_kind_and_its_last_evaluations_fixed_point(monkeypatch):
-    """A DEQ run's result says kind "deq" (one round, no gate) and carries the fixed-point statistics of its
-    last evaluation, which the DEQ table's residual and iteration rows report."""
+def test_a_deq_run_records_its_kind_and_its_reported_evaluations_fixed_point(monkeypatch):
+    """A DEQ run's result says kind "deq" (one round, no gate) and carries the fixed-point statistics of the
+    evaluation whose accuracy it reports, which the DEQ table's residual and iteration rows show beside it."""
     from gbattn.synthetic import training
-    from gbattn.synthetic.training import RunSpec
 
     stats = []
     real_evaluate = training.evaluate
@@ -832,7 +865,8 @@ def test_a_deq_run_records_its_kind_and_its_last_evaluations_fixed_point(monkeyp
     protocol = Protocol(steps=2, batch=8, eval_queries=16, deq_max_iter=7)
     result = train_run(RunSpec(Setting(8, 4, 0.5), kind="deq", seed=1), protocol)
     assert (result["key"], result["kind"], result["rounds"], result["gate"]) == ("d8-K4-s0.5-deq-seed1", "deq", 1, None)
-    assert len(stats) == 2 and stats[0] != stats[1] and result["fixed_point"] == stats[-1]
+    best = list(result["evals"].values()).index(result["accuracy"])
+    assert len(stats) == 2 and stats[0] != stats[1] and result["fixed_point"] == stats[best]
 
 
 def test_denoise_count_options_refuse_zero_and_too_many_queries(tmp_path, monkeypatch):

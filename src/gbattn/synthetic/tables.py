@@ -210,7 +210,9 @@ def plot_rounds(table: dict, path: Path, steps: int, published: bool = True) -> 
     rows = table["rows"]
     rounds = [r["rounds"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    ax.errorbar(rounds, [r["ours"]["mean"] for r in rows], yerr=[r["ours"]["std"] or 0.0 for r in rows],
+    stds = [r["ours"]["std"] for r in rows]  # None of one seed: no bar (a zero-length one drew caps, as a std of 0)
+    ax.errorbar(rounds, [r["ours"]["mean"] for r in rows],
+                yerr=None if all(std is None for std in stds) else [std or 0.0 for std in stds],
                 marker="o", capsize=4, label=ours_label(rows[0]["ours"]["n"]))
     if published:
         ax.plot(rounds, [r["paper_revision"] for r in rows], "s--", alpha=0.7, label="paper (revision)")
