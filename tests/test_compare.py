@@ -170,6 +170,11 @@ def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_pa
     sets = tiny_sets()
     with pytest.raises(UserError, match="use --seeds"):
         run_compare("cpu-proxy", tmp_path / "a", data=str(data), sets={**sets, "seed": 7}, quiet=True)
+    # every model started from one run's weights, reported as trained from scratch (and recipe.json recorded it)
+    with pytest.raises(UserError, match=r"^--set init_from=\.\.\. would start every run of the comparison from"):
+        run_compare("cpu-proxy", tmp_path / "a", data=str(data), sets={**sets, "init_from": str(tmp_path / "r")},
+                    only=["standard"], quiet=True)
+    assert not (tmp_path / "a").exists()
     # ... however the option is spelt: attn_options.rounds, and attn_options={...}, passed and were ignored
     for key, value in (("attn.rounds", 3), ("attn_options.rounds", 3), ("attn_options", {"rounds": 3}),
                        ("attn.rounds.x", 3)):  # (a key under one the recipe sets: ignored silently before)

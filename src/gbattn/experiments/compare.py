@@ -180,6 +180,10 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     sets = dict(sets or {})
     if "seed" in sets:
         raise UserError("--set seed=... would give every run of the comparison that one seed: use --seeds")
+    if "init_from" in sets:  # (accepted, it started every model from one run's weights, reported as from scratch)
+        raise UserError("--set init_from=... would start every run of the comparison from that one run's weights: a "
+                        "recipe's continuations name their own start (train one continuation with `gbattn train "
+                        "--init-from RUN`)")
     check_split_setting(data, sets)  # train refuses it too
     if "attn" in sets:
         raise UserError("--set attn=... would give every model of the recipe that one attention variant: the recipe "
