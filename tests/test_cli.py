@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,12 @@ def test_list_shows_variants_and_presets(capsys):
         (["train", "--resume", "--out", "no-such-run"], "no-such-run/config.json not found"),
         (["train", "--out", "new-run", "--resume", "--restart"],
          "--resume continues the run in --out and --restart replaces it: give one of them"),
+        # an option with a value given twice kept the last one silently (--set adds up, and stays allowed)
+        (["params", "--attn", "boosted", "--attn", "standard"], "argument --attn: given twice (boosted, then "
+                                                                 "standard): give it once (see: gbattn params --help)"),
+        (["compare", "--recipe", "cpu-char", "--only", "standard", "--only", "gba-m2"],  # (no --out: nothing runs)
+         "argument --only: given twice (standard, then gba-m2): give it once (it takes several values at once: "
+         "--only standard gba-m2)"),
     ],
 )
 def test_user_errors_one_line_status_2(capsys, argv, message):
@@ -190,7 +197,32 @@ def test_portable_command_line_holds_no_path_outside_the_working_directory():
     # a trailing "/" goes, as a value of its own or after "="
     set_invocation(["train", "--out", "runs/x/", "--out=runs/y/"])
     assert command_line(portable=True) == "gbattn train --out runs/x --out=runs/y"
+    # a path cut to a name with a leading dash keeps "./" (`--out -cmp` read -cmp as an option)
+    set_invocation(["compare", "--out", "/home/me/-cmp", "--set", "lr=-1"])
+    assert command_line(portable=True) == "gbattn compare --out ./-cmp --set lr=-1"
     set_invocation([])
+
+
+def test_suggested_commands_keep_a_leading_dash_path_a_path(tmp_path, monkeypatch):
+    """`--out ./-run`, stopped, said "continue with `gbattn train --resume --out -run`", which argparse refused
+    (-run read as an option); a comparison's --jobs children were started the same way, and every one failed."""
+    from gbattn.cli import build_parser
+    from gbattn.experiments import compare
+    from gbattn.files import shell_path
+
+    assert shell_path("-run") == "./-run" and shell_path("a b") == "'a b'" and shell_path("-a b") == "'./-a b'"
+    args = build_parser().parse_args(["train", "--resume", "--out", shell_path("-run")])
+    assert args.out == "./-run"
+    started = []
+    monkeypatch.setattr(compare.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or pytest.fail("ran"))
+    monkeypatch.chdir(tmp_path)
+    run_dir = Path("-cmp") / "standard" / "seed1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text("{}")  # (a planned run's: nothing written here)
+    with pytest.raises(pytest.fail.Exception):
+        compare.start_run(run_dir, None, None, None, {}, {"threads": 1})
+    (cmd,) = started
+    assert build_parser().parse_args(cmd[3:]).out == str(run_dir)
 
 
 def test_help_imports_nothing_heavy():

@@ -50,7 +50,21 @@ class Parser(argparse.ArgumentParser):
         blank = (lambda t: not t) if action.type is text else (lambda t: not t.strip())
         if action.nargs != argparse.PARSER and any(blank(t) for t in arg_strings):
             self.error(f"argument {'/'.join(action.option_strings) or action.dest}: is empty")
+        if action.option_strings and isinstance(action, argparse._StoreAction):
+            # An option that takes a value, given twice, kept the last one silently (`--only a --only b` trained b
+            # alone; `--seeds 1 --seeds 2` seed 2): refused, as `--attn x --set attn=y` is. (--set adds up.)
+            given = self.__dict__.setdefault("_given", {})
+            if action.dest in given:
+                several = (f" (it takes several values at once: {action.option_strings[0]} "
+                           f"{' '.join([*given[action.dest], *arg_strings])})" if action.nargs in ("+", "*") else "")
+                self.error(f"argument {'/'.join(action.option_strings)}: given twice ({' '.join(given[action.dest])}, "
+                           f"then {' '.join(arg_strings)}): give it once{several}")
+            given[action.dest] = list(arg_strings)
         return super()._get_values(action, arg_strings)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = {}  # dest -> the values of each option given so far in this parse (see _get_values)
+        return super().parse_known_args(args, namespace)
 
     def _check_value(self, action, value):
         # argparse's own check (a command, --split, --checkpoint, --experiments), naming a near miss ('lis': list)

@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+import shlex
 import shutil
 import socket
 import stat
@@ -373,6 +374,13 @@ def relative_path(path, base) -> str:
         return path.relative_to(base).as_posix()
     parts = path.relative_to(path.anchor).parts
     return Path(*parts[-2:]).as_posix() if parts else "."
+
+
+def shell_path(path: str | os.PathLike) -> str:
+    """A path in a command gbattn suggests, as a shell reads it back and an option takes it: quoted (a space), and
+    ``./`` before a leading dash (``--out -run`` read ``-run`` as an option)."""
+    text = str(path)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
 
 
 def portable_path(text: str) -> str:

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import pickle
-import shlex
 import socket
 import stat
 import struct
@@ -62,6 +61,7 @@ from gbattn.files import (
     refuse_lfs_pointer,
     refuse_not_regular,
     remove_unwritten,
+    shell_path,
     write_json,
 )
 from gbattn.model.decoding import StopStrings
@@ -626,7 +626,7 @@ def refuse_hf_checkpoint(config: dict, path: str | Path, then: str = "give DIR")
     model_type = config.get("model_type")
     if model_type is not None and model_type != "gbattn" and gbattn_section(config, Path(path) / CONFIG) is None:
         raise UserError(f"{path} is a Hugging Face checkpoint ({model_type}), not a gbattn run: convert it first with "
-                        f"`gbattn upcycle {shlex.quote(str(path))} --attn standard --out DIR` (or --attn boosted), "
+                        f"`gbattn upcycle {shell_path(path)} --attn standard --out DIR` (or --attn boosted), "
                         f"then {then}")
 
 

@@ -278,7 +278,9 @@ def _portable_argument(arg: str) -> str:
     if eq:
         value += arg[first_slash:]
         return f"{head}={portable_path(value.rstrip('/') or value)}"
-    return portable_path(arg.rstrip("/") or arg)
+    made = portable_path(arg.rstrip("/") or arg)
+    # a value cut to a name that starts with a dash (`--out /runs/-cmp`) would be read as an option
+    return f"./{made}" if made.startswith("-") and not arg.startswith("-") else made
 
 
 def command_line(portable: bool = False) -> str:

@@ -460,7 +460,7 @@ def start_run(run_dir: Path, preset: str | None, model_cfg, train_cfg: TrainConf
     if not (run_dir / rundir.CONFIG).exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         rundir.write_config(run_dir, preset, model_cfg, train_cfg, extra, planned=True)
-    cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", str(run_dir), "--quiet"]
+    cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", f"--out={run_dir}", "--quiet"]  # (-cmp/...)
     for key, value in neutral.items():
         if value is not None:  # (threads: a child of --jobs N always gets its share)
             cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]

@@ -10,7 +10,6 @@ import contextlib
 import json
 import math
 import os
-import shlex
 import signal
 import sys
 import threading
@@ -37,7 +36,7 @@ from gbattn.errors import (
     terminated_handler,
 )
 from gbattn.eval.perplexity import evaluate, perplexity
-from gbattn.files import error_detail, refuse_not_regular
+from gbattn.files import error_detail, refuse_not_regular, shell_path
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.parent_death import parent_death_signal
@@ -520,7 +519,7 @@ class Trainer:
             if not self.restart and self._upcycled():
                 held = (f"{self.run_dir} holds an upcycled model that no run has trained yet ({rundir.BEST}, a "
                         f"{rundir.CONFIG} of 0 steps, no {rundir.CHECKPOINT})")
-                how = (f"`gbattn train --init-from {shlex.quote(str(self.run_dir))} --out NEW_DIR` (from Python: "
+                how = (f"`gbattn train --init-from {shell_path(self.run_dir)} --out NEW_DIR` (from Python: "
                        f"train_cfg.init_from) trains it into a new run")
                 raise UserError(f"{held}: nothing to resume; {how}, its weights kept" if self.resume else
                                 f"{held}; {how}, --restart (restart=True) replaces it, or choose another --out")
@@ -1012,7 +1011,7 @@ class Trainer:
     def _out_option(self) -> str:
         """``--out RUN_DIR`` as a shell reads it back (a directory named with a space, say), for the commands a run
         suggests."""
-        return f"--out {shlex.quote(str(self.run_dir))}"
+        return f"--out {shell_path(self.run_dir)}"
 
     def _launched_as(self, args: str) -> tuple[str, str]:
         """``gbattn ARGS`` launched as this run was: in one process, or under torchrun with as many processes
