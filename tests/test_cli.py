@@ -1548,3 +1548,20 @@ def test_a_script_answers_a_mistake_in_one_line(tmp_path, argv, line):
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_loop_of_links_is_one_line_wherever_a_path_is_given(tmp_path, monkeypatch, capsys):
+    """Two links to each other as --out: train, compare and denoise ended in a RuntimeError traceback from
+    Path.resolve() (status 1); export said "a link to loopB, which does not exist" of a loopB that exists."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink("loopB", "loopA")
+    os.symlink("loopA", "loopB")
+    assert main(["train", "--preset", "cpu-char", "--data", "tiny-shakespeare", "--out", "loopA/run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gbattn: error: Symlink loop from ") and err.endswith(
+        "links that lead back to each other name no file or folder; remove one of them\n")
+    from gbattn.errors import UserError
+    from gbattn.files import check_writable_dir
+
+    with pytest.raises(UserError, match="^--out loopA is a link to loopB in a loop of links that lead back to each"):
+        check_writable_dir("loopA")

@@ -124,6 +124,7 @@ def _main_thread() -> bool:
 UNDER_TORCHRUN = ("train", "compare")
 
 CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
+SYMLINK_LOOP = "Symlink loop from "  # Python 3.11-3.12 Path.resolve() raises RuntimeError (3.13: OSError, ELOOP)
 
 
 def show_tracebacks() -> bool:
@@ -189,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gbattn: {'terminated' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     except (MemoryError, RuntimeError) as e:  # sizes a machine cannot hold (batch, width, samples)
+        if str(e).startswith(SYMLINK_LOOP) and not show_tracebacks():  # Path.resolve() of links to each other
+            print(f"gbattn: error: {terminal_line(str(e))}: links that lead back to each other name no file or "
+                  f"folder; remove one of them", file=sys.stderr)
+            return 2
         # torch.OutOfMemoryError on CUDA; on CPU the allocator raises a plain RuntimeError.
         if (not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and CPU_ALLOCATION_FAILED not in str(e)
                 or show_tracebacks()):

@@ -198,6 +198,11 @@ def dangling_link(path: Path) -> str | None:
     """"a link to TARGET, which does not exist" where ``path`` is a link to nothing (a Hugging Face hub snapshot
     copied without its blobs, say); None otherwise."""
     if path.is_symlink() and not path.exists():
+        try:
+            os.stat(path)
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # (links to each other: "a link to B, which does not exist" of a B that does)
+                return f"a link to {os.readlink(path)} in a loop of links that lead back to each other"
         return f"a link to {os.readlink(path)}, which does not exist"
     return None
 
