@@ -163,6 +163,28 @@ def test_a_comparison_continues_with_other_result_neutral_settings(tmp_path, mon
     assert all(f"{k}={v}" in cmd for k, v in neutral.items()) and "threads=2" in cmd  # (one run: every thread)
 
 
+def test_compare_records_a_path_in_a_set_value_as_its_command_does(tmp_path, monkeypatch):
+    """--set tokenizer=hf=/abs/tokenizer.json: results.json and recipe.json recorded the absolute path in their sets
+    (the command beside it was made portable); a recipe.json written before, holding the path as typed, still
+    continues with the same command."""
+    from gbattn.data.corpus import load_corpus
+    from gbattn.data.tokenizer import get_tokenizer
+    data = write_corpus(tmp_path / "c")
+    tokenizer = tmp_path / "tok dir" / "tokenizer.json"
+    tokenizer.parent.mkdir()
+    tokenizer.write_text(get_tokenizer("bpe", load_corpus(str(data)), vocab_size=120, verbose=False).payload)
+    monkeypatch.setattr(compare_mod, "_Runner", lambda *a: pytest.fail("recorded"))
+    sets = {**tiny_sets(), "tokenizer": f"hf={tokenizer}"}
+    with pytest.raises(pytest.fail.Exception, match="recorded"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+    recorded = json.loads((tmp_path / "cmp" / "recipe.json").read_text())
+    assert recorded["sets"]["tokenizer"] == "hf=tok dir/tokenizer.json" and str(tmp_path) not in json.dumps(recorded)
+    recorded["sets"]["tokenizer"] = f"hf={tokenizer}"  # as a recipe.json of before recorded it
+    (tmp_path / "cmp" / "recipe.json").write_text(json.dumps(recorded))
+    with pytest.raises(pytest.fail.Exception, match="recorded"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
+
+
 def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_path):
     """--set seed (every 'seed' would be that one), --set of a key the recipe sets per model (it
     would be overridden), and a finished run reused after its data changed under the same name."""

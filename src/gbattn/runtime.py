@@ -269,7 +269,7 @@ def set_invocation(argv: list[str]) -> None:
     _INVOCATION[:] = list(argv)
 
 
-def _portable_argument(arg: str) -> str:
+def portable_argument(arg: str) -> str:
     """One argument with its path made portable, also a path after the last ``=`` before the path's first
     ``/``: ``--out=PATH``, ``--tokenizer hf=PATH``, ``--set tokenizer=gpt2=PATH``; a path holding ``=``
     (``../runs/lr=3e-4``, ``/srv/runs=2/wiki``) is a path."""
@@ -288,5 +288,5 @@ def command_line(portable: bool = False) -> str:
     :func:`gbattn.files.portable_path` writes them (for results files)."""
     argv = _INVOCATION or sys.argv[1:]
     if portable:
-        argv = [_portable_argument(a) for a in argv]
+        argv = [portable_argument(a) for a in argv]
     return "gbattn " + " ".join(shlex.quote(a) for a in argv)

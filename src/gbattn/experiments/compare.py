@@ -40,7 +40,7 @@ from gbattn.files import open_to_append, portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
 from gbattn.parent_death import stop_with_parent
 from gbattn.progress import Progress
-from gbattn.runtime import command_line, default_threads, launched_processes, resolve_device
+from gbattn.runtime import command_line, default_threads, launched_processes, portable_argument, resolve_device
 from gbattn.train.trainer import fitted_by_the_earlier_rule, fitted_warmup, train
 from gbattn.upcycle import upcycle, write_run
 
@@ -192,7 +192,9 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     rundir.check_out(out, (rundir.COMPARISON,), "a comparison")  # a run, denoise's results, ...: refused
     lock = rundir.RunLock(out, what="comparison")
     try:
-        request = {"recipe": recipe.name, "data": portable_path(data), "seeds": seeds, "sets": sets,
+        # (a path in a --set value, tokenizer=hf=/home/me/tok.json, as the command beside it writes it)
+        portable_sets = {k: portable_argument(v) if isinstance(v, str) else v for k, v in sets.items()}
+        request = {"recipe": recipe.name, "data": portable_path(data), "seeds": seeds, "sets": portable_sets,
                    "command": command_line(portable=True), "models": dict(models or {}),
                    "matched": list(dict.fromkeys(matched or []))}
         _check_request(out / "recipe.json", request, seeds_given, data_as_given=data)
@@ -582,7 +584,9 @@ def results_part(key: str, value):
     no result (device, compile, log_every, ...: a comparison continues on another device)."""
     if key != "sets" or not isinstance(value, dict):
         return value
-    return {k: v for k, v in value.items() if k not in TrainConfig.RESULT_NEUTRAL}
+    # (a path in a value as results files record it: recipe.json written before they did held it as typed)
+    return {k: portable_argument(v) if isinstance(v, str) else v for k, v in value.items()
+            if k not in TrainConfig.RESULT_NEUTRAL}
 
 
 def _set_value(sets: dict, key: str) -> str:
