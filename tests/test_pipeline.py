@@ -3512,7 +3512,7 @@ def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tm
     assert result["test_loss"] == pytest.approx(losses["best"], rel=1e-6) != losses["last"]
 
 
-def test_result_json_names_the_runs_attention_options_seed_and_tokens_per_parameter(tmp_path):
+def test_result_json_names_the_runs_attention_options_seed_and_tokens_per_parameter(tmp_path, monkeypatch):
     """result.json is what compare, report and the figures read a run by: its attention with its options, its seed,
     its hardware and tokens seen per parameter are the run's own (a seed or options of another run would mislabel
     its row)."""
@@ -3526,6 +3526,11 @@ def test_result_json_names_the_runs_attention_options_seed_and_tokens_per_parame
     assert result["device"] == device_name(torch.device("cpu"))  # the CPU's model and the threads it trained with
     assert result["tokens_per_parameter"] == result["train_tokens_seen"] / result["parameters"]
     assert ckpt.read_result(tmp_path / "run" / ckpt.RESULT) == result
+    assert result["run_dir"] == "run"
+    # --out . names the folder by its own name ("" before; --out .. gave "..")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert train(Path("."), model_cfg, train_cfg, quiet=True)["run_dir"] == "here"
 
 
 def test_a_training_record_averages_the_steps_since_the_last_one(tmp_path, monkeypatch):

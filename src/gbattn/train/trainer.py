@@ -1094,7 +1094,7 @@ class Trainer:
         test = self._evaluate("test")
         valid_best = perplexity(self.best_valid)
         result = {
-            "run_dir": self.run_dir.name,
+            "run_dir": self.run_dir.resolve().name,  # ("." or "..": the folder's own name, not "" or "..")
             "attn": self.model_cfg.attn,
             "attn_options": self.model_cfg.attn_options,
             "residual": self.model_cfg.residual,
