@@ -1565,3 +1565,15 @@ def test_a_loop_of_links_is_one_line_wherever_a_path_is_given(tmp_path, monkeypa
 
     with pytest.raises(UserError, match="^--out loopA is a link to loopB in a loop of links that lead back to each"):
         check_writable_dir("loopA")
+
+
+def test_a_failed_new_run_leaves_none_of_the_folders_it_made(tmp_path, monkeypatch, capsys):
+    """`train --out typo1/typo2/run --data nonexist` removed run but left typo1/typo2 (made for it, empty); a folder
+    that was there, or that holds something else, stays."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--preset", "cpu-char", "--data", "no-such-corpus"]
+    assert main([*argv, "--out", "typo1/typo2/run"]) == 2
+    assert "no-such-corpus" in capsys.readouterr().err and sorted(os.listdir(tmp_path)) == []
+    (tmp_path / "kept" / "other").mkdir(parents=True)
+    assert main([*argv, "--out", "kept/new/run"]) == 2
+    assert sorted(os.listdir(tmp_path / "kept")) == ["other"]

@@ -26,6 +26,7 @@ import errno
 import fcntl
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
@@ -459,6 +460,9 @@ class RunLock:
         if key in RunLock._held:  # this process already holds it (e.g. compare, then its runs)
             self.fd = None
             return
+        # the folders this lock's check makes (the directory and its parents not there yet: removed again if empty)
+        self.made = [self.directory, *itertools.takewhile(lambda p: not p.exists() and p != p.parent,
+                                                          self.directory.parents)]
         self.created = not self.directory.exists()
         check_writable_dir(self.directory, "--out")
         try:  # never through a link: a .lock symlink would have the pid written into its target
@@ -493,7 +497,8 @@ class RunLock:
             if self.created and [p.name for p in self.directory.iterdir()] == [LOCK]:
                 with contextlib.suppress(OSError):
                     (self.directory / LOCK).unlink()
-                    self.directory.rmdir()
+                    for folder in self.made:  # (typo1/typo2/run left typo1/typo2) the first one not empty stops it
+                        folder.rmdir()
             os.close(self.fd)
             self.fd = None
 
