@@ -867,6 +867,25 @@ def test_eval_per_token_leaves_every_model_directory_alone(trained, tmp_path, ca
     assert own.read_bytes() == before
 
 
+def test_an_output_file_name_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch):
+    """`eval --per-token NAME` with a 246-character NAME: refused only after the whole evaluation, by the temporary
+    file's name (NAME.tmp<pid>@<host>, past the 255-byte limit). "pt dir/" of a folder not there wrote a file named
+    "pt dir"; an output under a file named its parent as if it were the option's value."""
+    from gbattn.files import building_suffix, check_writable_file
+
+    monkeypatch.chdir(tmp_path)
+    room = os.pathconf(tmp_path, "PC_NAME_MAX") - len(building_suffix())
+    check_writable_file("p" * (room - 4) + ".npy", "--per-token")  # the longest that fits
+    with pytest.raises(UserError, match=rf"^--per-token p+\.npy: the file name is too long \({room + 1} bytes; at "
+                                        rf"most {room} here"):
+        check_writable_file("p" * (room - 3) + ".npy", "--per-token")
+    with pytest.raises(UserError, match="^--per-token pt dir/ names a folder"):
+        check_writable_file("pt dir/", "--per-token")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UserError, match="^--per-token afile/sub/x.npy: afile is a file, not a folder$"):
+        check_writable_file("afile/sub/x.npy", "--per-token")
+
+
 def test_an_output_file_named_as_any_file_gbattn_reads_in_a_model_directory_is_refused(tmp_path):
     """Every file gbattn reads in a run or exported directory, gbattn's own tokenizer of an export too (its name ends
     neither in config.json nor in a weights suffix), is refused as an output there: --per-token

@@ -237,13 +237,28 @@ def check_writable_file(path: str | Path, what: str) -> Path:
     """The parent directory of ``path`` exists and is writable, and ``path`` is not a directory, a device or a pipe
     (:func:`atomic_write` replaces what is there: `eval --per-token /dev/null` as root put a regular file in place
     of the machine's /dev/null)."""
+    if str(path).endswith(("/", os.sep)):  # ("pt dir/" of a folder not there wrote a file named "pt dir")
+        raise UserError(f"{what} {path} names a folder (it ends in /); give a file name")
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a directory; give a file name")
     if path.exists() and not path.is_file():
         raise UserError(f"{what} {path} is a device or a pipe, which gbattn would replace with a file; give a file "
                         f"name")
+    there = next((p for p in path.parents if p.exists()), Path("."))  # the nearest folder that is there
+    if not there.is_dir():  # (the message named the parent as the option's value: "--per-token c/afile is a file")
+        raise UserError(f"{what} {path}: {there} is a file, not a folder")
     check_writable_dir(path.parent if str(path.parent) else Path("."), what, create=False)
+    # atomic_write writes NAME.tmp<pid>@<host> first: a name the folder takes, but not with that suffix, failed only
+    # once the work was done ("File name too long" of the temporary file, after a whole evaluation)
+    try:
+        limit = os.pathconf(there, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    suffix = len(os.fsencode(building_suffix()))
+    if len(os.fsencode(path.name)) + suffix > limit:
+        raise UserError(f"{what} {path}: the file name is too long ({len(os.fsencode(path.name))} bytes; at most "
+                        f"{limit - suffix} here, which leaves room for the temporary name it is written under first)")
     return path
 
 
