@@ -900,6 +900,12 @@ def test_bench_refuses_a_set_of_attn_before_any_work():
     with pytest.raises(UserError, match=r"^--set attn=\.\.\. would make every variant benched that one: name the "
                                         r"variants with --attn$"):
         speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", quiet=True, sets={"attn": "boosted"})
+    # an option of one variant (--help's example was --set attn.rounds=3): standard's row, always there, refused it as
+    # "attention 'standard' has no option(s)", so no bench could take one; it goes with its variant
+    for key, option in (("attn.rounds", "rounds"), ("attn_options.rounds", "rounds"), ("attn_options", "KEY")):
+        with pytest.raises(UserError, match=rf"^--set {key}: an attention option would apply to every variant, "
+                                            rf"standard's row too; give it with its variant: --attn VARIANT:{option}="):
+            speed.run_bench("cpu-char", ["boosted"], device="cpu", quiet=True, sets={key: 3})
 
 
 def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):

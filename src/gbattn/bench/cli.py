@@ -34,7 +34,8 @@ def register(sub) -> None:
     p.add_argument("--activation-checkpointing", default="off", choices=["off", "on", "both"],
                    help="recompute each block in the training step's backward pass: off, on, or both side by side "
                         "(eager only; default off)")
-    arguments.sets(p, "a model field for every variant", arguments.MODEL_SET_EXAMPLE)
+    arguments.sets(p, "a model field for every variant", "--set d_model=288 (a variant's own options go with it: "
+                                                          "--attn boosted:rounds=3)")
     arguments.threads(p)
     p.add_argument("--out", default=None,
                    help="write bench.json and bench.md here (default: none, the table is printed only)")

@@ -205,6 +205,12 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         variants = [_label(spec) for spec in variants or DEFAULT_VARIANTS]
         if variants[0] != "standard":  # every ratio is against standard
             variants = ["standard"] + [v for v in variants if v != "standard"]
+        options = [key for key in sets if key.startswith(("attn.", "attn_options"))]
+        if options:  # (refused by standard's row, which no --attn named: "attention 'standard' has no option(s)")
+            option = options[0].split(".", 1)[1] if "." in options[0] else "KEY"
+            raise UserError(f"--set {options[0]}: an attention option would apply to every variant, standard's row "
+                            f"too; give it with its variant: --attn VARIANT:{option}=VALUE (e.g. --attn "
+                            f"boosted:rounds=3)")
         _refuse_repeats("--attn", variants, preset, sets)
         base_cfg = _variant_config(preset, "standard", sets)
         sweep_variants = [_label(spec) for spec in sweep_variants or ["standard", "boosted"]]
