@@ -714,6 +714,10 @@ def test_bench_markdown_follows_the_report():
     assert lines[-1] == lines[26]
     report["amp_bf16"], report["compile"] = True, "off"
     assert bench_markdown(report).splitlines()[2].endswith("dropout 0 · bf16 autocast")
+    # a row with its own dropout (--attn boosted:dropout=0.5): the header named standard's alone
+    report["variants"][2]["dropout"] = 0.5
+    assert bench_markdown(report).splitlines()[2].endswith("dropout 0 (boosted: 0.5) · bf16 autocast")
+    del report["variants"][2]["dropout"]
     assert bench_markdown(report).splitlines()[10].endswith("batch 1).")
     assert "## Sequence-length sweep (batch 1, one training step)" in bench_markdown(report).splitlines()
     # one repeat: a range of one ratio would read as no noise at all, so none is shown, and the note says why

@@ -302,6 +302,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             rows.append({
                 "variant": case.label,
                 "parameters": case.model.num_params(),
+                "dropout": case.cfg.dropout,  # (a row's own: --attn boosted:dropout=0.5)
                 "step_s": step,
                 "step_s_all": case.step_times,
                 "tokens_per_s": batch * seq_len / step,
@@ -520,6 +521,13 @@ def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
     return rows
 
 
+def _own_dropout_text(report: dict) -> str:
+    """" (boosted:dropout=0.5: 0.5)": the rows whose dropout is not the header's (it named standard's alone)."""
+    own = [f"{r['variant']}: {r['dropout']:g}" for r in report["variants"]
+           if r.get("dropout", report["dropout"]) != report["dropout"]]
+    return f" ({', '.join(own)})" if own else ""
+
+
 def bench_markdown(report: dict) -> str:
     mib = 1 << 20
     lines = [
@@ -528,7 +536,7 @@ def bench_markdown(report: dict) -> str:
         f"Command: `{report['command']}` · {_versions_text(report)} · "
         f"batch {report['batch']} x {report['seq_len']} tokens · "
         f"median of {report['repeats']} interleaved repeats of {report['steps_per_repeat']} steps · "
-        f"dropout {report['dropout']:g}"
+        f"dropout {report['dropout']:g}{_own_dropout_text(report)}"
         f"{' · bf16 autocast' if report['amp_bf16'] else ''}"
         f"{'' if report['compile'] == 'off' else ' · torch.compile: ' + report['compile']}"
         f"{_checkpointing_text(report)}",
