@@ -426,7 +426,7 @@ def test_resume_refuses_options_that_would_change_the_run(trained, capsys, monke
     line = one_line(code, err)
     for part in ("--attn standard (recorded: boosted)", "--seed 7 (recorded: 42)", "--set lr=0.5 (recorded: 0.003)",
                  "--set d_model=64 (recorded: 32)", "--preset cpu-proxy (recorded: paper-small)", "--data elsewhere",
-                 "--compile (recorded: trained eager; with dropout"):
+                 "--compile, or the --set compile or device that means it (recorded: trained eager; with dropout"):
         assert part in line, part
     # values equal to the recorded ones change nothing and are accepted (the run is finished: returns its result)
     code, out, err = run_cli(capsys, ["train", "--resume", "--out", run, "--attn", "boosted", "--set", "lr=0.003",
@@ -506,7 +506,8 @@ def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained,
     for argv in (["--compile"], ["--set", "compile=true"]):
         args = parser.parse_args(["train", "--resume", "--out", str(trained["run"]), *argv])
         (conflict,) = resume_conflicts(args, saved, model_cfg, train_cfg)
-        assert conflict.startswith("--compile (recorded: trained eager"), conflict
+        assert conflict.startswith("--compile, or the --set compile or device that means it (recorded: trained "
+                                   "eager"), conflict
         for quiet in (model_cfg.replace(dropout=0.0), model_cfg.replace(dropout_sites=[])):
             assert resume_conflicts(args, saved, quiet, train_cfg) == []
     # Nothing asked switches nothing, also for a run recorded compiled.
@@ -519,7 +520,7 @@ def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     recorded = train_cfg.replace(device="auto", compile=None)
     assert trainer.compile_switch(model_cfg, recorded, recorded.replace(compile=False)).startswith(
-        "--no-compile (recorded: trained compiled")
+        "--no-compile, or the --set compile or device that means it (recorded: trained compiled")
     assert trainer.compile_switch(model_cfg, recorded, recorded.replace(device="cuda")) is None
     assert trainer.compile_switch(model_cfg, recorded, recorded.replace(device="cpu")).startswith("--no-compile")
     monkeypatch.undo()
@@ -536,15 +537,16 @@ def test_resume_refuses_a_compile_switch_only_where_dropout_draws_masks(trained,
     # From Python (and `compare --jobs 1`, which resumes with its --set compile=...) too: it resumed compiled.
     from gbattn.train.trainer import Trainer
 
-    with pytest.raises(UserError, match=r"this would change it: --compile \(recorded: trained eager.*--restart\)$"):
+    with pytest.raises(UserError, match=r"this would change it: --compile, or the --set compile or device that means "
+                                        r"it \(recorded: trained eager.*--restart\)$"):
         Trainer(trained["run"], resume=True, overrides={"compile": True})
     # A comparison's run (compare resumes it with its --set compile=...): compare's words, no train --restart
     run = tmp_path / "compared"
     shutil.copytree(trained["run"], run)
     saved = json.loads((run / rundir.CONFIG).read_text())
     (run / rundir.CONFIG).write_text(json.dumps({**saved, "extra": {"label": "standard"}}))
-    with pytest.raises(UserError, match=r"--compile \(recorded: trained eager.*\. Leave it out of the `gbattn "
-                                        r"compare` command, or compare into another --out$"):
+    with pytest.raises(UserError, match=r"--set compile or device that means it \(recorded: trained eager.*\. Leave it "
+                                        r"out of the `gbattn compare` command, or compare into another --out$"):
         Trainer(run, resume=True, overrides={"compile": True})
     assert Trainer(trained["run"], resume=True, overrides={"compile": False}).train_cfg.compile is False
 

@@ -187,8 +187,9 @@ def compile_switch(model_cfg, recorded: TrainConfig, resumed: TrainConfig) -> st
 
     was, now = compiled(recorded), compiled(resumed)
     if was != now:
-        return (f"--{'' if now else 'no-'}compile (recorded: trained {'compiled' if was else 'eager'}; with dropout "
-                f"the two draw different masks)")
+        # (said of --set compile=true too, or of a --set device compiled by default: not only of the flag)
+        return (f"--{'' if now else 'no-'}compile, or the --set compile or device that means it (recorded: trained "
+                f"{'compiled' if was else 'eager'}; with dropout the two draw different masks)")
     if now and recorded.activation_checkpointing != resumed.activation_checkpointing:
         # (eager, recomputing a block draws its masks again, the same; compiled, Twicing's graph break fell back to
         # eager masks inside a recomputed block: another run from the first step)
