@@ -1491,7 +1491,7 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          ["compare", "--recipe", "cpu-char", "--out", comparison / "standard", "--set", "max_steps=1"],
          f"--out {comparison}/standard holds run directories (seed42), not a comparison: choose another --out"),
         ("unknown tokenizer", ["train", "--out", tmp_path / "o11", "--data", data, "--tokenizer", "words"],
-         "--tokenizer 'words' is not allowed"),
+         "tokenizer='words' is not allowed"),
         ("odd kv heads for differential", ["params", "--attn", "differential", "--set", "n_kv_heads=1"],
          "must be even"),
         ("bad device", [*new_run, "--device", "tpu"], "device='tpu' is not allowed"),
@@ -3343,3 +3343,27 @@ def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_tr
     assert files.error_detail(ValueError("x" * 80)) == "x" * 80  # whole: no mark
     assert files.error_detail(ValueError()) == "malformed"
     assert files.error_detail(ValueError("first line\nsecond line")) == "first line"  # a short one too
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("preset", "word", "preset='word' is not a preset gbattn has"),
+    ("preset", "", "preset='' is not a preset gbattn has"),  # (--init-from trained on paper-small's recipe)
+    ("train.device", "word", "device='word' is not allowed; choose auto, cpu, cuda, cuda:N"),
+    ("train.device", "mps", "device='mps' is not allowed"),
+    ("train.tokenizer", "word", "tokenizer='word' is not allowed; choose one of bpe, char"),
+])
+def test_a_config_json_naming_no_preset_device_or_tokenizer_gbattn_has_is_damaged(trained, tmp_path, capsys,
+                                                                                 field, value, expected):
+    """config.json's preset, device and tokenizer were free text: eval and generate took "word", resume refused it
+    naming no file (as if --device had been typed), and --init-from copied tokenizer "word" into its new run."""
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    config = json.loads((run / rundir.CONFIG).read_text())
+    section, _, key = field.rpartition(".")
+    (config[section] if section else config)[key] = value
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    for argv in (["eval", run], ["generate", run, "--prompt", "a", "--max-new-tokens", "1"],
+                 ["train", "--init-from", run, "--out", tmp_path / "new", "--data", trained["data"]]):
+        code, out, err = run_cli(capsys, argv)
+        assert code == 2 and err.startswith(f"gbattn: error: {run}") and expected in err, (argv, err)
+    assert not (tmp_path / "new").exists()

@@ -136,7 +136,7 @@ def preset(p: argparse.ArgumentParser, training: bool = True) -> None:
 # `gbattn generate`'s sampling defaults, which `run.generate` (gbattn.load_run) shares (nanoGPT's sample.py's)
 GENERATE_DEFAULTS = {"max_new_tokens": 100, "temperature": 0.8, "top_k": 200}
 
-MODEL_SET_EXAMPLE = "--set d_model=288, or with --attn boosted --set attn.rounds=3"
+MODEL_SET_EXAMPLE = "--set d_model=288 --set attn.rounds=3 (the latter with --attn boosted)"
 
 
 def model(p: argparse.ArgumentParser, training: bool = True) -> None:

@@ -138,6 +138,11 @@ class ModelConfig(Typed):
         return self.dropout if site in self.dropout_sites else 0.0
 
 
+DEVICE_NAMES = ("auto", "cpu", "cuda")
+TOKENIZER_KINDS = ("bpe", "gpt2", "char", "hf")
+TOKENIZER_FILE_KINDS = ("gpt2", "hf")  # HF tokenizer JSON; also from a file with KIND=PATH
+
+
 @dataclass
 class TrainConfig(Typed):
     """A training recipe; the defaults are the paper's (docs/paper.md)."""
@@ -193,6 +198,18 @@ class TrainConfig(Typed):
             raise ConfigError("sampling='random' has no epochs: set max_steps")
         if self.min_lr > self.lr:
             raise ConfigError(f"min_lr={self.min_lr} is above lr={self.lr}")
+        # (checked where a run's config.json is read too: a damaged one was refused only at resume, naming no file,
+        # and eval, generate and --init-from took it; gbattn.runtime.resolve_device says the same of --device)
+        if not re.fullmatch(r"auto|cpu(:\d+)?|cuda(:\d+)?", self.device):
+            kind = self.device.partition(":")[0]
+            hint = did_you_mean(kind, DEVICE_NAMES) if kind not in DEVICE_NAMES else ""
+            raise ConfigError(f"device={self.device!r} is not allowed{hint}; choose auto, cpu, cuda, cuda:N")
+        base = self.tokenizer.split("=", 1)[0]
+        if base not in TOKENIZER_KINDS or ("=" in self.tokenizer and base not in TOKENIZER_FILE_KINDS) or (
+                self.tokenizer == "hf"):
+            hint = did_you_mean(base, TOKENIZER_KINDS) if base not in TOKENIZER_KINDS else ""  # "chr"; not "bpe=PATH"
+            raise ConfigError(f"tokenizer={self.tokenizer!r} is not allowed{hint}; choose one of bpe, char, gpt2, "
+                              f"gpt2=PATH or hf=PATH")
         # AdamW's first step moves a weight by up to lr / (1 - beta1), a float32 scalar in its update (past float32's
         # largest, 3.4e38, a RuntimeError mid-run that every resume repeated)
         if self.lr / (1 - self.beta1) > 3.4e38:

@@ -45,7 +45,7 @@ import torch
 
 from gbattn.arguments import GENERATE_DEFAULTS
 from gbattn.checks import MAX_INT, check_choice
-from gbattn.config import ModelConfig, TrainConfig
+from gbattn.config import PRESETS, ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError, ConfigError, UserError, optional_module
 from gbattn.files import (
@@ -570,6 +570,10 @@ def check_config(config: dict, where: str | Path) -> dict:
     gbattn reads checked: a damaged file is a one-line :class:`CheckpointError`, not a traceback later."""
     _check_fields(config, _CONFIG_FIELDS, where)
     _check_fields(config.get("data") or {}, _DATA_FIELDS, f"{where} (data)")
+    preset = config.get("preset")  # (a name no preset has, or "", trained --init-from runs on paper-small's recipe)
+    if preset is not None and preset not in PRESETS:
+        raise CheckpointError(f"{where}: preset={preset!r} is not a preset gbattn has (choose one of "
+                              f"{', '.join(PRESETS)}, or null): the file is damaged")
     if isinstance(config.get("seq_len"), int) and config["seq_len"] < 1:
         raise CheckpointError(f"{where}: seq_len={config['seq_len']} must be >= 1")
     for count in ("step", "steps", "warmup_steps"):  # an export's step, which eval reports; a run's steps and warmup

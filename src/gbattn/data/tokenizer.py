@@ -26,7 +26,7 @@ from itertools import islice
 from pathlib import Path
 
 from gbattn.checks import did_you_mean
-from gbattn.config import MAX_VOCAB_SIZE
+from gbattn.config import MAX_VOCAB_SIZE, TOKENIZER_FILE_KINDS, TOKENIZER_KINDS
 from gbattn.errors import CheckpointError, DataError
 from gbattn.files import (
     atomic_write,
@@ -41,8 +41,7 @@ from gbattn.files import (
 
 BPE_TRAIN_LINES = 100_000
 SPECIALS = ["<pad>", "<unk>"]
-KINDS = ("bpe", "gpt2", "char", "hf")
-FILE_KINDS = ("gpt2", "hf")  # HF tokenizer JSON; also from a file with KIND=PATH
+KINDS, FILE_KINDS = TOKENIZER_KINDS, TOKENIZER_FILE_KINDS  # (FILE_KINDS: HF tokenizer JSON, also KIND=PATH)
 
 
 def cache_dir() -> Path:
