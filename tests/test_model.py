@@ -1332,6 +1332,10 @@ def test_set_values_options_and_keywords_keep_what_was_given():
     assert (train.warmup_steps, train.fit_warmup) == (10, False)
     with pytest.raises(ConfigError, match=r"^epochs=3.0 is not used: max_steps=2000 \(preset cpu-char's\) sets"):
         build_configs("cpu-char", "standard", "data", epochs=3.0)
+    # ... a value no run takes is named as such first ("not used" sent the user to a second error)
+    for bad, message in ((-1, r"epochs=-1.0 must be > 0"), ("word", r"epochs='word' must be a number")):
+        with pytest.raises(ConfigError, match=rf"^{message}$"):
+            build_configs("cpu-char", "standard", "data", {"epochs": bad})
     d = {"attn_options": {"gate": "scalar"}}
     set_path(d, "attn_options.rounds", 3)
     assert d == {"attn_options": {"gate": "scalar", "rounds": 3}}

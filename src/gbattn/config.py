@@ -22,6 +22,7 @@ from gbattn.checks import (
     at_least,
     between,
     check_choice,
+    coerce,
     did_you_mean,
     each_one_of,
     fraction,
@@ -400,6 +401,10 @@ def build_configs(
         raise ConfigError(f"min_lr={explicit['min_lr']} is where the cosine schedule ends; schedule=constant holds lr "
                           f"after the warmup: leave min_lr out, or use schedule=cosine")
     if explicit.get("epochs") is not None and train_d.get("max_steps") is not None:  # (max_steps won, silently)
+        # a bad value is named as such first (epochs=-1 was "not used", and the advice to drop max_steps then met
+        # "must be > 0")
+        epochs = next(f for f in dataclasses.fields(TrainConfig) if f.name == "epochs")
+        epochs.metadata["check"]("epochs", coerce("epochs", explicit["epochs"], float))
         whose = "given too" if explicit.get("max_steps") is not None else f"preset {preset}'s"
         raise ConfigError(f"epochs={explicit['epochs']} is not used: max_steps={train_d['max_steps']} ({whose}) sets "
                           f"the run's length; give max_steps=null to train for epochs, or leave epochs out")
