@@ -2612,6 +2612,27 @@ def test_standard_names_at_a_configs_top_level_agree_with_its_gbattn_dict(traine
     assert torch.equal(rundir.load_run(damaged).model(x), AutoModelForCausalLM.from_pretrained(damaged)(x).logits)
 
 
+def test_a_damaged_dtype_or_token_id_in_config_json_is_one_error_from_from_pretrained(trained, tmp_path):
+    """config.json's dtype and token ids are read by transformers itself: "word", 0 or [] as a dtype and "word" as a
+    token id were AttributeError, IndexError and TypeError tracebacks from inside transformers; -1 loaded silently."""
+    _, out = trained
+    config = json.loads((out / "config.json").read_text())
+    dtype_key = "dtype" if "dtype" in config else "torch_dtype"
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    for key, value, expected in ((dtype_key, "word", "names no torch floating-point dtype"),
+                                 (dtype_key, 0, "names no torch floating-point dtype"),
+                                 (dtype_key, "int64", "names no torch floating-point dtype"),
+                                 ("pad_token_id", "word", "must be a token id"),
+                                 ("eos_token_id", -1, "must be a token id"),
+                                 ("bos_token_id", 2.5, "must be a token id")):
+        (damaged / "config.json").write_text(json.dumps({**config, key: value}))
+        with pytest.raises(ValueError, match=re.escape(f"config.json: {key}={value!r} {expected}")):
+            AutoModelForCausalLM.from_pretrained(damaged)
+    (damaged / "config.json").write_text(json.dumps({**config, "eos_token_id": [0, 1]}))
+    AutoModelForCausalLM.from_pretrained(damaged)  # a list of end tokens, as transformers allows
+
+
 def test_lm_eval_refuses_a_tokenizer_with_ids_past_the_models_vocabulary(trained, capsys, tmp_path):
     """Tokenizer files with tokens the model has no embedding for (an edited tokenizer_class of LlamaTokenizer added
     <s>, </s> and <unk> as ids 65 to 67 of a 65-character model): a request that met one ended in a traceback from

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import torch
 from transformers import PretrainedConfig
 
 from gbattn.config import ModelConfig
@@ -100,6 +101,24 @@ def refuse_model_fields(keywords: dict, assigned: bool = False) -> None:
                           f"standard names ({STANDARD_NAMES}) are taken as keywords")
 
 
+def check_transformers_fields(config: dict) -> None:
+    """The fields of a saved config.json that transformers reads itself, checked first: a dtype that names no torch
+    floating-point type, or token ids that are not integers, were tracebacks from inside transformers
+    (``module 'torch' has no attribute 'word'``, ``'<' not supported between 'str' and 'int'``)."""
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key)
+        if value is not None and not (isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
+                                      and getattr(torch, value).is_floating_point):
+            raise ConfigError(f"config.json: {key}={value!r} names no torch floating-point dtype (float32, "
+                              f"bfloat16, ...): the file is damaged")
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = config.get(key)
+        ids = value if isinstance(value, list) and key == "eos_token_id" else [value]
+        if value is not None and not all(type(i) is int and i >= 0 for i in ids):
+            raise ConfigError(f"config.json: {key}={value!r} must be a token id (an integer >= 0) or null: the file "
+                              f"is damaged")
+
+
 class GbattnConfig(PretrainedConfig):
     """``GbattnConfig(gbattn={"model": {...}, ...})``, or :meth:`from_model_config`
     (README, "Hugging Face transformers")."""
@@ -160,6 +179,8 @@ class GbattnConfig(PretrainedConfig):
                               f"nothing reads them: the model is built from config.gbattn['model']; delete them "
                               f"from config.json, or move them into its gbattn model dict")
         refuse_model_fields(kwargs)
+        if isinstance(config_dict, dict):
+            check_transformers_fields(config_dict)
         section = config_dict.get("gbattn") if isinstance(config_dict, dict) else None
         if not isinstance(section, dict) or not isinstance(section.get("model"), dict):
             raise ConfigError("the config has no gbattn model dict (config.json's gbattn: {model: {...}}, which "
