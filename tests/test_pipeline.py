@@ -1652,6 +1652,31 @@ def test_one_file_that_names_two_splits_is_refused(tmp_path, names, shared):
         load_corpus(str(tmp_path))
 
 
+def test_a_split_holding_the_training_text_or_a_split_word_inside_a_word_is_no_split(tmp_path):
+    """valid.txt as a link to train.txt (or a copy of it) trained and validated on one text without a word; latest.txt
+    was taken as the test split (test inside the word), as invalid.txt would be the valid one."""
+    folder = tmp_path / "linked"
+    folder.mkdir()
+    write_text(folder / "train.txt", "some training text\n" * 20)
+    write_text(folder / "test.txt", "other text\n")
+    os.symlink("train.txt", folder / "valid.txt")
+    with pytest.raises(DataError, match=r": the valid file valid.txt holds the same text as the train file train.txt, "
+                                        r"so valid figures would be of the training text"):
+        load_corpus(str(folder))
+    (folder / "valid.txt").unlink()
+    write_text(folder / "valid.txt", "held-out text\n")
+    load_corpus(str(folder))  # (a test file like none of them: fine)
+    words = tmp_path / "words"
+    words.mkdir()
+    for name in ("train.txt", "valid.txt", "latest.txt"):
+        write_text(words / name, f"{name}\n")
+    with pytest.raises(DataError, match=r"no test file found \(files seen: latest.txt, train.txt, valid.txt\)"):
+        load_corpus(str(words))
+    (words / "valid.txt").rename(words / "invalid.txt")
+    with pytest.raises(DataError, match=r"no valid/test file found"):
+        load_corpus(str(words))
+
+
 def test_a_folder_without_split_files_lists_what_it_holds_and_points_a_lone_text_file_out(tmp_path):
     """The error lists the folder's first 12 entries (a directory marked as one) and counts the rest; only a folder
     holding a single text file (macOS's hidden ._ copy aside) and no split file at all (tiny-shakespeare's

@@ -173,7 +173,9 @@ EXACT_NAMES = {
     "valid": ["wiki.valid.raw", "wiki.valid.tokens", "valid.txt", "valid", "validation.txt", "validation"],
     "test": ["wiki.test.raw", "wiki.test.tokens", "test.txt", "test"],
 }
-NAME_PATTERNS = {"train": r"train", "valid": r"valid|(?<![a-z])(val|dev)(?![a-z])", "test": r"test"}
+# a split word that starts a word of the name (latest.txt, contest.txt, invalid.txt and restrain.txt are no splits)
+NAME_PATTERNS = {"train": r"(?<![a-z])train", "valid": r"(?<![a-z])valid|(?<![a-z])(val|dev)(?![a-z])",
+                 "test": r"(?<![a-z])test"}
 TEXT_SUFFIXES = ("", ".txt", ".raw", ".tokens")
 SPLIT_SUFFIXES = (".train", ".valid", ".validation", ".val", ".dev", ".test")  # corpus.train: the split word as suffix
 
@@ -266,6 +268,11 @@ def _local_directory(path: Path) -> Corpus:
                         + (f"; a single text file is split by the split setting (default 90/5/5) when given itself: "
                            f"--data {path / texts[0]}" if single else ""))
     digests = {s: checked_digest(files[s]) for s in SPLITS}
+    for split in ("valid", "test"):  # (a link to train.txt, or a copy: its figures were of the training text)
+        if digests[split] == digests["train"]:
+            raise DataError(f"--data {path}: the {split} file {files[split].name} holds the same text as the train "
+                            f"file {files['train'].name}, so {split} figures would be of the training text; give each "
+                            f"split its own text")
     fingerprint = hashlib.sha256("|".join(f"{s}:{digests[s]}" for s in SPLITS).encode()).hexdigest()
 
     def reader(split: str) -> Iterator[str]:
