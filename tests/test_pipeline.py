@@ -1652,6 +1652,14 @@ def test_one_file_that_names_two_splits_is_refused(tmp_path, names, shared):
         load_corpus(str(tmp_path))
 
 
+def test_a_corpus_given_from_the_home_directory_is_named_as_given(tmp_path, monkeypatch):
+    """--data ~/c was recorded (config.json's corpus, eval's other-data note) as this machine's home path."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_corpus(tmp_path / "c")
+    write_text(tmp_path / "one.txt", "some text\n" * 50)
+    assert load_corpus("~/c").name == "~/c" and load_corpus("~/one.txt").name == "~/one.txt"
+
+
 def test_a_split_holding_the_training_text_or_a_split_word_inside_a_word_is_no_split(tmp_path):
     """valid.txt as a link to train.txt (or a copy of it) trained and validated on one text without a word; latest.txt
     was taken as the test split (test inside the word), as invalid.txt would be the valid one."""

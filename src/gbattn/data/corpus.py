@@ -247,7 +247,7 @@ def _listed(entry: Path) -> str:
     return f"{entry.name} (not a regular file)"
 
 
-def _local_directory(path: Path) -> Corpus:
+def _local_directory(path: Path, name: str | None = None) -> Corpus:
     files = _find_split_files(path)
     missing = [s for s, f in files.items() if f is None]
     if missing:
@@ -280,7 +280,7 @@ def _local_directory(path: Path) -> Corpus:
             yield from f
 
     notes = [f"{s}: {files[s].name}" for s in SPLITS]
-    return Corpus(name=str(path), fingerprint=fingerprint, reader=reader, notes=notes)
+    return Corpus(name=name or str(path), fingerprint=fingerprint, reader=reader, notes=notes)
 
 
 def _single_file(path: Path, split: tuple[float, float, float], name: str | None = None) -> Corpus:
@@ -430,13 +430,13 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
     if data in HF_NAMES:
         return _hugging_face(data)
     path = Path(os.path.expanduser(data))
-    if path.is_dir():
+    if path.is_dir():  # (named as given: "~/data/x" recorded this machine's home directory)
         try:
-            return _local_directory(path)
+            return _local_directory(path, name=data)
         except PermissionError as e:
             raise DataError(f"--data {path} cannot be read ({e.strerror})") from None
     if path.is_file():
-        return _single_file(path, tuple(split))
+        return _single_file(path, tuple(split), name=data)
     if path.exists():
         raise DataError(f"--data {data!r} is neither a regular file nor a directory (a device or a pipe)")
     if link := dangling_link(path):
