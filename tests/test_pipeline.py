@@ -2279,15 +2279,19 @@ def test_a_file_cut_inside_a_character_or_bad_past_two_chunks_is_named_at_its_of
     """A file whose last character is cut off is not UTF-8 text (not an error later, while reading);
     offsets count every chunk read before, not just the last one."""
     (tmp_path / "cut.txt").write_bytes(b"caf" + "\u00e9".encode()[:1])
-    with pytest.raises(DataError, match="ends inside a character at byte offset 4"):
+    with pytest.raises(DataError, match="ends inside a character that starts at byte offset 3"):
         load_corpus(str(tmp_path / "cut.txt"))
+    # (the offset was the file's length: 11 here, for a character starting at byte 9 with one of its bytes missing)
+    (tmp_path / "cut3.txt").write_bytes(b"hello\nabc\xe2\x82")
+    with pytest.raises(DataError, match="ends inside a character that starts at byte offset 9\\)"):
+        load_corpus(str(tmp_path / "cut3.txt"))
     (tmp_path / "far.txt").write_bytes(b"a" * (2**21 + 7) + b"\x00")
     with pytest.raises(DataError, match=f"NUL byte at byte offset {2**21 + 7}"):
         load_corpus(str(tmp_path / "far.txt"))
     # in a gzip file (named so in capitals, as Windows may), the offset is in the decompressed data
     # (a NUL byte and a cut character were given at offsets in the decompressed data as if in the file)
     for content, why in ((b"a\xff", "invalid byte at byte offset 1"), (b"ab\x00", "NUL byte at byte offset 2"),
-                         (b"caf" + "\u00e9".encode()[:1], "it ends inside a character at byte offset 4")):
+                         (b"caf" + "\u00e9".encode()[:1], "it ends inside a character that starts at byte offset 3")):
         (tmp_path / "zipped.TXT.GZ").write_bytes(gzip.compress(content))
         with pytest.raises(DataError, match=rf"\({why} of the decompressed data\)"):
             load_corpus(str(tmp_path / "zipped.TXT.GZ"))

@@ -147,10 +147,12 @@ def checked_digest(path: Path) -> str:
                 has_text = has_text or bool(text.replace("\ufeff", "").strip())  # a byte order mark is no text
                 h.update(chunk)
                 offset += len(chunk)
+            cut = offset - len(decoder.getstate()[0])  # where the unfinished character starts (offset: the file's end)
             decoder.decode(b"", final=True)
     except UnicodeDecodeError:
         raise DataError(
-            f"--data file {path} is not UTF-8 text (it ends inside a character at byte offset {offset}{of_data})"
+            f"--data file {path} is not UTF-8 text (it ends inside a character that starts at byte offset "
+            f"{cut}{of_data})"
         ) from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise DataError(f"--data file {path} is named .gz but is not complete gzip data ({e})") from None
