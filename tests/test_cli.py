@@ -222,7 +222,7 @@ def test_suggested_commands_keep_a_leading_dash_path_a_path(tmp_path, monkeypatc
     with pytest.raises(pytest.fail.Exception):
         compare.start_run(run_dir, None, None, None, {}, {"threads": 1})
     (cmd,) = started
-    assert build_parser().parse_args(cmd[3:]).out == str(run_dir)
+    assert Path(build_parser().parse_args(cmd[3:]).out) == run_dir
 
 
 def test_help_imports_nothing_heavy():

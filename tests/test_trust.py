@@ -3138,7 +3138,7 @@ def test_metrics_lines_store_no_nan_and_the_writable_probe_leaves_nothing(tmp_pa
     assert list((tmp_path / "out").iterdir()) == []
     # a file where one of those folders would be is named, not "not writable (File exists)" of the folder
     (tmp_path / "notes").write_text("")
-    with pytest.raises(UserError, match=r"--per-token .*/notes/new: .*/notes is a file, not a directory$"):
+    with pytest.raises(UserError, match=r"--per-token .*/notes/new/x.npy: .*/notes is a file, not a folder$"):
         files.check_writable_file(tmp_path / "notes" / "new" / "x.npy", "--per-token")
     # A folder that is gone is not "a link, a directory or a FIFO" to remove (what the message said of any error)
     with pytest.raises(UserError, match=r"gone/m.jsonl cannot be opened to append to \(No such file or directory\)$"):

@@ -80,8 +80,8 @@ def cmd_lm_eval(args) -> None:
     model = check_model_dir(args.model)
     stem = results_stem(tasks, args.limit, args.num_fewshot, args.checkpoint)
     out = Path(args.output) if args.output else model / LM_EVAL_DIR / f"results-{stem}.json"
+    check_file_names(out, tasks, args.log_samples)  # (first: a name made of the tasks is told as such)
     check_output_file(out, "--output")
-    check_file_names(out, tasks, args.log_samples)
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     results = run_lm_eval(model, tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,

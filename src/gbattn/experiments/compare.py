@@ -462,7 +462,8 @@ def start_run(run_dir: Path, preset: str | None, model_cfg, train_cfg: TrainConf
     if not (run_dir / rundir.CONFIG).exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         rundir.write_config(run_dir, preset, model_cfg, train_cfg, extra, planned=True)
-    cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", f"--out={run_dir}", "--quiet"]  # (-cmp/...)
+    out = f"./{run_dir}" if str(run_dir).startswith("-") else str(run_dir)  # (-cmp/...: read as an option)
+    cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", out, "--quiet"]
     for key, value in neutral.items():
         if value is not None:  # (threads: a child of --jobs N always gets its share)
             cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
