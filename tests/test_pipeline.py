@@ -1848,6 +1848,9 @@ def test_a_hugging_face_name_that_is_also_a_local_folder_names_the_folder_when_t
     assert "a directory with wiki.train.tokens/wiki.valid.tokens/wiki.test.tokens" in str(plain.value)
     with pytest.raises(DataError, match="a directory with wiki.train.raw/wiki.valid.raw/wiki.test.raw"):
         load_corpus("wikitext-103-raw-v1")
+    # (openwebtext was told to make a folder of WikiText's file names)
+    with pytest.raises(DataError, match="a local copy: a directory with train.txt/valid.txt/test.txt, or a single"):
+        load_corpus("openwebtext")
     write_corpus(tmp_path / "wikitext-2-v1")
     with pytest.raises(DataError, match=r"; \./wikitext-2-v1 is here, but a bare name is the hub's dataset: pass "
                                         r"--data \./wikitext-2-v1 to use the local one$"):

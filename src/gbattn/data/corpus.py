@@ -361,10 +361,12 @@ def hub_access():
 
 def _hugging_face(name: str) -> Corpus:
     dataset, config = HF_NAMES[name]
-    suffix = "tokens" if name.startswith("wikitext") and "raw" not in name else "raw"  # -v1: <unk>-tokenized
+    suffix = "tokens" if "raw" not in name else "raw"  # -v1: <unk>-tokenized
+    files = (f"wiki.train.{suffix}/wiki.valid.{suffix}/wiki.test.{suffix} (or train.txt/valid.txt/test.txt)"
+             if name.startswith("wikitext") else "train.txt/valid.txt/test.txt")  # (openwebtext was told WikiText's)
     hint = (f"could not load {name!r} from the Hugging Face hub ({{why}}); download it once where the hub is "
-            f"reachable, or point --data at a local copy: a directory with wiki.train.{suffix}/wiki.valid.{suffix}/"
-            f"wiki.test.{suffix} (or train.txt/valid.txt/test.txt), or a single text file (README, 'Data')")
+            f"reachable, or point --data at a local copy: a directory with {files}, or a single text file (README, "
+            f"'Data')")
     if Path(name).exists():  # a bare name is the hub's dataset, even where a folder of that name is here
         hint += f"; ./{name} is here, but a bare name is the hub's dataset: pass --data ./{name} to use the local one"
     try:
@@ -432,13 +434,14 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
     if data in HF_NAMES:
         return _hugging_face(data)
     path = Path(os.path.expanduser(data))
-    if path.is_dir():  # (named as given: "~/data/x" recorded this machine's home directory)
+    given = str(Path(data))  # named as given ("~/data/x" recorded this machine's home directory), ./x as x
+    if path.is_dir():
         try:
-            return _local_directory(path, name=data)
+            return _local_directory(path, name=given)
         except PermissionError as e:
             raise DataError(f"--data {path} cannot be read ({e.strerror})") from None
     if path.is_file():
-        return _single_file(path, tuple(split), name=data)
+        return _single_file(path, tuple(split), name=given)
     if path.exists():
         raise DataError(f"--data {data!r} is neither a regular file nor a directory (a device or a pipe)")
     if link := dangling_link(path):
