@@ -4449,3 +4449,12 @@ def test_a_char_tokenizer_names_every_unknown_character_of_a_batch_not_the_first
     tok = get_tokenizer("char", load_corpus(str(path), (0.5, 0.25, 0.25)))
     with pytest.raises(DataError, match=r"^characters not in the tokenizer's vocabulary: \['ö', '狐'\]$"):
         tok.encode_batch(["abc\n", "aöc\n", "ab\n", "狐\n"])
+
+
+def test_a_one_character_corpus_is_counted_in_the_singular(tmp_path, capsys, monkeypatch):
+    """A corpus of one character: "char tokenizer: 1 tokens" (and "has 1 tokens" of a split of one token)."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    write_text(tmp_path / "a.txt", "a" * 4000)
+    train(tmp_path / "run", *tiny_configs(tmp_path / "a.txt", max_steps=1, eval_every=1), quiet=False)
+    out = capsys.readouterr().out
+    assert "char tokenizer: 1 token" in out and "1 tokens" not in out, out

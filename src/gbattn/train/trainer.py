@@ -412,8 +412,8 @@ class Trainer:
             self.steps_per_epoch = self.n_rows // cfg.batch_size
             if self.steps_per_epoch == 0:
                 advice = self._advice("train", len(train))
-                raise DataError(f"{self.data.split_of('train')} has {len(train):,} tokens: fewer than one batch of "
-                                f"{cfg.batch_size} rows of {self.seq_len + 1} tokens; {advice}")
+                raise DataError(f"{self.data.split_of('train')} has {len(train):,} token{'s' * (len(train) != 1)}: "
+                                f"fewer than one batch of {cfg.batch_size} rows of {self.seq_len + 1} tokens; {advice}")
             self.total_steps = cfg.max_steps or steps_of_epochs(cfg.epochs, self.steps_per_epoch)
         else:
             if len(train) <= self.seq_len + 1:
@@ -604,7 +604,7 @@ class Trainer:
         """What this run will do, in a few lines (vocabulary, steps, learning rate and warmup, evaluations)."""
         cfg, v = self.train_cfg, self.data.tokenizer.vocab_size
         unused = self.data.tokenizer.unused_ids
-        lines = [f"{self.data.tokenizer.kind} tokenizer: {v:,} tokens"
+        lines = [f"{self.data.tokenizer.kind} tokenizer: {v:,} token{'s' * (v != 1)}"
                  + (f" (the model config asked for {self.requested_vocab:,}; the vocabulary is the tokenizer's)"
                     if v != self.requested_vocab else "")
                  + (f"; {unused:,} of its ids name no token, and each still has an embedding row" if unused else "")]
