@@ -1493,6 +1493,14 @@ def test_weights_saved_over_an_export_are_not_reported_as_the_exported_step(trai
     assert cli_main(["export", str(tuned), "--out", str(again)]) == 0
     assert json.loads((again / "config.json").read_text())["gbattn"]["checkpoint"] == "changed"
     assert rundir.load_run(again).checkpoint == "changed"
+    # upcycle's summary says so too (it read "changed weights, step 30")
+    from types import SimpleNamespace
+
+    from gbattn.upcycle import Upcycled
+
+    source = SimpleNamespace(name="tuned", kind="gbattn", checkpoint=rundir.load_run(tuned).checkpoint, step=step)
+    up = Upcycled(source, SimpleNamespace(attn="boosted", attn_options={}), {}, "zero", 1, 1, [])
+    assert up.summary("out").startswith(f"upcycled gbattn tuned (weights changed since their export at step {step}) ")
 
 
 def test_export_writes_safetensors_config_and_tokenizers(trained):

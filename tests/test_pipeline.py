@@ -3571,6 +3571,10 @@ def test_result_json_names_the_runs_attention_options_seed_and_tokens_per_parame
     (tmp_path / "here").mkdir()
     monkeypatch.chdir(tmp_path / "here")
     assert train(Path("."), model_cfg, train_cfg, quiet=True)["run_dir"] == "here"
+    # ... and a link by its own name, as given (not its target's)
+    (tmp_path / "real-2024").mkdir()
+    os.symlink(tmp_path / "real-2024", tmp_path / "latest")
+    assert train(tmp_path / "latest", model_cfg, train_cfg, quiet=True)["run_dir"] == "latest"
 
 
 def test_a_training_record_averages_the_steps_since_the_last_one(tmp_path, monkeypatch):

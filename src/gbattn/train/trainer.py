@@ -662,7 +662,10 @@ class Trainer:
         recorded = {key: self.extra[key] for key in started if key in self.extra}
         if self.resume and recorded and recorded != {key: started[key] for key in recorded}:
             raise UserError(f"{self.run_dir} has no checkpoint yet, so it starts again from its --init-from "
-                            f"{start.run_dir}, whose {start.checkpoint} weights (step {start.step}) are not the ones "
+                            f"{start.run_dir}, whose "
+                            + (f"weights changed since their export (at step {start.step})" if start.checkpoint ==
+                               rundir.CHANGED else f"{start.checkpoint} weights (step {start.step})")
+                            + " are not the ones "
                             f"it started from ({recorded.get('init_from_checkpoint')} weights of step "
                             f"{recorded.get('init_from_step')}): restore those, or train it again from these with "
                             f"--restart")
@@ -1095,7 +1098,8 @@ class Trainer:
         test = self._evaluate("test")
         valid_best = perplexity(self.best_valid)
         result = {
-            "run_dir": self.run_dir.resolve().name,  # ("." or "..": the folder's own name, not "" or "..")
+            # ("." or "..": the folder's own name, not "" or ".."; a link keeps its own name)
+            "run_dir": Path(os.path.abspath(self.run_dir)).name,
             "attn": self.model_cfg.attn,
             "attn_options": self.model_cfg.attn_options,
             "residual": self.model_cfg.residual,
