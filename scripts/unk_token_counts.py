@@ -37,13 +37,13 @@ def without_unknown_token(tok: Tokenizer):
 
 def text_lines(directory: Path, split: str) -> list[str]:
     """A WikiText folder's split as gbattn reads it, whether or not the folder has a training file."""
-    with tempfile.TemporaryDirectory() as tmp:  # load_corpus wants a train file: lend it the split's own
-        for name in directory.iterdir():
+    with tempfile.TemporaryDirectory() as tmp:  # load_corpus wants a train file: lend it one (not the split's own
+        for name in directory.iterdir():  # text, which it refuses as a split holding the training text)
             (Path(tmp) / name.name).symlink_to(name.resolve())
         files = [name.name for name in directory.iterdir()]
         if not any("train" in name for name in files):
             own = next(name for name in files if split in name)
-            (Path(tmp) / own.replace(split, "train")).symlink_to((directory / own).resolve())
+            (Path(tmp) / own.replace(split, "train")).write_text("a stand-in training file\n", encoding="utf-8")
         return list(load_corpus(tmp).lines(split))
 
 

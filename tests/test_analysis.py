@@ -1098,7 +1098,7 @@ def test_a_context_is_its_last_24_tokens(tmp_path):
     data = tmp_path / "c"
     data.mkdir()
     for split in ("train", "valid", "test"):
-        (data / f"{split}.txt").write_text("the cat sat on the mat\n" * 20)
+        (data / f"{split}.txt").write_text("the cat sat on the mat\n" * (20 if split == "train" else 10))
     tok = get_tokenizer("char", load_corpus(str(data)), verbose=False)
     assert _context_text(tok, tok.encode("one cat sat on the hot mat at noon then ate")) == "hot mat at noon then ate"
 

@@ -206,8 +206,9 @@ class TrainConfig(Typed):
             hint = did_you_mean(kind, DEVICE_NAMES) if kind not in DEVICE_NAMES else ""
             raise ConfigError(f"device={self.device!r} is not allowed{hint}; choose auto, cpu, cuda, cuda:N")
         base = self.tokenizer.split("=", 1)[0]
-        if base not in TOKENIZER_KINDS or ("=" in self.tokenizer and base not in TOKENIZER_FILE_KINDS) or (
-                self.tokenizer == "hf"):
+        # (a bare "hf" is the kind an upcycled Hugging Face model records; --tokenizer hf without a file is refused
+        # where the tokenizer is made)
+        if base not in TOKENIZER_KINDS or ("=" in self.tokenizer and base not in TOKENIZER_FILE_KINDS):
             hint = did_you_mean(base, TOKENIZER_KINDS) if base not in TOKENIZER_KINDS else ""  # "chr"; not "bpe=PATH"
             raise ConfigError(f"tokenizer={self.tokenizer!r} is not allowed{hint}; choose one of bpe, char, gpt2, "
                               f"gpt2=PATH or hf=PATH")
