@@ -1003,7 +1003,7 @@ def test_params_without_a_preset_is_paper_small_standard_and_its_json_record(cap
     assert json.loads(lines[-1]) == {
         "preset": "paper-small", "attn": "standard", "attn_options": {}, "residual": "plain", "d_model": 256,
         "parameters": 7_419_392, "forward_flops_per_token": 2 * (layers * 12 * d * d + vocab * d) + layers * 4 * T * d,
-        "seq_len": 256}
+        "flops_seq_len": 256}  # (named "seq_len", it read as the 255 input tokens a training row has)
 
 
 def test_params_fair_reports_the_standard_models_numbers_at_the_matched_width(capsys, monkeypatch):

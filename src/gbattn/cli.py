@@ -69,7 +69,8 @@ def cmd_params(args) -> None:
     n = count_params(cfg)
     flops = flops_per_token(cfg)
     out = {"preset": preset, "attn": cfg.attn, "attn_options": cfg.attn_options, "residual": cfg.residual,
-           "d_model": cfg.d_model, "parameters": n, "forward_flops_per_token": flops, "seq_len": cfg.block_size}
+           "d_model": cfg.d_model, "parameters": n, "forward_flops_per_token": flops,
+           "flops_seq_len": cfg.block_size}  # (the length T the FLOPs are counted at; training's seq_len is T - 1)
     opts = ", ".join(f"{k}={v}" for k, v in cfg.attn_options.items())
     print(f"{preset} · attn={cfg.attn}{f' ({opts})' if opts else ''} · residual={cfg.residual} · d_model={cfg.d_model}")
     print(f"parameters:                {n:,}")
