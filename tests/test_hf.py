@@ -2628,9 +2628,10 @@ def test_a_damaged_dtype_or_token_id_in_config_json_is_one_error_from_from_pretr
     dtype_key = "dtype" if "dtype" in config else "torch_dtype"
     damaged = tmp_path / "damaged"
     shutil.copytree(out, damaged)
-    for key, value, expected in ((dtype_key, "word", "names no torch floating-point dtype"),
-                                 (dtype_key, 0, "names no torch floating-point dtype"),
-                                 (dtype_key, "int64", "names no torch floating-point dtype"),
+    for key, value, expected in ((dtype_key, "word", "names no torch dtype a model is saved in"),
+                                 (dtype_key, 0, "names no torch dtype a model is saved in"),
+                                 (dtype_key, "int64", "names no torch dtype a model is saved in"),
+                                 (dtype_key, "float8_e4m3fn", "names no torch dtype a model is saved in"),
                                  ("pad_token_id", "word", "must be a token id"),
                                  ("eos_token_id", -1, "must be a token id"),
                                  ("bos_token_id", 2.5, "must be a token id")):
@@ -2639,6 +2640,8 @@ def test_a_damaged_dtype_or_token_id_in_config_json_is_one_error_from_from_pretr
             AutoModelForCausalLM.from_pretrained(damaged)
     (damaged / "config.json").write_text(json.dumps({**config, "eos_token_id": [0, 1]}))
     AutoModelForCausalLM.from_pretrained(damaged)  # a list of end tokens, as transformers allows
+    # a torch.dtype from Python (transformers' own from_dict takes one) is a dtype, not a damaged file
+    assert isinstance(GbattnConfig.from_dict({**config, dtype_key: torch.float32}), GbattnConfig)
 
 
 def test_lm_eval_refuses_a_tokenizer_with_ids_past_the_models_vocabulary(trained, capsys, tmp_path):

@@ -933,6 +933,16 @@ def test_eval_per_token_never_writes_over_the_data_it_reads(trained, tmp_path, c
         assert one_line(code, err) == (f"gbattn: error: --per-token {target} is a file of the data being read "
                                        f"(--data {data}): write it elsewhere")
     assert snapshot(data) == before
+    # ... also as ~/... (the corpus's name, which the check was given, stays unexpanded) and as a local folder named
+    # like a hub corpus (./wikitext-2-v1, named wikitext-2-v1): the losses replaced the split
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(data, tmp_path / "wikitext-2-v1")
+    for given, folder in (("~/data copy", data), ("./wikitext-2-v1", tmp_path / "wikitext-2-v1")):
+        target = folder / "wiki.valid.tokens"
+        code, out, err = run_cli(capsys, ["eval", trained["run"], "--data", given, "--per-token", target])
+        assert one_line(code, err).endswith(f"is a file of the data being read (--data {given}): write it elsewhere")
+    assert snapshot(data) == before and snapshot(tmp_path / "wikitext-2-v1") == before
 
 
 def test_an_output_file_that_is_the_corpus_file_itself_is_refused(tmp_path, monkeypatch):

@@ -252,7 +252,7 @@ def check_output_outside_data(path: str | Path, data: str, what: str) -> None:
     file in its folder, where a new file can change which files the folder's splits are read from."""
     from gbattn.data.corpus import BUNDLED, HF_NAMES
 
-    corpus = Path(data)
+    corpus = Path(os.path.expanduser(data))  # (as load_corpus reads it: ~/c is the home directory's c)
     # a bundled or Hugging Face name (read as that corpus where a folder of its name is here too, as load_corpus does)
     if data in BUNDLED or data in HF_NAMES or not corpus.exists():
         return

@@ -85,7 +85,9 @@ def cmd_eval(args) -> None:
     run = load_run(args.run_dir, args.checkpoint, device)
     data = prepare_run_data(run, args.data, args.allow_other_data)
     if args.per_token:  # (it replaced a corpus file with losses)
-        check_output_outside_data(args.per_token, data.corpus_name, "--per-token")
+        # (the data as load_corpus read it: the corpus's name is for display, ~/c or ./wikitext-2-v1 as a hub name
+        # let the losses be written over a split)
+        check_output_outside_data(args.per_token, args.data or run.train_cfg.data, "--per-token")
     tokens = data.splits[args.split]
     if num_rows(tokens, run.seq_len) == 0:
         raise UserError(f"{data.split_of(args.split)} has {len(tokens):,} tokens: fewer than one row of "

@@ -107,10 +107,11 @@ def check_transformers_fields(config: dict) -> None:
     (``module 'torch' has no attribute 'word'``, ``'<' not supported between 'str' and 'int'``)."""
     for key in ("dtype", "torch_dtype"):
         value = config.get(key)
-        if value is not None and not (isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
-                                      and getattr(torch, value).is_floating_point):
-            raise ConfigError(f"config.json: {key}={value!r} names no torch floating-point dtype (float32, "
-                              f"bfloat16, ...): the file is damaged")
+        dtype = getattr(torch, value, None) if isinstance(value, str) else value  # (a torch.dtype, from Python)
+        # (float8 types are floating point too, and a TypeError inside transformers: no storage holds them)
+        if value is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise ConfigError(f"config.json: {key}={value!r} names no torch dtype a model is saved in (float32, "
+                              f"bfloat16, float16, float64): the file is damaged")
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
         value = config.get(key)
         ids = value if isinstance(value, list) and key == "eos_token_id" else [value]

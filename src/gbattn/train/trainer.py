@@ -661,14 +661,15 @@ class Trainer:
         # replaced since: it trained from those weights, silently, and was not the run that was started
         recorded = {key: self.extra[key] for key in started if key in self.extra}
         if self.resume and recorded and recorded != {key: started[key] for key in recorded}:
+            def weights(checkpoint, step: str) -> str:  # (changed export weights are not those of the export's step)
+                return (f"weights changed since their export {step}" if checkpoint == rundir.CHANGED
+                        else f"{checkpoint} weights {step}")
+
+            now = weights(start.checkpoint, f"(step {start.step})")
+            then = weights(recorded.get("init_from_checkpoint"), f"of step {recorded.get('init_from_step')}")
             raise UserError(f"{self.run_dir} has no checkpoint yet, so it starts again from its --init-from "
-                            f"{start.run_dir}, whose "
-                            + (f"weights changed since their export (at step {start.step})" if start.checkpoint ==
-                               rundir.CHANGED else f"{start.checkpoint} weights (step {start.step})")
-                            + " are not the ones "
-                            f"it started from ({recorded.get('init_from_checkpoint')} weights of step "
-                            f"{recorded.get('init_from_step')}): restore those, or train it again from these with "
-                            f"--restart")
+                            f"{start.run_dir}, whose {now} are not the ones it started from ({then}): restore those, "
+                            f"or train it again from these with --restart")
         self.extra = {**self.extra, **started}
 
     def _write_config(self, resumed: bool) -> None:
@@ -1098,8 +1099,8 @@ class Trainer:
         test = self._evaluate("test")
         valid_best = perplexity(self.best_valid)
         result = {
-            # ("." or "..": the folder's own name, not "" or ".."; a link keeps its own name)
-            "run_dir": Path(os.path.abspath(self.run_dir)).name,
+            # ("." or "..": the folder's own name, not "" or ".."; a link keeps its own name, link/.. is its target's)
+            "run_dir": self.run_dir.name if self.run_dir.name not in ("", ".", "..") else self.run_dir.resolve().name,
             "attn": self.model_cfg.attn,
             "attn_options": self.model_cfg.attn_options,
             "residual": self.model_cfg.residual,
