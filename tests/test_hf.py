@@ -726,6 +726,33 @@ def test_generate_past_the_models_positions_is_refused_before_it_starts():
                        gpt.generate(torch.zeros(1, 1, dtype=torch.long), 24, temperature=0))
 
 
+def test_the_length_check_reads_the_settings_transformers_decodes_with():
+    """The check read a given GenerationConfig alone, which transformers completes from the model's own (its
+    max_new_tokens=30 ran past the positions and stopped with "position_ids reach 24"); a float max_new_tokens
+    (transformers takes 30.0) skipped it; a left-padded batch was measured by its padded width, refusing new tokens
+    its rows had room for; and a prompt longer than the positions was told to ask for 0 new tokens."""
+    gpt, hf = tiny_pair(("standard", {}), {})
+    idx = torch.randint(0, 37, (1, 3))
+    hf.generation_config.max_new_tokens = 30
+    with pytest.raises(ValueError, match=r"^a prompt of 3 tokens and max_new_tokens=30 feed the model positions"):
+        hf.generate(idx, generation_config=transformers.GenerationConfig(do_sample=False))
+    hf.generation_config.max_new_tokens = None
+    for value in (30.0, torch.tensor(30.0)):
+        with pytest.raises(ValueError, match=r"^a prompt of 3 tokens and max_new_tokens=30 feed"):
+            hf.generate(idx, max_new_tokens=value, do_sample=False)
+    # rows of 9 and 2 tokens left-padded to 24: the longest row's positions end at 8, with room for 16 new tokens
+    rows = [torch.randint(2, 37, (n,)) for n in (9, 2)]
+    ids = torch.stack([torch.cat([torch.ones(24 - len(r), dtype=torch.long), r]) for r in rows])
+    mask = torch.stack([torch.cat([torch.zeros(24 - len(r), dtype=torch.long), torch.ones(len(r), dtype=torch.long)])
+                        for r in rows])
+    batched = hf.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=1)
+    for row, alone in zip(batched[:, 24:], rows):
+        assert torch.equal(row, hf.generate(alone[None], max_new_tokens=3, do_sample=False, pad_token_id=1)[0, -3:])
+    with pytest.raises(ValueError, match=r"^a prompt of 25 tokens and max_new_tokens=1 .*: the prompt alone does not "
+                                         r"fit: keep its last 24 tokens at most$"):
+        hf.generate(torch.randint(0, 37, (1, 25)), max_new_tokens=1, do_sample=False)
+
+
 def test_from_gpt_leaves_the_gpts_modules_as_they_were_and_its_own_cache_aside():
     """from_gpt ended with train(gpt.training), which set every module of the caller's GPT: a block put in eval mode
     trained with dropout again, silently. And with the GPT's own static cache set up (setup_cache, for its cached

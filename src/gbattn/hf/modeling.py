@@ -11,12 +11,13 @@ Written for transformers >= 4.57, < 6 (tested: 4.57.6 and 5.25.0).
 
 from __future__ import annotations
 
+import copy
 import operator
 
 import torch
 import transformers
 from torch import Tensor, nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
@@ -412,7 +413,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         # generate(inputs, generation_config, ...): a config given second counts as one given by keyword (it was
         # taken for none: every check below read the model's own, and chunked prefill got no cache)
         given = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None)
-        settings = given or self.generation_config
+        settings = self._merged_settings(given)
         assisted = [k for k in ASSISTED if kwargs.get(k, getattr(settings, k, None)) is not None]
         if assisted:
             raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
@@ -428,6 +429,11 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         embeds = kwargs.get("inputs_embeds")  # (a prompt given as embeddings: its length counts; none given:
         # transformers starts every row from the BOS token, a one-token prompt)
         prompt = inputs.shape[-1] if inputs is not None else embeds.shape[-2] if embeds is not None else 1
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, Tensor) and mask.dim() == 2 and mask.shape[-1] == prompt and mask.numel():
+            # a left-padded row's positions count its own tokens (cumsum of its mask), not the padded width: a batch
+            # padded to 24 with rows of 9 and 2 tokens was refused 3 new tokens it could take
+            prompt = int(mask.ne(0).sum(-1).max())
         self._check_length(prompt, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
                            kwargs.get("max_length", getattr(settings, "max_length", None)))
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
@@ -458,9 +464,26 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         else:
             return
         if length - 1 > block:
+            room = block + 1 - prompt
+            advice = (f"ask for at most {room} new tokens" if room > 0 else  # (0 new tokens, transformers refuses)
+                      f"the prompt alone does not fit: keep its last {block} tokens at most")
             raise ValueError(f"{asked} feed the model positions 0 .. {length - 2}; it has 0 .. {block - 1} "
-                             f"(max_position_embeddings, gbattn's block_size): ask for at most "
-                             f"{max(block + 1 - prompt, 0)} new tokens")
+                             f"(max_position_embeddings, gbattn's block_size): {advice}")
+
+    def _merged_settings(self, given):
+        """The generation settings transformers decodes with: a given GenerationConfig's, each field it leaves at
+        GenerationConfig's default taken from the model's own (as transformers merges them; the checks read the
+        given one alone, and a model config's max_new_tokens=30 ran past the positions)."""
+        if given is None:
+            return self.generation_config
+        merged, default = copy.deepcopy(given), GenerationConfig()
+        for key, value in default.__dict__.items():
+            if key.startswith("_") or key == "transformers_version":
+                continue
+            own = getattr(self.generation_config, key, value)
+            if getattr(merged, key, value) == value and own != value:
+                setattr(merged, key, own)
+        return merged
 
     @staticmethod
     def _padded_batch(ids, kwargs: dict, settings) -> bool:
@@ -552,6 +575,10 @@ def _integer(value) -> int | None:
     let ``np.int64(12)`` past the length check, and took ``torch.tensor(11)`` for no max_new_tokens), else None."""
     if isinstance(value, bool):
         return None
+    if isinstance(value, Tensor) and value.numel() == 1 and value.is_floating_point():
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():  # (30.0, which transformers takes: the check skipped it)
+        return int(value)
     try:
         return operator.index(value)
     except TypeError:
