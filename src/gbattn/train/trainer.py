@@ -282,6 +282,10 @@ def given_neutral(saved: dict, recorded_model: ModelConfig, recorded_train: Trai
         model_cfg = model_cfg.replace(vocab_size=recorded_model.vocab_size)  # the tokenizer's was taken, as recorded
     given = comparable(model_cfg or recorded_model, train_cfg or recorded_train)
     have = comparable(recorded_model, recorded_train)
+    # (compare leaves fit_warmup out, checking the warmup a run used itself; here it was ignored: a resume given
+    # fit_warmup=True over a run recorded with False trained the recorded warmup, silently)
+    given["train"]["fit_warmup"] = (train_cfg or recorded_train).fit_warmup
+    have["train"]["fit_warmup"] = recorded_train.fit_warmup
     neutral = {}
     if train_cfg is not None and train_cfg.data != recorded_train.data and same_corpus(train_cfg.data, saved,
                                                                                            recorded_train):
