@@ -976,13 +976,17 @@ def test_a_run_resumed_on_other_arithmetic_says_it_is_not_exact_and_how_to_resum
         printed = capsys.readouterr()
         exactly = ", exactly" if threads == 1 else ""
         assert f"resuming at step 4 of 12, the last checkpoint (work after it is redone{exactly})\n" in printed.out
+        result = ckpt.read_result(tmp_path / run / ckpt.RESULT)
         if threads == 1:
             assert "warning" not in printed.err
+            assert result["device"] == device_name(torch.device("cpu"), 1)
         else:
             saved, now = device_name(torch.device("cpu"), 1), device_name(torch.device("cpu"), 2)
             assert (f"warning: the checkpoint of {tmp_path / run} was trained on {saved} and this run "
                                    f"is on {now} (resume with --threads 1): it goes on, but not exactly as the "
                                    f"uninterrupted run would (the same sums add up in another order)\n") in printed.err
+            # every leg's device: it said only the last one's (2 threads) of steps trained on 1 thread too
+            assert result["device"] == f"{saved}; {now}"
     train_killed_at(5, tmp_path / "compiled", *configs, monkeypatch)
     path = tmp_path / "compiled" / ckpt.CHECKPOINT
     state = ckpt.load_checkpoint(path)
@@ -991,6 +995,11 @@ def test_a_run_resumed_on_other_arithmetic_says_it_is_not_exact_and_how_to_resum
     torch.save(state, path)
     with pytest.raises(CheckpointError, match="its record of the hardware it trained on is malformed"):
         train(tmp_path / "compiled", resume=True, quiet=True)
+    state["trained_on"]["threads"] = 1
+    for devices in ("cpu", [1], ["cpu"] * 65):
+        torch.save({**state, "devices": devices}, path)
+        with pytest.raises(CheckpointError, match="its record of the devices it ran on is malformed"):
+            train(tmp_path / "compiled", resume=True, quiet=True)
     state["trained_on"].update(threads=1, compiled=True)  # as a run without dropout may switch
     torch.save(state, path)
     capsys.readouterr()

@@ -271,6 +271,9 @@ def same_corpus(data: str, saved: dict, train_cfg) -> bool:
         return False
 
 
+MAX_DEVICES_RECORDED = 64  # a checkpoint's list of the devices a run ran on (each once): more is a damaged file
+
+
 def given_neutral(saved: dict, recorded_model: ModelConfig, recorded_train: TrainConfig, model_cfg: ModelConfig | None,
                   train_cfg: TrainConfig | None, run_dir: Path) -> dict:
     """The result-neutral fields of ``train_cfg`` (threads, device, ...; the corpus at another path) that a run resumed
@@ -478,6 +481,7 @@ class Trainer:
         self.window_loss, self.window_n = 0.0, 0
         self.saved_processes = None  # how many processes the resumed checkpoint holds random streams of
         self.saved_trained_on = None  # the device, threads and compilation the resumed checkpoint was trained with
+        self.earlier_devices: list[str] = []  # the devices (with threads) earlier legs of a resumed run ran on
         if state is not None:
             self._load(state, self.run_dir / rundir.CHECKPOINT)
         self.dist.main_only(lambda: self._write_config(resumed=has_checkpoint))
@@ -712,7 +716,13 @@ class Trainer:
                 "train_seconds": self.train_seconds, "tokens_seen": self.tokens_seen, "curve": self.curve,
                 "train_window": [self.window_loss, self.window_n],
                 "rng_per_rank": self.dist.gather(all_rng_states(self.device)),
-                "trained_on": {"device": device_name(self.device), "threads": self.threads, "compiled": self.compiled}}
+                "trained_on": {"device": device_name(self.device), "threads": self.threads, "compiled": self.compiled},
+                "devices": self.devices_used()}
+
+    def devices_used(self) -> list[str]:
+        """Every device (with its thread count) this run has run on, each once, in order: result.json's device said
+        only the last leg's ("cpu (2 threads)" of a run trained on 1 thread and resumed on 2 for its test)."""
+        return list(dict.fromkeys([*self.earlier_devices, device_name(self.device)]))
 
     def _save(self) -> None:
         state = self._state()
@@ -783,6 +793,11 @@ class Trainer:
                     and trained_on["threads"] > 0):
                 raise ValueError(f"its record of the hardware it trained on is malformed: {trained_on!r}"[:200])
             self.saved_trained_on = trained_on
+            devices = state.get("devices", [trained_on["device"]] if trained_on is not None else [])
+            if not (isinstance(devices, list) and len(devices) <= MAX_DEVICES_RECORDED
+                    and all(isinstance(d, str) and len(d) <= 200 for d in devices)):
+                raise ValueError(f"its record of the devices it ran on is malformed: {devices!r}"[:200])
+            self.earlier_devices = devices
             if len(per_rank) == self.dist.world:  # every process resumes its own random stream
                 restore_rng_states(per_rank[self.dist.rank], self.device)
             else:  # saved by another number of processes: rank 0's stream, distinct ones for the others
@@ -1126,7 +1141,7 @@ class Trainer:
             "test_split": tested_split(self.data.notes),  # the split test_* were taken on
             "wall_clock_s": self.elapsed,
             "train_tokens_per_s": self.tokens_seen / max(self.train_seconds, 1e-9),
-            "device": device_name(self.device),
+            "device": "; ".join(self.devices_used()),  # (every leg's: "cpu (1 thread, ...); cpu (2 threads, ...)")
             "processes": self.dist.world,
             "curve": self.curve,
             "extra": self.extra,
