@@ -44,7 +44,7 @@ from gbattn.hf import GbattnCache, GbattnConfig, GbattnForCausalLM, hf_tokenizer
 from gbattn.hf.modeling import CACHE_FIELD, INIT_TYPES, init_module
 from gbattn.model.gpt import GPT
 from gbattn.train.trainer import train
-from helpers import LFS_POINTER, left_pad, run_cli, strict_json, tiny_configs, write_corpus
+from helpers import LFS_POINTER, hold_lock, in_use, left_pad, run_cli, strict_json, tiny_configs, write_corpus
 from test_model import BLOCKS, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -1530,11 +1530,52 @@ def test_weights_saved_over_an_export_are_not_reported_as_the_exported_step(trai
     assert up.summary("out").startswith(f"upcycled gbattn tuned (weights changed since their export at step {step}) ")
 
 
+def test_an_export_is_one_writer_and_replaces_nothing_a_running_analyze_or_lm_eval_still_writes(trained, tmp_path,
+                                                                                                 capsys, monkeypatch):
+    """export took no lock: a training started in its --out meanwhile had its tokenizer.json replaced by the export's,
+    two exports at once left one's config.json beside the other's weights, and an export over an earlier one removed
+    the analysis an analyze was still writing, which then wrote the replaced weights' summary beside the new ones;
+    lm-eval wrote the scores of weights replaced while it ran. Each is refused in one line now."""
+    run_dir, out = trained
+    busy = tmp_path / "busy"
+    holder = hold_lock(busy)  # a training there (or another export)
+    try:
+        code, printed, err = run_cli(capsys, ["export", run_dir, "--out", busy])
+        assert (code, printed, err.strip().splitlines()) == (2, "", in_use(busy, "export"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sorted(p.name for p in busy.iterdir()) == [".lock"]
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    (again / "analysis").mkdir()
+    (again / "analysis" / "summary.json").write_text("{}")
+    before = (again / "config.json").read_bytes()
+    holder = hold_lock(again / "analysis")  # an analyze of the earlier export, still running
+    try:
+        code, printed, err = run_cli(capsys, ["export", run_dir, "--out", again])
+        assert (code, err.strip().splitlines()) == (2, in_use(again / "analysis", "analysis"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (again / "config.json").read_bytes() == before and (again / "analysis" / "summary.json").exists()
+    from gbattn.hf import lmeval
+
+    def replaced_meanwhile(model, *args, **kwargs):
+        (Path(model) / "config.json").write_bytes((Path(model) / "config.json").read_bytes() + b" ")
+        return {"gbattn": {}}
+
+    monkeypatch.setattr(lmeval, "run_lm_eval", replaced_meanwhile)
+    code, printed, err = run_cli(capsys, ["lm-eval", again, "--tasks", "gbattn_toy_mc"])
+    assert code == 2 and err.startswith(f"gbattn: error: {again} was replaced while lm-eval ran") and not (
+        again / "lm-eval").exists()
+
+
 def test_export_writes_safetensors_config_and_tokenizers(trained):
     run_dir, out = trained
     names = sorted(p.name for p in out.iterdir() if p.name != "special_tokens_map.json")  # transformers 4.x adds it
-    assert names == ["config.json", "gbattn-tokenizer.json", "generation_config.json", "model.safetensors",
-                     "tokenizer.json", "tokenizer_config.json"]
+    assert names == [".lock", "config.json", "gbattn-tokenizer.json", "generation_config.json", "model.safetensors",
+                     "tokenizer.json", "tokenizer_config.json"]  # (.lock: one writer, as a run directory has)
     config = json.loads((out / "config.json").read_text())
     source = json.loads((run_dir / "config.json").read_text())
     assert config["model_type"] == "gbattn" and config["architectures"] == ["GbattnForCausalLM"]
@@ -1921,7 +1962,7 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_weights_and_refuses_a_
     (blocked / "config.json").mkdir(parents=True)
     code, _, err = run_cli(capsys, ["export", run_dir, "--out", blocked])
     assert code == 2 and "has a directory named config.json where the export writes that file" in err, err
-    assert [p.name for p in blocked.iterdir()] == ["config.json"]  # no staging folder left
+    assert sorted(p.name for p in blocked.iterdir()) == [".lock", "config.json"]  # no staging folder left
     # a link to a folder where the export writes a file is replaced, not refused; the folder stays as it was
     elsewhere, linked = tmp_path / "elsewhere", tmp_path / "linked"
     elsewhere.mkdir()
@@ -1966,7 +2007,7 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_analysis(trained, tmp_
     for name in ("results-toy.json", "samples-toy-toy.jsonl", "results-a+b-last.json", "my-notes.md"):
         (scores / name).write_text("x")
     assert cli_main(["export", str(run_dir), "--out", str(out), "--checkpoint", "last"]) == 0
-    assert sorted(p.name for p in analysis.iterdir()) == ["gates.svg", "my-notes.md"]
+    assert sorted(p.name for p in analysis.iterdir()) == [".lock", "gates.svg", "my-notes.md"]  # (analyze's lock)
     assert [p.name for p in scores.iterdir()] == ["my-notes.md"]
     assert _files(out).keys() == _files(reference).keys()
 

@@ -66,7 +66,7 @@ def cmd_lm_eval(args) -> None:
     require("lm_eval", "lm-eval")
     from gbattn.files import relative_path
     from gbattn.hf.lmeval import check_file_names, print_tables, results_stem, run_lm_eval, write_results
-    from gbattn.rundir import LM_EVAL_DIR, check_model_dir, check_output_file
+    from gbattn.rundir import CONFIG, LM_EVAL_DIR, check_model_dir, check_output_file, file_identity
     from gbattn.runtime import command_line, resolve_device, set_threads
 
     tasks = list(dict.fromkeys(t.strip() for t in args.tasks.split(",") if t.strip()))  # a task named twice: once
@@ -84,9 +84,14 @@ def cmd_lm_eval(args) -> None:
     check_output_file(out, "--output")
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
+    config_before = file_identity(model / CONFIG)
     results = run_lm_eval(model, tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,
                           device=device, checkpoint=args.checkpoint, num_fewshot=args.num_fewshot,
                           log_samples=args.log_samples)
+    if file_identity(model / CONFIG) != config_before:  # (an export over it, or train --restart, meanwhile: its
+        # scores of the weights read were written after the replacement removed the old ones, labelled as the new's)
+        raise UserError(f"{model} was replaced while lm-eval ran (another export, or a restarted or resumed run): "
+                        f"its scores are of the weights it read, no longer there, so none are written; run it again")
     results["gbattn"].update(model=relative_path(model, Path.cwd()), command=command_line(portable=True))
     roots = [model.resolve()] + ([Path(args.include_path).resolve()] if args.include_path else [])
     written = write_results(results, out, roots)

@@ -290,13 +290,18 @@ def discard_derived(directory: str | Path) -> list[str]:
     ``analysis/``, `gbattn lm-eval`'s results and samples in ``lm-eval/`` (they stayed, and read as the new weights');
     other files stay."""
     analysis = Path(directory) / ANALYSIS_DIR
-    removed = [f"{ANALYSIS_DIR}/{name}" for name in remove_unwritten(analysis, ANALYSIS_FIGURES, [])]
-    scores = Path(directory) / LM_EVAL_DIR
-    for path in (analysis / ANALYSIS_SUMMARY, *sorted(scores.glob("results-*.json")),
-                 *sorted(scores.glob("samples-*.jsonl"))):
-        if path.is_file() or path.is_symlink():
-            path.unlink()
-            removed.append(f"{path.parent.name}/{path.name}")
+    # (under analyze's own lock: an analyze running meanwhile wrote its summary of the replaced weights after this
+    # removed the old one, read as the new weights')
+    with contextlib.ExitStack() as held:
+        if analysis.is_dir():
+            held.enter_context(RunLock(analysis, what="analysis"))
+        removed = [f"{ANALYSIS_DIR}/{name}" for name in remove_unwritten(analysis, ANALYSIS_FIGURES, [])]
+        scores = Path(directory) / LM_EVAL_DIR
+        for path in (analysis / ANALYSIS_SUMMARY, *sorted(scores.glob("results-*.json")),
+                     *sorted(scores.glob("samples-*.jsonl"))):
+            if path.is_file() or path.is_symlink():
+                path.unlink()
+                removed.append(f"{path.parent.name}/{path.name}")
     return removed
 
 
@@ -878,7 +883,7 @@ def check_model_dir(path: str | Path) -> Path:
     return path
 
 
-def _file_identity(path: Path) -> tuple | None:
+def file_identity(path: Path) -> tuple | None:
     """What changes when a file is replaced or rewritten (its inode, size and time), None for no file."""
     try:
         st = os.stat(path)
@@ -911,7 +916,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         if held is not None and held != RUN:  # a denoise output, a comparison's results without its runs, ...
             raise CheckpointError(f"{path} holds {held}, not a run directory (nor one written by `gbattn export`)")
         refuse_weights_without_config(path, then=UNFINISHED_RUN_ADVICE)
-    config_identity = _file_identity(path / CONFIG)  # (an export replacing this one meanwhile changes it)
+    config_identity = file_identity(path / CONFIG)  # (an export replacing this one meanwhile changes it)
     config = read_config(path / CONFIG)
     refuse_hf_checkpoint(config, path)
     exported = _exported(path, config)
@@ -948,7 +953,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         # Its files are read one after another, and `gbattn export` replaces them one after another (config.json
         # removed first, put back last): read during an export, one export's step and config went with another's
         # weights, silently.
-        if _file_identity(path / CONFIG) != config_identity:
+        if file_identity(path / CONFIG) != config_identity:
             raise CheckpointError(f"{path} was replaced by another `gbattn export` while it was read: read it again "
                                   f"once that export has finished")
     else:

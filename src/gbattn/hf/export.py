@@ -112,6 +112,16 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
     rundir.check_out(out, (rundir.EXPORT, UNFINISHED_EXPORT), "a gbattn export")  # an earlier export is replaced
     run = load_run(run_dir, checkpoint, "cpu")
     check_writable_dir(out, "--out")
+    # One writer: a training started in --out meanwhile had its tokenizer.json replaced by the export's, and two
+    # exports at once could leave one's config.json beside the other's weights. Checked again under the lock.
+    with rundir.RunLock(out, what="export"):
+        rundir.check_out(out, (rundir.EXPORT, UNFINISHED_EXPORT), "a gbattn export")
+        _write_export(run, out)
+    return out
+
+
+def _write_export(run: LoadedRun, out: Path) -> None:
+    """The export of ``run`` staged in ``out`` and moved into place (:func:`move_into_place`)."""
     remove_abandoned(out)  # the staging folders of exports killed before they finished
     staging = out / f"{EXPORT_STAGING}{building_suffix()}"
     try:
@@ -128,7 +138,6 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
         move_into_place(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return out
 
 
 def move_into_place(staging: Path, out: Path) -> None:
@@ -143,8 +152,10 @@ def move_into_place(staging: Path, out: Path) -> None:
     if blocked:
         raise UserError(f"--out {out} has a directory named {blocked[0]} where the export writes that file; export "
                         f"to another directory")
+    # analyze's and lm-eval's results of the weights replaced would read as the new ones' (first: an analyze still
+    # writing there refuses this export before anything of the earlier one is touched)
+    rundir.discard_derived(out)
     (out / CONFIG).unlink(missing_ok=True)
-    rundir.discard_derived(out)  # analyze's and lm-eval's results of the weights replaced would read as the new ones'
     # An earlier export's weights that this one does not replace (a single file where shards now come, or the
     # other way round) would be loaded beside or instead of the new ones; so would its tokenizer's side files.
     for old in [*out.glob("model*.safetensors"), out / SAFETENSORS_INDEX, *map(out.joinpath, TRANSFORMERS_SIDE_FILES)]:
