@@ -293,7 +293,7 @@ def discard_derived(directory: str | Path) -> list[str]:
     # (under analyze's own lock: an analyze running meanwhile wrote its summary of the replaced weights after this
     # removed the old one, read as the new weights')
     with contextlib.ExitStack() as held:
-        if analysis.is_dir():
+        if (analysis / LOCK).is_file():  # (an analyze has run there: its lock; none made where none ran)
             held.enter_context(RunLock(analysis, what="analysis"))
         removed = [f"{ANALYSIS_DIR}/{name}" for name in remove_unwritten(analysis, ANALYSIS_FIGURES, [])]
         scores = Path(directory) / LM_EVAL_DIR
