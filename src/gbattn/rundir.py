@@ -758,10 +758,8 @@ class LoadedRun:
 
     @property
     def weights_text(self) -> str:
-        """Which weights these are, as eval and generate say it ("best weights at step 400")."""
-        if self.checkpoint == CHANGED:
-            return f"weights changed since their export at step {self.step}"
-        return f"{self.checkpoint} weights at step {self.step}"
+        """Which weights these are, as eval says it ("best weights at step 400")."""
+        return weights_named(self.checkpoint, f"at step {self.step}")
 
     @property
     def data_fingerprint(self) -> str | None:
@@ -823,6 +821,12 @@ WHICH = ("best", "last")
 # An exported directory's weights: the ones exported, or weights saved into it since (fine-tuned and saved with
 # save_pretrained, or saved in another dtype), which are not those of the step the export recorded.
 EXPORTED, CHANGED = "exported", "changed"
+
+
+def weights_named(checkpoint: str | None, step: str) -> str:
+    """Weights named by their checkpoint and ``step`` ("at step 400", "(step 400)"): "best weights at step 400", or
+    "weights changed since their export at step 400" of :data:`CHANGED` weights (not those of the step recorded)."""
+    return f"weights changed since their export {step}" if checkpoint == CHANGED else f"{checkpoint} weights {step}"
 
 
 def exported_weights_label(section: dict, weights: dict) -> str:

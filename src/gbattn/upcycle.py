@@ -98,8 +98,10 @@ class Upcycled:
     def summary(self, out: str | Path) -> str:
         opts = ", ".join(f"{k}={json.dumps(v)}" for k, v in self.model_cfg.attn_options.items())
         source = self.source.name if self.source.name == self.source.kind else f"{self.source.kind} {self.source.name}"
-        if self.source.checkpoint == "changed":  # (rundir.CHANGED: weights saved over an export, not its step's)
-            source += f" (weights changed since their export at step {self.source.step})"
+        from gbattn.rundir import CHANGED, weights_named
+
+        if self.source.checkpoint == CHANGED:  # (weights saved over an export: not its step's)
+            source += f" ({weights_named(CHANGED, f'at step {self.source.step}')})"
         elif self.source.checkpoint is not None:
             source += f" ({self.source.checkpoint} weights, step {self.source.step})"
         return (f"upcycled {source} into {out}: {self.copied:,} parameters copied, "

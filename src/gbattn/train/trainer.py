@@ -669,12 +669,9 @@ class Trainer:
         # replaced since: it trained from those weights, silently, and was not the run that was started
         recorded = {key: self.extra[key] for key in started if key in self.extra}
         if self.resume and recorded and recorded != {key: started[key] for key in recorded}:
-            def weights(checkpoint, step: str) -> str:  # (changed export weights are not those of the export's step)
-                return (f"weights changed since their export {step}" if checkpoint == rundir.CHANGED
-                        else f"{checkpoint} weights {step}")
-
-            now = weights(start.checkpoint, f"(step {start.step})")
-            then = weights(recorded.get("init_from_checkpoint"), f"of step {recorded.get('init_from_step')}")
+            now = rundir.weights_named(start.checkpoint, f"(step {start.step})")
+            then = rundir.weights_named(recorded.get("init_from_checkpoint"),
+                                        f"of step {recorded.get('init_from_step')}")
             raise UserError(f"{self.run_dir} has no checkpoint yet, so it starts again from its --init-from "
                             f"{start.run_dir}, whose {now} are not the ones it started from ({then}): restore those, "
                             f"or train it again from these with --restart")
