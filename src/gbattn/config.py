@@ -142,6 +142,17 @@ class ModelConfig(Typed):
 DEVICE_NAMES = ("auto", "cpu", "cuda")
 TOKENIZER_KINDS = ("bpe", "gpt2", "char", "hf")
 TOKENIZER_FILE_KINDS = ("gpt2", "hf")  # HF tokenizer JSON; also from a file with KIND=PATH
+TOKENIZER_CHOICES = "bpe, char, gpt2, gpt2=PATH or hf=PATH"
+
+
+def unknown_tokenizer(kind: str) -> str | None:
+    """None for a tokenizer kind gbattn has (``bpe``, ``char``, ``gpt2``, ``KIND=PATH`` of a file kind; a bare
+    ``hf``, which an upcycled Hugging Face model records), else the near-miss hint of the refusal ("" or " (did you
+    mean 'char'?)"; none for "bpe=PATH")."""
+    base = kind.split("=", 1)[0]
+    if base in TOKENIZER_KINDS and ("=" not in kind or base in TOKENIZER_FILE_KINDS):
+        return None
+    return did_you_mean(base, TOKENIZER_KINDS) if base not in TOKENIZER_KINDS else ""
 
 
 @dataclass
@@ -205,13 +216,9 @@ class TrainConfig(Typed):
             kind = self.device.partition(":")[0]
             hint = did_you_mean(kind, DEVICE_NAMES) if kind not in DEVICE_NAMES else ""
             raise ConfigError(f"device={self.device!r} is not allowed{hint}; choose auto, cpu, cuda, cuda:N")
-        base = self.tokenizer.split("=", 1)[0]
-        # (a bare "hf" is the kind an upcycled Hugging Face model records; --tokenizer hf without a file is refused
-        # where the tokenizer is made)
-        if base not in TOKENIZER_KINDS or ("=" in self.tokenizer and base not in TOKENIZER_FILE_KINDS):
-            hint = did_you_mean(base, TOKENIZER_KINDS) if base not in TOKENIZER_KINDS else ""  # "chr"; not "bpe=PATH"
-            raise ConfigError(f"tokenizer={self.tokenizer!r} is not allowed{hint}; choose one of bpe, char, gpt2, "
-                              f"gpt2=PATH or hf=PATH")
+        # (--tokenizer hf without a file is refused where the tokenizer is made)
+        if (hint := unknown_tokenizer(self.tokenizer)) is not None:
+            raise ConfigError(f"tokenizer={self.tokenizer!r} is not allowed{hint}; choose one of {TOKENIZER_CHOICES}")
         # AdamW's first step moves a weight by up to lr / (1 - beta1), a float32 scalar in its update (past float32's
         # largest, 3.4e38, a RuntimeError mid-run that every resume repeated)
         if self.lr / (1 - self.beta1) > 3.4e38:

@@ -25,8 +25,7 @@ from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
 
-from gbattn.checks import did_you_mean
-from gbattn.config import MAX_VOCAB_SIZE, TOKENIZER_FILE_KINDS, TOKENIZER_KINDS
+from gbattn.config import MAX_VOCAB_SIZE, TOKENIZER_CHOICES, TOKENIZER_FILE_KINDS, TOKENIZER_KINDS, unknown_tokenizer
 from gbattn.errors import CheckpointError, DataError
 from gbattn.files import (
     atomic_write,
@@ -474,10 +473,9 @@ def _json_object(text: str) -> dict:
 def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: bool = True) -> Tokenizer:
     """Train (or fetch from the cache) the tokenizer of ``kind`` for ``corpus``."""
     base = kind.split("=", 1)[0]
-    if base not in KINDS or ("=" in kind and base not in FILE_KINDS) or kind == "hf":
-        hint = did_you_mean(base, KINDS) if base not in KINDS else ""  # "chr"; not "bpe=PATH"
-        raise DataError(f"--tokenizer {kind!r} is not allowed{hint}; choose one of bpe, char, gpt2, gpt2=PATH or "
-                        f"hf=PATH")
+    hint = unknown_tokenizer(kind)
+    if hint is not None or kind == "hf":  # (a bare hf names no file to read)
+        raise DataError(f"--tokenizer {kind!r} is not allowed{hint or ''}; choose one of {TOKENIZER_CHOICES}")
     if base in FILE_KINDS:
         return Tokenizer(base, _gpt2_payload(kind))
     key = f"{base}|{vocab_size}|{BPE_TRAIN_LINES}|{corpus.fingerprint}"
