@@ -396,11 +396,16 @@ def relative_path(path, base) -> str:
     return Path(*parts[-2:]).as_posix() if parts else "."
 
 
+def option_path(path: str | os.PathLike) -> str:
+    """A path as an option's value: ``./`` before a leading dash (``--out -run`` read ``-run`` as an option)."""
+    text = str(path)
+    return f"./{text}" if text.startswith("-") else text
+
+
 def shell_path(path: str | os.PathLike) -> str:
     """A path in a command gbattn suggests, as a shell reads it back and an option takes it: quoted (a space), and
-    ``./`` before a leading dash (``--out -run`` read ``-run`` as an option)."""
-    text = str(path)
-    return shlex.quote(f"./{text}" if text.startswith("-") else text)
+    as :func:`option_path` writes it."""
+    return shlex.quote(option_path(path))
 
 
 def portable_path(text: str) -> str:

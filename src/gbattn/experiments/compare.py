@@ -36,7 +36,7 @@ from gbattn.experiments.recipes import (
     with_models,
 )
 from gbattn.experiments.report import write_results
-from gbattn.files import open_to_append, portable_path, write_json
+from gbattn.files import open_to_append, option_path, portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
 from gbattn.parent_death import stop_with_parent
 from gbattn.progress import Progress
@@ -192,9 +192,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
     rundir.check_out(out, (rundir.COMPARISON,), "a comparison")  # a run, denoise's results, ...: refused
     lock = rundir.RunLock(out, what="comparison")
     try:
-        # (a path in a --set value, tokenizer=hf=/home/me/tok.json, as the command beside it writes it)
-        portable_sets = {k: portable_argument(v) if isinstance(v, str) else v for k, v in sets.items()}
-        request = {"recipe": recipe.name, "data": portable_path(data), "seeds": seeds, "sets": portable_sets,
+        request = {"recipe": recipe.name, "data": portable_path(data), "seeds": seeds, "sets": portable_sets(sets),
                    "command": command_line(portable=True), "models": dict(models or {}),
                    "matched": list(dict.fromkeys(matched or []))}
         _check_request(out / "recipe.json", request, seeds_given, data_as_given=data)
@@ -462,8 +460,7 @@ def start_run(run_dir: Path, preset: str | None, model_cfg, train_cfg: TrainConf
     if not (run_dir / rundir.CONFIG).exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         rundir.write_config(run_dir, preset, model_cfg, train_cfg, extra, planned=True)
-    out = f"./{run_dir}" if str(run_dir).startswith("-") else str(run_dir)  # (-cmp/...: read as an option)
-    cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", out, "--quiet"]
+    cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", option_path(run_dir), "--quiet"]
     for key, value in neutral.items():
         if value is not None:  # (threads: a child of --jobs N always gets its share)
             cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
@@ -586,8 +583,13 @@ def results_part(key: str, value):
     if key != "sets" or not isinstance(value, dict):
         return value
     # (a path in a value as results files record it: recipe.json written before they did held it as typed)
-    return {k: portable_argument(v) if isinstance(v, str) else v for k, v in value.items()
-            if k not in TrainConfig.RESULT_NEUTRAL}
+    return {k: v for k, v in portable_sets(value).items() if k not in TrainConfig.RESULT_NEUTRAL}
+
+
+def portable_sets(sets: dict) -> dict:
+    """``--set`` values as results files record them: a path in one (``tokenizer=hf=/home/me/tok.json``) as the
+    command beside them writes it (:func:`gbattn.runtime.portable_argument`)."""
+    return {k: portable_argument(v) if isinstance(v, str) else v for k, v in sets.items()}
 
 
 def _set_value(sets: dict, key: str) -> str:

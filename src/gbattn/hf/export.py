@@ -23,7 +23,6 @@ from gbattn import rundir
 from gbattn.errors import UserError
 from gbattn.files import (
     building_suffix,
-    check_writable_dir,
     portable_path,
     remove_abandoned,
     sync_directory,
@@ -111,9 +110,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | None = No
         raise UserError(f"--out {out} is the run directory itself; export to another directory")
     rundir.check_out(out, (rundir.EXPORT, UNFINISHED_EXPORT), "a gbattn export")  # an earlier export is replaced
     run = load_run(run_dir, checkpoint, "cpu")
-    check_writable_dir(out, "--out")
-    # One writer: a training started in --out meanwhile had its tokenizer.json replaced by the export's, and two
-    # exports at once could leave one's config.json beside the other's weights. Checked again under the lock.
+    # One writer (the lock proves --out writable first, as check_writable_dir does): a training started in --out
+    # meanwhile had its tokenizer.json replaced by the export's, and two exports at once could leave one's
+    # config.json beside the other's weights. Checked again under the lock.
     with rundir.RunLock(out, what="export"):
         rundir.check_out(out, (rundir.EXPORT, UNFINISHED_EXPORT), "a gbattn export")
         _write_export(run, out)
