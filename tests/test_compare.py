@@ -1753,6 +1753,9 @@ def test_a_model_of_your_own_gets_its_matched_baselines_and_stays_in_the_compari
     with pytest.raises(UserError, match=r"^epochs=1 is not used: max_steps=1200 \(recipe cpu-proxy's\) sets the run's "
                                         r"length; give max_steps=null"):
         run_compare("cpu-proxy", tmp_path / "epochs", data=str(data), quiet=True, sets={**no_steps, "epochs": 1})
+    # ... and a value no run takes named as such first, as train names it ("not used" sent the user to a second error)
+    with pytest.raises(UserError, match=r"^epochs=-1.0 must be > 0$"):
+        run_compare("cpu-proxy", tmp_path / "epochs", data=str(data), quiet=True, sets={**no_steps, "epochs": -1})
     # --matched of a baseline: a param-fair row's "param-fair" was sized from the model it matches (narrower than it,
     # -32% stated as matched), a compute-matched row's trained the recipe's steps and another warmup
     for target, reference in (("param-fair", "gba-m2"), ("compute-matched", "gba-m2")):

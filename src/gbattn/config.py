@@ -376,6 +376,16 @@ def check_agrees(name: str, value: Any, overrides: dict) -> None:
         raise ConfigError(f"{name}={value!r} and the overrides' {name}={overrides[name]!r} disagree: give one of them")
 
 
+def refuse_unused_epochs(epochs, max_steps: int, whose: str) -> None:
+    """The ConfigError of an ``epochs`` given beside a ``max_steps`` (``whose``: "given too", "preset X's"), which
+    sets the run's length: a bad value is named as such first (epochs=-1 was "not used", and the advice to drop
+    max_steps then met "must be > 0")."""
+    field_ = next(f for f in dataclasses.fields(TrainConfig) if f.name == "epochs")
+    field_.metadata["check"]("epochs", coerce("epochs", epochs, float))
+    raise ConfigError(f"epochs={epochs} is not used: max_steps={max_steps} ({whose}) sets the run's length; give "
+                      f"max_steps=null to train for epochs, or leave epochs out")
+
+
 def build_configs(
     preset: str, attn: str, data: str | os.PathLike, sets: dict[str, Any] | None = None, **train_kwargs
 ) -> tuple[ModelConfig, TrainConfig]:
@@ -409,13 +419,8 @@ def build_configs(
         raise ConfigError(f"min_lr={explicit['min_lr']} is where the cosine schedule ends; schedule=constant holds lr "
                           f"after the warmup: leave min_lr out, or use schedule=cosine")
     if explicit.get("epochs") is not None and train_d.get("max_steps") is not None:  # (max_steps won, silently)
-        # a bad value is named as such first (epochs=-1 was "not used", and the advice to drop max_steps then met
-        # "must be > 0")
-        epochs = next(f for f in dataclasses.fields(TrainConfig) if f.name == "epochs")
-        epochs.metadata["check"]("epochs", coerce("epochs", explicit["epochs"], float))
-        whose = "given too" if explicit.get("max_steps") is not None else f"preset {preset}'s"
-        raise ConfigError(f"epochs={explicit['epochs']} is not used: max_steps={train_d['max_steps']} ({whose}) sets "
-                          f"the run's length; give max_steps=null to train for epochs, or leave epochs out")
+        refuse_unused_epochs(explicit["epochs"], train_d["max_steps"],
+                             "given too" if explicit.get("max_steps") is not None else f"preset {preset}'s")
     return preset_config(preset, attn, model_sets), TrainConfig.from_dict(train_d)
 
 

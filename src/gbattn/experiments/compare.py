@@ -22,10 +22,10 @@ from pathlib import Path
 
 from gbattn import rundir
 from gbattn.checks import MAX_INT, did_you_mean
-from gbattn.config import TrainConfig, build_configs, field_path, training_input_length
+from gbattn.config import TrainConfig, build_configs, field_path, refuse_unused_epochs, training_input_length
 from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
-from gbattn.errors import CheckpointError, ConfigError, Interrupted, Terminated, UserError
+from gbattn.errors import CheckpointError, Interrupted, Terminated, UserError
 from gbattn.experiments.recipes import (
     ModelSpec,
     Recipe,
@@ -49,9 +49,7 @@ def spec_configs(recipe: Recipe, spec: ModelSpec, data: str, seed: int, sets: di
     """Model and training configs of one model of a recipe (before width/step matching)."""
     if sets.get("epochs") is not None and "max_steps" not in sets and recipe.train.get("max_steps") is not None:
         # (build_configs takes the recipe's max_steps for one given with the --set: "max_steps=1200 (given too)")
-        raise ConfigError(f"epochs={sets['epochs']} is not used: max_steps={recipe.train['max_steps']} (recipe "
-                          f"{recipe.name}'s) sets the run's length; give max_steps=null to train for epochs, or leave "
-                          f"epochs out")
+        refuse_unused_epochs(sets["epochs"], recipe.train["max_steps"], f"recipe {recipe.name}'s")
     merged = dict(recipe.train)
     merged.update(sets)
     merged.update(spec.model)
