@@ -444,6 +444,10 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
         (["bench", "--preset", "cpu-char", "--set", "kv_source=shared"], "(did you mean 'attn.kv_source'?)"),
         (["params", "--attn", "boosted", "--set", "attn.rouds=3"], "['rouds'] (did you mean 'rounds'?); its options"),
         ([*new_run, "--set", "max_step=3"], "--set max_step: unknown field (did you mean 'max_steps'?); model fields"),
+        # a field named by its first word (below the similarity cutoff): every field it begins
+        ([*new_run, "--set", "warmup=5"], "--set warmup: unknown field (did you mean 'warmup_from_zero' or "
+                                          "'warmup_steps'?); model fields"),
+        ([*new_run, "--set", "eval=5"], "(did you mean 'eval_batch_size' or 'eval_every' or 'eval_tokens'?)"),
         ([*new_run, "--tokenizer", "chr"], "tokenizer='chr' is not allowed (did you mean 'char'?); choose one of "),
         (["compare", "--recipe", "cpu-prox", "--out", tmp_path / "c"], "(did you mean 'cpu-proxy'?); choose one of "),
         (["compare", "--recipe", "cpu-char", "--only", "standrd", "--out", tmp_path / "c"],

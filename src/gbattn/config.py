@@ -564,6 +564,9 @@ def split_overrides(sets: dict[str, Any], what: str = "sets") -> tuple[dict, dic
         else:  # a variant's option without its prefix (`--set rounds=3`) is named as attn.KEY first
             prefixed = [f"attn.{key}"] if variants_with_option(key) else []
             hint = did_you_mean([*prefixed, key], [*prefixed, *sorted(train_fields | model_fields)])
+            # a field named by its first words (`warmup` for warmup_steps): too short for the similarity cutoff
+            longer = sorted(name for name in train_fields | model_fields if name.startswith(f"{key}_"))
+            hint = hint or (f" (did you mean {' or '.join(map(repr, longer))}?)" if 0 < len(longer) <= 3 else "")
             raise ConfigError(f"--set {key}: unknown field{hint}; model fields: {', '.join(sorted(model_fields))}; "
                               f"training fields: {', '.join(sorted(train_fields))}")
     return train, model
