@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 
 import pytest
 import torch
@@ -596,7 +597,7 @@ def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):
     moved = tmp_path / "moved"
     out.rename(moved)
     monkeypatch.setattr("gbattn.experiments.compare.train", lambda *a, **k: pytest.fail("a finished run retrained"))
-    monkeypatch.setattr("gbattn.experiments.compare.upcycle", lambda *a, **k: pytest.fail("a start upcycled again"))
+    monkeypatch.setattr("gbattn.experiments.compare.write_run", lambda *a, **k: pytest.fail("a start written again"))
     again = run_compare("upcycle", moved, data=str(data), sets=sets, quiet=True)
     assert [r["test_ppl"] for r in again["models"]] == [r["test_ppl"] for r in report["models"]]
     # ... and a continuation killed before its first checkpoint (its config.json and start kept): resumed in the moved
@@ -610,6 +611,75 @@ def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):
                                                                                      "seed42-start")
     resumed = run_compare("upcycle", moved, data=str(data), sets=sets, quiet=True)
     assert [r["test_ppl"] for r in resumed["models"]] == [r["test_ppl"] for r in report["models"]]
+
+
+def test_an_upcycled_start_is_reused_only_as_the_upcycle_of_its_own_base(tmp_path):
+    """A continuation's seed<N>-start folder was reused as it was: one renamed from another seed (its base's other
+    weights), or another label's (another upcycle), was trained on and published under this label, its run checked
+    against the start's own config. It is refused unless it is the upcycle the recipe makes of this base."""
+    from gbattn.upcycle import upcycle, write_run
+
+    data = write_corpus(tmp_path / "c")
+    sets = dict(TINY, max_steps=2, eval_every=2, tokenizer="char", batch_size=8, seq_len=32, train_tokens=None,
+                eval_tokens=None, warmup_steps=1, threads=1)
+    out = tmp_path / "cmp"
+    run_compare("upcycle", out, data=str(data), sets=sets, seeds=[1], only=["base", "gba-upcycled"], quiet=True)
+    (out / "gba-upcycled" / "seed1-start").rename(out / "gba-upcycled" / "seed2-start")  # seed 1's, as seed 2's
+    with pytest.raises(UserError, match="seed2-start holds another model than gba-upcycled starts from .*base/seed2"
+                                        " upcycled to attn=boosted.: move it away .it is made again."):
+        run_compare("upcycle", out, data=str(data), sets=sets, seeds=[2], only=["base", "gba-upcycled"], quiet=True)
+    assert not (out / "gba-upcycled" / "seed2").exists()
+    shutil.rmtree(out / "gba-upcycled" / "seed2-start")  # moved away, as told: made again (seed 1's was, beside it)
+    run_compare("upcycle", out, data=str(data), sets=sets, seeds=[2], only=["base", "gba-upcycled"], quiet=True)
+    # another upcycle of the same base (shared K/V, tanh gate) in its place: another model
+    upcycle_start = out / "gba-upcycled" / "seed1-start"
+    shutil.rmtree(upcycle_start)
+    spec = next(s for s in get_recipe("upcycle").models if s.label == "gba-shared-upcycled")
+    write_run(upcycle(out / "base" / "seed1", spec.upcycle["attn"], spec.upcycle["attn_options"]), upcycle_start)
+    with pytest.raises(UserError, match="seed1-start holds another model than gba-upcycled starts from"):
+        run_compare("upcycle", out, data=str(data), sets=sets, seeds=[1], only=["base", "gba-upcycled"], quiet=True)
+
+
+def test_a_continuation_that_started_from_other_weights_is_refused(tmp_path):
+    """A finished continuation copied from another comparison records the same configs (its start's path is
+    this comparison's): its config.json's digest of the weights it started from tells it from this one's."""
+    from gbattn.experiments.compare import check_run
+    from gbattn.train.trainer import train
+    from helpers import tiny_configs
+
+    data = write_corpus(tmp_path / "c")
+    model_cfg, train_cfg = tiny_configs(data, attn="standard", max_steps=2, eval_every=2)
+    base, other_base = tmp_path / "one" / "base" / "seed1", tmp_path / "two" / "base" / "seed1"
+    train(base, model_cfg, train_cfg, quiet=True)
+    model_cfg = rundir.load_run(base).model_cfg  # (its vocabulary the tokenizer's)
+    train(other_base, model_cfg, train_cfg.replace(seed=train_cfg.seed + 1), quiet=True)
+    continued = train_cfg.replace(init_from=str(base))
+    train(tmp_path / "continued", model_cfg, continued, quiet=True)
+    check_run(tmp_path / "continued", model_cfg, continued)  # its own start: reused
+    # (the same start as a comparison names it, base/seed1, in another comparison)
+    with pytest.raises(UserError, match="continued started from other weights than .*two/base/seed1 holds .its "
+                                        "config.json's init_from_weights.: move it away"):
+        check_run(tmp_path / "continued", model_cfg, continued.replace(init_from=str(other_base)))
+
+
+def test_a_comparison_moved_with_its_data_resumes_its_unfinished_runs(tmp_path):
+    """A comparison moved together with its corpus, continued with --data where the corpus is now: its unfinished
+    runs resumed from the data path they recorded (gone), and the advice was to pass the --data given. They resume
+    from the data given (the fingerprint is the run's), with one job and with a child process each (--jobs 2)."""
+    data = write_corpus(tmp_path / "old" / "c")
+    out = tmp_path / "old" / "cmp"
+    sets = tiny_sets()
+    report = run_compare("cpu-proxy", out, data=str(data), seeds=[1, 2], sets=sets, only=["standard"], quiet=True)
+    for seed in (1, 2):  # unfinished: resumed from their last checkpoint
+        (out / "standard" / f"seed{seed}" / rundir.RESULT).unlink()
+    (tmp_path / "old").rename(tmp_path / "new")
+    moved = tmp_path / "new" / "cmp"
+    again = run_compare("cpu-proxy", moved, data=str(tmp_path / "new" / "c"), seeds=[1], sets=sets, only=["standard"],
+                        quiet=True)
+    jobs = run_compare("cpu-proxy", moved, data=str(tmp_path / "new" / "c"), seeds=[2], sets=sets, only=["standard"],
+                       quiet=True, jobs=2)
+    assert again["models"][0]["test_ppl"]["1"] == report["models"][0]["test_ppl"]["1"]
+    assert jobs["models"][0]["test_ppl"] == report["models"][0]["test_ppl"]
 
 
 def test_an_upcycled_start_killed_before_its_config_is_written_again(tmp_path):
@@ -1422,6 +1492,7 @@ def test_a_jobs_child_is_given_this_invocations_result_neutral_settings_as_its_c
                     only=["standard"], quiet=True, jobs=2, threads=4)
     (cmd,) = started
     given = parse_sets([cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"])
+    assert cmd[cmd.index("--data") + 1] == str(tmp_path / "c"), cmd  # the data as given now (a moved comparison)
     # (one run to train: it takes every thread; divided by --jobs it took 2 of 4, the other 2 idle)
     assert given == {**{k: v for k, v in sets.items() if k in TrainConfig.RESULT_NEUTRAL}, "threads": 4}, cmd
     assert given["compile"] is False and given["log_every"] == 5

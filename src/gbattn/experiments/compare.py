@@ -154,6 +154,18 @@ def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = Non
     if differ:
         raise UserError(f"{run_dir} holds another run than this recipe asks for ({'; '.join(differ[:4])}"
                         f"{'; ...' if len(differ) > 4 else ''}); move it away or use another --out")
+    if train_cfg.init_from:
+        check_started_from(run_dir, config, train_cfg.init_from)
+
+
+def check_started_from(run_dir: Path, config: dict, start: str) -> None:
+    """Refuse a continuation (its ``config``) that started from other weights than ``start`` holds: its
+    config.json records their digest once it has started. Its configs alone are the same in a copy of
+    another comparison's continuation (another base, or the same trained again: other weights)."""
+    recorded = (config.get("extra") or {}).get("init_from_weights")
+    if recorded is not None and recorded != rundir.weights_digest(rundir.load_run(start).model.state_dict()):
+        raise UserError(f"{run_dir} started from other weights than {start} holds (its config.json's "
+                        f"init_from_weights): move it away or use another --out")
 
 
 def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, seeds: list[int] | None = None,
@@ -403,12 +415,12 @@ class _Runner:
         if self.jobs == 1:
             self.training_here = (spec.label, seed)
             self.results[spec.label][seed] = (
-                train(run_dir, resume=True, quiet=self.quiet, overrides=_neutral(train_cfg, self.sets)) if existing
+                train(run_dir, resume=True, quiet=self.quiet, overrides=_resumed(train_cfg, self.sets)) if existing
                 else train(run_dir, model_cfg, train_cfg, quiet=self.quiet, extra=extra, preset=self.recipe.preset))
             self.training_here = None
             self._finished(spec.label, seed)
             return None
-        return start_run(run_dir, self.recipe.preset, model_cfg, train_cfg, extra, _neutral(train_cfg, self.sets))
+        return start_run(run_dir, self.recipe.preset, model_cfg, train_cfg, extra, _resumed(train_cfg, self.sets))
 
     def _collect(self, label: str, seed: int, proc: subprocess.Popen, failed: list[str]) -> None:
         """A child (:func:`start_run`) ended: its result, or its failure in ``failed`` with its exit status (or the
@@ -450,17 +462,20 @@ def _start_from_here(run_dir: Path, init_from: str) -> None:
 
 
 def start_run(run_dir: Path, preset: str | None, model_cfg, train_cfg: TrainConfig, extra: dict,
-              neutral: dict) -> subprocess.Popen:
-    """Train ``run_dir`` in a child process, `gbattn train --resume` with the result-neutral settings ``neutral``
-    (threads, device, ...), writing its config.json first (a planned run) when it has none. The child logs to its
-    train.log and gets SIGTERM (checkpoints and stops) when this process dies; the process's ``log_start`` is the
-    size train.log had when it started (where its output begins: the log keeps every earlier attempt's)."""
+              resumed: dict) -> subprocess.Popen:
+    """Train ``run_dir`` in a child process, `gbattn train --resume` with the settings ``resumed`` (:func:`_resumed`:
+    threads, device, ..., and --data), writing its config.json first (a planned run) when it has none. The child
+    logs to its train.log and gets SIGTERM (checkpoints and stops) when this process dies; the process's
+    ``log_start`` is the size train.log had when it started (where its output begins: the log keeps every earlier
+    attempt's)."""
     if not (run_dir / rundir.CONFIG).exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         rundir.write_config(run_dir, preset, model_cfg, train_cfg, extra, planned=True)
     cmd = [sys.executable, "-m", "gbattn.cli", "train", "--resume", "--out", option_path(run_dir), "--quiet"]
-    for key, value in neutral.items():
-        if value is not None:  # (threads: a child of --jobs N always gets its share)
+    for key, value in resumed.items():
+        if key == "data":  # (as --data takes a path: --set would read one like `1e3` as a number)
+            cmd += ["--data", option_path(value)]
+        elif value is not None:  # (threads: a child of --jobs N always gets its share)
             cmd += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
     with open_to_append(run_dir / "train.log") as log:  # the child keeps its own handle; never through a link
         log_start = os.fstat(log.fileno()).st_size
@@ -477,12 +492,14 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _neutral(train_cfg: TrainConfig, sets: dict) -> dict:
-    """The result-neutral settings of this invocation a resumed run takes over its recorded ones:
-    the threads (None, this call's default: a run an earlier --jobs N left kept that call's share of them), and the
-    neutral keys given with --set (device, compile, ...)."""
+def _resumed(train_cfg: TrainConfig, sets: dict) -> dict:
+    """What of this invocation a resumed run takes over its recorded settings: the threads (None, this call's
+    default: a run an earlier --jobs N left kept that call's share of them), the result-neutral keys given with --set
+    (device, compile, ...), and the data as given now (check_run found the run's fingerprint there: a comparison
+    moved with its corpus resumed from the path its runs recorded, and failed)."""
     keys = [k for k in TrainConfig.RESULT_NEUTRAL if k in sets or k == "threads"]
-    return {k: getattr(train_cfg, k) for k in keys if k == "threads" or getattr(train_cfg, k) is not None}
+    neutral = {k: getattr(train_cfg, k) for k in keys if k == "threads" or getattr(train_cfg, k) is not None}
+    return {**neutral, "data": train_cfg.data}
 
 
 def _stop_children(procs: list[subprocess.Popen]) -> None:
@@ -567,10 +584,17 @@ def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
     start = source
     if spec.upcycle:
         start = out / spec.label / f"seed{seed}-start"
+        upcycled = upcycle(source, spec.upcycle["attn"], spec.upcycle.get("attn_options"))
         if not (start / rundir.CONFIG).exists():
             # This comparison's own folder; weights without config.json (written last) are an upcycle killed here
             rundir.discard_run(start)  # before it finished, which write_run would refuse: written again
-            write_run(upcycle(source, spec.upcycle["attn"], spec.upcycle.get("attn_options")), start)
+            write_run(upcycled, start)
+        else:  # one there is reused only as this upcycle of this base: a renamed seed's, another label's or another
+            held = rundir.load_run(start)  # comparison's was trained on and published under this label
+            if (held.model_cfg != upcycled.model_cfg
+                    or rundir.weights_digest(held.model.state_dict()) != rundir.weights_digest(upcycled.state)):
+                raise UserError(f"{start} holds another model than {spec.label} starts from ({source} upcycled to "
+                                f"attn={spec.upcycle['attn']}): move it away (it is made again) or use another --out")
     start_cfg, _ = rundir.read_configs(rundir.read_config(start / rundir.CONFIG), start)
     return start_cfg, train_cfg.replace(init_from=str(start))
 
