@@ -774,7 +774,46 @@ def test_gap_of_a_copied_comparison_reads_the_curves_results_json_records(tmp_pa
     assert cli_main(["plot", str(copied), "--gap", "gba-m2", "--out", str(tmp_path / "fig")]) == 2
     assert "results.json lists standard seed 1 as finished, but no" in capsys.readouterr().err
     shutil.copytree(compare_dir / "standard", copied / "standard")
+    # its run folder beside a results.json that records another curve for it (gba-m2's): another run, refused
+    assert cli_main(["plot", str(copied), "--gap", "gba-m2", "--out", str(tmp_path / "fig")]) == 2
+    assert (f"{copied / 'standard' / 'seed2'} holds another run than {copied}'s results.json records for standard seed"
+            f" 2 (its evaluation at step 100 differs): put back that run" in capsys.readouterr().err)
+    shutil.copy(compare_dir / "results.json", copied)
     assert gap_series(copied, "gba-m2", "standard")["points"] == gap_series(compare_dir, "gba-m2", "standard")["points"]
+
+
+def test_plot_refuses_a_run_folder_that_is_not_the_run_results_json_records(tmp_path, capsys):
+    """A finished run's folder replaced by another run (a copy of another comparison's): curves.png drew it beside
+    results.png's table of this comparison, and --gap paired its evaluations, silently."""
+    import shutil
+
+    compare_dir = _gap_dir(tmp_path / "cmp", 400)
+    for metrics in compare_dir.glob("*/seed*/metrics.jsonl"):  # the perplexities curves.png draws
+        events = [json.loads(line) for line in metrics.read_text().splitlines()]
+        events = [e | {"valid_ppl": math.exp(e["valid_loss"])} for e in events]
+        metrics.write_text("".join(json.dumps(e) + "\n" for e in events))
+    report = json.loads((compare_dir / "results.json").read_text())
+    for row in report["models"]:
+        row["curves"] = {str(seed): [{k: e[k] for k in ("step", "tokens", "valid_loss", "valid_ppl")}
+                                     for e in map(json.loads, (compare_dir / row["label"] / f"seed{seed}" /
+                                                               "metrics.jsonl").read_text().splitlines())]
+                         for seed in row["seeds"]}
+    (compare_dir / "results.json").write_text(json.dumps(report))
+    assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 0, capsys.readouterr().err
+    assert cli_main(["plot", str(compare_dir), "--gap", "gba-m2", "--out", str(tmp_path / "gap")]) == 0
+    capsys.readouterr()
+    other = _gap_dir(tmp_path / "other", 400)  # (the same steps, other losses)
+    metrics = other / "standard" / "seed1" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().replace('"valid_loss": 1.', '"valid_loss": 1.5'))
+    shutil.rmtree(compare_dir / "standard" / "seed1")
+    shutil.copytree(other / "standard" / "seed1", compare_dir / "standard" / "seed1")
+    for argv in (["plot", str(compare_dir), "--out", str(tmp_path / "fig")],
+                 ["plot", str(compare_dir), "--gap", "gba-m2", "--out", str(tmp_path / "gap")]):
+        assert cli_main(argv) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"gbattn: error: {compare_dir / 'standard' / 'seed1'} holds another run than {compare_dir}'s results.json "
+            f"records for standard seed 1 (its evaluation at step 100 differs): put back that run, or run `gbattn "
+            f"compare` on it again"]
 
 
 def test_gap_names_a_comparison_given_as_dot_by_its_own_name(tmp_path, monkeypatch):

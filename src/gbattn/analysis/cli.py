@@ -465,6 +465,27 @@ def seed_metrics(compare_dir: Path, label: str) -> list[tuple[str, Path]]:
     return found
 
 
+def check_evaluations(compare_dir: Path, label: str, seed: str, events: list, row: dict) -> None:
+    """Refuse the evaluations of a finished run's metrics.jsonl (``events``) that are not the ones results.json's
+    ``row`` records for it: its folder holds another run (a copy of another comparison's, say), whose curve was
+    drawn and paired beside the table of this one. Evaluations at steps results.json does not record (a cut
+    file, or results.json written by hand) are not compared."""
+    from gbattn.errors import UserError
+    from gbattn.rundir import valid_curve
+
+    curves = row.get("curves")
+    recorded = curves.get(seed) if isinstance(curves, dict) else None
+    if not valid_curve(recorded):  # (results.json written before they recorded curves: nothing to check against)
+        return
+    recorded = {p["step"]: (p["tokens"], p.get("valid_loss")) for p in recorded}
+    for e in events:
+        if e.get("event") == "eval" and recorded.get(e.get("step"), ()) not in ((), (e.get("tokens"),
+                                                                                 e.get("valid_loss"))):
+            raise UserError(f"{compare_dir / label / f'seed{seed}'} holds another run than {compare_dir}'s "
+                            f"results.json records for {label} seed {seed} (its evaluation at step {e.get('step')} "
+                            f"differs): put back that run, or run `gbattn compare` on it again")
+
+
 def read_curves(compare_dir: Path, report: dict) -> dict:
     """label -> seed -> {"train": [(tokens, loss)], "valid": [(tokens, ppl)]} from every
     ``<label>/seed<S>/metrics.jsonl`` (finished runs in results.json order, then unfinished ones)."""
@@ -478,9 +499,12 @@ def read_curves(compare_dir: Path, report: dict) -> dict:
         if path.parent.parent.name not in labels:
             labels.append(path.parent.parent.name)
     curves: dict = {}
+    rows = {r["label"]: r for r in report.get("models", [])}
     for label in labels:
         for seed, path in seed_metrics(compare_dir, label):
             events = read_jsonl(path)
+            if label in rows:
+                check_evaluations(compare_dir, label, seed, events, rows[label])
             train = [(e["tokens"], e["loss"]) for e in events
                      if e.get("event") == "train" and numbers(e, "tokens", "loss")]
             valid = [(e["tokens"], e["valid_ppl"]) for e in events
@@ -489,7 +513,6 @@ def read_curves(compare_dir: Path, report: dict) -> dict:
                 curves.setdefault(label, {})[seed] = {"train": train, "valid": valid}
     # A model that continues another's trained weights is drawn after that model's tokens; one not finished yet (no
     # row) by its recipe's record of what it continues (it was drawn from 0, over the start of that model's curve)
-    rows = {r["label"]: r for r in report.get("models", [])}
     recipe = RECIPES.get(report.get("recipe"))
     continues = {spec.label: spec.init_from for spec in (recipe.models if recipe else ()) if spec.init_from}
     for label in curves:
@@ -634,6 +657,8 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read
                 seen[label, seed] = compare_dir
             evaluations = {seed: [e for e in read_jsonl(path) if e.get("event") == "eval"]
                            for seed, path in seed_metrics(compare_dir, label) if seed in finished}
+            for seed, events in evaluations.items():
+                check_evaluations(compare_dir, label, seed, events, rows[label])
             curves = rows[label].get("curves")
             curves = curves if isinstance(curves, dict) else {}
             for seed in sorted(finished - set(evaluations)):  # a copied comparison (results.json alone): its curves
