@@ -2903,6 +2903,35 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
                                        "'gbattn[lm-eval]'\n")
 
 
+def test_lm_eval_task_generation_settings_that_change_no_answer_are_left_out_and_others_are_one_line(trained, tmp_path,
+                                                                                                  capsys):
+    """A task's generation_kwargs go to generate() as they are: return_dict_in_generate: true (the harness reads a
+    tensor of ids) and use_cache (which the harness passes itself) were tracebacks, as was any setting generate()
+    refuses. The first change no answer and are left out; the others are one line naming the task's settings."""
+    _, out = trained
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    answers = {}
+    for name, extra in (("plain", ""), ("outputs", ", return_dict_in_generate: true, output_scores: true, "
+                                                   "output_attentions: true"), ("nocache", ", use_cache: false"),
+                        ("static", ", cache_implementation: static"), ("bogus", ", bogus_arg: 3")):
+        write_task(tasks, f"gen_{name}", '{"q": "ROMEO:", "a": " I"}', "output_type: generate_until\ndoc_to_target: "
+                   f"'{{{{a}}}}'\ngeneration_kwargs: {{until: [\"\\n\\n\"], max_gen_toks: 5{extra}}}\nmetric_list:\n"
+                   "  - metric: exact_match\n")
+        code = cli_main(["lm-eval", str(out), "--tasks", f"gen_{name}", "--include-path", str(tasks), "--log-samples",
+                         "--output", str(tmp_path / f"{name}.json")])
+        err = capsys.readouterr().err
+        if name in ("static", "bogus"):
+            assert code == 2 and "Traceback" not in err, err
+            assert err.strip().splitlines()[-1].startswith("gbattn: error: a task's generation_kwargs ("), err
+            assert ("cache_implementation" if name == "static" else "bogus_arg") in err.strip().splitlines()[-1]
+            continue
+        assert code == 0, err
+        samples = (tmp_path / f"samples-gen_{name}-{name}.jsonl").read_text().splitlines()
+        answers[name] = [json.loads(sample)["resps"] for sample in samples]
+    assert answers["outputs"] == answers["nocache"] == answers["plain"] and answers["plain"][0][0][0], answers
+
+
 def test_lm_eval_arguments_are_checked_before_any_work(tmp_path, capsys):
     """Each mistake is a one-line error before a model or task is loaded (the model directory here
     is empty: reaching it would be another error)."""

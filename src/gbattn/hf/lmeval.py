@@ -73,6 +73,20 @@ class GbattnLM(HFLM):
         finally:
             harness_log.removeFilter(_not_in_memory_warning)
 
+    def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs):
+        """The harness's generate() call with a task's ``generation_kwargs`` less those that change no answer
+        (:data:`ANSWER_NEUTRAL`: return_dict_in_generate: true was a traceback, the harness reading a tensor of ids;
+        use_cache, which the harness passes itself, "got multiple values"); one that generate() refuses is one
+        line naming the task's settings (a traceback before)."""
+        asked = {k: v for k, v in generation_kwargs.items() if k not in ANSWER_NEUTRAL}
+        try:
+            return super()._model_generate(context, max_length, stop, **asked)
+        except (ValueError, TypeError) as e:
+            if not set(asked) - {"do_sample", "temperature"}:  # the harness's own settings: not a task's doing
+                raise
+            raise UserError(f"a task's generation_kwargs ({', '.join(sorted(generation_kwargs))}) do not work with "
+                            f"this model: {error_detail(e, 200)}") from None
+
     def tok_decode(self, tokens, skip_special_tokens: bool = False):
         return super().tok_decode(tokens, skip_special_tokens=skip_special_tokens)
 
@@ -245,6 +259,10 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
     return model.to(device).eval(), tokenizer, block_size, max_length, step, which
 
 
+# A task's generation_kwargs that change what generate() returns or how, not the answer: left out of its call.
+ANSWER_NEUTRAL = frozenset({"return_dict_in_generate", "output_scores", "output_logits", "output_attentions",
+                            "output_hidden_states", "use_cache"})
+
 # What the harness reads of a forward (``.logits``) and of generate() (a tensor of ids), in the model's config and
 # its generation config; a save_pretrained after `config.return_dict = False` or `output_hidden_states = True` kept
 # other values, with which every request was a traceback (a tuple has no .logits), or held every layer's states for
@@ -379,6 +397,9 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
         close_progress_bars()
         raise UserError(f"lm-eval could not find a task's data ({error_detail(e, 160)}); a task YAML's local data "
                         f"paths are read relative to the working directory") from None
+    except UserError:  # (GbattnLM's: a task's generation settings)
+        close_progress_bars()
+        raise
     except Exception as e:
         if "Missing [UNK] token" not in str(e):
             raise
