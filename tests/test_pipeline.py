@@ -838,11 +838,12 @@ def test_resume_from_python_checks_the_configs_given_against_the_recorded_ones(t
         train(tmp_path / "crashed", model_cfg, train_cfg.replace(max_steps=12), resume=True, quiet=True)
     with pytest.raises(UserError, match=r"d_model: recorded 32, given 64"):
         train(tmp_path / "crashed", model_cfg.replace(d_model=64), train_cfg, resume=True, quiet=True)
-    # (left out of the comparison, as compare leaves it out: the recorded warmup was trained, silently)
-    with pytest.raises(UserError, match=rf"fit_warmup: recorded {train_cfg.fit_warmup}, given "
-                                        rf"{not train_cfg.fit_warmup}"):
-        train(tmp_path / "crashed", model_cfg, train_cfg.replace(fit_warmup=not train_cfg.fit_warmup), resume=True,
-              quiet=True)
+    # fit_warmup, by the warmup it gives over the run's steps (ignored, the recorded warmup was trained, silently;
+    # compared as a flag, a run from before it existed, recorded off, was refused where the warmup was the same)
+    fitted = train_cfg.replace(warmup_steps=12, fit_warmup=True)  # longer than the run: fitted to a tenth of it
+    train(tmp_path / "fitted", model_cfg, fitted, quiet=True)
+    with pytest.raises(UserError, match=r"the warmup over its 6 steps: recorded 1, given 12 \(fit_warmup=False\)"):
+        train(tmp_path / "fitted", model_cfg, fitted.replace(fit_warmup=False), resume=True, quiet=True)
     with pytest.raises(UserError, match=r"data: recorded .*, given .*other"):  # another corpus
         train(tmp_path / "crashed", model_cfg, train_cfg.replace(data=str(write_corpus(tmp_path / "other", seed=1))),
               resume=True, quiet=True)
@@ -855,7 +856,9 @@ def test_resume_from_python_checks_the_configs_given_against_the_recorded_ones(t
     # (threads given where the run recorded none: the count it trained with, so the result stays exact; 1 was
     # another count than the default on a machine with a free core, and the test failed there)
     threads = torch.get_num_threads()
-    resumed = train(tmp_path / "crashed", model_cfg, train_cfg.replace(threads=threads, data=str(moved)),
+    # (and fit_warmup flipped: over 6 steps its warmup of 3 is not fitted either way)
+    resumed = train(tmp_path / "crashed", model_cfg, train_cfg.replace(threads=threads, data=str(moved),
+                                                                       fit_warmup=not train_cfg.fit_warmup),
                     resume=True, quiet=True)
     assert resumed["steps"] == 6 and resumed["test_loss"] == ref["test_loss"]
     recorded = ckpt.read_config(tmp_path / "crashed" / ckpt.CONFIG)["train"]

@@ -285,16 +285,22 @@ def given_neutral(saved: dict, recorded_model: ModelConfig, recorded_train: Trai
         model_cfg = model_cfg.replace(vocab_size=recorded_model.vocab_size)  # the tokenizer's was taken, as recorded
     given = comparable(model_cfg or recorded_model, train_cfg or recorded_train)
     have = comparable(recorded_model, recorded_train)
-    # (compare leaves fit_warmup out, checking the warmup a run used itself; here it was ignored: a resume given
-    # fit_warmup=True over a run recorded with False trained the recorded warmup, silently)
-    given["train"]["fit_warmup"] = (train_cfg or recorded_train).fit_warmup
-    have["train"]["fit_warmup"] = recorded_train.fit_warmup
+    # fit_warmup by the warmup it gives over the run's steps, as compare's check_run compares it (it was ignored: a
+    # resume given fit_warmup=True over a run recorded with False trained the recorded warmup, silently; compared as
+    # a flag, a run from before it existed, which records it off, was refused where the warmup was the same)
+    steps, used = saved.get("steps"), saved.get("warmup_steps")
+    warmup = []
+    if train_cfg is not None and (type(steps) is not int or type(used) is not int):  # (a planned run records neither)
+        given["train"]["fit_warmup"], have["train"]["fit_warmup"] = train_cfg.fit_warmup, recorded_train.fit_warmup
+    elif train_cfg is not None and (asked := fitted_warmup(train_cfg, steps)[0]) != used:
+        warmup = [f"the warmup over its {steps:,} steps: recorded {used:,}, given {asked:,} "
+                  f"(fit_warmup={train_cfg.fit_warmup})"]
     neutral = {}
     if train_cfg is not None and train_cfg.data != recorded_train.data and same_corpus(train_cfg.data, saved,
                                                                                            recorded_train):
         given["train"]["data"] = recorded_train.data
         neutral["data"] = train_cfg.data  # the recorded corpus at another path
-    differ = config_differences(have, given, "given")
+    differ = config_differences(have, given, "given") + warmup
     if differ:
         raise UserError(f"resume=True continues {run_dir} as it was started; these configs would change it: "
                         f"{'; '.join(differ)}. Give the run's own configs (or none), or start a new run in "
