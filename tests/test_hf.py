@@ -748,6 +748,14 @@ def test_the_length_check_reads_the_settings_transformers_decodes_with():
     batched = hf.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=1)
     for row, alone in zip(batched[:, 24:], rows):
         assert torch.equal(row, hf.generate(alone[None], max_new_tokens=3, do_sample=False, pad_token_id=1)[0, -3:])
+    # ... and by max_length, which counts the padded width: 27 is 3 new tokens (it was refused, "ask for at most
+    # -1 new tokens"); 42 is 18, two past the 16 the longest row has room for (40 is the most)
+    assert torch.equal(hf.generate(ids, attention_mask=mask, max_length=27, do_sample=False, pad_token_id=1), batched)
+    with pytest.raises(ValueError, match=r"^max_length=42 over a batch padded to 24 \(its longest row 9 tokens\) feed "
+                                         r"the model positions 0 \.\. 25; it has 0 \.\. 23 .*: ask for at most 16 new "
+                                         r"tokens \(max_length=40\)$"):
+        hf.generate(ids, attention_mask=mask, max_length=42, do_sample=False, pad_token_id=1)
+    assert hf.generate(ids, attention_mask=mask, max_length=40, do_sample=False, pad_token_id=1).shape == (2, 40)
     with pytest.raises(ValueError, match=r"^a prompt of 25 tokens and max_new_tokens=1 .*: the prompt alone does not "
                                          r"fit: keep its last 24 tokens at most$"):
         hf.generate(torch.randint(0, 37, (1, 25)), max_new_tokens=1, do_sample=False)

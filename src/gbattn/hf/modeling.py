@@ -428,13 +428,13 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         # may set one, and transformers 4.x's default of 20 is used too)
         embeds = kwargs.get("inputs_embeds")  # (a prompt given as embeddings: its length counts; none given:
         # transformers starts every row from the BOS token, a one-token prompt)
-        prompt = inputs.shape[-1] if inputs is not None else embeds.shape[-2] if embeds is not None else 1
+        prompt = width = inputs.shape[-1] if inputs is not None else embeds.shape[-2] if embeds is not None else 1
         mask = kwargs.get("attention_mask")
         if isinstance(mask, Tensor) and mask.dim() == 2 and mask.shape[-1] == prompt and mask.numel():
             # a left-padded row's positions count its own tokens (cumsum of its mask), not the padded width: a batch
             # padded to 24 with rows of 9 and 2 tokens was refused 3 new tokens it could take
             prompt = int(mask.ne(0).sum(-1).max())
-        self._check_length(prompt, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
+        self._check_length(prompt, width, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
                            kwargs.get("max_length", getattr(settings, "max_length", None)))
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
         if kind not in (None, "dynamic"):  # transformers ignored it, warning that the model takes no Cache instances
@@ -450,22 +450,25 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             kwargs[CACHE_FIELD] = GbattnCache(len(self.model.blocks))
         return super().generate(*args, **kwargs)
 
-    def _check_length(self, prompt: int, max_new_tokens, max_length) -> None:
-        """A generation of a ``prompt``-token prompt asked to run past the model's positions is refused before it
-        starts (it stopped at the position past block_size with "position_ids reach N", the tokens so far lost). The
-        last new token is never fed back, so a sequence may end one token past the positions."""
+    def _check_length(self, prompt: int, width: int, max_new_tokens, max_length) -> None:
+        """A generation of a ``prompt``-token prompt (its longest row; ``width``: the batch's padded width, which
+        max_length counts) asked to run past the model's positions is refused before it starts (it stopped at the
+        position past block_size with "position_ids reach N", the tokens so far lost). The last new token is never
+        fed back, so a sequence may end one token past the positions."""
         block = self.config.max_position_embeddings
         max_new_tokens, max_length = _integer(max_new_tokens), _integer(max_length)
         if max_new_tokens is not None:
             tokens = f"{prompt} token{'s' if prompt != 1 else ''}"
             asked, length = f"a prompt of {tokens} and max_new_tokens={max_new_tokens}", prompt + max_new_tokens
-        elif max_length is not None:
-            asked, length = f"max_length={max_length}", max_length
+        elif max_length is not None:  # (new tokens past the padded width: a left-padded row's positions are its own)
+            padded = f" over a batch padded to {width} (its longest row {prompt} tokens)" if width != prompt else ""
+            asked, length = f"max_length={max_length}{padded}", prompt + max_length - width
         else:
             return
         if length - 1 > block:
             room = block + 1 - prompt
-            advice = (f"ask for at most {room} new tokens" if room > 0 else  # (0 new tokens, transformers refuses)
+            more = f" (max_length={width + room})" if max_new_tokens is None else ""
+            advice = (f"ask for at most {room} new tokens{more}" if room > 0 else  # (0 new tokens: refused anyway)
                       f"the prompt alone does not fit: keep its last {block} tokens at most")
             raise ValueError(f"{asked} feed the model positions 0 .. {length - 2}; it has 0 .. {block - 1} "
                              f"(max_position_embeddings, gbattn's block_size): {advice}")
