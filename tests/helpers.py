@@ -221,9 +221,9 @@ def run_cli(capsys, argv) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def hold_lock(directory: Path) -> subprocess.Popen:
-    """Another process holding the directory's lock (gbattn.rundir.RunLock) until it is killed."""
-    code = (f"from gbattn.rundir import RunLock; import time; lock = RunLock({str(directory)!r}); "
+def hold_lock(directory: Path, what: str = "run") -> subprocess.Popen:
+    """Another process holding the directory's lock (gbattn.rundir.RunLock) until it is killed, writing ``what``."""
+    code = (f"from gbattn.rundir import RunLock; import time; lock = RunLock({str(directory)!r}, {what!r}); "
             f"print('locked', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
@@ -231,7 +231,8 @@ def hold_lock(directory: Path) -> subprocess.Popen:
 
 
 def in_use(directory: Path, what: str) -> list[str]:
-    """The one line a command writing into ``directory`` while another process holds its lock prints."""
+    """The one line a command writing into ``directory`` while another process holds its lock (writing ``what``)
+    prints."""
     return [f"gbattn: error: {directory} is in use by another gbattn process (its {what} is being written); wait "
             f"for it to finish or choose another --out"]
 

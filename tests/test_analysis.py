@@ -327,7 +327,7 @@ def test_an_analysis_into_a_folder_another_process_writes_is_one_line_and_writes
 
     monkeypatch.setattr(gbattn.rundir, "load_run", no_work)
     out = tmp_path / "analysis"
-    holder = hold_lock(out)
+    holder = hold_lock(out, "analysis")
     try:
         assert cli_main(["analyze", str(runs["std"]), "--out", str(out), "--max-rows", "2", "--threads", "1",
                         "--quiet"]) == 2

@@ -96,7 +96,7 @@ def test_a_bench_into_a_folder_another_process_writes_is_one_line_and_writes_not
         raise AssertionError("the bench built a model before taking its folder's lock")
 
     monkeypatch.setattr(gbattn.bench.speed, "GPT", no_work)
-    holder = hold_lock(tmp_path / "b")
+    holder = hold_lock(tmp_path / "b", "benchmark")
     try:
         assert cli_main(["bench", "--preset", "cpu-char", "--attn", "standard", "--repeats", "1", "--steps", "1",
                          "--batch", "2", "--decode", "2", "--set", "n_layers=1", "--set", "d_model=32", "--set",

@@ -288,7 +288,7 @@ def test_a_second_denoise_into_one_out_is_refused_while_the_first_runs(tmp_path,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(1200):  # until it holds the lock (its pid is written once the lock is taken)
-            if (out / ".lock").is_file() and (out / ".lock").read_text().strip() == str(first.pid):
+            if (out / ".lock").is_file() and (out / ".lock").read_text().split("\n")[0] == str(first.pid):
                 break
             assert first.poll() is None, first.stderr.read()
             time.sleep(0.1)

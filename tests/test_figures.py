@@ -1019,7 +1019,7 @@ def test_a_plot_into_a_folder_another_process_writes_is_one_line_and_writes_noth
     write_run(compare_dir, "standard", 42)
     gap_dir = _gap_dir(tmp_path / "gap", 400)
     out = tmp_path / "fig"
-    holder = hold_lock(out)
+    holder = hold_lock(out, "folder of figures")
     try:
         for argv in ([str(compare_dir)], [str(gap_dir), "--gap", "gba-m2"]):
             assert cli_main(["plot", *argv, "--out", str(out)]) == 2

@@ -1546,10 +1546,10 @@ def test_an_export_is_one_writer_and_replaces_nothing_a_running_analyze_or_lm_ev
     lm-eval wrote the scores of weights replaced while it ran. Each is refused in one line now."""
     run_dir, out = trained
     busy = tmp_path / "busy"
-    holder = hold_lock(busy)  # a training there (or another export)
+    holder = hold_lock(busy)  # a training there: named as what the holder writes, not this export
     try:
         code, printed, err = run_cli(capsys, ["export", run_dir, "--out", busy])
-        assert (code, printed, err.strip().splitlines()) == (2, "", in_use(busy, "export"))
+        assert (code, printed, err.strip().splitlines()) == (2, "", in_use(busy, "run"))
     finally:
         holder.kill()
         holder.wait()
@@ -1559,7 +1559,7 @@ def test_an_export_is_one_writer_and_replaces_nothing_a_running_analyze_or_lm_ev
     (again / "analysis").mkdir()
     (again / "analysis" / "summary.json").write_text("{}")
     before = (again / "config.json").read_bytes()
-    holder = hold_lock(again / "analysis")  # an analyze of the earlier export, still running
+    holder = hold_lock(again / "analysis", "analysis")  # an analyze of the earlier export, still running
     try:
         code, printed, err = run_cli(capsys, ["export", run_dir, "--out", again])
         assert (code, err.strip().splitlines()) == (2, in_use(again / "analysis", "analysis"))

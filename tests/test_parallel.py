@@ -322,7 +322,7 @@ def test_a_killed_comparison_leaves_no_run_training(tmp_path):
     pids = []
     try:
         runs = _two_runs_training(proc, out)
-        pids = [int((run / rundir.LOCK).read_text()) for run in runs]  # each child's lock holds its pid
+        pids = [int((run / rundir.LOCK).read_text().split()[0]) for run in runs]  # each child's lock: its pid first
         assert all(_alive(pid) for pid in pids)
         proc.kill()
         proc.wait()

@@ -186,14 +186,14 @@ def test_a_real_training_process_holds_its_run_and_compare_its_directory(trained
 
 
 def test_a_run_lock_writes_its_pid_removes_only_an_empty_directory_it_made_and_is_taken_again(tmp_path):
-    """The lock file holds this pid alone (a longer stale pid is overwritten); release removes the
+    """The lock file holds this pid and what it writes (a longer stale pid is overwritten); release removes the
     directory only if the lock made it and nothing else is in it; a lock taken again after release
     is held (another process is refused)."""
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / rundir.LOCK).write_text("123456789012\n")
     with rundir.RunLock(existing):
-        assert (existing / rundir.LOCK).read_text() == f"{os.getpid()}\n"
+        assert (existing / rundir.LOCK).read_text() == f"{os.getpid()}\nrun\n"
     assert existing.is_dir()  # not made by the lock: kept
     # a new lock file gets the umask's permissions, as every file gbattn writes (0o644 kept the other members of a
     # group's shared folder from locking it: "cannot be opened as the lock file")
@@ -233,6 +233,24 @@ def test_a_lock_another_process_holds_is_refused_in_this_one_and_its_file_closed
         with pytest.raises(UserError, match="is in use by another gbattn process"):
             rundir.RunLock(tmp_path / "run")
         assert set(os.listdir("/proc/self/fd")) == fds
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+
+def test_a_lock_refusal_names_what_the_holder_writes_or_nothing(tmp_path):
+    """The refusal named the asking process's kind (an export refused by a training: "its export is being
+    written"); it names what the holder writes, as its lock file says, and nothing where that says nothing (a gbattn
+    before it did, or a lock file written by hand)."""
+    holder = hold_lock(tmp_path / "run", "comparison")
+    try:
+        with pytest.raises(UserError, match=r"run is in use by another gbattn process \(its comparison is being "
+                                            r"written\); wait for it to finish or choose another --out$"):
+            rundir.RunLock(tmp_path / "run", "export")
+        for written in ("123\n", "", "123\n\x00\x01 junk\n", "123\n" + "x" * 300):
+            (tmp_path / "run" / rundir.LOCK).write_text(written)
+            with pytest.raises(UserError, match=r"run is in use by another gbattn process; wait for it to finish"):
+                rundir.RunLock(tmp_path / "run", "export")
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import pickle
+import re
 import socket
 import stat
 import struct
@@ -485,14 +486,29 @@ class RunLock:
             os.close(self.fd)
             self.fd = None
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise UserError(f"{self.directory} is in use by another gbattn process (its {what} is being written); "
-                                f"wait for it to finish or choose another --out") from None
+                holder = self.holder()  # (this caller's kind was named: an export refused by a training, "its export")
+                raise UserError(f"{self.directory} is in use by another gbattn process"
+                                f"{f' (its {holder} is being written)' if holder else ''}; wait for it to finish or "
+                                f"choose another --out") from None
             raise
         os.ftruncate(self.fd, 0)
-        os.write(self.fd, f"{os.getpid()}\n".encode())
+        os.write(self.fd, f"{os.getpid()}\n{what}\n".encode())
         RunLock._held[key] = self
         self.key = key
         remove_debris(self.directory)
+
+    def holder(self) -> str | None:
+        """What the process holding the lock writes (its second line: "run", "comparison", "export", ...), or None
+        where it does not say (a gbattn before it did, or one that has not written it yet)."""
+        try:
+            fd = os.open(self.directory / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                lines = os.read(fd, 200).decode("utf-8", errors="replace").splitlines()
+            finally:
+                os.close(fd)
+        except OSError:
+            return None
+        return lines[1] if len(lines) > 1 and re.fullmatch(r"[\w `.-]{1,60}", lines[1]) else None
 
     def release(self) -> None:
         """Unlock; a directory this lock created that holds nothing else (the work failed before
