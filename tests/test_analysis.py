@@ -426,7 +426,7 @@ def test_against_records_which_weights_of_the_other_run_it_compared(runs, tmp_pa
                     device="cpu", quiet=True)
     best_step = load_run(runs["std"]).step
     assert (s["loss_diff"]["against_checkpoint"], s["loss_diff"]["against_step"]) == ("best", best_step)
-    assert f"(standard, best checkpoint at step {best_step}): loss" in capsys.readouterr().out
+    assert f"(standard, best weights at step {best_step}): loss" in capsys.readouterr().out
     other = tmp_path / "no-best"
     shutil.copytree(runs["std"], other)
     (other / "best.pt").unlink()
@@ -434,7 +434,7 @@ def test_against_records_which_weights_of_the_other_run_it_compared(runs, tmp_pa
     s = analyze_run(runs["gba"], against=other, out=tmp_path / "b", max_rows=2, top=1, examples=0, device="cpu",
                     quiet=True)
     assert (s["loss_diff"]["against_checkpoint"], s["loss_diff"]["against_step"]) == ("last", last_step)
-    assert f"(standard, last checkpoint at step {last_step}): loss" in capsys.readouterr().out
+    assert f"(standard, last weights at step {last_step}): loss" in capsys.readouterr().out
 
 
 def test_analyze_out_holding_another_run_is_refused_unwritten(runs, tmp_path, capsys):

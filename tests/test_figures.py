@@ -460,19 +460,26 @@ def test_print_summary_of_a_gba_run_against_another_line_by_line(tmp_path, capsy
     summary["notes"] = ["boosted (rounds=2) attention says this on its gates line", other]
     print_summary(summary, tmp_path / "summary.json")
     assert capsys.readouterr().out.splitlines() == [
-        "analyzed gba-m2/seed42 (boosted (rounds=2), best checkpoint at step 8) on 4 test rows x 31 tokens: "
+        "analyzed gba-m2/seed42 (boosted (rounds=2), best weights at step 8) on 4 test rows x 31 tokens: "
         "loss 2.0000 nats, ppl 7.39",
         "  gates, mean±std per layer:   L0 0.40±0.10 / L1 0.55±0.05    paper: 0.35 (revision 0.30)",
         "  entropy, nats (bound log(t+1), max 3.43): round 0 2.00 -> round 1 1.50 (25% lower; change per layer "
         "L0 -25%)    paper: 3.31 -> 2.58 (22% lower, layer 0 the exception, T=256)",
         "  norms per layer, |r| -> |g*c| -> |x-F after|: L1 1.50->0.25->1.25",
-        "  vs standard/seed42 (standard, last checkpoint at step 5): loss 2.1000 -> 2.0000 nats; per-token gain mean "
+        "  vs standard/seed42 (standard, last weights at step 5): loss 2.1000 -> 2.0000 nats; per-token gain mean "
         "+0.1000, median +0.0500; "
         "this run better on 60% of tokens, worse on 30%, within 0.0001 nats on 10%; largest gain +0.75 on 'cat'",
         f"  note: {other}",
         f"  figures: {tmp_path / 'entropy.png'}",
         f"  summary: {tmp_path / 'summary.json'}",
     ]
+    # weights saved over an export (rundir.CHANGED) are not that step's: named as eval names them
+    summary["checkpoint"], summary["loss_diff"]["against_checkpoint"] = "changed", "changed"
+    print_summary(summary, tmp_path / "summary.json")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("analyzed gba-m2/seed42 (boosted (rounds=2), weights changed since their export at "
+                                 "step 8) on 4 test rows"), printed[0]
+    assert printed[4].startswith("  vs standard/seed42 (standard, weights changed since their export at step 5): ")
 
 
 def test_print_summary_prints_a_note_whose_folder_begins_with_the_attentions_name(tmp_path, capsys):
@@ -493,8 +500,8 @@ def test_print_summary_names_a_residual_stream_or_post_ln_that_is_not_the_defaul
     """An AttnRes or Post-LN run's header read exactly like a plain Pre-LN one's ("boosted (rounds=2), best
     checkpoint ..."): it now names the residual stream and Post-LN where they are not the defaults."""
     summary = analysis_summary(0.1)
-    for residual, norm, said in (("plain", "pre", "(boosted (rounds=2), best checkpoint"),
-                                 ("attnres-full", "pre", "(boosted (rounds=2), attnres-full residual, best checkpoint"),
+    for residual, norm, said in (("plain", "pre", "(boosted (rounds=2), best weights"),
+                                 ("attnres-full", "pre", "(boosted (rounds=2), attnres-full residual, best weights"),
                                  ("attnres-block", "post", "attnres-block residual, Post-LN, best")):
         print_summary({**summary, "residual": residual, "norm": norm}, tmp_path / "summary.json")
         assert said in capsys.readouterr().out.splitlines()[0]
@@ -573,7 +580,7 @@ def test_against_names_the_other_runs_residual_stream_and_post_ln(tmp_path, caps
                             "median": 0.05, "fraction_positive": 0.6, "fraction_negative": 0.3, "fraction_tied": 0.1,
                             "tie_nats": 1e-4, "top_tokens": []}
     print_summary(summary, tmp_path / "summary.json")
-    assert "vs post/seed42 (boosted (rounds=2), attnres-block residual, Post-LN, best checkpoint at step 5)" in (
+    assert "vs post/seed42 (boosted (rounds=2), attnres-block residual, Post-LN, best weights at step 5)" in (
         capsys.readouterr().out)
 
     def run(residual, norm):

@@ -359,11 +359,13 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     """A few lines: ours beside the paper's numbers, and the files written (figure names in
     summary.json are relative to its folder; the terminal gets the full paths)."""
     from gbattn.analysis import figures
+    from gbattn.rundir import weights_named
 
     paper = summary["paper"]
     block = _stream_words(summary["residual"], summary["norm"])  # the defaults (plain, Pre-LN) unsaid
-    print(f"analyzed {summary['run_dir']} ({summary['attention']}{block}, {summary['checkpoint']} checkpoint at step "
-          f"{summary['step']}) on {summary['rows']} {summary['split']} rows x {summary['seq_len']} tokens: "
+    weights = weights_named(summary["checkpoint"], f"at step {summary['step']}")  # (changed ones: not that step's)
+    print(f"analyzed {summary['run_dir']} ({summary['attention']}{block}, {weights}) on {summary['rows']} "
+          f"{summary['split']} rows x {summary['seq_len']} tokens: "
           f"loss {summary['loss']['mean_nats']:.4f} nats, ppl {summary['loss']['ppl']:.2f}")
     g = summary["gates"]
     if g["available"]:
@@ -405,7 +407,7 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     d = summary.get("loss_diff")
     if d:
         best = d["top_tokens"][0] if d["top_tokens"] else None
-        weights = f"{d['against_checkpoint']} checkpoint at step {d['against_step']}"
+        weights = weights_named(d["against_checkpoint"], f"at step {d['against_step']}")
         other = d["against_attention"] + _stream_words(d.get("against_residual", "plain"), d.get("against_norm", "pre"))
         print(f"  vs {d['against']} ({other}, {weights}): loss {d['against_loss']:.4f} -> "
               f"{d['loss']:.4f} nats; "
