@@ -2928,6 +2928,10 @@ def test_a_result_lacking_its_perplexities_is_read_with_them_as_null_by_compare(
     spec = next(s for s in recipe.models if s.label == "standard")
     row = aggregate(recipe, [spec], {"standard": {42: read}})[0]
     assert row["test_ppl_mean"] is None and row["valid_loss"] == {"42": None}
+    # a row's devices each once: a resumed run names every leg of it ("A; B"), beside a seed that ran on A alone
+    one, two = "cpu (1 thread, x86_64)", "cpu (2 threads, x86_64)"
+    row = aggregate(recipe, [spec], {"standard": {42: {**read, "device": one}, 7: {**read, "device": f"{one}; {two}"}}})
+    assert row[0]["device"] == f"{one}; {two}"
 
 
 def test_old_records_keep_their_meaning_and_a_results_curve_is_checked(trained, tmp_path):

@@ -302,7 +302,8 @@ def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dic
             "train_flops": any_run["train_flops"],
             "wall_clock_s": statistics.fmean(r["wall_clock_s"] for r in runs.values()),
             "tokens_per_s": statistics.fmean(r["train_tokens_per_s"] for r in runs.values()),
-            "device": "; ".join(dict.fromkeys(r["device"] for r in runs.values())),
+            # each device once (a resumed run's names every leg of it: "A; B" beside "A" named A twice)
+            "device": devices_text([{"device": r["device"]} for r in runs.values()]),
             "curves": {str(s): r["curve"] for s, r in sorted(runs.items())},
             "published": recipe.published.get(spec.label),
         })
