@@ -1010,6 +1010,15 @@ def test_a_run_resumed_on_other_arithmetic_says_it_is_not_exact_and_how_to_resum
     assert capsys.readouterr().err.startswith(
         f"warning: the checkpoint of {tmp_path / 'compiled'} was trained compiled and this run trains eager (resume "
         f"with --compile): it goes on")
+    # a run that has run on as many devices as a checkpoint may record, resumed on one more: the 65th was written,
+    # and every later resume refused the checkpoint as malformed. The first ones and the last are kept.
+    train_killed_at(5, tmp_path / "many", *configs, monkeypatch)
+    path = tmp_path / "many" / ckpt.CHECKPOINT
+    torch.save({**ckpt.load_checkpoint(path), "devices": [f"device {i}" for i in range(64)]}, path)
+    result = train(tmp_path / "many", resume=True, quiet=True)
+    now = device_name(torch.device("cpu"), 1)
+    kept = [*(f"device {i}" for i in range(62)), "...", now]
+    assert ckpt.load_checkpoint(path)["devices"] == kept and result["device"] == "; ".join(kept)
 
 
 def test_a_checkpoint_in_the_older_format_resumes_exactly(tmp_path, monkeypatch):

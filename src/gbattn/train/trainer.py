@@ -725,7 +725,10 @@ class Trainer:
     def devices_used(self) -> list[str]:
         """Every device (with its thread count) this run has run on, each once, in order: result.json's device said
         only the last leg's ("cpu (2 threads)" of a run trained on 1 thread and resumed on 2 for its test)."""
-        return list(dict.fromkeys([*self.earlier_devices, device_name(self.device)]))
+        used = list(dict.fromkeys([*self.earlier_devices, device_name(self.device)]))
+        # at most as many as a checkpoint may record (a 65th was written, and every resume then refused the file as
+        # damaged): the first ones and this one, "..." between them
+        return used if len(used) <= MAX_DEVICES_RECORDED else [*used[:MAX_DEVICES_RECORDED - 2], "...", used[-1]]
 
     def _save(self) -> None:
         state = self._state()
