@@ -832,6 +832,10 @@ def test_gap_names_a_comparison_given_as_dot_by_its_own_name(tmp_path, monkeypat
         assert cli_main(["plot", given, "--gap", "gba-m2", "--out", str(tmp_path / "fig")]) == 0
         (series,) = json.loads((tmp_path / "fig" / "gap.json").read_text())["series"]
         assert series["directory"] == "short"
+    # a link by its own name (the name given), as result.json names a run: it was named by its target's
+    (tmp_path / "latest").symlink_to(compare_dir)
+    assert cli_main(["plot", str(tmp_path / "latest"), "--gap", "gba-m2", "--out", str(tmp_path / "fig")]) == 0
+    assert json.loads((tmp_path / "fig" / "gap.json").read_text())["series"][0]["directory"] == "latest"
 
 
 def test_plot_of_a_run_export_or_denoise_output_names_what_the_folder_holds(tmp_path, capsys):

@@ -408,6 +408,13 @@ def shell_path(path: str | os.PathLike) -> str:
     return shlex.quote(option_path(path))
 
 
+def folder_name(path: str | os.PathLike) -> str:
+    """A folder's name as given (a link by its own name, not its target's); ``.``, ``..`` and ``dir/..`` by the
+    folder they reach (their own names say nothing)."""
+    path = Path(path)
+    return path.name if path.name not in ("", ".", "..") else path.resolve().name
+
+
 def portable_path(text: str) -> str:
     """A path for a results file: as given when a name (``tiny-shakespeare``) or a path inside the
     working directory; an absolute path, or one that climbs out (``../data/wikitext-2``), becomes its

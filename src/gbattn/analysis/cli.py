@@ -151,7 +151,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
     from gbattn.eval.perplexity import perplexity
-    from gbattn.files import relative_path, remove_unwritten, write_json
+    from gbattn.files import folder_name, relative_path, remove_unwritten, write_json
     from gbattn.progress import Progress
     from gbattn.rundir import ANALYSIS_DIR, ANALYSIS_FIGURES, ANALYSIS_SUMMARY, RunLock, check_model_dir, load_run
     from gbattn.runtime import autocast_dtype, resolve_device
@@ -193,7 +193,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
                             f"fewer than one row of {run.seq_len + 1}")
         row_ids = select_rows(n_rows, max_rows)
 
-        name = run_dir.resolve().name  # "." or "..": the folder's own name, not "" or ".."
+        name = folder_name(run_dir)  # "." or "..": the folder's own name, not "" or ".."; a link by its own
         bar = Progress(len(row_ids), desc=f"analyze {name}", unit="row", disable=quiet)
         collected = stats.collect(run.model, tokens, run.seq_len, row_ids, batch_size, dev,
                                   against=other.model if other else None, progress=bar)
@@ -635,11 +635,11 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read
     from gbattn.checks import did_you_mean
     from gbattn.errors import UserError
     from gbattn.experiments.report import is_loss
-    from gbattn.files import read_jsonl
+    from gbattn.files import folder_name, read_jsonl
     from gbattn.rundir import METRICS, valid_curve
 
     compare_dirs = [compare_dirs] if isinstance(compare_dirs, Path) else compare_dirs
-    name = " + ".join(d.resolve().name for d in compare_dirs)
+    name = " + ".join(folder_name(d) for d in compare_dirs)
     losses: dict[str, dict[tuple[str, int], tuple[int, float]]] = {}
     seen: dict[tuple[str, str], Path] = {}  # (label, seed) -> the directory it came from
     first: dict = {}

@@ -36,7 +36,7 @@ from gbattn.errors import (
     terminated_handler,
 )
 from gbattn.eval.perplexity import evaluate, perplexity
-from gbattn.files import error_detail, refuse_not_regular, shell_path
+from gbattn.files import error_detail, folder_name, refuse_not_regular, shell_path
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
 from gbattn.parent_death import parent_death_signal
@@ -1125,7 +1125,7 @@ class Trainer:
         valid_best = perplexity(self.best_valid)
         result = {
             # ("." or "..": the folder's own name, not "" or ".."; a link keeps its own name, link/.. is its target's)
-            "run_dir": self.run_dir.name if self.run_dir.name not in ("", ".", "..") else self.run_dir.resolve().name,
+            "run_dir": folder_name(self.run_dir),
             "attn": self.model_cfg.attn,
             "attn_options": self.model_cfg.attn_options,
             "residual": self.model_cfg.residual,
