@@ -587,6 +587,19 @@ def test_generate_takes_numpy_numbers_as_python_numbers():
                                 seed=np.uint64(3)), expected)
 
 
+def test_generate_returns_the_prompts_dtype_whatever_the_count():
+    """int32 token ids (a forward takes them) came back int64 with new tokens and int32 without: the prompt's
+    dtype now, its tokens and the new ones the same as an int64 prompt's, cached or not."""
+    model = tiny_model(("standard", {}))
+    ids = torch.tensor([[5, 6, 7], [1, 2, 3]])
+    for use_cache in (True, False):
+        expected = generate(model, ids, 4, temperature=0, use_cache=use_cache)
+        for new in (0, 4):
+            out = generate(model, ids.int(), new, temperature=0, use_cache=use_cache)
+            assert out.dtype == torch.int32 and torch.equal(out.long(), expected[:, :3 + new]), (use_cache, new)
+    assert model.generate(ids.int(), 2, temperature=0).dtype == torch.int32
+
+
 def test_generate_takes_integral_floats_as_config_fields_do():
     """generate checked its counts by its own rule, which refused 4.0 where a config field (checks.coerce, as
     ``--set max_steps=4.0``) takes it as 4; one rule now: an integral float is its integer, 4.5 is refused."""

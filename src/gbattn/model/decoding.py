@@ -287,7 +287,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
                 if "probability tensor contains" not in str(e):
                     raise
                 raise non_finite_logits(f"at new token {i + 1}") from None
-            out = torch.cat([out, nxt], dim=1)
+            out = torch.cat([out, nxt.to(out.dtype)], dim=1)  # the prompt's dtype (int32 ids came back int64)
             if progress is not None:
                 progress(1)
             slot = out.shape[1] - 1
