@@ -498,6 +498,18 @@ def test_causal_takes_true_or_false_only():
         with pytest.raises(ValueError, match=rf"^causal={bad!r} must be true or false$"):
             attn(x, causal=bad)
     assert not torch.equal(attn(x, causal=False), attn(x, causal=True))
+    # naive and return_intermediates too, of a module and of a model ("no" was true: a (y, record) tuple came
+    # back, or the reference path ran, silently)
+    from gbattn import GPT, ModelConfig
+
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, d_model=8, n_layers=1, n_heads=2, dropout=0.0))
+    ids = torch.randint(0, 11, (1, 4))
+    for call in (lambda **kw: attn(x, **kw), lambda **kw: model(ids, **kw)):
+        for name in ("naive", "return_intermediates"):
+            for bad in (None, "no", 0):
+                with pytest.raises(ValueError, match=rf"^{name}={bad!r} must be true or false$"):
+                    call(**{name: bad})
+        assert isinstance(call(return_intermediates=True), tuple) and torch.is_tensor(call(naive=True))
 
 
 def test_a_float_padding_mask_is_refused():

@@ -637,6 +637,9 @@ class AttentionBase(nn.Module):
         ``key_padding_mask`` then covers the cached and the new tokens, (B, cached + T)."""
         if context is None:
             causal = coerce("causal", causal, bool)  # (None read as False: bidirectional attention, silently)
+            # ("no" was true: a (y, record) tuple came back, or the slow reference path ran, silently)
+            naive = coerce("naive", naive, bool)
+            return_intermediates = coerce("return_intermediates", return_intermediates, bool)
             if cache is not None and not isinstance(cache, DynamicLayerCache):
                 raise ValueError(f"cache of type {type(cache).__name__}: a module used on its own takes a "
                                  f"DynamicLayerCache (a model passes its own context with its cache)")

@@ -31,7 +31,7 @@ from gbattn.attention.core import (
     rope_for,
 )
 from gbattn.attention.registry import build_attention
-from gbattn.checks import checked
+from gbattn.checks import checked, coerce
 from gbattn.config import ModelConfig
 from gbattn.errors import ConfigError
 from gbattn.model.attnres import AttnResStream
@@ -301,6 +301,9 @@ class GPT(nn.Module):
         ``own_cache=False``: without ``cache``, no cache, not the model's own (:meth:`setup_cache`)."""
         if (idx_BT is None) == (token_embeds_BTD is None):
             raise ValueError("give token ids or token embeddings (token_embeds_BTD), one of the two")
+        # ("no" was true: forward returned a (logits, records) tuple, or the slow reference path ran, silently)
+        naive = coerce("naive", naive, bool)
+        return_intermediates = coerce("return_intermediates", return_intermediates, bool)
         for what, ids in (("token ids", idx_BT), ("position_ids", position_ids), ("input_pos", input_pos)):
             check_integers(what, ids)
         check_tensor("token embeddings", token_embeds_BTD)
