@@ -593,7 +593,7 @@ def test_upcycle_recipe_continues_from_the_trained_base(tmp_path, monkeypatch):
     cm, gba = rows["standard-continued-compute-matched"], rows["gba-upcycled"]
     assert cm["steps"] > gba["steps"] and cm["train_flops"] == pytest.approx(gba["train_flops"], rel=1 / gba["steps"])
     # The same comparison moved elsewhere: every continuation is reused (its recorded start path is
-    # the old one), nothing trains or is upcycled again (each start is written once).
+    # the old one), nothing trains or is written again (each start is written once, and checked against its base).
     moved = tmp_path / "moved"
     out.rename(moved)
     monkeypatch.setattr("gbattn.experiments.compare.train", lambda *a, **k: pytest.fail("a finished run retrained"))
