@@ -1418,6 +1418,23 @@ def test_a_continuation_killed_before_its_first_checkpoint_resumes_only_from_the
     assert main(resume) == 0, capsys.readouterr()
     resumed = rundir.load_checkpoint(out / rundir.CHECKPOINT)["model"]
     assert all(torch.equal(resumed[k], v) for k, v in finished.items())
+    # from an export whose weights were saved over since (fine-tuned, say): named as changed, not as its step's
+    from safetensors.torch import load_file, save_file
+
+    export, out = tmp_path / "export", tmp_path / "from-export"
+    assert main(["export", str(source), "--out", str(export)]) == 0, capsys.readouterr()
+    argv[argv.index(str(source))], argv[argv.index(str(tmp_path / "continued"))] = str(export), str(out)
+    assert main(argv) == 0, capsys.readouterr()
+    for name in (rundir.CHECKPOINT, rundir.BEST, rundir.RESULT, rundir.METRICS):
+        (out / name).unlink()
+    tensors = load_file(export / "model.safetensors")
+    first = sorted(tensors)[0]
+    save_file({**tensors, first: tensors[first] + 1}, export / "model.safetensors", metadata={"format": "pt"})
+    assert main(["train", "--resume", "--out", str(out), "--quiet", "--threads", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1:] == [
+        f"gbattn: error: {out} has no checkpoint yet, so it starts again from its --init-from {export}, whose weights "
+        f"changed since their export (step {best['step']}) are not the ones it started from (exported weights of step "
+        f"{best['step']}): restore those, or train it again from these with --restart"]
 
 
 def test_train_init_from_keeps_the_source_runs_data_split(gbattn_dir, tmp_path, capsys):
