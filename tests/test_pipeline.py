@@ -3745,6 +3745,26 @@ def test_ctrl_c_during_the_last_step_finishes_the_run_and_is_not_lost(tmp_path, 
         train(tmp_path / "compared", *tiny_configs(data), quiet=True, extra={"label": "gba-m2", "recipe": "cpu-char"})
 
 
+def test_a_stop_after_result_json_is_written_says_the_run_finished(tmp_path, monkeypatch):
+    """SIGTERM in the moment after result.json was written (its summary printing, the folder's sync) said the run
+    was stopped during its test evaluation and was to be continued with `train --resume`, which then answered that
+    it had finished: it says it finished, with status 143 all the same."""
+    import signal
+
+    data = write_corpus(tmp_path / "c")
+    written = ckpt.write_result
+
+    def terminated_once_written(directory, result):
+        written(directory, result)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(ckpt, "write_result", terminated_once_written)
+    with pytest.raises(Interrupted, match=r"^terminated after the test evaluation: .*run finished all the same \(its "
+                                        r"result.json is written\); nothing is left to resume$") as stopped:
+        train(tmp_path / "run", *tiny_configs(data), quiet=True)
+    assert stopped.value.exit_code == 143 and ckpt.read_result(tmp_path / "run" / ckpt.RESULT)["steps"] == 12
+
+
 def test_a_checkpoint_is_also_saved_every_checkpoint_minutes(tmp_path, monkeypatch):
     """Between evaluations a checkpoint is saved once more than checkpoint_minutes have passed since
     the last one: with a clock the test moves one minute per step and checkpoint_minutes=2.5, at steps

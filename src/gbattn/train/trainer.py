@@ -970,15 +970,22 @@ class Trainer:
                 result = self._finish()
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (cli's Terminated): the last step's checkpoint is saved
             signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+            if (self.run_dir / rundir.RESULT).exists():  # after result.json was written (its summary printing, say)
+                raise self._finished_all_the_same(signum, "after the test evaluation") from None
             detail = (f"during the test evaluation after the last step; its checkpoint is saved in {self.run_dir}: "
                       f"continue with {self._continue_with(' (it tests again)')}")
             raise self._interrupted(signum, detail) from None
         if stop.requested:  # during the last step: the run finished, and the stop is not lost (compare goes no further)
-            raise self._interrupted(stop.signum, f"during the last step: {self.run_dir} finished all the same (its "
-                                                 f"result.json is written); nothing is left to resume"
-                                                 + ("; rerun the same `gbattn compare` command for the rest of the "
-                                                    "comparison" if "label" in self.extra else ""))
+            raise self._finished_all_the_same(stop.signum, "during the last step")
         return result
+
+    def _finished_all_the_same(self, signum: int, when: str) -> TrainingInterrupted:
+        """The one-line error of a stop that came once nothing was left to train (the stop is not lost: compare goes
+        no further), saying the run finished."""
+        return self._interrupted(signum, f"{when}: {self.run_dir} finished all the same (its result.json is written); "
+                                         f"nothing is left to resume" + ("; rerun the same `gbattn compare` command "
+                                                                        "for the rest of the comparison"
+                                                                        if "label" in self.extra else ""))
 
     @staticmethod
     def _interrupted(signum: int, detail: str) -> TrainingInterrupted:
