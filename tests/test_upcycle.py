@@ -1674,7 +1674,8 @@ def test_an_upcycle_stopped_before_its_config_leaves_nothing_and_runs_again(gbat
                                                                              monkeypatch):
     """Ctrl-C or SIGTERM during an upcycle's writes left tokenizer.json and best.pt without config.json, and the same
     command run again was refused ("holds best.pt but no config.json: ... delete it"), though that process made them.
-    A stopped upcycle removes what it wrote (a kill -9 cannot: that line stays for it)."""
+    A stopped upcycle removes what it wrote, the folder it made too (it was left holding its .lock: the folder was
+    made before the lock, which removes only a folder it made; a kill -9 cannot: that line stays for it)."""
     from gbattn import rundir as rundir_mod
 
     real_write_config = rundir_mod.write_config
@@ -1686,7 +1687,11 @@ def test_an_upcycle_stopped_before_its_config_leaves_nothing_and_runs_again(gbat
     monkeypatch.setattr(rundir_mod, "write_config", stopped)
     assert main(argv) == 130
     capsys.readouterr()
-    assert [p.name for p in (tmp_path / "up").iterdir()] == [".lock"]
+    assert not (tmp_path / "up").exists()
+    (tmp_path / "there").mkdir()  # a folder that was there is kept, empty
+    assert main([*argv[:-1], str(tmp_path / "there")]) == 130
+    capsys.readouterr()
+    assert [p.name for p in (tmp_path / "there").iterdir()] == [".lock"]
     monkeypatch.setattr(rundir_mod, "write_config", real_write_config)
     assert main(argv) == 0, capsys.readouterr()
     assert sorted(p.name for p in (tmp_path / "up").iterdir()) == [".lock", "best.pt", "config.json", "tokenizer.json"]

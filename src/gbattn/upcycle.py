@@ -252,7 +252,6 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
     from gbattn import rundir
     from gbattn.config import TrainConfig
     from gbattn.errors import CheckpointError, UserError
-    from gbattn.files import check_writable_dir
 
     if not isinstance(result, Upcycled):  # (a source path: "'str' object has no attribute 'source'", --out made)
         raise TypeError(f"write_run takes what upcycle(SOURCE, attn) returns, not a {type(result).__name__}")
@@ -266,7 +265,6 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
     except CheckpointError as e:  # (its advice is a file's: "the file is damaged; restore a copy of it")
         reason = str(e).removesuffix(": the file is damaged; restore a copy of it")
         raise UserError(f"{reason}: changed after upcycle() (write_run writes what upcycle returns)") from None
-    out = check_writable_dir(out)
     src = result.source
     if src.train_cfg is not None:
         train_cfg = src.train_cfg.replace(init_from=None)
@@ -275,6 +273,7 @@ def write_run(result: Upcycled, out: str | Path) -> Path:
     # which weights of a gbattn source (best, last or exported) at which step; a Hugging Face checkpoint has one set
     taken = {} if src.checkpoint is None else {"source_checkpoint": src.checkpoint, "source_step": src.step}
     seq_len = src.config.get("seq_len") or model_cfg.input_length(train_cfg.seq_len)  # refused before writing
+    # (the lock proves --out writable, making it: made before, a stopped write left the folder behind, holding .lock)
     with rundir.RunLock(out, "upcycled model"):
         check_new_run_dir(out)  # again under the lock: another process may have written there since
         try:
