@@ -1504,6 +1504,46 @@ def test_a_jobs_child_is_given_this_invocations_result_neutral_settings_as_its_c
         2, 2]
 
 
+def test_a_run_resumed_from_its_checkpoint_keeps_the_threads_it_trained_with_where_its_share_allows(tmp_path,
+                                                                                                      monkeypatch):
+    """The same `compare --jobs 2 --threads 2` command run again gave a run stopped while another trained beside it
+    (1 thread each) both threads once it trained alone: its last bits, so its numbers, differed from the
+    uninterrupted comparison's. It keeps the count it trained with where this invocation's share allows it."""
+    import subprocess
+
+    from gbattn.config import parse_sets
+
+    data = str(write_corpus(tmp_path / "c"))
+    out = tmp_path / "cmp"
+    run_compare("cpu-proxy", out, data=data, sets=tiny_sets(), only=["standard"], quiet=True, threads=1)
+    run = out / "standard" / "seed42"
+    (run / rundir.RESULT).unlink()  # stopped after its last checkpoint, with 1 thread recorded
+    assert rundir.read_config(run / rundir.CONFIG)["train"]["threads"] == 1
+    started, real_popen = [], subprocess.Popen
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or real_popen(
+        ["false"], **kw))
+    with pytest.raises(UserError, match="1 run\\(s\\) failed"):
+        run_compare("cpu-proxy", out, data=data, sets=tiny_sets(), only=["standard"], quiet=True, jobs=2, threads=4)
+    (cmd,) = started
+    assert parse_sets([cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"])["threads"] == 1
+    resumed = []
+
+    def resume(*args, **kwargs):  # (--jobs 1: in this process)
+        resumed.append(kwargs["overrides"])
+        raise UserError("stopped here")
+
+    monkeypatch.setattr(compare_mod, "train", resume)
+    with pytest.raises(UserError, match="stopped here"):
+        run_compare("cpu-proxy", out, data=data, sets=tiny_sets(), only=["standard"], quiet=True, threads=3)
+    assert resumed[0]["threads"] == 1
+    # more than this invocation's share: the share (not exact, and said so by the run)
+    config = rundir.read_config(run / rundir.CONFIG)
+    config["train"]["threads"] = 8
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    assert compare_mod.kept_threads(run, 2) == 2 and compare_mod.kept_threads(run, 8) == 8
+    assert compare_mod.kept_threads(run, 16) == 8
+
+
 def test_the_threads_are_divided_between_the_runs_that_can_train_at_once(tmp_path):
     """--jobs N divided the threads by the runs asked for: a run finished earlier, or one waiting for its reference
     (compute-matched after gba-m2), still took its share, and those threads sat idle."""

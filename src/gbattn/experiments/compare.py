@@ -404,6 +404,8 @@ class _Runner:
             return None
         if existing and train_cfg.init_from and not (run_dir / rundir.CHECKPOINT).exists():
             _start_from_here(run_dir, train_cfg.init_from)
+        if existing and (run_dir / rundir.CHECKPOINT).exists():
+            train_cfg = train_cfg.replace(threads=kept_threads(run_dir, train_cfg.threads))
         if self.request["command"] not in self.request["commands"]:
             # The invocations that trained part of the table, in order: a rerun with --only or fewer
             # --seeds reports every finished run, so its command alone would not reproduce the table.
@@ -448,6 +450,17 @@ class _Runner:
         the earlier invocations' runs in results.json and results.md, not this one's alone)."""
         self.bar.update(1, last=f"{label}/seed{seed}")
         self._report()
+
+
+def kept_threads(run_dir: Path, share: int | None) -> int | None:
+    """The CPU threads a run resumed from its checkpoint trains with: those it recorded, where this invocation's
+    ``share`` of them (None: the default count) allows, so that its arithmetic, and its numbers, are the ones it
+    would have had uninterrupted; else ``share``. The same `--jobs 2` command run again gave a run its whole share
+    of 2 threads once the other run had finished, where it had trained on 1: other last bits in its results."""
+    recorded = (rundir.read_config(run_dir / rundir.CONFIG).get("train") or {}).get("threads")
+    if type(recorded) is int and 0 < recorded < (share or default_threads()):
+        return recorded
+    return share
 
 
 def _start_from_here(run_dir: Path, init_from: str) -> None:
