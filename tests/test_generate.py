@@ -228,6 +228,28 @@ def test_generate_says_when_bpe_prompt_tokens_are_unknown(tmp_path, capsys):
         assert note is None or "the text shown has <unk> in their place" in printed.err
 
 
+def test_the_unknown_token_note_spells_it_as_the_tokenizer_does(tmp_path, capsys):
+    """A tokenizer whose unknown token is BERT's [UNK]: the prompt shown had [UNK], the note said <unk>."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
+    from helpers import WORDS
+
+    data = write_corpus(tmp_path / "c")
+    backend = Backend(models.WordLevel({"[UNK]": 0, **{w: i + 1 for i, w in enumerate(sorted({*WORDS, "."}))}},
+                                       unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    (tmp_path / "tok.json").write_text(backend.to_str())
+    train(tmp_path / "run", *tiny_configs(data, max_steps=1, eval_every=1, tokenizer=f"hf={tmp_path / 'tok.json'}"),
+          quiet=True)
+    prompt = f"{WORDS[0]} zebra"
+    assert cli_main(["generate", str(tmp_path / "run"), "--prompt", prompt, "--max-new-tokens", "1"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.startswith(f"{WORDS[0]} [UNK]")
+    assert ("note: 1 of the prompt's 2 tokens is [UNK] (text this tokenizer never saw in training, or [UNK] itself); "
+            "the model reads them as [UNK], and the text shown has [UNK] in their place") in printed.err, printed.err
+
+
 def test_generated_unknown_tokens_are_shown_as_unk_and_padding_is_left_out(tmp_path, capsys, monkeypatch):
     """WikiText v1 writes its rare words as <unk> (2.7% of WikiText-2's training words), which the BPE encodes as
     its unknown token, so a model trained on it generates that token: `gbattn generate` and run.generate left it

@@ -1262,8 +1262,8 @@ def test_a_tokenizer_file_saved_with_truncation_or_padding_encodes_whole_lines(t
 
 def test_special_tokens_of_a_vocabulary_with_several_candidates():
     """A vocabulary with both ``</s>`` and ``<pad>``: eos is the real end of text, pad is ``<pad>``; one
-    with ``<pad>`` alone takes it as eos too; one with neither falls back to token 0 as eos and has no padding
-    token."""
+    with ``<pad>`` alone takes it as eos too; one with neither takes the first token it marks special, and one
+    without any is refused."""
     from tokenizers import Tokenizer as Backend
     from tokenizers import models, pre_tokenizers
 
@@ -1293,8 +1293,15 @@ def test_special_tokens_of_a_vocabulary_with_several_candidates():
     assert (gemma_like.eos_token_id, gemma_like.bos_token_id) == (1, 2)
     pad_only = hf_kind({"<unk>": 0, "<pad>": 1, "a": 2})  # no end-of-text token: <pad> stands in, as for bpe
     assert (pad_only.eos_token, pad_only.pad_token, pad_only.unk_token) == ("<pad>", "<pad>", "<unk>")
-    plain = hf_kind({"x": 0, "a": 1, "b": 2})
-    assert plain.eos_token == "x" and plain.eos_token_id == 0 and plain.pad_token is None and plain.bos_token is None
+    # none of those names: the first token it marks special; with none, refused (token 0 was made eos: an ordinary
+    # token, which transformers then made special, so "xx" encoded as two tokens and decoding dropped it)
+    from gbattn.errors import CheckpointError
+
+    marked = hf_kind({"x": 0, "a": 1, "[END]": 2, "b": 3}, special=["[END]"])
+    assert marked.eos_token == "[END]" and marked.eos_token_id == 2 and marked.pad_token is None
+    with pytest.raises(CheckpointError, match=r"^the hf tokenizer has no end-of-text token \(none of <\|endoftext\|>, "
+                                              r".*nor a token it marks special\), which its transformers form needs"):
+        hf_kind({"x": 0, "a": 1, "b": 2})
 
 
 def test_a_special_token_outside_the_vocabulary_is_refused(monkeypatch):

@@ -4360,6 +4360,11 @@ def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_
             tokenize_corpus(corpus, tok, progress=False)
         with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['ö'\]"):
             tok.encode("föx")  # a prompt too
+        # the information separators U+001C .. U+001F: whitespace to Python's isspace, not to the tokenizers
+        # library, which dropped them (a prompt's "KING\x1dHENRY" lost its separator without a word)
+        with pytest.raises(DataError, match=r"no token for \(and no unknown token\): \['\\x1d'\]"):
+            tok.encode("the\x1dfox")
+        assert tok.encode("the\tfox \u2028") == tok.encode("the fox")  # whitespace to both: no token, nothing lost
     # A byte-level tokenizer (GPT-2's) has no unknown token either, but encodes any text: it is not scanned
     from tokenizers import decoders
 
@@ -4372,6 +4377,43 @@ def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_
     tok = get_tokenizer(f"hf={tmp_path / 'tokenizer.json'}", corpus)
     assert (tok.unknown_id, tok._may_drop_text) == (None, False)
     assert tok.decode(tok.encode("the quick brown föx 狐")) == "the quick brown föx 狐"
+
+
+def test_a_tokenizer_file_giving_two_tokens_one_id_or_listing_a_piece_twice_is_refused():
+    """A gpt2=/hf= tokenizer.json whose vocabulary gives two tokens one id was used: typed "thing" came back as
+    "anding", and `gbattn export` ended in a traceback. A Unigram piece listed twice left an id naming nothing, and its
+    export was refused as if a special token were missing. Each is refused, naming the tokens."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
+    backend = Backend(models.WordLevel({"<unk>": 0, "a": 1, "th": 2, "and": 3}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    payload = json.loads(backend.to_str())
+    payload["model"]["vocab"]["th"] = 3
+    with pytest.raises(ValueError, match=r"^its tokens 'and' and 'th' have one id, 3: each id must name one token$"):
+        Tokenizer("hf", json.dumps(payload))
+    unigram = Backend(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0), ("a", -3.0)], 0))
+    with pytest.raises(ValueError, match=r"^its Unigram piece 'a' is listed twice: each piece must be listed once$"):
+        Tokenizer("hf", unigram.to_str())
+    Tokenizer("hf", Backend(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], 0)).to_str())  # once each
+
+
+def test_a_prompt_gets_the_special_tokens_a_template_puts_before_it_only_whitespace_alone_too():
+    """A BERT template ([CLS] $A [SEP]): a prompt of whitespace alone kept its [SEP] (a prompt with text of its own did
+    not), and generation went on after it, where transformers' form of the tokenizer gives [CLS] alone."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers, processors
+
+    backend = Backend(models.WordLevel({"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "x": 3}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens(["[CLS]", "[SEP]"])
+    backend.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1),
+                                                                                                   ("[SEP]", 2)])
+    tok = Tokenizer("hf", backend.to_str())
+    assert tok.encode("x x") == [1, 3, 3]
+    for blank in ("", "   ", "\t", "\n"):
+        assert tok.encode(blank) == [1], repr(blank)
+    assert tok.encode_batch(["x"]) == [[3]]  # corpus lines: no special token at all
 
 
 def test_a_bpe_dropout_tokenizer_encodes_the_same_text_to_the_same_ids_every_time():

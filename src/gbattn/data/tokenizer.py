@@ -110,7 +110,20 @@ class Tokenizer:
                 # as transformers leaves it only for training; a new payload and fingerprint, as above.
                 self._hf.model.dropout = None
                 self.payload = self._hf.to_str()
-            ids = set(self._hf.get_vocab(with_added_tokens=True).values())
+            vocab = self._hf.get_vocab(with_added_tokens=True)
+            ids = set(vocab.values())
+            if len(ids) < len(vocab):  # (encoded silently: "thing" came back as "anding"; export, a traceback)
+                spelled: dict[int, str] = {}
+                for token, i in sorted(vocab.items(), key=lambda item: (item[1], item[0])):
+                    if i in spelled:
+                        raise ValueError(f"its tokens {spelled[i]!r} and {token!r} have one id, {i:,}: each id must "
+                                         f"name one token")
+                    spelled[i] = token
+            pieces = [p[0] for p in (json.loads(payload).get("model") or {}).get("vocab") or []
+                      if isinstance(p, list) and p] if type(self._hf.model).__name__ == "Unigram" else []
+            if len(set(pieces)) < len(pieces):  # (one id then named nothing, and its export was refused, misnamed)
+                twice = next(piece for k, piece in enumerate(pieces) if piece in pieces[:k])
+                raise ValueError(f"its Unigram piece {twice!r} is listed twice: each piece must be listed once")
             self._size, self._named = max(ids, default=-1) + 1, len(ids)
             self._largest_id = self._size - 1  # above vocab_size - 1 only in a run from before sizes counted to it
             if self._size > MAX_VOCAB_SIZE:  # the model config would refuse it as a vocab_size the user never set
@@ -176,11 +189,24 @@ class Tokenizer:
             self._refuse_unknown_characters([text])
             return [self.stoi[c] for c in text]
         with hf_failures_as_data_errors("encoding"):
-            encoding = self._hf.encode(text)
+            encoding = self._prompt_encoder.encode(text)
         self._refuse_dropped([text], [encoding])
-        # the text's own tokens have a sequence id, those the post-processor added None; an empty text's are kept
-        own = [i for i, sequence in enumerate(encoding.sequence_ids) if sequence is not None]
-        return self._within_vocabulary([encoding.ids[: own[-1] + 1] if own else encoding.ids])[0]
+        return self._within_vocabulary([encoding.ids])[0]
+
+    @functools.cached_property
+    def _prompt_encoder(self):
+        """The HF tokenizer with a post-processor adding only the special tokens it puts before a text
+        (:func:`leading_specials_only`), as transformers' form of it encodes a prompt: the tokens after the text's
+        last one were cut off before, which kept a BERT template's [SEP] where a prompt had no token of its own
+        (whitespace alone)."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        stored = json.loads(self.payload)
+        if not isinstance(stored.get("post_processor"), dict):
+            return self._hf
+        stored["post_processor"] = leading_specials_only(stored["post_processor"])
+        with hf_failures_as_data_errors("reading its file"):
+            return HFTokenizer.from_str(json.dumps(stored))
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Lines of a corpus: their tokens only. Unlike :meth:`encode` (a prompt), no special token
@@ -255,16 +281,16 @@ class Tokenizer:
         there: the characters left uncovered end the word, and need not be the one dropped."""
         uncovered, end = set(), 0  # end: where the tokens so far end (a sequence's come in the order of its text)
         for start, stop in encoding.offsets:
-            if start > end and not text[end:start].isspace():
+            if start > end and not is_space(text[end:start]):
                 uncovered.update(text[end:start])
             if stop > end:
                 end = stop
-        if not text[end:].isspace():
+        if not is_space(text[end:]):
             uncovered.update(text[end:])
         normalizer = self._hf.normalizer
         for c in uncovered - self._normalized_away.keys():
             self._normalized_away[c] = normalizer is not None and not normalizer.normalize_str(c).strip()
-        return {c for c in uncovered if not c.isspace() and not self._normalized_away[c]}
+        return {c for c in uncovered if not is_space(c) and not self._normalized_away[c]}
 
     def _refuse_dropped(self, texts: list[str], encodings) -> None:
         """A DataError naming the characters of ``texts`` that an HF tokenizer without an unknown token encoded to
@@ -381,6 +407,51 @@ class Tokenizer:
                                   f"; its config.json records {recorded}): a tokenizer file from another run? Put "
                                   f"back the run's own")
         return tok
+
+
+def is_space(text: str) -> bool:
+    """Whether ``text`` is whitespace as the tokenizers library counts it (Unicode's White_Space): Python's
+    ``isspace`` counts the separators U+001C .. U+001F too, which a tokenizer without them drops (they were left
+    out of a prompt without a word)."""
+    return text.isspace() and not any("\x1c" <= c <= "\x1f" for c in text)
+
+
+def leading_specials_only(processor: dict | None) -> dict | None:
+    """A ``tokenizer.json`` post-processor (its JSON) that adds the special tokens it puts before a text and none
+    after it (:meth:`Tokenizer.encode`, and transformers' form of the tokenizer): a template's items after its last
+    sequence dropped, BERT's and RoBERTa's ``[CLS] $A [SEP]`` made the template ``[CLS] $A`` (a pair keeps its
+    separators between its texts), a sequence of post-processors each so. Others (byte-level offsets) add no
+    token."""
+    if not isinstance(processor, dict):
+        return processor
+    kind = processor.get("type")
+    if kind == "Sequence":
+        return {**processor, "processors": [leading_specials_only(p) for p in processor.get("processors", [])]}
+    if kind in ("BertProcessing", "RobertaProcessing"):  # [CLS] $A [SEP] ([SEP] [SEP] between a pair's for RoBERTa)
+        (sep, sep_id), (cls, cls_id) = processor["sep"], processor["cls"]
+        between = [_special(sep, 0)] * (2 if kind == "RobertaProcessing" else 1)
+        processor = {"type": "TemplateProcessing", "single": [_special(cls, 0), _sequence("A", 0)],
+                     "pair": [_special(cls, 0), _sequence("A", 0), *between, _sequence("B", 1)],
+                     "special_tokens": {t: {"id": t, "ids": [i], "tokens": [t]} for t, i in ((cls, cls_id),
+                                                                                             (sep, sep_id))}}
+    if processor.get("type") != "TemplateProcessing":
+        return processor
+    trimmed = dict(processor)
+    for key in ("single", "pair"):
+        items = processor.get(key) or []
+        last = max((i for i, item in enumerate(items) if "Sequence" in item), default=len(items) - 1)
+        trimmed[key] = items[: last + 1]
+    return trimmed
+
+
+def _special(token: str, type_id: int) -> dict:
+    """A template's special token, in its JSON form."""
+    return {"SpecialToken": {"id": token, "type_id": type_id}}
+
+
+def _sequence(name: str, type_id: int) -> dict:
+    """A template's text (``A``, or a pair's ``B``), in its JSON form."""
+    return {"Sequence": {"id": name, "type_id": type_id}}
 
 
 def refuse_non_utf8(text: str) -> None:

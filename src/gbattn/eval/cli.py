@@ -145,10 +145,11 @@ def cmd_generate(args) -> None:
     if not ids:
         raise UserError("the prompt encodes to no tokens")
     unknown = ids.count(run.tokenizer.unknown_id) if run.tokenizer.unknown_id is not None else 0
-    if unknown:  # the prompt shown has <unk> where the user typed other text: say why
+    if unknown:  # the prompt shown has <unk> where the user typed other text: say why, as the tokenizer spells it
+        unk = run.tokenizer.decode([run.tokenizer.unknown_id]).strip() or "<unk>"  # ([UNK]: it said <unk>)
         print(f"note: {unknown} of the prompt's {len(ids)} token{'s' if len(ids) != 1 else ''} "
-              f"{'is' if unknown == 1 else 'are'} <unk> (text this tokenizer never saw in "
-              f"training, or <unk> itself); the model reads them as <unk>, and the text shown has <unk> in their place",
+              f"{'is' if unknown == 1 else 'are'} {unk} (text this tokenizer never saw in "
+              f"training, or {unk} itself); the model reads them as {unk}, and the text shown has {unk} in their place",
               file=sys.stderr)
     try:
         stop_at = StopStrings(run.tokenizer.decode, args.stop) if args.stop else None

@@ -5,7 +5,8 @@ change. ``eos_token`` (which lm-eval uses as end of text, as a stop string and, 
 ``bos_token``, as the prefix of a rolling log-likelihood) is an existing token:
 
 * ``gpt2``, ``hf``: the vocabulary's end-of-text token (:data:`EOS_NAMES`: GPT-2's ``<|endoftext|>``,
-  Llama's ``</s>``, ...).
+  Llama's ``</s>``, ...), else ``<pad>``, else the first token the tokenizer marks special; a tokenizer with none
+  of them is refused (transformers makes its eos token special, so an ordinary one would encode otherwise).
 * ``bpe`` (the paper's, docs/paper.md): it has no end-of-text token; ``<pad>`` stands in (a token
   the model never saw in training).
 * ``char``: ``"\\n"``; for a corpus without newlines (text8), the vocabulary's first character (a space
@@ -31,7 +32,7 @@ special, so ``skip_special_tokens=True`` leaves it out of decoded text, where gb
 
 A prompt is encoded as gbattn encodes one: with the special tokens the tokenizer's post-processor puts before the
 text (a Llama's ``<s>``), not those it puts after it (a T5 or BERT template's ``</s>`` or ``[SEP]``, after which
-``generate()`` stopped at once where ``gbattn generate`` went on): :func:`leading_specials_only`.
+``generate()`` stopped at once where ``gbattn generate`` went on): :func:`gbattn.data.tokenizer.leading_specials_only`.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ from tokenizers import Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 from transformers import PreTrainedTokenizerFast
 
-from gbattn.data.tokenizer import Tokenizer
+from gbattn.data.tokenizer import Tokenizer, leading_specials_only
 from gbattn.errors import CheckpointError
+from gbattn.files import error_detail
 
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")  # real end-of-text tokens, by convention
 BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>")  # start-of-text tokens, by convention
@@ -71,50 +73,22 @@ def backend_tokenizer(tok: Tokenizer) -> BackendTokenizer:
     return backend
 
 
-def leading_specials_only(processor: dict | None) -> dict | None:
-    """A ``tokenizer.json`` post-processor (its JSON) that adds the special tokens it puts before a text and none
-    after it (as :meth:`gbattn.data.tokenizer.Tokenizer.encode`): a template's items after its last sequence dropped,
-    BERT's and RoBERTa's ``[CLS] $A [SEP]`` made the template ``[CLS] $A`` (a pair keeps its separators between its
-    texts), a sequence of post-processors each so. Others (byte-level offsets) add no token."""
-    if not isinstance(processor, dict):
-        return processor
-    kind = processor.get("type")
-    if kind == "Sequence":
-        return {**processor, "processors": [leading_specials_only(p) for p in processor.get("processors", [])]}
-    if kind in ("BertProcessing", "RobertaProcessing"):  # [CLS] $A [SEP] ([SEP] [SEP] between a pair's for RoBERTa)
-        (sep, sep_id), (cls, cls_id) = processor["sep"], processor["cls"]
-        between = [_special(sep, 0)] * (2 if kind == "RobertaProcessing" else 1)
-        processor = {"type": "TemplateProcessing", "single": [_special(cls, 0), _sequence("A", 0)],
-                     "pair": [_special(cls, 0), _sequence("A", 0), *between, _sequence("B", 1)],
-                     "special_tokens": {t: {"id": t, "ids": [i], "tokens": [t]} for t, i in ((cls, cls_id),
-                                                                                             (sep, sep_id))}}
-    if processor.get("type") != "TemplateProcessing":
-        return processor
-    trimmed = dict(processor)
-    for key in ("single", "pair"):
-        items = processor.get(key) or []
-        last = max((i for i, item in enumerate(items) if "Sequence" in item), default=len(items) - 1)
-        trimmed[key] = items[: last + 1]
-    return trimmed
-
-
-def _special(token: str, type_id: int) -> dict:
-    """A template's special token, in its JSON form."""
-    return {"SpecialToken": {"id": token, "type_id": type_id}}
-
-
-def _sequence(name: str, type_id: int) -> dict:
-    """A template's text (``A``, or a pair's ``B``), in its JSON form."""
-    return {"Sequence": {"id": name, "type_id": type_id}}
-
-
 def special_tokens(tok: Tokenizer, vocab: dict[str, int], special: set[str]) -> dict[str, str]:
     """eos, pad, unk and bos tokens (existing tokens only; see the module docstring); ``special``: the
     tokens the tokenizer marks special."""
     candidates = ("\n",) if tok.kind == "char" else (*EOS_NAMES, "<pad>")
     eos = next((t for t in candidates if t in vocab), None)
-    if eos is None:  # none of the usual names (a tokenizer given by path, a corpus without newlines): token 0
+    if eos is None and tok.kind == "char":  # a corpus without newlines: token 0 (a character is a token anyway)
         eos = min(vocab, key=vocab.get)
+    elif eos is None:  # none of the usual names (a tokenizer given by path): a token it marks special, the first
+        # (transformers makes its eos token special, splitting texts at it: an ordinary token, "!", lost its merges,
+        # "!!" encoded otherwise than gbattn encodes it, and decoding with skip_special_tokens dropped it)
+        eos = min((t for t in special if t in vocab), key=vocab.get, default=None)
+        if eos is None:
+            raise CheckpointError(f"the {tok.kind} tokenizer has no end-of-text token (none of "
+                                  f"{', '.join(EOS_NAMES)}, <pad>, nor a token it marks special), which its "
+                                  f"transformers form needs, and an ordinary token made one would change how texts "
+                                  f"holding it encode: add a special end-of-text token to the tokenizer's file")
     out = {"eos_token": eos}
     if "<pad>" in vocab or eos in EOS_NAMES:
         out["pad_token"] = "<pad>" if "<pad>" in vocab else eos
@@ -134,11 +108,15 @@ def hf_tokenizer(tok: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFa
     vocab = backend.get_vocab(with_added_tokens=True)
     marked = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
     entries, specials = len(vocab), special_tokens(tok, vocab, marked)
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=backend, model_max_length=model_max_length, clean_up_tokenization_spaces=False,
-        model_input_names=["input_ids", "attention_mask"],  # 4.x would add token_type_ids, which forward() ignores
-        padding_side="left",  # a padded batch for generate() (a right-padded row would continue after its padding)
-        **specials)
+    try:  # (a file the tokenizers library reads but cannot copy: a traceback; gbattn refuses the ones it knows)
+        hf = PreTrainedTokenizerFast(
+            tokenizer_object=backend, model_max_length=model_max_length, clean_up_tokenization_spaces=False,
+            model_input_names=["input_ids", "attention_mask"],  # 4.x would add token_type_ids, which forward() ignores
+            padding_side="left",  # a padded batch for generate() (a right-padded row would continue after its padding)
+            **specials)
+    except Exception as e:  # (the library's own Exception, whatever it holds)
+        raise CheckpointError(f"the {tok.kind} tokenizer does not convert to transformers' form "
+                              f"({error_detail(e, 120)})") from None
     if len(hf) != entries:  # a special token missing from the vocabulary was added as a new one
         raise CheckpointError(f"the {tok.kind} tokenizer has {entries:,} tokens but its transformers form has "
                               f"{len(hf):,}; special tokens {json.dumps(specials)} must be tokens of the vocabulary")
