@@ -360,6 +360,37 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+SIGTERMS_DURING_THE_TEST_EVALUATION = textwrap.dedent('''
+    import os, signal, time
+    from gbattn.errors import Terminated
+    from gbattn.parent_death import stop_with_parent
+    from gbattn.train.trainer import _sigterm_raises
+
+    stop_with_parent()  # as a torchrun worker: its parent's death sends SIGTERM, once per thread of the parent
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a worker's handler
+    try:
+        with _sigterm_raises():
+            for _ in range(3):
+                os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+    except Terminated:
+        for _ in range(2):  # the rest of the repeats, while the worker says its line and leaves
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+        print("stopped, and said so")
+''')
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_repeated_sigterms_during_the_test_evaluation_stop_a_worker_once_with_its_line():
+    """A torchrun worker killed with its parent during the final test evaluation gets SIGTERM once per thread of the
+    dying torchrun: the first raised Terminated, and the default handler, put back at once, let a repeat end the
+    worker silently (exit -15, no line, no result.json). The repeats change nothing once it is stopping."""
+    done = subprocess.run([sys.executable, "-c", SIGTERMS_DURING_THE_TEST_EVALUATION], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout) == (0, "stopped, and said so\n"), done
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_killed_torchrun_leaves_no_process_training(tmp_path):
     """kill -9 of torchrun: its workers, each in a session of its own, trained on unseen to the end (holding

@@ -254,11 +254,21 @@ def _sigterm_raises():
         yield
         return
 
-    signal.signal(signal.SIGTERM, terminated_handler())
+    terminated, fired = terminated_handler(), []
+
+    def once(signum, frame) -> None:  # the repeats (one per thread of a dying torchrun) change nothing
+        if not fired:
+            fired.append(signum)
+            terminated(signum, frame)
+
+    signal.signal(signal.SIGTERM, once)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Stopped in a process its parent's death stops, which is leaving while the rest of those repeats still come:
+        # the default put back ended the worker before its line (exit -15, no word), as in _StopFlag.__exit__
+        repeats_come = fired and parent_death_signal() == signal.SIGTERM
+        signal.signal(signal.SIGTERM, (lambda signum, frame: None) if repeats_come else signal.SIG_DFL)
 
 
 def same_corpus(data: str, saved: dict, train_cfg) -> bool:
