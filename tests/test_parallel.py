@@ -1049,10 +1049,13 @@ def test_a_run_resumed_on_another_number_of_processes_says_it_is_not_exact(tmp_p
     train_killed_at(5, run, *tiny_configs(data), monkeypatch)
     state = rundir.load_checkpoint(run / rundir.CHECKPOINT)
     state["rng_per_rank"] = [state["rng_per_rank"][0], state["rng_per_rank"][0]]  # as 2 processes save it
+    state["most_processes"] = 2
     rundir.save_checkpoint(state, run / rundir.CHECKPOINT)
     capsys.readouterr()
-    train(run, resume=True)
+    result = train(run, resume=True)
     printed = capsys.readouterr()
+    # result.json's processes: the most any leg trained in (it said the last leg's, 1)
+    assert result["processes"] == 2 and rundir.read_result(run / rundir.RESULT)["processes"] == 2
     assert "resuming at step 4 of 12, the last checkpoint (work after it is redone)\n" in printed.out
     assert (f"warning: the checkpoint of {run} holds the random streams of 2 processes and this run has 1: it goes "
             f"on, but not exactly as the uninterrupted run would") in printed.err

@@ -498,6 +498,7 @@ class Trainer:
         self.saved_processes = None  # how many processes the resumed checkpoint holds random streams of
         self.saved_trained_on = None  # the device, threads and compilation the resumed checkpoint was trained with
         self.earlier_devices: list[str] = []  # the devices (with threads) earlier legs of a resumed run ran on
+        self.earlier_processes = 1  # the most processes an earlier leg trained in
         if state is not None:
             self._load(state, self.run_dir / rundir.CHECKPOINT)
         self.dist.main_only(lambda: self._write_config(resumed=has_checkpoint))
@@ -730,12 +731,19 @@ class Trainer:
                 "train_window": [self.window_loss, self.window_n],
                 "rng_per_rank": self.dist.gather(all_rng_states(self.device)),
                 "trained_on": {"device": device_name(self.device), "threads": self.threads, "compiled": self.compiled},
-                "devices": self.devices_used()}
+                "devices": self.devices_used(), "most_processes": self.most_processes()}
+
+    def most_processes(self) -> int:
+        """The most processes a leg of this run trained in (result.json's ``processes``: it said the last leg's, 1 of
+        a run trained in 2 processes and finished in one)."""
+        return max(self.dist.world, self.earlier_processes)
 
     def devices_used(self) -> list[str]:
-        """Every device (with its thread count) this run has run on, each once, in order: result.json's device said
-        only the last leg's ("cpu (2 threads)" of a run trained on 1 thread and resumed on 2 for its test)."""
-        used = list(dict.fromkeys([*self.earlier_devices, device_name(self.device)]))
+        """Every device (with its thread count, and its processes where more than one) this run has run on, each once,
+        in order: result.json's device said only the last leg's ("cpu (2 threads)" of a run trained on 1 thread and
+        resumed on 2 for its test)."""
+        leg = device_name(self.device) + (f" x {self.dist.world} processes" if self.dist.world > 1 else "")
+        used = list(dict.fromkeys([*self.earlier_devices, leg]))
         # at most as many as a checkpoint may record (a 65th was written, and every resume then refused the file as
         # damaged): the first ones and this one, "..." between them
         return used if len(used) <= MAX_DEVICES_RECORDED else [*used[:MAX_DEVICES_RECORDED - 2], "...", used[-1]]
@@ -814,6 +822,10 @@ class Trainer:
                     and all(isinstance(d, str) and len(d) <= 200 for d in devices)):
                 raise ValueError(f"its record of the devices it ran on is malformed: {devices!r}"[:200])
             self.earlier_devices = devices
+            most = state.get("most_processes", len(per_rank))  # (checkpoints from before it was kept: the last leg's)
+            if not (type(most) is int and most >= len(per_rank)):
+                raise ValueError(f"its record of the processes it ran in is malformed: {most!r}"[:200])
+            self.earlier_processes = most
             if len(per_rank) == self.dist.world:  # every process resumes its own random stream
                 restore_rng_states(per_rank[self.dist.rank], self.device)
             else:  # saved by another number of processes: rank 0's stream, distinct ones for the others
@@ -1165,7 +1177,7 @@ class Trainer:
             "wall_clock_s": self.elapsed,
             "train_tokens_per_s": self.tokens_seen / max(self.train_seconds, 1e-9),
             "device": "; ".join(self.devices_used()),  # (every leg's: "cpu (1 thread, ...); cpu (2 threads, ...)")
-            "processes": self.dist.world,
+            "processes": self.most_processes(),  # (the most of any leg; device names each leg's)
             "curve": self.curve,
             "extra": self.extra,
         }
