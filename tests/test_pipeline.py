@@ -1527,6 +1527,7 @@ def test_ddp_two_gloo_processes_match_one_process(tmp_path):
     one = json.loads((tmp_path / "one" / ckpt.RESULT).read_text())
     two = json.loads((tmp_path / "two" / ckpt.RESULT).read_text())
     assert two["processes"] == 2 and one["processes"] == 1
+    assert two["device"] == f"{one['device']} x 2 processes" and "processes" not in one["device"]
     # Stated tolerance: float32 gradient all-reduce sums in a different order.
     assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
     # the logged training loss is the global batch's mean, not the sum over processes
