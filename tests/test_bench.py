@@ -975,6 +975,17 @@ def test_bench_times_and_probes_each_variant_with_and_without_activation_checkpo
         assert recomputed["decode_tokens_per_s"] is None and kept["decode_tokens_per_s"] > 0
         assert "recomputed_step_ratio" not in kept
     assert rows["boosted · recomputed"]["memory_ratio"] == 1.5  # to standard recomputing, not to standard
+    # a recomputing row's training FLOPs count its blocks' forward run again (its FLOP ratio was the kept row's)
+    from gbattn.model.params import flops_per_token
+
+    for name in ("standard", "boosted"):
+        cfg = speed._variant_config("cpu-char", name, {"n_layers": 1})
+        kept, recomputed = rows[name], rows[name + " · recomputed"]
+        assert kept["train_flops_per_token"] == flops_per_token(cfg, seq_len=8, backward=True)
+        assert recomputed["train_flops_per_token"] == flops_per_token(cfg, seq_len=8, backward=True, recomputed=True)
+        assert recomputed["train_flops_per_token"] > kept["train_flops_per_token"]
+    assert rows["boosted · recomputed"]["flop_ratio"] == (rows["boosted · recomputed"]["train_flops_per_token"]
+                                                          / rows["standard · recomputed"]["train_flops_per_token"])
     table = speed.bench_markdown(report)
     assert "· activation checkpointing: both" in table.splitlines()[2]
     recomputed_line = next(line for line in table.splitlines() if line.startswith("| boosted · recomputed |"))
@@ -1005,8 +1016,10 @@ def test_bench_with_activation_checkpointing_on_times_decoding_on_its_recomputin
         assert (row["prefill_s"], row["decode_tokens_per_s"], row["decode_ratio"]) == (0.5, 8.0, 1.0)
     lines = speed.bench_markdown(report).splitlines()
     assert lines[7].startswith("| boosted · recomputed |") and lines[7].endswith("| 500.0 | 8 | 1.00 |")
-    assert lines[9].endswith("(prefill of 60 tokens, then 4 cached steps, batch 1). Decoding trains nothing, so a "
-                              "recomputing row decodes as it would keeping its activations.")
+    assert lines[9].endswith("(prefill of 60 tokens, then 4 cached steps, batch 1). A recomputing row's training "
+                              "FLOPs count its blocks' forward pass run again in the backward pass, and its ratios "
+                              "are to standard recomputing. Decoding trains nothing, so a recomputing row decodes as "
+                              "it would keeping its activations.")
 
 
 def test_bench_sweep_heading_says_its_steps_keep_their_activations(monkeypatch):

@@ -689,6 +689,25 @@ def test_flops_per_token_refuses_a_sequence_length_below_one():
     assert flops_per_token(cfg, seq_len=1) == 2 * (4 * 12 * 128 * 128 + 65 * 128) + 4 * 4 * 1 * 128
 
 
+def test_a_recomputing_training_step_counts_its_blocks_forward_again():
+    """Activation checkpointing runs each block's forward again in the backward pass (not the LM head's): bench gave
+    a recomputing row the kept step's FLOPs, so its FLOP ratio left out GBA's larger share of its FLOPs in the
+    blocks. As torch recomputes: it stops once it has what the backward pass keeps, so a block's last product (the
+    FFN's output projection, whose output nothing keeps) is not run again."""
+    d, vocab, layers = 128, 4096, 4
+    for attn in ("standard", "boosted"):
+        cfg = preset_config("cpu-proxy", attn)
+        assert (cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.ffn_mult) == (vocab, d, layers, 4)
+        blocks = flops_per_token(cfg) - 2 * d * vocab  # the forward pass but the LM head's
+        last_products = layers * 2 * (4 * d) * d
+        assert flops_per_token(cfg, backward=True, recomputed=True) - flops_per_token(cfg, backward=True) == (
+            blocks - last_products), attn
+    attnres = preset_config("cpu-proxy", "boosted", {"residual": "attnres-block"})  # its branches recomputed
+    assert flops_per_token(attnres, backward=True, recomputed=True) > flops_per_token(attnres, backward=True)
+    with pytest.raises(ValueError, match="give backward=True too"):
+        flops_per_token(cfg, recomputed=True)
+
+
 def test_flops_per_token_takes_backward_true_or_false_only():
     """backward="no" (or None) read as a truth value: "no" gave the forward + backward figure."""
     cfg = preset_config("cpu-char", "standard")

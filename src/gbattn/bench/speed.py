@@ -310,7 +310,9 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                 "peak_memory_bytes": None if case.compiled else peak_memory_train_step(case.cfg, batch, seq_len, dev,
                                                                                        amp, case.recomputed),
                 "forward_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len),
-                "train_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len, backward=True),
+                # (a recomputing row's: its backward pass runs each block's forward again; the ratio left it out)
+                "train_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len, backward=True,
+                                                         recomputed=case.recomputed),
                 **({"prefill_s": None, "prefill_s_all": [], "decode_s_all": [], "decode_tokens_per_s": None}
                    if not case.decodes else {  # (a recomputing row beside its kept row decodes as that row)
                     "prefill_s": statistics.median(case.prefill_times),
@@ -656,12 +658,15 @@ def _checkpointing_text(report: dict) -> str:
 
 
 def _decode_checkpointing_note(report: dict) -> str:
-    """What activation checkpointing does to the decoding columns: nothing (decoding trains nothing)."""
+    """What activation checkpointing does to the FLOP ratio (a recomputing row's FLOPs count its blocks' forward run
+    again in the backward pass) and to the decoding columns: nothing (decoding trains nothing)."""
     mode = report.get("activation_checkpointing", "off")
+    flops = (" A recomputing row's training FLOPs count its blocks' forward pass run again in the backward pass, and"
+             " its ratios are to standard recomputing.")
     if mode == "on":
-        return " Decoding trains nothing, so a recomputing row decodes as it would keeping its activations."
+        return flops + " Decoding trains nothing, so a recomputing row decodes as it would keeping its activations."
     if mode == "both":
-        return " A recomputing row decodes as its kept row (decoding trains nothing): its decoding cells are —."
+        return flops + " A recomputing row decodes as its kept row (decoding trains nothing): its decoding cells are —."
     return ""
 
 

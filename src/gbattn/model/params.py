@@ -3,7 +3,10 @@ parameter-matched width solver ("param-fair" baseline, docs/baselines.md)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
+from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from gbattn.checks import checked
@@ -20,22 +23,31 @@ def count_params(cfg: ModelConfig) -> int:
         return GPT(cfg).num_params()
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool = False) -> float:
+def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool = False,
+                    recomputed: bool = False) -> float:
     """Forward (or forward + backward) FLOPs per token at ``seq_len`` (default block_size),
     counted by ``torch.utils.flop_counter`` on the meta device (matmuls and SDPA; docs/method.md, "Cost"),
-    plus AttnRes's weighted sums over depth, counted from their sizes (the backward pass twice the forward's)."""
+    plus AttnRes's weighted sums over depth, counted from their sizes (the backward pass twice the forward's).
+    ``recomputed``: a training step with activation checkpointing, whose backward pass runs each block's forward
+    again (not the LM head's, nor AttnRes's sums over depth)."""
     check_model_config(cfg, "flops_per_token")
     if seq_len is not None:  # an integer as a config field takes it (numpy's too): 2.5 or True is a ConfigError
         # (0 was read as "the default" and gave block_size's figure; -1 a torch error on the meta device)
         seq_len = checked("seq_len", seq_len, int, lambda n: n >= 1, "an integer >= 1 (or None: block_size)")
     # (a string read as True: backward="no" gave the forward + backward figure, three times the forward's)
     backward = checked("backward", backward, bool, None, "True or False")
+    recomputed = checked("recomputed", recomputed, bool, None, "True or False")
+    if recomputed and not backward:
+        raise ValueError("recomputed=True counts a training step's recomputation in its backward pass: give "
+                         "backward=True too")
     T = seq_len or cfg.block_size
     # (the caller's torch.no_grad() or inference_mode left nothing to backward, and its anomaly detection read a meta
     # tensor's value: each a RuntimeError from train_run)
     with (torch.device("meta"), torch.inference_mode(False), torch.enable_grad(),
           torch.autograd.set_detect_anomaly(False)):
         model = GPT(cfg)
+        # (torch's own recomputation, whatever a caller set as the model's: the count is of the arithmetic)
+        model.set_activation_checkpointing(recomputed, checkpoint_fn=partial(checkpoint, use_reentrant=False))
         idx = torch.zeros(1, T, dtype=torch.long)
         counter = FlopCounterMode(display=False)
         with counter:
