@@ -4,6 +4,7 @@ command's report (ratios are computed, never asserted as timings)."""
 from __future__ import annotations
 
 import json
+import re
 import weakref
 
 import pytest
@@ -869,6 +870,12 @@ def test_bench_refuses_a_repeated_variant_and_a_bad_sweep_variant_before_timing(
         speed.run_bench("cpu-char", ["boosted:rounds=3", "boosted:rounds=3.0,"], **common)
     with pytest.raises(UserError, match=r"^--attn names boosted twice \(boosted:rounds=2 is the same model\)"):
         speed.run_bench("cpu-char", ["boosted", "boosted:rounds=2"], **common)  # a default spelled out
+    # layers named otherwise: from the end, in another order, or every layer (cpu-char has 4): the same model
+    for specs in (["boosted:layers=[3]", "boosted:layers=[-1]"], ["twicing:layers=[0,3]", "twicing:layers=[3,0]"],
+                  ["boosted", "boosted:layers=[0,1,2,3]"]):
+        with pytest.raises(UserError, match=rf"^--attn names {re.escape(specs[0])} twice \({re.escape(specs[1])} is "
+                                            r"the same model\)"):
+            speed.run_bench("cpu-char", specs, **common)
     with pytest.raises(UserError, match="^--sweep-attn names boosted more than once"):
         speed.run_bench("cpu-char", ["standard"], sweep=[16], sweep_variants=["boosted", "boosted:"], **common)
     with pytest.raises(UserError, match=r"^--sweep names length\(s\) \[16\] more than once: each length is timed once"):

@@ -117,11 +117,15 @@ class ModelConfig(Typed):
 
     def resolved(self) -> ModelConfig:
         """This model with its defaults spelt out (every option of its variant, the final norm, the attention
-        projections' biases, the key/value heads) and its dropout sites in one order: two configs that build the same
-        model resolve equal, where a value given that equals its default made them differ (``attn.rounds=2`` against
-        ``{}``), or the same sites in another order."""
-        options = variant_options(self.attn, self.attn_options, n_heads=self.n_heads, n_kv_heads=self.kv_heads)
-        return self.replace(attn_options=dataclasses.asdict(options), n_kv_heads=self.kv_heads,
+        projections' biases, the key/value heads), its dropout sites in one order and its ``attn.layers`` as the
+        layers they name: two configs that build the same model resolve equal, where a value given that equals its
+        default made them differ (``attn.rounds=2`` against ``{}``), or the same sites or layers spelt otherwise."""
+        options = dataclasses.asdict(variant_options(self.attn, self.attn_options, n_heads=self.n_heads,
+                                                     n_kv_heads=self.kv_heads, n_layers=self.n_layers))
+        if options.get("layers") is not None:  # layer indices as the layers they name: [-1] is [1] of 2 layers, and
+            layers = sorted(i % self.n_layers for i in options["layers"])  # every layer is None (bench timed the
+            options["layers"] = None if layers == list(range(self.n_layers)) else layers  # same model twice)
+        return self.replace(attn_options=options, n_kv_heads=self.kv_heads,
                             final_norm=self.norm == "pre" if self.final_norm is None else self.final_norm,
                             attn_bias=self.bias if self.attn_bias is None else self.attn_bias,
                             dropout_sites=[site for site in DROPOUT_SITES if site in self.dropout_sites])
