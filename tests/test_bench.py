@@ -478,6 +478,11 @@ def test_bench_out_holding_a_run_or_a_comparison_is_refused_before_any_work(tmp_
     (earlier / "bench.json").write_text('{"command": "gbattn bench --preset cpu-char", "variants": []}')
     (earlier / "bench.md").write_text("x")
     assert speed.check_out(earlier, (), "a folder for bench.json and bench.md") is None
+    # a bench refused for its options leaves no --out behind (it was made before they were checked)
+    for bad in (["--set", "n_heads=3"], ["--attn", "bogus"]):
+        assert cli_main(["bench", "--preset", "cpu-char", "--device", "cpu", "--out", str(tmp_path / "new" / "sub"),
+                         "--quiet", *bad]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1 and not (tmp_path / "new").exists()
 
 
 def test_bench_takes_medians_of_uneven_timings_and_labels_its_counts(monkeypatch):

@@ -194,7 +194,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         raise UserError("--sweep-attn goes with --sweep T ... (the variants of the sequence-length sweep)")
     if out:  # a run, comparison, export or denoise output is not a benchmark's folder (rundir.check_out)
         check_out(out, (), "a folder for bench.json and bench.md")
-        check_writable_dir(out, "--out")
+        check_writable_dir(out, "--out", create=False)  # (made by the lock, which removes it if the bench is refused)
     # One writer, from before the timings: a second bench into this folder is refused at once (it was refused
     # only when its report was written, its minutes of timings lost). Two benches mixed bench.json and bench.md.
     lock = RunLock(out, what="benchmark") if out else None
