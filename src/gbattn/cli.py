@@ -57,6 +57,7 @@ def cmd_list(args) -> None:
 
 def cmd_params(args) -> None:
     from gbattn.model import count_params, flops_per_token, param_matched_width
+    from gbattn.model.params import in_millions
 
     if args.preset is not None and "=" in args.preset:  # `--set d_model=64 n_heads=2`: the positional took the second
         raise UserError(f"{args.preset!r} is not a preset; each --set takes one KEY=VALUE: --set {args.preset}")
@@ -74,12 +75,12 @@ def cmd_params(args) -> None:
     opts = ", ".join(f"{k}={v}" for k, v in cfg.attn_options.items())
     print(f"{preset} · attn={cfg.attn}{f' ({opts})' if opts else ''} · residual={cfg.residual} · d_model={cfg.d_model}")
     print(f"parameters:                {n:,}")
-    print(f"forward FLOPs per token:   {flops / 1e6:,.2f} M  (torch.utils.flop_counter, T={cfg.block_size})")
+    print(f"forward FLOPs per token:   {in_millions(flops)} M  (torch.utils.flop_counter, T={cfg.block_size})")
     if args.fair:
         width, n_fair = param_matched_width(cfg, n)
         fair_flops = flops_per_token(cfg.replace(attn="standard", attn_options={}, d_model=width))
         print(f"parameter-matched standard: d_model={width}, {n_fair:,} parameters "
-              f"({100 * (n_fair / n - 1):+.2f}%), {fair_flops / 1e6:,.2f} M FLOPs per token")
+              f"({100 * (n_fair / n - 1):+.2f}%), {in_millions(fair_flops)} M FLOPs per token")
         out.update(fair_width=width, fair_parameters=n_fair, fair_forward_flops_per_token=fair_flops)
     if args.json:
         print(json.dumps(out))

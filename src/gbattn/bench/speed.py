@@ -30,7 +30,7 @@ from gbattn.errors import ConfigError, UserError
 from gbattn.files import atomic_write, check_writable_dir, portable_path, write_json
 from gbattn.model.decoding import compiled_decode_step, eager_decode_step
 from gbattn.model.gpt import GPT
-from gbattn.model.params import flops_per_token
+from gbattn.model.params import flops_per_token, in_millions
 from gbattn.progress import Progress
 from gbattn.rundir import RunLock, check_out
 from gbattn.runtime import autocast as bf16_autocast
@@ -554,7 +554,7 @@ def bench_markdown(report: dict) -> str:
         spread = f" ({lo:.2f}–{hi:.2f})" if report["repeats"] > 1 else ""  # one repeat: no range to show
         lines.append(
             f"| {r['variant']} | {r['parameters']:,} | {1000 * r['step_s']:.1f} | {r['tokens_per_s']:,.0f} | "
-            f"{memory} | {r['forward_flops_per_token'] / 1e6:.2f} | "
+            f"{memory} | {in_millions(r['forward_flops_per_token'])} | "
             f"{r['step_ratio']:.3f}{spread} | "
             f"{r['flop_ratio']:.3f} | {r['step_over_flop_ratio']:.3f} | {mem_ratio} | {_decoding(r)} |"
         )
