@@ -44,9 +44,9 @@ def test_params_fair(capsys):
 def test_params_gives_a_tiny_models_flops_in_figures_that_are_not_zero(capsys):
     """A tiny model's forward FLOPs per token (2,192 here) printed "0.00 M", and bench's column 0.04 for every row
     beside a FLOP ratio of 1.22: below a million, three significant digits."""
-    from gbattn.model.params import in_millions
+    from gbattn.terminal import in_millions
 
-    assert [in_millions(v) for v in (2192.0, 42_560.0, 999_999.0, 15_724_544.0)] == ["0.00219", "0.0426", "1",
+    assert [in_millions(v) for v in (2192.0, 42_560.0, 999_999.0, 15_724_544.0)] == ["0.00219", "0.0426", "1.00",
                                                                                       "15.72"]
     code, out, _ = run_cli(capsys, ["params", "cpu-char", "--set", "vocab_size=1", "--set", "d_model=1", "--set",
                                     "n_heads=1", "--attn", "boosted", "--fair"])

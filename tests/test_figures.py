@@ -806,6 +806,8 @@ def test_plot_refuses_a_run_folder_that_is_not_the_run_results_json_records(tmp_
                                                                "metrics.jsonl").read_text().splitlines())]
                          for seed in row["seeds"]}
     (compare_dir / "results.json").write_text(json.dumps(report))
+    with open(compare_dir / "standard" / "seed2" / "metrics.jsonl", "a") as f:  # a damaged line: skipped (a traceback)
+        f.write(json.dumps({"event": "eval", "step": [100], "tokens": 1000, "valid_loss": 1.0}) + "\n")
     assert cli_main(["plot", str(compare_dir), "--out", str(tmp_path / "fig")]) == 0, capsys.readouterr().err
     assert cli_main(["plot", str(compare_dir), "--gap", "gba-m2", "--out", str(tmp_path / "gap")]) == 0
     capsys.readouterr()
@@ -1626,7 +1628,8 @@ def test_a_continued_model_counts_its_continuation_and_is_drawn_after_its_base(t
     md = results_markdown(report_of(rows))
     assert ("standard-continued, gba-upcycled continue base's trained weights (a fresh optimizer and schedule): "
             "their steps, train tokens, tokens/param, train PFLOP and wall-clock count the continuation only; for "
-            "the whole training add base's 600 steps, 0.00M tokens, 0.0211 PFLOP and 6.5 min") in md
+            "the whole training add base's 600 steps, 0.001M tokens, 0.0211 PFLOP and 6.5 min") in md
+    assert "| 600 | 0.001M |" in md  # (the base's row: under a million in three significant digits, not 0.00M)
     assert "`param-fair`" not in md and "`compute-matched`" not in md
     rows.append(model_row("compute-matched", {"42": 120.0}, compute_matched_to="gba-upcycled"))
     md = results_markdown(report_of(rows))

@@ -1299,9 +1299,11 @@ def test_special_tokens_of_a_vocabulary_with_several_candidates():
 
     marked = hf_kind({"x": 0, "a": 1, "[END]": 2, "b": 3}, special=["[END]"])
     assert marked.eos_token == "[END]" and marked.eos_token_id == 2 and marked.pad_token is None
-    with pytest.raises(CheckpointError, match=r"^the hf tokenizer has no end-of-text token \(none of <\|endoftext\|>, "
-                                              r".*nor a token it marks special\), which its transformers form needs"):
-        hf_kind({"x": 0, "a": 1, "b": 2})
+    for vocab, special in (({"x": 0, "a": 1, "b": 2}, []), ({"<unk>": 0, "a": 1}, ["<unk>"])):  # (not <unk>)
+        with pytest.raises(CheckpointError, match=r"^the hf tokenizer has no end-of-text token \(none of "
+                                                  r"<\|endoftext\|>, .*nor a token it marks special but its unknown "
+                                                  r"one\), which its transformers form needs"):
+            hf_kind(vocab, special=special)
 
 
 def test_a_special_token_outside_the_vocabulary_is_refused(monkeypatch):

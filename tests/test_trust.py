@@ -1758,10 +1758,12 @@ def test_unused_ids_count_the_ids_below_the_vocabulary_size_that_name_no_token()
     assert (gaps.vocab_size, gaps.unused_ids) == (101, 98)
     chars = Tokenizer("char", json.dumps({"chars": ["a", "b"]}))
     assert (chars.vocab_size, chars.unused_ids) == (2, 0)
-    # two tokens of one id (a hand-edited file the Python constructor would not write): ids 0 and 2 named, 1 not
+    # two tokens of one id (a hand-edited file the Python constructor would not write): refused, not counted (it
+    # encoded both words to one id, silently)
     shared = json.loads(HFTokenizer(models.WordLevel({"a": 0, "<unk>": 2}, unk_token="<unk>")).to_str())
     shared["model"]["vocab"]["b"] = 0
-    assert Tokenizer("hf", json.dumps(shared)).unused_ids == 1
+    with pytest.raises(ValueError, match="its tokens 'a' and 'b' have one id, 0"):
+        Tokenizer("hf", json.dumps(shared))
 
 def test_a_char_tokenizer_listing_a_lone_surrogate_is_refused_on_reading(trained, tmp_path, capsys):
     """A char tokenizer.json may spell a lone surrogate ("\\ud800"), which no UTF-8 text holds: generate printed it

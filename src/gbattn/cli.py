@@ -57,7 +57,7 @@ def cmd_list(args) -> None:
 
 def cmd_params(args) -> None:
     from gbattn.model import count_params, flops_per_token, param_matched_width
-    from gbattn.model.params import in_millions
+    from gbattn.terminal import in_millions
 
     if args.preset is not None and "=" in args.preset:  # `--set d_model=64 n_heads=2`: the positional took the second
         raise UserError(f"{args.preset!r} is not a preset; each --set takes one KEY=VALUE: --set {args.preset}")

@@ -25,3 +25,11 @@ def terminal_line(text: str) -> str:
     character that is not printable (an escape sequence in a weight name or a key of a file being read, a
     right-to-left override) escaped."""
     return "".join(c if c.isprintable() else escaped(c) for c in " ".join(text.split()))
+
+
+def in_millions(value: float) -> str:
+    """``value`` in millions for a table or a line: two decimals, or three significant digits below one million (a
+    tiny model's 0.0426 M and 0.0520 M both printed 0.04 or 0.05, beside a FLOP ratio its figures could not give;
+    a figure under 5,000 printed 0.00)."""
+    millions = value / 1e6
+    return f"{millions:,.2f}" if millions >= 0.9995 else f"{millions:.3g}"  # (999,999: 1.00, not 1)

@@ -480,9 +480,9 @@ def check_evaluations(compare_dir: Path, label: str, seed: str, events: list, ro
     if not valid_curve(recorded):  # (results.json written before they recorded curves: nothing to check against)
         return
     recorded = {p["step"]: (p["tokens"], p.get("valid_loss")) for p in recorded}
-    for e in events:
-        if e.get("event") == "eval" and recorded.get(e.get("step"), ()) not in ((), (e.get("tokens"),
-                                                                                 e.get("valid_loss"))):
+    for e in events:  # (a step that is no integer is a damaged line, skipped as the curves do: [4] was a traceback)
+        if e.get("event") == "eval" and type(e.get("step")) is int and recorded.get(e["step"], ()) not in (
+                (), (e.get("tokens"), e.get("valid_loss"))):
             raise UserError(f"{compare_dir / label / f'seed{seed}'} holds another run than {compare_dir}'s "
                             f"results.json records for {label} seed {seed} (its evaluation at step {e.get('step')} "
                             f"differs): put back that run, or run `gbattn compare` on it again")

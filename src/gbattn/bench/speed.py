@@ -30,12 +30,12 @@ from gbattn.errors import ConfigError, UserError
 from gbattn.files import atomic_write, check_writable_dir, portable_path, write_json
 from gbattn.model.decoding import compiled_decode_step, eager_decode_step
 from gbattn.model.gpt import GPT
-from gbattn.model.params import flops_per_token, in_millions
+from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
 from gbattn.rundir import RunLock, check_out
 from gbattn.runtime import autocast as bf16_autocast
 from gbattn.runtime import command_line, device_name, resolve_device, set_threads, software_versions, use_tf32
-from gbattn.terminal import terminal_line
+from gbattn.terminal import in_millions, terminal_line
 
 COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
 RECOMPUTED = " · recomputed"  # ... of its row with activation checkpointing (GPT.set_activation_checkpointing)

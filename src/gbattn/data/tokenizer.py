@@ -289,7 +289,8 @@ class Tokenizer:
             uncovered.update(text[end:])
         normalizer = self._hf.normalizer
         for c in uncovered - self._normalized_away.keys():
-            self._normalized_away[c] = normalizer is not None and not normalizer.normalize_str(c).strip()
+            # (removed, or made whitespace as the library counts it: str.strip() took U+001C .. U+001F for it)
+            self._normalized_away[c] = normalizer is not None and is_space(normalizer.normalize_str(c) or " ")
         return {c for c in uncovered if not is_space(c) and not self._normalized_away[c]}
 
     def _refuse_dropped(self, texts: list[str], encodings) -> None:

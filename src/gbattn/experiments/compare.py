@@ -41,7 +41,7 @@ from gbattn.model.params import count_params, flops_per_token, param_matched_wid
 from gbattn.parent_death import stop_with_parent
 from gbattn.progress import Progress
 from gbattn.runtime import command_line, default_threads, launched_processes, portable_argument, resolve_device
-from gbattn.train.trainer import fitted_by_the_earlier_rule, fitted_warmup, train
+from gbattn.train.trainer import EARLIER_WARMUP_RULE, fitted_by_the_earlier_rule, fitted_warmup, train
 from gbattn.upcycle import upcycle, write_run
 
 
@@ -149,8 +149,7 @@ def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = Non
         earlier_rule = fitted_by_the_earlier_rule(train_cfg, steps, used)
         differ.append(f"the warmup over its {steps:,} steps: recorded {used:,}, asked {asked:,} "
                       f"(fit_warmup={train_cfg.fit_warmup}"
-                      + ("; gbattn before 2026-12-04 shortened a default warmup over half the run to a tenth of it, "
-                         "docs/deviations.md entry 9" if earlier_rule else "") + ")")
+                      + (f"; {EARLIER_WARMUP_RULE}" if earlier_rule else "") + ")")
     if differ:
         raise UserError(f"{run_dir} holds another run than this recipe asks for ({'; '.join(differ[:4])}"
                         f"{'; ...' if len(differ) > 4 else ''}); move it away or use another --out")

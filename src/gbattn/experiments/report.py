@@ -14,6 +14,7 @@ from pathlib import Path
 from gbattn.errors import CheckpointError
 from gbattn.experiments.recipes import ModelSpec, Recipe, added_models_problem
 from gbattn.files import atomic_write, read_json, write_json
+from gbattn.terminal import in_millions
 
 # Like with like: results.json rows can hold different seeds (a budget that ran out) and runs
 # shorter than the published ones (--set max_steps=...). results.md uses these rules too. These keys
@@ -535,7 +536,7 @@ def results_markdown(report: dict) -> str:
         pub = published_value(report, r)
         cells = [r["label"], attn, str(r["d_model"]), f"{r['parameters']:,}",
                  _fmt(r["test_ppl_mean"], r["test_ppl_std"]), *delta, _fmt(r["valid_ppl_mean"], r["valid_ppl_std"]),
-                 _fmt(*pub) if pub else "—", f"{r['steps']:,}", f"{r['train_tokens'] / 1e6:.2f}M",
+                 _fmt(*pub) if pub else "—", f"{r['steps']:,}", f"{in_millions(r['train_tokens'])}M",
                  f"{r['tokens_per_parameter']:.3g}", f"{r['train_flops'] / 1e15:.3g}", f"{r['tokens_per_s']:,.0f}",
                  f"{r['wall_clock_s'] / 60:.1f} min"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -613,7 +614,7 @@ def continued_note(rows: list[dict]) -> str:
     for base in dict.fromkeys(r["init_from"] for r in rows if r.get("init_from")):
         labels = ", ".join(r["label"] for r in rows if r.get("init_from") == base)
         b = by_label.get(base)
-        add = (f"{b['steps']:,} steps, {b['train_tokens'] / 1e6:.2f}M tokens, {b['train_flops'] / 1e15:.3g} PFLOP "
+        add = (f"{b['steps']:,} steps, {in_millions(b['train_tokens'])}M tokens, {b['train_flops'] / 1e15:.3g} PFLOP "
                f"and {b['wall_clock_s'] / 60:.1f} min" if b else "its steps, tokens, FLOPs and wall-clock")
         notes.append(f"{labels} continue {base}'s trained weights (a fresh optimizer and schedule): their steps, "
                      f"train tokens, tokens/param, train PFLOP and wall-clock count the continuation only; for the "

@@ -5,8 +5,9 @@ change. ``eos_token`` (which lm-eval uses as end of text, as a stop string and, 
 ``bos_token``, as the prefix of a rolling log-likelihood) is an existing token:
 
 * ``gpt2``, ``hf``: the vocabulary's end-of-text token (:data:`EOS_NAMES`: GPT-2's ``<|endoftext|>``,
-  Llama's ``</s>``, ...), else ``<pad>``, else the first token the tokenizer marks special; a tokenizer with none
-  of them is refused (transformers makes its eos token special, so an ordinary one would encode otherwise).
+  Llama's ``</s>``, ...), else ``<pad>``, else the first token the tokenizer marks special (not its unknown token);
+  a tokenizer with none of them is refused (transformers makes its eos token special, so an ordinary one would
+  encode otherwise).
 * ``bpe`` (the paper's, docs/paper.md): it has no end-of-text token; ``<pad>`` stands in (a token
   the model never saw in training).
 * ``char``: ``"\\n"``; for a corpus without newlines (text8), the vocabulary's first character (a space
@@ -83,10 +84,13 @@ def special_tokens(tok: Tokenizer, vocab: dict[str, int], special: set[str]) -> 
     elif eos is None:  # none of the usual names (a tokenizer given by path): a token it marks special, the first
         # (transformers makes its eos token special, splitting texts at it: an ordinary token, "!", lost its merges,
         # "!!" encoded otherwise than gbattn encodes it, and decoding with skip_special_tokens dropped it)
-        eos = min((t for t in special if t in vocab), key=vocab.get, default=None)
+        # (not the unknown token, which text holds: lm-eval conditioned and stopped on it)
+        unknown = {t for t, i in vocab.items() if i == tok.unknown_id}
+        eos = min((t for t in special if t in vocab and t not in unknown), key=vocab.get, default=None)
         if eos is None:
             raise CheckpointError(f"the {tok.kind} tokenizer has no end-of-text token (none of "
-                                  f"{', '.join(EOS_NAMES)}, <pad>, nor a token it marks special), which its "
+                                  f"{', '.join(EOS_NAMES)}, <pad>, nor a token it marks special but its unknown one), "
+                                  f"which its "
                                   f"transformers form needs, and an ordinary token made one would change how texts "
                                   f"holding it encode: add a special end-of-text token to the tokenizer's file")
     out = {"eos_token": eos}

@@ -58,14 +58,6 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None, backward: bool
     return counter.get_total_flops() / T + depth_sums * (3 if backward else 1)
 
 
-def in_millions(value: float) -> str:
-    """``value`` in millions for a table or a line: two decimals, or three significant digits below one million (a
-    tiny model's 0.0426 M and 0.0520 M both printed 0.04 or 0.05, beside a FLOP ratio its figures could not give;
-    a figure under 5,000 printed 0.00)."""
-    millions = value / 1e6
-    return f"{millions:,.2f}" if millions >= 1 else f"{millions:.3g}"
-
-
 def param_matched_width(cfg: ModelConfig, target_params: int) -> tuple[int, int]:
     """Smallest ``d_model`` (a multiple of n_heads, of 2 n_heads with RoPE) whose STANDARD model with ``cfg``'s other
     settings has at least ``target_params`` parameters. Returns (width, its parameter count)

@@ -119,6 +119,11 @@ def shortened_warmup(total_steps: int, from_zero: bool = False) -> int:
     return min(max(1, round(WARMUP_FIT_TO * total_steps)), longest_warmup(total_steps, from_zero))
 
 
+# Why a run of gbattn before 2026-12-04 records another warmup than this gbattn fits (said where a run is refused so)
+EARLIER_WARMUP_RULE = ("gbattn before 2026-12-04 shortened a default warmup over half the run to a tenth of it, "
+                       "docs/deviations.md entry 9")
+
+
 def fitted_by_the_earlier_rule(cfg: TrainConfig, total_steps: int, recorded: int) -> bool:
     """Whether ``recorded`` is the warmup gbattn before 2026-12-04 fitted ``cfg``'s to over a ``total_steps`` run (a
     default warmup over half the run, shortened to a tenth of it): what such a run records and resumes with."""
@@ -303,8 +308,9 @@ def given_neutral(saved: dict, recorded_model: ModelConfig, recorded_train: Trai
     if train_cfg is not None and (type(steps) is not int or type(used) is not int):  # (a planned run records neither)
         given["train"]["fit_warmup"], have["train"]["fit_warmup"] = train_cfg.fit_warmup, recorded_train.fit_warmup
     elif train_cfg is not None and (asked := fitted_warmup(train_cfg, steps)[0]) != used:
+        earlier = f"; {EARLIER_WARMUP_RULE}" if fitted_by_the_earlier_rule(train_cfg, steps, used) else ""
         warmup = [f"the warmup over its {steps:,} steps: recorded {used:,}, given {asked:,} "
-                  f"(fit_warmup={train_cfg.fit_warmup})"]
+                  f"(fit_warmup={train_cfg.fit_warmup}{earlier})"]
     neutral = {}
     if train_cfg is not None and train_cfg.data != recorded_train.data and same_corpus(train_cfg.data, saved,
                                                                                            recorded_train):
@@ -823,9 +829,9 @@ class Trainer:
                 raise ValueError(f"its record of the devices it ran on is malformed: {devices!r}"[:200])
             self.earlier_devices = devices
             most = state.get("most_processes", len(per_rank))  # (checkpoints from before it was kept: the last leg's)
-            if not (type(most) is int and most >= len(per_rank)):
+            if not (type(most) is int and most >= 1):
                 raise ValueError(f"its record of the processes it ran in is malformed: {most!r}"[:200])
-            self.earlier_processes = most
+            self.earlier_processes = max(most, len(per_rank))
             if len(per_rank) == self.dist.world:  # every process resumes its own random stream
                 restore_rng_states(per_rank[self.dist.rank], self.device)
             else:  # saved by another number of processes: rank 0's stream, distinct ones for the others
