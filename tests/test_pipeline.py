@@ -416,6 +416,24 @@ def test_resume_truncates_the_metrics_after_the_checkpoints_step(tmp_path):
     assert [json.loads(line) for line in path.read_text().splitlines()] == [events[0], events[1], events[7]]
 
 
+def test_eval_reads_only_the_split_it_scores(tmp_path, capsys):
+    """eval --split valid read and checked the test split too: a character a char tokenizer lacks, anywhere in the
+    split not asked for, refused the command, naming that split."""
+    text = "".join(f"line {i % 17}: to be or not to be\n" for i in range(400))
+    (tmp_path / "t.txt").write_text(text)
+    assert cli_main(["train", "--preset", "cpu-char", "--data", str(tmp_path / "t.txt"), "--out", str(tmp_path / "run"),
+                     "--threads", "1", "--quiet", "--set", "max_steps=2", "--set", "eval_every=2", "--set",
+                     "d_model=32", "--set", "split=[0.8,0.1,0.1]"]) == 0
+    (tmp_path / "other.txt").write_text(text[:-3] + "é" + text[-2:])  # in the test split only (the file's end)
+    capsys.readouterr()
+    argv = ["eval", str(tmp_path / "run"), "--data", str(tmp_path / "other.txt"), "--allow-other-data", "--threads",
+            "1"]
+    assert cli_main([*argv, "--split", "valid"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("valid perplexity ")
+    assert cli_main([*argv, "--split", "test"]) == 2
+    assert "(test split): characters not in the tokenizer's vocabulary: ['é']" in capsys.readouterr().err
+
+
 def test_eval_tokenizes_the_held_out_splits_only_with_the_runs_own_tokenizer(tmp_path, monkeypatch, capsys):
     """gbattn eval (and analyze) score valid or test, but tokenized the training split too (most of a corpus) where
     no token cache entry of the run's data was at hand (a run evaluated on another machine). The training split is
@@ -434,7 +452,7 @@ def test_eval_tokenizes_the_held_out_splits_only_with_the_runs_own_tokenizer(tmp
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "elsewhere"))  # another machine's cache: no entry
     assert cli_main(argv) == 0 and capsys.readouterr().out == expected
     assert cli_main([*argv, "--split", "valid"]) == 0 and capsys.readouterr().out.startswith("valid perplexity ")
-    assert read == ["valid", "test"]  # once each, into one entry, which the second eval reads
+    assert read == ["test", "valid"]  # each split once, as it is scored (the other split is not read)
     assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["tokens"]  # no tokenizer trained here
 
 
@@ -754,6 +772,8 @@ def test_a_test_perplexity_of_data_without_a_test_split_is_called_valid(tmp_path
         code, out, err = run_cli(capsys, ["eval", tmp_path / run, "--threads", "1"])
         assert code == 0 and out.splitlines()[0].startswith("test perplexity"), err
         assert out.splitlines()[0].endswith(note) == expected, out
+        # its JSON line too, as result.json (scripts read "split": "test" alone, a validation figure unsaid)
+        assert json.loads(out.splitlines()[-1])["test_split"] == ("valid" if expected else "test")
         code, out, err = run_cli(capsys, ["eval", tmp_path / run, "--split", "valid", "--threads", "1"])
         assert code == 0 and note not in out, err
         for analyze_split, said in (("test", expected), ("valid", False)):  # analyze said "test rows" alone
@@ -2127,9 +2147,9 @@ def test_the_held_out_splits_of_a_run_are_prepared_quietly(tmp_path, capsys):
                           model_cfg=SimpleNamespace(vocab_size=tokenizer.vocab_size), tokenizer=tokenizer,
                           data_fingerprint=load_corpus(str(data)).fingerprint, checkpoint="best")
     capsys.readouterr()
-    prepared = prepare_run_data(run, None, allow_other_data=False)
-    assert sorted(prepared.splits) == ["test", "valid"] and [len(prepared.splits[s]) for s in ("valid", "test")] == [
-        70, 70]
+    for split in ("valid", "test"):  # the split asked for alone
+        prepared = prepare_run_data(run, None, allow_other_data=False, split=split)
+        assert list(prepared.splits) == [split] and len(prepared.splits[split]) == 70
     assert capsys.readouterr() == ("", "")
 
 

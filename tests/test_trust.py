@@ -313,8 +313,8 @@ def test_other_data_is_read_with_the_runs_own_tokenizer(trained, tmp_path, monke
     for split, line in (("train", "the cat sat .\n"), ("valid", "a cat ran .\n"), ("test", "the mat .\n")):
         (other / f"wiki.{split}.tokens").write_text(line * 40)
     run = rundir.load_run(trained["run"])
-    data = prepare_run_data(run, str(other), allow_other_data=True)
     for split in ("valid", "test"):
+        data = prepare_run_data(run, str(other), allow_other_data=True, split=split)
         assert run.tokenizer.decode(data.splits[split].tolist()) == (other / f"wiki.{split}.tokens").read_text()
 
 
@@ -365,7 +365,7 @@ def test_eval_of_a_run_without_best_weights_names_the_last_and_counts_its_rows(t
     record = json.loads(out.splitlines()[-1])
     assert record["checkpoint"] == "last" and f"last weights at step {record['step']}" in out.splitlines()[0]
     loaded = rundir.load_run(run)
-    rows = num_rows(prepare_run_data(loaded, None, False).splits["test"], loaded.seq_len)
+    rows = num_rows(prepare_run_data(loaded, None, False, "test").splits["test"], loaded.seq_len)
     assert bars == [(rows, rows)] and record["tokens"] == rows * loaded.seq_len
 
 
@@ -380,8 +380,8 @@ def test_a_run_that_records_no_corpus_is_evaluated_on_the_data_given(trained, tm
     run = rundir.load_run(trained["run"])
     bare = dataclasses.replace(run, train_cfg=run.train_cfg.replace(data=""))
     with pytest.raises(UserError, match="records no corpus: pass --data"):
-        prepare_run_data(bare, None, allow_other_data=False)
-    data = prepare_run_data(bare, str(trained["data"]), allow_other_data=False)
+        prepare_run_data(bare, None, allow_other_data=False, split="test")
+    data = prepare_run_data(bare, str(trained["data"]), allow_other_data=False, split="test")
     assert data.corpus_fingerprint == run.data_fingerprint and len(data.splits["test"]) > 0
 
 
@@ -842,7 +842,7 @@ def test_eval_per_token_files_hold_one_loss_per_scored_token(trained, tmp_path, 
 
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     run = rundir.load_run(trained["run"])
-    want = evaluate(run.model, prepare_run_data(run, None, False).splits["test"], run.seq_len, per_token=True)
+    want = evaluate(run.model, prepare_run_data(run, None, False, "test").splits["test"], run.seq_len, per_token=True)
     for name, read in (("losses.txt", np.loadtxt), ("new-folder/losses.npy", np.load)):  # its folder is made
         code, out, err = run_cli(capsys, ["eval", trained["run"], "--per-token", tmp_path / name])
         assert code == 0, err

@@ -180,7 +180,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
             other = load_run(against, checkpoint, dev)
             notes += _check_against(run, other, run_dir, against)
 
-        data = prepare_run_data(run, data, allow_other_data)
+        data = prepare_run_data(run, data, allow_other_data, split)
         if split == "test" and test_split_note(data.notes):  # as eval says beside its test figure
             notes.append(test_split_note(data.notes).strip(" ()"))
         other_data = other_data_note(run, data)

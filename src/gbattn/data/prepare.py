@@ -45,10 +45,11 @@ def prepare_data(cfg: TrainConfig, vocab_size: int, tokenizer: Tokenizer | None 
     return Data(tok, {s: splits[s] for s in needed}, corpus.name, corpus.fingerprint, corpus.notes)
 
 
-def prepare_run_data(run, data: str | None, allow_other_data: bool):
-    """A trained run's (:class:`gbattn.rundir.LoadedRun`) held-out splits (valid and test) as token ids, by its own
+def prepare_run_data(run, data: str | None, allow_other_data: bool, split: str):
+    """A trained run's (:class:`gbattn.rundir.LoadedRun`) held-out ``split`` (valid or test) as token ids, by its own
     tokenizer (``eval``, ``analyze``): at ``data`` if given, else where the run recorded it; data other than the run's
-    (its fingerprint) is refused unless allowed. The training split is not tokenized (it can be most of the corpus)."""
+    (its fingerprint) is refused unless allowed. The other splits are not read (the training split can be most of the
+    corpus, and a character of the other held-out split that a char tokenizer lacks refused the one asked for)."""
     if not data and not run.train_cfg.data:  # e.g. upcycled from a Hugging Face checkpoint: trained on nothing here
         raise UserError(f"{run.run_dir} records no corpus: pass --data (a corpus name, a directory or a text file)")
     train_cfg = run.train_cfg.replace(data=data) if data else run.train_cfg
@@ -64,7 +65,7 @@ def prepare_run_data(run, data: str | None, allow_other_data: bool):
         raise type(e)(f"{e}{advice}") from None
     return prepare_data(train_cfg, run.model_cfg.vocab_size, run.tokenizer, progress=False, trained_on=recorded,
                         mismatch=f"{advice}; pass --allow-other-data to evaluate on it anyway",
-                        needed=("valid", "test"), corpus=corpus,
+                        needed=(split,), corpus=corpus,
                         named=None if data else f"the data {run.run_dir} recorded ({train_cfg.data})")
 
 

@@ -67,7 +67,7 @@ def register(sub) -> None:
 def cmd_eval(args) -> None:
     import numpy as np
 
-    from gbattn.data.corpus import test_split_note
+    from gbattn.data.corpus import test_split_note, tested_split
     from gbattn.data.prepare import other_data_note, prepare_run_data
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
@@ -83,7 +83,7 @@ def cmd_eval(args) -> None:
     device = resolve_device(args.device or "auto")
     use_tf32(device)  # as the trainer scored valid and test
     run = load_run(args.run_dir, args.checkpoint, device)
-    data = prepare_run_data(run, args.data, args.allow_other_data)
+    data = prepare_run_data(run, args.data, args.allow_other_data, args.split)
     if args.per_token:  # (it replaced a corpus file with losses)
         # (the data as load_corpus read it: the corpus's name is for display, ~/c or ./wikitext-2-v1 as a hub name
         # let the losses be written over a split)
@@ -100,6 +100,8 @@ def cmd_eval(args) -> None:
     bar.close()
     out = {"run_dir": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint, "step": run.step,
            "loss": res.loss, "ppl": res.ppl, "tokens": res.tokens}
+    if args.split == "test":  # the split scored, as result.json's test_split ("valid" where the data has no test)
+        out["test_split"] = tested_split(data.notes)
     other_data = other_data_note(run, data)
     if other_data:  # --allow-other-data: not the run's own held-out data
         out["other_data"] = other_data
