@@ -1508,6 +1508,22 @@ def trained(tmp_path_factory):
     return root / "run", root / "export"
 
 
+def test_a_model_saved_without_its_run_is_refused_naming_both_ways_of_making_one(trained, capsys, tmp_path):
+    """A model built from a GbattnConfig (not only one wrapped by from_gpt without run=) saves no run: the refusal
+    said it was "saved from GbattnForCausalLM.from_gpt(model) without run=" of every such directory."""
+    _, out = trained
+    model = GbattnForCausalLM(GbattnConfig.from_model_config(tiny_config(("boosted", {}))))
+    model.save_pretrained(tmp_path / "bare")
+    shutil.copy(out / "gbattn-tokenizer.json", tmp_path / "bare")
+    capsys.readouterr()  # (transformers 5's progress bar of the save)
+    code, printed, err = run_cli(capsys, ["eval", tmp_path / "bare", "--threads", "1"])
+    assert (code, printed) == (2, "") and err == (
+        f"gbattn: error: {tmp_path / 'bare' / 'config.json'}: its gbattn section holds a model but no run (no train "
+        f"section): a model saved without the run it came from (made from a GbattnConfig, or by GbattnForCausalLM."
+        f"from_gpt(model) without run=), which gbattn's commands cannot read; save the model AutoModelForCausalLM "
+        f"loads from a `gbattn export` (an upcycled model: write_run(up, OUT), then `gbattn export OUT`)\n")
+
+
 def test_weights_saved_over_an_export_are_not_reported_as_the_exported_step(trained, capsys, tmp_path):
     """An export loaded with AutoModelForCausalLM, fine-tuned and saved with save_pretrained (or saved in another
     dtype): eval, generate and lm-eval reported the new weights as "exported weights at step 30", and a re-export

@@ -945,10 +945,12 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
             raise CheckpointError(f"{path / CONFIG} has no gbattn section: not a directory exported by gbattn")
         config = gbattn_section(config, path / CONFIG)
         if isinstance(config.get("model"), dict) and "train" not in config:  # (read_configs: "no model and train")
+            # (it named from_gpt without run= as the cause: a model made from a GbattnConfig has none either)
             raise CheckpointError(f"{path / CONFIG}: its gbattn section holds a model but no run (no train section): "
-                                  f"saved from GbattnForCausalLM.from_gpt(model) without run=, which gbattn's "
-                                  f"commands cannot read; save the model AutoModelForCausalLM loads from a `gbattn "
-                                  f"export` (an upcycled model: write_run(up, OUT), then `gbattn export OUT`)")
+                                  f"a model saved without the run it came from (made from a GbattnConfig, or by "
+                                  f"GbattnForCausalLM.from_gpt(model) without run=), which gbattn's commands cannot "
+                                  f"read; save the model AutoModelForCausalLM loads from a `gbattn export` (an "
+                                  f"upcycled model: write_run(up, OUT), then `gbattn export OUT`)")
         check_exported_checkpoint(path, checkpoint, config.get("checkpoint"))
     model_cfg, train_cfg = read_configs(config, path / CONFIG)
     if (config.get("seq_len") or 0) > model_cfg.block_size:
