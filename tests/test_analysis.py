@@ -354,6 +354,29 @@ def test_a_new_analysis_removes_the_figures_an_earlier_one_left_in_its_folder(ru
     assert f"note: {note}" in capsys.readouterr().out
 
 
+def test_an_analysis_removes_no_figure_nor_summary_it_did_not_write(runs, tmp_path, capsys):
+    """A folder of the user's own figures named as analyze's (gates.png, examples.pdf): they were deleted as "figures
+    an earlier analysis left"; and a summary.json of the user's own was replaced. Figures are removed only from an
+    earlier analysis's folder (its summary.json), and a summary.json analyze did not write is refused."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "gates.png").write_bytes(b"my figure")
+    (mine / "examples.pdf").write_bytes(b"my paper's figure")
+    summary = analyze_run(runs["std"], out=mine, max_rows=2, quiet=True, device="cpu")
+    assert sorted(p.name for p in mine.iterdir()) == [".lock", "entropy.png", "examples.pdf", "gates.png",
+                                                      "summary.json"]
+    assert not any(note.startswith("removed ") for note in summary["notes"])
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "summary.json").write_text('{"my": "experiment results"}')
+    capsys.readouterr()
+    assert cli_main(["analyze", str(runs["std"]), "--out", str(theirs), "--max-rows", "2", "--threads", "1",
+                     "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"gbattn: error: --out {theirs} holds a summary.json that `gbattn analyze` did "
+                                       f"not write, not a folder of figures: choose another --out\n")
+    assert (theirs / "summary.json").read_text() == '{"my": "experiment results"}'
+
+
 def test_analyze_against_records_each_top_token_and_example_where_it_is(runs, tmp_path, drawn):
     """Each top token is the target at its (row id, position) with both models' losses and its context there, each
     example names its target and is drawn with its own gain; the perplexities are exp of the mean losses, the

@@ -2147,7 +2147,7 @@ def test_a_damaged_config_a_lone_safetensors_file_and_a_folder_of_runs_are_told_
     # an analyze output (its summary.json beside its figures): train, upcycle and export wrote a model there, its
     # figures and summary then read as the new model's; analyze itself, and plot, still write there
     figures = folder("figures")
-    (figures / rundir.ANALYSIS_SUMMARY).write_text("{}")
+    (figures / rundir.ANALYSIS_SUMMARY).write_text(json.dumps(dict.fromkeys(rundir.ANALYSIS_SUMMARY_KEYS)))
     (figures / "gates.png").write_bytes(b"")
     assert rundir.folder_holds(figures) == rundir.ANALYSIS_OUTPUT == "a `gbattn analyze` output"
     for own, output in (((rundir.RUN,), "a gbattn run"), ((rundir.EXPORT,), "a gbattn export")):

@@ -153,6 +153,7 @@ COMPARISON = "a `gbattn compare` comparison"
 DENOISE = "a `gbattn denoise` output"
 DENOISE_RESULTS_KEYS = ("protocol", "tables", "runs")  # in every results.json gbattn denoise has written
 ANALYSIS_OUTPUT = "a `gbattn analyze` output"  # its summary.json (beside its figures)
+ANALYSIS_SUMMARY_KEYS = ("run_dir", "attention", "entropy", "figures")  # in every summary.json analyze writes
 
 
 def folder_holds(directory: str | Path) -> str | None:
@@ -176,7 +177,7 @@ def folder_holds(directory: str | Path) -> str | None:
     if held:
         return held
     if (directory / ANALYSIS_SUMMARY).is_file():  # (train, upcycle and export wrote a model beside another's figures)
-        return ANALYSIS_OUTPUT
+        return _summary_kind(directory / ANALYSIS_SUMMARY)
     runs = sorted(p.parent.name for p in directory.glob(f"*/{CONFIG}"))
     if runs:
         return f"run directories ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''})"
@@ -196,6 +197,18 @@ def _report_pair(directory: Path, stem: str, kind_of) -> str | None:
     except CheckpointError as e:  # its message names the file: "it" here
         return f"a {stem}.json that gbattn cannot read (it {str(e).removeprefix(f'{path} ')})"
     return kind_of(content)
+
+
+def _summary_kind(path: Path) -> str:
+    """:data:`ANALYSIS_OUTPUT` for the summary.json `gbattn analyze` writes; one it did not write (a user's own, which
+    analyze replaced, removing figures of its names beside it as "an earlier analysis's") or cannot read, in words."""
+    try:
+        summary = read_json(path)
+    except CheckpointError as e:
+        return f"a {ANALYSIS_SUMMARY} that gbattn cannot read (it {str(e).removeprefix(f'{path} ')})"
+    if all(key in summary for key in ANALYSIS_SUMMARY_KEYS):
+        return ANALYSIS_OUTPUT
+    return f"a {ANALYSIS_SUMMARY} that `gbattn analyze` did not write"
 
 
 def _results_kind(results: dict) -> str:

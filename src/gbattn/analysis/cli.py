@@ -153,7 +153,16 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     from gbattn.eval.perplexity import perplexity
     from gbattn.files import folder_name, relative_path, remove_unwritten, write_json
     from gbattn.progress import Progress
-    from gbattn.rundir import ANALYSIS_DIR, ANALYSIS_FIGURES, ANALYSIS_SUMMARY, RunLock, check_model_dir, load_run
+    from gbattn.rundir import (
+        ANALYSIS_DIR,
+        ANALYSIS_FIGURES,
+        ANALYSIS_OUTPUT,
+        ANALYSIS_SUMMARY,
+        RunLock,
+        check_model_dir,
+        folder_holds,
+        load_run,
+    )
     from gbattn.runtime import autocast_dtype, resolve_device
 
     figures.require_matplotlib()  # fail before the slow part
@@ -168,6 +177,9 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     # One writer, from before the slow part: a second analysis into this folder is refused at once (it was
     # refused only when its figures were drawn, its minutes of work lost).
     with RunLock(out, what="analysis"):  # (two analyses into one folder mixed their figures)
+        # figures of its names are removed from an earlier analysis's folder only (its summary.json): a user's own
+        # gates.png or examples.pdf were deleted as "figures an earlier analysis left"
+        earlier = folder_holds(out) == ANALYSIS_OUTPUT
         dev = resolve_device(device)
         run = load_run(run_dir, checkpoint, dev)
         L = run.model_cfg.n_layers
@@ -260,7 +272,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
                 # may have none, and its "round 0 vs round 1" examples held round 0 alone, unsaid)
                 notes.append(f"the examples show layer {layer}, which has no correction round (attn.layers): round 0 "
                              f"only; --layer {corrected[-1]} shows the last layer that has one")
-        removed = remove_unwritten(out, ANALYSIS_FIGURES, written)
+        removed = remove_unwritten(out, ANALYSIS_FIGURES, written) if earlier else []
         if removed:
             notes.append(f"removed {', '.join(removed)}: figures an earlier analysis left in this folder that this one "
                          f"does not draw")
