@@ -1367,14 +1367,14 @@ def test_paper_numbers_only_beside_runs_of_the_papers_length(tmp_path, monkeypat
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     published = ["41.3", "46.0", "48.2", "56.5", "+18.7", "+15.7", "78.9", "25.6", "| 58.1 |"]
-    for steps, shown in ((150, True), (20, False), (200, False)):  # a longer run is not the paper's either
+    for steps, shown in ((150, True), (20, False), (200, False), (1, False)):  # a longer run is not the paper's either
         out = tmp_path / f"steps{steps}"
         tables.run_denoise(out, ["rounds", "gates", "difficulty", "deq"], (0,),
                            Protocol(steps=steps, bayes_queries=100), quiet=True)
         markdown = (out / "results.md").read_text()
         assert all((number in markdown) == shown for number in published), (steps, markdown)
-        note = (f"Paper numbers omitted: these runs trained for {steps} steps, not the 150 the paper's accuracies "
-                "are for.")
+        note = (f"Paper numbers omitted: these runs trained for {steps} step{'s' * (steps != 1)}, not the 150 the "
+                f"paper's accuracies are for.")
         assert (note in markdown) == (not shown) == (note in capsys.readouterr().out)
         assert ("paper (revision)" in legends[-1] and "paper (v1)" in legends[-1]) == shown, legends[-1]
         assert any(label.startswith("Bayes-optimal") for label in legends[-1])

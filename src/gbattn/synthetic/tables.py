@@ -138,8 +138,9 @@ def paper_omitted_note(protocol: dict) -> str | None:
     paper_steps = Protocol().steps
     if protocol["steps"] == paper_steps:
         return None
-    return (f"Paper numbers omitted: these runs trained for {protocol['steps']:,} steps, not the {paper_steps} "
-            "the paper's accuracies are for.")
+    steps = f"{protocol['steps']:,} step{'s' if protocol['steps'] != 1 else ''}"  # ("1 steps")
+    return (f"Paper numbers omitted: these runs trained for {steps}, not the {paper_steps} the paper's accuracies "
+            f"are for.")
 
 
 def table_markdown(name: str, table: dict, n_seeds: int, published: bool = True) -> str:
