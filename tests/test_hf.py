@@ -2037,6 +2037,7 @@ def test_an_export_over_an_earlier_one_leaves_none_of_its_analysis(trained, tmp_
     analysis.mkdir(), scores.mkdir()
     for name in ("summary.json", "gates.png", "entropy.pdf", "norms.png", "my-notes.md", "gates.svg"):
         (analysis / name).write_text("x")
+    (analysis / "summary.json").write_text(json.dumps(dict.fromkeys(rundir.ANALYSIS_SUMMARY_KEYS)))  # analyze's
     for name in ("results-toy.json", "samples-toy-toy.jsonl", "results-a+b-last.json", "my-notes.md"):
         (scores / name).write_text("x")
     assert cli_main(["export", str(run_dir), "--out", str(out), "--checkpoint", "last"]) == 0

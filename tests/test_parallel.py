@@ -1314,6 +1314,7 @@ def test_a_process_of_a_second_machine_takes_its_global_ranks_stream_rows_and_ev
     torch.manual_seed(12345)
     second = dict(first, torch=torch.get_rng_state())
     state["rng_per_rank"] = [first, second]  # two processes' streams, as they save them
+    state["most_processes"] = 2
     rundir.save_checkpoint(state, run / rundir.CHECKPOINT)
     trainer = Trainer(run, resume=True, quiet=True)
     trainer._setup()

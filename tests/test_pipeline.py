@@ -1033,8 +1033,9 @@ def test_a_run_resumed_on_other_arithmetic_says_it_is_not_exact_and_how_to_resum
         torch.save({**state, "devices": devices}, path)
         with pytest.raises(CheckpointError, match="its record of the devices it ran on is malformed"):
             train(tmp_path / "compiled", resume=True, quiet=True)
-    for most in ("2", 0, 1.0):  # fewer than its own streams' processes, or not a count
-        torch.save({**state, "most_processes": most}, path)
+    two = {**state, "rng_per_rank": [state["rng_per_rank"][0]] * 2}  # (two processes' streams)
+    for most in ("2", 0, 1.0, 1):  # fewer than its own streams' processes, or not a count
+        torch.save({**two, "most_processes": most}, path)
         with pytest.raises(CheckpointError, match="its record of the processes it ran in is malformed"):
             train(tmp_path / "compiled", resume=True, quiet=True)
     state["trained_on"].update(threads=1, compiled=True)  # as a run without dropout may switch

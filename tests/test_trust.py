@@ -989,7 +989,7 @@ def test_eval_scores_the_split_it_names(trained, capsys, monkeypatch):
 
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     run = rundir.load_run(trained["run"])
-    splits = prepare_run_data(run, None, False).splits
+    splits = {split: prepare_run_data(run, None, False, split).splits[split] for split in ("valid", "test")}
     losses = {}
     for split in ("valid", "test"):
         code, out, err = run_cli(capsys, ["eval", trained["run"], "--split", split])
@@ -1015,7 +1015,7 @@ def test_eval_line_and_record_give_the_perplexity_of_the_loss_and_the_weights_sc
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     for which in ("best", "last"):
         run = rundir.load_run(trained["run"], which)
-        want = evaluate(run.model, prepare_run_data(run, None, False).splits["test"], run.seq_len)
+        want = evaluate(run.model, prepare_run_data(run, None, False, "test").splits["test"], run.seq_len)
         code, out, err = run_cli(capsys, ["eval", trained["run"], "--checkpoint", which])
         assert code == 0, err
         line, record = out.strip().splitlines()
@@ -1036,7 +1036,7 @@ def test_eval_runs_batches_of_its_batch_size_on_its_threads(trained, capsys, mon
 
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     run = rundir.load_run(trained["run"])
-    rows = num_rows(prepare_run_data(run, None, False).splits["test"], run.seq_len)
+    rows = num_rows(prepare_run_data(run, None, False, "test").splits["test"], run.seq_len)
     code, out, err = run_cli(capsys, ["eval", trained["run"]])
     assert code == 0, err
     default = json.loads(out.strip().splitlines()[-1])
@@ -1110,6 +1110,7 @@ def test_restart_discards_every_file_of_the_run_and_nothing_else(tmp_path):
     drawn = ("summary.json", "gates.png", "entropy.pdf", "norms.png")
     for name in (*drawn, "my-notes.md", "gates.svg"):
         (analysis / name).write_text("x")
+    (analysis / "summary.json").write_text(json.dumps(dict.fromkeys(rundir.ANALYSIS_SUMMARY_KEYS)))  # analyze's own
     # and so does what `gbattn lm-eval RUN` wrote into RUN/lm-eval (results, samples)
     scores = tmp_path / rundir.LM_EVAL_DIR
     scores.mkdir()
@@ -1131,8 +1132,15 @@ def test_restart_discards_every_figure_analyze_draws_in_the_run(tmp_path):
                for ext in ("png", "pdf")]
     for name in figures:
         (analysis / name).write_text("x")
-    assert sorted(rundir.discard_derived(tmp_path)) == sorted(f"analysis/{name}" for name in figures)
+    (analysis / "summary.json").write_text(json.dumps(dict.fromkeys(rundir.ANALYSIS_SUMMARY_KEYS)))
+    assert sorted(rundir.discard_derived(tmp_path)) == sorted(f"analysis/{name}" for name in [*figures, "summary.json"])
     assert list(analysis.iterdir()) == []
+    # a folder analyze did not write (no summary.json of its own): the user's gates.png and summary.json were
+    # deleted as analyze's, as analyze itself no longer does (it refuses such a folder as its --out)
+    for name in ("gates.png", "summary.json"):
+        (analysis / name).write_text("mine")
+    assert rundir.discard_derived(tmp_path) == []
+    assert sorted(p.name for p in analysis.iterdir()) == ["gates.png", "summary.json"]
 
 
 @pytest.mark.parametrize("names", [
@@ -3011,7 +3019,8 @@ def test_a_missing_data_path_given_is_not_blamed_on_the_runs_record(trained, tmp
     from gbattn.errors import DataNotFound
 
     with pytest.raises(DataNotFound) as error:
-        prepare_run_data(rundir.load_run(trained["run"]), str(tmp_path / "nope"), allow_other_data=False)
+        prepare_run_data(rundir.load_run(trained["run"]), str(tmp_path / "nope"), allow_other_data=False,
+                         split="test")
     assert "recorded" not in str(error.value)
 
 

@@ -309,9 +309,13 @@ def discard_derived(directory: str | Path) -> list[str]:
     with contextlib.ExitStack() as held:
         if (analysis / LOCK).is_file():  # (an analyze has run there: its lock; none made where none ran)
             held.enter_context(RunLock(analysis, what="analysis"))
-        removed = [f"{ANALYSIS_DIR}/{name}" for name in remove_unwritten(analysis, ANALYSIS_FIGURES, [])]
+        # analyze's files only where analyze wrote there (its summary.json): a user's own gates.png and summary.json
+        # were deleted as analyze's, as analyze itself no longer does
+        analyzed = analysis.is_dir() and folder_holds(analysis) == ANALYSIS_OUTPUT
+        removed = [f"{ANALYSIS_DIR}/{name}"
+                   for name in (remove_unwritten(analysis, ANALYSIS_FIGURES, []) if analyzed else [])]
         scores = Path(directory) / LM_EVAL_DIR
-        for path in (analysis / ANALYSIS_SUMMARY, *sorted(scores.glob("results-*.json")),
+        for path in (*([analysis / ANALYSIS_SUMMARY] if analyzed else []), *sorted(scores.glob("results-*.json")),
                      *sorted(scores.glob("samples-*.jsonl"))):
             if path.is_file() or path.is_symlink():
                 path.unlink()

@@ -108,7 +108,7 @@ def tokenize_corpus(
     """Token ids of every split as read-only memmaps (built once, then read from the cache).
 
     ``caps`` limits tokens per split (the paper: train 10M, valid/test 1M), taken from the start.
-    ``needed``: the splits the caller reads (eval: valid and test). A cached entry of every split serves as it
+    ``needed``: the splits the caller reads (eval: the one it scores). A cached entry of every split serves as it
     is; otherwise the others are not read, and empty in an entry of their own (their cap 0).
     """
     caps = {s: (caps or {}).get(s) for s in SPLITS}

@@ -829,9 +829,9 @@ class Trainer:
                 raise ValueError(f"its record of the devices it ran on is malformed: {devices!r}"[:200])
             self.earlier_devices = devices
             most = state.get("most_processes", len(per_rank))  # (checkpoints from before it was kept: the last leg's)
-            if not (type(most) is int and most >= 1):
+            if not (type(most) is int and most >= len(per_rank)):  # (fewer than its own streams': damaged)
                 raise ValueError(f"its record of the processes it ran in is malformed: {most!r}"[:200])
-            self.earlier_processes = max(most, len(per_rank))
+            self.earlier_processes = most
             if len(per_rank) == self.dist.world:  # every process resumes its own random stream
                 restore_rng_states(per_rank[self.dist.rank], self.device)
             else:  # saved by another number of processes: rank 0's stream, distinct ones for the others
