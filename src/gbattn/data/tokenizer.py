@@ -194,19 +194,26 @@ class Tokenizer:
         return self._within_vocabulary([encoding.ids])[0]
 
     @functools.cached_property
-    def _prompt_encoder(self):
-        """The HF tokenizer with a post-processor adding only the special tokens it puts before a text
-        (:func:`leading_specials_only`), as transformers' form of it encodes a prompt: the tokens after the text's
-        last one were cut off before, which kept a BERT template's [SEP] where a prompt had no token of its own
-        (whitespace alone)."""
-        from tokenizers import Tokenizer as HFTokenizer
-
+    def prompt_payload(self) -> str:
+        """The tokenizer.json of a prompt (an HF tokenizer's): its post-processor adding only the special tokens it
+        puts before a text (:func:`leading_specials_only`), as :meth:`encode` and transformers' form of it
+        (:func:`gbattn.hf.tokenization.backend_tokenizer`) encode one; the stored payload where it has none."""
         stored = json.loads(self.payload)
         if not isinstance(stored.get("post_processor"), dict):
-            return self._hf
+            return self.payload
         stored["post_processor"] = leading_specials_only(stored["post_processor"])
+        return json.dumps(stored)
+
+    @functools.cached_property
+    def _prompt_encoder(self):
+        """The HF tokenizer of :attr:`prompt_payload`: the tokens after the text's last one were cut off before,
+        which kept a BERT template's [SEP] where a prompt had no token of its own (whitespace alone)."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        if self.prompt_payload == self.payload:
+            return self._hf
         with hf_failures_as_data_errors("reading its file"):
-            return HFTokenizer.from_str(json.dumps(stored))
+            return HFTokenizer.from_str(self.prompt_payload)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Lines of a corpus: their tokens only. Unlike :meth:`encode` (a prompt), no special token

@@ -44,7 +44,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 from transformers import PreTrainedTokenizerFast
 
-from gbattn.data.tokenizer import Tokenizer, leading_specials_only
+from gbattn.data.tokenizer import Tokenizer
 from gbattn.errors import CheckpointError
 from gbattn.files import error_detail
 
@@ -62,9 +62,7 @@ def backend_tokenizer(tok: Tokenizer) -> BackendTokenizer:
     ``decode(new tokens)`` to the prompt (``"the cat" + "sat"`` read ``"the catsat"``). A whole text
     decodes to gbattn's with one space in front."""
     if tok.kind != "char":
-        stored = json.loads(tok.payload)
-        stored["post_processor"] = leading_specials_only(stored.get("post_processor"))
-        backend = BackendTokenizer.from_str(json.dumps(stored))
+        backend = BackendTokenizer.from_str(tok.prompt_payload)
         if backend.decoder is None:
             backend.decoder = decoders.Replace(Regex(r"\A"), " ")
         return backend
@@ -90,9 +88,8 @@ def special_tokens(tok: Tokenizer, vocab: dict[str, int], special: set[str]) -> 
         if eos is None:
             raise CheckpointError(f"the {tok.kind} tokenizer has no end-of-text token (none of "
                                   f"{', '.join(EOS_NAMES)}, <pad>, nor a token it marks special but its unknown one), "
-                                  f"which its "
-                                  f"transformers form needs, and an ordinary token made one would change how texts "
-                                  f"holding it encode: add a special end-of-text token to the tokenizer's file")
+                                  f"which its transformers form needs, and an ordinary token made one would change how "
+                                  f"texts holding it encode: add a special end-of-text token to the tokenizer's file")
     out = {"eos_token": eos}
     if "<pad>" in vocab or eos in EOS_NAMES:
         out["pad_token"] = "<pad>" if "<pad>" in vocab else eos
