@@ -1151,3 +1151,13 @@ def test_analyze_of_a_run_trained_in_bfloat16_says_its_loss_is_in_float32(tmp_pa
             "differ in the last digits")
     assert s["loss"]["precision"] == "float32" and s["notes"] == [note]
     assert f"note: {note}" in capsys.readouterr().out
+
+
+def test_examples_title_says_gains_only_where_a_drawn_position_gains():
+    """The examples figure said "Where GBA gains most over standard" when every drawn position had GBA worse:
+    a run that loses everywhere is drawn where it loses least, and the title says that."""
+    from gbattn.analysis.cli import _examples_title
+
+    assert _examples_title("GBA", "standard", 3, [0.4, -0.1]).startswith("Where GBA gains most over standard: layer 3")
+    losing = _examples_title("GBA", "standard", 3, [-0.2, 0.0])
+    assert "gains most" not in losing and losing.startswith("GBA gains over standard nowhere; where it loses least")

@@ -104,6 +104,15 @@ def _stream_words(residual: str, norm: str) -> str:
     return "".join([f", {residual} residual" if residual != "plain" else "", ", Post-LN" if norm == "post" else ""])
 
 
+def _examples_title(this_name: str, other_name: str, layer: int, gains: list[float]) -> str:
+    """The examples figure's title: "gains most" only where some drawn position gains; where
+    none does, the positions drawn are where this run loses least."""
+    where = f"layer {layer} attention, head-averaged"
+    if max(gains, default=0.0) > 0:
+        return f"Where {this_name} gains most over {other_name}: {where}"
+    return f"{this_name} gains over {other_name} nowhere; where it loses least: {where}"
+
+
 def _short_name(run) -> str:
     label = (run.config.get("extra") or {}).get("label")
     if label:
@@ -328,7 +337,7 @@ def _loss_difference(run, other, collected, tokens, row_ids, layer, top, n_examp
             figures.examples_figure(
                 drawn,
                 layer,
-                title=f"Where {this_name} gains most over {other_name}: layer {layer} attention, head-averaged",
+                title=_examples_title(this_name, other_name, layer, [d["against_loss"] - d["loss"] for d in drawn]),
             ),
             out,
             "examples",
