@@ -1985,3 +1985,18 @@ def test_a_model_label_is_at_most_64_characters(tmp_path):
     assert "m" * 64 in [spec.label for spec in with_models(recipe, {"m" * 64: "boosted:rounds=3"}, []).models]
     with pytest.raises(UserError, match="at most 64 characters"):
         with_models(recipe, {"m" * 65: "boosted:rounds=3"}, [])
+
+
+def test_a_from_zero_warmup_kept_as_long_as_the_run_is_refused_naming_that_rule(tmp_path):
+    """gbattn before 2026-12-07 kept a default warmup from zero exactly as long as the run (its peak after the last
+    step); today's fits it to a tenth. compare refuses such a run, naming that rule, not the half-run one."""
+    from gbattn.experiments.compare import check_run
+
+    model_cfg, train_cfg = build_configs("paper-small", "standard", "data", {})
+    assert train_cfg.warmup_from_zero and train_cfg.fit_warmup
+    asked = train_cfg.replace(warmup_steps=180)
+    rundir.write_config(tmp_path, "paper-small", model_cfg, asked, steps=180, warmup_steps=180)
+    with pytest.raises(UserError, match=r"recorded 180, asked 18 \(fit_warmup=True; gbattn before 2026-12-07 kept a "
+                                        r"default warmup from zero exactly as long as the run, docs/deviations.md "
+                                        r"entry 9\)"):
+        check_run(tmp_path, model_cfg, asked)

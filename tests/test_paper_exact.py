@@ -172,10 +172,11 @@ def test_the_training_defaults_are_the_papers_recipe():
 
 
 def test_a_default_warmup_longer_than_the_run_is_fitted_and_said():
-    """The limit is the run (docs/deviations.md, entry 9): 1,500 warmup steps in a 1,499-step run become 150; in
-    1,500 and 2,999 steps (a warmup over half the run, fitted before it was measured) kept, with the warning at
-    exactly the run's length; in a 4-step run, 1 (never 0, and the note says "at least 1 step", not just "a
-    tenth"); 0 in a 1-step run warming up from zero."""
+    """The limit is where the learning rate reaches its peak within the run (docs/deviations.md, entry 9): the paper
+    presets warm up from zero, so 1,500 warmup steps in a 1,499- or 1,500-step run become 150 (at exactly the run's
+    length the peak came after the last step: kept with a warning before 2026-12-07); in 1,501 and 2,999 steps (a
+    warmup over half the run, fitted before it was measured) kept; in a 4-step run, 1 (never 0, and the note says
+    "at least 1 step", not just "a tenth"); 0 in a 1-step run warming up from zero."""
     _, cfg = build_configs("paper-small", "standard", "data", {})
     warmup, note = fitted_warmup(cfg, 135)
     assert warmup == 14 and note == ("warmup_steps=1,500 is longer than this 135-step run (the learning rate would "
@@ -183,8 +184,9 @@ def test_a_default_warmup_longer_than_the_run_is_fitted_and_said():
                                      "keeps a warmup as given")
     warmup, note = fitted_warmup(cfg, 1_499)
     assert warmup == 150 and "longer than this 1,499-step run" in note
-    assert fitted_warmup(cfg, 1_500)[0] == 1500 and fitted_warmup(cfg, 1_500)[1].startswith("warning: warmup_steps=")
-    assert fitted_warmup(cfg, 2_999) == fitted_warmup(cfg, 18_375) == (1500, None)
+    warmup, note = fitted_warmup(cfg, 1_500)
+    assert warmup == 150 and "is as long as this 1,500-step run (the learning rate would never reach" in note
+    assert fitted_warmup(cfg, 1_501) == fitted_warmup(cfg, 2_999) == fitted_warmup(cfg, 18_375) == (1500, None)
     assert fitted_warmup(cfg, 4)[0] == 1
     assert "using 1 (a tenth of the run, at least 1 step);" in fitted_warmup(cfg, 4)[1]
     assert "using 1 (a tenth of the run, at least 1 step);" in fitted_warmup(cfg, 5)[1]   # round(0.5) is 0
@@ -443,22 +445,23 @@ def test_a_resumed_run_keeps_the_warmup_it_started_with(tmp_path, monkeypatch):
 
 
 def test_a_resumed_run_with_its_recorded_warmup_gives_no_note_of_todays_fit(tmp_path, monkeypatch, capsys):
-    """A from-zero warmup as long as the run (12 of 12 steps), fitted to 1 by the earlier rule: resumed, the run
-    trains with warmup 1, which reaches the peak, so the note today's fit would give ("the learning rate never
-    reaches lr") is not said."""
+    """A from-zero warmup as long as the run (12 of 12 steps), kept by the rule before 2026-12-07 (its peak after
+    the last step): resumed, the run trains with the warmup it records, without the note today's fit would give
+    ("using 1") and without being refused as a warmup gbattn did not write."""
     from gbattn import rundir
     from gbattn.train import trainer
 
     data = write_corpus(tmp_path / "c")
     configs = tiny_configs(data, warmup_steps=12, fit_warmup=True, warmup_from_zero=True)
     with monkeypatch.context() as earlier_rule:
-        earlier_rule.setattr(trainer, "WARMUP_FIT_LIMIT", trainer.EARLIER_WARMUP_FIT_LIMIT)
+        earlier_rule.setattr(trainer, "longest_warmup", lambda total_steps, from_zero: total_steps)
         train_killed_at(7, tmp_path / "killed", *configs, monkeypatch)
-    assert rundir.read_config(tmp_path / "killed" / rundir.CONFIG)["warmup_steps"] == 1
-    assert "never reaches" in fitted_warmup(configs[1], 12)[1]  # what today's fit would say
+    assert rundir.read_config(tmp_path / "killed" / rundir.CONFIG)["warmup_steps"] == 12
+    assert "using 1" in fitted_warmup(configs[1], 12)[1]  # what today's fit would say
     capsys.readouterr()
     train(tmp_path / "killed", resume=True, quiet=True)
     assert capsys.readouterr().err == ""
+    assert rundir.read_config(tmp_path / "killed" / rundir.CONFIG)["warmup_steps"] == 12
 
 
 def test_every_training_step_runs_with_dropout_on(tmp_path, monkeypatch):

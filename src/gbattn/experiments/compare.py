@@ -41,7 +41,7 @@ from gbattn.model.params import count_params, flops_per_token, param_matched_wid
 from gbattn.parent_death import stop_with_parent
 from gbattn.progress import Progress
 from gbattn.runtime import command_line, default_threads, launched_processes, portable_argument, resolve_device
-from gbattn.train.trainer import EARLIER_WARMUP_RULE, fitted_by_the_earlier_rule, fitted_warmup, train
+from gbattn.train.trainer import earlier_warmup_rule, fitted_warmup, train
 from gbattn.upcycle import upcycle, write_run
 
 
@@ -146,10 +146,10 @@ def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = Non
     steps, used = config.get("steps"), config.get("warmup_steps")
     asked = fitted_warmup(train_cfg, steps)[0] if steps is not None and used is not None else used
     if not differ and asked != used:
-        earlier_rule = fitted_by_the_earlier_rule(train_cfg, steps, used)
+        earlier_rule = earlier_warmup_rule(train_cfg, steps, used)
         differ.append(f"the warmup over its {steps:,} steps: recorded {used:,}, asked {asked:,} "
                       f"(fit_warmup={train_cfg.fit_warmup}"
-                      + (f"; {EARLIER_WARMUP_RULE}" if earlier_rule else "") + ")")
+                      + (f"; {earlier_rule}" if earlier_rule else "") + ")")
     if differ:
         raise UserError(f"{run_dir} holds another run than this recipe asks for ({'; '.join(differ[:4])}"
                         f"{'; ...' if len(differ) > 4 else ''}); move it away or use another --out")

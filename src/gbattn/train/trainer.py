@@ -60,11 +60,11 @@ from gbattn.train.distributed import (
     wrap_model,
 )
 
-# A default warmup longer than the run (the learning rate would never reach its peak) is fitted to a tenth of the
-# run. A warmup that ends within the run is kept: shortening one of 0.5-1.0 runs to a tenth trained worse in every
-# case measured (docs/deviations.md, entry 9).
-WARMUP_FIT_LIMIT = 1.0  # a default warmup longer than this fraction of the run is fitted ...
-WARMUP_FIT_TO = 0.1  # ... to this fraction of it
+# A default warmup whose learning rate would never reach its peak within the run (longest_warmup) is fitted to a
+# tenth of the run. A warmup that ends within the run is kept: shortening one of 0.5-1.0 runs to a tenth trained
+# worse in every case measured (docs/deviations.md, entry 9).
+WARMUP_FIT_LIMIT = 1.0  # nor one longer than this fraction of the run (tests set the earlier rule's 0.5) ...
+WARMUP_FIT_TO = 0.1  # ... a default warmup too long for the run is fitted to this fraction of it
 EARLIER_WARMUP_FIT_LIMIT = 0.5  # the limit before 2026-12-04: runs it fitted record the warmup they used
 FREQUENT_EVAL_STEPS = 50  # an epoch shorter than this: say how often evaluations run
 CHECKPOINT_FORMAT = 2  # checkpoint.pt's layout; another (1: gbattn before 2026-11-30) is refused on resume
@@ -119,26 +119,36 @@ def shortened_warmup(total_steps: int, from_zero: bool = False) -> int:
     return min(max(1, round(WARMUP_FIT_TO * total_steps)), longest_warmup(total_steps, from_zero))
 
 
-# Why a run of gbattn before 2026-12-04 records another warmup than this gbattn fits (said where a run is refused so)
-EARLIER_WARMUP_RULE = ("gbattn before 2026-12-04 shortened a default warmup over half the run to a tenth of it, "
-                       "docs/deviations.md entry 9")
+# Why a run of an earlier gbattn records another warmup than this gbattn fits (said where a run is refused so)
+EARLIER_HALF_RUN_RULE = ("gbattn before 2026-12-04 shortened a default warmup over half the run to a tenth of it, "
+                         "docs/deviations.md entry 9")
+EARLIER_FROM_ZERO_RULE = ("gbattn before 2026-12-07 kept a default warmup from zero exactly as long as the run, "
+                          "docs/deviations.md entry 9")
 
 
-def fitted_by_the_earlier_rule(cfg: TrainConfig, total_steps: int, recorded: int) -> bool:
-    """Whether ``recorded`` is the warmup gbattn before 2026-12-04 fitted ``cfg``'s to over a ``total_steps`` run (a
-    default warmup over half the run, shortened to a tenth of it): what such a run records and resumes with."""
-    return (cfg.fit_warmup and cfg.warmup_steps > EARLIER_WARMUP_FIT_LIMIT * total_steps
-            and recorded == shortened_warmup(total_steps))
+def earlier_warmup_rule(cfg: TrainConfig, total_steps: int, recorded: int) -> str:
+    """The earlier gbattn's rule that fitted ``cfg``'s warmup to ``recorded`` over a ``total_steps`` run, or "": before
+    2026-12-04 a default warmup over half the run was shortened to a tenth of it; before 2026-12-07 one warming up
+    from zero exactly as long as the run was kept (its peak came after the last step). What such a run records and
+    resumes with."""
+    if not cfg.fit_warmup:
+        return ""
+    if cfg.warmup_steps > EARLIER_WARMUP_FIT_LIMIT * total_steps and recorded == shortened_warmup(total_steps):
+        return EARLIER_HALF_RUN_RULE
+    if cfg.warmup_from_zero and recorded == cfg.warmup_steps == total_steps:
+        return EARLIER_FROM_ZERO_RULE
+    return ""
 
 
 def fitted_warmup(cfg: TrainConfig, total_steps: int) -> tuple[int, str | None]:
     """The warmup this run uses, and a one-line note when it differs from the config's or is suspect."""
     w = cfg.warmup_steps
-    if cfg.fit_warmup and w > WARMUP_FIT_LIMIT * total_steps:
+    if cfg.fit_warmup and w > min(WARMUP_FIT_LIMIT * total_steps, longest_warmup(total_steps, cfg.warmup_from_zero)):
         fitted = shortened_warmup(total_steps, cfg.warmup_from_zero)
         tenth = round(WARMUP_FIT_TO * total_steps)
         why = "a tenth of the run" if fitted == tenth else "a tenth of the run, at least 1 step"
-        return fitted, (f"warmup_steps={w:,} is longer than this {total_steps:,}-step run (the learning rate "
+        longer = "longer than" if w > total_steps else "as long as"  # from zero: its peak comes after the last step
+        return fitted, (f"warmup_steps={w:,} is {longer} this {total_steps:,}-step run (the learning rate "
                         f"would never reach lr={cfg.lr:g}): using {fitted:,} ({why}); --set "
                         f"warmup_steps=N keeps a warmup as given")
     if w > longest_warmup(total_steps, cfg.warmup_from_zero):
@@ -308,7 +318,7 @@ def given_neutral(saved: dict, recorded_model: ModelConfig, recorded_train: Trai
     if train_cfg is not None and (type(steps) is not int or type(used) is not int):  # (a planned run records neither)
         given["train"]["fit_warmup"], have["train"]["fit_warmup"] = train_cfg.fit_warmup, recorded_train.fit_warmup
     elif train_cfg is not None and (asked := fitted_warmup(train_cfg, steps)[0]) != used:
-        earlier = f"; {EARLIER_WARMUP_RULE}" if fitted_by_the_earlier_rule(train_cfg, steps, used) else ""
+        earlier = f"; {rule}" if (rule := earlier_warmup_rule(train_cfg, steps, used)) else ""
         warmup = [f"the warmup over its {steps:,} steps: recorded {used:,}, given {asked:,} "
                   f"(fit_warmup={train_cfg.fit_warmup}{earlier})"]
     neutral = {}
@@ -461,10 +471,10 @@ class Trainer:
         recorded_warmup = self.saved.get("warmup_steps") if self.saved is not None else None
         if isinstance(recorded_warmup, int) and recorded_warmup != self.warmup:
             # A resumed run keeps the warmup it started with: one fitted by an earlier gbattn's rule (a default
-            # warmup over half the run) would otherwise change its schedule midway. Any other (config.json edited
+            # warmup over half the run, or one from zero as long as the run) would otherwise change its schedule
+            # midway. Any other (config.json edited
             # by hand) was used silently, the resume still said exact.
-            if recorded_warmup != cfg.warmup_steps and not fitted_by_the_earlier_rule(cfg, self.total_steps,
-                                                                                       recorded_warmup):
+            if recorded_warmup != cfg.warmup_steps and not earlier_warmup_rule(cfg, self.total_steps, recorded_warmup):
                 raise CheckpointError(
                     f"{self.run_dir / rundir.CONFIG}: warmup_steps={recorded_warmup:,} is not a warmup gbattn wrote "
                     f"for this run (its warmup_steps={cfg.warmup_steps:,} over {self.total_steps:,} steps gives "
