@@ -99,7 +99,8 @@ def main() -> None:
         for _ in range(args.decode):
             call(tiny)
         call_ms.append((time.perf_counter() - start) / args.decode * 1e3)
-    print(f"Decode step vs its weight-read floor, {args.preset}, batch 1, float32, {args.threads} threads, "
+    threads = f"{args.threads} thread{'s' if args.threads != 1 else ''}"
+    print(f"Decode step vs its weight-read floor, {args.preset}, batch 1, float32, {threads}, "
           f"median of {args.repeats} interleaved rounds of {args.decode} steps\n")
     print("| variant | weights read | eager (ms/token) | compiled (ms/token) | floor (ms/token) | compiled speedup "
           "| most a compiled step can gain (eager / floor) | compiled / floor | calling a compiled function (ms) |")

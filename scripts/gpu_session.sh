@@ -30,22 +30,45 @@
 # stages' work folder (WORK) lies under runs/, which the device keeps between calls to a warm machine, so a
 # stage cut short by the budget continues in the next call (STAGES="extra analysis").
 # DATA_DIR defaults to .device/data/wikitext-2, a git-ignored copy that the device tool carries; a
-# GBATTN_CACHE set beforehand (a carried token cache) is kept.
+# GBATTN_CACHE set beforehand (a carried token cache) is kept. Paths given (DATA_DIR, OUT, WORK, GBATTN_CACHE)
+# are read from the folder the script is called from; the defaults lie in the repository.
+# Killed (SIGTERM, SIGINT, SIGHUP), the script stops its stages too (they checkpoint and stop) before it exits.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-DATA=${1:-.device/data/wikitext-2}
-OUT=${2:-${OUT:-runs/gpu-session}}
+caller=$PWD
+given() { case $1 in /*) echo "$1" ;; *) echo "$caller/$1" ;; esac; }  # a path given, from the caller's folder
+fail() { echo "gpu_session.sh: $*" >&2; exit 2; }
+ALL_STAGES="smoke resume check paper bench owt extra analysis"
 BUDGET=${BUDGET:-540}  # seconds of work before no new stage starts
-STAGES=${STAGES:-smoke resume bench owt extra analysis}
+STAGES=${STAGES-smoke resume bench owt extra analysis}
+[[ $BUDGET =~ ^[0-9]+$ ]] || fail "BUDGET=$BUDGET is not a number of seconds"
+read -ra named <<< "$STAGES"
+[ ${#named[@]} -gt 0 ] || fail "STAGES is empty: name some of $ALL_STAGES"
+for name in "${named[@]}"; do
+  [[ " $ALL_STAGES " == *" $name "* ]] || fail "STAGES names '$name', which is no stage: choose from $ALL_STAGES"
+done
+DATA=${1:+$(given "$1")}; OUT=${2:-${OUT:-}}; OUT=${OUT:+$(given "$OUT")}; WORK=${WORK:+$(given "$WORK")}
+[ -n "${GBATTN_CACHE:-}" ] && GBATTN_CACHE=$(given "$GBATTN_CACHE")
+cd "$(dirname "$0")/.."
+DATA=${DATA:-.device/data/wikitext-2}
+OUT=${OUT:-runs/gpu-session}
 WORK=${WORK:-runs/gpu-work}
 start=$(date +%s)
-mkdir -p "$OUT" "$WORK"
+mkdir -p "$OUT" "$WORK" || fail "cannot make OUT=$OUT or WORK=$WORK"
 export PYTHONUNBUFFERED=1 GBATTN_CACHE=${GBATTN_CACHE:-$WORK/cache}
 PY=${PY:-python3}  # or the Python that has torch; a device image that keeps it in /opt/torch/.venv is found
 [ "$PY" = python3 ] && [ -x /opt/torch/.venv/bin/python ] && PY=/opt/torch/.venv/bin/python
 log() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUT/log.txt"; }
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 wants() { [[ " $STAGES " == *" $1 "* ]]; }
+running=()  # the deadlines (timeout's processes) of the stages running now
+stop_stages() {  # on a signal: each timeout passes it on to its stage's processes, which checkpoint and stop
+  trap - TERM INT HUP
+  log "stopped by a signal: stopping the running stages"
+  [ ${#running[@]} -gt 0 ] && kill -TERM "${running[@]}" 2> /dev/null
+  wait
+  exit 143
+}
+trap stop_stages TERM INT HUP
 
 # INSTALL=0: gbattn is installed already (its test, which must not reinstall it under the other tests)
 [ "${INSTALL:-1}" = 1 ] && "$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
@@ -74,21 +97,27 @@ fi
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" 2>&1 | tee -a "$OUT/log.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { log "gbattn does not import in $PY (its install failed?)"; exit 1; }
 
-deadline() {  # deadline NAME SECONDS: sets limit to SECONDS, or what is left of the budget; 200 when it is spent
+STOP_MARGIN=25  # a stage stopped at its deadline may take 20 s more (--kill-after) and its files a few to copy
+deadline() {  # deadline NAME SECONDS: sets limit to SECONDS, or what is left of the budget after STOP_MARGIN, and
+  # cut_by_budget to 1 where the budget shortened it; 200 when the budget is spent
   local budget
-  budget=$(left)
+  budget=$(( $(left) - STOP_MARGIN ))
   if [ "$budget" -lt 30 ]; then log "skip $1: budget spent"; return 200; fi
-  limit=$2; [ "$limit" -gt "$budget" ] && limit=$budget
+  limit=$2 cut_by_budget=0; [ "$limit" -gt "$budget" ] && limit=$budget cut_by_budget=1
   log "start $1 (at most $limit s)"
+  touch "$WORK/.stage-started"  # keep copies only the files written after this
 }
 stage() {  # stage NAME SECONDS COMMAND...: run under a deadline, never past the budget; its exit status
   local name=$1 limit status; deadline "$1" "$2" || return 200; shift 2
-  timeout --signal=TERM --kill-after=20 "$limit" "$@" >> "$WORK/$name.log" 2>&1
-  status=$?
+  timeout --signal=TERM --kill-after=20 "$limit" "$@" >> "$WORK/$name.log" 2>&1 &
+  running=($!); wait $!; status=$?; running=()
   log "end $name (exit $status)"
   return $status
 }
-keep() { [ -f "$1" ] && cp "$1" "$OUT/$2"; }  # at most 8 files come back in one call
+keep() {  # keep FILE NAME: FILE to OUT/NAME if the stage that just ran wrote it (at most 8 files come back a call)
+  if [ -f "$1" ] && [ "$1" -nt "$WORK/.stage-started" ]; then cp "$1" "$OUT/$2"
+  else log "no new ${1#"$WORK"/}: not copied"; fi
+}
 runs_without_weights() {  # the run directories of a comparison as one archive, checkpoints left out
   [ -d "$1" ] && tar -C "$1" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.lock' -czf "$OUT/$2" .
 }
@@ -114,22 +143,40 @@ comparisons_work() {  # the 3-step comparison (stage check), once, before the fi
 if wants smoke; then
   stage smoke-train 120 "${GB[@]}" train --preset paper-small --attn boosted --set max_steps=30 --set eval_every=15 \
     --out "$WORK/smoke-train" --restart --quiet "${SMOKE[@]}"
-  case $? in
-    0|200) ;;  # (200: skipped, the budget spent: so is every later stage's)
-    *) tail -n 30 "$WORK/smoke-train.log" | tee -a "$OUT/log.txt"; log "smoke failed: stopping"; exit 3 ;;
-  esac
+  status=$?
+  if [ $status = 124 ] && [ "$cut_by_budget" = 1 ]; then
+    log "smoke cut short by the budget: not known to fail"  # (so is every later stage: skipped)
+  elif [ $status != 0 ] && [ $status != 200 ]; then  # (200: skipped, the budget spent: so is every later stage's)
+    tail -n 30 "$WORK/smoke-train.log" | tee -a "$OUT/log.txt"; log "smoke failed: stopping"; exit 3
+  fi
 fi
+checkpoint_step() {  # checkpoint_step RUN_DIR: the step its checkpoint holds, or nothing
+  "$PY" -c "import sys, torch; print(torch.load(sys.argv[1], map_location='cpu', weights_only=True)['step'])" \
+    "$1/checkpoint.pt" 2> /dev/null
+}
 if wants resume; then  # both stop at their deadline (124) when they train; a refused resume ends at once (2)
   RESUME=(train --preset paper-small --attn boosted --set max_steps=100000 --set eval_every=100000
           --out "$WORK/smoke-resume" --quiet "${SMOKE[@]}")
   stage resume-start 30 "${GB[@]}" "${RESUME[@]}" --restart
   case $? in
-    124) stage resume-continue 15 "${GB[@]}" "${RESUME[@]}" --resume
-         case $? in
-           124) log "resume works on this device" ;;
-           200) log "resume not tested: budget spent" ;;
-           *) tail -n 5 "$WORK/resume-continue.log" | tee -a "$OUT/log.txt"; log "RESUME FAILS on this device" ;;
-         esac ;;
+    124) stopped_at=$(checkpoint_step "$WORK/smoke-resume")
+         if [ -z "$stopped_at" ]; then
+           log "resume not tested: the run left no checkpoint in 30 s"
+         else
+           stage resume-continue 15 "${GB[@]}" "${RESUME[@]}" --resume
+           case $? in
+             124) continued_to=$(checkpoint_step "$WORK/smoke-resume")
+                  if [ -n "$continued_to" ] && [ "$continued_to" -gt "$stopped_at" ]; then
+                    log "resume works on this device (stopped at step $stopped_at, resumed to step $continued_to)"
+                  else
+                    tail -n 5 "$WORK/resume-continue.log" | tee -a "$OUT/log.txt"
+                    log "RESUME FAILS on this device: stopped at step $stopped_at, the resumed run's checkpoint holds" \
+                        "step ${continued_to:-none}"
+                  fi ;;
+             200) log "resume not tested: budget spent" ;;
+             *) tail -n 5 "$WORK/resume-continue.log" | tee -a "$OUT/log.txt"; log "RESUME FAILS on this device" ;;
+           esac
+         fi ;;
     200) log "resume not tested: budget spent" ;;
     *) tail -n 5 "$WORK/resume-start.log" | tee -a "$OUT/log.txt"; log "resume not tested: its run did not start" ;;
   esac
@@ -159,11 +206,12 @@ if wants extra && comparisons_work; then
       local recipe=$1; shift
       timeout --signal=TERM --kill-after=20 "$limit" "${GB[@]}" compare --recipe "$recipe" --out "$EXTRA/$recipe" \
         "$@" --quiet "${SMALL[@]}" >> "$WORK/extra-$recipe.log" 2>&1 &
+      running+=($!)
     }
     extra_compare paper-postln --seeds 42 --jobs $((JOBS + 1))
     extra_compare gba-design-paper --only gba-m3 --seeds 42 123 7 --jobs 3
     extra_compare depth-paper --only standard gba-m2 --seeds 42 --jobs 2
-    status=0; for _ in 1 2 3; do wait -n || status=$?; done
+    status=0; for pid in "${running[@]}"; do wait "$pid" || status=$?; done; running=()
     log "end extra (exit $status)"
     runs_without_weights "$EXTRA" extra-runs.tar.gz
   fi

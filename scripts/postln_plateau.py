@@ -25,6 +25,7 @@ from gbattn.analysis.cli import numbers, seed_metrics
 from gbattn.arguments import at_least
 from gbattn.cli import run_script
 from gbattn.data.prepare import prepare_data
+from gbattn.errors import UserError
 from gbattn.experiments.compare import spec_configs, start_run
 from gbattn.experiments.recipes import get_recipe
 from gbattn.files import portable_path, read_jsonl, write_json
@@ -59,6 +60,11 @@ def main() -> None:
     parser.add_argument("--results", required=True)
     args = parser.parse_args()
     out = Path(args.out)
+    for folder in args.also:  # checked before any training (read only after it all: a traceback at the end)
+        if not Path(folder).is_dir():
+            raise UserError(f"--also {folder}: {'is not a folder' if Path(folder).exists() else 'does not exist'}")
+    if Path(args.results).is_dir():
+        raise UserError(f"--results {args.results}: is a folder; name the JSON file to write")
 
     def progress(metrics: Path) -> tuple[int | None, int]:
         return plateau_exit(metrics, args.threshold)  # (None, 0) before the run has logged

@@ -23,6 +23,7 @@ from gbattn.cli import run_script
 from gbattn.data.corpus import load_corpus
 from gbattn.data.tokenizer import BPE_TRAIN_LINES, Tokenizer, _train_bpe
 from gbattn.data.tokens import encoded_lines
+from gbattn.errors import UserError
 from gbattn.files import atomic_write
 
 
@@ -47,6 +48,20 @@ def text_lines(directory: Path, split: str) -> list[str]:
         return list(load_corpus(tmp).lines(split))
 
 
+def check_arguments(text: Path, out: Path) -> None:
+    """Before the BPE trains: --text is a folder holding a valid and a test file, --out is no folder (each was a
+    traceback: FileNotFoundError, StopIteration, IsADirectoryError)."""
+    if not text.is_dir():
+        raise UserError(f"--text {text}: {'is not a folder' if text.exists() else 'does not exist'}")
+    files = [name.name for name in text.iterdir()]
+    for split in ("valid", "test"):
+        if not any(split in name for name in files):
+            raise UserError(f"--text {text}: no file with {split!r} in its name (a WikiText folder holds *.valid.* "
+                            f"and *.test.* files)")
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a folder; name the JSON file to write")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", required=True, help="a corpus folder whose training split trains the BPE")
@@ -54,6 +69,7 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=at_least(1), default=16_384)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    check_arguments(Path(args.text), Path(args.out))
     training = list(islice((s for s in load_corpus(args.train).lines("train") if s.strip()), BPE_TRAIN_LINES))
     ours = Tokenizer("bpe", _train_bpe(training, args.vocab_size))
     authors = without_unknown_token(ours)

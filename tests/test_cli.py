@@ -1550,16 +1550,30 @@ def test_params_with_a_second_setting_after_one_set_says_each_set_takes_one(caps
 
 @pytest.mark.parametrize("argv, line", [
     (["decode_kernels.py", "--preset", "nope"], "decode_kernels.py: error: preset='nope' is not allowed; choose"),
-    (["unk_token_counts.py", "--train", "no-such-corpus", "--text", "x", "--out", "c.json"],
+    (["unk_token_counts.py", "--train", "no-such-corpus", "--text", "wt", "--out", "c.json"],
      "unk_token_counts.py: error: --data 'no-such-corpus': no such file or directory"),
     (["postln_plateau.py", "--data", "x", "--out", "p", "--seeds", "1", "--jobs", "0", "--results", "r.json"],
      "postln_plateau.py: error: argument --jobs: 0 must be >= 1"),  # (it looped forever)
+    # (tracebacks: FileNotFoundError, StopIteration, IsADirectoryError; --also and --results only after training)
+    (["unk_token_counts.py", "--train", "tiny-shakespeare", "--text", "no-such-folder", "--out", "c.json"],
+     "unk_token_counts.py: error: --text no-such-folder: does not exist"),
+    (["unk_token_counts.py", "--train", "tiny-shakespeare", "--text", ".", "--out", "c.json"],
+     "unk_token_counts.py: error: --text .: no file with 'valid' in its name"),
+    (["unk_token_counts.py", "--train", "tiny-shakespeare", "--text", "wt", "--out", "."],
+     "unk_token_counts.py: error: --out .: is a folder; name the JSON file to write"),
+    (["postln_plateau.py", "--data", "x", "--out", "p", "--seeds", "1", "--also", "no-such-comparison", "--results",
+      "r.json"], "postln_plateau.py: error: --also no-such-comparison: does not exist"),
+    (["postln_plateau.py", "--data", "x", "--out", "p", "--seeds", "1", "--results", "."],
+     "postln_plateau.py: error: --results .: is a folder; name the JSON file to write"),
 ])
 def test_a_script_answers_a_mistake_in_one_line(tmp_path, argv, line):
     """The scripts of scripts/ answer a bad preset, corpus or count as the commands do: one line, exit 2 (they were
     tracebacks, exit 1)."""
     from helpers import REPOSITORY
 
+    (tmp_path / "wt").mkdir()
+    for split in ("valid", "test"):
+        (tmp_path / "wt" / f"wiki.{split}.tokens").write_text(" = A = \n", encoding="utf-8")
     proc = subprocess.run([sys.executable, str(REPOSITORY / "scripts" / argv[0]), *argv[1:]], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
