@@ -320,6 +320,23 @@ def test_a_stopped_invocation_leaves_every_finished_run_in_the_report(tmp_path, 
     assert "| gba-m2 |" in md and "INCOMPLETE" in md
 
 
+def test_a_comparison_stopped_between_runs_says_none_was_in_progress(tmp_path, monkeypatch):
+    """Ctrl-C between two runs said "the runs in progress (none) stopped at their last checkpoint"."""
+    data = write_corpus(tmp_path / "c")
+    real_configs = compare_mod.matched_configs
+
+    def configs(recipe, spec, *args):
+        if spec.label == "gba-m2":
+            raise KeyboardInterrupt
+        return real_configs(recipe, spec, *args)
+
+    monkeypatch.setattr(compare_mod, "matched_configs", configs)
+    with pytest.raises(Interrupted, match=r"^compare interrupted: no run was in progress; rerun the same command to "
+                                          r"resume$"):
+        run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=tiny_sets(), seeds=[1],
+                    only=["standard", "gba-m2"], quiet=True)
+
+
 def test_the_report_of_a_comparison_stopped_before_a_model_trained_says_it_is_incomplete(tmp_path, monkeypatch):
     """results.json and results.md are rewritten after every finished run, so they are what a comparison killed
     (-9) between two runs leaves. A model asked for with no run finished yet did not count: after the upcycle recipe's
@@ -1544,18 +1561,41 @@ def test_a_run_resumed_from_its_checkpoint_keeps_the_threads_it_trained_with_whe
     assert compare_mod.kept_threads(run, 16) == 8
 
 
-def test_the_threads_are_divided_between_the_runs_that_can_train_at_once(tmp_path):
-    """--jobs N divided the threads by the runs asked for: a run finished earlier, or one waiting for its reference
-    (compute-matched after gba-m2), still took its share, and those threads sat idle."""
+def test_the_threads_are_divided_between_the_runs_that_can_train_at_once():
+    """--jobs N divided the threads by the runs asked for: one waiting for its reference (compute-matched after
+    gba-m2) took its share, and those threads sat idle. A run finished earlier counts (it did not, and the same
+    command run again after a stop gave a run that had not started all the threads: other last bits than
+    uninterrupted, test_a_rerun_trains_the_runs_not_started_with_the_uninterrupted_share)."""
     specs = {spec.label: spec for spec in get_recipe("cpu-proxy").models}
     pick = [specs["standard"], specs["gba-m2"], specs["compute-matched"]]
-    assert compare_mod.runs_at_once(pick, [1, 2], tmp_path) == 4  # standard and gba-m2 of both seeds, then 2
-    assert compare_mod.runs_at_once([specs["gba-m2"], specs["compute-matched"]], [1], tmp_path) == 1
-    (tmp_path / "standard" / "seed1").mkdir(parents=True)
-    (tmp_path / "standard" / "seed1" / rundir.RESULT).write_text("{}")  # finished before
-    assert compare_mod.runs_at_once([specs["standard"]], [1, 2], tmp_path) == 1
-    assert compare_mod.runs_at_once([specs["compute-matched"]], [1], tmp_path) == 1  # its reference not asked: ready
-    assert compare_mod.runs_at_once([specs["standard"]], [1], tmp_path) == 1  # nothing to train: 1, not 0
+    assert compare_mod.runs_at_once(pick, [1, 2]) == 4  # standard and gba-m2 of both seeds, then 2
+    assert compare_mod.runs_at_once([specs["gba-m2"], specs["compute-matched"]], [1]) == 1
+    assert compare_mod.runs_at_once([specs["standard"]], [1, 2]) == 2
+    assert compare_mod.runs_at_once([specs["compute-matched"]], [1]) == 1  # its reference not asked: ready
+    assert compare_mod.runs_at_once([specs["standard"]], [1]) == 1
+
+
+def test_a_rerun_trains_the_runs_not_started_with_the_uninterrupted_share(tmp_path, monkeypatch):
+    """`--jobs 2 --threads 2` of standard, GBA M=2 and compute-matched: the uninterrupted comparison trains each
+    with 1 thread (the first two side by side, then the run matched to GBA). Stopped once the first two had
+    finished, the same command run again gave compute-matched, the one run left, both threads: its perplexity
+    differed in the last digits."""
+    import subprocess
+
+    from gbattn.config import parse_sets
+
+    data = str(write_corpus(tmp_path / "c"))
+    out = tmp_path / "cmp"
+    run_compare("cpu-proxy", out, data=data, sets=tiny_sets(), only=["standard", "gba-m2"], quiet=True, threads=1)
+    started, real_popen = [], subprocess.Popen
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or real_popen(
+        ["false"], **kw))
+    with pytest.raises(UserError, match="1 run\\(s\\) failed"):
+        run_compare("cpu-proxy", out, data=data, sets=tiny_sets(), only=["standard", "gba-m2", "compute-matched"],
+                    quiet=True, jobs=2, threads=2)
+    (cmd,) = started
+    assert "compute-matched" in " ".join(cmd)
+    assert parse_sets([cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"])["threads"] == 1
 
 
 def test_a_jobs_invocation_resumes_an_unfinished_run_without_rewriting_what_its_config_records(tmp_path, monkeypatch):

@@ -1518,6 +1518,13 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("compare --model with a label of the recipe", ["compare", "--recipe", "cpu-char", "--out", tmp_path / "c",
                                                         "--model", "twicing=boosted"],
          "--model twicing=boosted: recipe 'cpu-char' has a model 'twicing' already"),
+        # (two folders, twicing/ and Twicing/: one on macOS or Windows, where a row silently reused the other's run)
+        ("compare --model with a label of the recipe in other case", ["compare", "--recipe", "cpu-char", "--out",
+                                                                      tmp_path / "c", "--model", "Twicing=boosted"],
+         "--model Twicing=boosted: differs from model 'twicing' only in case, and a case-insensitive file system"),
+        ("compare --model labels differing in case", ["compare", "--recipe", "cpu-char", "--out", tmp_path / "c",
+                                                      "--model", "mine=boosted", "--model", "MINE=twicing"],
+         "--model MINE=twicing: differs from model 'mine' only in case"),
         ("compare --matched an unknown model", ["compare", "--recipe", "cpu-char", "--out", tmp_path / "c",
                                                 "--matched", "mine"], "--matched mine: no such model"),
         # A comparison was trained into the run directory (recipe.json, results, LABEL/seedN runs beside its files).

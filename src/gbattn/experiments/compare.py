@@ -239,7 +239,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         in_all = (threads or default_threads()) if jobs > 1 else threads  # measured once: it can change between reads
         # Divided between the runs that can train at once: --jobs 4 of one run gave it a quarter of the threads, the
         # other three quarters idle
-        at_once = max(1, min(jobs, runs_at_once(specs, seeds, out)))
+        at_once = max(1, min(jobs, runs_at_once(specs, seeds)))
         per_run_threads = max(1, in_all // at_once) if jobs > 1 else threads
         if jobs > 1 and in_all < at_once:  # a warning: stderr, apart from the output, under --quiet too
             print(f"note: --jobs {jobs} with {in_all} CPU thread(s): each run takes 1 thread, "
@@ -333,8 +333,9 @@ class _Runner:
         self.bar.close()
         if stopped:
             how = "interrupted" if stopped[0] == signal.SIGINT else "terminated"
-            error = Interrupted(f"compare {how}: the runs in progress ({', '.join(interrupted) or 'none'}) stopped "
-                                f"at their last checkpoint; rerun the same command to resume")
+            stopped_runs = (f"the runs in progress ({', '.join(interrupted)}) stopped at their last checkpoint"
+                            if interrupted else "no run was in progress")
+            error = Interrupted(f"compare {how}: {stopped_runs}; rerun the same command to resume")
             error.exit_code = 128 + int(stopped[0])  # 130 or 143, as a shell reports an interrupted or terminated one
             raise error
         if failed:  # a run waiting for a model not asked for would wait again: its reason says to add it to --only
@@ -538,12 +539,13 @@ def _die_with_parent() -> None:
     os.setpgrp()  # Ctrl-C in the terminal goes to the comparison, which stops its children cleanly
 
 
-def runs_at_once(specs: list[ModelSpec], seeds: list[int], out: Path) -> int:
-    """The most runs of ``specs`` x ``seeds`` that can train at the same time: those without a result.json yet, in
-    stages, a run waiting for the runs it starts from or is matched to (:func:`depends_on`) a stage after them."""
+def runs_at_once(specs: list[ModelSpec], seeds: list[int]) -> int:
+    """The most runs of ``specs`` x ``seeds`` that can train at the same time, in stages: a run waiting for the runs
+    it starts from or is matched to (:func:`depends_on`) a stage after them. Runs finished by an earlier call count
+    too: the share of threads a run gets is the command's, so the same command run again after a stop trains the
+    runs that had not started with the threads, and to the numbers, they would have had uninterrupted."""
     asked = {spec.label: spec for spec in specs}
-    pending = {(spec.label, seed) for spec in specs for seed in set(seeds)
-               if not (out / spec.label / f"seed{seed}" / rundir.RESULT).exists()}
+    pending = {(spec.label, seed) for spec in specs for seed in set(seeds)}
 
     def stage(label: str, seed: int) -> int:
         waits = [ref for ref in depends_on(asked[label]) if (ref, seed) in pending]

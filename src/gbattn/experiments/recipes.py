@@ -348,6 +348,7 @@ def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> R
     from gbattn.config import variant_spec  # (it imports torch; the recipes alone stay light for `--help`)
 
     taken = {spec.label for spec in recipe.models}
+    folders = {label.lower(): label for label in taken}  # (one folder where case is not told apart: macOS, Windows)
     added: list[ModelSpec] = []
     for label, text in models.items():
         if not LABEL.fullmatch(label):
@@ -355,6 +356,10 @@ def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> R
                               f"starting with a letter or digit, at most 64 characters")
         if label in taken:
             raise ConfigError(f"--model {label}={text}: recipe {recipe.name!r} has a model {label!r} already; "
+                              f"choose another label")
+        if label.lower() in folders:  # Standard beside standard: one folder where case is not told apart
+            raise ConfigError(f"--model {label}={text}: differs from model {folders[label.lower()]!r} only in case, "
+                              f"and a case-insensitive file system (macOS, Windows) keeps both runs in one folder; "
                               f"choose another label")
         if label.lower() in COMPARISON_ENTRIES:  # (results.json: every later call failed, "Not a directory")
             raise ConfigError(f"--model {label}={text}: {label} is a file or folder of the comparison itself "
@@ -365,6 +370,7 @@ def with_models(recipe: Recipe, models: dict[str, str], matched: list[str]) -> R
             raise ConfigError(f"--model {label}={e}") from None
         added.append(ModelSpec(label, attn=name, attn_options=attn_options, model=model))
         taken.add(label)
+        folders[label.lower()] = label
     for label in matched:
         target = next((spec for spec in [*recipe.models, *added] if spec.label == label), None)
         if target is None:
