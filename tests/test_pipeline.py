@@ -1698,6 +1698,20 @@ def test_two_exact_names_for_one_split_are_refused(tmp_path):
     with pytest.raises(DataError, match=r"several files could be the valid split \(valid.txt, validation.txt\)"):
         load_corpus(str(tmp_path))
 
+@pytest.mark.parametrize("names, split, listed", [
+    (["train.txt", "ptb.train.txt", "valid.txt", "test.txt"], "train", "train.txt, ptb.train.txt"),
+    (["train.txt", "val.txt", "validation.txt", "test.txt"], "valid", "validation.txt, val.txt"),
+    (["wiki.train.raw", "wiki.valid.raw", "wiki.test.raw", "old.test.txt"], "test", "wiki.test.raw, old.test.txt"),
+])
+def test_a_file_named_for_a_split_beside_its_exact_name_is_refused(tmp_path, names, split, listed):
+    """train.txt beside ptb.train.txt, validation.txt beside val.txt (with other text): the exact name was read and
+    the other file ignored without a word, where two files of either kind alone were refused."""
+    for name in names:
+        write_text(tmp_path / name, f"{name}\n")
+    with pytest.raises(DataError, match=rf"several files could be the {split} split \({re.escape(listed)}\); keep one"):
+        load_corpus(str(tmp_path))
+
+
 def test_a_train_txt_beside_a_complete_wikitext_folder_is_refused_as_a_second_train_split(tmp_path):
     """Choosing the WikiText flavour with all three splits sets the other flavour's files aside, not a train.txt
     beside them: which of the two train files is meant is not said."""
