@@ -1739,6 +1739,21 @@ def test_a_corpus_given_from_the_home_directory_is_named_as_given(tmp_path, monk
     assert load_corpus("~/c").name == "~/c" and load_corpus("~/one.txt").name == "~/one.txt"
 
 
+@pytest.mark.parametrize("copy", [b"line one\r\nline two\r\n" * 20, b"\xef\xbb\xbf" + b"line one\nline two\n" * 20,
+                                  b"line one\rline two\r" * 20])
+def test_a_split_reading_as_the_training_text_with_other_line_ends_or_a_bom_is_refused(tmp_path, copy):
+    """valid.txt as train.txt with Windows line ends (or a byte order mark, or old Mac line ends): its bytes differ,
+    so it passed as held-out text, and validation scored the training text (the lines read are the same). A
+    held-out file of about the same size is read and kept."""
+    (tmp_path / "train.txt").write_bytes(b"line one\nline two\n" * 20)
+    (tmp_path / "valid.txt").write_bytes(copy)
+    (tmp_path / "test.txt").write_bytes(b"other text\n")
+    with pytest.raises(DataError, match=r": the valid file valid.txt holds the same text as the train file train.txt"):
+        load_corpus(str(tmp_path))
+    (tmp_path / "valid.txt").write_bytes(copy.replace(b"two", b"2"))
+    assert "".join(load_corpus(str(tmp_path)).lines("valid")).count("line 2") == 20
+
+
 def test_a_split_holding_the_training_text_or_a_split_word_inside_a_word_is_no_split(tmp_path):
     """valid.txt as a link to train.txt (or a copy of it) trained and validated on one text without a word; latest.txt
     was taken as the test split (test inside the word), as invalid.txt would be the valid one."""
