@@ -3603,6 +3603,37 @@ def test_a_long_line_is_encoded_in_pieces_and_the_cap_stops_the_encoding(tmp_pat
     assert count == len(ids) == len(whole) and ids.tolist() == whole and whole[:40] == [2] * 40
 
 
+def test_gbattns_bpe_encodes_a_long_line_in_pieces_cut_before_spaces_to_the_same_ids(tmp_path, monkeypatch):
+    """A corpus of one long line with gbattn's BPE was encoded whole (a 20 MB line peaked at 2.86 GB): it is cut
+    before a space or tab into pieces of about FLUSH_CHARS, and its ids are those of the whole line."""
+    from gbattn.data import tokens as tokens_mod
+    from gbattn.data.tokenizer import _train_bpe
+
+    words = ["the", "cat", "sat", "on", "a", "mat,", "and", "then", "...", "ran"]
+    line = "\t".join(" ".join(words[(i * 7 + j) % 10] for j in range(i % 5 + 1)) for i in range(300)) + " !!\n"
+    tok = Tokenizer("bpe", _train_bpe([line] * 3, 60))
+    pieces = list(tokens_mod.cut_before_spaces(line, 40))
+    assert "".join(pieces) == line and len(pieces) > 20 and max(map(len, pieces)) <= 40
+    assert all(p[0] in " \t" for p in pieces[1:])
+    assert list(tokens_mod.cut_before_spaces("x" * 50 + " y" * 3, 10)) == ["x" * 50, " y y y"]  # (no space sooner)
+    assert list(tokens_mod.cut_before_spaces("x" * 5 + " y" * 3, 3)) == ["x" * 5, " y", " y", " y"]
+    monkeypatch.setattr(tokens_mod, "FLUSH_CHARS", 40)
+    assert _train_bpe(tokens_mod.cut_before_spaces(line, 40), 60) == _train_bpe([line], 60)  # the same merges
+
+    class OneLine:
+        def lines(self, split):
+            return iter([line, "cat sat\n"])
+
+    sizes = []
+    real = tok.encode_batch
+    monkeypatch.setattr(tok, "encode_batch", lambda texts: sizes.append(max(map(len, texts))) or real(texts))
+    count = tokens_mod._encode_split(OneLine(), "train", tok, None, tmp_path / "bpe.bin", progress=False)
+    ids = np.fromfile(tmp_path / "bpe.bin", dtype=tokens_mod.tokens_dtype(tok.vocab_size))
+    whole = [i for text in (line, "cat sat\n") for i in tok.encode(text)]
+    assert count == len(ids) == len(whole) and ids.tolist() == whole
+    assert max(sizes) <= 40
+
+
 def test_test_perplexity_is_the_best_checkpoints_and_tokens_seen_count_inputs(tmp_path, monkeypatch, capsys):
     """A 10-step run evaluating every 4 steps evaluates at steps 4, 8 and at its end (10); with
     validation losses that rise after step 4, the final test loss is that of best.pt (step 4), not

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from gbattn.data.corpus import SPLITS, Corpus
-from gbattn.data.tokenizer import Tokenizer, cache_dir
+from gbattn.data.tokenizer import Tokenizer, cache_dir, cut_before_spaces
 from gbattn.errors import CheckpointError, DataError
 from gbattn.files import FULL_DISK, building_suffix, read_json, remove_abandoned, write_json
 from gbattn.progress import Progress
@@ -65,10 +65,14 @@ def _encode_split(corpus: Corpus, split: str, tokenizer: Tokenizer, cap: int | N
             return cap is not None and n >= cap
 
         def pieces(lines: Iterable[str]) -> Iterator[str]:
-            """A char tokenizer's long line in pieces of FLUSH_CHARS (its ids are a character's each: the same)."""
+            """A long line in pieces of about FLUSH_CHARS where that gives the same ids: a char tokenizer's anywhere
+            (an id per character), gbattn's ``bpe`` before a space or tab (its Whitespace pre-tokenizer keeps no
+            token across one). A file's tokenizer (its pre-tokenizer and normalizer unknown) encodes the line whole."""
             for line in lines:
                 if tokenizer.kind == "char" and len(line) > FLUSH_CHARS:
                     yield from (line[i:i + FLUSH_CHARS] for i in range(0, len(line), FLUSH_CHARS))
+                elif tokenizer.kind == "bpe" and len(line) > FLUSH_CHARS:
+                    yield from cut_before_spaces(line, FLUSH_CHARS)
                 else:
                     yield line
 
