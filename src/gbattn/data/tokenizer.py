@@ -26,7 +26,7 @@ from itertools import islice
 from pathlib import Path
 
 from gbattn.config import MAX_VOCAB_SIZE, TOKENIZER_CHOICES, TOKENIZER_FILE_KINDS, TOKENIZER_KINDS, unknown_tokenizer
-from gbattn.errors import CheckpointError, DataError
+from gbattn.errors import CheckpointError, DataError, UserError
 from gbattn.files import (
     atomic_write,
     check_writable_dir,
@@ -55,7 +55,10 @@ def cache_dir() -> Path:
     if path.startswith("~"):
         raise DataError(f"cannot tell the home directory for the cache directory {path}: set GBATTN_CACHE to a "
                         f"directory (or HOME)")
-    return check_writable_dir(Path(path), "the cache directory (set GBATTN_CACHE to another)")
+    try:
+        return check_writable_dir(Path(path), "the cache directory")
+    except UserError as e:  # (the hint read inside the sentence: "the cache directory (set ...) /x is a file")
+        raise type(e)(f"{e}; set GBATTN_CACHE to another directory") from None
 
 
 @contextlib.contextmanager
