@@ -157,7 +157,7 @@ def test_readme_names_every_refusal_of_the_wrapper():
     prose = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     listed = prose[prose.index("What the wrapper does not do"):].split("**The exported tokenizer.**")[0]
     for refused in ("output_attentions",
-                    "`GbattnCache`", "assisted decoding", "`labels` with `logits_to_keep`", "`prefill_chunk_size`",
+                    "`GbattnCache`", "early-exit decoding", "`labels` with `logits_to_keep`", "`prefill_chunk_size`",
                     "`GbattnConfig` keywords or attributes", "`cache_implementation`"):
         assert refused in listed, refused
 
@@ -579,6 +579,35 @@ def test_cache_rows_follow_beam_reordering_selection_and_repetition():
             assert torch.equal(av, expected(av_BGSE))
 
 
+def test_cache_crops_as_the_installed_transformers_crops():
+    """crop() drops positions from the end of every entry of every layer, a value-only entry's too: transformers 5
+    takes the number to remove as a negative count (crop(0): none; a positive one refused, as its own layers do),
+    4.x a length to keep (negative: remove), crop(0) emptying the cache."""
+    from gbattn.hf.modeling import TF_MAJOR
+
+    k_BGSE, v_BGSE = torch.randn(2, 2, 6, 3), torch.randn(2, 2, 6, 3)
+
+    def cropped(size):
+        cache = GbattnCache(2)
+        for layer in cache.layers:
+            layer.entries = {"kv0": (k_BGSE, v_BGSE), "av": (None, v_BGSE)}
+        cache.crop(size)
+        lengths = {(name, k is None, v.shape[2]) for layer in cache.layers for name, (k, v) in layer.entries.items()}
+        for layer in cache.layers:
+            k, v = layer.entries["kv0"]
+            assert torch.equal(k, k_BGSE[:, :, :k.shape[2]]) and torch.equal(v, v_BGSE[:, :, :v.shape[2]])
+        assert len({n for _, _, n in lengths}) == 1
+        return cache.get_seq_length()
+
+    assert cropped(-2) == 4 and cropped(-6) == 0 and cropped(-9) == 6  # (more than it holds: left as it is)
+    if TF_MAJOR >= 5:
+        assert cropped(0) == 6
+        with pytest.raises(ValueError, match=r"crop\(3\): transformers 5 crops by a negative number"):
+            cropped(3)
+    else:
+        assert cropped(3) == 3 and cropped(0) == 0 and cropped(8) == 6
+
+
 def test_misuses_are_clear_errors():
     """A cache of another kind (it would never be written: the next call would silently see no past),
     attention maps, and positions past block_size each raise an error that names the cause."""
@@ -612,21 +641,19 @@ def test_misuses_are_clear_errors():
     with pytest.raises(ValueError, match=f"position_ids reach {block}; the model's positions are 0 .. {block - 1}"):
         hf(idx, position_ids=torch.arange(block - 5, block + 1)[None])
     torch.testing.assert_close(hf(idx).logits, gpt(idx), rtol=0, atol=0)
-    # each way of asking for it: a draft model, prompt lookup, or the model's own first layers (early exit)
-    for name, value in (("assistant_model", hf), ("prompt_lookup_num_tokens", 2), ("assistant_early_exit", 1)):
-        with pytest.raises(ValueError, match=f"does not support assisted decoding .{name}."):
-            hf.generate(idx, max_new_tokens=2, do_sample=False, pad_token_id=0, **{name: value})
-    # asked for by a generation config, given or the model's own (was "Assisted decoding requires a cache")
-    asking = transformers.GenerationConfig(prompt_lookup_num_tokens=2, max_new_tokens=2, do_sample=False,
-                                           pad_token_id=0)
-    with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
+    # early exit (the model's own first layers as its draft: "'GPT' object has no attribute 'config'"), asked for by
+    # keyword or by a generation config, given or the model's own
+    with pytest.raises(ValueError, match=r"does not support early-exit decoding \(assistant_early_exit\)"):
+        hf.generate(idx, max_new_tokens=2, do_sample=False, pad_token_id=0, assistant_early_exit=1)
+    asking = transformers.GenerationConfig(assistant_early_exit=1, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    with pytest.raises(ValueError, match="does not support early-exit decoding"):
         hf.generate(idx, generation_config=asking)
-    with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
+    with pytest.raises(ValueError, match="does not support early-exit decoding"):
         hf.generate(idx, asking)  # given second, not by name (generate(inputs, generation_config, ...))
-    hf.generation_config.prompt_lookup_num_tokens = 2
-    with pytest.raises(ValueError, match="does not support assisted decoding .prompt_lookup_num_tokens."):
+    hf.generation_config.assistant_early_exit = 1
+    with pytest.raises(ValueError, match="does not support early-exit decoding"):
         hf.generate(idx, max_new_tokens=2, do_sample=False, pad_token_id=0)
-    hf.generation_config.prompt_lookup_num_tokens = None
+    hf.generation_config.assistant_early_exit = None
     # A cache with fewer layers than blocks would skip the blocks past its end (wrong logits, no error).
     for layers in (1, 3):
         with pytest.raises(ValueError, match=f"a KV cache of {layers} layers for a model of 2"):
@@ -997,6 +1024,15 @@ def test_generate_matches_gbattn(variant_case, residual, block):
                                pad_token_id=0)[:, ids.shape[1]:]
         for i in range(len(prompts)):
             assert together[i].tolist() == alone[i].tolist(), f"row {i}, use_cache={use_cache}"
+    # Assisted decoding: the draft tokens the model rejects are cropped from its cache ("Assisted decoding requires
+    # a cache"; a draft gbattn model failed in transformers' crop): greedy gives greedy's tokens, whichever drafts
+    # (an end-of-text token given: transformers 4.x's prompt lookup fails without one)
+    _, draft = tiny_pair(("standard", {}), {}, seed=1)
+    p, greedy = prompts[0][None], dict(max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=36)
+    for model, other in ((hf, draft), (draft, hf)):  # (a gbattn model as the draft too)
+        alone = model.generate(p, **greedy)
+        for assisted in ({"assistant_model": other}, {"assistant_model": model}, {"prompt_lookup_num_tokens": 2}):
+            assert torch.equal(model.generate(p, **greedy, **assisted), alone), list(assisted)
 
 
 def test_gbattns_temperature_top_k_and_top_p_cut_what_transformers_warpers_cut_ties_included():

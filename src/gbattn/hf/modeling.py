@@ -49,7 +49,7 @@ class GbattnLayerCache(DynamicLayerCache):
 
     is_sliding = False
     is_compileable = False
-    is_croppable = False
+    is_croppable = True
     supports_early_init = False
     is_initialized = True
 
@@ -61,6 +61,17 @@ class GbattnLayerCache(DynamicLayerCache):
 
     def _map(self, fn) -> None:
         self.entries = {n: (None if k is None else fn(k), fn(v)) for n, (k, v) in self.entries.items()}
+
+    def crop(self, size: int) -> None:
+        """Drop positions from the end, as the installed transformers' dynamic layers crop: a negative ``size``
+        drops ``-size`` of them; ``size`` >= 0 is the length to keep under 4.x, while 5.x refuses a positive one
+        and drops none for 0. Every entry holds one key and value per position (dim 2), so what is left is what the
+        kept positions alone would have left (assisted decoding rolls back the draft tokens it rejects)."""
+        if size > 0 and TF_MAJOR >= 5:
+            raise ValueError(f"crop({size}): transformers 5 crops by a negative number of positions to remove")
+        keep = self.length + size if size < 0 or (size == 0 and TF_MAJOR >= 5) else size  # (4.x: crop(0) empties)
+        if 0 <= keep < self.length:
+            self._map(lambda t: t[:, :, :keep])
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -88,7 +99,7 @@ class GbattnCache(Cache):
 
     Every method ``generate()`` may call is defined here, as the base class changed between
     versions (5.x: ``get_max_length``). Not
-    compileable and not croppable (no assisted decoding).
+    compileable; croppable (assisted decoding rolls back the draft tokens it rejects).
     """
 
     is_compileable = False  # a class attribute shadows the base property: generate() builds no 4D mask
@@ -122,13 +133,15 @@ class GbattnCache(Cache):
 
     @property
     def is_croppable(self) -> bool:
-        return False
+        return True
 
     def update(self, *args, **kwargs):
         raise NotImplementedError("GbattnCache is written by gbattn's attention layers (cache.layers[i].update)")
 
-    def crop(self, max_length: int) -> None:
-        raise NotImplementedError("GbattnCache cannot be cropped (assisted decoding is not supported)")
+    def crop(self, size: int) -> None:
+        """Every layer's :meth:`GbattnLayerCache.crop` (assisted decoding's roll-back of rejected draft tokens)."""
+        for layer in self.layers:
+            layer.crop(size)
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
         for layer in self.layers:
@@ -397,12 +410,14 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
     accepts_loss_kwargs = TF_MAJOR >= 5
 
     def generate(self, *args, **kwargs):
-        """transformers' ``generate()``; assisted decoding is refused up front (it crops the cache,
-        and :class:`GbattnCache` is not croppable; transformers' own message says a cache is missing), whether
-        asked for by keyword or by the generation config (given, or the model's own); so is a
-        ``cache_implementation`` other than ``"dynamic"`` (transformers ignored it with a warning).
-        Chunked prefill (``prefill_chunk_size``) gets a :class:`GbattnCache` made here: transformers
-        makes none for this model (forward() does) and said "Cannot use prefill chunking without a cache".
+        """transformers' ``generate()``. Assisted decoding (a draft model, gbattn's or another with the same
+        vocabulary, or prompt lookup) and chunked prefill (``prefill_chunk_size``) get a :class:`GbattnCache` made
+        here: transformers makes none for this model (forward() does) and said "Assisted decoding requires a cache"
+        or "Cannot use prefill chunking without a cache"; the draft tokens it rejects are cropped from it.
+        Early-exit decoding (``assistant_early_exit``: the model's own first layers as its draft) is refused up
+        front, whether asked for by keyword or by the generation config (given, or the model's own); so is a
+        ``cache_implementation`` other than ``"dynamic"`` (transformers ignored it with a warning; ``"dynamic_full"``,
+        which transformers 4.x gives a draft model, is one).
         Under transformers 4.x a chunked prefill of a left-padded batch is refused (4.x positions the
         chunks over the padded width)."""
         inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
@@ -414,10 +429,9 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         # taken for none: every check below read the model's own, and chunked prefill got no cache)
         given = kwargs.get("generation_config") or (args[1] if len(args) > 1 else None)
         settings = self._merged_settings(given)
-        assisted = [k for k in ASSISTED if kwargs.get(k, getattr(settings, k, None)) is not None]
-        if assisted:
-            raise ValueError(f"GbattnForCausalLM does not support assisted decoding ({', '.join(assisted)}): it "
-                             f"rolls back the cache, and GbattnCache cannot be cropped")
+        if kwargs.get("assistant_early_exit", getattr(settings, "assistant_early_exit", None)) is not None:
+            raise ValueError("GbattnForCausalLM does not support early-exit decoding (assistant_early_exit): its draft "
+                             "would be the model's own first blocks; give a draft model (assistant_model) instead")
         stops = kwargs.get("stop_strings", getattr(settings, "stop_strings", None))
         if stops and kwargs.get("tokenizer") is not None and not _decodes_to_its_text(kwargs["tokenizer"]):
             raise ValueError("stop_strings need a tokenizer whose tokens decode back to their text (transformers "
@@ -437,7 +451,9 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         self._check_length(prompt, width, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
                            kwargs.get("max_length", getattr(settings, "max_length", None)))
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
-        if kind not in (None, "dynamic"):  # transformers ignored it, warning that the model takes no Cache instances
+        # (transformers ignored another, warning that the model takes no Cache instances; "dynamic_full" is what
+        # transformers 4.x gives a draft model)
+        if kind not in (None, "dynamic", "dynamic_full"):
             raise ValueError(f"cache_implementation={kind!r}: GbattnForCausalLM keeps its keys and values in its own "
                              f"GbattnCache, which grows as a dynamic cache; leave cache_implementation unset")
         chunked = kwargs.get("prefill_chunk_size", getattr(settings, "prefill_chunk_size", None))
@@ -446,7 +462,9 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             raise ValueError("transformers 4.x's chunked prefill (prefill_chunk_size) gives every row of a left-padded "
                              "batch the positions 0, 1, ... of the padded width, not its own: leave prefill_chunk_size "
                              "unset for a padded batch, or use transformers >= 5")
-        if chunked and use_cache is not False and all(kwargs.get(k) is None for k in ("cache", "past_key_values")):
+        assisted = any(kwargs.get(k, getattr(settings, k, None)) is not None for k in ASSISTED)
+        if ((chunked or assisted) and use_cache is not False
+                and all(kwargs.get(k) is None for k in ("cache", "past_key_values"))):
             kwargs[CACHE_FIELD] = GbattnCache(len(self.model.blocks))
         return super().generate(*args, **kwargs)
 
@@ -541,7 +559,7 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                                                    **{CACHE_FIELD: cache}), return_dict)
 
 
-ASSISTED = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")  # generate()'s assisted decoding
+ASSISTED = ("assistant_model", "prompt_lookup_num_tokens")  # generate()'s assisted decoding (early exit: refused)
 
 
 def check_token_shapes(input_ids: Tensor | None, inputs_embeds: Tensor | None) -> None:
