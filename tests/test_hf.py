@@ -12,6 +12,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import json
+import logging
 import re
 import shutil
 import socket
@@ -2851,13 +2852,27 @@ def test_lm_eval_errors_are_one_line(trained, monkeypatch, capsys, tmp_path):
     assert cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)]) == 2
     err = capsys.readouterr().err
     assert "could not find a task's data" in err and len(err.strip().splitlines()) == 1, err
-    # A harness task whose data is on the hub, without the hub (a traceback and status 1).
+    # A harness task whose data is on the hub, without the hub (a traceback and status 1). The harness runs as a
+    # download does (corpus.hub_access): huggingface_hub offline where the hub's host has no address, its loggers
+    # quiet (23 to 53 s of retries, a line each, came before the error), other logging left on (the harness's).
+    import huggingface_hub.constants as hub_constants
+
+    from gbattn.data import corpus as corpus_mod
+
+    seen = []
+
     def offline(**kwargs):
+        seen.append((hub_constants.HF_HUB_OFFLINE, logging.getLogger("huggingface_hub").level,
+                     logging.root.manager.disable))
         raise ConnectionError("Couldn't reach 'Rowan/hellaswag' on the Hub (LocalEntryNotFoundError)")
 
     with monkeypatch.context() as mp:
         mp.setattr(lmeval, "simple_evaluate", offline)
+        mp.setattr(corpus_mod, "_host_resolves", lambda url: False)
+        mp.setattr(corpus_mod.urllib.request, "getproxies", dict)
+        mp.setattr(hub_constants, "HF_HUB_OFFLINE", False)
         code = cli_main(["lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc", "--include-path", str(LMEVAL_DATA)])
+        assert seen == [(True, logging.CRITICAL, logging.NOTSET)] and hub_constants.HF_HUB_OFFLINE is False
     err = capsys.readouterr().err
     assert code == 2
     assert "Traceback" not in err and err.strip().splitlines()[-1] == (

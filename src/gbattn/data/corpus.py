@@ -343,12 +343,14 @@ def _host_resolves(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def hub_access():
+def hub_access(other_logs: bool = False):
     """A download from the Hugging Face hub, quiet and quick to fail without the network.
 
     Quiet: its loggers are silenced (without the network its connection retries print a dozen warnings before our
     one-line error). Logging is disabled below CRITICAL as well, because huggingface_hub sets its loggers' level
-    again when its modules are first imported (as the tokenizers library's download does, inside this block).
+    again when its modules are first imported (as the tokenizers library's download does, inside this block);
+    ``other_logs``: not disabled, for a block whose other logging is its output (lm-eval's, where huggingface_hub
+    is imported already).
 
     Quick: where the hub's host has no address, huggingface_hub is put in its offline mode for the block, so that
     its requests fail at once (a copy in its cache still loads) instead of being retried for about half a minute.
@@ -358,7 +360,8 @@ def hub_access():
     disabled = logging.root.manager.disable
     for logger in quiet:
         logger.setLevel(logging.CRITICAL)
-    logging.disable(logging.ERROR)
+    if not other_logs:
+        logging.disable(logging.ERROR)
     try:
         from huggingface_hub import constants as hub
     except ImportError:  # the library that would fetch is missing too: its caller says so

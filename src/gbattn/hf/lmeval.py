@@ -30,6 +30,7 @@ from lm_eval.utils import handle_non_serializable, make_table
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from gbattn.data.corpus import hub_access
 from gbattn.errors import CheckpointError, ConfigError, UserError
 from gbattn.files import (
     atomic_write,
@@ -383,8 +384,10 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
     tokenizer_log.addFilter(_windowed_by_the_harness)
     try:
         # batch_size and device only go into the results' config record (null there without them)
-        results = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
-                                  log_samples=log_samples, batch_size=batch_size, device=str(device))
+        with hub_access(other_logs=True):  # (a hub task offline: 23-53 s of retries, each a line, before the error)
+            results = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                                      num_fewshot=num_fewshot, log_samples=log_samples, batch_size=batch_size,
+                                      device=str(device))
     except AssertionError as e:  # the harness checks a task against the model so (max_gen_toks < block size)
         close_progress_bars()  # the harness's bar, left open by the failed check, would print after the error
         raise UserError(f"lm-eval refused the task for this model ({harness_refusal(e, max_length)})") from None
