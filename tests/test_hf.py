@@ -784,9 +784,18 @@ def test_the_length_check_reads_the_settings_transformers_decodes_with():
                                          r"tokens \(max_length=40\)$"):
         hf.generate(ids, attention_mask=mask, max_length=42, do_sample=False, pad_token_id=1)
     assert hf.generate(ids, attention_mask=mask, max_length=40, do_sample=False, pad_token_id=1).shape == (2, 40)
-    with pytest.raises(ValueError, match=r"^a prompt of 25 tokens and max_new_tokens=1 .*: the prompt alone does not "
-                                         r"fit: keep its last 24 tokens at most$"):
+    with pytest.raises(ValueError, match=r"^a prompt of 25 tokens and max_new_tokens=1 .*: the prompt does not fit: "
+                                         r"keep its last 24 tokens at most for 1 new$"):
         hf.generate(torch.randint(0, 37, (1, 25)), max_new_tokens=1, do_sample=False)
+    # with more new tokens, the prompt's last tokens that leave room for them (it said 24, refused again for 10 new)
+    with pytest.raises(ValueError, match=r"keep its last 15 tokens at most for 10 new$"):
+        hf.generate(torch.randint(0, 37, (1, 30)), max_new_tokens=10, do_sample=False)
+    assert hf.generate(torch.randint(0, 37, (1, 15)), max_new_tokens=10, do_sample=False).shape == (1, 25)
+    with pytest.raises(ValueError, match=r"the prompt does not fit, and at most 24 new tokens do after a 1-token "
+                                         r"prompt$"):
+        hf.generate(torch.randint(0, 37, (1, 30)), max_new_tokens=25, do_sample=False)
+    with pytest.raises(ValueError, match=r": ask for at most 1 new token$"):  # (it said "1 new tokens")
+        hf.generate(torch.randint(0, 37, (1, 24)), max_new_tokens=2, do_sample=False)
 
 
 def test_from_gpt_leaves_the_gpts_modules_as_they_were_and_its_own_cache_aside():

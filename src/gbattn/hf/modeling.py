@@ -484,10 +484,14 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         else:
             return
         if length - 1 > block:
-            room = block + 1 - prompt
+            room, new = block + 1 - prompt, length - prompt  # (new: the new tokens asked for)
             more = f" (max_length={width + room})" if max_new_tokens is None else ""
-            advice = (f"ask for at most {room} new tokens{more}" if room > 0 else  # (0 new tokens: refused anyway)
-                      f"the prompt alone does not fit: keep its last {block} tokens at most")
+            if room > 0:
+                advice = f"ask for at most {room} new token{'s' if room != 1 else ''}{more}"
+            elif new <= block:  # (0 new tokens: refused anyway) the prompt's last tokens that leave room for them
+                advice = f"the prompt does not fit: keep its last {block + 1 - new} tokens at most for {new} new"
+            else:
+                advice = f"the prompt does not fit, and at most {block} new tokens do after a 1-token prompt"
             raise ValueError(f"{asked} feed the model positions 0 .. {length - 2}; it has 0 .. {block - 1} "
                              f"(max_position_embeddings, gbattn's block_size): {advice}")
 
