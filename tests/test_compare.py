@@ -320,6 +320,24 @@ def test_a_stopped_invocation_leaves_every_finished_run_in_the_report(tmp_path, 
     assert "| gba-m2 |" in md and "INCOMPLETE" in md
 
 
+def test_more_jobs_than_threads_says_where_the_threads_were_set(tmp_path, monkeypatch, capsys):
+    """`OMP_NUM_THREADS=1 gbattn compare --jobs 2` on a 2-core machine: the note blamed the cores ("more runs than
+    cores"); it names where the one thread was set."""
+    import subprocess
+
+    data = str(write_corpus(tmp_path / "c"))
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", lambda cmd, **kw: real_popen(["false"], **kw))
+    for threads, env, source in ((1, None, "--threads"), (None, "1", "OMP_NUM_THREADS")):
+        if env:
+            monkeypatch.setenv("OMP_NUM_THREADS", env)
+        with pytest.raises(UserError, match="run\\(s\\) failed"):
+            run_compare("cpu-proxy", tmp_path / f"cmp{source}", data=data, sets=tiny_sets(),
+                        only=["standard", "gba-m2"], quiet=True, jobs=2, threads=threads)
+        assert (f"note: --jobs 2 with 1 CPU thread in all ({source}): each run takes 1 thread, 2 in all, more than "
+                f"given") in capsys.readouterr().err
+
+
 def test_a_comparison_stopped_between_runs_says_none_was_in_progress(tmp_path, monkeypatch):
     """Ctrl-C between two runs said "the runs in progress (none) stopped at their last checkpoint"."""
     data = write_corpus(tmp_path / "c")

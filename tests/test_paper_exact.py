@@ -246,7 +246,8 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
     assert "(the model config asked for 16,384; the vocabulary is the tokenizer's)" in printed
     assert "warmup_steps=1,500 is longer than this" in warned and "warmup_steps" not in printed
     assert "evaluation every epoch = every" in printed and "--set eval_every=N evaluates less often" in printed
-    assert "66 steps (3 epochs of 22) of 4 x 32 tokens, lr 0.0003 (warmup 7, then cosine to 0), evaluation" in printed
+    assert ("66 steps (3 epochs of 22 steps) of 4 x 32 tokens, lr 0.0003 (warmup 7, then cosine to 0), evaluation"
+            in printed)
     # One epoch: its evaluation is the one at the end, where it said "every epoch = every 22 steps (1 in all)".
     train(tmp_path / "one-epoch", *build_configs("paper-small", "standard", str(data), {**sets, "epochs": 1}))
     printed = capsys.readouterr().out
@@ -267,7 +268,7 @@ def test_the_plan_reports_the_real_vocabulary_fitted_warmup_and_evaluations(tmp_
         printed = capsys.readouterr().out
         assert "(warmup 2, then cosine to 0), evaluation at the end (1 in all), cpu with 1 thread" in printed
         assert "evaluates less often" not in printed  # eval_every is given: no advice to give it
-        assert "20 steps (0.909 epochs of 22) of 4 x 32 tokens" in printed  # these steps' epochs, not the preset's
+        assert "20 steps (0.909 epochs of 22 steps) of 4 x 32 tokens" in printed  # these steps', not the preset's
 
 
 def test_the_plan_says_how_many_of_a_tokenizers_ids_name_no_token(tmp_path, capsys):

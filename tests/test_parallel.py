@@ -850,7 +850,7 @@ def test_a_diverged_run_says_to_start_again_as_it_was_launched(tmp_path, monkeyp
     for world in (1, 2):
         trainer.dist = DistEnv(world=world)
         said[world] = trainer._diverged_message("loss became nan")
-    prefix = ("loss became nan at step 2, before the first checkpoint: nothing to keep; start again with corrected "
+    prefix = ("loss became nan in step 3, before the first checkpoint: nothing to keep; start again with corrected "
               "settings: ")
     assert said == {1: f"{prefix}gbattn train ... --out {run} --restart",
                     2: f"{prefix}torchrun --nproc_per_node 2 -m gbattn.cli train ... --out {run} --restart"}

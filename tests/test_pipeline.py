@@ -1441,7 +1441,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
         return original(self, step)
 
     monkeypatch.setattr(Trainer, "_train_step", poison_at_6)
-    with pytest.raises(TrainingDiverged, match="loss became nan at step 6"):
+    with pytest.raises(TrainingDiverged, match="loss became nan in step 7"):
         train(tmp_path / "run", *tiny_configs(data), quiet=True)
     state = ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)
     assert state["step"] == 4
@@ -1463,7 +1463,7 @@ def test_an_infinite_loss_stops_as_a_nan_does(tmp_path, monkeypatch):
         return float("inf") if step == 6 else value
 
     monkeypatch.setattr(Trainer, "_train_step", infinite_at_6)
-    with pytest.raises(TrainingDiverged, match="loss became inf at step 6"):
+    with pytest.raises(TrainingDiverged, match="loss became inf in step 7"):
         train(tmp_path / "run", *tiny_configs(data, grad_clip=0.0), quiet=True)
     assert ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)["step"] == 4
 
@@ -1490,7 +1490,7 @@ def test_an_infinite_gradient_with_a_finite_loss_also_stops(tmp_path, monkeypatc
 
     monkeypatch.setattr(Trainer, "_train_step", overflow_at_6)
     # named as the gradient's, with the step's finite loss (it said "loss became nan", the norm folded into the loss)
-    with pytest.raises(TrainingDiverged, match=r"^the gradient norm became (inf|nan) \(loss \d\.\d+\) at step 6: "
+    with pytest.raises(TrainingDiverged, match=r"^the gradient norm became (inf|nan) \(loss \d\.\d+\) in step 7: "
                                                r"stopped; the last good checkpoint \(step 4\)"):
         train(tmp_path / "run", *tiny_configs(data, grad_clip=grad_clip), quiet=True)
     assert seen == [True]
@@ -1513,7 +1513,7 @@ def test_a_non_finite_validation_loss_stops_the_run_keeping_the_last_good_checkp
         return EvalResult(float("nan"), result.tokens, None) if len(calls) == 2 else result
 
     monkeypatch.setattr(Trainer, "_evaluate", nan_at_the_second)
-    with pytest.raises(TrainingDiverged, match=r"^the validation loss became nan at step 4: stopped; the last good "
+    with pytest.raises(TrainingDiverged, match=r"^the validation loss became nan after step 4: stopped; the last good "
                                                r"checkpoint \(step 2\) is kept"):
         train(tmp_path / "run", *tiny_configs(data, max_steps=6, eval_every=2), quiet=True)
     assert ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)["step"] == 2

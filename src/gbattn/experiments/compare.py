@@ -242,8 +242,12 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         at_once = max(1, min(jobs, runs_at_once(specs, seeds)))
         per_run_threads = max(1, in_all // at_once) if jobs > 1 else threads
         if jobs > 1 and in_all < at_once:  # a warning: stderr, apart from the output, under --quiet too
-            print(f"note: --jobs {jobs} with {in_all} CPU thread(s): each run takes 1 thread, "
-                  f"{at_once} in all (on a CPU, more runs than cores only slows each down)", file=sys.stderr)
+            # (it blamed the cores where OMP_NUM_THREADS=1 on a 2-core machine set the one thread)
+            source = ("--threads" if threads else "OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS", "").strip()
+                      else "the cores free to this process")
+            print(f"note: --jobs {jobs} with {in_all} CPU thread{'s' if in_all != 1 else ''} in all ({source}): each "
+                  f"run takes 1 thread, {at_once} in all, more than given (on a CPU, more threads than cores only "
+                  f"slows each run down)", file=sys.stderr)
         run_sets = {**sets, "threads": per_run_threads} if per_run_threads else sets
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
         first_configs = [spec_configs(recipe, spec, data, seeds[0], run_sets, None) for spec in specs]

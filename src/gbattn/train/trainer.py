@@ -650,7 +650,8 @@ class Trainer:
                     if v != self.requested_vocab else "")
                  + (f"; {unused:,} of its ids name no token, and each still has an embedding row" if unused else "")]
         epochs = (
-            f" ({self.total_steps / self.steps_per_epoch:.3g} epochs of {self.steps_per_epoch:,})"
+            f" ({self.total_steps / self.steps_per_epoch:.3g} epochs of {self.steps_per_epoch:,} "
+            f"step{'s' if self.steps_per_epoch != 1 else ''})"
             if self.steps_per_epoch
             else ""
         )
@@ -891,7 +892,7 @@ class Trainer:
             self._log({"event": "stop", "reason": "non-finite validation loss", "step": self.step,
                        "valid_loss": str(res.loss)})
             self.bar.close()
-            raise TrainingDiverged(self._diverged_message(f"the validation loss became {res.loss}"))
+            raise TrainingDiverged(self._diverged_message(f"the validation loss became {res.loss}", evaluated=True))
         improved = res.loss < self.best_valid
         if improved:
             self.best_valid, self.best_step = res.loss, self.step
@@ -1097,15 +1098,18 @@ class Trainer:
         return (f"torchrun --nproc_per_node {per_node} -m gbattn.cli {args}",
                 "" if per_node == str(self.dist.world) else " on each node, launched as this run was")
 
-    def _diverged_message(self, what: str) -> str:
-        """``what`` became non-finite ("loss became nan") at this step: the run stops, saying what is kept."""
+    def _diverged_message(self, what: str, evaluated: bool = False) -> str:
+        """``what`` became non-finite ("loss became nan") in the step being trained (steps counted from 1, as a
+        checkpoint's: "at step 1" named the step after the checkpoint of step 1, "the last good"), or in the
+        evaluation after the last one trained (``evaluated``): the run stops, saying what is kept."""
+        when = f"after step {self.step}" if evaluated else f"in step {self.step + 1}"
         kept = self._checkpoint_step()
         again = ("".join(self._launched_as(f"train ... {self._out_option()} --restart")) if "label" not in self.extra
                  else "gbattn compare ... with another --out (a comparison's directory keeps its settings)")
         if kept is None:
-            return (f"{what} at step {self.step}, before the first checkpoint: nothing to keep; start "
+            return (f"{what} {when}, before the first checkpoint: nothing to keep; start "
                     f"again with corrected settings: {again}")
-        return (f"{what} at step {self.step}: stopped; the last good checkpoint (step {kept}) is kept in "
+        return (f"{what} {when}: stopped; the last good checkpoint (step {kept}) is kept in "
                 f"{self.run_dir}; to start again with other settings: {again}")
 
     def _should_stop(self, requested: bool) -> bool:
