@@ -1698,6 +1698,13 @@ def test_two_exact_names_for_one_split_are_refused(tmp_path):
     with pytest.raises(DataError, match=r"several files could be the valid split \(valid.txt, validation.txt\)"):
         load_corpus(str(tmp_path))
 
+def test_an_editors_backup_beside_a_split_is_no_split(tmp_path):
+    """train.txt~ (an editor's backup) and #train.txt# (its autosave) beside train.txt: no second train split."""
+    for name in ("train.txt", "train.txt~", "#train.txt#", "valid.txt", "test.txt"):
+        write_text(tmp_path / name, f"{name}\n")
+    assert "".join(load_corpus(str(tmp_path)).lines("train")) == "train.txt\n"
+
+
 @pytest.mark.parametrize("names, split, listed", [
     (["train.txt", "ptb.train.txt", "valid.txt", "test.txt"], "train", "train.txt, ptb.train.txt"),
     (["train.txt", "val.txt", "validation.txt", "test.txt"], "valid", "validation.txt, val.txt"),
@@ -1739,18 +1746,24 @@ def test_a_corpus_given_from_the_home_directory_is_named_as_given(tmp_path, monk
     assert load_corpus("~/c").name == "~/c" and load_corpus("~/one.txt").name == "~/one.txt"
 
 
-@pytest.mark.parametrize("copy", [b"line one\r\nline two\r\n" * 20, b"\xef\xbb\xbf" + b"line one\nline two\n" * 20,
-                                  b"line one\rline two\r" * 20])
-def test_a_split_reading_as_the_training_text_with_other_line_ends_or_a_bom_is_refused(tmp_path, copy):
-    """valid.txt as train.txt with Windows line ends (or a byte order mark, or old Mac line ends): its bytes differ,
-    so it passed as held-out text, and validation scored the training text (the lines read are the same). A
-    held-out file of about the same size is read and kept."""
+@pytest.mark.parametrize("name, copy", [
+    ("valid.txt", b"line one\r\nline two\r\n" * 20), ("valid.txt", b"\xef\xbb\xbf" + b"line one\nline two\n" * 20),
+    ("valid.txt", b"line one\rline two\r" * 20), ("valid.txt", b"line one\nline two\n" * 20 + b"\n"),
+    ("valid.txt", (b"line one\nline two\n" * 20)[:-1]),
+    ("valid.txt.gz", gzip.compress(b"line one\r\nline two\r\n" * 20)),
+])
+def test_a_split_reading_as_the_training_text_with_other_line_ends_or_a_bom_is_refused(tmp_path, name, copy):
+    """valid.txt as train.txt with Windows line ends (or a byte order mark, old Mac line ends, a blank line more,
+    no last newline, or gzip-compressed): its bytes differ, so it passed as held-out text, and validation scored
+    the training text (the lines read are the same). A held-out file of about the same size is read and kept."""
     (tmp_path / "train.txt").write_bytes(b"line one\nline two\n" * 20)
-    (tmp_path / "valid.txt").write_bytes(copy)
+    (tmp_path / name).write_bytes(copy)
     (tmp_path / "test.txt").write_bytes(b"other text\n")
-    with pytest.raises(DataError, match=r": the valid file valid.txt holds the same text as the train file train.txt"):
+    with pytest.raises(DataError, match=rf": the valid file {name} holds the same text as the train file train.txt"):
         load_corpus(str(tmp_path))
-    (tmp_path / "valid.txt").write_bytes(copy.replace(b"two", b"2"))
+    held_out = gzip.decompress(copy) if name.endswith(".gz") else copy
+    (tmp_path / name).write_bytes(gzip.compress(held_out.replace(b"two", b"2")) if name.endswith(".gz")
+                                  else held_out.replace(b"two", b"2"))
     assert "".join(load_corpus(str(tmp_path)).lines("valid")).count("line 2") == 20
 
 

@@ -168,14 +168,15 @@ def checked_digest(path: Path) -> str:
 
 
 def same_text_read(path: Path, other: Path) -> bool:
-    """Whether two files (already checked) read as the same text: the lines gbattn reads (universal newlines, a
-    byte order mark dropped), so a copy with Windows line endings or a BOM is the same text. Read only for files of
-    sizes within 2.5x of each other (a split much smaller than train is no copy of it)."""
-    sizes = sorted((path.stat().st_size, other.stat().st_size))
-    if sizes[1] > 2.5 * sizes[0] or _is_gzip_name(path) != _is_gzip_name(other):
-        return False
+    """Whether two files (already checked) hold the same text as gbattn's tokenizers read it: the same non-blank
+    lines, whatever their line ends (Windows', old Mac's), a byte order mark, blank lines or a last line's newline,
+    and whether either is gzip. A copy of train so changed scored the training text as held-out text. Read up to
+    the first line that differs: at once for two different texts."""
+    def text_lines(f):
+        return (line.rstrip("\r\n") for line in f if line.strip())
+
     with open_text(path) as a, open_text(other) as b:
-        return all(x == y for x, y in itertools.zip_longest(a, b))
+        return all(x == y for x, y in itertools.zip_longest(text_lines(a), text_lines(b)))
 
 
 # --------------------------------------------------------------------------------------
@@ -196,6 +197,8 @@ SPLIT_SUFFIXES = (".train", ".valid", ".validation", ".val", ".dev", ".test")  #
 
 def _is_text_name(name: str) -> bool:
     name = name.lower()  # TRAIN.TXT
+    if name.endswith("~") or name.startswith("#"):  # an editor's backup (train.txt~) or autosave (#train.txt#)
+        return False
     stem = name[:-3] if name.endswith(".gz") else name
     return Path(stem).suffix in TEXT_SUFFIXES + SPLIT_SUFFIXES or not Path(stem).suffix.strip(".").isalpha()
 
