@@ -41,6 +41,7 @@ ALL_STAGES="smoke resume check paper bench owt extra analysis"
 BUDGET=${BUDGET:-540}  # seconds of work before no new stage starts
 STAGES=${STAGES-smoke resume bench owt extra analysis}
 [[ $BUDGET =~ ^[0-9]+$ ]] || fail "BUDGET=$BUDGET is not a number of seconds"
+BUDGET=$((10#$BUDGET))  # (08 is no octal number: decimal, as written)
 read -ra named <<< "$STAGES"
 [ ${#named[@]} -gt 0 ] || fail "STAGES is empty: name some of $ALL_STAGES"
 for name in "${named[@]}"; do
@@ -61,14 +62,17 @@ log() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUT/log.txt"; }
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 wants() { [[ " $STAGES " == *" $1 "* ]]; }
 running=()  # the deadlines (timeout's processes) of the stages running now
-stop_stages() {  # on a signal: each timeout passes it on to its stage's processes, which checkpoint and stop
+stop_stages() {  # stop_stages STATUS, on a signal: each timeout passes SIGTERM on to its stage's processes, which
+  # checkpoint and stop; the script ends with the shell's status for the signal (130 for SIGINT, 143 for SIGTERM)
   trap - TERM INT HUP
   log "stopped by a signal: stopping the running stages"
   [ ${#running[@]} -gt 0 ] && kill -TERM "${running[@]}" 2> /dev/null
   wait
-  exit 143
+  exit "$1"
 }
-trap stop_stages TERM INT HUP
+trap 'stop_stages 143' TERM
+trap 'stop_stages 130' INT
+trap 'stop_stages 129' HUP
 
 # INSTALL=0: gbattn is installed already (its test, which must not reinstall it under the other tests)
 [ "${INSTALL:-1}" = 1 ] && "$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
@@ -118,8 +122,11 @@ keep() {  # keep FILE NAME: FILE to OUT/NAME if the stage that just ran wrote it
   if [ -f "$1" ] && [ "$1" -nt "$WORK/.stage-started" ]; then cp "$1" "$OUT/$2"
   else log "no new ${1#"$WORK"/}: not copied"; fi
 }
-runs_without_weights() {  # the run directories of a comparison as one archive, checkpoints left out
-  [ -d "$1" ] && tar -C "$1" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.lock' -czf "$OUT/$2" .
+runs_without_weights() {  # the run directories of a comparison as one archive, checkpoints left out, if the stage
+  # that just ran wrote in them (an earlier call's alone do not come back as this one's)
+  if [ -d "$1" ] && [ -n "$(find "$1" -newer "$WORK/.stage-started" -print -quit)" ]; then
+    tar -C "$1" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.lock' -czf "$OUT/$2" .
+  else log "nothing new in ${1#"$WORK"/}: $2 not made"; fi
 }
 
 compare_checked=""  # the 3-step comparison's verdict: "", yes or no

@@ -328,7 +328,9 @@ def test_more_jobs_than_threads_says_where_the_threads_were_set(tmp_path, monkey
     data = str(write_corpus(tmp_path / "c"))
     real_popen = subprocess.Popen
     monkeypatch.setattr(compare_mod.subprocess, "Popen", lambda cmd, **kw: real_popen(["false"], **kw))
-    for threads, env, source in ((1, None, "--threads"), (None, "1", "OMP_NUM_THREADS")):
+    monkeypatch.setattr(compare_mod, "default_threads", lambda: 1)  # (the cores free, where OMP_NUM_THREADS is none)
+    for threads, env, source in ((1, None, "--threads"), (None, "1", "OMP_NUM_THREADS"),
+                                 (None, "0", "the cores free to this process")):  # (0: not a count, ignored)
         if env:
             monkeypatch.setenv("OMP_NUM_THREADS", env)
         with pytest.raises(UserError, match="run\\(s\\) failed"):

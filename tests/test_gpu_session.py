@@ -64,9 +64,10 @@ def _session(tmp_path, env: dict, *args: str, cwd=None, wait: bool = True):
 
 
 def _failing_python(tmp_path, command: str, then: str = "exit 1") -> str:
-    """A PY that runs ``then`` for gbattn's ``command`` and is this Python otherwise."""
+    """A PY that runs ``then`` for gbattn's ``command`` (or any of several, space-separated) and is this Python
+    otherwise."""
     wrapper = tmp_path / "py"
-    wrapper.write_text(f'#!/usr/bin/env bash\nfor a; do [ "$a" = {command} ] && {then}; done\n'
+    wrapper.write_text(f'#!/usr/bin/env bash\nfor a; do for c in {command}; do [ "$a" = "$c" ] && {then}; done; done\n'
                        f'exec "{sys.executable}" "$@"\n', encoding="utf-8")
     wrapper.chmod(0o755)
     return str(wrapper)
@@ -84,17 +85,22 @@ def test_a_bad_budget_or_stage_name_is_one_line_before_anything_runs(tmp_path, e
 
 
 def test_a_failed_stage_brings_back_no_earlier_files_and_paths_given_are_the_callers(tmp_path):
-    """The bench stage failed, and the bench.json an earlier call left in WORK came back as this call's. OUT and
-    WORK given relative are read from the caller's folder (they landed in the repository)."""
-    earlier = tmp_path / "work" / "bench-paper-small"
-    earlier.mkdir(parents=True)
-    (earlier / "bench.json").write_text("{}", encoding="utf-8")
-    proc = _session(tmp_path, {"STAGES": "bench", "WORK": "work", "PY": _failing_python(tmp_path, "bench")}, "",
-                    "out", cwd=tmp_path)
+    """The bench stage failed, and the bench.json an earlier call left in WORK came back as this call's; so did the
+    paper stage's archive of the run directories. OUT and WORK given relative are read from the caller's folder
+    (they landed in the repository). BUDGET=08 is 8 s (bash read it as octal and failed: "value too great")."""
+    for earlier in ("bench-paper-small/bench.json", "paper-wt103/results.json", "paper-wt103/standard/seed42/x"):
+        (tmp_path / "work" / earlier).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "work" / earlier).write_text("{}", encoding="utf-8")
+    proc = _session(tmp_path, {"STAGES": "bench paper", "WORK": "work",
+                               "PY": _failing_python(tmp_path, "bench compare")}, "", "out", cwd=tmp_path)
     log = (tmp_path / "out" / "log.txt").read_text(encoding="utf-8")
     assert proc.returncode == 0, log + proc.stderr
     assert "end bench-paper-small (exit 1)" in log and "no new bench-paper-small/bench.json: not copied" in log, log
+    assert "end paper-wt103 (exit 1)" in log and "nothing new in paper-wt103: paper-wt103-runs.tar.gz not made" in log
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["log.txt"]
+    proc = _session(tmp_path, {"STAGES": "bench", "WORK": "work", "BUDGET": "08"}, "", "out8", cwd=tmp_path)
+    log = (tmp_path / "out8" / "log.txt").read_text(encoding="utf-8")
+    assert proc.returncode == 0 and proc.stderr == "" and "skip bench-paper-small: budget spent" in log, proc.stderr
 
 
 def test_smoke_cut_short_by_the_budget_is_not_called_failing(tmp_path):
@@ -108,9 +114,11 @@ def test_smoke_cut_short_by_the_budget_is_not_called_failing(tmp_path):
     assert "smoke failed" not in log, log
 
 
-def test_a_killed_session_stops_its_stages(tmp_path):
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_killed_session_stops_its_stages(tmp_path, signum, status):
     """SIGTERM to the script: its stages ran on (each timeout in its own process group), and a rerun found their
-    run directories in use. Now the running stage is stopped too, and the script exits 143."""
+    run directories in use. Now the running stage is stopped too, and the script exits as the shell reports the
+    signal (143, or 130 for Ctrl-C)."""
     work = tmp_path / "work"
     proc = _session(tmp_path, {"STAGES": "resume", "WORK": str(work)}, "", str(tmp_path / "out"), wait=False)
     log = tmp_path / "out" / "log.txt"
@@ -119,8 +127,8 @@ def test_a_killed_session_stops_its_stages(tmp_path):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
         time.sleep(0.2)
     time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 143
+    proc.send_signal(signum)
+    assert proc.wait(timeout=60) == status
     assert "stopped by a signal: stopping the running stages" in log.read_text(encoding="utf-8")
     left = [cmdline for cmdline in _command_lines() if str(work) in cmdline]
     assert left == [], left

@@ -796,6 +796,20 @@ def test_the_length_check_reads_the_settings_transformers_decodes_with():
         hf.generate(torch.randint(0, 37, (1, 30)), max_new_tokens=25, do_sample=False)
     with pytest.raises(ValueError, match=r": ask for at most 1 new token$"):  # (it said "1 new tokens")
         hf.generate(torch.randint(0, 37, (1, 24)), max_new_tokens=2, do_sample=False)
+    # Prompt lookup drafts prompt_lookup_num_tokens - 1 tokens past max_length (transformers cuts its candidates at
+    # the prompt's end, not at max_length): max_length=24 with 3 ran into "sequence length 25 exceeds block_size"
+    # midway. A repeating prompt, so that lookup finds its candidates.
+    repeating = torch.tensor([[3, 4, 3, 4, 3, 4]])
+    lookup = dict(do_sample=False, pad_token_id=0, eos_token_id=36, prompt_lookup_num_tokens=3)
+    with pytest.raises(ValueError, match=r"^max_length=24 feed the model positions 0 \.\. 24 with prompt lookup's 2 "
+                                         r"drafted tokens past them \(prompt_lookup_num_tokens=3\); it has 0 \.\. 23 "
+                                         r".*: ask for at most 17 new tokens \(max_length=23\)$"):
+        hf.generate(repeating, max_length=24, **lookup)
+    for seed in range(10):  # (greedy, seeded: other repeating prompts)
+        torch.manual_seed(seed)
+        prompt = torch.randint(1, 5, (1, 6))
+        assert torch.equal(hf.generate(prompt, max_length=23, **lookup),
+                           hf.generate(prompt, max_length=23, do_sample=False, pad_token_id=0, eos_token_id=36))
 
 
 def test_from_gpt_leaves_the_gpts_modules_as_they_were_and_its_own_cache_aside():

@@ -241,9 +241,12 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         # other three quarters idle
         at_once = max(1, min(jobs, runs_at_once(specs, seeds)))
         per_run_threads = max(1, in_all // at_once) if jobs > 1 else threads
-        if jobs > 1 and in_all < at_once:  # a warning: stderr, apart from the output, under --quiet too
+        untrained = any(not (out / spec.label / f"seed{seed}" / rundir.RESULT).exists() for spec in specs
+                        for seed in seeds)  # (all finished before: nothing to divide the threads between)
+        if jobs > 1 and in_all < at_once and untrained:  # a warning: stderr, apart from the output, under --quiet too
             # (it blamed the cores where OMP_NUM_THREADS=1 on a 2-core machine set the one thread)
-            source = ("--threads" if threads else "OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS", "").strip()
+            omp = os.environ.get("OMP_NUM_THREADS", "").strip()  # (as default_threads reads it: a count, or ignored)
+            source = ("--threads" if threads else "OMP_NUM_THREADS" if omp.isdigit() and int(omp) > 0
                       else "the cores free to this process")
             print(f"note: --jobs {jobs} with {in_all} CPU thread{'s' if in_all != 1 else ''} in all ({source}): each "
                   f"run takes 1 thread, {at_once} in all, more than given (on a CPU, more threads than cores only "

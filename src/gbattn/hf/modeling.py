@@ -448,8 +448,10 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             # a left-padded row's positions count its own tokens (cumsum of its mask), not the padded width: a batch
             # padded to 24 with rows of 9 and 2 tokens was refused 3 new tokens it could take
             prompt = int(mask.ne(0).sum(-1).max())
+        lookup = _integer(kwargs.get("prompt_lookup_num_tokens", getattr(settings, "prompt_lookup_num_tokens", None)))
         self._check_length(prompt, width, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
-                           kwargs.get("max_length", getattr(settings, "max_length", None)))
+                           kwargs.get("max_length", getattr(settings, "max_length", None)),
+                           drafted=max(lookup - 1, 0) if lookup else 0)
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
         # (transformers ignored another, warning that the model takes no Cache instances; "dynamic_full" is what
         # transformers 4.x gives a draft model)
@@ -468,12 +470,14 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             kwargs[CACHE_FIELD] = GbattnCache(len(self.model.blocks))
         return super().generate(*args, **kwargs)
 
-    def _check_length(self, prompt: int, width: int, max_new_tokens, max_length) -> None:
+    def _check_length(self, prompt: int, width: int, max_new_tokens, max_length, drafted: int = 0) -> None:
         """A generation of a ``prompt``-token prompt (its longest row; ``width``: the batch's padded width, which
         max_length counts) asked to run past the model's positions is refused before it starts (it stopped at the
         position past block_size with "position_ids reach N", the tokens so far lost). The last new token is never
-        fed back, so a sequence may end one token past the positions."""
-        block = self.config.max_position_embeddings
+        fed back, so a sequence may end one token past the positions. ``drafted``: positions fed past that end
+        (prompt lookup's candidates, which transformers does not cut at max_length: ``prompt_lookup_num_tokens`` - 1,
+        measured)."""
+        block = self.config.max_position_embeddings - drafted
         max_new_tokens, max_length = _integer(max_new_tokens), _integer(max_length)
         if max_new_tokens is not None:
             tokens = f"{prompt} token{'s' if prompt != 1 else ''}"
@@ -492,8 +496,10 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                 advice = f"the prompt does not fit: keep its last {block + 1 - new} tokens at most for {new} new"
             else:
                 advice = f"the prompt does not fit, and at most {block} new tokens do after a 1-token prompt"
-            raise ValueError(f"{asked} feed the model positions 0 .. {length - 2}; it has 0 .. {block - 1} "
-                             f"(max_position_embeddings, gbattn's block_size): {advice}")
+            lookup = (f" with prompt lookup's {drafted} drafted token{'s' if drafted != 1 else ''} past them "
+                      f"(prompt_lookup_num_tokens={drafted + 1})" if drafted else "")
+            raise ValueError(f"{asked} feed the model positions 0 .. {length - 2 + drafted}{lookup}; it has 0 .. "
+                             f"{block + drafted - 1} (max_position_embeddings, gbattn's block_size): {advice}")
 
     def _merged_settings(self, given):
         """The generation settings transformers decodes with: a given GenerationConfig's, each field it leaves at
