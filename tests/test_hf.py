@@ -710,6 +710,27 @@ def test_generate_refuses_a_cache_implementation_other_than_its_own():
         with pytest.raises(ValueError, match="cache_implementation='static': GbattnForCausalLM keeps"):
             hf.generate(idx, *([] if given else [asking]), **given)  # by name, or second
     assert torch.equal(hf.generate(idx, max_new_tokens=3, do_sample=False, cache_implementation="dynamic"), expected)
+    # "dynamic_full", transformers 4.x's for a draft model: a dynamic cache, run without transformers' warning that
+    # it "will be ignored" (printed at every drafting call), the caller's config left as it was; 5.x has no such kind
+    from gbattn.hf.modeling import TF_MAJOR
+
+    if TF_MAJOR >= 5:  # (its GenerationConfig refuses the kind itself)
+        with pytest.raises(ValueError, match="cache_implementation='dynamic_full': GbattnForCausalLM keeps"):
+            hf.generate(idx, max_new_tokens=3, do_sample=False, cache_implementation="dynamic_full")
+        return
+    full = transformers.GenerationConfig(cache_implementation="dynamic_full", max_new_tokens=3, do_sample=False)
+    for arguments, keywords in (((), {"cache_implementation": "dynamic_full", "max_new_tokens": 3, "do_sample": False}),
+                                ((), {"generation_config": full}), ((full,), {})):
+        said: list[str] = []
+        catcher = logging.Handler(logging.WARNING)
+        catcher.emit = lambda record, said=said: said.append(record.getMessage())
+        logging.getLogger("transformers").addHandler(catcher)
+        try:
+            assert torch.equal(hf.generate(idx, *arguments, **keywords), expected)
+        finally:
+            logging.getLogger("transformers").removeHandler(catcher)
+        assert not [line for line in said if "will be ignored" in line], said
+        assert full.cache_implementation == "dynamic_full"
     assert torch.equal(hf.generate(idx, max_new_tokens=3, do_sample=False), expected)
 
 

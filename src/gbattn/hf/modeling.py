@@ -453,9 +453,11 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                            kwargs.get("max_length", getattr(settings, "max_length", None)),
                            drafted=max(lookup - 1, 0) if lookup else 0)
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
-        # (transformers ignored another, warning that the model takes no Cache instances; "dynamic_full" is what
-        # transformers 4.x gives a draft model)
-        if kind not in (None, "dynamic", "dynamic_full"):
+        if kind == "dynamic_full" and TF_MAJOR < 5:
+            # transformers 4.x's for a draft model (dynamic, with no sliding layers: GbattnCache is so), taken out of
+            # what generate() gets, which warned that it "will be ignored" at every drafting call
+            args, kwargs = self._without_cache_implementation(args, kwargs, given)
+        elif kind not in (None, "dynamic"):  # (transformers ignored another, warning the model takes no Cache)
             raise ValueError(f"cache_implementation={kind!r}: GbattnForCausalLM keeps its keys and values in its own "
                              f"GbattnCache, which grows as a dynamic cache; leave cache_implementation unset")
         chunked = kwargs.get("prefill_chunk_size", getattr(settings, "prefill_chunk_size", None))
@@ -469,6 +471,20 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                 and all(kwargs.get(k) is None for k in ("cache", "past_key_values"))):
             kwargs[CACHE_FIELD] = GbattnCache(len(self.model.blocks))
         return super().generate(*args, **kwargs)
+
+    @staticmethod
+    def _without_cache_implementation(args: tuple, kwargs: dict, given) -> tuple[tuple, dict]:
+        """generate()'s arguments with no cache_implementation: none as a keyword, and a given GenerationConfig
+        copied without it (the caller's own, transformers' draft settings, is left as it is)."""
+        kwargs = {k: v for k, v in kwargs.items() if k != "cache_implementation"}
+        if given is not None and getattr(given, "cache_implementation", None) is not None:
+            given = copy.deepcopy(given)
+            given.cache_implementation = None
+            if "generation_config" in kwargs:
+                kwargs["generation_config"] = given
+            else:
+                args = (args[0], given, *args[2:])
+        return args, kwargs
 
     def _check_length(self, prompt: int, width: int, max_new_tokens, max_length, drafted: int = 0) -> None:
         """A generation of a ``prompt``-token prompt (its longest row; ``width``: the batch's padded width, which
