@@ -69,6 +69,24 @@ def test_tokenizer_is_trained_once_and_cached(tmp_path, monkeypatch):
         get_tokenizer("bpe", load_corpus(str(tmp_path / "c2")), vocab_size=120, verbose=False)
 
 
+def test_a_long_training_line_trains_the_bpe_in_pieces_cut_before_spaces(tmp_path, monkeypatch):
+    """The BPE trained on a corpus of one long line took it whole (most of a 10 MB line's 1.9 GB peak): it is fed in
+    pieces of TRAIN_PIECE_CHARS cut before spaces, which hold the same words, so the tokenizer is the one the whole
+    line trains."""
+    line = " ".join(["alpha", "beta", "gamma", "delta", "alphabet"] * 60)
+    (tmp_path / "c").mkdir()
+    write_text(tmp_path / "c" / "train.txt", line + "\n")
+    write_text(tmp_path / "c" / "valid.txt", "beta gamma\n")
+    write_text(tmp_path / "c" / "test.txt", "delta alpha\n")
+    whole = tokenizer_mod._train_bpe([line + "\n"], 60)
+    monkeypatch.setattr(tokenizer_mod, "TRAIN_PIECE_CHARS", 50)
+    fed, real = [], tokenizer_mod._train_bpe
+    monkeypatch.setattr(tokenizer_mod, "_train_bpe", lambda lines, size: real(fed.extend(lines) or fed, size))
+    tok = get_tokenizer("bpe", load_corpus(str(tmp_path / "c")), vocab_size=60, verbose=False)
+    assert max(map(len, fed)) <= 50 and "".join(fed) == line + "\n"
+    assert tok.payload == whole
+
+
 def test_corpus_lines_get_no_special_tokens_from_a_post_processor(tmp_path):
     """A Llama-style tokenizer (an upcycled model's) adds a start token to what it encodes: a prompt
     keeps it, but the corpus's lines do not get one each."""
