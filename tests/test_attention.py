@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -901,6 +902,12 @@ def test_the_scalar_gate_starts_at_its_logit_and_the_option_needs_that_gate():
     with pytest.raises(ConfigError, match=r"attn.scalar_gate_logit=0.0 starts the scalar gate; attn.gate='vector' "
                                           r"is another"):
         variant_options("boosted", {"gate": "vector", "scalar_gate_logit": 0})
+    # one past float32's range was a RuntimeError traceback from the init ("cannot be converted ... overflow")
+    assert gates(scalar_gate_logit=-100) == [-100.0] * 4
+    for logit in (1e39, -1e300, 100.5):
+        with pytest.raises(ConfigError, match=rf"^attn.scalar_gate_logit={re.escape(repr(logit))} must be in "
+                                              r"\[-100, 100\]$"):
+            variant_options("boosted", {"gate": "scalar", "scalar_gate_logit": logit})
 
 
 def test_options_that_are_not_a_dict_are_refused_in_one_line():

@@ -220,6 +220,10 @@ def test_the_plan_counts_its_evaluations_without_going_over_every_step(tmp_path,
     monkeypatch.setattr(Trainer, "_is_eval_step", lambda self, step: pytest.fail("the plan went over every step"))
     trainer.total_steps, trainer.train_cfg = 10**12, trainer.train_cfg.replace(eval_every=7)
     assert planned() == 142_857_142_858
+    with pytest.raises(ConfigError, match=r"^epochs=1e-13 of 100 steps each is no step at all; set at least 0.01 "
+                                          r"epochs, or max_steps$"):  # (rounded to 0 steps: trained none, exit 0)
+        steps_of_epochs(1e-13, 100)
+    assert steps_of_epochs(1e-9, 100) == 1
     for epochs in (1e308, 1e300):
         with pytest.raises(ConfigError, match=re.escape(f"epochs={epochs:g} of 100 steps each is more steps than a "
                                                         f"run can count (9,223,372,036,854,775,807); set fewer "

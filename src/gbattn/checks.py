@@ -92,6 +92,16 @@ def greater_than(minimum: float) -> dict:
     return {"check": test}
 
 
+def within(limit: float) -> dict:
+    """A number in [-limit, limit] (a float32 parameter's initial value: 1e39 overflowed it in a traceback)."""
+
+    def test(name: str, value: Any) -> None:
+        if not -limit <= value <= limit:
+            raise ConfigError(f"{name}={value!r} must be in [{-limit:g}, {limit:g}]")
+
+    return {"check": test}
+
+
 def fraction() -> dict:
     """A value in [0, 1)."""
 

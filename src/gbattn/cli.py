@@ -126,6 +126,7 @@ def _main_thread() -> bool:
 UNDER_TORCHRUN = ("train", "compare")
 
 CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
+NUMPY_ARRAY_TOO_BIG = "array is too big"  # numpy's ValueError for an array past the largest it makes
 SYMLINK_LOOP = "Symlink loop from "  # Python 3.11-3.12 Path.resolve() raises RuntimeError (3.13: OSError, ELOOP)
 
 
@@ -191,14 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         print(f"gbattn: {'terminated' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
-    except (MemoryError, RuntimeError) as e:  # sizes a machine cannot hold (batch, width, samples)
+    except (MemoryError, RuntimeError, ValueError) as e:  # sizes a machine cannot hold (batch, width, samples)
         if str(e).startswith(SYMLINK_LOOP) and not show_tracebacks():  # Path.resolve() of links to each other
             print(f"gbattn: error: {terminal_line(str(e))}: links that lead back to each other name no file or "
                   f"folder; remove one of them", file=sys.stderr)
             return 2
-        # torch.OutOfMemoryError on CUDA; on CPU the allocator raises a plain RuntimeError.
+        # torch.OutOfMemoryError on CUDA; on CPU the allocator raises a plain RuntimeError, and numpy a ValueError
+        # for an array past its largest size (batch_size=2**62 windows), before it asks for the memory
         if (not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and CPU_ALLOCATION_FAILED not in str(e)
-                or show_tracebacks()):
+                and not (isinstance(e, ValueError) and str(e).startswith(NUMPY_ARRAY_TOO_BIG)) or show_tracebacks()):
             raise
         detail = terminal_line(str(e))[:200]
         print(f"gbattn: error: out of memory{f' ({detail})' if detail else ''}: choose smaller sizes (batch_size, "

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from gbattn.attention.core import AttentionBase, AttnArgs, Call
-from gbattn.checks import Typed, between, one_of
+from gbattn.checks import Typed, between, one_of, within
 from gbattn.errors import ConfigError
 
 # --------------------------------------------------------------------------------------
@@ -132,7 +132,8 @@ class BoostedOptions(Typed):
     kv_source: str = field(default="residual", metadata=one_of(*KV_SOURCES))
     gate_hidden: int = field(default=32, metadata=between(1, 2**24))  # hidden width of the mlp gate (as ffn_hidden)
     layers: list[int] | None = None  # layer indices with correction rounds (negative from the end); None = all
-    scalar_gate_logit: float = 0.5  # the scalar gate's a at init: sigmoid(0.5) = 0.62; 0 starts it at 0.5
+    # the scalar gate's a at init: sigmoid(0.5) = 0.62; 0 starts it at 0.5 (sigmoid(±100) is 0 or 1 in float32)
+    scalar_gate_logit: float = field(default=0.5, metadata=within(100.0))
 
     def validate(self) -> None:
         if self.gate != "mlp" and self.gate_hidden != 32:  # (it was accepted and changed nothing)

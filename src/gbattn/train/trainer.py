@@ -99,6 +99,9 @@ def steps_of_epochs(epochs: float, steps_per_epoch: int) -> int:
     if not steps <= MAX_INT:
         raise ConfigError(f"epochs={epochs:g} of {steps_per_epoch:,} steps each is more steps than a run can count "
                           f"({MAX_INT:,}); set fewer epochs, or max_steps")
+    if steps == 0:  # (epochs=1e-13: a run of 0 steps, reported finished with a perplexity of inf, exit 0)
+        raise ConfigError(f"epochs={epochs:g} of {steps_per_epoch:,} steps each is no step at all; set at least "
+                          f"{1 / steps_per_epoch:.3g} epochs, or max_steps")
     return math.ceil(steps)
 
 
