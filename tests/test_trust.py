@@ -1411,7 +1411,10 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
          ["export", broken["untied-head-best"], "--out", tmp_path / "e-untied"], "one parameter of the model (tied)"),
         ("best weights without a step", ["eval", broken["stepless-best"]], "step=None must be an integer in [0, 4]"),
         ("best weights of a step past the run's last", ["generate", broken["step-beyond-best"], "--prompt", "a"],
-         "step=1000000 must be an integer in [0, 4] (the weights' training step, at most the run's steps)"),
+         "step=1000000 must be an integer in [0, 4] (the weights' training step, at most the run's steps, which "),
+        # (a config.json whose steps were edited down: only best.pt was blamed, "the file is damaged")
+        ("best weights past the steps config.json says", ["eval", broken["step-beyond-best"]],
+         "config.json says are 4): one of the two files is damaged or was edited"),
         ("checkpoint with a NaN optimizer moment", ["train", "--resume", "--out", broken["nan-moment"], "--quiet"],
          "the optimizer's exp_avg of wte.weight holds torch.float32 values that are not finite floating-point numbers"),
         ("checkpoint with a negative optimizer step", ["train", "--resume", "--out", broken["negative-moment-step"],

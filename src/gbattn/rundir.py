@@ -1008,8 +1008,12 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         step = state.get("step")  # (left out, the weights were reported as those of step 0)
         last = config.get("steps") if type(config.get("steps")) is int else MAX_INT  # the run's steps
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= last:  # as a config's step
-            raise CheckpointError(f"{weights}: step={step!r} must be an integer in [0, {last:,}] (the weights' "
-                                  f"training step, at most the run's steps): the file is damaged; restore a copy of it")
+            beyond = isinstance(step, int) and not isinstance(step, bool) and step > last >= 0
+            raise CheckpointError(
+                f"{weights}: step={step!r} must be an integer in [0, {last:,}] (the weights' training step, at most "
+                + (f"the run's steps, which {path / CONFIG} says are {last:,}): one of the two files is damaged or "
+                   f"was edited; restore a copy of it" if beyond else
+                   "the run's steps): the file is damaged; restore a copy of it"))
     model = model_holding(model_cfg, state["model"], path, device)
     return LoadedRun(path, model, model_cfg, train_cfg, tokenizer, config, int(step) if isinstance(step, int) else 0,
                      which)
