@@ -124,7 +124,10 @@ keep() {  # keep FILE NAME: FILE to OUT/NAME if the stage that just ran wrote it
 }
 runs_without_weights() {  # the run directories of a comparison as one archive, checkpoints left out, if the stage
   # that just ran wrote in them (an earlier call's alone do not come back as this one's)
-  if [ -d "$1" ] && [ -n "$(find "$1" -newer "$WORK/.stage-started" -print -quit)" ]; then
+  # (in the run directories: compare rewrites its own results files, and takes its lock, when it trains nothing)
+  local new
+  new=$(find "$1" -mindepth 3 -type f -newer "$WORK/.stage-started" ! -name .lock -print -quit 2> /dev/null)
+  if [ -n "$new" ]; then
     tar -C "$1" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.lock' -czf "$OUT/$2" .
   else log "nothing new in ${1#"$WORK"/}: $2 not made"; fi
 }

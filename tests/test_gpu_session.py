@@ -98,6 +98,12 @@ def test_a_failed_stage_brings_back_no_earlier_files_and_paths_given_are_the_cal
     assert "end bench-paper-small (exit 1)" in log and "no new bench-paper-small/bench.json: not copied" in log, log
     assert "end paper-wt103 (exit 1)" in log and "nothing new in paper-wt103: paper-wt103-runs.tar.gz not made" in log
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["log.txt"]
+    # a comparison that trains nothing still rewrites its results files (and takes its lock): not this call's runs
+    touch = f"touch {tmp_path}/work/paper-wt103/results.json {tmp_path}/work/paper-wt103/.lock; exit 0"
+    proc = _session(tmp_path, {"STAGES": "paper", "WORK": "work", "PY": _failing_python(tmp_path, "compare", touch)},
+                    "", "out-again", cwd=tmp_path)
+    log = (tmp_path / "out-again" / "log.txt").read_text(encoding="utf-8")
+    assert "end paper-wt103 (exit 0)" in log and "paper-wt103-runs.tar.gz not made" in log, log
     proc = _session(tmp_path, {"STAGES": "bench", "WORK": "work", "BUDGET": "08"}, "", "out8", cwd=tmp_path)
     log = (tmp_path / "out8" / "log.txt").read_text(encoding="utf-8")
     assert proc.returncode == 0 and proc.stderr == "" and "skip bench-paper-small: budget spent" in log, proc.stderr

@@ -831,7 +831,24 @@ def test_the_length_check_reads_the_settings_transformers_decodes_with():
         prompt = torch.randint(1, 5, (1, 6))
         assert torch.equal(hf.generate(prompt, max_length=23, **lookup),
                            hf.generate(prompt, max_length=23, do_sample=False, pad_token_id=0, eos_token_id=36))
-
+    # ... and no more than the text so far less one token: 30 of them for 4 new tokens after 6 ran (it was refused,
+    # "at most -5 new tokens")
+    many = {**lookup, "prompt_lookup_num_tokens": 30}
+    assert torch.equal(hf.generate(repeating, max_new_tokens=4, **many),
+                       hf.generate(repeating, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=36))
+    with pytest.raises(ValueError, match=r"prompt_lookup_num_tokens=30\); it has 0 \.\. 23 .*: ask for at most 7 "
+                                         r"new tokens$"):  # (6 + 7 - 1 + 11 drafted)
+        hf.generate(repeating, max_new_tokens=14, **many)
+    assert hf.generate(repeating, max_new_tokens=7, **many).shape == (1, 13)
+    with pytest.raises(ValueError, match=r"prompt lookup's drafted tokens: a smaller prompt_lookup_num_tokens$"):
+        hf.generate(torch.tensor([[3, 4] * 8]), max_new_tokens=5, **many)
+    # A gbattn draft model with fewer positions than the generation: refused before it starts (it failed midway, naming
+    # the numbers of transformers' calls to the draft)
+    small_gpt = GPT(tiny_config(("standard", {}), block_size=12))
+    small = GbattnForCausalLM.from_gpt(small_gpt.double()).eval()
+    with pytest.raises(ValueError, match=r"^the draft model \(assistant_model\) has fewer positions than this "
+                                         r"generation needs: a prompt of 6 tokens and max_new_tokens=15 feed"):
+        hf.generate(repeating, max_new_tokens=15, assistant_model=small, do_sample=False, pad_token_id=0)
 
 def test_from_gpt_leaves_the_gpts_modules_as_they_were_and_its_own_cache_aside():
     """from_gpt ended with train(gpt.training), which set every module of the caller's GPT: a block put in eval mode

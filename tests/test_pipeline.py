@@ -1779,6 +1779,14 @@ def test_a_split_reading_as_the_training_text_with_other_line_ends_or_a_bom_is_r
     (tmp_path / "test.txt").write_bytes(b"other text\n")
     with pytest.raises(DataError, match=rf": the valid file {name} holds the same text as the train file train.txt"):
         load_corpus(str(tmp_path))
+    # a split much smaller than train is not read to tell (a one-line train of 200 MB was read whole)
+    from gbattn.data import corpus as corpus_mod
+
+    (tmp_path / "small.txt").write_bytes(b"line one\n" * 3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(corpus_mod, "open_text", lambda path: pytest.fail(f"{path} read"))
+        assert not corpus_mod.same_text_read(tmp_path / "small.txt", tmp_path / "train.txt")
+    (tmp_path / "small.txt").unlink()
     held_out = gzip.decompress(copy) if name.endswith(".gz") else copy
     (tmp_path / name).write_bytes(gzip.compress(held_out.replace(b"two", b"2")) if name.endswith(".gz")
                                   else held_out.replace(b"two", b"2"))

@@ -167,11 +167,25 @@ def checked_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def _text_size(path: Path) -> int:
+    """About how many bytes of text a file holds: its size, or a gzip file's record of its data's (modulo 2**32)."""
+    if not _is_gzip_name(path):
+        return path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(-4, os.SEEK_END)
+        return int.from_bytes(f.read(4), "little")
+
+
 def same_text_read(path: Path, other: Path) -> bool:
     """Whether two files (already checked) hold the same text as gbattn's tokenizers read it: the same non-blank
     lines, whatever their line ends (Windows', old Mac's), a byte order mark, blank lines or a last line's newline,
     and whether either is gzip. A copy of train so changed scored the training text as held-out text. Read up to
-    the first line that differs: at once for two different texts."""
+    the first line that differs, and only for files of about the same size (within 2.5x: a valid file much smaller
+    than train is no copy of it, and a one-line train of 200 MB was read whole to tell so)."""
+    sizes = sorted((_text_size(path), _text_size(other)))
+    if sizes[1] > 2.5 * sizes[0] + 4:  # (+4: tiny files, whose line ends may double them)
+        return False
+
     def text_lines(f):
         return (line.rstrip("\r\n") for line in f if line.strip())
 

@@ -449,9 +449,17 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             # padded to 24 with rows of 9 and 2 tokens was refused 3 new tokens it could take
             prompt = int(mask.ne(0).sum(-1).max())
         lookup = _integer(kwargs.get("prompt_lookup_num_tokens", getattr(settings, "prompt_lookup_num_tokens", None)))
-        self._check_length(prompt, width, kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None)),
-                           kwargs.get("max_length", getattr(settings, "max_length", None)),
-                           drafted=max(lookup - 1, 0) if lookup else 0)
+        max_new_tokens = kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None))
+        max_length = kwargs.get("max_length", getattr(settings, "max_length", None))
+        self._check_length(prompt, width, max_new_tokens, max_length, lookup=lookup or 0)
+        draft = kwargs.get("assistant_model", getattr(settings, "assistant_model", None))
+        if isinstance(draft, GbattnForCausalLM):  # its positions, checked before decoding starts (it failed midway,
+            # with the numbers of transformers' drafting calls): it reads as many tokens as this model does
+            try:
+                draft._check_length(prompt, width, max_new_tokens, max_length)
+            except ValueError as e:
+                raise ValueError(f"the draft model (assistant_model) has fewer positions than this generation "
+                                 f"needs: {e}") from None
         kind = kwargs.get("cache_implementation", getattr(settings, "cache_implementation", None))
         if kind == "dynamic_full" and TF_MAJOR < 5:
             # transformers 4.x's for a draft model (dynamic, with no sliding layers: GbattnCache is so), taken out of
@@ -486,14 +494,13 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                 args = (args[0], given, *args[2:])
         return args, kwargs
 
-    def _check_length(self, prompt: int, width: int, max_new_tokens, max_length, drafted: int = 0) -> None:
+    def _check_length(self, prompt: int, width: int, max_new_tokens, max_length, lookup: int = 0) -> None:
         """A generation of a ``prompt``-token prompt (its longest row; ``width``: the batch's padded width, which
         max_length counts) asked to run past the model's positions is refused before it starts (it stopped at the
         position past block_size with "position_ids reach N", the tokens so far lost). The last new token is never
-        fed back, so a sequence may end one token past the positions. ``drafted``: positions fed past that end
-        (prompt lookup's candidates, which transformers does not cut at max_length: ``prompt_lookup_num_tokens`` - 1,
-        measured)."""
-        block = self.config.max_position_embeddings - drafted
+        fed back, so a sequence may end one token past the positions. ``lookup``: prompt lookup's
+        ``prompt_lookup_num_tokens``, whose drafted tokens transformers does not cut at max_length, only at the text
+        so far: up to ``lookup`` - 1 positions past that end, and fewer than the text (measured)."""
         max_new_tokens, max_length = _integer(max_new_tokens), _integer(max_length)
         if max_new_tokens is not None:
             tokens = f"{prompt} token{'s' if prompt != 1 else ''}"
@@ -503,19 +510,29 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             asked, length = f"max_length={max_length}{padded}", prompt + max_length - width
         else:
             return
-        if length - 1 > block:
-            room, new = block + 1 - prompt, length - prompt  # (new: the new tokens asked for)
+        block = self.config.max_position_embeddings
+
+        def drafted_past(total: int) -> int:  # prompt lookup's drafted tokens past a generation of ``total`` tokens
+            return min(max(lookup - 1, 0), max(total - 2, 0))
+
+        drafted = drafted_past(length)
+        if length - 1 + drafted > block:
+            new = length - prompt  # (the new tokens asked for) and the most that fit, fewer drafted with fewer
+            room = next((n for n in range(new - 1, 0, -1) if prompt + n - 1 + drafted_past(prompt + n) <= block), 0)
             more = f" (max_length={width + room})" if max_new_tokens is None else ""
             if room > 0:
                 advice = f"ask for at most {room} new token{'s' if room != 1 else ''}{more}"
+            elif drafted:
+                advice = ("the prompt does not fit with prompt lookup's drafted tokens: a smaller "
+                          "prompt_lookup_num_tokens")
             elif new <= block:  # (0 new tokens: refused anyway) the prompt's last tokens that leave room for them
                 advice = f"the prompt does not fit: keep its last {block + 1 - new} tokens at most for {new} new"
             else:
                 advice = f"the prompt does not fit, and at most {block} new tokens do after a 1-token prompt"
             lookup = (f" with prompt lookup's {drafted} drafted token{'s' if drafted != 1 else ''} past them "
-                      f"(prompt_lookup_num_tokens={drafted + 1})" if drafted else "")
+                      f"(prompt_lookup_num_tokens={lookup})" if drafted else "")
             raise ValueError(f"{asked} feed the model positions 0 .. {length - 2 + drafted}{lookup}; it has 0 .. "
-                             f"{block + drafted - 1} (max_position_embeddings, gbattn's block_size): {advice}")
+                             f"{block - 1} (max_position_embeddings, gbattn's block_size): {advice}")
 
     def _merged_settings(self, given):
         """The generation settings transformers decodes with: a given GenerationConfig's, each field it leaves at
