@@ -1387,10 +1387,18 @@ def test_epochs_beside_a_max_steps_that_sets_the_length_is_refused():
     preset trains for epochs is taken."""
     from gbattn.config import build_configs
 
+    # cpu-char samples random windows: the advice names sampling=rows too (max_steps=null alone was refused as
+    # "sampling='random' has no epochs", whose advice was max_steps: the user went back and forth)
     with pytest.raises(ConfigError, match=r"^epochs=0.5 is not used: max_steps=2000 \(preset cpu-char's\) sets "
-                                          r"the run's length; give max_steps=null to train for epochs, or leave "
-                                          r"epochs out$"):
+                                          r"the run's length; give max_steps=null and sampling=rows \(random windows "
+                                          r"have no epochs\) to train for epochs, or leave epochs out$"):
         build_configs("cpu-char", "standard", "tiny-shakespeare", {"epochs": 0.5})
+    with pytest.raises(ConfigError, match=r"^sampling='random' has no epochs: set max_steps, or sampling=rows to "
+                                          r"train for epochs$"):
+        build_configs("cpu-char", "standard", "tiny-shakespeare", {"epochs": 0.5, "max_steps": None})
+    with pytest.raises(ConfigError, match=r"^epochs=2 is not used: max_steps=5 \(given too\) sets the run's length; "
+                                          r"give max_steps=null to train"):  # (a preset reading rows: no sampling)
+        build_configs("paper-small", "standard", "tiny-shakespeare", {"epochs": 2, "max_steps": 5})
     with pytest.raises(ConfigError, match=r"^epochs=2 is not used: max_steps=5 \(given too\)"):
         build_configs("paper-small", "standard", "tiny-shakespeare", {"epochs": 2, "max_steps": 5})
     assert build_configs("paper-small", "standard", "tiny-shakespeare", {"epochs": 2})[1].epochs == 2

@@ -211,7 +211,7 @@ class TrainConfig(Typed):
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}")
         if self.sampling == "random" and self.max_steps is None:
-            raise ConfigError("sampling='random' has no epochs: set max_steps")
+            raise ConfigError("sampling='random' has no epochs: set max_steps, or sampling=rows to train for epochs")
         if self.min_lr > self.lr:
             raise ConfigError(f"min_lr={self.min_lr} is above lr={self.lr}")
         # (checked where a run's config.json is read too: a damaged one was refused only at resume, naming no file,
@@ -380,14 +380,16 @@ def check_agrees(name: str, value: Any, overrides: dict) -> None:
         raise ConfigError(f"{name}={value!r} and the overrides' {name}={overrides[name]!r} disagree: give one of them")
 
 
-def refuse_unused_epochs(epochs, max_steps: int, whose: str) -> None:
+def refuse_unused_epochs(epochs, max_steps: int, whose: str, sampling: str | None = None) -> None:
     """The ConfigError of an ``epochs`` given beside a ``max_steps`` (``whose``: "given too", "preset X's"), which
     sets the run's length: a bad value is named as such first (epochs=-1 was "not used", and the advice to drop
-    max_steps then met "must be > 0")."""
+    max_steps then met "must be > 0"). ``sampling``: the run's; random windows have no epochs, and the advice says
+    so (it sent the user to max_steps=null, which was refused as "sampling='random' has no epochs")."""
     field_ = next(f for f in dataclasses.fields(TrainConfig) if f.name == "epochs")
     field_.metadata["check"]("epochs", coerce("epochs", epochs, float))
+    rows = " and sampling=rows (random windows have no epochs)" if sampling == "random" else ""
     raise ConfigError(f"epochs={epochs} is not used: max_steps={max_steps} ({whose}) sets the run's length; give "
-                      f"max_steps=null to train for epochs, or leave epochs out")
+                      f"max_steps=null{rows} to train for epochs, or leave epochs out")
 
 
 def build_configs(
@@ -424,7 +426,8 @@ def build_configs(
                           f"after the warmup: leave min_lr out, or use schedule=cosine")
     if explicit.get("epochs") is not None and train_d.get("max_steps") is not None:  # (max_steps won, silently)
         refuse_unused_epochs(explicit["epochs"], train_d["max_steps"],
-                             "given too" if explicit.get("max_steps") is not None else f"preset {preset}'s")
+                             "given too" if explicit.get("max_steps") is not None else f"preset {preset}'s",
+                             train_d.get("sampling", TrainConfig.sampling))
     return preset_config(preset, attn, model_sets), TrainConfig.from_dict(train_d)
 
 

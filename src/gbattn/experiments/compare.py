@@ -49,7 +49,8 @@ def spec_configs(recipe: Recipe, spec: ModelSpec, data: str, seed: int, sets: di
     """Model and training configs of one model of a recipe (before width/step matching)."""
     if sets.get("epochs") is not None and "max_steps" not in sets and recipe.train.get("max_steps") is not None:
         # (build_configs takes the recipe's max_steps for one given with the --set: "max_steps=1200 (given too)")
-        refuse_unused_epochs(sets["epochs"], recipe.train["max_steps"], f"recipe {recipe.name}'s")
+        refuse_unused_epochs(sets["epochs"], recipe.train["max_steps"], f"recipe {recipe.name}'s",
+                             sets.get("sampling", recipe.train.get("sampling", TrainConfig.sampling)))
     merged = dict(recipe.train)
     merged.update(sets)
     merged.update(spec.model)
