@@ -693,7 +693,7 @@ def test_a_split_setting_with_a_data_path_that_is_no_corpus_gets_the_paths_own_e
     os.mkfifo(tmp_path / "pipe")
     for data, message in ((tmp_path / "input.tx", "no such file or directory"),
                           (tmp_path / "pipe", "is neither a regular file nor a directory"),
-                          (tmp_path, "has its own train, valid and test splits: leave it out")):
+                          (tmp_path, "is a folder, read as one file per split (train, valid and test)")):
         for command in (["train", "--preset", "cpu-char"], ["compare", "--recipe", "cpu-char"]):
             code, _, err = run_cli(capsys, [*command, "--data", data, "--out", tmp_path / "r", "--set",
                                             "split=[0.8,0.1,0.1]"])
@@ -1996,8 +1996,9 @@ def test_a_split_setting_is_refused_for_a_hub_corpus():
     refused, as for a local directory."""
     from gbattn.data.corpus import check_split_setting
 
-    with pytest.raises(DataError, match="--set split cuts a single text file by characters; --data wikitext-2-raw-v1 "
-                                        "has its own train, valid and test splits: leave it out"):
+    with pytest.raises(DataError, match=r"--set split cuts a single text file by characters; --data "
+                                        r"wikitext-2-raw-v1 names a corpus in splits \(train, valid and test\): "
+                                        r"leave split out, or give one text file"):
         check_split_setting("wikitext-2-raw-v1", {"split": [0.8, 0.1, 0.1]})
     check_split_setting("wikitext-2-raw-v1", {})
 
@@ -2012,7 +2013,8 @@ def test_a_split_setting_is_refused_for_a_folder_given_with_a_tilde_and_kept_for
     monkeypatch.chdir(tmp_path)
     for name in ("corpus", "tiny-shakespeare"):
         (tmp_path / name).mkdir()
-    with pytest.raises(DataError, match="^--set split cuts a single text file by characters; --data ~/corpus has"):
+    with pytest.raises(DataError, match="^--set split cuts a single text file by characters; --data ~/corpus is a "
+                                        "folder"):
         check_split_setting("~/corpus", {"split": [0.8, 0.1, 0.1]})
     check_split_setting("tiny-shakespeare", {"split": [0.8, 0.1, 0.1]})
 

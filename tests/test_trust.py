@@ -1599,12 +1599,12 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("--init-from its own --out by another path", ["train", "--init-from", f"{run}/../{run.name}", "--out", run,
                                                        "--restart"], f"--init-from {run}/../{run.name} is --out: "),
         ("--set split of a corpus in split files", [*new_run, "--set", "split=[0.8,0.1,0.1]"],  # was ignored
-         f"--set split cuts a single text file by characters; --data {data} has its own train, valid and test "
-         f"splits: leave it out"),
+         f"--set split cuts a single text file by characters; --data {data} is a folder, read as one file per "
+         f"split (train, valid and test): leave split out, or give one text file"),
         ("compare --set split of a corpus in split files", ["compare", "--recipe", "cpu-char", "--data", data, "--out",
                                                             tmp_path / "c2", "--set", "split=[0.8,0.1,0.1]"],
-         f"--set split cuts a single text file by characters; --data {data} has its own train, valid and test "
-         f"splits: leave it out"),
+         f"--set split cuts a single text file by characters; --data {data} is a folder, read as one file per "
+         f"split (train, valid and test): leave split out, or give one text file"),
         ("compare --set attn", ["compare", "--recipe", "cpu-char", "--data", data, "--out", tmp_path / "c2", "--set",
                                 "attn=boosted"], "the recipe chooses each model's"),
         # compare trained on --set data while recipe.json recorded --data; --threads overrode --set threads.

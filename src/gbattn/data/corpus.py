@@ -449,8 +449,9 @@ def check_split_setting(data: str, sets: dict) -> None:
     is neither is left to :func:`load_corpus`, which says what it is (missing, a typo, a pipe)."""
     in_splits = data in HF_NAMES or (data not in BUNDLED and Path(os.path.expanduser(data)).is_dir())
     if "split" in sets and in_splits:
-        raise DataError(f"--set split cuts a single text file by characters; --data {data} has its own train, valid "
-                        f"and test splits: leave it out")
+        kind = "names a corpus in splits" if data in HF_NAMES else "is a folder, read as one file per split"
+        raise DataError(f"--set split cuts a single text file by characters; --data {data} {kind} (train, valid "
+                        f"and test): leave split out, or give one text file")
 
 
 def tested_split(notes: list[str]) -> str:
