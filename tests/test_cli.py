@@ -465,7 +465,9 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
         ([*new_run, "--tokenizer", "chr"], "tokenizer='chr' is not allowed (did you mean 'char'?); choose one of "),
         (["compare", "--recipe", "cpu-prox", "--out", tmp_path / "c"], "(did you mean 'cpu-proxy'?); choose one of "),
         (["compare", "--recipe", "cpu-char", "--only", "standrd", "--out", tmp_path / "c"],
-         "--only ['standrd']: not in recipe 'cpu-char' (did you mean 'standard'?) (standard, "),
+         "--only standrd: not in recipe 'cpu-char' (did you mean 'standard'?) (standard, "),
+        (["compare", "--recipe", "cpu-char", "--only", "standard,gba-m2", "--out", tmp_path / "c"],
+         "--only standard,gba-m2: not in recipe 'cpu-char'"),  # (a Python list, "['standard,gba-m2']", no hint)
         (["params", "--attn", "bogus"], "attn='bogus' is not allowed; choose one of standard, "),
         (["lis"], "argument command: invalid choice: 'lis' (did you mean 'list'?) (choose from 'list', "),
         (["eval", tmp_path, "--split", "valdi"], "invalid choice: 'valdi' (did you mean 'valid'?) (choose from "),

@@ -2328,7 +2328,7 @@ def test_weights_without_a_config_are_neither_trained_over_nor_deleted(trained, 
                  ["train", "--init-from", orphan, "--data", trained["data"], "--out", tmp_path / "new"]):
         assert one_line(*run_cli(capsys, argv)[::2]) == (
             f"gbattn: error: {orphan} holds best.pt but no config.json (written last): an upcycle or a run stopped "
-            f"before it finished; it cannot be loaded: upcycle or train it again"), argv[0]
+            f"before it finished; it cannot be loaded: delete it, then upcycle or train it again"), argv[0]
     assert every_file(orphan) == before and not (tmp_path / "new").exists() and not (tmp_path / "ex").exists()
     removed = []
     monkeypatch.setattr(Path, "unlink", lambda self, missing_ok=False: removed.append(self.name))

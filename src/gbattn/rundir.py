@@ -277,7 +277,7 @@ def check_output_outside_data(path: str | Path, data: str, what: str) -> None:
 
 
 # What to do with such weights given as a run to read (eval, generate, export, train --init-from, ...)
-UNFINISHED_RUN_ADVICE = "it cannot be loaded: upcycle or train it again"
+UNFINISHED_RUN_ADVICE = "it cannot be loaded: delete it, then upcycle or train it again"  # (its --out refuses it)
 
 
 def check_output_file(path: str | Path, what: str) -> None:

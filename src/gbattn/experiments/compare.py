@@ -213,10 +213,10 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         specs = [s for s in recipe.models if not only or s.label in only]
         labels = [s.label for s in recipe.models]
         unknown = sorted(set(only or []) - set(labels))
-        if unknown:
-            raise UserError(
-                f"--only {unknown}: not in recipe {recipe.name!r}{did_you_mean(unknown, labels)} ({', '.join(labels)})"
-            )
+        if unknown:  # (named as typed, not as a Python list: "--only ['bar', 'foo']")
+            commas = "; labels are given apart, --only a b" if any("," in label for label in unknown) else ""
+            raise UserError(f"--only {' '.join(unknown)}: not in recipe {recipe.name!r}"
+                            f"{did_you_mean(unknown, labels)} ({', '.join(labels)}){commas}")
         # Model keys a recipe sets per model are applied after --set (spec_configs): refuse them, for every model of
         # the comparison (--set is recorded for all: one given with --only for other models left those refused)
         # (a key as typed: attn.x and attn_options.x name one field, and attn_options={...} sets every option)
