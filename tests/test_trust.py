@@ -1575,13 +1575,20 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
                                               "tokenizer=bpe"], "trains with the tokenizer of"),
         ("--init-from with --attn", ["train", "--init-from", run, "--out", tmp_path / "o13", "--attn", "standard"],
          "--init-from trains the model of"),
+        # the options given are named, not all that could have been, and upcycle only for the attention (it named
+        # --attn, --residual and --preset, and upcycle, for --set d_model=64)
         ("--init-from with a model --set", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
-                                            "d_model=64"], "--init-from trains the model of"),
+                                            "d_model=64"],
+         f"--init-from trains the model of {run} as it is: leave out --set d_model (model settings other than "
+         f"dropout and dropout_sites change its parameters)"),
         ("--init-from with another --preset", ["train", "--init-from", run, "--out", tmp_path / "o13", "--preset",
-                                               "cpu-proxy"], "--init-from trains the model of"),
+                                               "cpu-proxy"], "as it is: leave out --preset cpu-proxy (model settings"),
         ("--init-from with --residual", ["train", "--init-from", run, "--out", tmp_path / "o13", "--residual",
                                          "attnres-full"],  # refused with a message that did not name --residual
-         "as it is: leave out --attn, --residual, --preset and model --set values"),
+         "as it is: leave out --residual (model settings"),
+        ("--init-from with --attn", ["train", "--init-from", run, "--out", tmp_path / "o13", "--attn", "boosted"],
+         "as it is: leave out --attn (model settings other than dropout and dropout_sites change its parameters); "
+         "upcycle first to add correction rounds: `gbattn upcycle`"),
         ("--init-from with another split", ["train", "--init-from", run, "--out", tmp_path / "o13", "--set",
                                             "split=[0.8,0.1,0.1]"],  # was trained on the run's split silently
          f"--init-from trains on the split of {run} (recorded: [0.9, 0.05, 0.05]): leave out --set split"),

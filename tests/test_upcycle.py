@@ -1328,7 +1328,7 @@ def test_train_init_from_takes_another_dropout(gbattn_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", "--init-from", str(gbattn_dir), "--out", str(tmp_path / "wider"), *common, "--set",
                  "dropout=0", "--set", f"d_model={2 * source['d_model']}"]) == 2
-    assert "model --set values other than dropout and dropout_sites" in capsys.readouterr().err
+    assert "leave out --set d_model (model settings other than dropout and" in capsys.readouterr().err
 
 
 def test_init_from_starts_at_the_upcycled_weights_with_a_fresh_optimizer(gbattn_dir, tmp_path, monkeypatch):

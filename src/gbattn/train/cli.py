@@ -185,9 +185,14 @@ def _init_from_trainer(args, init_from: str, sets: dict):
     train_sets, model_sets = split_overrides(sets)  # ``sets`` holds --attn, --data, --seed, ... too
     dropout = {key: model_sets.pop(key) for key in DROPOUT_FIELDS if key in model_sets}  # no parameter changes
     if args.preset and args.preset != source.get("preset") or model_sets:
-        raise UserError(f"--init-from trains the model of {init_from} as it is: leave out --attn, --residual, "
-                        f"--preset and model --set values other than {' and '.join(DROPOUT_FIELDS)} (upcycle first "
-                        f"to change the model: `gbattn upcycle`)")
+        # (the options given, not every option that could have been: `--set n_layers=3` was told to leave out
+        # --attn, --residual and --preset, and to upcycle, which changes the attention alone)
+        given = ([f"--preset {args.preset}"] if args.preset and args.preset != source.get("preset") else []) + [
+            f"--{key}" if key in ("attn", "residual") else f"--set {key}" for key in model_sets]
+        attention = any(key == "attn" or key.startswith(("attn.", "attn_options")) for key in model_sets)
+        raise UserError(f"--init-from trains the model of {init_from} as it is: leave out {', '.join(given)} (model "
+                        f"settings other than {' and '.join(DROPOUT_FIELDS)} change its parameters)"
+                        + ("; upcycle first to add correction rounds: `gbattn upcycle`" if attention else ""))
     model_cfg = model_cfg.replace(**dropout)
     split = train_sets.pop("split", None)
     if split is not None and source_train.replace(split=split).split != source_train.split:  # (0.9,0.1,0 as typed)
