@@ -222,17 +222,26 @@ def _cpu_times(cpus: set[int] | None = None) -> tuple[float, float] | None:
     return (busy, total) if found else None
 
 
+def omp_threads() -> int | None:
+    """The CPU threads ``OMP_NUM_THREADS`` asks for, or None where it is unset or no count (``0``, ``4,2``: ignored,
+    as :func:`default_threads` ignores it)."""
+    asked = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not (asked.isdigit() and int(asked) > 0):
+        return None
+    if int(asked) > MAX_THREADS:  # bounded as --threads is (2000 ran at 93 tokens/s, silently)
+        raise UserError(f"OMP_NUM_THREADS={asked} is more than {MAX_THREADS:,} threads (OpenMP starts every "
+                        f"thread at once, and beyond what the OS allows it crashed): set it lower, or give "
+                        f"--threads N (README, \"Threads\")")
+    return int(asked)
+
+
 def default_threads() -> int:
     """CPU threads when none are asked for: ``OMP_NUM_THREADS`` where it is set (``torchrun`` sets it
     to 1 for each of several processes per machine), else :func:`free_cores` shared among this
     machine's processes of one ``torchrun`` (``LOCAL_WORLD_SIZE``)."""
-    asked = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if asked.isdigit() and int(asked) > 0:
-        if int(asked) > MAX_THREADS:  # bounded as --threads is (2000 ran at 93 tokens/s, silently)
-            raise UserError(f"OMP_NUM_THREADS={asked} is more than {MAX_THREADS:,} threads (OpenMP starts every "
-                            f"thread at once, and beyond what the OS allows it crashed): set it lower, or give "
-                            f"--threads N (README, \"Threads\")")
-        return int(asked)
+    asked = omp_threads()
+    if asked is not None:
+        return asked
     local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
     return max(1, free_cores() // (int(local) if local.isdigit() and int(local) > 0 else 1))
 

@@ -232,7 +232,6 @@ def _visible_files(path: Path) -> list[str]:
 def _find_split_files(path: Path) -> dict[str, Path | None]:
     names = _visible_files(path)
     exact = {s: [n + gz for n in EXACT_NAMES[s] for gz in ("", ".gz") if n + gz in names] for s in SPLITS}
-    named = {s: list(exact[s]) for s in SPLITS}  # (before a WikiText flavour is chosen)
     # Both WikiText flavours in one folder: the first one that has all three splits (raw, else tokens), so
     # that a folder lacking wiki.train.raw is not read as <unk>-tokenized train with raw valid and test.
     complete = [f for f in ("raw", "tokens") if all(any(_wikitext_flavour(n) == f for n in exact[s]) for s in SPLITS)]
@@ -243,8 +242,8 @@ def _find_split_files(path: Path) -> dict[str, Path | None]:
         matches = [n for n in names if _is_text_name(n) and re.search(NAME_PATTERNS[split], n.lower())]
         if exact[split]:
             # ptb.train.txt beside train.txt, val.txt beside validation.txt: the exact name was read, the other
-            # ignored without a word (WikiText files of the other flavour are the flavour check's)
-            others = [n for n in matches if n not in named[split] and _wikitext_flavour(n) is None]
+            # ignored without a word (WikiText files of either flavour are the flavour checks')
+            others = [n for n in matches if n not in exact[split] and _wikitext_flavour(n) is None]
             if others:
                 raise DataError(f"--data {path}: several files could be the {split} split "
                                 f"({', '.join([exact[split][0], *others])}); keep one")

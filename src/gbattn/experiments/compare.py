@@ -40,7 +40,14 @@ from gbattn.files import open_to_append, option_path, portable_path, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
 from gbattn.parent_death import stop_with_parent
 from gbattn.progress import Progress
-from gbattn.runtime import command_line, default_threads, launched_processes, portable_argument, resolve_device
+from gbattn.runtime import (
+    command_line,
+    default_threads,
+    launched_processes,
+    omp_threads,
+    portable_argument,
+    resolve_device,
+)
 from gbattn.train.trainer import earlier_warmup_rule, fitted_warmup, train
 from gbattn.upcycle import upcycle, write_run
 
@@ -246,8 +253,7 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
                         for seed in seeds)  # (all finished before: nothing to divide the threads between)
         if jobs > 1 and in_all < at_once and untrained:  # a warning: stderr, apart from the output, under --quiet too
             # (it blamed the cores where OMP_NUM_THREADS=1 on a 2-core machine set the one thread)
-            omp = os.environ.get("OMP_NUM_THREADS", "").strip()  # (as default_threads reads it: a count, or ignored)
-            source = ("--threads" if threads else "OMP_NUM_THREADS" if omp.isdigit() and int(omp) > 0
+            source = ("--threads" if threads else "OMP_NUM_THREADS" if omp_threads() is not None
                       else "the cores free to this process")
             print(f"note: --jobs {jobs} with {in_all} CPU thread{'s' if in_all != 1 else ''} in all ({source}): each "
                   f"run takes 1 thread, {at_once} in all, more than given (on a CPU, more threads than cores only "
