@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -978,6 +979,13 @@ def test_stop_ends_decoding_after_the_token_it_returns_true_for(variant_case):
         assert torch.equal(seen[-1], full_BT[:, 5:9])
     with pytest.raises(ValueError, match="stop of type list: give a function stop"):
         generate(model, prompt_BT, 3, stop=["x"])
+    # one answer per row (torch's "ambiguous" RuntimeError): refused; a one-element tensor is one answer
+    with pytest.raises(ValueError, match=r"^stop returned 2 values \(\(2,\)\): it ends the whole batch"):
+        generate(model, prompt_BT, 3, stop=lambda new_BN: new_BN[:, -1] >= 0)
+    assert generate(model, prompt_BT, 12, temperature=0, stop=lambda new_BN: (new_BN >= 0).all()).shape == (2, 6)
+    # a loaded run given as the model (it has its own generate): "no attribute 'cfg'" before
+    with pytest.raises(ValueError, match=r"^model of type SimpleNamespace: give a GPT \(a loaded run's \.model"):
+        generate(SimpleNamespace(cfg=None), prompt_BT, 3)
     # progress and decode_step that are no functions: refused up front (they failed after the first token)
     for name in ("progress", "decode_step"):
         with pytest.raises(ValueError, match=rf"^{name} of type int: give a function .*, or None$"):

@@ -200,6 +200,14 @@ def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
     return mask_BT
 
 
+def _stops(answer) -> bool:
+    """``stop``'s answer as one bool for the batch (a tensor of one per row failed in torch, "ambiguous")."""
+    if isinstance(answer, Tensor) and answer.numel() != 1:
+        raise ValueError(f"stop returned {answer.numel()} values ({tuple(answer.shape)}): it ends the whole "
+                         "batch, so return one bool, e.g. bool(done_B.all()) to stop once every row is done")
+    return bool(answer)
+
+
 @torch.no_grad()
 def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              seed: int | None = None, use_cache: bool = True, prompt_mask: Tensor | None = None,
@@ -241,6 +249,9 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
     if not use_cache and (compile or decode_step is not None):  # (each was dropped, unsaid: no decode step runs)
         raise ValueError(f"{'compile=True' if compile else 'decode_step'} is for the cached decode step, and "
                          f"use_cache=False recomputes the whole context at every token: give one of them")
+    if not (isinstance(model, torch.nn.Module) and hasattr(model, "setup_cache")):  # (a LoadedRun: no attribute 'cfg')
+        raise ValueError(f"model of type {type(model).__name__}: give a GPT (a loaded run's .model, or call the "
+                         "run's own .generate)")
     prompt_mask = check_prompt(idx_BT, prompt_mask)
     block = model.cfg.block_size
     B, T = idx_BT.shape
@@ -291,7 +302,7 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             if progress is not None:
                 progress(1)
             slot = out.shape[1] - 1
-            if i == max_new_tokens - 1 or (stop is not None and stop(out[:, T:])):
+            if i == max_new_tokens - 1 or (stop is not None and _stops(stop(out[:, T:]))):
                 break  # the last token's logits would go unused
             if cached and slot < max_len:
                 pos = None if prompt_mask is None else real_B1 + (slot - T)
