@@ -362,6 +362,10 @@ def test_inputs_embeds_are_the_token_embeddings_in_place_of_the_ids(layout):
         hf.generate(inputs_embeds=torch.zeros(1, block, gpt.cfg.d_model, dtype=torch.float64), max_new_tokens=3)
 
 
+def frozen(model: torch.nn.Module) -> list[str]:
+    return [name for name, p in model.named_parameters() if not p.requires_grad]
+
+
 @pytest.mark.parametrize("layout", ["gpt2-post", "llama-attnres"])
 def test_the_base_model_gives_what_the_causal_lm_reads_and_keeps_its_checks(layout, tmp_path):
     """GbattnModel (AutoModel): last_hidden_state is the causal LM's last hidden state, through a left-padded batch
@@ -394,6 +398,9 @@ def test_the_base_model_gives_what_the_causal_lm_reads_and_keeps_its_checks(layo
         again = AutoModel.from_pretrained(tmp_path / saved, dtype=torch.float64).eval()
         lm = AutoModelForCausalLM.from_pretrained(tmp_path / saved, dtype=torch.float64).eval()
         assert type(again) is GbattnModel and type(lm) is GbattnForCausalLM
+        # the weights gbattn never trains stay frozen (transformers 5 loaded AttnRes's first norm trainable)
+        for loaded in (again, lm):
+            assert frozen(loaded) == frozen(hf) == (["model.residual.norms.0.weight"] if "attnres" in layout else [])
         torch.testing.assert_close(again(idx).last_hidden_state, head_input, rtol=0, atol=0)
         torch.testing.assert_close(lm(idx).logits, hf(idx).logits, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"^GbattnModel takes input_ids or inputs_embeds, one of the two"):
@@ -775,6 +782,29 @@ def test_generate_past_the_models_positions_is_refused_before_it_starts():
                        gpt.generate(torch.zeros(1, 1, dtype=torch.long), 24, temperature=0))
 
 
+def test_a_negative_prompt_longer_than_the_prompt_is_checked_for_the_new_tokens_it_is_fed():
+    """Guidance's negative prompt is fed each new token as the prompt is: 10 tokens of it beside a prompt of 6 passed
+    the check for 16 new tokens and stopped midway ("exceeds block_size"); it counts its real tokens (its mask)."""
+    _, hf = tiny_pair(("standard", {}), {})
+    idx, negative = torch.randint(0, 37, (1, 6)), torch.randint(0, 37, (1, 10))
+    guided = dict(guidance_scale=1.5, do_sample=False)
+    refused = (r"^guidance's negative prompt \(negative_prompt_ids\) is longer than the prompt and is fed every new "
+               r"token too: a prompt of 10 tokens and max_new_tokens=16 feed the model positions 0 \.\. 24; it has "
+               r"0 \.\. 23 .*: ask for at most 15 new tokens$")
+    for asking in (dict(max_new_tokens=16), dict(max_length=22)):
+        with pytest.raises(ValueError, match=refused):
+            hf.generate(idx, negative_prompt_ids=negative, **asking, **guided)
+    assert hf.generate(idx, negative_prompt_ids=negative, max_new_tokens=15, **guided).shape == (1, 21)
+    padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), negative], 1)
+    padded_mask = torch.cat([torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 10, dtype=torch.long)], 1)
+    with pytest.raises(ValueError, match=refused):
+        hf.generate(idx, negative_prompt_ids=padded, negative_prompt_attention_mask=padded_mask, max_new_tokens=16,
+                    **guided)
+    # without guidance (scale 1) the negative prompt is not fed: no check
+    assert hf.generate(idx, negative_prompt_ids=negative, max_new_tokens=18, guidance_scale=1.0,
+                       do_sample=False).shape == (1, 24)
+
+
 def test_the_length_check_reads_the_settings_transformers_decodes_with():
     """The check read a given GenerationConfig alone, which transformers completes from the model's own (its
     max_new_tokens=30 ran past the positions and stopped with "position_ids reach 24"); a float max_new_tokens
@@ -849,6 +879,21 @@ def test_the_length_check_reads_the_settings_transformers_decodes_with():
     with pytest.raises(ValueError, match=r"^the draft model \(assistant_model\) has fewer positions than this "
                                          r"generation needs: a prompt of 6 tokens and max_new_tokens=15 feed"):
         hf.generate(repeating, max_new_tokens=15, assistant_model=small, do_sample=False, pad_token_id=0)
+    # Another library's target (GPT-2 of 64 positions) gives its draft one drafting call's length, not the whole
+    # generation's: refused midway, naming the draft's positions (it said "a prompt of 14 tokens and
+    # max_new_tokens=20 ... ask for at most 19 new tokens", transformers' numbers for its drafting call)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    target = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=37, n_positions=64)).eval()
+    with pytest.raises(ValueError, match=r"^this model, drafting for another \(assistant_model\), has positions 0 "
+                                         r"\.\. 11 \(max_position_embeddings, gbattn's block_size\), and the "
+                                         r"generation it drafts for has reached \d+ tokens: keep that generation's "
+                                         r"prompt and new tokens within 13 tokens, or give a draft with more"):
+        target.generate(repeating, max_new_tokens=15, assistant_model=small.float(), do_sample=False, pad_token_id=0)
+    assert torch.equal(target.generate(repeating, max_new_tokens=7, assistant_model=small, do_sample=False,
+                                       pad_token_id=0),
+                       target.generate(repeating, max_new_tokens=7, do_sample=False, pad_token_id=0))
 
 def test_from_gpt_leaves_the_gpts_modules_as_they_were_and_its_own_cache_aside():
     """from_gpt ended with train(gpt.training), which set every module of the caller's GPT: a block put in eval mode

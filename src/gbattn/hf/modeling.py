@@ -253,9 +253,13 @@ class GbattnPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """transformers' ``from_pretrained``, with :meth:`_check_placement` of the model it loads (the first of what
-        it returns with ``output_loading_info=True``)."""
+        it returns with ``output_loading_info=True``), and the weights gbattn never trains frozen again."""
         loaded = super().from_pretrained(*args, **kwargs)
-        (loaded[0] if isinstance(loaded, tuple) else loaded)._check_placement()
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        model._check_placement()
+        for module in model.modules():  # (transformers 5 made its weights anew: trainable, unlike gbattn's and 4.x's)
+            if isinstance(module, AttnResStream):
+                module.freeze_untrained()
         return loaded
 
     def _check_placement(self) -> None:
@@ -451,7 +455,19 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         lookup = _integer(kwargs.get("prompt_lookup_num_tokens", getattr(settings, "prompt_lookup_num_tokens", None)))
         max_new_tokens = kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None))
         max_length = kwargs.get("max_length", getattr(settings, "max_length", None))
-        self._check_length(prompt, width, max_new_tokens, max_length, lookup=lookup or 0)
+        try:
+            self._check_length(prompt, width, max_new_tokens, max_length, lookup=lookup or 0)
+        except ValueError:
+            if not getattr(given, "is_assistant", False):
+                raise
+            # drafting for another library's model (transformers marks the config it gives a draft; a gbattn target
+            # checks its draft up front): one drafting call's numbers, the whole generation's length unknown here
+            block = self.config.max_position_embeddings
+            raise ValueError(f"this model, drafting for another (assistant_model), has positions 0 .. {block - 1} "
+                             f"(max_position_embeddings, gbattn's block_size), and the generation it drafts for has "
+                             f"reached {prompt} tokens: keep that generation's prompt and new tokens within "
+                             f"{block + 1} tokens, or give a draft with more positions") from None
+        self._check_negative_prompt(kwargs, settings, prompt, width, max_new_tokens, max_length)
         draft = kwargs.get("assistant_model", getattr(settings, "assistant_model", None))
         if isinstance(draft, GbattnForCausalLM):  # its positions, checked before decoding starts (it failed midway,
             # with the numbers of transformers' drafting calls): it reads as many tokens as this model does
@@ -493,6 +509,29 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             else:
                 args = (args[0], given, *args[2:])
         return args, kwargs
+
+    def _check_negative_prompt(self, kwargs: dict, settings, prompt: int, width: int, max_new_tokens,
+                               max_length) -> None:
+        """Guidance's negative prompt (``negative_prompt_ids``, with ``guidance_scale`` other than 1) is fed every new
+        token as the prompt is: one longer than the prompt is checked as :meth:`_check_length` checks the prompt (it
+        ran past the positions midway, "sequence length 33 exceeds block_size=32", the tokens so far lost)."""
+        negative = kwargs.get("negative_prompt_ids")
+        scale = kwargs.get("guidance_scale", getattr(settings, "guidance_scale", None))
+        if not isinstance(negative, Tensor) or negative.dim() != 2 or scale is None or scale == 1:
+            return
+        mask = kwargs.get("negative_prompt_attention_mask")
+        real = (int(mask.ne(0).sum(-1).max()) if isinstance(mask, Tensor) and mask.shape == negative.shape
+                and mask.numel() else negative.shape[-1])
+        if real <= prompt:
+            return
+        max_new_tokens, max_length = _integer(max_new_tokens), _integer(max_length)
+        if max_new_tokens is None and max_length is not None:
+            max_new_tokens = max_length - width  # (the new tokens max_length leaves, counted from the prompt's width)
+        try:
+            self._check_length(real, real, max_new_tokens, None)
+        except ValueError as e:
+            raise ValueError(f"guidance's negative prompt (negative_prompt_ids) is longer than the prompt and is fed "
+                             f"every new token too: {e}") from None
 
     def _check_length(self, prompt: int, width: int, max_new_tokens, max_length, lookup: int = 0) -> None:
         """A generation of a ``prompt``-token prompt (its longest row; ``width``: the batch's padded width, which

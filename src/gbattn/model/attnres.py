@@ -31,8 +31,12 @@ class AttnResStream(nn.Module):
         self.queries = nn.Parameter(torch.empty(self.n_sublayers + 1, cfg.d_model))
         self.init_own_parameters()
         self.norms = nn.ModuleList(nn.RMSNorm(cfg.d_model) for _ in range(self.n_sublayers + 1))
-        # Sublayer 0 mixes one source (the embedding) in every mode: its norm never gets a gradient.
-        # Not trained, so optimizers and sharded checkpoints hold no state for it.
+        self.freeze_untrained()
+
+    def freeze_untrained(self) -> None:
+        """Sublayer 0 mixes one source (the embedding) in every mode: its norm never gets a gradient. Not trained,
+        so optimizers and sharded checkpoints hold no state for it (also called by a loader that makes the
+        parameters anew, e.g. transformers 5's from_pretrained)."""
         self.norms[0].weight.requires_grad_(False)
 
     def init_own_parameters(self, init=nn.init) -> None:
