@@ -12,6 +12,7 @@ import re
 import runpy
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -40,6 +41,17 @@ def process_of_identical_peers(rank: int, world: int):
             return [obj] * self.world
 
     return IdenticalPeers(rank=rank, world=world)
+
+
+def pose_as_peer(monkeypatch, rank: int, world: int) -> None:
+    """The trainer run as process ``rank`` of ``world`` identical peers (:func:`process_of_identical_peers`). Its check
+    that every process sees rank 0's run directory is left out: here rank 0's lock token is this process's own
+    (that check, with two real processes: test_processes_that_see_other_folders_or_were_given_other_runs_refuse)."""
+    from gbattn.train import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "init_distributed",
+                        lambda device_type: process_of_identical_peers(rank, world))
+    monkeypatch.setattr(trainer_module.Trainer, "_check_one_run_directory", lambda self: None)
 
 
 def test_compare_with_two_jobs_equals_one_after_another(tmp_path, monkeypatch, capsys):
@@ -752,6 +764,52 @@ def test_a_mistake_only_the_second_process_sees_ends_every_process_with_its_line
     assert own == ["gbattn: error: the second process cannot read the data"] * 2, proc.stderr[-3000:]
 
 
+SECOND_RANK_ARGUMENTS_WORKER = textwrap.dedent('''
+    """`gbattn train` under torchrun with the second process given other arguments: SECOND_RANK_ARGS (JSON) replaces
+    each of its arguments named there by the value given (a job script that launches the ranks differently)."""
+    import json, os, sys
+    from gbattn import cli
+
+    argv = sys.argv[1:]
+    if os.environ["RANK"] == "1":
+        argv = [json.loads(os.environ["SECOND_RANK_ARGS"]).get(a, a) for a in argv]
+    sys.exit(cli.main(argv))
+''')
+
+
+def test_processes_that_see_other_folders_or_were_given_other_runs_refuse(tmp_path):
+    """Only rank 0 writes the checkpoints, which every process reads: a second process that sees another folder as
+    --out (nodes without a shared file system) tested its last weights as the best ones, or waited forever; one
+    given another learning rate trained on silently (another model: a DDP traceback). Each now ends every process
+    with one line, exit 2, before training."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(SECOND_RANK_ARGUMENTS_WORKER)
+    data = write_corpus(tmp_path / "c", lines_per_split=(60, 20, 20))
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    argv = ["train", "--out", str(run), *_train_argv(data, 2)]
+    cases = [({str(run): str(elsewhere)},
+              f"{run} is not one folder that every process sees: rank 1 (on {socket.gethostname()}, its --out "
+              f"{elsewhere}) finds no run of "
+              f"rank 0's there; only rank 0 writes the checkpoints and every process reads them, so a run on several "
+              f"nodes needs its --out on a file system they share"),
+             ({"lr=0.003": "lr=0.5"},
+              "the 2 processes were launched with different runs: rank 1's differs from rank 0's in lr; launch "
+              "every process with the same command (torchrun --nproc_per_node N -m gbattn.cli train ...)")]
+    other = write_corpus(tmp_path / "other", lines_per_split=(70, 20, 20))  # (its own copy, and not the same)
+    cases.append(({str(data): str(other)}, f"rank 1 (on {socket.gethostname()}) read another corpus from --data "
+                                           f"{other} than rank 0 from --data {data}: every process trains on the same "
+                                           f"data; give each node the same copy"))
+    assert "lr=0.003" in argv
+    for replaced, line in cases:
+        env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"),
+                   SECOND_RANK_ARGS=json.dumps(replaced))
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                               str(worker), *argv], capture_output=True, text=True, env=env, timeout=300)
+        own = [text for text in proc.stderr.splitlines() if text.startswith("gbattn: error:")]
+        assert proc.returncode != 0 and own == [f"gbattn: error: {line}"] * 2, proc.stderr[-3000:]
+        assert not (run / rundir.CHECKPOINT).exists() and not elsewhere.exists()
+
+
 SKEWED_CLOCK_WORKER = textwrap.dedent('''
     """`gbattn train` under torchrun with the second process's checkpoint clock an hour ahead at every
     reading: it finds a time-based checkpoint due after every step, the first process never."""
@@ -1137,8 +1195,7 @@ def test_a_restart_that_fails_its_checks_leaves_the_old_run(tmp_path, monkeypatc
     run = tmp_path / "run"
     trainer_module.train(run, *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
     before = {name: content for name, content in _snapshot(run).items() if name != rundir.LOCK}
-    monkeypatch.setattr(trainer_module, "init_distributed",
-                        lambda device_type: process_of_identical_peers(0, processes))
+    pose_as_peer(monkeypatch, 0, processes)
     with pytest.raises(UserError, match=error):
         trainer_module.Trainer(run, *tiny_configs(data, max_steps=2, eval_every=2, **sets), quiet=True,
                                restart=True).run()
@@ -1164,7 +1221,7 @@ def test_a_process_other_than_the_first_writes_and_prints_nothing(tmp_path, monk
     trainer_module.train(finished, *tiny_configs(data, max_steps=2, eval_every=2), quiet=True)
     before, finished_before = _snapshot(resumed), _snapshot(finished)
     capsys.readouterr()
-    monkeypatch.setattr(trainer_module, "init_distributed", lambda device_type: process_of_identical_peers(1, 2))
+    pose_as_peer(monkeypatch, 1, 2)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert run_cli(capsys, ["train", "--resume", "--out", finished]) == (0, "", "")
@@ -1194,8 +1251,7 @@ def test_every_process_starts_from_the_same_weights_and_draws_its_own_dropout_st
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         for rank in (0, 1):
-            monkeypatch.setattr(trainer_module, "init_distributed",
-                                lambda device_type, rank=rank: process_of_identical_peers(rank, 2))
+            pose_as_peer(monkeypatch, rank, 2)
             trainer = trainer_module.Trainer(tmp_path / "run", *tiny_configs(data), quiet=True)
             trainer._setup()
             if getattr(trainer, "lock", None) is not None:
@@ -1355,7 +1411,7 @@ def test_a_one_process_checkpoint_resumed_by_two_processes_says_it_is_not_exact(
     run = tmp_path / "run"
     trainer_module.train(run, *tiny_configs(data, max_steps=4, eval_every=2, threads=1), quiet=True)
     capsys.readouterr()
-    monkeypatch.setattr(trainer_module, "init_distributed", lambda device_type: process_of_identical_peers(0, 2))
+    pose_as_peer(monkeypatch, 0, 2)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         trainer = trainer_module.Trainer(run, resume=True)

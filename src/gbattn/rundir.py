@@ -32,6 +32,7 @@ import math
 import os
 import pickle
 import re
+import secrets
 import socket
 import stat
 import struct
@@ -481,7 +482,7 @@ class RunLock:
         self.directory = Path(directory)
         key = str(self.directory.resolve())
         if key in RunLock._held:  # this process already holds it (e.g. compare, then its runs)
-            self.fd = None
+            self.fd, self.token = None, RunLock._held[key].token
             return
         # the folders this lock's check makes (the directory and its parents not there yet: removed again if empty)
         self.made = [self.directory, *itertools.takewhile(lambda p: not p.exists() and p != p.parent,
@@ -509,22 +510,34 @@ class RunLock:
                                 f"choose another --out") from None
             raise
         os.ftruncate(self.fd, 0)
-        os.write(self.fd, f"{os.getpid()}\n{what}\n".encode())
+        # (its third line, a random token: other processes of a torchrun find it there when they see this folder)
+        self.token = secrets.token_hex(8)
+        os.write(self.fd, f"{os.getpid()}\n{what}\n{self.token}\n".encode())
         RunLock._held[key] = self
         self.key = key
         remove_debris(self.directory)
 
-    def holder(self) -> str | None:
-        """What the process holding the lock writes (its second line: "run", "comparison", "export", ...), or None
-        where it does not say (a gbattn before it did, or one that has not written it yet)."""
+    @staticmethod
+    def token_in(directory: str | Path) -> str | None:
+        """The token in ``directory``'s lock file (:class:`RunLock` writes it), or None where there is none."""
+        lines = RunLock._lines(Path(directory))
+        return lines[2] if len(lines) > 2 else None
+
+    @staticmethod
+    def _lines(directory: Path) -> list[str]:
         try:
-            fd = os.open(self.directory / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(directory / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             try:
-                lines = os.read(fd, 200).decode("utf-8", errors="replace").splitlines()
+                return os.read(fd, 200).decode("utf-8", errors="replace").splitlines()
             finally:
                 os.close(fd)
         except OSError:
-            return None
+            return []
+
+    def holder(self) -> str | None:
+        """What the process holding the lock writes (its second line: "run", "comparison", "export", ...), or None
+        where it does not say (a gbattn before it did, or one that has not written it yet)."""
+        lines = self._lines(self.directory)
         return lines[1] if len(lines) > 1 and re.fullmatch(r"[\w `.-]{1,60}", lines[1]) else None
 
     def release(self) -> None:

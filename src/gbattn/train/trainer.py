@@ -11,6 +11,7 @@ import json
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -433,8 +434,10 @@ class Trainer:
             torch.cuda.set_device(self.device)
         use_tf32(self.device)
         self.autocast = autocast(self.device, cfg.amp)
+        self._check_processes_agree()
         # The main process first (it builds the caches the others then read); a mistake it finds ends every process.
         self.data: Data = self.dist.main_first(self._claim_and_prepare)
+        self._check_one_run_directory()
         has_checkpoint = self.has_checkpoint
         vocab = self.data.tokenizer.vocab_size
         if vocab != self.model_cfg.vocab_size:
@@ -543,6 +546,47 @@ class Trainer:
         if self.train_cfg.parallel != "ddp" and not self.dist.enabled and self.main:
             print(f"parallel={self.train_cfg.parallel} applies under torchrun only (torchrun --nproc_per_node N -m "
                   f"gbattn.cli train ...); this is one process", file=sys.stderr)
+
+    def _check_processes_agree(self) -> None:
+        """Under torchrun every process trains the same run: a field given to one process only (a job script that
+        adds options per rank) trained another model beside it (a DDP traceback) or another seed or learning rate
+        silently, config.json recording rank 0's. Result-neutral fields and the data path (a node's own copy) may
+        differ; the data's content is compared once read (:meth:`_check_one_run_directory`)."""
+        if not self.dist.enabled:
+            return
+        neutral = {*TrainConfig.RESULT_NEUTRAL, "data"}
+        mine = {**self.model_cfg.__dict__, **{k: v for k, v in self.train_cfg.__dict__.items() if k not in neutral},
+                "resume": self.resume, "restart": self.restart, "preset": self.preset, "extra": self.extra}
+        mine = json.loads(json.dumps(mine, default=str))
+        every = self.dist.gather(mine)
+        for rank, theirs in enumerate(every[1:], 1):
+            differ = sorted(k for k in set(theirs) | set(every[0]) if theirs.get(k) != every[0].get(k))
+            if differ:
+                raise UserError(f"the {self.dist.world} processes were launched with different runs: rank {rank}'s "
+                                f"differs from rank 0's in {', '.join(differ)}; launch every process with the same "
+                                f"command (torchrun --nproc_per_node N -m gbattn.cli train ...)")
+
+    def _check_one_run_directory(self) -> None:
+        """Under torchrun the run directory is one folder that every process sees, holding rank 0's lock, and every
+        process read the same data: only rank 0 writes the checkpoints, which every process reads (on nodes that
+        share no file system, the others tested their last weights as the best ones, or waited forever)."""
+        if not self.dist.enabled:
+            return
+        token = self.dist.gather(self.lock.token if self.main else None)[0]
+        seen = self.dist.gather((self.main or rundir.RunLock.token_in(self.run_dir) == token, socket.gethostname(),
+                                 str(self.run_dir), self.data.corpus_fingerprint, self.data.tokenizer.fingerprint,
+                                 self.train_cfg.data))
+        for rank, (sees, host, out, corpus, tokenizer, data) in enumerate(seen):
+            if not sees:  # (named as rank 0 names it, and as this process does where that differs)
+                raise UserError(f"{seen[0][2]} is not one folder that every process sees: rank {rank} (on {host}"
+                                f"{f', its --out {out}' if out != seen[0][2] else ''}) finds no run of rank 0's "
+                                f"there; only rank 0 writes the checkpoints and every process reads them, so a run on "
+                                f"several nodes needs its --out on a file system they share")
+            if (corpus, tokenizer) != seen[0][3:5]:
+                what = "corpus" if corpus != seen[0][3] else "tokenizer"
+                raise UserError(f"rank {rank} (on {host}) read another {what} from --data {data} than rank 0 from "
+                                f"--data {seen[0][5]}: every process trains on the same data; give each node the same "
+                                f"copy")
 
     def _claim_and_prepare(self) -> Data:
         """The main process takes the run directory (one writer, before any long work); then the data.
