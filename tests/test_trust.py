@@ -186,14 +186,18 @@ def test_a_real_training_process_holds_its_run_and_compare_its_directory(trained
 
 
 def test_a_run_lock_writes_its_pid_removes_only_an_empty_directory_it_made_and_is_taken_again(tmp_path):
-    """The lock file holds this pid and what it writes (a longer stale pid is overwritten); release removes the
+    """The lock file holds this pid, what it writes and a random token (torchrun's other processes look for it there:
+    test_parallel; a longer stale pid is overwritten); release removes the
     directory only if the lock made it and nothing else is in it; a lock taken again after release
     is held (another process is refused)."""
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / rundir.LOCK).write_text("123456789012\n")
-    with rundir.RunLock(existing):
-        assert (existing / rundir.LOCK).read_text() == f"{os.getpid()}\nrun\n"
+    with rundir.RunLock(existing) as lock:
+        assert (existing / rundir.LOCK).read_text() == f"{os.getpid()}\nrun\n{lock.token}\n"
+        assert re.fullmatch("[0-9a-f]{16}", lock.token) and rundir.RunLock.token_in(existing) == lock.token
+        assert rundir.RunLock(existing).token == lock.token  # (taken again by its holder: the same lock)
+    assert rundir.RunLock.token_in(tmp_path) is None  # (no lock file)
     assert existing.is_dir()  # not made by the lock: kept
     # a new lock file gets the umask's permissions, as every file gbattn writes (0o644 kept the other members of a
     # group's shared folder from locking it: "cannot be opened as the lock file")
