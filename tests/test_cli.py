@@ -1611,3 +1611,24 @@ def test_a_failed_new_run_leaves_none_of_the_folders_it_made(tmp_path, monkeypat
     (tmp_path / "kept" / "other").mkdir(parents=True)
     assert main([*argv, "--out", "kept/new/run"]) == 2
     assert sorted(os.listdir(tmp_path / "kept")) == ["other"]
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["train", "--data", "c\udcff.txt", "--out", "run"], "--data c\\xff.txt"),
+    (["train", "--data", "tiny-shakespeare", "--out", "r\udcff"], "--out r\\xff"),
+    (["eval", "r\ud800"], "run_dir r\\ud800"),
+    (["export", "run", "--out", "e\udcff"], "--out e\\xff"),
+    (["lm-eval", "run", "--tasks", "t", "--output", "o\udcff.json"], "--output o\\xff.json"),
+    (["plot", "ok", "c\udcff"], "compare_dir c\\xff"),
+])
+def test_a_path_whose_name_is_not_utf8_is_one_line(tmp_path, monkeypatch, capsys, argv, named):
+    """A file or folder name that is no UTF-8 (a byte of another encoding, which Python keeps as a surrogate) ended in a
+    UnicodeEncodeError traceback where gbattn wrote it into a results file, a figure or an export, some after the
+    training had run: refused up front, naming it with the bytes escaped, and nothing written."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, argv)
+    assert (code, out) == (2, "")
+    at = len(named.split()[-1].split("\\")[0]) + 1  # the character escaped
+    assert err == (f"gbattn: error: {named}: the name is not UTF-8 (character {at}): gbattn writes the names of files "
+                   f"and folders into its results as UTF-8 text; rename it\n")
+    assert list(tmp_path.iterdir()) == []

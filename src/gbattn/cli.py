@@ -7,6 +7,7 @@ with status 2; tracebacks are kept for bugs. Command modules import their heavy 
 
 from __future__ import annotations
 
+import argparse
 import gc
 import importlib
 import json
@@ -146,6 +147,35 @@ def _usable_standard_streams() -> None:
         sys.stdout.reconfigure(errors="backslashreplace")
 
 
+# The arguments that name files and folders (positional or not), of every command
+PATH_ARGUMENTS = ("compare_dir", "data", "include_path", "init_from", "out", "output", "per_token", "run_dir", "source",
+                  "tokenizer")
+
+
+def _refuse_non_utf8_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A path whose name is no UTF-8 (a byte of another encoding, kept by Python as a surrogate) is one line: gbattn
+    writes folder names into its results files, figures and exports as UTF-8, and each failed with a
+    UnicodeEncodeError traceback, some after the training had run."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for action in commands.choices[args.command]._actions:
+        if action.dest not in PATH_ARGUMENTS:
+            continue
+        values = getattr(args, action.dest, None)
+        for value in values if isinstance(values, list) else [values]:
+            if not isinstance(value, str):
+                continue
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                name = action.option_strings[-1] if action.option_strings else (action.metavar or action.dest)
+                try:  # a byte of another encoding shown as \xff, a lone surrogate as \ud800
+                    shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                except UnicodeEncodeError:
+                    shown = value.encode("utf-8", "backslashreplace").decode()
+                raise UserError(f"{name} {shown}: the name is not UTF-8 (character {e.start + 1}): gbattn writes the "
+                                f"names of files and folders into its results as UTF-8 text; rename it") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the program itself (a Python caller's streams are the caller's)
         _usable_standard_streams()
@@ -176,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, terminated_handler())
     set_invocation(sys.argv[1:] if argv is None else argv)
     try:
+        _refuse_non_utf8_paths(parser, args)
         processes = launched_processes()
         if processes > 1 and args.command not in UNDER_TORCHRUN:
             raise UserError(f"gbattn {args.command} runs in one process, not under torchrun ({processes} "
