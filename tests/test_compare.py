@@ -186,6 +186,33 @@ def test_compare_records_a_path_in_a_set_value_as_its_command_does(tmp_path, mon
         run_compare("cpu-proxy", tmp_path / "cmp", data=str(data), sets=sets, only=["standard"], quiet=True)
 
 
+def test_a_run_trained_with_a_tokenizer_file_is_the_recipes_by_another_path_to_that_file(tmp_path, monkeypatch):
+    """A run records --set tokenizer=hf=PATH as given (absolute here): continued with the relative path its results.md
+    shows, or from another folder, its finished run was refused as "another run than this recipe asks for". The
+    tokenizer's fingerprint decides, as the data's does: another file with another tokenizer is still refused."""
+    from gbattn.data.corpus import load_corpus
+    from gbattn.data.tokenizer import get_tokenizer
+    from gbattn.train.trainer import train
+    from helpers import tiny_configs
+
+    data = write_corpus(tmp_path / "c")
+    for name, vocab in (("tk", 120), ("other", 60)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(
+            get_tokenizer("bpe", load_corpus(str(data)), vocab_size=vocab, verbose=False).payload)
+    run = tmp_path / "run"
+    train(run, *tiny_configs(data, tokenizer=f"hf={tmp_path / 'tk' / 'tokenizer.json'}", max_steps=2, eval_every=2),
+          quiet=True)
+    model_cfg, train_cfg = rundir.read_configs(rundir.read_config(run / rundir.CONFIG), run / rundir.CONFIG)
+    monkeypatch.chdir(tmp_path)
+    compare_mod.check_run(run, model_cfg, train_cfg.replace(tokenizer="hf=tk/tokenizer.json"))
+    with pytest.raises(UserError, match=r"holds another run than this recipe asks for \(train.tokenizer: recorded "
+                                        r"'hf=/.*/tk/tokenizer.json', asked 'hf=other/tokenizer.json'\)"):
+        compare_mod.check_run(run, model_cfg, train_cfg.replace(tokenizer="hf=other/tokenizer.json"))
+    with pytest.raises(UserError, match=r"\(train.tokenizer: recorded .*, asked 'hf=gone/tokenizer.json'\)"):
+        compare_mod.check_run(run, model_cfg, train_cfg.replace(tokenizer="hf=gone/tokenizer.json"))
+
+
 def test_compare_refuses_settings_it_cannot_honour_and_runs_on_other_data(tmp_path):
     """--set seed (every 'seed' would be that one), --set of a key the recipe sets per model (it
     would be overridden), and a finished run reused after its data changed under the same name."""

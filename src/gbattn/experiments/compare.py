@@ -25,7 +25,8 @@ from gbattn.checks import MAX_INT, did_you_mean
 from gbattn.config import TrainConfig, build_configs, field_path, refuse_unused_epochs, training_input_length
 from gbattn.data.corpus import check_split_setting
 from gbattn.data.prepare import prepare_data
-from gbattn.errors import CheckpointError, Interrupted, Terminated, UserError
+from gbattn.data.tokenizer import FILE_KINDS, Tokenizer, _gpt2_payload
+from gbattn.errors import CheckpointError, DataError, Interrupted, Terminated, UserError
 from gbattn.experiments.recipes import (
     ModelSpec,
     Recipe,
@@ -148,6 +149,8 @@ def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = Non
     want, have = comparable(model_cfg, train_cfg), comparable(recorded_model, recorded_train)
     if fingerprint and rundir.recorded_fingerprint(config) == fingerprint:
         want["train"].pop("data", None), have["train"].pop("data", None)
+    if same_tokenizer_file(config, recorded_train.tokenizer, train_cfg.tokenizer):
+        want["train"].pop("tokenizer"), have["train"].pop("tokenizer")
     differ = config_differences(have, want, "asked")
     # fit_warmup is not compared as a field (runs from before it existed record it off): the warmup it gives
     # over the run's steps is. With every other field equal, the asked run would have as many steps.
@@ -163,6 +166,20 @@ def check_run(run_dir: Path, model_cfg, train_cfg, fingerprint: str | None = Non
                         f"{'; ...' if len(differ) > 4 else ''}); move it away or use another --out")
     if train_cfg.init_from:
         check_started_from(run_dir, config, train_cfg.init_from)
+
+
+def same_tokenizer_file(config: dict, recorded: str, asked: str) -> bool:
+    """Whether a run (its ``config``) recorded ``--tokenizer hf=PATH`` (or ``gpt2=PATH``) of a file with the tokenizer
+    that ``asked`` names now by another path: a run records the path it was given (absolute, or relative to where it
+    started), and a comparison continued with the relative one its results.md shows, or from another folder, was
+    refused as another run. The recorded tokenizer fingerprint is compared, as the data's is."""
+    kind, given = recorded.partition("=")[0], asked.partition("=")[0]
+    if recorded == asked or "=" not in recorded or "=" not in asked or kind != given or kind not in FILE_KINDS:
+        return False
+    try:
+        return Tokenizer(kind, _gpt2_payload(asked)).fingerprint == rundir.recorded_fingerprint(config, of="tokenizer")
+    except DataError:  # (the file asked for is not there: the paths differ, as before)
+        return False
 
 
 def check_started_from(run_dir: Path, config: dict, start: str) -> None:
