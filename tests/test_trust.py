@@ -3384,6 +3384,11 @@ def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_tr
     assert files.relative_path(run, run) == "runs/gba"  # the base itself: its last two parts, never "."
     assert files.portable_path("data/../../corpora/wikitext-2") == "wikitext-2"
     assert files.portable_path("data/wikitext-2") == "data/wikitext-2"
+    # a trailing slash (tab completion) or ./: the folder that the path without them, or its absolute path, names
+    # (a comparison recorded with --data splits/ refused --data splits and --data $PWD/splits/)
+    assert files.portable_path("splits/") == files.portable_path("./splits") == "splits"
+    assert files.portable_path("./data/wikitext-2/") == "data/wikitext-2"
+    assert files.portable_path(str(tmp_path / "splits") + "/") == "splits"
     # a quoted ~ (the shell left it): a path of this machine's home, recorded by its last parts as the expanded one
     (tmp_path / "home" / "data").mkdir(parents=True)
     (tmp_path / "home" / "data" / "shake.txt").write_text("To be\n")

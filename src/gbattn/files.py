@@ -421,11 +421,14 @@ def portable_path(text: str) -> str:
     last component, so results files hold no paths of this machine. A file keeps its folder too
     (``/home/me/data/tiny-shakespeare/input.txt`` -> ``tiny-shakespeare/input.txt``): a corpus file's name
     alone does not say which corpus it is, and a comparison tells its recipe's data from other data by it. A path
-    from a home directory (``~/data/x.txt``, quoted so the shell left it) is one of this machine's too."""
+    from a home directory (``~/data/x.txt``, quoted so the shell left it) is one of this machine's too. A relative path
+    is normalised (``./splits/`` -> ``splits``)."""
     if text.startswith("~"):
         text = os.path.expanduser(text)
     if not (os.path.isabs(text) or ".." in Path(text).parts):
-        return text
+        # (a trailing slash, as tab completion adds, or ./ : the same folder, which an absolute path reached as
+        # "splits" and the same path typed again without the slash did not match)
+        return os.path.normpath(text)
     path = Path(text)
     if path.is_file() and path.parent.name not in ("", ".."):
         return f"{path.parent.name}/{path.name}"
