@@ -3135,6 +3135,8 @@ def test_lm_eval_arguments_are_checked_before_any_work(tmp_path, capsys):
             (["--tasks", "t", "--limit", "inf"], "--limit inf is not a whole number of documents"),  # a traceback
             (["--tasks", "t", "--limit", "1.5"], "--limit 1.5 is not a whole number of documents"),  # ran 1 document
             (["--tasks", "t", "--output", str(model)], f"--output {model} is a directory; give a file name"),
+            # (a name ending in / that is no folder yet: written as a file of that name)
+            (["--tasks", "t", "--output", f"{tmp_path / 'new'}/"], "new/ names a folder (it ends in /); give a file"),
             (["--tasks", "t", "--include-path", str(tmp_path / "none")], "is not a directory"),
             (["--tasks", "t", "--include-path", str(tmp_path / "a-file")], "a-file is not a directory"),
             (["--tasks", "t", "--batch-size", "0"], "--batch-size"),

@@ -81,7 +81,8 @@ def cmd_lm_eval(args) -> None:
     stem = results_stem(tasks, args.limit, args.num_fewshot, args.checkpoint)
     out = Path(args.output) if args.output else model / LM_EVAL_DIR / f"results-{stem}.json"
     check_file_names(out, tasks, args.log_samples)  # (first: a name made of the tasks is told as such)
-    check_output_file(out, "--output")
+    check_output_file(args.output or out, "--output")  # (as typed: Path() dropped a trailing slash, and newlm/ was
+    # written as a file newlm)
     set_threads(args.threads)
     device = resolve_device(args.device or "auto")
     config_before = file_identity(model / CONFIG)
