@@ -29,6 +29,41 @@ def test_every_variant_has_a_reference():
     assert set(REFERENCES) == set(VARIANTS)
 
 
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_variant_keeps_the_options_contract(name):
+    """A variant's options are a ``Typed`` record (a plain dataclass took ``--set attn.x=true`` for a number, and
+    printing the model failed), each field of a type the configs check, none named as a model field (``--model
+    x=variant:norm_eps=...`` set the model's field instead, silently), and its file says in a docstring what it is
+    (``gbattn list`` failed without one)."""
+    import sys
+    import typing
+
+    from gbattn.checks import Typed, coerce
+    from gbattn.config import ModelConfig
+
+    options = VARIANTS[name].Options
+    assert issubclass(options, Typed), f"{name}: its Options must subclass gbattn.checks.Typed"
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    for field_ in dataclasses.fields(options):
+        assert field_.name not in model_fields, f"{name}: option {field_.name!r} is also a model field"
+        default = field_.default if field_.default is not dataclasses.MISSING else field_.default_factory()
+        coerce(field_.name, default, typing.get_type_hints(options)[field_.name])  # (a TypeError for another type)
+    assert (sys.modules[VARIANTS[name].__module__].__doc__ or "").strip(), f"{name}: its file has no docstring"
+
+
+def test_a_config_field_of_a_type_the_configs_do_not_check_is_a_type_error():
+    """coerce returned a value of a type it does not know unchanged: Literal["a", "b"] took any word."""
+    import typing
+
+    from gbattn.checks import coerce
+
+    with pytest.raises(TypeError, match=r"^where: its declared type typing.Literal\['queries', 'keys'\] is not one "
+                                        r"gbattn's configs check"):
+        coerce("where", "bogus", typing.Literal["queries", "keys"])
+    with pytest.raises(TypeError, match=r"^pair: its declared type tuple is not one"):
+        coerce("pair", 7, tuple)
+
+
 def make(variant_case, heads="mha", layer_idx=1, dropout=0.0, bias=True):
     name, opts = variant_case
     H, G, base = HEADS[heads]
@@ -665,6 +700,7 @@ def test_record_schema_and_consistency(variant_case, layer_idx):
     elif name == "twicing" and not chosen:
         assert kinds == ["attention"]
     else:
+        assert name in EXPECTED_KINDS, f"a new variant {name!r}: add its record's kinds to EXPECTED_KINDS (README)"
         assert kinds == EXPECTED_KINDS[name]
     for r in record.rounds:
         assert r.output_BTD.shape == (B, T, D)
@@ -698,7 +734,8 @@ def test_record_schema_and_consistency(variant_case, layer_idx):
         o = record.rounds[0].output_BTD
         gated_o = o * g if g.shape[-1] == D else (o.view(B, T, 4, 4) * g[..., None]).reshape(B, T, D)
         torch.testing.assert_close(out(gated_o), y)
-    else:  # differential
+    else:
+        assert name == "differential", f"a new variant {name!r}: say how its rounds rebuild its output, here"
         pos, neg = (r.output_BTD.view(B, T, 2, 8) for r in record.rounds)
         o = attn.subln(pos - attn.lambda_full() * neg) * (1 - attn.lambda_init)
         torch.testing.assert_close(out(o.reshape(B, T, D)), y)
@@ -745,15 +782,19 @@ def test_fast_path_equals_explicit_attention_in_every_context(context):
 
 @pytest.mark.parametrize("naive", [False, True], ids=["fast", "naive"])
 def test_attend_uses_an_explicit_scale(naive):
-    """``Call.attend(..., scale=s)`` scores with s, not the module's 1/sqrt(E), on both paths."""
+    """``Call.attend(..., scale=s)`` scores with s, not the module's 1/sqrt(E), on both paths; so does the entropy of
+    its map after it (the fast path recomputed it with the module's scale: 1.18 for 1.22)."""
     from gbattn.attention.core import AttnContext, Call
 
     attn = make(("standard", {}))
     q, k, v = (torch.randn(B, 4, T, 4, dtype=torch.float64) for _ in range(3))
     ctx = AttnContext(T=T, S=T, device=torch.device("cpu"), naive=naive)
     scores = (q @ k.transpose(-1, -2) * 0.3).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-    torch.testing.assert_close(Call(attn, ctx).attend(q, k, v, scale=0.3), scores.softmax(-1) @ v, rtol=1e-12,
-                               atol=1e-12)
+    call = Call(attn, ctx)
+    torch.testing.assert_close(call.attend(q, k, v, scale=0.3), scores.softmax(-1) @ v, rtol=1e-12, atol=1e-12)
+    p = scores.softmax(-1)
+    expected_entropy = -(p * p.clamp_min(1e-300).log()).sum(-1)
+    torch.testing.assert_close(call.entropy(q, k), expected_entropy, rtol=1e-10, atol=1e-12)
 
 
 def test_naive_takes_the_reference_path_and_the_default_the_fused_one(variant_case, monkeypatch):

@@ -223,7 +223,11 @@ def coerce(name: str, value: Any, tp) -> Any:
         if isinstance(value, dict):
             return dict(value)
         raise ConfigError(f"{name}={value!r} must be a mapping")
-    return value
+    # (a field declared otherwise was taken unchecked: Literal["a", "b"] took any value, a tuple field took 7)
+    declared = tp.__name__ if isinstance(tp, type) else tp
+    raise TypeError(f"{name}: its declared type {declared} is not one gbattn's configs check: declare it bool, int, "
+                    f"float, str, dict or list[...], each optionally | None (a choice of words: a str field with "
+                    f"field(metadata=one_of(...)))")
 
 
 class OutOfRange(ConfigError):

@@ -475,6 +475,7 @@ class Call:
         self._replay: Tensor | None = None  # RNG state that every attend inside shared_dropout restarts from
         self._after: Tensor | None = None
         self._last_probs: Tensor | None = None
+        self._last_scale: float = module.scale  # (attend's, for entropy)
 
     @staticmethod
     def split(x_BTX: Tensor, heads: int) -> Tensor:
@@ -518,7 +519,7 @@ class Call:
             o_BHTF, probs = fast_path(q_BHTE, k_BGSE, v_BGSF, self.ctx, self.dropout_p, scale), None
         if self._replay is not None and self._after is None:
             self._after = rng_state(q_BHTE.device)
-        self._last_probs = probs
+        self._last_probs, self._last_scale = probs, scale
         if self.record is not None:
             self.record.rounds.append(Round(kind, self.merge(o_BHTF), probs))
         return o_BHTF
@@ -547,10 +548,10 @@ class Call:
 
     def entropy(self, q_BHTE: Tensor, k_BGSE: Tensor) -> Tensor:
         """Entropy (B, H, T) of the last attend's map of these queries and keys (recomputed in
-        chunks on the fast path, which keeps no probabilities)."""
+        chunks on the fast path, which keeps no probabilities, with the scale that attend used)."""
         if self._last_probs is not None:
             return entropy(self._last_probs)
-        return chunked_entropy(q_BHTE, k_BGSE, self.ctx, self.module.scale)
+        return chunked_entropy(q_BHTE, k_BGSE, self.ctx, self._last_scale)
 
 
 # --------------------------------------------------------------------------------------
