@@ -767,6 +767,27 @@ def test_eval_command_scores_under_the_precision_the_run_trained_and_tested_in(t
     record = json.loads(out.splitlines()[-1])
     assert (record["loss"], record["tokens"]) == (pytest.approx(result["test_loss"], rel=1e-9, abs=0),
                                                   result["test_tokens"])
+    precision = {"bf16": "bfloat16", "off": "float32"}[amp]
+    assert record["precision"] == result["test_precision"] == precision and "note:" not in err
+
+
+def test_eval_names_another_precision_than_the_runs_test_was_scored_in(tmp_path, capsys):
+    """amp=auto is bfloat16 on a GPU and float32 on a CPU: a run trained and tested on a GPU, scored by `eval` on a
+    CPU, gave another loss than its result.json's, unsaid. eval records its precision and notes the difference, from
+    result.json's test_precision or, for a run from before it was recorded, the device of its last leg."""
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, threads=1), quiet=True)  # amp=auto on the CPU: float32
+    path = tmp_path / "run" / ckpt.RESULT
+    result = json.loads(path.read_text())
+    note = (f"note: {tmp_path / 'run'} was tested in bfloat16 (amp=auto on the device it trained on), and is scored "
+            f"here in float32 on cpu: its numbers differ from result.json's in the last digits\n")
+    for recorded in ({"test_precision": "bfloat16"}, {"test_precision": None, "device": "cpu (2 threads); NVIDIA H200"},
+                     {"test_precision": "float32"}, {"test_precision": None, "device": "cpu (1 thread, x86_64)"}):
+        path.write_text(json.dumps({**result, **recorded}))
+        code, out, err = run_cli(capsys, ["eval", tmp_path / "run", "--threads", "1"])
+        assert code == 0 and json.loads(out.splitlines()[-1])["precision"] == "float32"
+        expected = "H200" in str(recorded) or recorded["test_precision"] == "bfloat16"
+        assert (note in err, err.count("note:")) == (expected, int(expected)), (recorded, err)
 
 
 def test_a_test_perplexity_of_data_without_a_test_split_is_called_valid(tmp_path, capsys):

@@ -69,6 +69,11 @@ def autocast_dtype(device: torch.device, amp: str = "auto") -> torch.dtype | Non
     return torch.bfloat16 if amp == "bf16" or (amp == "auto" and device.type == "cuda") else None
 
 
+def precision_name(device: torch.device, amp: str = "auto") -> str:
+    """What ``amp`` computes in on ``device``, as results files name it: ``bfloat16`` (autocast) or ``float32``."""
+    return "bfloat16" if autocast_dtype(device, amp) is not None else "float32"
+
+
 def autocast(device: torch.device, amp: str = "auto"):
     """A context-manager factory: bf16 autocast on CUDA under ``auto`` or ``bf16``, else nothing."""
     dtype = autocast_dtype(device, amp)

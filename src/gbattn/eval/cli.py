@@ -75,7 +75,7 @@ def cmd_eval(args) -> None:
     from gbattn.files import atomic_write, finite
     from gbattn.progress import Progress
     from gbattn.rundir import check_output_file, check_output_outside_data, load_run
-    from gbattn.runtime import autocast, resolve_device, set_threads, use_tf32
+    from gbattn.runtime import autocast, precision_name, resolve_device, set_threads, use_tf32
 
     if args.per_token:
         check_output_file(args.per_token, "--per-token")
@@ -98,8 +98,14 @@ def cmd_eval(args) -> None:
     res = evaluate(run.model, tokens, run.seq_len, batch_size, device, autocast(device, run.train_cfg.amp),
                    per_token=bool(args.per_token), progress=bar.update)
     bar.close()
+    precision = precision_name(device, run.train_cfg.amp)
     out = {"run_dir": str(args.run_dir), "split": args.split, "checkpoint": run.checkpoint, "step": run.step,
-           "loss": res.loss, "ppl": res.ppl, "tokens": res.tokens}
+           "loss": res.loss, "ppl": res.ppl, "tokens": res.tokens, "precision": precision}
+    tested = tested_precision(run)
+    if tested is not None and tested != precision:  # (amp=auto: a GPU run scored on a CPU, unsaid)
+        print(f"note: {run.run_dir} was tested in {tested} (amp={run.train_cfg.amp} on the device it trained on), "
+              f"and is scored here in {precision} on {device.type}: its numbers differ from result.json's in the last "
+              f"digits", file=sys.stderr)
     if args.split == "test":  # the split scored, as result.json's test_split ("valid" where the data has no test)
         out["test_split"] = tested_split(data.notes)
     other_data = other_data_note(run, data)
@@ -118,6 +124,33 @@ def cmd_eval(args) -> None:
           f"{run.weights_text}"
           + (test_split_note(data.notes) if args.split == "test" else "") + (f"; {other_data}" if other_data else ""))
     print(json.dumps(finite(out)))  # strict JSON (an infinite perplexity is null)
+
+
+def tested_precision(run) -> str | None:
+    """What a finished run's test was scored in: its result.json's ``test_precision``, or, for a run from before that
+    was recorded, what its ``amp`` gives on the device of its last leg (a GPU's name, or ``cpu (...)``); None for an
+    export, an unfinished run or a result.json that cannot be read."""
+    import torch
+
+    from gbattn.errors import UserError
+    from gbattn.rundir import RESULT, read_json
+    from gbattn.runtime import precision_name
+
+    path = Path(run.run_dir) / RESULT
+    if run.checkpoint == "exported" or not path.is_file():
+        return None
+    try:
+        result = read_json(path)
+    except UserError:
+        return None
+    recorded = result.get("test_precision")
+    if recorded in ("bfloat16", "float32"):
+        return recorded
+    device = result.get("device")
+    if not isinstance(device, str) or not device:
+        return None
+    last = device.split("; ")[-1]
+    return precision_name(torch.device("cpu" if last.startswith("cpu") else "cuda"), run.train_cfg.amp)
 
 
 def cmd_generate(args) -> None:

@@ -47,6 +47,7 @@ from gbattn.runtime import (
     autocast,
     device_name,
     is_first_process,
+    precision_name,
     resolve_device,
     restore_rng_states,
     set_threads,
@@ -1241,6 +1242,8 @@ class Trainer:
             "test_ppl": test.ppl,
             "test_tokens": test.tokens,
             "test_split": tested_split(self.data.notes),  # the split test_* were taken on
+            # what the test was scored in (amp=auto: bfloat16 on a GPU, float32 on a CPU), which eval names
+            "test_precision": precision_name(self.device, self.train_cfg.amp),
             "wall_clock_s": self.elapsed,
             "train_tokens_per_s": self.tokens_seen / max(self.train_seconds, 1e-9),
             "device": "; ".join(self.devices_used()),  # (every leg's: "cpu (1 thread, ...); cpu (2 threads, ...)")
