@@ -1310,7 +1310,7 @@ def test_sums_across_processes_are_float64_and_fsdp2_on_cuda_reduces_in_float32(
     """DistEnv.all_sum adds evaluation sums, token counts and training losses in float64: in float32 a count of
     16,777,217 tokens came back 16,777,216 and a loss of 4.123456789 as 4.1234569550. FSDP2's policy on a CUDA device
     with bf16 computes in bf16 and reduces gradients in float32, on every sharded unit (never run by another test:
-    no GPU); on a CPU it is the default one. On a one-process gloo group, standing in for two."""
+    no GPU), unless amp=off; on a CPU it is the default one. On a one-process gloo group, standing in for two."""
     import torch.distributed as dist
 
     from gbattn.config import ModelConfig
@@ -1321,10 +1321,13 @@ def test_sums_across_processes_are_float64_and_fsdp2_on_cuda_reduces_in_float32(
     try:
         assert DistEnv(world=2).all_sum([16_777_217.0, 4.123456789]) == [16_777_217.0, 4.123456789]
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-        for device, dtypes in ((torch.device("cuda", 0), (torch.bfloat16, torch.float32)), (torch.device("cpu"),
-                                                                                            (None, None))):
+        cuda = torch.device("cuda", 0)
+        for device, amp, dtypes in ((cuda, "auto", (torch.bfloat16, torch.float32)),
+                                    (cuda, "bf16", (torch.bfloat16, torch.float32)),
+                                    (cuda, "off", (None, None)),  # (amp=off: bf16 parameters all the same)
+                                    (torch.device("cpu"), "auto", (None, None))):
             model = GPT(ModelConfig(vocab_size=20, block_size=8, d_model=16, n_layers=1, n_heads=2))
-            wrap_model(model, "fsdp2", DistEnv(world=2), device)
+            wrap_model(model, "fsdp2", DistEnv(world=2), device, amp)
             for unit in (model, model.blocks[0].attn, model.blocks[0].mlp):
                 policy = unit._get_fsdp_state()._mp_policy
                 assert (policy.param_dtype, policy.reduce_dtype) == dtypes, (device, unit)

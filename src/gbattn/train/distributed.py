@@ -140,11 +140,12 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def wrap_model(model: torch.nn.Module, parallel: str, env: DistEnv, device: torch.device) -> torch.nn.Module:
+def wrap_model(model: torch.nn.Module, parallel: str, env: DistEnv, device: torch.device,
+               amp: str = "auto") -> torch.nn.Module:
     """The module the training step calls: the model itself (one process), DDP, or the model with
     every attention and FFN sublayer and then the root sharded by FSDP2 (embeddings, tied head, norms
-    and the AttnRes stream live in the root unit). On CUDA FSDP2 computes in bf16 and reduces
-    gradients in float32."""
+    and the AttnRes stream live in the root unit). On CUDA, where ``amp`` computes in bf16 (``auto``, ``bf16``),
+    FSDP2 computes in bf16 and reduces gradients in float32; with ``amp=off`` in float32 (its bf16 was kept)."""
     if not env.enabled:
         return model
     if parallel == "ddp":
@@ -154,7 +155,7 @@ def wrap_model(model: torch.nn.Module, parallel: str, env: DistEnv, device: torc
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy()
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and amp != "off" and torch.cuda.is_bf16_supported():
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.blocks:  # the sublayers, not the block: Attention Residuals call them one at a time
         fully_shard(block.attn, mp_policy=policy)

@@ -500,7 +500,7 @@ class Trainer:
         self.model.set_activation_checkpointing(cfg.activation_checkpointing)
         if self.start is not None:
             self._init_from(self.start)
-        self.wrapped = wrap_model(self.model, cfg.parallel, self.dist, self.device)  # DDP, FSDP2 or the model
+        self.wrapped = wrap_model(self.model, cfg.parallel, self.dist, self.device, cfg.amp)  # DDP, FSDP2 or it
         self.optimizer = make_optimizer(self.wrapped, cfg, self.device)
         self.compiled = trains_compiled(cfg, self.device)
         self.step_model = torch.compile(self.wrapped) if self.compiled else self.wrapped
