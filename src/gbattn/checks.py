@@ -92,6 +92,20 @@ def greater_than(minimum: float) -> dict:
     return {"check": test}
 
 
+FLOAT32_MAX, FLOAT32_LEAST = 3.4028234663852886e38, 1.401298464324817e-45  # the largest, and the smallest above 0
+
+
+def positive_float32() -> dict:
+    """A number > 0 that float32 holds as one (norm_eps=1e39 became inf, and the model trained to a uniform output;
+    1e-50 became 0, which norm_eps=0 is refused for)."""
+    def test(name: str, value: Any) -> None:
+        if not FLOAT32_LEAST <= value <= FLOAT32_MAX:
+            raise ConfigError(f"{name}={value!r} must be > 0 and within float32's range ({FLOAT32_LEAST:.1e} to "
+                              f"{FLOAT32_MAX:.1e}): the model computes with it in float32")
+
+    return {"check": test}
+
+
 def within(limit: float) -> dict:
     """A number in [-limit, limit] (a float32 parameter's initial value: 1e39 overflowed it in a traceback)."""
 

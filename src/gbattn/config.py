@@ -29,6 +29,7 @@ from gbattn.checks import (
     greater_than,
     one_of,
     parse_value,
+    positive_float32,
 )
 from gbattn.errors import ConfigError
 
@@ -69,9 +70,9 @@ class ModelConfig(Typed):
     # A norm before the LM head; None: with Pre-LN only (a Post-LN block already ends in one; docs/deviations.md 16)
     final_norm: bool | None = None
     norm_type: str = field(default="layernorm", metadata=one_of("layernorm", "rmsnorm"))
-    norm_eps: float = field(default=1e-5, metadata=greater_than(0))
+    norm_eps: float = field(default=1e-5, metadata=positive_float32())
     pos: str = field(default="learned", metadata=one_of("learned", "rope"))
-    rope_base: float = field(default=10000.0, metadata=greater_than(0))
+    rope_base: float = field(default=10000.0, metadata=positive_float32())
     bias: bool = True  # biases of every Linear and LayerNorm
     attn_bias: bool | None = None  # biases of the attention projections; None = bias (docs/deviations.md 14)
     tie_embeddings: bool = True
