@@ -479,7 +479,7 @@ def test_analyze_of_a_file_names_the_file_not_an_out_never_given(tmp_path, capsy
     weights.write_bytes(b"x")
     assert cli_main(["analyze", str(weights), "--quiet"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"gbattn: error: {weights} is not a directory (a gbattn run directory or an exported one)"]
+        f"gbattn: error: {weights} is not a directory (a gbattn run directory or an exported one is expected)"]
 
 
 def test_against_with_another_tokenizer_or_seq_len_is_one_line(runs, tmp_path, capsys):

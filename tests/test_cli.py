@@ -500,8 +500,12 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
         code, out, err = run_cli(capsys, argv)
         assert (code, out, len(err.splitlines())) == (2, "", 1) and err.endswith(f"{meant}\n"), (argv, err)
     code, out, err = run_cli(capsys, ["eval", tmp_path / "runs" / "other-run"])
-    assert (code, err) == (2, f"gbattn: error: {tmp_path / 'runs' / 'other-run'} is not a directory (a gbattn run "
-                              f"directory or an exported one)\n")
+    assert (code, err) == (2, f"gbattn: error: {tmp_path / 'runs' / 'other-run'} does not exist (a gbattn run "
+                              f"directory or an exported one is expected)\n")  # (it said "is not a directory")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    code, out, err = run_cli(capsys, ["eval", tmp_path / "gone"])
+    assert (code, err) == (2, f"gbattn: error: {tmp_path / 'gone'} is a link to {tmp_path / 'nowhere'}, which does "
+                              f"not exist (a gbattn run directory or an exported one is expected)\n")
     assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()
 
 

@@ -3145,7 +3145,7 @@ def test_lm_eval_arguments_are_checked_before_any_work(tmp_path, capsys):
         code, _, err = run_cli(capsys, ["lm-eval", model, *argv])
         assert code == 2 and message in err and len(err.strip().splitlines()) <= 2, (argv, err)
     code, _, err = run_cli(capsys, ["lm-eval", tmp_path / "nothing", "--tasks", "t"])
-    assert code == 2 and "nothing is not a directory (a gbattn run directory or an exported one)" in err, err
+    assert code == 2 and "nothing does not exist (a gbattn run directory or an exported one is expected)" in err, err
 
 
 def test_lm_eval_output_never_replaces_a_model_directorys_files(tmp_path, capsys):

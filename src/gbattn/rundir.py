@@ -56,6 +56,7 @@ from gbattn.files import (
     building_owner,
     check_writable_dir,
     check_writable_file,
+    dangling_link,
     did_you_mean_path,
     error_detail,
     process_gone,
@@ -928,7 +929,9 @@ def check_model_dir(path: str | Path) -> Path:
     :class:`CheckpointError`: checked before anything is derived from it (a default output folder inside it)."""
     path = as_directory(path, "path")
     if not path.is_dir():
-        raise CheckpointError(f"{path} is not a directory (a gbattn run directory or an exported one)"
+        what = ("does not exist" if not path.exists() and not path.is_symlink() else
+                f"is {dangling_link(path)}" if not path.exists() else "is not a directory")  # (a typo: "not a dir")
+        raise CheckpointError(f"{path} {what} (a gbattn run directory or an exported one is expected)"
                               f"{did_you_mean_path(path)}")
     return path
 
