@@ -1636,3 +1636,19 @@ def test_a_path_whose_name_is_not_utf8_is_one_line(tmp_path, monkeypatch, capsys
     assert err == (f"gbattn: error: {named}: the name is not UTF-8 (character {at}): gbattn writes the names of files "
                    f"and folders into its results as UTF-8 text; rename it\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_quoted_tilde_in_a_path_argument_is_the_home_directory(tmp_path, monkeypatch, capsys):
+    """`--out "~/runs/a"` (a ~ the shell left, as --data takes it) made a folder named ~ in the working directory."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    code, _, err = run_cli(capsys, ["train", "--data", "tiny-shakespeare", "--preset", "cpu-char", "--out", "~/runs/a",
+                                    "--set", "max_steps=1", "--set", "eval_every=1", "--set", "n_layers=1",
+                                    "--set", "d_model=16", "--set", "n_heads=1", "--set", "batch_size=2",
+                                    "--set", "eval_tokens=200", "--threads", "1", "--quiet"])
+    assert code == 0, err
+    assert (home / "runs" / "a" / "result.json").is_file() and list(work.iterdir()) == []
+    code, out, err = run_cli(capsys, ["eval", "~/runs/a", "--threads", "1"])
+    assert code == 0 and out.startswith("test perplexity"), err

@@ -152,15 +152,21 @@ PATH_ARGUMENTS = ("compare_dir", "data", "include_path", "init_from", "out", "ou
                   "tokenizer")
 
 
-def _refuse_non_utf8_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """A path whose name is no UTF-8 (a byte of another encoding, kept by Python as a surrogate) is one line: gbattn
-    writes folder names into its results files, figures and exports as UTF-8, and each failed with a
-    UnicodeEncodeError traceback, some after the training had run."""
+def _checked_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The path arguments: a quoted ``~`` (which the shell left) is the home directory, as ``--data`` always took it
+    (``--out "~/runs/a"`` made a folder ``./~/runs/a``); a name that is no UTF-8 (a byte of another encoding, kept by
+    Python as a surrogate) is one line: gbattn writes folder names into its results files, figures and exports as
+    UTF-8, and each failed with a UnicodeEncodeError traceback, some after the training had run."""
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     for action in commands.choices[args.command]._actions:
         if action.dest not in PATH_ARGUMENTS:
             continue
         values = getattr(args, action.dest, None)
+        if action.dest not in ("tokenizer", "data"):  # (a tokenizer's KIND=PATH and --data read their ~ themselves)
+            home = [os.path.expanduser(v) if isinstance(v, str) and v.startswith("~") else v
+                    for v in (values if isinstance(values, list) else [values])]
+            values = home if isinstance(values, list) else home[0]
+            setattr(args, action.dest, values)
         for value in values if isinstance(values, list) else [values]:
             if not isinstance(value, str):
                 continue
@@ -206,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, terminated_handler())
     set_invocation(sys.argv[1:] if argv is None else argv)
     try:
-        _refuse_non_utf8_paths(parser, args)
+        _checked_paths(parser, args)
         processes = launched_processes()
         if processes > 1 and args.command not in UNDER_TORCHRUN:
             raise UserError(f"gbattn {args.command} runs in one process, not under torchrun ({processes} "
