@@ -512,15 +512,20 @@ def test_run_compare_continues_a_comparison_recorded_with_a_corpus_file_name_alo
 def test_a_folder_named_otherwise_is_refused_before_recipe_json_takes_its_name(tmp_path, monkeypatch):
     """A comparison started with --data 'wt small' and rerun with --data './wt small/' (the same folder, written
     otherwise): the old-recipe.json shim above took it for a corpus file's folder, so recipe.json was rewritten
-    with './wt small/' before its runs refused it, and the first command was refused from then on. Refused
-    before anything is written, and the first command continues."""
+    with './wt small/' before its runs refused it, and the first command was refused from then on. It is the same
+    data (a relative path is recorded normalised): the comparison continues, recipe.json keeps its name for it, and
+    so does the first command; another folder is still refused before anything is written."""
     monkeypatch.chdir(tmp_path)
     write_corpus(tmp_path / "wt small")
+    write_corpus(tmp_path / "wt other", lines_per_split=(70, 20, 20))
     kwargs = dict(sets=tiny_sets(), seeds=[1], only=["standard"], quiet=True)
     run_compare("cpu-proxy", "cmp", data="wt small", **kwargs)
+    assert json.loads((tmp_path / "cmp" / "recipe.json").read_text())["data"] == "wt small"
+    assert run_compare("cpu-proxy", "cmp", data="./wt small/", **kwargs)["complete"]
     recorded = (tmp_path / "cmp" / "recipe.json").read_text()
-    with pytest.raises(UserError, match="holds a comparison with data='wt small', not './wt small/'"):
-        run_compare("cpu-proxy", "cmp", data="./wt small/", **kwargs)
+    assert json.loads(recorded)["data"] == "wt small"
+    with pytest.raises(UserError, match="holds a comparison with data='wt small', not 'wt other'"):
+        run_compare("cpu-proxy", "cmp", data="./wt other/", **kwargs)
     assert (tmp_path / "cmp" / "recipe.json").read_text() == recorded
     assert run_compare("cpu-proxy", "cmp", data="wt small", **kwargs)["complete"]
 
