@@ -528,6 +528,11 @@ def test_a_folder_named_otherwise_is_refused_before_recipe_json_takes_its_name(t
         run_compare("cpu-proxy", "cmp", data="./wt other/", **kwargs)
     assert (tmp_path / "cmp" / "recipe.json").read_text() == recorded
     assert run_compare("cpu-proxy", "cmp", data="wt small", **kwargs)["complete"]
+    # a nested folder, recorded relative, given by its absolute path (which results files shorten to its last part)
+    write_corpus(tmp_path / "corp" / "splits")
+    run_compare("cpu-proxy", "nested", data="corp/splits/", **kwargs)
+    assert run_compare("cpu-proxy", "nested", data=str(tmp_path / "corp" / "splits"), **kwargs)["complete"]
+    assert json.loads((tmp_path / "nested" / "recipe.json").read_text())["data"] == "corp/splits"
 
 
 def test_a_comparison_is_never_written_into_a_run_or_a_folder_of_runs(tmp_path, monkeypatch):

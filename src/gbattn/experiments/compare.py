@@ -665,6 +665,14 @@ def _set_value(sets: dict, key: str) -> str:
         else "not set"
 
 
+def same_local_path(a: str, b: str) -> bool:
+    """Whether two --data values name one local file or folder (relative ones from the working directory)."""
+    try:
+        return os.path.samefile(os.path.expanduser(a), os.path.expanduser(b))
+    except (OSError, ValueError):  # (not there, or a hub name)
+        return False
+
+
 def _check_request(path: Path, request: dict, seeds_given: bool = True, *, data_as_given: str) -> None:
     """Refuse a comparison directory that holds another comparison; complete this request from it (run_compare
     records it once the data is read). Its seeds become the recorded ones and those given, or the recorded ones
@@ -680,6 +688,10 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True, *, data_
                 # Only for a path portable_path shortened: './wt/' is not the 'wt' a comparison recorded as
                 # typed, and its runs would refuse it once recipe.json had taken its name.
                 before["data"] = request["data"]
+            elif before["data"] != request["data"] and same_local_path(before["data"], data_as_given):
+                # the same local folder or file named otherwise (corp/splits, recorded relative, given by its
+                # absolute path, which results files shorten to splits): it keeps the name recorded
+                request["data"] = before["data"]
         for key in ("recipe", "data", "sets"):
             had, asked = results_part(key, before.get(key)), results_part(key, request[key])
             if had == asked:
