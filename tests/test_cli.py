@@ -1624,6 +1624,9 @@ def test_a_failed_new_run_leaves_none_of_the_folders_it_made(tmp_path, monkeypat
     (["export", "run", "--out", "e\udcff"], "--out e\\xff"),
     (["lm-eval", "run", "--tasks", "t", "--output", "o\udcff.json"], "--output o\\xff.json"),
     (["plot", "ok", "c\udcff"], "compare_dir c\\xff"),
+    # --set values (a comparison trained, then failed writing results.md), and lm-eval's model directory
+    (["compare", "--recipe", "cpu-char", "--set", "data=sp\udcff", "--out", "c"], "--set data=sp\\xff"),
+    (["lm-eval", "m\udcff", "--tasks", "t"], "model m\\xff"),
 ])
 def test_a_path_whose_name_is_not_utf8_is_one_line(tmp_path, monkeypatch, capsys, argv, named):
     """A file or folder name that is no UTF-8 (a byte of another encoding, which Python keeps as a surrogate) ended in a
@@ -1633,8 +1636,8 @@ def test_a_path_whose_name_is_not_utf8_is_one_line(tmp_path, monkeypatch, capsys
     code, out, err = run_cli(capsys, argv)
     assert (code, out) == (2, "")
     at = len(named.split()[-1].split("\\")[0]) + 1  # the character escaped
-    assert err == (f"gbattn: error: {named}: the name is not UTF-8 (character {at}): gbattn writes the names of files "
-                   f"and folders into its results as UTF-8 text; rename it\n")
+    assert err == (f"gbattn: error: {named}: not UTF-8 (character {at}): gbattn writes paths and settings into its "
+                   f"results as UTF-8 text; rename the file or folder, or type the value again\n")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -1652,3 +1655,11 @@ def test_a_quoted_tilde_in_a_path_argument_is_the_home_directory(tmp_path, monke
     assert (home / "runs" / "a" / "result.json").is_file() and list(work.iterdir()) == []
     code, out, err = run_cli(capsys, ["eval", "~/runs/a", "--threads", "1"])
     assert code == 0 and out.startswith("test perplexity"), err
+    # --set init_from= too (it was refused where --init-from took it), and analyze's --against
+    code, _, err = run_cli(capsys, ["train", "--set", "init_from=~/runs/a", "--out", "~/runs/b", "--set", "max_steps=1",
+                                    "--set", "batch_size=2", "--set", "eval_tokens=200", "--threads", "1", "--quiet"])
+    assert code == 0 and (home / "runs" / "b" / "result.json").is_file(), err
+    code, _, err = run_cli(capsys, ["analyze", "~/runs/b", "--against", "~/runs/a", "--max-rows", "1", "--quiet",
+                                    "--threads", "1"])
+    assert code == 0 and (home / "runs" / "b" / "analysis" / "summary.json").is_file(), err
+    assert list(work.iterdir()) == []

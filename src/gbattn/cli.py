@@ -147,39 +147,55 @@ def _usable_standard_streams() -> None:
         sys.stdout.reconfigure(errors="backslashreplace")
 
 
-# The arguments that name files and folders (positional or not), of every command
-PATH_ARGUMENTS = ("compare_dir", "data", "include_path", "init_from", "out", "output", "per_token", "run_dir", "source",
-                  "tokenizer")
+# The arguments that name files and folders (positional or not), of every command (``model``: lm-eval's, and
+# compare's --model specs; ``against``: analyze's run, and plot's labels), and the --set keys that do
+PATH_ARGUMENTS = ("against", "compare_dir", "data", "include_path", "init_from", "model", "out", "output", "per_token",
+                  "run_dir", "source", "tokenizer")
+PATH_SETS = ("init_from",)
+
+
+def _utf8_or_refused(name: str, value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        try:  # a byte of another encoding shown as \xff, a lone surrogate as \ud800
+            shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            shown = value.encode("utf-8", "backslashreplace").decode()
+        raise UserError(f"{name} {shown}: not UTF-8 (character {e.start + 1}): gbattn writes paths and settings "
+                        f"into its results as UTF-8 text; rename the file or folder, or type the value again") from None
+
+
+def _home(value):
+    return os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") else value
 
 
 def _checked_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The path arguments: a quoted ``~`` (which the shell left) is the home directory, as ``--data`` always took it
     (``--out "~/runs/a"`` made a folder ``./~/runs/a``); a name that is no UTF-8 (a byte of another encoding, kept by
     Python as a surrogate) is one line: gbattn writes folder names into its results files, figures and exports as
-    UTF-8, and each failed with a UnicodeEncodeError traceback, some after the training had run."""
+    UTF-8, and each failed with a UnicodeEncodeError traceback, some after the training had run. So is a --set value
+    (``--set data=...``, ``tokenizer=hf=...``)."""
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     for action in commands.choices[args.command]._actions:
+        values = getattr(args, action.dest, None)
+        if action.dest == "sets" and isinstance(values, list):
+            values = [f"{key}={_home(value)}" if key in PATH_SETS else item
+                      for item in values for key, _, value in [item.partition("=")]]
+            setattr(args, action.dest, values)
+            for item in values:
+                if isinstance(item, str):
+                    _utf8_or_refused(action.option_strings[-1], item)
+            continue
         if action.dest not in PATH_ARGUMENTS:
             continue
-        values = getattr(args, action.dest, None)
         if action.dest not in ("tokenizer", "data"):  # (a tokenizer's KIND=PATH and --data read their ~ themselves)
-            home = [os.path.expanduser(v) if isinstance(v, str) and v.startswith("~") else v
-                    for v in (values if isinstance(values, list) else [values])]
-            values = home if isinstance(values, list) else home[0]
+            values = [_home(v) for v in values] if isinstance(values, list) else _home(values)
             setattr(args, action.dest, values)
+        name = action.option_strings[-1] if action.option_strings else (action.metavar or action.dest)
         for value in values if isinstance(values, list) else [values]:
-            if not isinstance(value, str):
-                continue
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as e:
-                name = action.option_strings[-1] if action.option_strings else (action.metavar or action.dest)
-                try:  # a byte of another encoding shown as \xff, a lone surrogate as \ud800
-                    shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-                except UnicodeEncodeError:
-                    shown = value.encode("utf-8", "backslashreplace").decode()
-                raise UserError(f"{name} {shown}: the name is not UTF-8 (character {e.start + 1}): gbattn writes the "
-                                f"names of files and folders into its results as UTF-8 text; rename it") from None
+            if isinstance(value, str):
+                _utf8_or_refused(name, value)
 
 
 def main(argv: list[str] | None = None) -> int:
