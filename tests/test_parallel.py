@@ -799,12 +799,31 @@ def test_processes_that_see_other_folders_or_were_given_other_runs_refuse(tmp_pa
     cases.append(({str(data): str(other)}, f"rank 1 (on {socket.gethostname()}) read another corpus from --data "
                                            f"{other} than rank 0 from --data {data}: every process trains on the same "
                                            f"data; give each node the same copy"))
+    # a tokenizer file: a node's own copy at another path trains; another tokenizer is refused
+    from gbattn.data.corpus import load_corpus
+    from gbattn.data.tokenizer import get_tokenizer
+
+    for name, vocab in (("tk", 80), ("tk-copy", 80), ("tk-other", 60)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(
+            get_tokenizer("bpe", load_corpus(str(data)), vocab_size=vocab, verbose=False).payload)
+    hf_argv = [a if a != "char" else f"hf={tmp_path / 'tk' / 'tokenizer.json'}" for a in argv]
+    cases.append(({f"hf={tmp_path / 'tk' / 'tokenizer.json'}": f"hf={tmp_path / 'tk-other' / 'tokenizer.json'}"},
+                  f"rank 1 (on {socket.gethostname()}) has another tokenizer than rank 0 (--tokenizer hf): give each node the same copy "
+                  "of its file (or of --init-from's run)", hf_argv))
     assert "lr=0.003" in argv
-    for replaced, line in cases:
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"), SECOND_RANK_ARGS=json.dumps(
+        {f"hf={tmp_path / 'tk' / 'tokenizer.json'}": f"hf={tmp_path / 'tk-copy' / 'tokenizer.json'}"}))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                           str(worker), *hf_argv], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and (run / rundir.RESULT).is_file(), proc.stderr[-3000:]
+    shutil.rmtree(run)
+    for replaced, line, *given in cases:
         env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"),
                    SECOND_RANK_ARGS=json.dumps(replaced))
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                               str(worker), *argv], capture_output=True, text=True, env=env, timeout=300)
+                               str(worker), *(given[0] if given else argv)], capture_output=True, text=True, env=env,
+                              timeout=300)
         own = [text for text in proc.stderr.splitlines() if text.startswith("gbattn: error:")]
         assert proc.returncode != 0 and own == [f"gbattn: error: {line}"] * 2, proc.stderr[-3000:]
         assert not (run / rundir.CHECKPOINT).exists() and not elsewhere.exists()

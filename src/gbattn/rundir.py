@@ -514,6 +514,8 @@ class RunLock:
         # (its third line, a random token: other processes of a torchrun find it there when they see this folder)
         self.token = secrets.token_hex(8)
         os.write(self.fd, f"{os.getpid()}\n{what}\n{self.token}\n".encode())
+        with contextlib.suppress(OSError):  # (on a shared file system, before the other nodes read it)
+            os.fsync(self.fd)
         RunLock._held[key] = self
         self.key = key
         remove_debris(self.directory)

@@ -558,6 +558,11 @@ class Trainer:
         neutral = {*TrainConfig.RESULT_NEUTRAL, "data"}
         mine = {**self.model_cfg.__dict__, **{k: v for k, v in self.train_cfg.__dict__.items() if k not in neutral},
                 "resume": self.resume, "restart": self.restart, "preset": self.preset, "extra": self.extra}
+        # a node's own copy of a tokenizer file or of --init-from's run may sit at another path: their kind and
+        # presence here, their content compared once read (:meth:`_check_one_run_directory`)
+        if "=" in mine["tokenizer"]:
+            mine["tokenizer"] = mine["tokenizer"].partition("=")[0] + "=PATH"
+        mine["init_from"] = bool(mine["init_from"])
         mine = json.loads(json.dumps(mine, default=str))
         every = self.dist.gather(mine)
         for rank, theirs in enumerate(every[1:], 1):
@@ -574,20 +579,27 @@ class Trainer:
         if not self.dist.enabled:
             return
         token = self.dist.gather(self.lock.token if self.main else None)[0]
+        start = rundir.weights_digest(self.start.model.state_dict()) if self.start is not None else None
         seen = self.dist.gather((self.main or rundir.RunLock.token_in(self.run_dir) == token, socket.gethostname(),
                                  str(self.run_dir), self.data.corpus_fingerprint, self.data.tokenizer.fingerprint,
-                                 self.train_cfg.data))
-        for rank, (sees, host, out, corpus, tokenizer, data) in enumerate(seen):
+                                 self.train_cfg.data, start))
+        for rank, (sees, host, out, corpus, tokenizer, data, weights) in enumerate(seen):
             if not sees:  # (named as rank 0 names it, and as this process does where that differs)
                 raise UserError(f"{seen[0][2]} is not one folder that every process sees: rank {rank} (on {host}"
                                 f"{f', its --out {out}' if out != seen[0][2] else ''}) finds no run of rank 0's "
                                 f"there; only rank 0 writes the checkpoints and every process reads them, so a run on "
                                 f"several nodes needs its --out on a file system they share")
-            if (corpus, tokenizer) != seen[0][3:5]:
-                what = "corpus" if corpus != seen[0][3] else "tokenizer"
-                raise UserError(f"rank {rank} (on {host}) read another {what} from --data {data} than rank 0 from "
+            if corpus != seen[0][3]:
+                raise UserError(f"rank {rank} (on {host}) read another corpus from --data {data} than rank 0 from "
                                 f"--data {seen[0][5]}: every process trains on the same data; give each node the same "
                                 f"copy")
+            if tokenizer != seen[0][4]:
+                raise UserError(f"rank {rank} (on {host}) has another tokenizer than rank 0 (--tokenizer "
+                                f"{self.train_cfg.tokenizer.partition('=')[0]}): give each node the same copy of its "
+                                f"file (or of --init-from's run)")
+            if weights != seen[0][6]:
+                raise UserError(f"rank {rank} (on {host}) read other starting weights (--init-from) than rank 0: give "
+                                f"each node the same copy of that run")
 
     def _claim_and_prepare(self) -> Data:
         """The main process takes the run directory (one writer, before any long work); then the data.
