@@ -809,8 +809,8 @@ def test_processes_that_see_other_folders_or_were_given_other_runs_refuse(tmp_pa
             get_tokenizer("bpe", load_corpus(str(data)), vocab_size=vocab, verbose=False).payload)
     hf_argv = [a if a != "char" else f"hf={tmp_path / 'tk' / 'tokenizer.json'}" for a in argv]
     cases.append(({f"hf={tmp_path / 'tk' / 'tokenizer.json'}": f"hf={tmp_path / 'tk-other' / 'tokenizer.json'}"},
-                  f"rank 1 (on {socket.gethostname()}) has another tokenizer than rank 0 (--tokenizer hf): give each node the same copy "
-                  "of its file (or of --init-from's run)", hf_argv))
+                  f"rank 1 (on {socket.gethostname()}) has another tokenizer than rank 0 (--tokenizer hf): give each "
+                  f"node the same copy of its file (or of --init-from's run)", hf_argv))
     assert "lr=0.003" in argv
     env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"), SECOND_RANK_ARGS=json.dumps(
         {f"hf={tmp_path / 'tk' / 'tokenizer.json'}": f"hf={tmp_path / 'tk-copy' / 'tokenizer.json'}"}))
