@@ -800,6 +800,10 @@ def test_a_negative_prompt_longer_than_the_prompt_is_checked_for_the_new_tokens_
     with pytest.raises(ValueError, match=refused):
         hf.generate(idx, negative_prompt_ids=padded, negative_prompt_attention_mask=padded_mask, max_new_tokens=16,
                     **guided)
+    # neither max_new_tokens nor max_length: transformers makes 20 new tokens within the positions (18 here, past
+    # them for the negative prompt: it ran and stopped at "sequence length 25")
+    with pytest.raises(ValueError, match=refused.replace("16", "18").replace("24;", "26;")):
+        hf.generate(idx, negative_prompt_ids=negative, **guided)
     # without guidance (scale 1) the negative prompt is not fed: no check
     assert hf.generate(idx, negative_prompt_ids=negative, max_new_tokens=18, guidance_scale=1.0,
                        do_sample=False).shape == (1, 24)

@@ -198,6 +198,11 @@ INIT_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm, *OWN_PARAMETERS
 # --------------------------------------------------------------------------------------
 
 
+# transformers' new tokens when a generation sets neither max_new_tokens nor max_length (its default max_length, 20,
+# counted from the prompt, then cut to the model's positions; 4.x's GenerationConfig holds it as max_length)
+DEFAULT_NEW_TOKENS = 20
+
+
 class GbattnPreTrainedModel(PreTrainedModel):
     """What the base model and the causal LM share: gbattn's GPT as ``self.model`` (so both hold the same
     ``model.*`` weights), its embeddings, activation checkpointing and the forward pass up to the final norm.
@@ -525,7 +530,11 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
         if real <= prompt:
             return
         max_new_tokens, max_length = _integer(max_new_tokens), _integer(max_length)
-        if max_new_tokens is None and max_length is not None:
+        if max_new_tokens is None and (max_length is None or TF_MAJOR < 5 and max_length == DEFAULT_NEW_TOKENS
+                                       and kwargs.get("max_length") is None):
+            # neither set (transformers 4.x: its default max_length of 20): 20 new tokens, within the positions
+            max_new_tokens = min(width + DEFAULT_NEW_TOKENS, self.config.max_position_embeddings) - width
+        elif max_new_tokens is None:
             max_new_tokens = max_length - width  # (the new tokens max_length leaves, counted from the prompt's width)
         try:
             self._check_length(real, real, max_new_tokens, None)
