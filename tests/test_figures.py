@@ -1064,6 +1064,7 @@ def test_paired_differences_with_a_missing_seed_name_their_seeds_and_are_not_mar
     gba = next(line for line in md.splitlines() if line.startswith("| gba-m2 | 800,000 | 0.008 |"))
     assert "1: -0.030 / 2: -0.030; seed 3 missing" in gba and "**same sign**" not in gba
     rows[1]["valid_loss"]["3"] = 2.19
+    rows[1]["test_ppl"]["3"] = 8.7  # (a seed paired is one with a test perplexity: one that did not diverge)
     gba = next(line for line in results_markdown(report_of(rows)).splitlines()
                if line.startswith("| gba-m2 | 800,000 | 0.008 |"))
     assert "(-0.030 / -0.030 / -0.030) **same sign**" in gba
@@ -2345,7 +2346,31 @@ def test_results_md_names_seeds_that_diverged_apart_from_seeds_not_finished():
     rows = [row("standard", 10.0, ["123"]), row("gba-m2", 9.0, [])]  # gba-m2 has not finished seed 123
     md = results_markdown(report_of(rows))
     assert "Every model has seed 42 only (seed 123 not finished): each mean is over 1 seed." in md
-    assert "diverged" not in md  # (said of every model where one had diverged and another not finished)
+    # (it was said of every model where one had diverged and another not finished): of the one that did
+    assert ("\n\nDiverged, with no finite test perplexity, and left out of the means, Δ and paired differences: "
+            "standard seed 123.\n") in md and md.count("diverged") == 0
+    # a model none of whose seeds held a result: named, and the others' seeds are not called every model's (it was
+    # "Every model has seeds 1, 3 only (seed 2 diverged)" beside a standard row of dashes)
+    rows = [{**model_row("standard", {"1": 9.0}), "seeds": [1, 2, 3], "test_ppl": dict.fromkeys(["1", "2", "3"]),
+             "test_ppl_mean": None, "test_ppl_std": None},
+            {**model_row("gba-m2", {"1": 9.0, "3": 8.0}), "seeds": [1, 2, 3], "test_ppl": {"1": 9.0, "2": None,
+                                                                                              "3": 8.0}}]
+    md = results_markdown({**report_of(rows), "seeds": [1, 2, 3]})
+    assert "Every model has" not in md
+    assert ("Diverged, with no finite test perplexity, and left out of the means, Δ and paired differences: standard "
+            "seeds 1, 2, 3; gba-m2 seed 2.") in md
+    from gbattn.experiments.report import seeds_sentence
+
+    assert seeds_sentence(rows) == "means over seeds 1, 3 (every model with a finite result)"
+    # paired differences leave the diverged seed out (it was paired on its finite but huge validation loss)
+    rows[1]["valid_loss"] = {"1": 2.0, "2": 40.0, "3": 2.1}
+    rows.append({**model_row("twicing", {"1": 9.5, "2": 9.4, "3": 9.3}), "valid_loss": {"1": 2.2, "2": 2.3, "3": 2.4}})
+    from gbattn.experiments.report import paired_differences
+
+    assert paired_differences(rows[1], rows[2]) == pytest.approx({"1": -0.2, "3": -0.3})
+    # every seed diverged: "one seed per model, so no spread" was said of three seeds each
+    md = results_markdown({**report_of(rows[:1]), "seeds": [1, 2, 3]})
+    assert "Test perplexity from the best-validation checkpoint; no model has a finite one." in md
 
 
 def test_read_report_refuses_a_label_that_is_no_folder_name_and_takes_integer_numbers(tmp_path):

@@ -20,6 +20,7 @@ from gbattn.errors import optional_module
 from gbattn.experiments.report import (
     TEST_IS_VALIDATION,
     compared_values,
+    diverged_note,
     mean_std,
     missing_text,
     no_test_split,
@@ -474,6 +475,9 @@ def results_figure(report: dict):
         held_note = seeds_held_note(report, rows)
         if held_note:
             footer.append(held_note)
+        diverged = diverged_note(rows, held_note)
+        if diverged:
+            footer.append(diverged)
         if published_drawn and source:
             footer.append(f"published: {source}")
         omitted = published_omitted_note(report)

@@ -39,6 +39,26 @@ def held_seeds(rows: list[dict]) -> list[str]:
     return sorted({s for r in rows for s in seed_values(r)}, key=seed_key)
 
 
+def diverged_seeds(row: dict) -> list[str]:
+    """The seeds a model row finished with no finite test perplexity (diverged), in order."""
+    finite = seed_values(row)
+    return [str(s) for s in row.get("seeds", []) if str(s) not in finite]
+
+
+def diverged_note(rows: list[dict], held_note: str | None = None) -> str | None:
+    """Which models' seeds diverged (finished with no finite test perplexity), left out of every mean, Δ and paired
+    difference (a model none of whose seeds held a result was unexplained, and the others' seeds were said to be
+    every model's); None where none did, or where ``held_note`` (:func:`seeds_held_note`) already says it of every
+    model."""
+    if held_note and "diverged" in held_note:
+        return None
+    named = [f"{r['label']} seed{'s' if len(d) > 1 else ''} {', '.join(d)}" for r in rows if (d := diverged_seeds(r))]
+    if not named:
+        return None
+    return ("Diverged, with no finite test perplexity, and left out of the means, Δ and paired differences: "
+            + "; ".join(named))
+
+
 def common_seeds(rows: list[dict]) -> list[str] | None:
     """None when every row with a result has the same seeds; else the seeds all of them share
     (possibly none)."""
@@ -84,8 +104,10 @@ def seeds_sentence(rows: list[dict], complete: bool = True) -> str:
         seeds = held_seeds(rows)
         if not seeds:
             return "no model has a finite test perplexity"
-        return (f"means over seed{'s' if len(seeds) != 1 else ''} {', '.join(seeds)} "
-                f"(every model{'' if complete else ' drawn'})")
+        every = "every model" + ("" if complete else " drawn")
+        if any(not seed_values(r) for r in rows):  # (a model with no finite result: not "every model")
+            every += " with a finite result"
+        return f"means over seed{'s' if len(seeds) != 1 else ''} {', '.join(seeds)} ({every})"
     if common:
         return (f"means over the {len(common)} seed{'s' if len(common) > 1 else ''} all models share "
                 f"({', '.join(common)}); 'all seeds' dots show the rest")
@@ -95,7 +117,7 @@ def seeds_sentence(rows: list[dict], complete: bool = True) -> str:
 def seeds_held_note(report: dict, rows: list[dict]) -> str | None:
     """When every model has the same seeds but not all those the comparison asked for: which, and why the others
     have no result (results.md and results.png say it alike)."""
-    if common_seeds(rows) is not None:
+    if common_seeds(rows) is not None or any(not seed_values(r) for r in rows):  # (diverged_note says it then)
         return None
     held = held_seeds(rows)
     missing = [str(s) for s in report.get("seeds", []) if str(s) not in held]
@@ -551,6 +573,9 @@ def results_markdown(report: dict) -> str:
         held_note = seeds_held_note(report, rows)
         if held_note:
             lines += ["", held_note + "."]
+    diverged = diverged_note(rows, seeds_held_note(report, rows))
+    if diverged:
+        lines += ["", diverged + "."]
     continued = continued_note(rows)
     if continued:
         lines += ["", continued]
@@ -564,7 +589,9 @@ def results_markdown(report: dict) -> str:
         lines += ["", f"Published: {report['published_source']}."]
     lines += paired_table(rows)
     spread = ("mean ± sample std over seeds" if any(len(seed_values(r)) > 1 for r in rows)
-              else "one seed per model, so no spread")
+              else "one seed per model, so no spread" if all(len(r.get("seeds", [])) <= 1 for r in rows)
+              else "one finite result per model, so no spread" if any(seed_values(r) for r in rows)
+              else "no model has a finite one")  # (seeds that diverged: it said "one seed per model" of three)
     lines += ["", f"Test perplexity from the best-validation checkpoint; {spread}."
               + (f" {TEST_IS_VALIDATION}." if no_test_split(rows) else "")]
     # Each param-matched row by its own label (a --matched model's `param-fair-LABEL` was called `param-fair`, and the
@@ -675,9 +702,10 @@ def param_gap_text(row: dict, rows: list[dict]) -> str:
 
 def valid_losses(row: dict) -> dict[str, float]:
     """seed -> validation loss of a results.json model row (finite values only: a run whose every evaluation
-    was non-finite records an infinite best loss in memory, null in results.json)."""
-    values = row.get("valid_loss") or {}
-    return {str(s): v for s, v in values.items() if v is not None and math.isfinite(v)}
+    was non-finite records an infinite best loss in memory, null in results.json), of the seeds that did not diverge
+    (a finite test perplexity: a seed left out of the means as diverged was paired on its 31-76 nats)."""
+    values, finite = row.get("valid_loss") or {}, seed_values(row)
+    return {str(s): v for s, v in values.items() if v is not None and math.isfinite(v) and str(s) in finite}
 
 
 def paired_differences(row: dict, reference: dict) -> dict[str, float]:
