@@ -980,8 +980,11 @@ def test_stop_ends_decoding_after_the_token_it_returns_true_for(variant_case):
     with pytest.raises(ValueError, match="stop of type list: give a function stop"):
         generate(model, prompt_BT, 3, stop=["x"])
     # one answer per row (torch's "ambiguous" RuntimeError): refused; a one-element tensor is one answer
-    with pytest.raises(ValueError, match=r"^stop returned 2 values \(\(2,\)\): it ends the whole batch"):
-        generate(model, prompt_BT, 3, stop=lambda new_BN: new_BN[:, -1] >= 0)
+    for per_row in (lambda new_BN: new_BN[:, -1] >= 0, lambda new_BN: [False, False],
+                    lambda new_BN: (new_BN[:, -1] >= 0).numpy()):  # (a list stopped after one token, numpy failed)
+        with pytest.raises(ValueError, match=r"^stop returned 2 values \(\(2,\)\): it ends the whole batch"):
+            generate(model, prompt_BT, 3, stop=per_row)
+    assert generate(model, prompt_BT, 3, temperature=0, stop=lambda new_BN: [False]).shape == (2, 8)
     assert generate(model, prompt_BT, 12, temperature=0, stop=lambda new_BN: (new_BN >= 0).all()).shape == (2, 6)
     # a loaded run given as the model (it has its own generate): "no attribute 'cfg'" before
     with pytest.raises(ValueError, match=r"^model of type SimpleNamespace: give a GPT \(a loaded run's \.model"):

@@ -72,7 +72,7 @@ class ModelConfig(Typed):
     norm_type: str = field(default="layernorm", metadata=one_of("layernorm", "rmsnorm"))
     norm_eps: float = field(default=1e-5, metadata=positive_float32())
     pos: str = field(default="learned", metadata=one_of("learned", "rope"))
-    rope_base: float = field(default=10000.0, metadata=positive_float32())
+    rope_base: float = field(default=10000.0, metadata=greater_than(0))  # (its tables are float64)
     bias: bool = True  # biases of every Linear and LayerNorm
     attn_bias: bool | None = None  # biases of the attention projections; None = bias (docs/deviations.md 14)
     tie_embeddings: bool = True

@@ -202,10 +202,14 @@ def check_prompt(idx_BT: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
 
 def _stops(answer) -> bool:
     """``stop``'s answer as one bool for the batch (a tensor of one per row failed in torch, "ambiguous")."""
-    if isinstance(answer, Tensor) and answer.numel() != 1:
-        raise ValueError(f"stop returned {answer.numel()} values ({tuple(answer.shape)}): it ends the whole "
-                         "batch, so return one bool, e.g. bool(done_B.all()) to stop once every row is done")
-    return bool(answer)
+    # (a list of one per row stopped after the first token, as a non-empty list is true; numpy's array failed)
+    size = (answer.numel() if isinstance(answer, Tensor) else len(answer) if isinstance(answer, (list, tuple))
+            else getattr(answer, "size", 1))
+    if size != 1:
+        shape = tuple(getattr(answer, "shape", (size,)))
+        raise ValueError(f"stop returned {size} values ({shape}): it ends the whole batch, so return one bool, e.g. "
+                         "bool(done_B.all()) to stop once every row is done")
+    return bool(answer[0] if isinstance(answer, (list, tuple)) else answer)
 
 
 @torch.no_grad()
