@@ -1122,7 +1122,12 @@ def test_results_say_when_test_is_validation_and_how_far_param_fair_is_above_gba
 def test_the_validation_curve_table_averages_the_seeds_all_models_share():
     rows = [model_row("standard", {"42": 9.0, "123": 11.0}), model_row("gba-m2", {"42": 8.8})]
     md = results_markdown(report_of(rows))
-    assert "## Validation perplexity during training (mean over seed 42, the ones all models share)" in md
+    assert "## Validation perplexity during training (seed 42, the one all models share)" in md  # (not "mean over")
+    rows[1] = model_row("gba-m2", {"42": 8.8, "123": 10.0, "7": 9.0})
+    rows[0] = model_row("standard", {"42": 9.0, "123": 11.0, "5": 9.0})
+    assert ("## Validation perplexity during training (mean over seeds 42, 123, the ones all models share)"
+            in results_markdown(report_of(rows)))
+    rows = [model_row("standard", {"42": 9.0, "123": 11.0}), model_row("gba-m2", {"42": 8.8})]
     assert "| 2,000 | 9.00 | 8.80 |" in md  # standard over seed 42 alone, not (9 + 11) / 2
 
 
@@ -2100,6 +2105,11 @@ def test_a_reference_of_one_seed_leaves_its_own_column_out_and_says_so():
     # neither has two: no table, as before
     one = paired_md({"standard": {"1": 2.2}, "gba-m2": {"1": 2.1}}, seeds=(1,))
     assert "Paired per-seed differences" not in one and "left out" not in one
+    # ... but where other models have two or more, the section says why it has no table (it vanished, unsaid)
+    md = paired_md({"standard": {"1": 2.30}, "twicing": {"1": 2.20, "2": 2.25, "3": 2.22}})
+    paired_part = md.split("## Paired per-seed differences")[1].split("Test perplexity from")[0]
+    assert paired_part == (" (validation loss, nats; negative = better)\n\nΔ vs standard is left out: standard has 1 "
+                           "seed with a validation loss.\n\n")
 
 
 def test_a_comparison_without_a_compute_matched_row_has_the_standard_column_alone():

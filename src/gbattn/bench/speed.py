@@ -537,7 +537,9 @@ def bench_markdown(report: dict) -> str:
         "",
         f"Command: `{report['command']}` · {_versions_text(report)} · "
         f"batch {report['batch']} x {report['seq_len']} tokens · "
-        f"median of {report['repeats']} interleaved repeats of {report['steps_per_repeat']} steps · "
+        f"median of {report['repeats']} interleaved repeat{'s' if report['repeats'] != 1 else ''} of "
+        f"{report['steps_per_repeat']} "
+        f"step{'s' if report['steps_per_repeat'] != 1 else ''} · "
         f"dropout {report['dropout']:g}{_own_dropout_text(report)}"
         f"{' · bf16 autocast' if report['amp_bf16'] else ''}"
         f"{'' if report['compile'] == 'off' else ' · torch.compile: ' + report['compile']}"

@@ -604,8 +604,8 @@ def results_markdown(report: dict) -> str:
         lines.append("; ".join(matched) + ".")
     # Like the Δ column: over the seeds all models share when their seed sets differ.
     common = common_seeds(rows)
-    curve_seeds = (f"mean over seed{'s' if len(common) > 1 else ''} {', '.join(common)}, the ones all models share"
-                   if common else "seed mean")
+    curve_seeds = (f"mean over seeds {', '.join(common)}, the ones all models share" if common and len(common) > 1
+                   else f"seed {common[0]}, the one all models share" if common else "seed mean")
     lines += ["", f"## Validation perplexity during training ({curve_seeds})", ""]
     continued_steps = continued_steps_note(rows)
     if continued_steps:
@@ -820,7 +820,10 @@ def paired_table(rows: list[dict]) -> list[str]:
             left_out.append(f"{header} is left out: {ref['label']} has {n} seed{'s' if n != 1 else ''} with a "
                             f"validation loss.")
     base, first = (ref if ref is not None and len(valid_losses(ref)) >= 2 else None for ref in (base, first))
-    if base is None and first is None:
+    if base is None and first is None:  # (its notes were dropped with it: the section vanished, unsaid)
+        if left_out and any(len(valid_losses(r)) >= 2 for r in rows):
+            return ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
+                    " ".join(left_out)]
         return []
     seeds = sorted(valid_losses(base or first), key=seed_key)
     columns = [delta_header(base)] * (base is not None) + ["Δ vs compute-matched"] * (first is not None)
