@@ -1898,6 +1898,22 @@ def test_a_comparison_says_which_run_it_trains_and_which_it_resumes(tmp_path, ca
     assert f"resuming standard seed 1: attn=standard d_model=32 steps=2 -> {run_dir}\n" in capsys.readouterr().err
 
 
+def test_matched_baselines_that_only_leaves_out_are_named(tmp_path, monkeypatch, capsys):
+    """`--only gated --matched gated` trained gated alone: its baselines were skipped, unsaid (recipe.json recorded
+    --matched all the same). A note names them, and how to train them."""
+    data = write_corpus(tmp_path / "c")
+    monkeypatch.setattr(compare_mod, "_Runner", lambda *a: pytest.fail("planned"))
+    with pytest.raises(pytest.fail.Exception, match="planned"):
+        run_compare("cpu-baselines", tmp_path / "cmp", data=str(data), seeds=[1], sets=tiny_sets(), only=["gated"],
+                    quiet=True, matched=["gated"])
+    assert ("note: --only leaves out param-fair-gated, compute-matched-gated, the baselines --matched gives: name them "
+            "in --only to train them\n") in capsys.readouterr().err
+    with pytest.raises(pytest.fail.Exception, match="planned"):
+        run_compare("cpu-baselines", tmp_path / "cmp", data=str(data), seeds=[1], sets=tiny_sets(), quiet=True,
+                    only=["gated", "param-fair-gated", "compute-matched-gated"], matched=["gated"])
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_a_model_of_your_own_gets_its_matched_baselines_and_stays_in_the_comparison(tmp_path, monkeypatch):
     """`compare --model gba-m3=boosted:rounds=3 --matched gba-m3`: the model trains beside the recipe's, with
     param-fair-gba-m3 (standard, at least its parameters) and compute-matched-gba-m3 (standard, its training

@@ -241,6 +241,12 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
             commas = "; labels are given apart, --only a b" if any("," in label for label in unknown) else ""
             raise UserError(f"--only {' '.join(unknown)}: not in recipe {recipe.name!r}"
                             f"{did_you_mean(unknown, labels)} ({', '.join(labels)}){commas}")
+        # --matched's baselines that --only leaves out (they were skipped, unsaid, --matched recorded all the same)
+        skipped = [f"{kind}-{label}" for label in (matched or []) for kind in ("param-fair", "compute-matched")
+                   if only and label in only and f"{kind}-{label}" in labels and f"{kind}-{label}" not in only]
+        if skipped:
+            print(f"note: --only leaves out {', '.join(skipped)}, the baselines --matched gives: name them in --only "
+                  f"to train them", file=sys.stderr)
         # Model keys a recipe sets per model are applied after --set (spec_configs): refuse them, for every model of
         # the comparison (--set is recorded for all: one given with --only for other models left those refused)
         # (a key as typed: attn.x and attn_options.x name one field, and attn_options={...} sets every option)
