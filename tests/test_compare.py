@@ -1990,7 +1990,7 @@ def test_a_model_of_your_own_gets_its_matched_baselines_and_stays_in_the_compari
                         matched=[target])
     # a --set the recipe sets per model for a model --only leaves out: recorded for the comparison, it left that
     # model refused for good
-    with pytest.raises(UserError, match=r"^--set residual: the recipe sets it per model"):
+    with pytest.raises(UserError, match=r"^--residual \(--set residual\): the recipe sets it per model"):
         run_compare("depth", tmp_path / "depth", data=str(data), quiet=True, sets=tiny_sets(residual="attnres-block"),
                     only=["standard", "gba-m2"])
     assert not (tmp_path / "up" / "recipe.json").exists() and not (tmp_path / "depth" / "recipe.json").exists()

@@ -371,6 +371,13 @@ def test_generate_cli_passes_the_compile_choice(tmp_path, capsys, monkeypatch, f
         return
     assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the", "--max-new-tokens", "3", *flags]) == 0
     assert seen[0] == asked  # the command's own choice (generate() is then handed its decode step)
+    assert "nothing is compiled" not in capsys.readouterr().err
+    if flags == ["--compile"]:  # a prompt that fills block_size: no cached step to compile, said (it was unsaid)
+        assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the " * 100, "--max-new-tokens", "3",
+                         *flags]) == 0
+        assert re.search(r"note: --compile compiles the cached decode step, and the prompt of \d+ tokens fills "
+                         r"block_size=\d+, so every token recomputes the context: nothing is compiled\n",
+                         capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("flags, compiles", [([], 1), (["--compile"], 1), (["--no-compile"], 0), (["--no-cache"], 0)])

@@ -202,6 +202,12 @@ def cmd_generate(args) -> None:
     idx = torch.tensor([ids] * args.num_samples, device=device)
     step, how = decoder_for(run.model, compile=False if args.no_cache else args.compile,
                             max_new_tokens=args.max_new_tokens, prompt_length=len(ids))
+    block = run.model.cfg.block_size
+    if args.compile and cache_plan(block, args.max_new_tokens, len(ids))[0] == 0:  # (dropped, unsaid)
+        why = (f"the prompt of {len(ids)} tokens fills block_size={block}, so every token recomputes the context"
+               if len(ids) >= block else f"{args.max_new_tokens} new token{'s' if args.max_new_tokens != 1 else ''} "
+               f"take{'s' if args.max_new_tokens == 1 else ''} no cached step")
+        print(f"note: --compile compiles the cached decode step, and {why}: nothing is compiled", file=sys.stderr)
     # A bar for long generations only (one token per step for the whole batch).
     bar = Progress(args.max_new_tokens, desc="generating", unit="token", disable=args.max_new_tokens < 1000)
     made = []  # when each new token was made: a compiled step compiles on its first call, before the second token

@@ -254,9 +254,11 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
                  for path in (*spec.model, *(f"attn_options.{k}" for k in spec.attn_options))}
         per_model = sorted(key for key in sets for path in [field_path(key)]
                            if any(path == f or f.startswith(path + ".") or path.startswith(f + ".") for f in fixed))
-        if per_model:
-            raise UserError(f"--set {', '.join(per_model)}: the recipe sets {'it' if len(per_model) == 1 else 'them'} "
-                            f"per model, so the value would be overridden; train such a model with `gbattn train`")
+        if per_model:  # (--residual is given as that option, or as --set residual: named both ways)
+            shown = ", ".join("--residual (--set residual)" if key == "residual" else f"--set {key}"
+                              for key in per_model)
+            raise UserError(f"{shown}: the recipe sets {'it' if len(per_model) == 1 else 'them'} per model, so the "
+                            f"value would be overridden; train such a model with `gbattn train`")
         # A model's layer selection numbers the recipe's layers: another depth would keep the numbers and the label
         # ("gba-upper-half" was two middle layers of six, or an error about a model the user never named)
         numbered = [spec for spec in recipe.models if "layers" in spec.attn_options]

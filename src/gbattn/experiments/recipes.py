@@ -285,12 +285,13 @@ _add(cpu_recipe(
 ))
 _add(cpu_recipe(
     "depth",
-    "standard, GBA M=2, each with plain and AttnRes-block residuals, at cpu-proxy on WikiText-2",
+    "standard and GBA M=2, each with plain and AttnRes-block residuals, and standard compute-matched to GBA M=2, at "
+    "cpu-proxy on WikiText-2",
     depth_models(),
 ))
 _add(Recipe(
     name="cpu-char",
-    description="the same models, character-level tiny-shakespeare at nanoGPT's CPU configuration (2,000 steps)",
+    description="the paper-wt103 models, character-level tiny-shakespeare at nanoGPT's CPU configuration (2,000 steps)",
     preset="cpu-char",
     models=paper_models(),
     default_data="tiny-shakespeare",
