@@ -1920,7 +1920,7 @@ def test_export_errors_are_one_line(trained, tmp_path, capsys):
     assert cli_main(["export", str(run_dir), "--out", str(run_dir)]) == 2
     assert "is the run directory itself" in capsys.readouterr().err
     assert cli_main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
-    assert "is not a directory" in capsys.readouterr().err
+    assert "nothing does not exist (a gbattn run directory or an exported one is expected)" in capsys.readouterr().err
     broken = tmp_path / "broken"
     shutil.copytree(out, broken)
     (broken / "gbattn-tokenizer.json").unlink()  # as in a directory written by save_pretrained or Trainer
