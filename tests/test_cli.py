@@ -321,7 +321,8 @@ def test_set_example_in_help_is_accepted(capsys, command, takes_training_fields)
         argv = [command, "--preset", "cpu-char", "--set", "lr=1e-3", "--set", "batch_size=8"]
         assert main(argv) == 2
         assert capsys.readouterr().err == ("gbattn: error: --set lr, batch_size: training field(s); only model fields "
-                                           "apply here (`gbattn train` and `compare` take training fields)\n")
+                                           "apply here (`gbattn train` and `compare` take training fields; `gbattn "
+                                           "bench` has its own options: --batch for batch_size)\n")
 
 
 def test_generate_and_eval_help_state_their_defaults(capsys):

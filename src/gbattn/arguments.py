@@ -161,7 +161,8 @@ def device(p: argparse.ArgumentParser) -> None:
 
 def threads(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=at_least(1, MAX_THREADS), default=None,
-                   help="CPU threads (default: the cores not busy with other work; README, 'Threads')")
+                   help="CPU threads (default: OMP_NUM_THREADS where it is set, else the cores not busy with other "
+                        "work; a resumed run: its recorded value; README, 'Threads')")
 
 
 def checkpoint(p: argparse.ArgumentParser) -> None:
