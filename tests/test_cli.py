@@ -424,6 +424,11 @@ def test_a_file_given_for_a_run_or_comparison_directory_is_named_as_a_file(tmp_p
         code, out, err = run_cli(capsys, argv)
         assert (code, out, err) == (2, "", f"gbattn: error: {expected}\n"), argv
     assert not (tmp_path / "new").exists()
+    fifo = tmp_path / "pipe"  # (called "a file")
+    os.mkfifo(fifo)
+    code, out, err = run_cli(capsys, ["train", "--init-from", fifo, "--data", "tiny-shakespeare", "--out",
+                                      tmp_path / "new"])
+    assert (code, out, err) == (2, "", f"gbattn: error: {fifo} is a device or a pipe, not a gbattn run directory\n")
 
 
 def test_a_local_folder_named_as_a_path_is_not_guessed_to_be_the_hub_corpus(tmp_path, capsys, monkeypatch):

@@ -332,7 +332,8 @@ def read_json(path: str | Path) -> dict:
     :func:`read_json_bytes`: a huge file is refused unread)."""
     path = Path(path)
     if path.parent.exists() and not path.parent.is_dir():  # a file given for the directory: not "FILE/config.json"
-        raise CheckpointError(f"{path.parent} is a file, not a gbattn run directory")
+        kind = "a file" if path.parent.is_file() else "a device or a pipe"  # (a FIFO was called "a file")
+        raise CheckpointError(f"{path.parent} is {kind}, not a gbattn run directory")
     if not path.is_file():
         refuse_not_regular(path)
         raise CheckpointError(f"{path} not found: is {path.parent} a gbattn run directory?"
