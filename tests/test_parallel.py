@@ -818,6 +818,19 @@ def test_processes_that_see_other_folders_or_were_given_other_runs_refuse(tmp_pa
                            str(worker), *hf_argv], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and (run / rundir.RESULT).is_file(), proc.stderr[-3000:]
     shutil.rmtree(run)
+    # ... and of --init-from's run, in a folder of another name (its name, recorded in extra, was compared)
+    from gbattn.cli import main as cli_main
+
+    base = tmp_path / "base"
+    assert cli_main(["train", *_train_argv(data, 2), "--out", str(base)]) == 0
+    shutil.copytree(base, tmp_path / "base-copy")
+    start_argv = ["train", "--init-from", str(base), "--out", str(run), "--set", "max_steps=2", "--set",
+                  "eval_every=2", "--quiet"]
+    env["SECOND_RANK_ARGS"] = json.dumps({str(base): str(tmp_path / "base-copy")})
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                           str(worker), *start_argv], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and (run / rundir.RESULT).is_file(), proc.stderr[-3000:]
+    shutil.rmtree(run)
     for replaced, line, *given in cases:
         env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"),
                    SECOND_RANK_ARGS=json.dumps(replaced))

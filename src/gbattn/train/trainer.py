@@ -563,6 +563,8 @@ class Trainer:
         if "=" in mine["tokenizer"]:
             mine["tokenizer"] = mine["tokenizer"].partition("=")[0] + "=PATH"
         mine["init_from"] = bool(mine["init_from"])
+        if isinstance(mine["extra"], dict) and "init_from" in mine["extra"]:  # (its folder's name, recorded)
+            mine["extra"] = {**mine["extra"], "init_from": "PATH"}
         mine = json.loads(json.dumps(mine, default=str))
         every = self.dist.gather(mine)
         for rank, theirs in enumerate(every[1:], 1):
