@@ -533,6 +533,12 @@ def test_a_folder_named_otherwise_is_refused_before_recipe_json_takes_its_name(t
     run_compare("cpu-proxy", "nested", data="corp/splits/", **kwargs)
     assert run_compare("cpu-proxy", "nested", data=str(tmp_path / "corp" / "splits"), **kwargs)["complete"]
     assert json.loads((tmp_path / "nested" / "recipe.json").read_text())["data"] == "corp/splits"
+    # ... and the other way round: recorded by its absolute path (as splits), continued relative, then absolute again
+    # (recipe.json took the relative name, and the first command was refused after)
+    run_compare("cpu-proxy", "absolute", data=str(tmp_path / "corp" / "splits"), **kwargs)
+    assert run_compare("cpu-proxy", "absolute", data="./corp/splits/", **kwargs)["complete"]
+    assert json.loads((tmp_path / "absolute" / "recipe.json").read_text())["data"] == "splits"
+    assert run_compare("cpu-proxy", "absolute", data=str(tmp_path / "corp" / "splits"), **kwargs)["complete"]
 
 
 def test_a_comparison_is_never_written_into_a_run_or_a_folder_of_runs(tmp_path, monkeypatch):

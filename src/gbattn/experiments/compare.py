@@ -694,8 +694,9 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True, *, data_
                 # written before a corpus file given by absolute path kept its folder (input.txt for
                 # tiny-shakespeare/input.txt): the same data, which check_run confirms by its fingerprint.
                 # Only for a path portable_path shortened: './wt/' is not the 'wt' a comparison recorded as
-                # typed, and its runs would refuse it once recipe.json had taken its name.
-                before["data"] = request["data"]
+                # typed, and its runs would refuse it once recipe.json had taken its name. It keeps the name it
+                # recorded (taking the new one, the first command, from another folder, was refused after)
+                request["data"] = before["data"]
             elif before["data"] != request["data"] and same_local_path(before["data"], data_as_given):
                 # the same local folder or file named otherwise (corp/splits, recorded relative, given by its
                 # absolute path, which results files shorten to splits): it keeps the name recorded
