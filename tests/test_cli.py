@@ -1669,3 +1669,16 @@ def test_a_quoted_tilde_in_a_path_argument_is_the_home_directory(tmp_path, monke
                                     "--threads", "1"])
     assert code == 0 and (home / "runs" / "b" / "analysis" / "summary.json").is_file(), err
     assert list(work.iterdir()) == []
+
+
+def test_a_set_path_value_has_its_tilde_expanded_as_the_set_parser_reads_it(monkeypatch):
+    """--set init_from=~/x is the home directory's x however the value is spelt (spaces around it, quotes: parse_sets
+    leaves them out, and the ~ was kept), and an item without '=' stays parse_sets' to refuse (it was made
+    'init_from=', refused as an empty value rather than as no key=value)."""
+    from gbattn.cli import _home_set
+
+    monkeypatch.setenv("HOME", "/home/me")
+    for item in ("init_from=~/base", "init_from= ~/base ", 'init_from="~/base"', "init_from='~/base'"):
+        assert _home_set(item) == "init_from=/home/me/base", item
+    for item in ("init_from", "init_from=runs/~x", "lr=~1", "data=~/d.txt"):  # (data: the corpus reads its own ~)
+        assert _home_set(item) == item

@@ -2367,11 +2367,18 @@ def test_results_md_names_seeds_that_diverged_apart_from_seeds_not_finished():
                                                                                               "3": 8.0}}]
     md = results_markdown({**report_of(rows), "seeds": [1, 2, 3]})
     assert "Every model has" not in md
+    assert ("Every model with a finite result has seeds 1, 3 only (seed 2 diverged, with no finite perplexity): each "
+            "mean is over 2 seeds.") in md
     assert ("Diverged, with no finite test perplexity, and left out of the means, Δ and paired differences: standard "
             "seeds 1, 2, 3; gba-m2 seed 2.") in md
     from gbattn.experiments.report import seeds_sentence
 
     assert seeds_sentence(rows) == "means over seeds 1, 3 (every model with a finite result)"
+    # gba-m2 without seed 2 (not finished) beside a standard that diverged on all three: both said
+    unfinished = [rows[0], {**model_row("gba-m2", {"1": 9.0, "3": 8.0})}]
+    md = results_markdown({**report_of(unfinished), "seeds": [1, 2, 3]})
+    assert ("Every model with a finite result has seeds 1, 3 only (seed 2 not finished): each mean is over 2 "
+            "seeds.") in md and "differences: standard seeds 1, 2, 3." in md
     # paired differences leave the diverged seed out (it was paired on its finite but huge validation loss)
     rows[1]["valid_loss"] = {"1": 2.0, "2": 40.0, "3": 2.1}
     rows.append({**model_row("twicing", {"1": 9.5, "2": 9.4, "3": 9.3}), "valid_loss": {"1": 2.2, "2": 2.3, "3": 2.4}})

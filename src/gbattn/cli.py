@@ -170,6 +170,16 @@ def _home(value):
     return os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") else value
 
 
+def _home_set(item):
+    """``--set KEY=~/path`` of a path key (PATH_SETS) with its ``~`` expanded, as parse_sets reads the value: spaces
+    around it and one pair of quotes left out; any other item as given (one without ``=`` is parse_sets' to refuse)."""
+    key, equals, value = item.partition("=") if isinstance(item, str) else ("", "", "")
+    bare = value.strip()
+    if len(bare) > 1 and bare[0] == bare[-1] and bare[0] in "\"'":
+        bare = bare[1:-1]
+    return f"{key}={os.path.expanduser(bare)}" if equals and key.strip() in PATH_SETS and bare.startswith("~") else item
+
+
 def _checked_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The path arguments: a quoted ``~`` (which the shell left) is the home directory, as ``--data`` always took it
     (``--out "~/runs/a"`` made a folder ``./~/runs/a``); a name that is no UTF-8 (a byte of another encoding, kept by
@@ -180,8 +190,7 @@ def _checked_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     for action in commands.choices[args.command]._actions:
         values = getattr(args, action.dest, None)
         if action.dest == "sets" and isinstance(values, list):
-            values = [f"{key}={_home(value)}" if key in PATH_SETS else item
-                      for item in values for key, _, value in [item.partition("=")]]
+            values = [_home_set(item) for item in values]
             setattr(args, action.dest, values)
             for item in values:
                 if isinstance(item, str):

@@ -366,8 +366,8 @@ def preset_config(name: str, attn: str = "standard", overrides: dict | None = No
     d = dict(get_preset(name).model, attn=attn)
     training, model = split_overrides(overrides or {}, "overrides")  # an unknown key is named as `train --set` names it
     if training:  # `params --set lr=...` was "unknown model config field(s) ['lr']", as if lr were no field at all
-        own = {"batch_size": "--batch", "seq_len": "--seq-len", "compile": "--compile", "amp": "--no-amp",
-               "device": "--device", "threads": "--threads"}
+        own = {"batch_size": "--batch", "seq_len": "--seq-len", "compile": "--compile", "amp": "--no-amp (amp=off)",
+               "device": "--device", "threads": "--threads", "activation_checkpointing": "--activation-checkpointing"}
         bench = [f"{own[key]} for {key}" for key in training if key in own]
         raise ConfigError(f"--set {', '.join(training)}: training field(s); only model fields apply here (`gbattn "
                           f"train` and `compare` take training fields"

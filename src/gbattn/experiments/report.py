@@ -50,7 +50,7 @@ def diverged_note(rows: list[dict], held_note: str | None = None) -> str | None:
     difference (a model none of whose seeds held a result was unexplained, and the others' seeds were said to be
     every model's); None where none did, or where ``held_note`` (:func:`seeds_held_note`) already says it of every
     model."""
-    if held_note and "diverged" in held_note:
+    if held_note and "diverged" in held_note and all(seed_values(r) for r in rows):
         return None
     named = [f"{r['label']} seed{'s' if len(d) > 1 else ''} {', '.join(d)}" for r in rows if (d := diverged_seeds(r))]
     if not named:
@@ -117,7 +117,7 @@ def seeds_sentence(rows: list[dict], complete: bool = True) -> str:
 def seeds_held_note(report: dict, rows: list[dict]) -> str | None:
     """When every model has the same seeds but not all those the comparison asked for: which, and why the others
     have no result (results.md and results.png say it alike)."""
-    if common_seeds(rows) is not None or any(not seed_values(r) for r in rows):  # (diverged_note says it then)
+    if common_seeds(rows) is not None:
         return None
     held = held_seeds(rows)
     missing = [str(s) for s in report.get("seeds", []) if str(s) not in held]
@@ -129,7 +129,9 @@ def seeds_held_note(report: dict, rows: list[dict]) -> str | None:
     why = "; ".join(f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} {what}" for seeds, what in (
         ([s for s in missing if s not in diverged], "not finished"),
         (diverged, "diverged, with no finite perplexity")) if seeds)
-    return (f"Every model has seed{'s' if len(held) > 1 else ''} {', '.join(held)} only ({why}): each "
+    # (a model with no finite result at all: diverged_note names it; "every model" was said of the others)
+    who = "Every model" if all(seed_values(r) for r in rows) else "Every model with a finite result"
+    return (f"{who} has seed{'s' if len(held) > 1 else ''} {', '.join(held)} only ({why}): each "
             f"mean is over {len(held)} seed{'s' if len(held) > 1 else ''}")
 
 
@@ -590,7 +592,7 @@ def results_markdown(report: dict) -> str:
     lines += paired_table(rows)
     spread = ("mean ± sample std over seeds" if any(len(seed_values(r)) > 1 for r in rows)
               else "one seed per model, so no spread" if all(len(r.get("seeds", [])) <= 1 for r in rows)
-              else "one finite result per model, so no spread" if any(seed_values(r) for r in rows)
+              else "at most one finite result per model, so no spread" if any(seed_values(r) for r in rows)
               else "no model has a finite one")  # (seeds that diverged: it said "one seed per model" of three)
     lines += ["", f"Test perplexity from the best-validation checkpoint; {spread}."
               + (f" {TEST_IS_VALIDATION}." if no_test_split(rows) else "")]
