@@ -3579,6 +3579,14 @@ def test_lm_eval_command_forwards_every_option(tmp_path, monkeypatch, capsys):
     # --device reaches resolve_device (on a machine without CUDA, --device cpu reads the same as the default, auto)
     code, _, err = run_cli(capsys, ["lm-eval", model, "--tasks", "a", "--device", "cdua"])
     assert code == 2 and "device='cdua' is not allowed (did you mean 'cuda'?)" in err and len(calls) == 4, err
+    # a run with no best-validation weights yet (in its first evaluation interval): its last checkpoint is scored,
+    # asked for as such and named so (the file was the best weights', unsaid)
+    (model / "config.json").write_text("{}")
+    (model / "checkpoint.pt").write_bytes(b"x")
+    code, _, err = run_cli(capsys, ["lm-eval", model, "--tasks", "a"])
+    assert code == 0 and calls[-1][1]["checkpoint"] == "last"
+    assert written[-1][1] == model / "lm-eval" / "results-a-last.json"
+    assert f"note: {model} has no best-validation weights (best.pt) yet: scoring its last checkpoint\n" in err
 
 
 def test_lm_eval_refuses_file_names_too_long_for_the_file_system_before_it_evaluates(tmp_path, monkeypatch, capsys):

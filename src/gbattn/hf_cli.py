@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from gbattn import arguments
 
 
@@ -66,7 +68,7 @@ def cmd_lm_eval(args) -> None:
     require("lm_eval", "lm-eval")
     from gbattn.files import relative_path
     from gbattn.hf.lmeval import check_file_names, print_tables, results_stem, run_lm_eval, write_results
-    from gbattn.rundir import CONFIG, LM_EVAL_DIR, check_model_dir, check_output_file, file_identity
+    from gbattn.rundir import BEST, CHECKPOINT, CONFIG, LM_EVAL_DIR, check_model_dir, check_output_file, file_identity
     from gbattn.runtime import command_line, resolve_device, set_threads
 
     tasks = list(dict.fromkeys(t.strip() for t in args.tasks.split(",") if t.strip()))  # a task named twice: once
@@ -78,7 +80,13 @@ def cmd_lm_eval(args) -> None:
         raise UserError(f"--limit {args.limit:g} is not a whole number of documents (a fraction below 1 is a share of "
                         f"each task)")
     model = check_model_dir(args.model)
-    stem = results_stem(tasks, args.limit, args.num_fewshot, args.checkpoint)
+    checkpoint = args.checkpoint
+    if checkpoint != "last" and (model / CONFIG).is_file() and not (model / BEST).exists() and (
+            model / CHECKPOINT).is_file():  # (its results file was named as the best weights', unsaid)
+        checkpoint = "last"
+        print(f"note: {args.model} has no best-validation weights ({BEST}) yet: scoring its last checkpoint",
+              file=sys.stderr)
+    stem = results_stem(tasks, args.limit, args.num_fewshot, checkpoint)
     out = Path(args.output) if args.output else model / LM_EVAL_DIR / f"results-{stem}.json"
     check_file_names(out, tasks, args.log_samples)  # (first: a name made of the tasks is told as such)
     check_output_file(args.output or out, "--output")  # (as typed: Path() dropped a trailing slash, and newlm/ was
@@ -87,7 +95,7 @@ def cmd_lm_eval(args) -> None:
     device = resolve_device(args.device or "auto")
     config_before = file_identity(model / CONFIG)
     results = run_lm_eval(model, tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,
-                          device=device, checkpoint=args.checkpoint, num_fewshot=args.num_fewshot,
+                          device=device, checkpoint=checkpoint, num_fewshot=args.num_fewshot,
                           log_samples=args.log_samples)
     if file_identity(model / CONFIG) != config_before:  # (an export over it, or train --restart, meanwhile: its
         # scores of the weights read were written after the replacement removed the old ones, labelled as the new's)
