@@ -68,7 +68,15 @@ def cmd_lm_eval(args) -> None:
     require("lm_eval", "lm-eval")
     from gbattn.files import relative_path
     from gbattn.hf.lmeval import check_file_names, print_tables, results_stem, run_lm_eval, write_results
-    from gbattn.rundir import BEST, CHECKPOINT, CONFIG, LM_EVAL_DIR, check_model_dir, check_output_file, file_identity
+    from gbattn.rundir import (
+        BEST,
+        CONFIG,
+        LM_EVAL_DIR,
+        check_model_dir,
+        check_output_file,
+        chosen_weights,
+        file_identity,
+    )
     from gbattn.runtime import command_line, resolve_device, set_threads
 
     tasks = list(dict.fromkeys(t.strip() for t in args.tasks.split(",") if t.strip()))  # a task named twice: once
@@ -81,9 +89,9 @@ def cmd_lm_eval(args) -> None:
                         f"each task)")
     model = check_model_dir(args.model)
     checkpoint = args.checkpoint
-    if checkpoint != "last" and (model / CONFIG).is_file() and not (model / BEST).exists() and (
-            model / CHECKPOINT).is_file():  # (its results file was named as the best weights', unsaid)
-        checkpoint = "last"
+    weights, which = chosen_weights(model, checkpoint)  # (the weights load_run reads: an export has neither file)
+    if which != (checkpoint or "best") and weights.is_file():  # (its results file was named as the best weights')
+        checkpoint = which
         print(f"note: {args.model} has no best-validation weights ({BEST}) yet: scoring its last checkpoint",
               file=sys.stderr)
     stem = results_stem(tasks, args.limit, args.num_fewshot, checkpoint)

@@ -926,6 +926,16 @@ def as_directory(value, name: str) -> Path:
     return Path(value)
 
 
+def chosen_weights(path: Path, checkpoint: str | None) -> tuple[Path, str]:
+    """The weights file of run directory ``path`` that ``checkpoint`` (best, last or None: best) reads, and which it
+    is: best.pt, or where no evaluation happened yet the last weights, the only ones, reported as what they are."""
+    checkpoint = checkpoint or "best"
+    weights = path / (BEST if checkpoint == "best" else CHECKPOINT)
+    if checkpoint == "best" and not weights.exists():
+        weights, checkpoint = path / CHECKPOINT, "last"
+    return weights, checkpoint
+
+
 def check_model_dir(path: str | Path) -> Path:
     """``path`` as a Path when it is a directory (a run's or an exported one), else a one-line
     :class:`CheckpointError`: checked before anything is derived from it (a default output folder inside it)."""
@@ -1014,10 +1024,7 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
             raise CheckpointError(f"{path} was replaced by another `gbattn export` while it was read: read it again "
                                   f"once that export has finished")
     else:
-        checkpoint = checkpoint or "best"
-        weights = path / (BEST if checkpoint == "best" else CHECKPOINT)
-        if checkpoint == "best" and not weights.exists():  # no evaluation happened yet: the last weights are the
-            weights, checkpoint = path / CHECKPOINT, "last"  # only ones, and are reported as what they are
+        weights, checkpoint = chosen_weights(path, checkpoint)
         if not weights.exists():  # checkpoint="last" where only best.pt is: an upcycled run before its training
             raise CheckpointError(f"{path} has no last checkpoint ({CHECKPOINT}), only best-validation weights "
                                   f"({BEST}): an upcycled run not trained yet, or a copy without it; use --checkpoint "
