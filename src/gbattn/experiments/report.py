@@ -565,17 +565,16 @@ def results_markdown(report: dict) -> str:
                  f"{r['wall_clock_s'] / 60:.1f} min"]
         lines.append("| " + " | ".join(cells) + " |")
     common = common_seeds(rows)
+    held_note = seeds_held_note(report, rows)  # (None where the seeds differ between models: said below instead)
     if common is not None:
         over = (f"the seed{'s' if len(common) > 1 else ''} all models share ({', '.join(common)})" if common
                 else f"the seeds each model shares with {reference_label(base)} (no seed is shared by all models)")
         seeds_per_model = "; ".join(f"{r['label']}: {', '.join(seed_values(r)) or 'none'}" for r in rows)
         lines += ["", f"Seeds differ between models ({seeds_per_model}): test ppl is each model's mean over its own "
                       f"seeds{f'; {delta_header(base)} is over {over}' if base else ''}."]
-    else:
-        held_note = seeds_held_note(report, rows)
-        if held_note:
-            lines += ["", held_note + "."]
-    diverged = diverged_note(rows, seeds_held_note(report, rows))
+    elif held_note:
+        lines += ["", held_note + "."]
+    diverged = diverged_note(rows, held_note)
     if diverged:
         lines += ["", diverged + "."]
     continued = continued_note(rows)
