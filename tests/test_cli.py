@@ -531,6 +531,19 @@ def test_quiet_help_says_what_train_and_compare_leave_out(capsys):
         assert f"--quiet {text}" in help_text, (command, help_text)
 
 
+def test_threads_help_says_a_recorded_value_only_where_the_command_resumes(capsys):
+    """Every command's --threads said "a resumed run: its recorded value", which only train's resume does (eval,
+    generate, analyze, bench and lm-eval set what they are given), and compare's left out OMP_NUM_THREADS, which
+    it follows."""
+    for command in ("train", "eval", "generate", "analyze", "bench", "lm-eval", "compare"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        help_text = " ".join(capsys.readouterr().out.split())
+        threads_help = help_text.split("--threads THREADS CPU threads", 1)[1].split("README")[0]
+        assert ("a resumed run: its recorded value" in threads_help) == (command == "train"), command
+        assert "default: OMP_NUM_THREADS where it is set" in threads_help, command
+
+
 def test_train_refuses_compile_and_no_compile_together(tmp_path, capsys):
     """`train --compile --no-compile` trained with the last one, silently (generate refuses the pair): one line,
     status 2, nothing written."""

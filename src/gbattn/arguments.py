@@ -159,10 +159,11 @@ def device(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="auto (default: CUDA if available), cpu, cuda or cuda:N")
 
 
-def threads(p: argparse.ArgumentParser) -> None:
+def threads(p: argparse.ArgumentParser, resumed: bool = False) -> None:
+    """``--threads``; ``resumed``: the command resumes runs, which keep their recorded value (train)."""
     p.add_argument("--threads", type=at_least(1, MAX_THREADS), default=None,
                    help="CPU threads (default: OMP_NUM_THREADS where it is set, else the cores not busy with other "
-                        "work; a resumed run: its recorded value; README, 'Threads')")
+                        f"work{'; a resumed run: its recorded value' if resumed else ''}; README, 'Threads')")
 
 
 def checkpoint(p: argparse.ArgumentParser) -> None:

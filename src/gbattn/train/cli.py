@@ -23,7 +23,7 @@ def register(sub) -> None:
                    help="bpe (paper), char, gpt2, gpt2=PATH or hf=PATH (a tokenizer.json) (default: the preset's: "
                         "char for cpu-char, gpt2 for owt-125m and owt-350m, else bpe)")
     arguments.device(p)
-    arguments.threads(p)
+    arguments.threads(p, resumed=True)
     compiled = p.add_mutually_exclusive_group()  # both at once: an error, not the last one silently
     compiled.add_argument("--compile", dest="compile", action="store_true", default=None,
                           help="torch.compile the model (default off: on a CPU it saved at most about its own "
