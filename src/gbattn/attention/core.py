@@ -619,7 +619,8 @@ class AttentionBase(nn.Module):
     def init_own_parameters(self, init=nn.init) -> None:
         """Initialise the parameters this layer holds itself (not those of its Linear and norm
         submodules, which the model initialises). A variant's own constructor calls it once it has made
-        them (this base class's does not), and so does the Hugging Face wrapper's ``_init_weights``;
+        them (this base class's does not; differential attention's draws the same distribution itself, see
+        there), and so does the Hugging Face wrapper's ``_init_weights``;
         ``init``: ``torch.nn.init`` or transformers' equivalent."""
 
     def compute(self, x_BTD: Tensor, call: Call) -> Tensor:
