@@ -1556,6 +1556,26 @@ def test_a_jobs_childs_log_that_is_a_link_is_refused_and_its_target_untouched(tm
     assert victim.read_text() == "not gbattn's\n" and not started
 
 
+@pytest.mark.parametrize("planted", ["standard", "standard/seed1", "standard/seed1-start"])
+def test_a_run_folder_of_a_comparison_that_is_a_link_is_refused_and_its_target_untouched(tmp_path, planted):
+    """A comparison received from elsewhere with LABEL or LABEL/seedN planted as a link: compare trained the whole
+    run into wherever it led (as root, /etc), and an upcycled start's folder had its files deleted there. Refused
+    before any work, nothing written through it."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "mine.txt").write_text("not gbattn's\n")
+    out = tmp_path / "cmp"
+    (out / planted).parent.mkdir(parents=True, exist_ok=True)
+    (out / planted).symlink_to(victim)
+    with pytest.raises(UserError) as caught:
+        run_compare("cpu-proxy", out, data=str(write_corpus(tmp_path / "c")), sets=tiny_sets(), only=["standard"],
+                    quiet=True, seeds=[1])
+    assert str(caught.value) == (f"{out / planted} is a link to {victim}: gbattn writes a comparison's runs only "
+                                 f"into a folder of its own there, never through a link (it can lead anywhere); "
+                                 f"remove the link")
+    assert [p.name for p in victim.iterdir()] == ["mine.txt"] and not (out / "recipe.json").exists()
+
+
 def test_a_jobs_child_is_given_this_invocations_result_neutral_settings_as_its_cli_reads_them(tmp_path, monkeypatch):
     """--jobs 2: each child's `train --resume` takes the threads divided between the runs at once and the neutral --set
     keys given, written so that --set reads them back as the same values (a bool as true/false: Python's

@@ -10,7 +10,7 @@ import torch
 from gbattn.model import decoding
 from gbattn.model.decoding import cache_plan, compiled_decode_step, decoder_for, generate
 from gbattn.train.trainer import train
-from helpers import left_pad, tiny_configs, train_killed_at, train_losses, write_corpus
+from helpers import left_pad, run_cli, tiny_configs, train_killed_at, train_losses, write_corpus
 from test_model import tiny_model
 
 
@@ -128,6 +128,7 @@ def test_compiled_training_gives_the_eager_losses(variant_case, residual, tmp_pa
     _aot_eager(monkeypatch)
     compiled = train(tmp_path / "compiled", *tiny_configs(data, attn=name, compile=True, **sets), quiet=True)
     assert compiled["test_loss"] == pytest.approx(eager["test_loss"], rel=1e-5)
+    assert (compiled["compiled"], eager["compiled"]) == (True, False)  # (its tokens/s counts the compiling)
 
 
 def test_compiled_run_resumes_exactly(tmp_path, monkeypatch):
@@ -140,6 +141,33 @@ def test_compiled_run_resumes_exactly(tmp_path, monkeypatch):
     resumed = train(tmp_path / "crashed", resume=True, quiet=True)
     assert resumed["test_loss"] == ref["test_loss"]
     assert train_losses(tmp_path / "crashed") == train_losses(tmp_path / "ref")
+
+
+def test_a_failing_compiler_is_one_line_naming_its_error_and_the_way_round(tmp_path, monkeypatch, capsys):
+    """Inductor without a working C++ compiler (``CXX`` naming none): `train --compile` and `generate --compile`
+    ended in a traceback of about 100 lines, exit status 1. One line now, naming the compiler's error and
+    --no-compile; the run it left resumes without compiling."""
+    original = torch.compile
+
+    def no_compiler(gm, example_inputs):
+        raise RuntimeError("No working C++ compiler found in torch._inductor.config.cpp.cxx\nmore detail")
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: original(
+        model, backend=no_compiler, **{k: v for k, v in kw.items() if k not in ("options", "mode")}))
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    data = write_corpus(tmp_path / "c", lines_per_split=(200, 30, 30))
+    run = tmp_path / "run"
+    common = ["--data", data, "--tokenizer", "char", "--set", "n_layers=1", "--set", "d_model=32",
+              "--set", "n_heads=2", "--set", "threads=1", "--set", "eval_every=2", "--quiet"]
+    expected = ("gbattn: error: torch.compile failed: RuntimeError: No working C++ compiler found in "
+                "torch._inductor.config.cpp.cxx: run without compiling (--no-compile, or --set compile=false); on a "
+                "CPU it needs a working C++ compiler (README, \"Compiled vs eager\")\n")
+    code, _, err = run_cli(capsys, ["train", "--preset", "cpu-char", "--out", run, "--set", "max_steps=2",
+                                    "--compile", *common])
+    assert (code, err.splitlines()[-1] + "\n") == (2, expected)
+    assert run_cli(capsys, ["train", "--resume", "--out", run, "--no-compile", "--quiet"])[0] == 0
+    code, out, err = run_cli(capsys, ["generate", run, "--prompt", "ab", "--max-new-tokens", "4", "--compile"])
+    assert (code, err) == (2, expected)
 
 
 def test_a_prompt_that_fills_the_block_gets_no_decode_step():

@@ -297,6 +297,27 @@ def test_plot_names_the_runs_whose_curves_are_missing(tmp_path, capsys):
     assert sorted(p.name for p in run.iterdir()) == ["config.json"]
 
 
+def test_plot_refuses_a_figures_folder_planted_as_a_link_and_leaves_its_target(tmp_path, capsys):
+    """A comparison received with figures/ linking to a folder elsewhere: plot deleted that folder's
+    results.pdf and curves.pdf (out of date, it took them) and drew into it. Refused in one line; an --out
+    given by the user is used as given."""
+    compare_dir = paired_runs(tmp_path / "cmp")
+    rows = [model_row("standard", {"42": 100.0}), model_row("gba-m2", {"42": 96.0})]
+    (compare_dir / "results.json").write_text(json.dumps(report_of(rows)))
+    paper = tmp_path / "paper"
+    paper.mkdir()
+    for name in ("results.pdf", "curves.pdf"):
+        (paper / name).write_text("mine\n")
+    (compare_dir / "figures").symlink_to(paper)
+    assert cli_main(["plot", str(compare_dir), "--pdf"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gbattn: error: {compare_dir / 'figures'} is a link to {paper}: gbattn writes a comparison's figures only "
+        f"into a folder of its own there, never through a link (it can lead anywhere); remove the link, or give --out"]
+    assert sorted(p.name for p in paper.iterdir()) == ["curves.pdf", "results.pdf"]
+    assert (paper / "results.pdf").read_text() == "mine\n"
+    assert [p.name for p in plot_compare(compare_dir, out=tmp_path / "elsewhere")] == ["results.png", "curves.png"]
+
+
 def test_plot_of_a_comparison_with_no_run_at_all_is_one_line_and_draws_nothing(tmp_path, capsys):
     """A results.json that lists no model, and no run folder beside it: one line, not two empty figures."""
     compare_dir = tmp_path / "cmp"
@@ -437,6 +458,36 @@ def test_print_summary_says_higher_for_a_rise_in_entropy(tmp_path, capsys):
     assert f"figures: {tmp_path / 'entropy.png'}" in printed
     print_summary(analysis_summary(0.22), tmp_path / "summary.json")
     assert "(22% lower; change per layer L0 -22%)" in capsys.readouterr().out
+
+
+def test_results_md_says_whose_tokens_per_s_count_the_compiling():
+    """A compiled run's tokens/s counts torch.compile's first-step compiling (79 tokens/s where it trained at 21,895
+    once compiled), and results.md put it beside eager runs' without a word."""
+    rows = [model_row("standard", {"42": 100.0}), model_row("gba-m2", {"42": 96.0})]
+    assert "count torch.compile's compiling" not in results_markdown(report_of(rows))
+    rows[1]["compiled"] = True
+    assert ("\ntokens/s and wall-clock of gba-m2 count torch.compile's compiling (once per run, and again for each "
+            "resume).\n") in results_markdown(report_of(rows))
+
+
+def test_texts_read_from_received_files_reach_the_report_and_terminal_escaped(tmp_path, capsys):
+    """An escape sequence in a received comparison's result.json device or recipe.json commands, or in a run
+    folder's name, was printed raw by compare (its results.md), analyze and export: a terminal took it as a command
+    (a window title, a cleared screen). Now written as text, ``\\x1b``."""
+    hostile = "\x1b]0;TITLE\x07\x1b[2J"
+    report = report_of([model_row("standard", {"42": 100.0})])
+    report["models"][0]["device"] = f"cpu{hostile}"
+    report["commands"] = [f"gbattn compare --recipe cpu-char {hostile}"]
+    markdown = results_markdown(report)
+    assert "\x1b" not in markdown and "\x07" not in markdown
+    assert "Command: `gbattn compare --recipe cpu-char \\x1b]0;TITLE\\x07\\x1b[2J`" in markdown
+    assert "hardware: cpu\\x1b]0;TITLE\\x07\\x1b[2J" in markdown
+    summary = analysis_summary(0.22)
+    summary["run_dir"] = f"run{hostile}"
+    print_summary(summary, tmp_path / f"a{hostile}" / "summary.json")
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and "analyzed run\\x1b]0;TITLE" in printed
+    assert f"summary: {tmp_path}/a\\x1b]0;TITLE\\x07\\x1b[2J/summary.json" in printed
 
 
 def test_print_summary_of_a_gba_run_against_another_line_by_line(tmp_path, capsys):

@@ -110,7 +110,7 @@ def test_a_failed_stage_brings_back_no_earlier_files_and_paths_given_are_the_cal
 
 
 def test_smoke_cut_short_by_the_budget_is_not_called_failing(tmp_path):
-    """A budget that leaves the smoke stage less than its 120 s, spent while it trains (exit 124): "smoke failed:
+    """A budget that leaves the smoke stage less than its limit, spent while it trains (exit 124): "smoke failed:
     stopping", exit 3, though nothing failed."""
     proc = _session(tmp_path, {"STAGES": "smoke", "BUDGET": "70", "WORK": str(tmp_path / "work"),
                                "PY": _failing_python(tmp_path, "train", "exec sleep 600")}, "", str(tmp_path / "out"))

@@ -2669,6 +2669,20 @@ def test_lm_eval_refuses_a_tokenizer_naming_no_end_of_text_token(trained, capsys
     assert (tokenizer.eos_token, tokenizer.bos_token) == (None, "\n")
 
 
+def test_lm_eval_refuses_a_tokenizer_config_naming_a_file_elsewhere(trained, capsys, tmp_path):
+    """A received export whose tokenizer_config.json says `"tokenizer_file": "/dev/zero"`: transformers 4.x read it
+    until the memory ran out (and a bare name from the current folder, not the export's). A `*_file` setting is
+    refused in one line (gbattn export writes none)."""
+    _, out = trained
+    for i, value in enumerate(("/dev/zero", "../elsewhere/tokenizer.json", "tokenizer.json", 7)):
+        damaged = copy_with_json_changed(out, tmp_path / f"damaged{i}", "tokenizer_config.json",
+                                         tokenizer_file=value)
+        assert lm_eval_refused(damaged, capsys) == (
+            f"gbattn: error: {damaged / 'tokenizer_config.json'}: tokenizer_file={value!r} names a file for "
+            f"transformers to read, wherever it is (`gbattn export` writes no such setting); copy the tokenizer files "
+            f"from the exported directory\n")
+
+
 def test_lm_eval_refuses_tokenizer_files_that_are_not_the_exports(trained, capsys, tmp_path):
     """lm-eval reads an export's transformers tokenizer files (as any user of it would), which gbattn eval does not:
     with two ids swapped in tokenizer.json, another eos_token or an added bos_token in tokenizer_config.json, or a

@@ -1068,7 +1068,12 @@ def test_a_run_resumed_on_other_arithmetic_says_it_is_not_exact_and_how_to_resum
     with pytest.raises(CheckpointError, match="its record of the hardware it trained on is malformed"):
         train(tmp_path / "compiled", resume=True, quiet=True)
     state["trained_on"]["threads"] = 1
-    for devices in ("cpu", [1], ["cpu"] * 65):
+    state["trained_on"]["device"] = "cpu\x1b]0;TITLE\x07"  # an escape sequence it would print in its warning
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="its record of the hardware it trained on is malformed"):
+        train(tmp_path / "compiled", resume=True, quiet=True)
+    state["trained_on"]["device"] = device_name(torch.device("cpu"), 1)
+    for devices in ("cpu", [1], ["cpu"] * 65, ["cpu\x1b[2J"]):
         torch.save({**state, "devices": devices}, path)
         with pytest.raises(CheckpointError, match="its record of the devices it ran on is malformed"):
             train(tmp_path / "compiled", resume=True, quiet=True)

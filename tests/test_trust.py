@@ -1752,6 +1752,53 @@ def test_a_lock_file_that_is_a_link_is_refused_and_its_target_untouched(trained,
     assert victim.read_text() == "precious\n"
 
 
+def test_a_runs_own_folders_planted_as_links_are_refused_and_their_targets_untouched(trained, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """A run received with analysis/ or lm-eval/ as links to folders elsewhere: analyze replaced the summary there,
+    lm-eval wrote its scores there, and `train --restart` or an export over it deleted the figures and scores
+    there; a metrics.jsonl link had its target's lines copied into the resumed run. Each is refused in one line,
+    the targets untouched; an --out given by the user is used as given."""
+    monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    (run / rundir.LOCK).unlink(missing_ok=True)
+    mine = tmp_path / "mine"
+    for folder, names in ((rundir.ANALYSIS_DIR, ("summary.json", "gates.png")),
+                          (rundir.LM_EVAL_DIR, ("results-x.json", "samples-x.jsonl"))):
+        (mine / folder).mkdir(parents=True)
+        for name in names:
+            (mine / folder / name).write_text("mine\n")
+        (run / folder).symlink_to(mine / folder)
+    before = {p: p.read_text() for p in mine.rglob("*") if p.is_file()}
+    with pytest.raises(UserError, match=r"analysis is a link to .*: gbattn writes \(and deletes\) analyze's files "
+                                        r"only into a folder of its own there, never through a link"):
+        rundir.discard_derived(run)  # train --restart, an export over an earlier one
+    code, _, err = run_cli(capsys, ["analyze", run, "--quiet"])
+    assert one_line(code, err) == (f"gbattn: error: {run / 'analysis'} is a link to {mine / 'analysis'}: gbattn "
+                                   f"writes an analysis only into a folder of its own there, never through a link (it "
+                                   f"can lead anywhere); remove the link, or give --out")
+    code, _, err = run_cli(capsys, ["lm-eval", run, "--tasks", "gbattn_toy_mc"])
+    assert one_line(code, err).endswith(f"{run / 'lm-eval'} is a link to {mine / 'lm-eval'}: gbattn writes "
+                                        f"lm-eval's scores only into a folder of its own there, never through a link "
+                                        f"(it can lead anywhere); remove the link, or give --output")
+    (run / rundir.ANALYSIS_DIR).unlink()
+    with pytest.raises(UserError, match=r"lm-eval is a link to"):
+        rundir.discard_derived(run)
+    assert {p: p.read_text() for p in mine.rglob("*") if p.is_file()} == before
+
+    log = tmp_path / "mylog.jsonl"
+    log.write_text('{"event": "train", "step": 1, "private": "mine"}\n')
+    (run / rundir.RESULT).unlink()
+    (run / rundir.METRICS).unlink()
+    (run / rundir.METRICS).symlink_to(log)
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", run, "--quiet"])
+    assert one_line(code, err) == (f"gbattn: error: {run / rundir.METRICS} is a link to {log}: a run's "
+                                   f"{rundir.METRICS} is its own file, never read or written through a link; remove "
+                                   f"the link")
+    assert (run / rundir.METRICS).is_symlink()
+    assert log.read_text() == '{"event": "train", "step": 1, "private": "mine"}\n'
+
+
 def test_a_tokenizer_with_unused_ids_counts_up_to_its_largest_id(tmp_path, capsys, monkeypatch):
     """A vocabulary of 3 entries with ids 0, 1 and 100: the model needs 101 rows (its size counted 3,
     so id 100 indexed past the embedding, and token storage overflowed); a tiny run trains with it."""

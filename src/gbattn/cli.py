@@ -255,6 +255,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gbattn: {'terminated' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     except (MemoryError, RuntimeError, ValueError) as e:  # sizes a machine cannot hold (batch, width, samples)
+        from gbattn.runtime import compile_failure
+
+        failed = compile_failure(e)  # (a traceback of a hundred lines, from inductor's C++ compiler check)
+        if failed and not show_tracebacks():
+            print(f"gbattn: error: {terminal_line(failed)[:300]}: run without compiling (--no-compile, or --set "
+                  f"compile=false); on a CPU it needs a working C++ compiler (README, \"Compiled vs eager\")",
+                  file=sys.stderr)
+            return 2
         if str(e).startswith(SYMLINK_LOOP) and not show_tracebacks():  # Path.resolve() of links to each other
             print(f"gbattn: error: {terminal_line(str(e))}: links that lead back to each other name no file or "
                   f"folder; remove one of them", file=sys.stderr)

@@ -207,6 +207,18 @@ def dangling_link(path: Path) -> str | None:
     return None
 
 
+def refuse_linked_folder(path: Path, what: str, instead: str = "") -> None:
+    """Refuse a folder that gbattn writes into or deletes from under a name of its own (a comparison's
+    ``LABEL/seedN``, a run's ``analysis/`` and ``lm-eval/``, a comparison's ``figures/``) where that name is a
+    symbolic link: one planted in a folder received from elsewhere sent runs, figures and deletions anywhere (README,
+    "Trust: safe loading, one writer, clear errors"). A folder the user names (an ``--out``) may be a link: ``instead``
+    names that option."""
+    if path.is_symlink():
+        raise UserError(f"{path} is a link to {os.readlink(path)}: gbattn writes {what} only into a folder of its "
+                        f"own there, never through a link (it can lead anywhere); remove the link"
+                        + (f", or give {instead}" if instead else ""))
+
+
 def check_writable_dir(path: str | Path, what: str = "--out", create: bool = True) -> Path:
     """Prove a file can be written in directory ``path`` before long work starts: create it and
     write a probe file, or (``create=False``) probe the nearest existing parent without creating anything."""

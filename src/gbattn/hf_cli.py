@@ -51,12 +51,13 @@ def cmd_export(args) -> None:
     from gbattn.files import read_json
     from gbattn.hf.export import export_run
     from gbattn.rundir import CONFIG, is_exported
+    from gbattn.terminal import printable_text
 
     exported = is_exported(args.run_dir)
     out = export_run(args.run_dir, args.out, args.checkpoint)
     which = "its weights" if exported else f"{read_json(out / CONFIG)['gbattn']['checkpoint']} weights"
-    print(f"exported {args.run_dir} ({which}) to {out}; load it with `import gbattn.hf` and "
-          f"AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    print(printable_text(f"exported {args.run_dir} ({which}) to {out}; load it with `import gbattn.hf` and "
+                         f"AutoModelForCausalLM.from_pretrained({str(out)!r})"))
 
 
 def cmd_lm_eval(args) -> None:
@@ -66,7 +67,7 @@ def cmd_lm_eval(args) -> None:
 
     require("transformers", "lm-eval")
     require("lm_eval", "lm-eval")
-    from gbattn.files import relative_path
+    from gbattn.files import refuse_linked_folder, relative_path
     from gbattn.hf.lmeval import check_file_names, print_tables, results_stem, run_lm_eval, write_results
     from gbattn.rundir import (
         BEST,
@@ -95,6 +96,8 @@ def cmd_lm_eval(args) -> None:
         print(f"note: {args.model} has no best-validation weights ({BEST}) yet: scoring its last checkpoint",
               file=sys.stderr)
     stem = results_stem(tasks, args.limit, args.num_fewshot, checkpoint)
+    if not args.output:
+        refuse_linked_folder(model / LM_EVAL_DIR, "lm-eval's scores", "--output")
     out = Path(args.output) if args.output else model / LM_EVAL_DIR / f"results-{stem}.json"
     check_file_names(out, tasks, args.log_samples)  # (first: a name made of the tasks is told as such)
     check_output_file(args.output or out, "--output")  # (as typed: Path() dropped a trailing slash, and newlm/ was

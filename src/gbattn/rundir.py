@@ -63,6 +63,7 @@ from gbattn.files import (
     read_json,
     read_jsonl,
     refuse_lfs_pointer,
+    refuse_linked_folder,
     refuse_not_regular,
     remove_unwritten,
     shell_path,
@@ -305,7 +306,9 @@ def discard_derived(directory: str | Path) -> list[str]:
     replaced (``train --restart``, an export over an earlier one): `gbattn analyze`'s summary.json and figures in
     ``analysis/``, `gbattn lm-eval`'s results and samples in ``lm-eval/`` (they stayed, and read as the new weights');
     other files stay."""
-    analysis = Path(directory) / ANALYSIS_DIR
+    analysis, scores = Path(directory) / ANALYSIS_DIR, Path(directory) / LM_EVAL_DIR
+    for folder, what in ((analysis, "analyze's files"), (scores, "lm-eval's scores")):
+        refuse_linked_folder(folder, f"(and deletes) {what}")  # (deleted through a link planted there)
     # (under analyze's own lock: an analyze running meanwhile wrote its summary of the replaced weights after this
     # removed the old one, read as the new weights')
     with contextlib.ExitStack() as held:
@@ -316,7 +319,6 @@ def discard_derived(directory: str | Path) -> list[str]:
         analyzed = analysis.is_dir() and folder_holds(analysis) == ANALYSIS_OUTPUT
         removed = [f"{ANALYSIS_DIR}/{name}"
                    for name in (remove_unwritten(analysis, ANALYSIS_FIGURES, []) if analyzed else [])]
-        scores = Path(directory) / LM_EVAL_DIR
         for path in (*([analysis / ANALYSIS_SUMMARY] if analyzed else []), *sorted(scores.glob("results-*.json")),
                      *sorted(scores.glob("samples-*.jsonl"))):
             if path.is_file() or path.is_symlink():
@@ -345,6 +347,9 @@ def truncate_metrics(path: str | Path, step: int) -> None:
         redone = r.get("event") in ("stop", "test")
         return isinstance(at, int) and not isinstance(at, bool) and at <= step and not redone
 
+    if Path(path).is_symlink():  # (its target's lines were copied into the run as its own, the link replaced)
+        raise UserError(f"{path} is a link to {os.readlink(path)}: a run's {METRICS} is its own file, never read "
+                        f"or written through a link; remove the link")
     kept = [r for r in read_jsonl(path) if kept_event(r)]
     atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
 
@@ -596,7 +601,8 @@ def append_event(directory: str | Path, event: dict) -> None:
     append_jsonl(Path(directory) / METRICS, event)
 
 
-_JSON_KIND = {int: "an integer", float: "a number", str: "a string", dict: "a JSON object", list: "a JSON list"}
+_JSON_KIND = {int: "an integer", float: "a number", str: "a string", dict: "a JSON object", list: "a JSON list",
+              bool: "true or false"}
 
 
 def _check_fields(record: dict, kinds: dict[str, tuple[type, ...]], where: str | Path, required=()) -> None:
@@ -717,7 +723,7 @@ _RESULT_FIELDS = {"attn": (str,), "attn_options": (dict,), "d_model": (int,), "p
                   "flops_per_token_train": _NUMBER, "test_ppl": _NUMBER, "valid_ppl": _NUMBER, "valid_loss": _NUMBER,
                   "steps": (int,), "train_tokens_seen": (int,), "tokens_per_parameter": _NUMBER,
                   "train_flops": _NUMBER, "wall_clock_s": _NUMBER, "train_tokens_per_s": _NUMBER, "device": (str,),
-                  "curve": (list,)}
+                  "curve": (list,), "compiled": (bool,)}
 # The least value of each count or measure a finished run records: a perplexity is exp(a loss >= 0).
 _RESULT_LEAST = {**{k: 0 for k, kind in _RESULT_FIELDS.items() if kind in (_NUMBER, (int,))},
                  "d_model": 1, "parameters": 1, "test_ppl": 1, "valid_ppl": 1}

@@ -278,6 +278,17 @@ def set_threads(threads: int | None) -> int:
 _INVOCATION: list[str] = []
 
 
+def compile_failure(error: BaseException) -> str | None:
+    """``torch.compile failed: TYPE: first line`` for an error torch.compile raised (inductor without a working C++
+    compiler on a CPU, a recompile limit), naming the backend's own error; None for any other error."""
+    dynamo = sys.modules.get("torch._dynamo.exc")  # (not imported: nothing was compiled)
+    if dynamo is None or not isinstance(error, (dynamo.TorchDynamoException, dynamo.FailOnRecompileLimitHit)):
+        return None
+    inner = getattr(error, "inner_exception", None) or error  # a backend's own error, not dynamo's wrapper
+    message = next((line.strip() for line in str(inner).splitlines() if line.strip()), "")
+    return f"torch.compile failed: {type(inner).__name__}: {message}"
+
+
 def set_invocation(argv: list[str]) -> None:
     """Called by the CLI so that :func:`command_line` reports its arguments (also under pytest)."""
     _INVOCATION[:] = list(argv)

@@ -27,6 +27,12 @@ def terminal_line(text: str) -> str:
     return "".join(c if c.isprintable() else escaped(c) for c in " ".join(text.split()))
 
 
+def printable_text(text: str) -> str:
+    """``text`` read from a file, for a report or a terminal: each character that is not printable (an escape
+    sequence in a received result.json's device, a newline) escaped; the spaces kept as they are."""
+    return "".join(c if c.isprintable() or c == " " else escaped(c) for c in text)
+
+
 def in_millions(value: float) -> str:
     """``value`` in millions for a table or a line: two decimals, or three significant digits below one million (a
     tiny model's 0.0426 M and 0.0520 M both printed 0.04 or 0.05, beside a FLOP ratio its figures could not give;

@@ -160,7 +160,7 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
     from gbattn.data.tokens import num_rows
     from gbattn.errors import UserError
     from gbattn.eval.perplexity import perplexity
-    from gbattn.files import folder_name, relative_path, remove_unwritten, write_json
+    from gbattn.files import folder_name, refuse_linked_folder, relative_path, remove_unwritten, write_json
     from gbattn.progress import Progress
     from gbattn.rundir import (
         ANALYSIS_DIR,
@@ -181,6 +181,8 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         raise UserError(f"--top ({top}) and --examples ({examples}) must be >= 0")
     check_choice("split", split, ("valid", "test"))  # the held-out splits (another was a KeyError after loading)
     run_dir = check_model_dir(run_dir)  # before its default --out is derived (a file's was blamed on --out)
+    if not out:
+        refuse_linked_folder(run_dir / ANALYSIS_DIR, "an analysis", "--out")
     out = Path(out) if out else run_dir / ANALYSIS_DIR
     check_figures_out(out, create=False)
     # One writer, from before the slow part: a second analysis into this folder is refused at once (it was
@@ -381,11 +383,13 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     summary.json are relative to its folder; the terminal gets the full paths)."""
     from gbattn.analysis import figures
     from gbattn.rundir import weights_named
+    from gbattn.terminal import printable_text
 
     paper = summary["paper"]
     block = _stream_words(summary["residual"], summary["norm"])  # the defaults (plain, Pre-LN) unsaid
     weights = weights_named(summary["checkpoint"], f"at step {summary['step']}")  # (changed ones: not that step's)
-    print(f"analyzed {summary['run_dir']} ({summary['attention']}{block}, {weights}) on {summary['rows']} "
+    run_name = printable_text(summary["run_dir"])  # (a received folder's name may hold an escape sequence)
+    print(f"analyzed {run_name} ({summary['attention']}{block}, {weights}) on {summary['rows']} "
           f"{summary['split']} rows x {summary['seq_len']} tokens: "
           f"loss {summary['loss']['mean_nats']:.4f} nats, ppl {summary['loss']['ppl']:.2f}")
     g = summary["gates"]
@@ -439,8 +443,9 @@ def print_summary(summary: dict, summary_path: Path) -> None:
     for note in summary.get("notes", []):  # the "no boosting rounds" note is on the gates line already
         if not note.startswith(f"{summary['attention']} attention "):
             print(f"  note: {note}")
-    print("  figures: " + ", ".join(str(Path(summary_path).parent / name) for name in summary["figures"]))
-    print(f"  summary: {summary_path}")
+    folder = Path(summary_path).parent
+    print(printable_text("  figures: " + ", ".join(str(folder / name) for name in summary["figures"])))
+    print(printable_text(f"  summary: {summary_path}"))
 
 
 AGAINST_ONLY = ("layer", "top", "examples")  # analyze's options of the per-token gains over --against
@@ -596,12 +601,14 @@ def plot_compare(compare_dir, out=None, pdf: bool = False) -> list[Path]:
     from gbattn.analysis import figures
     from gbattn.errors import UserError
     from gbattn.experiments.report import run_steps_text
-    from gbattn.files import remove_unwritten
+    from gbattn.files import refuse_linked_folder, remove_unwritten
     from gbattn.rundir import METRICS, RunLock
 
     figures.require_matplotlib()
     compare_dir = Path(compare_dir)
     report = read_comparison(compare_dir)
+    if not out:
+        refuse_linked_folder(compare_dir / "figures", "a comparison's figures", "--out")
     out = Path(out) if out else compare_dir / "figures"
     curves = read_curves(compare_dir, report)
     missing = []  # runs results.json lists whose curves cannot be read: a partial figure would mislead

@@ -34,7 +34,15 @@ from gbattn.model.params import flops_per_token
 from gbattn.progress import Progress
 from gbattn.rundir import RunLock, check_out
 from gbattn.runtime import autocast as bf16_autocast
-from gbattn.runtime import command_line, device_name, resolve_device, set_threads, software_versions, use_tf32
+from gbattn.runtime import (
+    command_line,
+    compile_failure,
+    device_name,
+    resolve_device,
+    set_threads,
+    software_versions,
+    use_tf32,
+)
 from gbattn.terminal import in_millions, terminal_line
 
 COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
@@ -380,9 +388,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
 def _leave_out_failed_compile(case: Case, cases: list[Case], left_out: dict[str, str], error: Exception) -> None:
     """Record that torch.compile failed on ``case`` (one line on stderr, the reason in the report); the other
     variants are still timed. Without compiled standard, no compiled row has its baseline: all are left out."""
-    inner = getattr(error, "inner_exception", None) or error  # a backend's own error, not dynamo's wrapper
-    message = next((line.strip() for line in str(inner).splitlines() if line.strip()), "")
-    reason = terminal_line(f"torch.compile failed: {type(inner).__name__}: {message}")
+    reason = terminal_line(compile_failure(error))
     print(f"gbattn: warning: {case.label} left out of the report, {reason[:300]}", file=sys.stderr)
     left_out[case.label] = _portable_text(reason)[:300]  # (bench.json and bench.md hold no path of this machine)
     if case.label == "standard" + COMPILED:

@@ -46,6 +46,7 @@ def cmd_compare(args) -> None:
     from gbattn.config import TrainConfig, merge_options, parse_sets
     from gbattn.errors import UserError
     from gbattn.experiments.compare import run_compare
+    from gbattn.terminal import terminal_text
 
     # An option and a --set of the same field are one setting (both given and different: an error); --data
     # and --threads are the comparison's own (recorded data, threads in all), checked as their fields are.
@@ -62,6 +63,6 @@ def cmd_compare(args) -> None:
     report = run_compare(args.recipe, args.out, data=checked.data if "data" in own else None, seeds=args.seeds,
                          sets=sets, only=args.only, quiet=args.quiet, threads=checked.threads, jobs=args.jobs,
                          models=models, matched=args.matched)
-    print((Path(args.out) / "results.md").read_text(encoding="utf-8"))
+    print(terminal_text((Path(args.out) / "results.md").read_text(encoding="utf-8")))  # (its texts read from files)
     if not report["complete"]:
         print("(incomplete: some runs are missing)")

@@ -37,7 +37,7 @@ from gbattn.experiments.recipes import (
     with_models,
 )
 from gbattn.experiments.report import write_results
-from gbattn.files import open_to_append, option_path, portable_path, write_json
+from gbattn.files import open_to_append, option_path, portable_path, refuse_linked_folder, write_json
 from gbattn.model.params import count_params, flops_per_token, param_matched_width
 from gbattn.parent_death import stop_with_parent
 from gbattn.progress import Progress
@@ -269,6 +269,12 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
                             f"such a model with `gbattn train`")
         if not seeds_given:  # no --seeds: the seeds the comparison holds (the recipe's for a new one)
             seeds = request["seeds"]
+        # the folders its runs train in, by names of its own: a link planted there (a comparison received from
+        # elsewhere) trained a run into, or deleted an upcycled start's files from, wherever it led
+        for spec in specs:
+            for folder in (out / spec.label, *(out / spec.label / f"seed{seed}{end}" for seed in seeds
+                                                for end in ("", "-start"))):
+                refuse_linked_folder(folder, "a comparison's runs")
         in_all = (threads or default_threads()) if jobs > 1 else threads  # measured once: it can change between reads
         # Divided between the runs that can train at once: --jobs 4 of one run gave it a quarter of the threads, the
         # other three quarters idle

@@ -14,7 +14,7 @@ from pathlib import Path
 from gbattn.errors import CheckpointError
 from gbattn.experiments.recipes import ModelSpec, Recipe, added_models_problem
 from gbattn.files import atomic_write, read_json, write_json
-from gbattn.terminal import in_millions
+from gbattn.terminal import in_millions, printable_text
 
 # Like with like: results.json rows can hold different seeds (a budget that ran out) and runs
 # shorter than the published ones (--set max_steps=...). results.md uses these rules too. These keys
@@ -275,7 +275,7 @@ def run_steps_text(rows: list[dict]) -> str:
 
 def devices_text(rows: list[dict]) -> str:
     """The devices the rows' runs ran on, each named once, in order of appearance ("—" for none)."""
-    return "; ".join(dict.fromkeys(d for r in rows for d in r["device"].split("; "))) or "—"
+    return "; ".join(dict.fromkeys(printable_text(d) for r in rows for d in r["device"].split("; "))) or "—"
 
 
 def steps_differ_from_description(report: dict) -> bool:
@@ -327,6 +327,7 @@ def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dic
             "train_flops": any_run["train_flops"],
             "wall_clock_s": statistics.fmean(r["wall_clock_s"] for r in runs.values()),
             "tokens_per_s": statistics.fmean(r["train_tokens_per_s"] for r in runs.values()),
+            "compiled": any(r.get("compiled", False) for r in runs.values()),  # (None: a run from before it was kept)
             # each device once (a resumed run's names every leg of it: "A; B" beside "A" named A twice)
             "device": devices_text([{"device": r["device"]} for r in runs.values()]),
             "curves": {str(s): r["curve"] for s, r in sorted(runs.items())},
@@ -536,9 +537,9 @@ def results_markdown(report: dict) -> str:
     lines = [
         heading,
         "",
-        *(f"{'Command' if i == 0 else 'then'}: `{c}`  " for i, c in enumerate(report.get("commands") or
-                                                                        [report["command"]])),
-        f"Data: `{report['data']}` · seeds {', '.join(map(str, report['seeds']))} · hardware: "
+        *(f"{'Command' if i == 0 else 'then'}: `{printable_text(c)}`  "
+          for i, c in enumerate(report.get("commands") or [report["command"]])),
+        f"Data: `{printable_text(report['data'])}` · seeds {', '.join(map(str, report['seeds']))} · hardware: "
         f"{devices_text(rows)}{'' if report['complete'] else ' · INCOMPLETE (' + missing_text(report) + ')'}",
         "",
     ]
@@ -583,6 +584,10 @@ def results_markdown(report: dict) -> str:
     other_stream = other_stream_note(rows)
     if other_stream:
         lines += ["", other_stream]
+    compiled = [r["label"] for r in rows if r.get("compiled")]
+    if compiled:  # (a compiled run's tokens/s was 79 where it trained at 21,895 a second once compiled)
+        lines += ["", f"tokens/s and wall-clock of {', '.join(compiled)} count torch.compile's compiling (once per "
+                      f"run, and again for each resume)."]
     omitted = published_omitted_note(report)
     if omitted:
         lines += ["", omitted + "."]

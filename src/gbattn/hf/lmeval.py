@@ -167,6 +167,20 @@ def check_tokenizer_is_the_exported_one(tokenizer, model_dir: Path, section: dic
 TRANSFORMERS_JSON = ("generation_config.json",)
 
 
+def refuse_files_elsewhere(model_dir: Path) -> None:
+    """Refuse a tokenizer_config.json with a ``*_file`` setting: transformers 4.x reads the file it names, wherever
+    that is (a received export's ``"tokenizer_file": "/dev/zero"`` filled the memory; a bare name is read from the
+    current folder, not the export's); `gbattn export` writes no such setting."""
+    path = model_dir / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    for key, value in read_json(path).items():
+        if key.endswith("_file") and value is not None:
+            raise CheckpointError(f"{path}: {key}={value!r} names a file for transformers to read, wherever it is "
+                                  f"(`gbattn export` writes no such setting); copy the tokenizer files from the "
+                                  f"exported directory")
+
+
 def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.device):
     """(model in eval mode on ``device``, tokenizer, block_size, max_length: the input tokens per row it trained on,
     step, which weights: ``exported`` or the run's ``best``/``last``) of a run or exported directory."""
@@ -224,6 +238,7 @@ def load_model(model_dir: str | Path, checkpoint: str | None, device: torch.devi
             raise CheckpointError(f"the weights in {model_dir} do not match its config ({detail})")
         gpt_weights(stored, model.config.tie_word_embeddings, model_dir)  # a tied model's other head: refused
         del stored
+        refuse_files_elsewhere(Path(model_dir))
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except Exception as e:  # a file that does not parse; transformers 4.x then tries other loaders (ImportError)

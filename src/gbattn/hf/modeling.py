@@ -177,7 +177,8 @@ def init_module(module: nn.Module, init=hf_init) -> None:
     docs/baselines.md): Linear and Embedding N(0, 0.02) with zero biases (GPT's own
     :func:`gbattn.model.gpt.init_weights`), norms 1 and 0, and what an attention layer, a gate or the
     AttnRes stream sets for the parameters it holds itself (their ``init_own_parameters``, which
-    their constructors call too, or draw alike: differential attention's lambdas). Each parameter belongs to one of these module types (tests/test_hf.py)."""
+    their constructors call too, or draw alike: differential attention's lambdas). Each parameter belongs to one
+    of these module types (tests/test_hf.py)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         init_weights(module, init)
     elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):

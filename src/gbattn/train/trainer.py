@@ -893,12 +893,12 @@ class Trainer:
             if trained_on is not None and not (
                     isinstance(trained_on, dict) and isinstance(trained_on.get("device"), str)
                     and isinstance(trained_on.get("compiled"), bool) and type(trained_on.get("threads")) is int
-                    and trained_on["threads"] > 0):
+                    and trained_on["threads"] > 0 and trained_on["device"].isprintable()):
                 raise ValueError(f"its record of the hardware it trained on is malformed: {trained_on!r}"[:200])
             self.saved_trained_on = trained_on
             devices = state.get("devices", [trained_on["device"]] if trained_on is not None else [])
             if not (isinstance(devices, list) and len(devices) <= MAX_DEVICES_RECORDED
-                    and all(isinstance(d, str) and len(d) <= 200 for d in devices)):
+                    and all(isinstance(d, str) and len(d) <= 200 and d.isprintable() for d in devices)):
                 raise ValueError(f"its record of the devices it ran on is malformed: {devices!r}"[:200])
             self.earlier_devices = devices
             most = state.get("most_processes", len(per_rank))  # (checkpoints from before it was kept: the last leg's)
@@ -1260,6 +1260,8 @@ class Trainer:
             "test_precision": precision_name(self.device, self.train_cfg.amp),
             "wall_clock_s": self.elapsed,
             "train_tokens_per_s": self.tokens_seen / max(self.train_seconds, 1e-9),
+            # its time and tokens/s count torch.compile's compiling (this leg's, or the one it resumed from)
+            "compiled": self.compiled or bool((self.saved_trained_on or {}).get("compiled")),
             "device": "; ".join(self.devices_used()),  # (every leg's: "cpu (1 thread, ...); cpu (2 threads, ...)")
             "processes": self.most_processes(),  # (the most of any leg; device names each leg's)
             "curve": self.curve,
