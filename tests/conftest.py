@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
+import tempfile
 
 import pytest
 import torch
@@ -13,6 +16,17 @@ from gbattn.attention.registry import VARIANTS
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.pop("GBATTN_DEBUG", None)  # the tests check the one-line errors a user sees
+os.environ["COLUMNS"] = "100"  # help texts read at one width (at 20, argparse broke OMP_NUM_THREADS across lines)
+# Caches in a folder of this process, removed at its end, before anything reads where they are: a module's fixture
+# training a run (before a test's own cache is set) wrote into ~/.cache/gbattn, and lm-eval's toy tasks into
+# ~/.cache/huggingface (eleven dataset folders a run)
+_CACHES = tempfile.mkdtemp(prefix="gbattn-tests-")
+atexit.register(shutil.rmtree, _CACHES, ignore_errors=True)
+os.environ["GBATTN_CACHE"] = os.path.join(_CACHES, "gbattn")
+os.environ["HF_HOME"] = os.path.join(_CACHES, "huggingface")
+# torchrun's variables left in the shell: every in-process training took itself for one of several processes
+for _name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    os.environ.pop(_name, None)
 # The Ctrl-C tests send a real SIGINT to this process. Started as a shell's background job, it has SIGINT ignored,
 # and gbattn leaves an ignored SIGINT ignored (tests of that set it themselves), so those tests saw no stop.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

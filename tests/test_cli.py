@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gbattn.cli import main
+from gbattn.files import shell_path
 from helpers import run_cli
 
 
@@ -405,8 +407,8 @@ def test_train_init_from_a_hugging_face_checkpoint_says_to_upcycle_it_first(tmp_
     code, out, err = run_cli(capsys, ["train", "--init-from", llama, "--out", tmp_path / "new"])
     assert (code, out) == (2, "")
     assert err == (f"gbattn: error: {llama} is a Hugging Face checkpoint (llama), not a gbattn run: convert it "
-                   f"first with `gbattn upcycle {llama} --attn standard --out DIR` (or --attn boosted), then "
-                   f"--init-from DIR\n")
+                   f"first with `gbattn upcycle {shell_path(llama)} --attn standard --out DIR` (or --attn boosted), "
+                   f"then --init-from DIR\n")
     assert not (tmp_path / "new").exists()
 
 
@@ -529,6 +531,18 @@ def test_quiet_help_says_what_train_and_compare_leave_out(capsys):
             main([command, "--help"])
         help_text = " ".join(capsys.readouterr().out.split())
         assert f"--quiet {text}" in help_text, (command, help_text)
+
+
+def test_help_in_a_narrow_terminal_keeps_hyphenated_names_whole(capsys, monkeypatch):
+    """At 63 columns argparse wrapped `paper-` and `wt103's` onto two lines (and `--no-` and `compile`): a name
+    split where it has a hyphen, which a reader cannot tell from two words."""
+    monkeypatch.setenv("COLUMNS", "40")
+    for command in ("compare", "train", "generate", "bench"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        lines = capsys.readouterr().out.splitlines()
+        split = [line for line in lines if re.search(r"[A-Za-z0-9]-$", line)]
+        assert split == [], (command, split)
 
 
 def test_threads_help_says_a_recorded_value_only_where_the_command_resumes(capsys):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gbattn import rundir
+from gbattn import files, rundir
 from gbattn.errors import UserError
 from gbattn.experiments.compare import run_compare
 from helpers import TINY, write_corpus
@@ -468,7 +468,7 @@ def test_sigterm_during_the_final_test_evaluation_of_a_torchrun_worker_says_how_
     assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
     assert done.stdout.splitlines() == [
         f"terminated during the test evaluation after the last step; its checkpoint is saved in {run}: continue with "
-        f"`gbattn train --resume --out {run}` (it tests again) 143", "after: True"], done.stdout
+        f"`gbattn train --resume --out {files.shell_path(run)}` (it tests again) 143", "after: True"], done.stdout
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

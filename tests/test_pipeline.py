@@ -1225,7 +1225,8 @@ def test_a_stop_during_the_final_test_evaluation_says_how_to_continue(tmp_path, 
     how = "terminated" if stop == "sigterm" else "interrupted"
     assert isinstance(stopped_run.value, Interrupted), repr(stopped_run.value)
     assert str(stopped_run.value) == (f"{how} during the test evaluation after the last step; its checkpoint is saved "
-                                      f"in {run}: continue with `gbattn train --resume --out {run}` (it tests again)")
+                                      f"in {run}: continue with `gbattn train --resume --out "
+                                      f"{files.shell_path(run)}` (it tests again)")
     assert stopped_run.value.exit_code == (143 if stop == "sigterm" else 130)
     monkeypatch.setattr(Trainer, "_evaluate", original)
     assert train(run, resume=True, quiet=True)["test_loss"] == ref["test_loss"]
@@ -1365,8 +1366,8 @@ def test_interrupt_checkpoints_and_resumes(tmp_path, monkeypatch, capsys):
         train(tmp_path / "int", *configs, quiet=True)
     # A run of its own is continued by train --resume only (no `gbattn compare` command ran it).
     assert str(stopped.value) == (f"interrupted at step 6; checkpoint saved in {tmp_path / 'int'}: continue with "
-                                  f"`gbattn train --resume --out {tmp_path / 'int'}`")
-    with pytest.raises(Interrupted, match=r"interrupted at step 6; .*`gbattn train --resume --out .*compared` \(or "
+                                  f"`gbattn train --resume --out {files.shell_path(tmp_path / 'int')}`")
+    with pytest.raises(Interrupted, match=r"interrupted at step 6; .*`gbattn train --resume --out .*compared'?` \(or "
                                         r"rerun the same `gbattn compare` command\)$"):
         train(tmp_path / "compared", *configs, quiet=True, extra={"label": "gba-m2", "recipe": "cpu-char"})
     monkeypatch.setattr(Trainer, "_should_stop", lambda self, requested: False)

@@ -2026,8 +2026,13 @@ def test_records_with_non_finite_values_and_older_tokenizers_still_load(tmp_path
                   valid_ppl=float("inf"), valid_loss=float("nan"),
                   curve=[{"step": 1, "tokens": 8, "epoch": None, "valid_loss": float("nan"),
                           "valid_ppl": float("inf")}])
-    rundir.write_result(tmp_path, result)
+    rundir.write_result(tmp_path, result)  # (no "compiled": a run of a gbattn from before it was kept)
     assert rundir.read_result(tmp_path / rundir.RESULT)["test_ppl"] is None
+    rundir.write_result(tmp_path, {**result, "compiled": "yes"})
+    with pytest.raises(CheckpointError, match="result.json: compiled='yes' must be true or false"):
+        rundir.read_result(tmp_path / rundir.RESULT)
+    rundir.write_result(tmp_path, {**result, "compiled": True})
+    assert rundir.read_result(tmp_path / rundir.RESULT)["compiled"] is True
     for key in set(result) - {"test_ppl", "valid_ppl", "valid_loss"}:  # every other field a comparison reads
         files.write_json({k: v for k, v in result.items() if k != key}, tmp_path / rundir.RESULT)
         with pytest.raises(CheckpointError, match=f"has no '{key}': not a complete gbattn record"):
@@ -2410,7 +2415,8 @@ def test_an_upcycled_model_is_not_resumed_over_but_trained_with_init_from(traine
     before = snapshot(up)
     held = (f"{up} holds an upcycled model that no run has trained yet (best.pt, a config.json of 0 steps, no "
             f"checkpoint.pt)")
-    how = f"`gbattn train --init-from {up} --out NEW_DIR` (from Python: train_cfg.init_from) trains it into a new run"
+    how = (f"`gbattn train --init-from {files.shell_path(up)} --out NEW_DIR` (from Python: train_cfg.init_from) "
+           f"trains it into a new run")
     assert one_line(*run_cli(capsys, ["train", "--resume", "--out", up, "--threads", "1"])[::2]) == (
         f"gbattn: error: {held}: nothing to resume; {how}, its weights kept")
     assert snapshot(up) == before

@@ -4,13 +4,30 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from gbattn.checks import did_you_mean
 from gbattn.terminal import terminal_line
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but a line never breaks inside a hyphenated name: in a narrow terminal `paper-wt103` and
+    `--no-compile` were split across two lines."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(self._whitespace_matcher.sub(" ", text).strip(), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and status 2."""
+    """argparse, but a usage error is one line and status 2, and help lines keep hyphenated names whole."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, help_of: str | None = None):
         """``help_of``: the command whose --help to point at (this parser's by default). The message quotes what

@@ -733,8 +733,9 @@ def read_result(path: str | Path) -> dict:
     """``result.json`` of a finished run with every field a comparison reads checked."""
     result = read_json(path)
     # Perplexities and losses may be null: write_json stores an infinite one (a loss >= 50) or NaN so.
-    _check_fields(result, _RESULT_FIELDS, path, required=tuple(k for k in _RESULT_FIELDS
-                                                                 if k not in ("test_ppl", "valid_ppl", "valid_loss")))
+    # (compiled: kept since 2026-12-07, a run of an earlier gbattn has none)
+    _check_fields(result, _RESULT_FIELDS, path, required=tuple(
+        k for k in _RESULT_FIELDS if k not in ("test_ppl", "valid_ppl", "valid_loss", "compiled")))
     # write_json never writes NaN or an infinity (null): a hand-made one (1e400 reads as inf) is refused too
     for key, least in _RESULT_LEAST.items():
         if result.get(key) is not None and not least <= result[key] < math.inf:
