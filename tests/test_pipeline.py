@@ -1100,7 +1100,7 @@ def test_a_run_resumed_on_other_arithmetic_says_it_is_not_exact_and_how_to_resum
     assert ckpt.load_checkpoint(path)["devices"] == kept and result["device"] == "; ".join(kept)
 
 
-def test_a_checkpoint_in_the_older_format_resumes_exactly(tmp_path, monkeypatch):
+def test_a_checkpoint_in_the_older_format_resumes_exactly(tmp_path, monkeypatch, capsys):
     """A run killed with a checkpoint in the format written before FSDP2 support (see
     :func:`older_checkpoint_format`) still resumes to the uninterrupted run's weights (dropout on)."""
     data = write_corpus(tmp_path / "c")
@@ -1110,8 +1110,13 @@ def test_a_checkpoint_in_the_older_format_resumes_exactly(tmp_path, monkeypatch)
     path = tmp_path / "crashed" / ckpt.CHECKPOINT
     older = older_checkpoint_format(ckpt.load_checkpoint(path))
     assert [v.dim() for k, v in older["model"].items() if k.endswith("gate.logit")] == [0, 0]  # 2 layers
+    del older["trained_on"]  # (nor did it record the hardware it trained on: not called exact)
     torch.save(older, path)
-    train(tmp_path / "crashed", resume=True, quiet=True)
+    capsys.readouterr()
+    train(tmp_path / "crashed", resume=True)
+    assert re.search(r"resuming at step \d+ of 12, the last checkpoint \(work after it is redone; exactly where it "
+                     r"resumes on the device, threads and gbattn it trained with, which its checkpoint, from an "
+                     r"earlier gbattn, does not record\)\n", capsys.readouterr().out)
     a, b = final_weights(tmp_path / "ref"), final_weights(tmp_path / "crashed")
     assert all(torch.equal(a[k], b[k]) for k in a)
 

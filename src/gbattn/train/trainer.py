@@ -531,8 +531,14 @@ class Trainer:
             for line in self._plan():
                 print(line)
             if has_checkpoint:
+                # a checkpoint of an earlier gbattn records neither the hardware nor the code it trained with: exact
+                # only on those (one resumed on 2 threads, or by a gbattn whose AttnRes sums differ, ended 5e-5 away)
+                unknown = self.saved_trained_on is None
+                how = ("" if other_processes or other_arithmetic else "; exactly where it resumes on the device, "
+                       "threads and gbattn it trained with, which its checkpoint, from an earlier gbattn, does not "
+                       "record" if unknown else ", exactly")
                 print(f"resuming at step {self.step:,} of {self.total_steps:,}, the last checkpoint (work after it "
-                      f"is redone{'' if other_processes or other_arithmetic else ', exactly'})")
+                      f"is redone{how})")
             elif self.resume:
                 print(f"{self.run_dir} has no {rundir.CHECKPOINT} yet: training starts at step 0")
         # Warnings and changed settings: stderr, apart from the output, and shown under --quiet too.
