@@ -944,7 +944,7 @@ def test_the_scalar_gate_starts_at_its_logit_and_the_option_needs_that_gate():
                                           r"is another"):
         variant_options("boosted", {"gate": "vector", "scalar_gate_logit": 0})
     # one past float32's range was a RuntimeError traceback from the init ("cannot be converted ... overflow")
-    assert gates(scalar_gate_logit=-100) == [-100.0] * 4
+    assert gates(scalar_gate_logit=-100) == [-100.0] * 4 and gates(scalar_gate_logit=100) == [100.0] * 4  # (both ends)
     for logit in (1e39, -1e300, 100.5):
         with pytest.raises(ConfigError, match=rf"^attn.scalar_gate_logit={re.escape(repr(logit))} must be in "
                                               r"\[-100, 100\]$"):

@@ -327,6 +327,26 @@ def test_set_example_in_help_is_accepted(capsys, command, takes_training_fields)
                                            "bench` has its own options: --batch for batch_size)\n")
 
 
+def test_a_training_field_given_to_params_names_the_bench_option_that_sets_it(capsys):
+    """`params --set KEY=...` of a training field that `bench` takes as an option of its own names that option, for
+    every such field, and each named option is one bench has."""
+    from gbattn.config import preset_config
+    from gbattn.errors import ConfigError
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    bench_help = capsys.readouterr().out
+    for key, value, option in (("batch_size", 8, "--batch"), ("seq_len", 16, "--seq-len"),
+                               ("compile", True, "--compile"), ("amp", "off", "--no-amp"),
+                               ("device", "cpu", "--device"), ("threads", 1, "--threads"),
+                               ("activation_checkpointing", True, "--activation-checkpointing")):
+        with pytest.raises(ConfigError) as caught:
+            preset_config("cpu-char", "boosted", {key: value})
+        assert f"`gbattn bench` has its own options: {option}" in str(caught.value) and f" for {key})" in str(
+            caught.value), key
+        assert f"{option} " in bench_help or f"{option}]" in bench_help, option
+
+
 def test_generate_and_eval_help_state_their_defaults(capsys):
     """`generate --help` gave no default for its sampling options (0.8 and 200, where the Python
     generate() samples at 1.0 from every token): each option's help names the default it parses to."""
@@ -1702,10 +1722,15 @@ def test_a_set_path_value_has_its_tilde_expanded_as_the_set_parser_reads_it(monk
     """--set init_from=~/x is the home directory's x however the value is spelt (spaces around it, quotes: parse_sets
     leaves them out, and the ~ was kept), and an item without '=' stays parse_sets' to refuse (it was made
     'init_from=', refused as an empty value rather than as no key=value)."""
-    from gbattn.cli import _home_set
+    import os
+
+    from gbattn.cli import _home, _home_set
 
     monkeypatch.setenv("HOME", "/home/me")
     for item in ("init_from=~/base", "init_from= ~/base ", 'init_from="~/base"', "init_from='~/base'"):
         assert _home_set(item) == "init_from=/home/me/base", item
+    assert _home_set("init_from = ~/base") == "init_from =/home/me/base"  # (spaces around the key: parse_sets's)
+    assert _home_set("init_from=~") == "init_from=/home/me"  # the home directory itself, and another user's
+    assert _home("~") == "/home/me" and _home("~root/runs") == os.path.expanduser("~root/runs") != "~root/runs"
     for item in ("init_from", "init_from=runs/~x", "lr=~1", "data=~/d.txt"):  # (data: the corpus reads its own ~)
         assert _home_set(item) == item

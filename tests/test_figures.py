@@ -2439,6 +2439,16 @@ def test_results_md_names_seeds_that_diverged_apart_from_seeds_not_finished():
     # every seed diverged: "one seed per model, so no spread" was said of three seeds each
     md = results_markdown({**report_of(rows[:1]), "seeds": [1, 2, 3]})
     assert "Test perplexity from the best-validation checkpoint; no model has a finite one." in md
+    # one model with none, another with one finite seed of two: no spread, and not "no model has a finite one"
+    mixed = [{**model_row("standard", {"1": 9.0}), "seeds": [1, 2], "test_ppl": {"1": None, "2": None},
+              "test_ppl_mean": None, "test_ppl_std": None},
+             {**model_row("gba-m2", {"1": 9.0}), "seeds": [1, 2], "test_ppl": {"1": 9.0, "2": None}}]
+    md = results_markdown({**report_of(mixed), "seeds": [1, 2]})
+    assert ("Test perplexity from the best-validation checkpoint; at most one finite result per model, so no "
+            "spread.") in md
+    # the results figure's footer says which seeds diverged, as results.md does
+    drawn = drawn_texts(figures.results_figure({**report_of(mixed), "seeds": [1, 2]}))["all"]
+    assert "Diverged, with no finite test perplexity, and left out of the means" in " ".join(drawn.split())
 
 
 def test_read_report_refuses_a_label_that_is_no_folder_name_and_takes_integer_numbers(tmp_path):

@@ -336,6 +336,7 @@ def test_generate_says_what_greedy_decoding_leaves_unused(tmp_path, capsys):
                          "are the same"),
                         (["--seed", "3"], "note: --temperature 0 decodes greedily: --seed changes nothing"),
                         (["--top-k", "3"], "note: --temperature 0 decodes greedily: --top-k changes nothing"),
+                        (["--num-samples", "2"], "note: --temperature 0 decodes greedily: the 2 samples are the same"),
                         ([], None)):
         capsys.readouterr()
         assert cli_main(run + extra) == 0
@@ -378,6 +379,10 @@ def test_generate_cli_passes_the_compile_choice(tmp_path, capsys, monkeypatch, f
         assert re.search(r"note: --compile compiles the cached decode step, and the prompt of \d+ tokens fills "
                          r"block_size=\d+, so every token recomputes the context: nothing is compiled\n",
                          capsys.readouterr().err)
+        # ... and so does one new token (the prefill makes it: no cached step either)
+        assert cli_main(["generate", str(tmp_path / "run"), "--prompt", "the", "--max-new-tokens", "1", *flags]) == 0
+        assert ("note: --compile compiles the cached decode step, and 1 new token takes no cached step: nothing is "
+                "compiled\n") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, compiles", [([], 1), (["--compile"], 1), (["--no-compile"], 0), (["--no-cache"], 0)])

@@ -804,6 +804,13 @@ def test_a_negative_prompt_longer_than_the_prompt_is_checked_for_the_new_tokens_
     # them for the negative prompt: it ran and stopped at "sequence length 25")
     with pytest.raises(ValueError, match=refused.replace("16", "18").replace("24;", "26;")):
         hf.generate(idx, negative_prompt_ids=negative, **guided)
+    # ... 20 where they fit (a prompt of 2): a negative prompt of 6 is then fed positions up to 24, refused; a
+    # max_length of 20 given (transformers 4.x's default, here asked for) leaves 18 new tokens, which fit
+    short, negative6 = torch.randint(0, 37, (1, 2)), torch.randint(0, 37, (1, 6))
+    with pytest.raises(ValueError, match=r"a prompt of 6 tokens and max_new_tokens=20 feed the model positions "
+                                         r"0 \.\. 24; it has 0 \.\. 23"):
+        hf.generate(short, negative_prompt_ids=negative6, **guided)
+    assert hf.generate(short, negative_prompt_ids=negative6, max_length=20, **guided).shape == (1, 20)
     # without guidance (scale 1) the negative prompt is not fed: no check
     assert hf.generate(idx, negative_prompt_ids=negative, max_new_tokens=18, guidance_scale=1.0,
                        do_sample=False).shape == (1, 24)

@@ -831,6 +831,11 @@ def test_processes_that_see_other_folders_or_were_given_other_runs_refuse(tmp_pa
                            str(worker), *start_argv], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and (run / rundir.RESULT).is_file(), proc.stderr[-3000:]
     shutil.rmtree(run)
+    # ... but a run of other weights there (the same model, another seed) is refused
+    assert cli_main(["train", *_train_argv(data, 2), "--seed", "7", "--out", str(tmp_path / "base-other")]) == 0
+    cases.append(({str(base): str(tmp_path / "base-other")},
+                  f"rank 1 (on {socket.gethostname()}) read other starting weights (--init-from) than rank 0: give "
+                  f"each node the same copy of that run", start_argv))
     for replaced, line, *given in cases:
         env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"),
                    SECOND_RANK_ARGS=json.dumps(replaced))
