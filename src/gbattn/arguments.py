@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from gbattn.checks import did_you_mean
+from gbattn.checks import MAX_INT, did_you_mean
 from gbattn.terminal import terminal_line
 
 
@@ -121,7 +121,7 @@ def at_least(minimum: int, maximum: int = MAX_COUNT):
     return parse
 
 
-SEED = at_least(0, 2**63 - 1)  # what torch.manual_seed and numpy's generators take
+SEED = at_least(0, MAX_INT)  # what torch.manual_seed and numpy's generators take
 SEED.__name__ = "seed (an integer in [0, 2**63 - 1])"
 
 

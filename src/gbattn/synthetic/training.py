@@ -55,7 +55,7 @@ class RunSpec:
         return f"{self.setting.key}-{model}-seed{self.seed}"
 
 
-def boosted_run(setting: Setting, rounds: int, gate: str, seed: int) -> RunSpec:
+def boosted_run(setting: Setting, rounds: int, gate: str | None, seed: int) -> RunSpec:
     return RunSpec(setting, rounds, gate if rounds > 1 else None, "boosted", seed)
 
 
