@@ -315,6 +315,9 @@ def test_plot_refuses_a_figures_folder_planted_as_a_link_and_leaves_its_target(t
         f"into a folder of its own there, never through a link (it can lead anywhere); remove the link, or give --out"]
     assert sorted(p.name for p in paper.iterdir()) == ["curves.pdf", "results.pdf"]
     assert (paper / "results.pdf").read_text() == "mine\n"
+    assert cli_main(["plot", str(compare_dir), "--gap", "gba-m2", "--pdf"]) == 2  # (--gap's default folder too)
+    assert capsys.readouterr().err.startswith(f"gbattn: error: {compare_dir / 'figures'} is a link to {paper}:")
+    assert sorted(p.name for p in paper.iterdir()) == ["curves.pdf", "results.pdf"]
     assert [p.name for p in plot_compare(compare_dir, out=tmp_path / "elsewhere")] == ["results.png", "curves.png"]
 
 

@@ -11,15 +11,17 @@ from gbattn.terminal import terminal_line
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """argparse's, but a line never breaks inside a hyphenated name: in a narrow terminal `paper-wt103` and
-    `--no-compile` were split across two lines."""
+    """argparse's, but a line never breaks inside a word: in a narrow terminal `paper-wt103` and `--no-compile` were
+    split at their hyphens, and a word longer than the line (`wikitext-103-raw-v1`) anywhere; such a word now runs
+    past the line's end."""
 
     def _split_lines(self, text: str, width: int) -> list[str]:
-        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False,
+                             break_long_words=False)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         return textwrap.fill(self._whitespace_matcher.sub(" ", text).strip(), width, initial_indent=indent,
-                             subsequent_indent=indent, break_on_hyphens=False)
+                             subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
 
 
 class Parser(argparse.ArgumentParser):

@@ -259,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
 
         failed = compile_failure(e)  # (a traceback of a hundred lines, from inductor's C++ compiler check)
         if failed and not show_tracebacks():
-            print(f"gbattn: error: {terminal_line(failed)[:300]}: run without compiling (--no-compile, or --set "
-                  f"compile=false); on a CPU it needs a working C++ compiler (README, \"Compiled vs eager\")",
-                  file=sys.stderr)
+            off = {"compare": "--set compile=false", "bench": "--compile off"}.get(args.command, "--no-compile")
+            print(f"gbattn: error: {terminal_line(failed)[:300]}: run without compiling ({off}); on a CPU it needs "
+                  f"a working C++ compiler (README, \"Compiled vs eager\")", file=sys.stderr)
             return 2
         if str(e).startswith(SYMLINK_LOOP) and not show_tracebacks():  # Path.resolve() of links to each other
             print(f"gbattn: error: {terminal_line(str(e))}: links that lead back to each other name no file or "

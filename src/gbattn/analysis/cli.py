@@ -787,10 +787,16 @@ def cmd_plot(args) -> None:
     if args.against and not args.gap:  # the results chart and curves draw every model
         raise UserError("--against goes with --gap MODEL (the gap of MODEL to each --against model)")
     if args.gap:
+        from gbattn.files import refuse_linked_folder
+
+        if not args.out:  # (as plot's own: one planted there had gap.png written, gap.pdf deleted through it)
+            refuse_linked_folder(Path(args.compare_dir[0]) / "figures", "a comparison's figures", "--out")
         written = plot_gap(args.compare_dir, args.gap, args.against or ["standard"],
                            args.out or Path(args.compare_dir[0]) / "figures", args.pdf)
     elif len(args.compare_dir) > 1:
         raise UserError("several comparison directories go with --gap MODEL; plot them one at a time otherwise")
     else:
         written = plot_compare(args.compare_dir[0], args.out, args.pdf)
-    print("figures: " + ", ".join(str(p) for p in written))
+    from gbattn.terminal import printable_text
+
+    print(printable_text("figures: " + ", ".join(str(p) for p in written)))

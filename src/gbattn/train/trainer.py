@@ -54,6 +54,7 @@ from gbattn.runtime import (
     software_versions,
     use_tf32,
 )
+from gbattn.terminal import printable_text
 from gbattn.train.distributed import (
     DistEnv,
     full_state,
@@ -522,6 +523,7 @@ class Trainer:
         self.saved_trained_on = None  # the device, threads and compilation the resumed checkpoint was trained with
         self.earlier_devices: list[str] = []  # the devices (with threads) earlier legs of a resumed run ran on
         self.earlier_processes = 1  # the most processes an earlier leg trained in
+        self.earlier_compiled = False  # whether an earlier leg trained compiled
         if state is not None:
             self._load(state, self.run_dir / rundir.CHECKPOINT)
         self.dist.main_only(lambda: self._write_config(resumed=has_checkpoint))
@@ -540,16 +542,16 @@ class Trainer:
                 print(f"resuming at step {self.step:,} of {self.total_steps:,}, the last checkpoint (work after it "
                       f"is redone{how})")
             elif self.resume:
-                print(f"{self.run_dir} has no {rundir.CHECKPOINT} yet: training starts at step 0")
+                print(printable_text(f"{self.run_dir} has no {rundir.CHECKPOINT} yet: training starts at step 0"))
         # Warnings and changed settings: stderr, apart from the output, and shown under --quiet too.
         if warmup_note and self.main:
             print(warmup_note, file=sys.stderr)
         if other_processes and self.main:
-            print(self._other_processes_note(), file=sys.stderr)
+            print(printable_text(self._other_processes_note()), file=sys.stderr)
         if other_arithmetic and self.main:
-            print(f"warning: the checkpoint of {self.run_dir} was trained {' and '.join(other_arithmetic)}: it goes "
-                  f"on, but not exactly as the uninterrupted run would (the same sums add up in another order)",
-                  file=sys.stderr)
+            print(printable_text(f"warning: the checkpoint of {self.run_dir} was trained "
+                                 f"{' and '.join(other_arithmetic)}: it goes on, but not exactly as the uninterrupted "
+                                 f"run would (the same sums add up in another order)"), file=sys.stderr)
         if self.train_cfg.parallel != "ddp" and not self.dist.enabled and self.main:
             print(f"parallel={self.train_cfg.parallel} applies under torchrun only (torchrun --nproc_per_node N -m "
                   f"gbattn.cli train ...); this is one process", file=sys.stderr)
@@ -816,7 +818,13 @@ class Trainer:
                 "train_window": [self.window_loss, self.window_n],
                 "rng_per_rank": self.dist.gather(all_rng_states(self.device)),
                 "trained_on": {"device": device_name(self.device), "threads": self.threads, "compiled": self.compiled},
-                "devices": self.devices_used(), "most_processes": self.most_processes()}
+                "devices": self.devices_used(), "most_processes": self.most_processes(),
+                "ever_compiled": self.ever_compiled()}
+
+    def ever_compiled(self) -> bool:
+        """Whether a leg of this run trained compiled: its time and tokens/s count the compiling (result.json's
+        ``compiled`` said the last leg's, false of a run compiled, stopped and finished eager)."""
+        return self.compiled or self.earlier_compiled
 
     def most_processes(self) -> int:
         """The most processes a leg of this run trained in (result.json's ``processes``: it said the last leg's, 1 of
@@ -911,6 +919,11 @@ class Trainer:
             if not (type(most) is int and most >= len(per_rank)):  # (fewer than its own streams': damaged)
                 raise ValueError(f"its record of the processes it ran in is malformed: {most!r}"[:200])
             self.earlier_processes = most
+            # (checkpoints from before it was kept: the last leg's)
+            compiled = state.get("ever_compiled", bool(trained_on and trained_on["compiled"]))
+            if not isinstance(compiled, bool):
+                raise ValueError(f"its record of a compiled leg is malformed: {compiled!r}"[:200])
+            self.earlier_compiled = compiled
             if len(per_rank) == self.dist.world:  # every process resumes its own random stream
                 restore_rng_states(per_rank[self.dist.rank], self.device)
             else:  # saved by another number of processes: rank 0's stream, distinct ones for the others
@@ -989,8 +1002,8 @@ class Trainer:
         if self.resume and result_path.exists():
             result = rundir.read_result(result_path)
             if not self.quiet and is_first_process():  # under torchrun: said once
-                print(f"{self.run_dir} finished at step {result['steps']} (its result.json): nothing to resume; "
-                      f"--restart trains it again")
+                print(printable_text(f"{self.run_dir} finished at step {result['steps']} (its result.json): nothing "
+                                     f"to resume; --restart trains it again"))
             return result
         threads, self.callers_rng = torch.get_num_threads(), None
         tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # use_tf32 sets them on CUDA
@@ -1015,7 +1028,8 @@ class Trainer:
         self._setup()
         cfg = self.train_cfg
         name = f"{self.extra['label']}/{self.run_dir.name}" if "label" in self.extra else self.run_dir.name
-        self.bar = Progress(self.total_steps, desc=f"train {name}", initial=self.step, disable=not self.show)
+        self.bar = Progress(self.total_steps, desc=printable_text(f"train {name}"), initial=self.step,
+                            disable=not self.show)
         last_ckpt = time.monotonic()
         window_t0, window_steps, window_tokens = time.perf_counter(), 0, 0  # this process's, for speed
         self.model.train()
@@ -1266,8 +1280,7 @@ class Trainer:
             "test_precision": precision_name(self.device, self.train_cfg.amp),
             "wall_clock_s": self.elapsed,
             "train_tokens_per_s": self.tokens_seen / max(self.train_seconds, 1e-9),
-            # its time and tokens/s count torch.compile's compiling (this leg's, or the one it resumed from)
-            "compiled": self.compiled or bool((self.saved_trained_on or {}).get("compiled")),
+            "compiled": self.ever_compiled(),  # its time and tokens/s count torch.compile's compiling
             "device": "; ".join(self.devices_used()),  # (every leg's: "cpu (1 thread, ...); cpu (2 threads, ...)")
             "processes": self.most_processes(),  # (the most of any leg; device names each leg's)
             "curve": self.curve,
@@ -1278,8 +1291,8 @@ class Trainer:
         )
         self.dist.main_only(lambda: rundir.write_result(self.run_dir, result))
         if self.show:
-            print(f"{self.run_dir}: best valid ppl {valid_best:.2f} (step {self.best_step}), test ppl {test.ppl:.2f}"
-                  + test_split_note(self.data.notes))
+            print(printable_text(f"{self.run_dir}: best valid ppl {valid_best:.2f} (step {self.best_step}), test "
+                                 f"ppl {test.ppl:.2f}" + test_split_note(self.data.notes)))
         return result
 
 
