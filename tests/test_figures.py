@@ -516,7 +516,8 @@ def test_print_summary_of_a_gba_run_against_another_line_by_line(tmp_path, capsy
     assert capsys.readouterr().out.splitlines() == [
         "analyzed gba-m2/seed42 (boosted (rounds=2), best weights at step 8) on 4 test rows x 31 tokens: "
         "loss 2.0000 nats, ppl 7.39",
-        "  gates, mean±std per layer:   L0 0.40±0.10 / L1 0.55±0.05    paper: 0.35 (revision 0.30)",
+        "  gates, mean±std per layer:   L0 0.40±0.10 / L1 0.55±0.05    paper (its 1-layer M=2 model): 0.35 (revision "
+        "0.30)",
         "  entropy, nats (bound log(t+1), max 3.43): round 0 2.00 -> round 1 1.50 (25% lower; change per layer "
         "L0 -25%)    paper: 3.31 -> 2.58 (22% lower, layer 0 the exception, T=256)",
         "  norms per layer, |r| -> |g*c| -> |x-F after|: L1 1.50->0.25->1.25",

@@ -271,7 +271,7 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             "paper-medium",
-            "the authors' medium model and recipe (no published results)",
+            "the authors' medium recipe (no published results) on a size of gbattn's choosing (none is published)",
             dict(vocab_size=16384, block_size=256, d_model=384, n_layers=6, n_heads=6, dropout=0.1),
             dict(PAPER_RECIPE, lr=2e-4, batch_size=24, epochs=10.0, warmup_steps=2000, train_tokens=30_000_000),
         ),

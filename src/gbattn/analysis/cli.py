@@ -397,7 +397,11 @@ def print_summary(summary: dict, summary_path: Path) -> None:
         several = any(r["round"] > 1 for r in g["per_layer"])
         names = [f"L{r['layer']}" + (f" g{r['round']}" if several else "") for r in g["per_layer"]]
         per = [f"{name} {r['mean']:.2f}±{r['std']:.2f}" for name, r in zip(names, g["per_layer"])]
-        print(f"  gates, mean±std per layer:   {' / '.join(per)}    paper: {_join(paper['gate_mean_per_layer'])} "
+        # the paper's values are per layer of its 4-layer M=2 model: beside another shape they line up with nothing
+        same_shape = (sorted({r["layer"] for r in g["per_layer"]}) == list(range(len(paper["gate_mean_per_layer"])))
+                      and not several)
+        which = "paper" if same_shape else f"paper (its {len(paper['gate_mean_per_layer'])}-layer M=2 model)"
+        print(f"  gates, mean±std per layer:   {' / '.join(per)}    {which}: {_join(paper['gate_mean_per_layer'])} "
               f"(revision {_join(paper['gate_mean_per_layer_revised'])})")
     else:
         print(f"  gates: {g['reason']}")
