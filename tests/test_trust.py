@@ -21,6 +21,7 @@ import stat
 import struct
 import subprocess
 import sys
+import textwrap
 import time
 import zipfile
 from pathlib import Path
@@ -1797,6 +1798,31 @@ def test_a_runs_own_folders_planted_as_links_are_refused_and_their_targets_untou
                                    f"the link")
     assert (run / rundir.METRICS).is_symlink()
     assert log.read_text() == '{"event": "train", "step": 1, "private": "mine"}\n'
+
+
+def test_checking_weights_against_their_config_builds_no_values_and_imports_no_compiler():
+    """The check builds the model on the meta device: torch's meta random draws import torch._dynamo, a second of
+    every eval, generate and analyze. None is drawn now; a mismatch is still refused."""
+    code = textwrap.dedent("""
+        import sys
+        from gbattn.config import preset_config
+        from gbattn.errors import CheckpointError
+        from gbattn.model.gpt import GPT
+        from gbattn.rundir import check_weights_fit
+        for attn in ("standard", "differential", "boosted"):
+            cfg = preset_config("cpu-char", attn, {"residual": "attnres-block", "d_model": 32, "n_heads": 2})
+            weights = GPT(cfg).state_dict()
+            check_weights_fit(cfg, weights, "here")
+            try:
+                check_weights_fit(preset_config("cpu-char", attn, {"d_model": 64, "n_heads": 2,
+                                                                   "residual": "attnres-block"}), weights, "here")
+            except CheckpointError as e:
+                print("REFUSED", str(e)[:40])
+        print("DYNAMO", "torch._dynamo" in sys.modules)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.stdout.splitlines() == ["REFUSED the weights in here do not match its con"] * 3 + ["DYNAMO False"], (
+        proc.stdout + proc.stderr[-2000:])
 
 
 def test_a_tokenizer_with_unused_ids_counts_up_to_its_largest_id(tmp_path, capsys, monkeypatch):

@@ -1085,6 +1085,25 @@ def check_finite(weights: dict, where: str | Path) -> None:
                               f"{', ...' if len(damaged) > 3 else ''}): the file is damaged; restore a copy of it")
 
 
+class _NoDrawsOnMeta(torch.overrides.TorchFunctionMode):
+    """Random draws (and their scaling) made of nothing while a model is built on the meta device, which holds no
+    values: torch's meta ``normal_``, ``randn`` and ``mul`` import ``torch._dynamo``, seconds of every command that
+    reads a run (`gbattn eval` of a tiny run, 2-core CPU under load, one thread, 5 runs each: median 9.6 s, 5.6 s
+    without the import)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.nn.init.normal_, torch.Tensor.normal_, torch.Tensor.mul, torch.Tensor.__mul__):
+            tensor = args[0] if args else kwargs.get("tensor")
+            scalar = func in (torch.nn.init.normal_, torch.Tensor.normal_) or (
+                len(args) > 1 and type(args[1]) in (int, float))
+            if getattr(tensor, "is_meta", False) and scalar:  # (the same shape and dtype: no values to compute)
+                return tensor
+        if getattr(func, "__name__", None) == "randn":  # (in the meta device's context: an empty meta tensor)
+            return torch.empty(*args, **{k: v for k, v in kwargs.items() if k != "generator"})
+        return func(*args, **kwargs)
+
+
 def check_weights_fit(model_cfg, weights: dict, where: str | Path) -> None:
     """``weights`` checked (:func:`load_weights`) against a :class:`GPT` of ``model_cfg`` on the meta device, which
     takes no memory: a config.json whose sizes the weights do not have (``d_model`` edited to 8192) is a one-line
@@ -1094,8 +1113,9 @@ def check_weights_fit(model_cfg, weights: dict, where: str | Path) -> None:
     if len(layers) != model_cfg.n_layers:
         raise CheckpointError(f"the weights in {where} do not match its config (n_layers={model_cfg.n_layers}; the "
                               f"weights hold {len(layers)} blocks)")
-    with torch.device("meta"):
-        load_weights(GPT(model_cfg), weights, where)
+    with torch.device("meta"), _NoDrawsOnMeta():
+        model = GPT(model_cfg)
+    load_weights(model, weights, where)
 
 
 def model_holding(model_cfg, weights: dict, where: str | Path, device: str | torch.device = "cpu"):
