@@ -160,14 +160,14 @@ def test_a_failing_compiler_is_one_line_naming_its_error_and_the_way_round(tmp_p
     common = ["--data", data, "--tokenizer", "char", "--set", "n_layers=1", "--set", "d_model=32",
               "--set", "n_heads=2", "--set", "threads=1", "--set", "eval_every=2", "--quiet"]
     expected = ("gbattn: error: torch.compile failed: RuntimeError: No working C++ compiler found in "
-                "torch._inductor.config.cpp.cxx: run without compiling (--no-compile); on a CPU it needs a working C++ "
-                "compiler (README, \"Compiled vs eager\")\n")
+                "torch._inductor.config.cpp.cxx: run without compiling (--no-compile{}); on a CPU it needs a working "
+                "C++ compiler (README, \"Compiled vs eager\")\n")
     code, _, err = run_cli(capsys, ["train", "--preset", "cpu-char", "--out", run, "--set", "max_steps=2",
                                     "--compile", *common])
-    assert (code, err.splitlines()[-1] + "\n") == (2, expected)
+    assert (code, err.splitlines()[-1] + "\n") == (2, expected.format("; a comparison's: --set compile=false"))
     assert run_cli(capsys, ["train", "--resume", "--out", run, "--no-compile", "--quiet"])[0] == 0
     code, out, err = run_cli(capsys, ["generate", run, "--prompt", "ab", "--max-new-tokens", "4", "--compile"])
-    assert (code, err) == (2, expected)
+    assert (code, err) == (2, expected.format(""))
 
 
 def test_a_run_with_any_compiled_leg_says_it_compiled(tmp_path, monkeypatch):
@@ -178,7 +178,7 @@ def test_a_run_with_any_compiled_leg_says_it_compiled(tmp_path, monkeypatch):
 
     _aot_eager(monkeypatch)
     data = write_corpus(tmp_path / "c", lines_per_split=(200, 30, 30))
-    configs = tiny_configs(data, compile=True, max_steps=8, eval_every=4, threads=1, dropout=0.0)  # (may switch)
+    configs = tiny_configs(data, compile=True, max_steps=12, eval_every=4, threads=1, dropout=0.0)  # (may switch)
     train_killed_at(5, tmp_path / "run", *configs, monkeypatch)
     path = tmp_path / "run" / rundir.CHECKPOINT
     state = rundir.load_checkpoint(path)
@@ -186,8 +186,23 @@ def test_a_run_with_any_compiled_leg_says_it_compiled(tmp_path, monkeypatch):
     torch.save({**state, "ever_compiled": "yes"}, path)
     with pytest.raises(CheckpointError, match="its record of a compiled leg is malformed: 'yes'"):
         train(tmp_path / "run", resume=True, quiet=True, overrides={"compile": False})
-    del state["ever_compiled"]  # a checkpoint from before it was kept: its last leg's record
     torch.save(state, path)
+    # a second leg, eager, killed too: its checkpoint keeps the first leg's compiling (trained_on says eager)
+    from gbattn.train.trainer import Trainer
+
+    original = Trainer._train_step
+
+    def crash(self, s):
+        if s == 9:
+            raise RuntimeError("simulated kill")
+        return original(self, s)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Trainer, "_train_step", crash)
+        with pytest.raises(RuntimeError, match="simulated kill"):
+            train(tmp_path / "run", resume=True, quiet=True, overrides={"compile": False})
+    state = rundir.load_checkpoint(path)
+    assert state["trained_on"]["compiled"] is False and state["ever_compiled"] is True
     assert train(tmp_path / "run", resume=True, quiet=True, overrides={"compile": False})["compiled"] is True
 
 

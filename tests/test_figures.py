@@ -469,8 +469,8 @@ def test_results_md_says_whose_tokens_per_s_count_the_compiling():
     rows = [model_row("standard", {"42": 100.0}), model_row("gba-m2", {"42": 96.0})]
     assert "count torch.compile's compiling" not in results_markdown(report_of(rows))
     rows[1]["compiled"] = True
-    assert ("\ntokens/s and wall-clock of gba-m2 count torch.compile's compiling (once per run, and again for each "
-            "resume).\n") in results_markdown(report_of(rows))
+    assert ("\ntokens/s and wall-clock of gba-m2 count torch.compile's compiling (once for each leg of a run that "
+            "trained compiled).\n") in results_markdown(report_of(rows))
 
 
 def test_texts_read_from_received_files_reach_the_report_and_terminal_escaped(tmp_path, capsys):
@@ -1525,6 +1525,20 @@ def test_gate_figure_error_bars_are_the_std_and_paper_markers_sit_at_their_layer
     # The legend says what the error bar is a spread of (summary.json's std_definition), not just "std".
     assert "ours: mean ± std\n(over tokens × dimensions)" in [t.get_text() for t in bar_ax.get_legend().get_texts()]
     assert texts_outside(fig) == []
+    # ... and the paper's values are called its own model's beside a run of another shape (layers 1 and 3 of four
+    # here; another depth, more rounds or another gate too), plain "paper" beside one of its shape only
+    paper = {"gate_mean_per_layer": [0.35, 0.48, 0.41, 0.43]}
+    label = figures.paper_gates_label
+    assert label({"per_layer": rows}, paper, 4) == "paper (its 4-layer M=2 model)"
+    every = [{**rows[0], "layer": layer} for layer in range(4)]
+    assert label({"per_layer": every}, paper, 4, "boosted") == "paper"
+    assert label({"per_layer": every}, paper, 8, "boosted (layers=[0, 1, 2, 3])") == "paper (its 4-layer M=2 model)"
+    assert label({"per_layer": every}, paper, 4, "boosted (gate=scalar)") == "paper (its 4-layer M=2 model)"
+    assert label({"per_layer": every + [{**rows[0], "round": 2}]}, paper, 4) == "paper (its 4-layer M=2 model)"
+    drawn = figures.gates_figure({"per_layer": rows}, {**paper, "gate_mean_per_layer_revised": [0.3] * 4}, "",
+                                 label({"per_layer": rows}, paper, 4))
+    assert {line.get_label() for line in drawn.axes[1].get_lines()} >= {
+        "paper (its 4-layer M=2 model)", "paper (its 4-layer M=2 model, revision)"}
 
 
 def test_curves_count_thousands_of_tokens_in_thousands_and_fewer_as_they_are():

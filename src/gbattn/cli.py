@@ -259,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
 
         failed = compile_failure(e)  # (a traceback of a hundred lines, from inductor's C++ compiler check)
         if failed and not show_tracebacks():
-            off = {"compare": "--set compile=false", "bench": "--compile off"}.get(args.command, "--no-compile")
+            # (a comparison's run trains in a `train` of its own under --jobs: its way named too)
+            off = {"compare": "--set compile=false", "train": "--no-compile; a comparison's: --set compile=false"}.get(
+                args.command, "--no-compile")
             print(f"gbattn: error: {terminal_line(failed)[:300]}: run without compiling ({off}); on a CPU it needs "
                   f"a working C++ compiler (README, \"Compiled vs eager\")", file=sys.stderr)
             return 2

@@ -266,7 +266,8 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         written: list[Path] = []
         title = f"{_short_name(run)} ({name}, {split}, {len(row_ids)} rows × {run.seq_len} tokens)"
         if gates is not None:
-            fig = figures.gates_figure(gates, stats.PAPER, f"GBA gates g_m — {title}")
+            fig = figures.gates_figure(gates, stats.PAPER, f"GBA gates g_m — {title}", figures.paper_gates_label(
+                gates, stats.PAPER, L, _describe(run)))
             written += figures.save(fig, out, "gates", pdf)
         written += figures.save(figures.entropy_figure(entropy, stats.PAPER if st.boosted else None,
                                                        f"Attention entropy per round — {title}"), out, "entropy", pdf)
@@ -397,10 +398,7 @@ def print_summary(summary: dict, summary_path: Path) -> None:
         several = any(r["round"] > 1 for r in g["per_layer"])
         names = [f"L{r['layer']}" + (f" g{r['round']}" if several else "") for r in g["per_layer"]]
         per = [f"{name} {r['mean']:.2f}±{r['std']:.2f}" for name, r in zip(names, g["per_layer"])]
-        # the paper's values are per layer of its 4-layer M=2 model: beside another shape they line up with nothing
-        same_shape = (sorted({r["layer"] for r in g["per_layer"]}) == list(range(len(paper["gate_mean_per_layer"])))
-                      and not several)
-        which = "paper" if same_shape else f"paper (its {len(paper['gate_mean_per_layer'])}-layer M=2 model)"
+        which = figures.paper_gates_label(g, paper, summary.get("n_layers"), summary["attention"])
         print(f"  gates, mean±std per layer:   {' / '.join(per)}    {which}: {_join(paper['gate_mean_per_layer'])} "
               f"(revision {_join(paper['gate_mean_per_layer_revised'])})")
     else:

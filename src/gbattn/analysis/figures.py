@@ -154,9 +154,20 @@ def _drawing(figsize):
 # --------------------------------------------------------------------------------------
 
 
-def gates_figure(gates: dict, paper: dict, title: str = ""):
+def paper_gates_label(gates: dict, paper: dict, n_layers: int | None, attention: str = "") -> str:
+    """What to call the paper's per-layer gate means beside a run's: "paper" where the run has the paper's shape
+    (its depth, every layer corrected, M=2, the linear gate), else "paper (its 4-layer M=2 model)": beside an 8-layer
+    run, one of 3 rounds or another gate they line up with nothing of the run's."""
+    depth = len(paper["gate_mean_per_layer"])
+    rows = gates["per_layer"]
+    same = (n_layers in (None, depth) and sorted({r["layer"] for r in rows}) == list(range(depth))
+            and all(r["round"] == 1 for r in rows) and ("gate=" not in attention or "gate=linear" in attention))
+    return "paper" if same else f"paper (its {depth}-layer M=2 model)"
+
+
+def gates_figure(gates: dict, paper: dict, title: str = "", paper_label: str = "paper"):
     """Per-layer, per-dimension mean gate (heatmap, one row per corrected layer and round) and each
-    layer's mean ± std, with the paper's per-layer means as markers."""
+    layer's mean ± std, with the paper's per-layer means as markers (``paper_label``: :func:`paper_gates_label`)."""
     rows = gates["per_layer"]
     C = max(r["round"] for r in rows)
     layers = sorted({r["layer"] for r in rows})
@@ -181,8 +192,9 @@ def gates_figure(gates: dict, paper: dict, title: str = ""):
                        color=round_color(c + 1), alpha=0.8,
                        label="ours: mean ± std\n(over tokens × dimensions)" + (f" (g{c + 1})" if C > 1 else ""))
         paper_markers = (
-            ("gate_mean_per_layer", "D", "paper"),
-            ("gate_mean_per_layer_revised", "x", "paper (revision)"),
+            ("gate_mean_per_layer", "D", paper_label),
+            ("gate_mean_per_layer_revised", "x",
+             "paper (revision)" if paper_label == "paper" else paper_label[:-1] + ", revision)"),
         )
         for key, marker, label in paper_markers:
             values = paper.get(key) or []

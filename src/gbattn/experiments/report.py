@@ -586,8 +586,8 @@ def results_markdown(report: dict) -> str:
         lines += ["", other_stream]
     compiled = [r["label"] for r in rows if r.get("compiled")]
     if compiled:  # (a compiled run's tokens/s was 79 where it trained at 21,895 a second once compiled)
-        lines += ["", f"tokens/s and wall-clock of {', '.join(compiled)} count torch.compile's compiling (once per "
-                      f"run, and again for each resume)."]
+        lines += ["", f"tokens/s and wall-clock of {', '.join(compiled)} count torch.compile's compiling (once for "
+                      f"each leg of a run that trained compiled)."]
     omitted = published_omitted_note(report)
     if omitted:
         lines += ["", omitted + "."]

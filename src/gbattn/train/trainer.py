@@ -1140,7 +1140,9 @@ class Trainer:
         if saved["compiled"] != self.compiled:
             was = saved["compiled"]
             changes.append(f"{'compiled' if was else 'eager'} and this run trains {'eager' if was else 'compiled'} "
-                           f"(resume with --{'' if was else 'no-'}compile)")
+                           f"(resume with --{'' if was else 'no-'}compile"
+                           + (f"; a comparison's: --set compile={'true' if was else 'false'}" if "label" in self.extra
+                              else "") + ")")
         return changes
 
     def _other_processes_note(self) -> str:
