@@ -575,6 +575,7 @@ def test_threads_help_says_a_recorded_value_only_where_the_command_resumes(capsy
         help_text = " ".join(capsys.readouterr().out.split())
         threads_help = help_text.split("--threads THREADS CPU threads", 1)[1].split("README")[0]
         assert ("a resumed run: its recorded value" in threads_help) == (command == "train"), command
+        assert ("keeps the fewer threads it recorded" in threads_help) == (command == "compare"), command
         assert "default: OMP_NUM_THREADS where it is set" in threads_help, command
 
 

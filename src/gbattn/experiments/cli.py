@@ -35,7 +35,8 @@ def register(sub) -> None:
                    "(default %(default)s)")
     p.add_argument("--threads", type=arguments.at_least(1, arguments.MAX_THREADS), default=None,
                    help="CPU threads in all (default: OMP_NUM_THREADS where it is set, else the cores not busy with "
-                        "other work; README, 'Threads')")
+                        "other work; a run resumed from its checkpoint keeps the fewer threads it recorded; README, "
+                        "'Threads')")
     arguments.quiet(p, also="nor each run's plan, evaluation or summary lines")
     p.set_defaults(func=cmd_compare)
 
