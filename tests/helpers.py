@@ -134,12 +134,11 @@ def left_pad(prompts, mask_dtype=None):
     return batch, mask
 
 
-def train_killed_at(step: int, run_dir: Path, model_cfg, train_cfg, monkeypatch) -> None:
-    """Train into ``run_dir`` until a simulated kill at the start of ``step`` (the trainer's step is
-    restored afterwards), leaving whatever a killed run leaves."""
-    import pytest
-
-    from gbattn.train.trainer import Trainer, train
+@contextlib.contextmanager
+def killed_at(step: int, monkeypatch):
+    """Every training inside stops with a simulated kill (RuntimeError "simulated kill") at the start of its
+    ``step``, leaving whatever a killed run leaves; the trainer's step is restored afterwards."""
+    from gbattn.train.trainer import Trainer
 
     original = Trainer._train_step
 
@@ -150,8 +149,17 @@ def train_killed_at(step: int, run_dir: Path, model_cfg, train_cfg, monkeypatch)
 
     with monkeypatch.context() as patched:
         patched.setattr(Trainer, "_train_step", crash)
-        with pytest.raises(RuntimeError, match="simulated kill"):
-            train(run_dir, model_cfg, train_cfg, quiet=True)
+        yield
+
+
+def train_killed_at(step: int, run_dir: Path, model_cfg, train_cfg, monkeypatch) -> None:
+    """Train into ``run_dir`` until a simulated kill at the start of ``step`` (:func:`killed_at`)."""
+    import pytest
+
+    from gbattn.train.trainer import train
+
+    with killed_at(step, monkeypatch), pytest.raises(RuntimeError, match="simulated kill"):
+        train(run_dir, model_cfg, train_cfg, quiet=True)
 
 
 def signal_during_step(step: int, monkeypatch, *signums: int) -> None:

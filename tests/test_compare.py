@@ -18,7 +18,7 @@ from gbattn.experiments import compare as compare_mod
 from gbattn.experiments.compare import run_compare
 from gbattn.experiments.recipes import RECIPES, get_recipe
 from gbattn.model.params import count_params
-from helpers import TINY, signal_during_step, write_corpus
+from helpers import TINY, killed_at, signal_during_step, write_corpus
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -1366,19 +1366,10 @@ def test_a_killed_run_of_a_comparison_resumes_with_the_threads_asked_now(tmp_pat
     with the rerun's threads, which change its speed, not whether it counts as the recipe's; the finished
     run is then reused under any thread count."""
     from gbattn import rundir
-    from gbattn.train.trainer import Trainer
 
     data = write_corpus(tmp_path / "c")
     sets, out = {**tiny_sets(), "max_steps": 4}, tmp_path / "cmp"
-    original = Trainer._train_step
-
-    def crash(self, step):
-        if step == 3:
-            raise RuntimeError("simulated kill")
-        return original(self, step)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(Trainer, "_train_step", crash)
+    with killed_at(3, monkeypatch):
         with pytest.raises(RuntimeError, match="simulated kill"):
             run_compare("cpu-proxy", out, data=str(data), sets=sets, only=["standard"], quiet=True, threads=1)
         # rerun without --threads: this call's default (the run kept the 1 thread of the call that started it)

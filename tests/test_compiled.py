@@ -10,7 +10,7 @@ import torch
 from gbattn.model import decoding
 from gbattn.model.decoding import cache_plan, compiled_decode_step, decoder_for, generate
 from gbattn.train.trainer import train
-from helpers import left_pad, run_cli, tiny_configs, train_killed_at, train_losses, write_corpus
+from helpers import killed_at, left_pad, run_cli, tiny_configs, train_killed_at, train_losses, write_corpus
 from test_model import tiny_model
 
 
@@ -188,19 +188,8 @@ def test_a_run_with_any_compiled_leg_says_it_compiled(tmp_path, monkeypatch):
         train(tmp_path / "run", resume=True, quiet=True, overrides={"compile": False})
     torch.save(state, path)
     # a second leg, eager, killed too: its checkpoint keeps the first leg's compiling (trained_on says eager)
-    from gbattn.train.trainer import Trainer
-
-    original = Trainer._train_step
-
-    def crash(self, s):
-        if s == 9:
-            raise RuntimeError("simulated kill")
-        return original(self, s)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(Trainer, "_train_step", crash)
-        with pytest.raises(RuntimeError, match="simulated kill"):
-            train(tmp_path / "run", resume=True, quiet=True, overrides={"compile": False})
+    with killed_at(9, monkeypatch), pytest.raises(RuntimeError, match="simulated kill"):
+        train(tmp_path / "run", resume=True, quiet=True, overrides={"compile": False})
     state = rundir.load_checkpoint(path)
     assert state["trained_on"]["compiled"] is False and state["ever_compiled"] is True
     assert train(tmp_path / "run", resume=True, quiet=True, overrides={"compile": False})["compiled"] is True

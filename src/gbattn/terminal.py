@@ -24,13 +24,13 @@ def terminal_line(text: str) -> str:
     """``text`` as one line of printable characters: whitespace runs become one space, and any other
     character that is not printable (an escape sequence in a weight name or a key of a file being read, a
     right-to-left override) escaped."""
-    return "".join(c if c.isprintable() else escaped(c) for c in " ".join(text.split()))
+    return printable_text(" ".join(text.split()))
 
 
 def printable_text(text: str) -> str:
     """``text`` read from a file, for a report or a terminal: each character that is not printable (an escape
     sequence in a received result.json's device, a newline) escaped; the spaces kept as they are."""
-    return "".join(c if c.isprintable() or c == " " else escaped(c) for c in text)
+    return "".join(c if c.isprintable() else escaped(c) for c in text)
 
 
 def in_millions(value: float) -> str:

@@ -753,16 +753,20 @@ def same_comparison(compare_dirs: list, model: str, read=None) -> list[list[Path
     return list(groups.values())
 
 
-def plot_gap(compare_dirs: list, model: str, references: list[str], out, pdf: bool = False) -> list[Path]:
+def plot_gap(compare_dirs: list, model: str, references: list[str], out=None, pdf: bool = False) -> list[Path]:
     """gap.png and gap.json (with the command that wrote it): ``model`` minus each reference against training
-    length, one line per comparison (directories that continue one another pool their seeds)."""
+    length, one line per comparison (directories that continue one another pool their seeds); ``out``: the first
+    comparison's figures/ by default, as :func:`plot_compare`'s."""
     from gbattn.analysis import figures
     from gbattn.errors import UserError
-    from gbattn.files import remove_unwritten, write_json
+    from gbattn.files import refuse_linked_folder, remove_unwritten, write_json
     from gbattn.rundir import RunLock
     from gbattn.runtime import command_line
 
     figures.require_matplotlib()
+    if not out:  # (one planted there had gap.png written and gap.pdf deleted through it)
+        refuse_linked_folder(Path(compare_dirs[0]) / "figures", "a comparison's figures", "--out")
+    out = Path(out) if out else Path(compare_dirs[0]) / "figures"
     if model in references:
         raise UserError(f"--against {model} is the --gap model itself: its gap to itself is 0 at every step")
     # Each once, in the order given: a repeat drew the same line (or panel) twice over.
@@ -789,12 +793,7 @@ def cmd_plot(args) -> None:
     if args.against and not args.gap:  # the results chart and curves draw every model
         raise UserError("--against goes with --gap MODEL (the gap of MODEL to each --against model)")
     if args.gap:
-        from gbattn.files import refuse_linked_folder
-
-        if not args.out:  # (as plot's own: one planted there had gap.png written, gap.pdf deleted through it)
-            refuse_linked_folder(Path(args.compare_dir[0]) / "figures", "a comparison's figures", "--out")
-        written = plot_gap(args.compare_dir, args.gap, args.against or ["standard"],
-                           args.out or Path(args.compare_dir[0]) / "figures", args.pdf)
+        written = plot_gap(args.compare_dir, args.gap, args.against or ["standard"], args.out, args.pdf)
     elif len(args.compare_dir) > 1:
         raise UserError("several comparison directories go with --gap MODEL; plot them one at a time otherwise")
     else:
