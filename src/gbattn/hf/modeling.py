@@ -327,12 +327,13 @@ class GbattnPreTrainedModel(PreTrainedModel):
 
     def _stream(self, input_ids: Tensor | None, inputs_embeds: Tensor | None,
                 attention_mask: Tensor | None, position_ids: Tensor | None, cache: Cache | None,
-                use_cache: bool | None, output_attentions: bool | None,
-                output_hidden_states: bool | None) -> tuple[Tensor, tuple | None, GbattnCache | None]:
+                use_cache: bool | None, output_attentions: bool | None, output_hidden_states: bool | None,
+                cache_position: Tensor | None = None) -> tuple[Tensor, tuple | None, GbattnCache | None]:
         """The final norm's output (B, T, D), the hidden states if asked for (transformers' convention: the
         embeddings, each later block's input, then that output), and the cache, through gbattn's GPT:
         ``attention_mask`` (B, past + T) is 1 for real tokens (left padding works); positions come from
-        ``position_ids``, else ``cumsum(attention_mask) - 1``, else past..past+T-1."""
+        ``position_ids``, else ``cumsum(attention_mask) - 1``, else ``cache_position`` (T,), as Llama reads it,
+        else past..past+T-1."""
         if output_attentions if output_attentions is not None else getattr(self.config, "output_attentions", False):
             # (GBA attends M times per layer with other queries and keys; no one (B, H, T, T) map is its attention)
             raise ValueError(f"{type(self).__name__} returns no attention maps (output_attentions asked for, by "
@@ -368,6 +369,11 @@ class GbattnPreTrainedModel(PreTrainedModel):
                 key_padding_BS = attention_mask.bool()
         if position_ids is None and key_padding_BS is not None:
             position_ids = positions_of(key_padding_BS)[:, -T:]
+        elif position_ids is None and cache_position is not None:  # (it was accepted and ignored)
+            if cache_position.shape != (T,):
+                raise ValueError(f"cache_position has shape {tuple(cache_position.shape)}; expected (new tokens,) = "
+                                 f"({T},)")
+            position_ids = cache_position.to(given.device).expand(B, T)
         input_pos = torch.arange(past, past + T, device=given.device) if cache is not None else None
         layer_inputs = [] if output_hidden_states else None
         h_BTD, _ = self.model.hidden(input_ids, input_pos=input_pos, position_ids=position_ids,
@@ -396,7 +402,8 @@ class GbattnModel(GbattnPreTrainedModel):
         self._check_inputs(input_ids, inputs_embeds, attention_mask)
         h_BTD, hidden_states, cache = self._stream(
             input_ids, inputs_embeds, attention_mask, position_ids,
-            cache if cache is not None else past_key_values, use_cache, output_attentions, output_hidden_states)
+            cache if cache is not None else past_key_values, use_cache, output_attentions, output_hidden_states,
+            cache_position)
         return self._output(BaseModelOutputWithPast(last_hidden_state=h_BTD, hidden_states=hidden_states,
                                                     **{CACHE_FIELD: cache}), return_dict)
 
@@ -406,7 +413,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
 
     ``forward(input_ids | inputs_embeds, attention_mask, position_ids, cache | past_key_values, labels, use_cache,
     logits_to_keep, output_hidden_states)``: ``attention_mask`` (B, past + T) is 1 for real tokens (left padding
-    works); positions come from ``position_ids``, else ``cumsum(attention_mask) - 1``, else past..past+T-1.
+    works); positions come from ``position_ids``, else ``cumsum(attention_mask) - 1``, else ``cache_position``,
+    else past..past+T-1.
     ``labels`` are the input ids (-100 = ignored), shifted here: the loss is gbattn's
     ``self.model(input_ids[:, :-1], input_ids[:, 1:])``; with ``num_items_in_batch`` (transformers 5's ``Trainer``)
     it is the summed cross-entropy divided by that count. ``hidden_states``: n_layers + 1 tensors, each block's
@@ -637,7 +645,8 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
                              f"only some: leave it at 0 when passing labels")
         h_BTD, hidden_states, cache = self._stream(
             input_ids, inputs_embeds, attention_mask, position_ids,
-            cache if cache is not None else past_key_values, use_cache, output_attentions, output_hidden_states)
+            cache if cache is not None else past_key_values, use_cache, output_attentions, output_hidden_states,
+            cache_position)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             h_BTD = h_BTD[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
