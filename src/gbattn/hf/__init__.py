@@ -10,6 +10,14 @@ a bare ``import gbattn`` never imports transformers.
 * :func:`hf_tokenizer`, :func:`wrap_run`, :func:`export_run`: tokenizer, in-memory wrap, export.
 """
 
+try:
+    import transformers  # noqa: F401
+except ModuleNotFoundError as e:  # (a bare "No module named 'transformers'" named no extra; [hf] is datasets)
+    if e.name != "transformers":
+        raise
+    raise ModuleNotFoundError("gbattn.hf needs transformers, which is not installed: pip install "
+                              "'gbattn[transformers]'", name="transformers") from None
+
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
