@@ -1913,9 +1913,17 @@ def test_a_tokenizer_whose_regex_backtracks_past_its_limit_is_one_data_error():
     with pytest.raises(DataError, match="(range end index 2|Token .ab. out of vocabulary) .* .the tokenizer failed "
                                         "while reading its file"):
         Tokenizer("hf", json.dumps({**json.loads(hostile.to_str()), "pre_tokenizer": None, "model": merges}))
-    no_unknown = HFTokenizer(models.WordLevel({"a": 0}, unk_token="<unk>"))
-    with pytest.raises(DataError, match=r"WordLevel error: Missing \[UNK\] .* \(the tokenizer failed while encoding"):
-        Tokenizer("hf", no_unknown.to_str()).encode("b")
+    # ... and names the text it has no token for (gbattn's own export of a character-level tokenizer is such a
+    # WordLevel: "its tokenizer.json is damaged" blamed a sound file)
+    no_unknown = HFTokenizer(models.WordLevel({"a": 0, " ": 1}, unk_token="<unk>"))
+    no_unknown.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    lacking = Tokenizer("hf", no_unknown.to_str())
+    for encode in (lacking.encode, lambda text: lacking.encode_batch([text])):
+        with pytest.raises(DataError, match=re.escape("'b', '#' are not in the tokenizer's vocabulary, which has no "
+                                                      "unknown token (a character-level tokenizer knows only the "
+                                                      "characters of its training text; the tokenizers library: "
+                                                      "Missing [UNK] token from the vocabulary)")):
+            encode("a b#b")
 
 
 def test_an_interrupted_tokenization_leaves_no_cache_debris(tmp_path, monkeypatch):

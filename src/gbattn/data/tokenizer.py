@@ -192,7 +192,7 @@ class Tokenizer:
         if self.kind == "char":
             self._refuse_unknown_characters([text])
             return [self.stoi[c] for c in text]
-        with hf_failures_as_data_errors("encoding"):
+        with self._encoding([text]):
             encoding = self._prompt_encoder.encode(text)
         self._refuse_dropped([text], [encoding])
         return self._within_vocabulary([encoding.ids])[0]
@@ -227,10 +227,49 @@ class Tokenizer:
         if self.kind == "char":
             self._refuse_unknown_characters(texts)  # all the batch's, not the first line's only
             return [[self.stoi[c] for c in t] for t in texts]
-        with hf_failures_as_data_errors("encoding"):
+        with self._encoding(texts):
             encodings = self._hf.encode_batch(texts, add_special_tokens=False)
         self._refuse_dropped(texts, encodings)
         return self._within_vocabulary([e.ids for e in encodings])
+
+    @contextlib.contextmanager
+    def _encoding(self, texts: list[str]):
+        """:func:`hf_failures_as_data_errors` while encoding ``texts``, where a text piece without a token in a
+        vocabulary with no unknown token (a WordLevel model, such as an exported character-level tokenizer, whose
+        unknown token is not among its tokens) is named: the library says only "Missing [UNK] token from the
+        vocabulary", which read as a damaged tokenizer.json."""
+        try:
+            with hf_failures_as_data_errors("encoding"):
+                yield
+        except DataError as e:
+            lacking = self._pieces_lacking_a_token(texts) if "Missing [UNK] token" in str(e) else []
+            if not lacking:
+                raise
+            raise DataError(f"{', '.join(map(repr, lacking))} {'is' if len(lacking) == 1 else 'are'} not in the "
+                            f"tokenizer's vocabulary, which has no unknown token (a character-level tokenizer knows "
+                            f"only the characters of its training text; the tokenizers library: Missing [UNK] token "
+                            f"from the vocabulary)") from None
+
+    def _pieces_lacking_a_token(self, texts: list[str], most: int = 5) -> list[str]:
+        """The first ``most`` distinct pieces of ``texts``, as the tokenizer's normalizer and pre-tokenizer cut
+        them, that are no token of its vocabulary (added tokens included); [] where the tokenizer itself fails."""
+        try:
+            vocab = self._hf.get_vocab(with_added_tokens=True)
+            normalizer, pre_tokenizer = self._hf.normalizer, self._hf.pre_tokenizer
+            lacking: list[str] = []
+            for text in texts:
+                text = normalizer.normalize_str(text) if normalizer is not None else text
+                pieces = [p for p, _ in pre_tokenizer.pre_tokenize_str(text)] if pre_tokenizer is not None else [text]
+                for piece in pieces:
+                    if piece not in vocab and piece not in lacking:
+                        lacking.append(piece)
+                        if len(lacking) == most:
+                            return lacking
+            return lacking
+        except BaseException as e:  # (the library's error is then the one reported; a Rust panic is a BaseException)
+            if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+                raise
+            return []
 
     def _within_vocabulary(self, ids: list[list[int]]) -> list[list[int]]:
         """``ids``, checked to be below :attr:`vocab_size` where the tokenizer has ids that are not (a run from before
