@@ -97,6 +97,16 @@ def test_bare_import_does_not_import_transformers():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+def test_import_of_gbattn_hf_without_transformers_names_the_extra():
+    """Without transformers, `import gbattn.hf` says which extra installs it (it was a bare "No module named
+    'transformers'"; the extra that sounds right, [hf], installs datasets), still as a ModuleNotFoundError."""
+    code = ("import sys; sys.modules['transformers'] = None\n"
+            "try:\n    import gbattn.hf\nexcept ModuleNotFoundError as e:\n    print(e.name, '|', e)")
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True).stdout
+    assert out.strip() == ("transformers | gbattn.hf needs transformers, which is not installed: pip install "
+                           "'gbattn[transformers]'")
+
+
 def test_config_standard_names_map_both_ways(tmp_path):
     cfg = GbattnConfig.from_model_config(tiny_config(("boosted", {}), n_kv_heads=2), run={"step": 7})
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (16, 2, 4)
@@ -929,7 +939,7 @@ def test_from_gpt_leaves_the_gpts_modules_as_they_were_and_its_own_cache_aside()
 
 def test_forward_honours_every_argument_it_takes():
     """Arguments forward() takes are honoured or refused, never silently ignored: inputs_embeds,
-    output_attentions, explicit position_ids beside a padding mask, logits_to_keep as indices, labels
+    output_attentions, explicit position_ids beside a padding mask, cache_position, logits_to_keep as indices, labels
     that are all ignored; a training-mode call, or a config made with use_cache=False, keeps no cache; from_gpt
     keeps the GPT's mode."""
     gpt, hf = tiny_pair(("boosted", {}), {})
@@ -969,6 +979,13 @@ def test_forward_honours_every_argument_it_takes():
     for i, row in enumerate(rows):
         alone = hf(row[None], position_ids=torch.arange(1, len(row) + 1)[None]).logits[0]
         torch.testing.assert_close(padded[i, ids.shape[1] - len(row):], alone, rtol=1e-10, atol=1e-10)
+    # cache_position gives the positions where neither position_ids nor a padding mask does, as Llama reads it
+    # (it was accepted and ignored: the logits of positions 0..5)
+    torch.testing.assert_close(hf(idx, cache_position=torch.arange(2, 8)).logits,
+                               hf(idx, position_ids=torch.arange(2, 8)[None]).logits, rtol=0, atol=0)
+    assert not torch.equal(hf(idx, cache_position=torch.arange(2, 8)).logits, full)
+    with pytest.raises(ValueError, match=re.escape("cache_position has shape (2, 6); expected (new tokens,) = (6,)")):
+        hf(idx, cache_position=torch.arange(6).expand(2, 6))
     # without position_ids they come from the mask, also in a cached step (the mask's last T slots)
     first = hf(ids[:, :-2], attention_mask=mask[:, :-2], use_cache=True)
     step = hf(ids[:, -2:], attention_mask=mask, cache=getattr(first, CACHE_FIELD)).logits
