@@ -216,3 +216,34 @@ def test_a_results_heading_naming_a_recipe_gives_that_recipes_default_seeds():
         checked.append(named.group(1))
     assert {"cpu-baselines", "gba-design", "cpu-char-long", "cpu-proxy-long", "gba-design-proxy",
             "cpu-modern"} <= set(checked)
+
+
+def test_the_sdist_carries_the_tests_and_everything_they_read(tmp_path):
+    """The source distribution holds the repository's tests with their conftest.py, helpers.py and data, and the
+    README, docs/, results/ and scripts/ they read (setuptools took the test files alone, so a packager's
+    `pytest` in an unpacked sdist stopped at "No module named 'conftest'"); its metadata holds the SPDX license
+    and gbattn.__version__. Built with the environment's setuptools from a copy of the repository."""
+    import subprocess
+    import sys
+    import tarfile
+
+    import gbattn
+
+    root = README.parent
+    copy = tmp_path / "repo"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "runs", "build", "dist", ".cache", ".device", "__pycache__", "*.egg-info", ".pytest_cache",
+        ".lock"))
+    built = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                            "print(build_meta.build_sdist(sys.argv[1]))", str(tmp_path)],
+                           cwd=copy, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    with tarfile.open(tmp_path / built.stdout.split()[-1]) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+        info = sdist.extractfile(f"gbattn-{gbattn.__version__}/PKG-INFO").read().decode()
+    wanted = {path.relative_to(copy).as_posix() for folder in ("tests", "docs", "results", "scripts", "src/gbattn")
+              for path in (copy / folder).rglob("*") if path.is_file()}
+    assert not wanted - names, sorted(wanted - names)[:10]
+    assert {"README.md", "LICENSE", "pyproject.toml", "tests/conftest.py", "tests/helpers.py"} <= names
+    assert not any(name.startswith(".ci/") or "__pycache__" in name for name in names)
+    assert f"\nVersion: {gbattn.__version__}\n" in info and "\nLicense-Expression: MIT\n" in info
