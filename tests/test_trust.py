@@ -3144,6 +3144,26 @@ def test_json_writers_store_no_nan_and_jsonl_readers_keep_objects_only(tmp_path)
     assert files.read_jsonl(tmp_path / "none.jsonl") == files.read_jsonl(tmp_path) == []  # no file: no records
 
 
+def test_read_jsonl_reads_a_line_at_a_time(tmp_path):
+    """A metrics file under the size limit that is a sparse file of zeros (4 KB on disk) is read a bounded line at a
+    time: it was read whole and decoded (2.1 GB of memory for 1 GiB); a line longer than any record is skipped."""
+    import tracemalloc
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"a": 1}\n' + "x" * (files.MAX_JSONL_LINE + 10) + '\n{"b": 2}\n')
+    with open(path, "ab") as f:
+        f.truncate(64 * 2**20)  # 64 MiB: zeros, no line end
+        f.seek(0, 2)
+        f.write(b'\n{"c": 3}\n')
+    tracemalloc.start()
+    try:
+        assert files.read_jsonl(path) == [{"a": 1}, {"b": 2}, {"c": 3}]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, peak  # (the whole file read: over 128 MiB)
+
+
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG])
 def test_a_full_disk_quota_or_read_only_filesystem_is_one_line_and_keeps_the_file(tmp_path, monkeypatch, code):
     path = tmp_path / "results.json"

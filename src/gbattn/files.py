@@ -299,6 +299,7 @@ def refuse_lfs_pointer(path: str | Path, head: bytes | None = None, error: type[
 
 
 MAX_JSON_BYTES = 256 * 2**20  # far above any JSON file gbattn reads (a Llama tokenizer.json: about 9 MiB)
+MAX_JSONL_LINE = 2**16  # bytes; a metrics line of gbattn's is about 200
 MAX_JSONL_BYTES = 2**30  # far above any metrics.jsonl (every step of a million-step run logged: about 300 MiB)
 
 
@@ -388,14 +389,21 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return []
     refuse_oversized(path, MAX_JSONL_BYTES, "metrics file")
     out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):  # ValueError: bad JSON, or an integer of more than 4,300 digits
-            continue  # a line cut short by a kill, or damaged
-        if isinstance(record, dict):
-            out.append(record)
-    return out
+    with open(path, "rb") as f:  # a line at a time, none longer than MAX_JSONL_LINE read whole: a sparse file of
+        while True:              # zeros under the size limit was read whole, then decoded (2.1 GB for 1 GiB)
+            line = f.readline(MAX_JSONL_LINE + 1)
+            if not line:
+                return out
+            if len(line) > MAX_JSONL_LINE:  # no record of gbattn's is this long: skip to the line's end
+                while line and not line.endswith(b"\n"):
+                    line = f.readline(MAX_JSONL_LINE)
+                continue
+            try:
+                record = json.loads(line.decode("utf-8", errors="replace"))
+            except (ValueError, RecursionError):  # ValueError: bad JSON, or an integer of more than 4,300 digits
+                continue  # a line cut short by a kill, or damaged
+            if isinstance(record, dict):
+                out.append(record)
 
 
 def relative_path(path, base) -> str:
