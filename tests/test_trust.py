@@ -23,6 +23,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -2512,6 +2513,46 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_not_loaded(tmp_path):
     intact = tmp_path / "intact.pt"
     torch.save({"model": weights}, intact)
     assert torch.equal(rundir.read_torch_file(intact)["model"]["w"], weights["w"])
+
+
+def test_checkpoint_records_that_could_expand_past_the_file_are_refused_unread(tmp_path):
+    """A record compressed (a bzip2 record of 1 GiB of zeros takes a few KB; reading every record for its CRC ran
+    for minutes at 2.3 GB), listed twice (one record listed 200 times was read 200 times), or records declaring
+    more bytes than the file holds: each refused in one line before any record is read."""
+    path = tmp_path / "ck.pt"
+    torch.save({"model": {"w": torch.zeros(4096)}, "step": 3}, path)
+    with zipfile.ZipFile(path) as archive:
+        records = [(info, archive.read(info)) for info in archive.infolist()]
+    weights = next(info.filename for info, _ in records if info.filename.endswith("data/0"))
+
+    def rewritten(name, compress=None, twice=False):
+        out = tmp_path / name
+        with zipfile.ZipFile(out, "w") as archive, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # (zipfile's "Duplicate name")
+            for info, data in records:
+                archive.writestr(info.filename, data, compress_type=compress if info.filename == weights
+                                 else zipfile.ZIP_STORED)
+                if twice and info.filename == weights:
+                    archive.writestr(info.filename, data)
+        return out
+
+    assert torch.equal(rundir.read_torch_file(rewritten("stored.pt"))["model"]["w"], torch.zeros(4096))
+    for method, number in ((zipfile.ZIP_DEFLATED, 8), (zipfile.ZIP_BZIP2, 12)):
+        bomb = rewritten(f"{number}.pt", method)
+        with pytest.raises(rundir.CheckpointError, match=re.escape(
+                f"{bomb}: its record {weights} is compressed (method {number}), which torch.save never does (a "
+                f"compressed record can expand far past the file): refused; save the weights again with torch.save")):
+            rundir.read_torch_file(bomb)
+    twice = rewritten("twice.pt", twice=True)
+    with pytest.raises(rundir.CheckpointError, match=re.escape(f"{twice} lists its record {weights} twice")):
+        rundir.read_torch_file(twice)
+    data = bytearray(path.read_bytes())  # the central directory's sizes of the weights' record, made 1 GiB
+    entry = data.rfind(b"PK\x01\x02", 0, data.rfind(weights.encode()))
+    data[entry + 20:entry + 28] = struct.pack("<II", 2**30, 2**30)
+    (tmp_path / "sizes.pt").write_bytes(data)
+    with pytest.raises(rundir.CheckpointError, match=r"sizes.pt: its records declare 1,07\d,\d{3},\d{3} bytes, more "
+                                                     r"than the file's [\d,]+: the file is damaged"):
+        rundir.read_torch_file(tmp_path / "sizes.pt")
 
 
 def test_a_checkpoint_saved_without_checksums_loads(tmp_path):

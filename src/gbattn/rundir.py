@@ -402,7 +402,9 @@ def _check_records(path: Path) -> None:
     except (OSError, EOFError, ValueError, zipfile.BadZipFile):
         return  # BadZipFile: the legacy format (no checksums), or not a zip file at all
     with archive:
-        for info in archive.infolist():
+        infos = archive.infolist()
+        _refuse_expanding_records(path, infos)
+        for info in infos:
             if info.CRC == 0:
                 continue
             try:
@@ -416,6 +418,27 @@ def _check_records(path: Path) -> None:
                                       f"restore a copy of it") from None
             except (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, zlib.error):
                 return  # RuntimeError: an encrypted record; NotImplementedError: a compression zipfile lacks
+
+
+def _refuse_expanding_records(path: Path, infos: list[zipfile.ZipInfo]) -> None:
+    """A one-line CheckpointError where a torch.save zip file's records could expand past the file before anything
+    checks them: a compressed record (torch.save stores every record as it is; a bzip2 record of 1 GiB of zeros
+    takes a few KB), a record listed twice (200 listings of one record: 200 GiB read from 13 KB), or records
+    declaring more bytes than the file holds."""
+    seen: set[str] = set()
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise CheckpointError(f"{path}: its record {info.filename} is compressed (method {info.compress_type}), "
+                                  f"which torch.save never does (a compressed record can expand far past the file): "
+                                  f"refused; save the weights again with torch.save")
+        if info.filename in seen:
+            raise CheckpointError(f"{path} lists its record {info.filename} twice, which torch.save never does: "
+                                  f"the file is damaged; restore a copy of it")
+        seen.add(info.filename)
+    declared, size = sum(info.file_size for info in infos), path.stat().st_size
+    if declared > size:
+        raise CheckpointError(f"{path}: its records declare {declared:,} bytes, more than the file's {size:,}: "
+                              f"the file is damaged; restore a copy of it")
 
 
 # The first bytes of a legacy-format torch.save file of pickle protocol 0 or 1 (its magic number pickled without PROTO)
