@@ -1276,13 +1276,14 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
                           ("best-not-lowest", {"best_step": 2, "best_valid": 5.0, "curve": [
                               {**point, "valid_loss": {2: 5.0, 4: 4.0}[point["step"]]}
                               for point in resume_state["curve"]]}),
-                          ("untied-head-resume", {"model": other_head})):
+                          ("untied-head-resume", {"model": other_head}), ("laughs-resume", {"best_valid": _laughs()})):
         target = copy(name)
         (target / rundir.RESULT).unlink(missing_ok=True)
         torch.save({**resume_state, **changed}, target / rundir.CHECKPOINT)
     # best.pt with no step (reported as "best weights at step 0"), a step past the run's last, an untied head
     stepless = {k: v for k, v in best.items() if k != "step"}
     for name, damaged in (("stepless-best", stepless), ("step-beyond-best", {**best, "step": 10**6}),
+                          ("laughs-best", {**best, "step": _laughs()}),
                           ("untied-head-best", {**best, "model": {**best["model"], "lm_head.weight": torch.randn_like(
                               best["model"]["wte.weight"])}})):
         torch.save(damaged, copy(name) / rundir.BEST)
@@ -1298,6 +1299,28 @@ def _broken_runs(trained, root: Path) -> dict[str, Path]:
         (target / rundir.RESULT).unlink(missing_ok=True)
         torch.save(state, target / rundir.CHECKPOINT)
     return runs
+
+
+def _laughs() -> list:
+    """100 references to 100 references ... six deep: 3 KB pickled (its memo), 10**12 items to print whole."""
+    value = [0]
+    for _ in range(6):
+        value = [value] * 100
+    return value
+
+
+def test_shown_bounds_the_repr_of_a_value_read_from_a_file():
+    """errors.shown: repr's text for small values, bounded in length and work for values a pickle can hold: one
+    nested 3,000 deep (repr: a RecursionError traceback) and a list of references expanding to 10**12 items."""
+    from gbattn.errors import shown
+
+    deep = [0]
+    for _ in range(3000):
+        deep = [deep]
+    assert shown(deep) == "[[[[...]]]]" and shown(_laughs()).startswith("[[[[...], [...], [...], [...], ...],")
+    assert len(shown(_laughs())) == 80 and len(shown("x" * 10**6, 40)) == 40
+    small = (5, "2", None, 1.5, [1, 2], {"a": 1})
+    assert [shown(v) for v in small] == [repr(v) for v in small]
 
 
 def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
@@ -1416,6 +1439,12 @@ def bad_inputs(trained, tmp_path) -> list[tuple[str, list, str]]:
         ("best weights whose tied head differs, exported",
          ["export", broken["untied-head-best"], "--out", tmp_path / "e-untied"], "one parameter of the model (tied)"),
         ("best weights without a step", ["eval", broken["stepless-best"]], "step=None must be an integer in [0, 4]"),
+        # values whose repr never ends (a list of 100 references to ..., six deep) were printed whole: 6 GB, minutes
+        ("best weights whose step expands when printed", ["eval", broken["laughs-best"]],
+         "step=[[[[...], [...], [...], [...], ...], [[...], [...], [...], [...], ...], [[...... must be an integer in "
+         "[0, 4]"),
+        ("checkpoint whose best loss expands when printed", ["train", "--resume", "--out", broken["laughs-resume"],
+                                                            "--quiet"], "its best validation loss [[[[...], [...], "),
         ("best weights of a step past the run's last", ["generate", broken["step-beyond-best"], "--prompt", "a"],
          "step=1000000 must be an integer in [0, 4] (the weights' training step, at most the run's steps, which "),
         # (a config.json whose steps were edited down: only best.pt was blamed, "the file is damaged")

@@ -2,7 +2,21 @@
 
 import importlib
 import os
+import reprlib
 import signal
+
+
+def shown(value, width: int = 80) -> str:
+    """``repr(value)`` for a message about a value read from a file, at most ``width`` characters, and bounded in
+    the work it takes: a pickled checkpoint can hold a list of 100 references to a list of 100 references ... (3 KB
+    that repr expands to 10**12 items), or one nested thousands deep (a RecursionError)."""
+    short = reprlib.Repr()
+    short.maxlevel = 3
+    short.maxlist = short.maxtuple = short.maxdict = short.maxset = short.maxfrozenset = short.maxdeque = 4
+    short.maxstring = short.maxother = width
+    short.maxlong = 40
+    text = short.repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 class UserError(Exception):

@@ -49,7 +49,7 @@ from gbattn.arguments import GENERATE_DEFAULTS
 from gbattn.checks import MAX_INT, check_choice
 from gbattn.config import PRESETS, ModelConfig, TrainConfig
 from gbattn.data.tokenizer import Tokenizer
-from gbattn.errors import CheckpointError, ConfigError, UserError, optional_module
+from gbattn.errors import CheckpointError, ConfigError, UserError, optional_module, shown
 from gbattn.files import (
     append_jsonl,
     atomic_write,
@@ -1065,7 +1065,8 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= last:  # as a config's step
             beyond = isinstance(step, int) and not isinstance(step, bool) and step > last >= 0
             raise CheckpointError(
-                f"{weights}: step={step!r} must be an integer in [0, {last:,}] (the weights' training step, at most "
+                f"{weights}: step={shown(step)} must be an integer in [0, {last:,}] (the weights' training step, "
+                f"at most "
                 + (f"the run's steps, which {path / CONFIG} says are {last:,}): one of the two files is damaged or "
                    f"was edited; restore a copy of it" if beyond else
                    "the run's steps): the file is damaged; restore a copy of it"))

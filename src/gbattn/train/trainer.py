@@ -34,6 +34,7 @@ from gbattn.errors import (
     Interrupted,
     Terminated,
     UserError,
+    shown,
     terminated_handler,
 )
 from gbattn.eval.perplexity import evaluate, perplexity
@@ -849,7 +850,8 @@ class Trainer:
         """The run's state from ``state``, its checkpoint read from ``path`` (its weights checked by load_weights)."""
         try:
             if state.get("format") != CHECKPOINT_FORMAT:  # a layout this gbattn does not write was read as its own
-                raise ValueError(f"its format is {state.get('format')!r}; this gbattn reads format {CHECKPOINT_FORMAT}")
+                raise ValueError(f"its format is {shown(state.get('format'))}; this gbattn reads format "
+                                 f"{CHECKPOINT_FORMAT}")
             check_optimizer_moments(state["model"], state["optimizer"], self.optimizer)
             # AdamW's settings are the run's (its config, this device), not the file's: a checkpoint's eps of "x" or
             # amsgrad of true was a traceback at the next step, its maximize=true or betas of 2 trained on silently.
@@ -863,32 +865,32 @@ class Trainer:
             per_step = self.tokens_per_step
             if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (step, tokens_seen))
                     and 0 <= step <= self.total_steps and tokens_seen == step * per_step):  # int() took "5", 5.5, True
-                raise ValueError(f"step={step!r} and tokens_seen={tokens_seen!r} must be integers, 0 <= step <= "
-                                 f"{self.total_steps} (the run's steps) and tokens_seen = step x {per_step:,} (the "
-                                 f"tokens of a step)")  # (10**30 went into result.json's tokens and FLOPs)
+                raise ValueError(f"step={shown(step)} and tokens_seen={shown(tokens_seen)} must be integers, 0 <= "
+                                 f"step <= {self.total_steps} (the run's steps) and tokens_seen = step x {per_step:,} "
+                                 f"(the tokens of a step)")  # (10**30 went into result.json's tokens and FLOPs)
             self.step = step
             best_step, curve, best_valid = state["best_step"], state["curve"], state["best_valid"]
             if not (best_step is None or isinstance(best_step, int) and not isinstance(best_step, bool) and
                     0 <= best_step <= step) or not rundir.valid_curve(curve):
                 raise ValueError("its best step or validation curve is malformed")
             if isinstance(best_valid, bool) or not isinstance(best_valid, (int, float)):
-                raise ValueError(f"its best validation loss {best_valid!r} is not a number")
+                raise ValueError(f"its best validation loss {shown(best_valid)} is not a number")
             if math.isnan(best_valid):  # (no evaluation yet: inf) no loss would ever count as better
                 raise ValueError("its best validation loss is NaN")
             if best_valid < 0:  # a cross-entropy never is: no later loss would count as better, nor be kept as best
-                raise ValueError(f"its best validation loss {best_valid!r} is negative")
+                raise ValueError(f"its best validation loss {shown(best_valid)} is negative")
             # The best is the curve's first lowest loss, as _eval_and_checkpoint keeps it (a best_valid of 0.5 set by
             # hand was reported as the run's valid loss, and a better evaluation later was not kept as best)
             at_best = [p["valid_loss"] for p in curve if p["step"] == best_step]
             if ((best_step is None) != (best_valid == math.inf) or best_step is not None and at_best != [best_valid]
                     or any(p["valid_loss"] is not None and p["valid_loss"] < best_valid for p in curve)):
-                raise ValueError(f"its best validation (loss {best_valid!r} at step {best_step!r}) is not its "
-                                 f"validation curve's lowest loss")
+                raise ValueError(f"its best validation (loss {shown(best_valid)} at step {shown(best_step)}) is not "
+                                 f"its validation curve's lowest loss")
             self.best_valid, self.best_step = float(best_valid), best_step
             seconds = (state["elapsed"], state["train_seconds"])  # NaN: a result.json without its wall-clock time
             if not all(_finite_amount(v) for v in seconds):
-                raise ValueError(f"elapsed={seconds[0]!r} and train_seconds={seconds[1]!r} must be numbers of "
-                                 f"seconds >= 0")
+                raise ValueError(f"elapsed={shown(seconds[0])} and train_seconds={shown(seconds[1])} must be numbers "
+                                 f"of seconds >= 0")
             self.elapsed, self.train_seconds = float(seconds[0]), float(seconds[1])
             self.tokens_seen, self.curve = tokens_seen, curve
             window = state.get("train_window", [0.0, 0])  # (checkpoints from before it was kept: none)
@@ -908,21 +910,21 @@ class Trainer:
                     isinstance(trained_on, dict) and isinstance(trained_on.get("device"), str)
                     and isinstance(trained_on.get("compiled"), bool) and type(trained_on.get("threads")) is int
                     and trained_on["threads"] > 0 and trained_on["device"].isprintable()):
-                raise ValueError(f"its record of the hardware it trained on is malformed: {trained_on!r}"[:200])
+                raise ValueError(f"its record of the hardware it trained on is malformed: {shown(trained_on)}"[:200])
             self.saved_trained_on = trained_on
             devices = state.get("devices", [trained_on["device"]] if trained_on is not None else [])
             if not (isinstance(devices, list) and len(devices) <= MAX_DEVICES_RECORDED
                     and all(isinstance(d, str) and len(d) <= 200 and d.isprintable() for d in devices)):
-                raise ValueError(f"its record of the devices it ran on is malformed: {devices!r}"[:200])
+                raise ValueError(f"its record of the devices it ran on is malformed: {shown(devices)}"[:200])
             self.earlier_devices = devices
             most = state.get("most_processes", len(per_rank))  # (checkpoints from before it was kept: the last leg's)
             if not (type(most) is int and most >= len(per_rank)):  # (fewer than its own streams': damaged)
-                raise ValueError(f"its record of the processes it ran in is malformed: {most!r}"[:200])
+                raise ValueError(f"its record of the processes it ran in is malformed: {shown(most)}"[:200])
             self.earlier_processes = most
             # (checkpoints from before it was kept: the last leg's)
             compiled = state.get("ever_compiled", bool(trained_on and trained_on["compiled"]))
             if not isinstance(compiled, bool):
-                raise ValueError(f"its record of a compiled leg is malformed: {compiled!r}"[:200])
+                raise ValueError(f"its record of a compiled leg is malformed: {shown(compiled)}"[:200])
             self.earlier_compiled = compiled
             if len(per_rank) == self.dist.world:  # every process resumes its own random stream
                 restore_rng_states(per_rank[self.dist.rank], self.device)
@@ -1316,8 +1318,8 @@ def check_optimizer_moments(model_state: dict, optim_state, optimizer: torch.opt
         elif type(name) is int and 0 <= name < len(own):
             weight, name = own[name], f"parameter {name}"
         elif optimizer is not None:
-            raise ValueError(f"its optimizer's state names parameter {name!r}, which this model's optimizer has not "
-                             f"(it has {len(own)}, numbered from 0)")
+            raise ValueError(f"its optimizer's state names parameter {shown(name)}, which this model's optimizer has "
+                             f"not (it has {len(own)}, numbered from 0)")
         else:
             weight = None
         missing = [key for key in ("exp_avg", "exp_avg_sq", "step")
@@ -1327,7 +1329,7 @@ def check_optimizer_moments(model_state: dict, optim_state, optimizer: torch.opt
         for key in ("exp_avg", "exp_avg_sq"):
             value = param_state.get(key)
             if not isinstance(value, torch.Tensor):  # (a number or null was an AttributeError at the first step)
-                raise ValueError(f"the optimizer's {key} of {name} is {value!r:.40}, not a tensor")
+                raise ValueError(f"the optimizer's {key} of {name} is {shown(value, 40)}, not a tensor")
             if weight is not None and value.shape != weight.shape:
                 raise ValueError(f"the optimizer's {key} of {name} has shape {tuple(value.shape)}, "
                                  f"the weight {tuple(weight.shape)}")
@@ -1338,7 +1340,7 @@ def check_optimizer_moments(model_state: dict, optim_state, optimizer: torch.opt
         count = param_state["step"]
         if not (isinstance(count, (int, float, torch.Tensor)) and not isinstance(count, bool)
                 and torch.as_tensor(count).numel() == 1 and math.isfinite(float(count)) and float(count) >= 0):
-            raise ValueError(f"the optimizer's step count of {name} is {count!r}, not a number >= 0")
+            raise ValueError(f"the optimizer's step count of {name} is {shown(count)}, not a number >= 0")
     groups = optim_state.get("param_groups")
     if optimizer is not None and (not isinstance(groups, list) or [
             len(g["params"]) if isinstance(g, dict) and isinstance(g.get("params"), list) else None for g in groups]
