@@ -126,7 +126,8 @@ class Tokenizer:
             pieces = [p[0] for p in (json.loads(payload).get("model") or {}).get("vocab") or []
                       if isinstance(p, list) and p] if type(self._hf.model).__name__ == "Unigram" else []
             if len(set(pieces)) < len(pieces):  # (one id then named nothing, and its export was refused, misnamed)
-                twice = next(piece for k, piece in enumerate(pieces) if piece in pieces[:k])
+                listed: set = set()  # (the first piece listed twice: a scan of the pieces before each took 60 s)
+                twice = next(piece for piece in pieces if piece in listed or listed.add(piece))
                 raise ValueError(f"its Unigram piece {twice!r} is listed twice: each piece must be listed once")
             self._size, self._named = max(ids, default=-1) + 1, len(ids)
             self._largest_id = self._size - 1  # above vocab_size - 1 only in a run from before sizes counted to it
