@@ -993,6 +993,8 @@ def test_the_stop_signal_is_sigterm_where_any_process_received_one():
     assert stop_signal([signal.SIGTERM, signal.SIGINT]) == signal.SIGTERM
     assert stop_signal([None, signal.SIGINT]) == signal.SIGINT
     assert stop_signal([None, signal.SIGTERM]) == signal.SIGTERM
+    assert stop_signal([signal.SIGINT, signal.SIGUSR1, signal.SIGHUP]) == signal.SIGUSR1  # SLURM's --signal
+    assert stop_signal([signal.SIGHUP, signal.SIGTERM]) == signal.SIGTERM
 
 
 @pytest.mark.parametrize(("world", "code", "message"), [

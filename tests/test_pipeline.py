@@ -1312,6 +1312,30 @@ def test_sigterm_sent_twice_stops_the_run_at_a_step_boundary_with_its_checkpoint
     assert events[-1] == {"event": "interrupted", "step": 3}
 
 
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGUSR1", "SIGUSR2"])
+def test_a_hangup_or_a_schedulers_user_signal_stops_the_run_with_its_checkpoint(tmp_path, monkeypatch, name):
+    """SIGHUP (a terminal closed without nohup) and SIGUSR1/SIGUSR2 (SLURM's --signal, scancel --signal) ended a
+    training at once, silently, with no checkpoint (resume started at step 0). In the loop they stop it as SIGTERM
+    does, with the status a shell reports for the signal; ignored (nohup), SIGHUP stays ignored."""
+    import signal
+
+    signum = getattr(signal, name)
+    data = write_corpus(tmp_path / "c")
+    configs = tiny_configs(data, max_steps=6, eval_every=5)
+    previous = signal.signal(signum, signal.SIG_DFL)  # (as in a process of its own)
+    try:
+        signal_during_step(2, monkeypatch, signum)
+        with pytest.raises(Interrupted, match=f"^stopped by {name} at step 3; checkpoint saved") as stopped:
+            train(tmp_path / "run", *configs, quiet=True)
+        assert stopped.value.exit_code == 128 + signum and signal.getsignal(signum) is signal.SIG_DFL
+        assert ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)["step"] == 3
+        if name == "SIGHUP":
+            signal.signal(signum, signal.SIG_IGN)
+            assert train(tmp_path / "nohup", *configs, quiet=True)["steps"] == 6
+    finally:
+        signal.signal(signum, previous)
+
+
 def test_ctrl_c_stops_a_python_sweep_that_catches_exception(tmp_path, monkeypatch):
     """A sweep in Python that goes on to its next run when one fails (``except Exception``) went on after Ctrl-C too:
     the stop was a UserError. It is a KeyboardInterrupt now, which ``except Exception`` lets through, with its line

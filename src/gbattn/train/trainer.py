@@ -81,7 +81,7 @@ class TrainingDiverged(UserError):
 
 
 class TrainingInterrupted(Interrupted):
-    """SIGINT or SIGTERM: a checkpoint was saved at a step boundary; ``--resume`` continues."""
+    """SIGINT, SIGTERM or another stopping signal: a checkpoint was saved at a step boundary; ``--resume`` continues."""
 
 
 def learning_rate(step: int, cfg: TrainConfig, total_steps: int, warmup: int) -> float:
@@ -226,8 +226,15 @@ def _finite_amount(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
 
 
+# Signals whose default ends a process at once, silently, that schedulers and terminals send to a training: SIGHUP (a
+# terminal closed without nohup), SIGUSR1 and SIGUSR2 (SLURM's --signal and scancel --signal: time is running out).
+# Inside the training loop each stops the run as SIGTERM does, with its checkpoint (it ended without one).
+STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGHUP", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
+
+
 class _StopFlag:
-    """SIGINT/SIGTERM ask the loop to checkpoint and stop at the next step boundary; a second Ctrl-C stops at
+    """SIGINT/SIGTERM (and :data:`STOPPING_SIGNALS` where their handler is the default) ask the loop to checkpoint
+    and stop at the next step boundary; a second Ctrl-C stops at
     once (as cli reports it: 130). A repeated SIGTERM asks again and changes nothing: machines send it, often
     more than once (the kernel sends a torchrun worker's or a comparison's run's parent-death SIGTERM once per
     thread of the dying parent; a scheduler and torchrun each send one), and a process that took the second
@@ -248,9 +255,10 @@ class _StopFlag:
                 self.signum = signum
             self.requested = True
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(sig) is signal.SIG_IGN:
-                continue
+        for sig in (signal.SIGINT, signal.SIGTERM, *STOPPING_SIGNALS):
+            now = signal.getsignal(sig)
+            if now is signal.SIG_IGN or sig in STOPPING_SIGNALS and now is not signal.SIG_DFL:
+                continue  # (nohup's SIGHUP ignored, and a caller's own handler of the others, stay)
             with contextlib.suppress(ValueError):  # not the main thread
                 self._old[sig] = signal.signal(sig, handler)
         return self
@@ -1113,17 +1121,20 @@ class Trainer:
     @staticmethod
     def _interrupted(signum: int, detail: str) -> TrainingInterrupted:
         """The one-line error of a run stopped by signal ``signum``, with the status a shell reports for it
-        (130 for SIGINT, 143 for SIGTERM)."""
-        how = "terminated" if signum == signal.SIGTERM else "interrupted"
+        (130 for SIGINT, 143 for SIGTERM, 128 + the number of another)."""
+        how = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}.get(
+            signum, f"stopped by {signal.Signals(signum).name}")
         error = TrainingInterrupted(f"{how} {detail}")
         error.exit_code = 128 + int(signum)
         return error
 
     def _stop_signal(self, stop) -> int:
         """The signal that stopped every process, the same on each (a collective): SIGTERM where any process
-        received one, else SIGINT; one process alone may have been sent it."""
+        received one, else the first process's other stopping signal (SIGHUP, SIGUSR1, ...), else SIGINT; one process
+        alone may have been sent it."""
         received = self.dist.gather(stop.signum if stop.requested else None)
-        return signal.SIGTERM if signal.SIGTERM in received else signal.SIGINT
+        return signal.SIGTERM if signal.SIGTERM in received else next(
+            (signum for signum in received if signum in STOPPING_SIGNALS), signal.SIGINT)
 
     def _other_arithmetic(self) -> list[str]:
         """How the resumed checkpoint was trained otherwise than this run trains, each with how to resume as it ran:
