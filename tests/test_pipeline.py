@@ -1336,6 +1336,22 @@ def test_a_hangup_or_a_schedulers_user_signal_stops_the_run_with_its_checkpoint(
         signal.signal(signum, previous)
 
 
+def test_a_log_that_cannot_be_written_does_not_end_the_training(tmp_path, monkeypatch):
+    """stderr that refuses writes (`2>/dev/full`, a terminal gone after a hangup): the progress and evaluation lines
+    are dropped and the run trains on to its end. The evaluation's line came before its checkpoint, and failing
+    there it ended the run with status 1, that evaluation's checkpoint lost."""
+    import errno
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    data = write_corpus(tmp_path / "c")
+    monkeypatch.setattr(sys, "stderr", Full())
+    result = train(tmp_path / "run", *tiny_configs(data, max_steps=6, eval_every=3, log_every=1), quiet=False)
+    assert result["steps"] == 6 and ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)["step"] == 6
+
+
 def test_ctrl_c_stops_a_python_sweep_that_catches_exception(tmp_path, monkeypatch):
     """A sweep in Python that goes on to its next run when one fails (``except Exception``) went on after Ctrl-C too:
     the stop was a UserError. It is a KeyboardInterrupt now, which ``except Exception`` lets through, with its line

@@ -38,7 +38,7 @@ class Progress:
             self._last = time.monotonic()
             of = "" if self.total is None else f"/{self.total}"
             parts = (f"{self.desc}: {self.n}{of} {self.unit}s", self.postfix, self._eta())
-            print(" ".join(part for part in parts if part), file=sys.stderr, flush=True)
+            self._say(" ".join(part for part in parts if part))
 
     def _eta(self) -> str:
         """'eta M:SS' at the rate since the start (what tqdm's bar shows), while the total is ahead."""
@@ -51,9 +51,21 @@ class Progress:
         if self.disable:
             return
         if self._bar is not None:
-            self._bar.write(message, file=sys.stderr)  # (tqdm's own default is stdout: a piped output took it)
+            try:
+                self._bar.write(message, file=sys.stderr)  # (tqdm's own default is stdout: a piped output took it)
+            except OSError:
+                self.disable = True
         else:
-            print(message, file=sys.stderr, flush=True)
+            self._say(message)
+
+    def _say(self, line: str) -> None:
+        """``line`` on stderr; where stderr cannot be written (a full disk under a log file, a terminal gone after
+        a hangup), no more lines: a progress line that fails must not end the work it reports on (a training
+        lost its evaluation's checkpoint so, ending with status 1 and no word)."""
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except OSError:
+            self.disable = True
 
     def close(self) -> None:
         if self._bar is not None:

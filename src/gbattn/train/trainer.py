@@ -1000,11 +1000,11 @@ class Trainer:
         self.curve.append(point)
         self.elapsed += time.perf_counter() - t0
         self._log({"event": "eval", "split": "valid", **point, "best": improved, "elapsed": self.elapsed})
+        self._save()  # (before the line: a line that cannot be written lost the evaluation's checkpoint)
         if self.show:
             self.bar.write(
                 f"step {self.step}: valid loss {res.loss:.4f} ppl {res.ppl:.2f}{' (best)' if improved else ''}"
             )
-        self._save()
 
     # -- the loop ------------------------------------------------------------------
     def run(self) -> dict:
