@@ -1121,6 +1121,14 @@ def test_params_residual_option_reaches_the_model(capsys):
     assert record["parameters"] == expected != 7_419_392
 
 
+def test_list_under_python_oo_says_docstrings_are_stripped():
+    """python -OO strips docstrings, where `gbattn list` takes each variant's description: it blamed every variant's
+    file ("its file has no docstring")."""
+    out = subprocess.run([sys.executable, "-OO", "-m", "gbattn", "list"], capture_output=True, text=True, timeout=300,
+                         check=True).stdout
+    assert "  boosted       (no description: python -OO strips docstrings)" in out and "its file" not in out
+
+
 def test_list_shows_option_defaults_as_json_kv_heads_and_every_recipe(capsys):
     """`gbattn list`: an option's default as JSON (a string quoted, None as null), K/V heads of a GQA
     preset, and one line per comparison recipe, its description aligned with the others."""

@@ -134,7 +134,9 @@ def describe_variants() -> list[dict]:
     rows = []
     for name, cls in VARIANTS.items():
         doc = ((sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip().splitlines() or [""])[0]
-        doc = doc.rstrip(":.") + "." if doc else "(no description: its file has no docstring)"
+        doc = doc.rstrip(":.") + "." if doc else ("(no description: python -OO strips docstrings)" if
+                                                  sys.flags.optimize >= 2 else "(no description: its file has no "
+                                                                                 "docstring)")
         fields = dataclasses.fields(cls.Options)
         opts = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory()) for f in fields}
         choices = {f.name: list(f.metadata["choices"]) for f in fields if "choices" in f.metadata}
