@@ -2021,6 +2021,26 @@ def test_a_full_disk_while_building_the_token_cache_is_one_line_and_leaves_nothi
     assert list((tmp_path / "cache" / "tokens").iterdir()) == []
 
 
+def test_a_token_cache_entry_this_user_cannot_read_is_one_line_before_any_encoding(tmp_path, monkeypatch, capsys):
+    """Another user's entry in a shared cache, made under umask 077: the corpus was encoded again, then "cannot be
+    read back after writing it; delete it", which this user cannot. One line now, before encoding (the tests run as
+    root, whom permissions do not stop: os.access stands in for another user's)."""
+    from gbattn.data import tokens
+
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    argv = ["train", "--out", tmp_path / "run", "--data", write_corpus(tmp_path / "c"), "--tokenizer", "char",
+            "--quiet", "--set", "max_steps=1"]
+    assert run_cli(capsys, argv)[0] == 0
+    (entry,) = (tmp_path / "cache" / "tokens").iterdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path).name != "meta.json" and real_access(path, mode))
+    monkeypatch.setattr(tokens, "_encode_split", lambda *a: pytest.fail("encoded again"))
+    code, _, err = run_cli(capsys, [*argv[:2], tmp_path / "run2", *argv[3:]])
+    assert one_line(code, err) == (f"gbattn: error: the token cache entry {entry} cannot be read by this user (another "
+                                   f"user's, in a shared cache?): set GBATTN_CACHE to a directory of your own, or ask "
+                                   f"its owner to make it readable")
+
+
 def test_the_token_cache_over_the_file_size_limit_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
     """A token cache file over the file-size limit (`ulimit -f`, a quota; a full disk alike) printed numpy's own
     words, `gbattn: error: 104077 requested and 10240 written` (its OSError holds no errno, so it was not told from

@@ -167,6 +167,13 @@ def _cached(directory: Path, dtype: np.dtype, vocab_size: int, key: str) -> dict
     # (nothing there: nothing to remove; removing "it" anyway deleted another process's entry renamed into place
     # between the two)
     exists = directory.exists()
+    if exists and directory.is_dir() and not all(os.access(path, os.R_OK) for path in (
+            directory, *(directory / name for name in ("meta.json", *(f"{s}.bin" for s in SPLITS))
+                         if (directory / name).exists()))):
+        # (another user's entry in a shared cache, made under umask 077: it was encoded again, then "cannot be read
+        # back after writing it; delete it", which this user cannot)
+        raise DataError(f"the token cache entry {directory} cannot be read by this user (another user's, in a shared "
+                        f"cache?): set GBATTN_CACHE to a directory of your own, or ask its owner to make it readable")
     cached = _read_cache(directory, dtype, vocab_size, key) if exists else None
     if cached is None and (exists or directory.is_symlink()):
         if directory.is_dir() and not directory.is_symlink():
