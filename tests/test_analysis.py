@@ -679,6 +679,26 @@ def test_analyze_gba_in_some_layers_only(tmp_path, monkeypatch, layers):
         assert_png(tmp_path / "a" / f"{name}.png")
 
 
+def test_analyze_calls_the_paper_gates_its_own_models_beside_another_depth_or_gate(tmp_path, monkeypatch, capsys,
+                                                                                     drawn):
+    """GBA in the first 4 of 8 layers, or a 4-layer run with the scalar gate: the paper's per-layer gate means are
+    its own 4-layer linear-gate model's, not this run's, and analyze's printout and gates figure call them so (given
+    no depth, or no attention options, the label took such a run for the paper's shape: plain "paper")."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    data = write_corpus(tmp_path / "corpus")
+    for name, sets in (("deep", {"n_layers": 8, "attn.layers": [0, 1, 2, 3]}),
+                       ("scalar", {"n_layers": 4, "attn.gate": "scalar"})):
+        train(tmp_path / name, *tiny_configs(data, "boosted", **{**SHORT, "max_steps": 2, "eval_every": 2, **sets}),
+              quiet=True)
+        out = tmp_path / f"{name}-analysis"
+        assert cli_main(["analyze", str(tmp_path / name), "--out", str(out), "--max-rows", "2", "--quiet",
+                         "--device", "cpu"]) == 0
+        printed = capsys.readouterr().out
+        assert "    paper (its 4-layer M=2 model): 0.35 / 0.48 / 0.41 / 0.43 (revision" in printed, (name, printed)
+        labels = {line.get_label() for line in drawn["gates"].axes[1].get_lines()}
+        assert "paper (its 4-layer M=2 model)" in labels and "paper" not in labels, (name, labels)
+
+
 def test_analyze_differential_counts_its_half_as_many_maps(tmp_path, monkeypatch):
     """Differential attention records H/2 maps per round: per-head entropies come in H/2 (they were
     broadcast onto H, or failed for H > 2), and the mean is over those maps; the model still has H heads."""

@@ -1062,6 +1062,36 @@ def test_a_report_row_keeps_each_runs_losses_devices_norm_and_the_published_valu
     assert "Published: a paper." in md and row["residual"] == "attnres-block"
 
 
+def test_a_row_compiled_on_some_seeds_only_says_its_tokens_per_s_count_the_compiling(tmp_path):
+    """gba-m2's seed 1 trained eager and its seed 2 compiled: the row's tokens/s and wall-clock (means over its seeds)
+    count seed 2's compiling, so the row is compiled and results.md says so; compiled when any run is, not only when
+    every run is, nor as its first run is."""
+    from gbattn.experiments.recipes import ModelSpec, Recipe
+    from gbattn.experiments.report import write_results
+
+    recipe = Recipe("r", "a test (10 steps)", "cpu-char", [ModelSpec("standard"), ModelSpec("gba-m2", "boosted")])
+    results = {"standard": {seed: {**_run_result(10.0, 60.0), "compiled": False} for seed in (1, 2)},
+               "gba-m2": {1: {**_run_result(9.0, 60.0), "compiled": False},
+                          2: {**_run_result(9.5, 60.0), "compiled": True}}}
+    report = write_results(tmp_path, recipe, {"data": "x", "seeds": [1, 2], "sets": {}}, recipe.models, results)
+    assert [r["compiled"] for r in report["models"]] == [False, True]
+    assert ("\ntokens/s and wall-clock of gba-m2 count torch.compile's compiling (once for each leg of a run that "
+            "trained compiled).\n") in (tmp_path / "results.md").read_text()
+
+
+def test_a_runs_result_json_whose_compiled_is_a_number_is_refused(tmp_path):
+    """result.json's compiled (whether its time and tokens/s count torch.compile's compiling) is true or false, as
+    gbattn writes it: an edited or hand-made 1 was taken as true by the comparison reading it; refused as "yes" is."""
+    from gbattn.errors import CheckpointError
+
+    for value in (1, 0):
+        rundir.write_result(tmp_path, {**_run_result(10.0, 60.0), "compiled": value})
+        with pytest.raises(CheckpointError, match=f"result.json: compiled={value} must be true or false"):
+            rundir.read_result(tmp_path / rundir.RESULT)
+    rundir.write_result(tmp_path, {**_run_result(10.0, 60.0), "compiled": False})
+    assert rundir.read_result(tmp_path / rundir.RESULT)["compiled"] is False
+
+
 def test_a_report_row_lists_its_seeds_in_numeric_order_whatever_order_they_finished_in(tmp_path):
     """Runs finish in any order (--jobs, --seeds 123 7 42): the row's seeds and per-seed values are in
     numeric seed order all the same."""

@@ -170,6 +170,29 @@ def test_a_failing_compiler_is_one_line_naming_its_error_and_the_way_round(tmp_p
     assert (code, err) == (2, expected.format(""))
 
 
+def test_a_comparisons_failing_compile_is_one_line_naming_its_set_and_under_gbattn_debug_a_traceback(
+        tmp_path, monkeypatch, capsys):
+    """torch.compile failing with an error of dynamo's own (InvalidBackend here), not a backend's wrapped in
+    BackendCompilerFailed, is the one line too, and `gbattn compare` (whose runs take no --no-compile) names its own
+    way round, --set compile=false. With GBATTN_DEBUG=1 it ends in the traceback, as every other error does."""
+    from torch._dynamo.exc import InvalidBackend
+
+    original = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: original(model, backend="no-such-backend"))
+    data = write_corpus(tmp_path / "c", lines_per_split=(200, 30, 30))
+    argv = ["compare", "--recipe", "cpu-char", "--only", "standard", "--seeds", "1", "--data", data, "--quiet",
+            "--set", "compile=true", "--set", "max_steps=2", "--set", "n_layers=1", "--set", "d_model=32",
+            "--set", "n_heads=2", "--set", "threads=1", "--set", "eval_every=2"]
+    code, _, err = run_cli(capsys, [*argv, "--out", tmp_path / "cmp"])
+    assert (code, err.splitlines()[-1]) == (2, (
+        "gbattn: error: torch.compile failed: InvalidBackend: Invalid backend: 'no-such-backend', see "
+        "`torch._dynamo.list_backends()` for available backends.: run without compiling (--set compile=false); on a "
+        "CPU it needs a working C++ compiler (README, \"Compiled vs eager\")")), err
+    monkeypatch.setenv("GBATTN_DEBUG", "1")
+    with pytest.raises(InvalidBackend, match="no-such-backend"):
+        run_cli(capsys, [*argv, "--out", tmp_path / "debug"])
+
+
 def test_a_run_with_any_compiled_leg_says_it_compiled(tmp_path, monkeypatch):
     """result.json's `compiled` (its time and tokens/s count the compiling: results.md says so) said the last leg's:
     false of a run trained compiled, stopped, and finished eager. Any leg's now, kept in the checkpoint."""
@@ -193,6 +216,49 @@ def test_a_run_with_any_compiled_leg_says_it_compiled(tmp_path, monkeypatch):
     state = rundir.load_checkpoint(path)
     assert state["trained_on"]["compiled"] is False and state["ever_compiled"] is True
     assert train(tmp_path / "run", resume=True, quiet=True, overrides={"compile": False})["compiled"] is True
+
+
+def test_a_checkpoint_from_before_ever_compiled_was_kept_remembers_a_compiled_leg(tmp_path, monkeypatch, capsys):
+    """A checkpoint of a gbattn from before `ever_compiled` was kept records its leg's compiling in trained_on alone:
+    one trained compiled and resumed eager has a compiled leg, so result.json says "compiled": true (its time and
+    tokens/s count the compiling). The resume's warning tells a comparison's run the --set compile= that resumes it
+    as it ran: true, as it trained."""
+    from gbattn import rundir
+
+    data = write_corpus(tmp_path / "c", lines_per_split=(200, 30, 30))
+    run = tmp_path / "run"
+    with killed_at(5, monkeypatch), pytest.raises(RuntimeError, match="simulated kill"):
+        train(run, *tiny_configs(data, compile=False, max_steps=8, eval_every=4, threads=1, dropout=0.0), quiet=True,
+              extra={"label": "gba-m2"})
+    path = run / rundir.CHECKPOINT
+    state = rundir.load_checkpoint(path)
+    del state["ever_compiled"]
+    state["trained_on"]["compiled"] = True  # (its first leg trained compiled)
+    torch.save(state, path)
+    capsys.readouterr()
+    result = train(run, resume=True, quiet=True, overrides={"compile": False})
+    assert result["compiled"] is True
+    assert rundir.read_result(run / rundir.RESULT)["compiled"] is True
+    assert ("was trained compiled and this run trains eager (resume with --compile; a comparison's: --set "
+            "compile=true): it goes on, but not exactly") in capsys.readouterr().err
+
+
+def test_a_runs_folder_name_reaches_the_terminal_escaped_in_its_training_lines(tmp_path, capsys):
+    """An escape sequence in a run's folder name (a received or scripted name) went raw into the progress line, the
+    final summary line and a finished run's "nothing to resume" line: a terminal took it as a command. Each is
+    written as text, ``\\x1b``, as every other line naming the folder is."""
+    data = write_corpus(tmp_path / "c", lines_per_split=(200, 30, 30))
+    run = tmp_path / "run\x1b[31m"
+    train(run, *tiny_configs(data, compile=False, max_steps=4, eval_every=4, threads=1))
+    printed = capsys.readouterr()
+    assert "\x1b" not in printed.out + printed.err
+    assert "train run\\x1b[31m: 4/4 steps" in printed.err, printed.err
+    assert f"{tmp_path}/run\\x1b[31m: best valid ppl " in printed.out, printed.out
+    train(run, resume=True)
+    printed = capsys.readouterr()
+    assert "\x1b" not in printed.out + printed.err
+    assert (f"{tmp_path}/run\\x1b[31m finished at step 4 (its result.json): nothing to resume; --restart trains it "
+            f"again\n") in printed.out
 
 
 def test_a_prompt_that_fills_the_block_gets_no_decode_step():

@@ -481,9 +481,11 @@ def test_texts_read_from_received_files_reach_the_report_and_terminal_escaped(tm
     report = report_of([model_row("standard", {"42": 100.0})])
     report["models"][0]["device"] = f"cpu{hostile}"
     report["commands"] = [f"gbattn compare --recipe cpu-char {hostile}"]
+    report["data"] = f"data{hostile}"  # (a received recipe.json's data path)
     markdown = results_markdown(report)
     assert "\x1b" not in markdown and "\x07" not in markdown
     assert "Command: `gbattn compare --recipe cpu-char \\x1b]0;TITLE\\x07\\x1b[2J`" in markdown
+    assert "Data: `data\\x1b]0;TITLE\\x07\\x1b[2J` · seeds 42, 123" in markdown
     assert "hardware: cpu\\x1b]0;TITLE\\x07\\x1b[2J" in markdown
     summary = analysis_summary(0.22)
     summary["run_dir"] = f"run{hostile}"
@@ -491,6 +493,26 @@ def test_texts_read_from_received_files_reach_the_report_and_terminal_escaped(tm
     printed = capsys.readouterr().out
     assert "\x1b" not in printed and "analyzed run\\x1b]0;TITLE" in printed
     assert f"summary: {tmp_path}/a\\x1b]0;TITLE\\x07\\x1b[2J/summary.json" in printed
+    # plot's line naming the figures it wrote, into a folder of such a name
+    compare_dir = paired_runs(tmp_path / "cmp")
+    (compare_dir / "results.json").write_text(json.dumps(report_of(
+        [model_row("standard", {"42": 100.0}), model_row("gba-m2", {"42": 96.0})])))
+    figs = tmp_path / f"figs{hostile}"
+    assert cli_main(["plot", str(compare_dir), "--out", str(figs)]) == 0
+    printed = capsys.readouterr().out
+    shown = f"{tmp_path}/figs\\x1b]0;TITLE\\x07\\x1b[2J"
+    assert "\x1b" not in printed and printed == f"figures: {shown}/results.png, {shown}/curves.png\n"
+
+
+def test_printable_text_escapes_a_newline_and_a_tab_and_keeps_spaces():
+    """printable_text writes a text read from a file (a received result.json's device, a folder's name) into
+    results.md and onto the terminal: a newline or a tab in it is not printable either (kept raw, a newline broke
+    the line it was in, in two), so each is escaped as an escape sequence is; a space stays as it is."""
+    from gbattn.terminal import printable_text
+
+    assert printable_text("a\nb") == "a\\nb"
+    assert printable_text("a\tb c") == "a\\tb c"
+    assert printable_text("\x1b[31m red") == "\\x1b[31m red"
 
 
 def test_print_summary_of_a_gba_run_against_another_line_by_line(tmp_path, capsys):
@@ -1534,6 +1556,8 @@ def test_gate_figure_error_bars_are_the_std_and_paper_markers_sit_at_their_layer
     assert label({"per_layer": every}, paper, 4, "boosted") == "paper"
     assert label({"per_layer": every}, paper, 8, "boosted (layers=[0, 1, 2, 3])") == "paper (its 4-layer M=2 model)"
     assert label({"per_layer": every}, paper, 4, "boosted (gate=scalar)") == "paper (its 4-layer M=2 model)"
+    assert label({"per_layer": every}, paper, 4, "boosted (gate=mlp)") == "paper (its 4-layer M=2 model)"
+    assert label({"per_layer": every}, paper, 4, "boosted (rounds=2, gate=linear)") == "paper"
     assert label({"per_layer": every + [{**rows[0], "round": 2}]}, paper, 4) == "paper (its 4-layer M=2 model)"
     drawn = figures.gates_figure({"per_layer": rows}, {**paper, "gate_mean_per_layer_revised": [0.3] * 4}, "",
                                  label({"per_layer": rows}, paper, 4))

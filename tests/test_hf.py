@@ -2699,15 +2699,28 @@ def test_lm_eval_refuses_a_tokenizer_naming_no_end_of_text_token(trained, capsys
 def test_lm_eval_refuses_a_tokenizer_config_naming_a_file_elsewhere(trained, capsys, tmp_path):
     """A received export whose tokenizer_config.json says `"tokenizer_file": "/dev/zero"`: transformers 4.x read it
     until the memory ran out (and a bare name from the current folder, not the export's). A `*_file` setting is
-    refused in one line (gbattn export writes none)."""
+    refused in one line (gbattn export writes none): a slow tokenizer's vocab_file and merges_file too."""
     _, out = trained
-    for i, value in enumerate(("/dev/zero", "../elsewhere/tokenizer.json", "tokenizer.json", 7)):
-        damaged = copy_with_json_changed(out, tmp_path / f"damaged{i}", "tokenizer_config.json",
-                                         tokenizer_file=value)
+    tokenizer_files = ("/dev/zero", "../elsewhere/tokenizer.json", "tokenizer.json", 7)
+    settings = [*(("tokenizer_file", value) for value in tokenizer_files), ("vocab_file", "/dev/zero"),
+                ("merges_file", "../elsewhere/merges.txt")]
+    for i, (key, value) in enumerate(settings):
+        damaged = copy_with_json_changed(out, tmp_path / f"damaged{i}", "tokenizer_config.json", **{key: value})
         assert lm_eval_refused(damaged, capsys) == (
-            f"gbattn: error: {damaged / 'tokenizer_config.json'}: tokenizer_file={value!r} names a file for "
+            f"gbattn: error: {damaged / 'tokenizer_config.json'}: {key}={value!r} names a file for "
             f"transformers to read, wherever it is (`gbattn export` writes no such setting); copy the tokenizer files "
             f"from the exported directory\n")
+
+
+def test_an_export_into_a_folder_named_with_an_escape_sequence_says_where_it_went_escaped(trained, capsys, tmp_path):
+    """`gbattn export` (what lm-eval reads) into a folder whose name holds an escape sequence printed the name raw in
+    its line saying where it exported to: a terminal took it as a command. Written as text, ``\\x1b``."""
+    run, _ = trained
+    out = tmp_path / "export\x1b[31m"
+    assert cli_main(["export", str(run), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed
+    assert printed.startswith(f"exported {run} (best weights) to {tmp_path}/export\\x1b[31m; load it with "), printed
 
 
 def test_lm_eval_refuses_tokenizer_files_that_are_not_the_exports(trained, capsys, tmp_path):
