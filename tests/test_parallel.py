@@ -135,11 +135,13 @@ def _two_runs_training(proc: subprocess.Popen, out: Path) -> list[Path]:
     raise AssertionError("two runs did not start training within 2 minutes")
 
 
-@pytest.mark.parametrize("signum, how", [(signal.SIGTERM, "terminated"), (signal.SIGINT, "interrupted")])
+@pytest.mark.parametrize("signum, how", [(signal.SIGTERM, "terminated"), (signal.SIGINT, "interrupted"),
+                                         (signal.SIGUSR1, "stopped by SIGUSR1")])
 def test_a_terminated_comparison_stops_its_runs_and_says_how_to_resume(tmp_path, signum, how):
     """SIGTERM to `compare --jobs 2`: the running children stop (each at its checkpoint), and the
     comparison says so in one line with SIGTERM's exit status 143, instead of vanishing silently.
-    Ctrl-C (SIGINT) says the same with status 130 (it said only "gbattn: interrupted")."""
+    Ctrl-C (SIGINT) says the same with status 130 (it said only "gbattn: interrupted"), and SLURM's SIGUSR1 with
+    138 (it ended the comparison at once, silently; its runs stopped only because their parent died)."""
     proc, out = _start_endless_comparison(tmp_path)
     try:
         _two_runs_training(proc, out)

@@ -1339,7 +1339,8 @@ def test_a_hangup_or_a_schedulers_user_signal_stops_the_run_with_its_checkpoint(
 def test_a_log_that_cannot_be_written_does_not_end_the_training(tmp_path, monkeypatch):
     """stderr that refuses writes (`2>/dev/full`, a terminal gone after a hangup): the progress and evaluation lines
     are dropped and the run trains on to its end. The evaluation's line came before its checkpoint, and failing
-    there it ended the run with status 1, that evaluation's checkpoint lost."""
+    there it ended the run with status 1, that evaluation's checkpoint lost; a note before the first step (a warmup
+    longer than the run) ended it there."""
     import errno
 
     class Full(io.StringIO):
@@ -1348,7 +1349,9 @@ def test_a_log_that_cannot_be_written_does_not_end_the_training(tmp_path, monkey
 
     data = write_corpus(tmp_path / "c")
     monkeypatch.setattr(sys, "stderr", Full())
-    result = train(tmp_path / "run", *tiny_configs(data, max_steps=6, eval_every=3, log_every=1), quiet=False)
+    # (a warmup longer than the run: its note, on stderr before the first step, ended the run there with status 1)
+    configs = tiny_configs(data, max_steps=6, eval_every=3, log_every=1, warmup_steps=100)
+    result = train(tmp_path / "run", *configs, quiet=False)
     assert result["steps"] == 6 and ckpt.load_checkpoint(tmp_path / "run" / ckpt.CHECKPOINT)["step"] == 6
 
 

@@ -5,6 +5,8 @@ Imports nothing of gbattn, so the CLI's error path stays fast."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import unicodedata
 
 
@@ -39,3 +41,11 @@ def in_millions(value: float) -> str:
     a figure under 5,000 printed 0.00)."""
     millions = value / 1e6
     return f"{millions:,.2f}" if millions >= 0.9995 else f"{millions:.3g}"  # (999,999: 1.00, not 1)
+
+
+def note(text: str) -> None:
+    """``text`` on stderr (a warning or note beside the output), dropped where stderr cannot be written (`2>/dev/full`,
+    a terminal gone after a hangup): a note must not end the work it notes on (a training ended at its warmup note
+    with status 1, before its first step)."""
+    with contextlib.suppress(OSError):
+        print(text, file=sys.stderr, flush=True)

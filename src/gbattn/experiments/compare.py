@@ -49,7 +49,8 @@ from gbattn.runtime import (
     portable_argument,
     resolve_device,
 )
-from gbattn.train.trainer import earlier_warmup_rule, fitted_warmup, train
+from gbattn.terminal import note
+from gbattn.train.trainer import STOPPING_SIGNALS, earlier_warmup_rule, fitted_warmup, stop_words, train
 from gbattn.upcycle import upcycle, write_run
 
 
@@ -245,8 +246,8 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         skipped = [f"{kind}-{label}" for label in (matched or []) for kind in ("param-fair", "compute-matched")
                    if only and label in only and f"{kind}-{label}" in labels and f"{kind}-{label}" not in only]
         if skipped:
-            print(f"note: --only leaves out {', '.join(skipped)}, the baselines --matched gives: name them in --only "
-                  f"to train them", file=sys.stderr)
+            note(f"note: --only leaves out {', '.join(skipped)}, the baselines --matched gives: name them in --only "
+                 f"to train them")
         # Model keys a recipe sets per model are applied after --set (spec_configs): refuse them, for every model of
         # the comparison (--set is recorded for all: one given with --only for other models left those refused)
         # (a key as typed: attn.x and attn_options.x name one field, and attn_options={...} sets every option)
@@ -286,9 +287,9 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
             # (it blamed the cores where OMP_NUM_THREADS=1 on a 2-core machine set the one thread)
             source = ("--threads" if threads else "OMP_NUM_THREADS" if omp_threads() is not None
                       else "the cores free to this process")
-            print(f"note: --jobs {jobs} with {in_all} CPU thread{'s' if in_all != 1 else ''} in all ({source}): each "
-                  f"run takes 1 thread, {at_once} in all, more than given (on a CPU, more threads than cores only "
-                  f"slows each run down)", file=sys.stderr)
+            note(f"note: --jobs {jobs} with {in_all} CPU thread{'s' if in_all != 1 else ''} in all ({source}): each "
+                 f"run takes 1 thread, {at_once} in all, more than given (on a CPU, more threads than cores only "
+                 f"slows each run down)")
         run_sets = {**sets, "threads": per_run_threads} if per_run_threads else sets
         # The tokenizer fixes the vocabulary for every model (and warms the token cache once).
         first_configs = [spec_configs(recipe, spec, data, seeds[0], run_sets, None) for spec in specs]
@@ -336,10 +337,14 @@ class _Runner:
         running: dict[tuple[str, int], subprocess.Popen] = {}
         failed: list[str] = []
         unasked = 0  # of the failed: runs that wait for a model this invocation leaves out
-        stopped: list[int] = []  # SIGTERM to this process: stop the children (they checkpoint), then say so
-        previous = None
+        # SIGTERM (and SIGHUP, SIGUSR1, SIGUSR2 where their handler is the default, which ended this process
+        # silently) to this process: stop the children (they checkpoint), then say so
+        stopped: list[int] = []
+        previous = {}
         if self.jobs > 1 and threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
+            for sig in (signal.SIGTERM, *STOPPING_SIGNALS):
+                if sig == signal.SIGTERM or signal.getsignal(sig) is signal.SIG_DFL:
+                    previous[sig] = signal.signal(sig, lambda signum, frame: stopped.append(signum))
         try:
             while (todo or running) and not stopped:
                 for key, proc in list(running.items()):
@@ -373,15 +378,15 @@ class _Runner:
             in_progress = [*running, self.training_here] if self.training_here else list(running)
             interrupted = [f"{label}/seed{seed}" for label, seed in in_progress]
             _stop_children(list(running.values()))
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for sig, old in previous.items():
+                signal.signal(sig, old)
         self.bar.close()
         if stopped:
-            how = "interrupted" if stopped[0] == signal.SIGINT else "terminated"
+            how = stop_words(stopped[0])
             stopped_runs = (f"the runs in progress ({', '.join(interrupted)}) stopped at their last checkpoint"
                             if interrupted else "no run was in progress")
             error = Interrupted(f"compare {how}: {stopped_runs}; rerun the same command to resume")
-            error.exit_code = 128 + int(stopped[0])  # 130 or 143, as a shell reports an interrupted or terminated one
+            error.exit_code = 128 + int(stopped[0])  # 130, 143, ...: as a shell reports the signal
             raise error
         if failed:  # a run waiting for a model not asked for would wait again: its reason says to add it to --only
             retry = "; rerun the same command to retry them" if len(failed) > unasked else ""

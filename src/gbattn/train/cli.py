@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from gbattn import arguments
@@ -171,6 +170,7 @@ def _init_from_trainer(args, init_from: str, sets: dict):
     from gbattn.errors import UserError
     from gbattn.files import portable_path
     from gbattn.runtime import is_first_process
+    from gbattn.terminal import note
     from gbattn.train.trainer import Trainer
 
     if Path(init_from).resolve() == Path(args.out).resolve():  # --restart would delete the weights to start from
@@ -206,8 +206,8 @@ def _init_from_trainer(args, init_from: str, sets: dict):
     preset = source.get("preset") or "paper-small"
     # (README, "Upcycling a trained model"; it was silent; under torchrun, said once)
     if source.get("preset") is None and not args.quiet and is_first_process():
-        print(f"note: {init_from} records no preset: training with paper-small's recipe (lr, warmup, epochs, "
-              f"batch); --set changes any of them", file=sys.stderr)
+        note(f"note: {init_from} records no preset: training with paper-small's recipe (lr, warmup, epochs, "
+             f"batch); --set changes any of them")
     _, train_cfg = build_configs(preset, model_cfg.attn, train_sets.pop("data", None) or source_train.data, train_sets,
                                  tokenizer=source_train.tokenizer)
     train_cfg = train_cfg.replace(init_from=str(init_from), split=source_train.split)

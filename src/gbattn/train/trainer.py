@@ -12,7 +12,6 @@ import math
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -55,7 +54,7 @@ from gbattn.runtime import (
     software_versions,
     use_tf32,
 )
-from gbattn.terminal import printable_text
+from gbattn.terminal import note, printable_text
 from gbattn.train.distributed import (
     DistEnv,
     full_state,
@@ -230,6 +229,12 @@ def _finite_amount(value) -> bool:
 # terminal closed without nohup), SIGUSR1 and SIGUSR2 (SLURM's --signal and scancel --signal: time is running out).
 # Inside the training loop each stops the run as SIGTERM does, with its checkpoint (it ended without one).
 STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGHUP", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
+
+
+def stop_words(signum: int) -> str:
+    """How a stop by signal ``signum`` is said: "interrupted" (SIGINT), "terminated" (SIGTERM), "stopped by SIGHUP"."""
+    return {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}.get(
+        signum, f"stopped by {signal.Signals(signum).name}")
 
 
 class _StopFlag:
@@ -554,16 +559,16 @@ class Trainer:
                 print(printable_text(f"{self.run_dir} has no {rundir.CHECKPOINT} yet: training starts at step 0"))
         # Warnings and changed settings: stderr, apart from the output, and shown under --quiet too.
         if warmup_note and self.main:
-            print(warmup_note, file=sys.stderr)
+            note(warmup_note)
         if other_processes and self.main:
-            print(printable_text(self._other_processes_note()), file=sys.stderr)
+            note(printable_text(self._other_processes_note()))
         if other_arithmetic and self.main:
-            print(printable_text(f"warning: the checkpoint of {self.run_dir} was trained "
-                                 f"{' and '.join(other_arithmetic)}: it goes on, but not exactly as the uninterrupted "
-                                 f"run would (the same sums add up in another order)"), file=sys.stderr)
+            note(printable_text(f"warning: the checkpoint of {self.run_dir} was trained "
+                                f"{' and '.join(other_arithmetic)}: it goes on, but not exactly as the uninterrupted "
+                                f"run would (the same sums add up in another order)"))
         if self.train_cfg.parallel != "ddp" and not self.dist.enabled and self.main:
-            print(f"parallel={self.train_cfg.parallel} applies under torchrun only (torchrun --nproc_per_node N -m "
-                  f"gbattn.cli train ...); this is one process", file=sys.stderr)
+            note(f"parallel={self.train_cfg.parallel} applies under torchrun only (torchrun --nproc_per_node N -m "
+                 f"gbattn.cli train ...); this is one process")
 
     def _check_processes_agree(self) -> None:
         """Under torchrun every process trains the same run: a field given to one process only (a job script that
@@ -1122,9 +1127,7 @@ class Trainer:
     def _interrupted(signum: int, detail: str) -> TrainingInterrupted:
         """The one-line error of a run stopped by signal ``signum``, with the status a shell reports for it
         (130 for SIGINT, 143 for SIGTERM, 128 + the number of another)."""
-        how = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}.get(
-            signum, f"stopped by {signal.Signals(signum).name}")
-        error = TrainingInterrupted(f"{how} {detail}")
+        error = TrainingInterrupted(f"{stop_words(signum)} {detail}")
         error.exit_code = 128 + int(signum)
         return error
 
