@@ -79,9 +79,12 @@ class AttnResStream(nn.Module):
             return sources[0]  # softmax over one source is exactly 1
         # In the stream's dtype (the embedding's; a cheap reduction over depth): under autocast the depth
         # logits and the mixture would be rounded to bf16, while the plain stream's h + sublayer(h) stays
-        # float32 (tests/test_attnres.py). The meta device (count_params, flops_per_token) has no autocast.
+        # float32 (tests/test_attnres.py). The meta device (count_params, flops_per_token) has no autocast; a compiled
+        # model runs on a device that has (torch 2.11's dynamo cannot trace is_autocast_available: compiled decoding
+        # of this stream failed there)
         device = sources[0].device.type
-        with torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext():
+        with torch.autocast(device, enabled=False) if (torch.compiler.is_compiling()
+                                                        or torch.amp.is_autocast_available(device)) else nullcontext():
             sources_NBTD = torch.stack(sources)  # one copy, read by the weights and the sum
             alpha_NBT = self._depth_weights(index, sources_NBTD)
             # (a broadcast product summed over depth: einsum's batched (1 x N) @ (N x D) products, one per position,
