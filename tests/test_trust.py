@@ -4,6 +4,7 @@ line with exit status 2 for every bad input (a table of them, run through the CL
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import gzip
@@ -1318,6 +1319,11 @@ def test_shown_bounds_the_repr_of_a_value_read_from_a_file():
     for _ in range(3000):
         deep = [deep]
     assert shown(deep) == "[[[[...]]]]" and shown(_laughs()).startswith("[[[[...], [...], [...], [...], ...],")
+    # an OrderedDict (torch's safe loader reads one) took the built-in repr, unbounded (of _laughs(): 1.2 GB after
+    # 30 s; here a value of 10**4 items, which that repr writes out whole)
+    some = [[[[0] * 10] * 10] * 10] * 10
+    assert shown(collections.OrderedDict(a=some)) == ("{'a': [[[...], [...], [...], [...], ...], [[...], [...], [...], "
+                                                      "[...], ...], ...")
     assert len(shown(_laughs())) == 80 and len(shown("x" * 10**6, 40)) == 40
     small = (5, "2", None, 1.5, [1, 2], {"a": 1})
     assert [shown(v) for v in small] == [repr(v) for v in small]
@@ -1954,6 +1960,9 @@ def test_a_tokenizer_whose_regex_backtracks_past_its_limit_is_one_data_error():
                                                       "characters of its training text; the tokenizers library: "
                                                       "Missing [UNK] token from the vocabulary)")):
             encode("a b#b")
+    no_unknown.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # a word of 300,000 characters was named whole
+    with pytest.raises(DataError, match=r"^'z{17}\.\.\.z{18}' is not in the tokenizer's vocabulary, which has no "):
+        Tokenizer("hf", no_unknown.to_str()).encode("a " + "z" * 300_000)
 
 
 def test_an_interrupted_tokenization_leaves_no_cache_debris(tmp_path, monkeypatch):

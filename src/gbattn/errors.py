@@ -6,11 +6,22 @@ import reprlib
 import signal
 
 
+class _Bounded(reprlib.Repr):
+    """reprlib's bounded repr, which takes a subclass of dict, list, ... (an OrderedDict, which torch's safe loader
+    reads) as its base class: reprlib gave those the built-in repr, unbounded."""
+
+    def repr1(self, x, level: int) -> str:
+        for base in (dict, list, tuple, set, frozenset):
+            if isinstance(x, base) and type(x) is not base:
+                return getattr(self, f"repr_{base.__name__}")(x, level)
+        return super().repr1(x, level)
+
+
 def shown(value, width: int = 80) -> str:
     """``repr(value)`` for a message about a value read from a file, at most ``width`` characters, and bounded in
     the work it takes: a pickled checkpoint can hold a list of 100 references to a list of 100 references ... (3 KB
     that repr expands to 10**12 items), or one nested thousands deep (a RecursionError)."""
-    short = reprlib.Repr()
+    short = _Bounded()
     short.maxlevel = 3
     short.maxlist = short.maxtuple = short.maxdict = short.maxset = short.maxfrozenset = short.maxdeque = 4
     short.maxstring = short.maxother = width

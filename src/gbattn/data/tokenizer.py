@@ -26,7 +26,7 @@ from itertools import islice
 from pathlib import Path
 
 from gbattn.config import MAX_VOCAB_SIZE, TOKENIZER_CHOICES, TOKENIZER_FILE_KINDS, TOKENIZER_KINDS, unknown_tokenizer
-from gbattn.errors import CheckpointError, DataError, UserError
+from gbattn.errors import CheckpointError, DataError, UserError, shown
 from gbattn.files import (
     atomic_write,
     check_writable_dir,
@@ -246,10 +246,11 @@ class Tokenizer:
             lacking = self._pieces_lacking_a_token(texts) if "Missing [UNK] token" in str(e) else []
             if not lacking:
                 raise
-            raise DataError(f"{', '.join(map(repr, lacking))} {'is' if len(lacking) == 1 else 'are'} not in the "
-                            f"tokenizer's vocabulary, which has no unknown token (a character-level tokenizer knows "
-                            f"only the characters of its training text; the tokenizers library: Missing [UNK] token "
-                            f"from the vocabulary)") from None
+            named = ", ".join(shown(piece, 40) for piece in lacking)  # (a 300 KB unknown word was printed whole)
+            raise DataError(f"{named} {'is' if len(lacking) == 1 else 'are'} not in the tokenizer's vocabulary, which "
+                            f"has no unknown token (a character-level tokenizer knows only the characters of its "
+                            f"training text; the tokenizers library: Missing [UNK] token from the "
+                            f"vocabulary)") from None
 
     def _pieces_lacking_a_token(self, texts: list[str], most: int = 5) -> list[str]:
         """The first ``most`` distinct pieces of ``texts``, as the tokenizer's normalizer and pre-tokenizer cut
