@@ -222,7 +222,8 @@ def test_the_sdist_carries_the_tests_and_everything_they_read(tmp_path):
     """The source distribution holds the repository's tests with their conftest.py, helpers.py and data, and the
     README, docs/, results/ and scripts/ they read (setuptools took the test files alone, so a packager's
     `pytest` in an unpacked sdist stopped at "No module named 'conftest'"); its metadata holds the SPDX license
-    and gbattn.__version__. Built with the environment's setuptools from a copy of the repository."""
+    and gbattn.__version__; a run trained under results/ stays out. Built with the environment's setuptools from a
+    copy of the repository."""
     import subprocess
     import sys
     import tarfile
@@ -234,6 +235,12 @@ def test_the_sdist_carries_the_tests_and_everything_they_read(tmp_path):
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns(
         ".git", ".venv*", "runs", "build", "dist", ".cache", ".device", "__pycache__", "*.egg-info", ".pytest_cache",
         ".lock"))
+    local = copy / "results" / "mine"  # a comparison trained under results/: not the published results
+    for name in ("standard/seed42/checkpoint.pt", "standard/seed42/best.pt", "standard/seed42/metrics.jsonl",
+                 "standard/seed42/config.json", "standard/seed42/result.json", "standard/seed42/tokenizer.json",
+                 "standard/seed42/.lock", "recipe.json"):
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        (local / name).write_text("{}")
     built = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
                             "print(build_meta.build_sdist(sys.argv[1]))", str(tmp_path)],
                            cwd=copy, capture_output=True, text=True, timeout=300)
@@ -242,8 +249,8 @@ def test_the_sdist_carries_the_tests_and_everything_they_read(tmp_path):
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
         info = sdist.extractfile(f"gbattn-{gbattn.__version__}/PKG-INFO").read().decode()
     wanted = {path.relative_to(copy).as_posix() for folder in ("tests", "docs", "results", "scripts", "src/gbattn")
-              for path in (copy / folder).rglob("*") if path.is_file()}
+              for path in (copy / folder).rglob("*") if path.is_file() and not path.is_relative_to(local)}
     assert not wanted - names, sorted(wanted - names)[:10]
     assert {"README.md", "LICENSE", "pyproject.toml", "tests/conftest.py", "tests/helpers.py"} <= names
-    assert not any(name.startswith(".ci/") or "__pycache__" in name for name in names)
+    assert not any(name.startswith((".ci/", "results/mine/")) or "__pycache__" in name for name in names)
     assert f"\nVersion: {gbattn.__version__}\n" in info and "\nLicense-Expression: MIT\n" in info
