@@ -52,7 +52,7 @@ def weight_read_floor(model: GPT):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--preset", default="paper-small")
     parser.add_argument("--attn", nargs="+", default=["standard", "boosted"],
                         help="variants, name or name:key=value,... as gbattn bench takes")

@@ -57,7 +57,7 @@ def decode_step_kernels(preset: str, spec: str) -> dict[str, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--preset", default="paper-small")
     parser.add_argument("--attn", nargs="+", default=["standard", "boosted"],
                         help="variants, name or name:key=value,... as gbattn bench takes (the first is the baseline)")

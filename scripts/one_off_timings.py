@@ -60,7 +60,7 @@ def hub_failure_seconds(offline: bool) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--hub", action="store_true", help="also time the hub's client failing (needs no network)")
     args = parser.parse_args(argv)

@@ -48,7 +48,7 @@ def plateau_exit(metrics: Path, threshold: float) -> tuple[int | None, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--data", required=True)
     parser.add_argument("--out", required=True, help="folder of the probe runs (one per model and seed)")
     parser.add_argument("--seeds", type=int, nargs="+", required=True)

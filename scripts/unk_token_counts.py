@@ -63,7 +63,7 @@ def check_arguments(text: Path, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--train", required=True, help="a corpus folder whose training split trains the BPE")
     parser.add_argument("--text", required=True, help="a WikiText folder whose valid and test splits are encoded")
     parser.add_argument("--vocab-size", type=at_least(1), default=16_384)

@@ -3,6 +3,10 @@ _split_lines that tests/test_cli.py checks) keeps hyphenated and long words whol
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from gbattn.cli import main
@@ -24,3 +28,14 @@ def test_the_description_of_gbattn_help_keeps_its_words_whole_in_a_narrow_termin
         narrow = words(columns)
         assert "Gradient-boosted" in narrow, (columns, narrow)
         assert sorted(set(narrow) - set(wide)) == [], columns
+
+
+SCRIPTS = sorted((Path(__file__).resolve().parent.parent / "scripts").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_every_script_shows_its_help_under_python_oo(script):
+    """python -OO strips docstrings, where each script takes its --help description: five ended in an
+    AttributeError traceback (None.splitlines())."""
+    done = subprocess.run([sys.executable, "-OO", str(script), "--help"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
