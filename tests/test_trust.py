@@ -3231,6 +3231,20 @@ def test_a_missing_data_path_given_is_not_blamed_on_the_runs_record(trained, tmp
     assert "recorded" not in str(error.value)
 
 
+def test_all_finite_checks_every_value_where_the_sum_overflows():
+    """rundir.all_finite takes a tensor's sum first (a NaN or an infinity makes it non-finite) and checks every value
+    where the sum is not finite: finite values whose sum overflows (float32 3e38 + 3e38, float16 60000 + 60000) are
+    finite; NaN, an infinity, and infinities of both signs (a NaN sum) are not; float8 and an empty tensor work."""
+    from gbattn.rundir import all_finite
+
+    nan, inf = float("nan"), float("inf")
+    finite = [torch.tensor([3e38, 3e38]), torch.tensor([6e4, 6e4], dtype=torch.float16), torch.zeros(0),
+              torch.ones(4, dtype=torch.float8_e4m3fn), torch.randn(5, 5, dtype=torch.float64)]
+    damaged = [torch.tensor([1.0, nan]), torch.tensor([3e38, inf]), torch.tensor([1.0, -inf, inf]),
+               torch.tensor([nan], dtype=torch.bfloat16)]
+    assert [all_finite(t) for t in finite] == [True] * 5 and [all_finite(t) for t in damaged] == [False] * 4
+
+
 def test_json_writers_store_no_nan_and_jsonl_readers_keep_objects_only(tmp_path):
     """write_json stores NaN and infinities as null inside tuples as well as lists (JSON has no NaN),
     and read_jsonl keeps only objects: a line holding a list, a number or a string is skipped, and so is one nested

@@ -1347,8 +1347,8 @@ def check_optimizer_moments(model_state: dict, optim_state, optimizer: torch.opt
             if weight is not None and value.shape != weight.shape:
                 raise ValueError(f"the optimizer's {key} of {name} has shape {tuple(value.shape)}, "
                                  f"the weight {tuple(weight.shape)}")
-            if not (value.is_floating_point() and torch.isfinite(value).all()
-                    and (key == "exp_avg" or (value >= 0).all())):
+            if not (value.is_floating_point() and rundir.all_finite(value)
+                    and (key == "exp_avg" or value.numel() == 0 or bool(value.min() >= 0))):
                 raise ValueError(f"the optimizer's {key} of {name} holds {value.dtype} values that are not finite "
                                  f"floating-point numbers{' >= 0' if key == 'exp_avg_sq' else ''}")
         count = param_state["step"]
