@@ -1742,3 +1742,31 @@ def test_a_set_path_value_has_its_tilde_expanded_as_the_set_parser_reads_it(monk
     assert _home("~") == "/home/me" and _home("~root/runs") == os.path.expanduser("~root/runs") != "~root/runs"
     for item in ("init_from", "init_from=runs/~x", "lr=~1", "data=~/d.txt"):  # (data: the corpus reads its own ~)
         assert _home_set(item) == item
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full is Linux's")
+def test_a_stderr_that_refuses_writes_loses_no_result_and_keeps_the_exit_status(tmp_path):
+    """stderr on a full disk (`2>/dev/full`, a terminal gone after a hangup): a note before the work (greedy
+    decoding's, --threads past the cores) ended `generate` and `train` with status 1 and nothing done, and a
+    one-line error's status 2 became 1. Notes and errors that cannot be written are dropped; the work and the
+    status stay."""
+    from gbattn.train.trainer import train
+    from helpers import tiny_configs, write_corpus
+
+    data = write_corpus(tmp_path / "c")
+    train(tmp_path / "run", *tiny_configs(data, max_steps=2, eval_every=2, threads=1), quiet=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    gbattn = [sys.executable, "-m", "gbattn"]
+    with open("/dev/full", "w") as full:
+        def run(*argv):
+            return subprocess.run([*gbattn, *map(str, argv)], stdout=subprocess.PIPE, stderr=full, text=True, env=env,
+                                  timeout=600)
+
+        made = run("generate", tmp_path / "run", "--prompt", "ab", "--max-new-tokens", "4", "--temperature", "0",
+                   "--top-k", "5", "--no-compile")  # (the note: greedy decoding ignores --top-k)
+        assert made.returncode == 0 and made.stdout.startswith("ab"), made
+        trained = run("train", "--out", tmp_path / "more", "--data", data, "--tokenizer", "char", "--quiet",
+                      "--threads", "512", "--set", "max_steps=2", "--set", "n_layers=1", "--set", "d_model=16",
+                      "--set", "n_heads=2")
+        assert trained.returncode == 0 and (tmp_path / "more" / "result.json").is_file(), trained
+        assert run("eval", tmp_path / "nowhere").returncode == 2

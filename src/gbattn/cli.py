@@ -19,7 +19,7 @@ import threading
 from gbattn import arguments
 from gbattn.errors import Interrupted, Terminated, UserError, terminated_handler
 from gbattn.parent_death import stop_with_parent
-from gbattn.terminal import terminal_line
+from gbattn.terminal import note, terminal_line
 
 COMMAND_MODULES = ["gbattn.train.cli", "gbattn.eval.cli", "gbattn.hf_cli", "gbattn.experiments.cli",
                    "gbattn.synthetic.cli", "gbattn.analysis.cli", "gbattn.bench.cli", "gbattn.upcycle"]
@@ -114,7 +114,7 @@ def build_parser() -> arguments.Parser:
 
 
 def _interrupted_while_starting(signum, frame) -> None:
-    print("gbattn: interrupted", file=sys.stderr, flush=True)
+    note("gbattn: interrupted")
     os._exit(130)
 
 
@@ -249,10 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, Interrupted) as e:
         if show_tracebacks():
             raise
-        sys.stderr.write(f"gbattn: error: {terminal_line(str(e))}\n")
+        note(f"gbattn: error: {terminal_line(str(e))}")
         return getattr(e, "exit_code", 2)
     except KeyboardInterrupt as e:
-        print(f"gbattn: {'terminated' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
+        note(f"gbattn: {'terminated' if isinstance(e, Terminated) else 'interrupted'}")
         return 143 if isinstance(e, Terminated) else 130
     except (MemoryError, RuntimeError, ValueError) as e:  # sizes a machine cannot hold (batch, width, samples)
         from gbattn.runtime import compile_failure
@@ -262,12 +262,12 @@ def main(argv: list[str] | None = None) -> int:
             # (a comparison's run trains in a `train` of its own under --jobs: its way named too)
             off = {"compare": "--set compile=false", "train": "--no-compile; a comparison's: --set compile=false"}.get(
                 args.command, "--no-compile")
-            print(f"gbattn: error: {terminal_line(failed)[:300]}: run without compiling ({off}); on a CPU it needs "
-                  f"a working C++ compiler (README, \"Compiled vs eager\")", file=sys.stderr)
+            note(f"gbattn: error: {terminal_line(failed)[:300]}: run without compiling ({off}); on a CPU it needs "
+                 f"a working C++ compiler (README, \"Compiled vs eager\")")
             return 2
         if str(e).startswith(SYMLINK_LOOP) and not show_tracebacks():  # Path.resolve() of links to each other
-            print(f"gbattn: error: {terminal_line(str(e))}: links that lead back to each other name no file or "
-                  f"folder; remove one of them", file=sys.stderr)
+            note(f"gbattn: error: {terminal_line(str(e))}: links that lead back to each other name no file or "
+                 f"folder; remove one of them")
             return 2
         # torch.OutOfMemoryError on CUDA; on CPU the allocator raises a plain RuntimeError, and numpy a ValueError
         # for an array past its largest size (batch_size=2**62 windows), before it asks for the memory
@@ -275,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                 and not (isinstance(e, ValueError) and str(e).startswith(NUMPY_ARRAY_TOO_BIG)) or show_tracebacks()):
             raise
         detail = terminal_line(str(e))[:200]
-        print(f"gbattn: error: out of memory{f' ({detail})' if detail else ''}: choose smaller sizes (batch_size, "
-              f"seq_len, d_model, --num-samples, ...)", file=sys.stderr)
+        note(f"gbattn: error: out of memory{f' ({detail})' if detail else ''}: choose smaller sizes (batch_size, "
+             f"seq_len, d_model, --num-samples, ...)")
         return 2
     except BrokenPipeError:  # `gbattn ... | head`: the reader left; end quietly, with SIGPIPE's status
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         # both names of a rename (atomic_write's temporary file -> the file it replaces, e.g. a directory)
         names = " -> ".join(str(name) for name in (e.filename, e.filename2) if name is not None)
         where = f"{names}: " if names else ""
-        sys.stderr.write(f"gbattn: error: {terminal_line(where + (e.strerror or str(e)))}\n")
+        note(f"gbattn: error: {terminal_line(where + (e.strerror or str(e)))}")
         return 2
     finally:
         if term_default:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from gbattn import arguments
 
 
@@ -79,6 +77,7 @@ def cmd_lm_eval(args) -> None:
         file_identity,
     )
     from gbattn.runtime import command_line, resolve_device, set_threads
+    from gbattn.terminal import note
 
     tasks = list(dict.fromkeys(t.strip() for t in args.tasks.split(",") if t.strip()))  # a task named twice: once
     if not tasks:
@@ -93,8 +92,7 @@ def cmd_lm_eval(args) -> None:
     weights, which = chosen_weights(model, checkpoint)  # (the weights load_run reads: an export has neither file)
     if which != (checkpoint or "best") and weights.is_file():  # (its results file was named as the best weights')
         checkpoint = which
-        print(f"note: {args.model} has no best-validation weights ({BEST}) yet: scoring its last checkpoint",
-              file=sys.stderr)
+        note(f"note: {args.model} has no best-validation weights ({BEST}) yet: scoring its last checkpoint")
     stem = results_stem(tasks, args.limit, args.num_fewshot, checkpoint)
     if not args.output:
         refuse_linked_folder(model / LM_EVAL_DIR, "lm-eval's scores", "--output")

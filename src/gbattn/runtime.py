@@ -16,6 +16,7 @@ from gbattn.arguments import MAX_THREADS
 from gbattn.checks import did_you_mean
 from gbattn.errors import UserError
 from gbattn.files import portable_path
+from gbattn.terminal import note
 
 
 def launched_processes() -> int:
@@ -264,9 +265,8 @@ def set_threads(threads: int | None) -> int:
     cores = core_count(usable_cpus())
     if n > cores and is_first_process():  # (under torchrun: said once, not by every process)
         given = f"threads={threads}" if threads else f"OMP_NUM_THREADS={n}"  # (the free cores: never more)
-        print(f"warning: {given} is more than the {cores} core{'s' * (cores != 1)} this process may use: "
-              f"the threads beyond them take turns on the cores, which slows every step (README, \"Threads\")",
-              file=sys.stderr)
+        note(f"warning: {given} is more than the {cores} core{'s' * (cores != 1)} this process may use: "
+             f"the threads beyond them take turns on the cores, which slows every step (README, \"Threads\")")
     torch.set_num_threads(n)
     return n
 

@@ -47,5 +47,6 @@ def note(text: str) -> None:
     """``text`` on stderr (a warning or note beside the output), dropped where stderr cannot be written (`2>/dev/full`,
     a terminal gone after a hangup): a note must not end the work it notes on (a training ended at its warmup note
     with status 1, before its first step)."""
-    with contextlib.suppress(OSError):
-        print(text, file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # one write: torchrun's processes write unbuffered to one stderr, at once
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()

@@ -43,7 +43,7 @@ from gbattn.runtime import (
     software_versions,
     use_tf32,
 )
-from gbattn.terminal import in_millions, terminal_line
+from gbattn.terminal import in_millions, note, terminal_line
 
 COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
 RECOMPUTED = " · recomputed"  # ... of its row with activation checkpointing (GPT.set_activation_checkpointing)
@@ -389,7 +389,7 @@ def _leave_out_failed_compile(case: Case, cases: list[Case], left_out: dict[str,
     """Record that torch.compile failed on ``case`` (one line on stderr, the reason in the report); the other
     variants are still timed. Without compiled standard, no compiled row has its baseline: all are left out."""
     reason = terminal_line(compile_failure(error))
-    print(f"gbattn: warning: {case.label} left out of the report, {reason[:300]}", file=sys.stderr)
+    note(f"gbattn: warning: {case.label} left out of the report, {reason[:300]}")
     left_out[case.label] = _portable_text(reason)[:300]  # (bench.json and bench.md hold no path of this machine)
     if case.label == "standard" + COMPILED:
         for other in cases:

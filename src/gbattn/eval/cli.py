@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from gbattn import arguments
-from gbattn.terminal import terminal_text
+from gbattn.terminal import note, terminal_text
 
 
 def register(sub) -> None:
@@ -103,9 +103,9 @@ def cmd_eval(args) -> None:
            "loss": res.loss, "ppl": res.ppl, "tokens": res.tokens, "precision": precision}
     tested = tested_precision(run)
     if tested is not None and tested != precision:  # (amp=auto: a GPU run scored on a CPU, unsaid)
-        print(f"note: {run.run_dir} was tested in {tested} (amp={run.train_cfg.amp} on the device it trained on), "
-              f"and is scored here in {precision} on {device.type}: its numbers differ from result.json's in the last "
-              f"digits", file=sys.stderr)
+        note(f"note: {run.run_dir} was tested in {tested} (amp={run.train_cfg.amp} on the device it trained on), "
+             f"and is scored here in {precision} on {device.type}: its numbers differ from result.json's in the last "
+             f"digits")
     if args.split == "test":  # the split scored, as result.json's test_split ("valid" where the data has no test)
         out["test_split"] = tested_split(data.notes)
     other_data = other_data_note(run, data)
@@ -171,8 +171,8 @@ def cmd_generate(args) -> None:
     device = resolve_device(args.device or "auto")
     run = load_run(args.run_dir, args.checkpoint, device)
     if args.checkpoint != "last" and run.checkpoint == "last":  # (load_run's fallback, which eval and analyze name)
-        print(f"note: {args.run_dir} has no best-validation weights (best.pt): generating from the last checkpoint, "
-              f"step {run.step}", file=sys.stderr)
+        note(f"note: {args.run_dir} has no best-validation weights (best.pt): generating from the last checkpoint, "
+             f"step {run.step}")
     try:
         ids = run.tokenizer.encode(args.prompt)
     except DataError as e:  # (the line named neither the prompt nor the option)
@@ -182,10 +182,9 @@ def cmd_generate(args) -> None:
     unknown = ids.count(run.tokenizer.unknown_id) if run.tokenizer.unknown_id is not None else 0
     if unknown:  # the prompt shown has <unk> where the user typed other text: say why, as the tokenizer spells it
         unk = run.tokenizer.decode([run.tokenizer.unknown_id]).strip() or "<unk>"  # ([UNK]: it said <unk>)
-        print(f"note: {unknown} of the prompt's {len(ids)} token{'s' if len(ids) != 1 else ''} "
-              f"{'is' if unknown == 1 else 'are'} {unk} (text this tokenizer never saw in "
-              f"training, or {unk} itself); the model reads them as {unk}, and the text shown has {unk} in their place",
-              file=sys.stderr)
+        note(f"note: {unknown} of the prompt's {len(ids)} token{'s' if len(ids) != 1 else ''} "
+             f"{'is' if unknown == 1 else 'are'} {unk} (text this tokenizer never saw in "
+             f"training, or {unk} itself); the model reads them as {unk}, and the text shown has {unk} in their place")
     try:
         stop_at = StopStrings(run.tokenizer.decode, args.stop) if args.stop else None
     except DataError as e:  # (text that is not UTF-8, named as --prompt's is)
@@ -196,9 +195,9 @@ def cmd_generate(args) -> None:
                                            ("--seed", args.seed is not None)) if given]
         same = f"the {args.num_samples} samples are the same" if args.num_samples > 1 else ""
         if unused or same:
-            print(f"note: --temperature {args.temperature:g} decodes greedily: "
-                  + "; ".join(filter(None, [f"{' and '.join(unused)} change{'s' if len(unused) == 1 else ''} nothing"
-                                            if unused else "", same])), file=sys.stderr)
+            note(f"note: --temperature {args.temperature:g} decodes greedily: "
+                 + "; ".join(filter(None, [f"{' and '.join(unused)} change{'s' if len(unused) == 1 else ''} nothing"
+                                           if unused else "", same])))
     idx = torch.tensor([ids] * args.num_samples, device=device)
     step, how = decoder_for(run.model, compile=False if args.no_cache else args.compile,
                             max_new_tokens=args.max_new_tokens, prompt_length=len(ids))
@@ -207,7 +206,7 @@ def cmd_generate(args) -> None:
         why = (f"the prompt of {len(ids)} tokens fills block_size={block}, so every token recomputes the context"
                if len(ids) >= block else f"{args.max_new_tokens} new token{'s' if args.max_new_tokens != 1 else ''} "
                f"take{'s' if args.max_new_tokens == 1 else ''} no cached step")
-        print(f"note: --compile compiles the cached decode step, and {why}: nothing is compiled", file=sys.stderr)
+        note(f"note: --compile compiles the cached decode step, and {why}: nothing is compiled")
     # A bar for long generations only (one token per step for the whole batch).
     bar = Progress(args.max_new_tokens, desc="generating", unit="token", disable=args.max_new_tokens < 1000)
     made = []  # when each new token was made: a compiled step compiles on its first call, before the second token
@@ -235,7 +234,7 @@ def cmd_generate(args) -> None:
         partial = getattr(stop, "partial_BT", None)
         if partial is not None:
             show(partial)
-            print(f"note: stopped after {len(made):,} of {args.max_new_tokens:,} new tokens", file=sys.stderr)
+            note(f"note: stopped after {len(made):,} of {args.max_new_tokens:,} new tokens")
         raise
     if device.type == "cuda":  # the tokens are queued, not made, until the GPU is done
         torch.cuda.synchronize(device)
@@ -244,12 +243,12 @@ def cmd_generate(args) -> None:
     bar.close()
     show(out)
     if run.tokenizer.kind == "bpe":
-        print("note: the paper's BPE keeps no word boundaries, so its pieces are shown separated by spaces "
-              "(README, 'Data')", file=sys.stderr)
+        note("note: the paper's BPE keeps no word boundaries, so its pieces are shown separated by spaces "
+             "(README, 'Data')")
     new = len(made)  # fewer than --max-new-tokens where --stop ended it
     tokens = args.num_samples * new
     if tokens == 0:  # (it said "0 tokens/s, KV cache")
-        print(f"{args.num_samples} x 0 tokens: the prompt alone, no decoding", file=sys.stderr)
+        note(f"{args.num_samples} x 0 tokens: the prompt alone, no decoding")
         return
     if step is not None and new < 2:  # the prefill made the only token: no decode step ran, so none compiled
         how = how.replace(", compiled decode step", "", 1)
@@ -266,5 +265,5 @@ def cmd_generate(args) -> None:
             planned_past = cache_plan(run.model.cfg.block_size, args.max_new_tokens, len(ids))[1]
             how = how.removesuffix(planned_past) + cache_plan(run.model.cfg.block_size, new, len(ids))[1]
         stopped = f"; stopped at --stop after {new:,} of {args.max_new_tokens:,}"
-    print(f"{args.num_samples} x {new} tokens in {dt:.2f} s ({rate}, "
-          f"{'no cache' if args.no_cache else how}{stopped})", file=sys.stderr)  # stdout holds the text alone
+    note(f"{args.num_samples} x {new} tokens in {dt:.2f} s ({rate}, "
+         f"{'no cache' if args.no_cache else how}{stopped})")  # stdout holds the text alone

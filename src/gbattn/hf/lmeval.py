@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import re
-import sys
 import traceback
 from pathlib import Path
 
@@ -56,6 +55,7 @@ from gbattn.rundir import (
     read_exported_weights,
     refuse_hf_checkpoint,
 )
+from gbattn.terminal import note
 
 
 class GbattnLM(HFLM):
@@ -431,8 +431,8 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
     results["gbattn"] = {"step": step, "block_size": block_size, "max_length": max_length, "checkpoint": which}
     not_applied = fewshot_not_applied(results, num_fewshot)
     if not_applied:  # (the results were named and labelled --num-fewshot's, silently)
-        print(f"note: --num-fewshot {num_fewshot} does not apply to {'; '.join(not_applied.values())}: "
-              f"{'its' if len(not_applied) == 1 else 'their'} results are 0-shot", file=sys.stderr)
+        note(f"note: --num-fewshot {num_fewshot} does not apply to {'; '.join(not_applied.values())}: "
+             f"{'its' if len(not_applied) == 1 else 'their'} results are 0-shot")
         results["gbattn"]["num_fewshot_not_applied"] = sorted(not_applied)
     return results
 
