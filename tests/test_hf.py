@@ -2376,6 +2376,21 @@ def local_tasks(directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full is Linux's")
+def test_lm_eval_writes_its_results_where_stderr_cannot_be_written(trained, tmp_path):
+    """`gbattn lm-eval ... 2>/dev/full`: the harness draws its progress bar on stderr, which failed there with
+    ENOSPC, and no results file was written (status 2). The program's stderr drops what it cannot write."""
+    run_dir, _ = trained
+    out = tmp_path / "scores.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", GBATTN_CACHE=str(tmp_path / "cache"))
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "gbattn", "lm-eval", str(run_dir), "--tasks", "gbattn_toy_mc",
+                               "--include-path", str(local_tasks(tmp_path / "tasks")), "--output", str(out),
+                               "--device", "cpu"], stdout=subprocess.PIPE, stderr=full, text=True, env=env,
+                              timeout=600)
+    assert done.returncode == 0 and json.loads(out.read_text())["results"]["gbattn_toy_mc"], done.stdout[-2000:]
+
+
 def gbattn_loglikelihood(model: GPT, ids: list[int], n_target: int, max_len: int) -> float:
     """Sum of log p of the last ``n_target`` tokens of ``ids``, each given the tokens before it, from
     an input of at most ``max_len`` tokens ending just before the last token."""

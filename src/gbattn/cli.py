@@ -19,7 +19,7 @@ import threading
 from gbattn import arguments
 from gbattn.errors import Interrupted, Terminated, UserError, terminated_handler
 from gbattn.parent_death import stop_with_parent
-from gbattn.terminal import note, terminal_line
+from gbattn.terminal import ForgivingStream, note, terminal_line
 
 COMMAND_MODULES = ["gbattn.train.cli", "gbattn.eval.cli", "gbattn.hf_cli", "gbattn.experiments.cli",
                    "gbattn.synthetic.cli", "gbattn.analysis.cli", "gbattn.bench.cli", "gbattn.upcycle"]
@@ -299,7 +299,9 @@ def run() -> None:
     """The ``gbattn`` program (its console script, ``python -m gbattn`` and ``python -m gbattn.cli``): :func:`main`
     on the command line's arguments, then the process ends with its status. Before it ends, ``gc.freeze()``: the
     interpreter's last garbage collections went over every object of torch and its compiler's modules, about 0.7 s
-    of CPU at every exit of a command that trained."""
+    of CPU at every exit of a command that trained. stderr drops what it cannot write (:class:`ForgivingStream`)."""
+    if sys.stderr is not None and not isinstance(sys.stderr, ForgivingStream):
+        sys.stderr = ForgivingStream(sys.stderr)
     code = main()
     gc.freeze()
     sys.exit(code)

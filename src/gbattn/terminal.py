@@ -50,3 +50,26 @@ def note(text: str) -> None:
     with contextlib.suppress(OSError):  # one write: torchrun's processes write unbuffered to one stderr, at once
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
+
+
+class ForgivingStream:
+    """stderr for the gbattn program (cli.run): a write or flush that fails with an OSError (a full disk under
+    `2>file`, a terminal gone after a hangup) is dropped, so that no note, progress bar or warning, gbattn's or a
+    library's (lm-eval's harness drew its bar there and wrote no results), ends the work it reports on. Everything
+    else is the stream's own."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
