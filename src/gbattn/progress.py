@@ -8,6 +8,8 @@ import time
 
 from tqdm.auto import tqdm
 
+from gbattn.terminal import note
+
 
 class Progress:
     """``total``: the count when known; None shows the count so far (e.g. tokens of a file being read)."""
@@ -38,7 +40,7 @@ class Progress:
             self._last = time.monotonic()
             of = "" if self.total is None else f"/{self.total}"
             parts = (f"{self.desc}: {self.n}{of} {self.unit}s", self.postfix, self._eta())
-            self._say(" ".join(part for part in parts if part))
+            note(" ".join(part for part in parts if part))
 
     def _eta(self) -> str:
         """'eta M:SS' at the rate since the start (what tqdm's bar shows), while the total is ahead."""
@@ -48,6 +50,8 @@ class Progress:
         return f"eta {tqdm.format_interval((self.total - self.n) / rate)}"
 
     def write(self, message: str) -> None:
+        """``message`` on stderr, dropped where stderr cannot be written (:func:`note`): a line that failed ended the
+        training it reported on, its evaluation's checkpoint lost."""
         if self.disable:
             return
         if self._bar is not None:
@@ -56,16 +60,7 @@ class Progress:
             except OSError:
                 self.disable = True
         else:
-            self._say(message)
-
-    def _say(self, line: str) -> None:
-        """``line`` on stderr; where stderr cannot be written (a full disk under a log file, a terminal gone after
-        a hangup), no more lines: a progress line that fails must not end the work it reports on (a training
-        lost its evaluation's checkpoint so, ending with status 1 and no word)."""
-        try:
-            print(line, file=sys.stderr, flush=True)
-        except OSError:
-            self.disable = True
+            note(message)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -254,24 +254,24 @@ class Tokenizer:
 
     def _pieces_lacking_a_token(self, texts: list[str], most: int = 5) -> list[str]:
         """The first ``most`` distinct pieces of ``texts``, as the tokenizer's normalizer and pre-tokenizer cut
-        them, that are no token of its vocabulary (added tokens included); [] where the tokenizer itself fails."""
+        them, that are no token of its vocabulary (added tokens included); [] where the tokenizer itself fails (the
+        library's error is then the one reported)."""
+        lacking: list[str] = []
         try:
-            vocab = self._hf.get_vocab(with_added_tokens=True)
-            normalizer, pre_tokenizer = self._hf.normalizer, self._hf.pre_tokenizer
-            lacking: list[str] = []
-            for text in texts:
-                text = normalizer.normalize_str(text) if normalizer is not None else text
-                pieces = [p for p, _ in pre_tokenizer.pre_tokenize_str(text)] if pre_tokenizer is not None else [text]
-                for piece in pieces:
-                    if piece not in vocab and piece not in lacking:
-                        lacking.append(piece)
-                        if len(lacking) == most:
-                            return lacking
-            return lacking
-        except BaseException as e:  # (the library's error is then the one reported; a Rust panic is a BaseException)
-            if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
-                raise
+            with hf_failures_as_data_errors("naming the text it lacks"):  # (its errors and Rust panics alike)
+                vocab = self._hf.get_vocab(with_added_tokens=True)
+                normalizer, pre_tokenizer = self._hf.normalizer, self._hf.pre_tokenizer
+                for text in texts:
+                    text = normalizer.normalize_str(text) if normalizer is not None else text
+                    pieces = [p for p, _ in pre_tokenizer.pre_tokenize_str(text)] if pre_tokenizer else [text]
+                    for piece in pieces:
+                        if piece not in vocab and piece not in lacking:
+                            lacking.append(piece)
+                            if len(lacking) == most:
+                                return lacking
+        except DataError:
             return []
+        return lacking
 
     def _within_vocabulary(self, ids: list[list[int]]) -> list[list[int]]:
         """``ids``, checked to be below :attr:`vocab_size` where the tokenizer has ids that are not (a run from before

@@ -923,21 +923,21 @@ class Trainer:
                     isinstance(trained_on, dict) and isinstance(trained_on.get("device"), str)
                     and isinstance(trained_on.get("compiled"), bool) and type(trained_on.get("threads")) is int
                     and trained_on["threads"] > 0 and trained_on["device"].isprintable()):
-                raise ValueError(f"its record of the hardware it trained on is malformed: {shown(trained_on)}"[:200])
+                raise ValueError(f"its record of the hardware it trained on is malformed: {shown(trained_on)}")
             self.saved_trained_on = trained_on
             devices = state.get("devices", [trained_on["device"]] if trained_on is not None else [])
             if not (isinstance(devices, list) and len(devices) <= MAX_DEVICES_RECORDED
                     and all(isinstance(d, str) and len(d) <= 200 and d.isprintable() for d in devices)):
-                raise ValueError(f"its record of the devices it ran on is malformed: {shown(devices)}"[:200])
+                raise ValueError(f"its record of the devices it ran on is malformed: {shown(devices)}")
             self.earlier_devices = devices
             most = state.get("most_processes", len(per_rank))  # (checkpoints from before it was kept: the last leg's)
             if not (type(most) is int and most >= len(per_rank)):  # (fewer than its own streams': damaged)
-                raise ValueError(f"its record of the processes it ran in is malformed: {shown(most)}"[:200])
+                raise ValueError(f"its record of the processes it ran in is malformed: {shown(most)}")
             self.earlier_processes = most
             # (checkpoints from before it was kept: the last leg's)
             compiled = state.get("ever_compiled", bool(trained_on and trained_on["compiled"]))
             if not isinstance(compiled, bool):
-                raise ValueError(f"its record of a compiled leg is malformed: {shown(compiled)}"[:200])
+                raise ValueError(f"its record of a compiled leg is malformed: {shown(compiled)}")
             self.earlier_compiled = compiled
             if len(per_rank) == self.dist.world:  # every process resumes its own random stream
                 restore_rng_states(per_rank[self.dist.rank], self.device)
