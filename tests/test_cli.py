@@ -483,6 +483,11 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
         (["bench", "--preset", "cpu-char", "--set", "kv_source=shared"], "(did you mean 'attn.kv_source'?)"),
         (["params", "--attn", "boosted", "--set", "attn.rouds=3"], "['rouds'] (did you mean 'rounds'?); its options"),
         ([*new_run, "--set", "max_step=3"], "--set max_step: unknown field (did you mean 'max_steps'?); model fields"),
+        # the listing names model and training fields: a field given under that group's name is shown without it
+        (["params", "--set", "model.n_layers=2"], "(write 'n_layers': a field is set by its name alone, without "
+                                                  "'model.')"),
+        ([*new_run, "--set", "training.lr=1"], "(write 'lr': a field is set by its name alone, without 'training.')"),
+        (["params", "--attn", "boosted", "--set", "model.attn.rounds=3"], "(write 'attn.rounds': a field is set"),
         # a field named by its first word (below the similarity cutoff): every field it begins
         ([*new_run, "--set", "warmup=5"], "--set warmup: unknown field (did you mean 'warmup_from_zero' or "
                                           "'warmup_steps'?); model fields"),

@@ -579,6 +579,10 @@ def split_overrides(sets: dict[str, Any], what: str = "sets") -> tuple[dict, dic
             # a field named by its first words (`warmup` for warmup_steps): too short for the similarity cutoff
             longer = sorted(name for name in train_fields | model_fields if name.startswith(f"{key}_"))
             hint = hint or (f" (did you mean {' or '.join(map(repr, longer))}?)" if 0 < len(longer) <= 3 else "")
+            # the listing below names model and training fields: `model.n_layers` or `training.lr` is a likely reading
+            group, _, rest = key.partition(".")
+            if group in ("model", "train", "training") and rest.split(".", 1)[0] in train_fields | model_fields:
+                hint = f" (write {rest!r}: a field is set by its name alone, without {group + '.'!r})"
             raise ConfigError(f"--set {key}: unknown field{hint}; model fields: {', '.join(sorted(model_fields))}; "
                               f"training fields: {', '.join(sorted(train_fields))}")
     return train, model
