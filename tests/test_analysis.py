@@ -1092,7 +1092,7 @@ def test_a_one_dimensional_gate_has_no_spread_of_dimension_means():
     assert row["std_of_dimension_means"] == pytest.approx(0.5 / math.sqrt(2)) and row["per_dimension"] == [0.25, 0.75]
 
 
-def test_collect_analyses_a_model_left_in_training_mode_without_dropout():
+def test_collect_analyses_a_model_left_in_training_mode_without_dropout_and_leaves_its_modes():
     """A model handed over in training mode (dropout 0.5) is analysed in eval mode: the losses are the
     eval-mode model's, the same on every call."""
     from gbattn.config import ModelConfig
@@ -1111,6 +1111,13 @@ def test_collect_analyses_a_model_left_in_training_mode_without_dropout():
     got = stats.collect(model, tokens, 8, rows, batch_size=2, against=other)
     np.testing.assert_allclose(got.loss_NT, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got.against_loss_NT, want, rtol=1e-5, atol=1e-6)
+    # and handed back as it came: each module's training flag (one block kept in eval mode stays so)
+    model.blocks[0].eval()
+    flags = [m.training for m in model.modules()]
+    assert True in flags and False in flags
+    stats.collect(model, tokens, 8, rows, batch_size=2, against=other)
+    stats.attention_examples(model, tokens, 8, rows, [(0, 3)], 0)
+    assert [m.training for m in model.modules()] == flags and other.training
 
 
 def test_loss_difference_std_is_the_spread_of_the_per_token_differences(runs, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -677,7 +678,6 @@ def test_flops_per_token_at_a_shorter_sequence():
 def test_flops_per_token_refuses_a_sequence_length_below_one():
     """seq_len=0 gave block_size's figure (0 read as "not given"), -1 a torch error about a negative dimension.
     A numpy integer is taken as a config field takes it (np.int64(64) was "must be an integer >= 1")."""
-    import numpy as np
 
     cfg = preset_config("cpu-char", "standard")
     for bad in (0, -1):
@@ -757,7 +757,6 @@ def test_param_matched_width_below_the_models_own_width():
 def test_param_matched_width_refuses_a_target_that_is_no_parameter_count():
     """NaN gave the model's own width (every comparison with it is false), 0 or a negative count the narrowest
     width, a string Python's "'<' not supported"; an integral float or a numpy integer is a count."""
-    import numpy as np
 
     cfg = preset_config("cpu-char", "standard")
     for bad in (float("nan"), float("inf"), 0, -5, "1000", 1e5 + 0.5, True):
@@ -784,6 +783,7 @@ def test_chunked_loss_equals_full_cross_entropy():
     for chunk in (-5, 0, 2.5, True):
         with pytest.raises(ValueError, match=rf"loss_chunk={chunk!r} must be an integer >= 1"):
             model(idx, targets, loss_chunk=chunk)
+    torch.testing.assert_close(model(idx, targets, loss_chunk=np.int64(7)), full, rtol=1e-10, atol=1e-10)
 
 
 def test_low_precision_logits_get_a_float32_loss():
@@ -934,6 +934,9 @@ def test_setup_cache_and_input_pos_of_the_wrong_kind_are_clear_errors():
         with pytest.raises(ValueError, match=rf"setup_cache\({name}={value!r}\): {name} must be an integer >= 1"):
             model.setup_cache(**kwargs)
         assert not model.has_cache
+    model.setup_cache(np.int64(2), max_len=np.int64(8))  # numpy's integers are integers (they were refused as none)
+    assert type(model.kv_cache.max_len) is int and model.kv_cache.max_len == 8
+    model.clear_cache()
     idx = torch.randint(0, 37, (2, 5))
     model.setup_cache(2)
     for bad in (torch.arange(4), torch.arange(5)[None].expand(2, 5)):
@@ -1079,7 +1082,6 @@ def test_targets_are_checked_against_the_output_heads_vocabulary():
 def test_a_list_or_numpy_array_where_a_tensor_goes_is_named():
     """Token ids, targets, masks, positions and a module's input given as a list or a numpy array were Python's
     "'list' object has no attribute 'dim'" (or 'dtype', 'shape') from inside the call."""
-    import numpy as np
 
     from gbattn.attention.core import AttnArgs
     from gbattn.attention.registry import build_attention
@@ -1314,8 +1316,6 @@ def test_numpy_numbers_are_taken_as_python_numbers():
     in a ModelConfig, an option and an AttnArgs, while 128.0 was taken; numpy's integers and floats are now
     taken as Python's (so config.json can write them), and what is not a number is still refused."""
     import json
-
-    import numpy as np
 
     from gbattn.attention import AttnArgs, build_attention
 
@@ -1620,6 +1620,7 @@ def test_activation_checkpointing_recomputes_each_block_with_the_same_loss_and_g
     for every in (0, True, 2.0):  # (a bool is no count of layers; 2.0 would pick the blocks as 2 does, unchecked)
         with pytest.raises(ValueError, match=rf"every_n_layers={every!r} must be an integer >= 1"):
             model.set_activation_checkpointing(True, every_n_layers=every)
+    model.set_activation_checkpointing(True, every_n_layers=np.int64(2))  # (numpy's integer was refused as none)
     # enable="no" was true (every block recomputed); a checkpoint_fn that is no function failed at the next forward
     model.set_activation_checkpointing(False)
     with pytest.raises(ValueError, match=r"^enable='no' must be True or False$"):

@@ -248,6 +248,12 @@ class OutOfRange(ConfigError):
     """An integer past what a 64-bit integer holds (tensors and JSON readers take no more)."""
 
 
+def is_count(value: Any) -> bool:
+    """An integer >= 1, numpy's integers included; a bool or a float (2.0) is none: the rule of a Python API's counts
+    (a cache's rows, a loss chunk), stricter than a config field's, which takes the 2.0 a JSON file may hold."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+
+
 def checked(name: str, value: Any, tp, ok: Callable[[Any], bool] | None, rule: str) -> Any:
     """``value`` as type ``tp`` (:func:`coerce`) when ``ok`` (None: any value) of it holds, else a ConfigError saying
     ``name=value must be rule``: a keyword argument outside a config (generate's options, the HF model's)

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from gbattn.attention.core import Record
 from gbattn.data.tokens import rows_batch
+from gbattn.model.decoding import restore_modes, set_eval
 from gbattn.model.gpt import lm_loss
 
 # The paper's numbers (docs/paper.md), printed and stored beside ours.
@@ -366,19 +367,20 @@ def collect(model, tokens: np.ndarray, seq_len: int, row_ids: np.ndarray, batch_
     cfg = model.cfg
     stats = IntermediateStats(cfg.n_layers, cfg.n_heads, cfg.d_model, seq_len)
     losses, other = [], []
-    model.eval()
-    if against is not None:
-        against.eval()
-    for start in range(0, len(row_ids), batch_size):
-        x, y = rows_batch(tokens, seq_len, row_ids[start : start + batch_size])
-        x, y = x.to(device), y.to(device)
-        logits, records = model(x, return_intermediates=True)
-        stats.update([layer_sample(record) for record in records])
-        losses.append(lm_loss(logits, y, reduction="none").cpu().numpy())
-        if against is not None:
-            other.append(lm_loss(against(x), y, reduction="none").cpu().numpy())
-        if progress is not None:
-            progress.update(len(x))
+    modes = set_eval(model) + (set_eval(against) if against is not None else [])
+    try:
+        for start in range(0, len(row_ids), batch_size):
+            x, y = rows_batch(tokens, seq_len, row_ids[start : start + batch_size])
+            x, y = x.to(device), y.to(device)
+            logits, records = model(x, return_intermediates=True)
+            stats.update([layer_sample(record) for record in records])
+            losses.append(lm_loss(logits, y, reduction="none").cpu().numpy())
+            if against is not None:
+                other.append(lm_loss(against(x), y, reduction="none").cpu().numpy())
+            if progress is not None:
+                progress.update(len(x))
+    finally:  # each module's training flag as the caller had it (as generate and perplexity leave them)
+        restore_modes(modes)
     return Collected(stats, np.concatenate(losses), np.concatenate(other) if other else None)
 
 
@@ -389,13 +391,15 @@ def attention_examples(model, tokens: np.ndarray, seq_len: int, row_ids: np.ndar
     ``positions``, head-averaged, over the visible context 0..t (the paper's example figure).
 
     Returns one dict per position: ``attention`` (rounds, t + 1) and the input/target ids."""
-    out = []
-    model.eval()
-    for row_index, t in positions:
-        x, y = rows_batch(tokens, seq_len, row_ids[row_index : row_index + 1])
-        _, records = model(x.to(device), return_intermediates=True)
-        rounds = records[layer].of_kind("attention")[:1] + records[layer].of_kind("correction")
-        maps = [r.probs_BHTS[0, :, t, : t + 1].mean(0).double().cpu().numpy() for r in rounds]
-        out.append({"row": int(row_ids[row_index]), "position": int(t), "attention": np.stack(maps),
-                    "input_ids": x[0, : t + 1].tolist(), "target_id": int(y[0, t])})
+    out, modes = [], set_eval(model)
+    try:
+        for row_index, t in positions:
+            x, y = rows_batch(tokens, seq_len, row_ids[row_index : row_index + 1])
+            _, records = model(x.to(device), return_intermediates=True)
+            rounds = records[layer].of_kind("attention")[:1] + records[layer].of_kind("correction")
+            maps = [r.probs_BHTS[0, :, t, : t + 1].mean(0).double().cpu().numpy() for r in rounds]
+            out.append({"row": int(row_ids[row_index]), "position": int(t), "attention": np.stack(maps),
+                        "input_ids": x[0, : t + 1].tolist(), "target_id": int(y[0, t])})
+    finally:
+        restore_modes(modes)
     return out

@@ -36,7 +36,8 @@ from gbattn.runtime import rng_state, set_rng_state
 @dataclass(frozen=True)
 class AttnArgs:
     """What the model tells every attention variant (the variant's own options are separate; README,
-    "Using gbattn from Python"). ``layer_idx`` and ``n_layers`` place the layer for ``attn.layers``."""
+    "Using gbattn from Python"). ``layer_idx`` and ``n_layers`` place the layer: ``attn.layers`` reads them, and
+    differential attention's ``lambda_init`` its depth."""
 
     d_model: int
     n_heads: int
@@ -74,7 +75,7 @@ class NoOptions(Typed):
 
 @dataclass
 class Round:
-    """One attention call of a layer, in call order (docs/method.md, "Analysis record").
+    """One attention call of a layer, in call order (docs/method.md, "The analysis record").
 
     ``kind``:
 

@@ -2,7 +2,8 @@
 
     y = W_out (SDPA(Q, K, V) * sigmoid(x W_theta))
 
-after SDPA and before W_out; x is the normalised input that feeds Q/K/V. ``elementwise``: W_theta
+after SDPA and before W_out; x is the sublayer's input that feeds Q/K/V (normalised under Pre-LN, the stream
+itself under Post-LN). ``elementwise``: W_theta
 d -> H*E; ``headwise``: d -> H. No bias on W_theta; it is fused with the QKV projection.
 """
 

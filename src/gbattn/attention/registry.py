@@ -1,8 +1,9 @@
-"""Attention variants by name. A new variant touches 4 files: its own file, one line in ``VARIANTS``,
-its reference function in ``reference.py`` and its cases in ``tests/conftest.py``; its golden losses
-are then pinned by ``python tests/test_golden.py --add``. A parameter the variant holds itself is
-initialised in its own ``init_own_parameters`` (declared on ``AttentionBase``). The tests fail when
-any of these is missing (README, "Design notes and deviations")."""
+"""Attention variants by name. A new variant touches 4 source files: its own file, one line in ``VARIANTS``,
+its reference function in ``reference.py`` and its cases in ``tests/conftest.py``; then three things describe it:
+its record's kinds in ``tests/test_attention.py`` (``EXPECTED_KINDS``), its row in the README's variants table, and
+its golden losses, pinned by ``python tests/test_golden.py --add``. A parameter the variant holds itself is
+initialised in its own ``init_own_parameters`` (declared on ``AttentionBase``). The tests fail when any of these is
+missing (README, "Design notes and deviations")."""
 
 from __future__ import annotations
 

@@ -314,8 +314,8 @@ def generate(model, idx_BT: Tensor, max_new_tokens: int, temperature: float = 1.
             elif cached:
                 model.clear_cache()
                 cached = False
-    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the tokens made so far go with it (`gbattn generate`
-        stop.partial_BT = torch.cat([kept_BT, out], dim=1)  # prints them)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the tokens made so far go with it (`gbattn generate`
+        interrupt.partial_BT = torch.cat([kept_BT, out], dim=1)  # prints them)
         raise
     finally:
         model.kv_cache = callers_cache  # (dropped, a decode step the caller makes next had no past, silently)

@@ -31,7 +31,7 @@ from gbattn.attention.core import (
     rope_for,
 )
 from gbattn.attention.registry import build_attention
-from gbattn.checks import checked, coerce
+from gbattn.checks import checked, coerce, is_count
 from gbattn.config import ModelConfig
 from gbattn.errors import ConfigError
 from gbattn.model.attnres import AttnResStream
@@ -184,8 +184,9 @@ class GPT(nn.Module):
         ``dtype`` on ``device`` (default: the model's; a forward refuses a cache on another device, or of another
         dtype outside autocast); it follows the model's ``.to()``."""
         for name, value in (("batch", batch), ("max_len", max_len)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is not None and not is_count(value):
                 raise ValueError(f"setup_cache({name}={value!r}): {name} must be an integer >= 1")
+        batch, max_len = int(batch), max_len and int(max_len)
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"setup_cache(dtype={dtype!r}): dtype must be a floating-point torch.dtype, e.g. "
                              f"torch.bfloat16 (or None: the model's)")
@@ -205,8 +206,9 @@ class GPT(nn.Module):
         ``torch.utils.checkpoint.checkpoint`` with ``use_reentrant=False``). Only training with gradients is
         affected; a forward that writes a KV cache or analysis records is never recomputed. The Hugging Face
         wrapper's ``gradient_checkpointing_enable()`` calls this."""
-        if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
+        if not is_count(every_n_layers):
             raise ValueError(f"every_n_layers={every_n_layers!r} must be an integer >= 1")
+        every_n_layers = int(every_n_layers)
         # (enable="no" was true; a checkpoint_fn of 5 failed at the next training forward, "not callable")
         enable = checked("enable", enable, bool, None, "True or False")
         if checkpoint_fn is not None and not callable(checkpoint_fn):
@@ -277,8 +279,7 @@ class GPT(nn.Module):
         logits tensor is held at once. On CPU the default keeps each chunk near 16 MB: large fresh
         allocations are page-faulted on every step, and this measured 1.7x faster end to end
         (README, "Design notes and deviations": chunked LM loss). Targets of -100 are ignored."""
-        if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int)
-                                         or chunk_tokens < 1):
+        if chunk_tokens is not None and not is_count(chunk_tokens):
             raise ValueError(f"loss_chunk={chunk_tokens!r} must be an integer >= 1 (tokens per chunk of the LM head)")
         h_ND, y_N = h_BTD.flatten(0, 1), targets_BT.flatten()
         if chunk_tokens is None:
