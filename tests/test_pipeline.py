@@ -1896,7 +1896,7 @@ def test_a_split_holding_the_training_text_or_a_split_word_inside_a_word_is_no_s
 def test_a_folder_without_split_files_lists_what_it_holds_and_points_a_lone_text_file_out(tmp_path):
     """The error lists the folder's first 12 entries (a directory marked as one) and counts the rest; only a folder
     holding a single text file (macOS's hidden ._ copy aside) and no split file at all (tiny-shakespeare's
-    input.txt), and no save_to_disk folder, is told to give that file itself."""
+    input.txt), or a train file alone, and no save_to_disk folder, is told to give that file itself."""
     expected = "expected one text file per split, e.g. wiki.train.raw, train.txt or ptb.train.txt (optionally .gz)"
     many = tmp_path / "many"
     (many / "a-folder").mkdir(parents=True)
@@ -1908,7 +1908,8 @@ def test_a_folder_without_split_files_lists_what_it_holds_and_points_a_lone_text
         load_corpus(str(many))
     single = "; a single text file is split by the split setting (default 90/5/5) when given itself: --data "
     for names, hint in ((["input.txt"], True), (["input.txt", "._input.txt"], True), (["input.txt", "more.txt"], False),
-                        (["train.txt"], False), (["input.txt", "dataset_dict.json"], False),
+                        (["train.txt"], True), (["train.txt", "test.txt"], False), (["valid.txt"], False),
+                        (["input.txt", "dataset_dict.json"], False),
                         (["input.txt", "notes.json"], True)):  # a file not read as text is no second text file
         folder = tmp_path / "-".join(names)
         folder.mkdir()
@@ -1917,7 +1918,20 @@ def test_a_folder_without_split_files_lists_what_it_holds_and_points_a_lone_text
         with pytest.raises(DataError) as caught:
             load_corpus(str(folder))
         message = str(caught.value)
-        assert message.endswith(single + str(folder / "input.txt")) if hint else single not in message, message
+        assert message.endswith(single + str(folder / names[0])) if hint else single not in message, message
+
+
+@pytest.mark.parametrize("name", ["data.jsonl", "rows.CSV", "d.json.gz", "t.tsv", "x.parquet"])
+def test_a_file_of_records_is_refused_as_data(tmp_path, name):
+    """A .jsonl or .csv file given as --data was trained on as text, its syntax and field names with it (a decoded
+    row read '{" text ": " sample ..."}'), without a word; a .txt of the same text trains."""
+    path = tmp_path / name
+    write_text(path, '{"text": "some text"}\n' * 50)
+    with pytest.raises(DataError, match=re.escape(f"--data {path}: a {Path(name.lower().removesuffix('.gz')).suffix} "
+                                                  f"file holds records, not plain text")):
+        load_corpus(str(path))
+    write_text(tmp_path / "records.txt", '{"text": "some text"}\n' * 50)
+    assert load_corpus(str(tmp_path / "records.txt")).name.endswith("records.txt")
 
 
 @pytest.mark.parametrize("names, unread", [(["train.en", "valid.en", "test.en"], "test.en, train.en, valid.en"),
@@ -2063,7 +2077,8 @@ def test_a_hugging_face_name_that_is_also_a_local_folder_names_the_folder_when_t
     with pytest.raises(DataError, match=r"; \./wikitext-2-v1 is here, but a bare name is the hub's dataset: pass "
                                         r"--data \./wikitext-2-v1 to use the local one$"):
         load_corpus("wikitext-2-v1")
-    assert load_corpus("./wikitext-2-v1").name == "wikitext-2-v1"
+    # named as a path: the bare name recorded (a run's corpus, a comparison's data) was the hub's dataset again
+    assert load_corpus("./wikitext-2-v1").name == "./wikitext-2-v1"
 
 
 def test_a_split_setting_is_refused_for_a_hub_corpus():

@@ -1957,7 +1957,8 @@ def test_a_tokenizer_whose_regex_backtracks_past_its_limit_is_one_data_error():
     for encode in (lacking.encode, lambda text: lacking.encode_batch([text])):
         with pytest.raises(DataError, match=re.escape("'b', '#' are not in the tokenizer's vocabulary, which has no "
                                                       "unknown token (a character-level tokenizer knows only the "
-                                                      "characters of its training text; the tokenizers library: "
+                                                      "characters of the corpus it was built from; the tokenizers "
+                                                      "library: "
                                                       "Missing [UNK] token from the vocabulary)")):
             encode("a b#b")
     no_unknown.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # a word of 300,000 characters was named whole
@@ -3623,6 +3624,24 @@ def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_tr
     corpus.parent.mkdir()
     corpus.write_text("To be or not to be\n")
     assert files.portable_path(str(corpus)) == "tiny-shakespeare/input.txt"
+    # a folder of a corpus's name is recorded as a path: its bare name is the corpus gbattn ships or fetches, and the
+    # command run again trained on that (results.md's command, results.json's data, the run's corpus)
+    from gbattn.data.corpus import load_corpus
+    from gbattn.runtime import portable_argument
+
+    assert files.portable_path("tiny-shakespeare") == "tiny-shakespeare"  # the name itself: the shipped corpus
+    for given in ("./tiny-shakespeare", "tiny-shakespeare/", str(corpus.parent)):
+        assert files.portable_path(given) == portable_argument(given) == "./tiny-shakespeare"
+    assert files.portable_path("/srv/corpora/wikitext-2-v1/") == "./wikitext-2-v1"
+    assert portable_argument("--data=./wikitext-103-raw-v1") == "--data=./wikitext-103-raw-v1"
+    with pytest.MonkeyPatch.context() as patched:
+        patched.chdir(tmp_path)
+        (corpus.parent / "input.txt").rename(corpus.parent / "train.txt")
+        for split in ("valid", "test"):
+            (corpus.parent / f"{split}.txt").write_text(f"{split} text\n")
+        assert load_corpus("./tiny-shakespeare").name == load_corpus("tiny-shakespeare/").name == "./tiny-shakespeare"
+        assert load_corpus("tiny-shakespeare").name == "tiny-shakespeare"  # still the shipped one
+        (corpus.parent / "train.txt").rename(corpus)
     report = {"recipe": "cpu-char", "description": "(2,000 steps)", "data": files.portable_path(str(corpus)),
               "sets": {}}
     assert other_setting(report) is None

@@ -443,7 +443,17 @@ def portable_path(text: str) -> str:
     (``/home/me/data/tiny-shakespeare/input.txt`` -> ``tiny-shakespeare/input.txt``): a corpus file's name
     alone does not say which corpus it is, and a comparison tells its recipe's data from other data by it. A path
     from a home directory (``~/data/x.txt``, quoted so the shell left it) is one of this machine's too. A relative path
-    is normalised (``./splits/`` -> ``splits``)."""
+    is normalised (``./splits/`` -> ``splits``), unless that leaves the name of a corpus gbattn knows
+    (``./tiny-shakespeare/`` -> ``./tiny-shakespeare``)."""
+    made = _portable_path(text)
+    from gbattn.data.corpus import BUNDLED, HF_NAMES  # (files.py is imported by corpus.py: here, not at the top)
+
+    # A folder or file of a corpus's name (`./tiny-shakespeare`, `/data/wikitext-2-v1`) recorded as that bare name
+    # would be the corpus gbattn ships or fetches: the same command run again trained on other data.
+    return f"./{made}" if made != text and (made in BUNDLED or made in HF_NAMES) else made
+
+
+def _portable_path(text: str) -> str:
     if text.startswith("~"):
         text = os.path.expanduser(text)
     if not (os.path.isabs(text) or ".." in Path(text).parts):

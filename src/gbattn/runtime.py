@@ -302,8 +302,8 @@ def portable_argument(arg: str) -> str:
     head, eq, value = arg[:first_slash].rpartition("=")
     if eq:
         value += arg[first_slash:]
-        return f"{head}={portable_path(value.rstrip('/') or value)}"
-    made = portable_path(arg.rstrip("/") or arg)
+        return f"{head}={portable_path(value)}"
+    made = portable_path(arg)
     # a value cut to a name that starts with a dash (`--out /runs/-cmp`) would be read as an option
     return f"./{made}" if made.startswith("-") and not arg.startswith("-") else made
 

@@ -206,6 +206,7 @@ EXACT_NAMES = {
 NAME_PATTERNS = {"train": r"(?<![a-z])train", "valid": r"(?<![a-z])valid|(?<![a-z])(val|dev)(?![a-z])",
                  "test": r"(?<![a-z])test"}
 TEXT_SUFFIXES = ("", ".txt", ".raw", ".tokens")
+RECORD_SUFFIXES = (".json", ".jsonl", ".ndjson", ".csv", ".tsv", ".parquet", ".arrow")  # a --data file is read as text
 SPLIT_SUFFIXES = (".train", ".valid", ".validation", ".val", ".dev", ".test")  # corpus.train: the split word as suffix
 
 
@@ -293,7 +294,8 @@ def _local_directory(path: Path, name: str | None = None) -> Corpus:
         saved = any((path / n).is_file() for n in ("dataset_dict.json", "state.json"))  # datasets' save_to_disk
         names = _visible_files(path)
         texts = [n for n in names if _is_text_name(n)]
-        single = len(missing) == len(SPLITS) and len(texts) == 1 and not saved  # tiny-shakespeare's input.txt alone
+        # tiny-shakespeare's input.txt alone, or a train.txt alone: the one text file, split when given itself
+        single = len(texts) == 1 and not saved and (len(missing) == len(SPLITS) or files["train"] is not None)
         unread = [n for n in names if not _is_text_name(n)
                   and any(re.search(NAME_PATTERNS[s], n.lower()) for s in missing)]  # fairseq's train.en
         raise DataError(f"--data {path}: no {'/'.join(missing)} file found (files seen: {shown}); expected one text "
@@ -474,12 +476,19 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
         return _hugging_face(data)
     path = Path(os.path.expanduser(data))
     given = str(Path(data))  # named as given ("~/data/x" recorded this machine's home directory), ./x as x
+    if given in BUNDLED or given in HF_NAMES:  # a folder or file of a corpus's name is not that corpus
+        given = f"./{given}"
     if path.is_dir():
         try:
             return _local_directory(path, name=given)
         except PermissionError as e:
             raise DataError(f"--data {path} cannot be read ({e.strerror})") from None
     if path.is_file():
+        stem = path.name.lower().removesuffix(".gz")
+        if Path(stem).suffix in RECORD_SUFFIXES:  # (its syntax trained silently: tokens of `{"`, `":`, `text`)
+            raise DataError(f"--data {data}: a {Path(stem).suffix} file holds records, not plain text, and gbattn "
+                            f"reads a file as text: write the records' text to a .txt file, one document after "
+                            f"another (README, 'Data')")
         return _single_file(path, tuple(split), name=given)
     if path.exists():
         raise DataError(f"--data {data!r} is neither a regular file nor a directory (a device or a pipe)")

@@ -248,8 +248,8 @@ class Tokenizer:
                 raise
             named = ", ".join(shown(piece, 40) for piece in lacking)  # (a 300 KB unknown word was printed whole)
             raise DataError(f"{named} {'is' if len(lacking) == 1 else 'are'} not in the tokenizer's vocabulary, which "
-                            f"has no unknown token (a character-level tokenizer knows only the characters of its "
-                            f"training text; the tokenizers library: Missing [UNK] token from the "
+                            f"has no unknown token (a character-level tokenizer knows only the characters of the "
+                            f"corpus it was built from; the tokenizers library: Missing [UNK] token from the "
                             f"vocabulary)") from None
 
     def _pieces_lacking_a_token(self, texts: list[str], most: int = 5) -> list[str]:
@@ -638,7 +638,7 @@ def get_tokenizer(kind: str, corpus, vocab_size: int | None = None, verbose: boo
     except OSError as e:
         raise DataError(unwritable.format(why=e.strerror or e)) from None
     remove_abandoned(path.parent)  # the temporary files of entries whose writing was killed
-    if base == "char":
+    if base == "char":  # every split's characters, as nanoGPT's character model (README, "Data")
         chars = sorted({c for split in ("train", "valid", "test") for line in corpus.lines(split) for c in line})
         if not chars:
             raise DataError(f"--data {corpus.name} holds no text")
