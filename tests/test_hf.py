@@ -44,6 +44,7 @@ from gbattn.data.tokenizer import Tokenizer, get_tokenizer
 from gbattn.hf import GbattnCache, GbattnConfig, GbattnForCausalLM, hf_tokenizer
 from gbattn.hf.modeling import CACHE_FIELD, INIT_TYPES, init_module
 from gbattn.model.gpt import GPT
+from gbattn.runtime import software_versions
 from gbattn.train.trainer import train
 from helpers import LFS_POINTER, hold_lock, in_use, left_pad, run_cli, strict_json, tiny_configs, write_corpus
 from test_model import BLOCKS, tiny_config
@@ -2438,6 +2439,7 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
         results[model_dir] = json.loads((folder / "results-gbattn_toy_mc+gbattn_toy_ppl.json").read_text())
         assert '"/' not in json.dumps(results[model_dir]) and "samples" not in results[model_dir]  # no absolute path
         assert results[model_dir]["gbattn"]["step"] == run.step and results[model_dir]["gbattn"]["max_length"] == L
+        assert results[model_dir]["gbattn"]["versions"] == software_versions()  # (none was recorded)
         assert results[model_dir]["gbattn"]["block_size"] == run.model_cfg.block_size
         # the harness's record of how it ran (null for a model passed in memory, unless given)
         assert (results[model_dir]["config"]["batch_size"], results[model_dir]["config"]["device"]) == (4, "cpu")
@@ -2474,6 +2476,53 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
         for key, value in a[task].items():
             if isinstance(value, float):
                 assert b[task][key] == pytest.approx(value, rel=1e-5), (task, key)
+
+
+def test_lm_eval_scores_each_request_alone_whatever_tokens_its_neighbours_share(trained, tmp_path, capsys):
+    """The harness's logits cache (its default) scores one request of those sharing context + continuation[:-1] tokens
+    and reuses its logits for the rest, also where their split between context and continuation differs: "Befor" +
+    "e w" was scored as "Before" + " w" (-5.58 for -4.02), and a document's second window took the logits of another
+    document's first, so a rolling perplexity changed with the batch size (27.00 at 8, 15.78 at 1). gbattn turns the
+    cache off: every number is gbattn's own, at every batch size."""
+    run_dir, _ = trained
+    run = rundir.load_run(run_dir)
+    L, eos = run.seq_len, run.tokenizer.encode("\n")[0]
+    text = "First Citizen:\nWe are accounted poor citizens, the patricians good. What authority surfeits on"
+    assert len(text) > L + 1
+    # the second's first window is [eos] + text[:L]; the first's second window is "\n" + text[:L - 1] + "x" after
+    # "Second Citizen: Would": the same tokens but the last, split otherwise between context and continuation
+    documents = ["Second Citizen: Would\n" + text[:L - 1] + "x", text]
+    questions = [("First Citizen:\nBefor", ["e w", "x"]), ("First Citizen:\nBefore ", ["w", "x"])]
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
+    (tasks / "mc.jsonl").write_text("".join(json.dumps({"q": q, "choices": c, "label": 0}) + "\n"
+                                            for q, c in questions))
+    head = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {}\ntest_split: test\n"
+    (tasks / "share_ppl.yaml").write_text("task: share_ppl\n" + head.format(tasks / "docs.jsonl")
+                                          + "output_type: loglikelihood_rolling\ndoc_to_text: ''\n"
+                                          "doc_to_target: '{{text}}'\nmetric_list:\n  - metric: byte_perplexity\n")
+    (tasks / "share_mc.yaml").write_text("task: share_mc\n" + head.format(tasks / "mc.jsonl")
+                                         + "output_type: multiple_choice\ndoc_to_text: '{{q}}'\ndoc_to_choice: "
+                                         "'{{choices}}'\ndoc_to_target: label\ntarget_delimiter: ''\n"
+                                         "metric_list:\n  - metric: acc\n")
+    for batch in (1, 8):
+        out = tmp_path / f"batch{batch}.json"
+        assert cli_main(["lm-eval", str(run_dir), "--tasks", "share_ppl,share_mc", "--include-path", str(tasks),
+                         "--batch-size", str(batch), "--log-samples", "--output", str(out)]) == 0, capsys.readouterr()
+        capsys.readouterr()
+        rolling = [json.loads(line) for line in (tmp_path / f"samples-share_ppl-batch{batch}.jsonl").open()]
+        for sample in rolling:
+            got = sample["filtered_resps"]
+            got, ids = got[0] if isinstance(got, list) else got, run.tokenizer.encode(sample["doc"]["text"])
+            assert got == pytest.approx(gbattn_rolling(run.model, ids, eos, L), rel=1e-5), (batch, sample["doc"])
+        for sample in (json.loads(line) for line in (tmp_path / f"samples-share_mc-batch{batch}.jsonl").open()):
+            question = sample["doc"]["q"]
+            spaces = question[len(question.rstrip()):]  # the harness moves them to the continuation: "Before", " w"
+            for choice, (ll, _) in zip(sample["doc"]["choices"], sample["filtered_resps"]):
+                context, cont = run.tokenizer.encode(question.rstrip()), run.tokenizer.encode(spaces + choice)
+                want = gbattn_loglikelihood(run.model, context + cont, len(cont), L)
+                assert ll == pytest.approx(want, rel=1e-5), (batch, sample["doc"]["q"], choice)
 
 
 def test_lm_eval_says_which_tasks_num_fewshot_does_not_apply_to(trained, tmp_path, capsys):
@@ -2567,7 +2616,11 @@ MC_SPEC = "doc_to_choice: '{{choices}}'\ndoc_to_target: label\nmetric_list:\n  -
      "UndefinedError: 'nofield' is undefined"),
     ("output_type: multiple_choice\n" + MC_SPEC.replace("'{{choices}}'", "'{{choices'"),
      "TemplateSyntaxError: unexpected end of template"),
-], ids=["output-type", "metric", "split", "template-field", "template-syntax"])
+    # the first document's empty choice, rendered while the task is built: its IndexError was blamed on the YAML alone
+    ("output_type: multiple_choice\ntarget_delimiter: ''\n" + MC_SPEC.replace("'{{choices}}'", "['', ' c']"),
+     "IndexError: string index out of range): check the task's output_type, metric_list, splits and templates, and "
+     "its first document, which the harness renders then (an empty choice: IndexError)"),
+], ids=["output-type", "metric", "split", "template-field", "template-syntax", "empty-first-choice"])
 def test_lm_eval_names_a_task_yaml_it_cannot_build_in_one_line(trained, capsys, tmp_path, spec, detail):
     """A task YAML the harness cannot build into a task (an output_type, a metric, a split or a template of its
     own) is one line naming the task, with the harness's reason (tracebacks, exit status 1, before)."""
@@ -3194,6 +3247,16 @@ def test_lm_eval_task_generation_settings_that_change_no_answer_are_left_out_and
         samples = (tmp_path / f"samples-gen_{name}-{name}.jsonl").read_text().splitlines()
         answers[name] = [json.loads(sample)["resps"] for sample in samples]
     assert answers["outputs"] == answers["nocache"] == answers["plain"] and answers["plain"][0][0][0], answers
+    # max_gen_toks: 0 was blamed on settings the harness passes itself ("generation_kwargs (attention_mask, do_sample)
+    # do not work with this model: ... `max_length` is set to 3")
+    write_task(tasks, "gen_zero", '{"q": "ROMEO:", "a": " I"}', "output_type: generate_until\ndoc_to_target: "
+               "'{{a}}'\ngeneration_kwargs: {until: [\"\\n\\n\"], max_gen_toks: 0}\nmetric_list:\n"
+               "  - metric: exact_match\n")
+    code = cli_main(["lm-eval", str(out), "--tasks", "gen_zero", "--include-path", str(tasks),
+                     "--output", str(tmp_path / "zero.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines()[-1] == ("gbattn: error: a task's max_gen_toks=0 leaves no token to "
+                                                          "generate: give max_gen_toks >= 1 in its generation_kwargs")
 
 
 def test_lm_eval_arguments_are_checked_before_any_work(tmp_path, capsys):

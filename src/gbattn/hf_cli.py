@@ -76,7 +76,7 @@ def cmd_lm_eval(args) -> None:
         chosen_weights,
         file_identity,
     )
-    from gbattn.runtime import command_line, resolve_device, set_threads
+    from gbattn.runtime import command_line, resolve_device, set_threads, software_versions
     from gbattn.terminal import note
 
     tasks = list(dict.fromkeys(t.strip() for t in args.tasks.split(",") if t.strip()))  # a task named twice: once
@@ -110,7 +110,10 @@ def cmd_lm_eval(args) -> None:
         # scores of the weights read were written after the replacement removed the old ones, labelled as the new's)
         raise UserError(f"{model} was replaced while lm-eval ran (another export, or a restarted or resumed run): "
                         f"its scores are of the weights it read, no longer there, so none are written; run it again")
-    results["gbattn"].update(model=relative_path(model, Path.cwd()), command=command_line(portable=True))
+    # the versions, as train, bench and denoise record them (the harness's pretty_env_info, the machine's description,
+    # is left out; the harness records its own and transformers' versions)
+    results["gbattn"].update(model=relative_path(model, Path.cwd()), command=command_line(portable=True),
+                             versions=software_versions())
     roots = [model.resolve()] + ([Path(args.include_path).resolve()] if args.include_path else [])
     written = write_results(results, out, roots)
     print_tables(results)  # after the files: a reader that left (`| head`) or a stdout that cannot print loses nothing

@@ -80,10 +80,13 @@ class GbattnLM(HFLM):
         use_cache, which the harness passes itself, "got multiple values"); one that generate() refuses is one
         line naming the task's settings (a traceback before)."""
         asked = {k: v for k, v in generation_kwargs.items() if k not in ANSWER_NEUTRAL}
+        if max_length <= context.shape[1]:  # (generate()'s "max_length is set to 6", blamed on settings not given)
+            raise UserError(f"a task's max_gen_toks={max_length - context.shape[1]} leaves no token to generate: give "
+                            f"max_gen_toks >= 1 in its generation_kwargs")
         try:
             return super()._model_generate(context, max_length, stop, **asked)
         except (ValueError, TypeError) as e:
-            if not set(asked) - {"do_sample", "temperature"}:  # the harness's own settings: not a task's doing
+            if not set(asked) - {"do_sample", "temperature", "attention_mask"}:  # the harness's own: not a task's
                 raise
             raise UserError(f"a task's generation_kwargs ({', '.join(sorted(generation_kwargs))}) do not work with "
                             f"this model: {error_detail(e, 200)}") from None
@@ -335,7 +338,8 @@ class GbattnTaskManager(TaskManager):
             close_progress_bars()
             raise UserError(f"lm-eval could not build the task(s) {list(tasks)} from their YAML "
                             f"({error_detail(e, 160, with_type=True)}): check the task's output_type, metric_list, "
-                            f"splits and templates") from None
+                            f"splits and templates, and its first document, which the harness renders then (an "
+                            f"empty choice: IndexError)") from None
 
 
 def task_manager(tasks: list[str], include_path: str | None) -> TaskManager:
@@ -391,8 +395,12 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
     """The harness's results dict (``samples`` in it with ``log_samples``)."""
     manager = task_manager(tasks, include_path)
     model, tokenizer, block_size, max_length, step, which = load_model(model_dir, checkpoint, torch.device(device))
+    # logits_cache=False: the harness's cache groups requests by context + continuation[:-1] tokens and scores each
+    # group's longest once, reusing its logits for the rest even where their split between context and continuation
+    # differs (a choice merged into the context's last token scored 0.0 as greedy; two documents' windows of a
+    # rolling perplexity shared a group and scored each other's tokens: byte perplexity 27.00 at batch 8, 15.78 at 1).
     lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
-                  max_length=max_length)
+                  max_length=max_length, logits_cache=False)
     # The harness encodes whole documents and cuts them into windows of max_length itself, so the
     # tokenizer's warning that a text is longer than the model takes (with "indexing errors") is untrue here.
     tokenizer_log = logging.getLogger("transformers.tokenization_utils_base")
@@ -424,8 +432,8 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
         # The tokenizers library's error for a character a character-level vocabulary lacks.
         close_progress_bars()
         raise UserError(f"a task's text (a prompt, an answer or a stop string) has a character this model's tokenizer "
-                        f"cannot encode (a character-level tokenizer knows only the characters of its training text; "
-                        f"{error_detail(e, 120)})") from None
+                        f"cannot encode (a character-level tokenizer knows only the characters of the corpus it was "
+                        f"built from; {error_detail(e, 120)})") from None
     finally:
         tokenizer_log.removeFilter(_windowed_by_the_harness)
     results["gbattn"] = {"step": step, "block_size": block_size, "max_length": max_length, "checkpoint": which}
