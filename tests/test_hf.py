@@ -380,8 +380,9 @@ def frozen(model: torch.nn.Module) -> list[str]:
 @pytest.mark.parametrize("layout", ["gpt2-post", "llama-attnres"])
 def test_the_base_model_gives_what_the_causal_lm_reads_and_keeps_its_checks(layout, tmp_path):
     """GbattnModel (AutoModel): last_hidden_state is the causal LM's last hidden state, through a left-padded batch
-    and a cached step; it saves and loads as the causal LM does (the same weight names, so each loads the other's
-    save), and refuses what the causal LM refuses, naming itself."""
+    and a cached step; cache_position gives its positions as the causal LM's does (the base model dropped it); it
+    saves and loads as the causal LM does (the same weight names, so each loads the other's save), and refuses what
+    the causal LM refuses, naming itself."""
     from gbattn.hf import GbattnModel
 
     gpt, hf = tiny_pair(("boosted", {"rounds": 3}), LAYOUTS[layout])
@@ -393,6 +394,10 @@ def test_the_base_model_gives_what_the_causal_lm_reads_and_keeps_its_checks(layo
     torch.testing.assert_close(out.last_hidden_state, full.hidden_states[-1], rtol=0, atol=0)
     torch.testing.assert_close(gpt.lm_head(out.last_hidden_state), full.logits, rtol=0, atol=0)
     assert len(out.hidden_states) == gpt.cfg.n_layers + 1
+    # cache_position gives the positions as in the causal LM (it was dropped: positions 0..8)
+    torch.testing.assert_close(base(idx, cache_position=torch.arange(2, 11)).last_hidden_state,
+                               base(idx, position_ids=torch.arange(2, 11)[None]).last_hidden_state, rtol=0, atol=0)
+    assert not torch.equal(base(idx, cache_position=torch.arange(2, 11)).last_hidden_state, base(idx).last_hidden_state)
     prefill = base(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
     step = base(ids[:, -1:], attention_mask=mask, cache=getattr(prefill, CACHE_FIELD)).last_hidden_state
     torch.testing.assert_close(step[:, -1], out.last_hidden_state[:, -1], rtol=1e-10, atol=1e-10)
@@ -940,7 +945,8 @@ def test_from_gpt_leaves_the_gpts_modules_as_they_were_and_its_own_cache_aside()
 
 def test_forward_honours_every_argument_it_takes():
     """Arguments forward() takes are honoured or refused, never silently ignored: inputs_embeds,
-    output_attentions, explicit position_ids beside a padding mask, cache_position, logits_to_keep as indices, labels
+    output_attentions, explicit position_ids beside a padding mask, cache_position (one of the wrong length was torch's
+    expand error; in a cached step it is taken as given, not shifted by the past), logits_to_keep as indices, labels
     that are all ignored; a training-mode call, or a config made with use_cache=False, keeps no cache; from_gpt
     keeps the GPT's mode."""
     gpt, hf = tiny_pair(("boosted", {}), {})
@@ -987,6 +993,13 @@ def test_forward_honours_every_argument_it_takes():
     assert not torch.equal(hf(idx, cache_position=torch.arange(2, 8)).logits, full)
     with pytest.raises(ValueError, match=re.escape("cache_position has shape (2, 6); expected (new tokens,) = (6,)")):
         hf(idx, cache_position=torch.arange(6).expand(2, 6))
+    # (one of the wrong length was torch's "The expanded size of the tensor (6) must match ...")
+    with pytest.raises(ValueError, match=re.escape("cache_position has shape (5,); expected (new tokens,) = (6,)")):
+        hf(idx, cache_position=torch.arange(5))
+    # in a cached step it gives the new tokens' positions as they are (past 4: 4 and 5, not 4 past them)
+    first = hf(idx[:, :4], use_cache=True)
+    step = hf(idx[:, 4:], past_key_values=getattr(first, CACHE_FIELD), cache_position=torch.arange(4, 6))
+    torch.testing.assert_close(step.logits, full[:, 4:], rtol=1e-10, atol=1e-10)
     # without position_ids they come from the mask, also in a cached step (the mask's last T slots)
     first = hf(ids[:, :-2], attention_mask=mask[:, :-2], use_cache=True)
     step = hf(ids[:, -2:], attention_mask=mask, cache=getattr(first, CACHE_FIELD)).logits

@@ -1316,7 +1316,8 @@ def test_sigterm_sent_twice_stops_the_run_at_a_step_boundary_with_its_checkpoint
 def test_a_hangup_or_a_schedulers_user_signal_stops_the_run_with_its_checkpoint(tmp_path, monkeypatch, name):
     """SIGHUP (a terminal closed without nohup) and SIGUSR1/SIGUSR2 (SLURM's --signal, scancel --signal) ended a
     training at once, silently, with no checkpoint (resume started at step 0). In the loop they stop it as SIGTERM
-    does, with the status a shell reports for the signal; ignored (nohup), SIGHUP stays ignored."""
+    does, with the status a shell reports for the signal; ignored (nohup), SIGHUP stays ignored; a caller's own
+    handler of one stays its own (taken over, the run stopped and the handler was never called)."""
     import signal
 
     signum = getattr(signal, name)
@@ -1332,20 +1333,37 @@ def test_a_hangup_or_a_schedulers_user_signal_stops_the_run_with_its_checkpoint(
         if name == "SIGHUP":
             signal.signal(signum, signal.SIG_IGN)
             assert train(tmp_path / "nohup", *configs, quiet=True)["steps"] == 6
+        received = []
+
+        def own(sig, frame):
+            received.append(sig)
+
+        signal.signal(signum, own)
+        try:
+            result = train(tmp_path / "own", *configs, quiet=True)
+        except Interrupted as e:  # (a KeyboardInterrupt: it would end the test session)
+            pytest.fail(f"the caller's own {name} handler was taken over: {e}")
+        assert result["steps"] == 6 and received == [signum] and signal.getsignal(signum) is own
     finally:
         signal.signal(signum, previous)
 
 
-def test_a_log_that_cannot_be_written_does_not_end_the_training(tmp_path, monkeypatch):
+@pytest.mark.parametrize("terminal", [False, True], ids=["file", "terminal"])
+def test_a_log_that_cannot_be_written_does_not_end_the_training(tmp_path, monkeypatch, terminal):
     """stderr that refuses writes (`2>/dev/full`, a terminal gone after a hangup): the progress and evaluation lines
     are dropped and the run trains on to its end. The evaluation's line came before its checkpoint, and failing
     there it ended the run with status 1, that evaluation's checkpoint lost; a note before the first step (a warmup
-    longer than the run) ended it there."""
+    longer than the run) ended it there. On a terminal (tqdm's bar) alike: its failing line was untested."""
     import errno
+
+    code = errno.EIO if terminal else errno.ENOSPC  # (what a terminal gone, and /dev/full, answer)
 
     class Full(io.StringIO):
         def write(self, text):
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(code, os.strerror(code))
+
+        def isatty(self):
+            return terminal
 
     data = write_corpus(tmp_path / "c")
     monkeypatch.setattr(sys, "stderr", Full())

@@ -1325,6 +1325,7 @@ def test_shown_bounds_the_repr_of_a_value_read_from_a_file():
     assert shown(collections.OrderedDict(a=some)) == ("{'a': [[[...], [...], [...], [...], ...], [[...], [...], [...], "
                                                       "[...], ...], ...")
     assert len(shown(_laughs())) == 80 and len(shown("x" * 10**6, 40)) == 40
+    assert len(shown(["y" * 40] * 2)) == 80  # (a repr of 88 characters, a little over the width, was kept whole)
     small = (5, "2", None, 1.5, [1, 2], {"a": 1})
     assert [shown(v) for v in small] == [repr(v) for v in small]
 
@@ -1966,6 +1967,32 @@ def test_a_tokenizer_whose_regex_backtracks_past_its_limit_is_one_data_error():
         Tokenizer("hf", no_unknown.to_str()).encode("a " + "z" * 300_000)
 
 
+def test_the_text_a_tokenizer_lacks_is_named_as_it_encodes_it_and_at_most_five_pieces():
+    """The pieces a tokenizer without an unknown token has no token for are named as it cuts them: they were cut
+    from the text before its normalizer (a lowercasing tokenizer's 'A' named), an added token was named as unknown,
+    and a batch of texts named every unknown piece of every text, without bound."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, normalizers, pre_tokenizers
+
+    from gbattn.data.tokenizer import Tokenizer
+    from gbattn.errors import DataError
+
+    def without_unknown(normalizer=None, added=()):
+        hf = HFTokenizer(models.WordLevel({"a": 0, " ": 1}, unk_token="<unk>"))
+        hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        if normalizer is not None:
+            hf.normalizer = normalizer
+        hf.add_tokens(list(added))
+        return Tokenizer("hf", hf.to_str())
+
+    with pytest.raises(DataError, match=r"^'b' is not in the tokenizer's vocabulary"):
+        without_unknown(normalizers.Lowercase()).encode("A b")
+    with pytest.raises(DataError, match=r"^'zz' is not in the tokenizer's vocabulary"):
+        without_unknown(added=["<sep>"]).encode("a <sep> zz")
+    with pytest.raises(DataError, match=r"^'w0', 'w1', 'w2', 'w3', 'w4' are not in the tokenizer's vocabulary"):
+        without_unknown().encode_batch([f"a w{i}" for i in range(8)])
+
+
 def test_an_interrupted_tokenization_leaves_no_cache_debris(tmp_path, monkeypatch):
     """Ctrl-C while the token cache is built removes the half-written entry; one abandoned by a
     process that no longer exists (kill -9) is removed by the next build. Both stayed forever."""
@@ -2034,7 +2061,8 @@ def test_a_full_disk_while_building_the_token_cache_is_one_line_and_leaves_nothi
 def test_a_token_cache_entry_this_user_cannot_read_is_one_line_before_any_encoding(tmp_path, monkeypatch, capsys):
     """Another user's entry in a shared cache, made under umask 077: the corpus was encoded again, then "cannot be
     read back after writing it; delete it", which this user cannot. One line now, before encoding (the tests run as
-    root, whom permissions do not stop: os.access stands in for another user's)."""
+    root, whom permissions do not stop: os.access stands in for another user's). An entry this user can read but not
+    write (another user's, made under umask 022) is used as it is; asking for write access refused it."""
     from gbattn.data import tokens
 
     monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
@@ -2049,6 +2077,13 @@ def test_a_token_cache_entry_this_user_cannot_read_is_one_line_before_any_encodi
     assert one_line(code, err) == (f"gbattn: error: the token cache entry {entry} cannot be read by this user (another "
                                    f"user's, in a shared cache?): set GBATTN_CACHE to a directory of your own, or ask "
                                    f"its owner to make it readable")
+
+    def read_only(path, mode):  # the entry readable, not writable
+        return not (mode & os.W_OK and Path(path).is_relative_to(entry)) and real_access(path, mode)
+
+    monkeypatch.setattr(os, "access", read_only)
+    code, _, err = run_cli(capsys, [*argv[:2], tmp_path / "run3", *argv[3:]])
+    assert code == 0, err
 
 
 def test_the_token_cache_over_the_file_size_limit_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
@@ -3258,13 +3293,24 @@ def test_json_writers_store_no_nan_and_jsonl_readers_keep_objects_only(tmp_path)
     assert files.read_jsonl(tmp_path / "none.jsonl") == files.read_jsonl(tmp_path) == []  # no file: no records
 
 
+def test_read_jsonl_reads_past_a_blank_line_and_keeps_a_record_with_a_byte_that_is_not_utf8(tmp_path):
+    """A blank line ended the reading: the records after it were lost. A record holding a byte that is not UTF-8 (a
+    line damaged on disk) was dropped whole; the byte is read as U+FFFD and the record kept."""
+    (tmp_path / "m.jsonl").write_text('{"a": 1}\n\n{"b": 2}\n')
+    assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": 1}, {"b": 2}]
+    (tmp_path / "m.jsonl").write_bytes(b'{"a": "\xff"}\n{"b": 2}\n')
+    assert files.read_jsonl(tmp_path / "m.jsonl") == [{"a": "\ufffd"}, {"b": 2}]
+
+
 def test_read_jsonl_reads_a_line_at_a_time(tmp_path):
     """A metrics file under the size limit that is a sparse file of zeros (4 KB on disk) is read a bounded line at a
-    time: it was read whole and decoded (2.1 GB of memory for 1 GiB); a line longer than any record is skipped."""
+    time: it was read whole and decoded (2.1 GB of memory for 1 GiB); a line longer than any record is skipped, to
+    its end (the tail of one that ends in a record, after 64 KiB of spaces, was read as a record)."""
     import tracemalloc
 
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"a": 1}\n' + "x" * (files.MAX_JSONL_LINE + 10) + '\n{"b": 2}\n')
+    path.write_text('{"a": 1}\n' + "x" * (files.MAX_JSONL_LINE + 10) + '\n' + " " * (files.MAX_JSONL_LINE + 10)
+                    + '{"z": 9}\n{"b": 2}\n')
     with open(path, "ab") as f:
         f.truncate(64 * 2**20)  # 64 MiB: zeros, no line end
         f.seek(0, 2)
