@@ -76,7 +76,10 @@ def evaluate(
         # a process out of rows repeats one with weight 0.
         n_batches = math.ceil(math.ceil(len(rows) / dist_env.world) / batch_size)
         rows = rows[dist_env.rank :: dist_env.world]
-    total, count, losses = 0.0, 0, []
+    # per-token losses go into one array made at the first batch: each batch's own small array, kept, broke up the
+    # heap between the logits of successive batches, which could not be reused (`eval --per-token` of WikiText-2 at
+    # batch 8: 5.06 GB peak for 1.26 MB of losses; 327 MB without them)
+    total, count, losses, filled = 0.0, 0, None, 0
     autocast = autocast or contextlib.nullcontext
     try:  # a forward that raises leaves the model in the mode it was given in
         for b in range(n_batches):
@@ -92,7 +95,10 @@ def evaluate(
             total += weight * nll.double().sum().item()
             count += int(weight * nll.numel())
             if per_token and weight:
-                losses.append(nll.flatten().cpu().numpy())
+                if losses is None:
+                    losses = torch.empty(len(rows) * seq_len, dtype=nll.dtype)
+                losses[filled : filled + nll.numel()].copy_(nll.flatten())
+                filled += nll.numel()
             if progress is not None:
                 progress(len(batch_rows))
         if dist_env is not None and dist_env.enabled:
@@ -104,5 +110,5 @@ def evaluate(
     return EvalResult(
         loss=total / max(count, 1),
         tokens=int(count),
-        per_token=np.concatenate(losses) if per_token and losses else None,
+        per_token=losses[:filled].numpy() if per_token and losses is not None else None,
     )
