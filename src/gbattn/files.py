@@ -16,6 +16,7 @@ import shlex
 import shutil
 import socket
 import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +47,14 @@ def create_new(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
 
 
-def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
-    """Write ``content`` (bytes, or text as UTF-8) to ``path`` through a temporary file in the same
-    directory, then rename it into place and sync the directory. On any failure (a full disk, a kill)
-    the previous file stays and the temporary file is removed; a full disk is a one-line :class:`UserError` (that
-    says the previous file is kept only where there was one), another failed write an :class:`OSError` naming
-    ``path`` (the CLI prints it). Callers serialize first (``torch.save`` into ``io.BytesIO``, see
-    ``rundir.save_checkpoint``): a library writing into the file itself could report the failed write as another
-    exception."""
+def atomic_write(path: str | Path, content: bytes | memoryview | str | Iterable[str]) -> None:
+    """Write ``content`` (bytes, or text as UTF-8, or pieces of text written as they come) to ``path`` through a
+    temporary file in the same directory, then rename it into place and sync the directory. On any failure (a full
+    disk, a kill) the previous file stays and the temporary file is removed; a full disk is a one-line
+    :class:`UserError` (that says the previous file is kept only where there was one), another failed write an
+    :class:`OSError` naming ``path`` (the CLI prints it). Callers serialize first (``torch.save`` into
+    ``io.BytesIO``, see ``rundir.save_checkpoint``): a library writing into the file itself could report the failed
+    write as another exception."""
     path = Path(path)
     tmp = path.with_name(path.name + building_suffix())  # whose it is: remove_abandoned removes it after a kill
     # (and so does the next write of the file: the folders of analyze, plot and bench take no lock and were never
@@ -62,7 +63,11 @@ def atomic_write(path: str | Path, content: bytes | memoryview | str) -> None:
     existed = os.path.exists(path)  # never raises (a name too long is the write's error to report)
     try:
         with open(create_new(tmp), "wb") as f:
-            f.write(content.encode("utf-8") if isinstance(content, str) else content)
+            if isinstance(content, (bytes, bytearray, memoryview, str)):
+                f.write(content.encode("utf-8") if isinstance(content, str) else content)
+            else:
+                for piece in content:
+                    f.write(piece.encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -384,16 +389,20 @@ def read_jsonl(path: str | Path) -> list[dict]:
     """The JSON objects of the lines of ``path`` (a metrics.jsonl), [] when it is not a file; a line cut short or
     damaged is skipped. A file larger than :data:`MAX_JSONL_BYTES` is a one-line :class:`CheckpointError`, unread (a
     sparse 20 GiB file filled the memory, then read as "out of memory: choose smaller sizes")."""
+    return list(iter_jsonl(path))
+
+
+def iter_jsonl(path: str | Path) -> Iterator[dict]:
+    """:func:`read_jsonl`'s objects one at a time (a file of a million lines is never held whole)."""
     path = Path(path)
     if not path.is_file():
-        return []
+        return
     refuse_oversized(path, MAX_JSONL_BYTES, "metrics file")
-    out = []
     with open(path, "rb") as f:  # a line at a time, none longer than MAX_JSONL_LINE read whole: a sparse file of
         while True:              # zeros under the size limit was read whole, then decoded (2.1 GB for 1 GiB)
             line = f.readline(MAX_JSONL_LINE + 1)
             if not line:
-                return out
+                return
             if len(line) > MAX_JSONL_LINE:  # no record of gbattn's is this long: skip to the line's end
                 while line and not line.endswith(b"\n"):
                     line = f.readline(MAX_JSONL_LINE)
@@ -403,7 +412,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
             except (ValueError, RecursionError):  # ValueError: bad JSON, or an integer of more than 4,300 digits
                 continue  # a line cut short by a kill, or damaged
             if isinstance(record, dict):
-                out.append(record)
+                yield record
 
 
 def relative_path(path, base) -> str:

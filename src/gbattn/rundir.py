@@ -59,9 +59,9 @@ from gbattn.files import (
     dangling_link,
     did_you_mean_path,
     error_detail,
+    iter_jsonl,
     process_gone,
     read_json,
-    read_jsonl,
     refuse_lfs_pointer,
     refuse_linked_folder,
     refuse_not_regular,
@@ -350,8 +350,8 @@ def truncate_metrics(path: str | Path, step: int) -> None:
     if Path(path).is_symlink():  # (its target's lines were copied into the run as its own, the link replaced)
         raise UserError(f"{path} is a link to {os.readlink(path)}: a run's {METRICS} is its own file, never read "
                         f"or written through a link; remove the link")
-    kept = [r for r in read_jsonl(path) if kept_event(r)]
-    atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
+    # a line at a time (a million lines, 150 MB, took 1.55 GB held whole)
+    atomic_write(path, (json.dumps(r) + "\n" for r in iter_jsonl(path) if kept_event(r)))
 
 
 def read_torch_file(path: str | Path, map_location="cpu"):
