@@ -1138,6 +1138,10 @@ def test_a_report_rows_length_columns_are_the_runs_own(tmp_path):
     assert row["tokens_per_parameter"] == row["train_tokens"] / row["parameters"] == 2_500.0
     assert "| 2,000 | 10.00 | — | 11.00 | — | 30 | 5.00M | 2.5e+03 | 7.5 | 100 | 1.0 min |" in (
         tmp_path / "results.md").read_text()
+    # a run of a few seconds: every row of a short comparison said "0.0 min"
+    write_results(tmp_path, recipe, {"data": "x", "seeds": [1], "sets": {}}, recipe.models,
+                  {"standard": {1: {**run, "wall_clock_s": 2.44}}})
+    assert "| 7.5 | 100 | 2.4 s |" in (tmp_path / "results.md").read_text()
 
 
 def test_a_report_row_names_the_models_it_is_matched_to_and_continues(tmp_path):

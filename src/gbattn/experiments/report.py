@@ -199,6 +199,11 @@ def _corpus_names(data: str) -> list[str]:
     return [re.sub(r"(-raw)?(-v\d+)?$", "", p) for p in parts]
 
 
+def wall_clock_text(seconds: float) -> str:
+    """Minutes to one decimal; seconds where that would print 0.0 (a short comparison's every row said "0.0 min")."""
+    return f"{seconds / 60:.1f} min" if seconds >= 3 else f"{seconds:.1f} s"
+
+
 def corpus_family(data: str) -> str:
     """The corpus a --data value names, for telling corpora apart: a local copy's folder or a file in
     it and the Hugging Face name alike (``wikitext-103``, ``wikitext-103-raw-v1``,
@@ -563,7 +568,7 @@ def results_markdown(report: dict) -> str:
                  _fmt(r["test_ppl_mean"], r["test_ppl_std"]), *delta, _fmt(r["valid_ppl_mean"], r["valid_ppl_std"]),
                  _fmt(*pub) if pub else "—", f"{r['steps']:,}", f"{in_millions(r['train_tokens'])}M",
                  f"{r['tokens_per_parameter']:.3g}", f"{r['train_flops'] / 1e15:.3g}", f"{r['tokens_per_s']:,.0f}",
-                 f"{r['wall_clock_s'] / 60:.1f} min"]
+                 wall_clock_text(r["wall_clock_s"])]
         lines.append("| " + " | ".join(cells) + " |")
     common = common_seeds(rows)
     held_note = seeds_held_note(report, rows)  # (None where the seeds differ between models: said below instead)
