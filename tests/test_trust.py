@@ -284,6 +284,16 @@ def test_resume_and_eval_refuse_other_data(trained, tmp_path, capsys, monkeypatc
     line = one_line(code, err)
     assert "is not the data the run was trained on" in line and "--allow-other-data" in line
     assert f"(fingerprint {recorded[:16]} recorded, {load_corpus(str(data)).fingerprint[:16]} now)" in line
+    # a run trained on a hub dataset, scored on a local copy of it: the two fingerprints are of two kinds (it said
+    # only that the data differed, where the text may be the same)
+    config = json.loads((run / rundir.CONFIG).read_text())
+    config["data"]["fingerprint"] = "hf:0123456789abcdef:fedcba9876543210:0011223344556677"
+    (run / rundir.CONFIG).write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, ["eval", run, "--data", data])
+    assert "now; the hub's datasets are fingerprinted by `datasets`, local files by their content, so a hub dataset " \
+           "and a local copy of it never match); pass --allow-other-data" in one_line(code, err)
+    config["data"]["fingerprint"] = recorded
+    (run / rundir.CONFIG).write_text(json.dumps(config))
     # not typed now: named as the run's record, with where it is (it read "--data PATH", as if typed)
     assert line.startswith(f"gbattn: error: the data {run} recorded ({data}) is not the data the run was trained on")
     assert f"; that is the path {run} recorded (a relative path is relative to where the run was trained)" in line

@@ -37,8 +37,12 @@ def prepare_data(cfg: TrainConfig, vocab_size: int, tokenizer: Tokenizer | None 
     (``--data NAME`` by default: as typed). ``corpus``: ``cfg.data`` already loaded (:func:`load_corpus`)."""
     corpus = corpus or load_corpus(cfg.data, tuple(cfg.split))
     if trained_on and corpus.fingerprint != trained_on:
+        # the hub's copy and a local one (the README's folder of it) never match, even holding the same text
+        sources = ("; the hub's datasets are fingerprinted by `datasets`, local files by their content, so a hub "
+                   "dataset and a local copy of it never match" if trained_on.startswith("hf:")
+                   != corpus.fingerprint.startswith("hf:") else "")
         raise UserError(f"{named or f'--data {cfg.data}'} is not the data the run was trained on (fingerprint "
-                        f"{trained_on[:16]} recorded, {corpus.fingerprint[:16]} now){mismatch}")
+                        f"{trained_on[:16]} recorded, {corpus.fingerprint[:16]} now{sources}){mismatch}")
     tok = tokenizer or get_tokenizer(cfg.tokenizer, corpus, vocab_size=vocab_size, verbose=progress)
     caps = {"train": cfg.train_tokens, "valid": cfg.eval_tokens, "test": cfg.eval_tokens}
     splits = tokenize_corpus(corpus, tok, caps, progress=progress, needed=needed)
