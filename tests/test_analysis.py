@@ -1118,6 +1118,8 @@ def test_collect_analyses_a_model_left_in_training_mode_without_dropout_and_leav
     stats.collect(model, tokens, 8, rows, batch_size=2, against=other)
     stats.attention_examples(model, tokens, 8, rows, [(0, 3)], 0)
     assert [m.training for m in model.modules()] == flags and other.training
+    stats.collect(model, tokens, 8, rows, batch_size=2, against=model)  # (the second record was restored last: eval)
+    assert [m.training for m in model.modules()] == flags
 
 
 def test_loss_difference_std_is_the_spread_of_the_per_token_differences(runs, tmp_path):

@@ -2453,6 +2453,7 @@ def test_lm_eval_local_tasks_equal_gbattn_loglikelihoods(trained, tmp_path, caps
         assert '"/' not in json.dumps(results[model_dir]) and "samples" not in results[model_dir]  # no absolute path
         assert results[model_dir]["gbattn"]["step"] == run.step and results[model_dir]["gbattn"]["max_length"] == L
         assert results[model_dir]["gbattn"]["versions"] == software_versions()  # (none was recorded)
+        assert results[model_dir]["gbattn"]["logits_cache"] is False  # (the harness's model_args record is null)
         assert results[model_dir]["gbattn"]["block_size"] == run.model_cfg.block_size
         # the harness's record of how it ran (null for a model passed in memory, unless given)
         assert (results[model_dir]["config"]["batch_size"], results[model_dir]["config"]["device"]) == (4, "cpu")
@@ -3244,32 +3245,44 @@ def test_lm_eval_task_generation_settings_that_change_no_answer_are_left_out_and
     answers = {}
     for name, extra in (("plain", ""), ("outputs", ", return_dict_in_generate: true, output_scores: true, "
                                                    "output_attentions: true"), ("nocache", ", use_cache: false"),
-                        ("static", ", cache_implementation: static"), ("bogus", ", bogus_arg: 3")):
+                        ("static", ", cache_implementation: static"), ("bogus", ", bogus_arg: 3"),
+                        # a task's own sampling settings (a traceback once the prompts' mask was no longer counted
+                        # as the task's), num_beams: 0 (ZeroDivisionError) and two answers per prompt (the harness's
+                        # zip() of prompts and answers)
+                        ("temp", ", do_sample: true, temperature: -1.0"), ("beams", ", num_beams: 0"),
+                        ("answers", ", do_sample: true, temperature: 1.0, num_return_sequences: 2")):
         write_task(tasks, f"gen_{name}", '{"q": "ROMEO:", "a": " I"}', "output_type: generate_until\ndoc_to_target: "
                    f"'{{{{a}}}}'\ngeneration_kwargs: {{until: [\"\\n\\n\"], max_gen_toks: 5{extra}}}\nmetric_list:\n"
                    "  - metric: exact_match\n")
         code = cli_main(["lm-eval", str(out), "--tasks", f"gen_{name}", "--include-path", str(tasks), "--log-samples",
                          "--output", str(tmp_path / f"{name}.json")])
         err = capsys.readouterr().err
-        if name in ("static", "bogus"):
+        if name in ("static", "bogus", "temp", "beams", "answers"):
+            line = err.strip().splitlines()[-1]
             assert code == 2 and "Traceback" not in err, err
-            assert err.strip().splitlines()[-1].startswith("gbattn: error: a task's generation_kwargs ("), err
-            assert ("cache_implementation" if name == "static" else "bogus_arg") in err.strip().splitlines()[-1]
+            assert line.startswith("gbattn: error: a task's generation_kwargs ("), err
+            named = {"static": "cache_implementation=", "bogus": "bogus_arg=3", "temp": "temperature=-1.0",
+                     "beams": "num_beams=0", "answers": "num_return_sequences=2"}[name]
+            assert named in line and "attention_mask" not in line, line  # (the harness's own, not the task's)
             continue
         assert code == 0, err
         samples = (tmp_path / f"samples-gen_{name}-{name}.jsonl").read_text().splitlines()
         answers[name] = [json.loads(sample)["resps"] for sample in samples]
     assert answers["outputs"] == answers["nocache"] == answers["plain"] and answers["plain"][0][0][0], answers
     # max_gen_toks: 0 was blamed on settings the harness passes itself ("generation_kwargs (attention_mask, do_sample)
-    # do not work with this model: ... `max_length` is set to 3")
-    write_task(tasks, "gen_zero", '{"q": "ROMEO:", "a": " I"}', "output_type: generate_until\ndoc_to_target: "
-               "'{{a}}'\ngeneration_kwargs: {until: [\"\\n\\n\"], max_gen_toks: 0}\nmetric_list:\n"
-               "  - metric: exact_match\n")
-    code = cli_main(["lm-eval", str(out), "--tasks", "gen_zero", "--include-path", str(tasks),
-                     "--output", str(tmp_path / "zero.json")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.strip().splitlines()[-1] == ("gbattn: error: a task's max_gen_toks=0 leaves no token to "
-                                                          "generate: give max_gen_toks >= 1 in its generation_kwargs")
+    # do not work with this model: ... `max_length` is set to 3"); a task's own max_length below its prompts alike
+    for name, given in (("zero", "max_gen_toks: 0"), ("short", "max_gen_toks: 4, max_length: 2")):
+        write_task(tasks, f"gen_{name}", '{"q": "ROMEO:", "a": " I"}', "output_type: generate_until\ndoc_to_target: "
+                   f"'{{{{a}}}}'\ngeneration_kwargs: {{until: [\"\\n\\n\"], {given}}}\nmetric_list:\n"
+                   "  - metric: exact_match\n")
+        code = cli_main(["lm-eval", str(out), "--tasks", f"gen_{name}", "--include-path", str(tasks),
+                         "--output", str(tmp_path / f"{name}.json")])
+        err = capsys.readouterr().err
+        max_length = 6 if name == "zero" else 2  # "ROMEO:" is 6 characters
+        assert code == 2 and err.strip().splitlines()[-1] == (
+            f"gbattn: error: a task's generation settings leave no token to generate: prompts of 6 tokens and "
+            f"max_length={max_length} (their length + max_gen_toks, or the task's own max_length); give max_gen_toks "
+            f">= 1, and no max_length"), err
 
 
 def test_lm_eval_arguments_are_checked_before_any_work(tmp_path, capsys):
@@ -3818,11 +3831,13 @@ def test_run_lm_eval_hands_the_harness_every_argument(monkeypatch):
     results = lmeval.run_lm_eval("dir", ["a"], include_path="inc", limit=0.5, batch_size=3, device="cpu",
                                  num_fewshot=0)
     assert loads == [("dir", None, torch.device("cpu"))]
-    assert made == [dict(pretrained="model", tokenizer="tok", backend="causal", batch_size=3, max_length=40)]
+    assert made == [dict(pretrained="model", tokenizer="tok", backend="causal", batch_size=3, max_length=40,
+                         logits_cache=False)]
     assert isinstance(evaluated[0].pop("model"), LM)
     assert evaluated == [dict(tasks=["a"], task_manager=("manager", ["a"], "inc"), limit=0.5, num_fewshot=0,
                               log_samples=False, batch_size=3, device="cpu")]
-    assert results == {"results": {}, "gbattn": {"step": 7, "block_size": 41, "max_length": 40, "checkpoint": "best"}}
+    assert results == {"results": {}, "gbattn": {"step": 7, "block_size": 41, "max_length": 40, "checkpoint": "best",
+                                                 "logits_cache": False}}
     assert log.filters == filters and lmeval._windowed_by_the_harness not in log.filters  # (not even from a run before)
 
     # Every failure that is the user's one line closes the bar the harness left open (it printed after the line)

@@ -929,7 +929,7 @@ def test_setup_cache_and_input_pos_of_the_wrong_kind_are_clear_errors():
     index_copy_'s, after a cache of the right size was set up."""
     model = tiny_model(("boosted", {"rounds": 2}))
     for kwargs in ({"batch": 0}, {"batch": -1}, {"batch": 2, "max_len": 0}, {"batch": 2, "max_len": -3},
-                   {"batch": 2.0}, {"batch": True}, {"batch": 2, "max_len": True}):
+                   {"batch": 2.0}, {"batch": True}, {"batch": 2, "max_len": True}, {"batch": None}):
         name, value = list(kwargs.items())[-1]
         with pytest.raises(ValueError, match=rf"setup_cache\({name}={value!r}\): {name} must be an integer >= 1"):
             model.setup_cache(**kwargs)

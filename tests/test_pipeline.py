@@ -1940,16 +1940,36 @@ def test_a_folder_without_split_files_lists_what_it_holds_and_points_a_lone_text
 
 
 @pytest.mark.parametrize("name", ["data.jsonl", "rows.CSV", "d.json.gz", "t.tsv", "x.parquet"])
-def test_a_file_of_records_is_refused_as_data(tmp_path, name):
+def test_a_file_of_records_is_refused_as_a_new_runs_data(tmp_path, capsys, name):
     """A .jsonl or .csv file given as --data was trained on as text, its syntax and field names with it (a decoded
-    row read '{" text ": " sample ..."}'), without a word; a .txt of the same text trains."""
+    row read '{" text ": " sample ..."}'), without a word: a new run or comparison refuses it, before any folder."""
     path = tmp_path / name
     write_text(path, '{"text": "some text"}\n' * 50)
-    with pytest.raises(DataError, match=re.escape(f"--data {path}: a {Path(name.lower().removesuffix('.gz')).suffix} "
-                                                  f"file holds records, not plain text")):
-        load_corpus(str(path))
-    write_text(tmp_path / "records.txt", '{"text": "some text"}\n' * 50)
-    assert load_corpus(str(tmp_path / "records.txt")).name.endswith("records.txt")
+    said = f"--data {path}: a {Path(name.lower().removesuffix('.gz')).suffix} file holds records, not plain text"
+    for argv in (["train", "--data", path, "--out", tmp_path / "run"],
+                 ["compare", "--recipe", "cpu-char", "--data", path, "--out", tmp_path / "cmp"]):
+        code, _, err = run_cli(capsys, argv)
+        assert code == 2 and err == f"gbattn: error: {said}, and gbattn reads a file as text: write the records' " \
+                                    f"text to a .txt file, one document after another (README, 'Data')\n", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_a_run_trained_on_a_file_of_records_before_its_refusal_is_read_and_resumed_as_it_was(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """The refusal is a new run's: a run trained on a .csv file by an earlier gbattn (or from Python) is evaluated,
+    resumed and started from (--init-from) on it as before (it was refused everywhere, as if the file were gone)."""
+    monkeypatch.setenv("GBATTN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    write_text(tmp_path / "lines.csv", "".join(f"line {i},the cat sat on the mat\n" for i in range(400)))
+    model_cfg, train_cfg = tiny_configs("lines.csv", max_steps=2, eval_every=2)
+    train(tmp_path / "run", model_cfg, train_cfg, quiet=True)
+    code, _, err = run_cli(capsys, ["eval", "run"])
+    assert code == 0, err
+    (tmp_path / "run" / ckpt.RESULT).unlink()  # unfinished, as if killed during its test evaluation
+    code, _, err = run_cli(capsys, ["train", "--resume", "--out", "run"])
+    assert code == 0 and (tmp_path / "run" / ckpt.RESULT).is_file(), err
+    code, _, err = run_cli(capsys, ["train", "--init-from", "run", "--out", "next", "--set", "max_steps=1"])
+    assert code == 0, err
 
 
 @pytest.mark.parametrize("names, unread", [(["train.en", "valid.en", "test.en"], "test.en, train.en, valid.en"),

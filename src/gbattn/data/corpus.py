@@ -465,6 +465,18 @@ def test_split_note(notes: list[str]) -> str:
     return " (this data has no test split: test is valid)" if tested_split(notes) == "valid" else ""
 
 
+def refuse_record_file(data: str) -> None:
+    """A new run's ``--data`` file of records (``.jsonl``, ``.csv``, ...) is refused: read as text, its syntax and field
+    names were trained on (tokens of ``{"``, ``":``, ``text``), without a word. Runs trained on one before are read as
+    they were (eval, analyze, resume, --init-from)."""
+    path = Path(os.path.expanduser(data))
+    stem = path.name.lower().removesuffix(".gz")
+    if Path(stem).suffix in RECORD_SUFFIXES and path.is_file() and data not in BUNDLED and data not in HF_NAMES:
+        raise DataError(f"--data {data}: a {Path(stem).suffix} file holds records, not plain text, and gbattn reads a "
+                        f"file as text: write the records' text to a .txt file, one document after another "
+                        f"(README, 'Data')")
+
+
 def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) -> Corpus:
     """Resolve ``--data``: a bundled corpus, a Hugging Face name, a local directory or a text file."""
     if not data:
@@ -484,11 +496,6 @@ def load_corpus(data: str, split: tuple[float, float, float] = DEFAULT_SPLIT) ->
         except PermissionError as e:
             raise DataError(f"--data {path} cannot be read ({e.strerror})") from None
     if path.is_file():
-        stem = path.name.lower().removesuffix(".gz")
-        if Path(stem).suffix in RECORD_SUFFIXES:  # (its syntax trained silently: tokens of `{"`, `":`, `text`)
-            raise DataError(f"--data {data}: a {Path(stem).suffix} file holds records, not plain text, and gbattn "
-                            f"reads a file as text: write the records' text to a .txt file, one document after "
-                            f"another (README, 'Data')")
         return _single_file(path, tuple(split), name=given)
     if path.exists():
         raise DataError(f"--data {data!r} is neither a regular file nor a directory (a device or a pipe)")

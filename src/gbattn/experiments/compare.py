@@ -23,7 +23,7 @@ from pathlib import Path
 from gbattn import rundir
 from gbattn.checks import MAX_INT, did_you_mean
 from gbattn.config import TrainConfig, build_configs, field_path, refuse_unused_epochs, training_input_length
-from gbattn.data.corpus import check_split_setting
+from gbattn.data.corpus import check_split_setting, refuse_record_file
 from gbattn.data.prepare import prepare_data
 from gbattn.data.tokenizer import FILE_KINDS, Tokenizer, _gpt2_payload
 from gbattn.errors import CheckpointError, DataError, Interrupted, Terminated, UserError
@@ -299,6 +299,8 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         resolve_device(probe_train.device)
         for configs in first_configs:
             training_input_length(*configs)
+        if not (out / "recipe.json").exists():  # a new comparison's choice (one begun on such a file goes on)
+            refuse_record_file(probe_train.data)
         prepared = prepare_data(probe_train, probe_model.vocab_size, progress=not quiet)
         # Every run already here trained on this data, before anything trains or is recorded: a corpus changed since
         # refused only when its run was reached, after the new seeds' runs had trained and recipe.json taken them.

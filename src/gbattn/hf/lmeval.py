@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gbattn.data.corpus import hub_access
-from gbattn.errors import CheckpointError, ConfigError, UserError
+from gbattn.errors import CheckpointError, ConfigError, UserError, shown
 from gbattn.files import (
     atomic_write,
     building_suffix,
@@ -57,6 +57,8 @@ from gbattn.rundir import (
 )
 from gbattn.terminal import note
 
+LOGITS_CACHE = False  # the harness's logits cache, off (run_lm_eval says why); results files record it
+
 
 class GbattnLM(HFLM):
     """``HFLM`` that decodes generations with special tokens kept: a char model's end-of-text token
@@ -80,16 +82,22 @@ class GbattnLM(HFLM):
         use_cache, which the harness passes itself, "got multiple values"); one that generate() refuses is one
         line naming the task's settings (a traceback before)."""
         asked = {k: v for k, v in generation_kwargs.items() if k not in ANSWER_NEUTRAL}
+        # the task's settings as the harness hands them on (do_sample and temperature always: its defaults if the task
+        # gave none; the prompts' attention_mask is its own, not the task's)
+        settings = ", ".join(f"{k}={shown(v, 40)}" for k, v in sorted(generation_kwargs.items())
+                             if k != "attention_mask")
         if max_length <= context.shape[1]:  # (generate()'s "max_length is set to 6", blamed on settings not given)
-            raise UserError(f"a task's max_gen_toks={max_length - context.shape[1]} leaves no token to generate: give "
-                            f"max_gen_toks >= 1 in its generation_kwargs")
+            raise UserError(f"a task's generation settings leave no token to generate: prompts of {context.shape[1]} "
+                            f"tokens and max_length={max_length} (their length + max_gen_toks, or the task's own "
+                            f"max_length); give max_gen_toks >= 1, and no max_length")
+        if asked.get("num_return_sequences", 1) != 1:  # (the harness's zip() of prompts and answers: a traceback)
+            raise UserError(f"a task's generation_kwargs ({settings}) ask for more than one answer per prompt: the "
+                            f"harness reads one; leave num_return_sequences out")
         try:
             return super()._model_generate(context, max_length, stop, **asked)
-        except (ValueError, TypeError) as e:
-            if not set(asked) - {"do_sample", "temperature", "attention_mask"}:  # the harness's own: not a task's
-                raise
-            raise UserError(f"a task's generation_kwargs ({', '.join(sorted(generation_kwargs))}) do not work with "
-                            f"this model: {error_detail(e, 200)}") from None
+        except (ValueError, TypeError, ArithmeticError) as e:  # (num_beams: 0 was a ZeroDivisionError traceback)
+            raise UserError(f"a task's generation_kwargs ({settings}) do not work with this model: "
+                            f"{error_detail(e, 200, with_type=isinstance(e, ArithmeticError))}") from None
 
     def tok_decode(self, tokens, skip_special_tokens: bool = False):
         return super().tok_decode(tokens, skip_special_tokens=skip_special_tokens)
@@ -400,7 +408,7 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
     # differs (a choice merged into the context's last token scored 0.0 as greedy; two documents' windows of a
     # rolling perplexity shared a group and scored each other's tokens: byte perplexity 27.00 at batch 8, 15.78 at 1).
     lm = GbattnLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
-                  max_length=max_length, logits_cache=False)
+                  max_length=max_length, logits_cache=LOGITS_CACHE)
     # The harness encodes whole documents and cuts them into windows of max_length itself, so the
     # tokenizer's warning that a text is longer than the model takes (with "indexing errors") is untrue here.
     tokenizer_log = logging.getLogger("transformers.tokenization_utils_base")
@@ -436,7 +444,8 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], include_path: str | Non
                         f"built from; {error_detail(e, 120)})") from None
     finally:
         tokenizer_log.removeFilter(_windowed_by_the_harness)
-    results["gbattn"] = {"step": step, "block_size": block_size, "max_length": max_length, "checkpoint": which}
+    results["gbattn"] = {"step": step, "block_size": block_size, "max_length": max_length, "checkpoint": which,
+                         "logits_cache": LOGITS_CACHE}
     not_applied = fewshot_not_applied(results, num_fewshot)
     if not_applied:  # (the results were named and labelled --num-fewshot's, silently)
         note(f"note: --num-fewshot {num_fewshot} does not apply to {'; '.join(not_applied.values())}: "

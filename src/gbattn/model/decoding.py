@@ -85,8 +85,9 @@ def set_eval(model: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
 
 
 def restore_modes(modes: list[tuple[torch.nn.Module, bool]]) -> None:
-    """Each module's training flag as :func:`set_eval` found it."""
-    for module, training in modes:
+    """Each module's training flag as :func:`set_eval` found it; the earliest record last, so that the records of two
+    calls joined (a model and another sharing modules, or the same model twice) give back the flags found first."""
+    for module, training in reversed(modes):
         module.training = training
 
 

@@ -184,7 +184,7 @@ class GPT(nn.Module):
         ``dtype`` on ``device`` (default: the model's; a forward refuses a cache on another device, or of another
         dtype outside autocast); it follows the model's ``.to()``."""
         for name, value in (("batch", batch), ("max_len", max_len)):
-            if value is not None and not is_count(value):
+            if not is_count(value) and (value is not None or name == "batch"):  # (batch=None was int()'s TypeError)
                 raise ValueError(f"setup_cache({name}={value!r}): {name} must be an integer >= 1")
         batch, max_len = int(batch), max_len and int(max_len)
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):

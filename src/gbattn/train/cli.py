@@ -97,7 +97,7 @@ def cmd_train(args) -> None:
     from gbattn import rundir
     from gbattn.checks import coerce
     from gbattn.config import TrainConfig, build_configs, merge_options, parse_sets
-    from gbattn.data.corpus import check_split_setting
+    from gbattn.data.corpus import check_split_setting, refuse_record_file
     from gbattn.errors import UserError
     from gbattn.files import finite
     from gbattn.runtime import is_first_process
@@ -137,6 +137,7 @@ def cmd_train(args) -> None:
             preset = args.preset or "paper-small"
             model_cfg, train_cfg = build_configs(preset, sets.pop("attn", "standard"), data, sets)
             check_split_setting(data, sets)  # a valid split, which would be ignored
+            refuse_record_file(data)  # (a new run's; one trained on such a file before resumes and is read as it was)
             trainer = Trainer(args.out, model_cfg, train_cfg, quiet=args.quiet, preset=preset, restart=args.restart)
     try:
         result = trainer.run()
@@ -167,6 +168,7 @@ def _init_from_trainer(args, init_from: str, sets: dict):
     """A new run whose model (and default data and recipe) is the one in ``init_from`` (``--init-from``)."""
     from gbattn import rundir
     from gbattn.config import DROPOUT_FIELDS, build_configs, split_overrides
+    from gbattn.data.corpus import refuse_record_file
     from gbattn.errors import UserError
     from gbattn.files import portable_path
     from gbattn.runtime import is_first_process
@@ -208,7 +210,10 @@ def _init_from_trainer(args, init_from: str, sets: dict):
     if source.get("preset") is None and not args.quiet and is_first_process():
         note(f"note: {init_from} records no preset: training with paper-small's recipe (lr, warmup, epochs, "
              f"batch); --set changes any of them")
-    _, train_cfg = build_configs(preset, model_cfg.attn, train_sets.pop("data", None) or source_train.data, train_sets,
+    data = train_sets.pop("data", None)
+    if data and data != source_train.data:  # other data than the run's own (which it trained on as it is)
+        refuse_record_file(data)
+    _, train_cfg = build_configs(preset, model_cfg.attn, data or source_train.data, train_sets,
                                  tokenizer=source_train.tokenizer)
     train_cfg = train_cfg.replace(init_from=str(init_from), split=source_train.split)
     # (config.json's train.init_from keeps the path a resume reads; the extras go into result.json, which holds no
