@@ -375,7 +375,7 @@ def test_a_dynamo_error_of_an_eager_row_is_raised_not_reported_as_a_failed_compi
 
 def test_bench_reports_the_median_prefill_and_no_negative_compile_time(monkeypatch):
     """Prefills of 1, 1 and 7 s over three repeats: 1 s, their median (the mean, 3 s, lets one slow repeat through).
-    A warm-up decode faster than the measured ones (0.5 s against 2 s) compiled in no time: 0, never negative."""
+    Warm-up decodes faster than the measured ones (0.5 s against 2 s) compiled in no time: 0, never negative."""
     from gbattn.bench import speed
 
     clock, calls = [0.0], []
@@ -384,7 +384,7 @@ def test_bench_reports_the_median_prefill_and_no_negative_compile_time(monkeypat
         clock[0] += 0.5
 
     def fake_decode(model, prompt, n_decode, device, autocast, step=None):
-        prefill, decode = [(9.0, 0.5), (1.0, 2.0), (1.0, 2.0), (7.0, 2.0)][len(calls)]
+        prefill, decode = [(9.0, 0.5), (9.0, 0.5), (1.0, 2.0), (1.0, 2.0), (7.0, 2.0)][len(calls)]  # 2 warm-ups
         calls.append(step)
         clock[0] += prefill + decode
         return prefill, decode
@@ -501,11 +501,12 @@ def test_bench_takes_medians_of_uneven_timings_and_labels_its_counts(monkeypatch
         def __init__(self, model):
             self.model = model
 
-    # seconds per training step, in call order: 2 warm-up steps, then 2 steps in each of 3 repeats
+    # seconds per training step, in call order: 2 warm-up steps (twice for a compiled row), then 2 steps in each of
+    # 3 repeats
     steps = {"standard": [0.5, 0.5, 0.375, 0.375, 1.0, 1.0, 0.5, 0.5],
              "boosted": [0.5, 0.5, 0.75, 0.75, 1.0, 1.0, 2.0, 2.0],
-             "standard · compiled": [0.125, 0.125, 0.1875, 0.1875, 0.5, 0.5, 0.25, 0.25],
-             "boosted · compiled": [3.0, 3.0, 0.375, 0.375, 0.5, 0.5, 1.0, 1.0]}
+             "standard · compiled": [0.125, 0.125, 0.125, 0.125, 0.1875, 0.1875, 0.5, 0.5, 0.25, 0.25],
+             "boosted · compiled": [3.0, 3.0, 0.25, 0.25, 0.375, 0.375, 0.5, 0.5, 1.0, 1.0]}
     sweep_steps = [4.0, 1.0, 3.0, 2.5]  # a warm-up step, then 3 timed ones (the median of 2 of them is not 2.5)
     clock, seen, decodes, probed, kept = [0.0], {}, [], [], []
 
@@ -525,6 +526,8 @@ def test_bench_takes_medians_of_uneven_timings_and_labels_its_counts(monkeypatch
         decodes.append((tuple(prompt.shape), n_decode))
         kept.append(model)
         n = seen[id(model)] = seen.get(id(model), 0) + 1
+        if step is not None:  # a compiled row: its second warm-up round decodes too
+            n = max(1, n - 1)
         prefill, decode = [0.25, 0.75, 0.25, 0.5][n - 1], [2.0, 1.0, 4.0, 2.0][n - 1]
         clock[0] += prefill + decode
         return prefill, decode
@@ -543,7 +546,7 @@ def test_bench_takes_medians_of_uneven_timings_and_labels_its_counts(monkeypatch
                              decode=4, sweep=[128], compile="both", threads=1, quiet=True, sets={"n_layers": 1})
     assert (report["batch"], report["repeats"], report["steps_per_repeat"]) == (8, 3, 2)
     assert (report["prefill_tokens"], report["decode_tokens"], report["amp_bf16"]) == (60, 4, False)
-    assert set(decodes) == {((1, 60), 4)} and len(decodes) == 4 * 4
+    assert set(decodes) == {((1, 60), 4)} and len(decodes) == 4 * 4 + 2
     rows = {r["variant"]: r for r in report["variants"]}
     standard, boosted = rows["standard"], rows["boosted"]
     assert standard["step_s_all"] == [0.375, 1.0, 0.5] and standard["step_s"] == 0.5
@@ -1085,7 +1088,7 @@ def test_bench_reports_compile_time_with_compile_on(monkeypatch):
     report = speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=2, seq_len=16, repeats=2,
                              steps=3, decode=4, compile="on", threads=1, quiet=True, sets={"n_layers": 1})
     assert all(r["compile_s"] == {"train": 5.5, "decode": 4.0} for r in report["variants"])
-    assert ("Compile time (the warm-up round's extra time over the measured steps), train / decode: "
+    assert ("Compile time (the two warm-up rounds' extra time over the measured steps), train / decode: "
             "standard · compiled 5.5 / 4 s, boosted · compiled 5.5 / 4 s.") in speed.bench_markdown(report)
     report["variants"][0]["compile_s"] = {"train": 0.3, "decode": 0.04}  # from a warm cache: not shown as 0
     assert "standard · compiled 0.3 / 0.04 s" in speed.bench_markdown(report)
@@ -1352,7 +1355,7 @@ def test_bench_interleaves_its_variants_round_by_round_and_its_progress_ends_at_
     speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=1, seq_len=8, repeats=2, steps=1,
                     decode=2, threads=1, quiet=False, sets={"n_layers": 1}, compile="both")
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench cpu-char on cpu: ")]
-    assert lines[-1] == "bench cpu-char on cpu: 12/12 rounds"
+    assert lines[-1] == "bench cpu-char on cpu: 14/14 rounds"  # 4 cases x (warm-up + 2 repeats), + 2 warm-ups again
 
 
 def test_recomputed_step_ratio_and_decode_compile_time_are_medians_of_uneven_repeats(monkeypatch):
