@@ -836,6 +836,37 @@ def test_a_prompt_mask_of_ones_on_a_prompt_past_block_size_is_no_padding():
                            generate(model, prompt, 3, temperature=0, use_cache=use_cache))
 
 
+def test_generate_computes_the_last_positions_logits_only(variant_case):
+    """The prompt's forward and every uncached step past block_size made the logits of every position (B, T, V) and
+    kept them alive through a view of the last row: 256 samples past block_size peaked at 1.38 GB (0.33 GB now).
+    The LM head sees one position per row, cached or not, padded or not; the tokens are as before."""
+    model = tiny_model(variant_case)
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, args, output: seen.append(tuple(args[0].shape[:2])))
+    prompt = torch.randint(0, 37, (3, 6))
+    ids, mask = left_pad([prompt[0], prompt[1, :4], prompt[2, :2]])
+    for kwargs in (dict(), dict(use_cache=False), dict(prompt_mask=mask)):
+        tokens = ids if "prompt_mask" in kwargs else prompt
+        seen.clear()
+        out = generate(model, tokens, model.cfg.block_size + 3, temperature=0, **kwargs)  # past the block too
+        assert seen and set(seen) == {(3, 1)}, (kwargs, set(seen))
+        # the same tokens as from the whole window's logits
+        reference = tokens
+        with torch.no_grad():
+            for _ in range(model.cfg.block_size + 3):
+                window = reference[:, -model.cfg.block_size:]
+                extra = decoding._padded_window(mask, reference.shape[1], window.shape[1], kwargs.get("prompt_mask"))
+                reference = torch.cat([reference, model(window, **extra)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        assert torch.equal(out, reference), kwargs
+    full = model(prompt)
+    torch.testing.assert_close(model(prompt, logits_to_keep=2), full[:, -2:], rtol=0, atol=0)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=rf"^logits_to_keep={bad!r}: give 0 \(every position's logits\) or a"):
+            model(prompt, logits_to_keep=bad)
+    with pytest.raises(ValueError, match="without targets"):
+        model(prompt, prompt, logits_to_keep=1)
+
+
 def test_a_model_with_non_finite_logits_is_one_error_and_the_cli_one_line(tmp_path, capsys):
     """Finite weights can give NaN logits (a diverged run's last update): sampling failed with torch's "probability
     tensor contains either inf, nan or element < 0" (a traceback from `gbattn generate`), and greedy decoding made

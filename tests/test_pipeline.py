@@ -234,6 +234,27 @@ def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, damage):
     assert {s: (entry / f"{s}.bin").stat().st_size for s in splits} == {s: v.nbytes for s, v in splits.items()}
 
 
+def test_a_cached_entry_checks_only_the_splits_asked_for(tmp_path, monkeypatch):
+    """Scoring the test split (eval, analyze) hashed and range-checked every split of a cached entry, the training
+    split too (54M ids to score 1.3M). Only the splits asked for are read: one of another split, damaged, serves a
+    test score, and is found and built again once that split is asked for (training)."""
+    from gbattn.data import tokens as tokens_mod
+
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    tok = get_tokenizer("char", corpus)
+    splits = {s: np.array(ids) for s, ids in tokenize_corpus(corpus, tok, progress=False).items()}
+    (entry,) = (Path(os.environ["GBATTN_CACHE"]) / "tokens").iterdir()
+    _damage_one_id(entry)
+    hashed, digest = [], tokens_mod._ids_digest
+    monkeypatch.setattr(tokens_mod, "_ids_digest", lambda ids: hashed.append(len(ids)) or digest(ids))
+    test = tokenize_corpus(corpus, tok, progress=False, needed=("test",))["test"]
+    np.testing.assert_array_equal(test, splits["test"])
+    assert hashed == [len(splits["test"])]  # the test split's ids alone
+    again = tokenize_corpus(corpus, tok, progress=False)  # every split: the damaged one found and built again
+    np.testing.assert_array_equal(again["train"], splits["train"])
+    assert len(hashed) > 1
+
+
 def test_a_token_cache_entry_finished_by_another_process_at_the_same_moment_is_taken(tmp_path, monkeypatch):
     """Two processes (every rank of a torchrun job) build the same entry; one renames its copy into
     place just after the other checked it was absent: the later one takes the entry, no error, no debris."""

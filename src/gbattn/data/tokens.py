@@ -112,19 +112,20 @@ def tokenize_corpus(
     """Token ids of every split as read-only memmaps (built once, then read from the cache).
 
     ``caps`` limits tokens per split (the paper: train 10M, valid/test 1M), taken from the start.
-    ``needed``: the splits the caller reads (eval: the one it scores). A cached entry of every split serves as it
-    is; otherwise the others are not read, and empty in an entry of their own (their cap 0).
+    ``needed``: the splits the caller reads (eval: the one it scores), the only ones checked in a cached entry. A cached
+    entry of every split serves as it is; otherwise the others are not read, and empty in an entry of their own (their
+    cap 0).
     """
     caps = {s: (caps or {}).get(s) for s in SPLITS}
     key = _entry_key(corpus, tokenizer, caps)
     directory = _entry_directory(key)
     dtype = np.dtype(tokens_dtype(tokenizer.vocab_size))
-    cached = _cached(directory, dtype, tokenizer.vocab_size, key)
+    cached = _cached(directory, dtype, tokenizer.vocab_size, key, needed)
     if cached is None and set(needed) != set(SPLITS):
         caps = {s: caps[s] if s in needed else 0 for s in SPLITS}
         key = _entry_key(corpus, tokenizer, caps)
         directory = _entry_directory(key)
-        cached = _cached(directory, dtype, tokenizer.vocab_size, key)
+        cached = _cached(directory, dtype, tokenizer.vocab_size, key, needed)
     if cached is not None:
         return cached
     remove_abandoned(directory.parent)
@@ -161,9 +162,11 @@ def tokenize_corpus(
     return cached
 
 
-def _cached(directory: Path, dtype: np.dtype, vocab_size: int, key: str) -> dict[str, np.ndarray] | None:
-    """The cache entry at ``directory`` (:func:`_read_cache`), or None: none there, or a damaged one, removed (its
-    splits are built again), be it a folder, a file, a link (to nothing) or a pipe in the entry's place."""
+def _cached(directory: Path, dtype: np.dtype, vocab_size: int, key: str,
+            needed: tuple[str, ...] = SPLITS) -> dict[str, np.ndarray] | None:
+    """The cache entry at ``directory`` (:func:`_read_cache`, its ``needed`` splits checked), or None: none there, or a
+    damaged one, removed (its splits are built again), be it a folder, a file, a link (to nothing) or a pipe in the
+    entry's place."""
     # (nothing there: nothing to remove; removing "it" anyway deleted another process's entry renamed into place
     # between the two)
     exists = directory.exists()
@@ -174,7 +177,7 @@ def _cached(directory: Path, dtype: np.dtype, vocab_size: int, key: str) -> dict
         # back after writing it; delete it", which this user cannot)
         raise DataError(f"the token cache entry {directory} cannot be read by this user (another user's, in a shared "
                         f"cache?): set GBATTN_CACHE to a directory of your own, or ask its owner to make it readable")
-    cached = _read_cache(directory, dtype, vocab_size, key) if exists else None
+    cached = _read_cache(directory, dtype, vocab_size, key, needed) if exists else None
     if cached is None and (exists or directory.is_symlink()):
         if directory.is_dir() and not directory.is_symlink():
             shutil.rmtree(directory, ignore_errors=True)
@@ -193,12 +196,15 @@ def _ids_digest(ids: np.ndarray) -> str:
     return hashlib.sha256(memoryview(np.ascontiguousarray(ids)).cast("B")).hexdigest()
 
 
-def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int, key: str) -> dict[str, np.ndarray] | None:
+def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int, key: str,
+                needed: tuple[str, ...] = SPLITS) -> dict[str, np.ndarray] | None:
     """The token ids of a cache entry as read-only memmaps, or None when the entry is damaged: its
     ``meta.json`` unreadable, not what this module writes, or of another entry (its ``key``), a split's file not
-    of the size it records or not the content (SHA-256) it records (an entry from before digests were recorded is
-    built again), or an id outside the tokenizer's vocabulary (the model would fail on it mid-run with a traceback,
-    or read another token's row on a GPU, which does not check). Two passes over the ids: the digest, then the range."""
+    of the size it records or, for the ``needed`` splits, not the content (SHA-256) it records (an entry from before
+    digests were recorded is built again), or an id outside the tokenizer's vocabulary (the model would fail on it
+    mid-run with a traceback, or read another token's row on a GPU, which does not check). Two passes over the ids:
+    the digest, then the range. The other splits are not read (`eval` of a test split hashed the whole training
+    split: 54M ids for 1.3M scored); a caller that needs them asks again, and checks them then."""
     try:
         meta = read_json(directory / "meta.json")
         if meta["dtype"] != dtype.name or meta.get("key") != key:  # (an entry from before keys were recorded: built
@@ -209,6 +215,8 @@ def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int, key: str) -> 
             if type(count) is not int or count < 0 or path.stat().st_size != count * dtype.itemsize:
                 return None
             out[s] = _split_ids(path, dtype, count)
+            if s not in needed:
+                continue
             if _ids_digest(out[s]) != meta["sha256"][s] or (count and int(out[s].max()) >= vocab_size):
                 return None
         return out

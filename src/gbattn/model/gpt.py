@@ -232,9 +232,11 @@ class GPT(nn.Module):
     # -- forward -------------------------------------------------------------------
     def forward(self, idx_BT: Tensor, targets_BT: Tensor | None = None, *, input_pos: Tensor | None = None,
                 position_ids: Tensor | None = None, key_padding_mask: Tensor | None = None, cache=None,
-                naive: bool = False, return_intermediates: bool = False, loss_chunk: int | None = None):
+                naive: bool = False, return_intermediates: bool = False, loss_chunk: int | None = None,
+                logits_to_keep: int = 0):
         """Logits (B, T, V), or with ``targets_BT`` the mean next-token cross-entropy (-100 ignored);
-        with ``return_intermediates`` also one :class:`Record` per layer.
+        with ``return_intermediates`` also one :class:`Record` per layer. ``logits_to_keep``: the last N positions'
+        logits only, (B, N, V) (0: every position's; as transformers' argument of that name).
 
         ``input_pos`` (T,): cache slots of the tokens (required with a cache; also their positions
         unless ``position_ids`` (B, T) is given, as with left padding). ``key_padding_mask`` (B, S):
@@ -251,10 +253,15 @@ class GPT(nn.Module):
                              f"{tuple(idx_BT.shape)}: give one target per token (model(idx[:, :-1], idx[:, 1:]))")
         if targets_BT is not None:
             self.check_targets(targets_BT)
+        if logits_to_keep != 0 and (not is_count(logits_to_keep) or targets_BT is not None):
+            raise ValueError(f"logits_to_keep={logits_to_keep!r}: give 0 (every position's logits) or a count >= 1 of "
+                             f"the last positions', without targets (the loss needs every position's)")
         h_BTD, records = self.hidden(idx_BT, input_pos=input_pos, position_ids=position_ids,
                                      key_padding_mask=key_padding_mask, cache=cache, naive=naive,
                                      return_intermediates=return_intermediates)
         check_device("targets", targets_BT, idx_BT.device, "token ids")  # (after hidden's check of the token ids)
+        if logits_to_keep:
+            h_BTD = h_BTD[:, -int(logits_to_keep):]
         out = self.lm_head(h_BTD) if targets_BT is None else self.chunked_loss(h_BTD, targets_BT, loss_chunk)
         return (out, records) if return_intermediates else out
 
