@@ -610,10 +610,10 @@ def bench_markdown(report: dict) -> str:
                              f"{r['decode_tokens_per_s']:,.0f}", f"{r['compiled_decode_speedup']:.2f}",
                              _compile_times(r)]) for e, r in rows],
             "Speedups: the variant's eager time over its compiled time in the same repeats (step: median of the "
-            "paired ratios). Compile time: the two warm-up rounds' extra time over the measured steps."
+            f"paired ratios). Compile time: {_warm_up_words(report)} extra time over the measured steps."
             + _compile_cache_note(report))
     if report["compile"] == "on":  # no eager rows to compare with, but the compile time is still the user's cost
-        lines += ["", "Compile time (the two warm-up rounds' extra time over the measured steps), train / decode: "
+        lines += ["", f"Compile time ({_warm_up_words(report)} extra time over the measured steps), train / decode: "
                   + ", ".join(f"{r['variant']} {_compile_times(r)} s"
                               for r in report["variants"]) + "." + _compile_cache_note(report)]
     recomputed = [r for r in report["variants"] if r.get("recomputed_step_ratio")]
@@ -657,6 +657,13 @@ def _inductor_caches() -> str:
     import torch._inductor.config
 
     return "disabled" if torch._inductor.config.force_disable_caches else "enabled"
+
+
+def _warm_up_words(report: dict) -> str:
+    """Whose time the compile time is: the two warm-up rounds' of compiled rows, or the one round's of a bench.json
+    written before compiled rows warmed up twice."""
+    twice = any("train_2_steps_again" in (r.get("warmup_s") or {}) for r in report["variants"])
+    return "the two warm-up rounds'" if twice else "the warm-up round's"
 
 
 def _compile_cache_note(report: dict) -> str:
