@@ -1737,35 +1737,6 @@ def test_a_single_file_splits_at_exact_character_fractions(tmp_path):
     assert ("".join(nano.lines("train")), "".join(nano.lines("valid"))) == (odd[:902], odd[902:])
 
 
-def test_a_single_file_is_read_whole_only_where_its_lines_are(tmp_path, monkeypatch):
-    """Loading a single-file corpus read its text whole into memory (4 bytes a character past one emoji), also where
-    the token cache answered and no line was read (`gbattn eval` of a run on a 54 MB file: 504 MB, now 296 MB). It
-    is measured in pieces; a split's lines read the text whole, and the same lines as before."""
-    path = tmp_path / "one.txt"
-    text = "".join(f"line {i} \u00e9\U0001f600\r\n" for i in range(3000))  # (CRLF: counted as read, one character)
-    path.write_bytes(text.encode())
-    whole = []
-    real_open = corpus_mod.open_text
-
-    class Watched(io.TextIOWrapper):
-        def read(self, size=-1):
-            if size is None or size < 0:
-                whole.append(1)
-            return super().read(size)
-
-    monkeypatch.setattr(corpus_mod, "open_text", lambda p: Watched(io.FileIO(p), encoding="utf-8-sig"))
-    corpus = load_corpus(str(path))
-    assert whole == []  # measured in pieces
-    lines = {s: list(corpus.lines(s)) for s in ("train", "valid", "test")}
-    assert len(whole) == 3  # each split's lines: the text read whole then
-    monkeypatch.setattr(corpus_mod, "open_text", real_open)
-    with real_open(path) as f:
-        expected = f.read()
-    a, b = int(len(expected) * 0.9), int(len(expected) * 0.9) + int(len(expected) * 0.05)
-    assert "".join(lines["train"]) == expected[:a] and "".join(lines["valid"]) == expected[a:b]
-    assert "".join(lines["test"]) == expected[b:]
-
-
 def test_a_single_file_is_cut_into_lines_at_newlines_only_as_a_folder_is(tmp_path):
     """str.splitlines also broke a single file's text at form feeds, U+2028, U+0085 and the like (a folder's files and
     run.perplexity break at newlines only): a byte-level tokenizer then saw other lines, and a line holding only such

@@ -324,14 +324,9 @@ def _local_directory(path: Path, name: str | None = None) -> Corpus:
 
 def _single_file(path: Path, split: tuple[float, float, float], name: str | None = None) -> Corpus:
     digest = checked_digest(path)
-    # its length in characters and its line breaks, read in pieces: the text is read whole only where a split's
-    # lines are (the token cache answers most loads: a 54 MB file was held whole, 4 bytes a character past one emoji,
-    # by every `eval`)
-    n, other_breaks = 0, False
     with open_text(path) as f:
-        for piece in iter(lambda: f.read(1 << 22), ""):
-            n += len(piece)
-            other_breaks = other_breaks or bool(OTHER_LINE_BREAKS.search(piece))
+        text = f.read()
+    n = len(text)
     a = int(n * split[0])
     b = a + int(n * split[1]) if split[2] > 0 else n
     # each split's bounds in the text, read in place (copies of the three parts held the text twice)
@@ -342,14 +337,10 @@ def _single_file(path: Path, split: tuple[float, float, float], name: str | None
     if split[2] == 0:
         notes.append(NO_TEST_SPLIT)
     # (a text with a line break other than a newline was cut into other lines before: its token cache is not reused)
-    lines_rule = "|newline-lines" if other_breaks else ""
+    lines_rule = "|newline-lines" if OTHER_LINE_BREAKS.search(text) else ""
     fingerprint = hashlib.sha256(f"{digest}|{tuple(split)}{lines_rule}".encode()).hexdigest()
 
     def reader(s: str) -> Iterator[str]:
-        with open_text(path) as f:
-            text = f.read()
-        if len(text) != n:  # (replaced since it was checked: its digest no longer the one recorded)
-            raise DataError(f"--data {path} changed while it was read: run again")
         yield from text_lines(text, *parts[s])
 
     return Corpus(name=name or str(path), fingerprint=fingerprint, reader=reader, notes=notes)
