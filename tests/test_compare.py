@@ -1142,6 +1142,9 @@ def test_a_report_rows_length_columns_are_the_runs_own(tmp_path):
     write_results(tmp_path, recipe, {"data": "x", "seeds": [1], "sets": {}}, recipe.models,
                   {"standard": {1: {**run, "wall_clock_s": 2.44}}})
     assert "| 7.5 | 100 | 2.4 s |" in (tmp_path / "results.md").read_text()
+    write_results(tmp_path, recipe, {"data": "x", "seeds": [1], "sets": {}}, recipe.models,
+                  {"standard": {1: {**run, "wall_clock_s": 3.1}}})
+    assert "| 7.5 | 100 | 3.1 s |" in (tmp_path / "results.md").read_text()  # (not "0.1 min": 6 s)
 
 
 def test_a_report_row_names_the_models_it_is_matched_to_and_continues(tmp_path):

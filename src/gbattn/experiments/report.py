@@ -200,8 +200,9 @@ def _corpus_names(data: str) -> list[str]:
 
 
 def wall_clock_text(seconds: float) -> str:
-    """Minutes to one decimal; seconds where that would print 0.0 (a short comparison's every row said "0.0 min")."""
-    return f"{seconds / 60:.1f} min" if seconds >= 3 else f"{seconds:.1f} s"
+    """Minutes to one decimal from half a minute; seconds below it (a short comparison's every row said "0.0 min",
+    and 3.1 s would read "0.1 min": 6 s)."""
+    return f"{seconds / 60:.1f} min" if seconds >= 30 else f"{seconds:.1f} s"
 
 
 def corpus_family(data: str) -> str:
