@@ -369,6 +369,14 @@ def collect(model, tokens: np.ndarray, seq_len: int, row_ids: np.ndarray, batch_
     # the per-token losses go into arrays made once (as perplexity's): each batch's own, kept, broke up the heap
     # between batches' logits (analyze of 2,400 WikiText-2 rows grew to 2.4 GB for a few MB of losses)
     losses = other = None
+
+    def kept(buffer_NT: Tensor | None, start: int, loss_BT: Tensor) -> Tensor:
+        """``loss_BT`` written into its rows of ``buffer_NT``, made at the first batch in the loss's dtype."""
+        if buffer_NT is None:
+            buffer_NT = torch.empty(len(row_ids), seq_len, dtype=loss_BT.dtype)
+        buffer_NT[start : start + len(loss_BT)] = loss_BT
+        return buffer_NT
+
     modes = set_eval(model) + (set_eval(against) if against is not None else [])
     try:
         for start in range(0, len(row_ids), batch_size):
@@ -376,15 +384,9 @@ def collect(model, tokens: np.ndarray, seq_len: int, row_ids: np.ndarray, batch_
             x, y = x.to(device), y.to(device)
             logits, records = model(x, return_intermediates=True)
             stats.update([layer_sample(record) for record in records])
-            loss_BT = lm_loss(logits, y, reduction="none")
-            if losses is None:
-                losses = torch.empty(len(row_ids), seq_len, dtype=loss_BT.dtype)
-            losses[start : start + len(x)] = loss_BT
+            losses = kept(losses, start, lm_loss(logits, y, reduction="none"))
             if against is not None:
-                against_BT = lm_loss(against(x), y, reduction="none")
-                if other is None:
-                    other = torch.empty(len(row_ids), seq_len, dtype=against_BT.dtype)
-                other[start : start + len(x)] = against_BT
+                other = kept(other, start, lm_loss(against(x), y, reduction="none"))
             if progress is not None:
                 progress.update(len(x))
     finally:  # each module's training flag as the caller had it (as generate and perplexity leave them)

@@ -264,7 +264,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         # Compiled cases warm up twice: one compiled after another made an earlier one compile again in its next round
         # (compiled standard's first measured repeat: 0.98 s a step, then 0.13 s, once compiled Twicing had compiled)
         warmups = 2 if compiled_cases else 1  # (the second round: compiled cases only)
-        total = len(cases) * (repeats + 1) + (compiled_cases if warmups > 1 else 0)
+        total = len(cases) * (repeats + 1) + compiled_cases
         bar = Progress(total, desc=f"bench {preset} on {dev.type}", unit="round", disable=quiet, interval=15)
         left_out: dict[str, str] = {}  # label -> why: a compiled case torch.compile failed on, reported as such
         # torch.compile compiles each variant's model through the same code (GPT.forward, the decode step): past
@@ -276,7 +276,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         with room:
             for rep in range(repeats + warmups):  # the first rounds warm up (and compile)
                 for case in cases:
-                    if rep == 1 and warmups > 1 and not case.compiled:
+                    if 0 < rep < warmups and not case.compiled:
                         continue
                     if case.label in left_out:
                         bar.update(1)

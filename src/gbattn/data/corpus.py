@@ -471,7 +471,7 @@ def refuse_record_file(data: str) -> None:
     they were (eval, analyze, resume, --init-from)."""
     path = Path(os.path.expanduser(data))
     stem = path.name.lower().removesuffix(".gz")
-    if Path(stem).suffix in RECORD_SUFFIXES and path.is_file() and data not in BUNDLED and data not in HF_NAMES:
+    if Path(stem).suffix in RECORD_SUFFIXES and path.is_file():  # (no corpus name gbattn knows ends so)
         raise DataError(f"--data {data}: a {Path(stem).suffix} file holds records, not plain text, and gbattn reads a "
                         f"file as text: write the records' text to a .txt file, one document after another "
                         f"(README, 'Data')")

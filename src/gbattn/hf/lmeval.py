@@ -82,21 +82,23 @@ class GbattnLM(HFLM):
         use_cache, which the harness passes itself, "got multiple values"); one that generate() refuses is one
         line naming the task's settings (a traceback before)."""
         asked = {k: v for k, v in generation_kwargs.items() if k not in ANSWER_NEUTRAL}
-        # the task's settings as the harness hands them on (do_sample and temperature always: its defaults if the task
-        # gave none; the prompts' attention_mask is its own, not the task's)
-        settings = ", ".join(f"{k}={shown(v, 40)}" for k, v in sorted(generation_kwargs.items())
+
+        def settings() -> str:  # (for an error only) the task's settings as the harness hands them on: do_sample and
+            # temperature always, its defaults if the task gave none; the prompts' attention_mask is its own
+            return ", ".join(f"{k}={shown(v, 40)}" for k, v in sorted(generation_kwargs.items())
                              if k != "attention_mask")
+
         if max_length <= context.shape[1]:  # (generate()'s "max_length is set to 6", blamed on settings not given)
             raise UserError(f"a task's generation settings leave no token to generate: prompts of {context.shape[1]} "
                             f"tokens and max_length={max_length} (their length + max_gen_toks, or the task's own "
                             f"max_length); give max_gen_toks >= 1, and no max_length")
         if asked.get("num_return_sequences", 1) != 1:  # (the harness's zip() of prompts and answers: a traceback)
-            raise UserError(f"a task's generation_kwargs ({settings}) ask for more than one answer per prompt: the "
+            raise UserError(f"a task's generation_kwargs ({settings()}) ask for more than one answer per prompt: the "
                             f"harness reads one; leave num_return_sequences out")
         try:
             return super()._model_generate(context, max_length, stop, **asked)
         except (ValueError, TypeError, ArithmeticError) as e:  # (num_beams: 0 was a ZeroDivisionError traceback)
-            raise UserError(f"a task's generation_kwargs ({settings}) do not work with this model: "
+            raise UserError(f"a task's generation_kwargs ({settings()}) do not work with this model: "
                             f"{error_detail(e, 200, with_type=isinstance(e, ArithmeticError))}") from None
 
     def tok_decode(self, tokens, skip_special_tokens: bool = False):
