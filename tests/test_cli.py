@@ -486,7 +486,11 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
         # the listing names model and training fields: a field given under that group's name is shown without it
         (["params", "--set", "model.n_layers=2"], "(write 'n_layers': a field is set by its name alone, without "
                                                   "'model.')"),
-        ([*new_run, "--set", "training.lr=1"], "(write 'lr': a field is set by its name alone, without 'training.')"),
+        ([*new_run, "--set", "training.lr=1"], "(write 'lr': a field is set by its name alone, without 'training.'; "
+                                               "a training field, which `gbattn train` and `compare` take)"),
+        # bench takes model fields only: told to write `lr` alone, it refused that too (say where it applies)
+        (["bench", "--set", "training.lr=1"], "without 'training.'; a training field, which `gbattn train` and "
+                                              "`compare` take)"),
         (["params", "--attn", "boosted", "--set", "model.attn.rounds=3"], "(write 'attn.rounds': a field is set"),
         # a field named by its first word (below the similarity cutoff): every field it begins
         ([*new_run, "--set", "warmup=5"], "--set warmup: unknown field (did you mean 'warmup_from_zero' or "
