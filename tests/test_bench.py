@@ -4,6 +4,7 @@ command's report (ratios are computed, never asserted as timings)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import weakref
 
@@ -75,7 +76,9 @@ def test_cpu_memory_probe_counts_weights_gradients_and_adam_state():
     peak = peak_memory_train_step(cfg, batch=2, seq_len=16, device=torch.device("cpu"), amp=False, recomputed=False)
     del parent_ballast
     n = count_params(cfg)
-    assert 4 * 4 * n <= peak < 4 * 4 * n + 16 * 2**20  # fp32 weights + gradients + two AdamW moments, + a little
+    # fp32 weights + gradients + two AdamW moments, + a parameter-sized temporary of AdamW's foreach kernels (the step
+    # is `gbattn train`'s: its optimizer), + a little
+    assert 4 * 4 * n <= peak < 4 * 5 * n + 16 * 2**20
     # Loading and initialising the libraries a step uses (about 90 MiB) is not the step's memory: a
     # model of a few thousand parameters at one token peaks at well under a MiB.
     tiny = preset_config("cpu-char", "standard", {"d_model": 16, "n_layers": 1, "n_heads": 1})
@@ -115,7 +118,8 @@ def test_bench_command_report(tmp_path, capsys, monkeypatch):
     # The CPU memory probe (a subprocess per case) is tested above; here it is stubbed for speed.
     probed = []
     monkeypatch.setattr(speed, "peak_memory_train_step",
-                        lambda cfg, batch, seq_len, dev, amp, recomputed=False: probed.append(cfg) or 1e6 * cfg.d_model)
+                        lambda cfg, batch, seq_len, dev, amp, recomputed=False, **_:
+                        probed.append(cfg) or 1e6 * cfg.d_model)
     code = cli_main(["bench", "--preset", "cpu-char", "--attn", "standard", "boosted:gate=vector", "--repeats", "1",
                      "--steps", "1", "--batch", "2", "--sweep", "32", "64", "--set", "dropout=0.05",
                      "--out", str(tmp_path), "--quiet"])
@@ -164,7 +168,8 @@ def test_bench_ratios_follow_their_definitions(monkeypatch):
     from gbattn.model.decoding import eager_decode_step
 
     monkeypatch.setattr(speed, "peak_memory_train_step",
-                        lambda cfg, batch, seq_len, dev, amp, recomputed=False: 3e6 if cfg.attn == "boosted" else 2e6)
+                        lambda cfg, batch, seq_len, dev, amp, recomputed=False, **_:
+                        3e6 if cfg.attn == "boosted" else 2e6)
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
     monkeypatch.setattr(speed, "compiled_decode_step", eager_decode_step)
     report = speed.run_bench("cpu-char", ["standard", "boosted"], device="cpu", batch=2, seq_len=16, repeats=3,
@@ -220,7 +225,8 @@ def fake_timings(monkeypatch, clock, fake_step, fake_decode) -> None:
     monkeypatch.setattr(speed, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(speed, "train_step", fake_step)
     monkeypatch.setattr(speed, "prefill_and_decode", fake_decode)
-    monkeypatch.setattr(speed, "peak_memory_train_step", lambda cfg, batch, seq_len, dev, amp, recomputed=False: 1e6)
+    monkeypatch.setattr(speed, "peak_memory_train_step", lambda cfg, batch, seq_len, dev, amp, recomputed=False,
+                        **_: 1e6)
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
     monkeypatch.setattr(speed, "compiled_decode_step", lambda model: "compiled step")
 
@@ -532,7 +538,7 @@ def test_bench_takes_medians_of_uneven_timings_and_labels_its_counts(monkeypatch
         clock[0] += prefill + decode
         return prefill, decode
 
-    def fake_probe(cfg, batch, seq_len, dev, amp, recomputed):
+    def fake_probe(cfg, batch, seq_len, dev, amp, recomputed, training=None):
         probed.append((cfg.attn, cfg.block_size, batch, seq_len, recomputed))
         return 1e6
 
@@ -662,6 +668,26 @@ def test_a_bench_training_step_learns_and_clears_its_gradients():
     assert all(p.grad is None for p in model.parameters())
     assert all(not torch.equal(p, b) for p, b in zip(model.parameters(), before) if p.dim() > 1)
 
+    # It is `gbattn train`'s step: the gradients are clipped before AdamW's update (the bench skipped the clipping and
+    # its host sync). Clipped to a norm of 1e-20, AdamW's eps swamps the gradients and the weights barely move; and
+    # no update is made on a non-finite loss, as the trainer makes none.
+    def moved(grad_clip: float, scale: float = 1.0) -> float:
+        torch.manual_seed(0)
+        model = GPT(preset_config("cpu-char", "standard", {"n_layers": 1, "d_model": 32, "n_heads": 2}))
+        with torch.no_grad():
+            model.lm_head.weight.mul_(scale)
+        before = [p.detach().clone() for p in model.parameters()]
+        case = Case("standard", model.cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0),
+                    grad_clip=grad_clip)
+        train_step(case, x, x, contextlib.nullcontext)
+        if not all(torch.equal(p, b) for p, b in zip(model.parameters(), before)):  # (inf - inf is nan)
+            return max((p - b).abs().max().item() for p, b in zip(model.parameters(), before))
+        return 0.0
+
+    assert moved(0.0) > 5e-3 and moved(1.0) > 5e-3  # (AdamW's first step moves by about lr, clipped to 1 or not)
+    assert moved(1e-20) < 1e-6
+    assert moved(0.0, scale=math.inf) == 0.0
+
 
 def test_bench_markdown_follows_the_report():
     """The tables of a report written out by hand: ms from seconds, MiB from bytes, the ratio columns
@@ -714,13 +740,23 @@ def test_bench_markdown_follows_the_report():
                               "standard compiled; its prefill runs eagerly (only the training and decode steps are "
                               "compiled). Peak memory is measured on the eager training step only, so a compiled "
                               "row has none (—).")
-    assert lines[12] == "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)"
-    assert lines[16] == "| standard | 12.5 | 5.0 | 2.50 | 400 | 1,000 | 2.50 | 12 / 3 |"
-    assert lines[20] == "## Sequence-length sweep (batch 1, one training step, eager)"
-    assert lines[24] == "| 128 | standard | 2.0 | 3 | 0.062 |"  # 64 KiB, not rounded to 0 MiB
-    assert lines[25] == "| 2,048 | standard | 50.0 | 40 | 16 |"
-    assert lines[26] == "| 768 | standard | 10.0 | 12 | 2.2 |"  # 2.25 MiB: two digits below 10 MiB, not "2"
-    assert lines[-1] == lines[26]
+    # which step was timed: a report of an earlier bench (no grad_clip) says its step was not `gbattn train`'s
+    assert lines[12] == ("Step: forward, backward and AdamW over all parameters, as `gbattn bench` timed it before "
+                         "its step became `gbattn train`'s: without the gradient clipping and the host sync of every "
+                         "training step, and on a CPU with AdamW's per-parameter loop where `gbattn train` runs its "
+                         "foreach kernels.")
+    assert lines[14] == "## Compiled vs eager (torch.compile; CUDA graphs for decoding on CUDA)"
+    assert lines[18] == "| standard | 12.5 | 5.0 | 2.50 | 400 | 1,000 | 2.50 | 12 / 3 |"
+    assert lines[22] == "## Sequence-length sweep (batch 1, one training step, eager)"
+    assert lines[26] == "| 128 | standard | 2.0 | 3 | 0.062 |"  # 64 KiB, not rounded to 0 MiB
+    assert lines[27] == "| 2,048 | standard | 50.0 | 40 | 16 |"
+    assert lines[28] == "| 768 | standard | 10.0 | 12 | 2.2 |"  # 2.25 MiB: two digits below 10 MiB, not "2"
+    assert lines[-1] == lines[28]
+    assert bench_markdown({**report, "grad_clip": 1.0}).splitlines()[12] == (
+        "Step: `gbattn train`'s at grad_accum 1: forward, backward, the gradients clipped at norm 1 with the loss and "
+        "the norm read in one host sync, then AdamW with cpu-char's parameter groups (fused on CUDA, foreach kernels "
+        "on a CPU).")
+    assert "the gradient norm taken (grad_clip 0: no clipping)" in bench_markdown({**report, "grad_clip": 0.0})
     report["amp_bf16"], report["compile"] = True, "off"
     assert bench_markdown(report).splitlines()[2].endswith("dropout 0 · bf16 autocast")
     # a row with its own dropout (--attn boosted:dropout=0.5): the header named standard's alone
@@ -790,7 +826,7 @@ def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch
     assert speed._status_bytes("VmRSS") == 1500 * 1024 and speed._status_bytes("VmHWM") == 5000 * 1024
     runs = []
 
-    def fake_steps(cfg, batch, seq_len, device, amp, steps, recomputed=False):
+    def fake_steps(cfg, batch, seq_len, device, amp, steps, recomputed=False, training=None):
         runs.append((cfg.d_model, batch, seq_len, device.type, amp, steps, torch.get_num_threads()))
         status["text"] = "VmRSS:\t 1800 kB\nVmHWM:\t 9000 kB\n"  # RSS fell back from its high-water mark
 
@@ -838,7 +874,7 @@ def test_cpu_memory_probe_reports_no_growth_as_0_never_below(monkeypatch, capsys
     monkeypatch.setattr(speed, "open", lambda path, mode="r": io.StringIO(), raising=False)  # clear_refs
     monkeypatch.setattr(speed, "_status_bytes", lambda field: status[field])
 
-    def fake_steps(cfg, batch, seq_len, device, amp, steps, recomputed=False):
+    def fake_steps(cfg, batch, seq_len, device, amp, steps, recomputed=False, training=None):
         if steps == 2:  # the measured steps: the mark read lower than the start
             status["VmHWM"] = 1900 * 1024
 
@@ -930,7 +966,8 @@ def test_bench_refuses_a_set_of_attn_before_any_work():
 def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
     """The memory probe and the sweep build the timed step's optimizer, not AdamW's default (on CUDA
     the timed step's is fused and the default foreach one holds more temporaries): every AdamW the
-    bench builds gets the same options."""
+    bench builds gets the same options, `gbattn train`'s for the preset (its parameter groups and weight decay,
+    foreach on a CPU: the bench's own AdamW over all parameters ran torch's per-parameter loop there)."""
     from gbattn.bench import speed
 
     built, adamw = [], torch.optim.AdamW
@@ -939,8 +976,8 @@ def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
         built.append(options)
         return adamw(params, **options)
 
-    def in_process_probe(cfg, batch, seq_len, dev, amp, recomputed):  # the CPU probe's subprocess, in-process
-        speed._run_steps(cfg, batch, seq_len, dev, amp, steps=1, recomputed=recomputed)
+    def in_process_probe(cfg, batch, seq_len, dev, amp, recomputed, training=None):  # the probe's subprocess
+        speed._run_steps(cfg, batch, seq_len, dev, amp, steps=1, recomputed=recomputed, training=training)
         return 1e6
 
     monkeypatch.setattr(torch.optim, "AdamW", recording_adamw)
@@ -948,7 +985,9 @@ def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
     speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2,
                     sweep=[8], sweep_variants=["standard"], threads=1, quiet=True, sets={"n_layers": 1})
     assert len(built) == 4  # the timed case, its probe, the sweep case and its probe
-    assert all(options == {"lr": 1e-4, "fused": False} for options in built), built
+    training = speed.bench_training("cpu-char")
+    assert all(options == {"lr": training.lr, "betas": (training.beta1, training.beta2), "fused": False,
+                           "foreach": True} for options in built), built
 
 
 def test_bench_times_and_probes_each_variant_with_and_without_activation_checkpointing(monkeypatch):
@@ -967,7 +1006,7 @@ def test_bench_times_and_probes_each_variant_with_and_without_activation_checkpo
         recomputing_blocks.add(id(fn))  # (the block itself, called whole)
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
 
-    def probe(cfg, batch, seq_len, dev, amp, recomputed=False):
+    def probe(cfg, batch, seq_len, dev, amp, recomputed=False, training=None):
         probed.append((cfg.attn, recomputed))
         return (1e6 if recomputed else 4e6) * (1.5 if cfg.attn == "boosted" else 1.0)
 
@@ -1417,7 +1456,8 @@ def test_the_memory_probes_get_the_benchs_precision_and_threads(monkeypatch):
         probed.clear()
         steady_timings(monkeypatch, 0.5)
         monkeypatch.setattr(speed, "peak_memory_train_step",
-                            lambda cfg, batch, seq_len, dev, amp, recomputed=False: probed.append(amp) or 1e6)
+                            lambda cfg, batch, seq_len, dev, amp, recomputed=False, **_:
+                            probed.append(amp) or 1e6)
         speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2,
                         sweep=[16], threads=1, quiet=True, sets={"n_layers": 1}, amp=amp)
         assert len(probed) >= 2 and set(probed) == {amp}  # a row's probe and the sweep's

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import re
 import statistics
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 from gbattn.bench import DEFAULT_VARIANTS
-from gbattn.config import ModelConfig, parse_variant, preset_config, variant_spec
+from gbattn.config import ModelConfig, TrainConfig, get_preset, parse_variant, preset_config, variant_spec
 from gbattn.errors import ConfigError, UserError
 from gbattn.files import atomic_write, check_writable_dir, portable_path, write_json
 from gbattn.model.decoding import compiled_decode_step, eager_decode_step
@@ -44,6 +45,7 @@ from gbattn.runtime import (
     use_tf32,
 )
 from gbattn.terminal import in_millions, note, terminal_line
+from gbattn.train.trainer import clip_and_read, make_optimizer
 
 COMPILED = " · compiled"  # the label suffix of a variant's compiled row; its eager row has the bare label
 RECOMPUTED = " · recomputed"  # ... of its row with activation checkpointing (GPT.set_activation_checkpointing)
@@ -69,19 +71,29 @@ class Case:
     step_model: object = None
     decode_step: object = None
     warmup_s: dict = field(default_factory=dict)
+    grad_clip: float = TrainConfig.grad_clip
 
 
-def bench_optimizer(model: GPT, device: torch.device) -> torch.optim.Optimizer:
-    """The optimizer of every benchmarked step, timed or probed for memory (fused on CUDA: the
-    foreach one that AdamW otherwise picks there holds more temporaries)."""
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+def bench_training(preset: str) -> TrainConfig:
+    """The preset's training settings, whose optimizer and gradient clipping the benchmarked step uses."""
+    return TrainConfig.from_dict(dict(get_preset(preset).train))
+
+
+def bench_optimizer(model: GPT, device: torch.device, training: TrainConfig | None = None) -> torch.optim.Optimizer:
+    """The optimizer of every benchmarked step, timed or probed for memory: `gbattn train`'s (its parameter groups;
+    fused on CUDA, foreach on a CPU), for ``training`` (default: the training defaults)."""
+    return make_optimizer(model, training or TrainConfig(), device)
 
 
 def train_step(case: Case, x, y, autocast) -> None:
+    """`gbattn train`'s step at ``grad_accum=1``: forward and backward, the gradients clipped with the loss and the
+    norm read in one host sync (:func:`gbattn.train.trainer.clip_and_read`), then AdamW's step."""
     with autocast():
         loss = case.model(x, y)
     loss.backward()
-    case.optimizer.step()
+    loss_value, norm = clip_and_read(case.model.parameters(), case.grad_clip, loss.detach())
+    if math.isfinite(loss_value) and math.isfinite(norm):  # (as the trainer: never a step on a non-finite one)
+        case.optimizer.step()
     case.optimizer.zero_grad(set_to_none=True)
 
 
@@ -113,7 +125,7 @@ def prefill_and_decode(model: GPT, prompt, n_decode: int, device, autocast, step
 
 
 def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, amp: bool,
-                           recomputed: bool) -> float:
+                           recomputed: bool, training: TrainConfig | None = None) -> float:
     """Peak memory (bytes) of a steady-state training step: parameters, gradients, AdamW state
     and activations (``recomputed``: with activation checkpointing). CUDA: ``max_memory_allocated``. CPU: the
     peak resident-set growth of a fresh subprocess (the CPU allocator keeps no statistics), after a one-token
@@ -122,10 +134,10 @@ def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: t
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        _run_steps(cfg, batch, seq_len, device, amp, steps=2, recomputed=recomputed)
+        _run_steps(cfg, batch, seq_len, device, amp, steps=2, recomputed=recomputed, training=training)
         return torch.cuda.max_memory_allocated(device) - base
     payload = json.dumps({"cfg": cfg.to_dict(), "batch": batch, "seq_len": seq_len, "threads": torch.get_num_threads(),
-                          "recomputed": recomputed})
+                          "recomputed": recomputed, "training": (training or TrainConfig()).to_dict()})
     # A fixed mmap threshold: glibc otherwise raises it as large blocks are freed, so the warm-up's
     # freed tensors would stay resident and be reused uncounted by the measured steps.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -138,11 +150,13 @@ def peak_memory_train_step(cfg: ModelConfig, batch: int, seq_len: int, device: t
     return float(proc.stdout.strip().splitlines()[-1])
 
 
-def _run_steps(cfg, batch, seq_len, device, amp, steps, recomputed):
+def _run_steps(cfg, batch, seq_len, device, amp, steps, recomputed, training=None):
+    training = training or TrainConfig()
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
     model.set_activation_checkpointing(recomputed)
-    case = Case("probe", cfg, model, bench_optimizer(model, device), recomputed=recomputed)
+    case = Case("probe", cfg, model, bench_optimizer(model, device, training), recomputed=recomputed,
+                grad_clip=training.grad_clip)
     x = torch.randint(0, cfg.vocab_size, (batch, seq_len), device=device)
     autocast = bf16_autocast(device, "auto" if amp else "off")
     for _ in range(steps):
@@ -169,14 +183,16 @@ def _memory_probe_main(payload: str) -> None:
     cfg = ModelConfig.from_dict(d["cfg"])
     torch.set_num_threads(d["threads"])  # the timed steps' threads (each keeps its own scratch memory)
     recomputed = d["recomputed"]
-    _run_steps(cfg, 1, 1, torch.device("cpu"), False, steps=1, recomputed=recomputed)
+    training = TrainConfig.from_dict(d["training"]) if "training" in d else TrainConfig()
+    _run_steps(cfg, 1, 1, torch.device("cpu"), False, steps=1, recomputed=recomputed, training=training)
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:  # a kernel or sandbox without it: the warm-up's own peak (one token) is below the steps'
         pass
     base = _status_bytes("VmRSS")
-    _run_steps(cfg, d["batch"], d["seq_len"], torch.device("cpu"), False, steps=2, recomputed=recomputed)
+    _run_steps(cfg, d["batch"], d["seq_len"], torch.device("cpu"), False, steps=2, recomputed=recomputed,
+               training=training)
     print(max(0, _status_bytes("VmHWM") - base))
 
 
@@ -242,6 +258,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         use_tf32(dev)
 
         modes = {"off": [False], "on": [True], "both": [False, True]}
+        training = bench_training(preset)
         cases = []
         for spec in variants:
             cfg = _variant_config(preset, spec, sets)
@@ -252,8 +269,9 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                 # (decoding trains nothing: with --activation-checkpointing both a recomputing row's would be its kept
                 # row's again; with on, no row keeps its activations, so the recomputing rows decode)
                 case = Case(spec + (COMPILED if compiled else "") + (RECOMPUTED if recomputed else ""), cfg, model,
-                            bench_optimizer(model, dev), compiled=compiled, recomputed=recomputed,
-                            decodes=not (recomputed and activation_checkpointing == "both"))
+                            bench_optimizer(model, dev, training), compiled=compiled, recomputed=recomputed,
+                            decodes=not (recomputed and activation_checkpointing == "both"),
+                            grad_clip=training.grad_clip)
                 case.step_model = torch.compile(model) if compiled else model
                 case.decode_step = compiled_decode_step(model) if compiled else None
                 cases.append(case)
@@ -281,7 +299,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                     if case.label in left_out:
                         bar.update(1)
                         continue
-                    runner = Case(case.label, case.cfg, case.step_model, case.optimizer)
+                    runner = Case(case.label, case.cfg, case.step_model, case.optimizer, grad_clip=case.grad_clip)
                     try:
                         sync(dev)
                         t0 = time.perf_counter()
@@ -322,8 +340,8 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                 "step_s_all": case.step_times,
                 "tokens_per_s": batch * seq_len / step,
                 # (measured eagerly, in a fresh process on CPU: a compiled row has none, its eager row the figure)
-                "peak_memory_bytes": None if case.compiled else peak_memory_train_step(case.cfg, batch, seq_len, dev,
-                                                                                       amp, case.recomputed),
+                "peak_memory_bytes": None if case.compiled else peak_memory_train_step(
+                    case.cfg, batch, seq_len, dev, amp, case.recomputed, training=training),
                 "forward_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len),
                 # (a recomputing row's: its backward pass runs each block's forward again; the ratio left it out)
                 "train_flops_per_token": flops_per_token(case.cfg, seq_len=seq_len, backward=True,
@@ -364,7 +382,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         for case in cases:
             case.model = case.step_model = case.optimizer = case.decode_step = None
 
-        sweep_rows = _sweep(preset, sweep or [], sweep_variants, dev, amp, quiet, sets)
+        sweep_rows = _sweep(preset, sweep or [], sweep_variants, dev, amp, quiet, sets, training)
         report = {
             "preset": preset,
             "sets": sets,
@@ -378,6 +396,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             "decode_tokens": decode,
             "amp_bf16": amp and dev.type == "cuda",
             "compile": compile,
+            "grad_clip": training.grad_clip,  # (a bench.json before it: a step without clipping, :func:`_step_text`)
             "activation_checkpointing": activation_checkpointing,
             **({} if compile == "off" else {"inductor_caches": _inductor_caches()}),
             "versions": software_versions(),  # gbattn's, torch's and Python's: what produced the figures
@@ -508,7 +527,7 @@ def _refuse_repeats(option: str, specs: list[str], preset: str, sets: dict) -> N
         seen.append((config, spec))
 
 
-def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
+def _sweep(preset, lengths, variants, dev, amp, quiet, sets, training) -> list[dict]:
     """Forward + backward time and peak memory against sequence length (batch 1)."""
     rows = []
     if not lengths:
@@ -520,7 +539,7 @@ def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
             cfg = _sweep_config(preset, spec, sets, T)
             torch.manual_seed(0)
             model = GPT(cfg).to(dev)
-            case = Case(spec, cfg, model, bench_optimizer(model, dev))
+            case = Case(spec, cfg, model, bench_optimizer(model, dev, training), grad_clip=training.grad_clip)
             x = torch.randint(0, cfg.vocab_size, (1, T), device=dev)
             train_step(case, x, x, autocast)  # warm-up
             times = []
@@ -532,12 +551,27 @@ def _sweep(preset, lengths, variants, dev, amp, quiet, sets) -> list[dict]:
                 times.append(time.perf_counter() - t0)
             del case, model
             rows.append({"seq_len": T, "variant": spec, "step_s": statistics.median(times),
-                         "peak_memory_bytes": peak_memory_train_step(cfg, 1, T, dev, amp, recomputed=False),
+                         "peak_memory_bytes": peak_memory_train_step(cfg, 1, T, dev, amp, recomputed=False,
+                                                                     training=training),
                          "attention_matrix_bytes_per_head": 4 * T * T,
                          "activation_checkpointing": False})  # (whatever --activation-checkpointing says)
             bar.update(1)
     bar.close()
     return rows
+
+
+def _step_text(report: dict) -> str:
+    """What a timed training step does: `gbattn train`'s, or, in a bench.json of an earlier gbattn (no
+    ``grad_clip``), a step without its clipping and host sync, with AdamW's per-parameter loop on a CPU."""
+    if report.get("grad_clip") is None:
+        return ("Step: forward, backward and AdamW over all parameters, as `gbattn bench` timed it before its step "
+                "became `gbattn train`'s: without the gradient clipping and the host sync of every training step, and "
+                "on a CPU with AdamW's per-parameter loop where `gbattn train` runs its foreach kernels.")
+    clipped = (f"the gradients clipped at norm {report['grad_clip']:g}" if report["grad_clip"] > 0
+               else "the gradient norm taken (grad_clip 0: no clipping)")
+    return (f"Step: `gbattn train`'s at grad_accum 1: forward, backward, {clipped} with the loss and the norm read in "
+            f"one host sync, then AdamW with {report['preset']}'s parameter groups (fused on CUDA, foreach kernels "
+            f"on a CPU).")
 
 
 def _own_dropout_text(report: dict) -> str:
@@ -595,6 +629,7 @@ def bench_markdown(report: dict) -> str:
               "time per decoded token relative to standard (prefill of "
               f"{report['prefill_tokens']} tokens, then {report['decode_tokens']} cached steps, batch 1)."
               + _decode_checkpointing_note(report) + compile_note]
+    lines += ["", _step_text(report)]
     if report.get("left_out"):
         lines += ["", "Left out: " + "; ".join(f"{r['variant']} ({r['reason']})" for r in report["left_out"]) + "."]
     compiled = [r for r in report["variants"] if r.get("compiled_step_speedup")]

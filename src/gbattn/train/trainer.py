@@ -176,6 +176,18 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
                              foreach=True if device.type == "cpu" else None)
 
 
+def clip_and_read(parameters, grad_clip: float, loss) -> tuple[float, float]:
+    """The end of every training step before the optimizer's: clip the gradients to norm ``grad_clip`` (0: none; the
+    norm is taken all the same, max_norm inf scaling by exactly 1, since a non-finite one stops a run) and read the
+    loss and the norm in one host sync. ``gbattn bench`` times it as part of the step it measures."""
+    norm = torch.nn.utils.clip_grad_norm_(parameters, grad_clip or math.inf)
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
+        norm = norm.full_tensor()
+    loss_value, norm_value = torch.stack([torch.as_tensor(loss, dtype=torch.float32, device=norm.device),
+                                          norm.float()]).tolist()
+    return loss_value, norm_value
+
+
 # Whether `compile` unset means on, per device: where `gbattn bench --compile both` measured compiled
 # training faster end to end, compile time included (README, "Compiled vs eager"). CPU: no (over a CPU
 # recipe's 1,200 steps it saved about 8 s (standard) to 22 s (GBA), against 19-22 s of compiling: at best
@@ -1244,13 +1256,7 @@ class Trainer:
                     loss = self.step_model(xs, ys) / cfg.grad_accum
                 loss.backward()
             total += loss.detach()
-        # the gradient norm, also without clipping (max_norm inf scales by exactly 1): a non-finite one stops the run
-        # (self.grad_norm); read with the loss in one host sync
-        norm = torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), cfg.grad_clip or math.inf)
-        if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
-            norm = norm.full_tensor()
-        value, self.grad_norm = torch.stack([torch.as_tensor(total, dtype=torch.float32, device=norm.device),
-                                             norm.float()]).tolist()
+        value, self.grad_norm = clip_and_read(self.wrapped.parameters(), cfg.grad_clip, total)
         if self.dist.enabled:
             value, self.grad_norm = (v / self.dist.world for v in self.dist.all_sum([value, self.grad_norm]))
         if math.isfinite(value) and math.isfinite(self.grad_norm):  # never step on a non-finite loss or gradient
