@@ -583,7 +583,7 @@ def split_overrides(sets: dict[str, Any], what: str = "sets") -> tuple[dict, dic
             group, _, rest = key.partition(".")
             if group in ("model", "train", "training") and rest.split(".", 1)[0] in train_fields | model_fields:
                 hint = f" (write {rest!r}: a field is set by its name alone, without {group + '.'!r}"
-                # bench, params and upcycle take model fields only: `training.lr` told them to write `lr`, then refused it
+                # bench, params and upcycle take model fields only: `training.lr` told them to write `lr`, then refused
                 hint += ("; a training field, which `gbattn train` and `compare` take)" if rest in train_fields
                          else ")")
             raise ConfigError(f"--set {key}: unknown field{hint}; model fields: {', '.join(sorted(model_fields))}; "
