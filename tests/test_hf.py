@@ -365,6 +365,17 @@ def test_inputs_embeds_are_the_token_embeddings_in_place_of_the_ids(layout):
                       pad_token_id=0)
     whole = hf.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
     assert torch.equal(new, whole[:, ids.shape[1]:])
+    # a one-token prompt: transformers 4.x fed its embedding again at every later step (a stock Llama's too); under
+    # 4.x it is refused in one line, under 5 it gives the ids' tokens
+    from gbattn.hf.modeling import TF_MAJOR
+    one = idx[:, :1]
+    greedy = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
+    if TF_MAJOR >= 5:
+        new = hf.generate(inputs_embeds=gpt.wte(one).detach(), **greedy)
+        assert torch.equal(new, hf.generate(one, **greedy)[:, 1:])
+    else:
+        with pytest.raises(ValueError, match=r"^transformers 4.x's generate\(\) feeds a one-token inputs_embeds "):
+            hf.generate(inputs_embeds=gpt.wte(one).detach(), **greedy)
     soft_prompt = torch.randn(1, 3, gpt.cfg.d_model, dtype=torch.float64, requires_grad=True)
     hf(inputs_embeds=torch.cat([soft_prompt.expand(2, -1, -1), embeds], 1)).logits[:, -1].sum().backward()
     assert soft_prompt.grad is not None and bool(soft_prompt.grad.abs().sum() > 0)
@@ -899,6 +910,17 @@ def test_the_length_check_reads_the_settings_transformers_decodes_with():
     assert hf.generate(repeating, max_new_tokens=7, **many).shape == (1, 13)
     with pytest.raises(ValueError, match=r"prompt lookup's drafted tokens: a smaller prompt_lookup_num_tokens$"):
         hf.generate(torch.tensor([[3, 4] * 8]), max_new_tokens=5, **many)
+    # No end-of-text token (an export of gbattn's char or paper BPE tokenizer): transformers 4.x's candidate search
+    # ended in a TypeError once it found a draft in the prompt; refused in one line there, greedy's tokens under 5
+    from gbattn.hf.modeling import TF_MAJOR
+    no_eos = {**lookup, "eos_token_id": None}
+    if TF_MAJOR >= 5:
+        assert torch.equal(hf.generate(repeating, max_new_tokens=4, **no_eos),
+                           hf.generate(repeating, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None))
+    else:
+        with pytest.raises(ValueError, match=r"^transformers 4.x's prompt lookup \(prompt_lookup_num_tokens\) needs an "
+                                             r"end-of-text token id, and this generation has none"):
+            hf.generate(repeating, max_new_tokens=4, **no_eos)
     # A gbattn draft model with fewer positions than the generation: refused before it starts (it failed midway, naming
     # the numbers of transformers' calls to the draft)
     small_gpt = GPT(tiny_config(("standard", {}), block_size=12))

@@ -466,7 +466,18 @@ class GbattnForCausalLM(GbattnPreTrainedModel, GenerationMixin):
             # a left-padded row's positions count its own tokens (cumsum of its mask), not the padded width: a batch
             # padded to 24 with rows of 9 and 2 tokens was refused 3 new tokens it could take
             prompt = int(mask.ne(0).sum(-1).max())
+        if TF_MAJOR < 5 and embeds is not None and embeds.shape[-2] == 1:  # (transformers' own; its Llama's too)
+            raise ValueError("transformers 4.x's generate() feeds a one-token inputs_embeds prompt to the model again "
+                             "at every step after the first, in place of the tokens it made: give input_ids, a "
+                             "prompt of two or more embeddings, or use transformers >= 5")
         lookup = _integer(kwargs.get("prompt_lookup_num_tokens", getattr(settings, "prompt_lookup_num_tokens", None)))
+        if (lookup and TF_MAJOR < 5
+                and kwargs.get("eos_token_id", getattr(settings, "eos_token_id", None)) is None):
+            # (a TypeError from torch.isin in transformers' candidate search, once a draft was found in the prompt)
+            raise ValueError("transformers 4.x's prompt lookup (prompt_lookup_num_tokens) needs an end-of-text token "
+                             "id, and this generation has none (eos_token_id is None, as in an export of gbattn's "
+                             "char or paper BPE tokenizer): leave prompt lookup out, give a draft model "
+                             "(assistant_model), or use transformers >= 5")
         max_new_tokens = kwargs.get("max_new_tokens", getattr(settings, "max_new_tokens", None))
         max_length = kwargs.get("max_length", getattr(settings, "max_length", None))
         try:
