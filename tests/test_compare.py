@@ -13,7 +13,7 @@ import torch
 
 from gbattn import rundir
 from gbattn.config import build_configs
-from gbattn.errors import Interrupted, Terminated, UserError
+from gbattn.errors import CheckpointError, Interrupted, Terminated, UserError
 from gbattn.experiments import compare as compare_mod
 from gbattn.experiments.compare import run_compare
 from gbattn.experiments.recipes import RECIPES, get_recipe
@@ -366,6 +366,41 @@ def test_more_jobs_than_threads_says_where_the_threads_were_set(tmp_path, monkey
                         only=["standard", "gba-m2"], quiet=True, jobs=2, threads=threads)
         assert (f"note: --jobs 2 with 1 CPU thread in all ({source}): each run takes 1 thread, 2 in all, more than "
                 f"given") in capsys.readouterr().err
+
+
+def test_a_comparison_whose_runs_trained_several_at_once_says_their_speeds_were_shared(tmp_path, monkeypatch):
+    """compare --jobs 5 on one GPU: five runs shared it, and the one that trained after the others, alone, showed 1.6x
+    standard's tokens/s for the same model, unsaid. recipe.json records how many runs could train at once (the most
+    of every command that trained), results.json carries it and results.md says so under its table; a comparison of
+    one run at a time records nothing and says nothing. A damaged record is one line."""
+    import subprocess
+
+    from gbattn.experiments.report import read_report
+
+    data = str(write_corpus(tmp_path / "c"))
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(compare_mod.subprocess, "Popen", lambda cmd, **kw: real_popen(["false"], **kw))
+    out = tmp_path / "cmp"
+    with pytest.raises(UserError, match="run\\(s\\) failed"):
+        run_compare("cpu-proxy", out, data=data, sets=tiny_sets(), only=["standard", "gba-m2"], quiet=True, jobs=2,
+                    threads=2)
+    assert json.loads((out / "recipe.json").read_text())["runs_at_once"] == 2
+    run_compare("cpu-proxy", out, data=data, sets=tiny_sets(), only=["standard", "gba-m2"], quiet=True, threads=1)
+    report = json.loads((out / "results.json").read_text())
+    assert report["runs_at_once"] == 2  # (kept when continued one run at a time: two of its runs could share)
+    assert ("tokens/s and wall-clock were measured with up to 2 runs training at once (compare --jobs), sharing the "
+            "machine for some or all of their time") in (out / "results.md").read_text()
+    alone = tmp_path / "alone"
+    run_compare("cpu-proxy", alone, data=data, sets=tiny_sets(), only=["standard"], quiet=True, threads=1)
+    assert "runs_at_once" not in json.loads((alone / "results.json").read_text())
+    assert "training at once" not in (alone / "results.md").read_text()
+    recorded = json.loads((out / "recipe.json").read_text())
+    (out / "recipe.json").write_text(json.dumps({**recorded, "runs_at_once": "2"}))
+    with pytest.raises(CheckpointError, match=r"recipe.json: runs_at_once='2' must be an integer >= 1; restore"):
+        run_compare("cpu-proxy", out, data=data, sets=tiny_sets(), only=["standard", "gba-m2"], quiet=True)
+    (out / "results.json").write_text(json.dumps({**report, "runs_at_once": 0}))
+    with pytest.raises(CheckpointError, match=r"runs_at_once=0 must be an integer >= 1"):
+        read_report(out / "results.json")
 
 
 def test_a_comparison_stopped_between_runs_says_none_was_in_progress(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from matplotlib.text import Text
 from gbattn.analysis import figures
 from gbattn.analysis.cli import plot_compare, print_summary
 from gbattn.cli import main as cli_main
-from gbattn.errors import UserError
+from gbattn.errors import CheckpointError, UserError
 from gbattn.experiments.report import results_markdown
 from gbattn.files import relative_path
 from helpers import hold_lock, in_use, stand_in_run
@@ -823,6 +823,31 @@ def test_gap_pairs_only_the_seeds_results_json_lists_as_finished(tmp_path):
     (compare_dir / "results.json").write_text(json.dumps(report))
     points = gap_series(compare_dir, "gba-m2", "standard")["points"]
     assert [p["seeds"] for p in points] == [2, 2, 2, 2] and points[0]["difference"] == pytest.approx(-0.0025)
+
+
+def test_gap_leaves_out_a_seed_that_diverged_as_results_md_does(tmp_path, capsys):
+    """A seed listed as finished whose test perplexity is null (it diverged) is left out of results.md's means and
+    paired differences; the gap paired it all the same (a diverged run's losses of 31-76 nats in the mean). It is left
+    out, with a note naming it; a results.json without test perplexities (written before they were kept) pairs every
+    seed, as before."""
+    from gbattn.analysis.cli import gap_series
+
+    compare_dir = _gap_dir(tmp_path / "cmp", 400)
+    for seed, loss in ((2, 60.0),):  # gba-m2 seed 2's evaluations: a diverged run's
+        (compare_dir / "gba-m2" / f"seed{seed}" / "metrics.jsonl").write_text("".join(
+            json.dumps({"event": "eval", "step": step, "tokens": 10 * step, "valid_loss": loss}) + "\n"
+            for step in (100, 200, 300, 400)))
+    points = gap_series(compare_dir, "gba-m2", "standard")["points"]  # (no test perplexities recorded: both seeds)
+    assert [p["seeds"] for p in points] == [2, 2, 2, 2]
+    report = json.loads((compare_dir / "results.json").read_text())
+    report["models"][0]["test_ppl"] = {"1": 7.0, "2": None}
+    report["models"][1]["test_ppl"] = {"1": 7.1, "2": 7.2}
+    (compare_dir / "results.json").write_text(json.dumps(report))
+    capsys.readouterr()
+    points = gap_series(compare_dir, "gba-m2", "standard")["points"]
+    assert [p["seeds"] for p in points] == [1, 1, 1, 1] and points[-1]["difference"] == pytest.approx(-0.01)
+    assert capsys.readouterr().err == (f"note: {compare_dir}: gba-m2 seed 2 diverged (no test perplexity) "
+                                       f"and is left out of the gap, as of results.md's means\n")
 
 
 def test_gap_of_a_copied_comparison_reads_the_curves_results_json_records(tmp_path, capsys):
@@ -1728,6 +1753,8 @@ def test_a_continued_model_counts_its_continuation_and_is_drawn_after_its_base(t
     assert ("standard-continued, gba-upcycled continue base's trained weights (a fresh optimizer and schedule): "
             "their steps, train tokens, tokens/param, train PFLOP and wall-clock count the continuation only; for "
             "the whole training add base's 600 steps, 0.001M tokens, 0.0211 PFLOP and 6.5 min") in md
+    short_base = [{**base, "wall_clock_s": 1.2}, *rows[1:]]  # (under half a minute: seconds, as the table's)
+    assert "0.0211 PFLOP and 1.2 s (the curves" in results_markdown(report_of(short_base))
     assert "| 600 | 0.001M |" in md  # (the base's row: under a million in three significant digits, not 0.00M)
     assert "`param-fair`" not in md and "`compute-matched`" not in md
     rows.append(model_row("compute-matched", {"42": 120.0}, compute_matched_to="gba-upcycled"))
@@ -1930,6 +1957,30 @@ def test_results_md_says_which_rows_differ_in_block_from_the_delta_references():
             "+ backward) as gba-m2-postln used.") in md
 
 
+def test_results_md_shows_a_model_entrys_other_model_fields_beside_its_attention(tmp_path):
+    """`--model gba-m3=boosted:rounds=3,ffn=swiglu` was shown as `boosted (rounds=3)`, as if it had the recipe's own
+    FFN; the entry's other model fields follow its attention now (norm, residual and d_model keep their own places).
+    A report written before has no such field and reads as it did; a damaged one is refused in one line."""
+    from gbattn.experiments.recipes import ModelSpec, get_recipe
+    from gbattn.experiments.report import aggregate, read_report
+
+    run = {"attn": "boosted", "attn_options": {"rounds": 3}, "norm": "post", "residual": "plain", "d_model": 128,
+           "parameters": 900_000, "flops_per_token_train": 6e6, "test_ppl": 7.0, "valid_ppl": 7.1, "valid_loss": 1.96,
+           "steps": 20, "train_tokens_seen": 1000, "tokens_per_parameter": 0.1, "train_flops": 1e12,
+           "wall_clock_s": 3.0, "train_tokens_per_s": 300.0, "device": "cpu", "curve": []}
+    spec = ModelSpec("gba-m3", attn="boosted", attn_options={"rounds": 3},
+                     model={"ffn": "swiglu", "norm": "post", "d_model": 128, "attn_bias": False})
+    rows = aggregate(get_recipe("cpu-char"), [spec], {"gba-m3": {42: run}})
+    assert rows[0]["model_options"] == {"ffn": "swiglu", "attn_bias": False}
+    md = results_markdown(report_of([{**model_row("gba-m3", {"42": 7.0}), **rows[0]}]))
+    assert "| gba-m3 | boosted (rounds=3), Post-LN, ffn=swiglu, attn_bias=False | 128 |" in md
+    assert "| standard | standard | 128 |" in results_markdown(report_of([model_row("standard", {"42": 7.0})]))
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(report_of([{**model_row("gba-m3", {"42": 7.0}), "model_options": ["ffn"]}])))
+    with pytest.raises(CheckpointError, match=r"gba-m3: model_options=\['ffn'\] must be a mapping of model fields"):
+        read_report(path)
+
+
 def test_a_data_or_optimizer_override_drops_published_numbers_and_a_neutral_one_keeps_them():
     """--set tokenizer=gpt2 (another vocabulary), train_tokens (a tenth of the data), eval_tokens (another test
     set) or weight_decay trains runs that the published number is not for; they kept it, since only length and
@@ -2031,6 +2082,28 @@ def test_the_validation_curve_table_averages_every_seed_when_no_seed_is_shared_b
     disjoint = [model_row("standard", {"42": 9.0}), model_row("gba-m2", {"123": 8.0})]
     md = results_markdown(report_of(disjoint))
     assert "## Validation perplexity during training (seed mean)" in md and "| 2,000 | 9.00 | 8.00 |" in md
+    # one seed, every model's: the table is that seed's, and says so (it said "seed mean" of one seed)
+    one = [model_row("standard", {"5": 9.0}), model_row("gba-m2", {"5": 8.0})]
+    md = results_markdown(report_of(one))
+    assert "## Validation perplexity during training (seed 5)" in md and "| 2,000 | 9.00 | 8.00 |" in md
+
+
+def test_the_valid_ppl_column_leaves_out_a_seed_that_diverged_as_every_other_column_does():
+    """A seed whose test perplexity is null (it diverged; its best validation finite below 50 nats) was in the valid
+    ppl mean alone, beside the test column, the paired table and a note leaving it out."""
+    from gbattn.experiments.recipes import ModelSpec, get_recipe
+    from gbattn.experiments.report import aggregate
+
+    def run(test_ppl, valid_ppl):
+        return {"attn": "standard", "attn_options": {}, "d_model": 128, "parameters": 900_000,
+                "flops_per_token_train": 6e6, "test_ppl": test_ppl, "valid_ppl": valid_ppl, "valid_loss": 1.96,
+                "steps": 20, "train_tokens_seen": 1000, "tokens_per_parameter": 0.1, "train_flops": 1e12,
+                "wall_clock_s": 3.0, "train_tokens_per_s": 300.0, "device": "cpu", "curve": []}
+
+    runs = {1: run(39.1, 39.0), 2: run(None, 1e20), 3: run(39.2, 39.2)}
+    row, = aggregate(get_recipe("cpu-char"), [ModelSpec("standard")], {"standard": runs})
+    assert row["valid_ppl_mean"] == pytest.approx(39.1) and row["valid_ppl_std"] == pytest.approx(0.1 * 2 ** 0.5)
+    assert row["test_ppl_mean"] == pytest.approx(39.15) and row["valid_ppl"]["2"] == 1e20  # (the seed's own kept)
 
 
 def test_results_md_says_the_delta_is_over_the_seeds_each_model_shares_with_standard_when_none_is_shared_by_all():

@@ -212,8 +212,8 @@ def analyze_run(run_dir, against=None, split: str = "test", out=None, max_rows: 
         tokens = data.splits[split]
         n_rows = num_rows(tokens, run.seq_len)
         if n_rows == 0:
-            raise UserError(f"the {split} split of {run_dir} has {len(tokens):,} tokens: "
-                            f"fewer than one row of {run.seq_len + 1}")
+            raise UserError(f"{data.split_of(split)} has {len(tokens):,} tokens: fewer than one row of "
+                            f"{run.seq_len + 1}, so there is nothing to analyze")  # (as eval's: it named the run's)
         row_ids = select_rows(n_rows, max_rows)
 
         name = folder_name(run_dir)  # "." or "..": the folder's own name, not "" or ".."; a link by its own
@@ -666,9 +666,10 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read
     how a directory's results.json is read (default :func:`read_comparison`)."""
     from gbattn.checks import did_you_mean
     from gbattn.errors import UserError
-    from gbattn.experiments.report import is_loss
+    from gbattn.experiments.report import is_loss, is_perplexity
     from gbattn.files import folder_name, iter_jsonl
     from gbattn.rundir import METRICS, valid_curve
+    from gbattn.terminal import note
 
     compare_dirs = [compare_dirs] if isinstance(compare_dirs, Path) else compare_dirs
     name = " + ".join(folder_name(d) for d in compare_dirs)
@@ -684,6 +685,14 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read
         first = first or rows
         for label in (model, reference):
             finished = {str(seed) for seed in rows[label].get("seeds", [])}
+            # a seed that diverged (no test perplexity) is left out of every mean of results.md: it was paired here
+            test_ppl = rows[label].get("test_ppl") or {}
+            diverged = sorted((s for s in finished if s in test_ppl and not is_perplexity(test_ppl[s])), key=int)
+            if diverged:
+                several = len(diverged) > 1
+                note(f"note: {compare_dir}: {label} seed{'s' if several else ''} {', '.join(diverged)} diverged (no "
+                     f"test perplexity) and {'are' if several else 'is'} left out of the gap, as of results.md's means")
+                finished -= set(diverged)
             for seed in sorted(finished):
                 if (label, seed) in seen:
                     raise UserError(f"{label} seed {seed} is in both {seen[label, seed]} and {compare_dir}: "

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from gbattn import rundir
+from gbattn import errors, rundir
 from gbattn.checks import MAX_INT, did_you_mean
 from gbattn.config import TrainConfig, build_configs, field_path, refuse_unused_epochs, training_input_length
 from gbattn.data.corpus import check_split_setting, refuse_record_file
@@ -283,6 +283,8 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         per_run_threads = max(1, in_all // at_once) if jobs > 1 else threads
         untrained = any(not (out / spec.label / f"seed{seed}" / rundir.RESULT).exists() for spec in specs
                         for seed in seeds)  # (all finished before: nothing to divide the threads between)
+        if untrained and at_once > 1:  # results.md says its runs' speeds were measured sharing the machine
+            request["runs_at_once"] = max(at_once, request.get("runs_at_once", 1))
         if jobs > 1 and in_all < at_once and untrained:  # a warning: stderr, apart from the output, under --quiet too
             # (it blamed the cores where OMP_NUM_THREADS=1 on a 2-core machine set the one thread)
             source = ("--threads" if threads else "OMP_NUM_THREADS" if omp_threads() is not None
@@ -736,6 +738,12 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True, *, data_
             raise CheckpointError(f"{path}: commands={commands!r} must be a list of strings; restore the file or use "
                                   f"another --out")
         request["commands"] = commands
+        runs_at_once = before.get("runs_at_once", 1)  # (none recorded: one run at a time, or a comparison of before)
+        if not (isinstance(runs_at_once, int) and not isinstance(runs_at_once, bool) and 1 <= runs_at_once <= MAX_INT):
+            raise CheckpointError(f"{path}: runs_at_once={errors.shown(runs_at_once)} must be an integer >= 1; restore "
+                                  f"the file or use another --out")
+        if runs_at_once > 1:
+            request["runs_at_once"] = runs_at_once
         recorded, matched = before.get("models", {}), before.get("matched", [])
         if problem := added_models_problem(recorded, matched):
             raise CheckpointError(f"{path}: {problem}; restore the file or use another --out")

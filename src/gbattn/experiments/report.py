@@ -300,6 +300,11 @@ def steps_differ_from_description(report: dict) -> bool:
 # --------------------------------------------------------------------------------------
 
 
+# The model fields results.md shows in their own way (Post-LN, the residual stream, the d column); a recipe entry's
+# other model fields are shown after its attention options.
+SHOWN_MODEL_FIELDS = ("norm", "residual", "d_model")
+
+
 def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dict]:
     rows = []
     for spec in specs:
@@ -308,13 +313,19 @@ def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dic
             continue
         any_run = next(iter(runs.values()))
         test_mean, test_std = mean_std([r["test_ppl"] for r in runs.values()])
-        valid_mean, valid_std = mean_std([r["valid_ppl"] for r in runs.values()])
+        # over the seeds with a test perplexity, as every other column: a seed that diverged (its test null, its
+        # best validation finite below 50 nats) was in this mean alone, beside a note saying it was left out
+        finished = [r for r in runs.values() if r["test_ppl"] is not None and math.isfinite(r["test_ppl"])]
+        valid_mean, valid_std = mean_std([r["valid_ppl"] for r in finished])
         rows.append({
             "label": spec.label,
             "attn": any_run["attn"],
             "attn_options": any_run["attn_options"],
             "norm": any_run.get("norm", "pre"),
             "residual": any_run.get("residual", "plain"),
+            # the entry's other model fields (`--model gba-m3=boosted:rounds=3,ffn=swiglu`'s ffn): the attention
+            # column showed `boosted (rounds=3)` alone, as if the row were the recipe's own block
+            "model_options": {k: v for k, v in spec.model.items() if k not in SHOWN_MODEL_FIELDS},
             "d_model": any_run["d_model"],
             "parameters": any_run["parameters"],
             "param_matched_to": spec.param_matched_to,
@@ -430,6 +441,8 @@ def read_report(path: str | Path) -> dict:
             wrong = curve_out_of_range(curve) if valid_curve(curve) else None
             if wrong:
                 raise bad(f"{label}: the curve of seed {seed} has {wrong}")
+        if not isinstance(r.get("model_options", {}), dict):
+            raise bad(f"{label}: model_options={r['model_options']!r} must be a mapping of model fields")
         for key in ("published", "compute_matched_to", "param_matched_to", "init_from"):
             if r.get(key) is not None and not isinstance(r[key], list if key == "published" else str):
                 raise bad(f"{label}: {key}={r[key]!r} is of the wrong type")
@@ -444,6 +457,9 @@ def read_report(path: str | Path) -> dict:
         raise bad("seeds must be a list and sets a mapping")
     if problem := added_models_problem(report.get("added", {}), report.get("matched", []), "added"):
         raise bad(problem)
+    at_once = report.get("runs_at_once", 1)
+    if not (isinstance(at_once, int) and not isinstance(at_once, bool) and at_once >= 1):
+        raise bad(f"runs_at_once={at_once!r} must be an integer >= 1")
     missing = report.get("missing", [])
     if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
         raise bad(f"missing={report['missing']!r} must be a list of run names")
@@ -474,6 +490,8 @@ def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpe
     for key, recorded in (("added", request.get("models")), ("matched", request.get("matched"))):
         if recorded:  # compare --model / --matched: what the recipe's models were joined by (recipes.with_models)
             report[key] = recorded
+    if request.get("runs_at_once", 1) > 1:  # compare --jobs: runs trained beside one another (:func:`shared_note`)
+        report["runs_at_once"] = request["runs_at_once"]
     write_json(report, out / "results.json")
     atomic_write(out / "results.md", results_markdown(report))
     return report
@@ -564,6 +582,7 @@ def results_markdown(report: dict) -> str:
             attn += ", Post-LN"
         if r["residual"] != "plain":
             attn += f", {r['residual']}"
+        attn += "".join(f", {k}={v}" for k, v in r.get("model_options", {}).items())  # (none in a report before)
         pub = published_value(report, r)
         cells = [r["label"], attn, str(r["d_model"]), f"{r['parameters']:,}",
                  _fmt(r["test_ppl_mean"], r["test_ppl_std"]), *delta, _fmt(r["valid_ppl_mean"], r["valid_ppl_std"]),
@@ -594,6 +613,8 @@ def results_markdown(report: dict) -> str:
     if compiled:  # (a compiled run's tokens/s was 79 where it trained at 21,895 a second once compiled)
         lines += ["", f"tokens/s and wall-clock of {', '.join(compiled)} count torch.compile's compiling (once for "
                       f"each leg of a run that trained compiled)."]
+    if report.get("runs_at_once", 1) > 1:
+        lines += ["", shared_note(report["runs_at_once"])]
     omitted = published_omitted_note(report)
     if omitted:
         lines += ["", omitted + "."]
@@ -616,8 +637,10 @@ def results_markdown(report: dict) -> str:
         lines.append("; ".join(matched) + ".")
     # Like the Δ column: over the seeds all models share when their seed sets differ.
     common = common_seeds(rows)
+    drawn = sorted({str(s) for r in rows for s in r["curves"]}, key=seed_key)  # (a one-seed table said "seed mean")
     curve_seeds = (f"mean over seeds {', '.join(common)}, the ones all models share" if common and len(common) > 1
-                   else f"seed {common[0]}, the one all models share" if common else "seed mean")
+                   else f"seed {common[0]}, the one all models share" if common
+                   else f"seed {drawn[0]}" if len(drawn) == 1 else "seed mean")
     lines += ["", f"## Validation perplexity during training ({curve_seeds})", ""]
     continued_steps = continued_steps_note(rows)
     if continued_steps:
@@ -645,6 +668,13 @@ def results_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def shared_note(runs_at_once: int) -> str:
+    """Under the table of a comparison whose runs trained several at once (``compare --jobs``)."""
+    return (f"tokens/s and wall-clock were measured with up to {runs_at_once} runs training at once (compare --jobs), "
+            f"sharing the machine for some or all of their time: each is lower than the run would get alone, by as "
+            f"much as it shared, so these columns compare rows only as far as their runs trained alike.")
+
+
 def continued_note(rows: list[dict]) -> str:
     """For models that continue another model's trained weights (``init_from``): what their
     steps, tokens, FLOPs and wall-clock count, and what to add for the whole training."""
@@ -654,7 +684,7 @@ def continued_note(rows: list[dict]) -> str:
         labels = ", ".join(r["label"] for r in rows if r.get("init_from") == base)
         b = by_label.get(base)
         add = (f"{b['steps']:,} steps, {in_millions(b['train_tokens'])}M tokens, {b['train_flops'] / 1e15:.3g} PFLOP "
-               f"and {b['wall_clock_s'] / 60:.1f} min" if b else "its steps, tokens, FLOPs and wall-clock")
+               f"and {wall_clock_text(b['wall_clock_s'])}" if b else "its steps, tokens, FLOPs and wall-clock")
         notes.append(f"{labels} continue {base}'s trained weights (a fresh optimizer and schedule): their steps, "
                      f"train tokens, tokens/param, train PFLOP and wall-clock count the continuation only; for the "
                      f"whole training add {base}'s {add} (the curves figure draws them after {base}'s tokens)")
