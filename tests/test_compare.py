@@ -817,7 +817,7 @@ def test_an_upcycled_start_killed_before_its_config_is_written_again(tmp_path):
     write_run(upcycle(out / "base" / "seed1", spec.upcycle["attn"], spec.upcycle.get("attn_options")), start)
     expected = rundir.load_checkpoint(start / rundir.BEST)["model"]
     (start / rundir.CONFIG).unlink()  # what a kill between the two writes leaves
-    start_cfg, train_cfg = compare_mod._continuation(spec, 1, *configs, out)
+    start_cfg, train_cfg = compare_mod._continuation(spec, 1, configs[1], out)
     assert train_cfg.init_from == str(start) and start_cfg.attn == "boosted"
     written = rundir.load_run(start).model.state_dict()
     assert written.keys() == expected.keys() and all(torch.equal(written[k], expected[k]) for k in expected)

@@ -1,4 +1,6 @@
-"""Error types for user mistakes. The CLI prints their message on one line and exits 2."""
+"""Error types for user mistakes (the CLI prints their message on one line and exits 2) and for a stop asked for
+(:class:`Interrupted`, exit 130 or 143), with their helpers: the signal handler that raises a stop, an optional
+module's import naming the extra that installs it, and a value shown bounded in a message (:func:`shown`)."""
 
 import importlib
 import os

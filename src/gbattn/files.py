@@ -1,6 +1,7 @@
 """Files gbattn writes and reads: one atomic-write helper (temporary file, fsync, rename) used by
 every writer (run directories, tokenizer and token caches, results), and JSON readers that turn a
-bad file into a one-line error naming it. Nothing here imports the rest of gbattn but its errors and checks."""
+bad file into a one-line error naming it. Nothing here imports the rest of gbattn at import time but its errors and
+checks (portable_path looks up the corpus names gbattn knows when called)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ class Gate(nn.Module):
 
     def init_own_parameters(self, init=nn.init) -> None:
         """Initialise the parameters the gate holds itself (its Linear layers are the model's to
-        initialise); called by the constructor and the Hugging Face wrapper."""
+        initialise): a gate with such parameters (vector, scalar) calls it from its constructor, and the Hugging
+        Face wrapper calls it again; the others hold none."""
 
 
 class LinearGate(Gate):

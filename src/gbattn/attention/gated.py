@@ -38,8 +38,8 @@ class GatedAttention(StandardAttention):
         widths = [self.q_width, self.kv_width, self.kv_width, self.gate_width]
         q_BTX, k_BTX, v_BTX, gate_BTX = self.qkv(x_BTD).split(widths, dim=-1)
         o_BHTE = call.attend(call.queries(q_BTX), *call.keys_values("kv", k_BTX, v_BTX))
-        gate = torch.sigmoid(gate_BTX)
-        call.note(gate=gate)
+        gate_BTX = torch.sigmoid(gate_BTX)  # X: the query width (elementwise) or one per head (headwise)
+        call.note(gate=gate_BTX)
         if self.options.mode == "elementwise":
-            return self.out(call.merge(o_BHTE) * gate)
-        return self.out(call.merge(o_BHTE * gate.transpose(1, 2).unsqueeze(-1)))
+            return self.out(call.merge(o_BHTE) * gate_BTX)
+        return self.out(call.merge(o_BHTE * gate_BTX.transpose(1, 2).unsqueeze(-1)))

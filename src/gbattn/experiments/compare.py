@@ -619,7 +619,7 @@ def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
         width, _ = param_matched_width(model_cfg, count_params(ref_model))
         model_cfg = model_cfg.replace(d_model=width)
     if spec.init_from:
-        model_cfg, train_cfg = _continuation(spec, seed, model_cfg, train_cfg, out)
+        model_cfg, train_cfg = _continuation(spec, seed, train_cfg, out)
     if spec.compute_matched_to:
         ref_spec = next(s for s in recipe.models if s.label == spec.compute_matched_to)
         ref_result = results.get(spec.compute_matched_to, {}).get(seed)
@@ -643,9 +643,10 @@ def matched_configs(recipe, spec, data, seed, sets, vocab, results, out):
     return model_cfg, train_cfg
 
 
-def _continuation(spec: ModelSpec, seed: int, model_cfg, train_cfg, out: Path):
+def _continuation(spec: ModelSpec, seed: int, train_cfg, out: Path):
     """A run that starts from ``spec.init_from``'s trained weights, upcycled first if the spec says
-    so (the upcycled run directory is written once, next to the run)."""
+    so (the upcycled run directory is written once, next to the run): its model config (the start's) and its
+    training config."""
     source = out / spec.init_from / f"seed{seed}"
     if not (source / rundir.RESULT).exists():
         raise UserError(f"{spec.label} starts from {spec.init_from}'s trained weights: train that model first")
