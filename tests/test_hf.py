@@ -1975,6 +1975,28 @@ def test_an_export_holds_no_path_of_this_machine_and_eval_takes_data(tmp_path, c
             f"where the corpus is now; pass --allow-other-data to evaluate on it anyway\n") in err, err
 
 
+def test_an_export_over_the_file_size_limit_is_one_line_and_keeps_an_earlier_export(trained, tmp_path, capsys):
+    """A full disk or a file-size limit (`ulimit -f`) under the weights' write ended export in safetensors'
+    SafetensorError traceback, exit 1: one line naming --out and the reason, the earlier export left whole."""
+    import resource
+
+    run_dir, out = trained
+    earlier = tmp_path / "earlier"
+    shutil.copytree(out, earlier)
+    weights = (earlier / "model.safetensors").read_bytes()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    for target, kept in ((tmp_path / "new", "nothing was written"), (earlier, "an earlier export there is kept")):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(weights) // 2, hard))  # (Python ignores SIGXFSZ)
+        try:
+            code = cli_main(["export", str(run_dir), "--out", str(target)])
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        err = capsys.readouterr().err
+        assert (code, err) == (2, f"gbattn: error: could not write the export to {target} (File too large); {kept}\n")
+    assert (earlier / "model.safetensors").read_bytes() == weights and (earlier / "config.json").is_file()
+    assert not (tmp_path / "new" / "config.json").exists()
+
+
 def test_export_errors_are_one_line(trained, tmp_path, capsys):
     run_dir, out = trained
     assert cli_main(["export", str(run_dir), "--out", str(run_dir)]) == 2
@@ -3677,6 +3699,19 @@ def test_lm_eval_takes_a_harness_task_beside_an_include_path(tmp_path):
     with pytest.raises(UserError, match=r"^lm-eval could not build the task\(s\) \['toy_bad'\] from their YAML "
                                         r"\(ValueError: Got invalid output_type 'bogus'"):
         manager.load(["toy_bad"])
+    # a full disk under the datasets cache blamed the task's YAML ("check the task's output_type, ...")
+    import errno
+
+    from lm_eval.tasks import TaskManager
+
+    def full_disk(self, tasks, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "Not enough disk space")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TaskManager, "load", full_disk)
+        with pytest.raises(UserError, match=r"^lm-eval could not build the task\(s\) \['gbattn_toy_mc'\]: a write "
+                                            r"failed \(Not enough disk space\); free space where it writes"):
+            manager.load(["gbattn_toy_mc"])
 
 
 def test_lm_eval_results_file_names_and_contents(tmp_path):
@@ -3717,6 +3752,24 @@ def test_lm_eval_results_file_names_and_contents(tmp_path):
     other.write_text("")
     assert write_results({"results": {"toy": {"acc": 0.6}}, "configs": {"my/task x": {}}}, out, [tmp_path]) == [out]
     assert sorted(p.name for p in out.parent.iterdir()) == ["results-toy.json", other.name]
+    # A full disk, or a file-size limit, under a samples file: the new results were written beside the previous
+    # samples (another model's). The results and their samples are replaced together, or neither.
+    import resource
+
+    from gbattn.errors import UserError
+
+    write_results({"results": {"toy": {"acc": 0.5}}, "samples": {"toy": [{"doc": "old"}]}}, out, [tmp_path])
+    before = {p.name: p.read_bytes() for p in out.parent.iterdir()}
+    big = {"results": {"toy": {"acc": 0.9}}, "samples": {"toy": [{"doc": "x" * 200_000}]}}
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))  # (Python ignores SIGXFSZ)
+    try:
+        with pytest.raises(UserError, match=r"samples-toy-toy.jsonl \(File too large\); it and the 1 other file\(s\) "
+                                            r"written with it are as they were$"):
+            write_results(big, out, [tmp_path])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == before
 
 
 def test_lm_eval_command_forwards_every_option(tmp_path, monkeypatch, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
+import errno
 import gzip
 import hashlib
 import io
@@ -232,6 +233,46 @@ def test_a_damaged_token_cache_entry_is_rebuilt(tmp_path, damage):
     meta = json.loads((entry / "meta.json").read_text())  # the entry built again, digests and all
     assert meta["counts"] == {s: len(v) for s, v in splits.items()} and set(meta["sha256"]) == set(splits)
     assert {s: (entry / f"{s}.bin").stat().st_size for s in splits} == {s: v.nbytes for s, v in splits.items()}
+
+
+@pytest.mark.parametrize("where", ["meta", "split"])
+@pytest.mark.parametrize("err", [errno.EMFILE, errno.ENOMEM, errno.EIO])
+def test_a_token_cache_entry_that_cannot_be_read_for_want_of_resources_is_kept(tmp_path, monkeypatch, where, err):
+    """Too many open files (`ulimit -n`), no memory to map a split, an I/O error: the good entry was taken for damaged,
+    deleted and built again, then "cannot be read back after writing it; delete it". It is one line saying what
+    failed, and the entry stays as it was."""
+    from gbattn.data import tokens as tokens_mod
+
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    tok = get_tokenizer("char", corpus)
+    tokenize_corpus(corpus, tok, progress=False)
+    (entry,) = (Path(os.environ["GBATTN_CACHE"]) / "tokens").iterdir()
+    before = {p.name: p.read_bytes() for p in entry.iterdir()}
+
+    def failing_split(*args, **kwargs):
+        raise OSError(err, os.strerror(err))
+
+    def failing_meta(path):
+        raise _wrapped(err, path)
+
+    monkeypatch.setattr(tokens_mod, *(("read_json", failing_meta) if where == "meta" else ("_split_ids",
+                                                                                            failing_split)))
+    with pytest.raises(DataError, match=rf"^the token cache entry .* could not be read \({os.strerror(err)}\); it is "
+                                        rf"kept: free what ran out \(open files, memory\) and run again$"):
+        tokenize_corpus(corpus, tok, progress=False)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in entry.iterdir()} == before
+
+
+def _wrapped(err: int, path) -> CheckpointError:
+    """read_json's error for a file it could not read: a CheckpointError whose context is the OSError."""
+    try:
+        try:
+            raise OSError(err, os.strerror(err))
+        except OSError as e:
+            raise CheckpointError(f"{path} cannot be read ({e.strerror})") from None
+    except CheckpointError as wrapped:
+        return wrapped
 
 
 def test_a_cached_entry_checks_only_the_splits_asked_for(tmp_path, monkeypatch):
@@ -1960,7 +2001,7 @@ def test_a_folder_without_split_files_lists_what_it_holds_and_points_a_lone_text
         assert message.endswith(single + str(folder / names[0])) if hint else single not in message, message
 
 
-@pytest.mark.parametrize("name", ["data.jsonl", "rows.CSV", "d.json.gz", "t.tsv", "x.parquet"])
+@pytest.mark.parametrize("name", ["data.jsonl", "rows.CSV", "d.json.gz", "t.tsv", "x.parquet", "r.ndjson"])
 def test_a_file_of_records_is_refused_as_a_new_runs_data(tmp_path, capsys, name):
     """A .jsonl or .csv file given as --data was trained on as text, its syntax and field names with it (a decoded
     row read '{" text ": " sample ..."}'), without a word: a new run or comparison refuses it, before any folder."""
@@ -1973,6 +2014,9 @@ def test_a_file_of_records_is_refused_as_a_new_runs_data(tmp_path, capsys, name)
         assert code == 2 and err == f"gbattn: error: {said}, and gbattn reads a file as text: write the records' " \
                                     f"text to a .txt file, one document after another (README, 'Data')\n", err
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    # a file of that suffix that is not there is not said to hold records: the data's own "not found" answers
+    code, _, err = run_cli(capsys, ["train", "--data", tmp_path / f"missing-{name}", "--out", tmp_path / "run"])
+    assert code == 2 and "holds records" not in err and "missing-" in err, err
 
 
 def test_a_run_trained_on_a_file_of_records_before_its_refusal_is_read_and_resumed_as_it_was(tmp_path, capsys,
@@ -1991,6 +2035,11 @@ def test_a_run_trained_on_a_file_of_records_before_its_refusal_is_read_and_resum
     assert code == 0 and (tmp_path / "run" / ckpt.RESULT).is_file(), err
     code, _, err = run_cli(capsys, ["train", "--init-from", "run", "--out", "next", "--set", "max_steps=1"])
     assert code == 0, err
+    # ... but a continuation given another file of records as its own --data is a new run's choice: refused
+    write_text(tmp_path / "other.jsonl", '{"text": "the cat sat on the mat"}\n' * 400)
+    code, _, err = run_cli(capsys, ["train", "--init-from", "run", "--data", "other.jsonl", "--out", "next2",
+                                    "--set", "max_steps=1"])
+    assert code == 2 and "--data other.jsonl: a .jsonl file holds records, not plain text" in err, err
 
 
 @pytest.mark.parametrize("names, unread", [(["train.en", "valid.en", "test.en"], "test.en, train.en, valid.en"),
@@ -3196,6 +3245,12 @@ def test_evaluate_scores_every_non_overlapping_row_once():
     assert res.tokens == 7 * 8 and res.per_token.shape == (7 * 8,)
     np.testing.assert_allclose(res.per_token, want.numpy(), rtol=1e-5, atol=1e-6)
     assert res.loss == pytest.approx(float(want.mean()), rel=1e-5)
+    # a float64 model's losses are kept in float64 (the buffer takes the losses' dtype), exactly its own
+    model.double()
+    with torch.no_grad():
+        want = lm_loss(model(rows[:, :-1]), rows[:, 1:], reduction="none").flatten()
+    res = evaluate(model, tokens, seq_len=8, batch_size=3, per_token=True)
+    assert res.per_token.dtype == np.float64 and np.array_equal(res.per_token, want.numpy())
 
 
 def test_evaluate_names_a_batch_size_or_seq_len_below_one():

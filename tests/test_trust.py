@@ -231,6 +231,35 @@ def test_a_run_lock_writes_its_pid_removes_only_an_empty_directory_it_made_and_i
         assert proc.returncode != 0 and "in use by another gbattn process" in proc.stderr, proc.stderr
 
 
+def test_a_lock_whose_folder_is_deleted_or_whose_file_cannot_be_written_says_the_works_error(tmp_path, monkeypatch):
+    """The folder deleted while the work ran (or no descriptor left to list it): releasing raised its own
+    "No such file or directory", which the CLI said in place of the work's error, and left the lock file open. A lock
+    file on a full disk was "No space left on device", naming nothing, with a stray --out folder holding an empty
+    .lock: now one line naming the lock file, and the folder the lock made removed."""
+    fds = set(os.listdir("/proc/self/fd"))
+    gone = tmp_path / "gone"
+    with pytest.raises(UserError, match="the work's own error"), rundir.RunLock(gone):
+        shutil.rmtree(gone)
+        raise UserError("the work's own error")
+    assert set(os.listdir("/proc/self/fd")) == fds and not gone.exists()
+    real_write = os.write
+
+    def full_disk(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(rundir.LOCK):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    new = tmp_path / "parent" / "new"
+    with pytest.raises(UserError, match=rf"^could not write the lock file {re.escape(str(new / rundir.LOCK))} \(No "
+                                        rf"space left on device\)$"):
+        rundir.RunLock(new)
+    monkeypatch.undo()
+    assert not (tmp_path / "parent").exists() and set(os.listdir("/proc/self/fd")) == fds
+    with rundir.RunLock(new):  # (not left held by this process)
+        pass
+
+
 def test_a_lock_another_process_holds_is_refused_in_this_one_and_its_file_closed(tmp_path):
     """The refusal in the process asking (a Python sweep retrying runs would otherwise keep one descriptor per
     refused attempt open)."""
@@ -819,6 +848,28 @@ def test_disk_full_while_writing_a_first_checkpoint_claims_no_previous_one(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+def test_memory_running_out_while_a_checkpoint_is_built_is_out_of_memory_and_keeps_the_previous_one(tmp_path,
+                                                                                                   monkeypatch):
+    """torch.save into the in-memory buffer reports the buffer's MemoryError as a RuntimeError ("unexpected pos"), a
+    traceback of the CLI (`ulimit -v` below a checkpoint's size): it is a MemoryError, the CLI's out-of-memory line,
+    and the previous checkpoint stays."""
+    path = tmp_path / rundir.CHECKPOINT
+    rundir.save_checkpoint({"model": {"w": torch.ones(2)}}, path)
+
+    class Scarce(io.BytesIO):
+        def write(self, data) -> int:
+            if len(memoryview(data)) > 10_000:
+                raise MemoryError
+            return super().write(data)
+
+    monkeypatch.setattr(rundir.io, "BytesIO", Scarce)
+    with pytest.raises(MemoryError, match=r"^the checkpoint checkpoint.pt could not be built in memory to be written; "
+                                          r"the previous one is kept$"):
+        rundir.save_checkpoint({"model": {"w": torch.zeros(1 << 20)}}, path)
+    monkeypatch.undo()
+    assert torch.equal(rundir.load_checkpoint(path)["model"]["w"], torch.ones(2))
+
+
 @contextlib.contextmanager
 def _file_size_limit(nbytes: int):
     """This process's files may grow to ``nbytes`` (`ulimit -f`): a write beyond fails with EFBIG (Python ignores
@@ -829,6 +880,20 @@ def _file_size_limit(nbytes: int):
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_metrics_line_that_cannot_be_appended_leaves_no_half_line_and_names_the_file(tmp_path):
+    """A full disk (here the file-size limit) under metrics.jsonl's append was "No space left on device", naming
+    nothing, with the first part of the line left in the file: the line is written whole or not at all."""
+    rundir.append_event(tmp_path, {"event": "train", "step": 1, "loss": 2.5})
+    path = tmp_path / rundir.METRICS
+    before = path.read_bytes()
+    with _file_size_limit(len(before) + 10), pytest.raises(UserError) as caught:
+        rundir.append_event(tmp_path, {"event": "train", "step": 2, "loss": 2.25, "note": "x" * 100})
+    assert str(caught.value) == f"could not append to {path} (File too large); its earlier lines are kept"
+    assert path.read_bytes() == before
+    rundir.append_event(tmp_path, {"event": "train", "step": 2, "loss": 2.25})
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
 
 
 def test_a_checkpoint_over_the_file_size_limit_is_one_line_naming_it(tmp_path):
@@ -3729,6 +3794,7 @@ def test_portable_paths_and_error_details_hold_nothing_of_this_machine_or_the_tr
         assert files.portable_path(given) == portable_argument(given) == "./tiny-shakespeare"
     assert files.portable_path("/srv/corpora/wikitext-2-v1/") == "./wikitext-2-v1"
     assert portable_argument("--data=./wikitext-103-raw-v1") == "--data=./wikitext-103-raw-v1"
+    assert portable_argument("--data=tiny-shakespeare/") == "--data=./tiny-shakespeare"  # (the slash is a folder's)
     with pytest.MonkeyPatch.context() as patched:
         patched.chdir(tmp_path)
         (corpus.parent / "input.txt").rename(corpus.parent / "train.txt")

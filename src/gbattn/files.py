@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -40,6 +41,17 @@ def error_detail(e: BaseException, limit: int = 80, with_type: bool = False) -> 
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
+def full_disk_reason(error: Exception) -> str | None:
+    """Why a write failed, where the disk or a limit on it is the reason (full, over quota, read-only, a file over the
+    size limit): an OSError's, or the error text of safetensors' SafetensorError, which names the OS error it met
+    ("I/O error: File too large (os error 27)"; "Os { code: 28, ... }" in some versions); None for another."""
+    if isinstance(error, OSError):
+        return error.strerror if error.errno in FULL_DISK else None
+    code = re.search(r"\(os error (\d+)\)|\bOs \{ code: (\d+)", str(error))
+    code = code and (code[1] or code[2])
+    return os.strerror(int(code)) if code and int(code) in FULL_DISK else None
+
+
 def create_new(path: Path) -> int:
     """A file descriptor, open for writing, of a new empty file at ``path`` (a temporary or probe file of a
     predictable name), replacing whatever was there: never through a link planted under that name in a shared
@@ -56,27 +68,42 @@ def atomic_write(path: str | Path, content: bytes | memoryview | str | Iterable[
     :class:`OSError` naming ``path`` (the CLI prints it). Callers serialize first (``torch.save`` into
     ``io.BytesIO``, see ``rundir.save_checkpoint``): a library writing into the file itself could report the failed
     write as another exception."""
-    path = Path(path)
-    tmp = path.with_name(path.name + building_suffix())  # whose it is: remove_abandoned removes it after a kill
-    # (and so does the next write of the file: the folders of analyze, plot and bench take no lock and were never
-    # cleaned, so each kill -9 during a write left one more gates.png.tmp<pid>@<host> beside the figures)
-    remove_abandoned(path.parent, path.name)
-    existed = os.path.exists(path)  # never raises (a name too long is the write's error to report)
+    atomic_write_all([(path, content)])
+
+
+def atomic_write_all(files: list[tuple[str | Path, bytes | memoryview | str | Iterable[str]]]) -> None:
+    """:func:`atomic_write` of several files that describe one another (lm-eval's results and its samples): every
+    temporary file written first, then each renamed into place, so that a full disk leaves all the previous files,
+    not some new ones beside old ones. Errors as :func:`atomic_write`'s, naming the file whose write failed."""
+    staged: list[tuple[Path, Path]] = []
+    path = None
     try:
-        with open(create_new(tmp), "wb") as f:
-            if isinstance(content, (bytes, bytearray, memoryview, str)):
-                f.write(content.encode("utf-8") if isinstance(content, str) else content)
-            else:
-                for piece in content:
-                    f.write(piece.encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        sync_directory(path.parent)
+        for path, content in files:
+            path = Path(path)
+            tmp = path.with_name(path.name + building_suffix())  # whose it is: remove_abandoned removes it after a
+            # kill (and so does the next write of the file: the folders of analyze, plot and bench take no lock and
+            # were never cleaned, so each kill -9 during a write left one more gates.png.tmp<pid>@<host>)
+            remove_abandoned(path.parent, path.name)
+            staged.append((tmp, path))
+            with open(create_new(tmp), "wb") as f:
+                if isinstance(content, (bytes, bytearray, memoryview, str)):
+                    f.write(content.encode("utf-8") if isinstance(content, str) else content)
+                else:
+                    for piece in content:
+                        f.write(piece.encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+        for tmp, path in staged:
+            os.replace(tmp, path)
+        for folder in dict.fromkeys(path.parent for _, path in staged):
+            sync_directory(folder)
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.errno in FULL_DISK:
-            kept = f"; the previous {path.name} is kept" if existed else ""
+            kept = f"; the previous {path.name} is kept" if os.path.exists(path) else ""  # (never raises)
+            if len(files) > 1:  # (the files written before it were only staged: every one stays as it was)
+                kept = f"; it and the {len(files) - 1} other file(s) written with it are as they were"
             raise UserError(f"could not write {path} ({e.strerror}){kept}") from None
         if isinstance(e, OSError) and e.filename is None:  # a failed write or sync names no file of itself
             e.filename = str(path)
@@ -163,7 +190,12 @@ def sync_directory(directory: Path) -> None:
 
 def write_json(obj: Any, path: str | Path) -> None:
     """JSON (NaN and infinities written as null) through :func:`atomic_write`."""
-    atomic_write(path, json.dumps(finite(obj), indent=1) + "\n")
+    atomic_write(path, json_text(obj))
+
+
+def json_text(obj: Any) -> str:
+    """The text :func:`write_json` writes: indented JSON, NaN and infinities as null, ending its line."""
+    return json.dumps(finite(obj), indent=1) + "\n"
 
 
 def finite(obj: Any) -> Any:
@@ -194,10 +226,25 @@ def open_to_append(path: str | Path):
 
 
 def append_jsonl(path: str | Path, record: dict) -> None:
-    """One JSON line appended to ``path`` (:func:`open_to_append`: a regular file, never through a link)."""
+    """One JSON line appended to ``path`` (:func:`open_to_append`: a regular file, never through a link), whole or
+    not at all: a write that fails (a full disk) cuts the file back to where it was, and a full disk is a one-line
+    :class:`UserError` naming the file (it was "No space left on device", naming nothing, with half a line left)."""
+    data = (json.dumps(finite(record)) + "\n").encode("utf-8")
     with open_to_append(path) as f:
-        f.write(json.dumps(finite(record)) + "\n")
-        f.flush()
+        fd = f.fileno()  # (written through the descriptor: nothing left in the file object's buffer to fail again)
+        size = os.fstat(fd).st_size
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            if e.errno in FULL_DISK:
+                raise UserError(f"could not append to {path} ({e.strerror}); its earlier lines are kept") from None
+            if e.filename is None:
+                e.filename = str(path)
+            raise
 
 
 def dangling_link(path: Path) -> str | None:

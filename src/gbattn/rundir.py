@@ -106,7 +106,13 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
     """``torch.save`` into memory, then :func:`atomic_write` the bytes: ``torch.save`` into a file
     reports a failed write (a full disk) as a ``RuntimeError``, which would bypass the one-line error."""
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    try:
+        torch.save(state, buffer)
+    except RuntimeError as e:  # the buffer's MemoryError, which torch's writer reports as "unexpected pos": the CLI's
+        if isinstance(e.__context__, MemoryError):  # out-of-memory line, where it was a traceback
+            raise MemoryError(f"the checkpoint {Path(path).name} could not be built in memory to be written; the "
+                              f"previous one is kept") from None
+        raise
     with buffer.getbuffer() as content:
         atomic_write(path, content)
 
@@ -538,10 +544,15 @@ class RunLock:
                                 f"{f' (its {holder} is being written)' if holder else ''}; wait for it to finish or "
                                 f"choose another --out") from None
             raise
-        os.ftruncate(self.fd, 0)
         # (its third line, a random token: other processes of a torchrun find it there when they see this folder)
         self.token = secrets.token_hex(8)
-        os.write(self.fd, f"{os.getpid()}\n{what}\n{self.token}\n".encode())
+        try:
+            os.ftruncate(self.fd, 0)
+            os.write(self.fd, f"{os.getpid()}\n{what}\n{self.token}\n".encode())
+        except OSError as e:  # a full disk: "No space left on device", naming nothing, and a stray --out left behind
+            RunLock._held[key], self.key = self, key
+            self.release()
+            raise UserError(f"could not write the lock file {self.directory / LOCK} ({e.strerror or e})") from None
         with contextlib.suppress(OSError):  # (on a shared file system, before the other nodes read it)
             os.fsync(self.fd)
         RunLock._held[key] = self
@@ -576,8 +587,10 @@ class RunLock:
         writing anything, e.g. on bad --data) is removed, so a typo leaves no stray directory."""
         if self.fd is not None:
             RunLock._held.pop(self.key, None)
-            if self.created and [p.name for p in self.directory.iterdir()] == [LOCK]:
-                with contextlib.suppress(OSError):
+            # (the folder deleted while the work ran, or no file descriptor left to list it: this error, raised while
+            # the work's own went up, was the one said, "d: No such file or directory", and the lock stayed open)
+            with contextlib.suppress(OSError):
+                if self.created and [p.name for p in self.directory.iterdir()] == [LOCK]:
                     (self.directory / LOCK).unlink()
                     for folder in self.made:  # (typo1/typo2/run left typo1/typo2) the first one not empty stops it
                         folder.rmdir()

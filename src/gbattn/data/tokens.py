@@ -8,6 +8,7 @@ epoch (``rows``), or nanoGPT's random windows (``random``). Both are pure functi
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -220,8 +221,18 @@ def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int, key: str,
             if _ids_digest(out[s]) != meta["sha256"][s] or (count and int(out[s].max()) >= vocab_size):
                 return None
         return out
-    except (CheckpointError, OSError, ValueError, KeyError, TypeError):  # read_json: any unreadable meta.json
+    except (CheckpointError, OSError, ValueError, KeyError, TypeError) as e:  # read_json: any unreadable meta.json
+        # What ran out is no damage: a good entry was deleted and built again (`ulimit -n`), then "cannot be read back
+        # after writing it"
+        failed = e if isinstance(e, OSError) else e.__context__
+        if isinstance(failed, OSError) and failed.errno in NOT_DAMAGE:
+            raise DataError(f"the token cache entry {directory} could not be read ({failed.strerror}); it is kept: "
+                            f"free what ran out (open files, memory) and run again") from None
         return None
+
+
+# Errors of reading a cache entry that say something ran out or failed on the way, not that the entry is damaged
+NOT_DAMAGE = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EIO)
 
 
 # --------------------------------------------------------------------------------------

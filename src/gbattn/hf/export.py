@@ -23,6 +23,7 @@ from gbattn import rundir
 from gbattn.errors import UserError
 from gbattn.files import (
     building_suffix,
+    full_disk_reason,
     portable_path,
     remove_abandoned,
     sync_directory,
@@ -125,11 +126,18 @@ def _write_export(run: LoadedRun, out: Path) -> None:
     staging = out / f"{EXPORT_STAGING}{building_suffix()}"
     try:
         model, tokenizer = wrap_run(run)
-        with quiet_transformers():
-            model.save_pretrained(staging)
-            tokenizer.save_pretrained(staging)
-        portable_tokenizer_class(staging / "tokenizer_config.json")
-        run.tokenizer.save(staging / GBATTN_TOKENIZER)
+        try:
+            with quiet_transformers():
+                model.save_pretrained(staging)
+                tokenizer.save_pretrained(staging)
+            portable_tokenizer_class(staging / "tokenizer_config.json")
+            run.tokenizer.save(staging / GBATTN_TOKENIZER)
+        except Exception as e:  # (safetensors' own SafetensorError for a full disk: a traceback)
+            reason = full_disk_reason(e)
+            if reason is None:
+                raise
+            kept = "an earlier export there is kept" if (out / rundir.CONFIG).is_file() else "nothing was written"
+            raise UserError(f"could not write the export to {out} ({reason}); {kept}") from None
         umask = os.umask(0)
         os.umask(umask)
         for weights in staging.glob("model*.safetensors"):  # transformers writes them (or each shard) 0600; the

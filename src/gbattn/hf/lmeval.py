@@ -32,14 +32,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from gbattn.data.corpus import hub_access
 from gbattn.errors import CheckpointError, ConfigError, UserError, shown
 from gbattn.files import (
-    atomic_write,
+    atomic_write_all,
     building_suffix,
     error_detail,
     finite,
+    full_disk_reason,
+    json_text,
     read_json,
     refuse_lfs_pointer,
     relative_path,
-    write_json,
 )
 from gbattn.hf.export import quiet_transformers, wrap_run
 from gbattn.rundir import (
@@ -346,6 +347,9 @@ class GbattnTaskManager(TaskManager):
             raise
         except Exception as e:
             close_progress_bars()
+            if reason := full_disk_reason(e):  # (the harness's datasets cache on a full disk: the YAML was blamed)
+                raise UserError(f"lm-eval could not build the task(s) {list(tasks)}: a write failed ({reason}); free "
+                                f"space where it writes (the datasets cache under HF_HOME), then run again") from None
             raise UserError(f"lm-eval could not build the task(s) {list(tasks)} from their YAML "
                             f"({error_detail(e, 160, with_type=True)}): check the task's output_type, metric_list, "
                             f"splits and templates, and its first document, which the harness renders then (an "
@@ -595,12 +599,15 @@ def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
     for task in (set(results.get("results") or {}) | set(results.get("configs") or {})) - set(samples or {}):
         if (stale := samples_path(out, task)).is_file():
             stale.unlink()
-    write_json(portable(results, roots), out)
+    # the results and their samples replaced together: a full disk under a samples file left the new results beside
+    # the previous samples, another model's
+    files = [(out, json_text(portable(results, roots)))]
     for task, rows in (samples or {}).items():
         path = samples_path(out, task)
         lines = (json.dumps(finite(portable(r, roots, existing_only=True)), ensure_ascii=False) for r in rows)
-        atomic_write(path, "".join(line + "\n" for line in lines))
+        files.append((path, "".join(line + "\n" for line in lines)))
         written.append(path)
+    atomic_write_all(files)
     if samples is not None:
         results["samples"] = samples
     return written
