@@ -1123,6 +1123,14 @@ def test_collect_analyses_a_model_left_in_training_mode_without_dropout_and_leav
     assert [m.training for m in model.modules()] == flags and other.training
     stats.collect(model, tokens, 8, rows, batch_size=2, against=model)  # (the second record was restored last: eval)
     assert [m.training for m in model.modules()] == flags
+    # attention_examples of a model in training mode: the eval-mode maps, the same on every call (dropout 0.5 on the
+    # probabilities drew other maps each time)
+    model.eval()
+    want = stats.attention_examples(model, tokens, 8, rows, [(1, 6)], 0)[0]["attention"]
+    model.train()
+    for _ in range(2):
+        np.testing.assert_array_equal(stats.attention_examples(model, tokens, 8, rows, [(1, 6)], 0)[0]["attention"],
+                                      want)
 
 
 def test_loss_difference_std_is_the_spread_of_the_per_token_differences(runs, tmp_path):

@@ -248,9 +248,10 @@ def steady_timings(monkeypatch, step_s: float) -> None:
 
 def test_bench_timings_follow_a_fake_clock(monkeypatch):
     """A clock that training steps and decodes advance by known amounts: eager steps 0.5 s, compiled
-    steps 0.25 s after a 3 s warm-up step each, a decode of 2 s eager and 1 s compiled after a 5 s
-    warm-up. The report's per-step times, speedups and compile times follow exactly; standard comes
-    first whatever order the variants are given in; FLOPs are counted at the measured length."""
+    steps 0.25 s after two warm-up rounds of two steps (3 s, then 1 s each: a variant compiled after another
+    compiles again in its second round), a decode of 2 s eager and 1 s compiled after warm-ups of 5 s and 2 s. The
+    report's per-step times, speedups and compile times (both rounds' time over the steps') follow exactly; standard
+    comes first whatever order the variants are given in; FLOPs are counted at the measured length."""
 
     from gbattn.bench import speed
     from gbattn.model.params import flops_per_token
@@ -260,12 +261,12 @@ def test_bench_timings_follow_a_fake_clock(monkeypatch):
     def fake_step(case, x, y, autocast):
         calls[case.label] = calls.get(case.label, 0) + 1
         compiled = case.label.endswith(speed.COMPILED)
-        clock[0] += (3.0 if calls[case.label] <= 2 else 0.25) if compiled else 0.5
+        clock[0] += (3.0 if calls[case.label] <= 2 else 1.0 if calls[case.label] <= 4 else 0.25) if compiled else 0.5
 
     def fake_decode(model, prompt, n_decode, device, autocast, step=None):
         key = ("decode", step is not None, id(model))
         calls[key] = calls.get(key, 0) + 1
-        seconds = 2.0 if step is None else 5.0 if calls[key] == 1 else 1.0
+        seconds = 2.0 if step is None else 5.0 if calls[key] == 1 else 2.0 if calls[key] == 2 else 1.0
         clock[0] += 0.25 + seconds
         return 0.25, seconds
 
@@ -284,7 +285,7 @@ def test_bench_timings_follow_a_fake_clock(monkeypatch):
         assert eager["warmup_s"] == {"train_2_steps": 1.0, "decode": 2.0} and eager["decode_tokens_per_s"] == 2.0
         assert compiled["step_s"] == 0.25 and compiled["decode_tokens_per_s"] == 4.0 and compiled["prefill_s"] == 0.25
         assert compiled["compiled_step_speedup"] == 2.0 and compiled["compiled_decode_speedup"] == 2.0
-        assert compiled["compile_s"] == {"train": 5.5, "decode": 4.0}
+        assert compiled["compile_s"] == {"train": 5.5 + 1.5, "decode": 4.0 + 1.0}
         cfg = speed._variant_config("cpu-char", name, {"n_layers": 1})
         assert eager["forward_flops_per_token"] == flops_per_token(cfg, seq_len=16) != flops_per_token(cfg)
     assert rows["boosted"]["step_ratio"] == 1.0 and rows["boosted"]["flop_ratio"] > 1.0

@@ -492,6 +492,7 @@ def test_a_near_miss_name_is_answered_with_the_name_it_misses(tmp_path, capsys):
         (["bench", "--set", "training.lr=1"], "without 'training.'; a training field, which `gbattn train` and "
                                               "`compare` take)"),
         (["params", "--attn", "boosted", "--set", "model.attn.rounds=3"], "(write 'attn.rounds': a field is set"),
+        ([*new_run, "--set", "train.lr=1"], "(write 'lr': a field is set by its name alone, without 'train.'; "),
         # a field named by its first word (below the similarity cutoff): every field it begins
         ([*new_run, "--set", "warmup=5"], "--set warmup: unknown field (did you mean 'warmup_from_zero' or "
                                           "'warmup_steps'?); model fields"),

@@ -1755,6 +1755,9 @@ def test_a_continued_model_counts_its_continuation_and_is_drawn_after_its_base(t
             "the whole training add base's 600 steps, 0.001M tokens, 0.0211 PFLOP and 6.5 min") in md
     short_base = [{**base, "wall_clock_s": 1.2}, *rows[1:]]  # (under half a minute: seconds, as the table's)
     assert "0.0211 PFLOP and 1.2 s (the curves" in results_markdown(report_of(short_base))
+    from gbattn.experiments.report import wall_clock_text  # minutes from half a minute on
+
+    assert [wall_clock_text(s) for s in (29.9, 30.0, 45.0, 7_200.0)] == ["29.9 s", "0.5 min", "0.8 min", "120.0 min"]
     assert "| 600 | 0.001M |" in md  # (the base's row: under a million in three significant digits, not 0.00M)
     assert "`param-fair`" not in md and "`compute-matched`" not in md
     rows.append(model_row("compute-matched", {"42": 120.0}, compute_matched_to="gba-upcycled"))
