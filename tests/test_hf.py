@@ -3308,6 +3308,8 @@ def test_lm_eval_task_generation_settings_that_change_no_answer_are_left_out_and
             named = {"static": "cache_implementation=", "bogus": "bogus_arg=3", "temp": "temperature=-1.0",
                      "beams": "num_beams=0", "answers": "num_return_sequences=2"}[name]
             assert named in line and "attention_mask" not in line, line  # (the harness's own, not the task's)
+            # an arithmetic error's text alone ("division by zero") says too little: its type is named
+            assert ("ZeroDivisionError" in line) is (name == "beams"), line
             continue
         assert code == 0, err
         samples = (tmp_path / f"samples-gen_{name}-{name}.jsonl").read_text().splitlines()
