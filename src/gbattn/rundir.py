@@ -1070,8 +1070,9 @@ def load_run(path: str | Path, checkpoint: str | None = None, device: str | torc
         weights, checkpoint = chosen_weights(path, checkpoint)
         if not weights.exists():  # checkpoint="last" where only best.pt is: an upcycled run before its training
             raise CheckpointError(f"{path} has no last checkpoint ({CHECKPOINT}), only best-validation weights "
-                                  f"({BEST}): an upcycled run not trained yet, or a copy without it; use --checkpoint "
-                                  f"best (from Python: checkpoint='best')")
+                                  f"({BEST}): an upcycled run not trained yet, a run whose first checkpoint could not "
+                                  f"be written (a full disk), or a copy without it; use --checkpoint best (from "
+                                  f"Python: checkpoint='best')")
         state, which = load_checkpoint(weights, map_location=device), checkpoint
         step = state.get("step")  # (left out, the weights were reported as those of step 0)
         last = config.get("steps") if type(config.get("steps")) is int else MAX_INT  # the run's steps
