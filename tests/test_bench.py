@@ -974,7 +974,8 @@ def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
     built, adamw = [], torch.optim.AdamW
 
     def recording_adamw(params, **options):
-        built.append(options)
+        params = list(params)
+        built.append({**options, "decays": [g["weight_decay"] for g in params if isinstance(g, dict)]})
         return adamw(params, **options)
 
     def in_process_probe(cfg, batch, seq_len, dev, amp, recomputed, training=None):  # the probe's subprocess
@@ -988,7 +989,19 @@ def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
     assert len(built) == 4  # the timed case, its probe, the sweep case and its probe
     training = speed.bench_training("cpu-char")
     assert all(options == {"lr": training.lr, "betas": (training.beta1, training.beta2), "fused": False,
-                           "foreach": True} for options in built), built
+                           "foreach": True, "decays": [training.weight_decay, 0.0]} for options in built), built
+    assert training.decay_matrices_only  # (cpu-char's: two groups, the vectors without weight decay)
+    # the CPU probe's subprocess gets the preset's training settings (it built the training defaults' optimizer)
+    import json
+    import subprocess
+
+    sent = []
+    monkeypatch.undo()  # (the real probe again, its subprocess stood in for)
+    monkeypatch.setattr(speed.subprocess, "run", lambda argv, **kw: sent.append(json.loads(argv[-1])) or
+                        subprocess.CompletedProcess(argv, 0, "123\n", ""))
+    cfg = speed._variant_config("cpu-char", "standard", {"n_layers": 1})
+    assert speed.peak_memory_train_step(cfg, 1, 8, torch.device("cpu"), False, False, training=training) == 123.0
+    assert sent[0]["training"] == training.to_dict() != speed.TrainConfig().to_dict()
 
 
 def test_bench_times_and_probes_each_variant_with_and_without_activation_checkpointing(monkeypatch):

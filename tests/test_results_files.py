@@ -1291,7 +1291,7 @@ def test_readme_should_i_use_gba_is_the_tables():
     recomputing = bench_rows("bench-activation-checkpointing-cpu/bench.json")
     assert (f"With activation checkpointing on both, its training memory was "
             f"{recomputing['boosted · recomputed']['memory_ratio']:.2f}x standard's, for about 1.4x the step time of "
-            f"either without it (one CPU benchmark)") in README_PROSE
+            f"either without it (one CPU benchmark; the probe's figure") in README_PROSE
 
     m3, std = design_proxy["gba-m3"], design_proxy["standard"]
     flops = 100 * (m3["train_flops"] / std["train_flops"] - 1)
