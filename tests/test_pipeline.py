@@ -4673,6 +4673,21 @@ def test_encoding_anything_but_a_string_is_a_type_error_not_a_damaged_tokenizer(
                 encode(text)
 
 
+def test_utf8_text_read_in_an_ascii_locale_is_said_to_be_the_locales_doing():
+    """`LC_ALL=C PYTHONUTF8=0 gbattn generate RUN --prompt café`: Python read the argument's UTF-8 bytes as ASCII, and
+    the refusal said the text was not UTF-8 ("byte 0xc3"); it says the bytes are UTF-8 and how to read them so."""
+    code = ("from gbattn.data.tokenizer import refuse_non_utf8\n"
+            "import sys\n"
+            "try:\n"
+            "    refuse_non_utf8(sys.argv[1])\n"
+            "except Exception as e:\n"
+            "    print(e)\n")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code, "café".encode()], capture_output=True, env=env, text=True)
+    assert out.stdout == ("the text is not UTF-8: byte 0xc3 at character 3 (the bytes are UTF-8, but Python read them "
+                          "in this locale's ascii: set a UTF-8 locale (LC_ALL=C.UTF-8) or PYTHONUTF8=1)\n"), out.stderr
+
+
 def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_dropped(tmp_path):
     """A tokenizer.json whose BPE model has no unknown token (``models.BPE()``, the library's default) encodes a
     character missing from its vocabulary to nothing: the run trained and scored a text with those characters

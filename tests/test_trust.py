@@ -915,8 +915,9 @@ def test_a_checkpoint_over_the_file_size_limit_is_one_line_naming_it(tmp_path):
 
 def test_eval_per_token_files_hold_one_loss_per_scored_token(trained, tmp_path, capsys, monkeypatch):
     """``eval --per-token F`` (.txt: one loss per line; .npy: a flat array): as many losses as the
-    tokens scored, whose mean is the loss printed, each the token's own loss (evaluate's; to 6 decimals in text);
-    the JSON record names the file."""
+    tokens scored, whose mean is the loss printed, each the token's own loss (evaluate's, every digit of it in text
+    too: six decimals changed the perplexity from its 9th digit and wrote a loss under 5e-7 as 0; a .NPY name is an
+    array too, not text np.load refuses); the JSON record names the file."""
     import numpy as np
 
     from gbattn.data.prepare import prepare_run_data
@@ -925,7 +926,8 @@ def test_eval_per_token_files_hold_one_loss_per_scored_token(trained, tmp_path, 
     monkeypatch.setenv("GBATTN_CACHE", str(trained["cache"]))
     run = rundir.load_run(trained["run"])
     want = evaluate(run.model, prepare_run_data(run, None, False, "test").splits["test"], run.seq_len, per_token=True)
-    for name, read in (("losses.txt", np.loadtxt), ("new-folder/losses.npy", np.load)):  # its folder is made
+    for name, read in (("losses.txt", np.loadtxt), ("new-folder/losses.npy", np.load),  # its folder is made
+                       ("losses.NPY", np.load)):
         code, out, err = run_cli(capsys, ["eval", trained["run"], "--per-token", tmp_path / name])
         assert code == 0, err
         record = json.loads(out.strip().splitlines()[-1])
@@ -933,7 +935,7 @@ def test_eval_per_token_files_hold_one_loss_per_scored_token(trained, tmp_path, 
         losses = read(tmp_path / name)
         assert losses.shape == (record["tokens"],)
         assert losses.mean() == pytest.approx(record["loss"], rel=1e-5)
-        np.testing.assert_allclose(losses, want.per_token, rtol=0, atol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(losses.astype(want.per_token.dtype), want.per_token, err_msg=name)
 
 
 def test_eval_per_token_may_take_a_run_files_name_outside_the_run(trained, tmp_path, capsys, monkeypatch):

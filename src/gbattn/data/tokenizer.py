@@ -21,6 +21,7 @@ import hashlib
 import json
 import operator
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
@@ -516,8 +517,12 @@ def refuse_non_utf8(text: str) -> None:
     except UnicodeEncodeError as e:
         code = ord(text[e.start])
         what = (f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}")
-        raise DataError(f"the text is not UTF-8: {what} at character {e.start} (text typed or read in another "
-                        f"encoding than UTF-8?)") from None
+        why = "text typed or read in another encoding than UTF-8?"
+        with contextlib.suppress(UnicodeError):  # UTF-8 bytes Python read in an ASCII locale (LC_ALL=C, no UTF-8
+            os.fsencode(text).decode("utf-8")  # mode): the text was UTF-8 ("not UTF-8: byte 0xc3" of "café")
+            why = (f"the bytes are UTF-8, but Python read them in this locale's {sys.getfilesystemencoding()}: set a "
+                   f"UTF-8 locale (LC_ALL=C.UTF-8) or PYTHONUTF8=1")
+        raise DataError(f"the text is not UTF-8: {what} at character {e.start} ({why})") from None
 
 
 def _fingerprint(kind: str, payload: str) -> str:
