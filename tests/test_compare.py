@@ -2102,13 +2102,17 @@ def test_a_model_with_its_own_compute_matched_row_is_paired_with_that_row(tmp_pa
     write_results(tmp_path, Recipe("r", "a test (10 steps)", "cpu-char", specs),
                   {"data": "x", "seeds": [1, 2], "sets": {}}, specs, results)
     md = (tmp_path / "results.md").read_text()
-    cells = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[-1].rstrip(" |")
-             for line in md.splitlines() if line.startswith("| ") and "nats" not in line}
+    cells = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[5].rstrip(" |")  # Δ vs compute-matched
+             for line in md.split("## Paired per-seed")[1].splitlines() if line.startswith("| ") and "nats" not in line}
+    assert md.split("## Paired per-seed")[1].count("| Δ vs compute-matched | Δ vs param-fair |") == 1
     assert cells["mine"].startswith("+0.250 (+0.250 / +0.250)")  # against compute-matched-mine, not compute-matched
     assert cells["param-fair-mine"].startswith("+0.200 (+0.200 / +0.200)")
     assert cells["gba-m2"].startswith("+0.100 (+0.100 / +0.100)") and cells["compute-matched-mine"].startswith("-0.550")
     assert ("a model with a compute-matched row of its own, and its param-fair row, against that row; every other "
             "model against compute-matched.") in md
+    # and the model against its param-fair row, on its own row (it had no cell: only the rows' mean perplexities)
+    mine = next(line for line in md.split("## Paired per-seed")[1].splitlines() if line.startswith("| mine |"))
+    assert mine.rstrip(" |").split(" | ")[-1].startswith("+0.050 (+0.050 / +0.050) **same sign**")
 
 
 def test_a_recipe_json_whose_added_models_are_damaged_is_one_line(tmp_path):

@@ -2234,17 +2234,20 @@ def test_the_paired_table_needs_two_seeds_orders_them_by_number_and_skips_a_dive
 def test_a_comparison_without_a_standard_row_has_the_compute_matched_column_alone():
     """`compare --only gba-gate-vector param-fair-gba-gate-vector compute-matched-gba-gate-vector --matched
     gba-gate-vector` has no standard row: its paired table was left out entirely; it now pairs each model with its
-    compute-matched row, the one column there is."""
+    compute-matched row, the standard reference column there is, and the model with its param-fair row."""
     md = paired_md({"gba-v": {"1": 2.20, "2": 2.25, "3": 2.22}, "param-fair-gba-v": {"1": 2.18, "2": 2.21, "3": 2.23},
                     "compute-matched-gba-v": {"1": 2.10, "2": 2.12, "3": 2.15}},
                    updates={"param-fair-gba-v": {"param_matched_to": "gba-v"},
                             "compute-matched-gba-v": {"compute_matched_to": "gba-v"}})
-    assert "| model | parameters | train PFLOP | valid loss | Δ vs compute-matched |" in md
+    assert "| model | parameters | train PFLOP | valid loss | Δ vs compute-matched | Δ vs param-fair |" in md
     assert "Δ vs standard" not in md.split("## Paired per-seed differences")[1].split("##")[0]
     gba = paired_cells(md, "gba-v")
-    assert len(gba) == 5 and gba[4].startswith("+0.100 (+0.100 / +0.130 / +0.070) **same sign**")
+    assert len(gba) == 6 and gba[4].startswith("+0.100 (+0.100 / +0.130 / +0.070) **same sign**")
+    assert gba[5].startswith("+0.017 (+0.020 / +0.040 / -0.010), p 0.37")  # (the model against its param-fair row)
     assert paired_cells(md, "param-fair-gba-v")[4].startswith("+0.083 (+0.080 / +0.090 / +0.080) **same sign**")
-    assert paired_cells(md, "compute-matched-gba-v")[4] == "—"
+    assert paired_cells(md, "compute-matched-gba-v")[4:] == ["—", "—"]
+    assert paired_cells(md, "param-fair-gba-v")[5] == "—"
+    assert "Δ vs param-fair: a model against its own param-fair row, standard attention widened to at least" in md
     # nor a main-table column of dashes: "Δ vs standard" is nowhere
     assert "Δ vs standard" not in md and "| model | attention | d | parameters | test ppl | valid ppl |" in md
     main = md.split("\n\n")[2].splitlines()

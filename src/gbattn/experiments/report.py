@@ -848,7 +848,9 @@ def paired_table(rows: list[dict]) -> list[str]:
     of that between models that do not differ: :func:`same_sign_note`). A comparison of some of a recipe's
     models (``compare --only``) without a standard row has the compute-matched column alone, and one without a
     compute-matched row the standard column alone. A reference with fewer than two seeds leaves its column out,
-    saying so (a standard row of one seed beside three-seed rows took the compute-matched column with it, unsaid)."""
+    saying so (a standard row of one seed beside three-seed rows took the compute-matched column with it, unsaid).
+    A model with a param-fair row of its own (``param_matched_to``) gets a third column, against that row: the
+    comparison at equal parameters had no cell and no p, only each row's mean perplexity."""
     base = standard_row(rows)
     first = next((r for r in rows if r.get("compute_matched_to")), None)
     own = {}  # a model (and its param-fair row) -> its own compute-matched row (compare --matched adds more than one)
@@ -862,18 +864,23 @@ def paired_table(rows: list[dict]) -> list[str]:
             left_out.append(f"{header} is left out: {ref['label']} has {n} seed{'s' if n != 1 else ''} with a "
                             f"validation loss.")
     base, first = (ref if ref is not None and len(valid_losses(ref)) >= 2 else None for ref in (base, first))
+    param_fair = {r["param_matched_to"]: r for r in rows  # a model -> its own param-fair row, of two seeds or more
+                  if r.get("param_matched_to") and len(valid_losses(r)) >= 2}
     if base is None and first is None:  # (its notes were dropped with it: the section vanished, unsaid)
         if left_out and any(len(valid_losses(r)) >= 2 for r in rows):
             return ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
                     " ".join(left_out)]
         return []
     seeds = sorted(valid_losses(base or first), key=seed_key)
-    columns = [delta_header(base)] * (base is not None) + ["Δ vs compute-matched"] * (first is not None)
+    columns = ([delta_header(base)] * (base is not None) + ["Δ vs compute-matched"] * (first is not None)
+               + ["Δ vs param-fair"] * bool(param_fair))
     lines = ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
              f"Each cell: the mean over seeds of (model − reference) on the same seed, then each seed's difference "
              f"({', '.join(seeds)}); {same_sign_note(len(seeds))}."
              + (f" Δ vs compute-matched: a model with a compute-matched row of its own, and its param-fair row, "
                 f"against that row; every other model against {first['label']}." if first and len(own) > 1 else "")
+             + (" Δ vs param-fair: a model against its own param-fair row, standard attention widened to at least "
+                "its parameters." if param_fair else "")
              + "".join(f" {text}" for text in left_out), "",
              f"| model | parameters | train PFLOP | valid loss | {' | '.join(columns)} |",
              "| --- | ---: | ---: | ---: |" + " --- |" * len(columns)]
@@ -885,6 +892,9 @@ def paired_table(rows: list[dict]) -> list[str]:
         if first is not None:
             matched = own.get(r["label"]) or own.get(r.get("param_matched_to")) or first
             cells.append(paired_cell(paired_differences(r, matched), seeds) if r is not matched else "—")
+        if param_fair:
+            fair = param_fair.get(r["label"])
+            cells.append(paired_cell(paired_differences(r, fair), seeds) if fair is not None else "—")
         lines.append(f"| {r['label']} | {r['parameters']:,} | {r['train_flops'] / 1e15:.3g} | {_fmt(mean, std, 3)} | "
                      f"{' | '.join(cells)} |")
     return lines
