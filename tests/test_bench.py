@@ -758,6 +758,12 @@ def test_bench_markdown_follows_the_report():
         "the norm read in one host sync, then AdamW with cpu-char's parameter groups (fused on CUDA, foreach kernels "
         "on a CPU).")
     assert "the gradient norm taken (grad_clip 0: no clipping)" in bench_markdown({**report, "grad_clip": 0.0})
+    # a machine busy with other work while it timed (this process got under 80% of its threads' time): said
+    busy = bench_markdown({**report, "cpu_share": 0.31, "threads": 2}).splitlines()
+    assert busy[14] == ("While timing, this process ran 31% of the time its 2 threads could have: the machine was busy "
+                        "with other work, so its steps are slower, and their ratios noisier, than on an idle machine.")
+    assert all("While timing" not in bench_markdown({**report, "cpu_share": share, "threads": 1})
+               for share in (0.95, None))
     report["amp_bf16"], report["compile"] = True, "off"
     assert bench_markdown(report).splitlines()[2].endswith("dropout 0 · bf16 autocast")
     # a row with its own dropout (--attn boosted:dropout=0.5): the header named standard's alone
@@ -984,8 +990,9 @@ def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
 
     monkeypatch.setattr(torch.optim, "AdamW", recording_adamw)
     monkeypatch.setattr(speed, "peak_memory_train_step", in_process_probe)
-    speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2,
-                    sweep=[8], sweep_variants=["standard"], threads=1, quiet=True, sets={"n_layers": 1})
+    report = speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2,
+                             sweep=[8], sweep_variants=["standard"], threads=1, quiet=True, sets={"n_layers": 1})
+    assert 0 < report["cpu_share"] <= 1  # (the share of its thread's time it got while timing, measured)
     assert len(built) == 4  # the timed case, its probe, the sweep case and its probe
     training = speed.bench_training("cpu-char")
     assert all(options == {"lr": training.lr, "betas": (training.beta1, training.beta2), "fused": False,

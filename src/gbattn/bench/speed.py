@@ -291,6 +291,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         # benched.
         room = (torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit + compiled_cases)
                 if compiled_cases else contextlib.nullcontext())
+        cpu_started, wall_started = process_cpu_seconds(), time.perf_counter()
         with room:
             for rep in range(repeats + warmups):  # the first rounds warm up (and compile)
                 for case in cases:
@@ -381,6 +382,11 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                 r["recomputed_memory_ratio"] = memory_ratio(r, own)
         for case in cases:
             case.model = case.step_model = case.optimizer = case.decode_step = None
+        # On a CPU, the share of its threads' time this process got while timing: a machine busy with other work
+        # gave slower, noisier steps (a bench under a load of 7 on 2 cores printed its tokens/s without a word)
+        wall = time.perf_counter() - wall_started
+        cpu_share = (min(1.0, (process_cpu_seconds() - cpu_started) / (wall * torch.get_num_threads()))
+                     if dev.type == "cpu" and wall > 0 else None)
 
         sweep_rows = _sweep(preset, sweep or [], sweep_variants, dev, amp, quiet, sets, training)
         report = {
@@ -397,6 +403,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             "amp_bf16": amp and dev.type == "cuda",
             "compile": compile,
             "grad_clip": training.grad_clip,  # (a bench.json before it: a step without clipping, :func:`_step_text`)
+            "cpu_share": cpu_share,  # (None on CUDA, and in a bench.json before it)
             "activation_checkpointing": activation_checkpointing,
             **({} if compile == "off" else {"inductor_caches": _inductor_caches()}),
             "versions": software_versions(),  # gbattn's, torch's and Python's: what produced the figures
@@ -560,6 +567,15 @@ def _sweep(preset, lengths, variants, dev, amp, quiet, sets, training) -> list[d
     return rows
 
 
+BUSY_SHARE = 0.8  # below this share of its threads' time, bench.md says the machine was busy
+
+
+def process_cpu_seconds() -> float:
+    """CPU time this process has used, all its threads together (user and system)."""
+    times = os.times()
+    return times.user + times.system
+
+
 def _step_text(report: dict) -> str:
     """What a timed training step does: `gbattn train`'s, or, in a bench.json of an earlier gbattn (no
     ``grad_clip``), a step without its clipping and host sync, with AdamW's per-parameter loop on a CPU."""
@@ -630,6 +646,11 @@ def bench_markdown(report: dict) -> str:
               f"{report['prefill_tokens']} tokens, then {report['decode_tokens']} cached steps, batch 1)."
               + _decode_checkpointing_note(report) + compile_note]
     lines += ["", _step_text(report)]
+    if (report.get("cpu_share") or 1.0) < BUSY_SHARE:
+        lines += ["", f"While timing, this process ran {100 * report['cpu_share']:.0f}% of the time its "
+                      f"{report['threads']} thread{'s' if report['threads'] != 1 else ''} could have: the machine was "
+                      f"busy with other work, so its steps are slower, and their ratios noisier, than on an idle "
+                      f"machine."]
     if report.get("left_out"):
         lines += ["", "Left out: " + "; ".join(f"{r['variant']} ({r['reason']})" for r in report["left_out"]) + "."]
     compiled = [r for r in report["variants"] if r.get("compiled_step_speedup")]
