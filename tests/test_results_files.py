@@ -268,7 +268,8 @@ def test_readme_baselines_table_and_claims_are_results_cpu_baselines():
     assert gain("differential-no-attn-bias") > gain("differential")  # "and more so without its attention biases"
     assert all(d < 0 for d in paired(rows["twicing"], gba, seeds))  # "ahead of GBA M=2 on every seed"
     assert (f"Twicing gained more than GBA ({signed(gain('twicing'), 3, '')} against {signed(gain('gba-m2'), 3, '')} "
-            f"nats, ahead of it on every one of 3 seeds) for no extra parameters") in README_PROSE
+            f"nats, ahead of it on every one of 3 seeds, though within seed noise: paired t-test "
+            f"p = {paired_t_p(paired(rows['twicing'], gba, seeds)):.2f}) for no extra parameters") in README_PROSE
     char, design = compare_rows("cpu-char"), compare_rows("gba-design")
     worst = max(abs(rows[label]["valid_ppl"][s] - char[label]["valid_ppl"][s])
                 for label in ("standard", "twicing", "gba-m2") for s in ("42", "123"))
@@ -883,7 +884,8 @@ def test_readme_gba_m3_three_seeds_is_its_results():
             f"({signed(statistics.fmean(versus['compute-matched']), 3, '')}) on every seed") in README_PROSE
     m2_change = change(mean_test_ppl(proxy3["gba-m2"], seeds), mean_test_ppl(std, seeds))
     assert (f"which about doubles the gain ({mean_change} against {m2_change} test perplexity at `cpu-proxy`, means "
-            f"over 3 seeds; in validation loss ahead of standard and of M=2 on every seed)") in README_PROSE
+            f"over 3 seeds; in validation loss ahead of standard and of M=2 on every seed, though within seed noise: "
+            f"paired t-tests p = {paired_t_p(gain):.2f} and {paired_t_p(versus['gba-m2']):.2f})") in README_PROSE
 
 
 def test_readme_upcycle_table_is_results_upcycle():
@@ -1295,7 +1297,7 @@ def test_readme_should_i_use_gba_is_the_tables():
 
     m3, std = design_proxy["gba-m3"], design_proxy["standard"]
     flops = 100 * (m3["train_flops"] / std["train_flops"] - 1)
-    assert (f"loss ahead of standard and of M=2 on every seed) for "  # the gain: test_readme_gba_m3_three_seeds_...
+    assert (f"paired t-tests p = 0.14 and 0.16) for "  # the gain and its p: test_readme_gba_m3_three_seeds_...
             f"{100 * (m3['parameters'] / std['parameters'] - 1):.0f}% more parameters and "
             f"{flops:.0f}% more training FLOPs than standard") in README_PROSE
 
