@@ -833,20 +833,25 @@ def test_cpu_memory_probe_reports_the_high_water_mark_over_the_start(monkeypatch
     assert speed._status_bytes("VmRSS") == 1500 * 1024 and speed._status_bytes("VmHWM") == 5000 * 1024
     runs = []
 
+    trainings = []
+
     def fake_steps(cfg, batch, seq_len, device, amp, steps, recomputed=False, training=None):
         runs.append((cfg.d_model, batch, seq_len, device.type, amp, steps, torch.get_num_threads()))
+        trainings.append(training)
         status["text"] = "VmRSS:\t 1800 kB\nVmHWM:\t 9000 kB\n"  # RSS fell back from its high-water mark
 
     monkeypatch.setattr(speed, "_run_steps", fake_steps)
     cfg = preset_config("cpu-char", "standard", {"d_model": 48})
     threads = torch.get_num_threads()
+    training = speed.bench_training("cpu-char")
     try:
-        speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(),
-                                             "batch": 3, "seq_len": 5, "threads": threads + 1, "recomputed": False}))
+        speed._memory_probe_main(json.dumps({"cfg": cfg.to_dict(), "batch": 3, "seq_len": 5, "threads": threads + 1,
+                                             "recomputed": False, "training": training.to_dict()}))
     finally:
         torch.set_num_threads(threads)
     # at the timed steps' thread count: a one-token warm-up step, the high-water mark reset, the two measured steps
     assert runs == [(48, 1, 1, "cpu", False, 1, threads + 1), (48, 3, 5, "cpu", False, 2, threads + 1)]
+    assert trainings == [training, training]  # the preset's training settings (its optimizer's groups), both steps
     assert written == ["5"]
     assert capsys.readouterr().out == f"{(9000 - 1500) * 1024}\n"
     # without a writable clear_refs (some sandboxes) the figure is still taken, the same way

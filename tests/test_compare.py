@@ -370,9 +370,10 @@ def test_more_jobs_than_threads_says_where_the_threads_were_set(tmp_path, monkey
 
 def test_a_comparison_whose_runs_trained_several_at_once_says_their_speeds_were_shared(tmp_path, monkeypatch):
     """compare --jobs 5 on one GPU: five runs shared it, and the one that trained after the others, alone, showed 1.6x
-    standard's tokens/s for the same model, unsaid. recipe.json records how many runs could train at once (the most
-    of every command that trained), results.json carries it and results.md says so under its table; a comparison of
-    one run at a time records nothing and says nothing. A damaged record is one line."""
+    standard's tokens/s for the same model, unsaid. recipe.json records how many runs trained at once (the most any
+    command started side by side), results.json carries it and results.md says so under its table; a comparison of
+    one run at a time records nothing and says nothing, nor does a --jobs call that had one run left to train (it
+    recorded the runs that could have shared the machine). A damaged record is one line."""
     import subprocess
 
     from gbattn.experiments.report import read_report
@@ -393,6 +394,10 @@ def test_a_comparison_whose_runs_trained_several_at_once_says_their_speeds_were_
     alone = tmp_path / "alone"
     run_compare("cpu-proxy", alone, data=data, sets=tiny_sets(), only=["standard"], quiet=True, threads=1)
     assert "runs_at_once" not in json.loads((alone / "results.json").read_text())
+    with pytest.raises(UserError, match="1 run\\(s\\) failed"):  # gba-m2 alone left to train, under --jobs 2
+        run_compare("cpu-proxy", alone, data=data, sets=tiny_sets(), only=["standard", "gba-m2"], quiet=True, jobs=2,
+                    threads=2)
+    assert "runs_at_once" not in json.loads((alone / "recipe.json").read_text())
     assert "training at once" not in (alone / "results.md").read_text()
     recorded = json.loads((out / "recipe.json").read_text())
     (out / "recipe.json").write_text(json.dumps({**recorded, "runs_at_once": "2"}))

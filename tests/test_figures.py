@@ -847,7 +847,7 @@ def test_gap_leaves_out_a_seed_that_diverged_as_results_md_does(tmp_path, capsys
     points = gap_series(compare_dir, "gba-m2", "standard")["points"]
     assert [p["seeds"] for p in points] == [1, 1, 1, 1] and points[-1]["difference"] == pytest.approx(-0.01)
     assert capsys.readouterr().err == (f"note: {compare_dir}: gba-m2 seed 2 diverged (no test perplexity) "
-                                       f"and is left out of the gap, as of results.md's means\n")
+                                       f"and is left out of the gap, as results.md's means leave it out\n")
 
 
 def test_gap_of_a_copied_comparison_reads_the_curves_results_json_records(tmp_path, capsys):
@@ -1978,6 +1978,11 @@ def test_results_md_shows_a_model_entrys_other_model_fields_beside_its_attention
     md = results_markdown(report_of([{**model_row("gba-m3", {"42": 7.0}), **rows[0]}]))
     assert "| gba-m3 | boosted (rounds=3), Post-LN, ffn=swiglu, attn_bias=False | 128 |" in md
     assert "| standard | standard | 128 |" in results_markdown(report_of([model_row("standard", {"42": 7.0})]))
+    # a report written before rows kept them: its recipe's own model of that label says (cpu-baselines'
+    # differential-no-attn-bias read as plain differential)
+    old = {**model_row("differential-no-attn-bias", {"42": 7.0}), "attn": "differential"}
+    assert "| differential-no-attn-bias | differential, attn_bias=False | 128 |" in results_markdown(
+        {**report_of([old]), "recipe": "cpu-baselines"})
     path = tmp_path / "results.json"
     path.write_text(json.dumps(report_of([{**model_row("gba-m3", {"42": 7.0}), "model_options": ["ffn"]}])))
     with pytest.raises(CheckpointError, match=r"gba-m3: model_options=\['ffn'\] must be a mapping of model fields"):
@@ -2248,6 +2253,23 @@ def test_a_comparison_without_a_standard_row_has_the_compute_matched_column_alon
     assert paired_cells(md, "compute-matched-gba-v")[4:] == ["—", "—"]
     assert paired_cells(md, "param-fair-gba-v")[5] == "—"
     assert "Δ vs param-fair: a model against its own param-fair row, standard attention widened to at least" in md
+    # a model and its param-fair row alone (no standard, no compute-matched row): the table was left out entirely
+    pair = paired_md({"gba-v": {"1": 2.20, "2": 2.25, "3": 2.22},
+                      "param-fair-gba-v": {"1": 2.18, "2": 2.21, "3": 2.23}},
+                     updates={"param-fair-gba-v": {"param_matched_to": "gba-v"}})
+    assert "| model | parameters | train PFLOP | valid loss | Δ vs param-fair |" in pair
+    assert paired_cells(pair, "gba-v")[4].startswith("+0.017 (+0.020 / +0.040 / -0.010), p 0.37")
+    # a param-fair row of one seed: its column left out, and said (it went unsaid); one whose model has no row: none
+    one = paired_md({"gba-v": {"1": 2.20, "2": 2.25, "3": 2.22}, "param-fair-gba-v": {"1": 2.18},
+                     "compute-matched-gba-v": {"1": 2.10, "2": 2.12, "3": 2.15}},
+                    updates={"param-fair-gba-v": {"param_matched_to": "gba-v"},
+                             "compute-matched-gba-v": {"compute_matched_to": "gba-v"}})
+    assert "Δ vs param-fair of gba-v is left out: param-fair-gba-v has 1 seed with a validation loss." in one
+    assert "| Δ vs param-fair |" not in one
+    orphan = paired_md({"param-fair-gba-v": {"1": 2.18, "2": 2.21}, "compute-matched-gba-v": {"1": 2.1, "2": 2.12}},
+                       updates={"param-fair-gba-v": {"param_matched_to": "gba-v"},
+                                "compute-matched-gba-v": {"compute_matched_to": "gba-v"}})
+    assert "Δ vs param-fair" not in orphan
     # nor a main-table column of dashes: "Δ vs standard" is nowhere
     assert "Δ vs standard" not in md and "| model | attention | d | parameters | test ppl | valid ppl |" in md
     main = md.split("\n\n")[2].splitlines()

@@ -691,7 +691,8 @@ def gap_series(compare_dirs: Path | list[Path], model: str, reference: str, read
             if diverged:
                 several = len(diverged) > 1
                 note(f"note: {compare_dir}: {label} seed{'s' if several else ''} {', '.join(diverged)} diverged (no "
-                     f"test perplexity) and {'are' if several else 'is'} left out of the gap, as of results.md's means")
+                     f"test perplexity) and {'are' if several else 'is'} left out of the gap, as results.md's means "
+                     f"leave {'them' if several else 'it'} out")
                 finished -= set(diverged)
             for seed in sorted(finished):
                 if (label, seed) in seen:

@@ -291,7 +291,10 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         # benched.
         room = (torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit + compiled_cases)
                 if compiled_cases else contextlib.nullcontext())
-        cpu_started, wall_started = process_cpu_seconds(), time.perf_counter()
+        # On a CPU, the share of its threads' time this process got in its timed steps: a machine busy with other work
+        # gave slower, noisier steps (a bench under a load of 7 on 2 cores printed its tokens/s without a word). The
+        # steps alone: the memory probes' and the compiler's child processes are not this process's CPU time
+        timed_cpu = timed_wall = 0.0
         with room:
             for rep in range(repeats + warmups):  # the first rounds warm up (and compile)
                 for case in cases:
@@ -303,11 +306,13 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                     runner = Case(case.label, case.cfg, case.step_model, case.optimizer, grad_clip=case.grad_clip)
                     try:
                         sync(dev)
-                        t0 = time.perf_counter()
+                        cpu0, t0 = process_cpu_seconds(), time.perf_counter()
                         for _ in range(steps if rep >= warmups else 2):
                             train_step(runner, x, x, autocast)
                         sync(dev)
                         elapsed = time.perf_counter() - t0
+                        if rep >= warmups:
+                            timed_cpu, timed_wall = timed_cpu + process_cpu_seconds() - cpu0, timed_wall + elapsed
                         p, d = prefill_and_decode(case.model, prompt, decode, dev, autocast, case.decode_step) \
                             if case.decodes else (None, None)
                     except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as e:
@@ -382,11 +387,8 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                 r["recomputed_memory_ratio"] = memory_ratio(r, own)
         for case in cases:
             case.model = case.step_model = case.optimizer = case.decode_step = None
-        # On a CPU, the share of its threads' time this process got while timing: a machine busy with other work
-        # gave slower, noisier steps (a bench under a load of 7 on 2 cores printed its tokens/s without a word)
-        wall = time.perf_counter() - wall_started
-        cpu_share = (min(1.0, (process_cpu_seconds() - cpu_started) / (wall * torch.get_num_threads()))
-                     if dev.type == "cpu" and wall > 0 else None)
+        cpu_share = (min(1.0, timed_cpu / (timed_wall * torch.get_num_threads()))
+                     if dev.type == "cpu" and timed_wall > 0 else None)
 
         sweep_rows = _sweep(preset, sweep or [], sweep_variants, dev, amp, quiet, sets, training)
         report = {

@@ -283,8 +283,6 @@ def run_compare(recipe_name: str, out_dir: str | Path, data: str | None = None, 
         per_run_threads = max(1, in_all // at_once) if jobs > 1 else threads
         untrained = any(not (out / spec.label / f"seed{seed}" / rundir.RESULT).exists() for spec in specs
                         for seed in seeds)  # (all finished before: nothing to divide the threads between)
-        if untrained and at_once > 1:  # results.md says its runs' speeds were measured sharing the machine
-            request["runs_at_once"] = max(at_once, request.get("runs_at_once", 1))
         if jobs > 1 and in_all < at_once and untrained:  # a warning: stderr, apart from the output, under --quiet too
             # (it blamed the cores where OMP_NUM_THREADS=1 on a 2-core machine set the one thread)
             source = ("--threads" if threads else "OMP_NUM_THREADS" if omp_threads() is not None
@@ -365,6 +363,11 @@ class _Runner:
                         proc = self._start(spec, seed)
                         if proc is not None:
                             running[(spec.label, seed)] = proc
+                            if len(running) > self.request.get("runs_at_once", 1):  # trained beside one another:
+                                # results.md says their speeds shared the machine (recorded as it happens: a call
+                                # whose runs could have shared it, and did not, claimed they had)
+                                self.request["runs_at_once"] = len(running)
+                                write_json(self.request, self.out / "recipe.json")
                 if running:
                     time.sleep(0.5)
                 elif todo and not started:  # what is left waits for a run that failed or was not asked for

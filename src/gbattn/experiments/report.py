@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gbattn.errors import CheckpointError
 from gbattn.experiments.recipes import ModelSpec, Recipe, added_models_problem
-from gbattn.files import atomic_write, read_json, write_json
+from gbattn.files import atomic_write_all, json_text, read_json
 from gbattn.terminal import in_millions, printable_text
 
 # Like with like: results.json rows can hold different seeds (a budget that ran out) and runs
@@ -305,6 +305,19 @@ def steps_differ_from_description(report: dict) -> bool:
 SHOWN_MODEL_FIELDS = ("norm", "residual", "d_model")
 
 
+def model_options(report: dict, row: dict) -> dict:
+    """A row's model fields beyond its attention that results.md shows after it: recorded with the row, or, in a report
+    written before they were (no such field), those its recipe's own model of that label sets (cpu-baselines'
+    differential-no-attn-bias, attn_bias=False, read as plain differential)."""
+    from gbattn.experiments.recipes import RECIPES
+
+    if "model_options" in row:
+        return row["model_options"]
+    recipe = RECIPES.get(report.get("recipe"))
+    spec = next((s for s in recipe.models if s.label == row["label"]), None) if recipe else None
+    return {k: v for k, v in spec.model.items() if k not in SHOWN_MODEL_FIELDS} if spec else {}
+
+
 def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dict]:
     rows = []
     for spec in specs:
@@ -492,8 +505,8 @@ def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpe
             report[key] = recorded
     if request.get("runs_at_once", 1) > 1:  # compare --jobs: runs trained beside one another (:func:`shared_note`)
         report["runs_at_once"] = request["runs_at_once"]
-    write_json(report, out / "results.json")
-    atomic_write(out / "results.md", results_markdown(report))
+    # replaced together: a full disk under results.md left the new results.json beside the previous results.md
+    atomic_write_all([(out / "results.json", json_text(report)), (out / "results.md", results_markdown(report))])
     return report
 
 
@@ -582,7 +595,7 @@ def results_markdown(report: dict) -> str:
             attn += ", Post-LN"
         if r["residual"] != "plain":
             attn += f", {r['residual']}"
-        attn += "".join(f", {k}={v}" for k, v in r.get("model_options", {}).items())  # (none in a report before)
+        attn += "".join(f", {k}={v}" for k, v in model_options(report, r).items())
         pub = published_value(report, r)
         cells = [r["label"], attn, str(r["d_model"]), f"{r['parameters']:,}",
                  _fmt(r["test_ppl_mean"], r["test_ppl_std"]), *delta, _fmt(r["valid_ppl_mean"], r["valid_ppl_std"]),
@@ -864,14 +877,22 @@ def paired_table(rows: list[dict]) -> list[str]:
             left_out.append(f"{header} is left out: {ref['label']} has {n} seed{'s' if n != 1 else ''} with a "
                             f"validation loss.")
     base, first = (ref if ref is not None and len(valid_losses(ref)) >= 2 else None for ref in (base, first))
-    param_fair = {r["param_matched_to"]: r for r in rows  # a model -> its own param-fair row, of two seeds or more
-                  if r.get("param_matched_to") and len(valid_losses(r)) >= 2}
-    if base is None and first is None:  # (its notes were dropped with it: the section vanished, unsaid)
+    labels = {r["label"] for r in rows}
+    param_fair = {}  # a model (with a row here) -> its own param-fair row, of two seeds or more
+    for r in rows:
+        if r.get("param_matched_to") in labels:
+            n = len(valid_losses(r))
+            if n >= 2:
+                param_fair[r["param_matched_to"]] = r
+            else:  # (left out silently)
+                left_out.append(f"Δ vs param-fair of {r['param_matched_to']} is left out: {r['label']} has {n} "
+                                f"seed{'s' if n != 1 else ''} with a validation loss.")
+    if base is None and first is None and not param_fair:  # (its notes were dropped with it: the section vanished)
         if left_out and any(len(valid_losses(r)) >= 2 for r in rows):
             return ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
                     " ".join(left_out)]
         return []
-    seeds = sorted(valid_losses(base or first), key=seed_key)
+    seeds = sorted(valid_losses(base or first or next(iter(param_fair.values()))), key=seed_key)
     columns = ([delta_header(base)] * (base is not None) + ["Δ vs compute-matched"] * (first is not None)
                + ["Δ vs param-fair"] * bool(param_fair))
     lines = ["", "## Paired per-seed differences (validation loss, nats; negative = better)", "",
