@@ -3769,6 +3769,11 @@ def test_lm_eval_results_file_names_and_contents(tmp_path):
         with pytest.raises(UserError, match=r"samples-toy-toy.jsonl \(File too large\); it and the 1 other file\(s\) "
                                             r"written with it are as they were$"):
             write_results(big, out, [tmp_path])
+        # the previous samples of a task this call does not log are removed only once the new results are written
+        # (they went before the write, which then failed: the previous results without their samples)
+        with pytest.raises(UserError, match=r"samples-other-toy.jsonl \(File too large\)"):
+            write_results({"results": {"toy": {"acc": 0.9}}, "samples": {"other": [{"doc": "x" * 200_000}]}}, out,
+                          [tmp_path])
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == before

@@ -264,6 +264,25 @@ def test_a_token_cache_entry_that_cannot_be_read_for_want_of_resources_is_kept(t
     assert {p.name: p.read_bytes() for p in entry.iterdir()} == before
 
 
+def test_a_tokenizer_cache_entry_that_cannot_be_read_for_want_of_resources_is_kept(tmp_path, monkeypatch):
+    """The tokenizer cache's sibling of the token cache's: a good entry unread for want of files (`ulimit -n`) was taken
+    for damaged, deleted and trained again; it is one line, and the entry stays."""
+    corpus = load_corpus(str(write_corpus(tmp_path / "c")))
+    get_tokenizer("bpe", corpus, vocab_size=120, verbose=False)
+    (entry,) = (Path(os.environ["GBATTN_CACHE"]) / "tokenizers").iterdir()
+    before = entry.read_bytes()
+
+    def failing(path):
+        raise _wrapped(errno.EMFILE, path)
+
+    monkeypatch.setattr(tokenizer_mod, "read_json_bytes", failing)
+    with pytest.raises(DataError, match=r"^the tokenizer cache entry .* could not be read \(Too many open files\); "
+                                        r"it is kept: free what ran out"):
+        get_tokenizer("bpe", corpus, vocab_size=120, verbose=False)
+    monkeypatch.undo()
+    assert entry.read_bytes() == before
+
+
 def _wrapped(err: int, path) -> CheckpointError:
     """read_json's error for a file it could not read: a CheckpointError whose context is the OSError."""
     try:
@@ -4686,6 +4705,12 @@ def test_utf8_text_read_in_an_ascii_locale_is_said_to_be_the_locales_doing():
     out = subprocess.run([sys.executable, "-c", code, "café".encode()], capture_output=True, env=env, text=True)
     assert out.stdout == ("the text is not UTF-8: byte 0xc3 at character 3 (the bytes are UTF-8, but Python read them "
                           "in this locale's ascii: set a UTF-8 locale (LC_ALL=C.UTF-8) or PYTHONUTF8=1)\n"), out.stderr
+    # a path or --set value so read: the same advice (it said "rename the file or folder", a valid UTF-8 name)
+    out = subprocess.run([sys.executable, "-m", "gbattn", "eval", "/nonexistent/café".encode()], capture_output=True,
+                         env=env, text=True)
+    assert out.returncode == 2 and out.stderr.endswith(
+        "gbattn writes paths and settings into its results as UTF-8 text; the bytes are UTF-8, but Python read them in "
+        "this locale's ascii: set a UTF-8 locale (LC_ALL=C.UTF-8) or PYTHONUTF8=1\n"), out.stderr
 
 
 def test_text_a_tokenizer_without_an_unknown_token_cannot_encode_is_refused_not_dropped(tmp_path):

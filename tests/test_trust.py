@@ -896,6 +896,52 @@ def test_a_metrics_line_that_cannot_be_appended_leaves_no_half_line_and_names_th
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
 
 
+def test_files_written_together_are_replaced_together_or_said_otherwise(tmp_path, monkeypatch):
+    """atomic_write_all (results.json with results.md, lm-eval's results with their samples): a full disk under the
+    second file leaves both previous files (the first was new beside the second's previous); a rename failing after
+    another (rare: a rename needs no room) names the files already replaced instead of claiming none was."""
+    first, second = tmp_path / "results.json", tmp_path / "results.md"
+    files.atomic_write_all([(first, "old json"), (second, "old md")])
+    with _file_size_limit(1000), pytest.raises(UserError) as caught:
+        files.atomic_write_all([(first, "new json"), (second, "x" * 5000)])
+    assert str(caught.value) == (f"could not write {second} (File too large); it and the 1 other file(s) written "
+                                 f"with it are as they were")
+    assert (first.read_text(), second.read_text()) == ("old json", "old md")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]  # (no temporary file left)
+    real_replace, calls = os.replace, []
+
+    def read_only_second(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", read_only_second)
+    with pytest.raises(UserError) as caught:
+        files.atomic_write_all([(first, "new json"), (second, "new md")])
+    assert str(caught.value) == (f"could not write {second} (Read-only file system); 1 of the 2 files written "
+                                 f"together were replaced before it: results.json")
+
+
+def test_a_full_disk_is_found_behind_the_errors_that_wrap_it():
+    """An export's tokenizer written by atomic_write (its one line, raised from None over the OSError), datasets'
+    DatasetGenerationError over OSError 28, and datasets' own disk-space check (an OSError of no errno): each was
+    taken for another failure (the staging folder named, or the task's YAML blamed)."""
+    try:
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            raise UserError("could not write .export.tmp1@h/tokenizer_config.json (No space left on device)") from None
+    except UserError as wrapped:
+        assert files.full_disk_reason(wrapped) == "No space left on device"
+    generation = RuntimeError("An error occurred while generating the dataset")
+    generation.__cause__ = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert files.full_disk_reason(generation) == "No space left on device"
+    assert files.full_disk_reason(OSError("Not enough disk space. Needed: Unknown size")) == "Not enough disk space"
+    assert files.full_disk_reason(ValueError("bad YAML")) is None
+    assert files.full_disk_reason(OSError(errno.ENOENT, "No such file or directory")) is None
+
+
 def test_a_checkpoint_over_the_file_size_limit_is_one_line_naming_it(tmp_path):
     """A checkpoint larger than a file may be (`ulimit -f`, a quota, FAT) was `gbattn: error: File too large`,
     naming no file; now it is a full disk's line: the file, the reason, and the previous one kept (where there was

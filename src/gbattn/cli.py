@@ -17,7 +17,7 @@ import sys
 import threading
 
 from gbattn import arguments
-from gbattn.errors import Interrupted, Terminated, UserError, terminated_handler
+from gbattn.errors import Interrupted, Terminated, UserError, locale_misread, terminated_handler
 from gbattn.parent_death import stop_with_parent
 from gbattn.terminal import ForgivingStream, note, terminal_line
 
@@ -163,7 +163,8 @@ def _utf8_or_refused(name: str, value: str) -> None:
         except UnicodeEncodeError:
             shown = value.encode("utf-8", "backslashreplace").decode()
         raise UserError(f"{name} {shown}: not UTF-8 (character {e.start + 1}): gbattn writes paths and settings "
-                        f"into its results as UTF-8 text; rename the file or folder, or type the value again") from None
+                        f"into its results as UTF-8 text; "
+                        f"{locale_misread(value) or 'rename the file or folder, or type the value again'}") from None
 
 
 def _home(value):

@@ -1,11 +1,13 @@
 """Error types for user mistakes (the CLI prints their message on one line and exits 2) and for a stop asked for
 (:class:`Interrupted`, exit 130 or 143), with their helpers: the signal handler that raises a stop, an optional
-module's import naming the extra that installs it, and a value shown bounded in a message (:func:`shown`)."""
+module's import naming the extra that installs it, a value shown bounded in a message (:func:`shown`), and text an
+ASCII locale misread (:func:`locale_misread`)."""
 
 import importlib
 import os
 import reprlib
 import signal
+import sys
 
 
 class _Bounded(reprlib.Repr):
@@ -99,3 +101,15 @@ class Interrupted(KeyboardInterrupt):
     not a UserError: a Python caller's ``except Exception`` (a sweep going on to its next run) lets it through."""
 
     exit_code = 130
+
+
+def locale_misread(text: str) -> str | None:
+    """Where ``text`` holds bytes Python could not decode that are UTF-8 (an argument read in an ASCII locale, LC_ALL=C
+    without Python's UTF-8 mode: "café" as "caf\\udcc3\\udca9"), what to do about it; None otherwise (another
+    encoding's bytes, a lone surrogate, or text that is fine)."""
+    try:
+        os.fsencode(text).decode("utf-8")
+    except UnicodeError:
+        return None
+    return (f"the bytes are UTF-8, but Python read them in this locale's {sys.getfilesystemencoding()}: set a UTF-8 "
+            f"locale (LC_ALL=C.UTF-8) or PYTHONUTF8=1")

@@ -41,15 +41,23 @@ def error_detail(e: BaseException, limit: int = 80, with_type: bool = False) -> 
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
-def full_disk_reason(error: Exception) -> str | None:
+def full_disk_reason(error: BaseException | None, depth: int = 5) -> str | None:
     """Why a write failed, where the disk or a limit on it is the reason (full, over quota, read-only, a file over the
-    size limit): an OSError's, or the error text of safetensors' SafetensorError, which names the OS error it met
-    ("I/O error: File too large (os error 27)"; "Os { code: 28, ... }" in some versions); None for another."""
-    if isinstance(error, OSError):
-        return error.strerror if error.errno in FULL_DISK else None
+    size limit): an OSError's; the error text of safetensors' SafetensorError, which names the OS error it met
+    ("I/O error: File too large (os error 27)"; "Os { code: 28, ... }" in some versions); datasets' own disk-space
+    check ("Not enough disk space", an OSError of no errno); or, else, the error's cause or context (atomic_write's
+    one line, a DatasetGenerationError over an OSError). None for another failure."""
+    if error is None or depth == 0:
+        return None
+    if isinstance(error, OSError) and error.errno in FULL_DISK:
+        return error.strerror
     code = re.search(r"\(os error (\d+)\)|\bOs \{ code: (\d+)", str(error))
     code = code and (code[1] or code[2])
-    return os.strerror(int(code)) if code and int(code) in FULL_DISK else None
+    if code and int(code) in FULL_DISK:
+        return os.strerror(int(code))
+    if isinstance(error, OSError) and error.errno is None and str(error).startswith("Not enough disk space"):
+        return "Not enough disk space"
+    return full_disk_reason(error.__cause__ or error.__context__, depth - 1)
 
 
 def create_new(path: Path) -> int:
@@ -76,7 +84,7 @@ def atomic_write_all(files: list[tuple[str | Path, bytes | memoryview | str | It
     temporary file written first, then each renamed into place, so that a full disk leaves all the previous files,
     not some new ones beside old ones. Errors as :func:`atomic_write`'s, naming the file whose write failed."""
     staged: list[tuple[Path, Path]] = []
-    path = None
+    path, replaced = None, 0
     try:
         for path, content in files:
             path = Path(path)
@@ -95,6 +103,7 @@ def atomic_write_all(files: list[tuple[str | Path, bytes | memoryview | str | It
                 os.fsync(f.fileno())
         for tmp, path in staged:
             os.replace(tmp, path)
+            replaced += 1
         for folder in dict.fromkeys(path.parent for _, path in staged):
             sync_directory(folder)
     except BaseException as e:
@@ -102,8 +111,11 @@ def atomic_write_all(files: list[tuple[str | Path, bytes | memoryview | str | It
             tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.errno in FULL_DISK:
             kept = f"; the previous {path.name} is kept" if os.path.exists(path) else ""  # (never raises)
-            if len(files) > 1:  # (the files written before it were only staged: every one stays as it was)
+            if len(files) > 1 and not replaced:  # (the files written before it were only staged: each is as it was)
                 kept = f"; it and the {len(files) - 1} other file(s) written with it are as they were"
+            elif replaced:  # (a rename failed after others: rare, as a rename needs no room)
+                kept = (f"; {replaced} of the {len(files)} files written together were replaced before it: "
+                        f"{', '.join(p.name for _, p in staged[:replaced])}")
             raise UserError(f"could not write {path} ({e.strerror}){kept}") from None
         if isinstance(e, OSError) and e.filename is None:  # a failed write or sync names no file of itself
             e.filename = str(path)

@@ -110,8 +110,9 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
         torch.save(state, buffer)
     except RuntimeError as e:  # the buffer's MemoryError, which torch's writer reports as "unexpected pos": the CLI's
         if isinstance(e.__context__, MemoryError):  # out-of-memory line, where it was a traceback
-            raise MemoryError(f"the checkpoint {Path(path).name} could not be built in memory to be written; the "
-                              f"previous one is kept") from None
+            kept = "; the previous one is kept" if Path(path).exists() else ""
+            raise MemoryError(f"the checkpoint {Path(path).name} could not be built in memory to be written"
+                              f"{kept}") from None
         raise
     with buffer.getbuffer() as content:
         atomic_write(path, content)

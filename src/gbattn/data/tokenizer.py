@@ -16,18 +16,18 @@ A tokenizer file (``tokenizer.json`` in a run directory) is validated when read.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
 import operator
 import os
-import sys
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 
 from gbattn.config import MAX_VOCAB_SIZE, TOKENIZER_CHOICES, TOKENIZER_FILE_KINDS, TOKENIZER_KINDS, unknown_tokenizer
-from gbattn.errors import CheckpointError, DataError, UserError, shown
+from gbattn.errors import CheckpointError, DataError, UserError, locale_misread, shown
 from gbattn.files import (
     atomic_write,
     check_writable_dir,
@@ -517,11 +517,8 @@ def refuse_non_utf8(text: str) -> None:
     except UnicodeEncodeError as e:
         code = ord(text[e.start])
         what = (f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}")
-        why = "text typed or read in another encoding than UTF-8?"
-        with contextlib.suppress(UnicodeError):  # UTF-8 bytes Python read in an ASCII locale (LC_ALL=C, no UTF-8
-            os.fsencode(text).decode("utf-8")  # mode): the text was UTF-8 ("not UTF-8: byte 0xc3" of "café")
-            why = (f"the bytes are UTF-8, but Python read them in this locale's {sys.getfilesystemencoding()}: set a "
-                   f"UTF-8 locale (LC_ALL=C.UTF-8) or PYTHONUTF8=1")
+        # (UTF-8 bytes Python read in an ASCII locale were called "not UTF-8: byte 0xc3" of "café")
+        why = locale_misread(text) or "text typed or read in another encoding than UTF-8?"
         raise DataError(f"the text is not UTF-8: {what} at character {e.start} ({why})") from None
 
 
@@ -673,10 +670,21 @@ def _cache_entry(path: Path, kind: str, key: str) -> Tokenizer | None:
     try:
         saved = json.loads(read_json_bytes(path).decode("utf-8"))  # parsed once: the tokenizer and its fingerprint
         cached = Tokenizer(saved["kind"], saved["payload"])
-    except Exception:  # too large, unreadable, JSON, key, type or HF tokenizers errors (as Tokenizer.load): damaged
+    except MemoryError:
+        raise
+    except Exception as e:  # too large, unreadable, JSON, key, type or HF tokenizers errors (Tokenizer.load's): damaged
+        failed = e if isinstance(e, OSError) else e.__context__
+        if isinstance(failed, OSError) and failed.errno in NOT_DAMAGE:  # what ran out is no damage: the good entry
+            raise DataError(f"the tokenizer cache entry {path} could not be read ({failed.strerror}); it is kept: "
+                            f"free what ran out (open files, memory) and run again") from None  # was trained again
         return None
     return cached if (cached.kind == kind and saved.get("fingerprint") == cached.fingerprint
                       and saved.get("key") == key) else None
+
+
+# Errors of reading a cache entry that say something ran out or failed on the way, not that the entry is damaged (the
+# token cache's too: gbattn.data.tokens)
+NOT_DAMAGE = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EIO)
 
 
 def _token_id(value) -> int:

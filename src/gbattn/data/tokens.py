@@ -8,7 +8,6 @@ epoch (``rows``), or nanoGPT's random windows (``random``). Both are pure functi
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 from gbattn.data.corpus import SPLITS, Corpus
-from gbattn.data.tokenizer import Tokenizer, cache_dir, cut_before_spaces
+from gbattn.data.tokenizer import NOT_DAMAGE, Tokenizer, cache_dir, cut_before_spaces
 from gbattn.errors import CheckpointError, DataError
 from gbattn.files import FULL_DISK, building_suffix, read_json, remove_abandoned, write_json
 from gbattn.progress import Progress
@@ -229,10 +228,6 @@ def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int, key: str,
             raise DataError(f"the token cache entry {directory} could not be read ({failed.strerror}); it is kept: "
                             f"free what ran out (open files, memory) and run again") from None
         return None
-
-
-# Errors of reading a cache entry that say something ran out or failed on the way, not that the entry is damaged
-NOT_DAMAGE = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EIO)
 
 
 # --------------------------------------------------------------------------------------

@@ -595,10 +595,10 @@ def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
     written = [out]
     out.parent.mkdir(parents=True, exist_ok=True)
     # An earlier call's samples of these tasks that this call does not log: they described other weights (a run
-    # resumed since, re-exported) beside results that no longer hold them, and carry no step of their own
-    for task in (set(results.get("results") or {}) | set(results.get("configs") or {})) - set(samples or {}):
-        if (stale := samples_path(out, task)).is_file():
-            stale.unlink()
+    # resumed since, re-exported) beside results that no longer hold them, and carry no step of their own (removed
+    # once the new results are written: a failed write keeps the previous results with their samples)
+    tasks = set(results.get("results") or {}) | set(results.get("configs") or {})
+    stale = [path for task in tasks - set(samples or {}) if (path := samples_path(out, task)).is_file()]
     # the results and their samples replaced together: a full disk under a samples file left the new results beside
     # the previous samples, another model's
     files = [(out, json_text(portable(results, roots)))]
@@ -608,6 +608,8 @@ def write_results(results: dict, out: Path, roots: list[Path]) -> list[Path]:
         files.append((path, "".join(line + "\n" for line in lines)))
         written.append(path)
     atomic_write_all(files)
+    for path in stale:
+        path.unlink(missing_ok=True)
     if samples is not None:
         results["samples"] = samples
     return written
