@@ -207,6 +207,13 @@ def busy_cores(cpus: set[int] | None = None, interval: float = 0.2) -> float:
         return 0.0
 
 
+def cpu_busy_seconds(cpus: set[int] | None = None) -> float | None:
+    """Busy CPU time since boot of ``cpus`` (None: every core), in seconds, all processes together (``/proc/stat``,
+    counted in clock ticks of usually 10 ms); None where it cannot be read."""
+    times = _cpu_times(cpus)
+    return None if times is None else times[0] / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_times(cpus: set[int] | None = None) -> tuple[float, float] | None:
     """(busy, total) CPU time since boot, from ``/proc/stat`` (Linux): of the whole machine (its
     ``cpu`` line), or summed over the ``cpuN`` lines of ``cpus``; None if unreadable."""

@@ -39,10 +39,12 @@ from gbattn.runtime import autocast as bf16_autocast
 from gbattn.runtime import (
     command_line,
     compile_failure,
+    cpu_busy_seconds,
     device_name,
     resolve_device,
     set_threads,
     software_versions,
+    usable_cpus,
     use_tf32,
 )
 from gbattn.terminal import in_millions, note, terminal_line
@@ -292,12 +294,15 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
         # benched.
         room = (torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit + compiled_cases)
                 if compiled_cases else contextlib.nullcontext())
-        # On a CPU, the share of its threads' time this process got in its timed steps: a machine busy with other work
-        # gave slower, noisier steps (a bench under a load of 7 on 2 cores printed its tokens/s without a word). The
-        # steps alone: the memory probes' and the compiler's child processes are not this process's CPU time
-        timed_cpu = timed_wall = 0.0
+        # On a CPU, how many of its cores other work kept busy while the measured repeats ran: a machine busy with
+        # other work gave slower, noisier steps (a bench under a load of 7 on 2 cores printed its tokens/s without a
+        # word). Not this process's own share of its threads' time: torch runs a small model's ops on fewer threads
+        # than it has, and the memory probes' and the compiler's child processes are not this process's time.
+        measured_from = None
         with room:
             for rep in range(repeats + warmups):  # the first rounds warm up (and compile)
+                if rep == warmups:
+                    measured_from = _load_snapshot()
                 for case in cases:
                     if 0 < rep < warmups and not case.compiled:
                         continue
@@ -307,13 +312,11 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                     runner = Case(case.label, case.cfg, case.step_model, case.optimizer, grad_clip=case.grad_clip)
                     try:
                         sync(dev)
-                        cpu0, t0 = process_cpu_seconds(), time.perf_counter()
+                        t0 = time.perf_counter()
                         for _ in range(steps if rep >= warmups else 2):
                             train_step(runner, x, x, autocast)
                         sync(dev)
                         elapsed = time.perf_counter() - t0
-                        if rep >= warmups:
-                            timed_cpu, timed_wall = timed_cpu + process_cpu_seconds() - cpu0, timed_wall + elapsed
                         p, d = prefill_and_decode(case.model, prompt, decode, dev, autocast, case.decode_step) \
                             if case.decodes else (None, None)
                     except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as e:
@@ -388,8 +391,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                 r["recomputed_memory_ratio"] = memory_ratio(r, own)
         for case in cases:
             case.model = case.step_model = case.optimizer = case.decode_step = None
-        cpu_share = (min(1.0, timed_cpu / (timed_wall * torch.get_num_threads()))
-                     if dev.type == "cpu" and timed_wall > 0 else None)
+        other_busy = _other_busy_cores(measured_from, _load_snapshot()) if dev.type == "cpu" else None
 
         sweep_rows = _sweep(preset, sweep or [], sweep_variants, dev, amp, quiet, sets, training)
         report = {
@@ -406,7 +408,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             "amp_bf16": amp and dev.type == "cuda",
             "compile": compile,
             "grad_clip": training.grad_clip,  # (a bench.json before it: a step without clipping, :func:`_step_text`)
-            "cpu_share": cpu_share,  # (None on CUDA, and in a bench.json before it)
+            "other_busy_cores": other_busy,  # (None on CUDA, where unreadable, and in a bench.json before it)
             "activation_checkpointing": activation_checkpointing,
             **({} if compile == "off" else {"inductor_caches": _inductor_caches()}),
             "versions": software_versions(),  # gbattn's, torch's and Python's: what produced the figures
@@ -570,13 +572,22 @@ def _sweep(preset, lengths, variants, dev, amp, quiet, sets, training) -> list[d
     return rows
 
 
-BUSY_SHARE = 0.8  # below this share of its threads' time, bench.md says the machine was busy
+BUSY_CORES = 0.5  # from this many of its cores kept busy by other work, bench.md says the machine was busy
 
 
-def process_cpu_seconds() -> float:
-    """CPU time this process has used, all its threads together (user and system), to the nanosecond (os.times()
-    counts clock ticks of 10 ms: a tiny model's timed steps read as no CPU time at all)."""
-    return process_time()
+def _load_snapshot() -> tuple[float, float, float] | None:
+    """(busy CPU seconds of the cores this process may use, this process's CPU seconds, wall seconds), or None where
+    /proc/stat cannot be read."""
+    busy = cpu_busy_seconds(usable_cpus())
+    return None if busy is None else (busy, process_time(), time.perf_counter())
+
+
+def _other_busy_cores(start, end) -> float | None:
+    """Cores kept busy by other work between two :func:`_load_snapshot` (the cores' busy time less this process's,
+    over the wall time), or None over less than a second (/proc/stat counts 10 ms ticks) or where unreadable."""
+    if start is None or end is None or end[2] - start[2] < 1.0:
+        return None
+    return max(0.0, ((end[0] - start[0]) - (end[1] - start[1])) / (end[2] - start[2]))
 
 
 def _step_text(report: dict) -> str:
@@ -649,11 +660,9 @@ def bench_markdown(report: dict) -> str:
               f"{report['prefill_tokens']} tokens, then {report['decode_tokens']} cached steps, batch 1)."
               + _decode_checkpointing_note(report) + compile_note]
     lines += ["", _step_text(report)]
-    if (report.get("cpu_share") or 1.0) < BUSY_SHARE:
-        lines += ["", f"While timing, this process ran {100 * report['cpu_share']:.0f}% of the time its "
-                      f"{report['threads']} thread{'s' if report['threads'] != 1 else ''} could have: the machine was "
-                      f"busy with other work, so its steps are slower, and their ratios noisier, than on an idle "
-                      f"machine."]
+    if (report.get("other_busy_cores") or 0.0) >= BUSY_CORES:
+        lines += ["", f"While timing, other work kept about {report['other_busy_cores']:.1f} of the cores this process "
+                      f"may use busy: its steps are slower, and their ratios noisier, than on an idle machine."]
     if report.get("left_out"):
         lines += ["", "Left out: " + "; ".join(f"{r['variant']} ({r['reason']})" for r in report["left_out"]) + "."]
     compiled = [r for r in report["variants"] if r.get("compiled_step_speedup")]
