@@ -996,14 +996,20 @@ def test_bench_times_and_probes_memory_with_one_optimizer(monkeypatch):
         return adamw(params, **options)
 
     def in_process_probe(cfg, batch, seq_len, dev, amp, recomputed, training=None):  # the probe's subprocess
+        order.append("probe")
         speed._run_steps(cfg, batch, seq_len, dev, amp, steps=1, recomputed=recomputed, training=training)
         return 1e6
 
     monkeypatch.setattr(torch.optim, "AdamW", recording_adamw)
     monkeypatch.setattr(speed, "peak_memory_train_step", in_process_probe)
+    order, snapshot = [], speed._load_snapshot
+    monkeypatch.setattr(speed, "_load_snapshot", lambda: order.append("snapshot") or snapshot())
     report = speed.run_bench("cpu-char", ["standard"], device="cpu", batch=1, seq_len=8, repeats=1, steps=1, decode=2,
                              sweep=[8], sweep_variants=["standard"], threads=1, quiet=True, sets={"n_layers": 1})
     assert report["other_busy_cores"] is None or report["other_busy_cores"] >= 0  # (under a second: none measured)
+    # the busy cores are read around the measured repeats alone: the memory probes' child processes (each a probe
+    # here, in-process) came between, and counted as other work
+    assert order == ["snapshot", "snapshot", "probe", "probe"]  # (the timed case's probe, then the sweep's)
     assert len(built) == 4  # the timed case, its probe, the sweep case and its probe
     training = speed.bench_training("cpu-char")
     assert all(options == {"lr": training.lr, "betas": (training.beta1, training.beta2), "fused": False,

@@ -335,6 +335,8 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                         case.warmup_s.update(train_2_steps_again=elapsed, decode_again=d)
                     bar.update(1)
         bar.close()
+        # (read before the memory probes: their child processes would count as other work)
+        other_busy = _other_busy_cores(measured_from, _load_snapshot()) if dev.type == "cpu" else None
         cases = [case for case in cases if case.label not in left_out]
         if not cases:
             raise UserError(f"no variant to report: standard{COMPILED}'s {left_out['standard' + COMPILED]}")
@@ -391,7 +393,6 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
                 r["recomputed_memory_ratio"] = memory_ratio(r, own)
         for case in cases:
             case.model = case.step_model = case.optimizer = case.decode_step = None
-        other_busy = _other_busy_cores(measured_from, _load_snapshot()) if dev.type == "cpu" else None
 
         sweep_rows = _sweep(preset, sweep or [], sweep_variants, dev, amp, quiet, sets, training)
         report = {
