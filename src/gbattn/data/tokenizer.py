@@ -673,18 +673,24 @@ def _cache_entry(path: Path, kind: str, key: str) -> Tokenizer | None:
     except MemoryError:
         raise
     except Exception as e:  # too large, unreadable, JSON, key, type or HF tokenizers errors (Tokenizer.load's): damaged
-        failed = e if isinstance(e, OSError) else e.__context__
-        if isinstance(failed, OSError) and failed.errno in NOT_DAMAGE:  # what ran out is no damage: the good entry
-            raise DataError(f"the tokenizer cache entry {path} could not be read ({failed.strerror}); it is kept: "
-                            f"free what ran out (open files, memory) and run again") from None  # was trained again
+        refuse_unread_entry(e, f"the tokenizer cache entry {path}")  # (what ran out: the good entry was trained again)
         return None
     return cached if (cached.kind == kind and saved.get("fingerprint") == cached.fingerprint
                       and saved.get("key") == key) else None
 
 
-# Errors of reading a cache entry that say something ran out or failed on the way, not that the entry is damaged (the
-# token cache's too: gbattn.data.tokens)
+# Errors of reading a cache entry that say something ran out or failed on the way, not that the entry is damaged
 NOT_DAMAGE = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EIO)
+
+
+def refuse_unread_entry(error: BaseException, entry: str) -> None:
+    """A one-line DataError where reading a cache entry (``entry``, as the message names it) failed for want of
+    something (:data:`NOT_DAMAGE`: ``error`` itself, or the OSError under read_json's error), not for damage: the
+    entry is kept, where it was deleted and built again, then "cannot be read back". Nothing otherwise."""
+    failed = error if isinstance(error, OSError) else error.__context__
+    if isinstance(failed, OSError) and failed.errno in NOT_DAMAGE:
+        raise DataError(f"{entry} could not be read ({failed.strerror}); it is kept: free what ran out (open files, "
+                        f"memory) and run again") from None
 
 
 def _token_id(value) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from gbattn.data.corpus import SPLITS, Corpus
-from gbattn.data.tokenizer import NOT_DAMAGE, Tokenizer, cache_dir, cut_before_spaces
+from gbattn.data.tokenizer import Tokenizer, cache_dir, cut_before_spaces, refuse_unread_entry
 from gbattn.errors import CheckpointError, DataError
 from gbattn.files import FULL_DISK, building_suffix, read_json, remove_abandoned, write_json
 from gbattn.progress import Progress
@@ -223,10 +223,7 @@ def _read_cache(directory: Path, dtype: np.dtype, vocab_size: int, key: str,
     except (CheckpointError, OSError, ValueError, KeyError, TypeError) as e:  # read_json: any unreadable meta.json
         # What ran out is no damage: a good entry was deleted and built again (`ulimit -n`), then "cannot be read back
         # after writing it"
-        failed = e if isinstance(e, OSError) else e.__context__
-        if isinstance(failed, OSError) and failed.errno in NOT_DAMAGE:
-            raise DataError(f"the token cache entry {directory} could not be read ({failed.strerror}); it is kept: "
-                            f"free what ran out (open files, memory) and run again") from None
+        refuse_unread_entry(e, f"the token cache entry {directory}")
         return None
 
 
