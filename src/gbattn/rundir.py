@@ -551,7 +551,7 @@ class RunLock:
             os.ftruncate(self.fd, 0)
             os.write(self.fd, f"{os.getpid()}\n{what}\n{self.token}\n".encode())
         except OSError as e:  # a full disk: "No space left on device", naming nothing, and a stray --out left behind
-            RunLock._held[key], self.key = self, key
+            self.key = key  # (what release reads: the lock's file closed, a folder it made removed)
             self.release()
             raise UserError(f"could not write the lock file {self.directory / LOCK} ({e.strerror or e})") from None
         with contextlib.suppress(OSError):  # (on a shared file system, before the other nodes read it)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from gbattn import errors, rundir
-from gbattn.checks import MAX_INT, did_you_mean
+from gbattn.checks import MAX_INT, did_you_mean, is_count
 from gbattn.config import TrainConfig, build_configs, field_path, refuse_unused_epochs, training_input_length
 from gbattn.data.corpus import check_split_setting, refuse_record_file
 from gbattn.data.prepare import prepare_data
@@ -743,7 +743,7 @@ def _check_request(path: Path, request: dict, seeds_given: bool = True, *, data_
                                   f"another --out")
         request["commands"] = commands
         runs_at_once = before.get("runs_at_once", 1)  # (none recorded: one run at a time, or a comparison of before)
-        if not (isinstance(runs_at_once, int) and not isinstance(runs_at_once, bool) and 1 <= runs_at_once <= MAX_INT):
+        if not (is_count(runs_at_once) and runs_at_once <= MAX_INT):
             raise CheckpointError(f"{path}: runs_at_once={errors.shown(runs_at_once)} must be an integer >= 1; restore "
                                   f"the file or use another --out")
         if runs_at_once > 1:

@@ -11,6 +11,7 @@ import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
+from gbattn.checks import is_count
 from gbattn.errors import CheckpointError
 from gbattn.experiments.recipes import ModelSpec, Recipe, added_models_problem
 from gbattn.files import atomic_write_all, json_text, read_json
@@ -315,7 +316,12 @@ def model_options(report: dict, row: dict) -> dict:
         return row["model_options"]
     recipe = RECIPES.get(report.get("recipe"))
     spec = next((s for s in recipe.models if s.label == row["label"]), None) if recipe else None
-    return {k: v for k, v in spec.model.items() if k not in SHOWN_MODEL_FIELDS} if spec else {}
+    return spec_model_options(spec) if spec else {}
+
+
+def spec_model_options(spec: ModelSpec) -> dict:
+    """A recipe entry's model fields that results.md shows after its attention (not :data:`SHOWN_MODEL_FIELDS`)."""
+    return {k: v for k, v in spec.model.items() if k not in SHOWN_MODEL_FIELDS}
 
 
 def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dict]:
@@ -338,7 +344,7 @@ def aggregate(recipe: Recipe, specs: list[ModelSpec], results: dict) -> list[dic
             "residual": any_run.get("residual", "plain"),
             # the entry's other model fields (`--model gba-m3=boosted:rounds=3,ffn=swiglu`'s ffn): the attention
             # column showed `boosted (rounds=3)` alone, as if the row were the recipe's own block
-            "model_options": {k: v for k, v in spec.model.items() if k not in SHOWN_MODEL_FIELDS},
+            "model_options": spec_model_options(spec),
             "d_model": any_run["d_model"],
             "parameters": any_run["parameters"],
             "param_matched_to": spec.param_matched_to,
@@ -470,9 +476,8 @@ def read_report(path: str | Path) -> dict:
         raise bad("seeds must be a list and sets a mapping")
     if problem := added_models_problem(report.get("added", {}), report.get("matched", []), "added"):
         raise bad(problem)
-    at_once = report.get("runs_at_once", 1)
-    if not (isinstance(at_once, int) and not isinstance(at_once, bool) and at_once >= 1):
-        raise bad(f"runs_at_once={at_once!r} must be an integer >= 1")
+    if not is_count(report.get("runs_at_once", 1)):
+        raise bad(f"runs_at_once={report['runs_at_once']!r} must be an integer >= 1")
     missing = report.get("missing", [])
     if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
         raise bad(f"missing={report['missing']!r} must be a list of run names")
