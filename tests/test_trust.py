@@ -921,6 +921,13 @@ def test_files_written_together_are_replaced_together_or_said_otherwise(tmp_path
         files.atomic_write_all([(first, "new json"), (second, "new md")])
     assert str(caught.value) == (f"could not write {second} (Read-only file system); 1 of the 2 files written "
                                  f"together were replaced before it: results.json")
+    monkeypatch.undo()
+    # a report and its rendering (a comparison's, denoise's and bench's): bench.json was written, then bench.md apart
+    report = tmp_path / "bench.json"
+    files.write_report(report, {"old": True}, "old md")
+    with _file_size_limit(1000), pytest.raises(UserError, match="bench.md \\(File too large\\); it and the 1 other"):
+        files.write_report(report, {"new": True}, "x" * 5000)
+    assert (json.loads(report.read_text()), report.with_suffix(".md").read_text()) == ({"old": True}, "old md")
 
 
 def test_a_full_disk_is_found_behind_the_errors_that_wrap_it():

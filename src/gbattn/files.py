@@ -205,6 +205,12 @@ def write_json(obj: Any, path: str | Path) -> None:
     atomic_write(path, json_text(obj))
 
 
+def write_report(json_path: Path, obj: Any, markdown: str) -> None:
+    """A report's JSON and its Markdown rendering (results.json and results.md, bench.json and bench.md) replaced
+    together (:func:`atomic_write_all`): a full disk under the second left the new JSON beside the previous Markdown."""
+    atomic_write_all([(json_path, json_text(obj)), (json_path.with_suffix(".md"), markdown)])
+
+
 def json_text(obj: Any) -> str:
     """The text :func:`write_json` writes: indented JSON, NaN and infinities as null, ending its line."""
     return json.dumps(finite(obj), indent=1) + "\n"

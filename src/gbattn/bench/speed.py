@@ -29,7 +29,7 @@ import torch
 from gbattn.bench import DEFAULT_VARIANTS
 from gbattn.config import ModelConfig, TrainConfig, get_preset, parse_variant, preset_config, variant_spec
 from gbattn.errors import ConfigError, UserError
-from gbattn.files import atomic_write, check_writable_dir, portable_path, write_json
+from gbattn.files import check_writable_dir, portable_path, write_report
 from gbattn.model.decoding import compiled_decode_step, eager_decode_step
 from gbattn.model.gpt import GPT
 from gbattn.model.params import flops_per_token
@@ -420,8 +420,7 @@ def run_bench(preset: str, variants: list[str] | None = None, device: str = "aut
             "sweep": sweep_rows,
         }
         if out:
-            write_json(report, Path(out) / "bench.json")
-            atomic_write(Path(out) / "bench.md", bench_markdown(report))
+            write_report(Path(out) / "bench.json", report, bench_markdown(report))
         return report
     finally:
         if lock is not None:

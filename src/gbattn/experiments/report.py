@@ -14,7 +14,7 @@ from pathlib import Path
 from gbattn.checks import is_count
 from gbattn.errors import CheckpointError
 from gbattn.experiments.recipes import ModelSpec, Recipe, added_models_problem
-from gbattn.files import atomic_write_all, json_text, read_json
+from gbattn.files import read_json, write_report
 from gbattn.terminal import in_millions, printable_text
 
 # Like with like: results.json rows can hold different seeds (a budget that ran out) and runs
@@ -510,8 +510,7 @@ def write_results(out: Path, recipe: Recipe, request: dict, specs: list[ModelSpe
             report[key] = recorded
     if request.get("runs_at_once", 1) > 1:  # compare --jobs: runs trained beside one another (:func:`shared_note`)
         report["runs_at_once"] = request["runs_at_once"]
-    # replaced together: a full disk under results.md left the new results.json beside the previous results.md
-    atomic_write_all([(out / "results.json", json_text(report)), (out / "results.md", results_markdown(report))])
+    write_report(out / "results.json", report, results_markdown(report))
     return report
 
 

@@ -12,7 +12,7 @@ import torch
 from gbattn.analysis.figures import require_matplotlib
 from gbattn.errors import UserError
 from gbattn.experiments.report import mean_std
-from gbattn.files import atomic_write_all, json_text, write_figure
+from gbattn.files import write_figure, write_report
 from gbattn.progress import Progress
 from gbattn.rundir import DENOISE, RunLock, check_out
 from gbattn.runtime import device_name, software_versions
@@ -310,8 +310,7 @@ def write_tables(out: Path, experiments, seeds, protocol: Protocol, device: str,
 
 
 def write_results(out: Path, report: dict) -> None:
-    """results.json and results.md, replaced together (a full disk under one left it beside the other's previous)."""
-    atomic_write_all([(out / "results.json", json_text(report)), (out / "results.md", results_markdown(report))])
+    write_report(out / "results.json", report, results_markdown(report))
 
 
 def software_words(report: dict) -> str:
